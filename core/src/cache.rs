@@ -1,0 +1,261 @@
+//! Per-request state: the [`StateCache`] trait and its slot-indexed implementation.
+//!
+//! A cache holds the state of many sequences at once. Each live sequence owns a slot
+//! ([`SeqId`]); every layer keeps its state for that slot in a [`LayerCache`]: a KV cache
+//! for attention layers, nothing for stateless layers (recurrent-state pools for linear
+//! attention plug in as another variant). Freed slots are reused.
+
+use anyhow::{bail, Result};
+
+/// A sequence's slot in a cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub usize);
+
+/// Key/value cache of one attention layer for every slot.
+///
+/// # Shapes
+/// per slot: `k`, `v`: `[len, kv_heads, head_dim]`
+#[derive(Debug, Clone)]
+pub struct KvLayer {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl KvLayer {
+    pub fn new(kv_heads: usize, head_dim: usize) -> Self {
+        Self { kv_heads, head_dim, k: Vec::new(), v: Vec::new() }
+    }
+
+    fn ensure(&mut self, slot: usize) {
+        if self.k.len() <= slot {
+            self.k.resize_with(slot + 1, Vec::new);
+            self.v.resize_with(slot + 1, Vec::new);
+        }
+    }
+
+    /// Writes the keys/values of positions `pos0..pos0+t` (dropping anything cached at or
+    /// after `pos0`) and returns the whole cached `(k, v)` of the slot.
+    pub fn write(&mut self, seq: SeqId, pos0: usize, k: &[f32], v: &[f32]) -> Result<(&[f32], &[f32])> {
+        let row = self.kv_heads * self.head_dim;
+        self.ensure(seq.0);
+        let (kc, vc) = (&mut self.k[seq.0], &mut self.v[seq.0]);
+        if kc.len() < pos0 * row {
+            bail!(
+                "KV cache of slot {} holds {} positions, cannot write at position {pos0}",
+                seq.0,
+                kc.len() / row.max(1)
+            );
+        }
+        kc.truncate(pos0 * row);
+        vc.truncate(pos0 * row);
+        kc.extend_from_slice(k);
+        vc.extend_from_slice(v);
+        Ok((&self.k[seq.0], &self.v[seq.0]))
+    }
+
+    /// Number of cached positions of a slot.
+    pub fn len(&self, seq: SeqId) -> usize {
+        self.k.get(seq.0).map_or(0, |k| k.len() / (self.kv_heads * self.head_dim).max(1))
+    }
+
+    pub fn is_empty(&self, seq: SeqId) -> bool {
+        self.len(seq) == 0
+    }
+
+    /// Drops positions `len..`.
+    pub fn truncate(&mut self, seq: SeqId, len: usize) {
+        let row = self.kv_heads * self.head_dim;
+        if let Some(k) = self.k.get_mut(seq.0) {
+            k.truncate(len * row);
+        }
+        if let Some(v) = self.v.get_mut(seq.0) {
+            v.truncate(len * row);
+        }
+    }
+
+    fn clear(&mut self, seq: SeqId) {
+        if let Some(k) = self.k.get_mut(seq.0) {
+            *k = Vec::new();
+        }
+        if let Some(v) = self.v.get_mut(seq.0) {
+            *v = Vec::new();
+        }
+    }
+}
+
+/// The state one layer keeps for every slot.
+#[derive(Debug, Clone)]
+pub enum LayerCache {
+    /// Layers without per-request state.
+    Stateless,
+    /// Attention layers.
+    Kv(KvLayer),
+}
+
+impl LayerCache {
+    fn clear(&mut self, seq: SeqId) {
+        match self {
+            LayerCache::Stateless => {}
+            LayerCache::Kv(kv) => kv.clear(seq),
+        }
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        match self {
+            LayerCache::Stateless => Ok(()),
+            LayerCache::Kv(kv) => {
+                kv.truncate(seq, len);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Per-request state of a whole model, for many sequences.
+///
+/// The lifecycle is `alloc_seq` → forwards (each layer reads/writes its slot, the model
+/// then calls `advance`) → optional `truncate` (rollback of rejected draft tokens) →
+/// `free_seq`, after which the slot is reused.
+pub trait StateCache: Send {
+    /// Takes a free slot for a new sequence.
+    fn alloc_seq(&mut self) -> Result<SeqId>;
+    /// Releases a slot and its state.
+    fn free_seq(&mut self, seq: SeqId);
+    /// Tokens consumed by the sequence so far.
+    fn seq_len(&self, seq: SeqId) -> usize;
+    /// Marks `n` more tokens as consumed (after a forward wrote their state).
+    fn advance(&mut self, seq: SeqId, n: usize) -> Result<()>;
+    /// Rolls a sequence back to `len` consumed tokens.
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<()>;
+    /// The state of layer `layer`.
+    fn layer_mut(&mut self, layer: usize) -> Result<&mut LayerCache>;
+    /// Number of live sequences.
+    fn live(&self) -> usize;
+}
+
+/// The standard slot-indexed [`StateCache`].
+#[derive(Debug, Clone)]
+pub struct ModelCache {
+    layers: Vec<LayerCache>,
+    lens: Vec<Option<usize>>,
+    free: Vec<usize>,
+    max_seqs: usize,
+}
+
+impl ModelCache {
+    /// A cache with the given per-layer state kinds, for at most `max_seqs` live sequences.
+    pub fn new(layers: Vec<LayerCache>, max_seqs: usize) -> Self {
+        Self { layers, lens: Vec::new(), free: Vec::new(), max_seqs }
+    }
+
+    fn check(&self, seq: SeqId) -> Result<usize> {
+        match self.lens.get(seq.0) {
+            Some(Some(l)) => Ok(*l),
+            _ => bail!("sequence slot {} is not allocated", seq.0),
+        }
+    }
+}
+
+impl StateCache for ModelCache {
+    fn alloc_seq(&mut self) -> Result<SeqId> {
+        if let Some(s) = self.free.pop() {
+            self.lens[s] = Some(0);
+            return Ok(SeqId(s));
+        }
+        if self.lens.len() >= self.max_seqs {
+            bail!("state cache full: {} sequences live (max {})", self.live(), self.max_seqs);
+        }
+        self.lens.push(Some(0));
+        Ok(SeqId(self.lens.len() - 1))
+    }
+
+    fn free_seq(&mut self, seq: SeqId) {
+        if let Some(l @ Some(_)) = self.lens.get_mut(seq.0) {
+            *l = None;
+            for layer in &mut self.layers {
+                layer.clear(seq);
+            }
+            self.free.push(seq.0);
+        }
+    }
+
+    fn seq_len(&self, seq: SeqId) -> usize {
+        self.lens.get(seq.0).copied().flatten().unwrap_or(0)
+    }
+
+    fn advance(&mut self, seq: SeqId, n: usize) -> Result<()> {
+        let l = self.check(seq)?;
+        self.lens[seq.0] = Some(l + n);
+        Ok(())
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        let l = self.check(seq)?;
+        if len > l {
+            bail!("cannot roll sequence {} forward from {l} to {len}", seq.0);
+        }
+        for layer in &mut self.layers {
+            layer.truncate(seq, len)?;
+        }
+        self.lens[seq.0] = Some(len);
+        Ok(())
+    }
+
+    fn layer_mut(&mut self, layer: usize) -> Result<&mut LayerCache> {
+        let n = self.layers.len();
+        self.layers.get_mut(layer).ok_or_else(|| anyhow::anyhow!("layer {layer} out of range ({n} layers)"))
+    }
+
+    fn live(&self) -> usize {
+        self.lens.iter().filter(|l| l.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_reused_without_leaks() {
+        let mut c = ModelCache::new(vec![LayerCache::Kv(KvLayer::new(1, 2)), LayerCache::Stateless], 4);
+        for round in 0..1000usize {
+            let a = c.alloc_seq().unwrap();
+            let b = c.alloc_seq().unwrap();
+            if let LayerCache::Kv(kv) = c.layer_mut(0).unwrap() {
+                kv.write(a, 0, &[1.0, 2.0], &[3.0, 4.0]).unwrap();
+            }
+            c.advance(a, 1).unwrap();
+            // Free in both orders.
+            if round % 2 == 0 {
+                c.free_seq(a);
+                c.free_seq(b);
+            } else {
+                c.free_seq(b);
+                c.free_seq(a);
+            }
+            assert_eq!(c.live(), 0);
+        }
+        assert!(c.lens.len() <= 2, "slots leaked: {}", c.lens.len());
+        let s: Vec<_> = (0..4).map(|_| c.alloc_seq().unwrap()).collect();
+        assert!(c.alloc_seq().is_err());
+        assert_eq!(s.len(), 4);
+    }
+
+    #[test]
+    fn truncate_drops_kv() {
+        let mut c = ModelCache::new(vec![LayerCache::Kv(KvLayer::new(1, 1))], 1);
+        let a = c.alloc_seq().unwrap();
+        if let LayerCache::Kv(kv) = c.layer_mut(0).unwrap() {
+            kv.write(a, 0, &[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]).unwrap();
+        }
+        c.advance(a, 3).unwrap();
+        c.truncate(a, 1).unwrap();
+        assert_eq!(c.seq_len(a), 1);
+        if let LayerCache::Kv(kv) = c.layer_mut(0).unwrap() {
+            assert_eq!(kv.len(a), 1);
+        }
+        assert!(c.truncate(a, 2).is_err());
+    }
+}

@@ -1,0 +1,160 @@
+//! Memory-mapped safetensors checkpoints: a single `model.safetensors` or shards listed in
+//! `model.safetensors.index.json`.
+
+use anyhow::{anyhow, bail, Context, Result};
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// Where one tensor lives inside the memory-mapped files.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub file: usize,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Absolute byte range inside the file.
+    pub start: usize,
+    pub end: usize,
+}
+
+/// An opened checkpoint: every tensor's name, dtype, shape and bytes.
+pub struct Checkpoint {
+    files: Vec<(PathBuf, Mmap)>,
+    tensors: BTreeMap<String, TensorInfo>,
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint of a model folder (`model.safetensors`, or the shards named by
+    /// `model.safetensors.index.json`, or else every `*.safetensors` file in the folder).
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let paths: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).with_context(|| format!("reading {}", index.display()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", index.display()))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| anyhow!("{} has no `weight_map` object", index.display()))?;
+            let files: BTreeSet<String> = map.values().filter_map(|f| f.as_str().map(str::to_owned)).collect();
+            if files.is_empty() {
+                bail!("{} lists no shard files", index.display());
+            }
+            files.into_iter().map(|f| dir.join(f)).collect()
+        } else if single.exists() {
+            vec![single]
+        } else {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+                .with_context(|| format!("reading model folder {}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                bail!(
+                    "no safetensors checkpoint in {} (expected model.safetensors or model.safetensors.index.json)",
+                    dir.display()
+                );
+            }
+            found
+        };
+        Self::open_files(&paths)
+    }
+
+    /// Opens and validates the given safetensors files.
+    pub fn open_files(paths: &[PathBuf]) -> Result<Self> {
+        let mut files = Vec::new();
+        let mut tensors = BTreeMap::new();
+        for (fi, path) in paths.iter().enumerate() {
+            let file = File::open(path).with_context(|| format!("opening checkpoint file {}", path.display()))?;
+            // SAFETY: the file is mapped read-only; porter never writes to checkpoint files while loaded.
+            let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("memory-mapping {}", path.display()))?;
+            let (header_len, meta) = SafeTensors::read_metadata(&mmap[..]).map_err(|e| {
+                anyhow!("{} is not a valid safetensors file (truncated or corrupt?): {e}", path.display())
+            })?;
+            let data_start = 8 + header_len;
+            let data_len = mmap.len().saturating_sub(data_start);
+            for (name, info) in meta.tensors() {
+                let (s, e) = info.data_offsets;
+                if e > data_len || s > e {
+                    bail!(
+                        "{}: tensor `{name}` needs bytes {s}..{e} but the file has only {data_len} data bytes (truncated or corrupt)",
+                        path.display()
+                    );
+                }
+                let n: usize = info.shape.iter().product();
+                if n * info.dtype.bitsize() / 8 != e - s {
+                    bail!(
+                        "{}: tensor `{name}` has {} bytes for shape {:?} of {:?}",
+                        path.display(),
+                        e - s,
+                        info.shape,
+                        info.dtype
+                    );
+                }
+                if tensors.contains_key(&name) {
+                    bail!("tensor `{name}` appears in more than one checkpoint file");
+                }
+                tensors.insert(
+                    name.clone(),
+                    TensorInfo {
+                        file: fi,
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        start: data_start + s,
+                        end: data_start + e,
+                    },
+                );
+            }
+            files.push((path.clone(), mmap));
+        }
+        Ok(Self { files, tensors })
+    }
+
+    /// Every tensor, by name.
+    pub fn tensors(&self) -> &BTreeMap<String, TensorInfo> {
+        &self.tensors
+    }
+
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.get(name)
+    }
+
+    /// Total bytes of tensor data.
+    pub fn total_bytes(&self) -> usize {
+        self.tensors.values().map(|t| t.end - t.start).sum()
+    }
+
+    /// Reads a floating-point tensor as `f32` values (exact for bf16 / f16 / f32).
+    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let info = self.get(name).ok_or_else(|| anyhow!("tensor `{name}` not in checkpoint"))?;
+        let bytes = &self.files[info.file].1[info.start..info.end];
+        Ok(match info.dtype {
+            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            Dtype::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            other => bail!("tensor `{name}` has dtype {other:?}; porter loads f32, bf16 and f16 weights"),
+        })
+    }
+
+    /// Reads an integer tensor (i64 / i32 / u32) as `i64` values.
+    pub fn read_i64(&self, name: &str) -> Result<Vec<i64>> {
+        let info = self.get(name).ok_or_else(|| anyhow!("tensor `{name}` not in checkpoint"))?;
+        let bytes = &self.files[info.file].1[info.start..info.end];
+        Ok(match info.dtype {
+            Dtype::I64 => bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect(),
+            Dtype::I32 => bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect(),
+            Dtype::U32 => bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect(),
+            other => bail!("tensor `{name}` has dtype {other:?}, expected an integer type"),
+        })
+    }
+
+    /// The paths of the opened files.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(|(p, _)| p.as_path())
+    }
+}

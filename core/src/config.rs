@@ -1,0 +1,158 @@
+//! Hugging Face `config.json` / `generation_config.json` helpers shared by all models.
+//!
+//! Each model crate parses its own typed config with serde (unknown keys are ignored, HF
+//! defaults via `#[serde(default)]`); this module holds what is common: reading and
+//! validating the file, architecture selection, RoPE parameters in both the hub style
+//! (top-level `rope_theta`, `partial_rotary_factor`, `rope_scaling`) and the
+//! transformers-v5 style (`rope_parameters`), and generation defaults.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::path::Path;
+
+/// Reads and parses `config.json` of a model folder.
+pub fn read_config(dir: &Path) -> Result<Value> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{} is not valid JSON: {e}", path.display()))?;
+    if !v.is_object() {
+        bail!("{} must contain a JSON object", path.display());
+    }
+    Ok(v)
+}
+
+/// Deserializes a typed config with an error that names the bad key.
+pub fn parse_typed<T: DeserializeOwned>(raw: &Value, what: &str) -> Result<T> {
+    serde_json::from_value(raw.clone()).map_err(|e| anyhow!("invalid {what} config.json: {e}"))
+}
+
+/// The single entry of `architectures`.
+pub fn architecture(raw: &Value) -> Result<String> {
+    let arr = raw
+        .get("architectures")
+        .ok_or_else(|| {
+            anyhow!("config.json has no `architectures` field; porter selects the model implementation from it")
+        })?
+        .as_array()
+        .ok_or_else(|| anyhow!("config.json `architectures` must be a list of strings"))?;
+    match arr.as_slice() {
+        [Value::String(s)] => Ok(s.clone()),
+        [] => bail!("config.json `architectures` is empty"),
+        _ => bail!("config.json `architectures` must hold exactly one string, found {}", Value::Array(arr.clone())),
+    }
+}
+
+/// How rotary frequencies are scaled.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    Default,
+    /// Positions divided by `factor` (HF `rope_type: linear`).
+    Linear { factor: f32 },
+}
+
+/// Rotary-embedding parameters of a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeParams {
+    pub theta: f32,
+    pub partial_rotary_factor: f32,
+    pub scaling: RopeScaling,
+}
+
+/// Reads RoPE parameters from either config style. `default_theta` and `default_partial`
+/// are the model class's defaults when the keys are absent.
+pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Result<RopeParams> {
+    let num = |v: Option<&Value>| v.and_then(Value::as_f64).map(|x| x as f32);
+    let rp = raw.get("rope_parameters").filter(|v| v.is_object());
+    let rs = raw.get("rope_scaling").filter(|v| v.is_object());
+    let theta = num(rp.and_then(|p| p.get("rope_theta"))).or(num(raw.get("rope_theta"))).unwrap_or(default_theta);
+    let partial = num(rp.and_then(|p| p.get("partial_rotary_factor")))
+        .or(num(raw.get("partial_rotary_factor")))
+        .unwrap_or(default_partial);
+    if !(partial > 0.0 && partial <= 1.0) {
+        bail!("partial_rotary_factor must be in (0, 1], found {partial}");
+    }
+    if theta.is_nan() || theta <= 0.0 {
+        bail!("rope_theta must be positive, found {theta}");
+    }
+    let scaling_obj = rp.or(rs);
+    let rope_type = scaling_obj
+        .and_then(|o| o.get("rope_type").or_else(|| o.get("type")))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let scaling = match rope_type {
+        "default" => RopeScaling::Default,
+        "linear" => {
+            let factor = num(scaling_obj.and_then(|o| o.get("factor")))
+                .ok_or_else(|| anyhow!("rope scaling `linear` needs a `factor`"))?;
+            RopeScaling::Linear { factor }
+        }
+        other => bail!("rope scaling type `{other}` is not supported yet (supported: default, linear)"),
+    };
+    Ok(RopeParams { theta, partial_rotary_factor: partial, scaling })
+}
+
+/// Generation defaults: end-of-sequence ids and sampling parameters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GenerationConfig {
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+}
+
+fn ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
+        _ => vec![],
+    }
+}
+
+/// Reads `generation_config.json` when present, falling back to `config.json` for the ids.
+pub fn generation_config(dir: &Path, raw: &Value) -> Result<GenerationConfig> {
+    let path = dir.join("generation_config.json");
+    let gen: Value = if path.exists() {
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| anyhow!("{} is not valid JSON: {e}", path.display()))?
+    } else {
+        Value::Null
+    };
+    let mut eos = ids(gen.get("eos_token_id"));
+    if eos.is_empty() {
+        eos = ids(raw.get("eos_token_id"));
+    }
+    let bos = ids(gen.get("bos_token_id")).first().copied().or_else(|| ids(raw.get("bos_token_id")).first().copied());
+    let f = |k: &str| gen.get(k).and_then(Value::as_f64).map(|x| x as f32);
+    Ok(GenerationConfig {
+        eos_token_ids: eos,
+        bos_token_id: bos,
+        temperature: f("temperature"),
+        top_p: f("top_p"),
+        top_k: gen.get("top_k").and_then(Value::as_u64).map(|x| x as usize),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn rope_from_both_styles() {
+        let hub = json!({"rope_theta": 1e6, "partial_rotary_factor": 0.25});
+        let v5 = json!({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}});
+        assert_eq!(rope_params(&hub, 1e4, 1.0).unwrap(), rope_params(&v5, 1e4, 1.0).unwrap());
+        assert_eq!(rope_params(&json!({}), 1e4, 1.0).unwrap().theta, 1e4);
+        assert!(rope_params(&json!({"rope_scaling": {"rope_type": "longrope"}}), 1e4, 1.0).is_err());
+    }
+
+    #[test]
+    fn architecture_must_be_single() {
+        assert_eq!(architecture(&json!({"architectures": ["X"]})).unwrap(), "X");
+        assert!(architecture(&json!({})).is_err());
+        assert!(architecture(&json!({"architectures": ["X", "Y"]})).is_err());
+    }
+}

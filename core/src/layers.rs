@@ -1,0 +1,217 @@
+//! The layer traits and the generic model that drives them.
+//!
+//! Following LightLLM, a model is split into a [`PreLayer`] (token embedding), a stack of
+//! [`TransformerLayer`]s (each owning its weights and reading/writing its own slice of the
+//! [`StateCache`]) and a [`PostLayer`] (final norm + lm_head). A model crate builds these
+//! pieces from its config and weights; [`Model`] runs them for a [`Batch`] of sequences.
+
+use crate::cache::{LayerCache, ModelCache, SeqId, StateCache};
+use crate::config::GenerationConfig;
+use crate::dtype::DType;
+use crate::tensor::Tensor;
+use anyhow::{bail, Context, Result};
+
+/// The rows of one sequence inside a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqSpan {
+    /// The sequence's cache slot.
+    pub seq: SeqId,
+    /// First row of this sequence in the batch.
+    pub start: usize,
+    /// Number of rows (new tokens).
+    pub len: usize,
+    /// Absolute position of the first row (= tokens already in the cache).
+    pub pos0: usize,
+}
+
+/// Token ids of several sequences laid out one after another.
+///
+/// # Shapes
+/// `ids`: `[T]` with `T = Σ spans.len`; activations are `[T, hidden]`.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub ids: Vec<u32>,
+    pub spans: Vec<SeqSpan>,
+}
+
+impl Batch {
+    /// A batch with one sequence.
+    pub fn single(seq: SeqId, pos0: usize, ids: &[u32]) -> Self {
+        Self { ids: ids.to_vec(), spans: vec![SeqSpan { seq, start: 0, len: ids.len(), pos0 }] }
+    }
+
+    /// Appends a sequence's new tokens.
+    pub fn push(&mut self, seq: SeqId, pos0: usize, ids: &[u32]) {
+        let start = self.ids.len();
+        self.ids.extend_from_slice(ids);
+        self.spans.push(SeqSpan { seq, start, len: ids.len(), pos0 });
+    }
+
+    /// Absolute position of every row.
+    pub fn positions(&self) -> Vec<usize> {
+        let mut p = vec![0; self.ids.len()];
+        for s in &self.spans {
+            for i in 0..s.len {
+                p[s.start + i] = s.pos0 + i;
+            }
+        }
+        p
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// What per-request state a layer keeps (used to build caches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Full attention with a KV cache.
+    Attention { kv_heads: usize, head_dim: usize },
+    /// No per-request state.
+    Stateless,
+}
+
+/// Token embedding.
+pub trait PreLayer: Send + Sync {
+    /// # Shapes
+    /// `ids: [T]` → `[T, hidden]`
+    fn forward(&self, ids: &[u32]) -> Result<Tensor>;
+}
+
+/// One decoder layer (attention or linear attention, then the MLP / MoE, with residuals).
+pub trait TransformerLayer: Send + Sync {
+    /// The state this layer needs per request.
+    fn kind(&self) -> LayerKind;
+
+    /// # Shapes
+    /// `x: [T, hidden]` → `[T, hidden]` (the residual stream after this layer)
+    fn forward(&self, x: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor>;
+}
+
+/// Final norm and lm_head.
+pub trait PostLayer: Send + Sync {
+    /// # Shapes
+    /// `[R, hidden]` → `[R, hidden]`
+    fn norm(&self, h: &Tensor) -> Result<Tensor>;
+    /// # Shapes
+    /// `[R, hidden]` (normed) → `[R, vocab]`
+    fn logits(&self, normed: &Tensor) -> Result<Tensor>;
+}
+
+/// Facts about a loaded model that the runner needs.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub dtype: DType,
+    pub max_position_embeddings: Option<usize>,
+    pub generation: GenerationConfig,
+}
+
+/// Which rows get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsFor {
+    /// Every row of the batch.
+    All,
+    /// The last row of every sequence.
+    Last,
+}
+
+/// Result of a forward pass.
+#[derive(Debug)]
+pub struct ForwardOutput {
+    /// `[R, vocab]`, R = T for [`LogitsFor::All`], R = number of sequences for [`LogitsFor::Last`].
+    pub logits: Tensor,
+    /// `[T, hidden]`: the residual stream after the last layer, before the final norm
+    /// (what MTP draft heads consume).
+    pub hidden: Tensor,
+}
+
+/// A decoder-only language model assembled from the three layer kinds.
+pub struct Model {
+    pub info: ModelInfo,
+    pub pre: Box<dyn PreLayer>,
+    pub layers: Vec<Box<dyn TransformerLayer>>,
+    pub post: Box<dyn PostLayer>,
+}
+
+impl Model {
+    /// A state cache for up to `max_seqs` concurrent sequences.
+    pub fn new_cache(&self, max_seqs: usize) -> ModelCache {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match l.kind() {
+                LayerKind::Attention { kv_heads, head_dim } => {
+                    LayerCache::Kv(crate::cache::KvLayer::new(kv_heads, head_dim))
+                }
+                LayerKind::Stateless => LayerCache::Stateless,
+            })
+            .collect();
+        ModelCache::new(layers, max_seqs)
+    }
+
+    /// Checks a batch against the vocabulary, the cache and the context length.
+    fn validate(&self, batch: &Batch, cache: &dyn StateCache) -> Result<()> {
+        if batch.is_empty() {
+            bail!("empty batch: no token ids");
+        }
+        if let Some(&bad) = batch.ids.iter().find(|&&t| t as usize >= self.info.vocab_size) {
+            bail!(
+                "token id {bad} is out of range: the vocabulary has {} entries (valid ids 0..{})",
+                self.info.vocab_size,
+                self.info.vocab_size - 1
+            );
+        }
+        let mut covered = 0;
+        for s in &batch.spans {
+            if s.start != covered || s.len == 0 {
+                bail!("batch spans must be contiguous and non-empty");
+            }
+            covered += s.len;
+            let have = cache.seq_len(s.seq);
+            if s.pos0 != have {
+                bail!("sequence {} has {have} cached tokens but the batch starts it at position {}", s.seq.0, s.pos0);
+            }
+            if let Some(max) = self.info.max_position_embeddings {
+                if s.pos0 + s.len > max {
+                    bail!("sequence of {} tokens exceeds max_position_embeddings = {max}", s.pos0 + s.len);
+                }
+            }
+        }
+        if covered != batch.len() {
+            bail!("batch spans cover {covered} rows but the batch has {}", batch.len());
+        }
+        Ok(())
+    }
+
+    /// Runs the batch through every layer, updates the cache and returns logits.
+    pub fn forward(&self, batch: &Batch, cache: &mut dyn StateCache, rows: LogitsFor) -> Result<ForwardOutput> {
+        self.validate(batch, cache)?;
+        // [T] -> [T, H]
+        let mut x = self.pre.forward(&batch.ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(x, batch, cache.layer_mut(i)?).with_context(|| format!("layer {i}"))?;
+        }
+        for s in &batch.spans {
+            cache.advance(s.seq, s.len)?;
+        }
+        let sel = match rows {
+            LogitsFor::All => x.clone(),
+            LogitsFor::Last => {
+                let idx: Vec<usize> = batch.spans.iter().map(|s| s.start + s.len - 1).collect();
+                x.gather_rows(&idx)?
+            }
+        };
+        let normed = self.post.norm(&sel)?;
+        let logits = self.post.logits(&normed)?;
+        Ok(ForwardOutput { logits, hidden: x })
+    }
+}

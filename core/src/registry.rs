@@ -1,0 +1,127 @@
+//! The model registry: each model crate submits a [`ModelEntry`] keyed by its HF
+//! `architectures` string; [`load`] selects the entry from `config.json`, resolves the
+//! entry's declarative weight map, loads the checkpoint and builds the [`Model`].
+
+use crate::checkpoint::Checkpoint;
+use crate::config;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::layers::Model;
+use crate::weight_map::{MapContext, ResolvedMap, WeightMap, Weights};
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// What a model crate gets when it builds a model.
+pub struct LoadContext<'a> {
+    pub dir: &'a Path,
+    pub config: &'a Value,
+    pub dtype: DType,
+    pub device: Device,
+}
+
+/// A registered model implementation.
+pub struct ModelEntry {
+    /// The HF `architectures` string, e.g. `"Qwen3ForCausalLM"`.
+    pub architecture: &'static str,
+    /// The crate implementing it.
+    pub crate_name: &'static str,
+    /// Text of the crate's weight map (`weight-maps/<model>.toml`).
+    pub weight_map: &'static str,
+    /// Parses and validates the config, returning the values the map is resolved against.
+    pub map_context: fn(&Value) -> Result<MapContext>,
+    /// One-paragraph config summary for `porter inspect`.
+    pub describe: fn(&Value) -> Result<String>,
+    /// Builds the model from its loaded weight slots.
+    pub build: fn(&LoadContext, &mut Weights) -> Result<Model>,
+}
+
+inventory::collect!(ModelEntry);
+
+/// The registry could not serve a config.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("unknown architecture `{arch}`; registered architectures: {}", known.join(", "))]
+    UnknownArchitecture { arch: String, known: Vec<String> },
+    #[error("architecture `{0}` is registered twice")]
+    Duplicate(String),
+}
+
+/// Every registered entry, sorted by architecture.
+pub fn entries() -> Vec<&'static ModelEntry> {
+    let mut v: Vec<&'static ModelEntry> = inventory::iter::<ModelEntry>.into_iter().collect();
+    v.sort_by_key(|e| e.architecture);
+    v
+}
+
+/// The sorted list of registered architectures.
+pub fn architectures() -> Vec<&'static str> {
+    entries().iter().map(|e| e.architecture).collect()
+}
+
+/// Finds the entry for an architecture.
+pub fn lookup(arch: &str) -> Result<&'static ModelEntry, RegistryError> {
+    let all = entries();
+    let mut found = all.iter().filter(|e| e.architecture == arch);
+    match (found.next(), found.next()) {
+        (Some(e), None) => Ok(e),
+        (Some(_), Some(_)) => Err(RegistryError::Duplicate(arch.to_owned())),
+        (None, _) => Err(RegistryError::UnknownArchitecture {
+            arch: arch.to_owned(),
+            known: all.iter().map(|e| e.architecture.to_owned()).collect(),
+        }),
+    }
+}
+
+/// A model folder opened and matched against its registry entry, before loading weights.
+pub struct Prepared {
+    pub dir: PathBuf,
+    pub config: Value,
+    pub entry: &'static ModelEntry,
+    pub map: ResolvedMap,
+    pub checkpoint: Checkpoint,
+}
+
+/// Reads the config, selects the entry, resolves its weight map and opens the checkpoint.
+pub fn prepare(dir: &Path) -> Result<Prepared> {
+    if !dir.is_dir() {
+        anyhow::bail!("model folder {} does not exist", dir.display());
+    }
+    let config = config::read_config(dir)?;
+    let arch = config::architecture(&config)?;
+    let entry = lookup(&arch)?;
+    let ctx = (entry.map_context)(&config).with_context(|| format!("invalid {arch} config in {}", dir.display()))?;
+    let map = WeightMap::parse(entry.weight_map)
+        .with_context(|| format!("weight map of {}", entry.crate_name))?
+        .resolve(&ctx)
+        .with_context(|| format!("resolving the weight map of {}", entry.crate_name))?;
+    let checkpoint = Checkpoint::open_dir(dir)?;
+    Ok(Prepared { dir: dir.to_owned(), config, entry, map, checkpoint })
+}
+
+/// Loads a model folder end to end.
+pub fn load(dir: &Path, dtype: DType, device: Device, show_progress: bool) -> Result<Model> {
+    crate::device::check_device(device)?;
+    let p = prepare(dir)?;
+    let bar = if show_progress && p.checkpoint.total_bytes() > (64 << 20) {
+        let b = indicatif::ProgressBar::new(p.map.slots.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("loading weights {bar:40} {pos}/{len} tensors {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let mut weights = p.map.load(&p.checkpoint, dtype, bar.as_ref())?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let lc = LoadContext { dir, config: &p.config, dtype, device };
+    let model = (p.entry.build)(&lc, &mut weights)?;
+    let left = weights.remaining();
+    if !left.is_empty() {
+        anyhow::bail!("internal error: {} built without using weight slots {:?}", p.entry.crate_name, left);
+    }
+    Ok(model)
+}

@@ -1,0 +1,524 @@
+//! Declarative weight maps: checkpoint tensor names → engine slots.
+//!
+//! A map is a TOML file in `weight-maps/` (one per model). Each `[[tensor]]` rule names
+//! an engine `slot`, the checkpoint tensor(s) it comes `from`, the expected `shape` as
+//! expressions over config values, an optional `when` condition and an optional
+//! transform (`stack` over experts, `concat` of several tensors along dim 0).
+//! `[[ignore]]` rules list checkpoint tensors that are deliberately not loaded (for
+//! example a tied `lm_head.weight`, or the `mtp.*` tensors of a draft head that another
+//! crate maps). Placeholders `{layer}` and `{expert}` expand over the layers and experts.
+//!
+//! ```toml
+//! architecture = "Qwen3ForCausalLM"
+//!
+//! [[tensor]]
+//! slot  = "layers.{layer}.attn.q_proj"
+//! from  = "model.layers.{layer}.self_attn.q_proj.weight"
+//! shape = ["num_attention_heads*head_dim", "hidden_size"]
+//!
+//! [[tensor]]
+//! slot  = "layers.{layer}.moe.gate_proj"          # [num_experts, moe_intermediate_size, hidden_size]
+//! from  = "model.layers.{layer}.mlp.experts.{expert}.gate_proj.weight"
+//! shape = ["moe_intermediate_size", "hidden_size"]
+//! stack = "expert"
+//! when  = "moe_layer"
+//! ```
+//!
+//! Resolution against a config gives a table (checkpoint name → slot, shape, transform)
+//! that is snapshot-tested with insta; validation against a checkpoint reports every
+//! missing, unexpected and mis-shaped tensor in one error.
+
+use crate::checkpoint::Checkpoint;
+use crate::dtype::DType;
+use crate::tensor::Tensor;
+use anyhow::{anyhow, bail, Context, Result};
+use rayon::prelude::*;
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+/// One or several names in a rule.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn list(&self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s.clone()],
+            OneOrMany::Many(v) => v.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TensorRule {
+    slot: String,
+    from: OneOrMany,
+    /// Shape of each source tensor, one expression per dim.
+    shape: Vec<String>,
+    #[serde(default)]
+    when: Option<String>,
+    /// `"expert"`: stack the per-expert tensors into `[num_experts, ...]`.
+    #[serde(default)]
+    stack: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IgnoreRule {
+    #[serde(default)]
+    from: Option<String>,
+    #[serde(default)]
+    prefix: Option<String>,
+    #[serde(default)]
+    when: Option<String>,
+    /// Why the tensor is not loaded (shown by `porter inspect`).
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MapFile {
+    architecture: String,
+    #[serde(default)]
+    tensor: Vec<TensorRule>,
+    #[serde(default)]
+    ignore: Vec<IgnoreRule>,
+}
+
+/// A parsed weight map.
+#[derive(Debug, Clone)]
+pub struct WeightMap {
+    file: MapFile,
+}
+
+/// Config values a map is resolved against: dims, global flags and per-layer flags.
+///
+/// [`MapContext::from_config`] takes every integer and boolean at the top level of
+/// `config.json`; model crates add derived dims (for example a defaulted `head_dim`) and
+/// per-layer flags (for example `moe_layer`).
+#[derive(Debug, Clone, Default)]
+pub struct MapContext {
+    pub num_layers: usize,
+    pub num_experts: usize,
+    dims: BTreeMap<String, usize>,
+    flags: BTreeMap<String, bool>,
+    layer_flags: Vec<BTreeMap<String, bool>>,
+}
+
+impl MapContext {
+    /// Dims and flags from the top level of a `config.json`.
+    pub fn from_config(raw: &serde_json::Value, num_layers: usize, num_experts: usize) -> Self {
+        let mut ctx = MapContext {
+            num_layers,
+            num_experts,
+            layer_flags: vec![BTreeMap::new(); num_layers],
+            ..Default::default()
+        };
+        if let Some(obj) = raw.as_object() {
+            for (k, v) in obj {
+                if let Some(n) = v.as_u64() {
+                    ctx.dims.insert(k.clone(), n as usize);
+                } else if let Some(b) = v.as_bool() {
+                    ctx.flags.insert(k.clone(), b);
+                }
+            }
+        }
+        ctx
+    }
+
+    /// Sets (or overrides) a dim.
+    pub fn set_dim(&mut self, name: &str, v: usize) -> &mut Self {
+        self.dims.insert(name.to_owned(), v);
+        self
+    }
+
+    /// Sets (or overrides) a global flag.
+    pub fn set_flag(&mut self, name: &str, v: bool) -> &mut Self {
+        self.flags.insert(name.to_owned(), v);
+        self
+    }
+
+    /// Sets a per-layer flag.
+    pub fn set_layer_flag(&mut self, layer: usize, name: &str, v: bool) -> &mut Self {
+        if layer >= self.layer_flags.len() {
+            self.layer_flags.resize(layer + 1, BTreeMap::new());
+        }
+        self.layer_flags[layer].insert(name.to_owned(), v);
+        self
+    }
+
+    fn dim(&self, name: &str) -> Option<usize> {
+        self.dims.get(name).copied()
+    }
+
+    /// Evaluates a shape expression: integers and dim names joined by `*` and `+`.
+    fn eval(&self, expr: &str) -> Result<usize> {
+        let mut total = 0usize;
+        for term in expr.split('+') {
+            let mut prod = 1usize;
+            for f in term.split('*') {
+                let f = f.trim();
+                let v = match f.parse::<usize>() {
+                    Ok(n) => n,
+                    Err(_) => {
+                        self.dim(f).ok_or_else(|| anyhow!("shape expression `{expr}`: unknown config value `{f}`"))?
+                    }
+                };
+                prod *= v;
+            }
+            total += prod;
+        }
+        Ok(total)
+    }
+
+    /// Evaluates a condition: `a`, `!a`, `a && b`, `a || b` over flags (layer flags first).
+    fn cond(&self, expr: &str, layer: Option<usize>) -> Result<bool> {
+        let mut any = false;
+        for alt in expr.split("||") {
+            let mut all = true;
+            for atom in alt.split("&&") {
+                let atom = atom.trim();
+                let (neg, name) = match atom.strip_prefix('!') {
+                    Some(n) => (true, n.trim()),
+                    None => (false, atom),
+                };
+                let v = layer
+                    .and_then(|l| self.layer_flags.get(l).and_then(|f| f.get(name)).copied())
+                    .or_else(|| self.flags.get(name).copied())
+                    .ok_or_else(|| {
+                        anyhow!(
+                            "condition `{expr}`: unknown flag `{name}`{}",
+                            if layer.is_some() { " (per-layer)" } else { "" }
+                        )
+                    })?;
+                all &= v != neg;
+            }
+            any |= all;
+        }
+        Ok(any)
+    }
+}
+
+/// How a slot is assembled from its sources.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transform {
+    /// One tensor, loaded as is.
+    Identity,
+    /// Per-expert tensors stacked into `[num_experts, ...]`.
+    StackExperts,
+    /// Several tensors concatenated along dim 0.
+    Concat,
+}
+
+impl fmt::Display for Transform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transform::Identity => "-",
+            Transform::StackExperts => "stack(expert)",
+            Transform::Concat => "concat(0)",
+        })
+    }
+}
+
+/// One engine slot with the checkpoint tensors it is built from.
+#[derive(Debug, Clone)]
+pub struct ResolvedSlot {
+    pub slot: String,
+    /// Checkpoint names, in stacking / concatenation order.
+    pub sources: Vec<String>,
+    /// Expected shape of each source.
+    pub source_shapes: Vec<Vec<usize>>,
+    /// Shape of the assembled slot.
+    pub shape: Vec<usize>,
+    pub transform: Transform,
+}
+
+/// A checkpoint tensor that is deliberately not loaded.
+#[derive(Debug, Clone)]
+pub enum IgnoreSpec {
+    Name { name: String, reason: String },
+    Prefix { prefix: String, reason: String },
+}
+
+/// A map resolved against one config.
+#[derive(Debug, Clone)]
+pub struct ResolvedMap {
+    pub architecture: String,
+    pub slots: Vec<ResolvedSlot>,
+    pub ignores: Vec<IgnoreSpec>,
+}
+
+/// Everything that is wrong between a resolved map and a checkpoint.
+#[derive(Debug, Clone, Default, thiserror::Error)]
+pub struct WeightMapError {
+    /// `(name, expected shape)`
+    pub missing: Vec<(String, Vec<usize>)>,
+    /// `(name, expected shape, found shape)`
+    pub mismatched: Vec<(String, Vec<usize>, Vec<usize>)>,
+    /// `(name, found shape)`
+    pub unexpected: Vec<(String, Vec<usize>)>,
+}
+
+impl WeightMapError {
+    pub fn is_empty(&self) -> bool {
+        self.missing.is_empty() && self.mismatched.is_empty() && self.unexpected.is_empty()
+    }
+}
+
+impl fmt::Display for WeightMapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "checkpoint does not match the weight map:")?;
+        if !self.missing.is_empty() {
+            writeln!(f, "  missing tensors ({}):", self.missing.len())?;
+            for (n, s) in &self.missing {
+                writeln!(f, "    {n}: expected {s:?}")?;
+            }
+        }
+        if !self.mismatched.is_empty() {
+            writeln!(f, "  shape mismatches ({}):", self.mismatched.len())?;
+            for (n, e, g) in &self.mismatched {
+                writeln!(f, "    {n}: expected {e:?}, found {g:?}")?;
+            }
+        }
+        if !self.unexpected.is_empty() {
+            writeln!(f, "  unexpected tensors ({}):", self.unexpected.len())?;
+            for (n, s) in &self.unexpected {
+                writeln!(f, "    {n}: {s:?}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl WeightMap {
+    /// Parses a map file's text.
+    pub fn parse(text: &str) -> Result<Self> {
+        let file: MapFile = toml::from_str(text).context("parsing weight map")?;
+        for r in &file.tensor {
+            if let Some(s) = &r.stack {
+                if s != "expert" {
+                    bail!("weight map rule `{}`: unknown stack axis `{s}` (only `expert`)", r.slot);
+                }
+            }
+            if r.stack.is_some() && matches!(r.from, OneOrMany::Many(_)) {
+                bail!("weight map rule `{}`: `stack` and a list of sources cannot be combined", r.slot);
+            }
+        }
+        Ok(Self { file })
+    }
+
+    pub fn architecture(&self) -> &str {
+        &self.file.architecture
+    }
+
+    /// Expands placeholders and conditions for one config.
+    pub fn resolve(&self, ctx: &MapContext) -> Result<ResolvedMap> {
+        let mut slots = Vec::new();
+        for rule in &self.file.tensor {
+            let per_layer = rule.slot.contains("{layer}") || rule.from.list().iter().any(|f| f.contains("{layer}"));
+            let layers: Vec<Option<usize>> =
+                if per_layer { (0..ctx.num_layers).map(Some).collect() } else { vec![None] };
+            let shape: Vec<usize> = rule
+                .shape
+                .iter()
+                .map(|e| ctx.eval(e))
+                .collect::<Result<_>>()
+                .with_context(|| format!("rule `{}`", rule.slot))?;
+            for layer in layers {
+                if let Some(w) = &rule.when {
+                    if !ctx.cond(w, layer).with_context(|| format!("rule `{}`", rule.slot))? {
+                        continue;
+                    }
+                }
+                let sub = |s: &str| match layer {
+                    Some(l) => s.replace("{layer}", &l.to_string()),
+                    None => s.to_owned(),
+                };
+                let slot = sub(&rule.slot);
+                if rule.stack.is_some() {
+                    let pattern = sub(&rule.from.list()[0]);
+                    let sources: Vec<String> =
+                        (0..ctx.num_experts).map(|e| pattern.replace("{expert}", &e.to_string())).collect();
+                    let mut full = vec![ctx.num_experts];
+                    full.extend_from_slice(&shape);
+                    slots.push(ResolvedSlot {
+                        slot,
+                        source_shapes: vec![shape.clone(); sources.len()],
+                        sources,
+                        shape: full,
+                        transform: Transform::StackExperts,
+                    });
+                } else {
+                    let sources: Vec<String> = rule.from.list().iter().map(|s| sub(s)).collect();
+                    let (transform, full) = if sources.len() > 1 {
+                        let mut full = shape.clone();
+                        if let Some(d0) = full.first_mut() {
+                            *d0 *= sources.len();
+                        }
+                        (Transform::Concat, full)
+                    } else {
+                        (Transform::Identity, shape.clone())
+                    };
+                    slots.push(ResolvedSlot {
+                        slot,
+                        source_shapes: vec![shape.clone(); sources.len()],
+                        sources,
+                        shape: full,
+                        transform,
+                    });
+                }
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for s in &slots {
+            if !seen.insert(s.slot.clone()) {
+                bail!("weight map for {}: slot `{}` is produced by two rules", self.architecture(), s.slot);
+            }
+        }
+        let mut ignores = Vec::new();
+        for rule in &self.file.ignore {
+            if let Some(w) = &rule.when {
+                if !ctx.cond(w, None)? {
+                    continue;
+                }
+            }
+            let reason = rule.reason.clone().unwrap_or_default();
+            match (&rule.from, &rule.prefix) {
+                (Some(n), None) => ignores.push(IgnoreSpec::Name { name: n.clone(), reason }),
+                (None, Some(p)) => ignores.push(IgnoreSpec::Prefix { prefix: p.clone(), reason }),
+                _ => bail!("weight map ignore rule needs exactly one of `from` or `prefix`"),
+            }
+        }
+        Ok(ResolvedMap { architecture: self.architecture().to_owned(), slots, ignores })
+    }
+}
+
+impl ResolvedMap {
+    fn is_ignored(&self, name: &str) -> bool {
+        self.ignores.iter().any(|i| match i {
+            IgnoreSpec::Name { name: n, .. } => n == name,
+            IgnoreSpec::Prefix { prefix, .. } => name.starts_with(prefix.as_str()),
+        })
+    }
+
+    /// The table "checkpoint name → engine slot, shape, transform", one line per
+    /// checkpoint tensor, in map order; ignore rules at the end.
+    pub fn render_table(&self) -> String {
+        let mut out = format!("# {}\n", self.architecture);
+        for s in &self.slots {
+            for (i, (src, shp)) in s.sources.iter().zip(&s.source_shapes).enumerate() {
+                let target = match s.transform {
+                    Transform::Identity => s.slot.clone(),
+                    _ => format!("{}[{i}]", s.slot),
+                };
+                out.push_str(&format!("{src} -> {target} {shp:?} {}\n", s.transform));
+            }
+        }
+        for i in &self.ignores {
+            match i {
+                IgnoreSpec::Name { name, reason } => out.push_str(&format!("{name} -> (ignored) {reason}\n")),
+                IgnoreSpec::Prefix { prefix, reason } => out.push_str(&format!("{prefix}* -> (ignored) {reason}\n")),
+            }
+        }
+        out
+    }
+
+    /// Checks the checkpoint against the map: every source present with the right shape,
+    /// every checkpoint tensor consumed or ignored.
+    pub fn validate(&self, ckpt: &Checkpoint) -> std::result::Result<(), WeightMapError> {
+        let mut err = WeightMapError::default();
+        let mut used = BTreeSet::new();
+        for s in &self.slots {
+            for (src, shp) in s.sources.iter().zip(&s.source_shapes) {
+                used.insert(src.as_str());
+                match ckpt.get(src) {
+                    None => err.missing.push((src.clone(), shp.clone())),
+                    Some(info) if &info.shape != shp => {
+                        err.mismatched.push((src.clone(), shp.clone(), info.shape.clone()))
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        for (name, info) in ckpt.tensors() {
+            if !used.contains(name.as_str()) && !self.is_ignored(name) {
+                err.unexpected.push((name.clone(), info.shape.clone()));
+            }
+        }
+        if err.is_empty() {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    }
+
+    /// Number of checkpoint tensors the map consumes, and the number it ignores.
+    pub fn coverage(&self, ckpt: &Checkpoint) -> (usize, usize) {
+        let used: BTreeSet<&str> = self.slots.iter().flat_map(|s| s.sources.iter().map(String::as_str)).collect();
+        let consumed = ckpt.tensors().keys().filter(|n| used.contains(n.as_str())).count();
+        let ignored = ckpt.tensors().keys().filter(|n| !used.contains(n.as_str()) && self.is_ignored(n)).count();
+        (consumed, ignored)
+    }
+
+    /// Validates, then loads every slot as a tensor of `dtype`.
+    pub fn load(&self, ckpt: &Checkpoint, dtype: DType, progress: Option<&indicatif::ProgressBar>) -> Result<Weights> {
+        self.validate(ckpt)?;
+        let loaded: Vec<(String, Tensor)> = self
+            .slots
+            .par_iter()
+            .map(|s| {
+                let mut data = Vec::with_capacity(s.shape.iter().product());
+                for src in &s.sources {
+                    data.extend(ckpt.read_f32(src)?);
+                }
+                if let Some(p) = progress {
+                    p.inc(1);
+                }
+                Ok((s.slot.clone(), Tensor::from_vec(data, s.shape.clone(), dtype)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Weights { map: loaded.into_iter().collect() })
+    }
+}
+
+/// Loaded weights by engine slot name.
+#[derive(Debug, Default)]
+pub struct Weights {
+    map: HashMap<String, Tensor>,
+}
+
+impl Weights {
+    /// Takes a slot out of the store (each slot is owned by exactly one layer).
+    pub fn take(&mut self, slot: &str) -> Result<Tensor> {
+        self.map
+            .remove(slot)
+            .ok_or_else(|| anyhow!("weight slot `{slot}` was not loaded (weight map and model disagree)"))
+    }
+
+    /// Takes a slot if the map produced it.
+    pub fn take_opt(&mut self, slot: &str) -> Option<Tensor> {
+        self.map.remove(slot)
+    }
+
+    pub fn contains(&self, slot: &str) -> bool {
+        self.map.contains_key(slot)
+    }
+
+    /// Slots nobody took (a model bug if non-empty after construction).
+    pub fn remaining(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.map.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    pub fn insert(&mut self, slot: &str, t: Tensor) {
+        self.map.insert(slot.to_owned(), t);
+    }
+}

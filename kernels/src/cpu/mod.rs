@@ -1,0 +1,4 @@
+//! CPU kernels: row-major `f32` slices, rayon parallelism, a real GEMM.
+
+pub mod gdn;
+pub mod ops;

@@ -1,0 +1,280 @@
+//! `porter`: load a Hugging Face checkpoint and run it.
+//!
+//! Subcommands: `logits`, `generate`, `inspect`, `models`. Without `--model`, the bundled
+//! tiny checkpoint in `tests/fixtures/` is used.
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use porter_core::generate::generate;
+use porter_core::sampling::SamplingParams;
+use porter_core::{registry, Batch, DType, Device, LogitsFor, Model, StateCache};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// The bundled default model, relative to the repository root.
+const DEFAULT_MODEL: &str = "tests/fixtures/qwen3";
+
+#[derive(Parser)]
+#[command(
+    name = "porter",
+    version,
+    about = "Port Hugging Face language models to a fast inference engine and run them"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Compute logits for a sequence of token ids and write them as safetensors.
+    Logits(LogitsArgs),
+    /// Generate a continuation.
+    Generate(GenerateArgs),
+    /// Show the selected model crate, a config summary and weight-map coverage.
+    Inspect(ModelArgs),
+    /// List the registered architectures.
+    Models,
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// Model folder (config.json + safetensors). Defaults to the bundled tiny checkpoint.
+    #[arg(long)]
+    model: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// cpu, cuda or cuda:N (default: cuda when usable, else cpu).
+    #[arg(long, value_parser = parse_device)]
+    device: Option<Device>,
+    /// Compute dtype: f32, bf16 or f16.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: DType,
+}
+
+#[derive(Args)]
+struct LogitsArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Comma-separated token ids, e.g. 3,17,42.
+    #[arg(long, value_parser = parse_ids)]
+    ids: Ids,
+    /// Output safetensors file (tensor `logits`, f32 [T, vocab]).
+    #[arg(long)]
+    out: PathBuf,
+    /// Feed the ids one at a time through the decode path and the state cache.
+    #[arg(long)]
+    incremental: bool,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Prompt text (tokenized with the model's tokenizer.json).
+    #[arg(long, conflicts_with = "ids", required_unless_present = "ids")]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_parser = parse_ids)]
+    ids: Option<Ids>,
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    temperature: f32,
+    #[arg(long, allow_negative_numbers = true)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Do not stop at end-of-sequence ids.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print one JSON object (`ids`, `text`, `finish_reason`, ...).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Ids(Vec<u32>);
+
+fn parse_ids(s: &str) -> Result<Ids, String> {
+    let ids: Result<Vec<u32>, String> = s
+        .split(',')
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse::<u32>().map_err(|_| format!("`{t}` is not a token id (expected a non-negative integer)")))
+        .collect();
+    let ids = ids?;
+    if ids.is_empty() {
+        return Err("no token ids given".into());
+    }
+    Ok(Ids(ids))
+}
+
+fn parse_device(s: &str) -> Result<Device, String> {
+    s.parse()
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    s.parse()
+}
+
+/// The bundled default model: next to the source tree this binary was built from, or
+/// relative to the working directory.
+fn default_model() -> PathBuf {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(DEFAULT_MODEL);
+    if built.join("config.json").exists() {
+        built
+    } else {
+        PathBuf::from(DEFAULT_MODEL)
+    }
+}
+
+fn model_dir(a: &ModelArgs) -> PathBuf {
+    a.model.clone().unwrap_or_else(default_model)
+}
+
+fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
+    let dir = model_dir(&run.model);
+    let device = run.device.unwrap_or_else(porter_core::device::default_device);
+    let model = registry::load(&dir, run.dtype, device, true)
+        .with_context(|| format!("loading model from {}", dir.display()))?;
+    Ok((dir, model))
+}
+
+fn cmd_logits(a: &LogitsArgs) -> Result<()> {
+    let (_, model) = load(&a.run)?;
+    let ids = &a.ids.0;
+    let mut cache = model.new_cache(1);
+    let seq = cache.alloc_seq()?;
+    let vocab = model.info.vocab_size;
+    let mut logits: Vec<f32> = Vec::with_capacity(ids.len() * vocab);
+    if a.incremental {
+        for (p, &id) in ids.iter().enumerate() {
+            let out = model.forward(&Batch::single(seq, p, &[id]), &mut cache, LogitsFor::All)?;
+            logits.extend_from_slice(out.logits.data());
+        }
+    } else {
+        let out = model.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::All)?;
+        logits.extend_from_slice(out.logits.data());
+    }
+    write_f32_safetensors(&a.out, &[("logits", &logits, vec![ids.len(), vocab])])?;
+    eprintln!("wrote logits [{}, {}] to {}", ids.len(), vocab, a.out.display());
+    Ok(())
+}
+
+fn write_f32_safetensors(path: &Path, tensors: &[(&str, &[f32], Vec<usize>)]) -> Result<()> {
+    let bytes: Vec<Vec<u8>> =
+        tensors.iter().map(|(_, d, _)| d.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+    let views: Vec<(&str, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((n, _, s), b)| Ok((*n, safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)?)))
+        .collect::<Result<_, safetensors::SafeTensorError>>()
+        .map_err(|e| anyhow!("building safetensors: {e}"))?;
+    let data = safetensors::serialize(views, None).map_err(|e| anyhow!("serializing safetensors: {e}"))?;
+    std::fs::write(path, data).with_context(|| format!("writing {}", path.display()))
+}
+
+fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
+    let path = dir.join("tokenizer.json");
+    if !path.exists() {
+        bail!("--prompt needs {} (or pass --ids)", path.display());
+    }
+    tokenizers::Tokenizer::from_file(&path).map_err(|e| anyhow!("loading {}: {e}", path.display()))
+}
+
+fn cmd_generate(a: &GenerateArgs) -> Result<()> {
+    let params = SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
+    params.validate()?;
+    let (dir, model) = load(&a.run)?;
+    let tokenizer =
+        if a.prompt.is_some() || dir.join("tokenizer.json").exists() { Some(load_tokenizer(&dir)) } else { None };
+    let prompt: Vec<u32> = match (&a.prompt, &a.ids) {
+        (Some(text), _) => {
+            let tok =
+                tokenizer.as_ref().ok_or_else(|| anyhow!("no tokenizer"))?.as_ref().map_err(|e| anyhow!("{e:#}"))?;
+            tok.encode(text.as_str(), false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec()
+        }
+        (None, Some(ids)) => ids.0.clone(),
+        (None, None) => bail!("pass --prompt or --ids"),
+    };
+    let stop = if a.ignore_eos { vec![] } else { model.info.generation.eos_token_ids.clone() };
+    let gen = generate(&model, &prompt, params, a.max_tokens, &stop)?;
+    let text = match tokenizer {
+        Some(Ok(t)) => t.decode(&gen.ids, true).map_err(|e| anyhow!("decoding: {e}"))?,
+        _ => String::new(),
+    };
+    if a.json {
+        let v = serde_json::json!({
+            "prompt_ids": prompt,
+            "ids": gen.ids,
+            "text": text,
+            "finish_reason": gen.finish.as_str(),
+        });
+        println!("{v}");
+    } else {
+        println!("{text}");
+        eprintln!("[{} tokens, finish: {}]", gen.ids.len(), gen.finish.as_str());
+    }
+    Ok(())
+}
+
+fn cmd_inspect(a: &ModelArgs) -> Result<()> {
+    let dir = model_dir(a);
+    let p = registry::prepare(&dir)?;
+    let (consumed, ignored) = p.map.coverage(&p.checkpoint);
+    let total = p.checkpoint.tensors().len();
+    println!("model folder : {}", dir.display());
+    println!("architecture : {}", p.entry.architecture);
+    println!("model crate  : {}", p.entry.crate_name);
+    println!("config       : {}", (p.entry.describe)(&p.config)?);
+    println!(
+        "checkpoint   : {} tensors in {} file(s), {:.1} MiB",
+        total,
+        p.checkpoint.paths().count(),
+        p.checkpoint.total_bytes() as f64 / (1 << 20) as f64
+    );
+    println!(
+        "weight map   : {} slots; {consumed} tensors consumed, {ignored} ignored, {} unmatched",
+        p.map.slots.len(),
+        total - consumed - ignored
+    );
+    match p.map.validate(&p.checkpoint) {
+        Ok(()) => println!("status       : every checkpoint tensor is mapped"),
+        Err(e) => println!("status       : {e}"),
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    models::link();
+    match cli.cmd {
+        Cmd::Logits(a) => cmd_logits(&a),
+        Cmd::Generate(a) => cmd_generate(&a),
+        Cmd::Inspect(a) => cmd_inspect(&a),
+        Cmd::Models => {
+            for e in registry::entries() {
+                println!("{}\t{}", e.architecture, e.crate_name);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

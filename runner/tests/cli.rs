@@ -1,0 +1,113 @@
+//! The `porter` binary end to end: default model, logits (prefill == incremental),
+//! generate, inspect, models, and bad flags (clear errors, non-zero exit, no panic).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn porter(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_porter")).args(args).output().expect("run porter")
+}
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name).to_string_lossy().into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn assert_clean_failure(o: &Output, needle: &str) {
+    let e = stderr(o);
+    assert!(!o.status.success(), "should fail: {e}");
+    assert!(!e.contains("panicked"), "panic: {e}");
+    assert!(e.contains(needle), "expected `{needle}` in: {e}");
+}
+
+fn read_logits(path: &PathBuf) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+#[test]
+fn models_lists_registry() {
+    let o = porter(&["models"]);
+    assert!(o.status.success());
+    let s = String::from_utf8_lossy(&o.stdout);
+    for a in ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MistralForCausalLM"] {
+        assert!(s.contains(a), "{s}");
+    }
+}
+
+#[test]
+fn logits_prefill_equals_incremental() {
+    let dir = std::env::temp_dir();
+    let a = dir.join(format!("porter-cli-a-{}.safetensors", std::process::id()));
+    let b = dir.join(format!("porter-cli-b-{}.safetensors", std::process::id()));
+    let m = fixture("mistral_swa");
+    let o =
+        porter(&["logits", "--model", &m, "--ids", "3,17,42,99,7", "--out", a.to_str().unwrap(), "--device", "cpu"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = porter(&[
+        "logits",
+        "--model",
+        &m,
+        "--ids",
+        "3,17,42,99,7",
+        "--out",
+        b.to_str().unwrap(),
+        "--incremental",
+        "--device",
+        "cpu",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (x, y) = (read_logits(&a), read_logits(&b));
+    assert_eq!(x.len(), 5 * 512);
+    let d = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+    assert!(d < 1e-4, "prefill vs incremental max diff {d}");
+}
+
+#[test]
+fn generate_default_model_json() {
+    let o =
+        porter(&["generate", "--prompt", "Beautiful is better than", "--max-tokens", "5", "--json", "--ignore-eos"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ids"].as_array().unwrap().len(), 5);
+    assert!(v["text"].is_string());
+}
+
+#[test]
+fn inspect_shows_coverage() {
+    let o = porter(&["inspect", "--model", &fixture("qwen3_moe")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("qwen3_moe") && s.contains("every checkpoint tensor is mapped"), "{s}");
+}
+
+#[test]
+fn bad_flags_fail_cleanly() {
+    assert_clean_failure(&porter(&["logits", "--ids", "3,x", "--out", "/tmp/x.safetensors"]), "`x` is not a token id");
+    assert_clean_failure(
+        &porter(&["logits", "--ids", "3", "--out", "/tmp/x.safetensors", "--dtype", "f64"]),
+        "unknown dtype",
+    );
+    assert_clean_failure(&porter(&["generate", "--ids", "3", "--device", "tpu"]), "unknown device");
+    assert_clean_failure(&porter(&["generate", "--ids", "3", "--top-p", "1.5"]), "top_p");
+    assert_clean_failure(&porter(&["generate", "--ids", "3", "--temperature", "-1"]), "temperature");
+    assert_clean_failure(&porter(&["frobnicate"]), "unrecognized subcommand");
+    assert_clean_failure(&porter(&["generate", "--ids", "3,600"]), "token id 600 is out of range");
+    assert_clean_failure(&porter(&["generate", "--ids", "3", "--model", "/nonexistent"]), "does not exist");
+}
+
+#[test]
+fn cuda_without_gpu_is_a_clear_error() {
+    let o = porter(&["generate", "--ids", "3", "--device", "cuda", "--max-tokens", "1"]);
+    // On a machine with a GPU this either runs or says the backend is missing; never a panic.
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    if !o.status.success() {
+        assert!(stderr(&o).contains("cuda"), "{}", stderr(&o));
+    }
+}

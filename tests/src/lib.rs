@@ -1,0 +1,80 @@
+//! Shared helpers for the integration tests: fixture paths, reference tensors and the
+//! parity metric.
+
+use anyhow::Result;
+use porter_core::checkpoint::Checkpoint;
+use porter_core::{registry, Batch, DType, Device, LogitsFor, Model, StateCache};
+use std::path::PathBuf;
+
+/// `tests/fixtures/<name>`.
+pub fn fixture(name: &str) -> PathBuf {
+    models::link();
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+}
+
+/// The reference tensors written by `tests/gen_fixtures.py`.
+pub struct Reference {
+    ckpt: Checkpoint,
+}
+
+impl Reference {
+    pub fn open(name: &str) -> Result<Self> {
+        Ok(Self { ckpt: Checkpoint::open_files(&[fixture(name).join("reference.safetensors")])? })
+    }
+
+    pub fn ids(&self, key: &str) -> Result<Vec<u32>> {
+        Ok(self.ckpt.read_i64(key)?.into_iter().map(|v| v as u32).collect())
+    }
+
+    pub fn f32(&self, key: &str) -> Result<Vec<f32>> {
+        self.ckpt.read_f32(key)
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.ckpt.get(key).is_some()
+    }
+}
+
+pub fn load(name: &str, dtype: DType) -> Result<Model> {
+    registry::load(&fixture(name), dtype, Device::Cpu, false)
+}
+
+/// Population standard deviation.
+pub fn std(xs: &[f32]) -> f32 {
+    let n = xs.len() as f64;
+    let mean = xs.iter().map(|&v| v as f64).sum::<f64>() / n;
+    (xs.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt() as f32
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Logits of every position from one full-sequence forward.
+pub fn prefill_logits(model: &Model, ids: &[u32]) -> Result<Vec<f32>> {
+    let mut cache = model.new_cache(1);
+    let seq = cache.alloc_seq()?;
+    Ok(model.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::All)?.logits.into_vec())
+}
+
+/// Logits of every position, feeding one token at a time through the cache.
+pub fn incremental_logits(model: &Model, ids: &[u32]) -> Result<Vec<f32>> {
+    let mut cache = model.new_cache(1);
+    let seq = cache.alloc_seq()?;
+    let mut out = Vec::new();
+    for (p, &id) in ids.iter().enumerate() {
+        out.extend(model.forward(&Batch::single(seq, p, &[id]), &mut cache, LogitsFor::All)?.logits.into_vec());
+    }
+    Ok(out)
+}
+
+/// Asserts `max|a − ref| ≤ tol · std(ref)` and returns the ratio `max|Δ| / std(ref)`.
+pub fn assert_close(what: &str, got: &[f32], reference: &[f32], tol: f32) -> f32 {
+    let s = std(reference);
+    let d = max_abs_diff(got, reference);
+    let ratio = d / s;
+    println!("{what}: max|Δ| = {d:.3e}, std(ref) = {s:.3e}, ratio = {ratio:.3e} (tol {tol:.0e})");
+    assert!(ratio <= tol, "{what}: max|Δ| = {d:e} exceeds {tol:e}·std(ref) = {:e}", tol * s);
+    ratio
+}

@@ -1,0 +1,22 @@
+//! The registry holds exactly the model crates the umbrella links, and reports unknown
+//! architectures with the full list.
+
+use porter_core::registry::{self, RegistryError};
+
+#[test]
+fn registered_architectures_are_exact() {
+    models::link();
+    assert_eq!(registry::architectures(), vec!["MistralForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]);
+}
+
+#[test]
+fn unknown_architecture_lists_all() {
+    models::link();
+    let err = registry::lookup("LlamaForCausalLM").map(|e| e.architecture).expect_err("must fail");
+    assert!(matches!(err, RegistryError::UnknownArchitecture { .. }));
+    let msg = err.to_string();
+    assert!(msg.contains("LlamaForCausalLM"), "{msg}");
+    for a in registry::architectures() {
+        assert!(msg.contains(a), "{msg} should list {a}");
+    }
+}
