@@ -85,6 +85,160 @@ impl KvLayer {
     }
 }
 
+/// One slot of a [`RecurrentLayer`].
+#[derive(Debug, Clone, Default)]
+struct RecurrentSlot {
+    /// Raw conv inputs of the last `kernel − 1 + spec` tokens, time-major `[n, conv_dim]`.
+    conv_hist: Vec<f32>,
+    /// `spec + 1` SSM state buffers of `state_len` f32 each (allocated lazily).
+    ssm: Vec<Vec<f32>>,
+    /// The buffer holding the current state.
+    cur: usize,
+    /// Tokens consumed before the last step.
+    base: usize,
+    /// Tokens of the last step whose post-token states are kept (buffer j = state after
+    /// token `base + j`); 0 when only the final state is kept.
+    kept: usize,
+}
+
+/// Conv and SSM state of one linear-attention (Gated DeltaNet) layer for every slot.
+///
+/// For speculative decoding the layer keeps `spec + 1` SSM buffers and a conv window widened
+/// to `kernel − 1 + spec` inputs per slot (engine.md §4.6): a step of `t ≤ spec + 1` tokens
+/// writes the state after each token into its own buffer, so rejecting draft tokens only
+/// moves the `cur` index and drops conv inputs; nothing is recomputed or copied back.
+///
+/// # Shapes
+/// per slot: conv window `[kernel − 1, conv_dim]` (oldest first), SSM `[Hv, dk, dv]` f32
+#[derive(Debug, Clone)]
+pub struct RecurrentLayer {
+    pub conv_dim: usize,
+    pub kernel: usize,
+    pub state_len: usize,
+    /// Maximum draft tokens that can be rolled back (0: no snapshots).
+    pub spec: usize,
+    slots: Vec<RecurrentSlot>,
+}
+
+impl RecurrentLayer {
+    pub fn new(conv_dim: usize, kernel: usize, state_len: usize, spec: usize) -> Self {
+        Self { conv_dim, kernel, state_len, spec, slots: Vec::new() }
+    }
+
+    fn slot(&mut self, seq: SeqId) -> &mut RecurrentSlot {
+        if self.slots.len() <= seq.0 {
+            self.slots.resize_with(seq.0 + 1, RecurrentSlot::default);
+        }
+        let (n, len) = (self.spec + 1, self.state_len);
+        let s = &mut self.slots[seq.0];
+        if s.ssm.len() != n {
+            s.ssm = vec![vec![0.0; len]; n];
+            s.cur = 0;
+        }
+        s
+    }
+
+    /// The conv state for the next token: the last `kernel − 1` inputs, channel-major
+    /// `[conv_dim, kernel − 1]`, oldest first, zero-padded at the start of a sequence.
+    pub fn conv_state(&mut self, seq: SeqId) -> Vec<f32> {
+        let (c, w) = (self.conv_dim, self.kernel.saturating_sub(1));
+        let hist = &self.slot(seq).conv_hist;
+        let n = hist.len() / c.max(1);
+        let mut st = vec![0.0; c * w];
+        for j in 0..w.min(n) {
+            // column w-1-j holds the input j steps back
+            let row = &hist[(n - 1 - j) * c..(n - j) * c];
+            for ch in 0..c {
+                st[ch * w + (w - 1 - j)] = row[ch];
+            }
+        }
+        st
+    }
+
+    /// Appends this step's raw conv inputs (`[t, conv_dim]`) to the window.
+    pub fn push_conv_inputs(&mut self, seq: SeqId, x: &[f32]) {
+        let keep = (self.kernel.saturating_sub(1) + self.spec) * self.conv_dim;
+        let s = self.slot(seq);
+        s.conv_hist.extend_from_slice(x);
+        if s.conv_hist.len() > keep {
+            let cut = s.conv_hist.len() - keep;
+            s.conv_hist.drain(..cut);
+        }
+    }
+
+    /// Whether a step of `t` tokens keeps a state per token (rollback possible).
+    pub fn snapshots_for(&self, t: usize) -> bool {
+        self.spec > 0 && t <= self.spec + 1
+    }
+
+    /// The current SSM state of a slot.
+    pub fn ssm_mut(&mut self, seq: SeqId) -> &mut [f32] {
+        let s = self.slot(seq);
+        let cur = s.cur;
+        &mut s.ssm[cur]
+    }
+
+    /// Records a step that updated the current buffer in place (no per-token snapshots).
+    pub fn finish_step(&mut self, seq: SeqId, pos0: usize) {
+        let s = self.slot(seq);
+        s.base = pos0;
+        s.kept = 0;
+    }
+
+    /// Buffer `j` of a slot (for per-token snapshots), and the current one, by index.
+    pub fn snapshot_buffers(&mut self, seq: SeqId) -> (&mut Vec<Vec<f32>>, usize) {
+        let s = self.slot(seq);
+        let cur = s.cur;
+        (&mut s.ssm, cur)
+    }
+
+    /// Records a step of `t` tokens whose post-token states are in buffers `0..t`.
+    pub fn finish_snapshot_step(&mut self, seq: SeqId, pos0: usize, t: usize) {
+        let s = self.slot(seq);
+        s.base = pos0;
+        s.kept = t;
+        s.cur = t - 1;
+    }
+
+    /// Whether the slot can roll back from `from` to `to` consumed tokens.
+    pub fn can_rollback(&self, seq: SeqId, from: usize, to: usize) -> bool {
+        if to == from {
+            return true;
+        }
+        match self.slots.get(seq.0) {
+            Some(s) => s.kept > 0 && to > s.base && from == s.base + s.kept,
+            None => false,
+        }
+    }
+
+    /// Rolls a slot back from `from` to `to` consumed tokens (`to ≤ from`).
+    pub fn rollback(&mut self, seq: SeqId, from: usize, to: usize) -> Result<()> {
+        if to == from {
+            return Ok(());
+        }
+        if !self.can_rollback(seq, from, to) {
+            bail!(
+                "cannot roll the recurrent state of slot {} back from {from} to {to} tokens: only the tokens of the last step (at most the speculative window) can be rejected",
+                seq.0
+            );
+        }
+        let c = self.conv_dim;
+        let s = self.slot(seq);
+        s.cur = to - s.base - 1;
+        s.kept = to - s.base;
+        let drop = (from - to) * c;
+        let n = s.conv_hist.len().saturating_sub(drop);
+        s.conv_hist.truncate(n);
+        Ok(())
+    }
+
+    fn clear(&mut self, seq: SeqId) {
+        if let Some(s) = self.slots.get_mut(seq.0) {
+            *s = RecurrentSlot::default();
+        }
+    }
+}
+
 /// The state one layer keeps for every slot.
 #[derive(Debug, Clone)]
 pub enum LayerCache {
@@ -92,6 +246,8 @@ pub enum LayerCache {
     Stateless,
     /// Attention layers.
     Kv(KvLayer),
+    /// Linear-attention layers (conv + SSM state).
+    Recurrent(RecurrentLayer),
 }
 
 impl LayerCache {
@@ -99,16 +255,18 @@ impl LayerCache {
         match self {
             LayerCache::Stateless => {}
             LayerCache::Kv(kv) => kv.clear(seq),
+            LayerCache::Recurrent(r) => r.clear(seq),
         }
     }
 
-    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<()> {
+    fn truncate(&mut self, seq: SeqId, from: usize, len: usize) -> Result<()> {
         match self {
             LayerCache::Stateless => Ok(()),
             LayerCache::Kv(kv) => {
                 kv.truncate(seq, len);
                 Ok(())
             }
+            LayerCache::Recurrent(r) => r.rollback(seq, from, len),
         }
     }
 }
@@ -148,6 +306,11 @@ impl ModelCache {
     /// A cache with the given per-layer state kinds, for at most `max_seqs` live sequences.
     pub fn new(layers: Vec<LayerCache>, max_seqs: usize) -> Self {
         Self { layers, lens: Vec::new(), free: Vec::new(), max_seqs }
+    }
+
+    /// Slots ever created (live + free); bounded by the peak number of live sequences.
+    pub fn slots_created(&self) -> usize {
+        self.lens.len()
     }
 
     fn check(&self, seq: SeqId) -> Result<usize> {
@@ -196,8 +359,19 @@ impl StateCache for ModelCache {
         if len > l {
             bail!("cannot roll sequence {} forward from {l} to {len}", seq.0);
         }
+        // Check every layer first so that a refused rollback changes nothing.
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let LayerCache::Recurrent(r) = layer {
+                if !r.can_rollback(seq, l, len) {
+                    bail!(
+                        "cannot roll the recurrent state of sequence {} back from {l} to {len} tokens (layer {i}): only the tokens of the last step (at most the speculative window) can be rejected",
+                        seq.0
+                    );
+                }
+            }
+        }
         for layer in &mut self.layers {
-            layer.truncate(seq, len)?;
+            layer.truncate(seq, l, len)?;
         }
         self.lens[seq.0] = Some(len);
         Ok(())

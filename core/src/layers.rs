@@ -72,6 +72,8 @@ impl Batch {
 pub enum LayerKind {
     /// Full attention with a KV cache.
     Attention { kv_heads: usize, head_dim: usize },
+    /// Linear attention with a conv window and a recurrent state.
+    Recurrent { conv_dim: usize, kernel: usize, state_len: usize },
     /// No per-request state.
     Stateless,
 }
@@ -145,12 +147,20 @@ pub struct Model {
 impl Model {
     /// A state cache for up to `max_seqs` concurrent sequences.
     pub fn new_cache(&self, max_seqs: usize) -> ModelCache {
+        self.new_cache_spec(max_seqs, 0)
+    }
+
+    /// A state cache whose recurrent layers can roll back up to `spec` rejected draft tokens.
+    pub fn new_cache_spec(&self, max_seqs: usize, spec: usize) -> ModelCache {
         let layers = self
             .layers
             .iter()
             .map(|l| match l.kind() {
                 LayerKind::Attention { kv_heads, head_dim } => {
                     LayerCache::Kv(crate::cache::KvLayer::new(kv_heads, head_dim))
+                }
+                LayerKind::Recurrent { conv_dim, kernel, state_len } => {
+                    LayerCache::Recurrent(crate::cache::RecurrentLayer::new(conv_dim, kernel, state_len, spec))
                 }
                 LayerKind::Stateless => LayerCache::Stateless,
             })

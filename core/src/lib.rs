@@ -18,6 +18,7 @@ pub mod device;
 pub mod dtype;
 pub mod generate;
 pub mod layers;
+pub mod linear_attn;
 pub mod nn;
 pub mod registry;
 pub mod sampling;

@@ -505,22 +505,48 @@ impl FeedForward {
     }
 }
 
-/// A pre-norm decoder layer with self-attention:
-/// `h += attn(norm1(h)); h += ffn(norm2(h))`.
+/// The token mixer of a decoder layer.
+#[derive(Debug, Clone)]
+pub enum Mixer {
+    /// Softmax self-attention with a KV cache.
+    Attention(Box<Attention>),
+    /// Gated DeltaNet linear attention with a recurrent state.
+    GatedDeltaNet(Box<crate::linear_attn::GatedDeltaNet>),
+}
+
+impl Mixer {
+    pub fn forward(&self, x: &Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        match self {
+            Mixer::Attention(a) => a.forward(x, batch, cache),
+            Mixer::GatedDeltaNet(g) => g.forward(x, batch, cache),
+        }
+    }
+}
+
+/// A pre-norm decoder layer: `h += mixer(norm1(h)); h += ffn(norm2(h))`.
 ///
 /// # Shapes
 /// `[T, hidden]` → `[T, hidden]`
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
     pub input_norm: RmsNorm,
-    pub attn: Attention,
+    pub attn: Mixer,
     pub post_norm: RmsNorm,
     pub ffn: FeedForward,
 }
 
 impl crate::layers::TransformerLayer for DecoderLayer {
     fn kind(&self) -> crate::layers::LayerKind {
-        crate::layers::LayerKind::Attention { kv_heads: self.attn.cfg.kv_heads, head_dim: self.attn.cfg.head_dim }
+        match &self.attn {
+            Mixer::Attention(a) => {
+                crate::layers::LayerKind::Attention { kv_heads: a.cfg.kv_heads, head_dim: a.cfg.head_dim }
+            }
+            Mixer::GatedDeltaNet(g) => crate::layers::LayerKind::Recurrent {
+                conv_dim: g.cfg.conv_dim(),
+                kernel: g.cfg.conv_kernel,
+                state_len: g.cfg.state_len(),
+            },
+        }
     }
 
     fn forward(&self, mut x: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
@@ -581,6 +607,23 @@ pub mod load {
         Ok(m)
     }
 
+    /// Gated DeltaNet at `P.in_proj_qkvz`, `P.in_proj_ba`, `P.conv1d` (`[C, 1, K]`),
+    /// `P.A_log`, `P.dt_bias`, `P.norm`, `P.out_proj`.
+    pub fn gated_delta_net(w: &mut Weights, prefix: &str, cfg: crate::linear_attn::GdnConfig) -> Result<Mixer> {
+        let g = crate::linear_attn::GatedDeltaNet {
+            cfg,
+            in_proj_qkvz: linear(w, &format!("{prefix}.in_proj_qkvz"))?,
+            in_proj_ba: linear(w, &format!("{prefix}.in_proj_ba"))?,
+            conv_w: w.take(&format!("{prefix}.conv1d"))?.into_vec(),
+            a_log: w.take(&format!("{prefix}.A_log"))?.into_vec(),
+            dt_bias: w.take(&format!("{prefix}.dt_bias"))?.into_vec(),
+            norm_w: w.take(&format!("{prefix}.norm"))?.into_vec(),
+            out_proj: linear(w, &format!("{prefix}.out_proj"))?,
+        };
+        g.check()?;
+        Ok(Mixer::GatedDeltaNet(Box::new(g)))
+    }
+
     /// `P.{q,k,v,o}_proj` and, when `qk_norm` is given, `P.q_norm` / `P.k_norm`.
     pub fn attention(
         w: &mut Weights,
@@ -588,7 +631,7 @@ pub mod load {
         cfg: AttentionConfig,
         rope: Rope,
         qk_norm: Option<(f32, NormKind)>,
-    ) -> Result<Attention> {
+    ) -> Result<Mixer> {
         let (q_norm, k_norm) = match qk_norm {
             Some((eps, kind)) => (
                 Some(norm(w, &format!("{prefix}.q_norm"), eps, kind)?),
@@ -607,7 +650,7 @@ pub mod load {
             rope,
         };
         a.check()?;
-        Ok(a)
+        Ok(Mixer::Attention(Box::new(a)))
     }
 }
 

@@ -66,6 +66,17 @@ struct TensorRule {
     /// `"expert"`: stack the per-expert tensors into `[num_experts, ...]`.
     #[serde(default)]
     stack: Option<String>,
+    /// De-interleave rows: the rows form `groups` blocks of `parts` rows each; the result
+    /// holds part 0 of every group, then part 1 of every group, and so on.
+    #[serde(default)]
+    regroup: Option<RegroupRule>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegroupRule {
+    groups: String,
+    parts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -215,15 +226,18 @@ pub enum Transform {
     StackExperts,
     /// Several tensors concatenated along dim 0.
     Concat,
+    /// Rows `[groups, Σparts]` reordered part-major (see the `regroup` rule).
+    Regroup { groups: usize, parts: Vec<usize> },
 }
 
 impl fmt::Display for Transform {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Transform::Identity => "-",
-            Transform::StackExperts => "stack(expert)",
-            Transform::Concat => "concat(0)",
-        })
+        match self {
+            Transform::Identity => f.write_str("-"),
+            Transform::StackExperts => f.write_str("stack(expert)"),
+            Transform::Concat => f.write_str("concat(0)"),
+            Transform::Regroup { groups, parts } => write!(f, "regroup({groups}x{parts:?})"),
+        }
     }
 }
 
@@ -307,6 +321,9 @@ impl WeightMap {
                     bail!("weight map rule `{}`: unknown stack axis `{s}` (only `expert`)", r.slot);
                 }
             }
+            if r.regroup.is_some() && (r.stack.is_some() || matches!(r.from, OneOrMany::Many(_))) {
+                bail!("weight map rule `{}`: `regroup` applies to a single tensor", r.slot);
+            }
             if r.stack.is_some() && matches!(r.from, OneOrMany::Many(_)) {
                 bail!("weight map rule `{}`: `stack` and a list of sources cannot be combined", r.slot);
             }
@@ -357,7 +374,19 @@ impl WeightMap {
                     });
                 } else {
                     let sources: Vec<String> = rule.from.list().iter().map(|s| sub(s)).collect();
-                    let (transform, full) = if sources.len() > 1 {
+                    let (transform, full) = if let Some(rg) = &rule.regroup {
+                        let groups = ctx.eval(&rg.groups)?;
+                        let parts: Vec<usize> = rg.parts.iter().map(|e| ctx.eval(e)).collect::<Result<_>>()?;
+                        let rows = groups * parts.iter().sum::<usize>();
+                        if shape.first() != Some(&rows) {
+                            bail!(
+                                "rule `{}`: regroup {groups}x{parts:?} needs {rows} rows, the shape says {:?}",
+                                rule.slot,
+                                shape
+                            );
+                        }
+                        (Transform::Regroup { groups, parts }, shape.clone())
+                    } else if sources.len() > 1 {
                         let mut full = shape.clone();
                         if let Some(d0) = full.first_mut() {
                             *d0 *= sources.len();
@@ -478,6 +507,9 @@ impl ResolvedMap {
                 for src in &s.sources {
                     data.extend(ckpt.read_f32(src)?);
                 }
+                if let Transform::Regroup { groups, parts } = &s.transform {
+                    data = regroup_rows(&data, *groups, parts, s.shape[1..].iter().product());
+                }
                 if let Some(p) = progress {
                     p.inc(1);
                 }
@@ -520,5 +552,45 @@ impl Weights {
 
     pub fn insert(&mut self, slot: &str, t: Tensor) {
         self.map.insert(slot.to_owned(), t);
+    }
+}
+
+/// Reorders rows `[groups, Σparts, cols]` into part-major order: part 0 of every group,
+/// then part 1 of every group, ...
+pub fn regroup_rows(data: &[f32], groups: usize, parts: &[usize], cols: usize) -> Vec<f32> {
+    let per_group: usize = parts.iter().sum();
+    let mut out = Vec::with_capacity(data.len());
+    let mut off = 0;
+    for &p in parts {
+        for g in 0..groups {
+            let start = (g * per_group + off) * cols;
+            out.extend_from_slice(&data[start..start + p * cols]);
+        }
+        off += p;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regroup_deinterleaves() {
+        // 2 groups of [a(1), b(2)] rows, 1 column: [a0 b0 b0' a1 b1 b1'] -> [a0 a1 b0 b0' b1 b1']
+        let d = [10.0, 20.0, 21.0, 11.0, 30.0, 31.0];
+        assert_eq!(regroup_rows(&d, 2, &[1, 2], 1), vec![10.0, 11.0, 20.0, 21.0, 30.0, 31.0]);
+    }
+
+    #[test]
+    fn conditions_and_expressions() {
+        let mut ctx = MapContext::from_config(&serde_json::json!({"a": 3, "b": 4, "f": true}), 2, 0);
+        ctx.set_layer_flag(1, "g", true).set_layer_flag(0, "g", false);
+        assert_eq!(ctx.eval("a*b+2").unwrap(), 14);
+        assert!(ctx.eval("nope").is_err());
+        assert!(ctx.cond("f && g", Some(1)).unwrap());
+        assert!(!ctx.cond("f && g", Some(0)).unwrap());
+        assert!(ctx.cond("!f || g", Some(1)).unwrap());
+        assert!(ctx.cond("missing", None).is_err());
     }
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// The bundled default model, relative to the repository root.
-const DEFAULT_MODEL: &str = "tests/fixtures/qwen3";
+const DEFAULT_MODEL: &str = "tests/fixtures/qwen3_next_a";
 
 #[derive(Parser)]
 #[command(

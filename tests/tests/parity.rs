@@ -64,3 +64,18 @@ fn mistral() {
 fn mistral_sliding_window() {
     check_fixture("mistral_swa");
 }
+
+#[test]
+fn qwen3_next_interval_ratio2_dk_ne_dv() {
+    check_fixture("qwen3_next_a");
+}
+
+#[test]
+fn qwen3_next_layer_types_tied_sparse_step() {
+    check_fixture("qwen3_next_b");
+}
+
+#[test]
+fn qwen3_next_sharded_with_mtp_tensors() {
+    check_fixture("qwen3_next_mtp");
+}

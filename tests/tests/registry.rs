@@ -6,7 +6,10 @@ use porter_core::registry::{self, RegistryError};
 #[test]
 fn registered_architectures_are_exact() {
     models::link();
-    assert_eq!(registry::architectures(), vec!["MistralForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]);
+    assert_eq!(
+        registry::architectures(),
+        vec!["MistralForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM"]
+    );
 }
 
 #[test]

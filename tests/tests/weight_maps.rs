@@ -27,4 +27,7 @@ snap! {
     qwen3_moe_sparse2 => "qwen3_moe_sparse2",
     mistral => "mistral",
     mistral_swa => "mistral_swa",
+    qwen3_next_a => "qwen3_next_a",
+    qwen3_next_b => "qwen3_next_b",
+    qwen3_next_mtp_sharded => "qwen3_next_mtp",
 }

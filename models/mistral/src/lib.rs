@@ -20,6 +20,12 @@ fn default_eps() -> f64 {
 fn default_act() -> String {
     "silu".into()
 }
+fn default_kv_heads() -> Option<usize> {
+    Some(8)
+}
+fn default_window() -> Option<usize> {
+    Some(4096)
+}
 
 /// `config.json` of a Mistral checkpoint (HF `MistralConfig`; unknown keys ignored).
 #[derive(Debug, Clone, Deserialize)]
@@ -29,7 +35,8 @@ pub struct Config {
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
-    #[serde(default)]
+    /// HF `MistralConfig` defaults this to 8 when absent.
+    #[serde(default = "default_kv_heads")]
     pub num_key_value_heads: Option<usize>,
     #[serde(default)]
     pub head_dim: Option<usize>,
@@ -39,8 +46,9 @@ pub struct Config {
     pub max_position_embeddings: Option<usize>,
     #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
-    /// Applied to every layer when set (HF `create_sliding_window_causal_mask`).
-    #[serde(default)]
+    /// Applied to every layer when set (HF `create_sliding_window_causal_mask`); HF
+    /// defaults it to 4096 when the key is absent (`null` disables it).
+    #[serde(default = "default_window")]
     pub sliding_window: Option<usize>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
@@ -59,6 +67,7 @@ impl Config {
             c.num_hidden_layers,
         )?;
         nn::check_act(&c.hidden_act)?;
+        config::rope_params(raw, 10_000.0, 1.0)?;
         if c.sliding_window == Some(0) {
             anyhow::bail!("sliding_window must be positive or null");
         }

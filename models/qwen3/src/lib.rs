@@ -66,6 +66,7 @@ impl Config {
             c.num_hidden_layers,
         )?;
         nn::check_act(&c.hidden_act)?;
+        config::rope_params(raw, 10_000.0, 1.0)?;
         c.windows()?;
         Ok(c)
     }

@@ -74,6 +74,7 @@ impl Config {
             c.num_hidden_layers,
         )?;
         nn::check_act(&c.hidden_act)?;
+        config::rope_params(raw, 10_000.0, 1.0)?;
         if c.decoder_sparse_step == 0 {
             bail!("decoder_sparse_step must be >= 1");
         }
