@@ -99,6 +99,19 @@ pub fn prepare(dir: &Path) -> Result<Prepared> {
     Ok(Prepared { dir: dir.to_owned(), config, entry, map, checkpoint })
 }
 
+/// Builds a model with random weights from a config alone (benchmarks). `dir` is used
+/// only for `generation_config.json` when it exists.
+pub fn build_random(config: &Value, dir: &Path, dtype: DType, device: Device, seed: u64) -> Result<Model> {
+    crate::device::check_device(device)?;
+    let arch = config::architecture(config)?;
+    let entry = lookup(&arch)?;
+    let ctx = (entry.map_context)(config).with_context(|| format!("invalid {arch} config"))?;
+    let map = WeightMap::parse(entry.weight_map)?.resolve(&ctx)?;
+    let mut weights = Weights::random(&map, dtype, seed)?;
+    let lc = LoadContext { dir, config, dtype, device };
+    (entry.build)(&lc, &mut weights)
+}
+
 /// Loads a model folder end to end.
 pub fn load(dir: &Path, dtype: DType, device: Device, show_progress: bool) -> Result<Model> {
     crate::device::check_device(device)?;

@@ -444,8 +444,8 @@ impl ResolvedMap {
         for s in &self.slots {
             for (i, (src, shp)) in s.sources.iter().zip(&s.source_shapes).enumerate() {
                 let target = match s.transform {
-                    Transform::Identity => s.slot.clone(),
-                    _ => format!("{}[{i}]", s.slot),
+                    Transform::StackExperts | Transform::Concat => format!("{}[{i}]", s.slot),
+                    Transform::Identity | Transform::Regroup { .. } => s.slot.clone(),
                 };
                 out.push_str(&format!("{src} -> {target} {shp:?} {}\n", s.transform));
             }
@@ -548,6 +548,36 @@ impl Weights {
         let mut v: Vec<String> = self.map.keys().cloned().collect();
         v.sort();
         v
+    }
+
+    /// Random weights for every slot of a resolved map (benchmarks): N(0, σ) with
+    /// σ = 1/sqrt(last dim) for matrices, 1 + N(0, 0.1)-like values for vectors.
+    pub fn random(map: &ResolvedMap, dtype: DType, seed: u64) -> Result<Self> {
+        let loaded: Vec<(String, Tensor)> = map
+            .slots
+            .par_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n: usize = s.shape.iter().product();
+                let mut state = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+                let mut next = move || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+                };
+                let vector = s.shape.iter().filter(|&&d| d > 1).count() <= 1;
+                let fan_in = *s.shape.last().unwrap_or(&1) as f32;
+                let data: Vec<f32> = if vector {
+                    (0..n).map(|_| 0.1 * next()).collect()
+                } else {
+                    let a = (3.0 / fan_in).sqrt();
+                    (0..n).map(|_| a * next()).collect()
+                };
+                Ok((s.slot.clone(), Tensor::from_vec(data, s.shape.clone(), dtype)?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Weights { map: loaded.into_iter().collect() })
     }
 
     pub fn insert(&mut self, slot: &str, t: Tensor) {

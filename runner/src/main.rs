@@ -35,6 +35,36 @@ enum Cmd {
     Inspect(ModelArgs),
     /// List the registered architectures.
     Models,
+    /// Measure prefill and decode throughput (random weights from a config, or a model folder).
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// A config.json to build with random weights, or a preset name
+    /// (qwen3-next-80b-a3b, qwen3-next-mid). Without it, `--model` (or the default) is loaded.
+    #[arg(long)]
+    config: Option<String>,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Override num_hidden_layers of the config (to fit a device).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Prompt lengths to time prefill on (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![128usize, 512])]
+    prefill: Vec<usize>,
+    /// Decode batch sizes (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 8])]
+    batch: Vec<usize>,
+    /// Prompt length before decode.
+    #[arg(long, default_value_t = 32)]
+    context: usize,
+    /// Decode steps per batch size.
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -226,6 +256,97 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+fn preset(name: &str) -> Option<&'static str> {
+    match name {
+        "qwen3-next-80b-a3b" => Some(include_str!("../presets/qwen3-next-80b-a3b.json")),
+        "qwen3-next-mid" => Some(include_str!("../presets/qwen3-next-mid.json")),
+        _ => None,
+    }
+}
+
+fn cmd_bench(a: &BenchArgs) -> Result<()> {
+    use std::time::Instant;
+    let device = a.run.device.unwrap_or_else(porter_core::device::default_device);
+    let (label, model) = match &a.config {
+        Some(c) => {
+            let text = match preset(c) {
+                Some(t) => t.to_owned(),
+                None => std::fs::read_to_string(c).with_context(|| {
+                    format!(
+                        "--config `{c}` is neither a preset (qwen3-next-80b-a3b, qwen3-next-mid) nor a readable file"
+                    )
+                })?,
+            };
+            let mut cfg: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| anyhow!("--config `{c}` is not valid JSON: {e}"))?;
+            if let Some(n) = a.layers {
+                if n == 0 {
+                    bail!("--layers must be >= 1");
+                }
+                cfg["num_hidden_layers"] = serde_json::json!(n);
+                if let Some(t) = cfg.get("layer_types").and_then(|t| t.as_array()).cloned() {
+                    cfg["layer_types"] = serde_json::Value::Array(t.into_iter().cycle().take(n).collect());
+                }
+            }
+            let m = registry::build_random(&cfg, Path::new("."), a.run.dtype, device, 0)?;
+            (c.clone(), m)
+        }
+        None => {
+            let (dir, m) = load(&a.run)?;
+            (dir.display().to_string(), m)
+        }
+    };
+    let vocab = model.info.vocab_size as u32;
+    let tok = |i: usize| (i as u32 * 7919 + 3) % vocab;
+    let mut results = Vec::new();
+    println!("bench {label}: {} layers, {}, {device}", model.info.num_layers, a.run.dtype);
+    for &n in &a.prefill {
+        if n == 0 {
+            bail!("--prefill lengths must be >= 1");
+        }
+        let ids: Vec<u32> = (0..n).map(tok).collect();
+        let mut cache = model.new_cache(1);
+        let seq = cache.alloc_seq()?;
+        let t0 = Instant::now();
+        model.forward(&Batch::single(seq, 0, &ids), &mut cache, LogitsFor::Last)?;
+        let s = t0.elapsed().as_secs_f64();
+        println!("prefill {n:>6} tokens: {:>10.1} tok/s ({:.3} s)", n as f64 / s, s);
+        results.push(serde_json::json!({"kind": "prefill", "tokens": n, "seconds": s, "tokens_per_s": n as f64 / s}));
+    }
+    for &b in &a.batch {
+        if b == 0 || a.steps == 0 || a.context == 0 {
+            bail!("--batch, --steps and --context must be >= 1");
+        }
+        let mut cache = model.new_cache(b);
+        let mut batch = Batch::default();
+        let mut seqs = Vec::with_capacity(b);
+        for j in 0..b {
+            let seq = cache.alloc_seq()?;
+            let ids: Vec<u32> = (0..a.context).map(|i| tok(i + j)).collect();
+            batch.push(seq, 0, &ids);
+            seqs.push(seq);
+        }
+        model.forward(&batch, &mut cache, LogitsFor::Last)?;
+        let t0 = Instant::now();
+        for step in 0..a.steps {
+            let mut batch = Batch::default();
+            for (j, &seq) in seqs.iter().enumerate() {
+                batch.push(seq, a.context + step, &[tok(step * 31 + j)]);
+            }
+            model.forward(&batch, &mut cache, LogitsFor::Last)?;
+        }
+        let s = t0.elapsed().as_secs_f64();
+        let tps = (b * a.steps) as f64 / s;
+        println!("decode batch {b:>4}: {tps:>10.1} tok/s ({:.2} ms/step)", s * 1e3 / a.steps as f64);
+        results.push(serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": s * 1e3 / a.steps as f64}));
+    }
+    if let Some(p) = &a.json {
+        let v = serde_json::json!({"model": label, "layers": model.info.num_layers, "dtype": a.run.dtype.to_string(), "device": device.to_string(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "results": results});
+        std::fs::write(p, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
 fn cmd_inspect(a: &ModelArgs) -> Result<()> {
     let dir = model_dir(a);
     let p = registry::prepare(&dir)?;
@@ -259,6 +380,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Logits(a) => cmd_logits(&a),
         Cmd::Generate(a) => cmd_generate(&a),
         Cmd::Inspect(a) => cmd_inspect(&a),
+        Cmd::Bench(a) => cmd_bench(&a),
         Cmd::Models => {
             for e in registry::entries() {
                 println!("{}\t{}", e.architecture, e.crate_name);
