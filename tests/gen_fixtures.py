@@ -62,6 +62,15 @@ MARGIN_TARGET = 0.1    # preferred: take the first prompt whose min margin reach
 MIN_DISTINCT = 6       # ... and whose greedy continuation has at least this many distinct tokens,
 MAX_ATTEMPTS = 256     # ... else the best of this many prompts (which must still pass MARGIN_REL)
 
+# bf16 conditioning: HF's own bf16 forward of the same checkpoint must stay close to the f32 reference,
+# ratio = max|logits_bf16 - logits_f32| / std_pop(logits_f32) on both ids_short and ids_long.
+BF16_BAR = 5e-2             # porter's bf16 parity bar (tests/tests/parity.rs)
+HF_BF16_TARGET = 2.5e-2     # accept the first weight seed whose two ratios are both <= this (half the bar) ...
+HF_BF16_CAP = BF16_BAR      # ... else the best (smallest max ratio) of WEIGHT_TRIES seeds, which must be <= this
+WEIGHT_TRIES = 20
+WEIGHT_SEED_STEP = 1000     # weight seeds tried: seed, seed + 1000, seed + 2000, ...
+OUT_GAIN = 0.5              # init gain of the residual-branch output projections (o_proj, down_proj, out_proj)
+
 # --------------------------------------------------------------------------------------------
 # Determinism / pure-torch path
 # --------------------------------------------------------------------------------------------
@@ -386,6 +395,7 @@ def natural_key(name):
 # --------------------------------------------------------------------------------------------
 # Random weights
 # --------------------------------------------------------------------------------------------
+A_RANGE = (0.01, 0.2)  # Qwen3-Next A = exp(A_log) ~ U(A_RANGE): slow decay (see README, conditioning)
 RESIDUAL_OUT_PROJ = ("o_proj", "down_proj", "out_proj")  # linears that write into the residual stream
 
 
@@ -411,7 +421,7 @@ def draw_weights(shapes, cfg, seed, zero_centred_norms, out_gain=1.0):
             # "repeat the current token" bias that a large tied embedding gives
             w = n * (1.0 / math.sqrt(H) if tied else 1.0)
         elif leaf == "A_log":
-            w = np.log(rng.uniform(0.05, 2.0, size=shape))
+            w = np.log(rng.uniform(*A_RANGE, size=shape))
         elif leaf == "dt_bias":
             w = 0.5 * n
         elif name.endswith("conv1d.weight"):
@@ -558,6 +568,71 @@ def folder_size(folder):
     return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
 
 
+def load_checked(folder, weights, tied, dtype):
+    """HF from_pretrained (eager attention, eager experts) + exact comparison with the drawn weights."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, attn_implementation="eager", experts_implementation="eager",
+            output_loading_info=True)
+    model.eval()
+    assert not info["missing_keys"], info["missing_keys"]
+    assert not info["unexpected_keys"], info["unexpected_keys"]
+    assert not info.get("mismatched_keys"), info.get("mismatched_keys")
+    sd = model.state_dict()
+    mem = hub_to_memory({k: v.float() for k, v in weights.items()}, set(sd))
+    expect_keys = set(sd) - ({"lm_head.weight"} if tied else set())
+    assert set(mem) == expect_keys, (set(mem) ^ expect_keys)
+    for k, v in mem.items():
+        assert torch.equal(sd[k].float(), v), f"loaded tensor differs: {k} ({dtype})"
+    if tied:
+        assert torch.equal(sd["lm_head.weight"], sd["model.embed_tokens.weight"])
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return model
+
+
+def hf_bf16_ratio(model_bf16, ids, ref):
+    """max|HF bf16 logits - f32 reference| / population std of the reference."""
+    return float((logits_of(model_bf16, ids) - ref).abs().max() / ref.std(unbiased=False))
+
+
+def candidate(name, folder, cfg, shapes, seed, is_next, tied, shards):
+    """One weight draw: write it, load it back (f32 and bf16), choose the prompt, compute references."""
+    weights = draw_weights(shapes, cfg, seed, zero_centred_norms=is_next, out_gain=OUT_GAIN)
+    files = write_weights(folder, weights, shards)
+    model = load_checked(folder, weights, tied, torch.float32)
+
+    prompt_seed0 = seed * 100
+    best = None
+    for attempt in range(MAX_ATTEMPTS):
+        ids_short = draw_prompt(prompt_seed0 + attempt, T_SHORT)
+        gids, margins = greedy(model, ids_short, N_GREEDY)
+        rel = min(m / s for m, s in margins)
+        distinct = len(set(gids.tolist()))
+        score = (rel > MARGIN_REL, min(distinct, MIN_DISTINCT), min(rel, MARGIN_TARGET), rel)
+        if best is None or score > best[0]:
+            best = (score, prompt_seed0 + attempt, ids_short, gids, margins)
+        if rel >= MARGIN_TARGET and distinct >= MIN_DISTINCT:
+            break
+    _, prompt_seed, ids_short, gids, margins = best
+    if not min(m / s for m, s in margins) > MARGIN_REL:
+        raise RuntimeError(f"{name}: no prompt with greedy margins > {MARGIN_REL}*std (weight seed {seed})")
+    ids_long = draw_prompt(prompt_seed + 10_000, T_LONG)
+    logits_short = logits_of(model, ids_short)
+    logits_long = logits_of(model, ids_long)
+    # consistency: greedy's first step == logits_short's last row
+    assert int(torch.argmax(logits_short[-1])) == int(gids[0])
+
+    # the same checkpoint run by HF in bfloat16 (same eager attention / eager experts path)
+    model_bf16 = load_checked(folder, weights, tied, torch.bfloat16)
+    r_short = hf_bf16_ratio(model_bf16, ids_short, logits_short)
+    r_long = hf_bf16_ratio(model_bf16, ids_long, logits_long)
+    del model_bf16
+    return dict(seed=seed, weights=weights, files=files, model=model, prompt_seed=prompt_seed,
+                attempt=attempt, ids_short=ids_short, gids=gids, margins=margins, ids_long=ids_long,
+                logits_short=logits_short, logits_long=logits_long, r_short=r_short, r_long=r_long,
+                r_max=max(r_short, r_long))
+
+
 def generate(name, spec, tokenizer_json, path_desc):
     folder = os.path.join(FIXTURES, name)
     if os.path.isdir(folder):
@@ -597,27 +672,32 @@ def generate(name, spec, tokenizer_json, path_desc):
             shapes[f"mtp.{n}.weight"] = (H,)
     del skel
 
-    weights = draw_weights(shapes, cfg, spec["seed"], zero_centred_norms=is_next)
-    files = write_weights(folder, weights, spec.get("shards", 1))
-
-    # ---- load back with HF's own loader, float32, eager
-    with contextlib.redirect_stderr(io.StringIO()):
-        model, info = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager",
-            output_loading_info=True)
-    model.eval()
-    assert not info["missing_keys"], info["missing_keys"]
-    assert not info["unexpected_keys"], info["unexpected_keys"]
-    assert not info.get("mismatched_keys"), info.get("mismatched_keys")
-    sd = model.state_dict()
-    mem = hub_to_memory({k: v.float() for k, v in weights.items()}, set(sd))
-    expect_keys = set(sd) - ({"lm_head.weight"} if tied else set())
-    assert set(mem) == expect_keys, (set(mem) ^ expect_keys)
-    for k, v in mem.items():
-        assert torch.equal(sd[k], v), f"loaded tensor differs: {k}"
+    # ---- weight seeds: draw, load back, pick prompts, references, HF-bf16 conditioning check
+    shards = spec.get("shards", 1)
+    best, tries = None, []
+    for k in range(WEIGHT_TRIES):
+        seed = spec["seed"] + WEIGHT_SEED_STEP * k
+        cand = candidate(name, folder, cfg, shapes, seed, is_next, tied, shards)
+        tries.append([seed, round(cand["r_short"], 6), round(cand["r_long"], 6)])
+        print(f"   [{name}] weight_seed {seed}: HF bf16 ratio short {cand['r_short']:.4f}, "
+              f"long {cand['r_long']:.4f} (prompt_seed {cand['prompt_seed']})", flush=True)
+        if best is None or cand["r_max"] < best["r_max"]:
+            best = cand
+        if cand["r_max"] <= HF_BF16_TARGET:
+            break
+    c = best
+    if c["seed"] != seed:  # the folder holds the last candidate's files: write the chosen ones again
+        assert write_weights(folder, c["weights"], shards) == c["files"]
+    weights, files, model = c["weights"], c["files"], c["model"]
+    prompt_seed, ids_short, gids, margins, attempt = c["prompt_seed"], c["ids_short"], c["gids"], c["margins"], c["attempt"]
+    ids_long, logits_short, logits_long = c["ids_long"], c["logits_short"], c["logits_long"]
+    r_short, r_long = c["r_short"], c["r_long"]
+    min_margin = min(m for m, _ in margins)
+    min_rel = min(m / s for m, s in margins)
+    conditioned = c["r_max"] <= HF_BF16_CAP
+    cond_rule = ("target" if c["r_max"] <= HF_BF16_TARGET else
+                 f"best of {len(tries)}" if conditioned else f"NONE of {len(tries)} within the cap")
     if tied:
-        assert torch.equal(sd["lm_head.weight"], sd["model.embed_tokens.weight"])
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         notes.append("tied: lm_head shares model.embed_tokens.weight (no lm_head.weight in checkpoint)")
     n_mtp = sum(1 for k in weights if k.startswith("mtp."))
     if n_mtp:
@@ -659,29 +739,6 @@ def generate(name, spec, tokenizer_json, path_desc):
         assert all(getattr(att, p).bias is not None for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
         notes.append("attention_bias=true: HF Qwen3 puts biases on q_proj, k_proj, v_proj AND o_proj")
 
-    # ---- references
-    prompt_seed0 = spec["seed"] * 100
-    best = None
-    for attempt in range(MAX_ATTEMPTS):
-        ids_short = draw_prompt(prompt_seed0 + attempt, T_SHORT)
-        gids, margins = greedy(model, ids_short, N_GREEDY)
-        rel = min(m / s for m, s in margins)
-        distinct = len(set(gids.tolist()))
-        score = (rel > MARGIN_REL, min(distinct, MIN_DISTINCT), min(rel, MARGIN_TARGET), rel)
-        if best is None or score > best[0]:
-            best = (score, prompt_seed0 + attempt, ids_short, gids, margins)
-        if rel >= MARGIN_TARGET and distinct >= MIN_DISTINCT:
-            break
-    _, prompt_seed, ids_short, gids, margins = best
-    if not min(m / s for m, s in margins) > MARGIN_REL:
-        raise RuntimeError(f"{name}: no prompt with greedy margins > {MARGIN_REL}*std")
-    min_margin = min(m for m, _ in margins)
-    min_rel = min(m / s for m, s in margins)
-    ids_long = draw_prompt(prompt_seed + 10_000, T_LONG)
-    logits_short = logits_of(model, ids_short)
-    logits_long = logits_of(model, ids_long)
-    # consistency: greedy's first step == logits_short's last row
-    assert int(torch.argmax(logits_short[-1])) == int(gids[0])
 
     if cfg.get("sliding_window"):
         notes.append(check_sliding_window(folder, model, cfg, ids_long, logits_long))
@@ -715,7 +772,16 @@ def generate(name, spec, tokenizer_json, path_desc):
         "transformers_version": TV,
         "torch_version": torch.__version__,
         "path": path_desc,
-        "weight_seed": spec["seed"],
+        "weight_seed": c["seed"],
+        "weight_seed_base": spec["seed"],
+        "weight_init_out_gain": OUT_GAIN,
+        "hf_bf16_ratio_short": round(r_short, 6),
+        "hf_bf16_ratio_long": round(r_long, 6),
+        "hf_bf16_target": HF_BF16_TARGET,
+        "hf_bf16_cap": HF_BF16_CAP,
+        "hf_bf16_conditioned": conditioned,
+        "hf_bf16_selection": cond_rule,
+        "weight_seeds_tried": tries,
         "prompt_seed": prompt_seed,
         "ids_short_len": T_SHORT,
         "ids_long_len": T_LONG,
@@ -736,6 +802,8 @@ def generate(name, spec, tokenizer_json, path_desc):
     print(f"   logits std: short {float(logits_short.std()):.3f}, long {float(logits_long.std()):.3f}; "
           f"greedy min margin {min_margin:.4f} ({min_rel:.3f} x std), prompt_seed {prompt_seed} "
           f"(attempt {attempt + 1}), distinct greedy tokens {len(set(gids.tolist()))}")
+    print(f"   weight_seed {c['seed']} ({cond_rule}); HF bf16 ratio short {r_short:.4f}, long {r_long:.4f} "
+          f"(target {HF_BF16_TARGET}, cap {HF_BF16_CAP})")
     print(f"   greedy_ids: {gids.tolist()}")
     for n in notes:
         print(f"   - {n}")
@@ -744,7 +812,8 @@ def generate(name, spec, tokenizer_json, path_desc):
     print(f"   {total:>9d}  TOTAL")
     assert total < 1.5 * 1024 * 1024, f"{name} folder too big: {total}"
     return dict(name=name, std_short=float(logits_short.std()), std_long=float(logits_long.std()),
-                min_margin=min_margin, min_rel=min_rel, total=total, notes=notes)
+                min_margin=min_margin, min_rel=min_rel, total=total, notes=notes, seed=c["seed"],
+                r_short=r_short, r_long=r_long, conditioned=conditioned, rule=cond_rule)
 
 
 def main():
@@ -768,8 +837,16 @@ def main():
     with open(os.path.join(FIXTURES, "tokenizer.json"), "w") as f:
         f.write(tokenizer_json)
     print(f"transformers {TV}, torch {torch.__version__}, numpy {np.__version__}, python {sys.version.split()[0]}")
-    for n in names:
-        generate(n, sp[n], tokenizer_json, path_desc)
+    results = [generate(n, sp[n], tokenizer_json, path_desc) for n in names]
+    print("\nname                weight_seed  hf_bf16 short  long    logits std short/long  greedy min margin (x std)")
+    for r in results:
+        print(f"{r['name']:<19} {r['seed']:>11}  {r['r_short']:.4f}        {r['r_long']:.4f}  "
+              f"{r['std_short']:.3f} / {r['std_long']:.3f}          {r['min_margin']:.3f} ({r['min_rel']:.3f})"
+              f"  {r['rule']}")
+    bad = [r["name"] for r in results if not r["conditioned"]]
+    if bad:
+        sys.exit(f"ERROR: ILL-CONDITIONED fixtures (HF's own bf16 forward misses the cap {HF_BF16_CAP} on "
+                 f"every one of {WEIGHT_TRIES} weight seeds; the best seed was written): {', '.join(bad)}")
 
 
 if __name__ == "__main__":

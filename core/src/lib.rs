@@ -15,6 +15,7 @@ pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+pub mod draft;
 pub mod dtype;
 pub mod generate;
 pub mod layers;
@@ -22,6 +23,7 @@ pub mod linear_attn;
 pub mod nn;
 pub mod registry;
 pub mod sampling;
+pub mod speculative;
 pub mod tensor;
 pub mod weight_map;
 

@@ -138,3 +138,106 @@ pub fn load(dir: &Path, dtype: DType, device: Device, show_progress: bool) -> Re
     }
     Ok(model)
 }
+
+/// What a draft crate gets when it builds a draft head.
+pub struct DraftLoadContext<'a> {
+    pub dir: &'a Path,
+    /// The draft folder's `config.json`, or the main model's when the draft lives inside
+    /// the main checkpoint.
+    pub config: &'a Value,
+    pub main_config: &'a Value,
+    pub main: &'a crate::layers::ModelInfo,
+    pub checkpoint: &'a Checkpoint,
+    pub dtype: DType,
+}
+
+/// A registered draft head implementation, attached to one or more main architectures.
+pub struct DraftEntry {
+    /// The draft crate, e.g. `"qwen3_next_mtp"`.
+    pub name: &'static str,
+    /// Main architectures the draft attaches to.
+    pub main_architectures: &'static [&'static str],
+    /// A checkpoint tensor whose presence identifies this draft layout.
+    pub signature: &'static str,
+    /// Text of the crate's weight map.
+    pub weight_map: &'static str,
+    pub map_context: fn(&DraftLoadContext) -> Result<MapContext>,
+    pub build: fn(&DraftLoadContext, &mut Weights) -> Result<Box<dyn crate::draft::DraftHead>>,
+}
+
+inventory::collect!(DraftEntry);
+
+/// Every registered draft, sorted by name.
+pub fn draft_entries() -> Vec<&'static DraftEntry> {
+    let mut v: Vec<&'static DraftEntry> = inventory::iter::<DraftEntry>.into_iter().collect();
+    v.sort_by_key(|e| e.name);
+    v
+}
+
+/// A draft folder matched against the registry and resolved, before loading weights.
+pub struct PreparedDraft {
+    pub entry: &'static DraftEntry,
+    pub config: Value,
+    pub map: ResolvedMap,
+    pub checkpoint: Checkpoint,
+}
+
+/// Selects the draft implementation for `dir` (by main architecture and tensor signature)
+/// and resolves its weight map.
+pub fn prepare_draft(
+    dir: &Path,
+    main_config: &Value,
+    main: &crate::layers::ModelInfo,
+    dtype: DType,
+) -> Result<PreparedDraft> {
+    if !dir.is_dir() {
+        anyhow::bail!("draft folder {} does not exist", dir.display());
+    }
+    let checkpoint = Checkpoint::open_dir(dir)?;
+    let config = if dir.join("config.json").exists() { config::read_config(dir)? } else { main_config.clone() };
+    let all = draft_entries();
+    let entry = all
+        .iter()
+        .find(|e| e.main_architectures.contains(&main.architecture.as_str()) && checkpoint.get(e.signature).is_some())
+        .ok_or_else(|| {
+            let known: Vec<String> = all
+                .iter()
+                .map(|e| format!("{} (tensor `{}`, for {})", e.name, e.signature, e.main_architectures.join("/")))
+                .collect();
+            anyhow::anyhow!(
+                "draft folder {} matches no registered draft head for {}; registered drafts: {}",
+                dir.display(),
+                main.architecture,
+                known.join("; ")
+            )
+        })?;
+    for (key, want) in [("hidden_size", main.hidden_size), ("vocab_size", main.vocab_size)] {
+        if let Some(got) = config.get(key).and_then(Value::as_u64) {
+            if got as usize != want {
+                anyhow::bail!("draft {} has {key} = {got} but the main model has {want}", dir.display());
+            }
+        }
+    }
+    let lc = DraftLoadContext { dir, config: &config, main_config, main, checkpoint: &checkpoint, dtype };
+    let ctx = (entry.map_context)(&lc).with_context(|| format!("draft {} in {}", entry.name, dir.display()))?;
+    let map = WeightMap::parse(entry.weight_map)?.resolve(&ctx)?;
+    Ok(PreparedDraft { entry, config, map, checkpoint })
+}
+
+/// Loads a draft head for `main` from `dir`.
+pub fn load_draft(dir: &Path, main_config: &Value, main: &Model) -> Result<Box<dyn crate::draft::DraftHead>> {
+    let dtype = main.info.dtype;
+    let p = prepare_draft(dir, main_config, &main.info, dtype)?;
+    let mut weights = p
+        .map
+        .load(&p.checkpoint, dtype, None)
+        .with_context(|| format!("draft {} in {}", p.entry.name, dir.display()))?;
+    let lc =
+        DraftLoadContext { dir, config: &p.config, main_config, main: &main.info, checkpoint: &p.checkpoint, dtype };
+    let head = (p.entry.build)(&lc, &mut weights)?;
+    let left = weights.remaining();
+    if !left.is_empty() {
+        anyhow::bail!("internal error: draft {} built without using weight slots {:?}", p.entry.name, left);
+    }
+    Ok(head)
+}

@@ -108,12 +108,17 @@ impl Sampler {
         p
     }
 
-    /// Draws one token id.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.params.temperature == 0.0 {
-            return argmax(logits) as u32;
+    /// A uniform draw in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        self.next_f64()
+    }
+
+    /// Draws from an explicit distribution (greedy when it is one-hot).
+    pub fn sample_from(&mut self, p: &[f32]) -> u32 {
+        let nonzero = p.iter().filter(|&&v| v > 0.0).count();
+        if nonzero <= 1 {
+            return argmax(p) as u32;
         }
-        let p = self.distribution(logits);
         let u = self.next_f64();
         let mut acc = 0.0f64;
         let mut last = 0;
@@ -127,6 +132,15 @@ impl Sampler {
             }
         }
         last as u32
+    }
+
+    /// Draws one token id.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.params.temperature == 0.0 {
+            return argmax(logits) as u32;
+        }
+        let p = self.distribution(logits);
+        self.sample_from(&p)
     }
 }
 

@@ -9,6 +9,7 @@ use mistral as _;
 use qwen3 as _;
 use qwen3_moe as _;
 use qwen3_next as _;
+use qwen3_next_mtp as _;
 
 /// Call from a binary or test to make sure every model crate is linked.
 pub fn link() {}

@@ -1,0 +1,271 @@
+//! Multi-token-prediction draft heads: the [`DraftHead`] trait and the two shared head
+//! blocks (an attention head in the style of DeepSeek / Qwen3-Next MTP, and LightLLM's
+//! FFN-only head). Draft crates configure and register them.
+//!
+//! A draft row at position `p` takes the token `x_{p+1}` and a hidden state `h_p` and
+//! predicts `x_{p+2}`. The hidden comes from the main model for the first draft step and
+//! from the draft itself when steps are chained.
+
+use crate::cache::{LayerCache, ModelCache, StateCache};
+use crate::dtype::DType;
+use crate::layers::{Batch, LayerKind, LogitsFor, Model};
+use crate::nn::{DecoderLayer, FeedForward, Linear, RmsNorm};
+use crate::tensor::Tensor;
+use crate::TransformerLayer;
+use anyhow::{bail, Result};
+
+/// Output of a draft forward.
+#[derive(Debug)]
+pub struct DraftOutput {
+    /// `[R, vocab]` f32 logits (rows as requested).
+    pub logits: Tensor,
+    /// `[T, hidden]`: the hidden to feed the next chained step, in the draft's input space.
+    pub hidden: Tensor,
+}
+
+/// A draft head attached to a main model.
+pub trait DraftHead: Send + Sync {
+    /// The registered draft name (its crate).
+    fn name(&self) -> &str;
+
+    /// Per-request state of the draft (a KV cache for attention heads, none for FFN heads).
+    fn new_cache(&self, max_seqs: usize) -> ModelCache;
+
+    /// Whether the draft keeps per-request state (then chained steps must be rolled back).
+    fn is_stateful(&self) -> bool;
+
+    /// Converts main-model hidden rows (the residual stream before the final norm) into
+    /// the hidden the draft consumes.
+    ///
+    /// # Shapes
+    /// `[T, hidden]` → `[T, hidden]`
+    fn main_hidden(&self, main: &Model, h: &Tensor) -> Result<Tensor>;
+
+    /// Runs the draft: row `r` takes token `batch.ids[r]` and `hidden` row `r` at the
+    /// position given by the batch (the position of the hidden).
+    ///
+    /// # Shapes
+    /// `hidden: [T, hidden]` → logits `[R, vocab]`, next hidden `[T, hidden]`
+    fn forward(
+        &self,
+        main: &Model,
+        batch: &Batch,
+        hidden: &Tensor,
+        cache: &mut dyn StateCache,
+        rows: LogitsFor,
+    ) -> Result<DraftOutput>;
+}
+
+fn select_rows(x: &Tensor, batch: &Batch, rows: LogitsFor) -> Result<Tensor> {
+    match rows {
+        LogitsFor::All => Ok(x.clone()),
+        LogitsFor::Last => {
+            let idx: Vec<usize> = batch.spans.iter().map(|s| s.start + s.len - 1).collect();
+            x.gather_rows(&idx)
+        }
+    }
+}
+
+/// `[a | b]` along the last dimension.
+///
+/// # Shapes
+/// `[T, d1]`, `[T, d2]` → `[T, d1 + d2]`
+pub fn concat_last(a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
+    if a.rows() != b.rows() {
+        bail!("concat: {} vs {} rows", a.rows(), b.rows());
+    }
+    let (da, db) = (a.last_dim(), b.last_dim());
+    let mut out = Vec::with_capacity(a.rows() * (da + db));
+    for r in 0..a.rows() {
+        out.extend_from_slice(a.row(r));
+        out.extend_from_slice(b.row(r));
+    }
+    Tensor::from_vec(out, [a.rows(), da + db], dtype)
+}
+
+fn check_batch(main: &Model, batch: &Batch, hidden: &Tensor) -> Result<()> {
+    if hidden.rows() != batch.len() || hidden.last_dim() != main.info.hidden_size {
+        bail!("draft input: {} token rows but hidden {:?}", batch.len(), hidden.shape());
+    }
+    if let Some(&bad) = batch.ids.iter().find(|&&t| t as usize >= main.info.vocab_size) {
+        bail!("token id {bad} is out of range for a vocabulary of {}", main.info.vocab_size);
+    }
+    Ok(())
+}
+
+/// An MTP head with one decoder layer (Qwen3-Next `mtp.*`, DeepSeek-style):
+/// `u = fc([norm_e(embed(x_{p+1})) | norm_h(h_p)])`, `u = layer(u)` (own KV cache),
+/// `logits = lm_head(norm(u))`; the hidden handed to a chained step is `norm(u)`.
+/// The main hidden is taken after the main model's final norm.
+pub struct AttentionMtpHead {
+    pub name: String,
+    pub fc: Linear,
+    pub norm_embedding: RmsNorm,
+    pub norm_hidden: RmsNorm,
+    pub layer: DecoderLayer,
+    pub norm: RmsNorm,
+}
+
+impl DraftHead for AttentionMtpHead {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn new_cache(&self, max_seqs: usize) -> ModelCache {
+        let layer = match self.layer.kind() {
+            LayerKind::Attention { kv_heads, head_dim } => {
+                LayerCache::Kv(crate::cache::KvLayer::new(kv_heads, head_dim))
+            }
+            _ => LayerCache::Stateless,
+        };
+        ModelCache::new(vec![layer], max_seqs)
+    }
+
+    fn is_stateful(&self) -> bool {
+        true
+    }
+
+    fn main_hidden(&self, main: &Model, h: &Tensor) -> Result<Tensor> {
+        main.post.norm(h)
+    }
+
+    fn forward(
+        &self,
+        main: &Model,
+        batch: &Batch,
+        hidden: &Tensor,
+        cache: &mut dyn StateCache,
+        rows: LogitsFor,
+    ) -> Result<DraftOutput> {
+        check_batch(main, batch, hidden)?;
+        for s in &batch.spans {
+            if cache.seq_len(s.seq) != s.pos0 {
+                bail!(
+                    "draft cache of sequence {} holds {} positions, the batch starts at {}",
+                    s.seq.0,
+                    cache.seq_len(s.seq),
+                    s.pos0
+                );
+            }
+        }
+        let dt = main.info.dtype;
+        let e = self.norm_embedding.forward(&main.pre.forward(&batch.ids)?)?;
+        let hh = self.norm_hidden.forward(hidden)?;
+        // [T, 2H] -> [T, H]; the residual stream of the draft layer is f32.
+        let u = self.fc.forward(&concat_last(&e, &hh, dt)?)?.to_dtype(DType::F32);
+        let u = self.layer.forward(u, batch, cache.layer_mut(0)?)?;
+        for s in &batch.spans {
+            cache.advance(s.seq, s.len)?;
+        }
+        let d = self.norm.forward(&u)?;
+        let logits = main.post.logits(&select_rows(&d, batch, rows)?)?;
+        Ok(DraftOutput { logits, hidden: d })
+    }
+}
+
+/// LightLLM's FFN-only MTP head (`qwen3_moe_mtp`, `mistral_mtp`):
+/// `x = eh_proj([enorm(embed(x_{p+1})) | hnorm(h')])`, `x += ffn(ffn_norm(x))`,
+/// `logits = lm_head(main_norm(x))`, with `h' = main_norm(h_p)` when
+/// `main_norm_on_hidden` (mistral_mtp) and `h' = h_p` otherwise (qwen3_moe_mtp). The main
+/// hidden is the pre-final-norm residual stream; chained steps get the draft's `x`.
+pub struct FfnMtpHead {
+    pub name: String,
+    pub eh_proj: Linear,
+    pub enorm: RmsNorm,
+    pub hnorm: RmsNorm,
+    pub main_norm_on_hidden: bool,
+    pub ffn_norm: RmsNorm,
+    pub ffn: FeedForward,
+}
+
+impl DraftHead for FfnMtpHead {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn new_cache(&self, max_seqs: usize) -> ModelCache {
+        ModelCache::new(vec![LayerCache::Stateless], max_seqs)
+    }
+
+    fn is_stateful(&self) -> bool {
+        false
+    }
+
+    fn main_hidden(&self, _main: &Model, h: &Tensor) -> Result<Tensor> {
+        Ok(h.clone())
+    }
+
+    fn forward(
+        &self,
+        main: &Model,
+        batch: &Batch,
+        hidden: &Tensor,
+        cache: &mut dyn StateCache,
+        rows: LogitsFor,
+    ) -> Result<DraftOutput> {
+        check_batch(main, batch, hidden)?;
+        let dt = main.info.dtype;
+        let e = self.enorm.forward(&main.pre.forward(&batch.ids)?)?;
+        let h = if self.main_norm_on_hidden { main.post.norm(hidden)? } else { hidden.clone() };
+        let hh = self.hnorm.forward(&h)?;
+        // [T, 2H] -> [T, H], residual in f32.
+        let mut x = self.eh_proj.forward(&concat_last(&e, &hh, dt)?)?.to_dtype(DType::F32);
+        let f = self.ffn.forward(&self.ffn_norm.forward(&x)?)?;
+        x.add_(&f)?;
+        let _ = cache; // stateless: positions do not matter
+        let sel = select_rows(&x, batch, rows)?;
+        let logits = main.post.logits(&main.post.norm(&sel)?)?;
+        Ok(DraftOutput { logits, hidden: x })
+    }
+}
+
+/// A draft that proposes tokens from a known sequence (the main model's own greedy
+/// continuation): it measures the verify path at a forced acceptance rate, and tests the
+/// accept / rollback logic with acceptance patterns that random-weight drafts never reach.
+/// With `wrong_every = Some(n)`, the proposal for every position `p` with `p % n == n − 1`
+/// is deliberately wrong.
+pub struct OracleDraft {
+    pub sequence: Vec<u32>,
+    pub wrong_every: Option<usize>,
+    pub vocab_size: usize,
+}
+
+impl DraftHead for OracleDraft {
+    fn name(&self) -> &str {
+        "oracle"
+    }
+
+    fn new_cache(&self, max_seqs: usize) -> ModelCache {
+        ModelCache::new(vec![LayerCache::Stateless], max_seqs)
+    }
+
+    fn is_stateful(&self) -> bool {
+        false
+    }
+
+    fn main_hidden(&self, _main: &Model, h: &Tensor) -> Result<Tensor> {
+        Ok(h.clone())
+    }
+
+    fn forward(
+        &self,
+        _main: &Model,
+        batch: &Batch,
+        hidden: &Tensor,
+        _cache: &mut dyn StateCache,
+        rows: LogitsFor,
+    ) -> Result<DraftOutput> {
+        let v = self.vocab_size;
+        let positions = batch.positions();
+        let mut logits = vec![0.0f32; batch.len() * v];
+        for (r, &p) in positions.iter().enumerate() {
+            let mut t = self.sequence.get(p + 2).copied().unwrap_or(0) as usize % v;
+            if self.wrong_every.is_some_and(|n| n > 0 && p % n == n - 1) {
+                t = (t + 1) % v;
+            }
+            logits[r * v + t] = 1.0;
+        }
+        let logits = Tensor::from_vec(logits, [batch.len(), v], DType::F32)?;
+        Ok(DraftOutput { logits: select_rows(&logits, batch, rows)?, hidden: hidden.clone() })
+    }
+}

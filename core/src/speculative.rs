@@ -1,0 +1,237 @@
+//! Speculative decoding with MTP draft heads: propose K tokens with the draft, verify
+//! them in one main-model forward of K+1 rows, accept the longest matching prefix plus a
+//! bonus token, and roll the main cache (KV and recurrent state) back to the accepted
+//! position without recomputation. At temperature > 0 acceptance is rejection sampling,
+//! so the output distribution equals the main model's.
+
+use crate::cache::{SeqId, StateCache};
+use crate::draft::DraftHead;
+use crate::generate::FinishReason;
+use crate::layers::{Batch, LogitsFor, Model};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tensor::Tensor;
+use anyhow::{bail, Result};
+
+/// Largest number of draft tokens per step.
+pub const MAX_MTP_STEP: usize = 15;
+
+/// How draft modules are used across the K draft steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MtpMode {
+    /// One module run K times, feeding back its own hidden.
+    Eagle,
+    /// Module i drafts step i (K stateless modules).
+    Vanilla,
+}
+
+impl std::str::FromStr for MtpMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "eagle" => Ok(MtpMode::Eagle),
+            "vanilla" => Ok(MtpMode::Vanilla),
+            o => Err(format!("unknown MTP mode `{o}` (expected eagle or vanilla)")),
+        }
+    }
+}
+
+/// Result of speculative generation.
+#[derive(Clone, Debug)]
+pub struct SpecGeneration {
+    pub ids: Vec<u32>,
+    pub finish: FinishReason,
+    /// Verify forwards run.
+    pub steps: usize,
+    /// Draft tokens proposed and accepted.
+    pub proposed: usize,
+    pub accepted: usize,
+}
+
+impl SpecGeneration {
+    /// Average tokens emitted per verify step (accepted drafts + the bonus token).
+    pub fn tokens_per_step(&self) -> f64 {
+        if self.steps == 0 {
+            0.0
+        } else {
+            (self.accepted + self.steps) as f64 / self.steps as f64
+        }
+    }
+}
+
+/// Checks a draft configuration.
+pub fn check_config(drafts: &[Box<dyn DraftHead>], k: usize, mode: MtpMode) -> Result<()> {
+    if k == 0 || k > MAX_MTP_STEP {
+        bail!("--mtp-step must be in 1..={MAX_MTP_STEP}, got {k}");
+    }
+    match mode {
+        MtpMode::Eagle if drafts.len() != 1 => bail!("eagle mode runs one draft module, got {}", drafts.len()),
+        MtpMode::Vanilla if drafts.len() < k => {
+            bail!("vanilla mode needs one draft module per step: {k} steps, {} modules", drafts.len())
+        }
+        MtpMode::Vanilla if drafts.iter().any(|d| d.is_stateful()) => {
+            bail!("vanilla mode needs FFN-only (stateless) draft modules; use eagle mode for attention drafts")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The draft's output for the rows of one sequence: `[T-1, vocab]` logits, row p predicting
+/// token p+2 from token p+1 and the main hidden at p (what `porter logits` writes as
+/// `mtp_logits`).
+pub fn draft_logits(main: &Model, draft: &dyn DraftHead, ids: &[u32]) -> Result<Tensor> {
+    if ids.len() < 2 {
+        bail!("draft logits need at least 2 token ids");
+    }
+    let mut cache = main.new_cache(1);
+    let seq = cache.alloc_seq()?;
+    let out = main.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::Last)?;
+    let t = ids.len();
+    let hid = draft.main_hidden(main, &out.hidden.narrow_rows(0, t - 1)?)?;
+    let mut dc = draft.new_cache(1);
+    let dseq = dc.alloc_seq()?;
+    Ok(draft.forward(main, &Batch::single(dseq, 0, &ids[1..]), &hid, &mut dc, LogitsFor::All)?.logits)
+}
+
+struct Drafter<'a> {
+    main: &'a Model,
+    drafts: &'a [Box<dyn DraftHead>],
+    caches: Vec<(crate::cache::ModelCache, SeqId)>,
+    mode: MtpMode,
+    k: usize,
+}
+
+impl Drafter<'_> {
+    /// Catch-up over accepted rows (tokens `toks` with main hidden `hid` at positions
+    /// `pos0..`), then K−1 chained steps. Returns the K draft tokens and their distributions.
+    fn propose(
+        &mut self,
+        toks: &[u32],
+        hid: &Tensor,
+        pos0: usize,
+        sampler: &mut Sampler,
+    ) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
+        let (d0, c0) = (&self.drafts[0], &mut self.caches[0]);
+        if d0.is_stateful() {
+            c0.0.truncate(c0.1, pos0)?;
+        }
+        let hid0 = d0.main_hidden(self.main, hid)?;
+        let out = d0.forward(self.main, &Batch::single(c0.1, pos0, toks), &hid0, &mut c0.0, LogitsFor::Last)?;
+        let mut q = sampler.distribution(out.logits.row(0));
+        let mut tok = sampler.sample_from(&q);
+        let mut h = out.hidden.narrow_rows(out.hidden.rows() - 1, 1)?;
+        let (mut drafts, mut dists) = (vec![tok], vec![q]);
+        for i in 1..self.k {
+            let m = if self.mode == MtpMode::Eagle { 0 } else { i };
+            let (d, c) = (&self.drafts[m], &mut self.caches[m]);
+            let pos = pos0 + toks.len() - 1 + i;
+            let out = d.forward(self.main, &Batch::single(c.1, pos, &[tok]), &h, &mut c.0, LogitsFor::Last)?;
+            q = sampler.distribution(out.logits.row(0));
+            tok = sampler.sample_from(&q);
+            h = out.hidden;
+            drafts.push(tok);
+            dists.push(q);
+        }
+        Ok((drafts, dists))
+    }
+}
+
+/// Generates up to `max_tokens` ids after `prompt` with K-token speculative decoding.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_speculative(
+    main: &Model,
+    drafts: &[Box<dyn DraftHead>],
+    prompt: &[u32],
+    params: SamplingParams,
+    max_tokens: usize,
+    stop_ids: &[u32],
+    k: usize,
+    mode: MtpMode,
+) -> Result<SpecGeneration> {
+    check_config(drafts, k, mode)?;
+    if prompt.is_empty() {
+        bail!("the prompt is empty: at least one token id is needed");
+    }
+    let mut sampler = Sampler::new(params)?;
+    let mut cache = main.new_cache_spec(1, k);
+    let seq = cache.alloc_seq()?;
+    let mut caches = Vec::with_capacity(drafts.len());
+    for d in drafts {
+        let mut c = d.new_cache(1);
+        let s = c.alloc_seq()?;
+        caches.push((c, s));
+    }
+    let mut drafter = Drafter { main, drafts, caches, mode, k };
+    let mut gen = SpecGeneration { ids: Vec::new(), finish: FinishReason::Length, steps: 0, proposed: 0, accepted: 0 };
+    // Prefill.
+    let out = main.forward(&Batch::single(seq, 0, prompt), &mut cache, LogitsFor::Last)?;
+    let mut last = sampler.sample(out.logits.row(0));
+    if push(&mut gen, last, max_tokens, stop_ids) {
+        return Ok(gen);
+    }
+    let mut len = prompt.len();
+    let mut toks: Vec<u32> = prompt[1..].to_vec();
+    toks.push(last);
+    let (mut proposal, mut dists) = drafter.propose(&toks, &out.hidden, 0, &mut sampler)?;
+    loop {
+        // Verify [last, d1..dK] at positions len..len+K.
+        let mut rows = vec![last];
+        rows.extend_from_slice(&proposal);
+        let out = main.forward(&Batch::single(seq, len, &rows), &mut cache, LogitsFor::All)?;
+        gen.steps += 1;
+        gen.proposed += k;
+        let mut accepted = 0;
+        let mut bonus = None;
+        for j in 0..k {
+            let p = sampler.distribution(out.logits.row(j));
+            let d = proposal[j] as usize;
+            let (pd, qd) = (p[d] as f64, dists[j][d] as f64);
+            if qd > 0.0 && sampler.uniform() < (pd / qd).min(1.0) {
+                accepted += 1;
+            } else {
+                // Residual distribution max(0, p − q), renormalised.
+                let mut r: Vec<f32> = p.iter().zip(&dists[j]).map(|(a, b)| (a - b).max(0.0)).collect();
+                let s: f32 = r.iter().sum();
+                if s > 0.0 {
+                    r.iter_mut().for_each(|v| *v /= s);
+                    bonus = Some(sampler.sample_from(&r));
+                } else {
+                    bonus = Some(sampler.sample_from(&p));
+                }
+                break;
+            }
+        }
+        let bonus = match bonus {
+            Some(b) => b,
+            None => sampler.sample(out.logits.row(k)),
+        };
+        gen.accepted += accepted;
+        let mut done = false;
+        for &t in proposal[..accepted].iter().chain(std::iter::once(&bonus)) {
+            if push(&mut gen, t, max_tokens, stop_ids) {
+                done = true;
+                break;
+            }
+        }
+        if done {
+            return Ok(gen);
+        }
+        // Roll back the rejected rows: main consumed last + the accepted drafts.
+        cache.truncate(seq, len + accepted + 1)?;
+        let hid = out.hidden.narrow_rows(0, accepted + 1)?;
+        let mut next: Vec<u32> = proposal[..accepted].to_vec();
+        next.push(bonus);
+        (proposal, dists) = drafter.propose(&next, &hid, len, &mut sampler)?;
+        len += accepted + 1;
+        last = bonus;
+    }
+}
+
+/// Appends a token; true when generation is finished.
+fn push(gen: &mut SpecGeneration, t: u32, max_tokens: usize, stop_ids: &[u32]) -> bool {
+    gen.ids.push(t);
+    if stop_ids.contains(&t) {
+        gen.finish = FinishReason::Eos;
+        return true;
+    }
+    gen.ids.len() >= max_tokens
+}
