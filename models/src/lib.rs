@@ -6,8 +6,10 @@
 //! model crate. Adding a model crate means adding one line here and one in `Cargo.toml`.
 
 use mistral as _;
+use mistral_mtp as _;
 use qwen3 as _;
 use qwen3_moe as _;
+use qwen3_moe_mtp as _;
 use qwen3_next as _;
 use qwen3_next_mtp as _;
 

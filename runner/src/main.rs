@@ -5,14 +5,16 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use porter_core::draft::DraftHead;
 use porter_core::generate::generate;
 use porter_core::sampling::SamplingParams;
+use porter_core::speculative::{self, MtpMode};
 use porter_core::{registry, Batch, DType, Device, LogitsFor, Model, StateCache};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// The bundled default model, relative to the repository root.
-const DEFAULT_MODEL: &str = "tests/fixtures/qwen3_next_a";
+const DEFAULT_MODEL: &str = "tests/fixtures/qwen3_next_mtp";
 
 #[derive(Parser)]
 #[command(
@@ -32,7 +34,7 @@ enum Cmd {
     /// Generate a continuation.
     Generate(GenerateArgs),
     /// Show the selected model crate, a config summary and weight-map coverage.
-    Inspect(ModelArgs),
+    Inspect(InspectArgs),
     /// List the registered architectures.
     Models,
     /// Measure prefill and decode throughput (random weights from a config, or a model folder).
@@ -65,6 +67,11 @@ struct BenchArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also time speculative decoding at batch 1 with K = 1..=this many draft tokens.
+    #[arg(long)]
+    mtp_step: Option<usize>,
+    #[command(flatten)]
+    draft: DraftArgs,
 }
 
 #[derive(Args)]
@@ -72,6 +79,14 @@ struct ModelArgs {
     /// Model folder (config.json + safetensors). Defaults to the bundled tiny checkpoint.
     #[arg(long)]
     model: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    draft: DraftArgs,
 }
 
 #[derive(Args)]
@@ -87,7 +102,17 @@ struct RunArgs {
 }
 
 #[derive(Args)]
+struct DraftArgs {
+    /// MTP draft folder (repeat for vanilla mode: one per step). Qwen3-Next checkpoints
+    /// carry their own draft (`mtp.*`), used when this is absent.
+    #[arg(long = "draft")]
+    drafts: Vec<PathBuf>,
+}
+
+#[derive(Args)]
 struct LogitsArgs {
+    #[command(flatten)]
+    draft: DraftArgs,
     #[command(flatten)]
     run: RunArgs,
     /// Comma-separated token ids, e.g. 3,17,42.
@@ -128,6 +153,38 @@ struct GenerateArgs {
     /// Print one JSON object (`ids`, `text`, `finish_reason`, ...).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    draft: DraftArgs,
+    /// Speculative decoding with K draft tokens per step (1..=15).
+    #[arg(long)]
+    mtp_step: Option<usize>,
+    /// eagle: one draft module run K times; vanilla: module i drafts step i.
+    #[arg(long, default_value = "eagle", value_parser = parse_mtp_mode)]
+    mtp_mode: MtpMode,
+}
+
+fn parse_mtp_mode(s: &str) -> Result<MtpMode, String> {
+    s.parse()
+}
+
+/// Draft heads for a loaded model: the `--draft` folders, else the draft inside the main
+/// checkpoint when there is one. `required` makes "no draft" an error.
+fn load_drafts(dir: &Path, model: &Model, args: &DraftArgs, required: bool) -> Result<Vec<Box<dyn DraftHead>>> {
+    let cfg = porter_core::config::read_config(dir)?;
+    if !args.drafts.is_empty() {
+        return args.drafts.iter().map(|d| registry::load_draft(d, &cfg, model)).collect();
+    }
+    let builtin = porter_core::checkpoint::Checkpoint::open_dir(dir)?;
+    let has_builtin = registry::draft_entries().iter().any(|e| {
+        e.main_architectures.contains(&model.info.architecture.as_str()) && builtin.get(e.signature).is_some()
+    });
+    if has_builtin {
+        return Ok(vec![registry::load_draft(dir, &cfg, model)?]);
+    }
+    if required {
+        bail!("no MTP draft: {} carries no draft head; pass --draft DIR", dir.display());
+    }
+    Ok(vec![])
 }
 
 #[derive(Clone, Debug)]
@@ -179,7 +236,8 @@ fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
 }
 
 fn cmd_logits(a: &LogitsArgs) -> Result<()> {
-    let (_, model) = load(&a.run)?;
+    let (dir, model) = load(&a.run)?;
+    let drafts = load_drafts(&dir, &model, &a.draft, false)?;
     let ids = &a.ids.0;
     let mut cache = model.new_cache(1);
     let seq = cache.alloc_seq()?;
@@ -194,8 +252,22 @@ fn cmd_logits(a: &LogitsArgs) -> Result<()> {
         let out = model.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::All)?;
         logits.extend_from_slice(out.logits.data());
     }
-    write_f32_safetensors(&a.out, &[("logits", &logits, vec![ids.len(), vocab])])?;
-    eprintln!("wrote logits [{}, {}] to {}", ids.len(), vocab, a.out.display());
+    let mut tensors: Vec<(&str, &[f32], Vec<usize>)> = vec![("logits", &logits, vec![ids.len(), vocab])];
+    let mtp = match drafts.first() {
+        Some(d) if ids.len() >= 2 => Some(speculative::draft_logits(&model, d.as_ref(), ids)?),
+        _ => None,
+    };
+    if let Some(m) = &mtp {
+        tensors.push(("mtp_logits", m.data(), vec![ids.len() - 1, vocab]));
+    }
+    write_f32_safetensors(&a.out, &tensors)?;
+    eprintln!(
+        "wrote logits [{}, {}]{} to {}",
+        ids.len(),
+        vocab,
+        if mtp.is_some() { " and mtp_logits" } else { "" },
+        a.out.display()
+    );
     Ok(())
 }
 
@@ -223,7 +295,16 @@ fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
 fn cmd_generate(a: &GenerateArgs) -> Result<()> {
     let params = SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     params.validate()?;
+    if let Some(k) = a.mtp_step {
+        if k == 0 || k > speculative::MAX_MTP_STEP {
+            bail!("--mtp-step must be in 1..={}, got {k}", speculative::MAX_MTP_STEP);
+        }
+    }
     let (dir, model) = load(&a.run)?;
+    let drafts = match a.mtp_step {
+        Some(_) => load_drafts(&dir, &model, &a.draft, true)?,
+        None => vec![],
+    };
     let tokenizer =
         if a.prompt.is_some() || dir.join("tokenizer.json").exists() { Some(load_tokenizer(&dir)) } else { None };
     let prompt: Vec<u32> = match (&a.prompt, &a.ids) {
@@ -236,18 +317,45 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
         (None, None) => bail!("pass --prompt or --ids"),
     };
     let stop = if a.ignore_eos { vec![] } else { model.info.generation.eos_token_ids.clone() };
-    let gen = generate(&model, &prompt, params, a.max_tokens, &stop)?;
+    let (gen, per_step) = match a.mtp_step {
+        Some(k) => {
+            let g = speculative::generate_speculative(
+                &model,
+                &drafts,
+                &prompt,
+                params,
+                a.max_tokens,
+                &stop,
+                k,
+                a.mtp_mode,
+            )?;
+            let tps = g.tokens_per_step();
+            (
+                porter_core::generate::Generation { ids: g.ids, finish: g.finish },
+                Some((tps, g.steps, g.accepted, g.proposed)),
+            )
+        }
+        None => (generate(&model, &prompt, params, a.max_tokens, &stop)?, None),
+    };
     let text = match tokenizer {
         Some(Ok(t)) => t.decode(&gen.ids, true).map_err(|e| anyhow!("decoding: {e}"))?,
         _ => String::new(),
     };
     if a.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "prompt_ids": prompt,
             "ids": gen.ids,
             "text": text,
             "finish_reason": gen.finish.as_str(),
         });
+        if let Some((tps, steps, acc, prop)) = per_step {
+            v["mtp"] = serde_json::json!({
+                "tokens_per_step": tps,
+                "accepted_per_step": acc as f64 / steps.max(1) as f64,
+                "acceptance_rate": acc as f64 / prop.max(1) as f64,
+                "steps": steps,
+            });
+        }
         println!("{v}");
     } else {
         println!("{text}");
@@ -340,6 +448,56 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         println!("decode batch {b:>4}: {tps:>10.1} tok/s ({:.2} ms/step)", s * 1e3 / a.steps as f64);
         results.push(serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": s * 1e3 / a.steps as f64}));
     }
+    if let Some(kmax) = a.mtp_step {
+        if kmax == 0 || kmax > speculative::MAX_MTP_STEP {
+            bail!("--mtp-step must be in 1..={}, got {kmax}", speculative::MAX_MTP_STEP);
+        }
+        let prompt: Vec<u32> = (0..a.context).map(tok).collect();
+        let n = a.steps.max(2);
+        let p = SamplingParams::default();
+        let t0 = Instant::now();
+        let plain = generate(&model, &prompt, p.clone(), n, &[])?;
+        let base = n as f64 / t0.elapsed().as_secs_f64();
+        println!("mtp baseline (batch 1, plain decode incl. prefill): {base:>10.1} tok/s");
+        results.push(serde_json::json!({"kind": "mtp_baseline", "tokens": n, "tokens_per_s": base}));
+        let mut seq = prompt.clone();
+        seq.extend_from_slice(&plain.ids);
+        let real: Vec<Box<dyn DraftHead>> = match &a.config {
+            Some(_) if a.draft.drafts.is_empty() => vec![],
+            _ => {
+                let dir = model_dir(&a.run.model);
+                load_drafts(&dir, &model, &a.draft, false)?
+            }
+        };
+        for k in 1..=kmax {
+            let oracle: Vec<Box<dyn DraftHead>> = vec![Box::new(porter_core::draft::OracleDraft {
+                sequence: seq.clone(),
+                wrong_every: None,
+                vocab_size: model.info.vocab_size,
+            })];
+            let mut runs = vec![("forced 100% acceptance", &oracle)];
+            if !real.is_empty() {
+                runs.push(("draft head", &real));
+            }
+            for (what, drafts) in runs {
+                let t0 = Instant::now();
+                let g =
+                    speculative::generate_speculative(&model, drafts, &prompt, p.clone(), n, &[], k, MtpMode::Eagle)?;
+                let tps = n as f64 / t0.elapsed().as_secs_f64();
+                if g.ids != plain.ids {
+                    bail!("speculative output differs from plain greedy output (k = {k}, {what})");
+                }
+                let acc = g.accepted as f64 / g.proposed.max(1) as f64;
+                println!(
+                    "mtp k={k} {what:<24}: {tps:>10.1} tok/s, speed-up {:.2}x, acceptance {:.1}%, {:.2} tokens/step",
+                    tps / base,
+                    acc * 100.0,
+                    g.tokens_per_step()
+                );
+                results.push(serde_json::json!({"kind": "mtp", "k": k, "draft": what, "tokens_per_s": tps, "speedup": tps / base, "acceptance": acc, "tokens_per_step": g.tokens_per_step()}));
+            }
+        }
+    }
     if let Some(p) = &a.json {
         let v = serde_json::json!({"model": label, "layers": model.info.num_layers, "dtype": a.run.dtype.to_string(), "device": device.to_string(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "results": results});
         std::fs::write(p, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", p.display()))?;
@@ -347,8 +505,8 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn cmd_inspect(a: &ModelArgs) -> Result<()> {
-    let dir = model_dir(a);
+fn cmd_inspect(a: &InspectArgs) -> Result<()> {
+    let dir = model_dir(&a.model);
     let p = registry::prepare(&dir)?;
     let (consumed, ignored) = p.map.coverage(&p.checkpoint);
     let total = p.checkpoint.tensors().len();
@@ -370,6 +528,47 @@ fn cmd_inspect(a: &ModelArgs) -> Result<()> {
     match p.map.validate(&p.checkpoint) {
         Ok(()) => println!("status       : every checkpoint tensor is mapped"),
         Err(e) => println!("status       : {e}"),
+    }
+    // Drafts: the --draft folders, or the head inside the main checkpoint.
+    let draft_dirs: Vec<PathBuf> = if a.draft.drafts.is_empty() {
+        let arch = p.entry.architecture;
+        let builtin = registry::draft_entries()
+            .iter()
+            .any(|e| e.main_architectures.contains(&arch) && p.checkpoint.get(e.signature).is_some());
+        if builtin {
+            vec![dir.clone()]
+        } else {
+            vec![]
+        }
+    } else {
+        a.draft.drafts.clone()
+    };
+    if draft_dirs.is_empty() {
+        println!("draft        : none");
+    }
+    // Draft checks need the main model's facts; a light load of the config gives them.
+    for d in draft_dirs {
+        let info = porter_core::ModelInfo {
+            architecture: p.entry.architecture.to_owned(),
+            vocab_size: p.config.get("vocab_size").and_then(|v| v.as_u64()).unwrap_or(0) as usize,
+            hidden_size: p.config.get("hidden_size").and_then(|v| v.as_u64()).unwrap_or(0) as usize,
+            num_layers: 0,
+            dtype: DType::F32,
+            max_position_embeddings: None,
+            generation: Default::default(),
+        };
+        let pd = registry::prepare_draft(&d, &p.config, &info, DType::F32)?;
+        let (consumed, ignored) = pd.map.coverage(&pd.checkpoint);
+        println!(
+            "draft        : {} from {} ({} slots; {consumed} tensors consumed, {ignored} left to the main model)",
+            pd.entry.name,
+            d.display(),
+            pd.map.slots.len()
+        );
+        match pd.map.validate(&pd.checkpoint) {
+            Ok(()) => println!("draft status : every draft tensor is mapped"),
+            Err(e) => println!("draft status : {e}"),
+        }
     }
     Ok(())
 }

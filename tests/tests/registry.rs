@@ -23,3 +23,18 @@ fn unknown_architecture_lists_all() {
         assert!(msg.contains(a), "{msg} should list {a}");
     }
 }
+
+#[test]
+fn registered_drafts_are_exact() {
+    models::link();
+    let drafts: Vec<(&str, Vec<&str>)> =
+        registry::draft_entries().iter().map(|e| (e.name, e.main_architectures.to_vec())).collect();
+    assert_eq!(
+        drafts,
+        vec![
+            ("mistral_mtp", vec!["MistralForCausalLM"]),
+            ("qwen3_moe_mtp", vec!["Qwen3MoeForCausalLM", "Qwen3ForCausalLM"]),
+            ("qwen3_next_mtp", vec!["Qwen3NextForCausalLM"]),
+        ]
+    );
+}

@@ -1,0 +1,57 @@
+//! `mistral_mtp`: LightLLM's FFN-only MTP draft head (#1159) for Mistral. As
+//! `qwen3_moe_mtp`, except that the main model's final norm is applied to the incoming
+//! hidden before `hnorm`: `h' = RMS(RMS(h_p, main norm), mtp.hnorm)`; the FFN is a dense
+//! SwiGLU of `intermediate_size`.
+
+use anyhow::Result;
+use porter_core::draft::{DraftHead, FfnMtpHead};
+use porter_core::nn::{load, FeedForward, NormKind};
+use porter_core::registry::{DraftEntry, DraftLoadContext};
+use porter_core::{config, MapContext, Weights};
+use serde::Deserialize;
+
+/// The weight map of the draft head.
+pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/mistral_mtp.toml");
+
+fn default_eps() -> f64 {
+    1e-6
+}
+
+/// The draft folder's config (a Mistral config; unknown keys ignored).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Config {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+}
+
+fn map_context(lc: &DraftLoadContext) -> Result<MapContext> {
+    config::parse_typed::<Config>(lc.config, "mistral_mtp draft")?;
+    Ok(MapContext::from_config(lc.config, 1, 0))
+}
+
+fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
+    let c: Config = config::parse_typed(lc.config, "mistral_mtp draft")?;
+    let eps = c.rms_norm_eps as f32;
+    Ok(Box::new(FfnMtpHead {
+        name: "mistral_mtp".into(),
+        eh_proj: load::linear(w, "eh_proj")?,
+        enorm: load::norm(w, "enorm", eps, NormKind::Standard)?,
+        hnorm: load::norm(w, "hnorm", eps, NormKind::Standard)?,
+        main_norm_on_hidden: true,
+        ffn_norm: load::norm(w, "ffn_norm", eps, NormKind::Standard)?,
+        ffn: FeedForward::Dense(Box::new(load::swiglu(w, "mlp")?)),
+    }))
+}
+
+porter_core::inventory::submit! {
+    DraftEntry {
+        name: "mistral_mtp",
+        main_architectures: &["MistralForCausalLM"],
+        signature: "mtp.eh_proj.weight",
+        weight_map: WEIGHT_MAP,
+        map_context,
+        build,
+    }
+}
