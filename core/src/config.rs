@@ -156,3 +156,48 @@ mod tests {
         assert!(architecture(&json!({"architectures": ["X", "Y"]})).is_err());
     }
 }
+
+fn default_eps() -> f64 {
+    1e-6
+}
+
+fn default_act() -> String {
+    "silu".into()
+}
+
+/// The `config.json` keys every decoder-only architecture shares, with HF's defaults.
+/// Model configs embed it with `#[serde(flatten)]`.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct DecoderConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    #[serde(default)]
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    #[serde(default)]
+    pub max_position_embeddings: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+}
+
+impl DecoderConfig {
+    /// Load-time checks of the shared keys, given the model's resolved KV heads and head dim.
+    pub fn check(&self, kv_heads: usize, head_dim: usize) -> Result<()> {
+        crate::nn::check_dims(
+            self.hidden_size,
+            self.num_attention_heads,
+            kv_heads,
+            head_dim,
+            self.vocab_size,
+            self.num_hidden_layers,
+        )?;
+        crate::nn::check_act(&self.hidden_act)
+    }
+}

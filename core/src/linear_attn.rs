@@ -119,7 +119,9 @@ impl GatedDeltaNet {
             gdn::causal_conv1d_prefill(&mixed, &self.conv_w, None, &mut state, &mut y, t, conv, c.conv_kernel)
                 .map_err(|e| anyhow!("conv1d: {e}"))?;
             rc.push_conv_inputs(s.seq, &mixed);
-            dt.round_slice(&mut y);
+            // The conv output stays in f32 through the L2 norm, gates and delta rule (one
+            // fused step, as in the fused conv + recurrence kernels); only the GEMM inputs
+            // and outputs around the block are rounded to the model dtype.
             // Split [T, conv] into q [T, Hk, dk], k [T, Hk, dk], v [T, Hv, dv].
             let (mut q, mut k, mut v) =
                 (Vec::with_capacity(t * kd), Vec::with_capacity(t * kd), Vec::with_capacity(t * vd));

@@ -190,6 +190,13 @@ pub struct AttentionConfig {
     pub scale: f32,
 }
 
+impl AttentionConfig {
+    /// Plain GQA with scale `head_dim^-½` and no output gate.
+    pub fn gqa(heads: usize, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Self {
+        Self { heads, kv_heads, head_dim, window, output_gate: false, scale: 1.0 / (head_dim as f32).sqrt() }
+    }
+}
+
 /// Causal GQA self-attention with optional q/k norms, (partial) RoPE, sliding window and
 /// output gate.
 ///
@@ -622,6 +629,36 @@ pub mod load {
         };
         g.check()?;
         Ok(Mixer::GatedDeltaNet(Box::new(g)))
+    }
+
+    /// Assembles a decoder-only model from its transformer layers: the embedding pre-layer
+    /// (`embed`), the final norm (`norm`) and the lm_head (`lm_head`, or the embedding when
+    /// `tie_word_embeddings`).
+    pub fn assemble(
+        lc: &crate::registry::LoadContext,
+        w: &mut Weights,
+        architecture: &str,
+        base: &crate::config::DecoderConfig,
+        norm_kind: NormKind,
+        layers: Vec<Box<dyn crate::layers::TransformerLayer>>,
+    ) -> Result<crate::layers::Model> {
+        let embed = w.take("embed")?;
+        let lm_head = if base.tie_word_embeddings { embed.clone() } else { w.take("lm_head")? };
+        let norm = norm(w, "norm", base.rms_norm_eps as f32, norm_kind)?;
+        Ok(crate::layers::Model {
+            info: crate::layers::ModelInfo {
+                architecture: architecture.into(),
+                vocab_size: base.vocab_size,
+                hidden_size: base.hidden_size,
+                num_layers: base.num_hidden_layers,
+                dtype: lc.dtype,
+                max_position_embeddings: base.max_position_embeddings,
+                generation: crate::config::generation_config(lc.dir, lc.config)?,
+            },
+            pre: Box::new(Embedding { table: embed }),
+            layers,
+            post: Box::new(NormHead { norm, lm_head }),
+        })
     }
 
     /// `P.{q,k,v,o}_proj` and, when `qk_norm` is given, `P.q_norm` / `P.k_norm`.

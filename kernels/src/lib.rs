@@ -6,3 +6,4 @@
 //! (CUDA, later) is tested against.
 
 pub mod cpu;
+pub mod cuda;

@@ -5,42 +5,25 @@
 //! live only in `weight-maps/qwen3.toml`.
 
 use anyhow::{bail, Result};
-use porter_core::config;
-use porter_core::nn::{self, load, AttentionConfig, DecoderLayer, Embedding, FeedForward, NormHead, NormKind, Rope};
-use porter_core::{LoadContext, MapContext, Model, ModelEntry, ModelInfo, TransformerLayer, Weights};
+use porter_core::config::{self, DecoderConfig};
+use porter_core::nn::{load, AttentionConfig, DecoderLayer, FeedForward, NormKind, Rope};
+use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
 use serde::Deserialize;
 use serde_json::Value;
 
 /// The weight map (the single source of truth for checkpoint names).
 pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/qwen3.toml");
 
-fn default_eps() -> f64 {
-    1e-6
-}
-fn default_act() -> String {
-    "silu".into()
-}
-
 /// `config.json` of a Qwen3 checkpoint (HF `Qwen3Config`; unknown keys ignored).
 #[derive(Debug, Clone, Deserialize)]
 pub struct Config {
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
+    /// Keys shared by every decoder-only architecture.
+    #[serde(flatten)]
+    pub base: DecoderConfig,
     #[serde(default)]
     pub num_key_value_heads: Option<usize>,
     #[serde(default)]
     pub head_dim: Option<usize>,
-    #[serde(default = "default_act")]
-    pub hidden_act: String,
-    #[serde(default)]
-    pub max_position_embeddings: Option<usize>,
-    #[serde(default = "default_eps")]
-    pub rms_norm_eps: f64,
-    #[serde(default)]
-    pub attention_bias: bool,
     #[serde(default)]
     pub use_sliding_window: bool,
     #[serde(default)]
@@ -49,30 +32,20 @@ pub struct Config {
     pub max_window_layers: Option<usize>,
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
-    #[serde(default)]
-    pub tie_word_embeddings: bool,
 }
 
 impl Config {
     /// Parses and validates; every unsupported value is rejected here, never in forward.
     pub fn from_value(raw: &Value) -> Result<Self> {
         let c: Config = config::parse_typed(raw, "Qwen3")?;
-        nn::check_dims(
-            c.hidden_size,
-            c.num_attention_heads,
-            c.kv_heads(),
-            c.head_dim(),
-            c.vocab_size,
-            c.num_hidden_layers,
-        )?;
-        nn::check_act(&c.hidden_act)?;
+        c.base.check(c.kv_heads(), c.head_dim())?;
         config::rope_params(raw, 10_000.0, 1.0)?;
         c.windows()?;
         Ok(c)
     }
 
     pub fn kv_heads(&self) -> usize {
-        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+        self.num_key_value_heads.unwrap_or(self.base.num_attention_heads)
     }
 
     pub fn head_dim(&self) -> usize {
@@ -88,11 +61,11 @@ impl Config {
         let sw = if self.use_sliding_window { self.sliding_window } else { None };
         match &self.layer_types {
             Some(types) => {
-                if types.len() != self.num_hidden_layers {
+                if types.len() != self.base.num_hidden_layers {
                     bail!(
                         "layer_types has {} entries but num_hidden_layers is {}",
                         types.len(),
-                        self.num_hidden_layers
+                        self.base.num_hidden_layers
                     );
                 }
                 types
@@ -108,7 +81,7 @@ impl Config {
             }
             None => {
                 let first = self.max_window_layers.unwrap_or(28);
-                Ok((0..self.num_hidden_layers).map(|i| if i >= first { sw } else { None }).collect())
+                Ok((0..self.base.num_hidden_layers).map(|i| if i >= first { sw } else { None }).collect())
             }
         }
     }
@@ -116,11 +89,11 @@ impl Config {
 
 fn map_context(raw: &Value) -> Result<MapContext> {
     let c = Config::from_value(raw)?;
-    let mut ctx = MapContext::from_config(raw, c.num_hidden_layers, 0);
+    let mut ctx = MapContext::from_config(raw, c.base.num_hidden_layers, 0);
     ctx.set_dim("head_dim", c.head_dim())
         .set_dim("num_key_value_heads", c.kv_heads())
-        .set_flag("tie_word_embeddings", c.tie_word_embeddings)
-        .set_flag("attention_bias", c.attention_bias);
+        .set_flag("tie_word_embeddings", c.base.tie_word_embeddings)
+        .set_flag("attention_bias", c.base.attention_bias);
     Ok(ctx)
 }
 
@@ -128,14 +101,14 @@ fn describe(raw: &Value) -> Result<String> {
     let c = Config::from_value(raw)?;
     Ok(format!(
         "Qwen3: {} layers, hidden {}, {} heads / {} KV heads of {}, MLP {}, vocab {}, tied embeddings: {}, sliding windows: {:?}",
-        c.num_hidden_layers,
-        c.hidden_size,
-        c.num_attention_heads,
+        c.base.num_hidden_layers,
+        c.base.hidden_size,
+        c.base.num_attention_heads,
         c.kv_heads(),
         c.head_dim(),
-        c.intermediate_size,
-        c.vocab_size,
-        c.tie_word_embeddings,
+        c.base.intermediate_size,
+        c.base.vocab_size,
+        c.base.tie_word_embeddings,
         c.windows()?
     ))
 }
@@ -144,19 +117,12 @@ fn describe(raw: &Value) -> Result<String> {
 pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
     let c = Config::from_value(lc.config)?;
     let rope_params = config::rope_params(lc.config, 10_000.0, 1.0)?;
-    let eps = c.rms_norm_eps as f32;
+    let eps = c.base.rms_norm_eps as f32;
     let windows = c.windows()?;
-    let mut layers: Vec<Box<dyn TransformerLayer>> = Vec::with_capacity(c.num_hidden_layers);
+    let mut layers: Vec<Box<dyn TransformerLayer>> = Vec::with_capacity(c.base.num_hidden_layers);
     for (i, window) in windows.iter().enumerate() {
         let p = format!("layers.{i}");
-        let cfg = AttentionConfig {
-            heads: c.num_attention_heads,
-            kv_heads: c.kv_heads(),
-            head_dim: c.head_dim(),
-            window: *window,
-            output_gate: false,
-            scale: 1.0 / (c.head_dim() as f32).sqrt(),
-        };
+        let cfg = AttentionConfig::gqa(c.base.num_attention_heads, c.kv_heads(), c.head_dim(), *window);
         layers.push(Box::new(DecoderLayer {
             input_norm: load::norm(w, &format!("{p}.input_norm"), eps, NormKind::Standard)?,
             attn: load::attention(
@@ -170,26 +136,7 @@ pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
             ffn: FeedForward::Dense(Box::new(load::swiglu(w, &format!("{p}.mlp"))?)),
         }));
     }
-    let embed = w.take("embed")?;
-    let lm_head = if c.tie_word_embeddings { embed.clone() } else { w.take("lm_head")? };
-    let norm = load::norm(w, "norm", eps, NormKind::Standard)?;
-    if norm.dim() != c.hidden_size {
-        bail!("final norm width {} != hidden_size {}", norm.dim(), c.hidden_size);
-    }
-    Ok(Model {
-        info: ModelInfo {
-            architecture: "Qwen3ForCausalLM".into(),
-            vocab_size: c.vocab_size,
-            hidden_size: c.hidden_size,
-            num_layers: c.num_hidden_layers,
-            dtype: lc.dtype,
-            max_position_embeddings: c.max_position_embeddings,
-            generation: config::generation_config(lc.dir, lc.config)?,
-        },
-        pre: Box::new(Embedding { table: embed }),
-        layers,
-        post: Box::new(NormHead { norm, lm_head }),
-    })
+    load::assemble(lc, w, "Qwen3ForCausalLM", &c.base, NormKind::Standard, layers)
 }
 
 porter_core::inventory::submit! {

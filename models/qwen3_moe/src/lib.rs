@@ -5,21 +5,15 @@
 //! Checkpoint names live only in `weight-maps/qwen3_moe.toml`.
 
 use anyhow::{bail, Result};
-use porter_core::config;
-use porter_core::nn::{self, load, AttentionConfig, DecoderLayer, Embedding, FeedForward, NormHead, NormKind, Rope};
-use porter_core::{LoadContext, MapContext, Model, ModelEntry, ModelInfo, TransformerLayer, Weights};
+use porter_core::config::{self, DecoderConfig};
+use porter_core::nn::{load, AttentionConfig, DecoderLayer, FeedForward, NormKind, Rope};
+use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
 use serde::Deserialize;
 use serde_json::Value;
 
 /// The weight map (the single source of truth for checkpoint names).
 pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/qwen3_moe.toml");
 
-fn default_eps() -> f64 {
-    1e-6
-}
-fn default_act() -> String {
-    "silu".into()
-}
 fn one() -> usize {
     1
 }
@@ -27,29 +21,17 @@ fn one() -> usize {
 /// `config.json` of a Qwen3-MoE checkpoint (HF `Qwen3MoeConfig`; unknown keys ignored).
 #[derive(Debug, Clone, Deserialize)]
 pub struct Config {
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
+    /// Keys shared by every decoder-only architecture.
+    #[serde(flatten)]
+    pub base: DecoderConfig,
     #[serde(default)]
     pub num_key_value_heads: Option<usize>,
     #[serde(default)]
     pub head_dim: Option<usize>,
-    #[serde(default = "default_act")]
-    pub hidden_act: String,
-    #[serde(default)]
-    pub max_position_embeddings: Option<usize>,
-    #[serde(default = "default_eps")]
-    pub rms_norm_eps: f64,
-    #[serde(default)]
-    pub attention_bias: bool,
     #[serde(default)]
     pub use_sliding_window: bool,
     #[serde(default)]
     pub sliding_window: Option<usize>,
-    #[serde(default)]
-    pub tie_word_embeddings: bool,
     pub num_experts: usize,
     pub num_experts_per_tok: usize,
     pub moe_intermediate_size: usize,
@@ -65,15 +47,7 @@ impl Config {
     /// Parses and validates; every unsupported value is rejected here, never in forward.
     pub fn from_value(raw: &Value) -> Result<Self> {
         let c: Config = config::parse_typed(raw, "Qwen3-MoE")?;
-        nn::check_dims(
-            c.hidden_size,
-            c.num_attention_heads,
-            c.kv_heads(),
-            c.head_dim(),
-            c.vocab_size,
-            c.num_hidden_layers,
-        )?;
-        nn::check_act(&c.hidden_act)?;
+        c.base.check(c.kv_heads(), c.head_dim())?;
         config::rope_params(raw, 10_000.0, 1.0)?;
         if c.decoder_sparse_step == 0 {
             bail!("decoder_sparse_step must be >= 1");
@@ -85,11 +59,11 @@ impl Config {
     }
 
     pub fn kv_heads(&self) -> usize {
-        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+        self.num_key_value_heads.unwrap_or(self.base.num_attention_heads)
     }
 
     pub fn head_dim(&self) -> usize {
-        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+        self.head_dim.unwrap_or(self.base.hidden_size / self.base.num_attention_heads.max(1))
     }
 
     /// HF: MoE iff `i ∉ mlp_only_layers` and `num_experts > 0` and `(i+1) % decoder_sparse_step == 0`.
@@ -109,12 +83,12 @@ impl Config {
 
 fn map_context(raw: &Value) -> Result<MapContext> {
     let c = Config::from_value(raw)?;
-    let mut ctx = MapContext::from_config(raw, c.num_hidden_layers, c.num_experts);
+    let mut ctx = MapContext::from_config(raw, c.base.num_hidden_layers, c.num_experts);
     ctx.set_dim("head_dim", c.head_dim())
         .set_dim("num_key_value_heads", c.kv_heads())
-        .set_flag("tie_word_embeddings", c.tie_word_embeddings)
-        .set_flag("attention_bias", c.attention_bias);
-    for i in 0..c.num_hidden_layers {
+        .set_flag("tie_word_embeddings", c.base.tie_word_embeddings)
+        .set_flag("attention_bias", c.base.attention_bias);
+    for i in 0..c.base.num_hidden_layers {
         ctx.set_layer_flag(i, "moe_layer", c.is_moe_layer(i));
     }
     Ok(ctx)
@@ -122,22 +96,22 @@ fn map_context(raw: &Value) -> Result<MapContext> {
 
 fn describe(raw: &Value) -> Result<String> {
     let c = Config::from_value(raw)?;
-    let moe: Vec<usize> = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).collect();
+    let moe: Vec<usize> = (0..c.base.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).collect();
     Ok(format!(
         "Qwen3-MoE: {} layers (MoE layers {:?}), hidden {}, {} heads / {} KV heads of {}, {} experts top-{} of width {} (norm_topk_prob {}), dense MLP {}, vocab {}, tied embeddings: {}",
-        c.num_hidden_layers,
+        c.base.num_hidden_layers,
         moe,
-        c.hidden_size,
-        c.num_attention_heads,
+        c.base.hidden_size,
+        c.base.num_attention_heads,
         c.kv_heads(),
         c.head_dim(),
         c.num_experts,
         c.num_experts_per_tok,
         c.moe_intermediate_size,
         c.norm_topk_prob,
-        c.intermediate_size,
-        c.vocab_size,
-        c.tie_word_embeddings
+        c.base.intermediate_size,
+        c.base.vocab_size,
+        c.base.tie_word_embeddings
     ))
 }
 
@@ -145,18 +119,11 @@ fn describe(raw: &Value) -> Result<String> {
 pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
     let c = Config::from_value(lc.config)?;
     let rope_params = config::rope_params(lc.config, 10_000.0, 1.0)?;
-    let eps = c.rms_norm_eps as f32;
-    let mut layers: Vec<Box<dyn TransformerLayer>> = Vec::with_capacity(c.num_hidden_layers);
-    for i in 0..c.num_hidden_layers {
+    let eps = c.base.rms_norm_eps as f32;
+    let mut layers: Vec<Box<dyn TransformerLayer>> = Vec::with_capacity(c.base.num_hidden_layers);
+    for i in 0..c.base.num_hidden_layers {
         let p = format!("layers.{i}");
-        let cfg = AttentionConfig {
-            heads: c.num_attention_heads,
-            kv_heads: c.kv_heads(),
-            head_dim: c.head_dim(),
-            window: c.window(),
-            output_gate: false,
-            scale: 1.0 / (c.head_dim() as f32).sqrt(),
-        };
+        let cfg = AttentionConfig::gqa(c.base.num_attention_heads, c.kv_heads(), c.head_dim(), c.window());
         let ffn = if c.is_moe_layer(i) {
             FeedForward::Moe(Box::new(load::moe(w, &format!("{p}.moe"), c.num_experts_per_tok, c.norm_topk_prob)?))
         } else {
@@ -175,22 +142,7 @@ pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
             ffn,
         }));
     }
-    let embed = w.take("embed")?;
-    let lm_head = if c.tie_word_embeddings { embed.clone() } else { w.take("lm_head")? };
-    Ok(Model {
-        info: ModelInfo {
-            architecture: "Qwen3MoeForCausalLM".into(),
-            vocab_size: c.vocab_size,
-            hidden_size: c.hidden_size,
-            num_layers: c.num_hidden_layers,
-            dtype: lc.dtype,
-            max_position_embeddings: c.max_position_embeddings,
-            generation: config::generation_config(lc.dir, lc.config)?,
-        },
-        pre: Box::new(Embedding { table: embed }),
-        layers,
-        post: Box::new(NormHead { norm: load::norm(w, "norm", eps, NormKind::Standard)?, lm_head }),
-    })
+    load::assemble(lc, w, "Qwen3MoeForCausalLM", &c.base, NormKind::Standard, layers)
 }
 
 porter_core::inventory::submit! {

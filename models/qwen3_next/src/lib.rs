@@ -7,22 +7,16 @@
 //! `qwen3_next_mtp` draft crate.
 
 use anyhow::{bail, Result};
-use porter_core::config;
+use porter_core::config::{self, DecoderConfig};
 use porter_core::linear_attn::GdnConfig;
-use porter_core::nn::{self, load, AttentionConfig, DecoderLayer, Embedding, FeedForward, NormHead, NormKind, Rope};
-use porter_core::{LoadContext, MapContext, Model, ModelEntry, ModelInfo, TransformerLayer, Weights};
+use porter_core::nn::{load, AttentionConfig, DecoderLayer, FeedForward, NormKind, Rope};
+use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
 use serde::Deserialize;
 use serde_json::Value;
 
 /// The weight map (the single source of truth for checkpoint names).
 pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/qwen3_next.toml");
 
-fn default_eps() -> f64 {
-    1e-6
-}
-fn default_act() -> String {
-    "silu".into()
-}
 fn one() -> usize {
     1
 }
@@ -62,25 +56,13 @@ pub enum LayerType {
 /// ignored).
 #[derive(Debug, Clone, Deserialize)]
 pub struct Config {
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
+    /// Keys shared by every decoder-only architecture.
+    #[serde(flatten)]
+    pub base: DecoderConfig,
     #[serde(default = "d_kv")]
     pub num_key_value_heads: usize,
     #[serde(default = "d_head")]
     pub head_dim: usize,
-    #[serde(default = "default_act")]
-    pub hidden_act: String,
-    #[serde(default)]
-    pub max_position_embeddings: Option<usize>,
-    #[serde(default = "default_eps")]
-    pub rms_norm_eps: f64,
-    #[serde(default)]
-    pub attention_bias: bool,
-    #[serde(default)]
-    pub tie_word_embeddings: bool,
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
     #[serde(default = "d_interval")]
@@ -111,15 +93,7 @@ impl Config {
     /// Parses and validates; every unsupported value is rejected here, never in forward.
     pub fn from_value(raw: &Value) -> Result<Self> {
         let c: Config = config::parse_typed(raw, "Qwen3-Next")?;
-        nn::check_dims(
-            c.hidden_size,
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim,
-            c.vocab_size,
-            c.num_hidden_layers,
-        )?;
-        nn::check_act(&c.hidden_act)?;
+        c.base.check(c.num_key_value_heads, c.head_dim)?;
         config::rope_params(raw, 10_000.0, 0.25)?;
         if c.decoder_sparse_step == 0 {
             bail!("decoder_sparse_step must be >= 1");
@@ -149,8 +123,12 @@ impl Config {
     pub fn layer_kinds(&self) -> Result<Vec<LayerType>> {
         match &self.layer_types {
             Some(t) => {
-                if t.len() != self.num_hidden_layers {
-                    bail!("layer_types has {} entries but num_hidden_layers is {}", t.len(), self.num_hidden_layers);
+                if t.len() != self.base.num_hidden_layers {
+                    bail!(
+                        "layer_types has {} entries but num_hidden_layers is {}",
+                        t.len(),
+                        self.base.num_hidden_layers
+                    );
                 }
                 t.iter()
                     .map(|s| match s.as_str() {
@@ -162,7 +140,7 @@ impl Config {
                     })
                     .collect()
             }
-            None => Ok((0..self.num_hidden_layers)
+            None => Ok((0..self.base.num_hidden_layers)
                 .map(|i| {
                     if (i + 1).is_multiple_of(self.full_attention_interval) {
                         LayerType::FullAttention
@@ -188,7 +166,7 @@ impl Config {
             key_dim: self.linear_key_head_dim,
             value_dim: self.linear_value_head_dim,
             conv_kernel: self.linear_conv_kernel_dim,
-            eps: self.rms_norm_eps as f32,
+            eps: self.base.rms_norm_eps as f32,
         }
     }
 }
@@ -198,7 +176,7 @@ fn map_context(raw: &Value) -> Result<MapContext> {
     let kinds = c.layer_kinds()?;
     let g = c.gdn();
     let r = g.value_heads / g.key_heads;
-    let mut ctx = MapContext::from_config(raw, c.num_hidden_layers, c.num_experts);
+    let mut ctx = MapContext::from_config(raw, c.base.num_hidden_layers, c.num_experts);
     ctx.set_dim("head_dim", c.head_dim)
         .set_dim("num_key_value_heads", c.num_key_value_heads)
         .set_dim("linear_conv_kernel_dim", g.conv_kernel)
@@ -211,8 +189,8 @@ fn map_context(raw: &Value) -> Result<MapContext> {
         .set_dim("conv_dim", g.conv_dim())
         .set_dim("value_heads_per_key_head", r)
         .set_dim("value_dim_per_key_head", r * g.value_dim)
-        .set_flag("tie_word_embeddings", c.tie_word_embeddings)
-        .set_flag("attention_bias", c.attention_bias);
+        .set_flag("tie_word_embeddings", c.base.tie_word_embeddings)
+        .set_flag("attention_bias", c.base.attention_bias);
     for (i, k) in kinds.iter().enumerate() {
         ctx.set_layer_flag(i, "linear_layer", *k == LayerType::LinearAttention);
         ctx.set_layer_flag(i, "moe_layer", c.is_moe_layer(i));
@@ -230,13 +208,13 @@ fn describe(raw: &Value) -> Result<String> {
             LayerType::FullAttention => 'F',
         })
         .collect();
-    let moe: Vec<usize> = (0..c.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).collect();
+    let moe: Vec<usize> = (0..c.base.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).collect();
     let rope = config::rope_params(raw, 10_000.0, 0.25)?;
     Ok(format!(
         "Qwen3-Next: {} layers [{kinds}] (L = Gated DeltaNet, F = gated attention), hidden {}, attention {} / {} KV heads of {} (rotary {:.2}, theta {}), GDN {} key heads of {} / {} value heads of {}, conv {}, MoE layers {:?}: {} experts top-{} of {} + shared {} (norm_topk_prob {}), vocab {}, tied embeddings: {}",
-        c.num_hidden_layers,
-        c.hidden_size,
-        c.num_attention_heads,
+        c.base.num_hidden_layers,
+        c.base.hidden_size,
+        c.base.num_attention_heads,
         c.num_key_value_heads,
         c.head_dim,
         rope.partial_rotary_factor,
@@ -252,8 +230,8 @@ fn describe(raw: &Value) -> Result<String> {
         c.moe_intermediate_size,
         c.shared_expert_intermediate_size,
         c.norm_topk_prob,
-        c.vocab_size,
-        c.tie_word_embeddings
+        c.base.vocab_size,
+        c.base.tie_word_embeddings
     ))
 }
 
@@ -261,15 +239,15 @@ fn describe(raw: &Value) -> Result<String> {
 pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
     let c = Config::from_value(lc.config)?;
     let rope_params = config::rope_params(lc.config, 10_000.0, 0.25)?;
-    let eps = c.rms_norm_eps as f32;
-    let mut layers: Vec<Box<dyn TransformerLayer>> = Vec::with_capacity(c.num_hidden_layers);
+    let eps = c.base.rms_norm_eps as f32;
+    let mut layers: Vec<Box<dyn TransformerLayer>> = Vec::with_capacity(c.base.num_hidden_layers);
     for (i, kind) in c.layer_kinds()?.into_iter().enumerate() {
         let p = format!("layers.{i}");
         let mixer = match kind {
             LayerType::LinearAttention => load::gated_delta_net(w, &format!("{p}.gdn"), c.gdn())?,
             LayerType::FullAttention => {
                 let cfg = AttentionConfig {
-                    heads: c.num_attention_heads,
+                    heads: c.base.num_attention_heads,
                     kv_heads: c.num_key_value_heads,
                     head_dim: c.head_dim,
                     window: None,
@@ -292,22 +270,7 @@ pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
             ffn,
         }));
     }
-    let embed = w.take("embed")?;
-    let lm_head = if c.tie_word_embeddings { embed.clone() } else { w.take("lm_head")? };
-    Ok(Model {
-        info: ModelInfo {
-            architecture: "Qwen3NextForCausalLM".into(),
-            vocab_size: c.vocab_size,
-            hidden_size: c.hidden_size,
-            num_layers: c.num_hidden_layers,
-            dtype: lc.dtype,
-            max_position_embeddings: c.max_position_embeddings,
-            generation: config::generation_config(lc.dir, lc.config)?,
-        },
-        pre: Box::new(Embedding { table: embed }),
-        layers,
-        post: Box::new(NormHead { norm: load::norm(w, "norm", eps, NormKind::ZeroCentred)?, lm_head }),
-    })
+    load::assemble(lc, w, "Qwen3NextForCausalLM", &c.base, NormKind::ZeroCentred, layers)
 }
 
 porter_core::inventory::submit! {

@@ -26,7 +26,7 @@ fn map_context(lc: &DraftLoadContext) -> Result<MapContext> {
     let mut ctx = MapContext::from_config(lc.main_config, 1, c.num_experts);
     ctx.set_dim("head_dim", c.head_dim)
         .set_dim("num_key_value_heads", c.num_key_value_heads)
-        .set_flag("attention_bias", c.attention_bias)
+        .set_flag("attention_bias", c.base.attention_bias)
         .set_layer_flag(0, "moe_layer", is_moe(&c));
     Ok(ctx)
 }
@@ -34,9 +34,9 @@ fn map_context(lc: &DraftLoadContext) -> Result<MapContext> {
 fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
     let c = Config::from_value(lc.main_config)?;
     let rope_params = config::rope_params(lc.main_config, 10_000.0, 0.25)?;
-    let eps = c.rms_norm_eps as f32;
+    let eps = c.base.rms_norm_eps as f32;
     let cfg = AttentionConfig {
-        heads: c.num_attention_heads,
+        heads: c.base.num_attention_heads,
         kv_heads: c.num_key_value_heads,
         head_dim: c.head_dim,
         window: None,

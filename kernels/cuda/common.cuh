@@ -1,0 +1,106 @@
+// Shared prelude of porter's CUDA kernels. The Rust side prepends this file to
+// every kernels/cuda/*.cu source before NVRTC compiles it (NVRTC gets no file
+// system include path for it), followed by a `#line 1 "<file>.cu"` directive so
+// that compile errors point at the right file and line.
+//
+// Conventions (kernels/src/lib.rs: the CPU kernels are the reference):
+// - storage types are `float` and `bf16`; all math is in f32;
+// - an output stored as bf16 is rounded once, with round-to-nearest-even
+//   (half::bf16::from_f32 on the CPU side), at the points where the CPU model
+//   rounds (`round_to<T>`);
+// - every kernel is instantiated per storage type as `extern "C"` entry points
+//   named `<kernel>_<type>` (`<kernel>_<in>_<out>` where they differ).
+
+#include <cuda_bf16.h>
+
+typedef __nv_bfloat16 bf16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define PORTER_NAN __int_as_float(0x7fc00000)
+#define PORTER_NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// `DType::round`: round an f32 to the storage type T and back.
+template <typename T> __device__ __forceinline__ float round_to(float x) { return to_f(from_f<T>(x)); }
+
+// SiLU `x·σ(x)` as `x / (1 + e^-x)` (the CPU formula).
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+// Logistic sigmoid `1 / (1 + e^-x)`.
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum, returned to every thread. `tid` is the linear thread index,
+// `nthreads` the block size (a multiple of 32, at most 1024); `sh` holds at
+// least 32 floats. Starts with a barrier, so `sh` may be reused by the next call.
+__device__ __forceinline__ float block_sum(float v, float* sh, u32 tid, u32 nthreads) {
+    const u32 lane = tid & 31u, w = tid >> 5, nw = nthreads >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float r = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(r);
+}
+
+// Block-wide max, returned to every thread (same contract as block_sum).
+__device__ __forceinline__ float block_max(float v, float* sh, u32 tid, u32 nthreads) {
+    const u32 lane = tid & 31u, w = tid >> 5, nw = nthreads >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float r = lane < nw ? sh[lane] : PORTER_NEG_INF;
+    return warp_max(r);
+}
+
+// `(v, i)` beats `(bv, bi)`: larger value, or equal value and lower index.
+// NaN values never win.
+__device__ __forceinline__ bool beats(float v, u32 i, float bv, u32 bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+__device__ __forceinline__ void warp_argmax(float& v, u32& i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        u32 oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (beats(ov, oi, v, i)) {
+            v = ov;
+            i = oi;
+        }
+    }
+}
+
+// Block-wide argmax (ties to the lower index), returned to every thread.
+// `shv` / `shi` hold at least 32 entries each. Starts with a barrier.
+__device__ __forceinline__ void block_argmax(float& v, u32& i, float* shv, u32* shi, u32 tid, u32 nthreads) {
+    const u32 lane = tid & 31u, w = tid >> 5, nw = nthreads >> 5;
+    warp_argmax(v, i);
+    __syncthreads();
+    if (lane == 0) {
+        shv[w] = v;
+        shi[w] = i;
+    }
+    __syncthreads();
+    v = lane < nw ? shv[lane] : PORTER_NEG_INF;
+    i = lane < nw ? shi[lane] : 0xffffffffu;
+    warp_argmax(v, i);
+}

@@ -1,0 +1,103 @@
+// Selection kernels on f32 scores: the MoE router (softmax -> top-k ->
+// optional renormalisation) and greedy argmax over the vocabulary.
+// Preceded by common.cuh.
+
+#define ROUTER_MAX_K 16
+
+// MoE router, one block per row. logits [rows, e] (f32), idx [rows, k] (u32),
+// weights [rows, k] (f32). Dynamic shared memory: e floats.
+// p = softmax(logits) (p_i = exp(l_i − max) · (1 / Σ)); the k largest p in
+// descending order, ties to the lower index (torch.topk on CPU, and
+// porter_core::nn::Moe::route); with `renorm`, each weight is divided by the
+// sum of the selected p, summed in selection order. A row whose logits are all
+// −inf gives p = 0 everywhere, like the CPU softmax.
+// Requires 1 <= k <= min(e, ROUTER_MAX_K) (checked by the Rust wrapper).
+extern "C" __global__ void moe_router_f32(const float* __restrict__ logits, u32* __restrict__ idx,
+                                          float* __restrict__ weights, u32 e, u32 k, int renorm) {
+    extern __shared__ float p[];
+    __shared__ float shv[32];
+    __shared__ u32 shi[32];
+    __shared__ float selw[ROUTER_MAX_K];
+    __shared__ u32 seli[ROUTER_MAX_K];
+    const u32 tid = threadIdx.x, nt = blockDim.x;
+    const u64 r = blockIdx.x;
+    const float* l = logits + r * e;
+
+    float m = PORTER_NEG_INF;
+    for (u32 i = tid; i < e; i += nt) m = fmaxf(m, l[i]);
+    m = block_max(m, shv, tid, nt);
+    if (m == PORTER_NEG_INF) {
+        for (u32 i = tid; i < e; i += nt) p[i] = 0.0f;
+    } else {
+        float s = 0.0f;
+        for (u32 i = tid; i < e; i += nt) {
+            const float v = expf(l[i] - m);
+            p[i] = v;
+            s += v;
+        }
+        s = block_sum(s, shv, tid, nt);
+        const float inv = 1.0f / s;
+        for (u32 i = tid; i < e; i += nt) p[i] *= inv;
+    }
+    __syncthreads();
+
+    for (u32 j = 0; j < k; ++j) {
+        float bv = PORTER_NEG_INF;
+        u32 bi = 0xffffffffu;
+        for (u32 i = tid; i < e; i += nt) {
+            const float v = p[i];
+            if (beats(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        block_argmax(bv, bi, shv, shi, tid, nt);
+        if (tid == 0) {
+            // bi < e: there are e - j >= 1 unselected entries, all >= 0 or NaN;
+            // an all-NaN remainder falls back to the lowest unselected index.
+            if (bi >= e) {
+                for (u32 i = 0; i < e; ++i) {
+                    if (p[i] != PORTER_NEG_INF) {
+                        bi = i;
+                        break;
+                    }
+                }
+            }
+            seli[j] = bi;
+            selw[j] = p[bi];
+            p[bi] = PORTER_NEG_INF;  // selected: never picked again
+        }
+        __syncthreads();
+    }
+
+    if (tid == 0) {
+        float s = 0.0f;
+        for (u32 j = 0; j < k; ++j) s += selw[j];
+        for (u32 j = 0; j < k; ++j) {
+            idx[r * k + j] = seli[j];
+            weights[r * k + j] = renorm ? selw[j] / s : selw[j];
+        }
+    }
+}
+
+// Greedy argmax per row (the first index on ties, as torch.argmax and
+// porter_core::sampling::argmax). logits [rows, v] (f32), out [rows] (u32).
+// One block per row. NaN values never win; an all-NaN row gives 0.
+extern "C" __global__ void argmax_f32(const float* __restrict__ logits, u32* __restrict__ out, u32 v) {
+    __shared__ float shv[32];
+    __shared__ u32 shi[32];
+    const u32 tid = threadIdx.x, nt = blockDim.x;
+    const u64 r = blockIdx.x;
+    const float* l = logits + r * v;
+    float bv = PORTER_NEG_INF;
+    u32 bi = 0xffffffffu;
+    for (u32 i = tid; i < v; i += nt) {
+        const float x = l[i];
+        if (beats(x, i, bv, bi)) {
+            bv = x;
+            bi = i;
+        }
+    }
+    block_argmax(bv, bi, shv, shi, tid, nt);
+    if (tid == 0) out[r] = bi < v ? bi : 0u;
+}

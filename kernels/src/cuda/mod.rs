@@ -1,0 +1,433 @@
+//! CUDA kernels: sources embedded from `kernels/cuda/*.cu` with `include_str!`,
+//! compiled at first use by NVRTC for the device's architecture, and launched
+//! through safe wrappers (methods of [`CudaKernels`]).
+//!
+//! Semantics follow the CPU kernels ([`crate::cpu`]), which are the reference
+//! every backend is tested against (`kernels/tests/cuda_kernels.rs`). Storage
+//! types are `f32` and `bf16` ([`CudaFloat`]); the math is `f32`, and a `bf16`
+//! output is rounded once, at the points where the CPU model rounds.
+//!
+//! Nothing here needs CUDA at build time (cudarc's `dynamic-loading`): the
+//! driver (`libcuda`) and NVRTC (`libnvrtc`) are loaded on first use. With
+//! `dynamic-loading`, a missing library is a *panic* inside cudarc, so every
+//! entry point checks for the library first ([`gpu_available`],
+//! [`nvrtc_available`]) and returns an error instead.
+//!
+//! NVRTC needs the CUDA headers (`cuda_bf16.h` and what it includes): their
+//! directory is `$PORTER_CUDA_INCLUDE`, else `/usr/local/cuda/include`
+//! ([`cuda_include_dir`]).
+
+mod gdn;
+mod ops;
+
+pub use gdn::GDN_MAX_DK;
+pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DeviceSlice, DriverError, ValidAsZeroBits,
+};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Environment variable naming the CUDA include directory for NVRTC.
+pub const INCLUDE_ENV: &str = "PORTER_CUDA_INCLUDE";
+
+/// Include directory used when [`INCLUDE_ENV`] is not set.
+pub const DEFAULT_INCLUDE: &str = "/usr/local/cuda/include";
+
+/// Error of the CUDA backend.
+#[derive(Debug, Clone)]
+pub enum CudaError {
+    /// No usable driver, device or NVRTC library.
+    Unavailable(String),
+    /// The CUDA headers that NVRTC needs were not found.
+    Headers(String),
+    /// NVRTC rejected a source (the log says why).
+    Compile {
+        /// The `.cu` file.
+        source: &'static str,
+        /// NVRTC's log, or the error when there is none.
+        log: String,
+    },
+    /// A CUDA driver call failed (allocation, module load, launch, ...).
+    Driver(DriverError),
+    /// Arguments that do not fit: a slice length, a dimension, a limit.
+    Invalid(String),
+}
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CudaError::Unavailable(m) => write!(f, "CUDA unavailable: {m}"),
+            CudaError::Headers(m) => write!(f, "CUDA headers: {m}"),
+            CudaError::Compile { source, log } => write!(f, "NVRTC failed to compile {source}:\n{log}"),
+            CudaError::Driver(e) => write!(f, "CUDA driver error: {e}"),
+            CudaError::Invalid(m) => write!(f, "invalid CUDA kernel arguments: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+impl From<DriverError> for CudaError {
+    fn from(e: DriverError) -> Self {
+        CudaError::Driver(e)
+    }
+}
+
+/// Result of the CUDA backend.
+pub type Result<T> = std::result::Result<T, CudaError>;
+
+/// Number of CUDA devices, or why there is no usable one. Never panics.
+///
+/// Checks that the driver library can be loaded *before* asking for the device
+/// count: with cudarc's `dynamic-loading`, calling into a missing `libcuda`
+/// panics.
+pub fn gpu_available() -> std::result::Result<usize, String> {
+    // SAFETY: only tries to dlopen the driver library under its known names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("no libcuda (the CUDA driver library is not installed or not on the library path)".into());
+    }
+    match std::panic::catch_unwind(CudaContext::device_count) {
+        Ok(Ok(n)) if n > 0 => Ok(n as usize),
+        Ok(Ok(_)) => Err("libcuda is present but reports no CUDA device".into()),
+        Ok(Err(e)) => Err(format!("libcuda is present but cuInit / cuDeviceGetCount failed: {e}")),
+        Err(_) => Err("libcuda is present but lacks a required entry point (driver too old?)".into()),
+    }
+}
+
+/// Whether NVRTC can be loaded (compiling needs no GPU). Never panics.
+pub fn nvrtc_available() -> std::result::Result<(), String> {
+    // SAFETY: only tries to dlopen the NVRTC library under its known names.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(format!(
+            "no libnvrtc (looked for libnvrtc.so and libnvrtc.so.{CUDA_MAJOR}; put its directory on LD_LIBRARY_PATH)"
+        ))
+    }
+}
+
+/// Major CUDA version the bindings are pinned to (cudarc feature `cuda-13000`).
+const CUDA_MAJOR: u32 = 13;
+
+/// The CUDA include directory for NVRTC: `$PORTER_CUDA_INCLUDE`, else
+/// `/usr/local/cuda/include`.
+///
+/// # Errors
+/// [`CudaError::Headers`] if `cuda_bf16.h` is not in that directory.
+pub fn cuda_include_dir() -> Result<PathBuf> {
+    include_dir_from(std::env::var_os(INCLUDE_ENV))
+}
+
+/// [`cuda_include_dir`] for a given value of the environment variable.
+fn include_dir_from(var: Option<std::ffi::OsString>) -> Result<PathBuf> {
+    let (dir, from_env) = match var {
+        Some(d) if !d.is_empty() => (PathBuf::from(d), true),
+        _ => (PathBuf::from(DEFAULT_INCLUDE), false),
+    };
+    if dir.join("cuda_bf16.h").is_file() {
+        return Ok(dir);
+    }
+    let origin = if from_env { format!("from ${INCLUDE_ENV}") } else { format!("the default; {INCLUDE_ENV} is unset") };
+    Err(CudaError::Headers(format!(
+        "{}/cuda_bf16.h not found ({origin}); set {INCLUDE_ENV} to a CUDA include directory, e.g. \
+         /usr/local/cuda/include or the nvidia/cu13/include folder of the `nvidia-cuda-runtime` wheel \
+         (with `nvidia-cuda-crt` and `nvidia-cuda-cccl` installed beside it)",
+        dir.display()
+    )))
+}
+
+/// A CUDA source file of this crate, embedded with `include_str!`.
+#[derive(Debug)]
+pub struct KernelSource {
+    /// File name under `kernels/cuda/`.
+    pub name: &'static str,
+    /// The file's text (without the shared prelude `common.cuh`).
+    pub code: &'static str,
+}
+
+/// The shared prelude prepended to every source.
+const PRELUDE: &str = include_str!("../../cuda/common.cuh");
+
+/// Embedding gather, SwiGLU, sigmoid gate, RoPE.
+pub(crate) static ELEMENTWISE: KernelSource =
+    KernelSource { name: "elementwise.cu", code: include_str!("../../cuda/elementwise.cu") };
+/// RMSNorm: standard, zero-centred, gated.
+pub(crate) static NORM: KernelSource = KernelSource { name: "norm.cu", code: include_str!("../../cuda/norm.cu") };
+/// MoE router, argmax.
+pub(crate) static ROUTER: KernelSource = KernelSource { name: "router.cu", code: include_str!("../../cuda/router.cu") };
+/// Gated DeltaNet: gates, conv1d, recurrent step.
+pub(crate) static GDN: KernelSource = KernelSource { name: "gdn.cu", code: include_str!("../../cuda/gdn.cu") };
+
+/// Every CUDA source of the crate.
+pub fn sources() -> [&'static KernelSource; 4] {
+    [&ELEMENTWISE, &NORM, &ROUTER, &GDN]
+}
+
+impl KernelSource {
+    /// The text NVRTC compiles: the prelude, then the file (line numbers of
+    /// errors refer to the file).
+    pub fn full_text(&self) -> String {
+        format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.name, self.code)
+    }
+}
+
+/// NVRTC `--gpu-architecture` for a compute capability.
+///
+/// # Errors
+/// [`CudaError::Unavailable`] for a capability this crate has no name for.
+pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
+    Ok(match (major, minor) {
+        (7, 0) => "sm_70",
+        (7, 5) => "sm_75",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 7) => "sm_87",
+        (8, 9) => "sm_89",
+        (9, 0) => "sm_90",
+        (10, 0) => "sm_100",
+        (10, 3) => "sm_103",
+        (11, 0) => "sm_110",
+        (12, 0) => "sm_120",
+        (12, 1) => "sm_121",
+        _ => return Err(CudaError::Unavailable(format!("unsupported compute capability {major}.{minor}"))),
+    })
+}
+
+/// Process-wide PTX cache, keyed by (hash of the full source text, arch).
+fn ptx_cache() -> &'static Mutex<HashMap<(u64, &'static str), Ptx>> {
+    static CACHE: OnceLock<Mutex<HashMap<(u64, &'static str), Ptx>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Compiles `src` with NVRTC for `arch` (e.g. `"sm_90"`), or returns the cached
+/// PTX of an earlier compilation of the same text for the same arch. Needs
+/// NVRTC and the CUDA headers, no GPU.
+///
+/// # Errors
+/// [`CudaError::Unavailable`] without NVRTC, [`CudaError::Headers`] without
+/// `cuda_bf16.h`, [`CudaError::Compile`] with NVRTC's log.
+pub fn compile(src: &KernelSource, arch: &'static str) -> Result<Ptx> {
+    let text = src.full_text();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    let key = (h.finish(), arch);
+    if let Some(p) = ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(p.clone());
+    }
+    nvrtc_available().map_err(CudaError::Unavailable)?;
+    let include = cuda_include_dir()?;
+    let opts = CompileOptions {
+        arch: Some(arch),
+        include_paths: vec![include.to_string_lossy().into_owned()],
+        options: vec!["--std=c++17".into()],
+        name: Some(src.name.into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&text, opts).map_err(|e| CudaError::Compile {
+        source: src.name,
+        log: match e {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => other.to_string(),
+        },
+    })?;
+    ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, ptx.clone());
+    Ok(ptx)
+}
+
+/// Storage type of a kernel operand: `f32` or `bf16` (math is always `f32`).
+pub trait CudaFloat: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static + sealed::Sealed {
+    /// Suffix of the kernel entry points for this type.
+    const NAME: &'static str;
+    /// Converts to `f32` (exact).
+    fn to_f32(self) -> f32;
+    /// Converts from `f32`, rounding to nearest even.
+    fn from_f32(v: f32) -> Self;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+}
+
+impl CudaFloat for f32 {
+    const NAME: &'static str = "f32";
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl CudaFloat for half::bf16 {
+    const NAME: &'static str = "bf16";
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        half::bf16::from_f32(v)
+    }
+}
+
+/// A CUDA context and stream, with the kernels of this crate compiled lazily
+/// (per source, for the device's architecture) and their functions cached.
+///
+/// All launches go to [`CudaKernels::stream`]; they are asynchronous, so a
+/// launch error may also surface at the next synchronisation.
+#[derive(Debug)]
+pub struct CudaKernels {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: &'static str,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl CudaKernels {
+    /// Opens device `ordinal` and uses its default stream.
+    ///
+    /// # Errors
+    /// [`CudaError::Unavailable`] without a driver or device (never panics for
+    /// a missing `libcuda`); [`CudaError::Driver`] if the context cannot be made.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let n = gpu_available().map_err(CudaError::Unavailable)?;
+        if ordinal >= n {
+            return Err(CudaError::Unavailable(format!("device {ordinal} requested, {n} present")));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        let stream = ctx.default_stream();
+        Self::with_stream(stream)
+    }
+
+    /// Uses an existing stream (and its context).
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`] if the compute capability cannot be read,
+    /// [`CudaError::Unavailable`] for an unknown one.
+    pub fn with_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        let ctx = stream.context().clone();
+        let (major, minor) = ctx.compute_capability()?;
+        let arch = arch_for(major, minor)?;
+        Ok(Self { ctx, stream, arch, modules: Mutex::new(HashMap::new()), functions: Mutex::new(HashMap::new()) })
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every launch goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// NVRTC architecture of the device (e.g. `"sm_90"`).
+    pub fn arch(&self) -> &'static str {
+        self.arch
+    }
+
+    /// Compiles and loads every source now rather than at first use.
+    ///
+    /// # Errors
+    /// As [`compile`], or [`CudaError::Driver`] if a module fails to load.
+    pub fn preload(&self) -> Result<()> {
+        for s in sources() {
+            self.module(s)?;
+        }
+        Ok(())
+    }
+
+    fn module(&self, src: &'static KernelSource) -> Result<Arc<CudaModule>> {
+        if let Some(m) = self.modules.lock().unwrap_or_else(|e| e.into_inner()).get(src.name) {
+            return Ok(m.clone());
+        }
+        let ptx = compile(src, self.arch)?;
+        let m = self.ctx.load_module(ptx)?;
+        self.modules.lock().unwrap_or_else(|e| e.into_inner()).insert(src.name, m.clone());
+        Ok(m)
+    }
+
+    /// The entry point `name` of `src`.
+    pub(crate) fn function(&self, src: &'static KernelSource, name: &str) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.module(src)?.load_function(name)?;
+        self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), f.clone());
+        Ok(f)
+    }
+
+    /// Checks that a device slice lives in this context and has `expected` elements.
+    pub(crate) fn check<T>(&self, what: &str, s: &impl DeviceSlice<T>, expected: usize) -> Result<()> {
+        if **s.stream().context() != *self.ctx {
+            return Err(CudaError::Invalid(format!("`{what}` belongs to another CUDA context")));
+        }
+        if s.len() != expected {
+            return Err(CudaError::Invalid(format!("`{what}` has {} elements, expected {expected}", s.len())));
+        }
+        Ok(())
+    }
+}
+
+/// `a · b · ...` with overflow checked.
+pub(crate) fn prod(dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| CudaError::Invalid(format!("size {dims:?} overflows usize")))
+}
+
+/// `n` as a kernel's `u32` parameter.
+pub(crate) fn u32_of(what: &str, n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| CudaError::Invalid(format!("{what} = {n} does not fit in u32")))
+}
+
+/// Blocks of `threads` for a grid-stride loop over `n` elements (at least 1,
+/// capped so that the grid stays small; the kernels loop).
+pub(crate) fn grid_for(n: usize, threads: u32) -> u32 {
+    let blocks = n.div_ceil(threads as usize).clamp(1, 1 << 20);
+    blocks as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn include_dir_error_is_clear() {
+        let e = include_dir_from(Some("/nonexistent/porter-cuda-include".into())).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("/nonexistent/porter-cuda-include/cuda_bf16.h not found"), "{msg}");
+        assert!(msg.contains(INCLUDE_ENV), "{msg}");
+    }
+
+    #[test]
+    fn arch_names() {
+        assert_eq!(arch_for(9, 0).ok(), Some("sm_90"));
+        assert!(arch_for(1, 0).is_err());
+    }
+
+    #[test]
+    fn sources_embed_the_prelude() {
+        for s in sources() {
+            let t = s.full_text();
+            assert!(t.contains("#include <cuda_bf16.h>") && t.contains(&format!("#line 1 \"{}\"", s.name)));
+        }
+    }
+
+    #[test]
+    fn gpu_guard_never_panics() {
+        // On a machine without CUDA this is an Err with a reason; with a GPU, a count.
+        match gpu_available() {
+            Ok(n) => assert!(n > 0),
+            Err(e) => assert!(!e.is_empty()),
+        }
+        let _ = nvrtc_available();
+    }
+}

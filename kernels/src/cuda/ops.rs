@@ -1,0 +1,424 @@
+//! Launch wrappers of the dense kernels: embedding gather, RMSNorm (standard,
+//! zero-centred, gated), partial NeoX RoPE, SwiGLU, sigmoid gate, MoE router,
+//! greedy argmax.
+
+use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, ELEMENTWISE, NORM, ROUTER};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+/// Threads of the element-wise kernels.
+const EW_THREADS: u32 = 256;
+
+/// Largest `k` of [`CudaKernels::moe_router`] (`ROUTER_MAX_K` in router.cu).
+pub const ROUTER_MAX_K: usize = 16;
+
+/// Largest expert count of [`CudaKernels::moe_router`] (its dynamic shared
+/// memory holds one `f32` per expert, within the default 48 KiB).
+pub const ROUTER_MAX_E: usize = 8192;
+
+/// Which RMSNorm formula [`CudaKernels::rms_norm`] applies (`porter_core::nn::NormKind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RmsNormKind {
+    /// Llama style: `round(w · round(x · rstd))` (Qwen3, Qwen3-MoE, Mistral).
+    Standard,
+    /// Zero-centred: `round(x · rstd · (1 + w))`, `1 + w` in f32 (Qwen3-Next).
+    ZeroCentred,
+}
+
+/// One block per row: a multiple of 32 threads, at most `max`, no more than the row needs.
+fn row_threads(d: usize, max: u32) -> u32 {
+    let t = d.div_ceil(32).saturating_mul(32).clamp(32, max as usize);
+    t as u32
+}
+
+fn rows_cfg(rows: usize, threads: u32, shared: u32) -> Result<LaunchConfig> {
+    Ok(LaunchConfig { grid_dim: (u32_of("rows", rows)?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: shared })
+}
+
+fn ew_cfg(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (grid_for(n, EW_THREADS), 1, 1), block_dim: (EW_THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+impl CudaKernels {
+    /// Embedding gather: `out[r] = table[ids[r]]`, as `f32` (the residual stream).
+    ///
+    /// Ids are not validated on the host (they live on the device): an id
+    /// `>= vocab` yields a NaN row, never an out-of-bounds read. Validate ids
+    /// before (as `Model::forward` does).
+    ///
+    /// # Shapes
+    /// - `table`: `[vocab, hidden]` (`T`)
+    /// - `ids`: `[rows]` (`u32`)
+    /// - `out`: `[rows, hidden]` (`f32`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a length mismatch; driver errors of the launch.
+    pub fn embedding<T: CudaFloat>(
+        &self,
+        table: &impl DevicePtr<T>,
+        ids: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<f32>,
+        vocab: usize,
+        hidden: usize,
+    ) -> Result<()> {
+        let rows = ids.len();
+        self.check("table", table, prod(&[vocab, hidden])?)?;
+        self.check("ids", ids, rows)?;
+        self.check("out", out, prod(&[rows, hidden])?)?;
+        if rows == 0 || hidden == 0 {
+            return Ok(());
+        }
+        let (hidden32, vocab32) = (u32_of("hidden", hidden)?, u32_of("vocab", vocab)?);
+        let cfg = rows_cfg(rows, row_threads(hidden, 256), 0)?;
+        let f = self.function(&ELEMENTWISE, &format!("embedding_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (pt, _gt) = table.device_ptr(s);
+        let (pi, _gi) = ids.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&pt).arg(&pi).arg(&po).arg(&hidden32).arg(&vocab32);
+        // SAFETY: the arguments match `embedding_<T>` in elementwise.cu; every
+        // buffer has the length the kernel indexes (checked above), and the
+        // kernel bounds-checks the ids.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// RMSNorm of each row (`porter_core::nn::RmsNorm`): `rstd = 1/sqrt(mean(x²) + eps)`
+    /// in f32, then [`RmsNormKind::Standard`] `round(w · round(x·rstd))` or
+    /// [`RmsNormKind::ZeroCentred`] `round(x·rstd·(1 + w))`, rounding to `O`.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, d]` (`X`: `f32` residual stream, or the model dtype)
+    /// - `w`: `[d]` (`O`)
+    /// - `out`: `[rows, d]` (`O`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a length mismatch or `d == 0`; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm<X: CudaFloat, O: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<X>,
+        w: &impl DevicePtr<O>,
+        out: &mut impl DevicePtrMut<O>,
+        rows: usize,
+        d: usize,
+        eps: f32,
+        kind: RmsNormKind,
+    ) -> Result<()> {
+        if d == 0 {
+            return Err(CudaError::Invalid("rms_norm: d must be > 0".into()));
+        }
+        self.check("x", x, prod(&[rows, d])?)?;
+        self.check("w", w, d)?;
+        self.check("out", out, prod(&[rows, d])?)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let d32 = u32_of("d", d)?;
+        let zc: i32 = i32::from(kind == RmsNormKind::ZeroCentred);
+        let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
+        let f = self.function(&NORM, &format!("rms_norm_{}_{}", X::NAME, O::NAME))?;
+        let s = &*self.stream;
+        let (px, _gx) = x.device_ptr(s);
+        let (pw, _gw) = w.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&px).arg(&pw).arg(&po).arg(&d32).arg(&eps).arg(&zc);
+        // SAFETY: arguments match `rms_norm_<X>_<O>` in norm.cu; lengths checked.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Gated RMSNorm (`cpu::gdn::gated_rms_norm`, Qwen3-Next `linear_attn.norm`):
+    /// `out = round((x · rstd · w) · silu(z))`, `rstd = 1/sqrt(Σx²·(1/d) + eps)`,
+    /// plain `w` (no `1 + w`), all f32 before the one rounding to `O`.
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, d]` (`X`; one row per token and value head)
+    /// - `z`: `[rows, d]` (`O`, the gate)
+    /// - `w`: `[d]` (`O`)
+    /// - `out`: `[rows, d]` (`O`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a length mismatch or `d == 0`; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_rms_norm<X: CudaFloat, O: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<X>,
+        z: &impl DevicePtr<O>,
+        w: &impl DevicePtr<O>,
+        out: &mut impl DevicePtrMut<O>,
+        rows: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if d == 0 {
+            return Err(CudaError::Invalid("gated_rms_norm: d must be > 0".into()));
+        }
+        let n = prod(&[rows, d])?;
+        self.check("x", x, n)?;
+        self.check("z", z, n)?;
+        self.check("w", w, d)?;
+        self.check("out", out, n)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let d32 = u32_of("d", d)?;
+        let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
+        let f = self.function(&NORM, &format!("gated_rms_norm_{}_{}", X::NAME, O::NAME))?;
+        let s = &*self.stream;
+        let (px, _gx) = x.device_ptr(s);
+        let (pz, _gz) = z.device_ptr(s);
+        let (pw, _gw) = w.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&px).arg(&pz).arg(&pw).arg(&po).arg(&d32).arg(&eps);
+        // SAFETY: arguments match `gated_rms_norm_<X>_<O>` in norm.cu; lengths checked.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Partial NeoX rotary embedding, in place (`cpu::ops::rope_neox` with the
+    /// tables of `porter_core::nn::Rope::tables`): angle `pos · inv_freq[d]` in
+    /// f32, cos/sin rounded to `T`, dimension `d < rot_dim/2` paired with
+    /// `d + rot_dim/2`, dimensions `rot_dim..head_dim` untouched, output
+    /// rounded to `T`.
+    ///
+    /// # Shapes
+    /// - `x`: `[t, heads, head_dim]` (`T`), rotated in place
+    /// - `positions`: `[t]` (`u32`, absolute positions)
+    /// - `inv_freq`: `[rot_dim / 2]` (`f32`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if `rot_dim` is odd, zero or `> head_dim`, or on
+    /// a length mismatch; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_neox<T: CudaFloat>(
+        &self,
+        x: &mut impl DevicePtrMut<T>,
+        positions: &impl DevicePtr<u32>,
+        inv_freq: &impl DevicePtr<f32>,
+        t: usize,
+        heads: usize,
+        head_dim: usize,
+        rot_dim: usize,
+    ) -> Result<()> {
+        if rot_dim == 0 || !rot_dim.is_multiple_of(2) || rot_dim > head_dim {
+            return Err(CudaError::Invalid(format!("rope: rot_dim {rot_dim} invalid for head_dim {head_dim}")));
+        }
+        let half = rot_dim / 2;
+        self.check("x", x, prod(&[t, heads, head_dim])?)?;
+        self.check("positions", positions, t)?;
+        self.check("inv_freq", inv_freq, half)?;
+        let n = prod(&[t, heads, half])?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (t32, h32, hd32, half32) =
+            (u32_of("t", t)?, u32_of("heads", heads)?, u32_of("head_dim", head_dim)?, u32_of("rot_dim", half)?);
+        let f = self.function(&ELEMENTWISE, &format!("rope_neox_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (pp, _gp) = positions.device_ptr(s);
+        let (pf, _gf) = inv_freq.device_ptr(s);
+        let (px, _gx) = x.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&px).arg(&pp).arg(&pf).arg(&t32).arg(&h32).arg(&hd32).arg(&half32);
+        // SAFETY: arguments match `rope_neox_<T>` in elementwise.cu; lengths checked.
+        unsafe { b.launch(ew_cfg(n)) }?;
+        Ok(())
+    }
+
+    /// SwiGLU activation with one rounding: `out = round(silu(g) · u)`.
+    ///
+    /// # Shapes
+    /// - `g`, `u`, `out`: `[n]` (`T`; any row-major shape, element-wise)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a length mismatch; driver errors.
+    pub fn swiglu<T: CudaFloat>(
+        &self,
+        g: &impl DevicePtr<T>,
+        u: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        let n = g.len();
+        self.check("u", u, n)?;
+        self.check("out", out, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let n64 = n as u64;
+        let f = self.function(&ELEMENTWISE, &format!("swiglu_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (pg, _gg) = g.device_ptr(s);
+        let (pu, _gu) = u.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&pg).arg(&pu).arg(&po).arg(&n64);
+        // SAFETY: arguments match `swiglu_<T>` in elementwise.cu; lengths checked.
+        unsafe { b.launch(ew_cfg(n)) }?;
+        Ok(())
+    }
+
+    /// SwiGLU activation on a merged `[gate | up]` projection:
+    /// `out[r, c] = round(silu(gu[r, c]) · gu[r, inter + c])`.
+    ///
+    /// # Shapes
+    /// - `gu`: `[rows, 2 · inter]` (`T`)
+    /// - `out`: `[rows, inter]` (`T`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a length mismatch; driver errors.
+    pub fn swiglu_fused<T: CudaFloat>(
+        &self,
+        gu: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<T>,
+        rows: usize,
+        inter: usize,
+    ) -> Result<()> {
+        self.check("gu", gu, prod(&[rows, 2, inter])?)?;
+        let n = prod(&[rows, inter])?;
+        self.check("out", out, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (rows64, inter32) = (rows as u64, u32_of("inter", inter)?);
+        let f = self.function(&ELEMENTWISE, &format!("swiglu_fused_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (pg, _gg) = gu.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&pg).arg(&po).arg(&rows64).arg(&inter32);
+        // SAFETY: arguments match `swiglu_fused_<T>` in elementwise.cu; lengths checked.
+        unsafe { b.launch(ew_cfg(n)) }?;
+        Ok(())
+    }
+
+    /// Sigmoid-gate multiply in place (the attention output gate):
+    /// `x = round(x · round(σ(gate)))`, with one gate per element
+    /// (`gate_dim == d`) or per row (`gate_dim == 1`).
+    ///
+    /// # Shapes
+    /// - `x`: `[rows, d]` (`T`), gated in place
+    /// - `gate`: `[rows, gate_dim]` (`T`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if `gate_dim` is neither `d` nor 1, or on a
+    /// length mismatch; driver errors.
+    pub fn sigmoid_gate_mul<T: CudaFloat>(
+        &self,
+        x: &mut impl DevicePtrMut<T>,
+        gate: &impl DevicePtr<T>,
+        rows: usize,
+        d: usize,
+        gate_dim: usize,
+    ) -> Result<()> {
+        if gate_dim != d && gate_dim != 1 {
+            return Err(CudaError::Invalid(format!("sigmoid_gate_mul: gate_dim {gate_dim} must be {d} or 1")));
+        }
+        let n = prod(&[rows, d])?;
+        self.check("x", x, n)?;
+        self.check("gate", gate, prod(&[rows, gate_dim])?)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (rows64, d32, gd32) = (rows as u64, u32_of("d", d)?, u32_of("gate_dim", gate_dim)?);
+        let f = self.function(&ELEMENTWISE, &format!("sigmoid_gate_mul_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (pg, _gg) = gate.device_ptr(s);
+        let (px, _gx) = x.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&px).arg(&pg).arg(&rows64).arg(&d32).arg(&gd32);
+        // SAFETY: arguments match `sigmoid_gate_mul_<T>` in elementwise.cu; lengths checked.
+        unsafe { b.launch(ew_cfg(n)) }?;
+        Ok(())
+    }
+
+    /// MoE router (`porter_core::nn::Moe::route`): per row, `p = softmax(logits)`
+    /// in f32, the `k` largest `p` in descending order (ties to the lower
+    /// expert index), and with `renorm` (`norm_topk_prob`) each weight divided
+    /// by the sum of the selected `p`.
+    ///
+    /// # Shapes
+    /// - `logits`: `[rows, e]` (`f32`)
+    /// - `idx`: `[rows, k]` (`u32`, expert indices)
+    /// - `weights`: `[rows, k]` (`f32`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] unless `1 ≤ k ≤ min(e, 16)` and `e ≤ 8192`, or on
+    /// a length mismatch; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_router(
+        &self,
+        logits: &impl DevicePtr<f32>,
+        idx: &mut impl DevicePtrMut<u32>,
+        weights: &mut impl DevicePtrMut<f32>,
+        rows: usize,
+        e: usize,
+        k: usize,
+        renorm: bool,
+    ) -> Result<()> {
+        if k == 0 || k > e || k > ROUTER_MAX_K || e > ROUTER_MAX_E {
+            return Err(CudaError::Invalid(format!(
+                "moe_router: need 1 <= k <= min(e, {ROUTER_MAX_K}) and e <= {ROUTER_MAX_E}, got k = {k}, e = {e}"
+            )));
+        }
+        self.check("logits", logits, prod(&[rows, e])?)?;
+        self.check("idx", idx, prod(&[rows, k])?)?;
+        self.check("weights", weights, prod(&[rows, k])?)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let (e32, k32, rn) = (u32_of("e", e)?, u32_of("k", k)?, i32::from(renorm));
+        let shared = u32_of("shared memory", e * 4)?;
+        let cfg = rows_cfg(rows, row_threads(e, 256), shared)?;
+        let f = self.function(&ROUTER, "moe_router_f32")?;
+        let s = &*self.stream;
+        let (pl, _gl) = logits.device_ptr(s);
+        let (pi, _gi) = idx.device_ptr_mut(s);
+        let (pw, _gw) = weights.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&pl).arg(&pi).arg(&pw).arg(&e32).arg(&k32).arg(&rn);
+        // SAFETY: arguments match `moe_router_f32` in router.cu; lengths and
+        // k, e limits checked; dynamic shared memory holds e floats.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Greedy argmax of each row (`porter_core::sampling::argmax`): the first
+    /// index of the largest value. NaN values never win; an all-NaN row gives 0.
+    ///
+    /// # Shapes
+    /// - `logits`: `[rows, vocab]` (`f32`)
+    /// - `out`: `[rows]` (`u32`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a length mismatch or `vocab == 0`; driver errors.
+    pub fn argmax(
+        &self,
+        logits: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<u32>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()> {
+        if vocab == 0 {
+            return Err(CudaError::Invalid("argmax: vocab must be > 0".into()));
+        }
+        self.check("logits", logits, prod(&[rows, vocab])?)?;
+        self.check("out", out, rows)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let v32 = u32_of("vocab", vocab)?;
+        let cfg = rows_cfg(rows, row_threads(vocab, 1024), 0)?;
+        let f = self.function(&ROUTER, "argmax_f32")?;
+        let s = &*self.stream;
+        let (pl, _gl) = logits.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&pl).arg(&po).arg(&v32);
+        // SAFETY: arguments match `argmax_f32` in router.cu; lengths checked.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}

@@ -1,0 +1,799 @@
+//! CUDA kernels against the CPU reference (`porter_kernels::cpu`), on fresh
+//! random inputs, in f32 and bf16 storage, at small and at the real
+//! Qwen3-Next-80B-A3B dimensions.
+//!
+//! Every GPU test prints `skipped: <reason>` and returns when no GPU is usable
+//! (`cuda::gpu_available`). `nvrtc_compiles_all_kernels` needs only NVRTC and
+//! the CUDA headers (`PORTER_CUDA_INCLUDE`); it skips when NVRTC is absent.
+//!
+//! Outputs are filled with NaN before every launch, so an element a kernel
+//! fails to write shows up. Errors are reported as `max |gpu − cpu| / max |cpu|`
+//! per tensor (f32 storage ≤ 1e-5, bf16 storage ≤ 1e-2); indices must match
+//! exactly. The seed is printed; set `PORTER_CUDA_SEED` to replay one.
+
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use porter_kernels::cpu::{gdn, ops};
+use porter_kernels::cuda::{self, CudaFloat, CudaKernels, RmsNormKind};
+
+// Qwen3-Next-80B-A3B.
+const HIDDEN: usize = 2048;
+const LIN_HK: usize = 16;
+const LIN_HV: usize = 32;
+const LIN_D: usize = 128;
+const ATT_HEADS: usize = 16;
+const ATT_KV_HEADS: usize = 2;
+const ATT_HEAD_DIM: usize = 256;
+const EXPERTS: usize = 512;
+const TOP_K: usize = 10;
+const ROT_DIM: usize = 64;
+const ROPE_THETA: f32 = 10_000_000.0;
+const CONV_K: usize = 4;
+const VOCAB: usize = 151_936;
+const EPS: f32 = 1e-6;
+
+const TOL_F32: f32 = 1e-5;
+const TOL_BF16: f32 = 1e-2;
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// xorshift64* PRNG.
+struct Rng(u64);
+
+impl Rng {
+    fn new(tag: u64) -> Self {
+        let base = std::env::var("PORTER_CUDA_SEED").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+        });
+        let seed = base ^ tag.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        println!("seed {base} (tag {tag})");
+        Rng(seed | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in `[-scale, scale)`.
+    fn f(&mut self, scale: f32) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f(scale)).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn rnd<T: CudaFloat>(v: f32) -> f32 {
+    T::from_f32(v).to_f32()
+}
+
+fn rnd_vec<T: CudaFloat>(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| rnd::<T>(x)).collect()
+}
+
+/// A GPU, or `None` after printing why the test is skipped.
+fn gpu(test: &str) -> Option<CudaKernels> {
+    match cuda::gpu_available() {
+        Err(reason) => {
+            println!("{test}: skipped: {reason}");
+            None
+        }
+        Ok(_) => Some(CudaKernels::new(0).unwrap_or_else(|e| panic!("{test}: CudaKernels::new: {e}"))),
+    }
+}
+
+fn up<T: CudaFloat>(k: &CudaKernels, v: &[f32]) -> CudaSlice<T> {
+    let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
+    k.stream().clone_htod(&host).expect("htod")
+}
+
+fn up_u32(k: &CudaKernels, v: &[u32]) -> CudaSlice<u32> {
+    k.stream().clone_htod(v).expect("htod")
+}
+
+/// A device buffer of `n` NaNs.
+fn poisoned<T: CudaFloat>(k: &CudaKernels, n: usize) -> CudaSlice<T> {
+    up::<T>(k, &vec![f32::NAN; n])
+}
+
+fn poisoned_u32(k: &CudaKernels, n: usize) -> CudaSlice<u32> {
+    up_u32(k, &vec![u32::MAX; n])
+}
+
+/// Synchronises (surfacing asynchronous launch errors) and copies back as f32.
+fn down<T: CudaFloat>(k: &CudaKernels, d: &CudaSlice<T>) -> Vec<f32> {
+    k.stream().synchronize().expect("kernel failed (stream synchronize)");
+    let h: Vec<T> = k.stream().clone_dtoh(d).expect("dtoh");
+    h.into_iter().map(|x| x.to_f32()).collect()
+}
+
+fn down_u32(k: &CudaKernels, d: &CudaSlice<u32>) -> Vec<u32> {
+    k.stream().synchronize().expect("kernel failed (stream synchronize)");
+    k.stream().clone_dtoh(d).expect("dtoh")
+}
+
+/// `max |got − want| / max |want|`; panics on a NaN in `got` (an unwritten or
+/// poisoned element) or above `tol`. Returns the error.
+fn check(what: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().zip(want).position(|(g, w)| g.is_nan() && !w.is_nan()) {
+        panic!("{what}: element {i} is NaN (not written?), expected {}", want[i]);
+    }
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let (mut worst, mut at) = (0.0f32, 0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        if d > worst {
+            worst = d;
+            at = i;
+        }
+    }
+    let rel = worst / scale;
+    println!("  {what}: max abs err {worst:.3e} (at {at}), rel to max|ref| {scale:.3e}: {rel:.3e} (tol {tol:.0e})");
+    assert!(rel <= tol, "{what}: relative error {rel:e} > {tol:e} at {at}: got {} want {}", got[at], want[at]);
+    rel
+}
+
+fn tol<T: CudaFloat>() -> f32 {
+    if T::NAME == "f32" {
+        TOL_F32
+    } else {
+        TOL_BF16
+    }
+}
+
+// ---------------------------------------------------------------------------
+// NVRTC only
+// ---------------------------------------------------------------------------
+
+#[test]
+fn nvrtc_compiles_all_kernels() {
+    if let Err(reason) = cuda::nvrtc_available() {
+        println!("nvrtc_compiles_all_kernels: skipped: {reason}");
+        return;
+    }
+    let entries: &[(&str, &[&str])] = &[
+        (
+            "elementwise.cu",
+            &[
+                "embedding_f32",
+                "embedding_bf16",
+                "swiglu_f32",
+                "swiglu_bf16",
+                "swiglu_fused_f32",
+                "swiglu_fused_bf16",
+                "sigmoid_gate_mul_f32",
+                "sigmoid_gate_mul_bf16",
+                "rope_neox_f32",
+                "rope_neox_bf16",
+            ],
+        ),
+        (
+            "norm.cu",
+            &[
+                "rms_norm_f32_f32",
+                "rms_norm_f32_bf16",
+                "rms_norm_bf16_f32",
+                "rms_norm_bf16_bf16",
+                "gated_rms_norm_f32_f32",
+                "gated_rms_norm_f32_bf16",
+                "gated_rms_norm_bf16_f32",
+                "gated_rms_norm_bf16_bf16",
+            ],
+        ),
+        ("router.cu", &["moe_router_f32", "argmax_f32"]),
+        (
+            "gdn.cu",
+            &[
+                "gdn_gates_f32",
+                "gdn_gates_bf16",
+                "conv1d_update_f32",
+                "conv1d_update_bf16",
+                "conv1d_prefill_f32",
+                "conv1d_prefill_bf16",
+                "conv1d_prefill_state_f32",
+                "conv1d_prefill_state_bf16",
+                "gdn_recurrent_step_f32",
+                "gdn_recurrent_step_bf16",
+            ],
+        ),
+    ];
+    let srcs = cuda::sources();
+    assert_eq!(srcs.len(), entries.len(), "a source without an entry list here");
+    for src in srcs {
+        let t0 = std::time::Instant::now();
+        let ptx = cuda::compile(src, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+        let text = ptx.to_src();
+        let (_, names) = entries.iter().find(|(n, _)| *n == src.name).expect("source listed");
+        for name in names.iter() {
+            assert!(text.contains(&format!(".entry {name}(")), "{}: no entry point {name} in the PTX", src.name);
+        }
+        println!(
+            "{}: {} bytes of PTX, {} entry points, {:.2} s",
+            src.name,
+            text.len(),
+            names.len(),
+            t0.elapsed().as_secs_f64()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Embedding, norms, RoPE, activations
+// ---------------------------------------------------------------------------
+
+fn embedding_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, vocab: usize, hidden: usize) {
+    let table = rnd_vec::<T>(&rng.vec(vocab * hidden, 1.0));
+    let mut ids: Vec<u32> = (0..9).map(|_| rng.below(vocab) as u32).collect();
+    ids.extend([0, vocab as u32 - 1]);
+    let want: Vec<f32> =
+        ids.iter().flat_map(|&i| table[i as usize * hidden..(i as usize + 1) * hidden].to_vec()).collect();
+    let dt = up::<T>(k, &table);
+    let di = up_u32(k, &ids);
+    let mut out = poisoned::<f32>(k, ids.len() * hidden);
+    k.embedding(&dt, &di, &mut out, vocab, hidden).expect("embedding launch");
+    let got = down(k, &out);
+    assert_eq!(got, want, "embedding {} {vocab}x{hidden}: not an exact copy", T::NAME);
+    println!("  embedding {} {vocab}x{hidden}: exact", T::NAME);
+
+    // An out-of-range id gives a NaN row, nothing else changes.
+    let bad = up_u32(k, &[1, vocab as u32 + 5]);
+    let mut out = poisoned::<f32>(k, 2 * hidden);
+    k.embedding(&dt, &bad, &mut out, vocab, hidden).expect("embedding launch");
+    let got = down(k, &out);
+    assert_eq!(&got[..hidden], &table[hidden..2 * hidden]);
+    assert!(got[hidden..].iter().all(|v| v.is_nan()));
+}
+
+#[test]
+fn cuda_embedding() {
+    let Some(k) = gpu("cuda_embedding") else { return };
+    let mut rng = Rng::new(1);
+    embedding_case::<f32>(&k, &mut rng, 4096, HIDDEN);
+    embedding_case::<bf16>(&k, &mut rng, 4096, HIDDEN);
+    embedding_case::<bf16>(&k, &mut rng, 37, 100);
+}
+
+/// CPU RMSNorm as `porter_core::nn::RmsNorm::forward` (x already holds X values).
+fn rms_norm_ref<O: CudaFloat>(x: &[f32], w: &[f32], d: usize, eps: f32, kind: RmsNormKind) -> Vec<f32> {
+    let mut y = x.to_vec();
+    let scale: Vec<f32> = match kind {
+        RmsNormKind::Standard => w.to_vec(),
+        RmsNormKind::ZeroCentred => w.iter().map(|v| 1.0 + v).collect(),
+    };
+    for r in y.chunks_mut(d) {
+        let inv = ops::rms_inv(r, eps);
+        for (v, s) in r.iter_mut().zip(&scale) {
+            *v = match kind {
+                RmsNormKind::Standard => rnd::<O>(s * rnd::<O>(*v * inv)),
+                RmsNormKind::ZeroCentred => rnd::<O>(*v * inv * s),
+            };
+        }
+    }
+    y
+}
+
+fn rms_norm_case<X: CudaFloat, O: CudaFloat>(k: &CudaKernels, rng: &mut Rng, rows: usize, d: usize) {
+    for kind in [RmsNormKind::Standard, RmsNormKind::ZeroCentred] {
+        let x = rnd_vec::<X>(&rng.vec(rows * d, 3.0));
+        let w = rnd_vec::<O>(&rng.vec(d, 1.0));
+        let want = rms_norm_ref::<O>(&x, &w, d, EPS, kind);
+        let (dx, dw) = (up::<X>(k, &x), up::<O>(k, &w));
+        let mut out = poisoned::<O>(k, rows * d);
+        k.rms_norm(&dx, &dw, &mut out, rows, d, EPS, kind).expect("rms_norm launch");
+        check(&format!("rms_norm {kind:?} {}->{} [{rows}, {d}]", X::NAME, O::NAME), &down(k, &out), &want, tol::<O>());
+    }
+}
+
+#[test]
+fn cuda_rms_norm() {
+    let Some(k) = gpu("cuda_rms_norm") else { return };
+    let mut rng = Rng::new(2);
+    // Layer norms over the f32 residual stream, q/k norms per head, odd widths.
+    rms_norm_case::<f32, f32>(&k, &mut rng, 7, HIDDEN);
+    rms_norm_case::<f32, bf16>(&k, &mut rng, 7, HIDDEN);
+    rms_norm_case::<bf16, bf16>(&k, &mut rng, 5 * ATT_HEADS, ATT_HEAD_DIM);
+    rms_norm_case::<f32, f32>(&k, &mut rng, 5 * ATT_KV_HEADS, ATT_HEAD_DIM);
+    rms_norm_case::<f32, f32>(&k, &mut rng, 3, 100);
+    rms_norm_case::<bf16, bf16>(&k, &mut rng, 3, 1000);
+    rms_norm_case::<f32, f32>(&k, &mut rng, 2, 5000);
+}
+
+fn gated_norm_case<X: CudaFloat, O: CudaFloat>(k: &CudaKernels, rng: &mut Rng, rows: usize, d: usize) {
+    let x = rnd_vec::<X>(&rng.vec(rows * d, 2.0));
+    let z = rnd_vec::<O>(&rng.vec(rows * d, 3.0));
+    let w = rnd_vec::<O>(&rng.vec(d, 1.0));
+    let mut want = x.clone();
+    gdn::gated_rms_norm(&mut want, &z, &w, EPS).expect("cpu gated_rms_norm");
+    let want = rnd_vec::<O>(&want);
+    let (dx, dz, dw) = (up::<X>(k, &x), up::<O>(k, &z), up::<O>(k, &w));
+    let mut out = poisoned::<O>(k, rows * d);
+    k.gated_rms_norm(&dx, &dz, &dw, &mut out, rows, d, EPS).expect("gated_rms_norm launch");
+    check(&format!("gated_rms_norm {}->{} [{rows}, {d}]", X::NAME, O::NAME), &down(k, &out), &want, tol::<O>());
+}
+
+#[test]
+fn cuda_gated_rms_norm() {
+    let Some(k) = gpu("cuda_gated_rms_norm") else { return };
+    let mut rng = Rng::new(3);
+    gated_norm_case::<f32, f32>(&k, &mut rng, 5 * LIN_HV, LIN_D);
+    gated_norm_case::<f32, bf16>(&k, &mut rng, 5 * LIN_HV, LIN_D);
+    gated_norm_case::<bf16, bf16>(&k, &mut rng, 5 * LIN_HV, LIN_D);
+    gated_norm_case::<f32, f32>(&k, &mut rng, 3, 77);
+}
+
+fn inv_freq(rot_dim: usize, theta: f32) -> Vec<f32> {
+    (0..rot_dim / 2).map(|i| 1.0f32 / theta.powf((2 * i) as f32 / rot_dim as f32)).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rope_case<T: CudaFloat>(
+    k: &CudaKernels,
+    rng: &mut Rng,
+    t: usize,
+    heads: usize,
+    head_dim: usize,
+    rot_dim: usize,
+    theta: f32,
+    max_pos: usize,
+) {
+    let x = rnd_vec::<T>(&rng.vec(t * heads * head_dim, 2.0));
+    let mut pos: Vec<u32> = (0..t).map(|_| rng.below(max_pos) as u32).collect();
+    pos[0] = 0;
+    let freq = inv_freq(rot_dim, theta);
+    // Tables as porter_core::nn::Rope::tables (rounded to the dtype).
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    for &p in &pos {
+        for f in &freq {
+            let a = p as f32 * f;
+            cos.push(rnd::<T>(a.cos()));
+            sin.push(rnd::<T>(a.sin()));
+        }
+    }
+    let mut want = x.clone();
+    ops::rope_neox(&mut want, &cos, &sin, t, heads, head_dim, rot_dim);
+    let want = rnd_vec::<T>(&want);
+    let mut dx = up::<T>(k, &x);
+    let (dp, df) = (up_u32(k, &pos), k.stream().clone_htod(&freq).expect("htod"));
+    k.rope_neox(&mut dx, &dp, &df, t, heads, head_dim, rot_dim).expect("rope launch");
+    let got = down(k, &dx);
+    check(&format!("rope {} t={t} heads={heads} head_dim={head_dim} rot={rot_dim}", T::NAME), &got, &want, tol::<T>());
+    // Pass-through dims are bit-identical.
+    for (row_g, row_x) in got.chunks(head_dim).zip(x.chunks(head_dim)) {
+        assert_eq!(&row_g[rot_dim..], &row_x[rot_dim..], "rope touched dims past rot_dim");
+    }
+}
+
+#[test]
+fn cuda_rope() {
+    let Some(k) = gpu("cuda_rope") else { return };
+    let mut rng = Rng::new(4);
+    for (heads, max_pos) in [(ATT_HEADS, 4096), (ATT_KV_HEADS, 262_144)] {
+        rope_case::<f32>(&k, &mut rng, 6, heads, ATT_HEAD_DIM, ROT_DIM, ROPE_THETA, max_pos);
+        rope_case::<bf16>(&k, &mut rng, 6, heads, ATT_HEAD_DIM, ROT_DIM, ROPE_THETA, max_pos);
+    }
+    // Full rotary (Qwen3: head_dim 128, theta 1e6).
+    rope_case::<f32>(&k, &mut rng, 9, 8, 128, 128, 1_000_000.0, 40_000);
+    rope_case::<bf16>(&k, &mut rng, 9, 8, 128, 128, 1_000_000.0, 40_000);
+}
+
+fn swiglu_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, rows: usize, inter: usize) {
+    let n = rows * inter;
+    let g = rnd_vec::<T>(&rng.vec(n, 6.0));
+    let u = rnd_vec::<T>(&rng.vec(n, 3.0));
+    let want: Vec<f32> = g.iter().zip(&u).map(|(&gv, &uv)| rnd::<T>(ops::silu(gv) * uv)).collect();
+    let (dg, du) = (up::<T>(k, &g), up::<T>(k, &u));
+    let mut out = poisoned::<T>(k, n);
+    k.swiglu(&dg, &du, &mut out).expect("swiglu launch");
+    check(&format!("swiglu {} [{rows}, {inter}]", T::NAME), &down(k, &out), &want, tol::<T>());
+
+    // Fused [gate | up] rows.
+    let mut gu = Vec::with_capacity(2 * n);
+    for r in 0..rows {
+        gu.extend_from_slice(&g[r * inter..(r + 1) * inter]);
+        gu.extend_from_slice(&u[r * inter..(r + 1) * inter]);
+    }
+    let dgu = up::<T>(k, &gu);
+    let mut out = poisoned::<T>(k, n);
+    k.swiglu_fused(&dgu, &mut out, rows, inter).expect("swiglu_fused launch");
+    check(&format!("swiglu_fused {} [{rows}, {inter}]", T::NAME), &down(k, &out), &want, tol::<T>());
+}
+
+#[test]
+fn cuda_swiglu() {
+    let Some(k) = gpu("cuda_swiglu") else { return };
+    let mut rng = Rng::new(5);
+    swiglu_case::<f32>(&k, &mut rng, 7, 512);
+    swiglu_case::<bf16>(&k, &mut rng, 7, 512);
+    swiglu_case::<bf16>(&k, &mut rng, 300, 5120);
+    swiglu_case::<f32>(&k, &mut rng, 3, 33);
+}
+
+fn gate_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, rows: usize, d: usize, gd: usize) {
+    let x = rnd_vec::<T>(&rng.vec(rows * d, 4.0));
+    let gate = rnd_vec::<T>(&rng.vec(rows * gd, 8.0));
+    let want: Vec<f32> = (0..rows * d)
+        .map(|i| {
+            let gv = gate[(i / d) * gd + if gd == 1 { 0 } else { i % d }];
+            rnd::<T>(x[i] * rnd::<T>(ops::sigmoid(gv)))
+        })
+        .collect();
+    let mut dx = up::<T>(k, &x);
+    let dg = up::<T>(k, &gate);
+    k.sigmoid_gate_mul(&mut dx, &dg, rows, d, gd).expect("sigmoid_gate_mul launch");
+    check(&format!("sigmoid_gate_mul {} [{rows}, {d}] gate_dim {gd}", T::NAME), &down(k, &dx), &want, tol::<T>());
+}
+
+#[test]
+fn cuda_sigmoid_gate() {
+    let Some(k) = gpu("cuda_sigmoid_gate") else { return };
+    let mut rng = Rng::new(6);
+    let d = ATT_HEADS * ATT_HEAD_DIM;
+    gate_case::<f32>(&k, &mut rng, 5, d, d);
+    gate_case::<bf16>(&k, &mut rng, 5, d, d);
+    gate_case::<f32>(&k, &mut rng, 5, HIDDEN, 1);
+    gate_case::<bf16>(&k, &mut rng, 5, HIDDEN, 1);
+}
+
+// ---------------------------------------------------------------------------
+// Router and argmax
+// ---------------------------------------------------------------------------
+
+/// CPU router as `porter_core::nn::Moe::route`.
+fn route_ref(logits: &[f32], e: usize, top_k: usize, renorm: bool) -> Vec<Vec<(usize, f32)>> {
+    logits
+        .chunks(e)
+        .map(|row| {
+            let mut p = row.to_vec();
+            ops::softmax_inplace(&mut p);
+            let mut idx: Vec<usize> = (0..e).collect();
+            idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let mut sel: Vec<(usize, f32)> = idx[..top_k].iter().map(|&i| (i, p[i])).collect();
+            if renorm {
+                let s: f32 = sel.iter().map(|(_, w)| w).sum();
+                sel.iter_mut().for_each(|(_, w)| *w /= s);
+            }
+            sel
+        })
+        .collect()
+}
+
+fn router_case(k: &CudaKernels, logits: &[f32], e: usize, top_k: usize, renorm: bool, what: &str) {
+    let rows = logits.len() / e;
+    let want = route_ref(logits, e, top_k, renorm);
+    let dl = k.stream().clone_htod(logits).expect("htod");
+    let mut di = poisoned_u32(k, rows * top_k);
+    let mut dw = poisoned::<f32>(k, rows * top_k);
+    k.moe_router(&dl, &mut di, &mut dw, rows, e, top_k, renorm).expect("moe_router launch");
+    let (gi, gw) = (down_u32(k, &di), down(k, &dw));
+    let want_i: Vec<u32> = want.iter().flat_map(|s| s.iter().map(|&(i, _)| i as u32)).collect();
+    let want_w: Vec<f32> = want.iter().flat_map(|s| s.iter().map(|&(_, w)| w)).collect();
+    assert_eq!(gi, want_i, "router {what}: expert indices differ");
+    check(&format!("router {what} weights (indices exact)"), &gw, &want_w, TOL_F32);
+}
+
+#[test]
+fn cuda_moe_router() {
+    let Some(k) = gpu("cuda_moe_router") else { return };
+    let mut rng = Rng::new(7);
+    for renorm in [true, false] {
+        let logits = rng.vec(9 * EXPERTS, 4.0);
+        router_case(&k, &logits, EXPERTS, TOP_K, renorm, &format!("E={EXPERTS} k={TOP_K} renorm={renorm}"));
+    }
+    // Ties go to the lower index: equal logits, and a planted duplicate maximum.
+    let mut logits = vec![0.5f32; 2 * EXPERTS];
+    logits[EXPERTS + 300] = 2.0;
+    logits[EXPERTS + 7] = 2.0;
+    logits[EXPERTS + 100] = 1.0;
+    router_case(&k, &logits, EXPERTS, TOP_K, true, "ties");
+    // Small shapes, k = 16 and k = e.
+    let logits = rng.vec(5 * 20, 2.0);
+    router_case(&k, &logits, 20, 16, true, "E=20 k=16");
+    let logits = rng.vec(4 * 8, 2.0);
+    router_case(&k, &logits, 8, 8, false, "E=8 k=8");
+    let logits = rng.vec(3 * 60, 2.0);
+    router_case(&k, &logits, 60, 4, true, "E=60 k=4 (Qwen3-MoE-like)");
+}
+
+#[test]
+fn cuda_argmax() {
+    let Some(k) = gpu("cuda_argmax") else { return };
+    let mut rng = Rng::new(8);
+    let rows = 4;
+    let mut logits = rng.vec(rows * VOCAB, 10.0);
+    // Row 1: tie between two maxima (the first wins); row 2: maximum at the end;
+    // row 3: all equal.
+    logits[VOCAB + 5000] = 50.0;
+    logits[VOCAB + 4000] = 50.0;
+    logits[3 * VOCAB - 1] = 60.0;
+    logits[3 * VOCAB..].fill(-1.0);
+    let want: Vec<u32> = logits
+        .chunks(VOCAB)
+        .map(|r| {
+            let mut best = 0;
+            for (i, &v) in r.iter().enumerate() {
+                if v > r[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect();
+    assert_eq!(&want[1..], &[4000, VOCAB as u32 - 1, 0]);
+    let dl = k.stream().clone_htod(&logits).expect("htod");
+    let mut out = poisoned_u32(&k, rows);
+    k.argmax(&dl, &mut out, rows, VOCAB).expect("argmax launch");
+    assert_eq!(down_u32(&k, &out), want);
+    println!("  argmax [{rows}, {VOCAB}]: exact {want:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Gated DeltaNet
+// ---------------------------------------------------------------------------
+
+fn gates_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, t: usize, hv: usize) {
+    let mut a = rnd_vec::<T>(&rng.vec(t * hv, 8.0));
+    a[0] = rnd::<T>(25.0); // above the softplus threshold
+    a[1] = rnd::<T>(19.0);
+    let b = rnd_vec::<T>(&rng.vec(t * hv, 6.0));
+    let a_log = rng.vec(hv, 2.0);
+    let dt_bias = rng.vec(hv, 1.0);
+    let (mut wg, mut wb) = (vec![0.0; t * hv], vec![0.0; t * hv]);
+    gdn::gdn_gates(&a, &b, &a_log, &dt_bias, &mut wg, &mut wb).expect("cpu gates");
+    let (da, db) = (up::<T>(k, &a), up::<T>(k, &b));
+    let (dl, dd) = (k.stream().clone_htod(&a_log).expect("htod"), k.stream().clone_htod(&dt_bias).expect("htod"));
+    let mut g = poisoned::<f32>(k, t * hv);
+    let mut beta = poisoned::<f32>(k, t * hv);
+    k.gdn_gates(&da, &db, &dl, &dd, &mut g, &mut beta, t, hv).expect("gdn_gates launch");
+    // f32 outputs of identical inputs: f32 tolerance for both storage types.
+    check(&format!("gdn_gates g {} [{t}, {hv}]", T::NAME), &down(k, &g), &wg, TOL_F32);
+    check(&format!("gdn_gates beta {} [{t}, {hv}]", T::NAME), &down(k, &beta), &wb, TOL_F32);
+}
+
+#[test]
+fn cuda_gdn_gates() {
+    let Some(k) = gpu("cuda_gdn_gates") else { return };
+    let mut rng = Rng::new(9);
+    gates_case::<f32>(&k, &mut rng, 7, LIN_HV);
+    gates_case::<bf16>(&k, &mut rng, 7, LIN_HV);
+    gates_case::<f32>(&k, &mut rng, 3, 5);
+}
+
+fn conv_update_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: usize, kk: usize, with_bias: bool) {
+    let (n, num_slots) = (3, 5);
+    let slots: Vec<u32> = vec![2, 0, 4];
+    let km1 = kk - 1;
+    let x = rnd_vec::<T>(&rng.vec(n * c, 2.0));
+    let w = rnd_vec::<T>(&rng.vec(c * kk, 1.0));
+    let bias = rnd_vec::<T>(&rng.vec(c, 0.5));
+    let state0 = rnd_vec::<T>(&rng.vec(num_slots * c * km1, 2.0));
+    let (mut want_out, mut want_state) = (vec![0.0f32; n * c], state0.clone());
+    for (r, &s) in slots.iter().enumerate() {
+        let st = &mut want_state[s as usize * c * km1..(s as usize + 1) * c * km1];
+        gdn::causal_conv1d_update(
+            &x[r * c..(r + 1) * c],
+            &w,
+            with_bias.then_some(&bias[..]),
+            st,
+            &mut want_out[r * c..(r + 1) * c],
+            c,
+            kk,
+        )
+        .expect("cpu conv update");
+    }
+    let want_out = rnd_vec::<T>(&want_out);
+    let (dx, dw, db) = (up::<T>(k, &x), up::<T>(k, &w), up::<T>(k, &bias));
+    let mut dst = up::<T>(k, &state0);
+    let dsl = up_u32(k, &slots);
+    let mut out = poisoned::<T>(k, n * c);
+    let bv = db.as_view();
+    k.conv1d_update(&dx, &dw, with_bias.then_some(&bv), &mut dst, Some(&dsl.as_view()), &mut out, n, c, kk, num_slots)
+        .expect("conv1d_update launch");
+    let what = format!("conv1d_update {} c={c} k={kk} bias={with_bias}", T::NAME);
+    check(&format!("{what} out"), &down(k, &out), &want_out, tol::<T>());
+    // States are copies of inputs: exact.
+    assert_eq!(down(k, &dst), want_state, "{what}: state (untouched slots included)");
+
+    // A bad slot: NaN row, no state touched.
+    let before = down(k, &dst);
+    let bad = up_u32(k, &[num_slots as u32 + 1]);
+    let mut out1 = up::<T>(k, &vec![0.0; c]);
+    k.conv1d_update(&dx.slice(0..c), &dw, None, &mut dst, Some(&bad.as_view()), &mut out1, 1, c, kk, num_slots)
+        .expect("conv1d_update launch");
+    assert!(down(k, &out1).iter().all(|v| v.is_nan()), "{what}: bad slot must give NaN");
+    assert_eq!(down(k, &dst), before, "{what}: bad slot touched the state");
+}
+
+fn conv_prefill_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, t: usize, c: usize, kk: usize, with_bias: bool) {
+    let km1 = kk - 1;
+    let x = rnd_vec::<T>(&rng.vec(t * c, 2.0));
+    let w = rnd_vec::<T>(&rng.vec(c * kk, 1.0));
+    let bias = rnd_vec::<T>(&rng.vec(c, 0.5));
+    let state0 = rnd_vec::<T>(&rng.vec(c * km1, 2.0));
+    let (mut want_out, mut want_state) = (vec![0.0f32; t * c], state0.clone());
+    gdn::causal_conv1d_prefill(&x, &w, with_bias.then_some(&bias[..]), &mut want_state, &mut want_out, t, c, kk)
+        .expect("cpu conv prefill");
+    let want_out = rnd_vec::<T>(&want_out);
+    let (dx, dw, db) = (up::<T>(k, &x), up::<T>(k, &w), up::<T>(k, &bias));
+    let mut dst = up::<T>(k, &state0);
+    let mut out = poisoned::<T>(k, t * c);
+    let bv = db.as_view();
+    k.conv1d_prefill(&dx, &dw, with_bias.then_some(&bv), &mut dst, &mut out, t, c, kk).expect("conv1d_prefill launch");
+    let what = format!("conv1d_prefill {} t={t} c={c} k={kk} bias={with_bias}", T::NAME);
+    check(&format!("{what} out"), &down(k, &out), &want_out, tol::<T>());
+    assert_eq!(down(k, &dst), want_state, "{what}: final state");
+    println!("  {what}: state exact");
+}
+
+#[test]
+fn cuda_conv1d() {
+    let Some(k) = gpu("cuda_conv1d") else { return };
+    let mut rng = Rng::new(10);
+    let conv = 2 * LIN_HK * LIN_D + LIN_HV * LIN_D; // 8192
+    conv_update_case::<f32>(&k, &mut rng, conv, CONV_K, false);
+    conv_update_case::<bf16>(&k, &mut rng, conv, CONV_K, false);
+    conv_update_case::<f32>(&k, &mut rng, 37, 3, true);
+    conv_update_case::<bf16>(&k, &mut rng, 37, 2, true);
+    for t in [1, 2, 5, 64] {
+        conv_prefill_case::<f32>(&k, &mut rng, t, conv, CONV_K, false);
+        conv_prefill_case::<bf16>(&k, &mut rng, t, conv, CONV_K, false);
+    }
+    conv_prefill_case::<f32>(&k, &mut rng, 7, 37, 2, true);
+    conv_prefill_case::<bf16>(&k, &mut rng, 3, 37, 3, true);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn recurrent_case<T: CudaFloat>(
+    k: &CudaKernels,
+    rng: &mut Rng,
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+    steps: usize,
+    slots: &[u32],
+    num_slots: usize,
+) {
+    let n = slots.len();
+    let slot_len = hv * dk * dv;
+    // Small states, as after a prefill (the recurrence keeps them bounded).
+    let state0 = rng.vec(num_slots * slot_len, 0.2);
+    let mut want_state = state0.clone();
+    let mut dst = k.stream().clone_htod(&state0).expect("htod");
+    let dsl = up_u32(k, slots);
+    let what = format!("gdn_recurrent_step {} hk={hk} hv={hv} dk={dk} dv={dv} n={n}", T::NAME);
+    let mut worst = 0.0f32;
+    for step in 0..steps {
+        let q = rnd_vec::<T>(&rng.vec(n * hk * dk, 2.0));
+        let kx = rnd_vec::<T>(&rng.vec(n * hk * dk, 2.0));
+        let v = rnd_vec::<T>(&rng.vec(n * hv * dv, 2.0));
+        // Log-decays from mild to a full reset (< -60 flushes to 0).
+        let mut g: Vec<f32> = (0..n * hv).map(|_| -rng.f(1.0).abs() * 3.0).collect();
+        g[0] = -70.0;
+        let beta: Vec<f32> = (0..n * hv).map(|_| rng.f(0.5) + 0.5).collect();
+
+        let mut want_out = vec![0.0f32; n * hv * dv];
+        for (r, &s) in slots.iter().enumerate() {
+            let mut qr = q[r * hk * dk..(r + 1) * hk * dk].to_vec();
+            let mut kr = kx[r * hk * dk..(r + 1) * hk * dk].to_vec();
+            gdn::l2norm_rows(&mut qr, dk, 1.0 / (dk as f32).sqrt()).expect("cpu l2norm");
+            gdn::l2norm_rows(&mut kr, dk, 1.0).expect("cpu l2norm");
+            let st = &mut want_state[s as usize * slot_len..(s as usize + 1) * slot_len];
+            gdn::recurrent_gated_delta_rule(
+                &qr,
+                &kr,
+                &v[r * hv * dv..(r + 1) * hv * dv],
+                &g[r * hv..(r + 1) * hv],
+                &beta[r * hv..(r + 1) * hv],
+                st,
+                &mut want_out[r * hv * dv..(r + 1) * hv * dv],
+                1,
+                hk,
+                hv,
+                dk,
+                dv,
+            )
+            .expect("cpu recurrent");
+        }
+        let want_out = rnd_vec::<T>(&want_out);
+
+        let (dq, dkx, dvv) = (up::<T>(k, &q), up::<T>(k, &kx), up::<T>(k, &v));
+        let (dg, db) = (k.stream().clone_htod(&g).expect("htod"), k.stream().clone_htod(&beta).expect("htod"));
+        let mut out = poisoned::<T>(k, n * hv * dv);
+        k.gdn_recurrent_step(
+            &dq,
+            &dkx,
+            &dvv,
+            &dg,
+            &db,
+            &mut dst,
+            Some(&dsl.as_view()),
+            &mut out,
+            n,
+            hk,
+            hv,
+            dk,
+            dv,
+            num_slots,
+        )
+        .expect("gdn_recurrent_step launch");
+        let e1 = check(&format!("{what} step {step} out"), &down(k, &out), &want_out, tol::<T>());
+        // The state is f32 in both storage modes.
+        let e2 = check(&format!("{what} step {step} state (all slots)"), &down(k, &dst), &want_state, TOL_F32);
+        worst = worst.max(e1);
+        let _ = e2;
+    }
+    println!("  {what}: worst out error over {steps} steps {worst:.3e}");
+}
+
+#[test]
+fn cuda_gdn_recurrent_step() {
+    let Some(k) = gpu("cuda_gdn_recurrent_step") else { return };
+    let mut rng = Rng::new(11);
+    // Real dims, one sequence and a batch of three in a pool of four slots.
+    recurrent_case::<f32>(&k, &mut rng, LIN_HK, LIN_HV, LIN_D, LIN_D, 4, &[0], 1);
+    recurrent_case::<f32>(&k, &mut rng, LIN_HK, LIN_HV, LIN_D, LIN_D, 4, &[1, 3, 0], 4);
+    recurrent_case::<bf16>(&k, &mut rng, LIN_HK, LIN_HV, LIN_D, LIN_D, 4, &[2, 0, 3], 4);
+    // Ragged dims: dv not a multiple of 32, dk not a multiple of 8, Hv = Hk.
+    recurrent_case::<f32>(&k, &mut rng, 2, 6, 40, 50, 3, &[1, 0], 2);
+    recurrent_case::<bf16>(&k, &mut rng, 3, 3, 256, 20, 3, &[0], 1);
+}
+
+#[test]
+fn cuda_conv_prefill_then_updates() {
+    // Prefill a conv state on the GPU, then decode with updates: matches the
+    // CPU doing the same (state carried across kernels and calls).
+    let Some(k) = gpu("cuda_conv_prefill_then_updates") else { return };
+    let mut rng = Rng::new(12);
+    let (c, kk, t) = (2 * LIN_HK * LIN_D + LIN_HV * LIN_D, CONV_K, 9);
+    let x = rnd_vec::<bf16>(&rng.vec((t + 3) * c, 2.0));
+    let w = rnd_vec::<bf16>(&rng.vec(c * kk, 1.0));
+    let mut st = vec![0.0f32; c * (kk - 1)];
+    let mut want = vec![0.0f32; (t + 3) * c];
+    gdn::causal_conv1d_prefill(&x[..t * c], &w, None, &mut st, &mut want[..t * c], t, c, kk).expect("cpu");
+    for i in t..t + 3 {
+        gdn::causal_conv1d_update(&x[i * c..(i + 1) * c], &w, None, &mut st, &mut want[i * c..(i + 1) * c], c, kk)
+            .expect("cpu");
+    }
+    let want = rnd_vec::<bf16>(&want);
+    let (dx, dw) = (up::<bf16>(&k, &x), up::<bf16>(&k, &w));
+    let mut dst = up::<bf16>(&k, &vec![0.0; c * (kk - 1)]);
+    let mut out = poisoned::<bf16>(&k, (t + 3) * c);
+    {
+        let mut o = out.slice_mut(..t * c);
+        k.conv1d_prefill(&dx.slice(..t * c), &dw, None, &mut dst, &mut o, t, c, kk).expect("prefill launch");
+    }
+    for i in t..t + 3 {
+        let mut o = out.slice_mut(i * c..(i + 1) * c);
+        k.conv1d_update(&dx.slice(i * c..(i + 1) * c), &dw, None, &mut dst, None, &mut o, 1, c, kk, 1)
+            .expect("update launch");
+    }
+    check("conv prefill(9) + 3 updates bf16", &down(&k, &out), &want, TOL_BF16);
+    assert_eq!(down(&k, &dst), rnd_vec::<bf16>(&st), "final conv state");
+}
+
+#[test]
+fn cuda_rejects_bad_arguments() {
+    let Some(k) = gpu("cuda_rejects_bad_arguments") else { return };
+    let x = up::<f32>(&k, &[1.0; 10]);
+    let w = up::<f32>(&k, &[1.0; 4]);
+    let mut out = poisoned::<f32>(&k, 10);
+    let e = k.rms_norm(&x, &w, &mut out, 2, 5, EPS, RmsNormKind::Standard).unwrap_err();
+    assert!(e.to_string().contains("`w` has 4 elements, expected 5"), "{e}");
+    let logits = up::<f32>(&k, &[0.0; 40]);
+    let (mut i, mut wt) = (poisoned_u32(&k, 34), poisoned::<f32>(&k, 34));
+    assert!(k.moe_router(&logits, &mut i, &mut wt, 2, 20, 17, true).is_err(), "k > 16 must be rejected");
+    let mut xr = up::<f32>(&k, &[0.0; 16]);
+    let p = up_u32(&k, &[0]);
+    let f = up::<f32>(&k, &[1.0; 3]);
+    assert!(k.rope_neox(&mut xr, &p, &f, 1, 2, 8, 7).is_err(), "odd rot_dim must be rejected");
+    println!("  bad arguments rejected with errors, no launch");
+}

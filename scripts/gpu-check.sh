@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# GPU check of porter's CUDA kernels, for a GPU machine that has no cargo.
+#
+# Two steps:
+#   scripts/gpu-check.sh stage   # HERE (with cargo): builds porter-kernels' release test
+#                                # binaries and copies them into .dev/bin/ (git-ignored)
+#   scripts/gpu-check.sh         # THERE (repo root, .dev/ carried along): runs every binary
+#                                # in .dev/bin/ with --nocapture; logs under $OUT (or .dev/out)
+#
+# On the GPU machine it finds libnvrtc.so.13 (CUDA toolkit or the nvidia-cuda-nvrtc wheel)
+# and the CUDA headers (PORTER_CUDA_INCLUDE, else /usr/local/cuda/include, else the
+# nvidia-cuda-runtime wheel), prints what it found, and exits non-zero if a binary fails.
+# Pass extra test-harness arguments after the mode, e.g. `scripts/gpu-check.sh run cuda_rope`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+mode=${1:-run}
+[ $# -gt 0 ] && shift
+
+if [ "$mode" = stage ]; then
+    set -e
+    mkdir -p .dev/bin
+    rm -f .dev/bin/*
+    cargo test -p porter-kernels --release --no-run --message-format=json |
+        python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        name = m["target"]["name"] + ("_lib" if "lib" in m["target"]["kind"] else "")
+        shutil.copy2(m["executable"], ".dev/bin/" + name)
+        print("staged .dev/bin/" + name)
+'
+    ls -la .dev/bin
+    exit 0
+fi
+
+if [ "$mode" != run ]; then
+    echo "usage: $0 [stage|run] [test-harness args...]" >&2
+    exit 2
+fi
+
+out=${OUT:-.dev/out}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+# --- NVRTC ---------------------------------------------------------------------------------
+nvrtc_dir=""
+py_nvidia=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]) if hasattr(nvidia, "__path__") else "")' 2>/dev/null || true)
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib ${py_nvidia:+$py_nvidia/nvidia/cu13/lib} \
+    ${py_nvidia:+$py_nvidia/nvidia/cuda_nvrtc/lib}; do
+    if [ -e "$d/libnvrtc.so.13" ]; then
+        nvrtc_dir=$d
+        break
+    fi
+done
+if [ -z "$nvrtc_dir" ]; then
+    f=$(find /usr/local /opt /usr/lib -name 'libnvrtc.so.13' 2>/dev/null | head -n 1)
+    [ -n "$f" ] && nvrtc_dir=$(dirname "$f")
+fi
+if [ -n "$nvrtc_dir" ]; then
+    export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+# --- headers -------------------------------------------------------------------------------
+if [ -z "${PORTER_CUDA_INCLUDE:-}" ]; then
+    for d in /usr/local/cuda/include ${py_nvidia:+$py_nvidia/nvidia/cu13/include}; do
+        if [ -f "$d/cuda_bf16.h" ]; then
+            export PORTER_CUDA_INCLUDE=$d
+            break
+        fi
+    done
+fi
+
+say "== gpu-check $(date -u +%FT%TZ)"
+say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1)"
+say "nvcc: $(nvcc --version 2>/dev/null | tail -n 1 || echo none)"
+say "libnvrtc.so.13: ${nvrtc_dir:-NOT FOUND}"
+say "PORTER_CUDA_INCLUDE: ${PORTER_CUDA_INCLUDE:-NOT FOUND}"
+
+# --- run -----------------------------------------------------------------------------------
+shopt -s nullglob
+bins=(.dev/bin/*)
+if [ ${#bins[@]} -eq 0 ]; then
+    say "no binaries in .dev/bin (run '$0 stage' where cargo is, and carry .dev)"
+    exit 2
+fi
+# One test at a time: readable logs, and each source is compiled once.
+[ $# -eq 0 ] && set -- --test-threads=1
+status=0
+for b in "${bins[@]}"; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b")
+    start=$(date +%s%N)
+    "$b" --nocapture "$@" >"$out/$name.log" 2>&1
+    rc=$?
+    ms=$((($(date +%s%N) - start) / 1000000))
+    say "$name: exit $rc, ${ms} ms, $(grep -E '^test result' "$out/$name.log" | tail -n 1)"
+    grep -E '^test .* FAILED|panicked|skipped:' "$out/$name.log" | head -n 40 | tee -a "$summary"
+    [ $rc -ne 0 ] && status=1
+done
+say "== overall: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+exit $status
