@@ -342,18 +342,20 @@ impl WeightMap {
             let per_layer = rule.slot.contains("{layer}") || rule.from.list().iter().any(|f| f.contains("{layer}"));
             let layers: Vec<Option<usize>> =
                 if per_layer { (0..ctx.num_layers).map(Some).collect() } else { vec![None] };
-            let shape: Vec<usize> = rule
-                .shape
-                .iter()
-                .map(|e| ctx.eval(e))
-                .collect::<Result<_>>()
-                .with_context(|| format!("rule `{}`", rule.slot))?;
             for layer in layers {
                 if let Some(w) = &rule.when {
                     if !ctx.cond(w, layer).with_context(|| format!("rule `{}`", rule.slot))? {
                         continue;
                     }
                 }
+                // Shapes are evaluated only for rules that apply (a dense config has no
+                // `num_experts`, say).
+                let shape: Vec<usize> = rule
+                    .shape
+                    .iter()
+                    .map(|e| ctx.eval(e))
+                    .collect::<Result<_>>()
+                    .with_context(|| format!("rule `{}`", rule.slot))?;
                 let sub = |s: &str| match layer {
                     Some(l) => s.replace("{layer}", &l.to_string()),
                     None => s.to_owned(),

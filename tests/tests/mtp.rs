@@ -62,14 +62,16 @@ fn vanilla_mode_with_ffn_modules_is_exact() {
     for k in 1..=3 {
         let drafts: Vec<Box<dyn DraftHead>> =
             (0..k).map(|_| registry::load_draft(&fixture("mistral_mtp_draft"), &cfg, &m).unwrap()).collect();
-        let spec = generate_speculative(&m, &drafts, &prompt, SamplingParams::default(), 48, &[], k, MtpMode::Vanilla).unwrap();
+        let spec = generate_speculative(&m, &drafts, &prompt, SamplingParams::default(), 48, &[], k, MtpMode::Vanilla)
+            .unwrap();
         assert_eq!(spec.ids, plain, "vanilla k={k}");
     }
 }
 
 /// Draft logits against the torch references of `tests/gen_mtp_fixtures.py`.
 fn check_draft_parity(main_name: &str, draft_dir: &str) {
-    let r = porter_core::checkpoint::Checkpoint::open_files(&[fixture(main_name).join("mtp_reference.safetensors")]).unwrap();
+    let r = porter_core::checkpoint::Checkpoint::open_files(&[fixture(main_name).join("mtp_reference.safetensors")])
+        .unwrap();
     let ids: Vec<u32> = r.read_i64("ids").unwrap().into_iter().map(|v| v as u32).collect();
     let want = r.read_f32("mtp_logits").unwrap();
     let cfg = config::read_config(&fixture(main_name)).unwrap();
@@ -107,7 +109,10 @@ fn draft_with_wrong_hidden_size_is_rejected() {
     // A layout that matches no draft registered for the main architecture.
     let m = load("qwen3", DType::F32).unwrap();
     let cfg = config::read_config(&fixture("qwen3")).unwrap();
-    let e = registry::load_draft(&fixture("mistral_mtp_draft"), &cfg, &m).err().map(|e| format!("{e:#}")).unwrap_or_default();
+    let e = registry::load_draft(&fixture("mistral_mtp_draft"), &cfg, &m)
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
     assert!(e.contains("matches no registered draft head"), "{e}");
     // A matching layout whose config disagrees with the main model's hidden size.
     let dir = std::env::temp_dir().join(format!("porter-draft-hidden-{}", std::process::id()));

@@ -31,3 +31,28 @@ snap! {
     qwen3_next_b => "qwen3_next_b",
     qwen3_next_mtp_sharded => "qwen3_next_mtp",
 }
+
+/// Draft maps resolved against their folders (the main model's facts come from its config).
+fn draft_table(main: &str, draft: &str) -> String {
+    let main_cfg = porter_core::config::read_config(&fixture(main)).expect("main config");
+    let m = tests::load(main, porter_core::DType::F32).expect("main model");
+    let p = registry::prepare_draft(&fixture(draft), &main_cfg, &m.info, porter_core::DType::F32).expect("draft");
+    p.map.validate(&p.checkpoint).unwrap_or_else(|e| panic!("{draft}: {e}"));
+    format!("# draft {}\n{}", p.entry.name, p.map.render_table())
+}
+
+macro_rules! snap_draft {
+    ($($test:ident => $main:literal, $draft:literal),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            insta::assert_snapshot!(stringify!($test), draft_table($main, $draft));
+        }
+    )*};
+}
+
+snap_draft! {
+    draft_qwen3_next_mtp => "qwen3_next_mtp", "qwen3_next_mtp",
+    draft_qwen3_moe_mtp => "qwen3_moe", "qwen3_moe_mtp_draft",
+    draft_qwen3_dense_mtp => "qwen3", "qwen3_dense_mtp_draft",
+    draft_mistral_mtp => "mistral", "mistral_mtp_draft",
+}
