@@ -27,6 +27,12 @@ pub fn matmul_t(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: us
         }
         return;
     }
+    if m <= 4 {
+        // Decode-sized GEMMs are GEMVs: split the weight rows across threads so the
+        // weight streams once at full memory bandwidth.
+        gemv_t(x, w, out, m, k, n, accumulate);
+        return;
+    }
     let threads = rayon::current_num_threads();
     let par =
         if m * n * k >= 1 << 15 && threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
@@ -54,6 +60,50 @@ pub fn matmul_t(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: us
             false,
             par,
         );
+    }
+}
+
+/// Dot product with 8 independent accumulators (vectorises well).
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let n8 = a.len() / 8 * 8;
+    for (ca, cb) in a[..n8].chunks_exact(8).zip(b[..n8].chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += ca[i] * cb[i];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in n8..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+/// `out = x · wᵀ` for a handful of rows `m`, parallel over blocks of the `n` output features.
+fn gemv_t(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, accumulate: bool) {
+    const BLOCK: usize = 64;
+    // Column-major scratch [n, m]: each task owns a contiguous block of output features.
+    let mut scratch = vec![0.0f32; n * m];
+    let fill = |(bi, blk): (usize, &mut [f32])| {
+        for (j, o) in blk.chunks_mut(m).enumerate() {
+            let col = bi * BLOCK + j;
+            let wr = &w[col * k..(col + 1) * k];
+            for (r, v) in o.iter_mut().enumerate() {
+                *v = dot(&x[r * k..(r + 1) * k], wr);
+            }
+        }
+    };
+    if n * k >= 1 << 16 {
+        scratch.par_chunks_mut(BLOCK * m).enumerate().for_each(fill);
+    } else {
+        scratch.chunks_mut(BLOCK * m).enumerate().for_each(fill);
+    }
+    for r in 0..m {
+        for (c, o) in out[r * n..(r + 1) * n].iter_mut().enumerate() {
+            let v = scratch[c * m + r];
+            *o = if accumulate { *o + v } else { v };
+        }
     }
 }
 
@@ -260,6 +310,23 @@ mod tests {
         matmul_t(&x, &w, &mut out, m, k, n, true);
         for (a, b) in out.iter().zip(&before) {
             assert!((a - 2.0 * b).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn gemv_path_matches_naive() {
+        for m in 1..=4 {
+            let (k, n) = (37, 300);
+            let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
+            let mut out = vec![1.0; m * n];
+            matmul_t(&x, &w, &mut out, m, k, n, true);
+            for i in 0..m {
+                for j in 0..n {
+                    let r: f32 = 1.0 + (0..k).map(|l| x[i * k + l] * w[j * k + l]).sum::<f32>();
+                    assert!((out[i * n + j] - r).abs() < 1e-4, "m={m} ({i},{j})");
+                }
+            }
         }
     }
 
