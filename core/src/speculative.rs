@@ -162,6 +162,9 @@ pub fn generate_speculative(
     }
     let mut drafter = Drafter { main, drafts, caches, mode, k };
     let mut gen = SpecGeneration { ids: Vec::new(), finish: FinishReason::Length, steps: 0, proposed: 0, accepted: 0 };
+    if max_tokens == 0 {
+        return Ok(gen);
+    }
     // Prefill.
     let out = main.forward(&Batch::single(seq, 0, prompt), &mut cache, LogitsFor::Last)?;
     let mut last = sampler.sample(out.logits.row(0));
