@@ -28,18 +28,24 @@ pub trait DraftHead: Send + Sync {
     /// The registered draft name (its crate).
     fn name(&self) -> &str;
 
-    /// Per-request state of the draft (a KV cache for attention heads, none for FFN heads).
-    fn new_cache(&self, max_seqs: usize) -> ModelCache;
+    /// Per-request state of the draft (a KV cache for attention heads; by default none).
+    fn new_cache(&self, max_seqs: usize) -> ModelCache {
+        ModelCache::new(vec![LayerCache::Stateless], max_seqs)
+    }
 
     /// Whether the draft keeps per-request state (then chained steps must be rolled back).
-    fn is_stateful(&self) -> bool;
+    fn is_stateful(&self) -> bool {
+        false
+    }
 
     /// Converts main-model hidden rows (the residual stream before the final norm) into
-    /// the hidden the draft consumes.
+    /// the hidden the draft consumes (by default, unchanged).
     ///
     /// # Shapes
     /// `[T, hidden]` → `[T, hidden]`
-    fn main_hidden(&self, main: &Model, h: &Tensor) -> Result<Tensor>;
+    fn main_hidden(&self, _main: &Model, h: &Tensor) -> Result<Tensor> {
+        Ok(h.clone())
+    }
 
     /// Runs the draft: row `r` takes token `batch.ids[r]` and `hidden` row `r` at the
     /// position given by the batch (the position of the hidden).
@@ -183,18 +189,6 @@ impl DraftHead for FfnMtpHead {
         &self.name
     }
 
-    fn new_cache(&self, max_seqs: usize) -> ModelCache {
-        ModelCache::new(vec![LayerCache::Stateless], max_seqs)
-    }
-
-    fn is_stateful(&self) -> bool {
-        false
-    }
-
-    fn main_hidden(&self, _main: &Model, h: &Tensor) -> Result<Tensor> {
-        Ok(h.clone())
-    }
-
     fn forward(
         &self,
         main: &Model,
@@ -233,18 +227,6 @@ pub struct OracleDraft {
 impl DraftHead for OracleDraft {
     fn name(&self) -> &str {
         "oracle"
-    }
-
-    fn new_cache(&self, max_seqs: usize) -> ModelCache {
-        ModelCache::new(vec![LayerCache::Stateless], max_seqs)
-    }
-
-    fn is_stateful(&self) -> bool {
-        false
-    }
-
-    fn main_hidden(&self, _main: &Model, h: &Tensor) -> Result<Tensor> {
-        Ok(h.clone())
     }
 
     fn forward(
