@@ -50,6 +50,16 @@ pub enum RopeScaling {
     Default,
     /// Positions divided by `factor` (HF `rope_type: linear`).
     Linear { factor: f32 },
+    /// YaRN (HF `rope_type: yarn`): per-frequency blend of interpolation and extrapolation,
+    /// cos/sin scaled by `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        truncate: bool,
+    },
 }
 
 /// Rotary-embedding parameters of a model.
@@ -88,7 +98,44 @@ pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Res
                 .ok_or_else(|| anyhow!("rope scaling `linear` needs a `factor`"))?;
             RopeScaling::Linear { factor }
         }
-        other => bail!("rope scaling type `{other}` is not supported yet (supported: default, linear)"),
+        "yarn" => {
+            let o = scaling_obj.ok_or_else(|| anyhow!("rope scaling `yarn` needs its parameters"))?;
+            let f = |k: &str| o.get(k).and_then(Value::as_f64);
+            let original = f("original_max_position_embeddings")
+                .or_else(|| raw.get("max_position_embeddings").and_then(Value::as_f64))
+                .ok_or_else(|| anyhow!("rope scaling `yarn` needs original_max_position_embeddings"))?;
+            // HF: factor defaults to max_position_embeddings / original_max_position_embeddings.
+            let factor = match f("factor") {
+                Some(x) => x,
+                None => raw
+                    .get("max_position_embeddings")
+                    .and_then(Value::as_f64)
+                    .map(|m| m / original)
+                    .ok_or_else(|| anyhow!("rope scaling `yarn` needs a `factor`"))?,
+            };
+            let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+            let attention_factor = match (f("attention_factor"), f("mscale"), f("mscale_all_dim")) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => get_mscale(factor, m) / get_mscale(factor, ma),
+                _ => get_mscale(factor, 1.0),
+            };
+            // HF uses `x or default`: a zero/null beta falls back to the default.
+            let beta_fast = f("beta_fast").filter(|v| *v != 0.0).unwrap_or(32.0);
+            let beta_slow = f("beta_slow").filter(|v| *v != 0.0).unwrap_or(1.0);
+            let truncate = o.get("truncate").and_then(Value::as_bool).unwrap_or(true);
+            if !(factor > 0.0 && original > 0.0) {
+                bail!("rope scaling `yarn`: factor and original_max_position_embeddings must be positive");
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            }
+        }
+        other => bail!("rope scaling type `{other}` is not supported yet (supported: default, linear, yarn)"),
     };
     Ok(RopeParams { theta, partial_rotary_factor: partial, scaling })
 }

@@ -120,6 +120,8 @@ pub struct Rope {
     inv_freq: Vec<f32>,
     rot_dim: usize,
     head_dim: usize,
+    /// Scale applied to cos / sin (YaRN's attention factor; 1 otherwise).
+    attention_scaling: f32,
 }
 
 impl Rope {
@@ -132,10 +134,46 @@ impl Rope {
         // HF: inv_freq = 1 / base^(arange(0, dim, 2) / dim), in f32.
         let mut inv_freq: Vec<f32> =
             (0..rot_dim / 2).map(|i| 1.0f32 / params.theta.powf((2 * i) as f32 / rot_dim as f32)).collect();
-        if let RopeScaling::Linear { factor } = params.scaling {
-            inv_freq.iter_mut().for_each(|f| *f /= factor);
+        let mut attention_scaling = 1.0f32;
+        match params.scaling {
+            RopeScaling::Default => {}
+            RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            } => {
+                // HF `_compute_yarn_parameters`.
+                let (dim, base) = (rot_dim as f64, params.theta as f64);
+                let corr = |rot: f64| {
+                    dim * (original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln()
+                        / (2.0 * base.ln())
+                };
+                let (mut low, mut high) = (corr(beta_fast), corr(beta_slow));
+                if truncate {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let low = low.max(0.0);
+                let mut high = high.min(dim - 1.0);
+                if low == high {
+                    high += 0.001;
+                }
+                for (i, f) in inv_freq.iter_mut().enumerate() {
+                    let pos_freq = (params.theta).powf((2 * i) as f32 / rot_dim as f32);
+                    let extrapolation = 1.0 / pos_freq;
+                    let interpolation = 1.0 / (factor as f32 * pos_freq);
+                    let ramp = (((i as f64 - low) / (high - low)).clamp(0.0, 1.0)) as f32;
+                    let extra_factor = 1.0 - ramp;
+                    *f = interpolation * (1.0 - extra_factor) + extrapolation * extra_factor;
+                }
+                attention_scaling = attention_factor as f32;
+            }
         }
-        Ok(Self { inv_freq, rot_dim, head_dim })
+        Ok(Self { inv_freq, rot_dim, head_dim, attention_scaling })
     }
 
     pub fn rot_dim(&self) -> usize {
@@ -153,8 +191,8 @@ impl Rope {
         for &p in positions {
             for f in &self.inv_freq {
                 let a = p as f32 * f;
-                cos.push(dtype.round(a.cos()));
-                sin.push(dtype.round(a.sin()));
+                cos.push(dtype.round(a.cos() * self.attention_scaling));
+                sin.push(dtype.round(a.sin() * self.attention_scaling));
             }
         }
         (cos, sin)
