@@ -283,6 +283,8 @@ pub trait StateCache: Send {
     fn free_seq(&mut self, seq: SeqId);
     /// Tokens consumed by the sequence so far.
     fn seq_len(&self, seq: SeqId) -> usize;
+    /// Whether the slot holds a live sequence.
+    fn is_live(&self, seq: SeqId) -> bool;
     /// Marks `n` more tokens as consumed (after a forward wrote their state).
     fn advance(&mut self, seq: SeqId, n: usize) -> Result<()>;
     /// Rolls a sequence back to `len` consumed tokens.
@@ -346,6 +348,10 @@ impl StateCache for ModelCache {
 
     fn seq_len(&self, seq: SeqId) -> usize {
         self.lens.get(seq.0).copied().flatten().unwrap_or(0)
+    }
+
+    fn is_live(&self, seq: SeqId) -> bool {
+        matches!(self.lens.get(seq.0), Some(Some(_)))
     }
 
     fn advance(&mut self, seq: SeqId, n: usize) -> Result<()> {

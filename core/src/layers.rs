@@ -181,7 +181,14 @@ impl Model {
             );
         }
         let mut covered = 0;
+        let mut seen = std::collections::HashSet::new();
         for s in &batch.spans {
+            if !cache.is_live(s.seq) {
+                bail!("sequence slot {} is not allocated in the state cache", s.seq.0);
+            }
+            if !seen.insert(s.seq) {
+                bail!("sequence slot {} appears twice in one batch", s.seq.0);
+            }
             if s.start != covered || s.len == 0 {
                 bail!("batch spans must be contiguous and non-empty");
             }

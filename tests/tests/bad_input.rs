@@ -132,3 +132,19 @@ fn bad_moe_config_value() {
     let e = load_err(&d);
     assert!(e.contains("num_experts_per_tok"), "{e}");
 }
+
+#[test]
+fn unallocated_or_repeated_sequences_are_rejected() {
+    let m = registry::load(&fixture("qwen3_next_a"), DType::F32, Device::Cpu, false).unwrap();
+    let mut cache = m.new_cache(2);
+    let e =
+        m.forward(&Batch::single(porter_core::SeqId(1), 0, &[3]), &mut cache, LogitsFor::All).expect_err("must fail");
+    assert!(e.to_string().contains("not allocated"), "{e}");
+    let a = cache.alloc_seq().unwrap();
+    let mut b = Batch::default();
+    b.push(a, 0, &[3]);
+    b.push(a, 1, &[4]);
+    let e = m.forward(&b, &mut cache, LogitsFor::All).expect_err("must fail");
+    assert!(e.to_string().contains("appears twice"), "{e}");
+    assert_eq!(cache.seq_len(a), 0);
+}
