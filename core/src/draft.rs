@@ -99,6 +99,25 @@ fn check_batch(main: &Model, batch: &Batch, hidden: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// The input fusion shared by MTP heads: `proj([norm_e(embed(ids)) | norm_h(hidden)])`
+/// (embedding first), returned as an f32 residual stream. Validates ids and shapes.
+///
+/// # Shapes
+/// `hidden: [T, H]` → `[T, H]` (via `[T, 2H]`)
+fn fuse(
+    main: &Model,
+    batch: &Batch,
+    hidden: &Tensor,
+    norm_e: &RmsNorm,
+    norm_h: &RmsNorm,
+    proj: &Linear,
+) -> Result<Tensor> {
+    check_batch(main, batch, hidden)?;
+    let e = norm_e.forward(&main.pre.forward(&batch.ids)?)?;
+    let hh = norm_h.forward(hidden)?;
+    Ok(proj.forward(&concat_last(&e, &hh, main.info.dtype)?)?.to_dtype(DType::F32))
+}
+
 /// An MTP head with one decoder layer (Qwen3-Next `mtp.*`, DeepSeek-style):
 /// `u = fc([norm_e(embed(x_{p+1})) | norm_h(h_p)])`, `u = layer(u)` (own KV cache),
 /// `logits = lm_head(norm(u))`; the hidden handed to a chained step is `norm(u)`.
@@ -143,7 +162,6 @@ impl DraftHead for AttentionMtpHead {
         cache: &mut dyn StateCache,
         rows: LogitsFor,
     ) -> Result<DraftOutput> {
-        check_batch(main, batch, hidden)?;
         for s in &batch.spans {
             if cache.seq_len(s.seq) != s.pos0 {
                 bail!(
@@ -154,11 +172,7 @@ impl DraftHead for AttentionMtpHead {
                 );
             }
         }
-        let dt = main.info.dtype;
-        let e = self.norm_embedding.forward(&main.pre.forward(&batch.ids)?)?;
-        let hh = self.norm_hidden.forward(hidden)?;
-        // [T, 2H] -> [T, H]; the residual stream of the draft layer is f32.
-        let u = self.fc.forward(&concat_last(&e, &hh, dt)?)?.to_dtype(DType::F32);
+        let u = fuse(main, batch, hidden, &self.norm_embedding, &self.norm_hidden, &self.fc)?;
         let u = self.layer.forward(u, batch, cache.layer_mut(0)?)?;
         for s in &batch.spans {
             cache.advance(s.seq, s.len)?;
@@ -197,13 +211,8 @@ impl DraftHead for FfnMtpHead {
         cache: &mut dyn StateCache,
         rows: LogitsFor,
     ) -> Result<DraftOutput> {
-        check_batch(main, batch, hidden)?;
-        let dt = main.info.dtype;
-        let e = self.enorm.forward(&main.pre.forward(&batch.ids)?)?;
         let h = if self.main_norm_on_hidden { main.post.norm(hidden)? } else { hidden.clone() };
-        let hh = self.hnorm.forward(&h)?;
-        // [T, 2H] -> [T, H], residual in f32.
-        let mut x = self.eh_proj.forward(&concat_last(&e, &hh, dt)?)?.to_dtype(DType::F32);
+        let mut x = fuse(main, batch, &h, &self.enorm, &self.hnorm, &self.eh_proj)?;
         let f = self.ffn.forward(&self.ffn_norm.forward(&x)?)?;
         x.add_(&f)?;
         let _ = cache; // stateless: positions do not matter
