@@ -619,6 +619,18 @@ pub mod load {
         Ok(RmsNorm::new(w.take(slot)?, eps, kind))
     }
 
+    /// The feed-forward half of a layer whose slots start with `prefix` (e.g. `"layers.3."`):
+    /// the MoE at `{prefix}moe` when `moe` gives `(top_k, norm_topk_prob)`, else the dense
+    /// SwiGLU at `{prefix}mlp`.
+    pub fn feed_forward(w: &mut Weights, prefix: &str, moe: Option<(usize, bool)>) -> Result<FeedForward> {
+        Ok(match moe {
+            Some((top_k, norm_topk_prob)) => {
+                FeedForward::Moe(Box::new(self::moe(w, &format!("{prefix}moe"), top_k, norm_topk_prob)?))
+            }
+            None => FeedForward::Dense(Box::new(swiglu(w, &format!("{prefix}mlp"))?)),
+        })
+    }
+
     /// `P.gate_proj`, `P.up_proj`, `P.down_proj`.
     pub fn swiglu(w: &mut Weights, prefix: &str) -> Result<SwiGlu> {
         Ok(SwiGlu {

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use porter_core::draft::{DraftHead, FfnMtpHead};
-use porter_core::nn::{load, FeedForward, NormKind};
+use porter_core::nn::{load, NormKind};
 use porter_core::registry::{DraftEntry, DraftLoadContext};
 use porter_core::{config, MapContext, Weights};
 use serde::Deserialize;
@@ -41,7 +41,7 @@ fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
         hnorm: load::norm(w, "hnorm", eps, NormKind::Standard)?,
         main_norm_on_hidden: true,
         ffn_norm: load::norm(w, "ffn_norm", eps, NormKind::Standard)?,
-        ffn: FeedForward::Dense(Box::new(load::swiglu(w, "mlp")?)),
+        ffn: load::feed_forward(w, "", None)?,
     }))
 }
 

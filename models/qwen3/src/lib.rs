@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Result};
 use porter_core::config::{self, DecoderConfig};
-use porter_core::nn::{load, AttentionConfig, DecoderLayer, FeedForward, NormKind, Rope};
+use porter_core::nn::{load, AttentionConfig, DecoderLayer, NormKind, Rope};
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
 use serde::Deserialize;
 use serde_json::Value;
@@ -133,7 +133,7 @@ pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
                 Some((eps, NormKind::Standard)),
             )?,
             post_norm: load::norm(w, &format!("{p}.post_norm"), eps, NormKind::Standard)?,
-            ffn: FeedForward::Dense(Box::new(load::swiglu(w, &format!("{p}.mlp"))?)),
+            ffn: load::feed_forward(w, &format!("{p}."), None)?,
         }));
     }
     load::assemble(lc, w, "Qwen3ForCausalLM", &c.base, NormKind::Standard, layers)

@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Result};
 use porter_core::config::{self, DecoderConfig};
-use porter_core::nn::{load, AttentionConfig, DecoderLayer, FeedForward, NormKind, Rope};
+use porter_core::nn::{load, AttentionConfig, DecoderLayer, NormKind, Rope};
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
 use serde::Deserialize;
 use serde_json::Value;
@@ -124,11 +124,11 @@ pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
     for i in 0..c.base.num_hidden_layers {
         let p = format!("layers.{i}");
         let cfg = AttentionConfig::gqa(c.base.num_attention_heads, c.kv_heads(), c.head_dim(), c.window());
-        let ffn = if c.is_moe_layer(i) {
-            FeedForward::Moe(Box::new(load::moe(w, &format!("{p}.moe"), c.num_experts_per_tok, c.norm_topk_prob)?))
-        } else {
-            FeedForward::Dense(Box::new(load::swiglu(w, &format!("{p}.mlp"))?))
-        };
+        let ffn = load::feed_forward(
+            w,
+            &format!("{p}."),
+            c.is_moe_layer(i).then_some((c.num_experts_per_tok, c.norm_topk_prob)),
+        )?;
         layers.push(Box::new(DecoderLayer {
             input_norm: load::norm(w, &format!("{p}.input_norm"), eps, NormKind::Standard)?,
             attn: load::attention(

@@ -8,7 +8,7 @@
 
 use anyhow::{bail, Result};
 use porter_core::draft::{DraftHead, FfnMtpHead};
-use porter_core::nn::{load, FeedForward, NormKind};
+use porter_core::nn::{load, NormKind};
 use porter_core::registry::{DraftEntry, DraftLoadContext};
 use porter_core::{config, MapContext, Weights};
 use serde::Deserialize;
@@ -91,11 +91,7 @@ fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
     let c = Config::from_value(lc.config)?;
     let m = module_index(lc)?;
     let eps = c.rms_norm_eps as f32;
-    let ffn = if c.is_moe_layer(m) {
-        FeedForward::Moe(Box::new(load::moe(w, "moe", c.num_experts_per_tok, c.norm_topk_prob)?))
-    } else {
-        FeedForward::Dense(Box::new(load::swiglu(w, "mlp")?))
-    };
+    let ffn = load::feed_forward(w, "", c.is_moe_layer(m).then_some((c.num_experts_per_tok, c.norm_topk_prob)))?;
     Ok(Box::new(FfnMtpHead {
         name: "qwen3_moe_mtp".into(),
         eh_proj: load::linear(w, "eh_proj")?,

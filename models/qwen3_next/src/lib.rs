@@ -9,7 +9,7 @@
 use anyhow::{bail, Result};
 use porter_core::config::{self, DecoderConfig};
 use porter_core::linear_attn::GdnConfig;
-use porter_core::nn::{load, AttentionConfig, DecoderLayer, FeedForward, NormKind, Rope};
+use porter_core::nn::{load, AttentionConfig, DecoderLayer, NormKind, Rope};
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
 use serde::Deserialize;
 use serde_json::Value;
@@ -258,11 +258,11 @@ pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
                 load::attention(w, &format!("{p}.attn"), cfg, rope, Some((eps, NormKind::ZeroCentred)))?
             }
         };
-        let ffn = if c.is_moe_layer(i) {
-            FeedForward::Moe(Box::new(load::moe(w, &format!("{p}.moe"), c.num_experts_per_tok, c.norm_topk_prob)?))
-        } else {
-            FeedForward::Dense(Box::new(load::swiglu(w, &format!("{p}.mlp"))?))
-        };
+        let ffn = load::feed_forward(
+            w,
+            &format!("{p}."),
+            c.is_moe_layer(i).then_some((c.num_experts_per_tok, c.norm_topk_prob)),
+        )?;
         layers.push(Box::new(DecoderLayer {
             input_norm: load::norm(w, &format!("{p}.input_norm"), eps, NormKind::ZeroCentred)?,
             attn: mixer,

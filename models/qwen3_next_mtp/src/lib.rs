@@ -7,7 +7,7 @@
 
 use anyhow::Result;
 use porter_core::draft::{AttentionMtpHead, DraftHead};
-use porter_core::nn::{load, AttentionConfig, DecoderLayer, FeedForward, NormKind, Rope};
+use porter_core::nn::{load, AttentionConfig, DecoderLayer, NormKind, Rope};
 use porter_core::registry::{DraftEntry, DraftLoadContext};
 use porter_core::{config, MapContext, Weights};
 use qwen3_next::Config;
@@ -43,11 +43,7 @@ fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
         output_gate: true,
         scale: 1.0 / (c.head_dim as f32).sqrt(),
     };
-    let ffn = if is_moe(&c) {
-        FeedForward::Moe(Box::new(load::moe(w, "layers.0.moe", c.num_experts_per_tok, c.norm_topk_prob)?))
-    } else {
-        FeedForward::Dense(Box::new(load::swiglu(w, "layers.0.mlp")?))
-    };
+    let ffn = load::feed_forward(w, "layers.0.", is_moe(&c).then_some((c.num_experts_per_tok, c.norm_topk_prob)))?;
     let layer = DecoderLayer {
         input_norm: load::norm(w, "layers.0.input_norm", eps, NormKind::ZeroCentred)?,
         attn: load::attention(
