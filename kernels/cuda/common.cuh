@@ -4,7 +4,7 @@
 // that compile errors point at the right file and line.
 //
 // Conventions (kernels/src/lib.rs: the CPU kernels are the reference):
-// - storage types are `float` and `bf16`; all math is in f32;
+// - storage types are `float`, `bf16` and `f16` (`__half`); all math is in f32;
 // - an output stored as bf16 is rounded once, with round-to-nearest-even
 //   (half::bf16::from_f32 on the CPU side), at the points where the CPU model
 //   rounds (`round_to<T>`);
@@ -12,8 +12,10 @@
 //   named `<kernel>_<type>` (`<kernel>_<in>_<out>` where they differ).
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 typedef __nv_bfloat16 bf16;
+typedef __half f16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
@@ -22,10 +24,12 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(f16 x) { return __half2float(x); }
 
 template <typename T> __device__ __forceinline__ T from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ f16 from_f<f16>(float x) { return __float2half_rn(x); }
 
 // `DType::round`: round an f32 to the storage type T and back.
 template <typename T> __device__ __forceinline__ float round_to(float x) { return to_f(from_f<T>(x)); }

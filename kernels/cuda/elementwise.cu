@@ -28,6 +28,9 @@ extern "C" __global__ void embedding_f32(const float* table, const u32* ids, flo
 extern "C" __global__ void embedding_bf16(const bf16* table, const u32* ids, float* out, u32 hidden, u32 vocab) {
     embedding_impl<bf16>(table, ids, out, hidden, vocab);
 }
+extern "C" __global__ void embedding_f16(const f16* table, const u32* ids, float* out, u32 hidden, u32 vocab) {
+    embedding_impl<f16>(table, ids, out, hidden, vocab);
+}
 
 // ---------------------------------------------------------------------------
 // SwiGLU activation, one rounding: out = round(silu(g) · u).
@@ -54,11 +57,15 @@ __device__ __forceinline__ void swiglu_fused_impl(const T* __restrict__ gu, T* _
 
 extern "C" __global__ void swiglu_f32(const float* g, const float* u, float* out, u64 n) { swiglu_impl<float>(g, u, out, n); }
 extern "C" __global__ void swiglu_bf16(const bf16* g, const bf16* u, bf16* out, u64 n) { swiglu_impl<bf16>(g, u, out, n); }
+extern "C" __global__ void swiglu_f16(const f16* g, const f16* u, f16* out, u64 n) { swiglu_impl<f16>(g, u, out, n); }
 extern "C" __global__ void swiglu_fused_f32(const float* gu, float* out, u64 rows, u32 inter) {
     swiglu_fused_impl<float>(gu, out, rows, inter);
 }
 extern "C" __global__ void swiglu_fused_bf16(const bf16* gu, bf16* out, u64 rows, u32 inter) {
     swiglu_fused_impl<bf16>(gu, out, rows, inter);
+}
+extern "C" __global__ void swiglu_fused_f16(const f16* gu, f16* out, u64 rows, u32 inter) {
+    swiglu_fused_impl<f16>(gu, out, rows, inter);
 }
 
 // ---------------------------------------------------------------------------
@@ -82,6 +89,9 @@ extern "C" __global__ void sigmoid_gate_mul_f32(float* x, const float* gate, u64
 }
 extern "C" __global__ void sigmoid_gate_mul_bf16(bf16* x, const bf16* gate, u64 rows, u32 d, u32 gd) {
     sigmoid_gate_mul_impl<bf16>(x, gate, rows, d, gd);
+}
+extern "C" __global__ void sigmoid_gate_mul_f16(f16* x, const f16* gate, u64 rows, u32 d, u32 gd) {
+    sigmoid_gate_mul_impl<f16>(x, gate, rows, d, gd);
 }
 
 // ---------------------------------------------------------------------------
@@ -120,4 +130,8 @@ extern "C" __global__ void rope_neox_f32(float* x, const u32* positions, const f
 extern "C" __global__ void rope_neox_bf16(bf16* x, const u32* positions, const float* inv_freq, u32 t, u32 heads,
                                           u32 head_dim, u32 half) {
     rope_neox_impl<bf16>(x, positions, inv_freq, t, heads, head_dim, half);
+}
+extern "C" __global__ void rope_neox_f16(f16* x, const u32* positions, const float* inv_freq, u32 t, u32 heads,
+                                          u32 head_dim, u32 half) {
+    rope_neox_impl<f16>(x, positions, inv_freq, t, heads, head_dim, half);
 }

@@ -29,6 +29,10 @@ extern "C" __global__ void gdn_gates_bf16(const bf16* a, const bf16* b, const fl
                                           float* g, float* beta, u64 n, u32 hv) {
     gdn_gates_impl<bf16>(a, b, a_log, dt_bias, g, beta, n, hv);
 }
+extern "C" __global__ void gdn_gates_f16(const f16* a, const f16* b, const float* a_log, const float* dt_bias,
+                                          float* g, float* beta, u64 n, u32 hv) {
+    gdn_gates_impl<f16>(a, b, a_log, dt_bias, g, beta, n, hv);
+}
 
 // ---------------------------------------------------------------------------
 // Causal conv1d + SiLU, decode update (one token per sequence), in the
@@ -75,6 +79,10 @@ extern "C" __global__ void conv1d_update_f32(const float* x, const float* w, con
 extern "C" __global__ void conv1d_update_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* state,
                                               const u32* slots, bf16* out, u32 n, u32 c, u32 k, u32 num_slots) {
     conv1d_update_impl<bf16>(x, w, bias, state, slots, out, n, c, k, num_slots);
+}
+extern "C" __global__ void conv1d_update_f16(const f16* x, const f16* w, const f16* bias, f16* state,
+                                              const u32* slots, f16* out, u32 n, u32 c, u32 k, u32 num_slots) {
+    conv1d_update_impl<f16>(x, w, bias, state, slots, out, n, c, k, num_slots);
 }
 
 // ---------------------------------------------------------------------------
@@ -128,11 +136,18 @@ extern "C" __global__ void conv1d_prefill_bf16(const bf16* x, const bf16* w, con
                                                bf16* out, u32 t, u32 c, u32 k) {
     conv1d_prefill_impl<bf16>(x, w, bias, state, out, t, c, k);
 }
+extern "C" __global__ void conv1d_prefill_f16(const f16* x, const f16* w, const f16* bias, const f16* state,
+                                               f16* out, u32 t, u32 c, u32 k) {
+    conv1d_prefill_impl<f16>(x, w, bias, state, out, t, c, k);
+}
 extern "C" __global__ void conv1d_prefill_state_f32(const float* x, float* state, u32 t, u32 c, u32 k) {
     conv1d_prefill_state_impl<float>(x, state, t, c, k);
 }
 extern "C" __global__ void conv1d_prefill_state_bf16(const bf16* x, bf16* state, u32 t, u32 c, u32 k) {
     conv1d_prefill_state_impl<bf16>(x, state, t, c, k);
+}
+extern "C" __global__ void conv1d_prefill_state_f16(const f16* x, f16* state, u32 t, u32 c, u32 k) {
+    conv1d_prefill_state_impl<f16>(x, state, t, c, k);
 }
 
 // ---------------------------------------------------------------------------
@@ -259,4 +274,11 @@ extern "C" __global__ void __launch_bounds__(256) gdn_recurrent_step_bf16(const 
                                                                           u32 hk, u32 hv, u32 dk, u32 dv,
                                                                           u32 num_slots, float q_scale) {
     gdn_recurrent_step_impl<bf16>(q, k, v, g, beta, state, slots, out, hk, hv, dk, dv, num_slots, q_scale);
+}
+extern "C" __global__ void __launch_bounds__(256) gdn_recurrent_step_f16(const f16* q, const f16* k, const f16* v,
+                                                                          const float* g, const float* beta,
+                                                                          float* state, const u32* slots, f16* out,
+                                                                          u32 hk, u32 hv, u32 dk, u32 dv,
+                                                                          u32 num_slots, float q_scale) {
+    gdn_recurrent_step_impl<f16>(q, k, v, g, beta, state, slots, out, hk, hv, dk, dv, num_slots, q_scale);
 }

@@ -17,7 +17,11 @@
 //! directory is `$PORTER_CUDA_INCLUDE`, else `/usr/local/cuda/include`
 //! ([`cuda_include_dir`]).
 
+mod attention;
 mod gdn;
+mod gdn_seq;
+mod misc;
+mod moe;
 mod ops;
 
 pub use gdn::GDN_MAX_DK;
@@ -164,9 +168,20 @@ pub(crate) static ROUTER: KernelSource = KernelSource { name: "router.cu", code:
 /// Gated DeltaNet: gates, conv1d, recurrent step.
 pub(crate) static GDN: KernelSource = KernelSource { name: "gdn.cu", code: include_str!("../../cuda/gdn.cu") };
 
+/// Causal GQA attention over per-sequence KV buffers, KV append.
+pub(crate) static ATTENTION: KernelSource =
+    KernelSource { name: "attention.cu", code: include_str!("../../cuda/attention.cu") };
+/// MoE dispatch: alignment by expert, grouped expert GEMMs, combine.
+pub(crate) static MOE: KernelSource = KernelSource { name: "moe.cu", code: include_str!("../../cuda/moe.cu") };
+/// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.
+pub(crate) static GDN_SEQ: KernelSource =
+    KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
+/// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
+pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
+
 /// Every CUDA source of the crate.
-pub fn sources() -> [&'static KernelSource; 4] {
-    [&ELEMENTWISE, &NORM, &ROUTER, &GDN]
+pub fn sources() -> [&'static KernelSource; 8] {
+    [&ELEMENTWISE, &NORM, &ROUTER, &GDN, &ATTENTION, &MOE, &GDN_SEQ, &MISC]
 }
 
 impl KernelSource {
@@ -240,7 +255,7 @@ pub fn compile(src: &KernelSource, arch: &'static str) -> Result<Ptx> {
     Ok(ptx)
 }
 
-/// Storage type of a kernel operand: `f32` or `bf16` (math is always `f32`).
+/// Storage type of a kernel operand: `f32`, `bf16` or `f16` (math is always `f32`).
 pub trait CudaFloat: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static + sealed::Sealed {
     /// Suffix of the kernel entry points for this type.
     const NAME: &'static str;
@@ -254,6 +269,7 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
 }
 
 impl CudaFloat for f32 {
@@ -263,6 +279,16 @@ impl CudaFloat for f32 {
     }
     fn from_f32(v: f32) -> Self {
         v
+    }
+}
+
+impl CudaFloat for half::f16 {
+    const NAME: &'static str = "f16";
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
     }
 }
 

@@ -1,0 +1,1 @@
+// attention kernels (see kernels/src/cuda/attention.rs).

@@ -1,0 +1,1 @@
+// gdn_seq kernels (see kernels/src/cuda/gdn_seq.rs).

@@ -1,0 +1,1 @@
+// misc kernels (see kernels/src/cuda/misc.rs).

@@ -1,0 +1,1 @@
+// moe kernels (see kernels/src/cuda/moe.rs).

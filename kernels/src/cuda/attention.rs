@@ -1,0 +1,1 @@
+//! Launch wrappers of kernels/cuda/attention.cu.

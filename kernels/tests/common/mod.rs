@@ -1,0 +1,141 @@
+//! Helpers shared by the CUDA kernel tests: the real Qwen3-Next-80B-A3B sizes, a
+//! seeded PRNG, upload / poisoned / download helpers and the relative-error check.
+#![allow(dead_code)]
+
+use cudarc::driver::CudaSlice;
+use porter_kernels::cuda::{self, CudaFloat, CudaKernels};
+
+// Qwen3-Next-80B-A3B.
+pub const HIDDEN: usize = 2048;
+pub const LIN_HK: usize = 16;
+pub const LIN_HV: usize = 32;
+pub const LIN_D: usize = 128;
+pub const ATT_HEADS: usize = 16;
+pub const ATT_KV_HEADS: usize = 2;
+pub const ATT_HEAD_DIM: usize = 256;
+pub const EXPERTS: usize = 512;
+pub const TOP_K: usize = 10;
+pub const ROT_DIM: usize = 64;
+pub const ROPE_THETA: f32 = 10_000_000.0;
+pub const CONV_K: usize = 4;
+pub const VOCAB: usize = 151_936;
+pub const EPS: f32 = 1e-6;
+
+pub const TOL_F32: f32 = 1e-5;
+pub const TOL_BF16: f32 = 1e-2;
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// xorshift64* PRNG.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn new(tag: u64) -> Self {
+        let base = std::env::var("PORTER_CUDA_SEED").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+        });
+        let seed = base ^ tag.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        println!("seed {base} (tag {tag})");
+        Rng(seed | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in `[-scale, scale)`.
+    pub fn f(&mut self, scale: f32) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f(scale)).collect()
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+pub fn rnd<T: CudaFloat>(v: f32) -> f32 {
+    T::from_f32(v).to_f32()
+}
+
+pub fn rnd_vec<T: CudaFloat>(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| rnd::<T>(x)).collect()
+}
+
+/// A GPU, or `None` after printing why the test is skipped.
+pub fn gpu(test: &str) -> Option<CudaKernels> {
+    match cuda::gpu_available() {
+        Err(reason) => {
+            println!("{test}: skipped: {reason}");
+            None
+        }
+        Ok(_) => Some(CudaKernels::new(0).unwrap_or_else(|e| panic!("{test}: CudaKernels::new: {e}"))),
+    }
+}
+
+pub fn up<T: CudaFloat>(k: &CudaKernels, v: &[f32]) -> CudaSlice<T> {
+    let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
+    k.stream().clone_htod(&host).expect("htod")
+}
+
+pub fn up_u32(k: &CudaKernels, v: &[u32]) -> CudaSlice<u32> {
+    k.stream().clone_htod(v).expect("htod")
+}
+
+/// A device buffer of `n` NaNs.
+pub fn poisoned<T: CudaFloat>(k: &CudaKernels, n: usize) -> CudaSlice<T> {
+    up::<T>(k, &vec![f32::NAN; n])
+}
+
+pub fn poisoned_u32(k: &CudaKernels, n: usize) -> CudaSlice<u32> {
+    up_u32(k, &vec![u32::MAX; n])
+}
+
+/// Synchronises (surfacing asynchronous launch errors) and copies back as f32.
+pub fn down<T: CudaFloat>(k: &CudaKernels, d: &CudaSlice<T>) -> Vec<f32> {
+    k.stream().synchronize().expect("kernel failed (stream synchronize)");
+    let h: Vec<T> = k.stream().clone_dtoh(d).expect("dtoh");
+    h.into_iter().map(|x| x.to_f32()).collect()
+}
+
+pub fn down_u32(k: &CudaKernels, d: &CudaSlice<u32>) -> Vec<u32> {
+    k.stream().synchronize().expect("kernel failed (stream synchronize)");
+    k.stream().clone_dtoh(d).expect("dtoh")
+}
+
+/// `max |got − want| / max |want|`; panics on a NaN in `got` (an unwritten or
+/// poisoned element) or above `tol`. Returns the error.
+pub fn check(what: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().zip(want).position(|(g, w)| g.is_nan() && !w.is_nan()) {
+        panic!("{what}: element {i} is NaN (not written?), expected {}", want[i]);
+    }
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let (mut worst, mut at) = (0.0f32, 0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        if d > worst {
+            worst = d;
+            at = i;
+        }
+    }
+    let rel = worst / scale;
+    println!("  {what}: max abs err {worst:.3e} (at {at}), rel to max|ref| {scale:.3e}: {rel:.3e} (tol {tol:.0e})");
+    assert!(rel <= tol, "{what}: relative error {rel:e} > {tol:e} at {at}: got {} want {}", got[at], want[at]);
+    rel
+}
+
+pub fn tol<T: CudaFloat>() -> f32 {
+    if T::NAME == "f32" {
+        TOL_F32
+    } else {
+        TOL_BF16
+    }
+}
+
