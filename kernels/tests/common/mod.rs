@@ -138,4 +138,3 @@ pub fn tol<T: CudaFloat>() -> f32 {
         TOL_BF16
     }
 }
-
