@@ -2,8 +2,10 @@
 # GPU check of porter's CUDA kernels, for a GPU machine that has no cargo.
 #
 # Two steps:
-#   scripts/gpu-check.sh stage   # HERE (with cargo): builds porter-kernels' release test
-#                                # binaries and copies them into .dev/bin/ (git-ignored)
+#   scripts/gpu-check.sh stage   # HERE (with cargo): builds the release test binaries of
+#                                # porter-kernels (kernels vs CPU) and of tests/tests/gpu.rs
+#                                # (every model's parity on CUDA) into .dev/bin/, and the
+#                                # porter binary into .dev/porter/ (all git-ignored)
 #   scripts/gpu-check.sh         # THERE (repo root, .dev/ carried along): runs every binary
 #                                # in .dev/bin/ with --nocapture; logs under $OUT (or .dev/out)
 #
@@ -21,7 +23,11 @@ if [ "$mode" = stage ]; then
     set -e
     mkdir -p .dev/bin
     rm -f .dev/bin/*
-    cargo test -p porter-kernels --release --no-run --message-format=json |
+    mkdir -p .dev/porter
+    cargo build -p porter --release
+    cp target/release/porter .dev/porter/porter
+    { cargo test -p porter-kernels --release --no-run --message-format=json;
+      cargo test -p tests --test gpu --release --no-run --message-format=json; } |
         python3 -c '
 import json, shutil, sys
 for line in sys.stdin:

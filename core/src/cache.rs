@@ -248,14 +248,29 @@ pub enum LayerCache {
     Kv(KvLayer),
     /// Linear-attention layers (conv + SSM state).
     Recurrent(RecurrentLayer),
+    /// Attention layers of a CUDA model.
+    KvCuda(crate::gpu_blocks::DevKv),
+    /// Linear-attention layers of a CUDA model.
+    RecurrentCuda(crate::gpu_blocks::DevRecurrent),
 }
 
 impl LayerCache {
-    fn clear(&mut self, seq: SeqId) {
+    fn clear(&mut self, seq: SeqId) -> Result<()> {
         match self {
             LayerCache::Stateless => {}
             LayerCache::Kv(kv) => kv.clear(seq),
             LayerCache::Recurrent(r) => r.clear(seq),
+            LayerCache::KvCuda(kv) => kv.clear(seq),
+            LayerCache::RecurrentCuda(r) => r.clear(seq)?,
+        }
+        Ok(())
+    }
+
+    fn can_rollback(&self, seq: SeqId, from: usize, to: usize) -> bool {
+        match self {
+            LayerCache::Recurrent(r) => r.can_rollback(seq, from, to),
+            LayerCache::RecurrentCuda(r) => r.can_rollback(seq, from, to),
+            _ => true,
         }
     }
 
@@ -266,7 +281,12 @@ impl LayerCache {
                 kv.truncate(seq, len);
                 Ok(())
             }
+            LayerCache::KvCuda(kv) => {
+                kv.truncate(seq, len);
+                Ok(())
+            }
             LayerCache::Recurrent(r) => r.rollback(seq, from, len),
+            LayerCache::RecurrentCuda(r) => r.rollback(seq, from, len),
         }
     }
 }
@@ -340,7 +360,11 @@ impl StateCache for ModelCache {
         if let Some(l @ Some(_)) = self.lens.get_mut(seq.0) {
             *l = None;
             for layer in &mut self.layers {
-                layer.clear(seq);
+                // Zeroing a device slot can only fail on a broken device; the slot is then
+                // not handed out again.
+                if layer.clear(seq).is_err() {
+                    return;
+                }
             }
             self.free.push(seq.0);
         }
@@ -367,8 +391,8 @@ impl StateCache for ModelCache {
         }
         // Check every layer first so that a refused rollback changes nothing.
         for (i, layer) in self.layers.iter().enumerate() {
-            if let LayerCache::Recurrent(r) = layer {
-                if !r.can_rollback(seq, l, len) {
+            {
+                if !layer.can_rollback(seq, l, len) {
                     bail!(
                         "cannot roll the recurrent state of sequence {} back from {l} to {len} tokens (layer {i}): only the tokens of the last step (at most the speculative window) can be rejected",
                         seq.0

@@ -81,6 +81,9 @@ pub fn concat_last(a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
         bail!("concat: {} vs {} rows", a.rows(), b.rows());
     }
     let (da, db) = (a.last_dim(), b.last_dim());
+    if a.is_cuda() {
+        return crate::gpu::concat_last(a, b);
+    }
     let mut out = Vec::with_capacity(a.rows() * (da + db));
     for r in 0..a.rows() {
         out.extend_from_slice(a.row(r));
@@ -137,10 +140,13 @@ impl DraftHead for AttentionMtpHead {
     }
 
     fn new_cache(&self, max_seqs: usize) -> ModelCache {
-        let layer = match self.layer.kind() {
-            LayerKind::Attention { kv_heads, head_dim } => {
+        let layer = match (self.layer.kind(), self.fc.w.gpu()) {
+            (LayerKind::Attention { kv_heads, head_dim }, None) => {
                 LayerCache::Kv(crate::cache::KvLayer::new(kv_heads, head_dim))
             }
+            (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => LayerCache::KvCuda(
+                crate::gpu_blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.fc.w.dtype()),
+            ),
             _ => LayerCache::Stateless,
         };
         ModelCache::new(vec![layer], max_seqs)

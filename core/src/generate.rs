@@ -43,14 +43,14 @@ pub fn generate(
         bail!("the prompt is empty: at least one token id is needed");
     }
     let mut sampler = Sampler::new(params)?;
-    let mut cache = model.new_cache(1);
+    let mut cache = model.try_new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     let mut out = Vec::with_capacity(max_tokens);
     let mut next_input: Vec<u32> = prompt.to_vec();
     while out.len() < max_tokens {
         let batch = Batch::single(seq, cache.seq_len(seq), &next_input);
         let fwd = model.forward(&batch, &mut cache, LogitsFor::Last)?;
-        let tok = sampler.sample(fwd.logits.row(0));
+        let tok = sampler.sample_tensor(&fwd.logits, 0)?;
         out.push(tok);
         if stop_ids.contains(&tok) {
             return Ok(Generation { ids: out, finish: FinishReason::Eos });

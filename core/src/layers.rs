@@ -78,6 +78,40 @@ pub enum LayerKind {
     Stateless,
 }
 
+/// What one layer reads and writes per decode step (roofline accounting in `porter bench`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerCost {
+    /// Weight bytes every step reads (projections, norms, router, shared expert).
+    pub dense_bytes: usize,
+    /// Bytes of one routed expert (gate + up + down); 0 without routed experts.
+    pub expert_bytes: usize,
+    /// Routed experts and how many each token uses.
+    pub experts: usize,
+    pub top_k: usize,
+    /// Recurrent state bytes per sequence (each read and written once per step).
+    pub state_bytes: usize,
+    /// KV bytes per cached token per sequence (read once per step).
+    pub kv_bytes_per_token: usize,
+}
+
+impl LayerCost {
+    /// Bytes moved by one decode step of `batch` sequences with `context` cached tokens
+    /// each; routed experts are counted once per distinct expert, with the expected number
+    /// of distinct experts under uniform routing, `E·(1 − (1 − k/E)^batch)`.
+    pub fn decode_bytes(&self, batch: usize, context: usize) -> f64 {
+        let distinct = if self.experts == 0 {
+            0.0
+        } else {
+            let e = self.experts as f64;
+            e * (1.0 - (1.0 - self.top_k as f64 / e).powi(batch as i32))
+        };
+        self.dense_bytes as f64
+            + self.expert_bytes as f64 * distinct
+            + (batch * 2 * self.state_bytes) as f64
+            + (batch * context * self.kv_bytes_per_token) as f64
+    }
+}
+
 /// Token embedding.
 pub trait PreLayer: Send + Sync {
     /// # Shapes
@@ -93,6 +127,11 @@ pub trait TransformerLayer: Send + Sync {
     /// # Shapes
     /// `x: [T, hidden]` → `[T, hidden]` (the residual stream after this layer)
     fn forward(&self, x: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor>;
+
+    /// Bytes this layer moves per decode step (unknown: zeros).
+    fn cost(&self) -> LayerCost {
+        LayerCost::default()
+    }
 }
 
 /// Final norm and lm_head.
@@ -103,6 +142,11 @@ pub trait PostLayer: Send + Sync {
     /// # Shapes
     /// `[R, hidden]` (normed) → `[R, vocab]`
     fn logits(&self, normed: &Tensor) -> Result<Tensor>;
+
+    /// Weight bytes read per step (final norm + lm_head).
+    fn weight_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// Facts about a loaded model that the runner needs.
@@ -113,6 +157,8 @@ pub struct ModelInfo {
     pub hidden_size: usize,
     pub num_layers: usize,
     pub dtype: DType,
+    /// Where the weights live (and the forward runs).
+    pub device: crate::device::Device,
     pub max_position_embeddings: Option<usize>,
     pub generation: GenerationConfig,
 }
@@ -151,21 +197,63 @@ impl Model {
     }
 
     /// A state cache whose recurrent layers can roll back up to `spec` rejected draft tokens.
+    ///
+    /// # Panics
+    /// When the device cannot hold the cache (see [`Model::try_new_cache_spec`]).
     pub fn new_cache_spec(&self, max_seqs: usize, spec: usize) -> ModelCache {
+        match self.try_new_cache_spec(max_seqs, spec) {
+            Ok(c) => c,
+            Err(e) => panic!("cannot allocate the state cache: {e:#}"),
+        }
+    }
+
+    /// As [`Model::new_cache_spec`], with device allocation errors reported. On a CUDA
+    /// model the recurrent state pools for `max_seqs` slots are allocated up front and the
+    /// KV buffers grow per sequence.
+    pub fn try_new_cache_spec(&self, max_seqs: usize, spec: usize) -> Result<ModelCache> {
+        let gpu = match self.info.device {
+            crate::device::Device::Cpu => None,
+            crate::device::Device::Cuda(i) => Some(crate::gpu::gpu(i)?),
+        };
         let layers = self
             .layers
             .iter()
-            .map(|l| match l.kind() {
-                LayerKind::Attention { kv_heads, head_dim } => {
-                    LayerCache::Kv(crate::cache::KvLayer::new(kv_heads, head_dim))
-                }
-                LayerKind::Recurrent { conv_dim, kernel, state_len } => {
-                    LayerCache::Recurrent(crate::cache::RecurrentLayer::new(conv_dim, kernel, state_len, spec))
-                }
-                LayerKind::Stateless => LayerCache::Stateless,
+            .map(|l| {
+                Ok(match (l.kind(), &gpu) {
+                    (LayerKind::Attention { kv_heads, head_dim }, None) => {
+                        LayerCache::Kv(crate::cache::KvLayer::new(kv_heads, head_dim))
+                    }
+                    (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => {
+                        LayerCache::KvCuda(crate::gpu_blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.info.dtype))
+                    }
+                    (LayerKind::Recurrent { conv_dim, kernel, state_len }, None) => {
+                        LayerCache::Recurrent(crate::cache::RecurrentLayer::new(conv_dim, kernel, state_len, spec))
+                    }
+                    (LayerKind::Recurrent { conv_dim, kernel, state_len }, Some(g)) => LayerCache::RecurrentCuda(
+                        crate::gpu_blocks::DevRecurrent::new(g.clone(), conv_dim, kernel, state_len, spec, max_seqs)?,
+                    ),
+                    (LayerKind::Stateless, _) => LayerCache::Stateless,
+                })
             })
-            .collect();
-        ModelCache::new(layers, max_seqs)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ModelCache::new(layers, max_seqs))
+    }
+
+    /// Bytes one decode step moves: every layer's [`LayerCost::decode_bytes`], the final
+    /// norm and lm_head, and the embedding rows.
+    pub fn decode_bytes(&self, batch: usize, context: usize) -> f64 {
+        let layers: f64 = self.layers.iter().map(|l| l.cost().decode_bytes(batch, context)).sum();
+        let embed = (batch * self.info.hidden_size * self.info.dtype.size_in_bytes()) as f64;
+        layers + self.post.weight_bytes() as f64 + embed
+    }
+
+    /// Waits until the device has finished all queued work of this model (a no-op on the
+    /// CPU); benchmarks call it before reading the clock.
+    pub fn sync(&self) -> Result<()> {
+        match self.info.device {
+            crate::device::Device::Cpu => Ok(()),
+            crate::device::Device::Cuda(i) => crate::gpu::gpu(i)?.sync(),
+        }
     }
 
     /// Checks a batch against the vocabulary, the cache and the context length.

@@ -1,6 +1,7 @@
 //! porter-core: the engine's model-independent core.
 //!
-//! - [`tensor`]: a small tensor type with a device/storage abstraction (CPU now).
+//! - [`tensor`]: a small tensor type with a device/storage abstraction (CPU and CUDA).
+//! - [`gpu`]: the CUDA backend (device handle, device buffers, device ops and caches).
 //! - [`layers`]: the layer traits [`PreLayer`], [`TransformerLayer`], [`PostLayer`] and the
 //!   generic [`Model`] that drives them (LightLLM's pre / transformer / post split).
 //! - [`cache`]: the [`StateCache`] trait and the slot-indexed per-request state pools.
@@ -18,6 +19,8 @@ pub mod device;
 pub mod draft;
 pub mod dtype;
 pub mod generate;
+pub mod gpu;
+pub mod gpu_blocks;
 pub mod layers;
 pub mod linear_attn;
 pub mod nn;

@@ -58,6 +58,8 @@ pub struct GatedDeltaNet {
     pub dt_bias: Vec<f32>,
     pub norm_w: Vec<f32>,
     pub out_proj: Linear,
+    /// Device copies of the small weights when the block runs on CUDA.
+    pub dev: Option<crate::gpu_blocks::GdnDev>,
 }
 
 impl GatedDeltaNet {
@@ -88,6 +90,9 @@ impl GatedDeltaNet {
     }
 
     pub fn forward(&self, x: &Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        if x.is_cuda() {
+            return crate::gpu_blocks::gated_delta_net(self, x, batch, cache);
+        }
         let LayerCache::Recurrent(rc) = cache else { bail!("linear-attention layer was given a non-recurrent cache") };
         let c = self.cfg;
         let dt = x.dtype();

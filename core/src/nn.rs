@@ -36,6 +36,12 @@ impl Linear {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut y = x.matmul_t(&self.w)?;
+        if y.is_cuda() {
+            if let Some(b) = &self.b {
+                crate::gpu_blocks::add_bias(&mut y, b)?;
+            }
+            return Ok(y);
+        }
         if let Some(b) = &self.b {
             let n = b.elem_count();
             let dt = y.dtype();
@@ -71,23 +77,44 @@ pub struct RmsNorm {
     kind: NormKind,
     /// Output dtype (the model's compute dtype; the input may be the f32 residual stream).
     dtype: DType,
+    /// The weight as stored (`w`, not `1 + w`) on the device, for CUDA inputs.
+    w_dev: Option<Tensor>,
 }
 
 impl RmsNorm {
+    /// A norm with weight `w` (on the CPU or a CUDA device).
     pub fn new(w: Tensor, eps: f32, kind: NormKind) -> Self {
         let dtype = w.dtype();
+        let w_dev = if w.is_cuda() { Some(w.clone()) } else { None };
         let scale = match kind {
             NormKind::Standard => w.into_vec(),
             NormKind::ZeroCentred => w.into_vec().into_iter().map(|v| 1.0 + v).collect(),
         };
-        Self { scale, eps, kind, dtype }
+        Self { scale, eps, kind, dtype, w_dev }
     }
 
     pub fn dim(&self) -> usize {
         self.scale.len()
     }
 
+    pub fn kind(&self) -> NormKind {
+        self.kind
+    }
+
+    /// The output dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn eps(&self) -> f32 {
+        self.eps
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.is_cuda() {
+            let w = self.w_dev.as_ref().ok_or_else(|| anyhow::anyhow!("internal: RMSNorm weight is not on the device"))?;
+            return crate::gpu_blocks::rms_norm(self, w, x);
+        }
         let d = self.scale.len();
         if d == 0 || !x.elem_count().is_multiple_of(d) {
             bail!("rms_norm: input {:?} is not a multiple of the norm width {d}", x.shape());
@@ -122,6 +149,8 @@ pub struct Rope {
     head_dim: usize,
     /// Scale applied to cos / sin (YaRN's attention factor; 1 otherwise).
     attention_scaling: f32,
+    /// `inv_freq` on the device (uploaded at first CUDA use).
+    inv_freq_dev: std::sync::OnceLock<cudarc::driver::CudaSlice<f32>>,
 }
 
 impl Rope {
@@ -173,11 +202,24 @@ impl Rope {
                 attention_scaling = attention_factor as f32;
             }
         }
-        Ok(Self { inv_freq, rot_dim, head_dim, attention_scaling })
+        Ok(Self { inv_freq, rot_dim, head_dim, attention_scaling, inv_freq_dev: std::sync::OnceLock::new() })
     }
 
     pub fn rot_dim(&self) -> usize {
         self.rot_dim
+    }
+
+    pub fn attention_scaling(&self) -> f32 {
+        self.attention_scaling
+    }
+
+    /// The inverse frequencies on `gpu` (uploaded once).
+    pub fn inv_freq_on(&self, gpu: &crate::gpu::Gpu) -> Result<&cudarc::driver::CudaSlice<f32>> {
+        if self.inv_freq_dev.get().is_none() {
+            let d = crate::gpu::upload::<f32>(gpu, &self.inv_freq)?;
+            let _ = self.inv_freq_dev.set(d);
+        }
+        self.inv_freq_dev.get().ok_or_else(|| anyhow::anyhow!("internal: RoPE table upload"))
     }
 
     /// cos / sin tables for the given positions, rounded to `dtype` like HF.
@@ -269,6 +311,9 @@ impl Attention {
     }
 
     pub fn forward(&self, x: &Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        if x.is_cuda() {
+            return crate::gpu_blocks::attention(self, x, batch, cache);
+        }
         let c = &self.cfg;
         let (t, hd) = (x.rows(), c.head_dim);
         let dt = x.dtype();
@@ -350,6 +395,9 @@ pub struct SwiGlu {
 
 impl SwiGlu {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.is_cuda() {
+            return crate::gpu_blocks::swiglu(self, x);
+        }
         let g = self.gate.forward(x)?;
         let mut u = self.up.forward(x)?;
         let dt = u.dtype();
@@ -423,6 +471,9 @@ impl Moe {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.is_cuda() {
+            return crate::gpu_blocks::moe(self, x);
+        }
         let (t, h) = (x.rows(), x.last_dim());
         let dt = x.dtype();
         let routes = self.route(x)?;
@@ -507,6 +558,9 @@ impl PreLayer for Embedding {
         if let Some(&bad) = idx.iter().find(|&&i| i >= v) {
             bail!("token id {bad} is out of range for a vocabulary of {v}");
         }
+        if self.table.is_cuda() {
+            return crate::gpu_blocks::embedding(&self.table, ids);
+        }
         // The residual stream is kept in f32 (one rounding per GEMM output instead of one
         // per residual add); embedding rows are exact in any dtype.
         Ok(self.table.gather_rows(&idx)?.to_dtype(DType::F32))
@@ -523,7 +577,23 @@ pub struct NormHead {
     pub lm_head: Tensor,
 }
 
+/// Bytes of a weight tensor in its dtype.
+pub fn tensor_bytes(t: &Tensor) -> usize {
+    t.elem_count() * t.dtype().size_in_bytes()
+}
+
+impl Linear {
+    /// Weight (and bias) bytes.
+    pub fn bytes(&self) -> usize {
+        tensor_bytes(&self.w) + self.b.as_ref().map_or(0, tensor_bytes)
+    }
+}
+
 impl PostLayer for NormHead {
+    fn weight_bytes(&self) -> usize {
+        tensor_bytes(&self.lm_head) + self.norm.dim() * self.lm_head.dtype().size_in_bytes()
+    }
+
     fn norm(&self, h: &Tensor) -> Result<Tensor> {
         self.norm.forward(h)
     }
@@ -592,6 +662,37 @@ impl crate::layers::TransformerLayer for DecoderLayer {
                 state_len: g.cfg.state_len(),
             },
         }
+    }
+
+    fn cost(&self) -> crate::layers::LayerCost {
+        let mut c = crate::layers::LayerCost::default();
+        let dsize = self.input_norm.dtype().size_in_bytes();
+        c.dense_bytes = (self.input_norm.dim() + self.post_norm.dim()) * dsize;
+        match &self.attn {
+            Mixer::Attention(a) => {
+                c.dense_bytes += a.q_proj.bytes() + a.k_proj.bytes() + a.v_proj.bytes() + a.o_proj.bytes();
+                c.kv_bytes_per_token = 2 * a.cfg.kv_heads * a.cfg.head_dim * dsize;
+            }
+            Mixer::GatedDeltaNet(g) => {
+                c.dense_bytes += g.in_proj_qkvz.bytes() + g.in_proj_ba.bytes() + g.out_proj.bytes();
+                c.dense_bytes += (g.conv_w.len() + g.a_log.len() + g.dt_bias.len()) * 4 + g.norm_w.len() * dsize;
+                c.state_bytes = g.cfg.state_len() * 4 + g.cfg.conv_dim() * g.cfg.conv_kernel.saturating_sub(1) * 4;
+            }
+        }
+        match &self.ffn {
+            FeedForward::Dense(m) => c.dense_bytes += m.gate.bytes() + m.up.bytes() + m.down.bytes(),
+            FeedForward::Moe(m) => {
+                c.dense_bytes += m.router.bytes();
+                if let Some(s) = &m.shared {
+                    c.dense_bytes += s.mlp.gate.bytes() + s.mlp.up.bytes() + s.mlp.down.bytes() + s.gate.bytes();
+                }
+                let e = m.router.out_features().max(1);
+                c.expert_bytes = (tensor_bytes(&m.gate) + tensor_bytes(&m.up) + tensor_bytes(&m.down)) / e;
+                c.experts = e;
+                c.top_k = m.top_k;
+            }
+        }
+        c
     }
 
     fn forward(&self, mut x: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
@@ -667,15 +768,24 @@ pub mod load {
     /// Gated DeltaNet at `P.in_proj_qkvz`, `P.in_proj_ba`, `P.conv1d` (`[C, 1, K]`),
     /// `P.A_log`, `P.dt_bias`, `P.norm`, `P.out_proj`.
     pub fn gated_delta_net(w: &mut Weights, prefix: &str, cfg: crate::linear_attn::GdnConfig) -> Result<Mixer> {
+        let conv_w = w.take(&format!("{prefix}.conv1d"))?.into_vec();
+        let a_log = w.take(&format!("{prefix}.A_log"))?.into_vec();
+        let dt_bias = w.take(&format!("{prefix}.dt_bias"))?.into_vec();
+        let norm = w.take(&format!("{prefix}.norm"))?;
+        let dev = match norm.gpu() {
+            Some(gpu) => Some(crate::gpu_blocks::GdnDev::new(gpu, &conv_w, &a_log, &dt_bias, norm.clone())?),
+            None => None,
+        };
         let g = crate::linear_attn::GatedDeltaNet {
             cfg,
             in_proj_qkvz: linear(w, &format!("{prefix}.in_proj_qkvz"))?,
             in_proj_ba: linear(w, &format!("{prefix}.in_proj_ba"))?,
-            conv_w: w.take(&format!("{prefix}.conv1d"))?.into_vec(),
-            a_log: w.take(&format!("{prefix}.A_log"))?.into_vec(),
-            dt_bias: w.take(&format!("{prefix}.dt_bias"))?.into_vec(),
-            norm_w: w.take(&format!("{prefix}.norm"))?.into_vec(),
+            conv_w,
+            a_log,
+            dt_bias,
+            norm_w: norm.into_vec(),
             out_proj: linear(w, &format!("{prefix}.out_proj"))?,
+            dev,
         };
         g.check()?;
         Ok(Mixer::GatedDeltaNet(Box::new(g)))
@@ -702,6 +812,7 @@ pub mod load {
                 hidden_size: base.hidden_size,
                 num_layers: base.num_hidden_layers,
                 dtype: lc.dtype,
+                device: lc.device,
                 max_position_embeddings: base.max_position_embeddings,
                 generation: crate::config::generation_config(lc.dir, lc.config)?,
             },

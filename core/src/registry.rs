@@ -107,7 +107,12 @@ pub fn build_random(config: &Value, dir: &Path, dtype: DType, device: Device, se
     let entry = lookup(&arch)?;
     let ctx = (entry.map_context)(config).with_context(|| format!("invalid {arch} config"))?;
     let map = WeightMap::parse(entry.weight_map)?.resolve(&ctx)?;
-    let mut weights = Weights::random(&map, dtype, seed)?;
+    // On a GPU each slot is generated on the device when the model takes it (an 80B-class
+    // geometry never exists on the host); on the CPU, all at once.
+    let mut weights = match device {
+        Device::Cpu => Weights::random(&map, dtype, seed)?,
+        Device::Cuda(_) => Weights::random_lazy(&map, dtype, seed, device),
+    };
     let lc = LoadContext { dir, config, dtype, device };
     (entry.build)(&lc, &mut weights)
 }
@@ -127,6 +132,7 @@ pub fn load(dir: &Path, dtype: DType, device: Device, show_progress: bool) -> Re
         None
     };
     let mut weights = p.map.load(&p.checkpoint, dtype, bar.as_ref())?;
+    weights.set_device(device);
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -232,6 +238,7 @@ pub fn load_draft(dir: &Path, main_config: &Value, main: &Model) -> Result<Box<d
         .map
         .load(&p.checkpoint, dtype, None)
         .with_context(|| format!("draft {} in {}", p.entry.name, dir.display()))?;
+    weights.set_device(main.info.device);
     let lc =
         DraftLoadContext { dir, config: &p.config, main_config, main: &main.info, checkpoint: &p.checkpoint, dtype };
     let head = (p.entry.build)(&lc, &mut weights)?;

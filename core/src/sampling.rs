@@ -134,6 +134,22 @@ impl Sampler {
         last as u32
     }
 
+    /// Draws one token id from row `row` of a logits tensor: on the CPU as
+    /// [`Sampler::sample`], on a CUDA device with the device sampler (only the id comes back;
+    /// the uniform draw comes from this sampler's stream, so a seed reproduces a run).
+    pub fn sample_tensor(&mut self, logits: &crate::tensor::Tensor, row: usize) -> Result<u32> {
+        if !logits.is_cuda() {
+            return Ok(self.sample(logits.row(row)));
+        }
+        let u = if self.params.temperature == 0.0 { 0.0 } else { self.next_f64() as f32 };
+        let p = &self.params;
+        let top_k = p.top_k.unwrap_or(0).min(logits.last_dim()) as f32;
+        let params = [p.temperature, top_k, p.top_p.unwrap_or(1.0), u];
+        let one = logits.narrow_rows(row, 1)?;
+        let ids = crate::gpu_blocks::sample_rows(&one, &[params])?;
+        ids.first().copied().ok_or_else(|| anyhow::anyhow!("internal: the device sampler returned no id"))
+    }
+
     /// Draws one token id.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         if self.params.temperature == 0.0 {

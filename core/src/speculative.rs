@@ -116,7 +116,7 @@ impl Drafter<'_> {
         }
         let hid0 = d0.main_hidden(self.main, hid)?;
         let out = d0.forward(self.main, &Batch::single(c0.1, pos0, toks), &hid0, &mut c0.0, LogitsFor::Last)?;
-        let mut q = sampler.distribution(out.logits.row(0));
+        let mut q = sampler.distribution(out.logits.to_host()?.row(0));
         let mut tok = sampler.sample_from(&q);
         let mut h = out.hidden.narrow_rows(out.hidden.rows() - 1, 1)?;
         let (mut drafts, mut dists) = (vec![tok], vec![q]);
@@ -125,7 +125,7 @@ impl Drafter<'_> {
             let (d, c) = (&self.drafts[m], &mut self.caches[m]);
             let pos = pos0 + toks.len() - 1 + i;
             let out = d.forward(self.main, &Batch::single(c.1, pos, &[tok]), &h, &mut c.0, LogitsFor::Last)?;
-            q = sampler.distribution(out.logits.row(0));
+            q = sampler.distribution(out.logits.to_host()?.row(0));
             tok = sampler.sample_from(&q);
             h = out.hidden;
             drafts.push(tok);
@@ -167,7 +167,7 @@ pub fn generate_speculative(
     }
     // Prefill.
     let out = main.forward(&Batch::single(seq, 0, prompt), &mut cache, LogitsFor::Last)?;
-    let mut last = sampler.sample(out.logits.row(0));
+    let mut last = sampler.sample_tensor(&out.logits, 0)?;
     if push(&mut gen, last, max_tokens, stop_ids) {
         return Ok(gen);
     }
@@ -180,12 +180,14 @@ pub fn generate_speculative(
         let mut rows = vec![last];
         rows.extend_from_slice(&proposal);
         let out = main.forward(&Batch::single(seq, len, &rows), &mut cache, LogitsFor::All)?;
+        // The K + 1 verify rows come to the host for the accept / reject decisions.
+        let logits = out.logits.to_host()?;
         gen.steps += 1;
         gen.proposed += k;
         let mut accepted = 0;
         let mut bonus = None;
         for j in 0..k {
-            let p = sampler.distribution(out.logits.row(j));
+            let p = sampler.distribution(logits.row(j));
             let d = proposal[j] as usize;
             let (pd, qd) = (p[d] as f64, dists[j][d] as f64);
             if qd > 0.0 && sampler.uniform() < (pd / qd).min(1.0) {
@@ -205,7 +207,7 @@ pub fn generate_speculative(
         }
         let bonus = match bonus {
             Some(b) => b,
-            None => sampler.sample(out.logits.row(k)),
+            None => sampler.sample(logits.row(k)),
         };
         gen.accepted += accepted;
         let mut done = false;

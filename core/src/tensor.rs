@@ -1,20 +1,22 @@
 //! A minimal dense tensor.
 //!
-//! Storage is a device enum so that the CUDA backend (a later milestone) plugs in as a
-//! second variant behind the same API. On the CPU, values live in `f32` buffers and are
-//! rounded to the tensor's [`DType`] after each op (see [`DType`]).
+//! Storage is a device enum: on the CPU, values live in `f32` buffers and are rounded to
+//! the tensor's [`DType`] after each op (see [`DType`]); on a CUDA device they live in
+//! device memory in the dtype itself (see [`crate::gpu`]). Ops dispatch on the storage.
 
 use crate::dtype::DType;
 use anyhow::{bail, Result};
 
 /// Whether this build carries a CUDA backend that can execute models.
-pub const CUDA_BACKEND_AVAILABLE: bool = false;
+pub const CUDA_BACKEND_AVAILABLE: bool = true;
 
 /// Device-resident data of a tensor.
 #[derive(Clone, Debug)]
 pub enum Storage {
     /// Row-major host memory.
     Cpu(Vec<f32>),
+    /// Row-major device memory in the tensor's dtype.
+    Cuda(crate::gpu::CudaStorage),
 }
 
 /// A dense, row-major tensor.
@@ -74,21 +76,51 @@ impl Tensor {
         self.elem_count().checked_div(self.last_dim()).unwrap_or(0)
     }
 
+    pub(crate) fn from_storage(shape: Vec<usize>, storage: Storage, dtype: DType) -> Self {
+        Self { shape, storage, dtype }
+    }
+
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    pub(crate) fn storage_mut(&mut self) -> &mut Storage {
+        &mut self.storage
+    }
+
+    /// The host values.
+    ///
+    /// # Panics
+    /// On a CUDA tensor (an engine bug: device tensors are read with [`Tensor::to_host`]).
     pub fn data(&self) -> &[f32] {
         match &self.storage {
             Storage::Cpu(v) => v,
+            Storage::Cuda(_) => panic!("internal: host data of a CUDA tensor requested (use to_host)"),
         }
     }
 
+    /// # Panics
+    /// On a CUDA tensor, as [`Tensor::data`].
     pub fn data_mut(&mut self) -> &mut [f32] {
         match &mut self.storage {
             Storage::Cpu(v) => v,
+            Storage::Cuda(_) => panic!("internal: host data of a CUDA tensor requested (use to_host)"),
         }
     }
 
+    /// The host values (downloaded from the device if needed).
     pub fn into_vec(self) -> Vec<f32> {
         match self.storage {
             Storage::Cpu(v) => v,
+            Storage::Cuda(_) => self.to_host().map(Tensor::into_vec).unwrap_or_default(),
+        }
+    }
+
+    /// The host values of a CPU or CUDA tensor.
+    pub fn host_vec(&self) -> Result<Vec<f32>> {
+        match &self.storage {
+            Storage::Cpu(v) => Ok(v.clone()),
+            Storage::Cuda(_) => Ok(self.to_host()?.into_vec()),
         }
     }
 
@@ -109,15 +141,38 @@ impl Tensor {
         Ok(self)
     }
 
-    /// Rounds the values to `dtype` and retags the tensor.
+    /// Rounds the values to `dtype` and retags the tensor (a cast on the device).
     pub fn to_dtype(mut self, dtype: DType) -> Self {
+        if self.is_cuda() {
+            if self.dtype == dtype {
+                return self;
+            }
+            return match crate::gpu::cast(&self, dtype) {
+                Ok(t) => t,
+                Err(e) => panic!("CUDA cast failed: {e:#}"),
+            };
+        }
         dtype.round_slice(self.data_mut());
         self.dtype = dtype;
         self
     }
 
+    /// As [`Tensor::to_dtype`], with device errors reported.
+    pub fn try_to_dtype(self, dtype: DType) -> Result<Self> {
+        if self.is_cuda() {
+            if self.dtype == dtype {
+                return Ok(self);
+            }
+            return crate::gpu::cast(&self, dtype);
+        }
+        Ok(self.to_dtype(dtype))
+    }
+
     /// Rounds the values to the tensor's own dtype (after an op that wrote f32 values).
     pub fn round_(&mut self) {
+        if self.is_cuda() {
+            return;
+        }
         let dt = self.dtype;
         dt.round_slice(self.data_mut());
     }
@@ -130,12 +185,19 @@ impl Tensor {
         }
         let mut shape = vec![n];
         shape.extend_from_slice(&self.shape[self.shape.len().saturating_sub(1)..]);
+        if self.is_cuda() {
+            let idx: Vec<usize> = (start..start + n).collect();
+            return crate::gpu::gather_rows(self, &idx)?.reshape(shape);
+        }
         let data = self.data()[start * d..(start + n) * d].to_vec();
         Ok(Self { shape, storage: Storage::Cpu(data), dtype: self.dtype })
     }
 
     /// Gathers the given rows of the `[rows, last_dim]` view into a `[idx.len(), last_dim]` tensor.
     pub fn gather_rows(&self, idx: &[usize]) -> Result<Self> {
+        if self.is_cuda() {
+            return crate::gpu::gather_rows(self, idx);
+        }
         let d = self.last_dim();
         let rows = self.rows();
         let mut data = Vec::with_capacity(idx.len() * d);
@@ -152,6 +214,9 @@ impl Tensor {
     pub fn add_(&mut self, other: &Tensor) -> Result<()> {
         if self.shape != other.shape {
             bail!("add: shape mismatch {:?} vs {:?}", self.shape, other.shape);
+        }
+        if self.is_cuda() {
+            return crate::gpu::add_into(self, other);
         }
         let dt = self.dtype;
         for (a, b) in self.data_mut().iter_mut().zip(other.data()) {
@@ -171,6 +236,9 @@ impl Tensor {
         let k = self.last_dim();
         if w.shape.len() != 2 || w.shape[1] != k {
             bail!("matmul: activation {:?} vs weight {:?}", self.shape, w.shape);
+        }
+        if self.is_cuda() {
+            return crate::gpu::matmul_t(self, w, out_dtype);
         }
         let m = self.rows();
         let n = w.shape[0];

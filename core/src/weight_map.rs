@@ -518,38 +518,83 @@ impl ResolvedMap {
                 Ok((s.slot.clone(), Tensor::from_vec(data, s.shape.clone(), dtype)?))
             })
             .collect::<Result<_>>()?;
-        Ok(Weights { map: loaded.into_iter().collect() })
+        Ok(Weights { map: loaded.into_iter().collect(), ..Default::default() })
     }
 }
 
 /// Loaded weights by engine slot name.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Weights {
     map: HashMap<String, Tensor>,
+    /// Random slots generated on the device when taken (`shape`, `dtype`, seed).
+    lazy: HashMap<String, (Vec<usize>, DType, u64)>,
+    /// Where taken tensors go (uploaded at take time, so host copies are dropped one by one).
+    device: crate::device::Device,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Self { map: HashMap::new(), lazy: HashMap::new(), device: crate::device::Device::Cpu }
+    }
 }
 
 impl Weights {
-    /// Takes a slot out of the store (each slot is owned by exactly one layer).
+    /// Moves every tensor taken from now on to `device`.
+    pub fn set_device(&mut self, device: crate::device::Device) {
+        self.device = device;
+    }
+
+    /// The device taken tensors are placed on.
+    pub fn device(&self) -> crate::device::Device {
+        self.device
+    }
+
+    /// Takes a slot out of the store (each slot is owned by exactly one layer), on the
+    /// store's device.
     pub fn take(&mut self, slot: &str) -> Result<Tensor> {
-        self.map
+        if let Some((shape, dtype, seed)) = self.lazy.remove(slot) {
+            return random_on_device(&shape, dtype, seed, self.device).with_context(|| format!("weight slot `{slot}`"));
+        }
+        let t = self
+            .map
             .remove(slot)
-            .ok_or_else(|| anyhow!("weight slot `{slot}` was not loaded (weight map and model disagree)"))
+            .ok_or_else(|| anyhow!("weight slot `{slot}` was not loaded (weight map and model disagree)"))?;
+        match self.device {
+            crate::device::Device::Cpu => Ok(t),
+            d => t.to_device(d).with_context(|| format!("uploading weight slot `{slot}`")),
+        }
     }
 
     /// Takes a slot if the map produced it.
     pub fn take_opt(&mut self, slot: &str) -> Option<Tensor> {
-        self.map.remove(slot)
+        if self.contains(slot) {
+            self.take(slot).ok()
+        } else {
+            None
+        }
     }
 
     pub fn contains(&self, slot: &str) -> bool {
-        self.map.contains_key(slot)
+        self.map.contains_key(slot) || self.lazy.contains_key(slot)
     }
 
     /// Slots nobody took (a model bug if non-empty after construction).
     pub fn remaining(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.map.keys().cloned().collect();
+        let mut v: Vec<String> = self.map.keys().chain(self.lazy.keys()).cloned().collect();
         v.sort();
         v
+    }
+
+    /// Random weights (as [`Weights::random`]'s distribution) generated on a CUDA device
+    /// when each slot is taken: no host copy of a large model is ever made.
+    pub fn random_lazy(map: &ResolvedMap, dtype: DType, seed: u64, device: crate::device::Device) -> Self {
+        let lazy = map
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.slot.clone(), (s.shape.clone(), dtype, seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))))
+            .collect();
+        Self { map: HashMap::new(), lazy, device }
     }
 
     /// Random weights for every slot of a resolved map (benchmarks): N(0, σ) with
@@ -579,12 +624,29 @@ impl Weights {
                 Ok((s.slot.clone(), Tensor::from_vec(data, s.shape.clone(), dtype)?))
             })
             .collect::<Result<_>>()?;
-        Ok(Weights { map: loaded.into_iter().collect() })
+        Ok(Weights { map: loaded.into_iter().collect(), ..Default::default() })
     }
 
     pub fn insert(&mut self, slot: &str, t: Tensor) {
         self.map.insert(slot.to_owned(), t);
     }
+}
+
+/// One random weight tensor filled on the device (uniform, scale as [`Weights::random`]).
+fn random_on_device(shape: &[usize], dtype: DType, seed: u64, device: crate::device::Device) -> Result<Tensor> {
+    let crate::device::Device::Cuda(i) = device else {
+        bail!("internal: lazily generated random weights need a CUDA device");
+    };
+    let g = crate::gpu::gpu(i)?;
+    let vector = shape.iter().filter(|&&d| d > 1).count() <= 1;
+    let fan_in = *shape.last().unwrap_or(&1) as f32;
+    let scale = if vector { 0.1 } else { (3.0 / fan_in).sqrt() };
+    let mut t = Tensor::empty_on(&g, shape.to_vec(), dtype)?;
+    fn fill<T: crate::gpu::DevType>(g: &crate::gpu::Gpu, t: &mut Tensor, seed: u64, scale: f32) -> Result<()> {
+        g.k.fill_uniform::<T>(t.dev_mut::<T>()?, seed, scale, 0.0).map_err(crate::gpu::cuda_err)
+    }
+    crate::by_dtype!(dtype, fill(&g, &mut t, seed, scale))?;
+    Ok(t)
 }
 
 /// Reorders rows `[groups, Σparts, cols]` into part-major order: part 0 of every group,

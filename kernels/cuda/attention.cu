@@ -1,1 +1,729 @@
-// attention kernels (see kernels/src/cuda/attention.rs).
+// Causal GQA attention over per-sequence KV buffers, KV append, and on-device
+// sampling (kernels/src/cuda/attention.rs has the launch wrappers).
+//
+// KV cache: sequence s owns two buffers (raw device addresses k_ptrs[s],
+// v_ptrs[s]) laid out [capacity, kv_heads, head_dim] of T.
+//
+// Attention (cpu::ops::causal_attention per sequence): one block takes a tile
+// of BM "items" of one sequence and one KV head, an item being a (query row,
+// query head of the KV head's group) pair, items ordered row-major (so decode
+// packs the whole GQA group into one tile and K/V are read once per group). The
+// block walks 64-key tiles staged in shared memory (storage type T) with an
+// online softmax in f32; key tiles outside the causal / window range of the
+// tile are never visited. The key tiles of a block may be split across
+// gridDim.z blocks (split-K, flash-decoding): each then writes an unnormalised
+// partial (acc[D], running max, running sum) and `attention_combine` merges them.
+//
+// Thread layout (128 threads): ti = tid / 16 (0..7), tj = tid % 16. Thread
+// (ti, tj) owns items ti + 8a (a < RA), scores of keys tj + 16b (b < 4), and
+// output dimensions tj*4 + 64c + e (c < NC, e < 4). Rows of a 16-lane half warp
+// share the item rows, so row reductions are 4 xor-shuffles.
+
+#define ATT_THREADS 128
+#define ATT_BN 64
+#define ATT_PS (ATT_BN + 16)
+
+// ---------------------------------------------------------------------------
+// KV append
+// ---------------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ void kv_append_impl(const T* __restrict__ k, const T* __restrict__ v,
+                                               const u32* __restrict__ row_seq, const u32* __restrict__ row_pos,
+                                               const u64* __restrict__ k_ptrs, const u64* __restrict__ v_ptrs, u32 t,
+                                               u32 row_len) {
+    const u64 n = (u64)t * row_len;
+    for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x) {
+        const u32 r = (u32)(idx / row_len), c = (u32)(idx % row_len);
+        const u32 s = row_seq[r];
+        const u64 dst = (u64)row_pos[r] * row_len + c;
+        reinterpret_cast<T*>(k_ptrs[s])[dst] = k[idx];
+        reinterpret_cast<T*>(v_ptrs[s])[dst] = v[idx];
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------
+
+// Four consecutive elements of shared memory as f32 (aligned to 4 elements).
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 ld4(const bf16* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+__device__ __forceinline__ float4 ld4(const f16* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// Copies 4 elements global -> shared. `full`: all 4 exist and src is aligned to
+// 4 elements; otherwise element-wise with `n` (< 4 when partial) valid ones,
+// zeros after.
+template <typename T>
+__device__ __forceinline__ void copy4(T* dst, const T* src, u32 n, bool vec) {
+    if (vec && n >= 4) {
+        if constexpr (sizeof(T) == 4) {
+            *reinterpret_cast<float4*>(dst) = __ldg(reinterpret_cast<const float4*>(src));
+        } else {
+            *reinterpret_cast<uint2*>(dst) = __ldg(reinterpret_cast<const uint2*>(src));
+        }
+    } else {
+#pragma unroll
+        for (u32 e = 0; e < 4; ++e) dst[e] = e < n ? src[e] : from_f<T>(0.0f);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void zero4(T* dst) {
+    if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
+    } else {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(0u, 0u);
+    }
+}
+
+__device__ __forceinline__ float max16(float v) {
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float sum16(float v) {
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Grid: (item tiles, n_seqs * kv_heads, splits). Dynamic shared memory:
+// (BM + 2*BN) * DS * sizeof(T) + BM * PS * 4 bytes.
+template <typename T, int RA, int NC>
+__device__ __forceinline__ void attention_impl(const T* __restrict__ q, const u64* __restrict__ k_ptrs,
+                                               const u64* __restrict__ v_ptrs, const u32* __restrict__ spans,
+                                               T* __restrict__ out, float* __restrict__ part, u32 t, u32 heads,
+                                               u32 kvh, u32 D, float scale, u32 window, u32 nsplit) {
+    constexpr int BM = 8 * RA;
+    constexpr int BN = ATT_BN;
+    constexpr int DP = 64 * NC;
+    constexpr int DS = DP + 4;  // row stride (elements): conflict-free 4-element reads
+    constexpr int G4 = DP / 4;  // 4-element groups per row
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    T* Qs = reinterpret_cast<T*>(att_smem);
+    T* Ks = Qs + BM * DS;
+    T* Vs = Ks + BN * DS;
+    float* Ps = reinterpret_cast<float*>(Vs + BN * DS);
+
+    const u32 tid = threadIdx.x, tj = tid & 15u, ti = tid >> 4;
+    const u32 s = blockIdx.y / kvh, kh = blockIdx.y % kvh, z = blockIdx.z;
+    const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
+    const u32 group = heads / kvh;
+    const u32 n_items = qlen * group;
+    // Heaviest (latest) item tiles first: they are scheduled before the short ones.
+    const u32 m0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    if (m0 >= n_items) return;
+    const u32 m_last = min(m0 + (u32)BM, n_items) - 1;
+    const u32 p_first = pos0 + m0 / group, p_last = pos0 + m_last / group;
+    const u32 lo_first = (window != 0 && p_first + 1 > window) ? p_first + 1 - window : 0;
+    const u32 jt0 = lo_first / BN, ntiles = p_last / BN - jt0 + 1;
+    const u32 per = (ntiles + nsplit - 1) / nsplit;
+    const u32 ta = jt0 + min(z * per, ntiles), tb = jt0 + min((z + 1) * per, ntiles);
+
+    const T* Kg = reinterpret_cast<const T*>(k_ptrs[s]);
+    const T* Vg = reinterpret_cast<const T*>(v_ptrs[s]);
+    const bool vec = (D % 4 == 0) && ((reinterpret_cast<u64>(Kg) | reinterpret_cast<u64>(Vg) |
+                                       reinterpret_cast<u64>(q)) % (4 * sizeof(T)) == 0);
+
+    // This thread's items.
+    bool iv[RA];
+    u32 ipos[RA], ilo[RA], irow[RA], ih[RA];
+#pragma unroll
+    for (int a = 0; a < RA; ++a) {
+        const u32 m = m0 + ti + 8 * a;
+        iv[a] = m <= m_last;
+        const u32 i = m / group, g = m % group;
+        ipos[a] = pos0 + i;
+        ilo[a] = (window != 0 && ipos[a] + 1 > window) ? ipos[a] + 1 - window : 0;
+        irow[a] = row0 + i;
+        ih[a] = kh * group + g;
+    }
+
+    // Q tile.
+    if (ta < tb) {
+        for (u32 gi = tid; gi < (u32)(BM * G4); gi += ATT_THREADS) {
+            const u32 slot = gi / G4, d0 = (gi % G4) * 4;
+            const u32 m = m0 + slot;
+            T* dst = Qs + slot * DS + d0;
+            if (m <= m_last && d0 < D) {
+                const u32 i = m / group, h = kh * group + m % group;
+                copy4(dst, q + ((u64)(row0 + i) * heads + h) * D + d0, D - d0, vec);
+            } else {
+                zero4(dst);
+            }
+        }
+    }
+
+    float m_run[RA], l_run[RA], acc[RA][4 * NC];
+#pragma unroll
+    for (int a = 0; a < RA; ++a) {
+        m_run[a] = PORTER_NEG_INF;
+        l_run[a] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 4 * NC; ++c) acc[a][c] = 0.0f;
+    }
+
+    const u64 kv_stride = (u64)kvh * D;
+    for (u32 jt = ta; jt < tb; ++jt) {
+        const u32 kbase = jt * BN;
+        for (u32 gi = tid; gi < (u32)(BN * G4); gi += ATT_THREADS) {
+            const u32 j = gi / G4, d0 = (gi % G4) * 4;
+            const u32 kpos = kbase + j;
+            T* kd = Ks + j * DS + d0;
+            T* vd = Vs + j * DS + d0;
+            if (kpos >= lo_first && kpos <= p_last && d0 < D) {
+                const u64 off = kpos * kv_stride + (u64)kh * D + d0;
+                copy4(kd, Kg + off, D - d0, vec);
+                copy4(vd, Vg + off, D - d0, vec);
+            } else {
+                zero4(kd);
+                zero4(vd);
+            }
+        }
+        __syncthreads();
+
+        // S = Q K^T for RA items x 4 keys.
+        float sc[RA][4];
+#pragma unroll
+        for (int a = 0; a < RA; ++a)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) sc[a][b] = 0.0f;
+#pragma unroll 4
+        for (int d = 0; d < DP; d += 4) {
+            float4 qv[RA];
+#pragma unroll
+            for (int a = 0; a < RA; ++a) qv[a] = ld4(Qs + (ti + 8 * a) * DS + d);
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const float4 kv = ld4(Ks + (tj + 16 * b) * DS + d);
+#pragma unroll
+                for (int a = 0; a < RA; ++a) {
+                    float x = sc[a][b];
+                    x = fmaf(qv[a].x, kv.x, x);
+                    x = fmaf(qv[a].y, kv.y, x);
+                    x = fmaf(qv[a].z, kv.z, x);
+                    x = fmaf(qv[a].w, kv.w, x);
+                    sc[a][b] = x;
+                }
+            }
+        }
+
+        // Mask, online softmax, P to shared memory.
+#pragma unroll
+        for (int a = 0; a < RA; ++a) {
+            float mx = PORTER_NEG_INF;
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const u32 kpos = kbase + tj + 16 * b;
+                const bool ok = iv[a] && kpos >= ilo[a] && kpos <= ipos[a];
+                sc[a][b] = ok ? sc[a][b] * scale : PORTER_NEG_INF;
+                mx = fmaxf(mx, sc[a][b]);
+            }
+            mx = max16(mx);
+            const float m_new = fmaxf(m_run[a], mx);
+            float corr = 1.0f, psum = 0.0f;
+            if (m_new == PORTER_NEG_INF) {
+#pragma unroll
+                for (int b = 0; b < 4; ++b) sc[a][b] = 0.0f;
+            } else {
+                corr = expf(m_run[a] - m_new);
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                    sc[a][b] = expf(sc[a][b] - m_new);
+                    psum += sc[a][b];
+                }
+            }
+            m_run[a] = m_new;
+            l_run[a] = l_run[a] * corr + psum;
+#pragma unroll
+            for (int c = 0; c < 4 * NC; ++c) acc[a][c] *= corr;
+#pragma unroll
+            for (int b = 0; b < 4; ++b) Ps[(ti + 8 * a) * ATT_PS + tj + 16 * b] = sc[a][b];
+        }
+        __syncthreads();
+
+        // O += P V.
+#pragma unroll 2
+        for (int j = 0; j < BN; ++j) {
+            float pa[RA];
+#pragma unroll
+            for (int a = 0; a < RA; ++a) pa[a] = Ps[(ti + 8 * a) * ATT_PS + j];
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                const float4 vv = ld4(Vs + j * DS + tj * 4 + 64 * c);
+#pragma unroll
+                for (int a = 0; a < RA; ++a) {
+                    acc[a][4 * c + 0] = fmaf(pa[a], vv.x, acc[a][4 * c + 0]);
+                    acc[a][4 * c + 1] = fmaf(pa[a], vv.y, acc[a][4 * c + 1]);
+                    acc[a][4 * c + 2] = fmaf(pa[a], vv.z, acc[a][4 * c + 2]);
+                    acc[a][4 * c + 3] = fmaf(pa[a], vv.w, acc[a][4 * c + 3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int a = 0; a < RA; ++a) {
+        const float l = sum16(l_run[a]);
+        if (!iv[a]) continue;
+        const u64 rh = (u64)irow[a] * heads + ih[a];
+        if (nsplit == 1) {
+            const float inv = 1.0f / l;
+            T* o = out + rh * D;
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u32 d = tj * 4 + 64 * c + e;
+                    if (d < D) o[d] = from_f<T>(acc[a][4 * c + e] * inv);
+                }
+        } else {
+            float* pp = part + ((u64)z * t * heads + rh) * (D + 2);
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u32 d = tj * 4 + 64 * c + e;
+                    if (d < D) pp[d] = acc[a][4 * c + e];
+                }
+            if (tj == 0) {
+                pp[D] = m_run[a];
+                pp[D + 1] = l;
+            }
+        }
+    }
+}
+
+// Merges the split-K partials: one block per (row, head).
+template <typename T>
+__device__ __forceinline__ void attention_combine_impl(const float* __restrict__ part, T* __restrict__ out, u32 t,
+                                                       u32 heads, u32 D, u32 nsplit) {
+    const u64 rh = blockIdx.x;
+    const u64 zstride = (u64)t * heads * (D + 2);
+    const float* base = part + rh * (D + 2);
+    float M = PORTER_NEG_INF;
+    for (u32 z = 0; z < nsplit; ++z) {
+        if (base[z * zstride + D + 1] > 0.0f) M = fmaxf(M, base[z * zstride + D]);
+    }
+    float L = 0.0f;
+    for (u32 z = 0; z < nsplit; ++z) {
+        const float l = base[z * zstride + D + 1];
+        if (l > 0.0f) L += l * expf(base[z * zstride + D] - M);
+    }
+    const float inv = 1.0f / L;
+    for (u32 d = threadIdx.x; d < D; d += blockDim.x) {
+        float o = 0.0f;
+        for (u32 z = 0; z < nsplit; ++z) {
+            const float l = base[z * zstride + D + 1];
+            if (l > 0.0f) o += base[z * zstride + d] * expf(base[z * zstride + D] - M);
+        }
+        out[rh * D + d] = from_f<T>(o * inv);
+    }
+}
+
+// __launch_bounds__ takes a literal: ATT_THREADS.
+#define ATTENTION_RC(T, NAME, RA, NC)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) attention_##NAME##_r##RA##_c##NC(                         \
+        const T* q, const u64* k_ptrs, const u64* v_ptrs, const u32* spans, T* out, float* part, u32 t,         \
+        u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 nsplit) {                                       \
+        attention_impl<T, RA, NC>(q, k_ptrs, v_ptrs, spans, out, part, t, heads, kvh, D, scale, window, nsplit); \
+    }
+
+#define ATTENTION_R(T, NAME, RA) \
+    ATTENTION_RC(T, NAME, RA, 1) \
+    ATTENTION_RC(T, NAME, RA, 2) \
+    ATTENTION_RC(T, NAME, RA, 3) \
+    ATTENTION_RC(T, NAME, RA, 4)
+
+#define ATTENTION_ALL(T, NAME)                                                                                      \
+    ATTENTION_R(T, NAME, 1)                                                                                         \
+    ATTENTION_R(T, NAME, 4)                                                                                         \
+    extern "C" __global__ void attention_combine_##NAME(const float* part, T* out, u32 t, u32 heads, u32 D,         \
+                                                        u32 nsplit) {                                               \
+        attention_combine_impl<T>(part, out, t, heads, D, nsplit);                                                  \
+    }                                                                                                               \
+    extern "C" __global__ void kv_append_##NAME(const T* k, const T* v, const u32* row_seq, const u32* row_pos,     \
+                                                const u64* k_ptrs, const u64* v_ptrs, u32 t, u32 row_len) {         \
+        kv_append_impl<T>(k, v, row_seq, row_pos, k_ptrs, v_ptrs, t, row_len);                                      \
+    }
+
+ATTENTION_ALL(float, f32)
+ATTENTION_ALL(bf16, bf16)
+ATTENTION_ALL(f16, f16)
+
+// ---------------------------------------------------------------------------
+// Sampling (porter_core::sampling::Sampler::distribution + sample_from)
+// ---------------------------------------------------------------------------
+//
+// One block of SMP_THREADS per row; thread `tid` owns the contiguous index
+// range [tid*C, (tid+1)*C) so that "first r ties by index" and the walk in
+// ascending index order are prefix scans over threads. The rank cuts (top-k,
+// top-p) are radix selections on an order-preserving u32 key of the logit
+// (larger logit -> larger key; equal keys are equal logits, ordered by index):
+// 4 passes of 8-bit digits with histograms in shared memory (warp-aggregated
+// adds), counts for top-k and f64 probability mass for top-p.
+
+#define SMP_THREADS 1024
+#define SMP_NONE 0xffffffffu
+
+__device__ __forceinline__ u32 fkey(float f) {
+    const u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float unkey(u32 k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double block_sum_d(double v, double* sh) {
+    const u32 lane = threadIdx.x & 31u, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double r = lane < nw ? sh[lane] : 0.0;
+    return warp_sum_d(r);
+}
+
+__device__ __forceinline__ u32 block_sum_u(u32 v, u32* sh) {
+    const u32 lane = threadIdx.x & 31u, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    u32 r = lane < nw ? sh[lane] : 0u;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+    return r;
+}
+
+// Exclusive prefix sum over threads (in thread order). `sh` holds 32 entries.
+template <typename V>
+__device__ __forceinline__ V block_exscan(V v, V* sh) {
+    const u32 lane = threadIdx.x & 31u, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    V x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const V y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= (u32)o) x += y;
+    }
+    V ex = __shfl_up_sync(0xffffffffu, x, 1);
+    if (lane == 0) ex = V(0);
+    __syncthreads();
+    if (lane == 31) sh[w] = x;
+    __syncthreads();
+    if (w == 0) {
+        V s = lane < nw ? sh[lane] : V(0);
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const V y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= (u32)o) s += y;
+        }
+        if (lane < nw) sh[lane] = s;
+    }
+    __syncthreads();
+    return (w > 0 ? sh[w - 1] : V(0)) + ex;
+}
+
+// Block-wide min (and max) of a u32, via a shared word.
+__device__ __forceinline__ u32 block_min_u(u32 v, u32* word) {
+    __syncthreads();
+    if (threadIdx.x == 0) *word = SMP_NONE;
+    __syncthreads();
+    if (v != SMP_NONE) atomicMin(word, v);
+    __syncthreads();
+    return *word;
+}
+
+__device__ __forceinline__ u32 block_max_u(u32 v, u32* word) {
+    __syncthreads();
+    if (threadIdx.x == 0) *word = 0;
+    __syncthreads();
+    atomicMax(word, v);
+    __syncthreads();
+    return *word;
+}
+
+// Adds (val, 1) to bin `bin` of the histograms, aggregated over the lanes of the
+// warp with the same bin. All 32 lanes must call it; `bin == SMP_NONE` adds nothing.
+__device__ __forceinline__ void warp_bin_add(u32 bin, double val, double* hm, u32* hc) {
+    const u32 lane = threadIdx.x & 31u;
+    u32 pending = __ballot_sync(0xffffffffu, bin != SMP_NONE);
+    while (pending) {
+        const int leader = __ffs(pending) - 1;
+        const u32 b = __shfl_sync(0xffffffffu, bin, leader);
+        const bool mine = ((pending >> lane) & 1u) && bin == b;
+        const u32 peers = __ballot_sync(0xffffffffu, mine);
+        if (hm != nullptr) {
+            const double v = warp_sum_d(mine ? val : 0.0);
+            if (lane == (u32)leader) atomicAdd(&hm[b], v);
+        }
+        if (lane == (u32)leader) atomicAdd(&hc[b], (u32)__popc(peers));
+        pending &= ~peers;
+    }
+}
+
+// Number of elements with key == tau in the ranges of the threads before this one.
+__device__ __forceinline__ u32 tie_base(const float* lg, u32 i0, u32 i1, u32 tau, u32* sh) {
+    u32 c = 0;
+    for (u32 i = i0; i < i1; ++i) c += fkey(lg[i]) == tau;
+    return block_exscan<u32>(c, sh);
+}
+
+// Kept by the rank cut (tau, r): key > tau, or key == tau among the first r
+// ties by index (`tc` counts the ties seen so far, starting at tie_base).
+__device__ __forceinline__ bool in_cut(u32 key, bool all, u32 tau, u32 r, u32& tc) {
+    if (all || key > tau) return true;
+    if (key == tau) return tc++ < r;
+    return false;
+}
+
+// __launch_bounds__ takes a literal: SMP_THREADS.
+extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float* __restrict__ logits, const float* __restrict__ params, u32* __restrict__ out,
+                u32 vocab) {
+    __shared__ u32 hc[256];
+    __shared__ double hm[256];
+    __shared__ double shd[32];
+    __shared__ u32 shu[32];
+    __shared__ float shv[32];
+    __shared__ u32 shi[32];
+    __shared__ u32 bc_u[4];
+    __shared__ double bc_d[1];
+
+    const u32 tid = threadIdx.x, nt = blockDim.x, row = blockIdx.x;
+    const float* lg = logits + (u64)row * vocab;
+    const float temp = params[4 * row], kf = params[4 * row + 1], tp = params[4 * row + 2];
+    const double u = (double)params[4 * row + 3];
+    const u32 C = (vocab + nt - 1) / nt;
+    const u32 i0 = min(tid * C, vocab), i1 = min(i0 + C, vocab);
+
+    if (!(temp > 0.0f)) {
+        float bv = PORTER_NEG_INF;
+        u32 bi = SMP_NONE;
+        for (u32 i = i0; i < i1; ++i) {
+            const float v = lg[i];
+            if (beats(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        block_argmax(bv, bi, shv, shi, tid, nt);
+        if (tid == 0) out[row] = bi == SMP_NONE ? 0u : bi;
+        return;
+    }
+
+    float lmax = PORTER_NEG_INF;
+    for (u32 i = i0; i < i1; ++i) lmax = fmaxf(lmax, lg[i]);
+    lmax = block_max(lmax, shv, tid, nt);
+    const float mx = lmax / temp;
+
+    // Top-k: the K-th largest key and how many of its ties are kept.
+    const bool all_k = !(kf >= 1.0f && kf < (float)vocab);
+    u32 tau_k = 0, r_k = 0;
+    if (!all_k) {
+        u32 prefix = 0, mask = 0, rem = (u32)kf;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (u32 j = tid; j < 256; j += nt) hc[j] = 0;
+            __syncthreads();
+            for (u32 k = 0; k < C; ++k) {
+                const u32 i = i0 + k;
+                u32 bin = SMP_NONE;
+                if (i < i1) {
+                    const u32 key = fkey(lg[i]);
+                    if ((key & mask) == prefix) bin = (key >> shift) & 255u;
+                }
+                warp_bin_add(bin, 0.0, nullptr, hc);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                u32 rm = rem;
+                int d = 255;
+                for (; d > 0; --d) {
+                    if (rm <= hc[d]) break;
+                    rm -= hc[d];
+                }
+                bc_u[0] = (u32)d;
+                bc_u[1] = rm;
+            }
+            __syncthreads();
+            prefix |= bc_u[0] << shift;
+            mask |= 255u << shift;
+            rem = bc_u[1];
+        }
+        tau_k = prefix;
+        r_k = rem;
+    }
+    const u32 tb_k = all_k ? 0u : tie_base(lg, i0, i1, tau_k, shu);
+
+    // Sum of exp(l/t - max) over the top-k set (f64).
+    double S = 0.0;
+    {
+        u32 tc = tb_k;
+        for (u32 i = i0; i < i1; ++i) {
+            const float v = lg[i];
+            if (in_cut(fkey(v), all_k, tau_k, r_k, tc)) S += (double)expf(v / temp - mx);
+        }
+    }
+    S = block_sum_d(S, shd);
+
+    // Top-p: the smallest prefix (in sorted order) of the top-k set whose
+    // normalised mass reaches top_p.
+    bool all = all_k;
+    u32 tau = tau_k, r = r_k;
+    if (tp < 1.0f) {
+        const double target = (double)tp;
+        double above = 0.0;
+        u32 prefix = 0, mask = 0, cnt = 0;
+        bool found = true;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (u32 j = tid; j < 256; j += nt) {
+                hc[j] = 0;
+                hm[j] = 0.0;
+            }
+            __syncthreads();
+            u32 tc = tb_k;
+            for (u32 k = 0; k < C; ++k) {
+                const u32 i = i0 + k;
+                u32 bin = SMP_NONE;
+                double val = 0.0;
+                if (i < i1) {
+                    const float v = lg[i];
+                    const u32 key = fkey(v);
+                    if (in_cut(key, all_k, tau_k, r_k, tc) && (key & mask) == prefix) {
+                        bin = (key >> shift) & 255u;
+                        val = (double)expf(v / temp - mx) / S;
+                    }
+                }
+                warp_bin_add(bin, val, hm, hc);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                int chosen = -1, last_ne = -1;
+                double ab = above, ab_last = above;
+                for (int d = 255; d >= 0; --d) {
+                    if (hc[d] == 0) continue;
+                    if (ab + hm[d] >= target) {
+                        chosen = d;
+                        break;
+                    }
+                    last_ne = d;
+                    ab_last = ab;
+                    ab += hm[d];
+                }
+                if (chosen < 0 && shift != 24 && last_ne >= 0) {
+                    // Rounding: the bin chosen by the previous pass sums to just below target.
+                    chosen = last_ne;
+                    ab = ab_last;
+                }
+                bc_u[0] = chosen < 0 ? SMP_NONE : (u32)chosen;
+                bc_u[1] = chosen < 0 ? 0u : hc[chosen];
+                bc_d[0] = ab;
+            }
+            __syncthreads();
+            if (bc_u[0] == SMP_NONE) {
+                found = false;
+                break;
+            }
+            prefix |= bc_u[0] << shift;
+            mask |= 255u << shift;
+            cnt = bc_u[1];
+            above = bc_d[0];
+            __syncthreads();
+        }
+        if (found) {
+            if (tid == 0) {
+                const double pt = (double)expf(unkey(prefix) / temp - mx) / S;
+                double a = above;
+                u32 rr = 0;
+                while (rr < cnt) {
+                    a += pt;
+                    ++rr;
+                    if (a >= target) break;
+                }
+                bc_u[2] = rr > 0 ? rr : 1u;
+            }
+            __syncthreads();
+            all = false;
+            tau = prefix;
+            r = bc_u[2];
+        }
+    }
+    const u32 tb = all ? 0u : (tau == tau_k && !all_k ? tb_k : tie_base(lg, i0, i1, tau, shu));
+
+    // Renormalise over the kept set.
+    double mass = 0.0;
+    {
+        u32 tc = tb;
+        for (u32 i = i0; i < i1; ++i) {
+            const float v = lg[i];
+            if (in_cut(fkey(v), all, tau, r, tc)) mass += (double)expf(v / temp - mx) / S;
+        }
+    }
+    mass = block_sum_d(mass, shd);
+
+    // p as f32; walk in ascending index order.
+    double csum = 0.0;
+    u32 nz = 0, first_nz = SMP_NONE, last_nz = 0;
+    {
+        u32 tc = tb;
+        for (u32 i = i0; i < i1; ++i) {
+            const float v = lg[i];
+            if (in_cut(fkey(v), all, tau, r, tc)) {
+                const float p = (float)(((double)expf(v / temp - mx) / S) / mass);
+                if (p > 0.0f) {
+                    csum += (double)p;
+                    ++nz;
+                    first_nz = min(first_nz, i);
+                    last_nz = i;
+                }
+            }
+        }
+    }
+    const u32 total_nz = block_sum_u(nz, shu);
+    u32 result;
+    if (total_nz <= 1) {
+        result = block_min_u(first_nz, &bc_u[3]);
+        if (result == SMP_NONE) result = 0;
+    } else {
+        double a = block_exscan<double>(csum, shd);
+        u32 cand = SMP_NONE;
+        if (csum > 0.0) {
+            u32 tc = tb;
+            for (u32 i = i0; i < i1; ++i) {
+                const float v = lg[i];
+                if (in_cut(fkey(v), all, tau, r, tc)) {
+                    const float p = (float)(((double)expf(v / temp - mx) / S) / mass);
+                    if (p > 0.0f) {
+                        a += (double)p;
+                        if (u < a) {
+                            cand = i;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        result = block_min_u(cand, &bc_u[3]);
+        if (result == SMP_NONE) result = block_max_u(nz > 0 ? last_nz : 0u, &bc_u[3]);
+    }
+    if (tid == 0) out[row] = result;
+}

@@ -98,14 +98,15 @@ extern "C" __global__ void sigmoid_gate_mul_f16(f16* x, const f16* gate, u64 row
 // Partial NeoX RoPE, in place. x [t, heads, head_dim]; positions [t];
 // inv_freq [rot_dim/2] (f32, as porter_core::nn::Rope computes it).
 // Dimension d < half pairs with d + half; dims rot_dim..head_dim pass through.
-// The angle is pos·inv_freq[d] in f32; cos/sin are rounded to T (the tables of
+// The angle is pos·inv_freq[d] in f32; cos/sin times attn_scale (YaRN's attention
+// factor, 1 otherwise) are rounded to T (the tables of
 // Rope::tables), the rotated values are rounded to T once.
 // One thread per (token, head, d < half).
 // ---------------------------------------------------------------------------
 template <typename T>
 __device__ __forceinline__ void rope_neox_impl(T* __restrict__ x, const u32* __restrict__ positions,
                                                const float* __restrict__ inv_freq, u32 t, u32 heads, u32 head_dim,
-                                               u32 half) {
+                                               u32 half, float attn_scale) {
     const u64 n = (u64)t * heads * half;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const u32 d = (u32)(i % half);
@@ -114,8 +115,8 @@ __device__ __forceinline__ void rope_neox_impl(T* __restrict__ x, const u32* __r
         const float a = (float)positions[ti] * inv_freq[d];
         float s, c;
         sincosf(a, &s, &c);
-        c = round_to<T>(c);
-        s = round_to<T>(s);
+        c = round_to<T>(c * attn_scale);
+        s = round_to<T>(s * attn_scale);
         T* h = x + th * head_dim;
         const float x1 = to_f(h[d]), x2 = to_f(h[d + half]);
         h[d] = from_f<T>(x1 * c - x2 * s);
@@ -124,14 +125,14 @@ __device__ __forceinline__ void rope_neox_impl(T* __restrict__ x, const u32* __r
 }
 
 extern "C" __global__ void rope_neox_f32(float* x, const u32* positions, const float* inv_freq, u32 t, u32 heads,
-                                         u32 head_dim, u32 half) {
-    rope_neox_impl<float>(x, positions, inv_freq, t, heads, head_dim, half);
+                                         u32 head_dim, u32 half, float attn_scale) {
+    rope_neox_impl<float>(x, positions, inv_freq, t, heads, head_dim, half, attn_scale);
 }
 extern "C" __global__ void rope_neox_bf16(bf16* x, const u32* positions, const float* inv_freq, u32 t, u32 heads,
-                                          u32 head_dim, u32 half) {
-    rope_neox_impl<bf16>(x, positions, inv_freq, t, heads, head_dim, half);
+                                          u32 head_dim, u32 half, float attn_scale) {
+    rope_neox_impl<bf16>(x, positions, inv_freq, t, heads, head_dim, half, attn_scale);
 }
 extern "C" __global__ void rope_neox_f16(f16* x, const u32* positions, const float* inv_freq, u32 t, u32 heads,
-                                          u32 head_dim, u32 half) {
-    rope_neox_impl<f16>(x, positions, inv_freq, t, heads, head_dim, half);
+                                          u32 head_dim, u32 half, float attn_scale) {
+    rope_neox_impl<f16>(x, positions, inv_freq, t, heads, head_dim, half, attn_scale);
 }

@@ -1,1 +1,104 @@
-// misc kernels (see kernels/src/cuda/misc.rs).
+// Glue kernels of the model path: residual adds, dtype casts, strided column
+// copies, row gathers, bias adds, the shared-expert combine, and random fills
+// for benchmark weights. Preceded by common.cuh. Grid-stride loops throughout.
+
+#define GRID_LOOP(i, n) for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
+
+// x (f32, the residual stream) += y (T), elementwise over n values.
+template <typename T> __device__ __forceinline__ void add_into_f32_impl(float* __restrict__ x, const T* __restrict__ y, u64 n) {
+    GRID_LOOP(i, n) x[i] += to_f(y[i]);
+}
+
+// y = B(x), rounding once.
+template <typename A, typename B> __device__ __forceinline__ void cast_impl(const A* __restrict__ x, B* __restrict__ y, u64 n) {
+    GRID_LOOP(i, n) y[i] = from_f<B>(to_f(x[i]));
+}
+
+// dst[r, c] = src[r·src_stride + col0 + c] for r < rows, c < ncols.
+template <typename T>
+__device__ __forceinline__ void copy_cols_impl(const T* __restrict__ src, T* __restrict__ dst, u64 rows, u32 src_stride,
+                                               u32 col0, u32 ncols) {
+    GRID_LOOP(i, rows * ncols) {
+        const u64 r = i / ncols, c = i % ncols;
+        dst[i] = src[r * src_stride + col0 + c];
+    }
+}
+
+// dst[r, :] = src[idx[r], :] (d columns); an index >= src_rows gives NaN.
+template <typename T>
+__device__ __forceinline__ void gather_rows_impl(const T* __restrict__ src, const u32* __restrict__ idx, T* __restrict__ dst,
+                                                 u64 rows, u32 d, u32 src_rows) {
+    GRID_LOOP(i, rows * d) {
+        const u64 r = i / d, c = i % d;
+        const u32 s = idx[r];
+        dst[i] = s < src_rows ? src[(u64)s * d + c] : from_f<T>(PORTER_NAN);
+    }
+}
+
+// y[r, c] = round(y[r, c] + b[c]).
+template <typename T> __device__ __forceinline__ void add_bias_impl(T* __restrict__ y, const T* __restrict__ b, u64 rows, u32 n) {
+    GRID_LOOP(i, rows * n) y[i] = from_f<T>(to_f(y[i]) + to_f(b[i % n]));
+}
+
+// Shared expert: y[r, :] += σ(g[r]) · s[r, :] (y f32; s, g T).
+template <typename T>
+__device__ __forceinline__ void shared_expert_add_impl(float* __restrict__ y, const T* __restrict__ s, const T* __restrict__ g,
+                                                       u64 rows, u32 h) {
+    GRID_LOOP(i, rows * h) y[i] += sigmoid_f(to_f(g[i / h])) * to_f(s[i]);
+}
+
+// out[r] = [a[r] | b[r]] (a [rows, da], b [rows, db]).
+template <typename T>
+__device__ __forceinline__ void concat_cols_impl(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                                                 u64 rows, u32 da, u32 db) {
+    const u32 w = da + db;
+    GRID_LOOP(i, rows * w) {
+        const u64 r = i / w, c = i % w;
+        out[i] = c < da ? a[r * da + c] : b[r * db + (c - da)];
+    }
+}
+
+// Benchmark weights: uniform in [offset − scale, offset + scale), from a
+// counter-based hash of (seed, i) (no state; any grid gives the same values).
+__device__ __forceinline__ float hash_uniform(u64 seed, u64 i) {
+    u64 z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+}
+template <typename T> __device__ __forceinline__ void fill_uniform_impl(T* __restrict__ y, u64 n, u64 seed, float scale, float offset) {
+    GRID_LOOP(i, n) y[i] = from_f<T>(offset + scale * hash_uniform(seed, i));
+}
+
+#define PORTER_MISC(N, T)                                                                                              \
+    extern "C" __global__ void add_into_f32_##N(float* x, const T* y, u64 n) { add_into_f32_impl<T>(x, y, n); }       \
+    extern "C" __global__ void copy_cols_##N(const T* src, T* dst, u64 rows, u32 stride, u32 col0, u32 ncols) {        \
+        copy_cols_impl<T>(src, dst, rows, stride, col0, ncols);                                                        \
+    }                                                                                                                  \
+    extern "C" __global__ void gather_rows_##N(const T* src, const u32* idx, T* dst, u64 rows, u32 d, u32 src_rows) {  \
+        gather_rows_impl<T>(src, idx, dst, rows, d, src_rows);                                                         \
+    }                                                                                                                  \
+    extern "C" __global__ void add_bias_##N(T* y, const T* b, u64 rows, u32 n) { add_bias_impl<T>(y, b, rows, n); }   \
+    extern "C" __global__ void shared_expert_add_##N(float* y, const T* s, const T* g, u64 rows, u32 h) {             \
+        shared_expert_add_impl<T>(y, s, g, rows, h);                                                                   \
+    }                                                                                                                  \
+    extern "C" __global__ void concat_cols_##N(const T* a, const T* b, T* out, u64 rows, u32 da, u32 db) {          \
+        concat_cols_impl<T>(a, b, out, rows, da, db);                                                                  \
+    }                                                                                                                  \
+    extern "C" __global__ void fill_uniform_##N(T* y, u64 n, u64 seed, float scale, float offset) {                   \
+        fill_uniform_impl<T>(y, n, seed, scale, offset);                                                               \
+    }
+
+PORTER_MISC(f32, float)
+PORTER_MISC(bf16, bf16)
+PORTER_MISC(f16, f16)
+
+#define PORTER_CAST(NA, A, NB, B) \
+    extern "C" __global__ void cast_##NA##_##NB(const A* x, B* y, u64 n) { cast_impl<A, B>(x, y, n); }
+PORTER_CAST(f32, float, bf16, bf16)
+PORTER_CAST(f32, float, f16, f16)
+PORTER_CAST(bf16, bf16, f32, float)
+PORTER_CAST(f16, f16, f32, float)
+PORTER_CAST(bf16, bf16, f16, f16)
+PORTER_CAST(f16, f16, bf16, bf16)

@@ -1,1 +1,661 @@
-// moe kernels (see kernels/src/cuda/moe.rs).
+// MoE dispatch: the routed experts of a sparse MoE block, grouped by expert,
+// with no host loop over experts (porter_core::nn::Moe::forward, the part
+// after the router). Preceded by common.cuh.
+//
+// Pipeline (kernels/src/cuda/moe.rs, CudaKernels::moe_experts):
+//   1. moe_align: counting sort of the t·k (row, slot) pairs by expert; each
+//      expert's segment padded to `pad` entries (the GEMM tile height, or 1 on
+//      the decode path); writes the sorted pair list, the tile -> expert map and
+//      the list of active experts (slot -> expert, start, count).
+//   2. gate+up with the fused activation h = round(silu(round(g)) · round(u)),
+//      h stored per sorted position [cap, inter] (T);
+//   3. down, o = round(h · downᵀ) stored per pair [t·k, hidden] (T);
+//   4. moe_combine: out[r] = Σ_j o[r, j] · w[r, j] in f32, slots in order.
+// Steps 2 and 3 have two forms: GEMV kernels (decode: few rows per expert; one
+// block streams a slice of an expert's weights once, 16-byte loads, and serves
+// every row routed to that expert) and tiled GEMMs over 64-row tiles of the
+// sorted list (prefill: tensor cores via wmma for bf16 / f16 on sm_80+, CUDA
+// cores in exact f32 otherwise).
+//
+// Pair p = r·k + j (row r, slot j). Expert ids >= e are skipped (never sorted,
+// never read back by moe_combine).
+
+#include <mma.h>
+
+#define MOE_INVALID 0xffffffffu
+#define MOE_ALIGN_THREADS 1024
+#define MOE_BM 64        // GEMM tile height (rows of the sorted list per tile)
+#define MOE_BN 128       // GEMM tile width (weight rows per tile; gate+up: 64 of each)
+#define MOE_GEMM_THREADS 256
+#define MOE_GEMV_WARPS 8 // warps per GEMV block
+#define MOE_GEMV_MB 4    // routed rows per GEMV pass (4: 80 registers, 3 blocks / SM)
+#define MOE_DOWN_NR 4    // down rows per GEMV warp
+
+// ---------------------------------------------------------------------------
+// 1. Alignment (one block of MOE_ALIGN_THREADS; dynamic shared memory: e u32)
+// ---------------------------------------------------------------------------
+
+// Block-wide exclusive scan of two counters; tot_* get the block totals.
+__device__ __forceinline__ void block_scan2(u32& a, u32& b, u32& tot_a, u32& tot_b, u32* sh, u32 tid, u32 nt) {
+    const u32 lane = tid & 31u, w = tid >> 5, nw = nt >> 5;
+    u32 ia = a, ib = b;
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        const u32 xa = __shfl_up_sync(0xffffffffu, ia, o), xb = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) {
+            ia += xa;
+            ib += xb;
+        }
+    }
+    if (lane == 31) {
+        sh[w] = ia;
+        sh[32 + w] = ib;
+    }
+    __syncthreads();
+    if (w == 0) {
+        u32 va = lane < nw ? sh[lane] : 0u, vb = lane < nw ? sh[32 + lane] : 0u;
+#pragma unroll
+        for (u32 o = 1; o < 32; o <<= 1) {
+            const u32 xa = __shfl_up_sync(0xffffffffu, va, o), xb = __shfl_up_sync(0xffffffffu, vb, o);
+            if (lane >= o) {
+                va += xa;
+                vb += xb;
+            }
+        }
+        sh[lane] = va;
+        sh[32 + lane] = vb;
+    }
+    __syncthreads();
+    const u32 pa = w > 0 ? sh[w - 1] : 0u, pb = w > 0 ? sh[32 + w - 1] : 0u;
+    tot_a = sh[nw - 1];
+    tot_b = sh[32 + nw - 1];
+    a = pa + ia - a;
+    b = pb + ib - b;
+}
+
+// idx [n] (n = t·k expert ids). Outputs: sorted [cap] (pair ids, MOE_INVALID
+// in padding), tile_expert [tiles_cap] (expert of each `pad`-entry tile,
+// MOE_INVALID past the last), seg [3 · min(e, n)] (active expert, start,
+// count, in expert order), meta [2] (active experts, tiles).
+// Requires cap = tiles_cap · pad >= Σ_e roundup(count_e, pad).
+extern "C" __global__ void __launch_bounds__(1024)
+    moe_align(const u32* __restrict__ idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* __restrict__ sorted,
+              u32* __restrict__ tile_expert, u32* __restrict__ seg, u32* __restrict__ meta) {
+    extern __shared__ u32 cnt[];
+    __shared__ u32 sh[64];
+    const u32 tid = threadIdx.x, nt = blockDim.x;
+    for (u32 i = tid; i < e; i += nt) cnt[i] = 0u;
+    __syncthreads();
+    for (u32 p = tid; p < n; p += nt) {
+        const u32 ex = idx[p];
+        if (ex < e) atomicAdd(&cnt[ex], 1u);
+    }
+    __syncthreads();
+    // Each thread owns a contiguous range of experts.
+    const u32 per = (e + nt - 1) / nt;
+    const u32 lo = min(tid * per, e), hi = min(lo + per, e);
+    u32 rows = 0, act = 0;
+    for (u32 i = lo; i < hi; ++i) {
+        const u32 c = cnt[i];
+        rows += (c + pad - 1) / pad * pad;
+        act += c > 0 ? 1u : 0u;
+    }
+    u32 total, nact;
+    block_scan2(rows, act, total, nact, sh, tid, nt);
+    u32 r = rows, a = act;
+    for (u32 i = lo; i < hi; ++i) {
+        const u32 c = cnt[i];
+        const u32 pr = (c + pad - 1) / pad * pad;
+        if (c > 0) {
+            seg[3 * a] = i;
+            seg[3 * a + 1] = r;
+            seg[3 * a + 2] = c;
+            ++a;
+        }
+        for (u32 q = r / pad; q < (r + pr) / pad; ++q) tile_expert[q] = i;
+        for (u32 q = r + c; q < r + pr; ++q) sorted[q] = MOE_INVALID;
+        cnt[i] = r;  // becomes the scatter cursor (only this thread touches expert i here)
+        r += pr;
+    }
+    for (u32 q = total + tid; q < cap; q += nt) sorted[q] = MOE_INVALID;
+    for (u32 q = total / pad + tid; q < tiles_cap; q += nt) tile_expert[q] = MOE_INVALID;
+    if (tid == 0) {
+        meta[0] = nact;
+        meta[1] = total / pad;
+    }
+    __syncthreads();
+    for (u32 p = tid; p < n; p += nt) {
+        const u32 ex = idx[p];
+        if (ex < e) sorted[atomicAdd(&cnt[ex], 1u)] = p;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Vector helpers: 16-byte loads, unpacked to f32.
+// ---------------------------------------------------------------------------
+
+template <typename T> struct VecOf {
+    static constexpr u32 N = 16 / sizeof(T);
+};
+
+template <typename T> __device__ __forceinline__ void unpack(const uint4& v, float* f);
+template <> __device__ __forceinline__ void unpack<float>(const uint4& v, float* f) {
+    f[0] = __uint_as_float(v.x);
+    f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z);
+    f[3] = __uint_as_float(v.w);
+}
+template <> __device__ __forceinline__ void unpack<bf16>(const uint4& v, float* f) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+template <> __device__ __forceinline__ void unpack<f16>(const uint4& v, float* f) {
+    const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+// One warp: acc[m][r] = Σ_i w[r][i] · a[m][i] over i < K, for m < mb (f32
+// accumulation, lane-strided, then warp_sum; every lane gets every sum). With
+// `vec`, rows are 16-byte aligned and K % VecOf<T>::N == 0 (16-byte loads, U
+// vectors of each weight row in flight per lane); otherwise scalar loads.
+template <typename T, int NR, int MB, int U>
+__device__ __forceinline__ void warp_dots(const T* (&w)[NR], const T* (&a)[MB], int mb, u32 K, int vec, u32 lane,
+                                          float (&acc)[MB][NR]) {
+    constexpr u32 E = VecOf<T>::N;
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[m][r] = 0.0f;
+    const u32 kv = vec ? K / E : 0u;
+    for (u32 c0 = lane; c0 < kv; c0 += 32u * U) {
+        uint4 wv[U][NR];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                const u32 c = c0 + 32u * u;
+                wv[u][r] = c < kv ? __ldg(reinterpret_cast<const uint4*>(w[r]) + c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 c = c0 + 32u * u;
+            if (c < kv) {
+            float wf[NR][E];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) unpack<T>(wv[u][r], wf[r]);
+#pragma unroll
+            for (int m = 0; m < MB; ++m) {
+                if (m < mb) {
+                    float af[E];
+                    unpack<T>(__ldg(reinterpret_cast<const uint4*>(a[m]) + c), af);
+#pragma unroll
+                    for (int r = 0; r < NR; ++r)
+#pragma unroll
+                        for (u32 i = 0; i < E; ++i) acc[m][r] = fmaf(wf[r][i], af[i], acc[m][r]);
+                }
+            }
+            }
+        }
+    }
+    for (u32 i = kv * E + lane; i < K; i += 32u) {
+        float wf[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) wf[r] = to_f(w[r][i]);
+#pragma unroll
+        for (int m = 0; m < MB; ++m) {
+            if (m < mb) {
+                const float av = to_f(a[m][i]);
+#pragma unroll
+                for (int r = 0; r < NR; ++r) acc[m][r] = fmaf(wf[r], av, acc[m][r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+        if (m < mb)
+#pragma unroll
+            for (int r = 0; r < NR; ++r) acc[m][r] = warp_sum(acc[m][r]);
+}
+
+// ---------------------------------------------------------------------------
+// 2a/3a. Decode GEMVs. grid (column blocks, min(e, n) expert slots), block
+// MOE_GEMV_WARPS·32; slots >= meta[0] exit.
+// ---------------------------------------------------------------------------
+
+// gate+up and activation: warp -> one column c of inter; rows routed to the
+// slot's expert in passes of MOE_GEMV_MB. h [cap, I] at the sorted positions.
+template <typename T>
+__device__ __forceinline__ void gemv_gu_impl(const T* __restrict__ x, const T* __restrict__ gate,
+                                             const T* __restrict__ up, const u32* __restrict__ sorted,
+                                             const u32* __restrict__ seg, const u32* __restrict__ meta,
+                                             T* __restrict__ h, u32 H, u32 I, u32 k, int vec) {
+    const u32 slot = blockIdx.y;
+    if (slot >= meta[0]) return;
+    const u32 ex = seg[3 * slot], start = seg[3 * slot + 1], cnt = seg[3 * slot + 2];
+    const u32 lane = threadIdx.x & 31u;
+    const u32 c = blockIdx.x * MOE_GEMV_WARPS + (threadIdx.x >> 5);
+    if (c >= I) return;
+    const T* w[2] = {gate + ((u64)ex * I + c) * H, up + ((u64)ex * I + c) * H};
+    for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
+        const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
+        const T* a[MOE_GEMV_MB];
+#pragma unroll
+        for (int m = 0; m < MOE_GEMV_MB; ++m) {
+            const u32 p = sorted[start + m0 + (m < mb ? m : 0)];
+            a[m] = x + (u64)(p / k) * H;
+        }
+        float acc[MOE_GEMV_MB][2];
+        warp_dots<T, 2, MOE_GEMV_MB, 4>(w, a, mb, H, vec, lane, acc);
+        float g = 0.0f, u = 0.0f;
+#pragma unroll
+        for (int m = 0; m < MOE_GEMV_MB; ++m)
+            if ((int)lane == m) {
+                g = acc[m][0];
+                u = acc[m][1];
+            }
+        if ((int)lane < mb)
+            h[(u64)(start + m0 + lane) * I + c] = from_f<T>(silu_f(round_to<T>(g)) * round_to<T>(u));
+    }
+}
+
+// down: warp -> MOE_DOWN_NR consecutive rows of down (hidden columns); o [n, H]
+// per pair, rounded to T.
+template <typename T>
+__device__ __forceinline__ void gemv_down_impl(const T* __restrict__ h, const T* __restrict__ down,
+                                               const u32* __restrict__ sorted, const u32* __restrict__ seg,
+                                               const u32* __restrict__ meta, T* __restrict__ o, u32 H, u32 I,
+                                               int vec) {
+    const u32 slot = blockIdx.y;
+    if (slot >= meta[0]) return;
+    const u32 ex = seg[3 * slot], start = seg[3 * slot + 1], cnt = seg[3 * slot + 2];
+    const u32 lane = threadIdx.x & 31u;
+    const u32 c0 = (blockIdx.x * MOE_GEMV_WARPS + (threadIdx.x >> 5)) * MOE_DOWN_NR;
+    if (c0 >= H) return;
+    const T* w[MOE_DOWN_NR];
+#pragma unroll
+    for (int r = 0; r < MOE_DOWN_NR; ++r) w[r] = down + ((u64)ex * H + min(c0 + r, H - 1)) * I;
+    for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
+        const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
+        const T* a[MOE_GEMV_MB];
+#pragma unroll
+        for (int m = 0; m < MOE_GEMV_MB; ++m) a[m] = h + (u64)(start + m0 + (m < mb ? m : 0)) * I;
+        float acc[MOE_GEMV_MB][MOE_DOWN_NR];
+        warp_dots<T, MOE_DOWN_NR, MOE_GEMV_MB, 2>(w, a, mb, I, vec, lane, acc);
+        // lane = m · MOE_DOWN_NR + r writes (row m, column c0 + r).
+        const int lm = (int)lane / MOE_DOWN_NR, lr = (int)lane % MOE_DOWN_NR;
+        float v = 0.0f;
+#pragma unroll
+        for (int m = 0; m < MOE_GEMV_MB; ++m)
+#pragma unroll
+            for (int r = 0; r < MOE_DOWN_NR; ++r)
+                if (lm == m && lr == r) v = acc[m][r];
+        if (lm < mb && c0 + lr < H) {
+            const u32 p = sorted[start + m0 + lm];
+            o[(u64)p * H + c0 + lr] = from_f<T>(v);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 3)
+    moe_gemv_gu_f32(const float* x, const float* gate, const float* up, const u32* sorted, const u32* seg,
+                    const u32* meta, float* h, u32 H, u32 I, u32 k, int vec) {
+    gemv_gu_impl<float>(x, gate, up, sorted, seg, meta, h, H, I, k, vec);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+    moe_gemv_gu_bf16(const bf16* x, const bf16* gate, const bf16* up, const u32* sorted, const u32* seg,
+                     const u32* meta, bf16* h, u32 H, u32 I, u32 k, int vec) {
+    gemv_gu_impl<bf16>(x, gate, up, sorted, seg, meta, h, H, I, k, vec);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+    moe_gemv_gu_f16(const f16* x, const f16* gate, const f16* up, const u32* sorted, const u32* seg,
+                    const u32* meta, f16* h, u32 H, u32 I, u32 k, int vec) {
+    gemv_gu_impl<f16>(x, gate, up, sorted, seg, meta, h, H, I, k, vec);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+    moe_gemv_down_f32(const float* h, const float* down, const u32* sorted, const u32* seg, const u32* meta,
+                      float* o, u32 H, u32 I, int vec) {
+    gemv_down_impl<float>(h, down, sorted, seg, meta, o, H, I, vec);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+    moe_gemv_down_bf16(const bf16* h, const bf16* down, const u32* sorted, const u32* seg, const u32* meta,
+                       bf16* o, u32 H, u32 I, int vec) {
+    gemv_down_impl<bf16>(h, down, sorted, seg, meta, o, H, I, vec);
+}
+extern "C" __global__ void __launch_bounds__(256, 3)
+    moe_gemv_down_f16(const f16* h, const f16* down, const u32* sorted, const u32* seg, const u32* meta, f16* o,
+                      u32 H, u32 I, int vec) {
+    gemv_down_impl<f16>(h, down, sorted, seg, meta, o, H, I, vec);
+}
+
+// ---------------------------------------------------------------------------
+// 2b/3b. Prefill GEMMs over MOE_BM-row tiles of the sorted list. 1-D grid of
+// tiles_cap · nblk blocks (block b: tile b / nblk, column block b % nblk, so
+// the column blocks of one tile, and the tiles of one expert, run together);
+// tiles whose tile_expert is MOE_INVALID exit. MOE_GEMM_THREADS threads.
+//
+// C[i][j] (i < MOE_BM, j < MOE_BN) = A_i · W_jᵀ over K, where
+// - GU (gate+up): A_i = x[sorted[i] / k] (zero for padding), W_j = gate[c0 + j]
+//   for j < 64 and up[c0 + j − 64] for j >= 64, c0 = 64 · column block; the
+//   epilogue writes h[tile row i][c0 + j] = round(silu(round(C[i][j])) ·
+//   round(C[i][j + 64])) for every row of the tile (padding rows get 0).
+// - down: A_i = h[tile row i], W_j = down[c0 + j], c0 = 128 · column block;
+//   the epilogue writes o[sorted[i]][c0 + j] = round(C[i][j]) for real rows.
+// ---------------------------------------------------------------------------
+
+#define MOE_LDC (MOE_BN + 4)
+
+// Shared epilogue: C staged in shared memory as f32 [MOE_BM][MOE_LDC].
+template <typename T, bool GU>
+__device__ __forceinline__ void gemm_epilogue(const float* Cs, const u32* s_pair, u32 tile, u32 c0, u32 N,
+                                              T* __restrict__ dst, u32 tid) {
+    if (GU) {
+        for (u32 q = tid; q < MOE_BM * (MOE_BN / 2); q += MOE_GEMM_THREADS) {
+            const u32 i = q / (MOE_BN / 2), j = q % (MOE_BN / 2);
+            if (c0 + j < N) {
+                const float g = round_to<T>(Cs[i * MOE_LDC + j]), u = round_to<T>(Cs[i * MOE_LDC + j + MOE_BN / 2]);
+                dst[(u64)(tile * MOE_BM + i) * N + c0 + j] = from_f<T>(silu_f(g) * u);
+            }
+        }
+    } else {
+        for (u32 q = tid; q < MOE_BM * MOE_BN; q += MOE_GEMM_THREADS) {
+            const u32 i = q / MOE_BN, j = q % MOE_BN;
+            const u32 p = s_pair[i];
+            if (p != MOE_INVALID && c0 + j < N) dst[(u64)p * N + c0 + j] = from_f<T>(Cs[i * MOE_LDC + j]);
+        }
+    }
+}
+
+// Row pointer j of the weight tile (nullptr past N).
+template <typename T, bool GU>
+__device__ __forceinline__ const T* w_row(const T* w0, const T* w1, u32 ex, u32 c0, u32 j, u32 K, u32 N) {
+    if (GU) {
+        const u32 half = MOE_BN / 2;
+        const u32 c = c0 + (j % half);
+        if (c >= N) return nullptr;
+        return (j < half ? w0 : w1) + ((u64)ex * N + c) * K;
+    }
+    const u32 c = c0 + j;
+    return c < N ? w0 + ((u64)ex * N + c) * K : nullptr;
+}
+
+// A row pointer i of the tile (nullptr for padding).
+template <typename T, bool GU>
+__device__ __forceinline__ const T* a_row(const T* a, const u32* s_pair, u32 tile, u32 i, u32 K, u32 k) {
+    if (GU) {
+        const u32 p = s_pair[i];
+        return p == MOE_INVALID ? nullptr : a + (u64)(p / k) * K;
+    }
+    return a + (u64)(tile * MOE_BM + i) * K;
+}
+
+// --- CUDA-core fallback (exact f32 math; any T, any alignment) -------------
+
+#define SIMT_BK 16
+
+template <typename T, bool GU>
+__device__ __forceinline__ void gemm_simt_impl(const T* __restrict__ a, const T* __restrict__ w0,
+                                               const T* __restrict__ w1, const u32* __restrict__ sorted,
+                                               const u32* __restrict__ tile_expert, T* __restrict__ dst, u32 K,
+                                               u32 N, u32 k, u32 nblk) {
+    __shared__ __align__(16) float smem[MOE_BM * MOE_LDC];
+    __shared__ u32 s_pair[MOE_BM];
+    const u32 tile = blockIdx.x / nblk, cb = blockIdx.x % nblk;
+    const u32 ex = tile_expert[tile];
+    if (ex == MOE_INVALID) return;
+    const u32 tid = threadIdx.x;
+    const u32 c0 = cb * (GU ? MOE_BN / 2 : MOE_BN);
+    if (tid < MOE_BM) s_pair[tid] = sorted[tile * MOE_BM + tid];
+    __syncthreads();
+    float* As = smem;                       // [SIMT_BK][MOE_BM + 1]
+    float* Bs = smem + SIMT_BK * (MOE_BM + 1);  // [SIMT_BK][MOE_BN + 1]
+    // Loader: element q of the A tile -> (row q / SIMT_BK, kk q % SIMT_BK).
+    const u32 kk = tid % SIMT_BK, lr = tid / SIMT_BK;  // lr < 16
+    const T* ap[MOE_BM / 16];
+#pragma unroll
+    for (int s = 0; s < MOE_BM / 16; ++s) ap[s] = a_row<T, GU>(a, s_pair, tile, lr + 16 * s, K, k);
+    const T* bp[MOE_BN / 16];
+#pragma unroll
+    for (int s = 0; s < MOE_BN / 16; ++s) bp[s] = w_row<T, GU>(w0, w1, ex, c0, lr + 16 * s, K, N);
+    // Compute: thread -> rows ty·4 + {0..3}, columns tx + 16·{0..7}.
+    const u32 tx = tid % 16, ty = tid / 16;
+    float acc[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+    for (u32 k0 = 0; k0 < K; k0 += SIMT_BK) {
+        const u32 kc = k0 + kk;
+#pragma unroll
+        for (int s = 0; s < MOE_BM / 16; ++s)
+            As[kk * (MOE_BM + 1) + lr + 16 * s] = (ap[s] != nullptr && kc < K) ? to_f(ap[s][kc]) : 0.0f;
+#pragma unroll
+        for (int s = 0; s < MOE_BN / 16; ++s)
+            Bs[kk * (MOE_BN + 1) + lr + 16 * s] = (bp[s] != nullptr && kc < K) ? to_f(bp[s][kc]) : 0.0f;
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < SIMT_BK; ++q) {
+            float av[4], bv[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) av[i] = As[q * (MOE_BM + 1) + ty * 4 + i];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) bv[j] = Bs[q * (MOE_BN + 1) + tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) smem[(ty * 4 + i) * MOE_LDC + tx + 16 * j] = acc[i][j];
+    __syncthreads();
+    gemm_epilogue<T, GU>(smem, s_pair, tile, c0, N, dst, tid);
+}
+
+// --- Tensor cores (wmma 16×16×16, bf16 / f16 in, f32 accumulate; sm_80+) ---
+// Needs K % 8 == 0 and 16-byte aligned rows (checked by the host). A and W
+// tiles of MOE_BK columns are staged in shared memory with cp.async, two
+// stages; 8 warps, each a 32×32 block of C (2×2 fragments).
+
+#define MOE_BK 32
+#define MOE_LDS (MOE_BK + 8)
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    const int sz = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
+#else
+    *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+template <typename T, bool GU>
+__device__ __forceinline__ void gemm_wmma_impl(const T* __restrict__ a, const T* __restrict__ w0,
+                                               const T* __restrict__ w1, const u32* __restrict__ sorted,
+                                               const u32* __restrict__ tile_expert, T* __restrict__ dst, u32 K,
+                                               u32 N, u32 k, u32 nblk) {
+#if __CUDA_ARCH__ >= 800
+    using namespace nvcuda;
+    constexpr u32 A_ELEMS = MOE_BM * MOE_LDS, B_ELEMS = MOE_BN * MOE_LDS;
+    constexpr u32 STAGE_BYTES = 2 * (A_ELEMS + B_ELEMS) * sizeof(T);
+    constexpr u32 C_BYTES = MOE_BM * MOE_LDC * sizeof(float);
+    __shared__ __align__(128) unsigned char smem[STAGE_BYTES > C_BYTES ? STAGE_BYTES : C_BYTES];
+    __shared__ u32 s_pair[MOE_BM];
+    const u32 tile = blockIdx.x / nblk, cb = blockIdx.x % nblk;
+    const u32 ex = tile_expert[tile];
+    if (ex == MOE_INVALID) return;
+    const u32 tid = threadIdx.x, warp = tid >> 5;
+    const u32 c0 = cb * (GU ? MOE_BN / 2 : MOE_BN);
+    if (tid < MOE_BM) s_pair[tid] = sorted[tile * MOE_BM + tid];
+    __syncthreads();
+    T* As = reinterpret_cast<T*>(smem);  // [2][MOE_BM][MOE_LDS]
+    T* Bs = As + 2 * A_ELEMS;            // [2][MOE_BN][MOE_LDS]
+    // Loader: 16-byte chunk ch (8 elements) of A row tid / 4 and of W rows tid / 4, 64 + tid / 4.
+    const u32 lrow = tid >> 2, ch = (tid & 3u) * 8u;
+    const T* ap = a_row<T, GU>(a, s_pair, tile, lrow, K, k);
+    const T* bp0 = w_row<T, GU>(w0, w1, ex, c0, lrow, K, N);
+    const T* bp1 = w_row<T, GU>(w0, w1, ex, c0, lrow + 64, K, N);
+    auto load = [&](u32 st, u32 k0) {
+        const u32 kc = k0 + ch;
+        const bool in = kc < K;
+        cp_async16(As + st * A_ELEMS + lrow * MOE_LDS + ch, (ap != nullptr && in) ? ap + kc : a, ap != nullptr && in);
+        cp_async16(Bs + st * B_ELEMS + lrow * MOE_LDS + ch, (bp0 != nullptr && in) ? bp0 + kc : w0,
+                   bp0 != nullptr && in);
+        cp_async16(Bs + st * B_ELEMS + (lrow + 64) * MOE_LDS + ch, (bp1 != nullptr && in) ? bp1 + kc : w0,
+                   bp1 != nullptr && in);
+    };
+    const u32 wr = warp & 1u, wc = warp >> 1;  // rows 32·wr, columns 32·wc
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    const u32 nk = (K + MOE_BK - 1) / MOE_BK;
+    load(0, 0);
+    cp_async_commit();
+    for (u32 kt = 0; kt < nk; ++kt) {
+        if (kt + 1 < nk) {
+            load((kt + 1) & 1u, (kt + 1) * MOE_BK);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const T* as = As + (kt & 1u) * A_ELEMS;
+        const T* bs = Bs + (kt & 1u) * B_ELEMS;
+#pragma unroll
+        for (u32 kk = 0; kk < MOE_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], as + (32 * wr + 16 * i) * MOE_LDS + kk, MOE_LDS);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], bs + (32 * wc + 16 * j) * MOE_LDS + kk, MOE_LDS);
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    float* Cs = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(Cs + (32 * wr + 16 * i) * MOE_LDC + 32 * wc + 16 * j, acc[i][j], MOE_LDC,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    gemm_epilogue<T, GU>(Cs, s_pair, tile, c0, N, dst, tid);
+#endif
+}
+
+// a: x [t, H] (gate+up) or h [cap, I] (down); w0: gate or down; w1: up (or
+// down again, unused); dst: h [cap, I] or o [n, H]; K = H, N = I (gate+up) or
+// K = I, N = H (down); k: slots per row; nblk: column blocks per tile.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gemm_gu_simt_f32(const float* a, const float* w0, const float* w1, const u32* sorted, const u32* tile_expert,
+                         float* dst, u32 K, u32 N, u32 k, u32 nblk) {
+    gemm_simt_impl<float, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gemm_gu_simt_bf16(const bf16* a, const bf16* w0, const bf16* w1, const u32* sorted, const u32* tile_expert,
+                          bf16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+    gemm_simt_impl<bf16, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gemm_gu_simt_f16(const f16* a, const f16* w0, const f16* w1, const u32* sorted, const u32* tile_expert,
+                         f16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+    gemm_simt_impl<f16, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gemm_down_simt_f32(const float* a, const float* w0, const float* w1, const u32* sorted,
+                           const u32* tile_expert, float* dst, u32 K, u32 N, u32 k, u32 nblk) {
+    gemm_simt_impl<float, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gemm_down_simt_bf16(const bf16* a, const bf16* w0, const bf16* w1, const u32* sorted,
+                            const u32* tile_expert, bf16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+    gemm_simt_impl<bf16, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gemm_down_simt_f16(const f16* a, const f16* w0, const f16* w1, const u32* sorted, const u32* tile_expert,
+                           f16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+    gemm_simt_impl<f16, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gemm_gu_wmma_bf16(const bf16* a, const bf16* w0, const bf16* w1, const u32* sorted, const u32* tile_expert,
+                          bf16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+    gemm_wmma_impl<bf16, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gemm_gu_wmma_f16(const f16* a, const f16* w0, const f16* w1, const u32* sorted, const u32* tile_expert,
+                         f16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+    gemm_wmma_impl<f16, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gemm_down_wmma_bf16(const bf16* a, const bf16* w0, const bf16* w1, const u32* sorted,
+                            const u32* tile_expert, bf16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+    gemm_wmma_impl<bf16, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    moe_gemm_down_wmma_f16(const f16* a, const f16* w0, const f16* w1, const u32* sorted, const u32* tile_expert,
+                           f16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+    gemm_wmma_impl<f16, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Combine: out[r, c] = Σ_j round(o)[r·k + j, c] · w[r, j] (f32, j ascending;
+// slots with an expert id >= e contribute nothing). Grid-stride over t·H.
+// ---------------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ void combine_impl(const T* __restrict__ o, const u32* __restrict__ idx,
+                                             const float* __restrict__ w, float* __restrict__ out, u64 total, u32 H,
+                                             u32 k, u32 e) {
+    for (u64 q = (u64)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += (u64)gridDim.x * blockDim.x) {
+        const u64 r = q / H, c = q % H;
+        float acc = 0.0f;
+        for (u32 j = 0; j < k; ++j) {
+            const u64 p = r * k + j;
+            if (idx[p] < e) acc = __fadd_rn(acc, __fmul_rn(to_f(o[p * H + c]), w[p]));
+        }
+        out[q] = acc;
+    }
+}
+
+extern "C" __global__ void moe_combine_f32(const float* o, const u32* idx, const float* w, float* out, u64 total,
+                                           u32 H, u32 k, u32 e) {
+    combine_impl<float>(o, idx, w, out, total, H, k, e);
+}
+extern "C" __global__ void moe_combine_bf16(const bf16* o, const u32* idx, const float* w, float* out, u64 total,
+                                            u32 H, u32 k, u32 e) {
+    combine_impl<bf16>(o, idx, w, out, total, H, k, e);
+}
+extern "C" __global__ void moe_combine_f16(const f16* o, const u32* idx, const float* w, float* out, u64 total,
+                                           u32 H, u32 k, u32 e) {
+    combine_impl<f16>(o, idx, w, out, total, H, k, e);
+}

@@ -198,7 +198,7 @@ fn rope_case<T: CudaFloat>(
     let want = rnd_vec::<T>(&want);
     let mut dx = up::<T>(k, &x);
     let (dp, df) = (up_u32(k, &pos), k.stream().clone_htod(&freq).expect("htod"));
-    k.rope_neox(&mut dx, &dp, &df, t, heads, head_dim, rot_dim).expect("rope launch");
+    k.rope_neox(&mut dx, &dp, &df, t, heads, head_dim, rot_dim, 1.0).expect("rope launch");
     let got = down(k, &dx);
     check(&format!("rope {} t={t} heads={heads} head_dim={head_dim} rot={rot_dim}", T::NAME), &got, &want, tol::<T>());
     // Pass-through dims are bit-identical.
@@ -629,6 +629,6 @@ fn cuda_rejects_bad_arguments() {
     let mut xr = up::<f32>(&k, &[0.0; 16]);
     let p = up_u32(&k, &[0]);
     let f = up::<f32>(&k, &[1.0; 3]);
-    assert!(k.rope_neox(&mut xr, &p, &f, 1, 2, 8, 7).is_err(), "odd rot_dim must be rejected");
+    assert!(k.rope_neox(&mut xr, &p, &f, 1, 2, 8, 7, 1.0).is_err(), "odd rot_dim must be rejected");
     println!("  bad arguments rejected with errors, no launch");
 }

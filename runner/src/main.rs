@@ -239,26 +239,26 @@ fn cmd_logits(a: &LogitsArgs) -> Result<()> {
     let (dir, model) = load(&a.run)?;
     let drafts = load_drafts(&dir, &model, &a.draft, false)?;
     let ids = &a.ids.0;
-    let mut cache = model.new_cache(1);
+    let mut cache = model.try_new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     let vocab = model.info.vocab_size;
     let mut logits: Vec<f32> = Vec::with_capacity(ids.len() * vocab);
     if a.incremental {
         for (p, &id) in ids.iter().enumerate() {
             let out = model.forward(&Batch::single(seq, p, &[id]), &mut cache, LogitsFor::All)?;
-            logits.extend_from_slice(out.logits.data());
+            logits.extend_from_slice(&out.logits.host_vec()?);
         }
     } else {
         let out = model.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::All)?;
-        logits.extend_from_slice(out.logits.data());
+        logits.extend_from_slice(&out.logits.host_vec()?);
     }
     let mut tensors: Vec<(&str, &[f32], Vec<usize>)> = vec![("logits", &logits, vec![ids.len(), vocab])];
     let mtp = match drafts.first() {
-        Some(d) if ids.len() >= 2 => Some(speculative::draft_logits(&model, d.as_ref(), ids)?),
+        Some(d) if ids.len() >= 2 => Some(speculative::draft_logits(&model, d.as_ref(), ids)?.host_vec()?),
         _ => None,
     };
     if let Some(m) = &mtp {
-        tensors.push(("mtp_logits", m.data(), vec![ids.len() - 1, vocab]));
+        tensors.push(("mtp_logits", m, vec![ids.len() - 1, vocab]));
     }
     write_f32_safetensors(&a.out, &tensors)?;
     eprintln!(
@@ -408,15 +408,35 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let tok = |i: usize| (i as u32 * 7919 + 3) % vocab;
     let mut results = Vec::new();
     println!("bench {label}: {} layers, {}, {device}", model.info.num_layers, a.run.dtype);
+    // The HBM roofline: measured device-to-device copy bandwidth of this GPU.
+    let roofline = match device {
+        Device::Cuda(i) => {
+            let bw = porter_core::gpu::copy_bandwidth(&*porter_core::gpu::gpu(i)?)?;
+            println!("HBM copy bandwidth (roofline): {:.0} GB/s", bw / 1e9);
+            Some(bw)
+        }
+        Device::Cpu => None,
+    };
+    // Warm-up: compiles the kernels (NVRTC, first use) and touches every code path once.
+    {
+        let mut cache = model.try_new_cache_spec(1, 0)?;
+        let seq = cache.alloc_seq()?;
+        let ids: Vec<u32> = (0..8).map(tok).collect();
+        model.forward(&Batch::single(seq, 0, &ids), &mut cache, LogitsFor::Last)?;
+        model.forward(&Batch::single(seq, 8, &[tok(8)]), &mut cache, LogitsFor::Last)?;
+        model.sync()?;
+    }
     for &n in &a.prefill {
         if n == 0 {
             bail!("--prefill lengths must be >= 1");
         }
         let ids: Vec<u32> = (0..n).map(tok).collect();
-        let mut cache = model.new_cache(1);
+        let mut cache = model.try_new_cache_spec(1, 0)?;
         let seq = cache.alloc_seq()?;
+        model.sync()?;
         let t0 = Instant::now();
         model.forward(&Batch::single(seq, 0, &ids), &mut cache, LogitsFor::Last)?;
+        model.sync()?;
         let s = t0.elapsed().as_secs_f64();
         println!("prefill {n:>6} tokens: {:>10.1} tok/s ({:.3} s)", n as f64 / s, s);
         results.push(serde_json::json!({"kind": "prefill", "tokens": n, "seconds": s, "tokens_per_s": n as f64 / s}));
@@ -425,7 +445,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         if b == 0 || a.steps == 0 || a.context == 0 {
             bail!("--batch, --steps and --context must be >= 1");
         }
-        let mut cache = model.new_cache(b);
+        let mut cache = model.try_new_cache_spec(b, 0)?;
         let mut batch = Batch::default();
         let mut seqs = Vec::with_capacity(b);
         for j in 0..b {
@@ -435,6 +455,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             seqs.push(seq);
         }
         model.forward(&batch, &mut cache, LogitsFor::Last)?;
+        model.sync()?;
         let t0 = Instant::now();
         for step in 0..a.steps {
             let mut batch = Batch::default();
@@ -443,10 +464,22 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             }
             model.forward(&batch, &mut cache, LogitsFor::Last)?;
         }
+        model.sync()?;
         let s = t0.elapsed().as_secs_f64();
         let tps = (b * a.steps) as f64 / s;
-        println!("decode batch {b:>4}: {tps:>10.1} tok/s ({:.2} ms/step)", s * 1e3 / a.steps as f64);
-        results.push(serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": s * 1e3 / a.steps as f64}));
+        let step_s = s / a.steps as f64;
+        // Bytes per step at the mean context of the timed steps.
+        let bytes = model.decode_bytes(b, a.context + a.steps / 2);
+        let bw = bytes / step_s;
+        let frac = roofline.map(|r| bw / r);
+        println!(
+            "decode batch {b:>4}: {tps:>10.1} tok/s ({:.3} ms/step, {:.1} MB/step, {:.0} GB/s{})",
+            step_s * 1e3,
+            bytes / 1e6,
+            bw / 1e9,
+            frac.map_or(String::new(), |f| format!(", {:.1}% of the HBM roofline", f * 100.0))
+        );
+        results.push(serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": step_s * 1e3, "bytes_per_step": bytes, "bandwidth_bytes_per_s": bw, "roofline_bytes_per_s": roofline, "roofline_fraction": frac}));
     }
     if let Some(kmax) = a.mtp_step {
         if kmax == 0 || kmax > speculative::MAX_MTP_STEP {
@@ -499,7 +532,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         }
     }
     if let Some(p) = &a.json {
-        let v = serde_json::json!({"model": label, "layers": model.info.num_layers, "dtype": a.run.dtype.to_string(), "device": device.to_string(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "results": results});
+        let v = serde_json::json!({"model": label, "layers": model.info.num_layers, "dtype": a.run.dtype.to_string(), "device": device.to_string(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "hbm_copy_bandwidth_bytes_per_s": roofline, "results": results});
         std::fs::write(p, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
@@ -554,6 +587,7 @@ fn cmd_inspect(a: &InspectArgs) -> Result<()> {
             hidden_size: p.config.get("hidden_size").and_then(|v| v.as_u64()).unwrap_or(0) as usize,
             num_layers: 0,
             dtype: DType::F32,
+            device: Device::Cpu,
             max_position_embeddings: None,
             generation: Default::default(),
         };

@@ -7,9 +7,13 @@ use porter_core::{registry, Batch, DType, Device, LogitsFor, Model, StateCache};
 use std::path::PathBuf;
 
 /// `tests/fixtures/<name>`.
+/// Falls back to `tests/fixtures` under the working directory when the source tree the
+/// binary was built from is absent (test binaries carried to the GPU machine).
 pub fn fixture(name: &str) -> PathBuf {
     models::link();
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let dir = if built.is_dir() { built } else { PathBuf::from("tests").join("fixtures") };
+    dir.join(name)
 }
 
 /// The reference tensors written by `tests/gen_fixtures.py`.
@@ -39,6 +43,22 @@ pub fn load(name: &str, dtype: DType) -> Result<Model> {
     registry::load(&fixture(name), dtype, Device::Cpu, false)
 }
 
+/// Loads a fixture on a given device.
+pub fn load_on(name: &str, dtype: DType, device: Device) -> Result<Model> {
+    registry::load(&fixture(name), dtype, device, false)
+}
+
+/// `Some(device)` for CUDA device 0, or `None` after printing why a GPU test is skipped.
+pub fn cuda_or_skip(test: &str) -> Option<Device> {
+    match porter_core::device::cuda_device_count() {
+        Ok(_) => Some(Device::Cuda(0)),
+        Err(reason) => {
+            println!("{test}: skipped: no CUDA device ({reason})");
+            None
+        }
+    }
+}
+
 /// Population standard deviation.
 pub fn std(xs: &[f32]) -> f32 {
     let n = xs.len() as f64;
@@ -53,18 +73,18 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Logits of every position from one full-sequence forward.
 pub fn prefill_logits(model: &Model, ids: &[u32]) -> Result<Vec<f32>> {
-    let mut cache = model.new_cache(1);
+    let mut cache = model.try_new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
-    Ok(model.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::All)?.logits.into_vec())
+    Ok(model.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::All)?.logits.host_vec()?)
 }
 
 /// Logits of every position, feeding one token at a time through the cache.
 pub fn incremental_logits(model: &Model, ids: &[u32]) -> Result<Vec<f32>> {
-    let mut cache = model.new_cache(1);
+    let mut cache = model.try_new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     let mut out = Vec::new();
     for (p, &id) in ids.iter().enumerate() {
-        out.extend(model.forward(&Batch::single(seq, p, &[id]), &mut cache, LogitsFor::All)?.logits.into_vec());
+        out.extend(model.forward(&Batch::single(seq, p, &[id]), &mut cache, LogitsFor::All)?.logits.host_vec()?);
     }
     Ok(out)
 }

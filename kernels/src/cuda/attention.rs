@@ -1,1 +1,284 @@
-//! Launch wrappers of kernels/cuda/attention.cu.
+//! Launch wrappers of kernels/cuda/attention.cu: KV append into per-sequence
+//! cache buffers, causal GQA attention over those buffers (tiled, online
+//! softmax, split-K for decode), and on-device sampling.
+
+use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, ATTENTION};
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+/// Largest `head_dim` of [`CudaKernels::attention`].
+pub const ATTN_MAX_HEAD_DIM: usize = 256;
+
+/// Threads of an attention block (`ATT_THREADS` in attention.cu).
+const ATT_THREADS: u32 = 128;
+/// Keys per tile (`ATT_BN`).
+const ATT_BN: usize = 64;
+/// Row stride of the staged P tile in floats (`ATT_PS`).
+const ATT_PS: usize = ATT_BN + 16;
+/// Blocks the split-K heuristic aims for (about 4 per SM of an H100/H200).
+const TARGET_BLOCKS: usize = 528;
+/// Most key splits of one (item tile, sequence, KV head).
+const MAX_SPLITS: usize = 128;
+/// Threads of a sampling block (`SMP_THREADS`).
+const SMP_THREADS: u32 = 1024;
+/// Threads of the element-wise kernels.
+const EW_THREADS: u32 = 256;
+
+impl CudaKernels {
+    /// Appends new K/V rows to per-sequence cache buffers: `K_s[row_pos[r]] = k[r]`,
+    /// `V_s[row_pos[r]] = v[r]` with `s = row_seq[r]`.
+    ///
+    /// `k_ptrs[s]` / `v_ptrs[s]` are raw device addresses of sequence `s`'s
+    /// buffers, laid out `[capacity, kv_heads, head_dim]` of `T`. Nothing on the
+    /// device side is bounds-checked: the caller guarantees that every `row_seq`
+    /// indexes `k_ptrs` / `v_ptrs` and every position is below that buffer's capacity.
+    ///
+    /// # Shapes
+    /// - `k`, `v`: `[t, kv_heads, head_dim]` (`T`)
+    /// - `row_seq`, `row_pos`: `[t]` (`u32`)
+    /// - `k_ptrs`, `v_ptrs`: `[n_seqs]` (`u64` device addresses)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a length mismatch; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_append<T: CudaFloat>(
+        &self,
+        k: &impl DevicePtr<T>,
+        v: &impl DevicePtr<T>,
+        row_seq: &impl DevicePtr<u32>,
+        row_pos: &impl DevicePtr<u32>,
+        k_ptrs: &impl DevicePtr<u64>,
+        v_ptrs: &impl DevicePtr<u64>,
+        t: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        let row_len = prod(&[kv_heads, head_dim])?;
+        let n = prod(&[t, row_len])?;
+        self.check("k", k, n)?;
+        self.check("v", v, n)?;
+        self.check("row_seq", row_seq, t)?;
+        self.check("row_pos", row_pos, t)?;
+        if k_ptrs.len() != v_ptrs.len() {
+            return Err(CudaError::Invalid("kv_append: k_ptrs and v_ptrs differ in length".into()));
+        }
+        self.check("k_ptrs", k_ptrs, k_ptrs.len())?;
+        self.check("v_ptrs", v_ptrs, v_ptrs.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (t32, rl32) = (u32_of("t", t)?, u32_of("kv_heads * head_dim", row_len)?);
+        let f = self.function(&ATTENTION, &format!("kv_append_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (pk, _gk) = k.device_ptr(s);
+        let (pv, _gv) = v.device_ptr(s);
+        let (ps, _gs) = row_seq.device_ptr(s);
+        let (pp, _gp) = row_pos.device_ptr(s);
+        let (pkp, _gkp) = k_ptrs.device_ptr(s);
+        let (pvp, _gvp) = v_ptrs.device_ptr(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&pk).arg(&pv).arg(&ps).arg(&pp).arg(&pkp).arg(&pvp).arg(&t32).arg(&rl32);
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(n, EW_THREADS), 1, 1),
+            block_dim: (EW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments match `kv_append_<T>` in attention.cu; `k`, `v`,
+        // `row_seq`, `row_pos` have the checked lengths; the cache addresses and
+        // positions are the caller's contract (documented above).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Causal GQA attention of a batch of sequences over their KV caches
+    /// (`cpu::ops::causal_attention` per sequence).
+    ///
+    /// `spans[s] = (q_row0, q_len, pos0)`: query rows `q_row0..q_row0+q_len`
+    /// belong to sequence `s`; row `q_row0 + i` is at position `p = pos0 + i` and
+    /// attends to keys `lo..=p` of the sequence's cache (already appended), with
+    /// `lo = p + 1 − w` for `window = Some(w)` when `p + 1 > w`, else 0. Head `h`
+    /// reads KV head `h / (heads / kv_heads)`. Scores, softmax and `Σ p·v` in
+    /// f32, the output rounded to `T` once. `max_q_len` bounds every `q_len`
+    /// (rows beyond it are not computed); every row of `q` should belong to one
+    /// span (rows of no span are left unwritten, or NaN on the split path).
+    ///
+    /// Decode (small `max_q_len`) splits each sequence's keys across blocks and
+    /// merges the partials in a second pass.
+    ///
+    /// # Shapes
+    /// - `q`, `out`: `[t, heads, head_dim]` (`T`)
+    /// - `k_ptrs`, `v_ptrs`: `[n_seqs]` (`u64` addresses of `[capacity, kv_heads, head_dim]` buffers of `T`)
+    /// - `spans`: `[n_seqs, 3]` (`u32`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a length mismatch, `head_dim` of 0 or above
+    /// [`ATTN_MAX_HEAD_DIM`], `heads % kv_heads != 0`, or `window == Some(0)`;
+    /// driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention<T: CudaFloat>(
+        &self,
+        q: &impl DevicePtr<T>,
+        k_ptrs: &impl DevicePtr<u64>,
+        v_ptrs: &impl DevicePtr<u64>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        t: usize,
+        n_seqs: usize,
+        max_q_len: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        scale: f32,
+        window: Option<usize>,
+    ) -> Result<()> {
+        if head_dim == 0 || head_dim > ATTN_MAX_HEAD_DIM {
+            return Err(CudaError::Invalid(format!("attention: head_dim {head_dim} not in 1..={ATTN_MAX_HEAD_DIM}")));
+        }
+        if kv_heads == 0 || heads == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(CudaError::Invalid(format!("attention: heads {heads} not a multiple of kv_heads {kv_heads}")));
+        }
+        if window == Some(0) {
+            return Err(CudaError::Invalid("attention: window must be > 0".into()));
+        }
+        let n = prod(&[t, heads, head_dim])?;
+        self.check("q", q, n)?;
+        self.check("out", out, n)?;
+        self.check("k_ptrs", k_ptrs, n_seqs)?;
+        self.check("v_ptrs", v_ptrs, n_seqs)?;
+        self.check("spans", spans, prod(&[n_seqs, 3])?)?;
+        if n == 0 || n_seqs == 0 || max_q_len == 0 {
+            return Ok(());
+        }
+        let group = heads / kv_heads;
+        let items = prod(&[max_q_len, group])?;
+        let ra: usize = if items <= 8 { 1 } else { 4 };
+        let bm = 8 * ra;
+        let nc = head_dim.div_ceil(64);
+        let ds = 64 * nc + 4;
+        let tiles_m = items.div_ceil(bm);
+        let seq_heads = prod(&[n_seqs, kv_heads])?;
+        let base = prod(&[tiles_m, seq_heads])?;
+        let nsplit = if base >= TARGET_BLOCKS / 2 { 1 } else { TARGET_BLOCKS.div_ceil(base).min(MAX_SPLITS) };
+        let smem = (bm + 2 * ATT_BN) * ds * std::mem::size_of::<T>() + bm * ATT_PS * 4;
+        let smem32 = u32_of("shared memory", smem)?;
+
+        let f = self.function(&ATTENTION, &format!("attention_{}_r{ra}_c{nc}", T::NAME))?;
+        if smem > 48 * 1024 {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                i32::try_from(smem).map_err(|_| CudaError::Invalid("shared memory".into()))?,
+            )?;
+        }
+        if seq_heads > 65_535 {
+            return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, nsplit as u32),
+            block_dim: (ATT_THREADS, 1, 1),
+            shared_mem_bytes: smem32,
+        };
+        let (t32, h32, kvh32, d32) =
+            (u32_of("t", t)?, u32_of("heads", heads)?, u32_of("kv_heads", kv_heads)?, u32_of("head_dim", head_dim)?);
+        let win32 = match window {
+            Some(w) => u32::try_from(w).unwrap_or(u32::MAX),
+            None => 0,
+        };
+        let ns32 = nsplit as u32;
+        let part = if nsplit > 1 {
+            Some(self.stream.alloc_zeros::<f32>(prod(&[nsplit, t, heads, head_dim + 2])?)?)
+        } else {
+            None
+        };
+
+        let s = &*self.stream;
+        let (pq, _gq) = q.device_ptr(s);
+        let (pkp, _gkp) = k_ptrs.device_ptr(s);
+        let (pvp, _gvp) = v_ptrs.device_ptr(s);
+        let (psp, _gsp) = spans.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let (ppart, _gpart) = match &part {
+            Some(p) => {
+                let (a, g) = p.device_ptr(s);
+                (a, Some(g))
+            }
+            None => (0, None),
+        };
+        let mut b = s.launch_builder(&f);
+        b.arg(&pq).arg(&pkp).arg(&pvp).arg(&psp).arg(&po).arg(&ppart);
+        b.arg(&t32).arg(&h32).arg(&kvh32).arg(&d32).arg(&scale).arg(&win32).arg(&ns32);
+        // SAFETY: arguments match `attention_<T>_r<RA>_c<NC>` in attention.cu;
+        // `q`, `out`, `spans`, `k_ptrs`, `v_ptrs` have the checked lengths; the
+        // partial buffer holds `nsplit * t * heads * (head_dim + 2)` floats when
+        // `nsplit > 1` (null otherwise, and then never read); the dynamic shared
+        // memory is the size the kernel carves (attribute raised above 48 KiB);
+        // spans and cache contents are the caller's contract.
+        unsafe { b.launch(cfg) }?;
+
+        if let Some(p) = &part {
+            let fc = self.function(&ATTENTION, &format!("attention_combine_{}", T::NAME))?;
+            let (pp, _gp) = p.device_ptr(s);
+            let rows = prod(&[t, heads])?;
+            let cfg = LaunchConfig {
+                grid_dim: (u32_of("t * heads", rows)?, 1, 1),
+                block_dim: (ATT_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = s.launch_builder(&fc);
+            b.arg(&pp).arg(&po).arg(&t32).arg(&h32).arg(&d32).arg(&ns32);
+            // SAFETY: arguments match `attention_combine_<T>`; the partial buffer
+            // and `out` have the sizes above.
+            unsafe { b.launch(cfg) }?;
+        }
+        Ok(())
+    }
+
+    /// On-device sampling of one token per row (`porter_core::sampling::Sampler`
+    /// semantics): temperature 0 → argmax (first index on ties); otherwise keep
+    /// the `top_k` largest logits (ties by lower index), `p ∝ exp(l/t − max)`,
+    /// keep the smallest prefix reaching mass `top_p` (at least one), renormalise
+    /// and walk the kept tokens in ascending index order, returning the first
+    /// where `u < Σp` (the last kept one if none).
+    ///
+    /// # Shapes
+    /// - `logits`: `[rows, vocab]` (`f32`)
+    /// - `params`: `[rows, 4]` (`f32`): temperature, top_k (0 = none), top_p
+    ///   (`>= 1` = none), `u` uniform in `[0, 1)`
+    /// - `out`: `[rows]` (`u32`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a length mismatch or `vocab == 0`; driver errors.
+    pub fn sample_rows(
+        &self,
+        logits: &impl DevicePtr<f32>,
+        params: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<u32>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<()> {
+        if vocab == 0 {
+            return Err(CudaError::Invalid("sample_rows: vocab must be > 0".into()));
+        }
+        self.check("logits", logits, prod(&[rows, vocab])?)?;
+        self.check("params", params, prod(&[rows, 4])?)?;
+        self.check("out", out, rows)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let v32 = u32_of("vocab", vocab)?;
+        let f = self.function(&ATTENTION, "sample_rows")?;
+        let s = &*self.stream;
+        let (pl, _gl) = logits.device_ptr(s);
+        let (pp, _gp) = params.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&pl).arg(&pp).arg(&po).arg(&v32);
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("rows", rows)?, 1, 1),
+            block_dim: (SMP_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments match `sample_rows` in attention.cu; lengths checked.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}

@@ -1,1 +1,311 @@
-//! Launch wrappers of kernels/cuda/gdn_seq.cu.
+//! Launch wrappers of kernels/cuda/gdn_seq.cu: the multi-token Gated DeltaNet
+//! path over a batch of sequences. A *span* is one sequence's run of
+//! consecutive rows in the batch; per-sequence state lives in pools indexed by
+//! slot. Semantics of [`crate::cpu::gdn`].
+
+use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+/// Rows per block of the conv kernel (`CONV_ROWS` in gdn_seq.cu).
+const CONV_ROWS: usize = 16;
+/// Largest conv kernel size (`CONV_MAXK`).
+pub const GDN_CONV_MAXK: usize = 8;
+/// Threads of the conv and gate kernels (`CONV_THREADS`).
+const THREADS: u32 = 256;
+/// Tokens staged per tile by the delta-rule kernel (`DS_TT`).
+const DS_TT: usize = 16;
+/// Padding of a part's staged q / k rows (`DS_PAD`).
+const DS_PAD: usize = 4;
+/// Largest key head dim of [`CudaKernels::gdn_delta_seq`].
+pub const GDN_SEQ_MAX_DK: usize = 256;
+/// Register rows per lane of the delta-rule kernel that are instantiated.
+const DS_RS: [usize; 4] = [16, 32, 64, 128];
+/// Below this many lanes (columns × parts) the delta-rule kernel splits
+/// columns over more lanes.
+const DS_MIN_LANES: usize = 32 * 1024;
+
+impl CudaKernels {
+    /// Causal depthwise conv1d + SiLU over the spans of a batch, reading and
+    /// updating a per-slot window of raw inputs (`cpu::gdn::causal_conv1d_prefill`
+    /// per span, no bias).
+    ///
+    /// Span `s` = `spans[s] = (row0, len, slot, lag)`: rows `row0..row0 + len`
+    /// continue the sequence whose window is `window[slot]`; the newest `lag`
+    /// entries of that window were rolled back, so the history is
+    /// `window[slot, .., 0..win − lag]`. With `u` = history ++ the span's inputs
+    /// (`x[r, ch]` read as f32),
+    /// `out[r, ch] = silu(Σ_{i<k} w[ch, i] · u[r − (k−1) + i])` (f32). Afterwards
+    /// the window holds the last `win` entries of `u`, oldest first (zeros where
+    /// `u` is shorter), i.e. its lag is 0.
+    ///
+    /// Spans must use distinct slots and disjoint rows. A span whose slot is
+    /// `>= num_slots`, whose rows pass `t`, or with `lag > win − (k − 1)` gives
+    /// NaN rows and leaves the windows alone; rows outside every span are not
+    /// written.
+    ///
+    /// # Shapes
+    /// - `x`: `[t, x_stride]` (`T`; the conv channels are columns `0..c`)
+    /// - `w`: `[c, k]` (`f32`)
+    /// - `window`: `[num_slots, c, win]` (`f32`, oldest first), updated
+    /// - `spans`: `[n_spans, 4]` (`u32`)
+    /// - `out`: `[t, c]` (`f32`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if `c == 0`, `k == 0`, `k > 8`, `win < k − 1`,
+    /// `x_stride < c`, or on a length mismatch; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_conv_seq<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        x_stride: usize,
+        w: &impl DevicePtr<f32>,
+        window: &mut impl DevicePtrMut<f32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        n_spans: usize,
+        c: usize,
+        k: usize,
+        win: usize,
+        num_slots: usize,
+    ) -> Result<()> {
+        if c == 0 || k == 0 || k > GDN_CONV_MAXK {
+            return Err(CudaError::Invalid(format!(
+                "gdn_conv_seq: c {c} must be > 0 and k {k} in 1..={GDN_CONV_MAXK}"
+            )));
+        }
+        if win + 1 < k {
+            return Err(CudaError::Invalid(format!("gdn_conv_seq: window {win} < k − 1 = {}", k - 1)));
+        }
+        if x_stride < c {
+            return Err(CudaError::Invalid(format!("gdn_conv_seq: x_stride {x_stride} < c {c}")));
+        }
+        self.check("x", x, prod(&[t, x_stride])?)?;
+        self.check("w", w, prod(&[c, k])?)?;
+        self.check("window", window, prod(&[num_slots, c, win])?)?;
+        self.check("spans", spans, prod(&[n_spans, 4])?)?;
+        self.check("out", out, prod(&[t, c])?)?;
+        if t == 0 || n_spans == 0 {
+            return Ok(());
+        }
+        let (xs32, t32, ns32, c32, k32, win32, slots32) = (
+            u32_of("x_stride", x_stride)?,
+            u32_of("t", t)?,
+            u32_of("n_spans", n_spans)?,
+            u32_of("c", c)?,
+            u32_of("k", k)?,
+            u32_of("win", win)?,
+            u32_of("num_slots", num_slots)?,
+        );
+        let cblocks = u32_of("c blocks", c.div_ceil(THREADS as usize))?;
+        if cblocks > 65_535 || n_spans > 65_535 {
+            return Err(CudaError::Invalid(format!("gdn_conv_seq: c {c} or n_spans {n_spans} too large")));
+        }
+        let conv = self.function(&GDN_SEQ, &format!("gdn_conv_seq_{}", T::NAME))?;
+        let upd = self.function(&GDN_SEQ, &format!("gdn_conv_seq_window_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (px, _gx) = x.device_ptr(s);
+        let (pw, _gw) = w.device_ptr(s);
+        let (pwin, _gwin) = window.device_ptr_mut(s);
+        let (psp, _gsp) = spans.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("row blocks", t.div_ceil(CONV_ROWS))?, cblocks, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = s.launch_builder(&conv);
+        l.arg(&px).arg(&xs32).arg(&pw).arg(&pwin).arg(&psp).arg(&po);
+        l.arg(&t32).arg(&ns32).arg(&c32).arg(&k32).arg(&win32).arg(&slots32);
+        // SAFETY: arguments match `gdn_conv_seq_<T>` in gdn_seq.cu; lengths and
+        // k <= CONV_MAXK checked; the kernel bounds-checks every span (slot,
+        // rows, lag) before reading through it.
+        unsafe { l.launch(cfg) }?;
+        if win > 0 {
+            let cfg = LaunchConfig { grid_dim: (cblocks, ns32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+            let mut l = s.launch_builder(&upd);
+            l.arg(&px).arg(&xs32).arg(&pwin).arg(&psp).arg(&t32).arg(&c32).arg(&k32).arg(&win32).arg(&slots32);
+            // SAFETY: arguments match `gdn_conv_seq_window_<T>`; same checks as
+            // above; same stream, so it runs after the conv has read the windows.
+            unsafe { l.launch(cfg) }?;
+        }
+        Ok(())
+    }
+
+    /// GDN gates from the fused `[b | a]` projection (`cpu::gdn::gdn_gates`):
+    /// `g = −exp(a_log) · softplus(a + dt_bias)` (threshold 20), `beta = σ(b)`.
+    ///
+    /// # Shapes
+    /// - `ba`: `[t, 2·hv]` (`T`, rows `[b(hv) | a(hv)]`)
+    /// - `a_log`, `dt_bias`: `[hv]` (`f32`)
+    /// - `g`, `beta`: `[t, hv]` (`f32`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if `hv == 0` or on a length mismatch; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_gates_ba<T: CudaFloat>(
+        &self,
+        ba: &impl DevicePtr<T>,
+        a_log: &impl DevicePtr<f32>,
+        dt_bias: &impl DevicePtr<f32>,
+        g: &mut impl DevicePtrMut<f32>,
+        beta: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        hv: usize,
+    ) -> Result<()> {
+        if hv == 0 {
+            return Err(CudaError::Invalid("gdn_gates_ba: hv must be > 0".into()));
+        }
+        let n = prod(&[t, hv])?;
+        self.check("ba", ba, prod(&[t, 2, hv])?)?;
+        self.check("a_log", a_log, hv)?;
+        self.check("dt_bias", dt_bias, hv)?;
+        self.check("g", g, n)?;
+        self.check("beta", beta, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (n64, hv32) = (n as u64, u32_of("hv", hv)?);
+        let f = self.function(&GDN_SEQ, &format!("gdn_gates_ba_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (pba, _gba) = ba.device_ptr(s);
+        let (pl, _gl) = a_log.device_ptr(s);
+        let (pd, _gd) = dt_bias.device_ptr(s);
+        let (pg, _gg) = g.device_ptr_mut(s);
+        let (pb, _gb) = beta.device_ptr_mut(s);
+        let cfg =
+            LaunchConfig { grid_dim: (grid_for(n, THREADS), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut l = s.launch_builder(&f);
+        l.arg(&pba).arg(&pl).arg(&pd).arg(&pg).arg(&pb).arg(&n64).arg(&hv32);
+        // SAFETY: arguments match `gdn_gates_ba_<T>` in gdn_seq.cu; lengths checked.
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Gated delta rule over the spans of a batch (recurrent form; per span,
+    /// `cpu::gdn::l2norm_rows` on q and k followed by
+    /// `cpu::gdn::recurrent_gated_delta_rule`), with optional per-token
+    /// snapshots of the state (speculative decoding).
+    ///
+    /// Span `s` = `spans[s] = (row0, len, slot, src_buf, snapshot)`. Per value
+    /// head `j` (key head `j / (hv / hk)`), starting from
+    /// `S = state[slot, src_buf, j]`, for every token of the span: q and k are
+    /// L2-normalised in f32 (`x · rsqrt(Σx² + 1e-6)`, q also times `dk^-½`),
+    /// `S ← exp(g)·S` (flushed to 0 below `g = −60`), `δ = β·(v − Sᵀk)`,
+    /// `S ← S + k⊗δ`, `out[row] = Sᵀq` (rounded to `T` once). With
+    /// `snapshot ≠ 0` the state after token `i` is written to buffer `i` of the
+    /// slot (`src_buf` may be one of them: it is read first); otherwise the
+    /// final state goes back to `src_buf`.
+    ///
+    /// Spans must use distinct slots and disjoint rows; `max_len` bounds their
+    /// lengths (it only steers the launch shape). A span whose slot or
+    /// `src_buf` is out of range, whose rows pass `t`, or a snapshot span longer
+    /// than `nbuf` gives NaN rows and leaves every state alone; rows outside
+    /// every span are not written.
+    ///
+    /// # Shapes
+    /// - `qkv`: `[t, 2·hk·dk + hv·dv]` (`f32`, the conv output: q `[hk, dk]`
+    ///   at column 0, k at `hk·dk`, v `[hv, dv]` at `2·hk·dk`)
+    /// - `g`, `beta`: `[t, hv]` (`f32`)
+    /// - `state`: `[num_slots, nbuf, hv, dk, dv]` (`f32`, k-major), updated
+    /// - `spans`: `[n_spans, 5]` (`u32`)
+    /// - `out`: `[t, hv, dv]` (`T`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if a dimension is zero, `hv % hk != 0`,
+    /// `dk > 256`, or on a length mismatch; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_delta_seq<T: CudaFloat>(
+        &self,
+        qkv: &impl DevicePtr<f32>,
+        g: &impl DevicePtr<f32>,
+        beta: &impl DevicePtr<f32>,
+        state: &mut impl DevicePtrMut<f32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        t: usize,
+        n_spans: usize,
+        max_len: usize,
+        hk: usize,
+        hv: usize,
+        dk: usize,
+        dv: usize,
+        num_slots: usize,
+        nbuf: usize,
+    ) -> Result<()> {
+        if hk == 0 || hv == 0 || dk == 0 || dv == 0 || nbuf == 0 {
+            return Err(CudaError::Invalid("gdn_delta_seq: hk, hv, dk, dv and nbuf must be > 0".into()));
+        }
+        if !hv.is_multiple_of(hk) {
+            return Err(CudaError::Invalid(format!("gdn_delta_seq: hv {hv} is not a multiple of hk {hk}")));
+        }
+        if dk > GDN_SEQ_MAX_DK {
+            return Err(CudaError::Invalid(format!("gdn_delta_seq: dk {dk} > {GDN_SEQ_MAX_DK}")));
+        }
+        let width = prod(&[2, hk, dk])?
+            .checked_add(prod(&[hv, dv])?)
+            .ok_or_else(|| CudaError::Invalid("gdn_delta_seq: qkv width overflows".into()))?;
+        self.check("qkv", qkv, prod(&[t, width])?)?;
+        self.check("g", g, prod(&[t, hv])?)?;
+        self.check("beta", beta, prod(&[t, hv])?)?;
+        self.check("state", state, prod(&[num_slots, nbuf, hv, dk, dv])?)?;
+        self.check("spans", spans, prod(&[n_spans, 5])?)?;
+        self.check("out", out, prod(&[t, hv, dv])?)?;
+        if t == 0 || n_spans == 0 || max_len == 0 {
+            return Ok(());
+        }
+        if n_spans > 65_535 || hv > 65_535 {
+            return Err(CudaError::Invalid(format!("gdn_delta_seq: n_spans {n_spans} or hv {hv} exceeds 65535")));
+        }
+        // Lanes per column: enough lanes to fill the GPU, and at most 128 rows each.
+        let cols = n_spans.saturating_mul(hv).saturating_mul(dv);
+        let mut p = 1usize;
+        while p < 8 && (dk.div_ceil(p) > 128 || cols.saturating_mul(p) < DS_MIN_LANES) {
+            p *= 2;
+        }
+        let r = DS_RS
+            .into_iter()
+            .find(|&r| r >= dk.div_ceil(p))
+            .ok_or_else(|| CudaError::Invalid(format!("gdn_delta_seq: dk {dk} too large")))?;
+        let cpw = 32 / p;
+        let mut nt = if p == 1 { 64 } else { 128 };
+        while nt > 32 && nt / p >= 2 * dv.div_ceil(cpw) * cpw {
+            nt /= 2;
+        }
+        let cb = nt / p;
+        let shared = 4 * DS_TT * (2 * p * (r + DS_PAD) + cb + 2);
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("column blocks", dv.div_ceil(cb))?, hv as u32, n_spans as u32),
+            block_dim: (nt as u32, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", shared)?,
+        };
+        let (t32, hk32, hv32, dk32, dv32, slots32, nbuf32, p32) = (
+            u32_of("t", t)?,
+            u32_of("hk", hk)?,
+            u32_of("hv", hv)?,
+            u32_of("dk", dk)?,
+            u32_of("dv", dv)?,
+            u32_of("num_slots", num_slots)?,
+            u32_of("nbuf", nbuf)?,
+            p as u32,
+        );
+        let q_scale = 1.0 / (dk as f32).sqrt();
+        let f = self.function(&GDN_SEQ, &format!("gdn_delta_seq_r{r}_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (pq, _gq) = qkv.device_ptr(s);
+        let (pg, _gg) = g.device_ptr(s);
+        let (pb, _gb) = beta.device_ptr(s);
+        let (pst, _gst) = state.device_ptr_mut(s);
+        let (psp, _gsp) = spans.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let mut l = s.launch_builder(&f);
+        l.arg(&pq).arg(&pg).arg(&pb).arg(&pst).arg(&psp).arg(&po);
+        l.arg(&t32).arg(&hk32).arg(&hv32).arg(&dk32).arg(&dv32).arg(&slots32).arg(&nbuf32).arg(&p32).arg(&q_scale);
+        // SAFETY: arguments match `gdn_delta_seq_r<R>_<T>` in gdn_seq.cu; lengths
+        // checked; R·P >= dk; the shared memory size is the kernel's layout for
+        // (P, R, blockDim / P columns) and stays below 48 KiB (dk <= 256); the
+        // kernel bounds-checks every span before using it.
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+}

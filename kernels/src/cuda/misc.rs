@@ -1,1 +1,317 @@
-//! Launch wrappers of kernels/cuda/misc.cu.
+//! Launch wrappers of kernels/cuda/misc.cu (glue of the model path) and the cuBLAS GEMM.
+
+use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, MISC};
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+const EW_THREADS: u32 = 256;
+
+fn ew_cfg(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (grid_for(n, EW_THREADS), 1, 1), block_dim: (EW_THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// cuBLAS data type of a storage type.
+fn cuda_type<T: CudaFloat>() -> blas_sys::cudaDataType {
+    match T::NAME {
+        "f32" => blas_sys::cudaDataType::CUDA_R_32F,
+        "bf16" => blas_sys::cudaDataType::CUDA_R_16BF,
+        _ => blas_sys::cudaDataType::CUDA_R_16F,
+    }
+}
+
+impl CudaKernels {
+    /// `x += y` (the f32 residual stream plus a layer output).
+    ///
+    /// # Shapes
+    /// `x`: `[n]` f32, `y`: `[n]` (`T`)
+    pub fn add_into_f32<T: CudaFloat>(&self, x: &mut impl DevicePtrMut<f32>, y: &impl DevicePtr<T>) -> Result<()> {
+        let n = x.len();
+        self.check("y", y, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&MISC, &format!("add_into_f32_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (px, _gx) = x.device_ptr_mut(s);
+        let (py, _gy) = y.device_ptr(s);
+        let n64 = n as u64;
+        let mut b = s.launch_builder(&f);
+        b.arg(&px).arg(&py).arg(&n64);
+        // SAFETY: matches add_into_f32_<T>; both buffers hold n elements.
+        unsafe { b.launch(ew_cfg(n)) }?;
+        Ok(())
+    }
+
+    /// `y = B(x)`, rounded once. `A` and `B` must differ.
+    pub fn cast<A: CudaFloat, B: CudaFloat>(&self, x: &impl DevicePtr<A>, y: &mut impl DevicePtrMut<B>) -> Result<()> {
+        let n = x.len();
+        self.check("y", y, n)?;
+        if A::NAME == B::NAME {
+            return Err(CudaError::Invalid("cast: same type".into()));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&MISC, &format!("cast_{}_{}", A::NAME, B::NAME))?;
+        let s = &*self.stream;
+        let (px, _gx) = x.device_ptr(s);
+        let (py, _gy) = y.device_ptr_mut(s);
+        let n64 = n as u64;
+        let mut b = s.launch_builder(&f);
+        b.arg(&px).arg(&py).arg(&n64);
+        // SAFETY: matches cast_<A>_<B>; both buffers hold n elements.
+        unsafe { b.launch(ew_cfg(n)) }?;
+        Ok(())
+    }
+
+    /// `dst[r, c] = src[r, col0 + c]` for a `[rows, stride]` source.
+    ///
+    /// # Shapes
+    /// `src`: `[rows, stride]`, `dst`: `[rows, ncols]`
+    pub fn copy_cols<T: CudaFloat>(
+        &self,
+        src: &impl DevicePtr<T>,
+        dst: &mut impl DevicePtrMut<T>,
+        rows: usize,
+        stride: usize,
+        col0: usize,
+        ncols: usize,
+    ) -> Result<()> {
+        if col0 + ncols > stride {
+            return Err(CudaError::Invalid(format!("copy_cols: columns {col0}+{ncols} exceed stride {stride}")));
+        }
+        self.check("src", src, prod(&[rows, stride])?)?;
+        self.check("dst", dst, prod(&[rows, ncols])?)?;
+        let n = rows * ncols;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&MISC, &format!("copy_cols_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (ps, _gs) = src.device_ptr(s);
+        let (pd, _gd) = dst.device_ptr_mut(s);
+        let (r64, st, c0, nc) = (rows as u64, u32_of("stride", stride)?, u32_of("col0", col0)?, u32_of("ncols", ncols)?);
+        let mut b = s.launch_builder(&f);
+        b.arg(&ps).arg(&pd).arg(&r64).arg(&st).arg(&c0).arg(&nc);
+        // SAFETY: matches copy_cols_<T>; sizes checked above.
+        unsafe { b.launch(ew_cfg(n)) }?;
+        Ok(())
+    }
+
+    /// `dst[r] = src[idx[r]]` (an index `>= src_rows` gives a NaN row).
+    ///
+    /// # Shapes
+    /// `src`: `[src_rows, d]`, `idx`: `[rows]`, `dst`: `[rows, d]`
+    pub fn gather_rows<T: CudaFloat>(
+        &self,
+        src: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        dst: &mut impl DevicePtrMut<T>,
+        src_rows: usize,
+        d: usize,
+    ) -> Result<()> {
+        let rows = idx.len();
+        self.check("src", src, prod(&[src_rows, d])?)?;
+        self.check("dst", dst, prod(&[rows, d])?)?;
+        let n = rows * d;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&MISC, &format!("gather_rows_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (ps, _gs) = src.device_ptr(s);
+        let (pi, _gi) = idx.device_ptr(s);
+        let (pd, _gd) = dst.device_ptr_mut(s);
+        let (r64, d32, sr) = (rows as u64, u32_of("d", d)?, u32_of("src_rows", src_rows)?);
+        let mut b = s.launch_builder(&f);
+        b.arg(&ps).arg(&pi).arg(&pd).arg(&r64).arg(&d32).arg(&sr);
+        // SAFETY: matches gather_rows_<T>; sizes checked, indices bounds-checked in the kernel.
+        unsafe { b.launch(ew_cfg(n)) }?;
+        Ok(())
+    }
+
+    /// `y[r, c] = round(y[r, c] + bias[c])`.
+    pub fn add_bias<T: CudaFloat>(&self, y: &mut impl DevicePtrMut<T>, bias: &impl DevicePtr<T>) -> Result<()> {
+        let n = bias.len();
+        if n == 0 || !y.len().is_multiple_of(n) {
+            return Err(CudaError::Invalid(format!("add_bias: {} values vs bias of {n}", y.len())));
+        }
+        let rows = y.len() / n;
+        let f = self.function(&MISC, &format!("add_bias_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (py, _gy) = y.device_ptr_mut(s);
+        let (pb, _gb) = bias.device_ptr(s);
+        let (r64, n32) = (rows as u64, u32_of("n", n)?);
+        let mut b = s.launch_builder(&f);
+        b.arg(&py).arg(&pb).arg(&r64).arg(&n32);
+        // SAFETY: matches add_bias_<T>; y holds rows·n values.
+        unsafe { b.launch(ew_cfg(rows * n)) }?;
+        Ok(())
+    }
+
+    /// Shared expert: `y[r] += σ(g[r]) · s[r]`.
+    ///
+    /// # Shapes
+    /// `y`: `[rows, h]` f32, `s`: `[rows, h]`, `g`: `[rows]`
+    pub fn shared_expert_add<T: CudaFloat>(
+        &self,
+        y: &mut impl DevicePtrMut<f32>,
+        s_out: &impl DevicePtr<T>,
+        g: &impl DevicePtr<T>,
+        h: usize,
+    ) -> Result<()> {
+        let rows = g.len();
+        self.check("y", y, prod(&[rows, h])?)?;
+        self.check("s", s_out, prod(&[rows, h])?)?;
+        if rows * h == 0 {
+            return Ok(());
+        }
+        let f = self.function(&MISC, &format!("shared_expert_add_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (py, _gy) = y.device_ptr_mut(s);
+        let (ps, _gs) = s_out.device_ptr(s);
+        let (pg, _gg) = g.device_ptr(s);
+        let (r64, h32) = (rows as u64, u32_of("h", h)?);
+        let mut b = s.launch_builder(&f);
+        b.arg(&py).arg(&ps).arg(&pg).arg(&r64).arg(&h32);
+        // SAFETY: matches shared_expert_add_<T>; sizes checked.
+        unsafe { b.launch(ew_cfg(rows * h)) }?;
+        Ok(())
+    }
+
+    /// `out[r] = [a[r] | b[r]]`.
+    ///
+    /// # Shapes
+    /// `a`: `[rows, da]`, `b`: `[rows, db]`, `out`: `[rows, da + db]`
+    pub fn concat_cols<T: CudaFloat>(
+        &self,
+        a: &impl DevicePtr<T>,
+        b: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<T>,
+        rows: usize,
+        da: usize,
+        db: usize,
+    ) -> Result<()> {
+        self.check("a", a, prod(&[rows, da])?)?;
+        self.check("b", b, prod(&[rows, db])?)?;
+        self.check("out", out, prod(&[rows, da + db])?)?;
+        if rows * (da + db) == 0 {
+            return Ok(());
+        }
+        let f = self.function(&MISC, &format!("concat_cols_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (pa, _ga) = a.device_ptr(s);
+        let (pb, _gb) = b.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let (r64, da32, db32) = (rows as u64, u32_of("da", da)?, u32_of("db", db)?);
+        let mut l = s.launch_builder(&f);
+        l.arg(&pa).arg(&pb).arg(&po).arg(&r64).arg(&da32).arg(&db32);
+        // SAFETY: matches concat_cols_<T>; sizes checked.
+        unsafe { l.launch(ew_cfg(rows * (da + db))) }?;
+        Ok(())
+    }
+
+    /// Fills `y` with `offset + scale·u`, `u` uniform in [−1, 1) from a hash of `(seed, i)`
+    /// (benchmark weights generated on the device).
+    pub fn fill_uniform<T: CudaFloat>(&self, y: &mut impl DevicePtrMut<T>, seed: u64, scale: f32, offset: f32) -> Result<()> {
+        let n = y.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&MISC, &format!("fill_uniform_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (py, _gy) = y.device_ptr_mut(s);
+        let n64 = n as u64;
+        let mut b = s.launch_builder(&f);
+        b.arg(&py).arg(&n64).arg(&seed).arg(&scale).arg(&offset);
+        // SAFETY: matches fill_uniform_<T>; y holds n values.
+        unsafe { b.launch(ew_cfg(n)) }?;
+        Ok(())
+    }
+}
+
+/// cuBLAS on the stream of a [`CudaKernels`]: `out = x · wᵀ` with f32 accumulation.
+#[derive(Debug)]
+pub struct Gemm {
+    blas: CudaBlas,
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+}
+
+impl Gemm {
+    /// A cuBLAS handle bound to `kernels`' stream.
+    ///
+    /// # Errors
+    /// [`CudaError::Unavailable`] without libcublas.
+    pub fn new(kernels: &CudaKernels) -> Result<Self> {
+        // SAFETY: only tries to dlopen libcublas under its known names.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError::Unavailable("no libcublas (put the CUDA 13 libraries on LD_LIBRARY_PATH)".into()));
+        }
+        let blas = CudaBlas::new(kernels.stream().clone())
+            .map_err(|e| CudaError::Unavailable(format!("cuBLAS handle: {e:?}")))?;
+        Ok(Self { blas, stream: kernels.stream().clone() })
+    }
+
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (row-major), inputs of type `A`, output of type `O`
+    /// (e.g. bf16 → f32 logits), f32 accumulation and f32 scaling (no TF32 for f32).
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a size mismatch or a dimension above `i32::MAX`.
+    pub fn matmul_t<A: CudaFloat, O: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<A>,
+        w: &impl DevicePtr<A>,
+        out: &mut impl DevicePtrMut<O>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        if x.len() != m * k || w.len() != n * k || out.len() != m * n {
+            return Err(CudaError::Invalid(format!(
+                "gemm: x {} / w {} / out {} elements do not fit m={m} k={k} n={n}",
+                x.len(),
+                w.len(),
+                out.len()
+            )));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let int = |v: usize| i32::try_from(v).map_err(|_| CudaError::Invalid(format!("gemm dimension {v} > i32::MAX")));
+        let (mi, ki, ni) = (int(m)?, int(k)?, int(n)?);
+        let stream = &*self.stream;
+        let (px, _gx) = x.device_ptr(stream);
+        let (pw, _gw) = w.device_ptr(stream);
+        let (po, _go) = out.device_ptr_mut(stream);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // Column-major view: outᵀ[n, m] = W[n, k] · xᵀ[k, m]; W row-major [n, k] is a
+        // column-major [k, n] matrix (op T), x row-major [m, k] a column-major [k, m] one.
+        // SAFETY: pointers are live device allocations of the checked sizes on the handle's
+        // stream; types and compute type form a combination cuBLAS supports.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                ni,
+                mi,
+                ki,
+                (&alpha) as *const f32 as *const _,
+                pw as *const _,
+                cuda_type::<A>(),
+                ki,
+                px as *const _,
+                cuda_type::<A>(),
+                ki,
+                (&beta) as *const f32 as *const _,
+                po as *mut _,
+                cuda_type::<O>(),
+                ni,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| CudaError::Invalid(format!("cublasGemmEx: {e:?}")))?;
+        Ok(())
+    }
+}

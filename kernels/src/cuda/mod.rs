@@ -24,7 +24,9 @@ mod misc;
 mod moe;
 mod ops;
 
+pub use attention::ATTN_MAX_HEAD_DIM;
 pub use gdn::GDN_MAX_DK;
+pub use misc::Gemm;
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 
 use cudarc::driver::{

@@ -1,1 +1,264 @@
-//! Launch wrappers of kernels/cuda/moe.cu.
+//! Launch wrappers of kernels/cuda/moe.cu: the routed experts of a sparse MoE
+//! block (`porter_core::nn::Moe::forward` after the router), grouped by expert
+//! on the device: alignment (counting sort of the (row, slot) pairs by
+//! expert), gate+up with the fused SwiGLU activation, down, and the weighted
+//! combine. No host loop over experts and no host synchronisation.
+
+use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, MOE};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+/// Largest expert count of [`CudaKernels::moe_experts`] (the alignment kernel
+/// keeps one `u32` counter per expert in shared memory).
+pub const MOE_MAX_E: usize = 8192;
+
+/// Threads of the alignment kernel (`moe_align`, one block).
+const ALIGN_THREADS: u32 = 1024;
+/// GEMM tile height: rows of the sorted pair list per tile (`MOE_BM`).
+const BM: usize = 64;
+/// GEMM tile width in weight rows (`MOE_BN`; gate+up tiles hold 64 of each).
+const BN: usize = 128;
+/// Threads of the GEMM kernels (`MOE_GEMM_THREADS`).
+const GEMM_THREADS: u32 = 256;
+/// Warps per GEMV block (`MOE_GEMV_WARPS`).
+const GEMV_WARPS: usize = 8;
+/// Down rows per GEMV warp (`MOE_DOWN_NR`).
+const DOWN_NR: usize = 4;
+/// Threads of the combine kernel.
+const COMBINE_THREADS: u32 = 256;
+/// The decode (GEMV) path is taken up to this many (row, slot) pairs, or up to
+/// [`DECODE_PAIRS_PER_EXPERT`] per expert on average, whichever is larger.
+const DECODE_MAX_PAIRS: usize = 256;
+/// See [`DECODE_MAX_PAIRS`].
+const DECODE_PAIRS_PER_EXPERT: usize = 2;
+
+/// Rounds `n` up to a multiple of 256 bytes (scratch sub-buffer alignment).
+fn align256(n: usize) -> usize {
+    n.div_ceil(256) * 256
+}
+
+/// Whether `ptr` and rows of `row_elems` elements of `T` allow 16-byte loads.
+fn vec_ok<T>(ptr: u64, row_elems: usize) -> bool {
+    ptr.is_multiple_of(16) && (row_elems * std::mem::size_of::<T>()).is_multiple_of(16)
+}
+
+impl CudaKernels {
+    /// Whether [`CudaKernels::moe_experts`] takes the decode (GEMV) path for
+    /// `t` rows with `k` experts each out of `e` (else the tiled GEMM path).
+    pub fn moe_decode_path(t: usize, k: usize, e: usize) -> bool {
+        t.saturating_mul(k) <= DECODE_MAX_PAIRS.max(DECODE_PAIRS_PER_EXPERT.saturating_mul(e))
+    }
+
+    /// Routed experts of a sparse MoE block (`porter_core::nn::Moe::forward`
+    /// without the router and the shared expert). For every row `r` and slot
+    /// `j`, with expert `x = idx[r, j]`:
+    /// `g = x_r·gate_xᵀ`, `u = x_r·up_xᵀ` (f32 accumulation),
+    /// `h = round(silu(round(g)) · round(u))`, `o = h·down_xᵀ` (f32), and
+    /// `out[r] = Σ_j round(o_j) · w[r, j]` in f32 (`round` to `T`; the sum runs
+    /// over slots in order, not over ascending experts as on the CPU).
+    ///
+    /// The pairs are grouped by expert on the device (counting sort); then
+    /// either GEMV kernels that stream each routed expert's weights once
+    /// (decode, [`CudaKernels::moe_decode_path`]) or tiled GEMMs over 64-row
+    /// tiles of each expert's rows (tensor cores for `bf16` / `f16` on sm_80+,
+    /// exact f32 CUDA-core math for `f32`). Scratch is allocated on the stream.
+    ///
+    /// Expert ids are trusted (they come from [`CudaKernels::moe_router`]),
+    /// but an id `>= e` is skipped (contributes nothing), never read out of
+    /// bounds.
+    ///
+    /// # Shapes
+    /// - `x`: `[t, hidden]` (`T`)
+    /// - `idx`: `[t, k]` (`u32`), `w`: `[t, k]` (`f32`) from `moe_router`
+    /// - `gate`, `up`: `[e, inter, hidden]` (`T`); `down`: `[e, hidden, inter]` (`T`)
+    /// - `out`: `[t, hidden]` (`f32`), overwritten
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] unless `1 ≤ k ≤ e ≤ 8192`, `hidden, inter > 0`,
+    /// on a length mismatch or a size beyond the kernels' `u32` indexing;
+    /// driver errors (allocation, launch).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        k: usize,
+        e: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<()> {
+        if k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
+            return Err(CudaError::Invalid(format!(
+                "moe_experts: need 1 <= k <= e <= {MOE_MAX_E}, hidden > 0, inter > 0; got k = {k}, e = {e}, \
+                 hidden = {hidden}, inter = {inter}"
+            )));
+        }
+        self.check("x", x, prod(&[t, hidden])?)?;
+        self.check("idx", idx, prod(&[t, k])?)?;
+        self.check("w", w, prod(&[t, k])?)?;
+        self.check("gate", gate, prod(&[e, inter, hidden])?)?;
+        self.check("up", up, prod(&[e, inter, hidden])?)?;
+        self.check("down", down, prod(&[e, hidden, inter])?)?;
+        self.check("out", out, prod(&[t, hidden])?)?;
+        if t == 0 {
+            return Ok(());
+        }
+        let n = prod(&[t, k])?;
+        let decode = Self::moe_decode_path(t, k, e);
+        let slots = e.min(n);
+        // Sorted list: decode keeps each expert's rows unpadded; prefill pads
+        // each expert's segment to whole tiles (at most one partial tile per
+        // active expert).
+        let (pad, tiles_cap) = if decode { (1, n) } else { (BM, n.div_ceil(BM) + slots) };
+        let cap = prod(&[tiles_cap, pad])?;
+        let esize = std::mem::size_of::<T>();
+        // Scratch, one allocation: sorted [cap], tile_expert [tiles_cap],
+        // seg [3·slots], meta [2] (u32); h [cap, inter] (T); o [n, hidden] (T).
+        let off_tile = align256(cap * 4);
+        let off_seg = off_tile + align256(tiles_cap * 4);
+        let off_meta = off_seg + align256(slots * 3 * 4);
+        let off_h = off_meta + 256;
+        let off_o = off_h + align256(prod(&[cap, inter, esize])?);
+        let bytes = off_o + align256(prod(&[n, hidden, esize])?);
+        // Every index the kernels use fits in u32 (pair ids, sorted positions);
+        // element offsets are 64-bit in the kernels.
+        let (n32, e32, k32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?);
+        let (pad32, cap32, tiles32) = (u32_of("pad", pad)?, u32_of("cap", cap)?, u32_of("tiles", tiles_cap)?);
+        let (h32, i32_) = (u32_of("hidden", hidden)?, u32_of("inter", inter)?);
+
+        let s = &self.stream;
+        // SAFETY: uninitialised scratch; every byte a kernel reads is written
+        // before by an earlier kernel on this stream (moe_align writes the
+        // index lists in full, the gate+up kernels every h row the down kernels
+        // read, the down kernels o for every pair moe_combine reads).
+        let mut scratch = unsafe { s.alloc::<u8>(bytes) }?;
+        let (px, _gx) = x.device_ptr(s);
+        let (pi, _gi) = idx.device_ptr(s);
+        let (pw, _gw) = w.device_ptr(s);
+        let (pg, _gg) = gate.device_ptr(s);
+        let (pu, _gu) = up.device_ptr(s);
+        let (pd, _gd) = down.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let (base, _gs) = scratch.device_ptr_mut(s);
+        let p_sorted = base;
+        let p_tile = base + off_tile as u64;
+        let p_seg = base + off_seg as u64;
+        let p_meta = base + off_meta as u64;
+        let p_h = base + off_h as u64;
+        let p_o = base + off_o as u64;
+
+        // 1. Alignment.
+        let f = self.function(&MOE, "moe_align")?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (ALIGN_THREADS, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", e * 4)?,
+        };
+        let mut b = s.launch_builder(&f);
+        b.arg(&pi).arg(&n32).arg(&e32).arg(&pad32).arg(&cap32).arg(&tiles32);
+        b.arg(&p_sorted).arg(&p_tile).arg(&p_seg).arg(&p_meta);
+        // SAFETY: arguments match `moe_align`; idx has n elements; sorted has
+        // cap = tiles_cap · pad entries, enough for Σ roundup(count, pad)
+        // (≤ n + slots·(pad − 1)); tile_expert tiles_cap, seg 3·min(e, n),
+        // meta 2; dynamic shared memory e u32 (e ≤ 8192: 32 KiB).
+        unsafe { b.launch(cfg) }?;
+
+        if decode {
+            let slots32 = u32_of("slots", slots)?;
+            // 2a. gate+up GEMV: a warp per inter column.
+            let vec_gu = i32::from(vec_ok::<T>(px, hidden) && vec_ok::<T>(pg, hidden) && vec_ok::<T>(pu, hidden));
+            let f = self.function(&MOE, &format!("moe_gemv_gu_{}", T::NAME))?;
+            let cfg = LaunchConfig {
+                grid_dim: (u32_of("gemv blocks", inter.div_ceil(GEMV_WARPS))?, slots32, 1),
+                block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = s.launch_builder(&f);
+            b.arg(&px).arg(&pg).arg(&pu).arg(&p_sorted).arg(&p_seg).arg(&p_meta).arg(&p_h);
+            b.arg(&h32).arg(&i32_).arg(&k32).arg(&vec_gu);
+            // SAFETY: arguments match `moe_gemv_gu_<T>`; lengths checked;
+            // blocks past the active experts exit; columns < inter; rows of h
+            // at sorted positions < cap; 16-byte loads only with `vec`.
+            unsafe { b.launch(cfg) }?;
+            // 3a. down GEMV: a warp per DOWN_NR hidden columns.
+            let vec_d = i32::from(vec_ok::<T>(pd, inter) && vec_ok::<T>(p_h, inter));
+            let f = self.function(&MOE, &format!("moe_gemv_down_{}", T::NAME))?;
+            let cfg = LaunchConfig {
+                grid_dim: (u32_of("gemv blocks", hidden.div_ceil(GEMV_WARPS * DOWN_NR))?, slots32, 1),
+                block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = s.launch_builder(&f);
+            b.arg(&p_h).arg(&pd).arg(&p_sorted).arg(&p_seg).arg(&p_meta).arg(&p_o);
+            b.arg(&h32).arg(&i32_).arg(&vec_d);
+            // SAFETY: arguments match `moe_gemv_down_<T>`; o has n rows of
+            // hidden, written for sorted (valid) pairs only.
+            unsafe { b.launch(cfg) }?;
+        } else {
+            let sm80 = self.arch.trim_start_matches("sm_").parse::<u32>().is_ok_and(|v| v >= 80);
+            let tc = T::NAME != "f32"
+                && sm80
+                && vec_ok::<T>(px, hidden)
+                && vec_ok::<T>(pg, hidden)
+                && vec_ok::<T>(pu, hidden)
+                && vec_ok::<T>(pd, inter)
+                && vec_ok::<T>(p_h, inter);
+            let kind = if tc { "wmma" } else { "simt" };
+            // 2b. gate+up GEMM (+ activation): column blocks of BN/2 inter columns.
+            let nblk = inter.div_ceil(BN / 2);
+            let nblk32 = u32_of("column blocks", nblk)?;
+            let f = self.function(&MOE, &format!("moe_gemm_gu_{kind}_{}", T::NAME))?;
+            let cfg = LaunchConfig {
+                grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+                block_dim: (GEMM_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = s.launch_builder(&f);
+            b.arg(&px).arg(&pg).arg(&pu).arg(&p_sorted).arg(&p_tile).arg(&p_h);
+            b.arg(&h32).arg(&i32_).arg(&k32).arg(&nblk32);
+            // SAFETY: arguments match `moe_gemm_gu_<kind>_<T>`; tiles past the
+            // real count exit (tile_expert invalid); A rows gathered through
+            // the sorted list (padding reads nothing); h has cap rows; the
+            // wmma variant is only chosen with 16-byte aligned rows.
+            unsafe { b.launch(cfg) }?;
+            // 3b. down GEMM: column blocks of BN hidden columns.
+            let nblk = hidden.div_ceil(BN);
+            let nblk32 = u32_of("column blocks", nblk)?;
+            let f = self.function(&MOE, &format!("moe_gemm_down_{kind}_{}", T::NAME))?;
+            let cfg = LaunchConfig {
+                grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+                block_dim: (GEMM_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = s.launch_builder(&f);
+            b.arg(&p_h).arg(&pd).arg(&pd).arg(&p_sorted).arg(&p_tile).arg(&p_o);
+            b.arg(&i32_).arg(&h32).arg(&k32).arg(&nblk32);
+            // SAFETY: arguments match `moe_gemm_down_<kind>_<T>`; h rows of
+            // real tiles were all written by the gate+up GEMM; o written for
+            // valid pairs only.
+            unsafe { b.launch(cfg) }?;
+        }
+
+        // 4. Combine.
+        let total = prod(&[t, hidden])?;
+        let total64 = total as u64;
+        let f = self.function(&MOE, &format!("moe_combine_{}", T::NAME))?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(total, COMBINE_THREADS), 1, 1),
+            block_dim: (COMBINE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(&f);
+        b.arg(&p_o).arg(&pi).arg(&pw).arg(&po).arg(&total64).arg(&h32).arg(&k32).arg(&e32);
+        // SAFETY: arguments match `moe_combine_<T>`; out and idx/w lengths
+        // checked; o is read only for pairs with a valid expert id, all of
+        // which the down kernel wrote.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}

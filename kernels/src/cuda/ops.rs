@@ -202,6 +202,7 @@ impl CudaKernels {
         heads: usize,
         head_dim: usize,
         rot_dim: usize,
+        attn_scale: f32,
     ) -> Result<()> {
         if rot_dim == 0 || !rot_dim.is_multiple_of(2) || rot_dim > head_dim {
             return Err(CudaError::Invalid(format!("rope: rot_dim {rot_dim} invalid for head_dim {head_dim}")));
@@ -222,7 +223,7 @@ impl CudaKernels {
         let (pf, _gf) = inv_freq.device_ptr(s);
         let (px, _gx) = x.device_ptr_mut(s);
         let mut b = s.launch_builder(&f);
-        b.arg(&px).arg(&pp).arg(&pf).arg(&t32).arg(&h32).arg(&hd32).arg(&half32);
+        b.arg(&px).arg(&pp).arg(&pf).arg(&t32).arg(&h32).arg(&hd32).arg(&half32).arg(&attn_scale);
         // SAFETY: arguments match `rope_neox_<T>` in elementwise.cu; lengths checked.
         unsafe { b.launch(ew_cfg(n)) }?;
         Ok(())

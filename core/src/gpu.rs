@@ -1,0 +1,402 @@
+//! The CUDA backend of [`Tensor`]: a device handle (kernels + cuBLAS on one stream) and
+//! typed device buffers.
+//!
+//! A CUDA tensor holds its values in the model dtype (`f32`, `bf16` or `f16`); the residual
+//! stream, router logits and final logits are `f32` tensors as on the CPU. All work goes
+//! to one stream per device and is asynchronous: nothing here synchronises except
+//! [`Tensor::to_host`] (and the final token ids of a step).
+
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::tensor::{Storage, Tensor};
+use anyhow::{anyhow, bail, Context, Result};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use half::{bf16, f16};
+use porter_kernels::cuda::{CudaFloat, CudaKernels, Gemm};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// One CUDA device: its stream, the compiled kernels and a cuBLAS handle.
+#[derive(Debug)]
+pub struct Gpu {
+    pub k: CudaKernels,
+    pub gemm: Gemm,
+    pub ordinal: usize,
+}
+
+impl Gpu {
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.k.stream()
+    }
+
+    /// Waits for all queued work (surfacing asynchronous errors).
+    pub fn sync(&self) -> Result<()> {
+        self.stream().synchronize().map_err(|e| anyhow!("CUDA error (at synchronize): {e}"))
+    }
+}
+
+/// The process-wide handle of CUDA device `ordinal` (created on first use).
+pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
+    static DEVS: OnceLock<Mutex<Vec<Option<Arc<Gpu>>>>> = OnceLock::new();
+    let mut devs = DEVS.get_or_init(|| Mutex::new(Vec::new())).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(Some(g)) = devs.get(ordinal) {
+        return Ok(g.clone());
+    }
+    let k = CudaKernels::new(ordinal).map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
+    let gemm = Gemm::new(&k).map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
+    let g = Arc::new(Gpu { k, gemm, ordinal });
+    if devs.len() <= ordinal {
+        devs.resize(ordinal + 1, None);
+    }
+    devs[ordinal] = Some(g.clone());
+    Ok(g)
+}
+
+/// Typed device memory of a tensor (the variant matches the tensor's dtype).
+#[derive(Debug)]
+pub enum DevBuf {
+    F32(CudaSlice<f32>),
+    BF16(CudaSlice<bf16>),
+    F16(CudaSlice<f16>),
+}
+
+/// A storage type of device tensors.
+pub trait DevType: CudaFloat {
+    const DTYPE: DType;
+    fn wrap(s: CudaSlice<Self>) -> DevBuf;
+    fn get(b: &DevBuf) -> Option<&CudaSlice<Self>>;
+    fn get_mut(b: &mut DevBuf) -> Option<&mut CudaSlice<Self>>;
+}
+
+macro_rules! dev_type {
+    ($t:ty, $v:ident, $d:ident) => {
+        impl DevType for $t {
+            const DTYPE: DType = DType::$d;
+            fn wrap(s: CudaSlice<Self>) -> DevBuf {
+                DevBuf::$v(s)
+            }
+            fn get(b: &DevBuf) -> Option<&CudaSlice<Self>> {
+                match b {
+                    DevBuf::$v(s) => Some(s),
+                    _ => None,
+                }
+            }
+            fn get_mut(b: &mut DevBuf) -> Option<&mut CudaSlice<Self>> {
+                match b {
+                    DevBuf::$v(s) => Some(s),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+dev_type!(f32, F32, F32);
+dev_type!(bf16, BF16, BF16);
+dev_type!(f16, F16, F16);
+
+/// Calls `$f::<T>($args)` with `T` the storage type of `$dt`.
+#[macro_export]
+macro_rules! by_dtype {
+    ($dt:expr, $f:ident ( $($a:expr),* $(,)? )) => {
+        match $dt {
+            $crate::dtype::DType::F32 => $f::<f32>($($a),*),
+            $crate::dtype::DType::BF16 => $f::<half::bf16>($($a),*),
+            $crate::dtype::DType::F16 => $f::<half::f16>($($a),*),
+        }
+    };
+}
+
+/// Device data of a CUDA tensor.
+#[derive(Debug)]
+pub struct CudaStorage {
+    pub gpu: Arc<Gpu>,
+    pub buf: DevBuf,
+}
+
+impl Clone for CudaStorage {
+    fn clone(&self) -> Self {
+        // A device-to-device copy; an allocation failure here has no error path in Clone,
+        // so device tensors are cloned explicitly with `Tensor::try_clone` on hot paths.
+        let buf = match &self.buf {
+            DevBuf::F32(s) => DevBuf::F32(s.clone()),
+            DevBuf::BF16(s) => DevBuf::BF16(s.clone()),
+            DevBuf::F16(s) => DevBuf::F16(s.clone()),
+        };
+        Self { gpu: self.gpu.clone(), buf }
+    }
+}
+
+pub(crate) fn cuda_err(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow!("CUDA: {e}")
+}
+
+/// Uploads host f32 values as `T`.
+pub fn upload<T: DevType>(g: &Gpu, data: &[f32]) -> Result<CudaSlice<T>> {
+    let host: Vec<T> = data.iter().map(|&v| T::from_f32(v)).collect();
+    g.stream().clone_htod(&host).map_err(cuda_err)
+}
+
+/// Uploads `u32` values (ids, metadata).
+pub fn upload_u32(g: &Gpu, data: &[u32]) -> Result<CudaSlice<u32>> {
+    g.stream().clone_htod(data).map_err(cuda_err)
+}
+
+/// A zero-filled device buffer.
+pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(g: &Gpu, n: usize) -> Result<CudaSlice<T>> {
+    g.stream().alloc_zeros::<T>(n).map_err(cuda_err)
+}
+
+/// An uninitialised device buffer of `n` elements (every element is written by the op).
+pub fn alloc<T: DeviceRepr>(g: &Gpu, n: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: callers write every element before reading it.
+    unsafe { g.stream().alloc::<T>(n) }.map_err(cuda_err)
+}
+
+impl Tensor {
+    /// Wraps a device buffer.
+    pub fn from_dev<T: DevType>(gpu: &Arc<Gpu>, s: CudaSlice<T>, shape: impl Into<Vec<usize>>) -> Result<Self> {
+        let shape = shape.into();
+        let n: usize = shape.iter().product();
+        if n != s.len() {
+            bail!("device buffer of {} elements for shape {shape:?}", s.len());
+        }
+        Ok(Self::from_storage(shape, Storage::Cuda(CudaStorage { gpu: gpu.clone(), buf: T::wrap(s) }), T::DTYPE))
+    }
+
+    /// An uninitialised device tensor (for op outputs that write every element).
+    pub fn empty_on(gpu: &Arc<Gpu>, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<Self> {
+        fn mk<T: DevType>(g: &Arc<Gpu>, shape: Vec<usize>) -> Result<Tensor> {
+            let n = shape.iter().product();
+            Tensor::from_dev(g, alloc::<T>(g, n)?, shape)
+        }
+        by_dtype!(dtype, mk(gpu, shape.into()))
+    }
+
+    /// A zero-filled device tensor.
+    pub fn zeros_on(gpu: &Arc<Gpu>, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<Self> {
+        fn mk<T: DevType>(g: &Arc<Gpu>, shape: Vec<usize>) -> Result<Tensor> {
+            let n = shape.iter().product();
+            let s = g.stream().alloc_zeros::<T>(n).map_err(cuda_err)?;
+            Tensor::from_dev(g, s, shape)
+        }
+        by_dtype!(dtype, mk(gpu, shape.into()))
+    }
+
+    /// The device handle of a CUDA tensor.
+    pub fn gpu(&self) -> Option<&Arc<Gpu>> {
+        match self.storage() {
+            Storage::Cuda(c) => Some(&c.gpu),
+            Storage::Cpu(_) => None,
+        }
+    }
+
+    pub fn is_cuda(&self) -> bool {
+        matches!(self.storage(), Storage::Cuda(_))
+    }
+
+    pub fn device(&self) -> Device {
+        match self.storage() {
+            Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(c) => Device::Cuda(c.gpu.ordinal),
+        }
+    }
+
+    /// The typed device buffer (errors on a CPU tensor or a dtype mismatch).
+    pub fn dev<T: DevType>(&self) -> Result<&CudaSlice<T>> {
+        match self.storage() {
+            Storage::Cuda(c) => T::get(&c.buf).ok_or_else(|| {
+                anyhow!("internal: device tensor of dtype {} read as {}", self.dtype(), T::DTYPE)
+            }),
+            Storage::Cpu(_) => bail!("internal: a CPU tensor was used by a CUDA op"),
+        }
+    }
+
+    pub fn dev_mut<T: DevType>(&mut self) -> Result<&mut CudaSlice<T>> {
+        let dt = self.dtype();
+        match self.storage_mut() {
+            Storage::Cuda(c) => T::get_mut(&mut c.buf)
+                .ok_or_else(|| anyhow!("internal: device tensor of dtype {dt} written as {}", T::DTYPE)),
+            Storage::Cpu(_) => bail!("internal: a CPU tensor was used by a CUDA op"),
+        }
+    }
+
+    /// This tensor on `device` (a copy; values rounded to the dtype).
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        match (device, self.storage()) {
+            (Device::Cpu, Storage::Cpu(_)) => Ok(self.clone()),
+            (Device::Cpu, Storage::Cuda(_)) => self.to_host(),
+            (Device::Cuda(i), Storage::Cpu(v)) => {
+                let g = gpu(i)?;
+                fn up<T: DevType>(g: &Arc<Gpu>, v: &[f32], shape: Vec<usize>) -> Result<Tensor> {
+                    Tensor::from_dev(g, upload::<T>(g, v)?, shape)
+                }
+                by_dtype!(self.dtype(), up(&g, v, self.shape().to_vec())).context("uploading a tensor")
+            }
+            (Device::Cuda(i), Storage::Cuda(c)) if c.gpu.ordinal == i => self.try_clone(),
+            (Device::Cuda(_), Storage::Cuda(_)) => self.to_host()?.to_device(device),
+        }
+    }
+
+    /// A host copy (synchronises the stream).
+    pub fn to_host(&self) -> Result<Tensor> {
+        match self.storage() {
+            Storage::Cpu(_) => Ok(self.clone()),
+            Storage::Cuda(c) => {
+                fn down<T: DevType>(g: &Gpu, b: &DevBuf) -> Result<Vec<f32>> {
+                    let s = T::get(b).ok_or_else(|| anyhow!("internal: dtype mismatch"))?;
+                    let h: Vec<T> = g.stream().clone_dtoh(s).map_err(cuda_err)?;
+                    Ok(h.into_iter().map(|v| v.to_f32()).collect())
+                }
+                let v = by_dtype!(self.dtype(), down(&c.gpu, &c.buf))?;
+                Tensor::from_vec(v, self.shape().to_vec(), self.dtype())
+            }
+        }
+    }
+
+    /// A copy on the same device, with device errors reported.
+    pub fn try_clone(&self) -> Result<Tensor> {
+        match self.storage() {
+            Storage::Cpu(_) => Ok(self.clone()),
+            Storage::Cuda(c) => {
+                fn cp<T: DevType>(g: &Arc<Gpu>, t: &Tensor) -> Result<Tensor> {
+                    let src = t.dev::<T>()?;
+                    let mut dst = alloc::<T>(g, src.len())?;
+                    g.stream().memcpy_dtod(src, &mut dst).map_err(cuda_err)?;
+                    Tensor::from_dev(g, dst, t.shape().to_vec())
+                }
+                by_dtype!(self.dtype(), cp(&c.gpu, self))
+            }
+        }
+    }
+}
+
+/// The device of a CUDA tensor, or an error naming the op.
+pub fn gpu_of(t: &Tensor, op: &str) -> Result<Arc<Gpu>> {
+    t.gpu().cloned().ok_or_else(|| anyhow!("internal: {op}: expected a CUDA tensor"))
+}
+
+/// `x · wᵀ` on the device: `[rows, k] × [n, k]ᵀ → [rows, n]` in `out_dtype`.
+pub fn matmul_t(x: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
+    let g = gpu_of(x, "matmul")?;
+    let (m, k, n) = (x.rows(), x.last_dim(), w.dim(0));
+    if x.dtype() != w.dtype() {
+        bail!("internal: matmul of a {} activation with a {} weight", x.dtype(), w.dtype());
+    }
+    let mut shape = x.shape().to_vec();
+    if let Some(l) = shape.last_mut() {
+        *l = n;
+    }
+    let mut out = Tensor::empty_on(&g, shape, out_dtype)?;
+    fn go<A: DevType>(g: &Gpu, x: &Tensor, w: &Tensor, out: &mut Tensor, m: usize, k: usize, n: usize) -> Result<()> {
+        let (xs, ws) = (x.dev::<A>()?, w.dev::<A>()?);
+        match out.dtype() {
+            DType::F32 => g.gemm.matmul_t::<A, f32>(xs, ws, out.dev_mut::<f32>()?, m, k, n),
+            DType::BF16 => g.gemm.matmul_t::<A, bf16>(xs, ws, out.dev_mut::<bf16>()?, m, k, n),
+            DType::F16 => g.gemm.matmul_t::<A, f16>(xs, ws, out.dev_mut::<f16>()?, m, k, n),
+        }
+        .map_err(cuda_err)
+    }
+    by_dtype!(x.dtype(), go(&g, x, w, &mut out, m, k, n))?;
+    Ok(out)
+}
+
+/// `x (f32) += y` on the device.
+pub fn add_into(x: &mut Tensor, y: &Tensor) -> Result<()> {
+    let g = gpu_of(x, "add")?;
+    if x.dtype() != DType::F32 {
+        bail!("internal: device residual adds need an f32 accumulator, got {}", x.dtype());
+    }
+    fn go<T: DevType>(g: &Gpu, x: &mut Tensor, y: &Tensor) -> Result<()> {
+        let ys = y.dev::<T>()?;
+        g.k.add_into_f32::<T>(x.dev_mut::<f32>()?, ys).map_err(cuda_err)
+    }
+    by_dtype!(y.dtype(), go(&g, x, y))
+}
+
+/// Casts a device tensor to `dtype`.
+pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    if x.dtype() == dtype {
+        return x.try_clone();
+    }
+    let g = gpu_of(x, "cast")?;
+    let mut out = Tensor::empty_on(&g, x.shape().to_vec(), dtype)?;
+    fn go<A: DevType>(g: &Gpu, x: &Tensor, out: &mut Tensor) -> Result<()> {
+        let xs = x.dev::<A>()?;
+        match out.dtype() {
+            DType::F32 => g.k.cast::<A, f32>(xs, out.dev_mut::<f32>()?),
+            DType::BF16 => g.k.cast::<A, bf16>(xs, out.dev_mut::<bf16>()?),
+            DType::F16 => g.k.cast::<A, f16>(xs, out.dev_mut::<f16>()?),
+        }
+        .map_err(cuda_err)
+    }
+    by_dtype!(x.dtype(), go(&g, x, &mut out))?;
+    Ok(out)
+}
+
+/// Columns `col0..col0+ncols` of the `[rows, last_dim]` view, as `[rows, ncols]`.
+pub fn cols(x: &Tensor, rows: usize, stride: usize, col0: usize, ncols: usize) -> Result<Tensor> {
+    let g = gpu_of(x, "cols")?;
+    let mut out = Tensor::empty_on(&g, [rows, ncols], x.dtype())?;
+    fn go<T: DevType>(g: &Gpu, x: &Tensor, o: &mut Tensor, r: usize, s: usize, c0: usize, nc: usize) -> Result<()> {
+        g.k.copy_cols::<T>(x.dev::<T>()?, o.dev_mut::<T>()?, r, s, c0, nc).map_err(cuda_err)
+    }
+    by_dtype!(x.dtype(), go(&g, x, &mut out, rows, stride, col0, ncols))?;
+    Ok(out)
+}
+
+/// Rows `idx` of the `[rows, last_dim]` view.
+pub fn gather_rows(x: &Tensor, idx: &[usize]) -> Result<Tensor> {
+    let g = gpu_of(x, "gather_rows")?;
+    let (rows, d) = (x.rows(), x.last_dim());
+    if let Some(&bad) = idx.iter().find(|&&i| i >= rows) {
+        bail!("row index {bad} out of range ({rows} rows)");
+    }
+    let ids: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
+    let dev_idx = upload_u32(&g, &ids)?;
+    let mut out = Tensor::empty_on(&g, [idx.len(), d], x.dtype())?;
+    fn go<T: DevType>(g: &Gpu, x: &Tensor, i: &CudaSlice<u32>, o: &mut Tensor, rows: usize, d: usize) -> Result<()> {
+        g.k.gather_rows::<T>(x.dev::<T>()?, i, o.dev_mut::<T>()?, rows, d).map_err(cuda_err)
+    }
+    by_dtype!(x.dtype(), go(&g, x, &dev_idx, &mut out, rows, d))?;
+    Ok(out)
+}
+
+/// A device address (for per-sequence pointer tables).
+pub fn addr<T: DevType>(g: &Gpu, s: &CudaSlice<T>) -> u64 {
+    let (p, _sync) = s.device_ptr(g.stream());
+    p
+}
+
+/// `[a | b]` along the last dimension on the device.
+///
+/// # Shapes
+/// `[T, d1]`, `[T, d2]` → `[T, d1 + d2]`
+pub fn concat_last(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let g = gpu_of(a, "concat")?;
+    if a.dtype() != b.dtype() {
+        bail!("internal: concat of {} and {}", a.dtype(), b.dtype());
+    }
+    let (rows, da, db) = (a.rows(), a.last_dim(), b.last_dim());
+    let mut out = Tensor::empty_on(&g, [rows, da + db], a.dtype())?;
+    fn go<T: DevType>(g: &Gpu, a: &Tensor, b: &Tensor, o: &mut Tensor, r: usize, da: usize, db: usize) -> Result<()> {
+        g.k.concat_cols::<T>(a.dev::<T>()?, b.dev::<T>()?, o.dev_mut::<T>()?, r, da, db).map_err(cuda_err)
+    }
+    by_dtype!(a.dtype(), go(&g, a, b, &mut out, rows, da, db))?;
+    Ok(out)
+}
+
+/// Measured device-to-device copy bandwidth in bytes/s (read + write counted), the HBM
+/// roofline `porter bench` reports fractions of: the best of several 1 GiB copies.
+pub fn copy_bandwidth(g: &Gpu) -> Result<f64> {
+    let n = 1usize << 28; // 256 Mi f32 = 1 GiB
+    let src = zeros::<f32>(g, n)?;
+    let mut dst = zeros::<f32>(g, n)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..6 {
+        g.sync()?;
+        let t0 = std::time::Instant::now();
+        g.stream().memcpy_dtod(&src, &mut dst).map_err(cuda_err)?;
+        g.sync()?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (n * 4) as f64 / best)
+}

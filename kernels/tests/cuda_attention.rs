@@ -1,0 +1,399 @@
+//! GPU tests of the attention kernels (kernels/cuda/attention.cu): KV append,
+//! batched causal GQA attention over per-sequence caches (decode, chunked
+//! prefill, sliding window, head dims, GQA ratios, the Qwen3-Next sizes) and
+//! on-device sampling, each against the CPU reference. Every test prints
+//! `skipped: <reason>` and returns without a GPU. `PORTER_CUDA_SEED` replays a seed.
+
+mod common;
+
+use common::*;
+use cudarc::driver::{CudaSlice, DevicePtr};
+use half::{bf16, f16};
+use porter_kernels::cpu::ops;
+use porter_kernels::cuda::{CudaFloat, CudaKernels};
+use std::time::Instant;
+
+/// Raw device addresses of a list of buffers, uploaded as `u64`.
+fn addrs<T: CudaFloat>(k: &CudaKernels, bufs: &[CudaSlice<T>]) -> CudaSlice<u64> {
+    let v: Vec<u64> = bufs.iter().map(|b| b.device_ptr(k.stream()).0).collect();
+    k.stream().clone_htod(&v).expect("htod")
+}
+
+// ---------------------------------------------------------------------------
+// KV append
+// ---------------------------------------------------------------------------
+
+fn kv_append_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng) {
+    let (kvh, hd) = (2, 96);
+    let row = kvh * hd;
+    let caps = [5usize, 40, 17];
+    // Rows: some positions of each sequence, at offsets, interleaved.
+    let mut rows: Vec<(usize, usize)> = vec![(1, 30), (0, 0), (2, 16), (1, 31), (0, 4), (1, 7), (2, 3)];
+    rows.push((1, 39));
+    let t = rows.len();
+    let kx = rnd_vec::<T>(&rng.vec(t * row, 1.0));
+    let vx = rnd_vec::<T>(&rng.vec(t * row, 1.0));
+    let kb: Vec<CudaSlice<T>> = caps.iter().map(|&c| poisoned::<T>(k, c * row)).collect();
+    let vb: Vec<CudaSlice<T>> = caps.iter().map(|&c| poisoned::<T>(k, c * row)).collect();
+    let (kp, vp) = (addrs(k, &kb), addrs(k, &vb));
+    let seq: Vec<u32> = rows.iter().map(|r| r.0 as u32).collect();
+    let pos: Vec<u32> = rows.iter().map(|r| r.1 as u32).collect();
+    k.kv_append::<T>(&up::<T>(k, &kx), &up::<T>(k, &vx), &up_u32(k, &seq), &up_u32(k, &pos), &kp, &vp, t, kvh, hd)
+        .expect("kv_append");
+    for (s, &cap) in caps.iter().enumerate() {
+        let mut wk = vec![f32::NAN; cap * row];
+        let mut wv = vec![f32::NAN; cap * row];
+        for (r, &(rs, p)) in rows.iter().enumerate() {
+            if rs == s {
+                wk[p * row..(p + 1) * row].copy_from_slice(&kx[r * row..(r + 1) * row]);
+                wv[p * row..(p + 1) * row].copy_from_slice(&vx[r * row..(r + 1) * row]);
+            }
+        }
+        let (gk, gv) = (down(k, &kb[s]), down(k, &vb[s]));
+        for (g, w) in gk.iter().zip(&wk).chain(gv.iter().zip(&wv)) {
+            assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "kv_append {}: seq {s}", T::NAME);
+        }
+    }
+    println!("  kv_append {}: exact", T::NAME);
+}
+
+#[test]
+fn kv_append_per_sequence() {
+    let Some(k) = gpu("kv_append_per_sequence") else { return };
+    let mut rng = Rng::new(1);
+    kv_append_case::<f32>(&k, &mut rng);
+    kv_append_case::<bf16>(&k, &mut rng);
+    kv_append_case::<f16>(&k, &mut rng);
+}
+
+// ---------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------
+
+struct AttnCase<'a> {
+    name: &'a str,
+    /// (q_len, pos0) per sequence.
+    seqs: &'a [(usize, usize)],
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    window: Option<usize>,
+    /// GPU iterations to time (0: none).
+    time_iters: usize,
+}
+
+fn attn_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase) {
+    let (h, kvh, hd) = (c.heads, c.kv_heads, c.head_dim);
+    let kv_row = kvh * hd;
+    let t: usize = c.seqs.iter().map(|s| s.0).sum();
+    let max_q = c.seqs.iter().map(|s| s.0).max().unwrap_or(0);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let q = rnd_vec::<T>(&rng.vec(t * h * hd, 2.0));
+    let mut kbufs = Vec::new();
+    let mut vbufs = Vec::new();
+    let mut spans = Vec::new();
+    let mut want = vec![0.0f32; t * h * hd];
+    let mut row0 = 0;
+    for &(ql, pos0) in c.seqs {
+        let ctx = pos0 + ql;
+        let cap = ctx + 3; // a poisoned tail that must never be read
+        let kh = rnd_vec::<T>(&rng.vec(ctx * kv_row, 2.0));
+        let vh = rnd_vec::<T>(&rng.vec(ctx * kv_row, 1.0));
+        let mut kp = kh.clone();
+        kp.extend(std::iter::repeat_n(f32::NAN, (cap - ctx) * kv_row));
+        let mut vp = vh.clone();
+        vp.extend(std::iter::repeat_n(f32::NAN, (cap - ctx) * kv_row));
+        kbufs.push(up::<T>(k, &kp));
+        vbufs.push(up::<T>(k, &vp));
+        let qs = &q[row0 * h * hd..(row0 + ql) * h * hd];
+        ops::causal_attention(
+            qs,
+            &kh,
+            &vh,
+            &mut want[row0 * h * hd..(row0 + ql) * h * hd],
+            ql,
+            pos0,
+            h,
+            kvh,
+            hd,
+            scale,
+            c.window,
+        );
+        spans.extend([row0 as u32, ql as u32, pos0 as u32]);
+        row0 += ql;
+    }
+    let want = rnd_vec::<T>(&want);
+    let (kp, vp) = (addrs(k, &kbufs), addrs(k, &vbufs));
+    let qd = up::<T>(k, &q);
+    let sd = up_u32(k, &spans);
+    let mut out = poisoned::<T>(k, t * h * hd);
+    let n = c.seqs.len();
+    k.attention::<T>(&qd, &kp, &vp, &sd, &mut out, t, n, max_q, h, kvh, hd, scale, c.window).expect("attention");
+    let got = down(k, &out);
+    check(&format!("attention {} {}", c.name, T::NAME), &got, &want, tol::<T>());
+    if c.time_iters > 0 {
+        k.stream().synchronize().unwrap();
+        let t0 = Instant::now();
+        for _ in 0..c.time_iters {
+            k.attention::<T>(&qd, &kp, &vp, &sd, &mut out, t, n, max_q, h, kvh, hd, scale, c.window).unwrap();
+        }
+        k.stream().synchronize().unwrap();
+        let us = t0.elapsed().as_secs_f64() * 1e6 / c.time_iters as f64;
+        let kv_bytes: usize = c.seqs.iter().map(|s| (s.0 + s.1) * kv_row * 2 * std::mem::size_of::<T>()).sum::<usize>();
+        println!(
+            "  TIME attention {} {}: {us:.1} us per call ({:.0} GB/s of K/V)",
+            c.name,
+            T::NAME,
+            kv_bytes as f64 / us / 1e3
+        );
+    }
+}
+
+#[test]
+fn attention_decode_batch() {
+    let Some(k) = gpu("attention_decode_batch") else { return };
+    let mut rng = Rng::new(2);
+    let seqs = [(1, 0), (1, 1), (1, 64), (1, 299), (1, 2100), (1, 3000), (1, 63)];
+    for (h, kvh) in [(16, 2), (8, 8), (16, 4)] {
+        let c = AttnCase {
+            name: "decode",
+            seqs: &seqs,
+            heads: h,
+            kv_heads: kvh,
+            head_dim: 128,
+            window: None,
+            time_iters: 0,
+        };
+        println!("heads {h} kv_heads {kvh}");
+        attn_case::<f32>(&k, &mut rng, &c);
+        attn_case::<bf16>(&k, &mut rng, &c);
+        attn_case::<f16>(&k, &mut rng, &c);
+    }
+}
+
+#[test]
+fn attention_chunked_prefill() {
+    let Some(k) = gpu("attention_chunked_prefill") else { return };
+    let mut rng = Rng::new(3);
+    let seqs = [(37, 0), (100, 250), (1, 70), (200, 1000), (5, 3)];
+    for hd in [64, 128, 256, 80] {
+        for (h, kvh) in [(4, 4), (8, 2), (16, 2)] {
+            println!("head_dim {hd} heads {h} kv_heads {kvh}");
+            let c = AttnCase {
+                name: "prefill",
+                seqs: &seqs,
+                heads: h,
+                kv_heads: kvh,
+                head_dim: hd,
+                window: None,
+                time_iters: 0,
+            };
+            attn_case::<f32>(&k, &mut rng, &c);
+            attn_case::<bf16>(&k, &mut rng, &c);
+        }
+    }
+    let c =
+        AttnCase { name: "prefill", seqs: &seqs, heads: 8, kv_heads: 1, head_dim: 128, window: None, time_iters: 0 };
+    attn_case::<f16>(&k, &mut rng, &c);
+}
+
+#[test]
+fn attention_sliding_window() {
+    let Some(k) = gpu("attention_sliding_window") else { return };
+    let mut rng = Rng::new(4);
+    let prefill = [(150, 0), (90, 400), (1, 33), (64, 64)];
+    let decode = [(1, 0), (1, 99), (1, 100), (1, 1500)];
+    for w in [1, 100, 129] {
+        for seqs in [&prefill[..], &decode[..]] {
+            println!("window {w}");
+            let c =
+                AttnCase { name: "window", seqs, heads: 8, kv_heads: 2, head_dim: 128, window: Some(w), time_iters: 0 };
+            attn_case::<f32>(&k, &mut rng, &c);
+            attn_case::<bf16>(&k, &mut rng, &c);
+        }
+    }
+}
+
+#[test]
+fn attention_rejects_bad_dims() {
+    let Some(k) = gpu("attention_rejects_bad_dims") else { return };
+    let q = poisoned::<f32>(&k, 2 * 300);
+    let mut o = poisoned::<f32>(&k, 2 * 300);
+    let p = k.stream().clone_htod(&[0u64]).unwrap();
+    let s = up_u32(&k, &[0, 1, 0]);
+    assert!(k.attention::<f32>(&q, &p, &p, &s, &mut o, 1, 1, 1, 2, 1, 300, 1.0, None).is_err());
+    let q = poisoned::<f32>(&k, 3 * 64);
+    let mut o = poisoned::<f32>(&k, 3 * 64);
+    assert!(k.attention::<f32>(&q, &p, &p, &s, &mut o, 1, 1, 1, 3, 2, 64, 1.0, None).is_err());
+}
+
+#[test]
+fn attention_qwen3_next_prefill_4k() {
+    let Some(k) = gpu("attention_qwen3_next_prefill_4k") else { return };
+    let mut rng = Rng::new(5);
+    let c = AttnCase {
+        name: "qwen3-next prefill 4096",
+        seqs: &[(4096, 0)],
+        heads: ATT_HEADS,
+        kv_heads: ATT_KV_HEADS,
+        head_dim: ATT_HEAD_DIM,
+        window: None,
+        time_iters: 10,
+    };
+    attn_case::<bf16>(&k, &mut rng, &c);
+}
+
+#[test]
+fn attention_qwen3_next_decode() {
+    let Some(k) = gpu("attention_qwen3_next_decode") else { return };
+    let mut rng = Rng::new(6);
+    let mk = |seqs| AttnCase {
+        name: "qwen3-next decode",
+        seqs,
+        heads: ATT_HEADS,
+        kv_heads: ATT_KV_HEADS,
+        head_dim: ATT_HEAD_DIM,
+        window: None,
+        time_iters: 20,
+    };
+    println!("batch 1, context 32768");
+    attn_case::<bf16>(&k, &mut rng, &mk(&[(1, 32767)]));
+    println!("batch 64, context 4096");
+    attn_case::<bf16>(&k, &mut rng, &mk(&[(1, 4095); 64]));
+    println!("batch 4 chunked prefill 512 at 8k");
+    attn_case::<bf16>(&k, &mut rng, &mk(&[(512, 8192); 4]));
+}
+
+// ---------------------------------------------------------------------------
+// Sampling
+// ---------------------------------------------------------------------------
+
+fn cpu_argmax(xs: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in xs.iter().enumerate() {
+        if v > xs[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// `porter_core::sampling::Sampler::{distribution, sample_from}` with a given `u`.
+fn cpu_sample(logits: &[f32], temp: f32, top_k: usize, top_p: f32, u: f64) -> u32 {
+    let n = logits.len();
+    if temp == 0.0 {
+        return cpu_argmax(logits) as u32;
+    }
+    let mut p = vec![0.0f32; n];
+    let mut idx: Vec<usize> = (0..n).collect();
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let k = if top_k == 0 { n } else { top_k.min(n) };
+    let kept = &idx[..k];
+    let max = logits[kept[0]] / temp;
+    let mut probs: Vec<f64> = kept.iter().map(|&i| ((logits[i] / temp - max) as f64).exp()).collect();
+    let sum: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|v| *v /= sum);
+    let mut keep = k;
+    if top_p < 1.0 {
+        let mut acc = 0.0;
+        for (i, v) in probs.iter().enumerate() {
+            acc += v;
+            if acc >= top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    let mass: f64 = probs[..keep].iter().sum();
+    for (j, &i) in kept[..keep].iter().enumerate() {
+        p[i] = (probs[j] / mass) as f32;
+    }
+    let nonzero = p.iter().filter(|&&v| v > 0.0).count();
+    if nonzero <= 1 {
+        return cpu_argmax(&p) as u32;
+    }
+    let mut acc = 0.0f64;
+    let mut last = 0;
+    for (i, &v) in p.iter().enumerate() {
+        if v > 0.0 {
+            acc += v as f64;
+            last = i;
+            if u < acc {
+                return i as u32;
+            }
+        }
+    }
+    last as u32
+}
+
+fn sample_case(k: &CudaKernels, rng: &mut Rng, vocab: usize, params: &[[f32; 4]], logit_scale: f32) {
+    let rows = params.len();
+    let logits = rng.vec(rows * vocab, logit_scale);
+    let flat: Vec<f32> = params.iter().flatten().copied().collect();
+    let mut out = poisoned_u32(k, rows);
+    let ld = up::<f32>(k, &logits);
+    let pd = up::<f32>(k, &flat);
+    k.sample_rows(&ld, &pd, &mut out, rows, vocab).expect("sample_rows");
+    let got = down_u32(k, &out);
+    for (r, p) in params.iter().enumerate() {
+        let want = cpu_sample(&logits[r * vocab..(r + 1) * vocab], p[0], p[1] as usize, p[2], p[3] as f64);
+        assert_eq!(got[r], want, "sample row {r} (vocab {vocab}, params {p:?})");
+    }
+    println!("  sample vocab {vocab}: {rows} rows match");
+    let t0 = Instant::now();
+    let iters = 10;
+    for _ in 0..iters {
+        k.sample_rows(&ld, &pd, &mut out, rows, vocab).unwrap();
+    }
+    k.stream().synchronize().unwrap();
+    println!("  TIME sample_rows {rows} x {vocab}: {:.1} us", t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
+}
+
+fn sample_params(rng: &mut Rng, rows: usize) -> Vec<[f32; 4]> {
+    let temps = [0.0, 0.7, 1.0, 1.3];
+    let ks = [0.0, 1.0, 20.0, 50.0, 1000.0];
+    let ps = [1.0, 0.9, 0.5, 0.95, 0.05];
+    (0..rows)
+        .map(|_| {
+            let u = (rng.next() >> 40) as f32 / (1u64 << 24) as f32;
+            [temps[rng.below(temps.len())], ks[rng.below(ks.len())], ps[rng.below(ps.len())], u]
+        })
+        .collect()
+}
+
+#[test]
+fn sampling_matches_cpu() {
+    let Some(k) = gpu("sampling_matches_cpu") else { return };
+    let mut rng = Rng::new(7);
+    // Fixed combinations: greedy, temperature only, top-k, top-p, both.
+    let u = 0.37;
+    let fixed = [
+        [0.0, 0.0, 1.0, u],
+        [1.0, 0.0, 1.0, u],
+        [0.8, 40.0, 1.0, u],
+        [0.8, 0.0, 0.9, u],
+        [0.7, 50.0, 0.8, u],
+        [1.0, 1.0, 1.0, 0.99],
+        [1.0, 0.0, 1.0, 0.999],
+    ];
+    for vocab in [7, 1000, VOCAB, 262_144] {
+        sample_case(&k, &mut rng, vocab, &fixed, 8.0);
+        let rp = sample_params(&mut rng, 32);
+        sample_case(&k, &mut rng, vocab, &rp, 4.0);
+        sample_case(&k, &mut rng, vocab, &rp, 20.0);
+    }
+    // Exact ties: many equal logits (only 16 distinct values).
+    let vocab = 5000;
+    let rows = 16;
+    let params = sample_params(&mut rng, rows);
+    let logits: Vec<f32> = (0..rows * vocab).map(|_| (rng.below(16) as f32) * 0.25).collect();
+    let flat: Vec<f32> = params.iter().flatten().copied().collect();
+    let mut out = poisoned_u32(&k, rows);
+    k.sample_rows(&up::<f32>(&k, &logits), &up::<f32>(&k, &flat), &mut out, rows, vocab).unwrap();
+    let got = down_u32(&k, &out);
+    for (r, p) in params.iter().enumerate() {
+        let want = cpu_sample(&logits[r * vocab..(r + 1) * vocab], p[0], p[1] as usize, p[2], p[3] as f64);
+        assert_eq!(got[r], want, "tied sample row {r} params {p:?}");
+    }
+    println!("  sample with ties: {rows} rows match");
+}

@@ -1,0 +1,393 @@
+//! `CudaKernels::moe_experts` (routed MoE experts, grouped by expert on the
+//! device) against a CPU reference of `porter_core::nn::Moe::forward`'s math,
+//! in f32, bf16 and f16 storage, through the decode (GEMV) and prefill (tiled
+//! GEMM) paths, with uneven expert loads, and at the real Qwen3-Next-80B-A3B
+//! dimensions; plus timings at those dimensions (t = 1 decode, t = 4096 prefill).
+//!
+//! Every test prints `skipped: <reason>` and returns when no GPU is usable.
+//! Outputs are poisoned with NaN before every launch. The seed is printed; set
+//! `PORTER_CUDA_SEED` to replay one.
+
+mod common;
+
+use common::*;
+use cudarc::driver::CudaSlice;
+use half::{bf16, f16};
+use porter_kernels::cpu::ops;
+use porter_kernels::cuda::{CudaFloat, CudaKernels};
+use rayon::prelude::*;
+
+/// Shape of one MoE call. Expert `x` uses weight bank entry `x % bank` (a bank
+/// smaller than `e` keeps the host side of the 80B tests small).
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    t: usize,
+    k: usize,
+    e: usize,
+    hidden: usize,
+    inter: usize,
+    bank: usize,
+}
+
+/// Random inputs of one call, already rounded to the storage type.
+struct Inputs {
+    x: Vec<f32>,
+    idx: Vec<u32>,
+    w: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+/// `k` distinct random experts per row out of `e`.
+fn random_routes(rng: &mut Rng, t: usize, k: usize, e: usize) -> Vec<u32> {
+    let mut idx = Vec::with_capacity(t * k);
+    for _ in 0..t {
+        let mut row: Vec<u32> = Vec::with_capacity(k);
+        while row.len() < k {
+            let x = rng.below(e) as u32;
+            if !row.contains(&x) {
+                row.push(x);
+            }
+        }
+        idx.extend(row);
+    }
+    idx
+}
+
+/// Uneven loads: slot 0 of every row goes to expert `hot`; the other slots to
+/// distinct experts among the first `few` (so experts `few..e` get no rows,
+/// except `hot` if it lies there).
+fn skewed_routes(rng: &mut Rng, t: usize, k: usize, hot: usize, few: usize) -> Vec<u32> {
+    assert!(k <= few);
+    let mut idx = Vec::with_capacity(t * k);
+    for _ in 0..t {
+        let mut row = vec![hot as u32];
+        while row.len() < k {
+            let x = rng.below(few) as u32;
+            if !row.contains(&x) {
+                row.push(x);
+            }
+        }
+        idx.extend(row);
+    }
+    idx
+}
+
+fn inputs<T: CudaFloat>(rng: &mut Rng, d: Dims, idx: Vec<u32>) -> Inputs {
+    assert_eq!(idx.len(), d.t * d.k);
+    let per = d.inter * d.hidden;
+    // Scales keep g, u, h and o of order 1 (products summed over hidden / inter terms).
+    let ws = 1.0 / (d.hidden as f32).sqrt() * 1.7;
+    let ds = 1.0 / (d.inter as f32).sqrt() * 1.7;
+    Inputs {
+        x: rnd_vec::<T>(&rng.vec(d.t * d.hidden, 1.0)),
+        w: (0..d.t * d.k).map(|_| 0.05 + 0.95 * (rng.f(0.5) + 0.5)).collect(),
+        idx,
+        gate: rnd_vec::<T>(&rng.vec(d.bank * per, ws)),
+        up: rnd_vec::<T>(&rng.vec(d.bank * per, ws)),
+        down: rnd_vec::<T>(&rng.vec(d.bank * per, ds)),
+    }
+}
+
+/// CPU reference (`Moe::forward` after the router): rows grouped per expert,
+/// f32 GEMMs, `h = round(silu(round g) · round u)`, `o = round(h · downᵀ)`,
+/// `out[r] = Σ_j o[r, j] · w[r, j]` over slots in order; ids `>= e` skipped.
+fn reference<T: CudaFloat>(d: Dims, inp: &Inputs) -> Vec<f32> {
+    let (h, i) = (d.hidden, d.inter);
+    let per = h * i;
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new(); d.e];
+    for (p, &x) in inp.idx.iter().enumerate() {
+        if (x as usize) < d.e {
+            groups[x as usize].push(p);
+        }
+    }
+    let outs: Vec<(usize, Vec<f32>)> = (0..d.e)
+        .into_par_iter()
+        .filter(|&x| !groups[x].is_empty())
+        .map(|x| {
+            let pairs = &groups[x];
+            let n = pairs.len();
+            let b = x % d.bank;
+            let mut xs = Vec::with_capacity(n * h);
+            for &p in pairs {
+                let r = p / d.k;
+                xs.extend_from_slice(&inp.x[r * h..(r + 1) * h]);
+            }
+            let mut g = vec![0.0; n * i];
+            let mut u = vec![0.0; n * i];
+            ops::matmul_t(&xs, &inp.gate[b * per..(b + 1) * per], &mut g, n, h, i, false);
+            ops::matmul_t(&xs, &inp.up[b * per..(b + 1) * per], &mut u, n, h, i, false);
+            for (uv, gv) in u.iter_mut().zip(&g) {
+                *uv = rnd::<T>(ops::silu(rnd::<T>(*gv)) * rnd::<T>(*uv));
+            }
+            let mut o = vec![0.0; n * h];
+            ops::matmul_t(&u, &inp.down[b * per..(b + 1) * per], &mut o, n, i, h, false);
+            o.iter_mut().for_each(|v| *v = rnd::<T>(*v));
+            (x, o)
+        })
+        .collect();
+    let mut op = vec![0.0f32; d.t * d.k * h];
+    for (x, o) in &outs {
+        for (ri, &p) in groups[*x].iter().enumerate() {
+            op[p * h..(p + 1) * h].copy_from_slice(&o[ri * h..(ri + 1) * h]);
+        }
+    }
+    let mut out = vec![0.0f32; d.t * h];
+    for r in 0..d.t {
+        for j in 0..d.k {
+            let p = r * d.k + j;
+            if (inp.idx[p] as usize) < d.e {
+                for c in 0..h {
+                    out[r * h + c] += op[p * h + c] * inp.w[p];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Expert weights `[e, rows, cols]` on the device: bank entry `x % bank` for expert `x`.
+fn upload_experts<T: CudaFloat>(kern: &CudaKernels, bank: &[f32], d: Dims) -> CudaSlice<T> {
+    let per = d.hidden * d.inter;
+    if d.bank == d.e {
+        return up::<T>(kern, bank);
+    }
+    let src = up::<T>(kern, bank);
+    let s = kern.stream();
+    let mut dst = s.alloc_zeros::<T>(d.e * per).expect("alloc");
+    for x in 0..d.e {
+        let b = x % d.bank;
+        s.memcpy_dtod(&src.slice(b * per..(b + 1) * per), &mut dst.slice_mut(x * per..(x + 1) * per)).expect("dtod");
+    }
+    dst
+}
+
+struct Device<T> {
+    x: CudaSlice<T>,
+    idx: CudaSlice<u32>,
+    w: CudaSlice<f32>,
+    gate: CudaSlice<T>,
+    up: CudaSlice<T>,
+    down: CudaSlice<T>,
+}
+
+fn upload<T: CudaFloat>(kern: &CudaKernels, d: Dims, inp: &Inputs) -> Device<T> {
+    Device {
+        x: up::<T>(kern, &inp.x),
+        idx: up_u32(kern, &inp.idx),
+        w: up::<f32>(kern, &inp.w),
+        gate: upload_experts::<T>(kern, &inp.gate, d),
+        up: upload_experts::<T>(kern, &inp.up, d),
+        down: upload_experts::<T>(kern, &inp.down, d),
+    }
+}
+
+fn launch<T: CudaFloat>(kern: &CudaKernels, d: Dims, dev: &Device<T>, out: &mut CudaSlice<f32>) {
+    kern.moe_experts::<T>(
+        &dev.x, &dev.idx, &dev.w, &dev.gate, &dev.up, &dev.down, out, d.t, d.k, d.e, d.hidden, d.inter,
+    )
+    .unwrap_or_else(|err| panic!("moe_experts {d:?}: {err}"));
+}
+
+/// Runs one case and checks it against the reference; `decode` asserts the path.
+fn run_case<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, idx: Vec<u32>, rng: &mut Rng, decode: bool) {
+    assert_eq!(CudaKernels::moe_decode_path(d.t, d.k, d.e), decode, "{what}: path for {d:?}");
+    let inp = inputs::<T>(rng, d, idx);
+    let want = reference::<T>(d, &inp);
+    let dev = upload::<T>(kern, d, &inp);
+    let mut out = poisoned::<f32>(kern, d.t * d.hidden);
+    launch::<T>(kern, d, &dev, &mut out);
+    let got = down::<f32>(kern, &out);
+    let path = if decode { "decode" } else { "prefill" };
+    check(&format!("{what} {} {path} {d:?}", T::NAME), &got, &want, tol::<T>());
+}
+
+fn small<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng) {
+    // Aligned dims (16-byte loads, wmma for bf16/f16); K tails and partial column blocks.
+    let d = Dims { t: 3, k: 2, e: 8, hidden: 72, inter: 40, bank: 8 };
+    run_case::<T>(kern, "small", d, random_routes(rng, d.t, d.k, d.e), rng, true);
+    let d = Dims { t: 200, k: 4, e: 16, hidden: 72, inter: 40, bank: 16 };
+    run_case::<T>(kern, "small", d, random_routes(rng, d.t, d.k, d.e), rng, false);
+    // Odd dims: scalar loads, CUDA-core GEMM for every type.
+    let d = Dims { t: 5, k: 3, e: 6, hidden: 37, inter: 21, bank: 6 };
+    run_case::<T>(kern, "odd", d, random_routes(rng, d.t, d.k, d.e), rng, true);
+    let d = Dims { t: 130, k: 3, e: 6, hidden: 37, inter: 21, bank: 6 };
+    run_case::<T>(kern, "odd", d, random_routes(rng, d.t, d.k, d.e), rng, false);
+    // k = e: every expert on every row.
+    let d = Dims { t: 4, k: 4, e: 4, hidden: 64, inter: 24, bank: 4 };
+    run_case::<T>(kern, "k=e", d, random_routes(rng, d.t, d.k, d.e), rng, true);
+}
+
+#[test]
+fn moe_small_f32() {
+    let Some(kern) = gpu("moe_small_f32") else { return };
+    small::<f32>(&kern, &mut Rng::new(1));
+}
+
+#[test]
+fn moe_small_bf16() {
+    let Some(kern) = gpu("moe_small_bf16") else { return };
+    small::<bf16>(&kern, &mut Rng::new(2));
+}
+
+#[test]
+fn moe_small_f16() {
+    let Some(kern) = gpu("moe_small_f16") else { return };
+    small::<f16>(&kern, &mut Rng::new(3));
+}
+
+fn uneven<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng) {
+    // Decode: 40 rows on expert 5 (several GEMV passes of 4 rows), experts 8..32 idle.
+    let d = Dims { t: 40, k: 3, e: 32, hidden: 64, inter: 48, bank: 32 };
+    run_case::<T>(kern, "uneven", d, skewed_routes(rng, d.t, d.k, 5, 8), rng, true);
+    // Prefill: 300 rows on expert 20 (five tiles), experts 8..32 but 20 idle.
+    let d = Dims { t: 300, k: 3, e: 32, hidden: 64, inter: 48, bank: 32 };
+    run_case::<T>(kern, "uneven", d, skewed_routes(rng, d.t, d.k, 20, 8), rng, false);
+    // Ids >= e are skipped (never read out of bounds), on both paths.
+    for t in [10, 200] {
+        let d = Dims { t, k: 2, e: 8, hidden: 32, inter: 16, bank: 8 };
+        let mut idx = random_routes(rng, d.t, d.k, d.e);
+        idx[1] = 8;
+        idx[2 * d.k - 1] = u32::MAX;
+        idx[d.t * d.k - 2] = 1000;
+        run_case::<T>(kern, "bad ids", d, idx, rng, t == 10);
+    }
+}
+
+#[test]
+fn moe_uneven_f32() {
+    let Some(kern) = gpu("moe_uneven_f32") else { return };
+    uneven::<f32>(&kern, &mut Rng::new(4));
+}
+
+#[test]
+fn moe_uneven_bf16() {
+    let Some(kern) = gpu("moe_uneven_bf16") else { return };
+    uneven::<bf16>(&kern, &mut Rng::new(5));
+}
+
+#[test]
+fn moe_uneven_f16() {
+    let Some(kern) = gpu("moe_uneven_f16") else { return };
+    uneven::<f16>(&kern, &mut Rng::new(6));
+}
+
+#[test]
+fn moe_bad_args() {
+    let Some(kern) = gpu("moe_bad_args") else { return };
+    let d = Dims { t: 2, k: 2, e: 4, hidden: 16, inter: 8, bank: 4 };
+    let mut rng = Rng::new(7);
+    let idx = random_routes(&mut rng, d.t, d.k, d.e);
+    let inp = inputs::<f32>(&mut rng, d, idx);
+    let dev = upload::<f32>(&kern, d, &inp);
+    let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
+    let call = |out: &mut CudaSlice<f32>, t: usize, k: usize, e: usize, h: usize, i: usize| {
+        kern.moe_experts::<f32>(&dev.x, &dev.idx, &dev.w, &dev.gate, &dev.up, &dev.down, out, t, k, e, h, i)
+    };
+    assert!(call(&mut out, 2, 0, 4, 16, 8).is_err(), "k = 0");
+    assert!(call(&mut out, 2, 5, 4, 16, 8).is_err(), "k > e");
+    assert!(call(&mut out, 2, 2, 4, 0, 8).is_err(), "hidden = 0");
+    assert!(call(&mut out, 2, 2, 4, 16, 0).is_err(), "inter = 0");
+    assert!(call(&mut out, 3, 2, 4, 16, 8).is_err(), "t mismatch");
+    assert!(call(&mut out, 2, 2, 4, 16, 8).is_ok());
+}
+
+// ---------------------------------------------------------------------------
+// Qwen3-Next-80B-A3B dimensions (bf16): hidden 2048, moe_intermediate 512,
+// 512 experts, top-10.
+// ---------------------------------------------------------------------------
+
+const MOE_INTER: usize = 512;
+/// Distinct random weight sets replicated over the 512 experts.
+const BANK: usize = 16;
+
+fn dims_80b(t: usize) -> Dims {
+    Dims { t, k: TOP_K, e: EXPERTS, hidden: HIDDEN, inter: MOE_INTER, bank: BANK }
+}
+
+#[test]
+fn moe_80b_bf16() {
+    let Some(kern) = gpu("moe_80b_bf16") else { return };
+    let mut rng = Rng::new(8);
+    for (t, decode) in [(1, true), (64, true), (512, false)] {
+        let d = dims_80b(t);
+        run_case::<bf16>(&kern, "80b", d, random_routes(&mut rng, d.t, d.k, d.e), &mut rng, decode);
+    }
+}
+
+/// Average seconds per call over `iters` calls (after a warm-up), cycling
+/// through `routes` (distinct expert sets, so that the weights do not stay in L2).
+fn time_calls(kern: &CudaKernels, d: Dims, dev: &Device<bf16>, routes: &[CudaSlice<u32>], iters: usize) -> f64 {
+    let mut out = poisoned::<f32>(kern, d.t * d.hidden);
+    let s = kern.stream().clone();
+    for r in routes.iter().take(2) {
+        kern.moe_experts::<bf16>(
+            &dev.x, r, &dev.w, &dev.gate, &dev.up, &dev.down, &mut out, d.t, d.k, d.e, d.hidden, d.inter,
+        )
+        .expect("moe_experts");
+    }
+    s.synchronize().expect("sync");
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = s.record_event(flags).expect("event");
+    let wall = std::time::Instant::now();
+    for i in 0..iters {
+        let r = &routes[i % routes.len()];
+        kern.moe_experts::<bf16>(
+            &dev.x, r, &dev.w, &dev.gate, &dev.up, &dev.down, &mut out, d.t, d.k, d.e, d.hidden, d.inter,
+        )
+        .expect("moe_experts");
+    }
+    let submit = wall.elapsed().as_secs_f64();
+    let end = s.record_event(flags).expect("event");
+    let ms = start.elapsed_ms(&end).expect("elapsed") as f64;
+    let got = down::<f32>(kern, &out);
+    assert!(got.iter().all(|v| v.is_finite()), "non-finite output");
+    println!(
+        "  host submit {:.1} us/call (if close to the GPU time, the loop is host-bound)",
+        submit / iters as f64 * 1e6
+    );
+    ms / 1e3 / iters as f64
+}
+
+#[test]
+fn moe_80b_timing() {
+    let Some(kern) = gpu("moe_80b_timing") else { return };
+    let mut rng = Rng::new(9);
+    // t = 1: decode, bandwidth-bound.
+    {
+        let d = dims_80b(1);
+        let idx = random_routes(&mut rng, d.t, d.k, d.e);
+        let inp = inputs::<bf16>(&mut rng, d, idx);
+        let dev = upload::<bf16>(&kern, d, &inp);
+        let sets: Vec<Vec<u32>> = (0..16).map(|_| random_routes(&mut rng, d.t, d.k, d.e)).collect();
+        let routes: Vec<CudaSlice<u32>> = sets.iter().map(|v| up_u32(&kern, v)).collect();
+        let sec = time_calls(&kern, d, &dev, &routes, 200);
+        // Bytes: the three matrices of every routed expert (10 distinct per set), plus x and out.
+        let per_expert = 3 * d.hidden * d.inter * 2;
+        let bytes = (d.k * per_expert + d.hidden * 2 + d.hidden * 4) as f64;
+        println!(
+            "moe_80b decode t=1: {:.1} us/call, {:.1} MB of expert weights, {:.0} GB/s ({:.0}% of 4.8 TB/s)",
+            sec * 1e6,
+            bytes / 1e6,
+            bytes / sec / 1e9,
+            bytes / sec / 4.8e12 * 100.0
+        );
+    }
+    // t = 4096: prefill, compute-bound.
+    {
+        let d = dims_80b(4096);
+        let idx = random_routes(&mut rng, d.t, d.k, d.e);
+        let inp = inputs::<bf16>(&mut rng, d, idx);
+        let dev = upload::<bf16>(&kern, d, &inp);
+        let routes = vec![dev.idx.clone()];
+        let sec = time_calls(&kern, d, &dev, &routes, 10);
+        let flops = 2.0 * (d.t * d.k) as f64 * 3.0 * (d.hidden * d.inter) as f64;
+        println!(
+            "moe_80b prefill t=4096: {:.3} ms/call, {:.1} GFLOP, {:.1} TFLOP/s",
+            sec * 1e3,
+            flops / 1e9,
+            flops / sec / 1e12
+        );
+    }
+}
