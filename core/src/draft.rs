@@ -144,9 +144,9 @@ impl DraftHead for AttentionMtpHead {
             (LayerKind::Attention { kv_heads, head_dim }, None) => {
                 LayerCache::Kv(crate::cache::KvLayer::new(kv_heads, head_dim))
             }
-            (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => LayerCache::KvCuda(
-                crate::gpu_blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.fc.w.dtype()),
-            ),
+            (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => {
+                LayerCache::KvCuda(crate::gpu_blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.fc.w.dtype()))
+            }
             _ => LayerCache::Stateless,
         };
         ModelCache::new(vec![layer], max_seqs)

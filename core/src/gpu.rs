@@ -42,6 +42,10 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         return Ok(g.clone());
     }
     let k = CudaKernels::new(ordinal).map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
+    // SAFETY: porter issues all work of a device to one stream, so cudarc's per-buffer
+    // events (cross-stream ordering) are unnecessary; turning them off before any buffer
+    // exists removes an event record per kernel argument.
+    unsafe { k.context().disable_event_tracking() };
     let gemm = Gemm::new(&k).map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
     let g = Arc::new(Gpu { k, gemm, ordinal });
     if devs.len() <= ordinal {
@@ -203,9 +207,8 @@ impl Tensor {
     /// The typed device buffer (errors on a CPU tensor or a dtype mismatch).
     pub fn dev<T: DevType>(&self) -> Result<&CudaSlice<T>> {
         match self.storage() {
-            Storage::Cuda(c) => T::get(&c.buf).ok_or_else(|| {
-                anyhow!("internal: device tensor of dtype {} read as {}", self.dtype(), T::DTYPE)
-            }),
+            Storage::Cuda(c) => T::get(&c.buf)
+                .ok_or_else(|| anyhow!("internal: device tensor of dtype {} read as {}", self.dtype(), T::DTYPE)),
             Storage::Cpu(_) => bail!("internal: a CPU tensor was used by a CUDA op"),
         }
     }
@@ -399,4 +402,25 @@ pub fn copy_bandwidth(g: &Gpu) -> Result<f64> {
         best = best.min(t0.elapsed().as_secs_f64());
     }
     Ok(2.0 * (n * 4) as f64 / best)
+}
+
+/// `[a; b]` stacked along the first dimension (weights fused at load time).
+///
+/// # Shapes
+/// `[n1, k]`, `[n2, k]` → `[n1 + n2, k]`
+pub fn stack_rows(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let g = gpu_of(a, "stack_rows")?;
+    if a.last_dim() != b.last_dim() || a.dtype() != b.dtype() {
+        bail!("internal: stacking {:?} {} with {:?} {}", a.shape(), a.dtype(), b.shape(), b.dtype());
+    }
+    let mut out = Tensor::empty_on(&g, [a.rows() + b.rows(), a.last_dim()], a.dtype())?;
+    fn go<T: DevType>(g: &Gpu, a: &Tensor, b: &Tensor, o: &mut Tensor) -> Result<()> {
+        let (sa, sb) = (a.dev::<T>()?, b.dev::<T>()?);
+        let (na, nb) = (sa.len(), sb.len());
+        let d = o.dev_mut::<T>()?;
+        g.stream().memcpy_dtod(sa, &mut d.slice_mut(0..na)).map_err(cuda_err)?;
+        g.stream().memcpy_dtod(sb, &mut d.slice_mut(na..na + nb)).map_err(cuda_err)
+    }
+    by_dtype!(a.dtype(), go(&g, a, b, &mut out))?;
+    Ok(out)
 }

@@ -46,6 +46,7 @@ pub fn rms_norm(n: &RmsNorm, w: &Tensor, x: &Tensor) -> Result<Tensor> {
         NormKind::ZeroCentred => RmsNormKind::ZeroCentred,
     };
     let mut out = Tensor::empty_on(&g, x.shape().to_vec(), w.dtype())?;
+    #[allow(clippy::too_many_arguments)]
     fn go<O: DevType>(
         g: &Gpu,
         x: &Tensor,
@@ -90,6 +91,17 @@ fn rope(r: &Rope, g: &Arc<Gpu>, x: &mut Tensor, positions: &CudaSlice<u32>) -> R
 /// `down(silu(gate(x)) · up(x))`.
 pub fn swiglu(m: &SwiGlu, x: &Tensor) -> Result<Tensor> {
     let g = gpu_of(x, "swiglu")?;
+    if let Some(gu) = &m.gate_up {
+        // [T, H] -> [T, 2I] = [gate | up] -> [T, I]
+        let gu_out = x.matmul_t(gu)?;
+        let (t, inter) = (x.rows(), gu.dim(0) / 2);
+        let mut h = Tensor::empty_on(&g, [t, inter], gu_out.dtype())?;
+        fn fused<T: DevType>(g: &Gpu, gu: &Tensor, h: &mut Tensor, t: usize, i: usize) -> Result<()> {
+            g.k.swiglu_fused::<T>(gu.dev::<T>()?, h.dev_mut::<T>()?, t, i).map_err(cuda_err)
+        }
+        crate::by_dtype!(gu_out.dtype(), fused(&g, &gu_out, &mut h, t, inter))?;
+        return m.down.forward(&h);
+    }
     let gate = m.gate.forward(x)?;
     let up = m.up.forward(x)?;
     let mut h = Tensor::empty_on(&g, up.shape().to_vec(), up.dtype())?;
@@ -140,7 +152,13 @@ pub struct DevKv {
 impl Clone for DevKv {
     fn clone(&self) -> Self {
         // Caches are not cloned on the device path (a fresh, empty cache is returned).
-        Self { kv_heads: self.kv_heads, head_dim: self.head_dim, dtype: self.dtype, gpu: self.gpu.clone(), slots: vec![] }
+        Self {
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            dtype: self.dtype,
+            gpu: self.gpu.clone(),
+            slots: vec![],
+        }
     }
 }
 
@@ -262,6 +280,8 @@ pub fn attention(a: &Attention, x: &Tensor, batch: &Batch, cache: &mut crate::ca
     let spans = upload_u32(&g, &spans)?;
     let row_seq = upload_u32(&g, &row_seq)?;
     let mut out = Tensor::empty_on(&g, [t, c.heads, hd], x.dtype())?;
+    type Meta<'a> =
+        (&'a CudaSlice<u32>, &'a CudaSlice<u32>, &'a CudaSlice<u32>, &'a CudaSlice<u64>, &'a CudaSlice<u64>);
     #[allow(clippy::too_many_arguments)]
     fn go<T: DevType>(
         g: &Gpu,
@@ -270,7 +290,7 @@ pub fn attention(a: &Attention, x: &Tensor, batch: &Batch, cache: &mut crate::ca
         v: &Tensor,
         q: &Tensor,
         out: &mut Tensor,
-        meta: (&CudaSlice<u32>, &CudaSlice<u32>, &CudaSlice<u32>, &CudaSlice<u64>, &CudaSlice<u64>),
+        meta: Meta<'_>,
         t: usize,
         max_q: usize,
     ) -> Result<()> {
@@ -604,7 +624,17 @@ pub fn gated_delta_net(
     // Gated RMSNorm per value head with SiLU(z): z = columns conv..conv+vd of P.
     let z = crate::gpu::cols(&p, t, pw, conv, vd)?;
     let mut normed = Tensor::empty_on(&g, [t * hv, dv], x.dtype())?;
-    fn norm<T: DevType>(g: &Gpu, o: &Tensor, z: &Tensor, w: &Tensor, out: &mut Tensor, rows: usize, d: usize, eps: f32) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    fn norm<T: DevType>(
+        g: &Gpu,
+        o: &Tensor,
+        z: &Tensor,
+        w: &Tensor,
+        out: &mut Tensor,
+        rows: usize,
+        d: usize,
+        eps: f32,
+    ) -> Result<()> {
         g.k.gated_rms_norm::<T, T>(o.dev::<T>()?, z.dev::<T>()?, w.dev::<T>()?, out.dev_mut::<T>()?, rows, d, eps)
             .map_err(cuda_err)
     }
@@ -648,7 +678,14 @@ pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     let (vocab, hidden) = (table.dim(0), table.dim(1));
     let dev_ids = upload_u32(&g, ids)?;
     let mut out = Tensor::empty_on(&g, [ids.len(), hidden], DType::F32)?;
-    fn go<T: DevType>(g: &Gpu, table: &Tensor, ids: &CudaSlice<u32>, out: &mut Tensor, v: usize, h: usize) -> Result<()> {
+    fn go<T: DevType>(
+        g: &Gpu,
+        table: &Tensor,
+        ids: &CudaSlice<u32>,
+        out: &mut Tensor,
+        v: usize,
+        h: usize,
+    ) -> Result<()> {
         g.k.embedding::<T>(table.dev::<T>()?, ids, out.dev_mut::<f32>()?, v, h).map_err(cuda_err)
     }
     crate::by_dtype!(table.dtype(), go(&g, table, &dev_ids, &mut out, vocab, hidden))?;

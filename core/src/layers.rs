@@ -223,9 +223,9 @@ impl Model {
                     (LayerKind::Attention { kv_heads, head_dim }, None) => {
                         LayerCache::Kv(crate::cache::KvLayer::new(kv_heads, head_dim))
                     }
-                    (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => {
-                        LayerCache::KvCuda(crate::gpu_blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.info.dtype))
-                    }
+                    (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => LayerCache::KvCuda(
+                        crate::gpu_blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.info.dtype),
+                    ),
                     (LayerKind::Recurrent { conv_dim, kernel, state_len }, None) => {
                         LayerCache::Recurrent(crate::cache::RecurrentLayer::new(conv_dim, kernel, state_len, spec))
                     }

@@ -112,7 +112,8 @@ impl RmsNorm {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.is_cuda() {
-            let w = self.w_dev.as_ref().ok_or_else(|| anyhow::anyhow!("internal: RMSNorm weight is not on the device"))?;
+            let w =
+                self.w_dev.as_ref().ok_or_else(|| anyhow::anyhow!("internal: RMSNorm weight is not on the device"))?;
             return crate::gpu_blocks::rms_norm(self, w, x);
         }
         let d = self.scale.len();
@@ -391,6 +392,8 @@ pub struct SwiGlu {
     pub gate: Linear,
     pub up: Linear,
     pub down: Linear,
+    /// On a CUDA device: `[gate; up]` stacked (`[2·inter, hidden]`), one GEMM for both.
+    pub gate_up: Option<Tensor>,
 }
 
 impl SwiGlu {
@@ -734,11 +737,14 @@ pub mod load {
 
     /// `P.gate_proj`, `P.up_proj`, `P.down_proj`.
     pub fn swiglu(w: &mut Weights, prefix: &str) -> Result<SwiGlu> {
-        Ok(SwiGlu {
-            gate: linear(w, &format!("{prefix}.gate_proj"))?,
-            up: linear(w, &format!("{prefix}.up_proj"))?,
-            down: linear(w, &format!("{prefix}.down_proj"))?,
-        })
+        let gate = linear(w, &format!("{prefix}.gate_proj"))?;
+        let up = linear(w, &format!("{prefix}.up_proj"))?;
+        // Bias-free projections on a device are stacked into one GEMM.
+        let gate_up = match (gate.w.is_cuda(), &gate.b, &up.b) {
+            (true, None, None) => Some(crate::gpu::stack_rows(&gate.w, &up.w)?),
+            _ => None,
+        };
+        Ok(SwiGlu { gate, up, down: linear(w, &format!("{prefix}.down_proj"))?, gate_up })
     }
 
     /// `P.router` and the stacked experts `P.gate_proj`, `P.up_proj`, `P.down_proj`;

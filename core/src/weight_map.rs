@@ -592,7 +592,9 @@ impl Weights {
             .slots
             .iter()
             .enumerate()
-            .map(|(i, s)| (s.slot.clone(), (s.shape.clone(), dtype, seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))))
+            .map(|(i, s)| {
+                (s.slot.clone(), (s.shape.clone(), dtype, seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+            })
             .collect();
         Self { map: HashMap::new(), lazy, device }
     }

@@ -129,8 +129,9 @@ fn cuda_mtp_speculative_equals_greedy() {
         let prompt: Vec<u32> = vec![5, 77, 300, 12, 9, 41, 256];
         let plain = generate(&m, &prompt, SamplingParams::default(), 32, &[]).unwrap().ids;
         for k in 1..=3 {
-            let spec = generate_speculative(&m, &drafts, &prompt, SamplingParams::default(), 32, &[], k, MtpMode::Eagle)
-                .unwrap_or_else(|e| panic!("{main_name} k={k}: {e:#}"));
+            let spec =
+                generate_speculative(&m, &drafts, &prompt, SamplingParams::default(), 32, &[], k, MtpMode::Eagle)
+                    .unwrap_or_else(|e| panic!("{main_name} k={k}: {e:#}"));
             println!("cuda {main_name} + {draft_dir}, k = {k}: {:.2} tokens/step", spec.tokens_per_step());
             assert_eq!(spec.ids, plain, "cuda {main_name} k={k}: speculative output differs from greedy");
         }

@@ -90,7 +90,8 @@ impl CudaKernels {
         let s = &*self.stream;
         let (ps, _gs) = src.device_ptr(s);
         let (pd, _gd) = dst.device_ptr_mut(s);
-        let (r64, st, c0, nc) = (rows as u64, u32_of("stride", stride)?, u32_of("col0", col0)?, u32_of("ncols", ncols)?);
+        let (r64, st, c0, nc) =
+            (rows as u64, u32_of("stride", stride)?, u32_of("col0", col0)?, u32_of("ncols", ncols)?);
         let mut b = s.launch_builder(&f);
         b.arg(&ps).arg(&pd).arg(&r64).arg(&st).arg(&c0).arg(&nc);
         // SAFETY: matches copy_cols_<T>; sizes checked above.
@@ -213,7 +214,13 @@ impl CudaKernels {
 
     /// Fills `y` with `offset + scale·u`, `u` uniform in [−1, 1) from a hash of `(seed, i)`
     /// (benchmark weights generated on the device).
-    pub fn fill_uniform<T: CudaFloat>(&self, y: &mut impl DevicePtrMut<T>, seed: u64, scale: f32, offset: f32) -> Result<()> {
+    pub fn fill_uniform<T: CudaFloat>(
+        &self,
+        y: &mut impl DevicePtrMut<T>,
+        seed: u64,
+        scale: f32,
+        offset: f32,
+    ) -> Result<()> {
         let n = y.len();
         if n == 0 {
             return Ok(());
