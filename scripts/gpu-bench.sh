@@ -14,8 +14,9 @@ cd "$(dirname "$0")/.."
 out=${OUT:-.dev/out}
 mkdir -p "$out"
 what=${1:-all}
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for f in libnvrtc.so.13 libcublas.so.13; do
+    p=$(ls /usr/local/cuda/lib64/$f 2>/dev/null || find /usr/local /opt /usr/lib -name "$f" 2>/dev/null | head -n 1)
+    [ -n "$p" ] && export LD_LIBRARY_PATH="$(dirname "$p")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 export PORTER_CUDA_INCLUDE=${PORTER_CUDA_INCLUDE:-/usr/local/cuda/include}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.mem --format=csv,noheader | tee "$out/gpu.txt"

@@ -24,7 +24,7 @@ if [ "$mode" = stage ]; then
     mkdir -p .dev/bin
     rm -f .dev/bin/*
     mkdir -p .dev/porter
-    cargo build -p porter --release
+    cargo build -p runner --release
     cp target/release/porter .dev/porter/porter
     { cargo test -p porter-kernels --release --no-run --message-format=json;
       cargo test -p tests --test gpu --release --no-run --message-format=json; } |
@@ -69,6 +69,11 @@ fi
 if [ -n "$nvrtc_dir" ]; then
     export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# cuBLAS (GEMMs of the model path): the toolkit's, else the nvidia-cublas wheel's.
+cublas=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null || find /usr/local /opt /usr/lib ${py_nvidia:+$py_nvidia} -name 'libcublas.so.13' 2>/dev/null | head -n 1)
+if [ -n "$cublas" ]; then
+    export LD_LIBRARY_PATH="$(dirname "$cublas"):$LD_LIBRARY_PATH"
+fi
 
 # --- headers -------------------------------------------------------------------------------
 if [ -z "${PORTER_CUDA_INCLUDE:-}" ]; then
@@ -84,6 +89,7 @@ say "== gpu-check $(date -u +%FT%TZ)"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1)"
 say "nvcc: $(nvcc --version 2>/dev/null | tail -n 1 || echo none)"
 say "libnvrtc.so.13: ${nvrtc_dir:-NOT FOUND}"
+say "libcublas.so.13: ${cublas:-NOT FOUND}"
 say "PORTER_CUDA_INCLUDE: ${PORTER_CUDA_INCLUDE:-NOT FOUND}"
 
 # --- run -----------------------------------------------------------------------------------

@@ -701,6 +701,12 @@ pub fn sample_rows(logits: &Tensor, params: &[[f32; 4]]) -> Result<Vec<u32>> {
     if params.len() != rows {
         bail!("internal: {} sampling parameter rows for {rows} logit rows", params.len());
     }
+    if params.iter().all(|p| p[0] == 0.0) {
+        // Greedy rows: a plain argmax (first index on ties, as the host sampler).
+        let mut out = alloc::<u32>(&g, rows)?;
+        g.k.argmax(logits.dev::<f32>()?, &mut out, rows, vocab).map_err(cuda_err)?;
+        return g.stream().clone_dtoh(&out).map_err(cuda_err);
+    }
     let flat: Vec<f32> = params.iter().flatten().copied().collect();
     let p = g.stream().clone_htod(&flat).map_err(cuda_err)?;
     let mut out = alloc::<u32>(&g, rows)?;

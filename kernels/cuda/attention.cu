@@ -306,30 +306,33 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const u6
     }
 }
 
-// Merges the split-K partials: one block per (row, head).
+// Merges the split-K partials: one block of ATT_THREADS per (row, head), thread
+// z < nsplit (nsplit <= ATT_THREADS) owning split z's (max, sum); the weights
+// exp(m_z - M) / L go through shared memory so the per-dimension sums issue
+// independent loads.
 template <typename T>
 __device__ __forceinline__ void attention_combine_impl(const float* __restrict__ part, T* __restrict__ out, u32 t,
                                                        u32 heads, u32 D, u32 nsplit) {
+    __shared__ float w[ATT_THREADS];
+    __shared__ float red[32];
+    const u32 tid = threadIdx.x, nt = blockDim.x;
     const u64 rh = blockIdx.x;
     const u64 zstride = (u64)t * heads * (D + 2);
     const float* base = part + rh * (D + 2);
-    float M = PORTER_NEG_INF;
-    for (u32 z = 0; z < nsplit; ++z) {
-        if (base[z * zstride + D + 1] > 0.0f) M = fmaxf(M, base[z * zstride + D]);
+    float m = PORTER_NEG_INF, l = 0.0f;
+    if (tid < nsplit) {
+        l = base[tid * zstride + D + 1];
+        if (l > 0.0f) m = base[tid * zstride + D];
     }
-    float L = 0.0f;
-    for (u32 z = 0; z < nsplit; ++z) {
-        const float l = base[z * zstride + D + 1];
-        if (l > 0.0f) L += l * expf(base[z * zstride + D] - M);
-    }
-    const float inv = 1.0f / L;
-    for (u32 d = threadIdx.x; d < D; d += blockDim.x) {
+    const float M = block_max(m, red, tid, nt);
+    const float e = l > 0.0f ? expf(m - M) : 0.0f;
+    const float L = block_sum(l * e, red, tid, nt);
+    w[tid] = e / L;
+    __syncthreads();
+    for (u32 d = tid; d < D; d += nt) {
         float o = 0.0f;
-        for (u32 z = 0; z < nsplit; ++z) {
-            const float l = base[z * zstride + D + 1];
-            if (l > 0.0f) o += base[z * zstride + d] * expf(base[z * zstride + D] - M);
-        }
-        out[rh * D + d] = from_f<T>(o * inv);
+        for (u32 z = 0; z < nsplit; ++z) o = fmaf(base[z * zstride + d], w[z], o);
+        out[rh * D + d] = from_f<T>(o);
     }
 }
 

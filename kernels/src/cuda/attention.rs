@@ -17,8 +17,9 @@ const ATT_BN: usize = 64;
 const ATT_PS: usize = ATT_BN + 16;
 /// Blocks the split-K heuristic aims for (about 4 per SM of an H100/H200).
 const TARGET_BLOCKS: usize = 528;
-/// Most key splits of one (item tile, sequence, KV head).
-const MAX_SPLITS: usize = 128;
+/// Most key splits of one (item tile, sequence, KV head): at most `ATT_THREADS`
+/// (the combine kernel gives each split a thread).
+const MAX_SPLITS: usize = ATT_THREADS as usize;
 /// Threads of a sampling block (`SMP_THREADS`).
 const SMP_THREADS: u32 = 1024;
 /// Threads of the element-wise kernels.
@@ -100,7 +101,7 @@ impl CudaKernels {
     /// reads KV head `h / (heads / kv_heads)`. Scores, softmax and `Σ p·v` in
     /// f32, the output rounded to `T` once. `max_q_len` bounds every `q_len`
     /// (rows beyond it are not computed); every row of `q` should belong to one
-    /// span (rows of no span are left unwritten, or NaN on the split path).
+    /// span (rows of no span are left unwritten, or zero / NaN on the split path).
     ///
     /// Decode (small `max_q_len`) splits each sequence's keys across blocks and
     /// merges the partials in a second pass.
