@@ -15,13 +15,29 @@ use half::{bf16, f16};
 use porter_kernels::cuda::{CudaFloat, CudaKernels, Gemm};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// One CUDA device: its stream, the compiled kernels and a cuBLAS handle.
+/// One CUDA device: its stream, the compiled kernels, a cuBLAS handle and a pinned staging
+/// arena for the per-step metadata uploads.
 #[derive(Debug)]
 pub struct Gpu {
     pub k: CudaKernels,
     pub gemm: Gemm,
     pub ordinal: usize,
+    staging: Mutex<Staging>,
 }
+
+/// Page-locked host memory that small uploads are copied through: an asynchronous copy from
+/// pageable memory may wait for the stream to drain, one from pinned memory never does.
+/// Uploads are written forward through the arena; when it wraps, the stream is synchronised
+/// once so that no queued copy still reads the bytes being overwritten.
+#[derive(Debug)]
+struct Staging {
+    buf: cudarc::driver::PinnedHostSlice<u8>,
+    base: usize,
+    head: usize,
+}
+
+/// Bytes of the staging arena.
+const STAGING_BYTES: usize = 8 << 20;
 
 impl Gpu {
     pub fn stream(&self) -> &Arc<CudaStream> {
@@ -47,7 +63,11 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     // exists removes an event record per kernel argument.
     unsafe { k.context().disable_event_tracking() };
     let gemm = Gemm::new(&k).map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
-    let g = Arc::new(Gpu { k, gemm, ordinal });
+    // SAFETY: the arena is only written through `Gpu::upload_u32` before the copy reads it.
+    let mut buf = unsafe { k.context().alloc_pinned::<u8>(STAGING_BYTES) }.map_err(cuda_err)?;
+    let base = buf.as_mut_ptr().map_err(cuda_err)? as usize;
+    let staging = Mutex::new(Staging { buf, base, head: 0 });
+    let g = Arc::new(Gpu { k, gemm, ordinal, staging });
     if devs.len() <= ordinal {
         devs.resize(ordinal + 1, None);
     }
@@ -139,9 +159,43 @@ pub fn upload<T: DevType>(g: &Gpu, data: &[f32]) -> Result<CudaSlice<T>> {
     g.stream().clone_htod(&host).map_err(cuda_err)
 }
 
-/// Uploads `u32` values (ids, metadata).
+/// Uploads `u32` values (ids, metadata) through the pinned staging arena.
 pub fn upload_u32(g: &Gpu, data: &[u32]) -> Result<CudaSlice<u32>> {
-    g.stream().clone_htod(data).map_err(cuda_err)
+    g.upload(data)
+}
+
+impl Gpu {
+    /// Copies small host data to a new device buffer without waiting for queued work.
+    pub fn upload<T: DeviceRepr + Copy>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        let bytes = std::mem::size_of_val(data);
+        let mut dev = alloc::<T>(self, data.len())?;
+        if bytes == 0 {
+            return Ok(dev);
+        }
+        if bytes > STAGING_BYTES / 4 {
+            return self.stream().clone_htod(data).map_err(cuda_err);
+        }
+        let mut st = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        if st.head + bytes > st.buf.len() {
+            // Wrap: every queued copy out of the arena must have run before it is reused.
+            self.sync()?;
+            st.head = 0;
+        }
+        // SAFETY: [head, head + bytes) lies inside the pinned arena, no queued copy reads it
+        // (it is fresh since the last wrap, and a wrap synchronises), and `T` is plain data.
+        let host = unsafe {
+            let p = (st.base + st.head) as *mut T;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len());
+            std::slice::from_raw_parts(p as *const T, data.len())
+        };
+        let (dst, _guard) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dev, self.stream());
+        // SAFETY: `dst` is a live device allocation of `data.len()` elements on this stream;
+        // `host` is pinned memory that stays valid (the arena lives as long as the device).
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, host, self.stream().cu_stream()) }.map_err(cuda_err)?;
+        drop(_guard);
+        st.head = (st.head + bytes).next_multiple_of(256);
+        Ok(dev)
+    }
 }
 
 /// A zero-filled device buffer.
@@ -280,6 +334,7 @@ pub fn gpu_of(t: &Tensor, op: &str) -> Result<Arc<Gpu>> {
 /// `x · wᵀ` on the device: `[rows, k] × [n, k]ᵀ → [rows, n]` in `out_dtype`.
 pub fn matmul_t(x: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
     let g = gpu_of(x, "matmul")?;
+    let _p = profile::span("gemm", &g);
     let (m, k, n) = (x.rows(), x.last_dim(), w.dim(0));
     if x.dtype() != w.dtype() {
         bail!("internal: matmul of a {} activation with a {} weight", x.dtype(), w.dtype());
@@ -423,4 +478,60 @@ pub fn stack_rows(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
     by_dtype!(a.dtype(), go(&g, a, b, &mut out))?;
     Ok(out)
+}
+
+/// Per-block GPU time accounting for `porter bench` (`PORTER_PROFILE=1`): each profiled
+/// block synchronises the stream before and after itself, so the numbers are the device
+/// time of the block alone (the synchronisation slows the whole run; use for shares, not
+/// for throughput). Nested blocks (the GEMMs inside a MoE) are counted in both.
+pub mod profile {
+    use super::Gpu;
+    use std::collections::BTreeMap;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::Instant;
+
+    fn table() -> &'static Mutex<BTreeMap<&'static str, (f64, usize)>> {
+        static T: OnceLock<Mutex<BTreeMap<&'static str, (f64, usize)>>> = OnceLock::new();
+        T.get_or_init(|| Mutex::new(BTreeMap::new()))
+    }
+
+    /// Whether `PORTER_PROFILE` is set (read once).
+    pub fn enabled() -> bool {
+        static E: OnceLock<bool> = OnceLock::new();
+        *E.get_or_init(|| std::env::var_os("PORTER_PROFILE").is_some_and(|v| !v.is_empty() && v != "0"))
+    }
+
+    /// A timed region; `None` (free) unless profiling is on.
+    pub struct Span<'a> {
+        name: &'static str,
+        gpu: &'a Gpu,
+        t0: Instant,
+    }
+
+    pub fn span<'a>(name: &'static str, gpu: &'a Gpu) -> Option<Span<'a>> {
+        if !enabled() {
+            return None;
+        }
+        let _ = gpu.sync();
+        Some(Span { name, gpu, t0: Instant::now() })
+    }
+
+    impl Drop for Span<'_> {
+        fn drop(&mut self) {
+            let _ = self.gpu.sync();
+            let dt = self.t0.elapsed().as_secs_f64();
+            let mut t = table().lock().unwrap_or_else(|e| e.into_inner());
+            let e = t.entry(self.name).or_insert((0.0, 0));
+            e.0 += dt;
+            e.1 += 1;
+        }
+    }
+
+    /// `(block, seconds, calls)` since the last reset, and resets.
+    pub fn take() -> Vec<(&'static str, f64, usize)> {
+        let mut t = table().lock().unwrap_or_else(|e| e.into_inner());
+        let v = t.iter().map(|(k, (s, n))| (*k, *s, *n)).collect();
+        t.clear();
+        v
+    }
 }

@@ -36,6 +36,7 @@ pub fn add_bias(y: &mut Tensor, b: &Tensor) -> Result<()> {
 /// RMSNorm of a CUDA tensor (`x` f32 or the model dtype; output in the norm's dtype).
 pub fn rms_norm(n: &RmsNorm, w: &Tensor, x: &Tensor) -> Result<Tensor> {
     let g = gpu_of(x, "rms_norm")?;
+    let _p = crate::gpu::profile::span("rms_norm", &g);
     let d = n.dim();
     if d == 0 || !x.elem_count().is_multiple_of(d) {
         bail!("rms_norm: input {:?} is not a multiple of the norm width {d}", x.shape());
@@ -70,6 +71,52 @@ pub fn rms_norm(n: &RmsNorm, w: &Tensor, x: &Tensor) -> Result<Tensor> {
     Ok(out)
 }
 
+/// `x += y` (f32 residual) fused with the RMSNorm `n` of the sum; returns the normed rows.
+pub fn add_rms_norm(n: &RmsNorm, w: &Tensor, x: &mut Tensor, y: &Tensor) -> Result<Tensor> {
+    let g = gpu_of(x, "add_rms_norm")?;
+    let _p = crate::gpu::profile::span("add_rms_norm", &g);
+    let d = n.dim();
+    if x.shape() != y.shape() || x.dtype() != DType::F32 || d == 0 || x.last_dim() != d {
+        bail!(
+            "internal: add_rms_norm of {:?} {} and {:?} {} (norm width {d})",
+            x.shape(),
+            x.dtype(),
+            y.shape(),
+            y.dtype()
+        );
+    }
+    let rows = x.rows();
+    let kind = match n.kind() {
+        NormKind::Standard => RmsNormKind::Standard,
+        NormKind::ZeroCentred => RmsNormKind::ZeroCentred,
+    };
+    let mut out = Tensor::empty_on(&g, x.shape().to_vec(), w.dtype())?;
+    #[allow(clippy::too_many_arguments)]
+    fn go<O: DevType>(
+        g: &Gpu,
+        x: &mut Tensor,
+        y: &Tensor,
+        w: &Tensor,
+        out: &mut Tensor,
+        rows: usize,
+        d: usize,
+        eps: f32,
+        kind: RmsNormKind,
+    ) -> Result<()> {
+        let ws = w.dev::<O>()?;
+        let os = out.dev_mut::<O>()?;
+        let xs = x.dev_mut::<f32>()?;
+        match y.dtype() {
+            DType::F32 => g.k.add_rms_norm::<f32, O>(xs, y.dev::<f32>()?, ws, os, rows, d, eps, kind),
+            dt if dt == O::DTYPE => g.k.add_rms_norm::<O, O>(xs, y.dev::<O>()?, ws, os, rows, d, eps, kind),
+            dt => return Err(anyhow!("internal: add_rms_norm of a {dt} input into {}", O::DTYPE)),
+        }
+        .map_err(cuda_err)
+    }
+    crate::by_dtype!(w.dtype(), go(&g, x, y, w, &mut out, rows, d, n.eps(), kind))?;
+    Ok(out)
+}
+
 /// RoPE in place on `[T, heads, head_dim]` at device positions.
 fn rope(r: &Rope, g: &Arc<Gpu>, x: &mut Tensor, positions: &CudaSlice<u32>) -> Result<()> {
     let inv = r.inv_freq_on(g)?;
@@ -91,6 +138,7 @@ fn rope(r: &Rope, g: &Arc<Gpu>, x: &mut Tensor, positions: &CudaSlice<u32>) -> R
 /// `down(silu(gate(x)) · up(x))`.
 pub fn swiglu(m: &SwiGlu, x: &Tensor) -> Result<Tensor> {
     let g = gpu_of(x, "swiglu")?;
+    let _p = crate::gpu::profile::span("swiglu (incl. gemm)", &g);
     if let Some(gu) = &m.gate_up {
         // [T, H] -> [T, 2I] = [gate | up] -> [T, I]
         let gu_out = x.matmul_t(gu)?;
@@ -233,6 +281,7 @@ impl DevKv {
 /// Attention forward on the device.
 pub fn attention(a: &Attention, x: &Tensor, batch: &Batch, cache: &mut crate::cache::LayerCache) -> Result<Tensor> {
     let g = gpu_of(x, "attention")?;
+    let _p = crate::gpu::profile::span("attention (incl. gemm, norms)", &g);
     let c = &a.cfg;
     let (t, hd) = (x.rows(), c.head_dim);
     let crate::cache::LayerCache::KvCuda(kv) = cache else { bail!("attention layer was given a non-device KV cache") };
@@ -274,9 +323,8 @@ pub fn attention(a: &Attention, x: &Tensor, batch: &Batch, cache: &mut crate::ca
         row_seq[s.start..s.start + s.len].iter_mut().for_each(|r| *r = i as u32);
         max_q = max_q.max(s.len);
     }
-    let st = g.stream();
-    let kp = st.clone_htod(&kp).map_err(cuda_err)?;
-    let vp = st.clone_htod(&vp).map_err(cuda_err)?;
+    let kp = g.upload(&kp)?;
+    let vp = g.upload(&vp)?;
     let spans = upload_u32(&g, &spans)?;
     let row_seq = upload_u32(&g, &row_seq)?;
     let mut out = Tensor::empty_on(&g, [t, c.heads, hd], x.dtype())?;
@@ -334,6 +382,7 @@ pub fn attention(a: &Attention, x: &Tensor, batch: &Batch, cache: &mut crate::ca
 /// expert. Returns the `[T, hidden]` output in f32 (added to the f32 residual stream).
 pub fn moe(m: &Moe, x: &Tensor) -> Result<Tensor> {
     let g = gpu_of(x, "moe")?;
+    let _p = crate::gpu::profile::span("moe (incl. router, shared expert)", &g);
     let (t, h) = (x.rows(), x.last_dim());
     let e = m.router.out_features();
     let k = m.top_k;
@@ -512,6 +561,7 @@ pub fn gated_delta_net(
     cache: &mut crate::cache::LayerCache,
 ) -> Result<Tensor> {
     let g = gpu_of(x, "gated_delta_net")?;
+    let _p = crate::gpu::profile::span("gated_delta_net (incl. gemm)", &g);
     let crate::cache::LayerCache::RecurrentCuda(rc) = cache else {
         bail!("linear-attention layer was given a non-device recurrent cache")
     };
@@ -520,10 +570,10 @@ pub fn gated_delta_net(
     let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
     let (vd, conv) = (hv * dv, c.conv_dim());
     let t = x.rows();
-    // [T, H] -> [T, 2kd + 2vd] = [q | k | v | z] and [T, 2Hv] = [b | a]
-    let p = gd.in_proj_qkvz.forward(x)?;
-    let ba = gd.in_proj_ba.forward(x)?;
-    let pw = p.last_dim();
+    // [T, H] -> [T, 2kd + 2vd + 2Hv] = [q | k | v | z | b | a] (one GEMM over the stacked
+    // in-projections; the conv, z and gates read their columns in place).
+    let p = x.matmul_t(&dev.in_proj)?;
+    let ba_col = 2 * c.key_heads * c.key_dim + 2 * vd;
     // Span tables: conv (row0, len, slot, lag), delta rule (row0, len, slot, src_buf, snapshot).
     let n = batch.spans.len();
     let (mut conv_spans, mut delta_spans) = (Vec::with_capacity(4 * n), Vec::with_capacity(5 * n));
@@ -557,7 +607,7 @@ pub fn gated_delta_net(
         g: &Gpu,
         gd: &GatedDeltaNet,
         p: &Tensor,
-        ba: &Tensor,
+        ba_col: usize,
         rc: &mut DevRecurrent,
         spans: (&CudaSlice<u32>, &CudaSlice<u32>, usize, usize),
         qkv: &mut CudaSlice<f32>,
@@ -585,8 +635,18 @@ pub fn gated_delta_net(
             rc.max_slots,
         )
         .map_err(cuda_err)?;
-        g.k.gdn_gates_ba::<T>(ba.dev::<T>()?, &dev.a_log, &dev.dt_bias, gate, beta, t, c.value_heads)
-            .map_err(cuda_err)?;
+        g.k.gdn_gates_ba::<T>(
+            p.dev::<T>()?,
+            p.last_dim(),
+            ba_col,
+            &dev.a_log,
+            &dev.dt_bias,
+            gate,
+            beta,
+            t,
+            c.value_heads,
+        )
+        .map_err(cuda_err)?;
         g.k.gdn_delta_seq::<T>(
             qkv,
             gate,
@@ -612,7 +672,7 @@ pub fn gated_delta_net(
             &g,
             gd,
             &p,
-            &ba,
+            ba_col,
             rc,
             (&conv_spans, &delta_spans, n, max_len),
             &mut qkv,
@@ -621,32 +681,45 @@ pub fn gated_delta_net(
             (t, win, nbuf)
         )
     )?;
-    // Gated RMSNorm per value head with SiLU(z): z = columns conv..conv+vd of P.
-    let z = crate::gpu::cols(&p, t, pw, conv, vd)?;
+    // Gated RMSNorm per value head with SiLU(z), z = columns conv..conv+vd of P read in place.
     let mut normed = Tensor::empty_on(&g, [t * hv, dv], x.dtype())?;
     #[allow(clippy::too_many_arguments)]
     fn norm<T: DevType>(
         g: &Gpu,
         o: &Tensor,
-        z: &Tensor,
+        p: &Tensor,
         w: &Tensor,
         out: &mut Tensor,
-        rows: usize,
-        d: usize,
+        dims: (usize, usize, usize, usize),
         eps: f32,
     ) -> Result<()> {
-        g.k.gated_rms_norm::<T, T>(o.dev::<T>()?, z.dev::<T>()?, w.dev::<T>()?, out.dev_mut::<T>()?, rows, d, eps)
-            .map_err(cuda_err)
+        let (t, hv, dv, zoff) = dims;
+        let pw = p.last_dim();
+        g.k.gated_norm_z::<T>(
+            o.dev::<T>()?,
+            p.dev::<T>()?,
+            w.dev::<T>()?,
+            out.dev_mut::<T>()?,
+            t,
+            hv,
+            dv,
+            pw,
+            zoff,
+            eps,
+        )
+        .map_err(cuda_err)
     }
-    crate::by_dtype!(x.dtype(), norm(&g, &o, &z, &dev.norm_w, &mut normed, t * hv, dv, c.eps))?;
+    crate::by_dtype!(x.dtype(), norm(&g, &o, &p, &dev.norm_w, &mut normed, (t, hv, dv, conv), c.eps))?;
     let _ = (hk, dk);
     // [T·Hv, dv] -> [T, Hv·dv] -> [T, H]
     gd.out_proj.forward(&normed.reshape([t, vd])?)
 }
 
-/// Device copies of the small Gated DeltaNet weights.
+/// Device copies of the small Gated DeltaNet weights, and the stacked in-projection.
 #[derive(Debug, Clone)]
 pub struct GdnDev {
+    /// `[in_proj_qkvz; in_proj_ba]`: `[2·Hk·dk + 2·Hv·dv + 2·Hv, hidden]`
+    pub in_proj: Tensor,
     /// `[conv_dim, K]` f32
     pub conv_w: CudaSlice<f32>,
     /// `[Hv]` f32
@@ -658,8 +731,16 @@ pub struct GdnDev {
 }
 
 impl GdnDev {
-    pub fn new(gpu: &Arc<Gpu>, conv_w: &[f32], a_log: &[f32], dt_bias: &[f32], norm_w: Tensor) -> Result<Self> {
+    pub fn new(
+        gpu: &Arc<Gpu>,
+        in_proj: Tensor,
+        conv_w: &[f32],
+        a_log: &[f32],
+        dt_bias: &[f32],
+        norm_w: Tensor,
+    ) -> Result<Self> {
         Ok(Self {
+            in_proj,
             conv_w: crate::gpu::upload::<f32>(gpu, conv_w)?,
             a_log: crate::gpu::upload::<f32>(gpu, a_log)?,
             dt_bias: crate::gpu::upload::<f32>(gpu, dt_bias)?,
@@ -675,6 +756,7 @@ impl GdnDev {
 /// Embedding gather into the f32 residual stream.
 pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     let g = gpu_of(table, "embedding")?;
+    let _p = crate::gpu::profile::span("embedding", &g);
     let (vocab, hidden) = (table.dim(0), table.dim(1));
     let dev_ids = upload_u32(&g, ids)?;
     let mut out = Tensor::empty_on(&g, [ids.len(), hidden], DType::F32)?;
@@ -708,7 +790,7 @@ pub fn sample_rows(logits: &Tensor, params: &[[f32; 4]]) -> Result<Vec<u32>> {
         return g.stream().clone_dtoh(&out).map_err(cuda_err);
     }
     let flat: Vec<f32> = params.iter().flatten().copied().collect();
-    let p = g.stream().clone_htod(&flat).map_err(cuda_err)?;
+    let p = g.upload(&flat)?;
     let mut out = alloc::<u32>(&g, rows)?;
     g.k.sample_rows(logits.dev::<f32>()?, &p, &mut out, rows, vocab).map_err(cuda_err)?;
     g.stream().clone_dtoh(&out).map_err(cuda_err)

@@ -106,6 +106,11 @@ impl RmsNorm {
         self.dtype
     }
 
+    /// The weight on the device (CUDA models).
+    pub fn device_weight(&self) -> Option<&Tensor> {
+        self.w_dev.as_ref()
+    }
+
     pub fn eps(&self) -> f32 {
         self.eps
     }
@@ -700,6 +705,13 @@ impl crate::layers::TransformerLayer for DecoderLayer {
 
     fn forward(&self, mut x: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
         let a = self.attn.forward(&self.input_norm.forward(&x)?, batch, cache)?;
+        if let (true, Some(w)) = (x.is_cuda(), self.post_norm.device_weight()) {
+            // One kernel for the residual add and the post-attention norm.
+            let h = crate::gpu_blocks::add_rms_norm(&self.post_norm, w, &mut x, &a)?;
+            let f = self.ffn.forward(&h)?;
+            x.add_(&f)?;
+            return Ok(x);
+        }
         x.add_(&a)?;
         let f = self.ffn.forward(&self.post_norm.forward(&x)?)?;
         x.add_(&f)?;
@@ -778,14 +790,22 @@ pub mod load {
         let a_log = w.take(&format!("{prefix}.A_log"))?.into_vec();
         let dt_bias = w.take(&format!("{prefix}.dt_bias"))?.into_vec();
         let norm = w.take(&format!("{prefix}.norm"))?;
+        let in_proj_qkvz = linear(w, &format!("{prefix}.in_proj_qkvz"))?;
+        let in_proj_ba = linear(w, &format!("{prefix}.in_proj_ba"))?;
         let dev = match norm.gpu() {
-            Some(gpu) => Some(crate::gpu_blocks::GdnDev::new(gpu, &conv_w, &a_log, &dt_bias, norm.clone())?),
+            Some(_) if in_proj_qkvz.b.is_some() || in_proj_ba.b.is_some() => {
+                bail!("{prefix}: biases on the Gated DeltaNet in-projections are not supported on CUDA")
+            }
+            Some(gpu) => {
+                let in_proj = crate::gpu::stack_rows(&in_proj_qkvz.w, &in_proj_ba.w)?;
+                Some(crate::gpu_blocks::GdnDev::new(gpu, in_proj, &conv_w, &a_log, &dt_bias, norm.clone())?)
+            }
             None => None,
         };
         let g = crate::linear_attn::GatedDeltaNet {
             cfg,
-            in_proj_qkvz: linear(w, &format!("{prefix}.in_proj_qkvz"))?,
-            in_proj_ba: linear(w, &format!("{prefix}.in_proj_ba"))?,
+            in_proj_qkvz,
+            in_proj_ba,
             conv_w,
             a_log,
             dt_bias,

@@ -131,11 +131,11 @@ GDN_CONV_SEQ(f16, f16)
 template <typename T>
 __device__ __forceinline__ void gdn_gates_ba_impl(const T* __restrict__ ba, const float* __restrict__ a_log,
                                                   const float* __restrict__ dt_bias, float* __restrict__ g,
-                                                  float* __restrict__ beta, u64 n, u32 hv) {
+                                                  float* __restrict__ beta, u64 n, u32 hv, u32 stride) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const u64 r = i / hv;
         const u32 h = (u32)(i - r * hv);
-        const T* row = ba + r * 2 * hv;
+        const T* row = ba + r * stride;
         const float b = to_f(row[h]), a = to_f(row[hv + h]);
         g[i] = -expf(a_log[h]) * gs_softplus(a + dt_bias[h]);
         beta[i] = sigmoid_f(b);
@@ -144,8 +144,8 @@ __device__ __forceinline__ void gdn_gates_ba_impl(const T* __restrict__ ba, cons
 
 #define GDN_GATES_BA(T, NAME)                                                                                   \
     extern "C" __global__ void gdn_gates_ba_##NAME(const T* ba, const float* a_log, const float* dt_bias,      \
-                                                   float* g, float* beta, u64 n, u32 hv) {                     \
-        gdn_gates_ba_impl<T>(ba, a_log, dt_bias, g, beta, n, hv);                                              \
+                                                   float* g, float* beta, u64 n, u32 hv, u32 stride) {         \
+        gdn_gates_ba_impl<T>(ba, a_log, dt_bias, g, beta, n, hv, stride);                                      \
     }
 GDN_GATES_BA(float, f32)
 GDN_GATES_BA(bf16, bf16)

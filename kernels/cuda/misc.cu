@@ -71,6 +71,54 @@ template <typename T> __device__ __forceinline__ void fill_uniform_impl(T* __res
     GRID_LOOP(i, n) y[i] = from_f<T>(offset + scale * hash_uniform(seed, i));
 }
 
+// Residual add fused with the next RMSNorm (norm.cu's formulas): per row,
+// x (f32) += y, then out = norm(x) in TO. One block per row.
+template <typename TY, typename TO>
+__device__ __forceinline__ void add_rms_norm_impl(float* __restrict__ x, const TY* __restrict__ y, const TO* __restrict__ w,
+                                                  TO* __restrict__ out, u32 d, float eps, int zero_centred) {
+    __shared__ float sh[32];
+    const u64 r = blockIdx.x;
+    float* xr = x + r * d;
+    const TY* yr = y + r * d;
+    TO* orow = out + r * d;
+    float ss = 0.0f;
+    for (u32 i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = xr[i] + to_f(yr[i]);
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh, threadIdx.x, blockDim.x);
+    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    for (u32 i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = xr[i];
+        const float wv = to_f(w[i]);
+        orow[i] = zero_centred ? from_f<TO>(v * inv * (1.0f + wv)) : from_f<TO>(wv * round_to<TO>(v * inv));
+    }
+}
+
+// Gated RMSNorm with SiLU(z) (norm.cu's gated formula) reading z in place from the
+// in-projection output: row ρ = token·hv + head of x [t·hv, d] uses
+// z = p[token·pw + zoff + head·d ..]. One block per row.
+template <typename T>
+__device__ __forceinline__ void gated_norm_z_impl(const T* __restrict__ x, const T* __restrict__ p, const T* __restrict__ w,
+                                                  T* __restrict__ out, u32 d, float eps, u32 hv, u32 pw, u32 zoff) {
+    __shared__ float sh[32];
+    const u64 r = blockIdx.x;
+    const T* xr = x + r * d;
+    const T* zr = p + (r / hv) * pw + zoff + (r % hv) * d;
+    T* orow = out + r * d;
+    float ss = 0.0f;
+    for (u32 i = threadIdx.x; i < d; i += blockDim.x) {
+        const float v = to_f(xr[i]);
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh, threadIdx.x, blockDim.x);
+    const float rs = 1.0f / sqrtf(ss * (1.0f / (float)d) + eps);
+    for (u32 i = threadIdx.x; i < d; i += blockDim.x) {
+        orow[i] = from_f<T>((to_f(xr[i]) * rs * to_f(w[i])) * silu_f(to_f(zr[i])));
+    }
+}
+
 #define PORTER_MISC(N, T)                                                                                              \
     extern "C" __global__ void add_into_f32_##N(float* x, const T* y, u64 n) { add_into_f32_impl<T>(x, y, n); }       \
     extern "C" __global__ void copy_cols_##N(const T* src, T* dst, u64 rows, u32 stride, u32 col0, u32 ncols) {        \
@@ -85,6 +133,18 @@ template <typename T> __device__ __forceinline__ void fill_uniform_impl(T* __res
     }                                                                                                                  \
     extern "C" __global__ void concat_cols_##N(const T* a, const T* b, T* out, u64 rows, u32 da, u32 db) {          \
         concat_cols_impl<T>(a, b, out, rows, da, db);                                                                  \
+    }                                                                                                                  \
+    extern "C" __global__ void add_rms_norm_##N##_##N(float* x, const T* y, const T* w, T* out, u32 d, float eps,     \
+                                                     int zc) {                                                         \
+        add_rms_norm_impl<T, T>(x, y, w, out, d, eps, zc);                                                           \
+    }                                                                                                                  \
+    extern "C" __global__ void add_rms_norm_f32y_##N(float* x, const float* y, const T* w, T* out, u32 d, float eps,  \
+                                                     int zc) {                                                         \
+        add_rms_norm_impl<float, T>(x, y, w, out, d, eps, zc);                                                       \
+    }                                                                                                                  \
+    extern "C" __global__ void gated_norm_z_##N(const T* x, const T* p, const T* w, T* out, u32 d, float eps, u32 hv,  \
+                                                u32 pw, u32 zoff) {                                                    \
+        gated_norm_z_impl<T>(x, p, w, out, d, eps, hv, pw, zoff);                                                    \
     }                                                                                                                  \
     extern "C" __global__ void fill_uniform_##N(T* y, u64 n, u64 seed, float scale, float offset) {                   \
         fill_uniform_impl<T>(y, n, seed, scale, offset);                                                               \

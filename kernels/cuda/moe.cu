@@ -73,16 +73,18 @@ __device__ __forceinline__ void block_scan2(u32& a, u32& b, u32& tot_a, u32& tot
     b = pb + ib - b;
 }
 
-// idx [n] (n = t·k expert ids). Outputs: sorted [cap] (pair ids, MOE_INVALID
-// in padding), tile_expert [tiles_cap] (expert of each `pad`-entry tile,
-// MOE_INVALID past the last), seg [3 · min(e, n)] (active expert, start,
-// count, in expert order), meta [2] (active experts, tiles).
-// Requires cap = tiles_cap · pad >= Σ_e roundup(count_e, pad).
-extern "C" __global__ void __launch_bounds__(1024)
-    moe_align(const u32* __restrict__ idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* __restrict__ sorted,
-              u32* __restrict__ tile_expert, u32* __restrict__ seg, u32* __restrict__ meta) {
-    extern __shared__ u32 cnt[];
-    __shared__ u32 sh[64];
+// Counting sort of the n pairs by expert, for one block (nt threads, a
+// multiple of 32, at most 1024). cnt: e u32 of scratch (shared memory); sh: 64
+// u32 of shared memory. Writes sorted [cap] (pair ids, MOE_INVALID in padding),
+// seg [3 · active] (active expert, start, count, in expert order) and, with
+// TILES, tile_expert [tiles_cap] (expert of each `pad`-entry tile, MOE_INVALID
+// past the last). Returns the active expert count and the padded total. The
+// order of the pairs within an expert's segment is not deterministic (atomic
+// cursors); nothing downstream depends on it. Ends without a barrier.
+template <bool TILES>
+__device__ __forceinline__ void align_core(const u32* __restrict__ idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap,
+                                           u32* cnt, u32* sh, u32* sorted, u32* tile_expert, u32* seg, u32& nact_out,
+                                           u32& total_out) {
     const u32 tid = threadIdx.x, nt = blockDim.x;
     for (u32 i = tid; i < e; i += nt) cnt[i] = 0u;
     __syncthreads();
@@ -112,21 +114,39 @@ extern "C" __global__ void __launch_bounds__(1024)
             seg[3 * a + 2] = c;
             ++a;
         }
-        for (u32 q = r / pad; q < (r + pr) / pad; ++q) tile_expert[q] = i;
+        if (TILES)
+            for (u32 q = r / pad; q < (r + pr) / pad; ++q) tile_expert[q] = i;
         for (u32 q = r + c; q < r + pr; ++q) sorted[q] = MOE_INVALID;
         cnt[i] = r;  // becomes the scatter cursor (only this thread touches expert i here)
         r += pr;
     }
     for (u32 q = total + tid; q < cap; q += nt) sorted[q] = MOE_INVALID;
-    for (u32 q = total / pad + tid; q < tiles_cap; q += nt) tile_expert[q] = MOE_INVALID;
-    if (tid == 0) {
-        meta[0] = nact;
-        meta[1] = total / pad;
-    }
+    if (TILES)
+        for (u32 q = total / pad + tid; q < tiles_cap; q += nt) tile_expert[q] = MOE_INVALID;
     __syncthreads();
     for (u32 p = tid; p < n; p += nt) {
         const u32 ex = idx[p];
         if (ex < e) sorted[atomicAdd(&cnt[ex], 1u)] = p;
+    }
+    nact_out = nact;
+    total_out = total;
+}
+
+// idx [n] (n = t·k expert ids). Outputs: sorted [cap] (pair ids, MOE_INVALID
+// in padding), tile_expert [tiles_cap] (expert of each `pad`-entry tile,
+// MOE_INVALID past the last), seg [3 · min(e, n)] (active expert, start,
+// count, in expert order), meta [2] (active experts, tiles).
+// Requires cap = tiles_cap · pad >= Σ_e roundup(count_e, pad).
+extern "C" __global__ void __launch_bounds__(1024)
+    moe_align(const u32* __restrict__ idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* __restrict__ sorted,
+              u32* __restrict__ tile_expert, u32* __restrict__ seg, u32* __restrict__ meta) {
+    extern __shared__ u32 cnt[];
+    __shared__ u32 sh[64];
+    u32 nact, total;
+    align_core<true>(idx, n, e, pad, cap, tiles_cap, cnt, sh, sorted, tile_expert, seg, nact, total);
+    if (threadIdx.x == 0) {
+        meta[0] = nact;
+        meta[1] = total / pad;
     }
 }
 
@@ -228,114 +248,197 @@ __device__ __forceinline__ void warp_dots(const T* (&w)[NR], const T* (&a)[MB], 
 }
 
 // ---------------------------------------------------------------------------
-// 2a/3a. Decode GEMVs. grid (column blocks, min(e, n) expert slots), block
-// MOE_GEMV_WARPS·32; slots >= meta[0] exit.
+// 2a/3a. Decode: two persistent GEMV kernels, MOE_GEMV_WARPS warps a block,
+// each warp looping over work items (active expert slot, weight rows). h is
+// stored per pair [n, I] and o per pair [n, H], so the order of the pairs
+// within an expert's segment never matters.
+//
+// Grouping: with `fused`, every block sorts the pairs by expert itself in
+// dynamic shared memory (align_core: e + n + 3·min(e, n) u32), so that no
+// separate alignment kernel runs; otherwise moe_align wrote sorted / seg / meta
+// to global memory (pad 1) before.
+//
+// The down kernel also combines: each warp, after writing o for its (slot,
+// MOE_DOWN_NR columns) item, counts the item done on the column group's
+// counter; the warp that completes a column group (all active slots) sums
+// out[r][c] = Σ_j round(o)[r·k + j][c] · w[r·k + j] for every row, slots in
+// order (the same fixed order as moe_combine, so deterministic). The counters
+// ctr [ceil(H / MOE_DOWN_NR)] are zeroed by block 0 of the gate+up kernel.
 // ---------------------------------------------------------------------------
 
-// gate+up and activation: warp -> one column c of inter; rows routed to the
-// slot's expert in passes of MOE_GEMV_MB. h [cap, I] at the sorted positions.
+// The grouping of the pairs (see above): sorted / seg / nact, in shared memory
+// (fused) or from global memory. Ends with a barrier when fused.
+__device__ __forceinline__ void dec_lists(const u32* __restrict__ idx, u32 n, u32 e, int fused,
+                                          const u32* __restrict__ g_sorted, const u32* __restrict__ g_seg,
+                                          const u32* __restrict__ g_meta, u32* dsm, u32* sh, const u32*& sorted,
+                                          const u32*& seg, u32& nact) {
+    if (fused) {
+        u32* cnt = dsm;
+        u32* s_sorted = dsm + e;
+        u32* s_seg = s_sorted + n;
+        u32 total;
+        align_core<false>(idx, n, e, 1u, n, 0u, cnt, sh, s_sorted, nullptr, s_seg, nact, total);
+        __syncthreads();
+        sorted = s_sorted;
+        seg = s_seg;
+    } else {
+        sorted = g_sorted;
+        seg = g_seg;
+        nact = g_meta[0];
+    }
+}
+
+// o as written by another block of this kernel: read through L2 (ld.cg).
+template <typename T> __device__ __forceinline__ float ld_cg_f(const T* p);
+template <> __device__ __forceinline__ float ld_cg_f<float>(const float* p) { return __ldcg(p); }
+template <> __device__ __forceinline__ float ld_cg_f<bf16>(const bf16* p) {
+    return __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+template <> __device__ __forceinline__ float ld_cg_f<f16>(const f16* p) {
+    return __half2float(__ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+
+// gate+up and activation: item (slot s, column c of inter), one warp; rows
+// routed to the slot's expert in passes of MOE_GEMV_MB. h [n, I] per pair.
 template <typename T>
-__device__ __forceinline__ void gemv_gu_impl(const T* __restrict__ x, const T* __restrict__ gate,
-                                             const T* __restrict__ up, const u32* __restrict__ sorted,
-                                             const u32* __restrict__ seg, const u32* __restrict__ meta,
-                                             T* __restrict__ h, u32 H, u32 I, u32 k, int vec) {
-    const u32 slot = blockIdx.y;
-    if (slot >= meta[0]) return;
-    const u32 ex = seg[3 * slot], start = seg[3 * slot + 1], cnt = seg[3 * slot + 2];
-    const u32 lane = threadIdx.x & 31u;
-    const u32 c = blockIdx.x * MOE_GEMV_WARPS + (threadIdx.x >> 5);
-    if (c >= I) return;
-    const T* w[2] = {gate + ((u64)ex * I + c) * H, up + ((u64)ex * I + c) * H};
-    for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
-        const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
-        const T* a[MOE_GEMV_MB];
+__device__ __forceinline__ void dec_gu_impl(const T* __restrict__ x, const T* __restrict__ gate,
+                                            const T* __restrict__ up, const u32* __restrict__ idx, u32 n, u32 e,
+                                            int fused, const u32* __restrict__ g_sorted,
+                                            const u32* __restrict__ g_seg, const u32* __restrict__ g_meta,
+                                            u32* __restrict__ ctr, u32 nctr, T* __restrict__ h, u32 H, u32 I, u32 k,
+                                            int vec) {
+    extern __shared__ u32 dsm[];
+    __shared__ u32 sh[64];
+    if (blockIdx.x == 0)
+        for (u32 i = threadIdx.x; i < nctr; i += blockDim.x) ctr[i] = 0u;
+    const u32* sorted;
+    const u32* seg;
+    u32 nact;
+    dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
+    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
+    const u64 items = (u64)nact * I, stride = (u64)gridDim.x * wpb;
+    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
+        const u32 s = (u32)(q / I), c = (u32)(q % I);
+        const u32 ex = seg[3 * s], start = seg[3 * s + 1], cnt = seg[3 * s + 2];
+        const T* w[2] = {gate + ((u64)ex * I + c) * H, up + ((u64)ex * I + c) * H};
+        for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
+            const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
+            const T* a[MOE_GEMV_MB];
+            u32 pm[MOE_GEMV_MB];
 #pragma unroll
-        for (int m = 0; m < MOE_GEMV_MB; ++m) {
-            const u32 p = sorted[start + m0 + (m < mb ? m : 0)];
-            a[m] = x + (u64)(p / k) * H;
-        }
-        float acc[MOE_GEMV_MB][2];
-        warp_dots<T, 2, MOE_GEMV_MB, 4>(w, a, mb, H, vec, lane, acc);
-        float g = 0.0f, u = 0.0f;
-#pragma unroll
-        for (int m = 0; m < MOE_GEMV_MB; ++m)
-            if ((int)lane == m) {
-                g = acc[m][0];
-                u = acc[m][1];
+            for (int m = 0; m < MOE_GEMV_MB; ++m) {
+                pm[m] = sorted[start + m0 + (m < mb ? m : 0)];
+                a[m] = x + (u64)(pm[m] / k) * H;
             }
-        if ((int)lane < mb)
-            h[(u64)(start + m0 + lane) * I + c] = from_f<T>(silu_f(round_to<T>(g)) * round_to<T>(u));
-    }
-}
-
-// down: warp -> MOE_DOWN_NR consecutive rows of down (hidden columns); o [n, H]
-// per pair, rounded to T.
-template <typename T>
-__device__ __forceinline__ void gemv_down_impl(const T* __restrict__ h, const T* __restrict__ down,
-                                               const u32* __restrict__ sorted, const u32* __restrict__ seg,
-                                               const u32* __restrict__ meta, T* __restrict__ o, u32 H, u32 I,
-                                               int vec) {
-    const u32 slot = blockIdx.y;
-    if (slot >= meta[0]) return;
-    const u32 ex = seg[3 * slot], start = seg[3 * slot + 1], cnt = seg[3 * slot + 2];
-    const u32 lane = threadIdx.x & 31u;
-    const u32 c0 = (blockIdx.x * MOE_GEMV_WARPS + (threadIdx.x >> 5)) * MOE_DOWN_NR;
-    if (c0 >= H) return;
-    const T* w[MOE_DOWN_NR];
+            float acc[MOE_GEMV_MB][2];
+            warp_dots<T, 2, MOE_GEMV_MB, 4>(w, a, mb, H, vec, lane, acc);
+            float g = 0.0f, u = 0.0f;
+            u32 p = 0;
 #pragma unroll
-    for (int r = 0; r < MOE_DOWN_NR; ++r) w[r] = down + ((u64)ex * H + min(c0 + r, H - 1)) * I;
-    for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
-        const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
-        const T* a[MOE_GEMV_MB];
-#pragma unroll
-        for (int m = 0; m < MOE_GEMV_MB; ++m) a[m] = h + (u64)(start + m0 + (m < mb ? m : 0)) * I;
-        float acc[MOE_GEMV_MB][MOE_DOWN_NR];
-        warp_dots<T, MOE_DOWN_NR, MOE_GEMV_MB, 2>(w, a, mb, I, vec, lane, acc);
-        // lane = m · MOE_DOWN_NR + r writes (row m, column c0 + r).
-        const int lm = (int)lane / MOE_DOWN_NR, lr = (int)lane % MOE_DOWN_NR;
-        float v = 0.0f;
-#pragma unroll
-        for (int m = 0; m < MOE_GEMV_MB; ++m)
-#pragma unroll
-            for (int r = 0; r < MOE_DOWN_NR; ++r)
-                if (lm == m && lr == r) v = acc[m][r];
-        if (lm < mb && c0 + lr < H) {
-            const u32 p = sorted[start + m0 + lm];
-            o[(u64)p * H + c0 + lr] = from_f<T>(v);
+            for (int m = 0; m < MOE_GEMV_MB; ++m)
+                if ((int)lane == m) {
+                    g = acc[m][0];
+                    u = acc[m][1];
+                    p = pm[m];
+                }
+            if ((int)lane < mb) h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(g)) * round_to<T>(u));
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 3)
-    moe_gemv_gu_f32(const float* x, const float* gate, const float* up, const u32* sorted, const u32* seg,
-                    const u32* meta, float* h, u32 H, u32 I, u32 k, int vec) {
-    gemv_gu_impl<float>(x, gate, up, sorted, seg, meta, h, H, I, k, vec);
+// down (+ combine): item (slot s, MOE_DOWN_NR consecutive rows of down = hidden
+// columns c0..), one warp. o [n, H] per pair, rounded to T; out [t, H] f32.
+template <typename T>
+__device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const T* __restrict__ down,
+                                              const u32* __restrict__ idx, const float* __restrict__ wt, u32 n, u32 e,
+                                              int fused, const u32* __restrict__ g_sorted,
+                                              const u32* __restrict__ g_seg, const u32* __restrict__ g_meta,
+                                              u32* __restrict__ ctr, T* __restrict__ o, float* __restrict__ out, u32 H,
+                                              u32 I, u32 k, u32 t, int vec) {
+    extern __shared__ u32 dsm[];
+    __shared__ u32 sh[64];
+    const u32* sorted;
+    const u32* seg;
+    u32 nact;
+    dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
+    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
+    if (nact == 0) {
+        // No valid expert id at all: the output is zero.
+        const u64 total = (u64)t * H;
+        for (u64 q = (u64)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += (u64)gridDim.x * blockDim.x)
+            out[q] = 0.0f;
+        return;
+    }
+    const u32 nq = (H + MOE_DOWN_NR - 1) / MOE_DOWN_NR;
+    const u64 items = (u64)nact * nq, stride = (u64)gridDim.x * wpb;
+    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
+        const u32 s = (u32)(q / nq), cq = (u32)(q % nq), c0 = cq * MOE_DOWN_NR;
+        const u32 ex = seg[3 * s], start = seg[3 * s + 1], cnt = seg[3 * s + 2];
+        const T* w[MOE_DOWN_NR];
+#pragma unroll
+        for (int r = 0; r < MOE_DOWN_NR; ++r) w[r] = down + ((u64)ex * H + min(c0 + r, H - 1)) * I;
+        for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
+            const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
+            const T* a[MOE_GEMV_MB];
+            u32 pm[MOE_GEMV_MB];
+#pragma unroll
+            for (int m = 0; m < MOE_GEMV_MB; ++m) {
+                pm[m] = sorted[start + m0 + (m < mb ? m : 0)];
+                a[m] = h + (u64)pm[m] * I;
+            }
+            float acc[MOE_GEMV_MB][MOE_DOWN_NR];
+            warp_dots<T, MOE_DOWN_NR, MOE_GEMV_MB, 2>(w, a, mb, I, vec, lane, acc);
+            // lane = m · MOE_DOWN_NR + r writes (row m, column c0 + r).
+            const int lm = (int)lane / MOE_DOWN_NR, lr = (int)lane % MOE_DOWN_NR;
+            float v = 0.0f;
+            u32 p = 0;
+#pragma unroll
+            for (int m = 0; m < MOE_GEMV_MB; ++m) {
+                if (lm == m) p = pm[m];
+#pragma unroll
+                for (int r = 0; r < MOE_DOWN_NR; ++r)
+                    if (lm == m && lr == r) v = acc[m][r];
+            }
+            if (lm < mb && c0 + lr < H) o[(u64)p * H + c0 + lr] = from_f<T>(v);
+        }
+        // Count the item done; the warp completing column group cq combines it.
+        __threadfence();
+        __syncwarp();
+        u32 old = 0;
+        if (lane == 0) old = atomicAdd(&ctr[cq], 1u);
+        old = __shfl_sync(0xffffffffu, old, 0);
+        if (old == nact - 1) {
+            __threadfence();
+            for (u32 q2 = lane; q2 < t * MOE_DOWN_NR; q2 += 32u) {
+                const u32 r = q2 / MOE_DOWN_NR, c = c0 + q2 % MOE_DOWN_NR;
+                if (c < H) {
+                    float sum = 0.0f;
+                    for (u32 j = 0; j < k; ++j) {
+                        const u64 p = (u64)r * k + j;
+                        if (idx[p] < e) sum = __fadd_rn(sum, __fmul_rn(ld_cg_f<T>(o + p * H + c), wt[p]));
+                    }
+                    out[(u64)r * H + c] = sum;
+                }
+            }
+        }
+    }
 }
-extern "C" __global__ void __launch_bounds__(256, 3)
-    moe_gemv_gu_bf16(const bf16* x, const bf16* gate, const bf16* up, const u32* sorted, const u32* seg,
-                     const u32* meta, bf16* h, u32 H, u32 I, u32 k, int vec) {
-    gemv_gu_impl<bf16>(x, gate, up, sorted, seg, meta, h, H, I, k, vec);
-}
-extern "C" __global__ void __launch_bounds__(256, 3)
-    moe_gemv_gu_f16(const f16* x, const f16* gate, const f16* up, const u32* sorted, const u32* seg,
-                    const u32* meta, f16* h, u32 H, u32 I, u32 k, int vec) {
-    gemv_gu_impl<f16>(x, gate, up, sorted, seg, meta, h, H, I, k, vec);
-}
-extern "C" __global__ void __launch_bounds__(256, 3)
-    moe_gemv_down_f32(const float* h, const float* down, const u32* sorted, const u32* seg, const u32* meta,
-                      float* o, u32 H, u32 I, int vec) {
-    gemv_down_impl<float>(h, down, sorted, seg, meta, o, H, I, vec);
-}
-extern "C" __global__ void __launch_bounds__(256, 3)
-    moe_gemv_down_bf16(const bf16* h, const bf16* down, const u32* sorted, const u32* seg, const u32* meta,
-                       bf16* o, u32 H, u32 I, int vec) {
-    gemv_down_impl<bf16>(h, down, sorted, seg, meta, o, H, I, vec);
-}
-extern "C" __global__ void __launch_bounds__(256, 3)
-    moe_gemv_down_f16(const f16* h, const f16* down, const u32* sorted, const u32* seg, const u32* meta, f16* o,
-                      u32 H, u32 I, int vec) {
-    gemv_down_impl<f16>(h, down, sorted, seg, meta, o, H, I, vec);
-}
+
+#define MOE_DEC_ENTRY(T, NAME)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_gu_##NAME(                         \
+        const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,     \
+        const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) {            \
+        dec_gu_impl<T>(x, gate, up, idx, n, e, fused, g_sorted, g_seg, g_meta, ctr, nctr, h, H, I, k, vec);         \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_down_##NAME(                       \
+        const T* h, const T* down, const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted, \
+        const u32* g_seg, const u32* g_meta, u32* ctr, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec) {   \
+        dec_down_impl<T>(h, down, idx, wt, n, e, fused, g_sorted, g_seg, g_meta, ctr, o, out, H, I, k, t, vec);     \
+    }
+
+MOE_DEC_ENTRY(float, f32)
+MOE_DEC_ENTRY(bf16, bf16)
+MOE_DEC_ENTRY(f16, f16)
 
 // ---------------------------------------------------------------------------
 // 2b/3b. Prefill GEMMs over MOE_BM-row tiles of the sorted list. 1-D grid of

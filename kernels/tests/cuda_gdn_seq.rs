@@ -251,9 +251,20 @@ fn gates_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, t: usize, hv: usize)
     let dba = up::<T>(k, &ba);
     let (dl, dd) = (up::<f32>(k, &a_log), up::<f32>(k, &dt_bias));
     let (mut dg, mut dbeta) = (poisoned::<f32>(k, t * hv), poisoned::<f32>(k, t * hv));
-    k.gdn_gates_ba(&dba, &dl, &dd, &mut dg, &mut dbeta, t, hv).expect("gdn_gates_ba");
+    k.gdn_gates_ba(&dba, 2 * hv, 0, &dl, &dd, &mut dg, &mut dbeta, t, hv).expect("gdn_gates_ba");
     check(&format!("gates_ba {} [{t}, {hv}]: g", T::NAME), &down(k, &dg), &g, TOL_F32);
     check(&format!("gates_ba {} [{t}, {hv}]: beta", T::NAME), &down(k, &dbeta), &beta, TOL_F32);
+    // The same values as columns 7..7+2hv of a wider fused projection.
+    let stride = 2 * hv + 11;
+    let mut wide = rng.vec(t * stride, 1.0);
+    for (r, row) in ba.chunks(2 * hv).enumerate() {
+        wide[r * stride + 7..r * stride + 7 + 2 * hv].copy_from_slice(row);
+    }
+    let dwide = up::<T>(k, &wide);
+    let (mut dg, mut dbeta) = (poisoned::<f32>(k, t * hv), poisoned::<f32>(k, t * hv));
+    k.gdn_gates_ba(&dwide, stride, 7, &dl, &dd, &mut dg, &mut dbeta, t, hv).expect("strided gdn_gates_ba");
+    check(&format!("gates_ba strided {} [{t}, {hv}]: g", T::NAME), &down(k, &dg), &g, TOL_F32);
+    check(&format!("gates_ba strided {} [{t}, {hv}]: beta", T::NAME), &down(k, &dbeta), &beta, TOL_F32);
 }
 
 #[test]
@@ -530,7 +541,7 @@ fn real_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, spans: &[DeltaSpan], 
     let (a_log, dt_bias) = (rng.vec(hv, 1.0), rng.vec(hv, 1.0));
     let (dba, dl, dd) = (up::<T>(k, &ba), up::<f32>(k, &a_log), up::<f32>(k, &dt_bias));
     let (mut dg, mut dbeta) = (poisoned::<f32>(k, t * hv), poisoned::<f32>(k, t * hv));
-    k.gdn_gates_ba(&dba, &dl, &dd, &mut dg, &mut dbeta, t, hv).expect("gates");
+    k.gdn_gates_ba(&dba, 2 * hv, 0, &dl, &dd, &mut dg, &mut dbeta, t, hv).expect("gates");
     let (g, beta) = (down(k, &dg), down(k, &dbeta));
 
     // Delta rule on the GPU's conv output and gates.
@@ -552,7 +563,8 @@ fn real_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, spans: &[DeltaSpan], 
     let conv_us = time_us(k, iters, || {
         k.gdn_conv_seq(&dx, stride, &dw, &mut dwin, &dcs, &mut dy, t, n, c, kk, win, num_slots).expect("conv");
     });
-    let gates_us = time_us(k, iters, || k.gdn_gates_ba(&dba, &dl, &dd, &mut dg, &mut dbeta, t, hv).expect("gates"));
+    let gates_us =
+        time_us(k, iters, || k.gdn_gates_ba(&dba, 2 * hv, 0, &dl, &dd, &mut dg, &mut dbeta, t, hv).expect("gates"));
     let delta_us = time_us(k, iters, || {
         k.gdn_delta_seq(
             &dy,

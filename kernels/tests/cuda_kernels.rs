@@ -632,3 +632,63 @@ fn cuda_rejects_bad_arguments() {
     assert!(k.rope_neox(&mut xr, &p, &f, 1, 2, 8, 7, 1.0).is_err(), "odd rot_dim must be rejected");
     println!("  bad arguments rejected with errors, no launch");
 }
+
+// ---------------------------------------------------------------------------
+// Fused glue of the model path
+// ---------------------------------------------------------------------------
+
+fn add_rms_norm_case<Y: CudaFloat, O: CudaFloat>(k: &CudaKernels, rng: &mut Rng, rows: usize, d: usize) {
+    for kind in [RmsNormKind::Standard, RmsNormKind::ZeroCentred] {
+        let x = rng.vec(rows * d, 3.0);
+        let y = rnd_vec::<Y>(&rng.vec(rows * d, 2.0));
+        let w = rnd_vec::<O>(&rng.vec(d, 1.0));
+        let sum: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+        let want = rms_norm_ref::<O>(&sum, &w, d, EPS, kind);
+        let (mut dx, dy, dw) = (up::<f32>(k, &x), up::<Y>(k, &y), up::<O>(k, &w));
+        let mut out = poisoned::<O>(k, rows * d);
+        k.add_rms_norm(&mut dx, &dy, &dw, &mut out, rows, d, EPS, kind).expect("add_rms_norm launch");
+        let what = format!("add_rms_norm {kind:?} {}+{}->{} [{rows}, {d}]", Y::NAME, "f32", O::NAME);
+        check(&format!("{what}: sum"), &down(k, &dx), &sum, TOL_F32);
+        check(&format!("{what}: out"), &down(k, &out), &want, tol::<O>());
+    }
+}
+
+#[test]
+fn cuda_add_rms_norm() {
+    let Some(k) = gpu("cuda_add_rms_norm") else { return };
+    let mut rng = Rng::new(40);
+    add_rms_norm_case::<f32, f32>(&k, &mut rng, 5, HIDDEN);
+    add_rms_norm_case::<bf16, bf16>(&k, &mut rng, 7, HIDDEN);
+    add_rms_norm_case::<f32, bf16>(&k, &mut rng, 3, HIDDEN);
+    add_rms_norm_case::<half::f16, half::f16>(&k, &mut rng, 4, 1000);
+    add_rms_norm_case::<f32, half::f16>(&k, &mut rng, 2, 77);
+}
+
+fn gated_norm_z_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, t: usize, hv: usize, d: usize) {
+    // p = [t, pw] with z at columns zoff..zoff + hv·d.
+    let (zoff, extra) = (13, 5);
+    let pw = zoff + hv * d + extra;
+    let p = rnd_vec::<T>(&rng.vec(t * pw, 3.0));
+    let x = rnd_vec::<T>(&rng.vec(t * hv * d, 2.0));
+    let w = rnd_vec::<T>(&rng.vec(d, 1.0));
+    let mut z = Vec::with_capacity(t * hv * d);
+    for r in 0..t {
+        z.extend_from_slice(&p[r * pw + zoff..r * pw + zoff + hv * d]);
+    }
+    let mut want = x.clone();
+    gdn::gated_rms_norm(&mut want, &z, &w, EPS).expect("cpu gated_rms_norm");
+    let want = rnd_vec::<T>(&want);
+    let (dx, dp, dw) = (up::<T>(k, &x), up::<T>(k, &p), up::<T>(k, &w));
+    let mut out = poisoned::<T>(k, t * hv * d);
+    k.gated_norm_z(&dx, &dp, &dw, &mut out, t, hv, d, pw, zoff, EPS).expect("gated_norm_z launch");
+    check(&format!("gated_norm_z {} [{t}·{hv}, {d}]", T::NAME), &down(k, &out), &want, tol::<T>());
+}
+
+#[test]
+fn cuda_gated_norm_z() {
+    let Some(k) = gpu("cuda_gated_norm_z") else { return };
+    let mut rng = Rng::new(41);
+    gated_norm_z_case::<f32>(&k, &mut rng, 3, LIN_HV, LIN_D);
+    gated_norm_z_case::<bf16>(&k, &mut rng, 17, LIN_HV, LIN_D);
+    gated_norm_z_case::<half::f16>(&k, &mut rng, 2, 3, 50);
+}

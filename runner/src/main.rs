@@ -434,11 +434,15 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         let mut cache = model.try_new_cache_spec(1, 0)?;
         let seq = cache.alloc_seq()?;
         model.sync()?;
+        let _ = porter_core::gpu::profile::take();
         let t0 = Instant::now();
         model.forward(&Batch::single(seq, 0, &ids), &mut cache, LogitsFor::Last)?;
         model.sync()?;
         let s = t0.elapsed().as_secs_f64();
         println!("prefill {n:>6} tokens: {:>10.1} tok/s ({:.3} s)", n as f64 / s, s);
+        for (name, secs, calls) in porter_core::gpu::profile::take() {
+            println!("  profile {name:<36} {:>9.3} ms {:>6} calls", secs * 1e3, calls);
+        }
         results.push(serde_json::json!({"kind": "prefill", "tokens": n, "seconds": s, "tokens_per_s": n as f64 / s}));
     }
     for &b in &a.batch {
@@ -456,16 +460,26 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         }
         model.forward(&batch, &mut cache, LogitsFor::Last)?;
         model.sync()?;
+        let _ = porter_core::gpu::profile::take();
         let t0 = Instant::now();
+        let mut issue = 0.0;
         for step in 0..a.steps {
             let mut batch = Batch::default();
             for (j, &seq) in seqs.iter().enumerate() {
                 batch.push(seq, a.context + step, &[tok(step * 31 + j)]);
             }
+            let ti = Instant::now();
             model.forward(&batch, &mut cache, LogitsFor::Last)?;
+            issue += ti.elapsed().as_secs_f64();
         }
         model.sync()?;
         let s = t0.elapsed().as_secs_f64();
+        // Host time spent issuing the work (forward returns before the device finishes):
+        // when it is close to the step time, the step is bound by the host, not the GPU.
+        println!("  host issue time {:.3} ms/step", issue * 1e3 / a.steps as f64);
+        for (name, secs, calls) in porter_core::gpu::profile::take() {
+            println!("  profile {name:<36} {:>9.3} ms/step {:>6} calls", secs * 1e3 / a.steps as f64, calls / a.steps);
+        }
         let tps = (b * a.steps) as f64 / s;
         let step_s = s / a.steps as f64;
         // Bytes per step at the mean context of the timed steps.
@@ -479,7 +493,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             bw / 1e9,
             frac.map_or(String::new(), |f| format!(", {:.1}% of the HBM roofline", f * 100.0))
         );
-        results.push(serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": step_s * 1e3, "bytes_per_step": bytes, "bandwidth_bytes_per_s": bw, "roofline_bytes_per_s": roofline, "roofline_fraction": frac}));
+        results.push(serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": step_s * 1e3, "host_issue_ms_per_step": issue * 1e3 / a.steps as f64, "bytes_per_step": bytes, "bandwidth_bytes_per_s": bw, "roofline_bytes_per_s": roofline, "roofline_fraction": frac}));
     }
     if let Some(kmax) = a.mtp_step {
         if kmax == 0 || kmax > speculative::MAX_MTP_STEP {

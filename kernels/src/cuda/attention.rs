@@ -20,6 +20,22 @@ const TARGET_BLOCKS: usize = 528;
 /// Most key splits of one (item tile, sequence, KV head): at most `ATT_THREADS`
 /// (the combine kernel gives each split a thread).
 const MAX_SPLITS: usize = ATT_THREADS as usize;
+/// Threads of a tensor-core attention block (`ATC_THREADS`).
+const ATC_THREADS: u32 = 128;
+/// Warps of a tensor-core attention block (`ATC_WARPS`).
+const ATC_WARPS: usize = 4;
+/// Items (query row, head) per tensor-core attention block (`ATC_BM`).
+const ATC_BM: usize = 64;
+/// Keys per tensor-core K/V tile (`ATC_BN`).
+const ATC_BN: usize = 64;
+/// f32 row stride of a warp's S tile (`ATC_SS`).
+const ATC_SS: usize = 72;
+/// Row stride of a warp's P tile in elements (`ATC_PSS`).
+const ATC_PSS: usize = 72;
+/// Padded head dims with a tensor-core kernel (`attention_tc_<T>_d<DP>`).
+const ATC_DIMS: [usize; 3] = [64, 128, 256];
+/// Smallest `max_q_len` that takes the tensor-core path.
+const ATC_MIN_Q: usize = 16;
 /// Threads of a sampling block (`SMP_THREADS`).
 const SMP_THREADS: u32 = 1024;
 /// Threads of the element-wise kernels.
@@ -150,6 +166,11 @@ impl CudaKernels {
         if n == 0 || n_seqs == 0 || max_q_len == 0 {
             return Ok(());
         }
+        if let Some((dp, smem)) = self.tc_plan::<T>(head_dim, max_q_len)? {
+            return self.attention_tc::<T>(
+                q, k_ptrs, v_ptrs, spans, out, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, dp, smem,
+            );
+        }
         let group = heads / kv_heads;
         let items = prod(&[max_q_len, group])?;
         let ra: usize = if items <= 8 { 1 } else { 4 };
@@ -233,6 +254,91 @@ impl CudaKernels {
         Ok(())
     }
 
+    /// The tensor-core prefill path for this launch, as (padded head dim,
+    /// dynamic shared memory bytes), or `None` for the CUDA-core kernels: it
+    /// needs a 16-bit `T`, `head_dim % 16 == 0`, `max_q_len >= ATC_MIN_Q`, an
+    /// sm_80+ device and enough opt-in shared memory per block.
+    fn tc_plan<T: CudaFloat>(&self, head_dim: usize, max_q_len: usize) -> Result<Option<(usize, usize)>> {
+        if std::mem::size_of::<T>() != 2 || !head_dim.is_multiple_of(16) || max_q_len < ATC_MIN_Q {
+            return Ok(None);
+        }
+        let sm = self.arch().strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+        if sm < 80 {
+            return Ok(None);
+        }
+        let Some(dp) = ATC_DIMS.iter().copied().find(|&d| d >= head_dim) else { return Ok(None) };
+        let smem = atc_smem::<T>(dp);
+        let optin = self.context().attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?;
+        if usize::try_from(optin).map_or(true, |o| smem > o) {
+            return Ok(None);
+        }
+        Ok(Some((dp, smem)))
+    }
+
+    /// [`CudaKernels::attention`] on tensor cores (`attention_tc_<T>_d<dp>`); the
+    /// arguments are checked by the caller and `tc_plan` chose `dp` and `smem`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_tc<T: CudaFloat>(
+        &self,
+        q: &impl DevicePtr<T>,
+        k_ptrs: &impl DevicePtr<u64>,
+        v_ptrs: &impl DevicePtr<u64>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        n_seqs: usize,
+        max_q_len: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        scale: f32,
+        window: Option<usize>,
+        dp: usize,
+        smem: usize,
+    ) -> Result<()> {
+        let group = heads / kv_heads;
+        let tiles_m = prod(&[max_q_len, group])?.div_ceil(ATC_BM);
+        let seq_heads = prod(&[n_seqs, kv_heads])?;
+        if seq_heads > 65_535 {
+            return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
+        }
+        let f = self.function(&ATTENTION, &format!("attention_tc_{}_d{dp}", T::NAME))?;
+        if smem > 48 * 1024 {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                i32::try_from(smem).map_err(|_| CudaError::Invalid("shared memory".into()))?,
+            )?;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, 1),
+            block_dim: (ATC_THREADS, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", smem)?,
+        };
+        let (h32, kvh32, d32) = (u32_of("heads", heads)?, u32_of("kv_heads", kv_heads)?, u32_of("head_dim", head_dim)?);
+        let win32 = match window {
+            Some(w) => u32::try_from(w).unwrap_or(u32::MAX),
+            None => 0,
+        };
+        let s = &*self.stream;
+        let (pq, _gq) = q.device_ptr(s);
+        let (pkp, _gkp) = k_ptrs.device_ptr(s);
+        let (pvp, _gvp) = v_ptrs.device_ptr(s);
+        let (psp, _gsp) = spans.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let mut b = s.launch_builder(&f);
+        b.arg(&pq).arg(&pkp).arg(&pvp).arg(&psp).arg(&po);
+        b.arg(&h32).arg(&kvh32).arg(&d32).arg(&scale).arg(&win32);
+        // SAFETY: arguments match `attention_tc_<T>_d<DP>` in attention.cu
+        // (head_dim % 16 == 0, head_dim <= DP); `q`, `out`, `spans`, `k_ptrs`,
+        // `v_ptrs` have the lengths checked by `attention`; the dynamic shared
+        // memory is the size the kernel carves (attribute raised above 48 KiB,
+        // within the device's opt-in limit); spans and cache contents are the
+        // caller's contract.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
     /// On-device sampling of one token per row (`porter_core::sampling::Sampler`
     /// semantics): temperature 0 → argmax (first index on ties); otherwise keep
     /// the `top_k` largest logits (ties by lower index), `p ∝ exp(l/t − max)`,
@@ -282,4 +388,12 @@ impl CudaKernels {
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
+}
+
+/// Dynamic shared memory of `attention_tc_<T>_d<dp>` in bytes: Q tile, two K
+/// and two V tiles of `dp + 8` elements a row, then per warp the f32 S tile,
+/// the P tile and 16 row factors.
+fn atc_smem<T>(dp: usize) -> usize {
+    let t = std::mem::size_of::<T>();
+    (ATC_BM + 4 * ATC_BN) * (dp + 8) * t + ATC_WARPS * 16 * (ATC_SS * 4 + ATC_PSS * t + 4)
 }

@@ -135,8 +135,11 @@ impl CudaKernels {
     /// GDN gates from the fused `[b | a]` projection (`cpu::gdn::gdn_gates`):
     /// `g = −exp(a_log) · softplus(a + dt_bias)` (threshold 20), `beta = σ(b)`.
     ///
+    /// `ba` may be the columns `col0..col0 + 2·hv` of a wider `[t, stride]` projection
+    /// output (the fused in-projection); `stride = 2·hv`, `col0 = 0` for a plain one.
+    ///
     /// # Shapes
-    /// - `ba`: `[t, 2·hv]` (`T`, rows `[b(hv) | a(hv)]`)
+    /// - `ba`: `[t, stride]` (`T`, columns `col0..` hold `[b(hv) | a(hv)]`)
     /// - `a_log`, `dt_bias`: `[hv]` (`f32`)
     /// - `g`, `beta`: `[t, hv]` (`f32`)
     ///
@@ -146,6 +149,8 @@ impl CudaKernels {
     pub fn gdn_gates_ba<T: CudaFloat>(
         &self,
         ba: &impl DevicePtr<T>,
+        stride: usize,
+        col0: usize,
         a_log: &impl DevicePtr<f32>,
         dt_bias: &impl DevicePtr<f32>,
         g: &mut impl DevicePtrMut<f32>,
@@ -156,8 +161,11 @@ impl CudaKernels {
         if hv == 0 {
             return Err(CudaError::Invalid("gdn_gates_ba: hv must be > 0".into()));
         }
+        if col0 + 2 * hv > stride {
+            return Err(CudaError::Invalid(format!("gdn_gates_ba: columns {col0}+2·{hv} exceed stride {stride}")));
+        }
         let n = prod(&[t, hv])?;
-        self.check("ba", ba, prod(&[t, 2, hv])?)?;
+        self.check("ba", ba, prod(&[t, stride])?)?;
         self.check("a_log", a_log, hv)?;
         self.check("dt_bias", dt_bias, hv)?;
         self.check("g", g, n)?;
@@ -165,10 +173,11 @@ impl CudaKernels {
         if n == 0 {
             return Ok(());
         }
-        let (n64, hv32) = (n as u64, u32_of("hv", hv)?);
+        let (n64, hv32, st32) = (n as u64, u32_of("hv", hv)?, u32_of("stride", stride)?);
         let f = self.function(&GDN_SEQ, &format!("gdn_gates_ba_{}", T::NAME))?;
         let s = &*self.stream;
         let (pba, _gba) = ba.device_ptr(s);
+        let pba = pba + (col0 * std::mem::size_of::<T>()) as u64;
         let (pl, _gl) = a_log.device_ptr(s);
         let (pd, _gd) = dt_bias.device_ptr(s);
         let (pg, _gg) = g.device_ptr_mut(s);
@@ -176,7 +185,7 @@ impl CudaKernels {
         let cfg =
             LaunchConfig { grid_dim: (grid_for(n, THREADS), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         let mut l = s.launch_builder(&f);
-        l.arg(&pba).arg(&pl).arg(&pd).arg(&pg).arg(&pb).arg(&n64).arg(&hv32);
+        l.arg(&pba).arg(&pl).arg(&pd).arg(&pg).arg(&pb).arg(&n64).arg(&hv32).arg(&st32);
         // SAFETY: arguments match `gdn_gates_ba_<T>` in gdn_seq.cu; lengths checked.
         unsafe { l.launch(cfg) }?;
         Ok(())

@@ -180,6 +180,106 @@ impl CudaKernels {
         Ok(())
     }
 
+    /// Residual add fused with the next RMSNorm: `x += y` (f32), then `out = norm(x)`
+    /// (`rms_norm`'s formulas; `Y` is `f32` or `O`).
+    ///
+    /// # Shapes
+    /// `x`: `[rows, d]` f32 (updated), `y`: `[rows, d]`, `w`: `[d]`, `out`: `[rows, d]`
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm<Y: CudaFloat, O: CudaFloat>(
+        &self,
+        x: &mut impl DevicePtrMut<f32>,
+        y: &impl DevicePtr<Y>,
+        w: &impl DevicePtr<O>,
+        out: &mut impl DevicePtrMut<O>,
+        rows: usize,
+        d: usize,
+        eps: f32,
+        kind: super::RmsNormKind,
+    ) -> Result<()> {
+        if d == 0 {
+            return Err(CudaError::Invalid("add_rms_norm: d must be > 0".into()));
+        }
+        let n = prod(&[rows, d])?;
+        self.check("x", x, n)?;
+        self.check("y", y, n)?;
+        self.check("w", w, d)?;
+        self.check("out", out, n)?;
+        if Y::NAME != "f32" && Y::NAME != O::NAME {
+            return Err(CudaError::Invalid("add_rms_norm: y must be f32 or the output type".into()));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let name = if Y::NAME == "f32" && O::NAME != "f32" {
+            format!("add_rms_norm_f32y_{}", O::NAME)
+        } else {
+            format!("add_rms_norm_{}_{}", O::NAME, O::NAME)
+        };
+        let f = self.function(&MISC, &name)?;
+        let s = &*self.stream;
+        let (px, _gx) = x.device_ptr_mut(s);
+        let (py, _gy) = y.device_ptr(s);
+        let (pw, _gw) = w.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let (d32, zc) = (u32_of("d", d)?, i32::from(kind == super::RmsNormKind::ZeroCentred));
+        let threads = (d.div_ceil(32) * 32).clamp(32, 512) as u32;
+        let cfg =
+            LaunchConfig { grid_dim: (u32_of("rows", rows)?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let mut l = s.launch_builder(&f);
+        l.arg(&px).arg(&py).arg(&pw).arg(&po).arg(&d32).arg(&eps).arg(&zc);
+        // SAFETY: matches add_rms_norm_*; sizes checked; one block per row.
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Gated RMSNorm with SiLU(z) where z is read in place from the in-projection output
+    /// `p` (`[t, pw]`): row `token·hv + head` of `x` uses `p[token, zoff + head·d ..]`.
+    ///
+    /// # Shapes
+    /// `x`, `out`: `[t·hv, d]`, `p`: `[t, pw]`, `w`: `[d]`
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_norm_z<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        p: &impl DevicePtr<T>,
+        w: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<T>,
+        t: usize,
+        hv: usize,
+        d: usize,
+        pw: usize,
+        zoff: usize,
+        eps: f32,
+    ) -> Result<()> {
+        if d == 0 || hv == 0 || zoff + hv * d > pw {
+            return Err(CudaError::Invalid(format!("gated_norm_z: z columns {zoff}+{hv}·{d} exceed {pw}")));
+        }
+        let rows = prod(&[t, hv])?;
+        self.check("x", x, prod(&[rows, d])?)?;
+        self.check("p", p, prod(&[t, pw])?)?;
+        self.check("w", w, d)?;
+        self.check("out", out, prod(&[rows, d])?)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function(&MISC, &format!("gated_norm_z_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (px, _gx) = x.device_ptr(s);
+        let (pp, _gp) = p.device_ptr(s);
+        let (pw_, _gw) = w.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let (d32, hv32, pw32, z32) = (u32_of("d", d)?, u32_of("hv", hv)?, u32_of("pw", pw)?, u32_of("zoff", zoff)?);
+        let threads = (d.div_ceil(32) * 32).clamp(32, 512) as u32;
+        let cfg =
+            LaunchConfig { grid_dim: (u32_of("rows", rows)?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let mut l = s.launch_builder(&f);
+        l.arg(&px).arg(&pp).arg(&pw_).arg(&po).arg(&d32).arg(&eps).arg(&hv32).arg(&pw32).arg(&z32);
+        // SAFETY: matches gated_norm_z_<T>; sizes checked; one block per row.
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+
     /// `out[r] = [a[r] | b[r]]`.
     ///
     /// # Shapes

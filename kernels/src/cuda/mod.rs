@@ -19,6 +19,7 @@
 
 mod attention;
 mod gdn;
+mod gdn_chunk;
 mod gdn_seq;
 mod misc;
 mod moe;
@@ -178,12 +179,15 @@ pub(crate) static MOE: KernelSource = KernelSource { name: "moe.cu", code: inclu
 /// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.
 pub(crate) static GDN_SEQ: KernelSource =
     KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
+/// Gated DeltaNet chunked (64-token) prefill over spans.
+pub(crate) static GDN_CHUNK: KernelSource =
+    KernelSource { name: "gdn_chunk.cu", code: include_str!("../../cuda/gdn_chunk.cu") };
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
 pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
 
 /// Every CUDA source of the crate.
-pub fn sources() -> [&'static KernelSource; 8] {
-    [&ELEMENTWISE, &NORM, &ROUTER, &GDN, &ATTENTION, &MOE, &GDN_SEQ, &MISC]
+pub fn sources() -> [&'static KernelSource; 9] {
+    [&ELEMENTWISE, &NORM, &ROUTER, &GDN, &ATTENTION, &MOE, &GDN_SEQ, &GDN_CHUNK, &MISC]
 }
 
 impl KernelSource {

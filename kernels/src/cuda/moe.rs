@@ -25,6 +25,12 @@ const GEMV_WARPS: usize = 8;
 const DOWN_NR: usize = 4;
 /// Threads of the combine kernel.
 const COMBINE_THREADS: u32 = 256;
+/// Resident blocks per SM of the persistent decode kernels (their
+/// `__launch_bounds__(256, 3)`).
+const GEMV_BLOCKS_PER_SM: usize = 3;
+/// Largest dynamic shared memory of the decode kernels' in-block grouping
+/// (`e + n + 3·min(e, n)` u32); beyond it `moe_align` groups the pairs first.
+const FUSED_GROUPING_BYTES: usize = 40 * 1024;
 /// The decode (GEMV) path is taken up to this many (row, slot) pairs, or up to
 /// [`DECODE_PAIRS_PER_EXPERT`] per expert on average, whichever is larger.
 const DECODE_MAX_PAIRS: usize = 256;
@@ -108,13 +114,165 @@ impl CudaKernels {
         if t == 0 {
             return Ok(());
         }
+        if Self::moe_decode_path(t, k, e) {
+            self.moe_decode::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter)
+        } else {
+            self.moe_prefill::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter)
+        }
+    }
+
+    /// Resident blocks of a persistent decode kernel: `GEMV_BLOCKS_PER_SM` per
+    /// SM, no more than `items` warp items need.
+    fn moe_persistent_grid(&self, items: usize) -> Result<u32> {
+        let sms =
+            self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let sms = usize::try_from(sms).unwrap_or(1).max(1);
+        u32_of("gemv blocks", (sms * GEMV_BLOCKS_PER_SM).min(items.div_ceil(GEMV_WARPS)).max(1))
+    }
+
+    /// Decode path of [`CudaKernels::moe_experts`] (arguments checked): two
+    /// persistent GEMV kernels (gate+up, down + combine), grouping the pairs in
+    /// each block; `moe_align` first only when the grouping does not fit in
+    /// shared memory.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_decode<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        k: usize,
+        e: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<()> {
         let n = prod(&[t, k])?;
-        let decode = Self::moe_decode_path(t, k, e);
         let slots = e.min(n);
-        // Sorted list: decode keeps each expert's rows unpadded; prefill pads
-        // each expert's segment to whole tiles (at most one partial tile per
-        // active expert).
-        let (pad, tiles_cap) = if decode { (1, n) } else { (BM, n.div_ceil(BM) + slots) };
+        let nq = hidden.div_ceil(DOWN_NR);
+        let esize = std::mem::size_of::<T>();
+        let dsm = prod(&[e + n + 3 * slots, 4])?;
+        let fused = dsm <= FUSED_GROUPING_BYTES;
+        // Scratch, one allocation: sorted [n], tile_expert [n], seg [3·slots],
+        // meta [2], ctr [nq] (u32; the first four only without `fused`);
+        // h [n, inter] (T); o [n, hidden] (T).
+        let off_tile = align256(n * 4);
+        let off_seg = off_tile + align256(n * 4);
+        let off_meta = off_seg + align256(slots * 3 * 4);
+        let off_ctr = off_meta + 256;
+        let off_h = off_ctr + align256(nq * 4);
+        let off_o = off_h + align256(prod(&[n, inter, esize])?);
+        let bytes = off_o + align256(prod(&[n, hidden, esize])?);
+        let (n32, e32, k32, t32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?, u32_of("t", t)?);
+        let (h32, i32_, nq32) = (u32_of("hidden", hidden)?, u32_of("inter", inter)?, u32_of("column groups", nq)?);
+        let fused32 = i32::from(fused);
+        let dsm32 = if fused { u32_of("shared memory", dsm)? } else { 0 };
+        let grid_gu = self.moe_persistent_grid(prod(&[slots, inter])?)?;
+        let grid_down = self.moe_persistent_grid(prod(&[slots, nq])?)?;
+
+        let s = &self.stream;
+        // SAFETY: uninitialised scratch; every byte a kernel reads is written
+        // before: the index lists by moe_align (or built in shared memory
+        // instead), the counters by block 0 of the gate+up kernel, h for every
+        // valid pair by the gate+up kernel, o for every valid pair by the down
+        // kernel before the item is counted done.
+        let mut scratch = unsafe { s.alloc::<u8>(bytes) }?;
+        let (px, _gx) = x.device_ptr(s);
+        let (pi, _gi) = idx.device_ptr(s);
+        let (pw, _gw) = w.device_ptr(s);
+        let (pg, _gg) = gate.device_ptr(s);
+        let (pu, _gu) = up.device_ptr(s);
+        let (pd, _gd) = down.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let (base, _gs) = scratch.device_ptr_mut(s);
+        let p_sorted = base;
+        let p_tile = base + off_tile as u64;
+        let p_seg = base + off_seg as u64;
+        let p_meta = base + off_meta as u64;
+        let p_ctr = base + off_ctr as u64;
+        let p_h = base + off_h as u64;
+        let p_o = base + off_o as u64;
+
+        if !fused {
+            let f = self.function(&MOE, "moe_align")?;
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (ALIGN_THREADS, 1, 1),
+                shared_mem_bytes: u32_of("shared memory", e * 4)?,
+            };
+            let one = 1u32;
+            let mut b = s.launch_builder(&f);
+            b.arg(&pi).arg(&n32).arg(&e32).arg(&one).arg(&n32).arg(&n32);
+            b.arg(&p_sorted).arg(&p_tile).arg(&p_seg).arg(&p_meta);
+            // SAFETY: arguments match `moe_align`; pad 1: sorted and
+            // tile_expert have n entries, seg 3·min(e, n), meta 2; dynamic
+            // shared memory e u32 (e ≤ 8192: 32 KiB).
+            unsafe { b.launch(cfg) }?;
+        }
+        // 2a. gate+up GEMV: a warp per (active expert, inter column) item.
+        let vec_gu = i32::from(vec_ok::<T>(px, hidden) && vec_ok::<T>(pg, hidden) && vec_ok::<T>(pu, hidden));
+        let f = self.function(&MOE, &format!("moe_dec_gu_{}", T::NAME))?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid_gu, 1, 1),
+            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+            shared_mem_bytes: dsm32,
+        };
+        let mut b = s.launch_builder(&f);
+        b.arg(&px).arg(&pg).arg(&pu).arg(&pi).arg(&n32).arg(&e32).arg(&fused32);
+        b.arg(&p_sorted).arg(&p_seg).arg(&p_meta).arg(&p_ctr).arg(&nq32).arg(&p_h);
+        b.arg(&h32).arg(&i32_).arg(&k32).arg(&vec_gu);
+        // SAFETY: arguments match `moe_dec_gu_<T>`; lengths checked; items
+        // past the active experts are never visited; h rows per pair (< n);
+        // 16-byte loads only with `vec`; the global lists are read only
+        // without `fused` (then written by moe_align); dynamic shared memory
+        // e + n + 3·min(e, n) u32 with `fused`.
+        unsafe { b.launch(cfg) }?;
+        // 3a. down GEMV + combine: a warp per (active expert, DOWN_NR hidden columns) item.
+        let vec_d = i32::from(vec_ok::<T>(pd, inter) && vec_ok::<T>(p_h, inter));
+        let f = self.function(&MOE, &format!("moe_dec_down_{}", T::NAME))?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid_down, 1, 1),
+            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+            shared_mem_bytes: dsm32,
+        };
+        let mut b = s.launch_builder(&f);
+        b.arg(&p_h).arg(&pd).arg(&pi).arg(&pw).arg(&n32).arg(&e32).arg(&fused32);
+        b.arg(&p_sorted).arg(&p_seg).arg(&p_meta).arg(&p_ctr).arg(&p_o).arg(&po);
+        b.arg(&h32).arg(&i32_).arg(&k32).arg(&t32).arg(&vec_d);
+        // SAFETY: arguments match `moe_dec_down_<T>`; o has n rows of hidden,
+        // written for valid pairs only and read back (combine) only for them;
+        // out [t, hidden] written in full (by the completing warp of every
+        // column group, or zeroed when no id is valid); ctr has nq entries.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Prefill path of [`CudaKernels::moe_experts`] (arguments checked):
+    /// alignment, tiled gate+up and down GEMMs, combine.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_prefill<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        k: usize,
+        e: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<()> {
+        let n = prod(&[t, k])?;
+        let slots = e.min(n);
+        // Sorted list: each expert's segment padded to whole tiles (at most
+        // one partial tile per active expert).
+        let (pad, tiles_cap) = (BM, n.div_ceil(BM) + slots);
         let cap = prod(&[tiles_cap, pad])?;
         let esize = std::mem::size_of::<T>();
         // Scratch, one allocation: sorted [cap], tile_expert [tiles_cap],
@@ -168,81 +326,48 @@ impl CudaKernels {
         // meta 2; dynamic shared memory e u32 (e ≤ 8192: 32 KiB).
         unsafe { b.launch(cfg) }?;
 
-        if decode {
-            let slots32 = u32_of("slots", slots)?;
-            // 2a. gate+up GEMV: a warp per inter column.
-            let vec_gu = i32::from(vec_ok::<T>(px, hidden) && vec_ok::<T>(pg, hidden) && vec_ok::<T>(pu, hidden));
-            let f = self.function(&MOE, &format!("moe_gemv_gu_{}", T::NAME))?;
-            let cfg = LaunchConfig {
-                grid_dim: (u32_of("gemv blocks", inter.div_ceil(GEMV_WARPS))?, slots32, 1),
-                block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = s.launch_builder(&f);
-            b.arg(&px).arg(&pg).arg(&pu).arg(&p_sorted).arg(&p_seg).arg(&p_meta).arg(&p_h);
-            b.arg(&h32).arg(&i32_).arg(&k32).arg(&vec_gu);
-            // SAFETY: arguments match `moe_gemv_gu_<T>`; lengths checked;
-            // blocks past the active experts exit; columns < inter; rows of h
-            // at sorted positions < cap; 16-byte loads only with `vec`.
-            unsafe { b.launch(cfg) }?;
-            // 3a. down GEMV: a warp per DOWN_NR hidden columns.
-            let vec_d = i32::from(vec_ok::<T>(pd, inter) && vec_ok::<T>(p_h, inter));
-            let f = self.function(&MOE, &format!("moe_gemv_down_{}", T::NAME))?;
-            let cfg = LaunchConfig {
-                grid_dim: (u32_of("gemv blocks", hidden.div_ceil(GEMV_WARPS * DOWN_NR))?, slots32, 1),
-                block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = s.launch_builder(&f);
-            b.arg(&p_h).arg(&pd).arg(&p_sorted).arg(&p_seg).arg(&p_meta).arg(&p_o);
-            b.arg(&h32).arg(&i32_).arg(&vec_d);
-            // SAFETY: arguments match `moe_gemv_down_<T>`; o has n rows of
-            // hidden, written for sorted (valid) pairs only.
-            unsafe { b.launch(cfg) }?;
-        } else {
-            let sm80 = self.arch.trim_start_matches("sm_").parse::<u32>().is_ok_and(|v| v >= 80);
-            let tc = T::NAME != "f32"
-                && sm80
-                && vec_ok::<T>(px, hidden)
-                && vec_ok::<T>(pg, hidden)
-                && vec_ok::<T>(pu, hidden)
-                && vec_ok::<T>(pd, inter)
-                && vec_ok::<T>(p_h, inter);
-            let kind = if tc { "wmma" } else { "simt" };
-            // 2b. gate+up GEMM (+ activation): column blocks of BN/2 inter columns.
-            let nblk = inter.div_ceil(BN / 2);
-            let nblk32 = u32_of("column blocks", nblk)?;
-            let f = self.function(&MOE, &format!("moe_gemm_gu_{kind}_{}", T::NAME))?;
-            let cfg = LaunchConfig {
-                grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
-                block_dim: (GEMM_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = s.launch_builder(&f);
-            b.arg(&px).arg(&pg).arg(&pu).arg(&p_sorted).arg(&p_tile).arg(&p_h);
-            b.arg(&h32).arg(&i32_).arg(&k32).arg(&nblk32);
-            // SAFETY: arguments match `moe_gemm_gu_<kind>_<T>`; tiles past the
-            // real count exit (tile_expert invalid); A rows gathered through
-            // the sorted list (padding reads nothing); h has cap rows; the
-            // wmma variant is only chosen with 16-byte aligned rows.
-            unsafe { b.launch(cfg) }?;
-            // 3b. down GEMM: column blocks of BN hidden columns.
-            let nblk = hidden.div_ceil(BN);
-            let nblk32 = u32_of("column blocks", nblk)?;
-            let f = self.function(&MOE, &format!("moe_gemm_down_{kind}_{}", T::NAME))?;
-            let cfg = LaunchConfig {
-                grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
-                block_dim: (GEMM_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = s.launch_builder(&f);
-            b.arg(&p_h).arg(&pd).arg(&pd).arg(&p_sorted).arg(&p_tile).arg(&p_o);
-            b.arg(&i32_).arg(&h32).arg(&k32).arg(&nblk32);
-            // SAFETY: arguments match `moe_gemm_down_<kind>_<T>`; h rows of
-            // real tiles were all written by the gate+up GEMM; o written for
-            // valid pairs only.
-            unsafe { b.launch(cfg) }?;
-        }
+        let sm80 = self.arch.trim_start_matches("sm_").parse::<u32>().is_ok_and(|v| v >= 80);
+        let tc = T::NAME != "f32"
+            && sm80
+            && vec_ok::<T>(px, hidden)
+            && vec_ok::<T>(pg, hidden)
+            && vec_ok::<T>(pu, hidden)
+            && vec_ok::<T>(pd, inter)
+            && vec_ok::<T>(p_h, inter);
+        let kind = if tc { "wmma" } else { "simt" };
+        // 2b. gate+up GEMM (+ activation): column blocks of BN/2 inter columns.
+        let nblk = inter.div_ceil(BN / 2);
+        let nblk32 = u32_of("column blocks", nblk)?;
+        let f = self.function(&MOE, &format!("moe_gemm_gu_{kind}_{}", T::NAME))?;
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+            block_dim: (GEMM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(&f);
+        b.arg(&px).arg(&pg).arg(&pu).arg(&p_sorted).arg(&p_tile).arg(&p_h);
+        b.arg(&h32).arg(&i32_).arg(&k32).arg(&nblk32);
+        // SAFETY: arguments match `moe_gemm_gu_<kind>_<T>`; tiles past the
+        // real count exit (tile_expert invalid); A rows gathered through
+        // the sorted list (padding reads nothing); h has cap rows; the
+        // wmma variant is only chosen with 16-byte aligned rows.
+        unsafe { b.launch(cfg) }?;
+        // 3b. down GEMM: column blocks of BN hidden columns.
+        let nblk = hidden.div_ceil(BN);
+        let nblk32 = u32_of("column blocks", nblk)?;
+        let f = self.function(&MOE, &format!("moe_gemm_down_{kind}_{}", T::NAME))?;
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+            block_dim: (GEMM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(&f);
+        b.arg(&p_h).arg(&pd).arg(&pd).arg(&p_sorted).arg(&p_tile).arg(&p_o);
+        b.arg(&i32_).arg(&h32).arg(&k32).arg(&nblk32);
+        // SAFETY: arguments match `moe_gemm_down_<kind>_<T>`; h rows of
+        // real tiles were all written by the gate+up GEMM; o written for
+        // valid pairs only.
+        unsafe { b.launch(cfg) }?;
 
         // 4. Combine.
         let total = prod(&[t, hidden])?;

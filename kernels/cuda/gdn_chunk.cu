@@ -1,0 +1,537 @@
+// Gated DeltaNet, chunked form (chunks of GC_C = 64 tokens) over spans of a
+// batch: the prefill path of porter_kernels::cpu::gdn::chunked_gated_delta_rule
+// with the span / state-pool conventions of gdn_delta_seq (gdn_seq.cu). All
+// math in f32 on CUDA cores (cumulative log-decays in f64, as the CPU code).
+// Preceded by common.cuh. Launch wrapper: kernels/src/cuda/gdn_chunk.rs.
+//
+// Inputs: qkv [t, 2·hk·dk + hv·dv] (f32: q at 0, k at hk·dk, v at 2·hk·dk);
+// g, beta [t, hv] (f32); state pool [num_slots, nbuf, hv, dk, dv] (f32);
+// spans [n_spans, 5] = (row0, len, slot, src_buf, snapshot) (snapshot is
+// ignored: treated as 0); out [t, hv, dv] (T).
+//
+// Per chunk of l <= 64 tokens of a span and value head j (S = state at the
+// chunk start, q, k L2-normalised, G = cumsum(g) within the chunk):
+//   A  = −β_i (k_i·k_m) exp(G_i − G_m) (m < i),  T = (I − A)⁻¹ (forward subst.)
+//   W  = T (β ⊙ exp(G) ⊙ K),  U = T (β ⊙ V)            (gdn_chunk_wu)
+//   Vn = U − W S;  S ← exp(G_last) S + (K ⊙ exp(G_last − G))ᵀ Vn   (gdn_chunk_state)
+//   O  = (Q ⊙ exp(G)) S + (tril(Q Kᵀ) ⊙ exp(G_i − G_m)) Vn       (gdn_chunk_out)
+// exp(x) is flushed to 0 below x = −60 (decay_exp of the CPU code).
+//
+// Scratch is indexed by a global chunk index: span s's chunk c is
+// off[s] + c, off from gdn_chunk_prep (an exclusive scan of ceil(len / 64)
+// over the spans, GC_INVALID for an invalid span).
+//   wt [cap, hv, dk, 64]   W transposed (token index fastest)
+//   ut [cap, hv, dv, 64]   U transposed, overwritten with Vn by gdn_chunk_state
+//   kt [cap, hv, 64, dk]   K ⊙ exp(G_last − G)
+//   gl [cap, hv]           exp(G_last)
+//   hs [cap, hv, dk, dv]   the state at each chunk start
+// Rows of a chunk past its length are zero in wt / ut / kt.
+
+#define GC_C 64
+#define GC_INVALID 0xffffffffu
+#define GC_THREADS 256
+
+__device__ __forceinline__ float gc_decay(float x) { return x < -60.0f ? 0.0f : expf(x); }
+
+// ---------------------------------------------------------------------------
+// Chunk offsets. One block of 1024 threads. A span is valid when slot <
+// num_slots, src_buf < nbuf, row0 + len <= t and len <= max_len; it then gets
+// chunks off[s] .. off[s] + ceil(len / 64), if those fit in `cap`.
+// ---------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(1024)
+    gdn_chunk_prep(const u32* __restrict__ spans, u32* __restrict__ off, u32 n_spans, u32 t, u32 num_slots,
+                   u32 nbuf, u32 max_len, u32 cap) {
+    __shared__ u32 part[1024];
+    const u32 tid = threadIdx.x, nt = blockDim.x;
+    const u32 per = (n_spans + nt - 1) / nt;
+    const u32 s0 = tid * per;
+    const u32 s1 = s0 + per < n_spans ? s0 + per : n_spans;
+    u32 sum = 0;
+    for (u32 s = s0; s < s1; ++s) {
+        const u32* sp = spans + 5 * s;
+        const bool ok = sp[2] < num_slots && sp[3] < nbuf && (u64)sp[0] + sp[1] <= t && sp[1] <= max_len;
+        if (ok) sum += (sp[1] + GC_C - 1) / GC_C;  // <= cap + 1 each: no overflow below 2^32 / 1024 spans
+    }
+    part[tid] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        u32 acc = 0;
+        for (u32 i = 0; i < nt; ++i) {
+            const u32 v = part[i];
+            part[i] = acc;
+            acc = acc + v < acc ? 0xffffffffu : acc + v;  // saturate
+        }
+    }
+    __syncthreads();
+    u32 acc = part[tid];
+    for (u32 s = s0; s < s1; ++s) {
+        const u32* sp = spans + 5 * s;
+        const bool ok = sp[2] < num_slots && sp[3] < nbuf && (u64)sp[0] + sp[1] <= t && sp[1] <= max_len;
+        const u32 nch = (sp[1] + GC_C - 1) / GC_C;
+        if (ok && (u64)acc + nch <= cap) {
+            off[s] = acc;
+            acc += nch;
+        } else {
+            off[s] = GC_INVALID;
+            if (ok) acc = 0xffffffffu;  // later spans cannot fit either (keeps the order simple)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Per (chunk, value head): W, U, K̃, exp(G_last). grid (max_chunks, hv,
+// n_spans), block GC_THREADS. Static shared memory (~34 KiB).
+// ---------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(256)
+    gdn_chunk_wu(const float* __restrict__ qkv, const float* __restrict__ g, const float* __restrict__ beta,
+                 const u32* __restrict__ spans, const u32* __restrict__ off, float* __restrict__ wt,
+                 float* __restrict__ ut, float* __restrict__ kt, float* __restrict__ gl, u32 hk, u32 hv, u32 dk,
+                 u32 dv) {
+    __shared__ float Ts[GC_C][GC_C + 1];  // A, then T
+    __shared__ float Xs[GC_C][GC_C + 1];  // staged 64-column blocks of K (or V)
+    __shared__ double Gd[GC_C];
+    __shared__ float rk[GC_C], bt[GC_C], eg[GC_C], ek[GC_C];
+    const u32 tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5;
+    const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
+    const u32 o = off[s];
+    if (o == GC_INVALID) return;
+    const u32* sp = spans + 5 * s;
+    const u32 len = sp[1];
+    if (c * GC_C >= len) return;
+    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
+    const u32 r0 = sp[0] + c * GC_C;
+    const u64 gci = (u64)o + c;
+    const u64 rw = 2ull * hk * dk + (u64)hv * dv;
+    const float* kbase = qkv + (u64)hk * dk + (u64)kh * dk;  // + row · rw
+    const float* vbase = qkv + 2ull * hk * dk + (u64)j * dv;
+    const u64 ch = gci * hv + j;  // (chunk, head)
+
+    // Inverse norms of k, β.
+    for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
+        float sk = 0.0f;
+        if (i < l) {
+            const float* kr = kbase + (u64)(r0 + i) * rw;
+            for (u32 d = lane; d < dk; d += 32) sk += kr[d] * kr[d];
+        }
+        sk = warp_sum(sk);
+        if (lane == 0) {
+            rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
+            bt[i] = i < l ? beta[(u64)(r0 + i) * hv + j] : 0.0f;
+        }
+    }
+    if (tid == 0) {
+        double acc = 0.0;
+        for (u32 i = 0; i < GC_C; ++i) {
+            if (i < l) acc += (double)g[(u64)(r0 + i) * hv + j];
+            Gd[i] = acc;
+        }
+    }
+    __syncthreads();
+    if (tid < GC_C) {
+        eg[tid] = tid < l ? gc_decay((float)Gd[tid]) : 0.0f;
+        ek[tid] = tid < l ? gc_decay((float)(Gd[l - 1] - Gd[tid])) : 0.0f;
+    }
+    if (tid == 0) gl[ch] = gc_decay((float)Gd[l - 1]);
+    __syncthreads();
+
+    // Gram K Kᵀ: thread owns row i = tid % 64, columns mb .. mb + 15.
+    const u32 gi = tid % GC_C, mb = (tid / GC_C) * 16;
+    float acc[16];
+#pragma unroll
+    for (int u = 0; u < 16; ++u) acc[u] = 0.0f;
+    for (u32 d0 = 0; d0 < dk; d0 += GC_C) {
+        __syncthreads();
+        for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
+            const u32 i = x / GC_C, dd = x % GC_C, d = d0 + dd;
+            const float kv = (i < l && d < dk) ? kbase[(u64)(r0 + i) * rw + d] * rk[i] : 0.0f;
+            Xs[i][dd] = kv;
+            if (d < dk) kt[(ch * GC_C + i) * dk + d] = kv * ek[i];
+        }
+        __syncthreads();
+        for (u32 dd = 0; dd < GC_C; ++dd) {
+            const float a = Xs[gi][dd];
+#pragma unroll
+            for (int u = 0; u < 16; ++u) acc[u] = fmaf(a, Xs[mb + u][dd], acc[u]);
+        }
+    }
+    __syncthreads();
+    // A = −β_i (k_i·k_m) Γ_im, strictly lower.
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+        const u32 m = mb + u;
+        Ts[gi][m] = (m < gi && gi < l) ? acc[u] * (-bt[gi] * gc_decay((float)(Gd[gi] - Gd[m]))) : 0.0f;
+    }
+    __syncthreads();
+    // Forward substitution, row by row: T[i, c] = A[i, c] + Σ_{c<m<i} A[i, m] T[m, c].
+    for (u32 i = 1; i < l; ++i) {
+        float v = 0.0f;
+        if (tid < i) {
+            v = Ts[i][tid];
+            for (u32 m = tid + 1; m < i; ++m) v = fmaf(Ts[i][m], Ts[m][tid], v);
+        }
+        __syncthreads();
+        if (tid < i) Ts[i][tid] = v;
+        __syncthreads();
+    }
+    if (tid < GC_C) Ts[tid][tid] = 1.0f;
+
+    // W = T (β exp(G) K) and U = T (β V): thread owns row i = tid % 64 and 16
+    // columns of each 64-column block; written transposed (coalesced over i).
+    for (u32 pass = 0; pass < 2; ++pass) {
+        const u32 dim = pass == 0 ? dk : dv;
+        float* dst = pass == 0 ? wt + ch * dk * GC_C : ut + ch * dv * GC_C;
+        for (u32 d0 = 0; d0 < dim; d0 += GC_C) {
+            __syncthreads();
+            for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
+                const u32 i = x / GC_C, dd = x % GC_C, d = d0 + dd;
+                float xv = 0.0f;
+                if (i < l && d < dim) {
+                    xv = pass == 0 ? (bt[i] * eg[i]) * (kbase[(u64)(r0 + i) * rw + d] * rk[i])
+                                   : bt[i] * vbase[(u64)(r0 + i) * rw + d];
+                }
+                Xs[i][dd] = xv;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int u = 0; u < 16; ++u) acc[u] = 0.0f;
+            for (u32 m = 0; m < l; ++m) {
+                const float tv = Ts[gi][m];
+#pragma unroll
+                for (int u = 0; u < 16; ++u) acc[u] = fmaf(tv, Xs[m][mb + u], acc[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 16; ++u) {
+                const u32 d = d0 + mb + u;
+                if (d < dim) dst[(u64)d * GC_C + gi] = gi < l ? acc[u] : 0.0f;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Sequential over the chunks of a span: grid (ceil(dv / 32), hv, n_spans),
+// block GC_THREADS (8 warps). Lane = state column (32 per block); warp w
+// holds rows w·RK .. w·RK + RK − 1 of the state in registers (RK·8 >= dk).
+// Dynamic shared memory: Ss [8·RK][32] + Xb [2048] + Vs [64][32] floats.
+// Per chunk: the state goes to hs and Ss; Vn = U − W S (thread: column lane,
+// rows 8w .. 8w + 7); Vn to ut (in place) and Vs; S ← exp(G_last) S + K̃ᵀ Vn.
+// The final state goes back to state[slot, src_buf, j].
+// ---------------------------------------------------------------------------
+template <int RK>
+__device__ __forceinline__ void gdn_chunk_state_impl(float* __restrict__ state, const u32* __restrict__ spans,
+                                                     const u32* __restrict__ off, const float* __restrict__ wt,
+                                                     float* __restrict__ ut, const float* __restrict__ kt,
+                                                     const float* __restrict__ gl, float* __restrict__ hs, u32 hv,
+                                                     u32 dk, u32 dv, u32 nbuf) {
+    extern __shared__ float4 gc_smem4[];
+    float* Ss = reinterpret_cast<float*>(gc_smem4);  // [8·RK][32]
+    float* Xb = Ss + 8 * RK * 32;                    // [2048]
+    float* Vs = Xb + 2048;                           // [64][32]
+    constexpr u32 DKP = 8 * RK;                      // padded dk
+    const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
+    const u32 s = blockIdx.z, j = blockIdx.y;
+    const u32 col = blockIdx.x * 32 + lane;
+    const bool active = col < dv;
+    const u32 o = off[s];
+    if (o == GC_INVALID) return;
+    const u32* sp = spans + 5 * s;
+    const u32 len = sp[1], slot = sp[2], src = sp[3];
+    if (len == 0) return;
+    const u64 hsz = (u64)dk * dv;
+    float* st = state + (((u64)slot * nbuf + src) * hv + j) * hsz;
+
+    float Sr[RK];
+#pragma unroll
+    for (int r = 0; r < RK; ++r) {
+        const u32 d = w * RK + r;
+        Sr[r] = (active && d < dk) ? st[(u64)d * dv + col] : 0.0f;
+    }
+    const u32 nch = (len + GC_C - 1) / GC_C;
+    for (u32 c = 0; c < nch; ++c) {
+        const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
+        const u64 ch = ((u64)o + c) * hv + j;
+        __syncthreads();  // the previous chunk is done with Ss, Xb, Vs
+#pragma unroll
+        for (int r = 0; r < RK; ++r) {
+            const u32 d = w * RK + r;
+            Ss[d * 32 + lane] = Sr[r];
+            if (active && d < dk) hs[ch * hsz + (u64)d * dv + col] = Sr[r];
+        }
+        // Vn = U − W S for rows 8w .. 8w + 7.
+        float acc[8];
+        {
+            const float* u = ut + (ch * dv + (active ? col : 0)) * GC_C + 8 * w;
+#pragma unroll
+            for (int a = 0; a < 8; ++a) acc[a] = active ? u[a] : 0.0f;
+        }
+        const float* wc = wt + ch * dk * GC_C;
+        for (u32 d0 = 0; d0 < dk; d0 += 32) {
+            __syncthreads();
+            for (u32 x = tid; x < 32 * GC_C; x += GC_THREADS) {
+                const u32 dd = x / GC_C, i = x % GC_C;
+                Xb[x] = d0 + dd < dk ? wc[(u64)(d0 + dd) * GC_C + i] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll 4
+            for (u32 dd = 0; dd < 32; ++dd) {
+                const float sv = Ss[(d0 + dd) * 32 + lane];
+                const float4 wa = *reinterpret_cast<const float4*>(Xb + dd * GC_C + 8 * w);
+                const float4 wb = *reinterpret_cast<const float4*>(Xb + dd * GC_C + 8 * w + 4);
+                acc[0] = fmaf(-wa.x, sv, acc[0]);
+                acc[1] = fmaf(-wa.y, sv, acc[1]);
+                acc[2] = fmaf(-wa.z, sv, acc[2]);
+                acc[3] = fmaf(-wa.w, sv, acc[3]);
+                acc[4] = fmaf(-wb.x, sv, acc[4]);
+                acc[5] = fmaf(-wb.y, sv, acc[5]);
+                acc[6] = fmaf(-wb.z, sv, acc[6]);
+                acc[7] = fmaf(-wb.w, sv, acc[7]);
+            }
+        }
+        {
+            float* u = ut + (ch * dv + (active ? col : 0)) * GC_C + 8 * w;
+#pragma unroll
+            for (int a = 0; a < 8; ++a) {
+                Vs[(8 * w + a) * 32 + lane] = acc[a];
+                if (active) u[a] = acc[a];
+            }
+        }
+        // S ← exp(G_last) S + K̃ᵀ Vn, 8 rows of K̃ at a time.
+        const float e = gl[ch];
+#pragma unroll
+        for (int r = 0; r < RK; ++r) Sr[r] *= e;
+        const float* kc = kt + ch * GC_C * dk;
+        for (u32 i0 = 0; i0 < l; i0 += 8) {
+            __syncthreads();
+            for (u32 x = tid; x < 8 * DKP; x += GC_THREADS) {
+                const u32 ii = x / DKP, d = x % DKP;
+                Xb[x] = d < dk ? kc[(u64)(i0 + ii) * dk + d] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (u32 ii = 0; ii < 8; ++ii) {
+                const float v = Vs[(i0 + ii) * 32 + lane];
+                const float4* k4 = reinterpret_cast<const float4*>(Xb + ii * DKP + w * RK);
+#pragma unroll
+                for (int r = 0; r < RK; r += 4) {
+                    const float4 kk = k4[r / 4];
+                    Sr[r] = fmaf(kk.x, v, Sr[r]);
+                    Sr[r + 1] = fmaf(kk.y, v, Sr[r + 1]);
+                    Sr[r + 2] = fmaf(kk.z, v, Sr[r + 2]);
+                    Sr[r + 3] = fmaf(kk.w, v, Sr[r + 3]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RK; ++r) {
+        const u32 d = w * RK + r;
+        if (active && d < dk) st[(u64)d * dv + col] = Sr[r];
+    }
+}
+
+#define GDN_CHUNK_STATE(RK)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                      \
+        gdn_chunk_state_rk##RK(float* state, const u32* spans, const u32* off, const float* wt, float* ut,        \
+                               const float* kt, const float* gl, float* hs, u32 hv, u32 dk, u32 dv, u32 nbuf) {  \
+        gdn_chunk_state_impl<RK>(state, spans, off, wt, ut, kt, gl, hs, hv, dk, dv, nbuf);                       \
+    }
+GDN_CHUNK_STATE(8)
+GDN_CHUNK_STATE(16)
+GDN_CHUNK_STATE(32)
+
+// ---------------------------------------------------------------------------
+// Outputs per (chunk, value head): grid (max_chunks, hv, n_spans), block
+// GC_THREADS. Thread: rows 4·(tid / 16) .. + 3, columns (tid % 16)·CT .. + CT − 1
+// (16·CT >= dv). Dynamic shared memory (floats): Qt [dkp][64] + Kt [dkp][64]
+// + Pt [64][64] + Bs [16][16·CT], dkp = dk rounded up to 4.
+// P = tril(Q Kᵀ) ⊙ Γ; O = (Q ⊙ exp(G)) S + P Vn. An invalid span gets NaN rows.
+// ---------------------------------------------------------------------------
+template <typename T, int CT>
+__device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv, const float* __restrict__ g,
+                                                   const u32* __restrict__ spans, const u32* __restrict__ off,
+                                                   const float* __restrict__ ut, const float* __restrict__ hs,
+                                                   T* __restrict__ out, u32 t, u32 hk, u32 hv, u32 dk, u32 dv,
+                                                   float q_scale) {
+    extern __shared__ float4 gc_smem4[];
+    __shared__ double Gd[GC_C];
+    __shared__ float rq[GC_C], rk[GC_C];
+    constexpr u32 DVP = 16 * CT;
+    const u32 dkp = (dk + 3) & ~3u;
+    float* Qt = reinterpret_cast<float*>(gc_smem4);  // [dkp][64]
+    float* Kt = Qt + dkp * GC_C;                     // [dkp][64]
+    float* Pt = Kt + dkp * GC_C;                     // [64][64]: Pt[m][i] = P[i][m]
+    float* Bs = Pt + GC_C * GC_C;                    // [16][DVP]
+    const u32 tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5;
+    const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
+    const u32* sp = spans + 5 * s;
+    const u32 row0 = sp[0], len = sp[1];
+    if (c * GC_C >= len) return;
+    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
+    const u32 r0 = row0 + c * GC_C;
+    const u32 o = off[s];
+    if (o == GC_INVALID) {
+        for (u32 x = tid; x < l * dv; x += GC_THREADS) {
+            const u64 r = (u64)r0 + x / dv;
+            if (r < t) out[(r * hv + j) * dv + x % dv] = from_f<T>(PORTER_NAN);
+        }
+        return;
+    }
+    const u64 ch = ((u64)o + c) * hv + j;
+    const u64 rw = 2ull * hk * dk + (u64)hv * dv;
+    const float* qbase = qkv + (u64)kh * dk;
+    const float* kbase = qkv + (u64)hk * dk + (u64)kh * dk;
+
+    for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
+        float sq = 0.0f, sk = 0.0f;
+        if (i < l) {
+            const float* qr = qbase + (u64)(r0 + i) * rw;
+            const float* kr = kbase + (u64)(r0 + i) * rw;
+            for (u32 d = lane; d < dk; d += 32) {
+                sq += qr[d] * qr[d];
+                sk += kr[d] * kr[d];
+            }
+        }
+        sq = warp_sum(sq);
+        sk = warp_sum(sk);
+        if (lane == 0) {
+            rq[i] = i < l ? (1.0f / sqrtf(sq + 1e-6f)) * q_scale : 0.0f;
+            rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
+        }
+    }
+    if (tid == 0) {
+        double acc = 0.0;
+        for (u32 i = 0; i < GC_C; ++i) {
+            if (i < l) acc += (double)g[(u64)(r0 + i) * hv + j];
+            Gd[i] = acc;
+        }
+    }
+    __syncthreads();
+    // Normalised q, k, transposed (token index fastest).
+    for (u32 x = tid; x < dkp * GC_C; x += GC_THREADS) {
+        const u32 i = x / dkp, d = x % dkp;
+        float qv = 0.0f, kv = 0.0f;
+        if (i < l && d < dk) {
+            qv = qbase[(u64)(r0 + i) * rw + d] * rq[i];
+            kv = kbase[(u64)(r0 + i) * rw + d] * rk[i];
+        }
+        Qt[d * GC_C + i] = qv;
+        Kt[d * GC_C + i] = kv;
+    }
+    __syncthreads();
+    const u32 ib = 4 * (tid / 16), cb = tid % 16;
+    // P: thread rows ib .. ib + 3, key columns 4·cb .. 4·cb + 3.
+    {
+        float p[4][4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) p[a][b] = 0.0f;
+        for (u32 d = 0; d < dk; ++d) {
+            const float4 q4 = *reinterpret_cast<const float4*>(Qt + d * GC_C + ib);
+            const float4 k4 = *reinterpret_cast<const float4*>(Kt + d * GC_C + 4 * cb);
+            const float qa[4] = {q4.x, q4.y, q4.z, q4.w}, ka[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int b = 0; b < 4; ++b) p[a][b] = fmaf(qa[a], ka[b], p[a][b]);
+        }
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const u32 i = ib + a, m = 4 * cb + b;
+                float v = 0.0f;
+                if (m < i && i < l) v = p[a][b] * gc_decay((float)(Gd[i] - Gd[m]));
+                else if (m == i && i < l) v = p[a][b];
+                Pt[m * GC_C + i] = v;
+            }
+    }
+    __syncthreads();
+    // Q ⊙ exp(G).
+    for (u32 x = tid; x < dkp * GC_C; x += GC_THREADS) {
+        const u32 i = x % GC_C;
+        Qt[x] *= i < l ? gc_decay((float)Gd[i]) : 0.0f;
+    }
+    float acc[4][CT];
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < CT; ++b) acc[a][b] = 0.0f;
+    // (Q ⊙ exp(G)) S, 16 state rows at a time.
+    const float* hc = hs + ch * dk * dv;
+    for (u32 d0 = 0; d0 < dk; d0 += 16) {
+        __syncthreads();
+        for (u32 x = tid; x < 16 * DVP; x += GC_THREADS) {
+            const u32 dd = x / DVP, cc = x % DVP;
+            Bs[x] = (d0 + dd < dk && cc < dv) ? hc[(u64)(d0 + dd) * dv + cc] : 0.0f;
+        }
+        __syncthreads();
+        const u32 de = dk - d0 < 16 ? dk - d0 : 16;
+        for (u32 dd = 0; dd < de; ++dd) {
+            const float4 q4 = *reinterpret_cast<const float4*>(Qt + (d0 + dd) * GC_C + ib);
+            const float qa[4] = {q4.x, q4.y, q4.z, q4.w};
+            const float4* b4 = reinterpret_cast<const float4*>(Bs + dd * DVP + cb * CT);
+#pragma unroll
+            for (int b = 0; b < CT; b += 4) {
+                const float4 bb = b4[b / 4];
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    acc[a][b] = fmaf(qa[a], bb.x, acc[a][b]);
+                    acc[a][b + 1] = fmaf(qa[a], bb.y, acc[a][b + 1]);
+                    acc[a][b + 2] = fmaf(qa[a], bb.z, acc[a][b + 2]);
+                    acc[a][b + 3] = fmaf(qa[a], bb.w, acc[a][b + 3]);
+                }
+            }
+        }
+    }
+    // + P Vn, 16 tokens at a time (Vn is ut, [dv][64]).
+    const float* vc = ut + ch * dv * GC_C;
+    for (u32 m0 = 0; m0 < l; m0 += 16) {
+        __syncthreads();
+        for (u32 x = tid; x < 16 * DVP; x += GC_THREADS) {
+            const u32 cc = x / 16, mm = x % 16;
+            Bs[mm * DVP + cc] = (cc < dv && m0 + mm < l) ? vc[(u64)cc * GC_C + m0 + mm] : 0.0f;
+        }
+        __syncthreads();
+        const u32 me = l - m0 < 16 ? l - m0 : 16;
+        for (u32 mm = 0; mm < me; ++mm) {
+            const float4 p4 = *reinterpret_cast<const float4*>(Pt + (m0 + mm) * GC_C + ib);
+            const float pa[4] = {p4.x, p4.y, p4.z, p4.w};
+            const float4* b4 = reinterpret_cast<const float4*>(Bs + mm * DVP + cb * CT);
+#pragma unroll
+            for (int b = 0; b < CT; b += 4) {
+                const float4 bb = b4[b / 4];
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    acc[a][b] = fmaf(pa[a], bb.x, acc[a][b]);
+                    acc[a][b + 1] = fmaf(pa[a], bb.y, acc[a][b + 1]);
+                    acc[a][b + 2] = fmaf(pa[a], bb.z, acc[a][b + 2]);
+                    acc[a][b + 3] = fmaf(pa[a], bb.w, acc[a][b + 3]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+        const u32 i = ib + a;
+        if (i >= l) continue;
+        T* orow = out + ((u64)(r0 + i) * hv + j) * dv;
+#pragma unroll
+        for (int b = 0; b < CT; ++b) {
+            const u32 cc = cb * CT + b;
+            if (cc < dv) orow[cc] = from_f<T>(acc[a][b]);
+        }
+    }
+}
+
+#define GDN_CHUNK_OUT(T, NAME, CT)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                                      \
+        gdn_chunk_out_c##CT##_##NAME(const float* qkv, const float* g, const u32* spans, const u32* off,          \
+                                     const float* ut, const float* hs, T* out, u32 t, u32 hk, u32 hv, u32 dk,     \
+                                     u32 dv, float q_scale) {                                                     \
+        gdn_chunk_out_impl<T, CT>(qkv, g, spans, off, ut, hs, out, t, hk, hv, dk, dv, q_scale);                   \
+    }
+#define GDN_CHUNK_OUT_ALL(CT) GDN_CHUNK_OUT(float, f32, CT) GDN_CHUNK_OUT(bf16, bf16, CT) GDN_CHUNK_OUT(f16, f16, CT)
+GDN_CHUNK_OUT_ALL(4)
+GDN_CHUNK_OUT_ALL(8)
+GDN_CHUNK_OUT_ALL(16)

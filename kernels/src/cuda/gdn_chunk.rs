@@ -1,0 +1,216 @@
+//! Launch wrapper of kernels/cuda/gdn_chunk.cu: the chunked (64-token)
+//! Gated DeltaNet prefill over the spans of a batch, the parallel form of
+//! [`CudaKernels::gdn_delta_seq`] (semantics of
+//! `cpu::gdn::chunked_gated_delta_rule` per span).
+
+use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_CHUNK};
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+/// Tokens per chunk (`GC_C` in gdn_chunk.cu).
+const GC_C: usize = 64;
+/// Threads of the per-chunk and state kernels (`GC_THREADS`).
+const GC_THREADS: u32 = 256;
+/// Largest key / value head dim of [`CudaKernels::gdn_chunked_seq`].
+pub const GDN_CHUNK_MAX_D: usize = 256;
+/// Default dynamic shared memory limit without the opt-in attribute.
+const SMEM_DEFAULT: usize = 48 * 1024;
+
+impl CudaKernels {
+    /// Gated delta rule over the spans of a batch in the chunked form (chunks
+    /// of 64 tokens; per span, `cpu::gdn::l2norm_rows` on q and k followed by
+    /// `cpu::gdn::chunked_gated_delta_rule`). Same arguments and conventions as
+    /// [`CudaKernels::gdn_delta_seq`], except that **snapshot spans are not
+    /// supported**: the snapshot flag (`spans[s][4]`) is ignored (read as 0),
+    /// so every span continues from `state[slot, src_buf]` and writes its final
+    /// state back there. Route snapshot spans to `gdn_delta_seq`.
+    ///
+    /// Span `s` = `spans[s] = (row0, len, slot, src_buf, snapshot)`. Per value
+    /// head `j` (key head `j / (hv / hk)`): q and k L2-normalised in f32
+    /// (`x · rsqrt(Σx² + 1e-6)`, q also times `dk^-½`); per token
+    /// `S ← exp(g)·S`, `δ = β·(v − Sᵀk)`, `S ← S + k⊗δ`, `out[row] = Sᵀq`
+    /// (rounded to `T` once), evaluated chunk by chunk (cumulative decays
+    /// within a chunk in f64, `exp` flushed to 0 below −60, as the CPU code).
+    ///
+    /// Spans must use distinct slots and disjoint rows; unlike in
+    /// `gdn_delta_seq`, `max_len` must bound every span's length. A span whose
+    /// slot or `src_buf` is out of range, whose rows pass `t` or that is longer
+    /// than `max_len` gives NaN rows (as far as `max_len` reaches) and leaves
+    /// every state alone; rows outside every span are not written.
+    ///
+    /// Scratch: about `(t / 64 + n_spans) · hv · (3·64·dk + … + dk·dv) · 4`
+    /// bytes from the stream's pool, freed (asynchronously) on return.
+    ///
+    /// # Shapes
+    /// - `qkv`: `[t, 2·hk·dk + hv·dv]` (`f32`: q `[hk, dk]` at column 0, k at
+    ///   `hk·dk`, v `[hv, dv]` at `2·hk·dk`)
+    /// - `g`, `beta`: `[t, hv]` (`f32`)
+    /// - `state`: `[num_slots, nbuf, hv, dk, dv]` (`f32`, k-major), updated
+    /// - `spans`: `[n_spans, 5]` (`u32`)
+    /// - `out`: `[t, hv, dv]` (`T`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if a dimension is zero, `hv % hk != 0`,
+    /// `dk > 256`, `dv > 256`, or on a length mismatch; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_chunked_seq<T: CudaFloat>(
+        &self,
+        qkv: &impl DevicePtr<f32>,
+        g: &impl DevicePtr<f32>,
+        beta: &impl DevicePtr<f32>,
+        state: &mut impl DevicePtrMut<f32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        t: usize,
+        n_spans: usize,
+        max_len: usize,
+        hk: usize,
+        hv: usize,
+        dk: usize,
+        dv: usize,
+        num_slots: usize,
+        nbuf: usize,
+    ) -> Result<()> {
+        if hk == 0 || hv == 0 || dk == 0 || dv == 0 || nbuf == 0 {
+            return Err(CudaError::Invalid("gdn_chunked_seq: hk, hv, dk, dv and nbuf must be > 0".into()));
+        }
+        if !hv.is_multiple_of(hk) {
+            return Err(CudaError::Invalid(format!("gdn_chunked_seq: hv {hv} is not a multiple of hk {hk}")));
+        }
+        if dk > GDN_CHUNK_MAX_D || dv > GDN_CHUNK_MAX_D {
+            return Err(CudaError::Invalid(format!("gdn_chunked_seq: dk {dk} or dv {dv} > {GDN_CHUNK_MAX_D}")));
+        }
+        let width = prod(&[2, hk, dk])?
+            .checked_add(prod(&[hv, dv])?)
+            .ok_or_else(|| CudaError::Invalid("gdn_chunked_seq: qkv width overflows".into()))?;
+        self.check("qkv", qkv, prod(&[t, width])?)?;
+        self.check("g", g, prod(&[t, hv])?)?;
+        self.check("beta", beta, prod(&[t, hv])?)?;
+        self.check("state", state, prod(&[num_slots, nbuf, hv, dk, dv])?)?;
+        self.check("spans", spans, prod(&[n_spans, 5])?)?;
+        self.check("out", out, prod(&[t, hv, dv])?)?;
+        if t == 0 || n_spans == 0 || max_len == 0 {
+            return Ok(());
+        }
+        if n_spans > 65_535 || hv > 65_535 {
+            return Err(CudaError::Invalid(format!("gdn_chunked_seq: n_spans {n_spans} or hv {hv} exceeds 65535")));
+        }
+        // Valid spans are disjoint rows of 0..t, so they have at most
+        // (t + 63·n) / 64 chunks in all (and at most n · max_chunks).
+        let max_chunks = max_len.div_ceil(GC_C);
+        let cap = prod(&[n_spans, max_chunks])?.min(t.saturating_add(prod(&[n_spans, GC_C - 1])?) / GC_C);
+        let (t32, ns32, ml32, hk32, hv32, dk32, dv32, slots32, nbuf32, cap32) = (
+            u32_of("t", t)?,
+            n_spans as u32,
+            u32_of("max_len", max_len)?,
+            u32_of("hk", hk)?,
+            u32_of("hv", hv)?,
+            u32_of("dk", dk)?,
+            u32_of("dv", dv)?,
+            u32_of("num_slots", num_slots)?,
+            u32_of("nbuf", nbuf)?,
+            u32_of("chunks", cap)?,
+        );
+        let mc32 = u32_of("max chunks", max_chunks)?;
+        let rk = match dk {
+            0..=64 => 8,
+            65..=128 => 16,
+            _ => 32,
+        };
+        let ct = match dv {
+            0..=64 => 4,
+            65..=128 => 8,
+            _ => 16,
+        };
+        let q_scale = 1.0 / (dk as f32).sqrt();
+
+        let s = &*self.stream;
+        // SAFETY (all five): every element the kernels read is written first:
+        // `off` by gdn_chunk_prep; wt / ut / kt / gl for every chunk of a valid
+        // span by gdn_chunk_wu (rows past a chunk's length as zeros); hs by
+        // gdn_chunk_state, all on this stream.
+        let mut off = unsafe { self.stream.alloc::<u32>(n_spans) }?;
+        let mut wt = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, dk, GC_C])?) }?;
+        let mut ut = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, dv, GC_C])?) }?;
+        let mut kt = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, GC_C, dk])?) }?;
+        let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
+        let mut hs = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, dk, dv])?) }?;
+
+        let f_prep = self.function(&GDN_CHUNK, "gdn_chunk_prep")?;
+        let f_wu = self.function(&GDN_CHUNK, "gdn_chunk_wu")?;
+        let f_state = self.function(&GDN_CHUNK, &format!("gdn_chunk_state_rk{rk}"))?;
+        let f_out = self.function(&GDN_CHUNK, &format!("gdn_chunk_out_c{ct}_{}", T::NAME))?;
+        let smem_state = 4 * (8 * rk * 32 + 2 * 2048);
+        let dkp = dk.next_multiple_of(4);
+        let smem_out = 4 * (2 * dkp * GC_C + GC_C * GC_C + 16 * 16 * ct);
+        for (f, smem) in [(&f_state, smem_state), (&f_out, smem_out)] {
+            if smem >= SMEM_DEFAULT {
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    i32::try_from(smem).map_err(|_| CudaError::Invalid("shared memory".into()))?,
+                )?;
+            }
+        }
+
+        let (pq, _gq) = qkv.device_ptr(s);
+        let (pg, _gg) = g.device_ptr(s);
+        let (pb, _gb) = beta.device_ptr(s);
+        let (pst, _gst) = state.device_ptr_mut(s);
+        let (psp, _gsp) = spans.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let (poff, _goff) = off.device_ptr_mut(s);
+        let (pwt, _gwt) = wt.device_ptr_mut(s);
+        let (put, _gut) = ut.device_ptr_mut(s);
+        let (pkt, _gkt) = kt.device_ptr_mut(s);
+        let (pgl, _ggl) = gl.device_ptr_mut(s);
+        let (phs, _ghs) = hs.device_ptr_mut(s);
+
+        // 1. Chunk offsets per span.
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        let mut l = s.launch_builder(&f_prep);
+        l.arg(&psp).arg(&poff).arg(&ns32).arg(&t32).arg(&slots32).arg(&nbuf32).arg(&ml32).arg(&cap32);
+        // SAFETY: arguments match `gdn_chunk_prep`; `spans` holds n_spans rows,
+        // `off` n_spans entries.
+        unsafe { l.launch(cfg) }?;
+
+        // 2. W, U, K̃, exp(G_last) per (chunk, value head).
+        let chunk_grid = (mc32, hv32, ns32);
+        let cfg = LaunchConfig { grid_dim: chunk_grid, block_dim: (GC_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut l = s.launch_builder(&f_wu);
+        l.arg(&pq).arg(&pg).arg(&pb).arg(&psp).arg(&poff).arg(&pwt).arg(&put).arg(&pkt).arg(&pgl);
+        l.arg(&hk32).arg(&hv32).arg(&dk32).arg(&dv32);
+        // SAFETY: arguments match `gdn_chunk_wu`; lengths checked; a valid span
+        // (per `off`) has rows inside 0..t and at most max_chunks chunks, whose
+        // scratch indices off + c are below cap (checked by gdn_chunk_prep).
+        unsafe { l.launch(cfg) }?;
+
+        // 3. The state, chunk after chunk; Vn in place of U.
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("column blocks", dv.div_ceil(32))?, hv32, ns32),
+            block_dim: (GC_THREADS, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", smem_state)?,
+        };
+        let mut l = s.launch_builder(&f_state);
+        l.arg(&pst).arg(&psp).arg(&poff).arg(&pwt).arg(&put).arg(&pkt).arg(&pgl).arg(&phs);
+        l.arg(&hv32).arg(&dk32).arg(&dv32).arg(&nbuf32);
+        // SAFETY: arguments match `gdn_chunk_state_rk<RK>`; 8·RK >= dk; the
+        // shared memory size is the kernel's layout for RK; slot / src_buf of a
+        // valid span are in range (gdn_chunk_prep).
+        unsafe { l.launch(cfg) }?;
+
+        // 4. Outputs per (chunk, value head).
+        let cfg = LaunchConfig {
+            grid_dim: chunk_grid,
+            block_dim: (GC_THREADS, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", smem_out)?,
+        };
+        let mut l = s.launch_builder(&f_out);
+        l.arg(&pq).arg(&pg).arg(&psp).arg(&poff).arg(&put).arg(&phs).arg(&po);
+        l.arg(&t32).arg(&hk32).arg(&hv32).arg(&dk32).arg(&dv32).arg(&q_scale);
+        // SAFETY: arguments match `gdn_chunk_out_c<CT>_<T>`; 16·CT >= dv; the
+        // shared memory size is the kernel's layout for (dk, CT) (at most
+        // ~165 KiB, opted in above); NaN rows of invalid spans are clipped to t.
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+}
