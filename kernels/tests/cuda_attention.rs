@@ -83,7 +83,14 @@ struct AttnCase<'a> {
 }
 
 fn attn_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase) {
+    attn_case_at::<T>(k, rng, c, false);
+}
+
+/// [`attn_case`]; `misalign` offsets `q`, `out` and every cache buffer by one
+/// element, so that none is 16-byte aligned (the kernels' element-wise paths).
+fn attn_case_at<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase, misalign: bool) {
     let (h, kvh, hd) = (c.heads, c.kv_heads, c.head_dim);
+    let off = usize::from(misalign);
     let kv_row = kvh * hd;
     let t: usize = c.seqs.iter().map(|s| s.0).sum();
     let max_q = c.seqs.iter().map(|s| s.0).max().unwrap_or(0);
@@ -99,9 +106,11 @@ fn attn_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase) {
         let cap = ctx + 3; // a poisoned tail that must never be read
         let kh = rnd_vec::<T>(&rng.vec(ctx * kv_row, 2.0));
         let vh = rnd_vec::<T>(&rng.vec(ctx * kv_row, 1.0));
-        let mut kp = kh.clone();
+        let mut kp = vec![f32::NAN; off];
+        kp.extend(&kh);
         kp.extend(std::iter::repeat_n(f32::NAN, (cap - ctx) * kv_row));
-        let mut vp = vh.clone();
+        let mut vp = vec![f32::NAN; off];
+        vp.extend(&vh);
         vp.extend(std::iter::repeat_n(f32::NAN, (cap - ctx) * kv_row));
         kbufs.push(up::<T>(k, &kp));
         vbufs.push(up::<T>(k, &vp));
@@ -123,14 +132,31 @@ fn attn_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase) {
         row0 += ql;
     }
     let want = rnd_vec::<T>(&want);
-    let (kp, vp) = (addrs(k, &kbufs), addrs(k, &vbufs));
-    let qd = up::<T>(k, &q);
+    let (kp, vp) = if misalign {
+        let shift = |bufs: &[CudaSlice<T>]| -> CudaSlice<u64> {
+            let v: Vec<u64> =
+                bufs.iter().map(|b| b.device_ptr(k.stream()).0 + std::mem::size_of::<T>() as u64).collect();
+            k.stream().clone_htod(&v).expect("htod")
+        };
+        (shift(&kbufs), shift(&vbufs))
+    } else {
+        (addrs(k, &kbufs), addrs(k, &vbufs))
+    };
+    let mut qh = vec![0.0f32; off];
+    qh.extend(&q);
+    let qfull = up::<T>(k, &qh);
+    let qd = qfull.slice(off..);
     let sd = up_u32(k, &spans);
-    let mut out = poisoned::<T>(k, t * h * hd);
+    let mut outfull = poisoned::<T>(k, off + t * h * hd);
     let n = c.seqs.len();
-    k.attention::<T>(&qd, &kp, &vp, &sd, &mut out, t, n, max_q, h, kvh, hd, scale, c.window).expect("attention");
-    let got = down(k, &out);
-    check(&format!("attention {} {}", c.name, T::NAME), &got, &want, tol::<T>());
+    {
+        let mut out = outfull.slice_mut(off..);
+        k.attention::<T>(&qd, &kp, &vp, &sd, &mut out, t, n, max_q, h, kvh, hd, scale, c.window).expect("attention");
+    }
+    let got = down(k, &outfull)[off..].to_vec();
+    let what = format!("attention {}{} {}", c.name, if misalign { " (misaligned)" } else { "" }, T::NAME);
+    check(&what, &got, &want, tol::<T>());
+    let mut out = outfull.slice_mut(off..);
     if c.time_iters > 0 {
         k.stream().synchronize().unwrap();
         let t0 = Instant::now();
@@ -140,11 +166,30 @@ fn attn_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase) {
         k.stream().synchronize().unwrap();
         let us = t0.elapsed().as_secs_f64() * 1e6 / c.time_iters as f64;
         let kv_bytes: usize = c.seqs.iter().map(|s| (s.0 + s.1) * kv_row * 2 * std::mem::size_of::<T>()).sum::<usize>();
+        // 4 flops per (query row, head, attended key, dimension): Q·K and P·V.
+        let keys: f64 = c
+            .seqs
+            .iter()
+            .map(|&(ql, pos0)| {
+                (0..ql)
+                    .map(|i| {
+                        let p = pos0 + i;
+                        let lo = match c.window {
+                            Some(w) if p + 1 > w => p + 1 - w,
+                            _ => 0,
+                        };
+                        (p + 1 - lo) as f64
+                    })
+                    .sum::<f64>()
+            })
+            .sum();
+        let flops = 4.0 * keys * (h * hd) as f64;
         println!(
-            "  TIME attention {} {}: {us:.1} us per call ({:.0} GB/s of K/V)",
+            "  TIME attention {} {}: {us:.1} us per call ({:.0} GB/s of K/V, {:.1} TFLOP/s)",
             c.name,
             T::NAME,
-            kv_bytes as f64 / us / 1e3
+            kv_bytes as f64 / us / 1e3,
+            flops / us / 1e6
         );
     }
 }
@@ -214,6 +259,151 @@ fn attention_sliding_window() {
     }
 }
 
+/// The tensor-core prefill path (16-bit storage, head_dim % 16 == 0,
+/// max_q_len >= 16): head dims 64 / 128 / 256 (and 80, 32: padded), GQA 1 / 4 /
+/// 8, chunked prefill (pos0 > 0, mixed with decode-sized spans), sliding
+/// windows, odd lengths, bf16 and f16.
+#[test]
+fn attention_tensor_core_prefill() {
+    let Some(k) = gpu("attention_tensor_core_prefill") else { return };
+    let mut rng = Rng::new(8);
+    let chunked = [(17, 0), (100, 37), (1, 500), (64, 64), (3, 9), (130, 1000)];
+    for hd in [64, 128, 256] {
+        for (h, kvh) in [(4, 4), (8, 2), (16, 2)] {
+            println!("head_dim {hd} heads {h} kv_heads {kvh}");
+            let c = AttnCase {
+                name: "tc chunked",
+                seqs: &chunked,
+                heads: h,
+                kv_heads: kvh,
+                head_dim: hd,
+                window: None,
+                time_iters: 0,
+            };
+            attn_case::<bf16>(&k, &mut rng, &c);
+            attn_case::<f16>(&k, &mut rng, &c);
+        }
+    }
+    // Odd lengths from position 0, one long sequence.
+    for (seqs, hd, h, kvh) in [
+        (&[(17usize, 0usize)][..], 128, 8, 1),
+        (&[(100, 0)][..], 256, 16, 2),
+        (&[(1000, 0)][..], 128, 8, 2),
+        (&[(1000, 0), (17, 3)][..], 64, 4, 1),
+        (&[(100, 0), (33, 200)][..], 80, 6, 2),
+        (&[(40, 7)][..], 32, 12, 4),
+    ] {
+        println!("odd lengths {seqs:?}: head_dim {hd} heads {h} kv_heads {kvh}");
+        let c = AttnCase { name: "tc odd", seqs, heads: h, kv_heads: kvh, head_dim: hd, window: None, time_iters: 0 };
+        attn_case::<bf16>(&k, &mut rng, &c);
+        attn_case::<f16>(&k, &mut rng, &c);
+    }
+    // Sliding windows (smaller than, equal to and straddling the 64-key tiles).
+    let wseqs = [(150, 0), (90, 400), (1, 33), (64, 64), (300, 17)];
+    for w in [1, 17, 64, 100, 129, 4096] {
+        for (hd, h, kvh) in [(128, 8, 2), (256, 16, 2), (64, 8, 8)] {
+            println!("window {w}: head_dim {hd} heads {h} kv_heads {kvh}");
+            let c = AttnCase {
+                name: "tc window",
+                seqs: &wseqs,
+                heads: h,
+                kv_heads: kvh,
+                head_dim: hd,
+                window: Some(w),
+                time_iters: 0,
+            };
+            attn_case::<bf16>(&k, &mut rng, &c);
+        }
+    }
+    let c = AttnCase {
+        name: "tc window",
+        seqs: &wseqs,
+        heads: 8,
+        kv_heads: 1,
+        head_dim: 128,
+        window: Some(100),
+        time_iters: 0,
+    };
+    attn_case::<f16>(&k, &mut rng, &c);
+    // Unaligned q / out / caches: the element-wise loads and stores.
+    let c = AttnCase { name: "tc", seqs: &chunked, heads: 8, kv_heads: 2, head_dim: 128, window: None, time_iters: 0 };
+    attn_case_at::<bf16>(&k, &mut rng, &c, true);
+    attn_case_at::<f16>(&k, &mut rng, &c, true);
+    let c = AttnCase {
+        name: "tc window",
+        seqs: &wseqs,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 256,
+        window: Some(70),
+        time_iters: 0,
+    };
+    attn_case_at::<bf16>(&k, &mut rng, &c, true);
+    // The CUDA-core path on misaligned buffers too (f32, and max_q_len < 16).
+    let c = AttnCase { name: "cc", seqs: &chunked, heads: 8, kv_heads: 2, head_dim: 128, window: None, time_iters: 0 };
+    attn_case_at::<f32>(&k, &mut rng, &c, true);
+    let c = AttnCase {
+        name: "cc decode",
+        seqs: &[(1, 100), (3, 40)],
+        heads: 8,
+        kv_heads: 2,
+        head_dim: 128,
+        window: None,
+        time_iters: 0,
+    };
+    attn_case_at::<bf16>(&k, &mut rng, &c, true);
+}
+
+/// Registers and spills of the attention kernels for sm_90 (NVRTC + ptxas, no
+/// GPU); the tensor-core kernels must not spill.
+#[test]
+fn nvrtc_attention_ptxas_info() {
+    use cudarc::nvrtc::result as nv;
+    use porter_kernels::cuda;
+    use std::ffi::CString;
+    if let Err(reason) = cuda::nvrtc_available() {
+        println!("nvrtc_attention_ptxas_info: skipped: {reason}");
+        return;
+    }
+    let Ok(include) = cuda::cuda_include_dir() else {
+        println!("nvrtc_attention_ptxas_info: skipped: no CUDA headers");
+        return;
+    };
+    let src = cuda::sources().into_iter().find(|s| s.name == "attention.cu").expect("attention.cu");
+    let text = CString::new(src.full_text()).expect("source");
+    let prog = nv::create_program(&text, Some(c"attention.cu")).expect("create program");
+    let opts = [
+        "--gpu-architecture=sm_90".to_string(),
+        "--std=c++17".to_string(),
+        format!("-I{}", include.display()),
+        "--ptxas-options=-v".to_string(),
+    ];
+    // SAFETY: `prog` was just created and is destroyed once, below.
+    let res = unsafe { nv::compile_program(prog, &opts) };
+    // SAFETY: as above.
+    let log = unsafe { nv::get_program_log(prog) }.expect("log");
+    // SAFETY: as above; not used afterwards.
+    unsafe { nv::destroy_program(prog) }.expect("destroy");
+    let log: Vec<u8> = log.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
+    let log = String::from_utf8_lossy(&log);
+    res.unwrap_or_else(|e| panic!("compile failed: {e}\n{log}"));
+    let mut func = String::new();
+    let mut tc_seen = 0;
+    for line in log.lines() {
+        if let Some(i) = line.find("Compiling entry function '") {
+            func = line[i + 26..].trim_end_matches(['\'', ' ']).split('\'').next().unwrap_or("").to_string();
+        }
+        if func.starts_with("attention") && (line.contains("registers") || line.contains("spill")) {
+            println!("{func}: {}", line.trim());
+        }
+        if func.starts_with("attention_tc_") && line.contains("spill stores") {
+            tc_seen += 1;
+            assert!(line.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{func} spills: {line}");
+        }
+    }
+    assert_eq!(tc_seen, 6, "ptxas reported {tc_seen} tensor-core attention kernels, expected 6");
+}
+
 #[test]
 fn attention_rejects_bad_dims() {
     let Some(k) = gpu("attention_rejects_bad_dims") else { return };
@@ -240,6 +430,11 @@ fn attention_qwen3_next_prefill_4k() {
         window: None,
         time_iters: 10,
     };
+    attn_case::<bf16>(&k, &mut rng, &c);
+    attn_case::<f16>(&k, &mut rng, &c);
+    let c = AttnCase { name: "qwen3-next prefill 2048 at 2048", seqs: &[(2048, 2048)], ..c };
+    attn_case::<bf16>(&k, &mut rng, &c);
+    let c = AttnCase { name: "qwen3-next prefill 4 x 1024", seqs: &[(1024, 0); 4], ..c };
     attn_case::<bf16>(&k, &mut rng, &c);
 }
 
