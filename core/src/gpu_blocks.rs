@@ -386,10 +386,17 @@ pub fn moe(m: &Moe, x: &Tensor) -> Result<Tensor> {
     let (t, h) = (x.rows(), x.last_dim());
     let e = m.router.out_features();
     let k = m.top_k;
-    let logits = x.matmul_t_to(&m.router.w, DType::F32)?;
+    // Router logits in f32 — with a shared expert, one f32 GEMM over the stacked
+    // [router; shared gate; shared up; shared expert gate] rows: [T, E + 2·I_s + 1].
+    let logits = match &m.stacked_in {
+        Some(w) => x.matmul_t_to(w, DType::F32)?,
+        None => x.matmul_t_to(&m.router.w, DType::F32)?,
+    };
+    let stride = logits.last_dim();
     let mut idx = alloc::<u32>(&g, t * k)?;
     let mut wts = alloc::<f32>(&g, t * k)?;
-    g.k.moe_router(logits.dev::<f32>()?, &mut idx, &mut wts, t, e, k, m.norm_topk_prob).map_err(cuda_err)?;
+    g.k.moe_router_strided(logits.dev::<f32>()?, stride, &mut idx, &mut wts, t, e, k, m.norm_topk_prob)
+        .map_err(cuda_err)?;
     let inter = m.gate.dim(1);
     let mut y = Tensor::empty_on(&g, [t, h], DType::F32)?;
     fn go<T: DevType>(
@@ -419,7 +426,30 @@ pub fn moe(m: &Moe, x: &Tensor) -> Result<Tensor> {
         .map_err(cuda_err)
     }
     crate::by_dtype!(x.dtype(), go(&g, m, x, &idx, &wts, &mut y, (t, k, e, h, inter)))?;
-    if let Some(s) = &m.shared {
+    if let (Some(s), true) = (&m.shared, m.stacked_in.is_some()) {
+        // Shared expert from the stacked GEMM: gate/up at columns E.., its gate logit last.
+        let inter_s = s.mlp.down.w.dim(1);
+        let mut hsh = Tensor::empty_on(&g, [t, inter_s], x.dtype())?;
+        fn act<T: DevType>(g: &Gpu, all: &Tensor, h: &mut Tensor, dims: (usize, usize, usize, usize)) -> Result<()> {
+            let (t, i, stride, col0) = dims;
+            g.k.swiglu_f32in::<T>(all.dev::<f32>()?, h.dev_mut::<T>()?, t, i, stride, col0).map_err(cuda_err)
+        }
+        crate::by_dtype!(x.dtype(), act(&g, &logits, &mut hsh, (t, inter_s, stride, e)))?;
+        let so = s.mlp.down.forward(&hsh)?;
+        fn add<T: DevType>(
+            g: &Gpu,
+            y: &mut Tensor,
+            so: &Tensor,
+            all: &Tensor,
+            dims: (usize, usize, usize),
+        ) -> Result<()> {
+            let (h, stride, gcol) = dims;
+            let t = so.rows();
+            g.k.shared_expert_add_f32g::<T>(y.dev_mut::<f32>()?, so.dev::<T>()?, all.dev::<f32>()?, t, h, stride, gcol)
+                .map_err(cuda_err)
+        }
+        crate::by_dtype!(x.dtype(), add(&g, &mut y, &so, &logits, (h, stride, e + 2 * inter_s)))?;
+    } else if let Some(s) = &m.shared {
         let so = s.mlp.forward(x)?;
         let gate = s.gate.forward(x)?;
         fn add<T: DevType>(g: &Gpu, y: &mut Tensor, so: &Tensor, gate: &Tensor, h: usize) -> Result<()> {

@@ -441,6 +441,9 @@ pub struct Moe {
     pub top_k: usize,
     pub norm_topk_prob: bool,
     pub shared: Option<SharedExpert>,
+    /// On a CUDA device with a shared expert: `[router; shared gate; shared up; shared
+    /// expert gate]` stacked (`[E + 2·I_s + 1, hidden]`), one f32-output GEMM for all four.
+    pub stacked_in: Option<Tensor>,
 }
 
 impl Moe {
@@ -770,14 +773,23 @@ pub mod load {
         } else {
             None
         };
+        let router = linear(w, &format!("{prefix}.router"))?;
+        let stacked_in = match &shared {
+            Some(s) if router.w.is_cuda() && router.b.is_none() && s.gate.b.is_none() => match &s.mlp.gate_up {
+                Some(gu) => Some(crate::gpu::stack_rows(&crate::gpu::stack_rows(&router.w, gu)?, &s.gate.w)?),
+                None => None,
+            },
+            _ => None,
+        };
         let m = Moe {
-            router: linear(w, &format!("{prefix}.router"))?,
+            router,
             gate: w.take(&format!("{prefix}.gate_proj"))?,
             up: w.take(&format!("{prefix}.up_proj"))?,
             down: w.take(&format!("{prefix}.down_proj"))?,
             top_k,
             norm_topk_prob,
             shared,
+            stacked_in,
         };
         m.check()?;
         Ok(m)

@@ -567,45 +567,42 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
             for (int n = 0; n < 4; ++n) wmma::store_matrix_sync(Sw + n * 16, sf[n], ATC_SS, wmma::mem_row_major);
             __syncwarp();
 
-            // Mask and online softmax (log2 domain) of row r, columns 8k + 4hh + e.
-            float x[32];
+            // Mask and online softmax (log2 domain) of row r, columns 8k + 4hh + e:
+            // a pass for the row max, a second one (S re-read) for P and its sum.
+            auto masked = [&](u32 c, float v) {
+                const u32 kpos = kbase + c;
+                return (my_valid && kpos >= my_lo && kpos <= my_pos) ? v * sl2 : PORTER_NEG_INF;
+            };
             float mx = PORTER_NEG_INF;
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
                 const u32 c0 = 8 * k + 4 * hh;
                 const float4 v = *reinterpret_cast<const float4*>(Sw + r * ATC_SS + c0);
-                const float vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u32 kpos = kbase + c0 + e;
-                    const bool ok = my_valid && kpos >= my_lo && kpos <= my_pos;
-                    x[4 * k + e] = ok ? vv[e] * sl2 : PORTER_NEG_INF;
-                    mx = fmaxf(mx, x[4 * k + e]);
-                }
+                mx = fmaxf(mx, fmaxf(fmaxf(masked(c0, v.x), masked(c0 + 1, v.y)),
+                                     fmaxf(masked(c0 + 2, v.z), masked(c0 + 3, v.w))));
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             const float m_new = fmaxf(m_run, mx);
-            float corr = 1.0f, psum = 0.0f;
-            if (m_new == PORTER_NEG_INF) {
+            // A row with no unmasked key yet keeps O = 0, l = 0 (P = 0, corr = 1).
+            const bool none = m_new == PORTER_NEG_INF;
+            const float corr = none ? 1.0f : exp2f(m_run - m_new);
+            float psum = 0.0f;
 #pragma unroll
-                for (int e = 0; e < 32; ++e) x[e] = 0.0f;
-            } else {
-                corr = exp2f(m_run - m_new);
-#pragma unroll
-                for (int e = 0; e < 32; ++e) {
-                    x[e] = exp2f(x[e] - m_new);
-                    psum += x[e];
-                }
+            for (int k = 0; k < 8; ++k) {
+                const u32 c0 = 8 * k + 4 * hh;
+                const float4 v = *reinterpret_cast<const float4*>(Sw + r * ATC_SS + c0);
+                const float p0 = none ? 0.0f : exp2f(masked(c0, v.x) - m_new);
+                const float p1 = none ? 0.0f : exp2f(masked(c0 + 1, v.y) - m_new);
+                const float p2 = none ? 0.0f : exp2f(masked(c0 + 2, v.z) - m_new);
+                const float p3 = none ? 0.0f : exp2f(masked(c0 + 3, v.w) - m_new);
+                psum += (p0 + p1) + (p2 + p3);
+                const u32 lo = (u32)bits16(from_f<T>(p0)) | ((u32)bits16(from_f<T>(p1)) << 16);
+                const u32 hi = (u32)bits16(from_f<T>(p2)) | ((u32)bits16(from_f<T>(p3)) << 16);
+                *reinterpret_cast<uint2*>(Pw + r * ATC_PSS + c0) = make_uint2(lo, hi);
             }
             psum += __shfl_xor_sync(0xffffffffu, psum, 1);
             m_run = m_new;
             l_run = l_run * corr + psum;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                T* pd = Pw + r * ATC_PSS + 8 * k + 4 * hh;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) pd[e] = from_f<T>(x[4 * k + e]);
-            }
             if (hh == 0) Cw[r] = corr;
             __syncwarp();
 
@@ -676,7 +673,7 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
 }
 
 #define ATTENTION_TC(T, NAME, DP)                                                                               \
-    extern "C" __global__ void __launch_bounds__(128) attention_tc_##NAME##_d##DP(                              \
+    extern "C" __global__ void __launch_bounds__(128, 1) attention_tc_##NAME##_d##DP(                            \
         const T* q, const u64* k_ptrs, const u64* v_ptrs, const u32* spans, T* out, u32 heads, u32 kvh, u32 D,  \
         float scale, u32 window) {                                                                              \
         attention_tc_impl<T, DP>(q, k_ptrs, v_ptrs, spans, out, heads, kvh, D, scale, window);                  \

@@ -119,6 +119,31 @@ __device__ __forceinline__ void gated_norm_z_impl(const T* __restrict__ x, const
     }
 }
 
+// SwiGLU from f32 GEMM outputs that the CPU model rounds to T first: per row r of a
+// [rows, stride] f32 matrix with [gate | up] at columns col0..col0 + 2·inter,
+// out[r, c] = round(silu(round(g)) · round(u)).
+template <typename T>
+__device__ __forceinline__ void swiglu_f32in_impl(const float* __restrict__ src, T* __restrict__ out, u64 rows, u32 inter,
+                                                  u32 stride, u32 col0) {
+    GRID_LOOP(i, rows * inter) {
+        const u64 r = i / inter, c = i % inter;
+        const float* row = src + r * stride + col0;
+        out[i] = from_f<T>(silu_f(round_to<T>(row[c])) * round_to<T>(row[inter + c]));
+    }
+}
+
+// Shared expert with its gate logit in an f32 matrix: y[r] += σ(round(g[r])) · s[r],
+// g[r] = src[r·stride + gcol].
+template <typename T>
+__device__ __forceinline__ void shared_expert_add_f32g_impl(float* __restrict__ y, const T* __restrict__ s,
+                                                            const float* __restrict__ src, u64 rows, u32 h, u32 stride,
+                                                            u32 gcol) {
+    GRID_LOOP(i, rows * h) {
+        const u64 r = i / h;
+        y[i] += sigmoid_f(round_to<T>(src[r * stride + gcol])) * to_f(s[i]);
+    }
+}
+
 #define PORTER_MISC(N, T)                                                                                              \
     extern "C" __global__ void add_into_f32_##N(float* x, const T* y, u64 n) { add_into_f32_impl<T>(x, y, n); }       \
     extern "C" __global__ void copy_cols_##N(const T* src, T* dst, u64 rows, u32 stride, u32 col0, u32 ncols) {        \
@@ -145,6 +170,13 @@ __device__ __forceinline__ void gated_norm_z_impl(const T* __restrict__ x, const
     extern "C" __global__ void gated_norm_z_##N(const T* x, const T* p, const T* w, T* out, u32 d, float eps, u32 hv,  \
                                                 u32 pw, u32 zoff) {                                                    \
         gated_norm_z_impl<T>(x, p, w, out, d, eps, hv, pw, zoff);                                                    \
+    }                                                                                                                  \
+    extern "C" __global__ void swiglu_f32in_##N(const float* src, T* out, u64 rows, u32 inter, u32 stride, u32 col0) { \
+        swiglu_f32in_impl<T>(src, out, rows, inter, stride, col0);                                                   \
+    }                                                                                                                  \
+    extern "C" __global__ void shared_expert_add_f32g_##N(float* y, const T* s, const float* src, u64 rows, u32 h,     \
+                                                          u32 stride, u32 gcol) {                                      \
+        shared_expert_add_f32g_impl<T>(y, s, src, rows, h, stride, gcol);                                            \
     }                                                                                                                  \
     extern "C" __global__ void fill_uniform_##N(T* y, u64 n, u64 seed, float scale, float offset) {                   \
         fill_uniform_impl<T>(y, n, seed, scale, offset);                                                               \

@@ -210,20 +210,20 @@ __device__ __forceinline__ void warp_dots(const T* (&w)[NR], const T* (&a)[MB], 
         for (int u = 0; u < U; ++u) {
             const u32 c = c0 + 32u * u;
             if (c < kv) {
-            float wf[NR][E];
 #pragma unroll
-            for (int r = 0; r < NR; ++r) unpack<T>(wv[u][r], wf[r]);
+                for (int m = 0; m < MB; ++m) {
+                    if (m < mb) {
+                        float af[E];
+                        unpack<T>(__ldg(reinterpret_cast<const uint4*>(a[m]) + c), af);
 #pragma unroll
-            for (int m = 0; m < MB; ++m) {
-                if (m < mb) {
-                    float af[E];
-                    unpack<T>(__ldg(reinterpret_cast<const uint4*>(a[m]) + c), af);
+                        for (int r = 0; r < NR; ++r) {
+                            float wf[E];
+                            unpack<T>(wv[u][r], wf);
 #pragma unroll
-                    for (int r = 0; r < NR; ++r)
-#pragma unroll
-                        for (u32 i = 0; i < E; ++i) acc[m][r] = fmaf(wf[r][i], af[i], acc[m][r]);
+                            for (u32 i = 0; i < E; ++i) acc[m][r] = fmaf(wf[i], af[i], acc[m][r]);
+                        }
+                    }
                 }
-            }
             }
         }
     }
@@ -324,24 +324,21 @@ __device__ __forceinline__ void dec_gu_impl(const T* __restrict__ x, const T* __
         for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
             const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
             const T* a[MOE_GEMV_MB];
-            u32 pm[MOE_GEMV_MB];
 #pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m) {
-                pm[m] = sorted[start + m0 + (m < mb ? m : 0)];
-                a[m] = x + (u64)(pm[m] / k) * H;
-            }
+            for (int m = 0; m < MOE_GEMV_MB; ++m) a[m] = x + (u64)(sorted[start + m0 + (m < mb ? m : 0)] / k) * H;
             float acc[MOE_GEMV_MB][2];
             warp_dots<T, 2, MOE_GEMV_MB, 4>(w, a, mb, H, vec, lane, acc);
             float g = 0.0f, u = 0.0f;
-            u32 p = 0;
 #pragma unroll
             for (int m = 0; m < MOE_GEMV_MB; ++m)
                 if ((int)lane == m) {
                     g = acc[m][0];
                     u = acc[m][1];
-                    p = pm[m];
                 }
-            if ((int)lane < mb) h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(g)) * round_to<T>(u));
+            if ((int)lane < mb) {
+                const u32 p = sorted[start + m0 + lane];
+                h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(g)) * round_to<T>(u));
+            }
         }
     }
 }
@@ -380,26 +377,19 @@ __device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const T* 
         for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
             const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
             const T* a[MOE_GEMV_MB];
-            u32 pm[MOE_GEMV_MB];
 #pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m) {
-                pm[m] = sorted[start + m0 + (m < mb ? m : 0)];
-                a[m] = h + (u64)pm[m] * I;
-            }
+            for (int m = 0; m < MOE_GEMV_MB; ++m) a[m] = h + (u64)sorted[start + m0 + (m < mb ? m : 0)] * I;
             float acc[MOE_GEMV_MB][MOE_DOWN_NR];
             warp_dots<T, MOE_DOWN_NR, MOE_GEMV_MB, 2>(w, a, mb, I, vec, lane, acc);
             // lane = m · MOE_DOWN_NR + r writes (row m, column c0 + r).
             const int lm = (int)lane / MOE_DOWN_NR, lr = (int)lane % MOE_DOWN_NR;
             float v = 0.0f;
-            u32 p = 0;
 #pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m) {
-                if (lm == m) p = pm[m];
+            for (int m = 0; m < MOE_GEMV_MB; ++m)
 #pragma unroll
                 for (int r = 0; r < MOE_DOWN_NR; ++r)
                     if (lm == m && lr == r) v = acc[m][r];
-            }
-            if (lm < mb && c0 + lr < H) o[(u64)p * H + c0 + lr] = from_f<T>(v);
+            if (lm < mb && c0 + lr < H) o[(u64)sorted[start + m0 + lm] * H + c0 + lr] = from_f<T>(v);
         }
         // Count the item done; the warp completing column group cq combines it.
         __threadfence();
@@ -425,12 +415,12 @@ __device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const T* 
 }
 
 #define MOE_DEC_ENTRY(T, NAME)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_gu_##NAME(                         \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dec_gu_##NAME(                         \
         const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,     \
         const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) {            \
         dec_gu_impl<T>(x, gate, up, idx, n, e, fused, g_sorted, g_seg, g_meta, ctr, nctr, h, H, I, k, vec);         \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_down_##NAME(                       \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dec_down_##NAME(                       \
         const T* h, const T* down, const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted, \
         const u32* g_seg, const u32* g_meta, u32* ctr, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec) {   \
         dec_down_impl<T>(h, down, idx, wt, n, e, fused, g_sorted, g_seg, g_meta, ctr, o, out, H, I, k, t, vec);     \
@@ -569,11 +559,13 @@ __device__ __forceinline__ void gemm_simt_impl(const T* __restrict__ a, const T*
 
 // --- Tensor cores (wmma 16×16×16, bf16 / f16 in, f32 accumulate; sm_80+) ---
 // Needs K % 8 == 0 and 16-byte aligned rows (checked by the host). A and W
-// tiles of MOE_BK columns are staged in shared memory with cp.async, two
-// stages; 8 warps, each a 32×32 block of C (2×2 fragments).
+// tiles of MOE_BK columns are staged in shared memory with cp.async,
+// MOE_STAGES stages (two tiles in flight while one is multiplied); 8 warps,
+// each a 32×32 block of C (2×2 fragments).
 
 #define MOE_BK 32
 #define MOE_LDS (MOE_BK + 8)
+#define MOE_STAGES 3
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
 #if __CUDA_ARCH__ >= 800
@@ -603,7 +595,7 @@ __device__ __forceinline__ void gemm_wmma_impl(const T* __restrict__ a, const T*
 #if __CUDA_ARCH__ >= 800
     using namespace nvcuda;
     constexpr u32 A_ELEMS = MOE_BM * MOE_LDS, B_ELEMS = MOE_BN * MOE_LDS;
-    constexpr u32 STAGE_BYTES = 2 * (A_ELEMS + B_ELEMS) * sizeof(T);
+    constexpr u32 STAGE_BYTES = MOE_STAGES * (A_ELEMS + B_ELEMS) * sizeof(T);
     constexpr u32 C_BYTES = MOE_BM * MOE_LDC * sizeof(float);
     __shared__ __align__(128) unsigned char smem[STAGE_BYTES > C_BYTES ? STAGE_BYTES : C_BYTES];
     __shared__ u32 s_pair[MOE_BM];
@@ -614,8 +606,8 @@ __device__ __forceinline__ void gemm_wmma_impl(const T* __restrict__ a, const T*
     const u32 c0 = cb * (GU ? MOE_BN / 2 : MOE_BN);
     if (tid < MOE_BM) s_pair[tid] = sorted[tile * MOE_BM + tid];
     __syncthreads();
-    T* As = reinterpret_cast<T*>(smem);  // [2][MOE_BM][MOE_LDS]
-    T* Bs = As + 2 * A_ELEMS;            // [2][MOE_BN][MOE_LDS]
+    T* As = reinterpret_cast<T*>(smem);     // [MOE_STAGES][MOE_BM][MOE_LDS]
+    T* Bs = As + MOE_STAGES * A_ELEMS;      // [MOE_STAGES][MOE_BN][MOE_LDS]
     // Loader: 16-byte chunk ch (8 elements) of A row tid / 4 and of W rows tid / 4, 64 + tid / 4.
     const u32 lrow = tid >> 2, ch = (tid & 3u) * 8u;
     const T* ap = a_row<T, GU>(a, s_pair, tile, lrow, K, k);
@@ -637,19 +629,22 @@ __device__ __forceinline__ void gemm_wmma_impl(const T* __restrict__ a, const T*
 #pragma unroll
         for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
     const u32 nk = (K + MOE_BK - 1) / MOE_BK;
+    // Commit groups G0, G1 (tiles 0, 1); iteration kt commits G(kt + 2), empty
+    // past the last tile, so that "all but the newest group done" always means
+    // tile kt has landed. The stage refilled in iteration kt, (kt + 2) % 3, was
+    // last read in iteration kt - 1, which every warp has left at the barrier.
     load(0, 0);
     cp_async_commit();
+    if (nk > 1) load(1, MOE_BK);
+    cp_async_commit();
     for (u32 kt = 0; kt < nk; ++kt) {
-        if (kt + 1 < nk) {
-            load((kt + 1) & 1u, (kt + 1) * MOE_BK);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        cp_async_wait<1>();
         __syncthreads();
-        const T* as = As + (kt & 1u) * A_ELEMS;
-        const T* bs = Bs + (kt & 1u) * B_ELEMS;
+        if (kt + 2 < nk) load((kt + 2) % MOE_STAGES, (kt + 2) * MOE_BK);
+        cp_async_commit();
+        const u32 st = kt % MOE_STAGES;
+        const T* as = As + st * A_ELEMS;
+        const T* bs = Bs + st * B_ELEMS;
 #pragma unroll
         for (u32 kk = 0; kk < MOE_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
@@ -663,8 +658,10 @@ __device__ __forceinline__ void gemm_wmma_impl(const T* __restrict__ a, const T*
 #pragma unroll
                 for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
         }
-        __syncthreads();
     }
+    // Only empty groups can be pending; the stages become the C staging area.
+    cp_async_wait<0>();
+    __syncthreads();
     float* Cs = reinterpret_cast<float*>(smem);
 #pragma unroll
     for (int i = 0; i < 2; ++i)

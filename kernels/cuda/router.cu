@@ -12,8 +12,10 @@
 // sum of the selected p, summed in selection order. A row whose logits are all
 // −inf gives p = 0 everywhere, like the CPU softmax.
 // Requires 1 <= k <= min(e, ROUTER_MAX_K) (checked by the Rust wrapper).
+// `stride` is the row stride of `logits` (e, or wider when the router logits are the
+// first e columns of a stacked GEMM output).
 extern "C" __global__ void moe_router_f32(const float* __restrict__ logits, u32* __restrict__ idx,
-                                          float* __restrict__ weights, u32 e, u32 k, int renorm) {
+                                          float* __restrict__ weights, u32 e, u32 k, int renorm, u32 stride) {
     extern __shared__ float p[];
     __shared__ float shv[32];
     __shared__ u32 shi[32];
@@ -21,7 +23,7 @@ extern "C" __global__ void moe_router_f32(const float* __restrict__ logits, u32*
     __shared__ u32 seli[ROUTER_MAX_K];
     const u32 tid = threadIdx.x, nt = blockDim.x;
     const u64 r = blockIdx.x;
-    const float* l = logits + r * e;
+    const float* l = logits + r * stride;
 
     float m = PORTER_NEG_INF;
     for (u32 i = tid; i < e; i += nt) m = fmaxf(m, l[i]);

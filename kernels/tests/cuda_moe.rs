@@ -369,6 +369,17 @@ fn moe_80b_bf16() {
 /// Average seconds per call over `iters` calls (after a warm-up), cycling
 /// through `routes` (distinct expert sets, so that the weights do not stay in L2).
 fn time_calls(kern: &CudaKernels, d: Dims, dev: &Device<bf16>, routes: &[CudaSlice<u32>], iters: usize) -> f64 {
+    time_calls_submit(kern, d, dev, routes, iters).0
+}
+
+/// As [`time_calls`]; also returns the host submission time per call (seconds).
+fn time_calls_submit(
+    kern: &CudaKernels,
+    d: Dims,
+    dev: &Device<bf16>,
+    routes: &[CudaSlice<u32>],
+    iters: usize,
+) -> (f64, f64) {
     let mut out = poisoned::<f32>(kern, d.t * d.hidden);
     let s = kern.stream().clone();
     for r in routes.iter().take(2) {
@@ -397,7 +408,7 @@ fn time_calls(kern: &CudaKernels, d: Dims, dev: &Device<bf16>, routes: &[CudaSli
         "  host submit {:.1} us/call (if close to the GPU time, the loop is host-bound)",
         submit / iters as f64 * 1e6
     );
-    ms / 1e3 / iters as f64
+    (ms / 1e3 / iters as f64, submit / iters as f64)
 }
 
 #[test]
@@ -438,6 +449,92 @@ fn moe_80b_timing() {
             sec * 1e3,
             flops / 1e9,
             flops / sec / 1e12
+        );
+    }
+}
+
+/// `inp` restricted to the rows `rows` (x, idx and w; the weight banks are shared).
+fn rows_of(d: Dims, inp: &Inputs, rows: &[usize]) -> (Dims, Inputs) {
+    let (h, k) = (d.hidden, d.k);
+    let sub = Dims { t: rows.len(), ..d };
+    let inp = Inputs {
+        x: rows.iter().flat_map(|&r| inp.x[r * h..(r + 1) * h].iter().copied()).collect(),
+        idx: rows.iter().flat_map(|&r| inp.idx[r * k..(r + 1) * k].iter().copied()).collect(),
+        w: rows.iter().flat_map(|&r| inp.w[r * k..(r + 1) * k].iter().copied()).collect(),
+        gate: inp.gate.clone(),
+        up: inp.up.clone(),
+        down: inp.down.clone(),
+    };
+    (sub, inp)
+}
+
+/// Distinct valid experts of a route set.
+fn distinct_experts(idx: &[u32], e: usize) -> usize {
+    let mut seen = vec![false; e];
+    idx.iter().filter(|&&x| (x as usize) < e).for_each(|&x| seen[x as usize] = true);
+    seen.iter().filter(|&&b| b).count()
+}
+
+/// The 80B dims through both paths: decode at t = 1, 2, 8, 64 (every row
+/// checked) and prefill at t = 4096 (rows sampled) against the CPU reference;
+/// then timings: µs per call, GB/s of expert weights streamed (each distinct
+/// routed expert's three matrices once), TFLOP/s, host submission µs per call.
+#[test]
+fn moe_80b_paths_timed() {
+    let Some(kern) = gpu("moe_80b_paths_timed") else { return };
+    let mut rng = Rng::new(10);
+    for t in [1usize, 2, 8, 64, 4096] {
+        let d = dims_80b(t);
+        let decode = CudaKernels::moe_decode_path(d.t, d.k, d.e);
+        assert_eq!(decode, t <= 64, "path for t = {t}");
+        let idx = random_routes(&mut rng, d.t, d.k, d.e);
+        let inp = inputs::<bf16>(&mut rng, d, idx);
+        let dev = upload::<bf16>(&kern, d, &inp);
+        let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
+        launch::<bf16>(&kern, d, &dev, &mut out);
+        let got = down::<f32>(&kern, &out);
+        let path = if decode { "decode" } else { "prefill" };
+        if t <= 64 {
+            let want = reference::<bf16>(d, &inp);
+            check(&format!("80b {path} t={t}"), &got, &want, tol::<bf16>());
+        } else {
+            // 96 sampled rows: the first, the last and 94 random ones.
+            let mut rows = vec![0, t - 1];
+            while rows.len() < 96 {
+                let r = rng.below(t);
+                if !rows.contains(&r) {
+                    rows.push(r);
+                }
+            }
+            let (sd, sinp) = rows_of(d, &inp, &rows);
+            let want = reference::<bf16>(sd, &sinp);
+            let got: Vec<f32> =
+                rows.iter().flat_map(|&r| got[r * d.hidden..(r + 1) * d.hidden].iter().copied()).collect();
+            check(&format!("80b {path} t={t} (96 sampled rows)"), &got, &want, tol::<bf16>());
+        }
+        // Timing: distinct route sets so that the weights do not stay in L2.
+        let nsets = if decode { 16 } else { 1 };
+        let sets: Vec<Vec<u32>> = if decode {
+            (0..nsets).map(|_| random_routes(&mut rng, d.t, d.k, d.e)).collect()
+        } else {
+            vec![inp.idx.clone()]
+        };
+        let routes: Vec<CudaSlice<u32>> = sets.iter().map(|v| up_u32(&kern, v)).collect();
+        let iters = if decode { 200 } else { 10 };
+        let (sec, submit) = time_calls_submit(&kern, d, &dev, &routes, iters);
+        let experts = sets.iter().map(|v| distinct_experts(v, d.e)).sum::<usize>() as f64 / nsets as f64;
+        let bytes = experts * (3 * d.hidden * d.inter * 2) as f64 + (d.t * d.hidden * (2 + 4)) as f64;
+        let flops = 2.0 * (d.t * d.k) as f64 * 3.0 * (d.hidden * d.inter) as f64;
+        println!(
+            "moe_80b {path} t={t}: {:.1} us/call, {:.1} MB of weights ({:.0} experts), {:.0} GB/s ({:.0}% of \
+             4.8 TB/s), {:.1} TFLOP/s, host submit {:.1} us/call",
+            sec * 1e6,
+            bytes / 1e6,
+            experts,
+            bytes / sec / 1e9,
+            bytes / sec / 4.8e12 * 100.0,
+            flops / sec / 1e12,
+            submit * 1e6
         );
     }
 }

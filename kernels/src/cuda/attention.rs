@@ -1,6 +1,7 @@
 //! Launch wrappers of kernels/cuda/attention.cu: KV append into per-sequence
 //! cache buffers, causal GQA attention over those buffers (tiled, online
-//! softmax, split-K for decode), and on-device sampling.
+//! softmax, split-K for decode, tensor cores for 16-bit prefill), and on-device
+//! sampling.
 
 use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, ATTENTION};
 use cudarc::driver::sys::CUfunction_attribute;
@@ -120,7 +121,11 @@ impl CudaKernels {
     /// span (rows of no span are left unwritten, or zero / NaN on the split path).
     ///
     /// Decode (small `max_q_len`) splits each sequence's keys across blocks and
-    /// merges the partials in a second pass.
+    /// merges the partials in a second pass. Prefill in bf16 / f16 (`max_q_len
+    /// >= 16`, `head_dim % 16 == 0`, sm_80+) runs on tensor cores
+    /// (FlashAttention-2: Q·Kᵀ and P·V as 16×16×16 MMAs with f32 accumulators,
+    /// P rounded to `T`, online softmax in f32); f32 and the other launches run
+    /// the CUDA-core kernels.
     ///
     /// # Shapes
     /// - `q`, `out`: `[t, heads, head_dim]` (`T`)

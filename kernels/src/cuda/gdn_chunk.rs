@@ -38,8 +38,10 @@ impl CudaKernels {
     /// than `max_len` gives NaN rows (as far as `max_len` reaches) and leaves
     /// every state alone; rows outside every span are not written.
     ///
-    /// Scratch: about `(t / 64 + n_spans) · hv · (3·64·dk + … + dk·dv) · 4`
-    /// bytes from the stream's pool, freed (asynchronously) on return.
+    /// Scratch from the stream's pool (freed asynchronously on return): for
+    /// `cap = min(n_spans·⌈max_len/64⌉, (t + 63·n_spans) / 64)` chunks,
+    /// `cap · hv · (64·(2·dk + dv) + dk·dv + 1) · 4` bytes (335 MB for the
+    /// 80B dims at 4096 tokens) plus `4·n_spans`.
     ///
     /// # Shapes
     /// - `qkv`: `[t, 2·hk·dk + hv·dv]` (`f32`: q `[hk, dk]` at column 0, k at

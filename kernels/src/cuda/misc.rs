@@ -280,6 +280,75 @@ impl CudaKernels {
         Ok(())
     }
 
+    /// SwiGLU of a stacked f32 GEMM output: `out[r, c] = round(silu(round(g)) · round(u))`
+    /// with `[g | u]` at columns `col0..col0 + 2·inter` of the `[rows, stride]` matrix `src`.
+    pub fn swiglu_f32in<T: CudaFloat>(
+        &self,
+        src: &impl DevicePtr<f32>,
+        out: &mut impl DevicePtrMut<T>,
+        rows: usize,
+        inter: usize,
+        stride: usize,
+        col0: usize,
+    ) -> Result<()> {
+        if col0 + 2 * inter > stride {
+            return Err(CudaError::Invalid(format!("swiglu_f32in: columns {col0}+2·{inter} exceed {stride}")));
+        }
+        self.check("src", src, prod(&[rows, stride])?)?;
+        self.check("out", out, prod(&[rows, inter])?)?;
+        if rows * inter == 0 {
+            return Ok(());
+        }
+        let f = self.function(&MISC, &format!("swiglu_f32in_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (ps, _gs) = src.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        let (r64, i32_, st, c0) =
+            (rows as u64, u32_of("inter", inter)?, u32_of("stride", stride)?, u32_of("col0", col0)?);
+        let mut l = s.launch_builder(&f);
+        l.arg(&ps).arg(&po).arg(&r64).arg(&i32_).arg(&st).arg(&c0);
+        // SAFETY: matches swiglu_f32in_<T>; sizes checked.
+        unsafe { l.launch(ew_cfg(rows * inter)) }?;
+        Ok(())
+    }
+
+    /// Shared expert with an f32 gate logit: `y[r] += σ(round(src[r, gcol])) · s[r]`.
+    ///
+    /// # Shapes
+    /// `y`: `[rows, h]` f32, `s_out`: `[rows, h]`, `src`: `[rows, stride]` f32
+    #[allow(clippy::too_many_arguments)]
+    pub fn shared_expert_add_f32g<T: CudaFloat>(
+        &self,
+        y: &mut impl DevicePtrMut<f32>,
+        s_out: &impl DevicePtr<T>,
+        src: &impl DevicePtr<f32>,
+        rows: usize,
+        h: usize,
+        stride: usize,
+        gcol: usize,
+    ) -> Result<()> {
+        if gcol >= stride {
+            return Err(CudaError::Invalid(format!("shared_expert_add_f32g: column {gcol} >= {stride}")));
+        }
+        self.check("y", y, prod(&[rows, h])?)?;
+        self.check("s", s_out, prod(&[rows, h])?)?;
+        self.check("src", src, prod(&[rows, stride])?)?;
+        if rows * h == 0 {
+            return Ok(());
+        }
+        let f = self.function(&MISC, &format!("shared_expert_add_f32g_{}", T::NAME))?;
+        let s = &*self.stream;
+        let (py, _gy) = y.device_ptr_mut(s);
+        let (ps, _gs) = s_out.device_ptr(s);
+        let (pr, _gr) = src.device_ptr(s);
+        let (r64, h32, st, gc) = (rows as u64, u32_of("h", h)?, u32_of("stride", stride)?, u32_of("gcol", gcol)?);
+        let mut l = s.launch_builder(&f);
+        l.arg(&py).arg(&ps).arg(&pr).arg(&r64).arg(&h32).arg(&st).arg(&gc);
+        // SAFETY: matches shared_expert_add_f32g_<T>; sizes checked.
+        unsafe { l.launch(ew_cfg(rows * h)) }?;
+        Ok(())
+    }
+
     /// `out[r] = [a[r] | b[r]]`.
     ///
     /// # Shapes

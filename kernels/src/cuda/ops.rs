@@ -359,12 +359,32 @@ impl CudaKernels {
         k: usize,
         renorm: bool,
     ) -> Result<()> {
+        self.moe_router_strided(logits, e, idx, weights, rows, e, k, renorm)
+    }
+
+    /// As [`CudaKernels::moe_router`] with `logits` rows `stride` apart (the router columns of a
+    /// stacked GEMM output).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_router_strided(
+        &self,
+        logits: &impl DevicePtr<f32>,
+        stride: usize,
+        idx: &mut impl DevicePtrMut<u32>,
+        weights: &mut impl DevicePtrMut<f32>,
+        rows: usize,
+        e: usize,
+        k: usize,
+        renorm: bool,
+    ) -> Result<()> {
         if k == 0 || k > e || k > ROUTER_MAX_K || e > ROUTER_MAX_E {
             return Err(CudaError::Invalid(format!(
                 "moe_router: need 1 <= k <= min(e, {ROUTER_MAX_K}) and e <= {ROUTER_MAX_E}, got k = {k}, e = {e}"
             )));
         }
-        self.check("logits", logits, prod(&[rows, e])?)?;
+        if stride < e {
+            return Err(CudaError::Invalid(format!("moe_router: stride {stride} < e {e}")));
+        }
+        self.check("logits", logits, prod(&[rows, stride])?)?;
         self.check("idx", idx, prod(&[rows, k])?)?;
         self.check("weights", weights, prod(&[rows, k])?)?;
         if rows == 0 {
@@ -379,7 +399,8 @@ impl CudaKernels {
         let (pi, _gi) = idx.device_ptr_mut(s);
         let (pw, _gw) = weights.device_ptr_mut(s);
         let mut b = s.launch_builder(&f);
-        b.arg(&pl).arg(&pi).arg(&pw).arg(&e32).arg(&k32).arg(&rn);
+        let st32 = u32_of("stride", stride)?;
+        b.arg(&pl).arg(&pi).arg(&pw).arg(&e32).arg(&k32).arg(&rn).arg(&st32);
         // SAFETY: arguments match `moe_router_f32` in router.cu; lengths and
         // k, e limits checked; dynamic shared memory holds e floats.
         unsafe { b.launch(cfg) }?;

@@ -1,0 +1,292 @@
+//! The chunked Gated DeltaNet prefill (`kernels/cuda/gdn_chunk.cu`,
+//! `CudaKernels::gdn_chunked_seq`) against the recurrent GPU kernel
+//! (`gdn_delta_seq`, same inputs) and the CPU chunked reference
+//! (`cpu::gdn::chunked_gated_delta_rule` per span): f32 / bf16 / f16 outputs,
+//! spans of 1, 63, 64, 65, 200 and 1000 tokens in one call continuing from
+//! nonzero states (twice), dk ≠ dv, hv / hk = 2, and the Qwen3-Next-80B dims
+//! at a 4096-token prefill (timed against `gdn_delta_seq`).
+//!
+//! Every GPU test prints `skipped: <reason>` and returns without a GPU.
+//! Outputs are NaN-poisoned before every launch.
+
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use porter_kernels::cpu::gdn;
+use porter_kernels::cuda::{self, CudaFloat, CudaKernels};
+use std::time::Instant;
+
+/// Relative tolerance (of max |ref|) of f32 outputs and of the state.
+const TOL_CHUNK_F32: f32 = 1e-4;
+
+// ---------------------------------------------------------------------------
+// NVRTC only: register use / spills (ptxas -v).
+// ---------------------------------------------------------------------------
+
+#[test]
+fn nvrtc_gdn_chunk_ptxas_info() {
+    use cudarc::nvrtc::result as nv;
+    use std::ffi::CString;
+    if let Err(reason) = cuda::nvrtc_available() {
+        println!("nvrtc_gdn_chunk_ptxas_info: skipped: {reason}");
+        return;
+    }
+    let Ok(include) = cuda::cuda_include_dir() else {
+        println!("nvrtc_gdn_chunk_ptxas_info: skipped: no CUDA headers");
+        return;
+    };
+    let src = cuda::sources().into_iter().find(|s| s.name == "gdn_chunk.cu").expect("gdn_chunk.cu");
+    let text = CString::new(src.full_text()).expect("source");
+    let prog = nv::create_program(&text, Some(c"gdn_chunk.cu")).expect("create program");
+    let opts = [
+        "--gpu-architecture=sm_90".to_string(),
+        "--std=c++17".to_string(),
+        format!("-I{}", include.display()),
+        "--ptxas-options=-v".to_string(),
+    ];
+    // SAFETY: `prog` was just created and is destroyed once, below.
+    let res = unsafe { nv::compile_program(prog, &opts) };
+    // SAFETY: as above.
+    let log = unsafe { nv::get_program_log(prog) }.expect("log");
+    // SAFETY: as above; not used afterwards.
+    unsafe { nv::destroy_program(prog) }.expect("destroy");
+    let log: Vec<u8> = log.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
+    let log = String::from_utf8_lossy(&log);
+    let mut func = String::new();
+    for line in log.lines() {
+        if let Some(i) = line.find("Compiling entry function '") {
+            func = line[i + 26..].trim_end_matches(['\'', ' ']).split('\'').next().unwrap_or("").to_string();
+        }
+        if line.contains("registers") || line.contains("spill") {
+            println!("{func}: {}", line.trim());
+        }
+    }
+    res.unwrap_or_else(|e| panic!("compile failed: {e}\n{log}"));
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    hk: usize,
+    hv: usize,
+    dk: usize,
+    dv: usize,
+}
+
+impl Dims {
+    fn width(&self) -> usize {
+        2 * self.hk * self.dk + self.hv * self.dv
+    }
+    fn state(&self) -> usize {
+        self.hv * self.dk * self.dv
+    }
+}
+
+/// One span: `(len, slot, src_buf)` (never a snapshot span).
+type Span = (usize, usize, usize);
+
+/// Random inputs of `t` rows: qkv (conv outputs), g (a few below −60), β.
+fn inputs(rng: &mut Rng, d: Dims, t: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let qkv = rng.vec(t * d.width(), 1.0);
+    let g: Vec<f32> = (0..t * d.hv)
+        .map(|_| {
+            if rng.below(97) == 0 {
+                -70.0
+            } else {
+                -0.5 * (rng.f(1.0) + 1.0) * if rng.below(4) == 0 { 8.0 } else { 1.0 }
+            }
+        })
+        .collect();
+    let beta: Vec<f32> = (0..t * d.hv).map(|_| 1.0 / (1.0 + (-rng.f(4.0)).exp())).collect();
+    (qkv, g, beta)
+}
+
+/// CPU chunked reference of one call; updates `state`
+/// `[num_slots, nbuf, hv, dk, dv]`, returns the output `[t, hv, dv]` (f32).
+fn chunk_ref(
+    d: Dims,
+    qkv: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    state: &mut [f32],
+    spans: &[Span],
+    nbuf: usize,
+) -> Vec<f32> {
+    let (hk, hv, dk, dv, wd, sl) = (d.hk, d.hv, d.dk, d.dv, d.width(), d.state());
+    let t: usize = spans.iter().map(|s| s.0).sum();
+    let mut out = vec![0.0f32; t * hv * dv];
+    let mut row0 = 0;
+    for &(len, slot, src) in spans {
+        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        for r in row0..row0 + len {
+            let row = &qkv[r * wd..(r + 1) * wd];
+            q.extend_from_slice(&row[..hk * dk]);
+            k.extend_from_slice(&row[hk * dk..2 * hk * dk]);
+            v.extend_from_slice(&row[2 * hk * dk..]);
+        }
+        gdn::l2norm_rows(&mut q, dk, 1.0 / (dk as f32).sqrt()).expect("l2norm");
+        gdn::l2norm_rows(&mut k, dk, 1.0).expect("l2norm");
+        let gs = &g[row0 * hv..(row0 + len) * hv];
+        let bs = &beta[row0 * hv..(row0 + len) * hv];
+        let o = &mut out[row0 * hv * dv..(row0 + len) * hv * dv];
+        let st = &mut state[(slot * nbuf + src) * sl..(slot * nbuf + src + 1) * sl];
+        gdn::chunked_gated_delta_rule(&q, &k, &v, gs, bs, st, o, len, hk, hv, dk, dv).expect("cpu chunked");
+        row0 += len;
+    }
+    out
+}
+
+fn span_table(spans: &[Span]) -> (Vec<u32>, usize, usize) {
+    let (mut flat, mut row0, mut max_len) = (Vec::new(), 0usize, 0usize);
+    for &(len, slot, src) in spans {
+        flat.extend_from_slice(&[row0 as u32, len as u32, slot as u32, src as u32, 0]);
+        row0 += len;
+        max_len = max_len.max(len);
+    }
+    (flat, row0, max_len)
+}
+
+fn out_tol<T: CudaFloat>() -> f32 {
+    if T::NAME == "f32" {
+        TOL_CHUNK_F32
+    } else {
+        TOL_BF16
+    }
+}
+
+/// Runs `calls` consecutive calls (the state carries over) of both GPU kernels
+/// on separate state pools, and compares outputs and the whole pools with each
+/// other and with the CPU chunked reference after each call.
+fn chunk_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: Dims, num_slots: usize, nbuf: usize, calls: &[&[Span]]) {
+    let mut state = rng.vec(num_slots * nbuf * d.state(), 0.5);
+    let mut dstate = up::<f32>(k, &state);
+    let mut dstate_seq = up::<f32>(k, &state);
+    for (ci, spans) in calls.iter().enumerate() {
+        let (flat, t, max_len) = span_table(spans);
+        let (qkv, g, beta) = inputs(rng, d, t);
+        let want = rnd_vec::<T>(&chunk_ref(d, &qkv, &g, &beta, &mut state, spans, nbuf));
+        let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
+        let n = spans.len();
+        let mut out = poisoned::<T>(k, t * d.hv * d.dv);
+        k.gdn_chunked_seq(
+            &dq,
+            &dg,
+            &db,
+            &mut dstate,
+            &dsp,
+            &mut out,
+            t,
+            n,
+            max_len,
+            d.hk,
+            d.hv,
+            d.dk,
+            d.dv,
+            num_slots,
+            nbuf,
+        )
+        .expect("gdn_chunked_seq");
+        let mut out_seq = poisoned::<T>(k, t * d.hv * d.dv);
+        k.gdn_delta_seq(
+            &dq,
+            &dg,
+            &db,
+            &mut dstate_seq,
+            &dsp,
+            &mut out_seq,
+            t,
+            n,
+            max_len,
+            d.hk,
+            d.hv,
+            d.dk,
+            d.dv,
+            num_slots,
+            nbuf,
+        )
+        .expect("gdn_delta_seq");
+        let what = format!("chunked {} {d:?} call {ci} spans {spans:?}", T::NAME);
+        let got = down(k, &out);
+        let got_state = down(k, &dstate);
+        check(&format!("{what}: out vs CPU chunked"), &got, &want, out_tol::<T>());
+        check(&format!("{what}: state vs CPU chunked"), &got_state, &state, TOL_CHUNK_F32);
+        check(&format!("{what}: out vs gdn_delta_seq"), &got, &down(k, &out_seq), out_tol::<T>());
+        check(&format!("{what}: state vs gdn_delta_seq"), &got_state, &down(k, &dstate_seq), TOL_CHUNK_F32);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+#[test]
+fn cuda_gdn_chunked_seq_spans() {
+    let Some(k) = gpu("cuda_gdn_chunked_seq_spans") else { return };
+    let mut rng = Rng::new(201);
+    // dk ≠ dv, hv / hk = 2; chunk-boundary lengths, several spans per call,
+    // continuing from nonzero states (src_buf 1 of 2 for some).
+    let d = Dims { hk: 2, hv: 4, dk: 64, dv: 96 };
+    let calls: [&[Span]; 2] = [
+        &[(1, 0, 0), (63, 1, 1), (64, 2, 0), (65, 3, 1), (200, 4, 0), (1000, 5, 1)],
+        &[(1000, 2, 0), (65, 5, 1), (1, 4, 0), (200, 0, 0), (64, 1, 1), (63, 3, 1)],
+    ];
+    chunk_case::<f32>(&k, &mut rng, d, 6, 2, &calls);
+    chunk_case::<bf16>(&k, &mut rng, d, 6, 2, &calls);
+    chunk_case::<f16>(&k, &mut rng, d, 6, 2, &calls);
+    // Odd dims (rows beyond dk / columns beyond dv in the blocks), dk = dv = 256.
+    chunk_case::<f32>(&k, &mut rng, Dims { hk: 1, hv: 2, dk: 5, dv: 7 }, 2, 1, &[&[(3, 0, 0), (130, 1, 0)]]);
+    chunk_case::<f32>(&k, &mut rng, Dims { hk: 1, hv: 3, dk: 200, dv: 70 }, 2, 1, &[&[(129, 1, 0), (9, 0, 0)]]);
+    chunk_case::<bf16>(&k, &mut rng, Dims { hk: 1, hv: 1, dk: 256, dv: 256 }, 1, 1, &[&[(150, 0, 0)]]);
+}
+
+/// Best of 3 timed calls (synchronised), in µs.
+fn best_us(k: &CudaKernels, mut f: impl FnMut()) -> f64 {
+    f();
+    k.stream().synchronize().expect("sync");
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        f();
+        k.stream().synchronize().expect("sync");
+        best = best.min(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    best
+}
+
+fn prefill_80b<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, spans: &[Span], num_slots: usize) {
+    let d = Dims { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D };
+    chunk_case::<T>(k, rng, d, num_slots, 1, &[spans]);
+    let (flat, t, max_len) = span_table(spans);
+    let n = spans.len();
+    let (qkv, g, beta) = inputs(rng, d, t);
+    let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
+    let mut dstate = up::<f32>(k, &rng.vec(num_slots * d.state(), 0.5));
+    let mut out = poisoned::<T>(k, t * d.hv * d.dv);
+    let (hk, hv, dk, dv) = (d.hk, d.hv, d.dk, d.dv);
+    let chunk_us = best_us(k, || {
+        k.gdn_chunked_seq(&dq, &dg, &db, &mut dstate, &dsp, &mut out, t, n, max_len, hk, hv, dk, dv, num_slots, 1)
+            .expect("gdn_chunked_seq");
+    });
+    let seq_us = best_us(k, || {
+        k.gdn_delta_seq(&dq, &dg, &db, &mut dstate, &dsp, &mut out, t, n, max_len, hk, hv, dk, dv, num_slots, 1)
+            .expect("gdn_delta_seq");
+    });
+    println!(
+        "  80B {} t {t} spans {n}: gdn_chunked_seq {chunk_us:.1} µs, gdn_delta_seq {seq_us:.1} µs ({:.2}x)",
+        T::NAME,
+        seq_us / chunk_us
+    );
+}
+
+#[test]
+fn cuda_gdn_chunked_seq_80b_prefill() {
+    let Some(k) = gpu("cuda_gdn_chunked_seq_80b_prefill") else { return };
+    let mut rng = Rng::new(202);
+    prefill_80b::<bf16>(&k, &mut rng, &[(4096, 1, 0)], 2);
+    prefill_80b::<f32>(&k, &mut rng, &[(4096, 0, 0)], 1);
+    prefill_80b::<bf16>(&k, &mut rng, &[(1000, 0, 0), (3, 1, 0), (500, 2, 0)], 3);
+}
