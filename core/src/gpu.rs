@@ -168,10 +168,11 @@ impl Gpu {
     /// Copies small host data to a new device buffer without waiting for queued work.
     pub fn upload<T: DeviceRepr + Copy>(&self, data: &[T]) -> Result<CudaSlice<T>> {
         let bytes = std::mem::size_of_val(data);
-        let mut dev = alloc::<T>(self, data.len())?;
         if bytes == 0 {
-            return Ok(dev);
+            // A placeholder: a zero-byte allocation is an error in the driver; nothing reads it.
+            return alloc::<T>(self, 1);
         }
+        let mut dev = alloc::<T>(self, data.len())?;
         if bytes > STAGING_BYTES / 4 {
             return self.stream().clone_htod(data).map_err(cuda_err);
         }

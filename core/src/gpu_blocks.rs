@@ -583,6 +583,12 @@ impl DevRecurrent {
     }
 }
 
+/// Span count, longest span and the device span table of one delta-rule launch.
+type DeltaSpans = (usize, usize, CudaSlice<u32>);
+
+/// Shortest span that takes the chunked delta rule (chunks are 64 tokens).
+const GDN_CHUNKED_MIN_LEN: usize = 64;
+
 /// Gated DeltaNet forward on the device.
 pub fn gated_delta_net(
     gd: &GatedDeltaNet,
@@ -606,14 +612,23 @@ pub fn gated_delta_net(
     let ba_col = 2 * c.key_heads * c.key_dim + 2 * vd;
     // Span tables: conv (row0, len, slot, lag), delta rule (row0, len, slot, src_buf, snapshot).
     let n = batch.spans.len();
-    let (mut conv_spans, mut delta_spans) = (Vec::with_capacity(4 * n), Vec::with_capacity(5 * n));
-    let mut max_len = 0;
+    // Long spans without snapshots (prefill) take the chunked algorithm; the rest (decode,
+    // speculative verify with per-token snapshots) the per-token recurrence.
+    let (mut conv_spans, mut rec_spans, mut chunk_spans) = (Vec::with_capacity(4 * n), Vec::new(), Vec::new());
+    let (mut rec_max, mut chunk_max) = (0, 0);
     for s in &batch.spans {
         let slot = rc.slot(s.seq)?;
         let snapshots = rc.spec > 0 && s.len <= rc.spec + 1;
         let m = &mut rc.meta[slot];
         conv_spans.extend_from_slice(&[s.start as u32, s.len as u32, slot as u32, m.lag as u32]);
-        delta_spans.extend_from_slice(&[s.start as u32, s.len as u32, slot as u32, m.cur as u32, snapshots as u32]);
+        let row = [s.start as u32, s.len as u32, slot as u32, m.cur as u32, snapshots as u32];
+        if !snapshots && s.len >= GDN_CHUNKED_MIN_LEN {
+            chunk_spans.extend_from_slice(&row);
+            chunk_max = chunk_max.max(s.len);
+        } else {
+            rec_spans.extend_from_slice(&row);
+            rec_max = rec_max.max(s.len);
+        }
         m.lag = 0;
         m.base = s.pos0;
         if snapshots {
@@ -622,10 +637,10 @@ pub fn gated_delta_net(
         } else {
             m.kept = 0;
         }
-        max_len = max_len.max(s.len);
     }
     let conv_spans = upload_u32(&g, &conv_spans)?;
-    let delta_spans = upload_u32(&g, &delta_spans)?;
+    let rec = (rec_spans.len() / 5, rec_max, upload_u32(&g, &rec_spans)?);
+    let chunk = (chunk_spans.len() / 5, chunk_max, upload_u32(&g, &chunk_spans)?);
     let win = rc.win();
     let nbuf = rc.spec + 1;
     let mut qkv = alloc::<f32>(&g, t * conv)?;
@@ -639,13 +654,13 @@ pub fn gated_delta_net(
         p: &Tensor,
         ba_col: usize,
         rc: &mut DevRecurrent,
-        spans: (&CudaSlice<u32>, &CudaSlice<u32>, usize, usize),
+        spans: (&CudaSlice<u32>, usize, &DeltaSpans, &DeltaSpans),
         qkv: &mut CudaSlice<f32>,
         gb: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
         o: &mut Tensor,
         dims: (usize, usize, usize),
     ) -> Result<()> {
-        let (conv_spans, delta_spans, n, max_len) = spans;
+        let (conv_spans, n, rec, chunk) = spans;
         let (t, win, nbuf) = dims;
         let c = gd.cfg;
         let dev = gd.dev.as_ref().ok_or_else(|| anyhow!("internal: GDN weights not on the device"))?;
@@ -677,24 +692,18 @@ pub fn gated_delta_net(
             c.value_heads,
         )
         .map_err(cuda_err)?;
-        g.k.gdn_delta_seq::<T>(
-            qkv,
-            gate,
-            beta,
-            &mut rc.ssm,
-            delta_spans,
-            o.dev_mut::<T>()?,
-            t,
-            n,
-            max_len,
-            c.key_heads,
-            c.value_heads,
-            c.key_dim,
-            c.value_dim,
-            rc.max_slots,
-            nbuf,
-        )
-        .map_err(cuda_err)
+        let (hk, hv, dk, dv, ns) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim, rc.max_slots);
+        if rec.0 > 0 {
+            let (cnt, max, sp) = rec;
+            g.k.gdn_delta_seq::<T>(qkv, gate, beta, &mut rc.ssm, sp, o.dev_mut::<T>()?, t, *cnt, *max, hk, hv, dk, dv, ns, nbuf)
+                .map_err(cuda_err)?;
+        }
+        if chunk.0 > 0 {
+            let (cnt, max, sp) = chunk;
+            g.k.gdn_chunked_seq::<T>(qkv, gate, beta, &mut rc.ssm, sp, o.dev_mut::<T>()?, t, *cnt, *max, hk, hv, dk, dv, ns, nbuf)
+                .map_err(cuda_err)?;
+        }
+        Ok(())
     }
     crate::by_dtype!(
         x.dtype(),
@@ -704,7 +713,7 @@ pub fn gated_delta_net(
             &p,
             ba_col,
             rc,
-            (&conv_spans, &delta_spans, n, max_len),
+            (&conv_spans, n, &rec, &chunk),
             &mut qkv,
             (&mut gate, &mut beta),
             &mut o,

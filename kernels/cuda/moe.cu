@@ -415,12 +415,12 @@ __device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const T* 
 }
 
 #define MOE_DEC_ENTRY(T, NAME)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dec_gu_##NAME(                         \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_gu_##NAME(                         \
         const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,     \
         const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) {            \
         dec_gu_impl<T>(x, gate, up, idx, n, e, fused, g_sorted, g_seg, g_meta, ctr, nctr, h, H, I, k, vec);         \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dec_down_##NAME(                       \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_down_##NAME(                       \
         const T* h, const T* down, const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted, \
         const u32* g_seg, const u32* g_meta, u32* ctr, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec) {   \
         dec_down_impl<T>(h, down, idx, wt, n, e, fused, g_sorted, g_seg, g_meta, ctr, o, out, H, I, k, t, vec);     \
