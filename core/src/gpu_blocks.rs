@@ -118,13 +118,13 @@ pub fn add_rms_norm(n: &RmsNorm, w: &Tensor, x: &mut Tensor, y: &Tensor) -> Resu
 }
 
 /// RoPE in place on `[T, heads, head_dim]` at device positions.
-fn rope(r: &Rope, g: &Arc<Gpu>, x: &mut Tensor, positions: &CudaSlice<u32>) -> Result<()> {
+fn rope(r: &Rope, g: &Arc<Gpu>, x: &mut Tensor, positions: &cudarc::driver::CudaView<'_, u32>) -> Result<()> {
     let inv = r.inv_freq_on(g)?;
     let (t, heads, hd) = (x.dim(0), x.dim(1), x.dim(2));
     fn go<T: DevType>(
         g: &Gpu,
         x: &mut Tensor,
-        p: &CudaSlice<u32>,
+        p: &cudarc::driver::CudaView<'_, u32>,
         inv: &CudaSlice<f32>,
         dims: (usize, usize, usize, usize),
         scale: f32,
@@ -164,10 +164,49 @@ pub fn swiglu(m: &SwiGlu, x: &Tensor) -> Result<Tensor> {
 // Batch metadata
 // ---------------------------------------------------------------------------
 
-/// Absolute positions of the batch rows, on the device.
-fn positions(g: &Gpu, batch: &Batch) -> Result<CudaSlice<u32>> {
-    let p: Vec<u32> = batch.positions().into_iter().map(|p| p as u32).collect();
-    upload_u32(g, &p)
+/// The per-forward tables of a batch on the device (one upload, shared by every layer).
+///
+/// # Shapes
+/// `[positions (T) | row → span index (T) | spans (S × 3: q_row0, q_len, pos0)]` u32
+#[derive(Debug)]
+pub struct BatchDev {
+    ordinal: usize,
+    t: usize,
+    n: usize,
+    buf: CudaSlice<u32>,
+}
+
+impl BatchDev {
+    fn positions(&self) -> cudarc::driver::CudaView<'_, u32> {
+        self.buf.slice(0..self.t)
+    }
+    fn row_seq(&self) -> cudarc::driver::CudaView<'_, u32> {
+        self.buf.slice(self.t..2 * self.t)
+    }
+    fn spans(&self) -> cudarc::driver::CudaView<'_, u32> {
+        self.buf.slice(2 * self.t..2 * self.t + 3 * self.n)
+    }
+}
+
+/// The batch's device tables, uploaded at the first call of a forward.
+fn batch_dev(g: &Gpu, batch: &Batch) -> Result<Arc<BatchDev>> {
+    if let Some(d) = batch.dev.get() {
+        if d.ordinal == g.ordinal {
+            return Ok(d.clone());
+        }
+    }
+    let (t, n) = (batch.len(), batch.spans.len());
+    let mut v: Vec<u32> = batch.positions().into_iter().map(|p| p as u32).collect();
+    v.resize(2 * t, 0);
+    for (i, s) in batch.spans.iter().enumerate() {
+        v[t + s.start..t + s.start + s.len].iter_mut().for_each(|r| *r = i as u32);
+    }
+    for s in &batch.spans {
+        v.extend_from_slice(&[s.start as u32, s.len as u32, s.pos0 as u32]);
+    }
+    let d = Arc::new(BatchDev { ordinal: g.ordinal, t, n, buf: upload_u32(g, &v)? });
+    let _ = batch.dev.set(d.clone());
+    Ok(d)
 }
 
 // ---------------------------------------------------------------------------
@@ -306,30 +345,26 @@ pub fn attention(a: &Attention, x: &Tensor, batch: &Batch, cache: &mut crate::ca
         Some(n) => n.forward(&k)?,
         None => k,
     };
-    let pos = positions(&g, batch)?;
+    let bd = batch_dev(&g, batch)?;
+    let pos = bd.positions();
     rope(&a.rope, &g, &mut q, &pos)?;
     rope(&a.rope, &g, &mut k, &pos)?;
-    // Per-sequence tables: KV addresses, spans (q_row0, q_len, pos0), row → sequence.
+    // This layer's KV addresses per sequence: [k (S) | v (S)], one upload.
     let n = batch.spans.len();
-    let (mut kp, mut vp) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    let mut spans = Vec::with_capacity(3 * n);
-    let mut row_seq = vec![0u32; t];
+    let mut kvp = vec![0u64; 2 * n];
     let mut max_q = 0;
     for (i, s) in batch.spans.iter().enumerate() {
         let (k_addr, v_addr) = kv.reserve(s.seq, s.pos0, s.pos0 + s.len)?;
-        kp.push(k_addr);
-        vp.push(v_addr);
-        spans.extend_from_slice(&[s.start as u32, s.len as u32, s.pos0 as u32]);
-        row_seq[s.start..s.start + s.len].iter_mut().for_each(|r| *r = i as u32);
+        kvp[i] = k_addr;
+        kvp[n + i] = v_addr;
         max_q = max_q.max(s.len);
     }
-    let kp = g.upload(&kp)?;
-    let vp = g.upload(&vp)?;
-    let spans = upload_u32(&g, &spans)?;
-    let row_seq = upload_u32(&g, &row_seq)?;
+    let kvp = g.upload(&kvp)?;
+    let (kp, vp) = (kvp.slice(0..n), kvp.slice(n..2 * n));
+    let (spans, row_seq) = (bd.spans(), bd.row_seq());
     let mut out = Tensor::empty_on(&g, [t, c.heads, hd], x.dtype())?;
-    type Meta<'a> =
-        (&'a CudaSlice<u32>, &'a CudaSlice<u32>, &'a CudaSlice<u32>, &'a CudaSlice<u64>, &'a CudaSlice<u64>);
+    type View<'a, T> = cudarc::driver::CudaView<'a, T>;
+    type Meta<'a> = (&'a View<'a, u32>, &'a View<'a, u32>, &'a View<'a, u32>, &'a View<'a, u64>, &'a View<'a, u64>);
     #[allow(clippy::too_many_arguments)]
     fn go<T: DevType>(
         g: &Gpu,
@@ -584,7 +619,7 @@ impl DevRecurrent {
 }
 
 /// Span count, longest span and the device span table of one delta-rule launch.
-type DeltaSpans = (usize, usize, CudaSlice<u32>);
+type DeltaSpans<'a> = (usize, usize, cudarc::driver::CudaView<'a, u32>);
 
 /// Shortest span that takes the chunked delta rule (chunks are 64 tokens).
 const GDN_CHUNKED_MIN_LEN: usize = 64;
@@ -638,9 +673,14 @@ pub fn gated_delta_net(
             m.kept = 0;
         }
     }
-    let conv_spans = upload_u32(&g, &conv_spans)?;
-    let rec = (rec_spans.len() / 5, rec_max, upload_u32(&g, &rec_spans)?);
-    let chunk = (chunk_spans.len() / 5, chunk_max, upload_u32(&g, &chunk_spans)?);
+    // One upload: [conv (4n) | recurrent (5r) | chunked (5c)].
+    let (nc, nr, nk) = (conv_spans.len(), rec_spans.len(), chunk_spans.len());
+    conv_spans.extend_from_slice(&rec_spans);
+    conv_spans.extend_from_slice(&chunk_spans);
+    let tables = upload_u32(&g, &conv_spans)?;
+    let conv_spans = tables.slice(0..nc);
+    let rec = (nr / 5, rec_max, tables.slice(nc..nc + nr));
+    let chunk = (nk / 5, chunk_max, tables.slice(nc + nr..nc + nr + nk));
     let win = rc.win();
     let nbuf = rc.spec + 1;
     let mut qkv = alloc::<f32>(&g, t * conv)?;
@@ -654,7 +694,7 @@ pub fn gated_delta_net(
         p: &Tensor,
         ba_col: usize,
         rc: &mut DevRecurrent,
-        spans: (&CudaSlice<u32>, usize, &DeltaSpans, &DeltaSpans),
+        spans: (&cudarc::driver::CudaView<'_, u32>, usize, &DeltaSpans, &DeltaSpans),
         qkv: &mut CudaSlice<f32>,
         gb: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
         o: &mut Tensor,
@@ -695,13 +735,45 @@ pub fn gated_delta_net(
         let (hk, hv, dk, dv, ns) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim, rc.max_slots);
         if rec.0 > 0 {
             let (cnt, max, sp) = rec;
-            g.k.gdn_delta_seq::<T>(qkv, gate, beta, &mut rc.ssm, sp, o.dev_mut::<T>()?, t, *cnt, *max, hk, hv, dk, dv, ns, nbuf)
-                .map_err(cuda_err)?;
+            g.k.gdn_delta_seq::<T>(
+                qkv,
+                gate,
+                beta,
+                &mut rc.ssm,
+                sp,
+                o.dev_mut::<T>()?,
+                t,
+                *cnt,
+                *max,
+                hk,
+                hv,
+                dk,
+                dv,
+                ns,
+                nbuf,
+            )
+            .map_err(cuda_err)?;
         }
         if chunk.0 > 0 {
             let (cnt, max, sp) = chunk;
-            g.k.gdn_chunked_seq::<T>(qkv, gate, beta, &mut rc.ssm, sp, o.dev_mut::<T>()?, t, *cnt, *max, hk, hv, dk, dv, ns, nbuf)
-                .map_err(cuda_err)?;
+            g.k.gdn_chunked_seq::<T>(
+                qkv,
+                gate,
+                beta,
+                &mut rc.ssm,
+                sp,
+                o.dev_mut::<T>()?,
+                t,
+                *cnt,
+                *max,
+                hk,
+                hv,
+                dk,
+                dv,
+                ns,
+                nbuf,
+            )
+            .map_err(cuda_err)?;
         }
         Ok(())
     }

@@ -32,17 +32,25 @@ pub struct SeqSpan {
 pub struct Batch {
     pub ids: Vec<u32>,
     pub spans: Vec<SeqSpan>,
+    /// The batch's positions and span tables on a CUDA device, uploaded once per forward by
+    /// the first layer that needs them and shared by the others.
+    pub(crate) dev: std::sync::OnceLock<std::sync::Arc<crate::gpu_blocks::BatchDev>>,
 }
 
 impl Batch {
     /// A batch with one sequence.
     pub fn single(seq: SeqId, pos0: usize, ids: &[u32]) -> Self {
-        Self { ids: ids.to_vec(), spans: vec![SeqSpan { seq, start: 0, len: ids.len(), pos0 }] }
+        Self {
+            ids: ids.to_vec(),
+            spans: vec![SeqSpan { seq, start: 0, len: ids.len(), pos0 }],
+            dev: std::sync::OnceLock::new(),
+        }
     }
 
     /// Appends a sequence's new tokens.
     pub fn push(&mut self, seq: SeqId, pos0: usize, ids: &[u32]) {
         let start = self.ids.len();
+        self.dev = std::sync::OnceLock::new();
         self.ids.extend_from_slice(ids);
         self.spans.push(SeqSpan { seq, start, len: ids.len(), pos0 });
     }

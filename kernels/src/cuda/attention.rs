@@ -121,8 +121,8 @@ impl CudaKernels {
     /// span (rows of no span are left unwritten, or zero / NaN on the split path).
     ///
     /// Decode (small `max_q_len`) splits each sequence's keys across blocks and
-    /// merges the partials in a second pass. Prefill in bf16 / f16 (`max_q_len
-    /// >= 16`, `head_dim % 16 == 0`, sm_80+) runs on tensor cores
+    /// merges the partials in a second pass. Prefill in bf16 / f16 (`max_q_len`
+    /// at least 16, `head_dim % 16 == 0`, sm_80+) runs on tensor cores
     /// (FlashAttention-2: Q·Kᵀ and P·V as 16×16×16 MMAs with f32 accumulators,
     /// P rounded to `T`, online softmax in f32); f32 and the other launches run
     /// the CUDA-core kernels.
