@@ -347,6 +347,17 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
     let mut out = Tensor::empty_on(&g, shape, out_dtype)?;
     fn go<A: DevType>(g: &Gpu, x: &Tensor, w: &Tensor, out: &mut Tensor, m: usize, k: usize, n: usize) -> Result<()> {
         let (xs, ws) = (x.dev::<A>()?, w.dev::<A>()?);
+        // Decode-sized GEMMs take porter's skinny kernel (one light launch instead of a
+        // cuBLAS call); the rest cuBLAS.
+        match out.dtype() {
+            DType::F32 if CudaKernels::gemv_fits::<A, f32>(m, k) => {
+                return g.k.gemv::<A, f32>(xs, ws, out.dev_mut::<f32>()?, m, k, n).map_err(cuda_err)
+            }
+            dt if dt == A::DTYPE && CudaKernels::gemv_fits::<A, A>(m, k) => {
+                return g.k.gemv::<A, A>(xs, ws, out.dev_mut::<A>()?, m, k, n).map_err(cuda_err)
+            }
+            _ => {}
+        }
         match out.dtype() {
             DType::F32 => g.gemm.matmul_t::<A, f32>(xs, ws, out.dev_mut::<f32>()?, m, k, n),
             DType::BF16 => g.gemm.matmul_t::<A, bf16>(xs, ws, out.dev_mut::<bf16>()?, m, k, n),

@@ -393,7 +393,11 @@ ATTENTION_ALL(f16, f16)
 // columns beyond head_dim are zero-filled (never read from global memory).
 //
 // Dynamic shared memory (bytes): (ATC_BM + 4 * ATC_BN) * (DP + 8) * sizeof(T)
-// + ATC_WARPS * 16 * (ATC_SS * 4 + ATC_PSS * sizeof(T) + 4).
+// + ATC_WARPS * 16 * (ATC_SS * 4 + 2 * ATC_PSS * sizeof(T) + 4).
+// P is split as P = P_hi + P_lo (both T; P_lo = round(p − P_hi)) and P·V runs as
+// two MMAs, so that the probabilities keep ~16 bits: with P in bf16 alone the
+// attention output drifts by about one bf16 step from the f32 reference, which is
+// enough to cost the whole bf16 parity margin on small models.
 
 #define ATC_THREADS 128
 #define ATC_WARPS 4
@@ -458,9 +462,11 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
     T* Vb = Kb + 2 * BN * LD;  // [2][BN][LD]
     float* Sall = reinterpret_cast<float*>(Vb + 2 * BN * LD);
     T* Pall = reinterpret_cast<T*>(Sall + ATC_WARPS * 16 * ATC_SS);
-    float* Call = reinterpret_cast<float*>(Pall + ATC_WARPS * 16 * ATC_PSS);
+    T* Plall = Pall + ATC_WARPS * 16 * ATC_PSS;
+    float* Call = reinterpret_cast<float*>(Plall + ATC_WARPS * 16 * ATC_PSS);
     float* Sw = Sall + warp * 16 * ATC_SS;
     T* Pw = Pall + warp * 16 * ATC_PSS;
+    T* Plw = Plall + warp * 16 * ATC_PSS;
     float* Cw = Call + warp * 16;
 
     const u32 s = blockIdx.y / kvh, kh = blockIdx.y % kvh;
@@ -596,9 +602,13 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
                 const float p2 = none ? 0.0f : exp2f(masked(c0 + 2, v.z) - m_new);
                 const float p3 = none ? 0.0f : exp2f(masked(c0 + 3, v.w) - m_new);
                 psum += (p0 + p1) + (p2 + p3);
-                const u32 lo = (u32)bits16(from_f<T>(p0)) | ((u32)bits16(from_f<T>(p1)) << 16);
-                const u32 hi = (u32)bits16(from_f<T>(p2)) | ((u32)bits16(from_f<T>(p3)) << 16);
+                const T h0 = from_f<T>(p0), h1 = from_f<T>(p1), h2 = from_f<T>(p2), h3 = from_f<T>(p3);
+                const u32 lo = (u32)bits16(h0) | ((u32)bits16(h1) << 16);
+                const u32 hi = (u32)bits16(h2) | ((u32)bits16(h3) << 16);
                 *reinterpret_cast<uint2*>(Pw + r * ATC_PSS + c0) = make_uint2(lo, hi);
+                const u32 lo2 = (u32)bits16(from_f<T>(p0 - to_f(h0))) | ((u32)bits16(from_f<T>(p1 - to_f(h1))) << 16);
+                const u32 hi2 = (u32)bits16(from_f<T>(p2 - to_f(h2))) | ((u32)bits16(from_f<T>(p3 - to_f(h3))) << 16);
+                *reinterpret_cast<uint2*>(Plw + r * ATC_PSS + c0) = make_uint2(lo2, hi2);
             }
             psum += __shfl_xor_sync(0xffffffffu, psum, 1);
             m_run = m_new;
@@ -616,13 +626,15 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
                 for (int i = 0; i < FE; ++i) ofr[f].x[i] *= cf[i];
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) {
-                FragA pf;
+                FragA pf, plf;
                 wmma::load_matrix_sync(pf, Pw + kk * 16, ATC_PSS);
+                wmma::load_matrix_sync(plf, Plw + kk * 16, ATC_PSS);
 #pragma unroll
                 for (int f = 0; f < NF; ++f) {
                     if (f * 16 < (int)D) {
                         FragB vf;
                         wmma::load_matrix_sync(vf, Vt + kk * 16 * LD + f * 16, LD);
+                        wmma::mma_sync(ofr[f], plf, vf, ofr[f]);
                         wmma::mma_sync(ofr[f], pf, vf, ofr[f]);
                     }
                 }

@@ -194,3 +194,67 @@ PORTER_CAST(bf16, bf16, f32, float)
 PORTER_CAST(f16, f16, f32, float)
 PORTER_CAST(bf16, bf16, f16, f16)
 PORTER_CAST(f16, f16, bf16, bf16)
+
+// ---------------------------------------------------------------------------
+// Skinny GEMM for decode: out[r, j] = Σ_c x[r, c] · w[j, c] for m ≤ M rows, f32
+// accumulation, one rounding to O. A warp per output column j streams w's row j
+// with 16-byte loads (4 in flight per lane) and reuses it for every x row (x is
+// small and stays in L1/L2). Needs k % (16 / sizeof(T)) == 0 and 16-byte aligned
+// rows (checked by the host). Grid: ceil(n / warps per block).
+// ---------------------------------------------------------------------------
+#define GEMV_UNROLL 4
+template <typename T, typename O, int M>
+__device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w, O* __restrict__ out, u32 m,
+                                          u32 k, u32 n) {
+    constexpr int E = 16 / sizeof(T);
+    const u32 lane = threadIdx.x & 31u;
+    const u32 j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (j >= n) return;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (u64)j * k);
+    const u32 kv = k / E;
+    float acc[M];
+#pragma unroll
+    for (int r = 0; r < M; ++r) acc[r] = 0.0f;
+    for (u32 c0 = lane; c0 < kv; c0 += 32u * GEMV_UNROLL) {
+        uint4 wv[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const u32 c = c0 + 32u * u;
+            wv[u] = c < kv ? __ldg(wr + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const u32 c = c0 + 32u * u;
+            if (c < kv) {
+                const T* we = reinterpret_cast<const T*>(&wv[u]);
+#pragma unroll
+                for (int r = 0; r < M; ++r) {
+                    if ((u32)r < m) {
+                        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + (u64)r * k) + c);
+                        const T* xe = reinterpret_cast<const T*>(&xv);
+#pragma unroll
+                        for (int i = 0; i < E; ++i) acc[r] = fmaf(to_f(we[i]), to_f(xe[i]), acc[r]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && (u32)r < m) out[(u64)r * n + j] = from_f<O>(v);
+    }
+}
+
+#define PORTER_GEMV(NT, T, NO, O, M)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) gemv_##NT##_##NO##_m##M(const T* x, const T* w, O* out, \
+                                                                               u32 m, u32 k, u32 n) {         \
+        gemv_impl<T, O, M>(x, w, out, m, k, n);                                                               \
+    }
+#define PORTER_GEMV_M(NT, T, NO, O) \
+    PORTER_GEMV(NT, T, NO, O, 1) PORTER_GEMV(NT, T, NO, O, 2) PORTER_GEMV(NT, T, NO, O, 4) PORTER_GEMV(NT, T, NO, O, 8)
+PORTER_GEMV_M(f32, float, f32, float)
+PORTER_GEMV_M(bf16, bf16, bf16, bf16)
+PORTER_GEMV_M(bf16, bf16, f32, float)
+PORTER_GEMV_M(f16, f16, f16, f16)
+PORTER_GEMV_M(f16, f16, f32, float)

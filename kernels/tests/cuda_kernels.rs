@@ -692,3 +692,30 @@ fn cuda_gated_norm_z() {
     gated_norm_z_case::<bf16>(&k, &mut rng, 17, LIN_HV, LIN_D);
     gated_norm_z_case::<half::f16>(&k, &mut rng, 2, 3, 50);
 }
+
+fn gemv_case<A: CudaFloat, O: CudaFloat>(k: &CudaKernels, rng: &mut Rng, m: usize, kk: usize, n: usize) {
+    let x = rnd_vec::<A>(&rng.vec(m * kk, 1.0));
+    let w = rnd_vec::<A>(&rng.vec(n * kk, 1.0 / (kk as f32).sqrt()));
+    let mut want = vec![0.0f32; m * n];
+    ops::matmul_t(&x, &w, &mut want, m, kk, n, false);
+    let want = rnd_vec::<O>(&want);
+    let (dx, dw) = (up::<A>(k, &x), up::<A>(k, &w));
+    let mut out = poisoned::<O>(k, m * n);
+    k.gemv::<A, O>(&dx, &dw, &mut out, m, kk, n).expect("gemv launch");
+    check(&format!("gemv {}->{} [{m}, {kk}] x [{n}, {kk}]", A::NAME, O::NAME), &down(k, &out), &want, tol::<O>());
+}
+
+#[test]
+fn cuda_gemv() {
+    let Some(k) = gpu("cuda_gemv") else { return };
+    let mut rng = Rng::new(42);
+    for m in [1, 3, 8] {
+        gemv_case::<f32, f32>(&k, &mut rng, m, 24, 101);
+        gemv_case::<bf16, bf16>(&k, &mut rng, m, HIDDEN, 2 * LIN_HK * LIN_D + 5);
+        gemv_case::<bf16, f32>(&k, &mut rng, m, HIDDEN, 1000);
+        gemv_case::<half::f16, half::f16>(&k, &mut rng, m, 4096, 64);
+        gemv_case::<half::f16, f32>(&k, &mut rng, m, 40, 7);
+    }
+    assert!(!CudaKernels::gemv_fits::<bf16, bf16>(9, 64), "9 rows must not fit");
+    assert!(!CudaKernels::gemv_fits::<bf16, bf16>(1, 12), "k = 12 is not a multiple of 8");
+}

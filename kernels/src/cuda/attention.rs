@@ -400,5 +400,6 @@ impl CudaKernels {
 /// the P tile and 16 row factors.
 fn atc_smem<T>(dp: usize) -> usize {
     let t = std::mem::size_of::<T>();
-    (ATC_BM + 4 * ATC_BN) * (dp + 8) * t + ATC_WARPS * 16 * (ATC_SS * 4 + ATC_PSS * t + 4)
+    // P is kept as two tiles (P = P_hi + P_lo, see attention.cu).
+    (ATC_BM + 4 * ATC_BN) * (dp + 8) * t + ATC_WARPS * 16 * (ATC_SS * 4 + 2 * ATC_PSS * t + 4)
 }

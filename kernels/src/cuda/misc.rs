@@ -406,6 +406,65 @@ impl CudaKernels {
     }
 }
 
+/// Most rows of [`CudaKernels::gemv`] (decode batches).
+pub const GEMV_MAX_ROWS: usize = 8;
+
+impl CudaKernels {
+    /// Whether [`CudaKernels::gemv`] takes this shape: `m ≤ GEMV_MAX_ROWS`, `k` a multiple of
+    /// the 16-byte vector, and output `O` equal to `A` or f32.
+    pub fn gemv_fits<A: CudaFloat, O: CudaFloat>(m: usize, k: usize) -> bool {
+        let e = 16 / std::mem::size_of::<A>();
+        (1..=GEMV_MAX_ROWS).contains(&m) && k > 0 && k.is_multiple_of(e) && (O::NAME == A::NAME || O::NAME == "f32")
+    }
+
+    /// Skinny GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` for decode (`m ≤ 8`): one launch, a warp
+    /// per output column streaming the weight row at full width, f32 accumulation, one
+    /// rounding to `O`. Much lighter on the host than a cuBLAS call.
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if the shape does not fit ([`CudaKernels::gemv_fits`]), a
+    /// buffer is not 16-byte aligned, or on a length mismatch.
+    pub fn gemv<A: CudaFloat, O: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<A>,
+        w: &impl DevicePtr<A>,
+        out: &mut impl DevicePtrMut<O>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        if !Self::gemv_fits::<A, O>(m, k) {
+            return Err(CudaError::Invalid(format!("gemv: m {m}, k {k} ({} -> {}) does not fit", A::NAME, O::NAME)));
+        }
+        self.check("x", x, prod(&[m, k])?)?;
+        self.check("w", w, prod(&[n, k])?)?;
+        self.check("out", out, prod(&[m, n])?)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mm = [1usize, 2, 4, 8].into_iter().find(|&v| v >= m).unwrap_or(8);
+        let f = self.function(&MISC, &format!("gemv_{}_{}_m{mm}", A::NAME, O::NAME))?;
+        let s = &*self.stream;
+        let (px, _gx) = x.device_ptr(s);
+        let (pw, _gw) = w.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        if (px | pw) & 15 != 0 {
+            return Err(CudaError::Invalid("gemv: x and w must be 16-byte aligned".into()));
+        }
+        let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("blocks", n.div_ceil(8))?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = s.launch_builder(&f);
+        l.arg(&px).arg(&pw).arg(&po).arg(&m32).arg(&k32).arg(&n32);
+        // SAFETY: matches gemv_<A>_<O>_m<mm>; sizes and alignment checked; m <= mm.
+        unsafe { l.launch(cfg) }?;
+        Ok(())
+    }
+}
+
 /// cuBLAS on the stream of a [`CudaKernels`]: `out = x · wᵀ` with f32 accumulation.
 #[derive(Debug)]
 pub struct Gemm {

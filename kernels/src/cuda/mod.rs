@@ -27,7 +27,7 @@ mod ops;
 
 pub use attention::ATTN_MAX_HEAD_DIM;
 pub use gdn::GDN_MAX_DK;
-pub use misc::Gemm;
+pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 
 use cudarc::driver::{
