@@ -24,7 +24,7 @@ layers=${LAYERS:-24}
 if [ "$what" = porter ] || [ "$what" = all ]; then
     .dev/porter/porter bench --device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers "$layers" \
         --prefill "${PREFILL:-1024,4096,32768}" --batch "${BATCH:-1,8,64}" --context "${CONTEXT:-128}" \
-        --steps "${STEPS:-32}" --json "$out/porter-80b-${layers}l.json" 2>&1 | tee "$out/porter.log"
+        --steps "${STEPS:-32}" ${PORTER_EXTRA:-} --json "$out/porter-80b-${layers}l.json" 2>&1 | tee "$out/porter.log"
 fi
 if [ "$what" = hf ] || [ "$what" = all ]; then
     if ls .whl/*.whl >/dev/null 2>&1; then
