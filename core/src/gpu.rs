@@ -62,6 +62,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     // events (cross-stream ordering) are unnecessary; turning them off before any buffer
     // exists removes an event record per kernel argument.
     unsafe { k.context().disable_event_tracking() };
+    keep_pool_memory(&k);
     let gemm = Gemm::new(&k).map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
     // SAFETY: the arena is only written through `Gpu::upload_u32` before the copy reads it.
     let mut buf = unsafe { k.context().alloc_pinned::<u8>(STAGING_BYTES) }.map_err(cuda_err)?;
@@ -73,6 +74,28 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     }
     devs[ordinal] = Some(g.clone());
     Ok(g)
+}
+
+/// Lets the device's default memory pool (stream-ordered `cuMemAllocAsync`) keep freed
+/// memory instead of returning it to the driver at every synchronisation: without this,
+/// each generation step (which synchronises for its token id) would unmap and remap the
+/// activations of the next step. Best effort: a failure only costs speed.
+fn keep_pool_memory(k: &CudaKernels) {
+    use cudarc::driver::sys;
+    let dev = k.context().cu_device();
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: plain driver queries on a live context's device; `pool` and `threshold` outlive
+    // the calls.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, dev) == sys::CUresult::CUDA_SUCCESS && !pool.is_null() {
+            let mut threshold: u64 = u64::MAX;
+            let _ = sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold) as *mut u64 as *mut std::ffi::c_void,
+            );
+        }
+    }
 }
 
 /// Typed device memory of a tensor (the variant matches the tensor's dtype).
@@ -350,10 +373,13 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
         // Decode-sized GEMMs take porter's skinny kernel (one light launch instead of a
         // cuBLAS call); the rest cuBLAS.
         match out.dtype() {
-            DType::F32 if CudaKernels::gemv_fits::<A, f32>(m, k) => {
+            DType::F32 if m <= porter_kernels::cuda::GEMV_MAX_ROWS && CudaKernels::gemv_fits::<A, f32>(m, k) => {
                 return g.k.gemv::<A, f32>(xs, ws, out.dev_mut::<f32>()?, m, k, n).map_err(cuda_err)
             }
-            dt if dt == A::DTYPE && CudaKernels::gemv_fits::<A, A>(m, k) => {
+            dt if dt == A::DTYPE
+                && m <= porter_kernels::cuda::GEMV_MAX_ROWS
+                && CudaKernels::gemv_fits::<A, A>(m, k) =>
+            {
                 return g.k.gemv::<A, A>(xs, ws, out.dev_mut::<A>()?, m, k, n).map_err(cuda_err)
             }
             _ => {}

@@ -431,6 +431,13 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             bail!("--prefill lengths must be >= 1");
         }
         let ids: Vec<u32> = (0..n).map(tok).collect();
+        if device != Device::Cpu {
+            // One untimed run at this length (first use of the prefill kernels at this size:
+            // the memory pool grows, cuBLAS picks its algorithms), as hf_bench.py does.
+            let mut c = model.try_new_cache_spec(1, 0)?;
+            let s = c.alloc_seq()?;
+            model.forward(&Batch::single(s, 0, &ids), &mut c, LogitsFor::Last)?;
+        }
         let mut cache = model.try_new_cache_spec(1, 0)?;
         let seq = cache.alloc_seq()?;
         model.sync()?;

@@ -406,15 +406,17 @@ impl CudaKernels {
     }
 }
 
-/// Most rows of [`CudaKernels::gemv`] (decode batches).
-pub const GEMV_MAX_ROWS: usize = 8;
+/// Most rows of [`CudaKernels::gemv`] (decode batches). The kernel re-reads the x rows per
+/// weight vector from L1, which is cheaper than a cuBLAS call at 1–2 rows and slower at 8
+/// (measured on an H200, docs/benchmarks.md); the kernel itself handles up to 8.
+pub const GEMV_MAX_ROWS: usize = 2;
 
 impl CudaKernels {
     /// Whether [`CudaKernels::gemv`] takes this shape: `m ≤ GEMV_MAX_ROWS`, `k` a multiple of
     /// the 16-byte vector, and output `O` equal to `A` or f32.
     pub fn gemv_fits<A: CudaFloat, O: CudaFloat>(m: usize, k: usize) -> bool {
         let e = 16 / std::mem::size_of::<A>();
-        (1..=GEMV_MAX_ROWS).contains(&m) && k > 0 && k.is_multiple_of(e) && (O::NAME == A::NAME || O::NAME == "f32")
+        (1..=8).contains(&m) && k > 0 && k.is_multiple_of(e) && (O::NAME == A::NAME || O::NAME == "f32")
     }
 
     /// Skinny GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` for decode (`m ≤ 8`): one launch, a warp
