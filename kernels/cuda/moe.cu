@@ -13,9 +13,10 @@
 //   4. moe_combine: out[r] = Σ_j o[r, j] · w[r, j] in f32, slots in order.
 // Steps 2 and 3 have two forms: GEMV kernels (decode: few rows per expert; one
 // block streams a slice of an expert's weights once, 16-byte loads, and serves
-// every row routed to that expert) and tiled GEMMs over 64-row tiles of the
-// sorted list (prefill: tensor cores via wmma for bf16 / f16 on sm_80+, CUDA
-// cores in exact f32 otherwise).
+// every row routed to that expert) and tiled GEMMs over row tiles of the
+// sorted list (prefill: tensor cores via wmma for bf16 / f16 on sm_80+, tiles
+// of 16·MI rows chosen from t·k/e; CUDA cores in exact f32, 64-row tiles,
+// otherwise).
 //
 // Pair p = r·k + j (row r, slot j). Expert ids >= e are skipped (never sorted,
 // never read back by moe_combine).
@@ -482,13 +483,13 @@ __device__ __forceinline__ const T* w_row(const T* w0, const T* w1, u32 ex, u32 
 }
 
 // A row pointer i of the tile (nullptr for padding).
-template <typename T, bool GU>
+template <typename T, bool GU, u32 BM>
 __device__ __forceinline__ const T* a_row(const T* a, const u32* s_pair, u32 tile, u32 i, u32 K, u32 k) {
     if (GU) {
         const u32 p = s_pair[i];
         return p == MOE_INVALID ? nullptr : a + (u64)(p / k) * K;
     }
-    return a + (u64)(tile * MOE_BM + i) * K;
+    return a + (u64)(tile * BM + i) * K;
 }
 
 // --- CUDA-core fallback (exact f32 math; any T, any alignment) -------------
@@ -515,7 +516,7 @@ __device__ __forceinline__ void gemm_simt_impl(const T* __restrict__ a, const T*
     const u32 kk = tid % SIMT_BK, lr = tid / SIMT_BK;  // lr < 16
     const T* ap[MOE_BM / 16];
 #pragma unroll
-    for (int s = 0; s < MOE_BM / 16; ++s) ap[s] = a_row<T, GU>(a, s_pair, tile, lr + 16 * s, K, k);
+    for (int s = 0; s < MOE_BM / 16; ++s) ap[s] = a_row<T, GU, MOE_BM>(a, s_pair, tile, lr + 16 * s, K, k);
     const T* bp[MOE_BN / 16];
 #pragma unroll
     for (int s = 0; s < MOE_BN / 16; ++s) bp[s] = w_row<T, GU>(w0, w1, ex, c0, lr + 16 * s, K, N);
@@ -558,14 +559,52 @@ __device__ __forceinline__ void gemm_simt_impl(const T* __restrict__ a, const T*
 }
 
 // --- Tensor cores (wmma 16×16×16, bf16 / f16 in, f32 accumulate; sm_80+) ---
-// Needs K % 8 == 0 and 16-byte aligned rows (checked by the host). A and W
-// tiles of MOE_BK columns are staged in shared memory with cp.async,
-// MOE_STAGES stages (two tiles in flight while one is multiplied); 8 warps,
-// each a 32×32 block of C (2×2 fragments).
+//
+// Analysis of the previous form (64×128 tiles, 8 warps of 32×32, BK 32, 3
+// stages, 256 threads), Qwen3-Next-80B at t = 4096 (n = 40960 pairs, e = 512,
+// ≈ 80 rows per expert, Poisson-like):
+// - grid: tiles_cap = n/64 + 512 = 1152 tiles (≈ 1024 real: 2 per expert);
+//   gate+up 1152·8 = 9216 blocks (K = 2048: 64 k-steps), down 1152·16 = 18432
+//   blocks (K = 512: only 16 k-steps each, so prologue + epilogue weigh a lot).
+// - residency (ptxas, sm_90): 64 registers × 256 threads, 46.3 KB static
+//   shared memory -> 4 blocks (32 warps) per SM, both limits at 4.
+// - shared memory per k-step and block: ldmatrix reads 8 warps × (32×32 A +
+//   32×32 W) × 2 B = 32 KB, cp.async writes (64 + 128) × 32 × 2 B = 12 KB:
+//   44 KB for 64·128·32·2 = 524 kFLOP, 11.9 FLOP/B. At 128 B/clk/SM that caps
+//   the SM at ≈ 1520 FLOP/clk (≈ 400 TFLOP/s on 132 SMs), well under the
+//   mma.sync rate: the kernel is shared-memory (ldmatrix) bound, 4 MMAs per 4
+//   fragment loads per warp.
+// - epilogue: the 64×128 f32 tile staged in shared memory (33.8 KB), then
+//   8192 scalar 2-byte stores per block (32 per thread); against 16 k-steps in
+//   down that is a large share of the down GEMM.
+// - padding: ≈ 80 rows per expert in two 64-row tiles -> 65.5k rows computed
+//   for 40960 real ones: 37.5 % of the 412 GFLOP executed is padding (the 98
+//   TFLOP/s measured is ≈ 157 TFLOP/s on the executed work).
+//
+// This form: 4 warps (MOE_TC_THREADS), tiles of BM = 16·MI rows (MI = 1..4,
+// chosen on the host from the expected rows per expert, t·k/e, to cut the
+// padding: 48 rows at t·k/e = 80, ≈ 98 rows per expert, 18 % padding) ×
+// MOE_TC_BN = 256 weight rows; every warp computes all BM rows × 64 weight
+// rows (MI×4 fragments: MI + 4 fragment loads per 4·MI MMAs). gate+up: the
+// tile holds gate rows c0..c0+127 and up rows c0..c0+127, warp w the gate and
+// up rows 32w..32w+31, so SiLU·up is applied in registers (same fragment
+// type, so element e of the gate and of the up fragment is the same (i, j))
+// and the block writes 128 h columns. BK 32, MOE_TC_STAGES = 4 stages of
+// cp.async in dynamic shared memory, 320·(BM + 256) B (BM 48: 97 KB; 2 blocks
+// per SM). Per k-step and block at MI = 3: reads 4 × (48 + 64) × 32 × 2 B =
+// 28 KB, writes 19 KB: 48 KB for 786 kFLOP, 16.3 FLOP/B (MI = 4: 19.7 FLOP/B)
+// against 11.9. Epilogue: C staged as f32 (gate+up: only the 128 h columns),
+// written as 16-byte vectors of 8 elements (N % 8 == 0, checked by the host).
+// Grid at t = 4096 (BM 48): tiles_cap = 854 + 512 = 1366 (≈ 1030 real);
+// gate+up 1366·4 blocks, down 1366·8 blocks.
+//
+// Needs K % 8 == 0, N % 8 == 0 and 16-byte aligned rows (checked by the host).
 
-#define MOE_BK 32
-#define MOE_LDS (MOE_BK + 8)
-#define MOE_STAGES 3
+#define MOE_TC_THREADS 128
+#define MOE_TC_BN 256
+#define MOE_TC_BK 32
+#define MOE_TC_LDS (MOE_TC_BK + 8)  // 80-byte rows: conflict-free ldmatrix
+#define MOE_TC_STAGES 4
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
 #if __CUDA_ARCH__ >= 800
@@ -587,90 +626,170 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-template <typename T, bool GU>
-__device__ __forceinline__ void gemm_wmma_impl(const T* __restrict__ a, const T* __restrict__ w0,
-                                               const T* __restrict__ w1, const u32* __restrict__ sorted,
-                                               const u32* __restrict__ tile_expert, T* __restrict__ dst, u32 K,
-                                               u32 N, u32 k, u32 nblk) {
+// 8 f32 -> 8 T packed in 16 bytes.
+template <typename T> __device__ __forceinline__ uint4 pack8(const float* f) {
+    union {
+        uint4 v;
+        T h[8];
+    } u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) u.h[i] = from_f<T>(f[i]);
+    return u.v;
+}
+
+// Block b: tile b / nblk of BM = 16·MI rows, column block b % nblk (gate+up:
+// 128 columns of h, c0 = 128·cb; down: 256 columns of o, c0 = 256·cb).
+template <typename T, bool GU, int MI>
+__device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, const T* __restrict__ w0,
+                                             const T* __restrict__ w1, const u32* __restrict__ sorted,
+                                             const u32* __restrict__ tile_expert, T* __restrict__ dst, u32 K, u32 N,
+                                             u32 k, u32 nblk) {
 #if __CUDA_ARCH__ >= 800
     using namespace nvcuda;
-    constexpr u32 A_ELEMS = MOE_BM * MOE_LDS, B_ELEMS = MOE_BN * MOE_LDS;
-    constexpr u32 STAGE_BYTES = MOE_STAGES * (A_ELEMS + B_ELEMS) * sizeof(T);
-    constexpr u32 C_BYTES = MOE_BM * MOE_LDC * sizeof(float);
-    __shared__ __align__(128) unsigned char smem[STAGE_BYTES > C_BYTES ? STAGE_BYTES : C_BYTES];
-    __shared__ u32 s_pair[MOE_BM];
+    constexpr u32 BM = 16 * MI;
+    constexpr u32 A_ELEMS = BM * MOE_TC_LDS, B_ELEMS = MOE_TC_BN * MOE_TC_LDS;
+    constexpr u32 NC = GU ? MOE_TC_BN / 2 : MOE_TC_BN;  // output columns per block
+    constexpr u32 LDC = NC + 4;
+    constexpr int AS = (int)((BM + 31) / 32);  // A chunks per thread and k-step
+    extern __shared__ __align__(128) unsigned char moe_tc_smem[];
+    __shared__ u32 s_pair[BM];
     const u32 tile = blockIdx.x / nblk, cb = blockIdx.x % nblk;
     const u32 ex = tile_expert[tile];
     if (ex == MOE_INVALID) return;
     const u32 tid = threadIdx.x, warp = tid >> 5;
-    const u32 c0 = cb * (GU ? MOE_BN / 2 : MOE_BN);
-    if (tid < MOE_BM) s_pair[tid] = sorted[tile * MOE_BM + tid];
+    const u32 c0 = cb * NC;
+    if (tid < BM) s_pair[tid] = sorted[tile * BM + tid];
     __syncthreads();
-    T* As = reinterpret_cast<T*>(smem);     // [MOE_STAGES][MOE_BM][MOE_LDS]
-    T* Bs = As + MOE_STAGES * A_ELEMS;      // [MOE_STAGES][MOE_BN][MOE_LDS]
-    // Loader: 16-byte chunk ch (8 elements) of A row tid / 4 and of W rows tid / 4, 64 + tid / 4.
+    T* As = reinterpret_cast<T*>(moe_tc_smem);  // [STAGES][BM][LDS]
+    T* Bs = As + MOE_TC_STAGES * A_ELEMS;       // [STAGES][256][LDS]
+    // Loader: 16-byte chunk ch (8 elements) of A rows lrow + 32s (s < AS, row
+    // < BM) and of W tile rows lrow + 32s (s < 8).
     const u32 lrow = tid >> 2, ch = (tid & 3u) * 8u;
-    const T* ap = a_row<T, GU>(a, s_pair, tile, lrow, K, k);
-    const T* bp0 = w_row<T, GU>(w0, w1, ex, c0, lrow, K, N);
-    const T* bp1 = w_row<T, GU>(w0, w1, ex, c0, lrow + 64, K, N);
+    const T* ap[AS];
+#pragma unroll
+    for (int s = 0; s < AS; ++s) {
+        const u32 r = lrow + 32u * s;
+        ap[s] = r < BM ? a_row<T, GU, BM>(a, s_pair, tile, r, K, k) : nullptr;
+    }
+    // W tile row lrow + 32s: GU: gate (s < 4) or up (s >= 4) row c0 + lrow +
+    // 32·(s % 4); down: row c0 + lrow + 32s.
+    const u64 wrow = (u64)ex * N + c0 + lrow;
+    const T* bg = w0 + wrow * K;
+    const T* bu = (GU ? w1 : w0) + wrow * K;
+    u32 bvalid = 0;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+        const u32 c = c0 + lrow + 32u * (GU ? (s & 3) : s);
+        if (c < N) bvalid |= 1u << s;
+    }
     auto load = [&](u32 st, u32 k0) {
         const u32 kc = k0 + ch;
         const bool in = kc < K;
-        cp_async16(As + st * A_ELEMS + lrow * MOE_LDS + ch, (ap != nullptr && in) ? ap + kc : a, ap != nullptr && in);
-        cp_async16(Bs + st * B_ELEMS + lrow * MOE_LDS + ch, (bp0 != nullptr && in) ? bp0 + kc : w0,
-                   bp0 != nullptr && in);
-        cp_async16(Bs + st * B_ELEMS + (lrow + 64) * MOE_LDS + ch, (bp1 != nullptr && in) ? bp1 + kc : w0,
-                   bp1 != nullptr && in);
+        T* as = As + st * A_ELEMS;
+        T* bs = Bs + st * B_ELEMS;
+#pragma unroll
+        for (int s = 0; s < AS; ++s) {
+            const u32 r = lrow + 32u * s;
+            if (r < BM) {
+                const bool v = ap[s] != nullptr && in;
+                cp_async16(as + r * MOE_TC_LDS + ch, v ? ap[s] + kc : a, v);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const bool v = ((bvalid >> s) & 1u) != 0u && in;
+            const T* src = GU ? (s < 4 ? bg : bu) + (u64)(32 * (s & 3)) * K : bg + (u64)(32 * s) * K;
+            cp_async16(bs + (lrow + 32u * s) * MOE_TC_LDS + ch, v ? src + kc : w0, v);
+        }
     };
-    const u32 wr = warp & 1u, wc = warp >> 1;  // rows 32·wr, columns 32·wc
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    // Warp w: B fragment j (16 tile rows) at brow(j): GU: gate 32w + 16j (j <
+    // 2), up 128 + 32w + 16(j − 2); down: 64w + 16j.
+    auto brow = [&](int j) -> u32 {
+        return GU ? (u32)(j >> 1) * 128u + 32u * warp + 16u * (u32)(j & 1) : 64u * warp + 16u * (u32)j;
+    };
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MI][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-    const u32 nk = (K + MOE_BK - 1) / MOE_BK;
-    // Commit groups G0, G1 (tiles 0, 1); iteration kt commits G(kt + 2), empty
-    // past the last tile, so that "all but the newest group done" always means
-    // tile kt has landed. The stage refilled in iteration kt, (kt + 2) % 3, was
-    // last read in iteration kt - 1, which every warp has left at the barrier.
-    load(0, 0);
-    cp_async_commit();
-    if (nk > 1) load(1, MOE_BK);
-    cp_async_commit();
-    for (u32 kt = 0; kt < nk; ++kt) {
-        cp_async_wait<1>();
-        __syncthreads();
-        if (kt + 2 < nk) load((kt + 2) % MOE_STAGES, (kt + 2) * MOE_BK);
+        for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    const u32 nk = (K + MOE_TC_BK - 1) / MOE_TC_BK;
+    // Commit groups G0..G(S−2) (tiles 0..S−2, empty past the last); iteration
+    // kt commits G(kt + S − 1), so "all but the newest S − 2 groups done" means
+    // tile kt has landed. The stage refilled in iteration kt, (kt − 1) % S, was
+    // last read in iteration kt − 1, which every warp has left at the barrier.
+#pragma unroll
+    for (u32 s = 0; s < MOE_TC_STAGES - 1; ++s) {
+        if (s < nk) load(s, s * MOE_TC_BK);
         cp_async_commit();
-        const u32 st = kt % MOE_STAGES;
+    }
+    for (u32 kt = 0; kt < nk; ++kt) {
+        cp_async_wait<MOE_TC_STAGES - 2>();
+        __syncthreads();
+        const u32 kn = kt + MOE_TC_STAGES - 1;
+        if (kn < nk) load(kn % MOE_TC_STAGES, kn * MOE_TC_BK);
+        cp_async_commit();
+        const u32 st = kt % MOE_TC_STAGES;
         const T* as = As + st * A_ELEMS;
         const T* bs = Bs + st * B_ELEMS;
 #pragma unroll
-        for (u32 kk = 0; kk < MOE_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb[2];
+        for (u32 kk = 0; kk < MOE_TC_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[MI];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], as + (32 * wr + 16 * i) * MOE_LDS + kk, MOE_LDS);
+            for (int i = 0; i < MI; ++i) wmma::load_matrix_sync(fa[i], as + 16 * i * MOE_TC_LDS + kk, MOE_TC_LDS);
 #pragma unroll
-            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], bs + (32 * wc + 16 * j) * MOE_LDS + kk, MOE_LDS);
+            for (int j = 0; j < 4; ++j) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+                wmma::load_matrix_sync(fb, bs + brow(j) * MOE_TC_LDS + kk, MOE_TC_LDS);
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+                for (int i = 0; i < MI; ++i) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
+            }
         }
     }
-    // Only empty groups can be pending; the stages become the C staging area.
+    // Only empty groups can be pending; the stages become the C staging area
+    // [BM][LDC] f32 (BM · LDC · 4 <= 66.6 KB, within the stages).
     cp_async_wait<0>();
     __syncthreads();
-    float* Cs = reinterpret_cast<float*>(smem);
+    float* Cs = reinterpret_cast<float*>(moe_tc_smem);
+    if (GU) {
+        // h = silu(round(g)) · round(u) (rounded to T at the store below).
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
-            wmma::store_matrix_sync(Cs + (32 * wr + 16 * i) * MOE_LDC + 32 * wc + 16 * j, acc[i][j], MOE_LDC,
-                                    wmma::mem_row_major);
+            for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                for (int q = 0; q < acc[i][j].num_elements; ++q) {
+                    const float g = round_to<T>(acc[i][j].x[q]), u = round_to<T>(acc[i][j + 2].x[q]);
+                    acc[i][j].x[q] = silu_f(g) * u;
+                }
+                wmma::store_matrix_sync(Cs + 16 * i * LDC + 32 * warp + 16 * j, acc[i][j], LDC, wmma::mem_row_major);
+            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                wmma::store_matrix_sync(Cs + 16 * i * LDC + 64 * warp + 16 * j, acc[i][j], LDC, wmma::mem_row_major);
+    }
     __syncthreads();
-    gemm_epilogue<T, GU>(Cs, s_pair, tile, c0, N, dst, tid);
+    // 16-byte stores: vector v (8 columns) of row i. gate+up: every row of the
+    // tile (padding rows get silu(0)·0 = 0); down: rows of real pairs, at o[pair].
+    constexpr u32 VPR = NC / 8;
+    for (u32 q = tid; q < BM * VPR; q += MOE_TC_THREADS) {
+        const u32 i = q / VPR, v = q % VPR, c = c0 + 8 * v;
+        if (c >= N) continue;
+        u64 row;
+        if (GU) {
+            row = (u64)tile * BM + i;
+        } else {
+            const u32 p = s_pair[i];
+            if (p == MOE_INVALID) continue;
+            row = p;
+        }
+        const float4 f0 = *reinterpret_cast<const float4*>(Cs + i * LDC + 8 * v);
+        const float4 f1 = *reinterpret_cast<const float4*>(Cs + i * LDC + 8 * v + 4);
+        const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+        *reinterpret_cast<uint4*>(dst + row * N + c) = pack8<T>(f);
+    }
 #endif
 }
 
@@ -707,26 +826,29 @@ extern "C" __global__ void __launch_bounds__(256)
                            f16* dst, u32 K, u32 N, u32 k, u32 nblk) {
     gemm_simt_impl<f16, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
 }
-extern "C" __global__ void __launch_bounds__(256)
-    moe_gemm_gu_wmma_bf16(const bf16* a, const bf16* w0, const bf16* w1, const u32* sorted, const u32* tile_expert,
-                          bf16* dst, u32 K, u32 N, u32 k, u32 nblk) {
-    gemm_wmma_impl<bf16, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
-}
-extern "C" __global__ void __launch_bounds__(256)
-    moe_gemm_gu_wmma_f16(const f16* a, const f16* w0, const f16* w1, const u32* sorted, const u32* tile_expert,
-                         f16* dst, u32 K, u32 N, u32 k, u32 nblk) {
-    gemm_wmma_impl<f16, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
-}
-extern "C" __global__ void __launch_bounds__(256)
-    moe_gemm_down_wmma_bf16(const bf16* a, const bf16* w0, const bf16* w1, const u32* sorted,
-                            const u32* tile_expert, bf16* dst, u32 K, u32 N, u32 k, u32 nblk) {
-    gemm_wmma_impl<bf16, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
-}
-extern "C" __global__ void __launch_bounds__(256)
-    moe_gemm_down_wmma_f16(const f16* a, const f16* w0, const f16* w1, const u32* sorted, const u32* tile_expert,
-                           f16* dst, u32 K, u32 N, u32 k, u32 nblk) {
-    gemm_wmma_impl<f16, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
-}
+// Tensor-core entries: moe_gemm_{gu,down}_tc{MI}_{bf16,f16}, tiles of 16·MI rows;
+// dynamic shared memory max(MOE_TC_STAGES · (16·MI + 256) · MOE_TC_LDS ·
+// sizeof(T), 16·MI · (NC + 4) · 4) bytes (the host computes it).
+#define MOE_TC_ENTRY(T, NAME, MI)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS)                                                  \
+        moe_gemm_gu_tc##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                      \
+                                    const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {              \
+        gemm_tc_impl<T, true, MI>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);                            \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS)                                                  \
+        moe_gemm_down_tc##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                    \
+                                      const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {            \
+        gemm_tc_impl<T, false, MI>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);                           \
+    }
+
+MOE_TC_ENTRY(bf16, bf16, 1)
+MOE_TC_ENTRY(bf16, bf16, 2)
+MOE_TC_ENTRY(bf16, bf16, 3)
+MOE_TC_ENTRY(bf16, bf16, 4)
+MOE_TC_ENTRY(f16, f16, 1)
+MOE_TC_ENTRY(f16, f16, 2)
+MOE_TC_ENTRY(f16, f16, 3)
+MOE_TC_ENTRY(f16, f16, 4)
 
 // ---------------------------------------------------------------------------
 // 4. Combine: out[r, c] = Σ_j round(o)[r·k + j, c] · w[r, j] (f32, j ascending;

@@ -5,6 +5,7 @@
 //! combine. No host loop over experts and no host synchronisation.
 
 use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, MOE};
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 /// Largest expert count of [`CudaKernels::moe_experts`] (the alignment kernel
@@ -13,12 +14,25 @@ pub const MOE_MAX_E: usize = 8192;
 
 /// Threads of the alignment kernel (`moe_align`, one block).
 const ALIGN_THREADS: u32 = 1024;
-/// GEMM tile height: rows of the sorted pair list per tile (`MOE_BM`).
+/// CUDA-core GEMM tile height: rows of the sorted pair list per tile (`MOE_BM`).
 const BM: usize = 64;
-/// GEMM tile width in weight rows (`MOE_BN`; gate+up tiles hold 64 of each).
+/// CUDA-core GEMM tile width in weight rows (`MOE_BN`; gate+up tiles hold 64 of each).
 const BN: usize = 128;
-/// Threads of the GEMM kernels (`MOE_GEMM_THREADS`).
+/// Threads of the CUDA-core GEMM kernels (`MOE_GEMM_THREADS`).
 const GEMM_THREADS: u32 = 256;
+/// Threads of the tensor-core GEMM kernels (`MOE_TC_THREADS`).
+const TC_THREADS: u32 = 128;
+/// Tensor-core GEMM tile width in weight rows (`MOE_TC_BN`; gate+up tiles hold
+/// 128 gate and 128 up rows, 128 columns of h).
+const TC_BN: usize = 256;
+/// Shared-memory row of a staged tile in elements (`MOE_TC_LDS`).
+const TC_LDS: usize = 40;
+/// cp.async stages of the tensor-core GEMMs (`MOE_TC_STAGES`).
+const TC_STAGES: usize = 4;
+/// Relative speed per executed row of the tensor-core GEMMs by row fragments
+/// per warp (`MI` = 1..4: tiles of 16·MI rows; fewer fragments reuse each
+/// weight fragment less). Estimates from the shared-memory traffic per FLOP.
+const TC_SPEED: [f64; 4] = [0.45, 0.72, 0.9, 1.0];
 /// Warps per GEMV block (`MOE_GEMV_WARPS`).
 const GEMV_WARPS: usize = 8;
 /// Down rows per GEMV warp (`MOE_DOWN_NR`).
@@ -64,9 +78,10 @@ impl CudaKernels {
     ///
     /// The pairs are grouped by expert on the device (counting sort); then
     /// either GEMV kernels that stream each routed expert's weights once
-    /// (decode, [`CudaKernels::moe_decode_path`]) or tiled GEMMs over 64-row
+    /// (decode, [`CudaKernels::moe_decode_path`]) or tiled GEMMs over row
     /// tiles of each expert's rows (tensor cores for `bf16` / `f16` on sm_80+,
-    /// exact f32 CUDA-core math for `f32`). Scratch is allocated on the stream.
+    /// tiles of 16–64 rows, [`CudaKernels::moe_prefill_tile_frags`]; exact f32
+    /// CUDA-core math, 64-row tiles, for `f32`). Scratch is allocated on the stream.
     ///
     /// Expert ids are trusted (they come from [`CudaKernels::moe_router`]),
     /// but an id `>= e` is skipped (contributes nothing), never read out of
@@ -117,8 +132,39 @@ impl CudaKernels {
         if Self::moe_decode_path(t, k, e) {
             self.moe_decode::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter)
         } else {
-            self.moe_prefill::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter)
+            self.moe_prefill::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter, &mut |_| Ok(()))
         }
+    }
+
+    /// Row fragments per warp (`MI`; tiles of 16·MI rows) of the tensor-core
+    /// prefill GEMMs for `t` rows with `k` experts each out of `e`: the one with
+    /// the least expected work, Σ over experts of the rows padded to whole tiles
+    /// (per-expert counts taken as Poisson of mean t·k/e), over its relative
+    /// speed [`TC_SPEED`]. Any choice is correct; this only sets the padding.
+    pub fn moe_prefill_tile_frags(t: usize, k: usize, e: usize) -> usize {
+        let lambda = t as f64 * k as f64 / e.max(1) as f64;
+        if lambda <= 0.0 || lambda > 2048.0 {
+            return 4;
+        }
+        let hi = (lambda + 12.0 * lambda.sqrt() + 32.0).ceil() as usize;
+        let ln_l = lambda.ln();
+        let mut best = (f64::INFINITY, 4);
+        for mi in 1..=4usize {
+            let bm = 16 * mi;
+            // E[ceil(c / bm) · bm], c ~ Poisson(lambda), pmf in log space.
+            let (mut lp, mut rows) = (-lambda, 0.0);
+            for c in 0..=hi {
+                if c > 0 {
+                    lp += ln_l - (c as f64).ln();
+                }
+                rows += lp.exp() * (c.div_ceil(bm) * bm) as f64;
+            }
+            let cost = rows / TC_SPEED[mi - 1];
+            if cost < best.0 {
+                best = (cost, mi);
+            }
+        }
+        best.1
     }
 
     /// Resident blocks of a persistent decode kernel: `GEMV_BLOCKS_PER_SM` per
@@ -250,8 +296,54 @@ impl CudaKernels {
         Ok(())
     }
 
+    /// The prefill path of [`CudaKernels::moe_experts`] (same arguments and
+    /// checks; `t·k` must exceed the decode threshold), synchronising the
+    /// stream after every stage: returns the seconds of the alignment, the
+    /// gate+up GEMM, the down GEMM and the combine (host clock around each
+    /// launch + synchronise). For profiling only.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_prefill_stage_times<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        k: usize,
+        e: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<[f64; 4]> {
+        if t == 0 || Self::moe_decode_path(t, k, e) || k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
+            return Err(CudaError::Invalid("moe_prefill_stage_times: not a prefill shape".into()));
+        }
+        self.check("x", x, prod(&[t, hidden])?)?;
+        self.check("idx", idx, prod(&[t, k])?)?;
+        self.check("w", w, prod(&[t, k])?)?;
+        self.check("gate", gate, prod(&[e, inter, hidden])?)?;
+        self.check("up", up, prod(&[e, inter, hidden])?)?;
+        self.check("down", down, prod(&[e, hidden, inter])?)?;
+        self.check("out", out, prod(&[t, hidden])?)?;
+        let mut times = [0.0f64; 4];
+        self.stream.synchronize()?;
+        let mut clock = std::time::Instant::now();
+        self.moe_prefill::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter, &mut |stage| {
+            self.stream.synchronize()?;
+            let now = std::time::Instant::now();
+            times[stage] = (now - clock).as_secs_f64();
+            clock = now;
+            Ok(())
+        })?;
+        Ok(times)
+    }
+
     /// Prefill path of [`CudaKernels::moe_experts`] (arguments checked):
-    /// alignment, tiled gate+up and down GEMMs, combine.
+    /// alignment, tiled gate+up and down GEMMs, combine. `done(stage)` is
+    /// called after the launch of each stage (0..4).
     #[allow(clippy::too_many_arguments)]
     fn moe_prefill<T: CudaFloat>(
         &self,
@@ -267,14 +359,27 @@ impl CudaKernels {
         e: usize,
         hidden: usize,
         inter: usize,
+        done: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<()> {
         let n = prod(&[t, k])?;
         let slots = e.min(n);
+        let esize = std::mem::size_of::<T>();
+        // Tensor cores for bf16 / f16 on sm_80+ with 16-byte rows everywhere
+        // (K % 8 == 0 and N % 8 == 0 for both GEMMs; base pointers checked below).
+        let sm80 = self.arch.trim_start_matches("sm_").parse::<u32>().is_ok_and(|v| v >= 80);
+        let tc_dims =
+            T::NAME != "f32" && sm80 && (hidden * esize).is_multiple_of(16) && (inter * esize).is_multiple_of(16);
+        let (px, _gx) = x.device_ptr(&self.stream);
+        let (pg, _gg) = gate.device_ptr(&self.stream);
+        let (pu, _gu) = up.device_ptr(&self.stream);
+        let (pd, _gd) = down.device_ptr(&self.stream);
+        let tc = tc_dims && [px, pg, pu, pd].iter().all(|p| p.is_multiple_of(16));
+        let mi = if tc { Self::moe_prefill_tile_frags(t, k, e) } else { 0 };
         // Sorted list: each expert's segment padded to whole tiles (at most
         // one partial tile per active expert).
-        let (pad, tiles_cap) = (BM, n.div_ceil(BM) + slots);
+        let tile_rows = if tc { 16 * mi } else { BM };
+        let (pad, tiles_cap) = (tile_rows, n.div_ceil(tile_rows) + slots);
         let cap = prod(&[tiles_cap, pad])?;
-        let esize = std::mem::size_of::<T>();
         // Scratch, one allocation: sorted [cap], tile_expert [tiles_cap],
         // seg [3·slots], meta [2] (u32); h [cap, inter] (T); o [n, hidden] (T).
         let off_tile = align256(cap * 4);
@@ -295,12 +400,8 @@ impl CudaKernels {
         // index lists in full, the gate+up kernels every h row the down kernels
         // read, the down kernels o for every pair moe_combine reads).
         let mut scratch = unsafe { s.alloc::<u8>(bytes) }?;
-        let (px, _gx) = x.device_ptr(s);
         let (pi, _gi) = idx.device_ptr(s);
         let (pw, _gw) = w.device_ptr(s);
-        let (pg, _gg) = gate.device_ptr(s);
-        let (pu, _gu) = up.device_ptr(s);
-        let (pd, _gd) = down.device_ptr(s);
         let (po, _go) = out.device_ptr_mut(s);
         let (base, _gs) = scratch.device_ptr_mut(s);
         let p_sorted = base;
@@ -326,41 +427,56 @@ impl CudaKernels {
         // meta 2; dynamic shared memory e u32 (e ≤ 8192: 32 KiB).
         unsafe { b.launch(cfg) }?;
 
-        let sm80 = self.arch.trim_start_matches("sm_").parse::<u32>().is_ok_and(|v| v >= 80);
-        let tc = T::NAME != "f32"
-            && sm80
-            && vec_ok::<T>(px, hidden)
-            && vec_ok::<T>(pg, hidden)
-            && vec_ok::<T>(pu, hidden)
-            && vec_ok::<T>(pd, inter)
-            && vec_ok::<T>(p_h, inter);
-        let kind = if tc { "wmma" } else { "simt" };
-        // 2b. gate+up GEMM (+ activation): column blocks of BN/2 inter columns.
-        let nblk = inter.div_ceil(BN / 2);
-        let nblk32 = u32_of("column blocks", nblk)?;
-        let f = self.function(&MOE, &format!("moe_gemm_gu_{kind}_{}", T::NAME))?;
-        let cfg = LaunchConfig {
-            grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
-            block_dim: (GEMM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+        done(0)?;
+
+        // Kernel, grid (tiles_cap · column blocks), block and dynamic shared memory of a GEMM.
+        let gemm = |gu: bool, n_cols: usize| -> Result<(cudarc::driver::CudaFunction, u32, LaunchConfig)> {
+            let which = if gu { "gu" } else { "down" };
+            if tc {
+                // gate+up: 128 h columns per block; down: 256 o columns.
+                let nc = if gu { TC_BN / 2 } else { TC_BN };
+                let nblk = n_cols.div_ceil(nc);
+                let stages = TC_STAGES * (tile_rows + TC_BN) * TC_LDS * esize;
+                let smem = stages.max(tile_rows * (nc + 4) * 4);
+                let f = self.function(&MOE, &format!("moe_gemm_{which}_tc{mi}_{}", T::NAME))?;
+                if smem > 48 * 1024 {
+                    f.set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        i32::try_from(smem).map_err(|_| CudaError::Invalid("shared memory".into()))?,
+                    )?;
+                }
+                let cfg = LaunchConfig {
+                    grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+                    block_dim: (TC_THREADS, 1, 1),
+                    shared_mem_bytes: u32_of("shared memory", smem)?,
+                };
+                Ok((f, u32_of("column blocks", nblk)?, cfg))
+            } else {
+                let nblk = n_cols.div_ceil(if gu { BN / 2 } else { BN });
+                let f = self.function(&MOE, &format!("moe_gemm_{which}_simt_{}", T::NAME))?;
+                let cfg = LaunchConfig {
+                    grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+                    block_dim: (GEMM_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                Ok((f, u32_of("column blocks", nblk)?, cfg))
+            }
         };
+        // 2b. gate+up GEMM (+ activation).
+        let (f, nblk32, cfg) = gemm(true, inter)?;
         let mut b = s.launch_builder(&f);
         b.arg(&px).arg(&pg).arg(&pu).arg(&p_sorted).arg(&p_tile).arg(&p_h);
         b.arg(&h32).arg(&i32_).arg(&k32).arg(&nblk32);
-        // SAFETY: arguments match `moe_gemm_gu_<kind>_<T>`; tiles past the
-        // real count exit (tile_expert invalid); A rows gathered through
-        // the sorted list (padding reads nothing); h has cap rows; the
-        // wmma variant is only chosen with 16-byte aligned rows.
+        // SAFETY: arguments match `moe_gemm_gu_<kind>_<T>`; the sorted list
+        // was padded to tiles of this kernel's height (pad); tiles past the
+        // real count exit (tile_expert invalid); A rows gathered through the
+        // sorted list (padding reads nothing); h has cap rows; the tensor-core
+        // variant is only chosen with 16-byte aligned rows (hidden, inter
+        // multiples of 8, base pointers checked, scratch 256-byte aligned).
         unsafe { b.launch(cfg) }?;
-        // 3b. down GEMM: column blocks of BN hidden columns.
-        let nblk = hidden.div_ceil(BN);
-        let nblk32 = u32_of("column blocks", nblk)?;
-        let f = self.function(&MOE, &format!("moe_gemm_down_{kind}_{}", T::NAME))?;
-        let cfg = LaunchConfig {
-            grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
-            block_dim: (GEMM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        done(1)?;
+        // 3b. down GEMM.
+        let (f, nblk32, cfg) = gemm(false, hidden)?;
         let mut b = s.launch_builder(&f);
         b.arg(&p_h).arg(&pd).arg(&pd).arg(&p_sorted).arg(&p_tile).arg(&p_o);
         b.arg(&i32_).arg(&h32).arg(&k32).arg(&nblk32);
@@ -368,6 +484,7 @@ impl CudaKernels {
         // real tiles were all written by the gate+up GEMM; o written for
         // valid pairs only.
         unsafe { b.launch(cfg) }?;
+        done(2)?;
 
         // 4. Combine.
         let total = prod(&[t, hidden])?;
@@ -384,6 +501,7 @@ impl CudaKernels {
         // checked; o is read only for pairs with a valid expert id, all of
         // which the down kernel wrote.
         unsafe { b.launch(cfg) }?;
+        done(3)?;
         Ok(())
     }
 }
