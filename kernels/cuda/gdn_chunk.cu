@@ -1,3 +1,26 @@
+// Cost model, 80B dims (hv 32, dk = dv = 128), one 4096-token span (64
+// chunks), H200 (132 SMs, ~1 LDS wavefront / clk / SM, 128 FMA / clk / SM):
+//   before (measured total 3465 µs):
+//   wu    2048 blocks, 64 regs, 34 KiB -> 4 blocks/SM, 3.9 waves. 1.5 M FMA /
+//         block at ~1 LDS per FMA (row x 16 broadcast columns): ~49 k LDS
+//         wavefronts / block, x 15.5 blocks / SM -> ~400 µs; forward subst.
+//         126 barriers + chains of up to 63 FMAs: ~50 µs.
+//   state 128 blocks (1 / SM), 64 sequential chunks; per chunk ~14 dependent
+//         global round trips (4 W tiles, 8 K̃ tiles, uncoalesced U, gl, each
+//         behind a barrier) ~15-20 µs + ~3 µs math -> ~1.2-1.6 ms.
+//   out   2048 blocks, 79 regs, 90 KiB -> 2 blocks/SM, 7.8 waves; 2 M FMA /
+//         block register-blocked (~130 µs at FMA peak) plus 32-way bank
+//         conflicts transposing Q, K (16 k wavefronts / block, ~130 µs).
+//   scratch traffic: wt, ut, kt 67 MB each, hs 134 MB, ~0.8 GB moved: ~170 µs.
+//   after (estimate):
+//   wu    48 regs -> 5 blocks/SM; 4x4 register blocking, 0.5 LDS per FMA
+//         (~190 µs); forward substitution 63 barriers, chains <= 16: ~20 µs.
+//   state inputs of chunk c + 1 stream in with cp.async while chunk c computes
+//         (3 barriers / chunk, no global latency on the chain): ~3-4 µs /
+//         chunk -> ~250 µs (173 KiB shared, 187 regs, 1 block / SM).
+//   out   transposing stores 4-way (swizzle): ~150-200 µs.
+//   total ~0.6-0.7 ms (bandwidth of the scratch overlaps the math).
+//
 // Gated DeltaNet, chunked form (chunks of GC_C = 64 tokens) over spans of a
 // batch: the prefill path of porter_kernels::cpu::gdn::chunked_gated_delta_rule
 // with the span / state-pool conventions of gdn_delta_seq (gdn_seq.cu). All
@@ -32,6 +55,10 @@
 #define GC_THREADS 256
 
 __device__ __forceinline__ float gc_decay(float x) { return x < -60.0f ? 0.0f : expf(x); }
+// Swizzle of the token index in the transposed [d][64] tiles of gdn_chunk_out
+// (float4 groups stay intact; the transposing stores are 4-way instead of
+// 32-way bank conflicts).
+__device__ __forceinline__ u32 gc_sw(u32 d) { return (d & 7u) << 2; }
 
 // ---------------------------------------------------------------------------
 // Chunk offsets. One block of 1024 threads. A span is valid when slot <
@@ -87,8 +114,8 @@ extern "C" __global__ void __launch_bounds__(256)
                  const u32* __restrict__ spans, const u32* __restrict__ off, float* __restrict__ wt,
                  float* __restrict__ ut, float* __restrict__ kt, float* __restrict__ gl, u32 hk, u32 hv, u32 dk,
                  u32 dv) {
-    __shared__ float Ts[GC_C][GC_C + 1];  // A, then T
-    __shared__ float Xs[GC_C][GC_C + 1];  // staged 64-column blocks of K (or V)
+    __shared__ float Ts[GC_C][GC_C + 1];  // A, then staged 64-column blocks of β exp(G) K / β V
+    __shared__ float Xs[GC_C][GC_C + 1];  // staged 64-column blocks of K, then T
     __shared__ double Gd[GC_C];
     __shared__ float rk[GC_C], bt[GC_C], eg[GC_C], ek[GC_C];
     const u32 tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5;
@@ -134,11 +161,14 @@ extern "C" __global__ void __launch_bounds__(256)
     if (tid == 0) gl[ch] = gc_decay((float)Gd[l - 1]);
     __syncthreads();
 
-    // Gram K Kᵀ: thread owns row i = tid % 64, columns mb .. mb + 15.
-    const u32 gi = tid % GC_C, mb = (tid / GC_C) * 16;
-    float acc[16];
+    // Gram K Kᵀ: thread owns rows ri + 16a and columns 4cq + b (a, b < 4):
+    // 8 shared loads per 16 FMAs (rows conflict-free, columns broadcast).
+    const u32 ri = tid & 15u, cq = tid >> 4;
+    float acc[4][4];
 #pragma unroll
-    for (int u = 0; u < 16; ++u) acc[u] = 0.0f;
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
     for (u32 d0 = 0; d0 < dk; d0 += GC_C) {
         __syncthreads();
         for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
@@ -148,35 +178,50 @@ extern "C" __global__ void __launch_bounds__(256)
             if (d < dk) kt[(ch * GC_C + i) * dk + d] = kv * ek[i];
         }
         __syncthreads();
+#pragma unroll 4
         for (u32 dd = 0; dd < GC_C; ++dd) {
-            const float a = Xs[gi][dd];
+            float xa[4], xb[4];
 #pragma unroll
-            for (int u = 0; u < 16; ++u) acc[u] = fmaf(a, Xs[mb + u][dd], acc[u]);
+            for (int a = 0; a < 4; ++a) xa[a] = Xs[ri + 16 * a][dd];
+#pragma unroll
+            for (int b = 0; b < 4; ++b) xb[b] = Xs[4 * cq + b][dd];
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(xa[a], xb[b], acc[a][b]);
         }
     }
     __syncthreads();
     // A = −β_i (k_i·k_m) Γ_im, strictly lower.
 #pragma unroll
-    for (int u = 0; u < 16; ++u) {
-        const u32 m = mb + u;
-        Ts[gi][m] = (m < gi && gi < l) ? acc[u] * (-bt[gi] * gc_decay((float)(Gd[gi] - Gd[m]))) : 0.0f;
-    }
-    __syncthreads();
-    // Forward substitution, row by row: T[i, c] = A[i, c] + Σ_{c<m<i} A[i, m] T[m, c].
-    for (u32 i = 1; i < l; ++i) {
-        float v = 0.0f;
-        if (tid < i) {
-            v = Ts[i][tid];
-            for (u32 m = tid + 1; m < i; ++m) v = fmaf(Ts[i][m], Ts[m][tid], v);
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            const u32 i = ri + 16 * a, m = 4 * cq + b;
+            Ts[i][m] = (m < i && i < l) ? acc[a][b] * (-bt[i] * gc_decay((float)(Gd[i] - Gd[m]))) : 0.0f;
+            Xs[i][m] = m == i ? 1.0f : 0.0f;  // T starts as the identity
         }
-        __syncthreads();
-        if (tid < i) Ts[i][tid] = v;
-        __syncthreads();
+    __syncthreads();
+    // Forward substitution into T (= Xs; A stays in Ts), one row per step:
+    // T[i, c] = A[i, c] + Σ_{c<m<i} A[i, m] T[m, c]; column c = tid / 4 is
+    // split over 4 lanes (m ≡ c + 1 + part mod 4) and reduced by shuffles,
+    // one barrier per row.
+    {
+        const u32 fc = tid >> 2, part = tid & 3u;
+        for (u32 i = 1; i < l; ++i) {
+            float v = 0.0f;
+            if (fc < i)
+                for (u32 m = fc + 1 + part; m < i; m += 4) v = fmaf(Ts[i][m], Xs[m][fc], v);
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (fc < i && part == 0) Xs[i][fc] = v + Ts[i][fc];
+            __syncthreads();
+        }
     }
-    if (tid < GC_C) Ts[tid][tid] = 1.0f;
-
-    // W = T (β exp(G) K) and U = T (β V): thread owns row i = tid % 64 and 16
-    // columns of each 64-column block; written transposed (coalesced over i).
+    // W = T (β exp(G) K) and U = T (β V) (T in Xs, the 64-column blocks of
+    // β exp(G) K / β V staged in Ts): thread owns rows ri + 16a and
+    // columns 4cq + b of each 64-column block; written transposed (16
+    // consecutive tokens per column).
     for (u32 pass = 0; pass < 2; ++pass) {
         const u32 dim = pass == 0 ? dk : dv;
         float* dst = pass == 0 ? wt + ch * dk * GC_C : ut + ch * dv * GC_C;
@@ -189,20 +234,34 @@ extern "C" __global__ void __launch_bounds__(256)
                     xv = pass == 0 ? (bt[i] * eg[i]) * (kbase[(u64)(r0 + i) * rw + d] * rk[i])
                                    : bt[i] * vbase[(u64)(r0 + i) * rw + d];
                 }
-                Xs[i][dd] = xv;
+                Ts[i][dd] = xv;
             }
             __syncthreads();
 #pragma unroll
-            for (int u = 0; u < 16; ++u) acc[u] = 0.0f;
-            for (u32 m = 0; m < l; ++m) {
-                const float tv = Ts[gi][m];
+            for (int a = 0; a < 4; ++a)
 #pragma unroll
-                for (int u = 0; u < 16; ++u) acc[u] = fmaf(tv, Xs[m][mb + u], acc[u]);
+                for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
+            for (u32 m = 0; m < l; ++m) {
+                float ta[4], xb[4];
+#pragma unroll
+                for (int a = 0; a < 4; ++a) ta[a] = Xs[ri + 16 * a][m];
+#pragma unroll
+                for (int b = 0; b < 4; ++b) xb[b] = Ts[m][4 * cq + b];
+#pragma unroll
+                for (int a = 0; a < 4; ++a)
+#pragma unroll
+                    for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(ta[a], xb[b], acc[a][b]);
             }
 #pragma unroll
-            for (int u = 0; u < 16; ++u) {
-                const u32 d = d0 + mb + u;
-                if (d < dim) dst[(u64)d * GC_C + gi] = gi < l ? acc[u] : 0.0f;
+            for (int b = 0; b < 4; ++b) {
+                const u32 d = d0 + 4 * cq + b;
+                if (d < dim) {
+#pragma unroll
+                    for (int a = 0; a < 4; ++a) {
+                        const u32 i = ri + 16 * a;
+                        dst[(u64)d * GC_C + i] = i < l ? acc[a][b] : 0.0f;
+                    }
+                }
             }
         }
     }
@@ -212,26 +271,91 @@ extern "C" __global__ void __launch_bounds__(256)
 // Sequential over the chunks of a span: grid (ceil(dv / 32), hv, n_spans),
 // block GC_THREADS (8 warps). Lane = state column (32 per block); warp w
 // holds rows w·RK .. w·RK + RK − 1 of the state in registers (RK·8 >= dk).
-// Dynamic shared memory: Ss [8·RK][32] + Xb [2048] + Vs [64][32] floats.
+// A chunk's inputs (W [dk][64], K̃ [64][dk], the block's 32 columns of U)
+// do not depend on the state: they are copied to shared memory with
+// cp.async, NST stages (NST = 2: chunk c + 1 streams in while chunk c
+// computes), so the sequential path has no global-memory round trip.
+// Dynamic shared memory (floats): Ss [DKP][32] + Vs [64][33] + NST × (Wb
+// [DKP][64] + Kb [64][DKP] + Ub [32][68]), DKP = 8·RK (gc_state_smem).
 // Per chunk: the state goes to hs and Ss; Vn = U − W S (thread: column lane,
-// rows 8w .. 8w + 7); Vn to ut (in place) and Vs; S ← exp(G_last) S + K̃ᵀ Vn.
-// The final state goes back to state[slot, src_buf, j].
+// tokens 8w .. 8w + 7) to Vs, then to ut (in place, coalesced);
+// S ← exp(G_last) S + K̃ᵀ Vn. The final state goes back to state[slot, src_buf, j].
 // ---------------------------------------------------------------------------
-template <int RK>
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void gc_cp16(float* dst, const float* src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void gc_cp4(float* dst, const float* src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void gc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void gc_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+#else
+__device__ __forceinline__ void gc_cp16(float* dst, const float* src) {
+    *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
+}
+__device__ __forceinline__ void gc_cp4(float* dst, const float* src) { *dst = *src; }
+__device__ __forceinline__ void gc_cp_commit() {}
+template <int N>
+__device__ __forceinline__ void gc_cp_wait() {}
+#endif
+
+#define GC_UP 68  // row stride of Ub (16-byte aligned rows)
+#define GC_VP 33  // row stride of Vs (conflict-free both ways)
+
+// Issue the copies of chunk `ch` (global (chunk, head) index) into one stage.
+template <u32 DKP>
+__device__ __forceinline__ void gc_state_load(float* __restrict__ stage, const float* __restrict__ wt,
+                                              const float* __restrict__ ut, const float* __restrict__ kt, u64 ch,
+                                              u32 dk, u32 dv, u32 col0, u32 ncol, u32 tid) {
+    float* Wb = stage;              // [DKP][64]
+    float* Kb = Wb + DKP * GC_C;    // [64][DKP]
+    float* Ub = Kb + GC_C * DKP;    // [32][GC_UP]
+    const float* ws = wt + ch * dk * GC_C;  // [dk][64], contiguous, 16-byte aligned
+    for (u32 x = tid; x < dk * (GC_C / 4); x += GC_THREADS) gc_cp16(Wb + 4 * x, ws + 4 * x);
+    const float* ks = kt + ch * GC_C * dk;  // [64][dk]
+    if ((dk & 3u) == 0) {
+        const u32 q = dk / 4;
+        for (u32 x = tid; x < GC_C * q; x += GC_THREADS) {
+            const u32 i = x / q, d4 = x - i * q;
+            gc_cp16(Kb + i * DKP + 4 * d4, ks + (u64)i * dk + 4 * d4);
+        }
+    } else {
+        for (u32 x = tid; x < GC_C * dk; x += GC_THREADS) {
+            const u32 i = x / dk, d = x - i * dk;
+            gc_cp4(Kb + i * DKP + d, ks + (u64)i * dk + d);
+        }
+    }
+    const float* us = ut + (ch * dv + col0) * GC_C;  // [ncol][64]
+    for (u32 x = tid; x < ncol * (GC_C / 4); x += GC_THREADS) {
+        const u32 cc = x / (GC_C / 4), p = x % (GC_C / 4);
+        gc_cp16(Ub + cc * GC_UP + 4 * p, us + (u64)cc * GC_C + 4 * p);
+    }
+    gc_cp_commit();
+}
+
+template <int RK, int NST>
 __device__ __forceinline__ void gdn_chunk_state_impl(float* __restrict__ state, const u32* __restrict__ spans,
                                                      const u32* __restrict__ off, const float* __restrict__ wt,
                                                      float* __restrict__ ut, const float* __restrict__ kt,
                                                      const float* __restrict__ gl, float* __restrict__ hs, u32 hv,
                                                      u32 dk, u32 dv, u32 nbuf) {
     extern __shared__ float4 gc_smem4[];
-    float* Ss = reinterpret_cast<float*>(gc_smem4);  // [8·RK][32]
-    float* Xb = Ss + 8 * RK * 32;                    // [2048]
-    float* Vs = Xb + 2048;                           // [64][32]
-    constexpr u32 DKP = 8 * RK;                      // padded dk
+    constexpr u32 DKP = 8 * RK;  // padded dk
+    constexpr u32 STG = DKP * GC_C * 2 + 32 * GC_UP;
+    float* Ss = reinterpret_cast<float*>(gc_smem4);  // [DKP][32]
+    float* Vs = Ss + DKP * 32;                       // [64][GC_VP]
+    float* Stg = Vs + GC_C * GC_VP;                  // NST stages of STG floats
     const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
     const u32 s = blockIdx.z, j = blockIdx.y;
-    const u32 col = blockIdx.x * 32 + lane;
+    const u32 col0 = blockIdx.x * 32, col = col0 + lane;
     const bool active = col < dv;
+    const u32 ncol = dv - col0 < 32 ? dv - col0 : 32;
     const u32 o = off[s];
     if (o == GC_INVALID) return;
     const u32* sp = spans + 5 * s;
@@ -239,6 +363,20 @@ __device__ __forceinline__ void gdn_chunk_state_impl(float* __restrict__ state, 
     if (len == 0) return;
     const u64 hsz = (u64)dk * dv;
     float* st = state + (((u64)slot * nbuf + src) * hv + j) * hsz;
+
+    // Zero the parts of the stages the copies never write (K̃ columns >= dk,
+    // U columns >= ncol), then start chunk 0.
+    for (u32 b = 0; b < (u32)NST; ++b) {
+        float* Kb = Stg + b * STG + DKP * GC_C;
+        float* Ub = Kb + GC_C * DKP;
+        if (dk < DKP)
+            for (u32 x = tid; x < GC_C * DKP; x += GC_THREADS)
+                if (x % DKP >= dk) Kb[x] = 0.0f;
+        if (ncol < 32)
+            for (u32 x = tid; x < 32 * GC_UP; x += GC_THREADS)
+                if (x / GC_UP >= ncol) Ub[x] = 0.0f;
+    }
+    gc_state_load<DKP>(Stg, wt, ut, kt, (u64)o * hv + j, dk, dv, col0, ncol, tid);
 
     float Sr[RK];
 #pragma unroll
@@ -250,77 +388,79 @@ __device__ __forceinline__ void gdn_chunk_state_impl(float* __restrict__ state, 
     for (u32 c = 0; c < nch; ++c) {
         const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
         const u64 ch = ((u64)o + c) * hv + j;
-        __syncthreads();  // the previous chunk is done with Ss, Xb, Vs
+        const float e = gl[ch];  // used after Vn: its latency is hidden
+        const float* stage = Stg + (c % NST) * STG;
+        if (NST > 1) {
+            if (c + 1 < nch) {
+                gc_state_load<DKP>(Stg + ((c + 1) % NST) * STG, wt, ut, kt, ch + hv, dk, dv, col0, ncol, tid);
+                gc_cp_wait<1>();
+            } else {
+                gc_cp_wait<0>();
+            }
+        } else {
+            if (c > 0) gc_state_load<DKP>(Stg, wt, ut, kt, ch, dk, dv, col0, ncol, tid);
+            gc_cp_wait<0>();
+        }
+        const float* Wb = stage;
+        const float* Kb = Wb + DKP * GC_C;
+        const float* Ub = Kb + GC_C * DKP;
 #pragma unroll
         for (int r = 0; r < RK; ++r) {
             const u32 d = w * RK + r;
             Ss[d * 32 + lane] = Sr[r];
             if (active && d < dk) hs[ch * hsz + (u64)d * dv + col] = Sr[r];
         }
-        // Vn = U − W S for rows 8w .. 8w + 7.
+        __syncthreads();  // Ss and this chunk's stage are ready
+        // Vn = U − W S for tokens 8w .. 8w + 7 of column lane.
         float acc[8];
         {
-            const float* u = ut + (ch * dv + (active ? col : 0)) * GC_C + 8 * w;
-#pragma unroll
-            for (int a = 0; a < 8; ++a) acc[a] = active ? u[a] : 0.0f;
+            const float4 ua = *reinterpret_cast<const float4*>(Ub + lane * GC_UP + 8 * w);
+            const float4 ub = *reinterpret_cast<const float4*>(Ub + lane * GC_UP + 8 * w + 4);
+            acc[0] = ua.x, acc[1] = ua.y, acc[2] = ua.z, acc[3] = ua.w;
+            acc[4] = ub.x, acc[5] = ub.y, acc[6] = ub.z, acc[7] = ub.w;
         }
-        const float* wc = wt + ch * dk * GC_C;
-        for (u32 d0 = 0; d0 < dk; d0 += 32) {
-            __syncthreads();
-            for (u32 x = tid; x < 32 * GC_C; x += GC_THREADS) {
-                const u32 dd = x / GC_C, i = x % GC_C;
-                Xb[x] = d0 + dd < dk ? wc[(u64)(d0 + dd) * GC_C + i] : 0.0f;
-            }
-            __syncthreads();
 #pragma unroll 4
-            for (u32 dd = 0; dd < 32; ++dd) {
-                const float sv = Ss[(d0 + dd) * 32 + lane];
-                const float4 wa = *reinterpret_cast<const float4*>(Xb + dd * GC_C + 8 * w);
-                const float4 wb = *reinterpret_cast<const float4*>(Xb + dd * GC_C + 8 * w + 4);
-                acc[0] = fmaf(-wa.x, sv, acc[0]);
-                acc[1] = fmaf(-wa.y, sv, acc[1]);
-                acc[2] = fmaf(-wa.z, sv, acc[2]);
-                acc[3] = fmaf(-wa.w, sv, acc[3]);
-                acc[4] = fmaf(-wb.x, sv, acc[4]);
-                acc[5] = fmaf(-wb.y, sv, acc[5]);
-                acc[6] = fmaf(-wb.z, sv, acc[6]);
-                acc[7] = fmaf(-wb.w, sv, acc[7]);
-            }
+        for (u32 d = 0; d < dk; ++d) {
+            const float sv = Ss[d * 32 + lane];
+            const float4 wa = *reinterpret_cast<const float4*>(Wb + d * GC_C + 8 * w);
+            const float4 wb = *reinterpret_cast<const float4*>(Wb + d * GC_C + 8 * w + 4);
+            acc[0] = fmaf(-wa.x, sv, acc[0]);
+            acc[1] = fmaf(-wa.y, sv, acc[1]);
+            acc[2] = fmaf(-wa.z, sv, acc[2]);
+            acc[3] = fmaf(-wa.w, sv, acc[3]);
+            acc[4] = fmaf(-wb.x, sv, acc[4]);
+            acc[5] = fmaf(-wb.y, sv, acc[5]);
+            acc[6] = fmaf(-wb.z, sv, acc[6]);
+            acc[7] = fmaf(-wb.w, sv, acc[7]);
         }
-        {
-            float* u = ut + (ch * dv + (active ? col : 0)) * GC_C + 8 * w;
 #pragma unroll
-            for (int a = 0; a < 8; ++a) {
-                Vs[(8 * w + a) * 32 + lane] = acc[a];
-                if (active) u[a] = acc[a];
+        for (int a = 0; a < 8; ++a) Vs[(8 * w + a) * GC_VP + lane] = acc[a];
+        __syncthreads();  // Vs complete
+        // Vn to ut, coalesced over tokens.
+        {
+            float* ud = ut + (ch * dv + col0) * GC_C;
+            for (u32 x = tid; x < ncol * GC_C; x += GC_THREADS) {
+                const u32 cc = x / GC_C, i = x % GC_C;
+                ud[(u64)cc * GC_C + i] = Vs[i * GC_VP + cc];
             }
         }
-        // S ← exp(G_last) S + K̃ᵀ Vn, 8 rows of K̃ at a time.
-        const float e = gl[ch];
+        // S ← exp(G_last) S + K̃ᵀ Vn.
 #pragma unroll
         for (int r = 0; r < RK; ++r) Sr[r] *= e;
-        const float* kc = kt + ch * GC_C * dk;
-        for (u32 i0 = 0; i0 < l; i0 += 8) {
-            __syncthreads();
-            for (u32 x = tid; x < 8 * DKP; x += GC_THREADS) {
-                const u32 ii = x / DKP, d = x % DKP;
-                Xb[x] = d < dk ? kc[(u64)(i0 + ii) * dk + d] : 0.0f;
-            }
-            __syncthreads();
+#pragma unroll(RK >= 32 ? 1 : 2)
+        for (u32 i = 0; i < l; ++i) {
+            const float v = Vs[i * GC_VP + lane];
+            const float4* k4 = reinterpret_cast<const float4*>(Kb + i * DKP + w * RK);
 #pragma unroll
-            for (u32 ii = 0; ii < 8; ++ii) {
-                const float v = Vs[(i0 + ii) * 32 + lane];
-                const float4* k4 = reinterpret_cast<const float4*>(Xb + ii * DKP + w * RK);
-#pragma unroll
-                for (int r = 0; r < RK; r += 4) {
-                    const float4 kk = k4[r / 4];
-                    Sr[r] = fmaf(kk.x, v, Sr[r]);
-                    Sr[r + 1] = fmaf(kk.y, v, Sr[r + 1]);
-                    Sr[r + 2] = fmaf(kk.z, v, Sr[r + 2]);
-                    Sr[r + 3] = fmaf(kk.w, v, Sr[r + 3]);
-                }
+            for (int r = 0; r < RK; r += 4) {
+                const float4 kk = k4[r / 4];
+                Sr[r] = fmaf(kk.x, v, Sr[r]);
+                Sr[r + 1] = fmaf(kk.y, v, Sr[r + 1]);
+                Sr[r + 2] = fmaf(kk.z, v, Sr[r + 2]);
+                Sr[r + 3] = fmaf(kk.w, v, Sr[r + 3]);
             }
         }
+        __syncthreads();  // done with Vs, Ss and this stage
     }
 #pragma unroll
     for (int r = 0; r < RK; ++r) {
@@ -329,15 +469,15 @@ __device__ __forceinline__ void gdn_chunk_state_impl(float* __restrict__ state, 
     }
 }
 
-#define GDN_CHUNK_STATE(RK)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256)                                                      \
+#define GDN_CHUNK_STATE(RK, NST)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256)                                                           \
         gdn_chunk_state_rk##RK(float* state, const u32* spans, const u32* off, const float* wt, float* ut,        \
                                const float* kt, const float* gl, float* hs, u32 hv, u32 dk, u32 dv, u32 nbuf) {  \
-        gdn_chunk_state_impl<RK>(state, spans, off, wt, ut, kt, gl, hs, hv, dk, dv, nbuf);                       \
+        gdn_chunk_state_impl<RK, NST>(state, spans, off, wt, ut, kt, gl, hs, hv, dk, dv, nbuf);                  \
     }
-GDN_CHUNK_STATE(8)
-GDN_CHUNK_STATE(16)
-GDN_CHUNK_STATE(32)
+GDN_CHUNK_STATE(8, 2)
+GDN_CHUNK_STATE(16, 2)
+GDN_CHUNK_STATE(32, 1)
 
 // ---------------------------------------------------------------------------
 // Outputs per (chunk, value head): grid (max_chunks, hv, n_spans), block
@@ -414,8 +554,8 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
             qv = qbase[(u64)(r0 + i) * rw + d] * rq[i];
             kv = kbase[(u64)(r0 + i) * rw + d] * rk[i];
         }
-        Qt[d * GC_C + i] = qv;
-        Kt[d * GC_C + i] = kv;
+        Qt[d * GC_C + (i ^ gc_sw(d))] = qv;
+        Kt[d * GC_C + (i ^ gc_sw(d))] = kv;
     }
     __syncthreads();
     const u32 ib = 4 * (tid / 16), cb = tid % 16;
@@ -427,8 +567,8 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
 #pragma unroll
             for (int b = 0; b < 4; ++b) p[a][b] = 0.0f;
         for (u32 d = 0; d < dk; ++d) {
-            const float4 q4 = *reinterpret_cast<const float4*>(Qt + d * GC_C + ib);
-            const float4 k4 = *reinterpret_cast<const float4*>(Kt + d * GC_C + 4 * cb);
+            const float4 q4 = *reinterpret_cast<const float4*>(Qt + d * GC_C + (ib ^ gc_sw(d)));
+            const float4 k4 = *reinterpret_cast<const float4*>(Kt + d * GC_C + ((4 * cb) ^ gc_sw(d)));
             const float qa[4] = {q4.x, q4.y, q4.z, q4.w}, ka[4] = {k4.x, k4.y, k4.z, k4.w};
 #pragma unroll
             for (int a = 0; a < 4; ++a)
@@ -449,7 +589,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
     __syncthreads();
     // Q ⊙ exp(G).
     for (u32 x = tid; x < dkp * GC_C; x += GC_THREADS) {
-        const u32 i = x % GC_C;
+        const u32 i = (x % GC_C) ^ gc_sw(x / GC_C);
         Qt[x] *= i < l ? gc_decay((float)Gd[i]) : 0.0f;
     }
     float acc[4][CT];
@@ -468,7 +608,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
         __syncthreads();
         const u32 de = dk - d0 < 16 ? dk - d0 : 16;
         for (u32 dd = 0; dd < de; ++dd) {
-            const float4 q4 = *reinterpret_cast<const float4*>(Qt + (d0 + dd) * GC_C + ib);
+            const float4 q4 = *reinterpret_cast<const float4*>(Qt + (d0 + dd) * GC_C + (ib ^ gc_sw(d0 + dd)));
             const float qa[4] = {q4.x, q4.y, q4.z, q4.w};
             const float4* b4 = reinterpret_cast<const float4*>(Bs + dd * DVP + cb * CT);
 #pragma unroll

@@ -73,6 +73,76 @@ impl CudaKernels {
         num_slots: usize,
         nbuf: usize,
     ) -> Result<()> {
+        self.gdn_chunked_impl(
+            qkv, g, beta, state, spans, out, t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf, None,
+        )
+    }
+
+    /// [`CudaKernels::gdn_chunked_seq`] with the stream synchronised around
+    /// each of its four launches: returns their wall times in µs (prep, wu,
+    /// state, out). For profiling only.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_chunked_seq_timed<T: CudaFloat>(
+        &self,
+        qkv: &impl DevicePtr<f32>,
+        g: &impl DevicePtr<f32>,
+        beta: &impl DevicePtr<f32>,
+        state: &mut impl DevicePtrMut<f32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        t: usize,
+        n_spans: usize,
+        max_len: usize,
+        hk: usize,
+        hv: usize,
+        dk: usize,
+        dv: usize,
+        num_slots: usize,
+        nbuf: usize,
+    ) -> Result<[f64; 4]> {
+        let mut us = [0.0; 4];
+        self.gdn_chunked_impl(
+            qkv,
+            g,
+            beta,
+            state,
+            spans,
+            out,
+            t,
+            n_spans,
+            max_len,
+            hk,
+            hv,
+            dk,
+            dv,
+            num_slots,
+            nbuf,
+            Some(&mut us),
+        )?;
+        Ok(us)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_chunked_impl<T: CudaFloat>(
+        &self,
+        qkv: &impl DevicePtr<f32>,
+        g: &impl DevicePtr<f32>,
+        beta: &impl DevicePtr<f32>,
+        state: &mut impl DevicePtrMut<f32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        t: usize,
+        n_spans: usize,
+        max_len: usize,
+        hk: usize,
+        hv: usize,
+        dk: usize,
+        dv: usize,
+        num_slots: usize,
+        nbuf: usize,
+        mut timing: Option<&mut [f64; 4]>,
+    ) -> Result<()> {
         if hk == 0 || hv == 0 || dk == 0 || dv == 0 || nbuf == 0 {
             return Err(CudaError::Invalid("gdn_chunked_seq: hk, hv, dk, dv and nbuf must be > 0".into()));
         }
@@ -142,7 +212,10 @@ impl CudaKernels {
         let f_wu = self.function(&GDN_CHUNK, "gdn_chunk_wu")?;
         let f_state = self.function(&GDN_CHUNK, &format!("gdn_chunk_state_rk{rk}"))?;
         let f_out = self.function(&GDN_CHUNK, &format!("gdn_chunk_out_c{ct}_{}", T::NAME))?;
-        let smem_state = 4 * (8 * rk * 32 + 2 * 2048);
+        // gc_state layout: Ss [8·rk][32] + Vs [64][33] + stages × (Wb [8·rk][64]
+        // + Kb [64][8·rk] + Ub [32][68]); 2 stages (prefetch) unless rk = 32.
+        let stages = if rk == 32 { 1 } else { 2 };
+        let smem_state = 4 * (8 * rk * 32 + GC_C * 33 + stages * (2 * 8 * rk * GC_C + 32 * 68));
         let dkp = dk.next_multiple_of(4);
         let smem_out = 4 * (2 * dkp * GC_C + GC_C * GC_C + 16 * 16 * ct);
         for (f, smem) in [(&f_state, smem_state), (&f_out, smem_out)] {
@@ -167,6 +240,19 @@ impl CudaKernels {
         let (pgl, _ggl) = gl.device_ptr_mut(s);
         let (phs, _ghs) = hs.device_ptr_mut(s);
 
+        if timing.is_some() {
+            s.synchronize()?;
+        }
+        let mut t0 = std::time::Instant::now();
+        // Wall time of the launches since the previous lap (timing only).
+        let mut lap = |k: usize| -> Result<()> {
+            if let Some(us) = timing.as_deref_mut() {
+                s.synchronize()?;
+                us[k] = t0.elapsed().as_secs_f64() * 1e6;
+                t0 = std::time::Instant::now();
+            }
+            Ok(())
+        };
         // 1. Chunk offsets per span.
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
         let mut l = s.launch_builder(&f_prep);
@@ -175,6 +261,7 @@ impl CudaKernels {
         // `off` n_spans entries.
         unsafe { l.launch(cfg) }?;
 
+        lap(0)?;
         // 2. W, U, K̃, exp(G_last) per (chunk, value head).
         let chunk_grid = (mc32, hv32, ns32);
         let cfg = LaunchConfig { grid_dim: chunk_grid, block_dim: (GC_THREADS, 1, 1), shared_mem_bytes: 0 };
@@ -186,6 +273,7 @@ impl CudaKernels {
         // scratch indices off + c are below cap (checked by gdn_chunk_prep).
         unsafe { l.launch(cfg) }?;
 
+        lap(1)?;
         // 3. The state, chunk after chunk; Vn in place of U.
         let cfg = LaunchConfig {
             grid_dim: (u32_of("column blocks", dv.div_ceil(32))?, hv32, ns32),
@@ -200,6 +288,7 @@ impl CudaKernels {
         // valid span are in range (gdn_chunk_prep).
         unsafe { l.launch(cfg) }?;
 
+        lap(2)?;
         // 4. Outputs per (chunk, value head).
         let cfg = LaunchConfig {
             grid_dim: chunk_grid,
@@ -213,6 +302,7 @@ impl CudaKernels {
         // shared memory size is the kernel's layout for (dk, CT) (at most
         // ~165 KiB, opted in above); NaN rows of invalid spans are clipped to t.
         unsafe { l.launch(cfg) }?;
+        lap(3)?;
         Ok(())
     }
 }
