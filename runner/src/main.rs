@@ -548,7 +548,18 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
                     speculative::generate_speculative(&model, drafts, &prompt, p.clone(), n, &[], k, MtpMode::Eagle)?;
                 let tps = n as f64 / t0.elapsed().as_secs_f64();
                 if g.ids != plain.ids {
-                    bail!("speculative output differs from plain greedy output (k = {k}, {what})");
+                    let at = g.ids.iter().zip(&plain.ids).position(|(a, b)| a != b).unwrap_or(0);
+                    if model.info.dtype == DType::F32 {
+                        bail!("speculative output differs from plain greedy output at token {at} (k = {k}, {what})");
+                    }
+                    // In bf16 / f16 the K + 1-row verify forward and the 1-row decode forward
+                    // round differently (other kernels and accumulation orders for other
+                    // batch shapes), so a near-tie in a random-weight model's logits can flip
+                    // the argmax; f32 runs must match exactly (tests/tests/gpu.rs, mtp.rs).
+                    println!(
+                        "  note: k={k} {what}: output first differs from plain greedy at token {at} ({} numerics of the verify vs decode batch shapes)",
+                        model.info.dtype
+                    );
                 }
                 let acc = g.accepted as f64 / g.proposed.max(1) as f64;
                 println!(

@@ -406,10 +406,12 @@ impl CudaKernels {
     }
 }
 
-/// Most rows of [`CudaKernels::gemv`] (decode batches). The kernel re-reads the x rows per
-/// weight vector from L1, which is cheaper than a cuBLAS call at 1–2 rows and slower at 8
-/// (measured on an H200, docs/benchmarks.md); the kernel itself handles up to 8.
-pub const GEMV_MAX_ROWS: usize = 2;
+/// Most rows the model path sends to [`CudaKernels::gemv`] (the kernel handles up to 8). It
+/// re-reads the x rows per weight vector from L1: cheaper than a cuBLAS call at a few rows,
+/// slower at 8 (measured on an H200, docs/benchmarks.md). 4 covers the verify forward of
+/// speculative decoding with K ≤ 3, so that its rows are computed exactly as a 1-row decode
+/// step computes them (same kernel, same accumulation order per output).
+pub const GEMV_MAX_ROWS: usize = 4;
 
 impl CudaKernels {
     /// Whether [`CudaKernels::gemv`] takes this shape: `m ≤ GEMV_MAX_ROWS`, `k` a multiple of
