@@ -44,7 +44,7 @@ pub trait DraftHead: Send + Sync {
     /// # Shapes
     /// `[T, hidden]` → `[T, hidden]`
     fn main_hidden(&self, _main: &Model, h: &Tensor) -> Result<Tensor> {
-        Ok(h.clone())
+        h.try_clone()
     }
 
     /// Runs the draft: row `r` takes token `batch.ids[r]` and `hidden` row `r` at the
@@ -64,7 +64,7 @@ pub trait DraftHead: Send + Sync {
 
 fn select_rows(x: &Tensor, batch: &Batch, rows: LogitsFor) -> Result<Tensor> {
     match rows {
-        LogitsFor::All => Ok(x.clone()),
+        LogitsFor::All => x.try_clone(),
         LogitsFor::Last => {
             let idx: Vec<usize> = batch.spans.iter().map(|s| s.start + s.len - 1).collect();
             x.gather_rows(&idx)
@@ -118,7 +118,7 @@ fn fuse(
     check_batch(main, batch, hidden)?;
     let e = norm_e.forward(&main.pre.forward(&batch.ids)?)?;
     let hh = norm_h.forward(hidden)?;
-    Ok(proj.forward(&concat_last(&e, &hh, main.info.dtype)?)?.to_dtype(DType::F32))
+    proj.forward(&concat_last(&e, &hh, main.info.dtype)?)?.try_to_dtype(DType::F32)
 }
 
 /// An MTP head with one decoder layer (Qwen3-Next `mtp.*`, DeepSeek-style):
@@ -217,7 +217,7 @@ impl DraftHead for FfnMtpHead {
         cache: &mut dyn StateCache,
         rows: LogitsFor,
     ) -> Result<DraftOutput> {
-        let h = if self.main_norm_on_hidden { main.post.norm(hidden)? } else { hidden.clone() };
+        let h = if self.main_norm_on_hidden { main.post.norm(hidden)? } else { hidden.try_clone()? };
         let mut x = fuse(main, batch, &h, &self.enorm, &self.hnorm, &self.eh_proj)?;
         let f = self.ffn.forward(&self.ffn_norm.forward(&x)?)?;
         x.add_(&f)?;
@@ -263,6 +263,6 @@ impl DraftHead for OracleDraft {
             logits[r * v + t] = 1.0;
         }
         let logits = Tensor::from_vec(logits, [batch.len(), v], DType::F32)?;
-        Ok(DraftOutput { logits: select_rows(&logits, batch, rows)?, hidden: hidden.clone() })
+        Ok(DraftOutput { logits: select_rows(&logits, batch, rows)?, hidden: hidden.try_clone()? })
     }
 }

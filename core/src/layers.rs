@@ -317,7 +317,7 @@ impl Model {
             cache.advance(s.seq, s.len)?;
         }
         let sel = match rows {
-            LogitsFor::All => x.clone(),
+            LogitsFor::All => x.try_clone()?,
             LogitsFor::Last => {
                 let idx: Vec<usize> = batch.spans.iter().map(|s| s.start + s.len - 1).collect();
                 x.gather_rows(&idx)?

@@ -82,7 +82,7 @@ pub fn draft_logits(main: &Model, draft: &dyn DraftHead, ids: &[u32]) -> Result<
     if ids.len() < 2 {
         bail!("draft logits need at least 2 token ids");
     }
-    let mut cache = main.new_cache(1);
+    let mut cache = main.try_new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     let out = main.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::Last)?;
     let t = ids.len();
@@ -152,7 +152,7 @@ pub fn generate_speculative(
         bail!("the prompt is empty: at least one token id is needed");
     }
     let mut sampler = Sampler::new(params)?;
-    let mut cache = main.new_cache_spec(1, k);
+    let mut cache = main.try_new_cache_spec(1, k)?;
     let seq = cache.alloc_seq()?;
     let mut caches = Vec::with_capacity(drafts.len());
     for d in drafts {

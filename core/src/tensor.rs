@@ -142,6 +142,10 @@ impl Tensor {
     }
 
     /// Rounds the values to `dtype` and retags the tensor (a cast on the device).
+    ///
+    /// # Panics
+    /// When a device cast fails (out of device memory); code that may see CUDA tensors uses
+    /// [`Tensor::try_to_dtype`].
     pub fn to_dtype(mut self, dtype: DType) -> Self {
         if self.is_cuda() {
             if self.dtype == dtype {
