@@ -85,7 +85,8 @@ impl RmsNorm {
     /// A norm with weight `w` (on the CPU or a CUDA device).
     pub fn new(w: Tensor, eps: f32, kind: NormKind) -> Self {
         let dtype = w.dtype();
-        let w_dev = if w.is_cuda() { Some(w.clone()) } else { None };
+        // (A failed device copy leaves `w_dev` empty: the forward then reports it.)
+        let w_dev = if w.is_cuda() { w.try_clone().ok() } else { None };
         let scale = match kind {
             NormKind::Standard => w.into_vec(),
             NormKind::ZeroCentred => w.into_vec().into_iter().map(|v| 1.0 + v).collect(),
@@ -810,7 +811,7 @@ pub mod load {
             }
             Some(gpu) => {
                 let in_proj = crate::gpu::stack_rows(&in_proj_qkvz.w, &in_proj_ba.w)?;
-                Some(crate::gpu_blocks::GdnDev::new(gpu, in_proj, &conv_w, &a_log, &dt_bias, norm.clone())?)
+                Some(crate::gpu_blocks::GdnDev::new(gpu, in_proj, &conv_w, &a_log, &dt_bias, norm.try_clone()?)?)
             }
             None => None,
         };
@@ -841,7 +842,7 @@ pub mod load {
         layers: Vec<Box<dyn crate::layers::TransformerLayer>>,
     ) -> Result<crate::layers::Model> {
         let embed = w.take("embed")?;
-        let lm_head = if base.tie_word_embeddings { embed.clone() } else { w.take("lm_head")? };
+        let lm_head = if base.tie_word_embeddings { embed.try_clone()? } else { w.take("lm_head")? };
         let norm = norm(w, "norm", base.rms_norm_eps as f32, norm_kind)?;
         Ok(crate::layers::Model {
             info: crate::layers::ModelInfo {
