@@ -214,7 +214,7 @@ fn batch_dev(g: &Gpu, batch: &Batch) -> Result<Arc<BatchDev>> {
 // ---------------------------------------------------------------------------
 
 /// One sequence's keys and values: `[cap, kv_heads, head_dim]` each, `len` valid rows.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct KvSlot {
     k: Tensor,
     v: Tensor,
@@ -227,26 +227,13 @@ struct KvSlot {
 ///
 /// # Shapes
 /// per slot: `k`, `v`: `[capacity, kv_heads, head_dim]` in the model dtype
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct DevKv {
     pub kv_heads: usize,
     pub head_dim: usize,
     dtype: DType,
     gpu: Arc<Gpu>,
     slots: Vec<Option<KvSlot>>,
-}
-
-impl Clone for DevKv {
-    fn clone(&self) -> Self {
-        // Caches are not cloned on the device path (a fresh, empty cache is returned).
-        Self {
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
-            dtype: self.dtype,
-            gpu: self.gpu.clone(),
-            slots: vec![],
-        }
-    }
 }
 
 impl DevKv {
