@@ -358,43 +358,11 @@ fn attention_tensor_core_prefill() {
 /// GPU); the tensor-core kernels must not spill.
 #[test]
 fn nvrtc_attention_ptxas_info() {
-    use cudarc::nvrtc::result as nv;
-    use porter_kernels::cuda;
-    use std::ffi::CString;
-    if let Err(reason) = cuda::nvrtc_available() {
-        println!("nvrtc_attention_ptxas_info: skipped: {reason}");
-        return;
-    }
-    let Ok(include) = cuda::cuda_include_dir() else {
-        println!("nvrtc_attention_ptxas_info: skipped: no CUDA headers");
-        return;
-    };
-    let src = cuda::sources().into_iter().find(|s| s.name == "attention.cu").expect("attention.cu");
-    let text = CString::new(src.full_text()).expect("source");
-    let prog = nv::create_program(&text, Some(c"attention.cu")).expect("create program");
-    let opts = [
-        "--gpu-architecture=sm_90".to_string(),
-        "--std=c++17".to_string(),
-        format!("-I{}", include.display()),
-        "--ptxas-options=-v".to_string(),
-    ];
-    // SAFETY: `prog` was just created and is destroyed once, below.
-    let res = unsafe { nv::compile_program(prog, &opts) };
-    // SAFETY: as above.
-    let log = unsafe { nv::get_program_log(prog) }.expect("log");
-    // SAFETY: as above; not used afterwards.
-    unsafe { nv::destroy_program(prog) }.expect("destroy");
-    let log: Vec<u8> = log.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
-    let log = String::from_utf8_lossy(&log);
-    res.unwrap_or_else(|e| panic!("compile failed: {e}\n{log}"));
-    let mut func = String::new();
+    let Some(lines) = ptxas_info("nvrtc_attention_ptxas_info", "attention.cu") else { return };
     let mut tc_seen = 0;
-    for line in log.lines() {
-        if let Some(i) = line.find("Compiling entry function '") {
-            func = line[i + 26..].trim_end_matches(['\'', ' ']).split('\'').next().unwrap_or("").to_string();
-        }
-        if func.starts_with("attention") && (line.contains("registers") || line.contains("spill")) {
-            println!("{func}: {}", line.trim());
+    for (func, line) in lines {
+        if func.starts_with("attention") {
+            println!("{func}: {line}");
         }
         if func.starts_with("attention_tc_") && line.contains("spill stores") {
             tc_seen += 1;

@@ -15,7 +15,7 @@ use common::*;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::gdn;
-use porter_kernels::cuda::{self, CudaFloat, CudaKernels};
+use porter_kernels::cuda::{CudaFloat, CudaKernels};
 use std::time::Instant;
 
 // ---------------------------------------------------------------------------
@@ -24,49 +24,10 @@ use std::time::Instant;
 
 #[test]
 fn nvrtc_gdn_seq_ptxas_info() {
-    use cudarc::nvrtc::result as nv;
-    use std::ffi::CString;
-    if let Err(reason) = cuda::nvrtc_available() {
-        println!("nvrtc_gdn_seq_ptxas_info: skipped: {reason}");
-        return;
+    let Some(lines) = ptxas_info("nvrtc_gdn_seq_ptxas_info", "gdn_seq.cu") else { return };
+    for (func, line) in lines {
+        println!("{func}: {line}");
     }
-    let Ok(include) = cuda::cuda_include_dir() else {
-        println!("nvrtc_gdn_seq_ptxas_info: skipped: no CUDA headers");
-        return;
-    };
-    let src = cuda::sources().into_iter().find(|s| s.name == "gdn_seq.cu").expect("gdn_seq.cu");
-    let text = CString::new(src.full_text()).expect("source");
-    let prog = nv::create_program(&text, Some(c"gdn_seq.cu")).expect("create program");
-    let opts = [
-        "--gpu-architecture=sm_90".to_string(),
-        "--std=c++17".to_string(),
-        format!("-I{}", include.display()),
-        "--ptxas-options=-v".to_string(),
-    ];
-    // SAFETY: `prog` was just created and is destroyed once, below.
-    let res = unsafe { nv::compile_program(prog, &opts) };
-    // SAFETY: as above.
-    let log = unsafe { nv::get_program_log(prog) }.expect("log");
-    if let (Ok(path), true) = (std::env::var("PORTER_GDN_SEQ_PTX"), res.is_ok()) {
-        // SAFETY: as above; compiled successfully.
-        let ptx = unsafe { nv::get_ptx(prog) }.expect("ptx");
-        let ptx: Vec<u8> = ptx.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
-        std::fs::write(&path, ptx).expect("write ptx");
-    }
-    // SAFETY: as above; not used afterwards.
-    unsafe { nv::destroy_program(prog) }.expect("destroy");
-    let log: Vec<u8> = log.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
-    let log = String::from_utf8_lossy(&log);
-    let mut func = String::new();
-    for line in log.lines() {
-        if let Some(i) = line.find("Compiling entry function '") {
-            func = line[i + 26..].trim_end_matches(['\'', ' ']).split('\'').next().unwrap_or("").to_string();
-        }
-        if line.contains("registers") || line.contains("spill") {
-            println!("{func}: {}", line.trim());
-        }
-    }
-    res.unwrap_or_else(|e| panic!("compile failed: {e}\n{log}"));
 }
 
 // ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ use common::*;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::ops;
-use porter_kernels::cuda::{self, CudaFloat, CudaKernels};
+use porter_kernels::cuda::{CudaFloat, CudaKernels};
 use rayon::prelude::*;
 
 // ---------------------------------------------------------------------------
@@ -23,47 +23,14 @@ use rayon::prelude::*;
 
 #[test]
 fn nvrtc_moe_ptxas_info() {
-    use cudarc::nvrtc::result as nv;
-    use std::ffi::CString;
-    if let Err(reason) = cuda::nvrtc_available() {
-        println!("nvrtc_moe_ptxas_info: skipped: {reason}");
-        return;
-    }
-    let Ok(include) = cuda::cuda_include_dir() else {
-        println!("nvrtc_moe_ptxas_info: skipped: no CUDA headers");
-        return;
-    };
-    let src = cuda::sources().into_iter().find(|s| s.name == "moe.cu").expect("moe.cu");
-    let text = CString::new(src.full_text()).expect("source");
-    let prog = nv::create_program(&text, Some(c"moe.cu")).expect("create program");
-    let opts = [
-        "--gpu-architecture=sm_90".to_string(),
-        "--std=c++17".to_string(),
-        format!("-I{}", include.display()),
-        "--ptxas-options=-v".to_string(),
-    ];
-    // SAFETY: `prog` was just created and is destroyed once, below.
-    let res = unsafe { nv::compile_program(prog, &opts) };
-    // SAFETY: as above.
-    let log = unsafe { nv::get_program_log(prog) }.expect("log");
-    // SAFETY: as above; not used afterwards.
-    unsafe { nv::destroy_program(prog) }.expect("destroy");
-    let log: Vec<u8> = log.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
-    let log = String::from_utf8_lossy(&log);
-    let mut func = String::new();
+    let Some(lines) = ptxas_info("nvrtc_moe_ptxas_info", "moe.cu") else { return };
     let mut spills = Vec::new();
-    for line in log.lines() {
-        if let Some(i) = line.find("Compiling entry function '") {
-            func = line[i + 26..].trim_end_matches(['\'', ' ']).split('\'').next().unwrap_or("").to_string();
-        }
-        if line.contains("registers") || line.contains("spill") {
-            println!("{func}: {}", line.trim());
-        }
+    for (func, line) in lines {
+        println!("{func}: {line}");
         if line.contains("spill") && !line.contains(" 0 bytes spill stores") {
-            spills.push(func.clone());
+            spills.push(func);
         }
     }
-    res.unwrap_or_else(|e| panic!("compile failed: {e}\n{log}"));
     println!("kernels with spills: {spills:?}");
 }
 

@@ -138,3 +138,56 @@ pub fn tol<T: CudaFloat>() -> f32 {
         TOL_BF16
     }
 }
+
+/// `ptxas -v` of one kernel source for sm_90 (NVRTC, no GPU needed): the register and
+/// spill lines of every entry function, as `(function, line)`. `None`, after printing why
+/// `test` is skipped, without NVRTC or the CUDA headers; panics when the source does not
+/// compile. With `PORTER_PTX_DIR` set, also writes the PTX there as `<source>.ptx`.
+pub fn ptxas_info(test: &str, source: &str) -> Option<Vec<(String, String)>> {
+    use cudarc::nvrtc::result as nv;
+    use std::ffi::CString;
+    if let Err(reason) = cuda::nvrtc_available() {
+        println!("{test}: skipped: {reason}");
+        return None;
+    }
+    let Ok(include) = cuda::cuda_include_dir() else {
+        println!("{test}: skipped: no CUDA headers");
+        return None;
+    };
+    let src = cuda::sources().into_iter().find(|s| s.name == source).expect("a registered source");
+    let text = CString::new(src.full_text()).expect("source");
+    let name = CString::new(source).expect("name");
+    let prog = nv::create_program(&text, Some(&name)).expect("create program");
+    let opts = [
+        "--gpu-architecture=sm_90".to_string(),
+        "--std=c++17".to_string(),
+        format!("-I{}", include.display()),
+        "--ptxas-options=-v".to_string(),
+    ];
+    // SAFETY: `prog` was just created and is destroyed once, below.
+    let res = unsafe { nv::compile_program(prog, &opts) };
+    // SAFETY: as above.
+    let log = unsafe { nv::get_program_log(prog) }.expect("log");
+    if let (Some(dir), true) = (std::env::var_os("PORTER_PTX_DIR"), res.is_ok()) {
+        // SAFETY: as above; compiled successfully.
+        let ptx = unsafe { nv::get_ptx(prog) }.expect("ptx");
+        let ptx: Vec<u8> = ptx.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
+        std::fs::write(std::path::Path::new(&dir).join(format!("{source}.ptx")), ptx).expect("write ptx");
+    }
+    // SAFETY: as above; not used afterwards.
+    unsafe { nv::destroy_program(prog) }.expect("destroy");
+    let log: Vec<u8> = log.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
+    let log = String::from_utf8_lossy(&log);
+    res.unwrap_or_else(|e| panic!("compile failed: {e}\n{log}"));
+    let mut func = String::new();
+    let mut lines = Vec::new();
+    for line in log.lines() {
+        if let Some(i) = line.find("Compiling entry function '") {
+            func = line[i + 26..].trim_end_matches(['\'', ' ']).split('\'').next().unwrap_or("").to_string();
+        }
+        if line.contains("registers") || line.contains("spill") {
+            lines.push((func.clone(), line.trim().to_string()));
+        }
+    }
+    Some(lines)
+}
