@@ -143,29 +143,10 @@ impl CudaKernels {
         nbuf: usize,
         mut timing: Option<&mut [f64; 4]>,
     ) -> Result<()> {
-        if hk == 0 || hv == 0 || dk == 0 || dv == 0 || nbuf == 0 {
-            return Err(CudaError::Invalid("gdn_chunked_seq: hk, hv, dk, dv and nbuf must be > 0".into()));
-        }
-        if !hv.is_multiple_of(hk) {
-            return Err(CudaError::Invalid(format!("gdn_chunked_seq: hv {hv} is not a multiple of hk {hk}")));
-        }
-        if dk > GDN_CHUNK_MAX_D || dv > GDN_CHUNK_MAX_D {
-            return Err(CudaError::Invalid(format!("gdn_chunked_seq: dk {dk} or dv {dv} > {GDN_CHUNK_MAX_D}")));
-        }
-        let width = prod(&[2, hk, dk])?
-            .checked_add(prod(&[hv, dv])?)
-            .ok_or_else(|| CudaError::Invalid("gdn_chunked_seq: qkv width overflows".into()))?;
-        self.check("qkv", qkv, prod(&[t, width])?)?;
-        self.check("g", g, prod(&[t, hv])?)?;
-        self.check("beta", beta, prod(&[t, hv])?)?;
-        self.check("state", state, prod(&[num_slots, nbuf, hv, dk, dv])?)?;
-        self.check("spans", spans, prod(&[n_spans, 5])?)?;
-        self.check("out", out, prod(&[t, hv, dv])?)?;
-        if t == 0 || n_spans == 0 || max_len == 0 {
+        let dims = super::gdn_seq::DeltaDims { t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf };
+        let limits = (GDN_CHUNK_MAX_D, Some(GDN_CHUNK_MAX_D));
+        if !self.check_delta_args("gdn_chunked_seq", limits, qkv, g, beta, &*state, spans, &*out, dims)? {
             return Ok(());
-        }
-        if n_spans > 65_535 || hv > 65_535 {
-            return Err(CudaError::Invalid(format!("gdn_chunked_seq: n_spans {n_spans} or hv {hv} exceeds 65535")));
         }
         // Valid spans are disjoint rows of 0..t, so they have at most
         // (t + 63·n) / 64 chunks in all (and at most n · max_chunks).

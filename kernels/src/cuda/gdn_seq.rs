@@ -242,29 +242,9 @@ impl CudaKernels {
         num_slots: usize,
         nbuf: usize,
     ) -> Result<()> {
-        if hk == 0 || hv == 0 || dk == 0 || dv == 0 || nbuf == 0 {
-            return Err(CudaError::Invalid("gdn_delta_seq: hk, hv, dk, dv and nbuf must be > 0".into()));
-        }
-        if !hv.is_multiple_of(hk) {
-            return Err(CudaError::Invalid(format!("gdn_delta_seq: hv {hv} is not a multiple of hk {hk}")));
-        }
-        if dk > GDN_SEQ_MAX_DK {
-            return Err(CudaError::Invalid(format!("gdn_delta_seq: dk {dk} > {GDN_SEQ_MAX_DK}")));
-        }
-        let width = prod(&[2, hk, dk])?
-            .checked_add(prod(&[hv, dv])?)
-            .ok_or_else(|| CudaError::Invalid("gdn_delta_seq: qkv width overflows".into()))?;
-        self.check("qkv", qkv, prod(&[t, width])?)?;
-        self.check("g", g, prod(&[t, hv])?)?;
-        self.check("beta", beta, prod(&[t, hv])?)?;
-        self.check("state", state, prod(&[num_slots, nbuf, hv, dk, dv])?)?;
-        self.check("spans", spans, prod(&[n_spans, 5])?)?;
-        self.check("out", out, prod(&[t, hv, dv])?)?;
-        if t == 0 || n_spans == 0 || max_len == 0 {
+        let dims = DeltaDims { t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf };
+        if !self.check_delta_args("gdn_delta_seq", (GDN_SEQ_MAX_DK, None), qkv, g, beta, &*state, spans, &*out, dims)? {
             return Ok(());
-        }
-        if n_spans > 65_535 || hv > 65_535 {
-            return Err(CudaError::Invalid(format!("gdn_delta_seq: n_spans {n_spans} or hv {hv} exceeds 65535")));
         }
         // Lanes per column: enough lanes to fill the GPU, and at most 128 rows each.
         let cols = n_spans.saturating_mul(hv).saturating_mul(dv);
@@ -316,5 +296,72 @@ impl CudaKernels {
         // kernel bounds-checks every span before using it.
         unsafe { l.launch(cfg) }?;
         Ok(())
+    }
+}
+
+/// The sizes of one delta-rule call ([`CudaKernels::gdn_delta_seq`],
+/// [`CudaKernels::gdn_chunked_seq`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeltaDims {
+    pub t: usize,
+    pub n_spans: usize,
+    pub max_len: usize,
+    pub hk: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub num_slots: usize,
+    pub nbuf: usize,
+}
+
+impl CudaKernels {
+    /// The argument checks both delta-rule entry points share: positive sizes, `hv % hk`,
+    /// the head-dim limits (`(max_dk, Some(max_dv))` also bounds `dv`), every buffer length
+    /// and the grid limits. `Ok(false)` when there is nothing to launch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check_delta_args<T: CudaFloat>(
+        &self,
+        name: &str,
+        limits: (usize, Option<usize>),
+        qkv: &impl DevicePtr<f32>,
+        g: &impl DevicePtr<f32>,
+        beta: &impl DevicePtr<f32>,
+        state: &impl DevicePtrMut<f32>,
+        spans: &impl DevicePtr<u32>,
+        out: &impl DevicePtrMut<T>,
+        d: DeltaDims,
+    ) -> Result<bool> {
+        let DeltaDims { t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf } = d;
+        if hk == 0 || hv == 0 || dk == 0 || dv == 0 || nbuf == 0 {
+            return Err(CudaError::Invalid(format!("{name}: hk, hv, dk, dv and nbuf must be > 0")));
+        }
+        if !hv.is_multiple_of(hk) {
+            return Err(CudaError::Invalid(format!("{name}: hv {hv} is not a multiple of hk {hk}")));
+        }
+        match limits {
+            (max_dk, None) if dk > max_dk => {
+                return Err(CudaError::Invalid(format!("{name}: dk {dk} > {max_dk}")));
+            }
+            (max_dk, Some(max_dv)) if dk > max_dk || dv > max_dv => {
+                return Err(CudaError::Invalid(format!("{name}: dk {dk} or dv {dv} > {max_dk}")));
+            }
+            _ => {}
+        }
+        let width = prod(&[2, hk, dk])?
+            .checked_add(prod(&[hv, dv])?)
+            .ok_or_else(|| CudaError::Invalid(format!("{name}: qkv width overflows")))?;
+        self.check("qkv", qkv, prod(&[t, width])?)?;
+        self.check("g", g, prod(&[t, hv])?)?;
+        self.check("beta", beta, prod(&[t, hv])?)?;
+        self.check("state", state, prod(&[num_slots, nbuf, hv, dk, dv])?)?;
+        self.check("spans", spans, prod(&[n_spans, 5])?)?;
+        self.check("out", out, prod(&[t, hv, dv])?)?;
+        if t == 0 || n_spans == 0 || max_len == 0 {
+            return Ok(false);
+        }
+        if n_spans > 65_535 || hv > 65_535 {
+            return Err(CudaError::Invalid(format!("{name}: n_spans {n_spans} or hv {hv} exceeds 65535")));
+        }
+        Ok(true)
     }
 }
