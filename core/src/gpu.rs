@@ -64,7 +64,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     unsafe { k.context().disable_event_tracking() };
     keep_pool_memory(&k);
     let gemm = Gemm::new(&k).map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
-    // SAFETY: the arena is only written through `Gpu::upload_u32` before the copy reads it.
+    // SAFETY: the arena is only written through `Gpu::upload` before the copy reads it.
     let mut buf = unsafe { k.context().alloc_pinned::<u8>(STAGING_BYTES) }.map_err(cuda_err)?;
     let base = buf.as_mut_ptr().map_err(cuda_err)? as usize;
     let staging = Mutex::new(Staging { buf, base, head: 0 });
@@ -180,11 +180,6 @@ pub(crate) fn cuda_err(e: impl std::fmt::Display) -> anyhow::Error {
 pub fn upload<T: DevType>(g: &Gpu, data: &[f32]) -> Result<CudaSlice<T>> {
     let host: Vec<T> = data.iter().map(|&v| T::from_f32(v)).collect();
     g.stream().clone_htod(&host).map_err(cuda_err)
-}
-
-/// Uploads `u32` values (ids, metadata) through the pinned staging arena.
-pub fn upload_u32(g: &Gpu, data: &[u32]) -> Result<CudaSlice<u32>> {
-    g.upload(data)
 }
 
 impl Gpu {
@@ -447,7 +442,7 @@ pub fn gather_rows(x: &Tensor, idx: &[usize]) -> Result<Tensor> {
         bail!("row index {bad} out of range ({rows} rows)");
     }
     let ids: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
-    let dev_idx = upload_u32(&g, &ids)?;
+    let dev_idx = g.upload(&ids)?;
     let mut out = Tensor::empty_on(&g, [idx.len(), d], x.dtype())?;
     fn go<T: DevType>(g: &Gpu, x: &Tensor, i: &CudaSlice<u32>, o: &mut Tensor, rows: usize, d: usize) -> Result<()> {
         g.k.gather_rows::<T>(x.dev::<T>()?, i, o.dev_mut::<T>()?, rows, d).map_err(cuda_err)

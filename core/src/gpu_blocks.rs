@@ -8,14 +8,13 @@
 
 use crate::cache::SeqId;
 use crate::dtype::DType;
-use crate::gpu::{alloc, cuda_err, gpu_of, upload_u32, DevType, Gpu};
+use crate::gpu::{alloc, cuda_err, gpu_of, DevType, Gpu};
 use crate::layers::Batch;
 use crate::linear_attn::GatedDeltaNet;
 use crate::nn::{Attention, Moe, NormKind, RmsNorm, Rope, SwiGlu};
 use crate::tensor::Tensor;
 use anyhow::{anyhow, bail, Result};
-use cudarc::driver::{CudaSlice, DevicePtr};
-use half::{bf16, f16};
+use cudarc::driver::CudaSlice;
 use porter_kernels::cuda::RmsNormKind;
 use std::sync::Arc;
 
@@ -204,7 +203,7 @@ fn batch_dev(g: &Gpu, batch: &Batch) -> Result<Arc<BatchDev>> {
     for s in &batch.spans {
         v.extend_from_slice(&[s.start as u32, s.len as u32, s.pos0 as u32]);
     }
-    let d = Arc::new(BatchDev { ordinal: g.ordinal, t, n, buf: upload_u32(g, &v)? });
+    let d = Arc::new(BatchDev { ordinal: g.ordinal, t, n, buf: g.upload(&v)? });
     let _ = batch.dev.set(d.clone());
     Ok(d)
 }
@@ -664,7 +663,7 @@ pub fn gated_delta_net(
     let (nc, nr, nk) = (conv_spans.len(), rec_spans.len(), chunk_spans.len());
     conv_spans.extend_from_slice(&rec_spans);
     conv_spans.extend_from_slice(&chunk_spans);
-    let tables = upload_u32(&g, &conv_spans)?;
+    let tables = g.upload(&conv_spans)?;
     let conv_spans = tables.slice(0..nc);
     let rec = (nr / 5, rec_max, tables.slice(nc..nc + nr));
     let chunk = (nk / 5, chunk_max, tables.slice(nc + nr..nc + nr + nk));
@@ -856,7 +855,7 @@ pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     let g = gpu_of(table, "embedding")?;
     let _p = crate::gpu::profile::span("embedding", &g);
     let (vocab, hidden) = (table.dim(0), table.dim(1));
-    let dev_ids = upload_u32(&g, ids)?;
+    let dev_ids = g.upload(ids)?;
     let mut out = Tensor::empty_on(&g, [ids.len(), hidden], DType::F32)?;
     fn go<T: DevType>(
         g: &Gpu,
@@ -892,15 +891,4 @@ pub fn sample_rows(logits: &Tensor, params: &[[f32; 4]]) -> Result<Vec<u32>> {
     let mut out = alloc::<u32>(&g, rows)?;
     g.k.sample_rows(logits.dev::<f32>()?, &p, &mut out, rows, vocab).map_err(cuda_err)?;
     g.stream().clone_dtoh(&out).map_err(cuda_err)
-}
-
-/// Keeps `bf16`/`f16` imports used when only some dtypes are instantiated.
-#[allow(dead_code)]
-fn _types(_: bf16, _: f16) {}
-
-/// Reads a device address (for tests).
-#[allow(dead_code)]
-fn _addr<T: DevType>(g: &Gpu, s: &CudaSlice<T>) -> u64 {
-    let (p, _) = s.device_ptr(g.stream());
-    p
 }
