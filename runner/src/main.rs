@@ -415,7 +415,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     // The HBM roofline: measured device-to-device copy bandwidth of this GPU.
     let roofline = match device {
         Device::Cuda(i) => {
-            let bw = porter_core::backend::cuda::copy_bandwidth(&*porter_core::backend::cuda::gpu(i)?)?;
+            let bw = porter_core::backend::cuda::copy_bandwidth(&*porter_core::tensor::cuda::gpu(i)?)?;
             println!("HBM copy bandwidth (roofline): {:.0} GB/s", bw / 1e9);
             Some(bw)
         }
