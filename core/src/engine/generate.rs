@@ -5,7 +5,8 @@ use crate::bail;
 use crate::engine::sampling::{Sampler, SamplingParams};
 use crate::error::Result;
 use crate::state::StateCache;
-use crate::{Batch, LogitsFor, Model};
+use crate::batch::Batch;
+use crate::model::{LogitsFor, Model};
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

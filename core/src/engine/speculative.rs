@@ -11,7 +11,8 @@ use crate::error::Result;
 use crate::model::draft::DraftHead;
 use crate::state::{SeqId, StateCache};
 use crate::tensor::Tensor;
-use crate::{Batch, LogitsFor, Model};
+use crate::batch::Batch;
+use crate::model::{LogitsFor, Model};
 
 /// Largest number of draft tokens per step.
 pub const MAX_MTP_STEP: usize = 15;

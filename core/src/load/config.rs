@@ -121,15 +121,7 @@ pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Res
     Ok(RopeParams { theta, partial_rotary_factor: partial, scaling })
 }
 
-/// Generation defaults: end-of-sequence ids and sampling parameters.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct GenerationConfig {
-    pub eos_token_ids: Vec<u32>,
-    pub bos_token_id: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-}
+pub use crate::model::GenerationConfig;
 
 fn ids(v: Option<&Value>) -> Vec<u32> {
     match v {

@@ -12,8 +12,9 @@ use crate::nn::{DecoderLayer, FeedForward, Linear, RmsNorm};
 use crate::state::{LayerCache, ModelCache, StateCache};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
-use crate::TransformerLayer;
-use crate::{Batch, LogitsFor, Model};
+use crate::layer::TransformerLayer;
+use crate::batch::Batch;
+use crate::model::{LogitsFor, Model};
 
 /// Output of a draft forward.
 #[derive(Debug)]

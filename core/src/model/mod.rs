@@ -10,10 +10,19 @@ pub mod draft;
 use crate::bail;
 use crate::error::{Context, Result};
 use crate::layer::{PostLayer, PreLayer, TransformerLayer};
-use crate::load::config::GenerationConfig;
 use crate::state::{Batch, LayerCache, ModelCache, StateCache};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
+
+/// Generation defaults: end-of-sequence ids and sampling parameters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GenerationConfig {
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+}
 
 /// Facts about a loaded model that the runner needs.
 #[derive(Clone, Debug)]

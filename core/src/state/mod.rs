@@ -10,8 +10,18 @@ pub use crate::batch::{Batch, SeqId, SeqSpan};
 
 use crate::bail;
 use crate::error::Result;
-use crate::layer::LayerKind;
 use crate::tensor::{DType, Device};
+
+/// What per-request state a layer keeps (used to build caches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Full attention with a KV cache.
+    Attention { kv_heads: usize, head_dim: usize },
+    /// Linear attention with a conv window and a recurrent state.
+    Recurrent { conv_dim: usize, kernel: usize, state_len: usize },
+    /// No per-request state.
+    Stateless,
+}
 
 /// The state one layer keeps for every slot.
 #[derive(Debug, Clone)]
