@@ -99,6 +99,14 @@ pub fn prepare(dir: &Path) -> Result<Prepared> {
     Ok(Prepared { dir: dir.to_owned(), config, entry, map, checkpoint })
 }
 
+/// The resolved weight map of a config alone (what a checkpoint for it must hold).
+pub fn resolve_config(config: &Value) -> Result<ResolvedMap> {
+    let arch = config::architecture(config)?;
+    let entry = lookup(&arch)?;
+    let ctx = (entry.map_context)(config).with_context(|| format!("invalid {arch} config"))?;
+    WeightMap::parse(entry.weight_map)?.resolve(&ctx)
+}
+
 /// Builds a model with random weights from a config alone (benchmarks). `dir` is used
 /// only for `generation_config.json` when it exists.
 pub fn build_random(config: &Value, dir: &Path, dtype: DType, device: Device, seed: u64) -> Result<Model> {

@@ -356,3 +356,11 @@ impl BatchDev {
         self.buf.slice(2 * self.t..2 * self.t + 3 * self.n)
     }
 }
+
+/// `(free, total)` bytes of device memory on CUDA device `ordinal` (opens its context).
+pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
+    let g = gpu(ordinal)?;
+    g.sync()?;
+    g.k.context().bind_to_thread().map_err(cuda_err)?;
+    cudarc::driver::result::mem_get_info().map_err(cuda_err)
+}
