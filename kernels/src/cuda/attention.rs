@@ -163,6 +163,11 @@ impl CudaKernels {
         if n == 0 || n_seqs == 0 || max_q_len == 0 {
             return Ok(());
         }
+        // One grid row per (sequence, KV head) on both paths.
+        let seq_heads = prod(&[n_seqs, kv_heads])?;
+        if seq_heads > 65_535 {
+            return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
+        }
         if let Some((dp, smem)) = self.tc_plan::<T>(head_dim, max_q_len)? {
             return self.attention_tc::<T>(
                 q, k_ptrs, v_ptrs, spans, out, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, dp, smem,
@@ -175,16 +180,12 @@ impl CudaKernels {
         let nc = head_dim.div_ceil(64);
         let ds = 64 * nc + 4;
         let tiles_m = items.div_ceil(bm);
-        let seq_heads = prod(&[n_seqs, kv_heads])?;
         let base = prod(&[tiles_m, seq_heads])?;
         let nsplit = if base >= TARGET_BLOCKS / 2 { 1 } else { TARGET_BLOCKS.div_ceil(base).min(MAX_SPLITS) };
         let smem = (bm + 2 * ATT_BN) * ds * std::mem::size_of::<T>() + bm * ATT_PS * 4;
         let smem32 = u32_of("shared memory", smem)?;
 
         let f = self.function_smem(&ATTENTION, &format!("attention_{}_r{ra}_c{nc}", T::NAME), smem)?;
-        if seq_heads > 65_535 {
-            return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
-        }
         let cfg = LaunchConfig {
             grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, nsplit as u32),
             block_dim: (ATT_THREADS, 1, 1),
@@ -192,10 +193,7 @@ impl CudaKernels {
         };
         let (t32, h32, kvh32, d32) =
             (u32_of("t", t)?, u32_of("heads", heads)?, u32_of("kv_heads", kv_heads)?, u32_of("head_dim", head_dim)?);
-        let win32 = match window {
-            Some(w) => u32::try_from(w).unwrap_or(u32::MAX),
-            None => 0,
-        };
+        let win32 = window_arg(window);
         let ns32 = nsplit as u32;
         let part = if nsplit > 1 {
             Some(self.stream.alloc_zeros::<f32>(prod(&[nsplit, t, heads, head_dim + 2])?)?)
@@ -270,7 +268,8 @@ impl CudaKernels {
     }
 
     /// [`CudaKernels::attention`] on tensor cores (`attention_tc_<T>_d<dp>`); the
-    /// arguments are checked by the caller and `tc_plan` chose `dp` and `smem`.
+    /// arguments (and `n_seqs · kv_heads ≤ 65535`) are checked by the caller and `tc_plan`
+    /// chose `dp` and `smem`.
     #[allow(clippy::too_many_arguments)]
     fn attention_tc<T: CudaFloat>(
         &self,
@@ -292,9 +291,6 @@ impl CudaKernels {
         let group = heads / kv_heads;
         let tiles_m = prod(&[max_q_len, group])?.div_ceil(ATC_BM);
         let seq_heads = prod(&[n_seqs, kv_heads])?;
-        if seq_heads > 65_535 {
-            return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
-        }
         let f = self.function_smem(&ATTENTION, &format!("attention_tc_{}_d{dp}", T::NAME), smem)?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, 1),
@@ -302,10 +298,7 @@ impl CudaKernels {
             shared_mem_bytes: u32_of("shared memory", smem)?,
         };
         let (h32, kvh32, d32) = (u32_of("heads", heads)?, u32_of("kv_heads", kv_heads)?, u32_of("head_dim", head_dim)?);
-        let win32 = match window {
-            Some(w) => u32::try_from(w).unwrap_or(u32::MAX),
-            None => 0,
-        };
+        let win32 = window_arg(window);
         // SAFETY: arguments match `attention_tc_<T>_d<DP>` in attention.cu
         // (head_dim % 16 == 0, head_dim <= DP); `q`, `out`, `spans`, `k_ptrs`,
         // `v_ptrs` have the lengths checked by `attention`; the dynamic shared
@@ -366,6 +359,12 @@ impl CudaKernels {
         // Kernel: `sample_rows(const float* logits, const float* params, u32* out, u32 vocab)`.
         unsafe { launch!(self, ATTENTION, "sample_rows", cfg, [ptr(logits), ptr(params), ptr_mut(out), v32]) }
     }
+}
+
+/// The kernels' `window` parameter: 0 for none; a window beyond `u32` saturates (it then
+/// covers every position a cache can hold).
+fn window_arg(window: Option<usize>) -> u32 {
+    window.map_or(0, |w| u32::try_from(w).unwrap_or(u32::MAX))
 }
 
 /// Dynamic shared memory of `attention_tc_<T>_d<dp>` in bytes: Q tile, two K

@@ -259,11 +259,13 @@ impl CudaKernels {
         }
         // 2a. gate+up GEMV: a warp per (active expert, inter column) item.
         let vec_gu = i32::from(vec_ok::<T>(px, hidden) && vec_ok::<T>(pg, hidden) && vec_ok::<T>(pu, hidden));
-        let cfg = LaunchConfig {
-            grid_dim: (grid_gu, 1, 1),
+        // Both GEMV kernels: persistent blocks of GEMV_WARPS warps, the same dynamic shared memory.
+        let gemv_cfg = |blocks: u32| LaunchConfig {
+            grid_dim: (blocks, 1, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
             shared_mem_bytes: dsm32,
         };
+        let cfg = gemv_cfg(grid_gu);
         // SAFETY: arguments match `moe_dec_gu_<T>`; lengths checked; items
         // past the active experts are never visited; h rows per pair (< n);
         // 16-byte loads only with `vec`; the global lists are read only
@@ -283,11 +285,7 @@ impl CudaKernels {
         }?;
         // 3a. down GEMV + combine: a warp per (active expert, DOWN_NR hidden columns) item.
         let vec_d = i32::from(vec_ok::<T>(pd, inter) && vec_ok::<T>(p_h, inter));
-        let cfg = LaunchConfig {
-            grid_dim: (grid_down, 1, 1),
-            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: dsm32,
-        };
+        let cfg = gemv_cfg(grid_down);
         // SAFETY: arguments match `moe_dec_down_<T>`; o has n rows of hidden,
         // written for valid pairs only and read back (combine) only for them;
         // out [t, hidden] written in full (by the completing warp of every

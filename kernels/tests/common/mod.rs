@@ -2,6 +2,8 @@
 //! seeded PRNG, upload / poisoned / download helpers and the relative-error check.
 #![allow(dead_code)]
 
+pub mod gdn;
+
 use cudarc::driver::CudaSlice;
 use porter_kernels::cuda::{self, CudaFloat, CudaKernels};
 
