@@ -70,7 +70,9 @@ fn core_modules_are_layered_without_cycles() {
 fn check(name: &str, own: usize, module: &str, rel: &Path, ln: usize, bad: &mut Vec<String>) {
     match rank(name) {
         Some(r) if r <= own => {}
-        Some(_) => bad.push(format!("{}:{}: `{module}` uses `crate::{name}`, which is above it", rel.display(), ln + 1)),
+        Some(_) => {
+            bad.push(format!("{}:{}: `{module}` uses `crate::{name}`, which is above it", rel.display(), ln + 1))
+        }
         None => bad.push(format!(
             "{}:{}: `crate::{name}` is a root re-export; inside the core, use the defining module's path",
             rel.display(),

@@ -111,7 +111,8 @@ pub fn cmd_load(a: &LoadArgs) -> Result<()> {
         }
     );
     if let Some(p) = &a.json {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
 }

@@ -21,51 +21,14 @@ fn host(t: &Tensor) -> Result<&CpuStorage> {
     t.host()
 }
 
-/// `out[m, n] = x[m, k] · w[n, k]ᵀ` with the weight in its stored element type.
-///
-/// Half-precision weights are converted in blocks of rows (bounded scratch), so a large
-/// lm_head is never held twice.
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ` with the weight in its stored element type
+/// (bf16 / f16 weights are widened block by block inside the GEMM, bit-identical to a full
+/// f32 copy; see `porter_kernels::cpu::ops::matmul_t_w`).
 pub fn matmul_host(x: &[f32], w: HostSlice<'_>, out: &mut [f32], m: usize, k: usize, n: usize) {
     match w {
         HostSlice::F32(w) => ops::matmul_t(x, w, out, m, k, n, false),
-        HostSlice::BF16(w) => matmul_half(x, w, out, m, k, n, |v| v.to_f32()),
-        HostSlice::F16(w) => matmul_half(x, w, out, m, k, n, |v| v.to_f32()),
-    }
-}
-
-fn matmul_half<W: Copy + Sync>(
-    x: &[f32],
-    w: &[W],
-    out: &mut [f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    conv: impl Fn(W) -> f32 + Sync,
-) {
-    // Blocks of at most ~1 MiB of f32 weights.
-    let nb = ((1usize << 18) / k.max(1)).clamp(1, n.max(1));
-    if nb >= n {
-        let wf: Vec<f32> = w.iter().map(|&v| conv(v)).collect();
-        ops::matmul_t(x, &wf, out, m, k, n, false);
-        return;
-    }
-    let blocks: Vec<(usize, Vec<f32>)> = (0..n)
-        .step_by(nb)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|c0| {
-            let c1 = (c0 + nb).min(n);
-            let wf: Vec<f32> = w[c0 * k..c1 * k].iter().map(|&v| conv(v)).collect();
-            let mut o = vec![0.0f32; m * (c1 - c0)];
-            ops::matmul_t(x, &wf, &mut o, m, k, c1 - c0, false);
-            (c0, o)
-        })
-        .collect();
-    for (c0, o) in blocks {
-        let w = o.len() / m.max(1);
-        for r in 0..m {
-            out[r * n + c0..r * n + c0 + w].copy_from_slice(&o[r * w..(r + 1) * w]);
-        }
+        HostSlice::BF16(w) => ops::matmul_t_w(x, w, out, m, k, n, false),
+        HostSlice::F16(w) => ops::matmul_t_w(x, w, out, m, k, n, false),
     }
 }
 

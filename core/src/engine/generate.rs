@@ -2,11 +2,11 @@
 //! one token at a time through the state cache.
 
 use crate::bail;
+use crate::batch::Batch;
 use crate::engine::sampling::{Sampler, SamplingParams};
 use crate::error::Result;
-use crate::state::StateCache;
-use crate::batch::Batch;
 use crate::model::{LogitsFor, Model};
+use crate::state::StateCache;
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

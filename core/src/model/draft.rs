@@ -7,14 +7,14 @@
 //! from the draft itself when steps are chained.
 
 use crate::bail;
+use crate::batch::Batch;
 use crate::error::Result;
+use crate::layer::TransformerLayer;
+use crate::model::{LogitsFor, Model};
 use crate::nn::{DecoderLayer, FeedForward, Linear, RmsNorm};
 use crate::state::{LayerCache, ModelCache, StateCache};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
-use crate::layer::TransformerLayer;
-use crate::batch::Batch;
-use crate::model::{LogitsFor, Model};
 
 /// Output of a draft forward.
 #[derive(Debug)]
