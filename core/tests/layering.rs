@@ -49,9 +49,9 @@ fn core_modules_are_layered_without_cycles() {
             let mut rest = code;
             while let Some(i) = rest.find("crate::") {
                 rest = &rest[i + 7..];
-                if rest.starts_with('{') {
+                if let Some(group) = rest.strip_prefix('{') {
                     // `crate::{a, b}` imports: each name must be a known module or macro.
-                    let names: String = rest[1..].chars().take_while(|&c| c != '}').collect();
+                    let names: String = group.chars().take_while(|&c| c != '}').collect();
                     for n in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
                         check(n, own, &module, rel, ln, &mut bad);
                     }
