@@ -100,6 +100,9 @@ impl GatedDeltaNet {
         };
         let c = self.cfg;
         let (t, vd) = (x.rows(), c.value_heads * c.value_dim);
+        if batch.len() != t {
+            bail!(Shape, "Gated DeltaNet: {t} input rows for a batch of {} tokens", batch.len());
+        }
         // [T, H] -> [T, 2kd + 2vd + 2Hv] = [q | k | v | z | b | a] (the conv, z and gates read
         // their columns in place).
         let p = self.in_proj.forward(x)?;

@@ -37,6 +37,9 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.last_dim() != self.dim() {
+            bail!(Shape, "rms_norm: input {:?} does not end in the norm width {}", x.shape(), self.dim());
+        }
         ops(x).rms_norm(x, &self.w, self.eps, self.kind)
     }
 
