@@ -160,8 +160,10 @@ mod tests {
         let g = block(&mut rng);
         let x = rng.tensor(&[70, HIDDEN], 1.0);
         let want = gdn(&vals(&x), &g);
-        assert_close("chunked prefill", &run_in_steps(&g, &x, &[70]), &want, TOL);
-        assert_close("token by token", &run_in_steps(&g, &x, &[1; 70]), &want, TOL);
+        let (chunked, recurrent) = (run_in_steps(&g, &x, &[70]), run_in_steps(&g, &x, &[1; 70]));
+        assert_close("chunked prefill", &chunked, &want, TOL);
+        assert_close("token by token", &recurrent, &want, TOL);
+        assert_close("chunked vs token by token", &chunked, &f64s(&recurrent), TOL);
         assert_close("prefill 40 + 1 + 29", &run_in_steps(&g, &x, &[40, 1, 29]), &want, TOL);
         assert_close("prefill 2 + 68", &run_in_steps(&g, &x, &[2, 68]), &want, TOL);
     }
