@@ -301,6 +301,9 @@ impl Ops for CpuOps {
                 }
             }
         }
+        if !m.shared {
+            dt.round_slice(&mut y);
+        }
         act(y, [t, h], DType::F32)
     }
 
@@ -324,7 +327,7 @@ impl Ops for CpuOps {
         for r in 0..t {
             let gr = ops::sigmoid(dt.round(ad[r * stride + gate_col]));
             for (a, b) in yd[r * h..(r + 1) * h].iter_mut().zip(&sd[r * h..(r + 1) * h]) {
-                *a += gr * b;
+                *a = dt.round(*a + gr * b);
             }
         }
         Ok(())
@@ -626,7 +629,7 @@ mod tests {
         let rows = [[0.5, 2.0, -1.0, 1.0, 9.0, 9.0], [1.0, 1.0, 1.0, 0.0, 9.0, -9.0]];
         let logits = Tensor::from_vec(rows.concat(), [2, 6], DType::F32).unwrap();
         for renorm in [false, true] {
-            let m = MoeArgs { experts: 4, top_k: 2, norm_topk_prob: renorm };
+            let m = MoeArgs { experts: 4, top_k: 2, norm_topk_prob: renorm, shared: false };
             let got = route(&logits, &m).unwrap();
             for (r, (sel, want_idx)) in got.iter().zip([[1, 3], [0, 1]]).enumerate() {
                 let p = softmax(&rows[r][..4].iter().map(|&v| f64::from(v)).collect::<Vec<_>>());
@@ -644,7 +647,7 @@ mod tests {
     fn route_rejects_bad_arguments() {
         let logits = Tensor::from_vec(vec![0.0; 12], [2, 6], DType::F32).unwrap();
         for (experts, top_k) in [(4, 0), (4, 5), (7, 2)] {
-            let r = route(&logits, &MoeArgs { experts, top_k, norm_topk_prob: true });
+            let r = route(&logits, &MoeArgs { experts, top_k, norm_topk_prob: true, shared: false });
             assert!(matches!(r, Err(crate::error::Error::Shape(_))), "experts {experts} top_k {top_k}");
         }
     }
