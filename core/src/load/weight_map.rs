@@ -7,6 +7,8 @@
 //! `[[ignore]]` rules list checkpoint tensors that are deliberately not loaded (for
 //! example a tied `lm_head.weight`, or the `mtp.*` tensors of a draft head that another
 //! crate maps). Placeholders `{layer}` and `{expert}` expand over the layers and experts.
+//! A map can start from a shared layout (`extends = "llama"`) and drop, override or add
+//! rules: see [`crate::load::map_file`].
 //!
 //! ```toml
 //! architecture = "Qwen3ForCausalLM"
@@ -30,79 +32,13 @@
 
 use crate::error::{Context, Result};
 use crate::load::checkpoint::Checkpoint;
+use crate::load::map_file::{self, MapFile};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 use crate::{bail, err};
 use rayon::prelude::*;
-use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-
-/// One or several names in a rule.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl OneOrMany {
-    fn list(&self) -> Vec<String> {
-        match self {
-            OneOrMany::One(s) => vec![s.clone()],
-            OneOrMany::Many(v) => v.clone(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TensorRule {
-    slot: String,
-    from: OneOrMany,
-    /// Shape of each source tensor, one expression per dim.
-    shape: Vec<String>,
-    #[serde(default)]
-    when: Option<String>,
-    /// `"expert"`: stack the per-expert tensors into `[num_experts, ...]`.
-    #[serde(default)]
-    stack: Option<String>,
-    /// De-interleave rows: the rows form `groups` blocks of `parts` rows each; the result
-    /// holds part 0 of every group, then part 1 of every group, and so on.
-    #[serde(default)]
-    regroup: Option<RegroupRule>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RegroupRule {
-    groups: String,
-    parts: Vec<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct IgnoreRule {
-    #[serde(default)]
-    from: Option<String>,
-    #[serde(default)]
-    prefix: Option<String>,
-    #[serde(default)]
-    when: Option<String>,
-    /// Why the tensor is not loaded (shown by `porter inspect`).
-    #[serde(default)]
-    reason: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MapFile {
-    architecture: String,
-    #[serde(default)]
-    tensor: Vec<TensorRule>,
-    #[serde(default)]
-    ignore: Vec<IgnoreRule>,
-}
 
 /// A parsed weight map.
 #[derive(Debug, Clone)]
@@ -314,23 +250,9 @@ impl fmt::Display for WeightMapError {
 }
 
 impl WeightMap {
-    /// Parses a map file's text.
+    /// Parses a map file's text (applying the layout it `extends`, see [`crate::load::map_file`]).
     pub fn parse(text: &str) -> Result<Self> {
-        let file: MapFile = toml::from_str(text).context("parsing weight map")?;
-        for r in &file.tensor {
-            if let Some(s) = &r.stack {
-                if s != "expert" {
-                    bail!(WeightMap, "weight map rule `{}`: unknown stack axis `{s}` (only `expert`)", r.slot);
-                }
-            }
-            if r.regroup.is_some() && (r.stack.is_some() || matches!(r.from, OneOrMany::Many(_))) {
-                bail!(WeightMap, "weight map rule `{}`: `regroup` applies to a single tensor", r.slot);
-            }
-            if r.stack.is_some() && matches!(r.from, OneOrMany::Many(_)) {
-                bail!(WeightMap, "weight map rule `{}`: `stack` and a list of sources cannot be combined", r.slot);
-            }
-        }
-        Ok(Self { file })
+        Ok(Self { file: map_file::parse(text)? })
     }
 
     pub fn architecture(&self) -> &str {

@@ -3,9 +3,10 @@
 //! `mlp_bias`, SwiGLU, tied or untied embeddings. `pretraining_tp` is ignored, as HF ignores
 //! it at inference. Checkpoint names: `weight-maps/llama.toml` (the shared Llama layout).
 
-use anyhow::Result;
+use porter_core::build as load;
 use porter_core::config::{self, DecoderConfig};
-use porter_core::nn::{load, AttentionConfig};
+use porter_core::nn::AttentionConfig;
+use porter_core::Result;
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, Weights};
 use serde::Deserialize;
 use serde_json::Value;
