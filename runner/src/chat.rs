@@ -43,21 +43,20 @@ pub fn render(dir: &Path, user: &str) -> Result<String> {
     };
     let source = template(dir, &config)?;
     let mut env = minijinja::Environment::new();
-    env.set_trim_blocks(true);
-    env.set_lstrip_blocks(true);
+    let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build();
+    env.set_syntax(syntax.map_err(|e| anyhow!("chat template syntax: {e}"))?);
     env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
         Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
     });
     env.add_template("chat", &source).map_err(|e| anyhow!("parsing the chat template: {e}"))?;
-    let mut ctx = serde_json::json!({
-        "messages": [{"role": "user", "content": user}],
-        "add_generation_prompt": true,
-    });
+    let message = minijinja::Value::from_pairs([("role", "user"), ("content", user)]);
+    let mut ctx: Vec<(&str, minijinja::Value)> =
+        vec![("messages", std::iter::once(message).collect()), ("add_generation_prompt", minijinja::Value::from(true))];
     for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
         if let Some(t) = special(&config, key) {
-            ctx[key] = Value::String(t);
+            ctx.push((key, minijinja::Value::from(t)));
         }
     }
     let tmpl = env.get_template("chat").map_err(|e| anyhow!("{e}"))?;
-    tmpl.render(minijinja::Value::from_serialize(&ctx)).map_err(|e| anyhow!("rendering the chat template: {e}"))
+    tmpl.render(minijinja::Value::from_pairs(ctx)).map_err(|e| anyhow!("rendering the chat template: {e}"))
 }

@@ -81,6 +81,21 @@ impl MapContext {
         ctx
     }
 
+    /// [`MapContext::from_config`] for a dense decoder (no experts) with the dims and flags of
+    /// the `llama` layout resolved: `head_dim`, `num_key_value_heads`, `tie_word_embeddings`
+    /// and `attention_bias` (config keys the model class may default).
+    pub fn decoder(
+        raw: &serde_json::Value,
+        base: &crate::load::config::DecoderConfig,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
+        let mut ctx = Self::from_config(raw, base.num_hidden_layers, 0);
+        ctx.set_dim("head_dim", head_dim).set_dim("num_key_value_heads", kv_heads);
+        ctx.set_flag("tie_word_embeddings", base.tie_word_embeddings).set_flag("attention_bias", base.attention_bias);
+        ctx
+    }
+
     /// Sets (or overrides) a dim.
     pub fn set_dim(&mut self, name: &str, v: usize) -> &mut Self {
         self.dims.insert(name.to_owned(), v);
