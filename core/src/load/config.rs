@@ -49,32 +49,7 @@ pub fn architecture(raw: &Value) -> Result<String> {
     }
 }
 
-/// How rotary frequencies are scaled.
-#[derive(Clone, Debug, PartialEq)]
-pub enum RopeScaling {
-    /// Plain RoPE.
-    Default,
-    /// Positions divided by `factor` (HF `rope_type: linear`).
-    Linear { factor: f32 },
-    /// YaRN (HF `rope_type: yarn`): per-frequency blend of interpolation and extrapolation,
-    /// cos/sin scaled by `attention_factor`.
-    Yarn {
-        factor: f64,
-        original_max_position_embeddings: f64,
-        beta_fast: f64,
-        beta_slow: f64,
-        attention_factor: f64,
-        truncate: bool,
-    },
-}
-
-/// Rotary-embedding parameters of a model.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RopeParams {
-    pub theta: f32,
-    pub partial_rotary_factor: f32,
-    pub scaling: RopeScaling,
-}
+pub use crate::nn::{RopeParams, RopeScaling};
 
 /// Reads RoPE parameters from either config style. `default_theta` and `default_partial`
 /// are the model class's defaults when the keys are absent.
@@ -146,15 +121,7 @@ pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Res
     Ok(RopeParams { theta, partial_rotary_factor: partial, scaling })
 }
 
-/// Generation defaults: end-of-sequence ids and sampling parameters.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct GenerationConfig {
-    pub eos_token_ids: Vec<u32>,
-    pub bos_token_id: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-}
+pub use crate::model::GenerationConfig;
 
 fn ids(v: Option<&Value>) -> Vec<u32> {
     match v {

@@ -7,3 +7,4 @@ pub mod config;
 pub mod map_file;
 pub mod registry;
 pub mod weight_map;
+pub mod weights;
