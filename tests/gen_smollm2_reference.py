@@ -6,7 +6,7 @@ Usage:
 
 MODEL_DIR is the folder written by `scripts/make_smollm2.py`. Writes
 tests/fixtures/smollm2_ref/reference.safetensors and reference.json (see
-tests/README-fixtures.md, "SmolLM2"). transformers runs on the CPU, eager attention, one thread,
+tests/fixtures/smollm2_ref/README.md). transformers runs on the CPU, eager attention, one thread,
 no network:
 
   * every prompt is a chat rendered by `apply_chat_template(add_generation_prompt=True)`;

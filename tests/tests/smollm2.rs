@@ -97,12 +97,13 @@ fn smollm2_bf16_at_least_as_close_as_transformers_bf16() {
     let prompts = reference_json()["prompts"].as_array().expect("prompts").clone();
     let (m32, mbf) = (load_smollm2(DType::F32), load_smollm2(DType::BF16));
     let vocab = m32.info.vocab_size;
-    for k in 0..num_prompts(&r) {
+    assert_eq!(prompts.len(), num_prompts(&r));
+    for (k, prompt) in prompts.iter().enumerate() {
         let ids = r.ids(&format!("ids_{k}")).unwrap();
         let pos = r.ids(&format!("positions_{k}")).unwrap();
         let want = r.f32(&format!("logits_{k}")).unwrap();
         let hf_rows = max_abs_diff(&r.f32(&format!("logits_bf16_{k}")).unwrap(), &want) / std(&want);
-        let hf_all = prompts[k]["hf_bf16_ratio_all_positions"].as_f64().expect("hf_bf16_ratio_all_positions") as f32;
+        let hf_all = prompt["hf_bf16_ratio_all_positions"].as_f64().expect("hf_bf16_ratio_all_positions") as f32;
         let bar = BF16_TOL.max(hf_all);
         let f32_all = prefill_logits(&m32, &ids).unwrap();
         assert_close(&format!("prompt {k} f32 at the stored rows"), &rows(&f32_all, vocab, &pos), &want, F32_TOL);
