@@ -1,44 +1,35 @@
 //! porter-core: the engine's model-independent core.
 //!
-//! - [`tensor`]: a small tensor type with a device/storage abstraction (CPU and CUDA).
-//! - [`gpu`]: the CUDA backend (device handle, device buffers, device ops and caches).
-//! - [`layers`]: the layer traits [`PreLayer`], [`TransformerLayer`], [`PostLayer`] and the
-//!   generic [`Model`] that drives them (LightLLM's pre / transformer / post split).
-//! - [`cache`]: the [`StateCache`] trait and the slot-indexed per-request state pools.
-//! - [`registry`]: the `inventory` registry of model crates, keyed by HF `architectures`.
-//! - [`weight_map`] + [`checkpoint`]: declarative checkpoint-name → engine-slot maps and
-//!   memory-mapped safetensors loading.
-//! - [`nn`]: shared blocks (RMSNorm variants, RoPE, GQA attention, SwiGLU, MoE).
-//! - [`config`]: HF `config.json` / `generation_config.json` helpers.
-//! - [`sampling`]: greedy / temperature / top-k / top-p sampling.
+//! Modules, each depending only on those above it (enforced by `tests/layering.rs`):
+//! - [`error`]: the crate's typed [`Error`].
+//! - [`tensor`]: [`Tensor`], its [`tensor::Storage`], [`DType`] and [`Device`].
+//! - [`backend`]: the ops the blocks need, with a CPU and a CUDA implementation side by side.
+//! - [`state`]: [`Batch`] and the per-request state caches ([`StateCache`], [`ModelCache`]).
+//! - [`layer`]: the layer traits [`PreLayer`], [`TransformerLayer`], [`PostLayer`].
+//! - [`nn`]: the shared blocks (linear, norms, RoPE, attention, SwiGLU, MoE, Gated DeltaNet, …).
+//! - [`model`]: [`Model`] (drives the layers over a batch) and the MTP draft heads.
+//! - [`load`]: config parsing, checkpoints, declarative weight maps, model building, registry.
+//! - [`engine`]: sampling, generation and speculative decoding.
 
-pub mod cache;
-pub mod checkpoint;
-pub mod config;
-pub mod device;
-pub mod draft;
-pub mod dtype;
-pub mod generate;
-pub mod gpu;
-pub mod gpu_blocks;
-pub mod layers;
-pub mod linear_attn;
+pub mod backend;
+pub mod engine;
+pub mod error;
+pub mod layer;
+pub mod load;
+pub mod model;
 pub mod nn;
-pub mod registry;
-pub mod sampling;
-pub mod speculative;
+pub mod state;
 pub mod tensor;
-pub mod weight_map;
 
-pub use cache::{LayerCache, ModelCache, SeqId, StateCache};
-pub use device::Device;
-pub use dtype::DType;
-pub use layers::{
-    Batch, ForwardOutput, LayerKind, LogitsFor, Model, ModelInfo, PostLayer, PreLayer, SeqSpan, TransformerLayer,
-};
-pub use registry::{LoadContext, ModelEntry};
-pub use tensor::Tensor;
-pub use weight_map::{MapContext, Weights};
+pub use engine::{generate, sampling, speculative};
+pub use error::{Error, Result};
+pub use layer::{LayerCost, LayerKind, PostLayer, PreLayer, TransformerLayer};
+pub use load::registry::{LoadContext, ModelEntry};
+pub use load::weight_map::{MapContext, Weights};
+pub use load::{build, checkpoint, config, registry, weight_map};
+pub use model::{draft, ForwardOutput, LogitsFor, Model, ModelInfo};
+pub use state::{Batch, LayerCache, ModelCache, SeqId, SeqSpan, StateCache};
+pub use tensor::{device, DType, Device, Tensor};
 
 // Re-exported so model crates can `inventory::submit!` without depending on inventory themselves.
 pub use inventory;

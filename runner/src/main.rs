@@ -172,7 +172,11 @@ fn parse_mtp_mode(s: &str) -> Result<MtpMode, String> {
 fn load_drafts(dir: &Path, model: &Model, args: &DraftArgs, required: bool) -> Result<Vec<Box<dyn DraftHead>>> {
     let cfg = porter_core::config::read_config(dir)?;
     if !args.drafts.is_empty() {
-        return args.drafts.iter().map(|d| registry::load_draft(d, &cfg, model)).collect();
+        return Ok(args
+            .drafts
+            .iter()
+            .map(|d| registry::load_draft(d, &cfg, model))
+            .collect::<porter_core::Result<_>>()?);
     }
     let builtin = porter_core::checkpoint::Checkpoint::open_dir(dir)?;
     let has_builtin = registry::draft_entries().iter().any(|e| {
@@ -411,7 +415,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     // The HBM roofline: measured device-to-device copy bandwidth of this GPU.
     let roofline = match device {
         Device::Cuda(i) => {
-            let bw = porter_core::gpu::copy_bandwidth(&*porter_core::gpu::gpu(i)?)?;
+            let bw = porter_core::backend::cuda::copy_bandwidth(&*porter_core::backend::cuda::gpu(i)?)?;
             println!("HBM copy bandwidth (roofline): {:.0} GB/s", bw / 1e9);
             Some(bw)
         }
@@ -441,13 +445,13 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         let mut cache = model.try_new_cache_spec(1, 0)?;
         let seq = cache.alloc_seq()?;
         model.sync()?;
-        let _ = porter_core::gpu::profile::take();
+        let _ = porter_core::backend::cuda::profile::take();
         let t0 = Instant::now();
         model.forward(&Batch::single(seq, 0, &ids), &mut cache, LogitsFor::Last)?;
         model.sync()?;
         let s = t0.elapsed().as_secs_f64();
         println!("prefill {n:>6} tokens: {:>10.1} tok/s ({:.3} s)", n as f64 / s, s);
-        for (name, secs, calls) in porter_core::gpu::profile::take() {
+        for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
             println!("  profile {name:<36} {:>9.3} ms {:>6} calls", secs * 1e3, calls);
         }
         results.push(serde_json::json!({"kind": "prefill", "tokens": n, "seconds": s, "tokens_per_s": n as f64 / s}));
@@ -467,7 +471,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         }
         model.forward(&batch, &mut cache, LogitsFor::Last)?;
         model.sync()?;
-        let _ = porter_core::gpu::profile::take();
+        let _ = porter_core::backend::cuda::profile::take();
         let t0 = Instant::now();
         let (mut issue, mut issue_first) = (0.0, 0.0);
         for step in 0..a.steps {
@@ -493,7 +497,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             issue * 1e3 / a.steps as f64,
             issue_first * 1e3
         );
-        for (name, secs, calls) in porter_core::gpu::profile::take() {
+        for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
             println!("  profile {name:<36} {:>9.3} ms/step {:>6} calls", secs * 1e3 / a.steps as f64, calls / a.steps);
         }
         let tps = (b * a.steps) as f64 / s;

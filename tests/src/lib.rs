@@ -1,8 +1,8 @@
 //! Shared helpers for the integration tests: fixture paths, reference tensors and the
 //! parity metric.
 
-use anyhow::Result;
 use porter_core::checkpoint::Checkpoint;
+use porter_core::Result;
 use porter_core::{registry, Batch, DType, Device, LogitsFor, Model, StateCache};
 use std::path::PathBuf;
 

@@ -4,9 +4,10 @@
 //!
 //! Checkpoint names live only in `weight-maps/mistral.toml`.
 
-use anyhow::Result;
+use porter_core::build as load;
 use porter_core::config::{self, DecoderConfig};
-use porter_core::nn::{load, AttentionConfig, DecoderLayer, NormKind, Rope};
+use porter_core::nn::{AttentionConfig, DecoderLayer, NormKind, Rope};
+use porter_core::Result;
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
 use serde::Deserialize;
 use serde_json::Value;
@@ -45,7 +46,7 @@ impl Config {
         c.base.check(c.kv_heads(), c.head_dim())?;
         config::rope_params(raw, 10_000.0, 1.0)?;
         if c.sliding_window == Some(0) {
-            anyhow::bail!("sliding_window must be positive or null");
+            porter_core::bail!(Config, "sliding_window must be positive or null");
         }
         Ok(c)
     }

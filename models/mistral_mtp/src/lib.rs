@@ -3,10 +3,11 @@
 //! hidden before `hnorm`: `h' = RMS(RMS(h_p, main norm), mtp.hnorm)`; the FFN is a dense
 //! SwiGLU of `intermediate_size`.
 
-use anyhow::Result;
+use porter_core::build as load;
 use porter_core::draft::{DraftHead, FfnMtpHead};
-use porter_core::nn::{load, NormKind};
+use porter_core::nn::NormKind;
 use porter_core::registry::{DraftEntry, DraftLoadContext};
+use porter_core::Result;
 use porter_core::{config, MapContext, Weights};
 use serde::Deserialize;
 

@@ -4,9 +4,10 @@
 //! Config → layers → model, following candle-transformers' `qwen3.rs`. Checkpoint names
 //! live only in `weight-maps/qwen3.toml`.
 
-use anyhow::{bail, Result};
+use porter_core::build as load;
 use porter_core::config::{self, DecoderConfig};
-use porter_core::nn::{load, AttentionConfig, DecoderLayer, NormKind, Rope};
+use porter_core::nn::{AttentionConfig, DecoderLayer, NormKind, Rope};
+use porter_core::{bail, Result};
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
 use serde::Deserialize;
 use serde_json::Value;
@@ -63,6 +64,7 @@ impl Config {
             Some(types) => {
                 if types.len() != self.base.num_hidden_layers {
                     bail!(
+                        Config,
                         "layer_types has {} entries but num_hidden_layers is {}",
                         types.len(),
                         self.base.num_hidden_layers
@@ -73,9 +75,11 @@ impl Config {
                     .map(|t| match t.as_str() {
                         "full_attention" => Ok(None),
                         "sliding_attention" => Ok(sw),
-                        other => bail!(
+                        other => {
+                            bail!(Config,
                             "layer_types: unknown layer type `{other}` (expected full_attention or sliding_attention)"
-                        ),
+                        )
+                        }
                     })
                     .collect()
             }

@@ -4,9 +4,10 @@
 //!
 //! Checkpoint names live only in `weight-maps/qwen3_moe.toml`.
 
-use anyhow::{bail, Result};
+use porter_core::build as load;
 use porter_core::config::{self, DecoderConfig};
-use porter_core::nn::{load, AttentionConfig, DecoderLayer, NormKind, Rope};
+use porter_core::nn::{AttentionConfig, DecoderLayer, NormKind, Rope};
+use porter_core::{bail, Result};
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
 use serde::Deserialize;
 use serde_json::Value;
@@ -50,10 +51,10 @@ impl Config {
         c.base.check(c.kv_heads(), c.head_dim())?;
         config::rope_params(raw, 10_000.0, 1.0)?;
         if c.decoder_sparse_step == 0 {
-            bail!("decoder_sparse_step must be >= 1");
+            bail!(Config, "decoder_sparse_step must be >= 1");
         }
         if c.num_experts > 0 && (c.num_experts_per_tok == 0 || c.num_experts_per_tok > c.num_experts) {
-            bail!("num_experts_per_tok ({}) must be in 1..={}", c.num_experts_per_tok, c.num_experts);
+            bail!(Config, "num_experts_per_tok ({}) must be in 1..={}", c.num_experts_per_tok, c.num_experts);
         }
         Ok(c)
     }

@@ -6,10 +6,11 @@
 //! All norms are standard (Llama-style). The FFN is MoE or dense by Qwen3-MoE rules
 //! applied to the draft module's layer index, from the draft folder's config.
 
-use anyhow::{bail, Result};
+use porter_core::build as load;
 use porter_core::draft::{DraftHead, FfnMtpHead};
-use porter_core::nn::{load, NormKind};
+use porter_core::nn::NormKind;
 use porter_core::registry::{DraftEntry, DraftLoadContext};
+use porter_core::{bail, Result};
 use porter_core::{config, MapContext, Weights};
 use serde::Deserialize;
 
@@ -49,10 +50,10 @@ impl Config {
     fn from_value(raw: &serde_json::Value) -> Result<Self> {
         let c: Config = config::parse_typed(raw, "qwen3_moe_mtp draft")?;
         if c.decoder_sparse_step == 0 {
-            bail!("decoder_sparse_step must be >= 1");
+            bail!(Config, "decoder_sparse_step must be >= 1");
         }
         if c.num_experts > 0 && (c.num_experts_per_tok == 0 || c.num_experts_per_tok > c.num_experts) {
-            bail!("num_experts_per_tok ({}) must be in 1..={}", c.num_experts_per_tok, c.num_experts);
+            bail!(Config, "num_experts_per_tok ({}) must be in 1..={}", c.num_experts_per_tok, c.num_experts);
         }
         Ok(c)
     }
@@ -72,8 +73,8 @@ fn module_index(lc: &DraftLoadContext) -> Result<usize> {
         .collect();
     match found.as_slice() {
         [m] => Ok(*m),
-        [] => bail!("qwen3_moe_mtp draft has no model.layers.{{m}}.post_attention_layernorm.weight"),
-        _ => bail!("qwen3_moe_mtp draft holds several FFN modules {found:?}; pass one folder per module"),
+        [] => bail!(Config, "qwen3_moe_mtp draft has no model.layers.{{m}}.post_attention_layernorm.weight"),
+        _ => bail!(Config, "qwen3_moe_mtp draft holds several FFN modules {found:?}; pass one folder per module"),
     }
 }
 

@@ -6,10 +6,11 @@
 //! live only in `weight-maps/qwen3_next.toml`; the `mtp.*` tensors are left to the
 //! `qwen3_next_mtp` draft crate.
 
-use anyhow::{bail, Result};
+use porter_core::build as load;
 use porter_core::config::{self, DecoderConfig};
-use porter_core::linear_attn::GdnConfig;
-use porter_core::nn::{load, AttentionConfig, DecoderLayer, NormKind, Rope};
+use porter_core::nn::GdnConfig;
+use porter_core::nn::{AttentionConfig, DecoderLayer, NormKind, Rope};
+use porter_core::{bail, Result};
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
 use serde::Deserialize;
 use serde_json::Value;
@@ -96,23 +97,24 @@ impl Config {
         c.base.check(c.num_key_value_heads, c.head_dim)?;
         config::rope_params(raw, 10_000.0, 0.25)?;
         if c.decoder_sparse_step == 0 {
-            bail!("decoder_sparse_step must be >= 1");
+            bail!(Config, "decoder_sparse_step must be >= 1");
         }
         if c.full_attention_interval == 0 {
-            bail!("full_attention_interval must be >= 1");
+            bail!(Config, "full_attention_interval must be >= 1");
         }
         if c.linear_num_key_heads == 0 || !c.linear_num_value_heads.is_multiple_of(c.linear_num_key_heads) {
             bail!(
+                Config,
                 "linear_num_value_heads ({}) must be a positive multiple of linear_num_key_heads ({})",
                 c.linear_num_value_heads,
                 c.linear_num_key_heads
             );
         }
         if c.linear_conv_kernel_dim == 0 || c.linear_key_head_dim == 0 || c.linear_value_head_dim == 0 {
-            bail!("linear_conv_kernel_dim, linear_key_head_dim and linear_value_head_dim must be positive");
+            bail!(Config, "linear_conv_kernel_dim, linear_key_head_dim and linear_value_head_dim must be positive");
         }
         if c.num_experts > 0 && (c.num_experts_per_tok == 0 || c.num_experts_per_tok > c.num_experts) {
-            bail!("num_experts_per_tok ({}) must be in 1..={}", c.num_experts_per_tok, c.num_experts);
+            bail!(Config, "num_experts_per_tok ({}) must be in 1..={}", c.num_experts_per_tok, c.num_experts);
         }
         c.layer_kinds()?;
         Ok(c)
@@ -125,6 +127,7 @@ impl Config {
             Some(t) => {
                 if t.len() != self.base.num_hidden_layers {
                     bail!(
+                        Config,
                         "layer_types has {} entries but num_hidden_layers is {}",
                         t.len(),
                         self.base.num_hidden_layers
@@ -135,7 +138,7 @@ impl Config {
                         "linear_attention" => Ok(LayerType::LinearAttention),
                         "full_attention" => Ok(LayerType::FullAttention),
                         other => {
-                            bail!("layer_types: unknown layer type `{other}` (expected linear_attention or full_attention)")
+                            bail!(Config, "layer_types: unknown layer type `{other}` (expected linear_attention or full_attention)")
                         }
                     })
                     .collect()

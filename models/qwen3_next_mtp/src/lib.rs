@@ -5,10 +5,11 @@
 //! `logits = lm_head(ZRMS(u, mtp.norm))`; chained steps feed the post-`mtp.norm` hidden.
 //! Embedding and lm_head are shared with the main model.
 
-use anyhow::Result;
+use porter_core::build as load;
 use porter_core::draft::{AttentionMtpHead, DraftHead};
-use porter_core::nn::{load, AttentionConfig, DecoderLayer, NormKind, Rope};
+use porter_core::nn::{AttentionConfig, DecoderLayer, NormKind, Rope};
 use porter_core::registry::{DraftEntry, DraftLoadContext};
+use porter_core::Result;
 use porter_core::{config, MapContext, Weights};
 use qwen3_next::Config;
 

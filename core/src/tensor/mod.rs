@@ -2,10 +2,15 @@
 //!
 //! Storage is a device enum: on the CPU, values live in `f32` buffers and are rounded to
 //! the tensor's [`DType`] after each op (see [`DType`]); on a CUDA device they live in
-//! device memory in the dtype itself (see [`crate::gpu`]). Ops dispatch on the storage.
+//! device memory in the dtype itself (see [`crate::backend::cuda`]). Ops dispatch on the storage.
 
-use crate::dtype::DType;
-use anyhow::{bail, Result};
+pub mod device;
+pub mod dtype;
+
+use crate::bail;
+use crate::error::Result;
+pub use device::Device;
+pub use dtype::DType;
 
 /// Whether this build carries a CUDA backend that can execute models.
 pub const CUDA_BACKEND_AVAILABLE: bool = true;
@@ -16,7 +21,7 @@ pub enum Storage {
     /// Row-major host memory.
     Cpu(Vec<f32>),
     /// Row-major device memory in the tensor's dtype.
-    Cuda(crate::gpu::CudaStorage),
+    Cuda(crate::backend::cuda::CudaStorage),
 }
 
 /// A dense, row-major tensor.
@@ -36,7 +41,7 @@ impl Tensor {
         let shape = shape.into();
         let n: usize = shape.iter().product();
         if n != data.len() {
-            bail!("tensor data has {} elements but shape {:?} needs {n}", data.len(), shape);
+            bail!(Shape, "tensor data has {} elements but shape {:?} needs {n}", data.len(), shape);
         }
         dtype.round_slice(&mut data);
         Ok(Self { shape, storage: Storage::Cpu(data), dtype })
@@ -135,7 +140,7 @@ impl Tensor {
         let shape = shape.into();
         let n: usize = shape.iter().product();
         if n != self.elem_count() {
-            bail!("cannot reshape {:?} to {:?}", self.shape, shape);
+            bail!(Shape, "cannot reshape {:?} to {:?}", self.shape, shape);
         }
         self.shape = shape;
         Ok(self)
@@ -151,7 +156,7 @@ impl Tensor {
             if self.dtype == dtype {
                 return self;
             }
-            return match crate::gpu::cast(&self, dtype) {
+            return match crate::backend::cuda::cast(&self, dtype) {
                 Ok(t) => t,
                 Err(e) => panic!("CUDA cast failed: {e:#}"),
             };
@@ -167,7 +172,7 @@ impl Tensor {
             if self.dtype == dtype {
                 return Ok(self);
             }
-            return crate::gpu::cast(&self, dtype);
+            return crate::backend::cuda::cast(&self, dtype);
         }
         Ok(self.to_dtype(dtype))
     }
@@ -185,13 +190,13 @@ impl Tensor {
     pub fn narrow_rows(&self, start: usize, n: usize) -> Result<Self> {
         let d = self.last_dim();
         if start + n > self.rows() {
-            bail!("narrow_rows {start}+{n} out of range for {} rows", self.rows());
+            bail!(Shape, "narrow_rows {start}+{n} out of range for {} rows", self.rows());
         }
         let mut shape = vec![n];
         shape.extend_from_slice(&self.shape[self.shape.len().saturating_sub(1)..]);
         if self.is_cuda() {
             let idx: Vec<usize> = (start..start + n).collect();
-            return crate::gpu::gather_rows(self, &idx)?.reshape(shape);
+            return crate::backend::cuda::gather_rows(self, &idx)?.reshape(shape);
         }
         let data = self.data()[start * d..(start + n) * d].to_vec();
         Ok(Self { shape, storage: Storage::Cpu(data), dtype: self.dtype })
@@ -200,14 +205,14 @@ impl Tensor {
     /// Gathers the given rows of the `[rows, last_dim]` view into a `[idx.len(), last_dim]` tensor.
     pub fn gather_rows(&self, idx: &[usize]) -> Result<Self> {
         if self.is_cuda() {
-            return crate::gpu::gather_rows(self, idx);
+            return crate::backend::cuda::gather_rows(self, idx);
         }
         let d = self.last_dim();
         let rows = self.rows();
         let mut data = Vec::with_capacity(idx.len() * d);
         for &i in idx {
             if i >= rows {
-                bail!("row index {i} out of range ({rows} rows)");
+                bail!(Shape, "row index {i} out of range ({rows} rows)");
             }
             data.extend_from_slice(&self.data()[i * d..(i + 1) * d]);
         }
@@ -217,10 +222,10 @@ impl Tensor {
     /// `self += other` elementwise, rounded to the dtype (a residual add).
     pub fn add_(&mut self, other: &Tensor) -> Result<()> {
         if self.shape != other.shape {
-            bail!("add: shape mismatch {:?} vs {:?}", self.shape, other.shape);
+            bail!(Shape, "add: shape mismatch {:?} vs {:?}", self.shape, other.shape);
         }
         if self.is_cuda() {
-            return crate::gpu::add_into(self, other);
+            return crate::backend::cuda::add_into(self, other);
         }
         let dt = self.dtype;
         for (a, b) in self.data_mut().iter_mut().zip(other.data()) {
@@ -239,10 +244,10 @@ impl Tensor {
     pub fn matmul_t_to(&self, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
         let k = self.last_dim();
         if w.shape.len() != 2 || w.shape[1] != k {
-            bail!("matmul: activation {:?} vs weight {:?}", self.shape, w.shape);
+            bail!(Shape, "matmul: activation {:?} vs weight {:?}", self.shape, w.shape);
         }
         if self.is_cuda() {
-            return crate::gpu::matmul_t(self, w, out_dtype);
+            return crate::backend::cuda::matmul_t(self, w, out_dtype);
         }
         let m = self.rows();
         let n = w.shape[0];

@@ -7,11 +7,12 @@
 //! With speculative snapshots enabled in the cache, a short step keeps the state after
 //! every token so that rejected draft tokens roll back without recomputation.
 
-use crate::cache::{LayerCache, RecurrentLayer, SeqId};
-use crate::layers::Batch;
+use crate::error::Result;
 use crate::nn::Linear;
+use crate::state::Batch;
+use crate::state::{LayerCache, RecurrentLayer, SeqId};
 use crate::tensor::Tensor;
-use anyhow::{anyhow, bail, Result};
+use crate::{bail, err};
 use porter_kernels::cpu::gdn;
 
 /// Sizes of a Gated DeltaNet block.
@@ -59,7 +60,7 @@ pub struct GatedDeltaNet {
     pub norm_w: Vec<f32>,
     pub out_proj: Linear,
     /// Device copies of the small weights when the block runs on CUDA.
-    pub dev: Option<crate::gpu_blocks::GdnDev>,
+    pub dev: Option<crate::backend::cuda::blocks::GdnDev>,
 }
 
 impl GatedDeltaNet {
@@ -68,13 +69,14 @@ impl GatedDeltaNet {
         let c = &self.cfg;
         if c.key_heads == 0 || c.value_heads == 0 || !c.value_heads.is_multiple_of(c.key_heads) {
             bail!(
+                Shape,
                 "linear_num_value_heads ({}) must be a multiple of linear_num_key_heads ({})",
                 c.value_heads,
                 c.key_heads
             );
         }
         if c.conv_kernel == 0 {
-            bail!("linear_conv_kernel_dim must be >= 1");
+            bail!(Shape, "linear_conv_kernel_dim must be >= 1");
         }
         let qkvz = 2 * c.key_heads * c.key_dim + 2 * c.value_heads * c.value_dim;
         if self.in_proj_qkvz.out_features() != qkvz
@@ -84,16 +86,18 @@ impl GatedDeltaNet {
             || self.dt_bias.len() != c.value_heads
             || self.norm_w.len() != c.value_dim
         {
-            bail!("Gated DeltaNet weights do not match the config {c:?}");
+            bail!(Shape, "Gated DeltaNet weights do not match the config {c:?}");
         }
         Ok(())
     }
 
     pub fn forward(&self, x: &Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
         if x.is_cuda() {
-            return crate::gpu_blocks::gated_delta_net(self, x, batch, cache);
+            return crate::backend::cuda::blocks::gated_delta_net(self, x, batch, cache);
         }
-        let LayerCache::Recurrent(rc) = cache else { bail!("linear-attention layer was given a non-recurrent cache") };
+        let LayerCache::Recurrent(rc) = cache else {
+            bail!(Shape, "linear-attention layer was given a non-recurrent cache")
+        };
         let c = self.cfg;
         let dt = x.dtype();
         let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
@@ -122,7 +126,7 @@ impl GatedDeltaNet {
             let mut state = rc.conv_state(s.seq);
             let mut y = vec![0.0f32; t * conv];
             gdn::causal_conv1d_prefill(&mixed, &self.conv_w, None, &mut state, &mut y, t, conv, c.conv_kernel)
-                .map_err(|e| anyhow!("conv1d: {e}"))?;
+                .map_err(|e| err!(Shape, "conv1d: {e}"))?;
             rc.push_conv_inputs(s.seq, &mixed);
             // The conv output stays in f32 through the L2 norm, gates and delta rule (one
             // fused step, as in the fused conv + recurrence kernels); only the GEMM inputs
@@ -136,14 +140,15 @@ impl GatedDeltaNet {
                 v.extend_from_slice(&row[2 * kd..]);
             }
             let (mut g, mut beta) = (vec![0.0f32; t * hv], vec![0.0f32; t * hv]);
-            gdn::gdn_gates(&a, &b, &self.a_log, &self.dt_bias, &mut g, &mut beta).map_err(|e| anyhow!("gates: {e}"))?;
-            gdn::l2norm_rows(&mut q, dk, 1.0 / (dk as f32).sqrt()).map_err(|e| anyhow!("l2norm: {e}"))?;
-            gdn::l2norm_rows(&mut k, dk, 1.0).map_err(|e| anyhow!("l2norm: {e}"))?;
+            gdn::gdn_gates(&a, &b, &self.a_log, &self.dt_bias, &mut g, &mut beta)
+                .map_err(|e| err!(Shape, "gates: {e}"))?;
+            gdn::l2norm_rows(&mut q, dk, 1.0 / (dk as f32).sqrt()).map_err(|e| err!(Shape, "l2norm: {e}"))?;
+            gdn::l2norm_rows(&mut k, dk, 1.0).map_err(|e| err!(Shape, "l2norm: {e}"))?;
             let o = &mut o_all[s.start * vd..(s.start + t) * vd];
             self.recurrence(rc, s.seq, s.pos0, &q, &k, &v, &g, &beta, o)?;
             // Gated RMSNorm per value head with SiLU(z), then back to the model dtype.
             dt.round_slice(o);
-            gdn::gated_rms_norm(o, &z, &self.norm_w, c.eps).map_err(|e| anyhow!("gated norm: {e}"))?;
+            gdn::gated_rms_norm(o, &z, &self.norm_w, c.eps).map_err(|e| err!(Shape, "gated norm: {e}"))?;
             dt.round_slice(o);
         }
         // [T, Hv·dv] -> [T, H]
@@ -167,7 +172,7 @@ impl GatedDeltaNet {
         let c = self.cfg;
         let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
         let t = g.len() / hv;
-        let err = |e: gdn::GdnError| anyhow!("gated delta rule: {e}");
+        let err = |e: gdn::GdnError| err!(Shape, "gated delta rule: {e}");
         if rc.snapshots_for(t) {
             // Speculative step: state after token j goes to buffer j (zero-copy rollback).
             let (bufs, cur) = rc.snapshot_buffers(seq);

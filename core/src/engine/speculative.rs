@@ -4,13 +4,14 @@
 //! position without recomputation. At temperature > 0 acceptance is rejection sampling,
 //! so the output distribution equals the main model's.
 
-use crate::cache::{SeqId, StateCache};
-use crate::draft::DraftHead;
-use crate::generate::FinishReason;
-use crate::layers::{Batch, LogitsFor, Model};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::bail;
+use crate::engine::generate::FinishReason;
+use crate::engine::sampling::{Sampler, SamplingParams};
+use crate::error::Result;
+use crate::model::draft::DraftHead;
+use crate::state::{SeqId, StateCache};
 use crate::tensor::Tensor;
-use anyhow::{bail, Result};
+use crate::{Batch, LogitsFor, Model};
 
 /// Largest number of draft tokens per step.
 pub const MAX_MTP_STEP: usize = 15;
@@ -61,15 +62,15 @@ impl SpecGeneration {
 /// Checks a draft configuration.
 pub fn check_config(drafts: &[Box<dyn DraftHead>], k: usize, mode: MtpMode) -> Result<()> {
     if k == 0 || k > MAX_MTP_STEP {
-        bail!("--mtp-step must be in 1..={MAX_MTP_STEP}, got {k}");
+        bail!(Input, "--mtp-step must be in 1..={MAX_MTP_STEP}, got {k}");
     }
     match mode {
-        MtpMode::Eagle if drafts.len() != 1 => bail!("eagle mode runs one draft module, got {}", drafts.len()),
+        MtpMode::Eagle if drafts.len() != 1 => bail!(Input, "eagle mode runs one draft module, got {}", drafts.len()),
         MtpMode::Vanilla if drafts.len() < k => {
-            bail!("vanilla mode needs one draft module per step: {k} steps, {} modules", drafts.len())
+            bail!(Input, "vanilla mode needs one draft module per step: {k} steps, {} modules", drafts.len())
         }
         MtpMode::Vanilla if drafts.iter().any(|d| d.is_stateful()) => {
-            bail!("vanilla mode needs FFN-only (stateless) draft modules; use eagle mode for attention drafts")
+            bail!(Input, "vanilla mode needs FFN-only (stateless) draft modules; use eagle mode for attention drafts")
         }
         _ => Ok(()),
     }
@@ -80,7 +81,7 @@ pub fn check_config(drafts: &[Box<dyn DraftHead>], k: usize, mode: MtpMode) -> R
 /// `mtp_logits`).
 pub fn draft_logits(main: &Model, draft: &dyn DraftHead, ids: &[u32]) -> Result<Tensor> {
     if ids.len() < 2 {
-        bail!("draft logits need at least 2 token ids");
+        bail!(Input, "draft logits need at least 2 token ids");
     }
     let mut cache = main.try_new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
@@ -95,7 +96,7 @@ pub fn draft_logits(main: &Model, draft: &dyn DraftHead, ids: &[u32]) -> Result<
 struct Drafter<'a> {
     main: &'a Model,
     drafts: &'a [Box<dyn DraftHead>],
-    caches: Vec<(crate::cache::ModelCache, SeqId)>,
+    caches: Vec<(crate::state::ModelCache, SeqId)>,
     mode: MtpMode,
     k: usize,
 }
@@ -149,7 +150,7 @@ pub fn generate_speculative(
 ) -> Result<SpecGeneration> {
     check_config(drafts, k, mode)?;
     if prompt.is_empty() {
-        bail!("the prompt is empty: at least one token id is needed");
+        bail!(Input, "the prompt is empty: at least one token id is needed");
     }
     let mut sampler = Sampler::new(params)?;
     let mut cache = main.try_new_cache_spec(1, k)?;

@@ -2,13 +2,13 @@
 //! `architectures` string; [`load`] selects the entry from `config.json`, resolves the
 //! entry's declarative weight map, loads the checkpoint and builds the [`Model`].
 
-use crate::checkpoint::Checkpoint;
-use crate::config;
-use crate::device::Device;
-use crate::dtype::DType;
-use crate::layers::Model;
-use crate::weight_map::{MapContext, ResolvedMap, WeightMap, Weights};
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
+use crate::load::checkpoint::Checkpoint;
+use crate::load::config;
+use crate::load::weight_map::{MapContext, ResolvedMap, WeightMap, Weights};
+use crate::model::Model;
+use crate::tensor::device::Device;
+use crate::tensor::dtype::DType;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -85,7 +85,7 @@ pub struct Prepared {
 /// Reads the config, selects the entry, resolves its weight map and opens the checkpoint.
 pub fn prepare(dir: &Path) -> Result<Prepared> {
     if !dir.is_dir() {
-        anyhow::bail!("model folder {} does not exist", dir.display());
+        crate::bail!(Registry, "model folder {} does not exist", dir.display());
     }
     let config = config::read_config(dir)?;
     let arch = config::architecture(&config)?;
@@ -102,7 +102,7 @@ pub fn prepare(dir: &Path) -> Result<Prepared> {
 /// Builds a model with random weights from a config alone (benchmarks). `dir` is used
 /// only for `generation_config.json` when it exists.
 pub fn build_random(config: &Value, dir: &Path, dtype: DType, device: Device, seed: u64) -> Result<Model> {
-    crate::device::check_device(device)?;
+    crate::tensor::device::check_device(device)?;
     let arch = config::architecture(config)?;
     let entry = lookup(&arch)?;
     let ctx = (entry.map_context)(config).with_context(|| format!("invalid {arch} config"))?;
@@ -119,7 +119,7 @@ pub fn build_random(config: &Value, dir: &Path, dtype: DType, device: Device, se
 
 /// Loads a model folder end to end.
 pub fn load(dir: &Path, dtype: DType, device: Device, show_progress: bool) -> Result<Model> {
-    crate::device::check_device(device)?;
+    crate::tensor::device::check_device(device)?;
     let p = prepare(dir)?;
     let bar = if show_progress && p.checkpoint.total_bytes() > (64 << 20) {
         let b = indicatif::ProgressBar::new(p.map.slots.len() as u64);
@@ -140,7 +140,7 @@ pub fn load(dir: &Path, dtype: DType, device: Device, show_progress: bool) -> Re
     let model = (p.entry.build)(&lc, &mut weights)?;
     let left = weights.remaining();
     if !left.is_empty() {
-        anyhow::bail!("internal error: {} built without using weight slots {:?}", p.entry.crate_name, left);
+        crate::bail!(Registry, "internal error: {} built without using weight slots {:?}", p.entry.crate_name, left);
     }
     Ok(model)
 }
@@ -152,7 +152,7 @@ pub struct DraftLoadContext<'a> {
     /// the main checkpoint.
     pub config: &'a Value,
     pub main_config: &'a Value,
-    pub main: &'a crate::layers::ModelInfo,
+    pub main: &'a crate::model::ModelInfo,
     pub checkpoint: &'a Checkpoint,
     pub dtype: DType,
 }
@@ -168,7 +168,7 @@ pub struct DraftEntry {
     /// Text of the crate's weight map.
     pub weight_map: &'static str,
     pub map_context: fn(&DraftLoadContext) -> Result<MapContext>,
-    pub build: fn(&DraftLoadContext, &mut Weights) -> Result<Box<dyn crate::draft::DraftHead>>,
+    pub build: fn(&DraftLoadContext, &mut Weights) -> Result<Box<dyn crate::model::draft::DraftHead>>,
 }
 
 inventory::collect!(DraftEntry);
@@ -193,11 +193,11 @@ pub struct PreparedDraft {
 pub fn prepare_draft(
     dir: &Path,
     main_config: &Value,
-    main: &crate::layers::ModelInfo,
+    main: &crate::model::ModelInfo,
     dtype: DType,
 ) -> Result<PreparedDraft> {
     if !dir.is_dir() {
-        anyhow::bail!("draft folder {} does not exist", dir.display());
+        crate::bail!(Registry, "draft folder {} does not exist", dir.display());
     }
     let checkpoint = Checkpoint::open_dir(dir)?;
     let config = if dir.join("config.json").exists() { config::read_config(dir)? } else { main_config.clone() };
@@ -210,7 +210,8 @@ pub fn prepare_draft(
                 .iter()
                 .map(|e| format!("{} (tensor `{}`, for {})", e.name, e.signature, e.main_architectures.join("/")))
                 .collect();
-            anyhow::anyhow!(
+            crate::err!(
+                Registry,
                 "draft folder {} matches no registered draft head for {}; registered drafts: {}",
                 dir.display(),
                 main.architecture,
@@ -220,7 +221,7 @@ pub fn prepare_draft(
     for (key, want) in [("hidden_size", main.hidden_size), ("vocab_size", main.vocab_size)] {
         if let Some(got) = config.get(key).and_then(Value::as_u64) {
             if got as usize != want {
-                anyhow::bail!("draft {} has {key} = {got} but the main model has {want}", dir.display());
+                crate::bail!(Registry, "draft {} has {key} = {got} but the main model has {want}", dir.display());
             }
         }
     }
@@ -231,7 +232,7 @@ pub fn prepare_draft(
 }
 
 /// Loads a draft head for `main` from `dir`.
-pub fn load_draft(dir: &Path, main_config: &Value, main: &Model) -> Result<Box<dyn crate::draft::DraftHead>> {
+pub fn load_draft(dir: &Path, main_config: &Value, main: &Model) -> Result<Box<dyn crate::model::draft::DraftHead>> {
     let dtype = main.info.dtype;
     let p = prepare_draft(dir, main_config, &main.info, dtype)?;
     let mut weights = p
@@ -244,7 +245,13 @@ pub fn load_draft(dir: &Path, main_config: &Value, main: &Model) -> Result<Box<d
     let head = (p.entry.build)(&lc, &mut weights)?;
     let left = weights.remaining();
     if !left.is_empty() {
-        anyhow::bail!("internal error: draft {} built without using weight slots {:?}", p.entry.name, left);
+        crate::bail!(Registry, "internal error: draft {} built without using weight slots {:?}", p.entry.name, left);
     }
     Ok(head)
+}
+
+impl From<RegistryError> for crate::error::Error {
+    fn from(e: RegistryError) -> Self {
+        crate::error::Error::Registry(e.to_string())
+    }
 }

@@ -62,16 +62,16 @@ pub fn default_device() -> Device {
 }
 
 /// Checks that `device` can run models, with a clear error otherwise.
-pub fn check_device(device: Device) -> anyhow::Result<()> {
+pub fn check_device(device: Device) -> crate::error::Result<()> {
     match device {
         Device::Cpu => Ok(()),
         Device::Cuda(i) => {
-            let n = cuda_device_count().map_err(|e| anyhow::anyhow!("--device cuda: no CUDA device: {e}"))?;
+            let n = cuda_device_count().map_err(|e| crate::err!(Device, "--device cuda: no CUDA device: {e}"))?;
             if i >= n {
-                anyhow::bail!("--device cuda:{i}: only {n} CUDA device(s) present");
+                crate::bail!(Device, "--device cuda:{i}: only {n} CUDA device(s) present");
             }
             if !crate::tensor::CUDA_BACKEND_AVAILABLE {
-                anyhow::bail!(
+                crate::bail!(Device,
                     "--device cuda: a CUDA device is present but porter's CUDA backend is not built yet; use --device cpu"
                 );
             }

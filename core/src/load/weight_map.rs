@@ -28,10 +28,11 @@
 //! that is snapshot-tested with insta; validation against a checkpoint reports every
 //! missing, unexpected and mis-shaped tensor in one error.
 
-use crate::checkpoint::Checkpoint;
-use crate::dtype::DType;
+use crate::error::{Context, Result};
+use crate::load::checkpoint::Checkpoint;
+use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
-use anyhow::{anyhow, bail, Context, Result};
+use crate::{bail, err};
 use rayon::prelude::*;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -178,9 +179,9 @@ impl MapContext {
                 let f = f.trim();
                 let v = match f.parse::<usize>() {
                     Ok(n) => n,
-                    Err(_) => {
-                        self.dim(f).ok_or_else(|| anyhow!("shape expression `{expr}`: unknown config value `{f}`"))?
-                    }
+                    Err(_) => self
+                        .dim(f)
+                        .ok_or_else(|| err!(WeightMap, "shape expression `{expr}`: unknown config value `{f}`"))?,
                 };
                 prod *= v;
             }
@@ -204,7 +205,8 @@ impl MapContext {
                     .and_then(|l| self.layer_flags.get(l).and_then(|f| f.get(name)).copied())
                     .or_else(|| self.flags.get(name).copied())
                     .ok_or_else(|| {
-                        anyhow!(
+                        err!(
+                            WeightMap,
                             "condition `{expr}`: unknown flag `{name}`{}",
                             if layer.is_some() { " (per-layer)" } else { "" }
                         )
@@ -318,14 +320,14 @@ impl WeightMap {
         for r in &file.tensor {
             if let Some(s) = &r.stack {
                 if s != "expert" {
-                    bail!("weight map rule `{}`: unknown stack axis `{s}` (only `expert`)", r.slot);
+                    bail!(WeightMap, "weight map rule `{}`: unknown stack axis `{s}` (only `expert`)", r.slot);
                 }
             }
             if r.regroup.is_some() && (r.stack.is_some() || matches!(r.from, OneOrMany::Many(_))) {
-                bail!("weight map rule `{}`: `regroup` applies to a single tensor", r.slot);
+                bail!(WeightMap, "weight map rule `{}`: `regroup` applies to a single tensor", r.slot);
             }
             if r.stack.is_some() && matches!(r.from, OneOrMany::Many(_)) {
-                bail!("weight map rule `{}`: `stack` and a list of sources cannot be combined", r.slot);
+                bail!(WeightMap, "weight map rule `{}`: `stack` and a list of sources cannot be combined", r.slot);
             }
         }
         Ok(Self { file })
@@ -382,6 +384,7 @@ impl WeightMap {
                         let rows = groups * parts.iter().sum::<usize>();
                         if shape.first() != Some(&rows) {
                             bail!(
+                                WeightMap,
                                 "rule `{}`: regroup {groups}x{parts:?} needs {rows} rows, the shape says {:?}",
                                 rule.slot,
                                 shape
@@ -410,7 +413,7 @@ impl WeightMap {
         let mut seen = BTreeSet::new();
         for s in &slots {
             if !seen.insert(s.slot.clone()) {
-                bail!("weight map for {}: slot `{}` is produced by two rules", self.architecture(), s.slot);
+                bail!(WeightMap, "weight map for {}: slot `{}` is produced by two rules", self.architecture(), s.slot);
             }
         }
         let mut ignores = Vec::new();
@@ -424,7 +427,7 @@ impl WeightMap {
             match (&rule.from, &rule.prefix) {
                 (Some(n), None) => ignores.push(IgnoreSpec::Name { name: n.clone(), reason }),
                 (None, Some(p)) => ignores.push(IgnoreSpec::Prefix { prefix: p.clone(), reason }),
-                _ => bail!("weight map ignore rule needs exactly one of `from` or `prefix`"),
+                _ => bail!(WeightMap, "weight map ignore rule needs exactly one of `from` or `prefix`"),
             }
         }
         Ok(ResolvedMap { architecture: self.architecture().to_owned(), slots, ignores })
@@ -529,23 +532,23 @@ pub struct Weights {
     /// Random slots generated on the device when taken (`shape`, `dtype`, seed).
     lazy: HashMap<String, (Vec<usize>, DType, u64)>,
     /// Where taken tensors go (uploaded at take time, so host copies are dropped one by one).
-    device: crate::device::Device,
+    device: crate::tensor::device::Device,
 }
 
 impl Default for Weights {
     fn default() -> Self {
-        Self { map: HashMap::new(), lazy: HashMap::new(), device: crate::device::Device::Cpu }
+        Self { map: HashMap::new(), lazy: HashMap::new(), device: crate::tensor::device::Device::Cpu }
     }
 }
 
 impl Weights {
     /// Moves every tensor taken from now on to `device`.
-    pub fn set_device(&mut self, device: crate::device::Device) {
+    pub fn set_device(&mut self, device: crate::tensor::device::Device) {
         self.device = device;
     }
 
     /// The device taken tensors are placed on.
-    pub fn device(&self) -> crate::device::Device {
+    pub fn device(&self) -> crate::tensor::device::Device {
         self.device
     }
 
@@ -558,9 +561,9 @@ impl Weights {
         let t = self
             .map
             .remove(slot)
-            .ok_or_else(|| anyhow!("weight slot `{slot}` was not loaded (weight map and model disagree)"))?;
+            .ok_or_else(|| err!(WeightMap, "weight slot `{slot}` was not loaded (weight map and model disagree)"))?;
         match self.device {
-            crate::device::Device::Cpu => Ok(t),
+            crate::tensor::device::Device::Cpu => Ok(t),
             d => t.to_device(d).with_context(|| format!("uploading weight slot `{slot}`")),
         }
     }
@@ -587,7 +590,7 @@ impl Weights {
 
     /// Random weights (as [`Weights::random`]'s distribution) generated on a CUDA device
     /// when each slot is taken: no host copy of a large model is ever made.
-    pub fn random_lazy(map: &ResolvedMap, dtype: DType, seed: u64, device: crate::device::Device) -> Self {
+    pub fn random_lazy(map: &ResolvedMap, dtype: DType, seed: u64, device: crate::tensor::device::Device) -> Self {
         let lazy = map
             .slots
             .iter()
@@ -635,17 +638,22 @@ impl Weights {
 }
 
 /// One random weight tensor filled on the device (uniform, scale as [`Weights::random`]).
-fn random_on_device(shape: &[usize], dtype: DType, seed: u64, device: crate::device::Device) -> Result<Tensor> {
-    let crate::device::Device::Cuda(i) = device else {
-        bail!("internal: lazily generated random weights need a CUDA device");
+fn random_on_device(shape: &[usize], dtype: DType, seed: u64, device: crate::tensor::device::Device) -> Result<Tensor> {
+    let crate::tensor::device::Device::Cuda(i) = device else {
+        bail!(Internal, "lazily generated random weights need a CUDA device");
     };
-    let g = crate::gpu::gpu(i)?;
+    let g = crate::backend::cuda::gpu(i)?;
     let vector = shape.iter().filter(|&&d| d > 1).count() <= 1;
     let fan_in = *shape.last().unwrap_or(&1) as f32;
     let scale = if vector { 0.1 } else { (3.0 / fan_in).sqrt() };
     let mut t = Tensor::empty_on(&g, shape.to_vec(), dtype)?;
-    fn fill<T: crate::gpu::DevType>(g: &crate::gpu::Gpu, t: &mut Tensor, seed: u64, scale: f32) -> Result<()> {
-        g.k.fill_uniform::<T>(t.dev_mut::<T>()?, seed, scale, 0.0).map_err(crate::gpu::cuda_err)
+    fn fill<T: crate::backend::cuda::DevType>(
+        g: &crate::backend::cuda::Gpu,
+        t: &mut Tensor,
+        seed: u64,
+        scale: f32,
+    ) -> Result<()> {
+        g.k.fill_uniform::<T>(t.dev_mut::<T>()?, seed, scale, 0.0).map_err(crate::backend::cuda::cuda_err)
     }
     crate::by_dtype!(dtype, fill(&g, &mut t, seed, scale))?;
     Ok(t)
@@ -665,6 +673,12 @@ pub fn regroup_rows(data: &[f32], groups: usize, parts: &[usize], cols: usize) -
         off += p;
     }
     out
+}
+
+impl From<WeightMapError> for crate::error::Error {
+    fn from(e: WeightMapError) -> Self {
+        crate::error::Error::WeightMap(e.to_string())
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,12 @@
 //! for attention layers, nothing for stateless layers (recurrent-state pools for linear
 //! attention plug in as another variant). Freed slots are reused.
 
-use anyhow::{bail, Result};
+mod batch;
+
+pub use batch::{Batch, SeqSpan};
+
+use crate::bail;
+use crate::error::Result;
 
 /// A sequence's slot in a cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -43,6 +48,7 @@ impl KvLayer {
         let (kc, vc) = (&mut self.k[seq.0], &mut self.v[seq.0]);
         if kc.len() < pos0 * row {
             bail!(
+                Cache,
                 "KV cache of slot {} holds {} positions, cannot write at position {pos0}",
                 seq.0,
                 kc.len() / row.max(1)
@@ -217,7 +223,7 @@ impl RecurrentLayer {
             return Ok(());
         }
         if !self.can_rollback(seq, from, to) {
-            bail!(
+            bail!(Cache,
                 "cannot roll the recurrent state of slot {} back from {from} to {to} tokens: only the tokens of the last step (at most the speculative window) can be rejected",
                 seq.0
             );
@@ -249,9 +255,9 @@ pub enum LayerCache {
     /// Linear-attention layers (conv + SSM state).
     Recurrent(RecurrentLayer),
     /// Attention layers of a CUDA model.
-    KvCuda(crate::gpu_blocks::DevKv),
+    KvCuda(crate::backend::cuda::blocks::DevKv),
     /// Linear-attention layers of a CUDA model.
-    RecurrentCuda(crate::gpu_blocks::DevRecurrent),
+    RecurrentCuda(crate::backend::cuda::blocks::DevRecurrent),
 }
 
 impl LayerCache {
@@ -338,7 +344,7 @@ impl ModelCache {
     fn check(&self, seq: SeqId) -> Result<usize> {
         match self.lens.get(seq.0) {
             Some(Some(l)) => Ok(*l),
-            _ => bail!("sequence slot {} is not allocated", seq.0),
+            _ => bail!(Cache, "sequence slot {} is not allocated", seq.0),
         }
     }
 }
@@ -350,7 +356,7 @@ impl StateCache for ModelCache {
             return Ok(SeqId(s));
         }
         if self.lens.len() >= self.max_seqs {
-            bail!("state cache full: {} sequences live (max {})", self.live(), self.max_seqs);
+            bail!(Cache, "state cache full: {} sequences live (max {})", self.live(), self.max_seqs);
         }
         self.lens.push(Some(0));
         Ok(SeqId(self.lens.len() - 1))
@@ -387,13 +393,13 @@ impl StateCache for ModelCache {
     fn truncate(&mut self, seq: SeqId, len: usize) -> Result<()> {
         let l = self.check(seq)?;
         if len > l {
-            bail!("cannot roll sequence {} forward from {l} to {len}", seq.0);
+            bail!(Cache, "cannot roll sequence {} forward from {l} to {len}", seq.0);
         }
         // Check every layer first so that a refused rollback changes nothing.
         for (i, layer) in self.layers.iter().enumerate() {
             {
                 if !layer.can_rollback(seq, l, len) {
-                    bail!(
+                    bail!(Cache,
                         "cannot roll the recurrent state of sequence {} back from {l} to {len} tokens (layer {i}): only the tokens of the last step (at most the speculative window) can be rejected",
                         seq.0
                     );
@@ -409,7 +415,7 @@ impl StateCache for ModelCache {
 
     fn layer_mut(&mut self, layer: usize) -> Result<&mut LayerCache> {
         let n = self.layers.len();
-        self.layers.get_mut(layer).ok_or_else(|| anyhow::anyhow!("layer {layer} out of range ({n} layers)"))
+        self.layers.get_mut(layer).ok_or_else(|| crate::err!(Cache, "layer {layer} out of range ({n} layers)"))
     }
 
     fn live(&self) -> usize {

@@ -1,10 +1,11 @@
 //! Single-request generation on top of [`Model::forward`]: prefill the prompt, then decode
 //! one token at a time through the state cache.
 
-use crate::cache::StateCache;
-use crate::layers::{Batch, LogitsFor, Model};
-use crate::sampling::{Sampler, SamplingParams};
-use anyhow::{bail, Result};
+use crate::bail;
+use crate::engine::sampling::{Sampler, SamplingParams};
+use crate::error::Result;
+use crate::state::StateCache;
+use crate::{Batch, LogitsFor, Model};
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,7 +41,7 @@ pub fn generate(
     stop_ids: &[u32],
 ) -> Result<Generation> {
     if prompt.is_empty() {
-        bail!("the prompt is empty: at least one token id is needed");
+        bail!(Input, "the prompt is empty: at least one token id is needed");
     }
     let mut sampler = Sampler::new(params)?;
     let mut cache = model.try_new_cache_spec(1, 0)?;

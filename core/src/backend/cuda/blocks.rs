@@ -6,14 +6,15 @@
 //! host → device traffic is the batch metadata (token ids, positions, span tables, KV
 //! addresses); nothing here waits for the device.
 
-use crate::cache::SeqId;
-use crate::dtype::DType;
-use crate::gpu::{alloc, cuda_err, gpu_of, DevType, Gpu};
-use crate::layers::Batch;
-use crate::linear_attn::GatedDeltaNet;
+use crate::backend::cuda::{alloc, cuda_err, gpu_of, DevType, Gpu};
+use crate::error::Result;
+use crate::nn::gdn::GatedDeltaNet;
 use crate::nn::{Attention, Moe, NormKind, RmsNorm, Rope, SwiGlu};
+use crate::state::Batch;
+use crate::state::SeqId;
+use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
-use anyhow::{anyhow, bail, Result};
+use crate::{bail, err};
 use cudarc::driver::CudaSlice;
 use porter_kernels::cuda::RmsNormKind;
 use std::sync::Arc;
@@ -35,10 +36,10 @@ pub fn add_bias(y: &mut Tensor, b: &Tensor) -> Result<()> {
 /// RMSNorm of a CUDA tensor (`x` f32 or the model dtype; output in the norm's dtype).
 pub fn rms_norm(n: &RmsNorm, w: &Tensor, x: &Tensor) -> Result<Tensor> {
     let g = gpu_of(x, "rms_norm")?;
-    let _p = crate::gpu::profile::span("rms_norm", &g);
+    let _p = crate::backend::cuda::profile::span("rms_norm", &g);
     let d = n.dim();
     if d == 0 || !x.elem_count().is_multiple_of(d) {
-        bail!("rms_norm: input {:?} is not a multiple of the norm width {d}", x.shape());
+        bail!(Device, "rms_norm: input {:?} is not a multiple of the norm width {d}", x.shape());
     }
     let rows = x.elem_count() / d;
     let kind = match n.kind() {
@@ -62,7 +63,7 @@ pub fn rms_norm(n: &RmsNorm, w: &Tensor, x: &Tensor) -> Result<Tensor> {
         match x.dtype() {
             DType::F32 => g.k.rms_norm::<f32, O>(x.dev::<f32>()?, ws, os, rows, d, eps, kind),
             dt if dt == O::DTYPE => g.k.rms_norm::<O, O>(x.dev::<O>()?, ws, os, rows, d, eps, kind),
-            dt => return Err(anyhow!("internal: rms_norm of a {dt} input into {}", O::DTYPE)),
+            dt => return Err(err!(Internal, "rms_norm of a {dt} input into {}", O::DTYPE)),
         }
         .map_err(cuda_err)
     }
@@ -73,11 +74,12 @@ pub fn rms_norm(n: &RmsNorm, w: &Tensor, x: &Tensor) -> Result<Tensor> {
 /// `x += y` (f32 residual) fused with the RMSNorm `n` of the sum; returns the normed rows.
 pub fn add_rms_norm(n: &RmsNorm, w: &Tensor, x: &mut Tensor, y: &Tensor) -> Result<Tensor> {
     let g = gpu_of(x, "add_rms_norm")?;
-    let _p = crate::gpu::profile::span("add_rms_norm", &g);
+    let _p = crate::backend::cuda::profile::span("add_rms_norm", &g);
     let d = n.dim();
     if x.shape() != y.shape() || x.dtype() != DType::F32 || d == 0 || x.last_dim() != d {
         bail!(
-            "internal: add_rms_norm of {:?} {} and {:?} {} (norm width {d})",
+            Internal,
+            "add_rms_norm of {:?} {} and {:?} {} (norm width {d})",
             x.shape(),
             x.dtype(),
             y.shape(),
@@ -108,7 +110,7 @@ pub fn add_rms_norm(n: &RmsNorm, w: &Tensor, x: &mut Tensor, y: &Tensor) -> Resu
         match y.dtype() {
             DType::F32 => g.k.add_rms_norm::<f32, O>(xs, y.dev::<f32>()?, ws, os, rows, d, eps, kind),
             dt if dt == O::DTYPE => g.k.add_rms_norm::<O, O>(xs, y.dev::<O>()?, ws, os, rows, d, eps, kind),
-            dt => return Err(anyhow!("internal: add_rms_norm of a {dt} input into {}", O::DTYPE)),
+            dt => return Err(err!(Internal, "add_rms_norm of a {dt} input into {}", O::DTYPE)),
         }
         .map_err(cuda_err)
     }
@@ -137,7 +139,7 @@ fn rope(r: &Rope, g: &Arc<Gpu>, x: &mut Tensor, positions: &cudarc::driver::Cuda
 /// `down(silu(gate(x)) · up(x))`.
 pub fn swiglu(m: &SwiGlu, x: &Tensor) -> Result<Tensor> {
     let g = gpu_of(x, "swiglu")?;
-    let _p = crate::gpu::profile::span("swiglu (incl. gemm)", &g);
+    let _p = crate::backend::cuda::profile::span("swiglu (incl. gemm)", &g);
     if let Some(gu) = &m.gate_up {
         // [T, H] -> [T, 2I] = [gate | up] -> [T, I]
         let gu_out = x.matmul_t(gu)?;
@@ -289,13 +291,13 @@ impl DevKv {
             }
             self.slots[seq.0] = Some(KvSlot { k, v, cap, len: keep });
         }
-        let s = self.slots[seq.0].as_mut().ok_or_else(|| anyhow!("internal: KV slot missing"))?;
+        let s = self.slots[seq.0].as_mut().ok_or_else(|| err!(Internal, "KV slot missing"))?;
         if s.len < keep {
-            bail!("KV cache of slot {} holds {} positions, cannot write at position {keep}", seq.0, s.len);
+            bail!(Device, "KV cache of slot {} holds {} positions, cannot write at position {keep}", seq.0, s.len);
         }
         s.len = need;
         fn ptr<T: DevType>(g: &Gpu, t: &Tensor) -> Result<u64> {
-            Ok(crate::gpu::addr(g, t.dev::<T>()?))
+            Ok(crate::backend::cuda::addr(g, t.dev::<T>()?))
         }
         let kp = crate::by_dtype!(self.dtype, ptr(&self.gpu, &s.k))?;
         let vp = crate::by_dtype!(self.dtype, ptr(&self.gpu, &s.v))?;
@@ -304,17 +306,19 @@ impl DevKv {
 }
 
 /// Attention forward on the device.
-pub fn attention(a: &Attention, x: &Tensor, batch: &Batch, cache: &mut crate::cache::LayerCache) -> Result<Tensor> {
+pub fn attention(a: &Attention, x: &Tensor, batch: &Batch, cache: &mut crate::state::LayerCache) -> Result<Tensor> {
     let g = gpu_of(x, "attention")?;
-    let _p = crate::gpu::profile::span("attention (incl. gemm, norms)", &g);
+    let _p = crate::backend::cuda::profile::span("attention (incl. gemm, norms)", &g);
     let c = &a.cfg;
     let (t, hd) = (x.rows(), c.head_dim);
-    let crate::cache::LayerCache::KvCuda(kv) = cache else { bail!("attention layer was given a non-device KV cache") };
+    let crate::state::LayerCache::KvCuda(kv) = cache else {
+        bail!(Device, "attention layer was given a non-device KV cache")
+    };
     let qg = a.q_proj.forward(x)?;
     // [T, heads·hd·2] viewed as [T·heads, 2·hd]: q = columns 0..hd, gate = hd..2hd.
     let (q, gate) = if c.output_gate {
-        let q = crate::gpu::cols(&qg, t * c.heads, 2 * hd, 0, hd)?;
-        let gt = crate::gpu::cols(&qg, t * c.heads, 2 * hd, hd, hd)?;
+        let q = crate::backend::cuda::cols(&qg, t * c.heads, 2 * hd, 0, hd)?;
+        let gt = crate::backend::cuda::cols(&qg, t * c.heads, 2 * hd, hd, hd)?;
         (q, Some(gt))
     } else {
         (qg, None)
@@ -403,7 +407,7 @@ pub fn attention(a: &Attention, x: &Tensor, batch: &Batch, cache: &mut crate::ca
 /// expert. Returns the `[T, hidden]` output in f32 (added to the f32 residual stream).
 pub fn moe(m: &Moe, x: &Tensor) -> Result<Tensor> {
     let g = gpu_of(x, "moe")?;
-    let _p = crate::gpu::profile::span("moe (incl. router, shared expert)", &g);
+    let _p = crate::backend::cuda::profile::span("moe (incl. router, shared expert)", &g);
     let (t, h) = (x.rows(), x.last_dim());
     let e = m.router.out_features();
     let k = m.top_k;
@@ -540,8 +544,8 @@ impl DevRecurrent {
         max_slots: usize,
     ) -> Result<Self> {
         let win = kernel.saturating_sub(1) + spec;
-        let window = crate::gpu::zeros::<f32>(&gpu, max_slots * conv_dim * win.max(1))?;
-        let ssm = crate::gpu::zeros::<f32>(&gpu, max_slots * (spec + 1) * state_len)?;
+        let window = crate::backend::cuda::zeros::<f32>(&gpu, max_slots * conv_dim * win.max(1))?;
+        let ssm = crate::backend::cuda::zeros::<f32>(&gpu, max_slots * (spec + 1) * state_len)?;
         Ok(Self {
             conv_dim,
             kernel,
@@ -561,7 +565,7 @@ impl DevRecurrent {
 
     fn slot(&self, seq: SeqId) -> Result<usize> {
         if seq.0 >= self.max_slots {
-            bail!("sequence slot {} exceeds the device cache's {} slots", seq.0, self.max_slots);
+            bail!(Device, "sequence slot {} exceeds the device cache's {} slots", seq.0, self.max_slots);
         }
         Ok(seq.0)
     }
@@ -581,7 +585,7 @@ impl DevRecurrent {
             return Ok(());
         }
         if !self.can_rollback(seq, from, to) {
-            bail!(
+            bail!(Device,
                 "cannot roll the recurrent state of slot {} back from {from} to {to} tokens: only the tokens of the last step (at most the speculative window) can be rejected",
                 seq.0
             );
@@ -615,14 +619,14 @@ pub fn gated_delta_net(
     gd: &GatedDeltaNet,
     x: &Tensor,
     batch: &Batch,
-    cache: &mut crate::cache::LayerCache,
+    cache: &mut crate::state::LayerCache,
 ) -> Result<Tensor> {
     let g = gpu_of(x, "gated_delta_net")?;
-    let _p = crate::gpu::profile::span("gated_delta_net (incl. gemm)", &g);
-    let crate::cache::LayerCache::RecurrentCuda(rc) = cache else {
-        bail!("linear-attention layer was given a non-device recurrent cache")
+    let _p = crate::backend::cuda::profile::span("gated_delta_net (incl. gemm)", &g);
+    let crate::state::LayerCache::RecurrentCuda(rc) = cache else {
+        bail!(Device, "linear-attention layer was given a non-device recurrent cache")
     };
-    let dev = gd.dev.as_ref().ok_or_else(|| anyhow!("internal: Gated DeltaNet weights are not on the device"))?;
+    let dev = gd.dev.as_ref().ok_or_else(|| err!(Internal, "Gated DeltaNet weights are not on the device"))?;
     let c = gd.cfg;
     let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
     let (vd, conv) = (hv * dv, c.conv_dim());
@@ -689,7 +693,7 @@ pub fn gated_delta_net(
         let (conv_spans, n, rec, chunk) = spans;
         let (t, win, nbuf) = dims;
         let c = gd.cfg;
-        let dev = gd.dev.as_ref().ok_or_else(|| anyhow!("internal: GDN weights not on the device"))?;
+        let dev = gd.dev.as_ref().ok_or_else(|| err!(Internal, "GDN weights not on the device"))?;
         let (gate, beta) = gb;
         g.k.gdn_conv_seq::<T>(
             p.dev::<T>()?,
@@ -838,9 +842,9 @@ impl GdnDev {
     ) -> Result<Self> {
         Ok(Self {
             in_proj,
-            conv_w: crate::gpu::upload::<f32>(gpu, conv_w)?,
-            a_log: crate::gpu::upload::<f32>(gpu, a_log)?,
-            dt_bias: crate::gpu::upload::<f32>(gpu, dt_bias)?,
+            conv_w: crate::backend::cuda::upload::<f32>(gpu, conv_w)?,
+            a_log: crate::backend::cuda::upload::<f32>(gpu, a_log)?,
+            dt_bias: crate::backend::cuda::upload::<f32>(gpu, dt_bias)?,
             norm_w,
         })
     }
@@ -853,7 +857,7 @@ impl GdnDev {
 /// Embedding gather into the f32 residual stream.
 pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     let g = gpu_of(table, "embedding")?;
-    let _p = crate::gpu::profile::span("embedding", &g);
+    let _p = crate::backend::cuda::profile::span("embedding", &g);
     let (vocab, hidden) = (table.dim(0), table.dim(1));
     let dev_ids = g.upload(ids)?;
     let mut out = Tensor::empty_on(&g, [ids.len(), hidden], DType::F32)?;
@@ -878,7 +882,7 @@ pub fn sample_rows(logits: &Tensor, params: &[[f32; 4]]) -> Result<Vec<u32>> {
     let g = gpu_of(logits, "sample")?;
     let (rows, vocab) = (logits.rows(), logits.last_dim());
     if params.len() != rows {
-        bail!("internal: {} sampling parameter rows for {rows} logit rows", params.len());
+        bail!(Internal, "{} sampling parameter rows for {rows} logit rows", params.len());
     }
     if params.iter().all(|p| p[0] == 0.0) {
         // Greedy rows: a plain argmax (first index on ties, as the host sampler).

@@ -6,10 +6,13 @@
 //! to one stream per device and is asynchronous: nothing here synchronises except
 //! [`Tensor::to_host`] (and the final token ids of a step).
 
-use crate::device::Device;
-use crate::dtype::DType;
+use crate::tensor::device::Device;
+use crate::tensor::dtype::DType;
 use crate::tensor::{Storage, Tensor};
-use anyhow::{anyhow, bail, Context, Result};
+pub mod blocks;
+
+use crate::error::{Context, Result};
+use crate::{bail, err};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use porter_kernels::cuda::{CudaFloat, CudaKernels, Gemm};
@@ -46,7 +49,7 @@ impl Gpu {
 
     /// Waits for all queued work (surfacing asynchronous errors).
     pub fn sync(&self) -> Result<()> {
-        self.stream().synchronize().map_err(|e| anyhow!("CUDA error (at synchronize): {e}"))
+        self.stream().synchronize().map_err(|e| err!(Device, "CUDA error (at synchronize): {e}"))
     }
 }
 
@@ -57,13 +60,13 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     if let Some(Some(g)) = devs.get(ordinal) {
         return Ok(g.clone());
     }
-    let k = CudaKernels::new(ordinal).map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
+    let k = CudaKernels::new(ordinal).map_err(|e| err!(Device, "cuda:{ordinal}: {e}"))?;
     // SAFETY: porter issues all work of a device to one stream, so cudarc's per-buffer
     // events (cross-stream ordering) are unnecessary; turning them off before any buffer
     // exists removes an event record per kernel argument.
     unsafe { k.context().disable_event_tracking() };
     keep_pool_memory(&k);
-    let gemm = Gemm::new(&k).map_err(|e| anyhow!("cuda:{ordinal}: {e}"))?;
+    let gemm = Gemm::new(&k).map_err(|e| err!(Device, "cuda:{ordinal}: {e}"))?;
     // SAFETY: the arena is only written through `Gpu::upload` before the copy reads it.
     let mut buf = unsafe { k.context().alloc_pinned::<u8>(STAGING_BYTES) }.map_err(cuda_err)?;
     let base = buf.as_mut_ptr().map_err(cuda_err)? as usize;
@@ -145,9 +148,9 @@ dev_type!(f16, F16, F16);
 macro_rules! by_dtype {
     ($dt:expr, $f:ident ( $($a:expr),* $(,)? )) => {
         match $dt {
-            $crate::dtype::DType::F32 => $f::<f32>($($a),*),
-            $crate::dtype::DType::BF16 => $f::<half::bf16>($($a),*),
-            $crate::dtype::DType::F16 => $f::<half::f16>($($a),*),
+            $crate::tensor::dtype::DType::F32 => $f::<f32>($($a),*),
+            $crate::tensor::dtype::DType::BF16 => $f::<half::bf16>($($a),*),
+            $crate::tensor::dtype::DType::F16 => $f::<half::f16>($($a),*),
         }
     };
 }
@@ -172,8 +175,8 @@ impl Clone for CudaStorage {
     }
 }
 
-pub(crate) fn cuda_err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow!("CUDA: {e}")
+pub(crate) fn cuda_err(e: impl std::fmt::Display) -> crate::error::Error {
+    err!(Device, "CUDA: {e}")
 }
 
 /// Uploads host f32 values as `T`.
@@ -234,7 +237,7 @@ impl Tensor {
         let shape = shape.into();
         let n: usize = shape.iter().product();
         if n != s.len() {
-            bail!("device buffer of {} elements for shape {shape:?}", s.len());
+            bail!(Device, "device buffer of {} elements for shape {shape:?}", s.len());
         }
         Ok(Self::from_storage(shape, Storage::Cuda(CudaStorage { gpu: gpu.clone(), buf: T::wrap(s) }), T::DTYPE))
     }
@@ -281,8 +284,8 @@ impl Tensor {
     pub fn dev<T: DevType>(&self) -> Result<&CudaSlice<T>> {
         match self.storage() {
             Storage::Cuda(c) => T::get(&c.buf)
-                .ok_or_else(|| anyhow!("internal: device tensor of dtype {} read as {}", self.dtype(), T::DTYPE)),
-            Storage::Cpu(_) => bail!("internal: a CPU tensor was used by a CUDA op"),
+                .ok_or_else(|| err!(Internal, "device tensor of dtype {} read as {}", self.dtype(), T::DTYPE)),
+            Storage::Cpu(_) => bail!(Internal, "a CPU tensor was used by a CUDA op"),
         }
     }
 
@@ -290,8 +293,8 @@ impl Tensor {
         let dt = self.dtype();
         match self.storage_mut() {
             Storage::Cuda(c) => T::get_mut(&mut c.buf)
-                .ok_or_else(|| anyhow!("internal: device tensor of dtype {dt} written as {}", T::DTYPE)),
-            Storage::Cpu(_) => bail!("internal: a CPU tensor was used by a CUDA op"),
+                .ok_or_else(|| err!(Internal, "device tensor of dtype {dt} written as {}", T::DTYPE)),
+            Storage::Cpu(_) => bail!(Internal, "a CPU tensor was used by a CUDA op"),
         }
     }
 
@@ -318,7 +321,7 @@ impl Tensor {
             Storage::Cpu(_) => Ok(self.clone()),
             Storage::Cuda(c) => {
                 fn down<T: DevType>(g: &Gpu, b: &DevBuf) -> Result<Vec<f32>> {
-                    let s = T::get(b).ok_or_else(|| anyhow!("internal: dtype mismatch"))?;
+                    let s = T::get(b).ok_or_else(|| err!(Internal, "dtype mismatch"))?;
                     let h: Vec<T> = g.stream().clone_dtoh(s).map_err(cuda_err)?;
                     Ok(h.into_iter().map(|v| v.to_f32()).collect())
                 }
@@ -347,7 +350,7 @@ impl Tensor {
 
 /// The device of a CUDA tensor, or an error naming the op.
 pub fn gpu_of(t: &Tensor, op: &str) -> Result<Arc<Gpu>> {
-    t.gpu().cloned().ok_or_else(|| anyhow!("internal: {op}: expected a CUDA tensor"))
+    t.gpu().cloned().ok_or_else(|| err!(Internal, "{op}: expected a CUDA tensor"))
 }
 
 /// `x · wᵀ` on the device: `[rows, k] × [n, k]ᵀ → [rows, n]` in `out_dtype`.
@@ -356,7 +359,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
     let _p = profile::span("gemm", &g);
     let (m, k, n) = (x.rows(), x.last_dim(), w.dim(0));
     if x.dtype() != w.dtype() {
-        bail!("internal: matmul of a {} activation with a {} weight", x.dtype(), w.dtype());
+        bail!(Internal, "matmul of a {} activation with a {} weight", x.dtype(), w.dtype());
     }
     let mut shape = x.shape().to_vec();
     if let Some(l) = shape.last_mut() {
@@ -394,7 +397,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
 pub fn add_into(x: &mut Tensor, y: &Tensor) -> Result<()> {
     let g = gpu_of(x, "add")?;
     if x.dtype() != DType::F32 {
-        bail!("internal: device residual adds need an f32 accumulator, got {}", x.dtype());
+        bail!(Internal, "device residual adds need an f32 accumulator, got {}", x.dtype());
     }
     fn go<T: DevType>(g: &Gpu, x: &mut Tensor, y: &Tensor) -> Result<()> {
         let ys = y.dev::<T>()?;
@@ -439,7 +442,7 @@ pub fn gather_rows(x: &Tensor, idx: &[usize]) -> Result<Tensor> {
     let g = gpu_of(x, "gather_rows")?;
     let (rows, d) = (x.rows(), x.last_dim());
     if let Some(&bad) = idx.iter().find(|&&i| i >= rows) {
-        bail!("row index {bad} out of range ({rows} rows)");
+        bail!(Device, "row index {bad} out of range ({rows} rows)");
     }
     let ids: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
     let dev_idx = g.upload(&ids)?;
@@ -464,7 +467,7 @@ pub fn addr<T: DevType>(g: &Gpu, s: &CudaSlice<T>) -> u64 {
 pub fn concat_last(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let g = gpu_of(a, "concat")?;
     if a.dtype() != b.dtype() {
-        bail!("internal: concat of {} and {}", a.dtype(), b.dtype());
+        bail!(Internal, "concat of {} and {}", a.dtype(), b.dtype());
     }
     let (rows, da, db) = (a.rows(), a.last_dim(), b.last_dim());
     let mut out = Tensor::empty_on(&g, [rows, da + db], a.dtype())?;
@@ -499,7 +502,7 @@ pub fn copy_bandwidth(g: &Gpu) -> Result<f64> {
 pub fn stack_rows(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let g = gpu_of(a, "stack_rows")?;
     if a.last_dim() != b.last_dim() || a.dtype() != b.dtype() {
-        bail!("internal: stacking {:?} {} with {:?} {}", a.shape(), a.dtype(), b.shape(), b.dtype());
+        bail!(Internal, "stacking {:?} {} with {:?} {}", a.shape(), a.dtype(), b.shape(), b.dtype());
     }
     let mut out = Tensor::empty_on(&g, [a.rows() + b.rows(), a.last_dim()], a.dtype())?;
     fn go<T: DevType>(g: &Gpu, a: &Tensor, b: &Tensor, o: &mut Tensor) -> Result<()> {

@@ -1,7 +1,8 @@
 //! Memory-mapped safetensors checkpoints: a single `model.safetensors` or shards listed in
 //! `model.safetensors.index.json`.
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{Context, Result};
+use crate::{bail, err};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -39,10 +40,10 @@ impl Checkpoint {
             let map = v
                 .get("weight_map")
                 .and_then(|m| m.as_object())
-                .ok_or_else(|| anyhow!("{} has no `weight_map` object", index.display()))?;
+                .ok_or_else(|| err!(Checkpoint, "{} has no `weight_map` object", index.display()))?;
             let files: BTreeSet<String> = map.values().filter_map(|f| f.as_str().map(str::to_owned)).collect();
             if files.is_empty() {
-                bail!("{} lists no shard files", index.display());
+                bail!(Checkpoint, "{} lists no shard files", index.display());
             }
             files.into_iter().map(|f| dir.join(f)).collect()
         } else if single.exists() {
@@ -56,6 +57,7 @@ impl Checkpoint {
             found.sort();
             if found.is_empty() {
                 bail!(
+                    Checkpoint,
                     "no safetensors checkpoint in {} (expected model.safetensors or model.safetensors.index.json)",
                     dir.display()
                 );
@@ -74,14 +76,14 @@ impl Checkpoint {
             // SAFETY: the file is mapped read-only; porter never writes to checkpoint files while loaded.
             let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("memory-mapping {}", path.display()))?;
             let (header_len, meta) = SafeTensors::read_metadata(&mmap[..]).map_err(|e| {
-                anyhow!("{} is not a valid safetensors file (truncated or corrupt?): {e}", path.display())
+                err!(Checkpoint, "{} is not a valid safetensors file (truncated or corrupt?): {e}", path.display())
             })?;
             let data_start = 8 + header_len;
             let data_len = mmap.len().saturating_sub(data_start);
             for (name, info) in meta.tensors() {
                 let (s, e) = info.data_offsets;
                 if e > data_len || s > e {
-                    bail!(
+                    bail!(Checkpoint,
                         "{}: tensor `{name}` needs bytes {s}..{e} but the file has only {data_len} data bytes (truncated or corrupt)",
                         path.display()
                     );
@@ -89,6 +91,7 @@ impl Checkpoint {
                 let n: usize = info.shape.iter().product();
                 if n * info.dtype.bitsize() / 8 != e - s {
                     bail!(
+                        Checkpoint,
                         "{}: tensor `{name}` has {} bytes for shape {:?} of {:?}",
                         path.display(),
                         e - s,
@@ -97,7 +100,7 @@ impl Checkpoint {
                     );
                 }
                 if tensors.contains_key(&name) {
-                    bail!("tensor `{name}` appears in more than one checkpoint file");
+                    bail!(Checkpoint, "tensor `{name}` appears in more than one checkpoint file");
                 }
                 tensors.insert(
                     name.clone(),
@@ -131,25 +134,25 @@ impl Checkpoint {
 
     /// Reads a floating-point tensor as `f32` values (exact for bf16 / f16 / f32).
     pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let info = self.get(name).ok_or_else(|| anyhow!("tensor `{name}` not in checkpoint"))?;
+        let info = self.get(name).ok_or_else(|| err!(Checkpoint, "tensor `{name}` not in checkpoint"))?;
         let bytes = &self.files[info.file].1[info.start..info.end];
         Ok(match info.dtype {
             Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             Dtype::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            other => bail!("tensor `{name}` has dtype {other:?}; porter loads f32, bf16 and f16 weights"),
+            other => bail!(Checkpoint, "tensor `{name}` has dtype {other:?}; porter loads f32, bf16 and f16 weights"),
         })
     }
 
     /// Reads an integer tensor (i64 / i32 / u32) as `i64` values.
     pub fn read_i64(&self, name: &str) -> Result<Vec<i64>> {
-        let info = self.get(name).ok_or_else(|| anyhow!("tensor `{name}` not in checkpoint"))?;
+        let info = self.get(name).ok_or_else(|| err!(Checkpoint, "tensor `{name}` not in checkpoint"))?;
         let bytes = &self.files[info.file].1[info.start..info.end];
         Ok(match info.dtype {
             Dtype::I64 => bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect(),
             Dtype::I32 => bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect(),
             Dtype::U32 => bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect(),
-            other => bail!("tensor `{name}` has dtype {other:?}, expected an integer type"),
+            other => bail!(Checkpoint, "tensor `{name}` has dtype {other:?}, expected an integer type"),
         })
     }
 

@@ -1,7 +1,8 @@
 //! Token sampling: greedy at temperature 0, otherwise temperature → top-k → top-p
 //! (the order of HF's logits warpers), with a seeded PRNG.
 
-use anyhow::{bail, Result};
+use crate::bail;
+use crate::error::Result;
 
 /// Sampling parameters of one request.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,15 +24,15 @@ impl SamplingParams {
     /// Rejects out-of-range values with a message naming the parameter.
     pub fn validate(&self) -> Result<()> {
         if self.temperature.is_nan() || self.temperature < 0.0 || !self.temperature.is_finite() {
-            bail!("`temperature` must be a finite number >= 0, got {}", self.temperature);
+            bail!(Input, "`temperature` must be a finite number >= 0, got {}", self.temperature);
         }
         if let Some(p) = self.top_p {
             if !(p > 0.0 && p <= 1.0) {
-                bail!("`top_p` must be in (0, 1], got {p}");
+                bail!(Input, "`top_p` must be in (0, 1], got {p}");
             }
         }
         if self.top_k == Some(0) {
-            bail!("`top_k` must be >= 1");
+            bail!(Input, "`top_k` must be >= 1");
         }
         Ok(())
     }
@@ -146,8 +147,8 @@ impl Sampler {
         let top_k = p.top_k.unwrap_or(0).min(logits.last_dim()) as f32;
         let params = [p.temperature, top_k, p.top_p.unwrap_or(1.0), u];
         let one = logits.narrow_rows(row, 1)?;
-        let ids = crate::gpu_blocks::sample_rows(&one, &[params])?;
-        ids.first().copied().ok_or_else(|| anyhow::anyhow!("internal: the device sampler returned no id"))
+        let ids = crate::backend::cuda::blocks::sample_rows(&one, &[params])?;
+        ids.first().copied().ok_or_else(|| crate::err!(Internal, "the device sampler returned no id"))
     }
 
     /// Draws one token id.

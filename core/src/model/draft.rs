@@ -6,13 +6,14 @@
 //! predicts `x_{p+2}`. The hidden comes from the main model for the first draft step and
 //! from the draft itself when steps are chained.
 
-use crate::cache::{LayerCache, ModelCache, StateCache};
-use crate::dtype::DType;
-use crate::layers::{Batch, LayerKind, LogitsFor, Model};
+use crate::bail;
+use crate::error::Result;
 use crate::nn::{DecoderLayer, FeedForward, Linear, RmsNorm};
+use crate::state::{LayerCache, ModelCache, StateCache};
+use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 use crate::TransformerLayer;
-use anyhow::{bail, Result};
+use crate::{Batch, LayerKind, LogitsFor, Model};
 
 /// Output of a draft forward.
 #[derive(Debug)]
@@ -78,11 +79,11 @@ fn select_rows(x: &Tensor, batch: &Batch, rows: LogitsFor) -> Result<Tensor> {
 /// `[T, d1]`, `[T, d2]` → `[T, d1 + d2]`
 pub fn concat_last(a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
     if a.rows() != b.rows() {
-        bail!("concat: {} vs {} rows", a.rows(), b.rows());
+        bail!(Shape, "concat: {} vs {} rows", a.rows(), b.rows());
     }
     let (da, db) = (a.last_dim(), b.last_dim());
     if a.is_cuda() {
-        return crate::gpu::concat_last(a, b);
+        return crate::backend::cuda::concat_last(a, b);
     }
     let mut out = Vec::with_capacity(a.rows() * (da + db));
     for r in 0..a.rows() {
@@ -94,10 +95,10 @@ pub fn concat_last(a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
 
 fn check_batch(main: &Model, batch: &Batch, hidden: &Tensor) -> Result<()> {
     if hidden.rows() != batch.len() || hidden.last_dim() != main.info.hidden_size {
-        bail!("draft input: {} token rows but hidden {:?}", batch.len(), hidden.shape());
+        bail!(Shape, "draft input: {} token rows but hidden {:?}", batch.len(), hidden.shape());
     }
     if let Some(&bad) = batch.ids.iter().find(|&&t| t as usize >= main.info.vocab_size) {
-        bail!("token id {bad} is out of range for a vocabulary of {}", main.info.vocab_size);
+        bail!(Shape, "token id {bad} is out of range for a vocabulary of {}", main.info.vocab_size);
     }
     Ok(())
 }
@@ -142,11 +143,11 @@ impl DraftHead for AttentionMtpHead {
     fn new_cache(&self, max_seqs: usize) -> ModelCache {
         let layer = match (self.layer.kind(), self.fc.w.gpu()) {
             (LayerKind::Attention { kv_heads, head_dim }, None) => {
-                LayerCache::Kv(crate::cache::KvLayer::new(kv_heads, head_dim))
+                LayerCache::Kv(crate::state::KvLayer::new(kv_heads, head_dim))
             }
-            (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => {
-                LayerCache::KvCuda(crate::gpu_blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.fc.w.dtype()))
-            }
+            (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => LayerCache::KvCuda(
+                crate::backend::cuda::blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.fc.w.dtype()),
+            ),
             _ => LayerCache::Stateless,
         };
         ModelCache::new(vec![layer], max_seqs)
@@ -171,6 +172,7 @@ impl DraftHead for AttentionMtpHead {
         for s in &batch.spans {
             if cache.seq_len(s.seq) != s.pos0 {
                 bail!(
+                    Shape,
                     "draft cache of sequence {} holds {} positions, the batch starts at {}",
                     s.seq.0,
                     cache.seq_len(s.seq),

@@ -6,7 +6,8 @@
 //! (top-level `rope_theta`, `partial_rotary_factor`, `rope_scaling`) and the
 //! transformers-v5 style (`rope_parameters`), and generation defaults.
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::error::{Context, Result};
+use crate::{bail, err};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::path::Path;
@@ -15,16 +16,17 @@ use std::path::Path;
 pub fn read_config(dir: &Path) -> Result<Value> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{} is not valid JSON: {e}", path.display()))?;
+    let v: Value =
+        serde_json::from_str(&text).map_err(|e| err!(Config, "{} is not valid JSON: {e}", path.display()))?;
     if !v.is_object() {
-        bail!("{} must contain a JSON object", path.display());
+        bail!(Config, "{} must contain a JSON object", path.display());
     }
     Ok(v)
 }
 
 /// Deserializes a typed config with an error that names the bad key.
 pub fn parse_typed<T: DeserializeOwned>(raw: &Value, what: &str) -> Result<T> {
-    serde_json::from_value(raw.clone()).map_err(|e| anyhow!("invalid {what} config.json: {e}"))
+    serde_json::from_value(raw.clone()).map_err(|e| err!(Config, "invalid {what} config.json: {e}"))
 }
 
 /// The single entry of `architectures`.
@@ -32,14 +34,18 @@ pub fn architecture(raw: &Value) -> Result<String> {
     let arr = raw
         .get("architectures")
         .ok_or_else(|| {
-            anyhow!("config.json has no `architectures` field; porter selects the model implementation from it")
+            err!(Config, "config.json has no `architectures` field; porter selects the model implementation from it")
         })?
         .as_array()
-        .ok_or_else(|| anyhow!("config.json `architectures` must be a list of strings"))?;
+        .ok_or_else(|| err!(Config, "config.json `architectures` must be a list of strings"))?;
     match arr.as_slice() {
         [Value::String(s)] => Ok(s.clone()),
-        [] => bail!("config.json `architectures` is empty"),
-        _ => bail!("config.json `architectures` must hold exactly one string, found {}", Value::Array(arr.clone())),
+        [] => bail!(Config, "config.json `architectures` is empty"),
+        _ => bail!(
+            Config,
+            "config.json `architectures` must hold exactly one string, found {}",
+            Value::Array(arr.clone())
+        ),
     }
 }
 
@@ -81,10 +87,10 @@ pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Res
         .or(num(raw.get("partial_rotary_factor")))
         .unwrap_or(default_partial);
     if !(partial > 0.0 && partial <= 1.0) {
-        bail!("partial_rotary_factor must be in (0, 1], found {partial}");
+        bail!(Config, "partial_rotary_factor must be in (0, 1], found {partial}");
     }
     if theta.is_nan() || theta <= 0.0 {
-        bail!("rope_theta must be positive, found {theta}");
+        bail!(Config, "rope_theta must be positive, found {theta}");
     }
     let scaling_obj = rp.or(rs);
     let rope_type = scaling_obj
@@ -95,15 +101,15 @@ pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Res
         "default" => RopeScaling::Default,
         "linear" => {
             let factor = num(scaling_obj.and_then(|o| o.get("factor")))
-                .ok_or_else(|| anyhow!("rope scaling `linear` needs a `factor`"))?;
+                .ok_or_else(|| err!(Config, "rope scaling `linear` needs a `factor`"))?;
             RopeScaling::Linear { factor }
         }
         "yarn" => {
-            let o = scaling_obj.ok_or_else(|| anyhow!("rope scaling `yarn` needs its parameters"))?;
+            let o = scaling_obj.ok_or_else(|| err!(Config, "rope scaling `yarn` needs its parameters"))?;
             let f = |k: &str| o.get(k).and_then(Value::as_f64);
             let original = f("original_max_position_embeddings")
                 .or_else(|| raw.get("max_position_embeddings").and_then(Value::as_f64))
-                .ok_or_else(|| anyhow!("rope scaling `yarn` needs original_max_position_embeddings"))?;
+                .ok_or_else(|| err!(Config, "rope scaling `yarn` needs original_max_position_embeddings"))?;
             // HF: factor defaults to max_position_embeddings / original_max_position_embeddings.
             let factor = match f("factor") {
                 Some(x) => x,
@@ -111,7 +117,7 @@ pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Res
                     .get("max_position_embeddings")
                     .and_then(Value::as_f64)
                     .map(|m| m / original)
-                    .ok_or_else(|| anyhow!("rope scaling `yarn` needs a `factor`"))?,
+                    .ok_or_else(|| err!(Config, "rope scaling `yarn` needs a `factor`"))?,
             };
             let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
             let attention_factor = match (f("attention_factor"), f("mscale"), f("mscale_all_dim")) {
@@ -124,7 +130,7 @@ pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Res
             let beta_slow = f("beta_slow").filter(|v| *v != 0.0).unwrap_or(1.0);
             let truncate = o.get("truncate").and_then(Value::as_bool).unwrap_or(true);
             if !(factor > 0.0 && original > 0.0) {
-                bail!("rope scaling `yarn`: factor and original_max_position_embeddings must be positive");
+                bail!(Config, "rope scaling `yarn`: factor and original_max_position_embeddings must be positive");
             }
             RopeScaling::Yarn {
                 factor,
@@ -135,7 +141,7 @@ pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Res
                 truncate,
             }
         }
-        other => bail!("rope scaling type `{other}` is not supported yet (supported: default, linear, yarn)"),
+        other => bail!(Config, "rope scaling type `{other}` is not supported yet (supported: default, linear, yarn)"),
     };
     Ok(RopeParams { theta, partial_rotary_factor: partial, scaling })
 }
@@ -163,7 +169,7 @@ pub fn generation_config(dir: &Path, raw: &Value) -> Result<GenerationConfig> {
     let path = dir.join("generation_config.json");
     let gen: Value = if path.exists() {
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        serde_json::from_str(&text).map_err(|e| anyhow!("{} is not valid JSON: {e}", path.display()))?
+        serde_json::from_str(&text).map_err(|e| err!(Config, "{} is not valid JSON: {e}", path.display()))?
     } else {
         Value::Null
     };
@@ -180,6 +186,35 @@ pub fn generation_config(dir: &Path, raw: &Value) -> Result<GenerationConfig> {
         top_p: f("top_p"),
         top_k: gen.get("top_k").and_then(Value::as_u64).map(|x| x as usize),
     })
+}
+
+/// Load-time checks shared by the attention models.
+pub fn check_dims(
+    hidden: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    vocab: usize,
+    layers: usize,
+) -> Result<()> {
+    if hidden == 0 || heads == 0 || kv_heads == 0 || head_dim == 0 || vocab == 0 || layers == 0 {
+        bail!(Config, "hidden_size, num_attention_heads, num_key_value_heads, head_dim, vocab_size and num_hidden_layers must be positive");
+    }
+    if !heads.is_multiple_of(kv_heads) {
+        bail!(Config, "num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})");
+    }
+    if !head_dim.is_multiple_of(2) {
+        bail!(Config, "head_dim ({head_dim}) must be even for RoPE");
+    }
+    Ok(())
+}
+
+/// Only SiLU-gated MLPs are implemented.
+pub fn check_act(act: &str) -> Result<()> {
+    match act {
+        "silu" | "swish" => Ok(()),
+        other => bail!(Config, "hidden_act `{other}` is not supported (supported: silu)"),
+    }
 }
 
 #[cfg(test)]
@@ -237,7 +272,7 @@ pub struct DecoderConfig {
 impl DecoderConfig {
     /// Load-time checks of the shared keys, given the model's resolved KV heads and head dim.
     pub fn check(&self, kv_heads: usize, head_dim: usize) -> Result<()> {
-        crate::nn::check_dims(
+        check_dims(
             self.hidden_size,
             self.num_attention_heads,
             kv_heads,
@@ -245,6 +280,6 @@ impl DecoderConfig {
             self.vocab_size,
             self.num_hidden_layers,
         )?;
-        crate::nn::check_act(&self.hidden_act)
+        check_act(&self.hidden_act)
     }
 }

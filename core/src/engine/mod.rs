@@ -1,0 +1,5 @@
+//! Running a model: sampling, generation and speculative decoding.
+
+pub mod generate;
+pub mod sampling;
+pub mod speculative;

@@ -1,0 +1,201 @@
+//! The layer traits and the generic model that drives them.
+//!
+//! Following LightLLM, a model is split into a [`PreLayer`] (token embedding), a stack of
+//! [`TransformerLayer`]s (each owning its weights and reading/writing its own slice of the
+//! [`StateCache`]) and a [`PostLayer`] (final norm + lm_head). A model crate builds these
+//! pieces from its config and weights; [`Model`] runs them for a [`Batch`] of sequences.
+
+pub mod draft;
+
+use crate::bail;
+use crate::error::{Context, Result};
+use crate::layer::{LayerKind, PostLayer, PreLayer, TransformerLayer};
+use crate::load::config::GenerationConfig;
+use crate::state::{Batch, LayerCache, ModelCache, StateCache};
+use crate::tensor::dtype::DType;
+use crate::tensor::Tensor;
+
+/// Facts about a loaded model that the runner needs.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub dtype: DType,
+    /// Where the weights live (and the forward runs).
+    pub device: crate::tensor::device::Device,
+    pub max_position_embeddings: Option<usize>,
+    pub generation: GenerationConfig,
+}
+
+/// Which rows get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsFor {
+    /// Every row of the batch.
+    All,
+    /// The last row of every sequence.
+    Last,
+}
+
+/// Result of a forward pass.
+#[derive(Debug)]
+pub struct ForwardOutput {
+    /// `[R, vocab]`, R = T for [`LogitsFor::All`], R = number of sequences for [`LogitsFor::Last`].
+    pub logits: Tensor,
+    /// `[T, hidden]`: the residual stream after the last layer, before the final norm
+    /// (what MTP draft heads consume).
+    pub hidden: Tensor,
+}
+
+/// A decoder-only language model assembled from the three layer kinds.
+pub struct Model {
+    pub info: ModelInfo,
+    pub pre: Box<dyn PreLayer>,
+    pub layers: Vec<Box<dyn TransformerLayer>>,
+    pub post: Box<dyn PostLayer>,
+}
+
+impl Model {
+    /// A state cache for up to `max_seqs` concurrent sequences.
+    pub fn new_cache(&self, max_seqs: usize) -> ModelCache {
+        self.new_cache_spec(max_seqs, 0)
+    }
+
+    /// A state cache whose recurrent layers can roll back up to `spec` rejected draft tokens.
+    ///
+    /// # Panics
+    /// When the device cannot hold the cache (see [`Model::try_new_cache_spec`]).
+    pub fn new_cache_spec(&self, max_seqs: usize, spec: usize) -> ModelCache {
+        match self.try_new_cache_spec(max_seqs, spec) {
+            Ok(c) => c,
+            Err(e) => panic!("cannot allocate the state cache: {e:#}"),
+        }
+    }
+
+    /// As [`Model::new_cache_spec`], with device allocation errors reported. On a CUDA
+    /// model the recurrent state pools for `max_seqs` slots are allocated up front and the
+    /// KV buffers grow per sequence.
+    pub fn try_new_cache_spec(&self, max_seqs: usize, spec: usize) -> Result<ModelCache> {
+        let gpu = match self.info.device {
+            crate::tensor::device::Device::Cpu => None,
+            crate::tensor::device::Device::Cuda(i) => Some(crate::backend::cuda::gpu(i)?),
+        };
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(match (l.kind(), &gpu) {
+                    (LayerKind::Attention { kv_heads, head_dim }, None) => {
+                        LayerCache::Kv(crate::state::KvLayer::new(kv_heads, head_dim))
+                    }
+                    (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => LayerCache::KvCuda(
+                        crate::backend::cuda::blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.info.dtype),
+                    ),
+                    (LayerKind::Recurrent { conv_dim, kernel, state_len }, None) => {
+                        LayerCache::Recurrent(crate::state::RecurrentLayer::new(conv_dim, kernel, state_len, spec))
+                    }
+                    (LayerKind::Recurrent { conv_dim, kernel, state_len }, Some(g)) => {
+                        LayerCache::RecurrentCuda(crate::backend::cuda::blocks::DevRecurrent::new(
+                            g.clone(),
+                            conv_dim,
+                            kernel,
+                            state_len,
+                            spec,
+                            max_seqs,
+                        )?)
+                    }
+                    (LayerKind::Stateless, _) => LayerCache::Stateless,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ModelCache::new(layers, max_seqs))
+    }
+
+    /// Bytes one decode step moves: every layer's [`LayerCost::decode_bytes`], the final
+    /// norm and lm_head, and the embedding rows.
+    pub fn decode_bytes(&self, batch: usize, context: usize) -> f64 {
+        let layers: f64 = self.layers.iter().map(|l| l.cost().decode_bytes(batch, context)).sum();
+        let embed = (batch * self.info.hidden_size * self.info.dtype.size_in_bytes()) as f64;
+        layers + self.post.weight_bytes() as f64 + embed
+    }
+
+    /// Waits until the device has finished all queued work of this model (a no-op on the
+    /// CPU); benchmarks call it before reading the clock.
+    pub fn sync(&self) -> Result<()> {
+        match self.info.device {
+            crate::tensor::device::Device::Cpu => Ok(()),
+            crate::tensor::device::Device::Cuda(i) => crate::backend::cuda::gpu(i)?.sync(),
+        }
+    }
+
+    /// Checks a batch against the vocabulary, the cache and the context length.
+    fn validate(&self, batch: &Batch, cache: &dyn StateCache) -> Result<()> {
+        if batch.is_empty() {
+            bail!(Input, "empty batch: no token ids");
+        }
+        if let Some(&bad) = batch.ids.iter().find(|&&t| t as usize >= self.info.vocab_size) {
+            bail!(
+                Input,
+                "token id {bad} is out of range: the vocabulary has {} entries (valid ids 0..{})",
+                self.info.vocab_size,
+                self.info.vocab_size - 1
+            );
+        }
+        let mut covered = 0;
+        let mut seen = std::collections::HashSet::new();
+        for s in &batch.spans {
+            if !cache.is_live(s.seq) {
+                bail!(Input, "sequence slot {} is not allocated in the state cache", s.seq.0);
+            }
+            if !seen.insert(s.seq) {
+                bail!(Input, "sequence slot {} appears twice in one batch", s.seq.0);
+            }
+            if s.start != covered || s.len == 0 {
+                bail!(Input, "batch spans must be contiguous and non-empty");
+            }
+            covered += s.len;
+            let have = cache.seq_len(s.seq);
+            if s.pos0 != have {
+                bail!(
+                    Input,
+                    "sequence {} has {have} cached tokens but the batch starts it at position {}",
+                    s.seq.0,
+                    s.pos0
+                );
+            }
+            if let Some(max) = self.info.max_position_embeddings {
+                if s.pos0 + s.len > max {
+                    bail!(Input, "sequence of {} tokens exceeds max_position_embeddings = {max}", s.pos0 + s.len);
+                }
+            }
+        }
+        if covered != batch.len() {
+            bail!(Input, "batch spans cover {covered} rows but the batch has {}", batch.len());
+        }
+        Ok(())
+    }
+
+    /// Runs the batch through every layer, updates the cache and returns logits.
+    pub fn forward(&self, batch: &Batch, cache: &mut dyn StateCache, rows: LogitsFor) -> Result<ForwardOutput> {
+        self.validate(batch, cache)?;
+        // [T] -> [T, H]
+        let mut x = self.pre.forward(&batch.ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(x, batch, cache.layer_mut(i)?).with_context(|| format!("layer {i}"))?;
+        }
+        for s in &batch.spans {
+            cache.advance(s.seq, s.len)?;
+        }
+        let sel = match rows {
+            LogitsFor::All => x.try_clone()?,
+            LogitsFor::Last => {
+                let idx: Vec<usize> = batch.spans.iter().map(|s| s.start + s.len - 1).collect();
+                x.gather_rows(&idx)?
+            }
+        };
+        let normed = self.post.norm(&sel)?;
+        let logits = self.post.logits(&normed)?;
+        Ok(ForwardOutput { logits, hidden: x })
+    }
+}

@@ -1,0 +1,133 @@
+//! Causal GQA self-attention with optional q/k norms, sliding window and output gate.
+
+use super::*;
+
+/// Static description of an attention block.
+#[derive(Debug, Clone)]
+pub struct AttentionConfig {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Sliding-window length (a key is visible while `pos_q − pos_k < window`).
+    pub window: Option<usize>,
+    /// Qwen3-Next gated attention: `q_proj` yields `[q, gate]` per head and the output is
+    /// multiplied by `sigmoid(gate)` before `o_proj`.
+    pub output_gate: bool,
+    pub scale: f32,
+}
+
+impl AttentionConfig {
+    /// Plain GQA with scale `head_dim^-½` and no output gate.
+    pub fn gqa(heads: usize, kv_heads: usize, head_dim: usize, window: Option<usize>) -> Self {
+        Self { heads, kv_heads, head_dim, window, output_gate: false, scale: 1.0 / (head_dim as f32).sqrt() }
+    }
+}
+
+/// Causal GQA self-attention with optional q/k norms, (partial) RoPE, sliding window and
+/// output gate.
+///
+/// # Shapes
+/// - `q_proj`: `[heads·head_dim·(1 + output_gate), hidden]`, `k_proj`/`v_proj`: `[kv_heads·head_dim, hidden]`
+/// - `o_proj`: `[hidden, heads·head_dim]`
+/// - input `[T, hidden]` → output `[T, hidden]`
+#[derive(Debug, Clone)]
+pub struct Attention {
+    pub cfg: AttentionConfig,
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+    pub rope: Rope,
+}
+
+impl Attention {
+    /// Checks the weight shapes against the config (at load time).
+    pub fn check(&self) -> Result<()> {
+        let c = &self.cfg;
+        if c.kv_heads == 0 || !c.heads.is_multiple_of(c.kv_heads) {
+            bail!(
+                Shape,
+                "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                c.heads,
+                c.kv_heads
+            );
+        }
+        let qrows = c.heads * c.head_dim * if c.output_gate { 2 } else { 1 };
+        if self.q_proj.out_features() != qrows || self.k_proj.out_features() != c.kv_heads * c.head_dim {
+            bail!(Shape, "attention projections do not match heads/head_dim");
+        }
+        Ok(())
+    }
+
+    pub fn forward(&self, x: &Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        if x.is_cuda() {
+            return crate::backend::cuda::blocks::attention(self, x, batch, cache);
+        }
+        let c = &self.cfg;
+        let (t, hd) = (x.rows(), c.head_dim);
+        let dt = x.dtype();
+        let qg = self.q_proj.forward(x)?;
+        // Split q and gate: [T, heads·hd·2] viewed per head as [q(hd), gate(hd)].
+        let (q, gate) = if c.output_gate {
+            let mut q = Vec::with_capacity(t * c.heads * hd);
+            let mut g = Vec::with_capacity(t * c.heads * hd);
+            for blk in qg.data().chunks(2 * hd) {
+                q.extend_from_slice(&blk[..hd]);
+                g.extend_from_slice(&blk[hd..]);
+            }
+            (Tensor::from_vec(q, [t, c.heads, hd], dt)?, Some(g))
+        } else {
+            (qg.reshape([t, c.heads, hd])?, None)
+        };
+        // [T, kv·hd] -> [T, kv, hd]
+        let k = self.k_proj.forward(x)?.reshape([t, c.kv_heads, hd])?;
+        let v = self.v_proj.forward(x)?;
+        let mut q = match &self.q_norm {
+            Some(n) => n.forward(&q)?,
+            None => q,
+        };
+        let mut k = match &self.k_norm {
+            Some(n) => n.forward(&k)?,
+            None => k,
+        };
+        let (cos, sin) = self.rope.tables(&batch.positions(), dt);
+        self.rope.apply(&mut q, &cos, &sin)?;
+        self.rope.apply(&mut k, &cos, &sin)?;
+        let LayerCache::Kv(kv) = cache else { bail!(Shape, "attention layer was given a non-KV cache") };
+        let row_q = c.heads * hd;
+        let row_kv = c.kv_heads * hd;
+        let mut out = vec![0.0f32; t * row_q];
+        for s in &batch.spans {
+            let (kc, vc) = kv.write(
+                s.seq,
+                s.pos0,
+                &k.data()[s.start * row_kv..(s.start + s.len) * row_kv],
+                &v.data()[s.start * row_kv..(s.start + s.len) * row_kv],
+            )?;
+            ops::causal_attention(
+                &q.data()[s.start * row_q..(s.start + s.len) * row_q],
+                kc,
+                vc,
+                &mut out[s.start * row_q..(s.start + s.len) * row_q],
+                s.len,
+                s.pos0,
+                c.heads,
+                c.kv_heads,
+                hd,
+                c.scale,
+                c.window,
+            );
+        }
+        dt.round_slice(&mut out);
+        if let Some(g) = gate {
+            for (o, gv) in out.iter_mut().zip(&g) {
+                *o = dt.round(*o * dt.round(ops::sigmoid(*gv)));
+            }
+        }
+        // [T, heads, hd] -> [T, heads·hd]
+        let o = Tensor::from_vec(out, [t, row_q], dt)?;
+        self.o_proj.forward(&o)
+    }
+}

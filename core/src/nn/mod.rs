@@ -1,0 +1,38 @@
+//! Shared building blocks: linear layers, the RMSNorm variants, RoPE, GQA attention,
+//! SwiGLU and sparse MoE, plus the embedding pre-layer and the norm + lm_head post-layer.
+//!
+//! Each block lives here once; model crates compose them. Rounding follows the HF
+//! reference: on a bf16 model every op's output is rounded to bf16 while reductions
+//! (norms, softmax, GEMM accumulation) run in f32.
+
+use crate::bail;
+use crate::error::Result;
+use crate::load::config::{RopeParams, RopeScaling};
+use crate::state::LayerCache;
+use crate::tensor::dtype::DType;
+use crate::tensor::Tensor;
+use crate::{Batch, PostLayer, PreLayer};
+use porter_kernels::cpu::ops;
+use rayon::prelude::*;
+
+mod attention;
+mod decoder;
+mod embedding;
+pub mod gdn;
+mod head;
+mod linear;
+mod mlp;
+mod moe;
+mod norm;
+mod rope;
+
+pub use attention::*;
+pub use decoder::*;
+pub use embedding::*;
+pub use gdn::{GatedDeltaNet, GdnConfig};
+pub use head::*;
+pub use linear::*;
+pub use mlp::*;
+pub use moe::*;
+pub use norm::*;
+pub use rope::*;

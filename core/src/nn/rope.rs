@@ -1,0 +1,118 @@
+//! Rotary position embedding.
+
+use super::*;
+
+/// Rotary position embedding (NeoX half pairing), full or partial.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    rot_dim: usize,
+    head_dim: usize,
+    /// Scale applied to cos / sin (YaRN's attention factor; 1 otherwise).
+    attention_scaling: f32,
+    /// `inv_freq` on the device (uploaded at first CUDA use).
+    inv_freq_dev: std::sync::OnceLock<cudarc::driver::CudaSlice<f32>>,
+}
+
+impl Rope {
+    /// `rot_dim = head_dim · partial_rotary_factor` (rounded down to an even number).
+    pub fn new(params: &RopeParams, head_dim: usize) -> Result<Self> {
+        let rot_dim = ((head_dim as f32 * params.partial_rotary_factor) as usize) & !1;
+        if rot_dim == 0 || rot_dim > head_dim {
+            bail!(Shape, "rotary dim {rot_dim} invalid for head_dim {head_dim}");
+        }
+        // HF: inv_freq = 1 / base^(arange(0, dim, 2) / dim), in f32.
+        let mut inv_freq: Vec<f32> =
+            (0..rot_dim / 2).map(|i| 1.0f32 / params.theta.powf((2 * i) as f32 / rot_dim as f32)).collect();
+        let mut attention_scaling = 1.0f32;
+        match params.scaling {
+            RopeScaling::Default => {}
+            RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            } => {
+                // HF `_compute_yarn_parameters`.
+                let (dim, base) = (rot_dim as f64, params.theta as f64);
+                let corr = |rot: f64| {
+                    dim * (original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln()
+                        / (2.0 * base.ln())
+                };
+                let (mut low, mut high) = (corr(beta_fast), corr(beta_slow));
+                if truncate {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let low = low.max(0.0);
+                let mut high = high.min(dim - 1.0);
+                if low == high {
+                    high += 0.001;
+                }
+                for (i, f) in inv_freq.iter_mut().enumerate() {
+                    let pos_freq = (params.theta).powf((2 * i) as f32 / rot_dim as f32);
+                    let extrapolation = 1.0 / pos_freq;
+                    let interpolation = 1.0 / (factor as f32 * pos_freq);
+                    let ramp = (((i as f64 - low) / (high - low)).clamp(0.0, 1.0)) as f32;
+                    let extra_factor = 1.0 - ramp;
+                    *f = interpolation * (1.0 - extra_factor) + extrapolation * extra_factor;
+                }
+                attention_scaling = attention_factor as f32;
+            }
+        }
+        Ok(Self { inv_freq, rot_dim, head_dim, attention_scaling, inv_freq_dev: std::sync::OnceLock::new() })
+    }
+
+    pub fn rot_dim(&self) -> usize {
+        self.rot_dim
+    }
+
+    pub fn attention_scaling(&self) -> f32 {
+        self.attention_scaling
+    }
+
+    /// The inverse frequencies on `gpu` (uploaded once).
+    pub fn inv_freq_on(&self, gpu: &crate::backend::cuda::Gpu) -> Result<&cudarc::driver::CudaSlice<f32>> {
+        if self.inv_freq_dev.get().is_none() {
+            let d = crate::backend::cuda::upload::<f32>(gpu, &self.inv_freq)?;
+            let _ = self.inv_freq_dev.set(d);
+        }
+        self.inv_freq_dev.get().ok_or_else(|| crate::err!(Internal, "RoPE table upload"))
+    }
+
+    /// cos / sin tables for the given positions, rounded to `dtype` like HF.
+    ///
+    /// # Shapes
+    /// returns two `[positions.len(), rot_dim / 2]` tables
+    pub fn tables(&self, positions: &[usize], dtype: DType) -> (Vec<f32>, Vec<f32>) {
+        let half = self.rot_dim / 2;
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for f in &self.inv_freq {
+                let a = p as f32 * f;
+                cos.push(dtype.round(a.cos() * self.attention_scaling));
+                sin.push(dtype.round(a.sin() * self.attention_scaling));
+            }
+        }
+        (cos, sin)
+    }
+
+    /// Rotates `x` in place.
+    ///
+    /// # Shapes
+    /// `x: [T, heads, head_dim]`, tables `[T, rot_dim/2]`
+    pub fn apply(&self, x: &mut Tensor, cos: &[f32], sin: &[f32]) -> Result<()> {
+        let t = x.dim(0);
+        let heads = x.dim(1);
+        if x.shape().len() != 3 || x.dim(2) != self.head_dim {
+            bail!(Shape, "rope: expected [T, heads, {}], got {:?}", self.head_dim, x.shape());
+        }
+        ops::rope_neox(x.data_mut(), cos, sin, t, heads, self.head_dim, self.rot_dim);
+        x.round_();
+        Ok(())
+    }
+}
