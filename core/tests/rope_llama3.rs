@@ -55,7 +55,8 @@ fn llama3_reference_has_all_three_bands() {
         serde_json::from_str(include_str!("data/llama3_reference.json")).expect("reference json");
     let case = &cases[2];
     let p = &case[0];
-    let (factor, old) = (p["factor"].as_f64().unwrap_or(0.0), p["original_max_position_embeddings"].as_f64().unwrap_or(0.0));
+    let (factor, old) =
+        (p["factor"].as_f64().unwrap_or(0.0), p["original_max_position_embeddings"].as_f64().unwrap_or(0.0));
     let (low, high) = (p["low_freq_factor"].as_f64().unwrap_or(0.0), p["high_freq_factor"].as_f64().unwrap_or(0.0));
     let dim = case[1].as_f64().unwrap_or(0.0);
     let theta = p["rope_theta"].as_f64().unwrap_or(0.0);
@@ -63,7 +64,13 @@ fn llama3_reference_has_all_three_bands() {
     for i in 0..(dim as usize / 2) {
         let inv = 1.0 / theta.powf(2.0 * i as f64 / dim);
         let wl = 2.0 * std::f64::consts::PI / inv;
-        bands[if wl < old / high { 0 } else if wl > old / low { 2 } else { 1 }] += 1;
+        bands[if wl < old / high {
+            0
+        } else if wl > old / low {
+            2
+        } else {
+            1
+        }] += 1;
     }
     assert!(bands.iter().all(|&n| n > 0), "bands {bands:?} (factor {factor})");
 }

@@ -16,10 +16,30 @@ pub struct Rope {
 
 impl Rope {
     /// `rot_dim = head_dim · partial_rotary_factor` (rounded down to an even number).
+    ///
+    /// The inverse frequencies follow transformers' `ROPE_INIT_FUNCTIONS` in f32: plain,
+    /// `linear`, `yarn` and `llama3` (`_compute_llama3_parameters`).
     pub fn new(params: &RopeParams, head_dim: usize) -> Result<Self> {
+        if !(params.partial_rotary_factor > 0.0 && params.partial_rotary_factor <= 1.0) {
+            return Err(crate::Error::key(
+                "partial_rotary_factor",
+                params.partial_rotary_factor,
+                "must be a number in (0, 1]",
+            ));
+        }
+        if !(params.theta.is_finite() && params.theta > 0.0) {
+            return Err(crate::Error::key("rope_theta", params.theta, "must be a positive finite number"));
+        }
         let rot_dim = ((head_dim as f32 * params.partial_rotary_factor) as usize) & !1;
         if rot_dim == 0 || rot_dim > head_dim {
-            bail!(Shape, "rotary dim {rot_dim} invalid for head_dim {head_dim}");
+            return Err(crate::Error::key(
+                "partial_rotary_factor",
+                params.partial_rotary_factor,
+                format!(
+                    "gives a rotary dim of {rot_dim} for head_dim {head_dim} (head_dim × partial_rotary_factor, \
+                     rounded down to even, must be at least 2)"
+                ),
+            ));
         }
         // HF: inv_freq = 1 / base^(arange(0, dim, 2) / dim), in f32.
         let mut inv_freq: Vec<f32> =
@@ -62,8 +82,35 @@ impl Rope {
                 }
                 attention_scaling = attention_factor as f32;
             }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            } => {
+                // HF `_compute_llama3_parameters`: tensor ops in f32, Python scalars cast to f32.
+                let (factor, low) = (factor as f32, low_freq_factor as f32);
+                let low_freq_wavelen = (old / low_freq_factor) as f32;
+                let high_freq_wavelen = (old / high_freq_factor) as f32;
+                let two_pi = (2.0 * std::f64::consts::PI) as f32;
+                let span = (high_freq_factor - low_freq_factor) as f32;
+                for f in inv_freq.iter_mut() {
+                    let wavelen = two_pi / *f;
+                    let scaled = if wavelen > low_freq_wavelen { *f / factor } else { *f };
+                    let smooth = (old as f32 / wavelen - low) / span;
+                    let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+                    // `~(wavelen < high) * ~(wavelen > low)`; wavelen is never NaN (inv_freq > 0 or inf).
+                    let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
+                    *f = if medium { smoothed } else { scaled };
+                }
+            }
         }
         Ok(Self { inv_freq, rot_dim, head_dim, attention_scaling, inv_freq_dev: std::sync::OnceLock::new() })
+    }
+
+    /// The inverse frequencies, one per rotated pair (`rot_dim / 2`).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
     }
 
     pub fn rot_dim(&self) -> usize {
