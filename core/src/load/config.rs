@@ -343,25 +343,31 @@ pub struct GenerationConfig {
     pub top_k: Option<usize>,
 }
 
-/// A token-id key (`int | list[int] | None`): the non-negative ids (transformers only warns
-/// about negative ones, which can never be generated). `file` names the file for errors.
+/// A token-id key (`eos_token_id`: `int | list[int] | None`; `bos_token_id`: `int | None`):
+/// the non-negative ids (transformers only warns about negative ones, which can never be
+/// generated). `file` names the file for errors.
 fn token_ids(file: &str, key: &str, v: Option<&Value>) -> Result<Vec<u32>> {
     let one = |x: &Value| -> Result<Option<u32>> {
         match x.as_i64() {
             Some(n) if n < 0 => Ok(None),
             Some(n) => u32::try_from(n)
                 .map(Some)
-                .map_err(|_| Error::key(format!("{file} {key}"), show(x), "must be token ids below 2^32")),
+                .map_err(|_| Error::key(key, show(x), format!("must be token ids below 2^32 (in {file})"))),
             None => Err(Error::key(
-                format!("{file} {key}"),
+                key,
                 show(v.unwrap_or(&Value::Null)),
-                format!("must be an integer token id or a list of them, found {}", kind(x)),
+                format!("must be an integer token id or a list of them (in {file}), found {}", kind(x)),
             )),
         }
     };
     match v {
         None | Some(Value::Null) => Ok(vec![]),
-        Some(Value::Array(a)) => Ok(a.iter().map(one).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect()),
+        Some(Value::Array(a)) if key == "eos_token_id" => {
+            Ok(a.iter().map(one).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect())
+        }
+        Some(x @ Value::Array(_)) => {
+            Err(Error::key(key, show(x), format!("must be an integer token id or null (in {file}), found a list")))
+        }
         Some(x) => Ok(one(x)?.into_iter().collect()),
     }
 }
@@ -708,7 +714,7 @@ mod tests {
         assert_eq!((g.eos_token_ids, g.bos_token_id), (vec![2, 7], None));
         for raw in [json!({"eos_token_id": "abc"}), json!({"eos_token_id": [0, "x"]}), json!({"bos_token_id": 1.5})] {
             let e = msg(generation_config(dir, &raw));
-            assert!(e.contains("config.json") && e.contains("token_id"), "{e}");
+            assert!(e.contains("(in config.json)") && e.contains("_token_id`"), "{e}");
         }
     }
 }

@@ -327,8 +327,18 @@ mod tests {
             (json!({"rope_scaling": {"rope_type": "linear", "factor": "2"}}), "found a string"),
             (json!({"rope_scaling": {"rope_type": "linear"}}), "`rope_scaling.factor` = (absent)"),
             (json!({"rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 10}}), "factor"),
-            (json!({"rope_scaling": {"rope_type": "yarn", "factor": 2, "attention_factor": -1}}), "attention_factor"),
-            (json!({"rope_scaling": {"rope_type": "yarn", "factor": 2, "truncate": "no"}}), "truncate"),
+            (
+                json!({"max_position_embeddings": 64, "rope_scaling": {"rope_type": "yarn", "factor": 2, "attention_factor": -1}}),
+                "attention_factor",
+            ),
+            (
+                json!({"max_position_embeddings": 64, "rope_scaling": {"rope_type": "yarn", "factor": 2, "truncate": "no"}}),
+                "truncate",
+            ),
+            (
+                json!({"rope_scaling": {"rope_type": "yarn", "factor": 2}}),
+                "original_max_position_embeddings` = (absent)",
+            ),
             (json!({"rope_scaling": {"rope_type": "dynamic", "factor": 2}}), "\"dynamic\": is not supported"),
             (json!({"rope_scaling": {"rope_type": "longrope"}}), "longrope"),
             (json!({"rope_scaling": {"rope_type": null}}), "`rope_scaling.rope_type` = null"),
