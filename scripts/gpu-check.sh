@@ -7,7 +7,9 @@
 #                                # (every model's parity on CUDA) into .dev/bin/, and the
 #                                # porter binary into .dev/porter/ (all git-ignored)
 #   scripts/gpu-check.sh         # THERE (repo root, .dev/ carried along): runs every binary
-#                                # in .dev/bin/ with --nocapture; logs under $OUT (or .dev/out)
+#                                # in .dev/bin/ with --nocapture --include-ignored (the GPU
+#                                # and NVRTC tests are #[ignore]d elsewhere); logs under $OUT
+#                                # (or .dev/out)
 #
 # On the GPU machine it finds libnvrtc.so.13 (CUDA toolkit or the nvidia-cuda-nvrtc wheel)
 # and the CUDA headers (PORTER_CUDA_INCLUDE, else /usr/local/cuda/include, else the
@@ -99,18 +101,19 @@ if [ ${#bins[@]} -eq 0 ]; then
     say "no binaries in .dev/bin (run '$0 stage' where cargo is, and carry .dev)"
     exit 2
 fi
-# One test at a time: readable logs, and each source is compiled once.
-[ $# -eq 0 ] && set -- --test-threads=1
+# One test at a time: readable logs, and each source is compiled once. The CPU
+# micro-benchmarks (`bench_*`, also #[ignore]d) are skipped unless asked for.
+[ $# -eq 0 ] && set -- --test-threads=1 --skip bench_
 status=0
 for b in "${bins[@]}"; do
     [ -x "$b" ] || continue
     name=$(basename "$b")
     start=$(date +%s%N)
-    "$b" --nocapture "$@" >"$out/$name.log" 2>&1
+    "$b" --nocapture --include-ignored "$@" >"$out/$name.log" 2>&1
     rc=$?
     ms=$((($(date +%s%N) - start) / 1000000))
     say "$name: exit $rc, ${ms} ms, $(grep -E '^test result' "$out/$name.log" | tail -n 1)"
-    grep -E '^test .* FAILED|panicked|skipped:' "$out/$name.log" | head -n 40 | tee -a "$summary"
+    grep -E '^test .* FAILED|panicked|skipped:|needs a CUDA GPU|needs NVRTC' "$out/$name.log" | head -n 40 | tee -a "$summary"
     [ $rc -ne 0 ] && status=1
 done
 say "== overall: $([ $status -eq 0 ] && echo PASS || echo FAIL)"

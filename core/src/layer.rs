@@ -2,19 +2,9 @@
 //! engine about itself: the state it keeps ([`LayerKind`]) and the bytes it moves ([`LayerCost`]).
 
 use crate::error::Result;
+pub use crate::state::LayerKind;
 use crate::state::{Batch, LayerCache};
 use crate::tensor::Tensor;
-
-/// What per-request state a layer keeps (used to build caches).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LayerKind {
-    /// Full attention with a KV cache.
-    Attention { kv_heads: usize, head_dim: usize },
-    /// Linear attention with a conv window and a recurrent state.
-    Recurrent { conv_dim: usize, kernel: usize, state_len: usize },
-    /// No per-request state.
-    Stateless,
-}
 
 /// What one layer reads and writes per decode step (roofline accounting in `porter bench`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

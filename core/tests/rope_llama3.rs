@@ -25,13 +25,13 @@ fn llama3_inv_freq_matches_transformers() {
         assert_eq!(want.len(), head_dim / 2);
         // inv_freq itself: transformers computes it in f32 (base ** (2i / dim) and the
         // blend); porter's libm powf may differ from torch's pow by an ulp elsewhere.
-        for (i, (&got, &w)) in rope.inv_freq().iter().zip(&want).enumerate() {
+        for (i, (&got, &w)) in rope.inv_freq().expect("inv_freq").iter().zip(&want).enumerate() {
             let ulps = (got - w).abs() / (w.abs() * f32::EPSILON);
             assert!(ulps <= 1.0, "{params} freq {i}: porter {got} vs transformers {w} ({ulps:.1} ulp)");
         }
         // Large positions magnify any inv_freq difference: p · inv_freq in f32 as HF.
         let positions = [1000usize, 8191, 100_000];
-        let (cos, sin) = rope.tables(&positions, DType::F32);
+        let (cos, sin) = rope.tables(&positions, DType::F32).expect("tables");
         for (row, &pos) in positions.iter().enumerate() {
             for (i, &w) in want.iter().enumerate() {
                 let a = pos as f32 * w;

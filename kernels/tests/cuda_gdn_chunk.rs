@@ -6,11 +6,13 @@
 //! nonzero states (twice), dk ≠ dv, hv / hk = 2, and the Qwen3-Next-80B dims
 //! at a 4096-token prefill (timed against `gdn_delta_seq`).
 //!
-//! Every GPU test prints `skipped: <reason>` and returns without a GPU.
-//! Outputs are NaN-poisoned before every launch.
+//! The GPU tests are `#[ignore = "needs a CUDA GPU"]` (run them with
+//! `--include-ignored`; without a GPU they then fail, saying so), the ptxas
+//! check `#[ignore = "needs NVRTC ..."]`. Outputs are NaN-poisoned before every launch.
 
 mod common;
 
+use common::gdn::*;
 use common::*;
 use half::{bf16, f16};
 use porter_kernels::cpu::gdn;
@@ -25,8 +27,9 @@ const TOL_CHUNK_F32: f32 = 1e-4;
 // ---------------------------------------------------------------------------
 
 #[test]
+#[ignore = "needs NVRTC (bash .ci/run installs it)"]
 fn nvrtc_gdn_chunk_ptxas_info() {
-    let Some(lines) = ptxas_info("nvrtc_gdn_chunk_ptxas_info", "gdn_chunk.cu") else { return };
+    let lines = ptxas_info("nvrtc_gdn_chunk_ptxas_info", "gdn_chunk.cu");
     for (func, line) in lines {
         println!("{func}: {line}");
     }
@@ -36,46 +39,18 @@ fn nvrtc_gdn_chunk_ptxas_info() {
 // Helpers
 // ---------------------------------------------------------------------------
 
-#[derive(Clone, Copy, Debug)]
-struct Dims {
-    hk: usize,
-    hv: usize,
-    dk: usize,
-    dv: usize,
-}
-
-impl Dims {
-    fn width(&self) -> usize {
-        2 * self.hk * self.dk + self.hv * self.dv
-    }
-    fn state(&self) -> usize {
-        self.hv * self.dk * self.dv
-    }
-}
-
 /// One span: `(len, slot, src_buf)` (never a snapshot span).
 type Span = (usize, usize, usize);
 
-/// Random inputs of `t` rows: qkv (conv outputs), g (a few below −60), β.
-fn inputs(rng: &mut Rng, d: Dims, t: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let qkv = rng.vec(t * d.width(), 1.0);
-    let g: Vec<f32> = (0..t * d.hv)
-        .map(|_| {
-            if rng.below(97) == 0 {
-                -70.0
-            } else {
-                -0.5 * (rng.f(1.0) + 1.0) * if rng.below(4) == 0 { 8.0 } else { 1.0 }
-            }
-        })
-        .collect();
-    let beta: Vec<f32> = (0..t * d.hv).map(|_| 1.0 / (1.0 + (-rng.f(4.0)).exp())).collect();
-    (qkv, g, beta)
+/// `spans` as delta-rule spans (no snapshots).
+fn delta_spans(spans: &[Span]) -> Vec<DeltaSpan> {
+    spans.iter().map(|&(len, slot, src)| (len, slot, src, false)).collect()
 }
 
 /// CPU chunked reference of one call; updates `state`
 /// `[num_slots, nbuf, hv, dk, dv]`, returns the output `[t, hv, dv]` (f32).
 fn chunk_ref(
-    d: Dims,
+    d: GdnDims,
     qkv: &[f32],
     g: &[f32],
     beta: &[f32],
@@ -83,38 +58,12 @@ fn chunk_ref(
     spans: &[Span],
     nbuf: usize,
 ) -> Vec<f32> {
-    let (hk, hv, dk, dv, wd, sl) = (d.hk, d.hv, d.dk, d.dv, d.width(), d.state());
-    let t: usize = spans.iter().map(|s| s.0).sum();
-    let mut out = vec![0.0f32; t * hv * dv];
-    let mut row0 = 0;
-    for &(len, slot, src) in spans {
-        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        for r in row0..row0 + len {
-            let row = &qkv[r * wd..(r + 1) * wd];
-            q.extend_from_slice(&row[..hk * dk]);
-            k.extend_from_slice(&row[hk * dk..2 * hk * dk]);
-            v.extend_from_slice(&row[2 * hk * dk..]);
-        }
-        gdn::l2norm_rows(&mut q, dk, 1.0 / (dk as f32).sqrt()).expect("l2norm");
-        gdn::l2norm_rows(&mut k, dk, 1.0).expect("l2norm");
-        let gs = &g[row0 * hv..(row0 + len) * hv];
-        let bs = &beta[row0 * hv..(row0 + len) * hv];
-        let o = &mut out[row0 * hv * dv..(row0 + len) * hv * dv];
-        let st = &mut state[(slot * nbuf + src) * sl..(slot * nbuf + src + 1) * sl];
-        gdn::chunked_gated_delta_rule(&q, &k, &v, gs, bs, st, o, len, hk, hv, dk, dv).expect("cpu chunked");
-        row0 += len;
-    }
-    out
-}
-
-fn span_table(spans: &[Span]) -> (Vec<u32>, usize, usize) {
-    let (mut flat, mut row0, mut max_len) = (Vec::new(), 0usize, 0usize);
-    for &(len, slot, src) in spans {
-        flat.extend_from_slice(&[row0 as u32, len as u32, slot as u32, src as u32, 0]);
-        row0 += len;
-        max_len = max_len.max(len);
-    }
-    (flat, row0, max_len)
+    let sl = d.state();
+    gdn_ref(d, qkv, g, beta, state, &delta_spans(spans), nbuf, |sp, slot_s, o| {
+        let st = &mut slot_s[sp.src * sl..(sp.src + 1) * sl];
+        gdn::chunked_gated_delta_rule(&sp.q, &sp.k, &sp.v, sp.g, sp.beta, st, o, sp.len, d.hk, d.hv, d.dk, d.dv)
+            .expect("cpu chunked");
+    })
 }
 
 fn out_tol<T: CudaFloat>() -> f32 {
@@ -128,13 +77,20 @@ fn out_tol<T: CudaFloat>() -> f32 {
 /// Runs `calls` consecutive calls (the state carries over) of both GPU kernels
 /// on separate state pools, and compares outputs and the whole pools with each
 /// other and with the CPU chunked reference after each call.
-fn chunk_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: Dims, num_slots: usize, nbuf: usize, calls: &[&[Span]]) {
+fn chunk_case<T: CudaFloat>(
+    k: &CudaKernels,
+    rng: &mut Rng,
+    d: GdnDims,
+    num_slots: usize,
+    nbuf: usize,
+    calls: &[&[Span]],
+) {
     let mut state = rng.vec(num_slots * nbuf * d.state(), 0.5);
     let mut dstate = up::<f32>(k, &state);
     let mut dstate_seq = up::<f32>(k, &state);
     for (ci, spans) in calls.iter().enumerate() {
-        let (flat, t, max_len) = span_table(spans);
-        let (qkv, g, beta) = inputs(rng, d, t);
+        let (flat, t, max_len) = span_table(delta_spans(spans));
+        let (qkv, g, beta) = gdn_inputs(rng, d, t);
         let want = rnd_vec::<T>(&chunk_ref(d, &qkv, &g, &beta, &mut state, spans, nbuf));
         let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
         let n = spans.len();
@@ -191,12 +147,13 @@ fn chunk_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: Dims, num_slots: 
 // ---------------------------------------------------------------------------
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_gdn_chunked_seq_spans() {
-    let Some(k) = gpu("cuda_gdn_chunked_seq_spans") else { return };
+    let k = gpu("cuda_gdn_chunked_seq_spans");
     let mut rng = Rng::new(201);
     // dk ≠ dv, hv / hk = 2; chunk-boundary lengths, several spans per call,
     // continuing from nonzero states (src_buf 1 of 2 for some).
-    let d = Dims { hk: 2, hv: 4, dk: 64, dv: 96 };
+    let d = GdnDims { hk: 2, hv: 4, dk: 64, dv: 96 };
     let calls: [&[Span]; 2] = [
         &[(1, 0, 0), (63, 1, 1), (64, 2, 0), (65, 3, 1), (200, 4, 0), (1000, 5, 1)],
         &[(1000, 2, 0), (65, 5, 1), (1, 4, 0), (200, 0, 0), (64, 1, 1), (63, 3, 1)],
@@ -205,9 +162,9 @@ fn cuda_gdn_chunked_seq_spans() {
     chunk_case::<bf16>(&k, &mut rng, d, 6, 2, &calls);
     chunk_case::<f16>(&k, &mut rng, d, 6, 2, &calls);
     // Odd dims (rows beyond dk / columns beyond dv in the blocks), dk = dv = 256.
-    chunk_case::<f32>(&k, &mut rng, Dims { hk: 1, hv: 2, dk: 5, dv: 7 }, 2, 1, &[&[(3, 0, 0), (130, 1, 0)]]);
-    chunk_case::<f32>(&k, &mut rng, Dims { hk: 1, hv: 3, dk: 200, dv: 70 }, 2, 1, &[&[(129, 1, 0), (9, 0, 0)]]);
-    chunk_case::<bf16>(&k, &mut rng, Dims { hk: 1, hv: 1, dk: 256, dv: 256 }, 1, 1, &[&[(150, 0, 0)]]);
+    chunk_case::<f32>(&k, &mut rng, GdnDims { hk: 1, hv: 2, dk: 5, dv: 7 }, 2, 1, &[&[(3, 0, 0), (130, 1, 0)]]);
+    chunk_case::<f32>(&k, &mut rng, GdnDims { hk: 1, hv: 3, dk: 200, dv: 70 }, 2, 1, &[&[(129, 1, 0), (9, 0, 0)]]);
+    chunk_case::<bf16>(&k, &mut rng, GdnDims { hk: 1, hv: 1, dk: 256, dv: 256 }, 1, 1, &[&[(150, 0, 0)]]);
 }
 
 /// Best of 3 timed calls (synchronised), in µs.
@@ -225,11 +182,11 @@ fn best_us(k: &CudaKernels, mut f: impl FnMut()) -> f64 {
 }
 
 fn prefill_80b<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, spans: &[Span], num_slots: usize) {
-    let d = Dims { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D };
+    let d = GdnDims { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D };
     chunk_case::<T>(k, rng, d, num_slots, 1, &[spans]);
-    let (flat, t, max_len) = span_table(spans);
+    let (flat, t, max_len) = span_table(delta_spans(spans));
     let n = spans.len();
-    let (qkv, g, beta) = inputs(rng, d, t);
+    let (qkv, g, beta) = gdn_inputs(rng, d, t);
     let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
     let mut dstate = up::<f32>(k, &rng.vec(num_slots * d.state(), 0.5));
     let mut out = poisoned::<T>(k, t * d.hv * d.dv);
@@ -279,8 +236,9 @@ fn prefill_80b<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, spans: &[Span], num
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_gdn_chunked_seq_80b_prefill() {
-    let Some(k) = gpu("cuda_gdn_chunked_seq_80b_prefill") else { return };
+    let k = gpu("cuda_gdn_chunked_seq_80b_prefill");
     let mut rng = Rng::new(202);
     prefill_80b::<bf16>(&k, &mut rng, &[(4096, 1, 0)], 2);
     prefill_80b::<f32>(&k, &mut rng, &[(4096, 0, 0)], 1);

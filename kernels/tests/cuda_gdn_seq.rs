@@ -5,12 +5,14 @@
 //! delta rule over spans (in place and with per-token snapshots), and the
 //! Qwen3-Next-80B-A3B sizes (decode at batch 1 and 64, a 4k prefill), timed.
 //!
-//! Every GPU test prints `skipped: <reason>` and returns without a GPU. Outputs
-//! are NaN-poisoned before every launch. The seed is printed; set
+//! The GPU tests are `#[ignore = "needs a CUDA GPU"]` (run them with
+//! `--include-ignored`; without a GPU they then fail, saying so), the ptxas
+//! check `#[ignore = "needs NVRTC ..."]`. Outputs are NaN-poisoned before every launch. The seed is printed; set
 //! `PORTER_CUDA_SEED` to replay one.
 
 mod common;
 
+use common::gdn::*;
 use common::*;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
@@ -23,8 +25,9 @@ use std::time::Instant;
 // ---------------------------------------------------------------------------
 
 #[test]
+#[ignore = "needs NVRTC (bash .ci/run installs it)"]
 fn nvrtc_gdn_seq_ptxas_info() {
-    let Some(lines) = ptxas_info("nvrtc_gdn_seq_ptxas_info", "gdn_seq.cu") else { return };
+    let lines = ptxas_info("nvrtc_gdn_seq_ptxas_info", "gdn_seq.cu");
     for (func, line) in lines {
         println!("{func}: {line}");
     }
@@ -138,53 +141,20 @@ fn conv_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: usize, x_stride: u
     // Decode spans and long ones, nonzero lags; then continue the same windows,
     // with lags again (rolled-back drafts), a span shorter than its lag, and a prefill.
     let lag = |l: usize| l.min(spec);
-    conv_call::<T>(
-        k,
-        rng,
+    let calls: [&[(usize, usize, usize)]; 3] = [
         &[(1, 2, 0), (37, 0, lag(2)), (1, 5, lag(1)), (300, 3, lag(spec)), (2, 4, 0)],
-        c,
-        x_stride,
-        kk,
-        win,
-        num_slots,
-        &w,
-        &dw,
-        &mut window,
-        &mut dwin,
-    );
-    conv_call::<T>(
-        k,
-        rng,
         &[(3, 0, lag(1)), (1, 2, lag(spec)), (1, 3, 0), (2, 5, lag(3)), (1, 4, lag(2)), (1, 1, 0)],
-        c,
-        x_stride,
-        kk,
-        win,
-        num_slots,
-        &w,
-        &dw,
-        &mut window,
-        &mut dwin,
-    );
-    conv_call::<T>(
-        k,
-        rng,
         &[(1000, 1, lag(1)), (1, 0, 0)],
-        c,
-        x_stride,
-        kk,
-        win,
-        num_slots,
-        &w,
-        &dw,
-        &mut window,
-        &mut dwin,
-    );
+    ];
+    for list in calls {
+        conv_call::<T>(k, rng, list, c, x_stride, kk, win, num_slots, &w, &dw, &mut window, &mut dwin);
+    }
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_gdn_conv_seq() {
-    let Some(k) = gpu("cuda_gdn_conv_seq") else { return };
+    let k = gpu("cuda_gdn_conv_seq");
     let mut rng = Rng::new(101);
     conv_case::<f32>(&k, &mut rng, 300, 333, CONV_K, 3);
     conv_case::<bf16>(&k, &mut rng, 300, 300, CONV_K, 0);
@@ -229,8 +199,9 @@ fn gates_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, t: usize, hv: usize)
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_gdn_gates_ba() {
-    let Some(k) = gpu("cuda_gdn_gates_ba") else { return };
+    let k = gpu("cuda_gdn_gates_ba");
     let mut rng = Rng::new(102);
     gates_case::<f32>(&k, &mut rng, 37, LIN_HV);
     gates_case::<bf16>(&k, &mut rng, 1000, LIN_HV);
@@ -241,46 +212,10 @@ fn cuda_gdn_gates_ba() {
 // Delta rule over spans
 // ---------------------------------------------------------------------------
 
-#[derive(Clone, Copy, Debug)]
-struct Dims {
-    hk: usize,
-    hv: usize,
-    dk: usize,
-    dv: usize,
-}
-
-impl Dims {
-    fn width(&self) -> usize {
-        2 * self.hk * self.dk + self.hv * self.dv
-    }
-    fn state(&self) -> usize {
-        self.hv * self.dk * self.dv
-    }
-}
-
-/// One delta-rule span: `(len, slot, src_buf, snapshot)`.
-type DeltaSpan = (usize, usize, usize, bool);
-
-/// Random inputs of `t` rows: qkv (conv outputs), g (a few below −60), β.
-fn delta_inputs(rng: &mut Rng, d: Dims, t: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let qkv = rng.vec(t * d.width(), 1.0);
-    let g: Vec<f32> = (0..t * d.hv)
-        .map(|_| {
-            if rng.below(97) == 0 {
-                -70.0
-            } else {
-                -0.5 * (rng.f(1.0) + 1.0) * if rng.below(4) == 0 { 8.0 } else { 1.0 }
-            }
-        })
-        .collect();
-    let beta: Vec<f32> = (0..t * d.hv).map(|_| 1.0 / (1.0 + (-rng.f(4.0)).exp())).collect();
-    (qkv, g, beta)
-}
-
 /// CPU reference of one `gdn_delta_seq` call; updates `state`
 /// `[num_slots, nbuf, hv, dk, dv]` and returns the output `[t, hv, dv]` (f32).
 fn delta_ref(
-    d: Dims,
+    d: GdnDims,
     qkv: &[f32],
     g: &[f32],
     beta: &[f32],
@@ -288,33 +223,18 @@ fn delta_ref(
     spans: &[DeltaSpan],
     nbuf: usize,
 ) -> Vec<f32> {
-    let (hk, hv, dk, dv, wd, sl) = (d.hk, d.hv, d.dk, d.dv, d.width(), d.state());
-    let t: usize = spans.iter().map(|s| s.0).sum();
-    let mut out = vec![0.0f32; t * hv * dv];
-    let mut row0 = 0;
-    for &(len, slot, src, snap) in spans {
-        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        for r in row0..row0 + len {
-            let row = &qkv[r * wd..(r + 1) * wd];
-            q.extend_from_slice(&row[..hk * dk]);
-            k.extend_from_slice(&row[hk * dk..2 * hk * dk]);
-            v.extend_from_slice(&row[2 * hk * dk..]);
-        }
-        gdn::l2norm_rows(&mut q, dk, 1.0 / (dk as f32).sqrt()).expect("l2norm");
-        gdn::l2norm_rows(&mut k, dk, 1.0).expect("l2norm");
-        let gs = &g[row0 * hv..(row0 + len) * hv];
-        let bs = &beta[row0 * hv..(row0 + len) * hv];
-        let o = &mut out[row0 * hv * dv..(row0 + len) * hv * dv];
-        let slot_s = &mut state[slot * nbuf * sl..(slot + 1) * nbuf * sl];
+    let (hk, hv, dk, dv, sl) = (d.hk, d.hv, d.dk, d.dv, d.state());
+    gdn_ref(d, qkv, g, beta, state, spans, nbuf, |sp, slot_s, o| {
+        let (src, len) = (sp.src, sp.len);
         let mut st = slot_s[src * sl..(src + 1) * sl].to_vec();
-        if snap {
+        if sp.snapshot {
             for i in 0..len {
                 gdn::recurrent_gated_delta_rule(
-                    &q[i * hk * dk..(i + 1) * hk * dk],
-                    &k[i * hk * dk..(i + 1) * hk * dk],
-                    &v[i * hv * dv..(i + 1) * hv * dv],
-                    &gs[i * hv..(i + 1) * hv],
-                    &bs[i * hv..(i + 1) * hv],
+                    &sp.q[i * hk * dk..(i + 1) * hk * dk],
+                    &sp.k[i * hk * dk..(i + 1) * hk * dk],
+                    &sp.v[i * hv * dv..(i + 1) * hv * dv],
+                    &sp.g[i * hv..(i + 1) * hv],
+                    &sp.beta[i * hv..(i + 1) * hv],
                     &mut st,
                     &mut o[i * hv * dv..(i + 1) * hv * dv],
                     1,
@@ -327,23 +247,11 @@ fn delta_ref(
                 slot_s[i * sl..(i + 1) * sl].copy_from_slice(&st);
             }
         } else {
-            gdn::recurrent_gated_delta_rule(&q, &k, &v, gs, bs, &mut st, o, len, hk, hv, dk, dv)
+            gdn::recurrent_gated_delta_rule(&sp.q, &sp.k, &sp.v, sp.g, sp.beta, &mut st, o, len, hk, hv, dk, dv)
                 .expect("cpu recurrence");
             slot_s[src * sl..(src + 1) * sl].copy_from_slice(&st);
         }
-        row0 += len;
-    }
-    out
-}
-
-fn span_table(spans: &[DeltaSpan]) -> (Vec<u32>, usize, usize) {
-    let (mut flat, mut row0, mut max_len) = (Vec::new(), 0usize, 0usize);
-    for &(len, slot, src, snap) in spans {
-        flat.extend_from_slice(&[row0 as u32, len as u32, slot as u32, src as u32, snap as u32]);
-        row0 += len;
-        max_len = max_len.max(len);
-    }
-    (flat, row0, max_len)
+    })
 }
 
 /// Runs `calls` consecutive `gdn_delta_seq` calls (the state carries over) and
@@ -351,7 +259,7 @@ fn span_table(spans: &[DeltaSpan]) -> (Vec<u32>, usize, usize) {
 fn delta_case<T: CudaFloat>(
     k: &CudaKernels,
     rng: &mut Rng,
-    d: Dims,
+    d: GdnDims,
     num_slots: usize,
     nbuf: usize,
     calls: &[&[DeltaSpan]],
@@ -360,8 +268,8 @@ fn delta_case<T: CudaFloat>(
     let mut state = rng.vec(num_slots * nbuf * sl, 0.5);
     let mut dstate = up::<f32>(k, &state);
     for (ci, spans) in calls.iter().enumerate() {
-        let (flat, t, max_len) = span_table(spans);
-        let (qkv, g, beta) = delta_inputs(rng, d, t);
+        let (flat, t, max_len) = span_table(spans.iter().copied());
+        let (qkv, g, beta) = gdn_inputs(rng, d, t);
         let want: Vec<f32> = rnd_vec::<T>(&delta_ref(d, &qkv, &g, &beta, &mut state, spans, nbuf));
         let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
@@ -390,10 +298,11 @@ fn delta_case<T: CudaFloat>(
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_gdn_delta_seq_in_place() {
-    let Some(k) = gpu("cuda_gdn_delta_seq_in_place") else { return };
+    let k = gpu("cuda_gdn_delta_seq_in_place");
     let mut rng = Rng::new(103);
-    let small = Dims { hk: 2, hv: 4, dk: 32, dv: 48 };
+    let small = GdnDims { hk: 2, hv: 4, dk: 32, dv: 48 };
     let calls: [&[DeltaSpan]; 2] = [
         &[(1, 0, 0, false), (37, 2, 1, false), (5, 3, 0, false), (1, 1, 1, false)],
         &[(20, 2, 1, false), (1, 0, 0, false), (1, 1, 0, false)],
@@ -404,22 +313,22 @@ fn cuda_gdn_delta_seq_in_place() {
     delta_case::<f16>(
         &k,
         &mut rng,
-        Dims { hk: 1, hv: 3, dk: 200, dv: 70 },
+        GdnDims { hk: 1, hv: 3, dk: 200, dv: 70 },
         3,
         1,
         &[&[(9, 1, 0, false), (3, 0, 0, false)]],
     );
-    delta_case::<f32>(&k, &mut rng, Dims { hk: 3, hv: 3, dk: 256, dv: 33 }, 2, 1, &[&[(40, 1, 0, false)]]);
+    delta_case::<f32>(&k, &mut rng, GdnDims { hk: 3, hv: 3, dk: 256, dv: 33 }, 2, 1, &[&[(40, 1, 0, false)]]);
     delta_case::<f32>(
         &k,
         &mut rng,
-        Dims { hk: 2, hv: 2, dk: 5, dv: 7 },
+        GdnDims { hk: 2, hv: 2, dk: 5, dv: 7 },
         2,
         1,
         &[&[(3, 0, 0, false), (17, 1, 0, false)]],
     );
     // The real dims, a few sequences of mixed lengths, continuing.
-    let real = Dims { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D };
+    let real = GdnDims { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D };
     // (5 sequences: 2 lanes per state column, 64 rows each.)
     let calls: [&[DeltaSpan]; 2] = [
         &[(1, 0, 0, false), (70, 1, 0, false), (3, 2, 0, false), (1, 3, 0, false), (2, 4, 0, false)],
@@ -429,10 +338,11 @@ fn cuda_gdn_delta_seq_in_place() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_gdn_delta_seq_snapshots() {
-    let Some(k) = gpu("cuda_gdn_delta_seq_snapshots") else { return };
+    let k = gpu("cuda_gdn_delta_seq_snapshots");
     let mut rng = Rng::new(104);
-    let small = Dims { hk: 2, hv: 4, dk: 32, dv: 48 };
+    let small = GdnDims { hk: 2, hv: 4, dk: 32, dv: 48 };
     // src_buf among the written buffers (0..len), beyond them, and a plain span in the same call.
     let calls: [&[DeltaSpan]; 3] = [
         &[(4, 0, 2, true), (1, 1, 3, true), (3, 2, 3, true), (6, 3, 1, false)],
@@ -441,7 +351,7 @@ fn cuda_gdn_delta_seq_snapshots() {
     ];
     delta_case::<f32>(&k, &mut rng, small, 4, 4, &calls);
     delta_case::<bf16>(&k, &mut rng, small, 4, 4, &calls);
-    let real = Dims { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D };
+    let real = GdnDims { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D };
     let calls: [&[DeltaSpan]; 2] = [&[(4, 0, 1, true), (3, 1, 0, true)], &[(2, 0, 3, true), (4, 1, 2, true)]];
     delta_case::<bf16>(&k, &mut rng, real, 2, 4, &calls);
 }
@@ -465,10 +375,10 @@ fn time_us(k: &CudaKernels, iters: usize, mut f: impl FnMut()) -> f64 {
 /// One call of the full GDN sequence path at the 80B dims (conv over the
 /// in_proj rows, gates, delta rule), checked against the CPU, then timed.
 fn real_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, spans: &[DeltaSpan], num_slots: usize) {
-    let d = Dims { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D };
+    let d = GdnDims { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D };
     let (c, hv, kk, win) = (d.width(), d.hv, CONV_K, CONV_K - 1);
     let stride = c + hv * d.dv; // [q | k | v | z]
-    let (flat, t, max_len) = span_table(spans);
+    let (flat, t, max_len) = span_table(spans.iter().copied());
     let n = spans.len();
     let label = format!("80B {} t {t} spans {n} max_len {max_len}", T::NAME);
 
@@ -556,8 +466,9 @@ fn real_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, spans: &[DeltaSpan], 
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_gdn_seq_80b_decode() {
-    let Some(k) = gpu("cuda_gdn_seq_80b_decode") else { return };
+    let k = gpu("cuda_gdn_seq_80b_decode");
     let mut rng = Rng::new(105);
     real_case::<bf16>(&k, &mut rng, &[(1, 3, 0, false)], 4);
     let batch: Vec<DeltaSpan> = (0..64).map(|i| (1, (i * 7) % 64, 0, false)).collect();
@@ -566,8 +477,9 @@ fn cuda_gdn_seq_80b_decode() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_gdn_seq_80b_prefill() {
-    let Some(k) = gpu("cuda_gdn_seq_80b_prefill") else { return };
+    let k = gpu("cuda_gdn_seq_80b_prefill");
     let mut rng = Rng::new(106);
     real_case::<bf16>(&k, &mut rng, &[(4096, 1, 0, false)], 2);
     real_case::<bf16>(&k, &mut rng, &[(1000, 0, 0, false), (3, 1, 0, false), (500, 2, 0, false)], 3);

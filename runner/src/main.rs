@@ -15,6 +15,8 @@ use porter_core::{registry, Batch, DType, Device, LogitsFor, Model, StateCache};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod load_cmd;
+
 /// The bundled default model, relative to the repository root.
 const DEFAULT_MODEL: &str = "tests/fixtures/qwen3_next_mtp";
 
@@ -41,6 +43,9 @@ enum Cmd {
     Models,
     /// Measure prefill and decode throughput (random weights from a config, or a model folder).
     Bench(BenchArgs),
+    /// Load a model and report load time, throughput, peak host memory and device memory
+    /// (or print the tensors a checkpoint for a config must hold).
+    Load(load_cmd::LoadArgs),
 }
 
 #[derive(Args)]
@@ -383,6 +388,16 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+/// The text of `--config`: a preset name or a file.
+fn config_text(c: &str) -> Result<String> {
+    match preset(c) {
+        Some(t) => Ok(t.to_owned()),
+        None => std::fs::read_to_string(c).with_context(|| {
+            format!("--config `{c}` is neither a preset (qwen3-next-80b-a3b, qwen3-next-mid) nor a readable file")
+        }),
+    }
+}
+
 fn preset(name: &str) -> Option<&'static str> {
     match name {
         "qwen3-next-80b-a3b" => Some(include_str!("../presets/qwen3-next-80b-a3b.json")),
@@ -443,7 +458,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     // The HBM roofline: measured device-to-device copy bandwidth of this GPU.
     let roofline = match device {
         Device::Cuda(i) => {
-            let bw = porter_core::backend::cuda::copy_bandwidth(&*porter_core::backend::cuda::gpu(i)?)?;
+            let bw = porter_core::backend::cuda::copy_bandwidth(&*porter_core::tensor::cuda::gpu(i)?)?;
             println!("HBM copy bandwidth (roofline): {:.0} GB/s", bw / 1e9);
             Some(bw)
         }
@@ -678,6 +693,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Generate(a) => cmd_generate(&a),
         Cmd::Inspect(a) => cmd_inspect(&a),
         Cmd::Bench(a) => cmd_bench(&a),
+        Cmd::Load(a) => load_cmd::cmd_load(&a),
         Cmd::Models => {
             for e in registry::entries() {
                 println!("{}\t{}", e.architecture, e.crate_name);

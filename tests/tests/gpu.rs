@@ -4,8 +4,8 @@
 //! speculative decoding on the device equals plain greedy decoding; several sequences in
 //! one batch equal separate runs; rollback of rejected tokens on the device.
 //!
-//! Every test prints `skipped: no CUDA device (...)` and passes where there is no GPU
-//! (CI); `scripts/gpu-check.sh` runs them on the GPU machine.
+//! Every test is `#[ignore = "needs a CUDA GPU"]`: `scripts/gpu-check.sh` runs them on the
+//! GPU machine with `--include-ignored`; asked for where there is no GPU, they fail.
 
 use porter_core::generate::generate;
 use porter_core::sampling::SamplingParams;
@@ -17,7 +17,7 @@ const F32_TOL: f32 = 1e-3;
 const BF16_TOL: f32 = 5e-2;
 
 fn check_fixture(name: &str) {
-    let Some(dev) = cuda_or_skip(name) else { return };
+    let Some(dev) = cuda_or_skip(name) else { panic!("{name}: needs a CUDA GPU") };
     let r = Reference::open(name).expect("reference");
     for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL), (DType::F16, BF16_TOL)] {
         let m = load_on(name, dtype, dev).unwrap_or_else(|e| panic!("{name} {dtype} on {dev}: {e:#}"));
@@ -39,46 +39,55 @@ fn check_fixture(name: &str) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_qwen3() {
     check_fixture("qwen3");
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_qwen3_tied_v5_config_with_biases() {
     check_fixture("qwen3_tied");
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_qwen3_moe() {
     check_fixture("qwen3_moe");
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_qwen3_moe_sparse2() {
     check_fixture("qwen3_moe_sparse2");
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_mistral() {
     check_fixture("mistral");
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_mistral_sliding_window() {
     check_fixture("mistral_swa");
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_qwen3_next_a() {
     check_fixture("qwen3_next_a");
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_qwen3_next_b() {
     check_fixture("qwen3_next_b");
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_qwen3_next_mtp() {
     check_fixture("qwen3_next_mtp");
 }
@@ -86,8 +95,11 @@ fn cuda_qwen3_next_mtp() {
 /// Several sequences of different lengths in one batch (prefill, then decode steps)
 /// give the logits of separate runs, on the device.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_batched_sequences_equal_separate_runs() {
-    let Some(dev) = cuda_or_skip("cuda_batched_sequences_equal_separate_runs") else { return };
+    let Some(dev) = cuda_or_skip("cuda_batched_sequences_equal_separate_runs") else {
+        panic!("cuda_batched_sequences_equal_separate_runs: needs a CUDA GPU")
+    };
     for name in ["qwen3_next_a", "qwen3_moe", "mistral_swa"] {
         let m = load_on(name, DType::F32, dev).unwrap();
         let prompts: Vec<Vec<u32>> = vec![vec![3, 17, 99, 5], vec![42], vec![7, 8, 9, 10, 11, 12, 13]];
@@ -114,8 +126,11 @@ fn cuda_batched_sequences_equal_separate_runs() {
 
 /// Draft heads on the device: speculative greedy output equals plain greedy output.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_mtp_speculative_equals_greedy() {
-    let Some(dev) = cuda_or_skip("cuda_mtp_speculative_equals_greedy") else { return };
+    let Some(dev) = cuda_or_skip("cuda_mtp_speculative_equals_greedy") else {
+        panic!("cuda_mtp_speculative_equals_greedy: needs a CUDA GPU")
+    };
     for (main_name, draft_dir) in [
         ("qwen3_next_mtp", "qwen3_next_mtp"),
         ("qwen3_moe", "qwen3_moe_mtp_draft"),
@@ -140,8 +155,11 @@ fn cuda_mtp_speculative_equals_greedy() {
 
 /// Verify K + 1 rows, keep some, continue: equals a fresh run (device rollback).
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_rollback_equals_fresh_run() {
-    let Some(dev) = cuda_or_skip("cuda_rollback_equals_fresh_run") else { return };
+    let Some(dev) = cuda_or_skip("cuda_rollback_equals_fresh_run") else {
+        panic!("cuda_rollback_equals_fresh_run: needs a CUDA GPU")
+    };
     let m = load_on("qwen3_next_a", DType::F32, dev).unwrap();
     let ids: Vec<u32> = vec![11, 22, 33, 44, 55, 66, 77, 88];
     let fresh = prefill_logits(&m, &ids).unwrap();
@@ -160,8 +178,11 @@ fn cuda_rollback_equals_fresh_run() {
 /// `--device cuda` on a model folder and the CPU give the same greedy tokens with sampling
 /// parameters too (the device sampler reproduces the host sampler's draws).
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn cuda_sampling_matches_cpu() {
-    let Some(dev) = cuda_or_skip("cuda_sampling_matches_cpu") else { return };
+    let Some(dev) = cuda_or_skip("cuda_sampling_matches_cpu") else {
+        panic!("cuda_sampling_matches_cpu: needs a CUDA GPU")
+    };
     let cpu = load("qwen3", DType::F32).unwrap();
     let gpu = load_on("qwen3", DType::F32, dev).unwrap();
     let prompt: Vec<u32> = vec![1, 2, 3, 4];

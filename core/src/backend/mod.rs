@@ -1,3 +1,473 @@
-//! The ops the shared blocks need, with a CPU and a CUDA implementation side by side.
+//! The backend seam: the ops the shared blocks need ([`Ops`]), with a CPU ([`cpu`]) and a
+//! CUDA ([`cuda`]) implementation side by side, and the per-layer state buffers the
+//! stateful ops read and write ([`KvCache`], [`RecCache`]).
+//!
+//! A block calls `ops(&x).rms_norm(..)` once; [`ops`] is one exhaustive `match` on the
+//! tensor's [`Storage`], so a new backend is a new `Storage` variant plus one `Ops` impl and
+//! the compiler lists every place that must learn about it. The tensor-level ops
+//! (`matmul_t`, `add_`, `gather_rows`, …) are methods on [`Tensor`] defined here on top of
+//! the same dispatch.
 
+pub mod cpu;
 pub mod cuda;
+
+use crate::bail;
+use crate::batch::{Batch, SeqId};
+use crate::error::Result;
+use crate::tensor::{DType, Device, Storage, Tensor};
+
+/// Which RMSNorm formula a norm uses (models.md §3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    /// Llama style: `w · round(x·rsqrt(mean(x²)+eps))` (Qwen3, Qwen3-MoE, Mistral, Llama).
+    Standard,
+    /// Zero-centred: `x·rsqrt(mean(x²)+eps)·(1+w)`, all f32, one rounding (Qwen3-Next).
+    ZeroCentred,
+}
+
+/// RoPE arguments of one attention block.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeArgs<'a> {
+    /// `[rot_dim / 2]` f32 inverse frequencies, on the activations' device.
+    pub inv_freq: &'a Tensor,
+    pub rot_dim: usize,
+    pub head_dim: usize,
+    /// Scale applied to cos / sin (YaRN's attention factor; 1 otherwise).
+    pub scaling: f32,
+}
+
+/// Attention geometry of one block.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnArgs {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    /// Sliding-window length (a key is visible while `pos_q − pos_k < window`).
+    pub window: Option<usize>,
+}
+
+/// MoE routing of one block.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeArgs {
+    /// Routed experts (the first `experts` columns of the router logits).
+    pub experts: usize,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+}
+
+/// Gated DeltaNet geometry (see `nn::GdnConfig`).
+#[derive(Debug, Clone, Copy)]
+pub struct GdnArgs {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl GdnArgs {
+    /// Conv channels `2·Hk·dk + Hv·dv`.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+}
+
+/// The small f32 weights of a Gated DeltaNet block, on the activations' device.
+///
+/// # Shapes
+/// `conv_w: [conv_dim, K]`, `a_log`, `dt_bias`: `[Hv]`, all f32
+#[derive(Debug, Clone, Copy)]
+pub struct GdnWeights<'a> {
+    pub conv_w: &'a Tensor,
+    pub a_log: &'a Tensor,
+    pub dt_bias: &'a Tensor,
+}
+
+/// The ops of one backend. Inputs live on that backend; shapes are checked by the callers
+/// (the blocks) and again where a kernel needs it.
+pub trait Ops: Sync {
+    /// `x · wᵀ`: `[.., k] × [n, k]ᵀ → [.., n]` in `out` (f32 accumulation).
+    fn matmul_t(&self, x: &Tensor, w: &Tensor, out: DType) -> Result<Tensor>;
+    /// `x += y`, rounded to `x`'s dtype (residual adds: `x` is the f32 stream).
+    fn add_(&self, x: &mut Tensor, y: &Tensor) -> Result<()>;
+    /// `y[r] += b` per row, rounded to `y`'s dtype.
+    fn add_bias(&self, y: &mut Tensor, b: &Tensor) -> Result<()>;
+    /// The values rounded to `dtype`.
+    fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor>;
+    /// Rows `idx` of the `[rows, d]` view → `[idx.len(), d]`.
+    fn gather_rows(&self, x: &Tensor, idx: &[usize]) -> Result<Tensor>;
+    /// Columns `col0..col0 + n` of the `[rows, d]` view → `[rows, n]`.
+    fn cols(&self, x: &Tensor, col0: usize, n: usize) -> Result<Tensor>;
+    /// `[a | b]` along the last dimension: `[T, d1]`, `[T, d2]` → `[T, d1 + d2]`.
+    fn concat_last(&self, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+    /// Parts stacked along the first dimension: `[n_i, ...]` → `[Σ n_i, ...]` (load-time packing).
+    fn concat_rows(&self, parts: &[&Tensor]) -> Result<Tensor>;
+
+    /// Rows `ids` of `table: [vocab, hidden]` as the f32 residual stream `[T, hidden]`.
+    fn embedding(&self, table: &Tensor, ids: &[u32]) -> Result<Tensor>;
+    /// RMSNorm over the last `w.len()` values: `[.., d]` → `[.., d]` in `w`'s dtype.
+    fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32, kind: NormKind) -> Result<Tensor>;
+    /// `x += y` (the f32 residual stream) fused with the RMSNorm of the sum; returns the norm.
+    fn add_rms_norm(&self, x: &mut Tensor, y: &Tensor, w: &Tensor, eps: f32, kind: NormKind) -> Result<Tensor>;
+    /// Rotates `x: [T, heads, head_dim]` in place at the batch's positions (NeoX pairing).
+    fn rope(&self, x: &mut Tensor, rope: &RopeArgs<'_>, batch: &Batch) -> Result<()>;
+    /// `silu(g) · u` of a stacked `[T, 2I] = [gate | up]` → `[T, I]`, one rounding.
+    fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor>;
+    /// `x *= sigmoid(gate)` elementwise (same shape; both rounded as the dtype).
+    fn sigmoid_gate_mul(&self, x: &mut Tensor, gate: &Tensor) -> Result<()>;
+    /// Appends the batch's keys / values to `kv` and attends causally:
+    /// `q: [T, heads, hd]`, `k`, `v`: `[T, kv_heads, hd]` → `[T, heads, hd]`.
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        a: &AttnArgs,
+        batch: &Batch,
+        kv: &mut KvCache,
+    ) -> Result<Tensor>;
+    /// Routed experts: softmax router over the first `m.experts` f32 columns of `logits`
+    /// (`[T, ≥ E]`), top-k, optional renormalisation, the grouped expert SwiGLUs
+    /// (`gate`, `up`: `[E, I, H]`, `down`: `[E, H, I]`) and their weighted sum → `[T, H]` f32.
+    fn moe_experts(
+        &self,
+        x: &Tensor,
+        logits: &Tensor,
+        m: &MoeArgs,
+        gate: &Tensor,
+        up: &Tensor,
+        down: &Tensor,
+    ) -> Result<Tensor>;
+    /// `silu(g) · u` from f32 columns `[col0, col0 + I)` (gate) and `[col0 + I, col0 + 2I)`
+    /// (up) of `all`, each rounded to `dtype` first as a GEMM output would be → `[T, I]`.
+    fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType) -> Result<Tensor>;
+    /// `y += sigmoid(round(all[:, gate_col])) · so` per row (`y` f32 `[T, H]`).
+    fn shared_expert_add(&self, y: &mut Tensor, so: &Tensor, all: &Tensor, gate_col: usize) -> Result<()>;
+    /// The Gated DeltaNet core on the stacked projections `p: [T, conv_dim + Hv·dv + 2·Hv]`
+    /// (`[q | k | v | z | b | a]`): causal conv + SiLU continuing each slot's window, gates,
+    /// L2-normalised q / k, the delta rule on the slot's state (per-token snapshots in a
+    /// speculative step) → `[T·Hv, dv]` in `p`'s dtype.
+    fn gdn(&self, p: &Tensor, w: &GdnWeights<'_>, g: &GdnArgs, batch: &Batch, rec: &mut RecCache) -> Result<Tensor>;
+    /// Gated RMSNorm per value head with SiLU(z), `z` read from columns `zoff..` of `p`:
+    /// `o: [T·Hv, dv]` → `[T·Hv, dv]`.
+    fn gated_norm(&self, o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor>;
+}
+
+/// The ops of the backend `t` lives on.
+pub fn ops(t: &Tensor) -> &'static dyn Ops {
+    match t.storage() {
+        Storage::Cpu(_) => &cpu::CpuOps,
+        Storage::Cuda(_) => &cuda::CudaOps,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tensor-level ops (methods on Tensor, dispatched through `ops`)
+// ---------------------------------------------------------------------------------------
+
+impl Tensor {
+    /// `[rows, d] × wᵀ` with `w: [n, d]` → `[rows, n]` (`x @ w.T`), f32 accumulation, output
+    /// rounded to the weight's dtype.
+    pub fn matmul_t(&self, w: &Tensor) -> Result<Tensor> {
+        self.matmul_t_to(w, w.dtype())
+    }
+
+    /// As [`Tensor::matmul_t`] with an explicit output dtype (e.g. f32 logits).
+    pub fn matmul_t_to(&self, w: &Tensor, out: DType) -> Result<Tensor> {
+        if w.shape().len() != 2 || w.dim(1) != self.last_dim() {
+            bail!(Shape, "matmul: activation {:?} vs weight {:?}", self.shape(), w.shape());
+        }
+        same_device(self, w, "matmul")?;
+        ops(self).matmul_t(self, w, out)
+    }
+
+    /// `self += other` elementwise, rounded to `self`'s dtype (a residual add).
+    pub fn add_(&mut self, other: &Tensor) -> Result<()> {
+        if self.shape() != other.shape() {
+            bail!(Shape, "add: shape mismatch {:?} vs {:?}", self.shape(), other.shape());
+        }
+        same_device(self, other, "add")?;
+        ops(self).add_(self, other)
+    }
+
+    /// Rounds the values to `dtype` and retags the tensor (a cast on the device).
+    pub fn try_to_dtype(self, dtype: DType) -> Result<Self> {
+        if self.dtype() == dtype {
+            return Ok(self);
+        }
+        match self.storage() {
+            Storage::Cpu(crate::tensor::CpuStorage::F32(_)) => self.retag_host(dtype),
+            Storage::Cpu(_) | Storage::Cuda(_) => ops(&self).cast(&self, dtype),
+        }
+    }
+
+    /// Copies rows `[start, start + n)` of the `[rows, last_dim]` view.
+    pub fn narrow_rows(&self, start: usize, n: usize) -> Result<Self> {
+        if start + n > self.rows() {
+            bail!(Shape, "narrow_rows {start}+{n} out of range for {} rows", self.rows());
+        }
+        let idx: Vec<usize> = (start..start + n).collect();
+        self.gather_rows(&idx)
+    }
+
+    /// Gathers the given rows of the `[rows, last_dim]` view into `[idx.len(), last_dim]`.
+    pub fn gather_rows(&self, idx: &[usize]) -> Result<Self> {
+        let rows = self.rows();
+        if let Some(&bad) = idx.iter().find(|&&i| i >= rows) {
+            bail!(Shape, "row index {bad} out of range ({rows} rows)");
+        }
+        ops(self).gather_rows(self, idx)
+    }
+
+    /// Columns `col0..col0 + n` of the `[rows, last_dim]` view → `[rows, n]`.
+    pub fn cols(&self, col0: usize, n: usize) -> Result<Self> {
+        if col0 + n > self.last_dim() {
+            bail!(Shape, "columns {col0}+{n} out of range for {:?}", self.shape());
+        }
+        ops(self).cols(self, col0, n)
+    }
+
+    /// `[self | other]` along the last dimension (same dtype, same rows).
+    pub fn concat_last(&self, other: &Tensor) -> Result<Self> {
+        if self.rows() != other.rows() || self.dtype() != other.dtype() {
+            bail!(Shape, "concat: {:?} {} vs {:?} {}", self.shape(), self.dtype(), other.shape(), other.dtype());
+        }
+        same_device(self, other, "concat")?;
+        ops(self).concat_last(self, other)
+    }
+}
+
+impl Tensor {
+    /// Parts with equal trailing dimensions and dtype stacked along the first dimension.
+    pub fn concat_rows(parts: &[&Tensor]) -> Result<Tensor> {
+        let first = parts.first().ok_or_else(|| crate::err!(Internal, "concat_rows of no tensors"))?;
+        for p in parts {
+            if p.shape().get(1..) != first.shape().get(1..) || p.dtype() != first.dtype() {
+                bail!(Shape, "concat_rows: {:?} {} vs {:?} {}", p.shape(), p.dtype(), first.shape(), first.dtype());
+            }
+            same_device(p, first, "concat_rows")?;
+        }
+        ops(first).concat_rows(parts)
+    }
+}
+
+fn same_device(a: &Tensor, b: &Tensor, op: &str) -> Result<()> {
+    if a.device() != b.device() {
+        bail!(Internal, "{op}: operands on {} and {}", a.device(), b.device());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Per-layer state buffers
+// ---------------------------------------------------------------------------------------
+
+/// Key / value storage of one attention layer for every slot, on one backend.
+#[derive(Debug, Clone)]
+pub enum KvBuf {
+    Cpu(cpu::CpuKv),
+    Cuda(cuda::CudaKv),
+}
+
+/// Key / value cache of one attention layer for every slot.
+///
+/// # Shapes
+/// per slot: `k`, `v`: `[len, kv_heads, head_dim]` in the model dtype
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub buf: KvBuf,
+}
+
+impl KvCache {
+    /// An empty cache on `device` (per-sequence buffers grow as positions are written).
+    pub fn new(device: Device, kv_heads: usize, head_dim: usize, dtype: DType) -> Result<Self> {
+        let buf = match device {
+            Device::Cpu => KvBuf::Cpu(cpu::CpuKv::new(kv_heads * head_dim)),
+            Device::Cuda(i) => KvBuf::Cuda(cuda::CudaKv::new(crate::tensor::cuda::gpu(i)?, kv_heads, head_dim, dtype)),
+        };
+        Ok(Self { kv_heads, head_dim, buf })
+    }
+
+    /// Cached positions of a slot.
+    pub fn len(&self, seq: SeqId) -> usize {
+        match &self.buf {
+            KvBuf::Cpu(b) => b.len(seq),
+            KvBuf::Cuda(b) => b.len(seq),
+        }
+    }
+
+    pub fn is_empty(&self, seq: SeqId) -> bool {
+        self.len(seq) == 0
+    }
+
+    /// Drops positions `len..` of a slot.
+    pub fn truncate(&mut self, seq: SeqId, len: usize) {
+        match &mut self.buf {
+            KvBuf::Cpu(b) => b.truncate(seq, len),
+            KvBuf::Cuda(b) => b.truncate(seq, len),
+        }
+    }
+
+    /// Frees a slot's buffers.
+    pub fn clear(&mut self, seq: SeqId) {
+        match &mut self.buf {
+            KvBuf::Cpu(b) => b.clear(seq),
+            KvBuf::Cuda(b) => b.clear(seq),
+        }
+    }
+
+    /// A copy (device buffers copied, errors reported).
+    pub fn try_clone(&self) -> Result<Self> {
+        Ok(self.clone())
+    }
+}
+
+/// Rollback bookkeeping of one recurrent slot, shared by every backend: which SSM buffer
+/// holds the current state and which tokens of the last step can still be rejected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RollbackMeta {
+    /// Newest conv-window entries rolled back (skipped by the next step).
+    pub lag: usize,
+    /// SSM buffer holding the current state.
+    pub cur: usize,
+    /// Tokens consumed before the last step.
+    pub base: usize,
+    /// Tokens of the last step whose post-token states are kept (buffer j = state after
+    /// token `base + j`); 0 when only the final state is kept.
+    pub kept: usize,
+}
+
+impl RollbackMeta {
+    /// Whether the slot can roll back from `from` to `to` consumed tokens.
+    pub fn can_rollback(&self, from: usize, to: usize) -> bool {
+        to == from || (self.kept > 0 && to > self.base && from == self.base + self.kept)
+    }
+
+    /// Records a step of `len` tokens at `pos0`; with snapshots, the state after token j
+    /// goes to buffer j.
+    pub fn start_step(&mut self, pos0: usize, len: usize, snapshots: bool) {
+        self.lag = 0;
+        self.base = pos0;
+        if snapshots {
+            self.kept = len;
+            self.cur = len - 1;
+        } else {
+            self.kept = 0;
+        }
+    }
+}
+
+/// Conv-window and SSM storage of one linear-attention layer, on one backend.
+#[derive(Debug, Clone)]
+pub enum RecBuf {
+    Cpu(cpu::CpuRec),
+    Cuda(cuda::CudaRec),
+}
+
+/// Conv and SSM state of one linear-attention (Gated DeltaNet) layer for every slot.
+///
+/// For speculative decoding the layer keeps `spec + 1` SSM buffers and a conv window of
+/// `kernel − 1 + spec` inputs per slot (engine.md §4.6): a step of `t ≤ spec + 1` tokens
+/// writes the state after each token into its own buffer, so rejecting draft tokens only
+/// moves the `cur` index and marks conv inputs as rolled back; nothing is recomputed or
+/// copied back. Only tokens of the last step can be rejected.
+///
+/// # Shapes
+/// per slot: conv window `[conv_dim, kernel − 1 + spec]` (oldest first), `spec + 1` SSM
+/// states `[Hv, dk, dv]` f32
+#[derive(Debug, Clone)]
+pub struct RecCache {
+    pub conv_dim: usize,
+    pub kernel: usize,
+    pub state_len: usize,
+    /// Maximum draft tokens that can be rolled back (0: no snapshots).
+    pub spec: usize,
+    pub meta: Vec<RollbackMeta>,
+    pub buf: RecBuf,
+}
+
+impl RecCache {
+    /// State for `max_slots` slots on `device` (allocated up front on a GPU).
+    pub fn new(
+        device: Device,
+        conv_dim: usize,
+        kernel: usize,
+        state_len: usize,
+        spec: usize,
+        max_slots: usize,
+    ) -> Result<Self> {
+        let buf = match device {
+            Device::Cpu => RecBuf::Cpu(cpu::CpuRec::default()),
+            Device::Cuda(i) => RecBuf::Cuda(cuda::CudaRec::new(
+                crate::tensor::cuda::gpu(i)?,
+                conv_dim,
+                kernel.saturating_sub(1) + spec,
+                (spec + 1) * state_len,
+                max_slots,
+            )?),
+        };
+        Ok(Self { conv_dim, kernel, state_len, spec, meta: vec![RollbackMeta::default(); max_slots], buf })
+    }
+
+    /// Conv window length per slot.
+    pub fn window(&self) -> usize {
+        (self.kernel.saturating_sub(1) + self.spec).max(1)
+    }
+
+    /// Whether a step of `t` tokens keeps a state per token (rollback possible).
+    pub fn snapshots_for(&self, t: usize) -> bool {
+        self.spec > 0 && t <= self.spec + 1
+    }
+
+    /// The slot's bookkeeping.
+    pub fn meta_mut(&mut self, seq: SeqId) -> Result<&mut RollbackMeta> {
+        let n = self.meta.len();
+        self.meta
+            .get_mut(seq.0)
+            .ok_or_else(|| crate::err!(Cache, "sequence slot {} exceeds the {n} recurrent slots", seq.0))
+    }
+
+    /// Whether slot `seq` can roll back from `from` to `to` consumed tokens.
+    pub fn can_rollback(&self, seq: SeqId, from: usize, to: usize) -> bool {
+        match self.meta.get(seq.0) {
+            Some(m) => m.can_rollback(from, to),
+            None => to == from,
+        }
+    }
+
+    /// Rolls slot `seq` back from `from` to `to` consumed tokens (`to ≤ from`).
+    pub fn rollback(&mut self, seq: SeqId, from: usize, to: usize) -> Result<()> {
+        if to == from {
+            return Ok(());
+        }
+        if !self.can_rollback(seq, from, to) {
+            bail!(
+                Cache,
+                "cannot roll the recurrent state of slot {} back from {from} to {to} tokens: only the tokens of the last step (at most the speculative window) can be rejected",
+                seq.0
+            );
+        }
+        let m = self.meta_mut(seq)?;
+        m.cur = to - m.base - 1;
+        m.kept = to - m.base;
+        m.lag += from - to;
+        Ok(())
+    }
+
+    /// Resets a slot (zeroed window and state).
+    pub fn clear(&mut self, seq: SeqId) -> Result<()> {
+        if let Some(m) = self.meta.get_mut(seq.0) {
+            *m = RollbackMeta::default();
+        }
+        match &mut self.buf {
+            RecBuf::Cpu(b) => {
+                b.clear(seq);
+                Ok(())
+            }
+            RecBuf::Cuda(b) => b.clear(seq),
+        }
+    }
+}

@@ -2,10 +2,11 @@
 //! one token at a time through the state cache.
 
 use crate::bail;
+use crate::batch::Batch;
 use crate::engine::sampling::{Sampler, SamplingParams};
 use crate::error::Result;
+use crate::model::{LogitsFor, Model};
 use crate::state::StateCache;
-use crate::{Batch, LogitsFor, Model};
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

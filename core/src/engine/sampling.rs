@@ -139,8 +139,9 @@ impl Sampler {
     /// [`Sampler::sample`], on a CUDA device with the device sampler (only the id comes back;
     /// the uniform draw comes from this sampler's stream, so a seed reproduces a run).
     pub fn sample_tensor(&mut self, logits: &crate::tensor::Tensor, row: usize) -> Result<u32> {
-        if !logits.is_cuda() {
-            return Ok(self.sample(logits.row(row)));
+        if let crate::tensor::Storage::Cpu(_) = logits.storage() {
+            let v = logits.narrow_rows(row, 1)?.host_vec()?;
+            return Ok(self.sample(&v));
         }
         let u = if self.params.temperature == 0.0 { 0.0 } else { self.next_f64() as f32 };
         let p = &self.params;

@@ -5,13 +5,14 @@
 //! so the output distribution equals the main model's.
 
 use crate::bail;
+use crate::batch::Batch;
 use crate::engine::generate::FinishReason;
 use crate::engine::sampling::{Sampler, SamplingParams};
 use crate::error::Result;
 use crate::model::draft::DraftHead;
+use crate::model::{LogitsFor, Model};
 use crate::state::{SeqId, StateCache};
 use crate::tensor::Tensor;
-use crate::{Batch, LogitsFor, Model};
 
 /// Largest number of draft tokens per step.
 pub const MAX_MTP_STEP: usize = 15;

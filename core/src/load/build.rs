@@ -9,7 +9,7 @@ use crate::nn::*;
 
 pub fn linear(w: &mut Weights, slot: &str) -> Result<Linear> {
     let weight = w.take(slot)?;
-    let bias = w.take_opt(&format!("{slot}.bias"));
+    let bias = w.take_opt(&format!("{slot}.bias"))?;
     Ok(Linear::new(weight, bias))
 }
 
@@ -29,82 +29,81 @@ pub fn feed_forward(w: &mut Weights, prefix: &str, moe: Option<(usize, bool)>) -
     })
 }
 
-/// `P.gate_proj`, `P.up_proj`, `P.down_proj`.
-pub fn swiglu(w: &mut Weights, prefix: &str) -> Result<SwiGlu> {
-    let gate = linear(w, &format!("{prefix}.gate_proj"))?;
-    let up = linear(w, &format!("{prefix}.up_proj"))?;
-    // Bias-free projections on a device are stacked into one GEMM.
-    let gate_up = match (gate.w.is_cuda(), &gate.b, &up.b) {
-        (true, None, None) => Some(crate::backend::cuda::stack_rows(&gate.w, &up.w)?),
-        _ => None,
+/// A linear layer packed from several slots stacked along the output rows (one GEMM for
+/// all of them): the weights `[Σ out_i, in]`, and the biases likewise when every part has
+/// one (a mix of biased and bias-free parts is an error).
+pub fn packed_linear(w: &mut Weights, slots: &[String]) -> Result<Linear> {
+    let biases: Vec<String> = slots.iter().map(|s| format!("{s}.bias")).collect();
+    let with_bias = biases.iter().filter(|b| w.contains(b)).count();
+    let weight = w.take_packed(slots)?;
+    let bias = match with_bias {
+        0 => None,
+        n if n == slots.len() => Some(w.take_packed(&biases)?),
+        _ => bail!(WeightMap, "packing {slots:?}: some parts have a bias and some do not"),
     };
-    Ok(SwiGlu { gate, up, down: linear(w, &format!("{prefix}.down_proj"))?, gate_up })
+    Ok(Linear::new(weight, bias))
 }
 
-/// `P.router` and the stacked experts `P.gate_proj`, `P.up_proj`, `P.down_proj`;
-/// the shared expert at `P.shared_expert.*` and `P.shared_expert_gate` when present.
+/// `P.gate_proj`, `P.up_proj` (packed into one `[gate; up]` projection) and `P.down_proj`.
+pub fn swiglu(w: &mut Weights, prefix: &str) -> Result<SwiGlu> {
+    let gate_up = packed_linear(w, &[format!("{prefix}.gate_proj"), format!("{prefix}.up_proj")])?;
+    Ok(SwiGlu { gate_up, down: linear(w, &format!("{prefix}.down_proj"))? })
+}
+
+/// `P.router` and the stacked experts `P.gate_proj`, `P.up_proj`, `P.down_proj`; with a
+/// shared expert (`P.shared_expert.*`, `P.shared_expert_gate`) the router, the shared
+/// gate / up projections and the shared gate row are packed into one projection
+/// `[router; gate; up; shared gate]`, served by one f32-output GEMM.
 pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool) -> Result<Moe> {
-    let shared = if w.contains(&format!("{prefix}.shared_expert_gate")) {
-        Some(SharedExpert {
-            mlp: swiglu(w, &format!("{prefix}.shared_expert"))?,
-            gate: linear(w, &format!("{prefix}.shared_expert_gate"))?,
-        })
+    let router = format!("{prefix}.router");
+    let experts = w.slot_shape(&router)?.first().copied().unwrap_or(0);
+    let has_shared = w.contains(&format!("{prefix}.shared_expert_gate"));
+    let mut parts = vec![router];
+    if has_shared {
+        parts.extend([
+            format!("{prefix}.shared_expert.gate_proj"),
+            format!("{prefix}.shared_expert.up_proj"),
+            format!("{prefix}.shared_expert_gate"),
+        ]);
+    }
+    if let Some(b) = parts.iter().map(|p| format!("{p}.bias")).find(|b| w.contains(b)) {
+        bail!(WeightMap, "{b}: biases on the MoE router / shared expert input projections are not supported");
+    }
+    let input = w.take_packed(&parts)?;
+    let shared = if has_shared {
+        let down = linear(w, &format!("{prefix}.shared_expert.down_proj"))?;
+        Some(SharedExpert { inter: down.w.dim(1), down })
     } else {
         None
     };
-    let router = linear(w, &format!("{prefix}.router"))?;
-    let stacked_in = match &shared {
-        Some(s) if router.w.is_cuda() && router.b.is_none() && s.gate.b.is_none() => match &s.mlp.gate_up {
-            Some(gu) => {
-                Some(crate::backend::cuda::stack_rows(&crate::backend::cuda::stack_rows(&router.w, gu)?, &s.gate.w)?)
-            }
-            None => None,
-        },
-        _ => None,
-    };
     let m = Moe {
-        router,
+        input,
+        experts,
         gate: w.take(&format!("{prefix}.gate_proj"))?,
         up: w.take(&format!("{prefix}.up_proj"))?,
         down: w.take(&format!("{prefix}.down_proj"))?,
         top_k,
         norm_topk_prob,
         shared,
-        stacked_in,
     };
     m.check()?;
     Ok(m)
 }
 
-/// Gated DeltaNet at `P.in_proj_qkvz`, `P.in_proj_ba`, `P.conv1d` (`[C, 1, K]`),
-/// `P.A_log`, `P.dt_bias`, `P.norm`, `P.out_proj`.
+/// Gated DeltaNet at `P.in_proj_qkvz` and `P.in_proj_ba` (packed into one projection),
+/// `P.conv1d` (`[C, 1, K]`), `P.A_log`, `P.dt_bias` (f32), `P.norm`, `P.out_proj`.
 pub fn gated_delta_net(w: &mut Weights, prefix: &str, cfg: crate::nn::gdn::GdnConfig) -> Result<Mixer> {
-    let conv_w = w.take(&format!("{prefix}.conv1d"))?.into_vec();
-    let a_log = w.take(&format!("{prefix}.A_log"))?.into_vec();
-    let dt_bias = w.take(&format!("{prefix}.dt_bias"))?.into_vec();
-    let norm = w.take(&format!("{prefix}.norm"))?;
-    let in_proj_qkvz = linear(w, &format!("{prefix}.in_proj_qkvz"))?;
-    let in_proj_ba = linear(w, &format!("{prefix}.in_proj_ba"))?;
-    let dev = match norm.gpu() {
-        Some(_) if in_proj_qkvz.b.is_some() || in_proj_ba.b.is_some() => {
-            bail!(Shape, "{prefix}: biases on the Gated DeltaNet in-projections are not supported on CUDA")
-        }
-        Some(gpu) => {
-            let in_proj = crate::backend::cuda::stack_rows(&in_proj_qkvz.w, &in_proj_ba.w)?;
-            Some(crate::backend::cuda::blocks::GdnDev::new(gpu, in_proj, &conv_w, &a_log, &dt_bias, norm.try_clone()?)?)
-        }
-        None => None,
-    };
+    let conv_w = w.take_f32(&format!("{prefix}.conv1d"))?;
+    let conv_w =
+        conv_w.reshape([cfg.conv_dim(), cfg.conv_kernel]).map_err(|e| crate::err!(Shape, "{prefix}.conv1d: {e}"))?;
     let g = crate::nn::gdn::GatedDeltaNet {
         cfg,
-        in_proj_qkvz,
-        in_proj_ba,
+        in_proj: packed_linear(w, &[format!("{prefix}.in_proj_qkvz"), format!("{prefix}.in_proj_ba")])?,
         conv_w,
-        a_log,
-        dt_bias,
-        norm_w: norm.into_vec(),
+        a_log: w.take_f32(&format!("{prefix}.A_log"))?,
+        dt_bias: w.take_f32(&format!("{prefix}.dt_bias"))?,
+        norm_w: w.take(&format!("{prefix}.norm"))?,
         out_proj: linear(w, &format!("{prefix}.out_proj"))?,
-        dev,
     };
     g.check()?;
     Ok(Mixer::GatedDeltaNet(Box::new(g)))
@@ -121,8 +120,9 @@ pub fn assemble(
     norm_kind: NormKind,
     layers: Vec<Box<dyn crate::layer::TransformerLayer>>,
 ) -> Result<crate::model::Model> {
-    let embed = w.take("embed")?;
-    let lm_head = if base.tie_word_embeddings { embed.try_clone()? } else { w.take("lm_head")? };
+    let embed = std::sync::Arc::new(w.take("embed")?);
+    // A tied lm_head shares the embedding table (one copy on the device).
+    let lm_head = if base.tie_word_embeddings { embed.clone() } else { std::sync::Arc::new(w.take("lm_head")?) };
     let norm = norm(w, "norm", base.rms_norm_eps as f32, norm_kind)?;
     Ok(crate::model::Model {
         info: crate::model::ModelInfo {
@@ -164,7 +164,7 @@ pub fn attention(
         o_proj: linear(w, &format!("{prefix}.o_proj"))?,
         q_norm,
         k_norm,
-        rope,
+        rope: rope.to_device(w.device())?,
     };
     a.check()?;
     Ok(Mixer::Attention(Box::new(a)))

@@ -1,7 +1,13 @@
-//! Memory-mapped safetensors checkpoints: a single `model.safetensors` or shards listed in
+//! Safetensors checkpoints: a single `model.safetensors` or shards listed in
 //! `model.safetensors.index.json`.
+//!
+//! The headers are validated through a memory map (only the header pages are touched);
+//! tensor data is read with positioned reads (`pread`) straight into buffers of the
+//! tensor's own element type, so loading never keeps a second, page-cache-backed copy of
+//! the checkpoint resident in the process and never inflates bf16 / f16 to f32.
 
 use crate::error::{Context, Result};
+use crate::tensor::CpuStorage;
 use crate::{bail, err};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -23,7 +29,7 @@ pub struct TensorInfo {
 
 /// An opened checkpoint: every tensor's name, dtype, shape and bytes.
 pub struct Checkpoint {
-    files: Vec<(PathBuf, Mmap)>,
+    files: Vec<(PathBuf, File)>,
     tensors: BTreeMap<String, TensorInfo>,
 }
 
@@ -113,7 +119,8 @@ impl Checkpoint {
                     },
                 );
             }
-            files.push((path.clone(), mmap));
+            drop(mmap);
+            files.push((path.clone(), file));
         }
         Ok(Self { files, tensors })
     }
@@ -132,32 +139,102 @@ impl Checkpoint {
         self.tensors.values().map(|t| t.end - t.start).sum()
     }
 
+    /// Reads the raw little-endian bytes of tensor `name` into `dst` (exactly its size).
+    pub fn read_bytes(&self, name: &str, dst: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let info = self.get(name).ok_or_else(|| err!(Checkpoint, "tensor `{name}` not in checkpoint"))?;
+        if dst.len() != info.end - info.start {
+            bail!(Internal, "tensor `{name}`: {} bytes requested, {} stored", dst.len(), info.end - info.start);
+        }
+        let (path, file) = &self.files[info.file];
+        file.read_exact_at(dst, info.start as u64)
+            .map_err(|e| err!(Checkpoint, "{}: reading tensor `{name}`: {e}", path.display()))
+    }
+
+    /// Reads a floating-point tensor into host storage of its own element type
+    /// (`bf16` stays `bf16`: one positioned read, no conversion).
+    pub fn read_native(&self, name: &str) -> Result<CpuStorage> {
+        let info = self.get(name).ok_or_else(|| err!(Checkpoint, "tensor `{name}` not in checkpoint"))?;
+        let n: usize = info.shape.iter().product();
+        Ok(match info.dtype {
+            Dtype::F32 => {
+                let mut v = vec![0f32; n];
+                self.read_bytes(name, as_bytes_mut(&mut v))?;
+                fix_endian_f32(&mut v);
+                CpuStorage::F32(v)
+            }
+            Dtype::BF16 => {
+                let mut v = vec![bf16::ZERO; n];
+                self.read_bytes(name, as_bytes_mut(&mut v))?;
+                CpuStorage::BF16(fix_endian16(v, bf16::from_bits))
+            }
+            Dtype::F16 => {
+                let mut v = vec![f16::ZERO; n];
+                self.read_bytes(name, as_bytes_mut(&mut v))?;
+                CpuStorage::F16(fix_endian16(v, f16::from_bits))
+            }
+            other => bail!(DType, "tensor `{name}` has dtype {other:?}; porter loads f32, bf16 and f16 weights"),
+        })
+    }
+
     /// Reads a floating-point tensor as `f32` values (exact for bf16 / f16 / f32).
     pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let info = self.get(name).ok_or_else(|| err!(Checkpoint, "tensor `{name}` not in checkpoint"))?;
-        let bytes = &self.files[info.file].1[info.start..info.end];
-        Ok(match info.dtype {
-            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            Dtype::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            other => bail!(Checkpoint, "tensor `{name}` has dtype {other:?}; porter loads f32, bf16 and f16 weights"),
+        Ok(match self.read_native(name)? {
+            CpuStorage::F32(v) => v,
+            h => h.to_f32_vec(),
         })
     }
 
     /// Reads an integer tensor (i64 / i32 / u32) as `i64` values.
     pub fn read_i64(&self, name: &str) -> Result<Vec<i64>> {
         let info = self.get(name).ok_or_else(|| err!(Checkpoint, "tensor `{name}` not in checkpoint"))?;
-        let bytes = &self.files[info.file].1[info.start..info.end];
+        let mut bytes = vec![0u8; info.end - info.start];
+        self.read_bytes(name, &mut bytes)?;
         Ok(match info.dtype {
             Dtype::I64 => bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8]))).collect(),
             Dtype::I32 => bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect(),
             Dtype::U32 => bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64).collect(),
-            other => bail!(Checkpoint, "tensor `{name}` has dtype {other:?}, expected an integer type"),
+            other => bail!(DType, "tensor `{name}` has dtype {other:?}, expected an integer type"),
         })
     }
 
     /// The paths of the opened files.
     pub fn paths(&self) -> impl Iterator<Item = &Path> {
         self.files.iter().map(|(p, _)| p.as_path())
+    }
+}
+
+/// The bytes of a slice of plain numbers (for reading file data into it).
+fn as_bytes_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: f32 / bf16 / f16 are plain old data without padding or invalid bit patterns;
+    // the byte view covers exactly the slice's memory and borrows it mutably.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+/// Safetensors data is little-endian: reinterpret on big-endian hosts.
+fn fix_endian_f32(v: &mut [f32]) {
+    if cfg!(target_endian = "big") {
+        v.iter_mut().for_each(|x| *x = f32::from_bits(x.to_bits().swap_bytes()));
+    }
+}
+
+fn fix_endian16<T: Copy + HalfBits>(mut v: Vec<T>, from_bits: fn(u16) -> T) -> Vec<T> {
+    if cfg!(target_endian = "big") {
+        v.iter_mut().for_each(|x| *x = from_bits(x.bits().swap_bytes()));
+    }
+    v
+}
+
+trait HalfBits {
+    fn bits(self) -> u16;
+}
+impl HalfBits for bf16 {
+    fn bits(self) -> u16 {
+        self.to_bits()
+    }
+}
+impl HalfBits for f16 {
+    fn bits(self) -> u16 {
+        self.to_bits()
     }
 }

@@ -333,15 +333,7 @@ pub fn check_layer_types(types: &[String], layers: usize, allowed: &[&str], lega
     Ok(renamed)
 }
 
-/// Generation defaults: end-of-sequence ids and sampling parameters.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct GenerationConfig {
-    pub eos_token_ids: Vec<u32>,
-    pub bos_token_id: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-}
+pub use crate::model::GenerationConfig;
 
 /// A token-id key (`eos_token_id`: `int | list[int] | None`; `bos_token_id`: `int | None`):
 /// the non-negative ids (transformers only warns about negative ones, which can never be

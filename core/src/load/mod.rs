@@ -6,3 +6,4 @@ pub mod checkpoint;
 pub mod config;
 pub mod registry;
 pub mod weight_map;
+pub mod weights;

@@ -79,7 +79,7 @@ pub struct Prepared {
     pub config: Value,
     pub entry: &'static ModelEntry,
     pub map: ResolvedMap,
-    pub checkpoint: Checkpoint,
+    pub checkpoint: std::sync::Arc<Checkpoint>,
 }
 
 /// Reads the config, selects the entry, resolves its weight map and opens the checkpoint.
@@ -95,8 +95,16 @@ pub fn prepare(dir: &Path) -> Result<Prepared> {
         .with_context(|| format!("weight map of {}", entry.crate_name))?
         .resolve(&ctx)
         .with_context(|| format!("resolving the weight map of {}", entry.crate_name))?;
-    let checkpoint = Checkpoint::open_dir(dir)?;
+    let checkpoint = std::sync::Arc::new(Checkpoint::open_dir(dir)?);
     Ok(Prepared { dir: dir.to_owned(), config, entry, map, checkpoint })
+}
+
+/// The resolved weight map of a config alone (what a checkpoint for it must hold).
+pub fn resolve_config(config: &Value) -> Result<ResolvedMap> {
+    let arch = config::architecture(config)?;
+    let entry = lookup(&arch)?;
+    let ctx = (entry.map_context)(config).with_context(|| format!("invalid {arch} config"))?;
+    WeightMap::parse(entry.weight_map)?.resolve(&ctx)
 }
 
 /// Builds a model with random weights from a config alone (benchmarks). `dir` is used
@@ -109,10 +117,7 @@ pub fn build_random(config: &Value, dir: &Path, dtype: DType, device: Device, se
     let map = WeightMap::parse(entry.weight_map)?.resolve(&ctx)?;
     // On a GPU each slot is generated on the device when the model takes it (an 80B-class
     // geometry never exists on the host); on the CPU, all at once.
-    let mut weights = match device {
-        Device::Cpu => Weights::random(&map, dtype, seed)?,
-        Device::Cuda(_) => Weights::random_lazy(&map, dtype, seed, device),
-    };
+    let mut weights = Weights::random(&map, dtype, seed, device);
     let lc = LoadContext { dir, config, dtype, device };
     (entry.build)(&lc, &mut weights)
 }
@@ -121,8 +126,10 @@ pub fn build_random(config: &Value, dir: &Path, dtype: DType, device: Device, se
 pub fn load(dir: &Path, dtype: DType, device: Device, show_progress: bool) -> Result<Model> {
     crate::tensor::device::check_device(device)?;
     let p = prepare(dir)?;
+    let mut weights = p.map.load(p.checkpoint.clone(), dtype)?;
+    weights.set_device(device);
     let bar = if show_progress && p.checkpoint.total_bytes() > (64 << 20) {
-        let b = indicatif::ProgressBar::new(p.map.slots.len() as u64);
+        let b = indicatif::ProgressBar::new(weights.tensors_to_read());
         b.set_style(
             indicatif::ProgressStyle::with_template("loading weights {bar:40} {pos}/{len} tensors {elapsed}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -131,13 +138,12 @@ pub fn load(dir: &Path, dtype: DType, device: Device, show_progress: bool) -> Re
     } else {
         None
     };
-    let mut weights = p.map.load(&p.checkpoint, dtype, bar.as_ref())?;
-    weights.set_device(device);
+    weights.set_progress(bar.clone());
+    let lc = LoadContext { dir, config: &p.config, dtype, device };
+    let model = (p.entry.build)(&lc, &mut weights)?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let lc = LoadContext { dir, config: &p.config, dtype, device };
-    let model = (p.entry.build)(&lc, &mut weights)?;
     let left = weights.remaining();
     if !left.is_empty() {
         crate::bail!(Registry, "internal error: {} built without using weight slots {:?}", p.entry.crate_name, left);
@@ -185,7 +191,7 @@ pub struct PreparedDraft {
     pub entry: &'static DraftEntry,
     pub config: Value,
     pub map: ResolvedMap,
-    pub checkpoint: Checkpoint,
+    pub checkpoint: std::sync::Arc<Checkpoint>,
 }
 
 /// Selects the draft implementation for `dir` (by main architecture and tensor signature)
@@ -199,7 +205,7 @@ pub fn prepare_draft(
     if !dir.is_dir() {
         crate::bail!(Registry, "draft folder {} does not exist", dir.display());
     }
-    let checkpoint = Checkpoint::open_dir(dir)?;
+    let checkpoint = std::sync::Arc::new(Checkpoint::open_dir(dir)?);
     let config = if dir.join("config.json").exists() { config::read_config(dir)? } else { main_config.clone() };
     let all = draft_entries();
     let entry = all
@@ -237,7 +243,7 @@ pub fn load_draft(dir: &Path, main_config: &Value, main: &Model) -> Result<Box<d
     let p = prepare_draft(dir, main_config, &main.info, dtype)?;
     let mut weights = p
         .map
-        .load(&p.checkpoint, dtype, None)
+        .load(p.checkpoint.clone(), dtype)
         .with_context(|| format!("draft {} in {}", p.entry.name, dir.display()))?;
     weights.set_device(main.info.device);
     let lc =

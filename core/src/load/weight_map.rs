@@ -30,12 +30,11 @@
 
 use crate::error::{Context, Result};
 use crate::load::checkpoint::Checkpoint;
+pub use crate::load::weights::Weights;
 use crate::tensor::dtype::DType;
-use crate::tensor::Tensor;
 use crate::{bail, err};
-use rayon::prelude::*;
 use serde::Deserialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// One or several names in a rule.
@@ -513,167 +512,15 @@ impl ResolvedMap {
         (consumed, ignored)
     }
 
-    /// Validates, then loads every slot as a tensor of `dtype`.
-    pub fn load(&self, ckpt: &Checkpoint, dtype: DType, progress: Option<&indicatif::ProgressBar>) -> Result<Weights> {
-        self.validate(ckpt)?;
-        let loaded: Vec<(String, Tensor)> = self
-            .slots
-            .par_iter()
-            .map(|s| {
-                let mut data = Vec::with_capacity(s.shape.iter().product());
-                for src in &s.sources {
-                    data.extend(ckpt.read_f32(src)?);
-                }
-                if let Transform::Regroup { groups, parts } = &s.transform {
-                    data = regroup_rows(&data, *groups, parts, s.shape[1..].iter().product());
-                }
-                if let Some(p) = progress {
-                    p.inc(1);
-                }
-                Ok((s.slot.clone(), Tensor::from_vec(data, s.shape.clone(), dtype)?))
-            })
-            .collect::<Result<_>>()?;
-        Ok(Weights { map: loaded.into_iter().collect(), ..Default::default() })
+    /// Validates the checkpoint against the map and returns the slots, read when taken.
+    pub fn load(&self, ckpt: std::sync::Arc<Checkpoint>, dtype: DType) -> Result<Weights> {
+        Weights::from_checkpoint(self, ckpt, dtype)
     }
-}
-
-/// Loaded weights by engine slot name.
-#[derive(Debug)]
-pub struct Weights {
-    map: HashMap<String, Tensor>,
-    /// Random slots generated on the device when taken (`shape`, `dtype`, seed).
-    lazy: HashMap<String, (Vec<usize>, DType, u64)>,
-    /// Where taken tensors go (uploaded at take time, so host copies are dropped one by one).
-    device: crate::tensor::device::Device,
-}
-
-impl Default for Weights {
-    fn default() -> Self {
-        Self { map: HashMap::new(), lazy: HashMap::new(), device: crate::tensor::device::Device::Cpu }
-    }
-}
-
-impl Weights {
-    /// Moves every tensor taken from now on to `device`.
-    pub fn set_device(&mut self, device: crate::tensor::device::Device) {
-        self.device = device;
-    }
-
-    /// The device taken tensors are placed on.
-    pub fn device(&self) -> crate::tensor::device::Device {
-        self.device
-    }
-
-    /// Takes a slot out of the store (each slot is owned by exactly one layer), on the
-    /// store's device.
-    pub fn take(&mut self, slot: &str) -> Result<Tensor> {
-        if let Some((shape, dtype, seed)) = self.lazy.remove(slot) {
-            return random_on_device(&shape, dtype, seed, self.device).with_context(|| format!("weight slot `{slot}`"));
-        }
-        let t = self
-            .map
-            .remove(slot)
-            .ok_or_else(|| err!(WeightMap, "weight slot `{slot}` was not loaded (weight map and model disagree)"))?;
-        match self.device {
-            crate::tensor::device::Device::Cpu => Ok(t),
-            d => t.to_device(d).with_context(|| format!("uploading weight slot `{slot}`")),
-        }
-    }
-
-    /// Takes a slot if the map produced it.
-    pub fn take_opt(&mut self, slot: &str) -> Option<Tensor> {
-        if self.contains(slot) {
-            self.take(slot).ok()
-        } else {
-            None
-        }
-    }
-
-    pub fn contains(&self, slot: &str) -> bool {
-        self.map.contains_key(slot) || self.lazy.contains_key(slot)
-    }
-
-    /// Slots nobody took (a model bug if non-empty after construction).
-    pub fn remaining(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.map.keys().chain(self.lazy.keys()).cloned().collect();
-        v.sort();
-        v
-    }
-
-    /// Random weights (as [`Weights::random`]'s distribution) generated on a CUDA device
-    /// when each slot is taken: no host copy of a large model is ever made.
-    pub fn random_lazy(map: &ResolvedMap, dtype: DType, seed: u64, device: crate::tensor::device::Device) -> Self {
-        let lazy = map
-            .slots
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                (s.slot.clone(), (s.shape.clone(), dtype, seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
-            })
-            .collect();
-        Self { map: HashMap::new(), lazy, device }
-    }
-
-    /// Random weights for every slot of a resolved map (benchmarks): N(0, σ) with
-    /// σ = 1/sqrt(last dim) for matrices, 1 + N(0, 0.1)-like values for vectors.
-    pub fn random(map: &ResolvedMap, dtype: DType, seed: u64) -> Result<Self> {
-        let loaded: Vec<(String, Tensor)> = map
-            .slots
-            .par_iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let n: usize = s.shape.iter().product();
-                let mut state = seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-                let mut next = move || {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    (state >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
-                };
-                let vector = s.shape.iter().filter(|&&d| d > 1).count() <= 1;
-                let fan_in = *s.shape.last().unwrap_or(&1) as f32;
-                let data: Vec<f32> = if vector {
-                    (0..n).map(|_| 0.1 * next()).collect()
-                } else {
-                    let a = (3.0 / fan_in).sqrt();
-                    (0..n).map(|_| a * next()).collect()
-                };
-                Ok((s.slot.clone(), Tensor::from_vec(data, s.shape.clone(), dtype)?))
-            })
-            .collect::<Result<_>>()?;
-        Ok(Weights { map: loaded.into_iter().collect(), ..Default::default() })
-    }
-
-    pub fn insert(&mut self, slot: &str, t: Tensor) {
-        self.map.insert(slot.to_owned(), t);
-    }
-}
-
-/// One random weight tensor filled on the device (uniform, scale as [`Weights::random`]).
-fn random_on_device(shape: &[usize], dtype: DType, seed: u64, device: crate::tensor::device::Device) -> Result<Tensor> {
-    let crate::tensor::device::Device::Cuda(i) = device else {
-        bail!(Internal, "lazily generated random weights need a CUDA device");
-    };
-    let g = crate::backend::cuda::gpu(i)?;
-    let vector = shape.iter().filter(|&&d| d > 1).count() <= 1;
-    let fan_in = *shape.last().unwrap_or(&1) as f32;
-    let scale = if vector { 0.1 } else { (3.0 / fan_in).sqrt() };
-    let mut t = Tensor::empty_on(&g, shape.to_vec(), dtype)?;
-    fn fill<T: crate::backend::cuda::DevType>(
-        g: &crate::backend::cuda::Gpu,
-        t: &mut Tensor,
-        seed: u64,
-        scale: f32,
-    ) -> Result<()> {
-        g.k.fill_uniform::<T>(t.dev_mut::<T>()?, seed, scale, 0.0).map_err(crate::backend::cuda::cuda_err)
-    }
-    crate::by_dtype!(dtype, fill(&g, &mut t, seed, scale))?;
-    Ok(t)
 }
 
 /// Reorders rows `[groups, Σparts, cols]` into part-major order: part 0 of every group,
 /// then part 1 of every group, ...
-pub fn regroup_rows(data: &[f32], groups: usize, parts: &[usize], cols: usize) -> Vec<f32> {
+pub fn regroup_rows<T: Copy>(data: &[T], groups: usize, parts: &[usize], cols: usize) -> Vec<T> {
     let per_group: usize = parts.iter().sum();
     let mut out = Vec::with_capacity(data.len());
     let mut off = 0;

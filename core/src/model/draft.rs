@@ -7,13 +7,14 @@
 //! from the draft itself when steps are chained.
 
 use crate::bail;
+use crate::batch::Batch;
 use crate::error::Result;
+use crate::layer::TransformerLayer;
+use crate::model::{LogitsFor, Model};
 use crate::nn::{DecoderLayer, FeedForward, Linear, RmsNorm};
 use crate::state::{LayerCache, ModelCache, StateCache};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
-use crate::TransformerLayer;
-use crate::{Batch, LayerKind, LogitsFor, Model};
 
 /// Output of a draft forward.
 #[derive(Debug)]
@@ -81,16 +82,7 @@ pub fn concat_last(a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
     if a.rows() != b.rows() {
         bail!(Shape, "concat: {} vs {} rows", a.rows(), b.rows());
     }
-    let (da, db) = (a.last_dim(), b.last_dim());
-    if a.is_cuda() {
-        return crate::backend::cuda::concat_last(a, b);
-    }
-    let mut out = Vec::with_capacity(a.rows() * (da + db));
-    for r in 0..a.rows() {
-        out.extend_from_slice(a.row(r));
-        out.extend_from_slice(b.row(r));
-    }
-    Tensor::from_vec(out, [a.rows(), da + db], dtype)
+    a.try_clone()?.try_to_dtype(dtype)?.concat_last(&b.try_clone()?.try_to_dtype(dtype)?)
 }
 
 fn check_batch(main: &Model, batch: &Batch, hidden: &Tensor) -> Result<()> {
@@ -141,15 +133,10 @@ impl DraftHead for AttentionMtpHead {
     }
 
     fn new_cache(&self, max_seqs: usize) -> ModelCache {
-        let layer = match (self.layer.kind(), self.fc.w.gpu()) {
-            (LayerKind::Attention { kv_heads, head_dim }, None) => {
-                LayerCache::Kv(crate::state::KvLayer::new(kv_heads, head_dim))
-            }
-            (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => LayerCache::KvCuda(
-                crate::backend::cuda::blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.fc.w.dtype()),
-            ),
-            _ => LayerCache::Stateless,
-        };
+        // (A cache the device cannot allocate falls back to no state; the forward then
+        // reports the missing KV cache.)
+        let layer = LayerCache::new(self.layer.kind(), self.fc.w.device(), self.fc.w.dtype(), max_seqs, 0)
+            .unwrap_or(LayerCache::Stateless);
         ModelCache::new(vec![layer], max_seqs)
     }
 

@@ -9,11 +9,20 @@ pub mod draft;
 
 use crate::bail;
 use crate::error::{Context, Result};
-use crate::layer::{LayerKind, PostLayer, PreLayer, TransformerLayer};
-use crate::load::config::GenerationConfig;
+use crate::layer::{PostLayer, PreLayer, TransformerLayer};
 use crate::state::{Batch, LayerCache, ModelCache, StateCache};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
+
+/// Generation defaults: end-of-sequence ids and sampling parameters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GenerationConfig {
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+}
 
 /// Facts about a loaded model that the runner needs.
 #[derive(Clone, Debug)]
@@ -77,37 +86,11 @@ impl Model {
     /// model the recurrent state pools for `max_seqs` slots are allocated up front and the
     /// KV buffers grow per sequence.
     pub fn try_new_cache_spec(&self, max_seqs: usize, spec: usize) -> Result<ModelCache> {
-        let gpu = match self.info.device {
-            crate::tensor::device::Device::Cpu => None,
-            crate::tensor::device::Device::Cuda(i) => Some(crate::backend::cuda::gpu(i)?),
-        };
+        let (device, dtype) = (self.info.device, self.info.dtype);
         let layers = self
             .layers
             .iter()
-            .map(|l| {
-                Ok(match (l.kind(), &gpu) {
-                    (LayerKind::Attention { kv_heads, head_dim }, None) => {
-                        LayerCache::Kv(crate::state::KvLayer::new(kv_heads, head_dim))
-                    }
-                    (LayerKind::Attention { kv_heads, head_dim }, Some(g)) => LayerCache::KvCuda(
-                        crate::backend::cuda::blocks::DevKv::new(g.clone(), kv_heads, head_dim, self.info.dtype),
-                    ),
-                    (LayerKind::Recurrent { conv_dim, kernel, state_len }, None) => {
-                        LayerCache::Recurrent(crate::state::RecurrentLayer::new(conv_dim, kernel, state_len, spec))
-                    }
-                    (LayerKind::Recurrent { conv_dim, kernel, state_len }, Some(g)) => {
-                        LayerCache::RecurrentCuda(crate::backend::cuda::blocks::DevRecurrent::new(
-                            g.clone(),
-                            conv_dim,
-                            kernel,
-                            state_len,
-                            spec,
-                            max_seqs,
-                        )?)
-                    }
-                    (LayerKind::Stateless, _) => LayerCache::Stateless,
-                })
-            })
+            .map(|l| LayerCache::new(l.kind(), device, dtype, max_seqs, spec))
             .collect::<Result<Vec<_>>>()?;
         Ok(ModelCache::new(layers, max_seqs))
     }
@@ -125,7 +108,7 @@ impl Model {
     pub fn sync(&self) -> Result<()> {
         match self.info.device {
             crate::tensor::device::Device::Cpu => Ok(()),
-            crate::tensor::device::Device::Cuda(i) => crate::backend::cuda::gpu(i)?.sync(),
+            crate::tensor::device::Device::Cuda(i) => crate::tensor::cuda::gpu(i)?.sync(),
         }
     }
 

@@ -62,26 +62,20 @@ impl Attention {
     }
 
     pub fn forward(&self, x: &Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
-        if x.is_cuda() {
-            return crate::backend::cuda::blocks::attention(self, x, batch, cache);
-        }
         let c = &self.cfg;
         let (t, hd) = (x.rows(), c.head_dim);
-        let dt = x.dtype();
+        let LayerCache::Kv(kv) = cache else { bail!(Internal, "attention layer was given a non-KV cache") };
         let qg = self.q_proj.forward(x)?;
-        // Split q and gate: [T, heads·hd·2] viewed per head as [q(hd), gate(hd)].
+        // Gated attention: [T, heads·hd·2] viewed as [T·heads, 2·hd]: q = columns 0..hd,
+        // gate = hd..2hd.
         let (q, gate) = if c.output_gate {
-            let mut q = Vec::with_capacity(t * c.heads * hd);
-            let mut g = Vec::with_capacity(t * c.heads * hd);
-            for blk in qg.data().chunks(2 * hd) {
-                q.extend_from_slice(&blk[..hd]);
-                g.extend_from_slice(&blk[hd..]);
-            }
-            (Tensor::from_vec(q, [t, c.heads, hd], dt)?, Some(g))
+            let qg = qg.reshape([t * c.heads, 2 * hd])?;
+            (qg.cols(0, hd)?, Some(qg.cols(hd, hd)?))
         } else {
-            (qg.reshape([t, c.heads, hd])?, None)
+            (qg, None)
         };
-        // [T, kv·hd] -> [T, kv, hd]
+        // [T, heads·hd] -> [T, heads, hd]; [T, kv·hd] -> [T, kv, hd]
+        let q = q.reshape([t, c.heads, hd])?;
         let k = self.k_proj.forward(x)?.reshape([t, c.kv_heads, hd])?;
         let v = self.v_proj.forward(x)?;
         let mut q = match &self.q_norm {
@@ -92,42 +86,17 @@ impl Attention {
             Some(n) => n.forward(&k)?,
             None => k,
         };
-        let (cos, sin) = self.rope.tables(&batch.positions(), dt);
-        self.rope.apply(&mut q, &cos, &sin)?;
-        self.rope.apply(&mut k, &cos, &sin)?;
-        let LayerCache::Kv(kv) = cache else { bail!(Shape, "attention layer was given a non-KV cache") };
-        let row_q = c.heads * hd;
-        let row_kv = c.kv_heads * hd;
-        let mut out = vec![0.0f32; t * row_q];
-        for s in &batch.spans {
-            let (kc, vc) = kv.write(
-                s.seq,
-                s.pos0,
-                &k.data()[s.start * row_kv..(s.start + s.len) * row_kv],
-                &v.data()[s.start * row_kv..(s.start + s.len) * row_kv],
-            )?;
-            ops::causal_attention(
-                &q.data()[s.start * row_q..(s.start + s.len) * row_q],
-                kc,
-                vc,
-                &mut out[s.start * row_q..(s.start + s.len) * row_q],
-                s.len,
-                s.pos0,
-                c.heads,
-                c.kv_heads,
-                hd,
-                c.scale,
-                c.window,
-            );
-        }
-        dt.round_slice(&mut out);
+        self.rope.forward(&mut q, batch)?;
+        self.rope.forward(&mut k, batch)?;
+        let args = AttnArgs { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.scale, window: c.window };
+        // [T, heads, hd]
+        let mut out = ops(&q).attention(&q, &k, &v, &args, batch, kv)?;
         if let Some(g) = gate {
-            for (o, gv) in out.iter_mut().zip(&g) {
-                *o = dt.round(*o * dt.round(ops::sigmoid(*gv)));
-            }
+            // [T, heads, hd] viewed as [T·heads, hd], like the gate.
+            out = out.reshape([t * c.heads, hd])?;
+            ops(&out).sigmoid_gate_mul(&mut out, &g)?;
         }
         // [T, heads, hd] -> [T, heads·hd]
-        let o = Tensor::from_vec(out, [t, row_q], dt)?;
-        self.o_proj.forward(&o)
+        self.o_proj.forward(&out.reshape([t, c.heads * hd])?)
     }
 }

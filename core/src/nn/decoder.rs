@@ -65,27 +65,27 @@ impl crate::layer::TransformerLayer for DecoderLayer {
     fn cost(&self) -> crate::layer::LayerCost {
         let mut c = crate::layer::LayerCost::default();
         let dsize = self.input_norm.dtype().size_in_bytes();
-        c.dense_bytes = (self.input_norm.dim() + self.post_norm.dim()) * dsize;
+        c.dense_bytes = self.input_norm.w.bytes() + self.post_norm.w.bytes();
         match &self.attn {
             Mixer::Attention(a) => {
                 c.dense_bytes += a.q_proj.bytes() + a.k_proj.bytes() + a.v_proj.bytes() + a.o_proj.bytes();
                 c.kv_bytes_per_token = 2 * a.cfg.kv_heads * a.cfg.head_dim * dsize;
             }
             Mixer::GatedDeltaNet(g) => {
-                c.dense_bytes += g.in_proj_qkvz.bytes() + g.in_proj_ba.bytes() + g.out_proj.bytes();
-                c.dense_bytes += (g.conv_w.len() + g.a_log.len() + g.dt_bias.len()) * 4 + g.norm_w.len() * dsize;
+                c.dense_bytes += g.in_proj.bytes() + g.out_proj.bytes();
+                c.dense_bytes += g.conv_w.bytes() + g.a_log.bytes() + g.dt_bias.bytes() + g.norm_w.bytes();
                 c.state_bytes = g.cfg.state_len() * 4 + g.cfg.conv_dim() * g.cfg.conv_kernel.saturating_sub(1) * 4;
             }
         }
         match &self.ffn {
-            FeedForward::Dense(m) => c.dense_bytes += m.gate.bytes() + m.up.bytes() + m.down.bytes(),
+            FeedForward::Dense(m) => c.dense_bytes += m.bytes(),
             FeedForward::Moe(m) => {
-                c.dense_bytes += m.router.bytes();
+                c.dense_bytes += m.input.bytes();
                 if let Some(s) = &m.shared {
-                    c.dense_bytes += s.mlp.gate.bytes() + s.mlp.up.bytes() + s.mlp.down.bytes() + s.gate.bytes();
+                    c.dense_bytes += s.down.bytes();
                 }
-                let e = m.router.out_features().max(1);
-                c.expert_bytes = (tensor_bytes(&m.gate) + tensor_bytes(&m.up) + tensor_bytes(&m.down)) / e;
+                let e = m.experts.max(1);
+                c.expert_bytes = (m.gate.bytes() + m.up.bytes() + m.down.bytes()) / e;
                 c.experts = e;
                 c.top_k = m.top_k;
             }
@@ -94,16 +94,11 @@ impl crate::layer::TransformerLayer for DecoderLayer {
     }
 
     fn forward(&self, mut x: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        // x: [T, H] f32 residual stream
         let a = self.attn.forward(&self.input_norm.forward(&x)?, batch, cache)?;
-        if let (true, Some(w)) = (x.is_cuda(), self.post_norm.device_weight()) {
-            // One kernel for the residual add and the post-attention norm.
-            let h = crate::backend::cuda::blocks::add_rms_norm(&self.post_norm, w, &mut x, &a)?;
-            let f = self.ffn.forward(&h)?;
-            x.add_(&f)?;
-            return Ok(x);
-        }
-        x.add_(&a)?;
-        let f = self.ffn.forward(&self.post_norm.forward(&x)?)?;
+        // One op for the residual add and the post-attention norm.
+        let h = self.post_norm.add_forward(&mut x, &a)?;
+        let f = self.ffn.forward(&h)?;
         x.add_(&f)?;
         Ok(x)
     }

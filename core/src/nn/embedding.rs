@@ -1,28 +1,25 @@
 //! Token embedding (the pre-layer).
 
 use super::*;
+use std::sync::Arc;
 
-/// Token embedding lookup.
+/// Token embedding lookup (the table may be shared with a tied lm_head).
 ///
 /// # Shapes
-/// - `table`: `[vocab, hidden]`; `ids: [T]` → `[T, hidden]`
+/// - `table`: `[vocab, hidden]`; `ids: [T]` → `[T, hidden]` f32 (the residual stream)
 #[derive(Debug, Clone)]
 pub struct Embedding {
-    pub table: Tensor,
+    pub table: Arc<Tensor>,
 }
 
 impl PreLayer for Embedding {
     fn forward(&self, ids: &[u32]) -> Result<Tensor> {
         let v = self.table.dim(0);
-        let idx: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
-        if let Some(&bad) = idx.iter().find(|&&i| i >= v) {
-            bail!(Shape, "token id {bad} is out of range for a vocabulary of {v}");
-        }
-        if self.table.is_cuda() {
-            return crate::backend::cuda::blocks::embedding(&self.table, ids);
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= v) {
+            bail!(Input, "token id {bad} is out of range for a vocabulary of {v}");
         }
         // The residual stream is kept in f32 (one rounding per GEMM output instead of one
         // per residual add); embedding rows are exact in any dtype.
-        Ok(self.table.gather_rows(&idx)?.to_dtype(DType::F32))
+        ops(&self.table).embedding(&self.table, ids)
     }
 }

@@ -1,20 +1,21 @@
 //! Final norm + lm_head (the post-layer).
 
 use super::*;
+use std::sync::Arc;
 
-/// Final norm followed by the lm_head (possibly the tied embedding table).
+/// Final norm followed by the lm_head (possibly the tied embedding table, shared, not copied).
 ///
 /// # Shapes
 /// - `lm_head`: `[vocab, hidden]`; `[R, hidden]` → `[R, vocab]`
 #[derive(Debug, Clone)]
 pub struct NormHead {
     pub norm: RmsNorm,
-    pub lm_head: Tensor,
+    pub lm_head: Arc<Tensor>,
 }
 
 impl PostLayer for NormHead {
     fn weight_bytes(&self) -> usize {
-        tensor_bytes(&self.lm_head) + self.norm.dim() * self.lm_head.dtype().size_in_bytes()
+        self.lm_head.bytes() + self.norm.w.bytes()
     }
 
     fn norm(&self, h: &Tensor) -> Result<Tensor> {

@@ -24,34 +24,19 @@ impl Linear {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut y = x.matmul_t(&self.w)?;
-        if y.is_cuda() {
-            if let Some(b) = &self.b {
-                crate::backend::cuda::blocks::add_bias(&mut y, b)?;
-            }
-            return Ok(y);
-        }
         if let Some(b) = &self.b {
-            let n = b.elem_count();
-            let dt = y.dtype();
-            let bd = b.data();
-            ops::for_each_row(y.data_mut(), n, |_, r| {
-                for (v, bb) in r.iter_mut().zip(bd) {
-                    *v = dt.round(*v + bb);
-                }
-            });
+            ops(&y).add_bias(&mut y, b)?;
         }
         Ok(y)
+    }
+
+    /// Weight (and bias) bytes.
+    pub fn bytes(&self) -> usize {
+        self.w.bytes() + self.b.as_ref().map_or(0, Tensor::bytes)
     }
 }
 
 /// Bytes of a weight tensor in its dtype.
 pub fn tensor_bytes(t: &Tensor) -> usize {
-    t.elem_count() * t.dtype().size_in_bytes()
-}
-
-impl Linear {
-    /// Weight (and bias) bytes.
-    pub fn bytes(&self) -> usize {
-        tensor_bytes(&self.w) + self.b.as_ref().map_or(0, tensor_bytes)
-    }
+    t.bytes()
 }

@@ -2,32 +2,32 @@
 
 use super::*;
 
-/// `down(silu(gate(x)) · up(x))`.
+/// `down(silu(gate(x)) · up(x))`, with `gate` and `up` packed into one projection at load.
 ///
 /// # Shapes
-/// - `gate`, `up`: `[inter, hidden]`, `down`: `[hidden, inter]`
+/// - `gate_up`: `[2·inter, hidden]` = `[gate; up]` (biases `[2·inter]` likewise), `down`: `[hidden, inter]`
 /// - input `[T, hidden]` → output `[T, hidden]`
 #[derive(Debug, Clone)]
 pub struct SwiGlu {
-    pub gate: Linear,
-    pub up: Linear,
+    pub gate_up: Linear,
     pub down: Linear,
-    /// On a CUDA device: `[gate; up]` stacked (`[2·inter, hidden]`), one GEMM for both.
-    pub gate_up: Option<Tensor>,
 }
 
 impl SwiGlu {
+    /// The intermediate size.
+    pub fn inter(&self) -> usize {
+        self.gate_up.out_features() / 2
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if x.is_cuda() {
-            return crate::backend::cuda::blocks::swiglu(self, x);
-        }
-        let g = self.gate.forward(x)?;
-        let mut u = self.up.forward(x)?;
-        let dt = u.dtype();
-        // Fused activation: one rounding of silu(g)·u.
-        for (uv, gv) in u.data_mut().iter_mut().zip(g.data()) {
-            *uv = dt.round(ops::silu(*gv) * *uv);
-        }
-        self.down.forward(&u)
+        // [T, H] -> [T, 2I] = [gate | up] -> [T, I] (one rounding of silu(g)·u) -> [T, H]
+        let gu = self.gate_up.forward(x)?;
+        let h = ops(&gu).swiglu(&gu)?;
+        self.down.forward(&h)
+    }
+
+    /// Weight bytes.
+    pub fn bytes(&self) -> usize {
+        self.gate_up.bytes() + self.down.bytes()
     }
 }

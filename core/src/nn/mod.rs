@@ -1,19 +1,20 @@
 //! Shared building blocks: linear layers, the RMSNorm variants, RoPE, GQA attention,
-//! SwiGLU and sparse MoE, plus the embedding pre-layer and the norm + lm_head post-layer.
+//! SwiGLU, sparse MoE and Gated DeltaNet, plus the embedding pre-layer and the norm +
+//! lm_head post-layer.
 //!
-//! Each block lives here once; model crates compose them. Rounding follows the HF
-//! reference: on a bf16 model every op's output is rounded to bf16 while reductions
-//! (norms, softmax, GEMM accumulation) run in f32.
+//! Each block lives here once; model crates compose them. Each has exactly one `forward`,
+//! written against tensors and the backend seam ([`crate::backend::Ops`]); no block knows
+//! which device it runs on. Rounding follows the HF reference: on a bf16 model every op's
+//! output is rounded to bf16 while reductions (norms, softmax, GEMM accumulation) run in f32.
 
+use crate::backend::{ops, AttnArgs, GdnArgs, GdnWeights, MoeArgs, RopeArgs};
 use crate::bail;
+use crate::batch::Batch;
 use crate::error::Result;
-use crate::load::config::{RopeParams, RopeScaling};
+use crate::layer::{PostLayer, PreLayer};
 use crate::state::LayerCache;
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
-use crate::{Batch, PostLayer, PreLayer};
-use porter_kernels::cpu::ops;
-use rayon::prelude::*;
 
 mod attention;
 mod decoder;
@@ -26,6 +27,7 @@ mod moe;
 mod norm;
 mod rope;
 
+pub use crate::backend::NormKind;
 pub use attention::*;
 pub use decoder::*;
 pub use embedding::*;

@@ -2,16 +2,47 @@
 
 use super::*;
 
+/// How rotary frequencies are scaled.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    Default,
+    /// Positions divided by `factor` (HF `rope_type: linear`).
+    Linear { factor: f32 },
+    /// YaRN (HF `rope_type: yarn`): per-frequency blend of interpolation and extrapolation,
+    /// cos/sin scaled by `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        truncate: bool,
+    },
+    /// Llama 3.1 (HF `rope_type: llama3`, `_compute_llama3_parameters`): low frequencies
+    /// divided by `factor`, high ones kept, a smooth blend in between.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
+}
+
+/// Rotary-embedding parameters of a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeParams {
+    pub theta: f32,
+    pub partial_rotary_factor: f32,
+    pub scaling: RopeScaling,
+}
+
 /// Rotary position embedding (NeoX half pairing), full or partial.
+///
+/// # Shapes
+/// `inv_freq`: `[rot_dim / 2]` f32, on the model's device
 #[derive(Debug, Clone)]
 pub struct Rope {
-    inv_freq: Vec<f32>,
+    inv_freq: Tensor,
     rot_dim: usize,
     head_dim: usize,
     /// Scale applied to cos / sin (YaRN's attention factor; 1 otherwise).
     attention_scaling: f32,
-    /// `inv_freq` on the device (uploaded at first CUDA use).
-    inv_freq_dev: std::sync::OnceLock<cudarc::driver::CudaSlice<f32>>,
 }
 
 impl Rope {
@@ -21,18 +52,18 @@ impl Rope {
     /// `linear`, `yarn` and `llama3` (`_compute_llama3_parameters`).
     pub fn new(params: &RopeParams, head_dim: usize) -> Result<Self> {
         if !(params.partial_rotary_factor > 0.0 && params.partial_rotary_factor <= 1.0) {
-            return Err(crate::Error::key(
+            return Err(crate::error::Error::key(
                 "partial_rotary_factor",
                 params.partial_rotary_factor,
                 "must be a number in (0, 1]",
             ));
         }
         if !(params.theta.is_finite() && params.theta > 0.0) {
-            return Err(crate::Error::key("rope_theta", params.theta, "must be a positive finite number"));
+            return Err(crate::error::Error::key("rope_theta", params.theta, "must be a positive finite number"));
         }
         let rot_dim = ((head_dim as f32 * params.partial_rotary_factor) as usize) & !1;
         if rot_dim == 0 || rot_dim > head_dim {
-            return Err(crate::Error::key(
+            return Err(crate::error::Error::key(
                 "partial_rotary_factor",
                 params.partial_rotary_factor,
                 format!(
@@ -105,12 +136,8 @@ impl Rope {
                 }
             }
         }
-        Ok(Self { inv_freq, rot_dim, head_dim, attention_scaling, inv_freq_dev: std::sync::OnceLock::new() })
-    }
-
-    /// The inverse frequencies, one per rotated pair (`rot_dim / 2`).
-    pub fn inv_freq(&self) -> &[f32] {
-        &self.inv_freq
+        let n = inv_freq.len();
+        Ok(Self { inv_freq: Tensor::from_vec(inv_freq, [n], DType::F32)?, rot_dim, head_dim, attention_scaling })
     }
 
     pub fn rot_dim(&self) -> usize {
@@ -121,45 +148,35 @@ impl Rope {
         self.attention_scaling
     }
 
-    /// The inverse frequencies on `gpu` (uploaded once).
-    pub fn inv_freq_on(&self, gpu: &crate::backend::cuda::Gpu) -> Result<&cudarc::driver::CudaSlice<f32>> {
-        if self.inv_freq_dev.get().is_none() {
-            let d = crate::backend::cuda::upload::<f32>(gpu, &self.inv_freq)?;
-            let _ = self.inv_freq_dev.set(d);
-        }
-        self.inv_freq_dev.get().ok_or_else(|| crate::err!(Internal, "RoPE table upload"))
+    /// This RoPE with its frequency table on `device`.
+    pub fn to_device(self, device: crate::tensor::Device) -> Result<Self> {
+        Ok(Self { inv_freq: self.inv_freq.into_device(device)?, ..self })
+    }
+
+    /// The inverse frequencies (host values).
+    pub fn inv_freq(&self) -> Result<Vec<f32>> {
+        self.inv_freq.host_vec()
     }
 
     /// cos / sin tables for the given positions, rounded to `dtype` like HF.
     ///
     /// # Shapes
     /// returns two `[positions.len(), rot_dim / 2]` tables
-    pub fn tables(&self, positions: &[usize], dtype: DType) -> (Vec<f32>, Vec<f32>) {
-        let half = self.rot_dim / 2;
-        let mut cos = Vec::with_capacity(positions.len() * half);
-        let mut sin = Vec::with_capacity(positions.len() * half);
-        for &p in positions {
-            for f in &self.inv_freq {
-                let a = p as f32 * f;
-                cos.push(dtype.round(a.cos() * self.attention_scaling));
-                sin.push(dtype.round(a.sin() * self.attention_scaling));
-            }
-        }
-        (cos, sin)
+    pub fn tables(&self, positions: &[usize], dtype: DType) -> Result<(Vec<f32>, Vec<f32>)> {
+        Ok(crate::backend::cpu::rope_tables(&self.inv_freq()?, positions, self.attention_scaling, dtype))
     }
 
-    /// Rotates `x` in place.
-    ///
-    /// # Shapes
-    /// `x: [T, heads, head_dim]`, tables `[T, rot_dim/2]`
-    pub fn apply(&self, x: &mut Tensor, cos: &[f32], sin: &[f32]) -> Result<()> {
-        let t = x.dim(0);
-        let heads = x.dim(1);
+    /// Rotates `x: [T, heads, head_dim]` in place at the batch's positions.
+    pub fn forward(&self, x: &mut Tensor, batch: &Batch) -> Result<()> {
         if x.shape().len() != 3 || x.dim(2) != self.head_dim {
             bail!(Shape, "rope: expected [T, heads, {}], got {:?}", self.head_dim, x.shape());
         }
-        ops::rope_neox(x.data_mut(), cos, sin, t, heads, self.head_dim, self.rot_dim);
-        x.round_();
-        Ok(())
+        let args = RopeArgs {
+            inv_freq: &self.inv_freq,
+            rot_dim: self.rot_dim,
+            head_dim: self.head_dim,
+            scaling: self.attention_scaling,
+        };
+        ops(x).rope(x, &args, batch)
     }
 }

@@ -5,244 +5,22 @@
 //! for attention layers, nothing for stateless layers (recurrent-state pools for linear
 //! attention plug in as another variant). Freed slots are reused.
 
-mod batch;
-
-pub use batch::{Batch, SeqSpan};
+pub use crate::backend::{KvCache, RecCache, RollbackMeta};
+pub use crate::batch::{Batch, SeqId, SeqSpan};
 
 use crate::bail;
 use crate::error::Result;
+use crate::tensor::{DType, Device};
 
-/// A sequence's slot in a cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SeqId(pub usize);
-
-/// Key/value cache of one attention layer for every slot.
-///
-/// # Shapes
-/// per slot: `k`, `v`: `[len, kv_heads, head_dim]`
-#[derive(Debug, Clone)]
-pub struct KvLayer {
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-}
-
-impl KvLayer {
-    pub fn new(kv_heads: usize, head_dim: usize) -> Self {
-        Self { kv_heads, head_dim, k: Vec::new(), v: Vec::new() }
-    }
-
-    fn ensure(&mut self, slot: usize) {
-        if self.k.len() <= slot {
-            self.k.resize_with(slot + 1, Vec::new);
-            self.v.resize_with(slot + 1, Vec::new);
-        }
-    }
-
-    /// Writes the keys/values of positions `pos0..pos0+t` (dropping anything cached at or
-    /// after `pos0`) and returns the whole cached `(k, v)` of the slot.
-    pub fn write(&mut self, seq: SeqId, pos0: usize, k: &[f32], v: &[f32]) -> Result<(&[f32], &[f32])> {
-        let row = self.kv_heads * self.head_dim;
-        self.ensure(seq.0);
-        let (kc, vc) = (&mut self.k[seq.0], &mut self.v[seq.0]);
-        if kc.len() < pos0 * row {
-            bail!(
-                Cache,
-                "KV cache of slot {} holds {} positions, cannot write at position {pos0}",
-                seq.0,
-                kc.len() / row.max(1)
-            );
-        }
-        kc.truncate(pos0 * row);
-        vc.truncate(pos0 * row);
-        kc.extend_from_slice(k);
-        vc.extend_from_slice(v);
-        Ok((&self.k[seq.0], &self.v[seq.0]))
-    }
-
-    /// Number of cached positions of a slot.
-    pub fn len(&self, seq: SeqId) -> usize {
-        self.k.get(seq.0).map_or(0, |k| k.len() / (self.kv_heads * self.head_dim).max(1))
-    }
-
-    pub fn is_empty(&self, seq: SeqId) -> bool {
-        self.len(seq) == 0
-    }
-
-    /// Drops positions `len..`.
-    pub fn truncate(&mut self, seq: SeqId, len: usize) {
-        let row = self.kv_heads * self.head_dim;
-        if let Some(k) = self.k.get_mut(seq.0) {
-            k.truncate(len * row);
-        }
-        if let Some(v) = self.v.get_mut(seq.0) {
-            v.truncate(len * row);
-        }
-    }
-
-    fn clear(&mut self, seq: SeqId) {
-        if let Some(k) = self.k.get_mut(seq.0) {
-            *k = Vec::new();
-        }
-        if let Some(v) = self.v.get_mut(seq.0) {
-            *v = Vec::new();
-        }
-    }
-}
-
-/// One slot of a [`RecurrentLayer`].
-#[derive(Debug, Clone, Default)]
-struct RecurrentSlot {
-    /// Raw conv inputs of the last `kernel − 1 + spec` tokens, time-major `[n, conv_dim]`.
-    conv_hist: Vec<f32>,
-    /// `spec + 1` SSM state buffers of `state_len` f32 each (allocated lazily).
-    ssm: Vec<Vec<f32>>,
-    /// The buffer holding the current state.
-    cur: usize,
-    /// Tokens consumed before the last step.
-    base: usize,
-    /// Tokens of the last step whose post-token states are kept (buffer j = state after
-    /// token `base + j`); 0 when only the final state is kept.
-    kept: usize,
-}
-
-/// Conv and SSM state of one linear-attention (Gated DeltaNet) layer for every slot.
-///
-/// For speculative decoding the layer keeps `spec + 1` SSM buffers and a conv window widened
-/// to `kernel − 1 + spec` inputs per slot (engine.md §4.6): a step of `t ≤ spec + 1` tokens
-/// writes the state after each token into its own buffer, so rejecting draft tokens only
-/// moves the `cur` index and drops conv inputs; nothing is recomputed or copied back.
-///
-/// # Shapes
-/// per slot: conv window `[kernel − 1, conv_dim]` (oldest first), SSM `[Hv, dk, dv]` f32
-#[derive(Debug, Clone)]
-pub struct RecurrentLayer {
-    pub conv_dim: usize,
-    pub kernel: usize,
-    pub state_len: usize,
-    /// Maximum draft tokens that can be rolled back (0: no snapshots).
-    pub spec: usize,
-    slots: Vec<RecurrentSlot>,
-}
-
-impl RecurrentLayer {
-    pub fn new(conv_dim: usize, kernel: usize, state_len: usize, spec: usize) -> Self {
-        Self { conv_dim, kernel, state_len, spec, slots: Vec::new() }
-    }
-
-    fn slot(&mut self, seq: SeqId) -> &mut RecurrentSlot {
-        if self.slots.len() <= seq.0 {
-            self.slots.resize_with(seq.0 + 1, RecurrentSlot::default);
-        }
-        let (n, len) = (self.spec + 1, self.state_len);
-        let s = &mut self.slots[seq.0];
-        if s.ssm.len() != n {
-            s.ssm = vec![vec![0.0; len]; n];
-            s.cur = 0;
-        }
-        s
-    }
-
-    /// The conv state for the next token: the last `kernel − 1` inputs, channel-major
-    /// `[conv_dim, kernel − 1]`, oldest first, zero-padded at the start of a sequence.
-    pub fn conv_state(&mut self, seq: SeqId) -> Vec<f32> {
-        let (c, w) = (self.conv_dim, self.kernel.saturating_sub(1));
-        let hist = &self.slot(seq).conv_hist;
-        let n = hist.len() / c.max(1);
-        let mut st = vec![0.0; c * w];
-        for j in 0..w.min(n) {
-            // column w-1-j holds the input j steps back
-            let row = &hist[(n - 1 - j) * c..(n - j) * c];
-            for ch in 0..c {
-                st[ch * w + (w - 1 - j)] = row[ch];
-            }
-        }
-        st
-    }
-
-    /// Appends this step's raw conv inputs (`[t, conv_dim]`) to the window.
-    pub fn push_conv_inputs(&mut self, seq: SeqId, x: &[f32]) {
-        let keep = (self.kernel.saturating_sub(1) + self.spec) * self.conv_dim;
-        let s = self.slot(seq);
-        s.conv_hist.extend_from_slice(x);
-        if s.conv_hist.len() > keep {
-            let cut = s.conv_hist.len() - keep;
-            s.conv_hist.drain(..cut);
-        }
-    }
-
-    /// Whether a step of `t` tokens keeps a state per token (rollback possible).
-    pub fn snapshots_for(&self, t: usize) -> bool {
-        self.spec > 0 && t <= self.spec + 1
-    }
-
-    /// The current SSM state of a slot.
-    pub fn ssm_mut(&mut self, seq: SeqId) -> &mut [f32] {
-        let s = self.slot(seq);
-        let cur = s.cur;
-        &mut s.ssm[cur]
-    }
-
-    /// Records a step that updated the current buffer in place (no per-token snapshots).
-    pub fn finish_step(&mut self, seq: SeqId, pos0: usize) {
-        let s = self.slot(seq);
-        s.base = pos0;
-        s.kept = 0;
-    }
-
-    /// Buffer `j` of a slot (for per-token snapshots), and the current one, by index.
-    pub fn snapshot_buffers(&mut self, seq: SeqId) -> (&mut Vec<Vec<f32>>, usize) {
-        let s = self.slot(seq);
-        let cur = s.cur;
-        (&mut s.ssm, cur)
-    }
-
-    /// Records a step of `t` tokens whose post-token states are in buffers `0..t`.
-    pub fn finish_snapshot_step(&mut self, seq: SeqId, pos0: usize, t: usize) {
-        let s = self.slot(seq);
-        s.base = pos0;
-        s.kept = t;
-        s.cur = t - 1;
-    }
-
-    /// Whether the slot can roll back from `from` to `to` consumed tokens.
-    pub fn can_rollback(&self, seq: SeqId, from: usize, to: usize) -> bool {
-        if to == from {
-            return true;
-        }
-        match self.slots.get(seq.0) {
-            Some(s) => s.kept > 0 && to > s.base && from == s.base + s.kept,
-            None => false,
-        }
-    }
-
-    /// Rolls a slot back from `from` to `to` consumed tokens (`to ≤ from`).
-    pub fn rollback(&mut self, seq: SeqId, from: usize, to: usize) -> Result<()> {
-        if to == from {
-            return Ok(());
-        }
-        if !self.can_rollback(seq, from, to) {
-            bail!(Cache,
-                "cannot roll the recurrent state of slot {} back from {from} to {to} tokens: only the tokens of the last step (at most the speculative window) can be rejected",
-                seq.0
-            );
-        }
-        let c = self.conv_dim;
-        let s = self.slot(seq);
-        s.cur = to - s.base - 1;
-        s.kept = to - s.base;
-        let drop = (from - to) * c;
-        let n = s.conv_hist.len().saturating_sub(drop);
-        s.conv_hist.truncate(n);
-        Ok(())
-    }
-
-    fn clear(&mut self, seq: SeqId) {
-        if let Some(s) = self.slots.get_mut(seq.0) {
-            *s = RecurrentSlot::default();
-        }
-    }
+/// What per-request state a layer keeps (used to build caches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Full attention with a KV cache.
+    Attention { kv_heads: usize, head_dim: usize },
+    /// Linear attention with a conv window and a recurrent state.
+    Recurrent { conv_dim: usize, kernel: usize, state_len: usize },
+    /// No per-request state.
+    Stateless,
 }
 
 /// The state one layer keeps for every slot.
@@ -251,23 +29,31 @@ pub enum LayerCache {
     /// Layers without per-request state.
     Stateless,
     /// Attention layers.
-    Kv(KvLayer),
+    Kv(KvCache),
     /// Linear-attention layers (conv + SSM state).
-    Recurrent(RecurrentLayer),
-    /// Attention layers of a CUDA model.
-    KvCuda(crate::backend::cuda::blocks::DevKv),
-    /// Linear-attention layers of a CUDA model.
-    RecurrentCuda(crate::backend::cuda::blocks::DevRecurrent),
+    Recurrent(RecCache),
 }
 
 impl LayerCache {
+    /// The state a layer of `kind` needs on `device` for up to `max_seqs` slots, with
+    /// `spec` rejectable draft tokens for recurrent layers.
+    pub fn new(kind: LayerKind, device: Device, dtype: DType, max_seqs: usize, spec: usize) -> Result<Self> {
+        Ok(match kind {
+            LayerKind::Attention { kv_heads, head_dim } => {
+                LayerCache::Kv(KvCache::new(device, kv_heads, head_dim, dtype)?)
+            }
+            LayerKind::Recurrent { conv_dim, kernel, state_len } => {
+                LayerCache::Recurrent(RecCache::new(device, conv_dim, kernel, state_len, spec, max_seqs)?)
+            }
+            LayerKind::Stateless => LayerCache::Stateless,
+        })
+    }
+
     fn clear(&mut self, seq: SeqId) -> Result<()> {
         match self {
             LayerCache::Stateless => {}
             LayerCache::Kv(kv) => kv.clear(seq),
-            LayerCache::Recurrent(r) => r.clear(seq),
-            LayerCache::KvCuda(kv) => kv.clear(seq),
-            LayerCache::RecurrentCuda(r) => r.clear(seq)?,
+            LayerCache::Recurrent(r) => r.clear(seq)?,
         }
         Ok(())
     }
@@ -275,8 +61,7 @@ impl LayerCache {
     fn can_rollback(&self, seq: SeqId, from: usize, to: usize) -> bool {
         match self {
             LayerCache::Recurrent(r) => r.can_rollback(seq, from, to),
-            LayerCache::RecurrentCuda(r) => r.can_rollback(seq, from, to),
-            _ => true,
+            LayerCache::Stateless | LayerCache::Kv(_) => true,
         }
     }
 
@@ -287,12 +72,7 @@ impl LayerCache {
                 kv.truncate(seq, len);
                 Ok(())
             }
-            LayerCache::KvCuda(kv) => {
-                kv.truncate(seq, len);
-                Ok(())
-            }
             LayerCache::Recurrent(r) => r.rollback(seq, from, len),
-            LayerCache::RecurrentCuda(r) => r.rollback(seq, from, len),
         }
     }
 }
@@ -429,11 +209,12 @@ mod tests {
 
     #[test]
     fn slots_are_reused_without_leaks() {
-        let mut c = ModelCache::new(vec![LayerCache::Kv(KvLayer::new(1, 2)), LayerCache::Stateless], 4);
+        let kv = KvCache::new(Device::Cpu, 1, 2, DType::F32).unwrap();
+        let mut c = ModelCache::new(vec![LayerCache::Kv(kv), LayerCache::Stateless], 4);
         for round in 0..1000usize {
             let a = c.alloc_seq().unwrap();
             let b = c.alloc_seq().unwrap();
-            if let LayerCache::Kv(kv) = c.layer_mut(0).unwrap() {
+            if let LayerCache::Kv(KvCache { buf: crate::backend::KvBuf::Cpu(kv), .. }) = c.layer_mut(0).unwrap() {
                 kv.write(a, 0, &[1.0, 2.0], &[3.0, 4.0]).unwrap();
             }
             c.advance(a, 1).unwrap();
@@ -455,9 +236,10 @@ mod tests {
 
     #[test]
     fn truncate_drops_kv() {
-        let mut c = ModelCache::new(vec![LayerCache::Kv(KvLayer::new(1, 1))], 1);
+        let kv = KvCache::new(Device::Cpu, 1, 1, DType::F32).unwrap();
+        let mut c = ModelCache::new(vec![LayerCache::Kv(kv)], 1);
         let a = c.alloc_seq().unwrap();
-        if let LayerCache::Kv(kv) = c.layer_mut(0).unwrap() {
+        if let LayerCache::Kv(KvCache { buf: crate::backend::KvBuf::Cpu(kv), .. }) = c.layer_mut(0).unwrap() {
             kv.write(a, 0, &[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]).unwrap();
         }
         c.advance(a, 3).unwrap();

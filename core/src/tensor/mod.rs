@@ -1,27 +1,106 @@
-//! A minimal dense tensor.
+//! A minimal dense tensor and where its data lives.
 //!
-//! Storage is a device enum: on the CPU, values live in `f32` buffers and are rounded to
-//! the tensor's [`DType`] after each op (see [`DType`]); on a CUDA device they live in
-//! device memory in the dtype itself (see [`crate::backend::cuda`]). Ops dispatch on the storage.
+//! [`Storage`] is one enum over the backends, matched exhaustively wherever a tensor's data
+//! is touched: host memory ([`CpuStorage`]) or device memory ([`cuda::CudaStorage`]). Host
+//! storage keeps the dtype it was given: weights stay in their checkpoint dtype (`bf16`,
+//! `f16` or `f32`, never inflated), while CPU activations are `f32` buffers whose values are
+//! rounded to the tensor's [`DType`] after each op (see [`DType`]). Device storage always
+//! holds the dtype itself. The ops on tensors live in [`crate::backend`].
 
+pub mod cuda;
 pub mod device;
 pub mod dtype;
 
-use crate::bail;
-use crate::error::Result;
 pub use device::Device;
 pub use dtype::DType;
+
+use crate::error::Result;
+use crate::{bail, err};
+use half::{bf16, f16};
+use std::borrow::Cow;
 
 /// Whether this build carries a CUDA backend that can execute models.
 pub const CUDA_BACKEND_AVAILABLE: bool = true;
 
-/// Device-resident data of a tensor.
+/// Host data of a tensor, in the element type it was stored with.
+#[derive(Clone, Debug)]
+pub enum CpuStorage {
+    /// `f32` values (activations; f32 weights), rounded to the tensor's dtype.
+    F32(Vec<f32>),
+    /// `bf16` values as stored in a checkpoint.
+    BF16(Vec<bf16>),
+    /// `f16` values as stored in a checkpoint.
+    F16(Vec<f16>),
+}
+
+impl CpuStorage {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            CpuStorage::F32(v) => v.len(),
+            CpuStorage::BF16(v) => v.len(),
+            CpuStorage::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values as `f32` (borrowed when already `f32`).
+    pub fn as_f32(&self) -> Cow<'_, [f32]> {
+        match self {
+            CpuStorage::F32(v) => Cow::Borrowed(v),
+            h => Cow::Owned(h.to_f32_vec()),
+        }
+    }
+
+    /// The values converted to `f32`.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self {
+            CpuStorage::F32(v) => v.clone(),
+            CpuStorage::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            CpuStorage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            CpuStorage::F32(v) => v.len() * 4,
+            CpuStorage::BF16(v) => v.len() * 2,
+            CpuStorage::F16(v) => v.len() * 2,
+        }
+    }
+
+    /// Elements `start..end` as a borrowed slice of the same element type.
+    pub fn range(&self, start: usize, end: usize) -> Result<HostSlice<'_>> {
+        if start > end || end > self.len() {
+            bail!(Internal, "host range {start}..{end} of {} elements", self.len());
+        }
+        Ok(match self {
+            CpuStorage::F32(v) => HostSlice::F32(&v[start..end]),
+            CpuStorage::BF16(v) => HostSlice::BF16(&v[start..end]),
+            CpuStorage::F16(v) => HostSlice::F16(&v[start..end]),
+        })
+    }
+}
+
+/// A borrowed run of host elements in their stored type (what CPU GEMMs read weights from).
+#[derive(Clone, Copy, Debug)]
+pub enum HostSlice<'a> {
+    F32(&'a [f32]),
+    BF16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+/// Where a tensor's data lives.
 #[derive(Clone, Debug)]
 pub enum Storage {
     /// Row-major host memory.
-    Cpu(Vec<f32>),
+    Cpu(CpuStorage),
     /// Row-major device memory in the tensor's dtype.
-    Cuda(crate::backend::cuda::CudaStorage),
+    Cuda(cuda::CudaStorage),
 }
 
 /// A dense, row-major tensor.
@@ -36,7 +115,7 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// Wraps host data; values are rounded to `dtype`.
+    /// Wraps host `f32` values; they are rounded to `dtype`.
     pub fn from_vec(mut data: Vec<f32>, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<Self> {
         let shape = shape.into();
         let n: usize = shape.iter().product();
@@ -44,14 +123,32 @@ impl Tensor {
             bail!(Shape, "tensor data has {} elements but shape {:?} needs {n}", data.len(), shape);
         }
         dtype.round_slice(&mut data);
-        Ok(Self { shape, storage: Storage::Cpu(data), dtype })
+        Ok(Self { shape, storage: Storage::Cpu(CpuStorage::F32(data)), dtype })
     }
 
-    /// A zero-filled tensor.
+    /// Wraps host storage as a tensor of `dtype`. Half-precision storage must match `dtype`
+    /// (`bf16` values are a `BF16` tensor); `f32` storage may carry any dtype (its values
+    /// are then rounded).
+    pub fn from_host(host: CpuStorage, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<Self> {
+        let shape = shape.into();
+        let n: usize = shape.iter().product();
+        if n != host.len() {
+            bail!(Shape, "tensor data has {} elements but shape {:?} needs {n}", host.len(), shape);
+        }
+        match (&host, dtype) {
+            (CpuStorage::F32(_), _) | (CpuStorage::BF16(_), DType::BF16) | (CpuStorage::F16(_), DType::F16) => {}
+            _ => bail!(DType, "host {} storage cannot hold a {dtype} tensor", host_name(&host)),
+        }
+        let mut t = Self { shape, storage: Storage::Cpu(host), dtype };
+        t.round_();
+        Ok(t)
+    }
+
+    /// A zero-filled host tensor.
     pub fn zeros(shape: impl Into<Vec<usize>>, dtype: DType) -> Self {
         let shape = shape.into();
         let n = shape.iter().product();
-        Self { shape, storage: Storage::Cpu(vec![0.0; n]), dtype }
+        Self { shape, storage: Storage::Cpu(CpuStorage::F32(vec![0.0; n])), dtype }
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -64,6 +161,11 @@ impl Tensor {
 
     pub fn elem_count(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// Bytes of the tensor in its dtype.
+    pub fn bytes(&self) -> usize {
+        self.elem_count() * self.dtype.size_in_bytes()
     }
 
     /// Size of dimension `i` (0 when out of range).
@@ -93,43 +195,89 @@ impl Tensor {
         &mut self.storage
     }
 
-    /// The host values.
+    /// Where the tensor lives.
+    pub fn device(&self) -> Device {
+        match &self.storage {
+            Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(c) => Device::Cuda(c.gpu.ordinal),
+        }
+    }
+
+    pub fn is_cuda(&self) -> bool {
+        match &self.storage {
+            Storage::Cpu(_) => false,
+            Storage::Cuda(_) => true,
+        }
+    }
+
+    /// The device handle of a CUDA tensor.
+    pub fn gpu(&self) -> Option<&std::sync::Arc<cuda::Gpu>> {
+        match &self.storage {
+            Storage::Cpu(_) => None,
+            Storage::Cuda(c) => Some(&c.gpu),
+        }
+    }
+
+    /// The host storage of a CPU tensor.
+    pub fn host(&self) -> Result<&CpuStorage> {
+        match &self.storage {
+            Storage::Cpu(h) => Ok(h),
+            Storage::Cuda(_) => bail!(Internal, "host data of a CUDA tensor requested (use to_host)"),
+        }
+    }
+
+    /// The values of a CPU tensor as `f32` (borrowed when stored as `f32`).
+    pub fn host_f32(&self) -> Result<Cow<'_, [f32]>> {
+        Ok(self.host()?.as_f32())
+    }
+
+    /// The `f32` values of a CPU activation.
     ///
     /// # Panics
-    /// On a CUDA tensor (an engine bug: device tensors are read with [`Tensor::to_host`]).
+    /// On a CUDA tensor or on half-precision host storage (an engine bug: activations on
+    /// the CPU are `f32` buffers; weights are read with [`Tensor::host_f32`] / [`Tensor::host`]).
     pub fn data(&self) -> &[f32] {
         match &self.storage {
-            Storage::Cpu(v) => v,
-            Storage::Cuda(_) => panic!("internal: host data of a CUDA tensor requested (use to_host)"),
+            Storage::Cpu(CpuStorage::F32(v)) => v,
+            _ => panic!("internal: f32 host data of a {} {} tensor requested", self.dtype, self.location()),
         }
     }
 
     /// # Panics
-    /// On a CUDA tensor, as [`Tensor::data`].
+    /// As [`Tensor::data`].
     pub fn data_mut(&mut self) -> &mut [f32] {
+        let (dt, loc) = (self.dtype, self.location());
         match &mut self.storage {
-            Storage::Cpu(v) => v,
-            Storage::Cuda(_) => panic!("internal: host data of a CUDA tensor requested (use to_host)"),
+            Storage::Cpu(CpuStorage::F32(v)) => v,
+            _ => panic!("internal: f32 host data of a {dt} {loc} tensor requested"),
         }
     }
 
-    /// The host values (downloaded from the device if needed).
-    pub fn into_vec(self) -> Vec<f32> {
-        match self.storage {
-            Storage::Cpu(v) => v,
-            Storage::Cuda(_) => self.to_host().map(Tensor::into_vec).unwrap_or_default(),
+    fn location(&self) -> &'static str {
+        match &self.storage {
+            Storage::Cpu(h) => host_name(h),
+            Storage::Cuda(_) => "CUDA",
         }
     }
 
-    /// The host values of a CPU or CUDA tensor.
+    /// The values as host `f32` (downloaded from the device if needed).
     pub fn host_vec(&self) -> Result<Vec<f32>> {
         match &self.storage {
-            Storage::Cpu(v) => Ok(v.clone()),
-            Storage::Cuda(_) => Ok(self.to_host()?.into_vec()),
+            Storage::Cpu(h) => Ok(h.to_f32_vec()),
+            Storage::Cuda(c) => Ok(cuda::download(c)?.to_f32_vec()),
         }
     }
 
-    /// Row `i` of the `[rows, last_dim]` view.
+    /// The values as host `f32`, consuming the tensor.
+    pub fn into_vec(self) -> Result<Vec<f32>> {
+        match self.storage {
+            Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
+            Storage::Cpu(h) => Ok(h.to_f32_vec()),
+            Storage::Cuda(c) => Ok(cuda::download(&c)?.to_f32_vec()),
+        }
+    }
+
+    /// Row `i` of the `[rows, last_dim]` view of a CPU activation.
     pub fn row(&self, i: usize) -> &[f32] {
         let d = self.last_dim();
         &self.data()[i * d..(i + 1) * d]
@@ -146,119 +294,80 @@ impl Tensor {
         Ok(self)
     }
 
-    /// Rounds the values to `dtype` and retags the tensor (a cast on the device).
-    ///
-    /// # Panics
-    /// When a device cast fails (out of device memory); code that may see CUDA tensors uses
-    /// [`Tensor::try_to_dtype`].
-    pub fn to_dtype(mut self, dtype: DType) -> Self {
-        if self.is_cuda() {
-            if self.dtype == dtype {
-                return self;
-            }
-            return match crate::backend::cuda::cast(&self, dtype) {
-                Ok(t) => t,
-                Err(e) => panic!("CUDA cast failed: {e:#}"),
-            };
-        }
-        dtype.round_slice(self.data_mut());
-        self.dtype = dtype;
-        self
-    }
-
-    /// As [`Tensor::to_dtype`], with device errors reported.
-    pub fn try_to_dtype(self, dtype: DType) -> Result<Self> {
-        if self.is_cuda() {
-            if self.dtype == dtype {
-                return Ok(self);
-            }
-            return crate::backend::cuda::cast(&self, dtype);
-        }
-        Ok(self.to_dtype(dtype))
-    }
-
-    /// Rounds the values to the tensor's own dtype (after an op that wrote f32 values).
+    /// Rounds `f32` host values to the tensor's own dtype (after an op that wrote f32
+    /// values); a no-op for device and half-precision storage, which hold the dtype itself.
     pub fn round_(&mut self) {
-        if self.is_cuda() {
-            return;
-        }
         let dt = self.dtype;
-        dt.round_slice(self.data_mut());
+        match &mut self.storage {
+            Storage::Cpu(CpuStorage::F32(v)) => dt.round_slice(v),
+            Storage::Cpu(CpuStorage::BF16(_) | CpuStorage::F16(_)) | Storage::Cuda(_) => {}
+        }
     }
 
-    /// Copies rows `[start, start + n)` of the `[rows, last_dim]` view.
-    pub fn narrow_rows(&self, start: usize, n: usize) -> Result<Self> {
-        let d = self.last_dim();
-        if start + n > self.rows() {
-            bail!(Shape, "narrow_rows {start}+{n} out of range for {} rows", self.rows());
+    /// Retags an `f32` host tensor as `dtype`, rounding its values (no copy).
+    pub(crate) fn retag_host(mut self, dtype: DType) -> Result<Self> {
+        match &mut self.storage {
+            Storage::Cpu(CpuStorage::F32(v)) => dtype.round_slice(v),
+            _ => bail!(Internal, "retag of a non-f32 host tensor"),
         }
-        let mut shape = vec![n];
-        shape.extend_from_slice(&self.shape[self.shape.len().saturating_sub(1)..]);
-        if self.is_cuda() {
-            let idx: Vec<usize> = (start..start + n).collect();
-            return crate::backend::cuda::gather_rows(self, &idx)?.reshape(shape);
-        }
-        let data = self.data()[start * d..(start + n) * d].to_vec();
-        Ok(Self { shape, storage: Storage::Cpu(data), dtype: self.dtype })
+        self.dtype = dtype;
+        Ok(self)
     }
 
-    /// Gathers the given rows of the `[rows, last_dim]` view into a `[idx.len(), last_dim]` tensor.
-    pub fn gather_rows(&self, idx: &[usize]) -> Result<Self> {
-        if self.is_cuda() {
-            return crate::backend::cuda::gather_rows(self, idx);
-        }
-        let d = self.last_dim();
-        let rows = self.rows();
-        let mut data = Vec::with_capacity(idx.len() * d);
-        for &i in idx {
-            if i >= rows {
-                bail!(Shape, "row index {i} out of range ({rows} rows)");
+    /// A copy on the same device, with device errors reported.
+    pub fn try_clone(&self) -> Result<Tensor> {
+        match &self.storage {
+            Storage::Cpu(_) => Ok(self.clone()),
+            Storage::Cuda(c) => {
+                let buf = cuda::copy_buf(&c.gpu, &c.buf)?;
+                Ok(Self::from_storage(
+                    self.shape.clone(),
+                    Storage::Cuda(cuda::CudaStorage { gpu: c.gpu.clone(), buf }),
+                    self.dtype,
+                ))
             }
-            data.extend_from_slice(&self.data()[i * d..(i + 1) * d]);
         }
-        Ok(Self { shape: vec![idx.len(), d], storage: Storage::Cpu(data), dtype: self.dtype })
     }
 
-    /// `self += other` elementwise, rounded to the dtype (a residual add).
-    pub fn add_(&mut self, other: &Tensor) -> Result<()> {
-        if self.shape != other.shape {
-            bail!(Shape, "add: shape mismatch {:?} vs {:?}", self.shape, other.shape);
+    /// This tensor on `device` (a copy).
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        match (device, &self.storage) {
+            (Device::Cpu, Storage::Cpu(_)) => Ok(self.clone()),
+            (Device::Cpu, Storage::Cuda(_)) => self.to_host(),
+            (Device::Cuda(i), Storage::Cpu(h)) => {
+                let g = cuda::gpu(i)?;
+                let buf = cuda::upload_storage(&g, h, self.dtype)?;
+                Ok(Self::from_storage(self.shape.clone(), Storage::Cuda(cuda::CudaStorage { gpu: g, buf }), self.dtype))
+            }
+            (Device::Cuda(i), Storage::Cuda(c)) if c.gpu.ordinal == i => self.try_clone(),
+            (Device::Cuda(_), Storage::Cuda(_)) => self.to_host()?.to_device(device),
         }
-        if self.is_cuda() {
-            return crate::backend::cuda::add_into(self, other);
-        }
-        let dt = self.dtype;
-        for (a, b) in self.data_mut().iter_mut().zip(other.data()) {
-            *a = dt.round(*a + *b);
-        }
-        Ok(())
     }
 
-    /// `[rows, d]` times `wᵀ` with `w: [n, d]` → `[rows, n]` (`x @ w.T`), f32 accumulation,
-    /// output rounded to the weight's dtype.
-    pub fn matmul_t(&self, w: &Tensor) -> Result<Tensor> {
-        self.matmul_t_to(w, w.dtype)
+    /// A host copy as `f32` values (exact for every dtype; synchronises the stream).
+    pub fn to_host(&self) -> Result<Tensor> {
+        match &self.storage {
+            Storage::Cpu(_) => Ok(self.clone()),
+            Storage::Cuda(c) => {
+                let h = CpuStorage::F32(cuda::download(c)?.to_f32_vec());
+                Ok(Self::from_storage(self.shape.clone(), Storage::Cpu(h), self.dtype))
+            }
+        }
     }
 
-    /// As [`Tensor::matmul_t`] with an explicit output dtype (e.g. f32 logits).
-    pub fn matmul_t_to(&self, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
-        let k = self.last_dim();
-        if w.shape.len() != 2 || w.shape[1] != k {
-            bail!(Shape, "matmul: activation {:?} vs weight {:?}", self.shape, w.shape);
+    /// Moves the tensor to `device` (no copy when it is already there).
+    pub fn into_device(self, device: Device) -> Result<Tensor> {
+        if self.device() == device {
+            return Ok(self);
         }
-        if self.is_cuda() {
-            return crate::backend::cuda::matmul_t(self, w, out_dtype);
-        }
-        let m = self.rows();
-        let n = w.shape[0];
-        let mut out = vec![0.0; m * n];
-        porter_kernels::cpu::ops::matmul_t(self.data(), w.data(), &mut out, m, k, n, false);
-        let mut shape = self.shape.clone();
-        if let Some(l) = shape.last_mut() {
-            *l = n;
-        }
-        let mut t = Tensor { shape, storage: Storage::Cpu(out), dtype: out_dtype };
-        t.round_();
-        Ok(t)
+        self.to_device(device).map_err(|e| err!(Device, "moving a {:?} tensor to {device}: {e}", self.shape))
+    }
+}
+
+fn host_name(h: &CpuStorage) -> &'static str {
+    match h {
+        CpuStorage::F32(_) => "host-f32",
+        CpuStorage::BF16(_) => "host-bf16",
+        CpuStorage::F16(_) => "host-f16",
     }
 }

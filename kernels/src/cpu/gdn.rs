@@ -1449,7 +1449,7 @@ mod tests {
     /// Prefill: one call over T = 4096 tokens (Qwen3-Next GDN layer shapes),
     /// best of 2. Decode: 256 single-token recurrent calls.
     #[test]
-    #[ignore]
+    #[ignore = "micro-benchmark: run with --ignored --nocapture"]
     fn bench_gdn() {
         let (t, hk, hv, dk, dv) = (4096, 16, 32, 128, 128);
         let p = Prob::new(1, t, hk, hv, dk, dv, false);

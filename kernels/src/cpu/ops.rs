@@ -1,12 +1,148 @@
 //! Dense CPU kernels: GEMM, norms, RoPE, causal attention, activations.
 //!
-//! All kernels take row-major `f32` slices. Parallelism is rayon over rows or
+//! All kernels take row-major `f32` slices; the GEMM's weight may also be `bf16`/`f16`
+//! ([`HostWeight`], widened block by block). Parallelism is rayon over rows or
 //! heads; the GEMM is the `gemm` crate (packed, SIMD, multi-threaded).
 
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// Minimum number of output elements before a kernel fans out over rayon.
 const PAR_MIN: usize = 1 << 14;
+
+/// A weight element type the CPU GEMM reads directly: `f32`, or a half-precision checkpoint
+/// dtype (`bf16`, `f16`) that is widened to `f32` block by block inside [`matmul_t_w`].
+pub trait HostWeight: Copy + Send + Sync + 'static {
+    /// The dtype's name as safetensors spells it (`"F32"`, `"BF16"`, `"F16"`).
+    const NAME: &'static str;
+
+    /// Widens `src` into `dst` element by element (exact: every bf16/f16 value is an f32).
+    ///
+    /// # Panics
+    /// When `src.len() != dst.len()`.
+    fn to_f32_slice(src: &[Self], dst: &mut [f32]);
+
+    /// `src` itself when `Self` is `f32` (no conversion needed), `None` otherwise.
+    fn as_f32(src: &[Self]) -> Option<&[f32]> {
+        let _ = src;
+        None
+    }
+}
+
+impl HostWeight for f32 {
+    const NAME: &'static str = "F32";
+
+    fn to_f32_slice(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    fn as_f32(src: &[f32]) -> Option<&[f32]> {
+        Some(src)
+    }
+}
+
+impl HostWeight for bf16 {
+    const NAME: &'static str = "BF16";
+
+    fn to_f32_slice(src: &[bf16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+impl HostWeight for f16 {
+    const NAME: &'static str = "F16";
+
+    fn to_f32_slice(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+/// Widens a whole weight to a new `f32` vector (parallel over chunks when large).
+pub fn to_f32_vec<W: HostWeight>(w: &[W]) -> Vec<f32> {
+    let mut out = vec![0.0f32; w.len()];
+    convert_into(w, &mut out);
+    out
+}
+
+/// [`HostWeight::to_f32_slice`], fanned out over rayon for large slices.
+fn convert_into<W: HostWeight>(src: &[W], dst: &mut [f32]) {
+    const CHUNK: usize = 1 << 16;
+    if src.len() >= 4 * CHUNK {
+        dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| W::to_f32_slice(s, d));
+    } else {
+        W::to_f32_slice(src, dst);
+    }
+}
+
+/// Most `f32` values one block of widened weight rows may hold in [`matmul_t_w`] (4 MiB).
+const WEIGHT_BLOCK_FLOATS: usize = 1 << 20;
+
+/// `out = x · wᵀ` (+ `out` when `accumulate`) for a weight in any [`HostWeight`] dtype.
+///
+/// `f32` weights go straight to [`matmul_t`]. Half-precision weights are never widened as a
+/// whole: decode-sized calls (`m ≤ 4`) widen one weight row at a time per task, larger calls
+/// widen a block of at most 4 MiB of output rows (at least 256 rows) and run the f32 GEMM on it,
+/// writing the matching column block of `out`. The result is bit-identical to
+/// `matmul_t(x, &to_f32_vec(w), ..)`.
+///
+/// # Shapes
+/// - `x`: `[m, k]` row-major
+/// - `w`: `[n, k]` row-major (the safetensors `[out, in]` layout)
+/// - `out`: `[m, n]`
+pub fn matmul_t_w<W: HostWeight>(x: &[f32], w: &[W], out: &mut [f32], m: usize, k: usize, n: usize, accumulate: bool) {
+    matmul_t_w_blocked(x, w, out, m, k, n, accumulate, WEIGHT_BLOCK_FLOATS);
+}
+
+/// [`matmul_t_w`] with the block bound as a parameter (the tests use small ones).
+#[allow(clippy::too_many_arguments)]
+fn matmul_t_w_blocked<W: HostWeight>(
+    x: &[f32],
+    w: &[W],
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    accumulate: bool,
+    block_floats: usize,
+) {
+    // At least 256 rows per block, so that after balancing every block has more than 64 rows
+    // and at least 5·128 outputs: the gemm crate then takes the same kernel path (same k
+    // chunking, same per-element FMA chain) on a block as on the whole weight, which is what
+    // makes the blocked result bit-identical.
+    const MIN_BLOCK_ROWS: usize = 256;
+    if let Some(wf) = W::as_f32(w) {
+        matmul_t(x, wf, out, m, k, n, accumulate);
+        return;
+    }
+    assert_eq!(x.len(), m * k, "matmul_t_w: x is not [m, k]");
+    assert_eq!(w.len(), n * k, "matmul_t_w: w is not [n, k]");
+    assert_eq!(out.len(), m * n, "matmul_t_w: out is not [m, n]");
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        matmul_t(x, &[], out, m, k, n, accumulate);
+        return;
+    }
+    if m <= 4 {
+        gemv_t(x, w, out, m, k, n, accumulate);
+        return;
+    }
+    let cap_rows = (block_floats / k).max(MIN_BLOCK_ROWS);
+    let blocks = n.div_ceil(cap_rows);
+    // Balanced split: the first `n % blocks` blocks get one extra row.
+    let (base, extra) = (n / blocks, n % blocks);
+    let mut scratch = vec![0.0f32; (base + usize::from(extra > 0)) * k];
+    let mut col0 = 0;
+    for bi in 0..blocks {
+        let nb = base + usize::from(bi < extra);
+        let buf = &mut scratch[..nb * k];
+        convert_into(&w[col0 * k..(col0 + nb) * k], buf);
+        gemm_cols(x, buf, out, m, k, n, col0, accumulate);
+        col0 += nb;
+    }
+}
 
 /// `out = x · wᵀ` (+ `out` when `accumulate`).
 ///
@@ -33,24 +169,41 @@ pub fn matmul_t(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: us
         gemv_t(x, w, out, m, k, n, accumulate);
         return;
     }
+    gemm_cols(x, w, out, m, k, n, 0, accumulate);
+}
+
+/// The gemm-crate call behind [`matmul_t`]: `out[:, col0..col0 + nb] (+)= x · w_rowsᵀ`.
+///
+/// # Shapes
+/// - `x`: `[m, k]`, `w_rows`: `[nb, k]` (output rows `col0..col0 + nb`), `out`: `[m, n]`
+#[allow(clippy::too_many_arguments)]
+fn gemm_cols(x: &[f32], w_rows: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, col0: usize, accumulate: bool) {
+    let nb = w_rows.len() / k;
+    assert!(k > 0 && w_rows.len() == nb * k, "gemm_cols: w_rows is not [nb, k]");
+    assert!(x.len() == m * k && out.len() == m * n && col0 + nb <= n, "gemm_cols: shapes disagree");
+    if m == 0 || nb == 0 {
+        return;
+    }
     let threads = rayon::current_num_threads();
     let par =
-        if m * n * k >= 1 << 15 && threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    // SAFETY: the slices have exactly the sizes the strides describe (checked above);
-    // dst does not alias lhs or rhs (distinct borrows).
+        if m * nb * k >= 1 << 15 && threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    // SAFETY: the slices have exactly the sizes the strides describe (checked above): dst
+    // element (i, j) is out[i * n + col0 + j] with i < m, j < nb, col0 + nb ≤ n; lhs is x
+    // [m, k]; rhs element (l, j) is w_rows[j * k + l]. dst does not alias lhs or rhs
+    // (distinct borrows).
     unsafe {
         gemm::gemm(
             m,
-            n,
+            nb,
             k,
-            out.as_mut_ptr(),
+            out.as_mut_ptr().add(col0),
             1,
             n as isize,
             accumulate,
             x.as_ptr(),
             1,
             k as isize,
-            w.as_ptr(),
+            w_rows.as_ptr(),
             k as isize,
             1,
             1.0f32,
@@ -81,14 +234,25 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `out = x · wᵀ` for a handful of rows `m`, parallel over blocks of the `n` output features.
-fn gemv_t(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, accumulate: bool) {
+///
+/// Half-precision weights are widened one row at a time into a `k`-float buffer per task, so
+/// every output is the same [`dot`] of the same f32 values whatever the weight dtype.
+fn gemv_t<W: HostWeight>(x: &[f32], w: &[W], out: &mut [f32], m: usize, k: usize, n: usize, accumulate: bool) {
     const BLOCK: usize = 64;
     // Column-major scratch [n, m]: each task owns a contiguous block of output features.
     let mut scratch = vec![0.0f32; n * m];
     let fill = |(bi, blk): (usize, &mut [f32])| {
+        let mut row = if W::as_f32(w).is_some() { Vec::new() } else { vec![0.0f32; k] };
         for (j, o) in blk.chunks_mut(m).enumerate() {
             let col = bi * BLOCK + j;
-            let wr = &w[col * k..(col + 1) * k];
+            let src = &w[col * k..(col + 1) * k];
+            let wr = match W::as_f32(src) {
+                Some(wr) => wr,
+                None => {
+                    W::to_f32_slice(src, &mut row);
+                    &row[..]
+                }
+            };
             for (r, v) in o.iter_mut().enumerate() {
                 *v = dot(&x[r * k..(r + 1) * k], wr);
             }
@@ -328,6 +492,109 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Deterministic values in [-1, 1) (xorshift), so the tests need no extra dependency.
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// Runs the blocked half-weight GEMM and the whole-f32 reference on the same inputs and
+    /// asserts every output is bit-identical.
+    fn check_bit_identical<W: HostWeight>(
+        from: fn(f32) -> W,
+        (m, k, n): (usize, usize, usize),
+        accumulate: bool,
+        block_floats: usize,
+    ) {
+        let x = values(m * k, 1 + (m * 31 + k * 7 + n) as u64);
+        let w: Vec<W> = values(n * k, 2 + (m + k * 13 + n * 3) as u64).into_iter().map(from).collect();
+        let init = values(m * n, 3);
+        let mut want = init.clone();
+        matmul_t(&x, &to_f32_vec(&w), &mut want, m, k, n, accumulate);
+        let mut got = init;
+        matmul_t_w_blocked(&x, &w, &mut got, m, k, n, accumulate, block_floats);
+        for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                r.to_bits(),
+                "{} m={m} k={k} n={n} acc={accumulate} blk={block_floats}: out[{i}] {g} vs {r}",
+                W::NAME
+            );
+        }
+    }
+
+    const SHAPES: [(usize, usize, usize); 14] = [
+        (1, 64, 300),
+        (3, 37, 1000),
+        (4, 600, 513),
+        (5, 64, 700),
+        (7, 64, 1000),
+        (7, 1, 600),
+        (7, 2, 600),
+        (7, 0, 50),
+        (0, 8, 9),
+        (7, 600, 3001),
+        (9, 1030, 700),
+        (33, 96, 1025),
+        (70, 130, 777),
+        (7, 48, 40),
+    ];
+
+    #[test]
+    fn half_weight_gemm_is_bit_identical_to_widened_f32() {
+        for &shape in &SHAPES {
+            for accumulate in [false, true] {
+                // 256·k floats per block forces several (balanced) blocks once n > 256;
+                // the default bound keeps these shapes in one block.
+                for block_floats in [256 * shape.1, WEIGHT_BLOCK_FLOATS] {
+                    check_bit_identical(bf16::from_f32, shape, accumulate, block_floats);
+                    check_bit_identical(f16::from_f32, shape, accumulate, block_floats);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn half_weight_gemm_lm_head_sized_blocks_are_bit_identical() {
+        // 8192×576 bf16 is 4.5M floats widened: five default-sized blocks of ≤ 4 MiB.
+        check_bit_identical(bf16::from_f32, (7, 576, 8192), false, WEIGHT_BLOCK_FLOATS);
+        check_bit_identical(bf16::from_f32, (2, 576, 8192), true, WEIGHT_BLOCK_FLOATS);
+    }
+
+    #[test]
+    fn f32_weight_goes_straight_to_matmul_t() {
+        let (m, k, n) = (6, 40, 300);
+        let x = values(m * k, 5);
+        let w = values(n * k, 6);
+        let mut want = vec![0.0; m * n];
+        matmul_t(&x, &w, &mut want, m, k, n, false);
+        let mut got = vec![0.0; m * n];
+        matmul_t_w(&x, &w, &mut got, m, k, n, false);
+        assert_eq!(got, want);
+        assert_eq!(<f32 as HostWeight>::NAME, "F32");
+    }
+
+    #[test]
+    fn to_f32_vec_widens_exactly() {
+        let v = values(300_000, 7);
+        let b: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+        let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+        let bw = to_f32_vec(&b);
+        let hw = to_f32_vec(&h);
+        for i in 0..v.len() {
+            assert_eq!(bw[i].to_bits(), b[i].to_f32().to_bits());
+            assert_eq!(hw[i].to_bits(), h[i].to_f32().to_bits());
+        }
+        assert_eq!((bf16::NAME, f16::NAME), ("BF16", "F16"));
     }
 
     #[test]

@@ -3,9 +3,8 @@
 //! softmax, split-K for decode, tensor cores for 16-bit prefill), and on-device
 //! sampling.
 
-use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, ATTENTION};
-use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use super::{ew_cfg, opt_ptr, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, ATTENTION};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Largest `head_dim` of [`CudaKernels::attention`].
 pub const ATTN_MAX_HEAD_DIM: usize = 256;
@@ -39,8 +38,6 @@ const ATC_DIMS: [usize; 3] = [64, 128, 256];
 const ATC_MIN_Q: usize = 16;
 /// Threads of a sampling block (`SMP_THREADS`).
 const SMP_THREADS: u32 = 1024;
-/// Threads of the element-wise kernels.
-const EW_THREADS: u32 = 256;
 
 impl CudaKernels {
     /// Appends new K/V rows to per-sequence cache buffers: `K_s[row_pos[r]] = k[r]`,
@@ -86,26 +83,21 @@ impl CudaKernels {
             return Ok(());
         }
         let (t32, rl32) = (u32_of("t", t)?, u32_of("kv_heads * head_dim", row_len)?);
-        let f = self.function(&ATTENTION, &format!("kv_append_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (pk, _gk) = k.device_ptr(s);
-        let (pv, _gv) = v.device_ptr(s);
-        let (ps, _gs) = row_seq.device_ptr(s);
-        let (pp, _gp) = row_pos.device_ptr(s);
-        let (pkp, _gkp) = k_ptrs.device_ptr(s);
-        let (pvp, _gvp) = v_ptrs.device_ptr(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&pk).arg(&pv).arg(&ps).arg(&pp).arg(&pkp).arg(&pvp).arg(&t32).arg(&rl32);
-        let cfg = LaunchConfig {
-            grid_dim: (grid_for(n, EW_THREADS), 1, 1),
-            block_dim: (EW_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = ew_cfg(n);
         // SAFETY: arguments match `kv_append_<T>` in attention.cu; `k`, `v`,
         // `row_seq`, `row_pos` have the checked lengths; the cache addresses and
         // positions are the caller's contract (documented above).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // Kernel: `kv_append_<T>(const T* k, const T* v, const u32* row_seq, const u32* row_pos, const u64* k_ptrs,
+        // const u64* v_ptrs, u32 t, u32 row_len)`.
+        unsafe {
+            launch!(
+                self,
+                ATTENTION,
+                format!("kv_append_{}", T::NAME),
+                cfg,
+                [ptr(k), ptr(v), ptr(row_seq), ptr(row_pos), ptr(k_ptrs), ptr(v_ptrs), t32, rl32]
+            )
+        }
     }
 
     /// Causal GQA attention of a batch of sequences over their KV caches
@@ -171,6 +163,11 @@ impl CudaKernels {
         if n == 0 || n_seqs == 0 || max_q_len == 0 {
             return Ok(());
         }
+        // One grid row per (sequence, KV head) on both paths.
+        let seq_heads = prod(&[n_seqs, kv_heads])?;
+        if seq_heads > 65_535 {
+            return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
+        }
         if let Some((dp, smem)) = self.tc_plan::<T>(head_dim, max_q_len)? {
             return self.attention_tc::<T>(
                 q, k_ptrs, v_ptrs, spans, out, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, dp, smem,
@@ -183,22 +180,12 @@ impl CudaKernels {
         let nc = head_dim.div_ceil(64);
         let ds = 64 * nc + 4;
         let tiles_m = items.div_ceil(bm);
-        let seq_heads = prod(&[n_seqs, kv_heads])?;
         let base = prod(&[tiles_m, seq_heads])?;
         let nsplit = if base >= TARGET_BLOCKS / 2 { 1 } else { TARGET_BLOCKS.div_ceil(base).min(MAX_SPLITS) };
         let smem = (bm + 2 * ATT_BN) * ds * std::mem::size_of::<T>() + bm * ATT_PS * 4;
         let smem32 = u32_of("shared memory", smem)?;
 
-        let f = self.function(&ATTENTION, &format!("attention_{}_r{ra}_c{nc}", T::NAME))?;
-        if smem > 48 * 1024 {
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                i32::try_from(smem).map_err(|_| CudaError::Invalid("shared memory".into()))?,
-            )?;
-        }
-        if seq_heads > 65_535 {
-            return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
-        }
+        let f = self.function_smem(&ATTENTION, &format!("attention_{}_r{ra}_c{nc}", T::NAME), smem)?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, nsplit as u32),
             block_dim: (ATT_THREADS, 1, 1),
@@ -206,10 +193,7 @@ impl CudaKernels {
         };
         let (t32, h32, kvh32, d32) =
             (u32_of("t", t)?, u32_of("heads", heads)?, u32_of("kv_heads", kv_heads)?, u32_of("head_dim", head_dim)?);
-        let win32 = match window {
-            Some(w) => u32::try_from(w).unwrap_or(u32::MAX),
-            None => 0,
-        };
+        let win32 = window_arg(window);
         let ns32 = nsplit as u32;
         let part = if nsplit > 1 {
             Some(self.stream.alloc_zeros::<f32>(prod(&[nsplit, t, heads, head_dim + 2])?)?)
@@ -218,43 +202,44 @@ impl CudaKernels {
         };
 
         let s = &*self.stream;
-        let (pq, _gq) = q.device_ptr(s);
-        let (pkp, _gkp) = k_ptrs.device_ptr(s);
-        let (pvp, _gvp) = v_ptrs.device_ptr(s);
-        let (psp, _gsp) = spans.device_ptr(s);
         let (po, _go) = out.device_ptr_mut(s);
-        let (ppart, _gpart) = match &part {
-            Some(p) => {
-                let (a, g) = p.device_ptr(s);
-                (a, Some(g))
-            }
-            None => (0, None),
-        };
-        let mut b = s.launch_builder(&f);
-        b.arg(&pq).arg(&pkp).arg(&pvp).arg(&psp).arg(&po).arg(&ppart);
-        b.arg(&t32).arg(&h32).arg(&kvh32).arg(&d32).arg(&scale).arg(&win32).arg(&ns32);
+        let (ppart, _gpart) = opt_ptr(part.as_ref(), s);
         // SAFETY: arguments match `attention_<T>_r<RA>_c<NC>` in attention.cu;
         // `q`, `out`, `spans`, `k_ptrs`, `v_ptrs` have the checked lengths; the
         // partial buffer holds `nsplit * t * heads * (head_dim + 2)` floats when
         // `nsplit > 1` (null otherwise, and then never read); the dynamic shared
         // memory is the size the kernel carves (attribute raised above 48 KiB);
         // spans and cache contents are the caller's contract.
-        unsafe { b.launch(cfg) }?;
+        // Kernel: `attention_<T>_r<RA>_c<NC>(const T* q, const u64* k_ptrs, const u64* v_ptrs, const u32* spans,
+        // T* out, float* part, u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 nsplit)`.
+        unsafe {
+            launch_fn!(
+                self,
+                f,
+                cfg,
+                [ptr(q), ptr(k_ptrs), ptr(v_ptrs), ptr(spans), po, ppart, t32, h32, kvh32, d32, scale, win32, ns32]
+            )
+        }?;
 
         if let Some(p) = &part {
-            let fc = self.function(&ATTENTION, &format!("attention_combine_{}", T::NAME))?;
-            let (pp, _gp) = p.device_ptr(s);
             let rows = prod(&[t, heads])?;
             let cfg = LaunchConfig {
                 grid_dim: (u32_of("t * heads", rows)?, 1, 1),
                 block_dim: (ATT_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let mut b = s.launch_builder(&fc);
-            b.arg(&pp).arg(&po).arg(&t32).arg(&h32).arg(&d32).arg(&ns32);
             // SAFETY: arguments match `attention_combine_<T>`; the partial buffer
             // and `out` have the sizes above.
-            unsafe { b.launch(cfg) }?;
+            // Kernel: `attention_combine_<T>(const float* part, T* out, u32 t, u32 heads, u32 D, u32 nsplit)`.
+            unsafe {
+                launch!(
+                    self,
+                    ATTENTION,
+                    format!("attention_combine_{}", T::NAME),
+                    cfg,
+                    [ptr(p), po, t32, h32, d32, ns32]
+                )
+            }?;
         }
         Ok(())
     }
@@ -283,7 +268,8 @@ impl CudaKernels {
     }
 
     /// [`CudaKernels::attention`] on tensor cores (`attention_tc_<T>_d<dp>`); the
-    /// arguments are checked by the caller and `tc_plan` chose `dp` and `smem`.
+    /// arguments (and `n_seqs · kv_heads ≤ 65535`) are checked by the caller and `tc_plan`
+    /// chose `dp` and `smem`.
     #[allow(clippy::too_many_arguments)]
     fn attention_tc<T: CudaFloat>(
         &self,
@@ -305,43 +291,30 @@ impl CudaKernels {
         let group = heads / kv_heads;
         let tiles_m = prod(&[max_q_len, group])?.div_ceil(ATC_BM);
         let seq_heads = prod(&[n_seqs, kv_heads])?;
-        if seq_heads > 65_535 {
-            return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
-        }
-        let f = self.function(&ATTENTION, &format!("attention_tc_{}_d{dp}", T::NAME))?;
-        if smem > 48 * 1024 {
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                i32::try_from(smem).map_err(|_| CudaError::Invalid("shared memory".into()))?,
-            )?;
-        }
+        let f = self.function_smem(&ATTENTION, &format!("attention_tc_{}_d{dp}", T::NAME), smem)?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, 1),
             block_dim: (ATC_THREADS, 1, 1),
             shared_mem_bytes: u32_of("shared memory", smem)?,
         };
         let (h32, kvh32, d32) = (u32_of("heads", heads)?, u32_of("kv_heads", kv_heads)?, u32_of("head_dim", head_dim)?);
-        let win32 = match window {
-            Some(w) => u32::try_from(w).unwrap_or(u32::MAX),
-            None => 0,
-        };
-        let s = &*self.stream;
-        let (pq, _gq) = q.device_ptr(s);
-        let (pkp, _gkp) = k_ptrs.device_ptr(s);
-        let (pvp, _gvp) = v_ptrs.device_ptr(s);
-        let (psp, _gsp) = spans.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&pq).arg(&pkp).arg(&pvp).arg(&psp).arg(&po);
-        b.arg(&h32).arg(&kvh32).arg(&d32).arg(&scale).arg(&win32);
+        let win32 = window_arg(window);
         // SAFETY: arguments match `attention_tc_<T>_d<DP>` in attention.cu
         // (head_dim % 16 == 0, head_dim <= DP); `q`, `out`, `spans`, `k_ptrs`,
         // `v_ptrs` have the lengths checked by `attention`; the dynamic shared
         // memory is the size the kernel carves (attribute raised above 48 KiB,
         // within the device's opt-in limit); spans and cache contents are the
         // caller's contract.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // Kernel: `attention_tc_<T>_d<DP>(const T* q, const u64* k_ptrs, const u64* v_ptrs, const u32* spans, T* out,
+        // u32 heads, u32 kvh, u32 D, float scale, u32 window)`.
+        unsafe {
+            launch_fn!(
+                self,
+                f,
+                cfg,
+                [ptr(q), ptr(k_ptrs), ptr(v_ptrs), ptr(spans), ptr_mut(out), h32, kvh32, d32, scale, win32]
+            )
+        }
     }
 
     /// On-device sampling of one token per row (`porter_core::sampling::Sampler`
@@ -377,22 +350,21 @@ impl CudaKernels {
             return Ok(());
         }
         let v32 = u32_of("vocab", vocab)?;
-        let f = self.function(&ATTENTION, "sample_rows")?;
-        let s = &*self.stream;
-        let (pl, _gl) = logits.device_ptr(s);
-        let (pp, _gp) = params.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&pl).arg(&pp).arg(&po).arg(&v32);
         let cfg = LaunchConfig {
             grid_dim: (u32_of("rows", rows)?, 1, 1),
             block_dim: (SMP_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: arguments match `sample_rows` in attention.cu; lengths checked.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // Kernel: `sample_rows(const float* logits, const float* params, u32* out, u32 vocab)`.
+        unsafe { launch!(self, ATTENTION, "sample_rows", cfg, [ptr(logits), ptr(params), ptr_mut(out), v32]) }
     }
+}
+
+/// The kernels' `window` parameter: 0 for none; a window beyond `u32` saturates (it then
+/// covers every position a cache can hold).
+fn window_arg(window: Option<usize>) -> u32 {
+    window.map_or(0, |w| u32::try_from(w).unwrap_or(u32::MAX))
 }
 
 /// Dynamic shared memory of `attention_tc_<T>_d<dp>` in bytes: Q tile, two K

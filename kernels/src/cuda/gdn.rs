@@ -2,11 +2,8 @@
 //! attention): gates, causal conv1d (decode update and prefill), and one
 //! recurrent step of the gated delta rule. Semantics of [`crate::cpu::gdn`].
 
-use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN};
-use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-
-/// Threads of the element-wise GDN kernels.
-const THREADS: u32 = 256;
+use super::{ew_cfg, opt_ptr, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN};
+use cudarc::driver::{CudaView, DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Largest key head dim of [`CudaKernels::gdn_recurrent_step`]
 /// (`REC_NW · REC_MAXR` in gdn.cu).
@@ -14,10 +11,6 @@ pub const GDN_MAX_DK: usize = 256;
 
 /// Warps per block of the recurrent step (`REC_NW` in gdn.cu).
 const REC_NW: u32 = 8;
-
-fn ew_cfg(n: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (grid_for(n, THREADS), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
-}
 
 impl CudaKernels {
     /// GDN gates per token and value head (`cpu::gdn::gdn_gates`):
@@ -57,19 +50,18 @@ impl CudaKernels {
             return Ok(());
         }
         let (n64, hv32) = (n as u64, u32_of("hv", hv)?);
-        let f = self.function(&GDN, &format!("gdn_gates_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (pa, _ga) = a.device_ptr(s);
-        let (pb, _gb) = b.device_ptr(s);
-        let (pl, _gl) = a_log.device_ptr(s);
-        let (pd, _gd) = dt_bias.device_ptr(s);
-        let (pg, _gg) = g.device_ptr_mut(s);
-        let (pe, _ge) = beta.device_ptr_mut(s);
-        let mut l = s.launch_builder(&f);
-        l.arg(&pa).arg(&pb).arg(&pl).arg(&pd).arg(&pg).arg(&pe).arg(&n64).arg(&hv32);
         // SAFETY: arguments match `gdn_gates_<T>` in gdn.cu; lengths checked.
-        unsafe { l.launch(ew_cfg(n)) }?;
-        Ok(())
+        // Kernel: `gdn_gates_<T>(const T* a, const T* b, const float* a_log, const float* dt_bias, float* g,
+        // float* beta, u64 n, u32 hv)`.
+        unsafe {
+            launch!(
+                self,
+                GDN,
+                format!("gdn_gates_{}", T::NAME),
+                ew_cfg(n),
+                [ptr(a), ptr(b), ptr(a_log), ptr(dt_bias), ptr_mut(g), ptr_mut(beta), n64, hv32]
+            )
+        }
     }
 
     /// One decode step of the causal depthwise conv1d + SiLU for `n` sequences
@@ -129,34 +121,23 @@ impl CudaKernels {
         }
         let (n32, c32, k32, ns32) =
             (u32_of("n", n)?, u32_of("c", c)?, u32_of("k", k)?, u32_of("num_slots", num_slots)?);
-        let f = self.function(&GDN, &format!("conv1d_update_{}", T::NAME))?;
         let s = &*self.stream;
-        let null: u64 = 0;
-        let (px, _gx) = x.device_ptr(s);
-        let (pw, _gw) = w.device_ptr(s);
-        let (pb, _gb) = match bias {
-            Some(bv) => {
-                let (p, g) = bv.device_ptr(s);
-                (p, Some(g))
-            }
-            None => (null, None),
-        };
-        let (pslots, _gsl) = match slots {
-            Some(sv) => {
-                let (p, g) = sv.device_ptr(s);
-                (p, Some(g))
-            }
-            None => (null, None),
-        };
-        let (pst, _gst) = state.device_ptr_mut(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut l = s.launch_builder(&f);
-        l.arg(&px).arg(&pw).arg(&pb).arg(&pst).arg(&pslots).arg(&po).arg(&n32).arg(&c32).arg(&k32).arg(&ns32);
+        let (pb, _gb) = opt_ptr(bias, s);
+        let (pslots, _gsl) = opt_ptr(slots, s);
         // SAFETY: arguments match `conv1d_update_<T>` in gdn.cu (null bias /
         // slots are handled there); lengths checked; the kernel bounds-checks
         // the slots.
-        unsafe { l.launch(ew_cfg(total)) }?;
-        Ok(())
+        // Kernel: `conv1d_update_<T>(const T* x, const T* w, const T* bias, T* state, const u32* slots, T* out, u32 n,
+        // u32 c, u32 k, u32 num_slots)`.
+        unsafe {
+            launch!(
+                self,
+                GDN,
+                format!("conv1d_update_{}", T::NAME),
+                ew_cfg(total),
+                [ptr(x), ptr(w), pb, ptr_mut(state), pslots, ptr_mut(out), n32, c32, k32, ns32]
+            )
+        }
     }
 
     /// Causal depthwise conv1d + SiLU over `t` tokens of one sequence,
@@ -201,31 +182,29 @@ impl CudaKernels {
             return Ok(());
         }
         let (t32, c32, k32) = (u32_of("t", t)?, u32_of("c", c)?, u32_of("k", k)?);
-        let conv = self.function(&GDN, &format!("conv1d_prefill_{}", T::NAME))?;
-        let upd = self.function(&GDN, &format!("conv1d_prefill_state_{}", T::NAME))?;
         let s = &*self.stream;
-        let null: u64 = 0;
         let (px, _gx) = x.device_ptr(s);
-        let (pw, _gw) = w.device_ptr(s);
-        let (pb, _gb) = match bias {
-            Some(bv) => {
-                let (p, g) = bv.device_ptr(s);
-                (p, Some(g))
-            }
-            None => (null, None),
-        };
+        let (pb, _gb) = opt_ptr(bias, s);
         let (pst, _gst) = state.device_ptr_mut(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut l = s.launch_builder(&conv);
-        l.arg(&px).arg(&pw).arg(&pb).arg(&pst).arg(&po).arg(&t32).arg(&c32).arg(&k32);
         // SAFETY: arguments match `conv1d_prefill_<T>` in gdn.cu; lengths checked.
-        unsafe { l.launch(ew_cfg(total)) }?;
+        // Kernel: `conv1d_prefill_<T>(const T* x, const T* w, const T* bias, const T* state, T* out, u32 t, u32 c,
+        // u32 k)`.
+        unsafe {
+            launch!(
+                self,
+                GDN,
+                format!("conv1d_prefill_{}", T::NAME),
+                ew_cfg(total),
+                [px, ptr(w), pb, pst, ptr_mut(out), t32, c32, k32]
+            )
+        }?;
         if k > 1 {
-            let mut l = s.launch_builder(&upd);
-            l.arg(&px).arg(&pst).arg(&t32).arg(&c32).arg(&k32);
             // SAFETY: arguments match `conv1d_prefill_state_<T>`; same stream,
             // so it runs after the conv above has read the old state.
-            unsafe { l.launch(ew_cfg(c)) }?;
+            // Kernel: `conv1d_prefill_state_<T>(const T* x, T* state, u32 t, u32 c, u32 k)`.
+            unsafe {
+                launch!(self, GDN, format!("conv1d_prefill_state_{}", T::NAME), ew_cfg(c), [px, pst, t32, c32, k32])
+            }?;
         }
         Ok(())
     }
@@ -316,30 +295,36 @@ impl CudaKernels {
             u32_of("num_slots", num_slots)?,
         );
         let q_scale = 1.0 / (dk as f32).sqrt();
-        let f = self.function(&GDN, &format!("gdn_recurrent_step_{}", T::NAME))?;
         let s = &*self.stream;
-        let null: u64 = 0;
-        let (pq, _gq) = q.device_ptr(s);
-        let (pk, _gk) = k.device_ptr(s);
-        let (pv, _gv) = v.device_ptr(s);
-        let (pg, _gg) = g.device_ptr(s);
-        let (pb, _gb) = beta.device_ptr(s);
-        let (pslots, _gsl) = match slots {
-            Some(sv) => {
-                let (p, g) = sv.device_ptr(s);
-                (p, Some(g))
-            }
-            None => (null, None),
-        };
-        let (pst, _gst) = state.device_ptr_mut(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut l = s.launch_builder(&f);
-        l.arg(&pq).arg(&pk).arg(&pv).arg(&pg).arg(&pb).arg(&pst).arg(&pslots).arg(&po);
-        l.arg(&hk32).arg(&hv32).arg(&dk32).arg(&dv32).arg(&ns32).arg(&q_scale);
+        let (pslots, _gsl) = opt_ptr(slots, s);
         // SAFETY: arguments match `gdn_recurrent_step_<T>` in gdn.cu; lengths,
         // dk <= 256 and the grid limits checked; the kernel bounds-checks the
         // slots.
-        unsafe { l.launch(cfg) }?;
-        Ok(())
+        // Kernel: `gdn_recurrent_step_<T>(const T* q, const T* k, const T* v, const float* g, const float* beta,
+        // float* state, const u32* slots, T* out, u32 hk, u32 hv, u32 dk, u32 dv, u32 num_slots, float q_scale)`.
+        unsafe {
+            launch!(
+                self,
+                GDN,
+                format!("gdn_recurrent_step_{}", T::NAME),
+                cfg,
+                [
+                    ptr(q),
+                    ptr(k),
+                    ptr(v),
+                    ptr(g),
+                    ptr(beta),
+                    ptr_mut(state),
+                    pslots,
+                    ptr_mut(out),
+                    hk32,
+                    hv32,
+                    dk32,
+                    dv32,
+                    ns32,
+                    q_scale
+                ]
+            )
+        }
     }
 }

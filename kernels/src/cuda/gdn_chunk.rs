@@ -3,9 +3,8 @@
 //! [`CudaKernels::gdn_delta_seq`] (semantics of
 //! `cpu::gdn::chunked_gated_delta_rule` per span).
 
-use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_CHUNK};
-use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use super::{prod, u32_of, CudaFloat, CudaKernels, Result, GDN_CHUNK};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Tokens per chunk (`GC_C` in gdn_chunk.cu).
 const GC_C: usize = 64;
@@ -13,8 +12,6 @@ const GC_C: usize = 64;
 const GC_THREADS: u32 = 256;
 /// Largest key / value head dim of [`CudaKernels::gdn_chunked_seq`].
 pub const GDN_CHUNK_MAX_D: usize = 256;
-/// Default dynamic shared memory limit without the opt-in attribute.
-const SMEM_DEFAULT: usize = 48 * 1024;
 
 impl CudaKernels {
     /// Gated delta rule over the spans of a batch in the chunked form (chunks
@@ -52,7 +49,7 @@ impl CudaKernels {
     /// - `out`: `[t, hv, dv]` (`T`)
     ///
     /// # Errors
-    /// [`CudaError::Invalid`] if a dimension is zero, `hv % hk != 0`,
+    /// [`CudaError::Invalid`](super::CudaError::Invalid) if a dimension is zero, `hv % hk != 0`,
     /// `dk > 256`, `dv > 256`, or on a length mismatch; driver errors.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_chunked_seq<T: CudaFloat>(
@@ -189,31 +186,18 @@ impl CudaKernels {
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
         let mut hs = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, dk, dv])?) }?;
 
-        let f_prep = self.function(&GDN_CHUNK, "gdn_chunk_prep")?;
-        let f_wu = self.function(&GDN_CHUNK, "gdn_chunk_wu")?;
-        let f_state = self.function(&GDN_CHUNK, &format!("gdn_chunk_state_rk{rk}"))?;
-        let f_out = self.function(&GDN_CHUNK, &format!("gdn_chunk_out_c{ct}_{}", T::NAME))?;
         // gc_state layout: Ss [8·rk][32] + Vs [64][33] + stages × (Wb [8·rk][64]
         // + Kb [64][8·rk] + Ub [32][68]); 2 stages (prefetch) unless rk = 32.
         let stages = if rk == 32 { 1 } else { 2 };
         let smem_state = 4 * (8 * rk * 32 + GC_C * 33 + stages * (2 * 8 * rk * GC_C + 32 * 68));
         let dkp = dk.next_multiple_of(4);
         let smem_out = 4 * (2 * dkp * GC_C + GC_C * GC_C + 16 * 16 * ct);
-        for (f, smem) in [(&f_state, smem_state), (&f_out, smem_out)] {
-            if smem >= SMEM_DEFAULT {
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    i32::try_from(smem).map_err(|_| CudaError::Invalid("shared memory".into()))?,
-                )?;
-            }
-        }
+        let f_state = self.function_smem(&GDN_CHUNK, &format!("gdn_chunk_state_rk{rk}"), smem_state)?;
+        let f_out = self.function_smem(&GDN_CHUNK, &format!("gdn_chunk_out_c{ct}_{}", T::NAME), smem_out)?;
 
         let (pq, _gq) = qkv.device_ptr(s);
         let (pg, _gg) = g.device_ptr(s);
-        let (pb, _gb) = beta.device_ptr(s);
-        let (pst, _gst) = state.device_ptr_mut(s);
         let (psp, _gsp) = spans.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
         let (poff, _goff) = off.device_ptr_mut(s);
         let (pwt, _gwt) = wt.device_ptr_mut(s);
         let (put, _gut) = ut.device_ptr_mut(s);
@@ -236,23 +220,32 @@ impl CudaKernels {
         };
         // 1. Chunk offsets per span.
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
-        let mut l = s.launch_builder(&f_prep);
-        l.arg(&psp).arg(&poff).arg(&ns32).arg(&t32).arg(&slots32).arg(&nbuf32).arg(&ml32).arg(&cap32);
         // SAFETY: arguments match `gdn_chunk_prep`; `spans` holds n_spans rows,
         // `off` n_spans entries.
-        unsafe { l.launch(cfg) }?;
+        // Kernel: `gdn_chunk_prep(const u32* spans, u32* off, u32 n_spans, u32 t, u32 num_slots, u32 nbuf,
+        // u32 max_len, u32 cap)`.
+        unsafe {
+            launch!(self, GDN_CHUNK, "gdn_chunk_prep", cfg, [psp, poff, ns32, t32, slots32, nbuf32, ml32, cap32])
+        }?;
 
         lap(0)?;
         // 2. W, U, K̃, exp(G_last) per (chunk, value head).
         let chunk_grid = (mc32, hv32, ns32);
         let cfg = LaunchConfig { grid_dim: chunk_grid, block_dim: (GC_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let mut l = s.launch_builder(&f_wu);
-        l.arg(&pq).arg(&pg).arg(&pb).arg(&psp).arg(&poff).arg(&pwt).arg(&put).arg(&pkt).arg(&pgl);
-        l.arg(&hk32).arg(&hv32).arg(&dk32).arg(&dv32);
         // SAFETY: arguments match `gdn_chunk_wu`; lengths checked; a valid span
         // (per `off`) has rows inside 0..t and at most max_chunks chunks, whose
         // scratch indices off + c are below cap (checked by gdn_chunk_prep).
-        unsafe { l.launch(cfg) }?;
+        // Kernel: `gdn_chunk_wu(const float* qkv, const float* g, const float* beta, const u32* spans, const u32* off,
+        // float* wt, float* ut, float* kt, float* gl, u32 hk, u32 hv, u32 dk, u32 dv)`.
+        unsafe {
+            launch!(
+                self,
+                GDN_CHUNK,
+                "gdn_chunk_wu",
+                cfg,
+                [pq, pg, ptr(beta), psp, poff, pwt, put, pkt, pgl, hk32, hv32, dk32, dv32]
+            )
+        }?;
 
         lap(1)?;
         // 3. The state, chunk after chunk; Vn in place of U.
@@ -261,13 +254,19 @@ impl CudaKernels {
             block_dim: (GC_THREADS, 1, 1),
             shared_mem_bytes: u32_of("shared memory", smem_state)?,
         };
-        let mut l = s.launch_builder(&f_state);
-        l.arg(&pst).arg(&psp).arg(&poff).arg(&pwt).arg(&put).arg(&pkt).arg(&pgl).arg(&phs);
-        l.arg(&hv32).arg(&dk32).arg(&dv32).arg(&nbuf32);
         // SAFETY: arguments match `gdn_chunk_state_rk<RK>`; 8·RK >= dk; the
         // shared memory size is the kernel's layout for RK; slot / src_buf of a
         // valid span are in range (gdn_chunk_prep).
-        unsafe { l.launch(cfg) }?;
+        // Kernel: `gdn_chunk_state_rk<RK>(float* state, const u32* spans, const u32* off, const float* wt,
+        // float* ut, const float* kt, const float* gl, float* hs, u32 hv, u32 dk, u32 dv, u32 nbuf)`.
+        unsafe {
+            launch_fn!(
+                self,
+                f_state,
+                cfg,
+                [ptr_mut(state), psp, poff, pwt, put, pkt, pgl, phs, hv32, dk32, dv32, nbuf32]
+            )
+        }?;
 
         lap(2)?;
         // 4. Outputs per (chunk, value head).
@@ -276,13 +275,19 @@ impl CudaKernels {
             block_dim: (GC_THREADS, 1, 1),
             shared_mem_bytes: u32_of("shared memory", smem_out)?,
         };
-        let mut l = s.launch_builder(&f_out);
-        l.arg(&pq).arg(&pg).arg(&psp).arg(&poff).arg(&put).arg(&phs).arg(&po);
-        l.arg(&t32).arg(&hk32).arg(&hv32).arg(&dk32).arg(&dv32).arg(&q_scale);
         // SAFETY: arguments match `gdn_chunk_out_c<CT>_<T>`; 16·CT >= dv; the
         // shared memory size is the kernel's layout for (dk, CT) (at most
         // ~165 KiB, opted in above); NaN rows of invalid spans are clipped to t.
-        unsafe { l.launch(cfg) }?;
+        // Kernel: `gdn_chunk_out_c<CT>_<T>(const float* qkv, const float* g, const u32* spans, const u32* off,
+        // const float* ut, const float* hs, T* out, u32 t, u32 hk, u32 hv, u32 dk, u32 dv, float q_scale)`.
+        unsafe {
+            launch_fn!(
+                self,
+                f_out,
+                cfg,
+                [pq, pg, psp, poff, put, phs, ptr_mut(out), t32, hk32, hv32, dk32, dv32, q_scale]
+            )
+        }?;
         lap(3)?;
         Ok(())
     }

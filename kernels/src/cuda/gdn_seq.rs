@@ -3,8 +3,8 @@
 //! consecutive rows in the batch; per-sequence state lives in pools indexed by
 //! slot. Semantics of [`crate::cpu::gdn`].
 
-use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use super::{ew_cfg, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Rows per block of the conv kernel (`CONV_ROWS` in gdn_seq.cu).
 const CONV_ROWS: usize = 16;
@@ -101,33 +101,44 @@ impl CudaKernels {
         if cblocks > 65_535 || n_spans > 65_535 {
             return Err(CudaError::Invalid(format!("gdn_conv_seq: c {c} or n_spans {n_spans} too large")));
         }
-        let conv = self.function(&GDN_SEQ, &format!("gdn_conv_seq_{}", T::NAME))?;
-        let upd = self.function(&GDN_SEQ, &format!("gdn_conv_seq_window_{}", T::NAME))?;
         let s = &*self.stream;
         let (px, _gx) = x.device_ptr(s);
-        let (pw, _gw) = w.device_ptr(s);
         let (pwin, _gwin) = window.device_ptr_mut(s);
         let (psp, _gsp) = spans.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
         let cfg = LaunchConfig {
             grid_dim: (u32_of("row blocks", t.div_ceil(CONV_ROWS))?, cblocks, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = s.launch_builder(&conv);
-        l.arg(&px).arg(&xs32).arg(&pw).arg(&pwin).arg(&psp).arg(&po);
-        l.arg(&t32).arg(&ns32).arg(&c32).arg(&k32).arg(&win32).arg(&slots32);
         // SAFETY: arguments match `gdn_conv_seq_<T>` in gdn_seq.cu; lengths and
         // k <= CONV_MAXK checked; the kernel bounds-checks every span (slot,
         // rows, lag) before reading through it.
-        unsafe { l.launch(cfg) }?;
+        // Kernel: `gdn_conv_seq_<T>(const T* x, u32 x_stride, const float* w, const float* window, const u32* spans,
+        // float* out, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots)`.
+        unsafe {
+            launch!(
+                self,
+                GDN_SEQ,
+                format!("gdn_conv_seq_{}", T::NAME),
+                cfg,
+                [px, xs32, ptr(w), pwin, psp, ptr_mut(out), t32, ns32, c32, k32, win32, slots32]
+            )
+        }?;
         if win > 0 {
             let cfg = LaunchConfig { grid_dim: (cblocks, ns32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-            let mut l = s.launch_builder(&upd);
-            l.arg(&px).arg(&xs32).arg(&pwin).arg(&psp).arg(&t32).arg(&c32).arg(&k32).arg(&win32).arg(&slots32);
             // SAFETY: arguments match `gdn_conv_seq_window_<T>`; same checks as
             // above; same stream, so it runs after the conv has read the windows.
-            unsafe { l.launch(cfg) }?;
+            // Kernel: `gdn_conv_seq_window_<T>(const T* x, u32 x_stride, float* window, const u32* spans, u32 t,
+            // u32 c, u32 k, u32 win, u32 num_slots)`.
+            unsafe {
+                launch!(
+                    self,
+                    GDN_SEQ,
+                    format!("gdn_conv_seq_window_{}", T::NAME),
+                    cfg,
+                    [px, xs32, pwin, psp, t32, c32, k32, win32, slots32]
+                )
+            }?;
         }
         Ok(())
     }
@@ -174,21 +185,22 @@ impl CudaKernels {
             return Ok(());
         }
         let (n64, hv32, st32) = (n as u64, u32_of("hv", hv)?, u32_of("stride", stride)?);
-        let f = self.function(&GDN_SEQ, &format!("gdn_gates_ba_{}", T::NAME))?;
         let s = &*self.stream;
         let (pba, _gba) = ba.device_ptr(s);
         let pba = pba + (col0 * std::mem::size_of::<T>()) as u64;
-        let (pl, _gl) = a_log.device_ptr(s);
-        let (pd, _gd) = dt_bias.device_ptr(s);
-        let (pg, _gg) = g.device_ptr_mut(s);
-        let (pb, _gb) = beta.device_ptr_mut(s);
-        let cfg =
-            LaunchConfig { grid_dim: (grid_for(n, THREADS), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        let mut l = s.launch_builder(&f);
-        l.arg(&pba).arg(&pl).arg(&pd).arg(&pg).arg(&pb).arg(&n64).arg(&hv32).arg(&st32);
+        let cfg = ew_cfg(n);
         // SAFETY: arguments match `gdn_gates_ba_<T>` in gdn_seq.cu; lengths checked.
-        unsafe { l.launch(cfg) }?;
-        Ok(())
+        // Kernel: `gdn_gates_ba_<T>(const T* ba, const float* a_log, const float* dt_bias, float* g, float* beta,
+        // u64 n, u32 hv, u32 stride)`.
+        unsafe {
+            launch!(
+                self,
+                GDN_SEQ,
+                format!("gdn_gates_ba_{}", T::NAME),
+                cfg,
+                [pba, ptr(a_log), ptr(dt_bias), ptr_mut(g), ptr_mut(beta), n64, hv32, st32]
+            )
+        }
     }
 
     /// Gated delta rule over the spans of a batch (recurrent form; per span,
@@ -279,23 +291,38 @@ impl CudaKernels {
             p as u32,
         );
         let q_scale = 1.0 / (dk as f32).sqrt();
-        let f = self.function(&GDN_SEQ, &format!("gdn_delta_seq_r{r}_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (pq, _gq) = qkv.device_ptr(s);
-        let (pg, _gg) = g.device_ptr(s);
-        let (pb, _gb) = beta.device_ptr(s);
-        let (pst, _gst) = state.device_ptr_mut(s);
-        let (psp, _gsp) = spans.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut l = s.launch_builder(&f);
-        l.arg(&pq).arg(&pg).arg(&pb).arg(&pst).arg(&psp).arg(&po);
-        l.arg(&t32).arg(&hk32).arg(&hv32).arg(&dk32).arg(&dv32).arg(&slots32).arg(&nbuf32).arg(&p32).arg(&q_scale);
         // SAFETY: arguments match `gdn_delta_seq_r<R>_<T>` in gdn_seq.cu; lengths
         // checked; R·P >= dk; the shared memory size is the kernel's layout for
         // (P, R, blockDim / P columns) and stays below 48 KiB (dk <= 256); the
         // kernel bounds-checks every span before using it.
-        unsafe { l.launch(cfg) }?;
-        Ok(())
+        // Kernel: `gdn_delta_seq_r<R>_<T>(const float* qkv, const float* g, const float* beta, float* state,
+        // const u32* spans, T* out, u32 t, u32 hk, u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P,
+        // float q_scale)`.
+        unsafe {
+            launch!(
+                self,
+                GDN_SEQ,
+                format!("gdn_delta_seq_r{r}_{}", T::NAME),
+                cfg,
+                [
+                    ptr(qkv),
+                    ptr(g),
+                    ptr(beta),
+                    ptr_mut(state),
+                    ptr(spans),
+                    ptr_mut(out),
+                    t32,
+                    hk32,
+                    hv32,
+                    dk32,
+                    dv32,
+                    slots32,
+                    nbuf32,
+                    p32,
+                    q_scale
+                ]
+            )
+        }
     }
 }
 

@@ -1,14 +1,8 @@
 //! Launch wrappers of kernels/cuda/misc.cu (glue of the model path) and the cuBLAS GEMM.
 
-use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, MISC};
+use super::{ew_cfg, prod, row_threads, rows_cfg, u32_of, CudaError, CudaFloat, CudaKernels, Result, MISC};
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-
-const EW_THREADS: u32 = 256;
-
-fn ew_cfg(n: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (grid_for(n, EW_THREADS), 1, 1), block_dim: (EW_THREADS, 1, 1), shared_mem_bytes: 0 }
-}
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// cuBLAS data type of a storage type.
 fn cuda_type<T: CudaFloat>() -> blas_sys::cudaDataType {
@@ -30,16 +24,10 @@ impl CudaKernels {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&MISC, &format!("add_into_f32_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (px, _gx) = x.device_ptr_mut(s);
-        let (py, _gy) = y.device_ptr(s);
         let n64 = n as u64;
-        let mut b = s.launch_builder(&f);
-        b.arg(&px).arg(&py).arg(&n64);
         // SAFETY: matches add_into_f32_<T>; both buffers hold n elements.
-        unsafe { b.launch(ew_cfg(n)) }?;
-        Ok(())
+        // Kernel: `add_into_f32_<T>(float* x, const T* y, u64 n)`.
+        unsafe { launch!(self, MISC, format!("add_into_f32_{}", T::NAME), ew_cfg(n), [ptr_mut(x), ptr(y), n64]) }
     }
 
     /// `y = B(x)`, rounded once. `A` and `B` must differ.
@@ -52,16 +40,10 @@ impl CudaKernels {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&MISC, &format!("cast_{}_{}", A::NAME, B::NAME))?;
-        let s = &*self.stream;
-        let (px, _gx) = x.device_ptr(s);
-        let (py, _gy) = y.device_ptr_mut(s);
         let n64 = n as u64;
-        let mut b = s.launch_builder(&f);
-        b.arg(&px).arg(&py).arg(&n64);
         // SAFETY: matches cast_<A>_<B>; both buffers hold n elements.
-        unsafe { b.launch(ew_cfg(n)) }?;
-        Ok(())
+        // Kernel: `cast_<A>_<B>(const A* x, B* y, u64 n)`.
+        unsafe { launch!(self, MISC, format!("cast_{}_{}", A::NAME, B::NAME), ew_cfg(n), [ptr(x), ptr_mut(y), n64]) }
     }
 
     /// `dst[r, c] = src[r, col0 + c]` for a `[rows, stride]` source.
@@ -86,17 +68,13 @@ impl CudaKernels {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&MISC, &format!("copy_cols_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (ps, _gs) = src.device_ptr(s);
-        let (pd, _gd) = dst.device_ptr_mut(s);
         let (r64, st, c0, nc) =
             (rows as u64, u32_of("stride", stride)?, u32_of("col0", col0)?, u32_of("ncols", ncols)?);
-        let mut b = s.launch_builder(&f);
-        b.arg(&ps).arg(&pd).arg(&r64).arg(&st).arg(&c0).arg(&nc);
         // SAFETY: matches copy_cols_<T>; sizes checked above.
-        unsafe { b.launch(ew_cfg(n)) }?;
-        Ok(())
+        // Kernel: `copy_cols_<T>(const T* src, T* dst, u64 rows, u32 stride, u32 col0, u32 ncols)`.
+        unsafe {
+            launch!(self, MISC, format!("copy_cols_{}", T::NAME), ew_cfg(n), [ptr(src), ptr_mut(dst), r64, st, c0, nc])
+        }
     }
 
     /// `dst[r] = src[idx[r]]` (an index `>= src_rows` gives a NaN row).
@@ -118,17 +96,18 @@ impl CudaKernels {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&MISC, &format!("gather_rows_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (ps, _gs) = src.device_ptr(s);
-        let (pi, _gi) = idx.device_ptr(s);
-        let (pd, _gd) = dst.device_ptr_mut(s);
         let (r64, d32, sr) = (rows as u64, u32_of("d", d)?, u32_of("src_rows", src_rows)?);
-        let mut b = s.launch_builder(&f);
-        b.arg(&ps).arg(&pi).arg(&pd).arg(&r64).arg(&d32).arg(&sr);
         // SAFETY: matches gather_rows_<T>; sizes checked, indices bounds-checked in the kernel.
-        unsafe { b.launch(ew_cfg(n)) }?;
-        Ok(())
+        // Kernel: `gather_rows_<T>(const T* src, const u32* idx, T* dst, u64 rows, u32 d, u32 src_rows)`.
+        unsafe {
+            launch!(
+                self,
+                MISC,
+                format!("gather_rows_{}", T::NAME),
+                ew_cfg(n),
+                [ptr(src), ptr(idx), ptr_mut(dst), r64, d32, sr]
+            )
+        }
     }
 
     /// `y[r, c] = round(y[r, c] + bias[c])`.
@@ -138,16 +117,12 @@ impl CudaKernels {
             return Err(CudaError::Invalid(format!("add_bias: {} values vs bias of {n}", y.len())));
         }
         let rows = y.len() / n;
-        let f = self.function(&MISC, &format!("add_bias_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (py, _gy) = y.device_ptr_mut(s);
-        let (pb, _gb) = bias.device_ptr(s);
         let (r64, n32) = (rows as u64, u32_of("n", n)?);
-        let mut b = s.launch_builder(&f);
-        b.arg(&py).arg(&pb).arg(&r64).arg(&n32);
         // SAFETY: matches add_bias_<T>; y holds rows·n values.
-        unsafe { b.launch(ew_cfg(rows * n)) }?;
-        Ok(())
+        // Kernel: `add_bias_<T>(T* y, const T* b, u64 rows, u32 n)`.
+        unsafe {
+            launch!(self, MISC, format!("add_bias_{}", T::NAME), ew_cfg(rows * n), [ptr_mut(y), ptr(bias), r64, n32])
+        }
     }
 
     /// Shared expert: `y[r] += σ(g[r]) · s[r]`.
@@ -167,17 +142,18 @@ impl CudaKernels {
         if rows * h == 0 {
             return Ok(());
         }
-        let f = self.function(&MISC, &format!("shared_expert_add_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (py, _gy) = y.device_ptr_mut(s);
-        let (ps, _gs) = s_out.device_ptr(s);
-        let (pg, _gg) = g.device_ptr(s);
         let (r64, h32) = (rows as u64, u32_of("h", h)?);
-        let mut b = s.launch_builder(&f);
-        b.arg(&py).arg(&ps).arg(&pg).arg(&r64).arg(&h32);
         // SAFETY: matches shared_expert_add_<T>; sizes checked.
-        unsafe { b.launch(ew_cfg(rows * h)) }?;
-        Ok(())
+        // Kernel: `shared_expert_add_<T>(float* y, const T* s, const T* g, u64 rows, u32 h)`.
+        unsafe {
+            launch!(
+                self,
+                MISC,
+                format!("shared_expert_add_{}", T::NAME),
+                ew_cfg(rows * h),
+                [ptr_mut(y), ptr(s_out), ptr(g), r64, h32]
+            )
+        }
     }
 
     /// Residual add fused with the next RMSNorm: `x += y` (f32), then `out = norm(x)`
@@ -216,21 +192,14 @@ impl CudaKernels {
         } else {
             format!("add_rms_norm_{}_{}", O::NAME, O::NAME)
         };
-        let f = self.function(&MISC, &name)?;
         let s = &*self.stream;
-        let (px, _gx) = x.device_ptr_mut(s);
-        let (py, _gy) = y.device_ptr(s);
         let (pw, _gw) = w.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
         let (d32, zc) = (u32_of("d", d)?, i32::from(kind == super::RmsNormKind::ZeroCentred));
-        let threads = (d.div_ceil(32) * 32).clamp(32, 512) as u32;
-        let cfg =
-            LaunchConfig { grid_dim: (u32_of("rows", rows)?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-        let mut l = s.launch_builder(&f);
-        l.arg(&px).arg(&py).arg(&pw).arg(&po).arg(&d32).arg(&eps).arg(&zc);
+        let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
         // SAFETY: matches add_rms_norm_*; sizes checked; one block per row.
-        unsafe { l.launch(cfg) }?;
-        Ok(())
+        // Kernel: `add_rms_norm_<O>_<O>` / `add_rms_norm_f32y_<O>(float* x, const Y* y, const O* w, O* out, u32 d,
+        // float eps, int zc)`.
+        unsafe { launch!(self, MISC, name, cfg, [ptr_mut(x), ptr(y), pw, ptr_mut(out), d32, eps, zc]) }
     }
 
     /// Gated RMSNorm with SiLU(z) where z is read in place from the in-projection output
@@ -263,21 +232,20 @@ impl CudaKernels {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function(&MISC, &format!("gated_norm_z_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (px, _gx) = x.device_ptr(s);
-        let (pp, _gp) = p.device_ptr(s);
-        let (pw_, _gw) = w.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
         let (d32, hv32, pw32, z32) = (u32_of("d", d)?, u32_of("hv", hv)?, u32_of("pw", pw)?, u32_of("zoff", zoff)?);
-        let threads = (d.div_ceil(32) * 32).clamp(32, 512) as u32;
-        let cfg =
-            LaunchConfig { grid_dim: (u32_of("rows", rows)?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-        let mut l = s.launch_builder(&f);
-        l.arg(&px).arg(&pp).arg(&pw_).arg(&po).arg(&d32).arg(&eps).arg(&hv32).arg(&pw32).arg(&z32);
+        let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
         // SAFETY: matches gated_norm_z_<T>; sizes checked; one block per row.
-        unsafe { l.launch(cfg) }?;
-        Ok(())
+        // Kernel: `gated_norm_z_<T>(const T* x, const T* p, const T* w, T* out, u32 d, float eps, u32 hv, u32 pw,
+        // u32 zoff)`.
+        unsafe {
+            launch!(
+                self,
+                MISC,
+                format!("gated_norm_z_{}", T::NAME),
+                cfg,
+                [ptr(x), ptr(p), ptr(w), ptr_mut(out), d32, eps, hv32, pw32, z32]
+            )
+        }
     }
 
     /// SwiGLU of a stacked f32 GEMM output: `out[r, c] = round(silu(round(g)) · round(u))`
@@ -299,17 +267,19 @@ impl CudaKernels {
         if rows * inter == 0 {
             return Ok(());
         }
-        let f = self.function(&MISC, &format!("swiglu_f32in_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (ps, _gs) = src.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
         let (r64, i32_, st, c0) =
             (rows as u64, u32_of("inter", inter)?, u32_of("stride", stride)?, u32_of("col0", col0)?);
-        let mut l = s.launch_builder(&f);
-        l.arg(&ps).arg(&po).arg(&r64).arg(&i32_).arg(&st).arg(&c0);
         // SAFETY: matches swiglu_f32in_<T>; sizes checked.
-        unsafe { l.launch(ew_cfg(rows * inter)) }?;
-        Ok(())
+        // Kernel: `swiglu_f32in_<T>(const float* src, T* out, u64 rows, u32 inter, u32 stride, u32 col0)`.
+        unsafe {
+            launch!(
+                self,
+                MISC,
+                format!("swiglu_f32in_{}", T::NAME),
+                ew_cfg(rows * inter),
+                [ptr(src), ptr_mut(out), r64, i32_, st, c0]
+            )
+        }
     }
 
     /// Shared expert with an f32 gate logit: `y[r] += σ(round(src[r, gcol])) · s[r]`.
@@ -336,17 +306,19 @@ impl CudaKernels {
         if rows * h == 0 {
             return Ok(());
         }
-        let f = self.function(&MISC, &format!("shared_expert_add_f32g_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (py, _gy) = y.device_ptr_mut(s);
-        let (ps, _gs) = s_out.device_ptr(s);
-        let (pr, _gr) = src.device_ptr(s);
         let (r64, h32, st, gc) = (rows as u64, u32_of("h", h)?, u32_of("stride", stride)?, u32_of("gcol", gcol)?);
-        let mut l = s.launch_builder(&f);
-        l.arg(&py).arg(&ps).arg(&pr).arg(&r64).arg(&h32).arg(&st).arg(&gc);
         // SAFETY: matches shared_expert_add_f32g_<T>; sizes checked.
-        unsafe { l.launch(ew_cfg(rows * h)) }?;
-        Ok(())
+        // Kernel: `shared_expert_add_f32g_<T>(float* y, const T* s, const float* src, u64 rows, u32 h, u32 stride,
+        // u32 gcol)`.
+        unsafe {
+            launch!(
+                self,
+                MISC,
+                format!("shared_expert_add_f32g_{}", T::NAME),
+                ew_cfg(rows * h),
+                [ptr_mut(y), ptr(s_out), ptr(src), r64, h32, st, gc]
+            )
+        }
     }
 
     /// `out[r] = [a[r] | b[r]]`.
@@ -368,17 +340,18 @@ impl CudaKernels {
         if rows * (da + db) == 0 {
             return Ok(());
         }
-        let f = self.function(&MISC, &format!("concat_cols_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (pa, _ga) = a.device_ptr(s);
-        let (pb, _gb) = b.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
         let (r64, da32, db32) = (rows as u64, u32_of("da", da)?, u32_of("db", db)?);
-        let mut l = s.launch_builder(&f);
-        l.arg(&pa).arg(&pb).arg(&po).arg(&r64).arg(&da32).arg(&db32);
         // SAFETY: matches concat_cols_<T>; sizes checked.
-        unsafe { l.launch(ew_cfg(rows * (da + db))) }?;
-        Ok(())
+        // Kernel: `concat_cols_<T>(const T* a, const T* b, T* out, u64 rows, u32 da, u32 db)`.
+        unsafe {
+            launch!(
+                self,
+                MISC,
+                format!("concat_cols_{}", T::NAME),
+                ew_cfg(rows * (da + db)),
+                [ptr(a), ptr(b), ptr_mut(out), r64, da32, db32]
+            )
+        }
     }
 
     /// Fills `y` with `offset + scale·u`, `u` uniform in [−1, 1) from a hash of `(seed, i)`
@@ -394,15 +367,12 @@ impl CudaKernels {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(&MISC, &format!("fill_uniform_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (py, _gy) = y.device_ptr_mut(s);
         let n64 = n as u64;
-        let mut b = s.launch_builder(&f);
-        b.arg(&py).arg(&n64).arg(&seed).arg(&scale).arg(&offset);
         // SAFETY: matches fill_uniform_<T>; y holds n values.
-        unsafe { b.launch(ew_cfg(n)) }?;
-        Ok(())
+        // Kernel: `fill_uniform_<T>(T* y, u64 n, u64 seed, float scale, float offset)`.
+        unsafe {
+            launch!(self, MISC, format!("fill_uniform_{}", T::NAME), ew_cfg(n), [ptr_mut(y), n64, seed, scale, offset])
+        }
     }
 }
 
@@ -447,11 +417,9 @@ impl CudaKernels {
             return Ok(());
         }
         let mm = [1usize, 2, 4, 8].into_iter().find(|&v| v >= m).unwrap_or(8);
-        let f = self.function(&MISC, &format!("gemv_{}_{}_m{mm}", A::NAME, O::NAME))?;
         let s = &*self.stream;
         let (px, _gx) = x.device_ptr(s);
         let (pw, _gw) = w.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
         if (px | pw) & 15 != 0 {
             return Err(CudaError::Invalid("gemv: x and w must be 16-byte aligned".into()));
         }
@@ -461,11 +429,17 @@ impl CudaKernels {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut l = s.launch_builder(&f);
-        l.arg(&px).arg(&pw).arg(&po).arg(&m32).arg(&k32).arg(&n32);
         // SAFETY: matches gemv_<A>_<O>_m<mm>; sizes and alignment checked; m <= mm.
-        unsafe { l.launch(cfg) }?;
-        Ok(())
+        // Kernel: `gemv_<A>_<O>_m<mm>(const A* x, const A* w, O* out, u32 m, u32 k, u32 n)`.
+        unsafe {
+            launch!(
+                self,
+                MISC,
+                format!("gemv_{}_{}_m{mm}", A::NAME, O::NAME),
+                cfg,
+                [px, pw, ptr_mut(out), m32, k32, n32]
+            )
+        }
     }
 }
 

@@ -17,6 +17,55 @@
 //! directory is `$PORTER_CUDA_INCLUDE`, else `/usr/local/cuda/include`
 //! ([`cuda_include_dir`]).
 
+/// Launches entry point `name` of `SOURCE` on the stream of a [`CudaKernels`] with `cfg`:
+/// `launch!(kernels, SOURCE, name, cfg, [arg, ...])`.
+///
+/// The arguments are the kernel's parameters, in order: `ptr(buf)` for a buffer the kernel
+/// reads (a `&impl DevicePtr`: passes its device address), `ptr_mut(buf)` for one it writes
+/// (a `&mut impl DevicePtrMut`), or an expression of a [`KernelArg`] type (`u64`, `u32`,
+/// `i32`, `f32`: a device address or a scalar). The buffers' guards live until the launch
+/// is queued. Evaluates to `Result<()>`. It expands to a call of the unsafe
+/// [`CudaKernels::launch`], so it goes inside `unsafe { }` with a `SAFETY` comment naming the
+/// kernel signature the arguments match.
+macro_rules! launch {
+    (@push $s:ident, $a:ident,) => {};
+    (@push $s:ident, $a:ident, ptr($e:expr) $(, $($rest:tt)*)?) => {
+        let (p, _guard) = cudarc::driver::DevicePtr::device_ptr(&*$e, $s);
+        $a.push(&p);
+        launch!(@push $s, $a, $($($rest)*)?);
+    };
+    (@push $s:ident, $a:ident, ptr_mut($e:expr) $(, $($rest:tt)*)?) => {
+        let (p, _guard) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut *$e, $s);
+        $a.push(&p);
+        launch!(@push $s, $a, $($($rest)*)?);
+    };
+    (@push $s:ident, $a:ident, $e:expr $(, $($rest:tt)*)?) => {
+        let v = $e;
+        $a.push(&v);
+        launch!(@push $s, $a, $($($rest)*)?);
+    };
+    (@call $k:expr, |$kk:ident, $args:ident| $call:expr, [$($arg:tt)*]) => {{
+        let $kk: &$crate::cuda::CudaKernels = $k;
+        #[allow(unused_variables)] // when every argument is a value
+        let s: &cudarc::driver::CudaStream = $kk.stream();
+        let mut $args: Vec<&dyn $crate::cuda::KernelArg> = Vec::new();
+        launch!(@push s, $args, $($arg)*);
+        $call
+    }};
+    ($k:expr, $src:expr, $name:expr, $cfg:expr, [$($arg:tt)*] $(,)?) => {
+        launch!(@call $k, |k, args| k.launch(&$src, &$name, $cfg, &args), [$($arg)*])
+    };
+}
+
+/// [`launch!`] for a function already at hand (from [`CudaKernels::function_smem`]):
+/// `launch_fn!(kernels, f, cfg, [arg, ...])`, expanding to the unsafe
+/// [`CudaKernels::launch_fn`].
+macro_rules! launch_fn {
+    ($k:expr, $f:expr, $cfg:expr, [$($arg:tt)*] $(,)?) => {
+        launch!(@call $k, |k, args| k.launch_fn(&$f, $cfg, &args), [$($arg)*])
+    };
+}
+
 mod attention;
 mod gdn;
 mod gdn_chunk;
@@ -30,8 +79,10 @@ pub use gdn::GDN_MAX_DK;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, DeviceSlice, DriverError, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtr, DeviceRepr, DeviceSlice, DriverError, LaunchArgs,
+    LaunchConfig, PushKernelArg, SyncOnDrop, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use std::collections::HashMap;
@@ -396,6 +447,61 @@ impl CudaKernels {
         Ok(f)
     }
 
+    /// The entry point `name` of `src`, allowed `smem` bytes of dynamic shared memory: from
+    /// the default 48 KiB on, the opt-in attribute is raised to `smem`.
+    ///
+    /// # Errors
+    /// As [`compile`]; [`CudaError::Driver`] if the attribute is refused (more than the
+    /// device allows).
+    pub(crate) fn function_smem(&self, src: &'static KernelSource, name: &str, smem: usize) -> Result<CudaFunction> {
+        let f = self.function(src, name)?;
+        if smem >= SMEM_DEFAULT {
+            let bytes = i32::try_from(smem)
+                .map_err(|_| CudaError::Invalid(format!("{name}: {smem} bytes of shared memory")))?;
+            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)?;
+        }
+        Ok(f)
+    }
+
+    /// Launches entry point `name` of `src` on [`CudaKernels::stream`] with `cfg`, passing
+    /// `args` as the kernel's parameters, in order.
+    ///
+    /// # Safety
+    /// As [`CudaKernels::launch_fn`] for the function `name` of `src`.
+    pub(crate) unsafe fn launch(
+        &self,
+        src: &'static KernelSource,
+        name: &str,
+        cfg: LaunchConfig,
+        args: &[&dyn KernelArg],
+    ) -> Result<()> {
+        let f = self.function(src, name)?;
+        // SAFETY: the caller's contract, for this very function.
+        unsafe { self.launch_fn(&f, cfg, args) }
+    }
+
+    /// Launches `f` (an entry point of this crate's sources, from [`CudaKernels::function`]
+    /// or [`CudaKernels::function_smem`]) on [`CudaKernels::stream`] with `cfg`.
+    ///
+    /// # Safety
+    /// - `args` are exactly `f`'s parameters, in order and of the C types it declares: a
+    ///   `u64` device address for every pointer, `u32` / `i32` / `u64` / `f32` for every scalar.
+    /// - Every address is live device memory of this context (not freed before the kernel
+    ///   has run, in stream order) that holds every element the kernel reaches for these
+    ///   arguments and `cfg`, or null where the kernel accepts null.
+    /// - `cfg` is a launch shape the kernel supports (its block size, and at least the dynamic
+    ///   shared memory it uses, within what [`CudaKernels::function_smem`] allowed).
+    /// - Buffers the kernel writes are not read or written by other work in flight.
+    pub(crate) unsafe fn launch_fn(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[&dyn KernelArg]) -> Result<()> {
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            a.push(&mut b);
+        }
+        // SAFETY: the caller's contract (parameters, memory and launch shape of `f`).
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
     /// Checks that a device slice lives in this context and has `expected` elements.
     pub(crate) fn check<T>(&self, what: &str, s: &impl DeviceSlice<T>, expected: usize) -> Result<()> {
         if **s.stream().context() != *self.ctx {
@@ -405,6 +511,60 @@ impl CudaKernels {
             return Err(CudaError::Invalid(format!("`{what}` has {} elements, expected {expected}", s.len())));
         }
         Ok(())
+    }
+}
+
+/// A kernel parameter passed by value: a `u64` device address or size, a `u32` / `i32`
+/// size or flag, an `f32` scalar (the only C types the kernels of this crate take).
+pub(crate) trait KernelArg {
+    /// Appends `self` to the launch's parameter list.
+    fn push<'a>(&'a self, b: &mut LaunchArgs<'a>);
+}
+
+macro_rules! kernel_arg {
+    ($($t:ty),*) => {$(
+        impl KernelArg for $t {
+            fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+                b.arg(self);
+            }
+        }
+    )*};
+}
+kernel_arg!(u64, u32, i32, f32);
+
+/// Dynamic shared memory a kernel may use without the opt-in attribute.
+const SMEM_DEFAULT: usize = 48 * 1024;
+
+/// Threads of a block of the element-wise (grid-stride) kernels.
+pub(crate) const EW_THREADS: u32 = 256;
+
+/// Launch shape of an element-wise kernel over `n` elements: [`EW_THREADS`] threads a block,
+/// [`grid_for`] blocks.
+pub(crate) fn ew_cfg(n: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: (grid_for(n, EW_THREADS), 1, 1), block_dim: (EW_THREADS, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// One block per row: a multiple of 32 threads, at most `max`, no more than a row of `d`
+/// elements needs.
+pub(crate) fn row_threads(d: usize, max: u32) -> u32 {
+    let t = d.div_ceil(32).saturating_mul(32).clamp(32, max as usize);
+    t as u32
+}
+
+/// Launch shape of one block of `threads` per row, with `shared` bytes of dynamic shared memory.
+pub(crate) fn rows_cfg(rows: usize, threads: u32, shared: u32) -> Result<LaunchConfig> {
+    Ok(LaunchConfig { grid_dim: (u32_of("rows", rows)?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: shared })
+}
+
+/// The device address of an optional buffer and its guard: 0 (null, which the kernels taking
+/// an optional buffer test for) and no guard for `None`.
+pub(crate) fn opt_ptr<'a, T>(v: Option<&'a impl DevicePtr<T>>, s: &'a CudaStream) -> (u64, Option<SyncOnDrop<'a>>) {
+    match v {
+        Some(v) => {
+            let (p, g) = v.device_ptr(s);
+            (p, Some(g))
+        }
+        None => (0, None),
     }
 }
 

@@ -5,8 +5,7 @@
 //! combine. No host loop over experts and no host synchronisation.
 
 use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, MOE};
-use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Largest expert count of [`CudaKernels::moe_experts`] (the alignment kernel
 /// keeps one `u32` counter per expert in shared memory).
@@ -243,57 +242,69 @@ impl CudaKernels {
         let p_o = base + off_o as u64;
 
         if !fused {
-            let f = self.function(&MOE, "moe_align")?;
             let cfg = LaunchConfig {
                 grid_dim: (1, 1, 1),
                 block_dim: (ALIGN_THREADS, 1, 1),
                 shared_mem_bytes: u32_of("shared memory", e * 4)?,
             };
             let one = 1u32;
-            let mut b = s.launch_builder(&f);
-            b.arg(&pi).arg(&n32).arg(&e32).arg(&one).arg(&n32).arg(&n32);
-            b.arg(&p_sorted).arg(&p_tile).arg(&p_seg).arg(&p_meta);
             // SAFETY: arguments match `moe_align`; pad 1: sorted and
             // tile_expert have n entries, seg 3·min(e, n), meta 2; dynamic
             // shared memory e u32 (e ≤ 8192: 32 KiB).
-            unsafe { b.launch(cfg) }?;
+            // Kernel: `moe_align(const u32* idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* sorted,
+            // u32* tile_expert, u32* seg, u32* meta)`.
+            unsafe {
+                launch!(self, MOE, "moe_align", cfg, [pi, n32, e32, one, n32, n32, p_sorted, p_tile, p_seg, p_meta])
+            }?;
         }
         // 2a. gate+up GEMV: a warp per (active expert, inter column) item.
         let vec_gu = i32::from(vec_ok::<T>(px, hidden) && vec_ok::<T>(pg, hidden) && vec_ok::<T>(pu, hidden));
-        let f = self.function(&MOE, &format!("moe_dec_gu_{}", T::NAME))?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid_gu, 1, 1),
+        // Both GEMV kernels: persistent blocks of GEMV_WARPS warps, the same dynamic shared memory.
+        let gemv_cfg = |blocks: u32| LaunchConfig {
+            grid_dim: (blocks, 1, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
             shared_mem_bytes: dsm32,
         };
-        let mut b = s.launch_builder(&f);
-        b.arg(&px).arg(&pg).arg(&pu).arg(&pi).arg(&n32).arg(&e32).arg(&fused32);
-        b.arg(&p_sorted).arg(&p_seg).arg(&p_meta).arg(&p_ctr).arg(&nq32).arg(&p_h);
-        b.arg(&h32).arg(&i32_).arg(&k32).arg(&vec_gu);
+        let cfg = gemv_cfg(grid_gu);
         // SAFETY: arguments match `moe_dec_gu_<T>`; lengths checked; items
         // past the active experts are never visited; h rows per pair (< n);
         // 16-byte loads only with `vec`; the global lists are read only
         // without `fused` (then written by moe_align); dynamic shared memory
         // e + n + 3·min(e, n) u32 with `fused`.
-        unsafe { b.launch(cfg) }?;
+        // Kernel: `moe_dec_gu_<T>(const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, int fused,
+        // const u32* g_sorted, const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k,
+        // int vec)`.
+        unsafe {
+            launch!(
+                self,
+                MOE,
+                format!("moe_dec_gu_{}", T::NAME),
+                cfg,
+                [px, pg, pu, pi, n32, e32, fused32, p_sorted, p_seg, p_meta, p_ctr, nq32, p_h, h32, i32_, k32, vec_gu]
+            )
+        }?;
         // 3a. down GEMV + combine: a warp per (active expert, DOWN_NR hidden columns) item.
         let vec_d = i32::from(vec_ok::<T>(pd, inter) && vec_ok::<T>(p_h, inter));
-        let f = self.function(&MOE, &format!("moe_dec_down_{}", T::NAME))?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid_down, 1, 1),
-            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: dsm32,
-        };
-        let mut b = s.launch_builder(&f);
-        b.arg(&p_h).arg(&pd).arg(&pi).arg(&pw).arg(&n32).arg(&e32).arg(&fused32);
-        b.arg(&p_sorted).arg(&p_seg).arg(&p_meta).arg(&p_ctr).arg(&p_o).arg(&po);
-        b.arg(&h32).arg(&i32_).arg(&k32).arg(&t32).arg(&vec_d);
+        let cfg = gemv_cfg(grid_down);
         // SAFETY: arguments match `moe_dec_down_<T>`; o has n rows of hidden,
         // written for valid pairs only and read back (combine) only for them;
         // out [t, hidden] written in full (by the completing warp of every
         // column group, or zeroed when no id is valid); ctr has nq entries.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // Kernel: `moe_dec_down_<T>(const T* h, const T* down, const u32* idx, const float* wt, u32 n, u32 e,
+        // int fused, const u32* g_sorted, const u32* g_seg, const u32* g_meta, u32* ctr, T* o, float* out, u32 H,
+        // u32 I, u32 k, u32 t, int vec)`.
+        unsafe {
+            launch!(
+                self,
+                MOE,
+                format!("moe_dec_down_{}", T::NAME),
+                cfg,
+                [
+                    p_h, pd, pi, pw, n32, e32, fused32, p_sorted, p_seg, p_meta, p_ctr, p_o, po, h32, i32_, k32, t32,
+                    vec_d
+                ]
+            )
+        }
     }
 
     /// The prefill path of [`CudaKernels::moe_experts`] (same arguments and
@@ -401,8 +412,6 @@ impl CudaKernels {
         // read, the down kernels o for every pair moe_combine reads).
         let mut scratch = unsafe { s.alloc::<u8>(bytes) }?;
         let (pi, _gi) = idx.device_ptr(s);
-        let (pw, _gw) = w.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
         let (base, _gs) = scratch.device_ptr_mut(s);
         let p_sorted = base;
         let p_tile = base + off_tile as u64;
@@ -412,20 +421,20 @@ impl CudaKernels {
         let p_o = base + off_o as u64;
 
         // 1. Alignment.
-        let f = self.function(&MOE, "moe_align")?;
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (ALIGN_THREADS, 1, 1),
             shared_mem_bytes: u32_of("shared memory", e * 4)?,
         };
-        let mut b = s.launch_builder(&f);
-        b.arg(&pi).arg(&n32).arg(&e32).arg(&pad32).arg(&cap32).arg(&tiles32);
-        b.arg(&p_sorted).arg(&p_tile).arg(&p_seg).arg(&p_meta);
         // SAFETY: arguments match `moe_align`; idx has n elements; sorted has
         // cap = tiles_cap · pad entries, enough for Σ roundup(count, pad)
         // (≤ n + slots·(pad − 1)); tile_expert tiles_cap, seg 3·min(e, n),
         // meta 2; dynamic shared memory e u32 (e ≤ 8192: 32 KiB).
-        unsafe { b.launch(cfg) }?;
+        // Kernel: `moe_align(const u32* idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* sorted,
+        // u32* tile_expert, u32* seg, u32* meta)`.
+        unsafe {
+            launch!(self, MOE, "moe_align", cfg, [pi, n32, e32, pad32, cap32, tiles32, p_sorted, p_tile, p_seg, p_meta])
+        }?;
 
         done(0)?;
 
@@ -438,13 +447,7 @@ impl CudaKernels {
                 let nblk = n_cols.div_ceil(nc);
                 let stages = TC_STAGES * (tile_rows + TC_BN) * TC_LDS * esize;
                 let smem = stages.max(tile_rows * (nc + 4) * 4);
-                let f = self.function(&MOE, &format!("moe_gemm_{which}_tc{mi}_{}", T::NAME))?;
-                if smem > 48 * 1024 {
-                    f.set_attribute(
-                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        i32::try_from(smem).map_err(|_| CudaError::Invalid("shared memory".into()))?,
-                    )?;
-                }
+                let f = self.function_smem(&MOE, &format!("moe_gemm_{which}_tc{mi}_{}", T::NAME), smem)?;
                 let cfg = LaunchConfig {
                     grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
                     block_dim: (TC_THREADS, 1, 1),
@@ -464,43 +467,48 @@ impl CudaKernels {
         };
         // 2b. gate+up GEMM (+ activation).
         let (f, nblk32, cfg) = gemm(true, inter)?;
-        let mut b = s.launch_builder(&f);
-        b.arg(&px).arg(&pg).arg(&pu).arg(&p_sorted).arg(&p_tile).arg(&p_h);
-        b.arg(&h32).arg(&i32_).arg(&k32).arg(&nblk32);
         // SAFETY: arguments match `moe_gemm_gu_<kind>_<T>`; the sorted list
         // was padded to tiles of this kernel's height (pad); tiles past the
         // real count exit (tile_expert invalid); A rows gathered through the
         // sorted list (padding reads nothing); h has cap rows; the tensor-core
         // variant is only chosen with 16-byte aligned rows (hidden, inter
         // multiples of 8, base pointers checked, scratch 256-byte aligned).
-        unsafe { b.launch(cfg) }?;
+        // Kernel: `moe_gemm_gu_<kind>_<T>(const T* a, const T* w0, const T* w1, const u32* sorted,
+        // const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`.
+        unsafe { launch_fn!(self, f, cfg, [px, pg, pu, p_sorted, p_tile, p_h, h32, i32_, k32, nblk32]) }?;
         done(1)?;
         // 3b. down GEMM.
         let (f, nblk32, cfg) = gemm(false, hidden)?;
-        let mut b = s.launch_builder(&f);
-        b.arg(&p_h).arg(&pd).arg(&pd).arg(&p_sorted).arg(&p_tile).arg(&p_o);
-        b.arg(&i32_).arg(&h32).arg(&k32).arg(&nblk32);
         // SAFETY: arguments match `moe_gemm_down_<kind>_<T>`; h rows of
         // real tiles were all written by the gate+up GEMM; o written for
         // valid pairs only.
-        unsafe { b.launch(cfg) }?;
+        // Kernel: `moe_gemm_down_<kind>_<T>(const T* a, const T* w0, const T* w1, const u32* sorted,
+        // const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`.
+        unsafe { launch_fn!(self, f, cfg, [p_h, pd, pd, p_sorted, p_tile, p_o, i32_, h32, k32, nblk32]) }?;
         done(2)?;
 
         // 4. Combine.
         let total = prod(&[t, hidden])?;
         let total64 = total as u64;
-        let f = self.function(&MOE, &format!("moe_combine_{}", T::NAME))?;
         let cfg = LaunchConfig {
             grid_dim: (grid_for(total, COMBINE_THREADS), 1, 1),
             block_dim: (COMBINE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = s.launch_builder(&f);
-        b.arg(&p_o).arg(&pi).arg(&pw).arg(&po).arg(&total64).arg(&h32).arg(&k32).arg(&e32);
         // SAFETY: arguments match `moe_combine_<T>`; out and idx/w lengths
         // checked; o is read only for pairs with a valid expert id, all of
         // which the down kernel wrote.
-        unsafe { b.launch(cfg) }?;
+        // Kernel: `moe_combine_<T>(const T* o, const u32* idx, const float* w, float* out, u64 total, u32 H, u32 k,
+        // u32 e)`.
+        unsafe {
+            launch!(
+                self,
+                MOE,
+                format!("moe_combine_{}", T::NAME),
+                cfg,
+                [p_o, pi, ptr(w), ptr_mut(out), total64, h32, k32, e32]
+            )
+        }?;
         done(3)?;
         Ok(())
     }

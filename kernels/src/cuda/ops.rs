@@ -2,11 +2,10 @@
 //! zero-centred, gated), partial NeoX RoPE, SwiGLU, sigmoid gate, MoE router,
 //! greedy argmax.
 
-use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, ELEMENTWISE, NORM, ROUTER};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-
-/// Threads of the element-wise kernels.
-const EW_THREADS: u32 = 256;
+use super::{
+    ew_cfg, prod, row_threads, rows_cfg, u32_of, CudaError, CudaFloat, CudaKernels, Result, ELEMENTWISE, NORM, ROUTER,
+};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 /// Largest `k` of [`CudaKernels::moe_router`] (`ROUTER_MAX_K` in router.cu).
 pub const ROUTER_MAX_K: usize = 16;
@@ -22,20 +21,6 @@ pub enum RmsNormKind {
     Standard,
     /// Zero-centred: `round(x · rstd · (1 + w))`, `1 + w` in f32 (Qwen3-Next).
     ZeroCentred,
-}
-
-/// One block per row: a multiple of 32 threads, at most `max`, no more than the row needs.
-fn row_threads(d: usize, max: u32) -> u32 {
-    let t = d.div_ceil(32).saturating_mul(32).clamp(32, max as usize);
-    t as u32
-}
-
-fn rows_cfg(rows: usize, threads: u32, shared: u32) -> Result<LaunchConfig> {
-    Ok(LaunchConfig { grid_dim: (u32_of("rows", rows)?, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: shared })
-}
-
-fn ew_cfg(n: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (grid_for(n, EW_THREADS), 1, 1), block_dim: (EW_THREADS, 1, 1), shared_mem_bytes: 0 }
 }
 
 impl CudaKernels {
@@ -69,18 +54,19 @@ impl CudaKernels {
         }
         let (hidden32, vocab32) = (u32_of("hidden", hidden)?, u32_of("vocab", vocab)?);
         let cfg = rows_cfg(rows, row_threads(hidden, 256), 0)?;
-        let f = self.function(&ELEMENTWISE, &format!("embedding_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (pt, _gt) = table.device_ptr(s);
-        let (pi, _gi) = ids.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&pt).arg(&pi).arg(&po).arg(&hidden32).arg(&vocab32);
         // SAFETY: the arguments match `embedding_<T>` in elementwise.cu; every
         // buffer has the length the kernel indexes (checked above), and the
         // kernel bounds-checks the ids.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // Kernel: `embedding_<T>(const T* table, const u32* ids, float* out, u32 hidden, u32 vocab)`.
+        unsafe {
+            launch!(
+                self,
+                ELEMENTWISE,
+                format!("embedding_{}", T::NAME),
+                cfg,
+                [ptr(table), ptr(ids), ptr_mut(out), hidden32, vocab32]
+            )
+        }
     }
 
     /// RMSNorm of each row (`porter_core::nn::RmsNorm`): `rstd = 1/sqrt(mean(x²) + eps)`
@@ -117,16 +103,17 @@ impl CudaKernels {
         let d32 = u32_of("d", d)?;
         let zc: i32 = i32::from(kind == RmsNormKind::ZeroCentred);
         let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
-        let f = self.function(&NORM, &format!("rms_norm_{}_{}", X::NAME, O::NAME))?;
-        let s = &*self.stream;
-        let (px, _gx) = x.device_ptr(s);
-        let (pw, _gw) = w.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&px).arg(&pw).arg(&po).arg(&d32).arg(&eps).arg(&zc);
         // SAFETY: arguments match `rms_norm_<X>_<O>` in norm.cu; lengths checked.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // Kernel: `rms_norm_<X>_<O>(const X* x, const O* w, O* out, u32 d, float eps, int zero_centred)`.
+        unsafe {
+            launch!(
+                self,
+                NORM,
+                format!("rms_norm_{}_{}", X::NAME, O::NAME),
+                cfg,
+                [ptr(x), ptr(w), ptr_mut(out), d32, eps, zc]
+            )
+        }
     }
 
     /// Gated RMSNorm (`cpu::gdn::gated_rms_norm`, Qwen3-Next `linear_attn.norm`):
@@ -165,17 +152,17 @@ impl CudaKernels {
         }
         let d32 = u32_of("d", d)?;
         let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
-        let f = self.function(&NORM, &format!("gated_rms_norm_{}_{}", X::NAME, O::NAME))?;
-        let s = &*self.stream;
-        let (px, _gx) = x.device_ptr(s);
-        let (pz, _gz) = z.device_ptr(s);
-        let (pw, _gw) = w.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&px).arg(&pz).arg(&pw).arg(&po).arg(&d32).arg(&eps);
         // SAFETY: arguments match `gated_rms_norm_<X>_<O>` in norm.cu; lengths checked.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // Kernel: `gated_rms_norm_<X>_<O>(const X* x, const O* z, const O* w, O* out, u32 d, float eps)`.
+        unsafe {
+            launch!(
+                self,
+                NORM,
+                format!("gated_rms_norm_{}_{}", X::NAME, O::NAME),
+                cfg,
+                [ptr(x), ptr(z), ptr(w), ptr_mut(out), d32, eps]
+            )
+        }
     }
 
     /// Partial NeoX rotary embedding, in place (`cpu::ops::rope_neox` with the
@@ -217,16 +204,18 @@ impl CudaKernels {
         }
         let (t32, h32, hd32, half32) =
             (u32_of("t", t)?, u32_of("heads", heads)?, u32_of("head_dim", head_dim)?, u32_of("rot_dim", half)?);
-        let f = self.function(&ELEMENTWISE, &format!("rope_neox_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (pp, _gp) = positions.device_ptr(s);
-        let (pf, _gf) = inv_freq.device_ptr(s);
-        let (px, _gx) = x.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&px).arg(&pp).arg(&pf).arg(&t32).arg(&h32).arg(&hd32).arg(&half32).arg(&attn_scale);
         // SAFETY: arguments match `rope_neox_<T>` in elementwise.cu; lengths checked.
-        unsafe { b.launch(ew_cfg(n)) }?;
-        Ok(())
+        // Kernel: `rope_neox_<T>(T* x, const u32* positions, const float* inv_freq, u32 t, u32 heads, u32 head_dim,
+        // u32 half, float attn_scale)`.
+        unsafe {
+            launch!(
+                self,
+                ELEMENTWISE,
+                format!("rope_neox_{}", T::NAME),
+                ew_cfg(n),
+                [ptr_mut(x), ptr(positions), ptr(inv_freq), t32, h32, hd32, half32, attn_scale]
+            )
+        }
     }
 
     /// SwiGLU activation with one rounding: `out = round(silu(g) · u)`.
@@ -249,16 +238,11 @@ impl CudaKernels {
             return Ok(());
         }
         let n64 = n as u64;
-        let f = self.function(&ELEMENTWISE, &format!("swiglu_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (pg, _gg) = g.device_ptr(s);
-        let (pu, _gu) = u.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&pg).arg(&pu).arg(&po).arg(&n64);
         // SAFETY: arguments match `swiglu_<T>` in elementwise.cu; lengths checked.
-        unsafe { b.launch(ew_cfg(n)) }?;
-        Ok(())
+        // Kernel: `swiglu_<T>(const T* g, const T* u, T* out, u64 n)`.
+        unsafe {
+            launch!(self, ELEMENTWISE, format!("swiglu_{}", T::NAME), ew_cfg(n), [ptr(g), ptr(u), ptr_mut(out), n64])
+        }
     }
 
     /// SwiGLU activation on a merged `[gate | up]` projection:
@@ -284,15 +268,17 @@ impl CudaKernels {
             return Ok(());
         }
         let (rows64, inter32) = (rows as u64, u32_of("inter", inter)?);
-        let f = self.function(&ELEMENTWISE, &format!("swiglu_fused_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (pg, _gg) = gu.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&pg).arg(&po).arg(&rows64).arg(&inter32);
         // SAFETY: arguments match `swiglu_fused_<T>` in elementwise.cu; lengths checked.
-        unsafe { b.launch(ew_cfg(n)) }?;
-        Ok(())
+        // Kernel: `swiglu_fused_<T>(const T* gu, T* out, u64 rows, u32 inter)`.
+        unsafe {
+            launch!(
+                self,
+                ELEMENTWISE,
+                format!("swiglu_fused_{}", T::NAME),
+                ew_cfg(n),
+                [ptr(gu), ptr_mut(out), rows64, inter32]
+            )
+        }
     }
 
     /// Sigmoid-gate multiply in place (the attention output gate):
@@ -324,15 +310,17 @@ impl CudaKernels {
             return Ok(());
         }
         let (rows64, d32, gd32) = (rows as u64, u32_of("d", d)?, u32_of("gate_dim", gate_dim)?);
-        let f = self.function(&ELEMENTWISE, &format!("sigmoid_gate_mul_{}", T::NAME))?;
-        let s = &*self.stream;
-        let (pg, _gg) = gate.device_ptr(s);
-        let (px, _gx) = x.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&px).arg(&pg).arg(&rows64).arg(&d32).arg(&gd32);
         // SAFETY: arguments match `sigmoid_gate_mul_<T>` in elementwise.cu; lengths checked.
-        unsafe { b.launch(ew_cfg(n)) }?;
-        Ok(())
+        // Kernel: `sigmoid_gate_mul_<T>(T* x, const T* gate, u64 rows, u32 d, u32 gd)`.
+        unsafe {
+            launch!(
+                self,
+                ELEMENTWISE,
+                format!("sigmoid_gate_mul_{}", T::NAME),
+                ew_cfg(n),
+                [ptr_mut(x), ptr(gate), rows64, d32, gd32]
+            )
+        }
     }
 
     /// MoE router (`porter_core::nn::Moe::route`): per row, `p = softmax(logits)`
@@ -393,18 +381,20 @@ impl CudaKernels {
         let (e32, k32, rn) = (u32_of("e", e)?, u32_of("k", k)?, i32::from(renorm));
         let shared = u32_of("shared memory", e * 4)?;
         let cfg = rows_cfg(rows, row_threads(e, 256), shared)?;
-        let f = self.function(&ROUTER, "moe_router_f32")?;
-        let s = &*self.stream;
-        let (pl, _gl) = logits.device_ptr(s);
-        let (pi, _gi) = idx.device_ptr_mut(s);
-        let (pw, _gw) = weights.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
         let st32 = u32_of("stride", stride)?;
-        b.arg(&pl).arg(&pi).arg(&pw).arg(&e32).arg(&k32).arg(&rn).arg(&st32);
         // SAFETY: arguments match `moe_router_f32` in router.cu; lengths and
         // k, e limits checked; dynamic shared memory holds e floats.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // Kernel: `moe_router_f32(const float* logits, u32* idx, float* weights, u32 e, u32 k, int renorm,
+        // u32 stride)`.
+        unsafe {
+            launch!(
+                self,
+                ROUTER,
+                "moe_router_f32",
+                cfg,
+                [ptr(logits), ptr_mut(idx), ptr_mut(weights), e32, k32, rn, st32]
+            )
+        }
     }
 
     /// Greedy argmax of each row (`porter_core::sampling::argmax`): the first
@@ -433,14 +423,8 @@ impl CudaKernels {
         }
         let v32 = u32_of("vocab", vocab)?;
         let cfg = rows_cfg(rows, row_threads(vocab, 1024), 0)?;
-        let f = self.function(&ROUTER, "argmax_f32")?;
-        let s = &*self.stream;
-        let (pl, _gl) = logits.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let mut b = s.launch_builder(&f);
-        b.arg(&pl).arg(&po).arg(&v32);
         // SAFETY: arguments match `argmax_f32` in router.cu; lengths checked.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // Kernel: `argmax_f32(const float* logits, u32* out, u32 v)`.
+        unsafe { launch!(self, ROUTER, "argmax_f32", cfg, [ptr(logits), ptr_mut(out), v32]) }
     }
 }

@@ -2,6 +2,8 @@
 //! seeded PRNG, upload / poisoned / download helpers and the relative-error check.
 #![allow(dead_code)]
 
+pub mod gdn;
+
 use cudarc::driver::CudaSlice;
 use porter_kernels::cuda::{self, CudaFloat, CudaKernels};
 
@@ -68,14 +70,24 @@ pub fn rnd_vec<T: CudaFloat>(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| rnd::<T>(x)).collect()
 }
 
-/// A GPU, or `None` after printing why the test is skipped.
-pub fn gpu(test: &str) -> Option<CudaKernels> {
-    match cuda::gpu_available() {
-        Err(reason) => {
-            println!("{test}: skipped: {reason}");
-            None
-        }
-        Ok(_) => Some(CudaKernels::new(0).unwrap_or_else(|e| panic!("{test}: CudaKernels::new: {e}"))),
+/// Device 0 for a GPU test (`#[ignore = "needs a CUDA GPU"]`, run with `--include-ignored`
+/// or `--ignored`); panics with the reason when there is no usable GPU, since the test was
+/// asked for explicitly.
+pub fn gpu(test: &str) -> CudaKernels {
+    if let Err(reason) = cuda::gpu_available() {
+        panic!("{test} needs a CUDA GPU and found none: {reason}");
+    }
+    CudaKernels::new(0).unwrap_or_else(|e| panic!("{test}: CudaKernels::new: {e}"))
+}
+
+/// Panics unless NVRTC and the CUDA headers are there, for an NVRTC test
+/// (`#[ignore = "needs NVRTC ..."]`, asked for explicitly).
+pub fn need_nvrtc(test: &str) {
+    if let Err(reason) = cuda::nvrtc_available() {
+        panic!("{test} needs NVRTC and found none: {reason} (bash .ci/run installs it into target/nvrtc)");
+    }
+    if let Err(e) = cuda::cuda_include_dir() {
+        panic!("{test} needs the CUDA headers: {e}");
     }
 }
 
@@ -140,20 +152,14 @@ pub fn tol<T: CudaFloat>() -> f32 {
 }
 
 /// `ptxas -v` of one kernel source for sm_90 (NVRTC, no GPU needed): the register and
-/// spill lines of every entry function, as `(function, line)`. `None`, after printing why
-/// `test` is skipped, without NVRTC or the CUDA headers; panics when the source does not
-/// compile. With `PORTER_PTX_DIR` set, also writes the PTX there as `<source>.ptx`.
-pub fn ptxas_info(test: &str, source: &str) -> Option<Vec<(String, String)>> {
+/// spill lines of every entry function, as `(function, line)`. Panics without NVRTC or the
+/// CUDA headers ([`need_nvrtc`]) and when the source does not compile. With
+/// `PORTER_PTX_DIR` set, also writes the PTX there as `<source>.ptx`.
+pub fn ptxas_info(test: &str, source: &str) -> Vec<(String, String)> {
     use cudarc::nvrtc::result as nv;
     use std::ffi::CString;
-    if let Err(reason) = cuda::nvrtc_available() {
-        println!("{test}: skipped: {reason}");
-        return None;
-    }
-    let Ok(include) = cuda::cuda_include_dir() else {
-        println!("{test}: skipped: no CUDA headers");
-        return None;
-    };
+    need_nvrtc(test);
+    let include = cuda::cuda_include_dir().unwrap_or_else(|e| panic!("{test}: {e}"));
     let src = cuda::sources().into_iter().find(|s| s.name == source).expect("a registered source");
     let text = CString::new(src.full_text()).expect("source");
     let name = CString::new(source).expect("name");
@@ -189,5 +195,5 @@ pub fn ptxas_info(test: &str, source: &str) -> Option<Vec<(String, String)>> {
             lines.push((func.clone(), line.trim().to_string()));
         }
     }
-    Some(lines)
+    lines
 }

@@ -15,35 +15,7 @@ use super::{kind, positive_f32, show, Keys, POSITIVE_F32};
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
 
-/// How rotary frequencies are scaled.
-#[derive(Clone, Debug, PartialEq)]
-pub enum RopeScaling {
-    /// Plain RoPE.
-    Default,
-    /// Positions divided by `factor` (HF `rope_type: linear`).
-    Linear { factor: f32 },
-    /// YaRN (HF `rope_type: yarn`): per-frequency blend of interpolation and extrapolation,
-    /// cos/sin scaled by `attention_factor`.
-    Yarn {
-        factor: f64,
-        original_max_position_embeddings: f64,
-        beta_fast: f64,
-        beta_slow: f64,
-        attention_factor: f64,
-        truncate: bool,
-    },
-    /// Llama 3.1 (HF `rope_type: llama3`, `_compute_llama3_parameters`): low frequencies
-    /// divided by `factor`, high ones kept, a smooth blend in between.
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
-}
-
-/// Rotary-embedding parameters of a model.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RopeParams {
-    pub theta: f32,
-    pub partial_rotary_factor: f32,
-    pub scaling: RopeScaling,
-}
+pub use crate::nn::{RopeParams, RopeScaling};
 
 /// What a model class defaults RoPE to.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -1,6 +1,8 @@
 //! A batch: token ids of several sequences laid out one after another.
 
-use crate::state::SeqId;
+/// A sequence's slot in a state cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub usize);
 
 /// The rows of one sequence inside a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,7 +27,7 @@ pub struct Batch {
     pub spans: Vec<SeqSpan>,
     /// The batch's positions and span tables on a CUDA device, uploaded once per forward by
     /// the first layer that needs them and shared by the others.
-    pub(crate) dev: std::sync::OnceLock<std::sync::Arc<crate::backend::cuda::blocks::BatchDev>>,
+    pub(crate) dev: std::sync::OnceLock<std::sync::Arc<crate::tensor::cuda::BatchDev>>,
 }
 
 impl Batch {

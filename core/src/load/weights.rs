@@ -1,0 +1,373 @@
+//! [`Weights`]: the engine slots of a resolved weight map, materialised one at a time as
+//! the model takes them.
+//!
+//! Nothing is read before a block asks for its slot. Taking a slot reads its checkpoint
+//! tensors with positioned reads straight into host buffers of the model dtype (a bf16
+//! checkpoint loaded as bf16 is never converted), applies the map's transform (expert
+//! stacking, concatenation, row regrouping), uploads the result to the model's device and
+//! drops the host copy — so the host holds at most one slot at a time and the device holds
+//! each weight once. Packed layouts (`[gate; up]`, the Gated DeltaNet in-projections, the
+//! MoE router with its shared expert) are assembled here, once, by [`Weights::take_packed`].
+
+use crate::error::{Context, Result};
+use crate::load::checkpoint::Checkpoint;
+use crate::load::weight_map::{regroup_rows, ResolvedMap, ResolvedSlot, Transform};
+use crate::tensor::cuda::{gpu, DevType, Gpu};
+use crate::tensor::{CpuStorage, DType, Device, Tensor};
+use crate::{bail, err};
+use half::{bf16, f16};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A slot not taken yet.
+#[derive(Debug)]
+enum Pending {
+    /// Read from the checkpoint when taken.
+    Map(ResolvedSlot),
+    /// Random values (benchmarks): `index` seeds the slot's generator.
+    Random { shape: Vec<usize>, index: u64 },
+    /// A tensor given directly.
+    Ready(Tensor),
+}
+
+/// Bytes moved while loading, for the load-throughput figures of `porter bench`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LoadStats {
+    /// Checkpoint bytes read.
+    pub bytes_read: u64,
+    /// Bytes of the tensors handed to the model (in the model dtype).
+    pub bytes_taken: u64,
+}
+
+/// The weight slots of a model, taken one by one by its blocks.
+pub struct Weights {
+    slots: HashMap<String, Pending>,
+    dtype: DType,
+    device: Device,
+    seed: u64,
+    ckpt: Option<Arc<Checkpoint>>,
+    progress: Option<indicatif::ProgressBar>,
+    stats: LoadStats,
+}
+
+impl std::fmt::Debug for Weights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Weights")
+            .field("slots", &self.slots.len())
+            .field("dtype", &self.dtype)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Self {
+            slots: HashMap::new(),
+            dtype: DType::F32,
+            device: Device::Cpu,
+            seed: 0,
+            ckpt: None,
+            progress: None,
+            stats: LoadStats::default(),
+        }
+    }
+}
+
+impl Weights {
+    /// The slots of `map`, read from `ckpt` in `dtype` when taken. Validates the checkpoint
+    /// against the map first (every problem listed in one error).
+    pub fn from_checkpoint(map: &ResolvedMap, ckpt: Arc<Checkpoint>, dtype: DType) -> Result<Self> {
+        map.validate(&ckpt)?;
+        let slots = map.slots.iter().map(|s| (s.slot.clone(), Pending::Map(s.clone()))).collect();
+        Ok(Self { slots, dtype, ckpt: Some(ckpt), ..Default::default() })
+    }
+
+    /// Random weights for every slot of `map` (benchmarks): uniform with σ-like scale
+    /// 1/sqrt(last dim) for matrices and 0.1 for vectors, generated when taken (on a GPU,
+    /// on the device: an 80B-class geometry never exists on the host).
+    pub fn random(map: &ResolvedMap, dtype: DType, seed: u64, device: Device) -> Self {
+        let slots = map
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.slot.clone(), Pending::Random { shape: s.shape.clone(), index: i as u64 }))
+            .collect();
+        Self { slots, dtype, device, seed, ..Default::default() }
+    }
+
+    /// Shows progress on `bar` (one tick per checkpoint tensor read).
+    pub fn set_progress(&mut self, bar: Option<indicatif::ProgressBar>) {
+        self.progress = bar;
+    }
+
+    /// Places every tensor taken from now on on `device`.
+    pub fn set_device(&mut self, device: Device) {
+        self.device = device;
+    }
+
+    /// The device taken tensors are placed on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The model dtype slots are converted to.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// What has been read and taken so far.
+    pub fn stats(&self) -> LoadStats {
+        self.stats
+    }
+
+    pub fn contains(&self, slot: &str) -> bool {
+        self.slots.contains_key(slot)
+    }
+
+    /// The shape a slot will have when taken.
+    pub fn slot_shape(&self, slot: &str) -> Result<Vec<usize>> {
+        match self.slots.get(slot) {
+            Some(Pending::Map(s)) => Ok(s.shape.clone()),
+            Some(Pending::Random { shape, .. }) => Ok(shape.clone()),
+            Some(Pending::Ready(t)) => Ok(t.shape().to_vec()),
+            None => bail!(WeightMap, "weight slot `{slot}` was not loaded (weight map and model disagree)"),
+        }
+    }
+
+    /// Takes a slot (each slot is owned by exactly one block), in the model dtype, on the
+    /// store's device.
+    pub fn take(&mut self, slot: &str) -> Result<Tensor> {
+        let p = self.pop(slot)?;
+        self.materialize(slot, p, self.dtype)
+    }
+
+    /// Takes a slot as an `f32` tensor whose values are rounded to the model dtype (the
+    /// small parameters that kernels read in f32, e.g. Gated DeltaNet's conv and gates).
+    pub fn take_f32(&mut self, slot: &str) -> Result<Tensor> {
+        let dt = self.dtype;
+        let p = self.pop(slot)?;
+        let t = match p {
+            Pending::Map(s) => {
+                let (host, shape) = self.read_slot(&s, dt)?;
+                Tensor::from_vec(host.to_f32_vec(), shape, DType::F32)?
+            }
+            Pending::Random { shape, index } => {
+                Tensor::from_vec(random_values(&shape, self.seed, index, dt), shape, DType::F32)?
+            }
+            Pending::Ready(t) => Tensor::from_vec(t.host_vec()?, t.shape().to_vec(), dt)?.try_to_dtype(DType::F32)?,
+        };
+        self.stats.bytes_taken += t.bytes() as u64;
+        t.into_device(self.device).with_context(|| format!("weight slot `{slot}`"))
+    }
+
+    /// Takes a slot if the map produced it.
+    pub fn take_opt(&mut self, slot: &str) -> Result<Option<Tensor>> {
+        if self.contains(slot) {
+            self.take(slot).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Takes several slots with the same trailing dimensions and packs them along the first
+    /// dimension into one tensor (`[Σ rows_i, ...]`), assembled on the host and uploaded
+    /// once, so the device holds only the packed copy.
+    pub fn take_packed(&mut self, slots: &[String]) -> Result<Tensor> {
+        if slots.len() == 1 {
+            return self.take(&slots[0]);
+        }
+        let dt = self.dtype;
+        let mut parts = Vec::with_capacity(slots.len());
+        for s in slots {
+            parts.push((s.as_str(), self.pop(s)?));
+        }
+        let on_device_random =
+            matches!(self.device, Device::Cuda(_)) && parts.iter().any(|(_, p)| matches!(p, Pending::Random { .. }));
+        if on_device_random {
+            // Random parts are generated on the device; concatenate there.
+            let mut ts = Vec::with_capacity(parts.len());
+            for (name, p) in parts {
+                ts.push(self.materialize(name, p, dt)?);
+            }
+            let refs: Vec<&Tensor> = ts.iter().collect();
+            return Tensor::concat_rows(&refs).with_context(|| format!("packing {slots:?}"));
+        }
+        let mut hosts = Vec::with_capacity(parts.len());
+        let mut rows = 0;
+        let mut rest: Option<Vec<usize>> = None;
+        for (name, p) in parts {
+            let (h, shape) = match p {
+                Pending::Map(s) => self.read_slot(&s, dt)?,
+                Pending::Random { shape, index } => {
+                    (to_storage(random_values(&shape, self.seed, index, dt), dt), shape)
+                }
+                Pending::Ready(t) => (to_storage(t.host_vec()?, dt), t.shape().to_vec()),
+            };
+            let tail = shape.get(1..).unwrap_or(&[]).to_vec();
+            match &rest {
+                Some(r) if *r != tail => {
+                    bail!(WeightMap, "packing {slots:?}: `{name}` has shape {shape:?}, the first part [_, {r:?}]")
+                }
+                _ => rest = Some(tail),
+            }
+            rows += shape.first().copied().unwrap_or(1);
+            hosts.push(h);
+        }
+        let mut shape = vec![rows];
+        shape.extend(rest.unwrap_or_default());
+        let t = Tensor::from_host(concat_storage(hosts, dt)?, shape, dt)?;
+        self.stats.bytes_taken += t.bytes() as u64;
+        t.into_device(self.device).with_context(|| format!("packed weight slots {slots:?}"))
+    }
+
+    /// Slots nobody took (a model bug if non-empty after construction).
+    pub fn remaining(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.slots.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Adds a ready tensor as a slot.
+    pub fn insert(&mut self, slot: &str, t: Tensor) {
+        self.slots.insert(slot.to_owned(), Pending::Ready(t));
+    }
+
+    fn pop(&mut self, slot: &str) -> Result<Pending> {
+        self.slots
+            .remove(slot)
+            .ok_or_else(|| err!(WeightMap, "weight slot `{slot}` was not loaded (weight map and model disagree)"))
+    }
+
+    fn materialize(&mut self, slot: &str, p: Pending, dt: DType) -> Result<Tensor> {
+        let t = match p {
+            Pending::Map(s) => {
+                let (host, shape) = self.read_slot(&s, dt)?;
+                Tensor::from_host(host, shape, dt)?
+            }
+            Pending::Random { shape, index } => match self.device {
+                Device::Cuda(i) => random_on_device(&gpu(i)?, &shape, dt, self.seed, index)?,
+                Device::Cpu => {
+                    Tensor::from_host(to_storage(random_values(&shape, self.seed, index, dt), dt), shape, dt)?
+                }
+            },
+            Pending::Ready(t) => t,
+        };
+        self.stats.bytes_taken += t.bytes() as u64;
+        t.into_device(self.device).with_context(|| format!("weight slot `{slot}`"))
+    }
+
+    /// Reads a mapped slot into host storage of `dt` (its transform applied).
+    fn read_slot(&mut self, s: &ResolvedSlot, dt: DType) -> Result<(CpuStorage, Vec<usize>)> {
+        let ckpt = self.ckpt.clone().ok_or_else(|| err!(Internal, "weight slot `{}` has no checkpoint", s.slot))?;
+        // Sources are read in parallel (a stacked expert slot has hundreds), each straight
+        // into its own buffer of the model dtype.
+        let parts: Vec<CpuStorage> = s
+            .sources
+            .par_iter()
+            .map(|src| ckpt.read_native(src).map(|h| convert(h, dt)))
+            .collect::<Result<_>>()
+            .with_context(|| format!("weight slot `{}`", s.slot))?;
+        self.stats.bytes_read +=
+            s.sources.iter().filter_map(|n| ckpt.get(n)).map(|i| (i.end - i.start) as u64).sum::<u64>();
+        if let Some(p) = &self.progress {
+            p.inc(s.sources.len() as u64);
+        }
+        let mut host = concat_storage(parts, dt)?;
+        if let Transform::Regroup { groups, parts } = &s.transform {
+            let cols: usize = s.shape[1..].iter().product();
+            host = match host {
+                CpuStorage::F32(v) => CpuStorage::F32(regroup_rows(&v, *groups, parts, cols)),
+                CpuStorage::BF16(v) => CpuStorage::BF16(regroup_rows(&v, *groups, parts, cols)),
+                CpuStorage::F16(v) => CpuStorage::F16(regroup_rows(&v, *groups, parts, cols)),
+            };
+        }
+        Ok((host, s.shape.clone()))
+    }
+
+    /// The number of checkpoint tensors the store reads when every slot is taken.
+    pub fn tensors_to_read(&self) -> u64 {
+        self.slots.values().map(|p| if let Pending::Map(s) = p { s.sources.len() as u64 } else { 0 }).sum()
+    }
+}
+
+/// Host storage of the model dtype from host storage of any dtype (no copy when equal).
+fn convert(h: CpuStorage, dt: DType) -> CpuStorage {
+    match (h, dt) {
+        (CpuStorage::BF16(v), DType::BF16) => CpuStorage::BF16(v),
+        (CpuStorage::F16(v), DType::F16) => CpuStorage::F16(v),
+        (CpuStorage::F32(v), DType::F32) => CpuStorage::F32(v),
+        (h, dt) => to_storage(h.to_f32_vec(), dt),
+    }
+}
+
+/// `f32` values as host storage of `dt` (rounded to nearest even).
+fn to_storage(v: Vec<f32>, dt: DType) -> CpuStorage {
+    match dt {
+        DType::F32 => CpuStorage::F32(v),
+        DType::BF16 => CpuStorage::BF16(v.into_iter().map(bf16::from_f32).collect()),
+        DType::F16 => CpuStorage::F16(v.into_iter().map(f16::from_f32).collect()),
+    }
+}
+
+/// Concatenates host buffers of one element type.
+fn concat_storage(mut parts: Vec<CpuStorage>, dt: DType) -> Result<CpuStorage> {
+    if parts.len() == 1 {
+        return parts.pop().ok_or_else(|| err!(Internal, "empty concat"));
+    }
+    let n: usize = parts.iter().map(CpuStorage::len).sum();
+    macro_rules! cat {
+        ($variant:ident, $t:ty) => {{
+            let mut out: Vec<$t> = Vec::with_capacity(n);
+            for p in parts {
+                match p {
+                    CpuStorage::$variant(v) => out.extend_from_slice(&v),
+                    _ => bail!(Internal, "concat of mixed host storage"),
+                }
+            }
+            CpuStorage::$variant(out)
+        }};
+    }
+    Ok(match dt {
+        DType::F32 => cat!(F32, f32),
+        DType::BF16 => cat!(BF16, bf16),
+        DType::F16 => cat!(F16, f16),
+    })
+}
+
+fn random_scale(shape: &[usize]) -> f32 {
+    let vector = shape.iter().filter(|&&d| d > 1).count() <= 1;
+    let fan_in = *shape.last().unwrap_or(&1) as f32;
+    if vector {
+        0.1
+    } else {
+        (3.0 / fan_in).sqrt()
+    }
+}
+
+/// The host random values of slot `index` (xorshift, uniform in ±scale), rounded to `dt`.
+fn random_values(shape: &[usize], seed: u64, index: u64, dt: DType) -> Vec<f32> {
+    let n: usize = shape.iter().product();
+    let mut state = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+    };
+    let a = random_scale(shape);
+    (0..n).map(|_| dt.round(a * next())).collect()
+}
+
+/// One random weight tensor filled on the device (uniform, scale as [`random_values`]).
+fn random_on_device(g: &Arc<Gpu>, shape: &[usize], dtype: DType, seed: u64, index: u64) -> Result<Tensor> {
+    let seed = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let scale = random_scale(shape);
+    let mut t = Tensor::empty_on(g, shape.to_vec(), dtype)?;
+    fn fill<T: DevType>(g: &Gpu, t: &mut Tensor, seed: u64, scale: f32) -> Result<()> {
+        g.k.fill_uniform::<T>(t.dev_mut::<T>()?, seed, scale, 0.0).map_err(crate::tensor::cuda::cuda_err)
+    }
+    crate::by_dtype!(dtype, fill(g, &mut t, seed, scale))?;
+    Ok(t)
+}

@@ -1,0 +1,366 @@
+//! CUDA device memory: the per-device handle ([`Gpu`]: one stream, the compiled kernels, a
+//! cuBLAS handle and a pinned staging arena), typed device buffers ([`DevBuf`]) and the
+//! constructors / accessors of device tensors. The ops on device tensors are in
+//! `crate::backend::cuda`.
+//!
+//! A CUDA tensor holds its values in the model dtype (`f32`, `bf16` or `f16`); the residual
+//! stream, router logits and final logits are `f32` tensors as on the CPU. All work goes
+//! to one stream per device and is asynchronous: nothing here synchronises except
+//! downloads (and the final token ids of a step).
+
+use super::{CpuStorage, Storage, Tensor};
+use crate::error::Result;
+use crate::tensor::dtype::DType;
+use crate::{bail, err};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
+use half::{bf16, f16};
+use porter_kernels::cuda::{CudaFloat, CudaKernels, Gemm};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// One CUDA device: its stream, the compiled kernels, a cuBLAS handle and a pinned staging
+/// arena for the per-step metadata uploads.
+#[derive(Debug)]
+pub struct Gpu {
+    pub k: CudaKernels,
+    pub gemm: Gemm,
+    pub ordinal: usize,
+    staging: Mutex<Staging>,
+}
+
+/// Page-locked host memory that small uploads are copied through: an asynchronous copy from
+/// pageable memory may wait for the stream to drain, one from pinned memory never does.
+/// Uploads are written forward through the arena; when it wraps, the stream is synchronised
+/// once so that no queued copy still reads the bytes being overwritten.
+#[derive(Debug)]
+struct Staging {
+    buf: cudarc::driver::PinnedHostSlice<u8>,
+    base: usize,
+    head: usize,
+}
+
+/// Bytes of the staging arena.
+const STAGING_BYTES: usize = 8 << 20;
+
+impl Gpu {
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.k.stream()
+    }
+
+    /// Waits for all queued work (surfacing asynchronous errors).
+    pub fn sync(&self) -> Result<()> {
+        self.stream().synchronize().map_err(|e| err!(Device, "CUDA error (at synchronize): {e}"))
+    }
+}
+
+/// The process-wide handle of CUDA device `ordinal` (created on first use).
+pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
+    static DEVS: OnceLock<Mutex<Vec<Option<Arc<Gpu>>>>> = OnceLock::new();
+    let mut devs = DEVS.get_or_init(|| Mutex::new(Vec::new())).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(Some(g)) = devs.get(ordinal) {
+        return Ok(g.clone());
+    }
+    let k = CudaKernels::new(ordinal).map_err(|e| err!(Device, "cuda:{ordinal}: {e}"))?;
+    // SAFETY: porter issues all work of a device to one stream, so cudarc's per-buffer
+    // events (cross-stream ordering) are unnecessary; turning them off before any buffer
+    // exists removes an event record per kernel argument.
+    unsafe { k.context().disable_event_tracking() };
+    keep_pool_memory(&k);
+    let gemm = Gemm::new(&k).map_err(|e| err!(Device, "cuda:{ordinal}: {e}"))?;
+    // SAFETY: the arena is only written through `Gpu::upload` before the copy reads it.
+    let mut buf = unsafe { k.context().alloc_pinned::<u8>(STAGING_BYTES) }.map_err(cuda_err)?;
+    let base = buf.as_mut_ptr().map_err(cuda_err)? as usize;
+    let staging = Mutex::new(Staging { buf, base, head: 0 });
+    let g = Arc::new(Gpu { k, gemm, ordinal, staging });
+    if devs.len() <= ordinal {
+        devs.resize(ordinal + 1, None);
+    }
+    devs[ordinal] = Some(g.clone());
+    Ok(g)
+}
+
+/// Lets the device's default memory pool (stream-ordered `cuMemAllocAsync`) keep freed
+/// memory instead of returning it to the driver at every synchronisation: without this,
+/// each generation step (which synchronises for its token id) would unmap and remap the
+/// activations of the next step. Best effort: a failure only costs speed.
+fn keep_pool_memory(k: &CudaKernels) {
+    use cudarc::driver::sys;
+    let dev = k.context().cu_device();
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: plain driver queries on a live context's device; `pool` and `threshold` outlive
+    // the calls.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, dev) == sys::CUresult::CUDA_SUCCESS && !pool.is_null() {
+            let mut threshold: u64 = u64::MAX;
+            let _ = sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold) as *mut u64 as *mut std::ffi::c_void,
+            );
+        }
+    }
+}
+
+/// Typed device memory of a tensor (the variant matches the tensor's dtype).
+#[derive(Debug)]
+pub enum DevBuf {
+    F32(CudaSlice<f32>),
+    BF16(CudaSlice<bf16>),
+    F16(CudaSlice<f16>),
+}
+
+/// A storage type of device tensors.
+pub trait DevType: CudaFloat {
+    const DTYPE: DType;
+    fn wrap(s: CudaSlice<Self>) -> DevBuf;
+    fn get(b: &DevBuf) -> Option<&CudaSlice<Self>>;
+    fn get_mut(b: &mut DevBuf) -> Option<&mut CudaSlice<Self>>;
+}
+
+macro_rules! dev_type {
+    ($t:ty, $v:ident, $d:ident) => {
+        impl DevType for $t {
+            const DTYPE: DType = DType::$d;
+            fn wrap(s: CudaSlice<Self>) -> DevBuf {
+                DevBuf::$v(s)
+            }
+            fn get(b: &DevBuf) -> Option<&CudaSlice<Self>> {
+                match b {
+                    DevBuf::$v(s) => Some(s),
+                    _ => None,
+                }
+            }
+            fn get_mut(b: &mut DevBuf) -> Option<&mut CudaSlice<Self>> {
+                match b {
+                    DevBuf::$v(s) => Some(s),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+dev_type!(f32, F32, F32);
+dev_type!(bf16, BF16, BF16);
+dev_type!(f16, F16, F16);
+
+/// Calls `$f::<T>($args)` with `T` the storage type of `$dt`.
+#[macro_export]
+macro_rules! by_dtype {
+    ($dt:expr, $f:ident ( $($a:expr),* $(,)? )) => {
+        match $dt {
+            $crate::tensor::dtype::DType::F32 => $f::<f32>($($a),*),
+            $crate::tensor::dtype::DType::BF16 => $f::<half::bf16>($($a),*),
+            $crate::tensor::dtype::DType::F16 => $f::<half::f16>($($a),*),
+        }
+    };
+}
+
+/// Device data of a CUDA tensor.
+#[derive(Debug)]
+pub struct CudaStorage {
+    pub gpu: Arc<Gpu>,
+    pub buf: DevBuf,
+}
+
+impl Clone for CudaStorage {
+    fn clone(&self) -> Self {
+        // A device-to-device copy; an allocation failure here has no error path in Clone,
+        // so device tensors are cloned explicitly with `Tensor::try_clone` on hot paths.
+        let buf = match &self.buf {
+            DevBuf::F32(s) => DevBuf::F32(s.clone()),
+            DevBuf::BF16(s) => DevBuf::BF16(s.clone()),
+            DevBuf::F16(s) => DevBuf::F16(s.clone()),
+        };
+        Self { gpu: self.gpu.clone(), buf }
+    }
+}
+
+pub(crate) fn cuda_err(e: impl std::fmt::Display) -> crate::error::Error {
+    err!(Device, "CUDA: {e}")
+}
+
+/// Uploads host f32 values as `T`.
+pub fn upload<T: DevType>(g: &Gpu, data: &[f32]) -> Result<CudaSlice<T>> {
+    let host: Vec<T> = data.iter().map(|&v| T::from_f32(v)).collect();
+    g.stream().clone_htod(&host).map_err(cuda_err)
+}
+
+impl Gpu {
+    /// Copies small host data to a new device buffer without waiting for queued work.
+    pub fn upload<T: DeviceRepr + Copy>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        let bytes = std::mem::size_of_val(data);
+        if bytes == 0 {
+            // A placeholder: a zero-byte allocation is an error in the driver; nothing reads it.
+            return alloc::<T>(self, 1);
+        }
+        let mut dev = alloc::<T>(self, data.len())?;
+        if bytes > STAGING_BYTES / 4 {
+            return self.stream().clone_htod(data).map_err(cuda_err);
+        }
+        let mut st = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        if st.head + bytes > st.buf.len() {
+            // Wrap: every queued copy out of the arena must have run before it is reused.
+            self.sync()?;
+            st.head = 0;
+        }
+        // SAFETY: [head, head + bytes) lies inside the pinned arena, no queued copy reads it
+        // (it is fresh since the last wrap, and a wrap synchronises), and `T` is plain data.
+        let host = unsafe {
+            let p = (st.base + st.head) as *mut T;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len());
+            std::slice::from_raw_parts(p as *const T, data.len())
+        };
+        let (dst, _guard) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dev, self.stream());
+        // SAFETY: `dst` is a live device allocation of `data.len()` elements on this stream;
+        // `host` is pinned memory that stays valid (the arena lives as long as the device).
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst, host, self.stream().cu_stream()) }.map_err(cuda_err)?;
+        drop(_guard);
+        st.head = (st.head + bytes).next_multiple_of(256);
+        Ok(dev)
+    }
+}
+
+/// A zero-filled device buffer.
+pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(g: &Gpu, n: usize) -> Result<CudaSlice<T>> {
+    g.stream().alloc_zeros::<T>(n).map_err(cuda_err)
+}
+
+/// An uninitialised device buffer of `n` elements (every element is written by the op).
+pub fn alloc<T: DeviceRepr>(g: &Gpu, n: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: callers write every element before reading it.
+    unsafe { g.stream().alloc::<T>(n) }.map_err(cuda_err)
+}
+
+impl Tensor {
+    /// Wraps a device buffer.
+    pub fn from_dev<T: DevType>(gpu: &Arc<Gpu>, s: CudaSlice<T>, shape: impl Into<Vec<usize>>) -> Result<Self> {
+        let shape = shape.into();
+        let n: usize = shape.iter().product();
+        if n != s.len() {
+            bail!(Device, "device buffer of {} elements for shape {shape:?}", s.len());
+        }
+        Ok(Self::from_storage(shape, Storage::Cuda(CudaStorage { gpu: gpu.clone(), buf: T::wrap(s) }), T::DTYPE))
+    }
+
+    /// An uninitialised device tensor (for op outputs that write every element).
+    pub fn empty_on(gpu: &Arc<Gpu>, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<Self> {
+        fn mk<T: DevType>(g: &Arc<Gpu>, shape: Vec<usize>) -> Result<Tensor> {
+            let n = shape.iter().product();
+            Tensor::from_dev(g, alloc::<T>(g, n)?, shape)
+        }
+        crate::by_dtype!(dtype, mk(gpu, shape.into()))
+    }
+
+    /// A zero-filled device tensor.
+    pub fn zeros_on(gpu: &Arc<Gpu>, shape: impl Into<Vec<usize>>, dtype: DType) -> Result<Self> {
+        fn mk<T: DevType>(g: &Arc<Gpu>, shape: Vec<usize>) -> Result<Tensor> {
+            let n = shape.iter().product();
+            let s = g.stream().alloc_zeros::<T>(n).map_err(cuda_err)?;
+            Tensor::from_dev(g, s, shape)
+        }
+        crate::by_dtype!(dtype, mk(gpu, shape.into()))
+    }
+
+    /// The typed device buffer (errors on a CPU tensor or a dtype mismatch).
+    pub fn dev<T: DevType>(&self) -> Result<&CudaSlice<T>> {
+        match self.storage() {
+            Storage::Cuda(c) => T::get(&c.buf)
+                .ok_or_else(|| err!(Internal, "device tensor of dtype {} read as {}", self.dtype(), T::DTYPE)),
+            Storage::Cpu(_) => bail!(Internal, "a CPU tensor was used by a CUDA op"),
+        }
+    }
+
+    pub fn dev_mut<T: DevType>(&mut self) -> Result<&mut CudaSlice<T>> {
+        let dt = self.dtype();
+        match self.storage_mut() {
+            Storage::Cuda(c) => T::get_mut(&mut c.buf)
+                .ok_or_else(|| err!(Internal, "device tensor of dtype {dt} written as {}", T::DTYPE)),
+            Storage::Cpu(_) => bail!(Internal, "a CPU tensor was used by a CUDA op"),
+        }
+    }
+}
+
+/// Uploads host storage as a device buffer of `dtype` (a direct copy when the host already
+/// holds `dtype`, else a conversion on the host first).
+pub(crate) fn upload_storage(g: &Arc<Gpu>, host: &CpuStorage, dtype: DType) -> Result<DevBuf> {
+    let st = g.stream();
+    Ok(match (host, dtype) {
+        (CpuStorage::BF16(v), DType::BF16) => DevBuf::BF16(st.clone_htod(v).map_err(cuda_err)?),
+        (CpuStorage::F16(v), DType::F16) => DevBuf::F16(st.clone_htod(v).map_err(cuda_err)?),
+        (CpuStorage::F32(v), DType::F32) => DevBuf::F32(st.clone_htod(v).map_err(cuda_err)?),
+        (h, dt) => {
+            let v = h.to_f32_vec();
+            match dt {
+                DType::F32 => DevBuf::F32(upload::<f32>(g, &v)?),
+                DType::BF16 => DevBuf::BF16(upload::<bf16>(g, &v)?),
+                DType::F16 => DevBuf::F16(upload::<f16>(g, &v)?),
+            }
+        }
+    })
+}
+
+/// Downloads a device buffer into host storage of the same dtype (synchronises the stream).
+pub(crate) fn download(c: &CudaStorage) -> Result<CpuStorage> {
+    let st = c.gpu.stream();
+    Ok(match &c.buf {
+        DevBuf::F32(s) => CpuStorage::F32(st.clone_dtoh(s).map_err(cuda_err)?),
+        DevBuf::BF16(s) => CpuStorage::BF16(st.clone_dtoh(s).map_err(cuda_err)?),
+        DevBuf::F16(s) => CpuStorage::F16(st.clone_dtoh(s).map_err(cuda_err)?),
+    })
+}
+
+/// A device-to-device copy of a buffer, with allocation errors reported.
+pub(crate) fn copy_buf(g: &Arc<Gpu>, b: &DevBuf) -> Result<DevBuf> {
+    fn cp<T: DevType>(g: &Gpu, s: &CudaSlice<T>) -> Result<DevBuf> {
+        let mut d = alloc::<T>(g, s.len())?;
+        g.stream().memcpy_dtod(s, &mut d).map_err(cuda_err)?;
+        Ok(T::wrap(d))
+    }
+    match b {
+        DevBuf::F32(s) => cp(g, s),
+        DevBuf::BF16(s) => cp(g, s),
+        DevBuf::F16(s) => cp(g, s),
+    }
+}
+
+/// The device of a CUDA tensor, or an error naming the op.
+pub fn gpu_of(t: &Tensor, op: &str) -> Result<Arc<Gpu>> {
+    t.gpu().cloned().ok_or_else(|| err!(Internal, "{op}: expected a CUDA tensor"))
+}
+
+/// A device address (for per-sequence pointer tables).
+pub fn addr<T: DevType>(g: &Gpu, s: &CudaSlice<T>) -> u64 {
+    let (p, _sync) = s.device_ptr(g.stream());
+    p
+}
+
+/// The per-forward tables of a batch on the device (one upload, shared by every layer).
+///
+/// # Shapes
+/// `[positions (T) | row → span index (T) | spans (S × 3: q_row0, q_len, pos0)]` u32
+#[derive(Debug)]
+pub struct BatchDev {
+    pub(crate) ordinal: usize,
+    pub(crate) t: usize,
+    pub(crate) n: usize,
+    pub(crate) buf: CudaSlice<u32>,
+}
+
+impl BatchDev {
+    pub(crate) fn positions(&self) -> cudarc::driver::CudaView<'_, u32> {
+        self.buf.slice(0..self.t)
+    }
+    pub(crate) fn row_seq(&self) -> cudarc::driver::CudaView<'_, u32> {
+        self.buf.slice(self.t..2 * self.t)
+    }
+    pub(crate) fn spans(&self) -> cudarc::driver::CudaView<'_, u32> {
+        self.buf.slice(2 * self.t..2 * self.t + 3 * self.n)
+    }
+}
+
+/// `(free, total)` bytes of device memory on CUDA device `ordinal` (opens its context).
+pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
+    let g = gpu(ordinal)?;
+    g.sync()?;
+    g.k.context().bind_to_thread().map_err(cuda_err)?;
+    cudarc::driver::result::mem_get_info().map_err(cuda_err)
+}
