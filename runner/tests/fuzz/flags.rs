@@ -333,6 +333,20 @@ pub fn cases(rng: &mut Rng) -> Vec<Case> {
         out.push(bench(&["--config", cfg.as_str(), "--layers", layers], o));
     }
     out.push(bench(&["--config", "/nonexistent.json"], n("--config")));
+    // porter load
+    for (layers, o) in
+        [("0", n("--layers")), ("1000000000", n("--layers")), ("18446744073709551616", n("--layers")), ("2", ok())]
+    {
+        let args = ["load", "--print-tensors", cfg.as_str(), "--layers", layers];
+        out.push(Case::new(format!("load --print-tensors --layers {layers}"), None, &args, o));
+    }
+    out.push(Case::new("load", None, &["load", "--model", q.as_str(), "--device", "cpu", "--dtype", "f32"], ok()));
+    out.push(Case::new(
+        "load --layers",
+        None,
+        &["load", "--model", q.as_str(), "--device", "cpu", "--layers", "2"],
+        n("--layers"),
+    ));
     out.push(Case::new("inspect", None, &["inspect", "--model", q.as_str()], ok()));
     out.push(Case::new(
         "inspect bad draft",
