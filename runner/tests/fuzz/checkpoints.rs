@@ -15,7 +15,7 @@ fn read_st(path: &Path) -> (Value, Vec<u8>) {
 
 fn write_st(path: &Path, header: &Value, data: &[u8]) {
     let mut h = serde_json::to_vec(header).expect("header");
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
@@ -73,7 +73,7 @@ pub fn cases(rng: &mut Rng) -> Vec<Case> {
     // Truncations at fixed and random lengths.
     let mut cuts: Vec<usize> = vec![0, 1, 7, 8, 9, 16, 100, 3000, 3727, 3728, 3729, 200_000, 430_991];
     for _ in 0..6 {
-        cuts.push((rng.next() % 430_992) as usize);
+        cuts.push((rng.next_u64() % 430_992) as usize);
     }
     for n in cuts {
         out.push(bytes_case(Q, ST, &format!("truncated to {n} bytes"), corrupt(), move |b| {
