@@ -6,7 +6,7 @@ use anyhow::{anyhow, bail, Result};
 use porter_core::config::limits;
 use porter_core::sampling::SamplingParams;
 use porter_core::speculative::MAX_MTP_STEP;
-use porter_core::Model;
+use porter_core::{registry, DType, Device, Model};
 use std::fmt::Display;
 
 /// Largest `--batch` of `porter bench` (decode sequences at once).
@@ -115,6 +115,48 @@ pub fn bench_sizes(model: &Model, prefill: &[usize], batch: &[usize], context_le
 pub fn layers(n: usize) -> Result<()> {
     if !(1..=limits::MAX_LAYERS).contains(&n) {
         return Err(bad("--layers", n, format!("in 1..={}", limits::MAX_LAYERS)));
+    }
+    Ok(())
+}
+
+/// Bytes this process may still allocate on the host: `MemAvailable`, capped by the
+/// address-space limit (`ulimit -v`) when there is one; `None` when unknown.
+fn host_bytes_available() -> Option<u128> {
+    let kib = |text: &str, key: &str| -> Option<u128> {
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        line.split_whitespace().nth(1)?.parse::<u128>().ok().map(|k| k * 1024)
+    };
+    let avail = kib(&std::fs::read_to_string("/proc/meminfo").ok()?, "MemAvailable:");
+    let limit = std::fs::read_to_string("/proc/self/limits").ok().and_then(|t| {
+        let line = t.lines().find(|l| l.starts_with("Max address space"))?;
+        line.split_whitespace().nth(3)?.parse::<u128>().ok()
+    });
+    match (avail, limit) {
+        (Some(a), Some(l)) => Some(a.min(l)),
+        (a, l) => a.or(l),
+    }
+}
+
+/// `porter bench --config` builds random weights for the whole geometry: on the CPU they
+/// must fit in host memory, checked from the resolved weight map before anything is
+/// allocated (a bounded but huge geometry would otherwise abort on allocation failure).
+pub fn random_weights_fit(cfg: &serde_json::Value, dtype: DType, device: Device) -> Result<()> {
+    if device != Device::Cpu {
+        return Ok(());
+    }
+    let map = registry::resolve_config(cfg)?;
+    let elems: u128 = map.slots.iter().map(|s| s.shape.iter().map(|&d| d as u128).product::<u128>()).sum();
+    let bytes = elems.saturating_mul(dtype.size_in_bytes() as u128);
+    if let Some(avail) = host_bytes_available() {
+        if bytes > avail {
+            let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+            bail!(
+                "--config: random {dtype} weights of this geometry need {:.1} GiB, more than the {:.1} GiB of host \
+                 memory available (use --layers, a smaller --dtype or a GPU)",
+                gib(bytes),
+                gib(avail)
+            );
+        }
     }
     Ok(())
 }

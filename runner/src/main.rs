@@ -429,6 +429,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
                     cfg["layer_types"] = serde_json::Value::Array(t.into_iter().cycle().take(n).collect());
                 }
             }
+            checks::random_weights_fit(&cfg, a.run.dtype, device)?;
             let m = registry::build_random(&cfg, Path::new("."), a.run.dtype, device, 0)?;
             (c.clone(), m)
         }

@@ -333,6 +333,16 @@ pub fn cases(rng: &mut Rng) -> Vec<Case> {
         out.push(bench(&["--config", cfg.as_str(), "--layers", layers], o));
     }
     out.push(bench(&["--config", "/nonexistent.json"], n("--config")));
+    // A geometry inside every bound whose random weights cannot fit (8 TiB of embeddings).
+    let huge = |dir: &Path| {
+        let mut c = fixture_config("qwen3");
+        c["hidden_size"] = json!(1 << 17);
+        c["vocab_size"] = json!(1 << 24);
+        std::fs::write(dir.join("huge.json"), c.to_string()).expect("write config");
+    };
+    let q3 = path("qwen3");
+    let args = ["bench", "--model", q3.as_str(), "--device", "cpu", "--config", "{dir}/huge.json", "--layers", "1"];
+    out.push(Case::new("bench --config huge geometry", Some(Box::new(huge)), &args, n("--config")));
     // porter load
     for (layers, o) in
         [("0", n("--layers")), ("1000000000", n("--layers")), ("18446744073709551616", n("--layers")), ("2", ok())]
