@@ -490,6 +490,22 @@ fn misc_cases() -> Vec<Case> {
     ] {
         out.push(raw_case("qwen3", format!("qwen3: config.json = {text:?}"), text.to_owned(), Oracle::names(needle)));
     }
+    // generation_config.json: the ids it sets are typed like config.json's.
+    for (text, o) in [
+        ("{\"eos_token_id\": \"abc\"}", Oracle::names_all(&["eos_token_id", "generation_config.json"])),
+        ("{\"eos_token_id\": [0, null]}", Oracle::names("eos_token_id")),
+        ("{\"bos_token_id\": [1, 2]}", Oracle::names("bos_token_id")),
+        ("{\"eos_token_id\": ", Oracle::names("generation_config.json")),
+        ("{\"eos_token_id\": [0, 7], \"top_k\": 0}", Oracle::Legal),
+        ("{}", Oracle::Legal),
+    ] {
+        let setup = move |dir: &std::path::Path| {
+            clone_fixture("qwen3", dir);
+            let _ = std::fs::remove_file(dir.join("generation_config.json"));
+            std::fs::write(dir.join("generation_config.json"), text).expect("write generation config");
+        };
+        out.push(Case::new(format!("qwen3: generation_config.json = {text}"), Some(Box::new(setup)), &gen_args(), o));
+    }
     // Known blow-ups on main: each count alone.
     for (fx, k, n) in [
         ("qwen3", "num_hidden_layers", 1u64 << 63),
