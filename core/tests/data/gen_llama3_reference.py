@@ -2,6 +2,8 @@
 
 Run with torch + transformers (no network): `python3 core/tests/data/gen_llama3_reference.py`.
 Each case is [params, head_dim, inv_freq (float32 values as floats), transformers version].
+The committed file was made from these cases with transformers 5.17.0 and torch 2.11.0+cu130
+(on the CPU of the project's GPU machine, the one with transformers installed).
 """
 
 import json
