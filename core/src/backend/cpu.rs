@@ -301,6 +301,9 @@ impl Ops for CpuOps {
                 }
             }
         }
+        if !m.shared {
+            dt.round_slice(&mut y);
+        }
         act(y, [t, h], DType::F32)
     }
 
@@ -324,7 +327,7 @@ impl Ops for CpuOps {
         for r in 0..t {
             let gr = ops::sigmoid(dt.round(ad[r * stride + gate_col]));
             for (a, b) in yd[r * h..(r + 1) * h].iter_mut().zip(&sd[r * h..(r + 1) * h]) {
-                *a += gr * b;
+                *a = dt.round(*a + gr * b);
             }
         }
         Ok(())

@@ -54,6 +54,9 @@ pub struct MoeArgs {
     pub experts: usize,
     pub top_k: usize,
     pub norm_topk_prob: bool,
+    /// Whether a shared expert is added after the routed experts (backends that round the
+    /// MoE output to the model dtype then round after that addition instead).
+    pub shared: bool,
 }
 
 /// Gated DeltaNet geometry (see `nn::GdnConfig`).
@@ -129,7 +132,11 @@ pub trait Ops: Sync {
     ) -> Result<Tensor>;
     /// Routed experts: softmax router over the first `m.experts` f32 columns of `logits`
     /// (`[T, ≥ E]`), top-k, optional renormalisation, the grouped expert SwiGLUs
-    /// (`gate`, `up`: `[E, I, H]`, `down`: `[E, H, I]`) and their weighted sum → `[T, H]` f32.
+    /// (`gate`, `up`: `[E, I, H]`, `down`: `[E, H, I]`) and their weighted sum → `[T, H]` f32,
+    /// added to the f32 residual stream. The CPU backend rounds the MoE output's values to
+    /// the model dtype once (after the shared expert when `m.shared`), as HF's bf16 hidden
+    /// states are; the CUDA backend keeps it in f32 (one kernel fewer per layer; both are
+    /// within the parity bounds).
     fn moe_experts(
         &self,
         x: &Tensor,

@@ -7,7 +7,7 @@
 //! the checkpoint resident in the process and never inflates bf16 / f16 to f32.
 
 use crate::error::{Context, Result};
-use crate::tensor::CpuStorage;
+use crate::tensor::{CpuStorage, DType};
 use crate::{bail, err};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -151,6 +151,28 @@ impl Checkpoint {
             .map_err(|e| err!(Checkpoint, "{}: reading tensor `{name}`: {e}", path.display()))
     }
 
+    /// Reads bytes `offset..offset + dst.len()` of tensor `name` into `dst`.
+    pub fn read_bytes_at(&self, name: &str, offset: usize, dst: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let info = self.get(name).ok_or_else(|| err!(Checkpoint, "tensor `{name}` not in checkpoint"))?;
+        if offset + dst.len() > info.end - info.start {
+            bail!(Internal, "tensor `{name}`: bytes {offset}+{} of {}", dst.len(), info.end - info.start);
+        }
+        let (path, file) = &self.files[info.file];
+        file.read_exact_at(dst, (info.start + offset) as u64)
+            .map_err(|e| err!(Checkpoint, "{}: reading tensor `{name}`: {e}", path.display()))
+    }
+
+    /// The element type porter stores a tensor of this checkpoint dtype in, if it loads it.
+    pub fn dtype_of(&self, name: &str) -> Option<DType> {
+        match self.get(name)?.dtype {
+            Dtype::F32 => Some(DType::F32),
+            Dtype::BF16 => Some(DType::BF16),
+            Dtype::F16 => Some(DType::F16),
+            _ => None,
+        }
+    }
+
     /// Reads a floating-point tensor into host storage of its own element type
     /// (`bf16` stays `bf16`: one positioned read, no conversion).
     pub fn read_native(&self, name: &str) -> Result<CpuStorage> {
@@ -205,7 +227,7 @@ impl Checkpoint {
 }
 
 /// The bytes of a slice of plain numbers (for reading file data into it).
-fn as_bytes_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {
+pub(crate) fn as_bytes_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {
     // SAFETY: f32 / bf16 / f16 are plain old data without padding or invalid bit patterns;
     // the byte view covers exactly the slice's memory and borrows it mutably.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }

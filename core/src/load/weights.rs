@@ -49,6 +49,8 @@ pub struct Weights {
     ckpt: Option<Arc<Checkpoint>>,
     progress: Option<indicatif::ProgressBar>,
     stats: LoadStats,
+    /// Pinned staging of the direct checkpoint → device path (created at first use).
+    stager: Option<DeviceStager>,
 }
 
 impl std::fmt::Debug for Weights {
@@ -71,6 +73,7 @@ impl Default for Weights {
             ckpt: None,
             progress: None,
             stats: LoadStats::default(),
+            stager: None,
         }
     }
 }
@@ -194,6 +197,16 @@ impl Weights {
             let refs: Vec<&Tensor> = ts.iter().collect();
             return Tensor::concat_rows(&refs).with_context(|| format!("packing {slots:?}"));
         }
+        if parts.iter().all(|(_, p)| matches!(p, Pending::Map(_))) {
+            let maps: Vec<ResolvedSlot> = parts
+                .iter()
+                .filter_map(|(_, p)| if let Pending::Map(s) = p { Some(s.clone()) } else { None })
+                .collect();
+            if let Some(t) = self.stream_to_device(&maps, dt)? {
+                self.stats.bytes_taken += t.bytes() as u64;
+                return Ok(t);
+            }
+        }
         let mut hosts = Vec::with_capacity(parts.len());
         let mut rows = 0;
         let mut rest: Option<Vec<usize>> = None;
@@ -241,6 +254,12 @@ impl Weights {
     }
 
     fn materialize(&mut self, slot: &str, p: Pending, dt: DType) -> Result<Tensor> {
+        if let Pending::Map(s) = &p {
+            if let Some(t) = self.stream_to_device(std::slice::from_ref(s), dt)? {
+                self.stats.bytes_taken += t.bytes() as u64;
+                return Ok(t);
+            }
+        }
         let t = match p {
             Pending::Map(s) => {
                 let (host, shape) = self.read_slot(&s, dt)?;
@@ -258,23 +277,66 @@ impl Weights {
         t.into_device(self.device).with_context(|| format!("weight slot `{slot}`"))
     }
 
-    /// Reads a mapped slot into host storage of `dt` (its transform applied).
+    /// Reads a mapped slot into host storage of `dt` (its transform applied). Sources stored
+    /// in `dt` are read in parallel straight into their place in one buffer; others are
+    /// converted one by one.
     fn read_slot(&mut self, s: &ResolvedSlot, dt: DType) -> Result<(CpuStorage, Vec<usize>)> {
         let ckpt = self.ckpt.clone().ok_or_else(|| err!(Internal, "weight slot `{}` has no checkpoint", s.slot))?;
-        // Sources are read in parallel (a stacked expert slot has hundreds), each straight
-        // into its own buffer of the model dtype.
-        let parts: Vec<CpuStorage> = s
-            .sources
-            .par_iter()
-            .map(|src| ckpt.read_native(src).map(|h| convert(h, dt)))
-            .collect::<Result<_>>()
-            .with_context(|| format!("weight slot `{}`", s.slot))?;
-        self.stats.bytes_read +=
-            s.sources.iter().filter_map(|n| ckpt.get(n)).map(|i| (i.end - i.start) as u64).sum::<u64>();
-        if let Some(p) = &self.progress {
-            p.inc(s.sources.len() as u64);
+        let n: usize = s.shape.iter().product();
+        let sizes: Vec<usize> = s.source_shapes.iter().map(|sh| sh.iter().product()).collect();
+        if sizes.iter().sum::<usize>() != n {
+            bail!(
+                Internal,
+                "weight slot `{}`: sources hold {} values for shape {:?}",
+                s.slot,
+                sizes.iter().sum::<usize>(),
+                s.shape
+            );
         }
-        let mut host = concat_storage(parts, dt)?;
+        fn fill<T: Copy + Send>(
+            ckpt: &Checkpoint,
+            s: &ResolvedSlot,
+            sizes: &[usize],
+            dt: DType,
+            out: &mut [T],
+            convert_one: fn(CpuStorage) -> Option<Vec<T>>,
+        ) -> Result<()> {
+            let mut chunks = Vec::with_capacity(sizes.len());
+            let mut rest = out;
+            for &k in sizes {
+                let (a, b) = rest.split_at_mut(k);
+                chunks.push(a);
+                rest = b;
+            }
+            s.sources.par_iter().zip(chunks).try_for_each(|(src, chunk)| {
+                if ckpt.dtype_of(src) == Some(dt) {
+                    ckpt.read_bytes(src, crate::load::checkpoint::as_bytes_mut(chunk))
+                } else {
+                    let v = convert_one(convert(ckpt.read_native(src)?, dt))
+                        .ok_or_else(|| err!(Internal, "conversion of `{src}` to {dt}"))?;
+                    chunk.copy_from_slice(&v);
+                    Ok(())
+                }
+            })
+        }
+        let mut host = match dt {
+            DType::F32 => {
+                let mut v = vec![0f32; n];
+                fill(&ckpt, s, &sizes, dt, &mut v, |h| if let CpuStorage::F32(v) = h { Some(v) } else { None })?;
+                CpuStorage::F32(v)
+            }
+            DType::BF16 => {
+                let mut v = vec![bf16::ZERO; n];
+                fill(&ckpt, s, &sizes, dt, &mut v, |h| if let CpuStorage::BF16(v) = h { Some(v) } else { None })?;
+                CpuStorage::BF16(v)
+            }
+            DType::F16 => {
+                let mut v = vec![f16::ZERO; n];
+                fill(&ckpt, s, &sizes, dt, &mut v, |h| if let CpuStorage::F16(v) = h { Some(v) } else { None })?;
+                CpuStorage::F16(v)
+            }
+        };
+        self.count_read(&ckpt, s);
         if let Transform::Regroup { groups, parts } = &s.transform {
             let cols: usize = s.shape[1..].iter().product();
             host = match host {
@@ -284,6 +346,68 @@ impl Weights {
             };
         }
         Ok((host, s.shape.clone()))
+    }
+
+    fn count_read(&mut self, ckpt: &Checkpoint, s: &ResolvedSlot) {
+        self.stats.bytes_read +=
+            s.sources.iter().filter_map(|n| ckpt.get(n)).map(|i| (i.end - i.start) as u64).sum::<u64>();
+        if let Some(p) = &self.progress {
+            p.inc(s.sources.len() as u64);
+        }
+    }
+
+    /// The direct path to a CUDA device: when every source of `slots` is stored in `dt`, the
+    /// slots (packed along their first dimension, transforms applied as copy offsets) are
+    /// read chunk by chunk into pinned staging buffers and copied asynchronously into one
+    /// device buffer — the host never holds more than the staging buffers. `None` when the
+    /// path does not apply (host device, or a dtype conversion is needed).
+    fn stream_to_device(&mut self, slots: &[ResolvedSlot], dt: DType) -> Result<Option<Tensor>> {
+        let Device::Cuda(ordinal) = self.device else { return Ok(None) };
+        let Some(ckpt) = self.ckpt.clone() else { return Ok(None) };
+        if !slots.iter().all(|s| s.sources.iter().all(|src| ckpt.dtype_of(src) == Some(dt))) {
+            return Ok(None);
+        }
+        let es = dt.size_in_bytes();
+        // Copy jobs: (source, byte offset in the source, bytes); destinations are consecutive.
+        let mut jobs: Vec<(&str, usize, usize)> = Vec::new();
+        let mut rows = 0;
+        let tail = slots[0].shape.get(1..).unwrap_or(&[]).to_vec();
+        for s in slots {
+            if s.shape.get(1..).unwrap_or(&[]) != tail.as_slice() {
+                bail!(WeightMap, "packing {}: shape {:?} does not match [_, {tail:?}]", s.slot, s.shape);
+            }
+            rows += s.shape.first().copied().unwrap_or(1);
+            match &s.transform {
+                Transform::Regroup { groups, parts } => {
+                    let row = s.shape[1..].iter().product::<usize>() * es;
+                    let per_group: usize = parts.iter().sum();
+                    let mut off = 0;
+                    for &p in parts {
+                        for g in 0..*groups {
+                            jobs.push((&s.sources[0], (g * per_group + off) * row, p * row));
+                        }
+                        off += p;
+                    }
+                }
+                Transform::Identity | Transform::Concat | Transform::StackExperts => {
+                    for (src, sh) in s.sources.iter().zip(&s.source_shapes) {
+                        jobs.push((src, 0, sh.iter().product::<usize>() * es));
+                    }
+                }
+            }
+        }
+        let mut shape = vec![rows];
+        shape.extend(tail);
+        let g = gpu(ordinal)?;
+        if self.stager.is_none() {
+            self.stager = Some(DeviceStager::new(&g)?);
+        }
+        let stager = self.stager.as_mut().ok_or_else(|| err!(Internal, "staging"))?;
+        let t = stager.upload(&g, &ckpt, &jobs, shape, dt)?;
+        for s in slots {
+            self.count_read(&ckpt, s);
+        }
+        Ok(Some(t))
     }
 
     /// The number of checkpoint tensors the store reads when every slot is taken.
@@ -370,4 +494,103 @@ fn random_on_device(g: &Arc<Gpu>, shape: &[usize], dtype: DType, seed: u64, inde
     }
     crate::by_dtype!(dtype, fill(g, &mut t, seed, scale))?;
     Ok(t)
+}
+
+/// Bytes of one pinned staging buffer of the direct checkpoint → device path.
+const STAGE_BYTES: usize = 64 << 20;
+
+/// Two pinned host buffers that checkpoint bytes are read into and copied to the device from
+/// asynchronously: while one buffer's copy runs, the next chunk is read into the other.
+struct DeviceStager {
+    bufs: [cudarc::driver::PinnedHostSlice<u8>; 2],
+    ptrs: [usize; 2],
+    /// Completion of the last copy out of each buffer.
+    done: [Option<cudarc::driver::CudaEvent>; 2],
+    next: usize,
+}
+
+impl std::fmt::Debug for DeviceStager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceStager")
+    }
+}
+
+impl DeviceStager {
+    fn new(g: &Arc<Gpu>) -> Result<Self> {
+        let ctx = g.k.context();
+        // SAFETY: the buffers are only written by `upload` after the copy that last read
+        // them has completed (`done` events), and read by the copies it queues.
+        let mut a =
+            unsafe { ctx.alloc_pinned_with_flags::<u8>(STAGE_BYTES, 0) }.map_err(crate::tensor::cuda::cuda_err)?;
+        let mut b =
+            unsafe { ctx.alloc_pinned_with_flags::<u8>(STAGE_BYTES, 0) }.map_err(crate::tensor::cuda::cuda_err)?;
+        let pa = a.as_mut_ptr().map_err(crate::tensor::cuda::cuda_err)? as usize;
+        let pb = b.as_mut_ptr().map_err(crate::tensor::cuda::cuda_err)? as usize;
+        Ok(Self { bufs: [a, b], ptrs: [pa, pb], done: [None, None], next: 0 })
+    }
+
+    /// Reads `jobs` (source, byte offset, bytes) into one new device tensor of `shape` and
+    /// `dt`, in order.
+    fn upload(
+        &mut self,
+        g: &Arc<Gpu>,
+        ckpt: &Checkpoint,
+        jobs: &[(&str, usize, usize)],
+        shape: Vec<usize>,
+        dt: DType,
+    ) -> Result<Tensor> {
+        let total: usize = jobs.iter().map(|j| j.2).sum();
+        if total != shape.iter().product::<usize>() * dt.size_in_bytes() {
+            bail!(Internal, "staged upload of {total} bytes for {shape:?} {dt}");
+        }
+        let t = Tensor::empty_on(g, shape, dt)?;
+        let base = match t.storage() {
+            crate::tensor::Storage::Cuda(c) => match &c.buf {
+                crate::tensor::cuda::DevBuf::F32(s) => crate::tensor::cuda::addr(g, s),
+                crate::tensor::cuda::DevBuf::BF16(s) => crate::tensor::cuda::addr(g, s),
+                crate::tensor::cuda::DevBuf::F16(s) => crate::tensor::cuda::addr(g, s),
+            },
+            crate::tensor::Storage::Cpu(_) => bail!(Internal, "staged upload into a host tensor"),
+        };
+        let mut dst = 0usize;
+        for &(src, off, len) in jobs {
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(STAGE_BYTES);
+                let b = self.next;
+                self.next ^= 1;
+                if let Some(e) = self.done[b].take() {
+                    e.synchronize().map_err(crate::tensor::cuda::cuda_err)?;
+                }
+                // SAFETY: the buffer is STAGE_BYTES of pinned memory no queued copy reads
+                // (its last copy completed above); `n <= STAGE_BYTES`.
+                let host = unsafe { std::slice::from_raw_parts_mut(self.ptrs[b] as *mut u8, n) };
+                // Parallel positioned reads of 8 MiB pieces.
+                host.par_chunks_mut(8 << 20)
+                    .enumerate()
+                    .try_for_each(|(i, piece)| ckpt.read_bytes_at(src, off + done + i * (8 << 20), piece))?;
+                let st = g.stream();
+                // SAFETY: `base + dst .. + n` lies inside the tensor's allocation (checked sizes),
+                // `host` is pinned and stays untouched until `done[b]` completes.
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async((base as usize + dst) as u64, &*host, st.cu_stream())
+                }
+                .map_err(crate::tensor::cuda::cuda_err)?;
+                self.done[b] = Some(st.record_event(None).map_err(crate::tensor::cuda::cuda_err)?);
+                dst += n;
+                done += n;
+            }
+        }
+        Ok(t)
+    }
+}
+
+impl Drop for DeviceStager {
+    fn drop(&mut self) {
+        // The pinned buffers must outlive the copies that read them.
+        for e in self.done.iter().flatten() {
+            let _ = e.synchronize();
+        }
+        let _ = &self.bufs;
+    }
 }

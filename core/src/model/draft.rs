@@ -31,8 +31,8 @@ pub trait DraftHead: Send + Sync {
     fn name(&self) -> &str;
 
     /// Per-request state of the draft (a KV cache for attention heads; by default none).
-    fn new_cache(&self, max_seqs: usize) -> ModelCache {
-        ModelCache::new(vec![LayerCache::Stateless], max_seqs)
+    fn new_cache(&self, max_seqs: usize) -> Result<ModelCache> {
+        Ok(ModelCache::new(vec![LayerCache::Stateless], max_seqs))
     }
 
     /// Whether the draft keeps per-request state (then chained steps must be rolled back).
@@ -132,12 +132,9 @@ impl DraftHead for AttentionMtpHead {
         &self.name
     }
 
-    fn new_cache(&self, max_seqs: usize) -> ModelCache {
-        // (A cache the device cannot allocate falls back to no state; the forward then
-        // reports the missing KV cache.)
-        let layer = LayerCache::new(self.layer.kind(), self.fc.w.device(), self.fc.w.dtype(), max_seqs, 0)
-            .unwrap_or(LayerCache::Stateless);
-        ModelCache::new(vec![layer], max_seqs)
+    fn new_cache(&self, max_seqs: usize) -> Result<ModelCache> {
+        let layer = LayerCache::new(self.layer.kind(), self.fc.w.device(), self.fc.w.dtype(), max_seqs, 0)?;
+        Ok(ModelCache::new(vec![layer], max_seqs))
     }
 
     fn is_stateful(&self) -> bool {

@@ -50,7 +50,12 @@ impl Moe {
     }
 
     fn args(&self) -> MoeArgs {
-        MoeArgs { experts: self.experts, top_k: self.top_k, norm_topk_prob: self.norm_topk_prob }
+        MoeArgs {
+            experts: self.experts,
+            top_k: self.top_k,
+            norm_topk_prob: self.norm_topk_prob,
+            shared: self.shared.is_some(),
+        }
     }
 
     /// Router: per row, the top-k `(expert, weight)` pairs.
@@ -73,7 +78,7 @@ impl Moe {
             let so = s.down.forward(&h)?;
             o.shared_expert_add(&mut y, &so, &all, self.experts + 2 * s.inter)?;
         }
-        // The MoE output is rounded to the model dtype once, as HF's bf16 hidden states are.
-        y.try_to_dtype(x.dtype())
+        // [T, H] f32, into the residual stream (see `Ops::moe_experts` on rounding).
+        Ok(y)
     }
 }

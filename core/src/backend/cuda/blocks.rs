@@ -14,7 +14,7 @@ use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 use crate::{bail, err};
 use cudarc::driver::CudaSlice;
-use porter_kernels::cuda::RmsNormKind;
+use porter_kernels::cuda::{CudaKernels, RmsNormKind};
 use std::sync::Arc;
 
 // ---------------------------------------------------------------------------
@@ -582,47 +582,15 @@ pub fn gdn(p: &Tensor, w: &GdnWeights<'_>, c: &GdnArgs, batch: &Batch, cache: &m
         )
         .map_err(cuda_err)?;
         let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
-        if rec.0 > 0 {
-            let (cnt, max, sp) = rec;
-            g.k.gdn_delta_seq::<T>(
-                qkv,
-                gate,
-                beta,
-                &mut rc.ssm,
-                sp,
-                o.dev_mut::<T>()?,
-                t,
-                *cnt,
-                *max,
-                hk,
-                hv,
-                dk,
-                dv,
-                ns,
-                nbuf,
-            )
-            .map_err(cuda_err)?;
-        }
-        if chunk.0 > 0 {
-            let (cnt, max, sp) = chunk;
-            g.k.gdn_chunked_seq::<T>(
-                qkv,
-                gate,
-                beta,
-                &mut rc.ssm,
-                sp,
-                o.dev_mut::<T>()?,
-                t,
-                *cnt,
-                *max,
-                hk,
-                hv,
-                dk,
-                dv,
-                ns,
-                nbuf,
-            )
-            .map_err(cuda_err)?;
+        // Short spans (decode, verify with snapshots) take the recurrence, long ones the
+        // chunked algorithm; both launches share one argument list.
+        for (chunked, (cnt, max, sp)) in [(false, rec), (true, chunk)] {
+            if *cnt == 0 {
+                continue;
+            }
+            let launch = if chunked { CudaKernels::gdn_chunked_seq::<T> } else { CudaKernels::gdn_delta_seq::<T> };
+            launch(&g.k, qkv, gate, beta, &mut rc.ssm, sp, o.dev_mut::<T>()?, t, *cnt, *max, hk, hv, dk, dv, ns, nbuf)
+                .map_err(cuda_err)?;
         }
         Ok(())
     }
