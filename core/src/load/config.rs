@@ -115,7 +115,11 @@ fn kind(v: &Value) -> &'static str {
 }
 
 fn range_text(r: &RangeInclusive<usize>) -> String {
-    format!("an integer in {}..={}", r.start(), r.end())
+    match r.start() {
+        0 => format!("a non-negative integer in 0..={}", r.end()),
+        1 => format!("a positive integer in 1..={}", r.end()),
+        lo => format!("an integer in {lo}..={}", r.end()),
+    }
 }
 
 /// Typed, checked access to the keys of one JSON object (`config.json`, or a block inside
@@ -415,7 +419,7 @@ pub fn check_dims(
         ("num_hidden_layers", layers, limits::MAX_LAYERS),
     ] {
         if v == 0 || v > max {
-            return Err(Error::key(key, v, format!("must be an integer in 1..={max}")));
+            return Err(Error::key(key, v, format!("must be a positive integer in 1..={max}")));
         }
     }
     if !heads.is_multiple_of(kv_heads) {
@@ -612,12 +616,12 @@ mod tests {
         let k = Keys::new(&raw).unwrap();
         assert_eq!(
             msg(k.count("a", Some(1), 1..=4096)),
-            "config key `a` = \"abc\": must be an integer in 1..=4096, found a string"
+            "config key `a` = \"abc\": must be a positive integer in 1..=4096, found a string"
         );
-        assert_eq!(msg(k.count("b", None, 1..=8)), "config key `b` = -1: must be an integer in 1..=8");
+        assert_eq!(msg(k.count("b", None, 1..=8)), "config key `b` = -1: must be a positive integer in 1..=8");
         assert_eq!(
             msg(k.count("c", None, 1..=4096)),
-            "config key `c` = 9223372036854775808: must be an integer in 1..=4096"
+            "config key `c` = 9223372036854775808: must be a positive integer in 1..=4096"
         );
         assert!(msg(k.count("d", Some(3), 1..=8)).contains("found null"));
         assert_eq!(k.opt_count("d", Some(3), 1..=8).unwrap(), None);
