@@ -5,6 +5,7 @@
 //! the tests reference this crate (`use models as _;`), and this crate references every
 //! model crate. Adding a model crate means adding one line here and one in `Cargo.toml`.
 
+use llama as _;
 use mistral as _;
 use mistral_mtp as _;
 use qwen3 as _;

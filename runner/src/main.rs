@@ -15,6 +15,7 @@ use porter_core::{registry, Batch, DType, Device, LogitsFor, Model, StateCache};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod chat;
 mod load_cmd;
 
 /// The bundled default model, relative to the repository root.
@@ -143,6 +144,10 @@ struct GenerateArgs {
     /// Prompt as comma-separated token ids.
     #[arg(long, value_parser = parse_ids)]
     ids: Option<Ids>,
+    /// Send `--prompt` as one user message through the folder's chat template (as
+    /// transformers' `apply_chat_template(add_generation_prompt=True)`).
+    #[arg(long, requires = "prompt")]
+    chat: bool,
     #[arg(long, default_value_t = 32)]
     max_tokens: usize,
     /// 0 = greedy.
@@ -323,6 +328,7 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
         (Some(text), _) => {
             let tok =
                 tokenizer.as_ref().ok_or_else(|| anyhow!("no tokenizer"))?.as_ref().map_err(|e| anyhow!("{e:#}"))?;
+            let text = if a.chat { chat::render(&dir, text)? } else { text.clone() };
             tok.encode(text.as_str(), false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec()
         }
         (None, Some(ids)) => ids.0.clone(),

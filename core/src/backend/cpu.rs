@@ -610,3 +610,71 @@ impl CpuRec {
 pub fn is_host_f32(t: &Tensor) -> bool {
     matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn softmax(l: &[f64]) -> Vec<f64> {
+        let m = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = l.iter().map(|v| (v - m).exp()).sum();
+        l.iter().map(|v| (v - m).exp() / z).collect()
+    }
+
+    /// Softmax over the first `experts` columns (the rest ignored), then top-k with ties to
+    /// the lower index, then optional renormalisation, against f64.
+    #[test]
+    fn route_is_softmax_then_top_k_with_ties_to_the_lower_index() {
+        // Columns 4 and 5 are not router logits (shared-expert columns of a packed input).
+        let rows = [[0.5, 2.0, -1.0, 1.0, 9.0, 9.0], [1.0, 1.0, 1.0, 0.0, 9.0, -9.0]];
+        let logits = Tensor::from_vec(rows.concat(), [2, 6], DType::F32).unwrap();
+        for renorm in [false, true] {
+            let m = MoeArgs { experts: 4, top_k: 2, norm_topk_prob: renorm, shared: false };
+            let got = route(&logits, &m).unwrap();
+            for (r, (sel, want_idx)) in got.iter().zip([[1, 3], [0, 1]]).enumerate() {
+                let p = softmax(&rows[r][..4].iter().map(|&v| f64::from(v)).collect::<Vec<_>>());
+                assert_eq!(sel.iter().map(|s| s.0).collect::<Vec<_>>(), want_idx, "row {r}");
+                let sum: f64 = want_idx.iter().map(|&i| p[i]).sum();
+                for (&(i, w), &j) in sel.iter().zip(&want_idx) {
+                    let want = if renorm { p[j] / sum } else { p[j] };
+                    assert!((f64::from(w) - want).abs() <= 1e-6 * want, "row {r} expert {i}: {w} vs {want}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn route_rejects_bad_arguments() {
+        let logits = Tensor::from_vec(vec![0.0; 12], [2, 6], DType::F32).unwrap();
+        for (experts, top_k) in [(4, 0), (4, 5), (7, 2)] {
+            let r = route(&logits, &MoeArgs { experts, top_k, norm_topk_prob: true, shared: false });
+            assert!(matches!(r, Err(crate::error::Error::Shape(_))), "experts {experts} top_k {top_k}");
+        }
+    }
+
+    /// `cos / sin(pos · inv_freq) · scaling` per position and frequency, rounded to the
+    /// dtype: f32 within 1e-5 of f64 (the f32 angle at position ≤ 17 is off by < 2e-6);
+    /// bf16 values are bf16 numbers within one bf16 ulp of the f64 value rounded.
+    #[test]
+    fn rope_tables_are_scaled_cos_sin_of_the_angles() {
+        let inv = [1.0f32, 0.1, 0.013];
+        let pos = [0usize, 3, 17];
+        for scaling in [1.0f32, 0.7] {
+            for dt in [DType::F32, DType::BF16] {
+                let (cos, sin) = rope_tables(&inv, &pos, scaling, dt);
+                assert_eq!((cos.len(), sin.len()), (9, 9));
+                for (i, (c, s)) in cos.iter().zip(&sin).enumerate() {
+                    let angle = pos[i / 3] as f64 * f64::from(inv[i % 3]);
+                    let (wc, ws) = (angle.cos() * f64::from(scaling), angle.sin() * f64::from(scaling));
+                    for (got, want) in [(*c, wc), (*s, ws)] {
+                        assert_eq!(dt.round(got), got, "{dt} table value {got} is not a {dt} number");
+                        let tol = if dt == DType::F32 { 1e-5 } else { 2f64.powf(want.abs().log2().floor() - 7.0) };
+                        assert!((f64::from(got) - want).abs() <= tol, "{dt} [{i}]: {got} vs {want}");
+                    }
+                }
+                // Position 0: cos = scaling, sin = 0, exactly.
+                assert_eq!((&cos[..3], &sin[..3]), (&[dt.round(scaling); 3][..], &[0.0; 3][..]));
+            }
+        }
+    }
+}

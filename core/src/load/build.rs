@@ -169,3 +169,43 @@ pub fn attention(
     a.check()?;
     Ok(Mixer::Attention(Box::new(a)))
 }
+
+/// How [`llama_decoder`] builds one layer.
+#[derive(Debug, Clone)]
+pub struct LlamaLayer {
+    /// Heads, KV heads, head dim and sliding window of the attention.
+    pub attn: AttentionConfig,
+    /// Per-head RMSNorm of q and k before RoPE at `attn.q_norm` / `attn.k_norm` (Qwen3).
+    pub qk_norm: bool,
+    /// `(top_k, norm_topk_prob)`: a sparse MoE at `moe`; `None`: the SwiGLU at `mlp`.
+    pub moe: Option<(usize, bool)>,
+}
+
+/// A Llama-style decoder (the slots of the `llama` weight-map layout): for each layer `i`,
+/// `layers.{i}.input_norm`, the attention at `layers.{i}.attn` (biases when the map loads
+/// them) with RoPE from `rope`, `layers.{i}.post_norm` and the feed-forward; then the
+/// embedding, final norm and lm_head of [`assemble`]. Every norm is a standard RMSNorm with
+/// `rms_norm_eps`.
+pub fn llama_decoder(
+    lc: &crate::load::registry::LoadContext,
+    w: &mut Weights,
+    architecture: &str,
+    base: &crate::load::config::DecoderConfig,
+    rope: &crate::load::config::RopeParams,
+    layers: Vec<LlamaLayer>,
+) -> Result<crate::model::Model> {
+    let eps = base.rms_norm_eps as f32;
+    let mut built: Vec<Box<dyn crate::layer::TransformerLayer>> = Vec::with_capacity(layers.len());
+    for (i, l) in layers.into_iter().enumerate() {
+        let p = format!("layers.{i}");
+        let rope = Rope::new(rope, l.attn.head_dim)?;
+        let qk_norm = l.qk_norm.then_some((eps, NormKind::Standard));
+        built.push(Box::new(DecoderLayer {
+            input_norm: norm(w, &format!("{p}.input_norm"), eps, NormKind::Standard)?,
+            attn: attention(w, &format!("{p}.attn"), l.attn, rope, qk_norm)?,
+            post_norm: norm(w, &format!("{p}.post_norm"), eps, NormKind::Standard)?,
+            ffn: feed_forward(w, &format!("{p}."), l.moe)?,
+        }));
+    }
+    assemble(lc, w, architecture, base, NormKind::Standard, built)
+}

@@ -423,7 +423,11 @@ pub fn check_dims(
         }
     }
     if !heads.is_multiple_of(kv_heads) {
-        return Err(Error::key("num_key_value_heads", kv_heads, format!("must divide num_attention_heads = {heads}")));
+        return Err(Error::key(
+            "num_key_value_heads",
+            kv_heads,
+            format!("must divide num_attention_heads = {heads} (which must be a multiple of it)"),
+        ));
     }
     if !(2..=limits::MAX_HEAD_DIM).contains(&head_dim) || !head_dim.is_multiple_of(2) {
         return Err(Error::key(

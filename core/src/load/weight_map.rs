@@ -7,6 +7,8 @@
 //! `[[ignore]]` rules list checkpoint tensors that are deliberately not loaded (for
 //! example a tied `lm_head.weight`, or the `mtp.*` tensors of a draft head that another
 //! crate maps). Placeholders `{layer}` and `{expert}` expand over the layers and experts.
+//! A map can start from a shared layout (`extends = "llama"`) and drop, override or add
+//! rules: see [`crate::load::map_file`].
 //!
 //! ```toml
 //! architecture = "Qwen3ForCausalLM"
@@ -30,78 +32,12 @@
 
 use crate::error::{Context, Result};
 use crate::load::checkpoint::Checkpoint;
+use crate::load::map_file::{self, MapFile};
 pub use crate::load::weights::Weights;
 use crate::tensor::dtype::DType;
 use crate::{bail, err};
-use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-
-/// One or several names in a rule.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl OneOrMany {
-    fn list(&self) -> Vec<String> {
-        match self {
-            OneOrMany::One(s) => vec![s.clone()],
-            OneOrMany::Many(v) => v.clone(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TensorRule {
-    slot: String,
-    from: OneOrMany,
-    /// Shape of each source tensor, one expression per dim.
-    shape: Vec<String>,
-    #[serde(default)]
-    when: Option<String>,
-    /// `"expert"`: stack the per-expert tensors into `[num_experts, ...]`.
-    #[serde(default)]
-    stack: Option<String>,
-    /// De-interleave rows: the rows form `groups` blocks of `parts` rows each; the result
-    /// holds part 0 of every group, then part 1 of every group, and so on.
-    #[serde(default)]
-    regroup: Option<RegroupRule>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RegroupRule {
-    groups: String,
-    parts: Vec<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct IgnoreRule {
-    #[serde(default)]
-    from: Option<String>,
-    #[serde(default)]
-    prefix: Option<String>,
-    #[serde(default)]
-    when: Option<String>,
-    /// Why the tensor is not loaded (shown by `porter inspect`).
-    #[serde(default)]
-    reason: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MapFile {
-    architecture: String,
-    #[serde(default)]
-    tensor: Vec<TensorRule>,
-    #[serde(default)]
-    ignore: Vec<IgnoreRule>,
-}
 
 /// A parsed weight map.
 #[derive(Debug, Clone)]
@@ -141,6 +77,21 @@ impl MapContext {
                 }
             }
         }
+        ctx
+    }
+
+    /// [`MapContext::from_config`] for a dense decoder (no experts) with the dims and flags of
+    /// the `llama` layout resolved: `head_dim`, `num_key_value_heads`, `tie_word_embeddings`
+    /// and `attention_bias` (config keys the model class may default).
+    pub fn decoder(
+        raw: &serde_json::Value,
+        base: &crate::load::config::DecoderConfig,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
+        let mut ctx = Self::from_config(raw, base.num_hidden_layers, 0);
+        ctx.set_dim("head_dim", head_dim).set_dim("num_key_value_heads", kv_heads);
+        ctx.set_flag("tie_word_embeddings", base.tie_word_embeddings).set_flag("attention_bias", base.attention_bias);
         ctx
     }
 
@@ -325,23 +276,9 @@ impl fmt::Display for WeightMapError {
 }
 
 impl WeightMap {
-    /// Parses a map file's text.
+    /// Parses a map file's text (applying the layout it `extends`, see [`crate::load::map_file`]).
     pub fn parse(text: &str) -> Result<Self> {
-        let file: MapFile = toml::from_str(text).context("parsing weight map")?;
-        for r in &file.tensor {
-            if let Some(s) = &r.stack {
-                if s != "expert" {
-                    bail!(WeightMap, "weight map rule `{}`: unknown stack axis `{s}` (only `expert`)", r.slot);
-                }
-            }
-            if r.regroup.is_some() && (r.stack.is_some() || matches!(r.from, OneOrMany::Many(_))) {
-                bail!(WeightMap, "weight map rule `{}`: `regroup` applies to a single tensor", r.slot);
-            }
-            if r.stack.is_some() && matches!(r.from, OneOrMany::Many(_)) {
-                bail!(WeightMap, "weight map rule `{}`: `stack` and a list of sources cannot be combined", r.slot);
-            }
-        }
-        Ok(Self { file })
+        Ok(Self { file: map_file::parse(text)? })
     }
 
     pub fn architecture(&self) -> &str {

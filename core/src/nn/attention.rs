@@ -100,3 +100,121 @@ impl Attention {
         self.o_proj.forward(&out.reshape([t, c.heads * hd])?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::*;
+    use crate::batch::SeqId;
+    use crate::error::Error;
+
+    fn block(rng: &mut Rng, window: Option<usize>, gate: bool, qk_norm: bool) -> Attention {
+        attention_block(rng, 12, window, gate, qk_norm)
+    }
+
+    fn ids(n: usize) -> Vec<u32> {
+        (0..n as u32).collect()
+    }
+
+    /// Runs `x` of one sequence through `a` in steps of the given lengths (one cache).
+    fn run_in_steps(a: &Attention, x: &Tensor, steps: &[usize]) -> Vec<f32> {
+        let mut cache = kv_cache(a.cfg.kv_heads, a.cfg.head_dim);
+        let (mut out, mut pos) = (Vec::new(), 0);
+        for &n in steps {
+            let xs = x.narrow_rows(pos, n).unwrap();
+            out.extend(a.forward(&xs, &Batch::single(SeqId(0), pos, &ids(n)), &mut cache).unwrap().into_vec().unwrap());
+            pos += n;
+        }
+        out
+    }
+
+    #[test]
+    fn causal_gqa_with_and_without_window_matches_reference() {
+        let mut rng = Rng::new(31);
+        for window in [None, Some(3)] {
+            let a = block(&mut rng, window, false, false);
+            let x = rng.tensor(&[7, 12], 1.0);
+            let want = attention(&vals(&x), &a, f64::from(THETA));
+            assert_close(&format!("window {window:?}"), &run_in_steps(&a, &x, &[7]), &want, TOL);
+        }
+        // The window matters: a 3-token window differs from full attention on these inputs.
+        let mut r2 = Rng::new(31);
+        let full = block(&mut r2, None, false, false);
+        let x = r2.tensor(&[7, 12], 1.0);
+        let mut windowed = full.clone();
+        windowed.cfg.window = Some(3);
+        let (f, w) = (run_in_steps(&full, &x, &[7]), run_in_steps(&windowed, &x, &[7]));
+        assert_eq!(f[..3 * 12], w[..3 * 12], "rows inside the window are the same");
+        assert!(f[3 * 12..].iter().zip(&w[3 * 12..]).any(|(a, b)| (a - b).abs() > 1e-3));
+    }
+
+    #[test]
+    fn output_gate_and_qk_norm_match_reference() {
+        let mut rng = Rng::new(32);
+        for (gate, norm) in [(true, false), (false, true), (true, true)] {
+            let a = block(&mut rng, Some(4), gate, norm);
+            let x = rng.tensor(&[6, 12], 1.0);
+            let want = attention(&vals(&x), &a, f64::from(THETA));
+            assert_close(&format!("gate {gate} norm {norm}"), &run_in_steps(&a, &x, &[6]), &want, TOL);
+        }
+    }
+
+    /// Prefill of 7 tokens == 3-token prefill then 4 single-token decode steps == 2 + 5,
+    /// with a window of 3, all against the reference of the whole sequence.
+    #[test]
+    fn incremental_decode_equals_prefill() {
+        let mut rng = Rng::new(33);
+        let a = block(&mut rng, Some(3), true, true);
+        let x = rng.tensor(&[7, 12], 1.0);
+        let want = attention(&vals(&x), &a, f64::from(THETA));
+        for steps in [&[7][..], &[3, 1, 1, 1, 1], &[2, 5]] {
+            assert_close(&format!("steps {steps:?}"), &run_in_steps(&a, &x, steps), &want, TOL);
+        }
+    }
+
+    /// Two sequences in one batch (slots 0 and 1), first both prefilling, then one decoding
+    /// while the other continues with two tokens: each equals its own reference.
+    #[test]
+    fn two_sequences_in_one_batch_equal_each_alone() {
+        let mut rng = Rng::new(34);
+        let a = block(&mut rng, Some(4), true, true);
+        let (xa, xb) = (rng.tensor(&[5, 12], 1.0), rng.tensor(&[5, 12], 1.0));
+        let mut cache = kv_cache(2, 8);
+        let mut b1 = Batch::single(SeqId(0), 0, &ids(4));
+        b1.push(SeqId(1), 0, &ids(3));
+        let x1 = Tensor::concat_rows(&[&xa.narrow_rows(0, 4).unwrap(), &xb.narrow_rows(0, 3).unwrap()]).unwrap();
+        let y1 = a.forward(&x1, &b1, &mut cache).unwrap().into_vec().unwrap();
+        let mut b2 = Batch::single(SeqId(1), 3, &ids(2));
+        b2.push(SeqId(0), 4, &ids(1));
+        let x2 = Tensor::concat_rows(&[&xb.narrow_rows(3, 2).unwrap(), &xa.narrow_rows(4, 1).unwrap()]).unwrap();
+        let y2 = a.forward(&x2, &b2, &mut cache).unwrap().into_vec().unwrap();
+        let (ra, rb) = (attention(&vals(&xa), &a, f64::from(THETA)), attention(&vals(&xb), &a, f64::from(THETA)));
+        let got_a = [rows(&y1, 12, 0, 4), rows(&y2, 12, 2, 3)].concat();
+        let got_b = [rows(&y1, 12, 4, 7), rows(&y2, 12, 0, 2)].concat();
+        assert_close("sequence a in a batch", &got_a, &ra, TOL);
+        assert_close("sequence b in a batch", &got_b, &rb, TOL);
+        assert_close("sequence a alone", &run_in_steps(&a, &xa, &[4, 1]), &ra, TOL);
+        assert_close("sequence b alone", &run_in_steps(&a, &xb, &[3, 2]), &rb, TOL);
+    }
+
+    #[test]
+    fn errors_are_errors() {
+        let mut rng = Rng::new(35);
+        let a = block(&mut rng, None, true, true);
+        let mut cache = kv_cache(2, 8);
+        let b3 = Batch::single(SeqId(0), 0, &ids(3));
+        assert!(is_shape(&a.forward(&rng.tensor(&[3, 11], 1.0), &b3, &mut cache)));
+        assert!(is_shape(&a.forward(&rng.tensor(&[2, 12], 1.0), &b3, &mut cache)));
+        let r = a.forward(&rng.tensor(&[3, 12], 1.0), &b3, &mut LayerCache::Stateless);
+        assert!(matches!(r.as_ref().err().map(Error::root), Some(Error::Internal(_))));
+        // Writing at position 5 of an empty cache.
+        let r = a.forward(&rng.tensor(&[1, 12], 1.0), &Batch::single(SeqId(0), 5, &[0]), &mut cache);
+        assert!(matches!(r.as_ref().err().map(Error::root), Some(Error::Cache(_))));
+        let mut bad = a.clone();
+        bad.cfg.kv_heads = 3;
+        assert!(is_shape(&bad.check()));
+        let mut bad = a.clone();
+        bad.cfg.output_gate = false;
+        assert!(is_shape(&bad.check()));
+    }
+}

@@ -103,3 +103,97 @@ impl crate::layer::TransformerLayer for DecoderLayer {
         Ok(x)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::*;
+    use crate::batch::SeqId;
+    use crate::layer::{LayerKind, TransformerLayer};
+
+    /// `h = x + mixer(norm1(x)); out = h + ffn(norm2(h))`, with both branches checked to be
+    /// non-trivial (so that a dropped residual or branch shows).
+    fn reference(
+        x: &[f64],
+        l: &DecoderLayer,
+        mixer: &dyn Fn(&[f64]) -> Vec<f64>,
+        ffn: &dyn Fn(&[f64]) -> Vec<f64>,
+    ) -> Vec<f64> {
+        let a = mixer(&rms_norm(x, &l.input_norm));
+        let h: Vec<f64> = x.iter().zip(&a).map(|(x, a)| x + a).collect();
+        let f = ffn(&rms_norm(&h, &l.post_norm));
+        let max = |v: &[f64]| v.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        assert!(max(&a) > 0.05 * max(x) && max(&f) > 0.05 * max(x), "a branch is negligible");
+        h.iter().zip(&f).map(|(h, f)| h + f).collect()
+    }
+
+    /// Runs the layer over `x` of one sequence in steps of the given lengths.
+    fn run_in_steps(l: &DecoderLayer, x: &Tensor, steps: &[usize], cache: &mut LayerCache) -> Vec<f32> {
+        let (mut out, mut pos) = (Vec::new(), 0);
+        for &n in steps {
+            let b = Batch::single(SeqId(0), pos, &vec![0; n]);
+            out.extend(l.forward(x.narrow_rows(pos, n).unwrap(), &b, cache).unwrap().into_vec().unwrap());
+            pos += n;
+        }
+        out
+    }
+
+    #[test]
+    fn attention_and_swiglu_layer_is_two_pre_norm_residuals() {
+        let mut rng = Rng::new(91);
+        let hidden = 12;
+        let (a, m) = (
+            attention_block(&mut rng, hidden, Some(4), true, true),
+            SwiGlu { gate_up: rng.linear(14, hidden, false), down: rng.linear(hidden, 7, false) },
+        );
+        let l = DecoderLayer {
+            input_norm: rng.norm(hidden, NormKind::Standard),
+            attn: Mixer::Attention(Box::new(a.clone())),
+            post_norm: rng.norm(hidden, NormKind::Standard),
+            ffn: FeedForward::Dense(Box::new(m.clone())),
+        };
+        assert_eq!(l.kind(), LayerKind::Attention { kv_heads: 2, head_dim: 8 });
+        let x = rng.tensor(&[6, hidden], 2.0);
+        let want = reference(&vals(&x), &l, &|v| attention(v, &a, f64::from(THETA)), &|v| swiglu(v, &m));
+        let got = run_in_steps(&l, &x, &[4, 1, 1], &mut kv_cache(2, 8));
+        assert_close("attention + swiglu layer", &got, &want, TOL);
+    }
+
+    #[test]
+    fn gdn_and_moe_layer_is_two_pre_norm_residuals() {
+        let mut rng = Rng::new(92);
+        let hidden = 10;
+        let (g, m) = (gdn_block(&mut rng, hidden), moe_block(&mut rng, hidden, 4, 5, 2, true, Some(3)));
+        let l = DecoderLayer {
+            input_norm: rng.norm(hidden, NormKind::ZeroCentred),
+            attn: Mixer::GatedDeltaNet(Box::new(g.clone())),
+            post_norm: rng.norm(hidden, NormKind::ZeroCentred),
+            ffn: FeedForward::Moe(Box::new(m.clone())),
+        };
+        let c = GDN_CFG;
+        assert_eq!(
+            l.kind(),
+            LayerKind::Recurrent { conv_dim: c.conv_dim(), kernel: c.conv_kernel, state_len: c.state_len() }
+        );
+        let x = rng.tensor(&[8, hidden], 2.0);
+        let want = reference(&vals(&x), &l, &|v| gdn(v, &g), &|v| moe(v, &m));
+        let got = run_in_steps(&l, &x, &[5, 1, 2], &mut rec_cache(&c, 0, 1));
+        assert_close("gdn + moe layer", &got, &want, TOL);
+    }
+
+    #[test]
+    fn shape_errors_are_errors() {
+        let mut rng = Rng::new(93);
+        let l = DecoderLayer {
+            input_norm: rng.norm(12, NormKind::Standard),
+            attn: Mixer::Attention(Box::new(attention_block(&mut rng, 12, None, false, false))),
+            post_norm: rng.norm(12, NormKind::Standard),
+            ffn: FeedForward::Dense(Box::new(SwiGlu {
+                gate_up: rng.linear(8, 12, false),
+                down: rng.linear(12, 4, false),
+            })),
+        };
+        let b = Batch::single(SeqId(0), 0, &[0, 0, 0]);
+        assert!(is_shape(&l.forward(rng.tensor(&[3, 11], 1.0), &b, &mut kv_cache(2, 8))));
+    }
+}

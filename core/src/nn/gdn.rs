@@ -100,6 +100,9 @@ impl GatedDeltaNet {
         };
         let c = self.cfg;
         let (t, vd) = (x.rows(), c.value_heads * c.value_dim);
+        if batch.len() != t {
+            bail!(Shape, "Gated DeltaNet: {t} input rows for a batch of {} tokens", batch.len());
+        }
         // [T, H] -> [T, 2kd + 2vd + 2Hv] = [q | k | v | z | b | a] (the conv, z and gates read
         // their columns in place).
         let p = self.in_proj.forward(x)?;
@@ -110,5 +113,144 @@ impl GatedDeltaNet {
         let normed = o.gated_norm(&core, &p, &self.norm_w, c.conv_dim(), c.eps)?;
         // [T·Hv, dv] -> [T, Hv·dv] -> [T, H]
         self.out_proj.forward(&normed.reshape([t, vd])?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::*;
+    use crate::batch::SeqId;
+    use crate::error::Error;
+
+    const HIDDEN: usize = 10;
+    const CFG: GdnConfig = GDN_CFG;
+
+    fn block(rng: &mut Rng) -> GatedDeltaNet {
+        gdn_block(rng, HIDDEN)
+    }
+
+    fn ids(n: usize) -> Vec<u32> {
+        vec![0; n]
+    }
+
+    /// One forward of rows `r0..r1` of `x` as slot `seq` at position `pos`.
+    fn step(g: &GatedDeltaNet, x: &Tensor, r0: usize, r1: usize, seq: usize, cache: &mut LayerCache) -> Vec<f32> {
+        let b = Batch::single(SeqId(seq), r0, &ids(r1 - r0));
+        g.forward(&x.narrow_rows(r0, r1 - r0).unwrap(), &b, cache).unwrap().into_vec().unwrap()
+    }
+
+    /// `x` of one sequence in steps of the given lengths (one cache without snapshots).
+    fn run_in_steps(g: &GatedDeltaNet, x: &Tensor, steps: &[usize]) -> Vec<f32> {
+        let mut cache = rec_cache(&CFG, 0, 1);
+        let (mut out, mut pos) = (Vec::new(), 0);
+        for &n in steps {
+            out.extend(step(g, x, pos, pos + n, 0, &mut cache));
+            pos += n;
+        }
+        out
+    }
+
+    /// 70 tokens: one chunked prefill (a full 64-token chunk and a partial one), 70
+    /// single-token recurrent steps, and chunked prefills continuing from a state, all equal
+    /// to the naive per-token delta rule in f64.
+    #[test]
+    fn chunked_prefill_and_recurrence_match_the_naive_delta_rule() {
+        let mut rng = Rng::new(61);
+        let g = block(&mut rng);
+        let x = rng.tensor(&[70, HIDDEN], 1.0);
+        let want = gdn(&vals(&x), &g);
+        let (chunked, recurrent) = (run_in_steps(&g, &x, &[70]), run_in_steps(&g, &x, &[1; 70]));
+        assert_close("chunked prefill", &chunked, &want, TOL);
+        assert_close("token by token", &recurrent, &want, TOL);
+        assert_close("chunked vs token by token", &chunked, &f64s(&recurrent), TOL);
+        assert_close("prefill 40 + 1 + 29", &run_in_steps(&g, &x, &[40, 1, 29]), &want, TOL);
+        assert_close("prefill 2 + 68", &run_in_steps(&g, &x, &[2, 68]), &want, TOL);
+    }
+
+    #[test]
+    fn two_sequences_in_one_batch_equal_each_alone() {
+        let mut rng = Rng::new(62);
+        let g = block(&mut rng);
+        let (xa, xb) = (rng.tensor(&[7, HIDDEN], 1.0), rng.tensor(&[7, HIDDEN], 1.0));
+        let mut cache = rec_cache(&CFG, 0, 2);
+        let mut b1 = Batch::single(SeqId(0), 0, &ids(6));
+        b1.push(SeqId(1), 0, &ids(3));
+        let x1 = Tensor::concat_rows(&[&xa.narrow_rows(0, 6).unwrap(), &xb.narrow_rows(0, 3).unwrap()]).unwrap();
+        let y1 = g.forward(&x1, &b1, &mut cache).unwrap().into_vec().unwrap();
+        let mut b2 = Batch::single(SeqId(1), 3, &ids(4));
+        b2.push(SeqId(0), 6, &ids(1));
+        let x2 = Tensor::concat_rows(&[&xb.narrow_rows(3, 4).unwrap(), &xa.narrow_rows(6, 1).unwrap()]).unwrap();
+        let y2 = g.forward(&x2, &b2, &mut cache).unwrap().into_vec().unwrap();
+        let (ra, rb) = (gdn(&vals(&xa), &g), gdn(&vals(&xb), &g));
+        let got_a = [rows(&y1, HIDDEN, 0, 6), rows(&y2, HIDDEN, 4, 5)].concat();
+        let got_b = [rows(&y1, HIDDEN, 6, 9), rows(&y2, HIDDEN, 0, 4)].concat();
+        assert_close("sequence a in a batch", &got_a, &ra, TOL);
+        assert_close("sequence b in a batch", &got_b, &rb, TOL);
+        assert_close("sequence a alone", &run_in_steps(&g, &xa, &[6, 1]), &ra, TOL);
+        assert_close("sequence b alone", &run_in_steps(&g, &xb, &[3, 4]), &rb, TOL);
+    }
+
+    /// A cache with 3 rejectable tokens: prefill 5, verify 4 tokens of which 2 are accepted
+    /// (roll back 9 → 7), verify 3 and accept 1 (10 → 8), then 3 more. Every accepted row
+    /// equals a fresh run (no snapshots) over the accepted tokens and the reference.
+    #[test]
+    fn speculative_snapshots_roll_back_to_a_fresh_run() {
+        let mut rng = Rng::new(63);
+        let g = block(&mut rng);
+        // Rows 0..11: the accepted sequence; rows 11..14: rejected draft tokens.
+        let x = rng.tensor(&[14, HIDDEN], 1.0);
+        let feed = |r: &[usize]| {
+            let parts: Vec<Tensor> = r.iter().map(|&i| x.narrow_rows(i, 1).unwrap()).collect();
+            Tensor::concat_rows(&parts.iter().collect::<Vec<_>>()).unwrap()
+        };
+        let mut cache = rec_cache(&CFG, 3, 1);
+        let fwd = |r: &[usize], pos: usize, cache: &mut LayerCache| {
+            g.forward(&feed(r), &Batch::single(SeqId(0), pos, &ids(r.len())), cache).unwrap().into_vec().unwrap()
+        };
+        let rollback = |cache: &mut LayerCache, from: usize, to: usize| {
+            let LayerCache::Recurrent(rc) = cache else { panic!("recurrent cache expected") };
+            rc.rollback(SeqId(0), from, to)
+        };
+        let mut got = fwd(&[0, 1, 2, 3, 4], 0, &mut cache);
+        // The 5-token prefill kept no snapshots: nothing can be rejected.
+        assert!(rollback(&mut cache, 5, 4).is_err());
+        got.extend(rows(&fwd(&[5, 6, 11, 12], 5, &mut cache), HIDDEN, 0, 2));
+        rollback(&mut cache, 9, 7).unwrap();
+        got.extend(rows(&fwd(&[7, 13, 11], 7, &mut cache), HIDDEN, 0, 1));
+        rollback(&mut cache, 10, 8).unwrap();
+        got.extend(fwd(&[8, 9, 10], 8, &mut cache));
+        // Only the last step's tokens can be rejected, and not all of them.
+        assert!(rollback(&mut cache, 11, 8).is_err());
+        assert!(rollback(&mut cache, 11, 7).is_err());
+        let acc = x.narrow_rows(0, 11).unwrap();
+        let want = gdn(&vals(&acc), &g);
+        assert_close("speculative run", &got, &want, TOL);
+        let fresh = run_in_steps(&g, &acc, &[11]);
+        assert_close("fresh run", &fresh, &want, TOL);
+        assert_close("speculative vs fresh", &got, &f64s(&fresh), TOL);
+    }
+
+    #[test]
+    fn errors_are_errors() {
+        let mut rng = Rng::new(64);
+        let g = block(&mut rng);
+        let mut cache = rec_cache(&CFG, 0, 1);
+        let b3 = Batch::single(SeqId(0), 0, &ids(3));
+        assert!(is_shape(&g.forward(&rng.tensor(&[3, HIDDEN + 1], 1.0), &b3, &mut cache)));
+        // A batch whose length is not the number of rows.
+        assert!(is_shape(&g.forward(&rng.tensor(&[2, HIDDEN], 1.0), &b3, &mut cache)));
+        assert!(is_shape(&g.forward(&rng.tensor(&[4, HIDDEN], 1.0), &b3, &mut cache)));
+        let r = g.forward(&rng.tensor(&[3, HIDDEN], 1.0), &b3, &mut kv_cache(1, 4));
+        assert!(matches!(r.as_ref().err().map(Error::root), Some(Error::Internal(_))));
+        // Slot 1 of a one-slot cache.
+        let r = g.forward(&rng.tensor(&[1, HIDDEN], 1.0), &Batch::single(SeqId(1), 0, &[0]), &mut cache);
+        assert!(matches!(r.as_ref().err().map(Error::root), Some(Error::Cache(_))));
+        let mut bad = g.clone();
+        bad.cfg.value_heads = 3;
+        assert!(bad.check().is_err());
+        let mut bad = g.clone();
+        bad.cfg.value_dim = 5;
+        assert!(is_shape(&bad.check()));
     }
 }

@@ -26,6 +26,8 @@ mod mlp;
 mod moe;
 mod norm;
 mod rope;
+#[cfg(test)]
+mod test_util;
 
 pub use crate::backend::NormKind;
 pub use attention::*;

@@ -82,3 +82,104 @@ impl Moe {
         Ok(y)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::*;
+    use super::*;
+
+    const H: usize = 8;
+    const I: usize = 5;
+
+    fn block(rng: &mut Rng, e: usize, top_k: usize, renorm: bool, shared: Option<usize>) -> Moe {
+        moe_block(rng, H, I, e, top_k, renorm, shared)
+    }
+
+    #[test]
+    fn top_k_with_and_without_renormalisation_matches_reference() {
+        let mut rng = Rng::new(51);
+        for renorm in [false, true] {
+            for k in [1, 2, 6] {
+                let m = block(&mut rng, 6, k, renorm, None);
+                let x = rng.tensor(&[5, H], 1.0);
+                assert_tensor(&format!("top-{k} renorm {renorm}"), &m.forward(&x).unwrap(), &moe(&vals(&x), &m));
+                // The router's weights: softmax over all experts, then top-k (models.md pitfall 7).
+                let logits = matmul_t(&vals(&x), &vals(&m.input), 6, H);
+                for (r, sel) in m.route(&x).unwrap().iter().enumerate() {
+                    let want = top_k(&logits[r * 6..(r + 1) * 6], k, renorm);
+                    assert_eq!(
+                        sel.iter().map(|s| s.0).collect::<Vec<_>>(),
+                        want.iter().map(|s| s.0).collect::<Vec<_>>()
+                    );
+                    let (g, w): (Vec<f32>, Vec<f64>) = sel.iter().zip(&want).map(|(s, w)| (s.1, w.1)).unzip();
+                    assert_close("routing weights", &g, &w, TOL);
+                }
+            }
+        }
+    }
+
+    /// Input rows `[router (E); shared gate (I_s); shared up (I_s); shared gate row (1)]`.
+    #[test]
+    fn shared_expert_from_the_packed_input_matches_reference() {
+        let mut rng = Rng::new(52);
+        for renorm in [false, true] {
+            let m = block(&mut rng, 4, 2, renorm, Some(3));
+            let x = rng.tensor(&[6, H], 1.0);
+            assert_tensor(&format!("shared, renorm {renorm}"), &m.forward(&x).unwrap(), &moe(&vals(&x), &m));
+        }
+    }
+
+    /// Router logits with exact ties (values on a 1/4 grid, so every f32 product and sum is
+    /// exact): the lower expert index wins, in `route` and in `forward`, which differs from
+    /// what the higher index would give.
+    #[test]
+    fn ties_go_to_the_lower_index() {
+        let mut rng = Rng::new(53);
+        let mut m = block(&mut rng, 5, 2, true, None);
+        let mut router = vec![0.0f32; 5 * H];
+        // Experts 2 and 4 share a router row.
+        for (e, row) in [(0, [1.0, 0.0]), (1, [0.25, 0.0]), (2, [0.5, 0.5]), (3, [0.0, 0.0]), (4, [0.5, 0.5])] {
+            router[e * H..e * H + 2].copy_from_slice(&row);
+        }
+        m.input = f32t(router, &[5, H]);
+        let mut xv = vec![0.0f32; 2 * H];
+        // Row 0: logits [1, 0.25, 0.75, 0, 0.75] → top-2 = {0, tie 2|4}. Row 1: [0, 0, 1, 0, 1].
+        xv[..2].copy_from_slice(&[1.0, 0.5]);
+        xv[H..H + 2].copy_from_slice(&[0.0, 2.0]);
+        let x = f32t(xv, &[2, H]);
+        let picked: Vec<Vec<usize>> = m.route(&x).unwrap().iter().map(|r| r.iter().map(|s| s.0).collect()).collect();
+        assert_eq!(picked, vec![vec![0, 2], vec![2, 4]]);
+        assert_tensor("ties", &m.forward(&x).unwrap(), &moe(&vals(&x), &m));
+        m.top_k = 1;
+        assert_eq!(m.route(&x).unwrap()[1][0].0, 2);
+        let y = m.forward(&x).unwrap();
+        assert_tensor("tie at the top", &y, &moe(&vals(&x), &m));
+        let higher = moe_with(&vals(&x), &m, &|l| {
+            let mut s = top_k(l, 1, true);
+            if s[0].0 == 2 {
+                s[0].0 = 4;
+            }
+            s
+        });
+        let d = y.data()[H..].iter().zip(&higher[H..]).fold(0.0f64, |m, (a, b)| m.max((f64::from(*a) - b).abs()));
+        assert!(d > 1e-3, "experts 2 and 4 give the same output ({d}): the tie test would not see a wrong pick");
+    }
+
+    #[test]
+    fn errors_are_errors() {
+        let mut rng = Rng::new(54);
+        let m = block(&mut rng, 4, 2, true, Some(3));
+        assert!(is_shape(&m.forward(&rng.tensor(&[2, H + 1], 1.0))));
+        let mut bad = m.clone();
+        bad.top_k = 5;
+        assert!(bad.check().is_err());
+        bad.top_k = 0;
+        assert!(bad.check().is_err());
+        let mut bad = m.clone();
+        bad.shared = None;
+        assert!(is_shape(&bad.check()));
+        let mut bad = m.clone();
+        bad.experts = 3;
+        assert!(is_shape(&bad.check()));
+    }
+}

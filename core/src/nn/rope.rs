@@ -180,3 +180,7 @@ impl Rope {
         ops(x).rope(x, &args, batch)
     }
 }
+
+#[cfg(test)]
+#[path = "rope_tests.rs"]
+mod tests;

@@ -6,9 +6,9 @@
 
 use porter_core::build as load;
 use porter_core::config::{self, DecoderConfig};
-use porter_core::nn::{AttentionConfig, DecoderLayer, NormKind, Rope};
+use porter_core::nn::AttentionConfig;
 use porter_core::Result;
-use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
+use porter_core::{LoadContext, MapContext, Model, ModelEntry, Weights};
 use serde_json::Value;
 
 /// The weight map (the single source of truth for checkpoint names).
@@ -113,30 +113,13 @@ fn describe(raw: &Value) -> Result<String> {
     ))
 }
 
-/// Builds the model from loaded weight slots.
+/// Builds the model from loaded weight slots (the shared Llama-style decoder).
 pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
     let c = Config::from_value(lc.config)?;
-    let rope_params = config::rope_params(lc.config, 10_000.0, 1.0)?;
-    let eps = c.base.rms_norm_eps as f32;
-    let windows = c.windows()?;
-    let mut layers: Vec<Box<dyn TransformerLayer>> = Vec::with_capacity(c.base.num_hidden_layers);
-    for (i, window) in windows.iter().enumerate() {
-        let p = format!("layers.{i}");
-        let cfg = AttentionConfig::gqa(c.base.num_attention_heads, c.kv_heads(), c.head_dim(), *window);
-        layers.push(Box::new(DecoderLayer {
-            input_norm: load::norm(w, &format!("{p}.input_norm"), eps, NormKind::Standard)?,
-            attn: load::attention(
-                w,
-                &format!("{p}.attn"),
-                cfg,
-                Rope::new(&rope_params, c.head_dim())?,
-                Some((eps, NormKind::Standard)),
-            )?,
-            post_norm: load::norm(w, &format!("{p}.post_norm"), eps, NormKind::Standard)?,
-            ffn: load::feed_forward(w, &format!("{p}."), None)?,
-        }));
-    }
-    load::assemble(lc, w, "Qwen3ForCausalLM", &c.base, NormKind::Standard, layers)
+    let attn = |win| AttentionConfig::gqa(c.base.num_attention_heads, c.kv_heads(), c.head_dim(), win);
+    let layers = c.windows()?.into_iter().map(|win| load::LlamaLayer { attn: attn(win), qk_norm: true, moe: None });
+    let rope = config::rope_params(lc.config, 10_000.0, 1.0)?;
+    load::llama_decoder(lc, w, "Qwen3ForCausalLM", &c.base, &rope, layers.collect())
 }
 
 porter_core::inventory::submit! {

@@ -1,0 +1,62 @@
+//! `porter generate --chat`: the prompt as one user message, rendered with the model folder's
+//! chat template the way transformers' `apply_chat_template(add_generation_prompt=True)`
+//! renders it: jinja2 with `trim_blocks` and `lstrip_blocks`, the trailing newline of the
+//! template dropped, `raise_exception` defined, and the tokenizer's special tokens
+//! (`bos_token`, `eos_token`, ...) as variables.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use std::path::Path;
+
+/// The chat template of a model folder: `chat_template.jinja`, else `chat_template` in
+/// `tokenizer_config.json` (a string, or a list of `{name, template}` with a `default`).
+fn template(dir: &Path, config: &Value) -> Result<String> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.is_file() {
+        return std::fs::read_to_string(&jinja).with_context(|| format!("reading {}", jinja.display()));
+    }
+    match config.get("chat_template") {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_owned))
+            .ok_or_else(|| anyhow!("tokenizer_config.json has named chat templates but none called `default`")),
+        _ => bail!("--chat needs a chat template: {} has neither chat_template.jinja nor a chat_template in tokenizer_config.json", dir.display()),
+    }
+}
+
+/// A special token of `tokenizer_config.json` (a string or `{"content": ...}`).
+fn special(config: &Value, key: &str) -> Option<String> {
+    match config.get(key)? {
+        Value::String(s) => Some(s.clone()),
+        v => v.get("content")?.as_str().map(str::to_owned),
+    }
+}
+
+/// Renders `[{"role": "user", "content": user}]` with the generation prompt appended.
+pub fn render(dir: &Path, user: &str) -> Result<String> {
+    let path = dir.join("tokenizer_config.json");
+    let config: Value = match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|e| anyhow!("{} is not valid JSON: {e}", path.display()))?,
+        Err(_) => Value::Null,
+    };
+    let source = template(dir, &config)?;
+    let mut env = minijinja::Environment::new();
+    let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build();
+    env.set_syntax(syntax.map_err(|e| anyhow!("chat template syntax: {e}"))?);
+    env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+    });
+    env.add_template("chat", &source).map_err(|e| anyhow!("parsing the chat template: {e}"))?;
+    let message = minijinja::Value::from_pairs([("role", "user"), ("content", user)]);
+    let mut ctx: Vec<(&str, minijinja::Value)> =
+        vec![("messages", std::iter::once(message).collect()), ("add_generation_prompt", minijinja::Value::from(true))];
+    for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+        if let Some(t) = special(&config, key) {
+            ctx.push((key, minijinja::Value::from(t)));
+        }
+    }
+    let tmpl = env.get_template("chat").map_err(|e| anyhow!("{e}"))?;
+    tmpl.render(minijinja::Value::from_pairs(ctx)).map_err(|e| anyhow!("rendering the chat template: {e}"))
+}
