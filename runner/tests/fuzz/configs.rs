@@ -260,6 +260,95 @@ pub fn cases(rng: &mut Rng) -> Vec<Case> {
     out.extend(rope_cases());
     out.extend(list_cases());
     out.extend(misc_cases());
+    out.extend(llama_cases());
+    out
+}
+
+/// `LlamaForCausalLM` configs, resolved against the weight map by `porter load
+/// --print-tensors` (no fixture checkpoint: every consistent geometry is legal).
+fn llama_cases() -> Vec<Case> {
+    let base = json!({
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "hidden_act": "silu", "max_position_embeddings": 2048, "rope_theta": 5e5, "tie_word_embeddings": true,
+    });
+    let case = |label: String, cfg: Value, oracle: Oracle| {
+        let text = cfg.to_string();
+        let setup = move |dir: &std::path::Path| std::fs::write(dir.join("config.json"), &text).expect("write config");
+        Case::new(label, Some(Box::new(setup)), &["load", "--print-tensors", "{dir}/config.json"], oracle)
+    };
+    let set = |k: &str, v: &Value| {
+        let mut c = base.clone();
+        c[k] = v.clone();
+        c
+    };
+    let mut out = vec![case("llama: base".into(), base.clone(), Oracle::Legal)];
+    let counts = [
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "pretraining_tp",
+    ];
+    // `int | None` keys: null is their default.
+    let nullable = ["num_key_value_heads", "head_dim", "pretraining_tp"];
+    for k in counts.iter().chain(&["intermediate_size"]) {
+        for v in [json!("abc"), json!(1.5), json!(true), json!([1]), json!(-1), json!(1u64 << 63), json!(1_000_000_000)]
+        {
+            out.push(case(format!("llama: {k} = {v}"), set(k, &v), Oracle::names(k)));
+        }
+        let null = if nullable.contains(k) { Oracle::Legal } else { Oracle::names(k) };
+        out.push(case(format!("llama: {k} = null"), set(k, &json!(null)), null));
+    }
+    for k in ["rms_norm_eps", "rope_theta"] {
+        for v in [json!("abc"), json!(null), json!(0), json!(-1), json!(1e39)] {
+            out.push(case(format!("llama: {k} = {v}"), set(k, &v), Oracle::names(k)));
+        }
+    }
+    for k in ["mlp_bias", "attention_bias", "tie_word_embeddings"] {
+        for v in [json!("abc"), json!(null), json!(1)] {
+            out.push(case(format!("llama: {k} = {v}"), set(k, &v), Oracle::names(k)));
+        }
+        out.push(case(format!("llama: {k} = true"), set(k, &json!(true)), Oracle::Legal));
+        out.push(case(format!("llama: {k} = false"), set(k, &json!(false)), Oracle::Legal));
+    }
+    for (k, v, o) in [
+        ("num_key_value_heads", json!(3), Oracle::names("num_key_value_heads")),
+        ("num_key_value_heads", json!(4), Oracle::Legal),
+        ("hidden_size", json!(30), Oracle::names("hidden_size")),
+        ("num_attention_heads", json!(3), Oracle::names("num_attention_heads")),
+        ("head_dim", json!(7), Oracle::names("head_dim")),
+        ("head_dim", json!(64), Oracle::Legal),
+        ("intermediate_size", json!(0), Oracle::Legal),
+        ("pretraining_tp", json!(2), Oracle::Legal),
+        ("hidden_act", json!("gelu"), Oracle::names("hidden_act")),
+        ("max_position_embeddings", json!(0), Oracle::names("max_position_embeddings")),
+    ] {
+        out.push(case(format!("llama: {k} = {v}"), set(k, &v), o));
+    }
+    let llama3 = |extra: Value| {
+        let mut r = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 1024});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            r[k] = v.clone();
+        }
+        set("rope_scaling", &r)
+    };
+    for (extra, o) in [
+        (json!({}), Oracle::Legal),
+        (json!({"original_max_position_embeddings": 2048}), Oracle::names("original_max_position_embeddings")),
+        (json!({"original_max_position_embeddings": "x"}), Oracle::names("original_max_position_embeddings")),
+        (json!({"factor": 0.5}), Oracle::names("factor")),
+        (json!({"factor": null}), Oracle::names("factor")),
+        (json!({"low_freq_factor": 0}), Oracle::names("low_freq_factor")),
+        (json!({"high_freq_factor": 1.0}), Oracle::names("high_freq_factor")),
+        (json!({"rope_type": "dynamic"}), Oracle::names("dynamic")),
+    ] {
+        out.push(case(format!("llama: llama3 rope {extra}"), llama3(extra), o));
+    }
     out
 }
 
