@@ -20,7 +20,7 @@ use std::ops::RangeInclusive;
 use std::path::Path;
 
 mod rope;
-pub use rope::{rope_params, rope_params_with, RopeDefaults, RopeParams, RopeScaling};
+pub use rope::{check_rotary_dim, rope_params, rope_params_with, RopeDefaults, RopeParams, RopeScaling};
 
 /// Upper bounds on config counts, checked before anything is sized from them.
 ///

@@ -51,26 +51,22 @@ impl Rope {
     /// The inverse frequencies follow transformers' `ROPE_INIT_FUNCTIONS` in f32: plain,
     /// `linear`, `yarn` and `llama3` (`_compute_llama3_parameters`).
     pub fn new(params: &RopeParams, head_dim: usize) -> Result<Self> {
-        if !(params.partial_rotary_factor > 0.0 && params.partial_rotary_factor <= 1.0) {
-            return Err(crate::error::Error::key(
-                "partial_rotary_factor",
-                params.partial_rotary_factor,
-                "must be a number in (0, 1]",
-            ));
+        // Config values reach here checked by `load::config`; these are the block's own
+        // invariants (a shape error, naming the config key that sets them).
+        let partial = params.partial_rotary_factor;
+        if !(partial > 0.0 && partial <= 1.0) {
+            bail!(Shape, "RoPE: partial_rotary_factor {partial} must be in (0, 1]");
         }
         if !(params.theta.is_finite() && params.theta > 0.0) {
-            return Err(crate::error::Error::key("rope_theta", params.theta, "must be a positive finite number"));
+            bail!(Shape, "RoPE: rope_theta {} must be a positive finite number", params.theta);
         }
-        let rot_dim = ((head_dim as f32 * params.partial_rotary_factor) as usize) & !1;
+        let rot_dim = ((head_dim as f32 * partial) as usize) & !1;
         if rot_dim == 0 || rot_dim > head_dim {
-            return Err(crate::error::Error::key(
-                "partial_rotary_factor",
-                params.partial_rotary_factor,
-                format!(
-                    "gives a rotary dim of {rot_dim} for head_dim {head_dim} (head_dim × partial_rotary_factor, \
-                     rounded down to even, must be at least 2)"
-                ),
-            ));
+            bail!(
+                Shape,
+                "RoPE: head_dim {head_dim} × partial_rotary_factor {partial} gives a rotary dim of {rot_dim} \
+                 (rounded down to even; must be at least 2)"
+            );
         }
         // HF: inv_freq = 1 / base^(arange(0, dim, 2) / dim), in f32.
         let mut inv_freq: Vec<f32> =

@@ -100,7 +100,7 @@ impl Config {
             base,
         };
         c.base.check(c.num_key_value_heads, c.head_dim)?;
-        config::rope_params(raw, 10_000.0, 0.25)?;
+        config::check_rotary_dim(&config::rope_params(raw, 10_000.0, 0.25)?, c.head_dim)?;
         if !c.linear_num_value_heads.is_multiple_of(c.linear_num_key_heads) {
             return Err(porter_core::Error::key(
                 "linear_num_value_heads",

@@ -37,6 +37,22 @@ pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Res
     rope_params_with(raw, &RopeDefaults { theta: default_theta, partial })
 }
 
+/// Checks that `head_dim · partial_rotary_factor` (rounded down to even, as [`crate::nn::Rope`]
+/// does) leaves at least one rotated pair.
+pub fn check_rotary_dim(p: &RopeParams, head_dim: usize) -> Result<()> {
+    let rot_dim = ((head_dim as f32 * p.partial_rotary_factor) as usize) & !1;
+    if rot_dim == 0 || rot_dim > head_dim {
+        return Err(Error::key(
+            "partial_rotary_factor",
+            p.partial_rotary_factor,
+            format!(
+                "gives a rotary dim of {rot_dim} for head_dim {head_dim} (rounded down to even; must be at least 2)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The RoPE block: a non-empty `rope_scaling`, else `rope_parameters`, with its name.
 fn block(raw: &Value) -> Result<Option<(&'static str, &Map<String, Value>)>> {
     let pick = |key: &'static str| match raw.get(key) {
