@@ -47,9 +47,7 @@ pub fn cmd_load(a: &LoadArgs) -> Result<()> {
         let mut cfg: serde_json::Value = serde_json::from_str(&crate::config_text(c)?)
             .with_context(|| format!("--print-tensors `{c}` is not valid JSON"))?;
         if let Some(n) = a.layers {
-            if n == 0 {
-                bail!("--layers must be at least 1");
-            }
+            crate::checks::layers(n)?;
             cfg["num_hidden_layers"] = n.into();
             cfg.as_object_mut().map(|o| o.remove("layer_types"));
         }
@@ -61,6 +59,9 @@ pub fn cmd_load(a: &LoadArgs) -> Result<()> {
             .collect();
         println!("{}", serde_json::json!({"config": cfg, "tensors": tensors}));
         return Ok(());
+    }
+    if a.layers.is_some() {
+        bail!("--layers applies to --print-tensors only (a model folder is loaded as it is)");
     }
     let dir = a.model.clone().context("--model DIR (or --print-tensors CONFIG) is required")?;
     let device = a.device.unwrap_or_else(porter_core::device::default_device);

@@ -3,6 +3,8 @@
 //! Subcommands: `logits`, `generate`, `inspect`, `models`. Without `--model`, the bundled
 //! tiny checkpoint in `tests/fixtures/` is used.
 
+mod checks;
+
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use porter_core::draft::DraftHead;
@@ -253,10 +255,15 @@ fn cmd_logits(a: &LogitsArgs) -> Result<()> {
     let (dir, model) = load(&a.run)?;
     let drafts = load_drafts(&dir, &model, &a.draft, false)?;
     let ids = &a.ids.0;
+    checks::logits_ids(ids, &model)?;
     let mut cache = model.try_new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     let vocab = model.info.vocab_size;
-    let mut logits: Vec<f32> = Vec::with_capacity(ids.len() * vocab);
+    let mut logits: Vec<f32> = Vec::new();
+    let n = ids.len().saturating_mul(vocab);
+    logits
+        .try_reserve_exact(n)
+        .map_err(|_| anyhow!("--ids: {} ids × vocab_size {vocab} = {n} logits do not fit in memory", ids.len()))?;
     if a.incremental {
         for (p, &id) in ids.iter().enumerate() {
             let out = model.forward(&Batch::single(seq, p, &[id]), &mut cache, LogitsFor::All)?;
@@ -307,13 +314,9 @@ fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
 }
 
 fn cmd_generate(a: &GenerateArgs) -> Result<()> {
-    let params = SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
-    params.validate()?;
-    if let Some(k) = a.mtp_step {
-        if k == 0 || k > speculative::MAX_MTP_STEP {
-            bail!("--mtp-step must be in 1..={}, got {k}", speculative::MAX_MTP_STEP);
-        }
-    }
+    let params = checks::sampling(a.temperature, a.top_k, a.top_p, a.seed)?;
+    checks::max_tokens(a.max_tokens)?;
+    checks::mtp_step(a.mtp_step)?;
     let (dir, model) = load(&a.run)?;
     let drafts = match a.mtp_step {
         Some(_) => load_drafts(&dir, &model, &a.draft, true)?,
@@ -331,6 +334,18 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
         (None, Some(ids)) => ids.0.clone(),
         (None, None) => bail!("pass --prompt or --ids"),
     };
+    if prompt.is_empty() {
+        bail!("--prompt: the text gives no tokens; at least one is needed");
+    }
+    checks::ids_in_vocab(if a.prompt.is_some() { "--prompt" } else { "--ids" }, &prompt, &model)?;
+    // Before anything runs: the prompt and every token asked for fit the context.
+    let lookahead = a.mtp_step.unwrap_or(0);
+    porter_core::generate::check_context(&model, prompt.len(), a.max_tokens, lookahead).with_context(|| {
+        match a.mtp_step {
+            Some(k) => format!("--max-tokens {} with --mtp-step {k} does not fit", a.max_tokens),
+            None => format!("--max-tokens {} does not fit", a.max_tokens),
+        }
+    })?;
     let stop = if a.ignore_eos { vec![] } else { model.info.generation.eos_token_ids.clone() };
     let (gen, per_step) = match a.mtp_step {
         Some(k) => {
@@ -399,6 +414,7 @@ fn preset(name: &str) -> Option<&'static str> {
 
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
     use std::time::Instant;
+    checks::mtp_step(a.mtp_step)?;
     let device = a.run.device.unwrap_or_else(porter_core::device::default_device);
     let (label, model) = match &a.config {
         Some(c) => {
@@ -413,22 +429,35 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             let mut cfg: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| anyhow!("--config `{c}` is not valid JSON: {e}"))?;
             if let Some(n) = a.layers {
-                if n == 0 {
-                    bail!("--layers must be >= 1");
-                }
+                checks::layers(n)?;
                 cfg["num_hidden_layers"] = serde_json::json!(n);
                 if let Some(t) = cfg.get("layer_types").and_then(|t| t.as_array()).cloned() {
                     cfg["layer_types"] = serde_json::Value::Array(t.into_iter().cycle().take(n).collect());
                 }
             }
+            checks::random_weights_fit(&cfg, a.run.dtype, device)?;
             let m = registry::build_random(&cfg, Path::new("."), a.run.dtype, device, 0)?;
             (c.clone(), m)
         }
         None => {
+            if a.layers.is_some() {
+                bail!("--layers applies to a --config geometry only (it would be ignored for a model folder)");
+            }
             let (dir, m) = load(&a.run)?;
             (dir.display().to_string(), m)
         }
     };
+    checks::bench_sizes(&model, &a.prefill, &a.batch, a.context, a.steps)?;
+    if let Some(k) = a.mtp_step {
+        let n = a.steps.max(2);
+        if a.context.saturating_add(n).saturating_add(k) > checks::context(&model) {
+            bail!(
+                "--context {} plus --steps {n} plus --mtp-step {k} exceed the model's context of max_position_embeddings = {}",
+                a.context,
+                checks::context(&model)
+            );
+        }
+    }
     let vocab = model.info.vocab_size as u32;
     let tok = |i: usize| (i as u32 * 7919 + 3) % vocab;
     let mut results = Vec::new();
@@ -452,9 +481,6 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         model.sync()?;
     }
     for &n in &a.prefill {
-        if n == 0 {
-            bail!("--prefill lengths must be >= 1");
-        }
         let ids: Vec<u32> = (0..n).map(tok).collect();
         if device != Device::Cpu {
             // One untimed run at this length (first use of the prefill kernels at this size:
@@ -478,9 +504,6 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         results.push(serde_json::json!({"kind": "prefill", "tokens": n, "seconds": s, "tokens_per_s": n as f64 / s}));
     }
     for &b in &a.batch {
-        if b == 0 || a.steps == 0 || a.context == 0 {
-            bail!("--batch, --steps and --context must be >= 1");
-        }
         let mut cache = model.try_new_cache_spec(b, 0)?;
         let mut batch = Batch::default();
         let mut seqs = Vec::with_capacity(b);
@@ -537,9 +560,6 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         results.push(serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": step_s * 1e3, "host_issue_ms_per_step": issue * 1e3 / a.steps as f64, "host_ms_first_step": issue_first * 1e3, "bytes_per_step": bytes, "bandwidth_bytes_per_s": bw, "roofline_bytes_per_s": roofline, "roofline_fraction": frac}));
     }
     if let Some(kmax) = a.mtp_step {
-        if kmax == 0 || kmax > speculative::MAX_MTP_STEP {
-            bail!("--mtp-step must be in 1..={}, got {kmax}", speculative::MAX_MTP_STEP);
-        }
         let prompt: Vec<u32> = (0..a.context).map(tok).collect();
         let n = a.steps.max(2);
         let p = SamplingParams::default();
@@ -690,12 +710,29 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// The error and its causes on one line. A typed `porter_core::Error` with context shows
+/// its cause in its own message, so a cause that the text already ends with is skipped.
+fn render(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.ends_with(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", render(&e));
             ExitCode::FAILURE
         }
     }

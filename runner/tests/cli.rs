@@ -95,8 +95,8 @@ fn bad_flags_fail_cleanly() {
         "unknown dtype",
     );
     assert_clean_failure(&porter(&["generate", "--ids", "3", "--device", "tpu"]), "unknown device");
-    assert_clean_failure(&porter(&["generate", "--ids", "3", "--top-p", "1.5"]), "top_p");
-    assert_clean_failure(&porter(&["generate", "--ids", "3", "--temperature", "-1"]), "temperature");
+    assert_clean_failure(&porter(&["generate", "--ids", "3", "--top-p", "1.5"]), "--top-p 1.5: must be in (0, 1]");
+    assert_clean_failure(&porter(&["generate", "--ids", "3", "--temperature", "-1"]), "--temperature -1: must be");
     assert_clean_failure(&porter(&["frobnicate"]), "unrecognized subcommand");
     assert_clean_failure(&porter(&["generate", "--ids", "3,600"]), "token id 600 is out of range");
     assert_clean_failure(&porter(&["generate", "--ids", "3", "--model", "/nonexistent"]), "does not exist");

@@ -1,16 +1,58 @@
 //! Hugging Face `config.json` / `generation_config.json` helpers shared by all models.
 //!
-//! Each model crate parses its own typed config with serde (unknown keys are ignored, HF
-//! defaults via `#[serde(default)]`); this module holds what is common: reading and
-//! validating the file, architecture selection, RoPE parameters in both the hub style
-//! (top-level `rope_theta`, `partial_rotary_factor`, `rope_scaling`) and the
-//! transformers-v5 style (`rope_parameters`), and generation defaults.
+//! Every model crate reads its config through [`Keys`], which checks each key as
+//! transformers' (v5, `@strict`) config class does and more: a key present with the wrong
+//! type is an error, never a silent default; `null` is accepted only where the class
+//! declares `T | None` (and then means what the class makes of it); counts are bounded by
+//! [`limits`] *before* anything is sized from them. Every error is an
+//! [`Error::ConfigKey`] naming the key, its value and the allowed range.
+//!
+//! This module also holds what is common to the models: reading the file, architecture
+//! selection, the shared decoder keys ([`DecoderConfig`]), RoPE parameters in both the hub
+//! style (top-level `rope_theta`, `partial_rotary_factor`, `rope_scaling`) and the
+//! transformers-v5 style (`rope_parameters`) ([`rope_params`]), and generation defaults.
 
-use crate::error::{Context, Result};
+use crate::error::{Context, Error, Result};
 use crate::{bail, err};
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Map, Value};
+use std::ops::RangeInclusive;
 use std::path::Path;
+
+mod rope;
+pub use rope::{check_rotary_dim, rope_params, rope_params_with, RopeDefaults, RopeParams, RopeScaling};
+
+/// Upper bounds on config counts, checked before anything is sized from them.
+///
+/// Each is far above every released model (the largest values in parentheses), so a real
+/// checkpoint never meets them; they exist so that a malformed count (`2^63` layers, a
+/// billion experts) is an error naming the key instead of a capacity overflow, a
+/// multi-terabyte allocation or a multi-million-line error message.
+pub mod limits {
+    /// `num_hidden_layers` (Llama-3.1-405B: 126).
+    pub const MAX_LAYERS: usize = 4096;
+    /// `hidden_size` (Llama-3.1-405B: 16384).
+    pub const MAX_HIDDEN: usize = 1 << 17;
+    /// `intermediate_size`, `moe_intermediate_size`, `shared_expert_intermediate_size`
+    /// (Llama-3.1-405B: 53248).
+    pub const MAX_INTERMEDIATE: usize = 1 << 20;
+    /// `vocab_size` (Gemma 3: 262144).
+    pub const MAX_VOCAB: usize = 1 << 24;
+    /// `num_attention_heads`, `num_key_value_heads`, `linear_num_*_heads` (128).
+    pub const MAX_HEADS: usize = 4096;
+    /// `head_dim`, `linear_key_head_dim`, `linear_value_head_dim` (Qwen3-Next: 256).
+    pub const MAX_HEAD_DIM: usize = 4096;
+    /// `num_experts` (Qwen3-Next: 512).
+    pub const MAX_EXPERTS: usize = 1 << 14;
+    /// `max_position_embeddings`, `sliding_window`, `original_max_position_embeddings`
+    /// (Llama-4-Scout: 10485760).
+    pub const MAX_POSITIONS: usize = 1 << 24;
+    /// `linear_conv_kernel_dim` (Qwen3-Next: 4).
+    pub const MAX_CONV_KERNEL: usize = 64;
+    /// Strides and thresholds that size nothing (`decoder_sparse_step`,
+    /// `full_attention_interval`, `max_window_layers`): any 32-bit value.
+    pub const MAX_STRIDE: usize = u32::MAX as usize;
+}
 
 /// Reads and parses `config.json` of a model folder.
 pub fn read_config(dir: &Path) -> Result<Value> {
@@ -24,7 +66,7 @@ pub fn read_config(dir: &Path) -> Result<Value> {
     Ok(v)
 }
 
-/// Deserializes a typed config with an error that names the bad key.
+/// Deserializes a typed config (serde). Prefer [`Keys`], whose errors name the key.
 pub fn parse_typed<T: DeserializeOwned>(raw: &Value, what: &str) -> Result<T> {
     serde_json::from_value(raw.clone()).map_err(|e| err!(Config, "invalid {what} config.json: {e}"))
 }
@@ -49,85 +91,280 @@ pub fn architecture(raw: &Value) -> Result<String> {
     }
 }
 
-pub use crate::nn::{RopeParams, RopeScaling};
+/// A value for an error message: compact JSON, at most 80 characters.
+pub fn show(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() <= 80 {
+        s
+    } else {
+        format!("{}…", s.chars().take(80).collect::<String>())
+    }
+}
 
-/// Reads RoPE parameters from either config style. `default_theta` and `default_partial`
-/// are the model class's defaults when the keys are absent.
-pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Result<RopeParams> {
-    let num = |v: Option<&Value>| v.and_then(Value::as_f64).map(|x| x as f32);
-    let rp = raw.get("rope_parameters").filter(|v| v.is_object());
-    let rs = raw.get("rope_scaling").filter(|v| v.is_object());
-    let theta = num(rp.and_then(|p| p.get("rope_theta"))).or(num(raw.get("rope_theta"))).unwrap_or(default_theta);
-    let partial = num(rp.and_then(|p| p.get("partial_rotary_factor")))
-        .or(num(raw.get("partial_rotary_factor")))
-        .unwrap_or(default_partial);
-    if !(partial > 0.0 && partial <= 1.0) {
-        bail!(Config, "partial_rotary_factor must be in (0, 1], found {partial}");
+/// The JSON type of a value, for "expected …, found a string" messages.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a bool",
+        Value::Number(n) if n.is_f64() => "a float",
+        Value::Number(_) => "an integer",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
     }
-    if theta.is_nan() || theta <= 0.0 {
-        bail!(Config, "rope_theta must be positive, found {theta}");
+}
+
+fn range_text(r: &RangeInclusive<usize>) -> String {
+    match r.start() {
+        0 => format!("a non-negative integer in 0..={}", r.end()),
+        1 => format!("a positive integer in 1..={}", r.end()),
+        lo => format!("an integer in {lo}..={}", r.end()),
     }
-    let scaling_obj = rp.or(rs);
-    let rope_type = scaling_obj
-        .and_then(|o| o.get("rope_type").or_else(|| o.get("type")))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let scaling = match rope_type {
-        "default" => RopeScaling::Default,
-        "linear" => {
-            let factor = num(scaling_obj.and_then(|o| o.get("factor")))
-                .ok_or_else(|| err!(Config, "rope scaling `linear` needs a `factor`"))?;
-            RopeScaling::Linear { factor }
+}
+
+/// Typed, checked access to the keys of one JSON object (`config.json`, or a block inside
+/// it such as `rope_parameters`).
+///
+/// Each getter takes the default that transformers uses when the key is *absent*; a key
+/// that is present must have the right type. `null` is an error except in the `opt_*`
+/// getters (transformers' `T | None` fields).
+pub struct Keys<'a> {
+    obj: &'a Map<String, Value>,
+    /// Prefix for key names in errors (`rope_parameters.` inside that block).
+    prefix: String,
+}
+
+impl<'a> Keys<'a> {
+    /// The keys of `raw`, which must be a JSON object.
+    pub fn new(raw: &'a Value) -> Result<Self> {
+        match raw {
+            Value::Object(obj) => Ok(Self { obj, prefix: String::new() }),
+            other => bail!(Config, "config.json must contain a JSON object, found {}", kind(other)),
         }
-        "yarn" => {
-            let o = scaling_obj.ok_or_else(|| err!(Config, "rope scaling `yarn` needs its parameters"))?;
-            let f = |k: &str| o.get(k).and_then(Value::as_f64);
-            let original = f("original_max_position_embeddings")
-                .or_else(|| raw.get("max_position_embeddings").and_then(Value::as_f64))
-                .ok_or_else(|| err!(Config, "rope scaling `yarn` needs original_max_position_embeddings"))?;
-            // HF: factor defaults to max_position_embeddings / original_max_position_embeddings.
-            let factor = match f("factor") {
-                Some(x) => x,
-                None => raw
-                    .get("max_position_embeddings")
-                    .and_then(Value::as_f64)
-                    .map(|m| m / original)
-                    .ok_or_else(|| err!(Config, "rope scaling `yarn` needs a `factor`"))?,
-            };
-            let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
-            let attention_factor = match (f("attention_factor"), f("mscale"), f("mscale_all_dim")) {
-                (Some(a), _, _) => a,
-                (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => get_mscale(factor, m) / get_mscale(factor, ma),
-                _ => get_mscale(factor, 1.0),
-            };
-            // HF uses `x or default`: a zero/null beta falls back to the default.
-            let beta_fast = f("beta_fast").filter(|v| *v != 0.0).unwrap_or(32.0);
-            let beta_slow = f("beta_slow").filter(|v| *v != 0.0).unwrap_or(1.0);
-            let truncate = o.get("truncate").and_then(Value::as_bool).unwrap_or(true);
-            if !(factor > 0.0 && original > 0.0) {
-                bail!(Config, "rope scaling `yarn`: factor and original_max_position_embeddings must be positive");
-            }
-            RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings: original,
-                beta_fast,
-                beta_slow,
-                attention_factor,
-                truncate,
-            }
+    }
+
+    /// The keys of a nested object; errors name keys as `{name}.{key}`.
+    pub fn nested(obj: &'a Map<String, Value>, name: &str) -> Self {
+        Self { obj, prefix: format!("{name}.") }
+    }
+
+    /// The full name of `key` for errors.
+    pub fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    /// The raw value of `key` (`Some(Null)` when present as `null`).
+    pub fn get(&self, key: &str) -> Option<&'a Value> {
+        self.obj.get(key)
+    }
+
+    /// Whether `key` is present (even as `null`).
+    pub fn has(&self, key: &str) -> bool {
+        self.obj.contains_key(key)
+    }
+
+    /// An error for `key` = `value`, which must be `reason`.
+    pub fn error(&self, key: &str, value: &Value, reason: impl Into<String>) -> Error {
+        Error::key(self.name(key), show(value), reason)
+    }
+
+    /// The error for a required key that is absent (`what`: its allowed values).
+    pub fn missing(&self, key: &str, what: &str) -> Error {
+        Error::key(self.name(key), "(absent)", format!("is required: {what}"))
+    }
+
+    /// The value of a required key (no default in porter).
+    fn required(&self, key: &str, what: &str) -> Result<&'a Value> {
+        self.get(key).ok_or_else(|| self.missing(key, what))
+    }
+
+    fn to_count(&self, key: &str, v: &Value, range: &RangeInclusive<usize>) -> Result<usize> {
+        match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
+            Some(n) if range.contains(&n) => Ok(n),
+            _ if v.is_i64() || v.is_u64() => Err(self.error(key, v, format!("must be {}", range_text(range)))),
+            _ => Err(self.error(key, v, format!("must be {}, found {}", range_text(range), kind(v)))),
         }
-        other => bail!(Config, "rope scaling type `{other}` is not supported yet (supported: default, linear, yarn)"),
-    };
-    Ok(RopeParams { theta, partial_rotary_factor: partial, scaling })
+    }
+
+    /// An integer in `range`; `default` when absent (`None`: the key is required).
+    pub fn count(&self, key: &str, default: Option<usize>, range: RangeInclusive<usize>) -> Result<usize> {
+        match (self.get(key), default) {
+            (Some(v), _) => self.to_count(key, v, &range),
+            (None, Some(d)) => Ok(d),
+            (None, None) => Err(self.missing(key, &range_text(&range))),
+        }
+    }
+
+    /// An `int | None` key: `default` when absent, `None` when `null`.
+    pub fn opt_count(&self, key: &str, default: Option<usize>, range: RangeInclusive<usize>) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(Value::Null) => Ok(None),
+            Some(v) => self.to_count(key, v, &range).map(Some),
+        }
+    }
+
+    /// A number; `default` when absent. `ok` says whether a value is allowed and `allowed`
+    /// describes the allowed values for the error.
+    pub fn float(&self, key: &str, default: f64, ok: impl Fn(f64) -> bool, allowed: &str) -> Result<f64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => self.to_float(key, v, ok, allowed),
+        }
+    }
+
+    /// A number that must be present.
+    pub fn float_required(&self, key: &str, ok: impl Fn(f64) -> bool, allowed: &str) -> Result<f64> {
+        let v = self.required(key, allowed)?;
+        self.to_float(key, v, ok, allowed)
+    }
+
+    fn to_float(&self, key: &str, v: &Value, ok: impl Fn(f64) -> bool, allowed: &str) -> Result<f64> {
+        match v.as_f64() {
+            Some(x) if ok(x) => Ok(x),
+            Some(_) => Err(self.error(key, v, format!("must be {allowed}"))),
+            None => Err(self.error(key, v, format!("must be {allowed}, found {}", kind(v)))),
+        }
+    }
+
+    /// A bool; `default` when absent.
+    pub fn flag(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(self.error(key, v, format!("must be true or false, found {}", kind(v)))),
+        }
+    }
+
+    /// A string; `default` when absent.
+    pub fn string(&self, key: &str, default: &str) -> Result<String> {
+        match self.get(key) {
+            None => Ok(default.to_owned()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(v) => Err(self.error(key, v, format!("must be a string, found {}", kind(v)))),
+        }
+    }
+
+    /// A `list[int] | None` key: `None` when absent or `null`; every entry in `range`.
+    pub fn opt_count_list(&self, key: &str, range: RangeInclusive<usize>) -> Result<Option<Vec<usize>>> {
+        let list = match self.get(key) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Array(a)) => a,
+            Some(v) => {
+                return Err(self.error(key, v, format!("must be a list of {}s, found {}", range_text(&range), kind(v))))
+            }
+        };
+        let v = list.iter().map(|x| {
+            self.to_count(key, x, &range).map_err(|_| {
+                self.error(
+                    key,
+                    &Value::Array(list.clone()),
+                    format!("entries must be {}s, found {}", range_text(&range), show(x)),
+                )
+            })
+        });
+        v.collect::<Result<Vec<_>>>().map(Some)
+    }
+
+    /// A `list[str] | None` key: `None` when absent or `null`.
+    pub fn opt_string_list(&self, key: &str) -> Result<Option<Vec<String>>> {
+        let list = match self.get(key) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Array(a)) => a,
+            Some(v) => return Err(self.error(key, v, format!("must be a list of strings, found {}", kind(v)))),
+        };
+        list.iter()
+            .map(|x| match x {
+                Value::String(s) => Ok(s.clone()),
+                other => Err(self.error(
+                    key,
+                    &Value::Array(list.clone()),
+                    format!("entries must be strings, found {}", show(other)),
+                )),
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+}
+
+/// `x` is a positive, finite number that stays a positive normal `f32`.
+pub fn positive_f32(x: f64) -> bool {
+    x.is_finite() && x > 0.0 && (x as f32).is_normal()
+}
+
+/// The allowed range of [`positive_f32`], for messages.
+pub const POSITIVE_F32: &str = "a positive finite number (a normal f32: 1.2e-38 to 3.4e38)";
+
+/// Checks a layer-index list (`mlp_only_layers`) against the layer count.
+pub fn check_layer_indices(key: &str, list: &[usize], layers: usize) -> Result<()> {
+    match list.iter().find(|&&i| i >= layers) {
+        Some(&i) => Err(Error::key(
+            key,
+            show(&serde_json::json!(list)),
+            format!("entries must be layer indices in 0..{layers} (num_hidden_layers = {layers}), found {i}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Checks `layer_types` against the layer count and the types a model implements. With
+/// `legacy`, transformers' renames apply first (`attention` → `full_attention`, `mamba` /
+/// `conv` → `linear_attention`; Qwen3-Next's config does this). Returns the checked list.
+pub fn check_layer_types(types: &[String], layers: usize, allowed: &[&str], legacy: bool) -> Result<Vec<String>> {
+    let renamed: Vec<String> = types
+        .iter()
+        .map(|t| match t.as_str() {
+            "attention" if legacy => "full_attention".to_owned(),
+            "mamba" | "conv" if legacy => "linear_attention".to_owned(),
+            other => other.to_owned(),
+        })
+        .collect();
+    let value = || show(&serde_json::json!(types));
+    if renamed.len() != layers {
+        return Err(Error::key(
+            "layer_types",
+            value(),
+            format!("must have one entry per layer (num_hidden_layers = {layers}), found {}", renamed.len()),
+        ));
+    }
+    if let Some(bad) = renamed.iter().find(|t| !allowed.contains(&t.as_str())) {
+        return Err(Error::key(
+            "layer_types",
+            value(),
+            format!("entries must be one of {}, found `{bad}`", allowed.join(", ")),
+        ));
+    }
+    Ok(renamed)
 }
 
 pub use crate::model::GenerationConfig;
 
-fn ids(v: Option<&Value>) -> Vec<u32> {
+/// A token-id key (`eos_token_id`: `int | list[int] | None`; `bos_token_id`: `int | None`):
+/// the non-negative ids (transformers only warns about negative ones, which can never be
+/// generated). `file` names the file for errors.
+fn token_ids(file: &str, key: &str, v: Option<&Value>) -> Result<Vec<u32>> {
+    let one = |x: &Value| -> Result<Option<u32>> {
+        match x.as_i64() {
+            Some(n) if n < 0 => Ok(None),
+            Some(n) => u32::try_from(n)
+                .map(Some)
+                .map_err(|_| Error::key(key, show(x), format!("must be token ids below 2^32 (in {file})"))),
+            None => Err(Error::key(
+                key,
+                show(v.unwrap_or(&Value::Null)),
+                format!("must be an integer token id or a list of them (in {file}), found {}", kind(x)),
+            )),
+        }
+    };
     match v {
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
-        _ => vec![],
+        None | Some(Value::Null) => Ok(vec![]),
+        Some(Value::Array(a)) if key == "eos_token_id" => {
+            Ok(a.iter().map(one).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect())
+        }
+        Some(x @ Value::Array(_)) => {
+            Err(Error::key(key, show(x), format!("must be an integer token id or null (in {file}), found a list")))
+        }
+        Some(x) => Ok(one(x)?.into_iter().collect()),
     }
 }
 
@@ -140,22 +377,32 @@ pub fn generation_config(dir: &Path, raw: &Value) -> Result<GenerationConfig> {
     } else {
         Value::Null
     };
-    let mut eos = ids(gen.get("eos_token_id"));
+    const G: &str = "generation_config.json";
+    const C: &str = "config.json";
+    // config.json's ids are checked even when generation_config.json has its own.
+    let cfg_eos = token_ids(C, "eos_token_id", raw.get("eos_token_id"))?;
+    let cfg_bos = token_ids(C, "bos_token_id", raw.get("bos_token_id"))?;
+    let mut eos = token_ids(G, "eos_token_id", gen.get("eos_token_id"))?;
     if eos.is_empty() {
-        eos = ids(raw.get("eos_token_id"));
+        eos = cfg_eos;
     }
-    let bos = ids(gen.get("bos_token_id")).first().copied().or_else(|| ids(raw.get("bos_token_id")).first().copied());
+    let bos = token_ids(G, "bos_token_id", gen.get("bos_token_id"))?.first().copied().or(cfg_bos.first().copied());
     let f = |k: &str| gen.get(k).and_then(Value::as_f64).map(|x| x as f32);
     Ok(GenerationConfig {
         eos_token_ids: eos,
         bos_token_id: bos,
         temperature: f("temperature"),
         top_p: f("top_p"),
-        top_k: gen.get("top_k").and_then(Value::as_u64).map(|x| x as usize),
+        // transformers: top_k = 0 disables top-k filtering.
+        top_k: gen.get("top_k").and_then(Value::as_u64).filter(|&k| k > 0).map(|x| x as usize),
     })
 }
 
-/// Load-time checks shared by the attention models.
+/// The activations porter's SwiGLU implements (transformers' `ACT2FN` names for SiLU).
+pub const SUPPORTED_ACTS: [&str; 2] = ["silu", "swish"];
+
+/// Load-time checks shared by the attention models: the relations between the counts
+/// (each count was range-checked when it was read).
 pub fn check_dims(
     hidden: usize,
     heads: usize,
@@ -164,45 +411,44 @@ pub fn check_dims(
     vocab: usize,
     layers: usize,
 ) -> Result<()> {
-    if hidden == 0 || heads == 0 || kv_heads == 0 || head_dim == 0 || vocab == 0 || layers == 0 {
-        bail!(Config, "hidden_size, num_attention_heads, num_key_value_heads, head_dim, vocab_size and num_hidden_layers must be positive");
+    for (key, v, max) in [
+        ("hidden_size", hidden, limits::MAX_HIDDEN),
+        ("num_attention_heads", heads, limits::MAX_HEADS),
+        ("num_key_value_heads", kv_heads, limits::MAX_HEADS),
+        ("vocab_size", vocab, limits::MAX_VOCAB),
+        ("num_hidden_layers", layers, limits::MAX_LAYERS),
+    ] {
+        if v == 0 || v > max {
+            return Err(Error::key(key, v, format!("must be a positive integer in 1..={max}")));
+        }
     }
     if !heads.is_multiple_of(kv_heads) {
-        bail!(Config, "num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})");
+        return Err(Error::key(
+            "num_key_value_heads",
+            kv_heads,
+            format!("must divide num_attention_heads = {heads} (which must be a multiple of it)"),
+        ));
     }
-    if !head_dim.is_multiple_of(2) {
-        bail!(Config, "head_dim ({head_dim}) must be even for RoPE");
+    if !(2..=limits::MAX_HEAD_DIM).contains(&head_dim) || !head_dim.is_multiple_of(2) {
+        return Err(Error::key(
+            "head_dim",
+            head_dim,
+            format!(
+                "must be even and in 2..={} (RoPE pairs dimensions); without a `head_dim` key it is \
+                 hidden_size / num_attention_heads = {hidden} / {heads}",
+                limits::MAX_HEAD_DIM
+            ),
+        ));
     }
     Ok(())
 }
 
 /// Only SiLU-gated MLPs are implemented.
 pub fn check_act(act: &str) -> Result<()> {
-    match act {
-        "silu" | "swish" => Ok(()),
-        other => bail!(Config, "hidden_act `{other}` is not supported (supported: silu)"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn rope_from_both_styles() {
-        let hub = json!({"rope_theta": 1e6, "partial_rotary_factor": 0.25});
-        let v5 = json!({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}});
-        assert_eq!(rope_params(&hub, 1e4, 1.0).unwrap(), rope_params(&v5, 1e4, 1.0).unwrap());
-        assert_eq!(rope_params(&json!({}), 1e4, 1.0).unwrap().theta, 1e4);
-        assert!(rope_params(&json!({"rope_scaling": {"rope_type": "longrope"}}), 1e4, 1.0).is_err());
-    }
-
-    #[test]
-    fn architecture_must_be_single() {
-        assert_eq!(architecture(&json!({"architectures": ["X"]})).unwrap(), "X");
-        assert!(architecture(&json!({})).is_err());
-        assert!(architecture(&json!({"architectures": ["X", "Y"]})).is_err());
+    if SUPPORTED_ACTS.contains(&act) {
+        Ok(())
+    } else {
+        Err(Error::key("hidden_act", format!("{act:?}"), "is not supported (supported: silu, swish)"))
     }
 }
 
@@ -214,8 +460,19 @@ fn default_act() -> String {
     "silu".into()
 }
 
+/// What a model class defaults the shared keys to, and which of them it reads.
+#[derive(Clone, Copy, Debug)]
+pub struct DecoderDefaults {
+    /// transformers' default `max_position_embeddings` of the class.
+    pub max_position_embeddings: usize,
+    /// Whether the class reads `attention_bias` (Mistral's does not).
+    pub reads_attention_bias: bool,
+}
+
 /// The `config.json` keys every decoder-only architecture shares, with HF's defaults.
-/// Model configs embed it with `#[serde(flatten)]`.
+///
+/// Read it with [`DecoderConfig::read`] (checked, errors name the key). The serde derive is
+/// kept for crates that embed it with `#[serde(flatten)]`; it checks types only.
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct DecoderConfig {
     pub vocab_size: usize,
@@ -237,6 +494,41 @@ pub struct DecoderConfig {
 }
 
 impl DecoderConfig {
+    /// Reads and range-checks the shared keys.
+    ///
+    /// `vocab_size`, `hidden_size`, `num_hidden_layers` and `num_attention_heads` are
+    /// required (transformers' class defaults describe a particular released model, never
+    /// the checkpoint at hand); the others take the class defaults.
+    pub fn read(k: &Keys, d: &DecoderDefaults) -> Result<Self> {
+        use limits::*;
+        let hidden_act = k.string("hidden_act", "silu")?;
+        if !SUPPORTED_ACTS.contains(&hidden_act.as_str()) {
+            return Err(k.error("hidden_act", &Value::String(hidden_act), "is not supported (supported: silu, swish)"));
+        }
+        Ok(Self {
+            vocab_size: k.count("vocab_size", None, 1..=MAX_VOCAB)?,
+            hidden_size: k.count("hidden_size", None, 1..=MAX_HIDDEN)?,
+            intermediate_size: k.count("intermediate_size", Some(0), 0..=MAX_INTERMEDIATE)?,
+            num_hidden_layers: k.count("num_hidden_layers", None, 1..=MAX_LAYERS)?,
+            num_attention_heads: k.count("num_attention_heads", None, 1..=MAX_HEADS)?,
+            hidden_act,
+            max_position_embeddings: Some(k.count(
+                "max_position_embeddings",
+                Some(d.max_position_embeddings),
+                1..=MAX_POSITIONS,
+            )?),
+            rms_norm_eps: k.float("rms_norm_eps", 1e-6, positive_f32, POSITIVE_F32)?,
+            attention_bias: if d.reads_attention_bias { k.flag("attention_bias", false)? } else { false },
+            tie_word_embeddings: k.flag("tie_word_embeddings", false)?,
+        })
+    }
+
+    /// `head_dim` as transformers derives it when the key is absent or `null`:
+    /// `hidden_size / num_attention_heads` (integer division).
+    pub fn derived_head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads.max(1)
+    }
+
     /// Load-time checks of the shared keys, given the model's resolved KV heads and head dim.
     pub fn check(&self, kv_heads: usize, head_dim: usize) -> Result<()> {
         check_dims(
@@ -248,5 +540,181 @@ impl DecoderConfig {
             self.num_hidden_layers,
         )?;
         check_act(&self.hidden_act)
+    }
+}
+
+/// The MoE keys shared by Qwen3-MoE, Qwen3-Next and their drafts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeKeys {
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub moe_intermediate_size: usize,
+    pub norm_topk_prob: bool,
+    pub decoder_sparse_step: usize,
+    pub mlp_only_layers: Vec<usize>,
+}
+
+/// transformers' defaults of [`MoeKeys`] for one class.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeDefaults {
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub moe_intermediate_size: usize,
+    pub norm_topk_prob: bool,
+}
+
+impl MoeKeys {
+    /// Reads and checks the MoE keys; `layers` bounds the `mlp_only_layers` entries.
+    pub fn read(k: &Keys, d: &MoeDefaults, layers: usize) -> Result<Self> {
+        use limits::*;
+        let num_experts = k.count("num_experts", Some(d.num_experts), 0..=MAX_EXPERTS)?;
+        let top_k = k.count("num_experts_per_tok", Some(d.num_experts_per_tok), 0..=MAX_EXPERTS)?;
+        if num_experts > 0 && !(1..=num_experts).contains(&top_k) {
+            return Err(Error::key(
+                "num_experts_per_tok",
+                top_k,
+                format!("must be in 1..={num_experts} (num_experts = {num_experts})"),
+            ));
+        }
+        let width_range = if num_experts > 0 { 1..=MAX_INTERMEDIATE } else { 0..=MAX_INTERMEDIATE };
+        let mlp_only_layers = k.opt_count_list("mlp_only_layers", 0..=MAX_LAYERS)?.unwrap_or_default();
+        check_layer_indices("mlp_only_layers", &mlp_only_layers, layers)?;
+        Ok(Self {
+            num_experts,
+            num_experts_per_tok: top_k,
+            moe_intermediate_size: k.count("moe_intermediate_size", Some(d.moe_intermediate_size), width_range)?,
+            norm_topk_prob: k.flag("norm_topk_prob", d.norm_topk_prob)?,
+            decoder_sparse_step: k.count("decoder_sparse_step", Some(1), 1..=MAX_STRIDE)?,
+            mlp_only_layers,
+        })
+    }
+
+    /// transformers: layer `i` is MoE iff `i ∉ mlp_only_layers`, `num_experts > 0` and
+    /// `(i + 1) % decoder_sparse_step == 0`.
+    pub fn is_moe_layer(&self, i: usize) -> bool {
+        !self.mlp_only_layers.contains(&i)
+            && self.num_experts > 0
+            && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn architecture_must_be_single() {
+        assert_eq!(architecture(&json!({"architectures": ["X"]})).unwrap(), "X");
+        assert!(architecture(&json!({})).is_err());
+        assert!(architecture(&json!({"architectures": ["X", "Y"]})).is_err());
+    }
+
+    fn msg(r: Result<impl std::fmt::Debug>) -> String {
+        r.expect_err("must fail").to_string()
+    }
+
+    #[test]
+    fn keys_name_the_key_value_and_range() {
+        let raw = json!({"a": "abc", "b": -1, "c": 1u64 << 63, "d": null, "e": 1.5, "f": 7});
+        let k = Keys::new(&raw).unwrap();
+        assert_eq!(
+            msg(k.count("a", Some(1), 1..=4096)),
+            "config key `a` = \"abc\": must be a positive integer in 1..=4096, found a string"
+        );
+        assert_eq!(msg(k.count("b", None, 1..=8)), "config key `b` = -1: must be a positive integer in 1..=8");
+        assert_eq!(
+            msg(k.count("c", None, 1..=4096)),
+            "config key `c` = 9223372036854775808: must be a positive integer in 1..=4096"
+        );
+        assert!(msg(k.count("d", Some(3), 1..=8)).contains("found null"));
+        assert_eq!(k.opt_count("d", Some(3), 1..=8).unwrap(), None);
+        assert_eq!(k.opt_count("zz", Some(3), 1..=8).unwrap(), Some(3));
+        assert!(msg(k.count("e", None, 1..=8)).contains("found a float"));
+        assert_eq!(k.count("f", None, 1..=8).unwrap(), 7);
+        assert!(msg(k.count("missing", None, 1..=8)).contains("config key `missing` = (absent): is required"));
+        assert!(msg(k.flag("f", false)).contains("must be true or false, found an integer"));
+        assert!(msg(k.float("a", 1.0, positive_f32, POSITIVE_F32)).contains("`a`"));
+        assert!(msg(k.float("b", 1.0, positive_f32, POSITIVE_F32)).contains("must be a positive finite"));
+    }
+
+    #[test]
+    fn lists_are_checked() {
+        let raw = json!({"l": [0, 5], "bad": [0, "x"], "s": "abc", "t": ["a", 1]});
+        let k = Keys::new(&raw).unwrap();
+        assert_eq!(k.opt_count_list("l", 0..=9).unwrap(), Some(vec![0, 5]));
+        assert!(msg(k.opt_count_list("bad", 0..=9)).contains("found \"x\""));
+        assert!(msg(k.opt_count_list("s", 0..=9)).contains("found a string"));
+        assert!(msg(k.opt_string_list("t")).contains("entries must be strings"));
+        assert!(msg(check_layer_indices("mlp_only_layers", &[0, 5], 4)).contains("in 0..4"));
+        let t = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let ok =
+            check_layer_types(&t(&["mamba", "attention"]), 2, &["linear_attention", "full_attention"], true).unwrap();
+        assert_eq!(ok, t(&["linear_attention", "full_attention"]));
+        assert!(msg(check_layer_types(&t(&["full_attention"]), 2, &["full_attention"], false))
+            .contains("one entry per layer"));
+        assert!(msg(check_layer_types(&t(&["attention"]), 1, &["full_attention"], false)).contains("found `attention`"));
+    }
+
+    #[test]
+    fn decoder_keys_have_bounds_before_allocation() {
+        let base = json!({"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4});
+        let d = DecoderDefaults { max_position_embeddings: 32768, reads_attention_bias: true };
+        let c = DecoderConfig::read(&Keys::new(&base).unwrap(), &d).unwrap();
+        assert_eq!((c.max_position_embeddings, c.rms_norm_eps, c.hidden_act.as_str()), (Some(32768), 1e-6, "silu"));
+        for (key, v, needle) in [
+            ("num_hidden_layers", json!(1u64 << 63), "1..=4096"),
+            ("num_hidden_layers", json!(1_000_000_000), "1..=4096"),
+            ("vocab_size", json!(1u64 << 30), "1..=16777216"),
+            ("rms_norm_eps", json!(-1e-6), "positive"),
+            ("rms_norm_eps", json!(0), "positive"),
+            ("rms_norm_eps", json!(1e-50), "positive"),
+            ("hidden_act", json!("gelu"), "supported: silu"),
+            ("hidden_act", json!(null), "found null"),
+            ("max_position_embeddings", json!(null), "found null"),
+            ("tie_word_embeddings", json!("yes"), "true or false"),
+        ] {
+            let mut raw = base.clone();
+            raw[key] = v.clone();
+            let e = msg(DecoderConfig::read(&Keys::new(&raw).unwrap(), &d));
+            assert!(e.contains(&format!("`{key}`")) && e.contains(needle), "{key} = {v}: {e}");
+        }
+        let e = msg(check_dims(64, 4, 3, 16, 512, 2));
+        assert!(e.contains("num_key_value_heads") && e.contains("num_attention_heads = 4"), "{e}");
+        let e = msg(check_dims(65, 4, 4, 16, 512, 2).and(check_dims(64, 4, 4, 15, 512, 2)));
+        assert!(e.contains("head_dim") && e.contains("hidden_size / num_attention_heads"), "{e}");
+    }
+
+    #[test]
+    fn moe_keys() {
+        let d =
+            MoeDefaults { num_experts: 128, num_experts_per_tok: 8, moe_intermediate_size: 768, norm_topk_prob: false };
+        let m = MoeKeys::read(&Keys::new(&json!({})).unwrap(), &d, 4).unwrap();
+        assert_eq!((m.num_experts, m.num_experts_per_tok, m.decoder_sparse_step), (128, 8, 1));
+        for (raw, needle) in [
+            (json!({"num_experts": 1_000_000_000}), "`num_experts`"),
+            (json!({"num_experts": 4, "num_experts_per_tok": 5}), "`num_experts_per_tok` = 5: must be in 1..=4"),
+            (json!({"num_experts_per_tok": 0}), "`num_experts_per_tok`"),
+            (json!({"decoder_sparse_step": 0}), "`decoder_sparse_step`"),
+            (json!({"mlp_only_layers": [4]}), "`mlp_only_layers`"),
+            (json!({"mlp_only_layers": "abc"}), "`mlp_only_layers`"),
+            (json!({"moe_intermediate_size": 0}), "`moe_intermediate_size`"),
+        ] {
+            let e = msg(MoeKeys::read(&Keys::new(&raw).unwrap(), &d, 4));
+            assert!(e.contains(needle), "{raw}: {e}");
+        }
+        let m = MoeKeys::read(&Keys::new(&json!({"mlp_only_layers": null, "num_experts": 0})).unwrap(), &d, 4).unwrap();
+        assert!(m.mlp_only_layers.is_empty() && !m.is_moe_layer(0));
+    }
+
+    #[test]
+    fn token_ids_are_typed() {
+        let dir = Path::new("/nonexistent");
+        let g = generation_config(dir, &json!({"eos_token_id": [2, -1, 7], "bos_token_id": null})).unwrap();
+        assert_eq!((g.eos_token_ids, g.bos_token_id), (vec![2, 7], None));
+        for raw in [json!({"eos_token_id": "abc"}), json!({"eos_token_id": [0, "x"]}), json!({"bos_token_id": 1.5})] {
+            let e = msg(generation_config(dir, &raw));
+            assert!(e.contains("(in config.json)") && e.contains("_token_id`"), "{e}");
+        }
     }
 }

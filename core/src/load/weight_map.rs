@@ -238,26 +238,38 @@ impl WeightMapError {
     }
 }
 
+/// At most this many names are listed per kind of problem; the rest are counted.
+pub const MAX_LISTED: usize = 20;
+
 impl fmt::Display for WeightMapError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn more(f: &mut fmt::Formatter<'_>, total: usize) -> fmt::Result {
+            if total > MAX_LISTED {
+                writeln!(f, "    … and {} more", total - MAX_LISTED)?;
+            }
+            Ok(())
+        }
         writeln!(f, "checkpoint does not match the weight map:")?;
         if !self.missing.is_empty() {
             writeln!(f, "  missing tensors ({}):", self.missing.len())?;
-            for (n, s) in &self.missing {
+            for (n, s) in self.missing.iter().take(MAX_LISTED) {
                 writeln!(f, "    {n}: expected {s:?}")?;
             }
+            more(f, self.missing.len())?;
         }
         if !self.mismatched.is_empty() {
             writeln!(f, "  shape mismatches ({}):", self.mismatched.len())?;
-            for (n, e, g) in &self.mismatched {
+            for (n, e, g) in self.mismatched.iter().take(MAX_LISTED) {
                 writeln!(f, "    {n}: expected {e:?}, found {g:?}")?;
             }
+            more(f, self.mismatched.len())?;
         }
         if !self.unexpected.is_empty() {
             writeln!(f, "  unexpected tensors ({}):", self.unexpected.len())?;
-            for (n, s) in &self.unexpected {
+            for (n, s) in self.unexpected.iter().take(MAX_LISTED) {
                 writeln!(f, "    {n}: {s:?}")?;
             }
+            more(f, self.unexpected.len())?;
         }
         Ok(())
     }
@@ -486,5 +498,21 @@ mod tests {
         assert!(!ctx.cond("f && g", Some(0)).unwrap());
         assert!(ctx.cond("!f || g", Some(1)).unwrap());
         assert!(ctx.cond("missing", None).is_err());
+    }
+
+    #[test]
+    fn long_lists_are_capped() {
+        let names = |n: usize| (0..n).map(|i| (format!("t.{i}"), vec![i])).collect::<Vec<_>>();
+        let e = WeightMapError {
+            missing: names(1000),
+            mismatched: (0..25).map(|i| (format!("m.{i}"), vec![1], vec![2])).collect(),
+            unexpected: names(3),
+        };
+        let text = e.to_string();
+        assert!(text.contains("missing tensors (1000):") && text.contains("t.19: expected [19]"), "{text}");
+        assert!(!text.contains("t.20:") && text.contains("… and 980 more"), "{text}");
+        assert!(text.contains("shape mismatches (25):") && text.contains("… and 5 more"), "{text}");
+        assert!(text.contains("unexpected tensors (3):") && text.ends_with("    t.2: [2]\n"), "{text}");
+        assert_eq!(text.lines().count(), 1 + (1 + 20 + 1) + (1 + 20 + 1) + (1 + 3));
     }
 }

@@ -19,6 +19,9 @@ pub enum RopeScaling {
         attention_factor: f64,
         truncate: bool,
     },
+    /// Llama 3.1 (HF `rope_type: llama3`, `_compute_llama3_parameters`): low frequencies
+    /// divided by `factor`, high ones kept, a smooth blend in between.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
 }
 
 /// Rotary-embedding parameters of a model.
@@ -44,10 +47,26 @@ pub struct Rope {
 
 impl Rope {
     /// `rot_dim = head_dim · partial_rotary_factor` (rounded down to an even number).
+    ///
+    /// The inverse frequencies follow transformers' `ROPE_INIT_FUNCTIONS` in f32: plain,
+    /// `linear`, `yarn` and `llama3` (`_compute_llama3_parameters`).
     pub fn new(params: &RopeParams, head_dim: usize) -> Result<Self> {
-        let rot_dim = ((head_dim as f32 * params.partial_rotary_factor) as usize) & !1;
+        // Config values reach here checked by `load::config`; these are the block's own
+        // invariants (a shape error, naming the config key that sets them).
+        let partial = params.partial_rotary_factor;
+        if !(partial > 0.0 && partial <= 1.0) {
+            bail!(Shape, "RoPE: partial_rotary_factor {partial} must be in (0, 1]");
+        }
+        if !(params.theta.is_finite() && params.theta > 0.0) {
+            bail!(Shape, "RoPE: rope_theta {} must be a positive finite number", params.theta);
+        }
+        let rot_dim = ((head_dim as f32 * partial) as usize) & !1;
         if rot_dim == 0 || rot_dim > head_dim {
-            bail!(Shape, "rotary dim {rot_dim} invalid for head_dim {head_dim}");
+            bail!(
+                Shape,
+                "RoPE: head_dim {head_dim} × partial_rotary_factor {partial} gives a rotary dim of {rot_dim} \
+                 (rounded down to even; must be at least 2)"
+            );
         }
         // HF: inv_freq = 1 / base^(arange(0, dim, 2) / dim), in f32.
         let mut inv_freq: Vec<f32> =
@@ -89,6 +108,28 @@ impl Rope {
                     *f = interpolation * (1.0 - extra_factor) + extrapolation * extra_factor;
                 }
                 attention_scaling = attention_factor as f32;
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            } => {
+                // HF `_compute_llama3_parameters`: tensor ops in f32, Python scalars cast to f32.
+                let (factor, low) = (factor as f32, low_freq_factor as f32);
+                let low_freq_wavelen = (old / low_freq_factor) as f32;
+                let high_freq_wavelen = (old / high_freq_factor) as f32;
+                let two_pi = (2.0 * std::f64::consts::PI) as f32;
+                let span = (high_freq_factor - low_freq_factor) as f32;
+                for f in inv_freq.iter_mut() {
+                    let wavelen = two_pi / *f;
+                    let scaled = if wavelen > low_freq_wavelen { *f / factor } else { *f };
+                    let smooth = (old as f32 / wavelen - low) / span;
+                    let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+                    // `~(wavelen < high) * ~(wavelen > low)`; wavelen is never NaN (inv_freq > 0 or inf).
+                    let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
+                    *f = if medium { smoothed } else { scaled };
+                }
             }
         }
         let n = inv_freq.len();

@@ -10,24 +10,42 @@ use serde_json::Value;
 pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/llama.toml");
 
 /// `config.json` of a Llama checkpoint (HF `LlamaConfig`; unknown keys ignored).
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Keys shared by every decoder-only architecture.
-    #[serde(flatten)]
     pub base: DecoderConfig,
-    /// HF default: `num_attention_heads`.
+    /// HF (`int | None`): `num_attention_heads` when absent or `null`.
     pub num_key_value_heads: Option<usize>,
-    /// HF default: `hidden_size / num_attention_heads`.
+    /// HF (`int | None`): `hidden_size / num_attention_heads` when absent or `null`.
     pub head_dim: Option<usize>,
     /// Biases on `gate_proj`, `up_proj` and `down_proj`.
-    #[serde(default)]
     pub mlp_bias: bool,
 }
 
 impl Config {
-    /// Parses and validates (every unsupported value is rejected here), with the RoPE parameters.
+    /// Parses and validates every key `LlamaConfig` honours (types, `null`, ranges), with the
+    /// RoPE parameters; every unsupported value is rejected here, never in forward.
     pub fn from_value(raw: &Value) -> Result<(Self, RopeParams)> {
-        let c: Config = config::parse_typed(raw, "Llama")?;
+        use config::limits::*;
+        let k = config::Keys::new(raw)?;
+        let defaults = config::DecoderDefaults { max_position_embeddings: 2048, reads_attention_bias: true };
+        let base = DecoderConfig::read(&k, &defaults)?;
+        // LlamaConfig.validate_architecture.
+        if !base.hidden_size.is_multiple_of(base.num_attention_heads) {
+            return Err(porter_core::Error::key(
+                "hidden_size",
+                base.hidden_size,
+                format!("must be a multiple of num_attention_heads = {}", base.num_attention_heads),
+            ));
+        }
+        // Read for its type only: transformers ignores it at inference, and so does porter.
+        k.opt_count("pretraining_tp", Some(1), 1..=MAX_HEADS)?;
+        let c = Config {
+            num_key_value_heads: k.opt_count("num_key_value_heads", None, 1..=MAX_HEADS)?,
+            head_dim: k.opt_count("head_dim", None, 1..=MAX_HEAD_DIM)?,
+            mlp_bias: k.flag("mlp_bias", false)?,
+            base,
+        };
         c.base.check(c.kv_heads(), c.head_dim())?;
         Ok((c, config::rope_params(raw, 10_000.0, 1.0)?))
     }

@@ -9,45 +9,42 @@ use porter_core::config::{self, DecoderConfig};
 use porter_core::nn::AttentionConfig;
 use porter_core::Result;
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, Weights};
-use serde::Deserialize;
 use serde_json::Value;
 
 /// The weight map (the single source of truth for checkpoint names).
 pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/mistral.toml");
 
-fn default_kv_heads() -> Option<usize> {
-    Some(8)
-}
-fn default_window() -> Option<usize> {
-    Some(4096)
-}
-
 /// `config.json` of a Mistral checkpoint (HF `MistralConfig`; unknown keys ignored).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Config {
-    /// Keys shared by every decoder-only architecture.
-    #[serde(flatten)]
+    /// Keys shared by every decoder-only architecture (`attention_bias` is not read:
+    /// Mistral's projections have no bias).
     pub base: DecoderConfig,
-    /// HF `MistralConfig` defaults this to 8 when absent.
-    #[serde(default = "default_kv_heads")]
+    /// HF `MistralConfig` defaults this to 8 when absent; `null` is rejected (an `int`).
     pub num_key_value_heads: Option<usize>,
-    #[serde(default)]
+    /// `null` or absent: hidden / heads.
     pub head_dim: Option<usize>,
     /// Applied to every layer when set (HF `create_sliding_window_causal_mask`); HF
     /// defaults it to 4096 when the key is absent (`null` disables it).
-    #[serde(default = "default_window")]
     pub sliding_window: Option<usize>,
 }
 
 impl Config {
-    /// Parses and validates; every unsupported value is rejected here, never in forward.
+    /// Parses and validates every key `MistralConfig` honours (types, `null`, ranges);
+    /// every unsupported value is rejected here, never in forward.
     pub fn from_value(raw: &Value) -> Result<Self> {
-        let c: Config = config::parse_typed(raw, "Mistral")?;
+        use config::limits::*;
+        let k = config::Keys::new(raw)?;
+        let defaults = config::DecoderDefaults { max_position_embeddings: 4096 * 32, reads_attention_bias: false };
+        let base = DecoderConfig::read(&k, &defaults)?;
+        let c = Config {
+            num_key_value_heads: Some(k.count("num_key_value_heads", Some(8), 1..=MAX_HEADS)?),
+            head_dim: k.opt_count("head_dim", None, 1..=MAX_HEAD_DIM)?,
+            sliding_window: k.opt_count("sliding_window", Some(4096), 1..=MAX_POSITIONS)?,
+            base,
+        };
         c.base.check(c.kv_heads(), c.head_dim())?;
         config::rope_params(raw, 10_000.0, 1.0)?;
-        if c.sliding_window == Some(0) {
-            porter_core::bail!(Config, "sliding_window must be positive or null");
-        }
         Ok(c)
     }
 

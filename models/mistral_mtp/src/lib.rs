@@ -9,31 +9,40 @@ use porter_core::nn::NormKind;
 use porter_core::registry::{DraftEntry, DraftLoadContext};
 use porter_core::Result;
 use porter_core::{config, MapContext, Weights};
-use serde::Deserialize;
 
 /// The weight map of the draft head.
 pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/mistral_mtp.toml");
 
-fn default_eps() -> f64 {
-    1e-6
-}
-
-/// The draft folder's config (a Mistral config; unknown keys ignored).
-#[derive(Debug, Clone, Deserialize)]
+/// The draft folder's config (a Mistral config; unknown keys ignored). Only the keys the
+/// draft head reads are checked.
+#[derive(Debug, Clone)]
 pub struct Config {
     pub hidden_size: usize,
     pub intermediate_size: usize,
-    #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
 }
 
+impl Config {
+    /// Parses and validates the keys the draft reads (types, `null`, ranges).
+    pub fn from_value(raw: &serde_json::Value) -> Result<Self> {
+        use config::limits::*;
+        let k = config::Keys::new(raw)?;
+        k.opt_count("vocab_size", None, 1..=MAX_VOCAB)?;
+        Ok(Config {
+            hidden_size: k.count("hidden_size", None, 1..=MAX_HIDDEN)?,
+            intermediate_size: k.count("intermediate_size", None, 1..=MAX_INTERMEDIATE)?,
+            rms_norm_eps: k.float("rms_norm_eps", 1e-6, config::positive_f32, config::POSITIVE_F32)?,
+        })
+    }
+}
+
 fn map_context(lc: &DraftLoadContext) -> Result<MapContext> {
-    config::parse_typed::<Config>(lc.config, "mistral_mtp draft")?;
+    Config::from_value(lc.config)?;
     Ok(MapContext::from_config(lc.config, 1, 0))
 }
 
 fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
-    let c: Config = config::parse_typed(lc.config, "mistral_mtp draft")?;
+    let c = Config::from_value(lc.config)?;
     let eps = c.rms_norm_eps as f32;
     Ok(Box::new(FfnMtpHead {
         name: "mistral_mtp".into(),

@@ -7,38 +7,47 @@
 use porter_core::build as load;
 use porter_core::config::{self, DecoderConfig};
 use porter_core::nn::AttentionConfig;
-use porter_core::{bail, Result};
+use porter_core::Result;
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, Weights};
-use serde::Deserialize;
 use serde_json::Value;
 
 /// The weight map (the single source of truth for checkpoint names).
 pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/qwen3.toml");
 
 /// `config.json` of a Qwen3 checkpoint (HF `Qwen3Config`; unknown keys ignored).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Keys shared by every decoder-only architecture.
-    #[serde(flatten)]
     pub base: DecoderConfig,
-    #[serde(default)]
+    /// HF: 32 when absent, `num_attention_heads` when `null`.
     pub num_key_value_heads: Option<usize>,
-    #[serde(default)]
+    /// HF: 128 when absent (not hidden / heads); `null` is rejected (an `int` field).
     pub head_dim: Option<usize>,
-    #[serde(default)]
     pub use_sliding_window: bool,
-    #[serde(default)]
+    /// HF: 4096 when absent, no window when `null`; only used with `use_sliding_window`.
     pub sliding_window: Option<usize>,
-    #[serde(default)]
+    /// HF: 28 when absent.
     pub max_window_layers: Option<usize>,
-    #[serde(default)]
     pub layer_types: Option<Vec<String>>,
 }
 
 impl Config {
-    /// Parses and validates; every unsupported value is rejected here, never in forward.
+    /// Parses and validates every key `Qwen3Config` honours (types, `null`, ranges);
+    /// every unsupported value is rejected here, never in forward.
     pub fn from_value(raw: &Value) -> Result<Self> {
-        let c: Config = config::parse_typed(raw, "Qwen3")?;
+        use config::limits::*;
+        let k = config::Keys::new(raw)?;
+        let defaults = config::DecoderDefaults { max_position_embeddings: 32768, reads_attention_bias: true };
+        let base = DecoderConfig::read(&k, &defaults)?;
+        let c = Config {
+            num_key_value_heads: k.opt_count("num_key_value_heads", Some(32), 1..=MAX_HEADS)?,
+            head_dim: Some(k.count("head_dim", Some(128), 1..=MAX_HEAD_DIM)?),
+            use_sliding_window: k.flag("use_sliding_window", false)?,
+            sliding_window: k.opt_count("sliding_window", Some(4096), 1..=MAX_POSITIONS)?,
+            max_window_layers: Some(k.count("max_window_layers", Some(28), 0..=MAX_STRIDE)?),
+            layer_types: k.opt_string_list("layer_types")?,
+            base,
+        };
         c.base.check(c.kv_heads(), c.head_dim())?;
         config::rope_params(raw, 10_000.0, 1.0)?;
         c.windows()?;
@@ -62,26 +71,13 @@ impl Config {
         let sw = if self.use_sliding_window { self.sliding_window } else { None };
         match &self.layer_types {
             Some(types) => {
-                if types.len() != self.base.num_hidden_layers {
-                    bail!(
-                        Config,
-                        "layer_types has {} entries but num_hidden_layers is {}",
-                        types.len(),
-                        self.base.num_hidden_layers
-                    );
-                }
-                types
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        "full_attention" => Ok(None),
-                        "sliding_attention" => Ok(sw),
-                        other => {
-                            bail!(Config,
-                            "layer_types: unknown layer type `{other}` (expected full_attention or sliding_attention)"
-                        )
-                        }
-                    })
-                    .collect()
+                let types = config::check_layer_types(
+                    types,
+                    self.base.num_hidden_layers,
+                    &["full_attention", "sliding_attention"],
+                    false,
+                )?;
+                Ok(types.iter().map(|t| if t == "sliding_attention" { sw } else { None }).collect())
             }
             None => {
                 let first = self.max_window_layers.unwrap_or(28);

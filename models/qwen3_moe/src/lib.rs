@@ -7,55 +7,68 @@
 use porter_core::build as load;
 use porter_core::config::{self, DecoderConfig};
 use porter_core::nn::AttentionConfig;
-use porter_core::{bail, Result};
+use porter_core::Result;
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, Weights};
-use serde::Deserialize;
 use serde_json::Value;
 
 /// The weight map (the single source of truth for checkpoint names).
 pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/qwen3_moe.toml");
 
-fn one() -> usize {
-    1
-}
-
 /// `config.json` of a Qwen3-MoE checkpoint (HF `Qwen3MoeConfig`; unknown keys ignored).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Keys shared by every decoder-only architecture.
-    #[serde(flatten)]
     pub base: DecoderConfig,
-    #[serde(default)]
+    /// HF: 4 when absent; `null` is rejected (an `int` field).
     pub num_key_value_heads: Option<usize>,
-    #[serde(default)]
+    /// Not a `Qwen3MoeConfig` field: the attention reads it when present, else
+    /// hidden / heads; `null` is rejected (transformers would build a `None`-wide head).
     pub head_dim: Option<usize>,
-    #[serde(default)]
     pub use_sliding_window: bool,
-    #[serde(default)]
+    /// HF: 4096 when absent, no window when `null`; only used with `use_sliding_window`.
     pub sliding_window: Option<usize>,
     pub num_experts: usize,
     pub num_experts_per_tok: usize,
     pub moe_intermediate_size: usize,
-    #[serde(default)]
     pub norm_topk_prob: bool,
-    #[serde(default = "one")]
     pub decoder_sparse_step: usize,
-    #[serde(default)]
     pub mlp_only_layers: Vec<usize>,
 }
 
 impl Config {
-    /// Parses and validates; every unsupported value is rejected here, never in forward.
+    /// Parses and validates every key `Qwen3MoeConfig` honours (types, `null`, ranges);
+    /// every unsupported value is rejected here, never in forward.
     pub fn from_value(raw: &Value) -> Result<Self> {
-        let c: Config = config::parse_typed(raw, "Qwen3-MoE")?;
+        use config::limits::*;
+        let k = config::Keys::new(raw)?;
+        let defaults = config::DecoderDefaults { max_position_embeddings: 32768, reads_attention_bias: true };
+        let base = DecoderConfig::read(&k, &defaults)?;
+        let moe_defaults = config::MoeDefaults {
+            num_experts: 128,
+            num_experts_per_tok: 8,
+            moe_intermediate_size: 768,
+            norm_topk_prob: false,
+        };
+        let moe = config::MoeKeys::read(&k, &moe_defaults, base.num_hidden_layers)?;
+        let head_dim = match k.get("head_dim") {
+            None => None,
+            Some(_) => Some(k.count("head_dim", None, 1..=MAX_HEAD_DIM)?),
+        };
+        let c = Config {
+            num_key_value_heads: Some(k.count("num_key_value_heads", Some(4), 1..=MAX_HEADS)?),
+            head_dim,
+            use_sliding_window: k.flag("use_sliding_window", false)?,
+            sliding_window: k.opt_count("sliding_window", Some(4096), 1..=MAX_POSITIONS)?,
+            num_experts: moe.num_experts,
+            num_experts_per_tok: moe.num_experts_per_tok,
+            moe_intermediate_size: moe.moe_intermediate_size,
+            norm_topk_prob: moe.norm_topk_prob,
+            decoder_sparse_step: moe.decoder_sparse_step,
+            mlp_only_layers: moe.mlp_only_layers,
+            base,
+        };
         c.base.check(c.kv_heads(), c.head_dim())?;
         config::rope_params(raw, 10_000.0, 1.0)?;
-        if c.decoder_sparse_step == 0 {
-            bail!(Config, "decoder_sparse_step must be >= 1");
-        }
-        if c.num_experts > 0 && (c.num_experts_per_tok == 0 || c.num_experts_per_tok > c.num_experts) {
-            bail!(Config, "num_experts_per_tok ({}) must be in 1..={}", c.num_experts_per_tok, c.num_experts);
-        }
         Ok(c)
     }
 

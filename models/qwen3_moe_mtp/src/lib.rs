@@ -12,50 +12,51 @@ use porter_core::nn::NormKind;
 use porter_core::registry::{DraftEntry, DraftLoadContext};
 use porter_core::{bail, Result};
 use porter_core::{config, MapContext, Weights};
-use serde::Deserialize;
 
 /// The weight map of the draft head.
 pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/qwen3_moe_mtp.toml");
 
-fn default_eps() -> f64 {
-    1e-6
-}
-fn one() -> usize {
-    1
-}
-
-/// The draft folder's config (a Qwen3-MoE or Qwen3 config; unknown keys ignored).
-#[derive(Debug, Clone, Deserialize)]
+/// The draft folder's config (a Qwen3-MoE or Qwen3 config; unknown keys ignored). Only
+/// the keys the draft head reads are checked; without `num_experts` the FFN is dense.
+#[derive(Debug, Clone)]
 pub struct Config {
     pub hidden_size: usize,
-    #[serde(default)]
     pub intermediate_size: usize,
-    #[serde(default = "default_eps")]
     pub rms_norm_eps: f64,
-    #[serde(default)]
     pub num_experts: usize,
-    #[serde(default)]
     pub num_experts_per_tok: usize,
-    #[serde(default)]
     pub moe_intermediate_size: usize,
-    #[serde(default)]
     pub norm_topk_prob: bool,
-    #[serde(default = "one")]
     pub decoder_sparse_step: usize,
-    #[serde(default)]
+    /// Module indices (bounded by `limits::MAX_LAYERS`: a draft module's index is not
+    /// bounded by the main model's `num_hidden_layers`).
     pub mlp_only_layers: Vec<usize>,
 }
 
 impl Config {
-    fn from_value(raw: &serde_json::Value) -> Result<Self> {
-        let c: Config = config::parse_typed(raw, "qwen3_moe_mtp draft")?;
-        if c.decoder_sparse_step == 0 {
-            bail!(Config, "decoder_sparse_step must be >= 1");
-        }
-        if c.num_experts > 0 && (c.num_experts_per_tok == 0 || c.num_experts_per_tok > c.num_experts) {
-            bail!(Config, "num_experts_per_tok ({}) must be in 1..={}", c.num_experts_per_tok, c.num_experts);
-        }
-        Ok(c)
+    /// Parses and validates the keys the draft reads (types, `null`, ranges).
+    pub fn from_value(raw: &serde_json::Value) -> Result<Self> {
+        use config::limits::*;
+        let k = config::Keys::new(raw)?;
+        let moe_defaults = config::MoeDefaults {
+            num_experts: 0,
+            num_experts_per_tok: 0,
+            moe_intermediate_size: 0,
+            norm_topk_prob: false,
+        };
+        let moe = config::MoeKeys::read(&k, &moe_defaults, MAX_LAYERS)?;
+        k.opt_count("vocab_size", None, 1..=MAX_VOCAB)?;
+        Ok(Config {
+            hidden_size: k.count("hidden_size", None, 1..=MAX_HIDDEN)?,
+            intermediate_size: k.count("intermediate_size", Some(0), 0..=MAX_INTERMEDIATE)?,
+            rms_norm_eps: k.float("rms_norm_eps", 1e-6, config::positive_f32, config::POSITIVE_F32)?,
+            num_experts: moe.num_experts,
+            num_experts_per_tok: moe.num_experts_per_tok,
+            moe_intermediate_size: moe.moe_intermediate_size,
+            norm_topk_prob: moe.norm_topk_prob,
+            decoder_sparse_step: moe.decoder_sparse_step,
+            mlp_only_layers: moe.mlp_only_layers,
+        })
     }
 
     fn is_moe_layer(&self, m: usize) -> bool {

@@ -10,41 +10,12 @@ use porter_core::build as load;
 use porter_core::config::{self, DecoderConfig};
 use porter_core::nn::GdnConfig;
 use porter_core::nn::{AttentionConfig, DecoderLayer, NormKind, Rope};
-use porter_core::{bail, Result};
+use porter_core::Result;
 use porter_core::{LoadContext, MapContext, Model, ModelEntry, TransformerLayer, Weights};
-use serde::Deserialize;
 use serde_json::Value;
 
 /// The weight map (the single source of truth for checkpoint names).
 pub const WEIGHT_MAP: &str = include_str!("../../../weight-maps/qwen3_next.toml");
-
-fn one() -> usize {
-    1
-}
-fn d_head() -> usize {
-    256
-}
-fn d_interval() -> usize {
-    4
-}
-fn d_conv() -> usize {
-    4
-}
-fn d_lin_dim() -> usize {
-    128
-}
-fn d_lin_k_heads() -> usize {
-    16
-}
-fn d_lin_v_heads() -> usize {
-    32
-}
-fn d_true() -> bool {
-    true
-}
-fn d_kv() -> usize {
-    2
-}
 
 /// The kind of a decoder layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,66 +26,87 @@ pub enum LayerType {
 
 /// `config.json` of a Qwen3-Next checkpoint (HF `Qwen3NextConfig` defaults; unknown keys
 /// ignored).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Keys shared by every decoder-only architecture.
-    #[serde(flatten)]
     pub base: DecoderConfig,
-    #[serde(default = "d_kv")]
+    /// HF: 2 when absent; `null` is rejected (an `int` field), as for every count below.
     pub num_key_value_heads: usize,
-    #[serde(default = "d_head")]
+    /// HF: 256 when absent.
     pub head_dim: usize,
-    #[serde(default)]
+    /// After transformers' legacy renames (`attention`, `mamba`).
     pub layer_types: Option<Vec<String>>,
-    #[serde(default = "d_interval")]
+    /// HF: 4 when absent; read only without `layer_types` (transformers ignores it then).
     pub full_attention_interval: usize,
-    #[serde(default = "d_conv")]
     pub linear_conv_kernel_dim: usize,
-    #[serde(default = "d_lin_dim")]
     pub linear_key_head_dim: usize,
-    #[serde(default = "d_lin_dim")]
     pub linear_value_head_dim: usize,
-    #[serde(default = "d_lin_k_heads")]
     pub linear_num_key_heads: usize,
-    #[serde(default = "d_lin_v_heads")]
     pub linear_num_value_heads: usize,
     pub num_experts: usize,
     pub num_experts_per_tok: usize,
     pub moe_intermediate_size: usize,
     pub shared_expert_intermediate_size: usize,
-    #[serde(default = "d_true")]
     pub norm_topk_prob: bool,
-    #[serde(default = "one")]
     pub decoder_sparse_step: usize,
-    #[serde(default)]
     pub mlp_only_layers: Option<Vec<usize>>,
 }
 
 impl Config {
-    /// Parses and validates; every unsupported value is rejected here, never in forward.
+    /// Parses and validates every key `Qwen3NextConfig` honours (types, `null`, ranges);
+    /// every unsupported value is rejected here, never in forward.
     pub fn from_value(raw: &Value) -> Result<Self> {
-        let c: Config = config::parse_typed(raw, "Qwen3-Next")?;
+        use config::limits::*;
+        let k = config::Keys::new(raw)?;
+        let defaults = config::DecoderDefaults { max_position_embeddings: 32768, reads_attention_bias: true };
+        let base = DecoderConfig::read(&k, &defaults)?;
+        let layers = base.num_hidden_layers;
+        let moe_defaults = config::MoeDefaults {
+            num_experts: 512,
+            num_experts_per_tok: 10,
+            moe_intermediate_size: 512,
+            norm_topk_prob: true,
+        };
+        let moe = config::MoeKeys::read(&k, &moe_defaults, layers)?;
+        let layer_types = match k.opt_string_list("layer_types")? {
+            Some(t) => Some(config::check_layer_types(&t, layers, &["linear_attention", "full_attention"], true)?),
+            None => None,
+        };
+        let full_attention_interval = match layer_types {
+            Some(_) => 4,
+            None => k.count("full_attention_interval", Some(4), 1..=MAX_STRIDE)?,
+        };
+        let c = Config {
+            num_key_value_heads: k.count("num_key_value_heads", Some(2), 1..=MAX_HEADS)?,
+            head_dim: k.count("head_dim", Some(256), 1..=MAX_HEAD_DIM)?,
+            layer_types,
+            full_attention_interval,
+            linear_conv_kernel_dim: k.count("linear_conv_kernel_dim", Some(4), 1..=MAX_CONV_KERNEL)?,
+            linear_key_head_dim: k.count("linear_key_head_dim", Some(128), 1..=MAX_HEAD_DIM)?,
+            linear_value_head_dim: k.count("linear_value_head_dim", Some(128), 1..=MAX_HEAD_DIM)?,
+            linear_num_key_heads: k.count("linear_num_key_heads", Some(16), 1..=MAX_HEADS)?,
+            linear_num_value_heads: k.count("linear_num_value_heads", Some(32), 1..=MAX_HEADS)?,
+            num_experts: moe.num_experts,
+            num_experts_per_tok: moe.num_experts_per_tok,
+            moe_intermediate_size: moe.moe_intermediate_size,
+            shared_expert_intermediate_size: k.count(
+                "shared_expert_intermediate_size",
+                Some(512),
+                1..=MAX_INTERMEDIATE,
+            )?,
+            norm_topk_prob: moe.norm_topk_prob,
+            decoder_sparse_step: moe.decoder_sparse_step,
+            mlp_only_layers: Some(moe.mlp_only_layers),
+            base,
+        };
         c.base.check(c.num_key_value_heads, c.head_dim)?;
-        config::rope_params(raw, 10_000.0, 0.25)?;
-        if c.decoder_sparse_step == 0 {
-            bail!(Config, "decoder_sparse_step must be >= 1");
-        }
-        if c.full_attention_interval == 0 {
-            bail!(Config, "full_attention_interval must be >= 1");
-        }
-        if c.linear_num_key_heads == 0 || !c.linear_num_value_heads.is_multiple_of(c.linear_num_key_heads) {
-            bail!(
-                Config,
-                "linear_num_value_heads ({}) must be a positive multiple of linear_num_key_heads ({})",
+        config::check_rotary_dim(&config::rope_params(raw, 10_000.0, 0.25)?, c.head_dim)?;
+        if !c.linear_num_value_heads.is_multiple_of(c.linear_num_key_heads) {
+            return Err(porter_core::Error::key(
+                "linear_num_value_heads",
                 c.linear_num_value_heads,
-                c.linear_num_key_heads
-            );
-        }
-        if c.linear_conv_kernel_dim == 0 || c.linear_key_head_dim == 0 || c.linear_value_head_dim == 0 {
-            bail!(Config, "linear_conv_kernel_dim, linear_key_head_dim and linear_value_head_dim must be positive");
-        }
-        if c.num_experts > 0 && (c.num_experts_per_tok == 0 || c.num_experts_per_tok > c.num_experts) {
-            bail!(Config, "num_experts_per_tok ({}) must be in 1..={}", c.num_experts_per_tok, c.num_experts);
+                format!("must be a multiple of linear_num_key_heads = {}", c.linear_num_key_heads),
+            ));
         }
         c.layer_kinds()?;
         Ok(c)
@@ -125,23 +117,15 @@ impl Config {
     pub fn layer_kinds(&self) -> Result<Vec<LayerType>> {
         match &self.layer_types {
             Some(t) => {
-                if t.len() != self.base.num_hidden_layers {
-                    bail!(
-                        Config,
-                        "layer_types has {} entries but num_hidden_layers is {}",
-                        t.len(),
-                        self.base.num_hidden_layers
-                    );
-                }
-                t.iter()
-                    .map(|s| match s.as_str() {
-                        "linear_attention" => Ok(LayerType::LinearAttention),
-                        "full_attention" => Ok(LayerType::FullAttention),
-                        other => {
-                            bail!(Config, "layer_types: unknown layer type `{other}` (expected linear_attention or full_attention)")
-                        }
-                    })
-                    .collect()
+                let t = config::check_layer_types(
+                    t,
+                    self.base.num_hidden_layers,
+                    &["linear_attention", "full_attention"],
+                    true,
+                )?;
+                Ok(t.iter()
+                    .map(|s| if s == "full_attention" { LayerType::FullAttention } else { LayerType::LinearAttention })
+                    .collect())
             }
             None => Ok((0..self.base.num_hidden_layers)
                 .map(|i| {
