@@ -150,9 +150,8 @@ pub fn generate_speculative(
     mode: MtpMode,
 ) -> Result<SpecGeneration> {
     check_config(drafts, k, mode)?;
-    if prompt.is_empty() {
-        bail!(Input, "the prompt is empty: at least one token id is needed");
-    }
+    // A verify step looks K positions past the last accepted token.
+    crate::engine::generate::check_context(main, prompt.len(), max_tokens, k)?;
     let mut sampler = Sampler::new(params)?;
     let mut cache = main.try_new_cache_spec(1, k)?;
     let seq = cache.alloc_seq()?;
