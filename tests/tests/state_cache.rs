@@ -58,8 +58,8 @@ fn many_sequences_share_one_cache_without_leaks() {
     for _ in 0..200 {
         let a = cache.alloc_seq().unwrap();
         let b = cache.alloc_seq().unwrap();
-        cache.free_seq(a);
-        cache.free_seq(b);
+        cache.free_seq(a).unwrap();
+        cache.free_seq(b).unwrap();
     }
     assert!(cache.slots_created() <= 2, "slots leaked: {}", cache.slots_created());
     // Two sequences in one batch give the same logits as each alone.
@@ -84,7 +84,7 @@ fn many_sequences_share_one_cache_without_leaks() {
     assert_close("seq a decode", &out.logits.data()[..v], &logits_after(&m, &a2), 1e-4);
     assert_close("seq b decode", &out.logits.data()[v..], &logits_after(&m, &b2), 1e-4);
     // A freed slot starts clean.
-    cache.free_seq(a);
+    cache.free_seq(a).unwrap();
     let c = cache.alloc_seq().unwrap();
     let out = m.forward(&Batch::single(c, 0, &b_ids), &mut cache, LogitsFor::Last).unwrap();
     assert_close("reused slot", out.logits.data(), &logits_after(&m, &b_ids), 1e-4);

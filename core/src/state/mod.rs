@@ -85,8 +85,9 @@ impl LayerCache {
 pub trait StateCache: Send {
     /// Takes a free slot for a new sequence.
     fn alloc_seq(&mut self) -> Result<SeqId>;
-    /// Releases a slot and its state.
-    fn free_seq(&mut self, seq: SeqId);
+    /// Releases a slot and its state. A device error while clearing the slot is returned
+    /// (the slot is then not handed out again).
+    fn free_seq(&mut self, seq: SeqId) -> Result<()>;
     /// Tokens consumed by the sequence so far.
     fn seq_len(&self, seq: SeqId) -> usize;
     /// Whether the slot holds a live sequence.
@@ -142,18 +143,17 @@ impl StateCache for ModelCache {
         Ok(SeqId(self.lens.len() - 1))
     }
 
-    fn free_seq(&mut self, seq: SeqId) {
+    fn free_seq(&mut self, seq: SeqId) -> Result<()> {
         if let Some(l @ Some(_)) = self.lens.get_mut(seq.0) {
             *l = None;
             for layer in &mut self.layers {
                 // Zeroing a device slot can only fail on a broken device; the slot is then
-                // not handed out again.
-                if layer.clear(seq).is_err() {
-                    return;
-                }
+                // not handed out again, and the error goes to the caller.
+                layer.clear(seq)?;
             }
             self.free.push(seq.0);
         }
+        Ok(())
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {
@@ -220,11 +220,11 @@ mod tests {
             c.advance(a, 1).unwrap();
             // Free in both orders.
             if round % 2 == 0 {
-                c.free_seq(a);
-                c.free_seq(b);
+                c.free_seq(a).unwrap();
+                c.free_seq(b).unwrap();
             } else {
-                c.free_seq(b);
-                c.free_seq(a);
+                c.free_seq(b).unwrap();
+                c.free_seq(a).unwrap();
             }
             assert_eq!(c.live(), 0);
         }
