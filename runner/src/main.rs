@@ -256,7 +256,7 @@ fn cmd_logits(a: &LogitsArgs) -> Result<()> {
     let drafts = load_drafts(&dir, &model, &a.draft, false)?;
     let ids = &a.ids.0;
     checks::logits_ids(ids, &model)?;
-    let mut cache = model.try_new_cache_spec(1, 0)?;
+    let mut cache = model.new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     let vocab = model.info.vocab_size;
     let mut logits: Vec<f32> = Vec::new();
@@ -473,7 +473,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     };
     // Warm-up: compiles the kernels (NVRTC, first use) and touches every code path once.
     {
-        let mut cache = model.try_new_cache_spec(1, 0)?;
+        let mut cache = model.new_cache_spec(1, 0)?;
         let seq = cache.alloc_seq()?;
         let ids: Vec<u32> = (0..8).map(tok).collect();
         model.forward(&Batch::single(seq, 0, &ids), &mut cache, LogitsFor::Last)?;
@@ -485,11 +485,11 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         if device != Device::Cpu {
             // One untimed run at this length (first use of the prefill kernels at this size:
             // the memory pool grows, cuBLAS picks its algorithms), as hf_bench.py does.
-            let mut c = model.try_new_cache_spec(1, 0)?;
+            let mut c = model.new_cache_spec(1, 0)?;
             let s = c.alloc_seq()?;
             model.forward(&Batch::single(s, 0, &ids), &mut c, LogitsFor::Last)?;
         }
-        let mut cache = model.try_new_cache_spec(1, 0)?;
+        let mut cache = model.new_cache_spec(1, 0)?;
         let seq = cache.alloc_seq()?;
         model.sync()?;
         let _ = porter_core::backend::cuda::profile::take();
@@ -504,7 +504,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         results.push(serde_json::json!({"kind": "prefill", "tokens": n, "seconds": s, "tokens_per_s": n as f64 / s}));
     }
     for &b in &a.batch {
-        let mut cache = model.try_new_cache_spec(b, 0)?;
+        let mut cache = model.new_cache_spec(b, 0)?;
         let mut batch = Batch::default();
         let mut seqs = Vec::with_capacity(b);
         for j in 0..b {

@@ -75,14 +75,14 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Logits of every position from one full-sequence forward.
 pub fn prefill_logits(model: &Model, ids: &[u32]) -> Result<Vec<f32>> {
-    let mut cache = model.try_new_cache_spec(1, 0)?;
+    let mut cache = model.new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     model.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::All)?.logits.host_vec()
 }
 
 /// Logits of every position, feeding one token at a time through the cache.
 pub fn incremental_logits(model: &Model, ids: &[u32]) -> Result<Vec<f32>> {
-    let mut cache = model.try_new_cache_spec(1, 0)?;
+    let mut cache = model.new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     let mut out = Vec::new();
     for (p, &id) in ids.iter().enumerate() {

@@ -110,7 +110,7 @@ fn shape_mismatch_names_expected_and_found() {
 #[test]
 fn token_id_out_of_vocab() {
     let m = registry::load(&fixture("qwen3"), DType::F32, Device::Cpu, false).unwrap();
-    let mut cache = m.new_cache(1);
+    let mut cache = m.new_cache(1).unwrap();
     let seq = cache.alloc_seq().unwrap();
     let err = m.forward(&Batch::single(seq, 0, &[3, 512]), &mut cache, LogitsFor::All).expect_err("must fail");
     assert!(err.to_string().contains("token id 512 is out of range"), "{err}");
@@ -136,7 +136,7 @@ fn bad_moe_config_value() {
 #[test]
 fn unallocated_or_repeated_sequences_are_rejected() {
     let m = registry::load(&fixture("qwen3_next_a"), DType::F32, Device::Cpu, false).unwrap();
-    let mut cache = m.new_cache(2);
+    let mut cache = m.new_cache(2).unwrap();
     let e =
         m.forward(&Batch::single(porter_core::SeqId(1), 0, &[3]), &mut cache, LogitsFor::All).expect_err("must fail");
     assert!(e.to_string().contains("not allocated"), "{e}");

@@ -107,7 +107,7 @@ fn cuda_batched_sequences_equal_separate_runs() {
         for p in &prompts {
             alone.push(prefill_logits(&m, p).unwrap());
         }
-        let mut cache = m.try_new_cache_spec(prompts.len(), 0).unwrap();
+        let mut cache = m.new_cache_spec(prompts.len(), 0).unwrap();
         let seqs: Vec<_> = prompts.iter().map(|_| cache.alloc_seq().unwrap()).collect();
         let mut batch = Batch::default();
         for (s, p) in seqs.iter().zip(&prompts) {
@@ -164,7 +164,7 @@ fn cuda_rollback_equals_fresh_run() {
     let ids: Vec<u32> = vec![11, 22, 33, 44, 55, 66, 77, 88];
     let fresh = prefill_logits(&m, &ids).unwrap();
     let v = m.info.vocab_size;
-    let mut cache = m.try_new_cache_spec(1, 3).unwrap();
+    let mut cache = m.new_cache_spec(1, 3).unwrap();
     let s = cache.alloc_seq().unwrap();
     m.forward(&Batch::single(s, 0, &ids[..4]), &mut cache, LogitsFor::All).unwrap();
     // Verify 4 rows (2 of them wrong), keep 2, then continue with the true tokens.

@@ -17,7 +17,7 @@ fn rejected_draft_tokens_roll_back_exactly() {
     let prompt: Vec<u32> = (0..70).map(|i| (i * 37 % 500 + 3) as u32).collect();
     for spec in 1..=3usize {
         for accepted in 1..=spec + 1 {
-            let mut cache = m.new_cache_spec(1, spec);
+            let mut cache = m.new_cache_spec(1, spec).unwrap();
             let seq = cache.alloc_seq().unwrap();
             m.forward(&Batch::single(seq, 0, &prompt), &mut cache, LogitsFor::Last).unwrap();
             // A verify step of spec + 1 rows: the last accepted token plus `spec` drafts.
@@ -40,7 +40,7 @@ fn rejected_draft_tokens_roll_back_exactly() {
 #[test]
 fn rollback_beyond_the_last_step_is_an_error() {
     let m = load("qwen3_next_a", DType::F32).unwrap();
-    let mut cache = m.new_cache_spec(1, 2);
+    let mut cache = m.new_cache_spec(1, 2).unwrap();
     let seq = cache.alloc_seq().unwrap();
     m.forward(&Batch::single(seq, 0, &[3, 4, 5, 6, 7]), &mut cache, LogitsFor::Last).unwrap();
     let e = cache.truncate(seq, 2).unwrap_err().to_string();
@@ -52,7 +52,7 @@ fn rollback_beyond_the_last_step_is_an_error() {
 #[test]
 fn many_sequences_share_one_cache_without_leaks() {
     let m = load("qwen3_next_b", DType::F32).unwrap();
-    let mut cache = m.new_cache(4);
+    let mut cache = m.new_cache(4).unwrap();
     let a_ids: Vec<u32> = vec![5, 9, 14, 200, 31, 7];
     let b_ids: Vec<u32> = vec![17, 3, 99];
     for _ in 0..200 {

@@ -69,7 +69,7 @@ pub fn generate(
 ) -> Result<Generation> {
     check_context(model, prompt.len(), max_tokens, 0)?;
     let mut sampler = Sampler::new(params)?;
-    let mut cache = model.try_new_cache_spec(1, 0)?;
+    let mut cache = model.new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     let ctx = model.info.max_position_embeddings.unwrap_or(usize::MAX);
     // Sized by what can be generated, never by an unchecked count.

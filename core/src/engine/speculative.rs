@@ -84,7 +84,7 @@ pub fn draft_logits(main: &Model, draft: &dyn DraftHead, ids: &[u32]) -> Result<
     if ids.len() < 2 {
         bail!(Input, "draft logits need at least 2 token ids");
     }
-    let mut cache = main.try_new_cache_spec(1, 0)?;
+    let mut cache = main.new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     let out = main.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::Last)?;
     let t = ids.len();
@@ -153,7 +153,7 @@ pub fn generate_speculative(
     // A verify step looks K positions past the last accepted token.
     crate::engine::generate::check_context(main, prompt.len(), max_tokens, k)?;
     let mut sampler = Sampler::new(params)?;
-    let mut cache = main.try_new_cache_spec(1, k)?;
+    let mut cache = main.new_cache_spec(1, k)?;
     let seq = cache.alloc_seq()?;
     let mut caches = Vec::with_capacity(drafts.len());
     for d in drafts {

@@ -66,26 +66,15 @@ pub struct Model {
 }
 
 impl Model {
-    /// A state cache for up to `max_seqs` concurrent sequences.
-    pub fn new_cache(&self, max_seqs: usize) -> ModelCache {
+    /// A state cache for up to `max_seqs` concurrent sequences (device errors reported).
+    pub fn new_cache(&self, max_seqs: usize) -> Result<ModelCache> {
         self.new_cache_spec(max_seqs, 0)
     }
 
-    /// A state cache whose recurrent layers can roll back up to `spec` rejected draft tokens.
-    ///
-    /// # Panics
-    /// When the device cannot hold the cache (see [`Model::try_new_cache_spec`]).
-    pub fn new_cache_spec(&self, max_seqs: usize, spec: usize) -> ModelCache {
-        match self.try_new_cache_spec(max_seqs, spec) {
-            Ok(c) => c,
-            Err(e) => panic!("cannot allocate the state cache: {e:#}"),
-        }
-    }
-
-    /// As [`Model::new_cache_spec`], with device allocation errors reported. On a CUDA
-    /// model the recurrent state pools for `max_seqs` slots are allocated up front and the
-    /// KV buffers grow per sequence.
-    pub fn try_new_cache_spec(&self, max_seqs: usize, spec: usize) -> Result<ModelCache> {
+    /// A state cache whose recurrent layers can roll back up to `spec` rejected draft tokens,
+    /// with device allocation errors reported. On a CUDA model the recurrent state pools for
+    /// `max_seqs` slots are allocated up front and the KV buffers grow per sequence.
+    pub fn new_cache_spec(&self, max_seqs: usize, spec: usize) -> Result<ModelCache> {
         let (device, dtype) = (self.info.device, self.info.dtype);
         let layers = self
             .layers
