@@ -7,7 +7,7 @@
 use super::{AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, NormKind, Ops, RecBuf, RecCache, RopeArgs};
 use crate::batch::{Batch, SeqId};
 use crate::error::Result;
-use crate::tensor::{CpuStorage, DType, HostSlice, Storage, Tensor};
+use crate::tensor::{CpuStorage, DType, HostSlice, Tensor};
 use crate::{bail, err};
 use porter_kernels::cpu::{gdn, ops};
 use rayon::prelude::*;
@@ -604,11 +604,6 @@ impl CpuRec {
             *s = CpuRecSlot::default();
         }
     }
-}
-
-/// Whether a tensor's data is host `f32` (a CPU activation).
-pub fn is_host_f32(t: &Tensor) -> bool {
-    matches!(t.storage(), Storage::Cpu(CpuStorage::F32(_)))
 }
 
 #[cfg(test)]

@@ -325,11 +325,6 @@ impl KvCache {
             KvBuf::Cuda(b) => b.clear(seq),
         }
     }
-
-    /// A copy (device buffers copied, errors reported).
-    pub fn try_clone(&self) -> Result<Self> {
-        Ok(self.clone())
-    }
 }
 
 /// Rollback bookkeeping of one recurrent slot, shared by every backend: which SSM buffer

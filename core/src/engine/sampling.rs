@@ -140,8 +140,11 @@ impl Sampler {
     /// the uniform draw comes from this sampler's stream, so a seed reproduces a run).
     pub fn sample_tensor(&mut self, logits: &crate::tensor::Tensor, row: usize) -> Result<u32> {
         if let crate::tensor::Storage::Cpu(_) = logits.storage() {
-            let v = logits.narrow_rows(row, 1)?.host_vec()?;
-            return Ok(self.sample(&v));
+            let (v, d) = (logits.host_f32()?, logits.last_dim());
+            if row >= logits.rows() {
+                crate::bail!(Shape, "sampling row {row} of {} logit rows", logits.rows());
+            }
+            return Ok(self.sample(&v[row * d..(row + 1) * d]));
         }
         let u = if self.params.temperature == 0.0 { 0.0 } else { self.next_f64() as f32 };
         let p = &self.params;

@@ -141,14 +141,11 @@ impl Checkpoint {
 
     /// Reads the raw little-endian bytes of tensor `name` into `dst` (exactly its size).
     pub fn read_bytes(&self, name: &str, dst: &mut [u8]) -> Result<()> {
-        use std::os::unix::fs::FileExt;
         let info = self.get(name).ok_or_else(|| err!(Checkpoint, "tensor `{name}` not in checkpoint"))?;
         if dst.len() != info.end - info.start {
             bail!(Internal, "tensor `{name}`: {} bytes requested, {} stored", dst.len(), info.end - info.start);
         }
-        let (path, file) = &self.files[info.file];
-        file.read_exact_at(dst, info.start as u64)
-            .map_err(|e| err!(Checkpoint, "{}: reading tensor `{name}`: {e}", path.display()))
+        self.read_bytes_at(name, 0, dst)
     }
 
     /// Reads bytes `offset..offset + dst.len()` of tensor `name` into `dst`.

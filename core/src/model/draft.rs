@@ -82,7 +82,16 @@ pub fn concat_last(a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
     if a.rows() != b.rows() {
         bail!(Shape, "concat: {} vs {} rows", a.rows(), b.rows());
     }
-    a.try_clone()?.try_to_dtype(dtype)?.concat_last(&b.try_clone()?.try_to_dtype(dtype)?)
+    // Cast only an input that is not in `dtype` yet (the norms already give it).
+    let cast = |t: &Tensor| -> Result<Option<Tensor>> {
+        if t.dtype() == dtype {
+            Ok(None)
+        } else {
+            t.try_clone()?.try_to_dtype(dtype).map(Some)
+        }
+    };
+    let (ca, cb) = (cast(a)?, cast(b)?);
+    ca.as_ref().unwrap_or(a).concat_last(cb.as_ref().unwrap_or(b))
 }
 
 fn check_batch(main: &Model, batch: &Batch, hidden: &Tensor) -> Result<()> {

@@ -36,11 +36,6 @@ impl Linear {
     }
 }
 
-/// Bytes of a weight tensor in its dtype.
-pub fn tensor_bytes(t: &Tensor) -> usize {
-    t.bytes()
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::test_util::*;

@@ -236,7 +236,7 @@ impl Tensor {
         let shape = shape.into();
         let n: usize = shape.iter().product();
         if n != s.len() {
-            bail!(Device, "device buffer of {} elements for shape {shape:?}", s.len());
+            bail!(Internal, "device buffer of {} elements for shape {shape:?}", s.len());
         }
         Ok(Self::from_storage(shape, Storage::Cuda(CudaStorage { gpu: gpu.clone(), buf: T::wrap(s) }), T::DTYPE))
     }

@@ -37,7 +37,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, kind: NormKind) -> Result<Tens
     let _p = profile::span("rms_norm", &g);
     let d = w.elem_count();
     if d == 0 || !x.elem_count().is_multiple_of(d) {
-        bail!(Device, "rms_norm: input {:?} is not a multiple of the norm width {d}", x.shape());
+        bail!(Shape, "rms_norm: input {:?} is not a multiple of the norm width {d}", x.shape());
     }
     let rows = x.elem_count() / d;
     let kind = norm_kind(kind);
@@ -269,7 +269,7 @@ impl CudaKv {
         }
         let s = self.slots[seq.0].as_mut().ok_or_else(|| err!(Internal, "KV slot missing"))?;
         if s.len < keep {
-            bail!(Device, "KV cache of slot {} holds {} positions, cannot write at position {keep}", seq.0, s.len);
+            bail!(Cache, "KV cache of slot {} holds {} positions, cannot write at position {keep}", seq.0, s.len);
         }
         s.len = need;
         fn ptr<T: DevType>(g: &Gpu, t: &Tensor) -> Result<u64> {

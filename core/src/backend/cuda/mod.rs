@@ -190,7 +190,7 @@ pub fn gather_rows(x: &Tensor, idx: &[usize]) -> Result<Tensor> {
     let g = gpu_of(x, "gather_rows")?;
     let (rows, d) = (x.rows(), x.last_dim());
     if let Some(&bad) = idx.iter().find(|&&i| i >= rows) {
-        bail!(Device, "row index {bad} out of range ({rows} rows)");
+        bail!(Shape, "row index {bad} out of range ({rows} rows)");
     }
     let ids: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
     let dev_idx = g.upload(&ids)?;
