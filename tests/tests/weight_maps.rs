@@ -56,3 +56,14 @@ snap_draft! {
     draft_qwen3_dense_mtp => "qwen3", "qwen3_dense_mtp_draft",
     draft_mistral_mtp => "mistral", "mistral_mtp_draft",
 }
+
+/// `LlamaForCausalLM`'s map (the shared Llama layout as is) resolved against the real
+/// SmolLM2-135M-Instruct config committed with its reference (tied embeddings, 30 layers).
+#[test]
+fn llama_smollm2() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/smollm2_ref/reference.json");
+    let text = std::fs::read_to_string(&path).expect("reference.json");
+    let reference: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let map = registry::resolve_config(&reference["config"]).expect("resolve");
+    insta::assert_snapshot!("llama_smollm2", map.render_table());
+}
