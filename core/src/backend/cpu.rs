@@ -5,7 +5,7 @@
 //! inflated to a full f32 copy). The kernels themselves are `porter_kernels::cpu`.
 
 use super::{AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, NormKind, Ops, RecBuf, RecCache, RopeArgs};
-use crate::batch::{Batch, SeqId};
+use crate::batch::{Batch, PageStep, SeqId, PAD};
 use crate::error::Result;
 use crate::tensor::{CpuStorage, DType, HostSlice, Tensor};
 use crate::{bail, err};
@@ -206,24 +206,23 @@ impl Ops for CpuOps {
         batch: &Batch,
         kv: &mut KvCache,
     ) -> Result<Tensor> {
+        let step = kv.step_for(batch)?;
         let KvBuf::Cpu(store) = &mut kv.buf else { bail!(Internal, "attention on the CPU with a device KV cache") };
         let (t, hd) = (q.dim(0), a.head_dim);
         let dt = q.dtype();
         let row_q = a.heads * hd;
-        let row_kv = a.kv_heads * hd;
         let (qd, kd, vd) = (q.data(), k.data(), v.data());
+        store.write(&step.slots, kd, vd)?;
         let mut out = vec![0.0f32; t * row_q];
-        for s in &batch.spans {
-            let (kc, vc) = store.write(
-                s.seq,
-                s.pos0,
-                &kd[s.start * row_kv..(s.start + s.len) * row_kv],
-                &vd[s.start * row_kv..(s.start + s.len) * row_kv],
-            )?;
+        let (mut kc, mut vc) = (Vec::new(), Vec::new());
+        for (i, s) in batch.spans.iter().enumerate() {
+            // The sequence's keys 0..pos0+len, gathered from its blocks in order (every row
+            // is computed alone, so the result does not depend on the rest of the batch).
+            store.gather(&step, i, s.pos0 + s.len, &mut kc, &mut vc)?;
             ops::causal_attention(
                 &qd[s.start * row_q..(s.start + s.len) * row_q],
-                kc,
-                vc,
+                &kc,
+                &vc,
                 &mut out[s.start * row_q..(s.start + s.len) * row_q],
                 s.len,
                 s.pos0,
@@ -482,68 +481,58 @@ pub fn rope_tables(inv_freq: &[f32], positions: &[usize], scaling: f32, dtype: D
 // State buffers
 // ---------------------------------------------------------------------------------------
 
-/// Host keys and values of one attention layer: per slot `[len, kv_heads·head_dim]` f32.
+/// Host key / value pool of one attention layer: `[rows, kv_heads·head_dim]` f32 each,
+/// grown to the highest row written (at most `cap` rows).
 #[derive(Debug, Clone)]
 pub struct CpuKv {
     row: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    cap: usize,
+    k: Vec<f32>,
+    v: Vec<f32>,
 }
 
 impl CpuKv {
-    pub fn new(row: usize) -> Self {
-        Self { row, k: Vec::new(), v: Vec::new() }
+    pub fn new(row: usize, cap: usize) -> Self {
+        Self { row, cap, k: Vec::new(), v: Vec::new() }
     }
 
-    /// Writes positions `pos0..pos0 + t` (dropping anything cached at or after `pos0`) and
-    /// returns the slot's whole `(k, v)`.
-    pub fn write(&mut self, seq: SeqId, pos0: usize, k: &[f32], v: &[f32]) -> Result<(&[f32], &[f32])> {
-        if self.k.len() <= seq.0 {
-            self.k.resize_with(seq.0 + 1, Vec::new);
-            self.v.resize_with(seq.0 + 1, Vec::new);
-        }
+    /// Writes batch row `r` of `k` / `v` to pool row `slots[r]` ([`PAD`] rows are skipped).
+    pub fn write(&mut self, slots: &[u32], k: &[f32], v: &[f32]) -> Result<()> {
         let row = self.row;
-        let (kc, vc) = (&mut self.k[seq.0], &mut self.v[seq.0]);
-        if kc.len() < pos0 * row {
-            bail!(
-                Cache,
-                "KV cache of slot {} holds {} positions, cannot write at position {pos0}",
-                seq.0,
-                kc.len() / row.max(1)
-            );
+        for (r, &slot) in slots.iter().enumerate() {
+            if slot == PAD {
+                continue;
+            }
+            let slot = slot as usize;
+            if slot >= self.cap {
+                bail!(Cache, "KV pool row {slot} is outside the pool of {} rows", self.cap);
+            }
+            if self.k.len() < (slot + 1) * row {
+                // Grow by whole blocks of at least 64 rows so appends are amortised.
+                let rows = (slot + 1).next_multiple_of(64).min(self.cap);
+                self.k.resize(rows * row, 0.0);
+                self.v.resize(rows * row, 0.0);
+            }
+            self.k[slot * row..(slot + 1) * row].copy_from_slice(&k[r * row..(r + 1) * row]);
+            self.v[slot * row..(slot + 1) * row].copy_from_slice(&v[r * row..(r + 1) * row]);
         }
-        kc.truncate(pos0 * row);
-        vc.truncate(pos0 * row);
-        kc.extend_from_slice(k);
-        vc.extend_from_slice(v);
-        Ok((&self.k[seq.0], &self.v[seq.0]))
+        Ok(())
     }
 
-    pub fn len(&self, seq: SeqId) -> usize {
-        self.k.get(seq.0).map_or(0, |k| k.len() / self.row.max(1))
-    }
-
-    pub fn is_empty(&self, seq: SeqId) -> bool {
-        self.len(seq) == 0
-    }
-
-    pub fn truncate(&mut self, seq: SeqId, len: usize) {
+    /// Keys and values of positions `0..len` of span `i` gathered into `[len, row]` buffers.
+    pub fn gather(&self, step: &PageStep, i: usize, len: usize, k: &mut Vec<f32>, v: &mut Vec<f32>) -> Result<()> {
         let row = self.row;
-        if let Some(k) = self.k.get_mut(seq.0) {
-            k.truncate(len * row);
+        k.clear();
+        v.clear();
+        for p in 0..len {
+            let slot = step.row(i, p);
+            if (slot + 1) * row > self.k.len() {
+                bail!(Cache, "KV pool row {slot} (position {p} of span {i}) was never written");
+            }
+            k.extend_from_slice(&self.k[slot * row..(slot + 1) * row]);
+            v.extend_from_slice(&self.v[slot * row..(slot + 1) * row]);
         }
-        if let Some(v) = self.v.get_mut(seq.0) {
-            v.truncate(len * row);
-        }
-    }
-
-    pub fn clear(&mut self, seq: SeqId) {
-        if let Some(k) = self.k.get_mut(seq.0) {
-            *k = Vec::new();
-        }
-        if let Some(v) = self.v.get_mut(seq.0) {
-            *v = Vec::new();
-        }
+        Ok(())
     }
 }
 

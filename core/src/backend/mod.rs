@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::bail;
+use crate::batch::PageStep;
 use crate::batch::{Batch, SeqId};
 use crate::error::Result;
 use crate::tensor::{DType, Device, Storage, Tensor};
@@ -270,60 +271,78 @@ fn same_device(a: &Tensor, b: &Tensor, op: &str) -> Result<()> {
 // Per-layer state buffers
 // ---------------------------------------------------------------------------------------
 
-/// Key / value storage of one attention layer for every slot, on one backend.
+/// Key / value pool of one attention layer, on one backend.
 #[derive(Debug, Clone)]
 pub enum KvBuf {
     Cpu(cpu::CpuKv),
     Cuda(cuda::CudaKv),
 }
 
-/// Key / value cache of one attention layer for every slot.
+/// Paged key / value cache of one attention layer: one pool of `num_blocks` blocks of
+/// `block_size` token rows, shared by every sequence. Which blocks a sequence owns is the
+/// model cache's business (its block manager); each forward hands every attention layer the
+/// same [`PageStep`] (`step`), which says where the step's rows go and where each
+/// sequence's keys live.
 ///
 /// # Shapes
-/// per slot: `k`, `v`: `[len, kv_heads, head_dim]` in the model dtype
+/// pool: `k`, `v`: `[num_blocks · block_size, kv_heads, head_dim]` in the model dtype (on the
+/// CPU as f32 values rounded to it, grown as blocks are first written; on a GPU allocated up
+/// front)
 #[derive(Debug, Clone)]
 pub struct KvCache {
     pub kv_heads: usize,
     pub head_dim: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    /// The current forward's paging metadata (set by the model cache before each forward).
+    pub step: Option<std::sync::Arc<PageStep>>,
     pub buf: KvBuf,
 }
 
 impl KvCache {
-    /// An empty cache on `device` (per-sequence buffers grow as positions are written).
-    pub fn new(device: Device, kv_heads: usize, head_dim: usize, dtype: DType) -> Result<Self> {
+    /// A pool of `num_blocks` blocks of `block_size` rows on `device`.
+    ///
+    /// # Errors
+    /// A device allocation error (the message names the bytes asked for).
+    pub fn new(
+        device: Device,
+        kv_heads: usize,
+        head_dim: usize,
+        dtype: DType,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Self> {
+        crate::ensure!(block_size > 0, Cache, "KV block size must be > 0");
+        let rows = num_blocks
+            .checked_mul(block_size)
+            .filter(|r| *r <= u32::MAX as usize)
+            .ok_or_else(|| crate::err!(Cache, "{num_blocks} KV blocks of {block_size} rows exceed 2^32 rows"))?;
         let buf = match device {
-            Device::Cpu => KvBuf::Cpu(cpu::CpuKv::new(kv_heads * head_dim)),
-            Device::Cuda(i) => KvBuf::Cuda(cuda::CudaKv::new(crate::tensor::cuda::gpu(i)?, kv_heads, head_dim, dtype)),
+            Device::Cpu => KvBuf::Cpu(cpu::CpuKv::new(kv_heads * head_dim, rows)),
+            Device::Cuda(i) => {
+                KvBuf::Cuda(cuda::CudaKv::new(crate::tensor::cuda::gpu(i)?, kv_heads, head_dim, dtype, rows)?)
+            }
         };
-        Ok(Self { kv_heads, head_dim, buf })
+        Ok(Self { kv_heads, head_dim, block_size, num_blocks, step: None, buf })
     }
 
-    /// Cached positions of a slot.
-    pub fn len(&self, seq: SeqId) -> usize {
-        match &self.buf {
-            KvBuf::Cpu(b) => b.len(seq),
-            KvBuf::Cuda(b) => b.len(seq),
+    /// The step's paging metadata, checked against the batch.
+    pub fn step_for(&self, batch: &Batch) -> Result<std::sync::Arc<PageStep>> {
+        let Some(step) = &self.step else {
+            bail!(Internal, "attention layer called without paging metadata (the cache's prepare was not run)")
+        };
+        if step.slots.len() != batch.len() || step.tables.len() != batch.spans.len() * step.max_blocks {
+            bail!(
+                Internal,
+                "paging metadata of {} rows does not match a batch of {} rows",
+                step.slots.len(),
+                batch.len()
+            );
         }
-    }
-
-    pub fn is_empty(&self, seq: SeqId) -> bool {
-        self.len(seq) == 0
-    }
-
-    /// Drops positions `len..` of a slot.
-    pub fn truncate(&mut self, seq: SeqId, len: usize) {
-        match &mut self.buf {
-            KvBuf::Cpu(b) => b.truncate(seq, len),
-            KvBuf::Cuda(b) => b.truncate(seq, len),
+        if step.block_size != self.block_size {
+            bail!(Internal, "paging metadata for blocks of {} rows, pool of {}", step.block_size, self.block_size);
         }
-    }
-
-    /// Frees a slot's buffers.
-    pub fn clear(&mut self, seq: SeqId) {
-        match &mut self.buf {
-            KvBuf::Cpu(b) => b.clear(seq),
-            KvBuf::Cuda(b) => b.clear(seq),
-        }
+        Ok(step.clone())
     }
 }
 

@@ -1,12 +1,12 @@
-//! Single-request generation on top of [`Model::forward`]: prefill the prompt, then decode
-//! one token at a time through the state cache.
+//! Single-request generation on the serving engine: prefill the prompt, then decode one token
+//! at a time through the paged cache.
 
 use crate::bail;
-use crate::batch::Batch;
+use crate::engine::batcher::{EngineConfig, EngineCore};
+use crate::engine::request::{Event, Finish, RequestParams};
 use crate::engine::sampling::{Sampler, SamplingParams};
 use crate::error::Result;
-use crate::model::{LogitsFor, Model};
-use crate::state::StateCache;
+use crate::model::Model;
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,9 +57,10 @@ pub fn check_context(model: &Model, prompt_len: usize, max_tokens: usize, lookah
 
 /// Generates up to `max_tokens` ids after `prompt`, stopping after any id in `stop_ids`.
 ///
-/// `prompt.len() + max_tokens` must fit the context ([`check_context`], checked before the
-/// first forward). Should a run still reach the end of the context, it returns what it
-/// generated with [`FinishReason::Length`].
+/// Runs on the serving engine ([`EngineCore`], one sequence, the prompt prefilled in one
+/// step, then one token per step). `prompt.len() + max_tokens` must fit the context
+/// ([`check_context`], checked before the first forward). Should a run still reach the end of
+/// the context, it returns what it generated with [`FinishReason::Length`].
 pub fn generate(
     model: &Model,
     prompt: &[u32],
@@ -68,26 +69,41 @@ pub fn generate(
     stop_ids: &[u32],
 ) -> Result<Generation> {
     check_context(model, prompt.len(), max_tokens, 0)?;
-    let mut sampler = Sampler::new(params)?;
-    let mut cache = model.new_cache_spec(1, 0)?;
-    let seq = cache.alloc_seq()?;
-    let ctx = model.info.max_position_embeddings.unwrap_or(usize::MAX);
-    // Sized by what can be generated, never by an unchecked count.
-    let mut out = Vec::with_capacity(max_tokens.min(ctx.saturating_sub(prompt.len())).min(1 << 16));
-    let mut next_input: Vec<u32> = prompt.to_vec();
-    while out.len() < max_tokens {
-        let pos = cache.seq_len(seq);
-        if pos.saturating_add(next_input.len()) > ctx {
-            break;
-        }
-        let batch = Batch::single(seq, pos, &next_input);
-        let fwd = model.forward(&batch, &mut cache, LogitsFor::Last)?;
-        let tok = sampler.sample_tensor(&fwd.logits, 0)?;
-        out.push(tok);
-        if stop_ids.contains(&tok) {
-            return Ok(Generation { ids: out, finish: FinishReason::Eos });
-        }
-        next_input = vec![tok];
+    if max_tokens == 0 {
+        Sampler::new(params)?;
+        return Ok(Generation { ids: Vec::new(), finish: FinishReason::Length });
     }
-    Ok(Generation { ids: out, finish: FinishReason::Length })
+    let block_size = crate::state::DEFAULT_BLOCK_SIZE;
+    let cfg = EngineConfig {
+        // The whole prompt in one step (and room for the aligned-chunk check).
+        max_num_batched_tokens: prompt.len().max(65),
+        max_num_seqs: 1,
+        block_size,
+        num_blocks: (prompt.len() + max_tokens).div_ceil(block_size),
+    };
+    let mut engine = EngineCore::new(model, cfg)?;
+    let req = RequestParams {
+        sampling: params,
+        max_tokens,
+        stop_token_ids: stop_ids.to_vec(),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    engine.add_request(0, prompt.to_vec(), req)?;
+    let mut ids = Vec::with_capacity(max_tokens.min(1 << 16));
+    loop {
+        for (_, ev) in engine.step()? {
+            match ev {
+                Event::Token(t) => ids.push(t.id),
+                Event::Done(f) => {
+                    let finish = if f.reason == Finish::Stop { FinishReason::Eos } else { FinishReason::Length };
+                    return Ok(Generation { ids, finish });
+                }
+                Event::Error(e) => bail!(Internal, "{e}"),
+            }
+        }
+        if !engine.has_work() {
+            return Ok(Generation { ids, finish: FinishReason::Length });
+        }
+    }
 }

@@ -11,7 +11,7 @@ use crate::engine::sampling::{Sampler, SamplingParams};
 use crate::error::Result;
 use crate::model::draft::DraftHead;
 use crate::model::{LogitsFor, Model};
-use crate::state::{SeqId, StateCache};
+use crate::state::{CacheConfig, SeqId, StateCache};
 use crate::tensor::Tensor;
 
 /// Largest number of draft tokens per step.
@@ -89,7 +89,7 @@ pub fn draft_logits(main: &Model, draft: &dyn DraftHead, ids: &[u32]) -> Result<
     let out = main.forward(&Batch::single(seq, 0, ids), &mut cache, LogitsFor::Last)?;
     let t = ids.len();
     let hid = draft.main_hidden(main, &out.hidden.narrow_rows(0, t - 1)?)?;
-    let mut dc = draft.new_cache(1)?;
+    let mut dc = draft.new_cache(&CacheConfig::for_tokens(1, 0, ids.len()))?;
     let dseq = dc.alloc_seq()?;
     Ok(draft.forward(main, &Batch::single(dseq, 0, &ids[1..]), &hid, &mut dc, LogitsFor::All)?.logits)
 }
@@ -157,7 +157,7 @@ pub fn generate_speculative(
     let seq = cache.alloc_seq()?;
     let mut caches = Vec::with_capacity(drafts.len());
     for d in drafts {
-        let mut c = d.new_cache(1)?;
+        let mut c = d.new_cache(&CacheConfig::for_tokens(1, 0, prompt.len() + max_tokens + k + 1))?;
         let s = c.alloc_seq()?;
         caches.push((c, s));
     }

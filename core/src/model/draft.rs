@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::layer::TransformerLayer;
 use crate::model::{LogitsFor, Model};
 use crate::nn::{DecoderLayer, FeedForward, Linear, RmsNorm};
-use crate::state::{LayerCache, ModelCache, StateCache};
+use crate::state::{CacheConfig, LayerCache, ModelCache, StateCache};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 
@@ -31,8 +31,8 @@ pub trait DraftHead: Send + Sync {
     fn name(&self) -> &str;
 
     /// Per-request state of the draft (a KV cache for attention heads; by default none).
-    fn new_cache(&self, max_seqs: usize) -> Result<ModelCache> {
-        Ok(ModelCache::new(vec![LayerCache::Stateless], max_seqs))
+    fn new_cache(&self, cfg: &CacheConfig) -> Result<ModelCache> {
+        Ok(ModelCache::new(vec![LayerCache::Stateless], cfg))
     }
 
     /// Whether the draft keeps per-request state (then chained steps must be rolled back).
@@ -141,9 +141,9 @@ impl DraftHead for AttentionMtpHead {
         &self.name
     }
 
-    fn new_cache(&self, max_seqs: usize) -> Result<ModelCache> {
-        let layer = LayerCache::new(self.layer.kind(), self.fc.w.device(), self.fc.w.dtype(), max_seqs, 0)?;
-        Ok(ModelCache::new(vec![layer], max_seqs))
+    fn new_cache(&self, cfg: &CacheConfig) -> Result<ModelCache> {
+        let layer = LayerCache::new(self.layer.kind(), self.fc.w.device(), self.fc.w.dtype(), cfg)?;
+        Ok(ModelCache::new(vec![layer], cfg))
     }
 
     fn is_stateful(&self) -> bool {
@@ -174,6 +174,7 @@ impl DraftHead for AttentionMtpHead {
             }
         }
         let u = fuse(main, batch, hidden, &self.norm_embedding, &self.norm_hidden, &self.fc)?;
+        cache.prepare(batch)?;
         let u = self.layer.forward(u, batch, cache.layer_mut(0)?)?;
         for s in &batch.spans {
             cache.advance(s.seq, s.len)?;

@@ -10,7 +10,7 @@ pub mod draft;
 use crate::bail;
 use crate::error::{Context, Result};
 use crate::layer::{PostLayer, PreLayer, TransformerLayer};
-use crate::state::{Batch, LayerCache, ModelCache, StateCache};
+use crate::state::{Batch, CacheConfig, LayerCache, ModelCache, StateCache};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 
@@ -66,22 +66,63 @@ pub struct Model {
 }
 
 impl Model {
-    /// A state cache for up to `max_seqs` concurrent sequences (device errors reported).
+    /// A state cache for up to `max_seqs` concurrent sequences (device errors reported),
+    /// with the default KV pool ([`Model::default_cache_tokens`] positions per sequence).
     pub fn new_cache(&self, max_seqs: usize) -> Result<ModelCache> {
         self.new_cache_spec(max_seqs, 0)
     }
 
-    /// A state cache whose recurrent layers can roll back up to `spec` rejected draft tokens,
-    /// with device allocation errors reported. On a CUDA model the recurrent state pools for
-    /// `max_seqs` slots are allocated up front and the KV buffers grow per sequence.
+    /// [`Model::new_cache`] whose recurrent layers can roll back up to `spec` rejected draft
+    /// tokens.
     pub fn new_cache_spec(&self, max_seqs: usize, spec: usize) -> Result<ModelCache> {
+        self.new_cache_with(&CacheConfig::for_tokens(max_seqs, spec, self.default_cache_tokens()))
+    }
+
+    /// Positions per sequence the default KV pool has room for: the whole context on the CPU
+    /// (host blocks are allocated when first written), at most 4096 on a GPU (allocated up
+    /// front; the serving engine sizes its pool from free memory instead).
+    pub fn default_cache_tokens(&self) -> usize {
+        let ctx = self.info.max_position_embeddings.unwrap_or(32_768);
+        match self.info.device {
+            crate::tensor::device::Device::Cpu => ctx,
+            crate::tensor::device::Device::Cuda(_) => ctx.min(4096),
+        }
+    }
+
+    /// A state cache of the given size. On a CUDA model the recurrent state pools for
+    /// `cfg.max_seqs` slots and the KV pools of `cfg.num_blocks` blocks are allocated now.
+    pub fn new_cache_with(&self, cfg: &CacheConfig) -> Result<ModelCache> {
         let (device, dtype) = (self.info.device, self.info.dtype);
-        let layers = self
-            .layers
+        let layers =
+            self.layers.iter().map(|l| LayerCache::new(l.kind(), device, dtype, cfg)).collect::<Result<Vec<_>>>()?;
+        Ok(ModelCache::new(layers, cfg))
+    }
+
+    /// KV bytes one cached token takes over all attention layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.layers
             .iter()
-            .map(|l| LayerCache::new(l.kind(), device, dtype, max_seqs, spec))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(ModelCache::new(layers, max_seqs))
+            .map(|l| match l.kind() {
+                crate::state::LayerKind::Attention { kv_heads, head_dim } => {
+                    2 * kv_heads * head_dim * self.info.dtype.size_in_bytes()
+                }
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// Recurrent-state bytes one state slot takes over all linear-attention layers (with
+    /// `spec` speculative snapshots).
+    pub fn state_bytes_per_slot(&self, spec: usize) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l.kind() {
+                crate::state::LayerKind::Recurrent { conv_dim, kernel, state_len } => {
+                    4 * ((spec + 1) * state_len) + conv_dim * (kernel.saturating_sub(1) + spec) * 4
+                }
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Bytes one decode step moves: every layer's [`LayerCost::decode_bytes`], the final
@@ -151,6 +192,7 @@ impl Model {
     /// Runs the batch through every layer, updates the cache and returns logits.
     pub fn forward(&self, batch: &Batch, cache: &mut dyn StateCache, rows: LogitsFor) -> Result<ForwardOutput> {
         self.validate(batch, cache)?;
+        cache.prepare(batch)?;
         // [T] -> [T, H]
         let mut x = self.pre.forward(&batch.ids)?;
         for (i, layer) in self.layers.iter().enumerate() {

@@ -107,6 +107,7 @@ mod tests {
     use super::*;
     use crate::batch::SeqId;
     use crate::error::Error;
+    use crate::state::PageStep;
 
     fn block(rng: &mut Rng, window: Option<usize>, gate: bool, qk_norm: bool) -> Attention {
         attention_block(rng, 12, window, gate, qk_norm)
@@ -122,7 +123,9 @@ mod tests {
         let (mut out, mut pos) = (Vec::new(), 0);
         for &n in steps {
             let xs = x.narrow_rows(pos, n).unwrap();
-            out.extend(a.forward(&xs, &Batch::single(SeqId(0), pos, &ids(n)), &mut cache).unwrap().into_vec().unwrap());
+            let b = Batch::single(SeqId(0), pos, &ids(n));
+            page(&mut cache, &b);
+            out.extend(a.forward(&xs, &b, &mut cache).unwrap().into_vec().unwrap());
             pos += n;
         }
         out
@@ -183,10 +186,12 @@ mod tests {
         let mut b1 = Batch::single(SeqId(0), 0, &ids(4));
         b1.push(SeqId(1), 0, &ids(3));
         let x1 = Tensor::concat_rows(&[&xa.narrow_rows(0, 4).unwrap(), &xb.narrow_rows(0, 3).unwrap()]).unwrap();
+        page(&mut cache, &b1);
         let y1 = a.forward(&x1, &b1, &mut cache).unwrap().into_vec().unwrap();
         let mut b2 = Batch::single(SeqId(1), 3, &ids(2));
         b2.push(SeqId(0), 4, &ids(1));
         let x2 = Tensor::concat_rows(&[&xb.narrow_rows(3, 2).unwrap(), &xa.narrow_rows(4, 1).unwrap()]).unwrap();
+        page(&mut cache, &b2);
         let y2 = a.forward(&x2, &b2, &mut cache).unwrap().into_vec().unwrap();
         let (ra, rb) = (attention(&vals(&xa), &a, f64::from(THETA)), attention(&vals(&xb), &a, f64::from(THETA)));
         let got_a = [rows(&y1, 12, 0, 4), rows(&y2, 12, 2, 3)].concat();
@@ -203,12 +208,17 @@ mod tests {
         let a = block(&mut rng, None, true, true);
         let mut cache = kv_cache(2, 8);
         let b3 = Batch::single(SeqId(0), 0, &ids(3));
+        // Without paging metadata (no cache prepare) attention refuses to run.
+        let r = a.forward(&rng.tensor(&[3, 12], 1.0), &b3, &mut cache);
+        assert!(matches!(r.as_ref().err().map(Error::root), Some(Error::Internal(_))));
+        page(&mut cache, &b3);
         assert!(is_shape(&a.forward(&rng.tensor(&[3, 11], 1.0), &b3, &mut cache)));
         assert!(is_shape(&a.forward(&rng.tensor(&[2, 12], 1.0), &b3, &mut cache)));
         let r = a.forward(&rng.tensor(&[3, 12], 1.0), &b3, &mut LayerCache::Stateless);
         assert!(matches!(r.as_ref().err().map(Error::root), Some(Error::Internal(_))));
-        // Writing at position 5 of an empty cache.
-        let r = a.forward(&rng.tensor(&[1, 12], 1.0), &Batch::single(SeqId(0), 5, &[0]), &mut cache);
+        // Paging metadata whose blocks do not cover the step's positions.
+        let b5 = Batch::single(SeqId(0), 16, &[0]);
+        let r = PageStep::new(&b5, 16, &[&[0]]);
         assert!(matches!(r.as_ref().err().map(Error::root), Some(Error::Cache(_))));
         let mut bad = a.clone();
         bad.cfg.kv_heads = 3;

@@ -132,6 +132,7 @@ mod tests {
         let (mut out, mut pos) = (Vec::new(), 0);
         for &n in steps {
             let b = Batch::single(SeqId(0), pos, &vec![0; n]);
+            page(cache, &b);
             out.extend(l.forward(x.narrow_rows(pos, n).unwrap(), &b, cache).unwrap().into_vec().unwrap());
             pos += n;
         }

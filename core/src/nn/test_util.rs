@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::error::Error;
-use crate::state::{KvCache, RecCache};
+use crate::state::{KvCache, PageStep, RecCache};
 use crate::tensor::Device;
 
 /// The tolerance of every `f32` comparison: `max|Δ| ≤ TOL · max|ref|`.
@@ -102,9 +102,29 @@ pub(crate) fn is_shape<T>(r: &Result<T>) -> bool {
     matches!(r.as_ref().err().map(Error::root), Some(Error::Shape(_)))
 }
 
-/// An empty CPU KV cache.
+/// Blocks of 16 positions each test sequence `s` owns: `s·64 .. s·64 + 64` (1024 positions).
+const TEST_BLOCKS_PER_SEQ: usize = 64;
+
+/// An empty CPU KV pool for 8 test sequences (see [`page`]).
 pub(crate) fn kv_cache(kv_heads: usize, head_dim: usize) -> LayerCache {
-    LayerCache::Kv(KvCache::new(Device::Cpu, kv_heads, head_dim, DType::F32).unwrap())
+    LayerCache::Kv(KvCache::new(Device::Cpu, kv_heads, head_dim, DType::F32, 16, 8 * TEST_BLOCKS_PER_SEQ).unwrap())
+}
+
+/// Hands a test KV cache the paging metadata of `batch` (what a model cache's `prepare` does),
+/// sequence `s` owning the contiguous blocks `s·64..`.
+pub(crate) fn page(cache: &mut LayerCache, batch: &Batch) {
+    if let LayerCache::Kv(kv) = cache {
+        let tables: Vec<Vec<u32>> = batch
+            .spans
+            .iter()
+            .map(|s| {
+                let n = (s.pos0 + s.len).div_ceil(16);
+                (0..n).map(|j| (s.seq.0 * TEST_BLOCKS_PER_SEQ + j) as u32).collect()
+            })
+            .collect();
+        let lists: Vec<&[u32]> = tables.iter().map(|t| &t[..]).collect();
+        kv.step = Some(std::sync::Arc::new(PageStep::new(batch, 16, &lists).unwrap()));
+    }
 }
 
 /// An empty CPU recurrent cache for `slots` sequences with `spec` rejectable tokens.

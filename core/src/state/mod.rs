@@ -1,16 +1,48 @@
-//! Per-request state: the [`StateCache`] trait and its slot-indexed implementation.
+//! Per-request state: the [`StateCache`] trait and its slot-indexed, paged implementation.
 //!
-//! A cache holds the state of many sequences at once. Each live sequence owns a slot
-//! ([`SeqId`]); every layer keeps its state for that slot in a [`LayerCache`]: a KV cache
-//! for attention layers, nothing for stateless layers (recurrent-state pools for linear
-//! attention plug in as another variant). Freed slots are reused.
+//! A cache holds the state of many sequences at once. Each live sequence owns a state slot
+//! ([`SeqId`]: its index in every recurrent-state pool) and a block table (its KV blocks in
+//! the one [`BlockPool`] that every attention layer's paged pool is indexed by). Every layer
+//! keeps its state in a [`LayerCache`]: a paged KV pool for attention layers, a fixed pool of
+//! state slots (conv window + SSM state, with the speculative snapshots) for linear-attention
+//! layers, nothing for stateless layers. Freed slots and blocks are reused.
+
+pub mod blocks;
 
 pub use crate::backend::{KvCache, RecCache, RollbackMeta};
-pub use crate::batch::{Batch, SeqId, SeqSpan};
+pub use crate::batch::{Batch, PageStep, SeqId, SeqSpan};
+pub use blocks::{block_hash, BlockPool, BlockUsage};
 
 use crate::bail;
 use crate::error::Result;
 use crate::tensor::{DType, Device};
+use std::sync::Arc;
+
+/// Default KV block size (token positions per block).
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// How big a model cache is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// State slots: the most sequences live at once.
+    pub max_seqs: usize,
+    /// Draft tokens a recurrent layer can roll back (speculative decoding).
+    pub spec: usize,
+    /// Positions per KV block.
+    pub block_size: usize,
+    /// KV blocks in the pool (shared by every sequence).
+    pub num_blocks: usize,
+}
+
+impl CacheConfig {
+    /// Room for `max_seqs` sequences of up to `tokens_per_seq` positions each.
+    pub fn for_tokens(max_seqs: usize, spec: usize, tokens_per_seq: usize) -> Self {
+        let block_size = DEFAULT_BLOCK_SIZE;
+        let per_seq = tokens_per_seq.max(1).div_ceil(block_size);
+        let num_blocks = max_seqs.saturating_mul(per_seq).min(u32::MAX as usize / block_size);
+        Self { max_seqs, spec, block_size, num_blocks }
+    }
+}
 
 /// What per-request state a layer keeps (used to build caches).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,15 +67,14 @@ pub enum LayerCache {
 }
 
 impl LayerCache {
-    /// The state a layer of `kind` needs on `device` for up to `max_seqs` slots, with
-    /// `spec` rejectable draft tokens for recurrent layers.
-    pub fn new(kind: LayerKind, device: Device, dtype: DType, max_seqs: usize, spec: usize) -> Result<Self> {
+    /// The state a layer of `kind` needs on `device` for the cache `cfg` describes.
+    pub fn new(kind: LayerKind, device: Device, dtype: DType, cfg: &CacheConfig) -> Result<Self> {
         Ok(match kind {
             LayerKind::Attention { kv_heads, head_dim } => {
-                LayerCache::Kv(KvCache::new(device, kv_heads, head_dim, dtype)?)
+                LayerCache::Kv(KvCache::new(device, kv_heads, head_dim, dtype, cfg.block_size, cfg.num_blocks)?)
             }
             LayerKind::Recurrent { conv_dim, kernel, state_len } => {
-                LayerCache::Recurrent(RecCache::new(device, conv_dim, kernel, state_len, spec, max_seqs)?)
+                LayerCache::Recurrent(RecCache::new(device, conv_dim, kernel, state_len, cfg.spec, cfg.max_seqs)?)
             }
             LayerKind::Stateless => LayerCache::Stateless,
         })
@@ -51,11 +82,9 @@ impl LayerCache {
 
     fn clear(&mut self, seq: SeqId) -> Result<()> {
         match self {
-            LayerCache::Stateless => {}
-            LayerCache::Kv(kv) => kv.clear(seq),
-            LayerCache::Recurrent(r) => r.clear(seq)?,
+            LayerCache::Stateless | LayerCache::Kv(_) => Ok(()),
+            LayerCache::Recurrent(r) => r.clear(seq),
         }
-        Ok(())
     }
 
     fn can_rollback(&self, seq: SeqId, from: usize, to: usize) -> bool {
@@ -67,11 +96,8 @@ impl LayerCache {
 
     fn truncate(&mut self, seq: SeqId, from: usize, len: usize) -> Result<()> {
         match self {
-            LayerCache::Stateless => Ok(()),
-            LayerCache::Kv(kv) => {
-                kv.truncate(seq, len);
-                Ok(())
-            }
+            // Positions past `len` are simply overwritten by the next step.
+            LayerCache::Stateless | LayerCache::Kv(_) => Ok(()),
             LayerCache::Recurrent(r) => r.rollback(seq, from, len),
         }
     }
@@ -100,21 +126,44 @@ pub trait StateCache: Send {
     fn layer_mut(&mut self, layer: usize) -> Result<&mut LayerCache>;
     /// Number of live sequences.
     fn live(&self) -> usize;
+    /// Makes the KV blocks for every span of `batch` available and hands the attention
+    /// layers the step's paging metadata; called once at the start of every forward.
+    fn prepare(&mut self, batch: &Batch) -> Result<()>;
 }
 
-/// The standard slot-indexed [`StateCache`].
+/// The standard slot-indexed, paged [`StateCache`].
 #[derive(Debug, Clone)]
 pub struct ModelCache {
     layers: Vec<LayerCache>,
     lens: Vec<Option<usize>>,
     free: Vec<usize>,
     max_seqs: usize,
+    pool: BlockPool,
+    /// Each slot's KV blocks, in position order.
+    tables: Vec<Vec<u32>>,
+    /// Hashes of each slot's leading full blocks that are registered in the prefix cache.
+    hashes: Vec<Vec<u64>>,
+    has_kv: bool,
+    has_recurrent: bool,
 }
 
 impl ModelCache {
-    /// A cache with the given per-layer state kinds, for at most `max_seqs` live sequences.
-    pub fn new(layers: Vec<LayerCache>, max_seqs: usize) -> Self {
-        Self { layers, lens: Vec::new(), free: Vec::new(), max_seqs }
+    /// A cache with the given per-layer state, for at most `cfg.max_seqs` live sequences and
+    /// `cfg.num_blocks` KV blocks.
+    pub fn new(layers: Vec<LayerCache>, cfg: &CacheConfig) -> Self {
+        let has_kv = layers.iter().any(|l| matches!(l, LayerCache::Kv(_)));
+        let has_recurrent = layers.iter().any(|l| matches!(l, LayerCache::Recurrent(_)));
+        Self {
+            layers,
+            lens: Vec::new(),
+            free: Vec::new(),
+            max_seqs: cfg.max_seqs,
+            pool: BlockPool::new(cfg.block_size, if has_kv { cfg.num_blocks } else { 0 }),
+            tables: Vec::new(),
+            hashes: Vec::new(),
+            has_kv,
+            has_recurrent,
+        }
     }
 
     /// Slots ever created (live + free); bounded by the peak number of live sequences.
@@ -122,11 +171,135 @@ impl ModelCache {
         self.lens.len()
     }
 
+    /// The most sequences that can be live at once.
+    pub fn max_seqs(&self) -> usize {
+        self.max_seqs
+    }
+
+    /// Free state slots.
+    pub fn free_slots(&self) -> usize {
+        self.max_seqs - self.live()
+    }
+
+    /// KV block counts (all zero for a model without attention layers).
+    pub fn blocks(&self) -> BlockUsage {
+        self.pool.usage()
+    }
+
+    /// Positions per KV block.
+    pub fn block_size(&self) -> usize {
+        self.pool.block_size()
+    }
+
+    /// Whether the model keeps KV blocks at all.
+    pub fn has_kv(&self) -> bool {
+        self.has_kv
+    }
+
+    /// Whether the model has recurrent (linear-attention) layers.
+    pub fn has_recurrent(&self) -> bool {
+        self.has_recurrent
+    }
+
+    /// Blocks a sequence holds.
+    pub fn seq_blocks(&self, seq: SeqId) -> &[u32] {
+        self.tables.get(seq.0).map_or(&[], |t| &t[..])
+    }
+
+    /// New blocks sequence `seq` needs to hold `len` positions (0 when it already does, or
+    /// when the model keeps no KV).
+    pub fn blocks_needed(&self, seq: Option<SeqId>, len: usize) -> usize {
+        if !self.has_kv {
+            return 0;
+        }
+        let have = seq.map_or(0, |s| self.seq_blocks(s).len());
+        len.div_ceil(self.pool.block_size()).saturating_sub(have)
+    }
+
+    /// Prefix-cache `(lookups, hits)` counted in blocks.
+    pub fn prefix_stats(&self) -> (u64, u64) {
+        self.pool.hit_stats()
+    }
+
     fn check(&self, seq: SeqId) -> Result<usize> {
         match self.lens.get(seq.0) {
             Some(Some(l)) => Ok(*l),
             _ => bail!(Cache, "sequence slot {} is not allocated", seq.0),
         }
+    }
+
+    /// Makes sequence `seq` hold blocks for `len` positions.
+    fn reserve(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        let need = self.blocks_needed(Some(seq), len);
+        if need > self.pool.free() {
+            bail!(
+                Cache,
+                "KV cache out of blocks: sequence {} needs {need} more blocks of {} positions, {} of {} are free",
+                seq.0,
+                self.pool.block_size(),
+                self.pool.free(),
+                self.pool.usage().total
+            );
+        }
+        for _ in 0..need {
+            let b = self.pool.alloc().ok_or_else(|| crate::err!(Internal, "block pool miscounted"))?;
+            self.tables[seq.0].push(b);
+        }
+        Ok(())
+    }
+
+    /// Releases the blocks of `seq` past the first `keep`.
+    fn release_from(&mut self, seq: SeqId, keep: usize) {
+        let Some(t) = self.tables.get_mut(seq.0) else { return };
+        for b in t.drain(keep.min(t.len())..) {
+            self.pool.release(b);
+        }
+        if let Some(h) = self.hashes.get_mut(seq.0) {
+            h.truncate(keep);
+        }
+    }
+
+    /// Registers the full blocks of `seq` covering `ids` (the sequence's tokens from position
+    /// 0, all already computed) in the prefix cache. Recurrent models are not registered:
+    /// their state at a block boundary is not kept, so a hit could not be resumed.
+    pub fn register_prefix(&mut self, seq: SeqId, ids: &[u32]) -> Result<()> {
+        let len = self.check(seq)?;
+        if !self.has_kv || self.has_recurrent {
+            return Ok(());
+        }
+        let bs = self.pool.block_size();
+        let full = len.min(ids.len()) / bs;
+        let (table, hashes) = (&self.tables[seq.0], &mut self.hashes[seq.0]);
+        while hashes.len() < full.min(table.len()) {
+            let i = hashes.len();
+            let h = block_hash(hashes.last().copied(), &ids[i * bs..(i + 1) * bs]);
+            self.pool.register(table[i], h);
+            hashes.push(h);
+        }
+        Ok(())
+    }
+
+    /// Takes a free slot for a new sequence whose tokens will be `ids`, reusing the longest
+    /// chain of cached full blocks of `ids` (never the whole of `ids`: at least the last
+    /// token is computed, to get its logits). Returns the slot and the cached length.
+    pub fn alloc_seq_prefix(&mut self, ids: &[u32]) -> Result<(SeqId, usize)> {
+        let seq = self.alloc_seq()?;
+        if !self.has_kv || self.has_recurrent {
+            return Ok((seq, 0));
+        }
+        let bs = self.pool.block_size();
+        let mut parent = None;
+        let mut n = 0;
+        while (n + 1) * bs < ids.len() {
+            let h = block_hash(parent, &ids[n * bs..(n + 1) * bs]);
+            let Some(b) = self.pool.lookup(h) else { break };
+            self.tables[seq.0].push(b);
+            self.hashes[seq.0].push(h);
+            parent = Some(h);
+            n += 1;
+        }
+        self.lens[seq.0] = Some(n * bs);
+        Ok((seq, n * bs))
     }
 }
 
@@ -140,12 +313,15 @@ impl StateCache for ModelCache {
             bail!(Cache, "state cache full: {} sequences live (max {})", self.live(), self.max_seqs);
         }
         self.lens.push(Some(0));
+        self.tables.push(Vec::new());
+        self.hashes.push(Vec::new());
         Ok(SeqId(self.lens.len() - 1))
     }
 
     fn free_seq(&mut self, seq: SeqId) -> Result<()> {
         if let Some(l @ Some(_)) = self.lens.get_mut(seq.0) {
             *l = None;
+            self.release_from(seq, 0);
             for layer in &mut self.layers {
                 // Zeroing a device slot can only fail on a broken device; the slot is then
                 // not handed out again, and the error goes to the caller.
@@ -177,19 +353,24 @@ impl StateCache for ModelCache {
         }
         // Check every layer first so that a refused rollback changes nothing.
         for (i, layer) in self.layers.iter().enumerate() {
-            {
-                if !layer.can_rollback(seq, l, len) {
-                    bail!(Cache,
-                        "cannot roll the recurrent state of sequence {} back from {l} to {len} tokens (layer {i}): only the tokens of the last step (at most the speculative window) can be rejected",
-                        seq.0
-                    );
-                }
+            if !layer.can_rollback(seq, l, len) {
+                bail!(Cache,
+                    "cannot roll the recurrent state of sequence {} back from {l} to {len} tokens (layer {i}): only the tokens of the last step (at most the speculative window) can be rejected",
+                    seq.0
+                );
             }
         }
         for layer in &mut self.layers {
             layer.truncate(seq, l, len)?;
         }
         self.lens[seq.0] = Some(len);
+        // Blocks wholly past the new length go back to the pool; a registered block that
+        // now holds rejected positions leaves the sequence's hash chain.
+        let bs = self.pool.block_size();
+        self.release_from(seq, len.div_ceil(bs));
+        if let Some(h) = self.hashes.get_mut(seq.0) {
+            h.truncate(len / bs);
+        }
         Ok(())
     }
 
@@ -201,23 +382,45 @@ impl StateCache for ModelCache {
     fn live(&self) -> usize {
         self.lens.iter().filter(|l| l.is_some()).count()
     }
+
+    fn prepare(&mut self, batch: &Batch) -> Result<()> {
+        if !self.has_kv {
+            return Ok(());
+        }
+        for s in &batch.spans {
+            self.check(s.seq)?;
+            self.reserve(s.seq, s.pos0 + s.len)?;
+        }
+        let lists: Vec<&[u32]> = batch.spans.iter().map(|s| &self.tables[s.seq.0][..]).collect();
+        let step = Arc::new(PageStep::new(batch, self.pool.block_size(), &lists)?);
+        for layer in &mut self.layers {
+            if let LayerCache::Kv(kv) = layer {
+                kv.step = Some(step.clone());
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn cache(blocks: usize, max_seqs: usize) -> ModelCache {
+        let cfg = CacheConfig { max_seqs, spec: 0, block_size: 2, num_blocks: blocks };
+        let kv = KvCache::new(Device::Cpu, 1, 2, DType::F32, 2, blocks).unwrap();
+        ModelCache::new(vec![LayerCache::Kv(kv), LayerCache::Stateless], &cfg)
+    }
+
     #[test]
-    fn slots_are_reused_without_leaks() {
-        let kv = KvCache::new(Device::Cpu, 1, 2, DType::F32).unwrap();
-        let mut c = ModelCache::new(vec![LayerCache::Kv(kv), LayerCache::Stateless], 4);
+    fn slots_and_blocks_are_reused_without_leaks() {
+        let mut c = cache(8, 4);
         for round in 0..1000usize {
             let a = c.alloc_seq().unwrap();
             let b = c.alloc_seq().unwrap();
-            if let LayerCache::Kv(KvCache { buf: crate::backend::KvBuf::Cpu(kv), .. }) = c.layer_mut(0).unwrap() {
-                kv.write(a, 0, &[1.0, 2.0], &[3.0, 4.0]).unwrap();
-            }
-            c.advance(a, 1).unwrap();
+            c.prepare(&Batch::single(a, 0, &[1, 2, 3])).unwrap();
+            c.advance(a, 3).unwrap();
+            assert_eq!(c.seq_blocks(a).len(), 2);
             // Free in both orders.
             if round % 2 == 0 {
                 c.free_seq(a).unwrap();
@@ -227,6 +430,7 @@ mod tests {
                 c.free_seq(a).unwrap();
             }
             assert_eq!(c.live(), 0);
+            assert_eq!(c.blocks().free, 8);
         }
         assert!(c.lens.len() <= 2, "slots leaked: {}", c.lens.len());
         let s: Vec<_> = (0..4).map(|_| c.alloc_seq().unwrap()).collect();
@@ -235,19 +439,47 @@ mod tests {
     }
 
     #[test]
-    fn truncate_drops_kv() {
-        let kv = KvCache::new(Device::Cpu, 1, 1, DType::F32).unwrap();
-        let mut c = ModelCache::new(vec![LayerCache::Kv(kv)], 1);
+    fn truncate_releases_whole_blocks() {
+        let mut c = cache(4, 1);
         let a = c.alloc_seq().unwrap();
-        if let LayerCache::Kv(KvCache { buf: crate::backend::KvBuf::Cpu(kv), .. }) = c.layer_mut(0).unwrap() {
-            kv.write(a, 0, &[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]).unwrap();
-        }
-        c.advance(a, 3).unwrap();
-        c.truncate(a, 1).unwrap();
-        assert_eq!(c.seq_len(a), 1);
-        if let LayerCache::Kv(kv) = c.layer_mut(0).unwrap() {
-            assert_eq!(kv.len(a), 1);
-        }
-        assert!(c.truncate(a, 2).is_err());
+        c.prepare(&Batch::single(a, 0, &[1, 2, 3, 4, 5])).unwrap();
+        c.advance(a, 5).unwrap();
+        assert_eq!(c.blocks().free, 1);
+        c.truncate(a, 2).unwrap();
+        assert_eq!(c.seq_len(a), 2);
+        assert_eq!(c.seq_blocks(a).len(), 1);
+        assert_eq!(c.blocks().free, 3);
+        assert!(c.truncate(a, 3).is_err());
+    }
+
+    #[test]
+    fn running_out_of_blocks_is_a_cache_error() {
+        let mut c = cache(2, 2);
+        let a = c.alloc_seq().unwrap();
+        let e = c.prepare(&Batch::single(a, 0, &[1, 2, 3, 4, 5])).unwrap_err();
+        assert!(e.to_string().contains("out of blocks"), "{e}");
+        assert_eq!(c.blocks().free, 2, "a refused reservation takes nothing");
+    }
+
+    #[test]
+    fn prefix_blocks_are_shared_and_survive_their_first_owner() {
+        let mut c = cache(6, 3);
+        let ids = [5, 6, 7, 8, 9];
+        let a = c.alloc_seq().unwrap();
+        c.prepare(&Batch::single(a, 0, &ids)).unwrap();
+        c.advance(a, 5).unwrap();
+        c.register_prefix(a, &ids).unwrap();
+        let (b, hit) = c.alloc_seq_prefix(&[5, 6, 7, 8, 1, 2]).unwrap();
+        assert_eq!(hit, 4);
+        assert_eq!(c.seq_blocks(b), &c.seq_blocks(a)[..2]);
+        c.free_seq(a).unwrap();
+        // b still holds the two shared blocks; a's third block is free.
+        assert_eq!(c.blocks().free, 4);
+        c.free_seq(b).unwrap();
+        assert_eq!(c.blocks(), BlockUsage { block_size: 2, total: 6, free: 6, cached: 2 });
+        // A prompt equal to a cached prefix still computes its last token.
+        let (d, hit) = c.alloc_seq_prefix(&[5, 6, 7, 8]).unwrap();
+        assert_eq!(hit, 2);
+        assert_eq!(c.seq_len(d), 2);
     }
 }

@@ -357,6 +357,41 @@ impl BatchDev {
     }
 }
 
+/// A forward's paging metadata on the device (see [`crate::batch::PageStep`]).
+///
+/// # Shapes
+/// `[slots (T) | block tables (S × max_blocks)]` u32
+#[derive(Debug)]
+pub struct PageDev {
+    pub(crate) ordinal: usize,
+    pub(crate) t: usize,
+    pub(crate) buf: CudaSlice<u32>,
+}
+
+impl PageDev {
+    pub(crate) fn slots(&self) -> cudarc::driver::CudaView<'_, u32> {
+        self.buf.slice(0..self.t)
+    }
+    pub(crate) fn tables(&self) -> cudarc::driver::CudaView<'_, u32> {
+        self.buf.slice(self.t..)
+    }
+}
+
+static DETERMINISTIC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns the batch-invariant ("deterministic") kernel choices on or off for every CUDA
+/// device: with it on, a row's result is bit-identical whatever else is in the batch in
+/// every dtype (GEMMs on the row-invariant GEMV path, attention without tensor cores).
+/// f32 is batch-invariant either way.
+pub fn set_deterministic(on: bool) {
+    DETERMINISTIC.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether deterministic mode is on ([`set_deterministic`]).
+pub fn deterministic() -> bool {
+    DETERMINISTIC.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// `(free, total)` bytes of device memory on CUDA device `ordinal` (opens its context).
 pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
     let g = gpu(ordinal)?;

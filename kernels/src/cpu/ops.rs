@@ -75,6 +75,13 @@ fn convert_into<W: HostWeight>(src: &[W], dst: &mut [f32]) {
     }
 }
 
+/// Whether [`matmul_t`] / [`matmul_t_w`] compute every output as one fixed-order [`dot`]
+/// whatever the number of rows (batch-invariant: a row's result does not depend on the other
+/// rows). The gemm crate's packed kernels are faster for large `m` but chunk the reduction by
+/// the matrix shape, so a row's bits would depend on the batch; the CPU backend is the
+/// reference backend, so it stays invariant. (The gemm path is kept for `matmul`.)
+const ROW_INVARIANT: bool = true;
+
 /// Most `f32` values one block of widened weight rows may hold in [`matmul_t_w`] (4 MiB).
 const WEIGHT_BLOCK_FLOATS: usize = 1 << 20;
 
@@ -125,7 +132,7 @@ fn matmul_t_w_blocked<W: HostWeight>(
         matmul_t(x, &[], out, m, k, n, accumulate);
         return;
     }
-    if m <= 4 {
+    if ROW_INVARIANT {
         gemv_t(x, w, out, m, k, n, accumulate);
         return;
     }
@@ -163,9 +170,10 @@ pub fn matmul_t(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: us
         }
         return;
     }
-    if m <= 4 {
-        // Decode-sized GEMMs are GEMVs: split the weight rows across threads so the
-        // weight streams once at full memory bandwidth.
+    if ROW_INVARIANT {
+        // Every output is the same `dot` of its row and weight row whatever `m` is: a row's
+        // result does not depend on the other rows of the batch (the serving engine's batch
+        // invariance). Decode-sized calls stream the weight once at full bandwidth.
         gemv_t(x, w, out, m, k, n, accumulate);
         return;
     }

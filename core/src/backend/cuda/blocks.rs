@@ -7,9 +7,10 @@
 
 use super::profile;
 use crate::backend::{AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, NormKind, RecBuf, RecCache, RopeArgs};
-use crate::batch::{Batch, SeqId};
+use crate::batch::{Batch, PageStep, SeqId};
+use crate::error::Context;
 use crate::error::Result;
-use crate::tensor::cuda::{alloc, cuda_err, gpu_of, BatchDev, DevType, Gpu};
+use crate::tensor::cuda::{alloc, cuda_err, gpu_of, BatchDev, DevType, Gpu, PageDev};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 use crate::{bail, err};
@@ -190,98 +191,53 @@ fn batch_dev(g: &Gpu, batch: &Batch) -> Result<Arc<BatchDev>> {
 // Attention with a device KV cache
 // ---------------------------------------------------------------------------
 
-/// One sequence's keys and values: `[cap, kv_heads, head_dim]` each, `len` valid rows.
-#[derive(Debug, Clone)]
-struct KvSlot {
-    k: Tensor,
-    v: Tensor,
-    cap: usize,
-    len: usize,
-}
-
-/// Device KV cache of one attention layer for every slot (per-sequence buffers that grow
-/// by doubling; the attention kernel reads them through a table of addresses).
+/// Device KV pool of one attention layer: `k`, `v` of `[rows, kv_heads, head_dim]`,
+/// allocated once; the kernels address it through the step's slots and block tables.
 ///
 /// # Shapes
-/// per slot: `k`, `v`: `[capacity, kv_heads, head_dim]` in the model dtype
+/// `k`, `v`: `[rows, kv_heads, head_dim]` in the model dtype
 #[derive(Debug, Clone)]
 pub struct CudaKv {
     pub kv_heads: usize,
     pub head_dim: usize,
-    dtype: DType,
-    gpu: Arc<Gpu>,
-    slots: Vec<Option<KvSlot>>,
+    k: Tensor,
+    v: Tensor,
 }
 
 impl CudaKv {
-    pub fn new(gpu: Arc<Gpu>, kv_heads: usize, head_dim: usize, dtype: DType) -> Self {
-        Self { kv_heads, head_dim, dtype, gpu, slots: Vec::new() }
-    }
-
-    /// Cached positions of a slot.
-    pub fn len(&self, seq: SeqId) -> usize {
-        self.slots.get(seq.0).and_then(|s| s.as_ref()).map_or(0, |s| s.len)
-    }
-
-    pub fn is_empty(&self, seq: SeqId) -> bool {
-        self.len(seq) == 0
-    }
-
-    pub fn truncate(&mut self, seq: SeqId, len: usize) {
-        if let Some(Some(s)) = self.slots.get_mut(seq.0) {
-            s.len = s.len.min(len);
-        }
-    }
-
-    pub fn clear(&mut self, seq: SeqId) {
-        if let Some(s) = self.slots.get_mut(seq.0) {
-            *s = None;
-        }
-    }
-
-    /// Makes room for positions `0..need` of a slot (keeping `0..keep`), and returns the
-    /// addresses of its K and V buffers.
-    fn reserve(&mut self, seq: SeqId, keep: usize, need: usize) -> Result<(u64, u64)> {
-        if self.slots.len() <= seq.0 {
-            self.slots.resize_with(seq.0 + 1, || None);
-        }
-        let row = self.kv_heads * self.head_dim;
-        let cur_cap = self.slots[seq.0].as_ref().map_or(0, |s| s.cap);
-        if need > cur_cap {
-            let cap = need.max(2 * cur_cap).max(256).next_multiple_of(256);
-            let g = self.gpu.clone();
-            let mut k = Tensor::empty_on(&g, [cap, self.kv_heads, self.head_dim], self.dtype)?;
-            let mut v = Tensor::empty_on(&g, [cap, self.kv_heads, self.head_dim], self.dtype)?;
-            if let Some(old) = self.slots[seq.0].take() {
-                let n = keep.min(old.len) * row;
-                fn cp<T: DevType>(g: &Gpu, src: &Tensor, dst: &mut Tensor, n: usize) -> Result<()> {
-                    if n == 0 {
-                        return Ok(());
-                    }
-                    let s = src.dev::<T>()?.slice(0..n);
-                    let mut d = dst.dev_mut::<T>()?.slice_mut(0..n);
-                    g.stream().memcpy_dtod(&s, &mut d).map_err(cuda_err)
-                }
-                crate::by_dtype!(self.dtype, cp(&g, &old.k, &mut k, n))?;
-                crate::by_dtype!(self.dtype, cp(&g, &old.v, &mut v, n))?;
-            }
-            self.slots[seq.0] = Some(KvSlot { k, v, cap, len: keep });
-        }
-        let s = self.slots[seq.0].as_mut().ok_or_else(|| err!(Internal, "KV slot missing"))?;
-        if s.len < keep {
-            bail!(Cache, "KV cache of slot {} holds {} positions, cannot write at position {keep}", seq.0, s.len);
-        }
-        s.len = need;
-        fn ptr<T: DevType>(g: &Gpu, t: &Tensor) -> Result<u64> {
-            Ok(crate::tensor::cuda::addr(g, t.dev::<T>()?))
-        }
-        let kp = crate::by_dtype!(self.dtype, ptr(&self.gpu, &s.k))?;
-        let vp = crate::by_dtype!(self.dtype, ptr(&self.gpu, &s.v))?;
-        Ok((kp, vp))
+    /// A pool of `rows` token rows (zeroed), allocated now.
+    pub fn new(gpu: Arc<Gpu>, kv_heads: usize, head_dim: usize, dtype: DType, rows: usize) -> Result<Self> {
+        let bytes = 2 * rows * kv_heads * head_dim * dtype.size_in_bytes();
+        let mk = || {
+            Tensor::zeros_on(&gpu, [rows.max(1), kv_heads, head_dim], dtype)
+                .with_context(|| format!("allocating a KV pool of {rows} rows ({bytes} bytes for K and V)"))
+        };
+        Ok(Self { kv_heads, head_dim, k: mk()?, v: mk()? })
     }
 }
 
-/// Appends K / V to the device cache and attends (see `Ops::attention`).
+/// The step's slots and block tables on the device, uploaded once per forward.
+#[cfg(any())]
+fn page_dev(g: &Gpu, step: &PageStep) -> Result<Arc<PageDev>> {
+    if let Some(d) = step.dev.get() {
+        if d.ordinal == g.ordinal {
+            return Ok(d.clone());
+        }
+    }
+    let mut v = step.slots.clone();
+    v.extend_from_slice(&step.tables);
+    let d = Arc::new(PageDev { ordinal: g.ordinal, t: step.slots.len(), buf: g.upload(&v)? });
+    let _ = step.dev.set(d.clone());
+    Ok(d)
+}
+
+// TEMP-PAGED: until the paged kernels land.
+#[cfg(not(any()))]
+pub fn attention(_: &Tensor, _: &Tensor, _: &Tensor, _: &AttnArgs, _: &Batch, _: &mut KvCache) -> Result<Tensor> {
+    bail!(Internal, "TEMP-PAGED")
+}
+#[cfg(any())]
+/// Writes K / V into the paged pool and attends (see `Ops::attention`).
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -293,25 +249,13 @@ pub fn attention(
     let g = gpu_of(q, "attention")?;
     let _p = profile::span("attention", &g);
     let (t, hd) = (q.dim(0), c.head_dim);
+    let step = cache.step_for(batch)?;
+    let block_size = cache.block_size;
     let KvBuf::Cuda(kv) = &mut cache.buf else { bail!(Internal, "device attention with a host KV cache") };
     let bd = batch_dev(&g, batch)?;
-    let pos = bd.positions();
-    // This layer's KV addresses per sequence: [k (S) | v (S)], one upload.
-    let n = batch.spans.len();
-    let mut kvp = vec![0u64; 2 * n];
-    let mut max_q = 0;
-    for (i, s) in batch.spans.iter().enumerate() {
-        let (k_addr, v_addr) = kv.reserve(s.seq, s.pos0, s.pos0 + s.len)?;
-        kvp[i] = k_addr;
-        kvp[n + i] = v_addr;
-        max_q = max_q.max(s.len);
-    }
-    let kvp = g.upload(&kvp)?;
-    let (kp, vp) = (kvp.slice(0..n), kvp.slice(n..2 * n));
-    let (spans, row_seq) = (bd.spans(), bd.row_seq());
+    let pd = page_dev(&g, &step)?;
+    let max_q = batch.spans.iter().map(|s| s.len).max().unwrap_or(0);
     let mut out = Tensor::empty_on(&g, [t, c.heads, hd], q.dtype())?;
-    type View<'a, T> = cudarc::driver::CudaView<'a, T>;
-    type Meta<'a> = (&'a View<'a, u32>, &'a View<'a, u32>, &'a View<'a, u32>, &'a View<'a, u64>, &'a View<'a, u64>);
     #[allow(clippy::too_many_arguments)]
     fn go<T: DevType>(
         g: &Gpu,
@@ -319,19 +263,36 @@ pub fn attention(
         k: &Tensor,
         v: &Tensor,
         q: &Tensor,
+        kv: &mut CudaKv,
         out: &mut Tensor,
-        meta: Meta<'_>,
+        bd: &BatchDev,
+        pd: &PageDev,
+        step: &PageStep,
+        block_size: usize,
         t: usize,
         max_q: usize,
     ) -> Result<()> {
-        let (row_seq, pos, spans, kp, vp) = meta;
-        g.k.kv_append::<T>(k.dev::<T>()?, v.dev::<T>()?, row_seq, pos, kp, vp, t, c.kv_heads, c.head_dim)
-            .map_err(cuda_err)?;
+        let (kp, vp) = (&mut kv.k, &mut kv.v);
+        g.k.kv_append::<T>(
+            k.dev::<T>()?,
+            v.dev::<T>()?,
+            &pd.slots(),
+            kp.dev_mut::<T>()?,
+            vp.dev_mut::<T>()?,
+            t,
+            c.kv_heads,
+            c.head_dim,
+        )
+        .map_err(cuda_err)?;
+        let spans = bd.spans();
         g.k.attention::<T>(
             q.dev::<T>()?,
-            kp,
-            vp,
-            spans,
+            kv.k.dev::<T>()?,
+            kv.v.dev::<T>()?,
+            &pd.tables(),
+            step.max_blocks,
+            block_size,
+            &spans,
             out.dev_mut::<T>()?,
             t,
             spans.len() / 3,
@@ -341,11 +302,23 @@ pub fn attention(
             c.head_dim,
             c.scale,
             c.window,
+            attn_mode(),
         )
         .map_err(cuda_err)
     }
-    crate::by_dtype!(q.dtype(), go(&g, c, k, v, q, &mut out, (&row_seq, &pos, &spans, &kp, &vp), t, max_q))?;
+    crate::by_dtype!(q.dtype(), go(&g, c, k, v, q, kv, &mut out, &bd, &pd, &step, block_size, t, max_q))?;
     Ok(out)
+}
+
+/// The attention kernels' mode: batch-invariant when deterministic mode is on
+/// ([`crate::tensor::cuda::set_deterministic`]).
+#[cfg(any())]
+fn attn_mode() -> porter_kernels::cuda::AttnMode {
+    if crate::tensor::cuda::deterministic() {
+        porter_kernels::cuda::AttnMode::Invariant
+    } else {
+        porter_kernels::cuda::AttnMode::Fast
+    }
 }
 
 // ---------------------------------------------------------------------------

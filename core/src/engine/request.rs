@@ -1,0 +1,141 @@
+//! What a request is, what the engine sends back, and the engine's counters.
+
+use crate::bail;
+use crate::engine::sampling::SamplingParams;
+use crate::error::Result;
+
+/// A request's id (unique per engine).
+pub type RequestId = u64;
+
+/// Per-request stopping and output parameters (sampling ones are in [`SamplingParams`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestParams {
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Stop tokens are ignored until this many tokens were generated.
+    pub min_tokens: usize,
+    /// Extra stop ids, on top of the model's eos ids (config.json and generation_config.json).
+    pub stop_token_ids: Vec<u32>,
+    /// Do not stop at the model's eos ids (the request's own stop ids still stop it).
+    pub ignore_eos: bool,
+    /// Log-probabilities of the top N alternatives of each generated token (N ≤ 20); the
+    /// chosen token's own log-probability is always reported.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for RequestParams {
+    fn default() -> Self {
+        Self {
+            sampling: SamplingParams::default(),
+            max_tokens: 16,
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+        }
+    }
+}
+
+/// Most top alternatives a request may ask log-probabilities for.
+pub const MAX_LOGPROBS: usize = 20;
+
+impl RequestParams {
+    /// Rejects out-of-range values, naming the parameter.
+    pub fn validate(&self, vocab: usize) -> Result<()> {
+        self.sampling.validate()?;
+        if self.max_tokens == 0 {
+            bail!(Input, "`max_tokens` must be >= 1");
+        }
+        if self.min_tokens > self.max_tokens {
+            bail!(Input, "`min_tokens` ({}) must be <= `max_tokens` ({})", self.min_tokens, self.max_tokens);
+        }
+        if let Some(n) = self.logprobs {
+            if n > MAX_LOGPROBS {
+                bail!(Input, "`logprobs` must be <= {MAX_LOGPROBS}, got {n}");
+            }
+        }
+        if let Some(&bad) = self.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
+            bail!(Input, "stop token id {bad} is outside the vocabulary of {vocab}");
+        }
+        Ok(())
+    }
+}
+
+/// Why a request finished (OpenAI's `finish_reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop id was generated (it is included in the output).
+    Stop,
+    /// `max_tokens` were generated, or the context is full.
+    Length,
+    /// Aborted by the caller (or its receiver went away).
+    Abort,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::Abort => "abort",
+        }
+    }
+}
+
+/// One generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenOut {
+    pub id: u32,
+    /// Log-probability of the token under the request's processed distribution (see
+    /// [`crate::engine::sampling`]).
+    pub logprob: f32,
+    /// The top alternatives `(id, logprob)`, best first, when the request asked for them.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The end of a request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finished {
+    pub reason: Finish,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache (at the last admission).
+    pub cached_tokens: usize,
+    /// Times the request was preempted (and recomputed).
+    pub preemptions: usize,
+}
+
+/// What the engine sends a request's receiver.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Token(TokenOut),
+    Done(Finished),
+    /// The engine failed while running the request (it is finished).
+    Error(String),
+}
+
+/// Counters of an engine (a snapshot).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub steps: u64,
+    /// Rows run through the model (prefill + decode).
+    pub batched_tokens: u64,
+    pub generated_tokens: u64,
+    pub preemptions: u64,
+    pub finished: u64,
+    pub aborted: u64,
+    /// KV blocks: total, free (cached ones included), and free ones holding a cached prefix.
+    pub kv_blocks_total: usize,
+    pub kv_blocks_free: usize,
+    pub kv_blocks_cached: usize,
+    pub block_size: usize,
+    /// State slots (sequences that can be live at once) and free ones.
+    pub state_slots_total: usize,
+    pub state_slots_free: usize,
+    /// Prefix cache: prompt tokens looked up and found (in tokens, at admission).
+    pub prefix_query_tokens: u64,
+    pub prefix_hit_tokens: u64,
+}

@@ -1,0 +1,275 @@
+//! The serving engine on the CPU: batch invariance (f32 greedy tokens and log-probabilities
+//! bit-identical alone, among 31 others of mixed lengths, split by chunked prefill, after a
+//! preemption, with a prefix-cache hit), the scheduler's accounting under a few thousand
+//! randomized requests with aborts and preemptions (no leaked block or slot), admission
+//! errors, and the threaded engine's streams.
+
+use porter_core::engine::{Engine, EngineConfig, EngineCore, Event, Finish, RequestParams, TokenOut};
+use porter_core::sampling::SamplingParams;
+use porter_core::{DType, Model};
+use std::collections::HashMap;
+use tests::load;
+
+/// A deterministic xorshift generator for prompts and schedules.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn prompt(&mut self, len: usize, vocab: usize) -> Vec<u32> {
+        (0..len).map(|_| self.below(vocab) as u32).collect()
+    }
+}
+
+fn cfg(seqs: usize, budget: usize, blocks: usize) -> EngineConfig {
+    EngineConfig { max_num_batched_tokens: budget, max_num_seqs: seqs, block_size: 16, num_blocks: blocks }
+}
+
+fn greedy(max_tokens: usize) -> RequestParams {
+    RequestParams { max_tokens, ignore_eos: true, logprobs: Some(5), ..Default::default() }
+}
+
+/// Runs every request to completion; returns each one's tokens and final event.
+fn run_all(
+    e: &mut EngineCore<&Model>,
+    reqs: &[(u64, Vec<u32>, RequestParams)],
+) -> HashMap<u64, (Vec<TokenOut>, Event)> {
+    for (id, p, params) in reqs {
+        e.add_request(*id, p.clone(), params.clone()).unwrap();
+    }
+    let mut toks: HashMap<u64, Vec<TokenOut>> = HashMap::new();
+    let mut done = HashMap::new();
+    let mut steps = 0;
+    while e.has_work() {
+        for (id, ev) in e.step().unwrap() {
+            match ev {
+                Event::Token(t) => toks.entry(id).or_default().push(t),
+                end => {
+                    done.insert(id, (toks.remove(&id).unwrap_or_default(), end));
+                }
+            }
+        }
+        steps += 1;
+        assert!(steps < 100_000, "engine did not finish");
+    }
+    done
+}
+
+/// The probe request's output: alone, then in each hostile setting, bit for bit.
+fn invariance(name: &str, recurrent: bool) {
+    let m = load(name, DType::F32).unwrap();
+    let vocab = m.info.vocab_size;
+    let mut rng = Rng(0x1234_5678);
+    let probe = rng.prompt(150, vocab);
+    let want = {
+        let mut e = EngineCore::new(&m, cfg(1, 512, 64)).unwrap();
+        run_all(&mut e, &[(0, probe.clone(), greedy(12))]).remove(&0).unwrap()
+    };
+    assert_eq!(want.0.len(), 12);
+    let same = |what: &str, got: &(Vec<TokenOut>, Event)| {
+        assert_eq!(got.0, want.0, "{name}: {what}: tokens / logprobs differ from the request alone");
+    };
+    // Among 31 others of mixed lengths (prefills and decodes share steps).
+    let mut reqs = vec![(0, probe.clone(), greedy(12))];
+    for i in 1..32 {
+        let len = 1 + rng.below(200);
+        reqs.push((i, rng.prompt(len, vocab), greedy(1 + rng.below(16))));
+    }
+    let mut e = EngineCore::new(&m, cfg(32, 256, 2048)).unwrap();
+    let got = run_all(&mut e, &reqs);
+    same("among 31 others", &got[&0]);
+    // Split by chunked prefill: a budget far below the prompt (aligned chunks for GDN).
+    let budget = if recurrent { 1 + 64 } else { 37 };
+    let mut e = EngineCore::new(&m, cfg(1, budget, 64)).unwrap();
+    let got = run_all(&mut e, &[(0, probe.clone(), greedy(12))]);
+    // Three prefill steps (two chunks before the last piece) and 11 decode steps.
+    assert!(e.stats().steps >= 3 + 11, "{name}: the prompt was not chunked");
+    same("chunked prefill", &got[&0]);
+    // With a prefix-cache hit: a first request leaves the probe's first 128 tokens cached.
+    let mut e = EngineCore::new(&m, cfg(2, 512, 64)).unwrap();
+    let mut first = probe[..130].to_vec();
+    first.extend([1, 2, 3]);
+    run_all(&mut e, &[(7, first, greedy(2))]);
+    let got = run_all(&mut e, &[(0, probe.clone(), greedy(12))]);
+    if let Event::Done(f) = &got[&0].1 {
+        if recurrent {
+            assert_eq!(f.cached_tokens, 0, "{name}: recurrent models do not reuse prefixes (no state checkpoints)");
+        } else {
+            assert_eq!(f.cached_tokens, 128, "{name}: hit within one block of the 130 shared tokens");
+        }
+    }
+    same("prefix-cache hit", &got[&0]);
+    if !recurrent {
+        // After a preemption: a pool too small for both, the probe admitted second.
+        let mut e = EngineCore::new(&m, cfg(2, 512, 14)).unwrap();
+        let other = rng.prompt(60, vocab);
+        let got = run_all(&mut e, &[(1, other, greedy(40)), (0, probe.clone(), greedy(12))]);
+        assert!(e.stats().preemptions > 0, "{name}: nothing was preempted");
+        same("after a preemption", &got[&0]);
+    }
+}
+
+#[test]
+fn batch_invariance_attention_model() {
+    invariance("qwen3", false);
+}
+
+#[test]
+fn batch_invariance_moe_model() {
+    invariance("qwen3_moe", false);
+}
+
+#[test]
+fn batch_invariance_hybrid_gdn_model() {
+    invariance("qwen3_next_a", true);
+}
+
+/// Greedy output through the engine equals the single-request `generate` path on the same
+/// prompt (the reference path checked against transformers in parity.rs).
+#[test]
+fn engine_matches_generate() {
+    let m = load("qwen3", DType::F32).unwrap();
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 512).collect();
+    let g = porter_core::generate::generate(&m, &prompt, SamplingParams::default(), 10, &[]).unwrap();
+    let mut e = EngineCore::new(&m, cfg(4, 512, 64)).unwrap();
+    let got = run_all(&mut e, &[(0, prompt, greedy(10))]);
+    assert_eq!(got[&0].0.iter().map(|t| t.id).collect::<Vec<_>>(), g.ids);
+}
+
+/// A few thousand randomized requests with aborts and preemptions on a small pool: every
+/// request ends exactly once, and the pool and slots come back whole.
+#[test]
+fn no_leaks_no_lost_requests() {
+    let m = load("qwen3", DType::F32).unwrap();
+    let vocab = m.info.vocab_size;
+    let mut rng = Rng(0xfeed_beef);
+    let blocks = 20;
+    let mut e = EngineCore::new(&m, cfg(8, 96, blocks)).unwrap();
+    let (total, slots) = (e.stats().kv_blocks_total, e.stats().state_slots_total);
+    let t0 = std::time::Instant::now();
+    let (mut next, mut ended, mut aborted) = (0u64, 0usize, 0usize);
+    let n_requests = 3000u64;
+    let mut open: Vec<u64> = Vec::new();
+    while next < n_requests || e.has_work() {
+        // A few arrivals per step, with shared prefixes now and then.
+        for _ in 0..rng.below(4) {
+            if next < n_requests {
+                let len = 1 + rng.below(40);
+                let mut p = rng.prompt(len, vocab);
+                if rng.below(3) == 0 {
+                    p[..len.min(16)].iter_mut().for_each(|t| *t = 5);
+                }
+                let params = RequestParams { max_tokens: 1 + rng.below(24), ..Default::default() };
+                e.add_request(next, p, params).unwrap();
+                open.push(next);
+                next += 1;
+            }
+        }
+        if !open.is_empty() && rng.below(10) == 0 {
+            let id = open.swap_remove(rng.below(open.len()));
+            if let Some(Event::Done(f)) = e.abort(id).unwrap() {
+                assert_eq!(f.reason, Finish::Abort);
+                aborted += 1;
+                ended += 1;
+            }
+        }
+        for (id, ev) in e.step().unwrap() {
+            if let Event::Done(_) = ev {
+                open.retain(|&x| x != id);
+                ended += 1;
+            }
+        }
+        assert!(t0.elapsed().as_secs() < 240, "leak test ran too long");
+    }
+    let s = e.stats();
+    assert_eq!(ended as u64, n_requests, "every request ends exactly once");
+    assert!(
+        aborted > 0 && s.preemptions > 0,
+        "the mix must include aborts ({aborted}) and preemptions ({})",
+        s.preemptions
+    );
+    assert_eq!(s.kv_blocks_free, total, "KV blocks leaked");
+    assert_eq!(s.state_slots_free, slots, "state slots leaked");
+    assert_eq!((s.running, s.waiting), (0, 0));
+    eprintln!(
+        "{n_requests} requests, {aborted} aborted, {} preemptions, {} steps, prefix hits {} tokens",
+        s.preemptions, s.steps, s.prefix_hit_tokens
+    );
+}
+
+#[test]
+fn admission_errors_name_the_problem() {
+    let m = load("qwen3", DType::F32).unwrap();
+    let mut e = EngineCore::new(&m, cfg(2, 64, 4)).unwrap();
+    let too_long = e.add_request(1, vec![1; 60], greedy(10)).unwrap_err().to_string();
+    assert!(too_long.contains("whole KV cache"), "{too_long}");
+    let empty = e.add_request(2, vec![], greedy(1)).unwrap_err().to_string();
+    assert!(empty.contains("empty"), "{empty}");
+    let vocab = e.add_request(3, vec![9999], greedy(1)).unwrap_err().to_string();
+    assert!(vocab.contains("out of range"), "{vocab}");
+    let bad = RequestParams { min_tokens: 5, max_tokens: 2, ..Default::default() };
+    assert!(e.add_request(4, vec![1], bad).unwrap_err().to_string().contains("min_tokens"));
+    let lp = RequestParams { logprobs: Some(21), ..Default::default() };
+    assert!(e.add_request(5, vec![1], lp).unwrap_err().to_string().contains("logprobs"));
+    assert!(!e.has_work(), "nothing refused is queued");
+    let zero = EngineCore::new(&m, cfg(0, 64, 4)).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(zero.contains("must be > 0"), "{zero}");
+}
+
+#[test]
+fn min_tokens_and_stop_ids() {
+    let m = load("qwen3", DType::F32).unwrap();
+    let prompt: Vec<u32> = (0..12).collect();
+    let mut e = EngineCore::new(&m, cfg(2, 64, 16)).unwrap();
+    let free = run_all(&mut e, &[(0, prompt.clone(), greedy(8))]).remove(&0).unwrap();
+    let first = free.0[0].id;
+    // Stopping at the first greedy token...
+    let stop = RequestParams { stop_token_ids: vec![first], ..greedy(8) };
+    let got = run_all(&mut e, &[(1, prompt.clone(), stop.clone())]).remove(&1).unwrap();
+    assert_eq!(got.0.len(), 1);
+    assert!(matches!(got.1, Event::Done(ref f) if f.reason == Finish::Stop));
+    // ...unless min_tokens masks it.
+    let min = RequestParams { min_tokens: 3, ..stop };
+    let got = run_all(&mut e, &[(2, prompt, min)]).remove(&2).unwrap();
+    assert!(got.0.len() >= 3 && got.0[0].id != first);
+    // Log-probabilities: the chosen (greedy) token is the top alternative.
+    assert_eq!(free.0[0].top[0].0, first);
+    assert_eq!(free.0[0].top[0].1, free.0[0].logprob);
+    assert!(free.0[0].top.windows(2).all(|w| w[0].1 >= w[1].1));
+}
+
+#[test]
+fn threaded_engine_streams_and_aborts() {
+    let m = load("qwen3", DType::F32).unwrap();
+    let engine = std::sync::Arc::new(Engine::start(m, cfg(8, 256, 256)).unwrap());
+    let handles: Vec<_> = (0..6u32)
+        .map(|i| {
+            let e = engine.clone();
+            std::thread::spawn(move || {
+                let s = e.add((0..(5 + i)).collect(), greedy(6)).unwrap();
+                s.collect()
+            })
+        })
+        .collect();
+    for h in handles {
+        let (toks, end) = h.join().unwrap();
+        assert_eq!(toks.len(), 6);
+        assert!(matches!(end, Some(Event::Done(ref f)) if f.reason == Finish::Length && f.completion_tokens == 6));
+    }
+    let s = engine.add(vec![1, 2, 3], greedy(100_000.min(4000))).unwrap();
+    engine.abort(s.id).unwrap();
+    let (_, end) = s.collect();
+    assert!(matches!(end, Some(Event::Done(ref f)) if f.reason == Finish::Abort), "{end:?}");
+    let st = engine.stats();
+    assert_eq!(st.kv_blocks_free, st.kv_blocks_total);
+    let err = engine.add(vec![], greedy(1)).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("empty"), "{err}");
+    engine.shutdown();
+}
