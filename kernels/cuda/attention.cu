@@ -109,6 +109,29 @@ __device__ __forceinline__ void copy4(T* dst, const T* src, u32 n, bool vec) {
     }
 }
 
+// 4 elements global -> shared without waiting (cp.async on sm_80+, then
+// `async4_wait` before the barrier; a plain copy4 below sm_80): `src` aligned to
+// 4 elements, all 4 in range.
+template <typename T>
+__device__ __forceinline__ void async4(T* dst, const T* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    if constexpr (sizeof(T) == 4) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+    }
+#else
+    copy4(dst, src, 4, true);
+#endif
+}
+
+__device__ __forceinline__ void async4_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ void zero4(T* dst) {
     if constexpr (sizeof(T) == 4) {
@@ -250,13 +273,20 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const T*
             T* vd = Vs + j * DS + d0;
             if (kpos >= lo_first && kpos <= p_last && d0 < D && ks != ATT_NOSLOT) {
                 const u64 off = ks * kv_stride + (u64)kh * D + d0;
-                copy4(kd, kpool + off, D - d0, vec);
-                copy4(vd, vpool + off, D - d0, vec);
+                // Every load of the tile in flight at once (the loop is latency-bound otherwise).
+                if (vec && d0 + 4 <= D) {
+                    async4(kd, kpool + off);
+                    async4(vd, vpool + off);
+                } else {
+                    copy4(kd, kpool + off, D - d0, vec);
+                    copy4(vd, vpool + off, D - d0, vec);
+                }
             } else {
                 zero4(kd);
                 zero4(vd);
             }
         }
+        async4_wait();
         __syncthreads();
 
         // S = Q K^T for RA items x 4 keys.
@@ -378,11 +408,12 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const T*
 // not split) exit. M = max m_z, L = Σ l_z·exp(m_z − M) and O = Σ part_z·(exp(m_z −
 // M) / L), all in increasing z (the weights of ATT_THREADS splits at a time go
 // through shared memory), so the result depends on nothing but the row.
+// blockDim.x must be ATT_THREADS.
 template <typename T>
 __device__ __forceinline__ void attention_combine_impl(const float* __restrict__ part,
                                                        const u32* __restrict__ spans, T* __restrict__ out, u32 t,
                                                        u32 heads, u32 D, u32 window, u32 qcap, u32 nz) {
-    __shared__ float w[ATT_THREADS];
+    __shared__ float w[ATT_THREADS], sm[ATT_THREADS], sl[ATT_THREADS];
     const u32 tid = threadIdx.x, nt = blockDim.x;
     const u32 s = blockIdx.y, i = blockIdx.x / heads, h = blockIdx.x % heads;
     const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
@@ -393,28 +424,37 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
     if (zlo >= zhi) return;
     const u64 zstride = (u64)gridDim.y * qcap * heads * (D + 2);
     const float* base = part + ((u64)(s * qcap + i) * heads + h) * (D + 2);
-    float M = PORTER_NEG_INF;
-    for (u32 z = zlo; z <= zhi; ++z) {
-        const float* pz = base + z * zstride;
-        if (pz[D + 1] > 0.0f) M = fmaxf(M, pz[D]);
-    }
-    float L = 0.0f;
-    for (u32 z = zlo; z <= zhi; ++z) {
-        const float* pz = base + z * zstride;
-        const float l = pz[D + 1];
-        if (l > 0.0f) L = fmaf(l, expf(__fsub_rn(pz[D], M)), L);
-    }
-    float o0 = 0.0f, o1 = 0.0f;  // dims tid and tid + nt (D <= 2 * ATT_THREADS)
-    for (u32 zc = zlo; zc <= zhi; zc += nt) {
+    // (m_z, l_z) of ATT_THREADS splits at a time are loaded in parallel into shared
+    // memory; every thread then folds them in increasing z (the same values everywhere).
+    auto stage = [&](u32 zc) {
         __syncthreads();
         const u32 zz = zc + tid;
         if (zz <= zhi) {
             const float* pz = base + zz * zstride;
-            const float l = pz[D + 1];
-            w[tid] = l > 0.0f ? expf(__fsub_rn(pz[D], M)) / L : 0.0f;
+            sm[tid] = pz[D];
+            sl[tid] = pz[D + 1];
         }
         __syncthreads();
-        const u32 n = min(nt, zhi + 1 - zc);
+        return min(nt, zhi + 1 - zc);
+    };
+    float M = PORTER_NEG_INF;
+    for (u32 zc = zlo; zc <= zhi; zc += nt) {
+        const u32 n = stage(zc);
+        for (u32 k = 0; k < n; ++k)
+            if (sl[k] > 0.0f) M = fmaxf(M, sm[k]);
+    }
+    float L = 0.0f;
+    for (u32 zc = zlo; zc <= zhi; zc += nt) {
+        const u32 n = stage(zc);
+        for (u32 k = 0; k < n; ++k)
+            if (sl[k] > 0.0f) L = fmaf(sl[k], expf(__fsub_rn(sm[k], M)), L);
+    }
+    float o0 = 0.0f, o1 = 0.0f;  // dims tid and tid + nt (D <= 2 * ATT_THREADS)
+    for (u32 zc = zlo; zc <= zhi; zc += nt) {
+        const u32 n = stage(zc);
+        w[tid] = tid < n && sl[tid] > 0.0f ? expf(__fsub_rn(sm[tid], M)) / L : 0.0f;
+        __syncthreads();
+#pragma unroll 8
         for (u32 k = 0; k < n; ++k) {
             const float* pz = base + (zc + k) * zstride;
             if (tid < D) o0 = fmaf(pz[tid], w[k], o0);
