@@ -41,7 +41,7 @@
 #define ATT_BN 64
 #define ATT_PS (ATT_BN + 16)
 #define ATT_SPLIT_Q 8   // longest q_len that is split-K
-#define ATT_KS 256      // keys per split (a multiple of ATT_BN and of ATC_BN)
+#define ATT_KS 128      // keys per split (a multiple of ATT_BN and of ATC_BN)
 #define ATT_NOSLOT 0xffffffffu
 
 // ---------------------------------------------------------------------------

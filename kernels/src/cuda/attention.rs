@@ -41,7 +41,7 @@ const ATT_PS: usize = ATT_BN + 16;
 const ATT_SPLIT_Q: usize = 8;
 /// Keys per split (`ATT_KS`): split `z` of a sequence covers key positions
 /// `z * ATT_KS .. (z + 1) * ATT_KS`, whatever the launch.
-const ATT_KS: usize = 256;
+const ATT_KS: usize = 128;
 /// Threads of a tensor-core attention block (`ATC_THREADS`).
 const ATC_THREADS: u32 = 128;
 /// Warps of a tensor-core attention block (`ATC_WARPS`).
@@ -143,7 +143,7 @@ impl CudaKernels {
     ///
     /// Batch invariance (see [`AttnMode`]): on the CUDA-core kernels a row's
     /// result depends only on its own sequence. A sequence with `q_len <= 8`
-    /// (decode, draft verification) splits its keys at fixed positions (every 256
+    /// (decode, draft verification) splits its keys at fixed positions (every 128
     /// keys) across blocks and merges the partials of a row in a second kernel, in
     /// a fixed order; longer spans are not split. `AttnMode::Fast` runs bf16 /
     /// f16 launches with `max_q_len >= 16` (`head_dim % 16 == 0`, sm_80+) on
@@ -152,7 +152,7 @@ impl CudaKernels {
     /// power-of-two `block_size` works on both paths (a key tile may cross cache
     /// blocks).
     ///
-    /// The split path allocates `ceil(max_blocks · block_size / 256) · n_seqs ·
+    /// The split path allocates `ceil(max_blocks · block_size / 128) · n_seqs ·
     /// min(max_q_len, 8) · heads · (head_dim + 2)` f32 of scratch per call, so
     /// `max_blocks` should not be much wider than the longest sequence needs.
     ///
