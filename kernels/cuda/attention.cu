@@ -1,8 +1,13 @@
-// Causal GQA attention over per-sequence KV buffers, KV append, and on-device
-// sampling (kernels/src/cuda/attention.rs has the launch wrappers).
+// Causal GQA attention over a paged KV cache, KV append, and on-device sampling
+// (kernels/src/cuda/attention.rs has the launch wrappers).
 //
-// KV cache: sequence s owns two buffers (raw device addresses k_ptrs[s],
-// v_ptrs[s]) laid out [capacity, kv_heads, head_dim] of T.
+// KV cache: one pool per layer, k_pool / v_pool laid out [n_slots, kv_heads,
+// head_dim] of T; a slot is one token row, slot = block * block_size + offset.
+// Sequence s maps its key position j to slot block_tables[s * max_blocks + (j >>
+// bs_log2)] * block_size + (j & (block_size - 1)) (block_size a power of two). A
+// key whose block index is >= max_blocks or whose slot is >= n_slots is read as
+// zeros (never from memory): out-of-contract tables cannot make the kernels read
+// outside the pools.
 //
 // Attention (cpu::ops::causal_attention per sequence): one block takes a tile
 // of BM "items" of one sequence and one KV head, an item being a (query row,
@@ -10,9 +15,20 @@
 // packs the whole GQA group into one tile and K/V are read once per group). The
 // block walks 64-key tiles staged in shared memory (storage type T) with an
 // online softmax in f32; key tiles outside the causal / window range of the
-// tile are never visited. The key tiles of a block may be split across
-// gridDim.z blocks (split-K, flash-decoding): each then writes an unnormalised
-// partial (acc[D], running max, running sum) and `attention_combine` merges them.
+// tile are never visited. The slots of a tile's 64 keys are looked up once, into
+// a shared table (two of them: the next tile's is filled while this one is used).
+//
+// Batch invariance: a row's arithmetic depends only on its own sequence. A
+// sequence with q_len <= ATT_SPLIT_Q (decode, draft verification) is split-K
+// (flash-decoding) at fixed absolute key boundaries: split z covers key
+// positions [z * ATT_KS, (z + 1) * ATT_KS). A row whose keys lo..=p lie in one
+// split is finished by that split's block; otherwise each of its splits
+// z = lo / ATT_KS ..= p / ATT_KS writes an unnormalised partial (acc[D], running
+// max, running sum) and `attention_combine` merges them in increasing z. Longer
+// sequences are not split. Tiles a row does not attend (the block's range is the
+// union of its items') leave its state bit-identical (corr = 1, p = 0), and the
+// item-tile height RA does not change an item's arithmetic (explicit fmaf /
+// __fmul_rn, the same order of operations for every RA).
 //
 // Thread layout (128 threads): ti = tid / 16 (0..7), tj = tid % 16. Thread
 // (ti, tj) owns items ti + 8a (a < RA), scores of keys tj + 16b (b < 4), and
@@ -24,29 +40,43 @@
 #define ATT_THREADS 128
 #define ATT_BN 64
 #define ATT_PS (ATT_BN + 16)
+#define ATT_SPLIT_Q 8   // longest q_len that is split-K
+#define ATT_KS 128      // keys per split (a multiple of ATT_BN and of ATC_BN)
+#define ATT_NOSLOT 0xffffffffu
 
 // ---------------------------------------------------------------------------
 // KV append
 // ---------------------------------------------------------------------------
 
+// Row r goes to slot slots[r]; ATT_NOSLOT (padding) and slots >= n_slots are skipped.
 template <typename T>
 __device__ __forceinline__ void kv_append_impl(const T* __restrict__ k, const T* __restrict__ v,
-                                               const u32* __restrict__ row_seq, const u32* __restrict__ row_pos,
-                                               const u64* __restrict__ k_ptrs, const u64* __restrict__ v_ptrs, u32 t,
-                                               u32 row_len) {
+                                               const u32* __restrict__ slots, T* __restrict__ kp,
+                                               T* __restrict__ vp, u32 t, u32 row_len, u32 n_slots) {
     const u64 n = (u64)t * row_len;
     for (u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (u64)gridDim.x * blockDim.x) {
         const u32 r = (u32)(idx / row_len), c = (u32)(idx % row_len);
-        const u32 s = row_seq[r];
-        const u64 dst = (u64)row_pos[r] * row_len + c;
-        reinterpret_cast<T*>(k_ptrs[s])[dst] = k[idx];
-        reinterpret_cast<T*>(v_ptrs[s])[dst] = v[idx];
+        const u32 slot = slots[r];
+        if (slot >= n_slots) continue;
+        const u64 dst = (u64)slot * row_len + c;
+        kp[dst] = k[idx];
+        vp[dst] = v[idx];
     }
 }
 
 // ---------------------------------------------------------------------------
 // Attention
 // ---------------------------------------------------------------------------
+
+// The pool slot of key position `kpos` of the sequence whose block-table row is
+// `bt`, or ATT_NOSLOT when the table or the pool does not hold it.
+__device__ __forceinline__ u32 key_slot(const u32* __restrict__ bt, u32 kpos, u32 max_blocks, u32 bs_log2,
+                                        u32 n_slots) {
+    const u32 jb = kpos >> bs_log2;
+    if (jb >= max_blocks) return ATT_NOSLOT;
+    const u64 slot = ((u64)__ldg(bt + jb) << bs_log2) + (kpos & ((1u << bs_log2) - 1u));
+    return slot < n_slots ? (u32)slot : ATT_NOSLOT;
+}
 
 // Four consecutive elements of shared memory as f32 (aligned to 4 elements).
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
@@ -79,6 +109,29 @@ __device__ __forceinline__ void copy4(T* dst, const T* src, u32 n, bool vec) {
     }
 }
 
+// 4 elements global -> shared without waiting (cp.async on sm_80+, then
+// `async4_wait` before the barrier; a plain copy4 below sm_80): `src` aligned to
+// 4 elements, all 4 in range.
+template <typename T>
+__device__ __forceinline__ void async4(T* dst, const T* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    if constexpr (sizeof(T) == 4) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+    }
+#else
+    copy4(dst, src, 4, true);
+#endif
+}
+
+__device__ __forceinline__ void async4_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ void zero4(T* dst) {
     if constexpr (sizeof(T) == 4) {
@@ -100,47 +153,73 @@ __device__ __forceinline__ float sum16(float v) {
     return v;
 }
 
-// Grid: (item tiles, n_seqs * kv_heads, splits). Dynamic shared memory:
-// (BM + 2*BN) * DS * sizeof(T) + BM * PS * 4 bytes.
+// The paged-cache arguments shared by the attention kernels.
+struct PagedKv {
+    u32 max_blocks, bs_log2, n_slots;
+};
+
+// Grid: (max(tiles_m, ceil(qcap * group / BM) * nz), n_seqs * kv_heads). A block
+// x of a split sequence (q_len <= ATT_SPLIT_Q) takes item tile x % ts and split
+// x / ts; of another sequence, item tile tiles_m - 1 - x (heaviest first).
+// Partials: part[z][s * qcap + i][h][D + 2] (z < nz). Dynamic shared memory:
+// (BM + 2*BN) * DS * sizeof(T) + BM * PS * 4 + 2 * BN * 4 bytes.
 template <typename T, int RA, int NC>
-__device__ __forceinline__ void attention_impl(const T* __restrict__ q, const u64* __restrict__ k_ptrs,
-                                               const u64* __restrict__ v_ptrs, const u32* __restrict__ spans,
-                                               T* __restrict__ out, float* __restrict__ part, u32 t, u32 heads,
-                                               u32 kvh, u32 D, float scale, u32 window, u32 nsplit) {
+__device__ __forceinline__ void attention_impl(const T* __restrict__ q, const T* __restrict__ kpool,
+                                               const T* __restrict__ vpool, const u32* __restrict__ tables,
+                                               const u32* __restrict__ spans, T* __restrict__ out,
+                                               float* __restrict__ part, u32 t, u32 heads, u32 kvh, u32 D,
+                                               float scale, u32 window, PagedKv kv, u32 tiles_m, u32 qcap, u32 nz) {
     constexpr int BM = 8 * RA;
     constexpr int BN = ATT_BN;
     constexpr int DP = 64 * NC;
     constexpr int DS = DP + 4;  // row stride (elements): conflict-free 4-element reads
     constexpr int G4 = DP / 4;  // 4-element groups per row
+    constexpr u32 TPS = ATT_KS / ATT_BN;  // tiles per split
     extern __shared__ __align__(16) unsigned char att_smem[];
     T* Qs = reinterpret_cast<T*>(att_smem);
     T* Ks = Qs + BM * DS;
     T* Vs = Ks + BN * DS;
     float* Ps = reinterpret_cast<float*>(Vs + BN * DS);
+    u32* Sl = reinterpret_cast<u32*>(Ps + BM * ATT_PS);  // [2][BN] key slots
 
     const u32 tid = threadIdx.x, tj = tid & 15u, ti = tid >> 4;
-    const u32 s = blockIdx.y / kvh, kh = blockIdx.y % kvh, z = blockIdx.z;
+    const u32 s = blockIdx.y / kvh, kh = blockIdx.y % kvh;
     const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
     const u32 group = heads / kvh;
-    const u32 n_items = qlen * group;
-    // Heaviest (latest) item tiles first: they are scheduled before the short ones.
-    const u32 m0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    const bool split = qlen <= ATT_SPLIT_Q;
+    // Rows a launch can hold: q_len <= max_q_len and rows < t (out-of-contract spans
+    // are clipped, never written outside `out` / `part`).
+    const u32 rows = split ? min(qlen, qcap) : qlen;
+    const u32 rows_in = row0 < t ? min(rows, t - row0) : 0;
+    const u32 n_items = rows_in * group;
+    u32 m0, z = 0;
+    if (split) {
+        const u32 ts = (qcap * group + BM - 1) / BM;
+        z = blockIdx.x / ts;
+        if (z >= nz) return;
+        m0 = (blockIdx.x % ts) * BM;
+    } else {
+        if (blockIdx.x >= tiles_m) return;
+        m0 = (tiles_m - 1 - blockIdx.x) * BM;
+    }
     if (m0 >= n_items) return;
     const u32 m_last = min(m0 + (u32)BM, n_items) - 1;
     const u32 p_first = pos0 + m0 / group, p_last = pos0 + m_last / group;
     const u32 lo_first = (window != 0 && p_first + 1 > window) ? p_first + 1 - window : 0;
-    const u32 jt0 = lo_first / BN, ntiles = p_last / BN - jt0 + 1;
-    const u32 per = (ntiles + nsplit - 1) / nsplit;
-    const u32 ta = jt0 + min(z * per, ntiles), tb = jt0 + min((z + 1) * per, ntiles);
+    u32 ta = lo_first / BN, tb = p_last / BN + 1;
+    if (split) {
+        ta = max(ta, z * TPS);
+        tb = min(tb, (z + 1) * TPS);
+        if (ta >= tb) return;
+    }
+    const u32* bt = tables + (u64)s * kv.max_blocks;
 
-    const T* Kg = reinterpret_cast<const T*>(k_ptrs[s]);
-    const T* Vg = reinterpret_cast<const T*>(v_ptrs[s]);
-    const bool vec = (D % 4 == 0) && ((reinterpret_cast<u64>(Kg) | reinterpret_cast<u64>(Vg) |
+    const bool vec = (D % 4 == 0) && ((reinterpret_cast<u64>(kpool) | reinterpret_cast<u64>(vpool) |
                                        reinterpret_cast<u64>(q)) % (4 * sizeof(T)) == 0);
 
-    // This thread's items.
+    // This thread's items; `wr`: 0 nothing, 1 the output, 2 a partial.
     bool iv[RA];
-    u32 ipos[RA], ilo[RA], irow[RA], ih[RA];
+    u32 ipos[RA], ilo[RA], irow[RA], ih[RA], wr[RA];  // irow: the row within the span
 #pragma unroll
     for (int a = 0; a < RA; ++a) {
         const u32 m = m0 + ti + 8 * a;
@@ -148,24 +227,26 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const u6
         const u32 i = m / group, g = m % group;
         ipos[a] = pos0 + i;
         ilo[a] = (window != 0 && ipos[a] + 1 > window) ? ipos[a] + 1 - window : 0;
-        irow[a] = row0 + i;
+        irow[a] = i;
         ih[a] = kh * group + g;
+        const u32 zlo = ilo[a] / ATT_KS, zhi = min(ipos[a] / ATT_KS, nz - 1);
+        wr[a] = !iv[a] ? 0u : !split ? 1u : (z < zlo || z > zhi) ? 0u : zlo == zhi ? 1u : 2u;
     }
 
-    // Q tile.
-    if (ta < tb) {
-        for (u32 gi = tid; gi < (u32)(BM * G4); gi += ATT_THREADS) {
-            const u32 slot = gi / G4, d0 = (gi % G4) * 4;
-            const u32 m = m0 + slot;
-            T* dst = Qs + slot * DS + d0;
-            if (m <= m_last && d0 < D) {
-                const u32 i = m / group, h = kh * group + m % group;
-                copy4(dst, q + ((u64)(row0 + i) * heads + h) * D + d0, D - d0, vec);
-            } else {
-                zero4(dst);
-            }
+    // Q tile and the first tile's key slots.
+    for (u32 gi = tid; gi < (u32)(BM * G4); gi += ATT_THREADS) {
+        const u32 slot = gi / G4, d0 = (gi % G4) * 4;
+        const u32 m = m0 + slot;
+        T* dst = Qs + slot * DS + d0;
+        if (m <= m_last && d0 < D) {
+            const u32 i = m / group, h = kh * group + m % group;
+            copy4(dst, q + ((u64)(row0 + i) * heads + h) * D + d0, D - d0, vec);
+        } else {
+            zero4(dst);
         }
     }
+    if (tid < (u32)BN) Sl[tid] = key_slot(bt, ta * BN + tid, kv.max_blocks, kv.bs_log2, kv.n_slots);
+    __syncthreads();
 
     float m_run[RA], l_run[RA], acc[RA][4 * NC];
 #pragma unroll
@@ -179,20 +260,33 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const u6
     const u64 kv_stride = (u64)kvh * D;
     for (u32 jt = ta; jt < tb; ++jt) {
         const u32 kbase = jt * BN;
+        const u32* sl = Sl + ((jt - ta) & 1u) * BN;
+        // The next tile's slots (that table was last read before the previous tile's barriers).
+        if (jt + 1 < tb && tid < (u32)BN)
+            Sl[((jt + 1 - ta) & 1u) * BN + tid] =
+                key_slot(bt, kbase + BN + tid, kv.max_blocks, kv.bs_log2, kv.n_slots);
         for (u32 gi = tid; gi < (u32)(BN * G4); gi += ATT_THREADS) {
             const u32 j = gi / G4, d0 = (gi % G4) * 4;
             const u32 kpos = kbase + j;
+            const u32 ks = sl[j];
             T* kd = Ks + j * DS + d0;
             T* vd = Vs + j * DS + d0;
-            if (kpos >= lo_first && kpos <= p_last && d0 < D) {
-                const u64 off = kpos * kv_stride + (u64)kh * D + d0;
-                copy4(kd, Kg + off, D - d0, vec);
-                copy4(vd, Vg + off, D - d0, vec);
+            if (kpos >= lo_first && kpos <= p_last && d0 < D && ks != ATT_NOSLOT) {
+                const u64 off = ks * kv_stride + (u64)kh * D + d0;
+                // Every load of the tile in flight at once (the loop is latency-bound otherwise).
+                if (vec && d0 + 4 <= D) {
+                    async4(kd, kpool + off);
+                    async4(vd, vpool + off);
+                } else {
+                    copy4(kd, kpool + off, D - d0, vec);
+                    copy4(vd, vpool + off, D - d0, vec);
+                }
             } else {
                 zero4(kd);
                 zero4(vd);
             }
         }
+        async4_wait();
         __syncthreads();
 
         // S = Q K^T for RA items x 4 keys.
@@ -208,14 +302,14 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const u6
             for (int a = 0; a < RA; ++a) qv[a] = ld4(Qs + (ti + 8 * a) * DS + d);
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
-                const float4 kv = ld4(Ks + (tj + 16 * b) * DS + d);
+                const float4 kv4 = ld4(Ks + (tj + 16 * b) * DS + d);
 #pragma unroll
                 for (int a = 0; a < RA; ++a) {
                     float x = sc[a][b];
-                    x = fmaf(qv[a].x, kv.x, x);
-                    x = fmaf(qv[a].y, kv.y, x);
-                    x = fmaf(qv[a].z, kv.z, x);
-                    x = fmaf(qv[a].w, kv.w, x);
+                    x = fmaf(qv[a].x, kv4.x, x);
+                    x = fmaf(qv[a].y, kv4.y, x);
+                    x = fmaf(qv[a].z, kv4.z, x);
+                    x = fmaf(qv[a].w, kv4.w, x);
                     sc[a][b] = x;
                 }
             }
@@ -229,7 +323,7 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const u6
             for (int b = 0; b < 4; ++b) {
                 const u32 kpos = kbase + tj + 16 * b;
                 const bool ok = iv[a] && kpos >= ilo[a] && kpos <= ipos[a];
-                sc[a][b] = ok ? sc[a][b] * scale : PORTER_NEG_INF;
+                sc[a][b] = ok ? __fmul_rn(sc[a][b], scale) : PORTER_NEG_INF;
                 mx = fmaxf(mx, sc[a][b]);
             }
             mx = max16(mx);
@@ -239,17 +333,17 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const u6
 #pragma unroll
                 for (int b = 0; b < 4; ++b) sc[a][b] = 0.0f;
             } else {
-                corr = expf(m_run[a] - m_new);
+                corr = expf(__fsub_rn(m_run[a], m_new));
 #pragma unroll
                 for (int b = 0; b < 4; ++b) {
-                    sc[a][b] = expf(sc[a][b] - m_new);
-                    psum += sc[a][b];
+                    sc[a][b] = expf(__fsub_rn(sc[a][b], m_new));
+                    psum = __fadd_rn(psum, sc[a][b]);
                 }
             }
             m_run[a] = m_new;
-            l_run[a] = l_run[a] * corr + psum;
+            l_run[a] = fmaf(l_run[a], corr, psum);
 #pragma unroll
-            for (int c = 0; c < 4 * NC; ++c) acc[a][c] *= corr;
+            for (int c = 0; c < 4 * NC; ++c) acc[a][c] = __fmul_rn(acc[a][c], corr);
 #pragma unroll
             for (int b = 0; b < 4; ++b) Ps[(ti + 8 * a) * ATT_PS + tj + 16 * b] = sc[a][b];
         }
@@ -279,20 +373,21 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const u6
 #pragma unroll
     for (int a = 0; a < RA; ++a) {
         const float l = sum16(l_run[a]);
-        if (!iv[a]) continue;
-        const u64 rh = (u64)irow[a] * heads + ih[a];
-        if (nsplit == 1) {
+        if (wr[a] == 0) continue;
+        if (wr[a] == 1) {
             const float inv = 1.0f / l;
-            T* o = out + rh * D;
+            T* o = out + ((u64)(row0 + irow[a]) * heads + ih[a]) * D;
 #pragma unroll
             for (int c = 0; c < NC; ++c)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const u32 d = tj * 4 + 64 * c + e;
-                    if (d < D) o[d] = from_f<T>(acc[a][4 * c + e] * inv);
+                    if (d < D) o[d] = from_f<T>(__fmul_rn(acc[a][4 * c + e], inv));
                 }
         } else {
-            float* pp = part + ((u64)z * t * heads + rh) * (D + 2);
+            const u64 nrows = (u64)(gridDim.y / kvh) * qcap;
+            const u64 rh = (u64)(s * qcap + irow[a]) * heads + ih[a];
+            float* pp = part + ((u64)z * nrows * heads + rh) * (D + 2);
 #pragma unroll
             for (int c = 0; c < NC; ++c)
 #pragma unroll
@@ -308,42 +403,77 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const u6
     }
 }
 
-// Merges the split-K partials: one block of ATT_THREADS per (row, head), thread
-// z < nsplit (nsplit <= ATT_THREADS) owning split z's (max, sum); the weights
-// exp(m_z - M) / L go through shared memory so the per-dimension sums issue
-// independent loads.
+// Merges the partials of a split row: one block of ATT_THREADS per (row i < qcap of
+// sequence s, head), grid (qcap * heads, n_seqs); rows finished by one split (or
+// not split) exit. M = max m_z, L = Σ l_z·exp(m_z − M) and O = Σ part_z·(exp(m_z −
+// M) / L), all in increasing z (the weights of ATT_THREADS splits at a time go
+// through shared memory), so the result depends on nothing but the row.
+// blockDim.x must be ATT_THREADS.
 template <typename T>
-__device__ __forceinline__ void attention_combine_impl(const float* __restrict__ part, T* __restrict__ out, u32 t,
-                                                       u32 heads, u32 D, u32 nsplit) {
-    __shared__ float w[ATT_THREADS];
-    __shared__ float red[32];
+__device__ __forceinline__ void attention_combine_impl(const float* __restrict__ part,
+                                                       const u32* __restrict__ spans, T* __restrict__ out, u32 t,
+                                                       u32 heads, u32 D, u32 window, u32 qcap, u32 nz) {
+    __shared__ float w[ATT_THREADS], sm[ATT_THREADS], sl[ATT_THREADS];
     const u32 tid = threadIdx.x, nt = blockDim.x;
-    const u64 rh = blockIdx.x;
-    const u64 zstride = (u64)t * heads * (D + 2);
-    const float* base = part + rh * (D + 2);
-    float m = PORTER_NEG_INF, l = 0.0f;
-    if (tid < nsplit) {
-        l = base[tid * zstride + D + 1];
-        if (l > 0.0f) m = base[tid * zstride + D];
+    const u32 s = blockIdx.y, i = blockIdx.x / heads, h = blockIdx.x % heads;
+    const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
+    if (qlen > ATT_SPLIT_Q || i >= min(qlen, qcap) || row0 >= t || i >= t - row0) return;
+    const u32 p = pos0 + i;
+    const u32 lo = (window != 0 && p + 1 > window) ? p + 1 - window : 0;
+    const u32 zlo = lo / ATT_KS, zhi = min(p / ATT_KS, nz - 1);
+    if (zlo >= zhi) return;
+    const u64 zstride = (u64)gridDim.y * qcap * heads * (D + 2);
+    const float* base = part + ((u64)(s * qcap + i) * heads + h) * (D + 2);
+    // (m_z, l_z) of ATT_THREADS splits at a time are loaded in parallel into shared
+    // memory; every thread then folds them in increasing z (the same values everywhere).
+    auto stage = [&](u32 zc) {
+        __syncthreads();
+        const u32 zz = zc + tid;
+        if (zz <= zhi) {
+            const float* pz = base + zz * zstride;
+            sm[tid] = pz[D];
+            sl[tid] = pz[D + 1];
+        }
+        __syncthreads();
+        return min(nt, zhi + 1 - zc);
+    };
+    float M = PORTER_NEG_INF;
+    for (u32 zc = zlo; zc <= zhi; zc += nt) {
+        const u32 n = stage(zc);
+        for (u32 k = 0; k < n; ++k)
+            if (sl[k] > 0.0f) M = fmaxf(M, sm[k]);
     }
-    const float M = block_max(m, red, tid, nt);
-    const float e = l > 0.0f ? expf(m - M) : 0.0f;
-    const float L = block_sum(l * e, red, tid, nt);
-    w[tid] = e / L;
-    __syncthreads();
-    for (u32 d = tid; d < D; d += nt) {
-        float o = 0.0f;
-        for (u32 z = 0; z < nsplit; ++z) o = fmaf(base[z * zstride + d], w[z], o);
-        out[rh * D + d] = from_f<T>(o);
+    float L = 0.0f;
+    for (u32 zc = zlo; zc <= zhi; zc += nt) {
+        const u32 n = stage(zc);
+        for (u32 k = 0; k < n; ++k)
+            if (sl[k] > 0.0f) L = fmaf(sl[k], expf(__fsub_rn(sm[k], M)), L);
     }
+    float o0 = 0.0f, o1 = 0.0f;  // dims tid and tid + nt (D <= 2 * ATT_THREADS)
+    for (u32 zc = zlo; zc <= zhi; zc += nt) {
+        const u32 n = stage(zc);
+        w[tid] = tid < n && sl[tid] > 0.0f ? expf(__fsub_rn(sm[tid], M)) / L : 0.0f;
+        __syncthreads();
+#pragma unroll 8
+        for (u32 k = 0; k < n; ++k) {
+            const float* pz = base + (zc + k) * zstride;
+            if (tid < D) o0 = fmaf(pz[tid], w[k], o0);
+            if (tid + nt < D) o1 = fmaf(pz[tid + nt], w[k], o1);
+        }
+    }
+    T* o = out + ((u64)(row0 + i) * heads + h) * D;
+    if (tid < D) o[tid] = from_f<T>(o0);
+    if (tid + nt < D) o[tid + nt] = from_f<T>(o1);
 }
 
 // __launch_bounds__ takes a literal: ATT_THREADS.
-#define ATTENTION_RC(T, NAME, RA, NC)                                                                           \
-    extern "C" __global__ void __launch_bounds__(128) attention_##NAME##_r##RA##_c##NC(                         \
-        const T* q, const u64* k_ptrs, const u64* v_ptrs, const u32* spans, T* out, float* part, u32 t,         \
-        u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 nsplit) {                                       \
-        attention_impl<T, RA, NC>(q, k_ptrs, v_ptrs, spans, out, part, t, heads, kvh, D, scale, window, nsplit); \
+#define ATTENTION_RC(T, NAME, RA, NC)                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) attention_##NAME##_r##RA##_c##NC(                          \
+        const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part,    \
+        u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,     \
+        u32 tiles_m, u32 qcap, u32 nz) {                                                                         \
+        attention_impl<T, RA, NC>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, D, scale, window,    \
+                                  PagedKv{max_blocks, bs_log2, n_slots}, tiles_m, qcap, nz);                     \
     }
 
 #define ATTENTION_R(T, NAME, RA) \
@@ -352,16 +482,16 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
     ATTENTION_RC(T, NAME, RA, 3) \
     ATTENTION_RC(T, NAME, RA, 4)
 
-#define ATTENTION_ALL(T, NAME)                                                                                      \
-    ATTENTION_R(T, NAME, 1)                                                                                         \
-    ATTENTION_R(T, NAME, 4)                                                                                         \
-    extern "C" __global__ void attention_combine_##NAME(const float* part, T* out, u32 t, u32 heads, u32 D,         \
-                                                        u32 nsplit) {                                               \
-        attention_combine_impl<T>(part, out, t, heads, D, nsplit);                                                  \
-    }                                                                                                               \
-    extern "C" __global__ void kv_append_##NAME(const T* k, const T* v, const u32* row_seq, const u32* row_pos,     \
-                                                const u64* k_ptrs, const u64* v_ptrs, u32 t, u32 row_len) {         \
-        kv_append_impl<T>(k, v, row_seq, row_pos, k_ptrs, v_ptrs, t, row_len);                                      \
+#define ATTENTION_ALL(T, NAME)                                                                                     \
+    ATTENTION_R(T, NAME, 1)                                                                                        \
+    ATTENTION_R(T, NAME, 4)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) attention_combine_##NAME(                                    \
+        const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 D, u32 window, u32 qcap, u32 nz) {      \
+        attention_combine_impl<T>(part, spans, out, t, heads, D, window, qcap, nz);                                \
+    }                                                                                                              \
+    extern "C" __global__ void kv_append_##NAME(const T* k, const T* v, const u32* slots, T* kp, T* vp, u32 t,     \
+                                                u32 row_len, u32 n_slots) {                                        \
+        kv_append_impl<T>(k, v, slots, kp, vp, t, row_len, n_slots);                                               \
     }
 
 ATTENTION_ALL(float, f32)
@@ -393,7 +523,9 @@ ATTENTION_ALL(f16, f16)
 // columns beyond head_dim are zero-filled (never read from global memory).
 //
 // Dynamic shared memory (bytes): (ATC_BM + 4 * ATC_BN) * (DP + 8) * sizeof(T)
-// + ATC_WARPS * 16 * (ATC_SS * 4 + 2 * ATC_PSS * sizeof(T) + 4).
+// + ATC_WARPS * 16 * (ATC_SS * 4 + 2 * ATC_PSS * sizeof(T) + 4) + 2 * ATC_BN * 4
+// (two key-slot tables). Keys are paged as in attention_impl (one slot lookup per
+// key, so a tile may cross cache blocks: any power-of-two block size works).
 // P is split as P = P_hi + P_lo (both T; P_lo = round(p − P_hi)) and P·V runs as
 // two MMAs, so that the probabilities keep ~16 bits: with P in bf16 alone the
 // attention output drifts by about one bf16 step from the f32 reference, which is
@@ -437,10 +569,10 @@ __device__ __forceinline__ void atc_load8(T* dst, const T* src, bool valid, bool
 
 // Grid: (item tiles, n_seqs * kv_heads). D % 16 == 0, D <= DP.
 template <typename T, int DP>
-__device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const u64* __restrict__ k_ptrs,
-                                                  const u64* __restrict__ v_ptrs, const u32* __restrict__ spans,
-                                                  T* __restrict__ out, u32 heads, u32 kvh, u32 D, float scale,
-                                                  u32 window) {
+__device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const T* __restrict__ kpool,
+                                                  const T* __restrict__ vpool, const u32* __restrict__ tables,
+                                                  const u32* __restrict__ spans, T* __restrict__ out, u32 t,
+                                                  u32 heads, u32 kvh, u32 D, float scale, u32 window, PagedKv kv) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using namespace nvcuda;
     typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
@@ -468,11 +600,13 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
     T* Pw = Pall + warp * 16 * ATC_PSS;
     T* Plw = Plall + warp * 16 * ATC_PSS;
     float* Cw = Call + warp * 16;
+    u32* Sl = reinterpret_cast<u32*>(Call + ATC_WARPS * 16);  // [2][BN] key slots
 
     const u32 s = blockIdx.y / kvh, kh = blockIdx.y % kvh;
     const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
     const u32 group = heads / kvh;
-    const u32 n_items = qlen * group;
+    const u32 rows_in = row0 < t ? min(qlen, t - row0) : 0;  // rows < t only
+    const u32 n_items = rows_in * group;
     // Heaviest (latest) item tiles first.
     const u32 m0 = (gridDim.x - 1 - blockIdx.x) * BM;
     if (m0 >= n_items) return;
@@ -481,10 +615,9 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
     const u32 lo_first = (window != 0 && p_first + 1 > window) ? p_first + 1 - window : 0;
     const u32 jt0 = lo_first / BN, jt1 = p_last / BN;
 
-    const T* Kg = reinterpret_cast<const T*>(k_ptrs[s]);
-    const T* Vg = reinterpret_cast<const T*>(v_ptrs[s]);
+    const u32* bt = tables + (u64)s * kv.max_blocks;
     const bool async =
-        ((reinterpret_cast<u64>(Kg) | reinterpret_cast<u64>(Vg) | reinterpret_cast<u64>(q)) & 15u) == 0;
+        ((reinterpret_cast<u64>(kpool) | reinterpret_cast<u64>(vpool) | reinterpret_cast<u64>(q)) & 15u) == 0;
     const u64 kv_stride = (u64)kvh * D;
 
     // Q tile.
@@ -496,19 +629,28 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
         if (ok) src = q + ((u64)(row0 + m / group) * heads + kh * group + m % group) * D + d0;
         atc_load8(Qs + slot * LD + d0, src, ok, async);
     }
+    // Tile jt's K/V into buffer `buf`, through slot table `buf` (tile jt's slots).
     auto load_kv = [&](u32 jt, u32 buf) {
         T* kd = Kb + buf * BN * LD;
         T* vd = Vb + buf * BN * LD;
+        const u32* sl = Sl + buf * BN;
         const u32 kbase = jt * BN;
         for (u32 c = tid; c < (u32)(BN * CH); c += ATC_THREADS) {
             const u32 j = c / CH, d0 = (c % CH) * 8;
             const u32 kpos = kbase + j;
-            const bool ok = kpos >= lo_first && kpos <= p_last && d0 < D;
-            const u64 off = ok ? (u64)kpos * kv_stride + (u64)kh * D + d0 : 0;
-            atc_load8(kd + j * LD + d0, Kg + off, ok, async);
-            atc_load8(vd + j * LD + d0, Vg + off, ok, async);
+            const u32 ks = sl[j];
+            const bool ok = kpos >= lo_first && kpos <= p_last && d0 < D && ks != ATT_NOSLOT;
+            const u64 off = ok ? (u64)ks * kv_stride + (u64)kh * D + d0 : 0;
+            atc_load8(kd + j * LD + d0, kpool + off, ok, async);
+            atc_load8(vd + j * LD + d0, vpool + off, ok, async);
         }
     };
+    // Slot tables of the first two tiles; tile jt + 2's is filled during tile jt.
+    if (tid < (u32)BN) {
+        Sl[tid] = key_slot(bt, jt0 * BN + tid, kv.max_blocks, kv.bs_log2, kv.n_slots);
+        if (jt0 < jt1) Sl[BN + tid] = key_slot(bt, (jt0 + 1) * BN + tid, kv.max_blocks, kv.bs_log2, kv.n_slots);
+    }
+    __syncthreads();
     load_kv(jt0, 0);
     cp_async_commit();
 
@@ -548,6 +690,9 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
+        // Slot table `buf` was last read by load_kv(jt), issued before this barrier.
+        if (jt + 2 <= jt1 && tid < (u32)BN)
+            Sl[buf * BN + tid] = key_slot(bt, (jt + 2) * BN + tid, kv.max_blocks, kv.bs_log2, kv.n_slots);
         const u32 kbase = jt * BN;
         if (warp_any && kbase <= wp_last && kbase + BN - 1 >= wlo) {
             const T* Kt = Kb + buf * BN * LD;
@@ -684,11 +829,12 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
 #endif
 }
 
-#define ATTENTION_TC(T, NAME, DP)                                                                               \
-    extern "C" __global__ void __launch_bounds__(128, 1) attention_tc_##NAME##_d##DP(                            \
-        const T* q, const u64* k_ptrs, const u64* v_ptrs, const u32* spans, T* out, u32 heads, u32 kvh, u32 D,  \
-        float scale, u32 window) {                                                                              \
-        attention_tc_impl<T, DP>(q, k_ptrs, v_ptrs, spans, out, heads, kvh, D, scale, window);                  \
+#define ATTENTION_TC(T, NAME, DP)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128, 1) attention_tc_##NAME##_d##DP(                           \
+        const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, u32 t,        \
+        u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots) {        \
+        attention_tc_impl<T, DP>(q, kpool, vpool, tables, spans, out, t, heads, kvh, D, scale, window,         \
+                                 PagedKv{max_blocks, bs_log2, n_slots});                                       \
     }
 
 #define ATTENTION_TC_ALL(T, NAME) \

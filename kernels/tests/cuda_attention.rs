@@ -1,23 +1,76 @@
-//! GPU tests of the attention kernels (kernels/cuda/attention.cu): KV append,
-//! batched causal GQA attention over per-sequence caches (decode, chunked
-//! prefill, sliding window, head dims, GQA ratios, the Qwen3-Next sizes) and
-//! on-device sampling, each against the CPU reference. The GPU tests are
+//! GPU tests of the attention kernels (kernels/cuda/attention.cu): KV append into
+//! a paged pool (padding rows skipped), batched causal GQA attention over shuffled
+//! block tables (decode, chunked prefill, sliding window, head dims, GQA ratios,
+//! block sizes 1 / 16 / 32, padded spans, the Qwen3-Next sizes), batch invariance
+//! (bit-identical rows alone and among 31 other sequences) and on-device
+//! sampling, each against the CPU reference. The GPU tests are
 //! `#[ignore = "needs a CUDA GPU"]` (run them with `--include-ignored`; without a GPU they
 //! then fail, saying so); the ptxas check needs only NVRTC. `PORTER_CUDA_SEED` replays a seed.
 
 mod common;
 
 use common::*;
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::ops;
-use porter_kernels::cuda::{CudaFloat, CudaKernels};
+use porter_kernels::cuda::{AttnMode, CudaFloat, CudaKernels, PAD_SLOT};
 use std::time::Instant;
 
-/// Raw device addresses of a list of buffers, uploaded as `u64`.
-fn addrs<T: CudaFloat>(k: &CudaKernels, bufs: &[CudaSlice<T>]) -> CudaSlice<u64> {
-    let v: Vec<u64> = bufs.iter().map(|b| b.device_ptr(k.stream()).0).collect();
-    k.stream().clone_htod(&v).expect("htod")
+/// A random permutation of `0..n`.
+fn shuffled(rng: &mut Rng, n: usize) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        v.swap(i, rng.below(i + 1));
+    }
+    v
+}
+
+/// A paged KV cache on the device: sequence `s`'s key `j` at pool row
+/// `tables[s][j / bs] * bs + j % bs`, blocks a random permutation of the pool's
+/// (a few spare ones), every row not written NaN, table entries past a sequence's
+/// blocks garbage. The pools carry `off` leading elements (misalignment).
+struct Pool<T: CudaFloat> {
+    k: CudaSlice<T>,
+    v: CudaSlice<T>,
+    /// Block table row of each sequence (`width` entries).
+    rows: Vec<Vec<u32>>,
+    width: usize,
+}
+
+impl<T: CudaFloat> Pool<T> {
+    /// `kv[s] = (keys, values)` of sequence `s`, `[ctx, kv_row]` each (rounded to `T`).
+    fn new(k: &CudaKernels, rng: &mut Rng, kv: &[(Vec<f32>, Vec<f32>)], kv_row: usize, bs: usize, off: usize) -> Self {
+        let nblk: Vec<usize> = kv.iter().map(|(kk, _)| (kk.len() / kv_row).div_ceil(bs)).collect();
+        let width = nblk.iter().copied().max().unwrap_or(0).max(1) + 1;
+        let total = nblk.iter().sum::<usize>() + 3;
+        let perm = shuffled(rng, total);
+        let mut kh = vec![f32::NAN; off + total * bs * kv_row];
+        let mut vh = kh.clone();
+        let (mut next, mut rows) = (0, Vec::new());
+        for ((kk, vv), &nb) in kv.iter().zip(&nblk) {
+            let mut row = vec![u32::MAX - 7; width];
+            for (b, e) in row.iter_mut().enumerate().take(nb) {
+                *e = perm[next + b];
+            }
+            for j in 0..kk.len() / kv_row {
+                let at = off + (row[j / bs] as usize * bs + j % bs) * kv_row;
+                kh[at..at + kv_row].copy_from_slice(&kk[j * kv_row..(j + 1) * kv_row]);
+                vh[at..at + kv_row].copy_from_slice(&vv[j * kv_row..(j + 1) * kv_row]);
+            }
+            next += nb;
+            rows.push(row);
+        }
+        Pool { k: up::<T>(k, &kh), v: up::<T>(k, &vh), rows, width }
+    }
+
+    /// The tables of sequences `which`, `width` wide (cut or padded with garbage).
+    fn tables(&self, k: &CudaKernels, which: &[usize], width: usize) -> CudaSlice<u32> {
+        let mut t = Vec::new();
+        for &s in which {
+            t.extend(self.rows[s].iter().copied().chain(std::iter::repeat(u32::MAX)).take(width));
+        }
+        up_u32(k, &t)
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -25,43 +78,36 @@ fn addrs<T: CudaFloat>(k: &CudaKernels, bufs: &[CudaSlice<T>]) -> CudaSlice<u64>
 // ---------------------------------------------------------------------------
 
 fn kv_append_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng) {
-    let (kvh, hd) = (2, 96);
+    let (kvh, hd, n_slots) = (2, 96, 40);
     let row = kvh * hd;
-    let caps = [5usize, 40, 17];
-    // Rows: some positions of each sequence, at offsets, interleaved.
-    let mut rows: Vec<(usize, usize)> = vec![(1, 30), (0, 0), (2, 16), (1, 31), (0, 4), (1, 7), (2, 3)];
-    rows.push((1, 39));
-    let t = rows.len();
+    // Shuffled slots, padding rows and one slot beyond the pool (both skipped).
+    let slots: Vec<u32> = vec![30, PAD_SLOT, 0, 16, 31, PAD_SLOT, 4, 7, 3, 39, n_slots as u32 + 5];
+    let t = slots.len();
     let kx = rnd_vec::<T>(&rng.vec(t * row, 1.0));
     let vx = rnd_vec::<T>(&rng.vec(t * row, 1.0));
-    let kb: Vec<CudaSlice<T>> = caps.iter().map(|&c| poisoned::<T>(k, c * row)).collect();
-    let vb: Vec<CudaSlice<T>> = caps.iter().map(|&c| poisoned::<T>(k, c * row)).collect();
-    let (kp, vp) = (addrs(k, &kb), addrs(k, &vb));
-    let seq: Vec<u32> = rows.iter().map(|r| r.0 as u32).collect();
-    let pos: Vec<u32> = rows.iter().map(|r| r.1 as u32).collect();
-    k.kv_append::<T>(&up::<T>(k, &kx), &up::<T>(k, &vx), &up_u32(k, &seq), &up_u32(k, &pos), &kp, &vp, t, kvh, hd)
+    let (mut kp, mut vp) = (poisoned::<T>(k, n_slots * row), poisoned::<T>(k, n_slots * row));
+    k.kv_append::<T>(&up::<T>(k, &kx), &up::<T>(k, &vx), &up_u32(k, &slots), &mut kp, &mut vp, t, kvh, hd)
         .expect("kv_append");
-    for (s, &cap) in caps.iter().enumerate() {
-        let mut wk = vec![f32::NAN; cap * row];
-        let mut wv = vec![f32::NAN; cap * row];
-        for (r, &(rs, p)) in rows.iter().enumerate() {
-            if rs == s {
-                wk[p * row..(p + 1) * row].copy_from_slice(&kx[r * row..(r + 1) * row]);
-                wv[p * row..(p + 1) * row].copy_from_slice(&vx[r * row..(r + 1) * row]);
-            }
+    let mut wk = vec![f32::NAN; n_slots * row];
+    let mut wv = wk.clone();
+    for (r, &sl) in slots.iter().enumerate() {
+        if (sl as usize) < n_slots {
+            let at = sl as usize * row;
+            wk[at..at + row].copy_from_slice(&kx[r * row..(r + 1) * row]);
+            wv[at..at + row].copy_from_slice(&vx[r * row..(r + 1) * row]);
         }
-        let (gk, gv) = (down(k, &kb[s]), down(k, &vb[s]));
-        for (g, w) in gk.iter().zip(&wk).chain(gv.iter().zip(&wv)) {
-            assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "kv_append {}: seq {s}", T::NAME);
-        }
+    }
+    let (gk, gv) = (down(k, &kp), down(k, &vp));
+    for (i, (g, w)) in gk.iter().zip(&wk).chain(gv.iter().zip(&wv)).enumerate() {
+        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "kv_append {}: element {i}", T::NAME);
     }
     println!("  kv_append {}: exact", T::NAME);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn kv_append_per_sequence() {
-    let k = gpu("kv_append_per_sequence");
+fn kv_append_paged() {
+    let k = gpu("kv_append_paged");
     let mut rng = Rng::new(1);
     kv_append_case::<f32>(&k, &mut rng);
     kv_append_case::<bf16>(&k, &mut rng);
@@ -72,6 +118,7 @@ fn kv_append_per_sequence() {
 // Attention
 // ---------------------------------------------------------------------------
 
+#[derive(Clone, Copy)]
 struct AttnCase<'a> {
     name: &'a str,
     /// (q_len, pos0) per sequence.
@@ -80,17 +127,29 @@ struct AttnCase<'a> {
     kv_heads: usize,
     head_dim: usize,
     window: Option<usize>,
+    /// Cache block size.
+    bs: usize,
+    mode: AttnMode,
     /// GPU iterations to time (0: none).
     time_iters: usize,
 }
 
-fn attn_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase) {
-    attn_case_at::<T>(k, rng, c, false);
+impl<'a> AttnCase<'a> {
+    fn new(name: &'a str, seqs: &'a [(usize, usize)], heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        let (window, bs, mode, time_iters) = (None, 16, AttnMode::Fast, 0);
+        AttnCase { name, seqs, heads, kv_heads, head_dim, window, bs, mode, time_iters }
+    }
 }
 
-/// [`attn_case`]; `misalign` offsets `q`, `out` and every cache buffer by one
-/// element, so that none is 16-byte aligned (the kernels' element-wise paths).
-fn attn_case_at<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase, misalign: bool) {
+/// One launch of `c` on a shuffled pool (plus a padding span in the middle, its
+/// table garbage) against `ops::causal_attention`; returns the output.
+fn attn_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase) -> Vec<f32> {
+    attn_case_at::<T>(k, rng, c, false)
+}
+
+/// [`attn_case`]; `misalign` offsets `q`, `out` and the pools by one element, so
+/// that none is 16-byte aligned (the kernels' element-wise paths).
+fn attn_case_at<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase, misalign: bool) -> Vec<f32> {
     let (h, kvh, hd) = (c.heads, c.kv_heads, c.head_dim);
     let off = usize::from(misalign);
     let kv_row = kvh * hd;
@@ -98,72 +157,50 @@ fn attn_case_at<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase, misa
     let max_q = c.seqs.iter().map(|s| s.0).max().unwrap_or(0);
     let scale = 1.0 / (hd as f32).sqrt();
     let q = rnd_vec::<T>(&rng.vec(t * h * hd, 2.0));
-    let mut kbufs = Vec::new();
-    let mut vbufs = Vec::new();
+    let mut kv = Vec::new();
     let mut spans = Vec::new();
     let mut want = vec![0.0f32; t * h * hd];
     let mut row0 = 0;
     for &(ql, pos0) in c.seqs {
         let ctx = pos0 + ql;
-        let cap = ctx + 3; // a poisoned tail that must never be read
         let kh = rnd_vec::<T>(&rng.vec(ctx * kv_row, 2.0));
         let vh = rnd_vec::<T>(&rng.vec(ctx * kv_row, 1.0));
-        let mut kp = vec![f32::NAN; off];
-        kp.extend(&kh);
-        kp.extend(std::iter::repeat_n(f32::NAN, (cap - ctx) * kv_row));
-        let mut vp = vec![f32::NAN; off];
-        vp.extend(&vh);
-        vp.extend(std::iter::repeat_n(f32::NAN, (cap - ctx) * kv_row));
-        kbufs.push(up::<T>(k, &kp));
-        vbufs.push(up::<T>(k, &vp));
-        let qs = &q[row0 * h * hd..(row0 + ql) * h * hd];
-        ops::causal_attention(
-            qs,
-            &kh,
-            &vh,
-            &mut want[row0 * h * hd..(row0 + ql) * h * hd],
-            ql,
-            pos0,
-            h,
-            kvh,
-            hd,
-            scale,
-            c.window,
-        );
-        spans.extend([row0 as u32, ql as u32, pos0 as u32]);
+        let (a, b) = (row0 * h * hd, (row0 + ql) * h * hd);
+        ops::causal_attention(&q[a..b], &kh, &vh, &mut want[a..b], ql, pos0, h, kvh, hd, scale, c.window);
+        kv.push((kh, vh));
+        spans.push([row0 as u32, ql as u32, pos0 as u32]);
         row0 += ql;
     }
+    // A padding span (q_len 0) with a garbage table row, in the middle.
+    let mid = c.seqs.len() / 2;
+    spans.insert(mid, [0, 0, 12_345]);
+    kv.insert(mid, (vec![], vec![]));
     let want = rnd_vec::<T>(&want);
-    let (kp, vp) = if misalign {
-        let shift = |bufs: &[CudaSlice<T>]| -> CudaSlice<u64> {
-            let v: Vec<u64> =
-                bufs.iter().map(|b| b.device_ptr(k.stream()).0 + std::mem::size_of::<T>() as u64).collect();
-            k.stream().clone_htod(&v).expect("htod")
-        };
-        (shift(&kbufs), shift(&vbufs))
-    } else {
-        (addrs(k, &kbufs), addrs(k, &vbufs))
-    };
+    let pool = Pool::<T>::new(k, rng, &kv, kv_row, c.bs, off);
+    let n = spans.len();
+    let tables = pool.tables(k, &(0..n).collect::<Vec<_>>(), pool.width);
+    let (kp, vp) = (pool.k.slice(off..), pool.v.slice(off..));
     let mut qh = vec![0.0f32; off];
     qh.extend(&q);
     let qfull = up::<T>(k, &qh);
     let qd = qfull.slice(off..);
-    let sd = up_u32(k, &spans);
+    let sd = up_u32(k, &spans.concat());
     let mut outfull = poisoned::<T>(k, off + t * h * hd);
-    let n = c.seqs.len();
-    {
-        let mut out = outfull.slice_mut(off..);
-        k.attention::<T>(&qd, &kp, &vp, &sd, &mut out, t, n, max_q, h, kvh, hd, scale, c.window).expect("attention");
-    }
+    let (w, bs, mode) = (pool.width, c.bs, c.mode);
+    let run = |out: &mut CudaSlice<T>| {
+        let mut o = out.slice_mut(off..);
+        k.attention::<T>(&qd, &kp, &vp, &tables, w, bs, &sd, &mut o, t, n, max_q, h, kvh, hd, scale, c.window, mode)
+    };
+    run(&mut outfull).expect("attention");
     let got = down(k, &outfull)[off..].to_vec();
-    let what = format!("attention {}{} {}", c.name, if misalign { " (misaligned)" } else { "" }, T::NAME);
+    let what =
+        format!("attention {}{} bs {bs} {:?} {}", c.name, if misalign { " (misaligned)" } else { "" }, mode, T::NAME);
     check(&what, &got, &want, tol::<T>());
-    let mut out = outfull.slice_mut(off..);
     if c.time_iters > 0 {
         k.stream().synchronize().unwrap();
         let t0 = Instant::now();
         for _ in 0..c.time_iters {
-            k.attention::<T>(&qd, &kp, &vp, &sd, &mut out, t, n, max_q, h, kvh, hd, scale, c.window).unwrap();
+            run(&mut outfull).unwrap();
         }
         k.stream().synchronize().unwrap();
         let us = t0.elapsed().as_secs_f64() * 1e6 / c.time_iters as f64;
@@ -194,6 +231,7 @@ fn attn_case_at<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase, misa
             flops / us / 1e6
         );
     }
+    got
 }
 
 #[test]
@@ -201,21 +239,15 @@ fn attn_case_at<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase, misa
 fn attention_decode_batch() {
     let k = gpu("attention_decode_batch");
     let mut rng = Rng::new(2);
-    let seqs = [(1, 0), (1, 1), (1, 64), (1, 299), (1, 2100), (1, 3000), (1, 63)];
+    let seqs = [(1, 0), (1, 1), (1, 64), (1, 299), (1, 2100), (1, 3000), (1, 63), (3, 510), (8, 1020)];
     for (h, kvh) in [(16, 2), (8, 8), (16, 4)] {
-        let c = AttnCase {
-            name: "decode",
-            seqs: &seqs,
-            heads: h,
-            kv_heads: kvh,
-            head_dim: 128,
-            window: None,
-            time_iters: 0,
-        };
-        println!("heads {h} kv_heads {kvh}");
-        attn_case::<f32>(&k, &mut rng, &c);
-        attn_case::<bf16>(&k, &mut rng, &c);
-        attn_case::<f16>(&k, &mut rng, &c);
+        for bs in [1, 16, 32] {
+            println!("heads {h} kv_heads {kvh} block size {bs}");
+            let c = AttnCase { bs, ..AttnCase::new("decode", &seqs, h, kvh, 128) };
+            attn_case::<f32>(&k, &mut rng, &c);
+            attn_case::<bf16>(&k, &mut rng, &c);
+            attn_case::<f16>(&k, &mut rng, &c);
+        }
     }
 }
 
@@ -225,25 +257,17 @@ fn attention_chunked_prefill() {
     let k = gpu("attention_chunked_prefill");
     let mut rng = Rng::new(3);
     let seqs = [(37, 0), (100, 250), (1, 70), (200, 1000), (5, 3)];
-    for hd in [64, 128, 256, 80] {
-        for (h, kvh) in [(4, 4), (8, 2), (16, 2)] {
-            println!("head_dim {hd} heads {h} kv_heads {kvh}");
-            let c = AttnCase {
-                name: "prefill",
-                seqs: &seqs,
-                heads: h,
-                kv_heads: kvh,
-                head_dim: hd,
-                window: None,
-                time_iters: 0,
-            };
+    for (i, hd) in [64, 128, 256, 80].into_iter().enumerate() {
+        for (j, (h, kvh)) in [(4, 4), (8, 2), (16, 2)].into_iter().enumerate() {
+            let bs = [1, 16, 32][(i + j) % 3];
+            println!("head_dim {hd} heads {h} kv_heads {kvh} block size {bs}");
+            let c = AttnCase { bs, ..AttnCase::new("prefill", &seqs, h, kvh, hd) };
             attn_case::<f32>(&k, &mut rng, &c);
             attn_case::<bf16>(&k, &mut rng, &c);
+            attn_case::<bf16>(&k, &mut rng, &AttnCase { mode: AttnMode::Invariant, ..c });
         }
     }
-    let c =
-        AttnCase { name: "prefill", seqs: &seqs, heads: 8, kv_heads: 1, head_dim: 128, window: None, time_iters: 0 };
-    attn_case::<f16>(&k, &mut rng, &c);
+    attn_case::<f16>(&k, &mut rng, &AttnCase::new("prefill", &seqs, 8, 1, 128));
 }
 
 #[test]
@@ -252,12 +276,11 @@ fn attention_sliding_window() {
     let k = gpu("attention_sliding_window");
     let mut rng = Rng::new(4);
     let prefill = [(150, 0), (90, 400), (1, 33), (64, 64)];
-    let decode = [(1, 0), (1, 99), (1, 100), (1, 1500)];
-    for w in [1, 100, 129] {
+    let decode = [(1, 0), (1, 99), (1, 100), (1, 1500), (4, 600)];
+    for (i, w) in [1, 100, 129, 300].into_iter().enumerate() {
         for seqs in [&prefill[..], &decode[..]] {
             println!("window {w}");
-            let c =
-                AttnCase { name: "window", seqs, heads: 8, kv_heads: 2, head_dim: 128, window: Some(w), time_iters: 0 };
+            let c = AttnCase { window: Some(w), bs: [1, 16, 32, 16][i], ..AttnCase::new("window", seqs, 8, 2, 128) };
             attn_case::<f32>(&k, &mut rng, &c);
             attn_case::<bf16>(&k, &mut rng, &c);
         }
@@ -267,25 +290,18 @@ fn attention_sliding_window() {
 /// The tensor-core prefill path (16-bit storage, head_dim % 16 == 0,
 /// max_q_len >= 16): head dims 64 / 128 / 256 (and 80, 32: padded), GQA 1 / 4 /
 /// 8, chunked prefill (pos0 > 0, mixed with decode-sized spans), sliding
-/// windows, odd lengths, bf16 and f16.
+/// windows, odd lengths, block sizes 1 / 16 / 32 (tiles crossing blocks), bf16 and f16.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_tensor_core_prefill() {
     let k = gpu("attention_tensor_core_prefill");
     let mut rng = Rng::new(8);
     let chunked = [(17, 0), (100, 37), (1, 500), (64, 64), (3, 9), (130, 1000)];
-    for hd in [64, 128, 256] {
-        for (h, kvh) in [(4, 4), (8, 2), (16, 2)] {
-            println!("head_dim {hd} heads {h} kv_heads {kvh}");
-            let c = AttnCase {
-                name: "tc chunked",
-                seqs: &chunked,
-                heads: h,
-                kv_heads: kvh,
-                head_dim: hd,
-                window: None,
-                time_iters: 0,
-            };
+    for (i, hd) in [64, 128, 256].into_iter().enumerate() {
+        for (j, (h, kvh)) in [(4, 4), (8, 2), (16, 2)].into_iter().enumerate() {
+            let bs = [1, 16, 32][(i + j) % 3];
+            println!("head_dim {hd} heads {h} kv_heads {kvh} block size {bs}");
+            let c = AttnCase { bs, ..AttnCase::new("tc chunked", &chunked, h, kvh, hd) };
             attn_case::<bf16>(&k, &mut rng, &c);
             attn_case::<f16>(&k, &mut rng, &c);
         }
@@ -300,7 +316,7 @@ fn attention_tensor_core_prefill() {
         (&[(40, 7)][..], 32, 12, 4),
     ] {
         println!("odd lengths {seqs:?}: head_dim {hd} heads {h} kv_heads {kvh}");
-        let c = AttnCase { name: "tc odd", seqs, heads: h, kv_heads: kvh, head_dim: hd, window: None, time_iters: 0 };
+        let c = AttnCase { bs: 32, ..AttnCase::new("tc odd", seqs, h, kvh, hd) };
         attn_case::<bf16>(&k, &mut rng, &c);
         attn_case::<f16>(&k, &mut rng, &c);
     }
@@ -309,55 +325,123 @@ fn attention_tensor_core_prefill() {
     for w in [1, 17, 64, 100, 129, 4096] {
         for (hd, h, kvh) in [(128, 8, 2), (256, 16, 2), (64, 8, 8)] {
             println!("window {w}: head_dim {hd} heads {h} kv_heads {kvh}");
-            let c = AttnCase {
-                name: "tc window",
-                seqs: &wseqs,
-                heads: h,
-                kv_heads: kvh,
-                head_dim: hd,
-                window: Some(w),
-                time_iters: 0,
-            };
+            let c = AttnCase { window: Some(w), ..AttnCase::new("tc window", &wseqs, h, kvh, hd) };
             attn_case::<bf16>(&k, &mut rng, &c);
         }
     }
-    let c = AttnCase {
-        name: "tc window",
-        seqs: &wseqs,
-        heads: 8,
-        kv_heads: 1,
-        head_dim: 128,
-        window: Some(100),
-        time_iters: 0,
-    };
+    let c = AttnCase { window: Some(100), bs: 1, ..AttnCase::new("tc window", &wseqs, 8, 1, 128) };
     attn_case::<f16>(&k, &mut rng, &c);
-    // Unaligned q / out / caches: the element-wise loads and stores.
-    let c = AttnCase { name: "tc", seqs: &chunked, heads: 8, kv_heads: 2, head_dim: 128, window: None, time_iters: 0 };
+    // Unaligned q / out / pools: the element-wise loads and stores.
+    let c = AttnCase::new("tc", &chunked, 8, 2, 128);
     attn_case_at::<bf16>(&k, &mut rng, &c, true);
     attn_case_at::<f16>(&k, &mut rng, &c, true);
-    let c = AttnCase {
-        name: "tc window",
-        seqs: &wseqs,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 256,
-        window: Some(70),
-        time_iters: 0,
-    };
+    let c = AttnCase { window: Some(70), ..AttnCase::new("tc window", &wseqs, 4, 2, 256) };
     attn_case_at::<bf16>(&k, &mut rng, &c, true);
     // The CUDA-core path on misaligned buffers too (f32, and max_q_len < 16).
-    let c = AttnCase { name: "cc", seqs: &chunked, heads: 8, kv_heads: 2, head_dim: 128, window: None, time_iters: 0 };
-    attn_case_at::<f32>(&k, &mut rng, &c, true);
-    let c = AttnCase {
-        name: "cc decode",
-        seqs: &[(1, 100), (3, 40)],
-        heads: 8,
-        kv_heads: 2,
-        head_dim: 128,
-        window: None,
-        time_iters: 0,
+    attn_case_at::<f32>(&k, &mut rng, &AttnCase::new("cc", &chunked, 8, 2, 128), true);
+    attn_case_at::<bf16>(&k, &mut rng, &AttnCase::new("cc decode", &[(1, 100), (3, 40)], 8, 2, 128), true);
+}
+
+/// Batch invariance: each target sequence (decode over one and over many key
+/// splits, a short multi-row span, prefill chunks with a cached prefix) alone in a
+/// launch, then among 27 other sequences of mixed lengths and a padding span in
+/// one launch of 32 sequences (other `t`, `n_seqs`, `max_q_len`, table width,
+/// rows): its output rows must be bit-identical (and match the CPU reference).
+fn invariance_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, mode: AttnMode, window: Option<usize>) {
+    let (h, kvh, hd, bs) = (8, 2, 128, 16);
+    let kv_row = kvh * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let targets = [(1usize, 3000usize), (1, 100), (5, 777), (40, 700), (130, 250)];
+    let mut seqs: Vec<(usize, usize)> = targets.to_vec();
+    let lens = [1, 1, 1, 2, 3, 8, 9, 17, 64, 130];
+    while seqs.len() < 32 {
+        seqs.push((lens[rng.below(lens.len())], rng.below(6000)));
+    }
+    let kv: Vec<(Vec<f32>, Vec<f32>)> = seqs
+        .iter()
+        .map(|&(ql, p0)| {
+            let n = (ql + p0) * kv_row;
+            (rnd_vec::<T>(&rng.vec(n, 2.0)), rnd_vec::<T>(&rng.vec(n, 1.0)))
+        })
+        .collect();
+    let pool = Pool::<T>::new(k, rng, &kv, kv_row, bs, 0);
+    let qs: Vec<Vec<f32>> = seqs.iter().map(|s| rnd_vec::<T>(&rng.vec(s.0 * h * hd, 2.0))).collect();
+    let launch = |which: &[usize], width: usize| -> (Vec<f32>, Vec<usize>) {
+        let (mut q, mut spans, mut starts, mut max_q) = (Vec::new(), Vec::new(), Vec::new(), 0);
+        for (i, &s) in which.iter().enumerate() {
+            if i == which.len() / 2 && which.len() > 1 {
+                spans.extend([0, 0, 0]); // padding
+            }
+            starts.push(q.len() / (h * hd));
+            spans.extend([starts[i] as u32, seqs[s].0 as u32, seqs[s].1 as u32]);
+            q.extend(&qs[s]);
+            max_q = max_q.max(seqs[s].0);
+        }
+        let mut which_t: Vec<usize> = which.to_vec();
+        if which.len() > 1 {
+            which_t.insert(which.len() / 2, which[0]); // the padding span's table row
+        }
+        let t = q.len() / (h * hd);
+        let tables = pool.tables(k, &which_t, width);
+        let mut out = poisoned::<T>(k, t * h * hd);
+        let n = which_t.len();
+        let (kp, vp, sd) = (&pool.k, &pool.v, up_u32(k, &spans));
+        k.attention::<T>(
+            &up::<T>(k, &q),
+            kp,
+            vp,
+            &tables,
+            width,
+            bs,
+            &sd,
+            &mut out,
+            t,
+            n,
+            max_q,
+            h,
+            kvh,
+            hd,
+            scale,
+            window,
+            mode,
+        )
+        .expect("attention");
+        (down(k, &out), starts)
     };
-    attn_case_at::<bf16>(&k, &mut rng, &c, true);
+    // A different order, so that each target sits at other rows and sequence indices.
+    let mut order: Vec<usize> = (5..32).collect();
+    for (i, tg) in (0..5).enumerate() {
+        order.insert(3 + 6 * i, tg);
+    }
+    let (mixed, starts) = launch(&order, pool.width + 2);
+    for (ti, &(ql, p0)) in targets.iter().enumerate() {
+        let (alone, _) = launch(&[ti], pool.rows[ti].iter().take_while(|&&b| b != u32::MAX - 7).count().max(1));
+        let at = starts[order.iter().position(|&s| s == ti).unwrap_or(0)] * h * hd;
+        let m = &mixed[at..at + ql * h * hd];
+        let mut want = vec![0.0f32; ql * h * hd];
+        ops::causal_attention(&qs[ti], &kv[ti].0, &kv[ti].1, &mut want, ql, p0, h, kvh, hd, scale, window);
+        check(
+            &format!("invariance target ({ql}, {p0}) {mode:?} {}", T::NAME),
+            &alone,
+            &rnd_vec::<T>(&want),
+            tol::<T>(),
+        );
+        let diff = alone.iter().zip(m).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(diff, 0, "target ({ql}, {p0}) {mode:?} {}: {diff} elements differ alone vs mixed", T::NAME);
+        println!("  target ({ql}, {p0}) {mode:?} {} window {window:?}: bit-identical", T::NAME);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_batch_invariant() {
+    let k = gpu("attention_batch_invariant");
+    let mut rng = Rng::new(10);
+    for window in [None, Some(700)] {
+        invariance_case::<f32>(&k, &mut rng, AttnMode::Fast, window);
+        invariance_case::<f32>(&k, &mut rng, AttnMode::Invariant, window);
+        invariance_case::<bf16>(&k, &mut rng, AttnMode::Invariant, window);
+    }
 }
 
 /// Registers and spills of the attention kernels for sm_90 (NVRTC + ptxas, no
@@ -381,16 +465,25 @@ fn nvrtc_attention_ptxas_info() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn attention_rejects_bad_dims() {
-    let k = gpu("attention_rejects_bad_dims");
+fn attention_rejects_bad_args() {
+    let k = gpu("attention_rejects_bad_args");
     let q = poisoned::<f32>(&k, 2 * 300);
     let mut o = poisoned::<f32>(&k, 2 * 300);
-    let p = k.stream().clone_htod(&[0u64]).unwrap();
-    let s = up_u32(&k, &[0, 1, 0]);
-    assert!(k.attention::<f32>(&q, &p, &p, &s, &mut o, 1, 1, 1, 2, 1, 300, 1.0, None).is_err());
+    let (kp, tb, s) = (poisoned::<f32>(&k, 16 * 300), up_u32(&k, &[0]), up_u32(&k, &[0, 1, 0]));
+    let f = AttnMode::Fast;
+    assert!(k.attention::<f32>(&q, &kp, &kp, &tb, 1, 16, &s, &mut o, 1, 1, 1, 2, 1, 300, 1.0, None, f).is_err());
     let q = poisoned::<f32>(&k, 3 * 64);
     let mut o = poisoned::<f32>(&k, 3 * 64);
-    assert!(k.attention::<f32>(&q, &p, &p, &s, &mut o, 1, 1, 1, 3, 2, 64, 1.0, None).is_err());
+    let kp = poisoned::<f32>(&k, 16 * 2 * 64);
+    assert!(k.attention::<f32>(&q, &kp, &kp, &tb, 1, 16, &s, &mut o, 1, 1, 1, 3, 2, 64, 1.0, None, f).is_err());
+    // Block size not a power of two; empty table; pool not whole rows.
+    let q = poisoned::<f32>(&k, 2 * 64);
+    let mut o = poisoned::<f32>(&k, 2 * 64);
+    assert!(k.attention::<f32>(&q, &kp, &kp, &tb, 1, 12, &s, &mut o, 1, 1, 1, 2, 2, 64, 1.0, None, f).is_err());
+    assert!(k.attention::<f32>(&q, &kp, &kp, &tb, 0, 16, &s, &mut o, 1, 1, 1, 2, 2, 64, 1.0, None, f).is_err());
+    let odd = poisoned::<f32>(&k, 16 * 2 * 64 + 1);
+    assert!(k.attention::<f32>(&q, &odd, &odd, &tb, 1, 16, &s, &mut o, 1, 1, 1, 2, 2, 64, 1.0, None, f).is_err());
+    assert!(k.attention::<f32>(&q, &kp, &kp, &tb, 1, 16, &s, &mut o, 1, 1, 1, 2, 2, 64, 1.0, None, f).is_ok());
 }
 
 #[test]
@@ -399,19 +492,16 @@ fn attention_qwen3_next_prefill_4k() {
     let k = gpu("attention_qwen3_next_prefill_4k");
     let mut rng = Rng::new(5);
     let c = AttnCase {
-        name: "qwen3-next prefill 4096",
-        seqs: &[(4096, 0)],
-        heads: ATT_HEADS,
-        kv_heads: ATT_KV_HEADS,
-        head_dim: ATT_HEAD_DIM,
-        window: None,
         time_iters: 10,
+        ..AttnCase::new("qwen3-next prefill 4096", &[(4096, 0)], ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM)
     };
     attn_case::<bf16>(&k, &mut rng, &c);
     attn_case::<f16>(&k, &mut rng, &c);
     let c = AttnCase { name: "qwen3-next prefill 2048 at 2048", seqs: &[(2048, 2048)], ..c };
     attn_case::<bf16>(&k, &mut rng, &c);
     let c = AttnCase { name: "qwen3-next prefill 4 x 1024", seqs: &[(1024, 0); 4], ..c };
+    attn_case::<bf16>(&k, &mut rng, &c);
+    let c = AttnCase { name: "qwen3-next prefill 4 x 1024 (invariant)", mode: AttnMode::Invariant, ..c };
     attn_case::<bf16>(&k, &mut rng, &c);
 }
 
@@ -421,13 +511,8 @@ fn attention_qwen3_next_decode() {
     let k = gpu("attention_qwen3_next_decode");
     let mut rng = Rng::new(6);
     let mk = |seqs| AttnCase {
-        name: "qwen3-next decode",
-        seqs,
-        heads: ATT_HEADS,
-        kv_heads: ATT_KV_HEADS,
-        head_dim: ATT_HEAD_DIM,
-        window: None,
         time_iters: 20,
+        ..AttnCase::new("qwen3-next decode", seqs, ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM)
     };
     println!("batch 1, context 32768");
     attn_case::<bf16>(&k, &mut rng, &mk(&[(1, 32767)]));
@@ -435,6 +520,45 @@ fn attention_qwen3_next_decode() {
     attn_case::<bf16>(&k, &mut rng, &mk(&[(1, 4095); 64]));
     println!("batch 4 chunked prefill 512 at 8k");
     attn_case::<bf16>(&k, &mut rng, &mk(&[(512, 8192); 4]));
+}
+
+/// Decode timing grid: batch 1 / 8 / 64 x context 1k / 4k / 8k, bf16, block size
+/// 16 on a shuffled pool (no reference; `attention_decode_batch` checks the numbers).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_decode_timing() {
+    let k = gpu("attention_decode_timing");
+    let mut rng = Rng::new(9);
+    for (h, kvh, hd) in [(16, 2, 256), (32, 8, 128)] {
+        for ctx in [1024usize, 4096, 8192] {
+            for b in [1usize, 8, 64] {
+                let row = kvh * hd;
+                let nb = ctx.div_ceil(16);
+                let kp = up::<bf16>(&k, &rng.vec(b * nb * 16 * row, 1.0));
+                let vp = up::<bf16>(&k, &rng.vec(b * nb * 16 * row, 1.0));
+                let tables = up_u32(&k, &shuffled(&mut rng, b * nb));
+                let spans: Vec<u32> = (0..b).flat_map(|i| [i as u32, 1, (ctx - 1) as u32]).collect();
+                let sd = up_u32(&k, &spans);
+                let q = up::<bf16>(&k, &rng.vec(b * h * hd, 1.0));
+                let mut out = poisoned::<bf16>(&k, b * h * hd);
+                let (sc, f) = (1.0 / (hd as f32).sqrt(), AttnMode::Invariant);
+                let mut run = || {
+                    k.attention::<bf16>(&q, &kp, &vp, &tables, nb, 16, &sd, &mut out, b, b, 1, h, kvh, hd, sc, None, f)
+                        .unwrap()
+                };
+                run();
+                k.stream().synchronize().unwrap();
+                let iters = 50;
+                let t0 = Instant::now();
+                for _ in 0..iters {
+                    run();
+                }
+                k.stream().synchronize().unwrap();
+                let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+                println!("  DECODE h{h} kvh{kvh} d{hd} batch {b} ctx {ctx}: {us:.1} us");
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

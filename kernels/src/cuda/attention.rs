@@ -1,13 +1,35 @@
-//! Launch wrappers of kernels/cuda/attention.cu: KV append into per-sequence
-//! cache buffers, causal GQA attention over those buffers (tiled, online
-//! softmax, split-K for decode, tensor cores for 16-bit prefill), and on-device
-//! sampling.
+//! Launch wrappers of kernels/cuda/attention.cu: KV append into a paged cache
+//! pool, batch-invariant causal GQA attention over that pool (tiled, online
+//! softmax, split-K at fixed key boundaries for short spans, tensor cores for
+//! 16-bit prefill in [`AttnMode::Fast`]), and on-device sampling.
 
 use super::{ew_cfg, opt_ptr, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, ATTENTION};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Largest `head_dim` of [`CudaKernels::attention`].
 pub const ATTN_MAX_HEAD_DIM: usize = 256;
+
+/// A `slots` entry of [`CudaKernels::kv_append`] that writes nothing (a padding row).
+pub const PAD_SLOT: u32 = u32::MAX;
+
+/// Which kernels [`CudaKernels::attention`] may use.
+///
+/// Every row's output is bit-identical whatever else is in the launch (other
+/// sequences, their lengths, `n_seqs`, `max_q_len`, `t`) on the CUDA-core
+/// kernels, which f32 always uses. `Fast` lets a bf16 / f16 launch with
+/// `max_q_len >= 16` run on tensor cores instead: a row of such a launch (a
+/// decode row included) is then rounded differently from the same row in a
+/// launch that takes the CUDA-core kernels (within the usual 16-bit tolerance of
+/// the reference). `Invariant` never uses tensor cores, so 16-bit rows are
+/// bit-identical too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum AttnMode {
+    /// Tensor cores for 16-bit prefill launches (batch-invariant only in f32).
+    #[default]
+    Fast,
+    /// CUDA-core kernels only: batch-invariant in every storage type.
+    Invariant,
+}
 
 /// Threads of an attention block (`ATT_THREADS` in attention.cu).
 const ATT_THREADS: u32 = 128;
@@ -15,11 +37,11 @@ const ATT_THREADS: u32 = 128;
 const ATT_BN: usize = 64;
 /// Row stride of the staged P tile in floats (`ATT_PS`).
 const ATT_PS: usize = ATT_BN + 16;
-/// Blocks the split-K heuristic aims for (about 4 per SM of an H100/H200).
-const TARGET_BLOCKS: usize = 528;
-/// Most key splits of one (item tile, sequence, KV head): at most `ATT_THREADS`
-/// (the combine kernel gives each split a thread).
-const MAX_SPLITS: usize = ATT_THREADS as usize;
+/// Longest `q_len` of a sequence whose keys are split across blocks (`ATT_SPLIT_Q`).
+const ATT_SPLIT_Q: usize = 8;
+/// Keys per split (`ATT_KS`): split `z` of a sequence covers key positions
+/// `z * ATT_KS .. (z + 1) * ATT_KS`, whatever the launch.
+const ATT_KS: usize = 128;
 /// Threads of a tensor-core attention block (`ATC_THREADS`).
 const ATC_THREADS: u32 = 128;
 /// Warps of a tensor-core attention block (`ATC_WARPS`).
@@ -39,31 +61,36 @@ const ATC_MIN_Q: usize = 16;
 /// Threads of a sampling block (`SMP_THREADS`).
 const SMP_THREADS: u32 = 1024;
 
+/// The paged-cache arguments of the attention kernels, checked: `max_blocks`,
+/// `log2(block_size)`, the pools' slot count.
+#[derive(Clone, Copy)]
+struct Paged {
+    max_blocks: u32,
+    bs_log2: u32,
+    n_slots: u32,
+}
+
 impl CudaKernels {
-    /// Appends new K/V rows to per-sequence cache buffers: `K_s[row_pos[r]] = k[r]`,
-    /// `V_s[row_pos[r]] = v[r]` with `s = row_seq[r]`.
-    ///
-    /// `k_ptrs[s]` / `v_ptrs[s]` are raw device addresses of sequence `s`'s
-    /// buffers, laid out `[capacity, kv_heads, head_dim]` of `T`. Nothing on the
-    /// device side is bounds-checked: the caller guarantees that every `row_seq`
-    /// indexes `k_ptrs` / `v_ptrs` and every position is below that buffer's capacity.
+    /// Writes new K/V rows into the paged cache pools: `k_pool[slots[r]] = k[r]`,
+    /// `v_pool[slots[r]] = v[r]`; a row with `slots[r] == PAD_SLOT` (padding) is
+    /// skipped, and so is one whose slot is beyond the pools (device-side check).
     ///
     /// # Shapes
     /// - `k`, `v`: `[t, kv_heads, head_dim]` (`T`)
-    /// - `row_seq`, `row_pos`: `[t]` (`u32`)
-    /// - `k_ptrs`, `v_ptrs`: `[n_seqs]` (`u64` device addresses)
+    /// - `slots`: `[t]` (`u32`; slot = block · block_size + offset)
+    /// - `k_pool`, `v_pool`: `[n_slots, kv_heads, head_dim]` (`T`), the same length
     ///
     /// # Errors
-    /// [`CudaError::Invalid`] on a length mismatch; driver errors.
+    /// [`CudaError::Invalid`] on a length mismatch, pools that are not whole
+    /// rows, or more than `u32::MAX` slots; driver errors.
     #[allow(clippy::too_many_arguments)]
     pub fn kv_append<T: CudaFloat>(
         &self,
         k: &impl DevicePtr<T>,
         v: &impl DevicePtr<T>,
-        row_seq: &impl DevicePtr<u32>,
-        row_pos: &impl DevicePtr<u32>,
-        k_ptrs: &impl DevicePtr<u64>,
-        v_ptrs: &impl DevicePtr<u64>,
+        slots: &impl DevicePtr<u32>,
+        k_pool: &mut impl DevicePtrMut<T>,
+        v_pool: &mut impl DevicePtrMut<T>,
         t: usize,
         kv_heads: usize,
         head_dim: usize,
@@ -72,68 +99,84 @@ impl CudaKernels {
         let n = prod(&[t, row_len])?;
         self.check("k", k, n)?;
         self.check("v", v, n)?;
-        self.check("row_seq", row_seq, t)?;
-        self.check("row_pos", row_pos, t)?;
-        if k_ptrs.len() != v_ptrs.len() {
-            return Err(CudaError::Invalid("kv_append: k_ptrs and v_ptrs differ in length".into()));
-        }
-        self.check("k_ptrs", k_ptrs, k_ptrs.len())?;
-        self.check("v_ptrs", v_ptrs, v_ptrs.len())?;
+        self.check("slots", slots, t)?;
+        let n_slots = pool_slots("kv_append", k_pool.len(), v_pool.len(), row_len)?;
+        self.check("k_pool", k_pool, k_pool.len())?;
+        self.check("v_pool", v_pool, v_pool.len())?;
         if n == 0 {
             return Ok(());
         }
         let (t32, rl32) = (u32_of("t", t)?, u32_of("kv_heads * head_dim", row_len)?);
         let cfg = ew_cfg(n);
         // SAFETY: arguments match `kv_append_<T>` in attention.cu; `k`, `v`,
-        // `row_seq`, `row_pos` have the checked lengths; the cache addresses and
-        // positions are the caller's contract (documented above).
-        // Kernel: `kv_append_<T>(const T* k, const T* v, const u32* row_seq, const u32* row_pos, const u64* k_ptrs,
-        // const u64* v_ptrs, u32 t, u32 row_len)`.
+        // `slots` have the checked lengths; the pools hold `n_slots` rows of
+        // `row_len` and the kernel skips any slot >= `n_slots` (PAD_SLOT included).
+        // Kernel: `kv_append_<T>(const T* k, const T* v, const u32* slots, T* kp, T* vp, u32 t, u32 row_len,
+        // u32 n_slots)`.
         unsafe {
             launch!(
                 self,
                 ATTENTION,
                 format!("kv_append_{}", T::NAME),
                 cfg,
-                [ptr(k), ptr(v), ptr(row_seq), ptr(row_pos), ptr(k_ptrs), ptr(v_ptrs), t32, rl32]
+                [ptr(k), ptr(v), ptr(slots), ptr_mut(k_pool), ptr_mut(v_pool), t32, rl32, n_slots]
             )
         }
     }
 
-    /// Causal GQA attention of a batch of sequences over their KV caches
+    /// Causal GQA attention of a batch of sequences over a paged KV cache
     /// (`cpu::ops::causal_attention` per sequence).
     ///
     /// `spans[s] = (q_row0, q_len, pos0)`: query rows `q_row0..q_row0+q_len`
     /// belong to sequence `s`; row `q_row0 + i` is at position `p = pos0 + i` and
-    /// attends to keys `lo..=p` of the sequence's cache (already appended), with
-    /// `lo = p + 1 − w` for `window = Some(w)` when `p + 1 > w`, else 0. Head `h`
-    /// reads KV head `h / (heads / kv_heads)`. Scores, softmax and `Σ p·v` in
-    /// f32, the output rounded to `T` once. `max_q_len` bounds every `q_len`
-    /// (rows beyond it are not computed); every row of `q` should belong to one
-    /// span (rows of no span are left unwritten, or zero / NaN on the split path).
+    /// attends to keys `lo..=p` of the sequence (already appended), with
+    /// `lo = p + 1 − w` for `window = Some(w)` when `p + 1 > w`, else 0. Key
+    /// position `j` of sequence `s` is pool row `block_tables[s · max_blocks + j /
+    /// block_size] · block_size + j % block_size`. Head `h` reads KV head `h /
+    /// (heads / kv_heads)`. Scores, softmax and `Σ p·v` in f32, the output rounded
+    /// to `T` once. A span with `q_len == 0` is padding. `max_q_len` bounds every
+    /// `q_len` (rows beyond it are not computed); every row of `q` should belong
+    /// to one span (rows of no span are left unwritten). Nothing is read or
+    /// written outside the buffers whatever `spans` and `block_tables` hold: rows
+    /// at or beyond `t` are not computed, and keys beyond the table or the pools
+    /// read as zeros.
     ///
-    /// Decode (small `max_q_len`) splits each sequence's keys across blocks and
-    /// merges the partials in a second pass. Prefill in bf16 / f16 (`max_q_len`
-    /// at least 16, `head_dim % 16 == 0`, sm_80+) runs on tensor cores
-    /// (FlashAttention-2: Q·Kᵀ and P·V as 16×16×16 MMAs with f32 accumulators,
-    /// P rounded to `T`, online softmax in f32); f32 and the other launches run
-    /// the CUDA-core kernels.
+    /// Batch invariance (see [`AttnMode`]): on the CUDA-core kernels a row's
+    /// result depends only on its own sequence. A sequence with `q_len <= 8`
+    /// (decode, draft verification) splits its keys at fixed positions (every 128
+    /// keys) across blocks and merges the partials of a row in a second kernel, in
+    /// a fixed order; longer spans are not split. `AttnMode::Fast` runs bf16 /
+    /// f16 launches with `max_q_len >= 16` (`head_dim % 16 == 0`, sm_80+) on
+    /// tensor cores (FlashAttention-2: Q·Kᵀ and P·V as 16×16×16 MMAs with f32
+    /// accumulators, P kept as two `T` terms, online softmax in f32). Every
+    /// power-of-two `block_size` works on both paths (a key tile may cross cache
+    /// blocks).
+    ///
+    /// The split path allocates `ceil(max_blocks · block_size / 128) · n_seqs ·
+    /// min(max_q_len, 8) · heads · (head_dim + 2)` f32 of scratch per call, so
+    /// `max_blocks` should not be much wider than the longest sequence needs.
     ///
     /// # Shapes
     /// - `q`, `out`: `[t, heads, head_dim]` (`T`)
-    /// - `k_ptrs`, `v_ptrs`: `[n_seqs]` (`u64` addresses of `[capacity, kv_heads, head_dim]` buffers of `T`)
+    /// - `k_pool`, `v_pool`: `[n_slots, kv_heads, head_dim]` (`T`), the same length
+    /// - `block_tables`: `[n_seqs, max_blocks]` (`u32` physical block ids)
     /// - `spans`: `[n_seqs, 3]` (`u32`)
     ///
     /// # Errors
     /// [`CudaError::Invalid`] on a length mismatch, `head_dim` of 0 or above
-    /// [`ATTN_MAX_HEAD_DIM`], `heads % kv_heads != 0`, or `window == Some(0)`;
-    /// driver errors.
+    /// [`ATTN_MAX_HEAD_DIM`], `heads % kv_heads != 0`, `window == Some(0)`,
+    /// `block_size` not a power of two, `max_blocks == 0`, pools that are not
+    /// whole rows or hold more than `u32::MAX` slots, or `n_seqs · kv_heads >
+    /// 65535`; driver errors.
     #[allow(clippy::too_many_arguments)]
     pub fn attention<T: CudaFloat>(
         &self,
         q: &impl DevicePtr<T>,
-        k_ptrs: &impl DevicePtr<u64>,
-        v_ptrs: &impl DevicePtr<u64>,
+        k_pool: &impl DevicePtr<T>,
+        v_pool: &impl DevicePtr<T>,
+        block_tables: &impl DevicePtr<u32>,
+        max_blocks: usize,
+        block_size: usize,
         spans: &impl DevicePtr<u32>,
         out: &mut impl DevicePtrMut<T>,
         t: usize,
@@ -144,6 +187,7 @@ impl CudaKernels {
         head_dim: usize,
         scale: f32,
         window: Option<usize>,
+        mode: AttnMode,
     ) -> Result<()> {
         if head_dim == 0 || head_dim > ATTN_MAX_HEAD_DIM {
             return Err(CudaError::Invalid(format!("attention: head_dim {head_dim} not in 1..={ATTN_MAX_HEAD_DIM}")));
@@ -154,11 +198,19 @@ impl CudaKernels {
         if window == Some(0) {
             return Err(CudaError::Invalid("attention: window must be > 0".into()));
         }
+        if !block_size.is_power_of_two() {
+            return Err(CudaError::Invalid(format!("attention: block_size {block_size} is not a power of two")));
+        }
+        if max_blocks == 0 {
+            return Err(CudaError::Invalid("attention: max_blocks must be > 0".into()));
+        }
         let n = prod(&[t, heads, head_dim])?;
         self.check("q", q, n)?;
         self.check("out", out, n)?;
-        self.check("k_ptrs", k_ptrs, n_seqs)?;
-        self.check("v_ptrs", v_ptrs, n_seqs)?;
+        let n_slots = pool_slots("attention", k_pool.len(), v_pool.len(), prod(&[kv_heads, head_dim])?)?;
+        self.check("k_pool", k_pool, k_pool.len())?;
+        self.check("v_pool", v_pool, v_pool.len())?;
+        self.check("block_tables", block_tables, prod(&[n_seqs, max_blocks])?)?;
         self.check("spans", spans, prod(&[n_seqs, 3])?)?;
         if n == 0 || n_seqs == 0 || max_q_len == 0 {
             return Ok(());
@@ -168,35 +220,66 @@ impl CudaKernels {
         if seq_heads > 65_535 {
             return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
         }
-        if let Some((dp, smem)) = self.tc_plan::<T>(head_dim, max_q_len)? {
-            return self.attention_tc::<T>(
-                q, k_ptrs, v_ptrs, spans, out, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, dp, smem,
-            );
+        let pg = Paged { max_blocks: u32_of("max_blocks", max_blocks)?, bs_log2: block_size.trailing_zeros(), n_slots };
+        let a = Args { t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, pg };
+        if mode == AttnMode::Fast {
+            if let Some((dp, smem)) = self.tc_plan::<T>(head_dim, max_q_len)? {
+                return self.attention_tc::<T>(q, k_pool, v_pool, block_tables, spans, out, &a, dp, smem);
+            }
         }
-        let group = heads / kv_heads;
-        let items = prod(&[max_q_len, group])?;
-        let ra: usize = if items <= 8 { 1 } else { 4 };
+        self.attention_cc::<T>(q, k_pool, v_pool, block_tables, spans, out, &a)
+    }
+
+    /// [`CudaKernels::attention`] on the CUDA-core kernels (`attention_<T>_r<RA>_c<NC>`,
+    /// then `attention_combine_<T>` when a sequence may span several splits); the
+    /// arguments are checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_cc<T: CudaFloat>(
+        &self,
+        q: &impl DevicePtr<T>,
+        k_pool: &impl DevicePtr<T>,
+        v_pool: &impl DevicePtr<T>,
+        block_tables: &impl DevicePtr<u32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        a: &Args,
+    ) -> Result<()> {
+        let (heads, head_dim, seq_heads) = (a.heads, a.head_dim, prod(&[a.n_seqs, a.kv_heads])?);
+        let group = heads / a.kv_heads;
+        // The item-tile height changes no item's arithmetic (attention.cu), only speed.
+        let ra: usize = if prod(&[a.max_q_len, group])? <= 8 { 1 } else { 4 };
         let bm = 8 * ra;
         let nc = head_dim.div_ceil(64);
         let ds = 64 * nc + 4;
-        let tiles_m = items.div_ceil(bm);
-        let base = prod(&[tiles_m, seq_heads])?;
-        let nsplit = if base >= TARGET_BLOCKS / 2 { 1 } else { TARGET_BLOCKS.div_ceil(base).min(MAX_SPLITS) };
-        let smem = (bm + 2 * ATT_BN) * ds * std::mem::size_of::<T>() + bm * ATT_PS * 4;
+        let tiles_m = prod(&[a.max_q_len, group])?.div_ceil(bm);
+        // Split-K geometry: rows of split sequences per sequence, splits of the widest table.
+        let qcap = a.max_q_len.min(ATT_SPLIT_Q);
+        let nz = prod(&[a.pg.max_blocks as usize, 1 << a.pg.bs_log2])?.div_ceil(ATT_KS);
+        let tiles_split = prod(&[qcap, group])?.div_ceil(bm);
+        let grid_x = tiles_m.max(prod(&[tiles_split, nz])?);
+        let smem = (bm + 2 * ATT_BN) * ds * std::mem::size_of::<T>() + bm * ATT_PS * 4 + 2 * ATT_BN * 4;
         let smem32 = u32_of("shared memory", smem)?;
 
         let f = self.function_smem(&ATTENTION, &format!("attention_{}_r{ra}_c{nc}", T::NAME), smem)?;
         let cfg = LaunchConfig {
-            grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, nsplit as u32),
+            grid_dim: (u32_of("attention blocks", grid_x)?, seq_heads as u32, 1),
             block_dim: (ATT_THREADS, 1, 1),
             shared_mem_bytes: smem32,
         };
-        let (t32, h32, kvh32, d32) =
-            (u32_of("t", t)?, u32_of("heads", heads)?, u32_of("kv_heads", kv_heads)?, u32_of("head_dim", head_dim)?);
-        let win32 = window_arg(window);
-        let ns32 = nsplit as u32;
-        let part = if nsplit > 1 {
-            Some(self.stream.alloc_zeros::<f32>(prod(&[nsplit, t, heads, head_dim + 2])?)?)
+        let (t32, h32, kvh32, d32) = (
+            u32_of("t", a.t)?,
+            u32_of("heads", heads)?,
+            u32_of("kv_heads", a.kv_heads)?,
+            u32_of("head_dim", head_dim)?,
+        );
+        let (win32, tm32, qc32, nz32) =
+            (window_arg(a.window), u32_of("item tiles", tiles_m)?, qcap as u32, u32_of("splits", nz)?);
+        let Paged { max_blocks, bs_log2, n_slots } = a.pg;
+        let part: Option<CudaSlice<f32>> = if nz > 1 {
+            let len = prod(&[nz, a.n_seqs, qcap, heads, head_dim + 2])?;
+            // SAFETY: f32 scratch; the combine kernel reads only the partials the
+            // attention kernel wrote (the splits of a row that spans several).
+            Some(unsafe { self.stream.alloc::<f32>(len) }?)
         } else {
             None
         };
@@ -205,39 +288,63 @@ impl CudaKernels {
         let (po, _go) = out.device_ptr_mut(s);
         let (ppart, _gpart) = opt_ptr(part.as_ref(), s);
         // SAFETY: arguments match `attention_<T>_r<RA>_c<NC>` in attention.cu;
-        // `q`, `out`, `spans`, `k_ptrs`, `v_ptrs` have the checked lengths; the
-        // partial buffer holds `nsplit * t * heads * (head_dim + 2)` floats when
-        // `nsplit > 1` (null otherwise, and then never read); the dynamic shared
-        // memory is the size the kernel carves (attribute raised above 48 KiB);
-        // spans and cache contents are the caller's contract.
-        // Kernel: `attention_<T>_r<RA>_c<NC>(const T* q, const u64* k_ptrs, const u64* v_ptrs, const u32* spans,
-        // T* out, float* part, u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 nsplit)`.
+        // `q`, `out`, `spans`, `block_tables` have the checked lengths and the
+        // pools `n_slots` rows (the kernel reads no slot >= n_slots, no table entry
+        // beyond `max_blocks`, no row >= t); the partial buffer holds
+        // `nz * n_seqs * qcap * heads * (head_dim + 2)` floats when `nz > 1` (null
+        // otherwise, and then never written: every row lies in split 0); the
+        // dynamic shared memory is the size the kernel carves (attribute raised
+        // above 48 KiB).
+        // Kernel: `attention_<T>_r<RA>_c<NC>(const T* q, const T* kpool, const T* vpool, const u32* tables,
+        // const u32* spans, T* out, float* part, u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window,
+        // u32 max_blocks, u32 bs_log2, u32 n_slots, u32 tiles_m, u32 qcap, u32 nz)`.
         unsafe {
             launch_fn!(
                 self,
                 f,
                 cfg,
-                [ptr(q), ptr(k_ptrs), ptr(v_ptrs), ptr(spans), po, ppart, t32, h32, kvh32, d32, scale, win32, ns32]
+                [
+                    ptr(q),
+                    ptr(k_pool),
+                    ptr(v_pool),
+                    ptr(block_tables),
+                    ptr(spans),
+                    po,
+                    ppart,
+                    t32,
+                    h32,
+                    kvh32,
+                    d32,
+                    a.scale,
+                    win32,
+                    max_blocks,
+                    bs_log2,
+                    n_slots,
+                    tm32,
+                    qc32,
+                    nz32
+                ]
             )
         }?;
 
         if let Some(p) = &part {
-            let rows = prod(&[t, heads])?;
             let cfg = LaunchConfig {
-                grid_dim: (u32_of("t * heads", rows)?, 1, 1),
+                grid_dim: (u32_of("qcap * heads", qcap * heads)?, a.n_seqs as u32, 1),
                 block_dim: (ATT_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: arguments match `attention_combine_<T>`; the partial buffer
-            // and `out` have the sizes above.
-            // Kernel: `attention_combine_<T>(const float* part, T* out, u32 t, u32 heads, u32 D, u32 nsplit)`.
+            // and `out` have the sizes above (the kernel reads splits < nz and
+            // writes rows < t only).
+            // Kernel: `attention_combine_<T>(const float* part, const u32* spans, T* out, u32 t, u32 heads,
+            // u32 D, u32 window, u32 qcap, u32 nz)`.
             unsafe {
                 launch!(
                     self,
                     ATTENTION,
                     format!("attention_combine_{}", T::NAME),
                     cfg,
-                    [ptr(p), po, t32, h32, d32, ns32]
+                    [ptr(p), ptr(spans), po, t32, h32, d32, win32, qc32, nz32]
                 )
             }?;
         }
@@ -268,51 +375,68 @@ impl CudaKernels {
     }
 
     /// [`CudaKernels::attention`] on tensor cores (`attention_tc_<T>_d<dp>`); the
-    /// arguments (and `n_seqs · kv_heads ≤ 65535`) are checked by the caller and `tc_plan`
-    /// chose `dp` and `smem`.
+    /// arguments are checked by the caller and `tc_plan` chose `dp` and `smem`.
     #[allow(clippy::too_many_arguments)]
     fn attention_tc<T: CudaFloat>(
         &self,
         q: &impl DevicePtr<T>,
-        k_ptrs: &impl DevicePtr<u64>,
-        v_ptrs: &impl DevicePtr<u64>,
+        k_pool: &impl DevicePtr<T>,
+        v_pool: &impl DevicePtr<T>,
+        block_tables: &impl DevicePtr<u32>,
         spans: &impl DevicePtr<u32>,
         out: &mut impl DevicePtrMut<T>,
-        n_seqs: usize,
-        max_q_len: usize,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        scale: f32,
-        window: Option<usize>,
+        a: &Args,
         dp: usize,
         smem: usize,
     ) -> Result<()> {
-        let group = heads / kv_heads;
-        let tiles_m = prod(&[max_q_len, group])?.div_ceil(ATC_BM);
-        let seq_heads = prod(&[n_seqs, kv_heads])?;
+        let group = a.heads / a.kv_heads;
+        let tiles_m = prod(&[a.max_q_len, group])?.div_ceil(ATC_BM);
+        let seq_heads = prod(&[a.n_seqs, a.kv_heads])?;
         let f = self.function_smem(&ATTENTION, &format!("attention_tc_{}_d{dp}", T::NAME), smem)?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, 1),
             block_dim: (ATC_THREADS, 1, 1),
             shared_mem_bytes: u32_of("shared memory", smem)?,
         };
-        let (h32, kvh32, d32) = (u32_of("heads", heads)?, u32_of("kv_heads", kv_heads)?, u32_of("head_dim", head_dim)?);
-        let win32 = window_arg(window);
+        let (t32, h32, kvh32, d32) = (
+            u32_of("t", a.t)?,
+            u32_of("heads", a.heads)?,
+            u32_of("kv_heads", a.kv_heads)?,
+            u32_of("head_dim", a.head_dim)?,
+        );
+        let win32 = window_arg(a.window);
+        let Paged { max_blocks, bs_log2, n_slots } = a.pg;
         // SAFETY: arguments match `attention_tc_<T>_d<DP>` in attention.cu
-        // (head_dim % 16 == 0, head_dim <= DP); `q`, `out`, `spans`, `k_ptrs`,
-        // `v_ptrs` have the lengths checked by `attention`; the dynamic shared
-        // memory is the size the kernel carves (attribute raised above 48 KiB,
-        // within the device's opt-in limit); spans and cache contents are the
-        // caller's contract.
-        // Kernel: `attention_tc_<T>_d<DP>(const T* q, const u64* k_ptrs, const u64* v_ptrs, const u32* spans, T* out,
-        // u32 heads, u32 kvh, u32 D, float scale, u32 window)`.
+        // (head_dim % 16 == 0, head_dim <= DP); `q`, `out`, `spans`,
+        // `block_tables` have the lengths checked by `attention` and the pools
+        // `n_slots` rows (no slot >= n_slots, table entry beyond `max_blocks` or
+        // row >= t is touched); the dynamic shared memory is the size the kernel
+        // carves (attribute raised above 48 KiB, within the device's opt-in limit).
+        // Kernel: `attention_tc_<T>_d<DP>(const T* q, const T* kpool, const T* vpool, const u32* tables,
+        // const u32* spans, T* out, u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks,
+        // u32 bs_log2, u32 n_slots)`.
         unsafe {
             launch_fn!(
                 self,
                 f,
                 cfg,
-                [ptr(q), ptr(k_ptrs), ptr(v_ptrs), ptr(spans), ptr_mut(out), h32, kvh32, d32, scale, win32]
+                [
+                    ptr(q),
+                    ptr(k_pool),
+                    ptr(v_pool),
+                    ptr(block_tables),
+                    ptr(spans),
+                    ptr_mut(out),
+                    t32,
+                    h32,
+                    kvh32,
+                    d32,
+                    a.scale,
+                    win32,
+                    max_blocks,
+                    bs_log2,
+                    n_slots
+                ]
             )
         }
     }
@@ -368,10 +492,38 @@ fn window_arg(window: Option<usize>) -> u32 {
 }
 
 /// Dynamic shared memory of `attention_tc_<T>_d<dp>` in bytes: Q tile, two K
-/// and two V tiles of `dp + 8` elements a row, then per warp the f32 S tile,
-/// the P tile and 16 row factors.
+/// and two V tiles of `dp + 8` elements a row, per warp the f32 S tile, the P
+/// tile and 16 row factors, then two key-slot tables.
 fn atc_smem<T>(dp: usize) -> usize {
     let t = std::mem::size_of::<T>();
     // P is kept as two tiles (P = P_hi + P_lo, see attention.cu).
-    (ATC_BM + 4 * ATC_BN) * (dp + 8) * t + ATC_WARPS * 16 * (ATC_SS * 4 + 2 * ATC_PSS * t + 4)
+    (ATC_BM + 4 * ATC_BN) * (dp + 8) * t + ATC_WARPS * 16 * (ATC_SS * 4 + 2 * ATC_PSS * t + 4) + 2 * ATC_BN * 4
+}
+
+/// The checked launch arguments of [`CudaKernels::attention`] its two paths share.
+struct Args {
+    t: usize,
+    n_seqs: usize,
+    max_q_len: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+    window: Option<usize>,
+    pg: Paged,
+}
+
+/// Slots of a K/V pool pair of `k_len` / `v_len` elements with rows of `row_len`:
+/// the pools must have the same length, a whole number of rows, at most `u32::MAX`.
+fn pool_slots(what: &str, k_len: usize, v_len: usize, row_len: usize) -> Result<u32> {
+    if k_len != v_len {
+        return Err(CudaError::Invalid(format!("{what}: k_pool ({k_len}) and v_pool ({v_len}) differ in length")));
+    }
+    if row_len == 0 || !k_len.is_multiple_of(row_len) {
+        return Err(CudaError::Invalid(format!("{what}: pool of {k_len} elements is not rows of {row_len}")));
+    }
+    u32::try_from(k_len / row_len)
+        .ok()
+        .filter(|&n| n < u32::MAX)
+        .ok_or_else(|| CudaError::Invalid(format!("{what}: {} slots exceed u32", k_len / row_len)))
 }

@@ -74,7 +74,7 @@ mod misc;
 mod moe;
 mod ops;
 
-pub use attention::ATTN_MAX_HEAD_DIM;
+pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};
 pub use gdn::GDN_MAX_DK;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
