@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests: fixture paths, reference tensors and the
 //! parity metric.
 
+pub mod engine_util;
 use porter_core::checkpoint::Checkpoint;
 use porter_core::Result;
 use porter_core::{registry, Batch, DType, Device, LogitsFor, Model, StateCache};

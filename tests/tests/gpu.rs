@@ -194,3 +194,30 @@ fn cuda_sampling_matches_cpu() {
     }
     let _ = Device::Cpu;
 }
+
+/// The serving engine on CUDA, f32: a request's greedy tokens and log-probabilities are
+/// bit-identical alone, among 31 others, split by chunked prefill, after a preemption and
+/// with a prefix-cache hit (tests/src/engine_util.rs).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_engine_batch_invariance_attention() {
+    if let Some(d) = cuda_or_skip("cuda_engine_batch_invariance_attention") {
+        tests::engine_util::invariance("qwen3", false, d);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_engine_batch_invariance_moe() {
+    if let Some(d) = cuda_or_skip("cuda_engine_batch_invariance_moe") {
+        tests::engine_util::invariance("qwen3_moe", false, d);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_engine_batch_invariance_hybrid() {
+    if let Some(d) = cuda_or_skip("cuda_engine_batch_invariance_hybrid") {
+        tests::engine_util::invariance("qwen3_next_a", true, d);
+    }
+}

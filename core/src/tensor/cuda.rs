@@ -336,7 +336,7 @@ pub fn addr<T: DevType>(g: &Gpu, s: &CudaSlice<T>) -> u64 {
 /// The per-forward tables of a batch on the device (one upload, shared by every layer).
 ///
 /// # Shapes
-/// `[positions (T) | row → span index (T) | spans (S × 3: q_row0, q_len, pos0)]` u32
+/// `[positions (T) | spans (S × 3: q_row0, q_len, pos0)]` u32
 #[derive(Debug)]
 pub struct BatchDev {
     pub(crate) ordinal: usize,
@@ -349,11 +349,8 @@ impl BatchDev {
     pub(crate) fn positions(&self) -> cudarc::driver::CudaView<'_, u32> {
         self.buf.slice(0..self.t)
     }
-    pub(crate) fn row_seq(&self) -> cudarc::driver::CudaView<'_, u32> {
-        self.buf.slice(self.t..2 * self.t)
-    }
     pub(crate) fn spans(&self) -> cudarc::driver::CudaView<'_, u32> {
-        self.buf.slice(2 * self.t..2 * self.t + 3 * self.n)
+        self.buf.slice(self.t..self.t + 3 * self.n)
     }
 }
 

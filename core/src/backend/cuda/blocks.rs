@@ -175,10 +175,6 @@ fn batch_dev(g: &Gpu, batch: &Batch) -> Result<Arc<BatchDev>> {
     }
     let (t, n) = (batch.len(), batch.spans.len());
     let mut v: Vec<u32> = batch.positions().into_iter().map(|p| p as u32).collect();
-    v.resize(2 * t, 0);
-    for (i, s) in batch.spans.iter().enumerate() {
-        v[t + s.start..t + s.start + s.len].iter_mut().for_each(|r| *r = i as u32);
-    }
     for s in &batch.spans {
         v.extend_from_slice(&[s.start as u32, s.len as u32, s.pos0 as u32]);
     }
@@ -217,7 +213,6 @@ impl CudaKv {
 }
 
 /// The step's slots and block tables on the device, uploaded once per forward.
-#[cfg(any())]
 fn page_dev(g: &Gpu, step: &PageStep) -> Result<Arc<PageDev>> {
     if let Some(d) = step.dev.get() {
         if d.ordinal == g.ordinal {
@@ -231,12 +226,6 @@ fn page_dev(g: &Gpu, step: &PageStep) -> Result<Arc<PageDev>> {
     Ok(d)
 }
 
-// TEMP-PAGED: until the paged kernels land.
-#[cfg(not(any()))]
-pub fn attention(_: &Tensor, _: &Tensor, _: &Tensor, _: &AttnArgs, _: &Batch, _: &mut KvCache) -> Result<Tensor> {
-    bail!(Internal, "TEMP-PAGED")
-}
-#[cfg(any())]
 /// Writes K / V into the paged pool and attends (see `Ops::attention`).
 pub fn attention(
     q: &Tensor,
@@ -312,7 +301,6 @@ pub fn attention(
 
 /// The attention kernels' mode: batch-invariant when deterministic mode is on
 /// ([`crate::tensor::cuda::set_deterministic`]).
-#[cfg(any())]
 fn attn_mode() -> porter_kernels::cuda::AttnMode {
     if crate::tensor::cuda::deterministic() {
         porter_kernels::cuda::AttnMode::Invariant

@@ -116,6 +116,42 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
     let mut out = Tensor::empty_on(&g, shape, out_dtype)?;
     fn go<A: DevType>(g: &Gpu, x: &Tensor, w: &Tensor, out: &mut Tensor, m: usize, k: usize, n: usize) -> Result<()> {
         let (xs, ws) = (x.dev::<A>()?, w.dev::<A>()?);
+        // Batch invariance: in an f32 model (and in deterministic mode) every row takes the
+        // GEMV kernel in groups of at most 8 rows, whose per-row arithmetic (one f32 FMA chain
+        // per lane, one warp sum) does not depend on the other rows; cuBLAS picks its
+        // algorithm, and so a row's rounding, by the matrix shape.
+        let invariant = A::DTYPE == DType::F32 || crate::tensor::cuda::deterministic();
+        if invariant && m > porter_kernels::cuda::GEMV_MAX_ROWS {
+            const G: usize = 8;
+            fn groups<A: DevType, O: DevType>(
+                g: &Gpu,
+                xs: &cudarc::driver::CudaSlice<A>,
+                ws: &cudarc::driver::CudaSlice<A>,
+                out: &mut cudarc::driver::CudaSlice<O>,
+                m: usize,
+                k: usize,
+                n: usize,
+            ) -> Result<bool> {
+                if !CudaKernels::gemv_fits::<A, O>(G, k) {
+                    return Ok(false);
+                }
+                for r0 in (0..m).step_by(G) {
+                    let r = G.min(m - r0);
+                    let xv = xs.slice(r0 * k..(r0 + r) * k);
+                    let mut ov = out.slice_mut(r0 * n..(r0 + r) * n);
+                    g.k.gemv::<A, O>(&xv, ws, &mut ov, r, k, n).map_err(cuda_err)?;
+                }
+                Ok(true)
+            }
+            let done = match out.dtype() {
+                DType::F32 => groups::<A, f32>(g, xs, ws, out.dev_mut::<f32>()?, m, k, n)?,
+                dt if dt == A::DTYPE => groups::<A, A>(g, xs, ws, out.dev_mut::<A>()?, m, k, n)?,
+                _ => false,
+            };
+            if done {
+                return Ok(());
+            }
+        }
         // Decode-sized GEMMs take porter's skinny kernel (one light launch instead of a
         // cuBLAS call); the rest cuBLAS.
         match out.dtype() {

@@ -1,0 +1,111 @@
+//! Shared helpers of the engine tests (CPU in tests/engine.rs, CUDA in tests/gpu.rs).
+
+use porter_core::engine::{EngineConfig, EngineCore, Event, RequestParams, TokenOut};
+use porter_core::{DType, Device, Model};
+use std::collections::HashMap;
+
+/// A deterministic xorshift generator for prompts and schedules.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    pub fn prompt(&mut self, len: usize, vocab: usize) -> Vec<u32> {
+        (0..len).map(|_| self.below(vocab) as u32).collect()
+    }
+}
+
+pub fn cfg(seqs: usize, budget: usize, blocks: usize) -> EngineConfig {
+    EngineConfig { max_num_batched_tokens: budget, max_num_seqs: seqs, block_size: 16, num_blocks: blocks }
+}
+
+pub fn greedy(max_tokens: usize) -> RequestParams {
+    RequestParams { max_tokens, ignore_eos: true, logprobs: Some(5), ..Default::default() }
+}
+
+/// Runs every request to completion; returns each one's tokens and final event.
+pub fn run_all(
+    e: &mut EngineCore<&Model>,
+    reqs: &[(u64, Vec<u32>, RequestParams)],
+) -> HashMap<u64, (Vec<TokenOut>, Event)> {
+    for (id, p, params) in reqs {
+        e.add_request(*id, p.clone(), params.clone()).unwrap();
+    }
+    let mut toks: HashMap<u64, Vec<TokenOut>> = HashMap::new();
+    let mut done = HashMap::new();
+    let mut steps = 0;
+    while e.has_work() {
+        for (id, ev) in e.step().unwrap() {
+            match ev {
+                Event::Token(t) => toks.entry(id).or_default().push(t),
+                end => {
+                    done.insert(id, (toks.remove(&id).unwrap_or_default(), end));
+                }
+            }
+        }
+        steps += 1;
+        assert!(steps < 100_000, "engine did not finish");
+    }
+    done
+}
+
+/// Batch invariance of one f32 model on `device`: the probe request's output: alone, then in each hostile setting, bit for bit.
+pub fn invariance(name: &str, recurrent: bool, device: Device) {
+    let m = crate::load_on(name, DType::F32, device).unwrap();
+    let vocab = m.info.vocab_size;
+    let mut rng = Rng(0x1234_5678);
+    let probe = rng.prompt(150, vocab);
+    let want = {
+        let mut e = EngineCore::new(&m, cfg(1, 512, 64)).unwrap();
+        run_all(&mut e, &[(0, probe.clone(), greedy(12))]).remove(&0).unwrap()
+    };
+    assert_eq!(want.0.len(), 12);
+    let same = |what: &str, got: &(Vec<TokenOut>, Event)| {
+        assert_eq!(got.0, want.0, "{name}: {what}: tokens / logprobs differ from the request alone");
+    };
+    // Among 31 others of mixed lengths (prefills and decodes share steps).
+    let mut reqs = vec![(0, probe.clone(), greedy(12))];
+    for i in 1..32 {
+        let len = 1 + rng.below(200);
+        reqs.push((i, rng.prompt(len, vocab), greedy(1 + rng.below(16))));
+    }
+    let mut e = EngineCore::new(&m, cfg(32, 256, 2048)).unwrap();
+    let got = run_all(&mut e, &reqs);
+    same("among 31 others", &got[&0]);
+    // Split by chunked prefill: a budget far below the prompt (aligned chunks for GDN).
+    let budget = if recurrent { 1 + 64 } else { 37 };
+    let mut e = EngineCore::new(&m, cfg(1, budget, 64)).unwrap();
+    let got = run_all(&mut e, &[(0, probe.clone(), greedy(12))]);
+    // Three prefill steps (two chunks before the last piece) and 11 decode steps.
+    assert!(e.stats().steps >= 3 + 11, "{name}: the prompt was not chunked");
+    same("chunked prefill", &got[&0]);
+    // With a prefix-cache hit: a first request leaves the probe's first 128 tokens cached.
+    let mut e = EngineCore::new(&m, cfg(2, 512, 64)).unwrap();
+    let mut first = probe[..130].to_vec();
+    first.extend([1, 2, 3]);
+    run_all(&mut e, &[(7, first, greedy(2))]);
+    let got = run_all(&mut e, &[(0, probe.clone(), greedy(12))]);
+    if let Event::Done(f) = &got[&0].1 {
+        if recurrent {
+            assert_eq!(f.cached_tokens, 0, "{name}: recurrent models do not reuse prefixes (no state checkpoints)");
+        } else {
+            assert_eq!(f.cached_tokens, 128, "{name}: hit within one block of the 130 shared tokens");
+        }
+    }
+    same("prefix-cache hit", &got[&0]);
+    if !recurrent {
+        // After a preemption: a pool too small for both, the probe admitted second.
+        let mut e = EngineCore::new(&m, cfg(2, 512, 14)).unwrap();
+        let other = rng.prompt(60, vocab);
+        let got = run_all(&mut e, &[(1, other, greedy(40)), (0, probe.clone(), greedy(12))]);
+        assert!(e.stats().preemptions > 0, "{name}: nothing was preempted");
+        same("after a preemption", &got[&0]);
+    }
+}
