@@ -4,9 +4,10 @@
 //! randomized requests with aborts and preemptions (no leaked block or slot), admission
 //! errors, and the threaded engine's streams.
 
-use porter_core::engine::{Engine, EngineCore, Event, Finish, RequestParams};
+use porter_core::engine::{Engine, EngineCore, Event, Finish, RequestParams, TokenOut};
 use porter_core::sampling::SamplingParams;
 use porter_core::{DType, Device};
+use std::collections::HashMap;
 use tests::engine_util::{cfg, greedy, invariance, run_all, Rng};
 use tests::load;
 
@@ -166,4 +167,133 @@ fn threaded_engine_streams_and_aborts() {
     let err = engine.add(vec![], greedy(1)).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("empty"), "{err}");
     engine.shutdown();
+}
+
+/// MTP inside the batch: 6 requests of mixed lengths drafting K tokens each per step, one
+/// verify forward for all; every request's greedy output equals the engine without drafts
+/// token for token (f32), for a stateful (attention) draft on a hybrid GDN model and on MoE.
+#[test]
+fn mtp_in_the_batch_is_exact() {
+    use porter_core::engine::batcher::SpecConfig;
+    use porter_core::speculative::MtpMode;
+    use porter_core::{config, registry};
+    for (main, draft) in [("qwen3_next_mtp", "qwen3_next_mtp"), ("qwen3_moe", "qwen3_moe_mtp_draft")] {
+        let m = load(main, DType::F32).unwrap();
+        let mcfg = config::read_config(&tests::fixture(main)).unwrap();
+        let mut rng = Rng(77);
+        let reqs: Vec<(u64, Vec<u32>, RequestParams)> = (0..6u64)
+            .map(|i| {
+                let len = 3 + rng.below(90);
+                (i, rng.prompt(len, m.info.vocab_size), greedy(8 + rng.below(24)))
+            })
+            .collect();
+        let plain = {
+            let mut e = EngineCore::new(&m, cfg(6, 512, 256)).unwrap();
+            run_all(&mut e, &reqs)
+        };
+        for k in [1, 3] {
+            let d = registry::load_draft(&tests::fixture(draft), &mcfg, &m).unwrap();
+            let spec = SpecConfig { drafts: vec![d], k, mode: MtpMode::Eagle };
+            let mut e = EngineCore::with_spec(&m, cfg(6, 512, 256), Some(spec)).unwrap();
+            let got = run_all(&mut e, &reqs);
+            let s = e.stats();
+            for (id, _, _) in &reqs {
+                let ids =
+                    |x: &(Vec<porter_core::engine::TokenOut>, Event)| x.0.iter().map(|t| t.id).collect::<Vec<_>>();
+                assert_eq!(ids(&got[id]), ids(&plain[id]), "{main} k={k} request {id}: differs from plain greedy");
+            }
+            assert!(s.spec_drafted > 0 && s.spec_accepted_at.len() == k);
+            assert_eq!(s.spec_accepted, s.spec_accepted_at.iter().sum::<u64>());
+            eprintln!(
+                "{main} k={k}: {} verify steps, acceptance {:.2}, {:.2} tokens per verify step, by position {:?}",
+                s.spec_steps,
+                s.spec_accepted as f64 / s.spec_drafted as f64,
+                (s.spec_accepted + s.spec_steps) as f64 / s.spec_steps as f64,
+                s.spec_accepted_at
+            );
+            assert_eq!(s.kv_blocks_free, s.kv_blocks_total);
+        }
+    }
+}
+
+/// A draft that knows the answers: it proposes the plain greedy continuation of whichever
+/// reference sequence its history matches, except at every `wrong`-th position, where it
+/// proposes a wrong token, so verification accepts runs of drafts and rejects at varying
+/// positions (exercising per-sequence rollback of the KV and recurrent state).
+struct Oracle {
+    seqs: Vec<Vec<u32>>,
+    vocab: usize,
+    wrong: usize,
+    hist: std::sync::Mutex<HashMap<usize, Vec<u32>>>,
+}
+
+impl porter_core::draft::DraftHead for Oracle {
+    fn name(&self) -> &str {
+        "oracle"
+    }
+
+    fn forward(
+        &self,
+        _main: &porter_core::Model,
+        batch: &porter_core::Batch,
+        hidden: &porter_core::Tensor,
+        _cache: &mut dyn porter_core::StateCache,
+        _rows: porter_core::LogitsFor,
+    ) -> porter_core::Result<porter_core::draft::DraftOutput> {
+        let mut hist = self.hist.lock().unwrap();
+        let mut logits = vec![0.0f32; batch.spans.len() * self.vocab];
+        for (i, s) in batch.spans.iter().enumerate() {
+            // Row r holds token pos0 + r + 1; history = tokens 1..=pos0 + len.
+            let h = hist.entry(s.seq.0).or_default();
+            h.truncate(s.pos0);
+            h.extend_from_slice(&batch.ids[s.start..s.start + s.len]);
+            let n = h.len();
+            let next = self.seqs.iter().find(|q| q.len() > n + 1 && q[1..=n] == h[..]).map_or(0, |q| q[n + 1]);
+            let tok = if (n + 1) % self.wrong == 0 { (next + 1) % self.vocab as u32 } else { next };
+            logits[i * self.vocab + tok as usize] = 30.0;
+        }
+        let logits = porter_core::Tensor::from_vec(logits, [batch.spans.len(), self.vocab], porter_core::DType::F32)?;
+        Ok(porter_core::draft::DraftOutput { logits, hidden: hidden.try_clone()? })
+    }
+}
+
+/// With drafts that are mostly right, acceptance is high and the output is still exactly the
+/// plain greedy output, for every request of the batch (hybrid GDN + attention model: the
+/// recurrent state rolls back per sequence).
+#[test]
+fn mtp_in_the_batch_accepts_and_rolls_back_exactly() {
+    use porter_core::engine::batcher::SpecConfig;
+    use porter_core::speculative::MtpMode;
+    for main in ["qwen3_next_a", "qwen3"] {
+        let m = load(main, DType::F32).unwrap();
+        let mut rng = Rng(99);
+        let reqs: Vec<(u64, Vec<u32>, RequestParams)> = (0..6u64)
+            .map(|i| {
+                let len = 3 + rng.below(90);
+                (i, rng.prompt(len, m.info.vocab_size), greedy(20 + rng.below(20)))
+            })
+            .collect();
+        let plain = {
+            let mut e = EngineCore::new(&m, cfg(6, 512, 256)).unwrap();
+            run_all(&mut e, &reqs)
+        };
+        let ids = |x: &(Vec<TokenOut>, Event)| x.0.iter().map(|t| t.id).collect::<Vec<_>>();
+        let seqs: Vec<Vec<u32>> = reqs.iter().map(|(id, p, _)| [p.clone(), ids(&plain[id])].concat()).collect();
+        for k in [2, 4] {
+            let oracle = Oracle { seqs: seqs.clone(), vocab: m.info.vocab_size, wrong: 5, hist: Default::default() };
+            let spec = SpecConfig { drafts: vec![Box::new(oracle)], k, mode: MtpMode::Eagle };
+            let mut e = EngineCore::with_spec(&m, cfg(6, 512, 256), Some(spec)).unwrap();
+            let got = run_all(&mut e, &reqs);
+            for (id, _, _) in &reqs {
+                assert_eq!(ids(&got[id]), ids(&plain[id]), "{main} k={k} request {id}");
+                assert_eq!(got[id].0, plain[id].0, "{main} k={k} request {id}: logprobs differ");
+            }
+            let s = e.stats();
+            let rate = s.spec_accepted as f64 / s.spec_drafted as f64;
+            eprintln!("{main} k={k}: acceptance {rate:.2}, by position {:?}", s.spec_accepted_at);
+            assert!(rate > 0.5, "{main} k={k}: the oracle should be accepted mostly, got {rate}");
+            assert!(s.spec_accepted_at.iter().all(|&a| a > 0));
+            assert_eq!((s.kv_blocks_free, s.state_slots_free), (s.kv_blocks_total, s.state_slots_total));
+        }
+    }
 }

@@ -12,9 +12,11 @@ use crate::batch::Batch;
 use crate::engine::request::{EngineStats, Event, Finish, Finished, RequestId, RequestParams, TokenOut};
 use crate::engine::sampling::Sampler;
 use crate::engine::scheduler::{SchedConfig, SchedSeq, Scheduler};
+use crate::engine::speculative::MtpMode;
 use crate::error::Result;
+use crate::model::draft::DraftHead;
 use crate::model::{LogitsFor, Model};
-use crate::state::{CacheConfig, ModelCache};
+use crate::state::{CacheConfig, ModelCache, SeqId, StateCache};
 use std::collections::HashMap;
 use std::ops::Deref;
 
@@ -60,6 +62,37 @@ struct Live {
     prompt_len: usize,
     generated: usize,
     stop: Vec<u32>,
+    /// The request's slot in each draft cache (speculative decoding), while admitted.
+    dseqs: Vec<SeqId>,
+    /// Draft tokens to verify next step and the distributions they were drawn from.
+    proposal: Vec<u32>,
+    dists: Vec<Vec<f32>>,
+    drafted: usize,
+    accepted: usize,
+}
+
+/// Speculative decoding inside the batch: MTP draft heads and how they are chained.
+pub struct SpecConfig {
+    pub drafts: Vec<Box<dyn DraftHead>>,
+    /// Draft tokens per step.
+    pub k: usize,
+    pub mode: MtpMode,
+}
+
+struct Drafting {
+    spec: SpecConfig,
+    caches: Vec<ModelCache>,
+}
+
+/// One request's share of a step's draft work: the draft catches up over the main rows
+/// `hid_start..hid_start + ids.len()` (tokens `ids` at positions `pos0..`), then, when
+/// `propose`, drafts K tokens.
+struct CatchUp {
+    id: RequestId,
+    pos0: usize,
+    ids: Vec<u32>,
+    hid_start: usize,
+    propose: bool,
 }
 
 /// The synchronous engine (see the module docs), over an owned (`Box<Model>`, `Arc<Model>`)
@@ -74,6 +107,7 @@ pub struct EngineCore<M: Deref<Target = Model>> {
     eos: Vec<u32>,
     ctx: usize,
     capacity_tokens: usize,
+    drafting: Option<Drafting>,
 }
 
 impl<M: Deref<Target = Model>> EngineCore<M> {
@@ -83,30 +117,53 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
     /// A config that cannot make progress (zero sizes; a budget below `max_num_seqs` plus one
     /// aligned chunk for recurrent models), or a device allocation error.
     pub fn new(model: M, cfg: EngineConfig) -> Result<Self> {
+        Self::with_spec(model, cfg, None)
+    }
+
+    /// [`EngineCore::new`] with speculative decoding: every request drafts `spec.k` tokens
+    /// per step with the draft heads, one verify forward covers every sequence, and each
+    /// keeps its own accepted prefix and rolls its own KV and recurrent state back.
+    pub fn with_spec(model: M, cfg: EngineConfig, spec: Option<SpecConfig>) -> Result<Self> {
+        if let Some(sp) = &spec {
+            crate::engine::speculative::check_config(&sp.drafts, sp.k, sp.mode)?;
+        }
+        let k = spec.as_ref().map_or(0, |s| s.k);
         if cfg.max_num_seqs == 0 || cfg.max_num_batched_tokens == 0 || cfg.block_size == 0 {
             bail!(Input, "engine sizes must be > 0: {cfg:?}");
         }
         let cache_cfg =
-            CacheConfig { max_seqs: cfg.max_num_seqs, spec: 0, block_size: cfg.block_size, num_blocks: cfg.num_blocks };
+            CacheConfig { max_seqs: cfg.max_num_seqs, spec: k, block_size: cfg.block_size, num_blocks: cfg.num_blocks };
         let cache = model.new_cache_with(&cache_cfg)?;
+        let drafting = match spec {
+            Some(spec) => {
+                let dcfg = CacheConfig { spec: 0, ..cache_cfg };
+                let caches = spec.drafts.iter().map(|d| d.new_cache(&dcfg)).collect::<Result<Vec<_>>>()?;
+                Some(Drafting { spec, caches })
+            }
+            None => None,
+        };
         if cache.has_kv() && cfg.num_blocks == 0 {
             bail!(Input, "the KV cache has 0 blocks: give it more memory");
         }
         let align = if cache.has_recurrent() { DELTA_CHUNK } else { 1 };
-        if align > 1 && cfg.max_num_batched_tokens < cfg.max_num_seqs + align {
+        let min_budget = cfg.max_num_seqs * (1 + k) + if align > 1 { align } else { 0 };
+        if cfg.max_num_batched_tokens < min_budget {
             bail!(
                 Input,
-                "max_num_batched_tokens = {} is too small for a model with linear-attention layers: it needs at least \
-                 max_num_seqs + {align} = {} (one decode row per running request plus one aligned prefill chunk)",
+                "max_num_batched_tokens = {} is too small: it needs at least {min_budget} (one decode row{} per running \
+                 request{})",
                 cfg.max_num_batched_tokens,
-                cfg.max_num_seqs + align
+                if k > 0 { format!(" plus {k} draft rows") } else { String::new() },
+                if align > 1 { format!(" plus one aligned prefill chunk of {align}") } else { String::new() }
             );
         }
         let sched = Scheduler::new(SchedConfig {
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             max_num_seqs: cfg.max_num_seqs,
             align,
-            align_tail: 1,
+            // A final prefill piece of at most `k + 1` tokens would take the per-token
+            // (snapshot) delta rule instead of the chunked one.
+            align_tail: k + 1,
         });
         let g = &model.info.generation;
         let eos = g.eos_token_ids.clone();
@@ -114,12 +171,23 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         let capacity_tokens = if cache.has_kv() { cfg.num_blocks * cfg.block_size } else { usize::MAX };
         let stats = EngineStats {
             kv_blocks_total: cache.blocks().total,
+            spec_accepted_at: vec![0; k],
             block_size: cfg.block_size,
             state_slots_total: cfg.max_num_seqs,
             ..Default::default()
         };
-        let mut e =
-            Self { model, cache, sched, seqs: HashMap::new(), live: HashMap::new(), stats, eos, ctx, capacity_tokens };
+        let mut e = Self {
+            model,
+            cache,
+            sched,
+            seqs: HashMap::new(),
+            live: HashMap::new(),
+            stats,
+            eos,
+            ctx,
+            capacity_tokens,
+            drafting,
+        };
         e.refresh_stats();
         Ok(e)
     }
@@ -165,7 +233,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             bail!(Input, "token id {bad} is out of range: the vocabulary has {vocab} entries");
         }
-        let need = prompt.len().saturating_add(params.max_tokens);
+        let k = self.drafting.as_ref().map_or(0, |d| d.spec.k);
+        let need = prompt.len().saturating_add(params.max_tokens).saturating_add(k);
         if prompt.len() >= self.ctx {
             bail!(Input, "the prompt ({} tokens) does not fit the context of {} positions", prompt.len(), self.ctx);
         }
@@ -185,8 +254,21 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             stop.extend(self.eos.iter().copied());
         }
         let prompt_len = prompt.len();
-        self.seqs.insert(id, SchedSeq { tokens: prompt, computed: 0, seq: None, cached: 0, preemptions: 0 });
-        self.live.insert(id, Live { params, sampler, prompt_len, generated: 0, stop });
+        self.seqs
+            .insert(id, SchedSeq { tokens: prompt, computed: 0, seq: None, cached: 0, preemptions: 0, lookahead: 0 });
+        let live = Live {
+            params,
+            sampler,
+            prompt_len,
+            generated: 0,
+            stop,
+            dseqs: Vec::new(),
+            proposal: Vec::new(),
+            dists: Vec::new(),
+            drafted: 0,
+            accepted: 0,
+        };
+        self.live.insert(id, live);
         self.sched.waiting.push_back(id);
         self.refresh_stats();
         Ok(())
@@ -206,6 +288,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
     fn finish(&mut self, id: RequestId, reason: Finish) -> Result<Event> {
         let (cached, preemptions) = self.seqs.get(&id).map_or((0, 0), |s| (s.cached, s.preemptions));
         self.sched.remove(id, &mut self.seqs, &mut self.cache)?;
+        self.drop_drafts(id)?;
         let l = self.live.remove(&id);
         self.stats.finished += 1;
         self.refresh_stats();
@@ -215,7 +298,20 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             completion_tokens: l.as_ref().map_or(0, |l| l.generated),
             cached_tokens: cached,
             preemptions,
+            drafted: l.as_ref().map_or(0, |l| l.drafted),
+            accepted: l.as_ref().map_or(0, |l| l.accepted),
         }))
+    }
+
+    /// Frees a request's draft-cache slots and its pending proposal.
+    fn drop_drafts(&mut self, id: RequestId) -> Result<()> {
+        let (Some(d), Some(l)) = (self.drafting.as_mut(), self.live.get_mut(&id)) else { return Ok(()) };
+        for (c, s) in d.caches.iter_mut().zip(l.dseqs.drain(..)) {
+            c.free_seq(s)?;
+        }
+        l.proposal.clear();
+        l.dists.clear();
+        Ok(())
     }
 
     /// Runs one step; returns the events it produced, in order.
@@ -226,61 +322,231 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
     pub fn step(&mut self) -> Result<Vec<(RequestId, Event)>> {
         let plan = self.sched.schedule(&mut self.seqs, &mut self.cache)?;
         self.stats.preemptions += plan.preempted.len() as u64;
+        for &id in &plan.preempted {
+            self.drop_drafts(id)?;
+        }
         let mut out = Vec::new();
         if plan.items.is_empty() {
             self.refresh_stats();
             return Ok(out);
         }
-        // [T] rows: each request's next `n` known tokens.
+        // [T] rows: each request's next known tokens, then its draft tokens to verify.
         let mut batch = Batch::default();
+        // Rows that need logits: every row of a verify span, the last row of a span that
+        // reaches the request's last known token; none for a prefill chunk.
+        let mut rows = Vec::new();
+        let mut first_row = Vec::with_capacity(plan.items.len());
         for it in &plan.items {
             let r = &self.seqs[&it.id];
             let seq = r.seq.ok_or_else(|| crate::err!(Internal, "scheduled request {} has no slot", it.id))?;
-            batch.push(seq, r.computed, &r.tokens[r.computed..r.computed + it.n]);
+            let known = it.n - r.lookahead;
+            let mut ids = r.tokens[r.computed..r.computed + known].to_vec();
+            if r.lookahead > 0 {
+                ids.extend_from_slice(&self.live[&it.id].proposal);
+            }
+            let start = batch.len();
+            first_row.push(rows.len());
+            if r.lookahead > 0 {
+                rows.extend(start..start + it.n);
+            } else if r.computed + it.n == r.tokens.len() {
+                rows.push(start + it.n - 1);
+            }
+            batch.push(seq, r.computed, &ids);
         }
-        let fwd = self.model.forward(&batch, &mut self.cache, LogitsFor::Last)?;
+        let fwd = self.model.forward_rows(&batch, &mut self.cache, &rows)?;
         self.stats.steps += 1;
         self.stats.batched_tokens += batch.len() as u64;
-        // [S, vocab] logits, one row per span; only rows that end a request's known tokens
-        // are sampled (the others are prefill chunks).
+        // [R, vocab] logits of the selected rows.
         let logits = fwd.logits.to_host()?;
-        for (row, it) in plan.items.iter().enumerate() {
+        let mut catchups = Vec::new();
+        for (i, it) in plan.items.iter().enumerate() {
+            let span = batch.spans[i];
             let r = self.seqs.get_mut(&it.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", it.id))?;
-            r.computed += it.n;
-            let seq = r.seq.ok_or_else(|| crate::err!(Internal, "request {} lost its slot", it.id))?;
-            self.cache.register_prefix(seq, &r.tokens[..r.computed])?;
-            if r.computed < r.tokens.len() {
+            let l = self.live.get_mut(&it.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", it.id))?;
+            let seq = span.seq;
+            let pos0 = r.computed;
+            if r.lookahead == 0 && pos0 + it.n < r.tokens.len() {
+                // A prefill chunk: the drafts catch up over it, nothing is sampled.
+                r.computed += it.n;
+                self.cache.register_prefix(seq, &r.tokens[..r.computed])?;
+                let ids = r.tokens[pos0 + 1..=r.computed].to_vec();
+                catchups.push(CatchUp { id: it.id, pos0, ids, hid_start: span.start, propose: false });
                 continue;
             }
-            let l = self.live.get_mut(&it.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", it.id))?;
-            let mut lrow = logits.row(row).to_vec();
-            if l.generated < l.params.min_tokens {
-                for &s in &l.stop {
-                    if let Some(v) = lrow.get_mut(s as usize) {
-                        *v = f32::NEG_INFINITY;
+            // The tokens this step emits: a sampled one, or the accepted drafts plus a bonus.
+            let lrow = |j: usize| logits.row(first_row[i] + j);
+            let mut emitted: Vec<u32> = Vec::new();
+            let mut rows_used = Vec::new();
+            if r.lookahead == 0 {
+                let masked = mask_stops(lrow(0), &l.stop, l.generated < l.params.min_tokens);
+                emitted.push(l.sampler.sample(&masked));
+                rows_used.push(masked);
+            } else {
+                let k = r.lookahead;
+                let mut bonus = None;
+                for j in 0..k {
+                    let masked = mask_stops(lrow(j), &l.stop, l.generated + j < l.params.min_tokens);
+                    let p = l.sampler.distribution(&masked);
+                    let d = l.proposal[j] as usize;
+                    let (pd, qd) = (p[d] as f64, l.dists[j][d] as f64);
+                    rows_used.push(masked);
+                    if qd > 0.0 && l.sampler.uniform() < (pd / qd).min(1.0) {
+                        emitted.push(l.proposal[j]);
+                        if let Some(a) = self.stats.spec_accepted_at.get_mut(j) {
+                            *a += 1;
+                        }
+                    } else {
+                        // Residual distribution max(0, p − q), renormalised.
+                        let mut res: Vec<f32> = p.iter().zip(&l.dists[j]).map(|(a, b)| (a - b).max(0.0)).collect();
+                        let sum: f32 = res.iter().sum();
+                        bonus = Some(if sum > 0.0 {
+                            res.iter_mut().for_each(|v| *v /= sum);
+                            l.sampler.sample_from(&res)
+                        } else {
+                            l.sampler.sample_from(&p)
+                        });
+                        break;
                     }
                 }
+                let accepted = emitted.len();
+                let bonus = match bonus {
+                    Some(b) => b,
+                    None => {
+                        let masked = mask_stops(lrow(k), &l.stop, l.generated + k < l.params.min_tokens);
+                        let b = l.sampler.sample(&masked);
+                        rows_used.push(masked);
+                        b
+                    }
+                };
+                emitted.push(bonus);
+                l.drafted += k;
+                l.accepted += accepted;
+                self.stats.spec_drafted += k as u64;
+                self.stats.spec_accepted += accepted as u64;
+                self.stats.spec_steps += 1;
             }
-            let tok = l.sampler.sample(&lrow);
-            let (logprob, top) = logprobs(&lrow, tok, l.params.logprobs.unwrap_or(0));
-            r.tokens.push(tok);
-            l.generated += 1;
-            self.stats.generated_tokens += 1;
-            out.push((it.id, Event::Token(TokenOut { id: tok, logprob, top })));
-            let reason = if l.generated >= l.params.min_tokens && l.stop.contains(&tok) {
-                Some(Finish::Stop)
-            } else if l.generated >= l.params.max_tokens || r.tokens.len() >= self.ctx {
-                Some(Finish::Length)
-            } else {
-                None
-            };
+            // Main cache: the known token(s) and the accepted drafts stay, the rest rolls back.
+            let kept = it.n - r.lookahead + emitted.len() - 1;
+            r.computed = pos0 + kept;
+            if kept < it.n {
+                self.cache.truncate(seq, r.computed)?;
+            }
+            r.lookahead = 0;
+            l.proposal.clear();
+            l.dists.clear();
+            let mut reason = None;
+            for (j, &tok) in emitted.iter().enumerate() {
+                let (logprob, top) = logprobs(&rows_used[j], tok, l.params.logprobs.unwrap_or(0));
+                r.tokens.push(tok);
+                l.generated += 1;
+                self.stats.generated_tokens += 1;
+                out.push((it.id, Event::Token(TokenOut { id: tok, logprob, top })));
+                reason = if l.generated >= l.params.min_tokens && l.stop.contains(&tok) {
+                    Some(Finish::Stop)
+                } else if l.generated >= l.params.max_tokens || r.tokens.len() >= self.ctx {
+                    Some(Finish::Length)
+                } else {
+                    None
+                };
+                if reason.is_some() {
+                    break;
+                }
+            }
+            self.cache.register_prefix(seq, &r.tokens[..r.computed])?;
             if let Some(reason) = reason {
                 let ev = self.finish(it.id, reason)?;
                 out.push((it.id, ev));
+                continue;
             }
+            if self.drafting.is_some() {
+                // The drafts consume tokens pos0+1..=computed (the last one just emitted) with
+                // the main hidden rows of positions pos0..computed.
+                let ids = r.tokens[pos0 + 1..=r.computed].to_vec();
+                let propose = r.tokens.len() + self.drafting.as_ref().map_or(0, |d| d.spec.k) <= self.ctx;
+                catchups.push(CatchUp { id: it.id, pos0, ids, hid_start: span.start, propose });
+            }
+        }
+        if !catchups.is_empty() && self.drafting.is_some() {
+            self.draft(&fwd.hidden, catchups)?;
         }
         self.refresh_stats();
         Ok(out)
+    }
+
+    /// Batched drafting: one catch-up forward of the first draft over every request's new
+    /// main rows, then K − 1 chained one-row-per-request steps for the requests that propose.
+    fn draft(&mut self, hidden: &crate::tensor::Tensor, work: Vec<CatchUp>) -> Result<()> {
+        let Some(d) = self.drafting.as_mut() else { return Ok(()) };
+        let main: &Model = &self.model;
+        let k = d.spec.k;
+        // Slots for requests new to the drafts (first step after admission).
+        for w in &work {
+            let l = self.live.get_mut(&w.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", w.id))?;
+            if l.dseqs.is_empty() {
+                l.dseqs = d.caches.iter_mut().map(|c| c.alloc_seq()).collect::<Result<Vec<_>>>()?;
+            }
+        }
+        // Catch-up of draft 0 over [Σ ids] rows.
+        let (d0, c0) = (&d.spec.drafts[0], &mut d.caches[0]);
+        let mut batch = Batch::default();
+        let mut hid_parts = Vec::with_capacity(work.len());
+        for w in &work {
+            let s = self.live[&w.id].dseqs[0];
+            if d0.is_stateful() {
+                c0.truncate(s, w.pos0)?;
+            }
+            batch.push(s, w.pos0, &w.ids);
+            hid_parts.push(hidden.narrow_rows(w.hid_start, w.ids.len())?);
+        }
+        let hid = crate::tensor::Tensor::concat_rows(&hid_parts.iter().collect::<Vec<_>>())?;
+        let hid0 = d0.main_hidden(main, &hid)?;
+        let out = d0.forward(main, &batch, &hid0, c0, LogitsFor::Last)?;
+        let logits = out.logits.to_host()?;
+        // Requests that propose: (id, row in the draft output, position of the next token).
+        let mut props: Vec<(RequestId, usize, usize)> = Vec::new();
+        let mut hs = Vec::new();
+        for (i, w) in work.iter().enumerate() {
+            if !w.propose {
+                continue;
+            }
+            let l = self.live.get_mut(&w.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", w.id))?;
+            let q = l.sampler.distribution(logits.row(i));
+            let tok = l.sampler.sample_from(&q);
+            l.proposal = vec![tok];
+            l.dists = vec![q];
+            let s = batch.spans[i];
+            hs.push(out.hidden.narrow_rows(s.start + s.len - 1, 1)?);
+            props.push((w.id, i, w.pos0 + w.ids.len()));
+        }
+        for step in 1..k {
+            if props.is_empty() {
+                break;
+            }
+            let m = if d.spec.mode == MtpMode::Eagle { 0 } else { step };
+            let (dm, cm) = (&d.spec.drafts[m], &mut d.caches[m]);
+            let mut b = Batch::default();
+            for (id, _, pos) in &props {
+                let l = &self.live[id];
+                b.push(l.dseqs[m], pos + step - 1, &[l.proposal[step - 1]]);
+            }
+            let h = crate::tensor::Tensor::concat_rows(&hs.iter().collect::<Vec<_>>())?;
+            let o = dm.forward(main, &b, &h, cm, LogitsFor::Last)?;
+            let lg = o.logits.to_host()?;
+            hs.clear();
+            for (j, (id, _, _)) in props.iter().enumerate() {
+                let l = self.live.get_mut(id).ok_or_else(|| crate::err!(Internal, "request {id} vanished"))?;
+                let q = l.sampler.distribution(lg.row(j));
+                l.proposal.push(l.sampler.sample_from(&q));
+                l.dists.push(q);
+                hs.push(o.hidden.narrow_rows(j, 1)?);
+            }
+        }
+        for (id, _, _) in &props {
+            if let Some(r) = self.seqs.get_mut(id) {
+                r.lookahead = k;
+            }
+        }
+        Ok(())
     }
 
     /// Finishes every live request with an error event (after a failed step) and returns
@@ -291,6 +557,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         for id in ids {
             // Freeing can only fail on a broken device; the request is finished either way.
             let _ = self.sched.remove(id, &mut self.seqs, &mut self.cache);
+            let _ = self.drop_drafts(id);
             self.live.remove(&id);
             out.push((id, Event::Error(msg.to_string())));
         }
@@ -319,4 +586,17 @@ fn logprobs(row: &[f32], tok: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
         top = idx.into_iter().map(|i| (i as u32, lp(i))).collect();
     }
     (lp(tok as usize), top)
+}
+
+/// A logits row with the stop ids masked to −∞ while `mask` (`min_tokens` not reached).
+fn mask_stops(row: &[f32], stop: &[u32], mask: bool) -> Vec<f32> {
+    let mut r = row.to_vec();
+    if mask {
+        for &s in stop {
+            if let Some(v) = r.get_mut(s as usize) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+    r
 }

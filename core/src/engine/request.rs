@@ -104,6 +104,9 @@ pub struct Finished {
     pub cached_tokens: usize,
     /// Times the request was preempted (and recomputed).
     pub preemptions: usize,
+    /// Speculative decoding: draft tokens verified and accepted.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// What the engine sends a request's receiver.
@@ -138,4 +141,10 @@ pub struct EngineStats {
     /// Prefix cache: prompt tokens looked up and found (in tokens, at admission).
     pub prefix_query_tokens: u64,
     pub prefix_hit_tokens: u64,
+    /// Speculative decoding: verify steps (one per request and step), draft tokens
+    /// verified and accepted, and acceptances by draft position (index j: the (j+1)-th draft).
+    pub spec_steps: u64,
+    pub spec_drafted: u64,
+    pub spec_accepted: u64,
+    pub spec_accepted_at: Vec<u64>,
 }

@@ -28,6 +28,8 @@ pub struct SchedSeq {
     /// Prompt tokens served from the prefix cache at the last admission.
     pub cached: usize,
     pub preemptions: usize,
+    /// Draft tokens to verify after the known ones (speculative decoding; 0 otherwise).
+    pub lookahead: usize,
 }
 
 /// Scheduling limits.
@@ -75,7 +77,11 @@ impl Scheduler {
 
     /// Rows request `r` may take this step out of `budget` (0: none now).
     fn chunk(&self, r: &SchedSeq, budget: usize) -> usize {
-        let need = r.tokens.len() - r.computed;
+        let need = r.tokens.len() - r.computed + r.lookahead;
+        if r.lookahead > 0 {
+            // A verify span is never split.
+            return if need <= budget { need } else { 0 };
+        }
         let n = need.min(budget);
         if n == need || self.cfg.align <= 1 {
             return n;
@@ -102,6 +108,7 @@ impl Scheduler {
                 cache.free_seq(seq)?;
             }
             r.computed = 0;
+            r.lookahead = 0;
             r.preemptions += 1;
         }
         self.waiting.push_front(id);

@@ -191,7 +191,24 @@ impl Model {
 
     /// Runs the batch through every layer, updates the cache and returns logits.
     pub fn forward(&self, batch: &Batch, cache: &mut dyn StateCache, rows: LogitsFor) -> Result<ForwardOutput> {
+        let idx: Vec<usize> = match rows {
+            LogitsFor::All => (0..batch.len()).collect(),
+            LogitsFor::Last => batch.spans.iter().map(|s| s.start + s.len - 1).collect(),
+        };
+        self.forward_rows(batch, cache, &idx)
+    }
+
+    /// [`Model::forward`] with logits for the batch rows `rows` only (in that order; none
+    /// when empty), as the serving engine needs: the last row of a finished prefill, every
+    /// row of a speculative verify span, nothing for a prefill chunk.
+    ///
+    /// # Shapes
+    /// logits `[rows.len(), vocab]`, hidden `[T, hidden]`
+    pub fn forward_rows(&self, batch: &Batch, cache: &mut dyn StateCache, rows: &[usize]) -> Result<ForwardOutput> {
         self.validate(batch, cache)?;
+        if let Some(&bad) = rows.iter().find(|&&r| r >= batch.len()) {
+            bail!(Input, "logits asked for row {bad} of a batch of {} rows", batch.len());
+        }
         cache.prepare(batch)?;
         // [T] -> [T, H]
         let mut x = self.pre.forward(&batch.ids)?;
@@ -201,12 +218,15 @@ impl Model {
         for s in &batch.spans {
             cache.advance(s.seq, s.len)?;
         }
-        let sel = match rows {
-            LogitsFor::All => x.try_clone()?,
-            LogitsFor::Last => {
-                let idx: Vec<usize> = batch.spans.iter().map(|s| s.start + s.len - 1).collect();
-                x.gather_rows(&idx)?
-            }
+        // [R, H] -> [R, vocab]
+        let sel = if rows.len() == batch.len() && rows.iter().enumerate().all(|(i, &r)| i == r) {
+            x.try_clone()?
+        } else if rows.is_empty() {
+            // No row asked for: an empty host tensor (nothing to compute or copy).
+            let logits = Tensor::zeros([0, self.info.vocab_size], DType::F32);
+            return Ok(ForwardOutput { logits, hidden: x });
+        } else {
+            x.gather_rows(rows)?
         };
         let normed = self.post.norm(&sel)?;
         let logits = self.post.logits(&normed)?;
