@@ -23,6 +23,11 @@ use std::ops::Deref;
 /// Chunk of the chunked delta rule (prefill chunks of recurrent models align to it).
 const DELTA_CHUNK: usize = 64;
 
+/// Spans of at most this many rows take the CUDA attention kernels' decode path (keys split
+/// at fixed positions); longer spans the prefill path. A row's bits depend on the path, so
+/// the scheduler never moves a row from one to the other (see `SchedConfig::decode_rows`).
+const DECODE_ROWS: usize = 8;
+
 /// Engine limits and pool sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -164,6 +169,11 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             // A final prefill piece of at most `k + 1` tokens would take the per-token
             // (snapshot) delta rule instead of the chunked one.
             align_tail: k + 1,
+            decode_rows: DECODE_ROWS,
+            // Generated tokens recomputed after a preemption: one per step through the
+            // recurrent layers (the per-token delta rule they were first computed with),
+            // decode-sized pieces otherwise.
+            replay_piece: if align > 1 { 1 } else { DECODE_ROWS },
         });
         let g = &model.info.generation;
         let eos = g.eos_token_ids.clone();

@@ -27,6 +27,9 @@ pub struct SchedSeq {
     pub seq: Option<SeqId>,
     /// Prompt tokens served from the prefix cache at the last admission.
     pub cached: usize,
+    /// Tokens that were prompt (the rest were generated; after a preemption those are
+    /// recomputed in small pieces, as they were first computed).
+    pub prompt_len: usize,
     pub preemptions: usize,
     /// Draft tokens to verify after the known ones (speculative decoding; 0 otherwise).
     pub lookahead: usize,
@@ -45,6 +48,12 @@ pub struct SchedConfig {
     /// batch-invariance guarantee). 1 = any split.
     pub align: usize,
     pub align_tail: usize,
+    /// Most rows of a span that attention computes as "decode" rows (split over fixed key
+    /// ranges on a GPU); a prefill split into pieces keeps every piece and its tail above
+    /// this, and generated tokens recomputed after a preemption go in pieces of at most
+    /// `replay_piece`, so every row takes the path it took the first time.
+    pub decode_rows: usize,
+    pub replay_piece: usize,
 }
 
 /// One scheduled request: `n` rows starting at its `computed` position.
@@ -82,17 +91,30 @@ impl Scheduler {
             // A verify span is never split.
             return if need <= budget { need } else { 0 };
         }
-        let n = need.min(budget);
-        if n == need || self.cfg.align <= 1 {
+        if r.computed >= r.prompt_len {
+            // Recomputing generated tokens after a preemption (or decoding: need = 1).
+            return need.min(budget).min(self.cfg.replay_piece.max(1));
+        }
+        // Prefill of the prompt; generated tokens after it wait for the replay rule.
+        let prompt_need = r.prompt_len - r.computed;
+        let n = prompt_need.min(budget);
+        if n == prompt_need {
+            // The rest of the prompt in one piece.
             return n;
         }
-        // A partial chunk: end on an aligned position, leave more than `align_tail`.
-        let a = self.cfg.align;
+        // A partial piece: end on an aligned position, keep the piece and the tail of the
+        // prompt above `decode_rows`, and the tail above `align_tail`.
+        let a = self.cfg.align.max(1);
+        let tail_min = self.cfg.align_tail.max(self.cfg.decode_rows) + 1;
         let mut end = (r.computed + n) / a * a;
-        while end > r.computed && r.tokens.len() - end <= self.cfg.align_tail {
+        while end > r.computed && r.prompt_len - end < tail_min {
             end -= a;
         }
-        end.saturating_sub(r.computed)
+        let n = end.saturating_sub(r.computed);
+        if prompt_need > self.cfg.decode_rows && n <= self.cfg.decode_rows {
+            return 0;
+        }
+        n
     }
 
     /// Frees `id`'s slot and blocks and puts it at the head of the waiting queue.
