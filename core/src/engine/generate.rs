@@ -3,7 +3,7 @@
 
 use crate::bail;
 use crate::batch::Batch;
-use crate::engine::sampling::{Sampler, SamplingParams};
+use crate::engine::sampling::{SamplingParams, SeqSampler};
 use crate::error::Result;
 use crate::model::{LogitsFor, Model};
 use crate::state::StateCache;
@@ -55,7 +55,9 @@ pub fn check_context(model: &Model, prompt_len: usize, max_tokens: usize, lookah
     Ok(())
 }
 
-/// Generates up to `max_tokens` ids after `prompt`, stopping after any id in `stop_ids`.
+/// Generates up to `max_tokens` ids after `prompt`, stopping after any id in `stop_ids` (the
+/// model's eos ids). `params.stop` applies too: its `max_tokens` lowers the limit, its
+/// `stop_token_ids` also stop, `min_tokens` masks the stop ids, `ignore_eos` disables `stop_ids`.
 ///
 /// `prompt.len() + max_tokens` must fit the context ([`check_context`], checked before the
 /// first forward). Should a run still reach the end of the context, it returns what it
@@ -67,8 +69,11 @@ pub fn generate(
     max_tokens: usize,
     stop_ids: &[u32],
 ) -> Result<Generation> {
+    let max_tokens = max_tokens.min(params.stop.max_tokens.unwrap_or(usize::MAX));
     check_context(model, prompt.len(), max_tokens, 0)?;
-    let mut sampler = Sampler::new(params)?;
+    let stop = params.stop.clone();
+    let mut sampler = SeqSampler::new(params)?;
+    sampler.observe_prompt(prompt);
     let mut cache = model.new_cache_spec(1, 0)?;
     let seq = cache.alloc_seq()?;
     let ctx = model.info.max_position_embeddings.unwrap_or(usize::MAX);
@@ -82,9 +87,10 @@ pub fn generate(
         }
         let batch = Batch::single(seq, pos, &next_input);
         let fwd = model.forward(&batch, &mut cache, LogitsFor::Last)?;
-        let tok = sampler.sample_tensor(&fwd.logits, 0)?;
+        let tok = sampler.sample_tensor(&fwd.logits, 0, out.len(), stop_ids)?;
+        sampler.accept(tok);
         out.push(tok);
-        if stop_ids.contains(&tok) {
+        if stop.finish(tok, out.len(), stop_ids) == Some(FinishReason::Eos) {
             return Ok(Generation { ids: out, finish: FinishReason::Eos });
         }
         next_input = vec![tok];

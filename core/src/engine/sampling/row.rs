@@ -1,0 +1,165 @@
+//! One logits row as the sampler sees it (the borrowed row plus a few overridden entries),
+//! and the passes over it: max/argmax/top-N scan, top-k selection, exp sums, thresholds.
+
+use std::cmp::Ordering;
+
+/// Top-k at or below this size uses a bounded insertion list; above it `select_nth_unstable`.
+const SMALL_K: usize = 1024;
+
+/// A logits row with some entries replaced (penalised or masked), without copying the row.
+///
+/// `ov` is sorted by id, ids unique and `< raw.len()`.
+pub(crate) struct Row<'a> {
+    pub raw: &'a [f32],
+    pub ov: &'a [(u32, f32)],
+}
+
+impl Row<'_> {
+    /// Number of entries (the vocabulary).
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Calls `f(index, value)` for every entry, in index order.
+    #[inline]
+    pub fn each(&self, mut f: impl FnMut(usize, f32)) {
+        let mut start = 0;
+        for &(id, v) in self.ov {
+            let id = id as usize;
+            for (i, &x) in self.raw[start..id].iter().enumerate() {
+                f(start + i, x);
+            }
+            f(id, v);
+            start = id + 1;
+        }
+        for (i, &x) in self.raw[start..].iter().enumerate() {
+            f(start + i, x);
+        }
+    }
+
+    /// The value at `i` (`i < len`).
+    pub fn get(&self, i: usize) -> f32 {
+        match self.ov.binary_search_by_key(&(i as u32), |e| e.0) {
+            Ok(j) => self.ov[j].1,
+            Err(_) => self.raw[i],
+        }
+    }
+}
+
+/// Larger value first, lower index first on ties (the order of a stable descending sort).
+pub(crate) fn desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The `cap` best `(index, value)` pairs by [`desc`], fed in index order.
+pub(crate) struct TopN {
+    cap: usize,
+    /// Sorted by [`desc`].
+    pub items: Vec<(u32, f32)>,
+}
+
+impl TopN {
+    pub fn new(cap: usize) -> Self {
+        Self { cap, items: Vec::with_capacity(cap + 1) }
+    }
+
+    /// Offers entry `i`; entries must come in increasing index order (so an equal value
+    /// never displaces an earlier one). NaN is never kept.
+    #[inline]
+    pub fn push(&mut self, i: usize, v: f32) {
+        if self.cap == 0 {
+            return;
+        }
+        if self.items.len() == self.cap {
+            match self.items.last() {
+                Some(w) if v > w.1 => {}
+                _ => return,
+            }
+            self.items.pop();
+        } else if v.is_nan() {
+            return;
+        }
+        let pos = self.items.partition_point(|e| e.1 >= v);
+        self.items.insert(pos, (i as u32, v));
+    }
+}
+
+/// What one pass over a row finds.
+pub(crate) struct Scan {
+    /// Largest value (−∞ if every entry is −∞).
+    pub max: f32,
+    /// First index of `max`.
+    pub argmax: usize,
+    /// Whether some entry is NaN.
+    pub nan: bool,
+    /// The `n_top` best entries, by [`desc`].
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Max, first argmax, NaN check and the `n_top` best entries in one pass.
+pub(crate) fn scan(row: &Row, n_top: usize) -> Scan {
+    let (mut max, mut argmax, mut nan) = (f32::NEG_INFINITY, 0usize, false);
+    let mut top = TopN::new(n_top);
+    if n_top == 0 {
+        row.each(|i, v| {
+            if v > max {
+                max = v;
+                argmax = i;
+            }
+            nan |= v.is_nan();
+        });
+    } else {
+        row.each(|i, v| {
+            if v > max {
+                max = v;
+                argmax = i;
+            }
+            nan |= v.is_nan();
+            top.push(i, v);
+        });
+    }
+    Scan { max, argmax, nan, top: top.items }
+}
+
+/// The `k` best entries by [`desc`] (`k < len`).
+pub(crate) fn top_k(row: &Row, k: usize) -> Vec<(u32, f32)> {
+    if k <= SMALL_K {
+        let mut top = TopN::new(k);
+        row.each(|i, v| top.push(i, v));
+        return top.items;
+    }
+    let mut all = Vec::with_capacity(row.len());
+    row.each(|i, v| all.push((i as u32, v)));
+    if k < all.len() {
+        all.select_nth_unstable_by(k - 1, desc);
+        all.truncate(k);
+    }
+    all.sort_unstable_by(desc);
+    all
+}
+
+/// The unnormalised probability `exp(f64(v / t) − f64(ms))` (the scaled logit in float32, as
+/// HF's warpers compute it, the rest in float64).
+#[inline]
+pub(crate) fn weight(v: f32, t: f32, ms: f32) -> f64 {
+    ((v / t) as f64 - ms as f64).exp()
+}
+
+/// `Σ weight(v, t, ms)` over the row (in index order).
+pub(crate) fn sum_exp(row: &Row, t: f32, ms: f32) -> f64 {
+    let mut z = 0.0f64;
+    row.each(|_, v| z += weight(v, t, ms));
+    z
+}
+
+/// Entries with `v / t − ms >= x_min`, sorted by [`desc`].
+pub(crate) fn at_least(row: &Row, t: f32, ms: f32, x_min: f32) -> Vec<(u32, f32)> {
+    let mut out = Vec::new();
+    row.each(|i, v| {
+        if v / t - ms >= x_min {
+            out.push((i as u32, v));
+        }
+    });
+    out.sort_unstable_by(desc);
+    out
+}
