@@ -33,11 +33,14 @@
 //! # Cost
 //!
 //! The row is never copied: penalised and masked entries are a short sorted list of overrides
-//! on top of the borrowed row. Greedy is one pass. Top-k uses a bounded insertion list (k ≤ 1024)
-//! or `select_nth_unstable` (larger k). Top-p without top-k sums the probabilities in one pass,
-//! then sorts only the tokens with probability ≥ (1 − top_p)/64 (a prefix of the sorted order:
-//! when it already reaches `top_p` the answer is exact), else the tokens with probability
-//! ≥ (1 − top_p)/vocab, whose mass is provably > `top_p`.
+//! on top of the borrowed row. Greedy is one pass (max, argmax and the top-N logprobs together);
+//! logprobs add one exp-sum pass. Top-k keeps a bounded insertion list (k ≤ 1024) or uses
+//! `select_nth_unstable` (larger k). Top-p without top-k sums the probabilities in one pass,
+//! gathers the tokens with probability ≥ (1 − top_p)/64 (a prefix of the sorted order: when it
+//! already reaches `top_p` the answer is exact), else those with probability ≥
+//! (1 − top_p)/vocab (whose mass provably exceeds `top_p`), and finds the nucleus among them by
+//! quickselect on mass (expected linear, no full sort). Min-p alone is one threshold pass.
+//! Nothing sorts the whole vocabulary.
 
 mod row;
 mod seq;
@@ -201,3 +204,6 @@ pub fn argmax(xs: &[f32]) -> usize {
     }
     best
 }
+
+#[cfg(test)]
+mod tests;

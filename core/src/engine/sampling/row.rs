@@ -152,14 +152,59 @@ pub(crate) fn sum_exp(row: &Row, t: f32, ms: f32) -> f64 {
     z
 }
 
-/// Entries with `v / t − ms >= x_min`, sorted by [`desc`].
-pub(crate) fn at_least(row: &Row, t: f32, ms: f32, x_min: f32) -> Vec<(u32, f32)> {
+/// Entries whose scaled logit `f64(v / t) − f64(ms)` (the exponent of [`weight`]) is at
+/// least `x_min`, in index order. Any threshold selects a prefix of the row's [`desc`] order.
+pub(crate) fn gather(row: &Row, t: f32, ms: f32, x_min: f64) -> Vec<(u32, f32)> {
     let mut out = Vec::new();
+    let ms = ms as f64;
     row.each(|i, v| {
-        if v / t - ms >= x_min {
+        if (v / t) as f64 - ms >= x_min {
             out.push((i as u32, v));
         }
     });
-    out.sort_unstable_by(desc);
     out
+}
+
+/// The top-p set: the shortest [`desc`]-prefix of `c` whose mass `Σ w(v) / z` reaches `tp`,
+/// found by quickselect (expected O(len), no full sort); its entries in no particular order.
+/// `c` must itself be a prefix of the row's [`desc`] order. `Err(c)` when all of `c` does not
+/// reach `tp`.
+pub(crate) fn nucleus(
+    c: Vec<(u32, f32)>,
+    z: f64,
+    tp: f64,
+    w: impl Fn(f32) -> f64,
+) -> Result<Vec<(u32, f32)>, Vec<(u32, f32)>> {
+    // Each candidate's normalised probability, computed once.
+    let mut c: Vec<(u32, f32, f64)> = c.into_iter().map(|(i, v)| (i, v, w(v) / z)).collect();
+    let total: f64 = c.iter().map(|e| e.2).sum();
+    let strip = |c: Vec<(u32, f32, f64)>| c.into_iter().map(|e| (e.0, e.1)).collect::<Vec<_>>();
+    if total < tp {
+        return Err(strip(c));
+    }
+    let order = |a: &(u32, f32, f64), b: &(u32, f32, f64)| desc(&(a.0, a.1), &(b.0, b.1));
+    // Invariant: c[..lo] are the lo best (mass `acc` < tp); the answer has length in (lo, hi].
+    let (mut lo, mut hi, mut acc) = (0usize, c.len(), 0.0f64);
+    while hi - lo > 64 {
+        let mid = lo + (hi - lo) / 2;
+        c[lo..hi].select_nth_unstable_by(mid - lo, order);
+        let m: f64 = c[lo..=mid].iter().map(|e| e.2).sum();
+        if acc + m >= tp {
+            hi = mid + 1;
+        } else {
+            acc += m;
+            lo = mid + 1;
+        }
+    }
+    c[lo..hi].sort_unstable_by(order);
+    for i in lo..hi {
+        acc += c[i].2;
+        if acc >= tp {
+            c.truncate(i + 1);
+            return Ok(strip(c));
+        }
+    }
+    // Summation order left the total a hair below tp: the top `hi` reach it by construction.
+    c.truncate(hi);
+    Ok(strip(c))
 }

@@ -183,14 +183,16 @@ impl SeqSampler {
                     // prefix that reaches p among them is the exact answer.
                     let mut kept = Vec::new();
                     for c in [(1.0 - tp) / 64.0, (1.0 - tp) / n as f64, 0.0] {
-                        let x_min = if c > 0.0 { ((c * z).ln() as f32) - 1e-6 } else { f32::NEG_INFINITY };
-                        kept = row::at_least(row, t, ms, x_min);
-                        if let Some(len) = prefix(&kept, z, tp, &w) {
-                            kept.truncate(len);
-                            break;
+                        let x_min = if c > 0.0 { (c * z).ln() - 1e-9 } else { f64::NEG_INFINITY };
+                        match row::nucleus(row::gather(row, t, ms, x_min), z, tp, w) {
+                            Ok(k) => {
+                                kept = k;
+                                break;
+                            }
+                            // Rounding kept the whole row below p: everything stays.
+                            Err(all) => kept = all,
                         }
                     }
-                    // Rounding kept the whole row below p: everything stays (as top-k alone).
                     kept
                 }
             });
@@ -199,7 +201,7 @@ impl SeqSampler {
             let mp = mp as f64;
             cand = Some(match cand {
                 Some(c) => c.into_iter().filter(|e| w(e.1) >= mp).collect(),
-                None => row::at_least(row, t, ms, f32::NEG_INFINITY).into_iter().filter(|e| w(e.1) >= mp).collect(),
+                None => row::gather(row, t, ms, mp.ln() - 1e-9).into_iter().filter(|e| w(e.1) >= mp).collect(),
             });
         }
         let Some(mut c) = cand else {
