@@ -96,29 +96,72 @@ pub(crate) struct Scan {
     pub top: Vec<(u32, f32)>,
 }
 
-/// Max, first argmax, NaN check and the `n_top` best entries in one pass.
+/// Max, first argmax, NaN check and the `n_top` best entries in one pass (with `n_top` = 0:
+/// a lane-parallel max / NaN pass, then a search for the first index holding the max that
+/// stops there).
 pub(crate) fn scan(row: &Row, n_top: usize) -> Scan {
+    if n_top == 0 {
+        let (mut max, mut nan) = (f32::NEG_INFINITY, false);
+        let mut start = 0;
+        for &(id, v) in row.ov {
+            let (m, n) = max_nan(&row.raw[start..id as usize]);
+            (max, nan) = (if m > max { m } else { max }, nan | n | v.is_nan());
+            max = if v > max { v } else { max };
+            start = id as usize + 1;
+        }
+        let (m, n) = max_nan(&row.raw[start..]);
+        (max, nan) = (if m > max { m } else { max }, nan | n);
+        let argmax = first_eq(row, max);
+        return Scan { max, argmax, nan, top: Vec::new() };
+    }
     let (mut max, mut argmax, mut nan) = (f32::NEG_INFINITY, 0usize, false);
     let mut top = TopN::new(n_top);
-    if n_top == 0 {
-        row.each(|i, v| {
-            if v > max {
-                max = v;
-                argmax = i;
-            }
-            nan |= v.is_nan();
-        });
-    } else {
-        row.each(|i, v| {
-            if v > max {
-                max = v;
-                argmax = i;
-            }
-            nan |= v.is_nan();
-            top.push(i, v);
-        });
-    }
+    row.each(|i, v| {
+        if v > max {
+            max = v;
+            argmax = i;
+        }
+        nan |= v.is_nan();
+        top.push(i, v);
+    });
     Scan { max, argmax, nan, top: top.items }
+}
+
+/// Largest value (NaN ignored) and whether a NaN occurs, over 8 independent lanes.
+fn max_nan(xs: &[f32]) -> (f32, bool) {
+    let (mut m, mut nan) = ([f32::NEG_INFINITY; 8], [0u32; 8]);
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            let x = c[j];
+            m[j] = if x > m[j] { x } else { m[j] };
+            nan[j] |= x.is_nan() as u32;
+        }
+    }
+    let (mut max, mut any) = (f32::NEG_INFINITY, false);
+    for &x in m.iter().chain(rest) {
+        max = if x > max { x } else { max };
+    }
+    for &x in rest {
+        any |= x.is_nan();
+    }
+    (max, any || nan.iter().any(|&n| n != 0))
+}
+
+/// The first index whose value equals `max` (0 when none does, e.g. all NaN or −∞ rows).
+fn first_eq(row: &Row, max: f32) -> usize {
+    let mut start = 0;
+    for &(id, v) in row.ov {
+        if let Some(i) = row.raw[start..id as usize].iter().position(|&x| x == max) {
+            return start + i;
+        }
+        if v == max {
+            return id as usize;
+        }
+        start = id as usize + 1;
+    }
+    row.raw[start..].iter().position(|&x| x == max).map_or(0, |i| start + i)
 }
 
 /// The `k` best entries by [`desc`] (`k < len`).
