@@ -96,22 +96,28 @@ pub(crate) struct Scan {
     pub top: Vec<(u32, f32)>,
 }
 
-/// Max, first argmax, NaN check and the `n_top` best entries in one pass (with `n_top` = 0:
-/// a lane-parallel max / NaN pass, then a search for the first index holding the max that
-/// stops there).
+/// Max, first argmax, NaN check and the `n_top` best entries in one pass (lane-parallel
+/// when `n_top` = 0).
 pub(crate) fn scan(row: &Row, n_top: usize) -> Scan {
     if n_top == 0 {
-        let (mut max, mut nan) = (f32::NEG_INFINITY, false);
+        let (mut max, mut argmax, mut nan) = (f32::NEG_INFINITY, 0usize, false);
+        // Segments come in index order: a later one wins only with a strictly larger value.
+        let mut take = |m: f32, i: usize| {
+            if m > max {
+                (max, argmax) = (m, i);
+            }
+        };
         let mut start = 0;
         for &(id, v) in row.ov {
-            let (m, n) = max_nan(&row.raw[start..id as usize]);
-            (max, nan) = (if m > max { m } else { max }, nan | n | v.is_nan());
-            max = if v > max { v } else { max };
+            let (m, i, n) = max_nan(&row.raw[start..id as usize]);
+            take(m, start + i);
+            take(v, id as usize);
+            nan |= n | v.is_nan();
             start = id as usize + 1;
         }
-        let (m, n) = max_nan(&row.raw[start..]);
-        (max, nan) = (if m > max { m } else { max }, nan | n);
-        let argmax = first_eq(row, max);
+        let (m, i, n) = max_nan(&row.raw[start..]);
+        take(m, start + i);
+        nan |= n;
         return Scan { max, argmax, nan, top: Vec::new() };
     }
     let (mut max, mut argmax, mut nan) = (f32::NEG_INFINITY, 0usize, false);
@@ -127,41 +133,37 @@ pub(crate) fn scan(row: &Row, n_top: usize) -> Scan {
     Scan { max, argmax, nan, top: top.items }
 }
 
-/// Largest value (NaN ignored) and whether a NaN occurs, over 8 independent lanes.
-fn max_nan(xs: &[f32]) -> (f32, bool) {
-    let (mut m, mut nan) = ([f32::NEG_INFINITY; 8], [0u32; 8]);
-    let chunks = xs.chunks_exact(8);
+/// Largest value (NaN ignored), its first index, and whether a NaN occurs, over 8
+/// independent lanes (each keeps its first maximum; the smallest index wins among equal lanes).
+fn max_nan(xs: &[f32]) -> (f32, usize, bool) {
+    const L: usize = 8;
+    let (mut m, mut at, mut nan) = ([f32::NEG_INFINITY; L], [0u32; L], [0u32; L]);
+    let chunks = xs.chunks_exact(L);
     let rest = chunks.remainder();
-    for c in chunks {
-        for j in 0..8 {
+    for (c, base) in chunks.zip((0u32..).step_by(L)) {
+        for j in 0..L {
             let x = c[j];
-            m[j] = if x > m[j] { x } else { m[j] };
+            let better = x > m[j];
+            m[j] = if better { x } else { m[j] };
+            at[j] = if better { base + j as u32 } else { at[j] };
             nan[j] |= x.is_nan() as u32;
         }
     }
-    let (mut max, mut any) = (f32::NEG_INFINITY, false);
-    for &x in m.iter().chain(rest) {
-        max = if x > max { x } else { max };
+    let (mut max, mut arg) = (f32::NEG_INFINITY, 0usize);
+    for j in 0..L {
+        if m[j] > max || (m[j] == max && (at[j] as usize) < arg) {
+            (max, arg) = (m[j], at[j] as usize);
+        }
     }
-    for &x in rest {
+    let tail = xs.len() - rest.len();
+    let mut any = nan.iter().any(|&n| n != 0);
+    for (i, &x) in rest.iter().enumerate() {
+        if x > max {
+            (max, arg) = (x, tail + i);
+        }
         any |= x.is_nan();
     }
-    (max, any || nan.iter().any(|&n| n != 0))
-}
-
-/// The first index whose value equals `max` (0 when none does, e.g. all NaN or −∞ rows).
-fn first_eq(row: &Row, max: f32) -> usize {
-    let mut start = 0;
-    for &(id, v) in row.ov {
-        if let Some(i) = row.raw[start..id as usize].iter().position(|&x| x == max) {
-            return start + i;
-        }
-        if v == max {
-            return id as usize;
-        }
-        start = id as usize + 1;
-    }
-    row.raw[start..].iter().position(|&x| x == max).map_or(0, |i| start + i)
+    (max, arg, any)
 }
 
 /// The `k` best entries by [`desc`] (`k < len`).

@@ -333,3 +333,36 @@ fn sampling_frequencies_match_the_distribution() {
         eprintln!("{p:?}: chi2 {chi2:.1} over {cells} cells < {crit:.1}");
     }
 }
+
+#[test]
+fn lane_parallel_greedy_keeps_the_first_index_on_ties() {
+    // Quantised rows (many ties), with and without overrides (repetition penalty, a masked id):
+    // the lane-parallel greedy scan equals the sequential one (the logprobs path) and argmax.
+    for salt in 0..300u64 {
+        let n = 1 + (salt as usize * 37) % 200;
+        let r: Vec<f32> = row(n, salt).iter().map(|v| v.round().min(2.0)).collect();
+        let pen = salt % 2 == 1;
+        let p = SamplingParams {
+            repetition_penalty: if pen { 1.5 } else { 1.0 },
+            stop: StopParams { min_tokens: if pen { 1 } else { 0 }, ..Default::default() },
+            ..Default::default()
+        };
+        let mut a = SeqSampler::new(p.clone()).unwrap();
+        let mut b = SeqSampler::new(SamplingParams { logprobs: Some(1), ..p }).unwrap();
+        let prompt: Vec<u32> = (0..n as u32).step_by(3).collect();
+        a.observe_prompt(&prompt);
+        b.observe_prompt(&prompt);
+        let eos = [(salt % n as u64) as u32];
+        let (ta, tb) = (a.sample(&r, 0, &eos), b.sample(&r, 0, &eos));
+        match (ta, tb) {
+            (Ok(x), Ok(y)) => {
+                assert_eq!(x.token, y.token, "salt {salt}");
+                if !pen {
+                    assert_eq!(x.token as usize, argmax(&r), "salt {salt}");
+                }
+            }
+            (Err(_), Err(_)) => {}
+            (x, y) => panic!("salt {salt}: {x:?} vs {y:?}"),
+        }
+    }
+}
