@@ -46,6 +46,9 @@ impl Row<'_> {
     }
 }
 
+/// `(index, value)` pairs.
+pub(crate) type Entries = Vec<(u32, f32)>;
+
 /// Larger value first, lower index first on ties (the order of a stable descending sort).
 pub(crate) fn desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
@@ -214,12 +217,7 @@ pub(crate) fn gather(row: &Row, t: f32, ms: f32, x_min: f64) -> Vec<(u32, f32)> 
 /// found by quickselect (expected O(len), no full sort); its entries in no particular order.
 /// `c` must itself be a prefix of the row's [`desc`] order. `Err(c)` when all of `c` does not
 /// reach `tp`.
-pub(crate) fn nucleus(
-    c: Vec<(u32, f32)>,
-    z: f64,
-    tp: f64,
-    w: impl Fn(f32) -> f64,
-) -> Result<Vec<(u32, f32)>, Vec<(u32, f32)>> {
+pub(crate) fn nucleus(c: Vec<(u32, f32)>, z: f64, tp: f64, w: impl Fn(f32) -> f64) -> Result<Entries, Entries> {
     // Each candidate's normalised probability, computed once.
     let mut c: Vec<(u32, f32, f64)> = c.into_iter().map(|(i, v)| (i, v, w(v) / z)).collect();
     let total: f64 = c.iter().map(|e| e.2).sum();

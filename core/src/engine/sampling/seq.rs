@@ -312,8 +312,10 @@ impl SeqSampler {
             return Ok(self.sample(&v[row * d..(row + 1) * d], out_len, eos)?.token);
         }
         if !self.params.device_compatible(out_len) {
+            // Penalties, min-p, masks or logprobs: the row comes to the host.
             let host = logits.narrow_rows(row, 1)?.to_host()?;
-            return Ok(self.sample(host.row(0), out_len, eos)?.token);
+            let v = host.host_f32()?;
+            return Ok(self.sample(&v, out_len, eos)?.token);
         }
         let u = if self.params.temperature == 0.0 { 0.0 } else { self.uniform() as f32 };
         let p = &self.params;
