@@ -39,7 +39,7 @@ pub fn sampling(temperature: f32, top_k: Option<usize>, top_p: Option<f32>, seed
             return Err(bad("--top-p", p, "in (0, 1]"));
         }
     }
-    let params = SamplingParams { temperature, top_k, top_p, seed };
+    let params = SamplingParams { temperature, top_k, top_p, seed: Some(seed), ..Default::default() };
     params.validate()?;
     Ok(params)
 }

@@ -1,6 +1,6 @@
 //! Shared helpers of the engine tests (CPU in tests/engine.rs, CUDA in tests/gpu.rs).
 
-use porter_core::engine::{EngineConfig, EngineCore, Event, RequestParams, TokenOut};
+use porter_core::engine::{EngineConfig, EngineCore, Event, SamplingParams, StopParams, TokenOut};
 use porter_core::{DType, Device, Model};
 use std::collections::HashMap;
 
@@ -26,14 +26,18 @@ pub fn cfg(seqs: usize, budget: usize, blocks: usize) -> EngineConfig {
     EngineConfig { max_num_batched_tokens: budget, max_num_seqs: seqs, block_size: 16, num_blocks: blocks }
 }
 
-pub fn greedy(max_tokens: usize) -> RequestParams {
-    RequestParams { max_tokens, ignore_eos: true, logprobs: Some(5), ..Default::default() }
+pub fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        logprobs: Some(5),
+        stop: StopParams { max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() },
+        ..Default::default()
+    }
 }
 
 /// Runs every request to completion; returns each one's tokens and final event.
 pub fn run_all(
     e: &mut EngineCore<&Model>,
-    reqs: &[(u64, Vec<u32>, RequestParams)],
+    reqs: &[(u64, Vec<u32>, SamplingParams)],
 ) -> HashMap<u64, (Vec<TokenOut>, Event)> {
     for (id, p, params) in reqs {
         e.add_request(*id, p.clone(), params.clone()).unwrap();

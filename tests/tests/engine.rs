@@ -4,8 +4,7 @@
 //! randomized requests with aborts and preemptions (no leaked block or slot), admission
 //! errors, and the threaded engine's streams.
 
-use porter_core::engine::{Engine, EngineCore, Event, Finish, RequestParams, TokenOut};
-use porter_core::sampling::SamplingParams;
+use porter_core::engine::{Engine, EngineCore, Event, Finish, SamplingParams, StopParams, TokenOut};
 use porter_core::{DType, Device};
 use std::collections::HashMap;
 use tests::engine_util::{cfg, greedy, invariance, run_all, Rng};
@@ -61,7 +60,8 @@ fn no_leaks_no_lost_requests() {
                 if rng.below(3) == 0 {
                     p[..len.min(16)].iter_mut().for_each(|t| *t = 5);
                 }
-                let params = RequestParams { max_tokens: 1 + rng.below(24), ..Default::default() };
+                let stop = StopParams { max_tokens: Some(1 + rng.below(24)), ..Default::default() };
+                let params = SamplingParams { stop, ..Default::default() };
                 e.add_request(next, p, params).unwrap();
                 open.push(next);
                 next += 1;
@@ -109,9 +109,12 @@ fn admission_errors_name_the_problem() {
     assert!(empty.contains("empty"), "{empty}");
     let vocab = e.add_request(3, vec![9999], greedy(1)).unwrap_err().to_string();
     assert!(vocab.contains("out of range"), "{vocab}");
-    let bad = RequestParams { min_tokens: 5, max_tokens: 2, ..Default::default() };
+    let bad = SamplingParams {
+        stop: StopParams { min_tokens: 5, max_tokens: Some(2), ..Default::default() },
+        ..Default::default()
+    };
     assert!(e.add_request(4, vec![1], bad).unwrap_err().to_string().contains("min_tokens"));
-    let lp = RequestParams { logprobs: Some(21), ..Default::default() };
+    let lp = SamplingParams { logprobs: Some(21), ..Default::default() };
     assert!(e.add_request(5, vec![1], lp).unwrap_err().to_string().contains("logprobs"));
     assert!(!e.has_work(), "nothing refused is queued");
     let zero = EngineCore::new(&m, cfg(0, 64, 4)).err().map(|e| e.to_string()).unwrap_or_default();
@@ -126,17 +129,19 @@ fn min_tokens_and_stop_ids() {
     let free = run_all(&mut e, &[(0, prompt.clone(), greedy(8))]).remove(&0).unwrap();
     let first = free.0[0].id;
     // Stopping at the first greedy token...
-    let stop = RequestParams { stop_token_ids: vec![first], ..greedy(8) };
+    let mut stop = greedy(8);
+    stop.stop.stop_token_ids = vec![first];
     let got = run_all(&mut e, &[(1, prompt.clone(), stop.clone())]).remove(&1).unwrap();
     assert_eq!(got.0.len(), 1);
     assert!(matches!(got.1, Event::Done(ref f) if f.reason == Finish::Stop));
     // ...unless min_tokens masks it.
-    let min = RequestParams { min_tokens: 3, ..stop };
+    let mut min = stop;
+    min.stop.min_tokens = 3;
     let got = run_all(&mut e, &[(2, prompt, min)]).remove(&2).unwrap();
     assert!(got.0.len() >= 3 && got.0[0].id != first);
     // Log-probabilities: the chosen (greedy) token is the top alternative.
     assert_eq!(free.0[0].top[0].0, first);
-    assert_eq!(free.0[0].top[0].1, free.0[0].logprob);
+    assert_eq!(Some(free.0[0].top[0].1), free.0[0].logprob);
     assert!(free.0[0].top.windows(2).all(|w| w[0].1 >= w[1].1));
 }
 
@@ -181,7 +186,7 @@ fn mtp_in_the_batch_is_exact() {
         let m = load(main, DType::F32).unwrap();
         let mcfg = config::read_config(&tests::fixture(main)).unwrap();
         let mut rng = Rng(77);
-        let reqs: Vec<(u64, Vec<u32>, RequestParams)> = (0..6u64)
+        let reqs: Vec<(u64, Vec<u32>, SamplingParams)> = (0..6u64)
             .map(|i| {
                 let len = 3 + rng.below(90);
                 (i, rng.prompt(len, m.info.vocab_size), greedy(8 + rng.below(24)))
@@ -267,7 +272,7 @@ fn mtp_in_the_batch_accepts_and_rolls_back_exactly() {
     for main in ["qwen3_next_a", "qwen3"] {
         let m = load(main, DType::F32).unwrap();
         let mut rng = Rng(99);
-        let reqs: Vec<(u64, Vec<u32>, RequestParams)> = (0..6u64)
+        let reqs: Vec<(u64, Vec<u32>, SamplingParams)> = (0..6u64)
             .map(|i| {
                 let len = 3 + rng.below(90);
                 (i, rng.prompt(len, m.info.vocab_size), greedy(20 + rng.below(20)))

@@ -187,7 +187,7 @@ fn cuda_sampling_matches_cpu() {
     let gpu = load_on("qwen3", DType::F32, dev).unwrap();
     let prompt: Vec<u32> = vec![1, 2, 3, 4];
     for (t, k, p) in [(0.8, Some(20), None), (1.0, None, Some(0.9)), (0.7, Some(50), Some(0.8))] {
-        let params = SamplingParams { temperature: t, top_k: k, top_p: p, seed: 1234 };
+        let params = SamplingParams { temperature: t, top_k: k, top_p: p, seed: Some(1234), ..Default::default() };
         let a = generate(&cpu, &prompt, params.clone(), 16, &[]).unwrap().ids;
         let b = generate(&gpu, &prompt, params, 16, &[]).unwrap().ids;
         assert_eq!(a, b, "sampling t={t} k={k:?} p={p:?}: device and host samplers disagree");

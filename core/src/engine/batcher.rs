@@ -9,8 +9,9 @@
 
 use crate::bail;
 use crate::batch::Batch;
-use crate::engine::request::{EngineStats, Event, Finish, Finished, RequestId, RequestParams, TokenOut};
-use crate::engine::sampling::Sampler;
+use crate::engine::generate::FinishReason;
+use crate::engine::request::{EngineStats, Event, Finish, Finished, RequestId, TokenOut};
+use crate::engine::sampling::{SamplingParams, SeqSampler};
 use crate::engine::scheduler::{SchedConfig, SchedSeq, Scheduler};
 use crate::engine::speculative::MtpMode;
 use crate::error::Result;
@@ -62,11 +63,11 @@ impl EngineConfig {
 
 /// One request inside the engine.
 struct Live {
-    params: RequestParams,
-    sampler: Sampler,
+    sampler: SeqSampler,
     prompt_len: usize,
     generated: usize,
-    stop: Vec<u32>,
+    /// The request's end: its `max_tokens` (at most what the context and the pool hold).
+    max_tokens: usize,
     /// The request's slot in each draft cache (speculative decoding), while admitted.
     dseqs: Vec<SeqId>,
     /// Draft tokens to verify next step and the distributions they were drawn from.
@@ -202,6 +203,12 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         Ok(e)
     }
 
+    /// Replaces the model's end-of-sequence ids (config.json and generation_config.json)
+    /// for the requests added from now on.
+    pub fn set_eos(&mut self, eos: Vec<u32>) {
+        self.eos = eos;
+    }
+
     /// The model.
     pub fn model(&self) -> &Model {
         &self.model
@@ -231,9 +238,9 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
     /// # Errors
     /// Bad parameters, an empty prompt, ids outside the vocabulary, a request that needs
     /// more positions than the context or the whole KV pool holds, or a duplicate id.
-    pub fn add_request(&mut self, id: RequestId, prompt: Vec<u32>, params: RequestParams) -> Result<()> {
+    pub fn add_request(&mut self, id: RequestId, prompt: Vec<u32>, params: SamplingParams) -> Result<()> {
         let vocab = self.model.info.vocab_size;
-        params.validate(vocab)?;
+        crate::engine::request::validate(&params, vocab)?;
         if self.live.contains_key(&id) {
             bail!(Input, "request id {id} is already in use");
         }
@@ -244,7 +251,10 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             bail!(Input, "token id {bad} is out of range: the vocabulary has {vocab} entries");
         }
         let k = self.drafting.as_ref().map_or(0, |d| d.spec.k);
-        let need = prompt.len().saturating_add(params.max_tokens).saturating_add(k);
+        // Without max_tokens a request runs until the context or the whole pool is full.
+        let room = self.ctx.min(self.capacity_tokens).saturating_sub(prompt.len() + k);
+        let max_tokens = params.stop.max_tokens.unwrap_or(room.max(1));
+        let need = prompt.len().saturating_add(max_tokens).saturating_add(k);
         if prompt.len() >= self.ctx {
             bail!(Input, "the prompt ({} tokens) does not fit the context of {} positions", prompt.len(), self.ctx);
         }
@@ -254,24 +264,20 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 "the prompt ({} tokens) plus max_tokens = {} need {need} KV positions, more than the whole KV cache \
                  holds ({} positions); lower max_tokens or give the cache more memory",
                 prompt.len(),
-                params.max_tokens,
+                max_tokens,
                 self.capacity_tokens
             );
         }
-        let sampler = Sampler::new(params.sampling.clone())?;
-        let mut stop = params.stop_token_ids.clone();
-        if !params.ignore_eos {
-            stop.extend(self.eos.iter().copied());
-        }
+        let mut sampler = SeqSampler::new(params)?;
+        sampler.observe_prompt(&prompt);
         let prompt_len = prompt.len();
         self.seqs
-            .insert(id, SchedSeq { tokens: prompt, computed: 0, seq: None, cached: 0, preemptions: 0, lookahead: 0 });
+            .insert(id, SchedSeq { tokens: prompt, computed: 0, seq: None, cached: 0, prompt_len, preemptions: 0, lookahead: 0 });
         let live = Live {
-            params,
             sampler,
             prompt_len,
             generated: 0,
-            stop,
+            max_tokens,
             dseqs: Vec::new(),
             proposal: Vec::new(),
             dists: Vec::new(),
@@ -368,6 +374,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         self.stats.batched_tokens += batch.len() as u64;
         // [R, vocab] logits of the selected rows.
         let logits = fwd.logits.to_host()?;
+        let eos = self.eos.clone();
+        let spec_k = self.drafting.as_ref().map_or(0, |d| d.spec.k);
         let mut catchups = Vec::new();
         for (i, it) in plan.items.iter().enumerate() {
             let span = batch.spans[i];
@@ -384,51 +392,50 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 continue;
             }
             // The tokens this step emits: a sampled one, or the accepted drafts plus a bonus.
+            // Row j is scored with the tokens before it counted (penalties, min_tokens).
             let lrow = |j: usize| logits.row(first_row[i] + j);
-            let mut emitted: Vec<u32> = Vec::new();
-            let mut rows_used = Vec::new();
+            let mut emitted: Vec<crate::engine::sampling::Sampled> = Vec::new();
             if r.lookahead == 0 {
-                let masked = mask_stops(lrow(0), &l.stop, l.generated < l.params.min_tokens);
-                emitted.push(l.sampler.sample(&masked));
-                rows_used.push(masked);
+                let sd = l.sampler.sample(lrow(0), l.generated, &eos)?;
+                l.sampler.accept(sd.token);
+                emitted.push(sd);
             } else {
                 let k = r.lookahead;
-                let mut bonus = None;
+                let mut rejected = false;
                 for j in 0..k {
-                    let masked = mask_stops(lrow(j), &l.stop, l.generated + j < l.params.min_tokens);
-                    let p = l.sampler.distribution(&masked);
-                    let d = l.proposal[j] as usize;
-                    let (pd, qd) = (p[d] as f64, l.dists[j][d] as f64);
-                    rows_used.push(masked);
-                    if qd > 0.0 && l.sampler.uniform() < (pd / qd).min(1.0) {
-                        emitted.push(l.proposal[j]);
+                    let out_len = l.generated + j;
+                    let p = l.sampler.probs(lrow(j), out_len, &eos)?;
+                    let d = l.proposal[j];
+                    let (pd, qd) = (p[d as usize] as f64, l.dists[j][d as usize] as f64);
+                    let tok = if qd > 0.0 && l.sampler.uniform() < (pd / qd).min(1.0) {
                         if let Some(a) = self.stats.spec_accepted_at.get_mut(j) {
                             *a += 1;
                         }
+                        d
                     } else {
                         // Residual distribution max(0, p − q), renormalised.
+                        rejected = true;
                         let mut res: Vec<f32> = p.iter().zip(&l.dists[j]).map(|(a, b)| (a - b).max(0.0)).collect();
                         let sum: f32 = res.iter().sum();
-                        bonus = Some(if sum > 0.0 {
+                        if sum > 0.0 {
                             res.iter_mut().for_each(|v| *v /= sum);
                             l.sampler.sample_from(&res)
                         } else {
                             l.sampler.sample_from(&p)
-                        });
+                        }
+                    };
+                    emitted.push(l.sampler.report_for(lrow(j), out_len, &eos, tok)?);
+                    l.sampler.accept(tok);
+                    if rejected {
                         break;
                     }
                 }
-                let accepted = emitted.len();
-                let bonus = match bonus {
-                    Some(b) => b,
-                    None => {
-                        let masked = mask_stops(lrow(k), &l.stop, l.generated + k < l.params.min_tokens);
-                        let b = l.sampler.sample(&masked);
-                        rows_used.push(masked);
-                        b
-                    }
-                };
-                emitted.push(bonus);
+                let accepted = emitted.len() - usize::from(rejected);
+                if !rejected {
+                    let sd = l.sampler.sample(lrow(k), l.generated + k, &eos)?;
+                    l.sampler.accept(sd.token);
+                    emitted.push(sd);
+                }
                 l.drafted += k;
                 l.accepted += accepted;
                 self.stats.spec_drafted += k as u64;
@@ -445,18 +452,22 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             l.proposal.clear();
             l.dists.clear();
             let mut reason = None;
-            for (j, &tok) in emitted.iter().enumerate() {
-                let (logprob, top) = logprobs(&rows_used[j], tok, l.params.logprobs.unwrap_or(0));
+            for sd in emitted {
+                let tok = sd.token;
                 r.tokens.push(tok);
                 l.generated += 1;
                 self.stats.generated_tokens += 1;
-                out.push((it.id, Event::Token(TokenOut { id: tok, logprob, top })));
-                reason = if l.generated >= l.params.min_tokens && l.stop.contains(&tok) {
-                    Some(Finish::Stop)
-                } else if l.generated >= l.params.max_tokens || r.tokens.len() >= self.ctx {
-                    Some(Finish::Length)
-                } else {
-                    None
+                out.push((it.id, Event::Token(TokenOut { id: tok, logprob: sd.logprob, top: sd.top })));
+                reason = match l.sampler.params().stop.finish(tok, l.generated, &eos) {
+                    Some(FinishReason::Eos) => Some(Finish::Stop),
+                    Some(FinishReason::Length) => Some(Finish::Length),
+                    None if l.generated >= l.max_tokens
+                        || r.tokens.len() >= self.ctx
+                        || r.tokens.len() + spec_k >= self.capacity_tokens =>
+                    {
+                        Some(Finish::Length)
+                    }
+                    None => None,
                 };
                 if reason.is_some() {
                     break;
@@ -488,6 +499,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
     fn draft(&mut self, hidden: &crate::tensor::Tensor, work: Vec<CatchUp>) -> Result<()> {
         let Some(d) = self.drafting.as_mut() else { return Ok(()) };
         let main: &Model = &self.model;
+        let eos = self.eos.clone();
         let k = d.spec.k;
         // Slots for requests new to the drafts (first step after admission).
         for w in &work {
@@ -520,8 +532,11 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 continue;
             }
             let l = self.live.get_mut(&w.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", w.id))?;
-            let q = l.sampler.distribution(logits.row(i));
+            // Drafts are drawn from the request's own distribution; they are counted
+            // (penalties) while the later ones are drawn, then forgotten.
+            let q = l.sampler.probs(logits.row(i), l.generated, &eos)?;
             let tok = l.sampler.sample_from(&q);
+            l.sampler.accept(tok);
             l.proposal = vec![tok];
             l.dists = vec![q];
             let s = batch.spans[i];
@@ -545,8 +560,10 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             hs.clear();
             for (j, (id, _, _)) in props.iter().enumerate() {
                 let l = self.live.get_mut(id).ok_or_else(|| crate::err!(Internal, "request {id} vanished"))?;
-                let q = l.sampler.distribution(lg.row(j));
-                l.proposal.push(l.sampler.sample_from(&q));
+                let q = l.sampler.probs(lg.row(j), l.generated + step, &eos)?;
+                let tok = l.sampler.sample_from(&q);
+                l.sampler.accept(tok);
+                l.proposal.push(tok);
                 l.dists.push(q);
                 hs.push(o.hidden.narrow_rows(j, 1)?);
             }
@@ -554,6 +571,9 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         for (id, _, _) in &props {
             if let Some(r) = self.seqs.get_mut(id) {
                 r.lookahead = k;
+            }
+            if let Some(l) = self.live.get_mut(id) {
+                l.sampler.truncate_output(l.generated);
             }
         }
         Ok(())
@@ -579,34 +599,4 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
     pub fn cache(&self) -> &ModelCache {
         &self.cache
     }
-}
-
-/// `log_softmax(row)[tok]` and the top `n` `(id, logprob)`, best first (lower id on ties).
-fn logprobs(row: &[f32], tok: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + row.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>().ln() as f32;
-    let lp = |i: usize| row[i] - lse;
-    let mut top: Vec<(u32, f32)> = Vec::new();
-    if n > 0 {
-        let mut idx: Vec<usize> = (0..row.len()).collect();
-        let k = n.min(row.len());
-        idx.select_nth_unstable_by(k - 1, |&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-        idx.truncate(k);
-        idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-        top = idx.into_iter().map(|i| (i as u32, lp(i))).collect();
-    }
-    (lp(tok as usize), top)
-}
-
-/// A logits row with the stop ids masked to −∞ while `mask` (`min_tokens` not reached).
-fn mask_stops(row: &[f32], stop: &[u32], mask: bool) -> Vec<f32> {
-    let mut r = row.to_vec();
-    if mask {
-        for &s in stop {
-            if let Some(v) = r.get_mut(s as usize) {
-                *v = f32::NEG_INFINITY;
-            }
-        }
-    }
-    r
 }

@@ -3,8 +3,8 @@
 
 use crate::bail;
 use crate::engine::batcher::{EngineConfig, EngineCore};
-use crate::engine::request::{Event, Finish, RequestParams};
-use crate::engine::sampling::{Sampler, SamplingParams};
+use crate::engine::request::{Event, Finish};
+use crate::engine::sampling::{SamplingParams, SeqSampler};
 use crate::error::Result;
 use crate::model::Model;
 
@@ -55,7 +55,9 @@ pub fn check_context(model: &Model, prompt_len: usize, max_tokens: usize, lookah
     Ok(())
 }
 
-/// Generates up to `max_tokens` ids after `prompt`, stopping after any id in `stop_ids`.
+/// Generates up to `max_tokens` ids after `prompt`, stopping after any id in `stop_ids` (the
+/// model's eos ids). `params.stop` applies too: its `max_tokens` lowers the limit, its
+/// `stop_token_ids` also stop, `min_tokens` masks the stop ids, `ignore_eos` disables `stop_ids`.
 ///
 /// Runs on the serving engine ([`EngineCore`], one sequence, the prompt prefilled in one
 /// step, then one token per step). `prompt.len() + max_tokens` must fit the context
@@ -68,9 +70,10 @@ pub fn generate(
     max_tokens: usize,
     stop_ids: &[u32],
 ) -> Result<Generation> {
+    let max_tokens = max_tokens.min(params.stop.max_tokens.unwrap_or(usize::MAX));
     check_context(model, prompt.len(), max_tokens, 0)?;
     if max_tokens == 0 {
-        Sampler::new(params)?;
+        SeqSampler::new(params)?;
         return Ok(Generation { ids: Vec::new(), finish: FinishReason::Length });
     }
     let block_size = crate::state::DEFAULT_BLOCK_SIZE;
@@ -82,14 +85,11 @@ pub fn generate(
         num_blocks: (prompt.len() + max_tokens).div_ceil(block_size),
     };
     let mut engine = EngineCore::new(model, cfg)?;
-    let req = RequestParams {
-        sampling: params,
-        max_tokens,
-        stop_token_ids: stop_ids.to_vec(),
-        ignore_eos: true,
-        ..Default::default()
-    };
-    engine.add_request(0, prompt.to_vec(), req)?;
+    // `stop_ids` are this call's eos ids (instead of the model's).
+    engine.set_eos(stop_ids.to_vec());
+    let mut params = params;
+    params.stop.max_tokens = Some(max_tokens);
+    engine.add_request(0, prompt.to_vec(), params)?;
     let mut ids = Vec::with_capacity(max_tokens.min(1 << 16));
     loop {
         for (_, ev) in engine.step()? {

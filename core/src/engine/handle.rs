@@ -2,7 +2,8 @@
 //! arrive from any thread through a channel and each gets its own event stream.
 
 use crate::engine::batcher::{EngineConfig, EngineCore};
-use crate::engine::request::{EngineStats, Event, RequestId, RequestParams};
+use crate::engine::request::{EngineStats, Event, RequestId};
+use crate::engine::sampling::SamplingParams;
 use crate::err;
 use crate::error::Result;
 use crate::model::Model;
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 enum Command {
-    Add { id: RequestId, prompt: Vec<u32>, params: RequestParams, events: Sender<Event>, ack: Sender<Result<()>> },
+    Add { id: RequestId, prompt: Vec<u32>, params: SamplingParams, events: Sender<Event>, ack: Sender<Result<()>> },
     Abort(RequestId),
     Shutdown,
 }
@@ -76,7 +77,7 @@ impl Engine {
     ///
     /// # Errors
     /// What [`EngineCore::add_request`] refuses, reported before anything runs.
-    pub fn add(&self, prompt: Vec<u32>, params: RequestParams) -> Result<RequestStream> {
+    pub fn add(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestStream> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (etx, erx) = mpsc::channel();
         let (atx, arx) = mpsc::channel();
@@ -136,6 +137,8 @@ fn run(mut core: EngineCore<Box<Model>>, rx: Receiver<Command>, stats: Arc<Mutex
                 }
                 Command::Abort(id) => {
                     if let Ok(Some(ev)) = core.abort(id) {
+                        // Counters first: whoever sees the end sees the freed blocks.
+                        publish(&core);
                         if let Some(tx) = streams.remove(&id) {
                             let _ = tx.send(ev);
                         }
@@ -163,6 +166,7 @@ fn run(mut core: EngineCore<Box<Model>>, rx: Receiver<Command>, stats: Arc<Mutex
             Ok(ev) => ev,
             Err(e) => core.fail_running(&e.to_string()),
         };
+        publish(&core);
         for (id, ev) in events {
             let end = !matches!(ev, Event::Token(_));
             let gone = match streams.get(&id) {
@@ -175,8 +179,8 @@ fn run(mut core: EngineCore<Box<Model>>, rx: Receiver<Command>, stats: Arc<Mutex
                 // The receiver went away: abort, nobody is listening.
                 streams.remove(&id);
                 let _ = core.abort(id);
+                publish(&core);
             }
         }
-        publish(&core);
     }
 }

@@ -12,4 +12,5 @@ pub mod speculative;
 
 pub use batcher::{EngineConfig, EngineCore};
 pub use handle::{Engine, RequestStream};
-pub use request::{EngineStats, Event, Finish, Finished, RequestId, RequestParams, TokenOut};
+pub use request::{EngineStats, Event, Finish, Finished, RequestId, TokenOut};
+pub use sampling::{SamplingParams, StopParams};

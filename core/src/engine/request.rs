@@ -7,59 +7,17 @@ use crate::error::Result;
 /// A request's id (unique per engine).
 pub type RequestId = u64;
 
-/// Per-request stopping and output parameters (sampling ones are in [`SamplingParams`]).
-#[derive(Clone, Debug, PartialEq)]
-pub struct RequestParams {
-    pub sampling: SamplingParams,
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// Stop tokens are ignored until this many tokens were generated.
-    pub min_tokens: usize,
-    /// Extra stop ids, on top of the model's eos ids (config.json and generation_config.json).
-    pub stop_token_ids: Vec<u32>,
-    /// Do not stop at the model's eos ids (the request's own stop ids still stop it).
-    pub ignore_eos: bool,
-    /// Log-probabilities of the top N alternatives of each generated token (N ≤ 20); the
-    /// chosen token's own log-probability is always reported.
-    pub logprobs: Option<usize>,
-}
-
-impl Default for RequestParams {
-    fn default() -> Self {
-        Self {
-            sampling: SamplingParams::default(),
-            max_tokens: 16,
-            min_tokens: 0,
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-            logprobs: None,
-        }
+/// Checks a request's parameters against the model: [`SamplingParams::validate`], stop ids
+/// inside the vocabulary.
+pub fn validate(params: &SamplingParams, vocab: usize) -> Result<()> {
+    params.validate()?;
+    if params.stop.max_tokens == Some(0) {
+        bail!(Input, "`max_tokens` must be >= 1");
     }
-}
-
-/// Most top alternatives a request may ask log-probabilities for.
-pub const MAX_LOGPROBS: usize = 20;
-
-impl RequestParams {
-    /// Rejects out-of-range values, naming the parameter.
-    pub fn validate(&self, vocab: usize) -> Result<()> {
-        self.sampling.validate()?;
-        if self.max_tokens == 0 {
-            bail!(Input, "`max_tokens` must be >= 1");
-        }
-        if self.min_tokens > self.max_tokens {
-            bail!(Input, "`min_tokens` ({}) must be <= `max_tokens` ({})", self.min_tokens, self.max_tokens);
-        }
-        if let Some(n) = self.logprobs {
-            if n > MAX_LOGPROBS {
-                bail!(Input, "`logprobs` must be <= {MAX_LOGPROBS}, got {n}");
-            }
-        }
-        if let Some(&bad) = self.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
-            bail!(Input, "stop token id {bad} is outside the vocabulary of {vocab}");
-        }
-        Ok(())
+    if let Some(&bad) = params.stop.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
+        bail!(Input, "stop token id {bad} is outside the vocabulary of {vocab}");
     }
+    Ok(())
 }
 
 /// Why a request finished (OpenAI's `finish_reason`).
@@ -87,9 +45,9 @@ impl Finish {
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenOut {
     pub id: u32,
-    /// Log-probability of the token under the request's processed distribution (see
-    /// [`crate::engine::sampling`]).
-    pub logprob: f32,
+    /// Log-probability of the token (log-softmax of the logits after penalties, see
+    /// [`crate::engine::sampling`]), when the request asked for log-probabilities.
+    pub logprob: Option<f32>,
     /// The top alternatives `(id, logprob)`, best first, when the request asked for them.
     pub top: Vec<(u32, f32)>,
 }

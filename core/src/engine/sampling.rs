@@ -1,29 +1,144 @@
-//! Token sampling: greedy at temperature 0, otherwise temperature → top-k → top-p
-//! (the order of HF's logits warpers), with a seeded PRNG.
+//! Per-request token sampling for the batched engine.
+//!
+//! Every request owns a [`SeqSampler`]: its [`SamplingParams`], its own RNG stream
+//! (SplitMix64, so a seeded request draws the same numbers whatever else shares the batch) and
+//! the token counts the penalties need (the prompt's token set for the repetition penalty, the
+//! output's counts for presence/frequency). One batched forward yields a logits row per
+//! request; the engine hands each row to that request's sampler.
+//!
+//! # Processing order
+//!
+//! For one row of logits `l` (length `vocab`) at output position `out_len`:
+//!
+//! 1. **Penalties** (on the raw logits, float32, HF/vLLM order):
+//!    - repetition (HF `RepetitionPenaltyLogitsProcessor`): for every token of prompt ∪ output,
+//!      `l > 0 → l / r`, otherwise `l · r`;
+//!    - presence / frequency (OpenAI / vLLM): over **output** tokens only,
+//!      `l -= presence · [count > 0] + frequency · count`.
+//! 2. **min_tokens**: while `out_len < min_tokens`, the stop ids (`stop_token_ids`, plus the
+//!    `eos` ids unless `ignore_eos`) are set to −∞.
+//! 3. **Logprobs** (when requested) are taken here: `log_softmax` of the logits after steps 1–2
+//!    (vLLM's `processed_logprobs` choice: penalties included, temperature and truncation not),
+//!    in float64. A token masked by step 2 has logprob −∞.
+//! 4. Greedy (temperature 0) stops here: the token is the argmax (first index on ties); no
+//!    random number is drawn.
+//! 5. **Temperature** `l / t`, then **top-k** (the k largest, lower index first on ties), then
+//!    **top-p** (the smallest prefix, largest first, whose mass reaches `top_p`, at least one
+//!    token), then **min-p** (drop tokens whose probability is below `min_p` times the largest
+//!    one): HF's warper order.
+//! 6. **Draw**: one uniform `u` in [0, 1); the kept tokens are walked in index order and the
+//!    first whose cumulative probability exceeds `u` is chosen. When a single token survives,
+//!    nothing is drawn.
+//!
+//! # Cost
+//!
+//! The row is never copied: penalised and masked entries are a short sorted list of overrides
+//! on top of the borrowed row. Greedy is one pass (max, argmax and the top-N logprobs together);
+//! logprobs add one exp-sum pass. Top-k keeps a bounded insertion list (k ≤ 1024) or uses
+//! `select_nth_unstable` (larger k). Top-p without top-k sums the probabilities in one pass,
+//! gathers the tokens with probability ≥ (1 − top_p)/64 (a prefix of the sorted order: when it
+//! already reaches `top_p` the answer is exact), else those with probability ≥
+//! (1 − top_p)/vocab (whose mass provably exceeds `top_p`), and finds the nucleus among them by
+//! quickselect on mass (expected linear, no full sort). Min-p alone is one threshold pass.
+//! Nothing sorts the whole vocabulary.
+
+mod row;
+mod seq;
+
+pub use seq::{Sampled, SeqSampler};
 
 use crate::bail;
+use crate::engine::generate::FinishReason;
 use crate::error::Result;
 
-/// Sampling parameters of one request.
+/// Most top logprobs a request may ask for (vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: usize = 20;
+
+/// The former name of [`SeqSampler`].
+pub type Sampler = SeqSampler;
+
+/// When a request stops, and what it must not stop on.
+///
+/// Separate from the sampling knobs because the scheduler, not the sampler, ends a request;
+/// the sampler only reads `min_tokens`, `ignore_eos` and `stop_token_ids` for its mask.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StopParams {
+    /// Most tokens to generate; `None`: until a stop id or the context is full. Must be ≥ 1.
+    pub max_tokens: Option<usize>,
+    /// Stop ids (and eos) are masked out until this many tokens were generated.
+    pub min_tokens: usize,
+    /// Generation does not stop at the model's eos ids (nor are they masked by `min_tokens`).
+    pub ignore_eos: bool,
+    /// Extra ids that end generation (included in the output), honoured even with `ignore_eos`.
+    pub stop_token_ids: Vec<u32>,
+}
+
+impl StopParams {
+    /// Why generation ends after `token` was appended as output number `out_len` (1-based:
+    /// the output now holds `out_len` tokens), given the model's `eos` ids; `None` to go on.
+    pub fn finish(&self, token: u32, out_len: usize, eos: &[u32]) -> Option<FinishReason> {
+        let stop = self.stop_token_ids.contains(&token) || (!self.ignore_eos && eos.contains(&token));
+        if stop && out_len >= self.min_tokens {
+            return Some(FinishReason::Eos);
+        }
+        if self.max_tokens.is_some_and(|m| out_len >= m) {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+
+    /// Whether `token` must be masked at output position `out_len` (0-based).
+    pub(crate) fn masks(&self, out_len: usize) -> bool {
+        out_len < self.min_tokens
+    }
+}
+
+/// Sampling parameters of one request. The defaults are greedy with every filter off.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
-    /// 0 means greedy.
+    /// 0 means greedy; otherwise a finite value > 0.
     pub temperature: f32,
+    /// Keep the k most likely tokens (≥ 1); `None`: off.
     pub top_k: Option<usize>,
+    /// Nucleus mass in (0, 1]; `None` (or 1): off.
     pub top_p: Option<f32>,
-    pub seed: u64,
+    /// Keep tokens with probability ≥ `min_p` × the largest, in [0, 1]; `None` (or 0): off.
+    pub min_p: Option<f32>,
+    /// HF repetition penalty over prompt ∪ output tokens, > 0; 1: off.
+    pub repetition_penalty: f32,
+    /// OpenAI presence penalty over output tokens, in [−2, 2]; 0: off.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty over output tokens, in [−2, 2]; 0: off.
+    pub frequency_penalty: f32,
+    /// Seed of this request's RNG stream; `None`: a fresh random seed per sampler.
+    pub seed: Option<u64>,
+    /// Return the chosen token's logprob and the top-N (N ≤ [`MAX_LOGPROBS`]); `None`: no logprobs.
+    pub logprobs: Option<usize>,
+    /// Stopping rules (`max_tokens`, `min_tokens`, `ignore_eos`, `stop_token_ids`).
+    pub stop: StopParams,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 0.0, top_k: None, top_p: None, seed: 0 }
+        Self {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            logprobs: None,
+            stop: StopParams::default(),
+        }
     }
 }
 
 impl SamplingParams {
     /// Rejects out-of-range values with a message naming the parameter.
     pub fn validate(&self) -> Result<()> {
-        if self.temperature.is_nan() || self.temperature < 0.0 || !self.temperature.is_finite() {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             bail!(Input, "`temperature` must be a finite number >= 0, got {}", self.temperature);
         }
         if let Some(p) = self.top_p {
@@ -32,17 +147,51 @@ impl SamplingParams {
             }
         }
         if self.top_k == Some(0) {
-            bail!(Input, "`top_k` must be >= 1");
+            bail!(Input, "`top_k` must be >= 1 (leave it unset to disable it)");
+        }
+        if let Some(m) = self.min_p {
+            if !(0.0..=1.0).contains(&m) {
+                bail!(Input, "`min_p` must be in [0, 1], got {m}");
+            }
+        }
+        let r = self.repetition_penalty;
+        if !(r.is_finite() && r > 0.0) {
+            bail!(Input, "`repetition_penalty` must be a finite number > 0, got {r}");
+        }
+        for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                bail!(Input, "`{name}` must be in [-2, 2], got {v}");
+            }
+        }
+        if let Some(n) = self.logprobs {
+            if n > MAX_LOGPROBS {
+                bail!(Input, "`logprobs` must be at most {MAX_LOGPROBS}, got {n}");
+            }
+        }
+        if let Some(m) = self.stop.max_tokens {
+            if m == 0 {
+                bail!(Input, "`max_tokens` must be at least 1");
+            }
+            if self.stop.min_tokens > m {
+                bail!(Input, "`min_tokens` ({}) must be <= `max_tokens` ({m})", self.stop.min_tokens);
+            }
         }
         Ok(())
     }
-}
 
-/// A seeded sampler (SplitMix64).
-#[derive(Clone, Debug)]
-pub struct Sampler {
-    params: SamplingParams,
-    state: u64,
+    /// Whether any penalty changes logits.
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+
+    /// Whether the device sampler (temperature, top-k, top-p only) computes exactly this
+    /// request's draw at output position `out_len`.
+    pub fn device_compatible(&self, out_len: usize) -> bool {
+        !self.has_penalties()
+            && self.min_p.is_none_or(|m| m == 0.0)
+            && self.logprobs.is_none()
+            && !self.stop.masks(out_len)
+    }
 }
 
 /// Index of the largest value; the first one on ties (as `torch.argmax`).
@@ -56,161 +205,5 @@ pub fn argmax(xs: &[f32]) -> usize {
     best
 }
 
-impl Sampler {
-    pub fn new(params: SamplingParams) -> Result<Self> {
-        params.validate()?;
-        let state = params.seed ^ 0x9E37_79B9_7F4A_7C15;
-        Ok(Self { params, state })
-    }
-
-    fn next_f64(&mut self) -> f64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// The filtered, normalised distribution the sampler draws from (all zeros but one
-    /// entry when greedy).
-    pub fn distribution(&self, logits: &[f32]) -> Vec<f32> {
-        let n = logits.len();
-        let mut p = vec![0.0f32; n];
-        if self.params.temperature == 0.0 {
-            p[argmax(logits)] = 1.0;
-            return p;
-        }
-        let t = self.params.temperature;
-        let mut idx: Vec<usize> = (0..n).collect();
-        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        let k = self.params.top_k.unwrap_or(n).min(n);
-        let kept = &idx[..k];
-        let max = logits[kept[0]] / t;
-        let mut probs: Vec<f64> = kept.iter().map(|&i| ((logits[i] / t - max) as f64).exp()).collect();
-        let sum: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|v| *v /= sum);
-        let mut keep = k;
-        if let Some(tp) = self.params.top_p {
-            // Keep the smallest prefix whose mass reaches top_p (at least one token).
-            let mut acc = 0.0;
-            for (i, v) in probs.iter().enumerate() {
-                acc += v;
-                if acc >= tp as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        let mass: f64 = probs[..keep].iter().sum();
-        for (j, &i) in kept[..keep].iter().enumerate() {
-            p[i] = (probs[j] / mass) as f32;
-        }
-        p
-    }
-
-    /// A uniform draw in [0, 1).
-    pub fn uniform(&mut self) -> f64 {
-        self.next_f64()
-    }
-
-    /// Draws from an explicit distribution (greedy when it is one-hot).
-    pub fn sample_from(&mut self, p: &[f32]) -> u32 {
-        let nonzero = p.iter().filter(|&&v| v > 0.0).count();
-        if nonzero <= 1 {
-            return argmax(p) as u32;
-        }
-        let u = self.next_f64();
-        let mut acc = 0.0f64;
-        let mut last = 0;
-        for (i, &v) in p.iter().enumerate() {
-            if v > 0.0 {
-                acc += v as f64;
-                last = i;
-                if u < acc {
-                    return i as u32;
-                }
-            }
-        }
-        last as u32
-    }
-
-    /// Draws one token id from row `row` of a logits tensor: on the CPU as
-    /// [`Sampler::sample`], on a CUDA device with the device sampler (only the id comes back;
-    /// the uniform draw comes from this sampler's stream, so a seed reproduces a run).
-    pub fn sample_tensor(&mut self, logits: &crate::tensor::Tensor, row: usize) -> Result<u32> {
-        if let crate::tensor::Storage::Cpu(_) = logits.storage() {
-            let (v, d) = (logits.host_f32()?, logits.last_dim());
-            if row >= logits.rows() {
-                crate::bail!(Shape, "sampling row {row} of {} logit rows", logits.rows());
-            }
-            return Ok(self.sample(&v[row * d..(row + 1) * d]));
-        }
-        let u = if self.params.temperature == 0.0 { 0.0 } else { self.next_f64() as f32 };
-        let p = &self.params;
-        let top_k = p.top_k.unwrap_or(0).min(logits.last_dim()) as f32;
-        let params = [p.temperature, top_k, p.top_p.unwrap_or(1.0), u];
-        let one = logits.narrow_rows(row, 1)?;
-        let ids = crate::backend::cuda::blocks::sample_rows(&one, &[params])?;
-        ids.first().copied().ok_or_else(|| crate::err!(Internal, "the device sampler returned no id"))
-    }
-
-    /// Draws one token id.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.params.temperature == 0.0 {
-            return argmax(logits) as u32;
-        }
-        let p = self.distribution(logits);
-        self.sample_from(&p)
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn greedy_is_argmax_first_on_ties() {
-        let mut s = Sampler::new(SamplingParams::default()).unwrap();
-        assert_eq!(s.sample(&[0.1, 2.0, 2.0, -1.0]), 1);
-    }
-
-    #[test]
-    fn top_k_one_is_greedy_and_seed_is_deterministic() {
-        let p = SamplingParams { temperature: 0.8, top_k: Some(1), top_p: None, seed: 7 };
-        let mut s = Sampler::new(p).unwrap();
-        assert_eq!(s.sample(&[0.1, 2.0, 1.9]), 1);
-        let q = SamplingParams { temperature: 1.0, top_k: None, top_p: Some(0.9), seed: 3 };
-        let a: Vec<u32> = {
-            let mut s = Sampler::new(q.clone()).unwrap();
-            (0..20).map(|_| s.sample(&[0.0, 0.5, 1.0, 0.2])).collect()
-        };
-        let b: Vec<u32> = {
-            let mut s = Sampler::new(q).unwrap();
-            (0..20).map(|_| s.sample(&[0.0, 0.5, 1.0, 0.2])).collect()
-        };
-        assert_eq!(a, b);
-    }
-
-    #[test]
-    fn top_p_truncates_and_sampling_frequencies_match() {
-        let q = SamplingParams { temperature: 1.0, top_k: None, top_p: Some(0.5), seed: 1 };
-        let s = Sampler::new(q).unwrap();
-        let d = s.distribution(&[0.0, (3.0f32).ln(), -10.0]);
-        // p = [0.25, 0.75, ~0] → top_p 0.5 keeps only the 0.75 token.
-        assert_eq!(d, vec![0.0, 1.0, 0.0]);
-        let q = SamplingParams { temperature: 1.0, top_k: None, top_p: None, seed: 5 };
-        let mut s = Sampler::new(q).unwrap();
-        let n = 20000;
-        let hits = (0..n).filter(|_| s.sample(&[0.0, (3.0f32).ln()]) == 1).count();
-        let f = hits as f64 / n as f64;
-        assert!((f - 0.75).abs() < 0.02, "frequency {f}");
-    }
-
-    #[test]
-    fn bad_params_are_rejected() {
-        assert!(Sampler::new(SamplingParams { temperature: -1.0, ..Default::default() }).is_err());
-        assert!(Sampler::new(SamplingParams { top_p: Some(0.0), ..Default::default() }).is_err());
-        assert!(Sampler::new(SamplingParams { top_k: Some(0), ..Default::default() }).is_err());
-    }
-}
+mod tests;

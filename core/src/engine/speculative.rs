@@ -7,7 +7,7 @@
 use crate::bail;
 use crate::batch::Batch;
 use crate::engine::generate::FinishReason;
-use crate::engine::sampling::{Sampler, SamplingParams};
+use crate::engine::sampling::{SamplingParams, SeqSampler, StopParams};
 use crate::error::Result;
 use crate::model::draft::DraftHead;
 use crate::model::{LogitsFor, Model};
@@ -104,13 +104,17 @@ struct Drafter<'a> {
 
 impl Drafter<'_> {
     /// Catch-up over accepted rows (tokens `toks` with main hidden `hid` at positions
-    /// `pos0..`), then K−1 chained steps. Returns the K draft tokens and their distributions.
+    /// `pos0..`), then K−1 chained steps. Returns the K draft tokens and their distributions
+    /// (draft i sampled at output position `out_len + i`; `eos` as in [`SeqSampler::probs`]).
+    #[allow(clippy::too_many_arguments)]
     fn propose(
         &mut self,
         toks: &[u32],
         hid: &Tensor,
         pos0: usize,
-        sampler: &mut Sampler,
+        sampler: &mut SeqSampler,
+        out_len: usize,
+        eos: &[u32],
     ) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
         let (d0, c0) = (&self.drafts[0], &mut self.caches[0]);
         if d0.is_stateful() {
@@ -118,7 +122,7 @@ impl Drafter<'_> {
         }
         let hid0 = d0.main_hidden(self.main, hid)?;
         let out = d0.forward(self.main, &Batch::single(c0.1, pos0, toks), &hid0, &mut c0.0, LogitsFor::Last)?;
-        let mut q = sampler.distribution(out.logits.to_host()?.row(0));
+        let mut q = sampler.probs(out.logits.to_host()?.row(0), out_len, eos)?;
         let mut tok = sampler.sample_from(&q);
         let mut h = out.hidden.narrow_rows(out.hidden.rows() - 1, 1)?;
         let (mut drafts, mut dists) = (vec![tok], vec![q]);
@@ -127,7 +131,7 @@ impl Drafter<'_> {
             let (d, c) = (&self.drafts[m], &mut self.caches[m]);
             let pos = pos0 + toks.len() - 1 + i;
             let out = d.forward(self.main, &Batch::single(c.1, pos, &[tok]), &h, &mut c.0, LogitsFor::Last)?;
-            q = sampler.distribution(out.logits.to_host()?.row(0));
+            q = sampler.probs(out.logits.to_host()?.row(0), out_len + i, eos)?;
             tok = sampler.sample_from(&q);
             h = out.hidden;
             drafts.push(tok);
@@ -150,9 +154,12 @@ pub fn generate_speculative(
     mode: MtpMode,
 ) -> Result<SpecGeneration> {
     check_config(drafts, k, mode)?;
+    let stop = params.stop.clone();
+    let max_tokens = max_tokens.min(stop.max_tokens.unwrap_or(usize::MAX));
     // A verify step looks K positions past the last accepted token.
     crate::engine::generate::check_context(main, prompt.len(), max_tokens, k)?;
-    let mut sampler = Sampler::new(params)?;
+    let mut sampler = SeqSampler::new(params)?;
+    sampler.observe_prompt(prompt);
     let mut cache = main.new_cache_spec(1, k)?;
     let seq = cache.alloc_seq()?;
     let mut caches = Vec::with_capacity(drafts.len());
@@ -168,14 +175,15 @@ pub fn generate_speculative(
     }
     // Prefill.
     let out = main.forward(&Batch::single(seq, 0, prompt), &mut cache, LogitsFor::Last)?;
-    let mut last = sampler.sample_tensor(&out.logits, 0)?;
-    if push(&mut gen, last, max_tokens, stop_ids) {
+    let mut last = sampler.sample_tensor(&out.logits, 0, 0, stop_ids)?;
+    sampler.accept(last);
+    if push(&mut gen, last, max_tokens, stop_ids, &stop) {
         return Ok(gen);
     }
     let mut len = prompt.len();
     let mut toks: Vec<u32> = prompt[1..].to_vec();
     toks.push(last);
-    let (mut proposal, mut dists) = drafter.propose(&toks, &out.hidden, 0, &mut sampler)?;
+    let (mut proposal, mut dists) = drafter.propose(&toks, &out.hidden, 0, &mut sampler, gen.ids.len(), stop_ids)?;
     loop {
         // Verify [last, d1..dK] at positions len..len+K.
         let mut rows = vec![last];
@@ -187,12 +195,15 @@ pub fn generate_speculative(
         gen.proposed += k;
         let mut accepted = 0;
         let mut bonus = None;
+        // Row j is scored with the drafts before it accepted (their penalties apply).
+        let base = gen.ids.len();
         for j in 0..k {
-            let p = sampler.distribution(logits.row(j));
+            let p = sampler.probs(logits.row(j), base + j, stop_ids)?;
             let d = proposal[j] as usize;
             let (pd, qd) = (p[d] as f64, dists[j][d] as f64);
             if qd > 0.0 && sampler.uniform() < (pd / qd).min(1.0) {
                 accepted += 1;
+                sampler.accept(proposal[j]);
             } else {
                 // Residual distribution max(0, p − q), renormalised.
                 let mut r: Vec<f32> = p.iter().zip(&dists[j]).map(|(a, b)| (a - b).max(0.0)).collect();
@@ -208,12 +219,13 @@ pub fn generate_speculative(
         }
         let bonus = match bonus {
             Some(b) => b,
-            None => sampler.sample(logits.row(k)),
+            None => sampler.sample(logits.row(k), base + k, stop_ids)?.token,
         };
+        sampler.accept(bonus);
         gen.accepted += accepted;
         let mut done = false;
         for &t in proposal[..accepted].iter().chain(std::iter::once(&bonus)) {
-            if push(&mut gen, t, max_tokens, stop_ids) {
+            if push(&mut gen, t, max_tokens, stop_ids, &stop) {
                 done = true;
                 break;
             }
@@ -226,16 +238,16 @@ pub fn generate_speculative(
         let hid = out.hidden.narrow_rows(0, accepted + 1)?;
         let mut next: Vec<u32> = proposal[..accepted].to_vec();
         next.push(bonus);
-        (proposal, dists) = drafter.propose(&next, &hid, len, &mut sampler)?;
+        (proposal, dists) = drafter.propose(&next, &hid, len, &mut sampler, gen.ids.len(), stop_ids)?;
         len += accepted + 1;
         last = bonus;
     }
 }
 
 /// Appends a token; true when generation is finished.
-fn push(gen: &mut SpecGeneration, t: u32, max_tokens: usize, stop_ids: &[u32]) -> bool {
+fn push(gen: &mut SpecGeneration, t: u32, max_tokens: usize, stop_ids: &[u32], stop: &StopParams) -> bool {
     gen.ids.push(t);
-    if stop_ids.contains(&t) {
+    if stop.finish(t, gen.ids.len(), stop_ids) == Some(FinishReason::Eos) {
         gen.finish = FinishReason::Eos;
         return true;
     }
