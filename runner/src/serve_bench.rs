@@ -74,6 +74,7 @@ pub struct ServeArgs {
 /// An inclusive range of lengths `lo..=hi` (`--input-len`, `--output-len`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LenRange {
+    /// Shortest and longest (inclusive).
     pub lo: usize,
     pub hi: usize,
 }
@@ -209,14 +210,18 @@ fn make_requests(n: usize, input: LenRange, output: LenRange, vocab: usize, rate
 /// What a client saw of one request (times in seconds after the start).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Record {
+    /// Prompt tokens.
     pub input_len: usize,
+    /// Tokens asked for (and generated: a run fails otherwise).
     pub output_len: usize,
     /// When it was due (Poisson schedule) and when it was sent (after the concurrency wait).
     pub arrival: f64,
     pub sent: f64,
     /// Arrival time of every generated token.
     pub tokens: Vec<f64>,
+    /// When its `Done` arrived.
     pub done: f64,
+    /// Times the engine preempted (and recomputed) it.
     pub preemptions: usize,
 }
 
@@ -262,10 +267,13 @@ pub fn percentile(v: &[f64], q: f64) -> f64 {
 /// The client-side figures of a run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Summary {
+    /// Requests completed, the run's seconds (first arrival to last completion), and the
+    /// prompt and generated tokens of the completed requests.
     pub completed: usize,
     pub duration: f64,
     pub input_tokens: usize,
     pub output_tokens: usize,
+    /// Requests/s, generated tokens/s, prompt + generated tokens/s.
     pub request_throughput: f64,
     pub output_throughput: f64,
     pub total_throughput: f64,
@@ -527,6 +535,7 @@ pub struct Setup<'a> {
     pub label: &'a str,
     /// Where the weights come from (say "random" when they are).
     pub weights: &'a str,
+    /// `--json PATH`.
     pub json: Option<&'a Path>,
 }
 
