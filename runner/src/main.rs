@@ -420,6 +420,9 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     use std::time::Instant;
     checks::mtp_step(a.mtp_step)?;
     let device = a.run.device.unwrap_or_else(porter_core::device::default_device);
+    if a.serve.serve {
+        serve_bench::check_args(&a.serve, device)?;
+    }
     let (label, model) = match &a.config {
         Some(c) => {
             let text = match preset(c) {

@@ -496,12 +496,7 @@ fn engine_config(model: &Model, a: &ServeArgs) -> Result<(EngineConfig, Option<u
             }
             Some(budget - state)
         }
-        (None, Device::Cpu) => {
-            if a.gpu_memory_utilization.is_some() {
-                bail!("--gpu-memory-utilization applies to a CUDA device; on the CPU give --kv-cache-memory BYTES");
-            }
-            None
-        }
+        (None, Device::Cpu) => None,
     };
     cfg.num_blocks = match kv_bytes {
         Some(b) => EngineConfig::for_model(model, Some(b)).num_blocks,
@@ -510,8 +505,11 @@ fn engine_config(model: &Model, a: &ServeArgs) -> Result<(EngineConfig, Option<u
     Ok((cfg, kv_bytes))
 }
 
-/// Flag checks that need no model.
-fn check_args(a: &ServeArgs) -> Result<()> {
+/// Flag checks that need no model (run before it is built or loaded; [`run`] repeats them).
+///
+/// # Errors
+/// A zero count or length, or `--gpu-memory-utilization` for the CPU.
+pub fn check_args(a: &ServeArgs, device: Device) -> Result<()> {
     let positive = |flag: &str, v: Option<usize>| match v {
         Some(0) => Err(anyhow!("{flag} 0: must be at least 1")),
         _ => Ok(()),
@@ -525,6 +523,9 @@ fn check_args(a: &ServeArgs) -> Result<()> {
     }
     if a.output_len.lo == 0 {
         bail!("--output-len {}: requests generate at least 1 token", a.output_len);
+    }
+    if a.gpu_memory_utilization.is_some() && device == Device::Cpu {
+        bail!("--gpu-memory-utilization applies to a CUDA device; on the CPU give --kv-cache-memory BYTES");
     }
     Ok(())
 }
@@ -546,7 +547,7 @@ pub struct Setup<'a> {
 /// leaves no KV cache), an engine that cannot start, or a request that fails or does not
 /// generate exactly its output length.
 pub fn run(model: Model, a: &ServeArgs, setup: &Setup<'_>) -> Result<()> {
-    check_args(a)?;
+    check_args(a, model.info.device)?;
     let ctx = crate::checks::context(&model);
     let longest = a.input_len.hi.saturating_add(a.output_len.hi);
     if longest > ctx {
