@@ -17,6 +17,7 @@ use std::process::ExitCode;
 
 mod chat;
 mod load_cmd;
+mod serve_bench;
 
 /// The bundled default model, relative to the repository root.
 const DEFAULT_MODEL: &str = "tests/fixtures/qwen3_next_mtp";
@@ -42,7 +43,8 @@ enum Cmd {
     Inspect(InspectArgs),
     /// List the registered architectures.
     Models,
-    /// Measure prefill and decode throughput (random weights from a config, or a model folder).
+    /// Measure prefill and decode throughput (random weights from a config, or a model folder),
+    /// or with `--serve` the serving engine under a stream of requests.
     Bench(BenchArgs),
     /// Load a model and report load time, throughput, peak host memory and device memory
     /// (or print the tensors a checkpoint for a config must hold).
@@ -61,25 +63,27 @@ struct BenchArgs {
     #[arg(long)]
     layers: Option<usize>,
     /// Prompt lengths to time prefill on (comma-separated).
-    #[arg(long, value_delimiter = ',', default_values_t = vec![128usize, 512])]
+    #[arg(long, conflicts_with = "serve", value_delimiter = ',', default_values_t = vec![128usize, 512])]
     prefill: Vec<usize>,
     /// Decode batch sizes (comma-separated).
-    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 8])]
+    #[arg(long, conflicts_with = "serve", value_delimiter = ',', default_values_t = vec![1usize, 8])]
     batch: Vec<usize>,
     /// Prompt length before decode.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, conflicts_with = "serve", default_value_t = 32)]
     context: usize,
     /// Decode steps per batch size.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, conflicts_with = "serve", default_value_t = 16)]
     steps: usize,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
     /// Also time speculative decoding at batch 1 with K = 1..=this many draft tokens.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "serve")]
     mtp_step: Option<usize>,
     #[command(flatten)]
     draft: DraftArgs,
+    #[command(flatten)]
+    serve: serve_bench::ServeArgs,
 }
 
 #[derive(Args)]
@@ -416,6 +420,9 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     use std::time::Instant;
     checks::mtp_step(a.mtp_step)?;
     let device = a.run.device.unwrap_or_else(porter_core::device::default_device);
+    if a.serve.serve {
+        serve_bench::check_args(&a.serve, device)?;
+    }
     let (label, model) = match &a.config {
         Some(c) => {
             let text = match preset(c) {
@@ -447,6 +454,15 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             (dir.display().to_string(), m)
         }
     };
+    if a.serve.serve {
+        let weights = match (&a.config, &a.run.model.model) {
+            (Some(_), _) => "random (built from --config)".to_owned(),
+            (None, None) => format!("the bundled fixture {DEFAULT_MODEL} (random)"),
+            (None, Some(d)) => format!("loaded from {}", d.display()),
+        };
+        let setup = serve_bench::Setup { label: &label, weights: &weights, json: a.json.as_deref() };
+        return serve_bench::run(model, &a.serve, &setup);
+    }
     checks::bench_sizes(&model, &a.prefill, &a.batch, a.context, a.steps)?;
     if let Some(k) = a.mtp_step {
         let n = a.steps.max(2);
