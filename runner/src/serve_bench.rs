@@ -13,7 +13,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use porter_core::engine::{Engine, EngineConfig, EngineStats, Event, RequestParams};
+use porter_core::engine::{Engine, EngineConfig, EngineStats, Event, SamplingParams, StopParams};
 use porter_core::state::CacheConfig;
 use porter_core::{Device, Model};
 use std::path::Path;
@@ -358,7 +358,8 @@ impl Drop for PermitGuard<'_> {
 
 /// Sends one request and records its tokens; fails unless exactly `output_len` tokens come.
 fn client(engine: &Engine, p: &Plan, t0: Instant, permit: Option<PermitGuard<'_>>) -> Result<Record> {
-    let params = RequestParams { max_tokens: p.output_len, ignore_eos: true, ..Default::default() };
+    let stop = StopParams { max_tokens: Some(p.output_len), ignore_eos: true, ..Default::default() };
+    let params = SamplingParams { stop, ..Default::default() };
     let sent = t0.elapsed().as_secs_f64();
     let stream = engine.add(p.prompt.clone(), params)?;
     let mut tokens = Vec::with_capacity(p.output_len);

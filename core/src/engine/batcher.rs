@@ -271,8 +271,10 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         let mut sampler = SeqSampler::new(params)?;
         sampler.observe_prompt(&prompt);
         let prompt_len = prompt.len();
-        self.seqs
-            .insert(id, SchedSeq { tokens: prompt, computed: 0, seq: None, cached: 0, prompt_len, preemptions: 0, lookahead: 0 });
+        self.seqs.insert(
+            id,
+            SchedSeq { tokens: prompt, computed: 0, seq: None, cached: 0, prompt_len, preemptions: 0, lookahead: 0 },
+        );
         let live = Live {
             sampler,
             prompt_len,
