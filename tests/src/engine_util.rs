@@ -8,14 +8,14 @@ use std::collections::HashMap;
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
     pub fn prompt(&mut self, len: usize, vocab: usize) -> Vec<u32> {
         (0..len).map(|_| self.below(vocab) as u32).collect()

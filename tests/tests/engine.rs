@@ -163,7 +163,7 @@ fn threaded_engine_streams_and_aborts() {
         assert_eq!(toks.len(), 6);
         assert!(matches!(end, Some(Event::Done(ref f)) if f.reason == Finish::Length && f.completion_tokens == 6));
     }
-    let s = engine.add(vec![1, 2, 3], greedy(100_000.min(4000))).unwrap();
+    let s = engine.add(vec![1, 2, 3], greedy(4000)).unwrap();
     engine.abort(s.id).unwrap();
     let (_, end) = s.collect();
     assert!(matches!(end, Some(Event::Done(ref f)) if f.reason == Finish::Abort), "{end:?}");
@@ -254,7 +254,7 @@ impl porter_core::draft::DraftHead for Oracle {
             h.extend_from_slice(&batch.ids[s.start..s.start + s.len]);
             let n = h.len();
             let next = self.seqs.iter().find(|q| q.len() > n + 1 && q[1..=n] == h[..]).map_or(0, |q| q[n + 1]);
-            let tok = if (n + 1) % self.wrong == 0 { (next + 1) % self.vocab as u32 } else { next };
+            let tok = if (n + 1).is_multiple_of(self.wrong) { (next + 1) % self.vocab as u32 } else { next };
             logits[i * self.vocab + tok as usize] = 30.0;
         }
         let logits = porter_core::Tensor::from_vec(logits, [batch.spans.len(), self.vocab], porter_core::DType::F32)?;
