@@ -111,6 +111,11 @@ struct RunArgs {
     /// Compute dtype: f32, bf16 or f16.
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     dtype: DType,
+    /// Batch-invariant kernels on CUDA in every dtype (GEMMs on the GEMV path, attention
+    /// without tensor cores): a request's output does not depend on what else runs. f32 is
+    /// batch-invariant without it. Slower.
+    #[arg(long)]
+    deterministic: bool,
 }
 
 #[derive(Args)]
@@ -248,6 +253,7 @@ fn model_dir(a: &ModelArgs) -> PathBuf {
 }
 
 fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
+    porter_core::tensor::cuda::set_deterministic(run.deterministic);
     let dir = model_dir(&run.model);
     let device = run.device.unwrap_or_else(porter_core::device::default_device);
     let model = registry::load(&dir, run.dtype, device, true)
@@ -443,6 +449,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
                 }
             }
             checks::random_weights_fit(&cfg, a.run.dtype, device)?;
+            porter_core::tensor::cuda::set_deterministic(a.run.deterministic);
             let m = registry::build_random(&cfg, Path::new("."), a.run.dtype, device, 0)?;
             (c.clone(), m)
         }

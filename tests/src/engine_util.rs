@@ -104,12 +104,15 @@ pub fn invariance(name: &str, recurrent: bool, device: Device) {
         }
     }
     same("prefix-cache hit", &got[&0]);
-    if !recurrent {
-        // After a preemption: a pool too small for both, the probe admitted second.
-        let mut e = EngineCore::new(&m, cfg(2, 512, 14)).unwrap();
-        let other = rng.prompt(60, vocab);
-        let got = run_all(&mut e, &[(1, other, greedy(40)), (0, probe.clone(), greedy(12))]);
-        assert!(e.stats().preemptions > 0, "{name}: nothing was preempted");
-        same("after a preemption", &got[&0]);
+    // After a preemption: a pool too small for both, the probe admitted second; it is
+    // recomputed from its prompt (prefill pieces as before) and its generated tokens (decode-
+    // sized pieces; one per step through recurrent layers), as they were first computed.
+    let mut e = EngineCore::new(&m, cfg(2, 512, 14)).unwrap();
+    let other = rng.prompt(60, vocab);
+    let got = run_all(&mut e, &[(1, other, greedy(40)), (0, probe.clone(), greedy(12))]);
+    assert!(e.stats().preemptions > 0, "{name}: nothing was preempted");
+    if let Event::Done(f) = &got[&0].1 {
+        assert!(f.preemptions > 0, "{name}: the probe itself was not preempted");
     }
+    same("after a preemption", &got[&0]);
 }
