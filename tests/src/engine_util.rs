@@ -97,11 +97,11 @@ pub fn invariance(name: &str, recurrent: bool, device: Device) {
     run_all(&mut e, &[(7, first, greedy(2))]);
     let got = run_all(&mut e, &[(0, probe.clone(), greedy(12))]);
     if let Event::Done(f) = &got[&0].1 {
-        if recurrent {
-            assert_eq!(f.cached_tokens, 0, "{name}: recurrent models do not reuse prefixes (no state checkpoints)");
-        } else {
-            assert_eq!(f.cached_tokens, 128, "{name}: hit within one block of the 130 shared tokens");
-        }
+        // Attention models: the 8 full 16-token blocks of the 130 shared tokens. Recurrent
+        // models resume from the state checkpoint at 128 (chunk-aligned; on the CPU).
+        let _ = recurrent;
+        let want = if device == Device::Cpu || !recurrent { 128 } else { 0 };
+        assert_eq!(f.cached_tokens, want, "{name}: hit within one block of the 130 shared tokens");
     }
     same("prefix-cache hit", &got[&0]);
     // After a preemption: a pool too small for both, the probe admitted second; it is

@@ -4,7 +4,7 @@
 //! randomized requests with aborts and preemptions (no leaked block or slot), admission
 //! errors, and the threaded engine's streams.
 
-use porter_core::engine::{Engine, EngineCore, Event, Finish, SamplingParams, StopParams, TokenOut};
+use porter_core::engine::{Engine, EngineConfig, EngineCore, Event, Finish, SamplingParams, StopParams, TokenOut};
 use porter_core::{DType, Device};
 use std::collections::HashMap;
 use tests::engine_util::{cfg, greedy, invariance, run_all, Rng};
@@ -301,4 +301,42 @@ fn mtp_in_the_batch_accepts_and_rolls_back_exactly() {
             assert_eq!((s.kv_blocks_free, s.state_slots_free), (s.kv_blocks_total, s.state_slots_total));
         }
     }
+}
+
+/// The hybrid prefix cache: requests sharing a 200-token "system prompt" with unique
+/// suffixes resume from the deepest recurrent-state checkpoint (every 64 positions) inside the
+/// shared part: the hit is within one 64-token block of the true shared prefix (192), and each
+/// request's output equals its cold run bit for bit (f32, CPU).
+#[test]
+fn hybrid_prefix_cache_hits_within_one_block_and_is_exact() {
+    let m = load("qwen3_next_a", DType::F32).unwrap();
+    let vocab = m.info.vocab_size;
+    let mut rng = Rng(4242);
+    let system = rng.prompt(200, vocab);
+    let reqs: Vec<(u64, Vec<u32>, SamplingParams)> = (0..4u64)
+        .map(|i| {
+            let len = 20 + rng.below(60);
+            ([system.clone(), rng.prompt(len, vocab)].concat(), i)
+        })
+        .map(|(p, i)| (i, p, greedy(6)))
+        .collect();
+    let block = EngineConfig { block_size: 64, ..cfg(4, 512, 64) };
+    let mut warm = EngineCore::new(&m, block).unwrap();
+    for (i, r) in reqs.iter().enumerate() {
+        let cold = {
+            let mut e = EngineCore::new(&m, block).unwrap();
+            run_all(&mut e, std::slice::from_ref(r)).remove(&r.0).unwrap()
+        };
+        let got = run_all(&mut warm, std::slice::from_ref(r)).remove(&r.0).unwrap();
+        assert_eq!(got.0, cold.0, "request {i}: a prefix-cache hit changed the output");
+        let Event::Done(f) = got.1 else { panic!("request {i} did not finish") };
+        assert_eq!(f.cached_tokens, if i == 0 { 0 } else { 192 }, "request {i}");
+    }
+    // A prompt shorter than one block has nothing to share.
+    let short = rng.prompt(40, vocab);
+    let got = run_all(&mut warm, &[(9, short, greedy(2))]).remove(&9).unwrap();
+    assert!(matches!(got.1, Event::Done(ref f) if f.cached_tokens == 0));
+    let s = warm.stats();
+    assert_eq!(s.kv_blocks_free, s.kv_blocks_total);
+    assert_eq!(s.prefix_hit_tokens, 3 * 192);
 }

@@ -342,7 +342,9 @@ impl Ops for CpuOps {
         let (conv_w, a_log, dt_bias) = (w.conv_w.host_f32()?, w.a_log.host_f32()?, w.dt_bias.host_f32()?);
         let (spec, state_len, kernel) = (rec.spec, rec.state_len, rec.kernel);
         let mut o_all = vec![0.0f32; p.rows() * vd];
-        for s in &batch.spans {
+        let saves = rec.ckpt_step.clone().unwrap_or_default();
+        let mut new_ckpts = Vec::new();
+        for (si, s) in batch.spans.iter().enumerate() {
             let t = s.len;
             let snapshots = rec.snapshots_for(t);
             let meta = *rec.meta_mut(s.seq)?;
@@ -363,6 +365,7 @@ impl Ops for CpuOps {
                 a.extend_from_slice(&row[ba_col + hv..ba_col + 2 * hv]);
             }
             // Causal conv + SiLU, continuing from the slot's conv window.
+            let hist_before = if saves.iter().any(|c| c.span == si) { slot.conv_hist.clone() } else { Vec::new() };
             let mut state = slot.conv_state(conv, kernel);
             let mut y = vec![0.0f32; t * conv];
             gdn::causal_conv1d_prefill(&mixed, &conv_w, None, &mut state, &mut y, t, conv, kernel)
@@ -410,10 +413,52 @@ impl Ops for CpuOps {
                 if t == 1 {
                     gdn::recurrent_gated_delta_rule(&q, &k, &v, &g, &beta, st, o, t, hk, hv, dk, dv).map_err(e)?;
                 } else {
-                    gdn::chunked_gated_delta_rule(&q, &k, &v, &g, &beta, st, o, t, hk, hv, dk, dv).map_err(e)?;
+                    // The chunked rule in pieces that end at this span's checkpoints (chunk-
+                    // aligned: the same chunks as one call, so the same bits), saving the state
+                    // after each.
+                    let mut from = 0;
+                    let mut cuts: Vec<(usize, usize)> =
+                        saves.iter().filter(|c| c.span == si).map(|c| (c.pos - s.pos0, c.slot)).collect();
+                    cuts.retain(|&(r, _)| r > 0 && r <= t);
+                    cuts.push((t, usize::MAX));
+                    for (to, ck) in cuts {
+                        if to > from {
+                            let n = to - from;
+                            gdn::chunked_gated_delta_rule(
+                                &q[from * kd..to * kd],
+                                &k[from * kd..to * kd],
+                                &v[from * vd..to * vd],
+                                &g[from * hv..to * hv],
+                                &beta[from * hv..to * hv],
+                                st,
+                                &mut o[from * vd..to * vd],
+                                n,
+                                hk,
+                                hv,
+                                dk,
+                                dv,
+                            )
+                            .map_err(e)?;
+                            from = to;
+                        }
+                        if ck != usize::MAX {
+                            // Conv inputs before position pos0 + to: the window's history, then
+                            // this span's rows.
+                            let keep = kernel.saturating_sub(1) * conv;
+                            let mut hist = hist_before.clone();
+                            hist.extend_from_slice(&mixed[..to * conv]);
+                            let cut = hist.len().saturating_sub(keep);
+                            new_ckpts.push((ck, CpuCkpt { conv_hist: hist[cut..].to_vec(), ssm: st.clone() }));
+                        }
+                    }
                 }
             }
             rec.meta_mut(s.seq)?.start_step(s.pos0, t, snapshots);
+        }
+        if let RecBuf::Cpu(store) = &mut rec.buf {
+            for (c, ck) in new_ckpts {
+                store.save(c, ck);
+            }
         }
         act(o_all, [p.rows() * hv, dv], dt)
     }
@@ -570,10 +615,20 @@ impl CpuRecSlot {
     }
 }
 
+/// One saved recurrent state (a prefix-cache checkpoint): the conv inputs before the
+/// checkpoint position and the SSM state after it.
+#[derive(Debug, Clone, Default)]
+pub struct CpuCkpt {
+    pub conv_hist: Vec<f32>,
+    pub ssm: Vec<f32>,
+}
+
 /// Host conv windows and SSM states of one linear-attention layer, per slot.
 #[derive(Debug, Clone, Default)]
 pub struct CpuRec {
     slots: Vec<CpuRecSlot>,
+    /// Prefix-cache checkpoints (indexed by checkpoint slot).
+    ckpts: Vec<CpuCkpt>,
 }
 
 impl CpuRec {
@@ -592,6 +647,26 @@ impl CpuRec {
         if let Some(s) = self.slots.get_mut(seq.0) {
             *s = CpuRecSlot::default();
         }
+    }
+
+    /// Stores checkpoint `c`.
+    fn save(&mut self, c: usize, ck: CpuCkpt) {
+        if self.ckpts.len() <= c {
+            self.ckpts.resize_with(c + 1, CpuCkpt::default);
+        }
+        self.ckpts[c] = ck;
+    }
+
+    /// Makes slot `seq` hold checkpoint `c` (its current state buffer 0).
+    pub fn restore(&mut self, seq: SeqId, c: usize, nbuf: usize, state_len: usize) -> Result<()> {
+        let Some(ck) = self.ckpts.get(c).cloned() else { bail!(Internal, "checkpoint {c} was never saved") };
+        if ck.ssm.len() != state_len {
+            bail!(Internal, "checkpoint {c} holds {} state floats, the layer {state_len}", ck.ssm.len());
+        }
+        let slot = self.slot(seq, nbuf, state_len);
+        slot.conv_hist = ck.conv_hist;
+        slot.ssm[0].copy_from_slice(&ck.ssm);
+        Ok(())
     }
 }
 

@@ -407,7 +407,18 @@ pub struct RecCache {
     /// Maximum draft tokens that can be rolled back (0: no snapshots).
     pub spec: usize,
     pub meta: Vec<RollbackMeta>,
+    /// The current forward's checkpoints to save (set by the model cache's prepare).
+    pub ckpt_step: Option<std::sync::Arc<Vec<CkptSave>>>,
     pub buf: RecBuf,
+}
+
+/// A recurrent-state checkpoint to save during a forward: the state of span `span` after
+/// position `pos` (exclusive end; chunk-aligned) goes to checkpoint slot `slot`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CkptSave {
+    pub span: usize,
+    pub pos: usize,
+    pub slot: usize,
 }
 
 impl RecCache {
@@ -430,7 +441,31 @@ impl RecCache {
                 max_slots,
             )?),
         };
-        Ok(Self { conv_dim, kernel, state_len, spec, meta: vec![RollbackMeta::default(); max_slots], buf })
+        Ok(Self {
+            conv_dim,
+            kernel,
+            state_len,
+            spec,
+            meta: vec![RollbackMeta::default(); max_slots],
+            ckpt_step: None,
+            buf,
+        })
+    }
+
+    /// Whether this backend saves prefix-cache checkpoints (the CPU; not yet the GPU).
+    pub fn supports_checkpoints(&self) -> bool {
+        matches!(self.buf, RecBuf::Cpu(_))
+    }
+
+    /// Makes slot `seq` hold checkpoint `c` as its current state (a prefix-cache hit).
+    pub fn restore(&mut self, seq: SeqId, c: usize) -> Result<()> {
+        let nbuf = self.spec + 1;
+        let state_len = self.state_len;
+        *self.meta_mut(seq)? = RollbackMeta::default();
+        match &mut self.buf {
+            RecBuf::Cpu(b) => b.restore(seq, c, nbuf, state_len),
+            RecBuf::Cuda(_) => bail!(Internal, "recurrent-state checkpoints are not kept on a GPU yet"),
+        }
     }
 
     /// Conv window length per slot.

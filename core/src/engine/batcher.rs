@@ -47,7 +47,10 @@ impl EngineConfig {
     /// every sequence's whole context (host blocks are allocated when first written); on a
     /// GPU, 64 sequences, 2048 rows and as many blocks as `kv_cache_bytes` hold.
     pub fn for_model(model: &Model, kv_cache_bytes: Option<usize>) -> Self {
-        let block_size = crate::state::DEFAULT_BLOCK_SIZE;
+        // Hybrid models: blocks as long as the recurrent checkpoint interval, so a prefix-cache
+        // hit is within one block of the shared prefix.
+        let recurrent = model.layers.iter().any(|l| matches!(l.kind(), crate::state::LayerKind::Recurrent { .. }));
+        let block_size = if recurrent { crate::state::CHECKPOINT_INTERVAL } else { crate::state::DEFAULT_BLOCK_SIZE };
         let (max_num_seqs, max_num_batched_tokens) = match model.info.device {
             crate::tensor::Device::Cpu => (8, 512),
             crate::tensor::Device::Cuda(_) => (64, 2048),
@@ -340,6 +343,10 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
     pub fn step(&mut self) -> Result<Vec<(RequestId, Event)>> {
         let plan = self.sched.schedule(&mut self.seqs, &mut self.cache)?;
         self.stats.preemptions += plan.preempted.len() as u64;
+        for &(_, asked, hit) in &plan.admitted {
+            self.stats.prefix_query_tokens += asked as u64;
+            self.stats.prefix_hit_tokens += hit as u64;
+        }
         for &id in &plan.preempted {
             self.drop_drafts(id)?;
         }

@@ -69,6 +69,8 @@ pub struct Plan {
     pub items: Vec<Scheduled>,
     /// Requests preempted while planning (already back in the waiting queue).
     pub preempted: Vec<RequestId>,
+    /// Requests admitted this step: `(id, tokens looked up, tokens found in the prefix cache)`.
+    pub admitted: Vec<(RequestId, usize, usize)>,
 }
 
 /// The waiting queue and the running set.
@@ -194,6 +196,7 @@ impl Scheduler {
             }
             self.waiting.pop_front();
             self.running.push(id);
+            plan.admitted.push((id, r.tokens.len(), hit));
             promised += need;
             budget -= n;
             plan.items.push(Scheduled { id, n });

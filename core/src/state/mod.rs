@@ -16,6 +16,7 @@ pub use blocks::{block_hash, BlockPool, BlockUsage};
 use crate::bail;
 use crate::error::Result;
 use crate::tensor::{DType, Device};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// Default KV block size (token positions per block).
@@ -145,6 +146,71 @@ pub struct ModelCache {
     hashes: Vec<Vec<u64>>,
     has_kv: bool,
     has_recurrent: bool,
+    ck: Checkpoints,
+    spec: usize,
+}
+
+/// Positions between recurrent-state checkpoints (the chunked delta rule's chunk: a state
+/// saved there and resumed gives the same bits as a run that never stopped there).
+pub const CHECKPOINT_INTERVAL: usize = 64;
+
+/// The recurrent-state checkpoint pool of a hybrid model's prefix cache: slot `c` holds, in
+/// every linear-attention layer, the state after a chunk-aligned position of some prompt,
+/// registered under the hash of the KV block that ends there (LRU-evicted).
+#[derive(Debug, Clone, Default)]
+struct Checkpoints {
+    /// 0: no checkpoints (no recurrent layers, or a backend that does not keep them).
+    interval: usize,
+    free: Vec<usize>,
+    by_hash: HashMap<u64, usize>,
+    hash: Vec<Option<u64>>,
+    /// Registered checkpoints by last use (oldest evicted first), and each one's key.
+    lru: BTreeMap<u64, usize>,
+    used_at: Vec<u64>,
+    tick: u64,
+    /// Per slot: checkpoints saved by a forward, waiting for their block's hash.
+    pending: Vec<Vec<(usize, usize)>>,
+}
+
+impl Checkpoints {
+    fn new(interval: usize, total: usize) -> Self {
+        Self {
+            interval,
+            free: (0..total).rev().collect(),
+            hash: vec![None; total],
+            used_at: vec![0; total],
+            ..Default::default()
+        }
+    }
+
+    fn touch(&mut self, c: usize) {
+        self.lru.remove(&self.used_at[c]);
+        self.tick += 1;
+        self.used_at[c] = self.tick;
+        self.lru.insert(self.tick, c);
+    }
+
+    /// A slot for a new checkpoint (evicting the least recently used registered one).
+    fn take(&mut self) -> Option<usize> {
+        if let Some(c) = self.free.pop() {
+            return Some(c);
+        }
+        let (&t, &c) = self.lru.iter().next()?;
+        self.lru.remove(&t);
+        if let Some(h) = self.hash[c].take() {
+            self.by_hash.remove(&h);
+        }
+        Some(c)
+    }
+
+    /// Drops a slot's pending checkpoints at positions `>= from`.
+    fn drop_pending(&mut self, seq: usize, from: usize) {
+        if let Some(p) = self.pending.get_mut(seq) {
+            let (gone, keep): (Vec<_>, Vec<_>) = p.drain(..).partition(|&(pos, _)| pos >= from);
+            *p = keep;
+            self.free.extend(gone.into_iter().map(|(_, c)| c));
+        }
+    }
 }
 
 impl ModelCache {
@@ -153,6 +219,15 @@ impl ModelCache {
     pub fn new(layers: Vec<LayerCache>, cfg: &CacheConfig) -> Self {
         let has_kv = layers.iter().any(|l| matches!(l, LayerCache::Kv(_)));
         let has_recurrent = layers.iter().any(|l| matches!(l, LayerCache::Recurrent(_)));
+        let keeps = layers.iter().all(|l| match l {
+            LayerCache::Recurrent(r) => r.supports_checkpoints(),
+            _ => true,
+        });
+        let interval = if has_recurrent && has_kv && keeps && CHECKPOINT_INTERVAL.is_multiple_of(cfg.block_size) {
+            CHECKPOINT_INTERVAL
+        } else {
+            0
+        };
         Self {
             layers,
             lens: Vec::new(),
@@ -163,7 +238,14 @@ impl ModelCache {
             hashes: Vec::new(),
             has_kv,
             has_recurrent,
+            ck: Checkpoints::new(interval, if interval > 0 { cfg.max_seqs * 8 } else { 0 }),
+            spec: cfg.spec,
         }
+    }
+
+    /// Whether prefix-cache hits can resume this model's recurrent state (checkpoints kept).
+    pub fn prefix_caching(&self) -> bool {
+        self.has_kv && (!self.has_recurrent || self.ck.interval > 0)
     }
 
     /// Slots ever created (live + free); bounded by the peak number of live sequences.
@@ -264,7 +346,7 @@ impl ModelCache {
     /// their state at a block boundary is not kept, so a hit could not be resumed.
     pub fn register_prefix(&mut self, seq: SeqId, ids: &[u32]) -> Result<()> {
         let len = self.check(seq)?;
-        if !self.has_kv || self.has_recurrent {
+        if !self.prefix_caching() {
             return Ok(());
         }
         let bs = self.pool.block_size();
@@ -275,6 +357,21 @@ impl ModelCache {
             let h = block_hash(hashes.last().copied(), &ids[i * bs..(i + 1) * bs]);
             self.pool.register(table[i], h);
             hashes.push(h);
+            // A checkpoint saved at this block's end now has its key.
+            let end = (i + 1) * bs;
+            let ck = &mut self.ck;
+            if let Some(p) = ck.pending.get_mut(seq.0) {
+                if let Some(j) = p.iter().position(|&(pos, _)| pos == end) {
+                    let (_, c) = p.swap_remove(j);
+                    if ck.by_hash.contains_key(&h) {
+                        ck.free.push(c);
+                    } else {
+                        ck.by_hash.insert(h, c);
+                        ck.hash[c] = Some(h);
+                        ck.touch(c);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -284,12 +381,14 @@ impl ModelCache {
     /// token is computed, to get its logits). Returns the slot and the cached length.
     pub fn alloc_seq_prefix(&mut self, ids: &[u32]) -> Result<(SeqId, usize)> {
         let seq = self.alloc_seq()?;
-        if !self.has_kv || self.has_recurrent {
+        if !self.prefix_caching() {
             return Ok((seq, 0));
         }
         let bs = self.pool.block_size();
         let mut parent = None;
         let mut n = 0;
+        // With recurrent layers: the deepest block end with a saved state (and its slot).
+        let mut resume = (0, None);
         while (n + 1) * bs < ids.len() {
             let h = block_hash(parent, &ids[n * bs..(n + 1) * bs]);
             let Some(b) = self.pool.lookup(h) else { break };
@@ -297,6 +396,22 @@ impl ModelCache {
             self.hashes[seq.0].push(h);
             parent = Some(h);
             n += 1;
+            if let Some(&c) = self.ck.by_hash.get(&h) {
+                resume = (n, Some(c));
+            }
+        }
+        if self.has_recurrent {
+            let (keep, c) = resume;
+            self.release_from(seq, keep);
+            n = keep;
+            if let Some(c) = c {
+                self.ck.touch(c);
+                for layer in &mut self.layers {
+                    if let LayerCache::Recurrent(r) = layer {
+                        r.restore(seq, c)?;
+                    }
+                }
+            }
         }
         self.lens[seq.0] = Some(n * bs);
         Ok((seq, n * bs))
@@ -315,6 +430,7 @@ impl StateCache for ModelCache {
         self.lens.push(Some(0));
         self.tables.push(Vec::new());
         self.hashes.push(Vec::new());
+        self.ck.pending.push(Vec::new());
         Ok(SeqId(self.lens.len() - 1))
     }
 
@@ -322,6 +438,7 @@ impl StateCache for ModelCache {
         if let Some(l @ Some(_)) = self.lens.get_mut(seq.0) {
             *l = None;
             self.release_from(seq, 0);
+            self.ck.drop_pending(seq.0, 0);
             for layer in &mut self.layers {
                 // Zeroing a device slot can only fail on a broken device; the slot is then
                 // not handed out again, and the error goes to the caller.
@@ -371,6 +488,7 @@ impl StateCache for ModelCache {
         if let Some(h) = self.hashes.get_mut(seq.0) {
             h.truncate(len / bs);
         }
+        self.ck.drop_pending(seq.0, len + 1);
         Ok(())
     }
 
@@ -393,9 +511,30 @@ impl StateCache for ModelCache {
         }
         let lists: Vec<&[u32]> = batch.spans.iter().map(|s| &self.tables[s.seq.0][..]).collect();
         let step = Arc::new(PageStep::new(batch, self.pool.block_size(), &lists)?);
+        // Recurrent checkpoints at every chunk-aligned position inside a chunked (prefill)
+        // span that starts aligned.
+        let mut saves = Vec::new();
+        let c = self.ck.interval;
+        if c > 0 {
+            for (i, s) in batch.spans.iter().enumerate() {
+                if s.len <= (self.spec + 1).max(1) || !s.pos0.is_multiple_of(c) {
+                    continue;
+                }
+                let mut b = s.pos0 + c;
+                while b <= s.pos0 + s.len {
+                    let Some(slot) = self.ck.take() else { break };
+                    saves.push(crate::backend::CkptSave { span: i, pos: b, slot });
+                    self.ck.pending[s.seq.0].push((b, slot));
+                    b += c;
+                }
+            }
+        }
+        let saves = Arc::new(saves);
         for layer in &mut self.layers {
-            if let LayerCache::Kv(kv) = layer {
-                kv.step = Some(step.clone());
+            match layer {
+                LayerCache::Kv(kv) => kv.step = Some(step.clone()),
+                LayerCache::Recurrent(r) => r.ckpt_step = Some(saves.clone()),
+                LayerCache::Stateless => {}
             }
         }
         Ok(())
