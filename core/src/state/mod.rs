@@ -363,12 +363,13 @@ impl ModelCache {
             if let Some(p) = ck.pending.get_mut(seq.0) {
                 if let Some(j) = p.iter().position(|&(pos, _)| pos == end) {
                     let (_, c) = p.swap_remove(j);
-                    if ck.by_hash.contains_key(&h) {
-                        ck.free.push(c);
-                    } else {
-                        ck.by_hash.insert(h, c);
-                        ck.hash[c] = Some(h);
-                        ck.touch(c);
+                    match ck.by_hash.entry(h) {
+                        std::collections::hash_map::Entry::Occupied(_) => ck.free.push(c),
+                        std::collections::hash_map::Entry::Vacant(v) => {
+                            v.insert(c);
+                            ck.hash[c] = Some(h);
+                            ck.touch(c);
+                        }
                     }
                 }
             }
