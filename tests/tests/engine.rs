@@ -41,26 +41,36 @@ fn engine_matches_generate() {
 /// request ends exactly once, and the pool and slots come back whole.
 #[test]
 fn no_leaks_no_lost_requests() {
-    let m = load("qwen3", DType::F32).unwrap();
+    leak_test("qwen3", 3000, 16);
+}
+
+/// The same on the hybrid GDN model (checkpoints saved and restored by the prefix cache too),
+/// with 64-token blocks.
+#[test]
+fn no_leaks_no_lost_requests_hybrid() {
+    leak_test("qwen3_next_a", 400, 64);
+}
+
+fn leak_test(name: &str, n_requests: u64, block_size: usize) {
+    let m = load(name, DType::F32).unwrap();
     let vocab = m.info.vocab_size;
     let mut rng = Rng(0xfeed_beef);
-    let blocks = 20;
-    let mut e = EngineCore::new(&m, cfg(8, 96, blocks)).unwrap();
+    let blocks = 320 / block_size;
+    let mut e = EngineCore::new(&m, EngineConfig { block_size, ..cfg(8, 96, blocks) }).unwrap();
     let (total, slots) = (e.stats().kv_blocks_total, e.stats().state_slots_total);
     let t0 = std::time::Instant::now();
     let (mut next, mut ended, mut aborted) = (0u64, 0usize, 0usize);
-    let n_requests = 3000u64;
     let mut open: Vec<u64> = Vec::new();
     while next < n_requests || e.has_work() {
         // A few arrivals per step, with shared prefixes now and then.
         for _ in 0..rng.below(4) {
             if next < n_requests {
-                let len = 1 + rng.below(40);
+                let len = 1 + rng.below(40 * block_size / 16);
                 let mut p = rng.prompt(len, vocab);
                 if rng.below(3) == 0 {
-                    p[..len.min(16)].iter_mut().for_each(|t| *t = 5);
+                    p[..len.min(block_size)].iter_mut().for_each(|t| *t = 5);
                 }
-                let stop = StopParams { max_tokens: Some(1 + rng.below(24)), ..Default::default() };
+                let stop = StopParams { max_tokens: Some(1 + rng.below(24 * block_size / 16)), ..Default::default() };
                 let params = SamplingParams { stop, ..Default::default() };
                 e.add_request(next, p, params).unwrap();
                 open.push(next);
@@ -93,6 +103,8 @@ fn no_leaks_no_lost_requests() {
     assert_eq!(s.kv_blocks_free, total, "KV blocks leaked");
     assert_eq!(s.state_slots_free, slots, "state slots leaked");
     assert_eq!((s.running, s.waiting), (0, 0));
+    let (ck_total, ck_reusable) = e.cache().checkpoints();
+    assert_eq!(ck_reusable, ck_total, "recurrent checkpoints leaked");
     eprintln!(
         "{n_requests} requests, {aborted} aborted, {} preemptions, {} steps, prefix hits {} tokens",
         s.preemptions, s.steps, s.prefix_hit_tokens

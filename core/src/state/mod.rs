@@ -243,6 +243,12 @@ impl ModelCache {
         }
     }
 
+    /// Recurrent-state checkpoints: `(total, reusable)` — reusable = free or registered (LRU
+    /// evictable); the rest are saved by a forward and wait for their block's hash.
+    pub fn checkpoints(&self) -> (usize, usize) {
+        (self.ck.hash.len(), self.ck.free.len() + self.ck.lru.len())
+    }
+
     /// Whether prefix-cache hits can resume this model's recurrent state (checkpoints kept).
     pub fn prefix_caching(&self) -> bool {
         self.has_kv && (!self.has_recurrent || self.ck.interval > 0)
