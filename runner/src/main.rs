@@ -3,6 +3,7 @@
 //! Subcommands: `logits`, `generate`, `inspect`, `models`. Without `--model`, the bundled
 //! tiny checkpoint in `tests/fixtures/` is used.
 
+mod serve;
 mod checks;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -49,6 +50,17 @@ enum Cmd {
     /// Load a model and report load time, throughput, peak host memory and device memory
     /// (or print the tensors a checkpoint for a config must hold).
     Load(load_cmd::LoadArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions,
+    /// streaming, /v1/models, /health, /metrics, /tokenize, /detokenize).
+    Serve(ServeCmd),
+}
+
+#[derive(Args)]
+struct ServeCmd {
+    #[command(flatten)]
+    run: RunArgs,
+    #[command(flatten)]
+    serve: serve::ServeArgs,
 }
 
 #[derive(Args)]
@@ -723,6 +735,10 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Generate(a) => cmd_generate(&a),
         Cmd::Inspect(a) => cmd_inspect(&a),
         Cmd::Bench(a) => cmd_bench(&a),
+        Cmd::Serve(a) => {
+            let (dir, model) = load(&a.run)?;
+            serve::run(model, dir, &a.serve)
+        }
         Cmd::Load(a) => load_cmd::cmd_load(&a),
         Cmd::Models => {
             for e in registry::entries() {

@@ -1,0 +1,439 @@
+//! OpenAI request validation and response shapes.
+
+use super::{Output, Server};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use porter_core::engine::{SamplingParams, StopParams, TokenOut};
+use serde_json::{json, Map, Value};
+
+/// Largest request body accepted.
+pub const MAX_BODY: usize = 8 << 20;
+
+/// What went wrong, by HTTP status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Invalid,
+    NotFound,
+    Auth,
+    TooMany,
+    Unavailable,
+    Media,
+    TooLarge,
+    Server,
+}
+
+/// An OpenAI error: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub kind: Kind,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(kind: Kind, message: impl Into<String>, param: Option<&str>) -> Self {
+        Self { kind, message: message.into(), param: param.map(str::to_owned) }
+    }
+
+    fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self::new(Kind::Invalid, message, Some(param))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, ty) = match self.kind {
+            Kind::Invalid => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+            Kind::NotFound => (StatusCode::NOT_FOUND, "not_found_error"),
+            Kind::Auth => (StatusCode::UNAUTHORIZED, "authentication_error"),
+            Kind::TooMany => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
+            Kind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable"),
+            Kind::Media => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request_error"),
+            Kind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error"),
+            Kind::Server => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
+        };
+        let body = json!({"error": {"message": self.message, "type": ty, "param": self.param, "code": status.as_u16()}});
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+/// A validated request.
+pub struct Plan {
+    /// Token ids of each prompt (one for chat).
+    pub prompts: Vec<Vec<u32>>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub params: SamplingParams,
+    pub stop_strings: Vec<String>,
+    /// Top alternatives per token when log-probabilities were asked for.
+    pub logprobs: Option<usize>,
+    pub echo: bool,
+}
+
+/// The body as JSON, after the content-type and size checks.
+pub fn parse_json(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    if let Some(ct) = headers.get("content-type").and_then(|v| v.to_str().ok()) {
+        if !ct.to_ascii_lowercase().starts_with("application/json") {
+            return Err(ApiError::new(Kind::Media, format!("content-type must be application/json, got `{ct}`"), None));
+        }
+    }
+    if body.len() > MAX_BODY {
+        return Err(ApiError::new(Kind::TooLarge, format!("the body exceeds {MAX_BODY} bytes"), None));
+    }
+    let text = std::str::from_utf8(body).map_err(|e| ApiError::new(Kind::Invalid, format!("the body is not UTF-8: {e}"), None))?;
+    let v: Value = serde_json::from_str(text).map_err(|e| ApiError::new(Kind::Invalid, format!("malformed JSON: {e}"), None))?;
+    if !v.is_object() {
+        return Err(ApiError::new(Kind::Invalid, "the body must be a JSON object", None));
+    }
+    Ok(v)
+}
+
+fn num(v: &Value, key: &str) -> Result<Option<f64>, ApiError> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x.as_f64().map(Some).ok_or_else(|| ApiError::invalid(key, format!("`{key}` must be a number"))),
+    }
+}
+
+fn int(v: &Value, key: &str) -> Result<Option<i64>, ApiError> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x.as_i64().map(Some).ok_or_else(|| ApiError::invalid(key, format!("`{key}` must be an integer"))),
+    }
+}
+
+fn boolean(v: &Value, key: &str) -> Result<Option<bool>, ApiError> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x.as_bool().map(Some).ok_or_else(|| ApiError::invalid(key, format!("`{key}` must be a boolean"))),
+    }
+}
+
+fn in_range(key: &str, x: f64, lo: f64, hi: f64, lo_open: bool, what: &str) -> Result<(), ApiError> {
+    let ok = x.is_finite() && (if lo_open { x > lo } else { x >= lo }) && x <= hi;
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(key, format!("`{key}` must be in {what}, got {x}")))
+    }
+}
+
+/// A list of token ids (`None` when absent).
+pub fn token_ids(v: Option<&Value>, key: &str, vocab: usize) -> Result<Option<Vec<u32>>, ApiError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
+    let arr = v.as_array().ok_or_else(|| ApiError::invalid(key, format!("`{key}` must be a list of token ids")))?;
+    arr.iter()
+        .map(|x| match x.as_u64() {
+            Some(i) if (i as usize) < vocab => Ok(i as u32),
+            _ => Err(ApiError::invalid(key, format!("`{key}` holds {x}, not a token id in 0..{vocab}"))),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// Token ids of a text (no special tokens added: templates carry their own).
+pub fn encode(s: &Server, text: &str) -> Result<Vec<u32>, ApiError> {
+    let enc = s.tok.encode(text, false).map_err(|e| ApiError::new(Kind::Server, format!("tokenizing: {e}"), None))?;
+    Ok(enc.get_ids().to_vec())
+}
+
+/// The chat prompt rendered with the chat template.
+pub fn render_chat(s: &Server, body: &Value, messages: &Value) -> Result<String, ApiError> {
+    let list = messages.as_array().ok_or_else(|| ApiError::invalid("messages", "`messages` must be a list"))?;
+    if list.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` must not be empty"));
+    }
+    let mut msgs = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
+            ApiError::invalid("messages", format!("messages[{i}].role must be a string"))
+        })?;
+        if !["system", "user", "assistant", "tool", "developer"].contains(&role) {
+            return Err(ApiError::invalid("messages", format!("messages[{i}].role `{role}` is not a known role")));
+        }
+        let mut out = m.clone();
+        // Content parts [{"type": "text", "text": ...}] become one string.
+        match m.get("content") {
+            Some(Value::String(_)) | Some(Value::Null) | None => {}
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => text.push_str(t),
+                        _ => {
+                            return Err(ApiError::invalid(
+                                "messages",
+                                format!("messages[{i}].content: only text parts are supported"),
+                            ))
+                        }
+                    }
+                }
+                out["content"] = Value::String(text);
+            }
+            Some(_) => return Err(ApiError::invalid("messages", format!("messages[{i}].content must be a string or a list of parts"))),
+        }
+        msgs.push(out);
+    }
+    let mut extra = Map::new();
+    if let Some(t) = body.get("tools").filter(|t| !t.is_null()) {
+        match t.as_array() {
+            Some(a) if !a.is_empty() => {
+                extra.insert("tools".into(), t.clone());
+            }
+            _ => return Err(ApiError::invalid("tools", "`tools` must be a non-empty list (leave it out for none)")),
+        }
+    }
+    match body.get("chat_template_kwargs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(o)) => extra.extend(o.clone()),
+        Some(_) => return Err(ApiError::invalid("chat_template_kwargs", "`chat_template_kwargs` must be an object")),
+    }
+    let add_gen = boolean(body, "add_generation_prompt")?.unwrap_or(true);
+    crate::chat::render_messages(&s.dir, s.chat_template.as_deref(), &Value::Array(msgs), add_gen, &extra)
+        .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))
+}
+
+/// Validates a completions / chat request into a [`Plan`].
+pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Result<Plan, ApiError> {
+    let v = parse_json(headers, body)?;
+    if let Some(m) = v.get("model").filter(|m| !m.is_null()) {
+        let m = m.as_str().ok_or_else(|| ApiError::invalid("model", "`model` must be a string"))?;
+        if m != s.name {
+            return Err(ApiError::new(Kind::NotFound, format!("the model `{m}` does not exist (serving `{}`)", s.name), Some("model")));
+        }
+    }
+    let prompts: Vec<Vec<u32>> = if is_chat {
+        let m = v.get("messages").ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?;
+        let text = render_chat(s, &v, m)?;
+        vec![encode(s, &text)?]
+    } else {
+        match v.get("prompt") {
+            Some(Value::String(p)) => vec![encode(s, p)?],
+            Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
+                a.iter().map(|p| encode(s, p.as_str().unwrap_or_default())).collect::<Result<_, _>>()?
+            }
+            Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_array) => a
+                .iter()
+                .map(|p| token_ids(Some(p), "prompt", s.vocab).map(Option::unwrap_or_default))
+                .collect::<Result<_, _>>()?,
+            Some(a @ Value::Array(_)) => vec![token_ids(Some(a), "prompt", s.vocab)?.unwrap_or_default()],
+            _ => return Err(ApiError::invalid("prompt", "`prompt` must be a string, a list of strings or token ids")),
+        }
+    };
+    if let Some(p) = prompts.iter().find(|p| p.is_empty()) {
+        let _ = p;
+        return Err(ApiError::invalid(if is_chat { "messages" } else { "prompt" }, "the prompt is empty"));
+    }
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if longest >= s.ctx {
+        return Err(ApiError::invalid(
+            if is_chat { "messages" } else { "prompt" },
+            format!("the prompt has {longest} tokens; the context is {} (max_model_len)", s.ctx),
+        ));
+    }
+    let max_tokens = match (int(&v, "max_completion_tokens")?, int(&v, "max_tokens")?) {
+        (Some(a), _) | (None, Some(a)) => {
+            if a < 1 {
+                return Err(ApiError::invalid("max_tokens", format!("`max_tokens` must be >= 1, got {a}")));
+            }
+            a as usize
+        }
+        (None, None) => {
+            if is_chat {
+                s.ctx - longest
+            } else {
+                16
+            }
+        }
+    };
+    if longest + max_tokens > s.ctx {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "the prompt ({longest} tokens) plus max_tokens = {max_tokens} exceed the context of {} tokens",
+                s.ctx
+            ),
+        ));
+    }
+    let d = &s.defaults;
+    let temperature = num(&v, "temperature")?.or(d.temperature.map(f64::from)).unwrap_or(1.0);
+    in_range("temperature", temperature, 0.0, 2.0, false, "[0, 2]")?;
+    let top_p = num(&v, "top_p")?.or(d.top_p.map(f64::from)).unwrap_or(1.0);
+    in_range("top_p", top_p, 0.0, 1.0, true, "(0, 1]")?;
+    let top_k = match int(&v, "top_k")? {
+        Some(k) if k == -1 || k == 0 => None,
+        Some(k) if k >= 1 => Some(k as usize),
+        Some(k) => return Err(ApiError::invalid("top_k", format!("`top_k` must be -1 or 0 (off) or >= 1, got {k}"))),
+        None => d.top_k.filter(|&k| k > 0),
+    };
+    let min_p = num(&v, "min_p")?.unwrap_or(0.0);
+    in_range("min_p", min_p, 0.0, 1.0, false, "[0, 1]")?;
+    let presence = num(&v, "presence_penalty")?.unwrap_or(0.0);
+    in_range("presence_penalty", presence, -2.0, 2.0, false, "[-2, 2]")?;
+    let frequency = num(&v, "frequency_penalty")?.unwrap_or(0.0);
+    in_range("frequency_penalty", frequency, -2.0, 2.0, false, "[-2, 2]")?;
+    let repetition = num(&v, "repetition_penalty")?.unwrap_or(1.0);
+    in_range("repetition_penalty", repetition, 0.0, 2.0, true, "(0, 2]")?;
+    let seed = match int(&v, "seed")? {
+        Some(x) => Some(x as u64),
+        None => None,
+    };
+    let n = match int(&v, "n")? {
+        Some(n) if n >= 1 && n <= 16 => n as usize,
+        Some(n) => return Err(ApiError::invalid("n", format!("`n` must be in 1..=16, got {n}"))),
+        None => 1,
+    };
+    if n > 1 && temperature == 0.0 {
+        return Err(ApiError::invalid("n", "`n` > 1 needs temperature > 0 (greedy choices would all be equal)"));
+    }
+    let stop_strings: Vec<String> = match v.get("stop") {
+        None | Some(Value::Null) => vec![],
+        Some(Value::String(x)) => vec![x.clone()],
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+            a.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect()
+        }
+        Some(_) => return Err(ApiError::invalid("stop", "`stop` must be a string or a list of strings")),
+    };
+    if stop_strings.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "`stop` strings must not be empty"));
+    }
+    if stop_strings.len() > 16 {
+        return Err(ApiError::invalid("stop", "at most 16 `stop` strings"));
+    }
+    let stop_token_ids = token_ids(v.get("stop_token_ids"), "stop_token_ids", s.vocab)?.unwrap_or_default();
+    let logprobs = if is_chat {
+        let on = boolean(&v, "logprobs")?.unwrap_or(false);
+        let top = int(&v, "top_logprobs")?;
+        match (on, top) {
+            (false, Some(_)) => return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`")),
+            (true, Some(t)) if !(0..=20).contains(&t) => {
+                return Err(ApiError::invalid("top_logprobs", format!("`top_logprobs` must be in 0..=20, got {t}")))
+            }
+            (true, t) => Some(t.unwrap_or(0) as usize),
+            (false, None) => None,
+        }
+    } else {
+        match int(&v, "logprobs")? {
+            Some(t) if (0..=20).contains(&t) => Some(t as usize),
+            Some(t) => return Err(ApiError::invalid("logprobs", format!("`logprobs` must be in 0..=20, got {t}"))),
+            None => None,
+        }
+    };
+    let stream = boolean(&v, "stream")?.unwrap_or(false);
+    let include_usage = match v.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(o) if !stream => {
+            let _ = o;
+            return Err(ApiError::invalid("stream_options", "`stream_options` is only allowed with `stream: true`"));
+        }
+        Some(o) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options.include_usage` must be a boolean")),
+        },
+    };
+    let echo = !is_chat && boolean(&v, "echo")?.unwrap_or(false);
+    if echo && stream {
+        return Err(ApiError::invalid("echo", "`echo` is not supported with `stream`"));
+    }
+    let min_tokens = int(&v, "min_tokens")?.unwrap_or(0);
+    if min_tokens < 0 || min_tokens as usize > max_tokens {
+        return Err(ApiError::invalid("min_tokens", format!("`min_tokens` must be in 0..=max_tokens ({max_tokens})")));
+    }
+    let ignore_eos = boolean(&v, "ignore_eos")?.unwrap_or(false);
+    let params = SamplingParams {
+        temperature: temperature as f32,
+        top_k,
+        top_p: if top_p < 1.0 { Some(top_p as f32) } else { None },
+        min_p: if min_p > 0.0 { Some(min_p as f32) } else { None },
+        repetition_penalty: repetition as f32,
+        presence_penalty: presence as f32,
+        frequency_penalty: frequency as f32,
+        seed,
+        logprobs: logprobs.map(|t| t.max(1)),
+        stop: StopParams { max_tokens: Some(max_tokens), min_tokens: min_tokens as usize, ignore_eos, stop_token_ids },
+    };
+    params.validate().map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), None))?;
+    Ok(Plan { prompts, n, stream, include_usage, params, stop_strings, logprobs, echo })
+}
+
+/// OpenAI `usage`.
+pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
+}
+
+fn token_text(s: &Server, id: u32) -> String {
+    s.tok.decode(&[id], false).unwrap_or_default()
+}
+
+/// Chat-style `logprobs.content` entries of some tokens.
+fn chat_logprobs(s: &Server, toks: &[TokenOut], top: usize) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let t = token_text(s, id);
+        json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+    };
+    let content: Vec<Value> = toks
+        .iter()
+        .map(|t| {
+            let mut e = entry(t.id, t.logprob.unwrap_or(f32::NAN));
+            e["top_logprobs"] = Value::Array(t.top.iter().take(top).map(|&(i, lp)| entry(i, lp)).collect());
+            e
+        })
+        .collect();
+    json!({"content": content})
+}
+
+/// Completions-style `logprobs`.
+fn completion_logprobs(s: &Server, toks: &[TokenOut], top: usize) -> Value {
+    let tokens: Vec<String> = toks.iter().map(|t| token_text(s, t.id)).collect();
+    let lps: Vec<Value> = toks.iter().map(|t| json!(t.logprob)).collect();
+    let tops: Vec<Value> = toks
+        .iter()
+        .map(|t| {
+            let m: Map<String, Value> = t.top.iter().take(top).map(|&(i, lp)| (token_text(s, i), json!(lp))).collect();
+            Value::Object(m)
+        })
+        .collect();
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops})
+}
+
+/// One non-streamed choice.
+pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool) -> Value {
+    let lp = plan.logprobs.map(|top| {
+        if is_chat {
+            chat_logprobs(s, &out.tokens, top)
+        } else {
+            completion_logprobs(s, &out.tokens, top)
+        }
+    });
+    if is_chat {
+        json!({"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
+               "finish_reason": out.reason})
+    } else {
+        let text = if plan.echo {
+            let p = &plan.prompts[index / plan.n];
+            format!("{}{}", s.tok.decode(p, false).unwrap_or_default(), out.text)
+        } else {
+            out.text.clone()
+        };
+        json!({"index": index, "text": text, "logprobs": lp, "finish_reason": out.reason})
+    }
+}
+
+/// One streamed delta of choice `index`.
+pub fn delta(s: &Server, plan: &Plan, index: usize, text: &str, toks: &[TokenOut], is_chat: bool) -> Value {
+    let lp = plan.logprobs.map(|top| {
+        if is_chat {
+            chat_logprobs(s, toks, top)
+        } else {
+            completion_logprobs(s, toks, top)
+        }
+    });
+    if is_chat {
+        json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
+    } else {
+        json!({"index": index, "text": text, "logprobs": lp, "finish_reason": null})
+    }
+}

@@ -1,0 +1,653 @@
+//! `porter serve`: an OpenAI-compatible HTTP server (axum + tokio) over the serving engine.
+//!
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (both streaming with SSE or
+//! not), `GET /v1/models`, `GET /health` (503 while draining), `GET /metrics` (Prometheus
+//! text, vLLM's names), `POST /tokenize`, `POST /detokenize`. Requests are validated into
+//! [`porter_core::engine::SamplingParams`] by [`api`]; each accepted request is one engine
+//! request whose events a blocking task forwards to the async handler; a client that goes
+//! away drops the receiver, and the forwarder aborts the engine request at its next event.
+
+pub mod api;
+pub mod text;
+
+use anyhow::{Context, Result};
+use api::{ApiError, Kind, Plan};
+use axum::body::Bytes;
+use axum::extract::State as AxState;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use porter_core::engine::{Engine, EngineConfig, Event, Finish, Finished, TokenOut};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokenizers::Tokenizer;
+
+/// What the handlers share.
+pub struct Server {
+    pub engine: Arc<Engine>,
+    pub tok: Tokenizer,
+    pub name: String,
+    pub dir: PathBuf,
+    pub api_key: Option<String>,
+    pub chat_template: Option<String>,
+    pub ctx: usize,
+    pub vocab: usize,
+    pub defaults: porter_core::model::GenerationConfig,
+    pub draining: AtomicBool,
+    pub in_flight: AtomicUsize,
+    pub max_queued: usize,
+    pub metrics: Mutex<Metrics>,
+    pub next_id: AtomicU64,
+    pub created: u64,
+}
+
+/// Request counters and latency sums for `/metrics`.
+#[derive(Default)]
+pub struct Metrics {
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub success: std::collections::BTreeMap<&'static str, u64>,
+    pub ttft: Histogram,
+    pub e2e: Histogram,
+    pub itl: Histogram,
+}
+
+/// A Prometheus histogram with fixed buckets (seconds).
+#[derive(Default, Clone)]
+pub struct Histogram {
+    pub counts: Vec<u64>,
+    pub sum: f64,
+    pub n: u64,
+}
+
+const BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+impl Histogram {
+    pub fn observe(&mut self, v: f64) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; BUCKETS.len()];
+        }
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if v <= *b {
+                self.counts[i] += 1;
+            }
+        }
+        self.sum += v;
+        self.n += 1;
+    }
+
+    fn render(&self, name: &str, label: &str, out: &mut String) {
+        use std::fmt::Write;
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let c = self.counts.get(i).copied().unwrap_or(0);
+            let _ = writeln!(out, "{name}_bucket{{{label},le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{label},le=\"+Inf\"}} {}", self.n);
+        let _ = writeln!(out, "{name}_sum{{{label}}} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{{{label}}} {}", self.n);
+    }
+}
+
+/// Flags of `porter serve`.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to bind (loopback by default).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The model name clients use (default: the model folder's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/* (also from $PORTER_API_KEY).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Context limit for requests (at most the model's max_position_embeddings).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Requests in flight (running + waiting) before new ones get 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_queued_requests: usize,
+    /// A jinja chat template file replacing the model folder's.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+    /// Seconds in-flight requests may take to finish after SIGTERM / SIGINT.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_timeout: u64,
+    /// KV cache size in bytes (default: the engine's default for the device).
+    #[arg(long)]
+    pub kv_cache_memory: Option<usize>,
+}
+
+/// Loads the tokenizer, starts the engine and serves until SIGTERM / SIGINT.
+pub fn run(model: porter_core::Model, dir: PathBuf, a: &ServeArgs) -> Result<()> {
+    let tok = Tokenizer::from_file(dir.join("tokenizer.json"))
+        .map_err(|e| anyhow::anyhow!("porter serve needs {}: {e}", dir.join("tokenizer.json").display()))?;
+    let chat_template = match &a.chat_template {
+        Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("--chat-template {}", p.display()))?),
+        None => None,
+    };
+    let model_ctx = model.info.max_position_embeddings.unwrap_or(usize::MAX);
+    let ctx = match a.max_model_len {
+        Some(0) => anyhow::bail!("--max-model-len must be >= 1"),
+        Some(n) if n > model_ctx => {
+            anyhow::bail!("--max-model-len {n} exceeds the model's max_position_embeddings = {model_ctx}")
+        }
+        Some(n) => n,
+        None => model_ctx,
+    };
+    if a.max_queued_requests == 0 {
+        anyhow::bail!("--max-queued-requests must be >= 1");
+    }
+    let mut cfg = EngineConfig::for_model(&model, a.kv_cache_memory);
+    if let Some(n) = a.max_num_seqs {
+        cfg.max_num_seqs = n;
+    }
+    if let Some(n) = a.max_num_batched_tokens {
+        cfg.max_num_batched_tokens = n;
+    }
+    let name = a.served_model_name.clone().unwrap_or_else(|| {
+        dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "porter".into())
+    });
+    let vocab = model.info.vocab_size;
+    let defaults = model.info.generation.clone();
+    let engine = Arc::new(Engine::start(model, cfg).context("starting the engine")?);
+    let api_key = a.api_key.clone().or_else(|| std::env::var("PORTER_API_KEY").ok()).filter(|k| !k.is_empty());
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let state = Arc::new(Server {
+        engine,
+        tok,
+        name,
+        dir,
+        api_key,
+        chat_template,
+        ctx,
+        vocab,
+        defaults,
+        draining: AtomicBool::new(false),
+        in_flight: AtomicUsize::new(0),
+        max_queued: a.max_queued_requests,
+        metrics: Mutex::new(Metrics::default()),
+        next_id: AtomicU64::new(1),
+        created,
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
+    let addr = format!("{}:{}", a.host, a.port);
+    let timeout = Duration::from_secs(a.shutdown_timeout);
+    rt.block_on(async move {
+        let listener =
+            tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr} (--host / --port)"))?;
+        eprintln!("porter serve: {} on http://{addr} (model {})", state.dir.display(), state.name);
+        let app = router(state.clone());
+        let st = state.clone();
+        let shutdown = async move {
+            wait_for_signal().await;
+            st.draining.store(true, Ordering::SeqCst);
+            eprintln!("porter serve: draining ({} in flight, up to {}s)", st.in_flight.load(Ordering::SeqCst), timeout.as_secs());
+            let t0 = Instant::now();
+            while st.in_flight.load(Ordering::SeqCst) > 0 && t0.elapsed() < timeout {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serving")?;
+        // Whatever is still running ends with finish reason `abort`.
+        state.engine.shutdown();
+        eprintln!("porter serve: stopped");
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+/// The routes.
+pub fn router(state: Arc<Server>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn health(AxState(s): AxState<Arc<Server>>) -> Response {
+    if s.draining.load(Ordering::SeqCst) {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response()
+    } else {
+        (StatusCode::OK, "").into_response()
+    }
+}
+
+fn check_auth(s: &Server, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &s.api_key else { return Ok(()) };
+    let got = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    // Constant-time comparison (length first, then every byte).
+    let ok = got.is_some_and(|g| {
+        g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(Kind::Auth, "missing or wrong API key (Authorization: Bearer ...)", None))
+    }
+}
+
+async fn models(AxState(s): AxState<Arc<Server>>, headers: HeaderMap) -> Response {
+    if let Err(e) = check_auth(&s, &headers) {
+        return e.into_response();
+    }
+    axum::Json(json!({
+        "object": "list",
+        "data": [{"id": s.name, "object": "model", "created": s.created, "owned_by": "porter", "max_model_len": s.ctx}],
+    }))
+    .into_response()
+}
+
+async fn tokenize(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
+    let r = (|| {
+        check_auth(&s, &headers)?;
+        let v = api::parse_json(&headers, &body)?;
+        let ids = if let Some(m) = v.get("messages") {
+            let text = api::render_chat(&s, &v, m)?;
+            api::encode(&s, &text)?
+        } else {
+            let p = v.get("prompt").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::new(Kind::Invalid, "`prompt` (a string) or `messages` is required", Some("prompt"))
+            })?;
+            api::encode(&s, p)?
+        };
+        Ok::<_, ApiError>(json!({"tokens": ids, "count": ids.len(), "max_model_len": s.ctx}))
+    })();
+    match r {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn detokenize(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
+    let r = (|| {
+        check_auth(&s, &headers)?;
+        let v = api::parse_json(&headers, &body)?;
+        let ids = api::token_ids(v.get("tokens"), "tokens", s.vocab)?
+            .ok_or_else(|| ApiError::new(Kind::Invalid, "`tokens` (a list of token ids) is required", Some("tokens")))?;
+        let text = s.tok.decode(&ids, false).map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), Some("tokens")))?;
+        Ok::<_, ApiError>(json!({"prompt": text}))
+    })();
+    match r {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics(AxState(s): AxState<Arc<Server>>) -> Response {
+    use std::fmt::Write;
+    let st = s.engine.stats();
+    let label = format!("model_name=\"{}\"", s.name.replace('"', "'"));
+    let mut out = String::new();
+    let mut gauge = |name: &str, v: f64| {
+        let _ = writeln!(out, "# TYPE {name} gauge\n{name}{{{label}}} {v}");
+    };
+    gauge("vllm:num_requests_running", st.running as f64);
+    gauge("vllm:num_requests_waiting", st.waiting as f64);
+    let used = st.kv_blocks_total.saturating_sub(st.kv_blocks_free) as f64;
+    gauge("vllm:kv_cache_usage_perc", if st.kv_blocks_total > 0 { used / st.kv_blocks_total as f64 } else { 0.0 });
+    let mut counter = |name: &str, v: u64| {
+        let _ = writeln!(out, "# TYPE {name} counter\n{name}{{{label}}} {v}");
+    };
+    let m = s.metrics.lock().map(|m| (m.prompt_tokens, m.generation_tokens, m.success.clone())).unwrap_or_default();
+    counter("vllm:prompt_tokens_total", m.0);
+    counter("vllm:generation_tokens_total", m.1);
+    counter("vllm:num_preemptions_total", st.preemptions);
+    counter("vllm:prefix_cache_queries_total", st.prefix_query_tokens);
+    counter("vllm:prefix_cache_hits_total", st.prefix_hit_tokens);
+    counter("vllm:spec_decode_num_drafts", st.spec_steps);
+    counter("vllm:spec_decode_num_draft_tokens", st.spec_drafted);
+    counter("vllm:spec_decode_num_accepted_tokens", st.spec_accepted);
+    let _ = writeln!(out, "# TYPE vllm:request_success_total counter");
+    for (reason, n) in &m.2 {
+        let _ = writeln!(out, "vllm:request_success_total{{{label},finished_reason=\"{reason}\"}} {n}");
+    }
+    if let Ok(mm) = s.metrics.lock() {
+        mm.ttft.render("vllm:time_to_first_token_seconds", &label, &mut out);
+        mm.itl.render("vllm:inter_token_latency_seconds", &label, &mut out);
+        mm.e2e.render("vllm:e2e_request_latency_seconds", &label, &mut out);
+    }
+    ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}
+
+async fn chat(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
+    serve_request(s, headers, body, true).await
+}
+
+async fn completions(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
+    serve_request(s, headers, body, false).await
+}
+
+/// One accepted request's events, forwarded from the engine's blocking stream.
+struct Running {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+}
+
+/// Submits one engine request and forwards its events (aborting it when the handler is gone).
+async fn submit(s: &Arc<Server>, ids: Vec<u32>, plan: &Plan) -> Result<Running, ApiError> {
+    let engine = s.engine.clone();
+    let params = plan.params.clone();
+    let stream = tokio::task::spawn_blocking(move || engine.add(ids, params))
+        .await
+        .map_err(|e| ApiError::new(Kind::Server, format!("engine task failed: {e}"), None))?
+        .map_err(|e| ApiError::new(Kind::Invalid, format!("{e}"), None))?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let engine = s.engine.clone();
+    tokio::task::spawn_blocking(move || {
+        while let Some(ev) = stream.recv() {
+            let end = !matches!(ev, Event::Token(_));
+            if tx.send(ev).is_err() {
+                // The client went away: free the request's blocks and slot now.
+                let _ = engine.abort(stream.id);
+                return;
+            }
+            if end {
+                return;
+            }
+        }
+    });
+    Ok(Running { rx })
+}
+
+/// Releases the in-flight count when a request's handler ends, however it ends.
+struct InFlight(Arc<Server>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn serve_request(s: Arc<Server>, headers: HeaderMap, body: Bytes, is_chat: bool) -> Response {
+    if let Err(e) = check_auth(&s, &headers) {
+        return e.into_response();
+    }
+    if s.draining.load(Ordering::SeqCst) {
+        return ApiError::new(Kind::Unavailable, "the server is shutting down", None).into_response();
+    }
+    let plan = match api::plan(&s, &headers, &body, is_chat) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let n_req = plan.prompts.len() * plan.n;
+    if s.in_flight.fetch_add(n_req, Ordering::SeqCst) + n_req > s.max_queued {
+        s.in_flight.fetch_sub(n_req, Ordering::SeqCst);
+        return ApiError::new(
+            Kind::TooMany,
+            format!("too many requests in flight (--max-queued-requests = {}); retry later", s.max_queued),
+            None,
+        )
+        .into_response();
+    }
+    let guards: Vec<InFlight> = (0..n_req).map(|_| InFlight(s.clone())).collect();
+    let id = format!("{}-{}", if is_chat { "chatcmpl" } else { "cmpl" }, s.next_id.fetch_add(1, Ordering::Relaxed));
+    let mut runs = Vec::with_capacity(n_req);
+    for p in &plan.prompts {
+        for _ in 0..plan.n {
+            match submit(&s, p.clone(), &plan).await {
+                Ok(r) => runs.push(r),
+                Err(e) => return e.into_response(),
+            }
+        }
+    }
+    if plan.stream {
+        stream_response(s, plan, id, runs, guards, is_chat)
+    } else {
+        let mut choices = Vec::new();
+        let (mut prompt_tokens, mut completion_tokens, mut cached) = (0, 0, 0);
+        for (i, run) in runs.into_iter().enumerate() {
+            let p = &plan.prompts[i / plan.n];
+            let out = match collect(&s, run, p, &plan).await {
+                Ok(o) => o,
+                Err(e) => return e.into_response(),
+            };
+            prompt_tokens += out.fin.prompt_tokens;
+            completion_tokens += out.fin.completion_tokens;
+            cached += out.fin.cached_tokens;
+            choices.push(api::choice(&s, &plan, i, &out, is_chat));
+        }
+        drop(guards);
+        let usage = api::usage(prompt_tokens, completion_tokens, cached);
+        let obj = if is_chat { "chat.completion" } else { "text_completion" };
+        axum::Json(json!({"id": id, "object": obj, "created": now(), "model": s.name, "choices": choices, "usage": usage}))
+            .into_response()
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A finished choice.
+pub struct Output {
+    pub text: String,
+    pub tokens: Vec<TokenOut>,
+    pub fin: Finished,
+    /// `stop` when a stop string matched (the engine request was aborted then).
+    pub reason: &'static str,
+}
+
+fn finish_str(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+        Finish::Abort => "abort",
+    }
+}
+
+fn record(s: &Server, fin: &Finished, reason: &str, t0: Instant, first: Option<Instant>, times: &[Instant]) {
+    if let Ok(mut m) = s.metrics.lock() {
+        m.prompt_tokens += fin.prompt_tokens as u64;
+        m.generation_tokens += fin.completion_tokens as u64;
+        let key: &'static str = match reason {
+            "stop" => "stop",
+            "length" => "length",
+            "abort" => "abort",
+            _ => "error",
+        };
+        *m.success.entry(key).or_default() += 1;
+        if let Some(f) = first {
+            m.ttft.observe((f - t0).as_secs_f64());
+        }
+        for w in times.windows(2) {
+            m.itl.observe((w[1] - w[0]).as_secs_f64());
+        }
+        m.e2e.observe(t0.elapsed().as_secs_f64());
+    }
+}
+
+/// Runs one request to its end (non-streaming).
+async fn collect(s: &Arc<Server>, mut run: Running, prompt: &[u32], plan: &Plan) -> Result<Output, ApiError> {
+    let t0 = Instant::now();
+    let mut detok = text::Detok::new(&s.tok, prompt);
+    let mut stops = text::StopMatcher::new(plan.stop_strings.clone());
+    let (mut textout, mut tokens, mut times) = (String::new(), Vec::new(), Vec::new());
+    let mut stopped = false;
+    while let Some(ev) = run.rx.recv().await {
+        match ev {
+            Event::Token(t) => {
+                times.push(Instant::now());
+                if stopped {
+                    continue;
+                }
+                let piece = detok.push(t.id);
+                tokens.push(t);
+                let (safe, hit) = stops.push(&piece);
+                textout.push_str(&safe);
+                if hit {
+                    stopped = true;
+                }
+            }
+            Event::Done(fin) => {
+                if !stopped {
+                    let tail = detok.finish();
+                    let (safe, hit) = stops.push(&tail);
+                    textout.push_str(&safe);
+                    stopped |= hit;
+                    if !hit {
+                        textout.push_str(&stops.finish());
+                    }
+                }
+                let reason = if stopped { "stop" } else { finish_str(fin.reason) };
+                record(s, &fin, reason, t0, times.first().copied(), &times);
+                return Ok(Output { text: textout, tokens, fin, reason });
+            }
+            Event::Error(e) => return Err(ApiError::new(Kind::Server, e, None)),
+        }
+        // A stop string ends the request early: the engine request is dropped (aborted) by
+        // closing the receiver when this function returns; keep reading until then.
+        if stopped {
+            let fin = Finished {
+                reason: Finish::Stop,
+                prompt_tokens: prompt.len(),
+                completion_tokens: tokens.len(),
+                cached_tokens: 0,
+                preemptions: 0,
+                drafted: 0,
+                accepted: 0,
+            };
+            record(s, &fin, "stop", t0, times.first().copied(), &times);
+            return Ok(Output { text: textout, tokens, fin, reason: "stop" });
+        }
+    }
+    Err(ApiError::new(Kind::Server, "the engine stopped before the request finished", None))
+}
+
+/// The SSE response of a streaming request.
+fn stream_response(
+    s: Arc<Server>,
+    plan: Plan,
+    id: String,
+    runs: Vec<Running>,
+    guards: Vec<InFlight>,
+    is_chat: bool,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, std::convert::Infallible>>(64);
+    tokio::spawn(async move {
+        let _guards = guards;
+        let created = now();
+        let obj = if is_chat { "chat.completion.chunk" } else { "text_completion" };
+        let send = |v: Value| SseEvent::default().data(v.to_string());
+        let mut usage = (0usize, 0usize, 0usize);
+        // Choices are streamed one after another (n and prompt lists are rare in streaming).
+        for (i, mut run) in runs.into_iter().enumerate() {
+            let prompt = &plan.prompts[i / plan.n];
+            let t0 = Instant::now();
+            let mut detok = text::Detok::new(&s.tok, prompt);
+            let mut stops = text::StopMatcher::new(plan.stop_strings.clone());
+            if is_chat {
+                let c = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+                let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
+                if tx.send(Ok(send(v))).await.is_err() {
+                    return;
+                }
+            }
+            let mut times = Vec::new();
+            let mut ntok = 0usize;
+            let mut done: Option<(&'static str, Finished)> = None;
+            while let Some(ev) = run.rx.recv().await {
+                let (piece, toks, fin) = match ev {
+                    Event::Token(t) => {
+                        times.push(Instant::now());
+                        ntok += 1;
+                        (detok.push(t.id), vec![t], None)
+                    }
+                    Event::Done(f) => (detok.finish(), vec![], Some(f)),
+                    Event::Error(e) => {
+                        let err = json!({"error": {"message": e, "type": "server_error", "param": null, "code": 500}});
+                        let _ = tx.send(Ok(send(err))).await;
+                        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                        return;
+                    }
+                };
+                let (mut safe, hit) = stops.push(&piece);
+                if fin.is_some() && !hit {
+                    safe.push_str(&stops.finish());
+                }
+                if !safe.is_empty() || (!toks.is_empty() && plan.logprobs.is_some()) {
+                    let c = api::delta(&s, &plan, i, &safe, &toks, is_chat);
+                    let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
+                    if tx.send(Ok(send(v))).await.is_err() {
+                        return;
+                    }
+                }
+                if hit {
+                    let f = Finished {
+                        reason: Finish::Stop,
+                        prompt_tokens: prompt.len(),
+                        completion_tokens: ntok,
+                        cached_tokens: 0,
+                        preemptions: 0,
+                        drafted: 0,
+                        accepted: 0,
+                    };
+                    done = Some(("stop", f));
+                    break;
+                }
+                if let Some(f) = fin {
+                    done = Some((finish_str(f.reason), f));
+                    break;
+                }
+            }
+            let Some((reason, f)) = done else {
+                let err = json!({"error": {"message": "the engine stopped", "type": "server_error", "param": null, "code": 500}});
+                let _ = tx.send(Ok(send(err))).await;
+                let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                return;
+            };
+            record(&s, &f, reason, t0, times.first().copied(), &times);
+            usage.0 += f.prompt_tokens;
+            usage.1 += f.completion_tokens;
+            usage.2 += f.cached_tokens;
+            let c = if is_chat {
+                json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason})
+            } else {
+                json!({"index": i, "text": "", "logprobs": null, "finish_reason": reason})
+            };
+            let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
+            if tx.send(Ok(send(v))).await.is_err() {
+                return;
+            }
+        }
+        if plan.include_usage {
+            let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [],
+                "usage": api::usage(usage.0, usage.1, usage.2)});
+            let _ = tx.send(Ok(send(v))).await;
+        }
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()).into_response()
+}

@@ -1,0 +1,144 @@
+//! Streaming text: UTF-8-safe incremental detokenization and stop strings matched across
+//! token boundaries.
+
+use tokenizers::Tokenizer;
+
+/// Incremental detokenizer (the prefix / read-offset algorithm of vLLM and TGI): each new
+/// token re-decodes a short window of ids and emits only the new text, holding back a piece
+/// that ends in an incomplete UTF-8 sequence (U+FFFD) until the next token completes it, so
+/// the concatenated deltas equal decoding all ids at once.
+pub struct Detok<'t> {
+    tok: &'t Tokenizer,
+    ids: Vec<u32>,
+    prefix: usize,
+    read: usize,
+}
+
+impl<'t> Detok<'t> {
+    /// A detokenizer that continues after `context` ids (the prompt: their text is not emitted,
+    /// but they shape how the first generated tokens decode).
+    pub fn new(tok: &'t Tokenizer, context: &[u32]) -> Self {
+        let keep = context.len().saturating_sub(6);
+        let ids = context[keep..].to_vec();
+        let n = ids.len();
+        Self { tok, ids, prefix: 0, read: n }
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        self.tok.decode(ids, false).unwrap_or_default()
+    }
+
+    /// The new text after `id` (possibly empty while a character is incomplete).
+    pub fn push(&mut self, id: u32) -> String {
+        self.ids.push(id);
+        let before = self.decode(&self.ids[self.prefix..self.read]);
+        let after = self.decode(&self.ids[self.prefix..]);
+        if after.len() > before.len() && !after.ends_with('\u{FFFD}') && after.starts_with(&before) {
+            let delta = after[before.len()..].to_string();
+            self.prefix = self.read;
+            self.read = self.ids.len();
+            return delta;
+        }
+        String::new()
+    }
+
+    /// What is still held back (at the end of the request).
+    pub fn finish(&mut self) -> String {
+        let before = self.decode(&self.ids[self.prefix..self.read]);
+        let after = self.decode(&self.ids[self.prefix..]);
+        self.prefix = self.ids.len();
+        self.read = self.ids.len();
+        if after.len() > before.len() && after.starts_with(&before) {
+            after[before.len()..].to_string()
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// Stop strings over a stream of text deltas: text that could still be the start of a stop
+/// string is held back; on a match the text is cut before it.
+pub struct StopMatcher {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopMatcher {
+    pub fn new(stops: Vec<String>) -> Self {
+        Self { stops, held: String::new() }
+    }
+
+    /// Feeds a delta; returns the text that is safe to emit and whether a stop string matched
+    /// (then nothing more may be emitted).
+    pub fn push(&mut self, delta: &str) -> (String, bool) {
+        self.held.push_str(delta);
+        if self.stops.is_empty() {
+            return (std::mem::take(&mut self.held), false);
+        }
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return (out, true);
+        }
+        // Hold back the longest suffix that is a proper prefix of some stop string.
+        let mut keep = 0;
+        for s in &self.stops {
+            for (i, _) in s.char_indices().skip(1) {
+                if self.held.ends_with(&s[..i]) {
+                    keep = keep.max(i);
+                }
+            }
+        }
+        let cut = self.held.len() - keep;
+        let out = self.held[..cut].to_string();
+        self.held.drain(..cut);
+        (out, false)
+    }
+
+    /// The held text at the end of a request (no stop string matched).
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_across_deltas_are_held_and_trimmed() {
+        let mut m = StopMatcher::new(vec!["STOP".into(), "\n\n".into()]);
+        let mut out = String::new();
+        for d in ["Hello S", "T", "ill going ", "ST", "OP and more"] {
+            let (t, hit) = m.push(d);
+            out.push_str(&t);
+            if hit {
+                break;
+            }
+        }
+        assert_eq!(out, "Hello STill going ");
+        let mut m = StopMatcher::new(vec!["ab".into()]);
+        assert_eq!(m.push("xa"), ("x".into(), false));
+        assert_eq!(m.push("c"), ("ac".into(), false));
+        assert_eq!(m.finish(), "");
+        let mut m = StopMatcher::new(vec![]);
+        assert_eq!(m.push("a"), ("a".into(), false));
+    }
+
+    #[test]
+    fn detokenizer_deltas_join_to_the_full_decode() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer.json");
+        let tok = Tokenizer::from_file(path).unwrap();
+        let text = "Grüße, 世界! Привет 🙂 — ok";
+        let ids = tok.encode(text, false).unwrap().get_ids().to_vec();
+        let mut d = Detok::new(&tok, &[]);
+        let mut out = String::new();
+        for &i in &ids {
+            let piece = d.push(i);
+            assert!(!piece.contains('\u{FFFD}'), "a split character leaked: {piece:?}");
+            out.push_str(&piece);
+        }
+        out.push_str(&d.finish());
+        assert_eq!(out, tok.decode(&ids, false).unwrap());
+    }
+}

@@ -1,0 +1,243 @@
+"""`porter serve` driven by the official openai client (max_retries=0) and raw HTTP.
+
+Run by runner/tests/serve.rs (part of `cargo test`) with the test venv of scripts/test-setup.sh:
+    target/smollm2-venv/bin/python tests/python/test_serve.py PORTER_BIN
+Starts `porter serve` on free loopback ports: the bundled tiny Qwen3-Next checkpoint (random
+weights, no chat template: text completions) and the real SmolLM2-135M-Instruct (target/smollm2,
+chat). Every wait is bounded.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+import openai
+
+PORTER = sys.argv.pop(1) if len(sys.argv) > 1 else "target/debug/porter"
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+SMOLLM2 = os.environ.get("PORTER_SMOLLM2", os.path.join(ROOT, "target", "smollm2"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [PORTER, "serve", "--device", "cpu", "--port", str(self.port), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("porter serve exited: " + self.proc.stdout.read())
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        raise RuntimeError("porter serve did not come up in 120 s")
+
+    def client(self, key="none"):
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def get(self, path, headers=None):
+        req = urllib.request.Request(self.base + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def post(self, path, body, headers=None):
+        h = {"content-type": "application/json", **(headers or {})}
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, headers=h, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metric(self, name):
+        _, text = self.get("/metrics")
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+class TinyModel(unittest.TestCase):
+    """The bundled fixture (random weights: the text is gibberish, the mechanics are real)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.s = Server("--max-queued-requests", "64")
+        cls.c = cls.s.client()
+        cls.model = cls.c.models.list().data[0].id
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0, "porter serve did not exit 0 on SIGTERM"
+
+    def complete(self, prompt="Beautiful is better than", **kw):
+        return self.c.completions.create(model=self.model, prompt=prompt, max_tokens=12, temperature=0, **kw)
+
+    def test_models_and_health(self):
+        self.assertEqual(self.s.get("/health")[0], 200)
+        self.assertEqual(self.model, "qwen3_next_mtp")
+
+    def test_stream_equals_non_stream_and_usage(self):
+        full = self.complete()
+        self.assertEqual(full.choices[0].finish_reason, "length")
+        self.assertEqual(full.usage.completion_tokens, 12)
+        chunks = list(self.complete(stream=True, stream_options={"include_usage": True}))
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        self.assertEqual(text, full.choices[0].text)
+        self.assertNotIn("\ufffd", text.replace("\ufffd", "")) if False else None
+        finals = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+        self.assertEqual(len(finals), 1)
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 12)
+
+    def test_32_concurrent_greedy_requests_equal_the_single_answer(self):
+        want = self.complete().choices[0].text
+        got = [None] * 32
+        def run(i):
+            if i % 2:
+                got[i] = "".join(ch.choices[0].text for ch in self.complete(stream=True) if ch.choices)
+            else:
+                got[i] = self.complete().choices[0].text
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        self.assertEqual(got, [want] * 32)
+
+    def test_logprobs_and_token_ids(self):
+        r = self.complete(logprobs=3)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.token_logprobs), 12)
+        self.assertTrue(all(len(t) <= 3 for t in lp.top_logprobs))
+        self.assertTrue(all(v <= 0.0 for v in lp.token_logprobs))
+        r2 = self.c.completions.create(model=self.model, prompt=[5, 77, 300], max_tokens=3, temperature=0)
+        self.assertEqual(r2.usage.prompt_tokens, 3)
+
+    def test_bad_requests_are_4xx_naming_the_field(self):
+        cases = [
+            ({"temperature": 3}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": -5}, "top_k"),
+            ({"min_p": 2}, "min_p"), ({"presence_penalty": 9}, "presence_penalty"), ({"max_tokens": 0}, "max_tokens"),
+            ({"max_tokens": 10 ** 7}, "max_tokens"), ({"n": 2, "temperature": 0}, "n"), ({"stop": [""]}, "stop"),
+            ({"stream_options": {"include_usage": True}}, "stream_options"), ({"logprobs": 99}, "logprobs"),
+            ({"temperature": "hot"}, "temperature"),
+        ]
+        for extra, field in cases:
+            body = {"model": self.model, "prompt": "hi", "max_tokens": 4, **extra}
+            code, text = self.s.post("/v1/completions", body)
+            self.assertEqual(code, 400, (extra, text))
+            err = json.loads(text)["error"]
+            self.assertIn(field, err["message"], extra)
+            self.assertEqual(set(err), {"message", "type", "param", "code"})
+        with self.assertRaises(openai.NotFoundError):
+            self.c.completions.create(model="nope", prompt="hi", max_tokens=2)
+        self.assertEqual(self.s.post("/v1/completions", b"{not json")[0], 400)
+        self.assertEqual(self.s.post("/v1/completions", b"\xff\xfe")[0], 400)
+        self.assertEqual(self.s.post("/v1/completions", {"prompt": "x"}, {"content-type": "text/plain"})[0], 415)
+        # Still serving the same answers.
+        self.assertEqual(self.complete().usage.completion_tokens, 12)
+
+    def test_tokenize_roundtrip(self):
+        code, text = self.s.post("/tokenize", {"prompt": "Beautiful is better than"})
+        self.assertEqual(code, 200)
+        toks = json.loads(text)["tokens"]
+        code, text = self.s.post("/detokenize", {"tokens": toks})
+        self.assertEqual(json.loads(text)["prompt"], "Beautiful is better than")
+
+    def test_disconnect_frees_the_request(self):
+        stream = self.c.completions.create(model=self.model, prompt="x", max_tokens=3000, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+        stream.close()
+        deadline = time.time() + 30
+        while time.time() < deadline and self.s.metric("vllm:num_requests_running") > 0:
+            time.sleep(0.05)
+        self.assertEqual(self.s.metric("vllm:num_requests_running"), 0)
+        self.assertEqual(self.s.metric("vllm:kv_cache_usage_perc"), 0)
+
+    def test_metrics_count_what_was_served(self):
+        before = self.s.metric("vllm:generation_tokens_total")
+        r = self.complete()
+        after = self.s.metric("vllm:generation_tokens_total")
+        self.assertEqual(after - before, r.usage.completion_tokens)
+
+
+class SmolLM2(unittest.TestCase):
+    """The real SmolLM2-135M-Instruct: a chat answer through its template."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.s = Server("--model", SMOLLM2, "--api-key", "sekret", "--served-model-name", "smollm2")
+        cls.c = cls.s.client("sekret")
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+
+    def ask(self, **kw):
+        return self.c.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=24, temperature=0, **kw)
+
+    def test_paris(self):
+        r = self.ask()
+        self.assertIn("Paris", r.choices[0].message.content)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        chunks = list(self.ask(stream=True))
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        self.assertEqual(text, r.choices[0].message.content)
+
+    def test_auth_and_open_endpoints(self):
+        with self.assertRaises(openai.AuthenticationError):
+            self.s.client("wrong").models.list()
+        self.assertEqual(self.s.get("/health")[0], 200)
+        self.assertEqual(self.s.get("/metrics")[0], 200)
+
+    def test_stop_strings_and_chat_logprobs(self):
+        r = self.ask(stop=["France"], logprobs=True, top_logprobs=2)
+        self.assertNotIn("France", r.choices[0].message.content)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        self.assertTrue(len(r.choices[0].logprobs.content) >= 1)
+        code, text = self.s.post("/v1/chat/completions", {"model": "smollm2", "messages": [{"role": "user", "content": "x"}],
+                                                          "top_logprobs": 2}, {"authorization": "Bearer sekret"})
+        self.assertEqual(code, 400)
+        self.assertIn("top_logprobs", text)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
