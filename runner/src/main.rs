@@ -19,6 +19,7 @@ use std::process::ExitCode;
 mod chat;
 mod load_cmd;
 mod serve_bench;
+mod serve_parsers;
 
 /// The bundled default model, relative to the repository root.
 const DEFAULT_MODEL: &str = "tests/fixtures/qwen3_next_mtp";
