@@ -22,7 +22,10 @@ fn template(dir: &Path, config: &Value) -> Result<String> {
             .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
             .and_then(|t| t.get("template")?.as_str().map(str::to_owned))
             .ok_or_else(|| anyhow!("tokenizer_config.json has named chat templates but none called `default`")),
-        _ => bail!("no chat template: {} has neither chat_template.jinja nor a chat_template in tokenizer_config.json", dir.display()),
+        _ => bail!(
+            "no chat template: {} has neither chat_template.jinja nor a chat_template in tokenizer_config.json",
+            dir.display()
+        ),
     }
 }
 

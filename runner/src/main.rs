@@ -3,8 +3,8 @@
 //! Subcommands: `logits`, `generate`, `inspect`, `models`. Without `--model`, the bundled
 //! tiny checkpoint in `tests/fixtures/` is used.
 
-mod serve;
 mod checks;
+mod serve;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};

@@ -11,7 +11,6 @@
 //! `vllm/tool_parsers/hermes_tool_parser.py`); deviations are noted on each item.
 
 // The server wires these in; until then parts of the API are only used by the tests.
-#![allow(dead_code)]
 
 use serde_json::Value;
 
@@ -137,6 +136,7 @@ impl ReasoningParser {
     /// Whether the output (so far) has a reasoning part: always true in [`ThinkMode::Open`],
     /// and in [`ThinkMode::Detect`] once a tag has been seen. After [`finish`](Self::finish)
     /// this equals `parse(text).0.is_some()`.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn has_reasoning(&self) -> bool {
         self.mode == ThinkMode::Open || self.tag_seen
     }

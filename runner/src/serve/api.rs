@@ -52,7 +52,8 @@ impl IntoResponse for ApiError {
             Kind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error"),
             Kind::Server => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
         };
-        let body = json!({"error": {"message": self.message, "type": ty, "param": self.param, "code": status.as_u16()}});
+        let body =
+            json!({"error": {"message": self.message, "type": ty, "param": self.param, "code": status.as_u16()}});
         (status, axum::Json(body)).into_response()
     }
 }
@@ -69,6 +70,19 @@ pub struct Plan {
     /// Top alternatives per token when log-probabilities were asked for.
     pub logprobs: Option<usize>,
     pub echo: bool,
+    /// The chat template opened a `<think>` block in the prompt (the output starts inside it).
+    pub think_open: bool,
+}
+
+impl Plan {
+    /// The reasoning parser's mode for this request.
+    pub fn think_mode(&self) -> crate::serve_parsers::ThinkMode {
+        if self.think_open {
+            crate::serve_parsers::ThinkMode::Open
+        } else {
+            crate::serve_parsers::ThinkMode::Detect
+        }
+    }
 }
 
 /// The body as JSON, after the content-type and size checks.
@@ -81,8 +95,10 @@ pub fn parse_json(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     if body.len() > MAX_BODY {
         return Err(ApiError::new(Kind::TooLarge, format!("the body exceeds {MAX_BODY} bytes"), None));
     }
-    let text = std::str::from_utf8(body).map_err(|e| ApiError::new(Kind::Invalid, format!("the body is not UTF-8: {e}"), None))?;
-    let v: Value = serde_json::from_str(text).map_err(|e| ApiError::new(Kind::Invalid, format!("malformed JSON: {e}"), None))?;
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::new(Kind::Invalid, format!("the body is not UTF-8: {e}"), None))?;
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| ApiError::new(Kind::Invalid, format!("malformed JSON: {e}"), None))?;
     if !v.is_object() {
         return Err(ApiError::new(Kind::Invalid, "the body must be a JSON object", None));
     }
@@ -146,9 +162,10 @@ pub fn render_chat(s: &Server, body: &Value, messages: &Value) -> Result<String,
     }
     let mut msgs = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
-        let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
-            ApiError::invalid("messages", format!("messages[{i}].role must be a string"))
-        })?;
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::invalid("messages", format!("messages[{i}].role must be a string")))?;
         if !["system", "user", "assistant", "tool", "developer"].contains(&role) {
             return Err(ApiError::invalid("messages", format!("messages[{i}].role `{role}` is not a known role")));
         }
@@ -171,7 +188,12 @@ pub fn render_chat(s: &Server, body: &Value, messages: &Value) -> Result<String,
                 }
                 out["content"] = Value::String(text);
             }
-            Some(_) => return Err(ApiError::invalid("messages", format!("messages[{i}].content must be a string or a list of parts"))),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!("messages[{i}].content must be a string or a list of parts"),
+                ))
+            }
         }
         msgs.push(out);
     }
@@ -200,12 +222,18 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
     if let Some(m) = v.get("model").filter(|m| !m.is_null()) {
         let m = m.as_str().ok_or_else(|| ApiError::invalid("model", "`model` must be a string"))?;
         if m != s.name {
-            return Err(ApiError::new(Kind::NotFound, format!("the model `{m}` does not exist (serving `{}`)", s.name), Some("model")));
+            return Err(ApiError::new(
+                Kind::NotFound,
+                format!("the model `{m}` does not exist (serving `{}`)", s.name),
+                Some("model"),
+            ));
         }
     }
+    let mut think_open = false;
     let prompts: Vec<Vec<u32>> = if is_chat {
         let m = v.get("messages").ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?;
         let text = render_chat(s, &v, m)?;
+        think_open = text.trim_end().ends_with("<think>");
         vec![encode(s, &text)?]
     } else {
         match v.get("prompt") {
@@ -275,12 +303,9 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
     in_range("frequency_penalty", frequency, -2.0, 2.0, false, "[-2, 2]")?;
     let repetition = num(&v, "repetition_penalty")?.unwrap_or(1.0);
     in_range("repetition_penalty", repetition, 0.0, 2.0, true, "(0, 2]")?;
-    let seed = match int(&v, "seed")? {
-        Some(x) => Some(x as u64),
-        None => None,
-    };
+    let seed = int(&v, "seed")?.map(|x| x as u64);
     let n = match int(&v, "n")? {
-        Some(n) if n >= 1 && n <= 16 => n as usize,
+        Some(n) if (1..=16).contains(&n) => n as usize,
         Some(n) => return Err(ApiError::invalid("n", format!("`n` must be in 1..=16, got {n}"))),
         None => 1,
     };
@@ -330,7 +355,9 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         Some(o) => match o.get("include_usage") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
-            Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options.include_usage` must be a boolean")),
+            Some(_) => {
+                return Err(ApiError::invalid("stream_options", "`stream_options.include_usage` must be a boolean"))
+            }
         },
     };
     let echo = !is_chat && boolean(&v, "echo")?.unwrap_or(false);
@@ -355,7 +382,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         stop: StopParams { max_tokens: Some(max_tokens), min_tokens: min_tokens as usize, ignore_eos, stop_token_ids },
     };
     params.validate().map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), None))?;
-    Ok(Plan { prompts, n, stream, include_usage, params, stop_strings, logprobs, echo })
+    Ok(Plan { prompts, n, stream, include_usage, params, stop_strings, logprobs, echo, think_open })
 }
 
 /// OpenAI `usage`.
@@ -409,8 +436,32 @@ pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool
         }
     });
     if is_chat {
-        json!({"index": index, "message": {"role": "assistant", "content": out.text}, "logprobs": lp,
-               "finish_reason": out.reason})
+        let mut reason = out.reason;
+        let (reasoning, content) = if s.reasoning {
+            crate::serve_parsers::ReasoningParser::new(plan.think_mode()).parse(&out.text)
+        } else {
+            (None, out.text.clone())
+        };
+        let mut message = json!({"role": "assistant", "content": content});
+        if let Some(r) = reasoning {
+            message["reasoning_content"] = json!(r);
+            message["reasoning"] = json!(r);
+        }
+        if s.tool_calls {
+            let parsed = crate::serve_parsers::ToolParser::new(index as u64).parse(&content);
+            if !parsed.calls.is_empty() {
+                message["content"] = json!(parsed.content);
+                message["tool_calls"] = Value::Array(
+                    parsed
+                        .calls
+                        .iter()
+                        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                        .collect(),
+                );
+                reason = "tool_calls";
+            }
+        }
+        json!({"index": index, "message": message, "logprobs": lp, "finish_reason": reason})
     } else {
         let text = if plan.echo {
             let p = &plan.prompts[index / plan.n];
@@ -424,16 +475,47 @@ pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool
 
 /// One streamed delta of choice `index`.
 pub fn delta(s: &Server, plan: &Plan, index: usize, text: &str, toks: &[TokenOut], is_chat: bool) -> Value {
-    let lp = plan.logprobs.map(|top| {
-        if is_chat {
-            chat_logprobs(s, toks, top)
-        } else {
-            completion_logprobs(s, toks, top)
-        }
-    });
+    let lp =
+        plan.logprobs.map(|top| if is_chat { chat_logprobs(s, toks, top) } else { completion_logprobs(s, toks, top) });
     if is_chat {
         json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
     } else {
         json!({"index": index, "text": text, "logprobs": lp, "finish_reason": null})
     }
+}
+
+/// A streamed chat delta after the reasoning / tool-call parsers.
+pub fn parsed_delta(
+    index: usize,
+    reasoning: &str,
+    content: &str,
+    calls: &[crate::serve_parsers::ToolCallDelta],
+) -> Value {
+    let mut delta = Map::new();
+    if !reasoning.is_empty() {
+        delta.insert("reasoning_content".into(), json!(reasoning));
+        delta.insert("reasoning".into(), json!(reasoning));
+    }
+    if !content.is_empty() {
+        delta.insert("content".into(), json!(content));
+    }
+    if !calls.is_empty() {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                let mut f = Map::new();
+                if let Some(n) = &c.name {
+                    f.insert("name".into(), json!(n));
+                }
+                f.insert("arguments".into(), json!(c.arguments));
+                let mut v = json!({"index": c.index, "type": "function", "function": Value::Object(f)});
+                if let Some(id) = &c.id {
+                    v["id"] = json!(id);
+                }
+                v
+            })
+            .collect();
+        delta.insert("tool_calls".into(), Value::Array(calls));
+    }
+    json!({"index": index, "delta": Value::Object(delta), "logprobs": null, "finish_reason": null})
 }

@@ -44,6 +44,10 @@ pub struct Server {
     pub metrics: Mutex<Metrics>,
     pub next_id: AtomicU64,
     pub created: u64,
+    /// `--reasoning-parser qwen3`: `<think>…</think>` goes to `reasoning_content`.
+    pub reasoning: bool,
+    /// `--tool-call-parser hermes`: `<tool_call>` blocks become `tool_calls`.
+    pub tool_calls: bool,
 }
 
 /// Request counters and latency sums for `/metrics`.
@@ -127,6 +131,12 @@ pub struct ServeArgs {
     /// KV cache size in bytes (default: the engine's default for the device).
     #[arg(long)]
     pub kv_cache_memory: Option<usize>,
+    /// Split reasoning from the answer in chat responses: `qwen3` (`<think>…</think>`).
+    #[arg(long)]
+    pub reasoning_parser: Option<String>,
+    /// Parse tool calls in chat responses: `hermes` (`<tool_call>{json}</tool_call>`).
+    #[arg(long)]
+    pub tool_call_parser: Option<String>,
 }
 
 /// Loads the tokenizer, starts the engine and serves until SIGTERM / SIGINT.
@@ -145,6 +155,16 @@ pub fn run(model: porter_core::Model, dir: PathBuf, a: &ServeArgs) -> Result<()>
         }
         Some(n) => n,
         None => model_ctx,
+    };
+    let reasoning = match a.reasoning_parser.as_deref() {
+        None => false,
+        Some("qwen3") => true,
+        Some(o) => anyhow::bail!("--reasoning-parser `{o}` is not supported (supported: qwen3)"),
+    };
+    let tool_calls = match a.tool_call_parser.as_deref() {
+        None => false,
+        Some("hermes") => true,
+        Some(o) => anyhow::bail!("--tool-call-parser `{o}` is not supported (supported: hermes)"),
     };
     if a.max_queued_requests == 0 {
         anyhow::bail!("--max-queued-requests must be >= 1");
@@ -180,6 +200,8 @@ pub fn run(model: porter_core::Model, dir: PathBuf, a: &ServeArgs) -> Result<()>
         metrics: Mutex::new(Metrics::default()),
         next_id: AtomicU64::new(1),
         created,
+        reasoning,
+        tool_calls,
     });
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     let addr = format!("{}:{}", a.host, a.port);
@@ -193,7 +215,11 @@ pub fn run(model: porter_core::Model, dir: PathBuf, a: &ServeArgs) -> Result<()>
         let shutdown = async move {
             wait_for_signal().await;
             st.draining.store(true, Ordering::SeqCst);
-            eprintln!("porter serve: draining ({} in flight, up to {}s)", st.in_flight.load(Ordering::SeqCst), timeout.as_secs());
+            eprintln!(
+                "porter serve: draining ({} in flight, up to {}s)",
+                st.in_flight.load(Ordering::SeqCst),
+                timeout.as_secs()
+            );
             let t0 = Instant::now();
             while st.in_flight.load(Ordering::SeqCst) > 0 && t0.elapsed() < timeout {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -296,9 +322,11 @@ async fn detokenize(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: 
     let r = (|| {
         check_auth(&s, &headers)?;
         let v = api::parse_json(&headers, &body)?;
-        let ids = api::token_ids(v.get("tokens"), "tokens", s.vocab)?
-            .ok_or_else(|| ApiError::new(Kind::Invalid, "`tokens` (a list of token ids) is required", Some("tokens")))?;
-        let text = s.tok.decode(&ids, false).map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), Some("tokens")))?;
+        let ids = api::token_ids(v.get("tokens"), "tokens", s.vocab)?.ok_or_else(|| {
+            ApiError::new(Kind::Invalid, "`tokens` (a list of token ids) is required", Some("tokens"))
+        })?;
+        let text =
+            s.tok.decode(&ids, false).map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), Some("tokens")))?;
         Ok::<_, ApiError>(json!({"prompt": text}))
     })();
     match r {
@@ -442,8 +470,10 @@ async fn serve_request(s: Arc<Server>, headers: HeaderMap, body: Bytes, is_chat:
         drop(guards);
         let usage = api::usage(prompt_tokens, completion_tokens, cached);
         let obj = if is_chat { "chat.completion" } else { "text_completion" };
-        axum::Json(json!({"id": id, "object": obj, "created": now(), "model": s.name, "choices": choices, "usage": usage}))
-            .into_response()
+        axum::Json(
+            json!({"id": id, "object": obj, "created": now(), "model": s.name, "choices": choices, "usage": usage}),
+        )
+        .into_response()
     }
 }
 
@@ -577,6 +607,8 @@ fn stream_response(
             }
             let mut times = Vec::new();
             let mut ntok = 0usize;
+            let mut think = crate::serve_parsers::ReasoningParser::new(plan.think_mode());
+            let mut tools = crate::serve_parsers::ToolParser::new(i as u64);
             let mut done: Option<(&'static str, Finished)> = None;
             while let Some(ev) = run.rx.recv().await {
                 let (piece, toks, fin) = match ev {
@@ -597,7 +629,37 @@ fn stream_response(
                 if fin.is_some() && !hit {
                     safe.push_str(&stops.finish());
                 }
-                if !safe.is_empty() || (!toks.is_empty() && plan.logprobs.is_some()) {
+                if is_chat && (s.reasoning || s.tool_calls) {
+                    // Reasoning first, then tool calls in what remains as content.
+                    let last = fin.is_some() || hit;
+                    let mut r = if s.reasoning {
+                        think.push(&safe)
+                    } else {
+                        crate::serve_parsers::ReasoningDelta { reasoning: String::new(), content: safe.clone() }
+                    };
+                    if last && s.reasoning {
+                        let f = think.finish();
+                        r.reasoning.push_str(&f.reasoning);
+                        r.content.push_str(&f.content);
+                    }
+                    let mut t = if s.tool_calls {
+                        tools.push(&r.content)
+                    } else {
+                        crate::serve_parsers::ToolDelta { content: r.content.clone(), calls: vec![] }
+                    };
+                    if last && s.tool_calls {
+                        let f = tools.finish();
+                        t.content.push_str(&f.content);
+                        t.calls.extend(f.calls);
+                    }
+                    if !r.reasoning.is_empty() || !t.content.is_empty() || !t.calls.is_empty() {
+                        let c = api::parsed_delta(i, &r.reasoning, &t.content, &t.calls);
+                        let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
+                        if tx.send(Ok(send(v))).await.is_err() {
+                            return;
+                        }
+                    }
+                } else if !safe.is_empty() || (!toks.is_empty() && plan.logprobs.is_some()) {
                     let c = api::delta(&s, &plan, i, &safe, &toks, is_chat);
                     let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
                     if tx.send(Ok(send(v))).await.is_err() {
@@ -628,6 +690,7 @@ fn stream_response(
                 let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
                 return;
             };
+            let reason = if is_chat && s.tool_calls && tools.has_calls() { "tool_calls" } else { reason };
             record(&s, &f, reason, t0, times.first().copied(), &times);
             usage.0 += f.prompt_tokens;
             usage.1 += f.completion_tokens;
