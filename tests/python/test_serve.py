@@ -87,6 +87,8 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
+        finally:
+            self.proc.stdout.close()
 
 
 class TinyModel(unittest.TestCase):
@@ -193,6 +195,56 @@ class TinyModel(unittest.TestCase):
         r = self.complete()
         after = self.s.metric("vllm:generation_tokens_total")
         self.assertEqual(after - before, r.usage.completion_tokens)
+
+
+class Operations(unittest.TestCase):
+    """Backpressure and graceful shutdown on the bundled checkpoint."""
+
+    def test_queue_limit_is_an_immediate_429(self):
+        s = Server("--max-queued-requests", "2")
+        try:
+            c = s.client()
+            streams = [c.completions.create(model="qwen3_next_mtp", prompt="x", max_tokens=3000, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True}) for _ in range(2)]
+            for st in streams:
+                next(iter(st))
+            t0 = time.time()
+            with self.assertRaises(openai.RateLimitError):
+                c.completions.create(model="qwen3_next_mtp", prompt="x", max_tokens=2)
+            self.assertLess(time.time() - t0, 5.0)
+            for st in streams:
+                st.close()
+            # Once the two are gone the server takes requests again.
+            deadline = time.time() + 30
+            while True:
+                try:
+                    r = c.completions.create(model="qwen3_next_mtp", prompt="x", max_tokens=2, temperature=0)
+                    break
+                except openai.RateLimitError:
+                    self.assertLess(time.time(), deadline)
+                    time.sleep(0.05)
+            self.assertEqual(r.usage.completion_tokens, 2)
+        finally:
+            s.stop()
+
+    def test_sigterm_drains_in_flight_requests_then_exits_0(self):
+        s = Server("--shutdown-timeout", "60")
+        c = s.client()
+        got = {}
+        def run():
+            r = c.completions.create(model="qwen3_next_mtp", prompt="x", max_tokens=200, temperature=0,
+                                     extra_body={"ignore_eos": True})
+            got["r"] = r
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.3)
+        s.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 10
+        while time.time() < deadline and s.get("/health")[0] != 503:
+            time.sleep(0.02)
+        t.join(timeout=60)
+        self.assertEqual(s.stop(), 0)
+        self.assertEqual(got["r"].usage.completion_tokens, 200, "the in-flight request was finished, not cut")
 
 
 class SmolLM2(unittest.TestCase):

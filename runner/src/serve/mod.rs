@@ -359,6 +359,10 @@ async fn metrics(AxState(s): AxState<Arc<Server>>) -> Response {
     counter("vllm:spec_decode_num_drafts", st.spec_steps);
     counter("vllm:spec_decode_num_draft_tokens", st.spec_drafted);
     counter("vllm:spec_decode_num_accepted_tokens", st.spec_accepted);
+    let _ = writeln!(out, "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter");
+    for (pos, n) in st.spec_accepted_at.iter().enumerate() {
+        let _ = writeln!(out, "vllm:spec_decode_num_accepted_tokens_per_pos{{{label},position=\"{pos}\"}} {n}");
+    }
     let _ = writeln!(out, "# TYPE vllm:request_success_total counter");
     for (reason, n) in &m.2 {
         let _ = writeln!(out, "vllm:request_success_total{{{label},finished_reason=\"{reason}\"}} {n}");
