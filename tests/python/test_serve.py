@@ -232,19 +232,24 @@ class Operations(unittest.TestCase):
         c = s.client()
         got = {}
         def run():
-            r = c.completions.create(model="qwen3_next_mtp", prompt="x", max_tokens=200, temperature=0,
+            r = c.completions.create(model="qwen3_next_mtp", prompt="x", max_tokens=400, temperature=0,
                                      extra_body={"ignore_eos": True})
             got["r"] = r
         t = threading.Thread(target=run)
         t.start()
-        time.sleep(0.3)
+        # SIGTERM once the request is in the engine (bounded wait).
+        deadline = time.time() + 30
+        while time.time() < deadline and s.metric("vllm:num_requests_running") < 1:
+            time.sleep(0.01)
+        self.assertGreaterEqual(s.metric("vllm:num_requests_running"), 1)
         s.proc.send_signal(signal.SIGTERM)
         deadline = time.time() + 10
         while time.time() < deadline and s.get("/health")[0] != 503:
             time.sleep(0.02)
         t.join(timeout=60)
         self.assertEqual(s.stop(), 0)
-        self.assertEqual(got["r"].usage.completion_tokens, 200, "the in-flight request was finished, not cut")
+        self.assertIn("r", got, "the in-flight request failed")
+        self.assertEqual(got["r"].usage.completion_tokens, 400, "the in-flight request was finished, not cut")
 
 
 class SmolLM2(unittest.TestCase):
