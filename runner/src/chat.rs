@@ -85,3 +85,27 @@ pub fn render_messages(
     let ctx: std::collections::BTreeMap<String, minijinja::Value> = ctx.into_iter().collect();
     tmpl.render(minijinja::Value::from(ctx)).map_err(|e| anyhow!("rendering the chat template: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renderings equal transformers' `apply_chat_template` for SmolLM2's template (the hub
+    /// files of tests/fixtures/smollm2_ref/hub): default system message, explicit system,
+    /// multi-turn with an assistant turn and non-ASCII text, no generation prompt
+    /// (tests/gen_chat_golden.py wrote the goldens).
+    #[test]
+    fn smollm2_renderings_equal_transformers() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let dir = root.join("tests/fixtures/smollm2_ref/hub");
+        let text = std::fs::read_to_string(root.join("tests/fixtures/chat_golden/smollm2.json")).unwrap();
+        let golden: Value = serde_json::from_str(&text).unwrap();
+        let chats = golden["chats"].as_array().unwrap();
+        assert_eq!(chats.len(), 4);
+        for (i, c) in chats.iter().enumerate() {
+            let add = c["add_generation_prompt"].as_bool().unwrap();
+            let got = render_messages(&dir, None, &c["messages"], add, &serde_json::Map::new()).unwrap();
+            assert_eq!(got, c["rendered"].as_str().unwrap(), "chat {i}");
+        }
+    }
+}
