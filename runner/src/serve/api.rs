@@ -249,8 +249,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
             _ => return Err(ApiError::invalid("prompt", "`prompt` must be a string, a list of strings or token ids")),
         }
     };
-    if let Some(p) = prompts.iter().find(|p| p.is_empty()) {
-        let _ = p;
+    if prompts.iter().any(Vec::is_empty) {
         return Err(ApiError::invalid(if is_chat { "messages" } else { "prompt" }, "the prompt is empty"));
     }
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
@@ -348,9 +347,8 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
     let stream = boolean(&v, "stream")?.unwrap_or(false);
     let include_usage = match v.get("stream_options") {
         None | Some(Value::Null) => false,
-        Some(o) if !stream => {
-            let _ = o;
-            return Err(ApiError::invalid("stream_options", "`stream_options` is only allowed with `stream: true`"));
+        Some(_) if !stream => {
+            return Err(ApiError::invalid("stream_options", "`stream_options` is only allowed with `stream: true`"))
         }
         Some(o) => match o.get("include_usage") {
             None | Some(Value::Null) => false,

@@ -523,58 +523,57 @@ fn record(s: &Server, fin: &Finished, reason: &str, t0: Instant, first: Option<I
     }
 }
 
+/// The end of a request cut short by a stop string (the engine request is aborted when its
+/// receiver is dropped; its own `Done` never arrives).
+fn stopped_by_string(prompt_len: usize, completion_tokens: usize) -> Finished {
+    Finished {
+        reason: Finish::Stop,
+        prompt_tokens: prompt_len,
+        completion_tokens,
+        cached_tokens: 0,
+        preemptions: 0,
+        drafted: 0,
+        accepted: 0,
+    }
+}
+
 /// Runs one request to its end (non-streaming).
 async fn collect(s: &Arc<Server>, mut run: Running, prompt: &[u32], plan: &Plan) -> Result<Output, ApiError> {
     let t0 = Instant::now();
     let mut detok = text::Detok::new(&s.tok, prompt);
     let mut stops = text::StopMatcher::new(plan.stop_strings.clone());
     let (mut textout, mut tokens, mut times) = (String::new(), Vec::new(), Vec::new());
-    let mut stopped = false;
     while let Some(ev) = run.rx.recv().await {
-        match ev {
+        let (fin, hit) = match ev {
             Event::Token(t) => {
                 times.push(Instant::now());
-                if stopped {
-                    continue;
-                }
                 let piece = detok.push(t.id);
                 tokens.push(t);
                 let (safe, hit) = stops.push(&piece);
                 textout.push_str(&safe);
-                if hit {
-                    stopped = true;
-                }
+                (None, hit)
             }
             Event::Done(fin) => {
-                if !stopped {
-                    let tail = detok.finish();
-                    let (safe, hit) = stops.push(&tail);
-                    textout.push_str(&safe);
-                    stopped |= hit;
-                    if !hit {
-                        textout.push_str(&stops.finish());
-                    }
+                let (safe, hit) = stops.push(&detok.finish());
+                textout.push_str(&safe);
+                if !hit {
+                    textout.push_str(&stops.finish());
                 }
-                let reason = if stopped { "stop" } else { finish_str(fin.reason) };
-                record(s, &fin, reason, t0, times.first().copied(), &times);
-                return Ok(Output { text: textout, tokens, fin, reason });
+                (Some(fin), hit)
             }
             Event::Error(e) => return Err(ApiError::new(Kind::Server, e, None)),
-        }
-        // A stop string ends the request early: the engine request is dropped (aborted) by
-        // closing the receiver when this function returns; keep reading until then.
-        if stopped {
-            let fin = Finished {
-                reason: Finish::Stop,
-                prompt_tokens: prompt.len(),
-                completion_tokens: tokens.len(),
-                cached_tokens: 0,
-                preemptions: 0,
-                drafted: 0,
-                accepted: 0,
+        };
+        if hit || fin.is_some() {
+            let (fin, reason) = match fin {
+                Some(f) if !hit => {
+                    let r = finish_str(f.reason);
+                    (f, r)
+                }
+                Some(f) => (f, "stop"),
+                None => (stopped_by_string(prompt.len(), tokens.len()), "stop"),
             };
-            record(s, &fin, "stop", t0, times.first().copied(), &times);
-            return Ok(Output { text: textout, tokens, fin, reason: "stop" });
+            record(s, &fin, reason, t0, times.first().copied(), &times);
+            return Ok(Output { text: textout, tokens, fin, reason });
         }
     }
     Err(ApiError::new(Kind::Server, "the engine stopped before the request finished", None))
@@ -670,21 +669,12 @@ fn stream_response(
                         return;
                     }
                 }
-                if hit {
-                    let f = Finished {
-                        reason: Finish::Stop,
-                        prompt_tokens: prompt.len(),
-                        completion_tokens: ntok,
-                        cached_tokens: 0,
-                        preemptions: 0,
-                        drafted: 0,
-                        accepted: 0,
-                    };
-                    done = Some(("stop", f));
-                    break;
-                }
-                if let Some(f) = fin {
-                    done = Some((finish_str(f.reason), f));
+                if hit || fin.is_some() {
+                    done = Some(match fin {
+                        Some(f) if !hit => (finish_str(f.reason), f),
+                        Some(f) => ("stop", f),
+                        None => ("stop", stopped_by_string(prompt.len(), ntok)),
+                    });
                     break;
                 }
             }
