@@ -61,20 +61,19 @@ struct ServeCmd {
     #[command(flatten)]
     run: RunArgs,
     #[command(flatten)]
+    random: RandomArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
+    #[command(flatten)]
     serve: serve::ServeArgs,
 }
 
 #[derive(Args)]
 struct BenchArgs {
-    /// A config.json to build with random weights, or a preset name
-    /// (qwen3-next-80b-a3b, qwen3-next-mid). Without it, `--model` (or the default) is loaded.
-    #[arg(long)]
-    config: Option<String>,
+    #[command(flatten)]
+    random: RandomArgs,
     #[command(flatten)]
     run: RunArgs,
-    /// Override num_hidden_layers of the config (to fit a device).
-    #[arg(long)]
-    layers: Option<usize>,
     /// Prompt lengths to time prefill on (comma-separated).
     #[arg(long, conflicts_with = "serve", value_delimiter = ',', default_values_t = vec![128usize, 512])]
     prefill: Vec<usize>,
@@ -188,6 +187,13 @@ struct GenerateArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    spec: SpecArgs,
+}
+
+/// Speculative decoding flags (`generate`, `serve`).
+#[derive(Args)]
+struct SpecArgs {
+    #[command(flatten)]
     draft: DraftArgs,
     /// Speculative decoding with K draft tokens per step (1..=15).
     #[arg(long)]
@@ -195,6 +201,18 @@ struct GenerateArgs {
     /// eagle: one draft module run K times; vanilla: module i drafts step i.
     #[arg(long, default_value = "eagle", value_parser = parse_mtp_mode)]
     mtp_mode: MtpMode,
+}
+
+/// A random-weight model built from a config (`bench`, `serve`), instead of `--model`.
+#[derive(Args)]
+struct RandomArgs {
+    /// A config.json to build with random weights, or a preset name
+    /// (qwen3-next-80b-a3b, qwen3-next-mid). Without it, `--model` (or the default) is loaded.
+    #[arg(long)]
+    config: Option<String>,
+    /// Override num_hidden_layers of the config (to fit a device).
+    #[arg(long)]
+    layers: Option<usize>,
 }
 
 fn parse_mtp_mode(s: &str) -> Result<MtpMode, String> {
@@ -339,10 +357,10 @@ fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
 fn cmd_generate(a: &GenerateArgs) -> Result<()> {
     let params = checks::sampling(a.temperature, a.top_k, a.top_p, a.seed)?;
     checks::max_tokens(a.max_tokens)?;
-    checks::mtp_step(a.mtp_step)?;
+    checks::mtp_step(a.spec.mtp_step)?;
     let (dir, model) = load(&a.run)?;
-    let drafts = match a.mtp_step {
-        Some(_) => load_drafts(&dir, &model, &a.draft, true)?,
+    let drafts = match a.spec.mtp_step {
+        Some(_) => load_drafts(&dir, &model, &a.spec.draft, true)?,
         None => vec![],
     };
     let tokenizer =
@@ -362,15 +380,15 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
     }
     checks::ids_in_vocab(if a.prompt.is_some() { "--prompt" } else { "--ids" }, &prompt, &model)?;
     // Before anything runs: the prompt and every token asked for fit the context.
-    let lookahead = a.mtp_step.unwrap_or(0);
+    let lookahead = a.spec.mtp_step.unwrap_or(0);
     porter_core::generate::check_context(&model, prompt.len(), a.max_tokens, lookahead).with_context(|| {
-        match a.mtp_step {
+        match a.spec.mtp_step {
             Some(k) => format!("--max-tokens {} with --mtp-step {k} does not fit", a.max_tokens),
             None => format!("--max-tokens {} does not fit", a.max_tokens),
         }
     })?;
     let stop = if a.ignore_eos { vec![] } else { model.info.generation.eos_token_ids.clone() };
-    let (gen, per_step) = match a.mtp_step {
+    let (gen, per_step) = match a.spec.mtp_step {
         Some(k) => {
             let g = speculative::generate_speculative(
                 &model,
@@ -380,7 +398,7 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
                 a.max_tokens,
                 &stop,
                 k,
-                a.mtp_mode,
+                a.spec.mtp_mode,
             )?;
             let tps = g.tokens_per_step();
             (
@@ -435,6 +453,64 @@ fn preset(name: &str) -> Option<&'static str> {
     }
 }
 
+/// A random-weight model of the `--config` geometry (`--layers` overrides its depth).
+fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device: Device) -> Result<Model> {
+    let text = config_text(c)?;
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow!("--config `{c}` is not valid JSON: {e}"))?;
+    if let Some(n) = layers {
+        checks::layers(n)?;
+        cfg["num_hidden_layers"] = serde_json::json!(n);
+        if let Some(t) = cfg.get("layer_types").and_then(|t| t.as_array()).cloned() {
+            cfg["layer_types"] = serde_json::Value::Array(t.into_iter().cycle().take(n).collect());
+        }
+    }
+    checks::random_weights_fit(&cfg, run.dtype, device)?;
+    porter_core::tensor::cuda::set_deterministic(run.deterministic);
+    Ok(registry::build_random(&cfg, Path::new("."), run.dtype, device, 0)?)
+}
+
+fn cmd_serve(a: &ServeCmd) -> Result<()> {
+    checks::mtp_step(a.spec.mtp_step)?;
+    let device = a.run.device.unwrap_or_else(porter_core::device::default_device);
+    let (dir, model, random) = match &a.random.config {
+        Some(c) => {
+            // A benchmark server: random weights, the tokenizer from --tokenizer.
+            let tok = a.serve.tokenizer.as_ref().ok_or_else(|| {
+                anyhow!("--config serves random weights and needs --tokenizer FILE (a tokenizer.json for the text)")
+            })?;
+            if a.spec.mtp_step.is_some() {
+                bail!("--mtp-step needs a model folder with a draft head (--model), not --config");
+            }
+            let m = random_model(c, a.random.layers, &a.run, device)?;
+            eprintln!("porter serve: RANDOM weights of the --config `{c}` geometry; the text is meaningless");
+            let dir = tok.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+            (dir, m, Some(c.clone()))
+        }
+        None => {
+            if a.random.layers.is_some() {
+                bail!("--layers applies to a --config geometry only (it would be ignored for a model folder)");
+            }
+            let (dir, m) = load(&a.run)?;
+            (dir, m, None)
+        }
+    };
+    let spec = match a.spec.mtp_step {
+        Some(k) => Some(porter_core::engine::SpecConfig {
+            drafts: load_drafts(&dir, &model, &a.spec.draft, true)?,
+            k,
+            mode: a.spec.mtp_mode,
+        }),
+        None => {
+            if !a.spec.draft.drafts.is_empty() {
+                bail!("--draft needs --mtp-step K (the draft tokens per step)");
+            }
+            None
+        }
+    };
+    serve::run(model, serve::Source { dir, random, spec }, &a.serve)
+}
+
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
     use std::time::Instant;
     checks::mtp_step(a.mtp_step)?;
@@ -442,32 +518,10 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     if a.serve.serve {
         serve_bench::check_args(&a.serve, device)?;
     }
-    let (label, model) = match &a.config {
-        Some(c) => {
-            let text = match preset(c) {
-                Some(t) => t.to_owned(),
-                None => std::fs::read_to_string(c).with_context(|| {
-                    format!(
-                        "--config `{c}` is neither a preset (qwen3-next-80b-a3b, qwen3-next-mid) nor a readable file"
-                    )
-                })?,
-            };
-            let mut cfg: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| anyhow!("--config `{c}` is not valid JSON: {e}"))?;
-            if let Some(n) = a.layers {
-                checks::layers(n)?;
-                cfg["num_hidden_layers"] = serde_json::json!(n);
-                if let Some(t) = cfg.get("layer_types").and_then(|t| t.as_array()).cloned() {
-                    cfg["layer_types"] = serde_json::Value::Array(t.into_iter().cycle().take(n).collect());
-                }
-            }
-            checks::random_weights_fit(&cfg, a.run.dtype, device)?;
-            porter_core::tensor::cuda::set_deterministic(a.run.deterministic);
-            let m = registry::build_random(&cfg, Path::new("."), a.run.dtype, device, 0)?;
-            (c.clone(), m)
-        }
+    let (label, model) = match &a.random.config {
+        Some(c) => (c.clone(), random_model(c, a.random.layers, &a.run, device)?),
         None => {
-            if a.layers.is_some() {
+            if a.random.layers.is_some() {
                 bail!("--layers applies to a --config geometry only (it would be ignored for a model folder)");
             }
             let (dir, m) = load(&a.run)?;
@@ -475,7 +529,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         }
     };
     if a.serve.serve {
-        let weights = match (&a.config, &a.run.model.model) {
+        let weights = match (&a.random.config, &a.run.model.model) {
             (Some(_), _) => "random (built from --config)".to_owned(),
             (None, None) => format!("the bundled fixture {DEFAULT_MODEL} (random)"),
             (None, Some(d)) => format!("loaded from {}", d.display()),
@@ -606,7 +660,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         results.push(serde_json::json!({"kind": "mtp_baseline", "tokens": n, "tokens_per_s": base}));
         let mut seq = prompt.clone();
         seq.extend_from_slice(&plain.ids);
-        let real: Vec<Box<dyn DraftHead>> = match &a.config {
+        let real: Vec<Box<dyn DraftHead>> = match &a.random.config {
             Some(_) if a.draft.drafts.is_empty() => vec![],
             _ => {
                 let dir = model_dir(&a.run.model);
@@ -736,10 +790,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Generate(a) => cmd_generate(&a),
         Cmd::Inspect(a) => cmd_inspect(&a),
         Cmd::Bench(a) => cmd_bench(&a),
-        Cmd::Serve(a) => {
-            let (dir, model) = load(&a.run)?;
-            serve::run(model, dir, &a.serve)
-        }
+        Cmd::Serve(a) => cmd_serve(&a),
         Cmd::Load(a) => load_cmd::cmd_load(&a),
         Cmd::Models => {
             for e in registry::entries() {

@@ -381,9 +381,45 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         let fwd = self.model.forward_rows(&batch, &mut self.cache, &rows)?;
         self.stats.steps += 1;
         self.stats.batched_tokens += batch.len() as u64;
-        // [R, vocab] logits of the selected rows.
-        let logits = fwd.logits.to_host()?;
         let eos = self.eos.clone();
+        // On a GPU, a decode row whose request needs only temperature / top-k / top-p is
+        // sampled on the device (only its id comes back); the [R, vocab] logits come to the
+        // host only when some row needs them (penalties, logprobs, min_tokens, verification).
+        let mut dev_tok: Vec<Option<u32>> = vec![None; plan.items.len()];
+        let mut need_host = !fwd.logits.is_cuda();
+        if !need_host {
+            let vocab = fwd.logits.last_dim();
+            let mut params = vec![[0.0f32; 4]; rows.len()];
+            let mut any = false;
+            for (i, it) in plan.items.iter().enumerate() {
+                let r = &self.seqs[&it.id];
+                if r.lookahead > 0 {
+                    need_host = true;
+                } else if r.computed + it.n == r.tokens.len() {
+                    let l =
+                        self.live.get_mut(&it.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", it.id))?;
+                    match l.sampler.device_params(l.generated, vocab) {
+                        Some(p) => {
+                            params[first_row[i]] = p;
+                            dev_tok[i] = Some(0);
+                            any = true;
+                        }
+                        None => need_host = true,
+                    }
+                }
+            }
+            if any {
+                // Rows sampled on the host get greedy parameters here; their ids are unused.
+                let ids = crate::backend::cuda::blocks::sample_rows(&fwd.logits, &params)?;
+                for (i, t) in dev_tok.iter_mut().enumerate() {
+                    if t.is_some() {
+                        *t = ids.get(first_row[i]).copied();
+                    }
+                }
+            }
+        }
+        // [R, vocab] logits of the selected rows, on the host when a row needs them.
+        let logits = if need_host { Some(fwd.logits.to_host()?) } else { None };
         let spec_k = self.drafting.as_ref().map_or(0, |d| d.spec.k);
         let mut catchups = Vec::new();
         for (i, it) in plan.items.iter().enumerate() {
@@ -402,10 +438,17 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             }
             // The tokens this step emits: a sampled one, or the accepted drafts plus a bonus.
             // Row j is scored with the tokens before it counted (penalties, min_tokens).
-            let lrow = |j: usize| logits.row(first_row[i] + j);
+            let host = logits.as_ref();
+            let lrow = |j: usize| {
+                host.map(|h| h.row(first_row[i] + j))
+                    .ok_or_else(|| crate::err!(Internal, "row {j} of request {} not on the host", it.id))
+            };
             let mut emitted: Vec<crate::engine::sampling::Sampled> = Vec::new();
-            if r.lookahead == 0 {
-                let sd = l.sampler.sample(lrow(0), l.generated, &eos)?;
+            if let Some(token) = dev_tok[i] {
+                l.sampler.accept(token);
+                emitted.push(crate::engine::sampling::Sampled { token, logprob: None, top: Vec::new() });
+            } else if r.lookahead == 0 {
+                let sd = l.sampler.sample(lrow(0)?, l.generated, &eos)?;
                 l.sampler.accept(sd.token);
                 emitted.push(sd);
             } else {
@@ -413,7 +456,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 let mut rejected = false;
                 for j in 0..k {
                     let out_len = l.generated + j;
-                    let p = l.sampler.probs(lrow(j), out_len, &eos)?;
+                    let p = l.sampler.probs(lrow(j)?, out_len, &eos)?;
                     let d = l.proposal[j];
                     let (pd, qd) = (p[d as usize] as f64, l.dists[j][d as usize] as f64);
                     let tok = if qd > 0.0 && l.sampler.uniform() < (pd / qd).min(1.0) {
@@ -433,7 +476,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                             l.sampler.sample_from(&p)
                         }
                     };
-                    emitted.push(l.sampler.report_for(lrow(j), out_len, &eos, tok)?);
+                    emitted.push(l.sampler.report_for(lrow(j)?, out_len, &eos, tok)?);
                     l.sampler.accept(tok);
                     if rejected {
                         break;
@@ -441,7 +484,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 }
                 let accepted = emitted.len() - usize::from(rejected);
                 if !rejected {
-                    let sd = l.sampler.sample(lrow(k), l.generated + k, &eos)?;
+                    let sd = l.sampler.sample(lrow(k)?, l.generated + k, &eos)?;
                     l.sampler.accept(sd.token);
                     emitted.push(sd);
                 }

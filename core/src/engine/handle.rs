@@ -57,7 +57,16 @@ impl Engine {
     /// # Errors
     /// What [`EngineCore::new`] refuses (sizes, device allocation).
     pub fn start(model: Model, cfg: EngineConfig) -> Result<Self> {
-        let core = EngineCore::new(Box::new(model), cfg)?;
+        Self::start_with_spec(model, cfg, None)
+    }
+
+    /// [`Engine::start`] with speculative decoding by MTP draft heads
+    /// ([`EngineCore::with_spec`]).
+    ///
+    /// # Errors
+    /// What [`EngineCore::with_spec`] refuses.
+    pub fn start_with_spec(model: Model, cfg: EngineConfig, spec: Option<super::SpecConfig>) -> Result<Self> {
+        let core = EngineCore::with_spec(Box::new(model), cfg, spec)?;
         let stats = Arc::new(Mutex::new(core.stats()));
         let (tx, rx) = mpsc::channel();
         let st = stats.clone();

@@ -10,7 +10,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod speculative;
 
-pub use batcher::{EngineConfig, EngineCore};
+pub use batcher::{EngineConfig, EngineCore, SpecConfig};
 pub use handle::{Engine, RequestStream};
 pub use request::{EngineStats, Event, Finish, Finished, RequestId, TokenOut};
 pub use sampling::{SamplingParams, StopParams};

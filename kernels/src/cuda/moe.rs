@@ -112,6 +112,56 @@ impl CudaKernels {
         hidden: usize,
         inter: usize,
     ) -> Result<()> {
+        self.moe_experts_in(x, idx, w, gate, up, down, out, [t, k, e, hidden, inter], false)
+    }
+
+    /// [`CudaKernels::moe_experts`] whose every row's result is independent of
+    /// the other rows in the call (batch-invariant): always the decode GEMV
+    /// path, which computes each (row, expert) pair by one warp in a fixed
+    /// order whatever the row count (the tensor-core prefill tiles round and
+    /// accumulate differently). Slower for long prefills; for deterministic
+    /// serving.
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::moe_experts`].
+    ///
+    /// # Errors
+    /// As [`CudaKernels::moe_experts`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts_invariant<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        k: usize,
+        e: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<()> {
+        self.moe_experts_in(x, idx, w, gate, up, down, out, [t, k, e, hidden, inter], true)
+    }
+
+    /// Checked body of [`CudaKernels::moe_experts`] (`dims` = t, k, e, hidden,
+    /// inter); `invariant` pins the decode path.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_experts_in<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+        invariant: bool,
+    ) -> Result<()> {
+        let [t, k, e, hidden, inter] = dims;
         if k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
             return Err(CudaError::Invalid(format!(
                 "moe_experts: need 1 <= k <= e <= {MOE_MAX_E}, hidden > 0, inter > 0; got k = {k}, e = {e}, \
@@ -128,7 +178,7 @@ impl CudaKernels {
         if t == 0 {
             return Ok(());
         }
-        if Self::moe_decode_path(t, k, e) {
+        if invariant || Self::moe_decode_path(t, k, e) {
             self.moe_decode::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter)
         } else {
             self.moe_prefill::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter, &mut |_| Ok(()))

@@ -70,6 +70,9 @@ pub struct Plan {
     /// Top alternatives per token when log-probabilities were asked for.
     pub logprobs: Option<usize>,
     pub echo: bool,
+    /// vLLM's `return_token_ids`: every choice (and every streamed token, even one that
+    /// adds no text yet) carries its `token_ids`, the response its `prompt_token_ids`.
+    pub return_token_ids: bool,
     /// The chat template opened a `<think>` block in the prompt (the output starts inside it).
     pub think_open: bool,
 }
@@ -367,6 +370,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         return Err(ApiError::invalid("min_tokens", format!("`min_tokens` must be in 0..=max_tokens ({max_tokens})")));
     }
     let ignore_eos = boolean(&v, "ignore_eos")?.unwrap_or(false);
+    let return_token_ids = boolean(&v, "return_token_ids")?.unwrap_or(false);
     let params = SamplingParams {
         temperature: temperature as f32,
         top_k,
@@ -380,7 +384,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         stop: StopParams { max_tokens: Some(max_tokens), min_tokens: min_tokens as usize, ignore_eos, stop_token_ids },
     };
     params.validate().map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), None))?;
-    Ok(Plan { prompts, n, stream, include_usage, params, stop_strings, logprobs, echo, think_open })
+    Ok(Plan { prompts, n, stream, include_usage, params, stop_strings, logprobs, echo, return_token_ids, think_open })
 }
 
 /// OpenAI `usage`.
@@ -459,7 +463,9 @@ pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool
                 reason = "tool_calls";
             }
         }
-        json!({"index": index, "message": message, "logprobs": lp, "finish_reason": reason})
+        let mut c = json!({"index": index, "message": message, "logprobs": lp, "finish_reason": reason});
+        with_token_ids(plan, index, out, &mut c);
+        c
     } else {
         let text = if plan.echo {
             let p = &plan.prompts[index / plan.n];
@@ -467,7 +473,17 @@ pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool
         } else {
             out.text.clone()
         };
-        json!({"index": index, "text": text, "logprobs": lp, "finish_reason": out.reason})
+        let mut c = json!({"index": index, "text": text, "logprobs": lp, "finish_reason": out.reason});
+        with_token_ids(plan, index, out, &mut c);
+        c
+    }
+}
+
+/// `token_ids` and `prompt_token_ids` of a choice when the request set `return_token_ids`.
+fn with_token_ids(plan: &Plan, index: usize, out: &Output, c: &mut Value) {
+    if plan.return_token_ids {
+        c["token_ids"] = json!(out.tokens.iter().map(|t| t.id).collect::<Vec<_>>());
+        c["prompt_token_ids"] = json!(plan.prompts[index / plan.n]);
     }
 }
 
@@ -475,11 +491,15 @@ pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool
 pub fn delta(s: &Server, plan: &Plan, index: usize, text: &str, toks: &[TokenOut], is_chat: bool) -> Value {
     let lp =
         plan.logprobs.map(|top| if is_chat { chat_logprobs(s, toks, top) } else { completion_logprobs(s, toks, top) });
-    if is_chat {
+    let mut c = if is_chat {
         json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
     } else {
         json!({"index": index, "text": text, "logprobs": lp, "finish_reason": null})
+    };
+    if plan.return_token_ids {
+        c["token_ids"] = json!(toks.iter().map(|t| t.id).collect::<Vec<_>>());
     }
+    c
 }
 
 /// A streamed chat delta after the reasoning / tool-call parsers.

@@ -137,12 +137,27 @@ pub struct ServeArgs {
     /// Parse tool calls in chat responses: `hermes` (`<tool_call>{json}</tool_call>`).
     #[arg(long)]
     pub tool_call_parser: Option<String>,
+    /// A tokenizer.json to use instead of the model folder's (needed with `--config`).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// Where the served model came from.
+pub struct Source {
+    /// The model folder (chat template, tokenizer); with `random`, the tokenizer's folder.
+    pub dir: PathBuf,
+    /// `Some(config)` for random weights built from `--config` (benchmarks).
+    pub random: Option<String>,
+    /// Speculative decoding with MTP draft heads (`--mtp-step`).
+    pub spec: Option<porter_core::engine::SpecConfig>,
 }
 
 /// Loads the tokenizer, starts the engine and serves until SIGTERM / SIGINT.
-pub fn run(model: porter_core::Model, dir: PathBuf, a: &ServeArgs) -> Result<()> {
-    let tok = Tokenizer::from_file(dir.join("tokenizer.json"))
-        .map_err(|e| anyhow::anyhow!("porter serve needs {}: {e}", dir.join("tokenizer.json").display()))?;
+pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> {
+    let Source { dir, random, spec } = src;
+    let tok_path = a.tokenizer.clone().unwrap_or_else(|| dir.join("tokenizer.json"));
+    let tok = Tokenizer::from_file(&tok_path)
+        .map_err(|e| anyhow::anyhow!("porter serve needs {}: {e}", tok_path.display()))?;
     let chat_template = match &a.chat_template {
         Some(p) => Some(std::fs::read_to_string(p).with_context(|| format!("--chat-template {}", p.display()))?),
         None => None,
@@ -176,12 +191,13 @@ pub fn run(model: porter_core::Model, dir: PathBuf, a: &ServeArgs) -> Result<()>
     if let Some(n) = a.max_num_batched_tokens {
         cfg.max_num_batched_tokens = n;
     }
-    let name = a.served_model_name.clone().unwrap_or_else(|| {
-        dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "porter".into())
+    let name = a.served_model_name.clone().unwrap_or_else(|| match &random {
+        Some(c) => format!("random-{c}"),
+        None => dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "porter".into()),
     });
     let vocab = model.info.vocab_size;
     let defaults = model.info.generation.clone();
-    let engine = Arc::new(Engine::start(model, cfg).context("starting the engine")?);
+    let engine = Arc::new(Engine::start_with_spec(model, cfg, spec).context("starting the engine")?);
     let api_key = a.api_key.clone().or_else(|| std::env::var("PORTER_API_KEY").ok()).filter(|k| !k.is_empty());
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(Server {
@@ -386,6 +402,33 @@ async fn completions(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body:
 /// One accepted request's events, forwarded from the engine's blocking stream.
 struct Running {
     rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    id: porter_core::engine::RequestId,
+}
+
+impl Running {
+    /// Ends a request that a stop string cut short after `completion_tokens` tokens: aborts
+    /// it in the engine and waits (one engine step) for its final counts, so the usage
+    /// keeps its cached prompt tokens; the tokens it made after the stop are not counted.
+    async fn stop_by_string(&mut self, s: &Server, prompt_len: usize, completion_tokens: usize) -> Finished {
+        let _ = s.engine.abort(self.id);
+        while let Some(ev) = self.rx.recv().await {
+            if let Event::Done(f) = ev {
+                return Finished { reason: Finish::Stop, completion_tokens, ..f };
+            }
+            if let Event::Error(_) = ev {
+                break;
+            }
+        }
+        Finished {
+            reason: Finish::Stop,
+            prompt_tokens: prompt_len,
+            completion_tokens,
+            cached_tokens: 0,
+            preemptions: 0,
+            drafted: 0,
+            accepted: 0,
+        }
+    }
 }
 
 /// Submits one engine request and forwards its events (aborting it when the handler is gone).
@@ -398,6 +441,7 @@ async fn submit(s: &Arc<Server>, ids: Vec<u32>, plan: &Plan) -> Result<Running, 
         .map_err(|e| ApiError::new(Kind::Invalid, format!("{e}"), None))?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let engine = s.engine.clone();
+    let id = stream.id;
     tokio::task::spawn_blocking(move || {
         while let Some(ev) = stream.recv() {
             let end = !matches!(ev, Event::Token(_));
@@ -411,7 +455,7 @@ async fn submit(s: &Arc<Server>, ids: Vec<u32>, plan: &Plan) -> Result<Running, 
             }
         }
     });
-    Ok(Running { rx })
+    Ok(Running { rx, id })
 }
 
 /// Releases the in-flight count when a request's handler ends, however it ends.
@@ -523,20 +567,6 @@ fn record(s: &Server, fin: &Finished, reason: &str, t0: Instant, first: Option<I
     }
 }
 
-/// The end of a request cut short by a stop string (the engine request is aborted when its
-/// receiver is dropped; its own `Done` never arrives).
-fn stopped_by_string(prompt_len: usize, completion_tokens: usize) -> Finished {
-    Finished {
-        reason: Finish::Stop,
-        prompt_tokens: prompt_len,
-        completion_tokens,
-        cached_tokens: 0,
-        preemptions: 0,
-        drafted: 0,
-        accepted: 0,
-    }
-}
-
 /// Runs one request to its end (non-streaming).
 async fn collect(s: &Arc<Server>, mut run: Running, prompt: &[u32], plan: &Plan) -> Result<Output, ApiError> {
     let t0 = Instant::now();
@@ -570,7 +600,7 @@ async fn collect(s: &Arc<Server>, mut run: Running, prompt: &[u32], plan: &Plan)
                     (f, r)
                 }
                 Some(f) => (f, "stop"),
-                None => (stopped_by_string(prompt.len(), tokens.len()), "stop"),
+                None => (run.stop_by_string(s, prompt.len(), tokens.len()).await, "stop"),
             };
             record(s, &fin, reason, t0, times.first().copied(), &times);
             return Ok(Output { text: textout, tokens, fin, reason });
@@ -662,7 +692,7 @@ fn stream_response(
                             return;
                         }
                     }
-                } else if !safe.is_empty() || (!toks.is_empty() && plan.logprobs.is_some()) {
+                } else if !safe.is_empty() || (!toks.is_empty() && (plan.logprobs.is_some() || plan.return_token_ids)) {
                     let c = api::delta(&s, &plan, i, &safe, &toks, is_chat);
                     let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
                     if tx.send(Ok(send(v))).await.is_err() {
@@ -673,7 +703,7 @@ fn stream_response(
                     done = Some(match fin {
                         Some(f) if !hit => (finish_str(f.reason), f),
                         Some(f) => ("stop", f),
-                        None => ("stop", stopped_by_string(prompt.len(), ntok)),
+                        None => ("stop", run.stop_by_string(&s, prompt.len(), ntok).await),
                     });
                     break;
                 }

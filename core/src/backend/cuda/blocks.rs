@@ -347,20 +347,15 @@ pub fn moe_experts(
     ) -> Result<()> {
         let (t, k, e, h, inter) = dims;
         let (gate, up, down) = experts;
-        g.k.moe_experts::<T>(
-            x.dev::<T>()?,
-            idx,
-            w,
-            gate.dev::<T>()?,
-            up.dev::<T>()?,
-            down.dev::<T>()?,
-            y.dev_mut::<f32>()?,
-            t,
-            k,
-            e,
-            h,
-            inter,
-        )
+        let (xd, gd, ud, dd) = (x.dev::<T>()?, gate.dev::<T>()?, up.dev::<T>()?, down.dev::<T>()?);
+        let out = y.dev_mut::<f32>()?;
+        // Deterministic mode pins the per-row GEMV path: the tensor-core prefill tiles
+        // would make a row's result depend on how many rows share the call.
+        if crate::tensor::cuda::deterministic() {
+            g.k.moe_experts_invariant::<T>(xd, idx, w, gd, ud, dd, out, t, k, e, h, inter)
+        } else {
+            g.k.moe_experts::<T>(xd, idx, w, gd, ud, dd, out, t, k, e, h, inter)
+        }
         .map_err(cuda_err)
     }
     crate::by_dtype!(x.dtype(), go(&g, x, &idx, &wts, (gate, up, down), &mut y, (t, k, e, h, inter)))?;

@@ -308,6 +308,22 @@ impl SeqSampler {
         draw(u, p.iter().enumerate().map(|(i, &v)| (i as u32, v)))
     }
 
+    /// The device sampler's row parameters (temperature, top_k, top_p, u; see
+    /// `backend::cuda::blocks::sample_rows`) for the token at output position `out_len`, when
+    /// this request needs nothing else (no penalties, min-p, masks or logprobs); `None`
+    /// otherwise. Draws the uniform `u` from this request's stream (not for greedy), so call it
+    /// only for a row that is then sampled on the device. Whether a request takes this path
+    /// depends on its own parameters and `out_len` only, never on its batch mates.
+    pub fn device_params(&mut self, out_len: usize, vocab: usize) -> Option<[f32; 4]> {
+        if !self.params.device_compatible(out_len) {
+            return None;
+        }
+        let u = if self.params.temperature == 0.0 { 0.0 } else { self.uniform() as f32 };
+        let p = &self.params;
+        let top_k = p.top_k.unwrap_or(0).min(vocab) as f32;
+        Some([p.temperature, top_k, p.top_p.unwrap_or(1.0), u])
+    }
+
     /// Samples row `row` of a logits tensor at output position `out_len`: on a CUDA device
     /// with the device sampler when the request needs only temperature / top-k / top-p (only
     /// the id comes back; the uniform draw comes from this stream, so a seed reproduces a
@@ -332,10 +348,9 @@ impl SeqSampler {
             let v = host.host_f32()?;
             return Ok(self.sample(&v, out_len, eos)?.token);
         }
-        let u = if self.params.temperature == 0.0 { 0.0 } else { self.uniform() as f32 };
-        let p = &self.params;
-        let top_k = p.top_k.unwrap_or(0).min(logits.last_dim()) as f32;
-        let params = [p.temperature, top_k, p.top_p.unwrap_or(1.0), u];
+        let params = self
+            .device_params(out_len, logits.last_dim())
+            .ok_or_else(|| err!(Internal, "device sampling of a request that needs the host"))?;
         let one = logits.narrow_rows(row, 1)?;
         let ids = crate::backend::cuda::blocks::sample_rows(&one, &[params])?;
         ids.first().copied().ok_or_else(|| err!(Internal, "the device sampler returned no id"))
