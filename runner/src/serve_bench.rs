@@ -121,7 +121,8 @@ fn parse_rate(s: &str) -> Result<f64, String> {
     }
 }
 
-fn parse_fraction(s: &str) -> Result<f64, String> {
+/// A fraction in (0, 1] (`--gpu-memory-utilization`).
+pub fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
         _ => Err(format!("`{s}` must be a fraction in (0, 1]")),
@@ -129,7 +130,7 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
 }
 
 /// Bytes, optionally with a unit: KB / MB / GB (10^3, 10^6, 10^9) or KiB / MiB / GiB (2^10..).
-fn parse_bytes(s: &str) -> Result<usize, String> {
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -471,6 +472,30 @@ fn drive(engine: &Engine, plans: &[Plan], max_concurrency: Option<usize>) -> Res
 /// applied, the KV pool sized from `--kv-cache-memory`, `--gpu-memory-utilization` (CUDA) or
 /// the CPU default; and the KV bytes when a budget was given.
 fn engine_config(model: &Model, a: &ServeArgs) -> Result<(EngineConfig, Option<usize>)> {
+    let sizes = EngineSizes {
+        max_num_seqs: a.max_num_seqs,
+        max_num_batched_tokens: a.max_num_batched_tokens,
+        kv_cache_memory: a.kv_cache_memory,
+        gpu_memory_utilization: a.gpu_memory_utilization,
+    };
+    sized_engine_config(model, &sizes)
+}
+
+/// The engine-size flags `porter bench --serve` and `porter serve` share.
+pub struct EngineSizes {
+    pub max_num_seqs: Option<usize>,
+    pub max_num_batched_tokens: Option<usize>,
+    pub kv_cache_memory: Option<usize>,
+    pub gpu_memory_utilization: Option<f64>,
+}
+
+/// The engine configuration for `model` and the size flags, with the KV pool's bytes: on
+/// CUDA without `--kv-cache-memory`, `--gpu-memory-utilization` (default 0.9) of the device
+/// memory free now (after the weights) less the recurrent state slots.
+///
+/// # Errors
+/// When that share leaves nothing for the KV cache, or the device cannot be queried.
+pub fn sized_engine_config(model: &Model, a: &EngineSizes) -> Result<(EngineConfig, Option<usize>)> {
     let mut cfg = EngineConfig::for_model(model, None);
     if let Some(n) = a.max_num_seqs {
         cfg.max_num_seqs = n;

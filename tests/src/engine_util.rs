@@ -62,7 +62,12 @@ pub fn run_all(
 
 /// Batch invariance of one f32 model on `device`: the probe request's output: alone, then in each hostile setting, bit for bit.
 pub fn invariance(name: &str, recurrent: bool, device: Device) {
-    let m = crate::load_on(name, DType::F32, device).unwrap();
+    invariance_in(name, recurrent, device, DType::F32)
+}
+
+/// [`invariance`] in `dtype` (bf16 needs deterministic mode on CUDA).
+pub fn invariance_in(name: &str, recurrent: bool, device: Device, dtype: DType) {
+    let m = crate::load_on(name, dtype, device).unwrap();
     let vocab = m.info.vocab_size;
     let mut rng = Rng(0x1234_5678);
     let probe = rng.prompt(150, vocab);
@@ -115,4 +120,41 @@ pub fn invariance(name: &str, recurrent: bool, device: Device) {
         assert!(f.preemptions > 0, "{name}: the probe itself was not preempted");
     }
     same("after a preemption", &got[&0]);
+}
+
+/// The engine's device sampling path (CUDA, requests without logprobs or penalties: only
+/// the ids come back) picks the tokens the host path picks: 8 requests, greedy and seeded
+/// temperature / top-k / top-p, batched on `device`, against the same requests on the CPU.
+pub fn device_sampling_matches_host(name: &str, device: Device) {
+    let gpu = crate::load_on(name, DType::F32, device).unwrap();
+    let cpu = crate::load_on(name, DType::F32, Device::Cpu).unwrap();
+    let vocab = gpu.info.vocab_size;
+    let mut rng = Rng(0xD5_A3);
+    let mut reqs = Vec::new();
+    for i in 0..8u64 {
+        let stop = StopParams { max_tokens: Some(16), ignore_eos: true, ..Default::default() };
+        let p = match i % 4 {
+            0 => SamplingParams { stop, ..Default::default() },
+            1 => SamplingParams { temperature: 0.8, top_k: Some(20), seed: Some(i), stop, ..Default::default() },
+            2 => SamplingParams { temperature: 1.0, top_p: Some(0.9), seed: Some(i), stop, ..Default::default() },
+            _ => SamplingParams {
+                temperature: 0.7,
+                top_k: Some(50),
+                top_p: Some(0.8),
+                seed: Some(i),
+                stop,
+                ..Default::default()
+            },
+        };
+        let len = 3 + rng.below(40);
+        reqs.push((i, rng.prompt(len, vocab), p));
+    }
+    let mut eg = EngineCore::new(&gpu, cfg(8, 256, 64)).unwrap();
+    let mut ec = EngineCore::new(&cpu, cfg(8, 256, 64)).unwrap();
+    let (g, c) = (run_all(&mut eg, &reqs), run_all(&mut ec, &reqs));
+    for (id, _, p) in &reqs {
+        let ids = |m: &HashMap<u64, (Vec<TokenOut>, Event)>| m[id].0.iter().map(|t| t.id).collect::<Vec<_>>();
+        assert_eq!(ids(&g), ids(&c), "{name} request {id} ({p:?}): device and host sampling disagree");
+        assert_eq!(ids(&g).len(), 16);
+    }
 }

@@ -195,6 +195,15 @@ fn cuda_sampling_matches_cpu() {
     let _ = Device::Cpu;
 }
 
+/// The engine tests switch the process-wide deterministic mode; they take this lock so
+/// that none of them runs while another has the mode flipped.
+fn engine_mode(deterministic: bool) -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    porter_core::tensor::cuda::set_deterministic(deterministic);
+    g
+}
+
 /// The serving engine on CUDA, f32: a request's greedy tokens and log-probabilities are
 /// bit-identical alone, among 31 others, split by chunked prefill, after a preemption and
 /// with a prefix-cache hit (tests/src/engine_util.rs).
@@ -202,6 +211,7 @@ fn cuda_sampling_matches_cpu() {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_engine_batch_invariance_attention() {
     if let Some(d) = cuda_or_skip("cuda_engine_batch_invariance_attention") {
+        let _mode = engine_mode(false);
         tests::engine_util::invariance("qwen3", false, d);
     }
 }
@@ -210,7 +220,31 @@ fn cuda_engine_batch_invariance_attention() {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_engine_batch_invariance_moe() {
     if let Some(d) = cuda_or_skip("cuda_engine_batch_invariance_moe") {
+        let _mode = engine_mode(false);
         tests::engine_util::invariance("qwen3_moe", false, d);
+    }
+}
+
+/// The engine samples plain decode rows on the device (ids only): same tokens as the host.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_engine_device_sampling_matches_host() {
+    if let Some(d) = cuda_or_skip("cuda_engine_device_sampling_matches_host") {
+        let _mode = engine_mode(false);
+        tests::engine_util::device_sampling_matches_host("qwen3", d);
+    }
+}
+
+/// bf16 in deterministic mode (`--deterministic`: GEMV-path GEMMs and MoE, attention
+/// without tensor cores): the same bit-identity as f32.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_engine_batch_invariance_bf16_deterministic() {
+    if let Some(d) = cuda_or_skip("cuda_engine_batch_invariance_bf16_deterministic") {
+        let _mode = engine_mode(true);
+        tests::engine_util::invariance_in("qwen3_moe", false, d, DType::BF16);
+        tests::engine_util::invariance_in("qwen3_next_a", true, d, DType::BF16);
+        porter_core::tensor::cuda::set_deterministic(false);
     }
 }
 
@@ -218,6 +252,7 @@ fn cuda_engine_batch_invariance_moe() {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_engine_batch_invariance_hybrid() {
     if let Some(d) = cuda_or_skip("cuda_engine_batch_invariance_hybrid") {
+        let _mode = engine_mode(false);
         tests::engine_util::invariance("qwen3_next_a", true, d);
     }
 }

@@ -19,7 +19,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use porter_core::engine::{Engine, EngineConfig, Event, Finish, Finished, TokenOut};
+use porter_core::engine::{Engine, Event, Finish, Finished, TokenOut};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -128,9 +128,13 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may take to finish after SIGTERM / SIGINT.
     #[arg(long, default_value_t = 30)]
     pub shutdown_timeout: u64,
-    /// KV cache size in bytes (default: the engine's default for the device).
-    #[arg(long)]
+    /// KV cache size in bytes (suffixes KB/MB/GB decimal, KiB/MiB/GiB binary).
+    #[arg(long, value_parser = crate::serve_bench::parse_bytes, conflicts_with = "gpu_memory_utilization")]
     pub kv_cache_memory: Option<usize>,
+    /// CUDA only: the KV cache and state slots take this share of the device memory free
+    /// after the weights (default 0.9). On the CPU the pool holds every sequence's whole context.
+    #[arg(long, value_parser = crate::serve_bench::parse_fraction)]
+    pub gpu_memory_utilization: Option<f64>,
     /// Split reasoning from the answer in chat responses: `qwen3` (`<think>…</think>`).
     #[arg(long)]
     pub reasoning_parser: Option<String>,
@@ -184,13 +188,25 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
     if a.max_queued_requests == 0 {
         anyhow::bail!("--max-queued-requests must be >= 1");
     }
-    let mut cfg = EngineConfig::for_model(&model, a.kv_cache_memory);
-    if let Some(n) = a.max_num_seqs {
-        cfg.max_num_seqs = n;
+    if a.gpu_memory_utilization.is_some() && model.info.device == porter_core::Device::Cpu {
+        anyhow::bail!("--gpu-memory-utilization applies to a CUDA device (use --kv-cache-memory on the CPU)");
     }
-    if let Some(n) = a.max_num_batched_tokens {
-        cfg.max_num_batched_tokens = n;
+    for (flag, v) in [("--max-num-seqs", a.max_num_seqs), ("--max-num-batched-tokens", a.max_num_batched_tokens)] {
+        if v == Some(0) {
+            anyhow::bail!("{flag} 0: must be at least 1");
+        }
     }
+    let sizes = crate::serve_bench::EngineSizes {
+        max_num_seqs: a.max_num_seqs,
+        max_num_batched_tokens: a.max_num_batched_tokens,
+        kv_cache_memory: a.kv_cache_memory,
+        gpu_memory_utilization: a.gpu_memory_utilization,
+    };
+    let (cfg, _) = crate::serve_bench::sized_engine_config(&model, &sizes)?;
+    eprintln!(
+        "porter serve: engine: {} seqs, {} tokens per step, KV pool {} blocks of {} tokens",
+        cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_blocks, cfg.block_size
+    );
     let name = a.served_model_name.clone().unwrap_or_else(|| match &random {
         Some(c) => format!("random-{c}"),
         None => dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "porter".into()),
