@@ -185,6 +185,7 @@ class ChatPage(unittest.TestCase):
         b.wait_for(IDLE, 60, "the first reply streamed")
         reply = b.js(LAST_REPLY)
         self.assertIn("Paris", reply)
+        self.assertNotIn("<|im_end|>", reply)
         code, text = self.s.post("/v1/chat/completions",
                                  {"model": "smollm2", "messages": [{"role": "user", "content": QUESTION}],
                                   "temperature": 0, "max_tokens": 64}, {"authorization": "Bearer " + KEY})
