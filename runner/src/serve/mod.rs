@@ -8,6 +8,7 @@
 //! away drops the receiver, and the forwarder aborts the engine request at its next event.
 
 pub mod api;
+pub mod page;
 pub mod text;
 
 use anyhow::{Context, Result};
@@ -286,6 +287,7 @@ async fn wait_for_signal() {
 /// The routes.
 pub fn router(state: Arc<Server>) -> Router {
     Router::new()
+        .route("/", get(page::page))
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))

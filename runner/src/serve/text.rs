@@ -6,7 +6,8 @@ use tokenizers::Tokenizer;
 /// Incremental detokenizer (the prefix / read-offset algorithm of vLLM and TGI): each new
 /// token re-decodes a short window of ids and emits only the new text, holding back a piece
 /// that ends in an incomplete UTF-8 sequence (U+FFFD) until the next token completes it, so
-/// the concatenated deltas equal decoding all ids at once.
+/// the concatenated deltas equal decoding all ids at once. Special tokens (`<|im_end|>`, EOS)
+/// are left out of the text, as vLLM's default `skip_special_tokens=True` does.
 pub struct Detok<'t> {
     tok: &'t Tokenizer,
     ids: Vec<u32>,
@@ -25,7 +26,7 @@ impl<'t> Detok<'t> {
     }
 
     fn decode(&self, ids: &[u32]) -> String {
-        self.tok.decode(ids, false).unwrap_or_default()
+        self.tok.decode(ids, true).unwrap_or_default()
     }
 
     /// The new text after `id` (possibly empty while a character is incomplete).
@@ -140,5 +141,19 @@ mod tests {
         }
         out.push_str(&d.finish());
         assert_eq!(out, tok.decode(&ids, false).unwrap());
+    }
+
+    #[test]
+    fn special_tokens_are_not_in_the_text() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer.json");
+        let tok = Tokenizer::from_file(path).unwrap();
+        let im_end = tok.token_to_id("<|im_end|>").unwrap();
+        let mut ids = tok.encode("The capital is Paris.", false).unwrap().get_ids().to_vec();
+        ids.push(im_end);
+        let prompt = tok.encode("<|im_start|>assistant\n", false).unwrap().get_ids().to_vec();
+        let mut d = Detok::new(&tok, &prompt);
+        let mut out: String = ids.iter().map(|&i| d.push(i)).collect();
+        out.push_str(&d.finish());
+        assert_eq!(out, "The capital is Paris.");
     }
 }
