@@ -86,7 +86,8 @@ fn normalize_messages(messages: &Value) -> Value {
     let Some(list) = messages.as_array() else { return messages.clone() };
     let out = list.iter().map(|m| {
         let Some(obj) = m.as_object() else { return m.clone() };
-        let obj: Map<String, Value> = obj.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let obj: Map<String, Value> =
+            obj.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
         let reasoning = ["reasoning_content", "thinking", "reasoning"].iter().find_map(|k| obj.get(*k)).cloned();
         let Some(r) = reasoning else { return Value::Object(obj) };
         // Python: {"thinking": r, **message, "reasoning_content": r}
