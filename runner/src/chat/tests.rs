@@ -187,3 +187,13 @@ fn messages_are_normalized_like_transformers() {
         r#"[{"thinking":"r","role":"assistant","reasoning":"r","reasoning_content":"r"},{"thinking":"t","role":"assistant","reasoning_content":"rc"},{"role":"user","content":"u"}]"#
     );
 }
+
+/// Negative slice steps and ranges work natively in minijinja 3 (no `|reverse` rewrite): the
+/// same output as transformers' jinja2 (`cba|ca|210|cba`).
+#[test]
+fn negative_steps_equal_jinja2() {
+    let dir = root().join("tests/fixtures/chat_golden");
+    let t = "{% for m in messages[::-1] %}{{ m.content }}{% endfor %}|{{ (messages|map(attribute='content')|list)[::-2]|join }}|{% for i in range(2, -1, -1) %}{{ i }}{% endfor %}|{{ 'abc'[::-1] }}";
+    let msgs = serde_json::json!([{"content": "a"}, {"content": "b"}, {"content": "c"}]);
+    assert_eq!(render_messages(&dir, Some(t), &msgs, false, &Map::new()).unwrap(), "cba|ca|210|cba");
+}
