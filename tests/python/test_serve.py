@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -250,6 +251,54 @@ class Operations(unittest.TestCase):
         self.assertEqual(s.stop(), 0)
         self.assertIn("r", got, "the in-flight request failed")
         self.assertEqual(got["r"].usage.completion_tokens, 400, "the in-flight request was finished, not cut")
+
+
+class Qwen3Template(unittest.TestCase):
+    """The real Qwen3 chat template (`--chat-template`) on the bundled checkpoint: the server's prompt
+    for each golden case of tests/fixtures/chat_golden/qwen3.json (messages, tools, chat_template_kwargs,
+    add_generation_prompt) tokenizes like transformers' rendering; `raise_exception` is a 400 naming
+    the template's message."""
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(ROOT, "tests/fixtures/chat_golden/qwen3.jinja"), encoding="utf-8") as f:
+            template = f.read()
+        with open(os.path.join(ROOT, "tests/fixtures/chat_golden/qwen3.json"), encoding="utf-8") as f:
+            cls.golden = json.load(f)
+        # A guard in front that renders nothing unless the first message is "boom".
+        guard = "{%- if messages[0].content == 'boom' %}{{ raise_exception('no boom, please') }}{%- endif %}"
+        cls.tmp = tempfile.NamedTemporaryFile("w", suffix=".jinja", encoding="utf-8", delete=False)
+        cls.tmp.write(guard + template)
+        cls.tmp.close()
+        cls.s = Server("--chat-template", cls.tmp.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+        os.unlink(cls.tmp.name)
+
+    def tokens(self, body):
+        code, text = self.s.post("/tokenize", body)
+        self.assertEqual(code, 200, text)
+        return json.loads(text)["tokens"]
+
+    def test_prompts_equal_transformers(self):
+        self.assertEqual(len(self.golden["chats"]), 11)
+        for i, c in enumerate(self.golden["chats"]):
+            body = {"messages": c["messages"], "add_generation_prompt": c["add_generation_prompt"],
+                    "chat_template_kwargs": c["kwargs"]}
+            if c["tools"] is not None:
+                body["tools"] = c["tools"]
+            self.assertEqual(self.tokens(body), self.tokens({"prompt": c["rendered"]}), f"chat {i}")
+
+    def test_raise_exception_is_a_400_with_its_message(self):
+        msgs = [{"role": "user", "content": "boom"}]
+        for path, body in [("/tokenize", {"messages": msgs}),
+                           ("/v1/chat/completions", {"messages": msgs, "max_tokens": 2})]:
+            code, text = self.s.post(path, body)
+            self.assertEqual(code, 400, text)
+            self.assertIn("no boom, please", json.loads(text)["error"]["message"])
+        self.assertTrue(self.tokens({"messages": [{"role": "user", "content": "fine"}]}))
 
 
 class SmolLM2(unittest.TestCase):
