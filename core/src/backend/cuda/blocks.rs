@@ -447,8 +447,12 @@ impl CudaRec {
 /// Span count, longest span and the device span table of one delta-rule launch.
 type DeltaSpans<'a> = (usize, usize, cudarc::driver::CudaView<'a, u32>);
 
-/// Shortest span that takes the chunked delta rule (chunks are 64 tokens).
-const GDN_CHUNKED_MIN_LEN: usize = 64;
+/// Shortest span that takes the chunked delta rule (chunks are 64 tokens, at positions
+/// counted from the span's start). The same rule as the CPU backend: every span of more
+/// than one row without snapshots, so that a prompt's positions are computed by the same
+/// algorithm however the scheduler splits it into (chunk-aligned) prefill pieces; a
+/// length threshold made a short final piece take the per-token rule and its bits differ.
+const GDN_CHUNKED_MIN_LEN: usize = 2;
 
 /// The Gated DeltaNet core on the device (see `Ops::gdn`).
 pub fn gdn(p: &Tensor, w: &GdnWeights<'_>, c: &GdnArgs, batch: &Batch, cache: &mut RecCache) -> Result<Tensor> {
