@@ -471,6 +471,7 @@ fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device: Device) -
 }
 
 fn cmd_serve(a: &ServeCmd) -> Result<()> {
+    serve::init_logging();
     checks::mtp_step(a.spec.mtp_step)?;
     let device = a.run.device.unwrap_or_else(porter_core::device::default_device);
     let (dir, model, random) = match &a.random.config {
@@ -483,7 +484,7 @@ fn cmd_serve(a: &ServeCmd) -> Result<()> {
                 bail!("--mtp-step needs a model folder with a draft head (--model), not --config");
             }
             let m = random_model(c, a.random.layers, &a.run, device)?;
-            eprintln!("porter serve: RANDOM weights of the --config `{c}` geometry; the text is meaningless");
+            tracing::warn!("RANDOM weights of the --config `{c}` geometry: the text is meaningless");
             let dir = tok.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
             (dir, m, Some(c.clone()))
         }

@@ -106,7 +106,8 @@ class TinyModel(unittest.TestCase):
         assert cls.s.stop() == 0, "porter serve did not exit 0 on SIGTERM"
 
     def complete(self, prompt="Beautiful is better than", **kw):
-        return self.c.completions.create(model=self.model, prompt=prompt, max_tokens=12, temperature=0, **kw)
+        kw = {"max_tokens": 12, "temperature": 0, **kw}
+        return self.c.completions.create(model=self.model, prompt=prompt, **kw)
 
     def test_models_and_health(self):
         self.assertEqual(self.s.get("/health")[0], 200)
@@ -193,9 +194,89 @@ class TinyModel(unittest.TestCase):
 
     def test_metrics_count_what_was_served(self):
         before = self.s.metric("vllm:generation_tokens_total")
+        queued = self.s.metric("vllm:request_queue_time_seconds_count")
         r = self.complete()
         after = self.s.metric("vllm:generation_tokens_total")
         self.assertEqual(after - before, r.usage.completion_tokens)
+        self.assertEqual(self.s.metric("vllm:request_queue_time_seconds_count") - queued, 1)
+
+    def test_n_choices_stream_interleaved_and_equal_non_stream(self):
+        kw = dict(n=3, temperature=0.9, seed=11, max_tokens=16, extra_body={"ignore_eos": True})
+        full = self.complete(**kw)
+        self.assertEqual(sorted(c.index for c in full.choices), [0, 1, 2])
+        texts = {c.index: c.text for c in full.choices}
+        self.assertEqual(len(set(texts.values())), 3, "seeded choices should differ (seed + index)")
+        chunks = list(self.complete(stream=True, **kw))
+        got, first, final = {0: "", 1: "", 2: ""}, {}, {}
+        for pos, ch in enumerate(chunks):
+            for c in ch.choices:
+                got[c.index] += c.text
+                first.setdefault(c.index, pos)
+                if c.finish_reason:
+                    self.assertNotIn(c.index, final, "two finish_reason chunks for one choice")
+                    final[c.index] = pos
+        self.assertEqual(got, texts)
+        self.assertEqual(set(final), {0, 1, 2})
+        # Interleaved: the last choice starts before the first one ends.
+        self.assertLess(first[2], final[0])
+
+    def test_return_token_ids(self):
+        body = {"model": self.model, "prompt": [5, 77, 300], "max_tokens": 6, "temperature": 0,
+                "return_token_ids": True}
+        code, text = self.s.post("/v1/completions", body)
+        self.assertEqual(code, 200, text)
+        c = json.loads(text)["choices"][0]
+        self.assertEqual(c["prompt_token_ids"], [5, 77, 300])
+        self.assertEqual(len(c["token_ids"]), 6)
+        chunks = list(self.c.completions.create(model=self.model, prompt=[5, 77, 300], max_tokens=6, temperature=0,
+                                                stream=True, extra_body={"return_token_ids": True}))
+        streamed = [t for ch in chunks for c2 in ch.choices for t in (getattr(c2, "token_ids", None) or [])]
+        self.assertEqual(streamed, c["token_ids"])
+
+
+class Speculative(unittest.TestCase):
+    """`--mtp-step 2` with the fixture's own MTP head: greedy answers equal the plain server's."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.plain = Server()
+        cls.spec = Server("--mtp-step", "2")
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.plain.stop() == 0
+        assert cls.spec.stop() == 0
+
+    def test_greedy_equal_and_spec_metrics(self):
+        prompts = ["Beautiful is better than", "Simple is", "x", "Flat is better than nested."]
+        for s in (self.plain, self.spec):
+            s.answers = [s.client().completions.create(model="qwen3_next_mtp", prompt=p, max_tokens=20, temperature=0,
+                                                       extra_body={"ignore_eos": True}).choices[0].text
+                         for p in prompts]
+        self.assertEqual(self.spec.answers, self.plain.answers)
+        self.assertGreater(self.spec.metric("vllm:spec_decode_num_draft_tokens"), 0)
+        self.assertGreater(self.spec.metric("mtp_avg_token_per_step_count"), 0)
+        self.assertEqual(self.plain.metric("vllm:spec_decode_num_draft_tokens"), 0)
+
+
+class RandomWeights(unittest.TestCase):
+    """`--config FILE --tokenizer FILE`: a benchmark server on random weights."""
+
+    def test_random_config_serves_and_needs_a_tokenizer(self):
+        cfg = os.path.join(ROOT, "tests", "fixtures", "qwen3_next_a", "config.json")
+        r = subprocess.run([PORTER, "serve", "--device", "cpu", "--config", cfg], capture_output=True, text=True,
+                           timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--tokenizer", r.stderr)
+        s = Server("--config", cfg, "--tokenizer", os.path.join(ROOT, "tests", "fixtures", "tokenizer.json"))
+        try:
+            model = s.client().models.list().data[0].id
+            self.assertTrue(model.startswith("random-"), model)
+            r = s.client().completions.create(model=model, prompt=[1, 2, 3], max_tokens=4, temperature=0,
+                                              extra_body={"ignore_eos": True})
+            self.assertEqual(r.usage.completion_tokens, 4)
+        finally:
+            self.assertEqual(s.stop(), 0)
 
 
 class Operations(unittest.TestCase):
@@ -341,6 +422,15 @@ class SmolLM2(unittest.TestCase):
         r = self.ask(stop=["France"], logprobs=True, top_logprobs=2)
         self.assertNotIn("France", r.choices[0].message.content)
         self.assertEqual(r.choices[0].finish_reason, "stop")
+        # Cut by a stop string, the usage still reports the prefix-cache hit of the prompt
+        # the answers above left cached (16-token blocks).
+        again = self.ask(stop=["France"])
+        self.assertGreaterEqual(again.usage.prompt_tokens_details.cached_tokens, 16)
+        self.assertEqual(again.choices[0].message.content, r.choices[0].message.content)
+        chunks = list(self.ask(stop=["France"], stream=True, stream_options={"include_usage": True}))
+        self.assertGreaterEqual(chunks[-1].usage.prompt_tokens_details.cached_tokens, 16)
+        self.assertEqual("".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices),
+                         r.choices[0].message.content)
         self.assertTrue(len(r.choices[0].logprobs.content) >= 1)
         code, text = self.s.post("/v1/chat/completions", {"model": "smollm2", "messages": [{"role": "user", "content": "x"}],
                                                           "top_logprobs": 2}, {"authorization": "Bearer sekret"})

@@ -78,6 +78,9 @@ struct Live {
     dists: Vec<Vec<f32>>,
     drafted: usize,
     accepted: usize,
+    /// When the request arrived, and how long it waited for its first scheduling.
+    arrived: std::time::Instant,
+    queued: Option<std::time::Duration>,
 }
 
 /// Speculative decoding inside the batch: MTP draft heads and how they are chained.
@@ -288,6 +291,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             dists: Vec::new(),
             drafted: 0,
             accepted: 0,
+            arrived: std::time::Instant::now(),
+            queued: None,
         };
         self.live.insert(id, live);
         self.sched.waiting.push_back(id);
@@ -321,6 +326,9 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             preemptions,
             drafted: l.as_ref().map_or(0, |l| l.drafted),
             accepted: l.as_ref().map_or(0, |l| l.accepted),
+            queue_time: l
+                .as_ref()
+                .map_or(std::time::Duration::ZERO, |l| l.queued.unwrap_or_else(|| l.arrived.elapsed())),
         }))
     }
 
@@ -343,9 +351,12 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
     pub fn step(&mut self) -> Result<Vec<(RequestId, Event)>> {
         let plan = self.sched.schedule(&mut self.seqs, &mut self.cache)?;
         self.stats.preemptions += plan.preempted.len() as u64;
-        for &(_, asked, hit) in &plan.admitted {
+        for &(id, asked, hit) in &plan.admitted {
             self.stats.prefix_query_tokens += asked as u64;
             self.stats.prefix_hit_tokens += hit as u64;
+            if let Some(l) = self.live.get_mut(&id) {
+                l.queued.get_or_insert_with(|| l.arrived.elapsed());
+            }
         }
         for &id in &plan.preempted {
             self.drop_drafts(id)?;

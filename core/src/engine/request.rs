@@ -65,6 +65,9 @@ pub struct Finished {
     /// Speculative decoding: draft tokens verified and accepted.
     pub drafted: usize,
     pub accepted: usize,
+    /// Time from `add_request` to the first step that scheduled it (vLLM's queue time); the
+    /// whole wait when it ended (aborted) before being scheduled.
+    pub queue_time: std::time::Duration,
 }
 
 /// What the engine sends a request's receiver.

@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod page;
+mod stream;
 pub mod text;
 
 use anyhow::{Context, Result};
@@ -16,7 +17,6 @@ use api::{ApiError, Kind, Plan};
 use axum::body::Bytes;
 use axum::extract::State as AxState;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -49,10 +49,11 @@ pub struct Server {
     pub reasoning: bool,
     /// `--tool-call-parser hermes`: `<tool_call>` blocks become `tool_calls`.
     pub tool_calls: bool,
+    /// `--mtp-step K`: draft tokens per step.
+    pub spec_k: Option<usize>,
 }
 
 /// Request counters and latency sums for `/metrics`.
-#[derive(Default)]
 pub struct Metrics {
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
@@ -60,24 +61,54 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub e2e: Histogram,
     pub itl: Histogram,
+    pub queue: Histogram,
+    /// LightLLM's `mtp_avg_token_per_step`: per request, tokens per verify step.
+    pub mtp_tokens_per_step: Histogram,
 }
 
-/// A Prometheus histogram with fixed buckets (seconds).
-#[derive(Default, Clone)]
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            success: Default::default(),
+            ttft: Histogram::default(),
+            e2e: Histogram::default(),
+            itl: Histogram::default(),
+            queue: Histogram::default(),
+            mtp_tokens_per_step: Histogram::with(&TOKEN_BUCKETS),
+        }
+    }
+}
+
+/// A Prometheus histogram with fixed buckets (seconds unless made [`Histogram::with`]).
+#[derive(Clone)]
 pub struct Histogram {
+    pub buckets: &'static [f64],
     pub counts: Vec<u64>,
     pub sum: f64,
     pub n: u64,
 }
 
 const BUCKETS: [f64; 12] = [0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// Buckets of `mtp_avg_token_per_step` (tokens per verify step: 1 ..= K + 1, K ≤ 15).
+const TOKEN_BUCKETS: [f64; 17] =
+    [1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0, 12.0, 14.0, 16.0];
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self::with(&BUCKETS)
+    }
+}
 
 impl Histogram {
+    /// An empty histogram over `buckets` (ascending upper bounds).
+    pub fn with(buckets: &'static [f64]) -> Self {
+        Self { buckets, counts: vec![0; buckets.len()], sum: 0.0, n: 0 }
+    }
+
     pub fn observe(&mut self, v: f64) {
-        if self.counts.is_empty() {
-            self.counts = vec![0; BUCKETS.len()];
-        }
-        for (i, b) in BUCKETS.iter().enumerate() {
+        for (i, b) in self.buckets.iter().enumerate() {
             if v <= *b {
                 self.counts[i] += 1;
             }
@@ -89,7 +120,7 @@ impl Histogram {
     fn render(&self, name: &str, label: &str, out: &mut String) {
         use std::fmt::Write;
         let _ = writeln!(out, "# TYPE {name} histogram");
-        for (i, b) in BUCKETS.iter().enumerate() {
+        for (i, b) in self.buckets.iter().enumerate() {
             let c = self.counts.get(i).copied().unwrap_or(0);
             let _ = writeln!(out, "{name}_bucket{{{label},le=\"{b}\"}} {c}");
         }
@@ -204,9 +235,12 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
         gpu_memory_utilization: a.gpu_memory_utilization,
     };
     let (cfg, _) = crate::serve_bench::sized_engine_config(&model, &sizes)?;
-    eprintln!(
-        "porter serve: engine: {} seqs, {} tokens per step, KV pool {} blocks of {} tokens",
-        cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_blocks, cfg.block_size
+    tracing::info!(
+        max_num_seqs = cfg.max_num_seqs,
+        max_num_batched_tokens = cfg.max_num_batched_tokens,
+        kv_blocks = cfg.num_blocks,
+        block_size = cfg.block_size,
+        "engine configured"
     );
     let name = a.served_model_name.clone().unwrap_or_else(|| match &random {
         Some(c) => format!("random-{c}"),
@@ -214,7 +248,9 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
     });
     let vocab = model.info.vocab_size;
     let defaults = model.info.generation.clone();
+    let spec_k = spec.as_ref().map(|sp| sp.k);
     let engine = Arc::new(Engine::start_with_spec(model, cfg, spec).context("starting the engine")?);
+    warm_up(&engine, vocab, ctx).context("warming up the engine")?;
     let api_key = a.api_key.clone().or_else(|| std::env::var("PORTER_API_KEY").ok()).filter(|k| !k.is_empty());
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(Server {
@@ -235,6 +271,7 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
         created,
         reasoning,
         tool_calls,
+        spec_k,
     });
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     let addr = format!("{}:{}", a.host, a.port);
@@ -242,16 +279,16 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
     rt.block_on(async move {
         let listener =
             tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr} (--host / --port)"))?;
-        eprintln!("porter serve: {} on http://{addr} (model {})", state.dir.display(), state.name);
+        tracing::info!(model = %state.name, dir = %state.dir.display(), "porter serve listening on http://{addr}");
         let app = router(state.clone());
         let st = state.clone();
         let shutdown = async move {
             wait_for_signal().await;
             st.draining.store(true, Ordering::SeqCst);
-            eprintln!(
-                "porter serve: draining ({} in flight, up to {}s)",
-                st.in_flight.load(Ordering::SeqCst),
-                timeout.as_secs()
+            tracing::info!(
+                in_flight = st.in_flight.load(Ordering::SeqCst),
+                timeout_s = timeout.as_secs(),
+                "draining: new requests get 503"
             );
             let t0 = Instant::now();
             while st.in_flight.load(Ordering::SeqCst) > 0 && t0.elapsed() < timeout {
@@ -261,9 +298,59 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
         axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("serving")?;
         // Whatever is still running ends with finish reason `abort`.
         state.engine.shutdown();
-        eprintln!("porter serve: stopped");
+        tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// Logs (`tracing`) to stderr; the level from `PORTER_LOG` or `RUST_LOG` (default `info`).
+pub fn init_logging() {
+    let filter = std::env::var("PORTER_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .ok()
+        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+/// Runs a few short requests through the engine before the port opens (the first forward
+/// of each shape compiles kernels on a GPU), with a progress bar.
+fn warm_up(engine: &Engine, vocab: usize, ctx: usize) -> Result<()> {
+    use porter_core::engine::{SamplingParams, StopParams};
+    // A prefill alone, then two requests together (batched prefill and decode rows).
+    let runs: [&[usize]; 2] = [&[16], &[16, 9]];
+    let bar = indicatif::ProgressBar::new(runs.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("warming up {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let t0 = Instant::now();
+    for lens in runs {
+        let streams = lens
+            .iter()
+            .map(|&len| {
+                let len = len.min(ctx.saturating_sub(5)).max(1);
+                let prompt: Vec<u32> = (0..len).map(|i| ((i * 7919 + 3) % vocab.max(1)) as u32).collect();
+                let stop = StopParams { max_tokens: Some(4), ignore_eos: true, ..Default::default() };
+                engine.add(prompt, SamplingParams { stop, ..Default::default() })
+            })
+            .collect::<porter_core::Result<Vec<_>>>()?;
+        for st in streams {
+            match st.collect().1 {
+                Some(Event::Done(_)) => {}
+                Some(Event::Error(e)) => anyhow::bail!("warm-up request failed: {e}"),
+                other => anyhow::bail!("warm-up request ended without finishing: {other:?}"),
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    tracing::info!(seconds = (t0.elapsed().as_secs_f64() * 100.0).round() / 100.0, "warmed up");
+    Ok(())
 }
 
 async fn wait_for_signal() {
@@ -405,6 +492,10 @@ async fn metrics(AxState(s): AxState<Arc<Server>>) -> Response {
         mm.ttft.render("vllm:time_to_first_token_seconds", &label, &mut out);
         mm.itl.render("vllm:inter_token_latency_seconds", &label, &mut out);
         mm.e2e.render("vllm:e2e_request_latency_seconds", &label, &mut out);
+        mm.queue.render("vllm:request_queue_time_seconds", &label, &mut out);
+        if s.spec_k.is_some() {
+            mm.mtp_tokens_per_step.render("mtp_avg_token_per_step", &label, &mut out);
+        }
     }
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
 }
@@ -437,22 +528,31 @@ impl Running {
                 break;
             }
         }
-        Finished {
-            reason: Finish::Stop,
-            prompt_tokens: prompt_len,
-            completion_tokens,
-            cached_tokens: 0,
-            preemptions: 0,
-            drafted: 0,
-            accepted: 0,
-        }
+        stopped(prompt_len, completion_tokens)
+    }
+}
+
+/// The end of a stop-string request whose final counts never came (the engine failed).
+fn stopped(prompt_len: usize, completion_tokens: usize) -> Finished {
+    Finished {
+        reason: Finish::Stop,
+        prompt_tokens: prompt_len,
+        completion_tokens,
+        cached_tokens: 0,
+        preemptions: 0,
+        drafted: 0,
+        accepted: 0,
+        queue_time: Duration::ZERO,
     }
 }
 
 /// Submits one engine request and forwards its events (aborting it when the handler is gone).
-async fn submit(s: &Arc<Server>, ids: Vec<u32>, plan: &Plan) -> Result<Running, ApiError> {
+async fn submit(s: &Arc<Server>, ids: Vec<u32>, plan: &Plan, choice: usize) -> Result<Running, ApiError> {
     let engine = s.engine.clone();
-    let params = plan.params.clone();
+    let mut params = plan.params.clone();
+    // `n` samples of one seeded request differ: choice j draws with seed + j (as vLLM's
+    // parallel sampling does).
+    params.seed = params.seed.map(|x| x.wrapping_add(choice as u64));
     let stream = tokio::task::spawn_blocking(move || engine.add(ids, params))
         .await
         .map_err(|e| ApiError::new(Kind::Server, format!("engine task failed: {e}"), None))?
@@ -510,21 +610,21 @@ async fn serve_request(s: Arc<Server>, headers: HeaderMap, body: Bytes, is_chat:
     let id = format!("{}-{}", if is_chat { "chatcmpl" } else { "cmpl" }, s.next_id.fetch_add(1, Ordering::Relaxed));
     let mut runs = Vec::with_capacity(n_req);
     for p in &plan.prompts {
-        for _ in 0..plan.n {
-            match submit(&s, p.clone(), &plan).await {
+        for j in 0..plan.n {
+            match submit(&s, p.clone(), &plan, j).await {
                 Ok(r) => runs.push(r),
                 Err(e) => return e.into_response(),
             }
         }
     }
     if plan.stream {
-        stream_response(s, plan, id, runs, guards, is_chat)
+        stream::stream_response(s, plan, id, runs, guards, is_chat)
     } else {
         let mut choices = Vec::new();
         let (mut prompt_tokens, mut completion_tokens, mut cached) = (0, 0, 0);
         for (i, run) in runs.into_iter().enumerate() {
             let p = &plan.prompts[i / plan.n];
-            let out = match collect(&s, run, p, &plan).await {
+            let out = match collect(&s, run, p, &plan, &format!("{id}-{i}")).await {
                 Ok(o) => o,
                 Err(e) => return e.into_response(),
             };
@@ -564,7 +664,29 @@ fn finish_str(f: Finish) -> &'static str {
     }
 }
 
-fn record(s: &Server, fin: &Finished, reason: &str, t0: Instant, first: Option<Instant>, times: &[Instant]) {
+/// Counts a finished request in the metrics and writes its log line.
+fn record(s: &Server, rid: &str, fin: &Finished, reason: &str, t0: Instant, times: &[Instant]) {
+    let first = times.first().copied();
+    let e2e = t0.elapsed().as_secs_f64();
+    let ttft = first.map(|f| (f - t0).as_secs_f64());
+    // Decode speed after the first token (what a user of the stream sees).
+    let tok_s = match (first, times.last()) {
+        (Some(a), Some(b)) if times.len() > 1 && *b > a => (times.len() - 1) as f64 / (*b - a).as_secs_f64(),
+        _ => 0.0,
+    };
+    tracing::info!(
+        request = rid,
+        prompt_tokens = fin.prompt_tokens,
+        cached_tokens = fin.cached_tokens,
+        completion_tokens = fin.completion_tokens,
+        ttft_ms = ttft.map_or(-1.0, |t| (t * 1e4).round() / 10.0),
+        tokens_per_s = (tok_s * 10.0).round() / 10.0,
+        e2e_ms = (e2e * 1e4).round() / 10.0,
+        queue_ms = (fin.queue_time.as_secs_f64() * 1e4).round() / 10.0,
+        preemptions = fin.preemptions,
+        finish_reason = reason,
+        "request finished"
+    );
     if let Ok(mut m) = s.metrics.lock() {
         m.prompt_tokens += fin.prompt_tokens as u64;
         m.generation_tokens += fin.completion_tokens as u64;
@@ -575,18 +697,30 @@ fn record(s: &Server, fin: &Finished, reason: &str, t0: Instant, first: Option<I
             _ => "error",
         };
         *m.success.entry(key).or_default() += 1;
-        if let Some(f) = first {
-            m.ttft.observe((f - t0).as_secs_f64());
+        if let Some(t) = ttft {
+            m.ttft.observe(t);
         }
         for w in times.windows(2) {
             m.itl.observe((w[1] - w[0]).as_secs_f64());
         }
-        m.e2e.observe(t0.elapsed().as_secs_f64());
+        m.e2e.observe(e2e);
+        m.queue.observe(fin.queue_time.as_secs_f64());
+        if let Some(k) = s.spec_k.filter(|_| fin.drafted > 0) {
+            // drafted / K verify steps, each emitting its accepted drafts plus one token.
+            let steps = fin.drafted.div_ceil(k) as f64;
+            m.mtp_tokens_per_step.observe((fin.accepted as f64 + steps) / steps);
+        }
     }
 }
 
 /// Runs one request to its end (non-streaming).
-async fn collect(s: &Arc<Server>, mut run: Running, prompt: &[u32], plan: &Plan) -> Result<Output, ApiError> {
+async fn collect(
+    s: &Arc<Server>,
+    mut run: Running,
+    prompt: &[u32],
+    plan: &Plan,
+    rid: &str,
+) -> Result<Output, ApiError> {
     let t0 = Instant::now();
     let mut detok = text::Detok::new(&s.tok, prompt);
     let mut stops = text::StopMatcher::new(plan.stop_strings.clone());
@@ -620,139 +754,9 @@ async fn collect(s: &Arc<Server>, mut run: Running, prompt: &[u32], plan: &Plan)
                 Some(f) => (f, "stop"),
                 None => (run.stop_by_string(s, prompt.len(), tokens.len()).await, "stop"),
             };
-            record(s, &fin, reason, t0, times.first().copied(), &times);
+            record(s, rid, &fin, reason, t0, &times);
             return Ok(Output { text: textout, tokens, fin, reason });
         }
     }
     Err(ApiError::new(Kind::Server, "the engine stopped before the request finished", None))
-}
-
-/// The SSE response of a streaming request.
-fn stream_response(
-    s: Arc<Server>,
-    plan: Plan,
-    id: String,
-    runs: Vec<Running>,
-    guards: Vec<InFlight>,
-    is_chat: bool,
-) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, std::convert::Infallible>>(64);
-    tokio::spawn(async move {
-        let _guards = guards;
-        let created = now();
-        let obj = if is_chat { "chat.completion.chunk" } else { "text_completion" };
-        let send = |v: Value| SseEvent::default().data(v.to_string());
-        let mut usage = (0usize, 0usize, 0usize);
-        // Choices are streamed one after another (n and prompt lists are rare in streaming).
-        for (i, mut run) in runs.into_iter().enumerate() {
-            let prompt = &plan.prompts[i / plan.n];
-            let t0 = Instant::now();
-            let mut detok = text::Detok::new(&s.tok, prompt);
-            let mut stops = text::StopMatcher::new(plan.stop_strings.clone());
-            if is_chat {
-                let c = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
-                let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
-                if tx.send(Ok(send(v))).await.is_err() {
-                    return;
-                }
-            }
-            let mut times = Vec::new();
-            let mut ntok = 0usize;
-            let mut think = crate::serve_parsers::ReasoningParser::new(plan.think_mode());
-            let mut tools = crate::serve_parsers::ToolParser::new(i as u64);
-            let mut done: Option<(&'static str, Finished)> = None;
-            while let Some(ev) = run.rx.recv().await {
-                let (piece, toks, fin) = match ev {
-                    Event::Token(t) => {
-                        times.push(Instant::now());
-                        ntok += 1;
-                        (detok.push(t.id), vec![t], None)
-                    }
-                    Event::Done(f) => (detok.finish(), vec![], Some(f)),
-                    Event::Error(e) => {
-                        let err = json!({"error": {"message": e, "type": "server_error", "param": null, "code": 500}});
-                        let _ = tx.send(Ok(send(err))).await;
-                        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
-                        return;
-                    }
-                };
-                let (mut safe, hit) = stops.push(&piece);
-                if fin.is_some() && !hit {
-                    safe.push_str(&stops.finish());
-                }
-                if is_chat && (s.reasoning || s.tool_calls) {
-                    // Reasoning first, then tool calls in what remains as content.
-                    let last = fin.is_some() || hit;
-                    let mut r = if s.reasoning {
-                        think.push(&safe)
-                    } else {
-                        crate::serve_parsers::ReasoningDelta { reasoning: String::new(), content: safe.clone() }
-                    };
-                    if last && s.reasoning {
-                        let f = think.finish();
-                        r.reasoning.push_str(&f.reasoning);
-                        r.content.push_str(&f.content);
-                    }
-                    let mut t = if s.tool_calls {
-                        tools.push(&r.content)
-                    } else {
-                        crate::serve_parsers::ToolDelta { content: r.content.clone(), calls: vec![] }
-                    };
-                    if last && s.tool_calls {
-                        let f = tools.finish();
-                        t.content.push_str(&f.content);
-                        t.calls.extend(f.calls);
-                    }
-                    if !r.reasoning.is_empty() || !t.content.is_empty() || !t.calls.is_empty() {
-                        let c = api::parsed_delta(i, &r.reasoning, &t.content, &t.calls);
-                        let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
-                        if tx.send(Ok(send(v))).await.is_err() {
-                            return;
-                        }
-                    }
-                } else if !safe.is_empty() || (!toks.is_empty() && (plan.logprobs.is_some() || plan.return_token_ids)) {
-                    let c = api::delta(&s, &plan, i, &safe, &toks, is_chat);
-                    let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
-                    if tx.send(Ok(send(v))).await.is_err() {
-                        return;
-                    }
-                }
-                if hit || fin.is_some() {
-                    done = Some(match fin {
-                        Some(f) if !hit => (finish_str(f.reason), f),
-                        Some(f) => ("stop", f),
-                        None => ("stop", run.stop_by_string(&s, prompt.len(), ntok).await),
-                    });
-                    break;
-                }
-            }
-            let Some((reason, f)) = done else {
-                let err = json!({"error": {"message": "the engine stopped", "type": "server_error", "param": null, "code": 500}});
-                let _ = tx.send(Ok(send(err))).await;
-                let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
-                return;
-            };
-            let reason = if is_chat && s.tool_calls && tools.has_calls() { "tool_calls" } else { reason };
-            record(&s, &f, reason, t0, times.first().copied(), &times);
-            usage.0 += f.prompt_tokens;
-            usage.1 += f.completion_tokens;
-            usage.2 += f.cached_tokens;
-            let c = if is_chat {
-                json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason})
-            } else {
-                json!({"index": i, "text": "", "logprobs": null, "finish_reason": reason})
-            };
-            let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
-            if tx.send(Ok(send(v))).await.is_err() {
-                return;
-            }
-        }
-        if plan.include_usage {
-            let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [],
-                "usage": api::usage(usage.0, usage.1, usage.2)});
-            let _ = tx.send(Ok(send(v))).await;
-        }
-        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
-    });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default()).into_response()
 }
