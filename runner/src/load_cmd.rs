@@ -44,7 +44,7 @@ fn rss() -> (u64, u64) {
 
 pub fn cmd_load(a: &LoadArgs) -> Result<()> {
     if let Some(c) = &a.print_tensors {
-        let mut cfg: serde_json::Value = serde_json::from_str(&crate::config_text(c)?)
+        let mut cfg: serde_json::Value = serde_json::from_str(&crate::bench_cmd::config_text(c)?)
             .with_context(|| format!("--print-tensors `{c}` is not valid JSON"))?;
         if let Some(n) = a.layers {
             crate::checks::layers(n)?;

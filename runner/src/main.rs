@@ -16,6 +16,7 @@ use porter_core::{registry, Batch, DType, Device, LogitsFor, Model, StateCache};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod bench_cmd;
 mod chat;
 mod load_cmd;
 mod serve_bench;
@@ -47,7 +48,7 @@ enum Cmd {
     Models,
     /// Measure prefill and decode throughput (random weights from a config, or a model folder),
     /// or with `--serve` the serving engine under a stream of requests.
-    Bench(BenchArgs),
+    Bench(bench_cmd::BenchArgs),
     /// Load a model and report load time, throughput, peak host memory and device memory
     /// (or print the tensors a checkpoint for a config must hold).
     Load(load_cmd::LoadArgs),
@@ -66,36 +67,6 @@ struct ServeCmd {
     spec: SpecArgs,
     #[command(flatten)]
     serve: serve::ServeArgs,
-}
-
-#[derive(Args)]
-struct BenchArgs {
-    #[command(flatten)]
-    random: RandomArgs,
-    #[command(flatten)]
-    run: RunArgs,
-    /// Prompt lengths to time prefill on (comma-separated).
-    #[arg(long, conflicts_with = "serve", value_delimiter = ',', default_values_t = vec![128usize, 512])]
-    prefill: Vec<usize>,
-    /// Decode batch sizes (comma-separated).
-    #[arg(long, conflicts_with = "serve", value_delimiter = ',', default_values_t = vec![1usize, 8])]
-    batch: Vec<usize>,
-    /// Prompt length before decode.
-    #[arg(long, conflicts_with = "serve", default_value_t = 32)]
-    context: usize,
-    /// Decode steps per batch size.
-    #[arg(long, conflicts_with = "serve", default_value_t = 16)]
-    steps: usize,
-    /// Write the results as JSON here.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Also time speculative decoding at batch 1 with K = 1..=this many draft tokens.
-    #[arg(long, conflicts_with = "serve")]
-    mtp_step: Option<usize>,
-    #[command(flatten)]
-    draft: DraftArgs,
-    #[command(flatten)]
-    serve: serve_bench::ServeArgs,
 }
 
 #[derive(Args)]
@@ -435,41 +406,6 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// The text of `--config`: a preset name or a file.
-fn config_text(c: &str) -> Result<String> {
-    match preset(c) {
-        Some(t) => Ok(t.to_owned()),
-        None => std::fs::read_to_string(c).with_context(|| {
-            format!("--config `{c}` is neither a preset (qwen3-next-80b-a3b, qwen3-next-mid) nor a readable file")
-        }),
-    }
-}
-
-fn preset(name: &str) -> Option<&'static str> {
-    match name {
-        "qwen3-next-80b-a3b" => Some(include_str!("../presets/qwen3-next-80b-a3b.json")),
-        "qwen3-next-mid" => Some(include_str!("../presets/qwen3-next-mid.json")),
-        _ => None,
-    }
-}
-
-/// A random-weight model of the `--config` geometry (`--layers` overrides its depth).
-fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device: Device) -> Result<Model> {
-    let text = config_text(c)?;
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| anyhow!("--config `{c}` is not valid JSON: {e}"))?;
-    if let Some(n) = layers {
-        checks::layers(n)?;
-        cfg["num_hidden_layers"] = serde_json::json!(n);
-        if let Some(t) = cfg.get("layer_types").and_then(|t| t.as_array()).cloned() {
-            cfg["layer_types"] = serde_json::Value::Array(t.into_iter().cycle().take(n).collect());
-        }
-    }
-    checks::random_weights_fit(&cfg, run.dtype, device)?;
-    porter_core::tensor::cuda::set_deterministic(run.deterministic);
-    Ok(registry::build_random(&cfg, Path::new("."), run.dtype, device, 0)?)
-}
-
 fn cmd_serve(a: &ServeCmd) -> Result<()> {
     serve::init_logging();
     checks::mtp_step(a.spec.mtp_step)?;
@@ -483,7 +419,7 @@ fn cmd_serve(a: &ServeCmd) -> Result<()> {
             if a.spec.mtp_step.is_some() {
                 bail!("--mtp-step needs a model folder with a draft head (--model), not --config");
             }
-            let m = random_model(c, a.random.layers, &a.run, device)?;
+            let m = bench_cmd::random_model(c, a.random.layers, &a.run, device)?;
             tracing::warn!("RANDOM weights of the --config `{c}` geometry: the text is meaningless");
             let dir = tok.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
             (dir, m, Some(c.clone()))
@@ -510,209 +446,6 @@ fn cmd_serve(a: &ServeCmd) -> Result<()> {
         }
     };
     serve::run(model, serve::Source { dir, random, spec }, &a.serve)
-}
-
-fn cmd_bench(a: &BenchArgs) -> Result<()> {
-    use std::time::Instant;
-    checks::mtp_step(a.mtp_step)?;
-    let device = a.run.device.unwrap_or_else(porter_core::device::default_device);
-    if a.serve.serve {
-        serve_bench::check_args(&a.serve, device)?;
-    }
-    let (label, model) = match &a.random.config {
-        Some(c) => (c.clone(), random_model(c, a.random.layers, &a.run, device)?),
-        None => {
-            if a.random.layers.is_some() {
-                bail!("--layers applies to a --config geometry only (it would be ignored for a model folder)");
-            }
-            let (dir, m) = load(&a.run)?;
-            (dir.display().to_string(), m)
-        }
-    };
-    if a.serve.serve {
-        let weights = match (&a.random.config, &a.run.model.model) {
-            (Some(_), _) => "random (built from --config)".to_owned(),
-            (None, None) => format!("the bundled fixture {DEFAULT_MODEL} (random)"),
-            (None, Some(d)) => format!("loaded from {}", d.display()),
-        };
-        let setup = serve_bench::Setup { label: &label, weights: &weights, json: a.json.as_deref() };
-        return serve_bench::run(model, &a.serve, &setup);
-    }
-    checks::bench_sizes(&model, &a.prefill, &a.batch, a.context, a.steps)?;
-    if let Some(k) = a.mtp_step {
-        let n = a.steps.max(2);
-        if a.context.saturating_add(n).saturating_add(k) > checks::context(&model) {
-            bail!(
-                "--context {} plus --steps {n} plus --mtp-step {k} exceed the model's context of max_position_embeddings = {}",
-                a.context,
-                checks::context(&model)
-            );
-        }
-    }
-    let vocab = model.info.vocab_size as u32;
-    let tok = |i: usize| (i as u32 * 7919 + 3) % vocab;
-    let mut results = Vec::new();
-    println!("bench {label}: {} layers, {}, {device}", model.info.num_layers, a.run.dtype);
-    // The HBM roofline: measured device-to-device copy bandwidth of this GPU.
-    let roofline = match device {
-        Device::Cuda(i) => {
-            let bw = porter_core::backend::cuda::copy_bandwidth(&*porter_core::tensor::cuda::gpu(i)?)?;
-            println!("HBM copy bandwidth (roofline): {:.0} GB/s", bw / 1e9);
-            Some(bw)
-        }
-        Device::Cpu => None,
-    };
-    // Warm-up: compiles the kernels (NVRTC, first use) and touches every code path once.
-    {
-        let mut cache = model.new_cache_spec(1, 0)?;
-        let seq = cache.alloc_seq()?;
-        let ids: Vec<u32> = (0..8).map(tok).collect();
-        model.forward(&Batch::single(seq, 0, &ids), &mut cache, LogitsFor::Last)?;
-        model.forward(&Batch::single(seq, 8, &[tok(8)]), &mut cache, LogitsFor::Last)?;
-        model.sync()?;
-    }
-    for &n in &a.prefill {
-        let ids: Vec<u32> = (0..n).map(tok).collect();
-        if device != Device::Cpu {
-            // One untimed run at this length (first use of the prefill kernels at this size:
-            // the memory pool grows, cuBLAS picks its algorithms), as hf_bench.py does.
-            let mut c = model.new_cache_spec(1, 0)?;
-            let s = c.alloc_seq()?;
-            model.forward(&Batch::single(s, 0, &ids), &mut c, LogitsFor::Last)?;
-        }
-        let mut cache = model.new_cache_spec(1, 0)?;
-        let seq = cache.alloc_seq()?;
-        model.sync()?;
-        let _ = porter_core::backend::cuda::profile::take();
-        let t0 = Instant::now();
-        model.forward(&Batch::single(seq, 0, &ids), &mut cache, LogitsFor::Last)?;
-        model.sync()?;
-        let s = t0.elapsed().as_secs_f64();
-        println!("prefill {n:>6} tokens: {:>10.1} tok/s ({:.3} s)", n as f64 / s, s);
-        for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
-            println!("  profile {name:<36} {:>9.3} ms {:>6} calls", secs * 1e3, calls);
-        }
-        results.push(serde_json::json!({"kind": "prefill", "tokens": n, "seconds": s, "tokens_per_s": n as f64 / s}));
-    }
-    for &b in &a.batch {
-        let mut cache = model.new_cache_spec(b, 0)?;
-        let mut batch = Batch::default();
-        let mut seqs = Vec::with_capacity(b);
-        for j in 0..b {
-            let seq = cache.alloc_seq()?;
-            let ids: Vec<u32> = (0..a.context).map(|i| tok(i + j)).collect();
-            batch.push(seq, 0, &ids);
-            seqs.push(seq);
-        }
-        model.forward(&batch, &mut cache, LogitsFor::Last)?;
-        model.sync()?;
-        let _ = porter_core::backend::cuda::profile::take();
-        let t0 = Instant::now();
-        let (mut issue, mut issue_first) = (0.0, 0.0);
-        for step in 0..a.steps {
-            let mut batch = Batch::default();
-            for (j, &seq) in seqs.iter().enumerate() {
-                batch.push(seq, a.context + step, &[tok(step * 31 + j)]);
-            }
-            let ti = Instant::now();
-            model.forward(&batch, &mut cache, LogitsFor::Last)?;
-            let dt = ti.elapsed().as_secs_f64();
-            issue += dt;
-            if step == 0 {
-                // The device queue is empty here, so this is the host's own cost of a step.
-                issue_first = dt;
-            }
-        }
-        model.sync()?;
-        let s = t0.elapsed().as_secs_f64();
-        // Host time spent issuing the work (forward returns before the device finishes):
-        // when it is close to the step time, the step is bound by the host, not the GPU.
-        println!(
-            "  host issue time {:.3} ms/step (first step, empty device queue: {:.3} ms)",
-            issue * 1e3 / a.steps as f64,
-            issue_first * 1e3
-        );
-        for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
-            println!("  profile {name:<36} {:>9.3} ms/step {:>6} calls", secs * 1e3 / a.steps as f64, calls / a.steps);
-        }
-        let tps = (b * a.steps) as f64 / s;
-        let step_s = s / a.steps as f64;
-        // Bytes per step at the mean context of the timed steps.
-        let bytes = model.decode_bytes(b, a.context + a.steps / 2);
-        let bw = bytes / step_s;
-        let frac = roofline.map(|r| bw / r);
-        println!(
-            "decode batch {b:>4}: {tps:>10.1} tok/s ({:.3} ms/step, {:.1} MB/step, {:.0} GB/s{})",
-            step_s * 1e3,
-            bytes / 1e6,
-            bw / 1e9,
-            frac.map_or(String::new(), |f| format!(", {:.1}% of the HBM roofline", f * 100.0))
-        );
-        results.push(serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": step_s * 1e3, "host_issue_ms_per_step": issue * 1e3 / a.steps as f64, "host_ms_first_step": issue_first * 1e3, "bytes_per_step": bytes, "bandwidth_bytes_per_s": bw, "roofline_bytes_per_s": roofline, "roofline_fraction": frac}));
-    }
-    if let Some(kmax) = a.mtp_step {
-        let prompt: Vec<u32> = (0..a.context).map(tok).collect();
-        let n = a.steps.max(2);
-        let p = SamplingParams::default();
-        let t0 = Instant::now();
-        let plain = generate(&model, &prompt, p.clone(), n, &[])?;
-        let base = n as f64 / t0.elapsed().as_secs_f64();
-        println!("mtp baseline (batch 1, plain decode incl. prefill): {base:>10.1} tok/s");
-        results.push(serde_json::json!({"kind": "mtp_baseline", "tokens": n, "tokens_per_s": base}));
-        let mut seq = prompt.clone();
-        seq.extend_from_slice(&plain.ids);
-        let real: Vec<Box<dyn DraftHead>> = match &a.random.config {
-            Some(_) if a.draft.drafts.is_empty() => vec![],
-            _ => {
-                let dir = model_dir(&a.run.model);
-                load_drafts(&dir, &model, &a.draft, false)?
-            }
-        };
-        for k in 1..=kmax {
-            let oracle: Vec<Box<dyn DraftHead>> = vec![Box::new(porter_core::draft::OracleDraft {
-                sequence: seq.clone(),
-                wrong_every: None,
-                vocab_size: model.info.vocab_size,
-            })];
-            let mut runs = vec![("forced 100% acceptance", &oracle)];
-            if !real.is_empty() {
-                runs.push(("draft head", &real));
-            }
-            for (what, drafts) in runs {
-                let t0 = Instant::now();
-                let g =
-                    speculative::generate_speculative(&model, drafts, &prompt, p.clone(), n, &[], k, MtpMode::Eagle)?;
-                let tps = n as f64 / t0.elapsed().as_secs_f64();
-                if g.ids != plain.ids {
-                    let at = g.ids.iter().zip(&plain.ids).position(|(a, b)| a != b).unwrap_or(0);
-                    if model.info.dtype == DType::F32 {
-                        bail!("speculative output differs from plain greedy output at token {at} (k = {k}, {what})");
-                    }
-                    // In bf16 / f16 the K + 1-row verify forward and the 1-row decode forward
-                    // round differently (other kernels and accumulation orders for other
-                    // batch shapes), so a near-tie in a random-weight model's logits can flip
-                    // the argmax; f32 runs must match exactly (tests/tests/gpu.rs, mtp.rs).
-                    println!(
-                        "  note: k={k} {what}: output first differs from plain greedy at token {at} ({} numerics of the verify vs decode batch shapes)",
-                        model.info.dtype
-                    );
-                }
-                let acc = g.accepted as f64 / g.proposed.max(1) as f64;
-                println!(
-                    "mtp k={k} {what:<24}: {tps:>10.1} tok/s, speed-up {:.2}x, acceptance {:.1}%, {:.2} tokens/step",
-                    tps / base,
-                    acc * 100.0,
-                    g.tokens_per_step()
-                );
-                results.push(serde_json::json!({"kind": "mtp", "k": k, "draft": what, "tokens_per_s": tps, "speedup": tps / base, "acceptance": acc, "tokens_per_step": g.tokens_per_step()}));
-            }
-        }
-    }
-    if let Some(p) = &a.json {
-        let v = serde_json::json!({"model": label, "layers": model.info.num_layers, "dtype": a.run.dtype.to_string(), "device": device.to_string(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "hbm_copy_bandwidth_bytes_per_s": roofline, "results": results});
-        std::fs::write(p, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", p.display()))?;
-    }
-    Ok(())
 }
 
 fn cmd_inspect(a: &InspectArgs) -> Result<()> {
@@ -790,7 +523,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Logits(a) => cmd_logits(&a),
         Cmd::Generate(a) => cmd_generate(&a),
         Cmd::Inspect(a) => cmd_inspect(&a),
-        Cmd::Bench(a) => cmd_bench(&a),
+        Cmd::Bench(a) => bench_cmd::cmd_bench(&a),
         Cmd::Serve(a) => cmd_serve(&a),
         Cmd::Load(a) => load_cmd::cmd_load(&a),
         Cmd::Models => {

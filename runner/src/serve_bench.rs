@@ -52,7 +52,7 @@ pub struct ServeArgs {
     /// Engine: requests running at once (default: 8 on the CPU, 64 on a GPU).
     #[arg(long, requires = "serve")]
     pub max_num_seqs: Option<usize>,
-    /// Engine: rows per forward, prefill chunks + decode rows (default: 512 CPU, 2048 GPU).
+    /// Engine: rows per forward, prefill chunks + decode rows (default: 512 CPU, 8192 GPU).
     #[arg(long, requires = "serve")]
     pub max_num_batched_tokens: Option<usize>,
     /// KV cache size in bytes (suffixes KB/MB/GB decimal, KiB/MiB/GiB binary).
