@@ -205,16 +205,24 @@ impl Model {
     /// # Shapes
     /// logits `[rows.len(), vocab]`, hidden `[T, hidden]`
     pub fn forward_rows(&self, batch: &Batch, cache: &mut dyn StateCache, rows: &[usize]) -> Result<ForwardOutput> {
+        use crate::backend::cuda::profile::host_span;
+        let prep = host_span("model: validate + cache prepare");
         self.validate(batch, cache)?;
         if let Some(&bad) = rows.iter().find(|&&r| r >= batch.len()) {
             bail!(Input, "logits asked for row {bad} of a batch of {} rows", batch.len());
         }
         cache.prepare(batch)?;
+        drop(prep);
         // [T] -> [T, H]
         let mut x = self.pre.forward(&batch.ids)?;
         for (i, layer) in self.layers.iter().enumerate() {
+            let _s = host_span(match layer.kind() {
+                crate::state::LayerKind::Recurrent { .. } => "model: recurrent layer",
+                _ => "model: attention layer",
+            });
             x = layer.forward(x, batch, cache.layer_mut(i)?).with_context(|| format!("layer {i}"))?;
         }
+        let _logits = host_span("model: advance + logits");
         for s in &batch.spans {
             cache.advance(s.seq, s.len)?;
         }
