@@ -429,8 +429,29 @@ impl ResolvedMap {
                 }
             }
         }
+        // FP8 weights bring their block scales (`X.weight_scale_inv`, [ceil(out/128),
+        // ceil(in/128)] f32), declared here once for every model.
+        let scales: Vec<(String, Vec<usize>)> = used
+            .iter()
+            .filter(|src| ckpt.is_fp8(src))
+            .filter_map(|src| ckpt.get(src).map(|i| (crate::load::quant::scale_name(src), i.shape.clone())))
+            .collect();
+        for (scale, wshape) in &scales {
+            let want = crate::load::quant::scale_shape(wshape);
+            match ckpt.get(scale) {
+                None => err.missing.push((scale.clone(), want)),
+                Some(info) if info.shape != want || wshape.len() != 2 => {
+                    err.mismatched.push((scale.clone(), want, info.shape.clone()))
+                }
+                Some(info) if info.dtype != safetensors::Dtype::F32 => {
+                    err.mismatched.push((format!("{scale} (dtype {:?}, expected F32)", info.dtype), want, info.shape.clone()))
+                }
+                Some(_) => {}
+            }
+        }
+        let scale_names: BTreeSet<&str> = scales.iter().map(|(s, _)| s.as_str()).collect();
         for (name, info) in ckpt.tensors() {
-            if !used.contains(name.as_str()) && !self.is_ignored(name) {
+            if !used.contains(name.as_str()) && !scale_names.contains(name.as_str()) && !self.is_ignored(name) {
                 err.unexpected.push((name.clone(), info.shape.clone()));
             }
         }
