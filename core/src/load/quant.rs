@@ -102,9 +102,8 @@ impl QuantConfig {
         let block = obj.get("weight_block_size").ok_or_else(|| {
             Error::key(key("weight_block_size"), "missing", "required: porter supports block-wise FP8 [128, 128]")
         })?;
-        let ok = block.as_array().is_some_and(|a| {
-            a.len() == 2 && a.iter().all(|v| v.as_u64() == Some(FP8_BLOCK as u64))
-        });
+        let ok =
+            block.as_array().is_some_and(|a| a.len() == 2 && a.iter().all(|v| v.as_u64() == Some(FP8_BLOCK as u64)));
         if !ok {
             return Err(Error::key(key("weight_block_size"), block, "porter supports only [128, 128]"));
         }
@@ -149,6 +148,74 @@ impl QuantConfig {
             self.activation_scheme,
             self.modules_to_not_convert.len()
         )
+    }
+}
+
+/// What a model's linear weights become: counts and bytes (for `porter inspect`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuantSummary {
+    /// 2-D `*.weight` checkpoint tensors loaded as FP8.
+    pub fp8_linears: usize,
+    /// 2-D `*.weight` checkpoint tensors kept dense (embeddings, lm_head, router, …).
+    pub kept_linears: usize,
+    /// Bytes of the FP8 tensors: e4m3 bytes plus f32 scales.
+    pub fp8_bytes: usize,
+    /// Bytes of the dense 2-D weights as stored in the checkpoint.
+    pub kept_bytes: usize,
+}
+
+/// Counts the linear weights of `map` that load as FP8 from `ckpt` (stored FP8, or quantized
+/// online by `online`) and those kept dense.
+pub fn summary(
+    map: &crate::load::weight_map::ResolvedMap,
+    ckpt: &crate::load::checkpoint::Checkpoint,
+    online: Option<&QuantConfig>,
+) -> QuantSummary {
+    let mut s = QuantSummary::default();
+    for slot in &map.slots {
+        for (src, shape) in slot.sources.iter().zip(&slot.source_shapes) {
+            if shape.len() != 2 || !src.ends_with(".weight") {
+                continue;
+            }
+            let n: usize = shape.iter().product();
+            if ckpt.is_fp8(src) || online.is_some_and(|q| q.quantizes(src, shape)) {
+                s.fp8_linears += 1;
+                s.fp8_bytes += n + 4 * scale_shape(shape).iter().product::<usize>();
+            } else {
+                s.kept_linears += 1;
+                s.kept_bytes += ckpt.get(src).map_or(2 * n, |i| i.end - i.start);
+            }
+        }
+    }
+    s
+}
+
+/// The `quantization :` line of `porter inspect`: the checkpoint's scheme and what it loads
+/// as, or what `--quantize fp8` would do to a dense checkpoint.
+pub fn inspect_line(p: &crate::load::registry::Prepared) -> String {
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    match &p.quant {
+        Some(q) => {
+            let s = summary(&p.map, &p.checkpoint, None);
+            format!(
+                "{}; {} linears FP8 ({:.2} MiB with scales), {} kept dense ({:.2} MiB)",
+                q.describe(),
+                s.fp8_linears,
+                mib(s.fp8_bytes),
+                s.kept_linears,
+                mib(s.kept_bytes)
+            )
+        }
+        None => {
+            let s = summary(&p.map, &p.checkpoint, Some(&QuantConfig::fp8()));
+            format!(
+                "none (dense); --quantize fp8 would make {} linears FP8 ({:.2} MiB with scales) and keep {} dense ({:.2} MiB)",
+                s.fp8_linears,
+                mib(s.fp8_bytes),
+                s.kept_linears,
+                mib(s.kept_bytes)
+            )
+        }
     }
 }
 

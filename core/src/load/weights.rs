@@ -11,9 +11,9 @@
 
 use crate::error::{Context, Result};
 use crate::load::checkpoint::Checkpoint;
+use crate::load::quant::{scale_name, QuantConfig};
 use crate::load::weight_map::{regroup_rows, ResolvedMap, ResolvedSlot, Transform};
 use crate::tensor::cuda::{gpu, DevType, Gpu};
-use crate::load::quant::{scale_name, QuantConfig};
 use crate::tensor::{CpuStorage, DType, Device, Fp8Weight, Tensor};
 use crate::{bail, err};
 use half::{bf16, f16};
@@ -124,9 +124,10 @@ impl Weights {
     fn slot_fp8(&self, s: &ResolvedSlot) -> bool {
         let Some(ckpt) = &self.ckpt else { return false };
         !s.sources.is_empty()
-            && s.sources.iter().zip(&s.source_shapes).all(|(src, shape)| {
-                ckpt.is_fp8(src) || self.quantize.as_ref().is_some_and(|q| q.quantizes(src, shape))
-            })
+            && s.sources
+                .iter()
+                .zip(&s.source_shapes)
+                .all(|(src, shape)| ckpt.is_fp8(src) || self.quantize.as_ref().is_some_and(|q| q.quantizes(src, shape)))
     }
 
     /// Reads an FP8 slot: each source's e4m3 bytes and scales from the checkpoint, or its

@@ -48,7 +48,8 @@ impl Moe {
         }
         let rows = e + self.shared.as_ref().map_or(0, |s| 2 * s.inter + 1);
         let apart = self.shared_in.as_ref().map_or(0, |t| t.dim(0));
-        if self.input.dim(0) + apart != rows || (apart != 0 && self.shared.as_ref().is_none_or(|s| apart != 2 * s.inter))
+        if self.input.dim(0) + apart != rows
+            || (apart != 0 && self.shared.as_ref().is_none_or(|s| apart != 2 * s.inter))
         {
             bail!(Shape, "MoE input projection has {} rows, expected {rows}", self.input.dim(0));
         }

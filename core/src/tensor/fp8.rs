@@ -127,3 +127,8 @@ fn regroup<T: Copy>(data: &[T], groups: usize, parts: &[usize], cols: usize) -> 
     }
     out
 }
+
+/// `x` rounded to the nearest e4m3fn byte (ties to even, saturated to ±448).
+pub fn encode(x: f32) -> u8 {
+    porter_kernels::cpu::fp8::f32_to_e4m3(x)
+}

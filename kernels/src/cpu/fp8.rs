@@ -232,7 +232,9 @@ mod tests {
             s ^= s << 17;
             (s >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
         };
-        let w: Vec<f32> = (0..n * k).map(|i| rnd() * (1.0 + (i / k / 128) as f32)).collect();
+        // Magnitudes differ per block row and per block column, so a wrong scale index shows.
+        let w: Vec<f32> =
+            (0..n * k).map(|i| rnd() * (1.0 + (i / k / 128) as f32) * 4f32.powi(((i % k) / 128) as i32)).collect();
         let x: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
         let (q, scales) = quantize_blocks(&w, n, k);
         assert_eq!(scales.len(), 3 * 2);
