@@ -11,7 +11,7 @@ use porter_core::quant::{QuantConfig, Quantize};
 use porter_core::registry::{self, LoadOptions};
 use porter_core::sampling::SamplingParams;
 use porter_core::tensor::CpuStorage;
-use porter_core::{DType, Device, Error, Model};
+use porter_core::{DType, Device, Model};
 use std::path::{Path, PathBuf};
 use tests::engine_util::{cfg, greedy};
 use tests::*;
@@ -68,7 +68,7 @@ fn qwen3_fp8_checkpoint_matches_transformers() {
 /// value with |x| ≤ 448; torch turns larger values into NaN, porter saturates).
 #[test]
 fn e4m3_rounding_and_table_equal_torch() {
-    use porter_kernels_shim::*;
+    use porter_core::tensor::fp8::{e4m3, encode};
     let r = Reference::open("qwen3_fp8").unwrap();
     let x = r.f32("e4m3_in").unwrap();
     let want = r.ids("e4m3_out").unwrap();
@@ -81,15 +81,8 @@ fn e4m3_rounding_and_table_equal_torch() {
     }
     assert!(n > 3000);
     for (b, t) in r.f32("e4m3_table").unwrap().iter().enumerate() {
-        let got = porter_core::tensor::fp8::e4m3(b as u8);
+        let got = e4m3(b as u8);
         assert!(got == *t || (got.is_nan() && t.is_nan()), "byte {b}: {got} vs torch {t}");
-    }
-}
-
-/// The kernels crate is reached through the core (the tests crate depends on the core only).
-mod porter_kernels_shim {
-    pub fn encode(v: f32) -> u8 {
-        porter_core::tensor::fp8::encode(v)
     }
 }
 
@@ -211,7 +204,7 @@ impl Scratch {
             }
         }
         let mut h = serde_json::Value::Object(header).to_string().into_bytes();
-        while h.len() % 8 != 0 {
+        while !h.len().is_multiple_of(8) {
             h.push(b' ');
         }
         let mut out = (h.len() as u64).to_le_bytes().to_vec();
@@ -291,7 +284,6 @@ fn malformed_quantization_is_a_clear_error() {
     std::fs::copy(fixture("qwen3").join("model.safetensors"), s.0.join("model.safetensors")).unwrap();
     let e = s.load_err();
     assert!(e.contains("no F8_E4M3 tensor"), "{e}");
-    let _ = Error::Internal(String::new());
 }
 
 /// SmolLM2-135M (llama, hidden 576: 4.5 blocks, partial blocks on the edge) with

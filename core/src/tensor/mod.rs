@@ -90,7 +90,7 @@ impl CpuStorage {
         Ok(match self {
             CpuStorage::F8E4M3(w) => {
                 let c = w.cols.max(1);
-                if start % c != 0 || end % c != 0 {
+                if !start.is_multiple_of(c) || !end.is_multiple_of(c) {
                     bail!(Internal, "fp8 host range {start}..{end} does not cover whole rows of {c}");
                 }
                 HostSlice::F8(w.rows_view(start / c, end / c)?, w.dtype)
