@@ -29,7 +29,7 @@ pub use error::{Error, Result};
 pub use layer::{LayerCost, LayerKind, PostLayer, PreLayer, TransformerLayer};
 pub use load::registry::{LoadContext, ModelEntry};
 pub use load::weight_map::{MapContext, Weights};
-pub use load::{build, checkpoint, config, registry, weight_map};
+pub use load::{build, checkpoint, config, quant, registry, weight_map};
 pub use model::{draft, ForwardOutput, LogitsFor, Model, ModelInfo};
 pub use state::{LayerCache, ModelCache, StateCache};
 pub use tensor::{device, DType, Device, Tensor};

@@ -24,6 +24,9 @@ pub struct LoadArgs {
     /// Model dtype: f32, bf16 or f16.
     #[arg(long, default_value = "bf16", value_parser = crate::parse_dtype)]
     pub dtype: DType,
+    /// Quantize the weights at load (fp8), as `--quantize` of the other commands.
+    #[arg(long)]
+    pub quantize: Option<porter_core::quant::Quantize>,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -72,7 +75,8 @@ pub fn cmd_load(a: &LoadArgs) -> Result<()> {
     };
     let (rss0, _) = rss();
     let t0 = std::time::Instant::now();
-    let model = registry::load(&dir, a.dtype, device, false)?;
+    let opts = registry::LoadOptions { dtype: a.dtype, device, show_progress: false, quantize: a.quantize };
+    let model = registry::load_with(&dir, &opts)?;
     model.sync()?;
     let secs = t0.elapsed().as_secs_f64();
     let (rss1, peak) = rss();
@@ -87,6 +91,8 @@ pub fn cmd_load(a: &LoadArgs) -> Result<()> {
         "device": device.to_string(),
         "dtype": a.dtype.to_string(),
         "checkpoint_bytes": ckpt_bytes,
+        "quantize": a.quantize.map(|_| "fp8"),
+        "weight_bytes": model.weight_bytes(),
         "load_seconds": secs,
         "load_gb_per_s": gb(ckpt_bytes) / secs,
         "host_rss_before": rss0,

@@ -99,6 +99,10 @@ struct RunArgs {
     /// batch-invariant without it. Slower.
     #[arg(long)]
     deterministic: bool,
+    /// Quantize the weights at load: fp8 (block-128 e4m3, the layout of Qwen's FP8
+    /// checkpoints; embeddings, lm_head, norms, routers and gates stay in the model dtype).
+    #[arg(long)]
+    quantize: Option<porter_core::quant::Quantize>,
 }
 
 #[derive(Args)]
@@ -258,8 +262,8 @@ fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
     porter_core::tensor::cuda::set_deterministic(run.deterministic);
     let dir = model_dir(&run.model);
     let device = run.device.unwrap_or_else(porter_core::device::default_device);
-    let model = registry::load(&dir, run.dtype, device, true)
-        .with_context(|| format!("loading model from {}", dir.display()))?;
+    let opts = registry::LoadOptions { dtype: run.dtype, device, show_progress: true, quantize: run.quantize };
+    let model = registry::load_with(&dir, &opts).with_context(|| format!("loading model from {}", dir.display()))?;
     Ok((dir, model))
 }
 
@@ -472,6 +476,7 @@ fn cmd_inspect(a: &InspectArgs) -> Result<()> {
         Ok(()) => println!("status       : every checkpoint tensor is mapped"),
         Err(e) => println!("status       : {e}"),
     }
+    println!("quantization : {}", porter_core::quant::inspect_line(&p));
     // Drafts: the --draft folders, or the head inside the main checkpoint.
     let draft_dirs: Vec<PathBuf> = if a.draft.drafts.is_empty() {
         let arch = p.entry.architecture;

@@ -29,6 +29,8 @@ pub fn matmul_host(x: &[f32], w: HostSlice<'_>, out: &mut [f32], m: usize, k: us
         HostSlice::F32(w) => ops::matmul_t(x, w, out, m, k, n, false),
         HostSlice::BF16(w) => ops::matmul_t_w(x, w, out, m, k, n, false),
         HostSlice::F16(w) => ops::matmul_t_w(x, w, out, m, k, n, false),
+        // FP8: dequantized row by row inside the GEMV (same dot, same row invariance).
+        HostSlice::F8(w, dt) => porter_kernels::cpu::fp8::matmul_t_fp8(x, w, out, m, k, n, false, &|v| dt.round(v)),
     }
 }
 
@@ -88,6 +90,11 @@ impl Ops for CpuOps {
                 HostSlice::F32(s) => data.extend_from_slice(s),
                 HostSlice::BF16(s) => data.extend(s.iter().map(|v| v.to_f32())),
                 HostSlice::F16(s) => data.extend(s.iter().map(|v| v.to_f32())),
+                HostSlice::F8(w, dt) => {
+                    let mut row = vec![0.0; d];
+                    w.dequant_row(0, &mut row, &|v| dt.round(v));
+                    data.extend_from_slice(&row);
+                }
             }
         }
         act(data, [idx.len(), d], x.dtype())

@@ -58,18 +58,24 @@ pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool) ->
     let router = format!("{prefix}.router");
     let experts = w.slot_shape(&router)?.first().copied().unwrap_or(0);
     let has_shared = w.contains(&format!("{prefix}.shared_expert_gate"));
-    let mut parts = vec![router];
+    let mut parts = vec![router.clone()];
+    let shared_gu = [format!("{prefix}.shared_expert.gate_proj"), format!("{prefix}.shared_expert.up_proj")];
     if has_shared {
-        parts.extend([
-            format!("{prefix}.shared_expert.gate_proj"),
-            format!("{prefix}.shared_expert.up_proj"),
-            format!("{prefix}.shared_expert_gate"),
-        ]);
+        parts.extend(shared_gu.iter().cloned());
+        parts.push(format!("{prefix}.shared_expert_gate"));
     }
     if let Some(b) = parts.iter().map(|p| format!("{p}.bias")).find(|b| w.contains(b)) {
         bail!(WeightMap, "{b}: biases on the MoE router / shared expert input projections are not supported");
     }
-    let input = w.take_packed(&parts)?;
+    // An FP8 shared expert next to a bf16 router cannot share one packed weight: the
+    // shared gate / up projections are then held apart.
+    let apart = has_shared && w.is_fp8(&shared_gu[0])? != w.is_fp8(&router)?;
+    let (input, shared_in) = if apart {
+        let input = w.take_packed(&[router, format!("{prefix}.shared_expert_gate")])?;
+        (input, Some(w.take_packed(&shared_gu)?))
+    } else {
+        (w.take_packed(&parts)?, None)
+    };
     let shared = if has_shared {
         let down = linear(w, &format!("{prefix}.shared_expert.down_proj"))?;
         Some(SharedExpert { inter: down.w.dim(1), down })
@@ -78,6 +84,7 @@ pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool) ->
     };
     let m = Moe {
         input,
+        shared_in,
         experts,
         gate: w.take(&format!("{prefix}.gate_proj"))?,
         up: w.take(&format!("{prefix}.up_proj"))?,
@@ -96,9 +103,17 @@ pub fn gated_delta_net(w: &mut Weights, prefix: &str, cfg: crate::nn::gdn::GdnCo
     let conv_w = w.take_f32(&format!("{prefix}.conv1d"))?;
     let conv_w =
         conv_w.reshape([cfg.conv_dim(), cfg.conv_kernel]).map_err(|e| crate::err!(Shape, "{prefix}.conv1d: {e}"))?;
+    let (qkvz, ba) = (format!("{prefix}.in_proj_qkvz"), format!("{prefix}.in_proj_ba"));
+    // An FP8 in_proj_qkvz next to a bf16 in_proj_ba is held apart (two GEMMs).
+    let (in_proj, in_proj_ba) = if w.is_fp8(&qkvz)? != w.is_fp8(&ba)? {
+        (linear(w, &qkvz)?, Some(linear(w, &ba)?))
+    } else {
+        (packed_linear(w, &[qkvz, ba])?, None)
+    };
     let g = crate::nn::gdn::GatedDeltaNet {
         cfg,
-        in_proj: packed_linear(w, &[format!("{prefix}.in_proj_qkvz"), format!("{prefix}.in_proj_ba")])?,
+        in_proj,
+        in_proj_ba,
         conv_w,
         a_log: w.take_f32(&format!("{prefix}.A_log"))?,
         dt_bias: w.take_f32(&format!("{prefix}.dt_bias"))?,

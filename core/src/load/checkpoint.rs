@@ -170,6 +170,22 @@ impl Checkpoint {
         }
     }
 
+    /// Whether tensor `name` is stored as FP8 (`F8_E4M3`, a block-quantized weight).
+    pub fn is_fp8(&self, name: &str) -> bool {
+        self.get(name).is_some_and(|i| i.dtype == Dtype::F8_E4M3)
+    }
+
+    /// Reads an `F8_E4M3` tensor's bytes.
+    pub fn read_fp8(&self, name: &str) -> Result<Vec<u8>> {
+        let info = self.get(name).ok_or_else(|| err!(Checkpoint, "tensor `{name}` not in checkpoint"))?;
+        if info.dtype != Dtype::F8_E4M3 {
+            bail!(DType, "tensor `{name}` has dtype {:?}, expected F8_E4M3", info.dtype);
+        }
+        let mut v = vec![0u8; info.end - info.start];
+        self.read_bytes(name, &mut v)?;
+        Ok(v)
+    }
+
     /// Reads a floating-point tensor into host storage of its own element type
     /// (`bf16` stays `bf16`: one positioned read, no conversion).
     pub fn read_native(&self, name: &str) -> Result<CpuStorage> {

@@ -5,6 +5,7 @@ pub mod build;
 pub mod checkpoint;
 pub mod config;
 pub mod map_file;
+pub mod quant;
 pub mod registry;
 pub mod weight_map;
 pub mod weights;

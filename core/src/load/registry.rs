@@ -5,6 +5,7 @@
 use crate::error::{Context, Result};
 use crate::load::checkpoint::Checkpoint;
 use crate::load::config;
+use crate::load::quant::{QuantConfig, Quantize};
 use crate::load::weight_map::{MapContext, ResolvedMap, WeightMap, Weights};
 use crate::model::Model;
 use crate::tensor::device::Device;
@@ -80,6 +81,42 @@ pub struct Prepared {
     pub entry: &'static ModelEntry,
     pub map: ResolvedMap,
     pub checkpoint: std::sync::Arc<Checkpoint>,
+    /// The checkpoint's `quantization_config` (block-128 FP8), if any.
+    pub quant: Option<QuantConfig>,
+}
+
+/// The checkpoint's `quantization_config`, checked against its tensors: FP8 tensors need the
+/// config, and the config needs FP8 tensors.
+fn check_quant(config: &Value, ckpt: &Checkpoint, dir: &Path) -> Result<Option<QuantConfig>> {
+    let quant = QuantConfig::from_config(config).with_context(|| format!("config.json in {}", dir.display()))?;
+    let fp8 = ckpt.tensors().keys().find(|n| ckpt.is_fp8(n));
+    match (&quant, fp8) {
+        (None, Some(n)) => crate::bail!(
+            Checkpoint,
+            "tensor `{n}` is F8_E4M3 but config.json in {} has no quantization_config",
+            dir.display()
+        ),
+        (Some(_), None) => crate::bail!(
+            Checkpoint,
+            "config.json in {} declares an fp8 quantization_config but the checkpoint has no F8_E4M3 tensor",
+            dir.display()
+        ),
+        _ => Ok(quant),
+    }
+}
+
+/// How [`load_with`] loads a model.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// The compute dtype.
+    pub dtype: DType,
+    /// Where the weights go.
+    pub device: Device,
+    /// A progress bar for large checkpoints.
+    pub show_progress: bool,
+    /// Online quantization of a dense checkpoint (`--quantize`); FP8 checkpoints are FP8
+    /// without it.
+    pub quantize: Option<Quantize>,
 }
 
 /// Reads the config, selects the entry, resolves its weight map and opens the checkpoint.
@@ -96,7 +133,8 @@ pub fn prepare(dir: &Path) -> Result<Prepared> {
         .resolve(&ctx)
         .with_context(|| format!("resolving the weight map of {}", entry.crate_name))?;
     let checkpoint = std::sync::Arc::new(Checkpoint::open_dir(dir)?);
-    Ok(Prepared { dir: dir.to_owned(), config, entry, map, checkpoint })
+    let quant = check_quant(&config, &checkpoint, dir)?;
+    Ok(Prepared { dir: dir.to_owned(), config, entry, map, checkpoint, quant })
 }
 
 /// The resolved weight map of a config alone (what a checkpoint for it must hold).
@@ -124,10 +162,21 @@ pub fn build_random(config: &Value, dir: &Path, dtype: DType, device: Device, se
 
 /// Loads a model folder end to end.
 pub fn load(dir: &Path, dtype: DType, device: Device, show_progress: bool) -> Result<Model> {
+    load_with(dir, &LoadOptions { dtype, device, show_progress, quantize: None })
+}
+
+/// [`load`] with every option: also online FP8 quantization (`quantize`), which turns each
+/// eligible linear weight ([`QuantConfig::quantizes`]) of a dense checkpoint into block-128 FP8
+/// as it is read.
+pub fn load_with(dir: &Path, o: &LoadOptions) -> Result<Model> {
+    let (dtype, device, show_progress) = (o.dtype, o.device, o.show_progress);
     crate::tensor::device::check_device(device)?;
     let p = prepare(dir)?;
     let mut weights = p.map.load(p.checkpoint.clone(), dtype)?;
     weights.set_device(device);
+    if o.quantize == Some(Quantize::Fp8) && p.quant.is_none() {
+        weights.set_quantize(Some(QuantConfig::fp8()));
+    }
     let bar = if show_progress && p.checkpoint.total_bytes() > (64 << 20) {
         let b = indicatif::ProgressBar::new(weights.tensors_to_read());
         b.set_style(

@@ -429,8 +429,31 @@ impl ResolvedMap {
                 }
             }
         }
+        // FP8 weights bring their block scales (`X.weight_scale_inv`, [ceil(out/128),
+        // ceil(in/128)] f32), declared here once for every model.
+        let scales: Vec<(String, Vec<usize>)> = used
+            .iter()
+            .filter(|src| ckpt.is_fp8(src))
+            .filter_map(|src| ckpt.get(src).map(|i| (crate::load::quant::scale_name(src), i.shape.clone())))
+            .collect();
+        for (scale, wshape) in &scales {
+            let want = crate::load::quant::scale_shape(wshape);
+            match ckpt.get(scale) {
+                None => err.missing.push((scale.clone(), want)),
+                Some(info) if info.shape != want || wshape.len() != 2 => {
+                    err.mismatched.push((scale.clone(), want, info.shape.clone()))
+                }
+                Some(info) if info.dtype != safetensors::Dtype::F32 => err.mismatched.push((
+                    format!("{scale} (dtype {:?}, expected F32)", info.dtype),
+                    want,
+                    info.shape.clone(),
+                )),
+                Some(_) => {}
+            }
+        }
+        let scale_names: BTreeSet<&str> = scales.iter().map(|(s, _)| s.as_str()).collect();
         for (name, info) in ckpt.tensors() {
-            if !used.contains(name.as_str()) && !self.is_ignored(name) {
+            if !used.contains(name.as_str()) && !scale_names.contains(name.as_str()) && !self.is_ignored(name) {
                 err.unexpected.push((name.clone(), info.shape.clone()));
             }
         }
@@ -444,8 +467,13 @@ impl ResolvedMap {
     /// Number of checkpoint tensors the map consumes, and the number it ignores.
     pub fn coverage(&self, ckpt: &Checkpoint) -> (usize, usize) {
         let used: BTreeSet<&str> = self.slots.iter().flat_map(|s| s.sources.iter().map(String::as_str)).collect();
-        let consumed = ckpt.tensors().keys().filter(|n| used.contains(n.as_str())).count();
-        let ignored = ckpt.tensors().keys().filter(|n| !used.contains(n.as_str()) && self.is_ignored(n)).count();
+        // An FP8 weight's scale tensor is consumed with it.
+        let is_used = |n: &str| {
+            used.contains(n)
+                || n.strip_suffix(crate::load::quant::SCALE_SUFFIX).is_some_and(|w| used.contains(w) && ckpt.is_fp8(w))
+        };
+        let consumed = ckpt.tensors().keys().filter(|n| is_used(n)).count();
+        let ignored = ckpt.tensors().keys().filter(|n| !is_used(n) && self.is_ignored(n)).count();
         (consumed, ignored)
     }
 

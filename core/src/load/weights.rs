@@ -11,9 +11,10 @@
 
 use crate::error::{Context, Result};
 use crate::load::checkpoint::Checkpoint;
+use crate::load::quant::{scale_name, QuantConfig};
 use crate::load::weight_map::{regroup_rows, ResolvedMap, ResolvedSlot, Transform};
 use crate::tensor::cuda::{gpu, DevType, Gpu};
-use crate::tensor::{CpuStorage, DType, Device, Tensor};
+use crate::tensor::{CpuStorage, DType, Device, Fp8Weight, Tensor};
 use crate::{bail, err};
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -51,6 +52,8 @@ pub struct Weights {
     stats: LoadStats,
     /// Pinned staging of the direct checkpoint → device path (created at first use).
     stager: Option<DeviceStager>,
+    /// Online quantization (`--quantize fp8`): the rules of what is quantized.
+    quantize: Option<QuantConfig>,
 }
 
 impl std::fmt::Debug for Weights {
@@ -74,6 +77,7 @@ impl Default for Weights {
             progress: None,
             stats: LoadStats::default(),
             stager: None,
+            quantize: None,
         }
     }
 }
@@ -98,6 +102,59 @@ impl Weights {
             .map(|(i, s)| (s.slot.clone(), Pending::Random { shape: s.shape.clone(), index: i as u64 }))
             .collect();
         Self { slots, dtype, device, seed, ..Default::default() }
+    }
+
+    /// Quantizes every eligible linear weight read from now on to block-128 FP8
+    /// ([`QuantConfig::quantizes`]); weights already FP8 in the checkpoint are FP8 anyway.
+    pub fn set_quantize(&mut self, q: Option<QuantConfig>) {
+        self.quantize = q;
+    }
+
+    /// Whether slot `slot` is taken as an FP8 weight: every source is FP8 in the checkpoint
+    /// or quantized online. (Packing helpers keep FP8 and dense parts apart.)
+    pub fn is_fp8(&self, slot: &str) -> Result<bool> {
+        match self.slots.get(slot) {
+            Some(Pending::Map(s)) => Ok(self.slot_fp8(s)),
+            Some(Pending::Ready(t)) => Ok(t.is_fp8()),
+            Some(Pending::Random { .. }) => Ok(false),
+            None => bail!(WeightMap, "weight slot `{slot}` was not loaded (weight map and model disagree)"),
+        }
+    }
+
+    fn slot_fp8(&self, s: &ResolvedSlot) -> bool {
+        let Some(ckpt) = &self.ckpt else { return false };
+        !s.sources.is_empty()
+            && s.sources
+                .iter()
+                .zip(&s.source_shapes)
+                .all(|(src, shape)| ckpt.is_fp8(src) || self.quantize.as_ref().is_some_and(|q| q.quantizes(src, shape)))
+    }
+
+    /// Reads an FP8 slot: each source's e4m3 bytes and scales from the checkpoint, or its
+    /// values block-quantized now; then the map's transform, with the scales following the rows.
+    fn read_fp8_slot(&mut self, s: &ResolvedSlot, dt: DType) -> Result<Tensor> {
+        let ckpt = self.ckpt.clone().ok_or_else(|| err!(Internal, "weight slot `{}` has no checkpoint", s.slot))?;
+        let parts: Vec<Fp8Weight> = s
+            .sources
+            .par_iter()
+            .zip(&s.source_shapes)
+            .map(|(src, shape)| {
+                let cols = shape.last().copied().unwrap_or(1);
+                let rows = shape.iter().product::<usize>() / cols.max(1);
+                let (q, scales) = if ckpt.is_fp8(src) {
+                    (ckpt.read_fp8(src)?, ckpt.read_f32(&scale_name(src))?)
+                } else {
+                    porter_kernels::cpu::fp8::quantize_blocks(&ckpt.read_f32(src)?, rows, cols)
+                };
+                Fp8Weight::new(q, scales, rows, cols, dt).with_context(|| format!("fp8 tensor `{src}`"))
+            })
+            .collect::<Result<_>>()?;
+        let mut w = Fp8Weight::concat(parts)?;
+        if let Transform::Regroup { groups, parts } = &s.transform {
+            w = w.regroup(*groups, parts);
+        }
+        self.count_read(&ckpt, s);
+        Tensor::from_host(CpuStorage::F8E4M3(w), s.shape.clone(), dt)
     }
 
     /// Shows progress on `bar` (one tick per checkpoint tensor read).
@@ -197,6 +254,32 @@ impl Weights {
             let refs: Vec<&Tensor> = ts.iter().collect();
             return Tensor::concat_rows(&refs).with_context(|| format!("packing {slots:?}"));
         }
+        if parts.iter().all(|(_, p)| matches!(p, Pending::Map(s) if self.slot_fp8(s))) {
+            let mut ws = Vec::with_capacity(parts.len());
+            for (name, p) in &parts {
+                if let Pending::Map(s) = p {
+                    ws.push(self.read_fp8_slot(s, dt).with_context(|| format!("weight slot `{name}`"))?);
+                }
+            }
+            let mut rows = 0;
+            let mut fp8 = Vec::with_capacity(ws.len());
+            let tail = ws[0].shape()[1..].to_vec();
+            for t in ws {
+                if t.shape()[1..] != tail[..] {
+                    bail!(WeightMap, "packing {slots:?}: shape {:?} does not match [_, {tail:?}]", t.shape());
+                }
+                rows += t.dim(0);
+                match t.host()? {
+                    CpuStorage::F8E4M3(w) => fp8.push(w.clone()),
+                    _ => bail!(Internal, "packing {slots:?}: an fp8 part is not fp8"),
+                }
+            }
+            let mut shape = vec![rows];
+            shape.extend(tail);
+            let t = Tensor::from_host(CpuStorage::F8E4M3(Fp8Weight::concat(fp8)?), shape, dt)?;
+            self.stats.bytes_taken += t.bytes() as u64;
+            return t.into_device(self.device).with_context(|| format!("packed weight slots {slots:?}"));
+        }
         if parts.iter().all(|(_, p)| matches!(p, Pending::Map(_))) {
             let maps: Vec<ResolvedSlot> = parts
                 .iter()
@@ -255,6 +338,11 @@ impl Weights {
 
     fn materialize(&mut self, slot: &str, p: Pending, dt: DType) -> Result<Tensor> {
         if let Pending::Map(s) = &p {
+            if self.slot_fp8(s) {
+                let t = self.read_fp8_slot(s, dt).with_context(|| format!("weight slot `{slot}`"))?;
+                self.stats.bytes_taken += t.bytes() as u64;
+                return t.into_device(self.device).with_context(|| format!("weight slot `{slot}`"));
+            }
             if let Some(t) = self.stream_to_device(std::slice::from_ref(s), dt)? {
                 self.stats.bytes_taken += t.bytes() as u64;
                 return Ok(t);
@@ -312,7 +400,8 @@ impl Weights {
                 if ckpt.dtype_of(src) == Some(dt) {
                     ckpt.read_bytes(src, crate::load::checkpoint::as_bytes_mut(chunk))
                 } else {
-                    let v = convert_one(convert(ckpt.read_native(src)?, dt))
+                    let native = if ckpt.is_fp8(src) { dequantize(ckpt, src, dt)? } else { ckpt.read_native(src)? };
+                    let v = convert_one(convert(native, dt))
                         .ok_or_else(|| err!(Internal, "conversion of `{src}` to {dt}"))?;
                     chunk.copy_from_slice(&v);
                     Ok(())
@@ -343,6 +432,7 @@ impl Weights {
                 CpuStorage::F32(v) => CpuStorage::F32(regroup_rows(&v, *groups, parts, cols)),
                 CpuStorage::BF16(v) => CpuStorage::BF16(regroup_rows(&v, *groups, parts, cols)),
                 CpuStorage::F16(v) => CpuStorage::F16(regroup_rows(&v, *groups, parts, cols)),
+                CpuStorage::F8E4M3(w) => CpuStorage::F8E4M3(w.regroup(*groups, parts)),
             };
         }
         Ok((host, s.shape.clone()))
@@ -364,6 +454,9 @@ impl Weights {
     fn stream_to_device(&mut self, slots: &[ResolvedSlot], dt: DType) -> Result<Option<Tensor>> {
         let Device::Cuda(ordinal) = self.device else { return Ok(None) };
         let Some(ckpt) = self.ckpt.clone() else { return Ok(None) };
+        if slots.iter().any(|s| self.slot_fp8(s)) {
+            return Ok(None);
+        }
         if !slots.iter().all(|s| s.sources.iter().all(|src| ckpt.dtype_of(src) == Some(dt))) {
             return Ok(None);
         }
@@ -414,6 +507,17 @@ impl Weights {
     pub fn tensors_to_read(&self) -> u64 {
         self.slots.values().map(|p| if let Pending::Map(s) = p { s.sources.len() as u64 } else { 0 }).sum()
     }
+}
+
+/// An FP8 checkpoint tensor dequantized (where a dense weight is needed: a parameter read in
+/// f32, or a part packed with dense parts).
+fn dequantize(ckpt: &Checkpoint, src: &str, dt: DType) -> Result<CpuStorage> {
+    let shape = ckpt.get(src).map(|i| i.shape.clone()).unwrap_or_default();
+    let cols = shape.last().copied().unwrap_or(1);
+    let rows = shape.iter().product::<usize>() / cols.max(1);
+    let w = Fp8Weight::new(ckpt.read_fp8(src)?, ckpt.read_f32(&scale_name(src))?, rows, cols, dt)
+        .with_context(|| format!("fp8 tensor `{src}`"))?;
+    Ok(CpuStorage::F32(w.to_f32_vec()))
 }
 
 /// Host storage of the model dtype from host storage of any dtype (no copy when equal).

@@ -133,6 +133,20 @@ impl Model {
         layers + self.post.weight_bytes() as f64 + embed
     }
 
+    /// Bytes the weights of the layers, the final norm and the lm_head hold (FP8 weights count
+    /// their e4m3 bytes and scales).
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let c = l.cost();
+                c.dense_bytes + c.expert_bytes * c.experts
+            })
+            .sum();
+        layers + self.post.weight_bytes()
+    }
+
     /// Waits until the device has finished all queued work of this model (a no-op on the
     /// CPU); benchmarks call it before reading the clock.
     pub fn sync(&self) -> Result<()> {

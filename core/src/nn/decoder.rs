@@ -73,6 +73,7 @@ impl crate::layer::TransformerLayer for DecoderLayer {
             }
             Mixer::GatedDeltaNet(g) => {
                 c.dense_bytes += g.in_proj.bytes() + g.out_proj.bytes();
+                c.dense_bytes += g.in_proj_ba.as_ref().map_or(0, Linear::bytes);
                 c.dense_bytes += g.conv_w.bytes() + g.a_log.bytes() + g.dt_bias.bytes() + g.norm_w.bytes();
                 c.state_bytes = g.cfg.state_len() * 4 + g.cfg.conv_dim() * g.cfg.conv_kernel.saturating_sub(1) * 4;
             }
@@ -80,7 +81,7 @@ impl crate::layer::TransformerLayer for DecoderLayer {
         match &self.ffn {
             FeedForward::Dense(m) => c.dense_bytes += m.bytes(),
             FeedForward::Moe(m) => {
-                c.dense_bytes += m.input.bytes();
+                c.dense_bytes += m.input.bytes() + m.shared_in.as_ref().map_or(0, Tensor::bytes);
                 if let Some(s) = &m.shared {
                     c.dense_bytes += s.down.bytes();
                 }

@@ -59,7 +59,11 @@ impl GdnConfig {
 #[derive(Debug, Clone)]
 pub struct GatedDeltaNet {
     pub cfg: GdnConfig,
+    /// `[in_proj_qkvz; in_proj_ba]` packed, or just `in_proj_qkvz` when `in_proj_ba` is held
+    /// apart (an FP8 `in_proj_qkvz` next to a bf16 `in_proj_ba`).
     pub in_proj: Linear,
+    /// `in_proj_ba` (`[2·Hv, hidden]`) when it is not packed into `in_proj`.
+    pub in_proj_ba: Option<Linear>,
     pub conv_w: Tensor,
     pub a_log: Tensor,
     pub dt_bias: Tensor,
@@ -83,7 +87,9 @@ impl GatedDeltaNet {
             bail!(Config, "linear_conv_kernel_dim must be >= 1");
         }
         let rows = 2 * c.key_heads * c.key_dim + 2 * c.value_heads * c.value_dim + 2 * c.value_heads;
-        if self.in_proj.out_features() != rows
+        let ba_rows = self.in_proj_ba.as_ref().map_or(0, Linear::out_features);
+        if self.in_proj.out_features() + ba_rows != rows
+            || !(ba_rows == 0 || ba_rows == 2 * c.value_heads)
             || self.conv_w.elem_count() != c.conv_dim() * c.conv_kernel
             || self.a_log.elem_count() != c.value_heads
             || self.dt_bias.elem_count() != c.value_heads
@@ -105,7 +111,10 @@ impl GatedDeltaNet {
         }
         // [T, H] -> [T, 2kd + 2vd + 2Hv] = [q | k | v | z | b | a] (the conv, z and gates read
         // their columns in place).
-        let p = self.in_proj.forward(x)?;
+        let mut p = self.in_proj.forward(x)?;
+        if let Some(ba) = &self.in_proj_ba {
+            p = p.concat_last(&ba.forward(x)?)?;
+        }
         let w = GdnWeights { conv_w: &self.conv_w, a_log: &self.a_log, dt_bias: &self.dt_bias };
         let o = ops(&p);
         // [T·Hv, dv]

@@ -18,12 +18,16 @@ pub struct SharedExpert {
 /// # Shapes
 /// - `input`: `[E + 2·I_s + 1, hidden]` = `[router; shared gate; shared up; shared expert
 ///   gate]` packed at load (just `[E, hidden]`, the router, without a shared expert): one
-///   f32-output GEMM serves all four
+///   f32-output GEMM serves all four. With `shared_in` (an FP8 shared expert next to a bf16
+///   router) `input` is `[router; shared expert gate]` (`[E + 1, hidden]`) and `shared_in`
+///   `[shared gate; shared up]` (`[2·I_s, hidden]`)
 /// - `gate`, `up`: `[E, inter, hidden]`, `down`: `[E, hidden, inter]`
 /// - input `[T, hidden]` → output `[T, hidden]`
 #[derive(Debug, Clone)]
 pub struct Moe {
     pub input: Tensor,
+    /// The shared expert's `[gate; up]` when held apart from `input`.
+    pub shared_in: Option<Tensor>,
     pub experts: usize,
     pub gate: Tensor,
     pub up: Tensor,
@@ -43,7 +47,10 @@ impl Moe {
             bail!(Shape, "expert count of the weights does not match the router ({e})");
         }
         let rows = e + self.shared.as_ref().map_or(0, |s| 2 * s.inter + 1);
-        if self.input.dim(0) != rows {
+        let apart = self.shared_in.as_ref().map_or(0, |t| t.dim(0));
+        if self.input.dim(0) + apart != rows
+            || (apart != 0 && self.shared.as_ref().is_none_or(|s| apart != 2 * s.inter))
+        {
             bail!(Shape, "MoE input projection has {} rows, expected {rows}", self.input.dim(0));
         }
         Ok(())
@@ -68,7 +75,15 @@ impl Moe {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // [T, H] -> [T, E + 2·I_s + 1] f32: router logits, shared gate/up, shared gate logit.
-        let all = x.matmul_t_to(&self.input, DType::F32)?;
+        let mut all = x.matmul_t_to(&self.input, DType::F32)?;
+        if let Some(si) = &self.shared_in {
+            // [router | gate row] and [gate | up] -> [router | gate | up | gate row]
+            let o = ops(x);
+            let e = self.experts;
+            let gu = x.matmul_t_to(si, DType::F32)?;
+            let head = o.concat_last(&o.cols(&all, 0, e)?, &gu)?;
+            all = o.concat_last(&head, &o.cols(&all, e, 1)?)?;
+        }
         let o = ops(x);
         // [T, H] f32
         let mut y = o.moe_experts(x, &all, &self.args(), &self.gate, &self.up, &self.down)?;

@@ -452,6 +452,7 @@ pub(crate) fn gdn_block(rng: &mut Rng, hidden: usize) -> GatedDeltaNet {
     let g = GatedDeltaNet {
         cfg: c,
         in_proj: rng.linear(rows, hidden, false),
+        in_proj_ba: None,
         conv_w: rng.tensor(&[c.conv_dim(), c.conv_kernel], 0.8),
         // exp(A_log) in [0.08, 0.6]: decays of about 0.6..0.95 per token.
         a_log: f32t(rng.vec(hv, 1.0).into_iter().map(|v| v - 1.5).collect(), &[hv]),
@@ -477,6 +478,7 @@ pub(crate) fn moe_block(
     let s = 1.0 / (hidden as f32).sqrt();
     let m = Moe {
         input: rng.tensor(&[rows, hidden], 3.0 * s),
+        shared_in: None,
         experts: e,
         gate: rng.tensor(&[e, inter, hidden], s),
         up: rng.tensor(&[e, inter, hidden], s),

@@ -287,6 +287,19 @@ pub(crate) fn upload_storage(g: &Arc<Gpu>, host: &CpuStorage, dtype: DType) -> R
         (CpuStorage::BF16(v), DType::BF16) => DevBuf::BF16(st.clone_htod(v).map_err(cuda_err)?),
         (CpuStorage::F16(v), DType::F16) => DevBuf::F16(st.clone_htod(v).map_err(cuda_err)?),
         (CpuStorage::F32(v), DType::F32) => DevBuf::F32(st.clone_htod(v).map_err(cuda_err)?),
+        // The one place FP8 weights meet the CUDA backend until FP8 kernels exist: they are
+        // dequantized on the host (values rounded to the model dtype, as the CPU GEMM rounds
+        // them) and uploaded dense. The FP8 kernel work replaces this arm.
+        (CpuStorage::F8E4M3(w), dt) => {
+            static NOTICE: std::sync::Once = std::sync::Once::new();
+            NOTICE.call_once(|| eprintln!("fp8 weights dequantized to {dt} on cuda: FP8 kernels not built yet"));
+            let v = w.to_f32_vec();
+            match dt {
+                DType::F32 => DevBuf::F32(upload::<f32>(g, &v)?),
+                DType::BF16 => DevBuf::BF16(upload::<bf16>(g, &v)?),
+                DType::F16 => DevBuf::F16(upload::<f16>(g, &v)?),
+            }
+        }
         (h, dt) => {
             let v = h.to_f32_vec();
             match dt {

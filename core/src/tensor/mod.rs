@@ -10,9 +10,11 @@
 pub mod cuda;
 pub mod device;
 pub mod dtype;
+pub mod fp8;
 
 pub use device::Device;
 pub use dtype::DType;
+pub use fp8::Fp8Weight;
 
 use crate::error::Result;
 use crate::{bail, err};
@@ -31,6 +33,9 @@ pub enum CpuStorage {
     BF16(Vec<bf16>),
     /// `f16` values as stored in a checkpoint.
     F16(Vec<f16>),
+    /// A block-quantized FP8 weight (e4m3 bytes + 128 × 128 scales), dequantized inside the
+    /// GEMM; its dequantized values are rounded to [`Fp8Weight::dtype`].
+    F8E4M3(Fp8Weight),
 }
 
 impl CpuStorage {
@@ -40,6 +45,7 @@ impl CpuStorage {
             CpuStorage::F32(v) => v.len(),
             CpuStorage::BF16(v) => v.len(),
             CpuStorage::F16(v) => v.len(),
+            CpuStorage::F8E4M3(w) => w.q.len(),
         }
     }
 
@@ -61,6 +67,7 @@ impl CpuStorage {
             CpuStorage::F32(v) => v.clone(),
             CpuStorage::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             CpuStorage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            CpuStorage::F8E4M3(w) => w.to_f32_vec(),
         }
     }
 
@@ -70,15 +77,24 @@ impl CpuStorage {
             CpuStorage::F32(v) => v.len() * 4,
             CpuStorage::BF16(v) => v.len() * 2,
             CpuStorage::F16(v) => v.len() * 2,
+            CpuStorage::F8E4M3(w) => w.bytes(),
         }
     }
 
-    /// Elements `start..end` as a borrowed slice of the same element type.
+    /// Elements `start..end` as a borrowed slice of the same element type (whole rows for an
+    /// FP8 weight).
     pub fn range(&self, start: usize, end: usize) -> Result<HostSlice<'_>> {
         if start > end || end > self.len() {
             bail!(Internal, "host range {start}..{end} of {} elements", self.len());
         }
         Ok(match self {
+            CpuStorage::F8E4M3(w) => {
+                let c = w.cols.max(1);
+                if !start.is_multiple_of(c) || !end.is_multiple_of(c) {
+                    bail!(Internal, "fp8 host range {start}..{end} does not cover whole rows of {c}");
+                }
+                HostSlice::F8(w.rows_view(start / c, end / c)?, w.dtype)
+            }
             CpuStorage::F32(v) => HostSlice::F32(&v[start..end]),
             CpuStorage::BF16(v) => HostSlice::BF16(&v[start..end]),
             CpuStorage::F16(v) => HostSlice::F16(&v[start..end]),
@@ -92,6 +108,8 @@ pub enum HostSlice<'a> {
     F32(&'a [f32]),
     BF16(&'a [bf16]),
     F16(&'a [f16]),
+    /// Rows of an FP8 weight and the dtype its dequantized values are rounded to.
+    F8(porter_kernels::cpu::fp8::Fp8Rows<'a>, DType),
 }
 
 /// Where a tensor's data lives.
@@ -137,6 +155,7 @@ impl Tensor {
         }
         match (&host, dtype) {
             (CpuStorage::F32(_), _) | (CpuStorage::BF16(_), DType::BF16) | (CpuStorage::F16(_), DType::F16) => {}
+            (CpuStorage::F8E4M3(w), dt) if w.dtype == dt => {}
             _ => bail!(DType, "host {} storage cannot hold a {dtype} tensor", host_name(&host)),
         }
         let mut t = Self { shape, storage: Storage::Cpu(host), dtype };
@@ -163,9 +182,17 @@ impl Tensor {
         self.shape.iter().product()
     }
 
-    /// Bytes of the tensor in its dtype.
+    /// Bytes of the tensor in its dtype (what an FP8 weight really holds: its bytes and scales).
     pub fn bytes(&self) -> usize {
-        self.elem_count() * self.dtype.size_in_bytes()
+        match &self.storage {
+            Storage::Cpu(CpuStorage::F8E4M3(w)) => w.bytes(),
+            _ => self.elem_count() * self.dtype.size_in_bytes(),
+        }
+    }
+
+    /// Whether this is an FP8 (block-quantized) host weight.
+    pub fn is_fp8(&self) -> bool {
+        matches!(&self.storage, Storage::Cpu(CpuStorage::F8E4M3(_)))
     }
 
     /// Size of dimension `i` (0 when out of range).
@@ -300,7 +327,7 @@ impl Tensor {
         let dt = self.dtype;
         match &mut self.storage {
             Storage::Cpu(CpuStorage::F32(v)) => dt.round_slice(v),
-            Storage::Cpu(CpuStorage::BF16(_) | CpuStorage::F16(_)) | Storage::Cuda(_) => {}
+            Storage::Cpu(CpuStorage::BF16(_) | CpuStorage::F16(_) | CpuStorage::F8E4M3(_)) | Storage::Cuda(_) => {}
         }
     }
 
@@ -369,5 +396,6 @@ fn host_name(h: &CpuStorage) -> &'static str {
         CpuStorage::F32(_) => "host-f32",
         CpuStorage::BF16(_) => "host-bf16",
         CpuStorage::F16(_) => "host-f16",
+        CpuStorage::F8E4M3(_) => "host-fp8",
     }
 }

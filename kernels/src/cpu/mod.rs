@@ -1,4 +1,5 @@
 //! CPU kernels: row-major `f32` slices, rayon parallelism, a real GEMM.
 
+pub mod fp8;
 pub mod gdn;
 pub mod ops;

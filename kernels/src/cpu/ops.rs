@@ -226,7 +226,7 @@ fn gemm_cols(x: &[f32], w_rows: &[f32], out: &mut [f32], m: usize, k: usize, n: 
 
 /// Dot product with 8 independent accumulators (vectorises well).
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let n8 = a.len() / 8 * 8;
     for (ca, cb) in a[..n8].chunks_exact(8).zip(b[..n8].chunks_exact(8)) {

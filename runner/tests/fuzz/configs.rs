@@ -261,6 +261,50 @@ pub fn cases(rng: &mut Rng) -> Vec<Case> {
     out.extend(list_cases());
     out.extend(misc_cases());
     out.extend(llama_cases());
+    out.extend(fp8_cases());
+    out
+}
+
+/// `quantization_config` of the FP8 fixture (`tests/fixtures/qwen3_fp8`): only Qwen's block-128
+/// e4m3 scheme loads; every other value is an error naming the key.
+fn fp8_cases() -> Vec<Case> {
+    let fx = "qwen3_fp8";
+    let mut out = Vec::new();
+    for (k, v, ok) in [
+        ("quant_method", json!("FP8"), true),
+        ("quant_method", json!("awq"), false),
+        ("quant_method", json!(null), false),
+        ("quant_method", json!(8), false),
+        ("fmt", json!("e5m2"), false),
+        ("fmt", json!(["e4m3"]), false),
+        ("activation_scheme", json!("static"), false),
+        ("weight_block_size", json!([64, 64]), false),
+        ("weight_block_size", json!([128]), false),
+        ("weight_block_size", json!([128, 128, 1]), false),
+        ("weight_block_size", json!("128"), false),
+        ("weight_block_size", json!(null), false),
+        ("weight_block_size", json!([128.5, 128]), false),
+        ("modules_to_not_convert", json!("lm_head"), false),
+        ("modules_to_not_convert", json!([1]), false),
+        ("modules_to_not_convert", json!([]), true),
+        ("modules_to_not_convert", json!(null), true),
+    ] {
+        let cfg = with(fx, |c| c["quantization_config"][k] = v.clone());
+        let o = if ok { Oracle::Legal } else { Oracle::names(&format!("quantization_config.{k}")) };
+        out.push(config_case(fx, format!("{fx}: quantization_config.{k} = {v}"), cfg, o));
+    }
+    for v in [json!(3), json!([]), json!("fp8"), json!(null)] {
+        let cfg = with(fx, |c| c["quantization_config"] = v.clone());
+        out.push(config_case(
+            fx,
+            format!("{fx}: quantization_config = {v}"),
+            cfg,
+            Oracle::names("quantization_config"),
+        ));
+    }
+    // A dense checkpoint that declares FP8.
+    let cfg = with("qwen3", |c| c["quantization_config"] = fixture_config(fx)["quantization_config"].clone());
+    out.push(config_case("qwen3", "qwen3: an fp8 quantization_config".into(), cfg, Oracle::names("F8_E4M3")));
     out
 }
 
