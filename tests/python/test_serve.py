@@ -234,6 +234,99 @@ class TinyModel(unittest.TestCase):
         self.assertEqual(streamed, c["token_ids"])
 
 
+class ParsersThroughTheServer(unittest.TestCase):
+    """`--reasoning-parser qwen3` and `--tool-call-parser hermes` on real model output: the
+    bundled fixture's (seeded) tokens for a fixed prompt, read through a word-level tokenizer
+    (made here) whose words for exactly those ids spell a think block, an answer and a
+    hermes tool call. The model really generates the ids; the server detokenises, parses and
+    streams them."""
+
+    PIECES = ["<think>", "plan", "</think>", "Sure", "<tool_call>", '{"name":', '"get_weather",',
+              '"arguments":', '{"city":', '"Paris"}}', "</tool_call>"]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        vocab = 512
+        n = len(cls.PIECES)
+        plain = Server()
+        try:
+            # The prompt "w5 w9 w17" below is ids [5, 9, 17] under the word-level tokenizer. Greedy
+            # output of the random fixture repeats ids, so the tokens are sampled (a seeded request
+            # reproduces them): the first seed whose first n ids are distinct.
+            for seed in range(1, 64):
+                code, text = plain.post("/v1/completions", {"model": "qwen3_next_mtp", "prompt": [5, 9, 17],
+                                                            "max_tokens": n, "temperature": 1.0, "seed": seed,
+                                                            "ignore_eos": True, "return_token_ids": True})
+                assert code == 200, text
+                out = json.loads(text)["choices"][0]["token_ids"]
+                if len(set(out)) == n:
+                    break
+            else:
+                raise AssertionError("no seed in 1..63 gives distinct sampled ids")
+        finally:
+            assert plain.stop() == 0
+        cls.seed = seed
+        words = {i: f"w{i}" for i in range(vocab)}
+        for i, piece in zip(out[:n], cls.PIECES):
+            words[i] = piece
+        tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+               "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None, "decoder": None,
+               "model": {"type": "WordLevel", "vocab": {w: i for i, w in words.items()}, "unk_token": "w0"}}
+        cls.tok = os.path.join(cls.tmp.name, "tokenizer.json")
+        with open(cls.tok, "w") as f:
+            json.dump(tok, f)
+        tmpl = os.path.join(cls.tmp.name, "chat.jinja")
+        with open(tmpl, "w") as f:
+            f.write("{% for m in messages %}{{ m.content }}{% endfor %}")
+        cls.n = n
+        cls.s = Server("--tokenizer", cls.tok, "--chat-template", tmpl, "--reasoning-parser", "qwen3",
+                       "--tool-call-parser", "hermes")
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+        cls.tmp.cleanup()
+
+    def ask(self, **kw):
+        return self.s.client().chat.completions.create(
+            model="qwen3_next_mtp", messages=[{"role": "user", "content": "w5 w9 w17"}], max_tokens=self.n,
+            temperature=1.0, seed=self.seed, extra_body={"ignore_eos": True}, **kw)
+
+    def test_reasoning_content_and_tool_call(self):
+        code, text = self.s.post("/tokenize", {"messages": [{"role": "user", "content": "w5 w9 w17"}]})
+        self.assertEqual(json.loads(text)["tokens"], [5, 9, 17])
+        r = self.ask()
+        m = r.choices[0].message
+        self.assertEqual(m.reasoning_content.strip(), "plan")
+        self.assertEqual((m.content or "").strip(), "Sure")
+        self.assertEqual(len(m.tool_calls), 1)
+        call = m.tool_calls[0]
+        self.assertEqual(call.function.name, "get_weather")
+        self.assertEqual(json.loads(call.function.arguments), {"city": "Paris"})
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        # Streamed: the same split; the name comes first, the argument deltas join to valid JSON.
+        reasoning, content, name, args, finals = "", "", None, "", []
+        for ch in self.ask(stream=True):
+            for c in ch.choices:
+                d = c.delta
+                reasoning += getattr(d, "reasoning_content", None) or ""
+                content += d.content or ""
+                for tc in d.tool_calls or []:
+                    if tc.function.name:
+                        self.assertIsNone(name)
+                        self.assertEqual(args, "", "arguments before the name")
+                        name = tc.function.name
+                    args += tc.function.arguments or ""
+                if c.finish_reason:
+                    finals.append(c.finish_reason)
+        self.assertEqual(reasoning.strip(), "plan")
+        self.assertEqual(content.strip(), "Sure")
+        self.assertEqual(name, "get_weather")
+        self.assertEqual(json.loads(args), {"city": "Paris"})
+        self.assertEqual(finals, ["tool_calls"])
+
+
 class Speculative(unittest.TestCase):
     """`--mtp-step 2` with the fixture's own MTP head: greedy answers equal the plain server's."""
 
