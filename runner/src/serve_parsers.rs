@@ -141,6 +141,28 @@ impl ReasoningParser {
         self.mode == ThinkMode::Open || self.tag_seen
     }
 
+    /// Consumes the first tag in `held` (`start` / `end`: positions of `<think>` and
+    /// `</think>`): the text before an opening tag is reasoning and the block is open; the
+    /// text before a closing tag is reasoning and the content starts. False when neither.
+    fn take_tag(&mut self, start: Option<usize>, end: Option<usize>, out: &mut ReasoningDelta) -> bool {
+        match (start, end) {
+            (Some(s), e) if e.is_none_or(|e| s < e) => {
+                out.reasoning.push_str(&self.held[..s]);
+                self.held.drain(..s + THINK_START.len());
+                self.state = ThinkState::Reasoning { stripped: true };
+                self.tag_seen = true;
+                true
+            }
+            (_, Some(e)) => {
+                out.reasoning.push_str(&self.held[..e]);
+                self.held.drain(..e + THINK_END.len());
+                self.enter_content();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Feed the next decoded text delta; returns what can be emitted now.
     pub fn push(&mut self, delta: &str) -> ReasoningDelta {
         self.held.push_str(delta);
@@ -151,48 +173,22 @@ impl ReasoningParser {
                     let from = floor_char_boundary(&self.held, self.scan_from);
                     let start = self.held[from..].find(THINK_START).map(|i| i + from);
                     let end = self.held[from..].find(THINK_END).map(|i| i + from);
-                    match (start, end) {
-                        (Some(s), e) if e.is_none_or(|e| s < e) => {
-                            out.reasoning.push_str(&self.held[..s]);
-                            self.held.drain(..s + THINK_START.len());
-                            self.state = ThinkState::Reasoning { stripped: true };
-                            self.tag_seen = true;
-                        }
-                        (_, Some(e)) => {
-                            out.reasoning.push_str(&self.held[..e]);
-                            self.held.drain(..e + THINK_END.len());
-                            self.enter_content();
-                        }
-                        _ => {
-                            // Neither tag yet: a tag could only start in the last few bytes.
-                            self.scan_from = self.held.len().saturating_sub(THINK_END.len() - 1);
-                            return out;
-                        }
+                    if !self.take_tag(start, end, &mut out) {
+                        // Neither tag yet: a tag could only start in the last few bytes.
+                        self.scan_from = self.held.len().saturating_sub(THINK_END.len() - 1);
+                        return out;
                     }
                 }
                 ThinkState::Reasoning { stripped } => {
                     let end = self.held.find(THINK_END);
                     let start = if stripped { None } else { self.held.find(THINK_START) };
-                    match (start, end) {
-                        (Some(s), e) if e.is_none_or(|e| s < e) => {
-                            out.reasoning.push_str(&self.held[..s]);
-                            self.held.drain(..s + THINK_START.len());
-                            self.state = ThinkState::Reasoning { stripped: true };
-                            self.tag_seen = true;
-                        }
-                        (_, Some(e)) => {
-                            out.reasoning.push_str(&self.held[..e]);
-                            self.held.drain(..e + THINK_END.len());
-                            self.enter_content();
-                        }
-                        _ => {
-                            let tags: &[&str] = if stripped { &[THINK_END] } else { &[THINK_END, THINK_START] };
-                            let keep = partial_tag_len(&self.held, tags);
-                            let cut = self.held.len() - keep;
-                            out.reasoning.push_str(&self.held[..cut]);
-                            self.held.drain(..cut);
-                            return out;
-                        }
+                    if !self.take_tag(start, end, &mut out) {
+                        let tags: &[&str] = if stripped { &[THINK_END] } else { &[THINK_END, THINK_START] };
+                        let keep = partial_tag_len(&self.held, tags);
+                        let cut = self.held.len() - keep;
+                        out.reasoning.push_str(&self.held[..cut]);
+                        self.held.drain(..cut);
+                        return out;
                     }
                 }
                 ThinkState::Content => {

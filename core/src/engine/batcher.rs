@@ -403,7 +403,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         if !need_host {
             let vocab = fwd.logits.last_dim();
             let mut params = vec![[0.0f32; 4]; rows.len()];
-            let mut any = false;
+            // Items sampled on the device.
+            let mut on_dev = Vec::new();
             for (i, it) in plan.items.iter().enumerate() {
                 let r = &self.seqs[&it.id];
                 if r.lookahead > 0 {
@@ -414,20 +415,18 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                     match l.sampler.device_params(l.generated, vocab) {
                         Some(p) => {
                             params[first_row[i]] = p;
-                            dev_tok[i] = Some(0);
-                            any = true;
+                            on_dev.push(i);
                         }
                         None => need_host = true,
                     }
                 }
             }
-            if any {
+            if !on_dev.is_empty() {
                 // Rows sampled on the host get greedy parameters here; their ids are unused.
                 let ids = crate::backend::cuda::blocks::sample_rows(&fwd.logits, &params)?;
-                for (i, t) in dev_tok.iter_mut().enumerate() {
-                    if t.is_some() {
-                        *t = ids.get(first_row[i]).copied();
-                    }
+                for i in on_dev {
+                    let id = ids.get(first_row[i]).copied();
+                    dev_tok[i] = Some(id.ok_or_else(|| crate::err!(Internal, "the device sampler returned no id"))?);
                 }
             }
         }

@@ -402,6 +402,13 @@ pub fn deterministic() -> bool {
     DETERMINISTIC.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Whether a kernel over `dtype` data must take its batch-invariant path (one whose per-row
+/// arithmetic does not depend on the other rows, even where a faster one exists): always in
+/// f32, and in every dtype in deterministic mode (the GEMM's and the MoE's rule).
+pub fn batch_invariant(dtype: DType) -> bool {
+    dtype == DType::F32 || deterministic()
+}
+
 /// `(free, total)` bytes of device memory on CUDA device `ordinal` (opens its context).
 pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
     let g = gpu(ordinal)?;

@@ -102,8 +102,8 @@ impl Fp8Weight {
     /// Reorders the rows `[groups, Σparts]` into part-major order (the weight map's
     /// `regroup`), moving each row's scale row with it.
     pub fn regroup(self, groups: usize, parts: &[usize]) -> Self {
-        let q = regroup(&self.q, groups, parts, self.cols);
-        let row_scale = regroup(&self.row_scale, groups, parts, 1);
+        let q = super::regroup_rows(&self.q, groups, parts, self.cols);
+        let row_scale = super::regroup_rows(&self.row_scale, groups, parts, 1);
         Self { q, row_scale, ..self }
     }
 }
@@ -111,21 +111,6 @@ impl Fp8Weight {
 /// The value of one e4m3fn byte.
 pub fn e4m3(b: u8) -> f32 {
     e4m3_to_f32(b)
-}
-
-/// Rows `[groups, Σparts, cols]` in part-major order (as `load::weight_map::regroup_rows`).
-fn regroup<T: Copy>(data: &[T], groups: usize, parts: &[usize], cols: usize) -> Vec<T> {
-    let per_group: usize = parts.iter().sum();
-    let mut out = Vec::with_capacity(data.len());
-    let mut off = 0;
-    for &p in parts {
-        for g in 0..groups {
-            let start = (g * per_group + off) * cols;
-            out.extend_from_slice(&data[start..start + p * cols]);
-        }
-        off += p;
-    }
-    out
 }
 
 /// `x` rounded to the nearest e4m3fn byte (ties to even, saturated to ±448).

@@ -399,3 +399,19 @@ fn host_name(h: &CpuStorage) -> &'static str {
         CpuStorage::F8E4M3(_) => "host-fp8",
     }
 }
+
+/// Reorders rows `[groups, Σparts, cols]` into part-major order: part 0 of every group,
+/// then part 1 of every group, ...
+pub fn regroup_rows<T: Copy>(data: &[T], groups: usize, parts: &[usize], cols: usize) -> Vec<T> {
+    let per_group: usize = parts.iter().sum();
+    let mut out = Vec::with_capacity(data.len());
+    let mut off = 0;
+    for &p in parts {
+        for g in 0..groups {
+            let start = (g * per_group + off) * cols;
+            out.extend_from_slice(&data[start..start + p * cols]);
+        }
+        off += p;
+    }
+    out
+}

@@ -349,10 +349,9 @@ pub fn moe_experts(
         let (gate, up, down) = experts;
         let (xd, gd, ud, dd) = (x.dev::<T>()?, gate.dev::<T>()?, up.dev::<T>()?, down.dev::<T>()?);
         let out = y.dev_mut::<f32>()?;
-        // Deterministic mode (and f32, batch-invariant by default like its GEMMs) pins the
-        // per-row GEMV path: the prefill tiles would make a row's result depend on how many
-        // rows share the call.
-        if crate::tensor::cuda::deterministic() || T::DTYPE == DType::F32 {
+        // The batch-invariant rule (f32, or deterministic mode) pins the per-row GEMV path:
+        // the prefill tiles would make a row's result depend on how many rows share the call.
+        if crate::tensor::cuda::batch_invariant(T::DTYPE) {
             g.k.moe_experts_invariant::<T>(xd, idx, w, gd, ud, dd, out, t, k, e, h, inter)
         } else {
             g.k.moe_experts::<T>(xd, idx, w, gd, ud, dd, out, t, k, e, h, inter)

@@ -120,7 +120,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
         // GEMV kernel in groups of at most 8 rows, whose per-row arithmetic (one f32 FMA chain
         // per lane, one warp sum) does not depend on the other rows; cuBLAS picks its
         // algorithm, and so a row's rounding, by the matrix shape.
-        let invariant = A::DTYPE == DType::F32 || crate::tensor::cuda::deterministic();
+        let invariant = crate::tensor::cuda::batch_invariant(A::DTYPE);
         if invariant && m > porter_kernels::cuda::GEMV_MAX_ROWS {
             const G: usize = 8;
             fn groups<A: DevType, O: DevType>(
