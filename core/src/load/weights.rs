@@ -54,6 +54,8 @@ pub struct Weights {
     stager: Option<DeviceStager>,
     /// Online quantization (`--quantize fp8`): the rules of what is quantized.
     quantize: Option<QuantConfig>,
+    /// The map's slots of a random-weight store (their source names decide online quantization).
+    random_slots: HashMap<String, ResolvedSlot>,
 }
 
 impl std::fmt::Debug for Weights {
@@ -78,6 +80,7 @@ impl Default for Weights {
             stats: LoadStats::default(),
             stager: None,
             quantize: None,
+            random_slots: HashMap::new(),
         }
     }
 }
@@ -101,7 +104,8 @@ impl Weights {
             .enumerate()
             .map(|(i, s)| (s.slot.clone(), Pending::Random { shape: s.shape.clone(), index: i as u64 }))
             .collect();
-        Self { slots, dtype, device, seed, ..Default::default() }
+        let random_slots = map.slots.iter().map(|s| (s.slot.clone(), s.clone())).collect();
+        Self { slots, dtype, device, seed, random_slots, ..Default::default() }
     }
 
     /// Quantizes every eligible linear weight read from now on to block-128 FP8
@@ -116,9 +120,17 @@ impl Weights {
         match self.slots.get(slot) {
             Some(Pending::Map(s)) => Ok(self.slot_fp8(s)),
             Some(Pending::Ready(t)) => Ok(t.is_fp8()),
-            Some(Pending::Random { .. }) => Ok(false),
+            Some(Pending::Random { .. }) => Ok(self.random_fp8(slot)),
             None => bail!(WeightMap, "weight slot `{slot}` was not loaded (weight map and model disagree)"),
         }
+    }
+
+    /// Whether random slot `slot` is made FP8: online quantization is on and it quantizes every
+    /// source of the slot (values generated in the model dtype, then block-quantized over the
+    /// slot's `[rows, cols]`: on a GPU by the device kernel, never dense in full on the host).
+    fn random_fp8(&self, slot: &str) -> bool {
+        let (Some(q), Some(s)) = (&self.quantize, self.random_slots.get(slot)) else { return false };
+        !s.sources.is_empty() && s.sources.iter().zip(&s.source_shapes).all(|(src, sh)| q.quantizes(src, sh))
     }
 
     fn slot_fp8(&self, s: &ResolvedSlot) -> bool {
@@ -243,6 +255,18 @@ impl Weights {
         for s in slots {
             parts.push((s.as_str(), self.pop(s)?));
         }
+        let random_fp8: Vec<bool> =
+            parts.iter().map(|(n, p)| matches!(p, Pending::Random { .. }) && self.random_fp8(n)).collect();
+        if random_fp8.iter().any(|&f| f) {
+            if !random_fp8.iter().all(|&f| f) {
+                bail!(Internal, "packing {slots:?}: fp8 and dense random parts");
+            }
+            let mut ts = Vec::with_capacity(parts.len());
+            for (name, p) in parts {
+                ts.push(self.materialize(name, p, dt)?);
+            }
+            return concat_fp8(ts, dt).with_context(|| format!("packing {slots:?}"));
+        }
         let on_device_random =
             matches!(self.device, Device::Cuda(_)) && parts.iter().any(|(_, p)| matches!(p, Pending::Random { .. }));
         if on_device_random {
@@ -352,6 +376,10 @@ impl Weights {
             Pending::Map(s) => {
                 let (host, shape) = self.read_slot(&s, dt)?;
                 Tensor::from_host(host, shape, dt)?
+            }
+            Pending::Random { shape, index } if self.random_fp8(slot) => {
+                random_fp8(self.device, &shape, dt, self.seed, index)
+                    .with_context(|| format!("weight slot `{slot}`"))?
             }
             Pending::Random { shape, index } => match self.device {
                 Device::Cuda(i) => random_on_device(&gpu(i)?, &shape, dt, self.seed, index)?,
@@ -588,6 +616,42 @@ fn random_values(shape: &[usize], seed: u64, index: u64, dt: DType) -> Vec<f32> 
     (0..n).map(|_| dt.round(a * next())).collect()
 }
 
+/// A random FP8 weight: [`random_values`] on the CPU (block-quantized on the host), or
+/// [`random_on_device`] quantized by the device kernel (the dense values are dropped at once).
+fn random_fp8(device: Device, shape: &[usize], dt: DType, seed: u64, index: u64) -> Result<Tensor> {
+    let cols = shape.last().copied().unwrap_or(1);
+    let rows = shape.iter().product::<usize>() / cols.max(1);
+    match device {
+        Device::Cpu => {
+            let (q, scales) =
+                porter_kernels::cpu::fp8::quantize_blocks(&random_values(shape, seed, index, dt), rows, cols);
+            Tensor::from_host(CpuStorage::F8E4M3(Fp8Weight::new(q, scales, rows, cols, dt)?), shape.to_vec(), dt)
+        }
+        Device::Cuda(i) => {
+            let g = gpu(i)?;
+            let dense = random_on_device(&g, shape, dt, seed, index)?;
+            let w = crate::backend::cuda::fp8::quantize(&g, &dense, rows, cols)?;
+            Ok(crate::backend::cuda::fp8::tensor(&g, w, shape.to_vec()))
+        }
+    }
+}
+
+/// FP8 weights stacked along the rows (each part keeps its scales), on their device.
+fn concat_fp8(ts: Vec<Tensor>, dt: DType) -> Result<Tensor> {
+    let mut shape = ts.first().map(|t| t.shape().to_vec()).ok_or_else(|| err!(Internal, "concat of no fp8 weights"))?;
+    shape[0] = ts.iter().map(|t| t.dim(0)).sum();
+    if let Some(Device::Cuda(i)) = ts.first().map(|t| t.device()) {
+        let g = gpu(i)?;
+        let w = crate::backend::cuda::fp8::concat(&g, &ts)?;
+        return Ok(crate::backend::cuda::fp8::tensor(&g, w, shape));
+    }
+    let parts = ts.iter().map(|t| match t.host()? {
+        CpuStorage::F8E4M3(w) => Ok(w.clone()),
+        _ => bail!(Internal, "an fp8 part is not fp8"),
+    });
+    Tensor::from_host(CpuStorage::F8E4M3(Fp8Weight::concat(parts.collect::<Result<_>>()?)?), shape, dt)
+}
+
 /// One random weight tensor filled on the device (uniform, scale as [`random_values`]).
 fn random_on_device(g: &Arc<Gpu>, shape: &[usize], dtype: DType, seed: u64, index: u64) -> Result<Tensor> {
     let seed = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -653,6 +717,7 @@ impl DeviceStager {
                 crate::tensor::cuda::DevBuf::F32(s) => crate::tensor::cuda::addr(g, s),
                 crate::tensor::cuda::DevBuf::BF16(s) => crate::tensor::cuda::addr(g, s),
                 crate::tensor::cuda::DevBuf::F16(s) => crate::tensor::cuda::addr(g, s),
+                crate::tensor::cuda::DevBuf::F8(_) => bail!(Internal, "staged upload into an fp8 tensor"),
             },
             crate::tensor::Storage::Cpu(_) => bail!(Internal, "staged upload into a host tensor"),
         };

@@ -25,6 +25,9 @@ pub struct Gpu {
     pub gemm: Gemm,
     pub ordinal: usize,
     staging: Mutex<Staging>,
+    /// The device's FP8 dequantization scratch (`backend::cuda::fp8`): one buffer of the
+    /// compute dtype, grown to the largest weight (or MoE layer) a prefill GEMM dequantizes.
+    pub(crate) fp8_scratch: Mutex<Option<DevBuf>>,
 }
 
 /// Page-locked host memory that small uploads are copied through: an asynchronous copy from
@@ -70,7 +73,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     let mut buf = unsafe { k.context().alloc_pinned::<u8>(STAGING_BYTES) }.map_err(cuda_err)?;
     let base = buf.as_mut_ptr().map_err(cuda_err)? as usize;
     let staging = Mutex::new(Staging { buf, base, head: 0 });
-    let g = Arc::new(Gpu { k, gemm, ordinal, staging });
+    let g = Arc::new(Gpu { k, gemm, ordinal, staging, fp8_scratch: Mutex::new(None) });
     if devs.len() <= ordinal {
         devs.resize(ordinal + 1, None);
     }
@@ -100,12 +103,100 @@ fn keep_pool_memory(k: &CudaKernels) {
     }
 }
 
-/// Typed device memory of a tensor (the variant matches the tensor's dtype).
+/// Typed device memory of a tensor (the variant matches the tensor's dtype; an FP8 weight's
+/// tensor keeps its compute dtype).
 #[derive(Debug)]
 pub enum DevBuf {
     F32(CudaSlice<f32>),
     BF16(CudaSlice<bf16>),
     F16(CudaSlice<f16>),
+    /// A block-quantized FP8 weight, read by the FP8 kernels.
+    F8(DevFp8),
+}
+
+/// An FP8 weight on the device, in the host layout of [`crate::tensor::fp8::Fp8Weight`]
+/// uploaded as is: e4m3 bytes, the 128 × 128 block scales and the row → scale-row map (4 bytes
+/// per row, so packed, stacked and regrouped weights keep each part's own scales; the kernels
+/// read `scales[row_scale[r], c / 128]`).
+///
+/// # Shapes
+/// `q`: `[rows, cols]` u8; `scales`: `[scale_rows, ceil(cols/128)]` f32; `row_scale`: `[rows]`
+/// u32, every value `< scale_rows` (checked at upload)
+#[derive(Debug)]
+pub struct DevFp8 {
+    pub q: CudaSlice<u8>,
+    pub scales: CudaSlice<f32>,
+    pub row_scale: CudaSlice<u32>,
+    /// Row length (input features).
+    pub cols: usize,
+    /// The compute dtype dequantized values are rounded to.
+    pub dtype: DType,
+}
+
+impl DevFp8 {
+    /// Weight rows.
+    pub fn rows(&self) -> usize {
+        self.row_scale.len()
+    }
+
+    /// Bytes held (e4m3 bytes, scales, row map).
+    pub fn bytes(&self) -> usize {
+        self.q.len() + 4 * self.scales.len() + 4 * self.row_scale.len()
+    }
+
+    /// The kernels' view.
+    pub fn view(&self) -> porter_kernels::cuda::Fp8Dev<'_> {
+        porter_kernels::cuda::Fp8Dev {
+            q: &self.q,
+            scales: &self.scales,
+            row_scale: &self.row_scale,
+            rows: self.rows(),
+            cols: self.cols,
+        }
+    }
+
+    /// Uploads a host FP8 weight (bytes and scales, no dequantization).
+    pub fn upload(g: &Gpu, w: &crate::tensor::fp8::Fp8Weight, dtype: DType) -> Result<Self> {
+        let sc = w.cols.div_ceil(porter_kernels::cuda::FP8_BLOCK).max(1);
+        let scale_rows = w.scales.len() / sc;
+        if w.scales.len() != scale_rows * sc || w.q.len() != w.rows() * w.cols {
+            bail!(
+                Shape,
+                "fp8 weight [{}, {}] with {} bytes and {} scales",
+                w.rows(),
+                w.cols,
+                w.q.len(),
+                w.scales.len()
+            );
+        }
+        if let Some(&bad) = w.row_scale.iter().find(|&&r| r as usize >= scale_rows) {
+            bail!(Shape, "fp8 weight: scale row {bad} of {scale_rows}");
+        }
+        let st = g.stream();
+        Ok(Self {
+            q: st.clone_htod(&w.q).map_err(cuda_err)?,
+            scales: st.clone_htod(&w.scales).map_err(cuda_err)?,
+            row_scale: st.clone_htod(&w.row_scale).map_err(cuda_err)?,
+            cols: w.cols,
+            dtype,
+        })
+    }
+
+    /// A device-to-device copy.
+    fn copy(&self, g: &Gpu) -> Result<Self> {
+        fn cp<T: DeviceRepr>(g: &Gpu, s: &CudaSlice<T>) -> Result<CudaSlice<T>> {
+            let mut d = alloc::<T>(g, s.len())?;
+            g.stream().memcpy_dtod(s, &mut d).map_err(cuda_err)?;
+            Ok(d)
+        }
+        Ok(Self {
+            q: cp(g, &self.q)?,
+            scales: cp(g, &self.scales)?,
+            row_scale: cp(g, &self.row_scale)?,
+            cols: self.cols,
+            dtype: self.dtype,
+        })
+    }
 }
 
 /// A storage type of device tensors.
@@ -169,6 +260,13 @@ impl Clone for CudaStorage {
             DevBuf::F32(s) => DevBuf::F32(s.clone()),
             DevBuf::BF16(s) => DevBuf::BF16(s.clone()),
             DevBuf::F16(s) => DevBuf::F16(s.clone()),
+            DevBuf::F8(w) => DevBuf::F8(DevFp8 {
+                q: w.q.clone(),
+                scales: w.scales.clone(),
+                row_scale: w.row_scale.clone(),
+                cols: w.cols,
+                dtype: w.dtype,
+            }),
         };
         Self { gpu: self.gpu.clone(), buf }
     }
@@ -287,19 +385,9 @@ pub(crate) fn upload_storage(g: &Arc<Gpu>, host: &CpuStorage, dtype: DType) -> R
         (CpuStorage::BF16(v), DType::BF16) => DevBuf::BF16(st.clone_htod(v).map_err(cuda_err)?),
         (CpuStorage::F16(v), DType::F16) => DevBuf::F16(st.clone_htod(v).map_err(cuda_err)?),
         (CpuStorage::F32(v), DType::F32) => DevBuf::F32(st.clone_htod(v).map_err(cuda_err)?),
-        // The one place FP8 weights meet the CUDA backend until FP8 kernels exist: they are
-        // dequantized on the host (values rounded to the model dtype, as the CPU GEMM rounds
-        // them) and uploaded dense. The FP8 kernel work replaces this arm.
-        (CpuStorage::F8E4M3(w), dt) => {
-            static NOTICE: std::sync::Once = std::sync::Once::new();
-            NOTICE.call_once(|| eprintln!("fp8 weights dequantized to {dt} on cuda: FP8 kernels not built yet"));
-            let v = w.to_f32_vec();
-            match dt {
-                DType::F32 => DevBuf::F32(upload::<f32>(g, &v)?),
-                DType::BF16 => DevBuf::BF16(upload::<bf16>(g, &v)?),
-                DType::F16 => DevBuf::F16(upload::<f16>(g, &v)?),
-            }
-        }
+        // FP8 weights stay FP8 on the device (bytes, scales and row map uploaded as held);
+        // the FP8 kernels dequantize them (backend::cuda::fp8).
+        (CpuStorage::F8E4M3(w), dt) => DevBuf::F8(DevFp8::upload(g, w, dt)?),
         (h, dt) => {
             let v = h.to_f32_vec();
             match dt {
@@ -311,13 +399,21 @@ pub(crate) fn upload_storage(g: &Arc<Gpu>, host: &CpuStorage, dtype: DType) -> R
     })
 }
 
-/// Downloads a device buffer into host storage of the same dtype (synchronises the stream).
+/// Downloads a device buffer into host storage of the same dtype (an FP8 weight as
+/// [`CpuStorage::F8E4M3`]; synchronises the stream).
 pub(crate) fn download(c: &CudaStorage) -> Result<CpuStorage> {
     let st = c.gpu.stream();
     Ok(match &c.buf {
         DevBuf::F32(s) => CpuStorage::F32(st.clone_dtoh(s).map_err(cuda_err)?),
         DevBuf::BF16(s) => CpuStorage::BF16(st.clone_dtoh(s).map_err(cuda_err)?),
         DevBuf::F16(s) => CpuStorage::F16(st.clone_dtoh(s).map_err(cuda_err)?),
+        DevBuf::F8(w) => CpuStorage::F8E4M3(crate::tensor::fp8::Fp8Weight {
+            q: st.clone_dtoh(&w.q).map_err(cuda_err)?,
+            scales: st.clone_dtoh(&w.scales).map_err(cuda_err)?,
+            row_scale: st.clone_dtoh(&w.row_scale).map_err(cuda_err)?,
+            cols: w.cols,
+            dtype: w.dtype,
+        }),
     })
 }
 
@@ -332,6 +428,7 @@ pub(crate) fn copy_buf(g: &Arc<Gpu>, b: &DevBuf) -> Result<DevBuf> {
         DevBuf::F32(s) => cp(g, s),
         DevBuf::BF16(s) => cp(g, s),
         DevBuf::F16(s) => cp(g, s),
+        DevBuf::F8(w) => Ok(DevBuf::F8(w.copy(g)?)),
     }
 }
 

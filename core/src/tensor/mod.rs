@@ -186,13 +186,18 @@ impl Tensor {
     pub fn bytes(&self) -> usize {
         match &self.storage {
             Storage::Cpu(CpuStorage::F8E4M3(w)) => w.bytes(),
+            Storage::Cuda(cuda::CudaStorage { buf: cuda::DevBuf::F8(w), .. }) => w.bytes(),
             _ => self.elem_count() * self.dtype.size_in_bytes(),
         }
     }
 
-    /// Whether this is an FP8 (block-quantized) host weight.
+    /// Whether this is an FP8 (block-quantized) weight, on the host or on a device.
     pub fn is_fp8(&self) -> bool {
-        matches!(&self.storage, Storage::Cpu(CpuStorage::F8E4M3(_)))
+        match &self.storage {
+            Storage::Cpu(CpuStorage::F8E4M3(_)) => true,
+            Storage::Cuda(c) => matches!(c.buf, cuda::DevBuf::F8(_)),
+            _ => false,
+        }
     }
 
     /// Size of dimension `i` (0 when out of range).

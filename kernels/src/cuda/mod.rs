@@ -67,6 +67,7 @@ macro_rules! launch_fn {
 }
 
 mod attention;
+mod fp8;
 mod gdn;
 mod gdn_chunk;
 mod gdn_seq;
@@ -75,6 +76,7 @@ mod moe;
 mod ops;
 
 pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};
+pub use fp8::{Fp8Dev, FP8_BLOCK};
 pub use gdn::GDN_MAX_DK;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
@@ -235,10 +237,21 @@ pub(crate) static GDN_CHUNK: KernelSource =
     KernelSource { name: "gdn_chunk.cu", code: include_str!("../../cuda/gdn_chunk.cu") };
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
 pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
+/// FP8 weights: dequantizing GEMV, dequantize / quantize, FP8 MoE decode. Built on moe.cu's
+/// text (its grouping and vector helpers), compiled as a module of its own.
+pub(crate) static FP8: KernelSource = KernelSource {
+    name: "fp8.cu",
+    code: concat!(
+        "#line 1 \"moe.cu\"\n",
+        include_str!("../../cuda/moe.cu"),
+        "\n#line 1 \"fp8.cu\"\n",
+        include_str!("../../cuda/fp8.cu")
+    ),
+};
 
 /// Every CUDA source of the crate.
-pub fn sources() -> [&'static KernelSource; 9] {
-    [&ELEMENTWISE, &NORM, &ROUTER, &GDN, &ATTENTION, &MOE, &GDN_SEQ, &GDN_CHUNK, &MISC]
+pub fn sources() -> [&'static KernelSource; 10] {
+    [&ELEMENTWISE, &NORM, &ROUTER, &GDN, &ATTENTION, &MOE, &GDN_SEQ, &GDN_CHUNK, &MISC, &FP8]
 }
 
 impl KernelSource {

@@ -12,7 +12,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 pub const MOE_MAX_E: usize = 8192;
 
 /// Threads of the alignment kernel (`moe_align`, one block).
-const ALIGN_THREADS: u32 = 1024;
+pub(super) const ALIGN_THREADS: u32 = 1024;
 /// CUDA-core GEMM tile height: rows of the sorted pair list per tile (`MOE_BM`).
 const BM: usize = 64;
 /// CUDA-core GEMM tile width in weight rows (`MOE_BN`; gate+up tiles hold 64 of each).
@@ -33,9 +33,9 @@ const TC_STAGES: usize = 4;
 /// weight fragment less). Estimates from the shared-memory traffic per FLOP.
 const TC_SPEED: [f64; 4] = [0.45, 0.72, 0.9, 1.0];
 /// Warps per GEMV block (`MOE_GEMV_WARPS`).
-const GEMV_WARPS: usize = 8;
+pub(super) const GEMV_WARPS: usize = 8;
 /// Down rows per GEMV warp (`MOE_DOWN_NR`).
-const DOWN_NR: usize = 4;
+pub(super) const DOWN_NR: usize = 4;
 /// Threads of the combine kernel.
 const COMBINE_THREADS: u32 = 256;
 /// Resident blocks per SM of the persistent decode kernels (their
@@ -43,7 +43,7 @@ const COMBINE_THREADS: u32 = 256;
 const GEMV_BLOCKS_PER_SM: usize = 3;
 /// Largest dynamic shared memory of the decode kernels' in-block grouping
 /// (`e + n + 3·min(e, n)` u32); beyond it `moe_align` groups the pairs first.
-const FUSED_GROUPING_BYTES: usize = 40 * 1024;
+pub(super) const FUSED_GROUPING_BYTES: usize = 40 * 1024;
 /// The decode (GEMV) path is taken up to this many (row, slot) pairs, or up to
 /// [`DECODE_PAIRS_PER_EXPERT`] per expert on average, whichever is larger.
 const DECODE_MAX_PAIRS: usize = 256;
@@ -51,12 +51,12 @@ const DECODE_MAX_PAIRS: usize = 256;
 const DECODE_PAIRS_PER_EXPERT: usize = 2;
 
 /// Rounds `n` up to a multiple of 256 bytes (scratch sub-buffer alignment).
-fn align256(n: usize) -> usize {
+pub(super) fn align256(n: usize) -> usize {
     n.div_ceil(256) * 256
 }
 
 /// Whether `ptr` and rows of `row_elems` elements of `T` allow 16-byte loads.
-fn vec_ok<T>(ptr: u64, row_elems: usize) -> bool {
+pub(super) fn vec_ok<T>(ptr: u64, row_elems: usize) -> bool {
     ptr.is_multiple_of(16) && (row_elems * std::mem::size_of::<T>()).is_multiple_of(16)
 }
 
@@ -218,7 +218,7 @@ impl CudaKernels {
 
     /// Resident blocks of a persistent decode kernel: `GEMV_BLOCKS_PER_SM` per
     /// SM, no more than `items` warp items need.
-    fn moe_persistent_grid(&self, items: usize) -> Result<u32> {
+    pub(super) fn moe_persistent_grid(&self, items: usize) -> Result<u32> {
         let sms =
             self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let sms = usize::try_from(sms).unwrap_or(1).max(1);

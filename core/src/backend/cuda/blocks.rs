@@ -335,6 +335,14 @@ pub fn moe_experts(
         .map_err(cuda_err)?;
     let inter = gate.dim(1);
     let mut y = Tensor::empty_on(&g, [t, h], DType::F32)?;
+    match (super::fp8::fp8_of(gate), super::fp8::fp8_of(up), super::fp8::fp8_of(down)) {
+        (Some(gq), Some(uq), Some(dq)) => {
+            super::fp8::moe_experts(&g, x, &idx, &wts, (gq, uq, dq), &mut y, (t, k, e, h, inter))?;
+            return Ok(y);
+        }
+        (None, None, None) => {}
+        _ => bail!(Internal, "moe experts with fp8 and dense weights mixed"),
+    }
     #[allow(clippy::too_many_arguments)]
     fn go<T: DevType>(
         g: &Gpu,

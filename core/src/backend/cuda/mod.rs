@@ -3,6 +3,7 @@
 //! (the per-device handle, typed buffers) is `crate::tensor::cuda`.
 
 pub mod blocks;
+pub mod fp8;
 pub mod profile;
 
 pub use blocks::{CudaKv, CudaRec};
@@ -114,6 +115,10 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
         *l = n;
     }
     let mut out = Tensor::empty_on(&g, shape, out_dtype)?;
+    if let Some(f) = fp8::fp8_of(w) {
+        fp8::matmul_t(&g, x, f, &mut out)?;
+        return Ok(out);
+    }
     fn go<A: DevType>(g: &Gpu, x: &Tensor, w: &Tensor, out: &mut Tensor, m: usize, k: usize, n: usize) -> Result<()> {
         let (xs, ws) = (x.dev::<A>()?, w.dev::<A>()?);
         // Batch invariance: in an f32 model (and in deterministic mode) every row takes the

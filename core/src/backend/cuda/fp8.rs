@@ -1,0 +1,210 @@
+//! FP8 weights in the CUDA backend: the dispatch of GEMMs and routed experts whose weights are
+//! [`DevFp8`] (e4m3 bytes + 128 × 128 block scales, `porter_kernels::cuda::fp8`).
+//!
+//! - **Decode** (`m ≤ GEMV_MAX_ROWS` rows), and every row count when the dtype is
+//!   batch-invariant (f32, deterministic mode): the FP8 GEMV in groups of at most 8 rows, which
+//!   reads the e4m3 bytes and dequantizes in registers (row-invariant arithmetic).
+//! - **Prefill**: the weight is dequantized to the compute dtype into the device's scratch
+//!   ([`Gpu`]'s `fp8_scratch`, grown to the largest weight, reused in stream order) and the
+//!   dense cuBLAS GEMM runs on it.
+//! - **Routed experts**: the FP8 MoE decode GEMVs on the decode path and whenever the dtype is
+//!   batch-invariant; otherwise all experts of the layer are dequantized into the scratch and the
+//!   dense tiled grouped GEMMs run (FP8 tensor-core MMA with activation scales is not built).
+
+use crate::bail;
+use crate::error::Result;
+use crate::tensor::cuda::{alloc, cuda_err, DevBuf, DevFp8, DevType, Gpu};
+use crate::tensor::dtype::DType;
+use crate::tensor::{Storage, Tensor};
+use cudarc::driver::CudaSlice;
+use half::{bf16, f16};
+use porter_kernels::cuda::{CudaKernels, GEMV_MAX_ROWS};
+
+/// The device FP8 weight of `w`, if it is one.
+pub fn fp8_of(w: &Tensor) -> Option<&DevFp8> {
+    match w.storage() {
+        Storage::Cuda(c) => match &c.buf {
+            DevBuf::F8(f) => Some(f),
+            _ => None,
+        },
+        Storage::Cpu(_) => None,
+    }
+}
+
+/// Runs `f` on the device's scratch buffer of `T`, at least `n` elements (grown, or remade
+/// for another dtype, as needed; a freed buffer is released in stream order).
+fn with_scratch<T: DevType, R>(g: &Gpu, n: usize, f: impl FnOnce(&mut CudaSlice<T>) -> Result<R>) -> Result<R> {
+    let mut s = g.fp8_scratch.lock().unwrap_or_else(|e| e.into_inner());
+    let fits = s.as_ref().and_then(T::get).is_some_and(|b| b.len() >= n);
+    if !fits {
+        *s = None;
+        *s = Some(T::wrap(alloc::<T>(g, n.max(1))?));
+    }
+    match s.as_mut().and_then(T::get_mut) {
+        Some(b) => f(b),
+        None => bail!(Internal, "fp8 scratch of the wrong dtype"),
+    }
+}
+
+/// `x · Wᵀ` with an FP8 weight: `[rows, k] × [n, k]ᵀ → [rows, n]` in `out_dtype` (see the
+/// module doc for the paths).
+pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()> {
+    let (m, k, n) = (x.rows(), x.last_dim(), w.rows());
+    if w.cols != k || w.dtype != x.dtype() {
+        bail!(
+            Internal,
+            "matmul of a [{m}, {k}] {} activation with an fp8 [{n}, {}] {} weight",
+            x.dtype(),
+            w.cols,
+            w.dtype
+        );
+    }
+    fn go<A: DevType>(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor, m: usize, k: usize, n: usize) -> Result<()> {
+        let xs = x.dev::<A>()?;
+        let gemv = crate::tensor::cuda::batch_invariant(A::DTYPE) || m <= GEMV_MAX_ROWS;
+        fn groups<A: DevType, O: DevType>(
+            g: &Gpu,
+            xs: &CudaSlice<A>,
+            w: &DevFp8,
+            out: &mut CudaSlice<O>,
+            m: usize,
+            k: usize,
+            n: usize,
+        ) -> Result<bool> {
+            const G: usize = 8;
+            if !CudaKernels::fp8_gemv_fits::<A, O>(G.min(m.max(1)), k) {
+                return Ok(false);
+            }
+            for r0 in (0..m).step_by(G) {
+                let r = G.min(m - r0);
+                let xv = xs.slice(r0 * k..(r0 + r) * k);
+                let mut ov = out.slice_mut(r0 * n..(r0 + r) * n);
+                g.k.fp8_gemv::<A, O>(&xv, w.view(), &mut ov, r).map_err(cuda_err)?;
+            }
+            Ok(true)
+        }
+        if gemv {
+            let done = match out.dtype() {
+                DType::F32 => groups::<A, f32>(g, xs, w, out.dev_mut::<f32>()?, m, k, n)?,
+                dt if dt == A::DTYPE => groups::<A, A>(g, xs, w, out.dev_mut::<A>()?, m, k, n)?,
+                _ => false,
+            };
+            if done {
+                return Ok(());
+            }
+        }
+        with_scratch::<A, ()>(g, n * k, |s| {
+            g.k.fp8_dequant::<A>(w.view(), &mut s.slice_mut(0..n * k)).map_err(cuda_err)?;
+            let ws = s.slice(0..n * k);
+            match out.dtype() {
+                DType::F32 => g.gemm.matmul_t::<A, f32>(xs, &ws, out.dev_mut::<f32>()?, m, k, n),
+                DType::BF16 => g.gemm.matmul_t::<A, bf16>(xs, &ws, out.dev_mut::<bf16>()?, m, k, n),
+                DType::F16 => g.gemm.matmul_t::<A, f16>(xs, &ws, out.dev_mut::<f16>()?, m, k, n),
+            }
+            .map_err(cuda_err)
+        })
+    }
+    crate::by_dtype!(x.dtype(), go(g, x, w, out, m, k, n))
+}
+
+/// Routed experts with FP8 `gate` / `up` `[e, inter, hidden]` and `down` `[e, hidden, inter]`
+/// (see `blocks::moe_experts`; `idx` / `wts` from the router) → `y` `[t, hidden]` f32.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_experts(
+    g: &Gpu,
+    x: &Tensor,
+    idx: &CudaSlice<u32>,
+    wts: &CudaSlice<f32>,
+    experts: (&DevFp8, &DevFp8, &DevFp8),
+    y: &mut Tensor,
+    dims: (usize, usize, usize, usize, usize),
+) -> Result<()> {
+    fn go<T: DevType>(
+        g: &Gpu,
+        x: &Tensor,
+        idx: &CudaSlice<u32>,
+        wts: &CudaSlice<f32>,
+        experts: (&DevFp8, &DevFp8, &DevFp8),
+        y: &mut Tensor,
+        dims: (usize, usize, usize, usize, usize),
+    ) -> Result<()> {
+        let (t, k, e, h, inter) = dims;
+        let (gate, up, down) = experts;
+        let xd = x.dev::<T>()?;
+        let out = y.dev_mut::<f32>()?;
+        if crate::tensor::cuda::batch_invariant(T::DTYPE) || CudaKernels::moe_decode_path(t, k, e) {
+            return g
+                .k
+                .moe_experts_fp8::<T>(xd, idx, wts, gate.view(), up.view(), down.view(), out, [t, k, e, h, inter])
+                .map_err(cuda_err);
+        }
+        let n1 = e * inter * h;
+        with_scratch::<T, ()>(g, 3 * n1, |s| {
+            g.k.fp8_dequant::<T>(gate.view(), &mut s.slice_mut(0..n1)).map_err(cuda_err)?;
+            g.k.fp8_dequant::<T>(up.view(), &mut s.slice_mut(n1..2 * n1)).map_err(cuda_err)?;
+            g.k.fp8_dequant::<T>(down.view(), &mut s.slice_mut(2 * n1..3 * n1)).map_err(cuda_err)?;
+            let (gd, ud, dd) = (s.slice(0..n1), s.slice(n1..2 * n1), s.slice(2 * n1..3 * n1));
+            g.k.moe_experts::<T>(xd, idx, wts, &gd, &ud, &dd, out, t, k, e, h, inter).map_err(cuda_err)
+        })
+    }
+    crate::by_dtype!(x.dtype(), go(g, x, idx, wts, experts, y, dims))
+}
+
+/// A random FP8 weight `[rows, cols]` made on the device: `dense` (the compute dtype's values)
+/// block-quantized by the device kernel, scale rows `r / 128`.
+pub fn quantize(g: &Gpu, dense: &Tensor, rows: usize, cols: usize) -> Result<DevFp8> {
+    let (sr, sc) = (rows.div_ceil(porter_kernels::cuda::FP8_BLOCK), cols.div_ceil(porter_kernels::cuda::FP8_BLOCK));
+    let mut q = alloc::<u8>(g, rows * cols)?;
+    let mut scales = alloc::<f32>(g, sr * sc)?;
+    fn go<T: DevType>(
+        g: &Gpu,
+        d: &Tensor,
+        q: &mut CudaSlice<u8>,
+        s: &mut CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        g.k.fp8_quantize::<T>(d.dev::<T>()?, q, s, rows, cols).map_err(cuda_err)
+    }
+    crate::by_dtype!(dense.dtype(), go(g, dense, &mut q, &mut scales, rows, cols))?;
+    let rs: Vec<u32> = (0..rows).map(|r| (r / porter_kernels::cuda::FP8_BLOCK) as u32).collect();
+    let row_scale = g.stream().clone_htod(&rs).map_err(cuda_err)?;
+    Ok(DevFp8 { q, scales, row_scale, cols, dtype: dense.dtype() })
+}
+
+/// A device tensor of `shape` (its dtype the weight's compute dtype) holding `w`.
+pub fn tensor(g: &std::sync::Arc<Gpu>, w: DevFp8, shape: Vec<usize>) -> Tensor {
+    let dtype = w.dtype;
+    let storage = Storage::Cuda(crate::tensor::cuda::CudaStorage { gpu: g.clone(), buf: DevBuf::F8(w) });
+    Tensor::from_storage(shape, storage, dtype)
+}
+
+/// FP8 device weights with the same row length stacked along the rows, each keeping its own
+/// scales (the row → scale-row maps are offset on the host: 4 bytes a row).
+pub fn concat(g: &Gpu, parts: &[Tensor]) -> Result<DevFp8> {
+    let ws: Vec<&DevFp8> = parts
+        .iter()
+        .map(|t| fp8_of(t).ok_or_else(|| crate::err!(Internal, "concat of a dense part as fp8")))
+        .collect::<Result<_>>()?;
+    let Some(first) = ws.first() else { bail!(Internal, "concat of no fp8 weights") };
+    let (cols, dtype) = (first.cols, first.dtype);
+    let sc = cols.div_ceil(porter_kernels::cuda::FP8_BLOCK).max(1);
+    let (nq, ns) = (ws.iter().map(|w| w.q.len()).sum(), ws.iter().map(|w| w.scales.len()).sum());
+    let mut q = alloc::<u8>(g, nq)?;
+    let mut scales = alloc::<f32>(g, ns)?;
+    let mut rs = Vec::new();
+    let (mut oq, mut os) = (0, 0);
+    for w in &ws {
+        if w.cols != cols || w.dtype != dtype {
+            bail!(Shape, "concat of fp8 weights with {cols} and {} columns", w.cols);
+        }
+        g.stream().memcpy_dtod(&w.q, &mut q.slice_mut(oq..oq + w.q.len())).map_err(cuda_err)?;
+        g.stream().memcpy_dtod(&w.scales, &mut scales.slice_mut(os..os + w.scales.len())).map_err(cuda_err)?;
+        let base = (os / sc) as u32;
+        rs.extend(g.stream().clone_dtoh(&w.row_scale).map_err(cuda_err)?.into_iter().map(|r| r + base));
+        oq += w.q.len();
+        os += w.scales.len();
+    }
+    let row_scale = g.stream().clone_htod(&rs).map_err(cuda_err)?;
+    Ok(DevFp8 { q, scales, row_scale, cols, dtype })
+}

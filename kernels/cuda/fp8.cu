@@ -1,0 +1,385 @@
+// FP8 weights (e4m3fn bytes with 128×128 block scales, porter_core::tensor::fp8): kernels that
+// read them directly. Preceded by common.cuh and moe.cu (this source reuses the MoE grouping,
+// `unpack`, `ld_cg_f`; kernels/src/cuda/mod.rs builds the text).
+//
+// Device layout of an FP8 weight [rows, cols] (core/src/tensor/cuda.rs, DevFp8): q [rows, cols]
+// u8; scales [scale_rows, ceil(cols/128)] f32 (multiplied); rs [rows] u32, the scale row of each
+// weight row (r / 128 for one checkpoint tensor; packed / stacked / regrouped weights keep each
+// part's own scales). W[r, c] = round_T(e4m3(q[r, c]) · scales[rs[r], c / 128]) with round_T the
+// compute dtype's rounding, exactly as the CPU backend dequantizes (kernels/src/cpu/fp8.rs).
+
+#include <cuda_fp8.h>
+
+#define FP8_BLOCK 128u
+#define FP8_MAX 448.0f
+
+// One e4m3fn byte as f32 (exact; NaN for 0x7f / 0xff).
+__device__ __forceinline__ float fp8_f(unsigned char b) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3)));
+}
+
+// 16 e4m3 bytes (byte i = element i) times `s`, each rounded to T: the dequantized weights.
+template <typename T> __device__ __forceinline__ void fp8_unpack16(const uint4& v, float s, float* f) {
+    const unsigned short* p = reinterpret_cast<const unsigned short*>(&v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)p[i], __NV_E4M3));
+        const float2 t = __half22float2(h);
+        f[2 * i] = round_to<T>(t.x * s);
+        f[2 * i + 1] = round_to<T>(t.y * s);
+    }
+}
+
+// 16 consecutive activations of type T from a 16-byte aligned address.
+template <typename T> __device__ __forceinline__ void load16(const T* p, float* f) {
+    constexpr int E = 16 / sizeof(T);
+#pragma unroll
+    for (int v = 0; v < 16 / E; ++v) unpack<T>(__ldg(reinterpret_cast<const uint4*>(p) + v), f + v * E);
+}
+
+// ---------------------------------------------------------------------------
+// Decode GEMV: out[r, j] = Σ_c x[r, c] · W[j, c] for m ≤ M rows; a warp per weight row j
+// streams its bytes with 16-byte loads (U in flight per lane), dequantizes in registers and
+// reuses them for every x row; f32 accumulation in a fixed order (lane-strided chunks, then a
+// warp sum) whatever m is, one rounding to O. Needs k % 16 == 0 and 16-byte aligned buffers
+// (checked by the host). Grid: ceil(n / warps per block).
+// ---------------------------------------------------------------------------
+#define FP8_GEMV_UNROLL 4
+template <typename A, typename O, int M>
+__device__ __forceinline__ void fp8_gemv_impl(const unsigned char* __restrict__ w, const float* __restrict__ sc,
+                                              const u32* __restrict__ rs, const A* __restrict__ x,
+                                              O* __restrict__ out, u32 m, u32 k, u32 n) {
+    const u32 lane = threadIdx.x & 31u;
+    const u32 j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (j >= n) return;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (u64)j * k);
+    const float* srow = sc + (u64)rs[j] * ((k + FP8_BLOCK - 1) / FP8_BLOCK);
+    const u32 kv = k / 16u;
+    float acc[M];
+#pragma unroll
+    for (int r = 0; r < M; ++r) acc[r] = 0.0f;
+    for (u32 c0 = lane; c0 < kv; c0 += 32u * FP8_GEMV_UNROLL) {
+        uint4 wv[FP8_GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < FP8_GEMV_UNROLL; ++u) {
+            const u32 c = c0 + 32u * u;
+            wv[u] = c < kv ? __ldg(wr + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < FP8_GEMV_UNROLL; ++u) {
+            const u32 c = c0 + 32u * u;
+            if (c < kv) {
+                float wf[16];
+                fp8_unpack16<A>(wv[u], __ldg(srow + (c >> 3)), wf);
+#pragma unroll
+                for (int r = 0; r < M; ++r) {
+                    if ((u32)r < m) {
+                        float xf[16];
+                        load16<A>(x + (u64)r * k + 16u * c, xf);
+#pragma unroll
+                        for (int i = 0; i < 16; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && (u32)r < m) out[(u64)r * n + j] = from_f<O>(v);
+    }
+}
+
+#define PORTER_FP8_GEMV(NA, A, NO, O, M)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) fp8_gemv_##NA##_##NO##_m##M(                            \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) {   \
+        fp8_gemv_impl<A, O, M>(w, sc, rs, x, out, m, k, n);                                                  \
+    }
+#define PORTER_FP8_GEMV_M(NA, A, NO, O)                                                                 \
+    PORTER_FP8_GEMV(NA, A, NO, O, 1) PORTER_FP8_GEMV(NA, A, NO, O, 2) PORTER_FP8_GEMV(NA, A, NO, O, 4) \
+        PORTER_FP8_GEMV(NA, A, NO, O, 8)
+PORTER_FP8_GEMV_M(f32, float, f32, float)
+PORTER_FP8_GEMV_M(bf16, bf16, bf16, bf16)
+PORTER_FP8_GEMV_M(bf16, bf16, f32, float)
+PORTER_FP8_GEMV_M(f16, f16, f16, f16)
+PORTER_FP8_GEMV_M(f16, f16, f32, float)
+
+// ---------------------------------------------------------------------------
+// Dequantize to T (the prefill path: the result feeds cuBLAS). Grid-stride over groups of 16
+// elements (one 16-byte load) with `vec` (cols % 16 == 0), else over single elements.
+// ---------------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ void fp8_dequant_impl(const unsigned char* __restrict__ q, const float* __restrict__ sc,
+                                                 const u32* __restrict__ rs, T* __restrict__ out, u32 rows, u32 cols,
+                                                 int vec) {
+    const u32 nsc = (cols + FP8_BLOCK - 1) / FP8_BLOCK;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    if (vec) {
+        const u32 per_row = cols / 16u;
+        const u64 total = (u64)rows * per_row;
+        for (u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x; g < total; g += stride) {
+            const u32 r = (u32)(g / per_row), c = (u32)(g % per_row) * 16u;
+            const uint4 v = __ldg(reinterpret_cast<const uint4*>(q + (u64)r * cols + c));
+            float f[16];
+            fp8_unpack16<T>(v, __ldg(sc + (u64)rs[r] * nsc + c / FP8_BLOCK), f);
+            T* o = out + (u64)r * cols + c;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) o[i] = from_f<T>(f[i]);
+        }
+    } else {
+        const u64 total = (u64)rows * cols;
+        for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+            const u32 r = (u32)(i / cols), c = (u32)(i % cols);
+            out[i] = from_f<T>(fp8_f(q[i]) * sc[(u64)rs[r] * nsc + c / FP8_BLOCK]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Block quantization of a [rows, cols] weight (random benchmark weights made on the device):
+// one block of 256 threads per 128×128 block; scale = amax / 448 (1 for an all-zero block),
+// q = e4m3(w / scale) rounded to nearest even, saturated to ±448: the CPU's quantize_blocks.
+// Grid: (ceil(cols / 128), ceil(rows / 128)); scales [ceil(rows/128), ceil(cols/128)].
+// ---------------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ void fp8_quantize_impl(const T* __restrict__ w, unsigned char* __restrict__ q,
+                                                  float* __restrict__ scales, u32 rows, u32 cols) {
+    __shared__ float sh[32];
+    const u32 r0 = blockIdx.y * FP8_BLOCK, c0 = blockIdx.x * FP8_BLOCK;
+    const u32 br = min(FP8_BLOCK, rows - r0), bc = min(FP8_BLOCK, cols - c0);
+    float amax = 0.0f;
+    for (u32 i = threadIdx.x; i < br * bc; i += blockDim.x) {
+        const u32 r = r0 + i / bc, c = c0 + i % bc;
+        amax = fmaxf(amax, fabsf(to_f(w[(u64)r * cols + c])));
+    }
+    amax = block_max(amax, sh, threadIdx.x, blockDim.x);
+    const float s = amax > 0.0f ? __fdiv_rn(amax, FP8_MAX) : 1.0f;
+    if (threadIdx.x == 0) scales[(u64)blockIdx.y * gridDim.x + blockIdx.x] = s;
+    for (u32 i = threadIdx.x; i < br * bc; i += blockDim.x) {
+        const u64 at = (u64)(r0 + i / bc) * cols + c0 + i % bc;
+        q[at] = (unsigned char)__nv_cvt_float_to_fp8(__fdiv_rn(to_f(w[at]), s), __NV_SATFINITE, __NV_E4M3);
+    }
+}
+
+#define PORTER_FP8_CONV(NT, T)                                                                                    \
+    extern "C" __global__ void fp8_dequant_##NT(const unsigned char* q, const float* sc, const u32* rs, T* out,   \
+                                                u32 rows, u32 cols, int vec) {                                    \
+        fp8_dequant_impl<T>(q, sc, rs, out, rows, cols, vec);                                                     \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        fp8_quantize_##NT(const T* w, unsigned char* q, float* scales, u32 rows, u32 cols) {                      \
+        fp8_quantize_impl<T>(w, q, scales, rows, cols);                                                           \
+    }
+PORTER_FP8_CONV(f32, float)
+PORTER_FP8_CONV(bf16, bf16)
+PORTER_FP8_CONV(f16, f16)
+
+// ---------------------------------------------------------------------------
+// MoE decode with FP8 experts: moe.cu's two persistent GEMV kernels (same grouping, items,
+// scratch and combine; see there) with the weight rows read as e4m3 bytes and dequantized in
+// registers. gate / up [e·I, H], down [e·H, I], each with its scales and row → scale-row map.
+// ---------------------------------------------------------------------------
+
+// One warp: acc[m][r] = Σ_i W_r[i] · a[m][i] over i < K, as moe.cu's warp_dots; `vec`: K % 16
+// == 0 and 16-byte aligned rows (16 weights per lane load).
+template <typename T, int NR, int MB, int U>
+__device__ __forceinline__ void fp8_warp_dots(const unsigned char* (&w)[NR], const float* (&s)[NR],
+                                              const T* (&a)[MB], int mb, u32 K, int vec, u32 lane,
+                                              float (&acc)[MB][NR]) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+#pragma unroll
+        for (int r = 0; r < NR; ++r) acc[m][r] = 0.0f;
+    const u32 kv = vec ? K / 16u : 0u;
+    for (u32 c0 = lane; c0 < kv; c0 += 32u * U) {
+        uint4 wv[U][NR];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                const u32 c = c0 + 32u * u;
+                wv[u][r] = c < kv ? __ldg(reinterpret_cast<const uint4*>(w[r]) + c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 c = c0 + 32u * u;
+            if (c < kv) {
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    float wf[16];
+                    fp8_unpack16<T>(wv[u][r], __ldg(s[r] + (c >> 3)), wf);
+#pragma unroll
+                    for (int m = 0; m < MB; ++m) {
+                        if (m < mb) {
+                            float af[16];
+                            load16<T>(a[m] + 16u * c, af);
+#pragma unroll
+                            for (int i = 0; i < 16; ++i) acc[m][r] = fmaf(wf[i], af[i], acc[m][r]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (u32 i = kv * 16u + lane; i < K; i += 32u) {
+        float wf[NR];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) wf[r] = round_to<T>(fp8_f(w[r][i]) * s[r][i / FP8_BLOCK]);
+#pragma unroll
+        for (int m = 0; m < MB; ++m) {
+            if (m < mb) {
+                const float av = to_f(a[m][i]);
+#pragma unroll
+                for (int r = 0; r < NR; ++r) acc[m][r] = fmaf(wf[r], av, acc[m][r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+        if (m < mb)
+#pragma unroll
+            for (int r = 0; r < NR; ++r) acc[m][r] = warp_sum(acc[m][r]);
+}
+
+// gate+up and activation (moe.cu dec_gu_impl with FP8 weights).
+template <typename T>
+__device__ __forceinline__ void fp8_dec_gu_impl(const T* __restrict__ x, const unsigned char* __restrict__ gate,
+                                                const float* __restrict__ gs, const u32* __restrict__ grs,
+                                                const unsigned char* __restrict__ up, const float* __restrict__ us,
+                                                const u32* __restrict__ urs, const u32* __restrict__ idx, u32 n,
+                                                u32 e, int fused, const u32* __restrict__ g_sorted,
+                                                const u32* __restrict__ g_seg, const u32* __restrict__ g_meta,
+                                                u32* __restrict__ ctr, u32 nctr, T* __restrict__ h, u32 H, u32 I,
+                                                u32 k, int vec) {
+    extern __shared__ u32 dsm[];
+    __shared__ u32 sh[64];
+    if (blockIdx.x == 0)
+        for (u32 i = threadIdx.x; i < nctr; i += blockDim.x) ctr[i] = 0u;
+    const u32* sorted;
+    const u32* seg;
+    u32 nact;
+    dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
+    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
+    const u32 nsc = (H + FP8_BLOCK - 1) / FP8_BLOCK;
+    const u64 items = (u64)nact * I, stride = (u64)gridDim.x * wpb;
+    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
+        const u32 s = (u32)(q / I), c = (u32)(q % I);
+        const u32 ex = seg[3 * s], start = seg[3 * s + 1], cnt = seg[3 * s + 2];
+        const u64 row = (u64)ex * I + c;
+        const unsigned char* w[2] = {gate + row * H, up + row * H};
+        const float* ws[2] = {gs + (u64)grs[row] * nsc, us + (u64)urs[row] * nsc};
+        for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
+            const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
+            const T* a[MOE_GEMV_MB];
+#pragma unroll
+            for (int m = 0; m < MOE_GEMV_MB; ++m) a[m] = x + (u64)(sorted[start + m0 + (m < mb ? m : 0)] / k) * H;
+            float acc[MOE_GEMV_MB][2];
+            fp8_warp_dots<T, 2, MOE_GEMV_MB, 2>(w, ws, a, mb, H, vec, lane, acc);
+            float g = 0.0f, u = 0.0f;
+#pragma unroll
+            for (int m = 0; m < MOE_GEMV_MB; ++m)
+                if ((int)lane == m) {
+                    g = acc[m][0];
+                    u = acc[m][1];
+                }
+            if ((int)lane < mb) {
+                const u32 p = sorted[start + m0 + lane];
+                h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(g)) * round_to<T>(u));
+            }
+        }
+    }
+}
+
+// down + combine (moe.cu dec_down_impl with FP8 weights).
+template <typename T>
+__device__ __forceinline__ void fp8_dec_down_impl(const T* __restrict__ h, const unsigned char* __restrict__ down,
+                                                  const float* __restrict__ ds, const u32* __restrict__ drs,
+                                                  const u32* __restrict__ idx, const float* __restrict__ wt, u32 n,
+                                                  u32 e, int fused, const u32* __restrict__ g_sorted,
+                                                  const u32* __restrict__ g_seg, const u32* __restrict__ g_meta,
+                                                  u32* __restrict__ ctr, T* __restrict__ o, float* __restrict__ out,
+                                                  u32 H, u32 I, u32 k, u32 t, int vec) {
+    extern __shared__ u32 dsm[];
+    __shared__ u32 sh[64];
+    const u32* sorted;
+    const u32* seg;
+    u32 nact;
+    dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
+    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
+    if (nact == 0) {
+        const u64 total = (u64)t * H;
+        for (u64 q = (u64)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += (u64)gridDim.x * blockDim.x)
+            out[q] = 0.0f;
+        return;
+    }
+    const u32 nsc = (I + FP8_BLOCK - 1) / FP8_BLOCK;
+    const u32 nq = (H + MOE_DOWN_NR - 1) / MOE_DOWN_NR;
+    const u64 items = (u64)nact * nq, stride = (u64)gridDim.x * wpb;
+    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
+        const u32 s = (u32)(q / nq), cq = (u32)(q % nq), c0 = cq * MOE_DOWN_NR;
+        const u32 ex = seg[3 * s], start = seg[3 * s + 1], cnt = seg[3 * s + 2];
+        const unsigned char* w[MOE_DOWN_NR];
+        const float* ws[MOE_DOWN_NR];
+#pragma unroll
+        for (int r = 0; r < MOE_DOWN_NR; ++r) {
+            const u64 row = (u64)ex * H + min(c0 + r, H - 1);
+            w[r] = down + row * I;
+            ws[r] = ds + (u64)drs[row] * nsc;
+        }
+        for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
+            const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
+            const T* a[MOE_GEMV_MB];
+#pragma unroll
+            for (int m = 0; m < MOE_GEMV_MB; ++m) a[m] = h + (u64)sorted[start + m0 + (m < mb ? m : 0)] * I;
+            float acc[MOE_GEMV_MB][MOE_DOWN_NR];
+            fp8_warp_dots<T, MOE_DOWN_NR, MOE_GEMV_MB, 1>(w, ws, a, mb, I, vec, lane, acc);
+            const int lm = (int)lane / MOE_DOWN_NR, lr = (int)lane % MOE_DOWN_NR;
+            float v = 0.0f;
+#pragma unroll
+            for (int m = 0; m < MOE_GEMV_MB; ++m)
+#pragma unroll
+                for (int r = 0; r < MOE_DOWN_NR; ++r)
+                    if (lm == m && lr == r) v = acc[m][r];
+            if (lm < mb && c0 + lr < H) o[(u64)sorted[start + m0 + lm] * H + c0 + lr] = from_f<T>(v);
+        }
+        __threadfence();
+        __syncwarp();
+        u32 old = 0;
+        if (lane == 0) old = atomicAdd(&ctr[cq], 1u);
+        old = __shfl_sync(0xffffffffu, old, 0);
+        if (old == nact - 1) {
+            __threadfence();
+            for (u32 q2 = lane; q2 < t * MOE_DOWN_NR; q2 += 32u) {
+                const u32 r = q2 / MOE_DOWN_NR, c = c0 + q2 % MOE_DOWN_NR;
+                if (c < H) {
+                    float sum = 0.0f;
+                    for (u32 j = 0; j < k; ++j) {
+                        const u64 p = (u64)r * k + j;
+                        if (idx[p] < e) sum = __fadd_rn(sum, __fmul_rn(ld_cg_f<T>(o + p * H + c), wt[p]));
+                    }
+                    out[(u64)r * H + c] = sum;
+                }
+            }
+        }
+    }
+}
+
+#define FP8_MOE_DEC_ENTRY(T, NAME)                                                                                \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_gu_fp8_##NAME(                   \
+        const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,          \
+        const float* us, const u32* urs, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,            \
+        const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) {            \
+        fp8_dec_gu_impl<T>(x, gate, gs, grs, up, us, urs, idx, n, e, fused, g_sorted, g_seg, g_meta, ctr, nctr, h, \
+                           H, I, k, vec);                                                                         \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_down_fp8_##NAME(                 \
+        const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \
+        u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg, const u32* g_meta, u32* ctr, T* o,        \
+        float* out, u32 H, u32 I, u32 k, u32 t, int vec) {                                                        \
+        fp8_dec_down_impl<T>(h, down, ds, drs, idx, wt, n, e, fused, g_sorted, g_seg, g_meta, ctr, o, out, H, I, \
+                             k, t, vec);                                                                          \
+    }
+
+FP8_MOE_DEC_ENTRY(float, f32)
+FP8_MOE_DEC_ENTRY(bf16, bf16)
+FP8_MOE_DEC_ENTRY(f16, f16)
