@@ -70,11 +70,8 @@ pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device
         }
     }
     checks::random_weights_fit(&cfg, run.dtype, device)?;
-    if run.quantize.is_some() {
-        bail!("--quantize applies to --model checkpoints; random-weight models (--config) are not quantized yet");
-    }
     porter_core::tensor::cuda::set_deterministic(run.deterministic);
-    Ok(registry::build_random(&cfg, Path::new("."), run.dtype, device, 0)?)
+    Ok(registry::build_random_with(&cfg, Path::new("."), run.dtype, device, 0, run.quantize)?)
 }
 
 pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {

@@ -148,6 +148,20 @@ pub fn resolve_config(config: &Value) -> Result<ResolvedMap> {
 /// Builds a model with random weights from a config alone (benchmarks). `dir` is used
 /// only for `generation_config.json` when it exists.
 pub fn build_random(config: &Value, dir: &Path, dtype: DType, device: Device, seed: u64) -> Result<Model> {
+    build_random_with(config, dir, dtype, device, seed, None)
+}
+
+/// [`build_random`] with online quantization: under `Some(Quantize::Fp8)` every slot that
+/// [`QuantConfig::quantizes`] is generated in `dtype` and block-quantized to FP8 (on a GPU by a
+/// device kernel, so the FP8 80B geometry never exists dense).
+pub fn build_random_with(
+    config: &Value,
+    dir: &Path,
+    dtype: DType,
+    device: Device,
+    seed: u64,
+    quantize: Option<Quantize>,
+) -> Result<Model> {
     crate::tensor::device::check_device(device)?;
     let arch = config::architecture(config)?;
     let entry = lookup(&arch)?;
@@ -156,6 +170,9 @@ pub fn build_random(config: &Value, dir: &Path, dtype: DType, device: Device, se
     // On a GPU each slot is generated on the device when the model takes it (an 80B-class
     // geometry never exists on the host); on the CPU, all at once.
     let mut weights = Weights::random(&map, dtype, seed, device);
+    if quantize == Some(Quantize::Fp8) {
+        weights.set_quantize(Some(QuantConfig::fp8()));
+    }
     let lc = LoadContext { dir, config, dtype, device };
     (entry.build)(&lc, &mut weights)
 }

@@ -1,0 +1,326 @@
+//! The FP8 kernels (`kernels/cuda/fp8.cu`) against the CPU reference (`porter_kernels::cpu::fp8`):
+//! the dequantizing GEMV (every row count 1..=8, row-invariance), dequantize and block quantize
+//! (bit-exact), and the FP8 MoE decode GEMVs, in f32, bf16 and f16, at small shapes with partial
+//! 128-blocks and at the real Qwen3-Next-80B-A3B dimensions (hidden 2048, GDN qkvz 2048 → 12288,
+//! expert intermediate 512, 512 experts top-10), with timings and GB/s.
+//!
+//! The GPU tests are `#[ignore = "needs a CUDA GPU"]` (run them with `--include-ignored`), the
+//! ptxas check `#[ignore = "needs NVRTC ..."]`. Outputs are poisoned with NaN before every launch.
+
+mod common;
+
+use common::*;
+use cudarc::driver::CudaSlice;
+use half::{bf16, f16};
+use porter_kernels::cpu::fp8::{matmul_t_fp8, quantize_blocks, Fp8Rows, BLOCK};
+use porter_kernels::cpu::ops;
+use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8Dev};
+
+#[test]
+#[ignore = "needs NVRTC (bash .ci/run installs it)"]
+fn nvrtc_fp8_ptxas_info() {
+    let mut spills = Vec::new();
+    for (func, line) in ptxas_info("nvrtc_fp8_ptxas_info", "fp8.cu") {
+        if func.contains("fp8") {
+            println!("{func}: {line}");
+            if line.contains("spill") && !line.contains(" 0 bytes spill stores") {
+                spills.push(func);
+            }
+        }
+    }
+    assert!(spills.is_empty(), "fp8 kernels with spills: {spills:?}");
+}
+
+/// A host FP8 weight `[rows, cols]` (block-quantized random values) and its device copy.
+struct W8 {
+    q: Vec<u8>,
+    scales: Vec<f32>,
+    rs: Vec<u32>,
+    rows: usize,
+    cols: usize,
+    dq: CudaSlice<u8>,
+    ds: CudaSlice<f32>,
+    drs: CudaSlice<u32>,
+}
+
+impl W8 {
+    fn new(k: &CudaKernels, rng: &mut Rng, rows: usize, cols: usize) -> Self {
+        let v = rng.vec(rows * cols, 0.05);
+        let (q, scales) = quantize_blocks(&v, rows, cols);
+        let rs: Vec<u32> = (0..rows).map(|r| (r / BLOCK) as u32).collect();
+        let st = k.stream();
+        let (dq, ds, drs) = (st.clone_htod(&q).unwrap(), st.clone_htod(&scales).unwrap(), st.clone_htod(&rs).unwrap());
+        Self { q, scales, rs, rows, cols, dq, ds, drs }
+    }
+    fn dev(&self) -> Fp8Dev<'_> {
+        Fp8Dev { q: &self.dq, scales: &self.ds, row_scale: &self.drs, rows: self.rows, cols: self.cols }
+    }
+    fn host(&self) -> Fp8Rows<'_> {
+        Fp8Rows { q: &self.q, scales: &self.scales, row_scale: &self.rs }
+    }
+    /// Dequantized values rounded to T.
+    fn dense<T: CudaFloat>(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        for (r, row) in out.chunks_mut(self.cols).enumerate() {
+            self.host().dequant_row(r, row, &|v| rnd::<T>(v));
+        }
+        out
+    }
+}
+
+fn gemv_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, n: usize, kk: usize, timing: bool) {
+    let w = W8::new(k, rng, n, kk);
+    let x = rnd_vec::<T>(&rng.vec(8 * kk, 1.0));
+    let xd = up::<T>(k, &x);
+    let mut full: Vec<Vec<f32>> = Vec::new();
+    for m in 1..=8 {
+        let mut want = vec![0.0; m * n];
+        matmul_t_fp8(&x[..m * kk], w.host(), &mut want, m, kk, n, false, &|v| rnd::<T>(v));
+        let xv = xd.slice(0..m * kk);
+        let mut o32 = poisoned::<f32>(k, m * n);
+        k.fp8_gemv::<T, f32>(&xv, w.dev(), &mut o32, m).unwrap();
+        let got = down(k, &o32);
+        check(&format!("fp8_gemv {} -> f32 m={m} [{n}, {kk}]", T::NAME), &got, &want, TOL_F32);
+        let mut ot = poisoned::<T>(k, m * n);
+        k.fp8_gemv::<T, T>(&xv, w.dev(), &mut ot, m).unwrap();
+        check(&format!("fp8_gemv {} -> {} m={m}", T::NAME, T::NAME), &down(k, &ot), &rnd_vec::<T>(&want), tol::<T>());
+        full.push(got);
+    }
+    // Row-invariance: row r is bit-identical whatever the row count.
+    for (m, rows) in full.iter().enumerate() {
+        assert_eq!(rows[..n], full[7][..n], "fp8_gemv row 0 differs between m = {} and m = 8", m + 1);
+    }
+    if timing {
+        for m in [1usize, 4] {
+            let xv = xd.slice(0..m * kk);
+            let mut o = poisoned::<T>(k, m * n);
+            k.fp8_gemv::<T, T>(&xv, w.dev(), &mut o, m).unwrap();
+            k.stream().synchronize().unwrap();
+            let iters = 50;
+            let t0 = std::time::Instant::now();
+            for _ in 0..iters {
+                k.fp8_gemv::<T, T>(&xv, w.dev(), &mut o, m).unwrap();
+            }
+            k.stream().synchronize().unwrap();
+            let s = t0.elapsed().as_secs_f64() / iters as f64;
+            let bytes = (n * kk + 4 * n + 4 * w.scales.len()) as f64;
+            println!(
+                "  fp8_gemv {} m={m} [{n}, {kk}]: {:.1} us, {:.0} GB/s of weights",
+                T::NAME,
+                s * 1e6,
+                bytes / s / 1e9
+            );
+        }
+    }
+}
+
+fn gemv_all<T: CudaFloat>(test: &str) {
+    let k = gpu(test);
+    let mut rng = Rng::new(81);
+    gemv_case::<T>(&k, &mut rng, 300, 400, false);
+    gemv_case::<T>(&k, &mut rng, 12288, 2048, true);
+    gemv_case::<T>(&k, &mut rng, 2048, 4096, true);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_gemv_f32() {
+    gemv_all::<f32>("fp8_gemv_f32");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_gemv_bf16() {
+    gemv_all::<bf16>("fp8_gemv_bf16");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_gemv_f16() {
+    gemv_all::<f16>("fp8_gemv_f16");
+}
+
+fn dequant_quant<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, rows: usize, cols: usize) {
+    let w = W8::new(k, rng, rows, cols);
+    let mut o = poisoned::<T>(k, rows * cols);
+    k.fp8_dequant::<T>(w.dev(), &mut o).unwrap();
+    assert_eq!(down(k, &o), w.dense::<T>(), "fp8_dequant {} [{rows}, {cols}] is not bit-exact", T::NAME);
+    // Block quantization of values already in T: bit-exact against the host.
+    let v = rnd_vec::<T>(&rng.vec(rows * cols, 0.3));
+    let mut v2 = v.clone();
+    v2[..cols.min(200)].iter_mut().for_each(|x| *x = 0.0); // a (partly) zero block
+    let (q, s) = quantize_blocks(&v2, rows, cols);
+    let vd = up::<T>(k, &v2);
+    let mut dq = k.stream().clone_htod(&vec![0xAAu8; rows * cols]).unwrap();
+    let mut ds = poisoned::<f32>(k, rows.div_ceil(BLOCK) * cols.div_ceil(BLOCK));
+    k.fp8_quantize::<T>(&vd, &mut dq, &mut ds, rows, cols).unwrap();
+    k.stream().synchronize().unwrap();
+    assert_eq!(k.stream().clone_dtoh(&ds).unwrap(), s, "fp8_quantize {} scales", T::NAME);
+    assert_eq!(k.stream().clone_dtoh(&dq).unwrap(), q, "fp8_quantize {} bytes", T::NAME);
+    println!("  fp8_dequant / fp8_quantize {} [{rows}, {cols}]: bit-exact", T::NAME);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_dequant_and_quantize() {
+    let k = gpu("fp8_dequant_and_quantize");
+    let mut rng = Rng::new(82);
+    for (r, c) in [(300, 400), (130, 77), (2048, 512)] {
+        dequant_quant::<f32>(&k, &mut rng, r, c);
+        dequant_quant::<bf16>(&k, &mut rng, r, c);
+        dequant_quant::<f16>(&k, &mut rng, r, c);
+    }
+    // Speed of the prefill-path dequantization at the GDN qkvz size.
+    let w = W8::new(&k, &mut rng, 12288, 2048);
+    let mut o = poisoned::<bf16>(&k, 12288 * 2048);
+    k.fp8_dequant::<bf16>(w.dev(), &mut o).unwrap();
+    k.stream().synchronize().unwrap();
+    let t0 = std::time::Instant::now();
+    for _ in 0..20 {
+        k.fp8_dequant::<bf16>(w.dev(), &mut o).unwrap();
+    }
+    k.stream().synchronize().unwrap();
+    let s = t0.elapsed().as_secs_f64() / 20.0;
+    println!(
+        "  fp8_dequant bf16 [12288, 2048]: {:.1} us, {:.0} GB/s (read + write)",
+        s * 1e6,
+        3.0 * 12288.0 * 2048.0 / s / 1e9
+    );
+}
+
+/// CPU reference of the routed experts on dequantized (rounded to T) weights; `bank` experts
+/// of weights, expert x using bank entry x % bank.
+#[allow(clippy::too_many_arguments)]
+fn moe_ref<T: CudaFloat>(
+    x: &[f32],
+    idx: &[u32],
+    wt: &[f32],
+    g: &[f32],
+    u: &[f32],
+    d: &[f32],
+    dims: [usize; 5],
+    bank: usize,
+) -> Vec<f32> {
+    let [t, k, _e, h, i] = dims;
+    let mut out = vec![0.0f32; t * h];
+    for r in 0..t {
+        for j in 0..k {
+            let b = idx[r * k + j] as usize % bank;
+            let xr = &x[r * h..(r + 1) * h];
+            let (mut gv, mut uv) = (vec![0.0; i], vec![0.0; i]);
+            ops::matmul_t(xr, &g[b * i * h..(b + 1) * i * h], &mut gv, 1, h, i, false);
+            ops::matmul_t(xr, &u[b * i * h..(b + 1) * i * h], &mut uv, 1, h, i, false);
+            let hv: Vec<f32> =
+                gv.iter().zip(&uv).map(|(a, c)| rnd::<T>(ops::silu(rnd::<T>(*a)) * rnd::<T>(*c))).collect();
+            let mut o = vec![0.0; h];
+            ops::matmul_t(&hv, &d[b * h * i..(b + 1) * h * i], &mut o, 1, i, h, false);
+            for c in 0..h {
+                out[r * h + c] += rnd::<T>(o[c]) * wt[r * k + j];
+            }
+        }
+    }
+    out
+}
+
+/// A stacked expert tensor of `e` experts whose bytes repeat the `bank` experts of `w`.
+fn stack(k: &CudaKernels, w: &W8, e: usize, bank: usize) -> W8 {
+    let per = w.rows / bank;
+    let mut q = Vec::with_capacity(e * per * w.cols);
+    let mut rs = Vec::with_capacity(e * per);
+    for x in 0..e {
+        let b = x % bank;
+        q.extend_from_slice(&w.q[b * per * w.cols..(b + 1) * per * w.cols]);
+        rs.extend(w.rs[b * per..(b + 1) * per].iter().copied());
+    }
+    let st = k.stream();
+    let (dq, ds, drs) = (st.clone_htod(&q).unwrap(), st.clone_htod(&w.scales).unwrap(), st.clone_htod(&rs).unwrap());
+    W8 { q: Vec::new(), scales: w.scales.clone(), rs: Vec::new(), rows: e * per, cols: w.cols, dq, ds, drs }
+}
+
+fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank: usize, timing: bool) {
+    let [t, kk, e, h, i] = dims;
+    let (g, u, d) = (W8::new(k, rng, bank * i, h), W8::new(k, rng, bank * i, h), W8::new(k, rng, bank * h, i));
+    let (gs, us, dstk) = (stack(k, &g, e, bank), stack(k, &u, e, bank), stack(k, &d, e, bank));
+    let x = rnd_vec::<T>(&rng.vec(t * h, 1.0));
+    let mut idx = Vec::with_capacity(t * kk);
+    for _ in 0..t {
+        let mut row: Vec<u32> = Vec::new();
+        while row.len() < kk {
+            let v = rng.below(e) as u32;
+            if !row.contains(&v) {
+                row.push(v);
+            }
+        }
+        idx.extend(row);
+    }
+    let wt: Vec<f32> = (0..t * kk).map(|_| rng.f(0.5) + 0.5).collect();
+    let want = moe_ref::<T>(&x, &idx, &wt, &g.dense::<T>(), &u.dense::<T>(), &d.dense::<T>(), dims, bank);
+    let (xd, id, wd) = (up::<T>(k, &x), up_u32(k, &idx), up::<f32>(k, &wt));
+    let mut out = poisoned::<f32>(k, t * h);
+    k.moe_experts_fp8::<T>(&xd, &id, &wd, gs.dev(), us.dev(), dstk.dev(), &mut out, dims).unwrap();
+    let got = down(k, &out);
+    let what = format!("moe_experts_fp8 {} t={t} k={kk} e={e} h={h} i={i}", T::NAME);
+    check(&what, &got, &want, tol::<T>());
+    // Batch invariance: row 0 alone equals row 0 of the whole call, bit for bit.
+    let mut one = poisoned::<f32>(k, h);
+    k.moe_experts_fp8::<T>(
+        &xd.slice(0..h),
+        &id.slice(0..kk),
+        &wd.slice(0..kk),
+        gs.dev(),
+        us.dev(),
+        dstk.dev(),
+        &mut one,
+        [1, kk, e, h, i],
+    )
+    .unwrap();
+    assert_eq!(down(k, &one)[..], got[..h], "{what}: row 0 differs between t = 1 and t = {t}");
+    if timing {
+        let iters = 20;
+        k.stream().synchronize().unwrap();
+        let t0 = std::time::Instant::now();
+        for _ in 0..iters {
+            k.moe_experts_fp8::<T>(&xd, &id, &wd, gs.dev(), us.dev(), dstk.dev(), &mut out, dims).unwrap();
+        }
+        k.stream().synchronize().unwrap();
+        let s = t0.elapsed().as_secs_f64() / iters as f64;
+        let mut used = idx.clone();
+        used.sort_unstable();
+        used.dedup();
+        let bytes = (used.len() * 3 * h * i) as f64;
+        println!(
+            "  {what}: {:.1} us, {} experts read, {:.0} GB/s of expert weights",
+            s * 1e6,
+            used.len(),
+            bytes / s / 1e9
+        );
+    }
+}
+
+fn moe_all<T: CudaFloat>(test: &str) {
+    let k = gpu(test);
+    let mut rng = Rng::new(83);
+    moe_case::<T>(&k, &mut rng, [3, 2, 8, 256, 136], 8, false);
+    moe_case::<T>(&k, &mut rng, [5, 3, 6, 200, 64], 6, false); // scalar path (h % 16 != 0)
+    moe_case::<T>(&k, &mut rng, [1, 10, 512, 2048, 512], 16, true);
+    moe_case::<T>(&k, &mut rng, [8, 10, 512, 2048, 512], 16, true);
+    moe_case::<T>(&k, &mut rng, [32, 10, 512, 2048, 512], 16, true);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_fp8_f32() {
+    moe_all::<f32>("moe_fp8_f32");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_fp8_bf16() {
+    moe_all::<bf16>("moe_fp8_bf16");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_fp8_f16() {
+    moe_all::<f16>("moe_fp8_f16");
+}
