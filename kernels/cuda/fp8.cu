@@ -178,6 +178,8 @@ PORTER_FP8_CONV(f16, f16)
 // MoE decode with FP8 experts: moe.cu's two persistent GEMV kernels (same grouping, items,
 // scratch and combine; see there) with the weight rows read as e4m3 bytes and dequantized in
 // registers. gate / up [e·I, H], down [e·H, I], each with its scales and row → scale-row map.
+// Launch bounds allow 2 blocks / SM (up to 128 registers: the 16-wide dequantized vectors
+// spill at moe.cu's 80); the grid of 3 blocks / SM still works (no block waits on another).
 // ---------------------------------------------------------------------------
 
 // One warp: acc[m][r] = Σ_i W_r[i] · a[m][i] over i < K, as moe.cu's warp_dots; `vec`: K % 16
@@ -365,14 +367,14 @@ __device__ __forceinline__ void fp8_dec_down_impl(const T* __restrict__ h, const
 }
 
 #define FP8_MOE_DEC_ENTRY(T, NAME)                                                                                \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_gu_fp8_##NAME(                   \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dec_gu_fp8_##NAME(                   \
         const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,          \
         const float* us, const u32* urs, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,            \
         const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) {            \
         fp8_dec_gu_impl<T>(x, gate, gs, grs, up, us, urs, idx, n, e, fused, g_sorted, g_seg, g_meta, ctr, nctr, h, \
                            H, I, k, vec);                                                                         \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_down_fp8_##NAME(                 \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dec_down_fp8_##NAME(                 \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \
         u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg, const u32* g_meta, u32* ctr, T* o,        \
         float* out, u32 H, u32 I, u32 k, u32 t, int vec) {                                                        \

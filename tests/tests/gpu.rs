@@ -195,9 +195,9 @@ fn cuda_sampling_matches_cpu() {
     let _ = Device::Cpu;
 }
 
-/// FP8 checkpoints on CUDA (weights dequantized to the model dtype at load until FP8 kernels
-/// exist): f32 logits against transformers' f32 forward on the dequantized weights, prefill
-/// and token by token, within 1e-3·std, and greedy equal.
+/// FP8 checkpoints on CUDA through the FP8 kernels: the weights stay FP8 on the device (1 byte
+/// per parameter plus scales and row maps), f32 logits against transformers' f32 forward on the
+/// dequantized weights, prefill and token by token, within 1e-3·std, and greedy equal.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_fp8_checkpoints_match_transformers() {
@@ -209,12 +209,88 @@ fn cuda_fp8_checkpoints_match_transformers() {
         let ids = r.ids("ids_short").unwrap();
         let want = r.f32("logits_short").unwrap();
         let m = load_on(name, DType::F32, dev).unwrap();
+        let host = load(name, DType::F32).unwrap();
+        // Same bytes held on the device as on the host, where FP8 slots are 1 byte a parameter.
+        assert_eq!(m.weight_bytes(), host.weight_bytes(), "cuda {name}: device bytes differ from the host's");
+        let dense_bytes = load_on(name, DType::F32, Device::Cpu).unwrap().weight_bytes();
+        assert_eq!(dense_bytes, host.weight_bytes());
+        let fp8 = fp8_slots_on_device(name, dev);
+        assert!(fp8 >= 4, "cuda {name}: only {fp8} weights are fp8 on the device");
         assert_close(&format!("cuda {name} f32 prefill"), &prefill_logits(&m, &ids).unwrap(), &want, 1e-3);
         assert_close(&format!("cuda {name} f32 incremental"), &incremental_logits(&m, &ids).unwrap(), &want, 1e-3);
         let (prompt, gids) = (r.ids("greedy_prompt").unwrap(), r.ids("greedy_ids").unwrap());
         let got = generate(&m, &prompt, SamplingParams::default(), gids.len(), &[]).unwrap().ids;
         assert_eq!(got, gids, "cuda {name}: f32 greedy continuation differs from transformers");
     }
+}
+
+/// Slots of fixture `name` taken onto `dev`: checks every FP8 one holds `elems + 4·(scales +
+/// rows)` bytes on the device; returns how many are FP8.
+fn fp8_slots_on_device(name: &str, dev: Device) -> usize {
+    let p = registry::prepare(&fixture(name)).unwrap();
+    let mut w = p.map.load(p.checkpoint.clone(), DType::F32).unwrap();
+    w.set_device(dev);
+    let mut n = 0;
+    for s in w.remaining() {
+        let t = w.take(&s).unwrap();
+        if t.is_fp8() {
+            let (rows, cols) = (t.elem_count() / t.last_dim(), t.last_dim());
+            let max = t.elem_count() + 4 * rows + 4 * rows.div_ceil(128) * 2 * cols.div_ceil(128);
+            assert!(
+                t.bytes() > t.elem_count() && t.bytes() <= max,
+                "{name} {s}: {} bytes for {rows}x{cols}",
+                t.bytes()
+            );
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Fixture `name` with every FP8 weight dequantized at load (values rounded to `dtype`, the
+/// dense kernels), on `dev`.
+fn load_dequantized(name: &str, dtype: DType, dev: Device) -> porter_core::Model {
+    let dir = fixture(name);
+    let p = registry::prepare(&dir).unwrap();
+    let mut w = p.map.load(p.checkpoint.clone(), dtype).unwrap();
+    let mut d = porter_core::Weights::default();
+    for s in w.remaining() {
+        let t = w.take(&s).unwrap();
+        let shape = t.shape().to_vec();
+        let t = porter_core::Tensor::from_vec(t.host_vec().unwrap(), shape, DType::F32).unwrap();
+        d.insert(&s, t.try_to_dtype(dtype).unwrap());
+    }
+    d.set_device(dev);
+    let lc = porter_core::LoadContext { dir: &dir, config: &p.config, dtype, device: dev };
+    (p.entry.build)(&lc, &mut d).unwrap()
+}
+
+/// The FP8 kernels equal the dense kernels on the dequantized weights: decode (1 row) and
+/// prefill (80 rows) logits within 1e-5·std in f32 and 5e-2·std in bf16; and, with
+/// deterministic mode on, a request's f32 tokens and log-probabilities through the FP8 GEMV and
+/// MoE paths are bit-identical alone and among 31 others (1 vs 32 decode rows).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_fp8_kernels_match_dequantized_weights() {
+    let Some(dev) = cuda_or_skip("cuda_fp8_kernels_match_dequantized_weights") else {
+        panic!("cuda_fp8_kernels_match_dequantized_weights: needs a CUDA GPU")
+    };
+    for name in ["qwen3_fp8", "qwen3_next_a_fp8"] {
+        let ids: Vec<u32> = (0..80u32).map(|i| (i * 7919 + 3) % 200).collect();
+        for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 5e-2)] {
+            let fp8 = load_on(name, dtype, dev).unwrap();
+            let dense = load_dequantized(name, dtype, dev);
+            let (a, b) = (prefill_logits(&fp8, &ids).unwrap(), prefill_logits(&dense, &ids).unwrap());
+            assert_close(&format!("cuda {name} {dtype} fp8 vs dequantized prefill (80 rows)"), &a, &b, tol);
+            let (a, b) = (incremental_logits(&fp8, &ids[..8]).unwrap(), incremental_logits(&dense, &ids[..8]).unwrap());
+            assert_close(&format!("cuda {name} {dtype} fp8 vs dequantized decode (1 row)"), &a, &b, tol);
+        }
+    }
+    // A request alone and among 31 others (tokens and log-probabilities bit for bit), f32 and
+    // deterministic: the FP8 GEMV and MoE paths are batch-invariant.
+    let _mode = engine_mode(true);
+    tests::engine_util::invariance_in("qwen3_next_a_fp8", true, dev, DType::F32);
+    porter_core::tensor::cuda::set_deterministic(false);
 }
 
 /// The engine tests switch the process-wide deterministic mode; they take this lock so
