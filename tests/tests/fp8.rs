@@ -332,3 +332,53 @@ fn smollm2_quantized_greedy_answers() {
     // Prompt 0 is the chat "What is the capital of France?".
     assert!(hf_match[0], "the fp8 capital-of-France answer differs from transformers'");
 }
+
+/// Random-weight models honour online quantization (`porter bench --config ... --quantize
+/// fp8`): on the CPU every slot `QuantConfig::quantizes` is the block quantization of the dense
+/// random slot (same values, bytes and scales from the host quantizer, 1 byte a parameter plus
+/// scales), the rest stay dense and equal, and the model built that way runs.
+#[test]
+fn random_weights_quantize_to_fp8() {
+    let text = std::fs::read_to_string(fixture("qwen3_next_a").join("config.json")).unwrap();
+    let cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let map = registry::resolve_config(&cfg).unwrap();
+    let mut dense = porter_core::Weights::random(&map, DType::BF16, 3, Device::Cpu);
+    let mut q = porter_core::Weights::random(&map, DType::BF16, 3, Device::Cpu);
+    q.set_quantize(Some(QuantConfig::fp8()));
+    let mut n_fp8 = 0;
+    for s in dense.remaining() {
+        let (a, b) = (dense.take(&s).unwrap(), q.take(&s).unwrap());
+        match b.host().unwrap() {
+            CpuStorage::F8E4M3(w) => {
+                let (rows, cols) = (a.elem_count() / a.last_dim(), a.last_dim());
+                let (bytes, scales) = block_quantize(&a.host_vec().unwrap(), rows, cols);
+                assert!(w.q == bytes && w.scales == scales, "{s}: not the block quantization of the dense slot");
+                assert_eq!(b.bytes(), b.elem_count() + 4 * scales.len() + 4 * rows);
+                n_fp8 += 1;
+            }
+            _ => assert_eq!(a.host_vec().unwrap(), b.host_vec().unwrap(), "{s}: dense slot differs"),
+        }
+    }
+    assert!(n_fp8 >= 4, "only {n_fp8} random slots were quantized");
+    let m =
+        registry::build_random_with(&cfg, Path::new("."), DType::BF16, Device::Cpu, 3, Some(Quantize::Fp8)).unwrap();
+    let dense_m = registry::build_random(&cfg, Path::new("."), DType::BF16, Device::Cpu, 3).unwrap();
+    assert!(m.weight_bytes() < dense_m.weight_bytes(), "fp8 random model is not smaller");
+    let logits = prefill_logits(&m, &[1, 2, 3, 4]).unwrap();
+    assert!(logits.iter().all(|v| v.is_finite()));
+}
+
+/// Block quantization written out (scale = amax / 448 per 128 × 128 block, 1 for a zero block,
+/// `encode` of `w / scale`: the rule of `tests/gen_fp8_fixtures.py`).
+fn block_quantize(w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+    let sc = cols.div_ceil(128);
+    let mut amax = vec![0.0f32; rows.div_ceil(128) * sc];
+    for (i, v) in w.iter().enumerate() {
+        let b = &mut amax[(i / cols / 128) * sc + (i % cols) / 128];
+        *b = b.max(v.abs());
+    }
+    let scales: Vec<f32> = amax.iter().map(|&a| if a > 0.0 { a / 448.0 } else { 1.0 }).collect();
+    let at = |i: usize| scales[(i / cols / 128) * sc + (i % cols) / 128];
+    let q = (0..rows * cols).map(|i| porter_core::tensor::fp8::encode(w[i] / at(i))).collect();
+    (q, scales)
+}

@@ -110,8 +110,9 @@ pub enum DevBuf {
     F32(CudaSlice<f32>),
     BF16(CudaSlice<bf16>),
     F16(CudaSlice<f16>),
-    /// A block-quantized FP8 weight, read by the FP8 kernels.
-    F8(DevFp8),
+    /// A block-quantized FP8 weight, read by the FP8 kernels (boxed: the other variants are
+    /// one slice).
+    F8(Box<DevFp8>),
 }
 
 /// An FP8 weight on the device, in the host layout of [`crate::tensor::fp8::Fp8Weight`]
@@ -260,13 +261,13 @@ impl Clone for CudaStorage {
             DevBuf::F32(s) => DevBuf::F32(s.clone()),
             DevBuf::BF16(s) => DevBuf::BF16(s.clone()),
             DevBuf::F16(s) => DevBuf::F16(s.clone()),
-            DevBuf::F8(w) => DevBuf::F8(DevFp8 {
+            DevBuf::F8(w) => DevBuf::F8(Box::new(DevFp8 {
                 q: w.q.clone(),
                 scales: w.scales.clone(),
                 row_scale: w.row_scale.clone(),
                 cols: w.cols,
                 dtype: w.dtype,
-            }),
+            })),
         };
         Self { gpu: self.gpu.clone(), buf }
     }
@@ -387,7 +388,7 @@ pub(crate) fn upload_storage(g: &Arc<Gpu>, host: &CpuStorage, dtype: DType) -> R
         (CpuStorage::F32(v), DType::F32) => DevBuf::F32(st.clone_htod(v).map_err(cuda_err)?),
         // FP8 weights stay FP8 on the device (bytes, scales and row map uploaded as held);
         // the FP8 kernels dequantize them (backend::cuda::fp8).
-        (CpuStorage::F8E4M3(w), dt) => DevBuf::F8(DevFp8::upload(g, w, dt)?),
+        (CpuStorage::F8E4M3(w), dt) => DevBuf::F8(Box::new(DevFp8::upload(g, w, dt)?)),
         (h, dt) => {
             let v = h.to_f32_vec();
             match dt {
@@ -428,7 +429,7 @@ pub(crate) fn copy_buf(g: &Arc<Gpu>, b: &DevBuf) -> Result<DevBuf> {
         DevBuf::F32(s) => cp(g, s),
         DevBuf::BF16(s) => cp(g, s),
         DevBuf::F16(s) => cp(g, s),
-        DevBuf::F8(w) => Ok(DevBuf::F8(w.copy(g)?)),
+        DevBuf::F8(w) => Ok(DevBuf::F8(Box::new(w.copy(g)?))),
     }
 }
 

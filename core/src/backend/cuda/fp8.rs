@@ -24,7 +24,7 @@ use porter_kernels::cuda::{CudaKernels, GEMV_MAX_ROWS};
 pub fn fp8_of(w: &Tensor) -> Option<&DevFp8> {
     match w.storage() {
         Storage::Cuda(c) => match &c.buf {
-            DevBuf::F8(f) => Some(f),
+            DevBuf::F8(f) => Some(f.as_ref()),
             _ => None,
         },
         Storage::Cpu(_) => None,
@@ -175,7 +175,7 @@ pub fn quantize(g: &Gpu, dense: &Tensor, rows: usize, cols: usize) -> Result<Dev
 /// A device tensor of `shape` (its dtype the weight's compute dtype) holding `w`.
 pub fn tensor(g: &std::sync::Arc<Gpu>, w: DevFp8, shape: Vec<usize>) -> Tensor {
     let dtype = w.dtype;
-    let storage = Storage::Cuda(crate::tensor::cuda::CudaStorage { gpu: g.clone(), buf: DevBuf::F8(w) });
+    let storage = Storage::Cuda(crate::tensor::cuda::CudaStorage { gpu: g.clone(), buf: DevBuf::F8(Box::new(w)) });
     Tensor::from_storage(shape, storage, dtype)
 }
 
