@@ -212,8 +212,6 @@ fn cuda_fp8_checkpoints_match_transformers() {
         let host = load(name, DType::F32).unwrap();
         // Same bytes held on the device as on the host, where FP8 slots are 1 byte a parameter.
         assert_eq!(m.weight_bytes(), host.weight_bytes(), "cuda {name}: device bytes differ from the host's");
-        let dense_bytes = load_on(name, DType::F32, Device::Cpu).unwrap().weight_bytes();
-        assert_eq!(dense_bytes, host.weight_bytes());
         let fp8 = fp8_slots_on_device(name, dev);
         assert!(fp8 >= 4, "cuda {name}: only {fp8} weights are fp8 on the device");
         assert_close(&format!("cuda {name} f32 prefill"), &prefill_logits(&m, &ids).unwrap(), &want, 1e-3);
@@ -224,8 +222,9 @@ fn cuda_fp8_checkpoints_match_transformers() {
     }
 }
 
-/// Slots of fixture `name` taken onto `dev`: checks every FP8 one holds `elems + 4·(scales +
-/// rows)` bytes on the device; returns how many are FP8.
+/// Slots of fixture `name` taken onto `dev`: checks every FP8 one stays FP8 there (more than 1
+/// byte a parameter, at most 1 byte a parameter plus a row map and a scale row per row);
+/// returns how many are FP8.
 fn fp8_slots_on_device(name: &str, dev: Device) -> usize {
     let p = registry::prepare(&fixture(name)).unwrap();
     let mut w = p.map.load(p.checkpoint.clone(), DType::F32).unwrap();
@@ -235,7 +234,8 @@ fn fp8_slots_on_device(name: &str, dev: Device) -> usize {
         let t = w.take(&s).unwrap();
         if t.is_fp8() {
             let (rows, cols) = (t.elem_count() / t.last_dim(), t.last_dim());
-            let max = t.elem_count() + 4 * rows + 4 * rows.div_ceil(128) * 2 * cols.div_ceil(128);
+            // At most one scale row per weight row (stacked experts of < 128 rows each).
+            let max = t.elem_count() + 4 * rows + 4 * rows * cols.div_ceil(128);
             assert!(
                 t.bytes() > t.elem_count() && t.bytes() <= max,
                 "{name} {s}: {} bytes for {rows}x{cols}",
