@@ -65,6 +65,33 @@ pub(crate) struct TensorRule {
     /// De-interleave rows: the rows form `groups` blocks of `parts` rows each; the result
     /// holds part 0 of every group, then part 1 of every group, and so on.
     pub(crate) regroup: Option<RegroupRule>,
+    /// How the sources split over tensor-parallel ranks (absent: replicated).
+    pub(crate) shard: Option<ShardRule>,
+}
+
+/// `shard = "column" | "row"`, or a table naming the axis by its group count:
+/// `{ column = "num_key_value_heads" }`, `{ row = "G", parts = ["p0", "p1"], split = [true, false],
+/// part_major = true }` (see [`crate::load::shard`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum ShardRule {
+    Plain(String),
+    Grouped(GroupedShard),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GroupedShard {
+    pub(crate) column: Option<String>,
+    pub(crate) row: Option<String>,
+    /// Elements of each part of a group (default: one part, the whole group).
+    #[serde(default)]
+    pub(crate) parts: Vec<String>,
+    /// Per part: cut among ranks sharing a group (default: replicated).
+    #[serde(default)]
+    pub(crate) split: Vec<bool>,
+    #[serde(default)]
+    pub(crate) part_major: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -106,6 +133,7 @@ struct RawRule {
     when: Option<String>,
     stack: Option<String>,
     regroup: Option<RegroupRule>,
+    shard: Option<ShardRule>,
     before: Option<String>,
     after: Option<String>,
 }
@@ -119,7 +147,15 @@ impl RawRule {
         let (Some(from), Some(shape)) = (self.from, self.shape) else {
             bail!(WeightMap, "{what}: rule `{}` needs `from` and `shape`", self.slot);
         };
-        Ok(TensorRule { slot: self.slot, from, shape, when: self.when, stack: self.stack, regroup: self.regroup })
+        Ok(TensorRule {
+            slot: self.slot,
+            from,
+            shape,
+            when: self.when,
+            stack: self.stack,
+            regroup: self.regroup,
+            shard: self.shard,
+        })
     }
 }
 
@@ -187,6 +223,7 @@ fn extend(name: &str, raw: RawFile) -> Result<(Vec<TensorRule>, Vec<IgnoreRule>)
             base.when = r.when.or(base.when.take());
             base.stack = r.stack.or(base.stack.take());
             base.regroup = r.regroup.or(base.regroup.take());
+            base.shard = r.shard.or(base.shard.take());
             continue;
         }
         let place = match (&r.before, &r.after) {
@@ -232,6 +269,17 @@ pub(crate) fn parse(text: &str) -> Result<MapFile> {
         }
         if r.regroup.is_some() && (r.stack.is_some() || matches!(r.from, OneOrMany::Many(_))) {
             bail!(WeightMap, "weight map rule `{}`: `regroup` applies to a single tensor", r.slot);
+        }
+        match &r.shard {
+            Some(ShardRule::Plain(p)) if p != "column" && p != "row" => {
+                bail!(WeightMap, "weight map rule `{}`: unknown shard `{p}` (`column`, `row` or a table)", r.slot)
+            }
+            Some(ShardRule::Grouped(g)) => {
+                if g.column.is_some() == g.row.is_some() {
+                    bail!(WeightMap, "weight map rule `{}`: a shard table names exactly one of `column` / `row`", r.slot);
+                }
+            }
+            _ => {}
         }
         if r.stack.is_some() && matches!(r.from, OneOrMany::Many(_)) {
             bail!(WeightMap, "weight map rule `{}`: `stack` and a list of sources cannot be combined", r.slot);

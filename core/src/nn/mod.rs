@@ -10,11 +10,13 @@
 use crate::backend::{ops, AttnArgs, GdnArgs, GdnWeights, MoeArgs, RopeArgs};
 use crate::bail;
 use crate::batch::Batch;
+use crate::comm::Communicator;
 use crate::error::Result;
 use crate::layer::{PostLayer, PreLayer};
 use crate::state::LayerCache;
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
+use std::sync::Arc;
 
 mod attention;
 mod decoder;
@@ -26,6 +28,7 @@ mod mlp;
 mod moe;
 mod norm;
 mod rope;
+mod tp;
 #[cfg(test)]
 mod test_util;
 
@@ -40,3 +43,4 @@ pub use mlp::*;
 pub use moe::*;
 pub use norm::*;
 pub use rope::*;
+pub use tp::*;
