@@ -125,7 +125,10 @@ impl Weights {
     /// does not divide is an error before anything is read.
     pub fn set_tensor_parallel(&mut self, comm: Arc<dyn Communicator>) -> Result<()> {
         let tp = comm.tp();
-        for (name, p) in self.slots.iter_mut() {
+        // In name order, so the error for a size that does not divide is the same every run.
+        let mut slots: Vec<(&String, &mut Pending)> = self.slots.iter_mut().collect();
+        slots.sort_by(|a, b| a.0.cmp(b.0));
+        for (name, p) in slots {
             match p {
                 Pending::Map(s) => {
                     let (local, ranges) = s.sharded(tp)?;
