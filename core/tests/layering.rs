@@ -5,7 +5,8 @@
 
 use std::path::Path;
 
-const ORDER: &[&str] = &["error", "tensor", "batch", "backend", "comm", "state", "layer", "nn", "model", "load", "engine"];
+const ORDER: &[&str] =
+    &["error", "tensor", "batch", "backend", "comm", "state", "layer", "nn", "model", "load", "engine"];
 
 /// Crate-root macros and where they are defined.
 const MACROS: &[(&str, &str)] = &[("bail", "error"), ("err", "error"), ("ensure", "error"), ("by_dtype", "tensor")];

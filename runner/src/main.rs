@@ -266,7 +266,13 @@ fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
     porter_core::tensor::cuda::set_deterministic(run.deterministic);
     let dir = model_dir(&run.model);
     let device = run.device.unwrap_or_else(porter_core::device::default_device);
-    let opts = registry::LoadOptions { dtype: run.dtype, device, show_progress: true, quantize: run.quantize, tensor_parallel: usize::from(run.tensor_parallel_size) };
+    let opts = registry::LoadOptions {
+        dtype: run.dtype,
+        device,
+        show_progress: true,
+        quantize: run.quantize,
+        tensor_parallel: usize::from(run.tensor_parallel_size),
+    };
     let model = registry::load_with(&dir, &opts).with_context(|| format!("loading model from {}", dir.display()))?;
     Ok((dir, model))
 }

@@ -21,7 +21,13 @@ const TOL: f32 = 1e-5;
 fn load_tp(dir: &Path, tp: usize) -> porter_core::Result<Model> {
     registry::load_with(
         dir,
-        &LoadOptions { dtype: DType::F32, device: Device::Cpu, show_progress: false, quantize: None, tensor_parallel: tp },
+        &LoadOptions {
+            dtype: DType::F32,
+            device: Device::Cpu,
+            show_progress: false,
+            quantize: None,
+            tensor_parallel: tp,
+        },
     )
 }
 
@@ -222,8 +228,8 @@ fn mtp_speculative_on_a_tp2_model_is_exact() {
 #[test]
 fn indivisible_group_sizes_are_clear_errors() {
     let cases = [
-        ("qwen3_next_b", 2, "does not divide 3"),   // 3 query heads
-        ("qwen3_next_b", 4, "cannot share a part"), // 2 value heads of layer 0 over 4 ranks
+        ("qwen3_next_b", 2, "does not divide 3"),                      // 3 query heads
+        ("qwen3_next_b", 4, "cannot share a part"),                    // 2 value heads of layer 0 over 4 ranks
         ("qwen3", 3, "tensor-parallel size 3 is not a multiple of 2"), // 2 KV heads
         ("qwen3_fp8", 2, "FP8"),
     ];

@@ -276,7 +276,11 @@ pub(crate) fn parse(text: &str) -> Result<MapFile> {
             }
             Some(ShardRule::Grouped(g)) => {
                 if g.column.is_some() == g.row.is_some() {
-                    bail!(WeightMap, "weight map rule `{}`: a shard table names exactly one of `column` / `row`", r.slot);
+                    bail!(
+                        WeightMap,
+                        "weight map rule `{}`: a shard table names exactly one of `column` / `row`",
+                        r.slot
+                    );
                 }
             }
             _ => {}

@@ -160,10 +160,9 @@ pub fn select<T: Copy>(v: &[T], shape: &[usize], axis: ShardAxis, ranges: &[(usi
             let row: usize = shape.iter().skip(1).product::<usize>().max(1);
             ranges.iter().flat_map(|&(s, l)| v[s * row..(s + l) * row].iter().copied()).collect()
         }
-        ShardAxis::Row => v
-            .chunks(last)
-            .flat_map(|r| ranges.iter().flat_map(move |&(s, l)| r[s..s + l].iter().copied()))
-            .collect(),
+        ShardAxis::Row => {
+            v.chunks(last).flat_map(|r| ranges.iter().flat_map(move |&(s, l)| r[s..s + l].iter().copied())).collect()
+        }
     }
 }
 
@@ -263,8 +262,13 @@ mod tests {
     /// replicated and v, z split when ranks outnumber key heads; and the part-major conv1d.
     #[test]
     fn gated_deltanet_groups() {
-        let qkvz =
-            Shard { axis: ShardAxis::Column, groups: 2, parts: vec![2, 2, 4, 4], split: vec![false, false, true, true], part_major: false };
+        let qkvz = Shard {
+            axis: ShardAxis::Column,
+            groups: 2,
+            parts: vec![2, 2, 4, 4],
+            split: vec![false, false, true, true],
+            part_major: false,
+        };
         assert_eq!(qkvz.ranges(tp(1, 2)).unwrap(), vec![(12, 12)]);
         assert_eq!(qkvz.ranges(tp(3, 4)).unwrap(), vec![(12, 4), (18, 2), (22, 2)]);
         assert_eq!(qkvz.local_layout(tp(3, 4)), (1, vec![2, 2, 2, 2]));

@@ -478,7 +478,14 @@ fn resolve_shard(
         }
     };
     if sh.len() != len {
-        bail!(WeightMap, "{}: {} groups of {:?} cover {} elements, the tensor has {len}", what(), sh.groups, sh.parts, sh.len());
+        bail!(
+            WeightMap,
+            "{}: {} groups of {:?} cover {} elements, the tensor has {len}",
+            what(),
+            sh.groups,
+            sh.parts,
+            sh.len()
+        );
     }
     if let Some((groups, parts)) = &regroup {
         if sh.axis != ShardAxis::Column || sh.part_major || sh.groups != *groups || &sh.parts != parts {

@@ -12,8 +12,8 @@
 use crate::comm::{Communicator, TpRank};
 use crate::error::{Context, Result};
 use crate::load::checkpoint::Checkpoint;
-use crate::load::shard::{read_shard, ShardAxis};
 use crate::load::quant::{scale_name, QuantConfig};
+use crate::load::shard::{read_shard, ShardAxis};
 use crate::load::weight_map::{regroup_rows, ResolvedMap, ResolvedSlot, Transform};
 use crate::tensor::cuda::{gpu, DevType, Gpu};
 use crate::tensor::{CpuStorage, DType, Device, Fp8Weight, Tensor};

@@ -93,8 +93,7 @@ impl Model {
     /// `cfg.max_seqs` slots and the KV pools of `cfg.num_blocks` blocks are allocated now.
     pub fn new_cache_with(&self, cfg: &CacheConfig) -> Result<ModelCache> {
         let (device, dtype) = (self.info.device, self.info.dtype);
-        let layers =
-            self.layers.iter().map(|l| l.new_cache(device, dtype, cfg)).collect::<Result<Vec<_>>>()?;
+        let layers = self.layers.iter().map(|l| l.new_cache(device, dtype, cfg)).collect::<Result<Vec<_>>>()?;
         Ok(ModelCache::new(layers, cfg))
     }
 
@@ -174,9 +173,7 @@ impl Model {
         let (Some(info), Some(pre)) = (info, pre) else { bail!(Internal, "no rank models") };
         let layers = layers
             .into_iter()
-            .map(|shards| {
-                Box::new(crate::nn::TpLayer { shards, group: group.clone() }) as Box<dyn TransformerLayer>
-            })
+            .map(|shards| Box::new(crate::nn::TpLayer { shards, group: group.clone() }) as Box<dyn TransformerLayer>)
             .collect();
         Ok(Model { info, pre, layers, post: Box::new(crate::nn::TpHead { shards: posts, group }) })
     }

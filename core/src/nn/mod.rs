@@ -28,9 +28,9 @@ mod mlp;
 mod moe;
 mod norm;
 mod rope;
-mod tp;
 #[cfg(test)]
 mod test_util;
+mod tp;
 
 pub use crate::backend::NormKind;
 pub use attention::*;

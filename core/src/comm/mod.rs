@@ -6,8 +6,11 @@
 //! arrives) and releases the other ranks when one fails, so an error never becomes a hang.
 //!
 //! [`LocalGroup`] is the in-process implementation (one thread per rank, shared memory): it
-//! runs tensor parallelism on the CPU. Every rank sums the partials in rank order, so all ranks
+//! runs tensor parallelism on the CPU. [`nccl::NcclComm`] is one GPU's end of an NCCL group
+//! (one thread per GPU, `ncclCommInitRank` with a shared unique id). Every rank sums the partials in rank order, so all ranks
 //! hold bit-identical results and their replicated computations stay in lockstep.
+
+pub mod nccl;
 
 use crate::bail;
 use crate::error::Result;
@@ -70,12 +73,7 @@ pub fn run_ranks<R: Send>(group: &dyn TpGroup, f: impl Fn(usize) -> Result<R> + 
     })?;
     out.into_iter()
         .enumerate()
-        .map(|(r, m)| {
-            m.into_inner()
-                .ok()
-                .flatten()
-                .ok_or_else(|| crate::err!(Internal, "rank {r} returned no result"))
-        })
+        .map(|(r, m)| m.into_inner().ok().flatten().ok_or_else(|| crate::err!(Internal, "rank {r} returned no result")))
         .collect()
 }
 
