@@ -13,6 +13,10 @@
 //!   appended, or placed with `before = "SLOT"` / `after = "SLOT"` (a slot of the layout or of
 //!   a rule added earlier).
 //!
+//! A rule may carry a tensor-parallel plan, `shard = "column"`, `"row"` or a table
+//! `{ column|row = "GROUPS", parts = [...], split = [...], part_major = bool }`
+//! ([`crate::load::shard`]); an override replaces the layout rule's plan.
+//!
 //! `[[ignore]]` rules of the map are added after the layout's. A layout names no
 //! `architecture` and extends nothing; the map that extends it names the architecture.
 //!
