@@ -77,10 +77,13 @@ pub fn run_ranks<R: Send>(group: &dyn TpGroup, f: impl Fn(usize) -> Result<R> + 
         .collect()
 }
 
+/// One rank's contribution to a collective: its tensor's shape and values.
+type Part = Arc<(Vec<usize>, Vec<f32>)>;
+
 #[derive(Debug, Default)]
 struct State {
     /// Each rank's contribution to the current collective.
-    bufs: Vec<Option<Arc<(Vec<usize>, Vec<f32>)>>>,
+    bufs: Vec<Option<Part>>,
     arrived: usize,
     generation: u64,
     aborted: bool,
@@ -128,7 +131,7 @@ impl Shared {
         &self,
         rank: usize,
         mine: (Vec<usize>, Vec<f32>),
-        f: impl FnOnce(&[Arc<(Vec<usize>, Vec<f32>)>]) -> Result<T>,
+        f: impl FnOnce(&[Part]) -> Result<T>,
     ) -> Result<T> {
         let mut st = self.lock()?;
         st.bufs[rank] = Some(Arc::new(mine));

@@ -278,14 +278,8 @@ pub(crate) fn parse(text: &str) -> Result<MapFile> {
             Some(ShardRule::Plain(p)) if p != "column" && p != "row" => {
                 bail!(WeightMap, "weight map rule `{}`: unknown shard `{p}` (`column`, `row` or a table)", r.slot)
             }
-            Some(ShardRule::Grouped(g)) => {
-                if g.column.is_some() == g.row.is_some() {
-                    bail!(
-                        WeightMap,
-                        "weight map rule `{}`: a shard table names exactly one of `column` / `row`",
-                        r.slot
-                    );
-                }
+            Some(ShardRule::Grouped(g)) if g.column.is_some() == g.row.is_some() => {
+                bail!(WeightMap, "weight map rule `{}`: a shard table names exactly one of `column` / `row`", r.slot)
             }
             _ => {}
         }
@@ -357,6 +351,30 @@ shape = ["hidden_size"]
         assert_eq!(s.last(), Some(&"extra"));
         let up = m.tensor.iter().find(|r| r.slot == "layers.{layer}.mlp.up_proj").unwrap();
         assert_eq!((up.when.as_deref(), up.shape[0].as_str()), (Some("dense"), "intermediate_size"));
+    }
+
+    /// Shard plans parse, an override replaces one, and malformed plans are errors.
+    #[test]
+    fn shard_plans() {
+        let m = parse(
+            "architecture = \"X\"\nextends = \"llama\"\n[[tensor]]\nslot = \"layers.{layer}.mlp.down_proj\"\nshard = { row = \"g\", parts = [\"p\"], split = [true] }\n",
+        )
+        .unwrap();
+        let down = m.tensor.iter().find(|r| r.slot == "layers.{layer}.mlp.down_proj").unwrap();
+        assert!(matches!(&down.shard, Some(ShardRule::Grouped(g)) if g.row.as_deref() == Some("g")));
+        let lm = m.tensor.iter().find(|r| r.slot == "lm_head").unwrap();
+        assert!(matches!(&lm.shard, Some(ShardRule::Plain(p)) if p == "column"));
+        for (plan, needle) in [
+            ("\"diagonal\"", "unknown shard `diagonal`"),
+            ("{ column = \"a\", row = \"b\" }", "exactly one of"),
+            ("{ parts = [\"a\"] }", "exactly one of"),
+        ] {
+            let text = format!(
+                "architecture = \"X\"\n[[tensor]]\nslot = \"a\"\nfrom = \"a\"\nshape = [\"n\"]\nshard = {plan}\n"
+            );
+            let e = parse(&text).expect_err(plan).to_string();
+            assert!(e.contains(needle), "{plan}: {e}");
+        }
     }
 
     #[test]

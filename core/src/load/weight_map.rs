@@ -212,7 +212,7 @@ pub struct ResolvedSlot {
 impl ResolvedSlot {
     /// The slot as rank `tp` loads it: each source cut to its shard (`source_shapes`, `shape`
     /// and a `regroup` made local), with the ranges to read. Replicated slots are unchanged.
-    pub fn sharded(&self, tp: TpRank) -> Result<(ResolvedSlot, Option<Vec<(usize, usize)>>)> {
+    pub fn sharded(&self, tp: TpRank) -> Result<(ResolvedSlot, Option<Ranges>)> {
         let Some(sh) = self.shard.as_ref().filter(|_| tp.world > 1) else { return Ok((self.clone(), None)) };
         let ranges = sh.ranges(tp).with_context(|| format!("weight slot `{}`", self.slot))?;
         let n: usize = ranges.iter().map(|r| r.1).sum();
@@ -250,6 +250,9 @@ impl ResolvedSlot {
         Ok((out, Some(ranges)))
     }
 }
+
+/// `(start, len)` ranges along a shard's axis.
+pub type Ranges = Vec<(usize, usize)>;
 
 /// A checkpoint tensor that is deliberately not loaded.
 #[derive(Debug, Clone)]
