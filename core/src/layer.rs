@@ -60,6 +60,17 @@ pub trait TransformerLayer: Send + Sync {
     fn cost(&self) -> LayerCost {
         LayerCost::default()
     }
+
+    /// The state this layer keeps for the cache `cfg` describes (by default the buffers
+    /// [`TransformerLayer::kind`] asks for; a tensor-parallel layer keeps one set per rank).
+    fn new_cache(
+        &self,
+        device: crate::tensor::Device,
+        dtype: crate::tensor::DType,
+        cfg: &crate::state::CacheConfig,
+    ) -> Result<LayerCache> {
+        LayerCache::new(self.kind(), device, dtype, cfg)
+    }
 }
 
 /// Final norm and lm_head.

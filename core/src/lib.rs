@@ -5,6 +5,8 @@
 //! - [`tensor`]: [`Tensor`], its [`tensor::Storage`], [`DType`] and [`Device`].
 //! - [`batch`]: [`Batch`] — the token ids and spans of one forward.
 //! - [`backend`]: the ops the blocks need, with a CPU and a CUDA implementation side by side.
+//! - [`comm`]: collectives of a tensor-parallel group ([`comm::Communicator`], the in-process
+//!   [`comm::LocalGroup`]).
 //! - [`state`]: the per-request state caches ([`StateCache`], [`ModelCache`]).
 //! - [`layer`]: the layer traits [`PreLayer`], [`TransformerLayer`], [`PostLayer`].
 //! - [`nn`]: the shared blocks (linear, norms, RoPE, attention, SwiGLU, MoE, Gated DeltaNet, …).
@@ -14,6 +16,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod comm;
 pub mod engine;
 pub mod error;
 pub mod layer;

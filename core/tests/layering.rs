@@ -1,11 +1,12 @@
 //! The core's modules form a layered, acyclic graph: each top-level module uses only the
-//! modules below it (`error < tensor < batch < backend < state < layer < nn < model < load <
+//! modules below it (`error < tensor < batch < backend < comm < state < layer < nn < model < load <
 //! engine`). This test reads every `crate::…` path in `core/src` (outside comments) and fails
 //! on any edge that points up or sideways, naming the file and the line.
 
 use std::path::Path;
 
-const ORDER: &[&str] = &["error", "tensor", "batch", "backend", "state", "layer", "nn", "model", "load", "engine"];
+const ORDER: &[&str] =
+    &["error", "tensor", "batch", "backend", "comm", "state", "layer", "nn", "model", "load", "engine"];
 
 /// Crate-root macros and where they are defined.
 const MACROS: &[(&str, &str)] = &[("bail", "error"), ("err", "error"), ("ensure", "error"), ("by_dtype", "tensor")];

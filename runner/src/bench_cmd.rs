@@ -69,6 +69,9 @@ pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device
             cfg["layer_types"] = serde_json::Value::Array(t.into_iter().cycle().take(n).collect());
         }
     }
+    if run.tensor_parallel_size > 1 {
+        bail!("--tensor-parallel-size applies to --model checkpoints; random-weight models (--config) run on one rank");
+    }
     checks::random_weights_fit(&cfg, run.dtype, device)?;
     porter_core::tensor::cuda::set_deterministic(run.deterministic);
     Ok(registry::build_random_with(&cfg, Path::new("."), run.dtype, device, 0, run.quantize)?)

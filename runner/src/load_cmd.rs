@@ -75,7 +75,13 @@ pub fn cmd_load(a: &LoadArgs) -> Result<()> {
     };
     let (rss0, _) = rss();
     let t0 = std::time::Instant::now();
-    let opts = registry::LoadOptions { dtype: a.dtype, device, show_progress: false, quantize: a.quantize };
+    let opts = registry::LoadOptions {
+        dtype: a.dtype,
+        device,
+        show_progress: false,
+        quantize: a.quantize,
+        tensor_parallel: 1,
+    };
     let model = registry::load_with(&dir, &opts)?;
     model.sync()?;
     let secs = t0.elapsed().as_secs_f64();

@@ -103,6 +103,10 @@ struct RunArgs {
     /// checkpoints; embeddings, lm_head, norms, routers and gates stay in the model dtype).
     #[arg(long)]
     quantize: Option<porter_core::quant::Quantize>,
+    /// Tensor-parallel ranks: each loads its shard of the weights (heads, MLP and expert
+    /// slices, vocabulary rows) and runs on its own thread; on the CPU for now.
+    #[arg(long = "tensor-parallel-size", short = 't', default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    tensor_parallel_size: u16,
 }
 
 #[derive(Args)]
@@ -262,7 +266,13 @@ fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
     porter_core::tensor::cuda::set_deterministic(run.deterministic);
     let dir = model_dir(&run.model);
     let device = run.device.unwrap_or_else(porter_core::device::default_device);
-    let opts = registry::LoadOptions { dtype: run.dtype, device, show_progress: true, quantize: run.quantize };
+    let opts = registry::LoadOptions {
+        dtype: run.dtype,
+        device,
+        show_progress: true,
+        quantize: run.quantize,
+        tensor_parallel: usize::from(run.tensor_parallel_size),
+    };
     let model = registry::load_with(&dir, &opts).with_context(|| format!("loading model from {}", dir.display()))?;
     Ok((dir, model))
 }

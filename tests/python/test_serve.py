@@ -352,6 +352,43 @@ class Speculative(unittest.TestCase):
         self.assertEqual(self.plain.metric("vllm:spec_decode_num_draft_tokens"), 0)
 
 
+class TensorParallel(unittest.TestCase):
+    """`--tensor-parallel-size 2` (CPU ranks): greedy answers equal the plain server's, also with
+    MTP; SmolLM2 at `-t 3` answers the chat question as at TP 1."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.plain = Server()
+        cls.tp = Server("--tensor-parallel-size", "2")
+        cls.tp_spec = Server("--tensor-parallel-size", "2", "--mtp-step", "2")
+
+    @classmethod
+    def tearDownClass(cls):
+        for s in (cls.plain, cls.tp, cls.tp_spec):
+            assert s.stop() == 0
+
+    def test_greedy_equal(self):
+        prompts = ["Beautiful is better than", "Simple is", "Flat is better than nested."]
+        for s in (self.plain, self.tp, self.tp_spec):
+            s.answers = [s.client().completions.create(model="qwen3_next_mtp", prompt=p, max_tokens=16, temperature=0,
+                                                       extra_body={"ignore_eos": True}).choices[0].text
+                         for p in prompts]
+        self.assertEqual(self.tp.answers, self.plain.answers)
+        self.assertEqual(self.tp_spec.answers, self.plain.answers)
+        self.assertGreater(self.tp_spec.metric("vllm:spec_decode_num_draft_tokens"), 0)
+
+    def test_smollm2_tp3_chat(self):
+        s = Server("--model", SMOLLM2, "-t", "3", "--served-model-name", "smollm2")
+        try:
+            r = s.client().chat.completions.create(
+                model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                max_tokens=24, temperature=0)
+            self.assertIn("Paris", r.choices[0].message.content)
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+
 class RandomWeights(unittest.TestCase):
     """`--config FILE --tokenizer FILE`: a benchmark server on random weights."""
 

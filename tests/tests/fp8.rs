@@ -20,7 +20,10 @@ const F32_TOL: f32 = 1e-3;
 const BF16_TOL: f32 = 5e-2;
 
 fn load_q(dir: &Path, dtype: DType, quantize: Option<Quantize>) -> porter_core::Result<Model> {
-    registry::load_with(dir, &LoadOptions { dtype, device: Device::Cpu, show_progress: false, quantize })
+    registry::load_with(
+        dir,
+        &LoadOptions { dtype, device: Device::Cpu, show_progress: false, quantize, tensor_parallel: 1 },
+    )
 }
 
 fn ref_json(name: &str) -> serde_json::Value {

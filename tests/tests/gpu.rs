@@ -177,6 +177,49 @@ fn cuda_rollback_equals_fresh_run() {
 
 /// `--device cuda` on a model folder and the CPU give the same greedy tokens with sampling
 /// parameters too (the device sampler reproduces the host sampler's draws).
+/// NCCL collectives (`comm::nccl::NcclComm`) with one rank per visible GPU, each on its own
+/// thread. One GPU gives a group of one (the collectives still go through NCCL on the
+/// device); with several the sums and the gathered layout are checked across them.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_nccl_all_reduce_and_all_gather() {
+    use porter_core::comm::{nccl::NcclComm, Communicator};
+    use porter_core::Tensor;
+    let Some(_) = cuda_or_skip("nccl") else { panic!("nccl: needs a CUDA GPU") };
+    let n = porter_core::device::cuda_device_count().unwrap();
+    let comms = NcclComm::group(&(0..n).collect::<Vec<_>>()).unwrap_or_else(|e| panic!("{e:#}"));
+    let out: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                s.spawn(move || {
+                    let dev = Device::Cuda(r);
+                    let mut t = Tensor::from_vec(vec![r as f32 + 1.0; 6], [2, 3], DType::F32)?.into_device(dev)?;
+                    c.all_reduce_sum(&mut t)?;
+                    let mut h =
+                        Tensor::from_vec(vec![0.5 * (r as f32 + 1.0); 4], [4], DType::BF16)?.into_device(dev)?;
+                    c.all_reduce_sum(&mut h)?;
+                    let part: Vec<f32> = (0..4).map(|i| (10 * r + i) as f32).collect();
+                    let g = c.all_gather_last(&Tensor::from_vec(part, [2, 2], DType::F32)?.into_device(dev)?)?;
+                    assert_eq!(g.shape(), &[2, 2 * n]);
+                    Ok::<_, porter_core::Error>((t.host_vec()?, h.host_vec()?, g.host_vec()?))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+    });
+    let tri = (n * (n + 1) / 2) as f32;
+    let row =
+        |i: usize| (0..n).flat_map(|r| [(10 * r + 2 * i) as f32, (10 * r + 2 * i + 1) as f32]).collect::<Vec<_>>();
+    for (sum, half, gathered) in &out {
+        assert_eq!(sum, &vec![tri; 6]);
+        assert_eq!(half, &vec![0.5 * tri; 4]);
+        assert_eq!(gathered, &[row(0), row(1)].concat());
+    }
+    println!("nccl: {n} rank(s), all-reduce f32/bf16 and all-gather correct");
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_sampling_matches_cpu() {

@@ -4,13 +4,42 @@
 
 use crate::bail;
 use crate::error::Result;
+use crate::load::shard::ShardAxis;
 use crate::load::weight_map::Weights;
 use crate::nn::*;
 
 pub fn linear(w: &mut Weights, slot: &str) -> Result<Linear> {
+    let reduce = row_parallel(w, slot);
     let weight = w.take(slot)?;
     let bias = w.take_opt(&format!("{slot}.bias"))?;
-    Ok(Linear::new(weight, bias))
+    Ok(Linear { reduce, ..Linear::new(weight, bias) })
+}
+
+/// The communicator that sums a row-parallel slot's partial products (`None` when the slot
+/// is loaded whole on this rank).
+fn row_parallel(w: &Weights, slot: &str) -> Option<std::sync::Arc<dyn crate::comm::Communicator>> {
+    (w.shard_axis(slot) == Some(ShardAxis::Row)).then(|| w.comm()).flatten()
+}
+
+/// `n` split evenly over the `world` ranks of a tensor-parallel group (`what` names it in the
+/// error when `world` does not divide it).
+fn per_rank(n: usize, world: usize, what: &str) -> Result<usize> {
+    if !n.is_multiple_of(world) {
+        bail!(Config, "tensor-parallel size {world} does not divide {what} = {n}");
+    }
+    Ok(n / world)
+}
+
+/// Heads that are split over the ranks while there are at least as many as ranks, and
+/// replicated (one per rank, shared by `world / n` ranks) when there are fewer.
+fn per_rank_or_shared(n: usize, world: usize, what: &str) -> Result<usize> {
+    if n >= world {
+        per_rank(n, world, what)
+    } else if world.is_multiple_of(n) {
+        Ok(1)
+    } else {
+        bail!(Config, "tensor-parallel size {world} is not a multiple of {what} = {n}")
+    }
 }
 
 pub fn norm(w: &mut Weights, slot: &str, eps: f32, kind: NormKind) -> Result<RmsNorm> {
@@ -76,8 +105,13 @@ pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool) ->
     } else {
         (w.take_packed(&parts)?, None)
     };
+    // Tensor parallelism: the routed and shared partial outputs are summed once, by the MoE.
+    let reduce = row_parallel(w, &format!("{prefix}.down_proj"));
     let shared = if has_shared {
-        let down = linear(w, &format!("{prefix}.shared_expert.down_proj"))?;
+        let mut down = linear(w, &format!("{prefix}.shared_expert.down_proj"))?;
+        if down.reduce.take().is_some() && reduce.is_none() {
+            bail!(WeightMap, "{prefix}: the shared expert is row-parallel but the routed experts are not");
+        }
         Some(SharedExpert { inter: down.w.dim(1), down })
     } else {
         None
@@ -92,6 +126,7 @@ pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool) ->
         top_k,
         norm_topk_prob,
         shared,
+        reduce,
     };
     m.check()?;
     Ok(m)
@@ -100,6 +135,14 @@ pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool) ->
 /// Gated DeltaNet at `P.in_proj_qkvz` and `P.in_proj_ba` (packed into one projection),
 /// `P.conv1d` (`[C, 1, K]`), `P.A_log`, `P.dt_bias` (f32), `P.norm`, `P.out_proj`.
 pub fn gated_delta_net(w: &mut Weights, prefix: &str, cfg: crate::nn::gdn::GdnConfig) -> Result<Mixer> {
+    // Tensor parallelism: this rank's value heads, and the key heads they read (shared by
+    // several ranks when there are more ranks than key heads).
+    let world = w.tp().world;
+    let cfg = crate::nn::gdn::GdnConfig {
+        key_heads: per_rank_or_shared(cfg.key_heads, world, "linear_num_key_heads")?,
+        value_heads: per_rank(cfg.value_heads, world, "linear_num_value_heads")?,
+        ..cfg
+    };
     let conv_w = w.take_f32(&format!("{prefix}.conv1d"))?;
     let conv_w =
         conv_w.reshape([cfg.conv_dim(), cfg.conv_kernel]).map_err(|e| crate::err!(Shape, "{prefix}.conv1d: {e}"))?;
@@ -136,8 +179,17 @@ pub fn assemble(
     layers: Vec<Box<dyn crate::layer::TransformerLayer>>,
 ) -> Result<crate::model::Model> {
     let embed = std::sync::Arc::new(w.take("embed")?);
-    // A tied lm_head shares the embedding table (one copy on the device).
-    let lm_head = if base.tie_word_embeddings { embed.clone() } else { std::sync::Arc::new(w.take("lm_head")?) };
+    // A tied lm_head shares the embedding table (one copy on the device); under tensor
+    // parallelism it is this rank's rows of it (vocab-parallel).
+    let tp = w.tp();
+    let lm_head = match (base.tie_word_embeddings, tp.world) {
+        (true, 1) => embed.clone(),
+        (true, n) => {
+            let rows = per_rank(base.vocab_size, n, "vocab_size")?;
+            std::sync::Arc::new(embed.narrow_rows(tp.rank * rows, rows)?)
+        }
+        (false, _) => std::sync::Arc::new(w.take("lm_head")?),
+    };
     let norm = norm(w, "norm", base.rms_norm_eps as f32, norm_kind)?;
     Ok(crate::model::Model {
         info: crate::model::ModelInfo {
@@ -164,6 +216,13 @@ pub fn attention(
     rope: Rope,
     qk_norm: Option<(f32, NormKind)>,
 ) -> Result<Mixer> {
+    // Tensor parallelism: this rank's query heads and the KV heads they read.
+    let world = w.tp().world;
+    let cfg = AttentionConfig {
+        heads: per_rank(cfg.heads, world, "num_attention_heads")?,
+        kv_heads: per_rank_or_shared(cfg.kv_heads, world, "num_key_value_heads")?,
+        ..cfg
+    };
     let (q_norm, k_norm) = match qk_norm {
         Some((eps, kind)) => (
             Some(norm(w, &format!("{prefix}.q_norm"), eps, kind)?),

@@ -13,6 +13,10 @@
 //!   appended, or placed with `before = "SLOT"` / `after = "SLOT"` (a slot of the layout or of
 //!   a rule added earlier).
 //!
+//! A rule may carry a tensor-parallel plan, `shard = "column"`, `"row"` or a table
+//! `{ column|row = "GROUPS", parts = [...], split = [...], part_major = bool }`
+//! ([`crate::load::shard`]); an override replaces the layout rule's plan.
+//!
 //! `[[ignore]]` rules of the map are added after the layout's. A layout names no
 //! `architecture` and extends nothing; the map that extends it names the architecture.
 //!
@@ -65,6 +69,33 @@ pub(crate) struct TensorRule {
     /// De-interleave rows: the rows form `groups` blocks of `parts` rows each; the result
     /// holds part 0 of every group, then part 1 of every group, and so on.
     pub(crate) regroup: Option<RegroupRule>,
+    /// How the sources split over tensor-parallel ranks (absent: replicated).
+    pub(crate) shard: Option<ShardRule>,
+}
+
+/// `shard = "column" | "row"`, or a table naming the axis by its group count:
+/// `{ column = "num_key_value_heads" }`, `{ row = "G", parts = ["p0", "p1"], split = [true, false],
+/// part_major = true }` (see [`crate::load::shard`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum ShardRule {
+    Plain(String),
+    Grouped(GroupedShard),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct GroupedShard {
+    pub(crate) column: Option<String>,
+    pub(crate) row: Option<String>,
+    /// Elements of each part of a group (default: one part, the whole group).
+    #[serde(default)]
+    pub(crate) parts: Vec<String>,
+    /// Per part: cut among ranks sharing a group (default: replicated).
+    #[serde(default)]
+    pub(crate) split: Vec<bool>,
+    #[serde(default)]
+    pub(crate) part_major: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -106,6 +137,7 @@ struct RawRule {
     when: Option<String>,
     stack: Option<String>,
     regroup: Option<RegroupRule>,
+    shard: Option<ShardRule>,
     before: Option<String>,
     after: Option<String>,
 }
@@ -119,7 +151,15 @@ impl RawRule {
         let (Some(from), Some(shape)) = (self.from, self.shape) else {
             bail!(WeightMap, "{what}: rule `{}` needs `from` and `shape`", self.slot);
         };
-        Ok(TensorRule { slot: self.slot, from, shape, when: self.when, stack: self.stack, regroup: self.regroup })
+        Ok(TensorRule {
+            slot: self.slot,
+            from,
+            shape,
+            when: self.when,
+            stack: self.stack,
+            regroup: self.regroup,
+            shard: self.shard,
+        })
     }
 }
 
@@ -187,6 +227,7 @@ fn extend(name: &str, raw: RawFile) -> Result<(Vec<TensorRule>, Vec<IgnoreRule>)
             base.when = r.when.or(base.when.take());
             base.stack = r.stack.or(base.stack.take());
             base.regroup = r.regroup.or(base.regroup.take());
+            base.shard = r.shard.or(base.shard.take());
             continue;
         }
         let place = match (&r.before, &r.after) {
@@ -232,6 +273,15 @@ pub(crate) fn parse(text: &str) -> Result<MapFile> {
         }
         if r.regroup.is_some() && (r.stack.is_some() || matches!(r.from, OneOrMany::Many(_))) {
             bail!(WeightMap, "weight map rule `{}`: `regroup` applies to a single tensor", r.slot);
+        }
+        match &r.shard {
+            Some(ShardRule::Plain(p)) if p != "column" && p != "row" => {
+                bail!(WeightMap, "weight map rule `{}`: unknown shard `{p}` (`column`, `row` or a table)", r.slot)
+            }
+            Some(ShardRule::Grouped(g)) if g.column.is_some() == g.row.is_some() => {
+                bail!(WeightMap, "weight map rule `{}`: a shard table names exactly one of `column` / `row`", r.slot)
+            }
+            _ => {}
         }
         if r.stack.is_some() && matches!(r.from, OneOrMany::Many(_)) {
             bail!(WeightMap, "weight map rule `{}`: `stack` and a list of sources cannot be combined", r.slot);
@@ -301,6 +351,30 @@ shape = ["hidden_size"]
         assert_eq!(s.last(), Some(&"extra"));
         let up = m.tensor.iter().find(|r| r.slot == "layers.{layer}.mlp.up_proj").unwrap();
         assert_eq!((up.when.as_deref(), up.shape[0].as_str()), (Some("dense"), "intermediate_size"));
+    }
+
+    /// Shard plans parse, an override replaces one, and malformed plans are errors.
+    #[test]
+    fn shard_plans() {
+        let m = parse(
+            "architecture = \"X\"\nextends = \"llama\"\n[[tensor]]\nslot = \"layers.{layer}.mlp.down_proj\"\nshard = { row = \"g\", parts = [\"p\"], split = [true] }\n",
+        )
+        .unwrap();
+        let down = m.tensor.iter().find(|r| r.slot == "layers.{layer}.mlp.down_proj").unwrap();
+        assert!(matches!(&down.shard, Some(ShardRule::Grouped(g)) if g.row.as_deref() == Some("g")));
+        let lm = m.tensor.iter().find(|r| r.slot == "lm_head").unwrap();
+        assert!(matches!(&lm.shard, Some(ShardRule::Plain(p)) if p == "column"));
+        for (plan, needle) in [
+            ("\"diagonal\"", "unknown shard `diagonal`"),
+            ("{ column = \"a\", row = \"b\" }", "exactly one of"),
+            ("{ parts = [\"a\"] }", "exactly one of"),
+        ] {
+            let text = format!(
+                "architecture = \"X\"\n[[tensor]]\nslot = \"a\"\nfrom = \"a\"\nshape = [\"n\"]\nshard = {plan}\n"
+            );
+            let e = parse(&text).expect_err(plan).to_string();
+            assert!(e.contains(needle), "{plan}: {e}");
+        }
     }
 
     #[test]

@@ -7,5 +7,6 @@ pub mod config;
 pub mod map_file;
 pub mod quant;
 pub mod registry;
+pub mod shard;
 pub mod weight_map;
 pub mod weights;

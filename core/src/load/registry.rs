@@ -117,6 +117,9 @@ pub struct LoadOptions {
     /// Online quantization of a dense checkpoint (`--quantize`); FP8 checkpoints are FP8
     /// without it.
     pub quantize: Option<Quantize>,
+    /// Tensor-parallel ranks (`--tensor-parallel-size`; 1: none). Each rank loads its shard
+    /// of the weights (the weight map's `shard` rules) and runs on its own thread.
+    pub tensor_parallel: usize,
 }
 
 /// Reads the config, selects the entry, resolves its weight map and opens the checkpoint.
@@ -179,17 +182,52 @@ pub fn build_random_with(
 
 /// Loads a model folder end to end.
 pub fn load(dir: &Path, dtype: DType, device: Device, show_progress: bool) -> Result<Model> {
-    load_with(dir, &LoadOptions { dtype, device, show_progress, quantize: None })
+    load_with(dir, &LoadOptions { dtype, device, show_progress, quantize: None, tensor_parallel: 1 })
 }
 
 /// [`load`] with every option: also online FP8 quantization (`quantize`), which turns each
 /// eligible linear weight ([`QuantConfig::quantizes`]) of a dense checkpoint into block-128 FP8
 /// as it is read.
 pub fn load_with(dir: &Path, o: &LoadOptions) -> Result<Model> {
-    let (dtype, device, show_progress) = (o.dtype, o.device, o.show_progress);
-    crate::tensor::device::check_device(device)?;
+    crate::tensor::device::check_device(o.device)?;
     let p = prepare(dir)?;
+    match o.tensor_parallel {
+        0 => crate::bail!(Config, "tensor-parallel size must be at least 1"),
+        1 => build_rank(dir, &p, o, None),
+        world => {
+            if p.quant.is_some() || o.quantize.is_some() {
+                crate::bail!(Config, "tensor parallelism with FP8 weights is not supported yet");
+            }
+            if o.device != Device::Cpu {
+                crate::bail!(
+                    Config,
+                    "tensor parallelism runs on the CPU (in-process ranks) for now; NCCL across GPUs is not wired in yet"
+                );
+            }
+            let group = std::sync::Arc::new(crate::comm::LocalGroup::new(world)?);
+            let ranks = (0..world)
+                .map(|r| {
+                    build_rank(dir, &p, o, Some(crate::comm::TpGroup::comm(&*group, r)))
+                        .with_context(|| format!("tensor-parallel rank {r} of {world}"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Model::tensor_parallel(group, ranks)
+        }
+    }
+}
+
+/// Builds one rank's model (the whole model without tensor parallelism).
+fn build_rank(
+    dir: &Path,
+    p: &Prepared,
+    o: &LoadOptions,
+    comm: Option<std::sync::Arc<dyn crate::comm::Communicator>>,
+) -> Result<Model> {
+    let (dtype, device, show_progress) = (o.dtype, o.device, o.show_progress);
     let mut weights = p.map.load(p.checkpoint.clone(), dtype)?;
+    if let Some(c) = comm {
+        weights.set_tensor_parallel(c)?;
+    }
     weights.set_device(device);
     if o.quantize == Some(Quantize::Fp8) && p.quant.is_none() {
         weights.set_quantize(Some(QuantConfig::fp8()));

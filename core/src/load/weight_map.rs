@@ -32,7 +32,8 @@
 
 use crate::error::{Context, Result};
 use crate::load::checkpoint::Checkpoint;
-use crate::load::map_file::{self, MapFile};
+use crate::load::map_file::{self, MapFile, ShardRule, TensorRule};
+pub use crate::load::shard::{Shard, ShardAxis, TpRank};
 pub use crate::load::weights::Weights;
 use crate::tensor::dtype::DType;
 use crate::{bail, err};
@@ -204,7 +205,54 @@ pub struct ResolvedSlot {
     /// Shape of the assembled slot.
     pub shape: Vec<usize>,
     pub transform: Transform,
+    /// How each source splits over tensor-parallel ranks (`None`: replicated).
+    pub shard: Option<Shard>,
 }
+
+impl ResolvedSlot {
+    /// The slot as rank `tp` loads it: each source cut to its shard (`source_shapes`, `shape`
+    /// and a `regroup` made local), with the ranges to read. Replicated slots are unchanged.
+    pub fn sharded(&self, tp: TpRank) -> Result<(ResolvedSlot, Option<Ranges>)> {
+        let Some(sh) = self.shard.as_ref().filter(|_| tp.world > 1) else { return Ok((self.clone(), None)) };
+        let ranges = sh.ranges(tp).with_context(|| format!("weight slot `{}`", self.slot))?;
+        let n: usize = ranges.iter().map(|r| r.1).sum();
+        let mut out = self.clone();
+        for shp in &mut out.source_shapes {
+            let d = match sh.axis {
+                ShardAxis::Column => shp.first_mut(),
+                ShardAxis::Row => shp.last_mut(),
+            };
+            if let Some(d) = d {
+                *d = n;
+            }
+        }
+        let src = out.source_shapes.first().cloned().unwrap_or_default();
+        out.shape = match (&self.transform, sh.axis) {
+            (Transform::StackExperts, _) => std::iter::once(self.shape[0]).chain(src).collect(),
+            (Transform::Concat, ShardAxis::Column) => {
+                let mut s = src;
+                s[0] *= self.sources.len();
+                s
+            }
+            (Transform::Concat, ShardAxis::Row) => {
+                let mut s = self.shape.clone();
+                if let Some(l) = s.last_mut() {
+                    *l = n;
+                }
+                s
+            }
+            _ => src,
+        };
+        if let Transform::Regroup { .. } = self.transform {
+            let (groups, parts) = sh.local_layout(tp);
+            out.transform = Transform::Regroup { groups, parts };
+        }
+        Ok((out, Some(ranges)))
+    }
+}
+
+/// `(start, len)` ranges along a shard's axis.
+pub type Ranges = Vec<(usize, usize)>;
 
 /// A checkpoint tensor that is deliberately not loaded.
 #[derive(Debug, Clone)]
@@ -317,12 +365,14 @@ impl WeightMap {
                         (0..ctx.num_experts).map(|e| pattern.replace("{expert}", &e.to_string())).collect();
                     let mut full = vec![ctx.num_experts];
                     full.extend_from_slice(&shape);
+                    let shard = resolve_shard(rule, ctx, &shape, None)?;
                     slots.push(ResolvedSlot {
                         slot,
                         source_shapes: vec![shape.clone(); sources.len()],
                         sources,
                         shape: full,
                         transform: Transform::StackExperts,
+                        shard,
                     });
                 } else {
                     let sources: Vec<String> = rule.from.list().iter().map(|s| sub(s)).collect();
@@ -348,12 +398,18 @@ impl WeightMap {
                     } else {
                         (Transform::Identity, shape.clone())
                     };
+                    let regroup = match &transform {
+                        Transform::Regroup { groups, parts } => Some((*groups, parts.clone())),
+                        _ => None,
+                    };
+                    let shard = resolve_shard(rule, ctx, &shape, regroup)?;
                     slots.push(ResolvedSlot {
                         slot,
                         source_shapes: vec![shape.clone(); sources.len()],
                         sources,
                         shape: full,
                         transform,
+                        shard,
                     });
                 }
             }
@@ -382,6 +438,66 @@ impl WeightMap {
     }
 }
 
+/// Evaluates a rule's `shard` against the shape of its sources (and its `regroup`, whose groups
+/// and parts a shard table on the same rule defaults to).
+fn resolve_shard(
+    rule: &TensorRule,
+    ctx: &MapContext,
+    shape: &[usize],
+    regroup: Option<(usize, Vec<usize>)>,
+) -> Result<Option<Shard>> {
+    let Some(r) = &rule.shard else { return Ok(None) };
+    let what = || format!("rule `{}`: shard", rule.slot);
+    let axis = match r {
+        ShardRule::Plain(p) if p == "row" => ShardAxis::Row,
+        ShardRule::Grouped(g) if g.row.is_some() => ShardAxis::Row,
+        _ => ShardAxis::Column,
+    };
+    let len = match axis {
+        ShardAxis::Column => shape.first(),
+        ShardAxis::Row => shape.last(),
+    }
+    .copied()
+    .unwrap_or(1);
+    let sh = match r {
+        ShardRule::Plain(_) => Shard::plain(axis, len),
+        ShardRule::Grouped(g) => {
+            let expr = g.column.as_ref().or(g.row.as_ref()).ok_or_else(|| err!(WeightMap, "{}: no axis", what()))?;
+            let groups = ctx.eval(expr).with_context(what)?;
+            let parts: Vec<usize> = if !g.parts.is_empty() {
+                g.parts.iter().map(|e| ctx.eval(e)).collect::<Result<_>>().with_context(what)?
+            } else if let Some((_, p)) = regroup.as_ref().filter(|(rg, _)| *rg == groups) {
+                p.clone()
+            } else if groups > 0 && len.is_multiple_of(groups) {
+                vec![len / groups]
+            } else {
+                bail!(WeightMap, "{}: {len} elements do not form {groups} groups", what());
+            };
+            let split = if g.split.is_empty() { vec![false; parts.len()] } else { g.split.clone() };
+            if split.len() != parts.len() {
+                bail!(WeightMap, "{}: `split` needs one flag per part ({} parts)", what(), parts.len());
+            }
+            Shard { axis, groups, parts, split, part_major: g.part_major }
+        }
+    };
+    if sh.len() != len {
+        bail!(
+            WeightMap,
+            "{}: {} groups of {:?} cover {} elements, the tensor has {len}",
+            what(),
+            sh.groups,
+            sh.parts,
+            sh.len()
+        );
+    }
+    if let Some((groups, parts)) = &regroup {
+        if sh.axis != ShardAxis::Column || sh.part_major || sh.groups != *groups || &sh.parts != parts {
+            bail!(WeightMap, "{}: a regrouped tensor splits by its regroup's groups and parts", what());
+        }
+    }
+    Ok(Some(sh))
+}
+
 impl ResolvedMap {
     fn is_ignored(&self, name: &str) -> bool {
         self.ignores.iter().any(|i| match i {
@@ -400,7 +516,8 @@ impl ResolvedMap {
                     Transform::StackExperts | Transform::Concat => format!("{}[{i}]", s.slot),
                     Transform::Identity | Transform::Regroup { .. } => s.slot.clone(),
                 };
-                out.push_str(&format!("{src} -> {target} {shp:?} {}\n", s.transform));
+                let tp = s.shard.as_ref().map(|t| format!(" {t}")).unwrap_or_default();
+                out.push_str(&format!("{src} -> {target} {shp:?} {}{tp}\n", s.transform));
             }
         }
         for i in &self.ignores {

@@ -9,9 +9,11 @@
 //! each weight once. Packed layouts (`[gate; up]`, the Gated DeltaNet in-projections, the
 //! MoE router with its shared expert) are assembled here, once, by [`Weights::take_packed`].
 
+use crate::comm::{Communicator, TpRank};
 use crate::error::{Context, Result};
 use crate::load::checkpoint::Checkpoint;
 use crate::load::quant::{scale_name, QuantConfig};
+use crate::load::shard::{read_shard, ShardAxis};
 use crate::load::weight_map::{regroup_rows, ResolvedMap, ResolvedSlot, Transform};
 use crate::tensor::cuda::{gpu, DevType, Gpu};
 use crate::tensor::{CpuStorage, DType, Device, Fp8Weight, Tensor};
@@ -56,6 +58,11 @@ pub struct Weights {
     quantize: Option<QuantConfig>,
     /// The map's slots of a random-weight store (their source names decide online quantization).
     random_slots: HashMap<String, ResolvedSlot>,
+    /// Tensor parallelism: this store's rank, its communicator, and per sharded slot the axis
+    /// and the ranges of each source that the rank reads.
+    tp: TpRank,
+    comm: Option<Arc<dyn Communicator>>,
+    select: HashMap<String, (ShardAxis, Vec<(usize, usize)>)>,
 }
 
 impl std::fmt::Debug for Weights {
@@ -81,6 +88,9 @@ impl Default for Weights {
             stager: None,
             quantize: None,
             random_slots: HashMap::new(),
+            tp: TpRank::SINGLE,
+            comm: None,
+            select: HashMap::new(),
         }
     }
 }
@@ -114,6 +124,49 @@ impl Weights {
         self.quantize = q;
     }
 
+    /// Makes this store load rank `comm.tp()`'s shard of every sharded slot (the map's `shard`
+    /// rules); replicated slots load whole. Checks every slot's plan now, so a size the group
+    /// does not divide is an error before anything is read.
+    pub fn set_tensor_parallel(&mut self, comm: Arc<dyn Communicator>) -> Result<()> {
+        let tp = comm.tp();
+        // In name order, so the error for a size that does not divide is the same every run.
+        let mut slots: Vec<(&String, &mut Pending)> = self.slots.iter_mut().collect();
+        slots.sort_by(|a, b| a.0.cmp(b.0));
+        for (name, p) in slots {
+            match p {
+                Pending::Map(s) => {
+                    let (local, ranges) = s.sharded(tp)?;
+                    if let (Some(r), Some(sh)) = (ranges, &s.shard) {
+                        self.select.insert(name.clone(), (sh.axis, r));
+                    }
+                    *s = local;
+                }
+                Pending::Random { .. } | Pending::Ready(_) if tp.world > 1 => {
+                    bail!(Config, "weight slot `{name}`: tensor parallelism needs checkpoint weights")
+                }
+                _ => {}
+            }
+        }
+        self.tp = tp;
+        self.comm = Some(comm);
+        Ok(())
+    }
+
+    /// This store's tensor-parallel rank.
+    pub fn tp(&self) -> TpRank {
+        self.tp
+    }
+
+    /// The communicator of this store's rank (`None` without tensor parallelism).
+    pub fn comm(&self) -> Option<Arc<dyn Communicator>> {
+        self.comm.clone().filter(|c| c.tp().world > 1)
+    }
+
+    /// The axis slot `slot` is cut along on this rank (`None`: loaded whole).
+    pub fn shard_axis(&self, slot: &str) -> Option<ShardAxis> {
+        self.select.get(slot).map(|s| s.0)
+    }
+
     /// Whether slot `slot` is taken as an FP8 weight: every source is FP8 in the checkpoint
     /// or quantized online. (Packing helpers keep FP8 and dense parts apart.)
     pub fn is_fp8(&self, slot: &str) -> Result<bool> {
@@ -145,6 +198,9 @@ impl Weights {
     /// Reads an FP8 slot: each source's e4m3 bytes and scales from the checkpoint, or its
     /// values block-quantized now; then the map's transform, with the scales following the rows.
     fn read_fp8_slot(&mut self, s: &ResolvedSlot, dt: DType) -> Result<Tensor> {
+        if self.select.contains_key(&s.slot) {
+            bail!(Config, "weight slot `{}`: tensor parallelism with FP8 weights is not supported yet", s.slot);
+        }
         let ckpt = self.ckpt.clone().ok_or_else(|| err!(Internal, "weight slot `{}` has no checkpoint", s.slot))?;
         let parts: Vec<Fp8Weight> = s
             .sources
@@ -398,6 +454,9 @@ impl Weights {
     /// converted one by one.
     fn read_slot(&mut self, s: &ResolvedSlot, dt: DType) -> Result<(CpuStorage, Vec<usize>)> {
         let ckpt = self.ckpt.clone().ok_or_else(|| err!(Internal, "weight slot `{}` has no checkpoint", s.slot))?;
+        if let Some((axis, ranges)) = self.select.get(&s.slot).cloned() {
+            return self.read_sharded(&ckpt, s, axis, &ranges, dt);
+        }
         let n: usize = s.shape.iter().product();
         let sizes: Vec<usize> = s.source_shapes.iter().map(|sh| sh.iter().product()).collect();
         if sizes.iter().sum::<usize>() != n {
@@ -436,7 +495,7 @@ impl Weights {
                 }
             })
         }
-        let mut host = match dt {
+        let host = match dt {
             DType::F32 => {
                 let mut v = vec![0f32; n];
                 fill(&ckpt, s, &sizes, dt, &mut v, |h| if let CpuStorage::F32(v) = h { Some(v) } else { None })?;
@@ -454,16 +513,31 @@ impl Weights {
             }
         };
         self.count_read(&ckpt, s);
-        if let Transform::Regroup { groups, parts } = &s.transform {
-            let cols: usize = s.shape[1..].iter().product();
-            host = match host {
-                CpuStorage::F32(v) => CpuStorage::F32(regroup_rows(&v, *groups, parts, cols)),
-                CpuStorage::BF16(v) => CpuStorage::BF16(regroup_rows(&v, *groups, parts, cols)),
-                CpuStorage::F16(v) => CpuStorage::F16(regroup_rows(&v, *groups, parts, cols)),
-                CpuStorage::F8E4M3(w) => CpuStorage::F8E4M3(w.regroup(*groups, parts)),
-            };
-        }
-        Ok((host, s.shape.clone()))
+        Ok((regroup_storage(host, s), s.shape.clone()))
+    }
+
+    /// A sharded slot: each source's ranges read (`shard::read_shard`), converted to `dt`,
+    /// assembled as the map's transform says (with the regroup made local).
+    fn read_sharded(
+        &mut self,
+        ckpt: &Checkpoint,
+        s: &ResolvedSlot,
+        axis: ShardAxis,
+        ranges: &[(usize, usize)],
+        dt: DType,
+    ) -> Result<(CpuStorage, Vec<usize>)> {
+        let parts = s
+            .sources
+            .par_iter()
+            .map(|src| {
+                let shape = ckpt.get(src).map(|i| i.shape.clone()).unwrap_or_default();
+                Ok(convert(read_shard(ckpt, src, &shape, axis, ranges)?, dt))
+            })
+            .collect::<Result<Vec<_>>>()
+            .with_context(|| format!("weight slot `{}`", s.slot))?;
+        let host = concat_storage(parts, dt)?;
+        self.count_read(ckpt, s);
+        Ok((regroup_storage(host, s), s.shape.clone()))
     }
 
     fn count_read(&mut self, ckpt: &Checkpoint, s: &ResolvedSlot) {
@@ -482,7 +556,7 @@ impl Weights {
     fn stream_to_device(&mut self, slots: &[ResolvedSlot], dt: DType) -> Result<Option<Tensor>> {
         let Device::Cuda(ordinal) = self.device else { return Ok(None) };
         let Some(ckpt) = self.ckpt.clone() else { return Ok(None) };
-        if slots.iter().any(|s| self.slot_fp8(s)) {
+        if slots.iter().any(|s| self.slot_fp8(s) || self.select.contains_key(&s.slot)) {
             return Ok(None);
         }
         if !slots.iter().all(|s| s.sources.iter().all(|src| ckpt.dtype_of(src) == Some(dt))) {
@@ -534,6 +608,18 @@ impl Weights {
     /// The number of checkpoint tensors the store reads when every slot is taken.
     pub fn tensors_to_read(&self) -> u64 {
         self.slots.values().map(|p| if let Pending::Map(s) = p { s.sources.len() as u64 } else { 0 }).sum()
+    }
+}
+
+/// Applies a slot's `regroup` (if any) to its assembled rows.
+fn regroup_storage(host: CpuStorage, s: &ResolvedSlot) -> CpuStorage {
+    let Transform::Regroup { groups, parts } = &s.transform else { return host };
+    let cols: usize = s.shape[1..].iter().product();
+    match host {
+        CpuStorage::F32(v) => CpuStorage::F32(regroup_rows(&v, *groups, parts, cols)),
+        CpuStorage::BF16(v) => CpuStorage::BF16(regroup_rows(&v, *groups, parts, cols)),
+        CpuStorage::F16(v) => CpuStorage::F16(regroup_rows(&v, *groups, parts, cols)),
+        CpuStorage::F8E4M3(w) => CpuStorage::F8E4M3(w.regroup(*groups, parts)),
     }
 }
 

@@ -10,7 +10,7 @@ pub mod draft;
 use crate::bail;
 use crate::error::{Context, Result};
 use crate::layer::{PostLayer, PreLayer, TransformerLayer};
-use crate::state::{Batch, CacheConfig, LayerCache, ModelCache, StateCache};
+use crate::state::{Batch, CacheConfig, ModelCache, StateCache};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 
@@ -93,8 +93,7 @@ impl Model {
     /// `cfg.max_seqs` slots and the KV pools of `cfg.num_blocks` blocks are allocated now.
     pub fn new_cache_with(&self, cfg: &CacheConfig) -> Result<ModelCache> {
         let (device, dtype) = (self.info.device, self.info.dtype);
-        let layers =
-            self.layers.iter().map(|l| LayerCache::new(l.kind(), device, dtype, cfg)).collect::<Result<Vec<_>>>()?;
+        let layers = self.layers.iter().map(|l| l.new_cache(device, dtype, cfg)).collect::<Result<Vec<_>>>()?;
         Ok(ModelCache::new(layers, cfg))
     }
 
@@ -145,6 +144,38 @@ impl Model {
             })
             .sum();
         layers + self.post.weight_bytes()
+    }
+
+    /// One model from the per-rank models of a tensor-parallel group (rank r's weights are its
+    /// shard): layer i runs every rank's layer i at once ([`crate::nn::TpLayer`]), the lm_head
+    /// is vocab-parallel ([`crate::nn::TpHead`]), the embedding is rank 0's (replicated).
+    pub fn tensor_parallel(group: std::sync::Arc<dyn crate::comm::TpGroup>, ranks: Vec<Model>) -> Result<Model> {
+        let world = group.world();
+        if ranks.len() != world || world == 0 {
+            bail!(Internal, "{} rank models for a tensor-parallel group of {world}", ranks.len());
+        }
+        let n = ranks[0].layers.len();
+        if ranks.iter().any(|m| m.layers.len() != n) {
+            bail!(Internal, "tensor-parallel ranks built different layer counts");
+        }
+        let mut info = None;
+        let mut pre = None;
+        let mut layers: Vec<Vec<Box<dyn TransformerLayer>>> = (0..n).map(|_| Vec::with_capacity(world)).collect();
+        let mut posts = Vec::with_capacity(world);
+        for m in ranks {
+            info.get_or_insert(m.info);
+            pre.get_or_insert(m.pre);
+            for (i, l) in m.layers.into_iter().enumerate() {
+                layers[i].push(l);
+            }
+            posts.push(m.post);
+        }
+        let (Some(info), Some(pre)) = (info, pre) else { bail!(Internal, "no rank models") };
+        let layers = layers
+            .into_iter()
+            .map(|shards| Box::new(crate::nn::TpLayer { shards, group: group.clone() }) as Box<dyn TransformerLayer>)
+            .collect();
+        Ok(Model { info, pre, layers, post: Box::new(crate::nn::TpHead { shards: posts, group }) })
     }
 
     /// Waits until the device has finished all queued work of this model (a no-op on the

@@ -2,7 +2,8 @@
 
 use super::*;
 
-/// `y = x·Wᵀ + b`.
+/// `y = x·Wᵀ + b`. A row-parallel shard (tensor parallelism: `w` holds this rank's input
+/// columns) sums the ranks' partial products with `reduce` before the bias is added once.
 ///
 /// # Shapes
 /// - `w`: `[out, in]`, `b`: `[out]`
@@ -11,11 +12,12 @@ use super::*;
 pub struct Linear {
     pub w: Tensor,
     pub b: Option<Tensor>,
+    pub reduce: Option<Arc<dyn Communicator>>,
 }
 
 impl Linear {
     pub fn new(w: Tensor, b: Option<Tensor>) -> Self {
-        Self { w, b }
+        Self { w, b, reduce: None }
     }
 
     pub fn out_features(&self) -> usize {
@@ -24,6 +26,9 @@ impl Linear {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut y = x.matmul_t(&self.w)?;
+        if let Some(c) = &self.reduce {
+            c.all_reduce_sum(&mut y)?;
+        }
         if let Some(b) = &self.b {
             ops(&y).add_bias(&mut y, b)?;
         }

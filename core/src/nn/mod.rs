@@ -10,11 +10,13 @@
 use crate::backend::{ops, AttnArgs, GdnArgs, GdnWeights, MoeArgs, RopeArgs};
 use crate::bail;
 use crate::batch::Batch;
+use crate::comm::Communicator;
 use crate::error::Result;
 use crate::layer::{PostLayer, PreLayer};
 use crate::state::LayerCache;
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
+use std::sync::Arc;
 
 mod attention;
 mod decoder;
@@ -28,6 +30,7 @@ mod norm;
 mod rope;
 #[cfg(test)]
 mod test_util;
+mod tp;
 
 pub use crate::backend::NormKind;
 pub use attention::*;
@@ -40,3 +43,4 @@ pub use mlp::*;
 pub use moe::*;
 pub use norm::*;
 pub use rope::*;
+pub use tp::*;

@@ -35,6 +35,9 @@ pub struct Moe {
     pub top_k: usize,
     pub norm_topk_prob: bool,
     pub shared: Option<SharedExpert>,
+    /// Tensor parallelism: every expert (and the shared expert) holds this rank's slice of
+    /// the intermediate size; the ranks' partial outputs are summed once, at the end.
+    pub reduce: Option<Arc<dyn Communicator>>,
 }
 
 impl Moe {
@@ -92,6 +95,9 @@ impl Moe {
             let h = o.swiglu_cols(&all, self.experts, s.inter, x.dtype())?;
             let so = s.down.forward(&h)?;
             o.shared_expert_add(&mut y, &so, &all, self.experts + 2 * s.inter)?;
+        }
+        if let Some(c) = &self.reduce {
+            c.all_reduce_sum(&mut y)?;
         }
         // [T, H] f32, into the residual stream (see `Ops::moe_experts` on rounding).
         Ok(y)

@@ -486,6 +486,7 @@ pub(crate) fn moe_block(
         top_k,
         norm_topk_prob: renorm,
         shared: shared.map(|i| SharedExpert { inter: i, down: rng.linear(hidden, i, false) }),
+        reduce: None,
     };
     m.check().unwrap();
     m

@@ -65,6 +65,9 @@ pub enum LayerCache {
     Kv(KvCache),
     /// Linear-attention layers (conv + SSM state).
     Recurrent(RecCache),
+    /// A tensor-parallel layer: one cache per rank (each rank's heads), all indexed by the
+    /// same slots and KV blocks.
+    Sharded(Vec<LayerCache>),
 }
 
 impl LayerCache {
@@ -85,6 +88,7 @@ impl LayerCache {
         match self {
             LayerCache::Stateless | LayerCache::Kv(_) => Ok(()),
             LayerCache::Recurrent(r) => r.clear(seq),
+            LayerCache::Sharded(v) => v.iter_mut().try_for_each(|c| c.clear(seq)),
         }
     }
 
@@ -92,6 +96,7 @@ impl LayerCache {
         match self {
             LayerCache::Recurrent(r) => r.can_rollback(seq, from, to),
             LayerCache::Stateless | LayerCache::Kv(_) => true,
+            LayerCache::Sharded(v) => v.iter().all(|c| c.can_rollback(seq, from, to)),
         }
     }
 
@@ -100,6 +105,22 @@ impl LayerCache {
             // Positions past `len` are simply overwritten by the next step.
             LayerCache::Stateless | LayerCache::Kv(_) => Ok(()),
             LayerCache::Recurrent(r) => r.rollback(seq, from, len),
+            LayerCache::Sharded(v) => v.iter_mut().try_for_each(|c| c.truncate(seq, from, len)),
+        }
+    }
+
+    /// Every unsharded cache of this layer (itself, or each rank's).
+    fn leaves_mut(&mut self) -> Vec<&mut LayerCache> {
+        match self {
+            LayerCache::Sharded(v) => v.iter_mut().flat_map(LayerCache::leaves_mut).collect(),
+            c => vec![c],
+        }
+    }
+
+    fn leaves(&self) -> Vec<&LayerCache> {
+        match self {
+            LayerCache::Sharded(v) => v.iter().flat_map(LayerCache::leaves).collect(),
+            c => vec![c],
         }
     }
 }
@@ -217,9 +238,10 @@ impl ModelCache {
     /// A cache with the given per-layer state, for at most `cfg.max_seqs` live sequences and
     /// `cfg.num_blocks` KV blocks.
     pub fn new(layers: Vec<LayerCache>, cfg: &CacheConfig) -> Self {
-        let has_kv = layers.iter().any(|l| matches!(l, LayerCache::Kv(_)));
-        let has_recurrent = layers.iter().any(|l| matches!(l, LayerCache::Recurrent(_)));
-        let keeps = layers.iter().all(|l| match l {
+        let leaves: Vec<&LayerCache> = layers.iter().flat_map(LayerCache::leaves).collect();
+        let has_kv = leaves.iter().any(|l| matches!(l, LayerCache::Kv(_)));
+        let has_recurrent = leaves.iter().any(|l| matches!(l, LayerCache::Recurrent(_)));
+        let keeps = leaves.iter().all(|l| match l {
             LayerCache::Recurrent(r) => r.supports_checkpoints(),
             _ => true,
         });
@@ -413,7 +435,7 @@ impl ModelCache {
             n = keep;
             if let Some(c) = c {
                 self.ck.touch(c);
-                for layer in &mut self.layers {
+                for layer in self.layers.iter_mut().flat_map(LayerCache::leaves_mut) {
                     if let LayerCache::Recurrent(r) = layer {
                         r.restore(seq, c)?;
                     }
@@ -537,11 +559,11 @@ impl StateCache for ModelCache {
             }
         }
         let saves = Arc::new(saves);
-        for layer in &mut self.layers {
+        for layer in self.layers.iter_mut().flat_map(LayerCache::leaves_mut) {
             match layer {
                 LayerCache::Kv(kv) => kv.step = Some(step.clone()),
                 LayerCache::Recurrent(r) => r.ckpt_step = Some(saves.clone()),
-                LayerCache::Stateless => {}
+                LayerCache::Stateless | LayerCache::Sharded(_) => {}
             }
         }
         Ok(())

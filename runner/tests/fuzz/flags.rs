@@ -221,6 +221,12 @@ pub fn cases(rng: &mut Rng) -> Vec<Case> {
         ("--device=tpu", n("device")),
         ("--device=cuda:99999999999999999999", n("device")),
         ("--frobnicate", n("--frobnicate")),
+        ("--tensor-parallel-size=2", ok()),
+        ("-t4", ok()),
+        ("--tensor-parallel-size=0", n("--tensor-parallel-size")),
+        ("--tensor-parallel-size=65", n("--tensor-parallel-size")),
+        ("--tensor-parallel-size=two", n("--tensor-parallel-size")),
+        ("--tensor-parallel-size=3", Oracle::names_all(&["tensor-parallel size 3", "not a multiple of 2"])),
     ] {
         out.push(generate("qwen3", &[v], o));
     }
