@@ -505,6 +505,7 @@ fn cmd_inspect(a: &InspectArgs) -> Result<()> {
             device: Device::Cpu,
             max_position_embeddings: None,
             generation: Default::default(),
+            kv_cache_dtype: Default::default(),
         };
         let pd = registry::prepare_draft(&d, &p.config, &info, DType::F32)?;
         let (consumed, ignored) = pd.map.coverage(&pd.checkpoint);
