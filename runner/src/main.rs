@@ -12,6 +12,7 @@ use porter_core::draft::DraftHead;
 use porter_core::generate::generate;
 use porter_core::sampling::SamplingParams;
 use porter_core::speculative::{self, MtpMode};
+use porter_core::state::KvDtype;
 use porter_core::{registry, Batch, DType, Device, LogitsFor, Model, StateCache};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -103,6 +104,14 @@ struct RunArgs {
     /// checkpoints; embeddings, lm_head, norms, routers and gates stay in the model dtype).
     #[arg(long)]
     quantize: Option<porter_core::quant::Quantize>,
+    /// KV cache element type: auto (the model dtype), fp8 (e4m3) or int8, both with one
+    /// f32 scale per token and KV head (about half the bytes of bf16 per token).
+    #[arg(long, default_value = "auto", value_parser = parse_kv_dtype)]
+    kv_cache_dtype: KvDtype,
+}
+
+fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
+    s.parse()
 }
 
 #[derive(Args)]
@@ -263,7 +272,9 @@ fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
     let dir = model_dir(&run.model);
     let device = run.device.unwrap_or_else(porter_core::device::default_device);
     let opts = registry::LoadOptions { dtype: run.dtype, device, show_progress: true, quantize: run.quantize };
-    let model = registry::load_with(&dir, &opts).with_context(|| format!("loading model from {}", dir.display()))?;
+    let mut model =
+        registry::load_with(&dir, &opts).with_context(|| format!("loading model from {}", dir.display()))?;
+    model.info.kv_cache_dtype = run.kv_cache_dtype;
     Ok((dir, model))
 }
 

@@ -643,7 +643,14 @@ impl CpuKv {
                     let sc = slot * heads..(slot + 1) * heads;
                     let round = |x: f32| dt.round(x);
                     let out = p * row..(p + 1) * row;
-                    kv_quant::dequantize_row(qk, &self.kq[src.clone()], &self.ks[sc.clone()], hd, &mut k[out.clone()], &round);
+                    kv_quant::dequantize_row(
+                        qk,
+                        &self.kq[src.clone()],
+                        &self.ks[sc.clone()],
+                        hd,
+                        &mut k[out.clone()],
+                        &round,
+                    );
                     kv_quant::dequantize_row(qk, &self.vq[src], &self.vs[sc], hd, &mut v[out], &round);
                 }
             }

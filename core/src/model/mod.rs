@@ -79,7 +79,8 @@ impl Model {
     /// tokens.
     pub fn new_cache_spec(&self, max_seqs: usize, spec: usize) -> Result<ModelCache> {
         self.new_cache_with(
-            &CacheConfig::for_tokens(max_seqs, spec, self.default_cache_tokens()).with_kv_dtype(self.info.kv_cache_dtype),
+            &CacheConfig::for_tokens(max_seqs, spec, self.default_cache_tokens())
+                .with_kv_dtype(self.info.kv_cache_dtype),
         )
     }
 

@@ -78,8 +78,7 @@ impl LayerCache {
     /// The state a layer of `kind` needs on `device` for the cache `cfg` describes.
     pub fn new(kind: LayerKind, device: Device, dtype: DType, cfg: &CacheConfig) -> Result<Self> {
         Ok(match kind {
-            LayerKind::Attention { kv_heads, head_dim } => {
-                LayerCache::Kv(KvCache::new(
+            LayerKind::Attention { kv_heads, head_dim } => LayerCache::Kv(KvCache::new(
                 device,
                 kv_heads,
                 head_dim,
@@ -87,8 +86,7 @@ impl LayerCache {
                 cfg.kv_dtype,
                 cfg.block_size,
                 cfg.num_blocks,
-            )?)
-            }
+            )?),
             LayerKind::Recurrent { conv_dim, kernel, state_len } => {
                 LayerCache::Recurrent(RecCache::new(device, conv_dim, kernel, state_len, cfg.spec, cfg.max_seqs)?)
             }

@@ -214,8 +214,7 @@ impl CudaKernels {
         geo: &Geometry,
         mode: AttnMode,
     ) -> Result<()> {
-        let Geometry { max_blocks, block_size, t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window } =
-            *geo;
+        let Geometry { max_blocks, block_size, t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window } = *geo;
         if head_dim == 0 || head_dim > ATTN_MAX_HEAD_DIM {
             return Err(CudaError::Invalid(format!("attention: head_dim {head_dim} not in 1..={ATTN_MAX_HEAD_DIM}")));
         }

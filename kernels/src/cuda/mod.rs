@@ -67,17 +67,17 @@ macro_rules! launch_fn {
 }
 
 mod attention;
-mod kv_quant;
 mod gdn;
 mod gdn_chunk;
 mod gdn_seq;
+mod kv_quant;
 mod misc;
 mod moe;
 mod ops;
 
 pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};
-pub use kv_quant::QuantPools;
 pub use gdn::GDN_MAX_DK;
+pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 
@@ -228,7 +228,11 @@ pub(crate) static GDN: KernelSource = KernelSource { name: "gdn.cu", code: inclu
 /// (kv_quant.cu, the quantized pools' encoders and append, comes first).
 pub(crate) static ATTENTION: KernelSource = KernelSource {
     name: "attention.cu",
-    code: concat!(include_str!("../../cuda/kv_quant.cu"), "\n#line 1 \"attention.cu\"\n", include_str!("../../cuda/attention.cu")),
+    code: concat!(
+        include_str!("../../cuda/kv_quant.cu"),
+        "\n#line 1 \"attention.cu\"\n",
+        include_str!("../../cuda/attention.cu")
+    ),
 };
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine.
 pub(crate) static MOE: KernelSource = KernelSource { name: "moe.cu", code: include_str!("../../cuda/moe.cu") };
