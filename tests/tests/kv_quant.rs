@@ -5,14 +5,15 @@
 //! continuations, the serving engine with a quantized pool (prefix-cache hits reuse quantized
 //! blocks exactly) and the real SmolLM2 checkpoint.
 //!
-//! Measured (2026-12-01, this file's `println!`s), max|Δ| / std(ref) of the logits against the
-//! model-dtype KV run: int8 ≤ 1.0e-2 and fp8 ≤ 5.1e-2 over the fixtures (see
-//! docs/architecture.md §4.2 for the table). Bounds: the per-element error of a dequantized
-//! K/V value is ≤ scale/2 = amax/254 for int8 and ≤ 2⁻⁴·|x| (half an e4m3 step) for fp8,
-//! so fp8's logits error is expected ≈ 8× int8's (2⁻⁴ / 2⁻⁸ relative half-steps, less the
-//! int8 step being relative to the row's amax rather than the element); the bounds are
-//! 2.5e-2 (int8) and 1.2e-1 (fp8): above every measurement by a factor of ≥ 2, and below the
-//! level (≈ 0.3·std) where greedy continuations of these fixtures start to differ.
+//! Measured (2026-12-01, this file's `println!`s; docs/architecture.md §4.2 has the table),
+//! max|Δ| / std(ref) of the logits against the model-dtype KV run, worst over the three
+//! fixtures, both prompts, prefill and token by token: int8 1.67e-2, fp8 6.98e-2 (both on
+//! mistral_swa). Bounds: a dequantized K/V element is off by ≤ scale/2 = amax/254 for int8 and
+//! by ≤ 2⁻⁴·|x| (half an e4m3 step) for fp8, so fp8's logits error is expected a few times
+//! int8's (3–6× measured); the asserted bounds are 4e-2 (int8) and 1.5e-1 (fp8), each ≥ 2× the
+//! worst measurement, and well below the ≈ 0.14·std greedy margin of these fixtures only for
+//! int8 — fp8's greedy continuations agree on all three fixtures, but that is measured, not
+//! implied by the bound.
 
 use porter_core::engine::{EngineConfig, EngineCore, Event, SamplingParams};
 use porter_core::generate::generate;
@@ -22,9 +23,11 @@ use tests::engine_util::{cfg, greedy, run_all, Rng};
 use tests::*;
 
 /// max|Δ| / std(ref) bound of int8 KV logits vs the model-dtype KV (module docs).
-const INT8_TOL: f32 = 2.5e-2;
+const INT8_TOL: f32 = 4e-2;
 /// The same for fp8 (e4m3) KV.
-const FP8_TOL: f32 = 1.2e-1;
+const FP8_TOL: f32 = 1.5e-1;
+/// max|Δ| / std(ref) bound on SmolLM2 (bf16, every prompt position; see its test).
+const SMOLLM2_TOL: f32 = 1.0;
 
 fn with_kv(mut m: Model, kv: KvDtype) -> Model {
     m.info.kv_cache_dtype = kv;
@@ -140,5 +143,47 @@ fn engine_serves_with_quantized_kv_and_prefix_hits_are_exact() {
         let ids = |v: &[porter_core::engine::TokenOut]| v.iter().map(|t| t.id).collect::<Vec<_>>();
         let agree = ids(&base.0).iter().zip(ids(&quant.0)).take_while(|(a, b)| **a == *b).count();
         println!("engine {kv} KV: {agree}/8 greedy tokens agree with the bf16 KV");
+    }
+}
+
+/// The real SmolLM2-135M-Instruct (bf16, `target/smollm2` from `scripts/test-setup.sh`, or
+/// `$PORTER_SMOLLM2`): greedy answers to the reference's 4 chat prompts with fp8 / int8 KV vs
+/// the bf16 KV, first 16 tokens (agreeing prefix printed; 2026-12-01: int8 0, 1, 13, 16; fp8
+/// 9, 1, 16, 16), and the logits over every prompt position relative to the bf16-KV run
+/// (measured 0.17–0.30 int8, 0.25–0.49 fp8 × std: a real model's keys carry outlier channels
+/// that set a row's amax, far larger errors than on the random fixtures; bound 1.0, 2× the
+/// worst). Per-token scales are not enough for this model's int8 keys; per-channel key scales
+/// (KIVI) would be the next step.
+#[test]
+fn smollm2_greedy_with_quantized_kv() {
+    let dir = std::env::var_os("PORTER_SMOLLM2")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/smollm2"));
+    assert!(dir.join("conversion.json").is_file(), "{} is missing: run scripts/test-setup.sh", dir.display());
+    let r = Reference::open("smollm2_ref").expect("reference");
+    let load_kv = |kv| {
+        let mut m = porter_core::registry::load(&dir, DType::BF16, porter_core::Device::Cpu, false).expect("load");
+        m.info.kv_cache_dtype = kv;
+        m
+    };
+    let base = load_kv(KvDtype::Auto);
+    let eos = base.info.generation.eos_token_ids.clone();
+    for kv in [KvDtype::Int8, KvDtype::Fp8] {
+        let m = load_kv(kv);
+        for k in 0..4 {
+            let ids = r.ids(&format!("ids_{k}")).unwrap();
+            let want_logits = prefill_logits(&base, &ids).unwrap();
+            let got_logits = prefill_logits(&m, &ids).unwrap();
+            let ratio = max_abs_diff(&got_logits, &want_logits) / std(&want_logits);
+            println!("smollm2 prompt {k} bf16 {kv} KV vs bf16 KV, all positions: max|Δ|/std = {ratio:.3e}");
+            assert!(ratio <= SMOLLM2_TOL, "smollm2 prompt {k} {kv} KV: {ratio:e} > {SMOLLM2_TOL:e}");
+            let want = generate(&base, &ids, SamplingParams::default(), 16, &eos).unwrap().ids;
+            let got = generate(&m, &ids, SamplingParams::default(), 16, &eos).unwrap().ids;
+            let agree = want.iter().zip(&got).take_while(|(a, b)| a == b).count();
+            println!(
+                "smollm2 prompt {k} {kv} KV: {agree}/{} of the first greedy tokens agree with bf16 KV",
+                want.len()
+            );
+        }
     }
 }
