@@ -201,7 +201,9 @@ pub struct CudaKv {
     pool: CudaPool,
 }
 
+/// The pools of one layer (one value per attention layer, so the variants' sizes do not matter).
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 enum CudaPool {
     Plain { k: Tensor, v: Tensor },
     Quant(Arc<std::sync::Mutex<QuantPools>>),
