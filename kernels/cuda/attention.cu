@@ -163,12 +163,20 @@ struct PagedKv {
 // x / ts; of another sequence, item tile tiles_m - 1 - x (heaviest first).
 // Partials: part[z][s * qcap + i][h][D + 2] (z < nz). Dynamic shared memory:
 // (BM + 2*BN) * DS * sizeof(T) + BM * PS * 4 + 2 * BN * 4 bytes.
-template <typename T, int RA, int NC>
-__device__ __forceinline__ void attention_impl(const T* __restrict__ q, const T* __restrict__ kpool,
-                                               const T* __restrict__ vpool, const u32* __restrict__ tables,
+// KQ: 0 pools of T; KVQ_FP8 / KVQ_I8 pools of bytes with scales ksc / vsc
+// [n_slots][kvh] (kv_quant.cu), dequantized into the T tiles as they load.
+template <typename T, int KQ, int RA, int NC>
+__device__ __forceinline__ void attention_impl(const T* __restrict__ q, const void* __restrict__ kpool_,
+                                               const void* __restrict__ vpool_, const u32* __restrict__ tables,
                                                const u32* __restrict__ spans, T* __restrict__ out,
                                                float* __restrict__ part, u32 t, u32 heads, u32 kvh, u32 D,
-                                               float scale, u32 window, PagedKv kv, u32 tiles_m, u32 qcap, u32 nz) {
+                                               float scale, u32 window, PagedKv kv, u32 tiles_m, u32 qcap, u32 nz,
+                                               const float* __restrict__ ksc, const float* __restrict__ vsc) {
+    const T* kpool = reinterpret_cast<const T*>(kpool_);
+    const T* vpool = reinterpret_cast<const T*>(vpool_);
+    const unsigned char* kq = reinterpret_cast<const unsigned char*>(kpool_);
+    const unsigned char* vq = reinterpret_cast<const unsigned char*>(vpool_);
+    constexpr u32 ESZ = KQ == 0 ? sizeof(T) : 1;  // pool element bytes
     constexpr int BM = 8 * RA;
     constexpr int BN = ATT_BN;
     constexpr int DP = 64 * NC;
@@ -214,8 +222,8 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const T*
     }
     const u32* bt = tables + (u64)s * kv.max_blocks;
 
-    const bool vec = (D % 4 == 0) && ((reinterpret_cast<u64>(kpool) | reinterpret_cast<u64>(vpool) |
-                                       reinterpret_cast<u64>(q)) % (4 * sizeof(T)) == 0);
+    const bool vec = (D % 4 == 0) && ((reinterpret_cast<u64>(kpool) | reinterpret_cast<u64>(vpool)) % (4 * ESZ) == 0) &&
+                     reinterpret_cast<u64>(q) % (4 * sizeof(T)) == 0;
 
     // This thread's items; `wr`: 0 nothing, 1 the output, 2 a partial.
     bool iv[RA];
@@ -273,8 +281,12 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const T*
             T* vd = Vs + j * DS + d0;
             if (kpos >= lo_first && kpos <= p_last && d0 < D && ks != ATT_NOSLOT) {
                 const u64 off = ks * kv_stride + (u64)kh * D + d0;
-                // Every load of the tile in flight at once (the loop is latency-bound otherwise).
-                if (vec && d0 + 4 <= D) {
+                if constexpr (KQ != 0) {
+                    const u64 si = (u64)ks * kvh + kh;
+                    kvq_load4<T, KQ>(kd, kq + off, __ldg(ksc + si), D - d0, vec);
+                    kvq_load4<T, KQ>(vd, vq + off, __ldg(vsc + si), D - d0, vec);
+                } else if (vec && d0 + 4 <= D) {
+                    // Every load of the tile in flight at once (the loop is latency-bound otherwise).
                     async4(kd, kpool + off);
                     async4(vd, vpool + off);
                 } else {
@@ -467,14 +479,20 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
 }
 
 // __launch_bounds__ takes a literal: ATT_THREADS.
-#define ATTENTION_RC(T, NAME, RA, NC)                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) attention_##NAME##_r##RA##_c##NC(                          \
-        const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part,    \
-        u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,     \
-        u32 tiles_m, u32 qcap, u32 nz) {                                                                         \
-        attention_impl<T, RA, NC>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, D, scale, window,    \
-                                  PagedKv{max_blocks, bs_log2, n_slots}, tiles_m, qcap, nz);                     \
+// Name: attention_<NAME><QN>_r<RA>_c<NC>, QN empty (pools of T), _fp8 or _i8.
+#define ATTENTION_RCQ(T, NAME, KQ, QN, RA, NC)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) attention_##NAME##QN##_r##RA##_c##NC(                      \
+        const T* q, const void* kpool, const void* vpool, const u32* tables, const u32* spans, T* out,           \
+        float* part, u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks, u32 bs_log2,     \
+        u32 n_slots, u32 tiles_m, u32 qcap, u32 nz, const float* ksc, const float* vsc) {                        \
+        attention_impl<T, KQ, RA, NC>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, D, scale,        \
+                                      window, PagedKv{max_blocks, bs_log2, n_slots}, tiles_m, qcap, nz, ksc,     \
+                                      vsc);                                                                      \
     }
+#define ATTENTION_RC(T, NAME, RA, NC)                 \
+    ATTENTION_RCQ(T, NAME, 0, , RA, NC)               \
+    ATTENTION_RCQ(T, NAME, KVQ_FP8, _fp8, RA, NC)     \
+    ATTENTION_RCQ(T, NAME, KVQ_I8, _i8, RA, NC)
 
 #define ATTENTION_R(T, NAME, RA) \
     ATTENTION_RC(T, NAME, RA, 1) \
@@ -568,11 +586,18 @@ __device__ __forceinline__ void atc_load8(T* dst, const T* src, bool valid, bool
 #endif
 
 // Grid: (item tiles, n_seqs * kv_heads). D % 16 == 0, D <= DP.
-template <typename T, int DP>
-__device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const T* __restrict__ kpool,
-                                                  const T* __restrict__ vpool, const u32* __restrict__ tables,
+// KQ as in attention_impl: quantized K/V tiles are dequantized to T as they are
+// stored to shared memory (plain loads instead of cp.async).
+template <typename T, int KQ, int DP>
+__device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const void* __restrict__ kpool_,
+                                                  const void* __restrict__ vpool_, const u32* __restrict__ tables,
                                                   const u32* __restrict__ spans, T* __restrict__ out, u32 t,
-                                                  u32 heads, u32 kvh, u32 D, float scale, u32 window, PagedKv kv) {
+                                                  u32 heads, u32 kvh, u32 D, float scale, u32 window, PagedKv kv,
+                                                  const float* __restrict__ ksc, const float* __restrict__ vsc) {
+    const T* kpool = reinterpret_cast<const T*>(kpool_);
+    const T* vpool = reinterpret_cast<const T*>(vpool_);
+    const unsigned char* kq = reinterpret_cast<const unsigned char*>(kpool_);
+    const unsigned char* vq = reinterpret_cast<const unsigned char*>(vpool_);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using namespace nvcuda;
     typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
@@ -641,8 +666,15 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
             const u32 ks = sl[j];
             const bool ok = kpos >= lo_first && kpos <= p_last && d0 < D && ks != ATT_NOSLOT;
             const u64 off = ok ? (u64)ks * kv_stride + (u64)kh * D + d0 : 0;
-            atc_load8(kd + j * LD + d0, kpool + off, ok, async);
-            atc_load8(vd + j * LD + d0, vpool + off, ok, async);
+            if constexpr (KQ != 0) {
+                const u64 si = ok ? (u64)ks * kvh + kh : 0;
+                const float ksv = ok ? __ldg(ksc + si) : 0.0f, vsv = ok ? __ldg(vsc + si) : 0.0f;
+                kvq_load8<T, KQ>(kd + j * LD + d0, kq + off, ksv, ok);
+                kvq_load8<T, KQ>(vd + j * LD + d0, vq + off, vsv, ok);
+            } else {
+                atc_load8(kd + j * LD + d0, kpool + off, ok, async);
+                atc_load8(vd + j * LD + d0, vpool + off, ok, async);
+            }
         }
     };
     // Slot tables of the first two tiles; tile jt + 2's is filled during tile jt.
@@ -829,13 +861,19 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
 #endif
 }
 
-#define ATTENTION_TC(T, NAME, DP)                                                                              \
-    extern "C" __global__ void __launch_bounds__(128, 1) attention_tc_##NAME##_d##DP(                           \
-        const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, u32 t,        \
-        u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots) {        \
-        attention_tc_impl<T, DP>(q, kpool, vpool, tables, spans, out, t, heads, kvh, D, scale, window,         \
-                                 PagedKv{max_blocks, bs_log2, n_slots});                                       \
+// Name: attention_tc_<NAME><QN>_d<DP>, QN as in ATTENTION_RCQ.
+#define ATTENTION_TCQ(T, NAME, KQ, QN, DP)                                                                     \
+    extern "C" __global__ void __launch_bounds__(128, 1) attention_tc_##NAME##QN##_d##DP(                       \
+        const T* q, const void* kpool, const void* vpool, const u32* tables, const u32* spans, T* out, u32 t,  \
+        u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,          \
+        const float* ksc, const float* vsc) {                                                                  \
+        attention_tc_impl<T, KQ, DP>(q, kpool, vpool, tables, spans, out, t, heads, kvh, D, scale, window,     \
+                                     PagedKv{max_blocks, bs_log2, n_slots}, ksc, vsc);                         \
     }
+#define ATTENTION_TC(T, NAME, DP)              \
+    ATTENTION_TCQ(T, NAME, 0, , DP)            \
+    ATTENTION_TCQ(T, NAME, KVQ_FP8, _fp8, DP)  \
+    ATTENTION_TCQ(T, NAME, KVQ_I8, _i8, DP)
 
 #define ATTENTION_TC_ALL(T, NAME) \
     ATTENTION_TC(T, NAME, 64)     \

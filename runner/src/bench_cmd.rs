@@ -74,7 +74,9 @@ pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device
     }
     checks::random_weights_fit(&cfg, run.dtype, device)?;
     porter_core::tensor::cuda::set_deterministic(run.deterministic);
-    Ok(registry::build_random_with(&cfg, Path::new("."), run.dtype, device, 0, run.quantize)?)
+    let mut model = registry::build_random_with(&cfg, Path::new("."), run.dtype, device, 0, run.quantize)?;
+    model.info.kv_cache_dtype = run.kv_cache_dtype;
+    Ok(model)
 }
 
 pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
@@ -117,7 +119,10 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let vocab = model.info.vocab_size as u32;
     let tok = |i: usize| (i as u32 * 7919 + 3) % vocab;
     let mut results = Vec::new();
-    println!("bench {label}: {} layers, {}, {device}", model.info.num_layers, a.run.dtype);
+    println!(
+        "bench {label}: {} layers, {}, KV cache {}, {device}",
+        model.info.num_layers, a.run.dtype, model.info.kv_cache_dtype
+    );
     // The HBM roofline: measured device-to-device copy bandwidth of this GPU.
     let roofline = match device {
         Device::Cuda(i) => {

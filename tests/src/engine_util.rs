@@ -23,7 +23,13 @@ impl Rng {
 }
 
 pub fn cfg(seqs: usize, budget: usize, blocks: usize) -> EngineConfig {
-    EngineConfig { max_num_batched_tokens: budget, max_num_seqs: seqs, block_size: 16, num_blocks: blocks }
+    EngineConfig {
+        max_num_batched_tokens: budget,
+        max_num_seqs: seqs,
+        block_size: 16,
+        num_blocks: blocks,
+        kv_dtype: Default::default(),
+    }
 }
 
 pub fn greedy(max_tokens: usize) -> SamplingParams {

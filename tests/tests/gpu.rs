@@ -397,3 +397,77 @@ fn cuda_engine_batch_invariance_hybrid() {
         tests::engine_util::invariance("qwen3_next_a", true, d);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Quantized KV cache (fp8 / int8, one f32 scale per token and KV head; kvquant branch)
+// ---------------------------------------------------------------------------------------
+
+/// CUDA logits with an fp8 / int8 KV cache vs the CPU with the same quantized cache (the
+/// device quantizes the same bytes and scales, kernels/tests/cuda_kv_quant.rs): f32 within the
+/// f32 tolerance, bf16 within the bf16 one, prefill and token by token, plus a CUDA greedy
+/// continuation equal to the CPU's with the same KV dtype.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_quantized_kv_matches_cpu() {
+    let Some(d) = cuda_or_skip("cuda_quantized_kv_matches_cpu") else { return };
+    use porter_core::state::KvDtype;
+    for name in ["qwen3", "qwen3_next_a", "mistral_swa"] {
+        let r = Reference::open(name).expect("reference");
+        for kv in [KvDtype::Fp8, KvDtype::Int8] {
+            for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
+                let mut cpu = load(name, DType::F32).expect("cpu");
+                cpu.info.kv_cache_dtype = kv;
+                let mut gpu = load_on(name, dtype, d).expect("gpu");
+                gpu.info.kv_cache_dtype = kv;
+                for case in ["short", "long"] {
+                    let ids = r.ids(&format!("ids_{case}")).unwrap();
+                    let want = prefill_logits(&cpu, &ids).unwrap();
+                    let pre = prefill_logits(&gpu, &ids).unwrap();
+                    assert_close(&format!("cuda {name} {case} {dtype} {kv} KV prefill vs cpu"), &pre, &want, tol);
+                    let inc = incremental_logits(&gpu, &ids).unwrap();
+                    assert_close(
+                        &format!("cuda {name} {case} {dtype} {kv} KV token by token vs cpu"),
+                        &inc,
+                        &want,
+                        tol,
+                    );
+                }
+                if dtype == DType::F32 {
+                    let prompt = r.ids("greedy_prompt").unwrap();
+                    let n = r.ids("greedy_ids").unwrap().len();
+                    let want = generate(&cpu, &prompt, SamplingParams::default(), n, &[]).unwrap().ids;
+                    let got = generate(&gpu, &prompt, SamplingParams::default(), n, &[]).unwrap().ids;
+                    assert_eq!(got, want, "cuda {name} {kv} KV greedy differs from the CPU");
+                }
+            }
+        }
+    }
+}
+
+/// The engine on CUDA with a quantized pool: prefix-cache hits reuse quantized blocks and give
+/// the cold run's tokens and log-probabilities bit for bit (f32).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_engine_quantized_kv_prefix_hits_are_exact() {
+    let Some(d) = cuda_or_skip("cuda_engine_quantized_kv_prefix_hits_are_exact") else { return };
+    use porter_core::engine::{EngineConfig, EngineCore};
+    use porter_core::state::KvDtype;
+    use tests::engine_util::{cfg, greedy, run_all, Rng};
+    for kv in [KvDtype::Fp8, KvDtype::Int8] {
+        let m = load_on("qwen3", DType::F32, d).unwrap();
+        let mut rng = Rng(7);
+        let system = rng.prompt(48, m.info.vocab_size);
+        let reqs: Vec<_> = (0..3u64)
+            .map(|i| (i, [system.clone(), rng.prompt(5 + i as usize, m.info.vocab_size)].concat(), greedy(8)))
+            .collect();
+        let c = EngineConfig { kv_dtype: kv, ..cfg(4, 256, 64) };
+        let mut warm = EngineCore::new(&m, c).unwrap();
+        for r in &reqs {
+            let mut e = EngineCore::new(&m, c).unwrap();
+            let cold = run_all(&mut e, std::slice::from_ref(r)).remove(&r.0).unwrap();
+            let got = run_all(&mut warm, std::slice::from_ref(r)).remove(&r.0).unwrap();
+            assert_eq!(got.0, cold.0, "cuda {kv} request {}: a prefix hit changed the output", r.0);
+        }
+        assert_eq!(warm.stats().prefix_hit_tokens, 2 * 48);
+    }
+}

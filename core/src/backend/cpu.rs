@@ -9,6 +9,7 @@ use crate::batch::{Batch, PageStep, SeqId, PAD};
 use crate::error::Result;
 use crate::tensor::{CpuStorage, DType, HostSlice, Tensor};
 use crate::{bail, err};
+use porter_kernels::cpu::kv_quant::{self, KvQuant};
 use porter_kernels::cpu::{gdn, ops};
 use rayon::prelude::*;
 
@@ -533,24 +534,46 @@ pub fn rope_tables(inv_freq: &[f32], positions: &[usize], scaling: f32, dtype: D
 // State buffers
 // ---------------------------------------------------------------------------------------
 
-/// Host key / value pool of one attention layer: `[rows, kv_heads·head_dim]` f32 each,
-/// grown to the highest row written (at most `cap` rows).
+/// Host key / value pool of one attention layer: `[rows, kv_heads·head_dim]` each, grown to
+/// the highest row written (at most `cap` rows): f32 values (rounded to the model dtype) or,
+/// quantized ([`KvQuant`]), one byte per element plus `[rows, kv_heads]` f32 scales, the
+/// rows dequantized (and rounded to the model dtype) as a span gathers them.
 #[derive(Debug, Clone)]
 pub struct CpuKv {
     row: usize,
+    head_dim: usize,
     cap: usize,
+    dtype: DType,
+    quant: Option<KvQuant>,
     k: Vec<f32>,
     v: Vec<f32>,
+    kq: Vec<u8>,
+    vq: Vec<u8>,
+    ks: Vec<f32>,
+    vs: Vec<f32>,
 }
 
 impl CpuKv {
-    pub fn new(row: usize, cap: usize) -> Self {
-        Self { row, cap, k: Vec::new(), v: Vec::new() }
+    /// An empty pool of up to `cap` rows of `kv_heads · head_dim` elements.
+    pub fn new(kv_heads: usize, head_dim: usize, cap: usize, dtype: DType, quant: Option<KvQuant>) -> Self {
+        let row = kv_heads * head_dim;
+        let (k, v, kq, vq, ks, vs) = Default::default();
+        Self { row, head_dim, cap, dtype, quant, k, v, kq, vq, ks, vs }
     }
 
-    /// Writes batch row `r` of `k` / `v` to pool row `slots[r]` ([`PAD`] rows are skipped).
+    /// Rows held now (grown as rows are written).
+    fn rows(&self) -> usize {
+        match self.quant {
+            None => self.k.len() / self.row.max(1),
+            Some(_) => self.kq.len() / self.row.max(1),
+        }
+    }
+
+    /// Writes batch row `r` of `k` / `v` to pool row `slots[r]` ([`PAD`] rows are skipped),
+    /// quantized per (row, KV head) when the pool is.
     pub fn write(&mut self, slots: &[u32], k: &[f32], v: &[f32]) -> Result<()> {
-        let row = self.row;
+        let (row, hd) = (self.row, self.head_dim);
+        let heads = row / hd.max(1);
         for (r, &slot) in slots.iter().enumerate() {
             if slot == PAD {
                 continue;
@@ -559,30 +582,78 @@ impl CpuKv {
             if slot >= self.cap {
                 bail!(Cache, "KV pool row {slot} is outside the pool of {} rows", self.cap);
             }
-            if self.k.len() < (slot + 1) * row {
+            if self.rows() < slot + 1 {
                 // Grow by whole blocks of at least 64 rows so appends are amortised.
                 let rows = (slot + 1).next_multiple_of(64).min(self.cap);
-                self.k.resize(rows * row, 0.0);
-                self.v.resize(rows * row, 0.0);
+                match self.quant {
+                    None => {
+                        self.k.resize(rows * row, 0.0);
+                        self.v.resize(rows * row, 0.0);
+                    }
+                    Some(_) => {
+                        self.kq.resize(rows * row, 0);
+                        self.vq.resize(rows * row, 0);
+                        self.ks.resize(rows * heads, 1.0);
+                        self.vs.resize(rows * heads, 1.0);
+                    }
+                }
             }
-            self.k[slot * row..(slot + 1) * row].copy_from_slice(&k[r * row..(r + 1) * row]);
-            self.v[slot * row..(slot + 1) * row].copy_from_slice(&v[r * row..(r + 1) * row]);
+            let (src_k, src_v) = (&k[r * row..(r + 1) * row], &v[r * row..(r + 1) * row]);
+            let dst = slot * row..(slot + 1) * row;
+            match self.quant {
+                None => {
+                    self.k[dst.clone()].copy_from_slice(src_k);
+                    self.v[dst].copy_from_slice(src_v);
+                }
+                Some(qk) => {
+                    let sc = slot * heads..(slot + 1) * heads;
+                    kv_quant::quantize_row(qk, src_k, hd, &mut self.kq[dst.clone()], &mut self.ks[sc.clone()]);
+                    kv_quant::quantize_row(qk, src_v, hd, &mut self.vq[dst], &mut self.vs[sc]);
+                }
+            }
         }
         Ok(())
     }
 
-    /// Keys and values of positions `0..len` of span `i` gathered into `[len, row]` buffers.
+    /// Keys and values of positions `0..len` of span `i` gathered into `[len, row]` buffers
+    /// (f32; a quantized pool's rows dequantized and rounded to the model dtype).
     pub fn gather(&self, step: &PageStep, i: usize, len: usize, k: &mut Vec<f32>, v: &mut Vec<f32>) -> Result<()> {
-        let row = self.row;
+        let (row, hd) = (self.row, self.head_dim);
+        let heads = row / hd.max(1);
+        let held = self.rows();
+        let dt = self.dtype;
         k.clear();
         v.clear();
+        if self.quant.is_some() {
+            k.resize(len * row, 0.0);
+            v.resize(len * row, 0.0);
+        }
         for p in 0..len {
             let slot = step.row(i, p);
-            if (slot + 1) * row > self.k.len() {
+            if slot + 1 > held {
                 bail!(Cache, "KV pool row {slot} (position {p} of span {i}) was never written");
             }
-            k.extend_from_slice(&self.k[slot * row..(slot + 1) * row]);
-            v.extend_from_slice(&self.v[slot * row..(slot + 1) * row]);
+            let src = slot * row..(slot + 1) * row;
+            match self.quant {
+                None => {
+                    k.extend_from_slice(&self.k[src.clone()]);
+                    v.extend_from_slice(&self.v[src]);
+                }
+                Some(qk) => {
+                    let sc = slot * heads..(slot + 1) * heads;
+                    let round = |x: f32| dt.round(x);
+                    let out = p * row..(p + 1) * row;
+                    kv_quant::dequantize_row(
+                        qk,
+                        &self.kq[src.clone()],
+                        &self.ks[sc.clone()],
+                        hd,
+                        &mut k[out.clone()],
+                        &round,
+                    );
+                    kv_quant::dequantize_row(qk, &self.vq[src], &self.vs[sc], hd, &mut v[out], &round);
+                }
+            }
         }
         Ok(())
     }

@@ -10,6 +10,9 @@
 
 pub mod cpu;
 pub mod cuda;
+mod kv_dtype;
+
+pub use kv_dtype::{KvDtype, KvQuant};
 
 use crate::bail;
 use crate::batch::PageStep;
@@ -287,28 +290,34 @@ pub enum KvBuf {
 /// # Shapes
 /// pool: `k`, `v`: `[num_blocks · block_size, kv_heads, head_dim]` in the model dtype (on the
 /// CPU as f32 values rounded to it, grown as blocks are first written; on a GPU allocated up
-/// front)
+/// front), or with a quantized `dtype` ([`KvDtype::Fp8`], [`KvDtype::Int8`]) one byte per
+/// element plus scales `[num_blocks · block_size, kv_heads]` f32 for each of K and V
 #[derive(Debug, Clone)]
 pub struct KvCache {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
     pub num_blocks: usize,
+    /// What K and V are stored as.
+    pub dtype: KvDtype,
     /// The current forward's paging metadata (set by the model cache before each forward).
     pub step: Option<std::sync::Arc<PageStep>>,
     pub buf: KvBuf,
 }
 
 impl KvCache {
-    /// A pool of `num_blocks` blocks of `block_size` rows on `device`.
+    /// A pool of `num_blocks` blocks of `block_size` rows on `device`, of the model dtype
+    /// `dtype` or quantized as `kv`.
     ///
     /// # Errors
     /// A device allocation error (the message names the bytes asked for).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         device: Device,
         kv_heads: usize,
         head_dim: usize,
         dtype: DType,
+        kv: KvDtype,
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Self> {
@@ -318,12 +327,17 @@ impl KvCache {
             .filter(|r| *r <= u32::MAX as usize)
             .ok_or_else(|| crate::err!(Cache, "{num_blocks} KV blocks of {block_size} rows exceed 2^32 rows"))?;
         let buf = match device {
-            Device::Cpu => KvBuf::Cpu(cpu::CpuKv::new(kv_heads * head_dim, rows)),
-            Device::Cuda(i) => {
-                KvBuf::Cuda(cuda::CudaKv::new(crate::tensor::cuda::gpu(i)?, kv_heads, head_dim, dtype, rows)?)
-            }
+            Device::Cpu => KvBuf::Cpu(cpu::CpuKv::new(kv_heads, head_dim, rows, dtype, kv.quant())),
+            Device::Cuda(i) => KvBuf::Cuda(cuda::CudaKv::new(
+                crate::tensor::cuda::gpu(i)?,
+                kv_heads,
+                head_dim,
+                dtype,
+                kv.quant(),
+                rows,
+            )?),
         };
-        Ok(Self { kv_heads, head_dim, block_size, num_blocks, step: None, buf })
+        Ok(Self { kv_heads, head_dim, block_size, num_blocks, dtype: kv, step: None, buf })
     }
 
     /// The step's paging metadata, checked against the batch.

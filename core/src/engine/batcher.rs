@@ -40,6 +40,8 @@ pub struct EngineConfig {
     pub block_size: usize,
     /// KV blocks in the pool.
     pub num_blocks: usize,
+    /// What the KV pools store K and V as (`auto`: the model dtype).
+    pub kv_dtype: crate::state::KvDtype,
 }
 
 impl EngineConfig {
@@ -57,12 +59,13 @@ impl EngineConfig {
             crate::tensor::Device::Cpu => (8, 512),
             crate::tensor::Device::Cuda(_) => (64, 8192),
         };
-        let per_block = (model.kv_bytes_per_token() * block_size).max(1);
+        let kv_dtype = model.info.kv_cache_dtype;
+        let per_block = (model.kv_bytes_per_token_as(kv_dtype) * block_size).max(1);
         let num_blocks = match kv_cache_bytes {
             Some(b) => b / per_block,
             None => CacheConfig::for_tokens(max_num_seqs, 0, model.default_cache_tokens()).num_blocks,
         };
-        Self { max_num_batched_tokens, max_num_seqs, block_size, num_blocks }
+        Self { max_num_batched_tokens, max_num_seqs, block_size, num_blocks, kv_dtype }
     }
 }
 
@@ -145,8 +148,13 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         if cfg.max_num_seqs == 0 || cfg.max_num_batched_tokens == 0 || cfg.block_size == 0 {
             bail!(Input, "engine sizes must be > 0: {cfg:?}");
         }
-        let cache_cfg =
-            CacheConfig { max_seqs: cfg.max_num_seqs, spec: k, block_size: cfg.block_size, num_blocks: cfg.num_blocks };
+        let cache_cfg = CacheConfig {
+            max_seqs: cfg.max_num_seqs,
+            spec: k,
+            block_size: cfg.block_size,
+            num_blocks: cfg.num_blocks,
+            kv_dtype: cfg.kv_dtype,
+        };
         let cache = model.new_cache_with(&cache_cfg)?;
         let drafting = match spec {
             Some(spec) => {

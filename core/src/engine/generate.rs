@@ -83,6 +83,7 @@ pub fn generate(
         max_num_seqs: 1,
         block_size,
         num_blocks: (prompt.len() + max_tokens).div_ceil(block_size),
+        kv_dtype: model.info.kv_cache_dtype,
     };
     let mut engine = EngineCore::new(model, cfg)?;
     // `stop_ids` are this call's eos ids (instead of the model's).

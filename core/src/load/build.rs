@@ -201,6 +201,7 @@ pub fn assemble(
             device: lc.device,
             max_position_embeddings: base.max_position_embeddings,
             generation: crate::load::config::generation_config(lc.dir, lc.config)?,
+            kv_cache_dtype: Default::default(),
         },
         pre: Box::new(Embedding { table: embed }),
         layers,

@@ -36,6 +36,9 @@ pub struct ModelInfo {
     pub device: crate::tensor::device::Device,
     pub max_position_embeddings: Option<usize>,
     pub generation: GenerationConfig,
+    /// The KV-cache element type of the caches [`Model::new_cache`] and the serving engine's
+    /// defaults make (`--kv-cache-dtype`; `auto` = the model dtype).
+    pub kv_cache_dtype: crate::state::KvDtype,
 }
 
 /// Which rows get logits.
@@ -75,7 +78,10 @@ impl Model {
     /// [`Model::new_cache`] whose recurrent layers can roll back up to `spec` rejected draft
     /// tokens.
     pub fn new_cache_spec(&self, max_seqs: usize, spec: usize) -> Result<ModelCache> {
-        self.new_cache_with(&CacheConfig::for_tokens(max_seqs, spec, self.default_cache_tokens()))
+        self.new_cache_with(
+            &CacheConfig::for_tokens(max_seqs, spec, self.default_cache_tokens())
+                .with_kv_dtype(self.info.kv_cache_dtype),
+        )
     }
 
     /// Positions per sequence the default KV pool has room for: the whole context on the CPU
@@ -97,13 +103,20 @@ impl Model {
         Ok(ModelCache::new(layers, cfg))
     }
 
-    /// KV bytes one cached token takes over all attention layers.
+    /// KV bytes one cached token takes over all attention layers, in the model's
+    /// [`ModelInfo::kv_cache_dtype`].
     pub fn kv_bytes_per_token(&self) -> usize {
+        self.kv_bytes_per_token_as(self.info.kv_cache_dtype)
+    }
+
+    /// KV bytes one cached token takes over all attention layers with K and V stored as
+    /// `kv` (quantized: 1 byte per element plus an f32 scale per KV head, for K and V).
+    pub fn kv_bytes_per_token_as(&self, kv: crate::state::KvDtype) -> usize {
         self.layers
             .iter()
             .map(|l| match l.kind() {
                 crate::state::LayerKind::Attention { kv_heads, head_dim } => {
-                    2 * kv_heads * head_dim * self.info.dtype.size_in_bytes()
+                    kv.bytes_per_token(kv_heads, head_dim, self.info.dtype)
                 }
                 _ => 0,
             })

@@ -107,7 +107,10 @@ const TEST_BLOCKS_PER_SEQ: usize = 64;
 
 /// An empty CPU KV pool for 8 test sequences (see [`page`]).
 pub(crate) fn kv_cache(kv_heads: usize, head_dim: usize) -> LayerCache {
-    LayerCache::Kv(KvCache::new(Device::Cpu, kv_heads, head_dim, DType::F32, 16, 8 * TEST_BLOCKS_PER_SEQ).unwrap())
+    LayerCache::Kv(
+        KvCache::new(Device::Cpu, kv_heads, head_dim, DType::F32, Default::default(), 16, 8 * TEST_BLOCKS_PER_SEQ)
+            .unwrap(),
+    )
 }
 
 /// Hands a test KV cache the paging metadata of `batch` (what a model cache's `prepare` does),

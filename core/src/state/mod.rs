@@ -9,7 +9,7 @@
 
 pub mod blocks;
 
-pub use crate::backend::{KvCache, RecCache, RollbackMeta};
+pub use crate::backend::{KvCache, KvDtype, RecCache, RollbackMeta};
 pub use crate::batch::{Batch, PageStep, SeqId, SeqSpan};
 pub use blocks::{block_hash, BlockPool, BlockUsage};
 
@@ -33,6 +33,8 @@ pub struct CacheConfig {
     pub block_size: usize,
     /// KV blocks in the pool (shared by every sequence).
     pub num_blocks: usize,
+    /// What the KV pools store K and V as (`auto`: the model dtype).
+    pub kv_dtype: KvDtype,
 }
 
 impl CacheConfig {
@@ -41,7 +43,12 @@ impl CacheConfig {
         let block_size = DEFAULT_BLOCK_SIZE;
         let per_seq = tokens_per_seq.max(1).div_ceil(block_size);
         let num_blocks = max_seqs.saturating_mul(per_seq).min(u32::MAX as usize / block_size);
-        Self { max_seqs, spec, block_size, num_blocks }
+        Self { max_seqs, spec, block_size, num_blocks, kv_dtype: KvDtype::Auto }
+    }
+
+    /// The same sizes with K and V stored as `kv_dtype`.
+    pub fn with_kv_dtype(self, kv_dtype: KvDtype) -> Self {
+        Self { kv_dtype, ..self }
     }
 }
 
@@ -74,9 +81,15 @@ impl LayerCache {
     /// The state a layer of `kind` needs on `device` for the cache `cfg` describes.
     pub fn new(kind: LayerKind, device: Device, dtype: DType, cfg: &CacheConfig) -> Result<Self> {
         Ok(match kind {
-            LayerKind::Attention { kv_heads, head_dim } => {
-                LayerCache::Kv(KvCache::new(device, kv_heads, head_dim, dtype, cfg.block_size, cfg.num_blocks)?)
-            }
+            LayerKind::Attention { kv_heads, head_dim } => LayerCache::Kv(KvCache::new(
+                device,
+                kv_heads,
+                head_dim,
+                dtype,
+                cfg.kv_dtype,
+                cfg.block_size,
+                cfg.num_blocks,
+            )?),
             LayerKind::Recurrent { conv_dim, kernel, state_len } => {
                 LayerCache::Recurrent(RecCache::new(device, conv_dim, kernel, state_len, cfg.spec, cfg.max_seqs)?)
             }
@@ -575,8 +588,8 @@ mod tests {
     use super::*;
 
     fn cache(blocks: usize, max_seqs: usize) -> ModelCache {
-        let cfg = CacheConfig { max_seqs, spec: 0, block_size: 2, num_blocks: blocks };
-        let kv = KvCache::new(Device::Cpu, 1, 2, DType::F32, 2, blocks).unwrap();
+        let cfg = CacheConfig { max_seqs, spec: 0, block_size: 2, num_blocks: blocks, kv_dtype: KvDtype::Auto };
+        let kv = KvCache::new(Device::Cpu, 1, 2, DType::F32, Default::default(), 2, blocks).unwrap();
         ModelCache::new(vec![LayerCache::Kv(kv), LayerCache::Stateless], &cfg)
     }
 

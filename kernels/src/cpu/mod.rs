@@ -2,4 +2,5 @@
 
 pub mod fp8;
 pub mod gdn;
+pub mod kv_quant;
 pub mod ops;

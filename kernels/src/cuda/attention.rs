@@ -189,6 +189,32 @@ impl CudaKernels {
         window: Option<usize>,
         mode: AttnMode,
     ) -> Result<()> {
+        let n_slots = pool_slots("attention", k_pool.len(), v_pool.len(), prod(&[kv_heads, head_dim])?)?;
+        self.check("k_pool", k_pool, k_pool.len())?;
+        self.check("v_pool", v_pool, v_pool.len())?;
+        let st = &*self.stream;
+        let (kp, _gk) = k_pool.device_ptr(st);
+        let (vp, _gv) = v_pool.device_ptr(st);
+        let pools = Pools { k: kp, v: vp, ks: 0, vs: 0, tag: "" };
+        let geo = Geometry { max_blocks, block_size, t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window };
+        self.attention_pools::<T>(q, &pools, n_slots, block_tables, spans, out, &geo, mode)
+    }
+
+    /// The checks and dispatch of [`CudaKernels::attention`] once the pools are device
+    /// addresses (`pools.tag` picks the kernels of a quantized pool; its `n_slots` checked).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_pools<T: CudaFloat>(
+        &self,
+        q: &impl DevicePtr<T>,
+        pools: &Pools,
+        n_slots: u32,
+        block_tables: &impl DevicePtr<u32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        geo: &Geometry,
+        mode: AttnMode,
+    ) -> Result<()> {
+        let Geometry { max_blocks, block_size, t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window } = *geo;
         if head_dim == 0 || head_dim > ATTN_MAX_HEAD_DIM {
             return Err(CudaError::Invalid(format!("attention: head_dim {head_dim} not in 1..={ATTN_MAX_HEAD_DIM}")));
         }
@@ -207,9 +233,6 @@ impl CudaKernels {
         let n = prod(&[t, heads, head_dim])?;
         self.check("q", q, n)?;
         self.check("out", out, n)?;
-        let n_slots = pool_slots("attention", k_pool.len(), v_pool.len(), prod(&[kv_heads, head_dim])?)?;
-        self.check("k_pool", k_pool, k_pool.len())?;
-        self.check("v_pool", v_pool, v_pool.len())?;
         self.check("block_tables", block_tables, prod(&[n_seqs, max_blocks])?)?;
         self.check("spans", spans, prod(&[n_seqs, 3])?)?;
         if n == 0 || n_seqs == 0 || max_q_len == 0 {
@@ -224,10 +247,10 @@ impl CudaKernels {
         let a = Args { t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, pg };
         if mode == AttnMode::Fast {
             if let Some((dp, smem)) = self.tc_plan::<T>(head_dim, max_q_len)? {
-                return self.attention_tc::<T>(q, k_pool, v_pool, block_tables, spans, out, &a, dp, smem);
+                return self.attention_tc::<T>(q, pools, block_tables, spans, out, &a, dp, smem);
             }
         }
-        self.attention_cc::<T>(q, k_pool, v_pool, block_tables, spans, out, &a)
+        self.attention_cc::<T>(q, pools, block_tables, spans, out, &a)
     }
 
     /// [`CudaKernels::attention`] on the CUDA-core kernels (`attention_<T>_r<RA>_c<NC>`,
@@ -237,8 +260,7 @@ impl CudaKernels {
     fn attention_cc<T: CudaFloat>(
         &self,
         q: &impl DevicePtr<T>,
-        k_pool: &impl DevicePtr<T>,
-        v_pool: &impl DevicePtr<T>,
+        pools: &Pools,
         block_tables: &impl DevicePtr<u32>,
         spans: &impl DevicePtr<u32>,
         out: &mut impl DevicePtrMut<T>,
@@ -260,7 +282,7 @@ impl CudaKernels {
         let smem = (bm + 2 * ATT_BN) * ds * std::mem::size_of::<T>() + bm * ATT_PS * 4 + 2 * ATT_BN * 4;
         let smem32 = u32_of("shared memory", smem)?;
 
-        let f = self.function_smem(&ATTENTION, &format!("attention_{}_r{ra}_c{nc}", T::NAME), smem)?;
+        let f = self.function_smem(&ATTENTION, &format!("attention_{}{}_r{ra}_c{nc}", T::NAME, pools.tag), smem)?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("attention blocks", grid_x)?, seq_heads as u32, 1),
             block_dim: (ATT_THREADS, 1, 1),
@@ -295,9 +317,12 @@ impl CudaKernels {
         // otherwise, and then never written: every row lies in split 0); the
         // dynamic shared memory is the size the kernel carves (attribute raised
         // above 48 KiB).
-        // Kernel: `attention_<T>_r<RA>_c<NC>(const T* q, const T* kpool, const T* vpool, const u32* tables,
-        // const u32* spans, T* out, float* part, u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window,
-        // u32 max_blocks, u32 bs_log2, u32 n_slots, u32 tiles_m, u32 qcap, u32 nz)`.
+        // `pools` are live device addresses of pools of `n_slots` rows (bytes with
+        // `[n_slots, kvh]` scales for a quantized tag, null scales otherwise).
+        // Kernel: `attention_<T><Q>_r<RA>_c<NC>(const T* q, const void* kpool, const void* vpool,
+        // const u32* tables, const u32* spans, T* out, float* part, u32 t, u32 heads, u32 kvh, u32 D,
+        // float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots, u32 tiles_m, u32 qcap, u32 nz,
+        // const float* ksc, const float* vsc)`.
         unsafe {
             launch_fn!(
                 self,
@@ -305,8 +330,8 @@ impl CudaKernels {
                 cfg,
                 [
                     ptr(q),
-                    ptr(k_pool),
-                    ptr(v_pool),
+                    pools.k,
+                    pools.v,
                     ptr(block_tables),
                     ptr(spans),
                     po,
@@ -322,7 +347,9 @@ impl CudaKernels {
                     n_slots,
                     tm32,
                     qc32,
-                    nz32
+                    nz32,
+                    pools.ks,
+                    pools.vs
                 ]
             )
         }?;
@@ -380,8 +407,7 @@ impl CudaKernels {
     fn attention_tc<T: CudaFloat>(
         &self,
         q: &impl DevicePtr<T>,
-        k_pool: &impl DevicePtr<T>,
-        v_pool: &impl DevicePtr<T>,
+        pools: &Pools,
         block_tables: &impl DevicePtr<u32>,
         spans: &impl DevicePtr<u32>,
         out: &mut impl DevicePtrMut<T>,
@@ -392,7 +418,7 @@ impl CudaKernels {
         let group = a.heads / a.kv_heads;
         let tiles_m = prod(&[a.max_q_len, group])?.div_ceil(ATC_BM);
         let seq_heads = prod(&[a.n_seqs, a.kv_heads])?;
-        let f = self.function_smem(&ATTENTION, &format!("attention_tc_{}_d{dp}", T::NAME), smem)?;
+        let f = self.function_smem(&ATTENTION, &format!("attention_tc_{}{}_d{dp}", T::NAME, pools.tag), smem)?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, 1),
             block_dim: (ATC_THREADS, 1, 1),
@@ -412,9 +438,9 @@ impl CudaKernels {
         // `n_slots` rows (no slot >= n_slots, table entry beyond `max_blocks` or
         // row >= t is touched); the dynamic shared memory is the size the kernel
         // carves (attribute raised above 48 KiB, within the device's opt-in limit).
-        // Kernel: `attention_tc_<T>_d<DP>(const T* q, const T* kpool, const T* vpool, const u32* tables,
-        // const u32* spans, T* out, u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks,
-        // u32 bs_log2, u32 n_slots)`.
+        // Kernel: `attention_tc_<T><Q>_d<DP>(const T* q, const void* kpool, const void* vpool,
+        // const u32* tables, const u32* spans, T* out, u32 t, u32 heads, u32 kvh, u32 D, float scale,
+        // u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots, const float* ksc, const float* vsc)`.
         unsafe {
             launch_fn!(
                 self,
@@ -422,8 +448,8 @@ impl CudaKernels {
                 cfg,
                 [
                     ptr(q),
-                    ptr(k_pool),
-                    ptr(v_pool),
+                    pools.k,
+                    pools.v,
                     ptr(block_tables),
                     ptr(spans),
                     ptr_mut(out),
@@ -435,7 +461,9 @@ impl CudaKernels {
                     win32,
                     max_blocks,
                     bs_log2,
-                    n_slots
+                    n_slots,
+                    pools.ks,
+                    pools.vs
                 ]
             )
         }
@@ -500,6 +528,32 @@ fn atc_smem<T>(dp: usize) -> usize {
     (ATC_BM + 4 * ATC_BN) * (dp + 8) * t + ATC_WARPS * 16 * (ATC_SS * 4 + 2 * ATC_PSS * t + 4) + 2 * ATC_BN * 4
 }
 
+/// Device addresses of a K/V pool pair (and, quantized, its scale pools), valid for the
+/// launch, and the kernel-name tag of their element type (`""`, `"_fp8"`, `"_i8"`).
+pub(crate) struct Pools {
+    pub k: u64,
+    pub v: u64,
+    /// 0 (null) for pools of the model dtype.
+    pub ks: u64,
+    pub vs: u64,
+    pub tag: &'static str,
+}
+
+/// The launch geometry of [`CudaKernels::attention`] (its arguments after the pools).
+#[derive(Clone, Copy)]
+pub(crate) struct Geometry {
+    pub max_blocks: usize,
+    pub block_size: usize,
+    pub t: usize,
+    pub n_seqs: usize,
+    pub max_q_len: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub window: Option<usize>,
+}
+
 /// The checked launch arguments of [`CudaKernels::attention`] its two paths share.
 struct Args {
     t: usize,
@@ -515,7 +569,7 @@ struct Args {
 
 /// Slots of a K/V pool pair of `k_len` / `v_len` elements with rows of `row_len`:
 /// the pools must have the same length, a whole number of rows, at most `u32::MAX`.
-fn pool_slots(what: &str, k_len: usize, v_len: usize, row_len: usize) -> Result<u32> {
+pub(crate) fn pool_slots(what: &str, k_len: usize, v_len: usize, row_len: usize) -> Result<u32> {
     if k_len != v_len {
         return Err(CudaError::Invalid(format!("{what}: k_pool ({k_len}) and v_pool ({v_len}) differ in length")));
     }

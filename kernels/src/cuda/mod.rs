@@ -71,6 +71,7 @@ mod fp8;
 mod gdn;
 mod gdn_chunk;
 mod gdn_seq;
+mod kv_quant;
 mod misc;
 mod moe;
 mod ops;
@@ -78,6 +79,7 @@ mod ops;
 pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};
 pub use fp8::{Fp8Dev, FP8_BLOCK};
 pub use gdn::GDN_MAX_DK;
+pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 
@@ -224,9 +226,16 @@ pub(crate) static ROUTER: KernelSource = KernelSource { name: "router.cu", code:
 /// Gated DeltaNet: gates, conv1d, recurrent step.
 pub(crate) static GDN: KernelSource = KernelSource { name: "gdn.cu", code: include_str!("../../cuda/gdn.cu") };
 
-/// Causal GQA attention over per-sequence KV buffers, KV append.
-pub(crate) static ATTENTION: KernelSource =
-    KernelSource { name: "attention.cu", code: include_str!("../../cuda/attention.cu") };
+/// Causal GQA attention over a paged KV cache (model-dtype or quantized pools), KV append
+/// (kv_quant.cu, the quantized pools' encoders and append, comes first).
+pub(crate) static ATTENTION: KernelSource = KernelSource {
+    name: "attention.cu",
+    code: concat!(
+        include_str!("../../cuda/kv_quant.cu"),
+        "\n#line 1 \"attention.cu\"\n",
+        include_str!("../../cuda/attention.cu")
+    ),
+};
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine.
 pub(crate) static MOE: KernelSource = KernelSource { name: "moe.cu", code: include_str!("../../cuda/moe.cu") };
 /// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.

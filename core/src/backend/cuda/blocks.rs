@@ -10,12 +10,13 @@ use crate::backend::{AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, Nor
 use crate::batch::{Batch, PageStep, SeqId};
 use crate::error::Context;
 use crate::error::Result;
-use crate::tensor::cuda::{alloc, cuda_err, gpu_of, BatchDev, DevType, Gpu, PageDev};
+use crate::tensor::cuda::{alloc, cuda_err, gpu_of, zeros, BatchDev, DevType, Gpu, PageDev};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 use crate::{bail, err};
 use cudarc::driver::CudaSlice;
-use porter_kernels::cuda::{CudaKernels, RmsNormKind};
+use porter_kernels::cpu::kv_quant::KvQuant;
+use porter_kernels::cuda::{CudaKernels, QuantPools, RmsNormKind};
 use std::sync::Arc;
 
 // ---------------------------------------------------------------------------
@@ -191,24 +192,57 @@ fn batch_dev(g: &Gpu, batch: &Batch) -> Result<Arc<BatchDev>> {
 /// allocated once; the kernels address it through the step's slots and block tables.
 ///
 /// # Shapes
-/// `k`, `v`: `[rows, kv_heads, head_dim]` in the model dtype
+/// `k`, `v`: `[rows, kv_heads, head_dim]` in the model dtype, or quantized: bytes of that
+/// shape plus `[rows, kv_heads]` f32 scales each ([`porter_kernels::cuda::QuantPools`])
 #[derive(Debug, Clone)]
 pub struct CudaKv {
     pub kv_heads: usize,
     pub head_dim: usize,
-    k: Tensor,
-    v: Tensor,
+    pool: CudaPool,
+}
+
+/// The pools of one layer (one value per attention layer, so the variants' sizes do not matter).
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
+enum CudaPool {
+    Plain { k: Tensor, v: Tensor },
+    Quant(Arc<std::sync::Mutex<QuantPools>>),
 }
 
 impl CudaKv {
-    /// A pool of `rows` token rows (zeroed), allocated now.
-    pub fn new(gpu: Arc<Gpu>, kv_heads: usize, head_dim: usize, dtype: DType, rows: usize) -> Result<Self> {
-        let bytes = 2 * rows * kv_heads * head_dim * dtype.size_in_bytes();
-        let mk = || {
-            Tensor::zeros_on(&gpu, [rows.max(1), kv_heads, head_dim], dtype)
-                .with_context(|| format!("allocating a KV pool of {rows} rows ({bytes} bytes for K and V)"))
+    /// A pool of `rows` token rows (zeroed; scales 0 until written), allocated now: of the
+    /// model dtype, or quantized as `quant`.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        kv_heads: usize,
+        head_dim: usize,
+        dtype: DType,
+        quant: Option<KvQuant>,
+        rows: usize,
+    ) -> Result<Self> {
+        let rows = rows.max(1);
+        let pool = match quant {
+            None => {
+                let bytes = 2 * rows * kv_heads * head_dim * dtype.size_in_bytes();
+                let mk = || {
+                    Tensor::zeros_on(&gpu, [rows, kv_heads, head_dim], dtype)
+                        .with_context(|| format!("allocating a KV pool of {rows} rows ({bytes} bytes for K and V)"))
+                };
+                CudaPool::Plain { k: mk()?, v: mk()? }
+            }
+            Some(kind) => {
+                let (n, ns) = (rows * kv_heads * head_dim, rows * kv_heads);
+                let bytes = 2 * (n + 4 * ns);
+                let ctx =
+                    || format!("allocating a quantized KV pool of {rows} rows ({bytes} bytes for K, V and scales)");
+                let k = zeros::<u8>(&gpu, n).with_context(ctx)?;
+                let v = zeros::<u8>(&gpu, n).with_context(ctx)?;
+                let k_scale = zeros::<f32>(&gpu, ns).with_context(ctx)?;
+                let v_scale = zeros::<f32>(&gpu, ns).with_context(ctx)?;
+                CudaPool::Quant(Arc::new(std::sync::Mutex::new(QuantPools { kind, k, v, k_scale, v_scale })))
+            }
         };
-        Ok(Self { kv_heads, head_dim, k: mk()?, v: mk()? })
+        Ok(Self { kv_heads, head_dim, pool })
     }
 }
 
@@ -261,7 +295,36 @@ pub fn attention(
         t: usize,
         max_q: usize,
     ) -> Result<()> {
-        let (kp, vp) = (&mut kv.k, &mut kv.v);
+        let spans = bd.spans();
+        let (kp, vp) = match &mut kv.pool {
+            CudaPool::Plain { k, v } => (k, v),
+            CudaPool::Quant(qp) => {
+                let mut qp = qp.lock().unwrap_or_else(|e| e.into_inner());
+                g.k.kv_append_quant::<T>(k.dev::<T>()?, v.dev::<T>()?, &pd.slots(), &mut qp, t, c.kv_heads, c.head_dim)
+                    .map_err(cuda_err)?;
+                return g
+                    .k
+                    .attention_quant::<T>(
+                        q.dev::<T>()?,
+                        &qp,
+                        &pd.tables(),
+                        step.max_blocks,
+                        block_size,
+                        &spans,
+                        out.dev_mut::<T>()?,
+                        t,
+                        spans.len() / 3,
+                        max_q,
+                        c.heads,
+                        c.kv_heads,
+                        c.head_dim,
+                        c.scale,
+                        c.window,
+                        attn_mode(),
+                    )
+                    .map_err(cuda_err);
+            }
+        };
         g.k.kv_append::<T>(
             k.dev::<T>()?,
             v.dev::<T>()?,
@@ -273,11 +336,10 @@ pub fn attention(
             c.head_dim,
         )
         .map_err(cuda_err)?;
-        let spans = bd.spans();
         g.k.attention::<T>(
             q.dev::<T>()?,
-            kv.k.dev::<T>()?,
-            kv.v.dev::<T>()?,
+            kp.dev::<T>()?,
+            vp.dev::<T>()?,
             &pd.tables(),
             step.max_blocks,
             block_size,
