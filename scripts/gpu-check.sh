@@ -77,6 +77,16 @@ if [ -n "$cublas" ]; then
     export LD_LIBRARY_PATH="$(dirname "$cublas"):$LD_LIBRARY_PATH"
 fi
 
+# NCCL (tensor parallelism): cudarc loads `libnccl.so`; the nvidia-nccl wheel ships only
+# `libnccl.so.2`, so link it under that name in a scratch folder.
+nccl=$(ls /usr/local/cuda/lib64/libnccl.so 2>/dev/null || find /usr/local /opt /usr/lib ${py_nvidia:+$py_nvidia} -name 'libnccl.so*' 2>/dev/null | head -n 1)
+if [ -n "$nccl" ]; then
+    mkdir -p /tmp/porter-nccl
+    ln -sf "$nccl" /tmp/porter-nccl/libnccl.so
+    export LD_LIBRARY_PATH="/tmp/porter-nccl:$LD_LIBRARY_PATH"
+fi
+export NCCL_NVLS_ENABLE=0
+
 # --- headers -------------------------------------------------------------------------------
 if [ -z "${PORTER_CUDA_INCLUDE:-}" ]; then
     for d in /usr/local/cuda/include ${py_nvidia:+$py_nvidia/nvidia/cu13/include}; do
@@ -92,6 +102,7 @@ say "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 say "nvcc: $(nvcc --version 2>/dev/null | tail -n 1 || echo none)"
 say "libnvrtc.so.13: ${nvrtc_dir:-NOT FOUND}"
 say "libcublas.so.13: ${cublas:-NOT FOUND}"
+say "libnccl: ${nccl:-NOT FOUND}"
 say "PORTER_CUDA_INCLUDE: ${PORTER_CUDA_INCLUDE:-NOT FOUND}"
 
 # --- run -----------------------------------------------------------------------------------

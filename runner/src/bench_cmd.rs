@@ -123,6 +123,21 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         "bench {label}: {} layers, {}, KV cache {}, {device}",
         model.info.num_layers, a.run.dtype, model.info.kv_cache_dtype
     );
+    // What the weights take and what is left for KV blocks and recurrent state slots.
+    if let Device::Cuda(i) = device {
+        let (free, total) = porter_core::tensor::cuda::mem_info(i)?;
+        let (kv, state) = (model.kv_bytes_per_token(), model.state_bytes_per_slot(0));
+        println!(
+            "device memory after load: {:.2} GB used of {:.2} GB, weights {:.2} GB; free {:.2} GB = {:.2}M KV tokens ({kv} B/token) or {} state slots ({:.1} MB/slot)",
+            (total - free) as f64 / 1e9,
+            total as f64 / 1e9,
+            model.weight_bytes() as f64 / 1e9,
+            free as f64 / 1e9,
+            free as f64 / kv.max(1) as f64 / 1e6,
+            free / state.max(1),
+            state as f64 / 1e6
+        );
+    }
     // The HBM roofline: measured device-to-device copy bandwidth of this GPU.
     let roofline = match device {
         Device::Cuda(i) => {
