@@ -158,14 +158,17 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
     }
     for &n in &a.prefill {
         let ids: Vec<u32> = (0..n).map(tok).collect();
+        // A KV pool for the whole prompt (the default GPU pool holds 4096 positions).
+        let prefill_cache = porter_core::state::CacheConfig::for_tokens(1, 0, n.max(1))
+            .with_kv_dtype(model.info.kv_cache_dtype);
         if device != Device::Cpu {
             // One untimed run at this length (first use of the prefill kernels at this size:
             // the memory pool grows, cuBLAS picks its algorithms), as hf_bench.py does.
-            let mut c = model.new_cache_spec(1, 0)?;
+            let mut c = model.new_cache_with(&prefill_cache)?;
             let s = c.alloc_seq()?;
             model.forward(&Batch::single(s, 0, &ids), &mut c, LogitsFor::Last)?;
         }
-        let mut cache = model.new_cache_spec(1, 0)?;
+        let mut cache = model.new_cache_with(&prefill_cache)?;
         let seq = cache.alloc_seq()?;
         model.sync()?;
         let _ = porter_core::backend::cuda::profile::take();

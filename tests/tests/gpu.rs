@@ -15,6 +15,8 @@ use tests::*;
 
 const F32_TOL: f32 = 1e-3;
 const BF16_TOL: f32 = 5e-2;
+/// CUDA vs CPU with a quantized KV cache in f32 (see `cuda_quantized_kv_matches_cpu`).
+const QUANT_KV_F32_TOL: f32 = 2e-2;
 
 fn check_fixture(name: &str) {
     let Some(dev) = cuda_or_skip(name) else { panic!("{name}: needs a CUDA GPU") };
@@ -296,7 +298,9 @@ fn load_dequantized(name: &str, dtype: DType, dev: Device) -> porter_core::Model
     let dir = fixture(name);
     let p = registry::prepare(&dir).unwrap();
     let mut w = p.map.load(p.checkpoint.clone(), dtype).unwrap();
-    let mut d = porter_core::Weights::default();
+    // A store of the model dtype (packed slots are assembled in the store's dtype); every
+    // slot is replaced by its dequantized tensor below, so no random value is ever generated.
+    let mut d = porter_core::Weights::random(&p.map, dtype, 0, dev);
     for s in w.remaining() {
         let t = w.take(&s).unwrap();
         let shape = t.shape().to_vec();
@@ -414,14 +418,30 @@ fn cuda_quantized_kv_matches_cpu() {
     for name in ["qwen3", "qwen3_next_a", "mistral_swa"] {
         let r = Reference::open(name).expect("reference");
         for kv in [KvDtype::Fp8, KvDtype::Int8] {
-            for (dtype, tol) in [(DType::F32, F32_TOL), (DType::BF16, BF16_TOL)] {
+            // f32: the CUDA K/V differ from the CPU's in the last bits (different kernels), so an
+            // element at a rounding boundary can take the neighbouring code (int8: 1/127 of its
+            // head row's amax): qwen3 long with int8 KV measured 3.6e-3·std on the H200
+            // (2026-12-01), fp8 1.3e-6. The bound is that flip's size with room, 2e-2; the
+            // greedy continuation must still equal the CPU's.
+            for (dtype, bar) in [(DType::F32, QUANT_KV_F32_TOL), (DType::BF16, BF16_TOL)] {
                 let mut cpu = load(name, DType::F32).expect("cpu");
                 cpu.info.kv_cache_dtype = kv;
                 let mut gpu = load_on(name, dtype, d).expect("gpu");
                 gpu.info.kv_cache_dtype = kv;
+                // The CPU's own run in this dtype: with a quantized KV a bf16 model rounds K/V
+                // to bf16 before quantizing, so codes near a rounding boundary flip and the
+                // reference implementation's own bf16 error can pass the bf16 bar (qwen3 long
+                // with fp8 KV: 6.96e-2·std on the CPU, 7.10e-2 on the H200, 2026-12-01). The
+                // GPU must be within the bar or no worse than the CPU's own dtype error (with a
+                // quarter for the two runs' independent rounding).
+                let mut cpu_dt = load(name, dtype).expect("cpu");
+                cpu_dt.info.kv_cache_dtype = kv;
                 for case in ["short", "long"] {
                     let ids = r.ids(&format!("ids_{case}")).unwrap();
                     let want = prefill_logits(&cpu, &ids).unwrap();
+                    let own = max_abs_diff(&prefill_logits(&cpu_dt, &ids).unwrap(), &want) / std(&want);
+                    let tol = bar.max(1.25 * own);
+                    println!("cpu {name} {case} {dtype} {kv} KV vs cpu f32: {own:.3e}·std (tol {tol:.3e})");
                     let pre = prefill_logits(&gpu, &ids).unwrap();
                     assert_close(&format!("cuda {name} {case} {dtype} {kv} KV prefill vs cpu"), &pre, &want, tol);
                     let inc = incremental_logits(&gpu, &ids).unwrap();
