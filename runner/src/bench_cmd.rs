@@ -159,8 +159,8 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
     for &n in &a.prefill {
         let ids: Vec<u32> = (0..n).map(tok).collect();
         // A KV pool for the whole prompt (the default GPU pool holds 4096 positions).
-        let prefill_cache = porter_core::state::CacheConfig::for_tokens(1, 0, n.max(1))
-            .with_kv_dtype(model.info.kv_cache_dtype);
+        let prefill_cache =
+            porter_core::state::CacheConfig::for_tokens(1, 0, n.max(1)).with_kv_dtype(model.info.kv_cache_dtype);
         if device != Device::Cpu {
             // One untimed run at this length (first use of the prefill kernels at this size:
             // the memory pool grows, cuBLAS picks its algorithms), as hf_bench.py does.

@@ -282,7 +282,8 @@ fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
         quantize: run.quantize,
         tensor_parallel: usize::from(run.tensor_parallel_size),
     };
-    let mut model = registry::load_with(&dir, &opts).with_context(|| format!("loading model from {}", dir.display()))?;
+    let mut model =
+        registry::load_with(&dir, &opts).with_context(|| format!("loading model from {}", dir.display()))?;
     model.info.kv_cache_dtype = run.kv_cache_dtype;
     Ok((dir, model))
 }
