@@ -54,7 +54,7 @@ pub trait TpGroup: Send + Sync + fmt::Debug {
     /// Ranks in the group.
     fn world(&self) -> usize;
 
-    /// Rank `rank`'s communicator.
+    /// Rank `rank`'s communicator (`rank < world()`; callers iterate the group's ranks).
     fn comm(&self, rank: usize) -> Arc<dyn Communicator>;
 
     /// Runs `f(rank)` for every rank, each on its own thread, concurrently, and waits for all.
@@ -248,7 +248,7 @@ impl TpGroup for LocalGroup {
     }
 
     fn comm(&self, rank: usize) -> Arc<dyn Communicator> {
-        self.comms[rank.min(self.comms.len() - 1)].clone()
+        self.comms[rank].clone()
     }
 
     fn run(&self, f: &(dyn Fn(usize) -> Result<()> + Sync)) -> Result<()> {

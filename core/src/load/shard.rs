@@ -146,11 +146,6 @@ impl std::fmt::Display for Shard {
     }
 }
 
-/// Positions along an axis of `len` elements: a `(start, len)` list covering it all.
-pub fn whole(len: usize) -> Vec<(usize, usize)> {
-    vec![(0, len)]
-}
-
 /// Copies the selected ranges of a row-major tensor `[d0, …, dn]` along `axis` into a new
 /// buffer (`Column`: ranges of dim-0 rows; `Row`: ranges of the last dim in every row).
 pub fn select<T: Copy>(v: &[T], shape: &[usize], axis: ShardAxis, ranges: &[(usize, usize)]) -> Vec<T> {
@@ -286,6 +281,6 @@ mod tests {
         let v: Vec<u32> = (0..12).collect(); // [3, 4]
         assert_eq!(select(&v, &[3, 4], ShardAxis::Column, &[(1, 2)]), (4..12).collect::<Vec<_>>());
         assert_eq!(select(&v, &[3, 4], ShardAxis::Row, &[(2, 2)]), vec![2, 3, 6, 7, 10, 11]);
-        assert_eq!(select(&v, &[3, 4], ShardAxis::Row, &whole(4)), v);
+        assert_eq!(select(&v, &[3, 4], ShardAxis::Row, &[(0, 4)]), v);
     }
 }
