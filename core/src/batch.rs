@@ -11,6 +11,18 @@ pub const PAD: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub usize);
 
+impl SeqId {
+    /// The slot of a padding span (a CUDA graph's batch padded up to its captured size):
+    /// it owns no state, the caches skip it and the kernels read its slot as invalid (no KV
+    /// row written, no recurrent state read or written; its rows' outputs are discarded).
+    pub const PAD: SeqId = SeqId(u32::MAX as usize);
+
+    /// Whether this is [`SeqId::PAD`].
+    pub fn is_pad(self) -> bool {
+        self == Self::PAD
+    }
+}
+
 /// The rows of one sequence inside a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SeqSpan {
@@ -66,6 +78,22 @@ impl Batch {
         self.ids.len()
     }
 
+    /// This batch padded to `spans` spans of `rows` rows each: the extra spans are
+    /// [`SeqId::PAD`] spans at position 0 with token id 0 (every span of `self` must have
+    /// `rows` rows; a CUDA graph captured for that shape replays the padded batch).
+    ///
+    /// # Shapes
+    /// `[n·rows]` → `[spans·rows]`
+    pub fn padded(&self, spans: usize, rows: usize) -> Self {
+        let mut b = self.clone();
+        b.dev = OnceLock::new();
+        let pad = vec![0u32; rows];
+        for _ in self.spans.len()..spans {
+            b.push(SeqId::PAD, 0, &pad);
+        }
+        b
+    }
+
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
@@ -97,12 +125,25 @@ impl PageStep {
     /// # Errors
     /// [`crate::Error::Cache`] when a span's blocks do not cover its positions.
     pub fn new(batch: &Batch, block_size: usize, blocks: &[&[u32]]) -> crate::error::Result<Self> {
+        Self::with_width(batch, block_size, blocks, 0)
+    }
+
+    /// [`PageStep::new`] with block tables at least `width` entries wide (a CUDA graph's
+    /// tables have the width it was captured with). A [`SeqId::PAD`] span gets no blocks:
+    /// its slots and its table row are all [`PAD`].
+    ///
+    /// # Errors
+    /// [`crate::Error::Cache`] when a span's blocks do not cover its positions.
+    pub fn with_width(batch: &Batch, block_size: usize, blocks: &[&[u32]], width: usize) -> crate::error::Result<Self> {
         crate::ensure!(block_size > 0, Cache, "block size must be > 0");
         crate::ensure!(blocks.len() == batch.spans.len(), Cache, "one block list per span is needed");
-        let max_blocks = blocks.iter().map(|b| b.len()).max().unwrap_or(0).max(1);
+        let max_blocks = blocks.iter().map(|b| b.len()).max().unwrap_or(0).max(width).max(1);
         let mut tables = vec![PAD; batch.spans.len() * max_blocks];
         let mut slots = vec![PAD; batch.len()];
         for (i, (s, b)) in batch.spans.iter().zip(blocks).enumerate() {
+            if s.seq.is_pad() {
+                continue;
+            }
             let end = s.pos0 + s.len;
             crate::ensure!(
                 b.len() * block_size >= end,

@@ -74,6 +74,7 @@ pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device
     }
     checks::random_weights_fit(&cfg, run.dtype, device)?;
     porter_core::tensor::cuda::set_deterministic(run.deterministic);
+    porter_core::backend::cuda::graph::set_enabled(!run.enforce_eager);
     let mut model = registry::build_random_with(&cfg, Path::new("."), run.dtype, device, 0, run.quantize)?;
     model.info.kv_cache_dtype = run.kv_cache_dtype;
     Ok(model)
@@ -193,6 +194,14 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
             seqs.push(seq);
         }
         model.forward(&batch, &mut cache, LogitsFor::Last)?;
+        // The decode graph of this batch size (CUDA; not with --enforce-eager).
+        let tg = Instant::now();
+        let failed = model.capture_graphs(&mut cache, &[(b, 1)], a.context + a.steps, &mut |_, _| {})?;
+        if let Some((k, why)) = failed.first() {
+            println!("  CUDA graph {k:?} not captured ({why}): decode runs eagerly");
+        } else if device != Device::Cpu && porter_core::backend::cuda::graph::enabled() {
+            println!("  CUDA graph of batch {b} captured in {:.1} ms", tg.elapsed().as_secs_f64() * 1e3);
+        }
         model.sync()?;
         let _ = porter_core::backend::cuda::profile::take();
         let t0 = Instant::now();

@@ -100,6 +100,10 @@ struct RunArgs {
     /// batch-invariant without it. Slower.
     #[arg(long)]
     deterministic: bool,
+    /// Run every CUDA forward eagerly: no CUDA graphs (by default decode and speculative
+    /// verify steps replay graphs captured per batch shape).
+    #[arg(long)]
+    enforce_eager: bool,
     /// Quantize the weights at load: fp8 (block-128 e4m3, the layout of Qwen's FP8
     /// checkpoints; embeddings, lm_head, norms, routers and gates stay in the model dtype).
     #[arg(long)]
@@ -273,6 +277,7 @@ fn model_dir(a: &ModelArgs) -> PathBuf {
 
 fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
     porter_core::tensor::cuda::set_deterministic(run.deterministic);
+    porter_core::backend::cuda::graph::set_enabled(!run.enforce_eager);
     let dir = model_dir(&run.model);
     let device = run.device.unwrap_or_else(porter_core::device::default_device);
     let opts = registry::LoadOptions {

@@ -155,7 +155,15 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             num_blocks: cfg.num_blocks,
             kv_dtype: cfg.kv_dtype,
         };
-        let cache = model.new_cache_with(&cache_cfg)?;
+        let mut cache = model.new_cache_with(&cache_cfg)?;
+        // Warm-up: the decode (and verify) graphs of every batch-size bucket, for contexts of
+        // up to 16 blocks (longer ones are captured when first reached).
+        let mut shapes: Vec<(usize, usize)> =
+            crate::backend::cuda::graph::span_buckets(cfg.max_num_seqs).into_iter().map(|b| (b, 1)).collect();
+        if k > 0 {
+            shapes.extend(crate::backend::cuda::graph::span_buckets(cfg.max_num_seqs).into_iter().map(|b| (b, k + 1)));
+        }
+        model.capture_graphs(&mut cache, &shapes, 0, &mut crate::backend::cuda::graph::report_progress)?;
         let drafting = match spec {
             Some(spec) => {
                 let dcfg = CacheConfig { spec: 0, ..cache_cfg };

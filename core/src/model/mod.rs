@@ -6,6 +6,7 @@
 //! pieces from its config and weights; [`Model`] runs them for a [`Batch`] of sequences.
 
 pub mod draft;
+pub mod graph;
 
 use crate::bail;
 use crate::error::{Context, Result};
@@ -100,7 +101,13 @@ impl Model {
     pub fn new_cache_with(&self, cfg: &CacheConfig) -> Result<ModelCache> {
         let (device, dtype) = (self.info.device, self.info.dtype);
         let layers = self.layers.iter().map(|l| l.new_cache(device, dtype, cfg)).collect::<Result<Vec<_>>>()?;
-        Ok(ModelCache::new(layers, cfg))
+        let mut cache = ModelCache::new(layers, cfg);
+        // CUDA graphs of decode / verify steps, captured at first use of each shape
+        // (`crate::model::graph`; off with `backend::cuda::graph::set_enabled(false)`).
+        if matches!(device, crate::tensor::device::Device::Cuda(_)) && crate::backend::cuda::graph::enabled() {
+            cache.enable_graphs(cfg.max_seqs);
+        }
+        Ok(cache)
     }
 
     /// KV bytes one cached token takes over all attention layers, in the model's
@@ -264,11 +271,32 @@ impl Model {
     /// logits `[rows.len(), vocab]`, hidden `[T, hidden]`
     pub fn forward_rows(&self, batch: &Batch, cache: &mut dyn StateCache, rows: &[usize]) -> Result<ForwardOutput> {
         use crate::backend::cuda::profile::host_span;
-        let prep = host_span("model: validate + cache prepare");
+        let prep = host_span("model: validate");
         self.validate(batch, cache)?;
         if let Some(&bad) = rows.iter().find(|&&r| r >= batch.len()) {
             bail!(Input, "logits asked for row {bad} of a batch of {} rows", batch.len());
         }
+        drop(prep);
+        if let Some(mut graphs) = cache.take_graphs() {
+            let out = self.forward_graphed(&mut graphs, batch, cache, rows);
+            cache.put_graphs(graphs);
+            if let Some(out) = out? {
+                return Ok(out);
+            }
+        }
+        self.forward_unchecked(batch, cache, rows)
+    }
+
+    /// [`Model::forward_rows`] without the checks of the batch against the cache (a CUDA
+    /// graph's padded batch has [`crate::state::SeqId::PAD`] spans, which own no state).
+    pub(crate) fn forward_unchecked(
+        &self,
+        batch: &Batch,
+        cache: &mut dyn StateCache,
+        rows: &[usize],
+    ) -> Result<ForwardOutput> {
+        use crate::backend::cuda::profile::host_span;
+        let prep = host_span("model: cache prepare");
         cache.prepare(batch)?;
         drop(prep);
         // [T] -> [T, H]
@@ -281,7 +309,7 @@ impl Model {
             x = layer.forward(x, batch, cache.layer_mut(i)?).with_context(|| format!("layer {i}"))?;
         }
         let _logits = host_span("model: advance + logits");
-        for s in &batch.spans {
+        for s in batch.spans.iter().filter(|s| !s.seq.is_pad()) {
             cache.advance(s.seq, s.len)?;
         }
         // [R, H] -> [R, vocab]

@@ -163,7 +163,35 @@ pub trait StateCache: Send {
     fn live(&self) -> usize;
     /// Makes the KV blocks for every span of `batch` available and hands the attention
     /// layers the step's paging metadata; called once at the start of every forward.
+    /// [`SeqId::PAD`] spans get no blocks.
     fn prepare(&mut self, batch: &Batch) -> Result<()>;
+
+    /// The paging metadata of the last [`StateCache::prepare`] (none without attention layers).
+    fn page_step(&self) -> Option<Arc<PageStep>> {
+        None
+    }
+
+    /// Makes the block tables of the following prepares at least `width` entries wide (0: as
+    /// wide as the longest sequence needs), as a CUDA graph captured for that width reads them.
+    fn set_page_width(&mut self, _width: usize) {}
+
+    /// Drops the per-step metadata the last prepare handed the layers (and its device copies).
+    fn end_step(&mut self) {}
+
+    /// Positions per KV block.
+    fn block_size(&self) -> usize {
+        DEFAULT_BLOCK_SIZE
+    }
+
+    /// The CUDA graphs captured against this cache's buffers, taken out for a forward (put
+    /// back with [`StateCache::put_graphs`]); `None` when the cache keeps none.
+    fn take_graphs(&mut self) -> Option<Box<crate::backend::cuda::graph::Graphs>> {
+        None
+    }
+
+    /// Returns the graphs [`StateCache::take_graphs`] took.
+    #[allow(clippy::boxed_local)] // the box moves back into the cache
+    fn put_graphs(&mut self, _graphs: Box<crate::backend::cuda::graph::Graphs>) {}
 }
 
 /// The standard slot-indexed, paged [`StateCache`].
@@ -182,6 +210,10 @@ pub struct ModelCache {
     has_recurrent: bool,
     ck: Checkpoints,
     spec: usize,
+    /// The least width of the block tables ([`StateCache::set_page_width`]).
+    page_width: usize,
+    /// CUDA graphs of decode / verify forwards over this cache's buffers (empty on a copy).
+    graphs: crate::backend::cuda::graph::GraphSlot,
 }
 
 /// Positions between recurrent-state checkpoints (the chunked delta rule's chunk: a state
@@ -275,6 +307,35 @@ impl ModelCache {
             has_recurrent,
             ck: Checkpoints::new(interval, if interval > 0 { cfg.max_seqs * 8 } else { 0 }),
             spec: cfg.spec,
+            page_width: 0,
+            graphs: Default::default(),
+        }
+    }
+
+    /// Keeps CUDA graphs of decode / verify forwards for batches of up to `max_spans`
+    /// sequences (captured on first use, or ahead with `Model::capture_graphs`). A clone of
+    /// the cache keeps none: graphs address this cache's buffers.
+    pub fn enable_graphs(&mut self, max_spans: usize) {
+        self.graphs = crate::backend::cuda::graph::GraphSlot::new(max_spans);
+    }
+
+    /// Drops every CUDA graph and keeps none: each forward runs eagerly.
+    pub fn disable_graphs(&mut self) {
+        self.graphs = Default::default();
+    }
+
+    /// How this cache's CUDA graphs were used (`None`: it keeps none).
+    pub fn graph_stats(&self) -> Option<crate::backend::cuda::graph::GraphStats> {
+        self.graphs.0.as_ref().map(|g| g.stats)
+    }
+
+    /// The shapes of the CUDA graphs captured so far, and those whose capture failed with why.
+    pub fn graph_shapes(
+        &self,
+    ) -> (Vec<crate::backend::cuda::graph::GraphKey>, Vec<(crate::backend::cuda::graph::GraphKey, String)>) {
+        match &self.graphs.0 {
+            Some(g) => (g.keys(), g.failed.iter().map(|(k, v)| (*k, v.clone())).collect()),
+            None => (Vec::new(), Vec::new()),
         }
     }
 
@@ -547,19 +608,20 @@ impl StateCache for ModelCache {
         if !self.has_kv {
             return Ok(());
         }
-        for s in &batch.spans {
+        for s in batch.spans.iter().filter(|s| !s.seq.is_pad()) {
             self.check(s.seq)?;
             self.reserve(s.seq, s.pos0 + s.len)?;
         }
-        let lists: Vec<&[u32]> = batch.spans.iter().map(|s| &self.tables[s.seq.0][..]).collect();
-        let step = Arc::new(PageStep::new(batch, self.pool.block_size(), &lists)?);
+        let lists: Vec<&[u32]> =
+            batch.spans.iter().map(|s| if s.seq.is_pad() { &[][..] } else { &self.tables[s.seq.0][..] }).collect();
+        let step = Arc::new(PageStep::with_width(batch, self.pool.block_size(), &lists, self.page_width)?);
         // Recurrent checkpoints at every chunk-aligned position inside a chunked (prefill)
         // span that starts aligned.
         let mut saves = Vec::new();
         let c = self.ck.interval;
         if c > 0 {
             for (i, s) in batch.spans.iter().enumerate() {
-                if s.len <= (self.spec + 1).max(1) || !s.pos0.is_multiple_of(c) {
+                if s.seq.is_pad() || s.len <= (self.spec + 1).max(1) || !s.pos0.is_multiple_of(c) {
                     continue;
                 }
                 let mut b = s.pos0 + c;
@@ -580,6 +642,39 @@ impl StateCache for ModelCache {
             }
         }
         Ok(())
+    }
+
+    fn page_step(&self) -> Option<Arc<PageStep>> {
+        self.layers.iter().flat_map(LayerCache::leaves).find_map(|l| match l {
+            LayerCache::Kv(kv) => kv.step.clone(),
+            _ => None,
+        })
+    }
+
+    fn set_page_width(&mut self, width: usize) {
+        self.page_width = width;
+    }
+
+    fn block_size(&self) -> usize {
+        self.pool.block_size()
+    }
+
+    fn end_step(&mut self) {
+        for layer in self.layers.iter_mut().flat_map(LayerCache::leaves_mut) {
+            match layer {
+                LayerCache::Kv(kv) => kv.step = None,
+                LayerCache::Recurrent(r) => r.ckpt_step = None,
+                LayerCache::Stateless | LayerCache::Sharded(_) => {}
+            }
+        }
+    }
+
+    fn take_graphs(&mut self) -> Option<Box<crate::backend::cuda::graph::Graphs>> {
+        self.graphs.0.take()
+    }
+
+    fn put_graphs(&mut self, graphs: Box<crate::backend::cuda::graph::Graphs>) {
+        self.graphs.0 = Some(graphs);
     }
 }
 

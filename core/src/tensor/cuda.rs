@@ -28,6 +28,74 @@ pub struct Gpu {
     /// The device's FP8 dequantization scratch (`backend::cuda::fp8`): one buffer of the
     /// compute dtype, grown to the largest weight (or MoE layer) a prefill GEMM dequantizes.
     pub(crate) fp8_scratch: Mutex<Option<DevBuf>>,
+    /// While a CUDA graph is being captured: where the uploads of the captured forward go
+    /// ([`Gpu::begin_recording`]).
+    recording: Mutex<Option<Recording>>,
+}
+
+/// What a small upload of a forward holds, so that a CUDA graph's replay can write the next
+/// step's values where the captured copy reads them (`crate::model::graph`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UploadTag {
+    /// The batch's token ids (the embedding).
+    Ids,
+    /// The batch's positions and span table ([`BatchDev`]).
+    Batch,
+    /// The step's KV slots and block tables ([`PageDev`]).
+    Page,
+    /// One Gated DeltaNet layer's conv / delta-rule span tables.
+    Gdn,
+    /// Anything else: a forward that uploads it cannot be replayed from a graph.
+    Other,
+}
+
+/// The uploads of a forward captured into a CUDA graph, in order. While capturing, each
+/// upload becomes a device-to-device copy node out of `arena` (a device buffer outside the
+/// graph) at the upload's offset; a replay writes the next step's values into the host
+/// `image`, [`Recording::flush`]es it into the arena (one stream-ordered copy, queued before
+/// the graph's launch, so the host can prepare the next step while the device runs this one)
+/// and launches the graph.
+#[derive(Debug)]
+pub struct Recording {
+    arena: CudaSlice<u8>,
+    image: Vec<u8>,
+    head: usize,
+    /// `(tag, offset, bytes)` of each upload.
+    pub entries: Vec<(UploadTag, usize, usize)>,
+    /// Why the recorded forward cannot be replayed (an untagged upload, an overflow).
+    pub unreplayable: Option<String>,
+}
+
+impl Recording {
+    /// Writes the next step's values of upload `i` into the host image (they must have the
+    /// recorded size).
+    pub fn write<T: DeviceRepr + Copy>(&mut self, i: usize, data: &[T]) -> Result<()> {
+        let Some(&(tag, off, bytes)) = self.entries.get(i) else {
+            bail!(Internal, "graph replay: upload {i} of {} recorded", self.entries.len())
+        };
+        if std::mem::size_of_val(data) != bytes {
+            bail!(
+                Internal,
+                "graph replay: upload {i} ({tag:?}) has {} bytes, the graph was captured with {bytes}",
+                std::mem::size_of_val(data)
+            );
+        }
+        // SAFETY: `T` is plain data of exactly `bytes` bytes, read as bytes.
+        let src = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, bytes) };
+        self.image[off..off + bytes].copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Queues the copy of the host image into the arena the graph reads (before its launch).
+    pub fn flush(&mut self, g: &Gpu) -> Result<()> {
+        let used = self.head.min(self.image.len());
+        if used > 0 {
+            let (dst, _guard) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut self.arena, g.stream());
+            // SAFETY: `dst` is the arena, a live device allocation of at least `used` bytes.
+            unsafe { g.copy_to_device(dst, &self.image[..used]) }?;
+        }
+        Ok(())
+    }
 }
 
 /// Page-locked host memory that small uploads are copied through: an asynchronous copy from
@@ -73,7 +141,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     let mut buf = unsafe { k.context().alloc_pinned::<u8>(STAGING_BYTES) }.map_err(cuda_err)?;
     let base = buf.as_mut_ptr().map_err(cuda_err)? as usize;
     let staging = Mutex::new(Staging { buf, base, head: 0 });
-    let g = Arc::new(Gpu { k, gemm, ordinal, staging, fp8_scratch: Mutex::new(None) });
+    let g = Arc::new(Gpu { k, gemm, ordinal, staging, fp8_scratch: Mutex::new(None), recording: Mutex::new(None) });
     if devs.len() <= ordinal {
         devs.resize(ordinal + 1, None);
     }
@@ -286,14 +354,68 @@ pub fn upload<T: DevType>(g: &Gpu, data: &[f32]) -> Result<CudaSlice<T>> {
 impl Gpu {
     /// Copies small host data to a new device buffer without waiting for queued work.
     pub fn upload<T: DeviceRepr + Copy>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        self.upload_as(UploadTag::Other, data)
+    }
+
+    /// [`Gpu::upload`] of per-step metadata of kind `tag`: while a graph is recorded the bytes
+    /// go to the recording's pinned buffer (where the replay rewrites them), else through the
+    /// staging arena.
+    pub fn upload_as<T: DeviceRepr + Copy>(&self, tag: UploadTag, data: &[T]) -> Result<CudaSlice<T>> {
         let bytes = std::mem::size_of_val(data);
         if bytes == 0 {
             // A placeholder: a zero-byte allocation is an error in the driver; nothing reads it.
             return alloc::<T>(self, 1);
         }
         let mut dev = alloc::<T>(self, data.len())?;
+        let mut rec = self.recording.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = rec.as_mut() {
+            if tag == UploadTag::Other {
+                r.unreplayable.get_or_insert_with(|| format!("an untagged upload of {bytes} bytes"));
+            }
+            if r.head + bytes > r.image.len() {
+                r.unreplayable.get_or_insert_with(|| format!("uploads beyond the {} recorded bytes", r.image.len()));
+                // The graph is discarded; any in-bounds source keeps the capture valid.
+                r.head = 0;
+            }
+            let off = r.head;
+            if off + bytes > r.image.len() {
+                bail!(Internal, "an upload of {bytes} bytes does not fit a graph recording of {}", r.image.len());
+            }
+            let (src, _gs) = r.arena.device_ptr(self.stream());
+            let (dst, _gd) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dev, self.stream());
+            // SAFETY: both are live device allocations holding at least `bytes` bytes from
+            // the given addresses (the arena's range was checked above).
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(dst, src + off as u64, bytes, self.stream().cu_stream())
+            }
+            .map_err(cuda_err)?;
+            drop((_gs, _gd));
+            r.entries.push((tag, off, bytes));
+            r.head = (off + bytes).next_multiple_of(256);
+            return Ok(dev);
+        }
+        drop(rec);
         if bytes > STAGING_BYTES / 4 {
             return self.stream().clone_htod(data).map_err(cuda_err);
+        }
+        let (dst, _guard) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dev, self.stream());
+        // SAFETY: `dst` is a live device allocation of `data.len()` elements; `T` is plain data.
+        unsafe {
+            self.copy_to_device(dst, std::slice::from_raw_parts(data.as_ptr() as *const u8, bytes))?;
+        }
+        drop(_guard);
+        Ok(dev)
+    }
+
+    /// Queues a copy of `data` (at most a quarter of the staging arena) to device address
+    /// `dst` through the pinned staging arena, without waiting for queued work.
+    ///
+    /// # Safety
+    /// `dst` must be a live device allocation of at least `data.len()` bytes on this device.
+    unsafe fn copy_to_device(&self, dst: u64, data: &[u8]) -> Result<()> {
+        let bytes = data.len();
+        if bytes > STAGING_BYTES / 4 {
+            bail!(Internal, "a staged upload of {bytes} bytes (at most {})", STAGING_BYTES / 4);
         }
         let mut st = self.staging.lock().unwrap_or_else(|e| e.into_inner());
         if st.head + bytes > st.buf.len() {
@@ -301,20 +423,36 @@ impl Gpu {
             self.sync()?;
             st.head = 0;
         }
-        // SAFETY: [head, head + bytes) lies inside the pinned arena, no queued copy reads it
-        // (it is fresh since the last wrap, and a wrap synchronises), and `T` is plain data.
+        // SAFETY: [head, head + bytes) lies inside the pinned arena and no queued copy reads
+        // it (it is fresh since the last wrap, and a wrap synchronises).
         let host = unsafe {
-            let p = (st.base + st.head) as *mut T;
-            std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len());
-            std::slice::from_raw_parts(p as *const T, data.len())
+            let p = (st.base + st.head) as *mut u8;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), p, bytes);
+            std::slice::from_raw_parts(p as *const u8, bytes)
         };
-        let (dst, _guard) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dev, self.stream());
-        // SAFETY: `dst` is a live device allocation of `data.len()` elements on this stream;
-        // `host` is pinned memory that stays valid (the arena lives as long as the device).
+        // SAFETY: the caller guarantees `dst`; `host` is pinned memory that stays valid (the
+        // arena lives as long as the device).
         unsafe { cudarc::driver::result::memcpy_htod_async(dst, host, self.stream().cu_stream()) }.map_err(cuda_err)?;
-        drop(_guard);
         st.head = (st.head + bytes).next_multiple_of(256);
-        Ok(dev)
+        Ok(())
+    }
+
+    /// Starts recording uploads into a fresh device arena of `bytes` (before a graph capture:
+    /// the arena is allocated outside the graph).
+    pub fn begin_recording(&self, bytes: usize) -> Result<()> {
+        let bytes = bytes.next_multiple_of(256).max(256);
+        let arena = zeros::<u8>(self, bytes)?;
+        let mut rec = self.recording.lock().unwrap_or_else(|e| e.into_inner());
+        if rec.is_some() {
+            bail!(Internal, "cuda:{}: a graph recording is already running", self.ordinal);
+        }
+        *rec = Some(Recording { arena, image: vec![0; bytes], head: 0, entries: Vec::new(), unreplayable: None });
+        Ok(())
+    }
+
+    /// Ends the recording [`Gpu::begin_recording`] started.
+    pub fn end_recording(&self) -> Option<Recording> {
+        self.recording.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 

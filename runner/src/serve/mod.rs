@@ -249,7 +249,17 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
     let vocab = model.info.vocab_size;
     let defaults = model.info.generation.clone();
     let spec_k = spec.as_ref().map(|sp| sp.k);
+    // The engine captures its CUDA graphs as it starts: a progress bar on stderr.
+    fn graph_bar(done: usize, total: usize) {
+        let w = 30 * done / total.max(1);
+        eprint!("\rcapturing CUDA graphs [{}{}] {done}/{total}", "#".repeat(w), " ".repeat(30 - w));
+        if done == total {
+            eprintln!();
+        }
+    }
+    porter_core::backend::cuda::graph::set_progress(Some(graph_bar));
     let engine = Arc::new(Engine::start_with_spec(model, cfg, spec).context("starting the engine")?);
+    porter_core::backend::cuda::graph::set_progress(None);
     warm_up(&engine, vocab, ctx).context("warming up the engine")?;
     let api_key = a.api_key.clone().or_else(|| std::env::var("PORTER_API_KEY").ok()).filter(|k| !k.is_empty());
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());

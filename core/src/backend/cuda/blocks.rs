@@ -10,7 +10,7 @@ use crate::backend::{AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, Nor
 use crate::batch::{Batch, PageStep, SeqId};
 use crate::error::Context;
 use crate::error::Result;
-use crate::tensor::cuda::{alloc, cuda_err, gpu_of, zeros, BatchDev, DevType, Gpu, PageDev};
+use crate::tensor::cuda::{alloc, cuda_err, gpu_of, zeros, BatchDev, DevType, Gpu, PageDev, UploadTag};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 use crate::{bail, err};
@@ -167,6 +167,17 @@ pub fn sigmoid_gate_mul(x: &mut Tensor, gate: &Tensor) -> Result<()> {
 // Batch metadata
 // ---------------------------------------------------------------------------
 
+/// The host values of a batch's [`BatchDev`]: `[positions (T) | spans (S × 3: q_row0, q_len,
+/// pos0)]`.
+pub(crate) fn batch_table(batch: &Batch) -> Vec<u32> {
+    let mut v: Vec<u32> = Vec::with_capacity(batch.len() + 3 * batch.spans.len());
+    v.extend(batch.positions().into_iter().map(|p| p as u32));
+    for s in &batch.spans {
+        v.extend_from_slice(&[s.start as u32, s.len as u32, s.pos0 as u32]);
+    }
+    v
+}
+
 /// The batch's device tables, uploaded at the first call of a forward.
 fn batch_dev(g: &Gpu, batch: &Batch) -> Result<Arc<BatchDev>> {
     if let Some(d) = batch.dev.get() {
@@ -175,11 +186,7 @@ fn batch_dev(g: &Gpu, batch: &Batch) -> Result<Arc<BatchDev>> {
         }
     }
     let (t, n) = (batch.len(), batch.spans.len());
-    let mut v: Vec<u32> = batch.positions().into_iter().map(|p| p as u32).collect();
-    for s in &batch.spans {
-        v.extend_from_slice(&[s.start as u32, s.len as u32, s.pos0 as u32]);
-    }
-    let d = Arc::new(BatchDev { ordinal: g.ordinal, t, n, buf: g.upload(&v)? });
+    let d = Arc::new(BatchDev { ordinal: g.ordinal, t, n, buf: g.upload_as(UploadTag::Batch, &batch_table(batch))? });
     let _ = batch.dev.set(d.clone());
     Ok(d)
 }
@@ -246,6 +253,22 @@ impl CudaKv {
     }
 }
 
+/// The host values of a step's [`PageDev`] with block tables `width` entries wide (at least
+/// the step's own width; the rest [`crate::batch::PAD`]): `[slots (T) | tables (S × width)]`.
+pub(crate) fn page_table(step: &PageStep, width: usize) -> Result<Vec<u32>> {
+    let (mb, n) = (step.max_blocks, step.tables.len() / step.max_blocks.max(1));
+    if width < mb {
+        bail!(Internal, "block tables of {mb} entries laid out {width} wide");
+    }
+    let mut v = Vec::with_capacity(step.slots.len() + n * width);
+    v.extend_from_slice(&step.slots);
+    for row in step.tables.chunks(mb.max(1)) {
+        v.extend_from_slice(row);
+        v.resize(v.len() + width - mb, crate::batch::PAD);
+    }
+    Ok(v)
+}
+
 /// The step's slots and block tables on the device, uploaded once per forward.
 fn page_dev(g: &Gpu, step: &PageStep) -> Result<Arc<PageDev>> {
     if let Some(d) = step.dev.get() {
@@ -253,9 +276,8 @@ fn page_dev(g: &Gpu, step: &PageStep) -> Result<Arc<PageDev>> {
             return Ok(d.clone());
         }
     }
-    let mut v = step.slots.clone();
-    v.extend_from_slice(&step.tables);
-    let d = Arc::new(PageDev { ordinal: g.ordinal, t: step.slots.len(), buf: g.upload(&v)? });
+    let v = page_table(step, step.max_blocks)?;
+    let d = Arc::new(PageDev { ordinal: g.ordinal, t: step.slots.len(), buf: g.upload_as(UploadTag::Page, &v)? });
     let _ = step.dev.set(d.clone());
     Ok(d)
 }
@@ -523,6 +545,54 @@ type DeltaSpans<'a> = (usize, usize, cudarc::driver::CudaView<'a, u32>);
 /// length threshold made a short final piece take the per-token rule and its bits differ.
 const GDN_CHUNKED_MIN_LEN: usize = 2;
 
+/// One Gated DeltaNet step's span tables, in one buffer: `[conv (4 per span: row0, len,
+/// slot, lag) | recurrent (5 per span: row0, len, slot, src_buf, snapshot) | chunked (5 per
+/// span)]`; `conv`, `rec`, `chunk` count their `u32`s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GdnTables {
+    pub data: Vec<u32>,
+    pub conv: usize,
+    pub rec: usize,
+    pub chunk: usize,
+    pub rec_max: usize,
+    pub chunk_max: usize,
+}
+
+/// The span tables of a Gated DeltaNet step over `batch`, starting the step in the slots'
+/// rollback bookkeeping. Long spans without snapshots (prefill) take the chunked algorithm,
+/// the rest (decode, speculative verify with per-token snapshots) the per-token recurrence.
+/// A [`SeqId::PAD`] span gets the invalid slot (the kernels write NaN rows for it and leave
+/// every state alone) and touches no bookkeeping.
+pub(crate) fn gdn_tables(batch: &Batch, cache: &mut RecCache) -> Result<GdnTables> {
+    let n = batch.spans.len();
+    let (mut conv, mut rec, mut chunk) = (Vec::with_capacity(9 * n), Vec::new(), Vec::new());
+    let (mut rec_max, mut chunk_max) = (0, 0);
+    for s in &batch.spans {
+        let snapshots = cache.snapshots_for(s.len);
+        let (slot, lag, cur) = if s.seq.is_pad() {
+            (crate::batch::PAD, 0, 0)
+        } else {
+            let m = cache.meta_mut(s.seq)?;
+            let (lag, cur) = (m.lag as u32, m.cur as u32);
+            m.start_step(s.pos0, s.len, snapshots);
+            (s.seq.0 as u32, lag, cur)
+        };
+        conv.extend_from_slice(&[s.start as u32, s.len as u32, slot, lag]);
+        let row = [s.start as u32, s.len as u32, slot, cur, snapshots as u32];
+        if !snapshots && s.len >= GDN_CHUNKED_MIN_LEN {
+            chunk.extend_from_slice(&row);
+            chunk_max = chunk_max.max(s.len);
+        } else {
+            rec.extend_from_slice(&row);
+            rec_max = rec_max.max(s.len);
+        }
+    }
+    let (nc, nr, nk) = (conv.len(), rec.len(), chunk.len());
+    conv.extend_from_slice(&rec);
+    conv.extend_from_slice(&chunk);
+    Ok(GdnTables { data: conv, conv: nc, rec: nr, chunk: nk, rec_max, chunk_max })
+}
+
 /// The Gated DeltaNet core on the device (see `Ops::gdn`).
 pub fn gdn(p: &Tensor, w: &GdnWeights<'_>, c: &GdnArgs, batch: &Batch, cache: &mut RecCache) -> Result<Tensor> {
     let g = gpu_of(p, "gated_delta_net")?;
@@ -532,37 +602,15 @@ pub fn gdn(p: &Tensor, w: &GdnWeights<'_>, c: &GdnArgs, batch: &Batch, cache: &m
     let (vd, conv) = (hv * dv, c.conv_dim());
     let t = p.rows();
     let ba_col = 2 * c.key_heads * c.key_dim + 2 * vd;
-    // Span tables: conv (row0, len, slot, lag), delta rule (row0, len, slot, src_buf, snapshot).
     let n = batch.spans.len();
-    // Long spans without snapshots (prefill) take the chunked algorithm; the rest (decode,
-    // speculative verify with per-token snapshots) the per-token recurrence.
-    let (mut conv_spans, mut rec_spans, mut chunk_spans) = (Vec::with_capacity(4 * n), Vec::new(), Vec::new());
-    let (mut rec_max, mut chunk_max) = (0, 0);
-    for s in &batch.spans {
-        let slot = s.seq.0;
-        let snapshots = cache.snapshots_for(s.len);
-        let m = cache.meta_mut(s.seq)?;
-        conv_spans.extend_from_slice(&[s.start as u32, s.len as u32, slot as u32, m.lag as u32]);
-        let row = [s.start as u32, s.len as u32, slot as u32, m.cur as u32, snapshots as u32];
-        if !snapshots && s.len >= GDN_CHUNKED_MIN_LEN {
-            chunk_spans.extend_from_slice(&row);
-            chunk_max = chunk_max.max(s.len);
-        } else {
-            rec_spans.extend_from_slice(&row);
-            rec_max = rec_max.max(s.len);
-        }
-        m.start_step(s.pos0, s.len, snapshots);
-    }
+    let gt = gdn_tables(batch, cache)?;
     let max_slots = cache.meta.len();
     let RecBuf::Cuda(rc) = &mut cache.buf else { bail!(Internal, "device Gated DeltaNet with a host cache") };
-    // One upload: [conv (4n) | recurrent (5r) | chunked (5c)].
-    let (nc, nr, nk) = (conv_spans.len(), rec_spans.len(), chunk_spans.len());
-    conv_spans.extend_from_slice(&rec_spans);
-    conv_spans.extend_from_slice(&chunk_spans);
-    let tables = g.upload(&conv_spans)?;
+    let (nc, nr, nk) = (gt.conv, gt.rec, gt.chunk);
+    let tables = g.upload_as(crate::tensor::cuda::UploadTag::Gdn, &gt.data)?;
     let conv_spans = tables.slice(0..nc);
-    let rec = (nr / 5, rec_max, tables.slice(nc..nc + nr));
-    let chunk = (nk / 5, chunk_max, tables.slice(nc + nr..nc + nr + nk));
+    let rec = (nr / 5, gt.rec_max, tables.slice(nc..nc + nr));
+    let chunk = (nk / 5, gt.chunk_max, tables.slice(nc + nr..nc + nr + nk));
     let (win, nbuf) = (window, spec + 1);
     let mut qkv = alloc::<f32>(&g, t * conv)?;
     let mut gate = alloc::<f32>(&g, t * hv)?;
@@ -688,7 +736,7 @@ pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     let g = gpu_of(table, "embedding")?;
     let _p = profile::span("embedding", &g);
     let (vocab, hidden) = (table.dim(0), table.dim(1));
-    let dev_ids = g.upload(ids)?;
+    let dev_ids = g.upload_as(UploadTag::Ids, ids)?;
     let mut out = Tensor::empty_on(&g, [ids.len(), hidden], DType::F32)?;
     fn go<T: DevType>(
         g: &Gpu,

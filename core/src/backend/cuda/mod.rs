@@ -4,6 +4,7 @@
 
 pub mod blocks;
 pub mod fp8;
+pub mod graph;
 pub mod profile;
 
 pub use blocks::{CudaKv, CudaRec};
@@ -297,5 +298,44 @@ pub fn concat_rows(parts: &[&Tensor]) -> Result<Tensor> {
         Ok(())
     }
     crate::by_dtype!(first.dtype(), go(&g, parts, &mut out))?;
+    Ok(out)
+}
+
+/// Copies the first `rows` rows of `src` into the first rows of `dst` (same dtype and row
+/// length; `dst` may hold more rows).
+///
+/// # Shapes
+/// `src`: `[≥ rows, d]`, `dst`: `[≥ rows, d]`
+pub fn copy_rows_into(src: &Tensor, dst: &mut Tensor, rows: usize) -> Result<()> {
+    let g = gpu_of(src, "copy_rows")?;
+    let d = src.last_dim();
+    if src.dtype() != dst.dtype() || dst.last_dim() != d || src.rows() < rows || dst.rows() < rows {
+        bail!(
+            Internal,
+            "copy of {rows} rows of {:?} {} into {:?} {}",
+            src.shape(),
+            src.dtype(),
+            dst.shape(),
+            dst.dtype()
+        );
+    }
+    fn go<T: DevType>(g: &Gpu, s: &Tensor, o: &mut Tensor, n: usize) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let src = s.dev::<T>()?.slice(0..n);
+        g.stream().memcpy_dtod(&src, &mut o.dev_mut::<T>()?.slice_mut(0..n)).map_err(cuda_err)
+    }
+    crate::by_dtype!(src.dtype(), go(&g, src, dst, rows * d))
+}
+
+/// A new tensor holding the first `rows` rows of `src`.
+///
+/// # Shapes
+/// `[≥ rows, d]` → `[rows, d]`
+pub fn head_rows(src: &Tensor, rows: usize) -> Result<Tensor> {
+    let g = gpu_of(src, "head_rows")?;
+    let mut out = Tensor::empty_on(&g, [rows, src.last_dim()], src.dtype())?;
+    copy_rows_into(src, &mut out, rows)?;
     Ok(out)
 }
