@@ -29,7 +29,7 @@ if [ "$mode" = stage ]; then
     cargo build -p runner --release
     cp target/release/porter .dev/porter/porter
     { cargo test -p porter-kernels --release --no-run --message-format=json;
-      cargo test -p tests --test gpu --release --no-run --message-format=json; } |
+      cargo test -p tests --test gpu --test gpu_graphs --release --no-run --message-format=json; } |
         python3 -c '
 import json, shutil, sys
 for line in sys.stdin:

@@ -74,7 +74,9 @@ pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device
     }
     checks::random_weights_fit(&cfg, run.dtype, device)?;
     porter_core::tensor::cuda::set_deterministic(run.deterministic);
-    porter_core::backend::cuda::graph::set_enabled(!run.enforce_eager);
+    if run.enforce_eager {
+        porter_core::backend::cuda::graph::set_enabled(false);
+    }
     let mut model = registry::build_random_with(&cfg, Path::new("."), run.dtype, device, 0, run.quantize)?;
     model.info.kv_cache_dtype = run.kv_cache_dtype;
     Ok(model)

@@ -100,8 +100,9 @@ struct RunArgs {
     /// batch-invariant without it. Slower.
     #[arg(long)]
     deterministic: bool,
-    /// Run every CUDA forward eagerly: no CUDA graphs (by default decode and speculative
-    /// verify steps replay graphs captured per batch shape).
+    /// Run every CUDA forward eagerly: no CUDA graphs. (With `PORTER_CUDA_GRAPHS=1`, decode
+    /// and speculative verify steps replay graphs captured per batch shape; opt-in until they
+    /// have passed the GPU suite.)
     #[arg(long)]
     enforce_eager: bool,
     /// Quantize the weights at load: fp8 (block-128 e4m3, the layout of Qwen's FP8
@@ -277,7 +278,9 @@ fn model_dir(a: &ModelArgs) -> PathBuf {
 
 fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
     porter_core::tensor::cuda::set_deterministic(run.deterministic);
-    porter_core::backend::cuda::graph::set_enabled(!run.enforce_eager);
+    if run.enforce_eager {
+        porter_core::backend::cuda::graph::set_enabled(false);
+    }
     let dir = model_dir(&run.model);
     let device = run.device.unwrap_or_else(porter_core::device::default_device);
     let opts = registry::LoadOptions {

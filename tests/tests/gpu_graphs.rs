@@ -14,6 +14,7 @@ use tests::*;
 
 /// Runs a fixed script of steps over 5 sequences and returns every step's logits.
 fn script(m: &Model, graphs: bool) -> (Vec<Vec<f32>>, Option<porter_core::backend::cuda::graph::GraphStats>) {
+    porter_core::backend::cuda::graph::set_enabled(true);
     let mut cache = m.new_cache_spec(5, 3).unwrap();
     if !graphs {
         cache.disable_graphs();
@@ -143,7 +144,8 @@ fn cuda_engine_with_graphs_equals_eager() {
             let mut e = e.unwrap();
             let reqs: Vec<_> = prompts.iter().enumerate().map(|(i, p)| (i as u64, p.clone(), params.clone())).collect();
             let done = run_all(&mut e, &reqs);
-            (0..prompts.len() as u64).map(|i| done[&i].clone()).collect::<Vec<_>>()
+            // The tokens (ids, log-probabilities): the final events carry timings.
+            (0..prompts.len() as u64).map(|i| done[&i].0.clone()).collect::<Vec<_>>()
         };
         let eager = run(false);
         let graphed = run(true);

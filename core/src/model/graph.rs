@@ -73,6 +73,14 @@ impl Model {
             gs.clear();
             gs.model = self.graph_id();
         }
+        // A shape whose capture failed runs eagerly without preparing twice (the positions'
+        // blocks give the width; the step's tables below are at least as wide).
+        let has_kv = self.layers.iter().any(|l| matches!(l.kind(), LayerKind::Attention { .. }));
+        let bs = cache.block_size().max(1);
+        let need = batch.spans.iter().map(|s| (s.pos0 + s.len).div_ceil(bs)).max().unwrap_or(0);
+        if has_kv && gs.failed.contains_key(&GraphKey { spans, rows: r, width: width_bucket(need) }) {
+            return Ok(None);
+        }
         let padded = batch.padded(spans, r);
         cache.set_page_width(0);
         cache.prepare(&padded)?;

@@ -448,7 +448,13 @@ impl CudaKernels {
 pub struct Gemm {
     blas: CudaBlas,
     stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    /// cuBLAS's workspace, set once: a handle without one allocates it at its first GEMMs,
+    /// which is not allowed while a CUDA graph is being captured.
+    _workspace: cudarc::driver::CudaSlice<u8>,
 }
+
+/// Bytes of the cuBLAS workspace (NVIDIA's recommendation for Hopper).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 impl Gemm {
     /// A cuBLAS handle bound to `kernels`' stream.
@@ -462,7 +468,17 @@ impl Gemm {
         }
         let blas = CudaBlas::new(kernels.stream().clone())
             .map_err(|e| CudaError::Unavailable(format!("cuBLAS handle: {e:?}")))?;
-        Ok(Self { blas, stream: kernels.stream().clone() })
+        let mut ws = kernels.stream().alloc_zeros::<u8>(CUBLAS_WORKSPACE)?;
+        {
+            let (p, _g) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut ws, kernels.stream());
+            // SAFETY: a live device allocation of CUBLAS_WORKSPACE bytes on the handle's
+            // stream, kept alive as long as the handle (a field of the same struct).
+            let st = unsafe { blas_sys::cublasSetWorkspace_v2(*blas.handle(), p as *mut _, CUBLAS_WORKSPACE) };
+            if st != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(CudaError::Unavailable(format!("cublasSetWorkspace: {st:?}")));
+            }
+        }
+        Ok(Self { blas, stream: kernels.stream().clone(), _workspace: ws })
     }
 
     /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (row-major), inputs of type `A`, output of type `O`

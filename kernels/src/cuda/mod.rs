@@ -407,7 +407,8 @@ impl CudaKernels {
             return Err(CudaError::Unavailable(format!("device {ordinal} requested, {n} present")));
         }
         let ctx = CudaContext::new(ordinal)?;
-        let stream = ctx.default_stream();
+        // A stream of our own: the legacy default stream cannot be captured into a CUDA graph.
+        let stream = ctx.new_stream()?;
         Self::with_stream(stream)
     }
 

@@ -15,21 +15,34 @@ use crate::tensor::cuda::{cuda_err, Recording};
 use crate::tensor::Tensor;
 use cudarc::driver::CudaGraph;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 pub use crate::tensor::cuda::UploadTag;
 
-static ENABLED: AtomicBool = AtomicBool::new(true);
+/// Environment variable that turns CUDA graphs on (`1`) while they are opt-in.
+pub const GRAPHS_ENV: &str = "PORTER_CUDA_GRAPHS";
 
-/// Turns CUDA graphs on or off for every model cache of the process (`--enforce-eager` turns
-/// them off; on by default).
+/// 0: not yet read from [`GRAPHS_ENV`], 1: off, 2: on.
+static ENABLED: AtomicU8 = AtomicU8::new(0);
+
+/// Turns CUDA graphs on or off for every model cache of the process made after the call
+/// (`--enforce-eager` turns them off).
 pub fn set_enabled(on: bool) {
-    ENABLED.store(on, Ordering::Relaxed);
+    ENABLED.store(if on { 2 } else { 1 }, Ordering::Relaxed);
 }
 
-/// Whether CUDA graphs are on ([`set_enabled`]).
+/// Whether CUDA graphs are on ([`set_enabled`]). Until the capture and replay have passed the
+/// GPU suite (`tests/tests/gpu_graphs.rs`), graphs are opt-in: off unless
+/// `PORTER_CUDA_GRAPHS=1`.
 pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
+    match ENABLED.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var(GRAPHS_ENV).is_ok_and(|v| v == "1");
+            set_enabled(on);
+            on
+        }
+        v => v == 2,
+    }
 }
 
 /// A warm-up progress report: `(graphs done, graphs in all)`.
