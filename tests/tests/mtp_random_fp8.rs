@@ -6,15 +6,17 @@
 //! MTP head, FP8 under `--quantize fp8`, and speculates exactly.
 
 use porter_core::checkpoint::Checkpoint;
-use porter_core::draft::DraftHead;
+use porter_core::draft::{DraftHead, DraftOutput, OracleDraft};
 use porter_core::generate::generate;
 use porter_core::quant::{QuantConfig, Quantize};
 use porter_core::registry::{self, DraftLoadContext, LoadOptions};
 use porter_core::sampling::SamplingParams;
 use porter_core::speculative::{draft_logits, generate_speculative, MtpMode};
+use porter_core::state::CacheConfig;
 use porter_core::tensor::CpuStorage;
 use porter_core::weight_map::WeightMap;
 use porter_core::{config, DType, Device, Model, Weights};
+use porter_core::{Batch, LogitsFor, ModelCache, StateCache, Tensor};
 use std::path::{Path, PathBuf};
 use tests::*;
 
@@ -198,14 +200,16 @@ fn load_fp8(name: &str) -> Model {
     registry::load_with(&fixture(name), &o).unwrap()
 }
 
-/// Greedy speculative output with `drafts` equals plain greedy output of `m`, K = 1..=3.
+const PROMPT: &[u32] = &[5, 77, 300, 12, 9, 41, 256];
+const N: usize = 48;
+
+/// Greedy speculative output with `drafts` equals plain greedy output of `m`, K = 1..=3
+/// (returns the tokens per step of each K).
 fn check_exact(what: &str, m: &Model, drafts: &[Box<dyn DraftHead>], mode: MtpMode) -> Vec<f64> {
-    let prompt: Vec<u32> = vec![5, 77, 300, 12, 9, 41, 256];
-    let n = 48;
-    let plain = generate(m, &prompt, SamplingParams::default(), n, &[]).unwrap().ids;
+    let plain = generate(m, PROMPT, SamplingParams::default(), N, &[]).unwrap().ids;
     let mut per_step = Vec::new();
     for k in 1..=3 {
-        let g = generate_speculative(m, drafts, &prompt, SamplingParams::default(), n, &[], k, mode).unwrap();
+        let g = generate_speculative(m, drafts, PROMPT, SamplingParams::default(), N, &[], k, mode).unwrap();
         println!("{what}, k = {k}: {:.2} tokens/step, {} of {} accepted", g.tokens_per_step(), g.accepted, g.proposed);
         assert_eq!(g.ids, plain, "{what} k={k}: speculative greedy output differs from plain greedy");
         per_step.push(g.tokens_per_step());
@@ -213,8 +217,48 @@ fn check_exact(what: &str, m: &Model, drafts: &[Box<dyn DraftHead>], mode: MtpMo
     per_step
 }
 
+/// A draft head run for real (its cache advances and is rolled back like any draft's) whose
+/// proposals are replaced by an oracle's: the fixture heads' random weights never get a token
+/// accepted, this reaches the accept and partial-accept paths with the FP8 head's own state.
+struct Guided {
+    inner: Box<dyn DraftHead>,
+    oracle: OracleDraft,
+}
+
+impl DraftHead for Guided {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn new_cache(&self, cfg: &CacheConfig) -> porter_core::Result<ModelCache> {
+        self.inner.new_cache(cfg)
+    }
+
+    fn is_stateful(&self) -> bool {
+        self.inner.is_stateful()
+    }
+
+    fn main_hidden(&self, main: &Model, h: &Tensor) -> porter_core::Result<Tensor> {
+        self.inner.main_hidden(main, h)
+    }
+
+    fn forward(
+        &self,
+        main: &Model,
+        batch: &Batch,
+        hidden: &Tensor,
+        cache: &mut dyn StateCache,
+        rows: LogitsFor,
+    ) -> porter_core::Result<DraftOutput> {
+        let real = self.inner.forward(main, batch, hidden, cache, rows)?;
+        let forced = self.oracle.forward(main, batch, hidden, cache, rows)?;
+        Ok(DraftOutput { logits: forced.logits, hidden: real.hidden })
+    }
+}
+
 /// Speculative decoding with an FP8 draft head is exact (verification is exact): for every
-/// draft, beside a dense main model and beside the main model quantized the same way.
+/// draft, beside a dense main model and beside the main model quantized the same way; the FP8
+/// head alone (nothing accepted: random fixture weights) and guided to 2 of 3 proposals right.
 #[test]
 fn speculative_decoding_with_an_fp8_draft_is_exact() {
     for &(main_name, draft) in PAIRS {
@@ -222,6 +266,17 @@ fn speculative_decoding_with_an_fp8_draft_is_exact() {
         for (tag, m) in [("dense main", load(main_name, DType::F32).unwrap()), ("fp8 main", load_fp8(main_name))] {
             let d = registry::load_draft_with(&fixture(draft), &cfg, &m, Some(Quantize::Fp8)).unwrap();
             check_exact(&format!("{main_name} ({tag}) + fp8 {draft}"), &m, &[d], MtpMode::Eagle);
+            let inner = registry::load_draft_with(&fixture(draft), &cfg, &m, Some(Quantize::Fp8)).unwrap();
+            let mut seq = PROMPT.to_vec();
+            seq.extend(generate(&m, PROMPT, SamplingParams::default(), N + 8, &[]).unwrap().ids);
+            let oracle = OracleDraft { sequence: seq, wrong_every: Some(3), vocab_size: m.info.vocab_size };
+            let guided: Vec<Box<dyn DraftHead>> = vec![Box::new(Guided { inner, oracle })];
+            let per_step =
+                check_exact(&format!("{main_name} ({tag}) + guided fp8 {draft}"), &m, &guided, MtpMode::Eagle);
+            assert!(
+                per_step.iter().all(|&t| t > 1.3),
+                "{draft}: the guided draft got too little accepted: {per_step:?}"
+            );
         }
     }
 }
