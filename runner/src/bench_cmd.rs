@@ -57,8 +57,8 @@ fn preset(name: &str) -> Option<&'static str> {
     }
 }
 
-/// A random-weight model of the `--config` geometry (`--layers` overrides its depth).
-pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device: Device) -> Result<Model> {
+/// The `--config` JSON with `--layers` applied (its depth, and `layer_types` cycled to it).
+pub(crate) fn random_config(c: &str, layers: Option<usize>) -> Result<serde_json::Value> {
     let text = config_text(c)?;
     let mut cfg: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| anyhow!("--config `{c}` is not valid JSON: {e}"))?;
@@ -69,6 +69,12 @@ pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device
             cfg["layer_types"] = serde_json::Value::Array(t.into_iter().cycle().take(n).collect());
         }
     }
+    Ok(cfg)
+}
+
+/// A random-weight model of the `--config` geometry (`--layers` overrides its depth).
+pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device: Device) -> Result<Model> {
+    let cfg = random_config(c, layers)?;
     if run.tensor_parallel_size > 1 {
         bail!("--tensor-parallel-size applies to --model checkpoints; random-weight models (--config) run on one rank");
     }
@@ -260,11 +266,33 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         results.push(serde_json::json!({"kind": "mtp_baseline", "tokens": n, "tokens_per_s": base}));
         let mut seq = prompt.clone();
         seq.extend_from_slice(&plain.ids);
-        let real: Vec<Box<dyn DraftHead>> = match &a.random.config {
-            Some(_) if a.draft.drafts.is_empty() => vec![],
+        // The real draft head: the --draft folders or the checkpoint's own; for a --config
+        // geometry whose architecture has an MTP layer (Qwen3-Next), that layer with random
+        // weights (seed 1; the main model's is 0), quantized as the main model is.
+        let (real, real_label): (Vec<Box<dyn DraftHead>>, &str) = match &a.random.config {
+            Some(c) if a.draft.drafts.is_empty() => {
+                let cfg = random_config(c, a.random.layers)?;
+                match registry::build_random_draft(&cfg, &model, 1, a.run.quantize)? {
+                    Some(d) => {
+                        println!(
+                            "mtp draft head {} with RANDOM weights{}: it proposes noise, so its acceptance is ~0 and its row times the draft head's cost, not the speed-up a trained head gives",
+                            d.name(),
+                            if a.run.quantize.is_some() { " (FP8 like the main model)" } else { "" }
+                        );
+                        (vec![d], "random draft head")
+                    }
+                    None => {
+                        println!(
+                            "mtp: {} has no MTP layer in its architecture; timing the oracle draft only",
+                            model.info.architecture
+                        );
+                        (vec![], "draft head")
+                    }
+                }
+            }
             _ => {
                 let dir = model_dir(&a.run.model);
-                load_drafts(&dir, &model, &a.draft, false)?
+                (load_drafts(&dir, &model, &a.draft, false, a.run.quantize)?, "draft head")
             }
         };
         for k in 1..=kmax {
@@ -275,7 +303,7 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
             })];
             let mut runs = vec![("forced 100% acceptance", &oracle)];
             if !real.is_empty() {
-                runs.push(("draft head", &real));
+                runs.push((real_label, &real));
             }
             for (what, drafts) in runs {
                 let t0 = Instant::now();

@@ -107,6 +107,8 @@ struct RunArgs {
     enforce_eager: bool,
     /// Quantize the weights at load: fp8 (block-128 e4m3, the layout of Qwen's FP8
     /// checkpoints; embeddings, lm_head, norms, routers and gates stay in the model dtype).
+    /// MTP draft heads are quantized by the same rules (their input projection `mtp.fc` /
+    /// `eh_proj` stays in the model dtype).
     #[arg(long)]
     quantize: Option<porter_core::quant::Quantize>,
     /// Tensor-parallel ranks: each loads its shard of the weights (heads, MLP and expert
@@ -213,14 +215,21 @@ fn parse_mtp_mode(s: &str) -> Result<MtpMode, String> {
 }
 
 /// Draft heads for a loaded model: the `--draft` folders, else the draft inside the main
-/// checkpoint when there is one. `required` makes "no draft" an error.
-fn load_drafts(dir: &Path, model: &Model, args: &DraftArgs, required: bool) -> Result<Vec<Box<dyn DraftHead>>> {
+/// checkpoint when there is one. `required` makes "no draft" an error. `quantize` is the main
+/// model's `--quantize`: the drafts are quantized by the same rules.
+fn load_drafts(
+    dir: &Path,
+    model: &Model,
+    args: &DraftArgs,
+    required: bool,
+    quantize: Option<porter_core::quant::Quantize>,
+) -> Result<Vec<Box<dyn DraftHead>>> {
     let cfg = porter_core::config::read_config(dir)?;
     if !args.drafts.is_empty() {
         return Ok(args
             .drafts
             .iter()
-            .map(|d| registry::load_draft(d, &cfg, model))
+            .map(|d| registry::load_draft_with(d, &cfg, model, quantize))
             .collect::<porter_core::Result<_>>()?);
     }
     let builtin = porter_core::checkpoint::Checkpoint::open_dir(dir)?;
@@ -228,7 +237,7 @@ fn load_drafts(dir: &Path, model: &Model, args: &DraftArgs, required: bool) -> R
         e.main_architectures.contains(&model.info.architecture.as_str()) && builtin.get(e.signature).is_some()
     });
     if has_builtin {
-        return Ok(vec![registry::load_draft(dir, &cfg, model)?]);
+        return Ok(vec![registry::load_draft_with(dir, &cfg, model, quantize)?]);
     }
     if required {
         bail!("no MTP draft: {} carries no draft head; pass --draft DIR", dir.display());
@@ -298,7 +307,7 @@ fn load(run: &RunArgs) -> Result<(PathBuf, Model)> {
 
 fn cmd_logits(a: &LogitsArgs) -> Result<()> {
     let (dir, model) = load(&a.run)?;
-    let drafts = load_drafts(&dir, &model, &a.draft, false)?;
+    let drafts = load_drafts(&dir, &model, &a.draft, false, a.run.quantize)?;
     let ids = &a.ids.0;
     checks::logits_ids(ids, &model)?;
     let mut cache = model.new_cache_spec(1, 0)?;
@@ -364,7 +373,7 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
     checks::mtp_step(a.spec.mtp_step)?;
     let (dir, model) = load(&a.run)?;
     let drafts = match a.spec.mtp_step {
-        Some(_) => load_drafts(&dir, &model, &a.spec.draft, true)?,
+        Some(_) => load_drafts(&dir, &model, &a.spec.draft, true, a.run.quantize)?,
         None => vec![],
     };
     let tokenizer =
@@ -467,7 +476,7 @@ fn cmd_serve(a: &ServeCmd) -> Result<()> {
     };
     let spec = match a.spec.mtp_step {
         Some(k) => Some(porter_core::engine::SpecConfig {
-            drafts: load_drafts(&dir, &model, &a.spec.draft, true)?,
+            drafts: load_drafts(&dir, &model, &a.spec.draft, true, a.run.quantize)?,
             k,
             mode: a.spec.mtp_mode,
         }),
@@ -548,6 +557,8 @@ fn cmd_inspect(a: &InspectArgs) -> Result<()> {
             Ok(()) => println!("draft status : every draft tensor is mapped"),
             Err(e) => println!("draft status : {e}"),
         }
+        let dq = porter_core::quant::QuantConfig::from_config(&pd.config)?;
+        println!("draft quant  : {}", porter_core::quant::inspect_line_for(&pd.map, &pd.checkpoint, dq.as_ref()));
     }
     Ok(())
 }

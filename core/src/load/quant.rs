@@ -20,6 +20,13 @@ pub const FP8_BLOCK: usize = porter_kernels::cpu::fp8::BLOCK;
 /// router `mlp.gate`, `shared_expert_gate`, Gated DeltaNet's `in_proj_ba` (64 rows, under one
 /// block), `conv1d`, `A_log`, `dt_bias`, the MTP `mtp.fc`): what stays bf16 in Qwen's FP8
 /// checkpoints, and what `--quantize fp8` leaves alone.
+///
+/// Draft heads follow the same rules (`--quantize fp8` applies to them as to the main model):
+/// in Qwen3-Next's MTP layer `mtp.fc` and every norm stay dense, its attention and experts are
+/// FP8, its router and `shared_expert_gate` stay dense as the main model's do. The FFN-only
+/// heads' input projection (`mtp.eh_proj` of `mistral_mtp`, LightLLM's `model.layers.{m}.proj`
+/// of `qwen3_moe_mtp`) is their `mtp.fc` and stays dense too: vLLM builds DeepSeek-style
+/// `eh_proj` as a plain, never quantized `nn.Linear`.
 pub const KEEP: &[&str] = &[
     "embed_tokens",
     "lm_head",
@@ -31,6 +38,8 @@ pub const KEEP: &[&str] = &[
     "A_log",
     "dt_bias",
     "mtp.fc",
+    "eh_proj",
+    ".proj.weight",
 ];
 
 /// Online quantization requested at load (`--quantize`).
@@ -193,10 +202,21 @@ pub fn summary(
 /// The `quantization :` line of `porter inspect`: the checkpoint's scheme and what it loads
 /// as, or what `--quantize fp8` would do to a dense checkpoint.
 pub fn inspect_line(p: &crate::load::registry::Prepared) -> String {
+    inspect_line_for(&p.map, &p.checkpoint, p.quant.as_ref())
+}
+
+/// [`inspect_line`] for any resolved map (a draft head's too): `quant` is the checkpoint's
+/// `quantization_config` (`None`: dense, and the line says what `--quantize fp8` would make
+/// of it).
+pub fn inspect_line_for(
+    map: &crate::load::weight_map::ResolvedMap,
+    ckpt: &crate::load::checkpoint::Checkpoint,
+    quant: Option<&QuantConfig>,
+) -> String {
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
-    match &p.quant {
+    match quant {
         Some(q) => {
-            let s = summary(&p.map, &p.checkpoint, None);
+            let s = summary(map, ckpt, None);
             format!(
                 "{}; {} linears FP8 ({:.2} MiB with scales), {} kept dense ({:.2} MiB)",
                 q.describe(),
@@ -207,7 +227,7 @@ pub fn inspect_line(p: &crate::load::registry::Prepared) -> String {
             )
         }
         None => {
-            let s = summary(&p.map, &p.checkpoint, Some(&QuantConfig::fp8()));
+            let s = summary(map, ckpt, Some(&QuantConfig::fp8()));
             format!(
                 "none (dense); --quantize fp8 would make {} linears FP8 ({:.2} MiB with scales) and keep {} dense ({:.2} MiB)",
                 s.fp8_linears,
@@ -275,6 +295,15 @@ mod tests {
             ("model.embed_tokens.weight", false),
             ("lm_head.weight", false),
             ("mtp.fc.weight", false),
+            ("mtp.layers.0.self_attn.q_proj.weight", true),
+            ("mtp.layers.0.mlp.experts.1.up_proj.weight", true),
+            ("mtp.layers.0.mlp.shared_expert.down_proj.weight", true),
+            ("mtp.layers.0.mlp.gate.weight", false),
+            ("mtp.layers.0.mlp.shared_expert_gate.weight", false),
+            ("mtp.eh_proj.weight", false),
+            ("mtp.layers.0.mlp.gate_proj.weight", true),
+            ("model.layers.0.proj.weight", false),
+            ("model.layers.0.mlp.experts.0.down_proj.weight", true),
             ("model.layers.1.mlp.down_proj.weight", false),
             ("model.layers.0.self_attn.q_proj.bias", false),
         ] {

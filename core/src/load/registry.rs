@@ -277,6 +277,10 @@ pub struct DraftEntry {
     pub signature: &'static str,
     /// Text of the crate's weight map.
     pub weight_map: &'static str,
+    /// The head is stored inside the main model's checkpoint (Qwen3-Next's `mtp.*`): it is
+    /// part of the architecture, so a random-weight build of the main config builds it too
+    /// ([`build_random_draft`]). Heads shipped as separate folders (LightLLM's) are not.
+    pub in_main_checkpoint: bool,
     pub map_context: fn(&DraftLoadContext) -> Result<MapContext>,
     pub build: fn(&DraftLoadContext, &mut Weights) -> Result<Box<dyn crate::model::draft::DraftHead>>,
 }
@@ -343,6 +347,21 @@ pub fn prepare_draft(
 
 /// Loads a draft head for `main` from `dir`.
 pub fn load_draft(dir: &Path, main_config: &Value, main: &Model) -> Result<Box<dyn crate::model::draft::DraftHead>> {
+    load_draft_with(dir, main_config, main, None)
+}
+
+/// [`load_draft`] with online quantization: under `Some(Quantize::Fp8)` each eligible linear
+/// weight of a dense draft checkpoint ([`QuantConfig::quantizes`], the main model's rules:
+/// Qwen3-Next's `mtp.fc`, the FFN heads' `eh_proj` / `proj`, norms, router and
+/// `shared_expert_gate` stay in the model dtype) becomes block-128 FP8 as it is read. A draft
+/// whose checkpoint is FP8 already (the `mtp.*` of an FP8 Qwen3-Next checkpoint) loads as
+/// stored, with or without it.
+pub fn load_draft_with(
+    dir: &Path,
+    main_config: &Value,
+    main: &Model,
+    quantize: Option<Quantize>,
+) -> Result<Box<dyn crate::model::draft::DraftHead>> {
     let dtype = main.info.dtype;
     let p = prepare_draft(dir, main_config, &main.info, dtype)?;
     let mut weights = p
@@ -350,6 +369,10 @@ pub fn load_draft(dir: &Path, main_config: &Value, main: &Model) -> Result<Box<d
         .load(p.checkpoint.clone(), dtype)
         .with_context(|| format!("draft {} in {}", p.entry.name, dir.display()))?;
     weights.set_device(main.info.device);
+    let stored_fp8 = p.checkpoint.tensors().keys().any(|n| p.checkpoint.is_fp8(n));
+    if quantize == Some(Quantize::Fp8) && !stored_fp8 {
+        weights.set_quantize(Some(QuantConfig::fp8()));
+    }
     let lc =
         DraftLoadContext { dir, config: &p.config, main_config, main: &main.info, checkpoint: &p.checkpoint, dtype };
     let head = (p.entry.build)(&lc, &mut weights)?;
@@ -358,6 +381,44 @@ pub fn load_draft(dir: &Path, main_config: &Value, main: &Model) -> Result<Box<d
         crate::bail!(Registry, "internal error: draft {} built without using weight slots {:?}", p.entry.name, left);
     }
     Ok(head)
+}
+
+/// The draft head that is part of `main`'s architecture ([`DraftEntry::in_main_checkpoint`]:
+/// Qwen3-Next's MTP layer), built with random weights from the main config alone, on `main`'s
+/// device and in its dtype (benchmarks: `porter bench --config ... --mtp-step K` times it next
+/// to the oracle draft; with random weights its acceptance is about 0). `quantize` as in
+/// [`build_random_with`]: the eligible slots are generated and block-quantized to FP8 by the
+/// rules of [`load_draft_with`]. `Ok(None)` when the architecture carries no draft head.
+pub fn build_random_draft(
+    main_config: &Value,
+    main: &Model,
+    seed: u64,
+    quantize: Option<Quantize>,
+) -> Result<Option<Box<dyn crate::model::draft::DraftHead>>> {
+    let arch = main.info.architecture.as_str();
+    let Some(entry) =
+        draft_entries().into_iter().find(|e| e.in_main_checkpoint && e.main_architectures.contains(&arch))
+    else {
+        return Ok(None);
+    };
+    let (dtype, device) = (main.info.dtype, main.info.device);
+    // No checkpoint: the map is resolved from the main config alone.
+    let checkpoint = Checkpoint::open_files(&[])?;
+    let dir = Path::new(".");
+    let lc =
+        DraftLoadContext { dir, config: main_config, main_config, main: &main.info, checkpoint: &checkpoint, dtype };
+    let ctx = (entry.map_context)(&lc).with_context(|| format!("random draft {}", entry.name))?;
+    let map = WeightMap::parse(entry.weight_map)?.resolve(&ctx)?;
+    let mut weights = Weights::random(&map, dtype, seed, device);
+    if quantize == Some(Quantize::Fp8) {
+        weights.set_quantize(Some(QuantConfig::fp8()));
+    }
+    let head = (entry.build)(&lc, &mut weights)?;
+    let left = weights.remaining();
+    if !left.is_empty() {
+        crate::bail!(Registry, "internal error: draft {} built without using weight slots {:?}", entry.name, left);
+    }
+    Ok(Some(head))
 }
 
 impl From<RegistryError> for crate::error::Error {

@@ -60,6 +60,7 @@ porter_core::inventory::submit! {
         name: "mistral_mtp",
         main_architectures: &["MistralForCausalLM"],
         signature: "mtp.eh_proj.weight",
+        in_main_checkpoint: false,
         weight_map: WEIGHT_MAP,
         map_context,
         build,

@@ -110,6 +110,7 @@ porter_core::inventory::submit! {
         name: "qwen3_moe_mtp",
         main_architectures: &["Qwen3MoeForCausalLM", "Qwen3ForCausalLM"],
         signature: "model.layers.0.proj.weight",
+        in_main_checkpoint: false,
         weight_map: WEIGHT_MAP,
         map_context,
         build,

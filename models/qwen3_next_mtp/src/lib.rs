@@ -72,6 +72,7 @@ porter_core::inventory::submit! {
         name: "qwen3_next_mtp",
         main_architectures: &["Qwen3NextForCausalLM"],
         signature: "mtp.fc.weight",
+        in_main_checkpoint: true,
         weight_map: WEIGHT_MAP,
         map_context,
         build,
