@@ -114,7 +114,7 @@ __device__ __forceinline__ void copy4(T* dst, const T* src, u32 n, bool vec) {
 // 4 elements, all 4 in range.
 template <typename T>
 __device__ __forceinline__ void async4(T* dst, const T* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(PORTER_SM80)
     const u32 d = (u32)__cvta_generic_to_shared(dst);
     if constexpr (sizeof(T) == 4) {
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
@@ -127,7 +127,7 @@ __device__ __forceinline__ void async4(T* dst, const T* src) {
 }
 
 __device__ __forceinline__ void async4_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(PORTER_SM80)
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
 #endif
 }
@@ -556,7 +556,7 @@ ATTENTION_ALL(f16, f16)
 #define ATC_SS 72   // f32 row stride of a warp's S tile
 #define ATC_PSS 72  // T row stride of a warp's P tile
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(PORTER_SM80)
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
     const u32 d = (u32)__cvta_generic_to_shared(dst);
     const int n = valid ? 16 : 0;
@@ -598,7 +598,7 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
     const T* vpool = reinterpret_cast<const T*>(vpool_);
     const unsigned char* kq = reinterpret_cast<const unsigned char*>(kpool_);
     const unsigned char* vq = reinterpret_cast<const unsigned char*>(vpool_);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(PORTER_SM80)
     using namespace nvcuda;
     typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
     typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> FragA;
@@ -858,6 +858,9 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
         }
         __syncwarp();
     }
+#else
+    // Fallback build (below sm_80 or PORTER_FALLBACK): the host never launches this kernel.
+    __trap();
 #endif
 }
 

@@ -14,6 +14,14 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+// PORTER_SM80: the sm_80+ fast paths (cp.async staging, bf16 / f16 tensor-core MMAs) are
+// compiled in. Not below sm_80, and not in a fallback build: the Rust side passes
+// -DPORTER_FALLBACK=1 to NVRTC when PORTER_CUDA_FALLBACK=1 forces the fallback paths on any
+// GPU (docs/older-gpus.md), so that the same guards apply as on an sm_70 / sm_75 device.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(PORTER_FALLBACK)
+#define PORTER_SM80 1
+#endif
+
 typedef __nv_bfloat16 bf16;
 typedef __half f16;
 typedef unsigned int u32;

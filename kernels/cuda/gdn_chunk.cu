@@ -281,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // tokens 8w .. 8w + 7) to Vs, then to ut (in place, coalesced);
 // S ← exp(G_last) S + K̃ᵀ Vn. The final state goes back to state[slot, src_buf, j].
 // ---------------------------------------------------------------------------
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(PORTER_SM80)
 __device__ __forceinline__ void gc_cp16(float* dst, const float* src) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");

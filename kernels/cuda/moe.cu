@@ -607,7 +607,7 @@ __device__ __forceinline__ void gemm_simt_impl(const T* __restrict__ a, const T*
 #define MOE_TC_STAGES 4
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-#if __CUDA_ARCH__ >= 800
+#if defined(PORTER_SM80)
     const u32 s = (u32)__cvta_generic_to_shared(smem);
     const int sz = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
@@ -616,12 +616,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
-#if __CUDA_ARCH__ >= 800
+#if defined(PORTER_SM80)
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
-#if __CUDA_ARCH__ >= 800
+#if defined(PORTER_SM80)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
@@ -644,7 +644,7 @@ __device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, const T* _
                                              const T* __restrict__ w1, const u32* __restrict__ sorted,
                                              const u32* __restrict__ tile_expert, T* __restrict__ dst, u32 K, u32 N,
                                              u32 k, u32 nblk) {
-#if __CUDA_ARCH__ >= 800
+#if defined(PORTER_SM80)
     using namespace nvcuda;
     constexpr u32 BM = 16 * MI;
     constexpr u32 A_ELEMS = BM * MOE_TC_LDS, B_ELEMS = MOE_TC_BN * MOE_TC_LDS;
@@ -790,6 +790,9 @@ __device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, const T* _
         const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
         *reinterpret_cast<uint4*>(dst + row * N + c) = pack8<T>(f);
     }
+#else
+    // Fallback build (below sm_80 or PORTER_FALLBACK): the host never launches this kernel.
+    __trap();
 #endif
 }
 

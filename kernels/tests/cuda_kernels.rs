@@ -61,6 +61,47 @@ fn nvrtc_compiles_all_kernels() {
     }
 }
 
+/// Every source compiles for every architecture porter supports (docs/older-gpus.md): with
+/// NVRTC 13 for sm_75, sm_80, sm_86, sm_89 and sm_90, and as the forced fallback build
+/// (`-DPORTER_FALLBACK=1`) for sm_90; with NVRTC 12 (12.9, the last that targets Volta) for
+/// sm_70. Which NVRTC the process loaded decides (`cuda::nvrtc_version`): `.ci/run` runs this
+/// test twice, once with each library on the path.
+#[test]
+#[ignore = "needs NVRTC (bash .ci/run installs it)"]
+fn nvrtc_compiles_all_kernels_all_archs() {
+    need_nvrtc("nvrtc_compiles_all_kernels_all_archs");
+    let (major, minor) = cuda::nvrtc_version().unwrap_or_else(|e| panic!("{e}"));
+    // `.ci/run` says which library it put on the path; a different one loaded is an error.
+    if let Ok(want) = std::env::var("PORTER_EXPECT_NVRTC") {
+        assert_eq!(want.trim(), major.to_string(), "loaded NVRTC {major}.{minor}, expected {want}");
+    }
+    let builds: &[(&str, bool)] = match major {
+        13.. => {
+            &[("sm_75", false), ("sm_80", false), ("sm_86", false), ("sm_89", false), ("sm_90", false), ("sm_90", true)]
+        }
+        12 => &[("sm_70", false)],
+        _ => panic!("NVRTC {major}.{minor}: expected 12.x or 13.x"),
+    };
+    for &(arch, fallback) in builds {
+        let t0 = std::time::Instant::now();
+        let mut bytes = 0;
+        for src in cuda::sources() {
+            let ptx = cuda::compile_with(src, arch, fallback)
+                .unwrap_or_else(|e| panic!("NVRTC {major}.{minor}, {arch}, fallback {fallback}: {e}"));
+            let text = ptx.to_src();
+            // The fallback build leaves cp.async out (and, without tensor-core launches, mma).
+            if fallback || arch == "sm_70" || arch == "sm_75" {
+                assert!(!text.contains("cp.async"), "{} ({arch}, fallback {fallback}) has cp.async", src.name);
+            }
+            bytes += text.len();
+        }
+        println!(
+            "NVRTC {major}.{minor} {arch} fallback {fallback}: {bytes} bytes of PTX, {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Embedding, norms, RoPE, activations
 // ---------------------------------------------------------------------------

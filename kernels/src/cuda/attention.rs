@@ -269,17 +269,21 @@ impl CudaKernels {
         let (heads, head_dim, seq_heads) = (a.heads, a.head_dim, prod(&[a.n_seqs, a.kv_heads])?);
         let group = heads / a.kv_heads;
         // The item-tile height changes no item's arithmetic (attention.cu), only speed.
-        let ra: usize = if prod(&[a.max_q_len, group])? <= 8 { 1 } else { 4 };
-        let bm = 8 * ra;
         let nc = head_dim.div_ceil(64);
         let ds = 64 * nc + 4;
+        let smem_for =
+            |ra: usize| (8 * ra + 2 * ATT_BN) * ds * std::mem::size_of::<T>() + 8 * ra * ATT_PS * 4 + 2 * ATT_BN * 4;
+        // Fallback: the 8-item tile when the 32-item one needs more shared memory than the
+        // device allows (same arithmetic per item).
+        let ra: usize = if prod(&[a.max_q_len, group])? <= 8 || smem_for(4) > self.caps().smem_limit() { 1 } else { 4 };
+        let bm = 8 * ra;
         let tiles_m = prod(&[a.max_q_len, group])?.div_ceil(bm);
         // Split-K geometry: rows of split sequences per sequence, splits of the widest table.
         let qcap = a.max_q_len.min(ATT_SPLIT_Q);
         let nz = prod(&[a.pg.max_blocks as usize, 1 << a.pg.bs_log2])?.div_ceil(ATT_KS);
         let tiles_split = prod(&[qcap, group])?.div_ceil(bm);
         let grid_x = tiles_m.max(prod(&[tiles_split, nz])?);
-        let smem = (bm + 2 * ATT_BN) * ds * std::mem::size_of::<T>() + bm * ATT_PS * 4 + 2 * ATT_BN * 4;
+        let smem = smem_for(ra);
         let smem32 = u32_of("shared memory", smem)?;
 
         let f = self.function_smem(&ATTENTION, &format!("attention_{}{}_r{ra}_c{nc}", T::NAME, pools.tag), smem)?;
@@ -386,16 +390,13 @@ impl CudaKernels {
         if std::mem::size_of::<T>() != 2 || !head_dim.is_multiple_of(16) || max_q_len < ATC_MIN_Q {
             return Ok(None);
         }
-        let sm = self.arch().strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
-        if sm < 80 {
+        // Fallback (below sm_80, or forced): the CUDA-core kernels.
+        if !self.caps().tensor_cores() {
             return Ok(None);
         }
         let Some(dp) = ATC_DIMS.iter().copied().find(|&d| d >= head_dim) else { return Ok(None) };
         let smem = atc_smem::<T>(dp);
-        let optin = self.context().attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-        )?;
-        if usize::try_from(optin).map_or(true, |o| smem > o) {
+        if smem > self.caps().smem_limit() {
             return Ok(None);
         }
         Ok(Some((dp, smem)))

@@ -145,6 +145,16 @@ impl CudaKernels {
         if !self.check_delta_args("gdn_chunked_seq", limits, qkv, g, beta, &*state, spans, &*out, dims)? {
             return Ok(());
         }
+        // Fallback: where the chunk kernels need more shared memory than the device allows
+        // (97 KiB at dk = 64, 169 KiB at dk = 128: more than an sm_70 / sm_75 / sm_86 has, or
+        // PORTER_CUDA_FALLBACK=1), the sequential form, which uses about 21 KiB. It honours
+        // the snapshot flag that this form reads as 0 (callers route snapshot spans there
+        // anyway); with `timing`, the four times are 0.
+        let (rk, ct, smem_state, smem_out) = gc_smem(dk, dv);
+        if smem_state.max(smem_out) > self.caps().smem_limit() {
+            return self
+                .gdn_delta_seq(qkv, g, beta, state, spans, out, t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf);
+        }
         // Valid spans are disjoint rows of 0..t, so they have at most
         // (t + 63·n) / 64 chunks in all (and at most n · max_chunks).
         let max_chunks = max_len.div_ceil(GC_C);
@@ -162,16 +172,6 @@ impl CudaKernels {
             u32_of("chunks", cap)?,
         );
         let mc32 = u32_of("max chunks", max_chunks)?;
-        let rk = match dk {
-            0..=64 => 8,
-            65..=128 => 16,
-            _ => 32,
-        };
-        let ct = match dv {
-            0..=64 => 4,
-            65..=128 => 8,
-            _ => 16,
-        };
         let q_scale = 1.0 / (dk as f32).sqrt();
 
         let s = &*self.stream;
@@ -186,12 +186,6 @@ impl CudaKernels {
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
         let mut hs = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, dk, dv])?) }?;
 
-        // gc_state layout: Ss [8·rk][32] + Vs [64][33] + stages × (Wb [8·rk][64]
-        // + Kb [64][8·rk] + Ub [32][68]); 2 stages (prefetch) unless rk = 32.
-        let stages = if rk == 32 { 1 } else { 2 };
-        let smem_state = 4 * (8 * rk * 32 + GC_C * 33 + stages * (2 * 8 * rk * GC_C + 32 * 68));
-        let dkp = dk.next_multiple_of(4);
-        let smem_out = 4 * (2 * dkp * GC_C + GC_C * GC_C + 16 * 16 * ct);
         let f_state = self.function_smem(&GDN_CHUNK, &format!("gdn_chunk_state_rk{rk}"), smem_state)?;
         let f_out = self.function_smem(&GDN_CHUNK, &format!("gdn_chunk_out_c{ct}_{}", T::NAME), smem_out)?;
 
@@ -291,4 +285,26 @@ impl CudaKernels {
         lap(3)?;
         Ok(())
     }
+}
+
+/// Row blocks `rk` of `gdn_chunk_state_rk<rk>`, column tiles `ct` of `gdn_chunk_out_c<ct>`
+/// and their dynamic shared memory in bytes, for key / value head dims `dk`, `dv`.
+fn gc_smem(dk: usize, dv: usize) -> (usize, usize, usize, usize) {
+    let rk = match dk {
+        0..=64 => 8,
+        65..=128 => 16,
+        _ => 32,
+    };
+    let ct = match dv {
+        0..=64 => 4,
+        65..=128 => 8,
+        _ => 16,
+    };
+    // gc_state layout: Ss [8·rk][32] + Vs [64][33] + stages × (Wb [8·rk][64]
+    // + Kb [64][8·rk] + Ub [32][68]); 2 stages (prefetch) unless rk = 32.
+    let stages = if rk == 32 { 1 } else { 2 };
+    let smem_state = 4 * (8 * rk * 32 + GC_C * 33 + stages * (2 * 8 * rk * GC_C + 32 * 68));
+    let dkp = dk.next_multiple_of(4);
+    let smem_out = 4 * (2 * dkp * GC_C + GC_C * GC_C + 16 * 16 * ct);
+    (rk, ct, smem_state, smem_out)
 }

@@ -13,6 +13,11 @@
 //! entry point checks for the library first ([`gpu_available`],
 //! [`nvrtc_available`]) and returns an error instead.
 //!
+//! Older GPUs (docs/older-gpus.md): the sm_80+ fast paths (cp.async, bf16 / f16 tensor
+//! cores, large shared-memory tiles) have fallbacks, chosen at run time from the device's
+//! compute capability and shared-memory limit ([`DeviceCaps`]); [`FALLBACK_ENV`]` = 1`
+//! forces every fallback on any GPU.
+//!
 //! NVRTC needs the CUDA headers (`cuda_bf16.h` and what it includes): their
 //! directory is `$PORTER_CUDA_INCLUDE`, else `/usr/local/cuda/include`
 //! ([`cuda_include_dir`]).
@@ -101,6 +106,64 @@ pub const INCLUDE_ENV: &str = "PORTER_CUDA_INCLUDE";
 /// Include directory used when [`INCLUDE_ENV`] is not set.
 pub const DEFAULT_INCLUDE: &str = "/usr/local/cuda/include";
 
+/// Environment variable that forces every fallback path on any GPU when set to `1`
+/// (`true`, `yes`): the kernels are compiled with `-DPORTER_FALLBACK=1` (no cp.async, no
+/// tensor cores, as below sm_80), the launchers pick the kernels and tile configurations
+/// of an older GPU, and dynamic shared memory is held to [`FALLBACK_SMEM`] (a V100's limit).
+pub const FALLBACK_ENV: &str = "PORTER_CUDA_FALLBACK";
+
+/// Dynamic shared memory a block may use when the fallback is forced: the opt-in limit of
+/// an sm_70 device (V100), 96 KiB.
+pub const FALLBACK_SMEM: usize = 96 * 1024;
+
+/// Whether [`FALLBACK_ENV`] forces the fallback paths (read on every call).
+pub fn fallback_forced() -> bool {
+    fallback_from(std::env::var_os(FALLBACK_ENV))
+}
+
+/// [`fallback_forced`] for a given value of the environment variable.
+fn fallback_from(var: Option<std::ffi::OsString>) -> bool {
+    var.is_some_and(|v| matches!(v.to_string_lossy().trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
+}
+
+/// What the kernels may use on a device: its compute capability, its opt-in shared memory
+/// per block, and whether the fallback paths are forced ([`FALLBACK_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCaps {
+    /// Compute capability, major.
+    pub major: i32,
+    /// Compute capability, minor.
+    pub minor: i32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, bytes.
+    pub smem_optin: usize,
+    /// [`FALLBACK_ENV`] was set when the kernels were opened.
+    pub forced: bool,
+}
+
+impl DeviceCaps {
+    /// Whether the kernels are compiled with `-DPORTER_FALLBACK=1` (when forced; below
+    /// sm_80, `__CUDA_ARCH__` alone leaves the same paths out).
+    pub fn fallback_build(&self) -> bool {
+        self.forced
+    }
+
+    /// Whether the sm_80+ fast paths may run: bf16 / f16 tensor-core MMAs and cp.async
+    /// staging. False below sm_80 and when forced.
+    pub fn tensor_cores(&self) -> bool {
+        self.major >= 8 && !self.forced
+    }
+
+    /// Dynamic shared memory a block may use, bytes: the opt-in limit, at most
+    /// [`FALLBACK_SMEM`] when forced.
+    pub fn smem_limit(&self) -> usize {
+        if self.forced {
+            self.smem_optin.min(FALLBACK_SMEM)
+        } else {
+            self.smem_optin
+        }
+    }
+}
+
 /// Error of the CUDA backend.
 #[derive(Debug, Clone)]
 pub enum CudaError {
@@ -174,8 +237,31 @@ pub fn nvrtc_available() -> std::result::Result<(), String> {
     }
 }
 
-/// Major CUDA version the bindings are pinned to (cudarc feature `cuda-13000`).
+/// Major CUDA version the bindings are pinned to (cudarc feature `cuda-13000`, or
+/// `cuda-12090` with this crate's feature `cuda-12`).
+#[cfg(not(feature = "cuda-12"))]
 const CUDA_MAJOR: u32 = 13;
+/// Major CUDA version the bindings are pinned to (cudarc feature `cuda-12090`).
+#[cfg(feature = "cuda-12")]
+const CUDA_MAJOR: u32 = 12;
+
+/// The version of the NVRTC library that was loaded, as (major, minor). cudarc's dynamic
+/// loading tries `libnvrtc.so`, then `libnvrtc.so.<bindings' major>`, then `libnvrtc.so.12`
+/// (and older), on the library path: which one a process got is what this reports. Never
+/// panics.
+///
+/// # Errors
+/// [`CudaError::Unavailable`] without NVRTC or if `nvrtcVersion` fails.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    nvrtc_available().map_err(CudaError::Unavailable)?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present (checked above); nvrtcVersion writes two ints.
+    let rc = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if rc != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError::Unavailable(format!("nvrtcVersion failed: {rc:?}")));
+    }
+    Ok((major, minor))
+}
 
 /// The CUDA include directory for NVRTC: `$PORTER_CUDA_INCLUDE`, else
 /// `/usr/local/cuda/include`.
@@ -293,9 +379,12 @@ pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
     })
 }
 
-/// Process-wide PTX cache, keyed by (hash of the full source text, arch).
-fn ptx_cache() -> &'static Mutex<HashMap<(u64, &'static str), Ptx>> {
-    static CACHE: OnceLock<Mutex<HashMap<(u64, &'static str), Ptx>>> = OnceLock::new();
+/// Process-wide PTX cache, keyed by (hash of the full source text, arch, fallback build).
+type PtxKey = (u64, &'static str, bool);
+
+/// The cache of [`compile_with`].
+fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, Ptx>> {
+    static CACHE: OnceLock<Mutex<HashMap<PtxKey, Ptx>>> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -307,19 +396,32 @@ fn ptx_cache() -> &'static Mutex<HashMap<(u64, &'static str), Ptx>> {
 /// [`CudaError::Unavailable`] without NVRTC, [`CudaError::Headers`] without
 /// `cuda_bf16.h`, [`CudaError::Compile`] with NVRTC's log.
 pub fn compile(src: &KernelSource, arch: &'static str) -> Result<Ptx> {
+    compile_with(src, arch, false)
+}
+
+/// [`compile`], as a fallback build when `fallback`: NVRTC gets `-DPORTER_FALLBACK=1`, so
+/// the sm_80+ paths are left out as below sm_80 ([`FALLBACK_ENV`]).
+///
+/// # Errors
+/// As [`compile`].
+pub fn compile_with(src: &KernelSource, arch: &'static str, fallback: bool) -> Result<Ptx> {
     let text = src.full_text();
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
-    let key = (h.finish(), arch);
+    let key = (h.finish(), arch, fallback);
     if let Some(p) = ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(p.clone());
     }
     nvrtc_available().map_err(CudaError::Unavailable)?;
     let include = cuda_include_dir()?;
+    let mut options = vec!["--std=c++17".to_string()];
+    if fallback {
+        options.push("-DPORTER_FALLBACK=1".into());
+    }
     let opts = CompileOptions {
         arch: Some(arch),
         include_paths: vec![include.to_string_lossy().into_owned()],
-        options: vec!["--std=c++17".into()],
+        options,
         name: Some(src.name.into()),
         ..Default::default()
     };
@@ -391,6 +493,7 @@ pub struct CudaKernels {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     arch: &'static str,
+    caps: DeviceCaps,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
 }
@@ -412,16 +515,27 @@ impl CudaKernels {
         Self::with_stream(stream)
     }
 
-    /// Uses an existing stream (and its context).
+    /// Uses an existing stream (and its context). Reads the device's compute capability and
+    /// opt-in shared memory per block, and [`FALLBACK_ENV`] ([`DeviceCaps`]).
     ///
     /// # Errors
-    /// [`CudaError::Driver`] if the compute capability cannot be read,
-    /// [`CudaError::Unavailable`] for an unknown one.
+    /// [`CudaError::Driver`] if the compute capability or the shared-memory limit cannot be
+    /// read, [`CudaError::Unavailable`] for an unknown capability.
     pub fn with_stream(stream: Arc<CudaStream>) -> Result<Self> {
         let ctx = stream.context().clone();
         let (major, minor) = ctx.compute_capability()?;
         let arch = arch_for(major, minor)?;
-        Ok(Self { ctx, stream, arch, modules: Mutex::new(HashMap::new()), functions: Mutex::new(HashMap::new()) })
+        let optin = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?;
+        let caps =
+            DeviceCaps { major, minor, smem_optin: usize::try_from(optin).unwrap_or(0), forced: fallback_forced() };
+        Ok(Self { ctx, stream, arch, caps, modules: Mutex::new(HashMap::new()), functions: Mutex::new(HashMap::new()) })
+    }
+
+    /// What the kernels may use on this device (capability, shared memory, forced fallback).
+    pub fn caps(&self) -> DeviceCaps {
+        self.caps
     }
 
     /// The context.
@@ -454,7 +568,7 @@ impl CudaKernels {
         if let Some(m) = self.modules.lock().unwrap_or_else(|e| e.into_inner()).get(src.name) {
             return Ok(m.clone());
         }
-        let ptx = compile(src, self.arch)?;
+        let ptx = compile_with(src, self.arch, self.caps.fallback_build())?;
         let m = self.ctx.load_module(ptx)?;
         self.modules.lock().unwrap_or_else(|e| e.into_inner()).insert(src.name, m.clone());
         Ok(m)
@@ -474,9 +588,18 @@ impl CudaKernels {
     /// the default 48 KiB on, the opt-in attribute is raised to `smem`.
     ///
     /// # Errors
-    /// As [`compile`]; [`CudaError::Driver`] if the attribute is refused (more than the
-    /// device allows).
+    /// As [`compile`]; [`CudaError::Unavailable`] if `smem` passes
+    /// [`DeviceCaps::smem_limit`]; [`CudaError::Driver`] if the attribute is refused.
     pub(crate) fn function_smem(&self, src: &'static KernelSource, name: &str, smem: usize) -> Result<CudaFunction> {
+        let limit = self.caps.smem_limit();
+        if smem > limit {
+            return Err(CudaError::Unavailable(format!(
+                "{name} needs {smem} bytes of shared memory a block, the device allows {limit} ({}{}); \
+                 see docs/older-gpus.md",
+                self.arch,
+                if self.caps.forced { format!(", {FALLBACK_ENV}=1") } else { String::new() }
+            )));
+        }
         let f = self.function(src, name)?;
         if smem >= SMEM_DEFAULT {
             let bytes = i32::try_from(smem)
@@ -620,6 +743,24 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("/nonexistent/porter-cuda-include/cuda_bf16.h not found"), "{msg}");
         assert!(msg.contains(INCLUDE_ENV), "{msg}");
+    }
+
+    #[test]
+    fn fallback_env_values() {
+        assert!(fallback_from(Some("1".into())) && fallback_from(Some(" TRUE ".into())));
+        assert!(!fallback_from(None) && !fallback_from(Some("0".into())) && !fallback_from(Some("".into())));
+    }
+
+    #[test]
+    fn caps_choose_the_paths() {
+        let h200 = DeviceCaps { major: 9, minor: 0, smem_optin: 232_448, forced: false };
+        assert!(h200.tensor_cores() && !h200.fallback_build() && h200.smem_limit() == 232_448);
+        let forced = DeviceCaps { forced: true, ..h200 };
+        assert!(!forced.tensor_cores() && forced.fallback_build() && forced.smem_limit() == FALLBACK_SMEM);
+        let v100 = DeviceCaps { major: 7, minor: 0, smem_optin: 98_304, forced: false };
+        assert!(!v100.tensor_cores() && !v100.fallback_build() && v100.smem_limit() == 98_304);
+        let t4 = DeviceCaps { major: 7, minor: 5, smem_optin: 65_536, forced: true };
+        assert_eq!(t4.smem_limit(), 65_536);
     }
 
     #[test]

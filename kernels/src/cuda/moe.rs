@@ -427,7 +427,8 @@ impl CudaKernels {
         let esize = std::mem::size_of::<T>();
         // Tensor cores for bf16 / f16 on sm_80+ with 16-byte rows everywhere
         // (K % 8 == 0 and N % 8 == 0 for both GEMMs; base pointers checked below).
-        let sm80 = self.arch.trim_start_matches("sm_").parse::<u32>().is_ok_and(|v| v >= 80);
+        // Fallback (below sm_80, forced, or too little shared memory): the SIMT GEMMs.
+        let sm80 = self.caps().tensor_cores();
         let tc_dims =
             T::NAME != "f32" && sm80 && (hidden * esize).is_multiple_of(16) && (inter * esize).is_multiple_of(16);
         let (px, _gx) = x.device_ptr(&self.stream);
@@ -435,7 +436,14 @@ impl CudaKernels {
         let (pu, _gu) = up.device_ptr(&self.stream);
         let (pd, _gd) = down.device_ptr(&self.stream);
         let tc = tc_dims && [px, pg, pu, pd].iter().all(|p| p.is_multiple_of(16));
-        let mi = if tc { Self::moe_prefill_tile_frags(t, k, e) } else { 0 };
+        let mut mi = if tc { Self::moe_prefill_tile_frags(t, k, e) } else { 0 };
+        // Fewer row fragments where the cp.async stages of 16·mi rows need more shared memory
+        // than the device allows (mi = 4 needs 100 KiB: an sm_86 / sm_89 allows 99 / 99 KiB).
+        let tc_smem = |mi: usize| TC_STAGES * (16 * mi + TC_BN) * TC_LDS * esize;
+        while mi > 1 && tc_smem(mi) > self.caps().smem_limit() {
+            mi -= 1;
+        }
+        let tc = tc && tc_smem(mi) <= self.caps().smem_limit();
         // Sorted list: each expert's segment padded to whole tiles (at most
         // one partial tile per active expert).
         let tile_rows = if tc { 16 * mi } else { BM };
