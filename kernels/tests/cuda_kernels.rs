@@ -75,31 +75,51 @@ fn nvrtc_compiles_all_kernels_all_archs() {
     if let Ok(want) = std::env::var("PORTER_EXPECT_NVRTC") {
         assert_eq!(want.trim(), major.to_string(), "loaded NVRTC {major}.{minor}, expected {want}");
     }
+    // sm_90 without the fallback is `nvrtc_compiles_all_kernels`.
     let builds: &[(&str, bool)] = match major {
-        13.. => {
-            &[("sm_75", false), ("sm_80", false), ("sm_86", false), ("sm_89", false), ("sm_90", false), ("sm_90", true)]
-        }
+        13.. => &[("sm_75", false), ("sm_80", false), ("sm_86", false), ("sm_89", false), ("sm_90", true)],
         12 => &[("sm_70", false)],
         _ => panic!("NVRTC {major}.{minor}: expected 12.x or 13.x"),
     };
-    for &(arch, fallback) in builds {
-        let t0 = std::time::Instant::now();
-        let mut bytes = 0;
-        for src in cuda::sources() {
-            let ptx = cuda::compile_with(src, arch, fallback)
-                .unwrap_or_else(|e| panic!("NVRTC {major}.{minor}, {arch}, fallback {fallback}: {e}"));
-            let text = ptx.to_src();
-            // The fallback build leaves cp.async out (and, without tensor-core launches, mma).
-            if fallback || arch == "sm_70" || arch == "sm_75" {
-                assert!(!text.contains("cp.async"), "{} ({arch}, fallback {fallback}) has cp.async", src.name);
-            }
-            bytes += text.len();
-        }
-        println!(
-            "NVRTC {major}.{minor} {arch} fallback {fallback}: {bytes} bytes of PTX, {:.1} s",
-            t0.elapsed().as_secs_f64()
-        );
-    }
+    // Every (build, source) compile is independent: spread them over the cores (NVRTC
+    // programs compile concurrently; a CI machine has 2 cores).
+    let jobs: Vec<(&str, bool, &cuda::KernelSource)> =
+        builds.iter().flat_map(|&(a, f)| cuda::sources().into_iter().map(move |s| (a, f, s))).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(jobs.len());
+    let t0 = std::time::Instant::now();
+    let bytes: usize = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut bytes = 0;
+                    while let Some(&(arch, fallback, src)) =
+                        jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
+                        let ptx = cuda::compile_with(src, arch, fallback)
+                            .unwrap_or_else(|e| panic!("NVRTC {major}.{minor}, {arch}, fallback {fallback}: {e}"));
+                        let text = ptx.to_src();
+                        // The fallback build leaves cp.async out (and, without tensor-core
+                        // launches, mma).
+                        if fallback || arch == "sm_70" || arch == "sm_75" {
+                            assert!(
+                                !text.contains("cp.async"),
+                                "{} ({arch}, fallback {fallback}) has cp.async",
+                                src.name
+                            );
+                        }
+                        bytes += text.len();
+                    }
+                    bytes
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).sum()
+    });
+    println!(
+        "NVRTC {major}.{minor} {builds:?}: {bytes} bytes of PTX in {:.1} s on {threads} threads",
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 // ---------------------------------------------------------------------------
