@@ -101,3 +101,26 @@ pub fn assert_close(what: &str, got: &[f32], reference: &[f32], tol: f32) -> f32
     assert!(ratio <= tol, "{what}: max|Δ| = {d:e} exceeds {tol:e}·std(ref) = {:e}", tol * s);
     ratio
 }
+
+/// The bytes of a safetensors file holding `tensors` as `(name, dtype, shape, raw bytes)`
+/// (dtype as safetensors spells it: `"F32"`, `"BF16"`, `"F8_E4M3"`, ...), in that order.
+pub fn safetensors_bytes<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a str, &'a [usize], &'a [u8])>) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        let start = data.len();
+        data.extend_from_slice(bytes);
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut h = serde_json::Value::Object(header).to_string().into_bytes();
+    while !h.len().is_multiple_of(8) {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&data);
+    out
+}

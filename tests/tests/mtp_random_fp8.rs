@@ -59,24 +59,12 @@ fn quant_dequant(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 
 /// Writes `tensors` (all F32) as one safetensors file.
 fn write_f32(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
-    let mut header = serde_json::Map::new();
-    let mut data = Vec::new();
-    for (name, shape, v) in tensors {
-        let start = data.len();
-        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, data.len()]}),
-        );
-    }
-    let mut h = serde_json::Value::Object(header).to_string().into_bytes();
-    while !h.len().is_multiple_of(8) {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&data);
-    std::fs::write(path, out).unwrap();
+    let bytes: Vec<Vec<u8>> =
+        tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let file = tests::safetensors_bytes(
+        tensors.iter().zip(&bytes).map(|((n, shape, _), b)| (n.as_str(), "F32", &shape[..], &b[..])),
+    );
+    std::fs::write(path, file).unwrap();
 }
 
 /// A temporary folder removed on drop.
