@@ -207,8 +207,13 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         let failed = model.capture_graphs(&mut cache, &[(b, 1)], a.context + a.steps, &mut |_, _| {})?;
         if let Some((k, why)) = failed.first() {
             println!("  CUDA graph {k:?} not captured ({why}): decode runs eagerly");
-        } else if device != Device::Cpu && porter_core::backend::cuda::graph::enabled() {
-            println!("  CUDA graph of batch {b} captured in {:.1} ms", tg.elapsed().as_secs_f64() * 1e3);
+        } else if let (Device::Cuda(i), true) = (device, porter_core::backend::cuda::graph::enabled()) {
+            let held = porter_core::backend::cuda::graph::reserved_bytes(&*porter_core::tensor::cuda::gpu(i)?);
+            println!(
+                "  CUDA graph of batch {b} captured in {:.1} ms (graph memory held: {})",
+                tg.elapsed().as_secs_f64() * 1e3,
+                held.map_or("unknown".into(), |v| format!("{:.1} MB", v as f64 / 1e6))
+            );
         }
         model.sync()?;
         let _ = porter_core::backend::cuda::profile::take();

@@ -91,6 +91,22 @@ pub fn span_buckets(max_spans: usize) -> Vec<usize> {
     v
 }
 
+/// Device memory the driver holds for the allocations of every CUDA graph of device `g`
+/// (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`); `None` when the driver does not say.
+pub fn reserved_bytes(g: &crate::tensor::cuda::Gpu) -> Option<u64> {
+    use cudarc::driver::sys;
+    let mut v: u64 = 0;
+    // SAFETY: a plain driver query on a live context's device; `v` outlives the call.
+    let r = unsafe {
+        sys::cuDeviceGetGraphMemAttribute(
+            g.k.context().cu_device(),
+            sys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            (&mut v) as *mut u64 as *mut std::ffi::c_void,
+        )
+    };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
+}
+
 /// The shape a graph is captured for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GraphKey {
