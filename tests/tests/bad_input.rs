@@ -148,3 +148,35 @@ fn unallocated_or_repeated_sequences_are_rejected() {
     assert!(e.to_string().contains("appears twice"), "{e}");
     assert_eq!(cache.seq_len(a), 0);
 }
+
+/// `--dtype f16` on a bf16 checkpoint whose weights overflow f16 (±65504) is a clear error
+/// naming the tensor, not a model full of infinities; bf16 and f32 load it.
+#[test]
+fn f16_overflow_at_load_is_a_clear_error() {
+    let dir = scratch("qwen3", "f16-overflow");
+    let p = dir.join("model.safetensors");
+    let ck = porter_core::checkpoint::Checkpoint::open_files(std::slice::from_ref(&p)).unwrap();
+    let target = "model.layers.0.mlp.down_proj.weight";
+    let mut kept = Vec::new();
+    for (name, info) in ck.tensors() {
+        let mut bytes = vec![0u8; info.end - info.start];
+        ck.read_bytes(name, &mut bytes).unwrap();
+        assert_eq!(format!("{:?}", info.dtype), "BF16", "{name}");
+        if name == target {
+            // Element 3 becomes 1.0e5 in bf16 (0x47C3 ≈ 99840), beyond f16's 65504.
+            bytes[6..8].copy_from_slice(&0x47C3u16.to_le_bytes());
+        }
+        kept.push((name.clone(), info.shape.clone(), bytes));
+    }
+    drop(ck);
+    let file = tests::safetensors_bytes(kept.iter().map(|(n, s, b)| (n.as_str(), "BF16", &s[..], &b[..])));
+    std::fs::write(&p, file).unwrap();
+    for dt in [DType::BF16, DType::F32] {
+        registry::load(&dir, dt, Device::Cpu, false).unwrap_or_else(|e| panic!("{dt}: {e:#}"));
+    }
+    let e = match registry::load(&dir, DType::F16, Device::Cpu, false) {
+        Ok(_) => panic!("an f16 load of weights beyond f16's range should fail"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains(target) && e.contains("f16") && e.contains("9.984e4"), "{e}");
+}

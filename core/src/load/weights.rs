@@ -491,7 +491,7 @@ impl Weights {
                     ckpt.read_bytes(src, crate::load::checkpoint::as_bytes_mut(chunk))
                 } else {
                     let native = if ckpt.is_fp8(src) { dequantize(ckpt, src, dt)? } else { ckpt.read_native(src)? };
-                    let v = convert_one(convert(native, dt))
+                    let v = convert_one(convert(native, dt, src)?)
                         .ok_or_else(|| err!(Internal, "conversion of `{src}` to {dt}"))?;
                     chunk.copy_from_slice(&v);
                     Ok(())
@@ -534,7 +534,7 @@ impl Weights {
             .par_iter()
             .map(|src| {
                 let shape = ckpt.get(src).map(|i| i.shape.clone()).unwrap_or_default();
-                Ok(convert(read_shard(ckpt, src, &shape, axis, ranges)?, dt))
+                convert(read_shard(ckpt, src, &shape, axis, ranges)?, dt, src)
             })
             .collect::<Result<Vec<_>>>()
             .with_context(|| format!("weight slot `{}`", s.slot))?;
@@ -638,13 +638,32 @@ fn dequantize(ckpt: &Checkpoint, src: &str, dt: DType) -> Result<CpuStorage> {
 }
 
 /// Host storage of the model dtype from host storage of any dtype (no copy when equal).
-fn convert(h: CpuStorage, dt: DType) -> CpuStorage {
-    match (h, dt) {
+///
+/// # Errors
+/// [`crate::Error::DType`] when tensor `src` holds finite values beyond f16's range (±65504)
+/// and `dt` is f16: they would become infinities (a bf16 or f32 checkpoint loaded with
+/// `--dtype f16`).
+fn convert(h: CpuStorage, dt: DType, src: &str) -> Result<CpuStorage> {
+    Ok(match (h, dt) {
         (CpuStorage::BF16(v), DType::BF16) => CpuStorage::BF16(v),
         (CpuStorage::F16(v), DType::F16) => CpuStorage::F16(v),
         (CpuStorage::F32(v), DType::F32) => CpuStorage::F32(v),
+        (h, DType::F16) => {
+            let v = h.to_f32_vec();
+            let (n, worst) = v
+                .iter()
+                .filter(|x| x.is_finite() && x.abs() > f16::MAX.to_f32())
+                .fold((0usize, 0f32), |(n, w), &x| (n + 1, if x.abs() > w.abs() { x } else { w }));
+            if n > 0 {
+                bail!(
+                    DType,
+                    "tensor `{src}` has {n} values beyond f16's range (±65504, the largest {worst:e}): it cannot be loaded as f16; use --dtype bf16 or f32"
+                );
+            }
+            to_storage(v, DType::F16)
+        }
         (h, dt) => to_storage(h.to_f32_vec(), dt),
-    }
+    })
 }
 
 /// `f32` values as host storage of `dt` (rounded to nearest even).
