@@ -158,11 +158,9 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         let mut cache = model.new_cache_with(&cache_cfg)?;
         // Warm-up: the decode (and verify) graphs of every batch-size bucket, for contexts of
         // up to 16 blocks (longer ones are captured when first reached).
-        let mut shapes: Vec<(usize, usize)> =
-            crate::backend::cuda::graph::span_buckets(cfg.max_num_seqs).into_iter().map(|b| (b, 1)).collect();
-        if k > 0 {
-            shapes.extend(crate::backend::cuda::graph::span_buckets(cfg.max_num_seqs).into_iter().map(|b| (b, k + 1)));
-        }
+        let rows: &[usize] = if k > 0 { &[1, k + 1] } else { &[1] };
+        let buckets = crate::backend::cuda::graph::span_buckets(cfg.max_num_seqs);
+        let shapes: Vec<(usize, usize)> = rows.iter().flat_map(|&r| buckets.iter().map(move |&b| (b, r))).collect();
         model.capture_graphs(&mut cache, &shapes, 0, &mut crate::backend::cuda::graph::report_progress)?;
         let drafting = match spec {
             Some(spec) => {

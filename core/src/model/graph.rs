@@ -8,8 +8,8 @@
 //! [`width_bucket`] entries wide. For each such shape ([`GraphKey`]) the first forward
 //! captures a graph: one eager run of the all-padding batch (first use of every kernel, pool
 //! growth), then the same forward under stream capture, with every allocation a graph memory
-//! node and every small upload recorded with its [`UploadTag`] into page-locked memory
-//! (`Gpu::begin_recording`). The capture touches no real state (all its spans are padding).
+//! node and every small upload recorded with its [`UploadTag`] as a copy out of a device
+//! arena (`Gpu::begin_recording`). The capture touches no real state (all its spans are padding).
 //!
 //! A replay runs only the host bookkeeping of a forward: the cache's prepare (KV blocks, the
 //! step's paging metadata), the upload producers in the recorded order (the same functions
@@ -22,7 +22,7 @@ use super::{ForwardOutput, Model};
 use crate::backend::cuda::blocks::{batch_table, gdn_tables, page_table};
 use crate::backend::cuda::graph::{self, width_bucket, Captured, GraphKey, Graphs, Outputs, SendGraph, UploadTag};
 use crate::error::Result;
-use crate::state::{Batch, LayerCache, LayerKind, SeqId, StateCache};
+use crate::state::{Batch, LayerCache, LayerKind, StateCache};
 use crate::tensor::cuda::cuda_err;
 use crate::tensor::device::Device;
 use crate::{bail, err};
@@ -44,14 +44,22 @@ fn uniform_rows(batch: &Batch, rows: &[usize]) -> Option<usize> {
 }
 
 impl Model {
-    /// The model's identity for a cache's graphs.
-    fn graph_id(&self) -> usize {
-        self as *const Model as usize
+    /// Makes `gs` this model's graphs (its identity is its address), with the layer facts a
+    /// capture and a replay need, computed once.
+    fn bind_graphs(&self, gs: &mut Graphs) {
+        let has_kv = self.layers.iter().any(|l| matches!(l.kind(), LayerKind::Attention { .. }));
+        gs.bind(self as *const Model as usize, has_kv, || {
+            (0..self.layers.len()).filter(|&i| matches!(self.layers[i].kind(), LayerKind::Recurrent { .. })).collect()
+        });
     }
 
-    /// Indices of the layers that upload Gated DeltaNet span tables, in forward order.
-    fn recurrent_layers(&self) -> Vec<usize> {
-        (0..self.layers.len()).filter(|&i| matches!(self.layers[i].kind(), LayerKind::Recurrent { .. })).collect()
+    /// [`Model::capture`], recording a failure (that shape then runs eagerly); returns why it
+    /// failed.
+    fn try_capture(&self, gs: &mut Graphs, key: GraphKey, cache: &mut dyn StateCache) -> Option<String> {
+        let e = self.capture(gs, key, cache).err()?.to_string();
+        gs.failed.insert(key, e.clone());
+        gs.stats.failed += 1;
+        Some(e)
     }
 
     /// Runs a graph-eligible forward from its graph (capturing it first when its shape is
@@ -69,16 +77,12 @@ impl Model {
         }
         let Some(r) = uniform_rows(batch, rows).filter(|&r| r <= graph::MAX_ROWS) else { return Ok(None) };
         let Some(spans) = gs.bucket(batch.spans.len()) else { return Ok(None) };
-        if gs.model != self.graph_id() {
-            gs.clear();
-            gs.model = self.graph_id();
-        }
+        self.bind_graphs(gs);
         // A shape whose capture failed runs eagerly without preparing twice (the positions'
         // blocks give the width; the step's tables below are at least as wide).
-        let has_kv = self.layers.iter().any(|l| matches!(l.kind(), LayerKind::Attention { .. }));
         let bs = cache.block_size().max(1);
         let need = batch.spans.iter().map(|s| (s.pos0 + s.len).div_ceil(bs)).max().unwrap_or(0);
-        if has_kv && gs.failed.contains_key(&GraphKey { spans, rows: r, width: width_bucket(need) }) {
+        if gs.has_kv && gs.failed.contains_key(&GraphKey { spans, rows: r, width: width_bucket(need) }) {
             return Ok(None);
         }
         let padded = batch.padded(spans, r);
@@ -90,9 +94,7 @@ impl Model {
             return Ok(None);
         }
         if !gs.graphs.contains_key(&key) {
-            if let Err(e) = self.capture(gs, key, cache) {
-                gs.failed.insert(key, e.to_string());
-                gs.stats.failed += 1;
+            if self.try_capture(gs, key, cache).is_some() {
                 return Ok(None);
             }
             // The capture prepared its own (all-padding) batch.
@@ -134,20 +136,14 @@ impl Model {
         context: usize,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Vec<(GraphKey, String)>> {
-        if gs.model != self.graph_id() {
-            gs.clear();
-            gs.model = self.graph_id();
-        }
+        self.bind_graphs(gs);
         let blocks = context.div_ceil(cache.block_size().max(1));
-        let has_kv = self.layers.iter().any(|l| matches!(l.kind(), LayerKind::Attention { .. }));
         let mut failed = Vec::new();
         for (i, &(spans, rows)) in shapes.iter().enumerate() {
-            let key = GraphKey { spans, rows, width: if has_kv { width_bucket(blocks) } else { 0 } };
+            let key = GraphKey { spans, rows, width: if gs.has_kv { width_bucket(blocks) } else { 0 } };
             if !gs.graphs.contains_key(&key) {
-                if let Err(e) = self.capture(gs, key, cache) {
-                    gs.failed.insert(key, e.to_string());
-                    gs.stats.failed += 1;
-                    failed.push((key, e.to_string()));
+                if let Some(e) = self.try_capture(gs, key, cache) {
+                    failed.push((key, e));
                 }
             }
             progress(i + 1, shapes.len());
@@ -223,7 +219,7 @@ impl Model {
             bail!(Device, "the forward cannot be replayed from a graph: {why}");
         }
         let count = |tag| rec.entries.iter().filter(|e| e.0 == tag).count();
-        let gdn = self.recurrent_layers().len();
+        let gdn = gs.recurrent.len();
         if count(UploadTag::Gdn) != gdn
             || count(UploadTag::Ids) != 1
             || count(UploadTag::Batch) > 1
@@ -257,9 +253,8 @@ impl Model {
     ) -> Result<ForwardOutput> {
         let _s = crate::backend::cuda::profile::host_span("model: graph replay");
         let step = cache.page_step();
-        let gdn_layers = self.recurrent_layers();
         let Some(c) = gs.graphs.get_mut(&key) else { bail!(Internal, "graph {key:?} vanished") };
-        let mut next_gdn = gdn_layers.into_iter();
+        let mut next_gdn = gs.recurrent.iter().copied();
         for i in 0..c.rec.entries.len() {
             let tag = c.rec.entries[i].0;
             match tag {
@@ -282,7 +277,7 @@ impl Model {
         }
         c.launch(&*gpu_of_model(self)?)?;
         gs.stats.replays += 1;
-        for s in batch.spans.iter().filter(|s| s.seq != SeqId::PAD) {
+        for s in batch.spans.iter().filter(|s| !s.seq.is_pad()) {
             cache.advance(s.seq, s.len)?;
         }
         let o = &gs.outputs[c.out];
@@ -297,6 +292,7 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::SeqId;
 
     #[test]
     fn only_uniform_all_row_batches_are_eligible() {

@@ -7,8 +7,8 @@
 //! the weights, the cache's KV pools and state slots, its own activations (graph memory
 //! nodes), and the batch shape. Only the small per-step uploads (token ids, positions and
 //! spans, KV slots and block tables, the Gated DeltaNet span tables) change between replays:
-//! each was recorded with its [`UploadTag`] at a fixed place in page-locked memory that the
-//! graph's copy node reads, and the replay writes the next step's values there.
+//! each was recorded with its [`UploadTag`] as a copy node out of a fixed place in a device
+//! arena outside the graph, and the replay copies the next step's values there first.
 
 use crate::error::Result;
 use crate::tensor::cuda::{cuda_err, Recording};
@@ -175,6 +175,10 @@ pub struct Graphs {
     /// The model the graphs were captured with (its address): another model's forward
     /// through this cache drops them.
     pub(crate) model: usize,
+    /// Whether that model has attention layers (block tables in its graphs).
+    pub(crate) has_kv: bool,
+    /// Its layers that upload Gated DeltaNet tables, in forward order.
+    pub(crate) recurrent: Vec<usize>,
     pub(crate) graphs: HashMap<GraphKey, Captured>,
     /// Shapes whose capture failed, and why.
     pub failed: HashMap<GraphKey, String>,
@@ -196,6 +200,8 @@ impl Graphs {
         Self {
             max_spans,
             model: 0,
+            has_kv: false,
+            recurrent: Vec::new(),
             graphs: HashMap::new(),
             failed: HashMap::new(),
             outputs: Vec::new(),
@@ -215,11 +221,17 @@ impl Graphs {
         k
     }
 
-    /// Drops every graph (before another model's forward).
-    pub(crate) fn clear(&mut self) {
-        self.graphs.clear();
-        self.failed.clear();
-        self.outputs.clear();
+    /// Makes the set the graphs of model `id` (with `has_kv` and the `recurrent` layers):
+    /// another model's graphs are dropped first.
+    pub(crate) fn bind(&mut self, id: usize, has_kv: bool, recurrent: impl FnOnce() -> Vec<usize>) {
+        if self.model != id {
+            self.graphs.clear();
+            self.failed.clear();
+            self.outputs.clear();
+            self.model = id;
+            self.has_kv = has_kv;
+            self.recurrent = recurrent();
+        }
     }
 }
 
