@@ -1,6 +1,7 @@
 // FP8 weights (e4m3fn bytes with 128×128 block scales, porter_core::tensor::fp8): kernels that
-// read them directly. Preceded by common.cuh and moe.cu (this source reuses the MoE grouping,
-// `unpack`, `ld_cg_f`; kernels/src/cuda/mod.rs builds the text).
+// read them directly. Preceded by common.cuh, moe.cu and moe_decode.cu (this source instantiates
+// the MoE decode GEMVs with an FP8 row reader and uses `load_act`; kernels/src/cuda/mod.rs builds
+// the text).
 //
 // Device layout of an FP8 weight [rows, cols] (core/src/tensor/cuda.rs, DevFp8): q [rows, cols]
 // u8; scales [scale_rows, ceil(cols/128)] f32 (multiplied); rs [rows] u32, the scale row of each
@@ -28,13 +29,6 @@ template <typename T> __device__ __forceinline__ void fp8_unpack16(const uint4& 
         f[2 * i] = round_to<T>(t.x * s);
         f[2 * i + 1] = round_to<T>(t.y * s);
     }
-}
-
-// 16 consecutive activations of type T from a 16-byte aligned address.
-template <typename T> __device__ __forceinline__ void load16(const T* p, float* f) {
-    constexpr int E = 16 / sizeof(T);
-#pragma unroll
-    for (int v = 0; v < 16 / E; ++v) unpack<T>(__ldg(reinterpret_cast<const uint4*>(p) + v), f + v * E);
 }
 
 // ---------------------------------------------------------------------------
@@ -75,7 +69,7 @@ __device__ __forceinline__ void fp8_gemv_impl(const unsigned char* __restrict__ 
                 for (int r = 0; r < M; ++r) {
                     if ((u32)r < m) {
                         float xf[16];
-                        load16<A>(x + (u64)r * k + 16u * c, xf);
+                        load_act<A, 16, false>(x + (u64)r * k + 16u * c, xf);
 #pragma unroll
                         for (int i = 0; i < 16; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
                     }
@@ -175,213 +169,69 @@ PORTER_FP8_CONV(bf16, bf16)
 PORTER_FP8_CONV(f16, f16)
 
 // ---------------------------------------------------------------------------
-// MoE decode with FP8 experts: moe.cu's two persistent GEMV kernels (same grouping, items,
-// scratch and combine; see there) with the weight rows read as e4m3 bytes and dequantized in
-// registers. gate / up [e·I, H], down [e·H, I], each with its scales and row → scale-row map.
-// Launch bounds allow 2 blocks / SM (up to 128 registers: the 16-wide dequantized vectors
-// spill at moe.cu's 80); the grid of 3 blocks / SM still works (no block waits on another).
+// MoE decode with FP8 experts: moe_decode.cu's GEMVs (v1: two launches, v2: one; the same
+// grouping, items, order, scratch and combine; see there) instantiated with an FP8 row reader:
+// the weight rows read as e4m3 bytes (16 a chunk) and dequantized in registers. gate / up
+// [e·I, H], down [e·H, I], each with its scales and row → scale-row map. Launch bounds allow 2
+// blocks / SM (up to 128 registers: the 16-wide dequantized vectors spill at 80).
 // ---------------------------------------------------------------------------
 
-// One warp: acc[m][r] = Σ_i W_r[i] · a[m][i] over i < K, as moe.cu's warp_dots; `vec`: K % 16
-// == 0 and 16-byte aligned rows (16 weights per lane load).
-template <typename T, int NR, int MB, int U>
-__device__ __forceinline__ void fp8_warp_dots(const unsigned char* (&w)[NR], const float* (&s)[NR],
-                                              const T* (&a)[MB], int mb, u32 K, int vec, u32 lane,
-                                              float (&acc)[MB][NR]) {
-#pragma unroll
-    for (int m = 0; m < MB; ++m)
-#pragma unroll
-        for (int r = 0; r < NR; ++r) acc[m][r] = 0.0f;
-    const u32 kv = vec ? K / 16u : 0u;
-    for (u32 c0 = lane; c0 < kv; c0 += 32u * U) {
-        uint4 wv[U][NR];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int r = 0; r < NR; ++r) {
-                const u32 c = c0 + 32u * u;
-                wv[u][r] = c < kv ? __ldg(reinterpret_cast<const uint4*>(w[r]) + c) : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const u32 c = c0 + 32u * u;
-            if (c < kv) {
-#pragma unroll
-                for (int r = 0; r < NR; ++r) {
-                    float wf[16];
-                    fp8_unpack16<T>(wv[u][r], __ldg(s[r] + (c >> 3)), wf);
-#pragma unroll
-                    for (int m = 0; m < MB; ++m) {
-                        if (m < mb) {
-                            float af[16];
-                            load16<T>(a[m] + 16u * c, af);
-#pragma unroll
-                            for (int i = 0; i < 16; ++i) acc[m][r] = fmaf(wf[i], af[i], acc[m][r]);
-                        }
-                    }
-                }
-            }
-        }
+// A weight row of e4m3 bytes: chunk c (bytes 16c .. 16c + 15) lies in scale block c / 8.
+template <typename T> struct Fp8Row {
+    static constexpr u32 E = 16;
+    static constexpr bool CHEAP = false;
+    const unsigned char* p;
+    const float* s;  // the row's scales: s[j / 128] for column j
+    __device__ __forceinline__ uint4 load(u32 c) const { return __ldg(reinterpret_cast<const uint4*>(p) + c); }
+    __device__ __forceinline__ void expand(const uint4& v, u32 c, float* f) const {
+        fp8_unpack16<T>(v, __ldg(s + (c >> 3)), f);
     }
-    for (u32 i = kv * 16u + lane; i < K; i += 32u) {
-        float wf[NR];
-#pragma unroll
-        for (int r = 0; r < NR; ++r) wf[r] = round_to<T>(fp8_f(w[r][i]) * s[r][i / FP8_BLOCK]);
-#pragma unroll
-        for (int m = 0; m < MB; ++m) {
-            if (m < mb) {
-                const float av = to_f(a[m][i]);
-#pragma unroll
-                for (int r = 0; r < NR; ++r) acc[m][r] = fmaf(wf[r], av, acc[m][r]);
-            }
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < MB; ++m)
-        if (m < mb)
-#pragma unroll
-            for (int r = 0; r < NR; ++r) acc[m][r] = warp_sum(acc[m][r]);
-}
+    __device__ __forceinline__ float at(u32 i) const { return round_to<T>(fp8_f(p[i]) * s[i / FP8_BLOCK]); }
+    __device__ __forceinline__ const void* base() const { return p; }
+};
 
-// gate+up and activation (moe.cu dec_gu_impl with FP8 weights).
-template <typename T>
-__device__ __forceinline__ void fp8_dec_gu_impl(const T* __restrict__ x, const unsigned char* __restrict__ gate,
-                                                const float* __restrict__ gs, const u32* __restrict__ grs,
-                                                const unsigned char* __restrict__ up, const float* __restrict__ us,
-                                                const u32* __restrict__ urs, const u32* __restrict__ idx, u32 n,
-                                                u32 e, int fused, const u32* __restrict__ g_sorted,
-                                                const u32* __restrict__ g_seg, const u32* __restrict__ g_meta,
-                                                u32* __restrict__ ctr, u32 nctr, T* __restrict__ h, u32 H, u32 I,
-                                                u32 k, int vec) {
-    extern __shared__ u32 dsm[];
-    __shared__ u32 sh[64];
-    if (blockIdx.x == 0)
-        for (u32 i = threadIdx.x; i < nctr; i += blockDim.x) ctr[i] = 0u;
-    const u32* sorted;
-    const u32* seg;
-    u32 nact;
-    dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
-    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
-    const u32 nsc = (H + FP8_BLOCK - 1) / FP8_BLOCK;
-    const u64 items = (u64)nact * I, stride = (u64)gridDim.x * wpb;
-    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
-        const u32 s = (u32)(q / I), c = (u32)(q % I);
-        const u32 ex = seg[3 * s], start = seg[3 * s + 1], cnt = seg[3 * s + 2];
-        const u64 row = (u64)ex * I + c;
-        const unsigned char* w[2] = {gate + row * H, up + row * H};
-        const float* ws[2] = {gs + (u64)grs[row] * nsc, us + (u64)urs[row] * nsc};
-        for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
-            const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
-            const T* a[MOE_GEMV_MB];
-#pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m) a[m] = x + (u64)(sorted[start + m0 + (m < mb ? m : 0)] / k) * H;
-            float acc[MOE_GEMV_MB][2];
-            fp8_warp_dots<T, 2, MOE_GEMV_MB, 2>(w, ws, a, mb, H, vec, lane, acc);
-            float g = 0.0f, u = 0.0f;
-#pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m)
-                if ((int)lane == m) {
-                    g = acc[m][0];
-                    u = acc[m][1];
-                }
-            if ((int)lane < mb) {
-                const u32 p = sorted[start + m0 + lane];
-                h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(g)) * round_to<T>(u));
-            }
-        }
-    }
-}
+// Stacked FP8 expert weights [e·rows, K]: bytes q, scales sc [.., nsc], row -> scale row rs;
+// dequantized values rounded to T.
+template <typename T> struct Fp8Mat {
+    typedef Fp8Row<T> Row;
+    static constexpr u32 BYTES = 1;
+    const unsigned char* q;
+    const float* sc;
+    const u32* rs;
+    u32 nsc;
+    __device__ __forceinline__ Row row(u64 r, u32 K) const { return Row{q + r * K, sc + (u64)__ldg(rs + r) * nsc}; }
+};
 
-// down + combine (moe.cu dec_down_impl with FP8 weights).
-template <typename T>
-__device__ __forceinline__ void fp8_dec_down_impl(const T* __restrict__ h, const unsigned char* __restrict__ down,
-                                                  const float* __restrict__ ds, const u32* __restrict__ drs,
-                                                  const u32* __restrict__ idx, const float* __restrict__ wt, u32 n,
-                                                  u32 e, int fused, const u32* __restrict__ g_sorted,
-                                                  const u32* __restrict__ g_seg, const u32* __restrict__ g_meta,
-                                                  u32* __restrict__ ctr, T* __restrict__ o, float* __restrict__ out,
-                                                  u32 H, u32 I, u32 k, u32 t, int vec) {
-    extern __shared__ u32 dsm[];
-    __shared__ u32 sh[64];
-    const u32* sorted;
-    const u32* seg;
-    u32 nact;
-    dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
-    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
-    if (nact == 0) {
-        const u64 total = (u64)t * H;
-        for (u64 q = (u64)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += (u64)gridDim.x * blockDim.x)
-            out[q] = 0.0f;
-        return;
-    }
-    const u32 nsc = (I + FP8_BLOCK - 1) / FP8_BLOCK;
-    const u32 nq = (H + MOE_DOWN_NR - 1) / MOE_DOWN_NR;
-    const u64 items = (u64)nact * nq, stride = (u64)gridDim.x * wpb;
-    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
-        const u32 s = (u32)(q / nq), cq = (u32)(q % nq), c0 = cq * MOE_DOWN_NR;
-        const u32 ex = seg[3 * s], start = seg[3 * s + 1], cnt = seg[3 * s + 2];
-        const unsigned char* w[MOE_DOWN_NR];
-        const float* ws[MOE_DOWN_NR];
-#pragma unroll
-        for (int r = 0; r < MOE_DOWN_NR; ++r) {
-            const u64 row = (u64)ex * H + min(c0 + r, H - 1);
-            w[r] = down + row * I;
-            ws[r] = ds + (u64)drs[row] * nsc;
-        }
-        for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
-            const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
-            const T* a[MOE_GEMV_MB];
-#pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m) a[m] = h + (u64)sorted[start + m0 + (m < mb ? m : 0)] * I;
-            float acc[MOE_GEMV_MB][MOE_DOWN_NR];
-            fp8_warp_dots<T, MOE_DOWN_NR, MOE_GEMV_MB, 1>(w, ws, a, mb, I, vec, lane, acc);
-            const int lm = (int)lane / MOE_DOWN_NR, lr = (int)lane % MOE_DOWN_NR;
-            float v = 0.0f;
-#pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m)
-#pragma unroll
-                for (int r = 0; r < MOE_DOWN_NR; ++r)
-                    if (lm == m && lr == r) v = acc[m][r];
-            if (lm < mb && c0 + lr < H) o[(u64)sorted[start + m0 + lm] * H + c0 + lr] = from_f<T>(v);
-        }
-        __threadfence();
-        __syncwarp();
-        u32 old = 0;
-        if (lane == 0) old = atomicAdd(&ctr[cq], 1u);
-        old = __shfl_sync(0xffffffffu, old, 0);
-        if (old == nact - 1) {
-            __threadfence();
-            for (u32 q2 = lane; q2 < t * MOE_DOWN_NR; q2 += 32u) {
-                const u32 r = q2 / MOE_DOWN_NR, c = c0 + q2 % MOE_DOWN_NR;
-                if (c < H) {
-                    float sum = 0.0f;
-                    for (u32 j = 0; j < k; ++j) {
-                        const u64 p = (u64)r * k + j;
-                        if (idx[p] < e) sum = __fadd_rn(sum, __fmul_rn(ld_cg_f<T>(o + p * H + c), wt[p]));
-                    }
-                    out[(u64)r * H + c] = sum;
-                }
-            }
-        }
-    }
-}
+#define FP8_MAT(T, Q, S, R, K) (Fp8Mat<T>{Q, S, R, ((K) + FP8_BLOCK - 1) / FP8_BLOCK})
 
-#define FP8_MOE_DEC_ENTRY(T, NAME)                                                                                \
+#define FP8_MOE_DEC_ENTRY(T, NAME, GU_U, DN_MB)                                                                   \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dec_gu_fp8_##NAME(                   \
         const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,          \
         const float* us, const u32* urs, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,            \
         const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) {            \
-        fp8_dec_gu_impl<T>(x, gate, gs, grs, up, us, urs, idx, n, e, fused, g_sorted, g_seg, g_meta, ctr, nctr, h, \
-                           H, I, k, vec);                                                                         \
+        dec_gu_impl<T, Fp8Mat<T>, 2>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, fused,     \
+                                     g_sorted, g_seg, g_meta, ctr, nctr, h, H, I, k, vec);                        \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dec_down_fp8_##NAME(                 \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \
         u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg, const u32* g_meta, u32* ctr, T* o,        \
         float* out, u32 H, u32 I, u32 k, u32 t, int vec) {                                                        \
-        fp8_dec_down_impl<T>(h, down, ds, drs, idx, wt, n, e, fused, g_sorted, g_seg, g_meta, ctr, o, out, H, I, \
-                             k, t, vec);                                                                          \
+        dec_down_impl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, n, e, fused, g_sorted, g_seg,       \
+                                       g_meta, ctr, o, out, H, I, k, t, vec);                                     \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, MOE_V2_BLOCKS) moe_dec_v2_fp8_##NAME(       \
+        const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,          \
+        const float* us, const u32* urs, const unsigned char* down, const float* ds, const u32* drs,              \
+        const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg,          \
+        const u32* g_meta, u32* sync, T* h, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec_gu, int vec_d,  \
+        u32 phases) {                                                                                             \
+        dec_v2_impl<T, Fp8Mat<T>, GU_U, 1, DN_MB>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H),                    \
+                                        FP8_MAT(T, down, ds, drs, I), idx, wt, n, e, fused, g_sorted, g_seg, g_meta, \
+                                        sync, h, o, out, H, I, k, t, vec_gu, vec_d, phases);                      \
     }
 
-FP8_MOE_DEC_ENTRY(float, f32)
-FP8_MOE_DEC_ENTRY(bf16, bf16)
-FP8_MOE_DEC_ENTRY(f16, f16)
+// v2 gate+up chunks in flight per lane and row, routed rows per down pass (see dec_v2_impl; f32
+// activations take more registers).
+FP8_MOE_DEC_ENTRY(float, f32, 2, 1)
+FP8_MOE_DEC_ENTRY(bf16, bf16, 4, 2)
+FP8_MOE_DEC_ENTRY(f16, f16, 4, 2)

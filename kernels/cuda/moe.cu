@@ -11,12 +11,13 @@
 //      h stored per sorted position [cap, inter] (T);
 //   3. down, o = round(h · downᵀ) stored per pair [t·k, hidden] (T);
 //   4. moe_combine: out[r] = Σ_j o[r, j] · w[r, j] in f32, slots in order.
-// Steps 2 and 3 have two forms: GEMV kernels (decode: few rows per expert; one
-// block streams a slice of an expert's weights once, 16-byte loads, and serves
-// every row routed to that expert) and tiled GEMMs over row tiles of the
-// sorted list (prefill: tensor cores via wmma for bf16 / f16 on sm_80+, tiles
-// of 16·MI rows chosen from t·k/e; CUDA cores in exact f32, 64-row tiles,
-// otherwise).
+// Steps 2 and 3 have two forms: GEMV kernels (decode: few rows per expert; a
+// warp streams an expert's weight rows once, 16-byte loads, and serves every
+// row routed to that expert; moe_decode.cu, appended to this file, which also
+// fuses steps 2-4 into one launch) and tiled GEMMs over row tiles of the
+// sorted list (prefill, here: tensor cores via wmma for bf16 / f16 on sm_80+,
+// tiles of 16·MI rows chosen from t·k/e; CUDA cores in exact f32, 64-row
+// tiles, otherwise).
 //
 // Pair p = r·k + j (row r, slot j). Expert ids >= e are skipped (never sorted,
 // never read back by moe_combine).
@@ -28,9 +29,6 @@
 #define MOE_BM 64        // GEMM tile height (rows of the sorted list per tile)
 #define MOE_BN 128       // GEMM tile width (weight rows per tile; gate+up: 64 of each)
 #define MOE_GEMM_THREADS 256
-#define MOE_GEMV_WARPS 8 // warps per GEMV block
-#define MOE_GEMV_MB 4    // routed rows per GEMV pass (4: 80 registers, 3 blocks / SM)
-#define MOE_DOWN_NR 4    // down rows per GEMV warp
 
 // ---------------------------------------------------------------------------
 // 1. Alignment (one block of MOE_ALIGN_THREADS; dynamic shared memory: e u32)
@@ -150,286 +148,6 @@ extern "C" __global__ void __launch_bounds__(1024)
         meta[1] = total / pad;
     }
 }
-
-// ---------------------------------------------------------------------------
-// Vector helpers: 16-byte loads, unpacked to f32.
-// ---------------------------------------------------------------------------
-
-template <typename T> struct VecOf {
-    static constexpr u32 N = 16 / sizeof(T);
-};
-
-template <typename T> __device__ __forceinline__ void unpack(const uint4& v, float* f);
-template <> __device__ __forceinline__ void unpack<float>(const uint4& v, float* f) {
-    f[0] = __uint_as_float(v.x);
-    f[1] = __uint_as_float(v.y);
-    f[2] = __uint_as_float(v.z);
-    f[3] = __uint_as_float(v.w);
-}
-template <> __device__ __forceinline__ void unpack<bf16>(const uint4& v, float* f) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 t = __bfloat1622float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-template <> __device__ __forceinline__ void unpack<f16>(const uint4& v, float* f) {
-    const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 t = __half22float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-
-// One warp: acc[m][r] = Σ_i w[r][i] · a[m][i] over i < K, for m < mb (f32
-// accumulation, lane-strided, then warp_sum; every lane gets every sum). With
-// `vec`, rows are 16-byte aligned and K % VecOf<T>::N == 0 (16-byte loads, U
-// vectors of each weight row in flight per lane); otherwise scalar loads.
-template <typename T, int NR, int MB, int U>
-__device__ __forceinline__ void warp_dots(const T* (&w)[NR], const T* (&a)[MB], int mb, u32 K, int vec, u32 lane,
-                                          float (&acc)[MB][NR]) {
-    constexpr u32 E = VecOf<T>::N;
-#pragma unroll
-    for (int m = 0; m < MB; ++m)
-#pragma unroll
-        for (int r = 0; r < NR; ++r) acc[m][r] = 0.0f;
-    const u32 kv = vec ? K / E : 0u;
-    for (u32 c0 = lane; c0 < kv; c0 += 32u * U) {
-        uint4 wv[U][NR];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int r = 0; r < NR; ++r) {
-                const u32 c = c0 + 32u * u;
-                wv[u][r] = c < kv ? __ldg(reinterpret_cast<const uint4*>(w[r]) + c) : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const u32 c = c0 + 32u * u;
-            if (c < kv) {
-#pragma unroll
-                for (int m = 0; m < MB; ++m) {
-                    if (m < mb) {
-                        float af[E];
-                        unpack<T>(__ldg(reinterpret_cast<const uint4*>(a[m]) + c), af);
-#pragma unroll
-                        for (int r = 0; r < NR; ++r) {
-                            float wf[E];
-                            unpack<T>(wv[u][r], wf);
-#pragma unroll
-                            for (u32 i = 0; i < E; ++i) acc[m][r] = fmaf(wf[i], af[i], acc[m][r]);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    for (u32 i = kv * E + lane; i < K; i += 32u) {
-        float wf[NR];
-#pragma unroll
-        for (int r = 0; r < NR; ++r) wf[r] = to_f(w[r][i]);
-#pragma unroll
-        for (int m = 0; m < MB; ++m) {
-            if (m < mb) {
-                const float av = to_f(a[m][i]);
-#pragma unroll
-                for (int r = 0; r < NR; ++r) acc[m][r] = fmaf(wf[r], av, acc[m][r]);
-            }
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < MB; ++m)
-        if (m < mb)
-#pragma unroll
-            for (int r = 0; r < NR; ++r) acc[m][r] = warp_sum(acc[m][r]);
-}
-
-// ---------------------------------------------------------------------------
-// 2a/3a. Decode: two persistent GEMV kernels, MOE_GEMV_WARPS warps a block,
-// each warp looping over work items (active expert slot, weight rows). h is
-// stored per pair [n, I] and o per pair [n, H], so the order of the pairs
-// within an expert's segment never matters.
-//
-// Grouping: with `fused`, every block sorts the pairs by expert itself in
-// dynamic shared memory (align_core: e + n + 3·min(e, n) u32), so that no
-// separate alignment kernel runs; otherwise moe_align wrote sorted / seg / meta
-// to global memory (pad 1) before.
-//
-// The down kernel also combines: each warp, after writing o for its (slot,
-// MOE_DOWN_NR columns) item, counts the item done on the column group's
-// counter; the warp that completes a column group (all active slots) sums
-// out[r][c] = Σ_j round(o)[r·k + j][c] · w[r·k + j] for every row, slots in
-// order (the same fixed order as moe_combine, so deterministic). The counters
-// ctr [ceil(H / MOE_DOWN_NR)] are zeroed by block 0 of the gate+up kernel.
-// ---------------------------------------------------------------------------
-
-// The grouping of the pairs (see above): sorted / seg / nact, in shared memory
-// (fused) or from global memory. Ends with a barrier when fused.
-__device__ __forceinline__ void dec_lists(const u32* __restrict__ idx, u32 n, u32 e, int fused,
-                                          const u32* __restrict__ g_sorted, const u32* __restrict__ g_seg,
-                                          const u32* __restrict__ g_meta, u32* dsm, u32* sh, const u32*& sorted,
-                                          const u32*& seg, u32& nact) {
-    if (fused) {
-        u32* cnt = dsm;
-        u32* s_sorted = dsm + e;
-        u32* s_seg = s_sorted + n;
-        u32 total;
-        align_core<false>(idx, n, e, 1u, n, 0u, cnt, sh, s_sorted, nullptr, s_seg, nact, total);
-        __syncthreads();
-        sorted = s_sorted;
-        seg = s_seg;
-    } else {
-        sorted = g_sorted;
-        seg = g_seg;
-        nact = g_meta[0];
-    }
-}
-
-// o as written by another block of this kernel: read through L2 (ld.cg).
-template <typename T> __device__ __forceinline__ float ld_cg_f(const T* p);
-template <> __device__ __forceinline__ float ld_cg_f<float>(const float* p) { return __ldcg(p); }
-template <> __device__ __forceinline__ float ld_cg_f<bf16>(const bf16* p) {
-    return __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p))));
-}
-template <> __device__ __forceinline__ float ld_cg_f<f16>(const f16* p) {
-    return __half2float(__ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(p))));
-}
-
-// gate+up and activation: item (slot s, column c of inter), one warp; rows
-// routed to the slot's expert in passes of MOE_GEMV_MB. h [n, I] per pair.
-template <typename T>
-__device__ __forceinline__ void dec_gu_impl(const T* __restrict__ x, const T* __restrict__ gate,
-                                            const T* __restrict__ up, const u32* __restrict__ idx, u32 n, u32 e,
-                                            int fused, const u32* __restrict__ g_sorted,
-                                            const u32* __restrict__ g_seg, const u32* __restrict__ g_meta,
-                                            u32* __restrict__ ctr, u32 nctr, T* __restrict__ h, u32 H, u32 I, u32 k,
-                                            int vec) {
-    extern __shared__ u32 dsm[];
-    __shared__ u32 sh[64];
-    if (blockIdx.x == 0)
-        for (u32 i = threadIdx.x; i < nctr; i += blockDim.x) ctr[i] = 0u;
-    const u32* sorted;
-    const u32* seg;
-    u32 nact;
-    dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
-    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
-    const u64 items = (u64)nact * I, stride = (u64)gridDim.x * wpb;
-    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
-        const u32 s = (u32)(q / I), c = (u32)(q % I);
-        const u32 ex = seg[3 * s], start = seg[3 * s + 1], cnt = seg[3 * s + 2];
-        const T* w[2] = {gate + ((u64)ex * I + c) * H, up + ((u64)ex * I + c) * H};
-        for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
-            const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
-            const T* a[MOE_GEMV_MB];
-#pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m) a[m] = x + (u64)(sorted[start + m0 + (m < mb ? m : 0)] / k) * H;
-            float acc[MOE_GEMV_MB][2];
-            warp_dots<T, 2, MOE_GEMV_MB, 4>(w, a, mb, H, vec, lane, acc);
-            float g = 0.0f, u = 0.0f;
-#pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m)
-                if ((int)lane == m) {
-                    g = acc[m][0];
-                    u = acc[m][1];
-                }
-            if ((int)lane < mb) {
-                const u32 p = sorted[start + m0 + lane];
-                h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(g)) * round_to<T>(u));
-            }
-        }
-    }
-}
-
-// down (+ combine): item (slot s, MOE_DOWN_NR consecutive rows of down = hidden
-// columns c0..), one warp. o [n, H] per pair, rounded to T; out [t, H] f32.
-template <typename T>
-__device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const T* __restrict__ down,
-                                              const u32* __restrict__ idx, const float* __restrict__ wt, u32 n, u32 e,
-                                              int fused, const u32* __restrict__ g_sorted,
-                                              const u32* __restrict__ g_seg, const u32* __restrict__ g_meta,
-                                              u32* __restrict__ ctr, T* __restrict__ o, float* __restrict__ out, u32 H,
-                                              u32 I, u32 k, u32 t, int vec) {
-    extern __shared__ u32 dsm[];
-    __shared__ u32 sh[64];
-    const u32* sorted;
-    const u32* seg;
-    u32 nact;
-    dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
-    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
-    if (nact == 0) {
-        // No valid expert id at all: the output is zero.
-        const u64 total = (u64)t * H;
-        for (u64 q = (u64)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += (u64)gridDim.x * blockDim.x)
-            out[q] = 0.0f;
-        return;
-    }
-    const u32 nq = (H + MOE_DOWN_NR - 1) / MOE_DOWN_NR;
-    const u64 items = (u64)nact * nq, stride = (u64)gridDim.x * wpb;
-    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
-        const u32 s = (u32)(q / nq), cq = (u32)(q % nq), c0 = cq * MOE_DOWN_NR;
-        const u32 ex = seg[3 * s], start = seg[3 * s + 1], cnt = seg[3 * s + 2];
-        const T* w[MOE_DOWN_NR];
-#pragma unroll
-        for (int r = 0; r < MOE_DOWN_NR; ++r) w[r] = down + ((u64)ex * H + min(c0 + r, H - 1)) * I;
-        for (u32 m0 = 0; m0 < cnt; m0 += MOE_GEMV_MB) {
-            const int mb = (int)min((u32)MOE_GEMV_MB, cnt - m0);
-            const T* a[MOE_GEMV_MB];
-#pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m) a[m] = h + (u64)sorted[start + m0 + (m < mb ? m : 0)] * I;
-            float acc[MOE_GEMV_MB][MOE_DOWN_NR];
-            warp_dots<T, MOE_DOWN_NR, MOE_GEMV_MB, 2>(w, a, mb, I, vec, lane, acc);
-            // lane = m · MOE_DOWN_NR + r writes (row m, column c0 + r).
-            const int lm = (int)lane / MOE_DOWN_NR, lr = (int)lane % MOE_DOWN_NR;
-            float v = 0.0f;
-#pragma unroll
-            for (int m = 0; m < MOE_GEMV_MB; ++m)
-#pragma unroll
-                for (int r = 0; r < MOE_DOWN_NR; ++r)
-                    if (lm == m && lr == r) v = acc[m][r];
-            if (lm < mb && c0 + lr < H) o[(u64)sorted[start + m0 + lm] * H + c0 + lr] = from_f<T>(v);
-        }
-        // Count the item done; the warp completing column group cq combines it.
-        __threadfence();
-        __syncwarp();
-        u32 old = 0;
-        if (lane == 0) old = atomicAdd(&ctr[cq], 1u);
-        old = __shfl_sync(0xffffffffu, old, 0);
-        if (old == nact - 1) {
-            __threadfence();
-            for (u32 q2 = lane; q2 < t * MOE_DOWN_NR; q2 += 32u) {
-                const u32 r = q2 / MOE_DOWN_NR, c = c0 + q2 % MOE_DOWN_NR;
-                if (c < H) {
-                    float sum = 0.0f;
-                    for (u32 j = 0; j < k; ++j) {
-                        const u64 p = (u64)r * k + j;
-                        if (idx[p] < e) sum = __fadd_rn(sum, __fmul_rn(ld_cg_f<T>(o + p * H + c), wt[p]));
-                    }
-                    out[(u64)r * H + c] = sum;
-                }
-            }
-        }
-    }
-}
-
-#define MOE_DEC_ENTRY(T, NAME)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_gu_##NAME(                         \
-        const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,     \
-        const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) {            \
-        dec_gu_impl<T>(x, gate, up, idx, n, e, fused, g_sorted, g_seg, g_meta, ctr, nctr, h, H, I, k, vec);         \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_down_##NAME(                       \
-        const T* h, const T* down, const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted, \
-        const u32* g_seg, const u32* g_meta, u32* ctr, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec) {   \
-        dec_down_impl<T>(h, down, idx, wt, n, e, fused, g_sorted, g_seg, g_meta, ctr, o, out, H, I, k, t, vec);     \
-    }
-
-MOE_DEC_ENTRY(float, f32)
-MOE_DEC_ENTRY(bf16, bf16)
-MOE_DEC_ENTRY(f16, f16)
 
 // ---------------------------------------------------------------------------
 // 2b/3b. Prefill GEMMs over MOE_BM-row tiles of the sorted list. 1-D grid of
@@ -857,19 +575,55 @@ MOE_TC_ENTRY(f16, f16, 4)
 // 4. Combine: out[r, c] = Σ_j round(o)[r·k + j, c] · w[r, j] (f32, j ascending;
 // slots with an expert id >= e contribute nothing). Grid-stride over t·H.
 // ---------------------------------------------------------------------------
+
+// o as written by another block of the same kernel (the decode GEMVs' combine):
+// read through L2 (ld.global.cg), never a stale L1 line.
+template <typename T> __device__ __forceinline__ float ld_cg_f(const T* p);
+template <> __device__ __forceinline__ float ld_cg_f<float>(const float* p) { return __ldcg(p); }
+template <> __device__ __forceinline__ float ld_cg_f<bf16>(const bf16* p) {
+    return __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+template <> __device__ __forceinline__ float ld_cg_f<f16>(const f16* p) {
+    return __half2float(__ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+
+#define MOE_COMBINE_K 16  // slots whose terms are loaded at once (all of them up to this k)
+
+// out[r, c] of the combine (the one definition of its order: f32, slots
+// ascending, invalid ids skipped). Up to MOE_COMBINE_K slots every term is
+// loaded first (independent loads, one memory latency, not k in a chain), then
+// summed in slot order; beyond, one slot at a time.
+template <typename T>
+__device__ __forceinline__ float combine_at(const T* __restrict__ o, const u32* __restrict__ idx,
+                                            const float* __restrict__ w, u64 r, u32 c, u32 H, u32 k, u32 e) {
+    float acc = 0.0f;
+    if (k <= MOE_COMBINE_K) {
+        float term[MOE_COMBINE_K];
+        bool ok[MOE_COMBINE_K];
+#pragma unroll
+        for (u32 j = 0; j < MOE_COMBINE_K; ++j) {
+            const u64 p = r * k + j;
+            ok[j] = j < k && __ldg(idx + p) < e;
+            term[j] = ok[j] ? __fmul_rn(ld_cg_f<T>(o + p * H + c), __ldg(w + p)) : 0.0f;
+        }
+#pragma unroll
+        for (u32 j = 0; j < MOE_COMBINE_K; ++j)
+            if (ok[j]) acc = __fadd_rn(acc, term[j]);
+        return acc;
+    }
+    for (u32 j = 0; j < k; ++j) {
+        const u64 p = r * k + j;
+        if (__ldg(idx + p) < e) acc = __fadd_rn(acc, __fmul_rn(ld_cg_f<T>(o + p * H + c), __ldg(w + p)));
+    }
+    return acc;
+}
+
 template <typename T>
 __device__ __forceinline__ void combine_impl(const T* __restrict__ o, const u32* __restrict__ idx,
                                              const float* __restrict__ w, float* __restrict__ out, u64 total, u32 H,
                                              u32 k, u32 e) {
-    for (u64 q = (u64)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += (u64)gridDim.x * blockDim.x) {
-        const u64 r = q / H, c = q % H;
-        float acc = 0.0f;
-        for (u32 j = 0; j < k; ++j) {
-            const u64 p = r * k + j;
-            if (idx[p] < e) acc = __fadd_rn(acc, __fmul_rn(to_f(o[p * H + c]), w[p]));
-        }
-        out[q] = acc;
-    }
+    for (u64 q = (u64)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += (u64)gridDim.x * blockDim.x)
+        out[q] = combine_at<T>(o, idx, w, q / H, (u32)(q % H), H, k, e);
 }
 
 extern "C" __global__ void moe_combine_f32(const float* o, const u32* idx, const float* w, float* out, u64 total,

@@ -322,8 +322,16 @@ pub(crate) static ATTENTION: KernelSource = KernelSource {
         include_str!("../../cuda/attention.cu")
     ),
 };
-/// MoE dispatch: alignment by expert, grouped expert GEMMs, combine.
-pub(crate) static MOE: KernelSource = KernelSource { name: "moe.cu", code: include_str!("../../cuda/moe.cu") };
+/// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), and the decode
+/// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine).
+pub(crate) static MOE: KernelSource = KernelSource {
+    name: "moe.cu",
+    code: concat!(
+        include_str!("../../cuda/moe.cu"),
+        "\n#line 1 \"moe_decode.cu\"\n",
+        include_str!("../../cuda/moe_decode.cu")
+    ),
+};
 /// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.
 pub(crate) static GDN_SEQ: KernelSource =
     KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
@@ -332,13 +340,16 @@ pub(crate) static GDN_CHUNK: KernelSource =
     KernelSource { name: "gdn_chunk.cu", code: include_str!("../../cuda/gdn_chunk.cu") };
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
 pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
-/// FP8 weights: dequantizing GEMV, dequantize / quantize, FP8 MoE decode. Built on moe.cu's
-/// text (its grouping and vector helpers), compiled as a module of its own.
+/// FP8 weights: dequantizing GEMV, dequantize / quantize, FP8 MoE decode. Built on the text
+/// of moe.cu and moe_decode.cu (the grouping, the decode GEMV templates, the vector helpers),
+/// compiled as a module of its own.
 pub(crate) static FP8: KernelSource = KernelSource {
     name: "fp8.cu",
     code: concat!(
         "#line 1 \"moe.cu\"\n",
         include_str!("../../cuda/moe.cu"),
+        "\n#line 1 \"moe_decode.cu\"\n",
+        include_str!("../../cuda/moe_decode.cu"),
         "\n#line 1 \"fp8.cu\"\n",
         include_str!("../../cuda/fp8.cu")
     ),
