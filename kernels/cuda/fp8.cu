@@ -233,5 +233,5 @@ template <typename T> struct Fp8Mat {
 // v2 gate+up chunks in flight per lane and row, routed rows per down pass (see dec_v2_impl; f32
 // activations take more registers).
 FP8_MOE_DEC_ENTRY(float, f32, 2, 1)
-FP8_MOE_DEC_ENTRY(bf16, bf16, 4, 2)
-FP8_MOE_DEC_ENTRY(f16, f16, 4, 2)
+FP8_MOE_DEC_ENTRY(bf16, bf16, 4, 1)
+FP8_MOE_DEC_ENTRY(f16, f16, 4, 1)

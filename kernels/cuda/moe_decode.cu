@@ -528,5 +528,5 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
 
 // v2 chunks in flight per lane and row (gate+up, down; see dec_v2_impl).
 MOE_DEC_ENTRY(float, f32, 4, 1)
-MOE_DEC_ENTRY(bf16, bf16, 4, 2)
-MOE_DEC_ENTRY(f16, f16, 4, 2)
+MOE_DEC_ENTRY(bf16, bf16, 4, 1)
+MOE_DEC_ENTRY(f16, f16, 4, 1)
