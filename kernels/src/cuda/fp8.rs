@@ -5,7 +5,8 @@
 //! A weight `W[r, c] = round_T(e4m3(q[r, c]) · scales[row_scale[r], c / 128])` (`round_T` the
 //! compute dtype's rounding): the dequantization of the CPU backend (`crate::cpu::fp8`).
 
-use super::moe::{align256, vec_ok, ALIGN_THREADS, DOWN_NR, FUSED_GROUPING_BYTES, GEMV_WARPS, MOE_MAX_E};
+use super::moe::vec_ok;
+use super::moe_decode::{check_dims, DecodeCall, MoeGemv, MOE_PHASES_ALL};
 use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, FP8};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
@@ -192,9 +193,10 @@ impl CudaKernels {
     }
 
     /// [`CudaKernels::moe_experts`]'s decode (GEMV) path with FP8 experts: the same grouping,
-    /// per-pair arithmetic order and combine, the weights read as e4m3 bytes and dequantized
-    /// in registers. Each (row, expert) pair is computed by one warp in a fixed order whatever
-    /// `t` is (batch-invariant), so it also serves as the FP8 `moe_experts_invariant`.
+    /// per-pair arithmetic order and combine (the same kernels, kernels/cuda/moe_decode.cu,
+    /// with an FP8 row reader), the weights read as e4m3 bytes and dequantized in registers.
+    /// Each (row, expert) pair is computed by one warp in a fixed order whatever `t` is
+    /// (batch-invariant), so it also serves as the FP8 `moe_experts_invariant`.
     ///
     /// # Shapes
     /// - `x`: `[t, hidden]` (`T`); `idx`, `w`: `[t, k]` from `moe_router`
@@ -215,13 +217,34 @@ impl CudaKernels {
         out: &mut impl DevicePtrMut<f32>,
         dims: [usize; 5],
     ) -> Result<()> {
+        self.moe_experts_fp8_with(x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL)
+    }
+
+    /// [`CudaKernels::moe_experts_fp8`] in the form `which`, stopping after `phases` (as
+    /// [`CudaKernels::moe_decode_with`]). For timing each stage and A/B runs.
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::moe_experts_fp8`].
+    ///
+    /// # Errors
+    /// As [`CudaKernels::moe_experts`].
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts_fp8_with<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: Fp8Dev<'_>,
+        up: Fp8Dev<'_>,
+        down: Fp8Dev<'_>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+        which: MoeGemv,
+        phases: u32,
+    ) -> Result<()> {
         let [t, k, e, hidden, inter] = dims;
-        if k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
-            return Err(CudaError::Invalid(format!(
-                "moe_experts_fp8: need 1 <= k <= e <= {MOE_MAX_E}, hidden > 0, inter > 0; got k = {k}, e = {e}, \
-                 hidden = {hidden}, inter = {inter}"
-            )));
-        }
+        check_dims("moe_experts_fp8", dims)?;
         self.check("x", x, prod(&[t, hidden])?)?;
         self.check("idx", idx, prod(&[t, k])?)?;
         self.check("w", w, prod(&[t, k])?)?;
@@ -232,31 +255,7 @@ impl CudaKernels {
         if t == 0 {
             return Ok(());
         }
-        let n = prod(&[t, k])?;
-        let slots = e.min(n);
-        let nq = hidden.div_ceil(DOWN_NR);
-        let esize = std::mem::size_of::<T>();
-        let dsm = prod(&[e + n + 3 * slots, 4])?;
-        let fused = dsm <= FUSED_GROUPING_BYTES;
-        // Scratch as moe.rs's decode path: sorted [n], tile_expert [n], seg [3·slots], meta [2],
-        // ctr [nq] (u32); h [n, inter] (T); o [n, hidden] (T).
-        let off_tile = align256(n * 4);
-        let off_seg = off_tile + align256(n * 4);
-        let off_meta = off_seg + align256(slots * 3 * 4);
-        let off_ctr = off_meta + 256;
-        let off_h = off_ctr + align256(nq * 4);
-        let off_o = off_h + align256(prod(&[n, inter, esize])?);
-        let bytes = off_o + align256(prod(&[n, hidden, esize])?);
-        let (n32, e32, k32, t32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?, u32_of("t", t)?);
-        let (h32, i32_, nq32) = (u32_of("hidden", hidden)?, u32_of("inter", inter)?, u32_of("column groups", nq)?);
-        let fused32 = i32::from(fused);
-        let dsm32 = if fused { u32_of("shared memory", dsm)? } else { 0 };
-        let grid_gu = self.moe_persistent_grid(prod(&[slots, inter])?)?;
-        let grid_down = self.moe_persistent_grid(prod(&[slots, nq])?)?;
-
         let s = &self.stream;
-        // SAFETY: uninitialised scratch, written before it is read (as in moe.rs's decode).
-        let mut scratch = unsafe { s.alloc::<u8>(bytes) }?;
         let (px, _gx) = x.device_ptr(s);
         let (pi, _gi) = idx.device_ptr(s);
         let (pw, _gw) = w.device_ptr(s);
@@ -270,68 +269,23 @@ impl CudaKernels {
         let (pds, _gds) = down.scales.device_ptr(s);
         let (pdr, _gdr) = down.row_scale.device_ptr(s);
         let (po, _go) = out.device_ptr_mut(s);
-        let (base, _gs) = scratch.device_ptr_mut(s);
-        let (p_sorted, p_tile, p_seg) = (base, base + off_tile as u64, base + off_seg as u64);
-        let (p_meta, p_ctr) = (base + off_meta as u64, base + off_ctr as u64);
-        let (p_h, p_o) = (base + off_h as u64, base + off_o as u64);
-        if !fused {
-            let cfg = LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (ALIGN_THREADS, 1, 1),
-                shared_mem_bytes: u32_of("shared memory", e * 4)?,
-            };
-            let one = 1u32;
-            // SAFETY: as moe.rs's decode path (pad 1; lists of n, 3·min(e, n), 2 entries).
-            // Kernel: `moe_align(const u32* idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* sorted,
-            // u32* tile_expert, u32* seg, u32* meta)`.
-            unsafe {
-                launch!(self, FP8, "moe_align", cfg, [pi, n32, e32, one, n32, n32, p_sorted, p_tile, p_seg, p_meta])
-            }?;
-        }
-        let gemv_cfg = |blocks: u32| LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: dsm32,
+        let call = DecodeCall {
+            src: &FP8,
+            kind: "fp8_",
+            tname: T::NAME,
+            esize: std::mem::size_of::<T>(),
+            x: px,
+            idx: pi,
+            w: pw,
+            out: po,
+            gate: &[pg, pgs, pgr],
+            up: &[pu, pus, pur],
+            down: &[pd, pds, pdr],
+            // Chunks of 16 e4m3 bytes: rows of a multiple of 16 weights.
+            w_vec_gu: hidden.is_multiple_of(16) && vec_ok::<u8>(pg, hidden) && vec_ok::<u8>(pu, hidden),
+            w_vec_d: inter.is_multiple_of(16) && vec_ok::<u8>(pd, inter),
+            dims,
         };
-        let vec_gu = i32::from(
-            vec_ok::<T>(px, hidden)
-                && hidden.is_multiple_of(16)
-                && vec_ok::<u8>(pg, hidden)
-                && vec_ok::<u8>(pu, hidden),
-        );
-        // SAFETY: arguments match `moe_dec_gu_fp8_<T>`; lengths checked; scale rows named by
-        // row_scale exist (Fp8Dev's contract); otherwise as moe.rs's `moe_dec_gu_<T>`.
-        // Kernel: `moe_dec_gu_fp8_<T>(const T* x, const u8* gate, const float* gs, const u32* grs, const u8* up,
-        // const float* us, const u32* urs, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,
-        // const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec)`.
-        unsafe {
-            launch!(
-                self,
-                FP8,
-                format!("moe_dec_gu_fp8_{}", T::NAME),
-                gemv_cfg(grid_gu),
-                [
-                    px, pg, pgs, pgr, pu, pus, pur, pi, n32, e32, fused32, p_sorted, p_seg, p_meta, p_ctr, nq32, p_h,
-                    h32, i32_, k32, vec_gu
-                ]
-            )
-        }?;
-        let vec_d = i32::from(vec_ok::<u8>(pd, inter) && inter.is_multiple_of(16) && vec_ok::<T>(p_h, inter));
-        // SAFETY: arguments match `moe_dec_down_fp8_<T>`; as moe.rs's `moe_dec_down_<T>`.
-        // Kernel: `moe_dec_down_fp8_<T>(const T* h, const u8* down, const float* ds, const u32* drs,
-        // const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg,
-        // const u32* g_meta, u32* ctr, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec)`.
-        unsafe {
-            launch!(
-                self,
-                FP8,
-                format!("moe_dec_down_fp8_{}", T::NAME),
-                gemv_cfg(grid_down),
-                [
-                    p_h, pd, pds, pdr, pi, pw, n32, e32, fused32, p_sorted, p_seg, p_meta, p_ctr, p_o, po, h32, i32_,
-                    k32, t32, vec_d
-                ]
-            )
-        }
+        self.moe_decode_run(&call, which, phases)
     }
 }

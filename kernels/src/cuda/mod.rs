@@ -79,6 +79,7 @@ mod gdn_seq;
 mod kv_quant;
 mod misc;
 mod moe;
+mod moe_decode;
 mod ops;
 
 pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};
@@ -86,12 +87,13 @@ pub use fp8::{Fp8Dev, FP8_BLOCK};
 pub use gdn::GDN_MAX_DK;
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
+pub use moe_decode::{MoeGemv, MOE_GEMV_ENV, MOE_PHASES_ALL};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, DevicePtr, DeviceRepr, DeviceSlice, DriverError, LaunchArgs,
-    LaunchConfig, PushKernelArg, SyncOnDrop, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DeviceSlice, DriverError,
+    LaunchArgs, LaunchConfig, PushKernelArg, SyncOnDrop, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 use std::collections::HashMap;
@@ -507,6 +509,9 @@ pub struct CudaKernels {
     caps: DeviceCaps,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
+    /// the kernel zeroes what it used before it ends).
+    moe_sync: Mutex<CudaSlice<u32>>,
 }
 
 impl CudaKernels {
@@ -541,7 +546,16 @@ impl CudaKernels {
         )?;
         let caps =
             DeviceCaps { major, minor, smem_optin: usize::try_from(optin).unwrap_or(0), forced: fallback_forced() };
-        Ok(Self { ctx, stream, arch, caps, modules: Mutex::new(HashMap::new()), functions: Mutex::new(HashMap::new()) })
+        let moe_sync = Mutex::new(stream.alloc_zeros::<u32>(moe_decode::SYNC_WORDS)?);
+        Ok(Self {
+            ctx,
+            stream,
+            arch,
+            caps,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+            moe_sync,
+        })
     }
 
     /// What the kernels may use on this device (capability, shared memory, forced fallback).

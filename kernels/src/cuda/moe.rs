@@ -4,6 +4,7 @@
 //! expert), gate+up with the fused SwiGLU activation, down, and the weighted
 //! combine. No host loop over experts and no host synchronisation.
 
+use super::moe_decode::{check_dims, DecodeCall, MoeGemv, MOE_PHASES_ALL};
 use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, MOE};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
@@ -32,15 +33,8 @@ const TC_STAGES: usize = 4;
 /// per warp (`MI` = 1..4: tiles of 16·MI rows; fewer fragments reuse each
 /// weight fragment less). Estimates from the shared-memory traffic per FLOP.
 const TC_SPEED: [f64; 4] = [0.45, 0.72, 0.9, 1.0];
-/// Warps per GEMV block (`MOE_GEMV_WARPS`).
-pub(super) const GEMV_WARPS: usize = 8;
-/// Down rows per GEMV warp (`MOE_DOWN_NR`).
-pub(super) const DOWN_NR: usize = 4;
 /// Threads of the combine kernel.
 const COMBINE_THREADS: u32 = 256;
-/// Resident blocks per SM of the persistent decode kernels (their
-/// `__launch_bounds__(256, 3)`).
-const GEMV_BLOCKS_PER_SM: usize = 3;
 /// Largest dynamic shared memory of the decode kernels' in-block grouping
 /// (`e + n + 3·min(e, n)` u32); beyond it `moe_align` groups the pairs first.
 pub(super) const FUSED_GROUPING_BYTES: usize = 40 * 1024;
@@ -58,6 +52,50 @@ pub(super) fn align256(n: usize) -> usize {
 /// Whether `ptr` and rows of `row_elems` elements of `T` allow 16-byte loads.
 pub(super) fn vec_ok<T>(ptr: u64, row_elems: usize) -> bool {
     ptr.is_multiple_of(16) && (row_elems * std::mem::size_of::<T>()).is_multiple_of(16)
+}
+
+/// [`CudaKernels::moe_experts`]'s decode (GEMV) path with dense experts, `which` form
+/// ([`MoeGemv`]), stopping after `phases` (see [`CudaKernels::moe_decode_with`]).
+#[allow(clippy::too_many_arguments)]
+fn decode_dense<T: CudaFloat>(
+    k: &CudaKernels,
+    x: &impl DevicePtr<T>,
+    idx: &impl DevicePtr<u32>,
+    w: &impl DevicePtr<f32>,
+    gate: &impl DevicePtr<T>,
+    up: &impl DevicePtr<T>,
+    down: &impl DevicePtr<T>,
+    out: &mut impl DevicePtrMut<f32>,
+    dims: [usize; 5],
+    which: MoeGemv,
+    phases: u32,
+) -> Result<()> {
+    let [_, _, _, hidden, inter] = dims;
+    let s = k.stream();
+    let (px, _gx) = x.device_ptr(s);
+    let (pi, _gi) = idx.device_ptr(s);
+    let (pw, _gw) = w.device_ptr(s);
+    let (pg, _gg) = gate.device_ptr(s);
+    let (pu, _gu) = up.device_ptr(s);
+    let (pd, _gd) = down.device_ptr(s);
+    let (po, _go) = out.device_ptr_mut(s);
+    let call = DecodeCall {
+        src: &MOE,
+        kind: "",
+        tname: T::NAME,
+        esize: std::mem::size_of::<T>(),
+        x: px,
+        idx: pi,
+        w: pw,
+        out: po,
+        gate: &[pg],
+        up: &[pu],
+        down: &[pd],
+        w_vec_gu: vec_ok::<T>(pg, hidden) && vec_ok::<T>(pu, hidden),
+        w_vec_d: vec_ok::<T>(pd, inter),
+        dims,
+    };
+    k.moe_decode_run(&call, which, phases)
 }
 
 impl CudaKernels {
@@ -162,27 +200,71 @@ impl CudaKernels {
         invariant: bool,
     ) -> Result<()> {
         let [t, k, e, hidden, inter] = dims;
-        if k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
-            return Err(CudaError::Invalid(format!(
-                "moe_experts: need 1 <= k <= e <= {MOE_MAX_E}, hidden > 0, inter > 0; got k = {k}, e = {e}, \
-                 hidden = {hidden}, inter = {inter}"
-            )));
+        self.check_experts(x, idx, w, gate, up, down, out, dims)?;
+        if t == 0 {
+            return Ok(());
         }
+        if invariant || Self::moe_decode_path(t, k, e) {
+            decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL)
+        } else {
+            self.moe_prefill::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter, &mut |_| Ok(()))
+        }
+    }
+
+    /// [`CudaKernels::moe_experts`]'s decode (GEMV) path whatever `t` is, in the form `which`
+    /// ([`MoeGemv`]; both give the same bits), stopping after `phases`: 0 the grouping, 1
+    /// gate+up, 2 down (v1: down and combine), [`MOE_PHASES_ALL`] the whole call (`out`
+    /// is written only then). For timing each stage and A/B runs.
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::moe_experts`] (`dims` = t, k, e, hidden, inter).
+    ///
+    /// # Errors
+    /// As [`CudaKernels::moe_experts`].
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_decode_with<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+        which: MoeGemv,
+        phases: u32,
+    ) -> Result<()> {
+        self.check_experts(x, idx, w, gate, up, down, out, dims)?;
+        if dims[0] == 0 {
+            return Ok(());
+        }
+        decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, which, phases)
+    }
+
+    /// The argument checks of [`CudaKernels::moe_experts`].
+    #[allow(clippy::too_many_arguments)]
+    fn check_experts<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+    ) -> Result<()> {
+        let [t, k, e, hidden, inter] = dims;
+        check_dims("moe_experts", dims)?;
         self.check("x", x, prod(&[t, hidden])?)?;
         self.check("idx", idx, prod(&[t, k])?)?;
         self.check("w", w, prod(&[t, k])?)?;
         self.check("gate", gate, prod(&[e, inter, hidden])?)?;
         self.check("up", up, prod(&[e, inter, hidden])?)?;
         self.check("down", down, prod(&[e, hidden, inter])?)?;
-        self.check("out", out, prod(&[t, hidden])?)?;
-        if t == 0 {
-            return Ok(());
-        }
-        if invariant || Self::moe_decode_path(t, k, e) {
-            self.moe_decode::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter)
-        } else {
-            self.moe_prefill::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter, &mut |_| Ok(()))
-        }
+        self.check("out", out, prod(&[t, hidden])?)
     }
 
     /// Row fragments per warp (`MI`; tiles of 16·MI rows) of the tensor-core
@@ -214,147 +296,6 @@ impl CudaKernels {
             }
         }
         best.1
-    }
-
-    /// Resident blocks of a persistent decode kernel: `GEMV_BLOCKS_PER_SM` per
-    /// SM, no more than `items` warp items need.
-    pub(super) fn moe_persistent_grid(&self, items: usize) -> Result<u32> {
-        let sms =
-            self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let sms = usize::try_from(sms).unwrap_or(1).max(1);
-        u32_of("gemv blocks", (sms * GEMV_BLOCKS_PER_SM).min(items.div_ceil(GEMV_WARPS)).max(1))
-    }
-
-    /// Decode path of [`CudaKernels::moe_experts`] (arguments checked): two
-    /// persistent GEMV kernels (gate+up, down + combine), grouping the pairs in
-    /// each block; `moe_align` first only when the grouping does not fit in
-    /// shared memory.
-    #[allow(clippy::too_many_arguments)]
-    fn moe_decode<T: CudaFloat>(
-        &self,
-        x: &impl DevicePtr<T>,
-        idx: &impl DevicePtr<u32>,
-        w: &impl DevicePtr<f32>,
-        gate: &impl DevicePtr<T>,
-        up: &impl DevicePtr<T>,
-        down: &impl DevicePtr<T>,
-        out: &mut impl DevicePtrMut<f32>,
-        t: usize,
-        k: usize,
-        e: usize,
-        hidden: usize,
-        inter: usize,
-    ) -> Result<()> {
-        let n = prod(&[t, k])?;
-        let slots = e.min(n);
-        let nq = hidden.div_ceil(DOWN_NR);
-        let esize = std::mem::size_of::<T>();
-        let dsm = prod(&[e + n + 3 * slots, 4])?;
-        let fused = dsm <= FUSED_GROUPING_BYTES;
-        // Scratch, one allocation: sorted [n], tile_expert [n], seg [3·slots],
-        // meta [2], ctr [nq] (u32; the first four only without `fused`);
-        // h [n, inter] (T); o [n, hidden] (T).
-        let off_tile = align256(n * 4);
-        let off_seg = off_tile + align256(n * 4);
-        let off_meta = off_seg + align256(slots * 3 * 4);
-        let off_ctr = off_meta + 256;
-        let off_h = off_ctr + align256(nq * 4);
-        let off_o = off_h + align256(prod(&[n, inter, esize])?);
-        let bytes = off_o + align256(prod(&[n, hidden, esize])?);
-        let (n32, e32, k32, t32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?, u32_of("t", t)?);
-        let (h32, i32_, nq32) = (u32_of("hidden", hidden)?, u32_of("inter", inter)?, u32_of("column groups", nq)?);
-        let fused32 = i32::from(fused);
-        let dsm32 = if fused { u32_of("shared memory", dsm)? } else { 0 };
-        let grid_gu = self.moe_persistent_grid(prod(&[slots, inter])?)?;
-        let grid_down = self.moe_persistent_grid(prod(&[slots, nq])?)?;
-
-        let s = &self.stream;
-        // SAFETY: uninitialised scratch; every byte a kernel reads is written
-        // before: the index lists by moe_align (or built in shared memory
-        // instead), the counters by block 0 of the gate+up kernel, h for every
-        // valid pair by the gate+up kernel, o for every valid pair by the down
-        // kernel before the item is counted done.
-        let mut scratch = unsafe { s.alloc::<u8>(bytes) }?;
-        let (px, _gx) = x.device_ptr(s);
-        let (pi, _gi) = idx.device_ptr(s);
-        let (pw, _gw) = w.device_ptr(s);
-        let (pg, _gg) = gate.device_ptr(s);
-        let (pu, _gu) = up.device_ptr(s);
-        let (pd, _gd) = down.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
-        let (base, _gs) = scratch.device_ptr_mut(s);
-        let p_sorted = base;
-        let p_tile = base + off_tile as u64;
-        let p_seg = base + off_seg as u64;
-        let p_meta = base + off_meta as u64;
-        let p_ctr = base + off_ctr as u64;
-        let p_h = base + off_h as u64;
-        let p_o = base + off_o as u64;
-
-        if !fused {
-            let cfg = LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (ALIGN_THREADS, 1, 1),
-                shared_mem_bytes: u32_of("shared memory", e * 4)?,
-            };
-            let one = 1u32;
-            // SAFETY: arguments match `moe_align`; pad 1: sorted and
-            // tile_expert have n entries, seg 3·min(e, n), meta 2; dynamic
-            // shared memory e u32 (e ≤ 8192: 32 KiB).
-            // Kernel: `moe_align(const u32* idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* sorted,
-            // u32* tile_expert, u32* seg, u32* meta)`.
-            unsafe {
-                launch!(self, MOE, "moe_align", cfg, [pi, n32, e32, one, n32, n32, p_sorted, p_tile, p_seg, p_meta])
-            }?;
-        }
-        // 2a. gate+up GEMV: a warp per (active expert, inter column) item.
-        let vec_gu = i32::from(vec_ok::<T>(px, hidden) && vec_ok::<T>(pg, hidden) && vec_ok::<T>(pu, hidden));
-        // Both GEMV kernels: persistent blocks of GEMV_WARPS warps, the same dynamic shared memory.
-        let gemv_cfg = |blocks: u32| LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: dsm32,
-        };
-        let cfg = gemv_cfg(grid_gu);
-        // SAFETY: arguments match `moe_dec_gu_<T>`; lengths checked; items
-        // past the active experts are never visited; h rows per pair (< n);
-        // 16-byte loads only with `vec`; the global lists are read only
-        // without `fused` (then written by moe_align); dynamic shared memory
-        // e + n + 3·min(e, n) u32 with `fused`.
-        // Kernel: `moe_dec_gu_<T>(const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, int fused,
-        // const u32* g_sorted, const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k,
-        // int vec)`.
-        unsafe {
-            launch!(
-                self,
-                MOE,
-                format!("moe_dec_gu_{}", T::NAME),
-                cfg,
-                [px, pg, pu, pi, n32, e32, fused32, p_sorted, p_seg, p_meta, p_ctr, nq32, p_h, h32, i32_, k32, vec_gu]
-            )
-        }?;
-        // 3a. down GEMV + combine: a warp per (active expert, DOWN_NR hidden columns) item.
-        let vec_d = i32::from(vec_ok::<T>(pd, inter) && vec_ok::<T>(p_h, inter));
-        let cfg = gemv_cfg(grid_down);
-        // SAFETY: arguments match `moe_dec_down_<T>`; o has n rows of hidden,
-        // written for valid pairs only and read back (combine) only for them;
-        // out [t, hidden] written in full (by the completing warp of every
-        // column group, or zeroed when no id is valid); ctr has nq entries.
-        // Kernel: `moe_dec_down_<T>(const T* h, const T* down, const u32* idx, const float* wt, u32 n, u32 e,
-        // int fused, const u32* g_sorted, const u32* g_seg, const u32* g_meta, u32* ctr, T* o, float* out, u32 H,
-        // u32 I, u32 k, u32 t, int vec)`.
-        unsafe {
-            launch!(
-                self,
-                MOE,
-                format!("moe_dec_down_{}", T::NAME),
-                cfg,
-                [
-                    p_h, pd, pi, pw, n32, e32, fused32, p_sorted, p_seg, p_meta, p_ctr, p_o, po, h32, i32_, k32, t32,
-                    vec_d
-                ]
-            )
-        }
     }
 
     /// The prefill path of [`CudaKernels::moe_experts`] (same arguments and

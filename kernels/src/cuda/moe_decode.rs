@@ -1,0 +1,253 @@
+//! Launch code of the MoE decode GEMVs (kernels/cuda/moe_decode.cu), shared by the dense experts
+//! ([`CudaKernels::moe_experts`]'s decode path) and the FP8 experts
+//! ([`CudaKernels::moe_experts_fp8`]): the scratch layout, the grouping, and either form of the
+//! GEMVs:
+//! - v2 (the default): one persistent launch for gate+up, down and the combine, its work items
+//!   handed out as tickets, its counters in a zeroed buffer of the [`CudaKernels`] that the
+//!   kernel zeroes again before it ends;
+//! - v1 ([`MOE_GEMV_ENV`]` = v1`): the two launches it replaced, kept for comparison.
+//!
+//! Both compute every (row, expert) pair by one warp in the same order, so they give the same
+//! bits, and a row's result does not depend on the other rows.
+
+use super::moe::{align256, ALIGN_THREADS, FUSED_GROUPING_BYTES, MOE_MAX_E};
+use super::{prod, u32_of, CudaError, CudaKernels, KernelArg, KernelSource, Result};
+use cudarc::driver::{DevicePtrMut, LaunchConfig};
+
+/// Environment variable choosing the MoE decode GEMVs: `v1` runs the two-launch form
+/// ([`MoeGemv::V1`]); anything else, or nothing, the fused one ([`MoeGemv::V2`]). Read on
+/// every call.
+pub const MOE_GEMV_ENV: &str = "PORTER_MOE_GEMV";
+
+/// `phases` of [`CudaKernels::moe_decode_with`] that runs the whole call (grouping, gate+up,
+/// down, combine).
+pub const MOE_PHASES_ALL: u32 = 3;
+
+/// Which form of the MoE decode GEMVs runs (for A/B timing; both give the same bits).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeGemv {
+    /// Two persistent launches (gate+up; down + combine), static items.
+    V1,
+    /// One persistent launch, ticketed items, L2 prefetch of the next item.
+    V2,
+}
+
+impl MoeGemv {
+    /// The form [`MOE_GEMV_ENV`] asks for (V2 unless it says `v1`).
+    pub fn from_env() -> Self {
+        match std::env::var(MOE_GEMV_ENV) {
+            Ok(v) if v.trim().eq_ignore_ascii_case("v1") => MoeGemv::V1,
+            _ => MoeGemv::V2,
+        }
+    }
+}
+
+/// Warps per GEMV block (`MOE_GEMV_WARPS`).
+const GEMV_WARPS: usize = 8;
+/// v1: down rows per item (`MOE_DOWN_NR`).
+const DOWN_NR: usize = 4;
+/// v2: down rows per item (`MOE_V2_DR`).
+const V2_DR: usize = 8;
+/// v1: resident blocks per SM (`__launch_bounds__(256, 3)`).
+const V1_BLOCKS_PER_SM: usize = 3;
+/// v2: resident blocks per SM (`MOE_V2_BLOCKS`).
+const V2_BLOCKS_PER_SM: usize = 2;
+/// Words of the v2 counter buffer: ticket, blocks done, a readiness counter per active expert
+/// (at most [`MOE_MAX_E`]) and a combine counter per [`V2_DR`] hidden columns (hidden up to
+/// 65536). A call that needs more runs v1.
+pub(super) const SYNC_WORDS: usize = 2 + MOE_MAX_E + 65536 / V2_DR;
+
+/// Device addresses and shape of one decode call (arguments checked by the caller).
+pub(super) struct DecodeCall<'a> {
+    /// Module of the kernels (`MOE` for dense experts, `FP8`).
+    pub src: &'static KernelSource,
+    /// Infix of the kernel names: `""` (dense) or `"fp8_"`.
+    pub kind: &'static str,
+    /// Suffix of the kernel names: the activation type (`T::NAME`).
+    pub tname: &'static str,
+    /// Bytes of an activation element (`size_of::<T>()`).
+    pub esize: usize,
+    /// `x` `[t, hidden]`, `idx` / `w` `[t, k]`, `out` `[t, hidden]` f32.
+    pub x: u64,
+    pub idx: u64,
+    pub w: u64,
+    pub out: u64,
+    /// Kernel arguments of each weight: `[q]` (dense) or `[q, scales, row_scale]` (FP8).
+    pub gate: &'a [u64],
+    pub up: &'a [u64],
+    pub down: &'a [u64],
+    /// Whether the gate / up rows (`hidden` weights) and the down rows (`inter` weights)
+    /// allow 16-byte chunk loads; the activations' alignment is checked here.
+    pub w_vec_gu: bool,
+    pub w_vec_d: bool,
+    /// `[t, k, e, hidden, inter]`.
+    pub dims: [usize; 5],
+}
+
+/// Whether `ptr` and rows of `row_bytes` bytes allow 16-byte loads.
+fn vec16(ptr: u64, row_bytes: usize) -> bool {
+    ptr.is_multiple_of(16) && row_bytes.is_multiple_of(16)
+}
+
+impl CudaKernels {
+    /// Resident blocks of a persistent decode kernel: `per_sm` per SM, no more than `items`
+    /// warp items need.
+    fn moe_persistent_grid(&self, items: usize, per_sm: usize) -> Result<u32> {
+        let sms =
+            self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let sms = usize::try_from(sms).unwrap_or(1).max(1);
+        u32_of("gemv blocks", (sms * per_sm).min(items.div_ceil(GEMV_WARPS)).max(1))
+    }
+
+    /// The decode path (dense or FP8 experts): scratch, grouping (in every block when it fits
+    /// in shared memory, else `moe_align` first), then `which` GEMVs. `phases` < 3 stops after
+    /// the grouping (0), gate+up (1) or down (2; v1: down + combine), leaving `out` unwritten
+    /// (timing only).
+    pub(super) fn moe_decode_run(&self, c: &DecodeCall<'_>, which: MoeGemv, phases: u32) -> Result<()> {
+        let [t, k, e, hidden, inter] = c.dims;
+        let n = prod(&[t, k])?;
+        let slots = e.min(n);
+        let dsm = prod(&[e + n + 3 * slots, 4])?;
+        let fused = dsm <= FUSED_GROUPING_BYTES;
+        // v2 needs its counters to fit the buffer and its tickets (items plus two a warp) a u32.
+        let nq2 = hidden.div_ceil(V2_DR);
+        let v2_items = prod(&[slots, inter + nq2])?;
+        let v2_grid = self.moe_persistent_grid(v2_items, V2_BLOCKS_PER_SM)?;
+        let v2_fits = 2 + slots + nq2 <= SYNC_WORDS
+            && v2_items.saturating_add(4 * GEMV_WARPS * v2_grid as usize) < u32::MAX as usize;
+        let which = if v2_fits { which } else { MoeGemv::V1 };
+        let nq = match which {
+            MoeGemv::V1 => hidden.div_ceil(DOWN_NR),
+            MoeGemv::V2 => nq2,
+        };
+        // Scratch, one allocation: sorted [n], tile_expert [n], seg [3·slots], meta [2],
+        // ctr [nq] (u32; the first four only without `fused`, ctr only for v1);
+        // h [n, inter] (T); o [n, hidden] (T).
+        let off_tile = align256(n * 4);
+        let off_seg = off_tile + align256(n * 4);
+        let off_meta = off_seg + align256(slots * 3 * 4);
+        let off_ctr = off_meta + 256;
+        let off_h = off_ctr + align256(nq * 4);
+        let off_o = off_h + align256(prod(&[n, inter, c.esize])?);
+        let bytes = off_o + align256(prod(&[n, hidden, c.esize])?);
+        let (n32, e32, k32, t32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?, u32_of("t", t)?);
+        let (h32, i32_, nq32) = (u32_of("hidden", hidden)?, u32_of("inter", inter)?, u32_of("column groups", nq)?);
+        let fused32 = i32::from(fused);
+        let dsm32 = if fused { u32_of("shared memory", dsm)? } else { 0 };
+
+        let s = &self.stream;
+        // SAFETY: uninitialised scratch; every byte a kernel reads is written before: the
+        // index lists by moe_align (or built in shared memory instead), v1's counters by
+        // block 0 of its gate+up kernel, h for every valid pair by the gate+up items (v2: a
+        // down item reads its slot's h only once all its gate+up items have published it), o
+        // for every valid pair by the down items before their column group is counted done.
+        let mut scratch = unsafe { s.alloc::<u8>(bytes) }?;
+        let (base, _gs) = scratch.device_ptr_mut(s);
+        let (p_sorted, p_tile, p_seg) = (base, base + off_tile as u64, base + off_seg as u64);
+        let (p_meta, p_ctr) = (base + off_meta as u64, base + off_ctr as u64);
+        let (p_h, p_o) = (base + off_h as u64, base + off_o as u64);
+        if !fused {
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (ALIGN_THREADS, 1, 1),
+                shared_mem_bytes: u32_of("shared memory", e * 4)?,
+            };
+            let one = 1u32;
+            // SAFETY: arguments match `moe_align`; pad 1: sorted and tile_expert have n
+            // entries, seg 3·min(e, n), meta 2; dynamic shared memory e u32 (e ≤ 8192: 32 KiB).
+            // Kernel: `moe_align(const u32* idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* sorted,
+            // u32* tile_expert, u32* seg, u32* meta)`.
+            let args: [&dyn KernelArg; 10] =
+                [&c.idx, &n32, &e32, &one, &n32, &n32, &p_sorted, &p_tile, &p_seg, &p_meta];
+            unsafe { self.launch(c.src, "moe_align", cfg, &args) }?;
+        }
+        let vec_gu = i32::from(c.w_vec_gu && vec16(c.x, hidden * c.esize));
+        let vec_d = i32::from(c.w_vec_d && vec16(p_h, inter * c.esize));
+        let cfg = |blocks: u32| LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+            shared_mem_bytes: dsm32,
+        };
+        fn weights(m: &[u64]) -> impl Iterator<Item = &dyn KernelArg> {
+            m.iter().map(|p| p as &dyn KernelArg)
+        }
+        match which {
+            MoeGemv::V2 => {
+                let mut sync = self.moe_sync.lock().unwrap_or_else(|e| e.into_inner());
+                let (p_sync, _gy) = sync.device_ptr_mut(s);
+                let mut args: Vec<&dyn KernelArg> = vec![&c.x];
+                args.extend(weights(c.gate));
+                args.extend(weights(c.up));
+                args.extend(weights(c.down));
+                let rest: [&dyn KernelArg; 19] = [
+                    &c.idx, &c.w, &n32, &e32, &fused32, &p_sorted, &p_seg, &p_meta, &p_sync, &p_h, &p_o, &c.out, &h32,
+                    &i32_, &k32, &t32, &vec_gu, &vec_d, &phases,
+                ];
+                args.extend(rest);
+                // SAFETY: arguments match `moe_dec_v2_<kind><T>(const T* x, <gate>, <up>, <down>,
+                // const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted,
+                // const u32* g_seg, const u32* g_meta, u32* sync, T* h, T* o, float* out, u32 H,
+                // u32 I, u32 k, u32 t, int vec_gu, int vec_d, u32 phases)` (a weight: `const T*`,
+                // or `const u8* q, const float* scales, const u32* row_scale` for FP8; lengths
+                // checked by the caller, FP8 scale rows exist by `Fp8Dev`'s contract). sync is
+                // the zeroed counter buffer, 2 + min(e, n) + ceil(H / 8) ≤ SYNC_WORDS words,
+                // locked for the launch and zeroed again by the kernel's last block; stream
+                // order keeps calls apart. Items past the active experts are never visited;
+                // 16-byte loads only with vec_*; the global lists are read only without
+                // `fused`; out [t, H] is written in full when phases = 3.
+                unsafe { self.launch(c.src, &format!("moe_dec_v2_{}{}", c.kind, c.tname), cfg(v2_grid), &args) }
+            }
+            MoeGemv::V1 => {
+                if phases == 0 {
+                    return Ok(());
+                }
+                let grid_gu = self.moe_persistent_grid(prod(&[slots, inter])?, V1_BLOCKS_PER_SM)?;
+                let grid_down = self.moe_persistent_grid(prod(&[slots, nq])?, V1_BLOCKS_PER_SM)?;
+                let mut args: Vec<&dyn KernelArg> = vec![&c.x];
+                args.extend(weights(c.gate));
+                args.extend(weights(c.up));
+                let rest: [&dyn KernelArg; 14] = [
+                    &c.idx, &n32, &e32, &fused32, &p_sorted, &p_seg, &p_meta, &p_ctr, &nq32, &p_h, &h32, &i32_, &k32,
+                    &vec_gu,
+                ];
+                args.extend(rest);
+                // SAFETY: arguments match `moe_dec_gu_<kind><T>(const T* x, <gate>, <up>,
+                // const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg,
+                // const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec)`
+                // (weights as for v2); h rows per pair (< n); ctr has nq entries, zeroed by
+                // block 0; otherwise as v2.
+                unsafe { self.launch(c.src, &format!("moe_dec_gu_{}{}", c.kind, c.tname), cfg(grid_gu), &args) }?;
+                if phases == 1 {
+                    return Ok(());
+                }
+                let mut args: Vec<&dyn KernelArg> = vec![&p_h];
+                args.extend(weights(c.down));
+                let rest: [&dyn KernelArg; 16] = [
+                    &c.idx, &c.w, &n32, &e32, &fused32, &p_sorted, &p_seg, &p_meta, &p_ctr, &p_o, &c.out, &h32, &i32_,
+                    &k32, &t32, &vec_d,
+                ];
+                args.extend(rest);
+                // SAFETY: arguments match `moe_dec_down_<kind><T>(const T* h, <down>, const u32* idx,
+                // const float* wt, u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg,
+                // const u32* g_meta, u32* ctr, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec)`;
+                // o has n rows of hidden, written for valid pairs only and read back (combine)
+                // only for them; out [t, hidden] written in full (by the completing warp of every
+                // column group, or zeroed when no id is valid).
+                unsafe { self.launch(c.src, &format!("moe_dec_down_{}{}", c.kind, c.tname), cfg(grid_down), &args) }
+            }
+        }
+    }
+}
+
+/// Checks `[t, k, e, hidden, inter]` of a routed-experts call (`what` names it).
+pub(super) fn check_dims(what: &str, dims: [usize; 5]) -> Result<()> {
+    let [_, k, e, hidden, inter] = dims;
+    if k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
+        return Err(CudaError::Invalid(format!(
+            "{what}: need 1 <= k <= e <= {MOE_MAX_E}, hidden > 0, inter > 0; got k = {k}, e = {e}, \
+             hidden = {hidden}, inter = {inter}"
+        )));
+    }
+    Ok(())
+}
