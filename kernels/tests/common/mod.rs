@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod gdn;
+pub mod moe;
 
 use cudarc::driver::CudaSlice;
 use porter_kernels::cuda::{self, CudaFloat, CudaKernels};
