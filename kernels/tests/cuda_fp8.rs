@@ -1,8 +1,9 @@
 //! The FP8 kernels (`kernels/cuda/fp8.cu`) against the CPU reference (`porter_kernels::cpu::fp8`):
 //! the dequantizing GEMV (every row count 1..=8, row-invariance), dequantize and block quantize
-//! (bit-exact), and the FP8 MoE decode GEMVs, in f32, bf16 and f16, at small shapes with partial
-//! 128-blocks and at the real Qwen3-Next-80B-A3B dimensions (hidden 2048, GDN qkvz 2048 → 12288,
-//! expert intermediate 512, 512 experts top-10), with timings and GB/s.
+//! (bit-exact), and the FP8 MoE decode GEMVs (v1 and v2, bit for bit, per-stage timings), in f32,
+//! bf16 and f16, at small shapes with partial 128-blocks and at the real Qwen3-Next-80B-A3B
+//! dimensions (hidden 2048, GDN qkvz 2048 → 12288, expert intermediate 512, 512 experts top-10),
+//! with timings and GB/s.
 //!
 //! The GPU tests are `#[ignore = "needs a CUDA GPU"]` (run them with `--include-ignored`), the
 //! ptxas check `#[ignore = "needs NVRTC ..."]`. Outputs are poisoned with NaN before every launch.
@@ -14,7 +15,7 @@ use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::fp8::{matmul_t_fp8, quantize_blocks, Fp8Rows, BLOCK};
 use porter_kernels::cpu::ops;
-use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8Dev};
+use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8Dev, MoeGemv, MOE_PHASES_ALL};
 
 #[test]
 #[ignore = "needs NVRTC (bash .ci/run installs it)"]
@@ -237,15 +238,12 @@ fn stack(k: &CudaKernels, w: &W8, e: usize, bank: usize) -> W8 {
     W8 { q: Vec::new(), scales: w.scales.clone(), rs: Vec::new(), rows: e * per, cols: w.cols, dq, ds, drs }
 }
 
-fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank: usize, timing: bool) {
-    let [t, kk, e, h, i] = dims;
-    let (g, u, d) = (W8::new(k, rng, bank * i, h), W8::new(k, rng, bank * i, h), W8::new(k, rng, bank * h, i));
-    let (gs, us, dstk) = (stack(k, &g, e, bank), stack(k, &u, e, bank), stack(k, &d, e, bank));
-    let x = rnd_vec::<T>(&rng.vec(t * h, 1.0));
-    let mut idx = Vec::with_capacity(t * kk);
+/// `k` distinct random experts per row out of `e`.
+fn routes(rng: &mut Rng, t: usize, k: usize, e: usize) -> Vec<u32> {
+    let mut idx = Vec::with_capacity(t * k);
     for _ in 0..t {
         let mut row: Vec<u32> = Vec::new();
-        while row.len() < kk {
+        while row.len() < k {
             let v = rng.below(e) as u32;
             if !row.contains(&v) {
                 row.push(v);
@@ -253,14 +251,50 @@ fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank
         }
         idx.extend(row);
     }
+    idx
+}
+
+/// Panics, naming the element and both values, unless `a` and `b` are the same bits.
+fn same_bits(what: &str, a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len(), "{what}: length");
+    if let Some(i) = a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits()) {
+        let diff = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        panic!("{what}: {diff} of {} elements differ, first at {i}: {:e} vs {:e}", a.len(), a[i], b[i]);
+    }
+}
+
+fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank: usize, timing: bool) {
+    let [t, kk, e, h, i] = dims;
+    let (g, u, d) = (W8::new(k, rng, bank * i, h), W8::new(k, rng, bank * i, h), W8::new(k, rng, bank * h, i));
+    let (gs, us, dstk) = (stack(k, &g, e, bank), stack(k, &u, e, bank), stack(k, &d, e, bank));
+    let x = rnd_vec::<T>(&rng.vec(t * h, 1.0));
+    let idx = routes(rng, t, kk, e);
     let wt: Vec<f32> = (0..t * kk).map(|_| rng.f(0.5) + 0.5).collect();
     let want = moe_ref::<T>(&x, &idx, &wt, &g.dense::<T>(), &u.dense::<T>(), &d.dense::<T>(), dims, bank);
     let (xd, id, wd) = (up::<T>(k, &x), up_u32(k, &idx), up::<f32>(k, &wt));
-    let mut out = poisoned::<f32>(k, t * h);
-    k.moe_experts_fp8::<T>(&xd, &id, &wd, gs.dev(), us.dev(), dstk.dev(), &mut out, dims).unwrap();
-    let got = down(k, &out);
     let what = format!("moe_experts_fp8 {} t={t} k={kk} e={e} h={h} i={i}", T::NAME);
-    check(&what, &got, &want, tol::<T>());
+    // Both forms against the reference and bit for bit against each other.
+    let mut got = Vec::new();
+    for which in [MoeGemv::V1, MoeGemv::V2] {
+        let mut out = poisoned::<f32>(k, t * h);
+        k.moe_experts_fp8_with::<T>(
+            &xd,
+            &id,
+            &wd,
+            gs.dev(),
+            us.dev(),
+            dstk.dev(),
+            &mut out,
+            dims,
+            which,
+            MOE_PHASES_ALL,
+        )
+        .unwrap();
+        let o = down(k, &out);
+        check(&format!("{what} {which:?}"), &o, &want, tol::<T>());
+        got.push(o);
+    }
+    same_bits(&format!("{what}: v2 vs v1"), &got[1], &got[0]);
     // Batch invariance: row 0 alone equals row 0 of the whole call, bit for bit.
     let mut one = poisoned::<f32>(k, h);
     k.moe_experts_fp8::<T>(
@@ -274,26 +308,57 @@ fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank
         [1, kk, e, h, i],
     )
     .unwrap();
-    assert_eq!(down(k, &one)[..], got[..h], "{what}: row 0 differs between t = 1 and t = {t}");
+    assert_eq!(down(k, &one)[..], got[1][..h], "{what}: row 0 differs between t = 1 and t = {t}");
     if timing {
-        let iters = 20;
-        k.stream().synchronize().unwrap();
-        let t0 = std::time::Instant::now();
-        for _ in 0..iters {
-            k.moe_experts_fp8::<T>(&xd, &id, &wd, gs.dev(), us.dev(), dstk.dev(), &mut out, dims).unwrap();
+        // 16 distinct route sets (the weights of one set would stay in L2), CUDA events, per
+        // stage: grouping, + gate+up, + down, + combine (v1: down includes the combine).
+        let sets: Vec<Vec<u32>> = (0..16).map(|_| routes(rng, t, kk, e)).collect();
+        let rd: Vec<CudaSlice<u32>> = sets.iter().map(|v| up_u32(k, v)).collect();
+        let experts = sets
+            .iter()
+            .map(|v| {
+                let mut u = v.clone();
+                u.sort_unstable();
+                u.dedup();
+                u.len()
+            })
+            .sum::<usize>() as f64
+            / sets.len() as f64;
+        let bytes = experts * (3 * h * i) as f64;
+        let mut out = poisoned::<f32>(k, t * h);
+        let s = k.stream().clone();
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        for which in [MoeGemv::V1, MoeGemv::V2] {
+            let mut st = [0.0f64; 4];
+            for (p, slot) in st.iter_mut().enumerate() {
+                let call = |r: &CudaSlice<u32>, out: &mut CudaSlice<f32>| {
+                    k.moe_experts_fp8_with::<T>(&xd, r, &wd, gs.dev(), us.dev(), dstk.dev(), out, dims, which, p as u32)
+                        .unwrap()
+                };
+                call(&rd[0], &mut out);
+                call(&rd[1], &mut out);
+                s.synchronize().unwrap();
+                let iters = 50;
+                let a = s.record_event(flags).unwrap();
+                for it in 0..iters {
+                    call(&rd[it % rd.len()], &mut out);
+                }
+                let b = s.record_event(flags).unwrap();
+                *slot = a.elapsed_ms(&b).unwrap() as f64 / 1e3 / iters as f64;
+            }
+            println!(
+                "  {what} {which:?}: {:.1} us, {experts:.1} experts read, {:.0} GB/s of expert weights | cumulative: \
+                 grouping {:.1} us, +gate+up {:.1} us, +down {:.1} us, +combine {:.1} us",
+                st[3] * 1e6,
+                bytes / st[3] / 1e9,
+                st[0] * 1e6,
+                st[1] * 1e6,
+                st[2] * 1e6,
+                st[3] * 1e6
+            );
         }
-        k.stream().synchronize().unwrap();
-        let s = t0.elapsed().as_secs_f64() / iters as f64;
-        let mut used = idx.clone();
-        used.sort_unstable();
-        used.dedup();
-        let bytes = (used.len() * 3 * h * i) as f64;
-        println!(
-            "  {what}: {:.1} us, {} experts read, {:.0} GB/s of expert weights",
-            s * 1e6,
-            used.len(),
-            bytes / s / 1e9
-        );
+        let got = down(k, &out);
+        assert!(got.iter().all(|v| v.is_finite()), "{what}: non-finite output after the timing loop");
     }
 }
 
@@ -302,7 +367,12 @@ fn moe_all<T: CudaFloat>(test: &str) {
     let mut rng = Rng::new(83);
     moe_case::<T>(&k, &mut rng, [3, 2, 8, 256, 136], 8, false);
     moe_case::<T>(&k, &mut rng, [5, 3, 6, 200, 64], 6, false); // scalar path (h % 16 != 0)
+    for t in [1, 2, 4] {
+        moe_case::<T>(&k, &mut rng, [t, 4, 16, 384, 256], 16, false);
+    }
     moe_case::<T>(&k, &mut rng, [1, 10, 512, 2048, 512], 16, true);
+    moe_case::<T>(&k, &mut rng, [2, 10, 512, 2048, 512], 16, false);
+    moe_case::<T>(&k, &mut rng, [4, 10, 512, 2048, 512], 16, false);
     moe_case::<T>(&k, &mut rng, [8, 10, 512, 2048, 512], 16, true);
     moe_case::<T>(&k, &mut rng, [32, 10, 512, 2048, 512], 16, true);
 }
