@@ -34,12 +34,14 @@
 // with 1 or 2 items (5120 items on 3168 warps); each v1 down item ends in a
 // fence + atomic chain with no load in flight; and nothing overlaps the
 // gate+up -> down dependency. v2:
-// - work items are tickets from one counter (atomicAdd): gate+up items
-//   (slot, column) first, expert-major, then down items (slot, MOE_V2_DR
-//   columns), so the load balances itself (the tail is one item);
-// - a warp holds two tickets: while it computes item q it has already asked
-//   for the one after next and prefetches the rows of the next item into L2
-//   (prefetch.global.L2), so its memory pipe never drains between items;
+// - work items are handed out as tickets of MOE_V2_CH consecutive items from
+//   one counter (atomicAdd; two tickets for one atomic at the start): gate+up
+//   items (slot, column) first, expert-major, then down items (slot, MOE_V2_DR
+//   columns), so the load balances itself (the tail is a ticket), with one
+//   same-address atomic per 8-16 KB of weights;
+// - a warp holds the next ticket while it works on one (the one after is
+//   asked for when a ticket starts) and prefetches the rows of its next item
+//   into L2 (prefetch.global.L2), so its memory pipe never drains between items;
 // - a down item of slot s waits (acquire spin, __nanosleep) until all I
 //   gate+up items of s have published h (fence + ready[s]++), its weights
 //   already prefetched. No deadlock whatever the residency: a ticket is only
@@ -56,6 +58,7 @@
 #define MOE_GEMV_MB 4    // routed rows per GEMV pass
 #define MOE_DOWN_NR 4    // v1: down rows (hidden columns) per item
 #define MOE_V2_DR 8      // v2: down rows (hidden columns) per item
+#define MOE_V2_CH 2      // v2: consecutive items per ticket
 #define MOE_V2_BLOCKS 2  // v2: resident blocks per SM the launch bounds ask for
 
 // ---------------------------------------------------------------------------
@@ -421,6 +424,7 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
                                             float* __restrict__ out, u32 H, u32 I, u32 k, u32 t, int vec_gu,
                                             int vec_d, u32 phases) {
     constexpr int DR = MOE_V2_DR;
+    constexpr u32 CH = MOE_V2_CH;
     extern __shared__ u32 dsm[];
     __shared__ u32 sh[64];
     __shared__ u32 s_last;
@@ -429,12 +433,10 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
     u32* ready = sync + 2;
     u32* ctr = ready + min(e, n);
     const u32 lane = threadIdx.x & 31u;
-    // The first two tickets, asked for before the grouping (their latency overlaps it).
-    u32 q = 0, q1 = 0;
-    if (lane == 0) {
-        q = atomicAdd(ticket, 1u);
-        q1 = atomicAdd(ticket, 1u);
-    }
+    // The warp's first two tickets (2·CH items) in one atomic, asked for before the grouping
+    // (its latency overlaps it).
+    u32 r0 = 0;
+    if (lane == 0) r0 = atomicAdd(ticket, 2u * CH);
     const u32* sorted;
     const u32* seg;
     u32 nact;
@@ -445,13 +447,15 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
     const bool comb = phases >= 3;
     if (nact == 0 && comb) zero_out(out, (u64)t * H);
     const u32 gu_bytes = H * M::BYTES, dn_bytes = I * M::BYTES;
-    q = __shfl_sync(0xffffffffu, q, 0);
+    // Items [q, end) of the current ticket, then the next ticket's from nxt; the ticket after
+    // that (nxt2) is asked for when a ticket starts and read when it ends.
+    u32 q = __shfl_sync(0xffffffffu, r0, 0);
+    u32 end = q + CH, nxt = q + CH, nxt2 = 0;
     while (q < total) {
-        q1 = __shfl_sync(0xffffffffu, q1, 0);
-        u32 q2 = 0;
+        if (end - q == CH && nxt < total && lane == 0) nxt2 = atomicAdd(ticket, CH);
+        // The next item's weight rows into L2 while this one computes.
+        const u32 q1 = q + 1 < end ? q + 1 : nxt;
         if (q1 < total) {
-            if (lane == 0) q2 = atomicAdd(ticket, 1u);
-            // The next item's weight rows into L2 while this one computes.
             if (q1 < G) {
                 const u32 s = q1 / I, c = q1 % I;
                 const u64 r = (u64)seg[3 * s] * I + c;
@@ -476,14 +480,19 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
             if (lane == 0) atomicAdd(&ready[s], 1u);
         } else {
             const u32 s = (q - G) / nq, cq = (q - G) % nq, c0 = cq * DR;
-            // All I columns of the slot's h: gate+up items are ticketed before any
-            // down item and never wait, so this ends.
+            // All I columns of the slot's h: gate+up items are handed out before any down
+            // item, only to running warps, and never wait, so this ends.
             while (ld_acquire_u32(ready + s) < I) __nanosleep(128);
+            __syncwarp();
             down_item<T, M, DR, DN_MB, DN_U, true>(h, down, sorted, seg, s, c0, o, H, I, vec_d, lane);
             if (comb) count_and_combine<T, DR>(ctr, cq, nact, o, idx, wt, out, c0, H, k, e, t, lane);
         }
-        q = q1;
-        q1 = q2;
+        if (++q == end) {
+            // On to the next ticket (past the end: nxt2 was not asked for, and the loop ends).
+            q = nxt;
+            end = nxt + CH;
+            nxt = __shfl_sync(0xffffffffu, nxt2, 0);
+        }
     }
     // The last block out zeroes the counters for the next call.
     __syncthreads();

@@ -2,7 +2,8 @@
 //! block (`porter_core::nn::Moe::forward` after the router), grouped by expert
 //! on the device: alignment (counting sort of the (row, slot) pairs by
 //! expert), gate+up with the fused SwiGLU activation, down, and the weighted
-//! combine. No host loop over experts and no host synchronisation.
+//! combine. No host loop over experts and no host synchronisation. The decode
+//! (GEMV) path's launches are in `moe_decode.rs`, shared with the FP8 experts.
 
 use super::moe_decode::{check_dims, DecodeCall, MoeGemv, MOE_PHASES_ALL};
 use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, MOE};

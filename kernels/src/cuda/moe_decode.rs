@@ -49,6 +49,8 @@ const GEMV_WARPS: usize = 8;
 const DOWN_NR: usize = 4;
 /// v2: down rows per item (`MOE_V2_DR`).
 const V2_DR: usize = 8;
+/// v2: consecutive items per ticket (`MOE_V2_CH`).
+const V2_CH: usize = 2;
 /// v1: resident blocks per SM (`__launch_bounds__(256, 3)`).
 const V1_BLOCKS_PER_SM: usize = 3;
 /// v2: resident blocks per SM (`MOE_V2_BLOCKS`).
@@ -110,12 +112,13 @@ impl CudaKernels {
         let slots = e.min(n);
         let dsm = prod(&[e + n + 3 * slots, 4])?;
         let fused = dsm <= FUSED_GROUPING_BYTES;
-        // v2 needs its counters to fit the buffer and its tickets (items plus two a warp) a u32.
+        // v2 needs its counters to fit the buffer, and its ticket counter (the items, plus at
+        // most three tickets of V2_CH items a warp past them) a u32.
         let nq2 = hidden.div_ceil(V2_DR);
         let v2_items = prod(&[slots, inter + nq2])?;
         let v2_grid = self.moe_persistent_grid(v2_items, V2_BLOCKS_PER_SM)?;
         let v2_fits = 2 + slots + nq2 <= SYNC_WORDS
-            && v2_items.saturating_add(4 * GEMV_WARPS * v2_grid as usize) < u32::MAX as usize;
+            && v2_items.saturating_add(4 * V2_CH * GEMV_WARPS * v2_grid as usize) < u32::MAX as usize;
         let which = if v2_fits { which } else { MoeGemv::V1 };
         let nq = match which {
             MoeGemv::V1 => hidden.div_ceil(DOWN_NR),
