@@ -481,8 +481,12 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
         } else {
             const u32 s = (q - G) / nq, cq = (q - G) % nq, c0 = cq * DR;
             // All I columns of the slot's h: gate+up items are handed out before any down
-            // item, only to running warps, and never wait, so this ends.
-            while (ld_acquire_u32(ready + s) < I) __nanosleep(128);
+            // item, only to running warps, and never wait, so this ends (in microseconds; a
+            // wait of 2^24 sleeps, seconds, can only be a bug: trap, a launch error, not a hang).
+            for (u32 spins = 0; ld_acquire_u32(ready + s) < I; ++spins) {
+                if (spins == (1u << 24)) __trap();
+                __nanosleep(128);
+            }
             __syncwarp();
             down_item<T, M, DR, DN_MB, DN_U, true>(h, down, sorted, seg, s, c0, o, H, I, vec_d, lane);
             if (comb) count_and_combine<T, DR>(ctr, cq, nact, o, idx, wt, out, c0, H, k, e, t, lane);
