@@ -36,8 +36,13 @@ pub enum MoeGemv {
 impl MoeGemv {
     /// The form [`MOE_GEMV_ENV`] asks for (V2 unless it says `v1`).
     pub fn from_env() -> Self {
-        match std::env::var(MOE_GEMV_ENV) {
-            Ok(v) if v.trim().eq_ignore_ascii_case("v1") => MoeGemv::V1,
+        Self::from_value(std::env::var_os(MOE_GEMV_ENV))
+    }
+
+    /// [`MoeGemv::from_env`] for a given value of the variable.
+    fn from_value(v: Option<std::ffi::OsString>) -> Self {
+        match v {
+            Some(v) if v.to_string_lossy().trim().eq_ignore_ascii_case("v1") => MoeGemv::V1,
             _ => MoeGemv::V2,
         }
     }
@@ -253,4 +258,23 @@ pub(super) fn check_dims(what: &str, dims: [usize; 5]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemv_env_values() {
+        assert_eq!(MoeGemv::from_value(None), MoeGemv::V2);
+        assert_eq!(MoeGemv::from_value(Some(" V1 ".into())), MoeGemv::V1);
+        assert_eq!(MoeGemv::from_value(Some("v2".into())), MoeGemv::V2);
+        assert_eq!(MoeGemv::from_value(Some("".into())), MoeGemv::V2);
+    }
+
+    /// The counter buffer holds what the largest call v2 takes needs (else it runs v1).
+    #[test]
+    fn sync_words_cover_the_limits() {
+        assert!(2 + MOE_MAX_E + 65536usize.div_ceil(V2_DR) <= SYNC_WORDS);
+    }
 }
