@@ -224,10 +224,10 @@ template <typename T> struct Fp8Mat {
         const float* us, const u32* urs, const unsigned char* down, const float* ds, const u32* drs,              \
         const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg,          \
         const u32* g_meta, u32* sync, T* h, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec_gu, int vec_d,  \
-        u32 phases) {                                                                                             \
+        u32 ch, u32 phases) {                                                                                             \
         dec_v2_impl<T, Fp8Mat<T>, GU_U, 1, DN_MB>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H),                    \
                                         FP8_MAT(T, down, ds, drs, I), idx, wt, n, e, fused, g_sorted, g_seg, g_meta, \
-                                        sync, h, o, out, H, I, k, t, vec_gu, vec_d, phases);                      \
+                                        sync, h, o, out, H, I, k, t, vec_gu, vec_d, ch, phases);                      \
     }
 
 // v2 gate+up chunks in flight per lane and row, routed rows per down pass (see dec_v2_impl; f32

@@ -34,11 +34,15 @@
 // with 1 or 2 items (5120 items on 3168 warps); each v1 down item ends in a
 // fence + atomic chain with no load in flight; and nothing overlaps the
 // gate+up -> down dependency. v2:
-// - work items are handed out as tickets of MOE_V2_CH consecutive items from
-//   one counter (atomicAdd; two tickets for one atomic at the start): gate+up
-//   items (slot, column) first, expert-major, then down items (slot, MOE_V2_DR
-//   columns), so the load balances itself (the tail is a ticket), with one
-//   same-address atomic per 8-16 KB of weights;
+// - work items are handed out as tickets of `ch` consecutive items from one
+//   counter (atomicAdd; two tickets for one atomic at the start): gate+up items
+//   (slot, column) first, expert-major, then down items (slot, MOE_V2_DR
+//   columns), so the load balances itself (the tail is a ticket). The host
+//   takes ch = 2 (half the same-address atomics) only when there are many
+//   items a warp: at t = 1 (7680 items, ~3.6 a warp) two tickets of two would
+//   hand out nearly everything at the start, and the warps holding down items
+//   would idle through the whole gate+up phase; with ch = 1 the warps that
+//   finish their gate+up items early take the down items of the first experts;
 // - a warp holds the next ticket while it works on one (the one after is
 //   asked for when a ticket starts) and prefetches the rows of its next item
 //   into L2 (prefetch.global.L2), so its memory pipe never drains between items;
@@ -58,7 +62,6 @@
 #define MOE_GEMV_MB 4    // routed rows per GEMV pass
 #define MOE_DOWN_NR 4    // v1: down rows (hidden columns) per item
 #define MOE_V2_DR 8      // v2: down rows (hidden columns) per item
-#define MOE_V2_CH 2      // v2: consecutive items per ticket
 #define MOE_V2_BLOCKS 2  // v2: resident blocks per SM the launch bounds ask for
 
 // ---------------------------------------------------------------------------
@@ -422,9 +425,9 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
                                             const u32* __restrict__ g_seg, const u32* __restrict__ g_meta,
                                             u32* __restrict__ sync, T* __restrict__ h, T* __restrict__ o,
                                             float* __restrict__ out, u32 H, u32 I, u32 k, u32 t, int vec_gu,
-                                            int vec_d, u32 phases) {
+                                            int vec_d, u32 ch, u32 phases) {
     constexpr int DR = MOE_V2_DR;
-    constexpr u32 CH = MOE_V2_CH;
+    const u32 CH = ch;
     extern __shared__ u32 dsm[];
     __shared__ u32 sh[64];
     __shared__ u32 s_last;
@@ -533,10 +536,10 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, MOE_V2_BLOCKS) moe_dec_v2_##NAME(             \
         const T* x, const T* gate, const T* up, const T* down, const u32* idx, const float* wt, u32 n, u32 e,     \
         int fused, const u32* g_sorted, const u32* g_seg, const u32* g_meta, u32* sync, T* h, T* o, float* out,   \
-        u32 H, u32 I, u32 k, u32 t, int vec_gu, int vec_d, u32 phases) {                                          \
+        u32 H, u32 I, u32 k, u32 t, int vec_gu, int vec_d, u32 ch, u32 phases) {                                  \
         dec_v2_impl<T, DenseMat<T>, GU_U, DN_U, 2>(x, DenseMat<T>{gate}, DenseMat<T>{up}, DenseMat<T>{down}, idx, wt, n,   \
                                           e, fused, g_sorted, g_seg, g_meta, sync, h, o, out, H, I, k, t, vec_gu, \
-                                          vec_d, phases);                                                         \
+                                          vec_d, ch, phases);                                                         \
     }
 
 // v2 chunks in flight per lane and row (gate+up, down; see dec_v2_impl).

@@ -4,7 +4,7 @@
 //! GEMVs:
 //! - v2 (the default): one persistent launch for gate+up, down and the combine, its work items
 //!   handed out as tickets, its counters in a zeroed buffer of the [`CudaKernels`] that the
-//!   kernel zeroes again before it ends;
+//!   kernel zeroes again before it ends (tickets of one item, or of two when there are many);
 //! - v1 ([`MOE_GEMV_ENV`]` = v1`): the two launches it replaced, kept for comparison.
 //!
 //! Both compute every (row, expert) pair by one warp in the same order, so they give the same
@@ -54,8 +54,11 @@ const GEMV_WARPS: usize = 8;
 const DOWN_NR: usize = 4;
 /// v2: down rows per item (`MOE_V2_DR`).
 const V2_DR: usize = 8;
-/// v2: consecutive items per ticket (`MOE_V2_CH`).
+/// v2: the most consecutive items per ticket (`ch`).
 const V2_CH: usize = 2;
+/// v2 takes tickets of [`V2_CH`] items from this many items a warp on (fewer: one item, so
+/// that the start does not hand out all the work; see moe_decode.cu).
+const V2_CH_ITEMS_PER_WARP: usize = 16;
 /// v1: resident blocks per SM (`__launch_bounds__(256, 3)`).
 const V1_BLOCKS_PER_SM: usize = 3;
 /// v2: resident blocks per SM (`MOE_V2_BLOCKS`).
@@ -125,6 +128,8 @@ impl CudaKernels {
         let v2_fits = 2 + slots + nq2 <= SYNC_WORDS
             && v2_items.saturating_add(4 * V2_CH * GEMV_WARPS * v2_grid as usize) < u32::MAX as usize;
         let which = if v2_fits { which } else { MoeGemv::V1 };
+        let v2_warps = GEMV_WARPS * v2_grid as usize;
+        let ch = if v2_items >= V2_CH_ITEMS_PER_WARP * v2_warps { V2_CH as u32 } else { 1u32 };
         let nq = match which {
             MoeGemv::V1 => hidden.div_ceil(DOWN_NR),
             MoeGemv::V2 => nq2,
@@ -188,15 +193,15 @@ impl CudaKernels {
                 args.extend(weights(c.gate));
                 args.extend(weights(c.up));
                 args.extend(weights(c.down));
-                let rest: [&dyn KernelArg; 19] = [
+                let rest: [&dyn KernelArg; 20] = [
                     &c.idx, &c.w, &n32, &e32, &fused32, &p_sorted, &p_seg, &p_meta, &p_sync, &p_h, &p_o, &c.out, &h32,
-                    &i32_, &k32, &t32, &vec_gu, &vec_d, &phases,
+                    &i32_, &k32, &t32, &vec_gu, &vec_d, &ch, &phases,
                 ];
                 args.extend(rest);
                 // SAFETY: arguments match `moe_dec_v2_<kind><T>(const T* x, <gate>, <up>, <down>,
                 // const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted,
                 // const u32* g_seg, const u32* g_meta, u32* sync, T* h, T* o, float* out, u32 H,
-                // u32 I, u32 k, u32 t, int vec_gu, int vec_d, u32 phases)` (a weight: `const T*`,
+                // u32 I, u32 k, u32 t, int vec_gu, int vec_d, u32 ch, u32 phases)` (a weight: `const T*`,
                 // or `const u8* q, const float* scales, const u32* row_scale` for FP8; lengths
                 // checked by the caller, FP8 scale rows exist by `Fp8Dev`'s contract). sync is
                 // the zeroed counter buffer, 2 + min(e, n) + ceil(H / 8) ≤ SYNC_WORDS words,
