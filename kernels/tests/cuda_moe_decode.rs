@@ -158,7 +158,8 @@ fn copy_bandwidth(kern: &CudaKernels) -> f64 {
 }
 
 /// Seconds per call (CUDA events around `iters` calls after two warm-ups), cycling through
-/// `routes` (distinct expert sets, so that the weights do not stay in L2).
+/// `routes` (distinct expert sets, so that the weights do not stay in L2), and the host's
+/// submission seconds per call (when that is as large, the GPU time is host-bound).
 fn time_phase(
     kern: &CudaKernels,
     d: Dims,
@@ -167,7 +168,7 @@ fn time_phase(
     which: MoeGemv,
     phases: u32,
     iters: usize,
-) -> f64 {
+) -> (f64, f64) {
     let mut out = poisoned::<f32>(kern, d.t * d.hidden);
     let s = kern.stream().clone();
     for r in routes.iter().take(2) {
@@ -176,16 +177,18 @@ fn time_phase(
     s.synchronize().expect("sync");
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let start = s.record_event(flags).expect("event");
+    let wall = std::time::Instant::now();
     for i in 0..iters {
         run::<bf16>(kern, d, &dev.x, &routes[i % routes.len()], &dev.w, dev, &mut out, which, phases);
     }
+    let submit = wall.elapsed().as_secs_f64() / iters as f64;
     let end = s.record_event(flags).expect("event");
     let ms = start.elapsed_ms(&end).expect("elapsed") as f64;
     if phases == MOE_PHASES_ALL {
         let got = down::<f32>(kern, &out);
         assert!(got.iter().all(|v| v.is_finite()), "{which:?} t={}: non-finite output", d.t);
     }
-    ms / 1e3 / iters as f64
+    (ms / 1e3 / iters as f64, submit)
 }
 
 /// The 80B shapes (bf16) at t = 1, 2, 4, 8: both forms against the reference (every row),
@@ -230,13 +233,13 @@ fn moe_decode_80b_bf16() {
         let experts = sets.iter().map(|v| distinct_experts(v, d.e)).sum::<usize>() as f64 / sets.len() as f64;
         let bytes = experts * (3 * d.hidden * d.inter * 2) as f64;
         for which in [MoeGemv::V1, MoeGemv::V2] {
-            let st: Vec<f64> =
-                (0..=MOE_PHASES_ALL).map(|p| time_phase(&kern, d, &dev, &routes, which, p, 100)).collect();
+            let (st, sub): (Vec<f64>, Vec<f64>) =
+                (0..=MOE_PHASES_ALL).map(|p| time_phase(&kern, d, &dev, &routes, which, p, 100)).unzip();
             let full = st[3];
             println!(
                 "moe decode 80b t={t} {which:?}: {:.1} us/call, {:.1} MB of weights ({experts:.1} experts), {:.0} GB/s \
                  = {:.0}% of copy bandwidth | cumulative: grouping {:.1} us, +gate+up {:.1} us, +down {:.1} us, \
-                 +combine {:.1} us (v1: down includes the combine)",
+                 +combine {:.1} us (v1: down includes the combine) | host submit {:.1} us/call",
                 full * 1e6,
                 bytes / 1e6,
                 bytes / full / 1e9,
@@ -244,7 +247,8 @@ fn moe_decode_80b_bf16() {
                 st[0] * 1e6,
                 st[1] * 1e6,
                 st[2] * 1e6,
-                st[3] * 1e6
+                st[3] * 1e6,
+                sub[3] * 1e6
             );
             summary.push((t, which, full, bytes / full / bw));
         }
