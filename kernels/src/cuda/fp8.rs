@@ -35,7 +35,7 @@ pub struct Fp8Dev<'a> {
 
 impl Fp8Dev<'_> {
     /// Checks the buffers against `rows × cols` (and `rows` against `want_rows`).
-    fn check(&self, k: &CudaKernels, what: &str, want_rows: usize, want_cols: usize) -> Result<()> {
+    pub(super) fn check(&self, k: &CudaKernels, what: &str, want_rows: usize, want_cols: usize) -> Result<()> {
         if self.rows != want_rows || self.cols != want_cols {
             return Err(CudaError::Invalid(format!(
                 "{what}: fp8 weight [{}, {}], expected [{want_rows}, {want_cols}]",

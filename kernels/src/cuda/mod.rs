@@ -73,6 +73,7 @@ macro_rules! launch_fn {
 
 mod attention;
 mod fp8;
+mod fp8_gemm;
 mod gdn;
 mod gdn_chunk;
 mod gdn_seq;
@@ -332,15 +333,19 @@ pub(crate) static GDN_CHUNK: KernelSource =
     KernelSource { name: "gdn_chunk.cu", code: include_str!("../../cuda/gdn_chunk.cu") };
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
 pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
-/// FP8 weights: dequantizing GEMV, dequantize / quantize, FP8 MoE decode. Built on moe.cu's
-/// text (its grouping and vector helpers), compiled as a module of its own.
+/// FP8 weights: dequantizing GEMV, dequantize / quantize, FP8 MoE decode (fp8.cu), and the
+/// FP8 prefill GEMMs (fp8_gemm.cu: tile-dequantizing tensor-core GEMMs, dense and grouped,
+/// activation quantization, e4m3 MMA). Built on moe.cu's text (its grouping, vector helpers
+/// and tensor-core GEMM), compiled as a module of its own.
 pub(crate) static FP8: KernelSource = KernelSource {
     name: "fp8.cu",
     code: concat!(
         "#line 1 \"moe.cu\"\n",
         include_str!("../../cuda/moe.cu"),
         "\n#line 1 \"fp8.cu\"\n",
-        include_str!("../../cuda/fp8.cu")
+        include_str!("../../cuda/fp8.cu"),
+        "\n#line 1 \"fp8_gemm.cu\"\n",
+        include_str!("../../cuda/fp8_gemm.cu")
     ),
 };
 

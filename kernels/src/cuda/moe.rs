@@ -4,7 +4,7 @@
 //! expert), gate+up with the fused SwiGLU activation, down, and the weighted
 //! combine. No host loop over experts and no host synchronisation.
 
-use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, MOE};
+use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev, Result, FP8, MOE};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Largest expert count of [`CudaKernels::moe_experts`] (the alignment kernel
@@ -26,6 +26,9 @@ const TC_THREADS: u32 = 128;
 const TC_BN: usize = 256;
 /// Shared-memory row of a staged tile in elements (`MOE_TC_LDS`).
 const TC_LDS: usize = 40;
+/// Columns of a k-step of the tensor-core GEMMs (`MOE_TC_BK`; FP8 weights stage rows of this
+/// many bytes).
+const TC_BK: usize = 32;
 /// cp.async stages of the tensor-core GEMMs (`MOE_TC_STAGES`).
 const TC_STAGES: usize = 4;
 /// Relative speed per executed row of the tensor-core GEMMs by row fragments
@@ -49,6 +52,32 @@ pub(super) const FUSED_GROUPING_BYTES: usize = 40 * 1024;
 const DECODE_MAX_PAIRS: usize = 256;
 /// See [`DECODE_MAX_PAIRS`].
 const DECODE_PAIRS_PER_EXPERT: usize = 2;
+
+/// The expert weights of the prefill path: dense `T` (device addresses, the caller holding
+/// the buffers) or FP8 (tiles dequantized in the tensor-core GEMMs, fp8_gemm.cu).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum ExpertWeights<'a> {
+    /// gate, up `[e, inter, hidden]`, down `[e, hidden, inter]` of `T`.
+    Dense { gate: u64, up: u64, down: u64 },
+    /// gate, up `[e·inter, hidden]`, down `[e·hidden, inter]` FP8 (checked by the caller).
+    Fp8 { gate: Fp8Dev<'a>, up: Fp8Dev<'a>, down: Fp8Dev<'a> },
+}
+
+/// Dynamic shared memory of the tensor-core GEMMs' cp.async stages (and FP8 conversion
+/// buffers) for tiles of `16·mi` rows of `esize`-byte elements (moe.cu's `gemm_tc_impl`).
+pub(super) fn tc_stage_smem(mi: usize, esize: usize, fp8: bool) -> usize {
+    if fp8 {
+        TC_STAGES * (16 * mi * TC_LDS * esize + TC_BN * TC_BK) + 2 * TC_BN * TC_LDS * esize
+    } else {
+        TC_STAGES * (16 * mi + TC_BN) * TC_LDS * esize
+    }
+}
+
+/// Dynamic shared memory of a tensor-core GEMM launch: the stages, or the f32 C staging area
+/// of `16·mi` rows × (`nc` + 4) if larger.
+pub(super) fn tc_smem(mi: usize, esize: usize, fp8: bool, nc: usize) -> usize {
+    tc_stage_smem(mi, esize, fp8).max(16 * mi * (nc + 4) * 4)
+}
 
 /// Rounds `n` up to a multiple of 256 bytes (scratch sub-buffer alignment).
 pub(super) fn align256(n: usize) -> usize {
@@ -181,7 +210,10 @@ impl CudaKernels {
         if invariant || Self::moe_decode_path(t, k, e) {
             self.moe_decode::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter)
         } else {
-            self.moe_prefill::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter, &mut |_| Ok(()))
+            let (s, dims) = (&self.stream, [t, k, e, hidden, inter]);
+            let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
+            let weights = ExpertWeights::Dense { gate: pg, up: pu, down: pd };
+            self.moe_prefill::<T>(x, idx, w, weights, out, dims, &mut |_| Ok(()))
         }
     }
 
@@ -390,9 +422,12 @@ impl CudaKernels {
         self.check("down", down, prod(&[e, hidden, inter])?)?;
         self.check("out", out, prod(&[t, hidden])?)?;
         let mut times = [0.0f64; 4];
+        let s = &self.stream;
+        let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
+        let weights = ExpertWeights::Dense { gate: pg, up: pu, down: pd };
         self.stream.synchronize()?;
         let mut clock = std::time::Instant::now();
-        self.moe_prefill::<T>(x, idx, w, gate, up, down, out, t, k, e, hidden, inter, &mut |stage| {
+        self.moe_prefill::<T>(x, idx, w, weights, out, [t, k, e, hidden, inter], &mut |stage| {
             self.stream.synchronize()?;
             let now = std::time::Instant::now();
             times[stage] = (now - clock).as_secs_f64();
@@ -402,48 +437,70 @@ impl CudaKernels {
         Ok(times)
     }
 
-    /// Prefill path of [`CudaKernels::moe_experts`] (arguments checked):
-    /// alignment, tiled gate+up and down GEMMs, combine. `done(stage)` is
-    /// called after the launch of each stage (0..4).
+    /// Whether the tensor-core prefill GEMMs take FP8 experts of `hidden` × `inter` for `T`
+    /// on this device (bf16 / f16 on sm_80+ and not forced to the fallback, both dimensions
+    /// multiples of 16, the stages within the shared-memory limit); otherwise an FP8 prefill
+    /// must dequantize the experts and run [`CudaKernels::moe_experts`].
+    pub fn moe_prefill_fp8_fits<T: CudaFloat>(&self, hidden: usize, inter: usize) -> bool {
+        T::NAME != "f32"
+            && self.caps().tensor_cores()
+            && hidden.is_multiple_of(16)
+            && inter.is_multiple_of(16)
+            && tc_stage_smem(1, std::mem::size_of::<T>(), true) <= self.caps().smem_limit()
+    }
+
+    /// Prefill path of [`CudaKernels::moe_experts`] (arguments checked; `dims` = t, k, e,
+    /// hidden, inter): alignment, tiled gate+up and down GEMMs, combine. `done(stage)` is
+    /// called after the launch of each stage (0..4). FP8 `weights` need the tensor-core GEMMs
+    /// ([`CudaKernels::moe_prefill_fp8_fits`]).
     #[allow(clippy::too_many_arguments)]
-    fn moe_prefill<T: CudaFloat>(
+    pub(super) fn moe_prefill<T: CudaFloat>(
         &self,
         x: &impl DevicePtr<T>,
         idx: &impl DevicePtr<u32>,
         w: &impl DevicePtr<f32>,
-        gate: &impl DevicePtr<T>,
-        up: &impl DevicePtr<T>,
-        down: &impl DevicePtr<T>,
+        weights: ExpertWeights<'_>,
         out: &mut impl DevicePtrMut<f32>,
-        t: usize,
-        k: usize,
-        e: usize,
-        hidden: usize,
-        inter: usize,
+        dims: [usize; 5],
         done: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<()> {
+        let [t, k, e, hidden, inter] = dims;
         let n = prod(&[t, k])?;
         let slots = e.min(n);
         let esize = std::mem::size_of::<T>();
         // Tensor cores for bf16 / f16 on sm_80+ with 16-byte rows everywhere
-        // (K % 8 == 0 and N % 8 == 0 for both GEMMs; base pointers checked below).
-        // Fallback (below sm_80, forced, or too little shared memory): the SIMT GEMMs.
+        // (K % 8 == 0 and N % 8 == 0 for both GEMMs; FP8 rows: K % 16 == 0; base pointers
+        // checked below). Fallback (below sm_80, forced, or too little shared memory): the
+        // SIMT GEMMs (dense weights only).
         let sm80 = self.caps().tensor_cores();
+        let fp8 = matches!(weights, ExpertWeights::Fp8 { .. });
         let tc_dims =
             T::NAME != "f32" && sm80 && (hidden * esize).is_multiple_of(16) && (inter * esize).is_multiple_of(16);
         let (px, _gx) = x.device_ptr(&self.stream);
-        let (pg, _gg) = gate.device_ptr(&self.stream);
-        let (pu, _gu) = up.device_ptr(&self.stream);
-        let (pd, _gd) = down.device_ptr(&self.stream);
-        let tc = tc_dims && [px, pg, pu, pd].iter().all(|p| p.is_multiple_of(16));
+        let wptrs = match weights {
+            ExpertWeights::Dense { gate, up, down } => [gate, up, down],
+            ExpertWeights::Fp8 { gate, up, down } => {
+                let s = &self.stream;
+                [gate.q.device_ptr(s).0, up.q.device_ptr(s).0, down.q.device_ptr(s).0]
+            }
+        };
+        let tc_dims = tc_dims && (!fp8 || (hidden.is_multiple_of(16) && inter.is_multiple_of(16)));
+        let tc = tc_dims && std::iter::once(px).chain(wptrs).all(|p| p.is_multiple_of(16));
         let mut mi = if tc { Self::moe_prefill_tile_frags(t, k, e) } else { 0 };
         // Fewer row fragments where the cp.async stages of 16·mi rows need more shared memory
         // than the device allows (mi = 4 needs 100 KiB: an sm_86 / sm_89 allows 99 / 99 KiB).
-        let tc_smem = |mi: usize| TC_STAGES * (16 * mi + TC_BN) * TC_LDS * esize;
-        while mi > 1 && tc_smem(mi) > self.caps().smem_limit() {
+        let stage_smem = |mi: usize| tc_stage_smem(mi, esize, fp8);
+        while mi > 1 && stage_smem(mi) > self.caps().smem_limit() {
             mi -= 1;
         }
-        let tc = tc && tc_smem(mi) <= self.caps().smem_limit();
+        let tc = tc && stage_smem(mi) <= self.caps().smem_limit();
+        if fp8 && !tc {
+            return Err(CudaError::Invalid(format!(
+                "moe prefill with fp8 experts ({} hidden {hidden}, inter {inter}) needs the tensor-core GEMMs \
+                 (moe_prefill_fp8_fits) and 16-byte aligned buffers",
+                T::NAME
+            )));
+        }
         // Sorted list: each expert's segment padded to whole tiles (at most
         // one partial tile per active expert).
         let tile_rows = if tc { 16 * mi } else { BM };
@@ -503,9 +560,12 @@ impl CudaKernels {
                 // gate+up: 128 h columns per block; down: 256 o columns.
                 let nc = if gu { TC_BN / 2 } else { TC_BN };
                 let nblk = n_cols.div_ceil(nc);
-                let stages = TC_STAGES * (tile_rows + TC_BN) * TC_LDS * esize;
-                let smem = stages.max(tile_rows * (nc + 4) * 4);
-                let f = self.function_smem(&MOE, &format!("moe_gemm_{which}_tc{mi}_{}", T::NAME), smem)?;
+                let smem = tc_smem(mi, esize, fp8, nc);
+                let f = if fp8 {
+                    self.function_smem(&FP8, &format!("moe_gemm_{which}_fp8_tc{mi}_{}", T::NAME), smem)?
+                } else {
+                    self.function_smem(&MOE, &format!("moe_gemm_{which}_tc{mi}_{}", T::NAME), smem)?
+                };
                 let cfg = LaunchConfig {
                     grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
                     block_dim: (TC_THREADS, 1, 1),
@@ -532,8 +592,39 @@ impl CudaKernels {
         // variant is only chosen with 16-byte aligned rows (hidden, inter
         // multiples of 8, base pointers checked, scratch 256-byte aligned).
         // Kernel: `moe_gemm_gu_<kind>_<T>(const T* a, const T* w0, const T* w1, const u32* sorted,
-        // const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`.
-        unsafe { launch_fn!(self, f, cfg, [px, pg, pu, p_sorted, p_tile, p_h, h32, i32_, k32, nblk32]) }?;
+        // const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`; FP8:
+        // `moe_gemm_gu_fp8_tc<MI>_<T>(const T* a, const u8* q0, const float* s0, const u32* rs0,
+        // const u8* q1, const float* s1, const u32* rs1, const u32* sorted, const u32* tile_expert,
+        // T* dst, u32 K, u32 N, u32 k, u32 nblk)` (the scale rows named by the maps exist:
+        // Fp8Dev's contract).
+        match weights {
+            ExpertWeights::Dense { gate: pg, up: pu, .. } => unsafe {
+                launch_fn!(self, f, cfg, [px, pg, pu, p_sorted, p_tile, p_h, h32, i32_, k32, nblk32])
+            },
+            ExpertWeights::Fp8 { gate, up, .. } => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [
+                        px,
+                        ptr(gate.q),
+                        ptr(gate.scales),
+                        ptr(gate.row_scale),
+                        ptr(up.q),
+                        ptr(up.scales),
+                        ptr(up.row_scale),
+                        p_sorted,
+                        p_tile,
+                        p_h,
+                        h32,
+                        i32_,
+                        k32,
+                        nblk32
+                    ]
+                )
+            },
+        }?;
         done(1)?;
         // 3b. down GEMM.
         let (f, nblk32, cfg) = gemm(false, hidden)?;
@@ -541,8 +632,34 @@ impl CudaKernels {
         // real tiles were all written by the gate+up GEMM; o written for
         // valid pairs only.
         // Kernel: `moe_gemm_down_<kind>_<T>(const T* a, const T* w0, const T* w1, const u32* sorted,
-        // const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`.
-        unsafe { launch_fn!(self, f, cfg, [p_h, pd, pd, p_sorted, p_tile, p_o, i32_, h32, k32, nblk32]) }?;
+        // const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`; FP8:
+        // `moe_gemm_down_fp8_tc<MI>_<T>(const T* a, const u8* q, const float* s, const u32* rs,
+        // const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`.
+        match weights {
+            ExpertWeights::Dense { down: pd, .. } => unsafe {
+                launch_fn!(self, f, cfg, [p_h, pd, pd, p_sorted, p_tile, p_o, i32_, h32, k32, nblk32])
+            },
+            ExpertWeights::Fp8 { down, .. } => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [
+                        p_h,
+                        ptr(down.q),
+                        ptr(down.scales),
+                        ptr(down.row_scale),
+                        p_sorted,
+                        p_tile,
+                        p_o,
+                        i32_,
+                        h32,
+                        k32,
+                        nblk32
+                    ]
+                )
+            },
+        }?;
         done(2)?;
 
         // 4. Combine.

@@ -1,0 +1,302 @@
+//! Launch wrappers of kernels/cuda/fp8_gemm.cu: the FP8 prefill GEMMs.
+//!
+//! - **Tile dequantization** ([`CudaKernels::fp8_gemm_tc`], [`CudaKernels::moe_experts_fp8_prefill`]):
+//!   moe.cu's cp.async + wmma tensor-core GEMM with the weight tiles staged as e4m3 bytes and
+//!   dequantized in shared memory (`W = round_T(e4m3 · scale)`, as [`CudaKernels::fp8_dequant`]),
+//!   so no dequantized copy of the weight is ever written. Weights-only: the result is the
+//!   dense GEMM on the dequantized weight up to f32 summation order.
+//! - **e4m3 MMA** ([`CudaKernels::fp8_act_quant`], [`CudaKernels::fp8_gemm_mma8`]): activations
+//!   quantized per token and per 128 columns, `mma.sync` on e4m3 × e4m3 with f32 accumulation
+//!   per 128-column block, scaled by both block scales (sm_89+).
+
+use super::moe::{tc_smem, ExpertWeights, MOE_MAX_E};
+use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev, Result, FP8};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+
+/// Threads of the tile-dequantizing GEMMs (moe.cu's `MOE_TC_THREADS`).
+const TC_THREADS: u32 = 128;
+/// Output columns per block of the dense tile-dequantizing GEMM (`MOE_TC_BN`).
+const TC_BN: usize = 256;
+/// Rows and columns of an e4m3 MMA block tile (`FP8_MMA_BM`, `FP8_MMA_BN`).
+const MMA_TILE: usize = 128;
+/// Threads of the e4m3 MMA GEMM (`FP8_MMA_THREADS`).
+const MMA_THREADS: u32 = 512;
+/// Shared memory of one cp.async stage of the e4m3 MMA GEMM (`FP8_MMA_STAGE`).
+const MMA_STAGE: usize = 2 * 128 * 128;
+
+impl CudaKernels {
+    /// Whether [`CudaKernels::fp8_gemm_tc`] takes this shape on this device: `A` bf16 / f16,
+    /// `O` equal to `A` or f32, `k` a multiple of 16, `n` of 8, tensor cores (sm_80+, not
+    /// forced to the fallback) and the stages within the shared-memory limit.
+    pub fn fp8_gemm_tc_fits<A: CudaFloat, O: CudaFloat>(&self, k: usize, n: usize) -> bool {
+        A::NAME != "f32"
+            && (O::NAME == A::NAME || O::NAME == "f32")
+            && k > 0
+            && k.is_multiple_of(16)
+            && n.is_multiple_of(8)
+            && self.caps().tensor_cores()
+            && tc_smem(1, std::mem::size_of::<A>(), true, TC_BN) <= self.caps().smem_limit()
+    }
+
+    /// `out[m, n] = x[m, k] · W[n, k]ᵀ` with an FP8 weight on tensor cores: tiles of
+    /// `16·MI` rows (`MI` = 1..4, the fewest that cover `m` up to 64) × 256 weight rows, the
+    /// weight's e4m3 bytes staged with cp.async and dequantized in shared memory to `A`
+    /// (`round_A(e4m3 · scale)`, the weights of [`CudaKernels::fp8_dequant`]), f32
+    /// accumulation (wmma), one rounding to `O`.
+    ///
+    /// # Shapes
+    /// - `x`: `[m, k]` (`A`), `w`: FP8 `[n, k]`, `out`: `[m, n]` (`O`), overwritten
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if the shape does not fit ([`CudaKernels::fp8_gemm_tc_fits`]),
+    /// a buffer is not 16-byte aligned, or on a length mismatch; driver errors.
+    pub fn fp8_gemm_tc<A: CudaFloat, O: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<A>,
+        w: Fp8Dev<'_>,
+        out: &mut impl DevicePtrMut<O>,
+        m: usize,
+    ) -> Result<()> {
+        let (k, n) = (w.cols, w.rows);
+        if !self.fp8_gemm_tc_fits::<A, O>(k, n) {
+            return Err(CudaError::Invalid(format!(
+                "fp8_gemm_tc: k {k}, n {n} ({} -> {}) does not fit on {}",
+                A::NAME,
+                O::NAME,
+                self.arch()
+            )));
+        }
+        w.check(self, "w", n, k)?;
+        self.check("x", x, prod(&[m, k])?)?;
+        self.check("out", out, prod(&[m, n])?)?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let esize = std::mem::size_of::<A>();
+        let mut mi = m.div_ceil(16).clamp(1, 4);
+        while mi > 1 && tc_smem(mi, esize, true, TC_BN) > self.caps().smem_limit() {
+            mi -= 1;
+        }
+        let smem = tc_smem(mi, esize, true, TC_BN);
+        let s = &*self.stream;
+        let (px, _gx) = x.device_ptr(s);
+        let (pq, _gq) = w.q.device_ptr(s);
+        let (po, _go) = out.device_ptr_mut(s);
+        if (px | pq | po) & 15 != 0 {
+            return Err(CudaError::Invalid("fp8_gemm_tc: x, w and out must be 16-byte aligned".into()));
+        }
+        let nblk = n.div_ceil(TC_BN);
+        let tiles = m.div_ceil(16 * mi);
+        let f = self.function_smem(&FP8, &format!("fp8_gemm_tc{mi}_{}_{}", A::NAME, O::NAME), smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("blocks", prod(&[tiles, nblk])?)?, 1, 1),
+            block_dim: (TC_THREADS, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", smem)?,
+        };
+        let (k32, n32, m32, nblk32) = (u32_of("k", k)?, u32_of("n", n)?, u32_of("m", m)?, u32_of("blocks", nblk)?);
+        // SAFETY: matches fp8_gemm_tc<mi>_<A>_<O>; x holds m·k, q n·k, out m·n elements
+        // (checked); rows past m / n are neither read nor written; 16-byte aligned buffers with
+        // k % 16 == 0 and n % 8 == 0 (fits); the scale rows named by row_scale exist (Fp8Dev's
+        // contract); dynamic shared memory as the kernel needs for mi (allowed above).
+        // Kernel: `fp8_gemm_tc<MI>_<A>_<O>(const A* x, const u8* q, const float* sc, const u32* rs, O* out,
+        // u32 K, u32 N, u32 m, u32 nblk)`.
+        unsafe { launch_fn!(self, f, cfg, [px, pq, ptr(w.scales), ptr(w.row_scale), po, k32, n32, m32, nblk32]) }
+    }
+
+    /// Whether the e4m3 MMA path ([`CudaKernels::fp8_gemm_mma8`]) runs on this device for
+    /// rows of `k`: sm_89+ (e4m3 `mma.sync`), not forced to the fallback, 96 KiB of shared
+    /// memory a block, `k` a multiple of 16.
+    pub fn fp8_mma8_fits(&self, k: usize) -> bool {
+        let c = self.caps();
+        (c.major, c.minor) >= (8, 9) && !c.forced && 3 * MMA_STAGE <= c.smem_limit() && k > 0 && k.is_multiple_of(16)
+    }
+
+    /// Quantizes activations per token and per 128 columns for the e4m3 MMA path: per group
+    /// `scale = amax / 448` (1 for an all-zero group), `q = e4m3(x / scale)` rounded to nearest
+    /// even and saturated (the CPU's `quantize_blocks` on 1 × 128 blocks, bit for bit).
+    ///
+    /// # Shapes
+    /// - `x`: `[m, k]` (`T`, bf16 or f16); `q`: `[m, k]`; `scales`: `[m, ceil(k/128)]`
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] for f32 or on a length mismatch; driver errors.
+    pub fn fp8_act_quant<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        q: &mut impl DevicePtrMut<u8>,
+        scales: &mut impl DevicePtrMut<f32>,
+        m: usize,
+        k: usize,
+    ) -> Result<()> {
+        if T::NAME == "f32" {
+            return Err(CudaError::Invalid("fp8_act_quant: bf16 or f16 activations only".into()));
+        }
+        let groups = prod(&[m, k.div_ceil(super::FP8_BLOCK)])?;
+        self.check("x", x, prod(&[m, k])?)?;
+        self.check("q", q, prod(&[m, k])?)?;
+        self.check("scales", scales, groups)?;
+        if groups == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("blocks", groups.div_ceil(8))?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (m32, k32) = (u32_of("m", m)?, u32_of("k", k)?);
+        // SAFETY: matches fp8_act_quant_<T>; x and q hold m·k elements, scales m·ceil(k/128);
+        // a warp per group, warps past the last exit.
+        // Kernel: `fp8_act_quant_<T>(const T* x, u8* q, float* s, u32 m, u32 K)`.
+        unsafe {
+            launch!(
+                self,
+                FP8,
+                format!("fp8_act_quant_{}", T::NAME),
+                cfg,
+                [ptr(x), ptr_mut(q), ptr_mut(scales), m32, k32]
+            )
+        }
+    }
+
+    /// `out[m, n] = Σ_kb a.scales[r, kb] · w_scale[j, kb] · Σ_{c ∈ kb} e4m3(a.q[r, c]) ·
+    /// e4m3(w.q[j, c])`: e4m3 tensor-core MMA (`mma.sync.m16n8k32`) on activations quantized by
+    /// [`CudaKernels::fp8_act_quant`], each 128-column block accumulated in f32 and added
+    /// times both block scales; one rounding to `O`. 128 × 128 block tiles, 3 or 4 cp.async
+    /// stages (by the shared-memory limit).
+    ///
+    /// # Shapes
+    /// - `aq`: `[m, k]` bytes, `a_scales`: `[m, ceil(k/128)]`; `w`: FP8 `[n, k]`; `out`: `[m, n]`
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] unless [`CudaKernels::fp8_mma8_fits`], on a length mismatch or
+    /// unaligned bytes; driver errors.
+    pub fn fp8_gemm_mma8<O: CudaFloat>(
+        &self,
+        aq: &impl DevicePtr<u8>,
+        a_scales: &impl DevicePtr<f32>,
+        w: Fp8Dev<'_>,
+        out: &mut impl DevicePtrMut<O>,
+        m: usize,
+    ) -> Result<()> {
+        let (k, n) = (w.cols, w.rows);
+        if !self.fp8_mma8_fits(k) {
+            return Err(CudaError::Invalid(format!("fp8_gemm_mma8: k {k} on {} does not fit", self.arch())));
+        }
+        w.check(self, "w", n, k)?;
+        self.check("aq", aq, prod(&[m, k])?)?;
+        self.check("a_scales", a_scales, prod(&[m, k.div_ceil(super::FP8_BLOCK)])?)?;
+        self.check("out", out, prod(&[m, n])?)?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let stages = if 4 * MMA_STAGE <= self.caps().smem_limit() { 4 } else { 3 };
+        let smem = stages * MMA_STAGE;
+        let s = &*self.stream;
+        let (pa, _ga) = aq.device_ptr(s);
+        let (pq, _gq) = w.q.device_ptr(s);
+        if (pa | pq) & 15 != 0 {
+            return Err(CudaError::Invalid("fp8_gemm_mma8: aq and w must be 16-byte aligned".into()));
+        }
+        let f = self.function_smem(&FP8, &format!("fp8_gemm_mma8_{}_s{stages}", O::NAME), smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("column blocks", n.div_ceil(MMA_TILE))?, u32_of("row blocks", m.div_ceil(MMA_TILE))?, 1),
+            block_dim: (MMA_THREADS, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", smem)?,
+        };
+        let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
+        // SAFETY: matches fp8_gemm_mma8_<O>_s<stages>; aq holds m·k bytes, a_scales
+        // m·ceil(k/128), w n·k bytes, out m·n (checked); rows past m / n are neither read nor
+        // written; 16-byte aligned bytes with k % 16 == 0; the scale rows named by row_scale
+        // exist (Fp8Dev's contract); stages · 32 KiB of shared memory (allowed above).
+        // Kernel: `fp8_gemm_mma8_<O>_s<S>(const u8* aq, const float* as, const u8* wq, const float* ws,
+        // const u32* wrs, O* out, u32 m, u32 K, u32 n)`.
+        unsafe {
+            launch_fn!(
+                self,
+                f,
+                cfg,
+                [pa, ptr(a_scales), pq, ptr(w.scales), ptr(w.row_scale), ptr_mut(out), m32, k32, n32]
+            )
+        }
+    }
+
+    /// [`CudaKernels::fp8_act_quant`] into stream-ordered scratch, then
+    /// [`CudaKernels::fp8_gemm_mma8`]: `out ≈ x · Wᵀ` with the activations quantized.
+    ///
+    /// # Shapes
+    /// - `x`: `[m, k]` (`A`, bf16 / f16), `w`: FP8 `[n, k]`, `out`: `[m, n]` (`O`)
+    ///
+    /// # Errors
+    /// As the two calls.
+    pub fn fp8_gemm_mma8_quant<A: CudaFloat, O: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<A>,
+        w: Fp8Dev<'_>,
+        out: &mut impl DevicePtrMut<O>,
+        m: usize,
+    ) -> Result<()> {
+        let k = w.cols;
+        if !self.fp8_mma8_fits(k) {
+            return Err(CudaError::Invalid(format!("fp8_gemm_mma8: k {k} on {} does not fit", self.arch())));
+        }
+        let (nq, ns) = (prod(&[m, k])?, prod(&[m, k.div_ceil(super::FP8_BLOCK)])?);
+        // SAFETY: uninitialised scratch, written in full by fp8_act_quant before the GEMM reads it.
+        let mut q = unsafe { self.stream.alloc::<u8>(nq.max(1)) }?;
+        // SAFETY: as above.
+        let mut sc = unsafe { self.stream.alloc::<f32>(ns.max(1)) }?;
+        let (mut qv, mut sv) = (q.slice_mut(0..nq), sc.slice_mut(0..ns));
+        self.fp8_act_quant::<A>(x, &mut qv, &mut sv, m, k)?;
+        self.fp8_gemm_mma8(&q.slice(0..nq), &sc.slice(0..ns), w, out, m)
+    }
+
+    /// [`CudaKernels::moe_experts`]'s prefill path with FP8 experts: the same alignment,
+    /// tiles, activation and combine, with moe.cu's tensor-core GEMMs reading the experts'
+    /// e4m3 tiles and dequantizing them in shared memory (no dequantized copy of the experts).
+    /// Needs [`CudaKernels::moe_prefill_fp8_fits`]; not batch-invariant (use
+    /// [`CudaKernels::moe_experts_fp8`] for that, and for decode).
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::moe_experts_fp8`].
+    ///
+    /// # Errors
+    /// As [`CudaKernels::moe_experts`]; [`CudaError::Invalid`] if the tensor-core GEMMs do not
+    /// take the shape or the buffers are not 16-byte aligned.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts_fp8_prefill<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: Fp8Dev<'_>,
+        up: Fp8Dev<'_>,
+        down: Fp8Dev<'_>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+    ) -> Result<()> {
+        let [t, k, e, hidden, inter] = dims;
+        if k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
+            return Err(CudaError::Invalid(format!(
+                "moe_experts_fp8_prefill: need 1 <= k <= e <= {MOE_MAX_E}, hidden > 0, inter > 0; got k = {k}, \
+                 e = {e}, hidden = {hidden}, inter = {inter}"
+            )));
+        }
+        self.check("x", x, prod(&[t, hidden])?)?;
+        self.check("idx", idx, prod(&[t, k])?)?;
+        self.check("w", w, prod(&[t, k])?)?;
+        gate.check(self, "gate", prod(&[e, inter])?, hidden)?;
+        up.check(self, "up", prod(&[e, inter])?, hidden)?;
+        down.check(self, "down", prod(&[e, hidden])?, inter)?;
+        self.check("out", out, prod(&[t, hidden])?)?;
+        if t == 0 {
+            return Ok(());
+        }
+        if !self.moe_prefill_fp8_fits::<T>(hidden, inter) {
+            return Err(CudaError::Invalid(format!(
+                "moe_experts_fp8_prefill: {} hidden {hidden}, inter {inter} does not fit on {}",
+                T::NAME,
+                self.arch()
+            )));
+        }
+        self.moe_prefill::<T>(x, idx, w, ExpertWeights::Fp8 { gate, up, down }, out, dims, &mut |_| Ok(()))
+    }
+}
