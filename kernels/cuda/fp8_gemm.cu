@@ -82,16 +82,18 @@ template <typename T, bool GU> struct TcWeightsFp8 {
     }
 };
 
-// Dense: out[m, N] = x[m, K] · W[N, K]ᵀ, grid ceil(m / 16·MI) · nblk blocks (nblk = ceil(N /
-// 256)), MOE_TC_THREADS threads; dynamic shared memory max(4 · (16·MI · 40 · sizeof(A) + 8192)
-// + 2 · 256 · 40 · sizeof(A), 16·MI · 260 · 4) bytes (the host computes it). Needs K % 16 == 0,
-// N % 8 == 0, 16-byte aligned x, q and out (checked by the host).
+// Dense: out[m, N] = x[m, K] · W[N, K]ᵀ, grid (ceil(m / 16·MI) · nblk, splits) blocks (nblk =
+// ceil(N / 256); split-K: split y sums k-steps [y·ksteps, (y + 1)·ksteps) into out + y·m·N, an
+// f32 workspace that fp8_splitk_reduce sums), MOE_TC_THREADS threads; dynamic shared memory
+// max(4 · (16·MI · 40 · sizeof(A) + 8192) + 2 · 256 · 40 · sizeof(A), 16·MI · 260 · 4) bytes
+// (the host computes it). Needs K % 16 == 0, N % 8 == 0, 16-byte aligned x, q and out (checked
+// by the host).
 #define FP8_TC_DENSE(NA, A, NO, O, MI)                                                                         \
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS) fp8_gemm_tc##MI##_##NA##_##NO(               \
         const A* x, const unsigned char* q, const float* sc, const u32* rs, O* out, u32 K, u32 N, u32 m,      \
-        u32 nblk) {                                                                                            \
+        u32 nblk, u32 ksteps) {                                                                                \
         gemm_tc_impl<A, O, TC_DENSE, MI>(x, TcWeightsFp8<A, false>{q, sc, rs, q, sc, rs}, nullptr, nullptr, out, \
-                                         K, N, 1u, nblk, m);                                                   \
+                                         K, N, 1u, nblk, m, ksteps);                                           \
     }
 #define FP8_TC_DENSE_MI(NA, A, NO, O)                                                               \
     FP8_TC_DENSE(NA, A, NO, O, 1)                                                                   \
@@ -100,6 +102,25 @@ FP8_TC_DENSE_MI(bf16, bf16, bf16, bf16)
 FP8_TC_DENSE_MI(bf16, bf16, f32, float)
 FP8_TC_DENSE_MI(f16, f16, f16, f16)
 FP8_TC_DENSE_MI(f16, f16, f32, float)
+
+// Split-K sum: out[i] = Σ_y ws[y · total + i] (f32, y ascending: deterministic), one rounding
+// to O. Grid-stride over total.
+template <typename O>
+__device__ __forceinline__ void fp8_splitk_reduce_impl(const float* __restrict__ ws, O* __restrict__ out, u32 splits,
+                                                       u64 total) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (u32 y = 0; y < splits; ++y) s += __ldg(ws + y * total + i);
+        out[i] = from_f<O>(s);
+    }
+}
+#define FP8_SPLITK_REDUCE(NO, O)                                                                                 \
+    extern "C" __global__ void fp8_splitk_reduce_##NO(const float* ws, O* out, u32 splits, u64 total) {         \
+        fp8_splitk_reduce_impl<O>(ws, out, splits, total);                                                       \
+    }
+FP8_SPLITK_REDUCE(bf16, bf16)
+FP8_SPLITK_REDUCE(f16, f16)
+FP8_SPLITK_REDUCE(f32, float)
 
 // Grouped MoE GEMMs with FP8 experts (moe.cu's moe_gemm_{gu,down}_tc{MI}_<T> with the weights
 // given as bytes, scales and scale-row maps; the same grouping, tiles, launch shape; dynamic
@@ -110,13 +131,13 @@ FP8_TC_DENSE_MI(f16, f16, f32, float)
         const float* s1, const u32* rs1, const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, \
         u32 nblk) {                                                                                             \
         gemm_tc_impl<T, T, TC_GU, MI>(a, TcWeightsFp8<T, true>{q0, s0, rs0, q1, s1, rs1}, sorted, tile_expert,  \
-                                      dst, K, N, k, nblk, 0u);                                                  \
+                                      dst, K, N, k, nblk, 0u, 0xffffffffu);                                     \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS) moe_gemm_down_fp8_tc##MI##_##NAME(            \
         const T* a, const unsigned char* q, const float* s, const u32* rs, const u32* sorted,                   \
         const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {                                        \
         gemm_tc_impl<T, T, TC_DOWN, MI>(a, TcWeightsFp8<T, false>{q, s, rs, q, s, rs}, sorted, tile_expert, dst, \
-                                        K, N, k, nblk, 0u);                                                     \
+                                        K, N, k, nblk, 0u, 0xffffffffu);                                        \
     }
 #define FP8_TC_MOE_MI(T, NAME) \
     FP8_TC_MOE(T, NAME, 1) FP8_TC_MOE(T, NAME, 2) FP8_TC_MOE(T, NAME, 3) FP8_TC_MOE(T, NAME, 4)

@@ -702,11 +702,13 @@ template <typename T, bool GU> struct TcWeightsT {
 // 128 columns of h, c0 = 128·cb; down / dense: 256 columns, c0 = 256·cb). MODE: TC_GU,
 // TC_DOWN (sorted / tile_expert from moe_align) or TC_DENSE (m rows; sorted, tile_expert and
 // k unused). WL: the weight loader (TcWeightsT, or fp8_gemm.cu's TcWeightsFp8). O: the output
-// type (T, or f32 with TC_DENSE).
+// type (T, or f32 with TC_DENSE). Split-K (TC_DENSE): block row blockIdx.y sums k-steps
+// [y·ksteps, (y + 1)·ksteps) and writes its [m, N] partial at dst + y·m·N (gridDim.y = 1 and
+// ksteps ≥ the k-steps of K otherwise).
 template <typename T, typename O, int MODE, int MI, typename WL>
 __device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, WL wl, const u32* __restrict__ sorted,
                                              const u32* __restrict__ tile_expert, O* __restrict__ dst, u32 K, u32 N,
-                                             u32 k, u32 nblk, u32 m) {
+                                             u32 k, u32 nblk, u32 m, u32 ksteps) {
 #if defined(PORTER_SM80)
     using namespace nvcuda;
     constexpr bool GU = MODE == TC_GU;
@@ -765,7 +767,10 @@ __device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, WL wl, con
     for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-    const u32 nk = (K + MOE_TC_BK - 1) / MOE_TC_BK;
+    const u32 nk_all = (K + MOE_TC_BK - 1) / MOE_TC_BK;
+    const u32 kt0 = min(blockIdx.y * ksteps, nk_all);  // blockIdx.y = 0 without a split
+    const u32 nk = min(nk_all - kt0, ksteps);
+    if (MODE == TC_DENSE) dst += (u64)blockIdx.y * m * N;
     // Commit groups G0..G(S−2) (tiles 0..S−2, empty past the last); iteration
     // kt commits G(kt + S − 1), so "all but the newest S − 2 groups done" means
     // tile kt has landed (this thread's chunks: the loader converts only its own
@@ -774,17 +779,17 @@ __device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, WL wl, con
     // conversion buffer kt % 2 was last read in iteration kt − 2, likewise.
 #pragma unroll
     for (u32 s = 0; s < MOE_TC_STAGES - 1; ++s) {
-        if (s < nk) load(s, s * MOE_TC_BK);
+        if (s < nk) load(s, (kt0 + s) * MOE_TC_BK);
         cp_async_commit();
     }
     for (u32 kt = 0; kt < nk; ++kt) {
         cp_async_wait<MOE_TC_STAGES - 2>();
         const u32 st = kt % MOE_TC_STAGES;
         unsigned char* conv = Wc + (kt & 1u) * WL::CONV_BYTES;
-        wl.convert(Ws + st * WL::STAGE_BYTES, conv, kt * MOE_TC_BK);
+        wl.convert(Ws + st * WL::STAGE_BYTES, conv, (kt0 + kt) * MOE_TC_BK);
         __syncthreads();
         const u32 kn = kt + MOE_TC_STAGES - 1;
-        if (kn < nk) load(kn % MOE_TC_STAGES, kn * MOE_TC_BK);
+        if (kn < nk) load(kn % MOE_TC_STAGES, (kt0 + kn) * MOE_TC_BK);
         cp_async_commit();
         const T* as = As + st * A_ELEMS;
         const T* bs = wl.tile(Ws + st * WL::STAGE_BYTES, conv);
@@ -898,13 +903,14 @@ extern "C" __global__ void __launch_bounds__(256)
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS)                                                  \
         moe_gemm_gu_tc##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                      \
                                     const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {              \
-        gemm_tc_impl<T, T, TC_GU, MI>(a, TcWeightsT<T, true>{w0, w1}, sorted, tile_expert, dst, K, N, k, nblk, 0u); \
+        gemm_tc_impl<T, T, TC_GU, MI>(a, TcWeightsT<T, true>{w0, w1}, sorted, tile_expert, dst, K, N, k, nblk, 0u, \
+                                      0xffffffffu);                                                               \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS)                                                  \
         moe_gemm_down_tc##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                    \
                                       const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {            \
         gemm_tc_impl<T, T, TC_DOWN, MI>(a, TcWeightsT<T, false>{w0, w0}, sorted, tile_expert, dst, K, N, k, nblk,  \
-                                        0u);                                                                      \
+                                        0u, 0xffffffffu);                                                         \
     }
 
 MOE_TC_ENTRY(bf16, bf16, 1)

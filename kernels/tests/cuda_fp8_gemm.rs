@@ -80,17 +80,19 @@ fn no_nan(what: &str, v: &[f32]) {
     }
 }
 
-/// The tile-dequantizing GEMM `x · Wᵀ` (`A` → `O`) against the weights-only reference.
-fn tc_case<A: CudaFloat, O: CudaFloat>(k: &CudaKernels, w: &W8, x: &[f32], m: usize) {
+/// The tile-dequantizing GEMM `x · Wᵀ` (`A` → `O`, `splits` k-splits, `None`: the kernel's
+/// choice) against the weights-only reference.
+fn tc_case<A: CudaFloat, O: CudaFloat>(k: &CudaKernels, w: &W8, x: &[f32], m: usize, splits: Option<usize>) {
     let (kk, n) = (w.cols, w.rows);
-    let what = format!("fp8_gemm_tc {} -> {} m={m} [{n}, {kk}]", A::NAME, O::NAME);
+    let auto = k.fp8_gemm_tc_splits(m, kk, n).unwrap();
+    let what = format!("fp8_gemm_tc {} -> {} m={m} [{n}, {kk}] splits {}", A::NAME, O::NAME, splits.unwrap_or(auto));
     if !k.fp8_gemm_tc_fits::<A, O>(kk, n) {
         println!("  {what}: skipped (needs sm_80+ tensor cores; {:?})", k.caps());
         return;
     }
     let xd = up::<A>(k, &x[..m * kk]);
     let mut out = poisoned::<O>(k, m * n);
-    k.fp8_gemm_tc::<A, O>(&xd, w.dev(), &mut out, m).unwrap();
+    k.fp8_gemm_tc_split::<A, O>(&xd, w.dev(), &mut out, m, splits).unwrap();
     let got = down(k, &out);
     no_nan(&what, &got);
     let rows = sample_rows(m);
@@ -111,17 +113,26 @@ fn tc_all<A: CudaFloat>(test: &str) {
     let w = W8::new(&k, &mut rng, 296, 400);
     let x = rnd_vec::<A>(&rng.vec(300 * 400, 1.0));
     for m in [1, 9, 16, 37, 64, 100, 130, 300] {
-        tc_case::<A, A>(&k, &w, &x, m);
-        tc_case::<A, f32>(&k, &w, &x, m);
+        tc_case::<A, A>(&k, &w, &x, m, None);
+        tc_case::<A, f32>(&k, &w, &x, m, None);
     }
-    // The real shapes: GDN qkvz 2048 -> 12288 and the attention / GDN out proj 4096 -> 2048.
+    // Split-K: k = 31·128 + 32 cut into splits of 9 k-steps (288 columns: splits end inside a
+    // scale block), into 2 and into every k-step (125), and unsplit.
+    let w = W8::new(&k, &mut rng, 296, 4000);
+    let x = rnd_vec::<A>(&rng.vec(130 * 4000, 1.0));
+    for splits in [None, Some(1), Some(2), Some(14), Some(125)] {
+        tc_case::<A, A>(&k, &w, &x, 37, splits);
+        tc_case::<A, f32>(&k, &w, &x, 130, splits);
+    }
+    // The real shapes: GDN qkvz 2048 -> 12288 and the attention / GDN out proj 4096 -> 2048
+    // (64 rows: split along k).
     for (n, kk) in [(12288, 2048), (2048, 4096)] {
         let w = W8::new(&k, &mut rng, n, kk);
         let x = rnd_vec::<A>(&rng.vec(4096 * kk, 1.0));
         for m in [64, 4096] {
-            tc_case::<A, A>(&k, &w, &x, m);
+            tc_case::<A, A>(&k, &w, &x, m, None);
         }
-        tc_case::<A, f32>(&k, &w, &x, 4096);
+        tc_case::<A, f32>(&k, &w, &x, 4096, None);
     }
 }
 
@@ -271,9 +282,16 @@ fn bench_dense(k: &CudaKernels, gemm: Option<&Gemm>, rng: &mut Rng, n: usize, kk
             line("cuBLAS bf16 dense (ceiling)", s);
         }
         if k.fp8_gemm_tc_fits::<bf16, bf16>(kk, n) {
+            let splits = k.fp8_gemm_tc_splits(m, kk, n).unwrap();
             let s =
                 time(k, iters, || k.fp8_gemm_tc::<bf16, bf16>(&xv, w.dev(), &mut out.slice_mut(0..m * n), m).unwrap());
-            line("tile-dequant TC", s);
+            line(&format!("tile-dequant TC ({splits} k-splits)"), s);
+            if splits > 1 {
+                let s = time(k, iters, || {
+                    k.fp8_gemm_tc_split::<bf16, bf16>(&xv, w.dev(), &mut out.slice_mut(0..m * n), m, Some(1)).unwrap()
+                });
+                line("tile-dequant TC (no split)", s);
+            }
         }
         if k.fp8_mma8_fits(kk) {
             let s = time(k, iters, || {

@@ -17,6 +17,16 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 const TC_THREADS: u32 = 128;
 /// Output columns per block of the dense tile-dequantizing GEMM (`MOE_TC_BN`).
 const TC_BN: usize = 256;
+/// Columns of a k-step of the tile-dequantizing GEMM (`MOE_TC_BK`).
+const TC_BK: usize = 32;
+/// Split-K: the dense tile-dequantizing GEMM is split along k until it has this many blocks
+/// per SM (2 are resident at MI = 4), each split at least [`SPLIT_MIN_KSTEPS`] k-steps, at most
+/// [`SPLIT_MAX`] splits.
+const SPLIT_BLOCKS_PER_SM: usize = 2;
+/// See [`SPLIT_BLOCKS_PER_SM`].
+const SPLIT_MIN_KSTEPS: usize = 8;
+/// See [`SPLIT_BLOCKS_PER_SM`].
+const SPLIT_MAX: usize = 16;
 /// Rows and columns of an e4m3 MMA block tile (`FP8_MMA_BM`, `FP8_MMA_BN`).
 const MMA_TILE: usize = 128;
 /// Threads of the e4m3 MMA GEMM (`FP8_MMA_THREADS`).
@@ -42,7 +52,8 @@ impl CudaKernels {
     /// `16·MI` rows (`MI` = 1..4, the fewest that cover `m` up to 64) × 256 weight rows, the
     /// weight's e4m3 bytes staged with cp.async and dequantized in shared memory to `A`
     /// (`round_A(e4m3 · scale)`, the weights of [`CudaKernels::fp8_dequant`]), f32
-    /// accumulation (wmma), one rounding to `O`.
+    /// accumulation (wmma), one rounding to `O`. Few tiles (small `m`) are split along `k`
+    /// into f32 partials summed in a fixed order ([`CudaKernels::fp8_gemm_tc_splits`]).
     ///
     /// # Shapes
     /// - `x`: `[m, k]` (`A`), `w`: FP8 `[n, k]`, `out`: `[m, n]` (`O`), overwritten
@@ -56,6 +67,41 @@ impl CudaKernels {
         w: Fp8Dev<'_>,
         out: &mut impl DevicePtrMut<O>,
         m: usize,
+    ) -> Result<()> {
+        self.fp8_gemm_tc_split(x, w, out, m, None)
+    }
+
+    /// The split-K factor [`CudaKernels::fp8_gemm_tc`] uses for `m` rows of `[n, k]`: 1 when
+    /// the tiles alone give [`SPLIT_BLOCKS_PER_SM`] blocks per SM, else enough splits for
+    /// that, each of at least 8 k-steps (256 columns), at most 16.
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`] if the SM count cannot be read.
+    pub fn fp8_gemm_tc_splits(&self, m: usize, k: usize, n: usize) -> Result<usize> {
+        let sms =
+            self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let target = SPLIT_BLOCKS_PER_SM * usize::try_from(sms).unwrap_or(1).max(1);
+        let blocks = (m.div_ceil(16 * m.div_ceil(16).clamp(1, 4)) * n.div_ceil(TC_BN)).max(1);
+        let nk = k.div_ceil(TC_BK);
+        Ok(if blocks >= target { 1 } else { target.div_ceil(blocks).min(nk / SPLIT_MIN_KSTEPS).clamp(1, SPLIT_MAX) })
+    }
+
+    /// [`CudaKernels::fp8_gemm_tc`] with `splits` k-splits (`None`: its choice,
+    /// [`CudaKernels::fp8_gemm_tc_splits`]); more than 1: each split's f32 partial into a
+    /// stream-ordered workspace `[splits, m, n]`, then their sum in split order, rounded once.
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::fp8_gemm_tc`].
+    ///
+    /// # Errors
+    /// As [`CudaKernels::fp8_gemm_tc`]; [`CudaError::Invalid`] for 0 splits.
+    pub fn fp8_gemm_tc_split<A: CudaFloat, O: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<A>,
+        w: Fp8Dev<'_>,
+        out: &mut impl DevicePtrMut<O>,
+        m: usize,
+        splits: Option<usize>,
     ) -> Result<()> {
         let (k, n) = (w.cols, w.rows);
         if !self.fp8_gemm_tc_fits::<A, O>(k, n) {
@@ -87,20 +133,55 @@ impl CudaKernels {
         }
         let nblk = n.div_ceil(TC_BN);
         let tiles = m.div_ceil(16 * mi);
-        let f = self.function_smem(&FP8, &format!("fp8_gemm_tc{mi}_{}_{}", A::NAME, O::NAME), smem)?;
+        let nk = k.div_ceil(TC_BK);
+        let splits = match splits {
+            Some(0) => return Err(CudaError::Invalid("fp8_gemm_tc: 0 k-splits".into())),
+            Some(v) => v.min(nk),
+            None => self.fp8_gemm_tc_splits(m, k, n)?,
+        };
+        let ksteps = nk.div_ceil(splits);
+        let splits = nk.div_ceil(ksteps);
+        let oname = if splits > 1 { "f32" } else { O::NAME };
+        let f = self.function_smem(&FP8, &format!("fp8_gemm_tc{mi}_{}_{oname}", A::NAME), smem)?;
         let cfg = LaunchConfig {
-            grid_dim: (u32_of("blocks", prod(&[tiles, nblk])?)?, 1, 1),
+            grid_dim: (u32_of("blocks", prod(&[tiles, nblk])?)?, u32_of("k-splits", splits)?, 1),
             block_dim: (TC_THREADS, 1, 1),
             shared_mem_bytes: u32_of("shared memory", smem)?,
         };
         let (k32, n32, m32, nblk32) = (u32_of("k", k)?, u32_of("n", n)?, u32_of("m", m)?, u32_of("blocks", nblk)?);
-        // SAFETY: matches fp8_gemm_tc<mi>_<A>_<O>; x holds m·k, q n·k, out m·n elements
-        // (checked); rows past m / n are neither read nor written; 16-byte aligned buffers with
-        // k % 16 == 0 and n % 8 == 0 (fits); the scale rows named by row_scale exist (Fp8Dev's
-        // contract); dynamic shared memory as the kernel needs for mi (allowed above).
+        let ks32 = u32_of("k-steps", ksteps)?;
+        let total = prod(&[m, n])?;
+        // Split partials [splits, m, n] f32 (written in full: every split covers every row
+        // and column of out); none without a split.
+        let mut ws = if splits > 1 {
+            // SAFETY: uninitialised workspace, written in full by the GEMM before the sum reads it.
+            Some(unsafe { self.stream.alloc::<f32>(prod(&[splits, total])?) }?)
+        } else {
+            None
+        };
+        let ws_ptr = ws.as_mut().map(|b| b.device_ptr_mut(s));
+        let pws = ws_ptr.as_ref().map_or(0, |p| p.0);
+        let dst = if splits > 1 { pws } else { po };
+        // SAFETY: matches fp8_gemm_tc<mi>_<A>_<O or f32>; x holds m·k, q n·k elements, dst
+        // m·n of O (out) or splits·m·n f32 (the workspace; split y writes its m·n at y·m·n);
+        // rows past m / n are neither read nor written; 16-byte aligned buffers with k % 16 == 0
+        // and n % 8 == 0 (fits; the workspace is 256-byte aligned and m·n·4 a multiple of 32);
+        // the scale rows named by row_scale exist (Fp8Dev's contract); dynamic shared memory as
+        // the kernel needs for mi (allowed above).
         // Kernel: `fp8_gemm_tc<MI>_<A>_<O>(const A* x, const u8* q, const float* sc, const u32* rs, O* out,
-        // u32 K, u32 N, u32 m, u32 nblk)`.
-        unsafe { launch_fn!(self, f, cfg, [px, pq, ptr(w.scales), ptr(w.row_scale), po, k32, n32, m32, nblk32]) }
+        // u32 K, u32 N, u32 m, u32 nblk, u32 ksteps)`.
+        unsafe {
+            launch_fn!(self, f, cfg, [px, pq, ptr(w.scales), ptr(w.row_scale), dst, k32, n32, m32, nblk32, ks32])
+        }?;
+        if splits == 1 {
+            return Ok(());
+        }
+        let (sp32, total64) = (u32_of("k-splits", splits)?, total as u64);
+        // SAFETY: matches fp8_splitk_reduce_<O>; the workspace holds splits·total f32, out total O.
+        // Kernel: `fp8_splitk_reduce_<O>(const float* ws, O* out, u32 splits, u64 total)`.
+        unsafe {
+            launch!(self, FP8, format!("fp8_splitk_reduce_{}", O::NAME), super::ew_cfg(total), [pws, po, sp32, total64])
+        }
     }
 
     /// Whether the e4m3 MMA path ([`CudaKernels::fp8_gemm_mma8`]) runs on this device for
