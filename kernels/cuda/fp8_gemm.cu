@@ -182,74 +182,124 @@ FP8_ACT_QUANT(bf16, bf16)
 FP8_ACT_QUANT(f16, f16)
 
 // ---------------------------------------------------------------------------
-// 2b. e4m3 MMA GEMM: out[m, n] = Σ_kb a_s[r, kb] · w_s[rs[j], kb] · Σ_{c in kb} e4m3(aq[r, c]) ·
-// e4m3(wq[j, c]). Block tile 128 × 128, BK = 128 (one scale block per k-step), S cp.async
-// stages of 32 KiB (A then W, 128-byte rows with the 16-byte chunks XOR-swizzled by row so that
-// ldmatrix and the cp.async stores are conflict-free), 16 warps of 32 × 32 (2 m16 × 4 n8 MMA
-// tiles; ldmatrix.x4 yields the 8-bit A / B fragments directly: an 8 × 16-byte matrix is a
-// fragment's 8 rows × 4 bytes per lane). 16 warps of 32 × 32 rather than 8 of 64 × 32: the
-// accumulators and the block's partial sums (2 × 32 f32 a thread) fit the 128 registers of
-// 512 threads without spills (64 × 32 needed 255 and spilled). Each k-step sums its 4 k32 MMAs into fresh f32
-// registers and adds them times the two scales (DeepGEMM's promotion: the tensor cores'
-// accumulation stays within one 128-column block). Needs K % 16 == 0 and 16-byte aligned
-// aq / wq (the host checks). Grid (ceil(n / 128), ceil(m / 128)), FP8_MMA_THREADS threads,
-// S · 32 KiB of dynamic shared memory.
+// 2b. e4m3 MMA GEMMs: C[r, j] = Σ_kb a_s[r, kb] · w_s[rs[j], kb] · Σ_{c in kb} e4m3(aq[r, c]) ·
+// e4m3(wq[j, c]). BK = 128 (one scale block per k-step), S cp.async stages of (BM + BN) · 128
+// bytes (A then W, 128-byte rows with the 16-byte chunks XOR-swizzled by row so that ldmatrix
+// and the cp.async stores are conflict-free), 16 warps of 32 × 32 (WM × WN = 16; 2 m16 × 4 n8
+// MMA tiles each; ldmatrix.x4 yields the 8-bit A / B fragments directly: an 8 × 16-byte matrix
+// is a fragment's 8 rows × 4 bytes per lane). 32 × 32 warp tiles rather than 64 × 32: the
+// accumulators and the k-step's partial sums (2 × 32 f32 a thread) fit the 128 registers of
+// 512 threads without spills (64 × 32 needed 255 and spilled). Each k-step sums its 4 k32 MMAs
+// into fresh f32 registers and adds them times the two scales (DeepGEMM's promotion: the
+// tensor cores' accumulation stays within one 128-column block). Needs K % 16 == 0 and 16-byte
+// aligned aq / wq (the host checks). The block scales of a k-step (BM A rows, BN W rows) are
+// staged with its tiles (plain loads into shared memory, read after the barrier). FP8_MMA_THREADS
+// threads, S · (BM + BN) · 132 bytes of dynamic shared memory.
+// - TC_DENSE (WM = WN = 4, 128 × 128 tiles): out[m, n] = x · Wᵀ, grid (ceil(n/128), ceil(m/128)).
+// - TC_GU / TC_DOWN (WM = 2, WN = 8: 64 × 256 tiles, moe.cu's grouping padded to 64 rows):
+//   block b: tile b / nblk, column block b % nblk. aq: x quantized per token (GU; pair p reads
+//   row p / k) or h quantized per sorted row (DOWN). GU: warp wn's 32 tile rows are gate rows
+//   c0 + 16wn.. (16) then up rows c0 + 16wn.. (16), c0 = 128·cb, so a thread's n8 tiles 0, 1
+//   (gate) and 2, 3 (up) hold the same (row, h column): h = silu(round(g)) · round(u) in
+//   registers, 128 h columns a block (every row of the tile; padding rows get 0). DOWN: 256
+//   o columns a block, rows of real pairs at o[pair].
 // ---------------------------------------------------------------------------
-#define FP8_MMA_BM 128u
-#define FP8_MMA_BN 128u
 #define FP8_MMA_BK 128u
 #define FP8_MMA_THREADS 512
 #define FP8_MMA_MI 2  // m16 tiles per warp
-#define FP8_MMA_TILE (128u * 128u)      // bytes of one A or W tile of a stage
-#define FP8_MMA_STAGE (2u * FP8_MMA_TILE)
 
-// Byte offset of 16-byte chunk c (0..7) of row r of a swizzled [128][128]-byte tile.
+// Byte offset of 16-byte chunk c (0..7) of row r of a swizzled [rows][128]-byte tile.
 __device__ __forceinline__ u32 fp8_sw(u32 r, u32 c) { return r * 128u + ((c ^ (r & 7u)) << 4); }
 
-template <typename O> __device__ __forceinline__ void fp8_store2(O* out, u32 m, u32 n, u32 r, u32 c, float a, float b) {
-    if (r >= m) return;
-    O* p = out + (u64)r * n + c;
-    if (c + 1 < n) {
-        p[0] = from_f<O>(a);
-        p[1] = from_f<O>(b);
-    } else if (c < n) {
-        p[0] = from_f<O>(a);
-    }
+// Two adjacent outputs (a at column c, b at c + 1) of row `row` (bounds: c < n).
+template <typename O> __device__ __forceinline__ void fp8_store2(O* row, u32 n, u32 c, float a, float b) {
+    if (c < n) row[c] = from_f<O>(a);
+    if (c + 1 < n) row[c + 1] = from_f<O>(b);
 }
 
-template <typename O, int S>
+template <typename O, int S, int MODE, int WM>
 __device__ __forceinline__ void fp8_mma8_impl(const unsigned char* __restrict__ aq, const float* __restrict__ as,
-                                              const unsigned char* __restrict__ wq, const float* __restrict__ ws,
-                                              const u32* __restrict__ wrs, O* __restrict__ out, u32 m, u32 K,
-                                              u32 n) {
+                                              const unsigned char* __restrict__ wq0, const float* __restrict__ ws0,
+                                              const u32* __restrict__ wrs0, const unsigned char* __restrict__ wq1,
+                                              const float* __restrict__ ws1, const u32* __restrict__ wrs1,
+                                              const u32* __restrict__ sorted, const u32* __restrict__ tile_expert,
+                                              O* __restrict__ out, u32 m, u32 K, u32 n, u32 k, u32 nblk) {
 #if defined(PORTER_SM89)
+    constexpr int WN = 16 / WM;
+    constexpr u32 BM = 32u * WM, BN = 32u * WN;
+    // Stage: A tile, W tile, then the k-step's scales (A rows, then W rows = C columns).
+    constexpr u32 A_TILE = BM * 128u, SCALES = (BM + BN) * 128u, STAGE = (BM + BN) * 132u;
+    constexpr int AC = (int)(BM * 8u / FP8_MMA_THREADS), WC = (int)(BN * 8u / FP8_MMA_THREADS);
+    constexpr bool GU = MODE == TC_GU;
     extern __shared__ __align__(128) unsigned char fp8_mma_smem[];
+    __shared__ u32 s_pair[MODE == TC_DENSE ? 1 : BM];
     const u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31u;
-    const u32 m0 = blockIdx.y * FP8_MMA_BM, n0 = blockIdx.x * FP8_MMA_BN;
-    const u32 nkb = (K + FP8_BLOCK - 1) / FP8_BLOCK;
-    // Loader: 16-byte chunk lc of A and W tile rows lr + 64s (s < 2).
-    const u32 lr = tid >> 3, lc = tid & 7u;
-    u32 avalid = 0, wvalid = 0;
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-        if (m0 + lr + 64u * s < m) avalid |= 1u << s;
-        if (n0 + lr + 64u * s < n) wvalid |= 1u << s;
+    u32 m0, c0, ex;
+    if (MODE == TC_DENSE) {
+        m0 = blockIdx.y * BM;
+        c0 = blockIdx.x * BN;
+        ex = 0;
+    } else {
+        const u32 tile = blockIdx.x / nblk, cb = blockIdx.x % nblk;
+        ex = tile_expert[tile];
+        if (ex == MOE_INVALID) return;
+        m0 = tile * BM;
+        c0 = cb * (GU ? BN / 2 : BN);
+        if (tid < BM) s_pair[tid] = sorted[m0 + tid];
+        __syncthreads();
     }
-    const unsigned char* abase = aq + (u64)(m0 + lr) * K + 16u * lc;
-    const unsigned char* wbase = wq + (u64)(n0 + lr) * K + 16u * lc;
-    auto load = [&](u32 st, u32 k0) {
-        unsigned char* sa = fp8_mma_smem + st * FP8_MMA_STAGE;
-        unsigned char* sb = sa + FP8_MMA_TILE;
-        const bool in = k0 + 16u * lc < K;
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            const u32 r = lr + 64u * s;
-            const bool va = ((avalid >> s) & 1u) != 0u && in, vb = ((wvalid >> s) & 1u) != 0u && in;
-            cp_async16(sa + fp8_sw(r, lc), va ? abase + (u64)(64u * s) * K + k0 : aq, va);
-            cp_async16(sb + fp8_sw(r, lc), vb ? wbase + (u64)(64u * s) * K + k0 : wq, vb);
-        }
+    const u32 nkb = (K + FP8_BLOCK - 1) / FP8_BLOCK;
+    // Source row of A tile row r (MOE_INVALID: none, zeros).
+    auto a_src = [&](u32 r) -> u32 {
+        if (MODE == TC_DENSE) return m0 + r < m ? m0 + r : MOE_INVALID;
+        if (MODE == TC_DOWN) return m0 + r;
+        const u32 p = s_pair[r];
+        return p == MOE_INVALID ? MOE_INVALID : p / k;
     };
-    const u32 wm = warp >> 2, wn = warp & 3u;  // warp tile: rows 32·wm.., columns 32·wn..
+    // W tile row (= C column) t: weight column c (< n: valid) and whether it is an up row.
+    auto w_col = [&](u32 t, bool& up) -> u32 {
+        up = GU && (t & 16u) != 0u;
+        return GU ? c0 + 16u * (t >> 5) + (t & 15u) : c0 + t;
+    };
+    // Loader: 16-byte chunk lc of A tile rows lr + 64s (s < AC) and W tile rows lr + 64s (s < WC).
+    // (The W rows are recomputed at each load: held in registers, the grouped forms spilled.)
+    const u32 lr = tid >> 3, lc = tid & 7u;
+    u32 arow[AC];
+#pragma unroll
+    for (int s = 0; s < AC; ++s) arow[s] = a_src(lr + 64u * s);
+    // Scales: thread tid < BM stages A row tid's, BM <= tid < BM + BN W row tid − BM's (clamped
+    // to a real column: columns past n are never stored), each k-step, with the stage.
+    const float* sc_src = nullptr;
+    if (tid < BM) {
+        const u32 r = a_src(tid);
+        if (r != MOE_INVALID) sc_src = as + (u64)r * nkb;
+    } else if (tid < BM + BN) {
+        bool up;
+        const u32 c = min(w_col(tid - BM, up), n - 1), row = ex * n + c;
+        sc_src = up ? ws1 + (u64)__ldg(wrs1 + row) * nkb : ws0 + (u64)__ldg(wrs0 + row) * nkb;
+    }
+    auto load = [&](u32 st, u32 k0) {
+        unsigned char* sa = fp8_mma_smem + st * STAGE;
+        unsigned char* sb = sa + A_TILE;
+        const u32 kc = k0 + 16u * lc;
+        const bool in = kc < K;
+#pragma unroll
+        for (int s = 0; s < AC; ++s) {
+            const bool v = arow[s] != MOE_INVALID && in;
+            cp_async16(sa + fp8_sw(lr + 64u * s, lc), v ? aq + (u64)arow[s] * K + kc : aq, v);
+        }
+#pragma unroll
+        for (int s = 0; s < WC; ++s) {
+            bool up;
+            const u32 c = w_col(lr + 64u * s, up);
+            const bool v = c < n && in;
+            const unsigned char* w = up ? wq1 : wq0;
+            cp_async16(sb + fp8_sw(lr + 64u * s, lc), v ? w + ((u64)ex * n + c) * K + kc : wq0, v);
+        }
+        if (tid < BM + BN)
+            reinterpret_cast<float*>(sa + SCALES)[tid] = sc_src != nullptr ? __ldg(sc_src + k0 / FP8_BLOCK) : 0.0f;
+    };
+    const u32 wm = warp / (u32)WN, wn = warp % (u32)WN;  // warp tile: rows 32·wm.., columns 32·wn..
     const u32 g = lane >> 2, t4 = lane & 3u;
     float acc[FP8_MMA_MI][4][4];
 #pragma unroll
@@ -280,7 +330,8 @@ __device__ __forceinline__ void fp8_mma8_impl(const unsigned char* __restrict__ 
             for (int j = 0; j < 4; ++j)
 #pragma unroll
                 for (int q = 0; q < 4; ++q) part[i][j][q] = 0.0f;
-        const u32 sa_base = sbase + (kb % S) * FP8_MMA_STAGE, sb_base = sa_base + FP8_MMA_TILE;
+        const u32 sa_base = sbase + (kb % S) * STAGE, sb_base = sa_base + A_TILE;
+        // Not unrolled: unrolled, the fragments of all four k32 steps stay live and spill.
 #pragma unroll 1
         for (u32 kk = 0; kk < FP8_MMA_BK / 32u; ++kk) {
             u32 af[FP8_MMA_MI][4];
@@ -313,24 +364,18 @@ __device__ __forceinline__ void fp8_mma8_impl(const unsigned char* __restrict__ 
                     }
             }
         }
-        // This block's scales; the weight's of the thread's C columns n0 + 32wn + 8j + 2t4 + e
-        // (clamped: columns past n are never stored). Loaded after the MMAs: fewer live
-        // registers (loaded before them, the kernel spilled).
+        // This k-step's scales (staged with the tiles, visible since the barrier): of the
+        // thread's A rows 32wm + 16i + g + 8h and C columns 32wn + 8j + 2t4 + e.
+        const float* scs = reinterpret_cast<const float*>(fp8_mma_smem + (kb % S) * STAGE + SCALES);
         float sa[FP8_MMA_MI][2], sw[4][2];
 #pragma unroll
         for (int i = 0; i < FP8_MMA_MI; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32 r = m0 + 32u * wm + 16u * i + g + 8u * h;
-                sa[i][h] = r < m ? __ldg(as + (u64)r * nkb + kb) : 0.0f;
-            }
+            for (int h = 0; h < 2; ++h) sa[i][h] = scs[32u * wm + 16u * i + g + 8u * h];
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const u32 c = min(n0 + 32u * wn + 8u * j + 2u * t4 + e, n - 1);
-                sw[j][e] = __ldg(ws + (u64)__ldg(wrs + c) * nkb + kb);
-            }
+            for (int e = 0; e < 2; ++e) sw[j][e] = scs[BM + 32u * wn + 8u * j + 2u * t4 + e];
         // C fragment: q = 0, 1 row g, columns 2t4, 2t4 + 1; q = 2, 3 row g + 8.
 #pragma unroll
         for (int i = 0; i < FP8_MMA_MI; ++i)
@@ -340,31 +385,94 @@ __device__ __forceinline__ void fp8_mma8_impl(const unsigned char* __restrict__ 
                 for (int q = 0; q < 4; ++q)
                     acc[i][j][q] = fmaf(part[i][j][q], sa[i][q >> 1] * sw[j][q & 1], acc[i][j][q]);
     }
+    if (MODE == TC_DENSE) {
+#pragma unroll
+        for (int i = 0; i < FP8_MMA_MI; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 r = m0 + 32u * wm + 16u * i + g + 8u * h;
+                if (r >= m) continue;
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    fp8_store2<O>(out + (u64)r * n, n, c0 + 32u * wn + 8u * j + 2u * t4, acc[i][j][2 * h],
+                                  acc[i][j][2 * h + 1]);
+            }
+        return;
+    }
+    // Grouped: C staged as f32 [BM][NC + 4] over the stages (gate+up: the NC = 128 h columns,
+    // SiLU·up applied here), then 16-byte stores of 8 columns (n % 8 == 0: the host checks).
+    // (Direct stores from the fragments, as the dense form, made these forms spill.)
+    constexpr u32 NC = GU ? BN / 2 : BN, LDC = NC + 4;
+    cp_async_wait<0>();
+    __syncthreads();
+    float* Cs = reinterpret_cast<float*>(fp8_mma_smem);
 #pragma unroll
     for (int i = 0; i < FP8_MMA_MI; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const u32 r = m0 + 32u * wm + 16u * i + g, c = n0 + 32u * wn + 8u * j + 2u * t4;
-            fp8_store2<O>(out, m, n, r, c, acc[i][j][0], acc[i][j][1]);
-            fp8_store2<O>(out, m, n, r + 8u, c, acc[i][j][2], acc[i][j][3]);
+        for (int h = 0; h < 2; ++h) {
+            float* crow = Cs + (32u * wm + 16u * i + g + 8u * h) * LDC;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                if (GU) {
+                    // n8 tiles 0, 1: gate columns 16wn + 8j + 2t4 (+1); 2, 3: the same up columns.
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        crow[16u * wn + 8u * j + 2u * t4 + e] =
+                            silu_f(round_to<O>(acc[i][j][2 * h + e])) * round_to<O>(acc[i][j + 2][2 * h + e]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) crow[32u * wn + 8u * j + 2u * t4 + e] = acc[i][j][2 * h + e];
+                }
+            }
         }
+    __syncthreads();
+    // gate+up: every row of the tile (padding rows hold 0); down: rows of real pairs, at o[pair].
+    for (u32 q = tid; q < BM * (NC / 8u); q += FP8_MMA_THREADS) {
+        const u32 i = q / (NC / 8u), v = q % (NC / 8u), c = c0 + 8u * v;
+        if (c >= n) continue;
+        u64 row = (u64)m0 + i;
+        if (!GU) {
+            const u32 p = s_pair[i];
+            if (p == MOE_INVALID) continue;
+            row = p;
+        }
+        store8<O>(out + row * n + c, Cs + i * LDC + 8u * v);
+    }
 #else
     // Below sm_89 or in a fallback build: the host never launches this kernel.
     __trap();
 #endif
 }
 
-#define FP8_MMA8(NO, O)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(FP8_MMA_THREADS, 1) fp8_gemm_mma8_##NO##_s3(                 \
-        const unsigned char* aq, const float* as, const unsigned char* wq, const float* ws, const u32* wrs,   \
-        O* out, u32 m, u32 K, u32 n) {                                                                         \
-        fp8_mma8_impl<O, 3>(aq, as, wq, ws, wrs, out, m, K, n);                                                \
-    }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(FP8_MMA_THREADS, 1) fp8_gemm_mma8_##NO##_s4(                 \
-        const unsigned char* aq, const float* as, const unsigned char* wq, const float* ws, const u32* wrs,   \
-        O* out, u32 m, u32 K, u32 n) {                                                                         \
-        fp8_mma8_impl<O, 4>(aq, as, wq, ws, wrs, out, m, K, n);                                                \
+#define FP8_MMA8_DENSE(NO, O, S)                                                                                \
+    extern "C" __global__ void __launch_bounds__(FP8_MMA_THREADS, 1) fp8_gemm_mma8_##NO##_s##S(                \
+        const unsigned char* aq, const float* as, const unsigned char* wq, const float* ws, const u32* wrs,    \
+        O* out, u32 m, u32 K, u32 n) {                                                                          \
+        fp8_mma8_impl<O, S, TC_DENSE, 4>(aq, as, wq, ws, wrs, wq, ws, wrs, nullptr, nullptr, out, m, K, n, 1u, 1u); \
     }
-FP8_MMA8(bf16, bf16)
-FP8_MMA8(f16, f16)
-FP8_MMA8(f32, float)
+FP8_MMA8_DENSE(bf16, bf16, 3)
+FP8_MMA8_DENSE(bf16, bf16, 4)
+FP8_MMA8_DENSE(f16, f16, 3)
+FP8_MMA8_DENSE(f16, f16, 4)
+FP8_MMA8_DENSE(f32, float, 3)
+FP8_MMA8_DENSE(f32, float, 4)
+
+// Grouped MoE e4m3 MMA GEMMs (tiles of 64 rows; see above). gate / up [e·I, H], down [e·H, I];
+// K = H, N = I (gate+up) or K = I, N = H (down); aq / as: x [t, H] (gate+up) or h [cap, I]
+// (down) quantized per row and 128 columns; dst: h [cap, I] or o [t·k, H].
+#define FP8_MMA8_MOE(T, NAME, S)                                                                               \
+    extern "C" __global__ void __launch_bounds__(FP8_MMA_THREADS, 1) moe_gemm_gu_fp8_mma8_##NAME##_s##S(          \
+        const unsigned char* aq, const float* as, const unsigned char* q0, const float* s0, const u32* rs0,   \
+        const unsigned char* q1, const float* s1, const u32* rs1, const u32* sorted, const u32* tile_expert,  \
+        T* dst, u32 K, u32 N, u32 k, u32 nblk) {                                                                \
+        fp8_mma8_impl<T, S, TC_GU, 2>(aq, as, q0, s0, rs0, q1, s1, rs1, sorted, tile_expert, dst, 0u, K, N, k, nblk); \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(FP8_MMA_THREADS, 1) moe_gemm_down_fp8_mma8_##NAME##_s##S(        \
+        const unsigned char* aq, const float* as, const unsigned char* q, const float* s, const u32* rs,      \
+        const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {                    \
+        fp8_mma8_impl<T, S, TC_DOWN, 2>(aq, as, q, s, rs, q, s, rs, sorted, tile_expert, dst, 0u, K, N, k, nblk); \
+    }
+// (4 stages only: 3 need 124 KiB, more than the sm_89 / sm_120 parts allow, and an H100 /
+// H200 takes 4.)
+FP8_MMA8_MOE(bf16, bf16, 4)
+FP8_MMA8_MOE(f16, f16, 4)

@@ -129,7 +129,7 @@ fn tc_all<A: CudaFloat>(test: &str) {
     for (n, kk) in [(12288, 2048), (2048, 4096)] {
         let w = W8::new(&k, &mut rng, n, kk);
         let x = rnd_vec::<A>(&rng.vec(4096 * kk, 1.0));
-        for m in [64, 4096] {
+        for m in [4, 64, 4096] {
             tc_case::<A, A>(&k, &w, &x, m, None);
         }
         tc_case::<A, f32>(&k, &w, &x, 4096, None);
@@ -270,6 +270,10 @@ fn bench_dense(k: &CudaKernels, gemm: Option<&Gemm>, rng: &mut Rng, n: usize, kk
         };
         let xv = xd.slice(0..m * kk);
         let iters = if m >= 1024 { 20 } else { 100 };
+        if CudaKernels::fp8_gemv_fits::<bf16, bf16>(m, kk) {
+            let s = time(k, iters, || k.fp8_gemv::<bf16, bf16>(&xv, w.dev(), &mut out.slice_mut(0..m * n), m).unwrap());
+            line("fp8_gemv (decode path)", s);
+        }
         if let Some(g) = gemm {
             let s = time(k, iters, || {
                 k.fp8_dequant::<bf16>(w.dev(), &mut dense).unwrap();
@@ -323,8 +327,8 @@ fn fp8_gemm_bench() {
         }
     };
     println!("  device {} {:?}", k.arch(), k.caps());
-    bench_dense(&k, gemm.as_ref(), &mut rng, 12288, 2048, &[16, 64, 256, 1024, 4096]);
-    bench_dense(&k, gemm.as_ref(), &mut rng, 2048, 4096, &[64, 4096]);
+    bench_dense(&k, gemm.as_ref(), &mut rng, 12288, 2048, &[1, 4, 8, 16, 64, 256, 1024, 4096]);
+    bench_dense(&k, gemm.as_ref(), &mut rng, 2048, 4096, &[4, 8, 64, 4096]);
     moe_bench(&k, &mut rng);
 }
 

@@ -9,7 +9,7 @@
 //!   quantized per token and per 128 columns, `mma.sync` on e4m3 × e4m3 with f32 accumulation
 //!   per 128-column block, scaled by both block scales (sm_89+).
 
-use super::moe::{tc_smem, ExpertWeights, MOE_MAX_E};
+use super::moe::{mma8_moe_stages, tc_smem, ExpertWeights, MOE_MAX_E};
 use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev, Result, FP8};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
@@ -31,8 +31,9 @@ const SPLIT_MAX: usize = 16;
 const MMA_TILE: usize = 128;
 /// Threads of the e4m3 MMA GEMM (`FP8_MMA_THREADS`).
 const MMA_THREADS: u32 = 512;
-/// Shared memory of one cp.async stage of the e4m3 MMA GEMM (`FP8_MMA_STAGE`).
-const MMA_STAGE: usize = 2 * 128 * 128;
+/// Shared memory of one cp.async stage of the e4m3 MMA GEMM: the 128 × 128-byte A and W tiles
+/// and their 256 f32 scales.
+const MMA_STAGE: usize = (128 + 128) * 132;
 
 impl CudaKernels {
     /// Whether [`CudaKernels::fp8_gemm_tc`] takes this shape on this device: `A` bf16 / f16,
@@ -185,8 +186,8 @@ impl CudaKernels {
     }
 
     /// Whether the e4m3 MMA path ([`CudaKernels::fp8_gemm_mma8`]) runs on this device for
-    /// rows of `k`: sm_89+ (e4m3 `mma.sync`), not forced to the fallback, 96 KiB of shared
-    /// memory a block, `k` a multiple of 16.
+    /// rows of `k`: sm_89+ (e4m3 `mma.sync`), not forced to the fallback, 99 KiB of shared
+    /// memory a block (3 stages), `k` a multiple of 16.
     pub fn fp8_mma8_fits(&self, k: usize) -> bool {
         let c = self.caps();
         (c.major, c.minor) >= (8, 9) && !c.forced && 3 * MMA_STAGE <= c.smem_limit() && k > 0 && k.is_multiple_of(16)
@@ -219,27 +220,41 @@ impl CudaKernels {
         if groups == 0 {
             return Ok(());
         }
+        let s = &*self.stream;
+        let ((px, _gx), (pq, _gq), (ps, _gs)) = (x.device_ptr(s), q.device_ptr_mut(s), scales.device_ptr_mut(s));
+        // SAFETY: lengths checked above; the guards live until the launch is queued.
+        unsafe { self.fp8_act_quant_raw::<T>(px, pq, ps, m, k) }
+    }
+
+    /// [`CudaKernels::fp8_act_quant`] on device addresses (T bf16 / f16, unchecked).
+    ///
+    /// # Safety
+    /// `x` holds `m·k` `T`, `q` `m·k` bytes and `s` `m·⌈k/128⌉` f32, live on this stream.
+    pub(super) unsafe fn fp8_act_quant_raw<T: CudaFloat>(
+        &self,
+        x: u64,
+        q: u64,
+        s: u64,
+        m: usize,
+        k: usize,
+    ) -> Result<()> {
+        let groups = prod(&[m, k.div_ceil(super::FP8_BLOCK)])?;
+        if groups == 0 {
+            return Ok(());
+        }
         let cfg = LaunchConfig {
             grid_dim: (u32_of("blocks", groups.div_ceil(8))?, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let (m32, k32) = (u32_of("m", m)?, u32_of("k", k)?);
-        // SAFETY: matches fp8_act_quant_<T>; x and q hold m·k elements, scales m·ceil(k/128);
-        // a warp per group, warps past the last exit.
+        // SAFETY: matches fp8_act_quant_<T>; the caller's contract on the buffers; a warp per
+        // group, warps past the last exit.
         // Kernel: `fp8_act_quant_<T>(const T* x, u8* q, float* s, u32 m, u32 K)`.
-        unsafe {
-            launch!(
-                self,
-                FP8,
-                format!("fp8_act_quant_{}", T::NAME),
-                cfg,
-                [ptr(x), ptr_mut(q), ptr_mut(scales), m32, k32]
-            )
-        }
+        unsafe { launch!(self, FP8, format!("fp8_act_quant_{}", T::NAME), cfg, [x, q, s, m32, k32]) }
     }
 
-    /// `out[m, n] = Σ_kb a.scales[r, kb] · w_scale[j, kb] · Σ_{c ∈ kb} e4m3(a.q[r, c]) ·
+    /// `out[m, n] = Σ_kb a_scales[r, kb] · w_scale[j, kb] · Σ_{c ∈ kb} e4m3(aq[r, c]) ·
     /// e4m3(w.q[j, c])`: e4m3 tensor-core MMA (`mma.sync.m16n8k32`) on activations quantized by
     /// [`CudaKernels::fp8_act_quant`], each 128-column block accumulated in f32 and added
     /// times both block scales; one rounding to `O`. 128 × 128 block tiles, 3 or 4 cp.async
@@ -354,10 +369,61 @@ impl CudaKernels {
         out: &mut impl DevicePtrMut<f32>,
         dims: [usize; 5],
     ) -> Result<()> {
+        self.moe_fp8_grouped(x, idx, w, ExpertWeights::Fp8 { gate, up, down, mma8: false }, out, dims)
+    }
+
+    /// Whether [`CudaKernels::moe_experts_fp8_mma8`] runs here: bf16 / f16, e4m3 MMA
+    /// ([`CudaKernels::fp8_mma8_fits`] for both dimensions) and 4 stages of 41 KiB of shared memory (H100 / H200).
+    pub fn moe_prefill_mma8_fits<T: CudaFloat>(&self, hidden: usize, inter: usize) -> bool {
+        self.moe_prefill_fp8_fits::<T>(hidden, inter)
+            && self.fp8_mma8_fits(hidden)
+            && self.fp8_mma8_fits(inter)
+            && mma8_moe_stages(self.caps().smem_limit()).is_some()
+    }
+
+    /// [`CudaKernels::moe_experts_fp8_prefill`] with the e4m3 MMA GEMMs: `x` quantized per
+    /// token and 128 columns, gate+up (SiLU·up fused, `h` rounded to `T`) on e4m3 MMA, `h`
+    /// quantized per row and 128 columns, down on e4m3 MMA, the same combine. Tiles of 64 rows.
+    /// Not weights-only (both activations are rounded to e4m3).
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::moe_experts_fp8`].
+    ///
+    /// # Errors
+    /// As [`CudaKernels::moe_experts_fp8_prefill`], and unless
+    /// [`CudaKernels::moe_prefill_mma8_fits`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts_fp8_mma8<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: Fp8Dev<'_>,
+        up: Fp8Dev<'_>,
+        down: Fp8Dev<'_>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+    ) -> Result<()> {
+        self.moe_fp8_grouped(x, idx, w, ExpertWeights::Fp8 { gate, up, down, mma8: true }, out, dims)
+    }
+
+    /// Checks, then [`CudaKernels::moe_prefill`] with FP8 `weights`.
+    fn moe_fp8_grouped<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        weights: ExpertWeights<'_>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+    ) -> Result<()> {
+        let ExpertWeights::Fp8 { gate, up, down, mma8 } = weights else {
+            return Err(CudaError::Invalid("moe_fp8_grouped: dense weights".into()));
+        };
         let [t, k, e, hidden, inter] = dims;
         if k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
             return Err(CudaError::Invalid(format!(
-                "moe_experts_fp8_prefill: need 1 <= k <= e <= {MOE_MAX_E}, hidden > 0, inter > 0; got k = {k}, \
+                "moe_experts_fp8 prefill: need 1 <= k <= e <= {MOE_MAX_E}, hidden > 0, inter > 0; got k = {k}, \
                  e = {e}, hidden = {hidden}, inter = {inter}"
             )));
         }
@@ -368,16 +434,24 @@ impl CudaKernels {
         up.check(self, "up", prod(&[e, inter])?, hidden)?;
         down.check(self, "down", prod(&[e, hidden])?, inter)?;
         self.check("out", out, prod(&[t, hidden])?)?;
+        // The kernels index expert rows in u32.
+        u32_of("expert rows", prod(&[e, inter.max(hidden)])?)?;
         if t == 0 {
             return Ok(());
         }
-        if !self.moe_prefill_fp8_fits::<T>(hidden, inter) {
+        let fits = if mma8 {
+            self.moe_prefill_mma8_fits::<T>(hidden, inter)
+        } else {
+            self.moe_prefill_fp8_fits::<T>(hidden, inter)
+        };
+        if !fits {
             return Err(CudaError::Invalid(format!(
-                "moe_experts_fp8_prefill: {} hidden {hidden}, inter {inter} does not fit on {}",
+                "moe_experts_fp8 prefill ({}): {} hidden {hidden}, inter {inter} does not fit on {}",
+                if mma8 { "e4m3 MMA" } else { "tile dequantization" },
                 T::NAME,
                 self.arch()
             )));
         }
-        self.moe_prefill::<T>(x, idx, w, ExpertWeights::Fp8 { gate, up, down }, out, dims, &mut |_| Ok(()))
+        self.moe_prefill::<T>(x, idx, w, weights, out, dims, &mut |_| Ok(()))
     }
 }

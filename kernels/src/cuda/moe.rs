@@ -59,8 +59,27 @@ const DECODE_PAIRS_PER_EXPERT: usize = 2;
 pub(super) enum ExpertWeights<'a> {
     /// gate, up `[e, inter, hidden]`, down `[e, hidden, inter]` of `T`.
     Dense { gate: u64, up: u64, down: u64 },
-    /// gate, up `[e·inter, hidden]`, down `[e·hidden, inter]` FP8 (checked by the caller).
-    Fp8 { gate: Fp8Dev<'a>, up: Fp8Dev<'a>, down: Fp8Dev<'a> },
+    /// gate, up `[e·inter, hidden]`, down `[e·hidden, inter]` FP8 (checked by the caller);
+    /// `mma8`: the e4m3 MMA GEMMs on quantized activations, else the tile-dequantizing ones.
+    Fp8 { gate: Fp8Dev<'a>, up: Fp8Dev<'a>, down: Fp8Dev<'a>, mma8: bool },
+}
+
+/// Rows of the e4m3 MMA grouped GEMMs' tiles (`32 · WM`, WM = 2), weight rows per block
+/// (`32 · WN`, WN = 8), and their threads (`FP8_MMA_THREADS`).
+const MMA8_BM: usize = 64;
+/// See [`MMA8_BM`].
+const MMA8_BN: usize = 256;
+/// See [`MMA8_BM`].
+const MMA8_THREADS: u32 = 512;
+
+/// Bytes of a cp.async stage of the e4m3 MMA grouped GEMMs: the 64 × 128-byte A and 256 ×
+/// 128-byte W tiles and their 320 f32 scales.
+const MMA8_STAGE: usize = (MMA8_BM + MMA8_BN) * 132;
+
+/// cp.async stages of the e4m3 MMA grouped GEMMs within `limit` bytes of shared memory (4 of
+/// [`MMA8_STAGE`], the only form built), or `None`.
+pub(super) fn mma8_moe_stages(limit: usize) -> Option<usize> {
+    (4 * MMA8_STAGE <= limit).then_some(4)
 }
 
 /// Dynamic shared memory of the tensor-core GEMMs' cp.async stages (and FP8 conversion
@@ -473,27 +492,46 @@ impl CudaKernels {
         // checked below). Fallback (below sm_80, forced, or too little shared memory): the
         // SIMT GEMMs (dense weights only).
         let sm80 = self.caps().tensor_cores();
-        let fp8 = matches!(weights, ExpertWeights::Fp8 { .. });
+        let (fp8, mma8) = match weights {
+            ExpertWeights::Fp8 { mma8, .. } => (true, mma8),
+            ExpertWeights::Dense { .. } => (false, false),
+        };
         let tc_dims =
             T::NAME != "f32" && sm80 && (hidden * esize).is_multiple_of(16) && (inter * esize).is_multiple_of(16);
         let (px, _gx) = x.device_ptr(&self.stream);
         let wptrs = match weights {
             ExpertWeights::Dense { gate, up, down } => [gate, up, down],
-            ExpertWeights::Fp8 { gate, up, down } => {
+            ExpertWeights::Fp8 { gate, up, down, .. } => {
                 let s = &self.stream;
                 [gate.q.device_ptr(s).0, up.q.device_ptr(s).0, down.q.device_ptr(s).0]
             }
         };
         let tc_dims = tc_dims && (!fp8 || (hidden.is_multiple_of(16) && inter.is_multiple_of(16)));
         let tc = tc_dims && std::iter::once(px).chain(wptrs).all(|p| p.is_multiple_of(16));
-        let mut mi = if tc { Self::moe_prefill_tile_frags(t, k, e) } else { 0 };
+        let mma8_stages = if mma8 { mma8_moe_stages(self.caps().smem_limit()) } else { None };
+        if mma8 && (!tc || mma8_stages.is_none() || !self.fp8_mma8_fits(hidden) || !self.fp8_mma8_fits(inter)) {
+            return Err(CudaError::Invalid(format!(
+                "moe prefill with e4m3 MMA ({} hidden {hidden}, inter {inter}) does not fit on {} \
+                 (moe_prefill_mma8_fits)",
+                T::NAME,
+                self.arch()
+            )));
+        }
+        // The e4m3 MMA GEMMs have tiles of 64 rows (mi = 4).
+        let mut mi = if mma8 {
+            4
+        } else if tc {
+            Self::moe_prefill_tile_frags(t, k, e)
+        } else {
+            0
+        };
         // Fewer row fragments where the cp.async stages of 16·mi rows need more shared memory
         // than the device allows (mi = 4 needs 100 KiB: an sm_86 / sm_89 allows 99 / 99 KiB).
         let stage_smem = |mi: usize| tc_stage_smem(mi, esize, fp8);
-        while mi > 1 && stage_smem(mi) > self.caps().smem_limit() {
+        while !mma8 && mi > 1 && stage_smem(mi) > self.caps().smem_limit() {
             mi -= 1;
         }
-        let tc = tc && stage_smem(mi) <= self.caps().smem_limit();
+        let tc = tc && (mma8 || stage_smem(mi) <= self.caps().smem_limit());
         if fp8 && !tc {
             return Err(CudaError::Invalid(format!(
                 "moe prefill with fp8 experts ({} hidden {hidden}, inter {inter}) needs the tensor-core GEMMs \
@@ -507,13 +545,24 @@ impl CudaKernels {
         let (pad, tiles_cap) = (tile_rows, n.div_ceil(tile_rows) + slots);
         let cap = prod(&[tiles_cap, pad])?;
         // Scratch, one allocation: sorted [cap], tile_expert [tiles_cap],
-        // seg [3·slots], meta [2] (u32); h [cap, inter] (T); o [n, hidden] (T).
+        // seg [3·slots], meta [2] (u32); h [cap, inter] (T); o [n, hidden] (T); with mma8
+        // also x and h quantized: bytes [t, hidden], scales [t, ⌈hidden/128⌉], bytes
+        // [cap, inter], scales [cap, ⌈inter/128⌉].
         let off_tile = align256(cap * 4);
         let off_seg = off_tile + align256(tiles_cap * 4);
         let off_meta = off_seg + align256(slots * 3 * 4);
         let off_h = off_meta + 256;
         let off_o = off_h + align256(prod(&[cap, inter, esize])?);
-        let bytes = off_o + align256(prod(&[n, hidden, esize])?);
+        let off_xq = off_o + align256(prod(&[n, hidden, esize])?);
+        let q = |rows: usize, cols: usize| -> Result<(usize, usize)> {
+            let bytes = if mma8 { prod(&[rows, cols])? } else { 0 };
+            let scales = if mma8 { prod(&[rows, cols.div_ceil(super::FP8_BLOCK), 4])? } else { 0 };
+            Ok((align256(bytes), align256(scales)))
+        };
+        let ((xq_b, xs_b), (hq_b, hs_b)) = (q(t, hidden)?, q(cap, inter)?);
+        let (off_xs, off_hq) = (off_xq + xq_b, off_xq + xq_b + xs_b);
+        let off_hs = off_hq + hq_b;
+        let bytes = off_hs + hs_b;
         // Every index the kernels use fits in u32 (pair ids, sorted positions);
         // element offsets are 64-bit in the kernels.
         let (n32, e32, k32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?);
@@ -534,6 +583,8 @@ impl CudaKernels {
         let p_meta = base + off_meta as u64;
         let p_h = base + off_h as u64;
         let p_o = base + off_o as u64;
+        let (p_xq, p_xs, p_hq, p_hs) =
+            (base + off_xq as u64, base + off_xs as u64, base + off_hq as u64, base + off_hs as u64);
 
         // 1. Alignment.
         let cfg = LaunchConfig {
@@ -552,11 +603,27 @@ impl CudaKernels {
         }?;
 
         done(0)?;
+        if mma8 {
+            // SAFETY: x holds t·hidden T (checked by the callers); xq / xs have t·hidden bytes
+            // and t·⌈hidden/128⌉ scales in the scratch.
+            unsafe { self.fp8_act_quant_raw::<T>(px, p_xq, p_xs, t, hidden) }?;
+        }
 
         // Kernel, grid (tiles_cap · column blocks), block and dynamic shared memory of a GEMM.
         let gemm = |gu: bool, n_cols: usize| -> Result<(cudarc::driver::CudaFunction, u32, LaunchConfig)> {
             let which = if gu { "gu" } else { "down" };
-            if tc {
+            if let Some(st) = mma8_stages {
+                // gate+up: 128 h columns per block; down: 256 o columns.
+                let nblk = n_cols.div_ceil(if gu { MMA8_BN / 2 } else { MMA8_BN });
+                let smem = st * MMA8_STAGE;
+                let f = self.function_smem(&FP8, &format!("moe_gemm_{which}_fp8_mma8_{}_s{st}", T::NAME), smem)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+                    block_dim: (MMA8_THREADS, 1, 1),
+                    shared_mem_bytes: u32_of("shared memory", smem)?,
+                };
+                Ok((f, u32_of("column blocks", nblk)?, cfg))
+            } else if tc {
                 // gate+up: 128 h columns per block; down: 256 o columns.
                 let nc = if gu { TC_BN / 2 } else { TC_BN };
                 let nblk = n_cols.div_ceil(nc);
@@ -601,7 +668,35 @@ impl CudaKernels {
             ExpertWeights::Dense { gate: pg, up: pu, .. } => unsafe {
                 launch_fn!(self, f, cfg, [px, pg, pu, p_sorted, p_tile, p_h, h32, i32_, k32, nblk32])
             },
-            ExpertWeights::Fp8 { gate, up, .. } => unsafe {
+            // e4m3 MMA: `moe_gemm_gu_fp8_mma8_<T>_s<S>(const u8* aq, const float* as, const u8* q0,
+            // const float* s0, const u32* rs0, const u8* q1, const float* s1, const u32* rs1,
+            // const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`
+            // (aq / as: x quantized above, t rows).
+            ExpertWeights::Fp8 { gate, up, mma8: true, .. } => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [
+                        p_xq,
+                        p_xs,
+                        ptr(gate.q),
+                        ptr(gate.scales),
+                        ptr(gate.row_scale),
+                        ptr(up.q),
+                        ptr(up.scales),
+                        ptr(up.row_scale),
+                        p_sorted,
+                        p_tile,
+                        p_h,
+                        h32,
+                        i32_,
+                        k32,
+                        nblk32
+                    ]
+                )
+            },
+            ExpertWeights::Fp8 { gate, up, mma8: false, .. } => unsafe {
                 launch_fn!(
                     self,
                     f,
@@ -626,6 +721,11 @@ impl CudaKernels {
             },
         }?;
         done(1)?;
+        if mma8 {
+            // SAFETY: h holds cap·inter T, every row written by the gate+up GEMM (padding rows
+            // with 0); hq / hs have cap·inter bytes and cap·⌈inter/128⌉ scales in the scratch.
+            unsafe { self.fp8_act_quant_raw::<T>(p_h, p_hq, p_hs, cap, inter) }?;
+        }
         // 3b. down GEMM.
         let (f, nblk32, cfg) = gemm(false, hidden)?;
         // SAFETY: arguments match `moe_gemm_down_<kind>_<T>`; h rows of
@@ -639,7 +739,31 @@ impl CudaKernels {
             ExpertWeights::Dense { down: pd, .. } => unsafe {
                 launch_fn!(self, f, cfg, [p_h, pd, pd, p_sorted, p_tile, p_o, i32_, h32, k32, nblk32])
             },
-            ExpertWeights::Fp8 { down, .. } => unsafe {
+            // e4m3 MMA: `moe_gemm_down_fp8_mma8_<T>_s<S>(const u8* aq, const float* as, const u8* q,
+            // const float* s, const u32* rs, const u32* sorted, const u32* tile_expert, T* dst,
+            // u32 K, u32 N, u32 k, u32 nblk)` (aq / as: h quantized above, cap rows).
+            ExpertWeights::Fp8 { down, mma8: true, .. } => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [
+                        p_hq,
+                        p_hs,
+                        ptr(down.q),
+                        ptr(down.scales),
+                        ptr(down.row_scale),
+                        p_sorted,
+                        p_tile,
+                        p_o,
+                        i32_,
+                        h32,
+                        k32,
+                        nblk32
+                    ]
+                )
+            },
+            ExpertWeights::Fp8 { down, mma8: false, .. } => unsafe {
                 launch_fn!(
                     self,
                     f,

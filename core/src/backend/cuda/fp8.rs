@@ -1,7 +1,7 @@
 //! FP8 weights in the CUDA backend: the dispatch of GEMMs and routed experts whose weights are
 //! [`DevFp8`] (e4m3 bytes + 128 × 128 block scales, `porter_kernels::cuda::fp8`).
 //!
-//! - **Decode** (`m ≤ GEMV_MAX_ROWS` rows), and every row count when the dtype is
+//! - **Decode** (`m ≤ FP8_GEMV_MAX_ROWS` rows), and every row count when the dtype is
 //!   batch-invariant (f32, deterministic mode): the FP8 GEMV in groups of at most 8 rows, which
 //!   reads the e4m3 bytes and dequantizes in registers (row-invariant arithmetic).
 //! - **Prefill** (and batches above the GEMV rows), by [`FP8_GEMM_ENV`] ([`Fp8Gemm`]):
@@ -41,6 +41,10 @@ pub enum Fp8Gemm {
     /// e4m3 tensor-core MMA with per-token, per-128-column activation scales (dense GEMMs).
     Mma8,
 }
+
+/// Rows up to which a dense FP8 GEMM takes the GEMV (beyond: [`Fp8Gemm`]); `fp8_gemm_bench`
+/// times the GEMV against the split-K tensor-core GEMM at 1–8 rows.
+pub const FP8_GEMV_MAX_ROWS: usize = GEMV_MAX_ROWS;
 
 /// Dense GEMMs above the GEMV rows when [`FP8_GEMM_ENV`] is unset: the path measured fastest
 /// on the H200 (docs/architecture.md §6.1).
@@ -110,7 +114,7 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
     }
     fn go<A: DevType>(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor, m: usize, k: usize, n: usize) -> Result<()> {
         let xs = x.dev::<A>()?;
-        let gemv = crate::tensor::cuda::batch_invariant(A::DTYPE) || m <= GEMV_MAX_ROWS;
+        let gemv = crate::tensor::cuda::batch_invariant(A::DTYPE) || m <= FP8_GEMV_MAX_ROWS;
         fn groups<A: DevType, O: DevType>(
             g: &Gpu,
             xs: &CudaSlice<A>,
