@@ -9,7 +9,8 @@
 //!   quantized per token and per 128 columns, `mma.sync` on e4m3 × e4m3 with f32 accumulation
 //!   per 128-column block, scaled by both block scales (sm_89+).
 
-use super::moe::{mma8_moe_stages, tc_smem, ExpertWeights, MOE_MAX_E};
+use super::moe::MOE_MAX_E;
+use super::moe_prefill::{mma8_moe_stages, tc_smem, ExpertWeights};
 use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev, Result, FP8};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 

@@ -80,6 +80,7 @@ mod gdn_seq;
 mod kv_quant;
 mod misc;
 mod moe;
+mod moe_prefill;
 mod ops;
 
 pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};

@@ -13,9 +13,10 @@
 //!   A path the device or shape does not take falls back: `mma8` → `tc` → `dequant`.
 //! - **Routed experts**: the FP8 MoE decode GEMVs on the decode path and whenever the dtype is
 //!   batch-invariant; otherwise the grouped tensor-core GEMMs dequantizing the experts' tiles
-//!   in shared memory (`tc`, the default; `mma8` takes it too), or with `dequant` (or where the
-//!   tensor-core GEMMs do not run: f32, below sm_80, forced fallback) all experts of the layer
-//!   dequantized into the scratch and the dense grouped GEMMs.
+//!   in shared memory (`tc`, the default), the grouped e4m3 MMA GEMMs on quantized x and h
+//!   (`mma8`, H100 / H200 class), or with `dequant` (or where the tensor-core GEMMs do not
+//!   run: f32, below sm_80, forced fallback) all experts of the layer dequantized into the
+//!   scratch and the dense grouped GEMMs; the same fallback order as above.
 
 use crate::bail;
 use crate::error::Result;
@@ -38,7 +39,7 @@ pub enum Fp8Gemm {
     Dequant,
     /// Tile-dequantizing tensor-core GEMMs (weights-only).
     Tc,
-    /// e4m3 tensor-core MMA with per-token, per-128-column activation scales (dense GEMMs).
+    /// e4m3 tensor-core MMA with per-token, per-128-column activation scales.
     Mma8,
 }
 
@@ -223,20 +224,13 @@ pub fn moe_experts(
                 .moe_experts_fp8::<T>(xd, idx, wts, gate.view(), up.view(), down.view(), out, [t, k, e, h, inter])
                 .map_err(cuda_err);
         }
-        if Fp8Gemm::from_env(MOE_DEFAULT)? != Fp8Gemm::Dequant && g.k.moe_prefill_fp8_fits::<T>(h, inter) {
-            return g
-                .k
-                .moe_experts_fp8_prefill::<T>(
-                    xd,
-                    idx,
-                    wts,
-                    gate.view(),
-                    up.view(),
-                    down.view(),
-                    out,
-                    [t, k, e, h, inter],
-                )
-                .map_err(cuda_err);
+        let path = Fp8Gemm::from_env(MOE_DEFAULT)?;
+        let (gv, uv, dv, dims) = (gate.view(), up.view(), down.view(), [t, k, e, h, inter]);
+        if path == Fp8Gemm::Mma8 && g.k.moe_prefill_mma8_fits::<T>(h, inter) {
+            return g.k.moe_experts_fp8_mma8::<T>(xd, idx, wts, gv, uv, dv, out, dims).map_err(cuda_err);
+        }
+        if path != Fp8Gemm::Dequant && g.k.moe_prefill_fp8_fits::<T>(h, inter) {
+            return g.k.moe_experts_fp8_prefill::<T>(xd, idx, wts, gv, uv, dv, out, dims).map_err(cuda_err);
         }
         let n1 = e * inter * h;
         with_scratch::<T, ()>(g, 3 * n1, |s| {
