@@ -28,8 +28,8 @@ use half::{bf16, f16};
 use porter_kernels::cuda::{CudaKernels, GEMV_MAX_ROWS};
 
 /// Environment variable choosing the FP8 prefill GEMM ([`Fp8Gemm`]): `dequant`, `tc` or
-/// `mma8`; unset or empty: [`DENSE_DEFAULT`] for dense GEMMs, [`MOE_DEFAULT`] for the routed
-/// experts. Read on every call.
+/// `mma8`; unset or empty: [`DENSE_DEFAULT`] (or [`Fp8Gemm::Tc`] up to [`DENSE_TC_MAX_ROWS`]
+/// rows) for dense GEMMs, [`MOE_DEFAULT`] for the routed experts. Read on every call.
 pub const FP8_GEMM_ENV: &str = "PORTER_FP8_GEMM";
 
 /// How a prefill GEMM with an FP8 weight feeds the tensor cores.
@@ -47,9 +47,13 @@ pub enum Fp8Gemm {
 /// times the GEMV against the split-K tensor-core GEMM at 1–8 rows.
 pub const FP8_GEMV_MAX_ROWS: usize = GEMV_MAX_ROWS;
 
-/// Dense GEMMs above the GEMV rows when [`FP8_GEMM_ENV`] is unset: the path measured fastest
-/// on the H200 (docs/architecture.md §6.1).
+/// Dense GEMMs above [`DENSE_TC_MAX_ROWS`] rows when [`FP8_GEMM_ENV`] is unset: the path
+/// measured fastest on the H200 (docs/architecture.md §6.1).
 pub const DENSE_DEFAULT: Fp8Gemm = Fp8Gemm::Dequant;
+/// Dense GEMMs of more than [`FP8_GEMV_MAX_ROWS`] and at most this many rows take
+/// [`Fp8Gemm::Tc`] when [`FP8_GEMM_ENV`] is unset (decode batches, where dequantizing the
+/// whole weight costs most); `None`: [`DENSE_DEFAULT`] for every row count.
+pub const DENSE_TC_MAX_ROWS: Option<usize> = None;
 /// The routed experts' prefill when [`FP8_GEMM_ENV`] is unset.
 pub const MOE_DEFAULT: Fp8Gemm = Fp8Gemm::Tc;
 
@@ -147,7 +151,8 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
                 return Ok(());
             }
         } else {
-            let path = Fp8Gemm::from_env(DENSE_DEFAULT)?;
+            let path =
+                Fp8Gemm::from_env(if DENSE_TC_MAX_ROWS.is_some_and(|r| m <= r) { Fp8Gemm::Tc } else { DENSE_DEFAULT })?;
             /// The tensor-core paths, `path` or the next one down; false where neither runs.
             fn tensor<A: DevType, O: DevType>(
                 g: &Gpu,
