@@ -87,7 +87,7 @@ fn tc_case<A: CudaFloat, O: CudaFloat>(k: &CudaKernels, w: &W8, x: &[f32], m: us
     let auto = k.fp8_gemm_tc_splits(m, kk, n).unwrap();
     let what = format!("fp8_gemm_tc {} -> {} m={m} [{n}, {kk}] splits {}", A::NAME, O::NAME, splits.unwrap_or(auto));
     if !k.fp8_gemm_tc_fits::<A, O>(kk, n) {
-        println!("  {what}: skipped (needs sm_80+ tensor cores; {:?})", k.caps());
+        println!("  {what}: skipped: needs sm_80+ tensor cores ({:?})", k.caps());
         return;
     }
     let xd = up::<A>(k, &x[..m * kk]);
@@ -188,7 +188,7 @@ fn mma8_case<A: CudaFloat, O: CudaFloat>(k: &CudaKernels, w: &W8, x: &[f32], m: 
     let (kk, n) = (w.cols, w.rows);
     let what = format!("fp8_gemm_mma8 {} -> {} m={m} [{n}, {kk}]", A::NAME, O::NAME);
     if !k.fp8_mma8_fits(kk) {
-        println!("  {what}: skipped (needs sm_89+ e4m3 MMA, not forced to the fallback; {:?})", k.caps());
+        println!("  {what}: skipped: needs sm_89+ e4m3 MMA, not forced to the fallback ({:?})", k.caps());
         return;
     }
     let x = &x[..m * kk];
@@ -358,7 +358,7 @@ fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank
     let what = format!("{form} {} t={t} k={kk} e={e} h={h} i={i}", T::NAME);
     let fits = if mma8 { k.moe_prefill_mma8_fits::<T>(h, i) } else { k.moe_prefill_fp8_fits::<T>(h, i) };
     if !fits {
-        println!("  {what}: skipped (needs sm_80+ tensor cores, sm_90-class shared memory for mma8; {:?})", k.caps());
+        println!("  {what}: skipped: needs sm_80+ tensor cores, sm_90-class shared memory for mma8 ({:?})", k.caps());
         return;
     }
     let (g, u, d) = (W8::new(k, rng, bank * i, h), W8::new(k, rng, bank * i, h), W8::new(k, rng, bank * h, i));
@@ -424,7 +424,7 @@ fn moe_fp8_prefill_f16() {
 fn moe_bench(k: &CudaKernels, rng: &mut Rng) {
     let dims @ [t, kk, e, h, i] = [4096usize, 10, 512, 2048, 512];
     if !k.moe_prefill_fp8_fits::<bf16>(h, i) {
-        println!("  moe bench skipped (needs sm_80+ tensor cores)");
+        println!("  moe bench skipped: needs sm_80+ tensor cores");
         return;
     }
     let bank = 16;
