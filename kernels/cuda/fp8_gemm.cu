@@ -24,9 +24,33 @@
 // A k-step stages MOE_TC_BN rows × MOE_TC_BK e4m3 bytes (8 KiB, 32-byte rows); thread tid
 // owns 16-byte chunk tid & 1 of tile rows (tid >> 1) + 64s (s < 4): it cp.asyncs them, and
 // after its own wait dequantizes them (16 values, one scale: a chunk never crosses a 128-column
-// block) into the T tile [MOE_TC_BN][MOE_TC_LDS] the MMAs read. Shared memory at MI = 3, bf16:
+// block; fp8_dequant16_packed) into the T tile [MOE_TC_BN][MOE_TC_LDS] the MMAs read. Shared memory at MI = 3, bf16:
 // A 4 × 3.75 KiB + bytes 4 × 8 KiB + conversion 2 × 20 KiB = 87 KiB (the bf16 weights: 97 KiB).
 // ---------------------------------------------------------------------------
+// Two f32 rounded to T (nearest even) and packed, the first in the low half.
+template <typename T> __device__ __forceinline__ u32 fp8_pack2(float a, float b);
+template <> __device__ __forceinline__ u32 fp8_pack2<bf16>(float a, float b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const u32*>(&h);
+}
+template <> __device__ __forceinline__ u32 fp8_pack2<f16>(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const u32*>(&h);
+}
+
+// 16 e4m3 bytes times s, rounded to T, packed (o[0]: elements 0-7, o[1]: 8-15): fp8_unpack16's
+// values (the same e4m3 · s product, one rounding), without the f32 round trip and repacking
+// (half the conversion instructions: the loader converts every weight byte).
+template <typename T> __device__ __forceinline__ void fp8_dequant16_packed(const uint4& v, float s, uint4 (&o)[2]) {
+    const unsigned short* p = reinterpret_cast<const unsigned short*>(&v);
+    u32* w = reinterpret_cast<u32*>(o);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float2 t = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)p[i], __NV_E4M3)));
+        w[i] = fp8_pack2<T>(t.x * s, t.y * s);
+    }
+}
+
 template <typename T, bool GU> struct TcWeightsFp8 {
     const unsigned char* q0;  // gate or down (or the dense weight): [rows, K] bytes
     const float* s0;          // its scales [scale_rows, ceil(K/128)]
@@ -70,11 +94,11 @@ template <typename T, bool GU> struct TcWeightsFp8 {
         for (int s = 0; s < 4; ++s) {
             const u32 r = row + 64u * s;
             const uint4 v = *reinterpret_cast<const uint4*>(stage + r * MOE_TC_BK + 16u * half);
-            float f[16];
-            fp8_unpack16<T>(v, __ldg(srow[s] + k0 / FP8_BLOCK), f);
-            uint4* d = reinterpret_cast<uint4*>(o + r * MOE_TC_LDS + 16u * half);
-            d[0] = pack8<T>(f);
-            d[1] = pack8<T>(f + 8);
+            uint4 d[2];
+            fp8_dequant16_packed<T>(v, __ldg(srow[s] + k0 / FP8_BLOCK), d);
+            uint4* dst = reinterpret_cast<uint4*>(o + r * MOE_TC_LDS + 16u * half);
+            dst[0] = d[0];
+            dst[1] = d[1];
         }
     }
     __device__ __forceinline__ const T* tile(const unsigned char*, const unsigned char* conv) const {
