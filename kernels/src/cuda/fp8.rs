@@ -61,8 +61,9 @@ impl CudaKernels {
     }
 
     /// Skinny GEMM `out[m, n] = x[m, k] · W[n, k]ᵀ` with an FP8 weight (`m ≤ 8`): a warp per
-    /// weight row, 16-byte loads of e4m3 bytes dequantized in registers, f32 accumulation in
-    /// an order that does not depend on `m` (row-invariant), one rounding to `O`.
+    /// weight row (two from 2 rows of `x` on, sharing each converted `x` chunk), 16-byte loads
+    /// of e4m3 bytes dequantized in registers, f32 accumulation in an order that does not
+    /// depend on `m` (row-invariant), one rounding to `O`.
     ///
     /// # Errors
     /// [`CudaError::Invalid`] if the shape does not fit ([`CudaKernels::fp8_gemv_fits`]), a
@@ -97,7 +98,8 @@ impl CudaKernels {
         }
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
         let cfg = LaunchConfig {
-            grid_dim: (u32_of("blocks", n.div_ceil(8))?, 1, 1),
+            // 8 warps a block, FP8_GEMV_NR(mm) weight rows a warp (2 from 2 rows of x on).
+            grid_dim: (u32_of("blocks", n.div_ceil(if mm >= 2 { 16 } else { 8 }))?, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
