@@ -31,15 +31,20 @@
 // __fmul_rn, the same order of operations for every RA).
 //
 // Thread layout (128 threads): ti = tid / 16 (0..7), tj = tid % 16. Thread
-// (ti, tj) owns items ti + 8a (a < RA), scores of keys tj + 16b (b < 4), and
+// (ti, tj) owns items ti + 8a (a < RA), scores of keys tj + 16b (b < BN / 16), and
 // output dimensions tj*4 + 64c + e (c < NC, e < 4). Rows of a 16-lane half warp
 // share the item rows, so row reductions are 4 xor-shuffles.
+//
+// Key tile BN: 64, or 32 / 16 (RA = 1 only) where the 64-key tile needs more shared
+// memory than the device has (f32 at head_dim 129..256, or 16-bit at 193..256 on a
+// 64 KiB sm_75: docs/older-gpus.md). BN is chosen from the dtype, head_dim and the
+// device alone, never from the batch, so batch invariance holds on a given device;
+// a smaller BN changes where the online softmax rescales, i.e. rounding only.
 
 #include <mma.h>
 
 #define ATT_THREADS 128
-#define ATT_BN 64
-#define ATT_PS (ATT_BN + 16)
+#define ATT_BN 64       // the widest key tile (BN)
 #define ATT_SPLIT_Q 8   // longest q_len that is split-K
 #define ATT_KS 128      // keys per split (a multiple of ATT_BN and of ATC_BN)
 #define ATT_NOSLOT 0xffffffffu
@@ -162,10 +167,10 @@ struct PagedKv {
 // x of a split sequence (q_len <= ATT_SPLIT_Q) takes item tile x % ts and split
 // x / ts; of another sequence, item tile tiles_m - 1 - x (heaviest first).
 // Partials: part[z][s * qcap + i][h][D + 2] (z < nz). Dynamic shared memory:
-// (BM + 2*BN) * DS * sizeof(T) + BM * PS * 4 + 2 * BN * 4 bytes.
+// (BM + 2*BN) * DS * sizeof(T) + BM * (BN + 16) * 4 + 2 * BN * 4 bytes.
 // KQ: 0 pools of T; KVQ_FP8 / KVQ_I8 pools of bytes with scales ksc / vsc
 // [n_slots][kvh] (kv_quant.cu), dequantized into the T tiles as they load.
-template <typename T, int KQ, int RA, int NC>
+template <typename T, int KQ, int RA, int NC, int BN>
 __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const void* __restrict__ kpool_,
                                                const void* __restrict__ vpool_, const u32* __restrict__ tables,
                                                const u32* __restrict__ spans, T* __restrict__ out,
@@ -178,17 +183,19 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const vo
     const unsigned char* vq = reinterpret_cast<const unsigned char*>(vpool_);
     constexpr u32 ESZ = KQ == 0 ? sizeof(T) : 1;  // pool element bytes
     constexpr int BM = 8 * RA;
-    constexpr int BN = ATT_BN;
+    static_assert(BN == 64 || BN == 32 || BN == 16, "key tile");
+    constexpr int NB = BN / 16;  // keys per thread
+    constexpr int PS = BN + 16;  // row stride of the staged P tile (floats)
     constexpr int DP = 64 * NC;
     constexpr int DS = DP + 4;  // row stride (elements): conflict-free 4-element reads
     constexpr int G4 = DP / 4;  // 4-element groups per row
-    constexpr u32 TPS = ATT_KS / ATT_BN;  // tiles per split
+    constexpr u32 TPS = ATT_KS / BN;  // tiles per split
     extern __shared__ __align__(16) unsigned char att_smem[];
     T* Qs = reinterpret_cast<T*>(att_smem);
     T* Ks = Qs + BM * DS;
     T* Vs = Ks + BN * DS;
     float* Ps = reinterpret_cast<float*>(Vs + BN * DS);
-    u32* Sl = reinterpret_cast<u32*>(Ps + BM * ATT_PS);  // [2][BN] key slots
+    u32* Sl = reinterpret_cast<u32*>(Ps + BM * PS);  // [2][BN] key slots
 
     const u32 tid = threadIdx.x, tj = tid & 15u, ti = tid >> 4;
     const u32 s = blockIdx.y / kvh, kh = blockIdx.y % kvh;
@@ -302,18 +309,18 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const vo
         __syncthreads();
 
         // S = Q K^T for RA items x 4 keys.
-        float sc[RA][4];
+        float sc[RA][NB];
 #pragma unroll
         for (int a = 0; a < RA; ++a)
 #pragma unroll
-            for (int b = 0; b < 4; ++b) sc[a][b] = 0.0f;
+            for (int b = 0; b < NB; ++b) sc[a][b] = 0.0f;
 #pragma unroll 4
         for (int d = 0; d < DP; d += 4) {
             float4 qv[RA];
 #pragma unroll
             for (int a = 0; a < RA; ++a) qv[a] = ld4(Qs + (ti + 8 * a) * DS + d);
 #pragma unroll
-            for (int b = 0; b < 4; ++b) {
+            for (int b = 0; b < NB; ++b) {
                 const float4 kv4 = ld4(Ks + (tj + 16 * b) * DS + d);
 #pragma unroll
                 for (int a = 0; a < RA; ++a) {
@@ -332,7 +339,7 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const vo
         for (int a = 0; a < RA; ++a) {
             float mx = PORTER_NEG_INF;
 #pragma unroll
-            for (int b = 0; b < 4; ++b) {
+            for (int b = 0; b < NB; ++b) {
                 const u32 kpos = kbase + tj + 16 * b;
                 const bool ok = iv[a] && kpos >= ilo[a] && kpos <= ipos[a];
                 sc[a][b] = ok ? __fmul_rn(sc[a][b], scale) : PORTER_NEG_INF;
@@ -343,11 +350,11 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const vo
             float corr = 1.0f, psum = 0.0f;
             if (m_new == PORTER_NEG_INF) {
 #pragma unroll
-                for (int b = 0; b < 4; ++b) sc[a][b] = 0.0f;
+                for (int b = 0; b < NB; ++b) sc[a][b] = 0.0f;
             } else {
                 corr = expf(__fsub_rn(m_run[a], m_new));
 #pragma unroll
-                for (int b = 0; b < 4; ++b) {
+                for (int b = 0; b < NB; ++b) {
                     sc[a][b] = expf(__fsub_rn(sc[a][b], m_new));
                     psum = __fadd_rn(psum, sc[a][b]);
                 }
@@ -357,7 +364,7 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const vo
 #pragma unroll
             for (int c = 0; c < 4 * NC; ++c) acc[a][c] = __fmul_rn(acc[a][c], corr);
 #pragma unroll
-            for (int b = 0; b < 4; ++b) Ps[(ti + 8 * a) * ATT_PS + tj + 16 * b] = sc[a][b];
+            for (int b = 0; b < NB; ++b) Ps[(ti + 8 * a) * PS + tj + 16 * b] = sc[a][b];
         }
         __syncthreads();
 
@@ -366,7 +373,7 @@ __device__ __forceinline__ void attention_impl(const T* __restrict__ q, const vo
         for (int j = 0; j < BN; ++j) {
             float pa[RA];
 #pragma unroll
-            for (int a = 0; a < RA; ++a) pa[a] = Ps[(ti + 8 * a) * ATT_PS + j];
+            for (int a = 0; a < RA; ++a) pa[a] = Ps[(ti + 8 * a) * PS + j];
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
                 const float4 vv = ld4(Vs + j * DS + tj * 4 + 64 * c);
@@ -479,20 +486,22 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
 }
 
 // __launch_bounds__ takes a literal: ATT_THREADS.
-// Name: attention_<NAME><QN>_r<RA>_c<NC>, QN empty (pools of T), _fp8 or _i8.
-#define ATTENTION_RCQ(T, NAME, KQ, QN, RA, NC)                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) attention_##NAME##QN##_r##RA##_c##NC(                      \
+// Name: attention_<NAME><QN>_r<RA>_c<NC><BS>, QN empty (pools of T), _fp8 or _i8; BS
+// empty for the 64-key tile, _n32 / _n16 for the smaller ones.
+#define ATTENTION_RCQB(T, NAME, KQ, QN, RA, NC, BN, BS)                                                          \
+    extern "C" __global__ void __launch_bounds__(128) attention_##NAME##QN##_r##RA##_c##NC##BS(                  \
         const T* q, const void* kpool, const void* vpool, const u32* tables, const u32* spans, T* out,           \
         float* part, u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks, u32 bs_log2,     \
         u32 n_slots, u32 tiles_m, u32 qcap, u32 nz, const float* ksc, const float* vsc) {                        \
-        attention_impl<T, KQ, RA, NC>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, D, scale,        \
+        attention_impl<T, KQ, RA, NC, BN>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, D, scale,        \
                                       window, PagedKv{max_blocks, bs_log2, n_slots}, tiles_m, qcap, nz, ksc,     \
                                       vsc);                                                                      \
     }
-#define ATTENTION_RC(T, NAME, RA, NC)                 \
-    ATTENTION_RCQ(T, NAME, 0, , RA, NC)               \
-    ATTENTION_RCQ(T, NAME, KVQ_FP8, _fp8, RA, NC)     \
-    ATTENTION_RCQ(T, NAME, KVQ_I8, _i8, RA, NC)
+#define ATTENTION_RCB(T, NAME, RA, NC, BN, BS)               \
+    ATTENTION_RCQB(T, NAME, 0, , RA, NC, BN, BS)             \
+    ATTENTION_RCQB(T, NAME, KVQ_FP8, _fp8, RA, NC, BN, BS)   \
+    ATTENTION_RCQB(T, NAME, KVQ_I8, _i8, RA, NC, BN, BS)
+#define ATTENTION_RC(T, NAME, RA, NC) ATTENTION_RCB(T, NAME, RA, NC, 64, )
 
 #define ATTENTION_R(T, NAME, RA) \
     ATTENTION_RC(T, NAME, RA, 1) \
@@ -515,6 +524,15 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
 ATTENTION_ALL(float, f32)
 ATTENTION_ALL(bf16, bf16)
 ATTENTION_ALL(f16, f16)
+// Small key tiles, only where the 64-key tile can exceed a supported device's opt-in
+// shared memory (96 KiB on sm_70 and the forced fallback, 64 KiB on sm_75, 99 KiB on
+// sm_86 / sm_89): f32 from head_dim 129, 16-bit from 193 (attention.rs `cc_plan`).
+ATTENTION_RCB(float, f32, 1, 2, 32, _n32)
+ATTENTION_RCB(float, f32, 1, 3, 32, _n32)
+ATTENTION_RCB(float, f32, 1, 4, 32, _n32)
+ATTENTION_RCB(float, f32, 1, 4, 16, _n16)
+ATTENTION_RCB(bf16, bf16, 1, 4, 32, _n32)
+ATTENTION_RCB(f16, f16, 1, 4, 32, _n32)
 
 // ---------------------------------------------------------------------------
 // Attention, tensor-core prefill path (bf16 / f16, head_dim a multiple of 16)

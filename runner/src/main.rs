@@ -100,9 +100,9 @@ struct RunArgs {
     /// batch-invariant without it. Slower.
     #[arg(long)]
     deterministic: bool,
-    /// Run every CUDA forward eagerly: no CUDA graphs. (With `PORTER_CUDA_GRAPHS=1`, decode
-    /// and speculative verify steps replay graphs captured per batch shape; opt-in until they
-    /// have passed the GPU suite.)
+    /// Run every CUDA forward eagerly: no CUDA graphs. (By default, decode and speculative
+    /// verify steps on CUDA replay graphs captured per batch shape; `PORTER_CUDA_GRAPHS=0`
+    /// turns them off too.)
     #[arg(long)]
     enforce_eager: bool,
     /// Quantize the weights at load: fp8 (block-128 e4m3, the layout of Qwen's FP8

@@ -122,8 +122,7 @@ impl Drafter<'_> {
         }
         let hid0 = d0.main_hidden(self.main, hid)?;
         let out = d0.forward(self.main, &Batch::single(c0.1, pos0, toks), &hid0, &mut c0.0, LogitsFor::Last)?;
-        let mut q = sampler.probs(out.logits.to_host()?.row(0), out_len, eos)?;
-        let mut tok = sampler.sample_from(&q);
+        let (mut tok, mut q) = draw_draft(sampler, &out.logits, out_len, eos)?;
         let mut h = out.hidden.narrow_rows(out.hidden.rows() - 1, 1)?;
         let (mut drafts, mut dists) = (vec![tok], vec![q]);
         for i in 1..self.k {
@@ -131,8 +130,7 @@ impl Drafter<'_> {
             let (d, c) = (&self.drafts[m], &mut self.caches[m]);
             let pos = pos0 + toks.len() - 1 + i;
             let out = d.forward(self.main, &Batch::single(c.1, pos, &[tok]), &h, &mut c.0, LogitsFor::Last)?;
-            q = sampler.probs(out.logits.to_host()?.row(0), out_len + i, eos)?;
-            tok = sampler.sample_from(&q);
+            (tok, q) = draw_draft(sampler, &out.logits, out_len + i, eos)?;
             h = out.hidden;
             drafts.push(tok);
             dists.push(q);
@@ -142,6 +140,30 @@ impl Drafter<'_> {
 }
 
 /// Generates up to `max_tokens` ids after `prompt` with K-token speculative decoding.
+/// One draft token from the draft's last logits row and its distribution `q`; greedy on a
+/// CUDA device ([`SeqSampler::greedy_on_device`]) the argmax is taken there and `q` is left
+/// empty, meaning one-hot at the token (what `probs` would give), without the row coming to
+/// the host.
+fn draw_draft(sampler: &mut SeqSampler, logits: &Tensor, out_len: usize, eos: &[u32]) -> Result<(u32, Vec<f32>)> {
+    let last = logits.narrow_rows(logits.rows() - 1, 1)?;
+    if sampler.greedy_on_device(&last, out_len) {
+        let ids = crate::backend::cuda::blocks::sample_rows(&last, &[[0.0, 0.0, 1.0, 0.0]])?;
+        let tok = ids.first().copied().ok_or_else(|| crate::err!(Internal, "the device argmax returned no id"))?;
+        return Ok((tok, Vec::new()));
+    }
+    let q = sampler.probs(last.to_host()?.row(0), out_len, eos)?;
+    Ok((sampler.sample_from(&q), q))
+}
+
+/// The draft's probability of token `d` (`q` empty: one-hot at the proposed token `proposed`).
+fn q_of(q: &[f32], d: usize, proposed: u32) -> f32 {
+    if q.is_empty() {
+        f32::from(d == proposed as usize)
+    } else {
+        q[d]
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn generate_speculative(
     main: &Model,
@@ -189,37 +211,53 @@ pub fn generate_speculative(
         let mut rows = vec![last];
         rows.extend_from_slice(&proposal);
         let out = main.forward(&Batch::single(seq, len, &rows), &mut cache, LogitsFor::All)?;
-        // The K + 1 verify rows come to the host for the accept / reject decisions.
-        let logits = out.logits.to_host()?;
         gen.steps += 1;
         gen.proposed += k;
-        let mut accepted = 0;
-        let mut bonus = None;
-        // Row j is scored with the drafts before it accepted (their penalties apply).
         let base = gen.ids.len();
-        for j in 0..k {
-            let p = sampler.probs(logits.row(j), base + j, stop_ids)?;
-            let d = proposal[j] as usize;
-            let (pd, qd) = (p[d] as f64, dists[j][d] as f64);
-            if qd > 0.0 && sampler.uniform() < (pd / qd).min(1.0) {
-                accepted += 1;
-                sampler.accept(proposal[j]);
-            } else {
-                // Residual distribution max(0, p − q), renormalised.
-                let mut r: Vec<f32> = p.iter().zip(&dists[j]).map(|(a, b)| (a - b).max(0.0)).collect();
-                let s: f32 = r.iter().sum();
-                if s > 0.0 {
-                    r.iter_mut().for_each(|v| *v /= s);
-                    bonus = Some(sampler.sample_from(&r));
-                } else {
-                    bonus = Some(sampler.sample_from(&p));
-                }
-                break;
+        let (accepted, bonus) = if (0..=k).all(|j| sampler.greedy_on_device(&out.logits, base + j)) {
+            // Greedy on a GPU: the K + 1 argmaxes on the device, only their ids come back. A
+            // greedy target is one-hot at its argmax, so a draft is accepted exactly when it
+            // is that argmax, and the bonus is the argmax of the first rejected (or the last)
+            // row: the decisions of the distribution path below, without the rows.
+            let ids = crate::backend::cuda::blocks::sample_rows(&out.logits, &vec![[0.0, 0.0, 1.0, 0.0]; k + 1])?;
+            if ids.len() != k + 1 {
+                bail!(Internal, "the device argmax returned {} ids for {} rows", ids.len(), k + 1);
             }
-        }
-        let bonus = match bonus {
-            Some(b) => b,
-            None => sampler.sample(logits.row(k), base + k, stop_ids)?.token,
+            let accepted = (0..k).take_while(|&j| proposal[j] == ids[j]).count();
+            proposal[..accepted].iter().for_each(|&t| sampler.accept(t));
+            (accepted, ids[accepted])
+        } else {
+            // The K + 1 verify rows come to the host for the accept / reject decisions.
+            let logits = out.logits.to_host()?;
+            let mut accepted = 0;
+            let mut bonus = None;
+            // Row j is scored with the drafts before it accepted (their penalties apply).
+            for j in 0..k {
+                let p = sampler.probs(logits.row(j), base + j, stop_ids)?;
+                let d = proposal[j] as usize;
+                let (pd, qd) = (p[d] as f64, q_of(&dists[j], d, proposal[j]) as f64);
+                if qd > 0.0 && sampler.uniform() < (pd / qd).min(1.0) {
+                    accepted += 1;
+                    sampler.accept(proposal[j]);
+                } else {
+                    // Residual distribution max(0, p − q), renormalised.
+                    let mut r: Vec<f32> =
+                        p.iter().enumerate().map(|(i, a)| (a - q_of(&dists[j], i, proposal[j])).max(0.0)).collect();
+                    let s: f32 = r.iter().sum();
+                    if s > 0.0 {
+                        r.iter_mut().for_each(|v| *v /= s);
+                        bonus = Some(sampler.sample_from(&r));
+                    } else {
+                        bonus = Some(sampler.sample_from(&p));
+                    }
+                    break;
+                }
+            }
+            let bonus = match bonus {
+                Some(b) => b,
+                None => sampler.sample(logits.row(k), base + k, stop_ids)?.token,
+            };
+            (accepted, bonus)
         };
         sampler.accept(bonus);
         gen.accepted += accepted;

@@ -33,10 +33,11 @@ pub enum AttnMode {
 
 /// Threads of an attention block (`ATT_THREADS` in attention.cu).
 const ATT_THREADS: u32 = 128;
-/// Keys per tile (`ATT_BN`).
+/// Keys per tile of the CUDA-core kernels (`ATT_BN`), where shared memory allows.
 const ATT_BN: usize = 64;
-/// Row stride of the staged P tile in floats (`ATT_PS`).
-const ATT_PS: usize = ATT_BN + 16;
+/// The smaller key tiles attention.cu instantiates (item tile 1 only), by storage type
+/// size and `NC` (head_dim / 64 rounded up): `(bytes of T, NC, BN)`.
+const ATT_SMALL_TILES: [(usize, usize, usize); 5] = [(4, 2, 32), (4, 3, 32), (4, 4, 32), (4, 4, 16), (2, 4, 32)];
 /// Longest `q_len` of a sequence whose keys are split across blocks (`ATT_SPLIT_Q`).
 const ATT_SPLIT_Q: usize = 8;
 /// Keys per split (`ATT_KS`): split `z` of a sequence covers key positions
@@ -268,14 +269,8 @@ impl CudaKernels {
     ) -> Result<()> {
         let (heads, head_dim, seq_heads) = (a.heads, a.head_dim, prod(&[a.n_seqs, a.kv_heads])?);
         let group = heads / a.kv_heads;
-        // The item-tile height changes no item's arithmetic (attention.cu), only speed.
-        let nc = head_dim.div_ceil(64);
-        let ds = 64 * nc + 4;
-        let smem_for =
-            |ra: usize| (8 * ra + 2 * ATT_BN) * ds * std::mem::size_of::<T>() + 8 * ra * ATT_PS * 4 + 2 * ATT_BN * 4;
-        // Fallback: the 8-item tile when the 32-item one needs more shared memory than the
-        // device allows (same arithmetic per item).
-        let ra: usize = if prod(&[a.max_q_len, group])? <= 8 || smem_for(4) > self.caps().smem_limit() { 1 } else { 4 };
+        let (ra, bn, smem) =
+            cc_plan(std::mem::size_of::<T>(), head_dim, prod(&[a.max_q_len, group])?, self.caps().smem_limit());
         let bm = 8 * ra;
         let tiles_m = prod(&[a.max_q_len, group])?.div_ceil(bm);
         // Split-K geometry: rows of split sequences per sequence, splits of the widest table.
@@ -283,10 +278,10 @@ impl CudaKernels {
         let nz = prod(&[a.pg.max_blocks as usize, 1 << a.pg.bs_log2])?.div_ceil(ATT_KS);
         let tiles_split = prod(&[qcap, group])?.div_ceil(bm);
         let grid_x = tiles_m.max(prod(&[tiles_split, nz])?);
-        let smem = smem_for(ra);
         let smem32 = u32_of("shared memory", smem)?;
-
-        let f = self.function_smem(&ATTENTION, &format!("attention_{}{}_r{ra}_c{nc}", T::NAME, pools.tag), smem)?;
+        let nc = head_dim.div_ceil(64);
+        let bs = if bn == ATT_BN { String::new() } else { format!("_n{bn}") };
+        let f = self.function_smem(&ATTENTION, &format!("attention_{}{}_r{ra}_c{nc}{bs}", T::NAME, pools.tag), smem)?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("attention blocks", grid_x)?, seq_heads as u32, 1),
             block_dim: (ATT_THREADS, 1, 1),
@@ -520,6 +515,33 @@ fn window_arg(window: Option<usize>) -> u32 {
     window.map_or(0, |w| u32::try_from(w).unwrap_or(u32::MAX))
 }
 
+/// Dynamic shared memory of `attention_<T>_r<ra>_c<nc>[_n<bn>]` in bytes: the Q tile and a K
+/// and a V tile of `64 * nc + 4` elements a row, the f32 P tile (`bn + 16` a row) and two
+/// key-slot tables.
+fn cc_smem(esz: usize, nc: usize, ra: usize, bn: usize) -> usize {
+    (8 * ra + 2 * bn) * (64 * nc + 4) * esz + 8 * ra * (bn + 16) * 4 + 2 * bn * 4
+}
+
+/// The CUDA-core kernel's item tile `ra` (8·ra items), key tile `bn` and shared memory for
+/// storage type size `esz`, `head_dim`, `items` = max q_len · GQA group, on a device with
+/// `limit` bytes of opt-in shared memory a block. The key tile depends on the device, the
+/// dtype and head_dim alone (never on the batch: batch invariance on a given device); the
+/// item tile changes no item's arithmetic. When nothing fits, the 64-key plan is returned
+/// and the launch reports the shortfall.
+fn cc_plan(esz: usize, head_dim: usize, items: usize, limit: usize) -> (usize, usize, usize) {
+    let nc = head_dim.div_ceil(64);
+    if cc_smem(esz, nc, 1, ATT_BN) > limit {
+        for &(e, n, bn) in &ATT_SMALL_TILES {
+            if e == esz && n == nc && cc_smem(esz, nc, 1, bn) <= limit {
+                return (1, bn, cc_smem(esz, nc, 1, bn));
+            }
+        }
+        return (1, ATT_BN, cc_smem(esz, nc, 1, ATT_BN));
+    }
+    let ra = if items <= 8 || cc_smem(esz, nc, 4, ATT_BN) > limit { 1 } else { 4 };
+    (ra, ATT_BN, cc_smem(esz, nc, ra, ATT_BN))
+}
+
 /// Dynamic shared memory of `attention_tc_<T>_d<dp>` in bytes: Q tile, two K
 /// and two V tiles of `dp + 8` elements a row, per warp the f32 S tile, the P
 /// tile and 16 row factors, then two key-slot tables.
@@ -581,4 +603,38 @@ pub(crate) fn pool_slots(what: &str, k_len: usize, v_len: usize, row_len: usize)
         .ok()
         .filter(|&n| n < u32::MAX)
         .ok_or_else(|| CudaError::Invalid(format!("{what}: {} slots exceed u32", k_len / row_len)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_core_tiles_fit_every_supported_device() {
+        // The H200's 227 KiB: the 64-key tile everywhere, item tile 4 past 8 items.
+        assert_eq!(cc_plan(4, 256, 64, 232_448), (4, 64, cc_smem(4, 4, 4, 64)));
+        assert_eq!(cc_plan(2, 256, 8, 232_448).0, 1);
+        // Every dtype and head_dim up to 256 fits 96 KiB (sm_70, the forced fallback) and
+        // 64 KiB (sm_75) with some key tile.
+        for limit in [98_304, 65_536] {
+            for esz in [2, 4] {
+                for hd in (8..=256).step_by(8) {
+                    let (ra, bn, smem) = cc_plan(esz, hd, 64, limit);
+                    assert!(smem <= limit, "esz {esz} head_dim {hd} limit {limit}: {smem} bytes");
+                    assert_eq!(smem, cc_smem(esz, hd.div_ceil(64), ra, bn));
+                    if bn != ATT_BN {
+                        assert_eq!(ra, 1);
+                        assert!(ATT_SMALL_TILES.contains(&(esz, hd.div_ceil(64), bn)));
+                    }
+                }
+            }
+        }
+        // f32 at head_dim 256: 32 keys under 96 KiB, 16 under 64 KiB.
+        assert_eq!(cc_plan(4, 256, 1, 98_304).1, 32);
+        assert_eq!(cc_plan(4, 256, 1, 65_536).1, 16);
+        // The key tile never depends on the batch.
+        for items in [1, 8, 9, 512] {
+            assert_eq!(cc_plan(4, 192, items, 98_304).1, 32);
+        }
+    }
 }

@@ -118,6 +118,29 @@ pub const FALLBACK_ENV: &str = "PORTER_CUDA_FALLBACK";
 /// an sm_70 device (V100), 96 KiB.
 pub const FALLBACK_SMEM: usize = 96 * 1024;
 
+/// Environment variable that holds the dynamic shared memory a block may use to at most the
+/// given number of bytes (`65536`, or with a `k` suffix, `64k` = 65,536), to run an older
+/// GPU's tile choices on a newer one (a T4 / sm_75 allows 64 KiB). Applies with or without
+/// [`FALLBACK_ENV`]; a value that is not a byte count is an error when the kernels open.
+pub const SMEM_LIMIT_ENV: &str = "PORTER_CUDA_SMEM_LIMIT";
+
+/// [`SMEM_LIMIT_ENV`]'s value in bytes (`None` when unset).
+///
+/// # Errors
+/// [`CudaError::Invalid`] naming the variable for anything but a positive byte count.
+pub fn smem_limit_from(var: Option<std::ffi::OsString>) -> Result<Option<usize>> {
+    let Some(v) = var else { return Ok(None) };
+    let t = v.to_string_lossy().trim().to_ascii_lowercase();
+    let (num, mul) = match t.strip_suffix('k') {
+        Some(n) => (n, 1024),
+        None => (t.as_str(), 1),
+    };
+    match num.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(Some(n * mul)),
+        _ => Err(CudaError::Invalid(format!("{SMEM_LIMIT_ENV}={t:?}: expected a byte count such as 65536 or 64k"))),
+    }
+}
+
 /// Whether [`FALLBACK_ENV`] forces the fallback paths (read on every call).
 pub fn fallback_forced() -> bool {
     fallback_from(std::env::var_os(FALLBACK_ENV))
@@ -522,11 +545,13 @@ impl CudaKernels {
     }
 
     /// Uses an existing stream (and its context). Reads the device's compute capability and
-    /// opt-in shared memory per block, and [`FALLBACK_ENV`] ([`DeviceCaps`]).
+    /// opt-in shared memory per block (held to [`SMEM_LIMIT_ENV`] when set), and
+    /// [`FALLBACK_ENV`] ([`DeviceCaps`]).
     ///
     /// # Errors
     /// [`CudaError::Driver`] if the compute capability or the shared-memory limit cannot be
-    /// read, [`CudaError::Unavailable`] for an unknown capability.
+    /// read, [`CudaError::Unavailable`] for an unknown capability, [`CudaError::Invalid`] for
+    /// a malformed [`SMEM_LIMIT_ENV`].
     pub fn with_stream(stream: Arc<CudaStream>) -> Result<Self> {
         let ctx = stream.context().clone();
         let (major, minor) = ctx.compute_capability()?;
@@ -534,8 +559,11 @@ impl CudaKernels {
         let optin = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )?;
-        let caps =
-            DeviceCaps { major, minor, smem_optin: usize::try_from(optin).unwrap_or(0), forced: fallback_forced() };
+        let mut smem_optin = usize::try_from(optin).unwrap_or(0);
+        if let Some(cap) = smem_limit_from(std::env::var_os(SMEM_LIMIT_ENV))? {
+            smem_optin = smem_optin.min(cap);
+        }
+        let caps = DeviceCaps { major, minor, smem_optin, forced: fallback_forced() };
         Ok(Self { ctx, stream, arch, caps, modules: Mutex::new(HashMap::new()), functions: Mutex::new(HashMap::new()) })
     }
 
@@ -767,6 +795,14 @@ mod tests {
         assert!(!v100.tensor_cores() && !v100.fallback_build() && v100.smem_limit() == 98_304);
         let t4 = DeviceCaps { major: 7, minor: 5, smem_optin: 65_536, forced: true };
         assert_eq!(t4.smem_limit(), 65_536);
+        let v = |s: &str| smem_limit_from(Some(s.into()));
+        assert_eq!(smem_limit_from(None).ok(), Some(None));
+        assert_eq!(v("65536").ok(), Some(Some(65_536)));
+        assert_eq!(v(" 64K ").ok(), Some(Some(65_536)));
+        for bad in ["", "0", "64kb", "-1", "lots"] {
+            let e = v(bad).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains(SMEM_LIMIT_ENV), "{bad:?}: {e}");
+        }
     }
 
     #[test]

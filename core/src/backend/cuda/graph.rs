@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 pub use crate::tensor::cuda::UploadTag;
 
-/// Environment variable that turns CUDA graphs on (`1`) while they are opt-in.
+/// Environment variable that turns CUDA graphs off (`0`, `false`, `no`, `off`) or on (`1`,
+/// `true`, `yes`, `on`, the default); `--enforce-eager` turns them off too.
 pub const GRAPHS_ENV: &str = "PORTER_CUDA_GRAPHS";
 
 /// 0: not yet read from [`GRAPHS_ENV`], 1: off, 2: on.
@@ -31,17 +32,36 @@ pub fn set_enabled(on: bool) {
     ENABLED.store(if on { 2 } else { 1 }, Ordering::Relaxed);
 }
 
-/// Whether CUDA graphs are on ([`set_enabled`]). Until the capture and replay have passed the
-/// GPU suite (`tests/tests/gpu_graphs.rs`), graphs are opt-in: off unless
-/// `PORTER_CUDA_GRAPHS=1`.
+/// Whether CUDA graphs are on ([`set_enabled`]); until set, [`GRAPHS_ENV`] decides, on by
+/// default (graph-on ≡ graph-off is tested in `tests/tests/gpu_graphs.rs`). A value of the
+/// variable that is neither on nor off is reported on stderr once and leaves graphs on.
 pub fn enabled() -> bool {
     match ENABLED.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var(GRAPHS_ENV).is_ok_and(|v| v == "1");
+            let v = std::env::var(GRAPHS_ENV).ok();
+            let on = match graphs_env_value(v.as_deref()) {
+                Ok(on) => on,
+                Err(bad) => {
+                    eprintln!("warning: {GRAPHS_ENV}={bad:?} is neither 0/false/no/off nor 1/true/yes/on; CUDA graphs stay on");
+                    true
+                }
+            };
             set_enabled(on);
             on
         }
         v => v == 2,
+    }
+}
+
+/// [`GRAPHS_ENV`]'s value as on / off (unset: on); `Err` with the value when it is neither.
+fn graphs_env_value(v: Option<&str>) -> std::result::Result<bool, String> {
+    match v.map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(true),
+        Some(v) => match v.as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" => Ok(false),
+            _ => Err(v),
+        },
     }
 }
 
@@ -261,6 +281,18 @@ impl std::fmt::Debug for GraphSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn graphs_are_on_unless_the_variable_says_off() {
+        assert_eq!(graphs_env_value(None), Ok(true));
+        for v in ["1", "true", "YES", " on "] {
+            assert_eq!(graphs_env_value(Some(v)), Ok(true), "{v:?}");
+        }
+        for v in ["0", "false", "No", "off"] {
+            assert_eq!(graphs_env_value(Some(v)), Ok(false), "{v:?}");
+        }
+        assert_eq!(graphs_env_value(Some("2")), Err("2".to_string()));
+    }
 
     #[test]
     fn buckets_cover_every_batch_size_once() {

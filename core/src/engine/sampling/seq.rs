@@ -324,6 +324,17 @@ impl SeqSampler {
         Some([p.temperature, top_k, p.top_p.unwrap_or(1.0), u])
     }
 
+    /// Whether the token at output position `out_len` is the plain argmax of device logits:
+    /// greedy (temperature 0) with nothing the device sampler lacks (no penalties, min-p,
+    /// masks or logprobs), and `logits` on a CUDA device. Speculative decoding then takes
+    /// its argmaxes on the device and compares ids, which decides exactly what the
+    /// distributions would (a greedy target distribution is one-hot at its argmax).
+    pub fn greedy_on_device(&self, logits: &crate::tensor::Tensor, out_len: usize) -> bool {
+        matches!(logits.storage(), crate::tensor::Storage::Cuda(_))
+            && self.params.temperature == 0.0
+            && self.params.device_compatible(out_len)
+    }
+
     /// Samples row `row` of a logits tensor at output position `out_len`: on a CUDA device
     /// with the device sampler when the request needs only temperature / top-k / top-p (only
     /// the id comes back; the uniform draw comes from this stream, so a seed reproduces a
