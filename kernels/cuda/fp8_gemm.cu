@@ -13,7 +13,8 @@
 // 2. e4m3 MMA (sm_89+): activations quantized per token and per 128 columns (scale = amax /
 //    448, `fp8_act_quant_*`), `mma.sync.m16n8k32.e4m3.e4m3.f32` over each 128-column block,
 //    the block's sum added to the f32 accumulator times a_scale[row, kb] · w_scale[col, kb]
-//    (the DeepSeek-V3 / vLLM `w8a8_block_fp8_matmul` scheme): `fp8_gemm_mma8_*`.
+//    (the DeepSeek-V3 / vLLM `w8a8_block_fp8_matmul` scheme): dense `fp8_gemm_mma8_*` and
+//    grouped `moe_gemm_{gu,down}_fp8_mma8_*` (x and h quantized per row).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(PORTER_FALLBACK)
 #define PORTER_SM89 1
