@@ -32,56 +32,76 @@ template <typename T> __device__ __forceinline__ void fp8_unpack16(const uint4& 
 }
 
 // ---------------------------------------------------------------------------
-// Decode GEMV: out[r, j] = Σ_c x[r, c] · W[j, c] for m ≤ M rows; a warp per weight row j
-// streams its bytes with 16-byte loads (U in flight per lane), dequantizes in registers and
-// reuses them for every x row; f32 accumulation in a fixed order (lane-strided chunks, then a
-// warp sum) whatever m is, one rounding to O. Needs k % 16 == 0 and 16-byte aligned buffers
-// (checked by the host). Grid: ceil(n / warps per block).
+// Decode GEMV: out[r, j] = Σ_c x[r, c] · W[j, c] for m ≤ M rows; a warp per FP8_GEMV_NR(M)
+// weight rows streams their bytes with 16-byte loads (U in flight per lane and row),
+// dequantizes in registers and reuses them for every x row, and each x chunk (loaded and
+// converted once) for every weight row; f32 accumulation in a fixed order per (row, weight
+// row) (lane-strided chunks, then a warp sum) whatever m is, one rounding to O. Needs k % 16
+// == 0 and 16-byte aligned buffers (checked by the host). Grid: ceil(n / (NR · warps per
+// block)). Several rows of x: converting x's chunk per weight row made the GEMV issue-bound
+// (449 GB/s at 4 rows against 1,359 at 1 on [12288, 2048]); 2 weight rows a warp halve that.
 // ---------------------------------------------------------------------------
 #define FP8_GEMV_UNROLL 4
+#define FP8_GEMV_NR(M) ((M) >= 2 ? 2 : 1)
 template <typename A, typename O, int M>
 __device__ __forceinline__ void fp8_gemv_impl(const unsigned char* __restrict__ w, const float* __restrict__ sc,
                                               const u32* __restrict__ rs, const A* __restrict__ x,
                                               O* __restrict__ out, u32 m, u32 k, u32 n) {
+    constexpr int NR = FP8_GEMV_NR(M);
     const u32 lane = threadIdx.x & 31u;
-    const u32 j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (j >= n) return;
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (u64)j * k);
-    const float* srow = sc + (u64)rs[j] * ((k + FP8_BLOCK - 1) / FP8_BLOCK);
-    const u32 kv = k / 16u;
-    float acc[M];
+    const u32 j0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * NR;
+    if (j0 >= n) return;
+    const u32 nsc = (k + FP8_BLOCK - 1) / FP8_BLOCK;
+    const uint4* wr[NR];
+    const float* srow[NR];
 #pragma unroll
-    for (int r = 0; r < M; ++r) acc[r] = 0.0f;
+    for (int q = 0; q < NR; ++q) {
+        const u32 j = min(j0 + q, n - 1);  // a row past n repeats the last; never stored
+        wr[q] = reinterpret_cast<const uint4*>(w + (u64)j * k);
+        srow[q] = sc + (u64)rs[j] * nsc;
+    }
+    const u32 kv = k / 16u;
+    float acc[M][NR];
+#pragma unroll
+    for (int r = 0; r < M; ++r)
+#pragma unroll
+        for (int q = 0; q < NR; ++q) acc[r][q] = 0.0f;
     for (u32 c0 = lane; c0 < kv; c0 += 32u * FP8_GEMV_UNROLL) {
-        uint4 wv[FP8_GEMV_UNROLL];
+        uint4 wv[FP8_GEMV_UNROLL][NR];
 #pragma unroll
         for (int u = 0; u < FP8_GEMV_UNROLL; ++u) {
             const u32 c = c0 + 32u * u;
-            wv[u] = c < kv ? __ldg(wr + c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int q = 0; q < NR; ++q) wv[u][q] = c < kv ? __ldg(wr[q] + c) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < FP8_GEMV_UNROLL; ++u) {
             const u32 c = c0 + 32u * u;
             if (c < kv) {
-                float wf[16];
-                fp8_unpack16<A>(wv[u], __ldg(srow + (c >> 3)), wf);
+                float wf[NR][16];
+#pragma unroll
+                for (int q = 0; q < NR; ++q) fp8_unpack16<A>(wv[u][q], __ldg(srow[q] + (c >> 3)), wf[q]);
 #pragma unroll
                 for (int r = 0; r < M; ++r) {
                     if ((u32)r < m) {
                         float xf[16];
                         load_act<A, 16, false>(x + (u64)r * k + 16u * c, xf);
 #pragma unroll
-                        for (int i = 0; i < 16; ++i) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+                        for (int q = 0; q < NR; ++q)
+#pragma unroll
+                            for (int i = 0; i < 16; ++i) acc[r][q] = fmaf(wf[q][i], xf[i], acc[r][q]);
                     }
                 }
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0 && (u32)r < m) out[(u64)r * n + j] = from_f<O>(v);
-    }
+    for (int r = 0; r < M; ++r)
+#pragma unroll
+        for (int q = 0; q < NR; ++q) {
+            const float v = warp_sum(acc[r][q]);
+            if (lane == 0 && (u32)r < m && j0 + q < n) out[(u64)r * n + j0 + q] = from_f<O>(v);
+        }
 }
 
 #define PORTER_FP8_GEMV(NA, A, NO, O, M)                                                                       \

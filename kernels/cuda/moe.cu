@@ -355,56 +355,116 @@ template <typename T> __device__ __forceinline__ uint4 pack8(const float* f) {
     return u.v;
 }
 
+// 8 f32 -> 8 O at p (16-byte aligned): packed T, or two float4 for f32.
+template <typename O> __device__ __forceinline__ void store8(O* p, const float* f) {
+    *reinterpret_cast<uint4*>(p) = pack8<O>(f);
+}
+template <> __device__ __forceinline__ void store8<float>(float* p, const float* f) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+
+// What gemm_tc_impl's A rows and C rows are.
+#define TC_GU 0     // gate+up: A = x rows of the tile's pairs; C = h rows of the tile (SiLU·up fused)
+#define TC_DOWN 1   // down: A = h rows of the tile; C = o rows of the tile's pairs
+#define TC_DENSE 2  // one weight, no grouping: A = rows tile·BM.. (< m) of a [m, K]; C = those rows of [m, N]
+
+// Weight-tile loaders of gemm_tc_impl. Tile row r (r < MOE_TC_BN) of column block c0 of expert
+// ex is weight row ex·N + c0 + r, or with GU gate row ex·N + c0 + r (r < 128) / up row
+// ex·N + c0 + r − 128. Per k-step a loader stages its rows' MOE_TC_BK columns with cp.async
+// (`load`, into STAGE_BYTES of a pipeline stage), turns the landed stage into T [MOE_TC_BN]
+// [MOE_TC_LDS] (`convert`: each thread its own chunks, before the block's barrier, into one of
+// two CONV_BYTES buffers) and hands that tile to the MMAs (`tile`). This one: weights already T,
+// staged as they are (no conversion). fp8_gemm.cu has the FP8 loader (tiles dequantized in
+// shared memory).
+template <typename T, bool GU> struct TcWeightsT {
+    const T* w0;  // gate or down (or the dense weight)
+    const T* w1;  // up (GU), else unused
+    static constexpr u32 STAGE_BYTES = MOE_TC_BN * MOE_TC_LDS * sizeof(T);
+    static constexpr u32 CONV_BYTES = 0;
+    // Thread's chunk: 16 bytes (8 elements) ch of tile rows lrow + 32s (s < 8).
+    const T* bg;
+    const T* bu;
+    u32 bvalid, lrow, ch;
+    __device__ __forceinline__ void init(u32 tid, u32 ex, u32 c0, u32 N, u32 K) {
+        lrow = tid >> 2;
+        ch = (tid & 3u) * 8u;
+        const u64 wrow = (u64)ex * N + c0 + lrow;
+        bg = w0 + wrow * K;
+        bu = (GU ? w1 : w0) + wrow * K;
+        bvalid = 0;
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const u32 c = c0 + lrow + 32u * (GU ? (s & 3) : s);
+            if (c < N) bvalid |= 1u << s;
+        }
+    }
+    __device__ __forceinline__ void load(unsigned char* stage, u32 k0, u32 K) const {
+        T* bs = reinterpret_cast<T*>(stage);
+        const u32 kc = k0 + ch;
+        const bool in = kc < K;
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const bool v = ((bvalid >> s) & 1u) != 0u && in;
+            const T* src = GU ? (s < 4 ? bg : bu) + (u64)(32 * (s & 3)) * K : bg + (u64)(32 * s) * K;
+            cp_async16(bs + (lrow + 32u * s) * MOE_TC_LDS + ch, v ? src + kc : w0, v);
+        }
+    }
+    __device__ __forceinline__ void convert(const unsigned char*, unsigned char*, u32) const {}
+    __device__ __forceinline__ const T* tile(const unsigned char* stage, const unsigned char*) const {
+        return reinterpret_cast<const T*>(stage);
+    }
+};
+
 // Block b: tile b / nblk of BM = 16·MI rows, column block b % nblk (gate+up:
-// 128 columns of h, c0 = 128·cb; down: 256 columns of o, c0 = 256·cb).
-template <typename T, bool GU, int MI>
-__device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, const T* __restrict__ w0,
-                                             const T* __restrict__ w1, const u32* __restrict__ sorted,
-                                             const u32* __restrict__ tile_expert, T* __restrict__ dst, u32 K, u32 N,
-                                             u32 k, u32 nblk) {
+// 128 columns of h, c0 = 128·cb; down / dense: 256 columns, c0 = 256·cb). MODE: TC_GU,
+// TC_DOWN (sorted / tile_expert from moe_align) or TC_DENSE (m rows; sorted, tile_expert and
+// k unused). WL: the weight loader (TcWeightsT, or fp8_gemm.cu's TcWeightsFp8). O: the output
+// type (T, or f32 with TC_DENSE). Split-K (TC_DENSE): block row blockIdx.y sums k-steps
+// [y·ksteps, (y + 1)·ksteps) and writes its [m, N] partial at dst + y·m·N (gridDim.y = 1 and
+// ksteps ≥ the k-steps of K otherwise).
+template <typename T, typename O, int MODE, int MI, typename WL>
+__device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, WL wl, const u32* __restrict__ sorted,
+                                             const u32* __restrict__ tile_expert, O* __restrict__ dst, u32 K, u32 N,
+                                             u32 k, u32 nblk, u32 m, u32 ksteps) {
 #if defined(PORTER_SM80)
     using namespace nvcuda;
+    constexpr bool GU = MODE == TC_GU;
     constexpr u32 BM = 16 * MI;
-    constexpr u32 A_ELEMS = BM * MOE_TC_LDS, B_ELEMS = MOE_TC_BN * MOE_TC_LDS;
+    constexpr u32 A_ELEMS = BM * MOE_TC_LDS;
     constexpr u32 NC = GU ? MOE_TC_BN / 2 : MOE_TC_BN;  // output columns per block
     constexpr u32 LDC = NC + 4;
     constexpr int AS = (int)((BM + 31) / 32);  // A chunks per thread and k-step
     extern __shared__ __align__(128) unsigned char moe_tc_smem[];
     __shared__ u32 s_pair[BM];
     const u32 tile = blockIdx.x / nblk, cb = blockIdx.x % nblk;
-    const u32 ex = tile_expert[tile];
+    const u32 ex = MODE == TC_DENSE ? 0u : tile_expert[tile];
     if (ex == MOE_INVALID) return;
     const u32 tid = threadIdx.x, warp = tid >> 5;
     const u32 c0 = cb * NC;
-    if (tid < BM) s_pair[tid] = sorted[tile * BM + tid];
-    __syncthreads();
-    T* As = reinterpret_cast<T*>(moe_tc_smem);  // [STAGES][BM][LDS]
-    T* Bs = As + MOE_TC_STAGES * A_ELEMS;       // [STAGES][256][LDS]
-    // Loader: 16-byte chunk ch (8 elements) of A rows lrow + 32s (s < AS, row
-    // < BM) and of W tile rows lrow + 32s (s < 8).
+    if (MODE != TC_DENSE) {
+        if (tid < BM) s_pair[tid] = sorted[tile * BM + tid];
+        __syncthreads();
+    }
+    T* As = reinterpret_cast<T*>(moe_tc_smem);                                             // [STAGES][BM][LDS]
+    unsigned char* Ws = moe_tc_smem + MOE_TC_STAGES * A_ELEMS * sizeof(T);                 // [STAGES][STAGE_BYTES]
+    unsigned char* Wc = Ws + MOE_TC_STAGES * WL::STAGE_BYTES;                              // [2][CONV_BYTES]
+    // A loader: 16-byte chunk ch (8 elements) of A rows lrow + 32s (s < AS, row < BM).
     const u32 lrow = tid >> 2, ch = (tid & 3u) * 8u;
     const T* ap[AS];
 #pragma unroll
     for (int s = 0; s < AS; ++s) {
         const u32 r = lrow + 32u * s;
-        ap[s] = r < BM ? a_row<T, GU, BM>(a, s_pair, tile, r, K, k) : nullptr;
+        if (MODE == TC_DENSE)
+            ap[s] = r < BM && tile * BM + r < m ? a + (u64)(tile * BM + r) * K : nullptr;
+        else
+            ap[s] = r < BM ? a_row<T, GU, BM>(a, s_pair, tile, r, K, k) : nullptr;
     }
-    // W tile row lrow + 32s: GU: gate (s < 4) or up (s >= 4) row c0 + lrow +
-    // 32·(s % 4); down: row c0 + lrow + 32s.
-    const u64 wrow = (u64)ex * N + c0 + lrow;
-    const T* bg = w0 + wrow * K;
-    const T* bu = (GU ? w1 : w0) + wrow * K;
-    u32 bvalid = 0;
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-        const u32 c = c0 + lrow + 32u * (GU ? (s & 3) : s);
-        if (c < N) bvalid |= 1u << s;
-    }
+    wl.init(tid, ex, c0, N, K);
     auto load = [&](u32 st, u32 k0) {
         const u32 kc = k0 + ch;
         const bool in = kc < K;
         T* as = As + st * A_ELEMS;
-        T* bs = Bs + st * B_ELEMS;
 #pragma unroll
         for (int s = 0; s < AS; ++s) {
             const u32 r = lrow + 32u * s;
@@ -413,15 +473,10 @@ __device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, const T* _
                 cp_async16(as + r * MOE_TC_LDS + ch, v ? ap[s] + kc : a, v);
             }
         }
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-            const bool v = ((bvalid >> s) & 1u) != 0u && in;
-            const T* src = GU ? (s < 4 ? bg : bu) + (u64)(32 * (s & 3)) * K : bg + (u64)(32 * s) * K;
-            cp_async16(bs + (lrow + 32u * s) * MOE_TC_LDS + ch, v ? src + kc : w0, v);
-        }
+        wl.load(Ws + st * WL::STAGE_BYTES, k0, K);
     };
     // Warp w: B fragment j (16 tile rows) at brow(j): GU: gate 32w + 16j (j <
-    // 2), up 128 + 32w + 16(j − 2); down: 64w + 16j.
+    // 2), up 128 + 32w + 16(j − 2); down / dense: 64w + 16j.
     auto brow = [&](int j) -> u32 {
         return GU ? (u32)(j >> 1) * 128u + 32u * warp + 16u * (u32)(j & 1) : 64u * warp + 16u * (u32)j;
     };
@@ -430,25 +485,32 @@ __device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, const T* _
     for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-    const u32 nk = (K + MOE_TC_BK - 1) / MOE_TC_BK;
+    const u32 nk_all = (K + MOE_TC_BK - 1) / MOE_TC_BK;
+    const u32 kt0 = min(blockIdx.y * ksteps, nk_all);  // blockIdx.y = 0 without a split
+    const u32 nk = min(nk_all - kt0, ksteps);
+    if (MODE == TC_DENSE) dst += (u64)blockIdx.y * m * N;
     // Commit groups G0..G(S−2) (tiles 0..S−2, empty past the last); iteration
     // kt commits G(kt + S − 1), so "all but the newest S − 2 groups done" means
-    // tile kt has landed. The stage refilled in iteration kt, (kt − 1) % S, was
-    // last read in iteration kt − 1, which every warp has left at the barrier.
+    // tile kt has landed (this thread's chunks: the loader converts only its own
+    // before the barrier). The stage refilled in iteration kt, (kt − 1) % S, was
+    // last read in iteration kt − 1, which every warp has left at the barrier;
+    // conversion buffer kt % 2 was last read in iteration kt − 2, likewise.
 #pragma unroll
     for (u32 s = 0; s < MOE_TC_STAGES - 1; ++s) {
-        if (s < nk) load(s, s * MOE_TC_BK);
+        if (s < nk) load(s, (kt0 + s) * MOE_TC_BK);
         cp_async_commit();
     }
     for (u32 kt = 0; kt < nk; ++kt) {
         cp_async_wait<MOE_TC_STAGES - 2>();
+        const u32 st = kt % MOE_TC_STAGES;
+        unsigned char* conv = Wc + (kt & 1u) * WL::CONV_BYTES;
+        wl.convert(Ws + st * WL::STAGE_BYTES, conv, (kt0 + kt) * MOE_TC_BK);
         __syncthreads();
         const u32 kn = kt + MOE_TC_STAGES - 1;
-        if (kn < nk) load(kn % MOE_TC_STAGES, kn * MOE_TC_BK);
+        if (kn < nk) load(kn % MOE_TC_STAGES, (kt0 + kn) * MOE_TC_BK);
         cp_async_commit();
-        const u32 st = kt % MOE_TC_STAGES;
         const T* as = As + st * A_ELEMS;
-        const T* bs = Bs + st * B_ELEMS;
+        const T* bs = wl.tile(Ws + st * WL::STAGE_BYTES, conv);
 #pragma unroll
         for (u32 kk = 0; kk < MOE_TC_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[MI];
@@ -464,7 +526,8 @@ __device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, const T* _
         }
     }
     // Only empty groups can be pending; the stages become the C staging area
-    // [BM][LDC] f32 (BM · LDC · 4 <= 66.6 KB, within the stages).
+    // [BM][LDC] f32 (the host sizes the dynamic shared memory for the larger of the
+    // stages + conversion buffers and this).
     cp_async_wait<0>();
     __syncthreads();
     float* Cs = reinterpret_cast<float*>(moe_tc_smem);
@@ -490,23 +553,27 @@ __device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, const T* _
     }
     __syncthreads();
     // 16-byte stores: vector v (8 columns) of row i. gate+up: every row of the
-    // tile (padding rows get silu(0)·0 = 0); down: rows of real pairs, at o[pair].
+    // tile (padding rows get silu(0)·0 = 0); down: rows of real pairs, at
+    // o[pair]; dense: rows below m.
     constexpr u32 VPR = NC / 8;
     for (u32 q = tid; q < BM * VPR; q += MOE_TC_THREADS) {
         const u32 i = q / VPR, v = q % VPR, c = c0 + 8 * v;
         if (c >= N) continue;
         u64 row;
-        if (GU) {
+        if (MODE == TC_GU) {
             row = (u64)tile * BM + i;
-        } else {
+        } else if (MODE == TC_DOWN) {
             const u32 p = s_pair[i];
             if (p == MOE_INVALID) continue;
             row = p;
+        } else {
+            if (tile * BM + i >= m) continue;
+            row = (u64)tile * BM + i;
         }
         const float4 f0 = *reinterpret_cast<const float4*>(Cs + i * LDC + 8 * v);
         const float4 f1 = *reinterpret_cast<const float4*>(Cs + i * LDC + 8 * v + 4);
         const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
-        *reinterpret_cast<uint4*>(dst + row * N + c) = pack8<T>(f);
+        store8<O>(dst + row * N + c, f);
     }
 #else
     // Fallback build (below sm_80 or PORTER_FALLBACK): the host never launches this kernel.
@@ -554,12 +621,14 @@ extern "C" __global__ void __launch_bounds__(256)
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS)                                                  \
         moe_gemm_gu_tc##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                      \
                                     const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {              \
-        gemm_tc_impl<T, true, MI>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);                            \
+        gemm_tc_impl<T, T, TC_GU, MI>(a, TcWeightsT<T, true>{w0, w1}, sorted, tile_expert, dst, K, N, k, nblk, 0u, \
+                                      0xffffffffu);                                                               \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS)                                                  \
         moe_gemm_down_tc##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                    \
                                       const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {            \
-        gemm_tc_impl<T, false, MI>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);                           \
+        gemm_tc_impl<T, T, TC_DOWN, MI>(a, TcWeightsT<T, false>{w0, w0}, sorted, tile_expert, dst, K, N, k, nblk,  \
+                                        0u, 0xffffffffu);                                                         \
     }
 
 MOE_TC_ENTRY(bf16, bf16, 1)

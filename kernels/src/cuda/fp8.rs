@@ -36,7 +36,7 @@ pub struct Fp8Dev<'a> {
 
 impl Fp8Dev<'_> {
     /// Checks the buffers against `rows × cols` (and `rows` against `want_rows`).
-    fn check(&self, k: &CudaKernels, what: &str, want_rows: usize, want_cols: usize) -> Result<()> {
+    pub(super) fn check(&self, k: &CudaKernels, what: &str, want_rows: usize, want_cols: usize) -> Result<()> {
         if self.rows != want_rows || self.cols != want_cols {
             return Err(CudaError::Invalid(format!(
                 "{what}: fp8 weight [{}, {}], expected [{want_rows}, {want_cols}]",
@@ -62,8 +62,9 @@ impl CudaKernels {
     }
 
     /// Skinny GEMM `out[m, n] = x[m, k] · W[n, k]ᵀ` with an FP8 weight (`m ≤ 8`): a warp per
-    /// weight row, 16-byte loads of e4m3 bytes dequantized in registers, f32 accumulation in
-    /// an order that does not depend on `m` (row-invariant), one rounding to `O`.
+    /// weight row (two from 2 rows of `x` on, sharing each converted `x` chunk), 16-byte loads
+    /// of e4m3 bytes dequantized in registers, f32 accumulation in an order that does not
+    /// depend on `m` (row-invariant), one rounding to `O`.
     ///
     /// # Errors
     /// [`CudaError::Invalid`] if the shape does not fit ([`CudaKernels::fp8_gemv_fits`]), a
@@ -98,7 +99,8 @@ impl CudaKernels {
         }
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
         let cfg = LaunchConfig {
-            grid_dim: (u32_of("blocks", n.div_ceil(8))?, 1, 1),
+            // 8 warps a block, FP8_GEMV_NR(mm) weight rows a warp (2 from 2 rows of x on).
+            grid_dim: (u32_of("blocks", n.div_ceil(if mm >= 2 { 16 } else { 8 }))?, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };

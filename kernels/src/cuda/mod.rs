@@ -73,6 +73,7 @@ macro_rules! launch_fn {
 
 mod attention;
 mod fp8;
+mod fp8_gemm;
 mod gdn;
 mod gdn_chunk;
 mod gdn_seq;
@@ -80,6 +81,7 @@ mod kv_quant;
 mod misc;
 mod moe;
 mod moe_decode;
+mod moe_prefill;
 mod ops;
 
 pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};
@@ -365,9 +367,11 @@ pub(crate) static GDN_CHUNK: KernelSource =
     KernelSource { name: "gdn_chunk.cu", code: include_str!("../../cuda/gdn_chunk.cu") };
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
 pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
-/// FP8 weights: dequantizing GEMV, dequantize / quantize, FP8 MoE decode. Built on the text
-/// of moe.cu and moe_decode.cu (the grouping, the decode GEMV templates, the vector helpers),
-/// compiled as a module of its own.
+/// FP8 weights: dequantizing GEMV, dequantize / quantize, the FP8 row reader of the MoE decode
+/// GEMVs (fp8.cu), and the FP8 prefill GEMMs (fp8_gemm.cu: tile-dequantizing tensor-core GEMMs,
+/// dense and grouped, activation quantization, e4m3 MMA). Built on the text of moe.cu and
+/// moe_decode.cu (the grouping, the decode GEMV templates, the vector helpers and the
+/// tensor-core GEMM), compiled as a module of its own.
 pub(crate) static FP8: KernelSource = KernelSource {
     name: "fp8.cu",
     code: concat!(
@@ -376,7 +380,9 @@ pub(crate) static FP8: KernelSource = KernelSource {
         "\n#line 1 \"moe_decode.cu\"\n",
         include_str!("../../cuda/moe_decode.cu"),
         "\n#line 1 \"fp8.cu\"\n",
-        include_str!("../../cuda/fp8.cu")
+        include_str!("../../cuda/fp8.cu"),
+        "\n#line 1 \"fp8_gemm.cu\"\n",
+        include_str!("../../cuda/fp8_gemm.cu")
     ),
 };
 

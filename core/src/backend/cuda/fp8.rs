@@ -1,15 +1,22 @@
 //! FP8 weights in the CUDA backend: the dispatch of GEMMs and routed experts whose weights are
 //! [`DevFp8`] (e4m3 bytes + 128 × 128 block scales, `porter_kernels::cuda::fp8`).
 //!
-//! - **Decode** (`m ≤ GEMV_MAX_ROWS` rows), and every row count when the dtype is
+//! - **Decode** (`m ≤ FP8_GEMV_MAX_ROWS` rows), and every row count when the dtype is
 //!   batch-invariant (f32, deterministic mode): the FP8 GEMV in groups of at most 8 rows, which
 //!   reads the e4m3 bytes and dequantizes in registers (row-invariant arithmetic).
-//! - **Prefill**: the weight is dequantized to the compute dtype into the device's scratch
+//! - **Prefill** (and batches above the GEMV rows), by [`FP8_GEMM_ENV`] ([`Fp8Gemm`]):
+//!   `dequant`: the weight is dequantized to the compute dtype into the device's scratch
 //!   ([`Gpu`]'s `fp8_scratch`, grown to the largest weight, reused in stream order) and the
-//!   dense cuBLAS GEMM runs on it.
+//!   dense cuBLAS GEMM runs on it; `tc`: the tile-dequantizing tensor-core GEMM
+//!   (`fp8_gemm_tc`, no dequantized copy); `mma8`: e4m3 tensor-core MMA on activations
+//!   quantized per token and 128 columns (`fp8_gemm_mma8_quant`, sm_89+; not weights-only).
+//!   A path the device or shape does not take falls back: `mma8` → `tc` → `dequant`.
 //! - **Routed experts**: the FP8 MoE decode GEMVs on the decode path and whenever the dtype is
-//!   batch-invariant; otherwise all experts of the layer are dequantized into the scratch and the
-//!   dense tiled grouped GEMMs run (FP8 tensor-core MMA with activation scales is not built).
+//!   batch-invariant; otherwise the grouped tensor-core GEMMs dequantizing the experts' tiles
+//!   in shared memory (`tc`, the default), the grouped e4m3 MMA GEMMs on quantized x and h
+//!   (`mma8`, H100 / H200 class), or with `dequant` (or where the tensor-core GEMMs do not
+//!   run: f32, below sm_80, forced fallback) all experts of the layer dequantized into the
+//!   scratch and the dense grouped GEMMs; the same fallback order as above.
 
 use crate::bail;
 use crate::error::Result;
@@ -19,6 +26,57 @@ use crate::tensor::{Storage, Tensor};
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cuda::{CudaKernels, GEMV_MAX_ROWS};
+
+/// Environment variable choosing the FP8 prefill GEMM ([`Fp8Gemm`]): `dequant`, `tc` or
+/// `mma8`; unset or empty: [`DENSE_DEFAULT`] (or [`Fp8Gemm::Tc`] up to [`DENSE_TC_MAX_ROWS`]
+/// rows) for dense GEMMs, [`MOE_DEFAULT`] for the routed experts. Read on every call.
+pub const FP8_GEMM_ENV: &str = "PORTER_FP8_GEMM";
+
+/// How a prefill GEMM with an FP8 weight feeds the tensor cores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8Gemm {
+    /// Dequantize the whole weight into scratch, then cuBLAS (dense) / the dense grouped GEMMs.
+    Dequant,
+    /// Tile-dequantizing tensor-core GEMMs (weights-only).
+    Tc,
+    /// e4m3 tensor-core MMA with per-token, per-128-column activation scales.
+    Mma8,
+}
+
+/// Rows up to which a dense FP8 GEMM takes the GEMV (beyond: [`Fp8Gemm`]); `fp8_gemm_bench`
+/// times the GEMV against the split-K tensor-core GEMM at 1–8 rows.
+pub const FP8_GEMV_MAX_ROWS: usize = GEMV_MAX_ROWS;
+
+/// Dense GEMMs above [`DENSE_TC_MAX_ROWS`] rows when [`FP8_GEMM_ENV`] is unset: the path
+/// measured fastest on the H200 (docs/architecture.md §6.1).
+pub const DENSE_DEFAULT: Fp8Gemm = Fp8Gemm::Dequant;
+/// Dense GEMMs of more than [`FP8_GEMV_MAX_ROWS`] and at most this many rows take
+/// [`Fp8Gemm::Tc`] when [`FP8_GEMM_ENV`] is unset (decode batches, where dequantizing the
+/// whole weight costs most); `None`: [`DENSE_DEFAULT`] for every row count.
+pub const DENSE_TC_MAX_ROWS: Option<usize> = None;
+/// The routed experts' prefill when [`FP8_GEMM_ENV`] is unset.
+pub const MOE_DEFAULT: Fp8Gemm = Fp8Gemm::Tc;
+
+impl Fp8Gemm {
+    /// The choice [`FP8_GEMM_ENV`] makes, `default` when it is unset or empty.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] for another value.
+    pub fn from_env(default: Fp8Gemm) -> Result<Fp8Gemm> {
+        Self::parse(std::env::var(FP8_GEMM_ENV).ok().as_deref(), default)
+    }
+
+    /// [`Fp8Gemm::from_env`] for a given value of the variable.
+    fn parse(v: Option<&str>, default: Fp8Gemm) -> Result<Fp8Gemm> {
+        match v.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("") => Ok(default),
+            Some("dequant") => Ok(Fp8Gemm::Dequant),
+            Some("tc") => Ok(Fp8Gemm::Tc),
+            Some("mma8") => Ok(Fp8Gemm::Mma8),
+            Some(other) => bail!(Config, "{FP8_GEMM_ENV}={other}: expected dequant, tc or mma8"),
+        }
+    }
+}
 
 /// The device FP8 weight of `w`, if it is one.
 pub fn fp8_of(w: &Tensor) -> Option<&DevFp8> {
@@ -61,7 +119,7 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
     }
     fn go<A: DevType>(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor, m: usize, k: usize, n: usize) -> Result<()> {
         let xs = x.dev::<A>()?;
-        let gemv = crate::tensor::cuda::batch_invariant(A::DTYPE) || m <= GEMV_MAX_ROWS;
+        let gemv = crate::tensor::cuda::batch_invariant(A::DTYPE) || m <= FP8_GEMV_MAX_ROWS;
         fn groups<A: DevType, O: DevType>(
             g: &Gpu,
             xs: &CudaSlice<A>,
@@ -91,6 +149,39 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
             };
             if done {
                 return Ok(());
+            }
+        } else {
+            let path =
+                Fp8Gemm::from_env(if DENSE_TC_MAX_ROWS.is_some_and(|r| m <= r) { Fp8Gemm::Tc } else { DENSE_DEFAULT })?;
+            /// The tensor-core paths, `path` or the next one down; false where neither runs.
+            fn tensor<A: DevType, O: DevType>(
+                g: &Gpu,
+                xs: &CudaSlice<A>,
+                w: &DevFp8,
+                out: &mut CudaSlice<O>,
+                m: usize,
+                path: Fp8Gemm,
+            ) -> Result<bool> {
+                let (k, n) = (w.cols, w.rows());
+                if path == Fp8Gemm::Mma8 && A::DTYPE != DType::F32 && g.k.fp8_mma8_fits(k) {
+                    g.k.fp8_gemm_mma8_quant::<A, O>(xs, w.view(), out, m).map_err(cuda_err)?;
+                    return Ok(true);
+                }
+                if path != Fp8Gemm::Dequant && g.k.fp8_gemm_tc_fits::<A, O>(k, n) {
+                    g.k.fp8_gemm_tc::<A, O>(xs, w.view(), out, m).map_err(cuda_err)?;
+                    return Ok(true);
+                }
+                Ok(false)
+            }
+            if path != Fp8Gemm::Dequant {
+                let done = match out.dtype() {
+                    DType::F32 => tensor::<A, f32>(g, xs, w, out.dev_mut::<f32>()?, m, path)?,
+                    dt if dt == A::DTYPE => tensor::<A, A>(g, xs, w, out.dev_mut::<A>()?, m, path)?,
+                    _ => false,
+                };
+                if done {
+                    return Ok(());
+                }
             }
         }
         with_scratch::<A, ()>(g, n * k, |s| {
@@ -137,6 +228,14 @@ pub fn moe_experts(
                 .k
                 .moe_experts_fp8::<T>(xd, idx, wts, gate.view(), up.view(), down.view(), out, [t, k, e, h, inter])
                 .map_err(cuda_err);
+        }
+        let path = Fp8Gemm::from_env(MOE_DEFAULT)?;
+        let (gv, uv, dv, dims) = (gate.view(), up.view(), down.view(), [t, k, e, h, inter]);
+        if path == Fp8Gemm::Mma8 && g.k.moe_prefill_mma8_fits::<T>(h, inter) {
+            return g.k.moe_experts_fp8_mma8::<T>(xd, idx, wts, gv, uv, dv, out, dims).map_err(cuda_err);
+        }
+        if path != Fp8Gemm::Dequant && g.k.moe_prefill_fp8_fits::<T>(h, inter) {
+            return g.k.moe_experts_fp8_prefill::<T>(xd, idx, wts, gv, uv, dv, out, dims).map_err(cuda_err);
         }
         let n1 = e * inter * h;
         with_scratch::<T, ()>(g, 3 * n1, |s| {
@@ -207,4 +306,20 @@ pub fn concat(g: &Gpu, parts: &[Tensor]) -> Result<DevFp8> {
     }
     let row_scale = g.stream().clone_htod(&rs).map_err(cuda_err)?;
     Ok(DevFp8 { q, scales, row_scale, cols, dtype })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_gemm_env_values() {
+        assert_eq!(Fp8Gemm::parse(None, Fp8Gemm::Tc).ok(), Some(Fp8Gemm::Tc));
+        assert_eq!(Fp8Gemm::parse(Some(" "), Fp8Gemm::Dequant).ok(), Some(Fp8Gemm::Dequant));
+        assert_eq!(Fp8Gemm::parse(Some("DEQUANT"), Fp8Gemm::Tc).ok(), Some(Fp8Gemm::Dequant));
+        assert_eq!(Fp8Gemm::parse(Some("tc"), Fp8Gemm::Dequant).ok(), Some(Fp8Gemm::Tc));
+        assert_eq!(Fp8Gemm::parse(Some("mma8"), Fp8Gemm::Dequant).ok(), Some(Fp8Gemm::Mma8));
+        let e = Fp8Gemm::parse(Some("cublas"), Fp8Gemm::Tc).unwrap_err().to_string();
+        assert!(e.contains(FP8_GEMM_ENV) && e.contains("cublas"), "{e}");
+    }
 }

@@ -1,0 +1,480 @@
+//! The prefill path of the routed experts (kernels/cuda/moe.cu's tiled grouped GEMMs, with
+//! dense or FP8 experts; kernels/cuda/fp8_gemm.cu's FP8 forms): alignment of the (row, slot)
+//! pairs into tiles by expert, gate+up with the fused activation, down, combine. Split from
+//! moe.rs (the checks, the decode GEMVs and the tile choice stay there).
+
+use super::moe::{align256, ALIGN_THREADS, MOE_MAX_E};
+use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev, Result, FP8, MOE};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+
+/// CUDA-core GEMM tile height: rows of the sorted pair list per tile (`MOE_BM`).
+const BM: usize = 64;
+/// CUDA-core GEMM tile width in weight rows (`MOE_BN`; gate+up tiles hold 64 of each).
+const BN: usize = 128;
+/// Threads of the CUDA-core GEMM kernels (`MOE_GEMM_THREADS`).
+const GEMM_THREADS: u32 = 256;
+/// Threads of the tensor-core GEMM kernels (`MOE_TC_THREADS`).
+const TC_THREADS: u32 = 128;
+/// Tensor-core GEMM tile width in weight rows (`MOE_TC_BN`; gate+up tiles hold
+/// 128 gate and 128 up rows, 128 columns of h).
+const TC_BN: usize = 256;
+/// Shared-memory row of a staged tile in elements (`MOE_TC_LDS`).
+const TC_LDS: usize = 40;
+/// Columns of a k-step of the tensor-core GEMMs (`MOE_TC_BK`; FP8 weights stage rows of this
+/// many bytes).
+const TC_BK: usize = 32;
+/// cp.async stages of the tensor-core GEMMs (`MOE_TC_STAGES`).
+const TC_STAGES: usize = 4;
+/// Threads of the combine kernel.
+const COMBINE_THREADS: u32 = 256;
+
+/// The expert weights of the prefill path: dense `T` (device addresses, the caller holding
+/// the buffers) or FP8 (tiles dequantized in the tensor-core GEMMs, fp8_gemm.cu).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum ExpertWeights<'a> {
+    /// gate, up `[e, inter, hidden]`, down `[e, hidden, inter]` of `T`.
+    Dense { gate: u64, up: u64, down: u64 },
+    /// gate, up `[e·inter, hidden]`, down `[e·hidden, inter]` FP8 (checked by the caller);
+    /// `mma8`: the e4m3 MMA GEMMs on quantized activations, else the tile-dequantizing ones.
+    Fp8 { gate: Fp8Dev<'a>, up: Fp8Dev<'a>, down: Fp8Dev<'a>, mma8: bool },
+}
+
+/// Rows of the e4m3 MMA grouped GEMMs' tiles (`32 · WM`, WM = 2), weight rows per block
+/// (`32 · WN`, WN = 8), and their threads (`FP8_MMA_THREADS`).
+const MMA8_BM: usize = 64;
+/// See [`MMA8_BM`].
+const MMA8_BN: usize = 256;
+/// See [`MMA8_BM`].
+const MMA8_THREADS: u32 = 512;
+
+/// Bytes of a cp.async stage of the e4m3 MMA grouped GEMMs: the 64 × 128-byte A and 256 ×
+/// 128-byte W tiles and their 320 f32 scales.
+const MMA8_STAGE: usize = (MMA8_BM + MMA8_BN) * 132;
+
+/// cp.async stages of the e4m3 MMA grouped GEMMs within `limit` bytes of shared memory (4 of
+/// [`MMA8_STAGE`], the only form built), or `None`.
+pub(super) fn mma8_moe_stages(limit: usize) -> Option<usize> {
+    (4 * MMA8_STAGE <= limit).then_some(4)
+}
+
+/// Dynamic shared memory of the tensor-core GEMMs' cp.async stages (and FP8 conversion
+/// buffers) for tiles of `16·mi` rows of `esize`-byte elements (moe.cu's `gemm_tc_impl`).
+pub(super) fn tc_stage_smem(mi: usize, esize: usize, fp8: bool) -> usize {
+    if fp8 {
+        TC_STAGES * (16 * mi * TC_LDS * esize + TC_BN * TC_BK) + 2 * TC_BN * TC_LDS * esize
+    } else {
+        TC_STAGES * (16 * mi + TC_BN) * TC_LDS * esize
+    }
+}
+
+/// Dynamic shared memory of a tensor-core GEMM launch: the stages, or the f32 C staging area
+/// of `16·mi` rows × (`nc` + 4) if larger.
+pub(super) fn tc_smem(mi: usize, esize: usize, fp8: bool, nc: usize) -> usize {
+    tc_stage_smem(mi, esize, fp8).max(16 * mi * (nc + 4) * 4)
+}
+
+impl CudaKernels {
+    /// The prefill path of [`CudaKernels::moe_experts`] (same arguments and
+    /// checks; `t·k` must exceed the decode threshold), synchronising the
+    /// stream after every stage: returns the seconds of the alignment, the
+    /// gate+up GEMM, the down GEMM and the combine (host clock around each
+    /// launch + synchronise). For profiling only.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_prefill_stage_times<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        k: usize,
+        e: usize,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<[f64; 4]> {
+        if t == 0 || Self::moe_decode_path(t, k, e) || k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
+            return Err(CudaError::Invalid("moe_prefill_stage_times: not a prefill shape".into()));
+        }
+        self.check("x", x, prod(&[t, hidden])?)?;
+        self.check("idx", idx, prod(&[t, k])?)?;
+        self.check("w", w, prod(&[t, k])?)?;
+        self.check("gate", gate, prod(&[e, inter, hidden])?)?;
+        self.check("up", up, prod(&[e, inter, hidden])?)?;
+        self.check("down", down, prod(&[e, hidden, inter])?)?;
+        self.check("out", out, prod(&[t, hidden])?)?;
+        let mut times = [0.0f64; 4];
+        let s = &self.stream;
+        let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
+        let weights = ExpertWeights::Dense { gate: pg, up: pu, down: pd };
+        self.stream.synchronize()?;
+        let mut clock = std::time::Instant::now();
+        self.moe_prefill::<T>(x, idx, w, weights, out, [t, k, e, hidden, inter], &mut |stage| {
+            self.stream.synchronize()?;
+            let now = std::time::Instant::now();
+            times[stage] = (now - clock).as_secs_f64();
+            clock = now;
+            Ok(())
+        })?;
+        Ok(times)
+    }
+
+    /// Whether the tensor-core prefill GEMMs take FP8 experts of `hidden` × `inter` for `T`
+    /// on this device (bf16 / f16 on sm_80+ and not forced to the fallback, both dimensions
+    /// multiples of 16, the stages within the shared-memory limit); otherwise an FP8 prefill
+    /// must dequantize the experts and run [`CudaKernels::moe_experts`].
+    pub fn moe_prefill_fp8_fits<T: CudaFloat>(&self, hidden: usize, inter: usize) -> bool {
+        T::NAME != "f32"
+            && self.caps().tensor_cores()
+            && hidden.is_multiple_of(16)
+            && inter.is_multiple_of(16)
+            && tc_stage_smem(1, std::mem::size_of::<T>(), true) <= self.caps().smem_limit()
+    }
+
+    /// Prefill path of [`CudaKernels::moe_experts`] (arguments checked; `dims` = t, k, e,
+    /// hidden, inter): alignment, tiled gate+up and down GEMMs, combine. `done(stage)` is
+    /// called after the launch of each stage (0..4). FP8 `weights` need the tensor-core GEMMs
+    /// ([`CudaKernels::moe_prefill_fp8_fits`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_prefill<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        weights: ExpertWeights<'_>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+        done: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<()> {
+        let [t, k, e, hidden, inter] = dims;
+        let n = prod(&[t, k])?;
+        let slots = e.min(n);
+        let esize = std::mem::size_of::<T>();
+        // Tensor cores for bf16 / f16 on sm_80+ with 16-byte rows everywhere
+        // (K % 8 == 0 and N % 8 == 0 for both GEMMs; FP8 rows: K % 16 == 0; base pointers
+        // checked below). Fallback (below sm_80, forced, or too little shared memory): the
+        // SIMT GEMMs (dense weights only).
+        let sm80 = self.caps().tensor_cores();
+        let (fp8, mma8) = match weights {
+            ExpertWeights::Fp8 { mma8, .. } => (true, mma8),
+            ExpertWeights::Dense { .. } => (false, false),
+        };
+        let tc_dims =
+            T::NAME != "f32" && sm80 && (hidden * esize).is_multiple_of(16) && (inter * esize).is_multiple_of(16);
+        let (px, _gx) = x.device_ptr(&self.stream);
+        let wptrs = match weights {
+            ExpertWeights::Dense { gate, up, down } => [gate, up, down],
+            ExpertWeights::Fp8 { gate, up, down, .. } => {
+                let s = &self.stream;
+                [gate.q.device_ptr(s).0, up.q.device_ptr(s).0, down.q.device_ptr(s).0]
+            }
+        };
+        let tc_dims = tc_dims && (!fp8 || (hidden.is_multiple_of(16) && inter.is_multiple_of(16)));
+        let tc = tc_dims && std::iter::once(px).chain(wptrs).all(|p| p.is_multiple_of(16));
+        let mma8_stages = if mma8 { mma8_moe_stages(self.caps().smem_limit()) } else { None };
+        if mma8 && (!tc || mma8_stages.is_none() || !self.fp8_mma8_fits(hidden) || !self.fp8_mma8_fits(inter)) {
+            return Err(CudaError::Invalid(format!(
+                "moe prefill with e4m3 MMA ({} hidden {hidden}, inter {inter}) does not fit on {} \
+                 (moe_prefill_mma8_fits)",
+                T::NAME,
+                self.arch()
+            )));
+        }
+        // The e4m3 MMA GEMMs have tiles of 64 rows (mi = 4).
+        let mut mi = if mma8 {
+            4
+        } else if tc {
+            Self::moe_prefill_tile_frags(t, k, e)
+        } else {
+            0
+        };
+        // Fewer row fragments where the cp.async stages of 16·mi rows need more shared memory
+        // than the device allows (mi = 4 needs 100 KiB: an sm_86 / sm_89 allows 99 / 99 KiB).
+        let stage_smem = |mi: usize| tc_stage_smem(mi, esize, fp8);
+        while !mma8 && mi > 1 && stage_smem(mi) > self.caps().smem_limit() {
+            mi -= 1;
+        }
+        let tc = tc && (mma8 || stage_smem(mi) <= self.caps().smem_limit());
+        if fp8 && !tc {
+            return Err(CudaError::Invalid(format!(
+                "moe prefill with fp8 experts ({} hidden {hidden}, inter {inter}) needs the tensor-core GEMMs \
+                 (moe_prefill_fp8_fits) and 16-byte aligned buffers",
+                T::NAME
+            )));
+        }
+        // Sorted list: each expert's segment padded to whole tiles (at most
+        // one partial tile per active expert).
+        let tile_rows = if tc { 16 * mi } else { BM };
+        let (pad, tiles_cap) = (tile_rows, n.div_ceil(tile_rows) + slots);
+        let cap = prod(&[tiles_cap, pad])?;
+        // Scratch, one allocation: sorted [cap], tile_expert [tiles_cap],
+        // seg [3·slots], meta [2] (u32); h [cap, inter] (T); o [n, hidden] (T); with mma8
+        // also x and h quantized: bytes [t, hidden], scales [t, ⌈hidden/128⌉], bytes
+        // [cap, inter], scales [cap, ⌈inter/128⌉].
+        let off_tile = align256(cap * 4);
+        let off_seg = off_tile + align256(tiles_cap * 4);
+        let off_meta = off_seg + align256(slots * 3 * 4);
+        let off_h = off_meta + 256;
+        let off_o = off_h + align256(prod(&[cap, inter, esize])?);
+        let off_xq = off_o + align256(prod(&[n, hidden, esize])?);
+        let q = |rows: usize, cols: usize| -> Result<(usize, usize)> {
+            let bytes = if mma8 { prod(&[rows, cols])? } else { 0 };
+            let scales = if mma8 { prod(&[rows, cols.div_ceil(super::FP8_BLOCK), 4])? } else { 0 };
+            Ok((align256(bytes), align256(scales)))
+        };
+        let ((xq_b, xs_b), (hq_b, hs_b)) = (q(t, hidden)?, q(cap, inter)?);
+        let (off_xs, off_hq) = (off_xq + xq_b, off_xq + xq_b + xs_b);
+        let off_hs = off_hq + hq_b;
+        let bytes = off_hs + hs_b;
+        // Every index the kernels use fits in u32 (pair ids, sorted positions);
+        // element offsets are 64-bit in the kernels.
+        let (n32, e32, k32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?);
+        let (pad32, cap32, tiles32) = (u32_of("pad", pad)?, u32_of("cap", cap)?, u32_of("tiles", tiles_cap)?);
+        let (h32, i32_) = (u32_of("hidden", hidden)?, u32_of("inter", inter)?);
+
+        let s = &self.stream;
+        // SAFETY: uninitialised scratch; every byte a kernel reads is written
+        // before by an earlier kernel on this stream (moe_align writes the
+        // index lists in full, the gate+up kernels every h row the down kernels
+        // read, the down kernels o for every pair moe_combine reads).
+        let mut scratch = unsafe { s.alloc::<u8>(bytes) }?;
+        let (pi, _gi) = idx.device_ptr(s);
+        let (base, _gs) = scratch.device_ptr_mut(s);
+        let p_sorted = base;
+        let p_tile = base + off_tile as u64;
+        let p_seg = base + off_seg as u64;
+        let p_meta = base + off_meta as u64;
+        let p_h = base + off_h as u64;
+        let p_o = base + off_o as u64;
+        let (p_xq, p_xs, p_hq, p_hs) =
+            (base + off_xq as u64, base + off_xs as u64, base + off_hq as u64, base + off_hs as u64);
+
+        // 1. Alignment.
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (ALIGN_THREADS, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", e * 4)?,
+        };
+        // SAFETY: arguments match `moe_align`; idx has n elements; sorted has
+        // cap = tiles_cap · pad entries, enough for Σ roundup(count, pad)
+        // (≤ n + slots·(pad − 1)); tile_expert tiles_cap, seg 3·min(e, n),
+        // meta 2; dynamic shared memory e u32 (e ≤ 8192: 32 KiB).
+        // Kernel: `moe_align(const u32* idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* sorted,
+        // u32* tile_expert, u32* seg, u32* meta)`.
+        unsafe {
+            launch!(self, MOE, "moe_align", cfg, [pi, n32, e32, pad32, cap32, tiles32, p_sorted, p_tile, p_seg, p_meta])
+        }?;
+
+        done(0)?;
+        if mma8 {
+            // SAFETY: x holds t·hidden T (checked by the callers); xq / xs have t·hidden bytes
+            // and t·⌈hidden/128⌉ scales in the scratch.
+            unsafe { self.fp8_act_quant_raw::<T>(px, p_xq, p_xs, t, hidden) }?;
+        }
+
+        // Kernel, grid (tiles_cap · column blocks), block and dynamic shared memory of a GEMM.
+        let gemm = |gu: bool, n_cols: usize| -> Result<(cudarc::driver::CudaFunction, u32, LaunchConfig)> {
+            let which = if gu { "gu" } else { "down" };
+            if let Some(st) = mma8_stages {
+                // gate+up: 128 h columns per block; down: 256 o columns.
+                let nblk = n_cols.div_ceil(if gu { MMA8_BN / 2 } else { MMA8_BN });
+                let smem = st * MMA8_STAGE;
+                let f = self.function_smem(&FP8, &format!("moe_gemm_{which}_fp8_mma8_{}_s{st}", T::NAME), smem)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+                    block_dim: (MMA8_THREADS, 1, 1),
+                    shared_mem_bytes: u32_of("shared memory", smem)?,
+                };
+                Ok((f, u32_of("column blocks", nblk)?, cfg))
+            } else if tc {
+                // gate+up: 128 h columns per block; down: 256 o columns.
+                let nc = if gu { TC_BN / 2 } else { TC_BN };
+                let nblk = n_cols.div_ceil(nc);
+                let smem = tc_smem(mi, esize, fp8, nc);
+                let f = if fp8 {
+                    self.function_smem(&FP8, &format!("moe_gemm_{which}_fp8_tc{mi}_{}", T::NAME), smem)?
+                } else {
+                    self.function_smem(&MOE, &format!("moe_gemm_{which}_tc{mi}_{}", T::NAME), smem)?
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+                    block_dim: (TC_THREADS, 1, 1),
+                    shared_mem_bytes: u32_of("shared memory", smem)?,
+                };
+                Ok((f, u32_of("column blocks", nblk)?, cfg))
+            } else {
+                let nblk = n_cols.div_ceil(if gu { BN / 2 } else { BN });
+                let f = self.function(&MOE, &format!("moe_gemm_{which}_simt_{}", T::NAME))?;
+                let cfg = LaunchConfig {
+                    grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+                    block_dim: (GEMM_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                Ok((f, u32_of("column blocks", nblk)?, cfg))
+            }
+        };
+        // 2b. gate+up GEMM (+ activation).
+        let (f, nblk32, cfg) = gemm(true, inter)?;
+        // SAFETY: arguments match `moe_gemm_gu_<kind>_<T>`; the sorted list
+        // was padded to tiles of this kernel's height (pad); tiles past the
+        // real count exit (tile_expert invalid); A rows gathered through the
+        // sorted list (padding reads nothing); h has cap rows; the tensor-core
+        // variant is only chosen with 16-byte aligned rows (hidden, inter
+        // multiples of 8, base pointers checked, scratch 256-byte aligned).
+        // Kernel: `moe_gemm_gu_<kind>_<T>(const T* a, const T* w0, const T* w1, const u32* sorted,
+        // const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`; FP8:
+        // `moe_gemm_gu_fp8_tc<MI>_<T>(const T* a, const u8* q0, const float* s0, const u32* rs0,
+        // const u8* q1, const float* s1, const u32* rs1, const u32* sorted, const u32* tile_expert,
+        // T* dst, u32 K, u32 N, u32 k, u32 nblk)` (the scale rows named by the maps exist:
+        // Fp8Dev's contract).
+        match weights {
+            ExpertWeights::Dense { gate: pg, up: pu, .. } => unsafe {
+                launch_fn!(self, f, cfg, [px, pg, pu, p_sorted, p_tile, p_h, h32, i32_, k32, nblk32])
+            },
+            // e4m3 MMA: `moe_gemm_gu_fp8_mma8_<T>_s<S>(const u8* aq, const float* as, const u8* q0,
+            // const float* s0, const u32* rs0, const u8* q1, const float* s1, const u32* rs1,
+            // const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`
+            // (aq / as: x quantized above, t rows).
+            ExpertWeights::Fp8 { gate, up, mma8: true, .. } => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [
+                        p_xq,
+                        p_xs,
+                        ptr(gate.q),
+                        ptr(gate.scales),
+                        ptr(gate.row_scale),
+                        ptr(up.q),
+                        ptr(up.scales),
+                        ptr(up.row_scale),
+                        p_sorted,
+                        p_tile,
+                        p_h,
+                        h32,
+                        i32_,
+                        k32,
+                        nblk32
+                    ]
+                )
+            },
+            ExpertWeights::Fp8 { gate, up, mma8: false, .. } => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [
+                        px,
+                        ptr(gate.q),
+                        ptr(gate.scales),
+                        ptr(gate.row_scale),
+                        ptr(up.q),
+                        ptr(up.scales),
+                        ptr(up.row_scale),
+                        p_sorted,
+                        p_tile,
+                        p_h,
+                        h32,
+                        i32_,
+                        k32,
+                        nblk32
+                    ]
+                )
+            },
+        }?;
+        done(1)?;
+        if mma8 {
+            // SAFETY: h holds cap·inter T, every row written by the gate+up GEMM (padding rows
+            // with 0); hq / hs have cap·inter bytes and cap·⌈inter/128⌉ scales in the scratch.
+            unsafe { self.fp8_act_quant_raw::<T>(p_h, p_hq, p_hs, cap, inter) }?;
+        }
+        // 3b. down GEMM.
+        let (f, nblk32, cfg) = gemm(false, hidden)?;
+        // SAFETY: arguments match `moe_gemm_down_<kind>_<T>`; h rows of
+        // real tiles were all written by the gate+up GEMM; o written for
+        // valid pairs only.
+        // Kernel: `moe_gemm_down_<kind>_<T>(const T* a, const T* w0, const T* w1, const u32* sorted,
+        // const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`; FP8:
+        // `moe_gemm_down_fp8_tc<MI>_<T>(const T* a, const u8* q, const float* s, const u32* rs,
+        // const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`.
+        match weights {
+            ExpertWeights::Dense { down: pd, .. } => unsafe {
+                launch_fn!(self, f, cfg, [p_h, pd, pd, p_sorted, p_tile, p_o, i32_, h32, k32, nblk32])
+            },
+            // e4m3 MMA: `moe_gemm_down_fp8_mma8_<T>_s<S>(const u8* aq, const float* as, const u8* q,
+            // const float* s, const u32* rs, const u32* sorted, const u32* tile_expert, T* dst,
+            // u32 K, u32 N, u32 k, u32 nblk)` (aq / as: h quantized above, cap rows).
+            ExpertWeights::Fp8 { down, mma8: true, .. } => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [
+                        p_hq,
+                        p_hs,
+                        ptr(down.q),
+                        ptr(down.scales),
+                        ptr(down.row_scale),
+                        p_sorted,
+                        p_tile,
+                        p_o,
+                        i32_,
+                        h32,
+                        k32,
+                        nblk32
+                    ]
+                )
+            },
+            ExpertWeights::Fp8 { down, mma8: false, .. } => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [
+                        p_h,
+                        ptr(down.q),
+                        ptr(down.scales),
+                        ptr(down.row_scale),
+                        p_sorted,
+                        p_tile,
+                        p_o,
+                        i32_,
+                        h32,
+                        k32,
+                        nblk32
+                    ]
+                )
+            },
+        }?;
+        done(2)?;
+
+        // 4. Combine.
+        let total = prod(&[t, hidden])?;
+        let total64 = total as u64;
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(total, COMBINE_THREADS), 1, 1),
+            block_dim: (COMBINE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments match `moe_combine_<T>`; out and idx/w lengths
+        // checked; o is read only for pairs with a valid expert id, all of
+        // which the down kernel wrote.
+        // Kernel: `moe_combine_<T>(const T* o, const u32* idx, const float* w, float* out, u64 total, u32 H, u32 k,
+        // u32 e)`.
+        unsafe {
+            launch!(
+                self,
+                MOE,
+                format!("moe_combine_{}", T::NAME),
+                cfg,
+                [p_o, pi, ptr(w), ptr_mut(out), total64, h32, k32, e32]
+            )
+        }?;
+        done(3)?;
+        Ok(())
+    }
+}
