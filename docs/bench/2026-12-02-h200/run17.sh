@@ -16,6 +16,7 @@ T="--nocapture --include-ignored --test-threads=1"
 t k_fp8_gemm timeout 130 .dev/bin/cuda_fp8_gemm $T
 t k_moe_decode timeout 60 .dev/bin/cuda_moe_decode $T
 t k_fp8 timeout 50 .dev/bin/cuda_fp8 $T
+t k_moe timeout 25 .dev/bin/cuda_moe $T
 t gpu_fp8 timeout 40 .dev/bin/gpu $T cuda_fp8 cuda_qwen3_moe cuda_qwen3_next_a
 for p in tc mma8; do PORTER_FP8_GEMM=$p t gpu_fp8_$p timeout 20 .dev/bin/gpu $T cuda_fp8_kernels_match; done
 G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24"
