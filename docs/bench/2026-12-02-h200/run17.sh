@@ -3,6 +3,8 @@
 # decode GEMV (branch moegemv), merged. Kernel parity + timings, the FP8/MoE model tests in
 # each FP8 GEMM form, the 24-layer bf16 bench (MoE decode v2 vs v1, graphs on), and the
 # 48-layer FP8 80B bench with graphs (dense / MoE GEMM forms for prefill and batch 64).
+# Carry only .dev, with .dev/bin holding just cuda_fp8, cuda_fp8_gemm, cuda_moe, cuda_moe_decode and
+# gpu (the tracked tree is ~21 MB; the carry limit is 64 MiB in all).
 set -uo pipefail
 P=.dev/porter/porter
 source <(sed -n '/^# --- NVRTC/,/^say "== gpu-check/p' scripts/gpu-check.sh | grep -v '^say')
