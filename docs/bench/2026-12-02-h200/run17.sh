@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 6, last GPU call: the FP8 tensor-core GEMMs (branch fp8tc) and the one-launch MoE
 # decode GEMV (branch moegemv), merged. Kernel parity + timings, the FP8/MoE model tests in
-# each FP8 GEMM form, the 24-layer bf16 bench (MoE decode v2 vs v1, graphs on), and the
+# each FP8 GEMM form, the 24-layer bf16 bench (MoE decode v1, the default since, vs v2; graphs on), and the
 # 48-layer FP8 80B bench with graphs (dense / MoE GEMM forms for prefill and batch 64).
 # Carry only .dev, with .dev/bin holding just cuda_fp8, cuda_fp8_gemm, cuda_moe, cuda_moe_decode and
 # gpu (the tracked tree is ~21 MB; the carry limit is 64 MiB in all).
@@ -27,9 +27,9 @@ t fp8_48 timeout 110 $P bench $F --prefill 4096,32768 --batch 1,8,64 --context 1
 t bf16_24 timeout 45 $P bench $G --prefill 4096 --batch 1,8,64 --context 128 --steps 32 --json "$L/bf16_24.json"
 PORTER_FP8_GEMM=tc t fp8_48_tc timeout 50 $P bench $F --prefill 4096 --batch 8,64 --context 128 --steps 16 --json "$L/fp8_48_tc.json"
 PORTER_FP8_GEMM=mma8 t fp8_48_mma8 timeout 50 $P bench $F --prefill 4096 --batch 8,64 --context 128 --steps 16 --json "$L/fp8_48_mma8.json"
-PORTER_MOE_GEMV=v1 t bf16_24_v1 timeout 35 $P bench $G --prefill 16 --batch 1,8,64 --context 128 --steps 32 --json "$L/bf16_24_v1.json"
+PORTER_MOE_GEMV=v2 t bf16_24_v2 timeout 35 $P bench $G --prefill 16 --batch 1,8,64 --context 128 --steps 32 --json "$L/bf16_24_v2.json"
 cat $S
 grep -hE "panicked|FAILED" $L/*.log | head -20
-for f in bf16_24 bf16_24_v1 fp8_48 fp8_48_tc fp8_48_mma8; do echo "== $f"; grep -vE "^  profile" "$L/$f.log" | grep -E "prefill|decode|mtp k|memory|roofline" | head -16; done
+for f in bf16_24 bf16_24_v2 fp8_48 fp8_48_tc fp8_48_mma8; do echo "== $f"; grep -vE "^  profile" "$L/$f.log" | grep -E "prefill|decode|mtp k|memory|roofline" | head -16; done
 grep -hE "us|TFLOP|GB/s" $L/k_fp8_gemm.log | head -40
 tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
