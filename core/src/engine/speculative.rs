@@ -139,7 +139,9 @@ impl Drafter<'_> {
     }
 }
 
-/// Generates up to `max_tokens` ids after `prompt` with K-token speculative decoding.
+/// Device sampler parameters of a greedy row (`sample_rows`: temperature 0 is the argmax).
+const GREEDY_ROW: [f32; 4] = [0.0, 0.0, 1.0, 0.0];
+
 /// One draft token from the draft's last logits row and its distribution `q`; greedy on a
 /// CUDA device ([`SeqSampler::greedy_on_device`]) the argmax is taken there and `q` is left
 /// empty, meaning one-hot at the token (what `probs` would give), without the row coming to
@@ -147,7 +149,7 @@ impl Drafter<'_> {
 fn draw_draft(sampler: &mut SeqSampler, logits: &Tensor, out_len: usize, eos: &[u32]) -> Result<(u32, Vec<f32>)> {
     let last = logits.narrow_rows(logits.rows() - 1, 1)?;
     if sampler.greedy_on_device(&last, out_len) {
-        let ids = crate::backend::cuda::blocks::sample_rows(&last, &[[0.0, 0.0, 1.0, 0.0]])?;
+        let ids = crate::backend::cuda::blocks::sample_rows(&last, &[GREEDY_ROW])?;
         let tok = ids.first().copied().ok_or_else(|| crate::err!(Internal, "the device argmax returned no id"))?;
         return Ok((tok, Vec::new()));
     }
@@ -164,6 +166,7 @@ fn q_of(q: &[f32], d: usize, proposed: u32) -> f32 {
     }
 }
 
+/// Generates up to `max_tokens` ids after `prompt` with K-token speculative decoding.
 #[allow(clippy::too_many_arguments)]
 pub fn generate_speculative(
     main: &Model,
@@ -219,7 +222,7 @@ pub fn generate_speculative(
             // greedy target is one-hot at its argmax, so a draft is accepted exactly when it
             // is that argmax, and the bonus is the argmax of the first rejected (or the last)
             // row: the decisions of the distribution path below, without the rows.
-            let ids = crate::backend::cuda::blocks::sample_rows(&out.logits, &vec![[0.0, 0.0, 1.0, 0.0]; k + 1])?;
+            let ids = crate::backend::cuda::blocks::sample_rows(&out.logits, &vec![GREEDY_ROW; k + 1])?;
             if ids.len() != k + 1 {
                 bail!(Internal, "the device argmax returned {} ids for {} rows", ids.len(), k + 1);
             }
