@@ -189,8 +189,9 @@ PORTER_FP8_CONV(bf16, bf16)
 PORTER_FP8_CONV(f16, f16)
 
 // ---------------------------------------------------------------------------
-// MoE decode with FP8 experts: moe_decode.cu's GEMVs (v1: two launches, v2: one; the same
-// grouping, items, order, scratch and combine; see there) instantiated with an FP8 row reader:
+// MoE decode with FP8 experts: moe_decode.cu's GEMVs (v1: two launches, v2: one, direct: two
+// without grouping; the same items, order, scratch and combine; see there) instantiated with an
+// FP8 row reader:
 // the weight rows read as e4m3 bytes (16 a chunk) and dequantized in registers. gate / up
 // [e·I, H], down [e·H, I], each with its scales and row → scale-row map. Launch bounds allow 2
 // blocks / SM (up to 128 registers: the 16-wide dequantized vectors spill at 80).
@@ -248,6 +249,17 @@ template <typename T> struct Fp8Mat {
         dec_v2_impl<T, Fp8Mat<T>, GU_U, 1, DN_MB>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H),                    \
                                         FP8_MAT(T, down, ds, drs, I), idx, wt, n, e, fused, g_sorted, g_seg, g_meta, \
                                         sync, h, o, out, H, I, k, t, vec_gu, vec_d, ch, phases);                      \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_gu_fp8_##NAME(                   \
+        const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,          \
+        const float* us, const u32* urs, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec) {      \
+        dir_gu_impl<T, Fp8Mat<T>, 2>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, h, H, \
+                                     I, k, vec);                                                                  \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_fp8_##NAME(                 \
+        const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \
+        u32 e, float* out, u32 H, u32 I, u32 k, u32 t, int vec) {                                                 \
+        dir_down_impl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, t, vec);      \
     }
 
 // v2 gate+up chunks in flight per lane and row, routed rows per down pass (see dec_v2_impl; f32
