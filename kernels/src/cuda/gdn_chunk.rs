@@ -442,7 +442,7 @@ const TC_STATIC_SMEM: usize = 2048;
 /// do not apply: below sm_80 or with the fallback forced, dk other than 64 / 128, dv not a
 /// multiple of 32 or above 256, or more shared memory than the device allows.
 fn tc_smem(dk: usize, dv: usize, caps: DeviceCaps) -> Option<TcSmem> {
-    if !caps.tensor_cores() || !(dk == 64 || dk == 128) || dv % 32 != 0 || dv > 256 {
+    if !caps.tensor_cores() || !(dk == 64 || dk == 128) || !dv.is_multiple_of(32) || dv > 256 {
         return None;
     }
     let (c, ldt, ldf, lds, ldb) = (GC_C, 72, 68, 36, 40);
