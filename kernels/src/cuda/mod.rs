@@ -364,9 +364,16 @@ pub(crate) static MOE: KernelSource = KernelSource {
 /// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.
 pub(crate) static GDN_SEQ: KernelSource =
     KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
-/// Gated DeltaNet chunked (64-token) prefill over spans.
-pub(crate) static GDN_CHUNK: KernelSource =
-    KernelSource { name: "gdn_chunk.cu", code: include_str!("../../cuda/gdn_chunk.cu") };
+/// Gated DeltaNet chunked (64-token) prefill over spans: the f32 CUDA-core form (gdn_chunk.cu)
+/// and the tensor-core form for bf16 / f16 (gdn_chunk_tc.cu, which uses gdn_chunk.cu's helpers).
+pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
+    name: "gdn_chunk.cu",
+    code: concat!(
+        include_str!("../../cuda/gdn_chunk.cu"),
+        "\n#line 1 \"gdn_chunk_tc.cu\"\n",
+        include_str!("../../cuda/gdn_chunk_tc.cu")
+    ),
+};
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
 pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
 /// FP8 weights: dequantizing GEMV, dequantize / quantize, the FP8 row reader of the MoE decode
