@@ -416,9 +416,10 @@ __device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const M d
 // its rows twice (from L2 when the warps run together); at t·k ≪ e that is rare.
 // - gate+up (moe_dir_gu_*): one warp per item (pair p, column c), item q = p·I + c
 //   (consecutive warps: consecutive rows of one expert), h[p][c] as gu_item.
-// - down + combine (moe_dir_down_*): one warp per item (row r, hidden column c):
-//   the k down rows down[idx[r, j]][c] against h[r·k + j] in groups of
-//   MOE_DIR_KG pairs (all their loads in flight at once), then out[r][c] =
+// - down + combine (moe_dir_down_*): one warp per item (row r, hidden column c),
+//   a block per (8 columns, row) with the row's k rows of h staged in shared
+//   memory when they fit: the k down rows down[idx[r, j]][c] against h[r·k + j]
+//   in groups of MOE_DIR_KG pairs (all their loads in flight at once), then out[r][c] =
 //   Σ_j round(o_j) · w[r, j] in j order: combine_at's terms and order, so no o
 //   buffer, no counters and no fence. Invalid ids are skipped (no loads).
 // Every dot product is warp_dots' (same lane-strided chunk order, same FMAs,
@@ -454,7 +455,10 @@ __device__ __forceinline__ void warp_dots_zip(const R (&w)[G], const T* (&a)[G],
                     if (live >> g & 1u) {
                         float wf[E], af[E];
                         w[g].expand(wv[u][g], c, wf);
-                        load_act<T, E, false>(a[g] + E * c, af);
+                        // a[g] may point to shared memory: a generic 16-byte load.
+                        const uint4* ap = reinterpret_cast<const uint4*>(a[g] + E * c);
+#pragma unroll
+                        for (u32 v = 0; v < E / VecOf<T>::N; ++v) unpack<T>(ap[v], af + v * VecOf<T>::N);
 #pragma unroll
                         for (u32 i = 0; i < E; ++i) acc[g] = fmaf(wf[i], af[i], acc[g]);
                     }
@@ -491,12 +495,23 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
 template <typename T, typename M, int U>
 __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
                                               const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
-                                              u32 I, u32 k, u32 t, int vec) {
+                                              u32 I, u32 k, int vec, int staged) {
     constexpr int G = MOE_DIR_KG;
+    extern __shared__ uint4 dsm_h[];
     const u32 lane = threadIdx.x & 31u;
-    const u64 q = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (q >= (u64)t * H) return;
-    const u32 r = (u32)(q / H), c = (u32)(q % H);
+    // Block (column block x, row y): the row's k rows of h, [k, I], in shared memory when
+    // `staged` (every warp of the block reads all of them: from L2 each read of the group
+    // waited its own latency), else read from global memory.
+    const u32 r = blockIdx.y, c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const T* hr = h + (u64)r * k * I;
+    if (staged) {
+        const u32 n16 = k * I * (u32)sizeof(T) / 16u;
+        const uint4* src = reinterpret_cast<const uint4*>(hr);
+        for (u32 i = threadIdx.x; i < n16; i += blockDim.x) dsm_h[i] = __ldg(src + i);
+        __syncthreads();
+        hr = reinterpret_cast<const T*>(dsm_h);
+    }
+    if (c >= H) return;
     float total = 0.0f;
     for (u32 j0 = 0; j0 < k; j0 += G) {
         typename M::Row w[G];
@@ -504,12 +519,12 @@ __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M d
         u32 live = 0u;
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            const u64 p = (u64)r * k + j0 + g;
-            const u32 ex = j0 + g < k ? __ldg(idx + p) : e;
+            const u32 j = j0 + g;
+            const u32 ex = j < k ? __ldg(idx + (u64)r * k + j) : e;
             const bool ok = ex < e;
             live |= (ok ? 1u : 0u) << g;
             w[g] = down.row((u64)(ok ? ex : 0u) * H + c, I);
-            a[g] = h + (ok ? p : 0u) * I;
+            a[g] = hr + (u64)(ok ? j : 0u) * I;
         }
         float acc[G];
         warp_dots_zip<T, typename M::Row, G, U>(w, a, live, I, vec, lane, acc);
@@ -662,9 +677,9 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
         dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec);      \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_##NAME(                       \
-        const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, u32 t,   \
-        int vec) {                                                                                                \
-        dir_down_impl<T, DenseMat<T>, 2>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, t, vec);               \
+        const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \
+        int vec, int staged) {                                                                                    \
+        dir_down_impl<T, DenseMat<T>, 2>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged);          \
     }
 
 // v2 chunks in flight per lane and row (gate+up, down; see dec_v2_impl).

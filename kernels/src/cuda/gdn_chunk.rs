@@ -483,7 +483,7 @@ mod tests {
     use super::*;
 
     fn caps(major: i32, smem_optin: usize, forced: bool) -> DeviceCaps {
-        DeviceCaps { major, minor: 0, smem_optin, forced }
+        DeviceCaps { major, minor: 0, smem_optin, forced, sms: 132 }
     }
 
     #[test]

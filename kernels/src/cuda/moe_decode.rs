@@ -26,9 +26,14 @@ pub const MOE_GEMV_ENV: &str = "PORTER_MOE_GEMV";
 pub const MOE_PHASES_ALL: u32 = 3;
 
 /// [`MoeGemv::Auto`] takes the direct form up to this many (row, slot) pairs, v1 beyond.
-/// H200, 80B shapes (hidden 2048, inter 512, top-10 of 512), `cuda_moe_decode`: see
-/// docs/benchmarks.md for the measurement that set it.
-pub const DIRECT_MAX_PAIRS: usize = 80;
+/// H200, 80B shapes (hidden 2048, inter 512, top-10 of 512), `cuda_moe_decode`, 2026-12-02:
+/// direct 33.4 against v1's 38.1 µs at t = 1, even at t = 2 (60.4 / 59.2), behind from t = 4
+/// (105 / 93 µs): two rows of one expert read its weights twice (docs/benchmarks.md).
+pub const DIRECT_MAX_PAIRS: usize = 16;
+
+/// Largest `k · inter` of h (bytes) that the direct down kernel stages in shared memory per
+/// row (below the 48 KiB a block gets without opting in).
+const DIRECT_STAGE_BYTES: usize = 40 * 1024;
 
 /// Which form of the MoE decode GEMVs runs (all give the same bits).
 #[doc(hidden)]
@@ -224,15 +229,24 @@ impl CudaKernels {
             if phases == 1 {
                 return Ok(());
             }
+            // A row's k rows of h in shared memory when they fit (16-byte rows).
+            let h_row = prod(&[k, inter, c.esize])?;
+            let staged = i32::from(vec_d == 1 && h_row <= DIRECT_STAGE_BYTES);
             let mut args: Vec<&dyn KernelArg> = vec![&p_h];
             args.extend(weights(c.down));
-            let rest: [&dyn KernelArg; 9] = [&c.idx, &c.w, &e32, &c.out, &h32, &i32_, &k32, &t32, &vec_d];
+            let rest: [&dyn KernelArg; 9] = [&c.idx, &c.w, &e32, &c.out, &h32, &i32_, &k32, &vec_d, &staged];
             args.extend(rest);
+            let cfg = LaunchConfig {
+                grid_dim: (u32_of("column blocks", hidden.div_ceil(GEMV_WARPS))?, t32, 1),
+                block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+                shared_mem_bytes: if staged == 1 { u32_of("shared memory", h_row)? } else { 0 },
+            };
             // SAFETY: arguments match `moe_dir_down_<kind><T>(const T* h, <down>, const u32* idx,
-            // const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, u32 t, int vec)`; every
-            // item (row < t, column < H) writes its out element; h rows read only for valid ids.
-            let grid = blocks(prod(&[t, hidden])?)?;
-            return unsafe { self.launch(c.src, &format!("moe_dir_down_{}{}", c.kind, c.tname), cfg(grid), &args) };
+            // const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged)`;
+            // block (x, y) covers row y < t and columns 8x.. (those < H write their out element);
+            // with `staged` the row's k·I elements of h (16-byte multiple, 16-byte aligned: vec)
+            // fit the dynamic shared memory given; h rows are used only for valid ids.
+            return unsafe { self.launch(c.src, &format!("moe_dir_down_{}{}", c.kind, c.tname), cfg, &args) };
         }
         if !fused {
             let cfg = LaunchConfig {
