@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 7, third GPU call: the tensor-core chunked GDN (branch gdntc, merged) against the f32
 # form and FLA's numbers of the first call, the direct MoE down with h in shared memory, the
-# per-lane-head router; kernel parity, the model suites, the 24-layer bf16 bench (TC GDN and
+# per-lane-head router, the split FP8 GEMV; kernel parity, the model suites, the 24-layer bf16 bench (TC GDN and
 # PORTER_GDN_CHUNK=f32 for prefill), the 48-layer FP8 bench, the step profile.
 # Carry .dev (porter + bin/{cuda_gdn_chunk,cuda_moe_decode,cuda_kernels,cuda_fp8,gpu,gpu_graphs}).
 set -uo pipefail
@@ -16,7 +16,7 @@ T="--nocapture --include-ignored --test-threads=1"
 t k_gdn_chunk timeout 90 .dev/bin/cuda_gdn_chunk $T
 t k_moe_decode timeout 60 .dev/bin/cuda_moe_decode $T
 t k_kernels timeout 30 .dev/bin/cuda_kernels $T cuda_moe_router cuda_gemv
-t k_fp8 timeout 60 .dev/bin/cuda_fp8 $T moe
+t k_fp8 timeout 90 .dev/bin/cuda_fp8 $T gemv moe
 t gpu timeout 150 .dev/bin/gpu $T
 t gpu_graphs timeout 30 .dev/bin/gpu_graphs $T
 G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24"
@@ -31,7 +31,7 @@ t fp8_48 timeout 220 $P bench $F --prefill 4096 --batch 1,8,64 --context 128 --s
 cat $S
 grep -hE "panicked|FAILED" $L/*.log | head -20
 grep -hE "80B|per launch|form|max\|" $L/k_gdn_chunk.log | head -60
-grep -hE "  t=|moe_experts_fp8 .*t=1 " $L/k_moe_decode.log $L/k_fp8.log | head -30
+grep -hE "  t=|moe_experts_fp8 .*t=1 |fp8_gemv bf16 m=" $L/k_moe_decode.log $L/k_fp8.log | head -30
 for f in bf16_24 bf16_24_f32gdn fp8_48; do echo "== $f"; grep -vE "^  profile" "$L/$f.log" | grep -E "prefill|decode|mtp k|mtp base|roofline|memory" | head -20; done
 head -24 $L/step_bf16_b1.txt
 gzip $L/*.csv
