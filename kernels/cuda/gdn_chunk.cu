@@ -105,6 +105,25 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
 }
 
+// Forward substitution into T (row-major, ld floats, the identity on entry; A
+// stays in `a`, strictly lower, same ld), one row per step:
+// T[i, c] = A[i, c] + Σ_{c<m<i} A[i, m] T[m, c]; column c = tid / 4 is split
+// over 4 lanes (m ≡ c + 1 + part mod 4) and reduced by shuffles, one barrier
+// per row. GC_THREADS threads; rows >= l stay identity rows.
+__device__ __forceinline__ void gc_forward_subst(const float* __restrict__ a, float* __restrict__ tm, u32 ld, u32 l,
+                                                 u32 tid) {
+    const u32 fc = tid >> 2, part = tid & 3u;
+    for (u32 i = 1; i < l; ++i) {
+        float v = 0.0f;
+        if (fc < i)
+            for (u32 m = fc + 1 + part; m < i; m += 4) v = fmaf(a[i * ld + m], tm[m * ld + fc], v);
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (fc < i && part == 0) tm[i * ld + fc] = v + a[i * ld + fc];
+        __syncthreads();
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Per (chunk, value head): W, U, K̃, exp(G_last). grid (max_chunks, hv,
 // n_spans), block GC_THREADS. Static shared memory (~34 KiB).
@@ -202,22 +221,7 @@ extern "C" __global__ void __launch_bounds__(256)
             Xs[i][m] = m == i ? 1.0f : 0.0f;  // T starts as the identity
         }
     __syncthreads();
-    // Forward substitution into T (= Xs; A stays in Ts), one row per step:
-    // T[i, c] = A[i, c] + Σ_{c<m<i} A[i, m] T[m, c]; column c = tid / 4 is
-    // split over 4 lanes (m ≡ c + 1 + part mod 4) and reduced by shuffles,
-    // one barrier per row.
-    {
-        const u32 fc = tid >> 2, part = tid & 3u;
-        for (u32 i = 1; i < l; ++i) {
-            float v = 0.0f;
-            if (fc < i)
-                for (u32 m = fc + 1 + part; m < i; m += 4) v = fmaf(Ts[i][m], Xs[m][fc], v);
-            v += __shfl_xor_sync(0xffffffffu, v, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (fc < i && part == 0) Xs[i][fc] = v + Ts[i][fc];
-            __syncthreads();
-        }
-    }
+    gc_forward_subst(&Ts[0][0], &Xs[0][0], GC_C + 1, l, tid);
     // W = T (β exp(G) K) and U = T (β V) (T in Xs, the 64-column blocks of
     // β exp(G) K / β V staged in Ts): thread owns rows ri + 16a and
     // columns 4cq + b of each 64-column block; written transposed (16

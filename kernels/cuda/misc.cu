@@ -197,34 +197,42 @@ PORTER_CAST(f16, f16, bf16, bf16)
 
 // ---------------------------------------------------------------------------
 // Skinny GEMM for decode: out[r, j] = Σ_c x[r, c] · w[j, c] for m ≤ M rows, f32
-// accumulation, one rounding to O. A warp per output column j streams w's row j
-// with 16-byte loads (4 in flight per lane) and reuses it for every x row (x is
-// small and stays in L1/L2). Needs k % (16 / sizeof(T)) == 0 and 16-byte aligned
-// rows (checked by the host). Grid: ceil(n / warps per block).
+// accumulation, one rounding to O. `split` (1, 2 or 4) warps per output column j
+// stream w's row j with 16-byte loads (4 in flight per lane) and reuse it for every
+// x row (x is small and stays in L1/L2); 8 / split columns per block of 8 warps.
+// Split: with few columns (n · split below the resident warps of the GPU: an
+// out_proj [2048, 4096] gives 2048 warps, a quarter of an H200) one warp per
+// column leaves the memory pipe half empty; warp s of a column takes the 16-byte
+// chunks c ≡ 32·s + lane (mod 32·split), and the column's sum is the warps'
+// butterfly sums added in order s = 0, 1, ... The host picks split from (n, k)
+// alone, so a column's bits never depend on m (batch-invariant); split = 1 is
+// the one-warp order. Needs k % (16 / sizeof(T)) == 0 and 16-byte aligned rows
+// (checked by the host). Grid: ceil(n / (8 / split)).
 // ---------------------------------------------------------------------------
 #define GEMV_UNROLL 4
 template <typename T, typename O, int M>
 __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w, O* __restrict__ out, u32 m,
-                                          u32 k, u32 n) {
+                                          u32 k, u32 n, u32 split) {
     constexpr int E = 16 / sizeof(T);
-    const u32 lane = threadIdx.x & 31u;
-    const u32 j = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (j >= n) return;
-    const uint4* wr = reinterpret_cast<const uint4*>(w + (u64)j * k);
-    const u32 kv = k / E;
+    __shared__ float red[8][M];
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const u32 j = blockIdx.x * (8u / split) + warp / split, part = warp % split;
+    const bool live = j < n;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + (u64)(live ? j : 0u) * k);
+    const u32 kv = live ? k / E : 0u, step = 32u * split;
     float acc[M];
 #pragma unroll
     for (int r = 0; r < M; ++r) acc[r] = 0.0f;
-    for (u32 c0 = lane; c0 < kv; c0 += 32u * GEMV_UNROLL) {
+    for (u32 c0 = 32u * part + lane; c0 < kv; c0 += step * GEMV_UNROLL) {
         uint4 wv[GEMV_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const u32 c = c0 + 32u * u;
+            const u32 c = c0 + step * u;
             wv[u] = c < kv ? __ldg(wr + c) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const u32 c = c0 + 32u * u;
+            const u32 c = c0 + step * u;
             if (c < kv) {
                 const T* we = reinterpret_cast<const T*>(&wv[u]);
 #pragma unroll
@@ -240,16 +248,30 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
         }
     }
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0 && (u32)r < m) out[(u64)r * n + j] = from_f<O>(v);
+    for (int r = 0; r < M; ++r) acc[r] = warp_sum(acc[r]);
+    if (split == 1) {
+#pragma unroll
+        for (int r = 0; r < M; ++r)
+            if (live && lane == 0 && (u32)r < m) out[(u64)r * n + j] = from_f<O>(acc[r]);
+        return;
     }
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < M; ++r) red[warp][r] = acc[r];
+    __syncthreads();
+    if (live && part == 0 && lane == 0)
+#pragma unroll
+        for (int r = 0; r < M; ++r) {
+            float v = red[warp][r];
+            for (u32 s2 = 1; s2 < split; ++s2) v += red[warp + s2][r];
+            if ((u32)r < m) out[(u64)r * n + j] = from_f<O>(v);
+        }
 }
 
 #define PORTER_GEMV(NT, T, NO, O, M)                                                                          \
     extern "C" __global__ void __launch_bounds__(256) gemv_##NT##_##NO##_m##M(const T* x, const T* w, O* out, \
-                                                                               u32 m, u32 k, u32 n) {         \
-        gemv_impl<T, O, M>(x, w, out, m, k, n);                                                               \
+                                                                               u32 m, u32 k, u32 n, u32 split) { \
+        gemv_impl<T, O, M>(x, w, out, m, k, n, split);                                                        \
     }
 #define PORTER_GEMV_M(NT, T, NO, O) \
     PORTER_GEMV(NT, T, NO, O, 1) PORTER_GEMV(NT, T, NO, O, 2) PORTER_GEMV(NT, T, NO, O, 4) PORTER_GEMV(NT, T, NO, O, 8)

@@ -407,6 +407,136 @@ __device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const M d
 }
 
 // ---------------------------------------------------------------------------
+// Direct form (few pairs, the default up to DIRECT_MAX_PAIRS on the host): no
+// grouping at all. Why: at t = 1 the grouping prologue of each v1 kernel
+// (counting sort over e experts in shared memory, five barriers, the idx load in
+// front) is ~5 µs in which no weight load is in flight, a quarter of each
+// kernel. With a handful of pairs there is nothing to group: a pair p = r·k + j
+// is its own slot, expert idx[p]. Two pairs of different rows on one expert read
+// its rows twice (from L2 when the warps run together); at t·k ≪ e that is rare.
+// - gate+up (moe_dir_gu_*): one warp per item (pair p, column c), item q = p·I + c
+//   (consecutive warps: consecutive rows of one expert), h[p][c] as gu_item.
+// - down + combine (moe_dir_down_*): one warp per item (row r, hidden column c),
+//   a block per (8 columns, row) with the row's k rows of h staged in shared
+//   memory when they fit: the k down rows down[idx[r, j]][c] against h[r·k + j]
+//   in groups of MOE_DIR_KG pairs (all their loads in flight at once), then out[r][c] =
+//   Σ_j round(o_j) · w[r, j] in j order: combine_at's terms and order, so no o
+//   buffer, no counters and no fence. Invalid ids are skipped (no loads).
+// Every dot product is warp_dots' (same lane-strided chunk order, same FMAs,
+// same butterfly), so the direct form gives v1's bits.
+// ---------------------------------------------------------------------------
+
+#define MOE_DIR_KG 8 // down: pairs of a row whose loads are in flight together
+
+// acc[g] = Σ_i w_g[i] · a_g[i] over i < K for the live g < G (bit g of `live`), one
+// warp: the same per-accumulator order as warp_dots (every lane gets every sum).
+template <typename T, typename R, int G, int U>
+__device__ __forceinline__ void warp_dots_zip(const R (&w)[G], const T* (&a)[G], u32 live, u32 K, int vec, u32 lane,
+                                              float (&acc)[G]) {
+    constexpr u32 E = R::E;
+#pragma unroll
+    for (int g = 0; g < G; ++g) acc[g] = 0.0f;
+    const u32 kv = vec ? K / E : 0u;
+    for (u32 c0 = lane; c0 < kv; c0 += 32u * U) {
+        uint4 wv[U][G];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const u32 c = c0 + 32u * u;
+                wv[u][g] = c < kv && (live >> g & 1u) ? w[g].load(c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 c = c0 + 32u * u;
+            if (c < kv) {
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    if (live >> g & 1u) {
+                        float wf[E], af[E];
+                        w[g].expand(wv[u][g], c, wf);
+                        // a[g] may point to shared memory: a generic 16-byte load.
+                        const uint4* ap = reinterpret_cast<const uint4*>(a[g] + E * c);
+#pragma unroll
+                        for (u32 v = 0; v < E / VecOf<T>::N; ++v) unpack<T>(ap[v], af + v * VecOf<T>::N);
+#pragma unroll
+                        for (u32 i = 0; i < E; ++i) acc[g] = fmaf(wf[i], af[i], acc[g]);
+                    }
+                }
+            }
+        }
+    }
+    for (u32 i = kv * E + lane; i < K; i += 32u)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+            if (live >> g & 1u) acc[g] = fmaf(w[g].at(i), to_f(a[g][i]), acc[g]);
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+        if (live >> g & 1u) acc[g] = warp_sum(acc[g]);
+}
+
+template <typename T, typename M, int U>
+__device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up,
+                                            const u32* __restrict__ idx, u32 n, u32 e, T* __restrict__ h, u32 H, u32 I,
+                                            u32 k, int vec) {
+    const u32 lane = threadIdx.x & 31u;
+    const u64 q = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (q >= (u64)n * I) return;
+    const u32 p = (u32)(q / I), c = (u32)(q % I);
+    const u32 ex = __ldg(idx + p);
+    if (ex >= e) return;
+    const typename M::Row w[2] = {gate.row((u64)ex * I + c, H), up.row((u64)ex * I + c, H)};
+    const T* a[1] = {x + (u64)(p / k) * H};
+    float acc[1][2];
+    warp_dots<T, typename M::Row, 2, 1, U, false>(w, a, 1, H, vec, lane, acc);
+    if (lane == 0) h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(acc[0][0])) * round_to<T>(acc[0][1]));
+}
+
+template <typename T, typename M, int U>
+__device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
+                                              const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
+                                              u32 I, u32 k, int vec, int staged) {
+    constexpr int G = MOE_DIR_KG;
+    extern __shared__ uint4 dsm_h[];
+    const u32 lane = threadIdx.x & 31u;
+    // Block (column block x, row y): the row's k rows of h, [k, I], in shared memory when
+    // `staged` (every warp of the block reads all of them: from L2 each read of the group
+    // waited its own latency), else read from global memory.
+    const u32 r = blockIdx.y, c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const T* hr = h + (u64)r * k * I;
+    if (staged) {
+        const u32 n16 = k * I * (u32)sizeof(T) / 16u;
+        const uint4* src = reinterpret_cast<const uint4*>(hr);
+        for (u32 i = threadIdx.x; i < n16; i += blockDim.x) dsm_h[i] = __ldg(src + i);
+        __syncthreads();
+        hr = reinterpret_cast<const T*>(dsm_h);
+    }
+    if (c >= H) return;
+    float total = 0.0f;
+    for (u32 j0 = 0; j0 < k; j0 += G) {
+        typename M::Row w[G];
+        const T* a[G];
+        u32 live = 0u;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const u32 j = j0 + g;
+            const u32 ex = j < k ? __ldg(idx + (u64)r * k + j) : e;
+            const bool ok = ex < e;
+            live |= (ok ? 1u : 0u) << g;
+            w[g] = down.row((u64)(ok ? ex : 0u) * H + c, I);
+            a[g] = hr + (u64)(ok ? j : 0u) * I;
+        }
+        float acc[G];
+        warp_dots_zip<T, typename M::Row, G, U>(w, a, live, I, vec, lane, acc);
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+            if (live >> g & 1u)
+                total = __fadd_rn(total, __fmul_rn(round_to<T>(acc[g]), __ldg(wt + (u64)r * k + j0 + g)));
+    }
+    if (lane == 0) out[(u64)r * H + c] = total;
+}
+
+// ---------------------------------------------------------------------------
 // v2: one persistent kernel, ticketed items (see the file header).
 // ---------------------------------------------------------------------------
 
@@ -519,7 +649,8 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
     }
 }
 
-// Entry points: moe_dec_gu_<T> / moe_dec_down_<T> (v1), moe_dec_v2_<T>.
+// Entry points: moe_dec_gu_<T> / moe_dec_down_<T> (v1), moe_dec_v2_<T>, moe_dir_gu_<T> /
+// moe_dir_down_<T> (direct).
 #define MOE_DEC_ENTRY(T, NAME, GU_U, DN_U)                                                                        \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_gu_##NAME(                         \
         const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,     \
@@ -540,6 +671,15 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
         dec_v2_impl<T, DenseMat<T>, GU_U, DN_U, 2>(x, DenseMat<T>{gate}, DenseMat<T>{up}, DenseMat<T>{down}, idx, wt, n,   \
                                           e, fused, g_sorted, g_seg, g_meta, sync, h, o, out, H, I, k, t, vec_gu, \
                                           vec_d, ch, phases);                                                         \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_##NAME(                         \
+        const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec) { \
+        dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec);      \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_##NAME(                       \
+        const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \
+        int vec, int staged) {                                                                                    \
+        dir_down_impl<T, DenseMat<T>, 2>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged);          \
     }
 
 // v2 chunks in flight per lane and row (gate+up, down; see dec_v2_impl).

@@ -187,9 +187,9 @@ fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank
     let want = moe_ref::<T>(&x, &idx, &wt, &g.dense::<T>(), &u.dense::<T>(), &d.dense::<T>(), dims, bank);
     let (xd, id, wd) = (up::<T>(k, &x), up_u32(k, &idx), up::<f32>(k, &wt));
     let what = format!("moe_experts_fp8 {} t={t} k={kk} e={e} h={h} i={i}", T::NAME);
-    // Both forms against the reference and bit for bit against each other.
+    // Every form against the reference and bit for bit against each other.
     let mut got = Vec::new();
-    for which in [MoeGemv::V1, MoeGemv::V2] {
+    for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct] {
         let mut out = poisoned::<f32>(k, t * h);
         k.moe_experts_fp8_with::<T>(
             &xd,
@@ -209,6 +209,7 @@ fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank
         got.push(o);
     }
     same_bits(&format!("{what}: v2 vs v1"), &got[1], &got[0]);
+    same_bits(&format!("{what}: direct vs v1"), &got[2], &got[0]);
     // Batch invariance: row 0 alone equals row 0 of the whole call, bit for bit.
     let mut one = poisoned::<f32>(k, h);
     k.moe_experts_fp8::<T>(
@@ -242,7 +243,7 @@ fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank
         let mut out = poisoned::<f32>(k, t * h);
         let s = k.stream().clone();
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        for which in [MoeGemv::V1, MoeGemv::V2] {
+        for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct] {
             let mut st = [0.0f64; 4];
             for (p, slot) in st.iter_mut().enumerate() {
                 let call = |r: &CudaSlice<u32>, out: &mut CudaSlice<f32>| {

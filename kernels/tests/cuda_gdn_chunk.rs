@@ -74,9 +74,93 @@ fn out_tol<T: CudaFloat>() -> f32 {
     }
 }
 
-/// Runs `calls` consecutive calls (the state carries over) of both GPU kernels
-/// on separate state pools, and compares outputs and the whole pools with each
-/// other and with the CPU chunked reference after each call.
+/// Tolerances of the tensor-core form (bf16 / f16 outputs), relative to max |ref|, outputs
+/// and final states. Its products take operands rounded to bf16 (relative error ≤ 2⁻⁹ each,
+/// ~2⁻⁸·⁵ per product of two, random in sign): a sum over d = 128 (or 64 chunk rows) of such
+/// terms keeps that relative size, ~3e-3 rms of the sum, so ~1e-2 at the 4–5σ tail of
+/// 10⁵–10⁶ elements for one product; the state update adds the error of Vn = U − W·S (S
+/// rounded for the product, cancellation in the difference) and carries it over the chunks
+/// (damped by the decays), the output adds Q·S with the rounded state and its own rounding
+/// to bf16 (2⁻⁹). Measured against max |ref| this leaves outputs at ≤ 2e-2 and states at
+/// ≤ 1e-2 with margin; f16 operands (2⁻¹¹) sit ~8× lower. The f32 form's error on the same
+/// inputs is printed beside it (TOL_BF16 for bf16 outputs, 1e-4 for its f32 states).
+const TOL_TC_OUT: f32 = 2e-2;
+const TOL_TC_STATE: f32 = 1e-2;
+
+/// Error of `got` against `want`: the largest |Δ| (NaN where `want` is not NaN counts as
+/// infinite), its index, and that largest |Δ| over max |want| and over std(want).
+struct ErrStat {
+    max: f32,
+    at: usize,
+    rel_max: f32,
+    rel_std: f32,
+}
+
+fn err_stat(got: &[f32], want: &[f32]) -> ErrStat {
+    assert_eq!(got.len(), want.len(), "lengths");
+    let n = want.len().max(1) as f64;
+    let mean = want.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let std = (want.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt().max(1e-30) as f32;
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let (mut max, mut at) = (0.0f32, 0);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = if g.is_nan() && !w.is_nan() { f32::INFINITY } else { (g - w).abs() };
+        if d > max {
+            (max, at) = (d, i);
+        }
+    }
+    ErrStat { max, at, rel_max: max / scale, rel_std: max / std }
+}
+
+/// `[rows, hv, dv]` index `at` as "row r head j col c".
+fn out_at(d: GdnDims, at: usize) -> String {
+    format!("row {} head {} col {}", at / (d.hv * d.dv), at / d.dv % d.hv, at % d.dv)
+}
+
+/// `[num_slots, nbuf, hv, dk, dv]` index `at` as "slot/buf head j row r col c".
+fn state_at(d: GdnDims, nbuf: usize, at: usize) -> String {
+    let (sl, hsz) = (d.state(), d.dk * d.dv);
+    format!(
+        "slot {} buf {} head {} k {} v {}",
+        at / sl / nbuf,
+        at / sl % nbuf,
+        at % sl / hsz,
+        at % hsz / d.dv,
+        at % d.dv
+    )
+}
+
+/// Prints one comparison and records a failure above `tol`.
+fn judge(fails: &mut Vec<String>, what: &str, e: &ErrStat, where_: String, tol: f32) {
+    let ok = e.rel_max <= tol;
+    println!(
+        "    {what}: max|Δ| {:.3e} at {where_}, /max|ref| {:.3e}, /std(ref) {:.3e} (tol {tol:.0e}){}",
+        e.max,
+        e.rel_max,
+        e.rel_std,
+        if ok { "" } else { "  FAIL" }
+    );
+    if !ok {
+        fails.push(format!("{what}: max|Δ|/max|ref| {:.3e} > {tol:.0e} at {where_}", e.rel_max));
+    }
+}
+
+/// Whether the tensor-core form should run for `T` and these dims on this device.
+fn tc_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims) -> bool {
+    let caps = k.caps();
+    T::NAME != "f32"
+        && caps.tensor_cores()
+        && caps.smem_limit() >= 124 * 1024
+        && (d.dk == 64 || d.dk == 128)
+        && d.dv.is_multiple_of(32)
+        && d.dv <= 256
+}
+
+/// Runs `calls` consecutive calls (the state carries over) of the default form (for bf16 /
+/// f16 the tensor-core form where it applies), of the f32 form and of `gdn_delta_seq` on
+/// separate state pools, and compares outputs and the whole pools with the CPU chunked
+/// reference after each call (the f32 form also with `gdn_delta_seq`). Failures are
+/// collected in `fails`.
 fn chunk_case<T: CudaFloat>(
     k: &CudaKernels,
     rng: &mut Rng,
@@ -84,35 +168,28 @@ fn chunk_case<T: CudaFloat>(
     num_slots: usize,
     nbuf: usize,
     calls: &[&[Span]],
+    fails: &mut Vec<String>,
 ) {
     let mut state = rng.vec(num_slots * nbuf * d.state(), 0.5);
     let mut dstate = up::<f32>(k, &state);
+    let mut dstate_f32 = up::<f32>(k, &state);
     let mut dstate_seq = up::<f32>(k, &state);
+    let tc = tc_expected::<T>(k, d);
     for (ci, spans) in calls.iter().enumerate() {
         let (flat, t, max_len) = span_table(delta_spans(spans));
         let (qkv, g, beta) = gdn_inputs(rng, d, t);
         let want = rnd_vec::<T>(&chunk_ref(d, &qkv, &g, &beta, &mut state, spans, nbuf));
         let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
         let n = spans.len();
+        let dims = [t, n, max_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf];
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
-        k.gdn_chunked_seq(
-            &dq,
-            &dg,
-            &db,
-            &mut dstate,
-            &dsp,
-            &mut out,
-            t,
-            n,
-            max_len,
-            d.hk,
-            d.hv,
-            d.dk,
-            d.dv,
-            num_slots,
-            nbuf,
-        )
-        .expect("gdn_chunked_seq");
+        let form = k
+            .gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate, &dsp, &mut out, dims, false, None)
+            .expect("gdn_chunked_seq");
+        let mut out_f32 = poisoned::<T>(k, t * d.hv * d.dv);
+        let form_f32 = k
+            .gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate_f32, &dsp, &mut out_f32, dims, true, None)
+            .expect("gdn_chunked_seq f32 form");
         let mut out_seq = poisoned::<T>(k, t * d.hv * d.dv);
         k.gdn_delta_seq(
             &dq,
@@ -133,13 +210,74 @@ fn chunk_case<T: CudaFloat>(
         )
         .expect("gdn_delta_seq");
         let what = format!("chunked {} {d:?} call {ci} spans {spans:?}", T::NAME);
-        let got = down(k, &out);
-        let got_state = down(k, &dstate);
-        check(&format!("{what}: out vs CPU chunked"), &got, &want, out_tol::<T>());
-        check(&format!("{what}: state vs CPU chunked"), &got_state, &state, TOL_CHUNK_F32);
-        check(&format!("{what}: out vs gdn_delta_seq"), &got, &down(k, &out_seq), out_tol::<T>());
-        check(&format!("{what}: state vs gdn_delta_seq"), &got_state, &down(k, &dstate_seq), TOL_CHUNK_F32);
+        println!("  {what}: form {form} (f32 form: {form_f32})");
+        if tc && form != "tc" {
+            fails.push(format!("{what}: expected the tensor-core form, ran {form}"));
+        }
+        let (got, got_state) = (down(k, &out), down(k, &dstate));
+        let (got_f, got_state_f) = (down(k, &out_f32), down(k, &dstate_f32));
+        let (tol_out, tol_state) =
+            if form == "tc" { (TOL_TC_OUT, TOL_TC_STATE) } else { (out_tol::<T>(), TOL_CHUNK_F32) };
+        let e = err_stat(&got, &want);
+        judge(fails, &format!("{what}: {form} out vs CPU"), &e, out_at(d, e.at), tol_out);
+        let e = err_stat(&got_state, &state);
+        judge(fails, &format!("{what}: {form} state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
+        if form != form_f32 {
+            let e = err_stat(&got_f, &want);
+            judge(fails, &format!("{what}: {form_f32} out vs CPU"), &e, out_at(d, e.at), out_tol::<T>());
+            let e = err_stat(&got_state_f, &state);
+            judge(fails, &format!("{what}: {form_f32} state vs CPU"), &e, state_at(d, nbuf, e.at), TOL_CHUNK_F32);
+        }
+        let e = err_stat(&got_f, &down(k, &out_seq));
+        judge(fails, &format!("{what}: {form_f32} out vs gdn_delta_seq"), &e, out_at(d, e.at), out_tol::<T>());
+        let e = err_stat(&got_state_f, &down(k, &dstate_seq));
+        let at = state_at(d, nbuf, e.at);
+        judge(fails, &format!("{what}: {form_f32} state vs gdn_delta_seq"), &e, at, TOL_CHUNK_F32);
     }
+}
+
+/// A call whose last span names slot `num_slots` (out of range) after valid spans: its rows
+/// must come out NaN, every state but the valid spans' untouched, the valid rows and states
+/// as the CPU reference (same tolerances as [`chunk_case`]).
+fn invalid_slot_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: GdnDims, fails: &mut Vec<String>) {
+    let (num_slots, nbuf) = (2, 1);
+    let valid: &[Span] = &[(70, 0, 0), (5, 1, 0)];
+    let bad_len = 100;
+    let (mut flat, t1, _) = span_table(delta_spans(valid));
+    flat.extend_from_slice(&[t1 as u32, bad_len as u32, num_slots as u32, 0, 0]);
+    let t = t1 + bad_len;
+    let state0 = rng.vec(num_slots * nbuf * d.state(), 0.5);
+    let mut state = state0.clone();
+    let (qkv, g, beta) = gdn_inputs(rng, d, t);
+    let (w, hv) = (d.width(), d.hv);
+    let want = rnd_vec::<T>(&chunk_ref(d, &qkv[..t1 * w], &g[..t1 * hv], &beta[..t1 * hv], &mut state, valid, nbuf));
+    let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
+    for f32_form in [false, true] {
+        let dims = [t, 3, bad_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf];
+        let mut out = poisoned::<T>(k, t * d.hv * d.dv);
+        let mut pool = up::<f32>(k, &state0);
+        let form = k
+            .gdn_chunked_seq_with(&dq, &dg, &db, &mut pool, &dsp, &mut out, dims, f32_form, None)
+            .expect("gdn_chunked_seq");
+        let what = format!("invalid slot {} {d:?} {form}", T::NAME);
+        let got = down(k, &out);
+        let nan_rows = got[t1 * hv * d.dv..].iter().all(|v| v.is_nan());
+        println!("  {what}: rows of the invalid span all NaN: {nan_rows}");
+        if !nan_rows {
+            fails.push(format!("{what}: rows of the invalid span not all NaN"));
+        }
+        let (tol_out, tol_state) =
+            if form == "tc" { (TOL_TC_OUT, TOL_TC_STATE) } else { (out_tol::<T>(), TOL_CHUNK_F32) };
+        let e = err_stat(&got[..t1 * hv * d.dv], &want);
+        judge(fails, &format!("{what}: out vs CPU"), &e, out_at(d, e.at), tol_out);
+        let e = err_stat(&down(k, &pool), &state);
+        judge(fails, &format!("{what}: state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
+    }
+}
+
+/// Panics with every collected failure.
+fn finish(test: &str, fails: &[String]) {
+    assert!(fails.is_empty(), "{test}: {} failed comparisons:\n{}", fails.len(), fails.join("\n"));
 }
 
 // ---------------------------------------------------------------------------
@@ -151,6 +289,7 @@ fn chunk_case<T: CudaFloat>(
 fn cuda_gdn_chunked_seq_spans() {
     let k = gpu("cuda_gdn_chunked_seq_spans");
     let mut rng = Rng::new(201);
+    let mut fails = Vec::new();
     // dk ≠ dv, hv / hk = 2; chunk-boundary lengths, several spans per call,
     // continuing from nonzero states (src_buf 1 of 2 for some).
     let d = GdnDims { hk: 2, hv: 4, dk: 64, dv: 96 };
@@ -158,13 +297,47 @@ fn cuda_gdn_chunked_seq_spans() {
         &[(1, 0, 0), (63, 1, 1), (64, 2, 0), (65, 3, 1), (200, 4, 0), (1000, 5, 1)],
         &[(1000, 2, 0), (65, 5, 1), (1, 4, 0), (200, 0, 0), (64, 1, 1), (63, 3, 1)],
     ];
-    chunk_case::<f32>(&k, &mut rng, d, 6, 2, &calls);
-    chunk_case::<bf16>(&k, &mut rng, d, 6, 2, &calls);
-    chunk_case::<f16>(&k, &mut rng, d, 6, 2, &calls);
-    // Odd dims (rows beyond dk / columns beyond dv in the blocks), dk = dv = 256.
-    chunk_case::<f32>(&k, &mut rng, GdnDims { hk: 1, hv: 2, dk: 5, dv: 7 }, 2, 1, &[&[(3, 0, 0), (130, 1, 0)]]);
-    chunk_case::<f32>(&k, &mut rng, GdnDims { hk: 1, hv: 3, dk: 200, dv: 70 }, 2, 1, &[&[(129, 1, 0), (9, 0, 0)]]);
-    chunk_case::<bf16>(&k, &mut rng, GdnDims { hk: 1, hv: 1, dk: 256, dv: 256 }, 1, 1, &[&[(150, 0, 0)]]);
+    chunk_case::<f32>(&k, &mut rng, d, 6, 2, &calls, &mut fails);
+    chunk_case::<bf16>(&k, &mut rng, d, 6, 2, &calls, &mut fails);
+    chunk_case::<f16>(&k, &mut rng, d, 6, 2, &calls, &mut fails);
+    // Odd dims (rows beyond dk / columns beyond dv in the blocks), dk = dv = 256 (the f32
+    // form for every type: the tensor-core form takes dk 64 / 128 only).
+    let odd: [&[Span]; 1] = [&[(3, 0, 0), (130, 1, 0)]];
+    chunk_case::<f32>(&k, &mut rng, GdnDims { hk: 1, hv: 2, dk: 5, dv: 7 }, 2, 1, &odd, &mut fails);
+    let odd: [&[Span]; 1] = [&[(129, 1, 0), (9, 0, 0)]];
+    chunk_case::<f32>(&k, &mut rng, GdnDims { hk: 1, hv: 3, dk: 200, dv: 70 }, 2, 1, &odd, &mut fails);
+    let big: [&[Span]; 1] = [&[(150, 0, 0)]];
+    chunk_case::<bf16>(&k, &mut rng, GdnDims { hk: 1, hv: 1, dk: 256, dv: 256 }, 1, 1, &big, &mut fails);
+    finish("cuda_gdn_chunked_seq_spans", &fails);
+}
+
+/// The tensor-core form (bf16 / f16) at its head dims: dk 128 with dv 128 / 256 / 32 and
+/// dk 64 with dv 64, hv / hk = 2, spans of 1..63 rows, chunk-unaligned lengths, two state
+/// buffers, two calls from nonzero states, and a span with an invalid slot; the f32 form's
+/// error on the same inputs beside it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_gdn_chunked_seq_tc() {
+    let k = gpu("cuda_gdn_chunked_seq_tc");
+    let mut rng = Rng::new(203);
+    let mut fails = Vec::new();
+    let calls: [&[Span]; 2] = [
+        &[(17, 0, 0), (63, 1, 1), (64, 2, 0), (129, 3, 1), (300, 4, 0), (1, 5, 1)],
+        &[(300, 2, 1), (1, 0, 0), (130, 5, 0), (33, 4, 1)],
+    ];
+    for d in [
+        GdnDims { hk: 2, hv: 4, dk: 128, dv: 128 },
+        GdnDims { hk: 1, hv: 2, dk: 128, dv: 256 },
+        GdnDims { hk: 2, hv: 4, dk: 128, dv: 32 },
+        GdnDims { hk: 2, hv: 4, dk: 64, dv: 64 },
+    ] {
+        chunk_case::<bf16>(&k, &mut rng, d, 6, 2, &calls, &mut fails);
+        chunk_case::<f16>(&k, &mut rng, d, 6, 2, &calls, &mut fails);
+    }
+    let d = GdnDims { hk: 2, hv: 4, dk: 128, dv: 128 };
+    invalid_slot_case::<bf16>(&k, &mut rng, d, &mut fails);
+    invalid_slot_case::<f16>(&k, &mut rng, d, &mut fails);
+    finish("cuda_gdn_chunked_seq_tc", &fails);
 }
 
 /// Best of 3 timed calls (synchronised), in µs.
@@ -181,9 +354,22 @@ fn best_us(k: &CudaKernels, mut f: impl FnMut()) -> f64 {
     best
 }
 
-fn prefill_80b<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, spans: &[Span], num_slots: usize) {
+/// Times the chunked delta rule (both forms for bf16 / f16: tensor cores and f32) and the
+/// sequential one at the 80B head layout; `check` first compares the chunked forms against
+/// the CPU reference (left out at 16k tokens, where the CPU reference alone would take longer
+/// than the timing).
+fn prefill_80b<T: CudaFloat>(
+    k: &CudaKernels,
+    rng: &mut Rng,
+    spans: &[Span],
+    num_slots: usize,
+    check: bool,
+    fails: &mut Vec<String>,
+) {
     let d = GdnDims { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D };
-    chunk_case::<T>(k, rng, d, num_slots, 1, &[spans]);
+    if check {
+        chunk_case::<T>(k, rng, d, num_slots, 1, &[spans], fails);
+    }
     let (flat, t, max_len) = span_table(delta_spans(spans));
     let n = spans.len();
     let (qkv, g, beta) = gdn_inputs(rng, d, t);
@@ -191,48 +377,43 @@ fn prefill_80b<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, spans: &[Span], num
     let mut dstate = up::<f32>(k, &rng.vec(num_slots * d.state(), 0.5));
     let mut out = poisoned::<T>(k, t * d.hv * d.dv);
     let (hk, hv, dk, dv) = (d.hk, d.hv, d.dk, d.dv);
-    let chunk_us = best_us(k, || {
-        k.gdn_chunked_seq(&dq, &dg, &db, &mut dstate, &dsp, &mut out, t, n, max_len, hk, hv, dk, dv, num_slots, 1)
-            .expect("gdn_chunked_seq");
-    });
+    let dims = [t, n, max_len, hk, hv, dk, dv, num_slots, 1];
+    // The chunked delta rule's matrix products, per 64-token chunk and value head:
+    // K·Kᵀ, A·K (W), A·V (U), Q·Kᵀ, (Q·Kᵀ)·V' at 2·C²·d each and Q·S, W·S, Kᵀ·V' at
+    // 2·C·d² each (the triangular solve not counted); scripts/fla_gdn_bench.py counts the same.
+    let flop = (t as f64) * (hv as f64) * (10.0 * 64.0 * dk as f64 + 6.0 * (dk * dv) as f64);
     let seq_us = best_us(k, || {
         k.gdn_delta_seq(&dq, &dg, &db, &mut dstate, &dsp, &mut out, t, n, max_len, hk, hv, dk, dv, num_slots, 1)
             .expect("gdn_delta_seq");
     });
-    println!(
-        "  80B {} t {t} spans {n}: gdn_chunked_seq {chunk_us:.1} µs, gdn_delta_seq {seq_us:.1} µs ({:.2}x)",
-        T::NAME,
-        seq_us / chunk_us
-    );
-    let mut laps = [f64::INFINITY; 4];
-    for _ in 0..3 {
-        let us = k
-            .gdn_chunked_seq_timed(
-                &dq,
-                &dg,
-                &db,
-                &mut dstate,
-                &dsp,
-                &mut out,
-                t,
-                n,
-                max_len,
-                hk,
-                hv,
-                dk,
-                dv,
-                num_slots,
-                1,
-            )
-            .expect("gdn_chunked_seq_timed");
-        for (b, u) in laps.iter_mut().zip(us) {
-            *b = b.min(u);
+    let forms: &[bool] = if T::NAME == "f32" { &[true] } else { &[false, true] };
+    for &f32_form in forms {
+        let mut form = "";
+        let us = best_us(k, || {
+            form = k
+                .gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate, &dsp, &mut out, dims, f32_form, None)
+                .expect("gdn_chunked_seq");
+        });
+        println!(
+            "  80B {} t {t} spans {n}: gdn_chunked_seq [{form}] {us:.1} µs ({:.1} TFLOP/s), gdn_delta_seq {seq_us:.1} µs ({:.2}x)",
+            T::NAME,
+            flop / us * 1e-6,
+            seq_us / us
+        );
+        let mut laps = [f64::INFINITY; 4];
+        for _ in 0..3 {
+            let mut lap = [0.0; 4];
+            k.gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate, &dsp, &mut out, dims, f32_form, Some(&mut lap))
+                .expect("gdn_chunked_seq timed");
+            for (b, u) in laps.iter_mut().zip(lap) {
+                *b = b.min(u);
+            }
         }
+        println!(
+            "    [{form}] per launch (synchronised, best of 3): prep {:.1} µs, wu {:.1} µs, state {:.1} µs, out {:.1} µs",
+            laps[0], laps[1], laps[2], laps[3]
+        );
     }
-    println!(
-        "    per launch (synchronised, best of 3): prep {:.1} µs, wu {:.1} µs, state {:.1} µs, out {:.1} µs",
-        laps[0], laps[1], laps[2], laps[3]
-    );
 }
 
 #[test]
@@ -240,7 +421,10 @@ fn prefill_80b<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, spans: &[Span], num
 fn cuda_gdn_chunked_seq_80b_prefill() {
     let k = gpu("cuda_gdn_chunked_seq_80b_prefill");
     let mut rng = Rng::new(202);
-    prefill_80b::<bf16>(&k, &mut rng, &[(4096, 1, 0)], 2);
-    prefill_80b::<f32>(&k, &mut rng, &[(4096, 0, 0)], 1);
-    prefill_80b::<bf16>(&k, &mut rng, &[(1000, 0, 0), (3, 1, 0), (500, 2, 0)], 3);
+    let mut fails = Vec::new();
+    prefill_80b::<bf16>(&k, &mut rng, &[(4096, 1, 0)], 2, true, &mut fails);
+    prefill_80b::<bf16>(&k, &mut rng, &[(16384, 0, 0)], 1, false, &mut fails);
+    prefill_80b::<f32>(&k, &mut rng, &[(4096, 0, 0)], 1, true, &mut fails);
+    prefill_80b::<bf16>(&k, &mut rng, &[(1000, 0, 0), (3, 1, 0), (500, 2, 0)], 3, true, &mut fails);
+    finish("cuda_gdn_chunked_seq_80b_prefill", &fails);
 }

@@ -404,6 +404,14 @@ fn cuda_moe_router() {
     router_case(&k, &logits, 8, 8, false, "E=8 k=8");
     let logits = rng.vec(3 * 60, 2.0);
     router_case(&k, &logits, 60, 4, true, "E=60 k=4 (Qwen3-MoE-like)");
+    // The one-warp kernel's largest e (1024) and the block kernel beyond it.
+    let logits = rng.vec(3 * 1024, 3.0);
+    router_case(&k, &logits, 1024, 16, true, "E=1024 k=16 (one warp, registers full)");
+    let logits = rng.vec(3 * 1500, 3.0);
+    router_case(&k, &logits, 1500, 10, true, "E=1500 k=10 (block kernel)");
+    // More rows than one block of warps holds, and a row count that is no multiple of 4.
+    let logits = rng.vec(67 * EXPERTS, 4.0);
+    router_case(&k, &logits, EXPERTS, TOP_K, true, "67 rows");
 }
 
 #[test]

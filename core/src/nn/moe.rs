@@ -77,24 +77,23 @@ impl Moe {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        // [T, H] -> [T, E + 2·I_s + 1] f32: router logits, shared gate/up, shared gate logit.
-        let mut all = x.matmul_t_to(&self.input, DType::F32)?;
-        if let Some(si) = &self.shared_in {
-            // [router | gate row] and [gate | up] -> [router | gate | up | gate row]
-            let o = ops(x);
-            let e = self.experts;
-            let gu = x.matmul_t_to(si, DType::F32)?;
-            let head = o.concat_last(&o.cols(&all, 0, e)?, &gu)?;
-            all = o.concat_last(&head, &o.cols(&all, e, 1)?)?;
-        }
+        // [T, H] -> [T, E + 2·I_s + 1] f32: router logits, shared gate/up, shared gate logit
+        // (with `shared_in`: [T, E + 1], router logits and the gate logit).
+        let all = x.matmul_t_to(&self.input, DType::F32)?;
         let o = ops(x);
-        // [T, H] f32
+        // [T, H] f32; the router reads the first E columns of `all`, whatever its width.
         let mut y = o.moe_experts(x, &all, &self.args(), &self.gate, &self.up, &self.down)?;
         if let Some(s) = &self.shared {
+            // The shared expert's gate / up columns: in `all` after the router, or (held
+            // apart) a [T, 2·I_s] f32 product of their own, read in place (no concatenation).
+            let (gu, col0, gate_col) = match &self.shared_in {
+                Some(si) => (Some(x.matmul_t_to(si, DType::F32)?), 0, self.experts),
+                None => (None, self.experts, self.experts + 2 * s.inter),
+            };
             // [T, I_s] in the model dtype, then [T, H]
-            let h = o.swiglu_cols(&all, self.experts, s.inter, x.dtype())?;
+            let h = o.swiglu_cols(gu.as_ref().unwrap_or(&all), col0, s.inter, x.dtype())?;
             let so = s.down.forward(&h)?;
-            o.shared_expert_add(&mut y, &so, &all, self.experts + 2 * s.inter)?;
+            o.shared_expert_add(&mut y, &so, &all, gate_col)?;
         }
         if let Some(c) = &self.reduce {
             c.all_reduce_sum(&mut y)?;

@@ -80,9 +80,7 @@ impl CudaKernels {
     /// # Errors
     /// [`CudaError::Driver`] if the SM count cannot be read.
     pub fn fp8_gemm_tc_splits(&self, m: usize, k: usize, n: usize) -> Result<usize> {
-        let sms =
-            self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let target = SPLIT_BLOCKS_PER_SM * usize::try_from(sms).unwrap_or(1).max(1);
+        let target = SPLIT_BLOCKS_PER_SM * self.caps().sms;
         let blocks = (m.div_ceil(16 * m.div_ceil(16).clamp(1, 4)) * n.div_ceil(TC_BN)).max(1);
         let nk = k.div_ceil(TC_BK);
         Ok(if blocks >= target { 1 } else { target.div_ceil(blocks).min(nk / SPLIT_MIN_KSTEPS).clamp(1, SPLIT_MAX) })

@@ -383,6 +383,20 @@ impl CudaKernels {
 /// step computes them (same kernel, same accumulation order per output).
 pub const GEMV_MAX_ROWS: usize = 4;
 
+/// Warps per output column of [`CudaKernels::gemv`] (1, 2 or 4) for `n` columns of `kv`
+/// 16-byte chunks on a GPU of `sms` multiprocessors: doubled while the columns' warps fill
+/// less than the resident warps (64 an SM at 8 blocks of 8 warps) and every warp keeps at
+/// least two chunks a lane. From (n, k) only, never from m: a column's bits do not depend on
+/// how many rows share the call.
+pub(super) fn gemv_split(n: usize, kv: usize, sms: usize) -> usize {
+    let resident = 64 * sms;
+    let mut split = 1;
+    while split < 4 && n * split < resident && kv >= 64 * split * 2 {
+        split *= 2;
+    }
+    split
+}
+
 impl CudaKernels {
     /// Whether [`CudaKernels::gemv`] takes this shape: `m ≤ GEMV_MAX_ROWS`, `k` a multiple of
     /// the 16-byte vector, and output `O` equal to `A` or f32.
@@ -391,9 +405,9 @@ impl CudaKernels {
         (1..=8).contains(&m) && k > 0 && k.is_multiple_of(e) && (O::NAME == A::NAME || O::NAME == "f32")
     }
 
-    /// Skinny GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` for decode (`m ≤ 8`): one launch, a warp
-    /// per output column streaming the weight row at full width, f32 accumulation, one
-    /// rounding to `O`. Much lighter on the host than a cuBLAS call.
+    /// Skinny GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` for decode (`m ≤ 8`): one launch, one to
+    /// four warps per output column (by `n` and `k` only) streaming the weight row at full
+    /// width, f32 accumulation, one rounding to `O`. Much lighter on the host than a cuBLAS call.
     ///
     /// # Errors
     /// [`CudaError::Invalid`] if the shape does not fit ([`CudaKernels::gemv_fits`]), a
@@ -424,20 +438,23 @@ impl CudaKernels {
             return Err(CudaError::Invalid("gemv: x and w must be 16-byte aligned".into()));
         }
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
+        let split = gemv_split(n, k / (16 / std::mem::size_of::<A>()), self.caps().sms);
         let cfg = LaunchConfig {
-            grid_dim: (u32_of("blocks", n.div_ceil(8))?, 1, 1),
+            grid_dim: (u32_of("blocks", n.div_ceil(8 / split))?, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches gemv_<A>_<O>_m<mm>; sizes and alignment checked; m <= mm.
-        // Kernel: `gemv_<A>_<O>_m<mm>(const A* x, const A* w, O* out, u32 m, u32 k, u32 n)`.
+        let split32 = split as u32;
+        // SAFETY: matches gemv_<A>_<O>_m<mm>; sizes and alignment checked; m <= mm; split
+        // is 1, 2 or 4 (8 / split columns a block).
+        // Kernel: `gemv_<A>_<O>_m<mm>(const A* x, const A* w, O* out, u32 m, u32 k, u32 n, u32 split)`.
         unsafe {
             launch!(
                 self,
                 MISC,
                 format!("gemv_{}_{}_m{mm}", A::NAME, O::NAME),
                 cfg,
-                [px, pw, ptr_mut(out), m32, k32, n32]
+                [px, pw, ptr_mut(out), m32, k32, n32, split32]
             )
         }
     }
@@ -542,5 +559,24 @@ impl Gemm {
         }
         .map_err(|e| CudaError::Invalid(format!("cublasGemmEx: {e:?}")))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gemv_split;
+
+    /// The 80B decode shapes on an H200 (132 SMs): the wide projections keep one warp a
+    /// column, out_proj [2048, 4096] and the MoE input [1544, 2048] take four, a short k never
+    /// goes below two chunks a lane.
+    #[test]
+    fn gemv_split_by_shape() {
+        let kv = |k: usize| k / 8; // bf16: 8 a chunk
+        assert_eq!(gemv_split(12352, kv(2048), 132), 1);
+        assert_eq!(gemv_split(151_936, kv(2048), 132), 1);
+        assert_eq!(gemv_split(2048, kv(4096), 132), 4);
+        assert_eq!(gemv_split(1544, kv(2048), 132), 4);
+        assert_eq!(gemv_split(2048, kv(512), 132), 1);
+        assert_eq!(gemv_split(64, kv(64), 132), 1);
     }
 }

@@ -165,6 +165,8 @@ pub struct DeviceCaps {
     pub smem_optin: usize,
     /// [`FALLBACK_ENV`] was set when the kernels were opened.
     pub forced: bool,
+    /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT` (grid sizes of persistent and split kernels).
+    pub sms: usize,
 }
 
 impl DeviceCaps {
@@ -362,9 +364,16 @@ pub(crate) static MOE: KernelSource = KernelSource {
 /// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.
 pub(crate) static GDN_SEQ: KernelSource =
     KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
-/// Gated DeltaNet chunked (64-token) prefill over spans.
-pub(crate) static GDN_CHUNK: KernelSource =
-    KernelSource { name: "gdn_chunk.cu", code: include_str!("../../cuda/gdn_chunk.cu") };
+/// Gated DeltaNet chunked (64-token) prefill over spans: the f32 CUDA-core form (gdn_chunk.cu)
+/// and the tensor-core form for bf16 / f16 (gdn_chunk_tc.cu, which uses gdn_chunk.cu's helpers).
+pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
+    name: "gdn_chunk.cu",
+    code: concat!(
+        include_str!("../../cuda/gdn_chunk.cu"),
+        "\n#line 1 \"gdn_chunk_tc.cu\"\n",
+        include_str!("../../cuda/gdn_chunk_tc.cu")
+    ),
+};
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
 pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
 /// FP8 weights: dequantizing GEMV, dequantize / quantize, the FP8 row reader of the MoE decode
@@ -579,7 +588,9 @@ impl CudaKernels {
         if let Some(cap) = smem_limit_from(std::env::var_os(SMEM_LIMIT_ENV))? {
             smem_optin = smem_optin.min(cap);
         }
-        let caps = DeviceCaps { major, minor, smem_optin, forced: fallback_forced() };
+        let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let sms = usize::try_from(sms).unwrap_or(1).max(1);
+        let caps = DeviceCaps { major, minor, smem_optin, forced: fallback_forced(), sms };
         let moe_sync = Mutex::new(stream.alloc_zeros::<u32>(moe_decode::SYNC_WORDS)?);
         Ok(Self {
             ctx,
@@ -812,13 +823,13 @@ mod tests {
 
     #[test]
     fn caps_choose_the_paths() {
-        let h200 = DeviceCaps { major: 9, minor: 0, smem_optin: 232_448, forced: false };
+        let h200 = DeviceCaps { major: 9, minor: 0, smem_optin: 232_448, forced: false, sms: 132 };
         assert!(h200.tensor_cores() && !h200.fallback_build() && h200.smem_limit() == 232_448);
         let forced = DeviceCaps { forced: true, ..h200 };
         assert!(!forced.tensor_cores() && forced.fallback_build() && forced.smem_limit() == FALLBACK_SMEM);
-        let v100 = DeviceCaps { major: 7, minor: 0, smem_optin: 98_304, forced: false };
+        let v100 = DeviceCaps { major: 7, minor: 0, smem_optin: 98_304, forced: false, sms: 80 };
         assert!(!v100.tensor_cores() && !v100.fallback_build() && v100.smem_limit() == 98_304);
-        let t4 = DeviceCaps { major: 7, minor: 5, smem_optin: 65_536, forced: true };
+        let t4 = DeviceCaps { major: 7, minor: 5, smem_optin: 65_536, forced: true, sms: 40 };
         assert_eq!(t4.smem_limit(), 65_536);
         let v = |s: &str| smem_limit_from(Some(s.into()));
         assert_eq!(smem_limit_from(None).ok(), Some(None));

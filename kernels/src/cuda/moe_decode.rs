@@ -1,52 +1,87 @@
 //! Launch code of the MoE decode GEMVs (kernels/cuda/moe_decode.cu), shared by the dense experts
 //! ([`CudaKernels::moe_experts`]'s decode path) and the FP8 experts
-//! ([`CudaKernels::moe_experts_fp8`]): the scratch layout, the grouping, and either form of the
-//! GEMVs:
-//! - v2 (the default): one persistent launch for gate+up, down and the combine, its work items
-//!   handed out as tickets, its counters in a zeroed buffer of the [`CudaKernels`] that the
-//!   kernel zeroes again before it ends (tickets of one item, or of two when there are many);
-//! - v1 ([`MOE_GEMV_ENV`]` = v1`): the two launches it replaced, kept for comparison.
+//! ([`CudaKernels::moe_experts_fp8`]): the scratch layout, the grouping, and the forms of the
+//! GEMVs ([`MoeGemv`]):
+//! - direct (the default up to [`DIRECT_MAX_PAIRS`] pairs): two launches without any grouping,
+//!   a pair its own slot, the combine inside the down kernel;
+//! - v1 (the default beyond): two persistent launches over the pairs grouped by expert (each
+//!   routed expert's rows streamed once), gate+up then down + combine;
+//! - v2: one persistent launch for gate+up, down and the combine, its work items handed out
+//!   as tickets (measured slower than v1; kept for A/B).
 //!
-//! Both compute every (row, expert) pair by one warp in the same order, so they give the same
+//! All compute every (row, expert) pair by one warp in the same order, so they give the same
 //! bits, and a row's result does not depend on the other rows.
 
 use super::moe::{align256, ALIGN_THREADS, FUSED_GROUPING_BYTES, MOE_MAX_E};
 use super::{prod, u32_of, CudaError, CudaKernels, KernelArg, KernelSource, Result};
 use cudarc::driver::{DevicePtrMut, LaunchConfig};
 
-/// Environment variable choosing the MoE decode GEMVs: `v1` runs the two-launch form
-/// ([`MoeGemv::V1`]); anything else, or nothing, the fused one ([`MoeGemv::V2`]). Read on
-/// every call.
+/// Environment variable choosing the MoE decode GEMVs: `direct`, `v1`, `v2` or `auto` (the
+/// default: [`MoeGemv::Auto`]). Read on every call; another value warns once on stderr and
+/// means `auto`.
 pub const MOE_GEMV_ENV: &str = "PORTER_MOE_GEMV";
 
 /// `phases` of [`CudaKernels::moe_decode_with`] that runs the whole call (grouping, gate+up,
 /// down, combine).
 pub const MOE_PHASES_ALL: u32 = 3;
 
-/// Which form of the MoE decode GEMVs runs (for A/B timing; both give the same bits).
+/// [`MoeGemv::Auto`] takes the direct form up to this many (row, slot) pairs, v1 beyond.
+/// H200, 80B shapes (hidden 2048, inter 512, top-10 of 512), `cuda_moe_decode`, 2026-12-02:
+/// direct 33.4 against v1's 38.1 µs at t = 1, even at t = 2 (60.4 / 59.2), behind from t = 4
+/// (105 / 93 µs): two rows of one expert read its weights twice (docs/benchmarks.md).
+pub const DIRECT_MAX_PAIRS: usize = 16;
+
+/// Largest `k · inter` of h (bytes) that the direct down kernel stages in shared memory per
+/// row (below the 48 KiB a block gets without opting in).
+const DIRECT_STAGE_BYTES: usize = 40 * 1024;
+
+/// Which form of the MoE decode GEMVs runs (all give the same bits).
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoeGemv {
-    /// Two persistent launches (gate+up; down + combine), static items.
+    /// Direct up to [`DIRECT_MAX_PAIRS`] pairs, else V1.
+    Auto,
+    /// Two launches without grouping: one warp per (pair, inter column) for gate+up, one per
+    /// (row, hidden column) for down over the row's k pairs with the combine.
+    Direct,
+    /// Two persistent launches over the pairs grouped by expert (gate+up; down + combine).
     V1,
     /// One persistent launch, ticketed items, L2 prefetch of the next item.
     V2,
 }
 
 impl MoeGemv {
-    /// The form [`MOE_GEMV_ENV`] asks for: V1 (the default) unless it says `v2`. V1 is the
-    /// default because it measured faster at every row count on the H200 (2026-12-02,
-    /// `cuda_moe_decode`: 38.0 / 59.6 / 92.9 / 155.6 µs at t = 1 / 2 / 4 / 8 against v2's
-    /// 43.4 / 76.7 / 134.6 / 212.1 µs; docs/benchmarks.md).
+    /// The form [`MOE_GEMV_ENV`] asks for ([`MoeGemv::Auto`] when unset or unknown).
     pub fn from_env() -> Self {
-        Self::from_value(std::env::var_os(MOE_GEMV_ENV))
+        let v = std::env::var_os(MOE_GEMV_ENV);
+        Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!("warning: {MOE_GEMV_ENV}={bad:?} is not one of auto, direct, v1, v2; using auto")
+            });
+            MoeGemv::Auto
+        })
     }
 
-    /// [`MoeGemv::from_env`] for a given value of the variable.
-    fn from_value(v: Option<std::ffi::OsString>) -> Self {
-        match v {
-            Some(v) if v.to_string_lossy().trim().eq_ignore_ascii_case("v2") => MoeGemv::V2,
-            _ => MoeGemv::V1,
+    /// [`MoeGemv::from_env`] for a given value of the variable (`Err`: the value, unknown).
+    fn from_value(v: Option<&std::ffi::OsStr>) -> std::result::Result<Self, String> {
+        let Some(v) = v else { return Ok(MoeGemv::Auto) };
+        let t = v.to_string_lossy().trim().to_ascii_lowercase();
+        match t.as_str() {
+            "" | "auto" => Ok(MoeGemv::Auto),
+            "direct" => Ok(MoeGemv::Direct),
+            "v1" => Ok(MoeGemv::V1),
+            "v2" => Ok(MoeGemv::V2),
+            _ => Err(v.to_string_lossy().into_owned()),
+        }
+    }
+
+    /// The form that runs for `n` (row, slot) pairs.
+    fn resolve(self, n: usize) -> Self {
+        match self {
+            MoeGemv::Auto if n <= DIRECT_MAX_PAIRS => MoeGemv::Direct,
+            MoeGemv::Auto => MoeGemv::V1,
+            w => w,
         }
     }
 }
@@ -107,9 +142,7 @@ impl CudaKernels {
     /// Resident blocks of a persistent decode kernel: `per_sm` per SM, no more than `items`
     /// warp items need.
     fn moe_persistent_grid(&self, items: usize, per_sm: usize) -> Result<u32> {
-        let sms =
-            self.ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let sms = usize::try_from(sms).unwrap_or(1).max(1);
+        let sms = self.caps().sms;
         u32_of("gemv blocks", (sms * per_sm).min(items.div_ceil(GEMV_WARPS)).max(1))
     }
 
@@ -130,12 +163,15 @@ impl CudaKernels {
         let v2_grid = self.moe_persistent_grid(v2_items, V2_BLOCKS_PER_SM)?;
         let v2_fits = 2 + slots + nq2 <= SYNC_WORDS
             && v2_items.saturating_add(4 * V2_CH * GEMV_WARPS * v2_grid as usize) < u32::MAX as usize;
-        let which = if v2_fits { which } else { MoeGemv::V1 };
+        let which = match which.resolve(n) {
+            MoeGemv::V2 if !v2_fits => MoeGemv::V1,
+            w => w,
+        };
         let v2_warps = GEMV_WARPS * v2_grid as usize;
         let ch = if v2_items >= V2_CH_ITEMS_PER_WARP * v2_warps { V2_CH as u32 } else { 1u32 };
         let nq = match which {
-            MoeGemv::V1 => hidden.div_ceil(DOWN_NR),
             MoeGemv::V2 => nq2,
+            _ => hidden.div_ceil(DOWN_NR),
         };
         // Scratch, one allocation: sorted [n], tile_expert [n], seg [3·slots], meta [2],
         // ctr [nq] (u32; the first four only without `fused`, ctr only for v1);
@@ -163,6 +199,55 @@ impl CudaKernels {
         let (p_sorted, p_tile, p_seg) = (base, base + off_tile as u64, base + off_seg as u64);
         let (p_meta, p_ctr) = (base + off_meta as u64, base + off_ctr as u64);
         let (p_h, p_o) = (base + off_h as u64, base + off_o as u64);
+        let vec_gu = i32::from(c.w_vec_gu && vec16(c.x, hidden * c.esize));
+        let vec_d = i32::from(c.w_vec_d && vec16(p_h, inter * c.esize));
+        let cfg = |blocks: u32| LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+            shared_mem_bytes: if which == MoeGemv::Direct { 0 } else { dsm32 },
+        };
+        fn weights(m: &[u64]) -> impl Iterator<Item = &dyn KernelArg> {
+            m.iter().map(|p| p as &dyn KernelArg)
+        }
+        if which == MoeGemv::Direct {
+            if phases == 0 {
+                return Ok(());
+            }
+            // One warp per item, every item at once.
+            let blocks = |items: usize| u32_of("gemv blocks", items.div_ceil(GEMV_WARPS));
+            let mut args: Vec<&dyn KernelArg> = vec![&c.x];
+            args.extend(weights(c.gate));
+            args.extend(weights(c.up));
+            let rest: [&dyn KernelArg; 8] = [&c.idx, &n32, &e32, &p_h, &h32, &i32_, &k32, &vec_gu];
+            args.extend(rest);
+            // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, const u32* idx,
+            // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec)` (weights as for v2); items past
+            // n · I exit; a pair with an id >= e writes no h and is never read (the down kernel
+            // skips it); h has n rows of I.
+            let grid = blocks(prod(&[n, inter])?)?;
+            unsafe { self.launch(c.src, &format!("moe_dir_gu_{}{}", c.kind, c.tname), cfg(grid), &args) }?;
+            if phases == 1 {
+                return Ok(());
+            }
+            // A row's k rows of h in shared memory when they fit (16-byte rows).
+            let h_row = prod(&[k, inter, c.esize])?;
+            let staged = i32::from(vec_d == 1 && h_row <= DIRECT_STAGE_BYTES);
+            let mut args: Vec<&dyn KernelArg> = vec![&p_h];
+            args.extend(weights(c.down));
+            let rest: [&dyn KernelArg; 9] = [&c.idx, &c.w, &e32, &c.out, &h32, &i32_, &k32, &vec_d, &staged];
+            args.extend(rest);
+            let cfg = LaunchConfig {
+                grid_dim: (u32_of("column blocks", hidden.div_ceil(GEMV_WARPS))?, t32, 1),
+                block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+                shared_mem_bytes: if staged == 1 { u32_of("shared memory", h_row)? } else { 0 },
+            };
+            // SAFETY: arguments match `moe_dir_down_<kind><T>(const T* h, <down>, const u32* idx,
+            // const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged)`;
+            // block (x, y) covers row y < t and columns 8x.. (those < H write their out element);
+            // with `staged` the row's k·I elements of h (16-byte multiple, 16-byte aligned: vec)
+            // fit the dynamic shared memory given; h rows are used only for valid ids.
+            return unsafe { self.launch(c.src, &format!("moe_dir_down_{}{}", c.kind, c.tname), cfg, &args) };
+        }
         if !fused {
             let cfg = LaunchConfig {
                 grid_dim: (1, 1, 1),
@@ -177,16 +262,6 @@ impl CudaKernels {
             let args: [&dyn KernelArg; 10] =
                 [&c.idx, &n32, &e32, &one, &n32, &n32, &p_sorted, &p_tile, &p_seg, &p_meta];
             unsafe { self.launch(c.src, "moe_align", cfg, &args) }?;
-        }
-        let vec_gu = i32::from(c.w_vec_gu && vec16(c.x, hidden * c.esize));
-        let vec_d = i32::from(c.w_vec_d && vec16(p_h, inter * c.esize));
-        let cfg = |blocks: u32| LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: dsm32,
-        };
-        fn weights(m: &[u64]) -> impl Iterator<Item = &dyn KernelArg> {
-            m.iter().map(|p| p as &dyn KernelArg)
         }
         match which {
             MoeGemv::V2 => {
@@ -214,7 +289,7 @@ impl CudaKernels {
                 // `fused`; out [t, H] is written in full when phases = 3.
                 unsafe { self.launch(c.src, &format!("moe_dec_v2_{}{}", c.kind, c.tname), cfg(v2_grid), &args) }
             }
-            MoeGemv::V1 => {
+            _ => {
                 if phases == 0 {
                     return Ok(());
                 }
@@ -274,10 +349,21 @@ mod tests {
 
     #[test]
     fn gemv_env_values() {
-        assert_eq!(MoeGemv::from_value(None), MoeGemv::V1);
-        assert_eq!(MoeGemv::from_value(Some(" V1 ".into())), MoeGemv::V1);
-        assert_eq!(MoeGemv::from_value(Some(" V2".into())), MoeGemv::V2);
-        assert_eq!(MoeGemv::from_value(Some("".into())), MoeGemv::V1);
+        let v = |s: &str| MoeGemv::from_value(Some(std::ffi::OsStr::new(s)));
+        assert_eq!(MoeGemv::from_value(None), Ok(MoeGemv::Auto));
+        assert_eq!(v(" V1 "), Ok(MoeGemv::V1));
+        assert_eq!(v(" V2"), Ok(MoeGemv::V2));
+        assert_eq!(v("Direct"), Ok(MoeGemv::Direct));
+        assert_eq!(v(""), Ok(MoeGemv::Auto));
+        assert_eq!(v("v3"), Err("v3".to_string()));
+    }
+
+    #[test]
+    fn auto_takes_direct_for_few_pairs() {
+        assert_eq!(MoeGemv::Auto.resolve(10), MoeGemv::Direct);
+        assert_eq!(MoeGemv::Auto.resolve(DIRECT_MAX_PAIRS), MoeGemv::Direct);
+        assert_eq!(MoeGemv::Auto.resolve(DIRECT_MAX_PAIRS + 1), MoeGemv::V1);
+        assert_eq!(MoeGemv::V2.resolve(1), MoeGemv::V2);
     }
 
     /// The counter buffer holds what the largest call v2 takes needs (else it runs v1).

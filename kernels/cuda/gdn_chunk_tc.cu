@@ -1,0 +1,595 @@
+// Gated DeltaNet, chunked form on tensor cores (sm_80+, bf16 / f16 outputs):
+// the same math, spans, chunk offsets (gdn_chunk_prep) and scratch indexing as
+// gdn_chunk.cu (which comes first in this module: GC_C, GC_INVALID,
+// gc_decay, gc_forward_subst, gc_cp16 / gc_cp_commit / gc_cp_wait), with every
+// matrix product on wmma 16×16×16 tiles (operands T = bf16 or f16, f32
+// accumulators). As in flash-linear-attention's chunk_gated_delta_rule:
+// - the operands of the products are rounded to T: the normalised q and k,
+//   v, the inverse T of (I − A) (computed in f32 by forward substitution,
+//   then scaled by β / β exp(G) and rounded), W, K̃, Vn and the chunk-start
+//   states hs (rounded copies for the products: the recurrent state itself
+//   stays f32, in accumulator fragments, from state[slot, src_buf] back to it);
+// - U stays f32 (it seeds the Vn = U − W S accumulators);
+// - cumulative log-decays in f64 and exp flushed to 0 below −60 (gc_decay),
+//   gates, norms and the decay factors in f32, as gdn_chunk.cu.
+//
+// Scratch (TC form; chunk-head index ch = (off[s] + c) · hv + j, rows of a
+// chunk past its length are zero):
+//   wn [cap, hv, 64, dk]  T    −W (token rows; negated so that Vn = U + wn·S)
+//   kb [cap, hv, 64, dk]  T    K̃ = K ⊙ exp(G_last − G)
+//   uf [cap, hv, 64, dv]  f32  U
+//   vb [cap, hv, 64, dv]  T    Vn (gdn_chunk_tc_state)
+//   gl [cap, hv]          f32  exp(G_last)
+//   hb [cap, hv, dk, dv]  T    the state at each chunk start
+// Shapes: DK = dk ∈ {64, 128} (template), dv a multiple of 32, at most 256.
+//
+// Cost model, 80B dims (hv 32, dk = dv = 128), 4096 tokens (64 chunks), H200:
+// per (chunk, head) the products are 10·64²·128 + 6·64·128² FLOP = 11.5 MFLOP
+// (23.6 GFLOP in all), ~100 µs at a wmma rate of ~250 TFLOP/s. The scratch is
+// written once and read once or twice: wn, kb, vb 16.8 MB each, uf 33.6 MB, hb
+// 67 MB (bf16: half of the f32 form's hs), ~0.25 GB moved, ~60 µs at 4.0 TB/s.
+// The state sweep runs 128 blocks of 8 warps, 3 barriers per chunk and no
+// global round trip on the chain (the next chunk's W, K̃, U stream in with
+// cp.async while the current one computes): ~1.5 µs per chunk.
+
+#include <mma.h>
+
+#define GT_LDT 72  // row stride (elements) of the 64×64 T tiles (16-byte rows, 32-byte aligned tiles)
+#define GT_LDF 68  // row stride (floats) of the 64×64 f32 tiles
+#define GT_BV 32   // state columns per block of gdn_chunk_tc_state
+#define GT_LDS 36  // row stride (floats) of the state's f32 [dk][32] tile and U's [64][32]
+#define GT_LDB 40  // row stride (elements) of the state's T [dk][32] tile and Vn's [64][32]
+
+#if defined(PORTER_SM80)
+using namespace nvcuda;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> GtAcc;
+template <typename T> using GtA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
+template <typename T> using GtAt = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;
+template <typename T> using GtB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
+template <typename T> using GtBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
+
+// One warp: a 16×16 f32 accumulator tile, rounded to T, to dst (row-major, ld
+// elements; rows >= rows skipped), through the warp's 16×16 f32 scratch.
+template <typename T>
+__device__ __forceinline__ void gt_store(const GtAcc& a, float* scr, T* dst, u64 ld, u32 rows, u32 lane) {
+    wmma::store_matrix_sync(scr, a, 16, wmma::mem_row_major);
+    __syncwarp();
+    const u32 r = lane >> 1, c0 = (lane & 1u) * 8;
+    if (r < rows) {
+#pragma unroll
+        for (int x = 0; x < 8; ++x) dst[r * ld + c0 + x] = from_f<T>(scr[r * 16 + c0 + x]);
+    }
+    __syncwarp();
+}
+
+// Per chunk and value head: 1/‖q‖ (times q_scale; `rq` may be null), 1/‖k‖,
+// β (`bt` may be null), the cumulative log-decay G (f64). GC_THREADS threads;
+// ends with a barrier. Rows past l get zeros (G: the last value).
+__device__ __forceinline__ void gt_chunk_gates(const float* __restrict__ qbase, const float* __restrict__ kbase,
+                                               const float* __restrict__ g, const float* __restrict__ beta, u64 rw,
+                                               u32 r0, u32 l, u32 hv, u32 j, u32 dk, float q_scale, float* rq,
+                                               float* rk, float* bt, double* Gd, u32 tid) {
+    const u32 lane = tid & 31u, wid = tid >> 5;
+    for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
+        float sq = 0.0f, sk = 0.0f;
+        if (i < l) {
+            const float* qr = qbase + (u64)(r0 + i) * rw;
+            const float* kr = kbase + (u64)(r0 + i) * rw;
+            for (u32 d = lane; d < dk; d += 32) {
+                if (rq) sq += qr[d] * qr[d];
+                sk += kr[d] * kr[d];
+            }
+        }
+        sq = warp_sum(sq);
+        sk = warp_sum(sk);
+        if (lane == 0) {
+            if (rq) rq[i] = i < l ? (1.0f / sqrtf(sq + 1e-6f)) * q_scale : 0.0f;
+            rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
+            if (bt) bt[i] = i < l ? beta[(u64)(r0 + i) * hv + j] : 0.0f;
+        }
+    }
+    if (tid == 0) {
+        double acc = 0.0;
+        for (u32 i = 0; i < GC_C; ++i) {
+            if (i < l) acc += (double)g[(u64)(r0 + i) * hv + j];
+            Gd[i] = acc;
+        }
+    }
+    __syncthreads();
+}
+#endif
+
+// Dynamic shared memory of gdn_chunk_tc_wu, bytes (the host mirrors it):
+// Kb, Vb (T [64][dk + 8], [64][dv + 8]), As, Xs (f32 [64][68]), Tw, Tu
+// (T [64][72]), 8 warp scratch tiles (f32 16×16).
+#define GT_WU_SMEM(DK, DV) \
+    (2u * GC_C * ((DK) + 8u) + 2u * GC_C * ((DV) + 8u) + 8u * GC_C * GT_LDF + 4u * GC_C * GT_LDT + 8u * 1024u)
+
+// ---------------------------------------------------------------------------
+// Per (chunk, value head): −W, K̃, U, exp(G_last). grid (max_chunks, hv,
+// n_spans), block GC_THREADS (8 warps).
+//   K K^T (lower 16×16 tiles) -> A = −β_i (k_i·k_m) Γ_im (f32) -> T = (I − A)⁻¹
+//   (f32 forward substitution, gc_forward_subst) -> Tw = T diag(β e^G),
+//   Tu = T diag(β) rounded to T -> −W = −Tw K, U = Tu V on tensor cores.
+// ---------------------------------------------------------------------------
+template <typename T, int DK>
+__device__ __forceinline__ void gdn_chunk_tc_wu_impl(const float* __restrict__ qkv, const float* __restrict__ g,
+                                                     const float* __restrict__ beta, const u32* __restrict__ spans,
+                                                     const u32* __restrict__ off, T* __restrict__ wn,
+                                                     T* __restrict__ kb, float* __restrict__ uf,
+                                                     float* __restrict__ gl, u32 hk, u32 hv, u32 dv) {
+#if defined(PORTER_SM80)
+    constexpr u32 LDK = DK + 8;
+    extern __shared__ __align__(128) unsigned char gt_smem[];
+    __shared__ double Gd[GC_C];
+    __shared__ float rk[GC_C], bt[GC_C], eg[GC_C], ek[GC_C];
+    const u32 ldv = dv + 8;
+    T* Kb = reinterpret_cast<T*>(gt_smem);                      // [64][LDK]
+    T* Vb = Kb + GC_C * LDK;                                    // [64][ldv]
+    float* As = reinterpret_cast<float*>(Vb + GC_C * ldv);      // [64][GT_LDF]: K Kᵀ, then A
+    float* Xs = As + GC_C * GT_LDF;                             // [64][GT_LDF]: T
+    T* Tw = reinterpret_cast<T*>(Xs + GC_C * GT_LDF);           // [64][GT_LDT]
+    T* Tu = Tw + GC_C * GT_LDT;                                 // [64][GT_LDT]
+    float* scr = reinterpret_cast<float*>(Tu + GC_C * GT_LDT);  // 8 × [16][16]
+    const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
+    float* wscr = scr + 256 * w;
+    const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
+    const u32 o = off[s];
+    if (o == GC_INVALID) return;
+    const u32* sp = spans + 5 * s;
+    const u32 len = sp[1];
+    if (c * GC_C >= len) return;
+    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
+    const u32 r0 = sp[0] + c * GC_C;
+    const u64 rw = 2ull * hk * DK + (u64)hv * dv;
+    const float* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
+    const float* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
+    const u64 ch = ((u64)o + c) * hv + j;
+
+    gt_chunk_gates(kbase, kbase, g, beta, rw, r0, l, hv, j, DK, 1.0f, nullptr, rk, bt, Gd, tid);
+    if (tid < GC_C) {
+        eg[tid] = tid < l ? gc_decay((float)Gd[tid]) : 0.0f;
+        ek[tid] = tid < l ? gc_decay((float)(Gd[l - 1] - Gd[tid])) : 0.0f;
+    }
+    if (tid == 0) gl[ch] = gc_decay((float)Gd[l - 1]);
+    __syncthreads();
+    // Normalised K and V to T; K̃ = K ⊙ exp(G_last − G) to kb.
+    T* kbo = kb + ch * GC_C * DK;
+    for (u32 x = tid; x < GC_C * DK; x += GC_THREADS) {
+        const u32 i = x / DK, d = x % DK;
+        const float kv = i < l ? kbase[(u64)(r0 + i) * rw + d] * rk[i] : 0.0f;
+        Kb[i * LDK + d] = from_f<T>(kv);
+        kbo[x] = from_f<T>(kv * ek[i]);
+    }
+    for (u32 x = tid; x < GC_C * dv; x += GC_THREADS) {
+        const u32 i = x / dv, d = x % dv;
+        Vb[i * ldv + d] = from_f<T>(i < l ? vbase[(u64)(r0 + i) * rw + d] : 0.0f);
+    }
+    __syncthreads();
+    // K Kᵀ, tiles (ti, tj) with tj <= ti (A is strictly lower): warp w owns
+    // row tile w / 2 and column tiles 2 (w % 2) + n.
+    {
+        const u32 ti = w >> 1;
+#pragma unroll
+        for (u32 n = 0; n < 2; ++n) {
+            const u32 tj = 2 * (w & 1u) + n;
+            if (tj > ti) continue;
+            GtAcc acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+            for (u32 kk = 0; kk < DK / 16; ++kk) {
+                GtA<T> a;
+                GtBt<T> b;
+                wmma::load_matrix_sync(a, Kb + 16 * ti * LDK + 16 * kk, LDK);
+                wmma::load_matrix_sync(b, Kb + 16 * tj * LDK + 16 * kk, LDK);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(As + 16 * ti * GT_LDF + 16 * tj, acc, GT_LDF, wmma::mem_row_major);
+        }
+    }
+    __syncthreads();
+    // A = −β_i (k_i·k_m) Γ_im (m < i < l), T starts as the identity.
+    for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
+        const u32 i = x / GC_C, m = x % GC_C;
+        As[i * GT_LDF + m] =
+            (m < i && i < l) ? As[i * GT_LDF + m] * (-bt[i] * gc_decay((float)(Gd[i] - Gd[m]))) : 0.0f;
+        Xs[i * GT_LDF + m] = m == i ? 1.0f : 0.0f;
+    }
+    __syncthreads();
+    gc_forward_subst(As, Xs, GT_LDF, l, tid);
+    // Tw = T diag(β e^G), Tu = T diag(β) (columns m >= l are zero: β = 0 there,
+    // so rows >= l of −W and U are zero too).
+    for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
+        const u32 i = x / GC_C, m = x % GC_C;
+        const float tv = Xs[i * GT_LDF + m];
+        Tw[i * GT_LDT + m] = from_f<T>(tv * (bt[m] * eg[m]));
+        Tu[i * GT_LDT + m] = from_f<T>(tv * bt[m]);
+    }
+    __syncthreads();
+    // −W = −Tw K (64 × DK): warp w owns row tile w % 4, column tiles w / 4 + 2n.
+    {
+        const u32 ti = w & 3u;
+        T* dst = wn + ch * GC_C * DK;
+#pragma unroll
+        for (u32 n = 0; n < DK / 32; ++n) {
+            const u32 tj = (w >> 2) + 2 * n;
+            GtAcc acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+            for (u32 kk = 0; kk <= ti; ++kk) {  // T is lower triangular
+                GtA<T> a;
+                GtB<T> b;
+                wmma::load_matrix_sync(a, Tw + 16 * ti * GT_LDT + 16 * kk, GT_LDT);
+                wmma::load_matrix_sync(b, Kb + 16 * kk * LDK + 16 * tj, LDK);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+#pragma unroll
+            for (int e = 0; e < acc.num_elements; ++e) acc.x[e] = -acc.x[e];
+            gt_store<T>(acc, wscr, dst + 16 * ti * DK + 16 * tj, DK, 16, lane);
+        }
+    }
+    // U = Tu V (64 × dv), tile q = w + 8n: row tile q % 4, column tile q / 4;
+    // f32 straight to uf.
+    {
+        float* dst = uf + ch * GC_C * dv;
+        const u32 nq = 4 * (dv / 16);
+        for (u32 q = w; q < nq; q += 8) {
+            const u32 ti = q & 3u, tj = q >> 2;
+            GtAcc acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (u32 kk = 0; kk <= ti; ++kk) {
+                GtA<T> a;
+                GtB<T> b;
+                wmma::load_matrix_sync(a, Tu + 16 * ti * GT_LDT + 16 * kk, GT_LDT);
+                wmma::load_matrix_sync(b, Vb + 16 * kk * ldv + 16 * tj, ldv);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(dst + (u64)16 * ti * dv + 16 * tj, acc, dv, wmma::mem_row_major);
+        }
+    }
+#endif
+}
+
+// Dynamic shared memory of gdn_chunk_tc_state, bytes: 2 stages of (Wb, Kb:
+// T [64][dk + 8], Ub: f32 [64][36]), Sf (f32 [dk][36], also Vn's f32 tiles),
+// Sb (T [dk][40]), Vb (T [64][40]).
+#define GT_STATE_SMEM(DK) \
+    (2u * (4u * GC_C * ((DK) + 8u) + 4u * GC_C * GT_LDS) + 4u * (DK) * GT_LDS + 2u * (DK) * GT_LDB + 2u * GC_C * GT_LDB)
+
+// ---------------------------------------------------------------------------
+// Sequential over the chunks of a span: grid (dv / 32, hv, n_spans), block
+// GC_THREADS (8 warps); the block owns state columns col0 .. col0 + 31. The
+// f32 state lives in accumulator fragments: warp w owns tiles q = w·NS + n
+// (NS = DK / 64) at row tile q / 2, column tile q % 2. Per chunk (3 barriers):
+//   the state to Sf (f32) -> rounded to Sb and hb (each warp its own tiles);
+//   Vn = U + (−W) S (warp w: token tile w / 2, column tile w % 2) -> Vb, vb;
+//   S ← exp(G_last) S + K̃ᵀ Vn (K̃ᵀ: col-major view of K̃ [64][dk]).
+// The next chunk's −W, K̃ and U columns stream in (cp.async, 2 stages) while
+// the current one computes.
+// ---------------------------------------------------------------------------
+template <typename T, int DK>
+__device__ __forceinline__ void gt_state_load(unsigned char* stage, const T* __restrict__ wn,
+                                              const T* __restrict__ kb, const float* __restrict__ uf, u64 ch, u32 dv,
+                                              u32 col0, u32 tid) {
+    constexpr u32 LDK = DK + 8, PR = DK / 8;  // 16-byte pieces per row
+    T* Wb = reinterpret_cast<T*>(stage);
+    T* Kb = Wb + GC_C * LDK;
+    float* Ub = reinterpret_cast<float*>(Kb + GC_C * LDK);
+    const T* ws = wn + ch * GC_C * DK;
+    const T* ks = kb + ch * GC_C * DK;
+    for (u32 x = tid; x < GC_C * PR; x += GC_THREADS) {
+        const u32 i = x / PR, p = x % PR;
+        gc_cp16(reinterpret_cast<float*>(Wb + i * LDK + 8 * p), reinterpret_cast<const float*>(ws + i * DK + 8 * p));
+        gc_cp16(reinterpret_cast<float*>(Kb + i * LDK + 8 * p), reinterpret_cast<const float*>(ks + i * DK + 8 * p));
+    }
+    const float* us = uf + ch * GC_C * dv + col0;
+    for (u32 x = tid; x < GC_C * (GT_BV / 4); x += GC_THREADS) {
+        const u32 i = x / (GT_BV / 4), p = x % (GT_BV / 4);
+        gc_cp16(Ub + i * GT_LDS + 4 * p, us + (u64)i * dv + 4 * p);
+    }
+    gc_cp_commit();
+}
+
+template <typename T, int DK>
+__device__ __forceinline__ void gdn_chunk_tc_state_impl(float* __restrict__ state, const u32* __restrict__ spans,
+                                                        const u32* __restrict__ off, const T* __restrict__ wn,
+                                                        const T* __restrict__ kb, const float* __restrict__ uf,
+                                                        const float* __restrict__ gl, T* __restrict__ vb,
+                                                        T* __restrict__ hb, u32 hv, u32 dv, u32 nbuf) {
+#if defined(PORTER_SM80)
+    constexpr u32 LDK = DK + 8, NS = DK / 64;
+    constexpr u32 STG = 4 * GC_C * LDK + 4 * GC_C * GT_LDS;  // bytes per stage
+    extern __shared__ __align__(128) unsigned char gt_smem[];
+    float* Sf = reinterpret_cast<float*>(gt_smem + 2 * STG);  // [DK][GT_LDS], also Vn's f32 tiles
+    T* Sb = reinterpret_cast<T*>(Sf + DK * GT_LDS);           // [DK][GT_LDB]
+    T* Vb = Sb + DK * GT_LDB;                                 // [64][GT_LDB]
+    const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
+    const u32 s = blockIdx.z, j = blockIdx.y, col0 = blockIdx.x * GT_BV;
+    const u32 o = off[s];
+    if (o == GC_INVALID) return;
+    const u32* sp = spans + 5 * s;
+    const u32 len = sp[1], slot = sp[2], src = sp[3];
+    if (len == 0) return;
+    const u64 hsz = (u64)DK * dv;
+    float* st = state + (((u64)slot * nbuf + src) * hv + j) * hsz + col0;
+
+    gt_state_load<T, DK>(gt_smem, wn, kb, uf, (u64)o * hv + j, dv, col0, tid);
+    GtAcc S[NS];
+#pragma unroll
+    for (u32 n = 0; n < NS; ++n) {
+        const u32 q = w * NS + n;
+        wmma::load_matrix_sync(S[n], st + (u64)16 * (q >> 1) * dv + 16 * (q & 1u), dv, wmma::mem_row_major);
+    }
+    const u32 vt = w >> 1, vc = w & 1u;  // Vn tile of this warp
+    const u32 nch = (len + GC_C - 1) / GC_C;
+    for (u32 c = 0; c < nch; ++c) {
+        const u64 ch = ((u64)o + c) * hv + j;
+        const float e = gl[ch];
+        unsigned char* stage = gt_smem + (c & 1u) * STG;
+        if (c + 1 < nch) {
+            gt_state_load<T, DK>(gt_smem + ((c + 1) & 1u) * STG, wn, kb, uf, ch + hv, dv, col0, tid);
+            gc_cp_wait<1>();
+        } else {
+            gc_cp_wait<0>();
+        }
+        const T* Wb = reinterpret_cast<const T*>(stage);
+        const T* Kb = Wb + GC_C * LDK;
+        const float* Ub = reinterpret_cast<const float*>(Kb + GC_C * LDK);
+        // The state at the chunk start, rounded, to Sb and hb.
+#pragma unroll
+        for (u32 n = 0; n < NS; ++n) {
+            const u32 q = w * NS + n, rt = q >> 1, ct = q & 1u;
+            float* sf = Sf + 16 * rt * GT_LDS + 16 * ct;
+            wmma::store_matrix_sync(sf, S[n], GT_LDS, wmma::mem_row_major);
+            __syncwarp();
+            const u32 r = lane >> 1, c0 = (lane & 1u) * 8;
+            T* sb = Sb + (16 * rt + r) * GT_LDB + 16 * ct + c0;
+            T* hg = hb + ch * hsz + (u64)(16 * rt + r) * dv + col0 + 16 * ct + c0;
+#pragma unroll
+            for (int x = 0; x < 8; ++x) {
+                const T v = from_f<T>(sf[r * GT_LDS + c0 + x]);
+                sb[x] = v;
+                hg[x] = v;
+            }
+        }
+        __syncthreads();  // Sb and this chunk's stage are ready; Sf is free
+        // Vn = U + (−W) S.
+        {
+            GtAcc acc;
+            wmma::load_matrix_sync(acc, Ub + 16 * vt * GT_LDS + 16 * vc, GT_LDS, wmma::mem_row_major);
+#pragma unroll
+            for (u32 kk = 0; kk < DK / 16; ++kk) {
+                GtA<T> a;
+                GtB<T> b;
+                wmma::load_matrix_sync(a, Wb + 16 * vt * LDK + 16 * kk, LDK);
+                wmma::load_matrix_sync(b, Sb + 16 * kk * GT_LDB + 16 * vc, GT_LDB);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            float* vf = Sf + 16 * vt * GT_LDS + 16 * vc;
+            wmma::store_matrix_sync(vf, acc, GT_LDS, wmma::mem_row_major);
+            __syncwarp();
+            const u32 r = lane >> 1, c0 = (lane & 1u) * 8;
+            T* vs = Vb + (16 * vt + r) * GT_LDB + 16 * vc + c0;
+            T* vg = vb + (ch * GC_C + 16 * vt + r) * dv + col0 + 16 * vc + c0;
+#pragma unroll
+            for (int x = 0; x < 8; ++x) {
+                const T v = from_f<T>(vf[r * GT_LDS + c0 + x]);
+                vs[x] = v;
+                vg[x] = v;
+            }
+        }
+        __syncthreads();  // Vb complete
+        // S ← exp(G_last) S + K̃ᵀ Vn.
+#pragma unroll
+        for (u32 n = 0; n < NS; ++n) {
+            const u32 q = w * NS + n, rt = q >> 1, ct = q & 1u;
+#pragma unroll
+            for (int x = 0; x < S[n].num_elements; ++x) S[n].x[x] *= e;
+#pragma unroll
+            for (u32 kk = 0; kk < GC_C / 16; ++kk) {
+                GtAt<T> a;
+                GtB<T> b;
+                wmma::load_matrix_sync(a, Kb + 16 * kk * LDK + 16 * rt, LDK);
+                wmma::load_matrix_sync(b, Vb + 16 * kk * GT_LDB + 16 * ct, GT_LDB);
+                wmma::mma_sync(S[n], a, b, S[n]);
+            }
+        }
+        __syncthreads();  // done with this stage, Sf and Vb
+    }
+#pragma unroll
+    for (u32 n = 0; n < NS; ++n) {
+        const u32 q = w * NS + n;
+        wmma::store_matrix_sync(st + (u64)16 * (q >> 1) * dv + 16 * (q & 1u), S[n], dv, wmma::mem_row_major);
+    }
+#endif
+}
+
+// Dynamic shared memory of gdn_chunk_tc_out, bytes: R01 = Qb (T [64][dk + 8])
+// + Ps (f32 [64][68]), later Sb (T [dk][dv + 8]); R2 = Kb (T [64][dk + 8]),
+// later the 8 warp scratch tiles; Qg (T [64][dk + 8]); Pb (T [64][72]); Vb
+// (T [64][dv + 8]).
+#define GT_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define GT_OUT_R01(DK, DV) GT_MAX(2u * GC_C * ((DK) + 8u) + 4u * GC_C * GT_LDF, 2u * (DK) * ((DV) + 8u))
+#define GT_OUT_R2(DK) GT_MAX(2u * GC_C * ((DK) + 8u), 8u * 1024u)
+#define GT_OUT_SMEM(DK, DV) \
+    (GT_OUT_R01(DK, DV) + GT_OUT_R2(DK) + 2u * GC_C * ((DK) + 8u) + 2u * GC_C * GT_LDT + 2u * GC_C * ((DV) + 8u))
+
+// ---------------------------------------------------------------------------
+// Outputs per (chunk, value head): grid (max_chunks, hv, n_spans), block
+// GC_THREADS. P = Q Kᵀ (lower tiles) -> Pb = tril(P ⊙ Γ) rounded; then
+// O = Pb Vn + (Q ⊙ e^G) S_chunk: output tile q = w + 8n (row tile q % 4,
+// column tile q / 4), at most 8 per warp (dv <= 256). Vn loads (cp.async)
+// while P is computed, the chunk-start state while Pb Vn is. An invalid span
+// gets NaN rows.
+// ---------------------------------------------------------------------------
+template <typename T, int DK>
+__device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ qkv, const float* __restrict__ g,
+                                                      const u32* __restrict__ spans, const u32* __restrict__ off,
+                                                      const T* __restrict__ vb, const T* __restrict__ hb,
+                                                      T* __restrict__ out, u32 t, u32 hk, u32 hv, u32 dv,
+                                                      float q_scale) {
+#if defined(PORTER_SM80)
+    constexpr u32 LDK = DK + 8;
+    extern __shared__ __align__(128) unsigned char gt_smem[];
+    __shared__ double Gd[GC_C];
+    __shared__ float rq[GC_C], rk[GC_C];
+    const u32 ldv = dv + 8;
+    T* Qb = reinterpret_cast<T*>(gt_smem);                                  // [64][LDK]
+    float* Ps = reinterpret_cast<float*>(Qb + GC_C * LDK);                  // [64][GT_LDF]
+    T* Sb = reinterpret_cast<T*>(gt_smem);                                  // [DK][ldv], after Pb
+    unsigned char* r2 = gt_smem + GT_OUT_R01(DK, dv);
+    T* Kb = reinterpret_cast<T*>(r2);                                       // [64][LDK]
+    float* scr = reinterpret_cast<float*>(r2);                              // 8 × [16][16], after Pb
+    T* Qg = reinterpret_cast<T*>(r2 + GT_OUT_R2(DK));                       // [64][LDK]
+    T* Pb = Qg + GC_C * LDK;                                                // [64][GT_LDT]
+    T* Vb = Pb + GC_C * GT_LDT;                                             // [64][ldv]
+    const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
+    const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
+    const u32* sp = spans + 5 * s;
+    const u32 row0 = sp[0], len = sp[1];
+    if (c * GC_C >= len) return;
+    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
+    const u32 r0 = row0 + c * GC_C;
+    const u32 o = off[s];
+    if (o == GC_INVALID) {
+        for (u32 x = tid; x < l * dv; x += GC_THREADS) {
+            const u64 r = (u64)r0 + x / dv;
+            if (r < t) out[(r * hv + j) * dv + x % dv] = from_f<T>(PORTER_NAN);
+        }
+        return;
+    }
+    const u64 ch = ((u64)o + c) * hv + j;
+    const u64 rw = 2ull * hk * DK + (u64)hv * dv;
+    const float* qbase = qkv + (u64)kh * DK;
+    const float* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
+    {
+        const T* vs = vb + ch * GC_C * dv;
+        const u32 pr = dv / 8;
+        for (u32 x = tid; x < GC_C * pr; x += GC_THREADS) {
+            const u32 i = x / pr, p = x % pr;
+            gc_cp16(reinterpret_cast<float*>(Vb + i * ldv + 8 * p),
+                    reinterpret_cast<const float*>(vs + (u64)i * dv + 8 * p));
+        }
+        gc_cp_commit();
+    }
+    gt_chunk_gates(qbase, kbase, g, nullptr, rw, r0, l, hv, j, DK, q_scale, rq, rk, nullptr, Gd, tid);
+    for (u32 x = tid; x < GC_C * DK; x += GC_THREADS) {
+        const u32 i = x / DK, d = x % DK;
+        float qv = 0.0f, kv = 0.0f;
+        if (i < l) {
+            qv = qbase[(u64)(r0 + i) * rw + d] * rq[i];
+            kv = kbase[(u64)(r0 + i) * rw + d] * rk[i];
+        }
+        Qb[i * LDK + d] = from_f<T>(qv);
+        Kb[i * LDK + d] = from_f<T>(kv);
+        Qg[i * LDK + d] = from_f<T>(i < l ? qv * gc_decay((float)Gd[i]) : 0.0f);
+    }
+    __syncthreads();
+    // P = Q Kᵀ, tiles tj <= ti (as K Kᵀ in gdn_chunk_tc_wu).
+    {
+        const u32 ti = w >> 1;
+#pragma unroll
+        for (u32 n = 0; n < 2; ++n) {
+            const u32 tj = 2 * (w & 1u) + n;
+            if (tj > ti) continue;
+            GtAcc acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+            for (u32 kk = 0; kk < DK / 16; ++kk) {
+                GtA<T> a;
+                GtBt<T> b;
+                wmma::load_matrix_sync(a, Qb + 16 * ti * LDK + 16 * kk, LDK);
+                wmma::load_matrix_sync(b, Kb + 16 * tj * LDK + 16 * kk, LDK);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Ps + 16 * ti * GT_LDF + 16 * tj, acc, GT_LDF, wmma::mem_row_major);
+        }
+    }
+    __syncthreads();
+    // Pb = P ⊙ Γ on and below the diagonal (Γ_ii = 1), zero elsewhere.
+    for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
+        const u32 i = x / GC_C, m = x % GC_C;
+        float v = 0.0f;
+        if (m <= i && i < l) v = m < i ? Ps[i * GT_LDF + m] * gc_decay((float)(Gd[i] - Gd[m])) : Ps[i * GT_LDF + m];
+        Pb[i * GT_LDT + m] = from_f<T>(v);
+    }
+    __syncthreads();  // Qb, Ps, Kb are free
+    {
+        const T* hs = hb + ch * (u64)DK * dv;
+        const u32 pr = dv / 8;
+        for (u32 x = tid; x < DK * pr; x += GC_THREADS) {
+            const u32 d = x / pr, p = x % pr;
+            gc_cp16(reinterpret_cast<float*>(Sb + d * ldv + 8 * p),
+                    reinterpret_cast<const float*>(hs + (u64)d * dv + 8 * p));
+        }
+        gc_cp_commit();
+    }
+    gc_cp_wait<1>();  // Vn (this thread's copies)
+    __syncthreads();  // Vn (everyone's)
+    const u32 nq = 4 * (dv / 16);
+    GtAcc acc[8];
+#pragma unroll
+    for (u32 n = 0; n < 8; ++n) {
+        const u32 q = w + 8 * n;
+        if (q >= nq) break;
+        const u32 ti = q & 3u, tj = q >> 2;
+        wmma::fill_fragment(acc[n], 0.0f);
+        for (u32 kk = 0; kk <= ti; ++kk) {
+            GtA<T> a;
+            GtB<T> b;
+            wmma::load_matrix_sync(a, Pb + 16 * ti * GT_LDT + 16 * kk, GT_LDT);
+            wmma::load_matrix_sync(b, Vb + 16 * kk * ldv + 16 * tj, ldv);
+            wmma::mma_sync(acc[n], a, b, acc[n]);
+        }
+    }
+    gc_cp_wait<0>();
+    __syncthreads();  // the chunk-start state
+#pragma unroll
+    for (u32 n = 0; n < 8; ++n) {
+        const u32 q = w + 8 * n;
+        if (q >= nq) break;
+        const u32 ti = q & 3u, tj = q >> 2;
+#pragma unroll
+        for (u32 kk = 0; kk < DK / 16; ++kk) {
+            GtA<T> a;
+            GtB<T> b;
+            wmma::load_matrix_sync(a, Qg + 16 * ti * LDK + 16 * kk, LDK);
+            wmma::load_matrix_sync(b, Sb + 16 * kk * ldv + 16 * tj, ldv);
+            wmma::mma_sync(acc[n], a, b, acc[n]);
+        }
+    }
+    float* wscr = scr + 256 * w;
+#pragma unroll
+    for (u32 n = 0; n < 8; ++n) {
+        const u32 q = w + 8 * n;
+        if (q >= nq) break;
+        const u32 ti = q & 3u, tj = q >> 2;
+        const u32 rows = l > 16 * ti ? (l - 16 * ti < 16 ? l - 16 * ti : 16) : 0;
+        gt_store<T>(acc[n], wscr, out + ((u64)(r0 + 16 * ti) * hv + j) * dv + 16 * tj, (u64)hv * dv, rows, lane);
+    }
+#endif
+}
+
+#define GDN_CHUNK_TC(T, NAME, DK)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                                           \
+        gdn_chunk_tc_wu_d##DK##_##NAME(const float* qkv, const float* g, const float* beta, const u32* spans,     \
+                                       const u32* off, T* wn, T* kb, float* uf, float* gl, u32 hk, u32 hv,        \
+                                       u32 dv) {                                                                 \
+        gdn_chunk_tc_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, hk, hv, dv);                        \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256)                                                           \
+        gdn_chunk_tc_state_d##DK##_##NAME(float* state, const u32* spans, const u32* off, const T* wn,            \
+                                          const T* kb, const float* uf, const float* gl, T* vb, T* hb, u32 hv,    \
+                                          u32 dv, u32 nbuf) {                                                    \
+        gdn_chunk_tc_state_impl<T, DK>(state, spans, off, wn, kb, uf, gl, vb, hb, hv, dv, nbuf);                  \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256)                                                           \
+        gdn_chunk_tc_out_d##DK##_##NAME(const float* qkv, const float* g, const u32* spans, const u32* off,       \
+                                        const T* vb, const T* hb, T* out, u32 t, u32 hk, u32 hv, u32 dv,          \
+                                        float q_scale) {                                                         \
+        gdn_chunk_tc_out_impl<T, DK>(qkv, g, spans, off, vb, hb, out, t, hk, hv, dv, q_scale);                    \
+    }
+GDN_CHUNK_TC(bf16, bf16, 64)
+GDN_CHUNK_TC(bf16, bf16, 128)
+GDN_CHUNK_TC(f16, f16, 64)
+GDN_CHUNK_TC(f16, f16, 128)
