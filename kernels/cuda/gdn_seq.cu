@@ -2,23 +2,42 @@
 // sequence's run of consecutive rows of a batch): causal conv1d + SiLU over a
 // per-slot window of raw inputs, gates from the fused [b | a] projection, and
 // the gated delta rule over many tokens (recurrent form, optional per-token
-// snapshots of the state). Semantics of porter_kernels::cpu::gdn; all math in
+// snapshots of the state). The conv, its window update and the gates are one
+// launch (gdn_conv_gates_seq). Semantics of porter_kernels::cpu::gdn; all math in
 // f32. Preceded by common.cuh. Launch wrappers: kernels/src/cuda/gdn_seq.rs.
 
 __device__ __forceinline__ float gs_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float gs_decay(float x) { return x < -60.0f ? 0.0f : expf(x); }
 
 // ---------------------------------------------------------------------------
-// Causal conv1d + SiLU over spans, reading the history from a window pool.
-// x [t, x_stride] (T; channels are columns 0..c); w [c, k] (f32);
-// window [num_slots, c, win] (f32, oldest first); spans [n_spans, 4] =
-// (row0, len, slot, lag); out [t, c] (f32).
-// Span rows see u = window[slot, ch, 0..win−lag] ++ x[row0.., ch]; the output
-// of span position p is silu(Σ_{i<k} w[ch, i] · u[H + p − (k−1) + i]) with
-// H = win − lag. An invalid span (slot >= num_slots, rows past t, lag too
-// large) gives NaN rows and leaves the window alone. Rows outside every span
-// are not written.
-// grid (ceil(t / CONV_ROWS), ceil(c / 256)), block 256: thread = channel.
+// Causal conv1d + SiLU over spans with the conv window update, and the gates,
+// in one launch (decode, speculative verify and prefill alike).
+// x [t, x_stride] (T; conv channels are columns 0..c, [b | a] columns
+// ba_col..ba_col + 2·hv); w [c, k] (f32); window [num_slots, c, win] (f32,
+// oldest first), updated; spans [n_spans, 4] = (row0, len, slot, lag);
+// out [t, c] (f32); a_log, dt_bias [hv] (f32); g, beta [t, hv] (f32).
+//
+// Conv: span rows see u = window[slot, ch, 0..win−lag] ++ x[row0.., ch]; the
+// output of span position p is silu(Σ_{i<k} w[ch, i] · u[H + p − (k−1) + i])
+// with H = win − lag; afterwards the slot's window holds the last `win`
+// entries of u (zeros where u is shorter). An invalid span (slot >=
+// num_slots, rows past t, lag too large) gives NaN rows and leaves the window
+// alone. Rows outside every span are not written.
+// Gates, for every row r < t: g = −exp(a_log) · softplus(a + dt_bias)
+// (threshold 20), beta = σ(b).
+//
+// One launch instead of three (conv, window update, gates) because at decode
+// each is a few µs of launch and ramp for almost no bytes. The window update
+// cannot simply follow the conv in the same kernel, since other blocks may
+// still read the old window; so each (span, channel) has one owner thread,
+// in the block whose tile holds the span's first row: it computes the span
+// positions p < k − 1 (the only ones that read the window; up to k − 2 rows
+// past its tile) and then rewrites that window. Every other row reads only x
+// and goes to the block of its tile. Spans use distinct slots, so no thread
+// reads a window another one writes. An empty span with a lag (no rows; the
+// window just rolls back) is owned by the blocks of row tile 0.
+// grid (ceil(t / rows), cblocks + 1), block 256, rows <= CONV_ROWS: blocks
+// y < cblocks, thread = channel; block y = cblocks: the gates of the tile.
 // ---------------------------------------------------------------------------
 #define CONV_ROWS 16
 #define CONV_MAXK 8
@@ -28,71 +47,29 @@ __device__ __forceinline__ bool conv_span_ok(const u32* sp, u32 t, u32 k, u32 wi
     return sp[2] < num_slots && (u64)sp[0] + sp[1] <= t && sp[3] + (k - 1) <= win;
 }
 
+// Conv output of span position p of channel ch (reads the window where p < k − 1).
 template <typename T>
-__device__ __forceinline__ void gdn_conv_seq_impl(const T* __restrict__ x, u32 x_stride, const float* __restrict__ w,
-                                                  const float* __restrict__ window, const u32* __restrict__ spans,
-                                                  float* __restrict__ out, u32 t, u32 n_spans, u32 c, u32 k, u32 win,
-                                                  u32 num_slots) {
-    __shared__ int row_span[CONV_ROWS];
-    const u32 tid = threadIdx.x;
-    const u32 r0 = blockIdx.x * CONV_ROWS;
-    if (tid < CONV_ROWS) row_span[tid] = -1;
-    __syncthreads();
-    for (u32 s = tid; s < n_spans; s += blockDim.x) {
-        const u32 a = spans[4 * s], len = spans[4 * s + 1];
-        const u64 e = (u64)a + len;
-        const u32 lo = a > r0 ? a : r0;
-        const u64 hi = e < (u64)r0 + CONV_ROWS ? e : (u64)r0 + CONV_ROWS;
-        for (u64 r = lo; r < hi; ++r) row_span[r - r0] = (int)s;
-    }
-    __syncthreads();
-    const u32 ch = blockIdx.y * blockDim.x + tid;
-    if (ch >= c) return;
-    float wr[CONV_MAXK];
+__device__ __forceinline__ float conv_out(const T* __restrict__ x, u32 x_stride, const float (&wr)[CONV_MAXK],
+                                          const float* wnd, u32 row0, int p, int h, u32 k, u32 ch) {
+    float acc = 0.0f;
 #pragma unroll
-    for (u32 i = 0; i < CONV_MAXK; ++i) wr[i] = i < k ? w[(u64)ch * k + i] : 0.0f;
-    for (u32 rr = 0; rr < CONV_ROWS; ++rr) {
-        const u32 r = r0 + rr;
-        if (r >= t) break;
-        const int s = row_span[rr];
-        if (s < 0) continue;
-        const u32* sp = spans + 4 * (u32)s;
-        if (!conv_span_ok(sp, t, k, win, num_slots)) {
-            out[(u64)r * c + ch] = PORTER_NAN;
-            continue;
+    for (u32 i = 0; i < CONV_MAXK; ++i) {
+        if (i < k) {
+            const int j = p + (int)i - (int)(k - 1);
+            const float v = j >= 0 ? to_f(x[(u64)(row0 + j) * x_stride + ch]) : wnd[h + j];
+            acc += wr[i] * v;
         }
-        const u32 row0 = sp[0], slot = sp[2], lag = sp[3];
-        const int p = (int)(r - row0);
-        const int h = (int)(win - lag);
-        const float* wnd = window + ((u64)slot * c + ch) * win;
-        float acc = 0.0f;
-#pragma unroll
-        for (u32 i = 0; i < CONV_MAXK; ++i) {
-            if (i < k) {
-                const int j = p + (int)i - (int)(k - 1);
-                const float v = j >= 0 ? to_f(x[(u64)(row0 + j) * x_stride + ch]) : wnd[h + j];
-                acc += wr[i] * v;
-            }
-        }
-        out[(u64)r * c + ch] = silu_f(acc);
     }
+    return silu_f(acc);
 }
 
-// The window update after gdn_conv_seq (a separate launch on the same stream,
-// so that every output has read the old window): the slot's window becomes the
-// last `win` entries of (effective history ++ span inputs), zeros where that
-// sequence is shorter than `win`. grid (ceil(c / 256), n_spans), block 256.
+// The window of one (span, channel) becomes the last `win` entries of
+// (effective history ++ span inputs), zeros where that is shorter than `win`.
 template <typename T>
-__device__ __forceinline__ void gdn_conv_seq_window_impl(const T* __restrict__ x, u32 x_stride,
-                                                         float* __restrict__ window, const u32* __restrict__ spans,
-                                                         u32 t, u32 c, u32 k, u32 win, u32 num_slots) {
-    const u32 ch = blockIdx.x * blockDim.x + threadIdx.x;
-    const u32* sp = spans + 4 * blockIdx.y;
-    if (ch >= c || !conv_span_ok(sp, t, k, win, num_slots)) return;
-    const u32 row0 = sp[0], len = sp[1], slot = sp[2], lag = sp[3];
+__device__ __forceinline__ void conv_window_update(const T* __restrict__ x, u32 x_stride, float* wnd, u32 row0,
+                                                   u32 len, u32 lag, u32 win, u32 ch) {
     if (len == 0 && lag == 0) return;
-    float* wnd = window + ((u64)slot * c + ch) * win;
-    const long long h = (long long)win - lag;  // effective history length
+    const long long h = (long long)win - lag;      // effective history length
     const long long shift = (long long)len - lag;  // new[w] = u[w + shift]
     // u[j]: j < 0 → 0, j < h → old window, else input row j − h.
     if (shift >= 0) {
@@ -108,48 +85,95 @@ __device__ __forceinline__ void gdn_conv_seq_window_impl(const T* __restrict__ x
     }
 }
 
-#define GDN_CONV_SEQ(T, NAME)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(CONV_THREADS)                                                     \
-        gdn_conv_seq_##NAME(const T* x, u32 x_stride, const float* w, const float* window, const u32* spans,      \
-                            float* out, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots) {                \
-        gdn_conv_seq_impl<T>(x, x_stride, w, window, spans, out, t, n_spans, c, k, win, num_slots);               \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(CONV_THREADS)                                                     \
-        gdn_conv_seq_window_##NAME(const T* x, u32 x_stride, float* window, const u32* spans, u32 t, u32 c, u32 k, \
-                                   u32 win, u32 num_slots) {                                                       \
-        gdn_conv_seq_window_impl<T>(x, x_stride, window, spans, t, c, k, win, num_slots);                          \
-    }
-GDN_CONV_SEQ(float, f32)
-GDN_CONV_SEQ(bf16, bf16)
-GDN_CONV_SEQ(f16, f16)
-
-// ---------------------------------------------------------------------------
-// Gates from the fused projection: ba [t, 2·hv] rows [b | a] (T);
-// g = −exp(a_log) · softplus(a + dt_bias) (threshold 20), beta = σ(b);
-// g, beta [t, hv] (f32). n = t·hv.
-// ---------------------------------------------------------------------------
 template <typename T>
-__device__ __forceinline__ void gdn_gates_ba_impl(const T* __restrict__ ba, const float* __restrict__ a_log,
-                                                  const float* __restrict__ dt_bias, float* __restrict__ g,
-                                                  float* __restrict__ beta, u64 n, u32 hv, u32 stride) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        const u64 r = i / hv;
-        const u32 h = (u32)(i - r * hv);
-        const T* row = ba + r * stride;
-        const float b = to_f(row[h]), a = to_f(row[hv + h]);
-        g[i] = -expf(a_log[h]) * gs_softplus(a + dt_bias[h]);
-        beta[i] = sigmoid_f(b);
+__device__ __forceinline__ void gdn_conv_gates_seq_impl(const T* __restrict__ x, u32 x_stride,
+                                                        const float* __restrict__ w, float* __restrict__ window,
+                                                        const u32* __restrict__ spans, float* __restrict__ out,
+                                                        const float* __restrict__ a_log,
+                                                        const float* __restrict__ dt_bias, float* __restrict__ g,
+                                                        float* __restrict__ beta, u32 t, u32 n_spans, u32 c, u32 k,
+                                                        u32 win, u32 num_slots, u32 ba_col, u32 hv, u32 rows) {
+    const u32 tid = threadIdx.x;
+    const u32 r0 = blockIdx.x * rows;
+    const u32 nr = t - r0 < rows ? t - r0 : rows;  // rows of this tile (r0 < t)
+    if (blockIdx.y == gridDim.y - 1) {  // the gates of the tile's rows
+        for (u32 i = tid; i < nr * hv; i += blockDim.x) {
+            const u32 r = r0 + i / hv, hh = i % hv;
+            const T* row = x + (u64)r * x_stride + ba_col;
+            const float b = to_f(row[hh]), a = to_f(row[hv + hh]);
+            g[(u64)r * hv + hh] = -expf(a_log[hh]) * gs_softplus(a + dt_bias[hh]);
+            beta[(u64)r * hv + hh] = sigmoid_f(b);
+        }
+        return;
+    }
+    __shared__ int row_span[CONV_ROWS];
+    __shared__ int rolled;  // tile 0 owns an empty span with a lag
+    if (tid < CONV_ROWS) row_span[tid] = -1;
+    if (tid == 0) rolled = 0;
+    __syncthreads();
+    for (u32 s = tid; s < n_spans; s += blockDim.x) {
+        const u32 a = spans[4 * s], len = spans[4 * s + 1];
+        const u64 e = (u64)a + len;
+        const u32 lo = a > r0 ? a : r0;
+        const u64 hi = e < (u64)r0 + nr ? e : (u64)r0 + nr;
+        for (u64 r = lo; r < hi; ++r) row_span[r - r0] = (int)s;
+        if (blockIdx.x == 0 && len == 0 && spans[4 * s + 3] > 0) rolled = 1;
+    }
+    __syncthreads();
+    const u32 ch = blockIdx.y * blockDim.x + tid;
+    if (ch >= c) return;
+    float wr[CONV_MAXK];
+#pragma unroll
+    for (u32 i = 0; i < CONV_MAXK; ++i) wr[i] = i < k ? w[(u64)ch * k + i] : 0.0f;
+    // Rows that read only x (and the NaN rows of invalid spans).
+    for (u32 rr = 0; rr < nr; ++rr) {
+        const int s = row_span[rr];
+        if (s < 0) continue;
+        const u32 r = r0 + rr;
+        const u32* sp = spans + 4 * (u32)s;
+        if (!conv_span_ok(sp, t, k, win, num_slots)) {
+            out[(u64)r * c + ch] = PORTER_NAN;
+            continue;
+        }
+        const u32 p = r - sp[0];
+        if (p + 1 < k) continue;  // the owner's
+        out[(u64)r * c + ch] = conv_out<T>(x, x_stride, wr, nullptr, sp[0], (int)p, 0, k, ch);
+    }
+    // Spans that start in this tile: their window rows, then their window update.
+    for (u32 rr = 0; rr < nr; ++rr) {
+        const int s = row_span[rr];
+        if (s < 0) continue;
+        const u32* sp = spans + 4 * (u32)s;
+        const u32 row0 = sp[0], len = sp[1], slot = sp[2], lag = sp[3];
+        if (row0 != r0 + rr || !conv_span_ok(sp, t, k, win, num_slots)) continue;
+        float* wnd = window + ((u64)slot * c + ch) * win;
+        const u32 head = len < k - 1 ? len : k - 1;
+        for (u32 p = 0; p < head; ++p) {
+            out[(u64)(row0 + p) * c + ch] = conv_out<T>(x, x_stride, wr, wnd, row0, (int)p, (int)(win - lag), k, ch);
+        }
+        conv_window_update<T>(x, x_stride, wnd, row0, len, lag, win, ch);
+    }
+    if (rolled) {
+        for (u32 s = 0; s < n_spans; ++s) {
+            const u32* sp = spans + 4 * s;
+            if (sp[1] == 0 && sp[3] > 0 && conv_span_ok(sp, t, k, win, num_slots)) {
+                conv_window_update<T>(x, x_stride, window + ((u64)sp[2] * c + ch) * win, sp[0], 0, sp[3], win, ch);
+            }
+        }
     }
 }
 
-#define GDN_GATES_BA(T, NAME)                                                                                   \
-    extern "C" __global__ void gdn_gates_ba_##NAME(const T* ba, const float* a_log, const float* dt_bias,      \
-                                                   float* g, float* beta, u64 n, u32 hv, u32 stride) {         \
-        gdn_gates_ba_impl<T>(ba, a_log, dt_bias, g, beta, n, hv, stride);                                      \
+#define GDN_CONV_GATES_SEQ(T, NAME)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_gates_seq_##NAME(                           \
+        const T* x, u32 x_stride, const float* w, float* window, const u32* spans, float* out, const float* a_log,  \
+        const float* dt_bias, float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots,      \
+        u32 ba_col, u32 hv, u32 rows) {                                                                             \
+        gdn_conv_gates_seq_impl<T>(x, x_stride, w, window, spans, out, a_log, dt_bias, g, beta, t, n_spans, c, k,   \
+                                   win, num_slots, ba_col, hv, rows);                                               \
     }
-GDN_GATES_BA(float, f32)
-GDN_GATES_BA(bf16, bf16)
-GDN_GATES_BA(f16, f16)
+GDN_CONV_GATES_SEQ(float, f32)
+GDN_CONV_GATES_SEQ(bf16, bf16)
+GDN_CONV_GATES_SEQ(f16, f16)
 
 // ---------------------------------------------------------------------------
 // Gated delta rule over spans of tokens (recurrent form).

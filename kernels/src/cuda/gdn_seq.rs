@@ -3,14 +3,16 @@
 //! consecutive rows in the batch; per-sequence state lives in pools indexed by
 //! slot. Semantics of [`crate::cpu::gdn`].
 
-use super::{ew_cfg, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
+use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
-/// Rows per block of the conv kernel (`CONV_ROWS` in gdn_seq.cu).
+/// Most rows per block of the conv kernel (`CONV_ROWS` in gdn_seq.cu).
 const CONV_ROWS: usize = 16;
+/// The conv kernel takes 2^⌈log2(t / this)⌉ rows per block (at most [`CONV_ROWS`]).
+const CONV_TILE_ROWS_FROM: usize = 256;
 /// Largest conv kernel size (`CONV_MAXK`).
 pub const GDN_CONV_MAXK: usize = 8;
-/// Threads of the conv and gate kernels (`CONV_THREADS`).
+/// Threads of the conv + gates kernel (`CONV_THREADS`).
 const THREADS: u32 = 256;
 /// Tokens staged per tile by the delta-rule kernel (`DS_TT`).
 const DS_TT: usize = 16;
@@ -27,9 +29,10 @@ const DS_MIN_LANES: usize = 32 * 1024;
 impl CudaKernels {
     /// Causal depthwise conv1d + SiLU over the spans of a batch, reading and
     /// updating a per-slot window of raw inputs (`cpu::gdn::causal_conv1d_prefill`
-    /// per span, no bias).
+    /// per span, no bias), and the GDN gates of every row (`cpu::gdn::gdn_gates`),
+    /// in one launch.
     ///
-    /// Span `s` = `spans[s] = (row0, len, slot, lag)`: rows `row0..row0 + len`
+    /// Conv: span `s` = `spans[s] = (row0, len, slot, lag)`: rows `row0..row0 + len`
     /// continue the sequence whose window is `window[slot]`; the newest `lag`
     /// entries of that window were rolled back, so the history is
     /// `window[slot, .., 0..win − lag]`. With `u` = history ++ the span's inputs
@@ -38,167 +41,133 @@ impl CudaKernels {
     /// the window holds the last `win` entries of `u`, oldest first (zeros where
     /// `u` is shorter), i.e. its lag is 0.
     ///
+    /// Gates, for every row `r < t` from the `[b | a]` columns
+    /// `ba_col..ba_col + 2·hv` of `x`: `g = −exp(a_log) · softplus(a + dt_bias)`
+    /// (threshold 20), `beta = σ(b)`.
+    ///
     /// Spans must use distinct slots and disjoint rows. A span whose slot is
     /// `>= num_slots`, whose rows pass `t`, or with `lag > win − (k − 1)` gives
-    /// NaN rows and leaves the windows alone; rows outside every span are not
-    /// written.
+    /// NaN conv rows and leaves the windows alone; rows outside every span get no
+    /// conv output (their gates are written).
     ///
     /// # Shapes
-    /// - `x`: `[t, x_stride]` (`T`; the conv channels are columns `0..c`)
+    /// - `x`: `[t, x_stride]` (`T`; the conv channels are columns `0..c`, `[b(hv) | a(hv)]`
+    ///   columns `ba_col..ba_col + 2·hv`)
     /// - `w`: `[c, k]` (`f32`)
+    /// - `a_log`, `dt_bias`: `[hv]` (`f32`)
     /// - `window`: `[num_slots, c, win]` (`f32`, oldest first), updated
     /// - `spans`: `[n_spans, 4]` (`u32`)
     /// - `out`: `[t, c]` (`f32`)
+    /// - `g`, `beta`: `[t, hv]` (`f32`)
     ///
     /// # Errors
-    /// [`CudaError::Invalid`] if `c == 0`, `k == 0`, `k > 8`, `win < k − 1`,
-    /// `x_stride < c`, or on a length mismatch; driver errors.
+    /// [`CudaError::Invalid`] if `c == 0`, `hv == 0`, `k == 0`, `k > 8`,
+    /// `win < k − 1`, `x_stride < c`, `ba_col + 2·hv > x_stride`, or on a length
+    /// mismatch; driver errors.
     #[allow(clippy::too_many_arguments)]
-    pub fn gdn_conv_seq<T: CudaFloat>(
+    pub fn gdn_conv_gates_seq<T: CudaFloat>(
         &self,
         x: &impl DevicePtr<T>,
         x_stride: usize,
+        ba_col: usize,
         w: &impl DevicePtr<f32>,
+        a_log: &impl DevicePtr<f32>,
+        dt_bias: &impl DevicePtr<f32>,
         window: &mut impl DevicePtrMut<f32>,
         spans: &impl DevicePtr<u32>,
         out: &mut impl DevicePtrMut<f32>,
+        g: &mut impl DevicePtrMut<f32>,
+        beta: &mut impl DevicePtrMut<f32>,
         t: usize,
         n_spans: usize,
         c: usize,
         k: usize,
         win: usize,
         num_slots: usize,
+        hv: usize,
     ) -> Result<()> {
-        if c == 0 || k == 0 || k > GDN_CONV_MAXK {
+        const NAME: &str = "gdn_conv_gates_seq";
+        if c == 0 || hv == 0 || k == 0 || k > GDN_CONV_MAXK {
             return Err(CudaError::Invalid(format!(
-                "gdn_conv_seq: c {c} must be > 0 and k {k} in 1..={GDN_CONV_MAXK}"
+                "{NAME}: c {c} and hv {hv} must be > 0 and k {k} in 1..={GDN_CONV_MAXK}"
             )));
         }
         if win + 1 < k {
-            return Err(CudaError::Invalid(format!("gdn_conv_seq: window {win} < k − 1 = {}", k - 1)));
+            return Err(CudaError::Invalid(format!("{NAME}: window {win} < k − 1 = {}", k - 1)));
         }
-        if x_stride < c {
-            return Err(CudaError::Invalid(format!("gdn_conv_seq: x_stride {x_stride} < c {c}")));
+        if x_stride < c || ba_col.checked_add(2 * hv).is_none_or(|e| e > x_stride) {
+            return Err(CudaError::Invalid(format!(
+                "{NAME}: x_stride {x_stride} < c {c} or gate columns {ba_col}+2·{hv} past it"
+            )));
         }
         self.check("x", x, prod(&[t, x_stride])?)?;
         self.check("w", w, prod(&[c, k])?)?;
+        self.check("a_log", a_log, hv)?;
+        self.check("dt_bias", dt_bias, hv)?;
         self.check("window", window, prod(&[num_slots, c, win])?)?;
         self.check("spans", spans, prod(&[n_spans, 4])?)?;
         self.check("out", out, prod(&[t, c])?)?;
-        if t == 0 || n_spans == 0 {
+        self.check("g", g, prod(&[t, hv])?)?;
+        self.check("beta", beta, prod(&[t, hv])?)?;
+        if t == 0 {
             return Ok(());
         }
-        let (xs32, t32, ns32, c32, k32, win32, slots32) = (
+        // Rows per block: 1 for decode-sized batches (every block a short chain of dependent
+        // loads), up to CONV_ROWS for prefill (the conv weights and the span scan amortised).
+        let rows = (t / CONV_TILE_ROWS_FROM).next_power_of_two().min(CONV_ROWS);
+        let cblocks = c.div_ceil(THREADS as usize);
+        if cblocks >= 65_535 {
+            return Err(CudaError::Invalid(format!("{NAME}: c {c} too large")));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("row blocks", t.div_ceil(rows))?, cblocks as u32 + 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xs32, ba32, t32, ns32, c32, k32, win32, slots32, hv32) = (
             u32_of("x_stride", x_stride)?,
+            u32_of("ba_col", ba_col)?,
             u32_of("t", t)?,
             u32_of("n_spans", n_spans)?,
             u32_of("c", c)?,
             u32_of("k", k)?,
             u32_of("win", win)?,
             u32_of("num_slots", num_slots)?,
+            u32_of("hv", hv)?,
         );
-        let cblocks = u32_of("c blocks", c.div_ceil(THREADS as usize))?;
-        if cblocks > 65_535 || n_spans > 65_535 {
-            return Err(CudaError::Invalid(format!("gdn_conv_seq: c {c} or n_spans {n_spans} too large")));
-        }
-        let s = &*self.stream;
-        let (px, _gx) = x.device_ptr(s);
-        let (pwin, _gwin) = window.device_ptr_mut(s);
-        let (psp, _gsp) = spans.device_ptr(s);
-        let cfg = LaunchConfig {
-            grid_dim: (u32_of("row blocks", t.div_ceil(CONV_ROWS))?, cblocks, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: arguments match `gdn_conv_seq_<T>` in gdn_seq.cu; lengths and
-        // k <= CONV_MAXK checked; the kernel bounds-checks every span (slot,
-        // rows, lag) before reading through it.
-        // Kernel: `gdn_conv_seq_<T>(const T* x, u32 x_stride, const float* w, const float* window, const u32* spans,
-        // float* out, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots)`.
+        // SAFETY: arguments match `gdn_conv_gates_seq_<T>` in gdn_seq.cu; lengths, the gate
+        // columns and k <= CONV_MAXK checked; rows <= CONV_ROWS; the kernel bounds-checks
+        // every span (slot, rows, lag) before reading through it.
+        // Kernel: `gdn_conv_gates_seq_<T>(const T* x, u32 x_stride, const float* w, float* window,
+        // const u32* spans, float* out, const float* a_log, const float* dt_bias, float* g, float* beta,
+        // u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots, u32 ba_col, u32 hv, u32 rows)`.
         unsafe {
             launch!(
                 self,
                 GDN_SEQ,
-                format!("gdn_conv_seq_{}", T::NAME),
+                format!("gdn_conv_gates_seq_{}", T::NAME),
                 cfg,
-                [px, xs32, ptr(w), pwin, psp, ptr_mut(out), t32, ns32, c32, k32, win32, slots32]
-            )
-        }?;
-        if win > 0 {
-            let cfg = LaunchConfig { grid_dim: (cblocks, ns32, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: arguments match `gdn_conv_seq_window_<T>`; same checks as
-            // above; same stream, so it runs after the conv has read the windows.
-            // Kernel: `gdn_conv_seq_window_<T>(const T* x, u32 x_stride, float* window, const u32* spans, u32 t,
-            // u32 c, u32 k, u32 win, u32 num_slots)`.
-            unsafe {
-                launch!(
-                    self,
-                    GDN_SEQ,
-                    format!("gdn_conv_seq_window_{}", T::NAME),
-                    cfg,
-                    [px, xs32, pwin, psp, t32, c32, k32, win32, slots32]
-                )
-            }?;
-        }
-        Ok(())
-    }
-
-    /// GDN gates from the fused `[b | a]` projection (`cpu::gdn::gdn_gates`):
-    /// `g = −exp(a_log) · softplus(a + dt_bias)` (threshold 20), `beta = σ(b)`.
-    ///
-    /// `ba` may be the columns `col0..col0 + 2·hv` of a wider `[t, stride]` projection
-    /// output (the fused in-projection); `stride = 2·hv`, `col0 = 0` for a plain one.
-    ///
-    /// # Shapes
-    /// - `ba`: `[t, stride]` (`T`, columns `col0..` hold `[b(hv) | a(hv)]`)
-    /// - `a_log`, `dt_bias`: `[hv]` (`f32`)
-    /// - `g`, `beta`: `[t, hv]` (`f32`)
-    ///
-    /// # Errors
-    /// [`CudaError::Invalid`] if `hv == 0` or on a length mismatch; driver errors.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gdn_gates_ba<T: CudaFloat>(
-        &self,
-        ba: &impl DevicePtr<T>,
-        stride: usize,
-        col0: usize,
-        a_log: &impl DevicePtr<f32>,
-        dt_bias: &impl DevicePtr<f32>,
-        g: &mut impl DevicePtrMut<f32>,
-        beta: &mut impl DevicePtrMut<f32>,
-        t: usize,
-        hv: usize,
-    ) -> Result<()> {
-        if hv == 0 {
-            return Err(CudaError::Invalid("gdn_gates_ba: hv must be > 0".into()));
-        }
-        if col0 + 2 * hv > stride {
-            return Err(CudaError::Invalid(format!("gdn_gates_ba: columns {col0}+2·{hv} exceed stride {stride}")));
-        }
-        let n = prod(&[t, hv])?;
-        self.check("ba", ba, prod(&[t, stride])?)?;
-        self.check("a_log", a_log, hv)?;
-        self.check("dt_bias", dt_bias, hv)?;
-        self.check("g", g, n)?;
-        self.check("beta", beta, n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let (n64, hv32, st32) = (n as u64, u32_of("hv", hv)?, u32_of("stride", stride)?);
-        let s = &*self.stream;
-        let (pba, _gba) = ba.device_ptr(s);
-        let pba = pba + (col0 * std::mem::size_of::<T>()) as u64;
-        let cfg = ew_cfg(n);
-        // SAFETY: arguments match `gdn_gates_ba_<T>` in gdn_seq.cu; lengths checked.
-        // Kernel: `gdn_gates_ba_<T>(const T* ba, const float* a_log, const float* dt_bias, float* g, float* beta,
-        // u64 n, u32 hv, u32 stride)`.
-        unsafe {
-            launch!(
-                self,
-                GDN_SEQ,
-                format!("gdn_gates_ba_{}", T::NAME),
-                cfg,
-                [pba, ptr(a_log), ptr(dt_bias), ptr_mut(g), ptr_mut(beta), n64, hv32, st32]
+                [
+                    ptr(x),
+                    xs32,
+                    ptr(w),
+                    ptr_mut(window),
+                    ptr(spans),
+                    ptr_mut(out),
+                    ptr(a_log),
+                    ptr(dt_bias),
+                    ptr_mut(g),
+                    ptr_mut(beta),
+                    t32,
+                    ns32,
+                    c32,
+                    k32,
+                    win32,
+                    slots32,
+                    ba32,
+                    hv32,
+                    rows as u32
+                ]
             )
         }
     }

@@ -632,30 +632,25 @@ pub fn gdn(p: &Tensor, w: &GdnWeights<'_>, c: &GdnArgs, batch: &Batch, cache: &m
         let (conv_spans, n, rec, chunk) = spans;
         let (t, win, nbuf) = dims;
         let (gate, beta) = gb;
-        g.k.gdn_conv_seq::<T>(
+        // Conv, conv window update and gates: one launch.
+        g.k.gdn_conv_gates_seq::<T>(
             p.dev::<T>()?,
             p.last_dim(),
+            ba_col,
             w.conv_w.dev::<f32>()?,
+            w.a_log.dev::<f32>()?,
+            w.dt_bias.dev::<f32>()?,
             &mut rc.window,
             conv_spans,
             qkv,
+            gate,
+            beta,
             t,
             n,
             c.conv_dim(),
             c.conv_kernel,
             win,
             ns,
-        )
-        .map_err(cuda_err)?;
-        g.k.gdn_gates_ba::<T>(
-            p.dev::<T>()?,
-            p.last_dim(),
-            ba_col,
-            w.a_log.dev::<f32>()?,
-            w.dt_bias.dev::<f32>()?,
-            gate,
-            beta,
-            t,
             c.value_heads,
         )
         .map_err(cuda_err)?;
