@@ -37,9 +37,8 @@ template <typename T> __device__ __forceinline__ void fp8_unpack16(const uint4& 
 // dequantizes in registers and reuses them for every x row, and each x chunk (loaded and
 // converted once) for every weight row; f32 accumulation in a fixed order per (row, weight
 // row) (lane-strided chunks, then a warp sum) whatever m is, one rounding to O. Needs k % 16
-// == 0 and 16-byte aligned buffers (checked by the host). `split` warps share a warp's rows
-// over k as in misc.cu's gemv (chosen from (n, k) by the host). Grid: ceil(n / (NR · 8 /
-// split)). Several rows of x: converting x's chunk per weight row made the GEMV issue-bound
+// == 0 and 16-byte aligned buffers (checked by the host). Grid: ceil(n / (NR · warps per
+// block)). Several rows of x: converting x's chunk per weight row made the GEMV issue-bound
 // (449 GB/s at 4 rows against 1,359 at 1 on [12288, 2048]); 2 weight rows a warp halve that.
 // ---------------------------------------------------------------------------
 #define FP8_GEMV_UNROLL 4
@@ -47,38 +46,37 @@ template <typename T> __device__ __forceinline__ void fp8_unpack16(const uint4& 
 template <typename A, typename O, int M>
 __device__ __forceinline__ void fp8_gemv_impl(const unsigned char* __restrict__ w, const float* __restrict__ sc,
                                               const u32* __restrict__ rs, const A* __restrict__ x,
-                                              O* __restrict__ out, u32 m, u32 k, u32 n, u32 split) {
+                                              O* __restrict__ out, u32 m, u32 k, u32 n) {
     constexpr int NR = FP8_GEMV_NR(M);
-    __shared__ float red[8][M][NR];
-    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, part = warp % split;
-    const u32 j0 = (blockIdx.x * (8u / split) + warp / split) * NR;
-    const bool live = j0 < n;
+    const u32 lane = threadIdx.x & 31u;
+    const u32 j0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * NR;
+    if (j0 >= n) return;
     const u32 nsc = (k + FP8_BLOCK - 1) / FP8_BLOCK;
     const uint4* wr[NR];
     const float* srow[NR];
 #pragma unroll
     for (int q = 0; q < NR; ++q) {
-        const u32 j = live ? min(j0 + q, n - 1) : 0u;  // a row past n repeats the last; never stored
+        const u32 j = min(j0 + q, n - 1);  // a row past n repeats the last; never stored
         wr[q] = reinterpret_cast<const uint4*>(w + (u64)j * k);
         srow[q] = sc + (u64)rs[j] * nsc;
     }
-    const u32 kv = live ? k / 16u : 0u, step = 32u * split;
+    const u32 kv = k / 16u;
     float acc[M][NR];
 #pragma unroll
     for (int r = 0; r < M; ++r)
 #pragma unroll
         for (int q = 0; q < NR; ++q) acc[r][q] = 0.0f;
-    for (u32 c0 = 32u * part + lane; c0 < kv; c0 += step * FP8_GEMV_UNROLL) {
+    for (u32 c0 = lane; c0 < kv; c0 += 32u * FP8_GEMV_UNROLL) {
         uint4 wv[FP8_GEMV_UNROLL][NR];
 #pragma unroll
         for (int u = 0; u < FP8_GEMV_UNROLL; ++u) {
-            const u32 c = c0 + step * u;
+            const u32 c = c0 + 32u * u;
 #pragma unroll
             for (int q = 0; q < NR; ++q) wv[u][q] = c < kv ? __ldg(wr[q] + c) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < FP8_GEMV_UNROLL; ++u) {
-            const u32 c = c0 + step * u;
+            const u32 c = c0 + 32u * u;
             if (c < kv) {
                 float wf[NR][16];
 #pragma unroll
@@ -100,38 +98,16 @@ __device__ __forceinline__ void fp8_gemv_impl(const unsigned char* __restrict__ 
 #pragma unroll
     for (int r = 0; r < M; ++r)
 #pragma unroll
-        for (int q = 0; q < NR; ++q) acc[r][q] = warp_sum(acc[r][q]);
-    if (split == 1) {
-#pragma unroll
-        for (int r = 0; r < M; ++r)
-#pragma unroll
-            for (int q = 0; q < NR; ++q)
-                if (live && lane == 0 && (u32)r < m && j0 + q < n) out[(u64)r * n + j0 + q] = from_f<O>(acc[r][q]);
-        return;
-    }
-    // The split warps' sums, added in order (as misc.cu's gemv).
-    if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < M; ++r)
-#pragma unroll
-            for (int q = 0; q < NR; ++q) red[warp][r][q] = acc[r][q];
-    __syncthreads();
-    if (live && part == 0 && lane == 0)
-#pragma unroll
-        for (int r = 0; r < M; ++r)
-#pragma unroll
-            for (int q = 0; q < NR; ++q) {
-                float v = red[warp][r][q];
-                for (u32 s2 = 1; s2 < split; ++s2) v += red[warp + s2][r][q];
-                if ((u32)r < m && j0 + q < n) out[(u64)r * n + j0 + q] = from_f<O>(v);
-            }
+        for (int q = 0; q < NR; ++q) {
+            const float v = warp_sum(acc[r][q]);
+            if (lane == 0 && (u32)r < m && j0 + q < n) out[(u64)r * n + j0 + q] = from_f<O>(v);
+        }
 }
 
 #define PORTER_FP8_GEMV(NA, A, NO, O, M)                                                                       \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemv_##NA##_##NO##_m##M(                            \
-        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n,     \
-        u32 split) {                                                                                         \
-        fp8_gemv_impl<A, O, M>(w, sc, rs, x, out, m, k, n, split);                                           \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) {   \
+        fp8_gemv_impl<A, O, M>(w, sc, rs, x, out, m, k, n);                                                  \
     }
 #define PORTER_FP8_GEMV_M(NA, A, NO, O)                                                                 \
     PORTER_FP8_GEMV(NA, A, NO, O, 1) PORTER_FP8_GEMV(NA, A, NO, O, 2) PORTER_FP8_GEMV(NA, A, NO, O, 4) \

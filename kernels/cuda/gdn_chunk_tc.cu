@@ -196,7 +196,7 @@ __device__ __forceinline__ void gdn_chunk_tc_wu_impl(const float* __restrict__ q
         Xs[i * GT_LDF + m] = m == i ? 1.0f : 0.0f;
     }
     __syncthreads();
-    gc_forward_subst(As, Xs, GT_LDF, l, tid);
+    gc_forward_subst<GT_LDF>(As, Xs, l, tid);
     // Tw = T diag(β e^G), Tu = T diag(β) (columns m >= l are zero: β = 0 there,
     // so rows >= l of −W and U are zero too).
     for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {

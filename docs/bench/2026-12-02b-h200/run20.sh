@@ -3,7 +3,8 @@
 # form and FLA's numbers of the first call, the direct MoE down with h in shared memory, the
 # per-lane-head router, the split FP8 GEMV; kernel parity, the model suites, the 24-layer bf16 bench (TC GDN and
 # PORTER_GDN_CHUNK=f32 for prefill), the 48-layer FP8 bench, the step profile.
-# Carry .dev (porter + bin/{cuda_gdn_chunk,cuda_moe_decode,cuda_kernels,cuda_fp8,gpu,gpu_graphs}).
+# Also the fused conv + window + gates launch (branch gdnglue, merged).
+# Carry .dev (porter + bin/{cuda_gdn_chunk,cuda_gdn_seq,cuda_moe_decode,cuda_kernels,cuda_fp8,gpu,gpu_graphs}).
 set -uo pipefail
 P=.dev/porter/porter
 source <(sed -n '/^# --- NVRTC/,/^say "== gpu-check/p' scripts/gpu-check.sh | grep -v '^say')
@@ -14,6 +15,7 @@ T0=$(date +%s)
 t() { local name=$1; shift; local s=$(date +%s); [ $(( s - T0 + $2 )) -gt 580 ] && { echo "$name skipped (time)" >> $S; return; }; "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? $(( $(date +%s) - s ))s $(grep -E '^test result' "$L/$name.log" | tail -1)" >> $S; }
 T="--nocapture --include-ignored --test-threads=1"
 t k_gdn_chunk timeout 90 .dev/bin/cuda_gdn_chunk $T
+t k_gdn_seq timeout 40 .dev/bin/cuda_gdn_seq $T cuda_gdn
 t k_moe_decode timeout 60 .dev/bin/cuda_moe_decode $T
 t k_kernels timeout 30 .dev/bin/cuda_kernels $T cuda_moe_router cuda_gemv
 t k_fp8 timeout 90 .dev/bin/cuda_fp8 $T gemv moe
@@ -31,6 +33,7 @@ t fp8_48 timeout 220 $P bench $F --prefill 4096 --batch 1,8,64 --context 128 --s
 cat $S
 grep -hE "panicked|FAILED" $L/*.log | head -20
 grep -hE "80B|per launch|form|max\|" $L/k_gdn_chunk.log | head -60
+grep -hE "fused|old chain|µs" $L/k_gdn_seq.log | head -20
 grep -hE "  t=|moe_experts_fp8 .*t=1 |fp8_gemv bf16 m=" $L/k_moe_decode.log $L/k_fp8.log | head -30
 for f in bf16_24 bf16_24_f32gdn fp8_48; do echo "== $f"; grep -vE "^  profile" "$L/$f.log" | grep -E "prefill|decode|mtp k|mtp base|roofline|memory" | head -20; done
 head -24 $L/step_bf16_b1.txt

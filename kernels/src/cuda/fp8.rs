@@ -98,28 +98,23 @@ impl CudaKernels {
             return Err(CudaError::Invalid("fp8_gemv: x and w must be 16-byte aligned".into()));
         }
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
-        // FP8_GEMV_NR(mm) weight rows a warp (2 from 2 rows of x on); `split` warps a row group,
-        // from (n, k) only (not from the rows per warp, which follow m): a row's bits must not
-        // depend on m.
-        let nr = if mm >= 2 { 2 } else { 1 };
-        let split = super::misc::gemv_split(n, k / 16, self.caps().sms);
         let cfg = LaunchConfig {
-            grid_dim: (u32_of("blocks", n.div_ceil(nr * 8 / split))?, 1, 1),
+            // 8 warps a block, FP8_GEMV_NR(mm) weight rows a warp (2 from 2 rows of x on).
+            grid_dim: (u32_of("blocks", n.div_ceil(if mm >= 2 { 16 } else { 8 }))?, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let split32 = split as u32;
         // SAFETY: matches fp8_gemv_<A>_<O>_m<mm>; sizes and alignment checked; m <= mm; the
-        // scale rows named by row_scale exist (Fp8Dev's contract); split is 1, 2 or 4.
+        // scale rows named by row_scale exist (Fp8Dev's contract).
         // Kernel: `fp8_gemv_<A>_<O>_m<mm>(const u8* w, const float* sc, const u32* rs, const A* x, O* out,
-        // u32 m, u32 k, u32 n, u32 split)`.
+        // u32 m, u32 k, u32 n)`.
         unsafe {
             launch!(
                 self,
                 FP8,
                 format!("fp8_gemv_{}_{}_m{mm}", A::NAME, O::NAME),
                 cfg,
-                [pq, ptr(w.scales), ptr(w.row_scale), px, ptr_mut(out), m32, k32, n32, split32]
+                [pq, ptr(w.scales), ptr(w.row_scale), px, ptr_mut(out), m32, k32, n32]
             )
         }
     }

@@ -26,10 +26,11 @@ pub const MOE_GEMV_ENV: &str = "PORTER_MOE_GEMV";
 pub const MOE_PHASES_ALL: u32 = 3;
 
 /// [`MoeGemv::Auto`] takes the direct form up to this many (row, slot) pairs, v1 beyond.
-/// H200, 80B shapes (hidden 2048, inter 512, top-10 of 512), `cuda_moe_decode`, 2026-12-02:
-/// direct 33.4 against v1's 38.1 µs at t = 1, even at t = 2 (60.4 / 59.2), behind from t = 4
-/// (105 / 93 µs): two rows of one expert read its weights twice (docs/benchmarks.md).
-pub const DIRECT_MAX_PAIRS: usize = 16;
+/// H200, 80B shapes (hidden 2048, inter 512, top-10 of 512), `cuda_moe_decode`, 2026-12-02,
+/// µs per call direct / v1: 31.2 / 37.9 at t = 1, 52.7 / 58.9 at t = 2, 90.2 / 92.2 at t = 4,
+/// 164.6 / 154.7 at t = 8 (more rows on one expert read its weights more than once;
+/// docs/benchmarks.md). 40 pairs: t ≤ 4 at top-10, the verify rows of MTP with K ≤ 3.
+pub const DIRECT_MAX_PAIRS: usize = 40;
 
 /// Largest `k · inter` of h (bytes) that the direct down kernel stages in shared memory per
 /// row (below the 48 KiB a block gets without opting in).

@@ -5,13 +5,10 @@
 use super::{
     ew_cfg, prod, row_threads, rows_cfg, u32_of, CudaError, CudaFloat, CudaKernels, Result, ELEMENTWISE, NORM, ROUTER,
 };
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 /// Largest `k` of [`CudaKernels::moe_router`] (`ROUTER_MAX_K` in router.cu).
 pub const ROUTER_MAX_K: usize = 16;
-/// Largest `e` of the one-warp router (`32 · Q`, Q ≤ 32, in router.cu); more experts take the
-/// one-block-per-row kernel.
-const ROUTER_WARP_E: usize = 1024;
 
 /// Largest expert count of [`CudaKernels::moe_router`] (its dynamic shared
 /// memory holds one `f32` per expert, within the default 48 KiB).
@@ -382,29 +379,9 @@ impl CudaKernels {
             return Ok(());
         }
         let (e32, k32, rn) = (u32_of("e", e)?, u32_of("k", k)?, i32::from(renorm));
-        let st32 = u32_of("stride", stride)?;
-        if e <= ROUTER_WARP_E {
-            // One warp per row, four rows a block.
-            let rows32 = u32_of("rows", rows)?;
-            let cfg =
-                LaunchConfig { grid_dim: (rows32.div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: arguments match `moe_router_warp<Q>_f32` in router.cu; lengths and k, e
-            // limits checked (e <= 32·Q); warps past `rows` exit.
-            // Kernel: `moe_router_warp<Q>_f32(const float* logits, u32* idx, float* weights, u32 rows,
-            // u32 e, u32 k, int renorm, u32 stride)`.
-            let q = [8usize, 16, 32].into_iter().find(|&q| 32 * q >= e).unwrap_or(32);
-            return unsafe {
-                launch!(
-                    self,
-                    ROUTER,
-                    format!("moe_router_warp{q}_f32"),
-                    cfg,
-                    [ptr(logits), ptr_mut(idx), ptr_mut(weights), rows32, e32, k32, rn, st32]
-                )
-            };
-        }
         let shared = u32_of("shared memory", e * 4)?;
         let cfg = rows_cfg(rows, row_threads(e, 256), shared)?;
+        let st32 = u32_of("stride", stride)?;
         // SAFETY: arguments match `moe_router_f32` in router.cu; lengths and
         // k, e limits checked; dynamic shared memory holds e floats.
         // Kernel: `moe_router_f32(const float* logits, u32* idx, float* weights, u32 e, u32 k, int renorm,
