@@ -1,6 +1,6 @@
 // FP8 weights (e4m3fn bytes with 128×128 block scales, porter_core::tensor::fp8): kernels that
 // read them directly. Preceded by common.cuh, moe.cu and moe_decode.cu (this source instantiates
-// the MoE decode GEMVs with an FP8 row reader and uses `load_act`; kernels/src/cuda/mod.rs builds
+// the MoE decode GEMVs with an FP8 row reader and uses `load_act`; kernels/src/cuda/compile.rs builds
 // the text).
 //
 // Device layout of an FP8 weight [rows, cols] (core/src/tensor/cuda.rs, DevFp8): q [rows, cols]

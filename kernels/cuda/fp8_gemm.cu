@@ -1,5 +1,5 @@
 // FP8 prefill GEMMs (weights: fp8.cu's layout, e4m3 bytes + 128×128 block scales + row →
-// scale-row map). Compiled after moe.cu and fp8.cu in one text (kernels/src/cuda/mod.rs): it
+// scale-row map). Compiled after moe.cu and fp8.cu in one text (kernels/src/cuda/compile.rs): it
 // reuses moe.cu's tensor-core GEMM (`gemm_tc_impl`, `cp_async16`, `pack8`) and fp8.cu's
 // e4m3 conversion (`fp8_unpack16`, `fp8_f`).
 //

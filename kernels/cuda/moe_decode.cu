@@ -1,6 +1,6 @@
 // MoE decode: the routed-expert GEMVs (few rows per expert), appended to moe.cu
 // (its grouping align_core, moe_align and the combine's combine_at) by
-// kernels/src/cuda/mod.rs. One set of templates over a weight *row reader*
+// kernels/src/cuda/compile.rs. One set of templates over a weight *row reader*
 // (DenseRow here, Fp8Row in fp8.cu, appended after this file), so the bf16 /
 // f16 / f32 experts and the FP8 experts share every loop, item and order.
 //

@@ -1,0 +1,275 @@
+//! Finding the driver and NVRTC, the kernel sources (`kernels/cuda/*.cu`, embedded with
+//! `include_str!`) and their compilation to PTX for a device architecture (cached per
+//! source, architecture and fallback flag). Re-exported by the parent module.
+
+use super::{CudaError, Result, DEFAULT_INCLUDE, INCLUDE_ENV};
+use cudarc::driver::CudaContext;
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+
+/// Number of CUDA devices, or why there is no usable one. Never panics.
+///
+/// Checks that the driver library can be loaded *before* asking for the device
+/// count: with cudarc's `dynamic-loading`, calling into a missing `libcuda`
+/// panics.
+pub fn gpu_available() -> std::result::Result<usize, String> {
+    // SAFETY: only tries to dlopen the driver library under its known names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("no libcuda (the CUDA driver library is not installed or not on the library path)".into());
+    }
+    match std::panic::catch_unwind(CudaContext::device_count) {
+        Ok(Ok(n)) if n > 0 => Ok(n as usize),
+        Ok(Ok(_)) => Err("libcuda is present but reports no CUDA device".into()),
+        Ok(Err(e)) => Err(format!("libcuda is present but cuInit / cuDeviceGetCount failed: {e}")),
+        Err(_) => Err("libcuda is present but lacks a required entry point (driver too old?)".into()),
+    }
+}
+
+/// Whether NVRTC can be loaded (compiling needs no GPU). Never panics.
+pub fn nvrtc_available() -> std::result::Result<(), String> {
+    // SAFETY: only tries to dlopen the NVRTC library under its known names.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(format!(
+            "no libnvrtc (looked for libnvrtc.so and libnvrtc.so.{CUDA_MAJOR}; put its directory on LD_LIBRARY_PATH)"
+        ))
+    }
+}
+
+/// Major CUDA version the bindings are pinned to (cudarc feature `cuda-13000`, or
+/// `cuda-12090` with this crate's feature `cuda-12`).
+#[cfg(not(feature = "cuda-12"))]
+const CUDA_MAJOR: u32 = 13;
+/// Major CUDA version the bindings are pinned to (cudarc feature `cuda-12090`).
+#[cfg(feature = "cuda-12")]
+const CUDA_MAJOR: u32 = 12;
+
+/// The version of the NVRTC library that was loaded, as (major, minor). cudarc's dynamic
+/// loading tries `libnvrtc.so`, then `libnvrtc.so.<bindings' major>`, then `libnvrtc.so.12`
+/// (and older), on the library path: which one a process got is what this reports. Never
+/// panics.
+///
+/// # Errors
+/// [`CudaError::Unavailable`] without NVRTC or if `nvrtcVersion` fails.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    nvrtc_available().map_err(CudaError::Unavailable)?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present (checked above); nvrtcVersion writes two ints.
+    let rc = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if rc != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError::Unavailable(format!("nvrtcVersion failed: {rc:?}")));
+    }
+    Ok((major, minor))
+}
+
+/// The CUDA include directory for NVRTC: `$PORTER_CUDA_INCLUDE`, else
+/// `/usr/local/cuda/include`.
+///
+/// # Errors
+/// [`CudaError::Headers`] if `cuda_bf16.h` is not in that directory.
+pub fn cuda_include_dir() -> Result<PathBuf> {
+    include_dir_from(std::env::var_os(INCLUDE_ENV))
+}
+
+/// [`cuda_include_dir`] for a given value of the environment variable.
+fn include_dir_from(var: Option<std::ffi::OsString>) -> Result<PathBuf> {
+    let (dir, from_env) = match var {
+        Some(d) if !d.is_empty() => (PathBuf::from(d), true),
+        _ => (PathBuf::from(DEFAULT_INCLUDE), false),
+    };
+    if dir.join("cuda_bf16.h").is_file() {
+        return Ok(dir);
+    }
+    let origin = if from_env { format!("from ${INCLUDE_ENV}") } else { format!("the default; {INCLUDE_ENV} is unset") };
+    Err(CudaError::Headers(format!(
+        "{}/cuda_bf16.h not found ({origin}); set {INCLUDE_ENV} to a CUDA include directory, e.g. \
+         /usr/local/cuda/include or the nvidia/cu13/include folder of the `nvidia-cuda-runtime` wheel \
+         (with `nvidia-cuda-crt` and `nvidia-cuda-cccl` installed beside it)",
+        dir.display()
+    )))
+}
+
+/// A CUDA source file of this crate, embedded with `include_str!`.
+#[derive(Debug)]
+pub struct KernelSource {
+    /// File name under `kernels/cuda/`.
+    pub name: &'static str,
+    /// The file's text (without the shared prelude `common.cuh`).
+    pub code: &'static str,
+}
+
+/// The shared prelude prepended to every source.
+const PRELUDE: &str = include_str!("../../cuda/common.cuh");
+
+/// Embedding gather, SwiGLU, sigmoid gate, RoPE.
+pub(crate) static ELEMENTWISE: KernelSource =
+    KernelSource { name: "elementwise.cu", code: include_str!("../../cuda/elementwise.cu") };
+/// RMSNorm: standard, zero-centred, gated.
+pub(crate) static NORM: KernelSource = KernelSource { name: "norm.cu", code: include_str!("../../cuda/norm.cu") };
+/// MoE router, argmax.
+pub(crate) static ROUTER: KernelSource = KernelSource { name: "router.cu", code: include_str!("../../cuda/router.cu") };
+/// Gated DeltaNet: gates, conv1d, recurrent step.
+pub(crate) static GDN: KernelSource = KernelSource { name: "gdn.cu", code: include_str!("../../cuda/gdn.cu") };
+
+/// Causal GQA attention over a paged KV cache (model-dtype or quantized pools), KV append
+/// (kv_quant.cu, the quantized pools' encoders and append, comes first).
+pub(crate) static ATTENTION: KernelSource = KernelSource {
+    name: "attention.cu",
+    code: concat!(
+        include_str!("../../cuda/kv_quant.cu"),
+        "\n#line 1 \"attention.cu\"\n",
+        include_str!("../../cuda/attention.cu")
+    ),
+};
+/// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), and the decode
+/// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine).
+pub(crate) static MOE: KernelSource = KernelSource {
+    name: "moe.cu",
+    code: concat!(
+        include_str!("../../cuda/moe.cu"),
+        "\n#line 1 \"moe_decode.cu\"\n",
+        include_str!("../../cuda/moe_decode.cu")
+    ),
+};
+/// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.
+pub(crate) static GDN_SEQ: KernelSource =
+    KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
+/// Gated DeltaNet chunked (64-token) prefill over spans: the f32 CUDA-core form (gdn_chunk.cu)
+/// and the tensor-core form for bf16 / f16 (gdn_chunk_tc.cu, which uses gdn_chunk.cu's helpers).
+pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
+    name: "gdn_chunk.cu",
+    code: concat!(
+        include_str!("../../cuda/gdn_chunk.cu"),
+        "\n#line 1 \"gdn_chunk_tc.cu\"\n",
+        include_str!("../../cuda/gdn_chunk_tc.cu")
+    ),
+};
+/// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
+pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
+/// FP8 weights: dequantizing GEMV, dequantize / quantize, the FP8 row reader of the MoE decode
+/// GEMVs (fp8.cu), and the FP8 prefill GEMMs (fp8_gemm.cu: tile-dequantizing tensor-core GEMMs,
+/// dense and grouped, activation quantization, e4m3 MMA). Built on the text of moe.cu and
+/// moe_decode.cu (the grouping, the decode GEMV templates, the vector helpers and the
+/// tensor-core GEMM), compiled as a module of its own.
+pub(crate) static FP8: KernelSource = KernelSource {
+    name: "fp8.cu",
+    code: concat!(
+        "#line 1 \"moe.cu\"\n",
+        include_str!("../../cuda/moe.cu"),
+        "\n#line 1 \"moe_decode.cu\"\n",
+        include_str!("../../cuda/moe_decode.cu"),
+        "\n#line 1 \"fp8.cu\"\n",
+        include_str!("../../cuda/fp8.cu"),
+        "\n#line 1 \"fp8_gemm.cu\"\n",
+        include_str!("../../cuda/fp8_gemm.cu")
+    ),
+};
+
+/// Every CUDA source of the crate.
+pub fn sources() -> [&'static KernelSource; 10] {
+    [&ELEMENTWISE, &NORM, &ROUTER, &GDN, &ATTENTION, &MOE, &GDN_SEQ, &GDN_CHUNK, &MISC, &FP8]
+}
+
+impl KernelSource {
+    /// The text NVRTC compiles: the prelude, then the file (line numbers of
+    /// errors refer to the file).
+    pub fn full_text(&self) -> String {
+        format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.name, self.code)
+    }
+}
+
+/// NVRTC `--gpu-architecture` for a compute capability.
+///
+/// # Errors
+/// [`CudaError::Unavailable`] for a capability this crate has no name for.
+pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
+    Ok(match (major, minor) {
+        (7, 0) => "sm_70",
+        (7, 5) => "sm_75",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 7) => "sm_87",
+        (8, 9) => "sm_89",
+        (9, 0) => "sm_90",
+        (10, 0) => "sm_100",
+        (10, 3) => "sm_103",
+        (11, 0) => "sm_110",
+        (12, 0) => "sm_120",
+        (12, 1) => "sm_121",
+        _ => return Err(CudaError::Unavailable(format!("unsupported compute capability {major}.{minor}"))),
+    })
+}
+
+/// Process-wide PTX cache, keyed by (hash of the full source text, arch, fallback build).
+type PtxKey = (u64, &'static str, bool);
+
+/// The cache of [`compile_with`].
+fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, Ptx>> {
+    static CACHE: OnceLock<Mutex<HashMap<PtxKey, Ptx>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Compiles `src` with NVRTC for `arch` (e.g. `"sm_90"`), or returns the cached
+/// PTX of an earlier compilation of the same text for the same arch. Needs
+/// NVRTC and the CUDA headers, no GPU.
+///
+/// # Errors
+/// [`CudaError::Unavailable`] without NVRTC, [`CudaError::Headers`] without
+/// `cuda_bf16.h`, [`CudaError::Compile`] with NVRTC's log.
+pub fn compile(src: &KernelSource, arch: &'static str) -> Result<Ptx> {
+    compile_with(src, arch, false)
+}
+
+/// [`compile`], as a fallback build when `fallback`: NVRTC gets `-DPORTER_FALLBACK=1`, so
+/// the sm_80+ paths are left out as below sm_80 ([`FALLBACK_ENV`]).
+///
+/// # Errors
+/// As [`compile`].
+pub fn compile_with(src: &KernelSource, arch: &'static str, fallback: bool) -> Result<Ptx> {
+    let text = src.full_text();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    let key = (h.finish(), arch, fallback);
+    if let Some(p) = ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(p.clone());
+    }
+    nvrtc_available().map_err(CudaError::Unavailable)?;
+    let include = cuda_include_dir()?;
+    let mut options = vec!["--std=c++17".to_string()];
+    if fallback {
+        options.push("-DPORTER_FALLBACK=1".into());
+    }
+    let opts = CompileOptions {
+        arch: Some(arch),
+        include_paths: vec![include.to_string_lossy().into_owned()],
+        options,
+        name: Some(src.name.into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&text, opts).map_err(|e| CudaError::Compile {
+        source: src.name,
+        log: match e {
+            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+            other => other.to_string(),
+        },
+    })?;
+    ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, ptx.clone());
+    Ok(ptx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn include_dir_error_is_clear() {
+        let e = include_dir_from(Some("/nonexistent/porter-cuda-include".into())).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("/nonexistent/porter-cuda-include/cuda_bf16.h not found"), "{msg}");
+        assert!(msg.contains(INCLUDE_ENV), "{msg}");
+    }
+}
