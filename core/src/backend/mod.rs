@@ -9,6 +9,7 @@
 //! the same dispatch.
 
 pub mod cpu;
+mod cpu_state;
 pub mod cuda;
 mod kv_dtype;
 
