@@ -135,52 +135,6 @@ impl CudaKernels {
         )
     }
 
-    /// [`CudaKernels::gdn_chunked_seq`] with the stream synchronised around
-    /// each of its four launches: returns their wall times in µs (prep, wu,
-    /// state, out). For profiling only.
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn gdn_chunked_seq_timed<T: CudaFloat>(
-        &self,
-        qkv: &impl DevicePtr<f32>,
-        g: &impl DevicePtr<f32>,
-        beta: &impl DevicePtr<f32>,
-        state: &mut impl DevicePtrMut<f32>,
-        spans: &impl DevicePtr<u32>,
-        out: &mut impl DevicePtrMut<T>,
-        t: usize,
-        n_spans: usize,
-        max_len: usize,
-        hk: usize,
-        hv: usize,
-        dk: usize,
-        dv: usize,
-        num_slots: usize,
-        nbuf: usize,
-    ) -> Result<[f64; 4]> {
-        let mut us = [0.0; 4];
-        self.gdn_chunked_impl(
-            qkv,
-            g,
-            beta,
-            state,
-            spans,
-            out,
-            t,
-            n_spans,
-            max_len,
-            hk,
-            hv,
-            dk,
-            dv,
-            num_slots,
-            nbuf,
-            f32_forced_from(std::env::var_os(GDN_CHUNK_ENV)),
-            Some(&mut us),
-        )?;
-        Ok(us)
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn gdn_chunked_impl<T: CudaFloat>(
         &self,

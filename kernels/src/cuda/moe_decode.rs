@@ -134,6 +134,11 @@ pub(super) struct DecodeCall<'a> {
     pub dims: [usize; 5],
 }
 
+/// The kernel arguments of one weight (`[q]` or `[q, scales, row_scale]`).
+fn weights(m: &[u64]) -> impl Iterator<Item = &dyn KernelArg> {
+    m.iter().map(|p| p as &dyn KernelArg)
+}
+
 /// Whether `ptr` and rows of `row_bytes` bytes allow 16-byte loads.
 fn vec16(ptr: u64, row_bytes: usize) -> bool {
     ptr.is_multiple_of(16) && row_bytes.is_multiple_of(16)
@@ -154,6 +159,10 @@ impl CudaKernels {
     pub(super) fn moe_decode_run(&self, c: &DecodeCall<'_>, which: MoeGemv, phases: u32) -> Result<()> {
         let [t, k, e, hidden, inter] = c.dims;
         let n = prod(&[t, k])?;
+        let which = which.resolve(n);
+        if which == MoeGemv::Direct {
+            return self.moe_decode_direct(c, phases);
+        }
         let slots = e.min(n);
         let dsm = prod(&[e + n + 3 * slots, 4])?;
         let fused = dsm <= FUSED_GROUPING_BYTES;
@@ -164,10 +173,7 @@ impl CudaKernels {
         let v2_grid = self.moe_persistent_grid(v2_items, V2_BLOCKS_PER_SM)?;
         let v2_fits = 2 + slots + nq2 <= SYNC_WORDS
             && v2_items.saturating_add(4 * V2_CH * GEMV_WARPS * v2_grid as usize) < u32::MAX as usize;
-        let which = match which.resolve(n) {
-            MoeGemv::V2 if !v2_fits => MoeGemv::V1,
-            w => w,
-        };
+        let which = if which == MoeGemv::V2 && !v2_fits { MoeGemv::V1 } else { which };
         let v2_warps = GEMV_WARPS * v2_grid as usize;
         let ch = if v2_items >= V2_CH_ITEMS_PER_WARP * v2_warps { V2_CH as u32 } else { 1u32 };
         let nq = match which {
@@ -205,50 +211,8 @@ impl CudaKernels {
         let cfg = |blocks: u32| LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: if which == MoeGemv::Direct { 0 } else { dsm32 },
+            shared_mem_bytes: dsm32,
         };
-        fn weights(m: &[u64]) -> impl Iterator<Item = &dyn KernelArg> {
-            m.iter().map(|p| p as &dyn KernelArg)
-        }
-        if which == MoeGemv::Direct {
-            if phases == 0 {
-                return Ok(());
-            }
-            // One warp per item, every item at once.
-            let blocks = |items: usize| u32_of("gemv blocks", items.div_ceil(GEMV_WARPS));
-            let mut args: Vec<&dyn KernelArg> = vec![&c.x];
-            args.extend(weights(c.gate));
-            args.extend(weights(c.up));
-            let rest: [&dyn KernelArg; 8] = [&c.idx, &n32, &e32, &p_h, &h32, &i32_, &k32, &vec_gu];
-            args.extend(rest);
-            // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, const u32* idx,
-            // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec)` (weights as for v2); items past
-            // n · I exit; a pair with an id >= e writes no h and is never read (the down kernel
-            // skips it); h has n rows of I.
-            let grid = blocks(prod(&[n, inter])?)?;
-            unsafe { self.launch(c.src, &format!("moe_dir_gu_{}{}", c.kind, c.tname), cfg(grid), &args) }?;
-            if phases == 1 {
-                return Ok(());
-            }
-            // A row's k rows of h in shared memory when they fit (16-byte rows).
-            let h_row = prod(&[k, inter, c.esize])?;
-            let staged = i32::from(vec_d == 1 && h_row <= DIRECT_STAGE_BYTES);
-            let mut args: Vec<&dyn KernelArg> = vec![&p_h];
-            args.extend(weights(c.down));
-            let rest: [&dyn KernelArg; 9] = [&c.idx, &c.w, &e32, &c.out, &h32, &i32_, &k32, &vec_d, &staged];
-            args.extend(rest);
-            let cfg = LaunchConfig {
-                grid_dim: (u32_of("column blocks", hidden.div_ceil(GEMV_WARPS))?, t32, 1),
-                block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-                shared_mem_bytes: if staged == 1 { u32_of("shared memory", h_row)? } else { 0 },
-            };
-            // SAFETY: arguments match `moe_dir_down_<kind><T>(const T* h, <down>, const u32* idx,
-            // const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged)`;
-            // block (x, y) covers row y < t and columns 8x.. (those < H write their out element);
-            // with `staged` the row's k·I elements of h (16-byte multiple, 16-byte aligned: vec)
-            // fit the dynamic shared memory given; h rows are used only for valid ids.
-            return unsafe { self.launch(c.src, &format!("moe_dir_down_{}{}", c.kind, c.tname), cfg, &args) };
-        }
         if !fused {
             let cfg = LaunchConfig {
                 grid_dim: (1, 1, 1),
@@ -329,6 +293,62 @@ impl CudaKernels {
                 unsafe { self.launch(c.src, &format!("moe_dec_down_{}{}", c.kind, c.tname), cfg(grid_down), &args) }
             }
         }
+    }
+    /// The direct form ([`MoeGemv::Direct`]) of [`CudaKernels::moe_decode_run`]: no grouping,
+    /// scratch only for h `[t·k, inter]`; `phases` as there (0: nothing runs, 1: gate+up).
+    fn moe_decode_direct(&self, c: &DecodeCall<'_>, phases: u32) -> Result<()> {
+        if phases == 0 {
+            return Ok(());
+        }
+        let [t, k, e, hidden, inter] = c.dims;
+        let n = prod(&[t, k])?;
+        let (n32, e32, k32, t32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?, u32_of("t", t)?);
+        let (h32, i32_) = (u32_of("hidden", hidden)?, u32_of("inter", inter)?);
+        let s = &self.stream;
+        // SAFETY: uninitialised scratch: h of every valid pair is written by the gate+up
+        // kernel before the down kernel (later in stream order) reads it; invalid pairs'
+        // rows are never read.
+        let mut h = unsafe { s.alloc::<u8>(prod(&[n, inter, c.esize])?) }?;
+        let (p_h, _gh) = h.device_ptr_mut(s);
+        let vec_gu = i32::from(c.w_vec_gu && vec16(c.x, hidden * c.esize));
+        let vec_d = i32::from(c.w_vec_d && vec16(p_h, inter * c.esize));
+        // One warp per (pair, inter column), every item at once.
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("gemv blocks", prod(&[n, inter])?.div_ceil(GEMV_WARPS))?, 1, 1),
+            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut args: Vec<&dyn KernelArg> = vec![&c.x];
+        args.extend(weights(c.gate));
+        args.extend(weights(c.up));
+        let rest: [&dyn KernelArg; 8] = [&c.idx, &n32, &e32, &p_h, &h32, &i32_, &k32, &vec_gu];
+        args.extend(rest);
+        // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, const u32* idx,
+        // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec)` (weights as for v2); items past
+        // n · I exit; a pair with an id >= e writes no h and is never read (the down kernel
+        // skips it); h has n rows of I.
+        unsafe { self.launch(c.src, &format!("moe_dir_gu_{}{}", c.kind, c.tname), cfg, &args) }?;
+        if phases == 1 {
+            return Ok(());
+        }
+        // A row's k rows of h in shared memory when they fit (16-byte rows).
+        let h_row = prod(&[k, inter, c.esize])?;
+        let staged = i32::from(vec_d == 1 && h_row <= DIRECT_STAGE_BYTES);
+        let mut args: Vec<&dyn KernelArg> = vec![&p_h];
+        args.extend(weights(c.down));
+        let rest: [&dyn KernelArg; 9] = [&c.idx, &c.w, &e32, &c.out, &h32, &i32_, &k32, &vec_d, &staged];
+        args.extend(rest);
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("column blocks", hidden.div_ceil(GEMV_WARPS))?, t32, 1),
+            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+            shared_mem_bytes: if staged == 1 { u32_of("shared memory", h_row)? } else { 0 },
+        };
+        // SAFETY: arguments match `moe_dir_down_<kind><T>(const T* h, <down>, const u32* idx,
+        // const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged)`;
+        // block (x, y) covers row y < t and columns 8x.. (those < H write their out element);
+        // with `staged` the row's k·I elements of h (16-byte multiple, 16-byte aligned: vec)
+        // fit the dynamic shared memory given; h rows are used only for valid ids.
+        unsafe { self.launch(c.src, &format!("moe_dir_down_{}{}", c.kind, c.tname), cfg, &args) }
     }
 }
 
