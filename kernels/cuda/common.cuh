@@ -22,6 +22,20 @@
 #define PORTER_SM80 1
 #endif
 
+// First statement of every extern "C" entry point (inserted by the Rust side when it
+// assembles the text: kernels/src/cuda/pdl.rs). Programmatic dependent launch on sm_90+:
+// wait until the kernels ahead in the stream have completed and their writes are visible,
+// then let the next kernel's blocks be scheduled (they park in their own wait). A no-op
+// when the kernel was launched without the PDL attribute; nothing below sm_90 or in a
+// fallback build (the host launches without the attribute there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(PORTER_FALLBACK)
+#define PORTER_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PORTER_PDL_ENTRY() \
+    do {                   \
+    } while (0)
+#endif
+
 typedef __nv_bfloat16 bf16;
 typedef __half f16;
 typedef unsigned int u32;
@@ -71,6 +85,9 @@ __device__ __forceinline__ float block_sum(float v, float* sh, u32 tid, u32 nthr
     float r = lane < nw ? sh[lane] : 0.0f;
     return warp_sum(r);
 }
+
+// Elements a thread of a one-block-per-row norm kernel holds in registers (norm.cu, misc.cu).
+#define NORM_NPT 8
 
 // Block-wide max, returned to every thread (same contract as block_sum).
 __device__ __forceinline__ float block_max(float v, float* sh, u32 tid, u32 nthreads) {

@@ -81,6 +81,32 @@ __device__ __forceinline__ void add_rms_norm_impl(float* __restrict__ x, const T
     float* xr = x + r * d;
     const TY* yr = y + r * d;
     TO* orow = out + r * d;
+    if (d <= blockDim.x * NORM_NPT) {
+        // One read of the row and the weights before the reduction (as rms_norm_impl).
+        float v[NORM_NPT], wv[NORM_NPT];
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NORM_NPT; ++j) {
+            const u32 i = threadIdx.x + j * blockDim.x;
+            v[j] = i < d ? xr[i] + to_f(yr[i]) : 0.0f;
+            wv[j] = i < d ? to_f(w[i]) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < NORM_NPT; ++j) {
+            const u32 i = threadIdx.x + j * blockDim.x;
+            if (i < d) xr[i] = v[j];
+            ss += v[j] * v[j];
+        }
+        ss = block_sum(ss, sh, threadIdx.x, blockDim.x);
+        const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_NPT; ++j) {
+            const u32 i = threadIdx.x + j * blockDim.x;
+            if (i < d)
+                orow[i] = zero_centred ? from_f<TO>(v[j] * inv * (1.0f + wv[j])) : from_f<TO>(wv[j] * round_to<TO>(v[j] * inv));
+        }
+        return;
+    }
     float ss = 0.0f;
     for (u32 i = threadIdx.x; i < d; i += blockDim.x) {
         const float v = xr[i] + to_f(yr[i]);

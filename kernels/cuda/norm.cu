@@ -5,6 +5,10 @@
 // Standard:     out = round(w · round(x · inv)),  inv = 1 / sqrt(Σx²/d + eps)
 // Zero-centred: out = round(x · inv · (1 + w))     (1 + w in f32, one rounding)
 // x may be f32 (the residual stream) or the model dtype; w and out are TO.
+//
+// A row of at most NORM_NPT (common.cuh) elements a thread is read once, with the weights, before the
+// reduction (one round trip to memory instead of two: decode runs these on a few rows, so
+// their latency is the cost); the per-thread sums keep the loop's order (same bits).
 template <typename TX, typename TO>
 __device__ __forceinline__ void rms_norm_impl(const TX* __restrict__ x, const TO* __restrict__ w, TO* __restrict__ out,
                                               u32 d, float eps, int zero_centred) {
@@ -12,6 +16,27 @@ __device__ __forceinline__ void rms_norm_impl(const TX* __restrict__ x, const TO
     const u64 r = blockIdx.x;
     const TX* xr = x + r * d;
     TO* orow = out + r * d;
+    if (d <= blockDim.x * NORM_NPT) {
+        float v[NORM_NPT], wv[NORM_NPT];
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NORM_NPT; ++j) {
+            const u32 i = threadIdx.x + j * blockDim.x;
+            v[j] = i < d ? to_f(xr[i]) : 0.0f;
+            wv[j] = i < d ? to_f(w[i]) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < NORM_NPT; ++j) ss += v[j] * v[j];
+        ss = block_sum(ss, sh, threadIdx.x, blockDim.x);
+        const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_NPT; ++j) {
+            const u32 i = threadIdx.x + j * blockDim.x;
+            if (i < d)
+                orow[i] = zero_centred ? from_f<TO>(v[j] * inv * (1.0f + wv[j])) : from_f<TO>(wv[j] * round_to<TO>(v[j] * inv));
+        }
+        return;
+    }
     float ss = 0.0f;
     for (u32 i = threadIdx.x; i < d; i += blockDim.x) {
         const float v = to_f(xr[i]);
