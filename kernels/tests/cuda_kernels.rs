@@ -745,6 +745,8 @@ fn cuda_add_rms_norm() {
     add_rms_norm_case::<f32, bf16>(&k, &mut rng, 3, HIDDEN);
     add_rms_norm_case::<half::f16, half::f16>(&k, &mut rng, 4, 1000);
     add_rms_norm_case::<f32, half::f16>(&k, &mut rng, 2, 77);
+    // Wider than NORM_NPT elements a thread: the two-pass loop.
+    add_rms_norm_case::<f32, f32>(&k, &mut rng, 2, 5000);
 }
 
 fn gated_norm_z_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, t: usize, hv: usize, d: usize) {
