@@ -22,20 +22,6 @@
 #define PORTER_SM80 1
 #endif
 
-// First statement of every extern "C" entry point (inserted by the Rust side when it
-// assembles the text: kernels/src/cuda/pdl.rs). Programmatic dependent launch on sm_90+:
-// wait until the kernels ahead in the stream have completed and their writes are visible,
-// then let the next kernel's blocks be scheduled (they park in their own wait). A no-op
-// when the kernel was launched without the PDL attribute; nothing below sm_90 or in a
-// fallback build (the host launches without the attribute there).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(PORTER_FALLBACK)
-#define PORTER_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
-#else
-#define PORTER_PDL_ENTRY() \
-    do {                   \
-    } while (0)
-#endif
-
 typedef __nv_bfloat16 bf16;
 typedef __half f16;
 typedef unsigned int u32;

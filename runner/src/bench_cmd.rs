@@ -152,14 +152,6 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         Device::Cuda(i) => {
             let bw = porter_core::backend::cuda::copy_bandwidth(&*porter_core::tensor::cuda::gpu(i)?)?;
             println!("HBM copy bandwidth (roofline): {:.0} GB/s", bw / 1e9);
-            let g = porter_core::tensor::cuda::gpu(i)?;
-            println!(
-                "kernels: {} ({}), programmatic dependent launch {} ({})",
-                g.k.arch(),
-                if g.k.caps().forced { "forced fallback build" } else { "native build" },
-                if g.k.pdl() { "on" } else { "off" },
-                "PORTER_PDL"
-            );
             Some(bw)
         }
         Device::Cpu => None,

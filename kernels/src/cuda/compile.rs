@@ -176,10 +176,9 @@ pub fn sources() -> [&'static KernelSource; 10] {
 
 impl KernelSource {
     /// The text NVRTC compiles: the prelude, then the file (line numbers of
-    /// errors refer to the file), every entry point starting with `PORTER_PDL_ENTRY();`
-    /// (kernels/src/cuda/pdl.rs says why).
+    /// errors refer to the file).
     pub fn full_text(&self) -> String {
-        format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.name, super::pdl::with_pdl_entry(self.code))
+        format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.name, self.code)
     }
 }
 

@@ -84,7 +84,6 @@ mod moe;
 mod moe_decode;
 mod moe_prefill;
 mod ops;
-mod pdl;
 
 pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};
 pub use compile::*;
@@ -94,7 +93,6 @@ pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use moe_decode::{MoeGemv, MOE_GEMV_ENV, MOE_PHASES_ALL};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
-pub use pdl::PDL_ENV;
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
@@ -297,8 +295,6 @@ pub struct CudaKernels {
     caps: DeviceCaps,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
-    /// Launches carry the programmatic-dependent-launch attribute (`pdl`, [`PDL_ENV`]).
-    pdl: bool,
     /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
     /// the kernel zeroes what it used before it ends).
     moe_sync: Mutex<CudaSlice<u32>>,
@@ -349,7 +345,6 @@ impl CudaKernels {
             stream,
             arch,
             caps,
-            pdl: pdl::pdl_enabled(caps),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             moe_sync,
@@ -369,11 +364,6 @@ impl CudaKernels {
     /// The stream every launch goes to.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
-    }
-
-    /// Whether launches use programmatic dependent launch ([`PDL_ENV`]; sm_90+).
-    pub fn pdl(&self) -> bool {
-        self.pdl
     }
 
     /// NVRTC architecture of the device (e.g. `"sm_90"`).
@@ -467,11 +457,6 @@ impl CudaKernels {
     ///   shared memory it uses, within what [`CudaKernels::function_smem`] allowed).
     /// - Buffers the kernel writes are not read or written by other work in flight.
     pub(crate) unsafe fn launch_fn(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[&dyn KernelArg]) -> Result<()> {
-        if self.pdl {
-            // SAFETY: the caller's contract; `f` comes from this crate's sources, whose entry
-            // points all begin with PORTER_PDL_ENTRY() (pdl.rs).
-            return unsafe { pdl::launch_pdl(&self.stream, f, cfg, args) };
-        }
         let mut b = self.stream.launch_builder(f);
         for a in args {
             a.push(&mut b);
@@ -498,8 +483,6 @@ impl CudaKernels {
 pub(crate) trait KernelArg {
     /// Appends `self` to the launch's parameter list.
     fn push<'a>(&'a self, b: &mut LaunchArgs<'a>);
-    /// The address of the value, as `cuLaunchKernelEx` takes a parameter.
-    fn raw(&self) -> *mut std::ffi::c_void;
 }
 
 macro_rules! kernel_arg {
@@ -507,9 +490,6 @@ macro_rules! kernel_arg {
         impl KernelArg for $t {
             fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
                 b.arg(self);
-            }
-            fn raw(&self) -> *mut std::ffi::c_void {
-                (self as *const $t).cast_mut().cast()
             }
         }
     )*};
