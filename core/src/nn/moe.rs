@@ -209,6 +209,28 @@ mod tests {
         assert!(d > 1e-3, "experts 2 and 4 give the same output ({d}): the tie test would not see a wrong pick");
     }
 
+    /// The shared expert is offered to the backend for fusion only with a plain down
+    /// projection, with its columns where `forward` reads them (packed or apart); the CPU
+    /// backend never fuses.
+    #[test]
+    fn shared_expert_is_offered_only_with_a_plain_down_projection() {
+        let mut rng = Rng::new(55);
+        let mut m = block(&mut rng, 4, 2, true, Some(3));
+        let x = rng.tensor(&[2, H], 1.0);
+        let all = x.matmul_t_to(&m.input, DType::F32).unwrap();
+        let s = m.shared_arg(&all, None).expect("a plain shared expert is offered");
+        assert_eq!((s.col0, s.gate_col, s.inter), (4, 4 + 2 * 3, 3));
+        let gu = rng.tensor(&[2, 6], 1.0);
+        let s = m.shared_arg(&all, Some(&gu)).expect("apart");
+        assert_eq!((s.col0, s.gate_col, s.gu.shape(), s.gate.shape()), (0, 4, gu.shape(), all.shape()));
+        let (_, fused) = ops(&x).moe_experts(&x, &all, &m.args(), &m.gate, &m.up, &m.down, Some(&s)).unwrap();
+        assert!(!fused, "the CPU backend leaves the shared expert to the caller");
+        let sh = m.shared.as_mut().unwrap();
+        sh.down.b = Some(rng.tensor(&[H], 1.0));
+        assert!(m.shared_arg(&all, None).is_none(), "a biased down projection runs unfused");
+        assert_tensor("shared with a bias", &m.forward(&x).unwrap(), &moe(&vals(&x), &m));
+    }
+
     #[test]
     fn errors_are_errors() {
         let mut rng = Rng::new(54);
