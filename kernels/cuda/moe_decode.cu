@@ -475,12 +475,42 @@ __device__ __forceinline__ void warp_dots_zip(const R (&w)[G], const T* (&a)[G],
         if (live >> g & 1u) acc[g] = warp_sum(acc[g]);
 }
 
+// The shared expert of the direct form (moe_shared.cu's entry points; none in moe_dir_*):
+// gate+up: h_s [t, Is] (T) = round(silu(round(g)) · round(u)) from the f32 columns
+//   gu[r·gu_stride + gu_col0 + c] (g) and [.. + Is + c] (u) — swiglu_f32in's formula;
+// down: out[r][c] += σ(round(g_r)) · round(down_s[c] · h_s[r]), g_r = glog[r·g_stride + g_col]
+//   — shared_expert_add_f32g's formula, after the routed sum as there. Only the order of the
+//   shared down dot product (warp_dots') differs from the unfused GEMV.
+template <typename T, typename M> struct DirShared {
+    const float* gu;
+    u32 gu_stride, gu_col0;
+    const float* glog;
+    u32 g_stride, g_col;
+    M down;  // [H, Is]
+    T* hs;   // [t, Is]
+    u32 Is, t;
+    // Down: 0 none; 1 the shared row is slot k of the routed zip groups (Is = I, same
+    // vec); 2 a dot product of its own after them. vec: 16-byte loads of its rows.
+    int mode, vec;
+};
+
 template <typename T, typename M, int U>
 __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up,
                                             const u32* __restrict__ idx, u32 n, u32 e, T* __restrict__ h, u32 H, u32 I,
-                                            u32 k, int vec) {
-    const u32 lane = threadIdx.x & 31u;
-    const u64 q = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+                                            u32 k, int vec, const DirShared<T, M>& sh) {
+    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
+    // Blocks past the routed items' compute h_s, a thread an element.
+    const u64 nb = ((u64)n * I + wpb - 1) / wpb;
+    if (blockIdx.x >= nb) {
+        const u64 q = (blockIdx.x - nb) * blockDim.x + threadIdx.x;
+        if (q < (u64)sh.t * sh.Is) {
+            const u64 r = q / sh.Is, c = q % sh.Is;
+            const float* row = sh.gu + r * sh.gu_stride + sh.gu_col0;
+            sh.hs[q] = from_f<T>(silu_f(round_to<T>(row[c])) * round_to<T>(row[sh.Is + c]));
+        }
+        return;
+    }
+    const u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5);
     if (q >= (u64)n * I) return;
     const u32 p = (u32)(q / I), c = (u32)(q % I);
     const u32 ex = __ldg(idx + p);
@@ -492,48 +522,90 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
     if (lane == 0) h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(acc[0][0])) * round_to<T>(acc[0][1]));
 }
 
+// Without a shared expert (moe_dir_gu_*).
+template <typename T, typename M, int U>
+__device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up,
+                                            const u32* __restrict__ idx, u32 n, u32 e, T* __restrict__ h, u32 H, u32 I,
+                                            u32 k, int vec) {
+    DirShared<T, M> none{};
+    dir_gu_impl<T, M, U>(x, gate, up, idx, n, e, h, H, I, k, vec, none);
+}
+
+// `staged`: bit 0, the row's k rows of h in shared memory; bit 1, the row of h_s after them.
 template <typename T, typename M, int U>
 __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
                                               const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
-                                              u32 I, u32 k, int vec, int staged) {
+                                              u32 I, u32 k, int vec, int staged, const DirShared<T, M>& sh) {
     constexpr int G = MOE_DIR_KG;
     extern __shared__ uint4 dsm_h[];
     const u32 lane = threadIdx.x & 31u;
     // Block (column block x, row y): the row's k rows of h, [k, I], in shared memory when
-    // `staged` (every warp of the block reads all of them: from L2 each read of the group
-    // waited its own latency), else read from global memory.
+    // staged (every warp of the block reads all of them: from L2 each read of the group
+    // waited its own latency), else read from global memory; so the shared expert's row.
     const u32 r = blockIdx.y, c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const T* hr = h + (u64)r * k * I;
+    const T* hsr = sh.mode ? sh.hs + (u64)r * sh.Is : nullptr;
     if (staged) {
-        const u32 n16 = k * I * (u32)sizeof(T) / 16u;
+        const u32 n16 = (staged & 1) ? k * I * (u32)sizeof(T) / 16u : 0u;
+        const u32 s16 = (staged & 2) ? sh.Is * (u32)sizeof(T) / 16u : 0u;
         const uint4* src = reinterpret_cast<const uint4*>(hr);
-        for (u32 i = threadIdx.x; i < n16; i += blockDim.x) dsm_h[i] = __ldg(src + i);
+        const uint4* ssrc = reinterpret_cast<const uint4*>(hsr);
+        for (u32 i = threadIdx.x; i < n16 + s16; i += blockDim.x)
+            dsm_h[i] = i < n16 ? __ldg(src + i) : __ldg(ssrc + (i - n16));
         __syncthreads();
-        hr = reinterpret_cast<const T*>(dsm_h);
+        if (staged & 1) hr = reinterpret_cast<const T*>(dsm_h);
+        if (staged & 2) hsr = reinterpret_cast<const T*>(dsm_h + n16);
     }
     if (c >= H) return;
-    float total = 0.0f;
-    for (u32 j0 = 0; j0 < k; j0 += G) {
+    float total = 0.0f, sdot = 0.0f;
+    // The pairs, and with mode 1 the shared row as pair k (the last of the last group).
+    const u32 kk = k + (sh.mode == 1 ? 1u : 0u);
+    for (u32 j0 = 0; j0 < kk; j0 += G) {
         typename M::Row w[G];
         const T* a[G];
         u32 live = 0u;
 #pragma unroll
         for (int g = 0; g < G; ++g) {
             const u32 j = j0 + g;
-            const u32 ex = j < k ? __ldg(idx + (u64)r * k + j) : e;
-            const bool ok = ex < e;
-            live |= (ok ? 1u : 0u) << g;
-            w[g] = down.row((u64)(ok ? ex : 0u) * H + c, I);
-            a[g] = hr + (u64)(ok ? j : 0u) * I;
+            if (j == k && sh.mode == 1) {
+                live |= 1u << g;
+                w[g] = sh.down.row(c, I);
+                a[g] = hsr;
+            } else {
+                const u32 ex = j < k ? __ldg(idx + (u64)r * k + j) : e;
+                const bool ok = ex < e;
+                live |= (ok ? 1u : 0u) << g;
+                w[g] = down.row((u64)(ok ? ex : 0u) * H + c, I);
+                a[g] = hr + (u64)(ok ? j : 0u) * I;
+            }
         }
         float acc[G];
         warp_dots_zip<T, typename M::Row, G, U>(w, a, live, I, vec, lane, acc);
 #pragma unroll
-        for (int g = 0; g < G; ++g)
-            if (live >> g & 1u)
+        for (int g = 0; g < G; ++g) {
+            if (sh.mode == 1 && j0 + g == k) sdot = acc[g];
+            else if (live >> g & 1u)
                 total = __fadd_rn(total, __fmul_rn(round_to<T>(acc[g]), __ldg(wt + (u64)r * k + j0 + g)));
+        }
     }
+    if (sh.mode == 2) {
+        const typename M::Row ws[1] = {sh.down.row(c, sh.Is)};
+        const T* as[1] = {hsr};
+        float acc[1];
+        warp_dots_zip<T, typename M::Row, 1, U>(ws, as, 1u, sh.Is, sh.vec, lane, acc);
+        sdot = acc[0];
+    }
+    if (sh.mode) total += sigmoid_f(round_to<T>(sh.glog[(u64)r * sh.g_stride + sh.g_col])) * round_to<T>(sdot);
     if (lane == 0) out[(u64)r * H + c] = total;
+}
+
+// Without a shared expert (moe_dir_down_*).
+template <typename T, typename M, int U>
+__device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
+                                              const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
+                                              u32 I, u32 k, int vec, int staged) {
+    DirShared<T, M> none{};
+    dir_down_impl<T, M, U>(h, down, idx, wt, e, out, H, I, k, vec, staged, none);
 }
 
 // ---------------------------------------------------------------------------

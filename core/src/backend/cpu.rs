@@ -4,7 +4,9 @@
 //! stored dtype (bf16 / f16 weights are converted block by block inside the GEMM, never
 //! inflated to a full f32 copy). The kernels themselves are `porter_kernels::cpu`.
 
-use super::{AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, NormKind, Ops, RecBuf, RecCache, RopeArgs};
+use super::{
+    AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, MoeShared, NormKind, Ops, RecBuf, RecCache, RopeArgs,
+};
 use crate::batch::Batch;
 use crate::error::Result;
 use crate::tensor::{CpuStorage, DType, HostSlice, Tensor};
@@ -253,7 +255,9 @@ impl Ops for CpuOps {
         gate: &Tensor,
         up: &Tensor,
         down: &Tensor,
-    ) -> Result<Tensor> {
+        _shared: Option<&MoeShared<'_>>,
+    ) -> Result<(Tensor, bool)> {
+        // The shared expert is left to the caller (the reference sequence).
         let (t, h) = (x.rows(), x.last_dim());
         let dt = x.dtype();
         let e = m.experts;
@@ -312,7 +316,7 @@ impl Ops for CpuOps {
         if !m.shared {
             dt.round_slice(&mut y);
         }
-        act(y, [t, h], DType::F32)
+        Ok((act(y, [t, h], DType::F32)?, false))
     }
 
     fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType) -> Result<Tensor> {

@@ -64,6 +64,26 @@ pub struct MoeArgs {
     pub shared: bool,
 }
 
+/// The shared expert of a MoE block, handed to `Ops::moe_experts`, which may fuse it into
+/// the routed experts (the CUDA backend's direct decode form) or leave it to the caller.
+///
+/// # Shapes
+/// - `gu`: f32 `[T, ≥ col0 + 2·inter]`: the shared gate at columns `col0 .. col0 + inter`,
+///   up at `col0 + inter .. col0 + 2·inter` (as `Ops::swiglu_cols` reads them)
+/// - `gate`: f32 `[T, > gate_col]`: the shared expert gate logit at column `gate_col` (as
+///   `Ops::shared_expert_add` reads it)
+/// - `down`: `[H, inter]`, a plain projection (no bias, no tensor-parallel reduction)
+#[derive(Debug, Clone, Copy)]
+pub struct MoeShared<'a> {
+    pub gu: &'a Tensor,
+    pub col0: usize,
+    pub gate: &'a Tensor,
+    pub gate_col: usize,
+    pub down: &'a Tensor,
+    /// Intermediate size `I_s`.
+    pub inter: usize,
+}
+
 /// Gated DeltaNet geometry (see `nn::GdnConfig`).
 #[derive(Debug, Clone, Copy)]
 pub struct GdnArgs {
@@ -142,6 +162,13 @@ pub trait Ops: Sync {
     /// the model dtype once (after the shared expert when `m.shared`), as HF's bf16 hidden
     /// states are; the CUDA backend keeps it in f32 (one kernel fewer per layer; both are
     /// within the parity bounds).
+    ///
+    /// With `shared`, the backend may add the shared expert
+    /// (`y += sigmoid(round(g)) · round(down_s · swiglu_cols(gu))`) in the same kernels; the
+    /// flag returned says whether it did (else the caller runs `swiglu_cols`, the down
+    /// projection and `shared_expert_add`). Fused or not, the result differs only in the
+    /// summation order of the shared down projection's dot products.
+    #[allow(clippy::too_many_arguments)]
     fn moe_experts(
         &self,
         x: &Tensor,
@@ -150,7 +177,8 @@ pub trait Ops: Sync {
         gate: &Tensor,
         up: &Tensor,
         down: &Tensor,
-    ) -> Result<Tensor>;
+        shared: Option<&MoeShared<'_>>,
+    ) -> Result<(Tensor, bool)>;
     /// `silu(g) · u` from f32 columns `[col0, col0 + I)` (gate) and `[col0 + I, col0 + 2I)`
     /// (up) of `all`, each rounded to `dtype` first as a GEMM output would be → `[T, I]`.
     fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType) -> Result<Tensor>;

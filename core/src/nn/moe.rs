@@ -1,6 +1,7 @@
 //! Sparse mixture of experts with an optional shared expert.
 
 use super::*;
+use crate::backend::MoeShared;
 
 /// The shared expert of Qwen3-Next MoE blocks: `sigmoid(x·g) · SwiGLU(x)`. Its gate / up
 /// projections and its gate row live in the MoE's packed input projection.
@@ -76,22 +77,45 @@ impl Moe {
         crate::backend::cpu::route(&logits, &self.args())
     }
 
+    /// The shared expert as `Ops::moe_experts` may fuse it: `gu` holds its gate / up
+    /// columns (`all`, or the product with `shared_in`), `all` its gate logit. `None`
+    /// without a shared expert, or when its down projection is not a plain one (a bias, or a
+    /// reduction of its own).
+    fn shared_arg<'a>(&'a self, all: &'a Tensor, gu: Option<&'a Tensor>) -> Option<MoeShared<'a>> {
+        let s = self.shared.as_ref().filter(|s| s.down.b.is_none() && s.down.reduce.is_none())?;
+        let (gu, col0, gate_col) = self.shared_cols(s, all, gu);
+        Some(MoeShared { gu, col0, gate: all, gate_col, down: &s.down.w, inter: s.inter })
+    }
+
+    /// The shared expert's gate / up columns: in `all` after the router, or (held apart) the
+    /// `[T, 2·I_s]` f32 product `gu` of their own, read in place (no concatenation); and the
+    /// column of its gate logit in `all`. Returns `(matrix, first gate column, gate logit
+    /// column)`.
+    fn shared_cols<'a>(&self, s: &SharedExpert, all: &'a Tensor, gu: Option<&'a Tensor>) -> (&'a Tensor, usize, usize) {
+        match gu {
+            Some(gu) => (gu, 0, self.experts),
+            None => (all, self.experts, self.experts + 2 * s.inter),
+        }
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // [T, H] -> [T, E + 2·I_s + 1] f32: router logits, shared gate/up, shared gate logit
-        // (with `shared_in`: [T, E + 1], router logits and the gate logit).
+        // (with `shared_in`: [T, E + 1], router logits and the gate logit, and the shared
+        // gate / up apart, [T, 2·I_s]).
         let all = x.matmul_t_to(&self.input, DType::F32)?;
+        let gu = match (&self.shared, &self.shared_in) {
+            (Some(_), Some(si)) => Some(x.matmul_t_to(si, DType::F32)?),
+            _ => None,
+        };
         let o = ops(x);
-        // [T, H] f32; the router reads the first E columns of `all`, whatever its width.
-        let mut y = o.moe_experts(x, &all, &self.args(), &self.gate, &self.up, &self.down)?;
-        if let Some(s) = &self.shared {
-            // The shared expert's gate / up columns: in `all` after the router, or (held
-            // apart) a [T, 2·I_s] f32 product of their own, read in place (no concatenation).
-            let (gu, col0, gate_col) = match &self.shared_in {
-                Some(si) => (Some(x.matmul_t_to(si, DType::F32)?), 0, self.experts),
-                None => (None, self.experts, self.experts + 2 * s.inter),
-            };
+        // [T, H] f32; the router reads the first E columns of `all`, whatever its width. The
+        // backend may add the shared expert in the same kernels (`fused`).
+        let shared = self.shared_arg(&all, gu.as_ref());
+        let (mut y, fused) = o.moe_experts(x, &all, &self.args(), &self.gate, &self.up, &self.down, shared.as_ref())?;
+        if let Some(s) = self.shared.as_ref().filter(|_| !fused) {
+            let (gu, col0, gate_col) = self.shared_cols(s, &all, gu.as_ref());
             // [T, I_s] in the model dtype, then [T, H]
-            let h = o.swiglu_cols(gu.as_ref().unwrap_or(&all), col0, s.inter, x.dtype())?;
+            let h = o.swiglu_cols(gu, col0, s.inter, x.dtype())?;
             let so = s.down.forward(&h)?;
             o.shared_expert_add(&mut y, &so, &all, gate_col)?;
         }
@@ -183,6 +207,28 @@ mod tests {
         });
         let d = y.data()[H..].iter().zip(&higher[H..]).fold(0.0f64, |m, (a, b)| m.max((f64::from(*a) - b).abs()));
         assert!(d > 1e-3, "experts 2 and 4 give the same output ({d}): the tie test would not see a wrong pick");
+    }
+
+    /// The shared expert is offered to the backend for fusion only with a plain down
+    /// projection, with its columns where `forward` reads them (packed or apart); the CPU
+    /// backend never fuses.
+    #[test]
+    fn shared_expert_is_offered_only_with_a_plain_down_projection() {
+        let mut rng = Rng::new(55);
+        let mut m = block(&mut rng, 4, 2, true, Some(3));
+        let x = rng.tensor(&[2, H], 1.0);
+        let all = x.matmul_t_to(&m.input, DType::F32).unwrap();
+        let s = m.shared_arg(&all, None).expect("a plain shared expert is offered");
+        assert_eq!((s.col0, s.gate_col, s.inter), (4, 4 + 2 * 3, 3));
+        let gu = rng.tensor(&[2, 6], 1.0);
+        let s = m.shared_arg(&all, Some(&gu)).expect("apart");
+        assert_eq!((s.col0, s.gate_col, s.gu.shape(), s.gate.shape()), (0, 4, gu.shape(), all.shape()));
+        let (_, fused) = ops(&x).moe_experts(&x, &all, &m.args(), &m.gate, &m.up, &m.down, Some(&s)).unwrap();
+        assert!(!fused, "the CPU backend leaves the shared expert to the caller");
+        let sh = m.shared.as_mut().unwrap();
+        sh.down.b = Some(rng.tensor(&[H], 1.0));
+        assert!(m.shared_arg(&all, None).is_none(), "a biased down projection runs unfused");
+        assert_tensor("shared with a bias", &m.forward(&x).unwrap(), &moe(&vals(&x), &m));
     }
 
     #[test]

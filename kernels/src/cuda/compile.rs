@@ -125,14 +125,17 @@ pub(crate) static ATTENTION: KernelSource = KernelSource {
         include_str!("../../cuda/attention.cu")
     ),
 };
-/// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), and the decode
-/// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine).
+/// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
+/// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine) and the direct decode form's
+/// entry points with the shared expert fused in (moe_shared.cu, dense weights).
 pub(crate) static MOE: KernelSource = KernelSource {
     name: "moe.cu",
     code: concat!(
         include_str!("../../cuda/moe.cu"),
         "\n#line 1 \"moe_decode.cu\"\n",
-        include_str!("../../cuda/moe_decode.cu")
+        include_str!("../../cuda/moe_decode.cu"),
+        "\n#line 1 \"moe_shared.cu\"\n",
+        include_str!("../../cuda/moe_shared.cu")
     ),
 };
 /// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.
@@ -151,7 +154,8 @@ pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
 pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
 /// FP8 weights: dequantizing GEMV, dequantize / quantize, the FP8 row reader of the MoE decode
-/// GEMVs (fp8.cu), and the FP8 prefill GEMMs (fp8_gemm.cu: tile-dequantizing tensor-core GEMMs,
+/// GEMVs (fp8.cu), their direct form with the shared expert fused in (moe_shared.cu's FP8 entry
+/// points), and the FP8 prefill GEMMs (fp8_gemm.cu: tile-dequantizing tensor-core GEMMs,
 /// dense and grouped, activation quantization, e4m3 MMA). Built on the text of moe.cu and
 /// moe_decode.cu (the grouping, the decode GEMV templates, the vector helpers and the
 /// tensor-core GEMM), compiled as a module of its own.
@@ -164,6 +168,8 @@ pub(crate) static FP8: KernelSource = KernelSource {
         include_str!("../../cuda/moe_decode.cu"),
         "\n#line 1 \"fp8.cu\"\n",
         include_str!("../../cuda/fp8.cu"),
+        "\n#define PORTER_FP8_MODULE 1\n#line 1 \"moe_shared.cu\"\n",
+        include_str!("../../cuda/moe_shared.cu"),
         "\n#line 1 \"fp8_gemm.cu\"\n",
         include_str!("../../cuda/fp8_gemm.cu")
     ),

@@ -7,8 +7,8 @@
 
 use super::moe::vec_ok;
 use super::moe_decode::{check_dims, DecodeCall, MoeGemv, MOE_PHASES_ALL};
-use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, FP8};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, MoeSharedDev, Result, FP8};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
 
 /// Side of a scale block (rows and columns).
 pub const FP8_BLOCK: usize = 128;
@@ -245,6 +245,53 @@ impl CudaKernels {
         which: MoeGemv,
         phases: u32,
     ) -> Result<()> {
+        self.moe_fp8_decode(x, idx, w, gate, up, down, out, dims, which, phases, None)
+    }
+
+    /// [`CudaKernels::moe_experts_fp8`] plus the shared expert `shared` (an FP8 down
+    /// projection), fused into the direct decode form: as [`CudaKernels::moe_experts_shared`]
+    /// for dense weights (the same kernels with the FP8 row reader; the shared down weights are
+    /// dequantized as the routed ones, `round_T(e4m3 · scale)`).
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::moe_experts_fp8`]; `shared` as [`super::MoeSharedDev`] with `down` FP8
+    /// `[hidden, shared.inter]`.
+    ///
+    /// # Errors
+    /// As [`CudaKernels::moe_experts_shared`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts_fp8_shared<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: Fp8Dev<'_>,
+        up: Fp8Dev<'_>,
+        down: Fp8Dev<'_>,
+        shared: &MoeSharedDev<'_, Fp8Dev<'_>>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+    ) -> Result<()> {
+        self.moe_fp8_decode(x, idx, w, gate, up, down, out, dims, MoeGemv::Direct, MOE_PHASES_ALL, Some(shared))
+    }
+
+    /// The checked body of [`CudaKernels::moe_experts_fp8_with`] and
+    /// [`CudaKernels::moe_experts_fp8_shared`].
+    #[allow(clippy::too_many_arguments)]
+    fn moe_fp8_decode<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: Fp8Dev<'_>,
+        up: Fp8Dev<'_>,
+        down: Fp8Dev<'_>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+        which: MoeGemv,
+        phases: u32,
+        shared: Option<&MoeSharedDev<'_, Fp8Dev<'_>>>,
+    ) -> Result<()> {
         let [t, k, e, hidden, inter] = dims;
         check_dims("moe_experts_fp8", dims)?;
         self.check("x", x, prod(&[t, hidden])?)?;
@@ -254,6 +301,10 @@ impl CudaKernels {
         up.check(self, "up", prod(&[e, inter])?, hidden)?;
         down.check(self, "down", prod(&[e, hidden])?, inter)?;
         self.check("out", out, prod(&[t, hidden])?)?;
+        if let Some(m) = shared {
+            m.check_inputs(self, t)?;
+            m.down.check(self, "shared down", hidden, m.inter)?;
+        }
         if t == 0 {
             return Ok(());
         }
@@ -271,6 +322,17 @@ impl CudaKernels {
         let (pds, _gds) = down.scales.device_ptr(s);
         let (pdr, _gdr) = down.row_scale.device_ptr(s);
         let (po, _go) = out.device_ptr_mut(s);
+        // The shared expert's addresses (0 without one; the guards live to the launch).
+        let none = || (0, SyncOnDrop::Sync(None));
+        let ((pgu, _ggu), (pgl, _ggl)) = match shared {
+            Some(m) => (m.gu.device_ptr(s), m.gate.device_ptr(s)),
+            None => (none(), none()),
+        };
+        let ((psq, _gsq), (pss, _gss), (psr, _gsr)) = match shared {
+            Some(m) => (m.down.q.device_ptr(s), m.down.scales.device_ptr(s), m.down.row_scale.device_ptr(s)),
+            None => (none(), none(), none()),
+        };
+        let sdown = [psq, pss, psr];
         let call = DecodeCall {
             src: &FP8,
             kind: "fp8_",
@@ -287,6 +349,7 @@ impl CudaKernels {
             w_vec_gu: hidden.is_multiple_of(16) && vec_ok::<u8>(pg, hidden) && vec_ok::<u8>(pu, hidden),
             w_vec_d: inter.is_multiple_of(16) && vec_ok::<u8>(pd, inter),
             dims,
+            shared: shared.map(|m| m.call(pgu, pgl, &sdown, m.inter.is_multiple_of(16) && vec_ok::<u8>(psq, m.inter))),
         };
         self.moe_decode_run(&call, which, phases)
     }

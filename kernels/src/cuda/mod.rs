@@ -91,7 +91,8 @@ pub use fp8::{Fp8Dev, FP8_BLOCK};
 pub use gdn::GDN_MAX_DK;
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
-pub use moe_decode::{MoeGemv, MOE_GEMV_ENV, MOE_PHASES_ALL};
+pub use moe::MoeSharedDev;
+pub use moe_decode::{MoeGemv, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 
 use cudarc::driver::sys::CUfunction_attribute;

@@ -5,10 +5,10 @@
 //! combine. No host loop over experts and no host synchronisation. The decode
 //! (GEMV) path's launches are in `moe_decode.rs`, shared with the FP8 experts.
 
-use super::moe_decode::{check_dims, DecodeCall, MoeGemv, MOE_PHASES_ALL};
+use super::moe_decode::{check_dims, DecodeCall, MoeGemv, SharedCall, MOE_PHASES_ALL};
 use super::moe_prefill::ExpertWeights;
-use super::{prod, CudaFloat, CudaKernels, Result, MOE};
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use super::{prod, CudaError, CudaFloat, CudaKernels, Result, MOE};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 /// Largest expert count of [`CudaKernels::moe_experts`] (the alignment kernel
 /// keeps one `u32` counter per expert in shared memory).
@@ -54,6 +54,7 @@ fn decode_dense<T: CudaFloat>(
     dims: [usize; 5],
     which: MoeGemv,
     phases: u32,
+    shared: Option<&MoeSharedDev<'_, &CudaSlice<T>>>,
 ) -> Result<()> {
     let [_, _, _, hidden, inter] = dims;
     let s = k.stream();
@@ -64,6 +65,12 @@ fn decode_dense<T: CudaFloat>(
     let (pu, _gu) = up.device_ptr(s);
     let (pd, _gd) = down.device_ptr(s);
     let (po, _go) = out.device_ptr_mut(s);
+    // The shared expert's addresses (0 without one; the guards live to the launch).
+    let ((pgu, _ggu), (pgl, _ggl), (psd, _gsd)) = match shared {
+        Some(m) => (m.gu.device_ptr(s), m.gate.device_ptr(s), m.down.device_ptr(s)),
+        None => ((0, SyncOnDrop::Sync(None)), (0, SyncOnDrop::Sync(None)), (0, SyncOnDrop::Sync(None))),
+    };
+    let sdown = [psd];
     let call = DecodeCall {
         src: &MOE,
         kind: "",
@@ -79,8 +86,74 @@ fn decode_dense<T: CudaFloat>(
         w_vec_gu: vec_ok::<T>(pg, hidden) && vec_ok::<T>(pu, hidden),
         w_vec_d: vec_ok::<T>(pd, inter),
         dims,
+        shared: shared.map(|m| m.call(pgu, pgl, &sdown, vec_ok::<T>(psd, m.inter))),
     };
     k.moe_decode_run(&call, which, phases)
+}
+
+/// The shared expert of a MoE block, fused into the direct decode form by
+/// [`CudaKernels::moe_experts_shared`] (dense, `W` = `&CudaSlice<T>`) and
+/// [`CudaKernels::moe_experts_fp8_shared`] (FP8, `W` = [`super::Fp8Dev`]): its gate / up
+/// products and its gate logit are f32 columns of GEMM outputs (`porter_core::nn::Moe`'s
+/// packed input projection, or a product of their own).
+///
+/// # Shapes
+/// - `gu`: f32 `[t, gu_stride]`: the shared gate at columns `gu_col0 .. gu_col0 + inter`,
+///   up at `gu_col0 + inter .. gu_col0 + 2·inter`
+/// - `gate`: f32 `[t, gate_stride]`: the shared expert gate logit at column `gate_col`
+/// - `down`: `[hidden, inter]`
+#[derive(Clone, Copy, Debug)]
+pub struct MoeSharedDev<'a, W> {
+    /// The shared gate / up products (f32).
+    pub gu: &'a CudaSlice<f32>,
+    /// Row stride of `gu`.
+    pub gu_stride: usize,
+    /// First column of the shared gate in `gu`.
+    pub gu_col0: usize,
+    /// The shared expert gate logits (f32).
+    pub gate: &'a CudaSlice<f32>,
+    /// Row stride of `gate`.
+    pub gate_stride: usize,
+    /// Column of the gate logit in `gate`.
+    pub gate_col: usize,
+    /// The down projection `[hidden, inter]`.
+    pub down: W,
+    /// Intermediate size `I_s` (may differ from the routed experts').
+    pub inter: usize,
+}
+
+impl<W> MoeSharedDev<'_, W> {
+    /// The call's [`SharedCall`]: `gu`, `gate` the device addresses of those buffers, `down`
+    /// the weight's kernel arguments, `w_vec` whether its rows allow 16-byte loads.
+    pub(super) fn call<'a>(&self, gu: u64, gate: u64, down: &'a [u64], w_vec: bool) -> SharedCall<'a> {
+        SharedCall {
+            gu,
+            gu_stride: self.gu_stride,
+            gu_col0: self.gu_col0,
+            glog: gate,
+            g_stride: self.gate_stride,
+            g_col: self.gate_col,
+            down,
+            w_vec,
+            inter: self.inter,
+        }
+    }
+
+    /// Checks the f32 inputs for `t` rows (the weight is checked by the caller).
+    pub(super) fn check_inputs(&self, k: &CudaKernels, t: usize) -> Result<()> {
+        if self.inter == 0
+            || self.gu_col0.saturating_add(self.inter.saturating_mul(2)) > self.gu_stride
+            || self.gate_col >= self.gate_stride
+        {
+            return Err(CudaError::Invalid(format!(
+                "moe shared expert: need inter > 0, gu_col0 + 2·inter <= gu_stride, gate_col < gate_stride; got \
+                 inter = {}, gu_col0 = {}, gu_stride = {}, gate_col = {}, gate_stride = {}",
+                self.inter, self.gu_col0, self.gu_stride, self.gate_col, self.gate_stride
+            )));
+        }
+        k.check("shared gu", self.gu, prod(&[t, self.gu_stride])?)?;
+        k.check("shared gate", self.gate, prod(&[t, self.gate_stride])?)
+    }
 }
 
 impl CudaKernels {
@@ -190,7 +263,7 @@ impl CudaKernels {
             return Ok(());
         }
         if invariant || Self::moe_decode_path(t, k, e) {
-            decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL)
+            decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL, None)
         } else {
             let s = &self.stream;
             let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
@@ -228,7 +301,48 @@ impl CudaKernels {
         if dims[0] == 0 {
             return Ok(());
         }
-        decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, which, phases)
+        decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, which, phases, None)
+    }
+
+    /// [`CudaKernels::moe_experts`] plus the shared expert `shared`, fused into the direct
+    /// decode form ([`MoeGemv::Direct`], whatever `t`; [`CudaKernels::moe_shared_fuses`] says
+    /// when the unfused sequence would run it too): the gate+up launch also writes
+    /// `h_s = round(silu(round(g_s)) · round(u_s))` from `shared.gu`'s f32 columns, and the
+    /// down launch adds `σ(round(g)) · round(h_s · down_sᵀ)` (`g` the gate logit) to each row's
+    /// routed sum: the formulas and order of `swiglu_f32in`, the shared down GEMV and
+    /// `shared_expert_add_f32g`, but for the summation order of the shared down dot product
+    /// (the routed pairs' warp order instead of the GEMV's), so the result is within a
+    /// rounding of `T` of the unfused one per element of the shared expert's output.
+    /// Batch-invariant, as the direct form.
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::moe_experts`] (`dims` = t, k, e, hidden, inter); `shared` as
+    /// [`MoeSharedDev`] with `down` `[hidden, shared.inter]` (`T`).
+    ///
+    /// # Errors
+    /// As [`CudaKernels::moe_experts`], and [`CudaError::Invalid`] for a shared expert whose
+    /// columns do not fit its buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts_shared<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        shared: &MoeSharedDev<'_, &CudaSlice<T>>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+    ) -> Result<()> {
+        let [t, _, _, hidden, _] = dims;
+        self.check_experts(x, idx, w, gate, up, down, out, dims)?;
+        shared.check_inputs(self, t)?;
+        self.check("shared down", shared.down, prod(&[hidden, shared.inter])?)?;
+        if t == 0 {
+            return Ok(());
+        }
+        decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, MoeGemv::Direct, MOE_PHASES_ALL, Some(shared))
     }
 
     /// The argument checks of [`CudaKernels::moe_experts`].

@@ -21,6 +21,16 @@ use cudarc::driver::{DevicePtrMut, LaunchConfig};
 /// means `auto`.
 pub const MOE_GEMV_ENV: &str = "PORTER_MOE_GEMV";
 
+/// Environment variable for A/B runs of the shared expert's fusion into the direct form
+/// ([`CudaKernels::moe_shared_fuses`]): `apart` keeps it apart (its own three launches after
+/// the routed experts); unset, `fused` or another value: fused.
+pub const MOE_SHARED_ENV: &str = "PORTER_MOE_SHARED";
+
+/// Whether [`MOE_SHARED_ENV`]'s value `v` keeps the shared expert apart.
+fn shared_apart(v: Option<&std::ffi::OsStr>) -> bool {
+    v.is_some_and(|v| v.to_string_lossy().trim().eq_ignore_ascii_case("apart"))
+}
+
 /// `phases` of [`CudaKernels::moe_decode_with`] that runs the whole call (grouping, gate+up,
 /// down, combine).
 pub const MOE_PHASES_ALL: u32 = 3;
@@ -132,6 +142,27 @@ pub(super) struct DecodeCall<'a> {
     pub w_vec_d: bool,
     /// `[t, k, e, hidden, inter]`.
     pub dims: [usize; 5],
+    /// The shared expert, fused into the direct form (the call then runs the direct form).
+    pub shared: Option<SharedCall<'a>>,
+}
+
+/// Device addresses and shape of the shared expert of a direct-form call (moe_shared.cu;
+/// arguments checked by the caller).
+pub(super) struct SharedCall<'a> {
+    /// f32 `[t, gu_stride]`: the shared gate at columns `gu_col0..`, up at `gu_col0 + inter..`.
+    pub gu: u64,
+    pub gu_stride: usize,
+    pub gu_col0: usize,
+    /// f32 `[t, g_stride]`: the shared expert gate logit at column `g_col`.
+    pub glog: u64,
+    pub g_stride: usize,
+    pub g_col: usize,
+    /// Kernel arguments of the down weight `[hidden, inter]` (as the routed weights').
+    pub down: &'a [u64],
+    /// Whether the down rows (`inter` weights) allow 16-byte chunk loads.
+    pub w_vec: bool,
+    /// The shared expert's intermediate size `I_s`.
+    pub inter: usize,
 }
 
 /// The kernel arguments of one weight (`[q]` or `[q, scales, row_scale]`).
@@ -145,6 +176,17 @@ fn vec16(ptr: u64, row_bytes: usize) -> bool {
 }
 
 impl CudaKernels {
+    /// Whether the routed experts of `t` rows with `k` experts each out of `e`
+    /// ([`CudaKernels::moe_experts`], [`CudaKernels::moe_experts_fp8`]) run the direct decode
+    /// form ([`MoeGemv`], [`MOE_GEMV_ENV`]), and the shared expert is then fused into it
+    /// ([`CudaKernels::moe_experts_shared`], [`CudaKernels::moe_experts_fp8_shared`]) unless
+    /// [`MOE_SHARED_ENV`] keeps it apart. Read on every call.
+    pub fn moe_shared_fuses(t: usize, k: usize, e: usize) -> bool {
+        Self::moe_decode_path(t, k, e)
+            && MoeGemv::from_env().resolve(t.saturating_mul(k)) == MoeGemv::Direct
+            && !shared_apart(std::env::var_os(MOE_SHARED_ENV).as_deref())
+    }
+
     /// Resident blocks of a persistent decode kernel: `per_sm` per SM, no more than `items`
     /// warp items need.
     fn moe_persistent_grid(&self, items: usize, per_sm: usize) -> Result<u32> {
@@ -160,7 +202,7 @@ impl CudaKernels {
         let [t, k, e, hidden, inter] = c.dims;
         let n = prod(&[t, k])?;
         let which = which.resolve(n);
-        if which == MoeGemv::Direct {
+        if which == MoeGemv::Direct || c.shared.is_some() {
             return self.moe_decode_direct(c, phases);
         }
         let slots = e.min(n);
@@ -295,7 +337,8 @@ impl CudaKernels {
         }
     }
     /// The direct form ([`MoeGemv::Direct`]) of [`CudaKernels::moe_decode_run`]: no grouping,
-    /// scratch only for h `[t·k, inter]`; `phases` as there (0: nothing runs, 1: gate+up).
+    /// scratch only for h `[t·k, inter]` (and h_s `[t, I_s]` with a shared expert); `phases` as
+    /// there (0: nothing runs, 1: gate+up).
     fn moe_decode_direct(&self, c: &DecodeCall<'_>, phases: u32) -> Result<()> {
         if phases == 0 {
             return Ok(());
@@ -304,17 +347,25 @@ impl CudaKernels {
         let n = prod(&[t, k])?;
         let (n32, e32, k32, t32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?, u32_of("t", t)?);
         let (h32, i32_) = (u32_of("hidden", hidden)?, u32_of("inter", inter)?);
+        let sh = c.shared.as_ref();
+        let is = sh.map_or(0, |s| s.inter);
         let s = &self.stream;
-        // SAFETY: uninitialised scratch: h of every valid pair is written by the gate+up
-        // kernel before the down kernel (later in stream order) reads it; invalid pairs'
-        // rows are never read.
-        let mut h = unsafe { s.alloc::<u8>(prod(&[n, inter, c.esize])?) }?;
-        let (p_h, _gh) = h.device_ptr_mut(s);
+        // Scratch, one allocation: h [n, inter], then h_s [t, I_s] (T).
+        let off_hs = align256(prod(&[n, inter, c.esize])?);
+        // SAFETY: uninitialised scratch: h of every valid pair and all of h_s are written by the
+        // gate+up kernel before the down kernel (later in stream order) reads them; invalid
+        // pairs' rows are never read.
+        let mut scratch = unsafe { s.alloc::<u8>(off_hs + prod(&[t, is, c.esize])?) }?;
+        let (p_h, _gh) = scratch.device_ptr_mut(s);
+        let p_hs = p_h + off_hs as u64;
         let vec_gu = i32::from(c.w_vec_gu && vec16(c.x, hidden * c.esize));
         let vec_d = i32::from(c.w_vec_d && vec16(p_h, inter * c.esize));
-        // One warp per (pair, inter column), every item at once.
+        // One warp per (pair, inter column), every item at once; then, with a shared expert,
+        // a thread per element of h_s.
+        let routed_blocks = prod(&[n, inter])?.div_ceil(GEMV_WARPS);
+        let shared_blocks = prod(&[t, is])?.div_ceil(GEMV_WARPS * 32);
         let cfg = LaunchConfig {
-            grid_dim: (u32_of("gemv blocks", prod(&[n, inter])?.div_ceil(GEMV_WARPS))?, 1, 1),
+            grid_dim: (u32_of("gemv blocks", routed_blocks + shared_blocks)?, 1, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -323,32 +374,78 @@ impl CudaKernels {
         args.extend(weights(c.up));
         let rest: [&dyn KernelArg; 8] = [&c.idx, &n32, &e32, &p_h, &h32, &i32_, &k32, &vec_gu];
         args.extend(rest);
+        let (gu_stride, gu_col0, is32) = match sh {
+            Some(sc) => (
+                u32_of("shared gu stride", sc.gu_stride)?,
+                u32_of("shared gu column", sc.gu_col0)?,
+                u32_of("shared inter", is)?,
+            ),
+            None => (0, 0, 0),
+        };
+        let gu_ptr = sh.map_or(0u64, |sc| sc.gu);
+        if sh.is_some() {
+            let extra: [&dyn KernelArg; 6] = [&gu_ptr, &gu_stride, &gu_col0, &p_hs, &is32, &t32];
+            args.extend(extra);
+        }
+        let gu_name = if sh.is_some() { "moe_dir_gu_sh_" } else { "moe_dir_gu_" };
         // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, const u32* idx,
-        // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec)` (weights as for v2); items past
-        // n · I exit; a pair with an id >= e writes no h and is never read (the down kernel
-        // skips it); h has n rows of I.
-        unsafe { self.launch(c.src, &format!("moe_dir_gu_{}{}", c.kind, c.tname), cfg, &args) }?;
+        // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec)` (weights as for v2), or
+        // `moe_dir_gu_sh_<kind><T>` with `const float* gu, u32 gu_stride, u32 gu_col0, T* hs,
+        // u32 Is, u32 t` after them; items past n · I exit; a pair with an id >= e writes no h
+        // and is never read (the down kernel skips it); h has n rows of I; the blocks past
+        // ceil(n·I / 8) write h_s [t, Is] (its elements < t·Is), reading gu's columns
+        // gu_col0 .. gu_col0 + 2·Is < gu_stride of t rows (checked by the caller).
+        unsafe { self.launch(c.src, &format!("{gu_name}{}{}", c.kind, c.tname), cfg, &args) }?;
         if phases == 1 {
             return Ok(());
         }
-        // A row's k rows of h in shared memory when they fit (16-byte rows).
+        // A row's k rows of h (and h_s's row) in shared memory when they fit (16-byte rows).
         let h_row = prod(&[k, inter, c.esize])?;
-        let staged = i32::from(vec_d == 1 && h_row <= DIRECT_STAGE_BYTES);
+        let hs_row = prod(&[is, c.esize])?;
+        let stage_h = vec_d == 1 && h_row <= DIRECT_STAGE_BYTES;
+        let vec_s = sh.is_some_and(|sc| sc.w_vec && vec16(p_hs, hs_row));
+        let stage_s = vec_s && if stage_h { h_row } else { 0 } + hs_row <= DIRECT_STAGE_BYTES;
+        let staged = i32::from(stage_h) | (i32::from(stage_s) << 1);
+        let dsm = if stage_h { h_row } else { 0 } + if stage_s { hs_row } else { 0 };
+        // The shared row as one more pair of the routed groups when it has their length and
+        // load width (mode 1), else a dot product of its own (mode 2).
+        let mode = match sh {
+            None => 0i32,
+            Some(_) if is == inter && i32::from(vec_s) == vec_d => 1,
+            Some(_) => 2,
+        };
+        let svec = i32::from(vec_s);
         let mut args: Vec<&dyn KernelArg> = vec![&p_h];
         args.extend(weights(c.down));
         let rest: [&dyn KernelArg; 9] = [&c.idx, &c.w, &e32, &c.out, &h32, &i32_, &k32, &vec_d, &staged];
         args.extend(rest);
+        let (g_stride, g_col) = match sh {
+            Some(sc) => (u32_of("shared gate stride", sc.g_stride)?, u32_of("shared gate column", sc.g_col)?),
+            None => (0, 0),
+        };
+        let glog = sh.map_or(0u64, |sc| sc.glog);
+        if let Some(sc) = sh {
+            args.extend(weights(sc.down));
+            let extra: [&dyn KernelArg; 7] = [&p_hs, &glog, &g_stride, &g_col, &is32, &mode, &svec];
+            args.extend(extra);
+        }
         let cfg = LaunchConfig {
             grid_dim: (u32_of("column blocks", hidden.div_ceil(GEMV_WARPS))?, t32, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: if staged == 1 { u32_of("shared memory", h_row)? } else { 0 },
+            shared_mem_bytes: u32_of("shared memory", dsm)?,
         };
+        let down_name = if sh.is_some() { "moe_dir_down_sh_" } else { "moe_dir_down_" };
         // SAFETY: arguments match `moe_dir_down_<kind><T>(const T* h, <down>, const u32* idx,
-        // const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged)`;
-        // block (x, y) covers row y < t and columns 8x.. (those < H write their out element);
-        // with `staged` the row's k·I elements of h (16-byte multiple, 16-byte aligned: vec)
-        // fit the dynamic shared memory given; h rows are used only for valid ids.
-        unsafe { self.launch(c.src, &format!("moe_dir_down_{}{}", c.kind, c.tname), cfg, &args) }
+        // const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged)`, or
+        // `moe_dir_down_sh_<kind><T>` with `<shared down>, const T* hs, const float* glog,
+        // u32 g_stride, u32 g_col, u32 Is, int mode, int svec` after them; block (x, y) covers
+        // row y < t and columns 8x.. (those < H write their out element); staged bit 0: the
+        // row's k·I elements of h (16-byte multiple, 16-byte aligned: vec), bit 1: h_s's row
+        // of Is elements after them (svec), within the dynamic shared memory given; h rows
+        // are used only for valid ids; the shared down weight has H rows of Is, mode 1 only
+        // when Is = I with the routed rows' load width; glog's column g_col < g_stride of t
+        // rows (checked by the caller).
+        unsafe { self.launch(c.src, &format!("{down_name}{}{}", c.kind, c.tname), cfg, &args) }
     }
 }
 
@@ -377,6 +474,14 @@ mod tests {
         assert_eq!(v("Direct"), Ok(MoeGemv::Direct));
         assert_eq!(v(""), Ok(MoeGemv::Auto));
         assert_eq!(v("v3"), Err("v3".to_string()));
+    }
+
+    #[test]
+    fn shared_env_values() {
+        let v = |s: &str| shared_apart(Some(std::ffi::OsStr::new(s)));
+        assert!(!shared_apart(None));
+        assert!(v("apart") && v(" Apart "));
+        assert!(!v("fused") && !v("") && !v("0"));
     }
 
     #[test]

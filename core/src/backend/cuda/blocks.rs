@@ -6,7 +6,7 @@
 //! addresses); nothing here waits for the device.
 
 use super::profile;
-use crate::backend::{AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, NormKind, RecBuf, RecCache, RopeArgs};
+use crate::backend::{AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, NormKind, RecBuf, RecCache, RopeArgs};
 use crate::batch::{Batch, PageStep, SeqId};
 use crate::error::Context;
 use crate::error::Result;
@@ -391,93 +391,6 @@ fn attn_mode() -> porter_kernels::cuda::AttnMode {
     } else {
         porter_kernels::cuda::AttnMode::Fast
     }
-}
-
-// ---------------------------------------------------------------------------
-// MoE
-// ---------------------------------------------------------------------------
-
-/// Routed experts on the device (see `Ops::moe_experts`): router kernel over the first
-/// `m.experts` columns of the f32 `logits`, grouped expert GEMMs, deterministic weighted
-/// combine → `[T, H]` f32.
-pub fn moe_experts(
-    x: &Tensor,
-    logits: &Tensor,
-    m: &MoeArgs,
-    gate: &Tensor,
-    up: &Tensor,
-    down: &Tensor,
-) -> Result<Tensor> {
-    let g = gpu_of(x, "moe")?;
-    let _p = profile::span("moe experts (incl. router)", &g);
-    let (t, h) = (x.rows(), x.last_dim());
-    let (e, k) = (m.experts, m.top_k);
-    let stride = logits.last_dim();
-    let mut idx = alloc::<u32>(&g, t * k)?;
-    let mut wts = alloc::<f32>(&g, t * k)?;
-    g.k.moe_router_strided(logits.dev::<f32>()?, stride, &mut idx, &mut wts, t, e, k, m.norm_topk_prob)
-        .map_err(cuda_err)?;
-    let inter = gate.dim(1);
-    let mut y = Tensor::empty_on(&g, [t, h], DType::F32)?;
-    match (super::fp8::fp8_of(gate), super::fp8::fp8_of(up), super::fp8::fp8_of(down)) {
-        (Some(gq), Some(uq), Some(dq)) => {
-            super::fp8::moe_experts(&g, x, &idx, &wts, (gq, uq, dq), &mut y, (t, k, e, h, inter))?;
-            return Ok(y);
-        }
-        (None, None, None) => {}
-        _ => bail!(Internal, "moe experts with fp8 and dense weights mixed"),
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn go<T: DevType>(
-        g: &Gpu,
-        x: &Tensor,
-        idx: &CudaSlice<u32>,
-        w: &CudaSlice<f32>,
-        experts: (&Tensor, &Tensor, &Tensor),
-        y: &mut Tensor,
-        dims: (usize, usize, usize, usize, usize),
-    ) -> Result<()> {
-        let (t, k, e, h, inter) = dims;
-        let (gate, up, down) = experts;
-        let (xd, gd, ud, dd) = (x.dev::<T>()?, gate.dev::<T>()?, up.dev::<T>()?, down.dev::<T>()?);
-        let out = y.dev_mut::<f32>()?;
-        // The batch-invariant rule (f32, or deterministic mode) pins the per-row GEMV path:
-        // the prefill tiles would make a row's result depend on how many rows share the call.
-        if crate::tensor::cuda::batch_invariant(T::DTYPE) {
-            g.k.moe_experts_invariant::<T>(xd, idx, w, gd, ud, dd, out, t, k, e, h, inter)
-        } else {
-            g.k.moe_experts::<T>(xd, idx, w, gd, ud, dd, out, t, k, e, h, inter)
-        }
-        .map_err(cuda_err)
-    }
-    crate::by_dtype!(x.dtype(), go(&g, x, &idx, &wts, (gate, up, down), &mut y, (t, k, e, h, inter)))?;
-    Ok(y)
-}
-
-/// `silu(g) · u` from f32 columns of `all` (see `Ops::swiglu_cols`).
-pub fn swiglu_cols(all: &Tensor, col0: usize, inter: usize, dtype: DType) -> Result<Tensor> {
-    let g = gpu_of(all, "swiglu_cols")?;
-    let (t, stride) = (all.rows(), all.last_dim());
-    let mut hsh = Tensor::empty_on(&g, [t, inter], dtype)?;
-    fn act<T: DevType>(g: &Gpu, all: &Tensor, h: &mut Tensor, dims: (usize, usize, usize, usize)) -> Result<()> {
-        let (t, i, stride, col0) = dims;
-        g.k.swiglu_f32in::<T>(all.dev::<f32>()?, h.dev_mut::<T>()?, t, i, stride, col0).map_err(cuda_err)
-    }
-    crate::by_dtype!(dtype, act(&g, all, &mut hsh, (t, inter, stride, col0)))?;
-    Ok(hsh)
-}
-
-/// `y += sigmoid(round(all[:, gate_col])) · so` (see `Ops::shared_expert_add`).
-pub fn shared_expert_add(y: &mut Tensor, so: &Tensor, all: &Tensor, gate_col: usize) -> Result<()> {
-    let g = gpu_of(y, "shared_expert_add")?;
-    let (h, stride) = (y.last_dim(), all.last_dim());
-    fn add<T: DevType>(g: &Gpu, y: &mut Tensor, so: &Tensor, all: &Tensor, dims: (usize, usize, usize)) -> Result<()> {
-        let (h, stride, gcol) = dims;
-        let t = so.rows();
-        g.k.shared_expert_add_f32g::<T>(y.dev_mut::<f32>()?, so.dev::<T>()?, all.dev::<f32>()?, t, h, stride, gcol)
-            .map_err(cuda_err)
-    }
-    crate::by_dtype!(so.dtype(), add(&g, y, so, all, (h, stride, gate_col)))
 }
 
 // ---------------------------------------------------------------------------

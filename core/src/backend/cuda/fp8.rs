@@ -18,6 +18,7 @@
 //!   run: f32, below sm_80, forced fallback) all experts of the layer dequantized into the
 //!   scratch and the dense grouped GEMMs; the same fallback order as above.
 
+use crate::backend::MoeShared;
 use crate::bail;
 use crate::error::Result;
 use crate::tensor::cuda::{alloc, cuda_err, DevBuf, DevFp8, DevType, Gpu};
@@ -202,7 +203,8 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
 }
 
 /// Routed experts with FP8 `gate` / `up` `[e, inter, hidden]` and `down` `[e, hidden, inter]`
-/// (see `blocks::moe_experts`; `idx` / `wts` from the router) → `y` `[t, hidden]` f32.
+/// (see `moe::moe_experts`; `idx` / `wts` from the router) → `y` `[t, hidden]` f32; with
+/// `shared` (its down weight FP8; chosen by `moe::moe_experts`) fused into the direct form.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_experts(
     g: &Gpu,
@@ -210,15 +212,18 @@ pub fn moe_experts(
     idx: &CudaSlice<u32>,
     wts: &CudaSlice<f32>,
     experts: (&DevFp8, &DevFp8, &DevFp8),
+    shared: Option<&MoeShared<'_>>,
     y: &mut Tensor,
     dims: (usize, usize, usize, usize, usize),
 ) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
     fn go<T: DevType>(
         g: &Gpu,
         x: &Tensor,
         idx: &CudaSlice<u32>,
         wts: &CudaSlice<f32>,
         experts: (&DevFp8, &DevFp8, &DevFp8),
+        shared: Option<&MoeShared<'_>>,
         y: &mut Tensor,
         dims: (usize, usize, usize, usize, usize),
     ) -> Result<()> {
@@ -226,6 +231,15 @@ pub fn moe_experts(
         let (gate, up, down) = experts;
         let xd = x.dev::<T>()?;
         let out = y.dev_mut::<f32>()?;
+        if let Some(s) = shared {
+            let Some(sq) = fp8_of(s.down) else { bail!(Internal, "fused FP8 shared expert with a dense down weight") };
+            let sd = super::moe::shared_dev(s, sq.view())?;
+            let (gv, uv, dv) = (gate.view(), up.view(), down.view());
+            return g
+                .k
+                .moe_experts_fp8_shared::<T>(xd, idx, wts, gv, uv, dv, &sd, out, [t, k, e, h, inter])
+                .map_err(cuda_err);
+        }
         if crate::tensor::cuda::batch_invariant(T::DTYPE) || CudaKernels::moe_decode_path(t, k, e) {
             return g
                 .k
@@ -249,7 +263,7 @@ pub fn moe_experts(
             g.k.moe_experts::<T>(xd, idx, wts, &gd, &ud, &dd, out, t, k, e, h, inter).map_err(cuda_err)
         })
     }
-    crate::by_dtype!(x.dtype(), go(g, x, idx, wts, experts, y, dims))
+    crate::by_dtype!(x.dtype(), go(g, x, idx, wts, experts, shared, y, dims))
 }
 
 /// A random FP8 weight `[rows, cols]` made on the device: `dense` (the compute dtype's values)

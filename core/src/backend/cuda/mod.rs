@@ -5,11 +5,12 @@
 pub mod blocks;
 pub mod fp8;
 pub mod graph;
+pub mod moe;
 pub mod profile;
 
 pub use blocks::{CudaKv, CudaRec};
 
-use super::{AttnArgs, GdnArgs, GdnWeights, KvCache, MoeArgs, NormKind, Ops, RecCache, RopeArgs};
+use super::{AttnArgs, GdnArgs, GdnWeights, KvCache, MoeArgs, MoeShared, NormKind, Ops, RecCache, RopeArgs};
 use crate::bail;
 use crate::batch::Batch;
 use crate::error::Result;
@@ -86,14 +87,15 @@ impl Ops for CudaOps {
         gate: &Tensor,
         up: &Tensor,
         down: &Tensor,
-    ) -> Result<Tensor> {
-        blocks::moe_experts(x, logits, m, gate, up, down)
+        shared: Option<&MoeShared<'_>>,
+    ) -> Result<(Tensor, bool)> {
+        moe::moe_experts(x, logits, m, gate, up, down, shared)
     }
     fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType) -> Result<Tensor> {
-        blocks::swiglu_cols(all, col0, inter, dtype)
+        moe::swiglu_cols(all, col0, inter, dtype)
     }
     fn shared_expert_add(&self, y: &mut Tensor, so: &Tensor, all: &Tensor, gate_col: usize) -> Result<()> {
-        blocks::shared_expert_add(y, so, all, gate_col)
+        moe::shared_expert_add(y, so, all, gate_col)
     }
     fn gdn(&self, p: &Tensor, w: &GdnWeights<'_>, g: &GdnArgs, batch: &Batch, rec: &mut RecCache) -> Result<Tensor> {
         blocks::gdn(p, w, g, batch, rec)
