@@ -354,6 +354,18 @@ __device__ __forceinline__ void zero_out(float* __restrict__ out, u64 total) {
         out[q] = 0.0f;
 }
 
+// Starts moving rows r0 .. r0 + nr of matrix m (rows of K weights) into L2, one 128-byte line
+// a lane (no row arrays: few registers, for kernels at their register limit).
+template <typename M>
+__device__ __forceinline__ void prefetch_mat_rows(const M& m, u64 r0, u32 nr, u32 K, u32 lane) {
+    const u32 lines = (K * M::BYTES + 127u) / 128u;
+    for (u32 l = lane; l < nr * lines; l += 32u) {
+        const u32 r = l / lines;
+        const char* p = static_cast<const char*>(m.row(r0 + r, K).base()) + (l - r * lines) * 128u;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+}
+
 // ---------------------------------------------------------------------------
 // v1: two persistent kernels, static items.
 // ---------------------------------------------------------------------------
@@ -374,8 +386,16 @@ __device__ __forceinline__ void dec_gu_impl(const T* __restrict__ x, const M gat
     dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
     const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
     const u64 items = (u64)nact * I, stride = (u64)gridDim.x * wpb;
-    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride)
+    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
+        // The next item's rows start for L2 while this one computes (a warp otherwise waits
+        // a full HBM round trip at the start of every item).
+        if (q + stride < items) {
+            const u32 s1 = (u32)((q + stride) / I), c1 = (u32)((q + stride) % I), ex1 = seg[3 * s1];
+            prefetch_mat_rows(gate, (u64)ex1 * I + c1, 1u, H, lane);
+            prefetch_mat_rows(up, (u64)ex1 * I + c1, 1u, H, lane);
+        }
         gu_item<T, M, U>(x, gate, up, sorted, seg, (u32)(q / I), (u32)(q % I), h, H, I, k, vec, lane);
+    }
 }
 
 template <typename T, typename M, int U>
@@ -400,6 +420,12 @@ __device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const M d
     const u64 items = (u64)nact * nq, stride = (u64)gridDim.x * wpb;
     for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
         const u32 s = (u32)(q / nq), cq = (u32)(q % nq), c0 = cq * MOE_DOWN_NR;
+        // The next item's rows start for L2, so that its loads do not wait behind this
+        // item's fence + counter (as in dec_gu_impl).
+        if (q + stride < items) {
+            const u32 s1 = (u32)((q + stride) / nq), c1 = (u32)((q + stride) % nq) * MOE_DOWN_NR;
+            prefetch_mat_rows(down, (u64)seg[3 * s1] * H + c1, min((u32)MOE_DOWN_NR, H - c1), I, lane);
+        }
         // h was written by the previous kernel: the read-only path is fine.
         down_item<T, M, MOE_DOWN_NR, MOE_GEMV_MB, U, false>(h, down, sorted, seg, s, c0, o, H, I, vec, lane);
         count_and_combine<T, MOE_DOWN_NR>(ctr, cq, nact, o, idx, wt, out, c0, H, k, e, t, lane);
@@ -426,7 +452,7 @@ __device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const M d
 // same butterfly), so the direct form gives v1's bits.
 // ---------------------------------------------------------------------------
 
-#define MOE_DIR_KG 8 // down: pairs of a row whose loads are in flight together
+#define MOE_DIR_KG 8  // down: pairs of a row whose loads are in flight together
 
 // acc[g] = Σ_i w_g[i] · a_g[i] over i < K for the live g < G (bit g of `live`), one
 // warp: the same per-accumulator order as warp_dots (every lane gets every sum).
@@ -545,6 +571,23 @@ __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M d
     const u32 r = blockIdx.y, c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const T* hr = h + (u64)r * k * I;
     const T* hsr = sh.mode ? sh.hs + (u64)r * sh.Is : nullptr;
+    if (c < H) {
+        // This warp's down rows (they do not depend on h) start for L2 now: their HBM
+        // round trip overlaps the staging of h, and the second zip group finds them in L2.
+        // Lane j holds the row's id j; a round covers 32 lines (uniform trip count: the
+        // shuffles need every lane).
+        const u32 myex = lane < k ? __ldg(idx + (u64)r * k + lane) : e;
+        const u32 lines = (I * M::BYTES + 127u) / 128u;
+        for (u32 l0 = 0; l0 < k * lines; l0 += 32u) {
+            const u32 l = l0 + lane, j = min(l / lines, k - 1u);
+            const u32 ex = __shfl_sync(0xffffffffu, myex, j);
+            if (l < k * lines && ex < e) {
+                const char* p = static_cast<const char*>(down.row((u64)ex * H + c, I).base()) + (l - j * lines) * 128u;
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            }
+        }
+        if (sh.mode) prefetch_mat_rows(sh.down, c, 1u, sh.Is, lane);
+    }
     if (staged) {
         const u32 n16 = (staged & 1) ? k * I * (u32)sizeof(T) / 16u : 0u;
         const u32 s16 = (staged & 2) ? sh.Is * (u32)sizeof(T) / 16u : 0u;
