@@ -60,6 +60,89 @@ __device__ __forceinline__ float gc_decay(float x) { return x < -60.0f ? 0.0f : 
 // 32-way bank conflicts).
 __device__ __forceinline__ u32 gc_sw(u32 d) { return (d & 7u) << 2; }
 
+// Per chunk (rows r0 .. r0 + l − 1 of the batch) and value head j, shared by
+// the f32 and the tensor-core kernels: 1/‖q‖ times q_scale (`rq` may be null),
+// 1/‖k‖, β (`bt` may be null), the cumulative log-decay G (f64, summed in row
+// order as the CPU code) and, where `eg` / `ek` are not null, exp(G) and
+// exp(G_last − G). GC_THREADS threads; ends with a barrier. Rows past l get
+// zeros (G: the last value). The g of every row is loaded in parallel (into
+// Gd) before one thread sums them, so the serial sum waits on no global load.
+__device__ __forceinline__ void gc_chunk_gates(const float* __restrict__ qbase, const float* __restrict__ kbase,
+                                               const float* __restrict__ g, const float* __restrict__ beta, u64 rw,
+                                               u32 r0, u32 l, u32 hv, u32 j, u32 dk, float q_scale, float* rq,
+                                               float* rk, float* bt, double* Gd, float* eg, float* ek, u32 tid) {
+    const u32 lane = tid & 31u, wid = tid >> 5;
+    for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
+        float sq = 0.0f, sk = 0.0f;
+        if (i < l) {
+            const float* qr = qbase + (u64)(r0 + i) * rw;
+            const float* kr = kbase + (u64)(r0 + i) * rw;
+            for (u32 d = lane; d < dk; d += 32) {
+                if (rq) sq += qr[d] * qr[d];
+                sk += kr[d] * kr[d];
+            }
+        }
+        sq = warp_sum(sq);
+        sk = warp_sum(sk);
+        if (lane == 0) {
+            if (rq) rq[i] = i < l ? (1.0f / sqrtf(sq + 1e-6f)) * q_scale : 0.0f;
+            rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
+            if (bt) bt[i] = i < l ? beta[(u64)(r0 + i) * hv + j] : 0.0f;
+            Gd[i] = i < l ? (double)g[(u64)(r0 + i) * hv + j] : 0.0;
+        }
+    }
+    __syncthreads();
+    if (wid == 0) {
+        if (lane == 0) {
+            double acc = 0.0;
+            for (u32 i = 0; i < GC_C; ++i) {
+                if (i < l) acc += Gd[i];
+                Gd[i] = acc;
+            }
+        }
+        __syncwarp();
+        if (eg)
+            for (u32 i = lane; i < GC_C; i += 32) {
+                eg[i] = i < l ? gc_decay((float)Gd[i]) : 0.0f;
+                if (ek) ek[i] = i < l ? gc_decay((float)(Gd[l - 1] - Gd[i])) : 0.0f;
+            }
+    }
+    __syncthreads();
+}
+
+// Stages rows i < 64 of a chunk, columns d < n, of an f32 matrix (row r0 + i
+// at base + (r0 + i) · rw; rows >= l read as zero) into shared memory:
+// x = base[..] · rs[i] (`rs` null: x = base[..]) rounded to D at dst[i·ld + d],
+// columns n .. np − 1 of dst zeroed (np >= n); with `dst2`, also x · s2[i]
+// rounded to D2 at dst2[i·ld2 + d] (d < n only). GC_THREADS threads, no barrier.
+template <typename D, typename D2>
+__device__ __forceinline__ void gc_stage_rows(const float* __restrict__ base, u64 rw, u32 r0, u32 l, u32 n,
+                                              u32 np, const float* __restrict__ rs, D* __restrict__ dst, u32 ld,
+                                              D2* __restrict__ dst2, const float* __restrict__ s2, u32 ld2,
+                                              u32 tid) {
+    for (u32 x = tid; x < GC_C * np; x += GC_THREADS) {
+        const u32 i = x / np, d = x % np;
+        float v = 0.0f;
+        if (i < l && d < n) {
+            v = base[(u64)(r0 + i) * rw + d];
+            if (rs) v *= rs[i];
+        }
+        dst[i * ld + d] = from_f<D>(v);
+        if (dst2 && d < n) dst2[i * ld2 + d] = from_f<D2>(v * s2[i]);
+    }
+}
+
+// The rows r0 .. r0 + l − 1 (clipped to t) of value head j of out [t, hv, dv]
+// set to NaN (the outputs of an invalid span). GC_THREADS threads.
+template <typename T>
+__device__ __forceinline__ void gc_nan_rows(T* __restrict__ out, u32 r0, u32 l, u32 t, u32 hv, u32 j, u32 dv,
+                                            u32 tid) {
+    for (u32 x = tid; x < l * dv; x += GC_THREADS) {
+        const u64 r = (u64)r0 + x / dv;
+        if (r < t) out[(r * hv + j) * dv + x % dv] = from_f<T>(PORTER_NAN);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Chunk offsets. One block of 1024 threads. A span is valid when slot <
 // num_slots, src_buf < nbuf, row0 + len <= t and len <= max_len; it then gets
@@ -139,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float Xs[GC_C][GC_C + 1];  // staged 64-column blocks of K, then T
     __shared__ double Gd[GC_C];
     __shared__ float rk[GC_C], bt[GC_C], eg[GC_C], ek[GC_C];
-    const u32 tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5;
+    const u32 tid = threadIdx.x;
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
     const u32 o = off[s];
     if (o == GC_INVALID) return;
@@ -154,33 +237,8 @@ extern "C" __global__ void __launch_bounds__(256)
     const float* vbase = qkv + 2ull * hk * dk + (u64)j * dv;
     const u64 ch = gci * hv + j;  // (chunk, head)
 
-    // Inverse norms of k, β.
-    for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
-        float sk = 0.0f;
-        if (i < l) {
-            const float* kr = kbase + (u64)(r0 + i) * rw;
-            for (u32 d = lane; d < dk; d += 32) sk += kr[d] * kr[d];
-        }
-        sk = warp_sum(sk);
-        if (lane == 0) {
-            rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
-            bt[i] = i < l ? beta[(u64)(r0 + i) * hv + j] : 0.0f;
-        }
-    }
-    if (tid == 0) {
-        double acc = 0.0;
-        for (u32 i = 0; i < GC_C; ++i) {
-            if (i < l) acc += (double)g[(u64)(r0 + i) * hv + j];
-            Gd[i] = acc;
-        }
-    }
-    __syncthreads();
-    if (tid < GC_C) {
-        eg[tid] = tid < l ? gc_decay((float)Gd[tid]) : 0.0f;
-        ek[tid] = tid < l ? gc_decay((float)(Gd[l - 1] - Gd[tid])) : 0.0f;
-    }
+    gc_chunk_gates(kbase, kbase, g, beta, rw, r0, l, hv, j, dk, 1.0f, nullptr, rk, bt, Gd, eg, ek, tid);
     if (tid == 0) gl[ch] = gc_decay((float)Gd[l - 1]);
-    __syncthreads();
 
     // Gram K Kᵀ: thread owns rows ri + 16a and columns 4cq + b (a, b < 4):
     // 8 shared loads per 16 FMAs (rows conflict-free, columns broadcast).
@@ -192,12 +250,8 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
     for (u32 d0 = 0; d0 < dk; d0 += GC_C) {
         __syncthreads();
-        for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
-            const u32 i = x / GC_C, dd = x % GC_C, d = d0 + dd;
-            const float kv = (i < l && d < dk) ? kbase[(u64)(r0 + i) * rw + d] * rk[i] : 0.0f;
-            Xs[i][dd] = kv;
-            if (d < dk) kt[(ch * GC_C + i) * dk + d] = kv * ek[i];
-        }
+        const u32 n = dk - d0 < GC_C ? dk - d0 : GC_C;
+        gc_stage_rows(kbase + d0, rw, r0, l, n, GC_C, rk, &Xs[0][0], GC_C + 1, kt + ch * GC_C * dk + d0, ek, dk, tid);
         __syncthreads();
 #pragma unroll 4
         for (u32 dd = 0; dd < GC_C; ++dd) {
@@ -485,6 +539,23 @@ GDN_CHUNK_STATE(8, 2)
 GDN_CHUNK_STATE(16, 2)
 GDN_CHUNK_STATE(32, 1)
 
+// acc[a][b] += x[a] · y[b] (a < 4, b < CT; y 16-byte aligned, read as float4).
+template <int CT>
+__device__ __forceinline__ void gc_outer4(float (&acc)[4][CT], const float (&x)[4], const float* __restrict__ y) {
+    const float4* y4 = reinterpret_cast<const float4*>(y);
+#pragma unroll
+    for (int b = 0; b < CT; b += 4) {
+        const float4 yy = y4[b / 4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            acc[a][b] = fmaf(x[a], yy.x, acc[a][b]);
+            acc[a][b + 1] = fmaf(x[a], yy.y, acc[a][b + 1]);
+            acc[a][b + 2] = fmaf(x[a], yy.z, acc[a][b + 2]);
+            acc[a][b + 3] = fmaf(x[a], yy.w, acc[a][b + 3]);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Outputs per (chunk, value head): grid (max_chunks, hv, n_spans), block
 // GC_THREADS. Thread: rows 4·(tid / 16) .. + 3, columns (tid % 16)·CT .. + CT − 1
@@ -507,7 +578,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
     float* Kt = Qt + dkp * GC_C;                     // [dkp][64]
     float* Pt = Kt + dkp * GC_C;                     // [64][64]: Pt[m][i] = P[i][m]
     float* Bs = Pt + GC_C * GC_C;                    // [16][DVP]
-    const u32 tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5;
+    const u32 tid = threadIdx.x;
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
     const u32* sp = spans + 5 * s;
     const u32 row0 = sp[0], len = sp[1];
@@ -516,10 +587,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
     const u32 r0 = row0 + c * GC_C;
     const u32 o = off[s];
     if (o == GC_INVALID) {
-        for (u32 x = tid; x < l * dv; x += GC_THREADS) {
-            const u64 r = (u64)r0 + x / dv;
-            if (r < t) out[(r * hv + j) * dv + x % dv] = from_f<T>(PORTER_NAN);
-        }
+        gc_nan_rows(out, r0, l, t, hv, j, dv, tid);
         return;
     }
     const u64 ch = ((u64)o + c) * hv + j;
@@ -527,31 +595,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
     const float* qbase = qkv + (u64)kh * dk;
     const float* kbase = qkv + (u64)hk * dk + (u64)kh * dk;
 
-    for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
-        float sq = 0.0f, sk = 0.0f;
-        if (i < l) {
-            const float* qr = qbase + (u64)(r0 + i) * rw;
-            const float* kr = kbase + (u64)(r0 + i) * rw;
-            for (u32 d = lane; d < dk; d += 32) {
-                sq += qr[d] * qr[d];
-                sk += kr[d] * kr[d];
-            }
-        }
-        sq = warp_sum(sq);
-        sk = warp_sum(sk);
-        if (lane == 0) {
-            rq[i] = i < l ? (1.0f / sqrtf(sq + 1e-6f)) * q_scale : 0.0f;
-            rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
-        }
-    }
-    if (tid == 0) {
-        double acc = 0.0;
-        for (u32 i = 0; i < GC_C; ++i) {
-            if (i < l) acc += (double)g[(u64)(r0 + i) * hv + j];
-            Gd[i] = acc;
-        }
-    }
-    __syncthreads();
+    gc_chunk_gates(qbase, kbase, g, nullptr, rw, r0, l, hv, j, dk, q_scale, rq, rk, nullptr, Gd, nullptr, nullptr, tid);
     // Normalised q, k, transposed (token index fastest).
     for (u32 x = tid; x < dkp * GC_C; x += GC_THREADS) {
         const u32 i = x / dkp, d = x % dkp;
@@ -616,18 +660,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
         for (u32 dd = 0; dd < de; ++dd) {
             const float4 q4 = *reinterpret_cast<const float4*>(Qt + (d0 + dd) * GC_C + (ib ^ gc_sw(d0 + dd)));
             const float qa[4] = {q4.x, q4.y, q4.z, q4.w};
-            const float4* b4 = reinterpret_cast<const float4*>(Bs + dd * DVP + cb * CT);
-#pragma unroll
-            for (int b = 0; b < CT; b += 4) {
-                const float4 bb = b4[b / 4];
-#pragma unroll
-                for (int a = 0; a < 4; ++a) {
-                    acc[a][b] = fmaf(qa[a], bb.x, acc[a][b]);
-                    acc[a][b + 1] = fmaf(qa[a], bb.y, acc[a][b + 1]);
-                    acc[a][b + 2] = fmaf(qa[a], bb.z, acc[a][b + 2]);
-                    acc[a][b + 3] = fmaf(qa[a], bb.w, acc[a][b + 3]);
-                }
-            }
+            gc_outer4<CT>(acc, qa, Bs + dd * DVP + cb * CT);
         }
     }
     // + P Vn, 16 tokens at a time (Vn is ut, [dv][64]).
@@ -643,18 +676,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
         for (u32 mm = 0; mm < me; ++mm) {
             const float4 p4 = *reinterpret_cast<const float4*>(Pt + (m0 + mm) * GC_C + ib);
             const float pa[4] = {p4.x, p4.y, p4.z, p4.w};
-            const float4* b4 = reinterpret_cast<const float4*>(Bs + mm * DVP + cb * CT);
-#pragma unroll
-            for (int b = 0; b < CT; b += 4) {
-                const float4 bb = b4[b / 4];
-#pragma unroll
-                for (int a = 0; a < 4; ++a) {
-                    acc[a][b] = fmaf(pa[a], bb.x, acc[a][b]);
-                    acc[a][b + 1] = fmaf(pa[a], bb.y, acc[a][b + 1]);
-                    acc[a][b + 2] = fmaf(pa[a], bb.z, acc[a][b + 2]);
-                    acc[a][b + 3] = fmaf(pa[a], bb.w, acc[a][b + 3]);
-                }
-            }
+            gc_outer4<CT>(acc, pa, Bs + mm * DVP + cb * CT);
         }
     }
 #pragma unroll
