@@ -14,7 +14,8 @@
 //   scratch traffic: wt, ut, kt 67 MB each, hs 134 MB, ~0.8 GB moved: ~170 µs.
 //   after (estimate):
 //   wu    48 regs -> 5 blocks/SM; 4x4 register blocking, 0.5 LDS per FMA
-//         (~190 µs); forward substitution 63 barriers, chains <= 16: ~20 µs.
+//         (~190 µs); forward substitution 63 barriers, chains <= 16: ~20 µs
+//         (since replaced by the blockwise inverse, 4 barriers: gc_tril_inverse).
 //   state inputs of chunk c + 1 stream in with cp.async while chunk c computes
 //         (3 barriers / chunk, no global latency on the chain): ~3-4 µs /
 //         chunk -> ~250 µs (173 KiB shared, 187 regs, 1 block / SM).
@@ -34,7 +35,7 @@
 //
 // Per chunk of l <= 64 tokens of a span and value head j (S = state at the
 // chunk start, q, k L2-normalised, G = cumsum(g) within the chunk):
-//   A  = −β_i (k_i·k_m) exp(G_i − G_m) (m < i),  T = (I − A)⁻¹ (forward subst.)
+//   A  = −β_i (k_i·k_m) exp(G_i − G_m) (m < i),  T = (I − A)⁻¹ (gc_tril_inverse)
 //   W  = T (β ⊙ exp(G) ⊙ K),  U = T (β ⊙ V)            (gdn_chunk_wu)
 //   Vn = U − W S;  S ← exp(G_last) S + (K ⊙ exp(G_last − G))ᵀ Vn   (gdn_chunk_state)
 //   O  = (Q ⊙ exp(G)) S + (tril(Q Kᵀ) ⊙ exp(G_i − G_m)) Vn       (gdn_chunk_out)
@@ -188,25 +189,96 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
 }
 
-// Forward substitution into T (row-major, ld floats, the identity on entry; A
-// stays in `a`, strictly lower, same ld), one row per step:
-// T[i, c] = A[i, c] + Σ_{c<m<i} A[i, m] T[m, c]; column c = tid / 4 is split
-// over 4 lanes (m ≡ c + 1 + part mod 4) and reduced by shuffles, one barrier
-// per row. GC_THREADS threads; rows >= l stay identity rows.
-// LD is a template parameter: with a run-time stride the inner loop's index arithmetic
-// doubled the f32 wu launch (454 -> 974 µs at 4k tokens, H200, 2026-12-02).
-template <u32 ld>
-__device__ __forceinline__ void gc_forward_subst(const float* __restrict__ a, float* __restrict__ tm, u32 l, u32 tid) {
-    const u32 fc = tid >> 2, part = tid & 3u;
-    for (u32 i = 1; i < l; ++i) {
+// T = (I − A)⁻¹ for a strictly lower 64×64 A (f32, row-major, ld LD), in
+// place, blockwise on 16×16 blocks (the scheme of flash-linear-attention's
+// solve_tril) instead of 63 dependent rows with a barrier each:
+//   (a) the diagonal blocks T_bb = (I − A_bb)⁻¹ overwrite A_bb (gc_inv_diag:
+//       one half-warp per block, no barrier);
+//   (b) T_ij = T_ii Σ_{m=j}^{i−1} A_im T_mj for i > j (from L T = I with
+//       L = I − A), level by level: (1,0), (2,1), (3,2) -> (2,0), (3,1) ->
+//       (3,0), a barrier after each (gc_inv_block). A_ij is still needed at
+//       the next levels, so T_ij goes to the unused upper block (j, i).
+// All in f32 on CUDA cores (16 products of 16×16×16, 65 k FMA: little next
+// to the chunk's other products; no operand rounding, so T is as accurate
+// as the row-by-row forward substitution's, which this replaces: 63 rows with
+// a barrier each). Zero rows of A (past the chunk's length) give
+// identity rows of T, zero columns zero columns: the products stay exact.
+// Afterwards T_rm (r in block i, m in block j <= i) is at
+// a[(16 j + r % 16) · LD + 16 i + m % 16] (gc_tril_at). GC_THREADS
+// threads; A must be complete (barrier) on entry; ends with a barrier.
+
+// (a) Lane c of a half-warp keeps column c of T_bb in registers:
+// T[r][c] = Σ_{m<r} A[r][m] T[m][c] (T[c][c] = 1, T[r][c] = 0 for r < c),
+// row after row; the half-warp reads A's rows as broadcasts.
+template <u32 LD>
+__device__ __forceinline__ void gc_inv_diag(float* a, u32 b, u32 c) {
+    float* ab = a + 16 * b * (LD + 1);
+    float t[16];
+#pragma unroll
+    for (u32 r = 0; r < 16; ++r) {
         float v = 0.0f;
-        if (fc < i)
-            for (u32 m = fc + 1 + part; m < i; m += 4) v = fmaf(a[i * ld + m], tm[m * ld + fc], v);
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        if (fc < i && part == 0) tm[i * ld + fc] = v + a[i * ld + fc];
-        __syncthreads();
+#pragma unroll
+        for (u32 m = 0; m < r; ++m) v = fmaf(ab[r * LD + m], t[m], v);
+        t[r] = r < c ? 0.0f : (r == c ? 1.0f : v);
     }
+    __syncwarp();  // every lane has read A_bb
+#pragma unroll
+    for (u32 r = 0; r < 16; ++r) ab[r * LD + c] = t[r];
+}
+
+// (b) One warp: columns c0 .. c0 + 2·NC − 1 of T_ij (lane: row lane / 2,
+// NC columns), through X = Σ_m A_im T_mj kept in T_ij's place.
+template <u32 LD, int NC>
+__device__ __forceinline__ void gc_inv_block(float* a, u32 i, u32 j, u32 c0, u32 lane) {
+    const u32 r = lane >> 1, cb = c0 + NC * (lane & 1u);
+    float x[NC];
+#pragma unroll
+    for (int n = 0; n < NC; ++n) x[n] = 0.0f;
+    for (u32 m = j; m < i; ++m) {
+        const float* am = a + (16 * i + r) * LD + 16 * m;  // A_im, row r
+        const float* tm = a + 16 * j * LD + 16 * m + cb;   // T_mj (diagonal block when m == j)
+#pragma unroll
+        for (u32 k = 0; k < 16; ++k) {
+            const float av = am[k];
+#pragma unroll
+            for (int n = 0; n < NC; ++n) x[n] = fmaf(av, tm[k * LD + n], x[n]);
+        }
+    }
+    float* tij = a + 16 * j * LD + 16 * i + cb;
+#pragma unroll
+    for (int n = 0; n < NC; ++n) tij[r * LD + n] = x[n];
+    __syncwarp();  // X complete (this warp's columns)
+    const float* tii = a + (16 * i + r) * LD + 16 * i;  // T_ii, row r (zeros above the diagonal)
+#pragma unroll
+    for (int n = 0; n < NC; ++n) x[n] = 0.0f;
+#pragma unroll
+    for (u32 k = 0; k < 16; ++k) {
+        const float tv = tii[k];
+#pragma unroll
+        for (int n = 0; n < NC; ++n) x[n] = fmaf(tv, tij[k * LD + n], x[n]);
+    }
+    __syncwarp();  // every lane has read X
+#pragma unroll
+    for (int n = 0; n < NC; ++n) tij[r * LD + n] = x[n];
+}
+
+template <u32 LD>
+__device__ __forceinline__ void gc_tril_inverse(float* a, u32 w, u32 lane) {
+    if (w < 2) gc_inv_diag<LD>(a, 2 * w + (lane >> 4), lane & 15u);
+    __syncthreads();
+    if (w < 6) gc_inv_block<LD, 4>(a, (w >> 1) + 1, w >> 1, 8 * (w & 1u), lane);  // (1,0) (2,1) (3,2), 8 columns a warp
+    __syncthreads();
+    gc_inv_block<LD, 2>(a, (w >> 2) + 2, w >> 2, 4 * (w & 3u), lane);  // (2,0) (3,1), 4 columns a warp
+    __syncthreads();
+    gc_inv_block<LD, 1>(a, 3, 0, 2 * w, lane);  // (3,0), 2 columns a warp
+    __syncthreads();
+}
+
+// Element (r, m) of T (r, m < 64) after gc_tril_inverse: 0 above the diagonal.
+template <u32 LD>
+__device__ __forceinline__ float gc_tril_at(const float* a, u32 r, u32 m) {
+    const u32 br = r >> 4, bm = m >> 4;
+    return bm <= br ? a[(16 * bm + (r & 15u)) * LD + 16 * br + (m & 15u)] : 0.0f;
 }
 
 // ---------------------------------------------------------------------------
@@ -222,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float Xs[GC_C][GC_C + 1];  // staged 64-column blocks of K, then T
     __shared__ double Gd[GC_C];
     __shared__ float rk[GC_C], bt[GC_C], eg[GC_C], ek[GC_C];
-    const u32 tid = threadIdx.x;
+    const u32 tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5;
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
     const u32 o = off[s];
     if (o == GC_INVALID) return;
@@ -274,10 +346,14 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int b = 0; b < 4; ++b) {
             const u32 i = ri + 16 * a, m = 4 * cq + b;
             Ts[i][m] = (m < i && i < l) ? acc[a][b] * (-bt[i] * gc_decay((float)(Gd[i] - Gd[m]))) : 0.0f;
-            Xs[i][m] = m == i ? 1.0f : 0.0f;  // T starts as the identity
         }
     __syncthreads();
-    gc_forward_subst<GC_C + 1>(&Ts[0][0], &Xs[0][0], l, tid);
+    gc_tril_inverse<GC_C + 1>(&Ts[0][0], wid, lane);
+    // T to Xs, row-major (zero above the diagonal), for the products below.
+    for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
+        const u32 i = x / GC_C, m = x % GC_C;
+        Xs[i][m] = gc_tril_at<GC_C + 1>(&Ts[0][0], i, m);
+    }
     // W = T (β exp(G) K) and U = T (β V) (T in Xs, the 64-column blocks of
     // β exp(G) K / β V staged in Ts): thread owns rows ri + 16a and
     // columns 4cq + b of each 64-column block; written transposed (16

@@ -1,7 +1,7 @@
 // Gated DeltaNet, chunked form on tensor cores (sm_80+, bf16 / f16 outputs):
 // the same math, spans, chunk offsets (gdn_chunk_prep) and scratch indexing as
 // gdn_chunk.cu (which comes first in this module: GC_C, GC_INVALID,
-// gc_decay, gc_chunk_gates, gc_stage_rows, gc_nan_rows, gc_cp16 /
+// gc_decay, gc_chunk_gates, gc_stage_rows, gc_nan_rows, gc_tril_inverse, gc_cp16 /
 // gc_cp_commit / gc_cp_wait), with every
 // matrix product on wmma 16×16×16 tiles (operands T = bf16 or f16, f32
 // accumulators). As in flash-linear-attention's chunk_gated_delta_rule:
@@ -105,93 +105,6 @@ __device__ __forceinline__ void gt_gram_lower(const T* X, const T* Y, float* dst
     }
 }
 
-// T = (I − A)⁻¹ for a strictly lower 64×64 A (f32, row-major, ld GT_LDF), in
-// place, blockwise on 16×16 blocks (the scheme of flash-linear-attention's
-// solve_tril) instead of 63 dependent rows with a barrier each:
-//   (a) the diagonal blocks T_bb = (I − A_bb)⁻¹ overwrite A_bb (gt_inv_diag:
-//       one half-warp per block, no barrier);
-//   (b) T_ij = T_ii Σ_{m=j}^{i−1} A_im T_mj for i > j (from L T = I with
-//       L = I − A), level by level: (1,0), (2,1), (3,2) -> (2,0), (3,1) ->
-//       (3,0), a barrier after each (gt_inv_block). A_ij is still needed at
-//       the next levels, so T_ij goes to the unused upper block (j, i).
-// All in f32 on CUDA cores (16 products of 16×16×16, ~0.1 M FMA: noise next
-// to the tensor-core products; no operand rounding, so T is as accurate as
-// the forward substitution's). Zero rows of A (past the chunk's length) give
-// identity rows of T, zero columns zero columns: the products stay exact.
-// Afterwards T_rm (r in block i, m in block j <= i) is at
-// a[(16 j + r % 16) · GT_LDF + 16 i + m % 16] (gt_tril_at). GC_THREADS
-// threads; A must be complete (barrier) on entry; ends with a barrier.
-
-// (a) Lane c of a half-warp keeps column c of T_bb in registers:
-// T[r][c] = Σ_{m<r} A[r][m] T[m][c] (T[c][c] = 1, T[r][c] = 0 for r < c),
-// row after row; the half-warp reads A's rows as broadcasts.
-__device__ __forceinline__ void gt_inv_diag(float* a, u32 b, u32 c) {
-    float* ab = a + 16 * b * (GT_LDF + 1);
-    float t[16];
-#pragma unroll
-    for (u32 r = 0; r < 16; ++r) {
-        float v = 0.0f;
-#pragma unroll
-        for (u32 m = 0; m < r; ++m) v = fmaf(ab[r * GT_LDF + m], t[m], v);
-        t[r] = r < c ? 0.0f : (r == c ? 1.0f : v);
-    }
-    __syncwarp();  // every lane has read A_bb
-#pragma unroll
-    for (u32 r = 0; r < 16; ++r) ab[r * GT_LDF + c] = t[r];
-}
-
-// (b) One warp: columns c0 .. c0 + 2·NC − 1 of T_ij (lane: row lane / 2,
-// NC columns), through X = Σ_m A_im T_mj kept in T_ij's place.
-template <int NC>
-__device__ __forceinline__ void gt_inv_block(float* a, u32 i, u32 j, u32 c0, u32 lane) {
-    const u32 r = lane >> 1, cb = c0 + NC * (lane & 1u);
-    float x[NC];
-#pragma unroll
-    for (int n = 0; n < NC; ++n) x[n] = 0.0f;
-    for (u32 m = j; m < i; ++m) {
-        const float* am = a + (16 * i + r) * GT_LDF + 16 * m;  // A_im, row r
-        const float* tm = a + 16 * j * GT_LDF + 16 * m + cb;   // T_mj (diagonal block when m == j)
-#pragma unroll
-        for (u32 k = 0; k < 16; ++k) {
-            const float av = am[k];
-#pragma unroll
-            for (int n = 0; n < NC; ++n) x[n] = fmaf(av, tm[k * GT_LDF + n], x[n]);
-        }
-    }
-    float* tij = a + 16 * j * GT_LDF + 16 * i + cb;
-#pragma unroll
-    for (int n = 0; n < NC; ++n) tij[r * GT_LDF + n] = x[n];
-    __syncwarp();  // X complete (this warp's columns)
-    const float* tii = a + (16 * i + r) * GT_LDF + 16 * i;  // T_ii, row r (zeros above the diagonal)
-#pragma unroll
-    for (int n = 0; n < NC; ++n) x[n] = 0.0f;
-#pragma unroll
-    for (u32 k = 0; k < 16; ++k) {
-        const float tv = tii[k];
-#pragma unroll
-        for (int n = 0; n < NC; ++n) x[n] = fmaf(tv, tij[k * GT_LDF + n], x[n]);
-    }
-    __syncwarp();  // every lane has read X
-#pragma unroll
-    for (int n = 0; n < NC; ++n) tij[r * GT_LDF + n] = x[n];
-}
-
-__device__ __forceinline__ void gt_tril_inverse(float* a, u32 w, u32 lane) {
-    if (w < 2) gt_inv_diag(a, 2 * w + (lane >> 4), lane & 15u);
-    __syncthreads();
-    if (w < 6) gt_inv_block<4>(a, (w >> 1) + 1, w >> 1, 8 * (w & 1u), lane);  // (1,0) (2,1) (3,2), 8 columns a warp
-    __syncthreads();
-    gt_inv_block<2>(a, (w >> 2) + 2, w >> 2, 4 * (w & 3u), lane);  // (2,0) (3,1), 4 columns a warp
-    __syncthreads();
-    gt_inv_block<1>(a, 3, 0, 2 * w, lane);  // (3,0), 2 columns a warp
-    __syncthreads();
-}
-
-// Element (r, m) of T (r, m < 64) after gt_tril_inverse: 0 above the diagonal.
-__device__ __forceinline__ float gt_tril_at(const float* a, u32 r, u32 m) {
-    const u32 br = r >> 4, bm = m >> 4;
-    return bm <= br ? a[(16 * bm + (r & 15u)) * GT_LDF + 16 * br + (m & 15u)] : 0.0f;
-}
 #endif
 
 // Dynamic shared memory of gdn_chunk_tc_wu, bytes (the host mirrors it):
@@ -205,7 +118,7 @@ __device__ __forceinline__ float gt_tril_at(const float* a, u32 r, u32 m) {
 // Per (chunk, value head): −W, K̃, U, exp(G_last). grid (max_chunks, hv,
 // n_spans), block GC_THREADS (8 warps).
 //   K K^T (lower 16×16 tiles) -> A = −β_i (k_i·k_m) Γ_im (f32) -> T = (I − A)⁻¹
-//   (f32, blockwise: gt_tril_inverse, 4 barriers) -> Tw = T diag(β e^G),
+//   (f32, blockwise: gc_tril_inverse, 4 barriers) -> Tw = T diag(β e^G),
 //   Tu = T diag(β) rounded to T -> −W = −Tw K, U = Tu V on tensor cores.
 // ---------------------------------------------------------------------------
 template <typename T, int DK>
@@ -256,12 +169,12 @@ __device__ __forceinline__ void gdn_chunk_tc_wu_impl(const float* __restrict__ q
             (m < i && i < l) ? As[i * GT_LDF + m] * (-bt[i] * gc_decay((float)(Gd[i] - Gd[m]))) : 0.0f;
     }
     __syncthreads();
-    gt_tril_inverse(As, w, lane);
+    gc_tril_inverse<GT_LDF>(As, w, lane);
     // Tw = T diag(β e^G), Tu = T diag(β) (columns m >= l are zero: β = 0 there,
     // so rows >= l of −W and U are zero too).
     for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
         const u32 i = x / GC_C, m = x % GC_C;
-        const float tv = gt_tril_at(As, i, m);
+        const float tv = gc_tril_at<GT_LDF>(As, i, m);
         Tw[i * GT_LDT + m] = from_f<T>(tv * (bt[m] * eg[m]));
         Tu[i * GT_LDT + m] = from_f<T>(tv * bt[m]);
     }

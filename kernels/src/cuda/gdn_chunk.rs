@@ -402,6 +402,7 @@ fn tc_smem(dk: usize, dv: usize, caps: DeviceCaps) -> Option<TcSmem> {
     let (c, ldt, ldf, lds, ldb) = (GC_C, 72, 68, 36, 40);
     let tile_k = 2 * c * (dk + 8); // T [64][dk + 8]
     let tile_v = 2 * c * (dv + 8); // T [64][dv + 8]
+
     // gdn_chunk_tc_wu: Kb, Vb, As (f32 [64][68]: K Kᵀ, A, T, then the warp scratch tiles), Tw, Tu.
     let wu = tile_k + tile_v + 4 * c * ldf + 4 * c * ldt;
     let state = 2 * (2 * tile_k + 4 * c * lds) + 4 * dk * lds + 2 * dk * ldb + 2 * c * ldb;
