@@ -73,9 +73,13 @@ __device__ __forceinline__ void gc_chunk_gates(const float* __restrict__ qbase, 
                                                u32 r0, u32 l, u32 hv, u32 j, u32 dk, float q_scale, float* rq,
                                                float* rk, float* bt, double* Gd, float* eg, float* ek, u32 tid) {
     const u32 lane = tid & 31u, wid = tid >> 5;
+    // 8 rows a warp, 2 at a time; β and g load with the row (not after its sums).
+#pragma unroll 2
     for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
-        float sq = 0.0f, sk = 0.0f;
+        float sq = 0.0f, sk = 0.0f, bv = 0.0f, gv = 0.0f;
         if (i < l) {
+            if (bt) bv = beta[(u64)(r0 + i) * hv + j];
+            gv = g[(u64)(r0 + i) * hv + j];
             const float* qr = qbase + (u64)(r0 + i) * rw;
             const float* kr = kbase + (u64)(r0 + i) * rw;
             for (u32 d = lane; d < dk; d += 32) {
@@ -88,8 +92,8 @@ __device__ __forceinline__ void gc_chunk_gates(const float* __restrict__ qbase, 
         if (lane == 0) {
             if (rq) rq[i] = i < l ? (1.0f / sqrtf(sq + 1e-6f)) * q_scale : 0.0f;
             rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
-            if (bt) bt[i] = i < l ? beta[(u64)(r0 + i) * hv + j] : 0.0f;
-            Gd[i] = i < l ? (double)g[(u64)(r0 + i) * hv + j] : 0.0;
+            if (bt) bt[i] = bv;
+            Gd[i] = (double)gv;
         }
     }
     __syncthreads();
@@ -116,20 +120,32 @@ __device__ __forceinline__ void gc_chunk_gates(const float* __restrict__ qbase, 
 // x = base[..] · rs[i] (`rs` null: x = base[..]) rounded to D at dst[i·ld + d],
 // columns n .. np − 1 of dst zeroed (np >= n); with `dst2`, also x · s2[i]
 // rounded to D2 at dst2[i·ld2 + d] (d < n only). GC_THREADS threads, no barrier.
+// The loads go out GC_STAGE at a time before any of them is used (a loop that
+// stored each value before loading the next waited a global round trip per
+// element: 32 per thread for a 64 × 128 tile).
+#define GC_STAGE 8
 template <typename D, typename D2>
 __device__ __forceinline__ void gc_stage_rows(const float* __restrict__ base, u64 rw, u32 r0, u32 l, u32 n,
                                               u32 np, const float* __restrict__ rs, D* __restrict__ dst, u32 ld,
                                               D2* __restrict__ dst2, const float* __restrict__ s2, u32 ld2,
                                               u32 tid) {
-    for (u32 x = tid; x < GC_C * np; x += GC_THREADS) {
-        const u32 i = x / np, d = x % np;
-        float v = 0.0f;
-        if (i < l && d < n) {
-            v = base[(u64)(r0 + i) * rw + d];
-            if (rs) v *= rs[i];
+    const u32 total = GC_C * np;
+    for (u32 x0 = tid; x0 < total; x0 += GC_STAGE * GC_THREADS) {
+        float v[GC_STAGE];
+#pragma unroll
+        for (int u = 0; u < GC_STAGE; ++u) {
+            const u32 x = x0 + u * GC_THREADS, i = x / np, d = x % np;
+            v[u] = (x < total && i < l && d < n) ? base[(u64)(r0 + i) * rw + d] : 0.0f;
         }
-        dst[i * ld + d] = from_f<D>(v);
-        if (dst2 && d < n) dst2[i * ld2 + d] = from_f<D2>(v * s2[i]);
+#pragma unroll
+        for (int u = 0; u < GC_STAGE; ++u) {
+            const u32 x = x0 + u * GC_THREADS, i = x / np, d = x % np;
+            if (x >= total) break;
+            float vv = v[u];
+            if (rs && i < l && d < n) vv *= rs[i];
+            dst[i * ld + d] = from_f<D>(vv);
+            if (dst2 && d < n) dst2[i * ld2 + d] = from_f<D2>(vv * s2[i]);
+        }
     }
 }
 
