@@ -61,6 +61,25 @@ __device__ __forceinline__ float gc_decay(float x) { return x < -60.0f ? 0.0f : 
 // 32-way bank conflicts).
 __device__ __forceinline__ u32 gc_sw(u32 d) { return (d & 7u) << 2; }
 
+// Chunk c of span s (spans [n, 5]): its first row r0 and length l (1..64);
+// false where the span is shorter than c + 1 chunks.
+__device__ __forceinline__ bool gc_chunk_rows(const u32* __restrict__ spans, u32 s, u32 c, u32& r0, u32& l) {
+    const u32* sp = spans + 5 * s;
+    const u32 len = sp[1];
+    if (c * GC_C >= len) return false;
+    l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
+    r0 = sp[0] + c * GC_C;
+    return true;
+}
+
+// acc[a][b] += x[a] · y[b] (4 × 4, registers).
+__device__ __forceinline__ void gc_fma4x4(float (&acc)[4][4], const float (&x)[4], const float (&y)[4]) {
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(x[a], y[b], acc[a][b]);
+}
+
 // Per chunk (rows r0 .. r0 + l − 1 of the batch) and value head j, shared by
 // the f32 and the tensor-core kernels: 1/‖q‖ times q_scale (`rq` may be null),
 // 1/‖k‖, β (`bt` may be null), the cumulative log-decay G (f64, summed in row
@@ -314,11 +333,8 @@ extern "C" __global__ void __launch_bounds__(256)
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
     const u32 o = off[s];
     if (o == GC_INVALID) return;
-    const u32* sp = spans + 5 * s;
-    const u32 len = sp[1];
-    if (c * GC_C >= len) return;
-    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
-    const u32 r0 = sp[0] + c * GC_C;
+    u32 r0, l;
+    if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u64 gci = (u64)o + c;
     const u64 rw = 2ull * hk * dk + (u64)hv * dv;
     const float* kbase = qkv + (u64)hk * dk + (u64)kh * dk;  // + row · rw
@@ -348,10 +364,7 @@ extern "C" __global__ void __launch_bounds__(256)
             for (int a = 0; a < 4; ++a) xa[a] = Xs[ri + 16 * a][dd];
 #pragma unroll
             for (int b = 0; b < 4; ++b) xb[b] = Xs[4 * cq + b][dd];
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(xa[a], xb[b], acc[a][b]);
+            gc_fma4x4(acc, xa, xb);
         }
     }
     __syncthreads();
@@ -399,10 +412,7 @@ extern "C" __global__ void __launch_bounds__(256)
                 for (int a = 0; a < 4; ++a) ta[a] = Xs[ri + 16 * a][m];
 #pragma unroll
                 for (int b = 0; b < 4; ++b) xb[b] = Ts[m][4 * cq + b];
-#pragma unroll
-                for (int a = 0; a < 4; ++a)
-#pragma unroll
-                    for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(ta[a], xb[b], acc[a][b]);
+                gc_fma4x4(acc, ta, xb);
             }
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
@@ -672,11 +682,8 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
     float* Bs = Pt + GC_C * GC_C;                    // [16][DVP]
     const u32 tid = threadIdx.x;
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
-    const u32* sp = spans + 5 * s;
-    const u32 row0 = sp[0], len = sp[1];
-    if (c * GC_C >= len) return;
-    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
-    const u32 r0 = row0 + c * GC_C;
+    u32 r0, l;
+    if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u32 o = off[s];
     if (o == GC_INVALID) {
         gc_nan_rows(out, r0, l, t, hv, j, dv, tid);
@@ -712,10 +719,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
             const float4 q4 = *reinterpret_cast<const float4*>(Qt + d * GC_C + (ib ^ gc_sw(d)));
             const float4 k4 = *reinterpret_cast<const float4*>(Kt + d * GC_C + ((4 * cb) ^ gc_sw(d)));
             const float qa[4] = {q4.x, q4.y, q4.z, q4.w}, ka[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int b = 0; b < 4; ++b) p[a][b] = fmaf(qa[a], ka[b], p[a][b]);
+            gc_fma4x4(p, qa, ka);
         }
 #pragma unroll
         for (int a = 0; a < 4; ++a)

@@ -144,11 +144,8 @@ __device__ __forceinline__ void gdn_chunk_tc_wu_impl(const float* __restrict__ q
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
     const u32 o = off[s];
     if (o == GC_INVALID) return;
-    const u32* sp = spans + 5 * s;
-    const u32 len = sp[1];
-    if (c * GC_C >= len) return;
-    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
-    const u32 r0 = sp[0] + c * GC_C;
+    u32 r0, l;
+    if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u64 rw = 2ull * hk * DK + (u64)hv * dv;
     const float* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
     const float* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
@@ -409,11 +406,8 @@ __device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ 
     T* Vb = Pb + GC_C * GT_LDT;                                             // [64][ldv]
     const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
-    const u32* sp = spans + 5 * s;
-    const u32 row0 = sp[0], len = sp[1];
-    if (c * GC_C >= len) return;
-    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
-    const u32 r0 = row0 + c * GC_C;
+    u32 r0, l;
+    if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u32 o = off[s];
     if (o == GC_INVALID) {
         gc_nan_rows(out, r0, l, t, hv, j, dv, tid);
