@@ -14,8 +14,7 @@
 //   scratch traffic: wt, ut, kt 67 MB each, hs 134 MB, ~0.8 GB moved: ~170 µs.
 //   after (estimate):
 //   wu    48 regs -> 5 blocks/SM; 4x4 register blocking, 0.5 LDS per FMA
-//         (~190 µs); forward substitution 63 barriers, chains <= 16: ~20 µs
-//         (since replaced by the blockwise inverse, 4 barriers: gc_tril_inverse).
+//         (~190 µs); the inverse (now blockwise, 4 barriers) ~5 µs.
 //   state inputs of chunk c + 1 stream in with cp.async while chunk c computes
 //         (3 barriers / chunk, no global latency on the chain): ~3-4 µs /
 //         chunk -> ~250 µs (173 KiB shared, 187 regs, 1 block / SM).
@@ -80,13 +79,12 @@ __device__ __forceinline__ void gc_fma4x4(float (&acc)[4][4], const float (&x)[4
         for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(x[a], y[b], acc[a][b]);
 }
 
-// Per chunk (rows r0 .. r0 + l − 1 of the batch) and value head j, shared by
-// the f32 and the tensor-core kernels: 1/‖q‖ times q_scale (`rq` may be null),
-// 1/‖k‖, β (`bt` may be null), the cumulative log-decay G (f64, summed in row
-// order as the CPU code) and, where `eg` / `ek` are not null, exp(G) and
-// exp(G_last − G). GC_THREADS threads; ends with a barrier. Rows past l get
-// zeros (G: the last value). The g of every row is loaded in parallel (into
-// Gd) before one thread sums them, so the serial sum waits on no global load.
+// Per chunk (rows r0 .. r0 + l − 1) and value head j, for both forms: 1/‖q‖
+// times q_scale (`rq` may be null), 1/‖k‖, β (`bt` may be null), the
+// cumulative log-decay G (f64, summed in row order as the CPU code) and, where
+// `eg` / `ek` are not null, exp(G) and exp(G_last − G). GC_THREADS threads;
+// ends with a barrier. Rows past l get zeros (G: the last value). Every g is
+// loaded (into Gd) before one thread sums them: the sum waits on no load.
 __device__ __forceinline__ void gc_chunk_gates(const float* __restrict__ qbase, const float* __restrict__ kbase,
                                                const float* __restrict__ g, const float* __restrict__ beta, u64 rw,
                                                u32 r0, u32 l, u32 hv, u32 j, u32 dk, float q_scale, float* rq,
