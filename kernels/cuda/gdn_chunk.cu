@@ -14,7 +14,7 @@
 //   scratch traffic: wt, ut, kt 67 MB each, hs 134 MB, ~0.8 GB moved: ~170 µs.
 //   after (estimate):
 //   wu    48 regs -> 5 blocks/SM; 4x4 register blocking, 0.5 LDS per FMA
-//         (~190 µs); forward substitution 63 barriers, chains <= 16: ~20 µs.
+//         (~190 µs); the inverse (now blockwise, 4 barriers) ~5 µs.
 //   state inputs of chunk c + 1 stream in with cp.async while chunk c computes
 //         (3 barriers / chunk, no global latency on the chain): ~3-4 µs /
 //         chunk -> ~250 µs (173 KiB shared, 187 regs, 1 block / SM).
@@ -34,7 +34,7 @@
 //
 // Per chunk of l <= 64 tokens of a span and value head j (S = state at the
 // chunk start, q, k L2-normalised, G = cumsum(g) within the chunk):
-//   A  = −β_i (k_i·k_m) exp(G_i − G_m) (m < i),  T = (I − A)⁻¹ (forward subst.)
+//   A  = −β_i (k_i·k_m) exp(G_i − G_m) (m < i),  T = (I − A)⁻¹ (gc_tril_inverse)
 //   W  = T (β ⊙ exp(G) ⊙ K),  U = T (β ⊙ V)            (gdn_chunk_wu)
 //   Vn = U − W S;  S ← exp(G_last) S + (K ⊙ exp(G_last − G))ᵀ Vn   (gdn_chunk_state)
 //   O  = (Q ⊙ exp(G)) S + (tril(Q Kᵀ) ⊙ exp(G_i − G_m)) Vn       (gdn_chunk_out)
@@ -59,6 +59,123 @@ __device__ __forceinline__ float gc_decay(float x) { return x < -60.0f ? 0.0f : 
 // (float4 groups stay intact; the transposing stores are 4-way instead of
 // 32-way bank conflicts).
 __device__ __forceinline__ u32 gc_sw(u32 d) { return (d & 7u) << 2; }
+
+// Chunk c of span s (spans [n, 5]): its first row r0 and length l (1..64);
+// false where the span is shorter than c + 1 chunks.
+__device__ __forceinline__ bool gc_chunk_rows(const u32* __restrict__ spans, u32 s, u32 c, u32& r0, u32& l) {
+    const u32* sp = spans + 5 * s;
+    const u32 len = sp[1];
+    if (c * GC_C >= len) return false;
+    l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
+    r0 = sp[0] + c * GC_C;
+    return true;
+}
+
+// acc[a][b] += x[a] · y[b] (4 × 4, registers).
+__device__ __forceinline__ void gc_fma4x4(float (&acc)[4][4], const float (&x)[4], const float (&y)[4]) {
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(x[a], y[b], acc[a][b]);
+}
+
+// Per chunk (rows r0 .. r0 + l − 1) and value head j, for both forms: 1/‖q‖
+// times q_scale (`rq` may be null), 1/‖k‖, β (`bt` may be null), the
+// cumulative log-decay G (f64, summed in row order as the CPU code) and, where
+// `eg` / `ek` are not null, exp(G) and exp(G_last − G). GC_THREADS threads;
+// ends with a barrier. Rows past l get zeros (G: the last value). Every g is
+// loaded (into Gd) before one thread sums them: the sum waits on no load.
+__device__ __forceinline__ void gc_chunk_gates(const float* __restrict__ qbase, const float* __restrict__ kbase,
+                                               const float* __restrict__ g, const float* __restrict__ beta, u64 rw,
+                                               u32 r0, u32 l, u32 hv, u32 j, u32 dk, float q_scale, float* rq,
+                                               float* rk, float* bt, double* Gd, float* eg, float* ek, u32 tid) {
+    const u32 lane = tid & 31u, wid = tid >> 5;
+    // 8 rows a warp, 2 at a time; β and g load with the row (not after its sums).
+#pragma unroll 2
+    for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
+        float sq = 0.0f, sk = 0.0f, bv = 0.0f, gv = 0.0f;
+        if (i < l) {
+            if (bt) bv = beta[(u64)(r0 + i) * hv + j];
+            gv = g[(u64)(r0 + i) * hv + j];
+            const float* qr = qbase + (u64)(r0 + i) * rw;
+            const float* kr = kbase + (u64)(r0 + i) * rw;
+            for (u32 d = lane; d < dk; d += 32) {
+                if (rq) sq += qr[d] * qr[d];
+                sk += kr[d] * kr[d];
+            }
+        }
+        sq = warp_sum(sq);
+        sk = warp_sum(sk);
+        if (lane == 0) {
+            if (rq) rq[i] = i < l ? (1.0f / sqrtf(sq + 1e-6f)) * q_scale : 0.0f;
+            rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
+            if (bt) bt[i] = bv;
+            Gd[i] = (double)gv;
+        }
+    }
+    __syncthreads();
+    if (wid == 0) {
+        if (lane == 0) {
+            double acc = 0.0;
+            for (u32 i = 0; i < GC_C; ++i) {
+                if (i < l) acc += Gd[i];
+                Gd[i] = acc;
+            }
+        }
+        __syncwarp();
+        if (eg)
+            for (u32 i = lane; i < GC_C; i += 32) {
+                eg[i] = i < l ? gc_decay((float)Gd[i]) : 0.0f;
+                if (ek) ek[i] = i < l ? gc_decay((float)(Gd[l - 1] - Gd[i])) : 0.0f;
+            }
+    }
+    __syncthreads();
+}
+
+// Stages rows i < 64 of a chunk, columns d < n, of an f32 matrix (row r0 + i
+// at base + (r0 + i) · rw; rows >= l read as zero) into shared memory:
+// x = base[..] · rs[i] (`rs` null: x = base[..]) rounded to D at dst[i·ld + d],
+// columns n .. np − 1 of dst zeroed (np >= n); with `dst2`, also x · s2[i]
+// rounded to D2 at dst2[i·ld2 + d] (d < n only). GC_THREADS threads, no barrier.
+// The loads go out GC_STAGE at a time before any of them is used (a loop that
+// stored each value before loading the next waited a global round trip per
+// element: 32 per thread for a 64 × 128 tile).
+#define GC_STAGE 8
+template <typename D, typename D2>
+__device__ __forceinline__ void gc_stage_rows(const float* __restrict__ base, u64 rw, u32 r0, u32 l, u32 n,
+                                              u32 np, const float* __restrict__ rs, D* __restrict__ dst, u32 ld,
+                                              D2* __restrict__ dst2, const float* __restrict__ s2, u32 ld2,
+                                              u32 tid) {
+    const u32 total = GC_C * np;
+    for (u32 x0 = tid; x0 < total; x0 += GC_STAGE * GC_THREADS) {
+        float v[GC_STAGE];
+#pragma unroll
+        for (int u = 0; u < GC_STAGE; ++u) {
+            const u32 x = x0 + u * GC_THREADS, i = x / np, d = x % np;
+            v[u] = (x < total && i < l && d < n) ? base[(u64)(r0 + i) * rw + d] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < GC_STAGE; ++u) {
+            const u32 x = x0 + u * GC_THREADS, i = x / np, d = x % np;
+            if (x >= total) break;
+            float vv = v[u];
+            if (rs && i < l && d < n) vv *= rs[i];
+            dst[i * ld + d] = from_f<D>(vv);
+            if (dst2 && d < n) dst2[i * ld2 + d] = from_f<D2>(vv * s2[i]);
+        }
+    }
+}
+
+// The rows r0 .. r0 + l − 1 (clipped to t) of value head j of out [t, hv, dv]
+// set to NaN (the outputs of an invalid span). GC_THREADS threads.
+template <typename T>
+__device__ __forceinline__ void gc_nan_rows(T* __restrict__ out, u32 r0, u32 l, u32 t, u32 hv, u32 j, u32 dv,
+                                            u32 tid) {
+    for (u32 x = tid; x < l * dv; x += GC_THREADS) {
+        const u64 r = (u64)r0 + x / dv;
+        if (r < t) out[(r * hv + j) * dv + x % dv] = from_f<T>(PORTER_NAN);
+    }
+}
 
 // ---------------------------------------------------------------------------
 // Chunk offsets. One block of 1024 threads. A span is valid when slot <
@@ -105,25 +222,96 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
 }
 
-// Forward substitution into T (row-major, ld floats, the identity on entry; A
-// stays in `a`, strictly lower, same ld), one row per step:
-// T[i, c] = A[i, c] + Σ_{c<m<i} A[i, m] T[m, c]; column c = tid / 4 is split
-// over 4 lanes (m ≡ c + 1 + part mod 4) and reduced by shuffles, one barrier
-// per row. GC_THREADS threads; rows >= l stay identity rows.
-// LD is a template parameter: with a run-time stride the inner loop's index arithmetic
-// doubled the f32 wu launch (454 -> 974 µs at 4k tokens, H200, 2026-12-02).
-template <u32 ld>
-__device__ __forceinline__ void gc_forward_subst(const float* __restrict__ a, float* __restrict__ tm, u32 l, u32 tid) {
-    const u32 fc = tid >> 2, part = tid & 3u;
-    for (u32 i = 1; i < l; ++i) {
+// T = (I − A)⁻¹ for a strictly lower 64×64 A (f32, row-major, ld LD), in
+// place, blockwise on 16×16 blocks (the scheme of flash-linear-attention's
+// solve_tril) instead of 63 dependent rows with a barrier each:
+//   (a) the diagonal blocks T_bb = (I − A_bb)⁻¹ overwrite A_bb (gc_inv_diag:
+//       one half-warp per block, no barrier);
+//   (b) T_ij = T_ii Σ_{m=j}^{i−1} A_im T_mj for i > j (from L T = I with
+//       L = I − A), level by level: (1,0), (2,1), (3,2) -> (2,0), (3,1) ->
+//       (3,0), a barrier after each (gc_inv_block). A_ij is still needed at
+//       the next levels, so T_ij goes to the unused upper block (j, i).
+// All in f32 on CUDA cores (16 products of 16×16×16, 65 k FMA: little next
+// to the chunk's other products; no operand rounding, so T is as accurate
+// as the row-by-row forward substitution's, which this replaces: 63 rows with
+// a barrier each). Zero rows of A (past the chunk's length) give
+// identity rows of T, zero columns zero columns: the products stay exact.
+// Afterwards T_rm (r in block i, m in block j <= i) is at
+// a[(16 j + r % 16) · LD + 16 i + m % 16] (gc_tril_at). GC_THREADS
+// threads; A must be complete (barrier) on entry; ends with a barrier.
+
+// (a) Lane c of a half-warp keeps column c of T_bb in registers:
+// T[r][c] = Σ_{m<r} A[r][m] T[m][c] (T[c][c] = 1, T[r][c] = 0 for r < c),
+// row after row; the half-warp reads A's rows as broadcasts.
+template <u32 LD>
+__device__ __forceinline__ void gc_inv_diag(float* a, u32 b, u32 c) {
+    float* ab = a + 16 * b * (LD + 1);
+    float t[16];
+#pragma unroll
+    for (u32 r = 0; r < 16; ++r) {
         float v = 0.0f;
-        if (fc < i)
-            for (u32 m = fc + 1 + part; m < i; m += 4) v = fmaf(a[i * ld + m], tm[m * ld + fc], v);
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        if (fc < i && part == 0) tm[i * ld + fc] = v + a[i * ld + fc];
-        __syncthreads();
+#pragma unroll
+        for (u32 m = 0; m < r; ++m) v = fmaf(ab[r * LD + m], t[m], v);
+        t[r] = r < c ? 0.0f : (r == c ? 1.0f : v);
     }
+    __syncwarp();  // every lane has read A_bb
+#pragma unroll
+    for (u32 r = 0; r < 16; ++r) ab[r * LD + c] = t[r];
+}
+
+// (b) One warp: columns c0 .. c0 + 2·NC − 1 of T_ij (lane: row lane / 2,
+// NC columns), through X = Σ_m A_im T_mj kept in T_ij's place.
+template <u32 LD, int NC>
+__device__ __forceinline__ void gc_inv_block(float* a, u32 i, u32 j, u32 c0, u32 lane) {
+    const u32 r = lane >> 1, cb = c0 + NC * (lane & 1u);
+    float x[NC];
+#pragma unroll
+    for (int n = 0; n < NC; ++n) x[n] = 0.0f;
+    for (u32 m = j; m < i; ++m) {
+        const float* am = a + (16 * i + r) * LD + 16 * m;  // A_im, row r
+        const float* tm = a + 16 * j * LD + 16 * m + cb;   // T_mj (diagonal block when m == j)
+#pragma unroll
+        for (u32 k = 0; k < 16; ++k) {
+            const float av = am[k];
+#pragma unroll
+            for (int n = 0; n < NC; ++n) x[n] = fmaf(av, tm[k * LD + n], x[n]);
+        }
+    }
+    float* tij = a + 16 * j * LD + 16 * i + cb;
+#pragma unroll
+    for (int n = 0; n < NC; ++n) tij[r * LD + n] = x[n];
+    __syncwarp();  // X complete (this warp's columns)
+    const float* tii = a + (16 * i + r) * LD + 16 * i;  // T_ii, row r (zeros above the diagonal)
+#pragma unroll
+    for (int n = 0; n < NC; ++n) x[n] = 0.0f;
+#pragma unroll
+    for (u32 k = 0; k < 16; ++k) {
+        const float tv = tii[k];
+#pragma unroll
+        for (int n = 0; n < NC; ++n) x[n] = fmaf(tv, tij[k * LD + n], x[n]);
+    }
+    __syncwarp();  // every lane has read X
+#pragma unroll
+    for (int n = 0; n < NC; ++n) tij[r * LD + n] = x[n];
+}
+
+template <u32 LD>
+__device__ __forceinline__ void gc_tril_inverse(float* a, u32 w, u32 lane) {
+    if (w < 2) gc_inv_diag<LD>(a, 2 * w + (lane >> 4), lane & 15u);
+    __syncthreads();
+    if (w < 6) gc_inv_block<LD, 4>(a, (w >> 1) + 1, w >> 1, 8 * (w & 1u), lane);  // (1,0) (2,1) (3,2), 8 columns a warp
+    __syncthreads();
+    gc_inv_block<LD, 2>(a, (w >> 2) + 2, w >> 2, 4 * (w & 3u), lane);  // (2,0) (3,1), 4 columns a warp
+    __syncthreads();
+    gc_inv_block<LD, 1>(a, 3, 0, 2 * w, lane);  // (3,0), 2 columns a warp
+    __syncthreads();
+}
+
+// Element (r, m) of T (r, m < 64) after gc_tril_inverse: 0 above the diagonal.
+template <u32 LD>
+__device__ __forceinline__ float gc_tril_at(const float* a, u32 r, u32 m) {
+    const u32 br = r >> 4, bm = m >> 4;
+    return bm <= br ? a[(16 * bm + (r & 15u)) * LD + 16 * br + (m & 15u)] : 0.0f;
 }
 
 // ---------------------------------------------------------------------------
@@ -143,44 +331,16 @@ extern "C" __global__ void __launch_bounds__(256)
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
     const u32 o = off[s];
     if (o == GC_INVALID) return;
-    const u32* sp = spans + 5 * s;
-    const u32 len = sp[1];
-    if (c * GC_C >= len) return;
-    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
-    const u32 r0 = sp[0] + c * GC_C;
+    u32 r0, l;
+    if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u64 gci = (u64)o + c;
     const u64 rw = 2ull * hk * dk + (u64)hv * dv;
     const float* kbase = qkv + (u64)hk * dk + (u64)kh * dk;  // + row · rw
     const float* vbase = qkv + 2ull * hk * dk + (u64)j * dv;
     const u64 ch = gci * hv + j;  // (chunk, head)
 
-    // Inverse norms of k, β.
-    for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
-        float sk = 0.0f;
-        if (i < l) {
-            const float* kr = kbase + (u64)(r0 + i) * rw;
-            for (u32 d = lane; d < dk; d += 32) sk += kr[d] * kr[d];
-        }
-        sk = warp_sum(sk);
-        if (lane == 0) {
-            rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
-            bt[i] = i < l ? beta[(u64)(r0 + i) * hv + j] : 0.0f;
-        }
-    }
-    if (tid == 0) {
-        double acc = 0.0;
-        for (u32 i = 0; i < GC_C; ++i) {
-            if (i < l) acc += (double)g[(u64)(r0 + i) * hv + j];
-            Gd[i] = acc;
-        }
-    }
-    __syncthreads();
-    if (tid < GC_C) {
-        eg[tid] = tid < l ? gc_decay((float)Gd[tid]) : 0.0f;
-        ek[tid] = tid < l ? gc_decay((float)(Gd[l - 1] - Gd[tid])) : 0.0f;
-    }
+    gc_chunk_gates(kbase, kbase, g, beta, rw, r0, l, hv, j, dk, 1.0f, nullptr, rk, bt, Gd, eg, ek, tid);
     if (tid == 0) gl[ch] = gc_decay((float)Gd[l - 1]);
-    __syncthreads();
 
     // Gram K Kᵀ: thread owns rows ri + 16a and columns 4cq + b (a, b < 4):
     // 8 shared loads per 16 FMAs (rows conflict-free, columns broadcast).
@@ -192,12 +352,8 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
     for (u32 d0 = 0; d0 < dk; d0 += GC_C) {
         __syncthreads();
-        for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
-            const u32 i = x / GC_C, dd = x % GC_C, d = d0 + dd;
-            const float kv = (i < l && d < dk) ? kbase[(u64)(r0 + i) * rw + d] * rk[i] : 0.0f;
-            Xs[i][dd] = kv;
-            if (d < dk) kt[(ch * GC_C + i) * dk + d] = kv * ek[i];
-        }
+        const u32 n = dk - d0 < GC_C ? dk - d0 : GC_C;
+        gc_stage_rows(kbase + d0, rw, r0, l, n, GC_C, rk, &Xs[0][0], GC_C + 1, kt + ch * GC_C * dk + d0, ek, dk, tid);
         __syncthreads();
 #pragma unroll 4
         for (u32 dd = 0; dd < GC_C; ++dd) {
@@ -206,10 +362,7 @@ extern "C" __global__ void __launch_bounds__(256)
             for (int a = 0; a < 4; ++a) xa[a] = Xs[ri + 16 * a][dd];
 #pragma unroll
             for (int b = 0; b < 4; ++b) xb[b] = Xs[4 * cq + b][dd];
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(xa[a], xb[b], acc[a][b]);
+            gc_fma4x4(acc, xa, xb);
         }
     }
     __syncthreads();
@@ -220,10 +373,14 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int b = 0; b < 4; ++b) {
             const u32 i = ri + 16 * a, m = 4 * cq + b;
             Ts[i][m] = (m < i && i < l) ? acc[a][b] * (-bt[i] * gc_decay((float)(Gd[i] - Gd[m]))) : 0.0f;
-            Xs[i][m] = m == i ? 1.0f : 0.0f;  // T starts as the identity
         }
     __syncthreads();
-    gc_forward_subst<GC_C + 1>(&Ts[0][0], &Xs[0][0], l, tid);
+    gc_tril_inverse<GC_C + 1>(&Ts[0][0], wid, lane);
+    // T to Xs, row-major (zero above the diagonal), for the products below.
+    for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
+        const u32 i = x / GC_C, m = x % GC_C;
+        Xs[i][m] = gc_tril_at<GC_C + 1>(&Ts[0][0], i, m);
+    }
     // W = T (β exp(G) K) and U = T (β V) (T in Xs, the 64-column blocks of
     // β exp(G) K / β V staged in Ts): thread owns rows ri + 16a and
     // columns 4cq + b of each 64-column block; written transposed (16
@@ -253,10 +410,7 @@ extern "C" __global__ void __launch_bounds__(256)
                 for (int a = 0; a < 4; ++a) ta[a] = Xs[ri + 16 * a][m];
 #pragma unroll
                 for (int b = 0; b < 4; ++b) xb[b] = Ts[m][4 * cq + b];
-#pragma unroll
-                for (int a = 0; a < 4; ++a)
-#pragma unroll
-                    for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(ta[a], xb[b], acc[a][b]);
+                gc_fma4x4(acc, ta, xb);
             }
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
@@ -485,6 +639,23 @@ GDN_CHUNK_STATE(8, 2)
 GDN_CHUNK_STATE(16, 2)
 GDN_CHUNK_STATE(32, 1)
 
+// acc[a][b] += x[a] · y[b] (a < 4, b < CT; y 16-byte aligned, read as float4).
+template <int CT>
+__device__ __forceinline__ void gc_outer4(float (&acc)[4][CT], const float (&x)[4], const float* __restrict__ y) {
+    const float4* y4 = reinterpret_cast<const float4*>(y);
+#pragma unroll
+    for (int b = 0; b < CT; b += 4) {
+        const float4 yy = y4[b / 4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            acc[a][b] = fmaf(x[a], yy.x, acc[a][b]);
+            acc[a][b + 1] = fmaf(x[a], yy.y, acc[a][b + 1]);
+            acc[a][b + 2] = fmaf(x[a], yy.z, acc[a][b + 2]);
+            acc[a][b + 3] = fmaf(x[a], yy.w, acc[a][b + 3]);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Outputs per (chunk, value head): grid (max_chunks, hv, n_spans), block
 // GC_THREADS. Thread: rows 4·(tid / 16) .. + 3, columns (tid % 16)·CT .. + CT − 1
@@ -507,19 +678,13 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
     float* Kt = Qt + dkp * GC_C;                     // [dkp][64]
     float* Pt = Kt + dkp * GC_C;                     // [64][64]: Pt[m][i] = P[i][m]
     float* Bs = Pt + GC_C * GC_C;                    // [16][DVP]
-    const u32 tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5;
+    const u32 tid = threadIdx.x;
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
-    const u32* sp = spans + 5 * s;
-    const u32 row0 = sp[0], len = sp[1];
-    if (c * GC_C >= len) return;
-    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
-    const u32 r0 = row0 + c * GC_C;
+    u32 r0, l;
+    if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u32 o = off[s];
     if (o == GC_INVALID) {
-        for (u32 x = tid; x < l * dv; x += GC_THREADS) {
-            const u64 r = (u64)r0 + x / dv;
-            if (r < t) out[(r * hv + j) * dv + x % dv] = from_f<T>(PORTER_NAN);
-        }
+        gc_nan_rows(out, r0, l, t, hv, j, dv, tid);
         return;
     }
     const u64 ch = ((u64)o + c) * hv + j;
@@ -527,31 +692,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
     const float* qbase = qkv + (u64)kh * dk;
     const float* kbase = qkv + (u64)hk * dk + (u64)kh * dk;
 
-    for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
-        float sq = 0.0f, sk = 0.0f;
-        if (i < l) {
-            const float* qr = qbase + (u64)(r0 + i) * rw;
-            const float* kr = kbase + (u64)(r0 + i) * rw;
-            for (u32 d = lane; d < dk; d += 32) {
-                sq += qr[d] * qr[d];
-                sk += kr[d] * kr[d];
-            }
-        }
-        sq = warp_sum(sq);
-        sk = warp_sum(sk);
-        if (lane == 0) {
-            rq[i] = i < l ? (1.0f / sqrtf(sq + 1e-6f)) * q_scale : 0.0f;
-            rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
-        }
-    }
-    if (tid == 0) {
-        double acc = 0.0;
-        for (u32 i = 0; i < GC_C; ++i) {
-            if (i < l) acc += (double)g[(u64)(r0 + i) * hv + j];
-            Gd[i] = acc;
-        }
-    }
-    __syncthreads();
+    gc_chunk_gates(qbase, kbase, g, nullptr, rw, r0, l, hv, j, dk, q_scale, rq, rk, nullptr, Gd, nullptr, nullptr, tid);
     // Normalised q, k, transposed (token index fastest).
     for (u32 x = tid; x < dkp * GC_C; x += GC_THREADS) {
         const u32 i = x / dkp, d = x % dkp;
@@ -576,10 +717,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
             const float4 q4 = *reinterpret_cast<const float4*>(Qt + d * GC_C + (ib ^ gc_sw(d)));
             const float4 k4 = *reinterpret_cast<const float4*>(Kt + d * GC_C + ((4 * cb) ^ gc_sw(d)));
             const float qa[4] = {q4.x, q4.y, q4.z, q4.w}, ka[4] = {k4.x, k4.y, k4.z, k4.w};
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int b = 0; b < 4; ++b) p[a][b] = fmaf(qa[a], ka[b], p[a][b]);
+            gc_fma4x4(p, qa, ka);
         }
 #pragma unroll
         for (int a = 0; a < 4; ++a)
@@ -616,18 +754,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
         for (u32 dd = 0; dd < de; ++dd) {
             const float4 q4 = *reinterpret_cast<const float4*>(Qt + (d0 + dd) * GC_C + (ib ^ gc_sw(d0 + dd)));
             const float qa[4] = {q4.x, q4.y, q4.z, q4.w};
-            const float4* b4 = reinterpret_cast<const float4*>(Bs + dd * DVP + cb * CT);
-#pragma unroll
-            for (int b = 0; b < CT; b += 4) {
-                const float4 bb = b4[b / 4];
-#pragma unroll
-                for (int a = 0; a < 4; ++a) {
-                    acc[a][b] = fmaf(qa[a], bb.x, acc[a][b]);
-                    acc[a][b + 1] = fmaf(qa[a], bb.y, acc[a][b + 1]);
-                    acc[a][b + 2] = fmaf(qa[a], bb.z, acc[a][b + 2]);
-                    acc[a][b + 3] = fmaf(qa[a], bb.w, acc[a][b + 3]);
-                }
-            }
+            gc_outer4<CT>(acc, qa, Bs + dd * DVP + cb * CT);
         }
     }
     // + P Vn, 16 tokens at a time (Vn is ut, [dv][64]).
@@ -643,18 +770,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
         for (u32 mm = 0; mm < me; ++mm) {
             const float4 p4 = *reinterpret_cast<const float4*>(Pt + (m0 + mm) * GC_C + ib);
             const float pa[4] = {p4.x, p4.y, p4.z, p4.w};
-            const float4* b4 = reinterpret_cast<const float4*>(Bs + mm * DVP + cb * CT);
-#pragma unroll
-            for (int b = 0; b < CT; b += 4) {
-                const float4 bb = b4[b / 4];
-#pragma unroll
-                for (int a = 0; a < 4; ++a) {
-                    acc[a][b] = fmaf(pa[a], bb.x, acc[a][b]);
-                    acc[a][b + 1] = fmaf(pa[a], bb.y, acc[a][b + 1]);
-                    acc[a][b + 2] = fmaf(pa[a], bb.z, acc[a][b + 2]);
-                    acc[a][b + 3] = fmaf(pa[a], bb.w, acc[a][b + 3]);
-                }
-            }
+            gc_outer4<CT>(acc, pa, Bs + mm * DVP + cb * CT);
         }
     }
 #pragma unroll

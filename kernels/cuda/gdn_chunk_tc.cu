@@ -1,14 +1,16 @@
 // Gated DeltaNet, chunked form on tensor cores (sm_80+, bf16 / f16 outputs):
 // the same math, spans, chunk offsets (gdn_chunk_prep) and scratch indexing as
 // gdn_chunk.cu (which comes first in this module: GC_C, GC_INVALID,
-// gc_decay, gc_forward_subst, gc_cp16 / gc_cp_commit / gc_cp_wait), with every
+// gc_decay, gc_chunk_gates, gc_stage_rows, gc_nan_rows, gc_tril_inverse, gc_cp16 /
+// gc_cp_commit / gc_cp_wait), with every
 // matrix product on wmma 16×16×16 tiles (operands T = bf16 or f16, f32
 // accumulators). As in flash-linear-attention's chunk_gated_delta_rule:
 // - the operands of the products are rounded to T: the normalised q and k,
-//   v, the inverse T of (I − A) (computed in f32 by forward substitution,
-//   then scaled by β / β exp(G) and rounded), W, K̃, Vn and the chunk-start
-//   states hs (rounded copies for the products: the recurrent state itself
-//   stays f32, in accumulator fragments, from state[slot, src_buf] back to it);
+//   v, the inverse T of (I − A) (computed in f32, blockwise on 16×16 blocks
+//   as FLA's solve_tril, then scaled by β / β exp(G) and rounded), W, K̃, Vn
+//   and the chunk-start states hs (rounded copies for the products: the
+//   recurrent state itself stays f32, in accumulator fragments, from
+//   state[slot, src_buf] back to it);
 // - U stays f32 (it seeds the Vn = U − W S accumulators);
 // - cumulative log-decays in f64 and exp flushed to 0 below −60 (gc_decay),
 //   gates, norms and the decay factors in f32, as gdn_chunk.cu.
@@ -40,6 +42,21 @@
 #define GT_LDS 36  // row stride (floats) of the state's f32 [dk][32] tile and U's [64][32]
 #define GT_LDB 40  // row stride (elements) of the state's T [dk][32] tile and Vn's [64][32]
 
+// Copies rows × cols elements of E from src (row stride lds elements) to
+// shared dst (row stride ld) in 16-byte cp.async pieces (cols, ld, lds and
+// both addresses 16-byte multiples). GC_THREADS threads; no commit.
+template <typename E>
+__device__ __forceinline__ void gt_cp_rows(E* dst, u32 ld, const E* __restrict__ src, u64 lds, u32 rows, u32 cols,
+                                           u32 tid) {
+    constexpr u32 PE = 16 / sizeof(E);  // elements per piece
+    const u32 pr = cols / PE;
+    for (u32 x = tid; x < rows * pr; x += GC_THREADS) {
+        const u32 i = x / pr, p = x % pr;
+        gc_cp16(reinterpret_cast<float*>(dst + i * ld + PE * p),
+                reinterpret_cast<const float*>(src + i * lds + PE * p));
+    }
+}
+
 #if defined(PORTER_SM80)
 using namespace nvcuda;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> GtAcc;
@@ -62,54 +79,46 @@ __device__ __forceinline__ void gt_store(const GtAcc& a, float* scr, T* dst, u64
     __syncwarp();
 }
 
-// Per chunk and value head: 1/‖q‖ (times q_scale; `rq` may be null), 1/‖k‖,
-// β (`bt` may be null), the cumulative log-decay G (f64). GC_THREADS threads;
-// ends with a barrier. Rows past l get zeros (G: the last value).
-__device__ __forceinline__ void gt_chunk_gates(const float* __restrict__ qbase, const float* __restrict__ kbase,
-                                               const float* __restrict__ g, const float* __restrict__ beta, u64 rw,
-                                               u32 r0, u32 l, u32 hv, u32 j, u32 dk, float q_scale, float* rq,
-                                               float* rk, float* bt, double* Gd, u32 tid) {
-    const u32 lane = tid & 31u, wid = tid >> 5;
-    for (u32 i = wid; i < GC_C; i += GC_THREADS / 32) {
-        float sq = 0.0f, sk = 0.0f;
-        if (i < l) {
-            const float* qr = qbase + (u64)(r0 + i) * rw;
-            const float* kr = kbase + (u64)(r0 + i) * rw;
-            for (u32 d = lane; d < dk; d += 32) {
-                if (rq) sq += qr[d] * qr[d];
-                sk += kr[d] * kr[d];
-            }
+// One warp's share of X Yᵀ for two [64][DK + 8] T tiles (DK columns), only
+// the 16×16 tiles on and below the diagonal (tj <= ti), f32 to dst [64][GT_LDF]
+// (K Kᵀ in gdn_chunk_tc_wu, Q Kᵀ in gdn_chunk_tc_out): warp w owns row tile
+// w / 2 and column tiles 2 (w % 2) + n.
+template <typename T, int DK>
+__device__ __forceinline__ void gt_gram_lower(const T* X, const T* Y, float* dst, u32 w) {
+    constexpr u32 LDK = DK + 8;
+    const u32 ti = w >> 1;
+#pragma unroll
+    for (u32 n = 0; n < 2; ++n) {
+        const u32 tj = 2 * (w & 1u) + n;
+        if (tj > ti) continue;
+        GtAcc acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (u32 kk = 0; kk < DK / 16; ++kk) {
+            GtA<T> a;
+            GtBt<T> b;
+            wmma::load_matrix_sync(a, X + 16 * ti * LDK + 16 * kk, LDK);
+            wmma::load_matrix_sync(b, Y + 16 * tj * LDK + 16 * kk, LDK);
+            wmma::mma_sync(acc, a, b, acc);
         }
-        sq = warp_sum(sq);
-        sk = warp_sum(sk);
-        if (lane == 0) {
-            if (rq) rq[i] = i < l ? (1.0f / sqrtf(sq + 1e-6f)) * q_scale : 0.0f;
-            rk[i] = i < l ? 1.0f / sqrtf(sk + 1e-6f) : 0.0f;
-            if (bt) bt[i] = i < l ? beta[(u64)(r0 + i) * hv + j] : 0.0f;
-        }
+        wmma::store_matrix_sync(dst + 16 * ti * GT_LDF + 16 * tj, acc, GT_LDF, wmma::mem_row_major);
     }
-    if (tid == 0) {
-        double acc = 0.0;
-        for (u32 i = 0; i < GC_C; ++i) {
-            if (i < l) acc += (double)g[(u64)(r0 + i) * hv + j];
-            Gd[i] = acc;
-        }
-    }
-    __syncthreads();
 }
+
 #endif
 
 // Dynamic shared memory of gdn_chunk_tc_wu, bytes (the host mirrors it):
-// Kb, Vb (T [64][dk + 8], [64][dv + 8]), As, Xs (f32 [64][68]), Tw, Tu
-// (T [64][72]), 8 warp scratch tiles (f32 16×16).
+// Kb, Vb (T [64][dk + 8], [64][dv + 8]), As (f32 [64][68]: K Kᵀ, A, T; then
+// the 8 warp scratch tiles, f32 16×16), Tw, Tu (T [64][72]). 69 KiB at
+// dk = dv = 128 (+ 1.5 KiB static): 3 blocks per SM on an H100 / H200.
 #define GT_WU_SMEM(DK, DV) \
-    (2u * GC_C * ((DK) + 8u) + 2u * GC_C * ((DV) + 8u) + 8u * GC_C * GT_LDF + 4u * GC_C * GT_LDT + 8u * 1024u)
+    (2u * GC_C * ((DK) + 8u) + 2u * GC_C * ((DV) + 8u) + 4u * GC_C * GT_LDF + 4u * GC_C * GT_LDT)
 
 // ---------------------------------------------------------------------------
 // Per (chunk, value head): −W, K̃, U, exp(G_last). grid (max_chunks, hv,
 // n_spans), block GC_THREADS (8 warps).
 //   K K^T (lower 16×16 tiles) -> A = −β_i (k_i·k_m) Γ_im (f32) -> T = (I − A)⁻¹
-//   (f32 forward substitution, gc_forward_subst) -> Tw = T diag(β e^G),
+//   (f32, blockwise: gc_tril_inverse, 4 barriers) -> Tw = T diag(β e^G),
 //   Tu = T diag(β) rounded to T -> −W = −Tw K, U = Tu V on tensor cores.
 // ---------------------------------------------------------------------------
 template <typename T, int DK>
@@ -124,88 +133,49 @@ __device__ __forceinline__ void gdn_chunk_tc_wu_impl(const float* __restrict__ q
     __shared__ double Gd[GC_C];
     __shared__ float rk[GC_C], bt[GC_C], eg[GC_C], ek[GC_C];
     const u32 ldv = dv + 8;
-    T* Kb = reinterpret_cast<T*>(gt_smem);                      // [64][LDK]
-    T* Vb = Kb + GC_C * LDK;                                    // [64][ldv]
-    float* As = reinterpret_cast<float*>(Vb + GC_C * ldv);      // [64][GT_LDF]: K Kᵀ, then A
-    float* Xs = As + GC_C * GT_LDF;                             // [64][GT_LDF]: T
-    T* Tw = reinterpret_cast<T*>(Xs + GC_C * GT_LDF);           // [64][GT_LDT]
-    T* Tu = Tw + GC_C * GT_LDT;                                 // [64][GT_LDT]
-    float* scr = reinterpret_cast<float*>(Tu + GC_C * GT_LDT);  // 8 × [16][16]
+    T* Kb = reinterpret_cast<T*>(gt_smem);                  // [64][LDK]
+    T* Vb = Kb + GC_C * LDK;                                // [64][ldv]
+    float* As = reinterpret_cast<float*>(Vb + GC_C * ldv);  // [64][GT_LDF]: K Kᵀ, A, then T
+    T* Tw = reinterpret_cast<T*>(As + GC_C * GT_LDF);       // [64][GT_LDT]
+    T* Tu = Tw + GC_C * GT_LDT;                             // [64][GT_LDT]
+    float* scr = As;                                        // 8 × [16][16], once Tw, Tu are made
     const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
     float* wscr = scr + 256 * w;
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
     const u32 o = off[s];
     if (o == GC_INVALID) return;
-    const u32* sp = spans + 5 * s;
-    const u32 len = sp[1];
-    if (c * GC_C >= len) return;
-    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
-    const u32 r0 = sp[0] + c * GC_C;
+    u32 r0, l;
+    if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u64 rw = 2ull * hk * DK + (u64)hv * dv;
     const float* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
     const float* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
     const u64 ch = ((u64)o + c) * hv + j;
 
-    gt_chunk_gates(kbase, kbase, g, beta, rw, r0, l, hv, j, DK, 1.0f, nullptr, rk, bt, Gd, tid);
-    if (tid < GC_C) {
-        eg[tid] = tid < l ? gc_decay((float)Gd[tid]) : 0.0f;
-        ek[tid] = tid < l ? gc_decay((float)(Gd[l - 1] - Gd[tid])) : 0.0f;
-    }
+    gc_chunk_gates(kbase, kbase, g, beta, rw, r0, l, hv, j, DK, 1.0f, nullptr, rk, bt, Gd, eg, ek, tid);
     if (tid == 0) gl[ch] = gc_decay((float)Gd[l - 1]);
-    __syncthreads();
     // Normalised K and V to T; K̃ = K ⊙ exp(G_last − G) to kb.
-    T* kbo = kb + ch * GC_C * DK;
-    for (u32 x = tid; x < GC_C * DK; x += GC_THREADS) {
-        const u32 i = x / DK, d = x % DK;
-        const float kv = i < l ? kbase[(u64)(r0 + i) * rw + d] * rk[i] : 0.0f;
-        Kb[i * LDK + d] = from_f<T>(kv);
-        kbo[x] = from_f<T>(kv * ek[i]);
-    }
-    for (u32 x = tid; x < GC_C * dv; x += GC_THREADS) {
-        const u32 i = x / dv, d = x % dv;
-        Vb[i * ldv + d] = from_f<T>(i < l ? vbase[(u64)(r0 + i) * rw + d] : 0.0f);
-    }
+    gc_stage_rows<T, T>(kbase, rw, r0, l, DK, DK, rk, Kb, LDK, kb + ch * GC_C * DK, ek, DK, tid);
+    gc_stage_rows<T, T>(vbase, rw, r0, l, dv, dv, nullptr, Vb, ldv, nullptr, nullptr, 0, tid);
     __syncthreads();
-    // K Kᵀ, tiles (ti, tj) with tj <= ti (A is strictly lower): warp w owns
-    // row tile w / 2 and column tiles 2 (w % 2) + n.
-    {
-        const u32 ti = w >> 1;
-#pragma unroll
-        for (u32 n = 0; n < 2; ++n) {
-            const u32 tj = 2 * (w & 1u) + n;
-            if (tj > ti) continue;
-            GtAcc acc;
-            wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-            for (u32 kk = 0; kk < DK / 16; ++kk) {
-                GtA<T> a;
-                GtBt<T> b;
-                wmma::load_matrix_sync(a, Kb + 16 * ti * LDK + 16 * kk, LDK);
-                wmma::load_matrix_sync(b, Kb + 16 * tj * LDK + 16 * kk, LDK);
-                wmma::mma_sync(acc, a, b, acc);
-            }
-            wmma::store_matrix_sync(As + 16 * ti * GT_LDF + 16 * tj, acc, GT_LDF, wmma::mem_row_major);
-        }
-    }
+    gt_gram_lower<T, DK>(Kb, Kb, As, w);  // K Kᵀ
     __syncthreads();
-    // A = −β_i (k_i·k_m) Γ_im (m < i < l), T starts as the identity.
+    // A = −β_i (k_i·k_m) Γ_im (m < i < l), zero elsewhere.
     for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
         const u32 i = x / GC_C, m = x % GC_C;
         As[i * GT_LDF + m] =
             (m < i && i < l) ? As[i * GT_LDF + m] * (-bt[i] * gc_decay((float)(Gd[i] - Gd[m]))) : 0.0f;
-        Xs[i * GT_LDF + m] = m == i ? 1.0f : 0.0f;
     }
     __syncthreads();
-    gc_forward_subst<GT_LDF>(As, Xs, l, tid);
+    gc_tril_inverse<GT_LDF>(As, w, lane);
     // Tw = T diag(β e^G), Tu = T diag(β) (columns m >= l are zero: β = 0 there,
     // so rows >= l of −W and U are zero too).
     for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
         const u32 i = x / GC_C, m = x % GC_C;
-        const float tv = Xs[i * GT_LDF + m];
+        const float tv = gc_tril_at<GT_LDF>(As, i, m);
         Tw[i * GT_LDT + m] = from_f<T>(tv * (bt[m] * eg[m]));
         Tu[i * GT_LDT + m] = from_f<T>(tv * bt[m]);
     }
-    __syncthreads();
+    __syncthreads();  // As is free: the warp scratch tiles
     // −W = −Tw K (64 × DK): warp w owns row tile w % 4, column tiles w / 4 + 2n.
     {
         const u32 ti = w & 3u;
@@ -271,22 +241,13 @@ template <typename T, int DK>
 __device__ __forceinline__ void gt_state_load(unsigned char* stage, const T* __restrict__ wn,
                                               const T* __restrict__ kb, const float* __restrict__ uf, u64 ch, u32 dv,
                                               u32 col0, u32 tid) {
-    constexpr u32 LDK = DK + 8, PR = DK / 8;  // 16-byte pieces per row
+    constexpr u32 LDK = DK + 8;
     T* Wb = reinterpret_cast<T*>(stage);
     T* Kb = Wb + GC_C * LDK;
     float* Ub = reinterpret_cast<float*>(Kb + GC_C * LDK);
-    const T* ws = wn + ch * GC_C * DK;
-    const T* ks = kb + ch * GC_C * DK;
-    for (u32 x = tid; x < GC_C * PR; x += GC_THREADS) {
-        const u32 i = x / PR, p = x % PR;
-        gc_cp16(reinterpret_cast<float*>(Wb + i * LDK + 8 * p), reinterpret_cast<const float*>(ws + i * DK + 8 * p));
-        gc_cp16(reinterpret_cast<float*>(Kb + i * LDK + 8 * p), reinterpret_cast<const float*>(ks + i * DK + 8 * p));
-    }
-    const float* us = uf + ch * GC_C * dv + col0;
-    for (u32 x = tid; x < GC_C * (GT_BV / 4); x += GC_THREADS) {
-        const u32 i = x / (GT_BV / 4), p = x % (GT_BV / 4);
-        gc_cp16(Ub + i * GT_LDS + 4 * p, us + (u64)i * dv + 4 * p);
-    }
+    gt_cp_rows(Wb, LDK, wn + ch * GC_C * DK, DK, GC_C, DK, tid);
+    gt_cp_rows(Kb, LDK, kb + ch * GC_C * DK, DK, GC_C, DK, tid);
+    gt_cp_rows(Ub, GT_LDS, uf + ch * GC_C * dv + col0, dv, GC_C, GT_BV, tid);
     gc_cp_commit();
 }
 
@@ -432,7 +393,7 @@ __device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ 
     constexpr u32 LDK = DK + 8;
     extern __shared__ __align__(128) unsigned char gt_smem[];
     __shared__ double Gd[GC_C];
-    __shared__ float rq[GC_C], rk[GC_C];
+    __shared__ float rq[GC_C], rk[GC_C], eg[GC_C];
     const u32 ldv = dv + 8;
     T* Qb = reinterpret_cast<T*>(gt_smem);                                  // [64][LDK]
     float* Ps = reinterpret_cast<float*>(Qb + GC_C * LDK);                  // [64][GT_LDF]
@@ -445,66 +406,25 @@ __device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ 
     T* Vb = Pb + GC_C * GT_LDT;                                             // [64][ldv]
     const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
     const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
-    const u32* sp = spans + 5 * s;
-    const u32 row0 = sp[0], len = sp[1];
-    if (c * GC_C >= len) return;
-    const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
-    const u32 r0 = row0 + c * GC_C;
+    u32 r0, l;
+    if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u32 o = off[s];
     if (o == GC_INVALID) {
-        for (u32 x = tid; x < l * dv; x += GC_THREADS) {
-            const u64 r = (u64)r0 + x / dv;
-            if (r < t) out[(r * hv + j) * dv + x % dv] = from_f<T>(PORTER_NAN);
-        }
+        gc_nan_rows(out, r0, l, t, hv, j, dv, tid);
         return;
     }
     const u64 ch = ((u64)o + c) * hv + j;
     const u64 rw = 2ull * hk * DK + (u64)hv * dv;
     const float* qbase = qkv + (u64)kh * DK;
     const float* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
-    {
-        const T* vs = vb + ch * GC_C * dv;
-        const u32 pr = dv / 8;
-        for (u32 x = tid; x < GC_C * pr; x += GC_THREADS) {
-            const u32 i = x / pr, p = x % pr;
-            gc_cp16(reinterpret_cast<float*>(Vb + i * ldv + 8 * p),
-                    reinterpret_cast<const float*>(vs + (u64)i * dv + 8 * p));
-        }
-        gc_cp_commit();
-    }
-    gt_chunk_gates(qbase, kbase, g, nullptr, rw, r0, l, hv, j, DK, q_scale, rq, rk, nullptr, Gd, tid);
-    for (u32 x = tid; x < GC_C * DK; x += GC_THREADS) {
-        const u32 i = x / DK, d = x % DK;
-        float qv = 0.0f, kv = 0.0f;
-        if (i < l) {
-            qv = qbase[(u64)(r0 + i) * rw + d] * rq[i];
-            kv = kbase[(u64)(r0 + i) * rw + d] * rk[i];
-        }
-        Qb[i * LDK + d] = from_f<T>(qv);
-        Kb[i * LDK + d] = from_f<T>(kv);
-        Qg[i * LDK + d] = from_f<T>(i < l ? qv * gc_decay((float)Gd[i]) : 0.0f);
-    }
+    gt_cp_rows(Vb, ldv, vb + ch * GC_C * dv, dv, GC_C, dv, tid);
+    gc_cp_commit();
+    gc_chunk_gates(qbase, kbase, g, nullptr, rw, r0, l, hv, j, DK, q_scale, rq, rk, nullptr, Gd, eg, nullptr, tid);
+    // Normalised Q and K, and Q ⊙ exp(G), to T.
+    gc_stage_rows<T, T>(qbase, rw, r0, l, DK, DK, rq, Qb, LDK, Qg, eg, LDK, tid);
+    gc_stage_rows<T, T>(kbase, rw, r0, l, DK, DK, rk, Kb, LDK, nullptr, nullptr, 0, tid);
     __syncthreads();
-    // P = Q Kᵀ, tiles tj <= ti (as K Kᵀ in gdn_chunk_tc_wu).
-    {
-        const u32 ti = w >> 1;
-#pragma unroll
-        for (u32 n = 0; n < 2; ++n) {
-            const u32 tj = 2 * (w & 1u) + n;
-            if (tj > ti) continue;
-            GtAcc acc;
-            wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-            for (u32 kk = 0; kk < DK / 16; ++kk) {
-                GtA<T> a;
-                GtBt<T> b;
-                wmma::load_matrix_sync(a, Qb + 16 * ti * LDK + 16 * kk, LDK);
-                wmma::load_matrix_sync(b, Kb + 16 * tj * LDK + 16 * kk, LDK);
-                wmma::mma_sync(acc, a, b, acc);
-            }
-            wmma::store_matrix_sync(Ps + 16 * ti * GT_LDF + 16 * tj, acc, GT_LDF, wmma::mem_row_major);
-        }
-    }
+    gt_gram_lower<T, DK>(Qb, Kb, Ps, w);  // P = Q Kᵀ
     __syncthreads();
     // Pb = P ⊙ Γ on and below the diagonal (Γ_ii = 1), zero elsewhere.
     for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
@@ -514,16 +434,8 @@ __device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ 
         Pb[i * GT_LDT + m] = from_f<T>(v);
     }
     __syncthreads();  // Qb, Ps, Kb are free
-    {
-        const T* hs = hb + ch * (u64)DK * dv;
-        const u32 pr = dv / 8;
-        for (u32 x = tid; x < DK * pr; x += GC_THREADS) {
-            const u32 d = x / pr, p = x % pr;
-            gc_cp16(reinterpret_cast<float*>(Sb + d * ldv + 8 * p),
-                    reinterpret_cast<const float*>(hs + (u64)d * dv + 8 * p));
-        }
-        gc_cp_commit();
-    }
+    gt_cp_rows(Sb, ldv, hb + ch * (u64)DK * dv, dv, DK, dv, tid);
+    gc_cp_commit();
     gc_cp_wait<1>();  // Vn (this thread's copies)
     __syncthreads();  // Vn (everyone's)
     const u32 nq = 4 * (dv / 16);
@@ -571,7 +483,7 @@ __device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ 
 }
 
 #define GDN_CHUNK_TC(T, NAME, DK)                                                                                \
-    extern "C" __global__ void __launch_bounds__(256)                                                           \
+    extern "C" __global__ void __launch_bounds__(256, 3)                                                        \
         gdn_chunk_tc_wu_d##DK##_##NAME(const float* qkv, const float* g, const float* beta, const u32* spans,     \
                                        const u32* off, T* wn, T* kb, float* uf, float* gl, u32 hk, u32 hv,        \
                                        u32 dv) {                                                                 \

@@ -402,7 +402,9 @@ fn tc_smem(dk: usize, dv: usize, caps: DeviceCaps) -> Option<TcSmem> {
     let (c, ldt, ldf, lds, ldb) = (GC_C, 72, 68, 36, 40);
     let tile_k = 2 * c * (dk + 8); // T [64][dk + 8]
     let tile_v = 2 * c * (dv + 8); // T [64][dv + 8]
-    let wu = tile_k + tile_v + 8 * c * ldf + 4 * c * ldt + 8 * 1024;
+
+    // gdn_chunk_tc_wu: Kb, Vb, As (f32 [64][68]: K Kᵀ, A, T, then the warp scratch tiles), Tw, Tu.
+    let wu = tile_k + tile_v + 4 * c * ldf + 4 * c * ldt;
     let state = 2 * (2 * tile_k + 4 * c * lds) + 4 * dk * lds + 2 * dk * ldb + 2 * c * ldb;
     let r01 = (tile_k + 4 * c * ldf).max(2 * dk * (dv + 8));
     let out = r01 + tile_k.max(8 * 1024) + tile_k + 2 * c * ldt + tile_v;
@@ -453,7 +455,11 @@ mod tests {
     fn tc_form_needs_sm80_dims_and_smem() {
         let h200 = caps(9, 227 * 1024, false);
         // 80B dims: the layouts of gdn_chunk_tc.cu.
-        assert_eq!(tc_smem(128, 128, h200), Some(TcSmem { wu: 96_256, state: 121_856, out: 96_256 }));
+        assert_eq!(tc_smem(128, 128, h200), Some(TcSmem { wu: 70_656, state: 121_856, out: 96_256 }));
+        // The wu launch fits 3 blocks per SM on an H100 / H200 (228 KiB an SM, 1 KiB reserved a
+        // block, 1.5 KiB static): at most 75 KiB of dynamic shared memory.
+        let wu = tc_smem(128, 128, h200).map_or(usize::MAX, |m| m.wu);
+        assert!(3 * (wu + 1536 + 1024) <= 228 * 1024, "wu {wu} bytes");
         assert!(tc_smem(64, 96, h200).is_some());
         assert!(tc_smem(128, 256, h200).is_some());
         // Dims the kernels do not take.
