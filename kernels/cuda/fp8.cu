@@ -112,11 +112,9 @@ __device__ __forceinline__ void fp8_gemv_impl(const unsigned char* __restrict__ 
 #define PORTER_FP8_GEMV_M(NA, A, NO, O)                                                                 \
     PORTER_FP8_GEMV(NA, A, NO, O, 1) PORTER_FP8_GEMV(NA, A, NO, O, 2) PORTER_FP8_GEMV(NA, A, NO, O, 4) \
         PORTER_FP8_GEMV(NA, A, NO, O, 8)
-PORTER_FP8_GEMV_M(f32, float, f32, float)
+// The older form for A/B runs (PORTER_FP8_GEMV=legacy), bf16 activations only.
 PORTER_FP8_GEMV_M(bf16, bf16, bf16, bf16)
 PORTER_FP8_GEMV_M(bf16, bf16, f32, float)
-PORTER_FP8_GEMV_M(f16, f16, f16, f16)
-PORTER_FP8_GEMV_M(f16, f16, f32, float)
 
 // ---------------------------------------------------------------------------
 // Decode GEMV, scale after the chunk ("x" kernels, the default; the kernels above are the
@@ -248,23 +246,46 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
         }
 }
 
-#define PORTER_FP8_GEMVX(NA, A, NO, O, M, NR, CV, HW)                                                       \
-    extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M##_r##NR##_##CV(          \
+// The conversion of the default kernels: the native one where it exists.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define FP8_GEMVX_HW true
+#else
+#define FP8_GEMVX_HW false
+#endif
+// Default weight rows a warp (kernels/src/cuda/fp8.rs Fp8GemvForm::rows agrees).
+#define FP8_GEMVX_NR(M) ((M) >= 4 ? 4 : 2)
+#define PORTER_FP8_GEMVX(NA, A, NO, O, M)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M(                        \
         const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
-        fp8_gemvx_impl<A, O, M, NR, HW>(w, sc, rs, x, out, m, k, n);                                       \
+        fp8_gemvx_impl<A, O, M, FP8_GEMVX_NR(M), FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n);                \
     }
-#define PORTER_FP8_GEMVX_R(NA, A, NO, O, M, CV, HW)                                                 \
-    PORTER_FP8_GEMVX(NA, A, NO, O, M, 1, CV, HW) PORTER_FP8_GEMVX(NA, A, NO, O, M, 2, CV, HW) \
-        PORTER_FP8_GEMVX(NA, A, NO, O, M, 4, CV, HW)
-#define PORTER_FP8_GEMVX_M(NA, A, NO, O, CV, HW)                                                    \
-    PORTER_FP8_GEMVX_R(NA, A, NO, O, 1, CV, HW) PORTER_FP8_GEMVX_R(NA, A, NO, O, 2, CV, HW)       \
-        PORTER_FP8_GEMVX_R(NA, A, NO, O, 4, CV, HW) PORTER_FP8_GEMVX_R(NA, A, NO, O, 8, CV, HW)
-#define PORTER_FP8_GEMVX_T(NA, A, NO, O) PORTER_FP8_GEMVX_M(NA, A, NO, O, hw, true) PORTER_FP8_GEMVX_M(NA, A, NO, O, alu, false)
-PORTER_FP8_GEMVX_T(f32, float, f32, float)
-PORTER_FP8_GEMVX_T(bf16, bf16, bf16, bf16)
-PORTER_FP8_GEMVX_T(bf16, bf16, f32, float)
-PORTER_FP8_GEMVX_T(f16, f16, f16, f16)
-PORTER_FP8_GEMVX_T(f16, f16, f32, float)
+#define PORTER_FP8_GEMVX_M(NA, A, NO, O)                                                                  \
+    PORTER_FP8_GEMVX(NA, A, NO, O, 1) PORTER_FP8_GEMVX(NA, A, NO, O, 2) PORTER_FP8_GEMVX(NA, A, NO, O, 4) \
+        PORTER_FP8_GEMVX(NA, A, NO, O, 8)
+PORTER_FP8_GEMVX_M(f32, float, f32, float)
+PORTER_FP8_GEMVX_M(bf16, bf16, bf16, bf16)
+PORTER_FP8_GEMVX_M(bf16, bf16, f32, float)
+PORTER_FP8_GEMVX_M(f16, f16, f16, f16)
+PORTER_FP8_GEMVX_M(f16, f16, f32, float)
+
+// A/B variants, bf16 only (each kernel costs NVRTC time at start-up): the hardware conversion
+// at 1, 2 and 4 weight rows a warp, the integer one at the default rows (its bits checked
+// against the others on any GPU).
+#define PORTER_FP8_GEMVX_AB(M, NR, CV, HW)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_bf16_bf16_m##M##_r##NR##_##CV(               \
+        const unsigned char* w, const float* sc, const u32* rs, const bf16* x, bf16* out, u32 m, u32 k, u32 n) { \
+        fp8_gemvx_impl<bf16, bf16, M, NR, HW>(w, sc, rs, x, out, m, k, n);                                    \
+    }
+#define PORTER_FP8_GEMVX_AB_M(M)                                                                       \
+    PORTER_FP8_GEMVX_AB(M, 1, hw, true) PORTER_FP8_GEMVX_AB(M, 2, hw, true) PORTER_FP8_GEMVX_AB(M, 4, hw, true)
+PORTER_FP8_GEMVX_AB_M(1)
+PORTER_FP8_GEMVX_AB_M(2)
+PORTER_FP8_GEMVX_AB_M(4)
+PORTER_FP8_GEMVX_AB_M(8)
+PORTER_FP8_GEMVX_AB(1, 2, alu, false)
+PORTER_FP8_GEMVX_AB(2, 2, alu, false)
+PORTER_FP8_GEMVX_AB(4, 4, alu, false)
+PORTER_FP8_GEMVX_AB(8, 4, alu, false)
 
 // ---------------------------------------------------------------------------
 // Dequantize to T (the prefill path: the result feeds cuBLAS). Grid-stride over groups of 16

@@ -87,6 +87,29 @@ impl Fp8GemvForm {
         Ok(Self { conv, rows_per_warp })
     }
 
+    /// The kernel of this form for `mm` (1, 2, 4 or 8) rows of `x` and its weight rows a warp.
+    /// The default form has kernels for every `A -> O`, the others (A/B runs) for bf16 -> bf16
+    /// only (legacy also bf16 -> f32): the hardware conversion at 1, 2 and 4 rows a warp, the
+    /// integer one at the default rows.
+    fn kernel<A: CudaFloat, O: CudaFloat>(self, mm: usize) -> Result<(String, usize)> {
+        let (a, o) = (A::NAME, O::NAME);
+        let nr = self.rows(mm);
+        let bf16 = a == "bf16" && o == "bf16";
+        let name = match self.conv {
+            Fp8GemvConv::Auto if self.rows_per_warp == 0 || nr == Self::AUTO.rows(mm) => {
+                format!("fp8_gemvx_{a}_{o}_m{mm}")
+            }
+            // FP8_GEMV_NR(mm) in fp8.cu: 2 weight rows a warp from 2 rows of x on.
+            Fp8GemvConv::Legacy if a == "bf16" => {
+                return Ok((format!("fp8_gemv_{a}_{o}_m{mm}"), if mm >= 2 { 2 } else { 1 }))
+            }
+            Fp8GemvConv::Hw | Fp8GemvConv::Auto if bf16 => format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_hw"),
+            Fp8GemvConv::Alu if bf16 && nr == Self::AUTO.rows(mm) => format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_alu"),
+            _ => return Err(CudaError::Invalid(format!("fp8_gemv: no {self:?} kernel for {a} -> {o} at {mm} rows"))),
+        };
+        Ok((name, nr))
+    }
+
     /// Weight rows a warp takes for a launch of `mm` (1, 2, 4 or 8) rows of `x`: the set
     /// value, else 2 up to 2 rows (two rows' bytes in flight: at k = 2048 a row is one loop
     /// step of a warp) and 4 from 4 rows on (each converted x chunk serves 4 weight rows).
@@ -209,27 +232,16 @@ impl CudaKernels {
             return Err(CudaError::Invalid("fp8_gemv: x and w must be 16-byte aligned".into()));
         }
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
-        let caps = self.caps();
-        let native_e4m3 = (caps.major, caps.minor) >= (8, 9) && !caps.fallback_build();
-        let (name, nr) = match form.conv {
-            // FP8_GEMV_NR(mm) in fp8.cu: 2 weight rows a warp from 2 rows of x on.
-            Fp8GemvConv::Legacy => (format!("fp8_gemv_{}_{}_m{mm}", A::NAME, O::NAME), if mm >= 2 { 2 } else { 1 }),
-            conv => {
-                let hw = conv == Fp8GemvConv::Hw || (conv == Fp8GemvConv::Auto && native_e4m3);
-                let nr = form.rows(mm);
-                let cv = if hw { "hw" } else { "alu" };
-                (format!("fp8_gemvx_{}_{}_m{mm}_r{nr}_{cv}", A::NAME, O::NAME), nr)
-            }
-        };
+        let (name, nr) = form.kernel::<A, O>(mm)?;
         let cfg = LaunchConfig {
             // 8 warps a block, nr weight rows a warp.
             grid_dim: (u32_of("blocks", n.div_ceil(8 * nr))?, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches fp8_gemv_<A>_<O>_m<mm> / fp8_gemvx_<A>_<O>_m<mm>_r<nr>_<conv> (nr
-        // weight rows a warp, 8 warps a block); sizes and alignment checked; m <= mm; the
-        // scale rows named by row_scale exist (Fp8Dev's contract).
+        // SAFETY: matches fp8_gemv_<A>_<O>_m<mm> / fp8_gemvx_<A>_<O>_m<mm>[_r<nr>_<conv>] (nr
+        // weight rows a warp, 8 warps a block: Fp8GemvForm::kernel); sizes and alignment
+        // checked; m <= mm; the scale rows named by row_scale exist (Fp8Dev's contract).
         // Kernel: `fp8_gemv[x]_..(const u8* w, const float* sc, const u32* rs, const A* x, O* out,
         // u32 m, u32 k, u32 n)`.
         unsafe { launch!(self, FP8, name, cfg, [pq, ptr(w.scales), ptr(w.row_scale), px, ptr_mut(out), m32, k32, n32]) }
