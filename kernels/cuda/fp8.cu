@@ -7,7 +7,8 @@
 // u8; scales [scale_rows, ceil(cols/128)] f32 (multiplied); rs [rows] u32, the scale row of each
 // weight row (r / 128 for one checkpoint tensor; packed / stacked / regrouped weights keep each
 // part's own scales). W[r, c] = round_T(e4m3(q[r, c]) · scales[rs[r], c / 128]) with round_T the
-// compute dtype's rounding, exactly as the CPU backend dequantizes (kernels/src/cpu/fp8.rs).
+// compute dtype's rounding, exactly as the CPU backend dequantizes (kernels/src/cpu/fp8.rs); the
+// decode GEMV (fp8_gemvx_*) computes with the unrounded e4m3 · scale instead (see there).
 
 #include <cuda_fp8.h>
 
@@ -32,7 +33,8 @@ template <typename T> __device__ __forceinline__ void fp8_unpack16(const uint4& 
 }
 
 // ---------------------------------------------------------------------------
-// Decode GEMV: out[r, j] = Σ_c x[r, c] · W[j, c] for m ≤ M rows; a warp per FP8_GEMV_NR(M)
+// Decode GEMV, older form (A/B runs only, PORTER_FP8_GEMV=legacy; W rounded to T per weight):
+// out[r, j] = Σ_c x[r, c] · W[j, c] for m ≤ M rows; a warp per FP8_GEMV_NR(M)
 // weight rows streams their bytes with 16-byte loads (U in flight per lane and row),
 // dequantizes in registers and reuses them for every x row, and each x chunk (loaded and
 // converted once) for every weight row; f32 accumulation in a fixed order per (row, weight
