@@ -7,7 +7,8 @@
 // u8; scales [scale_rows, ceil(cols/128)] f32 (multiplied); rs [rows] u32, the scale row of each
 // weight row (r / 128 for one checkpoint tensor; packed / stacked / regrouped weights keep each
 // part's own scales). W[r, c] = round_T(e4m3(q[r, c]) · scales[rs[r], c / 128]) with round_T the
-// compute dtype's rounding, exactly as the CPU backend dequantizes (kernels/src/cpu/fp8.rs).
+// compute dtype's rounding, exactly as the CPU backend dequantizes (kernels/src/cpu/fp8.rs); the
+// decode GEMV (fp8_gemvx_*) computes with the unrounded e4m3 · scale instead (see there).
 
 #include <cuda_fp8.h>
 
@@ -32,7 +33,8 @@ template <typename T> __device__ __forceinline__ void fp8_unpack16(const uint4& 
 }
 
 // ---------------------------------------------------------------------------
-// Decode GEMV: out[r, j] = Σ_c x[r, c] · W[j, c] for m ≤ M rows; a warp per FP8_GEMV_NR(M)
+// Decode GEMV, older form (A/B runs only, PORTER_FP8_GEMV=legacy; W rounded to T per weight):
+// out[r, j] = Σ_c x[r, c] · W[j, c] for m ≤ M rows; a warp per FP8_GEMV_NR(M)
 // weight rows streams their bytes with 16-byte loads (U in flight per lane and row),
 // dequantizes in registers and reuses them for every x row, and each x chunk (loaded and
 // converted once) for every weight row; f32 accumulation in a fixed order per (row, weight
@@ -112,11 +114,180 @@ __device__ __forceinline__ void fp8_gemv_impl(const unsigned char* __restrict__ 
 #define PORTER_FP8_GEMV_M(NA, A, NO, O)                                                                 \
     PORTER_FP8_GEMV(NA, A, NO, O, 1) PORTER_FP8_GEMV(NA, A, NO, O, 2) PORTER_FP8_GEMV(NA, A, NO, O, 4) \
         PORTER_FP8_GEMV(NA, A, NO, O, 8)
-PORTER_FP8_GEMV_M(f32, float, f32, float)
+// The older form for A/B runs (PORTER_FP8_GEMV=legacy), bf16 activations only.
 PORTER_FP8_GEMV_M(bf16, bf16, bf16, bf16)
 PORTER_FP8_GEMV_M(bf16, bf16, f32, float)
-PORTER_FP8_GEMV_M(f16, f16, f16, f16)
-PORTER_FP8_GEMV_M(f16, f16, f32, float)
+
+// ---------------------------------------------------------------------------
+// Decode GEMV, scale after the chunk ("x" kernels, the default; the kernels above are the
+// older form, kept for A/B runs: PORTER_FP8_GEMV=legacy). A 16-byte chunk lies in one
+// 128-column scale block, so out[r, j] = Σ_chunks s_chunk · (Σ_i e4m3_i · x[r, i]): the
+// weights enter the FMAs as their exact e4m3 values, each chunk's f32 dot is multiplied by its
+// scale once. That is the f32 dequantization W = e4m3 · s without rounding W to T (the
+// reference "f32 on the dequantized weights"; it differs from round_T(e4m3 · s), what the
+// CPU backend and the prefill GEMMs use, by at most half an ulp of T per weight), and it takes
+// the conversion pipe off the hot loop: the older form rounded every weight to T (an F2F, 16 a
+// clock per SM on sm_90, plus the e4m3 → f16 F2FP: 1.5 conversions a byte, ~2.8 TB/s at best;
+// it measured 1.2–1.9). Here a byte costs half an F2FP (HW) or ~2 integer ops (ALU), one f16 →
+// f32 HADD2 and one FFMA per x row.
+//
+// Two e4m3 → f16 conversions (both exact, bit-identical results): HW, the sm_89+ instruction
+// (`cvt.rn.f16x2.e4m3x2`; emulated below sm_89); ALU, shifts and masks placing the byte's
+// sign / exponent / mantissa into an f16 (f16 bias 15 against e4m3's 7: the value is e4m3 ·
+// 2⁻⁸, subnormals included, always an f16 normal or zero), the chunk multiplier then s · 2⁸,
+// so every product and sum is the HW one times 2⁻⁸ exactly and the scaled chunk sums are the
+// same f32 values. (ALU reads the two NaN bytes 0x7f / 0xff as ±480; quantizers saturate to
+// ±448 and never write them.)
+//
+// A warp takes NR weight rows (x chunk loaded and converted once for all NR, each weight chunk
+// converted once for all m rows of x), U chunks per lane and row in flight. Row-invariant: lane
+// l takes chunks c ≡ l (mod 32) in ascending order whatever NR, U, M, m or the conversion are,
+// then a warp butterfly sum; a row's bits depend on nothing else (asserted by
+// kernels/tests/cuda_fp8.rs across all of them). Needs k % 16 == 0 and 16-byte aligned
+// buffers (checked by the host). Grid: ceil(n / (8 · NR)), 8 warps a block.
+// ---------------------------------------------------------------------------
+
+// 16 e4m3 bytes (byte i = element i) as f32: e4m3_i (HW) or e4m3_i · 2⁻⁸ (ALU), exact.
+template <bool HW> __device__ __forceinline__ void fp8_chunk_f(const uint4& v, float* f) {
+    const u32* w = reinterpret_cast<const u32*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if constexpr (HW) {
+            // Bytes (0, 1) and (2, 3) of the word, a conversion each pair.
+            const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[j] & 0xffffu), __NV_E4M3);
+            const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[j] >> 16), __NV_E4M3);
+            const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+            f[4 * j] = a.x;
+            f[4 * j + 1] = a.y;
+            f[4 * j + 2] = b.x;
+            f[4 * j + 3] = b.y;
+        } else {
+            // Byte b at bits 8..15 of a half: sign kept at 15, exponent and mantissa moved down
+            // one (bits 7..13), bit 14 (the f16 exponent's top bit) clear. Halves of h02:
+            // elements 4j, 4j + 2; of h13: 4j + 1, 4j + 3.
+            const u32 t02 = w[j] << 8, t13 = w[j];
+            const u32 h02 = ((t02 >> 1) & 0x3f803f80u) | (t02 & 0x80008000u);
+            const u32 h13 = ((t13 >> 1) & 0x3f803f80u) | (t13 & 0x80008000u);
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&h02));
+            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&h13));
+            f[4 * j] = a.x;
+            f[4 * j + 1] = b.x;
+            f[4 * j + 2] = a.y;
+            f[4 * j + 3] = b.y;
+        }
+    }
+}
+
+#define FP8_GEMVX_U(NR) ((NR) >= 4 ? 2 : 4)
+template <typename A, typename O, int M, int NR, bool HW>
+__device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__ w, const float* __restrict__ sc,
+                                               const u32* __restrict__ rs, const A* __restrict__ x,
+                                               O* __restrict__ out, u32 m, u32 k, u32 n) {
+    constexpr int U = FP8_GEMVX_U(NR);
+    const float mul = HW ? 1.0f : 256.0f;  // back from the ALU conversion's 2⁻⁸ (exact)
+    const u32 lane = threadIdx.x & 31u;
+    const u32 j0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * NR;
+    if (j0 >= n) return;
+    const u32 nsc = (k + FP8_BLOCK - 1) / FP8_BLOCK;
+    const uint4* wr[NR];
+    const float* srow[NR];
+#pragma unroll
+    for (int q = 0; q < NR; ++q) {
+        const u32 j = min(j0 + q, n - 1);  // a row past n repeats the last; never stored
+        wr[q] = reinterpret_cast<const uint4*>(w + (u64)j * k);
+        srow[q] = sc + (u64)__ldg(rs + j) * nsc;
+    }
+    const u32 kv = k / 16u;
+    float acc[M][NR];
+#pragma unroll
+    for (int r = 0; r < M; ++r)
+#pragma unroll
+        for (int q = 0; q < NR; ++q) acc[r][q] = 0.0f;
+    for (u32 c0 = lane; c0 < kv; c0 += 32u * U) {
+        uint4 wv[U][NR];
+        float s[U][NR];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 c = c0 + 32u * u;
+#pragma unroll
+            for (int q = 0; q < NR; ++q) {
+                wv[u][q] = c < kv ? __ldg(wr[q] + c) : make_uint4(0, 0, 0, 0);
+                s[u][q] = c < kv ? __ldg(srow[q] + (c >> 3)) * mul : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 c = c0 + 32u * u;
+            if (c < kv) {
+                float wf[NR][16];
+#pragma unroll
+                for (int q = 0; q < NR; ++q) fp8_chunk_f<HW>(wv[u][q], wf[q]);
+#pragma unroll
+                for (int r = 0; r < M; ++r) {
+                    if ((u32)r < m) {
+                        float xf[16];
+                        load_act<A, 16, false>(x + (u64)r * k + 16u * c, xf);
+#pragma unroll
+                        for (int q = 0; q < NR; ++q) {
+                            float d = wf[q][0] * xf[0];
+#pragma unroll
+                            for (int i = 1; i < 16; ++i) d = fmaf(wf[q][i], xf[i], d);
+                            acc[r][q] = fmaf(d, s[u][q], acc[r][q]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < M; ++r)
+#pragma unroll
+        for (int q = 0; q < NR; ++q) {
+            const float v = warp_sum(acc[r][q]);
+            if (lane == 0 && (u32)r < m && j0 + q < n) out[(u64)r * n + j0 + q] = from_f<O>(v);
+        }
+}
+
+// The conversion of the default kernels: the native one where it exists.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define FP8_GEMVX_HW true
+#else
+#define FP8_GEMVX_HW false
+#endif
+// Default weight rows a warp (kernels/src/cuda/fp8.rs Fp8GemvForm::rows agrees).
+#define FP8_GEMVX_NR(M) ((M) >= 4 ? 4 : 2)
+#define PORTER_FP8_GEMVX(NA, A, NO, O, M)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M(                        \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
+        fp8_gemvx_impl<A, O, M, FP8_GEMVX_NR(M), FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n);                \
+    }
+#define PORTER_FP8_GEMVX_M(NA, A, NO, O)                                                                  \
+    PORTER_FP8_GEMVX(NA, A, NO, O, 1) PORTER_FP8_GEMVX(NA, A, NO, O, 2) PORTER_FP8_GEMVX(NA, A, NO, O, 4) \
+        PORTER_FP8_GEMVX(NA, A, NO, O, 8)
+PORTER_FP8_GEMVX_M(f32, float, f32, float)
+PORTER_FP8_GEMVX_M(bf16, bf16, bf16, bf16)
+PORTER_FP8_GEMVX_M(bf16, bf16, f32, float)
+PORTER_FP8_GEMVX_M(f16, f16, f16, f16)
+PORTER_FP8_GEMVX_M(f16, f16, f32, float)
+
+// A/B variants, bf16 only (each kernel costs NVRTC time at start-up): the hardware conversion
+// at 1, 2 and 4 weight rows a warp, the integer one at the default rows (its bits checked
+// against the others on any GPU).
+#define PORTER_FP8_GEMVX_AB(M, NR, CV, HW)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_bf16_bf16_m##M##_r##NR##_##CV(               \
+        const unsigned char* w, const float* sc, const u32* rs, const bf16* x, bf16* out, u32 m, u32 k, u32 n) { \
+        fp8_gemvx_impl<bf16, bf16, M, NR, HW>(w, sc, rs, x, out, m, k, n);                                    \
+    }
+#define PORTER_FP8_GEMVX_AB_M(M)                                                                       \
+    PORTER_FP8_GEMVX_AB(M, 1, hw, true) PORTER_FP8_GEMVX_AB(M, 2, hw, true) PORTER_FP8_GEMVX_AB(M, 4, hw, true)
+PORTER_FP8_GEMVX_AB_M(1)
+PORTER_FP8_GEMVX_AB_M(2)
+PORTER_FP8_GEMVX_AB_M(4)
+PORTER_FP8_GEMVX_AB_M(8)
+PORTER_FP8_GEMVX_AB(1, 2, alu, false)
+PORTER_FP8_GEMVX_AB(2, 2, alu, false)
+PORTER_FP8_GEMVX_AB(4, 4, alu, false)
+PORTER_FP8_GEMVX_AB(8, 4, alu, false)
 
 // ---------------------------------------------------------------------------
 // Dequantize to T (the prefill path: the result feeds cuBLAS). Grid-stride over groups of 16

@@ -12,8 +12,10 @@ __device__ __forceinline__ float gs_decay(float x) { return x < -60.0f ? 0.0f : 
 // ---------------------------------------------------------------------------
 // Causal conv1d + SiLU over spans with the conv window update, and the gates,
 // in one launch (decode, speculative verify and prefill alike).
-// x [t, x_stride] (T; conv channels are columns 0..c, [b | a] columns
-// ba_col..ba_col + 2·hv); w [c, k] (f32); window [num_slots, c, win] (f32,
+// x [t, x_stride] (T; conv channels are columns 0..c); [b | a] columns
+// ba_col..ba_col + 2·hv of ba [t, ba_stride] (T; x itself when the gate inputs
+// are stacked onto the projections, a tensor of their own when in_proj_ba's
+// output is not concatenated, the FP8 model's case); w [c, k] (f32); window [num_slots, c, win] (f32,
 // oldest first), updated; spans [n_spans, 4] = (row0, len, slot, lag);
 // out [t, c] (f32); a_log, dt_bias [hv] (f32); g, beta [t, hv] (f32).
 //
@@ -92,14 +94,15 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl(const T* __restrict__ x,
                                                         const float* __restrict__ a_log,
                                                         const float* __restrict__ dt_bias, float* __restrict__ g,
                                                         float* __restrict__ beta, u32 t, u32 n_spans, u32 c, u32 k,
-                                                        u32 win, u32 num_slots, u32 ba_col, u32 hv, u32 rows) {
+                                                        u32 win, u32 num_slots, const T* __restrict__ ba,
+                                                        u32 ba_stride, u32 ba_col, u32 hv, u32 rows) {
     const u32 tid = threadIdx.x;
     const u32 r0 = blockIdx.x * rows;
     const u32 nr = t - r0 < rows ? t - r0 : rows;  // rows of this tile (r0 < t)
     if (blockIdx.y == gridDim.y - 1) {  // the gates of the tile's rows
         for (u32 i = tid; i < nr * hv; i += blockDim.x) {
             const u32 r = r0 + i / hv, hh = i % hv;
-            const T* row = x + (u64)r * x_stride + ba_col;
+            const T* row = ba + (u64)r * ba_stride + ba_col;
             const float b = to_f(row[hh]), a = to_f(row[hv + hh]);
             g[(u64)r * hv + hh] = -expf(a_log[hh]) * gs_softplus(a + dt_bias[hh]);
             beta[(u64)r * hv + hh] = sigmoid_f(b);
@@ -167,9 +170,9 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl(const T* __restrict__ x,
     extern "C" __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_gates_seq_##NAME(                           \
         const T* x, u32 x_stride, const float* w, float* window, const u32* spans, float* out, const float* a_log,  \
         const float* dt_bias, float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots,      \
-        u32 ba_col, u32 hv, u32 rows) {                                                                             \
+        const T* ba, u32 ba_stride, u32 ba_col, u32 hv, u32 rows) {                                                 \
         gdn_conv_gates_seq_impl<T>(x, x_stride, w, window, spans, out, a_log, dt_bias, g, beta, t, n_spans, c, k,   \
-                                   win, num_slots, ba_col, hv, rows);                                               \
+                                   win, num_slots, ba, ba_stride, ba_col, hv, rows);                                               \
     }
 GDN_CONV_GATES_SEQ(float, f32)
 GDN_CONV_GATES_SEQ(bf16, bf16)

@@ -15,7 +15,7 @@ use common::*;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::fp8::{matmul_t_fp8, quantize_blocks, BLOCK};
-use porter_kernels::cuda::{CudaFloat, CudaKernels, MoeGemv, MOE_PHASES_ALL};
+use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8Dev, Fp8GemvConv, Fp8GemvForm, MoeGemv, MOE_PHASES_ALL};
 
 #[test]
 #[ignore = "needs NVRTC (bash .ci/run installs it)"]
@@ -32,58 +32,103 @@ fn nvrtc_fp8_ptxas_info() {
     assert!(spills.is_empty(), "fp8 kernels with spills: {spills:?}");
 }
 
-fn gemv_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, n: usize, kk: usize, timing: bool) {
+/// Largest |got − want| over max |want| (infinite where `got` is NaN and `want` is not).
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+    got.iter().zip(want).fold(0.0f32, |e, (g, w)| {
+        if g.is_nan() && !w.is_nan() {
+            f32::INFINITY
+        } else {
+            e.max((g - w).abs() / scale)
+        }
+    })
+}
+
+/// Records a failure unless `got` is within `tol` (relative to max |want|) of `want`.
+fn close(fails: &mut Vec<String>, what: &str, got: &[f32], want: &[f32], tol: f32) {
+    let e = rel_err(got, want);
+    if e > tol {
+        fails.push(format!("{what}: max error {e:.3e} of max |ref| > {tol:.1e}"));
+    }
+}
+
+/// Records a failure unless `a` and `b` are the same bits.
+fn same(fails: &mut Vec<String>, what: &str, a: &[f32], b: &[f32]) {
+    let diff = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    if diff > 0 || a.len() != b.len() {
+        fails.push(format!("{what}: {diff} of {} elements differ", a.len()));
+    }
+}
+
+/// The A/B forms of the FP8 GEMV (bf16 -> bf16 kernels; every one gives the default's bits).
+const AB_FORMS: [Fp8GemvForm; 4] = [
+    Fp8GemvForm { conv: Fp8GemvConv::Hw, rows_per_warp: 1 },
+    Fp8GemvForm { conv: Fp8GemvConv::Hw, rows_per_warp: 2 },
+    Fp8GemvForm { conv: Fp8GemvConv::Hw, rows_per_warp: 4 },
+    Fp8GemvForm { conv: Fp8GemvConv::Alu, rows_per_warp: 0 },
+];
+const LEGACY: Fp8GemvForm = Fp8GemvForm { conv: Fp8GemvConv::Legacy, rows_per_warp: 0 };
+
+/// The GEMV at every row count 1..=8 against the CPU oracle, failures collected. Reference:
+/// `matmul_t_fp8` with no rounding of W (the kernel's semantics: W = e4m3 · scale in f32; the
+/// CPU accumulates in another order, so the f32 tolerance, 1e-5 of max |ref|, covers f32
+/// reordering over k ≤ 4096 terms, ~√k · 2⁻²⁴ relative); outputs in T against the reference
+/// rounded to T within 1e-2 (one rounding to T plus the f32 difference). The legacy form
+/// (W rounded to T per weight) against the rounded reference. Row 0's bits must not depend
+/// on m; the A/B forms must give the default's bits.
+fn gemv_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, n: usize, kk: usize, fails: &mut Vec<String>) {
     let w = W8::new(k, rng, n, kk);
     let x = rnd_vec::<T>(&rng.vec(8 * kk, 1.0));
     let xd = up::<T>(k, &x);
-    let mut full: Vec<Vec<f32>> = Vec::new();
+    let bf16 = T::NAME == "bf16";
+    let mut row0: Vec<Vec<f32>> = Vec::new();
+    let mut dev_max = 0.0f32;
     for m in 1..=8 {
+        let what = format!("fp8_gemv {} m={m} [{n}, {kk}]", T::NAME);
         let mut want = vec![0.0; m * n];
-        matmul_t_fp8(&x[..m * kk], w.host(), &mut want, m, kk, n, false, &|v| rnd::<T>(v));
+        matmul_t_fp8(&x[..m * kk], w.host(), &mut want, m, kk, n, false, &|v| v);
+        let mut rounded = vec![0.0; m * n];
+        matmul_t_fp8(&x[..m * kk], w.host(), &mut rounded, m, kk, n, false, &|v| rnd::<T>(v));
+        dev_max = dev_max.max(rel_err(&want, &rounded));
         let xv = xd.slice(0..m * kk);
         let mut o32 = poisoned::<f32>(k, m * n);
-        k.fp8_gemv::<T, f32>(&xv, w.dev(), &mut o32, m).unwrap();
+        k.fp8_gemv_with::<T, f32>(&xv, w.dev(), &mut o32, m, Fp8GemvForm::AUTO).unwrap();
         let got = down(k, &o32);
-        check(&format!("fp8_gemv {} -> f32 m={m} [{n}, {kk}]", T::NAME), &got, &want, TOL_F32);
+        close(fails, &format!("{what} -> f32"), &got, &want, TOL_F32);
         let mut ot = poisoned::<T>(k, m * n);
-        k.fp8_gemv::<T, T>(&xv, w.dev(), &mut ot, m).unwrap();
-        check(&format!("fp8_gemv {} -> {} m={m}", T::NAME, T::NAME), &down(k, &ot), &rnd_vec::<T>(&want), tol::<T>());
-        full.push(got);
-    }
-    // Row-invariance: row r is bit-identical whatever the row count.
-    for (m, rows) in full.iter().enumerate() {
-        assert_eq!(rows[..n], full[7][..n], "fp8_gemv row 0 differs between m = {} and m = 8", m + 1);
-    }
-    if timing {
-        for m in [1usize, 4] {
-            let xv = xd.slice(0..m * kk);
-            let mut o = poisoned::<T>(k, m * n);
-            k.fp8_gemv::<T, T>(&xv, w.dev(), &mut o, m).unwrap();
-            k.stream().synchronize().unwrap();
-            let iters = 50;
-            let t0 = std::time::Instant::now();
-            for _ in 0..iters {
-                k.fp8_gemv::<T, T>(&xv, w.dev(), &mut o, m).unwrap();
+        k.fp8_gemv_with::<T, T>(&xv, w.dev(), &mut ot, m, Fp8GemvForm::AUTO).unwrap();
+        let got_t = down(k, &ot);
+        close(fails, &format!("{what} -> {}", T::NAME), &got_t, &rnd_vec::<T>(&want), tol::<T>());
+        row0.push(got[..n].to_vec());
+        if bf16 {
+            for form in AB_FORMS {
+                let mut o = poisoned::<T>(k, m * n);
+                k.fp8_gemv_with::<T, T>(&xv, w.dev(), &mut o, m, form).unwrap();
+                same(fails, &format!("{what} {form:?} vs the default"), &down(k, &o), &got_t);
             }
-            k.stream().synchronize().unwrap();
-            let s = t0.elapsed().as_secs_f64() / iters as f64;
-            let bytes = (n * kk + 4 * n + 4 * w.scales.len()) as f64;
-            println!(
-                "  fp8_gemv {} m={m} [{n}, {kk}]: {:.1} us, {:.0} GB/s of weights",
-                T::NAME,
-                s * 1e6,
-                bytes / s / 1e9
-            );
+            let mut o = poisoned::<f32>(k, m * n);
+            k.fp8_gemv_with::<T, f32>(&xv, w.dev(), &mut o, m, LEGACY).unwrap();
+            close(fails, &format!("{what} legacy -> f32 (rounded W)"), &down(k, &o), &rounded, TOL_F32);
         }
     }
+    for (m, r) in row0.iter().enumerate() {
+        same(fails, &format!("fp8_gemv {} [{n}, {kk}] row 0 at m = {} vs m = 8", T::NAME, m + 1), r, &row0[7]);
+    }
+    println!(
+        "  fp8_gemv {} [{n}, {kk}]: checked m = 1..8; exact vs rounded-to-{} W differ by {dev_max:.2e} of max |ref|",
+        T::NAME,
+        T::NAME
+    );
 }
 
 fn gemv_all<T: CudaFloat>(test: &str) {
     let k = gpu(test);
     let mut rng = Rng::new(81);
-    gemv_case::<T>(&k, &mut rng, 300, 400, false);
-    gemv_case::<T>(&k, &mut rng, 12288, 2048, true);
-    gemv_case::<T>(&k, &mut rng, 2048, 4096, true);
+    let mut fails = Vec::new();
+    for (n, kk) in [(300, 400), (130, 16), (12352, 2048), (2048, 4096), (1544, 2048)] {
+        gemv_case::<T>(&k, &mut rng, n, kk, &mut fails);
+    }
+    assert!(fails.is_empty(), "{test}: {} failures:\n{}", fails.len(), fails.join("\n"));
 }
 
 #[test]
@@ -102,6 +147,67 @@ fn fp8_gemv_bf16() {
 #[ignore = "needs a CUDA GPU"]
 fn fp8_gemv_f16() {
     gemv_all::<f16>("fp8_gemv_f16");
+}
+
+/// Mean µs per call of `f(i)` over `iters` calls (CUDA events), after two warm-up calls.
+fn time_us(k: &CudaKernels, iters: usize, mut f: impl FnMut(usize)) -> f64 {
+    f(0);
+    f(1);
+    let s = k.stream().clone();
+    s.synchronize().unwrap();
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let a = s.record_event(flags).unwrap();
+    for i in 0..iters {
+        f(i);
+    }
+    let b = s.record_event(flags).unwrap();
+    f64::from(a.elapsed_ms(&b).unwrap()) * 1e3 / iters as f64
+}
+
+/// Speed of every FP8 GEMV form at the 80B FP8 decode shapes (bf16 activations; out_proj and
+/// in_proj to bf16, the router + shared input to f32), m = 1, 2, 4, 8, and the bf16 GEMV on a
+/// weight of the same bytes ([n, k/2] bf16). Weights rotate over copies of ≥ 160 MB (the
+/// H200's L2 is 50 MB), so every call reads HBM. GB/s counts the weight bytes (+ scales).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_gemv_speed() {
+    let k = gpu("fp8_gemv_speed");
+    let mut rng = Rng::new(84);
+    let s = k.stream().clone();
+    for (n, kk, f32_out) in [(12352usize, 2048usize, false), (2048, 4096, false), (1544, 2048, true)] {
+        let w = W8::new(&k, &mut rng, n, kk);
+        let copies = (160usize << 20).div_ceil(n * kk).clamp(2, 64);
+        let qs: Vec<CudaSlice<u8>> = (0..copies).map(|_| s.clone_dtod(&w.dq).unwrap()).collect();
+        let dev = |i: usize| Fp8Dev { q: &qs[i % copies], scales: &w.ds, row_scale: &w.drs, rows: n, cols: kk };
+        let wb = up::<bf16>(&k, &rng.vec(n * kk / 2, 0.05));
+        let wbs: Vec<CudaSlice<bf16>> = (0..copies).map(|_| s.clone_dtod(&wb).unwrap()).collect();
+        let xd = up::<bf16>(&k, &rnd_vec::<bf16>(&rng.vec(8 * kk, 1.0)));
+        let bytes = (n * kk + 4 * n + 4 * w.scales.len()) as f64;
+        let mut forms = vec![("default", Fp8GemvForm::AUTO), ("legacy", LEGACY)];
+        if !f32_out {
+            forms.extend(["hw:1", "hw:2", "hw:4", "alu"].into_iter().zip(AB_FORMS));
+        }
+        for m in [1usize, 2, 4, 8] {
+            let xv = xd.slice(0..m * kk);
+            let mut line = format!("  fp8_gemv bf16 -> {} m={m} [{n}, {kk}]:", if f32_out { "f32" } else { "bf16" });
+            for (label, form) in &forms {
+                let us = if f32_out {
+                    let mut o = poisoned::<f32>(&k, m * n);
+                    time_us(&k, 60, |i| k.fp8_gemv_with::<bf16, f32>(&xv, dev(i), &mut o, m, *form).unwrap())
+                } else {
+                    let mut o = poisoned::<bf16>(&k, m * n);
+                    time_us(&k, 60, |i| k.fp8_gemv_with::<bf16, bf16>(&xv, dev(i), &mut o, m, *form).unwrap())
+                };
+                line += &format!(" {label} {us:.1} us ({:.0} GB/s) |", bytes / us / 1e3);
+            }
+            let xh = xd.slice(0..m * kk / 2);
+            let mut o = poisoned::<bf16>(&k, m * n);
+            let us = time_us(&k, 60, |i| k.gemv::<bf16, bf16>(&xh, &wbs[i % copies], &mut o, m, kk / 2, n).unwrap());
+            line +=
+                &format!(" bf16 gemv [{n}, {}] same bytes {us:.1} us ({:.0} GB/s)", kk / 2, (n * kk) as f64 / us / 1e3);
+            println!("{line}");
+        }
+    }
 }
 
 fn dequant_quant<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, rows: usize, cols: usize) {

@@ -345,13 +345,21 @@ impl Ops for CpuOps {
         Ok(())
     }
 
-    fn gdn(&self, p: &Tensor, w: &GdnWeights<'_>, c: &GdnArgs, batch: &Batch, rec: &mut RecCache) -> Result<Tensor> {
+    fn gdn(
+        &self,
+        p: &Tensor,
+        ba: Option<&Tensor>,
+        w: &GdnWeights<'_>,
+        c: &GdnArgs,
+        batch: &Batch,
+        rec: &mut RecCache,
+    ) -> Result<Tensor> {
         let dt = p.dtype();
         let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
         let (kd, vd, conv) = (hk * dk, hv * dv, c.conv_dim());
-        let ba_col = conv + vd;
-        let pw = p.last_dim();
-        let pd = p.data();
+        let (gates, ba_col) = c.gate_cols(p, ba)?;
+        let (pw, gw) = (p.last_dim(), gates.last_dim());
+        let (pd, gd) = (p.data(), gates.data());
         let (conv_w, a_log, dt_bias) = (w.conv_w.host_f32()?, w.a_log.host_f32()?, w.dt_bias.host_f32()?);
         let (spec, state_len, kernel) = (rec.spec, rec.state_len, rec.kernel);
         let mut o_all = vec![0.0f32; p.rows() * vd];
@@ -368,14 +376,14 @@ impl Ops for CpuOps {
             // Drop the conv inputs of rolled-back tokens.
             let n = slot.conv_hist.len().saturating_sub(meta.lag * conv);
             slot.conv_hist.truncate(n);
-            // mixed = [T, conv] (= [q|k|v] columns of P); b, a from the stacked columns.
+            // mixed = [T, conv] (= [q|k|v] columns of P); b, a from their columns (of P or ba).
             let mut mixed = Vec::with_capacity(t * conv);
             let (mut b, mut a) = (Vec::with_capacity(t * hv), Vec::with_capacity(t * hv));
             for r in s.start..s.start + t {
-                let row = &pd[r * pw..(r + 1) * pw];
-                mixed.extend_from_slice(&row[..conv]);
-                b.extend_from_slice(&row[ba_col..ba_col + hv]);
-                a.extend_from_slice(&row[ba_col + hv..ba_col + 2 * hv]);
+                mixed.extend_from_slice(&pd[r * pw..r * pw + conv]);
+                let row = &gd[r * gw + ba_col..r * gw + ba_col + 2 * hv];
+                b.extend_from_slice(&row[..hv]);
+                a.extend_from_slice(&row[hv..]);
             }
             // Causal conv + SiLU, continuing from the slot's conv window.
             let hist_before = if saves.iter().any(|c| c.span == si) { slot.conv_hist.clone() } else { Vec::new() };

@@ -95,6 +95,32 @@ pub struct GdnArgs {
 }
 
 impl GdnArgs {
+    /// Where the `[b | a]` gate inputs are: `(tensor, first column)`, columns
+    /// `conv_dim + Hv·dv ..` of `p` (`[T, conv_dim + Hv·dv + 2·Hv]`) without `ba`, else
+    /// columns `0..2·Hv` of `ba` (`[T, 2·Hv]`, `p` then `[T, conv_dim + Hv·dv]`). The row
+    /// stride is the tensor's last dimension.
+    ///
+    /// # Errors
+    /// [`Error::Shape`](crate::error::Error) when the widths, row counts or dtypes disagree.
+    pub fn gate_cols<'a>(&self, p: &'a Tensor, ba: Option<&'a Tensor>) -> Result<(&'a Tensor, usize)> {
+        let (hv, proj) = (self.value_heads, self.conv_dim() + self.value_heads * self.value_dim);
+        match ba {
+            None if p.last_dim() == proj + 2 * hv => Ok((p, proj)),
+            Some(b)
+                if p.last_dim() == proj && b.last_dim() == 2 * hv && b.rows() == p.rows() && b.dtype() == p.dtype() =>
+            {
+                Ok((b, 0))
+            }
+            _ => bail!(
+                Shape,
+                "Gated DeltaNet projections {:?} ({}) with gate inputs {:?} do not fit {self:?}",
+                p.shape(),
+                p.dtype(),
+                ba.map(|b| (b.shape().to_vec(), b.dtype()))
+            ),
+        }
+    }
+
     /// Conv channels `2·Hk·dk + Hv·dv`.
     pub fn conv_dim(&self) -> usize {
         2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
@@ -185,10 +211,20 @@ pub trait Ops: Sync {
     /// `y += sigmoid(round(all[:, gate_col])) · so` per row (`y` f32 `[T, H]`).
     fn shared_expert_add(&self, y: &mut Tensor, so: &Tensor, all: &Tensor, gate_col: usize) -> Result<()>;
     /// The Gated DeltaNet core on the stacked projections `p: [T, conv_dim + Hv·dv + 2·Hv]`
-    /// (`[q | k | v | z | b | a]`): causal conv + SiLU continuing each slot's window, gates,
-    /// L2-normalised q / k, the delta rule on the slot's state (per-token snapshots in a
-    /// speculative step) → `[T·Hv, dv]` in `p`'s dtype.
-    fn gdn(&self, p: &Tensor, w: &GdnWeights<'_>, g: &GdnArgs, batch: &Batch, rec: &mut RecCache) -> Result<Tensor>;
+    /// (`[q | k | v | z | b | a]`), or `p: [T, conv_dim + Hv·dv]` and the gate inputs
+    /// `ba: [T, 2·Hv]` (`[b | a]`, same dtype) read in place where `in_proj_ba` is held apart:
+    /// causal conv + SiLU continuing each slot's window, gates, L2-normalised q / k, the delta
+    /// rule on the slot's state (per-token snapshots in a speculative step) → `[T·Hv, dv]` in
+    /// `p`'s dtype.
+    fn gdn(
+        &self,
+        p: &Tensor,
+        ba: Option<&Tensor>,
+        w: &GdnWeights<'_>,
+        g: &GdnArgs,
+        batch: &Batch,
+        rec: &mut RecCache,
+    ) -> Result<Tensor>;
     /// Gated RMSNorm per value head with SiLU(z), `z` read from columns `zoff..` of `p`:
     /// `o: [T·Hv, dv]` → `[T·Hv, dv]`.
     fn gated_norm(&self, o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor>;

@@ -109,16 +109,15 @@ impl GatedDeltaNet {
         if batch.len() != t {
             bail!(Shape, "Gated DeltaNet: {t} input rows for a batch of {} tokens", batch.len());
         }
-        // [T, H] -> [T, 2kd + 2vd + 2Hv] = [q | k | v | z | b | a] (the conv, z and gates read
-        // their columns in place).
-        let mut p = self.in_proj.forward(x)?;
-        if let Some(ba) = &self.in_proj_ba {
-            p = p.concat_last(&ba.forward(x)?)?;
-        }
+        // [T, H] -> [T, 2kd + 2vd + 2Hv] = [q | k | v | z | b | a], or [q | k | v | z] and
+        // [b | a] apart when in_proj_ba is (not concatenated: the conv, z and gates read their
+        // columns in place).
+        let p = self.in_proj.forward(x)?;
+        let ba = self.in_proj_ba.as_ref().map(|l| l.forward(x)).transpose()?;
         let w = GdnWeights { conv_w: &self.conv_w, a_log: &self.a_log, dt_bias: &self.dt_bias };
         let o = ops(&p);
         // [T·Hv, dv]
-        let core = o.gdn(&p, &w, &c.args(), batch, rc)?;
+        let core = o.gdn(&p, ba.as_ref(), &w, &c.args(), batch, rc)?;
         let normed = o.gated_norm(&core, &p, &self.norm_w, c.conv_dim(), c.eps)?;
         // [T·Hv, dv] -> [T, Hv·dv] -> [T, H]
         self.out_proj.forward(&normed.reshape([t, vd])?)
@@ -175,6 +174,38 @@ mod tests {
         assert_close("chunked vs token by token", &chunked, &f64s(&recurrent), TOL);
         assert_close("prefill 40 + 1 + 29", &run_in_steps(&g, &x, &[40, 1, 29]), &want, TOL);
         assert_close("prefill 2 + 68", &run_in_steps(&g, &x, &[2, 68]), &want, TOL);
+    }
+
+    /// `in_proj_ba` held apart (the FP8 checkpoints' layout: its output is read in place by
+    /// the gates, not concatenated onto the projections) gives the packed block's outputs bit
+    /// for bit, in one prefill and token by token; gate inputs of the wrong shape are refused.
+    #[test]
+    fn in_proj_ba_apart_equals_packed() {
+        let mut rng = Rng::new(63);
+        let g = block(&mut rng);
+        let (rows, nba) = (g.in_proj.out_features(), 2 * CFG.value_heads);
+        let mut split = g.clone();
+        split.in_proj = Linear::new(g.in_proj.w.narrow_rows(0, rows - nba).unwrap(), None);
+        split.in_proj_ba = Some(Linear::new(g.in_proj.w.narrow_rows(rows - nba, nba).unwrap(), None));
+        split.check().unwrap();
+        let x = rng.tensor(&[9, HIDDEN], 1.0);
+        for steps in [&[9][..], &[5, 1, 1, 1, 1]] {
+            assert_eq!(run_in_steps(&split, &x, steps), run_in_steps(&g, &x, steps), "steps {steps:?}");
+        }
+        let a = CFG.args();
+        let p = split.in_proj.forward(&x).unwrap();
+        let ba = split.in_proj_ba.as_ref().unwrap().forward(&x).unwrap();
+        assert_eq!(a.gate_cols(&p, Some(&ba)).unwrap().1, 0);
+        let packed = g.in_proj.forward(&x).unwrap();
+        assert_eq!(a.gate_cols(&packed, None).unwrap().1, rows - nba);
+        for (pp, b) in [(&p, None), (&packed, Some(&ba)), (&p, Some(&p)), (&p, Some(&ba.narrow_rows(0, 8).unwrap()))] {
+            assert!(
+                matches!(a.gate_cols(pp, b), Err(Error::Shape(_))),
+                "{:?} with {:?}",
+                pp.shape(),
+                b.map(|t| t.shape())
+            );
+        }
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! block-quantized on the device (random benchmark weights).
 //!
 //! A weight `W[r, c] = round_T(e4m3(q[r, c]) · scales[row_scale[r], c / 128])` (`round_T` the
-//! compute dtype's rounding): the dequantization of the CPU backend (`crate::cpu::fp8`).
+//! compute dtype's rounding): the dequantization of the CPU backend (`crate::cpu::fp8`), of the
+//! prefill paths and the MoE decode GEMVs. The decode GEMV ([`CudaKernels::fp8_gemv`]) computes
+//! with the exact `e4m3 · scale` instead (not rounded to `T`: within half an ulp of `T` per
+//! weight of the rounded one; identical for f32).
 
 use super::moe::vec_ok;
 use super::moe_decode::{check_dims, DecodeCall, MoeGemv, MOE_PHASES_ALL};
@@ -12,6 +15,112 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDro
 
 /// Side of a scale block (rows and columns).
 pub const FP8_BLOCK: usize = 128;
+
+/// Environment variable choosing the FP8 decode GEMV's form for A/B runs:
+/// `auto` (default), `hw`, `alu` or `legacy`, optionally followed by `:1`, `:2` or `:4`, the
+/// weight rows a warp takes (e.g. `hw:2`; default by the row count, [`Fp8GemvForm::rows`]).
+pub const FP8_GEMV_ENV: &str = "PORTER_FP8_GEMV";
+
+/// How the FP8 decode GEMV turns e4m3 bytes into products (kernels/cuda/fp8.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8GemvConv {
+    /// [`Fp8GemvConv::Hw`] on sm_89+ (a native e4m3 conversion), else [`Fp8GemvConv::Alu`].
+    Auto,
+    /// Scale after each 16-byte chunk's dot; e4m3 → f16 by `cvt.rn.f16x2.e4m3x2`.
+    Hw,
+    /// Scale after each chunk's dot; e4m3 → f16 by shifts and masks. The same bits as `Hw`.
+    Alu,
+    /// The older form: every weight dequantized and rounded to the activation type before its
+    /// FMA (`round_T(e4m3 · s)`, the CPU backend's semantics); different bits.
+    Legacy,
+}
+
+/// A form of the FP8 decode GEMV: the conversion and the weight rows per warp (`0`: the
+/// default for the row count). All forms but [`Fp8GemvConv::Legacy`] give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8GemvForm {
+    /// The conversion.
+    pub conv: Fp8GemvConv,
+    /// Weight rows a warp takes: 1, 2 or 4, or 0 for [`Fp8GemvForm::rows`]'s default.
+    pub rows_per_warp: usize,
+}
+
+impl Fp8GemvForm {
+    /// The default: [`Fp8GemvConv::Auto`], rows per warp by the row count.
+    pub const AUTO: Self = Self { conv: Fp8GemvConv::Auto, rows_per_warp: 0 };
+
+    /// The form [`FP8_GEMV_ENV`] asks for ([`Fp8GemvForm::AUTO`] when unset or unknown, with
+    /// a warning once).
+    pub fn from_env() -> Self {
+        let v = std::env::var(FP8_GEMV_ENV).ok();
+        Self::parse(v.as_deref()).unwrap_or_else(|bad| {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "warning: {FP8_GEMV_ENV}={bad:?} is not auto, hw, alu or legacy (optionally :1, :2, :4); \
+                     using auto"
+                )
+            });
+            Self::AUTO
+        })
+    }
+
+    /// Parses a value of [`FP8_GEMV_ENV`] (`Err`: the value, unknown).
+    pub fn parse(v: Option<&str>) -> std::result::Result<Self, String> {
+        let Some(v) = v else { return Ok(Self::AUTO) };
+        let t = v.trim().to_ascii_lowercase();
+        let (name, nr) = t.split_once(':').unwrap_or((&t, ""));
+        let conv = match name {
+            "" | "auto" => Fp8GemvConv::Auto,
+            "hw" => Fp8GemvConv::Hw,
+            "alu" => Fp8GemvConv::Alu,
+            "legacy" => Fp8GemvConv::Legacy,
+            _ => return Err(v.to_string()),
+        };
+        let rows_per_warp = match nr {
+            "" => 0,
+            "1" => 1,
+            "2" => 2,
+            "4" => 4,
+            _ => return Err(v.to_string()),
+        };
+        Ok(Self { conv, rows_per_warp })
+    }
+
+    /// The kernel of this form for `mm` (1, 2, 4 or 8) rows of `x` and its weight rows a warp.
+    /// The default form has kernels for every `A -> O`, the others (A/B runs) for bf16 -> bf16
+    /// only (legacy also bf16 -> f32): the hardware conversion at 1, 2 and 4 rows a warp, the
+    /// integer one at the default rows.
+    fn kernel<A: CudaFloat, O: CudaFloat>(self, mm: usize) -> Result<(String, usize)> {
+        let (a, o) = (A::NAME, O::NAME);
+        let nr = self.rows(mm);
+        let bf16 = a == "bf16" && o == "bf16";
+        let name = match self.conv {
+            Fp8GemvConv::Auto if self.rows_per_warp == 0 || nr == Self::AUTO.rows(mm) => {
+                format!("fp8_gemvx_{a}_{o}_m{mm}")
+            }
+            // FP8_GEMV_NR(mm) in fp8.cu: 2 weight rows a warp from 2 rows of x on.
+            Fp8GemvConv::Legacy if a == "bf16" => {
+                return Ok((format!("fp8_gemv_{a}_{o}_m{mm}"), if mm >= 2 { 2 } else { 1 }))
+            }
+            Fp8GemvConv::Hw | Fp8GemvConv::Auto if bf16 => format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_hw"),
+            Fp8GemvConv::Alu if bf16 && nr == Self::AUTO.rows(mm) => format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_alu"),
+            _ => return Err(CudaError::Invalid(format!("fp8_gemv: no {self:?} kernel for {a} -> {o} at {mm} rows"))),
+        };
+        Ok((name, nr))
+    }
+
+    /// Weight rows a warp takes for a launch of `mm` (1, 2, 4 or 8) rows of `x`: the set
+    /// value, else 2 up to 2 rows (two rows' bytes in flight: at k = 2048 a row is one loop
+    /// step of a warp) and 4 from 4 rows on (each converted x chunk serves 4 weight rows).
+    pub fn rows(self, mm: usize) -> usize {
+        match self.rows_per_warp {
+            1 | 2 | 4 => self.rows_per_warp,
+            _ if mm >= 4 => 4,
+            _ => 2,
+        }
+    }
+}
 
 /// A device FP8 weight `[rows, cols]` (any leading dimensions flattened into the rows).
 ///
@@ -61,10 +170,15 @@ impl CudaKernels {
         (1..=8).contains(&m) && k > 0 && k.is_multiple_of(16) && (O::NAME == A::NAME || O::NAME == "f32")
     }
 
-    /// Skinny GEMM `out[m, n] = x[m, k] · W[n, k]ᵀ` with an FP8 weight (`m ≤ 8`): a warp per
-    /// weight row (two from 2 rows of `x` on, sharing each converted `x` chunk), 16-byte loads
-    /// of e4m3 bytes dequantized in registers, f32 accumulation in an order that does not
-    /// depend on `m` (row-invariant), one rounding to `O`.
+    /// Skinny GEMM `out[m, n] = x[m, k] · W[n, k]ᵀ` with an FP8 weight (`m ≤ 8`), in the
+    /// form [`FP8_GEMV_ENV`] asks for (by default: each 16-byte chunk of e4m3 bytes dotted
+    /// with `x` in f32 and multiplied by its block scale once, i.e. `W = e4m3 · scale` in f32,
+    /// not rounded to `A`; two or four weight rows a warp sharing each converted `x` chunk),
+    /// f32 accumulation in an order that does not depend on `m` (row-invariant), one rounding
+    /// to `O`.
+    ///
+    /// # Shapes
+    /// - `x`: `[m, k]`, `w`: `[n, k]`, `out`: `[m, n]`
     ///
     /// # Errors
     /// [`CudaError::Invalid`] if the shape does not fit ([`CudaKernels::fp8_gemv_fits`]), a
@@ -75,6 +189,26 @@ impl CudaKernels {
         w: Fp8Dev<'_>,
         out: &mut impl DevicePtrMut<O>,
         m: usize,
+    ) -> Result<()> {
+        static FORM: std::sync::OnceLock<Fp8GemvForm> = std::sync::OnceLock::new();
+        self.fp8_gemv_with(x, w, out, m, *FORM.get_or_init(Fp8GemvForm::from_env))
+    }
+
+    /// [`CudaKernels::fp8_gemv`] in the form `form` (A/B runs and tests).
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::fp8_gemv`].
+    ///
+    /// # Errors
+    /// As [`CudaKernels::fp8_gemv`].
+    #[doc(hidden)]
+    pub fn fp8_gemv_with<A: CudaFloat, O: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<A>,
+        w: Fp8Dev<'_>,
+        out: &mut impl DevicePtrMut<O>,
+        m: usize,
+        form: Fp8GemvForm,
     ) -> Result<()> {
         let (k, n) = (w.cols, w.rows);
         if !Self::fp8_gemv_fits::<A, O>(m, k) {
@@ -98,25 +232,19 @@ impl CudaKernels {
             return Err(CudaError::Invalid("fp8_gemv: x and w must be 16-byte aligned".into()));
         }
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
+        let (name, nr) = form.kernel::<A, O>(mm)?;
         let cfg = LaunchConfig {
-            // 8 warps a block, FP8_GEMV_NR(mm) weight rows a warp (2 from 2 rows of x on).
-            grid_dim: (u32_of("blocks", n.div_ceil(if mm >= 2 { 16 } else { 8 }))?, 1, 1),
+            // 8 warps a block, nr weight rows a warp.
+            grid_dim: (u32_of("blocks", n.div_ceil(8 * nr))?, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches fp8_gemv_<A>_<O>_m<mm>; sizes and alignment checked; m <= mm; the
-        // scale rows named by row_scale exist (Fp8Dev's contract).
-        // Kernel: `fp8_gemv_<A>_<O>_m<mm>(const u8* w, const float* sc, const u32* rs, const A* x, O* out,
+        // SAFETY: matches fp8_gemv_<A>_<O>_m<mm> / fp8_gemvx_<A>_<O>_m<mm>[_r<nr>_<conv>] (nr
+        // weight rows a warp, 8 warps a block: Fp8GemvForm::kernel); sizes and alignment
+        // checked; m <= mm; the scale rows named by row_scale exist (Fp8Dev's contract).
+        // Kernel: `fp8_gemv[x]_..(const u8* w, const float* sc, const u32* rs, const A* x, O* out,
         // u32 m, u32 k, u32 n)`.
-        unsafe {
-            launch!(
-                self,
-                FP8,
-                format!("fp8_gemv_{}_{}_m{mm}", A::NAME, O::NAME),
-                cfg,
-                [pq, ptr(w.scales), ptr(w.row_scale), px, ptr_mut(out), m32, k32, n32]
-            )
-        }
+        unsafe { launch!(self, FP8, name, cfg, [pq, ptr(w.scales), ptr(w.row_scale), px, ptr_mut(out), m32, k32, n32]) }
     }
 
     /// Dequantizes an FP8 weight into `out` (`[rows, cols]` of `T`, values rounded to `T`):

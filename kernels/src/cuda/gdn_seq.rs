@@ -4,7 +4,7 @@
 //! slot. Semantics of [`crate::cpu::gdn`].
 
 use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Most rows per block of the conv kernel (`CONV_ROWS` in gdn_seq.cu).
 const CONV_ROWS: usize = 16;
@@ -86,6 +86,65 @@ impl CudaKernels {
         num_slots: usize,
         hv: usize,
     ) -> Result<()> {
+        self.gdn_conv_gates_seq_ba(
+            x,
+            x_stride,
+            None::<&CudaSlice<T>>,
+            x_stride,
+            ba_col,
+            w,
+            a_log,
+            dt_bias,
+            window,
+            spans,
+            out,
+            g,
+            beta,
+            t,
+            n_spans,
+            c,
+            k,
+            win,
+            num_slots,
+            hv,
+        )
+    }
+
+    /// [`CudaKernels::gdn_conv_gates_seq`] with the `[b | a]` gate inputs read from columns
+    /// `ba_col..ba_col + 2·hv` of `ba` (`[t, ba_stride]`, `T`) when given, else of `x`
+    /// (`ba_stride` then must be `x_stride`): `in_proj_ba`'s output read in place instead of
+    /// concatenated onto the projections.
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::gdn_conv_gates_seq`]; `ba`: `[t, ba_stride]`.
+    ///
+    /// # Errors
+    /// As [`CudaKernels::gdn_conv_gates_seq`], with `ba_col + 2·hv > ba_stride`, a `ba_stride`
+    /// other than `x_stride` without `ba`, or a short `ba`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_conv_gates_seq_ba<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        x_stride: usize,
+        ba: Option<&impl DevicePtr<T>>,
+        ba_stride: usize,
+        ba_col: usize,
+        w: &impl DevicePtr<f32>,
+        a_log: &impl DevicePtr<f32>,
+        dt_bias: &impl DevicePtr<f32>,
+        window: &mut impl DevicePtrMut<f32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<f32>,
+        g: &mut impl DevicePtrMut<f32>,
+        beta: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        n_spans: usize,
+        c: usize,
+        k: usize,
+        win: usize,
+        num_slots: usize,
+        hv: usize,
+    ) -> Result<()> {
         const NAME: &str = "gdn_conv_gates_seq";
         if c == 0 || hv == 0 || k == 0 || k > GDN_CONV_MAXK {
             return Err(CudaError::Invalid(format!(
@@ -95,12 +154,18 @@ impl CudaKernels {
         if win + 1 < k {
             return Err(CudaError::Invalid(format!("{NAME}: window {win} < k − 1 = {}", k - 1)));
         }
-        if x_stride < c || ba_col.checked_add(2 * hv).is_none_or(|e| e > x_stride) {
+        if x_stride < c
+            || ba_col.checked_add(2 * hv).is_none_or(|e| e > ba_stride)
+            || (ba.is_none() && ba_stride != x_stride)
+        {
             return Err(CudaError::Invalid(format!(
-                "{NAME}: x_stride {x_stride} < c {c} or gate columns {ba_col}+2·{hv} past it"
+                "{NAME}: x_stride {x_stride} < c {c} or gate columns {ba_col}+2·{hv} past the stride {ba_stride}"
             )));
         }
         self.check("x", x, prod(&[t, x_stride])?)?;
+        if let Some(b) = ba {
+            self.check("ba", b, prod(&[t, ba_stride])?)?;
+        }
         self.check("w", w, prod(&[c, k])?)?;
         self.check("a_log", a_log, hv)?;
         self.check("dt_bias", dt_bias, hv)?;
@@ -135,12 +200,19 @@ impl CudaKernels {
             u32_of("num_slots", num_slots)?,
             u32_of("hv", hv)?,
         );
-        // SAFETY: arguments match `gdn_conv_gates_seq_<T>` in gdn_seq.cu; lengths, the gate
-        // columns and k <= CONV_MAXK checked; rows <= CONV_ROWS; the kernel bounds-checks
+        let bas32 = u32_of("ba_stride", ba_stride)?;
+        let st = &*self.stream;
+        let (pba, _gba) = match ba {
+            Some(b) => b.device_ptr(st),
+            None => x.device_ptr(st),
+        };
+        // SAFETY: arguments match `gdn_conv_gates_seq_<T>` in gdn_seq.cu; lengths (ba's or x's
+        // t · ba_stride), the gate columns and k <= CONV_MAXK checked; rows <= CONV_ROWS; the kernel bounds-checks
         // every span (slot, rows, lag) before reading through it.
         // Kernel: `gdn_conv_gates_seq_<T>(const T* x, u32 x_stride, const float* w, float* window,
         // const u32* spans, float* out, const float* a_log, const float* dt_bias, float* g, float* beta,
-        // u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots, u32 ba_col, u32 hv, u32 rows)`.
+        // u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots, const T* ba, u32 ba_stride, u32 ba_col,
+        // u32 hv, u32 rows)`.
         unsafe {
             launch!(
                 self,
@@ -164,6 +236,8 @@ impl CudaKernels {
                     k32,
                     win32,
                     slots32,
+                    pba,
+                    bas32,
                     ba32,
                     hv32,
                     rows as u32

@@ -87,7 +87,7 @@ mod ops;
 
 pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};
 pub use compile::*;
-pub use fp8::{Fp8Dev, FP8_BLOCK};
+pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, FP8_BLOCK, FP8_GEMV_ENV};
 pub use gdn::GDN_MAX_DK;
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};

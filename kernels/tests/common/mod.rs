@@ -156,7 +156,8 @@ pub fn tol<T: CudaFloat>() -> f32 {
 /// `ptxas -v` of one kernel source for sm_90 (NVRTC, no GPU needed): the register and
 /// spill lines of every entry function, as `(function, line)`. Panics without NVRTC or the
 /// CUDA headers ([`need_nvrtc`]) and when the source does not compile. With
-/// `PORTER_PTX_DIR` set, also writes the PTX there as `<source>.ptx`.
+/// `PORTER_PTX_DIR` set, also writes the PTX there as `<source>.ptx`; with `PORTER_CUBIN_DIR`
+/// the sm_90 CUBIN as `<source>.cubin` (read it with nvdisasm).
 pub fn ptxas_info(test: &str, source: &str) -> Vec<(String, String)> {
     use cudarc::nvrtc::result as nv;
     use std::ffi::CString;
@@ -181,6 +182,19 @@ pub fn ptxas_info(test: &str, source: &str) -> Vec<(String, String)> {
         let ptx = unsafe { nv::get_ptx(prog) }.expect("ptx");
         let ptx: Vec<u8> = ptx.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
         std::fs::write(std::path::Path::new(&dir).join(format!("{source}.ptx")), ptx).expect("write ptx");
+    }
+    if let (Some(dir), true) = (std::env::var_os("PORTER_CUBIN_DIR"), res.is_ok()) {
+        // The sm_90 machine code, for reading with nvdisasm (instruction mix per kernel).
+        let mut size = 0usize;
+        // SAFETY: as above; compiled successfully for a real architecture, so NVRTC holds a
+        // CUBIN of `size` bytes, copied into a buffer of that size.
+        let cubin = unsafe {
+            cudarc::nvrtc::sys::nvrtcGetCUBINSize(prog, &mut size).result().expect("cubin size");
+            let mut buf = vec![0u8; size];
+            cudarc::nvrtc::sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast()).result().expect("cubin");
+            buf
+        };
+        std::fs::write(std::path::Path::new(&dir).join(format!("{source}.cubin")), cubin).expect("write cubin");
     }
     // SAFETY: as above; not used afterwards.
     unsafe { nv::destroy_program(prog) }.expect("destroy");

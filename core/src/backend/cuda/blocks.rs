@@ -507,14 +507,21 @@ pub(crate) fn gdn_tables(batch: &Batch, cache: &mut RecCache) -> Result<GdnTable
 }
 
 /// The Gated DeltaNet core on the device (see `Ops::gdn`).
-pub fn gdn(p: &Tensor, w: &GdnWeights<'_>, c: &GdnArgs, batch: &Batch, cache: &mut RecCache) -> Result<Tensor> {
+pub fn gdn(
+    p: &Tensor,
+    ba: Option<&Tensor>,
+    w: &GdnWeights<'_>,
+    c: &GdnArgs,
+    batch: &Batch,
+    cache: &mut RecCache,
+) -> Result<Tensor> {
     let g = gpu_of(p, "gated_delta_net")?;
     let _p = profile::span("gated_delta_net core", &g);
     let (spec, window) = (cache.spec, cache.window());
     let (hv, dv) = (c.value_heads, c.value_dim);
-    let (vd, conv) = (hv * dv, c.conv_dim());
+    let conv = c.conv_dim();
     let t = p.rows();
-    let ba_col = 2 * c.key_heads * c.key_dim + 2 * vd;
+    let (gates, ba_col) = c.gate_cols(p, ba)?;
     let n = batch.spans.len();
     let gt = gdn_tables(batch, cache)?;
     let max_slots = cache.meta.len();
@@ -534,7 +541,7 @@ pub fn gdn(p: &Tensor, w: &GdnWeights<'_>, c: &GdnArgs, batch: &Batch, cache: &m
         g: &Gpu,
         (c, w, ns): (&GdnArgs, &GdnWeights<'_>, usize),
         p: &Tensor,
-        ba_col: usize,
+        (gates, ba_col): (&Tensor, usize),
         rc: &mut CudaRec,
         spans: (&cudarc::driver::CudaView<'_, u32>, usize, &DeltaSpans, &DeltaSpans),
         qkv: &mut CudaSlice<f32>,
@@ -546,9 +553,13 @@ pub fn gdn(p: &Tensor, w: &GdnWeights<'_>, c: &GdnArgs, batch: &Batch, cache: &m
         let (t, win, nbuf) = dims;
         let (gate, beta) = gb;
         // Conv, conv window update and gates: one launch.
-        g.k.gdn_conv_gates_seq::<T>(
+        // The gate inputs: p's own columns, or in_proj_ba's output read in place.
+        let ba = if std::ptr::eq(gates, p) { None } else { Some(gates.dev::<T>()?) };
+        g.k.gdn_conv_gates_seq_ba::<T>(
             p.dev::<T>()?,
             p.last_dim(),
+            ba,
+            gates.last_dim(),
             ba_col,
             w.conv_w.dev::<f32>()?,
             w.a_log.dev::<f32>()?,
@@ -586,7 +597,7 @@ pub fn gdn(p: &Tensor, w: &GdnWeights<'_>, c: &GdnArgs, batch: &Batch, cache: &m
             &g,
             (c, w, max_slots),
             p,
-            ba_col,
+            (gates, ba_col),
             rc,
             (&conv_spans, n, &rec, &chunk),
             &mut qkv,

@@ -97,8 +97,16 @@ impl Ops for CudaOps {
     fn shared_expert_add(&self, y: &mut Tensor, so: &Tensor, all: &Tensor, gate_col: usize) -> Result<()> {
         moe::shared_expert_add(y, so, all, gate_col)
     }
-    fn gdn(&self, p: &Tensor, w: &GdnWeights<'_>, g: &GdnArgs, batch: &Batch, rec: &mut RecCache) -> Result<Tensor> {
-        blocks::gdn(p, w, g, batch, rec)
+    fn gdn(
+        &self,
+        p: &Tensor,
+        ba: Option<&Tensor>,
+        w: &GdnWeights<'_>,
+        g: &GdnArgs,
+        batch: &Batch,
+        rec: &mut RecCache,
+    ) -> Result<Tensor> {
+        blocks::gdn(p, ba, w, g, batch, rec)
     }
     fn gated_norm(&self, o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor> {
         blocks::gated_norm(o, p, w, zoff, eps)
