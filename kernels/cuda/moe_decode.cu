@@ -452,7 +452,7 @@ __device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const M d
 // same butterfly), so the direct form gives v1's bits.
 // ---------------------------------------------------------------------------
 
-#define MOE_DIR_KG 8  // down: pairs of a row whose loads are in flight together
+#define MOE_DIR_KG 8 // down: pairs of a row whose loads are in flight together
 
 // acc[g] = Σ_i w_g[i] · a_g[i] over i < K for the live g < G (bit g of `live`), one
 // warp: the same per-accumulator order as warp_dots (every lane gets every sum).
@@ -571,23 +571,6 @@ __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M d
     const u32 r = blockIdx.y, c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const T* hr = h + (u64)r * k * I;
     const T* hsr = sh.mode ? sh.hs + (u64)r * sh.Is : nullptr;
-    if (c < H) {
-        // This warp's down rows (they do not depend on h) start for L2 now: their HBM
-        // round trip overlaps the staging of h, and the second zip group finds them in L2.
-        // Lane j holds the row's id j; a round covers 32 lines (uniform trip count: the
-        // shuffles need every lane).
-        const u32 myex = lane < k ? __ldg(idx + (u64)r * k + lane) : e;
-        const u32 lines = (I * M::BYTES + 127u) / 128u;
-        for (u32 l0 = 0; l0 < k * lines; l0 += 32u) {
-            const u32 l = l0 + lane, j = min(l / lines, k - 1u);
-            const u32 ex = __shfl_sync(0xffffffffu, myex, j);
-            if (l < k * lines && ex < e) {
-                const char* p = static_cast<const char*>(down.row((u64)ex * H + c, I).base()) + (l - j * lines) * 128u;
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-            }
-        }
-        if (sh.mode) prefetch_mat_rows(sh.down, c, 1u, sh.Is, lane);
-    }
     if (staged) {
         const u32 n16 = (staged & 1) ? k * I * (u32)sizeof(T) / 16u : 0u;
         const u32 s16 = (staged & 2) ? sh.Is * (u32)sizeof(T) / 16u : 0u;
