@@ -354,18 +354,6 @@ __device__ __forceinline__ void zero_out(float* __restrict__ out, u64 total) {
         out[q] = 0.0f;
 }
 
-// Starts moving rows r0 .. r0 + nr of matrix m (rows of K weights) into L2, one 128-byte line
-// a lane (no row arrays: few registers, for kernels at their register limit).
-template <typename M>
-__device__ __forceinline__ void prefetch_mat_rows(const M& m, u64 r0, u32 nr, u32 K, u32 lane) {
-    const u32 lines = (K * M::BYTES + 127u) / 128u;
-    for (u32 l = lane; l < nr * lines; l += 32u) {
-        const u32 r = l / lines;
-        const char* p = static_cast<const char*>(m.row(r0 + r, K).base()) + (l - r * lines) * 128u;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-    }
-}
-
 // ---------------------------------------------------------------------------
 // v1: two persistent kernels, static items.
 // ---------------------------------------------------------------------------
@@ -386,16 +374,8 @@ __device__ __forceinline__ void dec_gu_impl(const T* __restrict__ x, const M gat
     dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
     const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
     const u64 items = (u64)nact * I, stride = (u64)gridDim.x * wpb;
-    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
-        // The next item's rows start for L2 while this one computes (a warp otherwise waits
-        // a full HBM round trip at the start of every item).
-        if (q + stride < items) {
-            const u32 s1 = (u32)((q + stride) / I), c1 = (u32)((q + stride) % I), ex1 = seg[3 * s1];
-            prefetch_mat_rows(gate, (u64)ex1 * I + c1, 1u, H, lane);
-            prefetch_mat_rows(up, (u64)ex1 * I + c1, 1u, H, lane);
-        }
+    for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride)
         gu_item<T, M, U>(x, gate, up, sorted, seg, (u32)(q / I), (u32)(q % I), h, H, I, k, vec, lane);
-    }
 }
 
 template <typename T, typename M, int U>
@@ -420,12 +400,6 @@ __device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const M d
     const u64 items = (u64)nact * nq, stride = (u64)gridDim.x * wpb;
     for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
         const u32 s = (u32)(q / nq), cq = (u32)(q % nq), c0 = cq * MOE_DOWN_NR;
-        // The next item's rows start for L2, so that its loads do not wait behind this
-        // item's fence + counter (as in dec_gu_impl).
-        if (q + stride < items) {
-            const u32 s1 = (u32)((q + stride) / nq), c1 = (u32)((q + stride) % nq) * MOE_DOWN_NR;
-            prefetch_mat_rows(down, (u64)seg[3 * s1] * H + c1, min((u32)MOE_DOWN_NR, H - c1), I, lane);
-        }
         // h was written by the previous kernel: the read-only path is fine.
         down_item<T, M, MOE_DOWN_NR, MOE_GEMV_MB, U, false>(h, down, sorted, seg, s, c0, o, H, I, vec, lane);
         count_and_combine<T, MOE_DOWN_NR>(ctr, cq, nact, o, idx, wt, out, c0, H, k, e, t, lane);

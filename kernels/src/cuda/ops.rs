@@ -364,41 +364,6 @@ impl CudaKernels {
         k: usize,
         renorm: bool,
     ) -> Result<()> {
-        self.router_launch("moe_router_f32", logits, stride, idx, weights, rows, e, k, renorm)
-    }
-
-    /// [`CudaKernels::moe_router`] by the router's first form (`moe_router_rounds_f32`: k
-    /// rounds of a block argmax), the baseline and oracle of the router tests: the same results
-    /// but for rows whose probabilities are NaN (router.cu).
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_router_rounds(
-        &self,
-        logits: &impl DevicePtr<f32>,
-        idx: &mut impl DevicePtrMut<u32>,
-        weights: &mut impl DevicePtrMut<f32>,
-        rows: usize,
-        e: usize,
-        k: usize,
-        renorm: bool,
-    ) -> Result<()> {
-        self.router_launch("moe_router_rounds_f32", logits, e, idx, weights, rows, e, k, renorm)
-    }
-
-    /// Checks and launches router kernel `name` (both forms take the same arguments).
-    #[allow(clippy::too_many_arguments)]
-    fn router_launch(
-        &self,
-        name: &str,
-        logits: &impl DevicePtr<f32>,
-        stride: usize,
-        idx: &mut impl DevicePtrMut<u32>,
-        weights: &mut impl DevicePtrMut<f32>,
-        rows: usize,
-        e: usize,
-        k: usize,
-        renorm: bool,
-    ) -> Result<()> {
         if k == 0 || k > e || k > ROUTER_MAX_K || e > ROUTER_MAX_E {
             return Err(CudaError::Invalid(format!(
                 "moe_router: need 1 <= k <= min(e, {ROUTER_MAX_K}) and e <= {ROUTER_MAX_E}, got k = {k}, e = {e}"
@@ -417,12 +382,19 @@ impl CudaKernels {
         let shared = u32_of("shared memory", e * 4)?;
         let cfg = rows_cfg(rows, row_threads(e, 256), shared)?;
         let st32 = u32_of("stride", stride)?;
-        // SAFETY: arguments match `moe_router_f32` / `moe_router_rounds_f32` in router.cu;
-        // lengths and k, e limits checked; dynamic shared memory holds e floats; the block has
-        // at most 256 threads (the new form's u32 taken mask: e ≤ 8192 = 32 · 256).
-        // Kernel: `<name>(const float* logits, u32* idx, float* weights, u32 e, u32 k, int renorm,
+        // SAFETY: arguments match `moe_router_f32` in router.cu; lengths and
+        // k, e limits checked; dynamic shared memory holds e floats.
+        // Kernel: `moe_router_f32(const float* logits, u32* idx, float* weights, u32 e, u32 k, int renorm,
         // u32 stride)`.
-        unsafe { launch!(self, ROUTER, name, cfg, [ptr(logits), ptr_mut(idx), ptr_mut(weights), e32, k32, rn, st32]) }
+        unsafe {
+            launch!(
+                self,
+                ROUTER,
+                "moe_router_f32",
+                cfg,
+                [ptr(logits), ptr_mut(idx), ptr_mut(weights), e32, k32, rn, st32]
+            )
+        }
     }
 
     /// Greedy argmax of each row (`porter_core::sampling::argmax`): the first
