@@ -8,7 +8,8 @@
 // weight row (r / 128 for one checkpoint tensor; packed / stacked / regrouped weights keep each
 // part's own scales). W[r, c] = round_T(e4m3(q[r, c]) · scales[rs[r], c / 128]) with round_T the
 // compute dtype's rounding, exactly as the CPU backend dequantizes (kernels/src/cpu/fp8.rs); the
-// decode GEMV (fp8_gemvx_*) computes with the unrounded e4m3 · scale instead (see there).
+// decode GEMV (fp8_gemvx_*) and the MoE decode GEMVs (Fp8Row below) compute with the unrounded
+// e4m3 · scale instead (see fp8_gemvx_impl).
 
 #include <cuda_fp8.h>
 
@@ -254,16 +255,21 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
 #else
 #define FP8_GEMVX_HW false
 #endif
-// Default weight rows a warp (kernels/src/cuda/fp8.rs Fp8GemvForm::rows agrees).
-#define FP8_GEMVX_NR(M) ((M) >= 4 ? 4 : 2)
+// Default kernels (kernels/src/cuda/fp8.rs Fp8GemvForm::rows picks): at one row of x for 1, 2
+// and 4 weight rows a warp (by the number of weight rows), from two rows of x on at 2.
+#define PORTER_FP8_GEMVX1(NA, A, NO, O, NR)                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m1_r##NR(                    \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
+        fp8_gemvx_impl<A, O, 1, NR, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n);                             \
+    }
 #define PORTER_FP8_GEMVX(NA, A, NO, O, M)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M(                        \
         const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
-        fp8_gemvx_impl<A, O, M, FP8_GEMVX_NR(M), FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n);                \
+        fp8_gemvx_impl<A, O, M, 2, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n);                              \
     }
-#define PORTER_FP8_GEMVX_M(NA, A, NO, O)                                                                  \
-    PORTER_FP8_GEMVX(NA, A, NO, O, 1) PORTER_FP8_GEMVX(NA, A, NO, O, 2) PORTER_FP8_GEMVX(NA, A, NO, O, 4) \
-        PORTER_FP8_GEMVX(NA, A, NO, O, 8)
+#define PORTER_FP8_GEMVX_M(NA, A, NO, O)                                                                        \
+    PORTER_FP8_GEMVX1(NA, A, NO, O, 1) PORTER_FP8_GEMVX1(NA, A, NO, O, 2) PORTER_FP8_GEMVX1(NA, A, NO, O, 4)   \
+        PORTER_FP8_GEMVX(NA, A, NO, O, 2) PORTER_FP8_GEMVX(NA, A, NO, O, 4) PORTER_FP8_GEMVX(NA, A, NO, O, 8)
 PORTER_FP8_GEMVX_M(f32, float, f32, float)
 PORTER_FP8_GEMVX_M(bf16, bf16, bf16, bf16)
 PORTER_FP8_GEMVX_M(bf16, bf16, f32, float)
@@ -271,7 +277,8 @@ PORTER_FP8_GEMVX_M(f16, f16, f16, f16)
 PORTER_FP8_GEMVX_M(f16, f16, f32, float)
 
 // A/B variants, bf16 only (each kernel costs NVRTC time at start-up): the hardware conversion
-// at 1, 2 and 4 weight rows a warp, the integer one at the default rows (its bits checked
+// at 1, 2 and 4 weight rows a warp from two rows of x on (at one row the default kernels
+// serve), the integer one at 2 weight rows a warp (4 from 4 rows of x) (its bits checked
 // against the others on any GPU).
 #define PORTER_FP8_GEMVX_AB(M, NR, CV, HW)                                                                   \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_bf16_bf16_m##M##_r##NR##_##CV(               \
@@ -280,7 +287,6 @@ PORTER_FP8_GEMVX_M(f16, f16, f32, float)
     }
 #define PORTER_FP8_GEMVX_AB_M(M)                                                                       \
     PORTER_FP8_GEMVX_AB(M, 1, hw, true) PORTER_FP8_GEMVX_AB(M, 2, hw, true) PORTER_FP8_GEMVX_AB(M, 4, hw, true)
-PORTER_FP8_GEMVX_AB_M(1)
 PORTER_FP8_GEMVX_AB_M(2)
 PORTER_FP8_GEMVX_AB_M(4)
 PORTER_FP8_GEMVX_AB_M(8)
@@ -375,15 +381,22 @@ template <typename T> struct Fp8Row {
     const unsigned char* p;
     const float* s;  // the row's scales: s[j / 128] for column j
     __device__ __forceinline__ uint4 load(u32 c) const { return __ldg(reinterpret_cast<const uint4*>(p) + c); }
-    __device__ __forceinline__ void expand(const uint4& v, u32 c, float* f) const {
-        fp8_unpack16<T>(v, __ldg(s + (c >> 3)), f);
+    // The chunk's e4m3 values (exact; times 2⁻⁸ by the ALU conversion, undone in dot_acc).
+    __device__ __forceinline__ void expand(const uint4& v, u32, float* f) const { fp8_chunk_f<FP8_GEMVX_HW>(v, f); }
+    // acc + scale · Σ_i e4m3_i · a_i: the GEMV's per-chunk formula (fp8_gemvx_impl), so the
+    // experts see W = e4m3 · scale in f32, not rounded to T.
+    __device__ __forceinline__ float dot_acc(const float* wf, const float* af, u32 c, float acc) const {
+        float d = wf[0] * af[0];
+#pragma unroll
+        for (int i = 1; i < 16; ++i) d = fmaf(wf[i], af[i], d);
+        return fmaf(d, __ldg(s + (c >> 3)) * (FP8_GEMVX_HW ? 1.0f : 256.0f), acc);
     }
-    __device__ __forceinline__ float at(u32 i) const { return round_to<T>(fp8_f(p[i]) * s[i / FP8_BLOCK]); }
+    __device__ __forceinline__ float at(u32 i) const { return fp8_f(p[i]) * s[i / FP8_BLOCK]; }
     __device__ __forceinline__ const void* base() const { return p; }
 };
 
 // Stacked FP8 expert weights [e·rows, K]: bytes q, scales sc [.., nsc], row -> scale row rs;
-// dequantized values rounded to T.
+// W = e4m3 · scale in f32 (not rounded to T: the decode GEMV's semantics).
 template <typename T> struct Fp8Mat {
     typedef Fp8Row<T> Row;
     static constexpr u32 BYTES = 1;

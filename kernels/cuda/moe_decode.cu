@@ -128,10 +128,13 @@ __device__ __forceinline__ void prefetch_rows(const void* const (&rows)[NR], int
 
 // ---------------------------------------------------------------------------
 // Weight row readers. A row is read as 16-byte chunks of E weights (chunk c:
-// weights E·c .. E·c + E − 1); `expand` turns a chunk into the f32 weights the
-// CPU reference multiplies, `at` one weight (the scalar tail). CHEAP: expanding
-// costs less than re-reading the activations (a conversion; FP8's is a
-// dequantization and a rounding per weight), which sets warp_dots' loop order.
+// weights E·c .. E·c + E − 1); `expand` turns a chunk into f32 values and
+// `dot_acc(wf, af, c, acc)` adds the chunk's dot product with E activations to
+// acc (dense: the weights themselves, one FMA chain; FP8: the unscaled e4m3
+// values, a fresh 16-term chain times the chunk's block scale, fp8.cu), `at` one
+// weight (the scalar tail). CHEAP: expanding costs less than re-reading the
+// activations (a conversion; FP8's is a conversion of 16 bytes), which sets
+// warp_dots' loop order.
 // A matrix (`*Mat`) makes the reader of its row r of K weights.
 // ---------------------------------------------------------------------------
 
@@ -141,6 +144,11 @@ template <typename T> struct DenseRow {
     const T* p;
     __device__ __forceinline__ uint4 load(u32 c) const { return __ldg(reinterpret_cast<const uint4*>(p) + c); }
     __device__ __forceinline__ void expand(const uint4& v, u32, float* f) const { unpack<T>(v, f); }
+    __device__ __forceinline__ float dot_acc(const float* wf, const float* af, u32, float acc) const {
+#pragma unroll
+        for (u32 i = 0; i < E; ++i) acc = fmaf(wf[i], af[i], acc);
+        return acc;
+    }
     __device__ __forceinline__ float at(u32 i) const { return to_f(p[i]); }
     __device__ __forceinline__ const void* base() const { return p; }
 };
@@ -191,7 +199,7 @@ __device__ __forceinline__ void warp_dots(const R (&w)[NR], const T* (&a)[MB], i
                                 float wf[E];
                                 w[r].expand(wv[u][r], c, wf);
 #pragma unroll
-                                for (u32 i = 0; i < E; ++i) acc[m][r] = fmaf(wf[i], af[i], acc[m][r]);
+                                acc[m][r] = w[r].dot_acc(wf, af, c, acc[m][r]);
                             }
                         }
                     }
@@ -207,7 +215,7 @@ __device__ __forceinline__ void warp_dots(const R (&w)[NR], const T* (&a)[MB], i
                                 float af[E];
                                 load_act<T, E, CG>(a[m] + E * c, af);
 #pragma unroll
-                                for (u32 i = 0; i < E; ++i) acc[m][r] = fmaf(wf[i], af[i], acc[m][r]);
+                                acc[m][r] = w[r].dot_acc(wf, af, c, acc[m][r]);
                             }
                         }
                     }
@@ -459,8 +467,7 @@ __device__ __forceinline__ void warp_dots_zip(const R (&w)[G], const T* (&a)[G],
                         const uint4* ap = reinterpret_cast<const uint4*>(a[g] + E * c);
 #pragma unroll
                         for (u32 v = 0; v < E / VecOf<T>::N; ++v) unpack<T>(ap[v], af + v * VecOf<T>::N);
-#pragma unroll
-                        for (u32 i = 0; i < E; ++i) acc[g] = fmaf(wf[i], af[i], acc[g]);
+                        acc[g] = w[g].dot_acc(wf, af, c, acc[g]);
                     }
                 }
             }

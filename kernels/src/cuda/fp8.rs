@@ -87,37 +87,49 @@ impl Fp8GemvForm {
         Ok(Self { conv, rows_per_warp })
     }
 
-    /// The kernel of this form for `mm` (1, 2, 4 or 8) rows of `x` and its weight rows a warp.
-    /// The default form has kernels for every `A -> O`, the others (A/B runs) for bf16 -> bf16
-    /// only (legacy also bf16 -> f32): the hardware conversion at 1, 2 and 4 rows a warp, the
-    /// integer one at the default rows.
-    fn kernel<A: CudaFloat, O: CudaFloat>(self, mm: usize) -> Result<(String, usize)> {
+    /// The kernel of this form for `mm` (1, 2, 4 or 8) rows of `x` against `n` weight rows,
+    /// and its weight rows a warp. The default form has kernels for every `A -> O` (at one row
+    /// of `x` for 1, 2 and 4 weight rows a warp, beyond at 2); the others (A/B runs) for bf16 ->
+    /// bf16 only (legacy also bf16 -> f32): the hardware conversion at 1, 2 and 4 rows a warp
+    /// (at one row of `x` the default kernels, which convert in hardware on sm_89+), the integer
+    /// one at 2 rows a warp (4 from 4 rows of `x`).
+    fn kernel<A: CudaFloat, O: CudaFloat>(self, mm: usize, n: usize) -> Result<(String, usize)> {
         let (a, o) = (A::NAME, O::NAME);
-        let nr = self.rows(mm);
+        let nr = self.rows(mm, n);
         let bf16 = a == "bf16" && o == "bf16";
         let name = match self.conv {
-            Fp8GemvConv::Auto if self.rows_per_warp == 0 || nr == Self::AUTO.rows(mm) => {
-                format!("fp8_gemvx_{a}_{o}_m{mm}")
-            }
             // FP8_GEMV_NR(mm) in fp8.cu: 2 weight rows a warp from 2 rows of x on.
             Fp8GemvConv::Legacy if a == "bf16" => {
                 return Ok((format!("fp8_gemv_{a}_{o}_m{mm}"), if mm >= 2 { 2 } else { 1 }))
             }
+            Fp8GemvConv::Auto | Fp8GemvConv::Hw if mm == 1 && (bf16 || self.conv == Fp8GemvConv::Auto) => {
+                format!("fp8_gemvx_{a}_{o}_m1_r{nr}")
+            }
+            Fp8GemvConv::Auto if nr == 2 => format!("fp8_gemvx_{a}_{o}_m{mm}"),
             Fp8GemvConv::Hw | Fp8GemvConv::Auto if bf16 => format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_hw"),
-            Fp8GemvConv::Alu if bf16 && nr == Self::AUTO.rows(mm) => format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_alu"),
+            Fp8GemvConv::Alu if bf16 && matches!(self.rows_per_warp, 0 | 2 | 4) => {
+                let nr = if mm >= 4 { 4 } else { 2 };
+                return Ok((format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_alu"), nr));
+            }
             _ => return Err(CudaError::Invalid(format!("fp8_gemv: no {self:?} kernel for {a} -> {o} at {mm} rows"))),
         };
         Ok((name, nr))
     }
 
-    /// Weight rows a warp takes for a launch of `mm` (1, 2, 4 or 8) rows of `x`: the set
-    /// value, else 2 up to 2 rows (two rows' bytes in flight: at k = 2048 a row is one loop
-    /// step of a warp) and 4 from 4 rows on (each converted x chunk serves 4 weight rows).
-    pub fn rows(self, mm: usize) -> usize {
+    /// Weight rows a warp takes for a launch of `mm` (1, 2, 4 or 8) rows of `x` against `n`
+    /// weight rows: the set value, else at one row of `x` 4 from 4,096 weight rows on, 2 from
+    /// 2,048 and 1 below (more rows a warp keep more bytes in flight, fewer keep enough warps:
+    /// H200, `fp8_gemv_speed`, 2026-12-02: [12352, 2048] 10.6 / 11.7 / — µs at 4 / 2 rows a
+    /// warp, [2048, 4096] 10.3 / 10.4 / 11.0 at 4 / 2 / 1, [1544, 2048] → f32 11.9 at 2 against
+    /// 10.9 at 1), and 2 from two rows of `x` on (the best or within 5 % of it at every shape
+    /// measured; 4 made [2048, 4096] 31 % slower at m = 4).
+    pub fn rows(self, mm: usize, n: usize) -> usize {
         match self.rows_per_warp {
             1 | 2 | 4 => self.rows_per_warp,
-            _ if mm >= 4 => 4,
-            _ => 2,
+            _ if mm >= 2 => 2,
+            _ if n >= 4096 => 4,
+            _ if n >= 2048 => 2,
+            _ => 1,
         }
     }
 }
@@ -232,7 +244,7 @@ impl CudaKernels {
             return Err(CudaError::Invalid("fp8_gemv: x and w must be 16-byte aligned".into()));
         }
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
-        let (name, nr) = form.kernel::<A, O>(mm)?;
+        let (name, nr) = form.kernel::<A, O>(mm, n)?;
         let cfg = LaunchConfig {
             // 8 warps a block, nr weight rows a warp.
             grid_dim: (u32_of("blocks", n.div_ceil(8 * nr))?, 1, 1),
