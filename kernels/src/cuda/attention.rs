@@ -1,7 +1,7 @@
-//! Launch wrappers of kernels/cuda/attention.cu: KV append into a paged cache
-//! pool, batch-invariant causal GQA attention over that pool (tiled, online
-//! softmax, split-K at fixed key boundaries for short spans, tensor cores for
-//! 16-bit prefill in [`AttnMode::Fast`]), and on-device sampling.
+//! Launch wrappers of kernels/cuda/attention.cu (with attention_tc.cu and sampling.cu, one
+//! module): KV append into a paged cache pool, batch-invariant causal GQA attention over
+//! that pool (tiled, online softmax, split-K at fixed key boundaries for short spans, tensor
+//! cores for 16-bit prefill in [`AttnMode::Fast`]), and on-device sampling.
 
 use super::{ew_cfg, opt_ptr, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, ATTENTION};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
@@ -428,7 +428,7 @@ impl CudaKernels {
         );
         let win32 = window_arg(a.window);
         let Paged { max_blocks, bs_log2, n_slots } = a.pg;
-        // SAFETY: arguments match `attention_tc_<T>_d<DP>` in attention.cu
+        // SAFETY: arguments match `attention_tc_<T>_d<DP>` in attention_tc.cu
         // (head_dim % 16 == 0, head_dim <= DP); `q`, `out`, `spans`,
         // `block_tables` have the lengths checked by `attention` and the pools
         // `n_slots` rows (no slot >= n_slots, table entry beyond `max_blocks` or
@@ -503,7 +503,7 @@ impl CudaKernels {
             block_dim: (SMP_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: arguments match `sample_rows` in attention.cu; lengths checked.
+        // SAFETY: arguments match `sample_rows` in sampling.cu; lengths checked.
         // Kernel: `sample_rows(const float* logits, const float* params, u32* out, u32 vocab)`.
         unsafe { launch!(self, ATTENTION, "sample_rows", cfg, [ptr(logits), ptr(params), ptr_mut(out), v32]) }
     }
@@ -547,7 +547,7 @@ fn cc_plan(esz: usize, head_dim: usize, items: usize, limit: usize) -> (usize, u
 /// tile and 16 row factors, then two key-slot tables.
 fn atc_smem<T>(dp: usize) -> usize {
     let t = std::mem::size_of::<T>();
-    // P is kept as two tiles (P = P_hi + P_lo, see attention.cu).
+    // P is kept as two tiles (P = P_hi + P_lo, see attention_tc.cu).
     (ATC_BM + 4 * ATC_BN) * (dp + 8) * t + ATC_WARPS * 16 * (ATC_SS * 4 + 2 * ATC_PSS * t + 4) + 2 * ATC_BN * 4
 }
 

@@ -116,13 +116,19 @@ pub(crate) static ROUTER: KernelSource = KernelSource { name: "router.cu", code:
 pub(crate) static GDN: KernelSource = KernelSource { name: "gdn.cu", code: include_str!("../../cuda/gdn.cu") };
 
 /// Causal GQA attention over a paged KV cache (model-dtype or quantized pools), KV append
-/// (kv_quant.cu, the quantized pools' encoders and append, comes first).
+/// (kv_quant.cu, the quantized pools' encoders and append, comes first; attention.cu's CUDA-core
+/// kernels, then its tensor-core prefill path attention_tc.cu), and on-device sampling
+/// (sampling.cu).
 pub(crate) static ATTENTION: KernelSource = KernelSource {
     name: "attention.cu",
     code: concat!(
         include_str!("../../cuda/kv_quant.cu"),
         "\n#line 1 \"attention.cu\"\n",
-        include_str!("../../cuda/attention.cu")
+        include_str!("../../cuda/attention.cu"),
+        "\n#line 1 \"attention_tc.cu\"\n",
+        include_str!("../../cuda/attention_tc.cu"),
+        "\n#line 1 \"sampling.cu\"\n",
+        include_str!("../../cuda/sampling.cu")
     ),
 };
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode

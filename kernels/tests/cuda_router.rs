@@ -1,0 +1,108 @@
+//! The MoE router and greedy argmax kernels (kernels/cuda/router.cu) against the CPU
+//! reference: softmax → top-k → optional renormalisation with ties to the lower index, and
+//! argmax with the first index on ties. GPU tests are `#[ignore = "needs a CUDA GPU"]` (run
+//! with `--include-ignored`; see kernels/tests/cuda_kernels.rs for the conventions).
+
+mod common;
+
+use common::*;
+use porter_kernels::cpu::ops;
+use porter_kernels::cuda::CudaKernels;
+
+/// CPU router as `porter_core::nn::Moe::route`.
+fn route_ref(logits: &[f32], e: usize, top_k: usize, renorm: bool) -> Vec<Vec<(usize, f32)>> {
+    logits
+        .chunks(e)
+        .map(|row| {
+            let mut p = row.to_vec();
+            ops::softmax_inplace(&mut p);
+            let mut idx: Vec<usize> = (0..e).collect();
+            idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let mut sel: Vec<(usize, f32)> = idx[..top_k].iter().map(|&i| (i, p[i])).collect();
+            if renorm {
+                let s: f32 = sel.iter().map(|(_, w)| w).sum();
+                sel.iter_mut().for_each(|(_, w)| *w /= s);
+            }
+            sel
+        })
+        .collect()
+}
+
+fn router_case(k: &CudaKernels, logits: &[f32], e: usize, top_k: usize, renorm: bool, what: &str) {
+    let rows = logits.len() / e;
+    let want = route_ref(logits, e, top_k, renorm);
+    let dl = k.stream().clone_htod(logits).expect("htod");
+    let mut di = poisoned_u32(k, rows * top_k);
+    let mut dw = poisoned::<f32>(k, rows * top_k);
+    k.moe_router(&dl, &mut di, &mut dw, rows, e, top_k, renorm).expect("moe_router launch");
+    let (gi, gw) = (down_u32(k, &di), down(k, &dw));
+    let want_i: Vec<u32> = want.iter().flat_map(|s| s.iter().map(|&(i, _)| i as u32)).collect();
+    let want_w: Vec<f32> = want.iter().flat_map(|s| s.iter().map(|&(_, w)| w)).collect();
+    assert_eq!(gi, want_i, "router {what}: expert indices differ");
+    check(&format!("router {what} weights (indices exact)"), &gw, &want_w, TOL_F32);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_moe_router() {
+    let k = gpu("cuda_moe_router");
+    let mut rng = Rng::new(7);
+    for renorm in [true, false] {
+        let logits = rng.vec(9 * EXPERTS, 4.0);
+        router_case(&k, &logits, EXPERTS, TOP_K, renorm, &format!("E={EXPERTS} k={TOP_K} renorm={renorm}"));
+    }
+    // Ties go to the lower index: equal logits, and a planted duplicate maximum.
+    let mut logits = vec![0.5f32; 2 * EXPERTS];
+    logits[EXPERTS + 300] = 2.0;
+    logits[EXPERTS + 7] = 2.0;
+    logits[EXPERTS + 100] = 1.0;
+    router_case(&k, &logits, EXPERTS, TOP_K, true, "ties");
+    // Small shapes, k = 16 and k = e.
+    let logits = rng.vec(5 * 20, 2.0);
+    router_case(&k, &logits, 20, 16, true, "E=20 k=16");
+    let logits = rng.vec(4 * 8, 2.0);
+    router_case(&k, &logits, 8, 8, false, "E=8 k=8");
+    let logits = rng.vec(3 * 60, 2.0);
+    router_case(&k, &logits, 60, 4, true, "E=60 k=4 (Qwen3-MoE-like)");
+    // Larger expert counts (more entries than threads per row).
+    let logits = rng.vec(3 * 1024, 3.0);
+    router_case(&k, &logits, 1024, 16, true, "E=1024 k=16");
+    let logits = rng.vec(3 * 1500, 3.0);
+    router_case(&k, &logits, 1500, 10, true, "E=1500 k=10");
+    // Many rows.
+    let logits = rng.vec(67 * EXPERTS, 4.0);
+    router_case(&k, &logits, EXPERTS, TOP_K, true, "67 rows");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_argmax() {
+    let k = gpu("cuda_argmax");
+    let mut rng = Rng::new(8);
+    let rows = 4;
+    let mut logits = rng.vec(rows * VOCAB, 10.0);
+    // Row 1: tie between two maxima (the first wins); row 2: maximum at the end;
+    // row 3: all equal.
+    logits[VOCAB + 5000] = 50.0;
+    logits[VOCAB + 4000] = 50.0;
+    logits[3 * VOCAB - 1] = 60.0;
+    logits[3 * VOCAB..].fill(-1.0);
+    let want: Vec<u32> = logits
+        .chunks(VOCAB)
+        .map(|r| {
+            let mut best = 0;
+            for (i, &v) in r.iter().enumerate() {
+                if v > r[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect();
+    assert_eq!(&want[1..], &[4000, VOCAB as u32 - 1, 0]);
+    let dl = k.stream().clone_htod(&logits).expect("htod");
+    let mut out = poisoned_u32(&k, rows);
+    k.argmax(&dl, &mut out, rows, VOCAB).expect("argmax launch");
+    assert_eq!(down_u32(&k, &out), want);
+    println!("  argmax [{rows}, {VOCAB}]: exact {want:?}");
+}
