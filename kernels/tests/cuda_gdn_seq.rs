@@ -183,6 +183,8 @@ impl<T: CudaFloat> ConvDev<T> {
         k.gdn_conv_gates_seq(
             &self.x,
             x_stride,
+            None::<&CudaSlice<T>>,
+            x_stride,
             ba_col,
             &self.w,
             &self.a_log,

@@ -4,7 +4,7 @@
 //! slot. Semantics of [`crate::cpu::gdn`].
 
 use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Most rows per block of the conv kernel (`CONV_ROWS` in gdn_seq.cu).
 const CONV_ROWS: usize = 16;
@@ -42,8 +42,9 @@ impl CudaKernels {
     /// `u` is shorter), i.e. its lag is 0.
     ///
     /// Gates, for every row `r < t` from the `[b | a]` columns
-    /// `ba_col..ba_col + 2·hv` of `x`: `g = −exp(a_log) · softplus(a + dt_bias)`
-    /// (threshold 20), `beta = σ(b)`.
+    /// `ba_col..ba_col + 2·hv` of `ba` when given (`in_proj_ba`'s output read in place
+    /// instead of concatenated onto the projections), else of `x` (`ba_stride` then must be
+    /// `x_stride`): `g = −exp(a_log) · softplus(a + dt_bias)` (threshold 20), `beta = σ(b)`.
     ///
     /// Spans must use distinct slots and disjoint rows. A span whose slot is
     /// `>= num_slots`, whose rows pass `t`, or with `lag > win − (k − 1)` gives
@@ -51,8 +52,9 @@ impl CudaKernels {
     /// conv output (their gates are written).
     ///
     /// # Shapes
-    /// - `x`: `[t, x_stride]` (`T`; the conv channels are columns `0..c`, `[b(hv) | a(hv)]`
-    ///   columns `ba_col..ba_col + 2·hv`)
+    /// - `x`: `[t, x_stride]` (`T`; the conv channels are columns `0..c`, without `ba` the
+    ///   `[b(hv) | a(hv)]` columns `ba_col..ba_col + 2·hv`)
+    /// - `ba`: `[t, ba_stride]` (`T`), when given
     /// - `w`: `[c, k]` (`f32`)
     /// - `a_log`, `dt_bias`: `[hv]` (`f32`)
     /// - `window`: `[num_slots, c, win]` (`f32`, oldest first), updated
@@ -62,67 +64,10 @@ impl CudaKernels {
     ///
     /// # Errors
     /// [`CudaError::Invalid`] if `c == 0`, `hv == 0`, `k == 0`, `k > 8`,
-    /// `win < k − 1`, `x_stride < c`, `ba_col + 2·hv > x_stride`, or on a length
-    /// mismatch; driver errors.
+    /// `win < k − 1`, `x_stride < c`, `ba_col + 2·hv > ba_stride`, a `ba_stride` other than
+    /// `x_stride` without `ba`, or on a length mismatch; driver errors.
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_conv_gates_seq<T: CudaFloat>(
-        &self,
-        x: &impl DevicePtr<T>,
-        x_stride: usize,
-        ba_col: usize,
-        w: &impl DevicePtr<f32>,
-        a_log: &impl DevicePtr<f32>,
-        dt_bias: &impl DevicePtr<f32>,
-        window: &mut impl DevicePtrMut<f32>,
-        spans: &impl DevicePtr<u32>,
-        out: &mut impl DevicePtrMut<f32>,
-        g: &mut impl DevicePtrMut<f32>,
-        beta: &mut impl DevicePtrMut<f32>,
-        t: usize,
-        n_spans: usize,
-        c: usize,
-        k: usize,
-        win: usize,
-        num_slots: usize,
-        hv: usize,
-    ) -> Result<()> {
-        self.gdn_conv_gates_seq_ba(
-            x,
-            x_stride,
-            None::<&CudaSlice<T>>,
-            x_stride,
-            ba_col,
-            w,
-            a_log,
-            dt_bias,
-            window,
-            spans,
-            out,
-            g,
-            beta,
-            t,
-            n_spans,
-            c,
-            k,
-            win,
-            num_slots,
-            hv,
-        )
-    }
-
-    /// [`CudaKernels::gdn_conv_gates_seq`] with the `[b | a]` gate inputs read from columns
-    /// `ba_col..ba_col + 2·hv` of `ba` (`[t, ba_stride]`, `T`) when given, else of `x`
-    /// (`ba_stride` then must be `x_stride`): `in_proj_ba`'s output read in place instead of
-    /// concatenated onto the projections.
-    ///
-    /// # Shapes
-    /// As [`CudaKernels::gdn_conv_gates_seq`]; `ba`: `[t, ba_stride]`.
-    ///
-    /// # Errors
-    /// As [`CudaKernels::gdn_conv_gates_seq`], with `ba_col + 2·hv > ba_stride`, a `ba_stride`
-    /// other than `x_stride` without `ba`, or a short `ba`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gdn_conv_gates_seq_ba<T: CudaFloat>(
         &self,
         x: &impl DevicePtr<T>,
         x_stride: usize,

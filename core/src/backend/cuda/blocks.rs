@@ -555,7 +555,7 @@ pub fn gdn(
         // Conv, conv window update and gates: one launch.
         // The gate inputs: p's own columns, or in_proj_ba's output read in place.
         let ba = if std::ptr::eq(gates, p) { None } else { Some(gates.dev::<T>()?) };
-        g.k.gdn_conv_gates_seq_ba::<T>(
+        g.k.gdn_conv_gates_seq::<T>(
             p.dev::<T>()?,
             p.last_dim(),
             ba,
