@@ -23,12 +23,28 @@ pub const MOE_GEMV_ENV: &str = "PORTER_MOE_GEMV";
 
 /// Environment variable for A/B runs of the shared expert's fusion into the direct form
 /// ([`CudaKernels::moe_shared_fuses`]): `apart` keeps it apart (its own three launches after
-/// the routed experts); unset, `fused` or another value: fused.
+/// the routed experts); unset or `fused`: fused; another value warns once on stderr and
+/// means `fused`.
 pub const MOE_SHARED_ENV: &str = "PORTER_MOE_SHARED";
 
-/// Whether [`MOE_SHARED_ENV`]'s value `v` keeps the shared expert apart.
-fn shared_apart(v: Option<&std::ffi::OsStr>) -> bool {
-    v.is_some_and(|v| v.to_string_lossy().trim().eq_ignore_ascii_case("apart"))
+/// Whether [`MOE_SHARED_ENV`]'s value `v` keeps the shared expert apart (`Err`: the value,
+/// unknown).
+fn shared_apart(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
+    let Some(v) = v else { return Ok(false) };
+    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+        "" | "fused" => Ok(false),
+        "apart" => Ok(true),
+        _ => Err(v.to_string_lossy().into_owned()),
+    }
+}
+
+/// [`shared_apart`] for the process environment, warning once about a value it does not know.
+fn shared_apart_env() -> bool {
+    shared_apart(std::env::var_os(MOE_SHARED_ENV).as_deref()).unwrap_or_else(|bad| {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| eprintln!("warning: {MOE_SHARED_ENV}={bad:?} is not one of fused, apart; using fused"));
+        false
+    })
 }
 
 /// `phases` of [`CudaKernels::moe_decode_with`] that runs the whole call (grouping, gate+up,
@@ -184,7 +200,7 @@ impl CudaKernels {
     pub fn moe_shared_fuses(t: usize, k: usize, e: usize) -> bool {
         Self::moe_decode_path(t, k, e)
             && MoeGemv::from_env().resolve(t.saturating_mul(k)) == MoeGemv::Direct
-            && !shared_apart(std::env::var_os(MOE_SHARED_ENV).as_deref())
+            && !shared_apart_env()
     }
 
     /// Resident blocks of a persistent decode kernel: `per_sm` per SM, no more than `items`
@@ -479,9 +495,10 @@ mod tests {
     #[test]
     fn shared_env_values() {
         let v = |s: &str| shared_apart(Some(std::ffi::OsStr::new(s)));
-        assert!(!shared_apart(None));
-        assert!(v("apart") && v(" Apart "));
-        assert!(!v("fused") && !v("") && !v("0"));
+        assert_eq!(shared_apart(None), Ok(false));
+        assert_eq!((v("apart"), v(" Apart ")), (Ok(true), Ok(true)));
+        assert_eq!((v("fused"), v("")), (Ok(false), Ok(false)));
+        assert_eq!(v("0"), Err("0".to_string()), "an unknown value is reported, not taken silently");
     }
 
     #[test]
