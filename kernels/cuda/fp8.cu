@@ -256,7 +256,7 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
 #define FP8_GEMVX_HW false
 #endif
 // Default kernels (kernels/src/cuda/fp8.rs Fp8GemvForm::rows picks): at one row of x for 1, 2
-// and 4 weight rows a warp (by the number of weight rows), from two rows of x on at 2.
+// and 4 weight rows a warp (by the number of weight rows), from two rows of x on at 2 or 1.
 #define PORTER_FP8_GEMVX1(NA, A, NO, O, NR)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m1_r##NR(                    \
         const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
@@ -266,6 +266,10 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M(                        \
         const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
         fp8_gemvx_impl<A, O, M, 2, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n);                              \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M##_r1(                   \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
+        fp8_gemvx_impl<A, O, M, 1, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n);                              \
     }
 #define PORTER_FP8_GEMVX_M(NA, A, NO, O)                                                                        \
     PORTER_FP8_GEMVX1(NA, A, NO, O, 1) PORTER_FP8_GEMVX1(NA, A, NO, O, 2) PORTER_FP8_GEMVX1(NA, A, NO, O, 4)   \

@@ -89,7 +89,7 @@ impl Fp8GemvForm {
 
     /// The kernel of this form for `mm` (1, 2, 4 or 8) rows of `x` against `n` weight rows,
     /// and its weight rows a warp. The default form has kernels for every `A -> O` (at one row
-    /// of `x` for 1, 2 and 4 weight rows a warp, beyond at 2); the others (A/B runs) for bf16 ->
+    /// of `x` for 1, 2 and 4 weight rows a warp, beyond at 1 and 2); the others (A/B runs) for bf16 ->
     /// bf16 only (legacy also bf16 -> f32): the hardware conversion at 1, 2 and 4 rows a warp
     /// (at one row of `x` the default kernels, which convert in hardware on sm_89+), the integer
     /// one at 2 rows a warp (4 from 4 rows of `x`).
@@ -106,6 +106,7 @@ impl Fp8GemvForm {
                 format!("fp8_gemvx_{a}_{o}_m1_r{nr}")
             }
             Fp8GemvConv::Auto if nr == 2 => format!("fp8_gemvx_{a}_{o}_m{mm}"),
+            Fp8GemvConv::Auto if nr == 1 => format!("fp8_gemvx_{a}_{o}_m{mm}_r1"),
             Fp8GemvConv::Hw | Fp8GemvConv::Auto if bf16 => format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_hw"),
             Fp8GemvConv::Alu if bf16 && matches!(self.rows_per_warp, 0 | 2 | 4) => {
                 let nr = if mm >= 4 { 4 } else { 2 };
@@ -121,12 +122,14 @@ impl Fp8GemvForm {
     /// 2,048 and 1 below (more rows a warp keep more bytes in flight, fewer keep enough warps:
     /// H200, `fp8_gemv_speed`, 2026-12-02: [12352, 2048] 10.6 / 11.7 / — µs at 4 / 2 rows a
     /// warp, [2048, 4096] 10.3 / 10.4 / 11.0 at 4 / 2 / 1, [1544, 2048] → f32 11.9 at 2 against
-    /// 10.9 at 1), and 2 from two rows of `x` on (the best or within 5 % of it at every shape
-    /// measured; 4 made [2048, 4096] 31 % slower at m = 4).
+    /// 10.9 at 1), and from two rows of `x` on 2 from 4,096 weight rows and 1 below (same
+    /// call: [12352, 2048] m = 4 21.5 / 23.1 µs at 2 / 1, [2048, 4096] m = 4 14.1 / 12.8 and
+    /// m = 8 23.2 / 21.9; 4 made [2048, 4096] 31 % slower at m = 4).
     pub fn rows(self, mm: usize, n: usize) -> usize {
         match self.rows_per_warp {
             1 | 2 | 4 => self.rows_per_warp,
-            _ if mm >= 2 => 2,
+            _ if mm >= 2 && n >= 4096 => 2,
+            _ if mm >= 2 => 1,
             _ if n >= 4096 => 4,
             _ if n >= 2048 => 2,
             _ => 1,
@@ -492,5 +495,24 @@ impl CudaKernels {
             shared: shared.map(|m| m.call(pgu, pgl, &sdown, m.inter.is_multiple_of(16) && vec_ok::<u8>(psq, m.inter))),
         };
         self.moe_decode_run(&call, which, phases)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Fp8GemvConv, Fp8GemvForm};
+
+    #[test]
+    fn rows_a_warp_by_shape() {
+        let auto = Fp8GemvForm::AUTO;
+        // One row of x: 4 / 2 / 1 by the weight rows.
+        assert_eq!((auto.rows(1, 12352), auto.rows(1, 2048), auto.rows(1, 1544)), (4, 2, 1));
+        // From two rows of x on: 2 from 4,096 weight rows, 1 below.
+        for mm in [2, 4, 8] {
+            assert_eq!((auto.rows(mm, 12352), auto.rows(mm, 4096), auto.rows(mm, 2048)), (2, 2, 1));
+        }
+        // A set value wins.
+        let set = Fp8GemvForm { conv: Fp8GemvConv::Hw, rows_per_warp: 4 };
+        assert_eq!((set.rows(1, 16), set.rows(8, 16)), (4, 4));
     }
 }
