@@ -236,13 +236,16 @@ PORTER_CAST(f16, f16, bf16, bf16)
 // (checked by the host). Grid: ceil(n / (8 / split)).
 // ---------------------------------------------------------------------------
 #define GEMV_UNROLL 4
-template <typename T, typename O, int M>
-__device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w, O* __restrict__ out, u32 m,
-                                          u32 k, u32 n, u32 split) {
+// Column block `jb` of the launch (8 / split columns). XS: x is in shared memory (the fused
+// norm + GEMV of norm_gemv.cu), else global (read through the non-coherent cache). `red` is
+// the block's [8][M] scratch of the split sums; with split > 1 every thread of the block must
+// call this (a barrier), and a caller that calls it again must put a barrier in between.
+template <typename T, typename O, int M, bool XS>
+__device__ __forceinline__ void gemv_block(const T* __restrict__ x, const T* __restrict__ w, O* __restrict__ out, u32 m,
+                                           u32 k, u32 n, u32 split, u32 jb, float (*red)[M]) {
     constexpr int E = 16 / sizeof(T);
-    __shared__ float red[8][M];
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    const u32 j = blockIdx.x * (8u / split) + warp / split, part = warp % split;
+    const u32 j = jb * (8u / split) + warp / split, part = warp % split;
     const bool live = j < n;
     const uint4* wr = reinterpret_cast<const uint4*>(w + (u64)(live ? j : 0u) * k);
     const u32 kv = live ? k / E : 0u, step = 32u * split;
@@ -264,7 +267,8 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
 #pragma unroll
                 for (int r = 0; r < M; ++r) {
                     if ((u32)r < m) {
-                        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + (u64)r * k) + c);
+                        const uint4* xr = reinterpret_cast<const uint4*>(x + (u64)r * k) + c;
+                        const uint4 xv = XS ? *xr : __ldg(xr);
                         const T* xe = reinterpret_cast<const T*>(&xv);
 #pragma unroll
                         for (int i = 0; i < E; ++i) acc[r] = fmaf(to_f(we[i]), to_f(xe[i]), acc[r]);
@@ -292,6 +296,13 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
             for (u32 s2 = 1; s2 < split; ++s2) v += red[warp + s2][r];
             if ((u32)r < m) out[(u64)r * n + j] = from_f<O>(v);
         }
+}
+
+template <typename T, typename O, int M>
+__device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w, O* __restrict__ out, u32 m,
+                                          u32 k, u32 n, u32 split) {
+    __shared__ float red[8][M];
+    gemv_block<T, O, M, false>(x, w, out, m, k, n, split, blockIdx.x, red);
 }
 
 #define PORTER_GEMV(NT, T, NO, O, M)                                                                          \

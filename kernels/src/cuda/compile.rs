@@ -157,8 +157,16 @@ pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
         include_str!("../../cuda/gdn_chunk_tc.cu")
     ),
 };
-/// Glue for the model path: residual adds, casts, strided copies, bias, sampling.
-pub(crate) static MISC: KernelSource = KernelSource { name: "misc.cu", code: include_str!("../../cuda/misc.cu") };
+/// Glue for the model path: residual adds, casts, strided copies, bias, sampling, the skinny
+/// decode GEMV, and the GEMV with the RMSNorm before it fused in (norm_gemv.cu).
+pub(crate) static MISC: KernelSource = KernelSource {
+    name: "misc.cu",
+    code: concat!(
+        include_str!("../../cuda/misc.cu"),
+        "\n#line 1 \"norm_gemv.cu\"\n",
+        include_str!("../../cuda/norm_gemv.cu")
+    ),
+};
 /// FP8 weights: dequantizing GEMV, dequantize / quantize, the FP8 row reader of the MoE decode
 /// GEMVs (fp8.cu), their direct form with the shared expert fused in (moe_shared.cu's FP8 entry
 /// points), and the FP8 prefill GEMMs (fp8_gemm.cu: tile-dequantizing tensor-core GEMMs,

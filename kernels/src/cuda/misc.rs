@@ -388,7 +388,7 @@ pub const GEMV_MAX_ROWS: usize = 4;
 /// less than the resident warps (64 an SM at 8 blocks of 8 warps) and every warp keeps at
 /// least two chunks a lane. From (n, k) only, never from m: a column's bits do not depend on
 /// how many rows share the call.
-fn gemv_split(n: usize, kv: usize, sms: usize) -> usize {
+pub(crate) fn gemv_split(n: usize, kv: usize, sms: usize) -> usize {
     let resident = 64 * sms;
     let mut split = 1;
     while split < 4 && n * split < resident && kv >= 64 * split * 2 {

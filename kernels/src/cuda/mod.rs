@@ -83,6 +83,7 @@ mod misc;
 mod moe;
 mod moe_decode;
 mod moe_prefill;
+mod norm_gemv;
 mod ops;
 
 pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};
@@ -93,6 +94,7 @@ pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use moe::MoeSharedDev;
 pub use moe_decode::{MoeGemv, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
+pub use norm_gemv::{NormGemvAdd, NORM_GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 
 use cudarc::driver::sys::CUfunction_attribute;

@@ -1,0 +1,165 @@
+//! Launch wrapper of kernels/cuda/norm_gemv.cu: the RMSNorm (or the residual add + RMSNorm)
+//! before a decode projection, fused into that projection's skinny GEMV.
+
+use super::misc::gemv_split;
+use super::{prod, row_threads, u32_of, CudaError, CudaFloat, CudaKernels, Result, RmsNormKind, MISC};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+
+/// Most rows [`CudaKernels::norm_gemv`] takes (its kernels exist for 1, 2 and 4).
+pub const NORM_GEMV_MAX_ROWS: usize = 4;
+
+/// Shared memory the normalised rows may take (`m · d` elements of the model dtype): the
+/// default limit of a block, no opt-in needed on any GPU.
+const NORM_GEMV_SMEM: usize = 48 * 1024;
+
+/// Blocks an SM of the fused launch (each block recomputes the norm, so the grid is held to
+/// a few blocks an SM and each block loops over column blocks).
+const NORM_GEMV_BLOCKS_PER_SM: usize = 4;
+
+/// The optional residual add of [`CudaKernels::norm_gemv`]: `y` is added to the f32 residual
+/// `x` before the norm, and the sum is written to `sum` (a buffer of its own).
+#[derive(Debug)]
+pub struct NormGemvAdd<'a, Y, S> {
+    /// The layer output added to the residual, `[m, k]`.
+    pub y: &'a Y,
+    /// The new residual `x + y`, `[m, k]` f32.
+    pub sum: &'a mut S,
+}
+
+impl CudaKernels {
+    /// Whether [`CudaKernels::norm_gemv`] takes this shape: what [`CudaKernels::gemv`] takes,
+    /// at most [`NORM_GEMV_MAX_ROWS`] rows, and the normalised rows within its shared memory.
+    pub fn norm_gemv_fits<T: CudaFloat, O: CudaFloat>(m: usize, k: usize) -> bool {
+        Self::gemv_fits::<T, O>(m, k)
+            && m <= NORM_GEMV_MAX_ROWS
+            && m.saturating_mul(k).saturating_mul(std::mem::size_of::<T>()) <= NORM_GEMV_SMEM
+    }
+
+    /// `normed = rms_norm(x (+ y))` and `out = normed · wᵀ` in one launch, bit for bit what
+    /// [`CudaKernels::rms_norm`] (or [`CudaKernels::add_rms_norm`]) followed by
+    /// [`CudaKernels::gemv`] computes (norm_gemv.cu explains how). With `add`, the new residual
+    /// `x + y` goes to `add.sum` and `x` is left as it was.
+    ///
+    /// # Shapes
+    /// `x`: `[m, k]` f32, `norm_w`: `[k]`, `w`: `[n, k]`, `out`: `[m, n]`, `normed`: `[m, k]`
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if the shape does not fit ([`CudaKernels::norm_gemv_fits`]), `w`
+    /// or `normed` is not 16-byte aligned, or on a length mismatch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_gemv<T: CudaFloat, O: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<f32>,
+        add: Option<NormGemvAdd<'_, impl DevicePtr<T>, impl DevicePtrMut<f32>>>,
+        norm_w: &impl DevicePtr<T>,
+        eps: f32,
+        kind: RmsNormKind,
+        w: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<O>,
+        normed: &mut impl DevicePtrMut<T>,
+        (m, k, n): (usize, usize, usize),
+    ) -> Result<()> {
+        if !Self::norm_gemv_fits::<T, O>(m, k) {
+            return Err(CudaError::Invalid(format!(
+                "norm_gemv: m {m}, k {k} ({} -> {}) does not fit",
+                T::NAME,
+                O::NAME
+            )));
+        }
+        let mk = prod(&[m, k])?;
+        self.check("x", x, mk)?;
+        self.check("norm_w", norm_w, k)?;
+        self.check("w", w, prod(&[n, k])?)?;
+        self.check("out", out, prod(&[m, n])?)?;
+        self.check("normed", normed, mk)?;
+        if let Some(a) = &add {
+            self.check("y", a.y, mk)?;
+            self.check("sum", &*a.sum, mk)?;
+        }
+        if n == 0 {
+            return Err(CudaError::Invalid("norm_gemv: n must be > 0 (the launch also writes the norm)".into()));
+        }
+        let mm = [1usize, 2, 4].into_iter().find(|&v| v >= m).unwrap_or(4);
+        let s = &*self.stream;
+        let (pw, _gw) = w.device_ptr(s);
+        if pw & 15 != 0 {
+            return Err(CudaError::Invalid("norm_gemv: w must be 16-byte aligned".into()));
+        }
+        let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
+        let split = gemv_split(n, k / (16 / std::mem::size_of::<T>()), self.caps().sms);
+        let nblk = n.div_ceil(8 / split);
+        let grid = nblk.min(NORM_GEMV_BLOCKS_PER_SM * self.caps().sms.max(1));
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("blocks", grid)?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", mk * std::mem::size_of::<T>())?,
+        };
+        // The norm kernels' threads a row, which this launch emulates (same sums, same bits).
+        let nt = row_threads(k, 512);
+        let (split32, nblk32) = (split as u32, u32_of("column blocks", nblk)?);
+        let zc = i32::from(kind == RmsNormKind::ZeroCentred);
+        match add {
+            None => {
+                // SAFETY: matches norm_gemv_<T>_<O>_m<mm>; sizes and alignment checked; m <= mm;
+                // split 1, 2 or 4 with nblk column blocks of 8 / split; nt <= 512, a multiple of
+                // 32; dynamic shared memory holds the m normalised rows.
+                // Kernel: `norm_gemv_<T>_<O>_m<mm>(const float* x, const T* nw, float eps, int zc, u32 nt,
+                // const T* w, O* out, T* normed, u32 m, u32 k, u32 n, u32 split, u32 nblk)`.
+                unsafe {
+                    launch!(
+                        self,
+                        MISC,
+                        format!("norm_gemv_{}_{}_m{mm}", T::NAME, O::NAME),
+                        cfg,
+                        [
+                            ptr(x),
+                            ptr(norm_w),
+                            eps,
+                            zc,
+                            nt,
+                            pw,
+                            ptr_mut(out),
+                            ptr_mut(normed),
+                            m32,
+                            k32,
+                            n32,
+                            split32,
+                            nblk32
+                        ]
+                    )
+                }
+            }
+            Some(a) => {
+                // SAFETY: as above, plus y [m, k] and sum [m, k] (checked).
+                // Kernel: `add_norm_gemv_<T>_<O>_m<mm>(const float* x, const T* y, const T* nw, float eps,
+                // int zc, u32 nt, const T* w, O* out, T* normed, float* sum, u32 m, u32 k, u32 n, u32 split,
+                // u32 nblk)`.
+                unsafe {
+                    launch!(
+                        self,
+                        MISC,
+                        format!("add_norm_gemv_{}_{}_m{mm}", T::NAME, O::NAME),
+                        cfg,
+                        [
+                            ptr(x),
+                            ptr(a.y),
+                            ptr(norm_w),
+                            eps,
+                            zc,
+                            nt,
+                            pw,
+                            ptr_mut(out),
+                            ptr_mut(normed),
+                            ptr_mut(a.sum),
+                            m32,
+                            k32,
+                            n32,
+                            split32,
+                            nblk32
+                        ]
+                    )
+                }
+            }
+        }
+    }
+}
