@@ -70,7 +70,7 @@ fn case<T: CudaFloat, O: CudaFloat>(
     // Fused.
     let (mut out, mut normed, mut sum) =
         (poisoned::<O>(k, m * n), poisoned::<T>(k, m * kk), poisoned::<f32>(k, m * kk));
-    let a = add.then(|| NormGemvAdd { y: &dy, sum: &mut sum });
+    let a = add.then_some(NormGemvAdd { y: &dy, sum: &mut sum });
     k.norm_gemv::<T, O>(&dx, a, &dnw, EPS, kind, &dw, &mut out, &mut normed, (m, kk, n)).expect("norm_gemv");
     // The sequence it replaces.
     let mut xs = up::<f32>(k, &x);
@@ -204,7 +204,7 @@ fn norm_gemv_80b_timing() {
             };
             let fused = time(&mut |i| {
                 let w = &ws[i % copies];
-                let a = add.then(|| NormGemvAdd { y: &y, sum: &mut sum });
+                let a = add.then_some(NormGemvAdd { y: &y, sum: &mut sum });
                 if o32 {
                     k.norm_gemv::<T, f32>(&x, a, &nw, EPS, kind, w, &mut of, &mut normed, (m, kk, n)).expect("fused");
                 } else {
