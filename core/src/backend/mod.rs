@@ -138,6 +138,20 @@ pub struct GdnWeights<'a> {
     pub dt_bias: &'a Tensor,
 }
 
+/// What [`Ops::norm_matmul`] computes.
+///
+/// # Shapes
+/// `normed`: `[T, d]` in the norm's dtype, `out`: `[T, n]`, `sum`: `[T, d]` f32
+#[derive(Debug)]
+pub struct NormMatmul {
+    /// The normalised rows.
+    pub normed: Tensor,
+    /// `normed · wᵀ`.
+    pub out: Tensor,
+    /// The new residual `x + y` (when `y` was given).
+    pub sum: Option<Tensor>,
+}
+
 /// The ops of one backend. Inputs live on that backend; shapes are checked by the callers
 /// (the blocks) and again where a kernel needs it.
 pub trait Ops: Sync {
@@ -164,6 +178,24 @@ pub trait Ops: Sync {
     fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32, kind: NormKind) -> Result<Tensor>;
     /// `x += y` (the f32 residual stream) fused with the RMSNorm of the sum; returns the norm.
     fn add_rms_norm(&self, x: &mut Tensor, y: &Tensor, w: &Tensor, eps: f32, kind: NormKind) -> Result<Tensor>;
+    /// The RMSNorm of the f32 residual `x` (with `y`: of `x + y`) and its product with the
+    /// plain weight `w` (`[n, d]`, output `out`), in one op where the backend fuses them
+    /// (decode-sized batches on CUDA), with the same values as `rms_norm` / `add_rms_norm`
+    /// followed by `matmul_t`. `Ok(None)` where it does not: the caller runs those ops. With
+    /// `y`, the new residual comes back in [`NormMatmul::sum`] and `x` is left unchanged.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul(
+        &self,
+        _x: &Tensor,
+        _y: Option<&Tensor>,
+        _norm_w: &Tensor,
+        _eps: f32,
+        _kind: NormKind,
+        _w: &Tensor,
+        _out: DType,
+    ) -> Result<Option<NormMatmul>> {
+        Ok(None)
+    }
     /// Rotates `x: [T, heads, head_dim]` in place at the batch's positions (NeoX pairing).
     fn rope(&self, x: &mut Tensor, rope: &RopeArgs<'_>, batch: &Batch) -> Result<()>;
     /// `silu(g) · u` of a stacked `[T, 2I] = [gate | up]` → `[T, I]`, one rounding.

@@ -62,10 +62,23 @@ impl Attention {
     }
 
     pub fn forward(&self, x: &Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        let qg = self.q_proj.forward(x)?;
+        self.attend(x, qg, batch, cache)
+    }
+
+    /// [`Attention::forward`] of `norm(x)`, the norm fused into `q_proj` where the backend can
+    /// ([`Linear::forward_normed`]).
+    pub fn forward_normed(&self, x: &Tensor, norm: &RmsNorm, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        let (h, qg) = self.q_proj.forward_normed(x, norm)?;
+        self.attend(&h, qg, batch, cache)
+    }
+
+    /// The block after `q_proj`: `x` the (normalised) input `[T, H]`, `qg` its query
+    /// projection `[T, heads·hd (·2 with the output gate)]`.
+    fn attend(&self, x: &Tensor, qg: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
         let c = &self.cfg;
         let (t, hd) = (x.rows(), c.head_dim);
         let LayerCache::Kv(kv) = cache else { bail!(Internal, "attention layer was given a non-KV cache") };
-        let qg = self.q_proj.forward(x)?;
         // Gated attention: [T, heads·hd·2] viewed as [T·heads, 2·hd]: q = columns 0..hd,
         // gate = hd..2hd.
         let (q, gate) = if c.output_gate {

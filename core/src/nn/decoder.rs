@@ -16,6 +16,15 @@ impl FeedForward {
             FeedForward::Moe(m) => m.forward(x),
         }
     }
+
+    /// `res += y`, then the block of `norm(res)` (the add and norm fused into its first
+    /// product where the backend can).
+    pub fn forward_add(&self, res: &mut Tensor, y: &Tensor, norm: &RmsNorm) -> Result<Tensor> {
+        match self {
+            FeedForward::Dense(m) => m.forward_add(res, y, norm),
+            FeedForward::Moe(m) => m.forward_add(res, y, norm),
+        }
+    }
 }
 
 /// The token mixer of a decoder layer.
@@ -32,6 +41,14 @@ impl Mixer {
         match self {
             Mixer::Attention(a) => a.forward(x, batch, cache),
             Mixer::GatedDeltaNet(g) => g.forward(x, batch, cache),
+        }
+    }
+
+    /// The mixer of `norm(x)` (the norm fused into its first product where the backend can).
+    pub fn forward_normed(&self, x: &Tensor, norm: &RmsNorm, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        match self {
+            Mixer::Attention(a) => a.forward_normed(x, norm, batch, cache),
+            Mixer::GatedDeltaNet(g) => g.forward_normed(x, norm, batch, cache),
         }
     }
 }
@@ -96,10 +113,11 @@ impl crate::layer::TransformerLayer for DecoderLayer {
 
     fn forward(&self, mut x: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
         // x: [T, H] f32 residual stream
-        let a = self.attn.forward(&self.input_norm.forward(&x)?, batch, cache)?;
-        // One op for the residual add and the post-attention norm.
-        let h = self.post_norm.add_forward(&mut x, &a)?;
-        let f = self.ffn.forward(&h)?;
+        // Each norm is fused into the product after it where the backend can (decode on CUDA:
+        // one launch for norm + GEMV), with the same values as the ops apart.
+        let a = self.attn.forward_normed(&x, &self.input_norm, batch, cache)?;
+        // The residual add, the post-attention norm and the feed-forward input product.
+        let f = self.ffn.forward_add(&mut x, &a, &self.post_norm)?;
         x.add_(&f)?;
         Ok(x)
     }

@@ -101,19 +101,33 @@ impl GatedDeltaNet {
     }
 
     pub fn forward(&self, x: &Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
-        let LayerCache::Recurrent(rc) = cache else {
-            bail!(Internal, "linear-attention layer was given a non-recurrent cache")
-        };
-        let c = self.cfg;
-        let (t, vd) = (x.rows(), c.value_heads * c.value_dim);
-        if batch.len() != t {
-            bail!(Shape, "Gated DeltaNet: {t} input rows for a batch of {} tokens", batch.len());
-        }
         // [T, H] -> [T, 2kd + 2vd + 2Hv] = [q | k | v | z | b | a], or [q | k | v | z] and
         // [b | a] apart when in_proj_ba is (not concatenated: the conv, z and gates read their
         // columns in place).
         let p = self.in_proj.forward(x)?;
         let ba = self.in_proj_ba.as_ref().map(|l| l.forward(x)).transpose()?;
+        self.mix(p, ba, batch, cache)
+    }
+
+    /// [`GatedDeltaNet::forward`] of `norm(x)`, the norm fused into `in_proj` where the backend
+    /// can ([`Linear::forward_normed`]).
+    pub fn forward_normed(&self, x: &Tensor, norm: &RmsNorm, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        let (h, p) = self.in_proj.forward_normed(x, norm)?;
+        let ba = self.in_proj_ba.as_ref().map(|l| l.forward(&h)).transpose()?;
+        self.mix(p, ba, batch, cache)
+    }
+
+    /// The block after its input projections: `p` `[T, 2kd + 2vd (+ 2Hv)]`, `ba` `[T, 2Hv]`
+    /// when apart.
+    fn mix(&self, p: Tensor, ba: Option<Tensor>, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        let LayerCache::Recurrent(rc) = cache else {
+            bail!(Internal, "linear-attention layer was given a non-recurrent cache")
+        };
+        let c = self.cfg;
+        let (t, vd) = (p.rows(), c.value_heads * c.value_dim);
+        if batch.len() != t {
+            bail!(Shape, "Gated DeltaNet: {t} input rows for a batch of {} tokens", batch.len());
+        }
         let w = GdnWeights { conv_w: &self.conv_w, a_log: &self.a_log, dt_bias: &self.dt_bias };
         let o = ops(&p);
         // [T·Hv, dv]

@@ -35,6 +35,36 @@ impl Linear {
         Ok(y)
     }
 
+    /// `(norm(x), self.forward(norm(x)))`: the norm fused into the product where the backend
+    /// can ([`RmsNorm::forward_matmul`]); a row-parallel shard (`reduce`, whose input is a
+    /// slice of columns, not a whole row to normalise) never takes this path's fusion.
+    pub fn forward_normed(&self, x: &Tensor, norm: &RmsNorm) -> Result<(Tensor, Tensor)> {
+        if self.reduce.is_some() {
+            let h = norm.forward(x)?;
+            let y = self.forward(&h)?;
+            return Ok((h, y));
+        }
+        let (h, mut y) = norm.forward_matmul(x, &self.w, self.w.dtype())?;
+        if let Some(b) = &self.b {
+            ops(&y).add_bias(&mut y, b)?;
+        }
+        Ok((h, y))
+    }
+
+    /// `x += y`, then `(norm(x), self.forward(norm(x)))` as [`Linear::forward_normed`].
+    pub fn forward_add_normed(&self, x: &mut Tensor, y: &Tensor, norm: &RmsNorm) -> Result<(Tensor, Tensor)> {
+        if self.reduce.is_some() {
+            let h = norm.add_forward(x, y)?;
+            let p = self.forward(&h)?;
+            return Ok((h, p));
+        }
+        let (h, mut p) = norm.add_forward_matmul(x, y, &self.w, self.w.dtype())?;
+        if let Some(b) = &self.b {
+            ops(&p).add_bias(&mut p, b)?;
+        }
+        Ok((h, p))
+    }
+
     /// Weight (and bias) bytes.
     pub fn bytes(&self) -> usize {
         self.w.bytes() + self.b.as_ref().map_or(0, Tensor::bytes)

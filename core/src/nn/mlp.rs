@@ -26,6 +26,14 @@ impl SwiGlu {
         self.down.forward(&h)
     }
 
+    /// `res += y`, then [`SwiGlu::forward`] of `norm(res)`, the add and norm fused into
+    /// `gate_up` where the backend can ([`Linear::forward_add_normed`]).
+    pub fn forward_add(&self, res: &mut Tensor, y: &Tensor, norm: &RmsNorm) -> Result<Tensor> {
+        let (_, gu) = self.gate_up.forward_add_normed(res, y, norm)?;
+        let h = ops(&gu).swiglu(&gu)?;
+        self.down.forward(&h)
+    }
+
     /// Weight bytes.
     pub fn bytes(&self) -> usize {
         self.gate_up.bytes() + self.down.bytes()

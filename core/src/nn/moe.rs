@@ -103,6 +103,18 @@ impl Moe {
         // (with `shared_in`: [T, E + 1], router logits and the gate logit, and the shared
         // gate / up apart, [T, 2·I_s]).
         let all = x.matmul_t_to(&self.input, DType::F32)?;
+        self.experts_of(x, all)
+    }
+
+    /// `res += y`, then [`Moe::forward`] of `norm(res)`, the add and norm fused into the input
+    /// product where the backend can ([`RmsNorm::add_forward_matmul`]).
+    pub fn forward_add(&self, res: &mut Tensor, y: &Tensor, norm: &RmsNorm) -> Result<Tensor> {
+        let (x, all) = norm.add_forward_matmul(res, y, &self.input, DType::F32)?;
+        self.experts_of(&x, all)
+    }
+
+    /// The block after its input product `all` of the (normalised) input `x`.
+    fn experts_of(&self, x: &Tensor, all: Tensor) -> Result<Tensor> {
         let gu = match (&self.shared, &self.shared_in) {
             (Some(_), Some(si)) => Some(x.matmul_t_to(si, DType::F32)?),
             _ => None,

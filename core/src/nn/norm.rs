@@ -58,6 +58,35 @@ impl RmsNorm {
         }
         ops(x).add_rms_norm(x, y, &self.w, self.eps, self.kind)
     }
+
+    /// `(norm(x), norm(x) · wᵀ)` with the product in `out` (`w`: `[n, d]`, a plain weight):
+    /// one op where the backend fuses them ([`crate::backend::Ops::norm_matmul`]; decode on
+    /// CUDA), else [`RmsNorm::forward`] and the product — the same values either way.
+    pub fn forward_matmul(&self, x: &Tensor, w: &Tensor, out: DType) -> Result<(Tensor, Tensor)> {
+        if x.last_dim() != self.dim() {
+            bail!(Shape, "rms_norm: input {:?} does not end in the norm width {}", x.shape(), self.dim());
+        }
+        if let Some(r) = ops(x).norm_matmul(x, None, &self.w, self.eps, self.kind, w, out)? {
+            return Ok((r.normed, r.out));
+        }
+        let h = self.forward(x)?;
+        let y = h.matmul_t_to(w, out)?;
+        Ok((h, y))
+    }
+
+    /// `x += y`, then `(norm(x), norm(x) · wᵀ)` as [`RmsNorm::forward_matmul`].
+    pub fn add_forward_matmul(&self, x: &mut Tensor, y: &Tensor, w: &Tensor, out: DType) -> Result<(Tensor, Tensor)> {
+        // (Shapes the fused op does not take — bad ones included — go the unfused way, whose
+        // checks name the problem.)
+        if let Some(r) = ops(x).norm_matmul(x, Some(y), &self.w, self.eps, self.kind, w, out)? {
+            let Some(sum) = r.sum else { bail!(Internal, "norm_matmul with an add returned no sum") };
+            *x = sum;
+            return Ok((r.normed, r.out));
+        }
+        let h = self.add_forward(x, y)?;
+        let p = h.matmul_t_to(w, out)?;
+        Ok((h, p))
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,30 @@ use super::misc::gemv_split;
 use super::{prod, row_threads, u32_of, CudaError, CudaFloat, CudaKernels, Result, RmsNormKind, MISC};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
+/// Environment variable: `apart` runs the RMSNorm and the GEMV as two launches where
+/// [`CudaKernels::norm_gemv`] would fuse them (A/B runs; same bits either way); `fused` or
+/// unset: fused. Read on every call; an unknown value warns once and means fused.
+pub const NORM_GEMV_ENV: &str = "PORTER_NORM_GEMV";
+
+/// Whether [`NORM_GEMV_ENV`]'s value `v` keeps the norm apart (`Err`: the value, unknown).
+fn norm_apart(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
+    let Some(v) = v else { return Ok(false) };
+    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+        "" | "fused" => Ok(false),
+        "apart" => Ok(true),
+        _ => Err(v.to_string_lossy().into_owned()),
+    }
+}
+
+/// Whether the backend should fuse the norm into the GEMV ([`NORM_GEMV_ENV`]).
+pub fn norm_gemv_enabled() -> bool {
+    !norm_apart(std::env::var_os(NORM_GEMV_ENV).as_deref()).unwrap_or_else(|bad| {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| eprintln!("warning: {NORM_GEMV_ENV}={bad:?} is not one of fused, apart; using fused"));
+        false
+    })
+}
+
 /// Most rows [`CudaKernels::norm_gemv`] takes (its kernels exist for 1, 2 and 4).
 pub const NORM_GEMV_MAX_ROWS: usize = 4;
 
@@ -161,5 +185,19 @@ impl CudaKernels {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::norm_apart;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn env_values() {
+        assert_eq!(norm_apart(None), Ok(false));
+        assert_eq!(norm_apart(Some(OsStr::new("fused"))), Ok(false));
+        assert_eq!(norm_apart(Some(OsStr::new(" Apart "))), Ok(true));
+        assert_eq!(norm_apart(Some(OsStr::new("off"))), Err("off".to_string()));
     }
 }

@@ -68,7 +68,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, kind: NormKind) -> Result<Tens
     Ok(out)
 }
 
-fn norm_kind(k: NormKind) -> RmsNormKind {
+pub(crate) fn norm_kind(k: NormKind) -> RmsNormKind {
     match k {
         NormKind::Standard => RmsNormKind::Standard,
         NormKind::ZeroCentred => RmsNormKind::ZeroCentred,

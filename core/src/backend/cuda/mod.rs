@@ -6,6 +6,7 @@ pub mod blocks;
 pub mod fp8;
 pub mod graph;
 pub mod moe;
+pub mod norm_matmul;
 pub mod profile;
 
 pub use blocks::{CudaKv, CudaRec};
@@ -58,6 +59,18 @@ impl Ops for CudaOps {
     }
     fn add_rms_norm(&self, x: &mut Tensor, y: &Tensor, w: &Tensor, eps: f32, kind: NormKind) -> Result<Tensor> {
         blocks::add_rms_norm(x, y, w, eps, kind)
+    }
+    fn norm_matmul(
+        &self,
+        x: &Tensor,
+        y: Option<&Tensor>,
+        norm_w: &Tensor,
+        eps: f32,
+        kind: NormKind,
+        w: &Tensor,
+        out: DType,
+    ) -> Result<Option<crate::backend::NormMatmul>> {
+        norm_matmul::norm_matmul(x, y, norm_w, eps, kind, w, out)
     }
     fn rope(&self, x: &mut Tensor, rope: &RopeArgs<'_>, batch: &Batch) -> Result<()> {
         blocks::rope(x, rope, batch)

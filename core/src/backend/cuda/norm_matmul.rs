@@ -1,0 +1,97 @@
+//! CUDA body of [`crate::backend::Ops::norm_matmul`]: the RMSNorm (or residual add + RMSNorm)
+//! before a decode projection fused into that projection's skinny GEMV
+//! (`CudaKernels::norm_gemv`, bit for bit the two launches it replaces).
+
+use super::blocks::norm_kind;
+use super::{fp8, profile};
+use crate::backend::{NormKind, NormMatmul};
+use crate::error::Result;
+use crate::tensor::cuda::{cuda_err, gpu_of, DevType, Gpu};
+use crate::tensor::dtype::DType;
+use crate::tensor::Tensor;
+use porter_kernels::cuda::{norm_gemv_enabled, CudaKernels, NormGemvAdd};
+
+/// The fused op where it applies (`Ok(None)` otherwise: see [`fuses`]).
+pub fn norm_matmul(
+    x: &Tensor,
+    y: Option<&Tensor>,
+    norm_w: &Tensor,
+    eps: f32,
+    kind: NormKind,
+    w: &Tensor,
+    out: DType,
+) -> Result<Option<NormMatmul>> {
+    if !fuses(x, y, norm_w, w, out) {
+        return Ok(None);
+    }
+    let g = gpu_of(x, "norm_matmul")?;
+    let _p = profile::span(if y.is_some() { "add_rms_norm + matmul" } else { "rms_norm + matmul" }, &g);
+    let (m, k, n) = (x.rows(), x.last_dim(), w.dim(0));
+    let mut o = Tensor::empty_on(&g, vec![m, n], out)?;
+    let mut normed = Tensor::empty_on(&g, x.shape().to_vec(), norm_w.dtype())?;
+    let mut sum = y.map(|_| Tensor::empty_on(&g, x.shape().to_vec(), DType::F32)).transpose()?;
+    #[allow(clippy::too_many_arguments)]
+    fn go<T: DevType>(
+        g: &Gpu,
+        (x, y, norm_w, w): (&Tensor, Option<&Tensor>, &Tensor, &Tensor),
+        (eps, kind): (f32, NormKind),
+        o: &mut Tensor,
+        normed: &mut Tensor,
+        sum: Option<&mut Tensor>,
+        dims: (usize, usize, usize),
+    ) -> Result<()> {
+        let (xs, nws, ws) = (x.dev::<f32>()?, norm_w.dev::<T>()?, w.dev::<T>()?);
+        let ns = normed.dev_mut::<T>()?;
+        let add = match (y, sum) {
+            (Some(y), Some(s)) => Some(NormGemvAdd { y: y.dev::<T>()?, sum: s.dev_mut::<f32>()? }),
+            _ => None,
+        };
+        let kind = norm_kind(kind);
+        if o.dtype() == DType::F32 {
+            g.k.norm_gemv::<T, f32>(xs, add, nws, eps, kind, ws, o.dev_mut::<f32>()?, ns, dims)
+        } else {
+            g.k.norm_gemv::<T, T>(xs, add, nws, eps, kind, ws, o.dev_mut::<T>()?, ns, dims)
+        }
+        .map_err(cuda_err)
+    }
+    crate::by_dtype!(
+        norm_w.dtype(),
+        go(&g, (x, y, norm_w, w), (eps, kind), &mut o, &mut normed, sum.as_mut(), (m, k, n))
+    )?;
+    let mut shape = x.shape().to_vec();
+    if let Some(l) = shape.last_mut() {
+        *l = n;
+    }
+    Ok(Some(NormMatmul { normed, out: o.reshape(shape)?, sum }))
+}
+
+/// Whether the fused kernel takes these operands: the f32 residual `x` of at most
+/// `NORM_GEMV_MAX_ROWS` rows, a plain (not FP8) 2-D weight of the norm's dtype, `y` (if any)
+/// of `x`'s shape in that dtype, output in that dtype or f32, all within the kernel's limits
+/// — exactly where `matmul_t` takes the skinny GEMV, so that both ways give the same bits —
+/// and the fusion not switched off (`PORTER_NORM_GEMV=apart`).
+fn fuses(x: &Tensor, y: Option<&Tensor>, norm_w: &Tensor, w: &Tensor, out: DType) -> bool {
+    let t = norm_w.dtype();
+    let (m, k) = (x.rows(), x.last_dim());
+    let shapes = x.dtype() == DType::F32
+        && norm_w.elem_count() == k
+        && w.shape().len() == 2
+        && w.dim(1) == k
+        && w.dim(0) > 0
+        && fp8::fp8_of(w).is_none()
+        && w.dtype() == t
+        && (out == t || out == DType::F32)
+        && y.is_none_or(|y| y.shape() == x.shape() && y.dtype() == t)
+        && m <= porter_kernels::cuda::GEMV_MAX_ROWS;
+    if !shapes || x.device() != w.device() || !norm_gemv_enabled() {
+        return false;
+    }
+    fn fits<T: DevType>(m: usize, k: usize, out: DType) -> bool {
+        if out == DType::F32 {
+            CudaKernels::norm_gemv_fits::<T, f32>(m, k)
+        } else {
+            CudaKernels::norm_gemv_fits::<T, T>(m, k)
+        }
+    }
+    crate::by_dtype!(t, fits(m, k, out))
+}
