@@ -180,14 +180,16 @@ template <bool HW> __device__ __forceinline__ void fp8_chunk_f(const uint4& v, f
 }
 
 #define FP8_GEMVX_U(NR) ((NR) >= 4 ? 2 : 4)
-template <typename A, typename O, int M, int NR, bool HW>
+// Column block `blk` (8 warps of NR weight rows). XS: x is in shared memory (the fused norm +
+// GEMV of fp8_norm.cu), else global (read through the non-coherent cache).
+template <typename A, typename O, int M, int NR, bool HW, bool XS = false>
 __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__ w, const float* __restrict__ sc,
                                                const u32* __restrict__ rs, const A* __restrict__ x,
-                                               O* __restrict__ out, u32 m, u32 k, u32 n) {
+                                               O* __restrict__ out, u32 m, u32 k, u32 n, u32 blk) {
     constexpr int U = FP8_GEMVX_U(NR);
     const float mul = HW ? 1.0f : 256.0f;  // back from the ALU conversion's 2⁻⁸ (exact)
     const u32 lane = threadIdx.x & 31u;
-    const u32 j0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * NR;
+    const u32 j0 = (blk * (blockDim.x >> 5) + (threadIdx.x >> 5)) * NR;
     if (j0 >= n) return;
     const u32 nsc = (k + FP8_BLOCK - 1) / FP8_BLOCK;
     const uint4* wr[NR];
@@ -227,7 +229,13 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
                 for (int r = 0; r < M; ++r) {
                     if ((u32)r < m) {
                         float xf[16];
-                        load_act<A, 16, false>(x + (u64)r * k + 16u * c, xf);
+                        if (XS) {
+#pragma unroll
+                            for (u32 v = 0; v < 16 / VecOf<A>::N; ++v)
+                                unpack<A>(reinterpret_cast<const uint4*>(x + (u64)r * k + 16u * c)[v], xf + v * VecOf<A>::N);
+                        } else {
+                            load_act<A, 16, false>(x + (u64)r * k + 16u * c, xf);
+                        }
 #pragma unroll
                         for (int q = 0; q < NR; ++q) {
                             float d = wf[q][0] * xf[0];
@@ -260,16 +268,16 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
 #define PORTER_FP8_GEMVX1(NA, A, NO, O, NR)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m1_r##NR(                    \
         const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
-        fp8_gemvx_impl<A, O, 1, NR, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n);                             \
+        fp8_gemvx_impl<A, O, 1, NR, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                             \
     }
 #define PORTER_FP8_GEMVX(NA, A, NO, O, M)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M(                        \
         const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
-        fp8_gemvx_impl<A, O, M, 2, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n);                              \
+        fp8_gemvx_impl<A, O, M, 2, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                              \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M##_r1(                   \
         const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
-        fp8_gemvx_impl<A, O, M, 1, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n);                              \
+        fp8_gemvx_impl<A, O, M, 1, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                              \
     }
 #define PORTER_FP8_GEMVX_M(NA, A, NO, O)                                                                        \
     PORTER_FP8_GEMVX1(NA, A, NO, O, 1) PORTER_FP8_GEMVX1(NA, A, NO, O, 2) PORTER_FP8_GEMVX1(NA, A, NO, O, 4)   \
@@ -287,7 +295,7 @@ PORTER_FP8_GEMVX_M(f16, f16, f32, float)
 #define PORTER_FP8_GEMVX_AB(M, NR, CV, HW)                                                                   \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_bf16_bf16_m##M##_r##NR##_##CV(               \
         const unsigned char* w, const float* sc, const u32* rs, const bf16* x, bf16* out, u32 m, u32 k, u32 n) { \
-        fp8_gemvx_impl<bf16, bf16, M, NR, HW>(w, sc, rs, x, out, m, k, n);                                    \
+        fp8_gemvx_impl<bf16, bf16, M, NR, HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                                    \
     }
 #define PORTER_FP8_GEMVX_AB_M(M)                                                                       \
     PORTER_FP8_GEMVX_AB(M, 1, hw, true) PORTER_FP8_GEMVX_AB(M, 2, hw, true) PORTER_FP8_GEMVX_AB(M, 4, hw, true)

@@ -1,20 +1,14 @@
 // RMSNorm (or the residual add + RMSNorm) fused into the skinny GEMV that reads its output:
 // decode's input norm and the first projection of the mixer, the post-attention add + norm and
 // the first projection of the feed-forward block (kernels/src/cuda/misc.rs norm_gemv).
-// Appended to misc.cu (same module: gemv_block, add_rms_norm_impl's formulas).
+// Appended to misc.cu and norm_rows.cu (same module: gemv_block, norm_rows_smem).
 //
 // out[r] = norm(x[r] (+ y[r])) · wᵀ for m ≤ M rows, bit for bit what rms_norm / add_rms_norm
 // (norm.cu / misc.cu, launched with NT = row_threads(d, 512) threads a row) followed by gemv
-// computes. Every block first normalises the m rows into shared memory, emulating the norm
-// kernel's NT threads with its own 256: virtual thread tv = tid + 256·s (s < 2, tv < NT) sums
-// v² over i = tv + j·NT in j order (the norm kernel's per-thread order, register path or
-// loop), virtual warp tv / 32 takes the same butterfly sum, and the NT / 32 warp partials the
-// same final warp sum; the normalisation is the norm kernel's expression. Then the block runs
-// gemv_block over column blocks jb = blockIdx.x, + gridDim.x, ...: a grid of a few blocks an
-// SM, since each block recomputes the norm (m·d values read from L2, the second pass from L1).
-// Block 0 also writes the normalised rows (`normed`, T: the other readers of the norm's output
-// — k/v projections, the routed experts — take them from there) and, with ADD, the new
-// residual x + y (`sum`, f32: its own buffer, since the other blocks still read x).
+// computes. Every block first normalises the m rows into shared memory (norm_rows_smem,
+// norm_rows.cu: the norm kernels' sums and expression, bit for bit), then runs gemv_block
+// over column blocks jb = blockIdx.x, + gridDim.x, ...: a grid of a few blocks an SM, since
+// each block recomputes the norm (m·d values read from L2, the second pass from L1).
 // Dynamic shared memory: m · d · sizeof(T) bytes (the host checks the limit).
 template <typename T, typename O, int M, bool ADD>
 __device__ __forceinline__ void norm_gemv_impl(const float* __restrict__ x, const T* __restrict__ y,
@@ -23,52 +17,9 @@ __device__ __forceinline__ void norm_gemv_impl(const float* __restrict__ x, cons
                                                float* __restrict__ sum, u32 m, u32 k, u32 n, u32 split, u32 nblk) {
     extern __shared__ __align__(16) unsigned char ng_smem[];
     T* xs = reinterpret_cast<T*>(ng_smem);
-    __shared__ float sh[M][32];
     __shared__ float red[8][M];
-    const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5, nwarps = nt >> 5;
-    // 1. Σ v² per virtual thread, then per virtual warp.
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-        if ((u32)r >= m) break;
-        const float* xr = x + (u64)r * k;
-        const T* yr = ADD ? y + (u64)r * k : nullptr;
-#pragma unroll
-        for (u32 s = 0; s < 2; ++s) {
-            const u32 tv = tid + 256u * s;
-            float ss = 0.0f;
-            if (tv < nt) {
-                for (u32 i = tv; i < k; i += nt) {
-                    const float v = ADD ? xr[i] + to_f(yr[i]) : xr[i];
-                    ss += v * v;
-                }
-            }
-            ss = warp_sum(ss);
-            if (lane == 0 && warp + 8u * s < nwarps) sh[r][warp + 8u * s] = ss;
-        }
-    }
-    __syncthreads();
-    // 2. The normalised rows, into shared memory (and by block 0 to global).
-    const bool first = blockIdx.x == 0;
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-        if ((u32)r >= m) break;
-        const float tot = warp_sum(lane < nwarps ? sh[r][lane] : 0.0f);
-        const float inv = 1.0f / sqrtf(tot / (float)k + eps);
-        const float* xr = x + (u64)r * k;
-        const T* yr = ADD ? y + (u64)r * k : nullptr;
-        for (u32 i = tid; i < k; i += 256u) {
-            const float v = ADD ? xr[i] + to_f(yr[i]) : xr[i];
-            const float wv = to_f(nw[i]);
-            const T o = zc ? from_f<T>(v * inv * (1.0f + wv)) : from_f<T>(wv * round_to<T>(v * inv));
-            xs[(u64)r * k + i] = o;
-            if (first) {
-                normed[(u64)r * k + i] = o;
-                if (ADD) sum[(u64)r * k + i] = v;
-            }
-        }
-    }
-    __syncthreads();
-    // 3. The GEMV over this block's column blocks.
+    norm_rows_smem<T, M, ADD>(x, y, nw, eps, zc, nt, xs, normed, sum, m, k);
+    // The GEMV over this block's column blocks.
     for (u32 jb = blockIdx.x; jb < nblk; jb += gridDim.x) {
         gemv_block<T, O, M, true>(xs, w, out, m, k, n, split, jb, red);
         if (split > 1) __syncthreads();  // red is reused by the next column block

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::fp8::W8;
 use common::*;
 use cudarc::driver::CudaSlice;
 use porter_kernels::cuda::{CudaFloat, CudaKernels, NormGemvAdd, RmsNormKind};
@@ -130,6 +131,44 @@ fn norm_gemv_f16_f32() {
     all_cases::<half::f16, half::f16>(&k, &mut rng);
     all_cases::<half::f16, f32>(&k, &mut rng);
     all_cases::<f32, f32>(&k, &mut rng);
+}
+
+/// The FP8 form: bit for bit `rms_norm` + `fp8_gemv` (default form), and within tolerance of
+/// the CPU reference on the exactly dequantized weights.
+fn fp8_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, m: usize, kk: usize, n: usize, kind: RmsNormKind) {
+    let what = format!("fp8 {} m={m} k={kk} n={n} {kind:?}", T::NAME);
+    let x = rng.vec(m * kk, 2.0);
+    let nw = rnd_vec::<T>(&rng.vec(kk, 0.5));
+    let w = W8::new(k, rng, n, kk);
+    let (dx, dnw) = (up::<f32>(k, &x), up::<T>(k, &nw));
+    let (mut out, mut normed) = (poisoned::<T>(k, m * n), poisoned::<T>(k, m * kk));
+    k.norm_fp8_gemv::<T>(&dx, &dnw, EPS, kind, w.dev(), &mut out, &mut normed, m).expect("norm_fp8_gemv");
+    let (mut out2, mut normed2) = (poisoned::<T>(k, m * n), poisoned::<T>(k, m * kk));
+    k.rms_norm::<f32, T>(&dx, &dnw, &mut normed2, m, kk, EPS, kind).expect("rms_norm");
+    k.fp8_gemv::<T, T>(&normed2, w.dev(), &mut out2, m).expect("fp8_gemv");
+    assert_eq!(bits(k, &normed), bits(k, &normed2), "{what}: normalised rows differ from rms_norm's");
+    assert_eq!(bits(k, &out), bits(k, &out2), "{what}: outputs differ from rms_norm + fp8_gemv");
+    let (rn, ro, _) = reference::<T>(&x, None, &nw, kind, &w.dense::<f32>(), (m, kk, n));
+    check(&format!("{what} normed"), &down(k, &normed), &rn, tol::<T>());
+    check(&format!("{what} out"), &down(k, &out), &ro, tol::<T>());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn norm_fp8_gemv_all() {
+    let k = gpu("norm_fp8_gemv_all");
+    let mut rng = Rng::new(94);
+    // n picks the weight rows a warp: 4 (12352 at one row), 2, 1 (2048 from two rows on, 300).
+    for &(kk, n) in &[(2048usize, 12352usize), (2048, 2048), (4096, 300), (512, 130)] {
+        for m in [1, 2, 3, 4] {
+            let kind = if (m + n) % 2 == 0 { RmsNormKind::ZeroCentred } else { RmsNormKind::Standard };
+            fp8_case::<half::bf16>(&k, &mut rng, m, kk, n, kind);
+            if kk <= 2048 {
+                fp8_case::<half::f16>(&k, &mut rng, m, kk, n, kind);
+                fp8_case::<f32>(&k, &mut rng, m, kk, n, kind);
+            }
+        }
+    }
 }
 
 #[test]

@@ -163,6 +163,8 @@ pub(crate) static MISC: KernelSource = KernelSource {
     name: "misc.cu",
     code: concat!(
         include_str!("../../cuda/misc.cu"),
+        "\n#line 1 \"norm_rows.cu\"\n",
+        include_str!("../../cuda/norm_rows.cu"),
         "\n#line 1 \"norm_gemv.cu\"\n",
         include_str!("../../cuda/norm_gemv.cu")
     ),
@@ -182,6 +184,10 @@ pub(crate) static FP8: KernelSource = KernelSource {
         include_str!("../../cuda/moe_decode.cu"),
         "\n#line 1 \"fp8.cu\"\n",
         include_str!("../../cuda/fp8.cu"),
+        "\n#line 1 \"norm_rows.cu\"\n",
+        include_str!("../../cuda/norm_rows.cu"),
+        "\n#line 1 \"fp8_norm.cu\"\n",
+        include_str!("../../cuda/fp8_norm.cu"),
         "\n#define PORTER_FP8_MODULE 1\n#line 1 \"moe_shared.cu\"\n",
         include_str!("../../cuda/moe_shared.cu"),
         "\n#line 1 \"fp8_gemm.cu\"\n",

@@ -65,6 +65,12 @@ impl Fp8GemvForm {
         })
     }
 
+    /// The form of this process ([`Fp8GemvForm::from_env`], read once).
+    pub fn of_process() -> Self {
+        static FORM: std::sync::OnceLock<Fp8GemvForm> = std::sync::OnceLock::new();
+        *FORM.get_or_init(Fp8GemvForm::from_env)
+    }
+
     /// Parses a value of [`FP8_GEMV_ENV`] (`Err`: the value, unknown).
     pub fn parse(v: Option<&str>) -> std::result::Result<Self, String> {
         let Some(v) = v else { return Ok(Self::AUTO) };
@@ -205,8 +211,7 @@ impl CudaKernels {
         out: &mut impl DevicePtrMut<O>,
         m: usize,
     ) -> Result<()> {
-        static FORM: std::sync::OnceLock<Fp8GemvForm> = std::sync::OnceLock::new();
-        self.fp8_gemv_with(x, w, out, m, *FORM.get_or_init(Fp8GemvForm::from_env))
+        self.fp8_gemv_with(x, w, out, m, Fp8GemvForm::of_process())
     }
 
     /// [`CudaKernels::fp8_gemv`] in the form `form` (A/B runs and tests).

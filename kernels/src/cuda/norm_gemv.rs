@@ -2,7 +2,8 @@
 //! before a decode projection, fused into that projection's skinny GEMV.
 
 use super::misc::gemv_split;
-use super::{prod, row_threads, u32_of, CudaError, CudaFloat, CudaKernels, Result, RmsNormKind, MISC};
+use super::{prod, row_threads, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev, Fp8GemvForm, Result, RmsNormKind};
+use super::{FP8, MISC};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Environment variable: `apart` runs the RMSNorm and the GEMV as two launches where
@@ -57,6 +58,100 @@ impl CudaKernels {
         Self::gemv_fits::<T, O>(m, k)
             && m <= NORM_GEMV_MAX_ROWS
             && m.saturating_mul(k).saturating_mul(std::mem::size_of::<T>()) <= NORM_GEMV_SMEM
+    }
+
+    /// Whether [`CudaKernels::norm_fp8_gemv`] takes this shape: what [`CudaKernels::fp8_gemv`]
+    /// takes at most [`NORM_GEMV_MAX_ROWS`] rows, output in `A`, the normalised rows within its
+    /// shared memory, and the process on the default FP8 GEMV form (the one the fused kernels
+    /// reproduce).
+    pub fn norm_fp8_gemv_fits<A: CudaFloat>(m: usize, k: usize) -> bool {
+        Self::fp8_gemv_fits::<A, A>(m, k)
+            && m <= NORM_GEMV_MAX_ROWS
+            && m.saturating_mul(k).saturating_mul(std::mem::size_of::<A>()) <= NORM_GEMV_SMEM
+            && Fp8GemvForm::of_process() == Fp8GemvForm::AUTO
+    }
+
+    /// `normed = rms_norm(x)` and `out = normed · Wᵀ` with an FP8 weight in one launch, bit for
+    /// bit what [`CudaKernels::rms_norm`] followed by [`CudaKernels::fp8_gemv`] computes in the
+    /// default form (fp8_norm.cu).
+    ///
+    /// # Shapes
+    /// `x`: `[m, k]` f32, `norm_w`: `[k]`, `w`: `[n, k]`, `out`: `[m, n]`, `normed`: `[m, k]`
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if the shape does not fit ([`CudaKernels::norm_fp8_gemv_fits`]),
+    /// the weight bytes are not 16-byte aligned, or on a length mismatch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_fp8_gemv<A: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<f32>,
+        norm_w: &impl DevicePtr<A>,
+        eps: f32,
+        kind: RmsNormKind,
+        w: Fp8Dev<'_>,
+        out: &mut impl DevicePtrMut<A>,
+        normed: &mut impl DevicePtrMut<A>,
+        m: usize,
+    ) -> Result<()> {
+        let (k, n) = (w.cols, w.rows);
+        if !Self::norm_fp8_gemv_fits::<A>(m, k) || n == 0 {
+            return Err(CudaError::Invalid(format!("norm_fp8_gemv: m {m}, k {k}, n {n} ({}) does not fit", A::NAME)));
+        }
+        w.check(self, "w", n, k)?;
+        let mk = prod(&[m, k])?;
+        self.check("x", x, mk)?;
+        self.check("norm_w", norm_w, k)?;
+        self.check("out", out, prod(&[m, n])?)?;
+        self.check("normed", normed, mk)?;
+        let mm = [1usize, 2, 4].into_iter().find(|&v| v >= m).unwrap_or(4);
+        let nr = Fp8GemvForm::AUTO.rows(mm, n);
+        let s = &*self.stream;
+        let (pq, _gq) = w.q.device_ptr(s);
+        if pq & 15 != 0 {
+            return Err(CudaError::Invalid("norm_fp8_gemv: the weight bytes must be 16-byte aligned".into()));
+        }
+        let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
+        let nblk = n.div_ceil(8 * nr);
+        let grid = nblk.min(NORM_GEMV_BLOCKS_PER_SM * self.caps().sms.max(1));
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("blocks", grid)?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", mk * std::mem::size_of::<A>())?,
+        };
+        let (nt, nblk32) = (row_threads(k, 512), u32_of("column blocks", nblk)?);
+        let zc = i32::from(kind == RmsNormKind::ZeroCentred);
+        // SAFETY: matches norm_fp8_gemvx_<A>_<A>_m<mm>_r<nr> (8 warps of nr weight rows a column
+        // block, nblk of them; (mm, nr) one of the pairs AUTO picks, which fp8_norm.cu
+        // instantiates); sizes and alignment checked; the scale rows named by row_scale exist
+        // (Fp8Dev's contract); nt <= 512, a multiple of 32; dynamic shared memory holds the
+        // m normalised rows.
+        // Kernel: `norm_fp8_gemvx_<A>_<A>_m<mm>_r<nr>(const float* x, const A* nw, float eps, int zc,
+        // u32 nt, const u8* w, const float* sc, const u32* rs, A* out, A* normed, u32 m, u32 k, u32 n,
+        // u32 nblk)`.
+        unsafe {
+            launch!(
+                self,
+                FP8,
+                format!("norm_fp8_gemvx_{0}_{0}_m{mm}_r{nr}", A::NAME),
+                cfg,
+                [
+                    ptr(x),
+                    ptr(norm_w),
+                    eps,
+                    zc,
+                    nt,
+                    pq,
+                    ptr(w.scales),
+                    ptr(w.row_scale),
+                    ptr_mut(out),
+                    ptr_mut(normed),
+                    m32,
+                    k32,
+                    n32,
+                    nblk32
+                ]
+            )
+        }
     }
 
     /// `normed = rms_norm(x (+ y))` and `out = normed · wᵀ` in one launch, bit for bit what

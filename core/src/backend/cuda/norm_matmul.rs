@@ -6,7 +6,7 @@ use super::blocks::norm_kind;
 use super::{fp8, profile};
 use crate::backend::{NormKind, NormMatmul};
 use crate::error::Result;
-use crate::tensor::cuda::{cuda_err, gpu_of, DevType, Gpu};
+use crate::tensor::cuda::{cuda_err, gpu_of, DevFp8, DevType, Gpu};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 use porter_kernels::cuda::{norm_gemv_enabled, CudaKernels, NormGemvAdd};
@@ -21,6 +21,9 @@ pub fn norm_matmul(
     w: &Tensor,
     out: DType,
 ) -> Result<Option<NormMatmul>> {
+    if fp8::fp8_of(w).is_some() {
+        return norm_matmul_fp8(x, y, norm_w, eps, kind, w, out);
+    }
     if !fuses(x, y, norm_w, w, out) {
         return Ok(None);
     }
@@ -63,6 +66,60 @@ pub fn norm_matmul(
         *l = n;
     }
     Ok(Some(NormMatmul { normed, out: o.reshape(shape)?, sum }))
+}
+
+/// [`norm_matmul`] with an FP8 weight: fused (`CudaKernels::norm_fp8_gemv`) for the norm
+/// alone (no add) of at most `FP8_GEMV_MAX_ROWS` rows into an output of the norm's dtype —
+/// where `matmul_t` takes the FP8 GEMV — else `Ok(None)`.
+fn norm_matmul_fp8(
+    x: &Tensor,
+    y: Option<&Tensor>,
+    norm_w: &Tensor,
+    eps: f32,
+    kind: NormKind,
+    w: &Tensor,
+    out: DType,
+) -> Result<Option<NormMatmul>> {
+    let Some(f) = fp8::fp8_of(w) else { return Ok(None) };
+    let t = norm_w.dtype();
+    let (m, k, n) = (x.rows(), x.last_dim(), f.rows());
+    let plain = y.is_none()
+        && x.dtype() == DType::F32
+        && out == t
+        && f.dtype == t
+        && f.cols == k
+        && n > 0
+        && norm_w.elem_count() == k
+        && m <= fp8::FP8_GEMV_MAX_ROWS
+        && x.device() == w.device();
+    fn fits<T: DevType>(m: usize, k: usize) -> bool {
+        CudaKernels::norm_fp8_gemv_fits::<T>(m, k)
+    }
+    if !plain || !crate::by_dtype!(t, fits(m, k)) || !norm_gemv_enabled() {
+        return Ok(None);
+    }
+    let g = gpu_of(x, "norm_matmul")?;
+    let _p = profile::span("rms_norm + fp8 matmul", &g);
+    let mut o = Tensor::empty_on(&g, vec![m, n], out)?;
+    let mut normed = Tensor::empty_on(&g, x.shape().to_vec(), t)?;
+    fn go<T: DevType>(
+        g: &Gpu,
+        (x, norm_w, f): (&Tensor, &Tensor, &DevFp8),
+        (eps, kind): (f32, NormKind),
+        o: &mut Tensor,
+        normed: &mut Tensor,
+        m: usize,
+    ) -> Result<()> {
+        let (xs, nws) = (x.dev::<f32>()?, norm_w.dev::<T>()?);
+        let ns = normed.dev_mut::<T>()?;
+        g.k.norm_fp8_gemv::<T>(xs, nws, eps, norm_kind(kind), f.view(), o.dev_mut::<T>()?, ns, m).map_err(cuda_err)
+    }
+    crate::by_dtype!(t, go(&g, (x, norm_w, f), (eps, kind), &mut o, &mut normed, m))?;
+    let mut shape = x.shape().to_vec();
+    if let Some(l) = shape.last_mut() {
+        *l = n;
+    }
+    Ok(Some(NormMatmul { normed, out: o.reshape(shape)?, sum: None }))
 }
 
 /// Whether the fused kernel takes these operands: the f32 residual `x` of at most
