@@ -56,6 +56,25 @@ pub trait TransformerLayer: Send + Sync {
     /// `x: [T, hidden]` → `[T, hidden]` (the residual stream after this layer)
     fn forward(&self, x: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor>;
 
+    /// [`TransformerLayer::forward`] with the last residual add of the layer before deferred
+    /// into this one: this layer's input is `x + pending` (`pending`: `[T, hidden]`, f32 or
+    /// the model dtype). Returns the residual stream and this layer's own last branch output
+    /// still to be added (`None`: already added), so that a layer can fuse each residual add
+    /// into the norm after it. The values are those of `forward` layer after layer. By
+    /// default: adds `pending`, runs `forward`.
+    fn forward_deferred(
+        &self,
+        mut x: Tensor,
+        pending: Option<Tensor>,
+        batch: &Batch,
+        cache: &mut LayerCache,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        if let Some(p) = pending {
+            x.add_(&p)?;
+        }
+        Ok((self.forward(x, batch, cache)?, None))
+    }
+
     /// Bytes this layer moves per decode step (unknown: zeros).
     fn cost(&self) -> LayerCost {
         LayerCost::default()

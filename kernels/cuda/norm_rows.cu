@@ -12,9 +12,9 @@
 // experts — take them from there) and, with ADD, the new residual x + y (`sum`, f32: a buffer
 // of its own, since the other blocks still read x). Ends with a barrier.
 //
-// x [m, k] f32; y [m, k] T (ADD); nw [k] T; xs [m, k] T (shared); m <= M; 256 threads.
-template <typename T, int M, bool ADD>
-__device__ __forceinline__ void norm_rows_smem(const float* __restrict__ x, const T* __restrict__ y,
+// x [m, k] f32; y [m, k] TY (ADD: T or f32); nw [k] T; xs [m, k] T (shared); m <= M; 256 threads.
+template <typename T, int M, bool ADD, typename TY = T>
+__device__ __forceinline__ void norm_rows_smem(const float* __restrict__ x, const TY* __restrict__ y,
                                                const T* __restrict__ nw, float eps, int zc, u32 nt, T* xs,
                                                T* __restrict__ normed, float* __restrict__ sum, u32 m, u32 k) {
     __shared__ float sh[M][32];
@@ -24,7 +24,7 @@ __device__ __forceinline__ void norm_rows_smem(const float* __restrict__ x, cons
     for (int r = 0; r < M; ++r) {
         if ((u32)r >= m) break;
         const float* xr = x + (u64)r * k;
-        const T* yr = ADD ? y + (u64)r * k : nullptr;
+        const TY* yr = ADD ? y + (u64)r * k : nullptr;
 #pragma unroll
         for (u32 s = 0; s < 2; ++s) {
             const u32 tv = tid + 256u * s;
@@ -48,7 +48,7 @@ __device__ __forceinline__ void norm_rows_smem(const float* __restrict__ x, cons
         const float tot = warp_sum(lane < nwarps ? sh[r][lane] : 0.0f);
         const float inv = 1.0f / sqrtf(tot / (float)k + eps);
         const float* xr = x + (u64)r * k;
-        const T* yr = ADD ? y + (u64)r * k : nullptr;
+        const TY* yr = ADD ? y + (u64)r * k : nullptr;
         for (u32 i = tid; i < k; i += 256u) {
             const float v = ADD ? xr[i] + to_f(yr[i]) : xr[i];
             const float wv = to_f(nw[i]);

@@ -52,8 +52,9 @@ fn bits<T: CudaFloat>(k: &CudaKernels, d: &CudaSlice<T>) -> Vec<u32> {
     down(k, d).into_iter().map(f32::to_bits).collect()
 }
 
+/// One case; `Y` is the type of the added `y` (T or f32; unused without `add`).
 #[allow(clippy::too_many_arguments)]
-fn case<T: CudaFloat, O: CudaFloat>(
+fn case<T: CudaFloat, O: CudaFloat, Y: CudaFloat>(
     k: &CudaKernels,
     rng: &mut Rng,
     m: usize,
@@ -62,22 +63,22 @@ fn case<T: CudaFloat, O: CudaFloat>(
     add: bool,
     kind: RmsNormKind,
 ) {
-    let what = format!("{} -> {} m={m} k={kk} n={n} add={add} {kind:?}", T::NAME, O::NAME);
+    let what = format!("{} -> {} m={m} k={kk} n={n} add={add} (y {}) {kind:?}", T::NAME, O::NAME, Y::NAME);
     let x = rng.vec(m * kk, 2.0);
-    let y = rnd_vec::<T>(&rng.vec(m * kk, 1.0));
+    let y = rnd_vec::<Y>(&rng.vec(m * kk, 1.0));
     let nw = rnd_vec::<T>(&rng.vec(kk, 0.5));
     let w = rnd_vec::<T>(&rng.vec(n * kk, 0.1));
-    let (dx, dy, dnw, dw) = (up::<f32>(k, &x), up::<T>(k, &y), up::<T>(k, &nw), up::<T>(k, &w));
+    let (dx, dy, dnw, dw) = (up::<f32>(k, &x), up::<Y>(k, &y), up::<T>(k, &nw), up::<T>(k, &w));
     // Fused.
     let (mut out, mut normed, mut sum) =
         (poisoned::<O>(k, m * n), poisoned::<T>(k, m * kk), poisoned::<f32>(k, m * kk));
     let a = add.then_some(NormGemvAdd { y: &dy, sum: &mut sum });
-    k.norm_gemv::<T, O>(&dx, a, &dnw, EPS, kind, &dw, &mut out, &mut normed, (m, kk, n)).expect("norm_gemv");
+    k.norm_gemv::<T, O, Y>(&dx, a, &dnw, EPS, kind, &dw, &mut out, &mut normed, (m, kk, n)).expect("norm_gemv");
     // The sequence it replaces.
     let mut xs = up::<f32>(k, &x);
     let (mut out2, mut normed2) = (poisoned::<O>(k, m * n), poisoned::<T>(k, m * kk));
     if add {
-        k.add_rms_norm::<T, T>(&mut xs, &dy, &dnw, &mut normed2, m, kk, EPS, kind).expect("add_rms_norm");
+        k.add_rms_norm::<Y, T>(&mut xs, &dy, &dnw, &mut normed2, m, kk, EPS, kind).expect("add_rms_norm");
     } else {
         k.rms_norm::<f32, T>(&xs, &dnw, &mut normed2, m, kk, EPS, kind).expect("rms_norm");
     }
@@ -108,8 +109,10 @@ fn all_cases<T: CudaFloat, O: CudaFloat>(k: &CudaKernels, rng: &mut Rng) {
             if m * kk * std::mem::size_of::<T>() > 48 * 1024 {
                 continue;
             }
-            case::<T, O>(k, rng, m, kk, n, (i + m) % 2 == 0, kinds[(i + m / 2) % 2]);
-            case::<T, O>(k, rng, m, kk, n, (i + m) % 2 == 1, kinds[(i + m / 2 + 1) % 2]);
+            case::<T, O, T>(k, rng, m, kk, n, (i + m) % 2 == 0, kinds[(i + m / 2) % 2]);
+            case::<T, O, T>(k, rng, m, kk, n, (i + m) % 2 == 1, kinds[(i + m / 2 + 1) % 2]);
+            // The added rows in f32 (the MoE block's output).
+            case::<T, O, f32>(k, rng, m, kk, n, true, kinds[(i + m) % 2]);
         }
     }
 }
@@ -179,7 +182,7 @@ fn norm_gemv_rejects_bad_args() {
         (up::<f32>(&k, &[0.0; 5 * 64]), up::<half::bf16>(&k, &[0.0; 64]), up::<half::bf16>(&k, &[0.0; 64 * 8]));
     let (mut out, mut normed) = (poisoned::<half::bf16>(&k, 5 * 8), poisoned::<half::bf16>(&k, 5 * 64));
     let none: Option<NormGemvAdd<'_, CudaSlice<half::bf16>, CudaSlice<f32>>> = None;
-    let r = k.norm_gemv::<half::bf16, half::bf16>(
+    let r = k.norm_gemv::<half::bf16, half::bf16, half::bf16>(
         &x,
         none,
         &nw,
@@ -192,7 +195,7 @@ fn norm_gemv_rejects_bad_args() {
     );
     assert!(r.is_err(), "5 rows must be refused (at most 4)");
     let none: Option<NormGemvAdd<'_, CudaSlice<half::bf16>, CudaSlice<f32>>> = None;
-    let r = k.norm_gemv::<half::bf16, half::bf16>(
+    let r = k.norm_gemv::<half::bf16, half::bf16, half::bf16>(
         &x,
         none,
         &nw,
@@ -245,9 +248,10 @@ fn norm_gemv_80b_timing() {
                 let w = &ws[i % copies];
                 let a = add.then_some(NormGemvAdd { y: &y, sum: &mut sum });
                 if o32 {
-                    k.norm_gemv::<T, f32>(&x, a, &nw, EPS, kind, w, &mut of, &mut normed, (m, kk, n)).expect("fused");
+                    k.norm_gemv::<T, f32, T>(&x, a, &nw, EPS, kind, w, &mut of, &mut normed, (m, kk, n))
+                        .expect("fused");
                 } else {
-                    k.norm_gemv::<T, T>(&x, a, &nw, EPS, kind, w, &mut ob, &mut normed, (m, kk, n)).expect("fused");
+                    k.norm_gemv::<T, T, T>(&x, a, &nw, EPS, kind, w, &mut ob, &mut normed, (m, kk, n)).expect("fused");
                 }
             });
             let mut xs = up::<f32>(&k, &rng.vec(m * kk, 1.0));

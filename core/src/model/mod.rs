@@ -301,12 +301,19 @@ impl Model {
         drop(prep);
         // [T] -> [T, H]
         let mut x = self.pre.forward(&batch.ids)?;
+        // Each layer's last residual add is handed to the next one (fused into its input norm
+        // where the backend can); the last one is added here.
+        let mut pending = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let _s = host_span(match layer.kind() {
                 crate::state::LayerKind::Recurrent { .. } => "model: recurrent layer",
                 _ => "model: attention layer",
             });
-            x = layer.forward(x, batch, cache.layer_mut(i)?).with_context(|| format!("layer {i}"))?;
+            (x, pending) =
+                layer.forward_deferred(x, pending, batch, cache.layer_mut(i)?).with_context(|| format!("layer {i}"))?;
+        }
+        if let Some(p) = pending {
+            x.add_(&p)?;
         }
         let _logits = host_span("model: advance + logits");
         for s in batch.spans.iter().filter(|s| !s.seq.is_pad()) {

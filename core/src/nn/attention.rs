@@ -73,6 +73,20 @@ impl Attention {
         self.attend(&h, qg, batch, cache)
     }
 
+    /// `x += y`, then [`Attention::forward_normed`] (the add fused in too where the backend
+    /// can: [`Linear::forward_add_normed`]).
+    pub fn forward_add_normed(
+        &self,
+        x: &mut Tensor,
+        y: &Tensor,
+        norm: &RmsNorm,
+        batch: &Batch,
+        cache: &mut LayerCache,
+    ) -> Result<Tensor> {
+        let (h, qg) = self.q_proj.forward_add_normed(x, y, norm)?;
+        self.attend(&h, qg, batch, cache)
+    }
+
     /// The block after `q_proj`: `x` the (normalised) input `[T, H]`, `qg` its query
     /// projection `[T, heads·hd (·2 with the output gate)]`.
     fn attend(&self, x: &Tensor, qg: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {

@@ -44,6 +44,22 @@ impl Mixer {
         }
     }
 
+    /// `x += y`, then the mixer of `norm(x)` (the add and norm fused into its first product
+    /// where the backend can).
+    pub fn forward_add_normed(
+        &self,
+        x: &mut Tensor,
+        y: &Tensor,
+        norm: &RmsNorm,
+        batch: &Batch,
+        cache: &mut LayerCache,
+    ) -> Result<Tensor> {
+        match self {
+            Mixer::Attention(a) => a.forward_add_normed(x, y, norm, batch, cache),
+            Mixer::GatedDeltaNet(g) => g.forward_add_normed(x, y, norm, batch, cache),
+        }
+    }
+
     /// The mixer of `norm(x)` (the norm fused into its first product where the backend can).
     pub fn forward_normed(&self, x: &Tensor, norm: &RmsNorm, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
         match self {
@@ -111,15 +127,32 @@ impl crate::layer::TransformerLayer for DecoderLayer {
         c
     }
 
-    fn forward(&self, mut x: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
-        // x: [T, H] f32 residual stream
-        // Each norm is fused into the product after it where the backend can (decode on CUDA:
-        // one launch for norm + GEMV), with the same values as the ops apart.
-        let a = self.attn.forward_normed(&x, &self.input_norm, batch, cache)?;
-        // The residual add, the post-attention norm and the feed-forward input product.
-        let f = self.ffn.forward_add(&mut x, &a, &self.post_norm)?;
-        x.add_(&f)?;
+    fn forward(&self, x: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+        let (mut x, f) = self.forward_deferred(x, None, batch, cache)?;
+        if let Some(f) = f {
+            x.add_(&f)?;
+        }
         Ok(x)
+    }
+
+    fn forward_deferred(
+        &self,
+        mut x: Tensor,
+        pending: Option<Tensor>,
+        batch: &Batch,
+        cache: &mut LayerCache,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        // x: [T, H] f32 residual stream. Each norm is fused into the product after it where
+        // the backend can (decode on CUDA: one launch for the residual add, the norm and the
+        // GEMV), with the same values as the ops apart.
+        let a = match &pending {
+            Some(p) => self.attn.forward_add_normed(&mut x, p, &self.input_norm, batch, cache)?,
+            None => self.attn.forward_normed(&x, &self.input_norm, batch, cache)?,
+        };
+        // The residual add, the post-attention norm and the feed-forward input product; the
+        // feed-forward output is the next layer's to add.
+        let f = self.ffn.forward_add(&mut x, &a, &self.post_norm)?;
+        Ok((x, Some(f)))
     }
 }
 

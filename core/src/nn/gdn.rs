@@ -117,6 +117,21 @@ impl GatedDeltaNet {
         self.mix(p, ba, batch, cache)
     }
 
+    /// `x += y`, then [`GatedDeltaNet::forward_normed`] (the add fused in too where the
+    /// backend can: [`Linear::forward_add_normed`]).
+    pub fn forward_add_normed(
+        &self,
+        x: &mut Tensor,
+        y: &Tensor,
+        norm: &RmsNorm,
+        batch: &Batch,
+        cache: &mut LayerCache,
+    ) -> Result<Tensor> {
+        let (h, p) = self.in_proj.forward_add_normed(x, y, norm)?;
+        let ba = self.in_proj_ba.as_ref().map(|l| l.forward(&h)).transpose()?;
+        self.mix(p, ba, batch, cache)
+    }
+
     /// The block after its input projections: `p` `[T, 2kd + 2vd (+ 2Hv)]`, `ba` `[T, 2Hv]`
     /// when apart.
     fn mix(&self, p: Tensor, ba: Option<Tensor>, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {

@@ -41,8 +41,9 @@ const NORM_GEMV_SMEM: usize = 48 * 1024;
 /// a few blocks an SM and each block loops over column blocks).
 const NORM_GEMV_BLOCKS_PER_SM: usize = 4;
 
-/// The optional residual add of [`CudaKernels::norm_gemv`]: `y` is added to the f32 residual
-/// `x` before the norm, and the sum is written to `sum` (a buffer of its own).
+/// The optional residual add of [`CudaKernels::norm_gemv`]: `y` (the model dtype or f32) is
+/// added to the f32 residual `x` before the norm, and the sum is written to `sum` (a buffer of
+/// its own).
 #[derive(Debug)]
 pub struct NormGemvAdd<'a, Y, S> {
     /// The layer output added to the residual, `[m, k]`.
@@ -154,7 +155,8 @@ impl CudaKernels {
         }
     }
 
-    /// `normed = rms_norm(x (+ y))` and `out = normed · wᵀ` in one launch, bit for bit what
+    /// `normed = rms_norm(x (+ y))` and `out = normed · wᵀ` in one launch (`y` in `T` or f32),
+    /// bit for bit what
     /// [`CudaKernels::rms_norm`] (or [`CudaKernels::add_rms_norm`]) followed by
     /// [`CudaKernels::gemv`] computes (norm_gemv.cu explains how). With `add`, the new residual
     /// `x + y` goes to `add.sum` and `x` is left as it was.
@@ -166,10 +168,10 @@ impl CudaKernels {
     /// [`CudaError::Invalid`] if the shape does not fit ([`CudaKernels::norm_gemv_fits`]), `w`
     /// or `normed` is not 16-byte aligned, or on a length mismatch.
     #[allow(clippy::too_many_arguments)]
-    pub fn norm_gemv<T: CudaFloat, O: CudaFloat>(
+    pub fn norm_gemv<T: CudaFloat, O: CudaFloat, Y: CudaFloat>(
         &self,
         x: &impl DevicePtr<f32>,
-        add: Option<NormGemvAdd<'_, impl DevicePtr<T>, impl DevicePtrMut<f32>>>,
+        add: Option<NormGemvAdd<'_, impl DevicePtr<Y>, impl DevicePtrMut<f32>>>,
         norm_w: &impl DevicePtr<T>,
         eps: f32,
         kind: RmsNormKind,
@@ -192,6 +194,9 @@ impl CudaKernels {
         self.check("out", out, prod(&[m, n])?)?;
         self.check("normed", normed, mk)?;
         if let Some(a) = &add {
+            if Y::NAME != T::NAME && Y::NAME != "f32" {
+                return Err(CudaError::Invalid(format!("norm_gemv: y must be {} or f32, got {}", T::NAME, Y::NAME)));
+            }
             self.check("y", a.y, mk)?;
             self.check("sum", &*a.sum, mk)?;
         }
@@ -249,7 +254,8 @@ impl CudaKernels {
                 }
             }
             Some(a) => {
-                // SAFETY: as above, plus y [m, k] and sum [m, k] (checked).
+                // SAFETY: as above, plus y [m, k] (T or f32, the kernel of its type) and sum
+                // [m, k] (checked).
                 // Kernel: `add_norm_gemv_<T>_<O>_m<mm>(const float* x, const T* y, const T* nw, float eps,
                 // int zc, u32 nt, const T* w, O* out, T* normed, float* sum, u32 m, u32 k, u32 n, u32 split,
                 // u32 nblk)`.
@@ -257,7 +263,11 @@ impl CudaKernels {
                     launch!(
                         self,
                         MISC,
-                        format!("add_norm_gemv_{}_{}_m{mm}", T::NAME, O::NAME),
+                        if Y::NAME == T::NAME {
+                            format!("add_norm_gemv_{}_{}_m{mm}", T::NAME, O::NAME)
+                        } else {
+                            format!("add_norm_gemv_f32y_{}_{}_m{mm}", T::NAME, O::NAME)
+                        },
                         cfg,
                         [
                             ptr(x),

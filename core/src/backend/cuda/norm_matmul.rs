@@ -33,8 +33,9 @@ pub fn norm_matmul(
     let mut o = Tensor::empty_on(&g, vec![m, n], out)?;
     let mut normed = Tensor::empty_on(&g, x.shape().to_vec(), norm_w.dtype())?;
     let mut sum = y.map(|_| Tensor::empty_on(&g, x.shape().to_vec(), DType::F32)).transpose()?;
+    /// The launch with the output in `O` and `y` (if any) in `Y`.
     #[allow(clippy::too_many_arguments)]
-    fn go<T: DevType>(
+    fn run<T: DevType, O: DevType, Y: DevType>(
         g: &Gpu,
         (x, y, norm_w, w): (&Tensor, Option<&Tensor>, &Tensor, &Tensor),
         (eps, kind): (f32, NormKind),
@@ -46,16 +47,28 @@ pub fn norm_matmul(
         let (xs, nws, ws) = (x.dev::<f32>()?, norm_w.dev::<T>()?, w.dev::<T>()?);
         let ns = normed.dev_mut::<T>()?;
         let add = match (y, sum) {
-            (Some(y), Some(s)) => Some(NormGemvAdd { y: y.dev::<T>()?, sum: s.dev_mut::<f32>()? }),
+            (Some(y), Some(s)) => Some(NormGemvAdd { y: y.dev::<Y>()?, sum: s.dev_mut::<f32>()? }),
             _ => None,
         };
-        let kind = norm_kind(kind);
-        if o.dtype() == DType::F32 {
-            g.k.norm_gemv::<T, f32>(xs, add, nws, eps, kind, ws, o.dev_mut::<f32>()?, ns, dims)
-        } else {
-            g.k.norm_gemv::<T, T>(xs, add, nws, eps, kind, ws, o.dev_mut::<T>()?, ns, dims)
+        g.k.norm_gemv::<T, O, Y>(xs, add, nws, eps, norm_kind(kind), ws, o.dev_mut::<O>()?, ns, dims).map_err(cuda_err)
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn go<T: DevType>(
+        g: &Gpu,
+        ops: (&Tensor, Option<&Tensor>, &Tensor, &Tensor),
+        nk: (f32, NormKind),
+        o: &mut Tensor,
+        normed: &mut Tensor,
+        sum: Option<&mut Tensor>,
+        dims: (usize, usize, usize),
+    ) -> Result<()> {
+        let y32 = ops.1.is_some_and(|y| y.dtype() == DType::F32);
+        match (o.dtype() == DType::F32, y32) {
+            (true, true) => run::<T, f32, f32>(g, ops, nk, o, normed, sum, dims),
+            (true, false) => run::<T, f32, T>(g, ops, nk, o, normed, sum, dims),
+            (false, true) => run::<T, T, f32>(g, ops, nk, o, normed, sum, dims),
+            (false, false) => run::<T, T, T>(g, ops, nk, o, normed, sum, dims),
         }
-        .map_err(cuda_err)
     }
     crate::by_dtype!(
         norm_w.dtype(),
@@ -124,7 +137,7 @@ fn norm_matmul_fp8(
 
 /// Whether the fused kernel takes these operands: the f32 residual `x` of at most
 /// `NORM_GEMV_MAX_ROWS` rows, a plain (not FP8) 2-D weight of the norm's dtype, `y` (if any)
-/// of `x`'s shape in that dtype, output in that dtype or f32, all within the kernel's limits
+/// of `x`'s shape in that dtype or f32, output in that dtype or f32, all within the kernel's limits
 /// — exactly where `matmul_t` takes the skinny GEMV, so that both ways give the same bits —
 /// and the fusion not switched off (`PORTER_NORM_GEMV=apart`).
 fn fuses(x: &Tensor, y: Option<&Tensor>, norm_w: &Tensor, w: &Tensor, out: DType) -> bool {
@@ -138,7 +151,7 @@ fn fuses(x: &Tensor, y: Option<&Tensor>, norm_w: &Tensor, w: &Tensor, out: DType
         && fp8::fp8_of(w).is_none()
         && w.dtype() == t
         && (out == t || out == DType::F32)
-        && y.is_none_or(|y| y.shape() == x.shape() && y.dtype() == t)
+        && y.is_none_or(|y| y.shape() == x.shape() && (y.dtype() == t || y.dtype() == DType::F32))
         && m <= porter_kernels::cuda::GEMV_MAX_ROWS;
     if !shapes || x.device() != w.device() || !norm_gemv_enabled() {
         return false;
