@@ -17,6 +17,9 @@ use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cuda::{CudaFloat, CudaKernels};
 
+/// The prefill GEMM forms of the A/B runs: (name, whether it is the mma.sync one).
+const FORMS: [(&str, bool); 2] = [("wmma", false), ("mma", true)];
+
 // ---------------------------------------------------------------------------
 // NVRTC only: register use / spills of the MoE kernels (ptxas -v, sm_90).
 // ---------------------------------------------------------------------------
@@ -33,6 +36,18 @@ fn nvrtc_moe_ptxas_info() {
         }
     }
     println!("kernels with spills: {spills:?}");
+    // The prefill path's mma.sync GEMMs and parallel alignment (moe_prefill.cu) must not spill.
+    let new: Vec<&String> = spills
+        .iter()
+        .filter(|f| {
+            f.starts_with("moe_palign_")
+                || f.contains("_mma1_")
+                || f.contains("_mma2_")
+                || f.contains("_mma3_")
+                || f.contains("_mma4_")
+        })
+        .collect();
+    assert!(new.is_empty(), "moe_prefill.cu kernels spill: {new:?}");
 }
 
 fn launch<T: CudaFloat>(kern: &CudaKernels, d: Dims, dev: &Device<T>, out: &mut CudaSlice<f32>) {
@@ -53,6 +68,54 @@ fn run_case<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, idx: Vec<u32>
     let got = down::<f32>(kern, &out);
     let path = if decode { "decode" } else { "prefill" };
     check(&format!("{what} {} {path} {d:?}", T::NAME), &got, &want, tol::<T>());
+    if !decode {
+        prefill_forms::<T>(kern, what, d, &dev, &want);
+    }
+}
+
+/// The form the prefill path must run for `T` and `d` when asked for `mma` (or wmma): the
+/// CUDA-core GEMMs for f32 or rows that are not 16-byte multiples, else the tensor-core form
+/// the device allows (mma.sync: sm_80+ with 4 stages of 64 + 512 rows of 64 bytes).
+fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, mma: bool) -> &'static str {
+    let caps = kern.caps();
+    let aligned = (d.hidden * std::mem::size_of::<T>()).is_multiple_of(16)
+        && (d.inter * std::mem::size_of::<T>()).is_multiple_of(16);
+    if T::NAME == "f32" || !aligned || !caps.tensor_cores() {
+        "simt"
+    } else if mma && caps.smem_limit() >= 4 * (64 + 512) * 64 {
+        "mma"
+    } else {
+        "wmma"
+    }
+}
+
+/// A prefill case through both GEMM forms at every tile height (16, 32, 48, 64 rows) and the
+/// default one, each against the CPU reference `want`.
+fn prefill_forms<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, dev: &Device<T>, want: &[f32]) {
+    for (name, mma) in FORMS {
+        for frags in [None, Some(1), Some(2), Some(3), Some(4)] {
+            let mut out = poisoned::<f32>(kern, d.t * d.hidden);
+            let ran = kern
+                .moe_prefill_stage_times_with::<T>(
+                    &dev.x,
+                    &dev.idx,
+                    &dev.w,
+                    &dev.gate,
+                    &dev.up,
+                    &dev.down,
+                    &mut out,
+                    [d.t, d.k, d.e, d.hidden, d.inter],
+                    mma,
+                    frags,
+                )
+                .unwrap_or_else(|err| panic!("{what} {} {name} frags {frags:?} {d:?}: {err}", T::NAME));
+            let exp = expected_form::<T>(kern, d, mma);
+            assert_eq!(ran.form, exp, "{what} {} asked for {name}, frags {frags:?}, {d:?}: form", T::NAME);
+            let got = down::<f32>(kern, &out);
+            let label = format!("{what} {} prefill {} ({} rows) {d:?}", T::NAME, ran.form, ran.tile_rows);
+            check(&label, &got, want, tol::<T>());
+        }
+    }
 }
 
 fn small<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng) {
@@ -99,8 +162,11 @@ fn uneven<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng) {
     // Prefill: 300 rows on expert 20 (five tiles), experts 8..32 but 20 idle.
     let d = Dims { t: 300, k: 3, e: 32, hidden: 64, inter: 48, bank: 32 };
     run_case::<T>(kern, "uneven", d, skewed_routes(rng, d.t, d.k, 20, 8), rng, false);
-    // Ids >= e are skipped (never read out of bounds), on both paths.
-    for t in [10, 200] {
+    // More than 4096 pairs: the parallel alignment (3 blocks), 3000 rows on expert 20.
+    let d = Dims { t: 3000, k: 3, e: 32, hidden: 64, inter: 48, bank: 32 };
+    run_case::<T>(kern, "uneven parallel align", d, skewed_routes(rng, d.t, d.k, 20, 8), rng, false);
+    // Ids >= e are skipped (never read out of bounds), on both paths and both alignments.
+    for t in [10, 200, 2100] {
         let d = Dims { t, k: 2, e: 8, hidden: 32, inter: 16, bank: 8 };
         let mut idx = random_routes(rng, d.t, d.k, d.e);
         idx[1] = 8;
@@ -282,6 +348,90 @@ fn moe_80b_timing() {
             per_gemm / best[2] / 1e12,
             best[3] * 1e6
         );
+    }
+}
+
+/// The 80B prefill through both GEMM forms side by side at t = 512, 1024 and 4096 (one set of
+/// weights; the first t rows of 4096-row inputs): for each form, and for the mma form at every
+/// tile height too, 96 sampled rows against the CPU reference, then the per-launch times
+/// (synchronise + host clock around every stage, best of 5 after a warm-up): alignment µs,
+/// gate+up and down ms and TFLOP/s (of the real, unpadded FLOPs), combine µs, and their sum.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_80b_forms_timed() {
+    let kern = gpu("moe_80b_forms_timed");
+    let mut rng = Rng::new(11);
+    let full = dims_80b(4096);
+    let idx = random_routes(&mut rng, full.t, full.k, full.e);
+    let inp = inputs::<bf16>(&mut rng, full, idx);
+    let dev = upload::<bf16>(&kern, full, &inp);
+    for t in [512usize, 1024, 4096] {
+        let d = dims_80b(t);
+        let x = up::<bf16>(&kern, &inp.x[..t * d.hidden]);
+        let ix = up_u32(&kern, &inp.idx[..t * d.k]);
+        let w = up::<f32>(&kern, &inp.w[..t * d.k]);
+        let mut rows = vec![0, t - 1];
+        while rows.len() < 96 {
+            let r = rng.below(t);
+            if !rows.contains(&r) {
+                rows.push(r);
+            }
+        }
+        let (sd, sinp) = rows_of(d, &inp, &rows);
+        let want = reference::<bf16>(sd, &sinp);
+        let flops = 2.0 * (d.t * d.k) as f64 * 3.0 * (d.hidden * d.inter) as f64;
+        let default_frags = CudaKernels::moe_prefill_tile_frags(d.t, d.k, d.e);
+        println!("moe_80b prefill t={t}: {:.1} GFLOP, default tiles of {} rows", flops / 1e9, 16 * default_frags);
+        for (name, mma) in FORMS {
+            let sweep: &[Option<usize>] = if mma { &[None, Some(1), Some(2), Some(3), Some(4)] } else { &[None] };
+            for &frags in sweep {
+                let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
+                let mut best = [f64::INFINITY; 4];
+                let mut ran = None;
+                for _ in 0..6 {
+                    let r = kern
+                        .moe_prefill_stage_times_with::<bf16>(
+                            &x,
+                            &ix,
+                            &w,
+                            &dev.gate,
+                            &dev.up,
+                            &dev.down,
+                            &mut out,
+                            [d.t, d.k, d.e, d.hidden, d.inter],
+                            mma,
+                            frags,
+                        )
+                        .unwrap_or_else(|err| panic!("t={t} {name} frags {frags:?}: {err}"));
+                    for (b, s) in best.iter_mut().zip(r.secs) {
+                        *b = b.min(s);
+                    }
+                    ran = Some(r);
+                }
+                let ran = ran.expect("ran");
+                assert_eq!(ran.form, expected_form::<bf16>(&kern, d, mma), "t={t}: asked for {name}, frags {frags:?}");
+                let got = down::<f32>(&kern, &out);
+                let got: Vec<f32> =
+                    rows.iter().flat_map(|&r| got[r * d.hidden..(r + 1) * d.hidden].iter().copied()).collect();
+                let label = format!("80b t={t} {} ({} rows, 96 sampled rows)", ran.form, ran.tile_rows);
+                check(&label, &got, &want, tol::<bf16>());
+                let per_gemm = flops / 3.0;
+                println!(
+                    "  {:>4} {:>2}-row tiles{}: align {:.1} us, gate+up {:.3} ms ({:.1} TFLOP/s), down {:.3} ms \
+                     ({:.1} TFLOP/s), combine {:.1} us, sum {:.3} ms",
+                    ran.form,
+                    ran.tile_rows,
+                    if frags.is_none() { " (default)" } else { "" },
+                    best[0] * 1e6,
+                    best[1] * 1e3,
+                    2.0 * per_gemm / best[1] / 1e12,
+                    best[2] * 1e3,
+                    per_gemm / best[2] / 1e12,
+                    best[3] * 1e6,
+                    best.iter().sum::<f64>() * 1e3
+                );
+            }
+        }
     }
 }
 

@@ -132,8 +132,9 @@ pub(crate) static ATTENTION: KernelSource = KernelSource {
     ),
 };
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
-/// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine) and the direct decode form's
-/// entry points with the shared expert fused in (moe_shared.cu, dense weights).
+/// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine), the direct decode form's
+/// entry points with the shared expert fused in (moe_shared.cu, dense weights) and the prefill
+/// path's parallel alignment and mma.sync grouped GEMMs (moe_prefill.cu, on moe.cu's helpers).
 pub(crate) static MOE: KernelSource = KernelSource {
     name: "moe.cu",
     code: concat!(
@@ -141,7 +142,9 @@ pub(crate) static MOE: KernelSource = KernelSource {
         "\n#line 1 \"moe_decode.cu\"\n",
         include_str!("../../cuda/moe_decode.cu"),
         "\n#line 1 \"moe_shared.cu\"\n",
-        include_str!("../../cuda/moe_shared.cu")
+        include_str!("../../cuda/moe_shared.cu"),
+        "\n#line 1 \"moe_prefill.cu\"\n",
+        include_str!("../../cuda/moe_prefill.cu")
     ),
 };
 /// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.

@@ -27,6 +27,83 @@ const TC_BK: usize = 32;
 const TC_STAGES: usize = 4;
 /// Threads of the combine kernel.
 const COMBINE_THREADS: u32 = 256;
+/// Threads of the mma.sync GEMM kernels (`MOE_MMA_THREADS`, 8 warps).
+const MMA_THREADS: u32 = 256;
+/// Weight rows of an mma.sync GEMM block tile (`MOE_MMA_BN`; gate+up: 256 gate and 256 up
+/// rows, 256 columns of h).
+const MMA_BN: usize = 512;
+/// Bytes of a staged row of a k-step of the mma.sync GEMMs (`MOE_MMA_BK` = 32 elements of
+/// 2 bytes).
+const MMA_ROW_BYTES: usize = 64;
+/// cp.async stages of the mma.sync GEMMs (`MOE_MMA_STAGES`).
+const MMA_STAGES: usize = 4;
+/// Threads of the parallel alignment's histogram and scatter kernels (`MOE_PALIGN_THREADS`).
+const PALIGN_THREADS: u32 = 512;
+/// Pairs per block of the parallel alignment (at least; more when that would need more than
+/// [`PALIGN_MAX_BLOCKS`] blocks). One block's worth or fewer: the single-block `moe_align`.
+const PALIGN_PAIRS: usize = 4096;
+/// Most blocks of the parallel alignment (its histogram scratch is blocks × e u32).
+const PALIGN_MAX_BLOCKS: usize = 256;
+
+/// Environment variable choosing the dense bf16 / f16 prefill GEMMs: `mma` (the default: the
+/// mma.sync GEMMs of moe_prefill.cu) or `wmma` (moe.cu's wmma GEMMs, the A/B baseline). Read
+/// on every call; another value warns once on stderr and means `mma`. Where the mma.sync
+/// GEMMs do not fit (below sm_80, forced fallback, less shared memory than their stages need,
+/// f32, unaligned rows) the wmma or CUDA-core GEMMs run whatever it says; FP8 experts always
+/// take their own GEMMs (fp8_gemm.cu).
+pub const MOE_GEMM_ENV: &str = "PORTER_MOE_GEMM";
+
+/// Which dense tensor-core GEMMs the prefill path runs ([`MOE_GEMM_ENV`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MoeGemm {
+    /// moe_prefill.cu's mma.sync GEMMs (8 warps, 16·MI × 512 block tiles), where they fit.
+    Mma,
+    /// moe.cu's wmma GEMMs (4 warps, 16·MI × 256 block tiles).
+    Wmma,
+}
+
+impl MoeGemm {
+    /// The form [`MOE_GEMM_ENV`] asks for ([`MoeGemm::Mma`] when unset or unknown).
+    fn from_env() -> Self {
+        let v = std::env::var_os(MOE_GEMM_ENV);
+        Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of mma, wmma; using mma"));
+            MoeGemm::Mma
+        })
+    }
+
+    /// [`MoeGemm::from_env`] for a given value of the variable (`Err`: the value, unknown).
+    fn from_value(v: Option<&std::ffi::OsStr>) -> std::result::Result<Self, String> {
+        let Some(v) = v else { return Ok(MoeGemm::Mma) };
+        match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+            "" | "mma" => Ok(MoeGemm::Mma),
+            "wmma" => Ok(MoeGemm::Wmma),
+            _ => Err(v.to_string_lossy().into_owned()),
+        }
+    }
+}
+
+/// What [`CudaKernels::moe_prefill_stage_times_with`] ran: the seconds of the alignment, the
+/// gate+up GEMM, the down GEMM and the combine, the GEMM form (`"mma"`, `"wmma"`, `"simt"`)
+/// and the tile height in rows.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillTimes {
+    /// Seconds of the alignment, gate+up, down and combine launches.
+    pub secs: [f64; 4],
+    /// The GEMM form that ran.
+    pub form: &'static str,
+    /// Rows of a tile of the sorted pair list.
+    pub tile_rows: usize,
+}
+
+/// Dynamic shared memory of an mma.sync GEMM launch for tiles of `16·mi` rows of `esize`-byte
+/// elements and `nc` output columns a block: the cp.async stages, or the C staging area of
+/// `16·mi` rows × (`nc` + 8) elements if larger.
+fn mma_smem(mi: usize, esize: usize, nc: usize) -> usize {
+    (MMA_STAGES * (16 * mi + MMA_BN) * MMA_ROW_BYTES).max(16 * mi * (nc + 8) * esize)
+}
 
 /// The expert weights of the prefill path: dense `T` (device addresses, the caller holding
 /// the buffers) or FP8 (tiles dequantized in the tensor-core GEMMs, fp8_gemm.cu).
@@ -96,6 +173,38 @@ impl CudaKernels {
         hidden: usize,
         inter: usize,
     ) -> Result<[f64; 4]> {
+        let dims = [t, k, e, hidden, inter];
+        let mma = MoeGemm::from_env() == MoeGemm::Mma;
+        Ok(self.moe_prefill_stage_times_with(x, idx, w, gate, up, down, out, dims, mma, None)?.secs)
+    }
+
+    /// [`CudaKernels::moe_prefill_stage_times`] (`dims` = t, k, e, hidden, inter) with the
+    /// GEMM form `mma` (true: the mma.sync GEMMs, false: the wmma ones, as [`MOE_GEMM_ENV`]
+    /// = `mma` / `wmma`; where it does not fit, the one that does) and, with `frags`, tiles of
+    /// `16·frags` rows (1..=4) instead of [`CudaKernels::moe_prefill_tile_frags`]'s choice
+    /// (fewer where the wmma form's stages do not fit). `out` gets the call's result. For A/B
+    /// runs and profiling only.
+    ///
+    /// # Errors
+    /// As [`CudaKernels::moe_experts`]; [`CudaError::Invalid`] for a decode shape or `frags`
+    /// outside 1..=4.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_prefill_stage_times_with<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+        mma: bool,
+        frags: Option<usize>,
+    ) -> Result<PrefillTimes> {
+        let gemm = if mma { MoeGemm::Mma } else { MoeGemm::Wmma };
+        let [t, k, e, hidden, inter] = dims;
         if t == 0 || Self::moe_decode_path(t, k, e) || k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
             return Err(CudaError::Invalid("moe_prefill_stage_times: not a prefill shape".into()));
         }
@@ -106,20 +215,21 @@ impl CudaKernels {
         self.check("up", up, prod(&[e, inter, hidden])?)?;
         self.check("down", down, prod(&[e, hidden, inter])?)?;
         self.check("out", out, prod(&[t, hidden])?)?;
-        let mut times = [0.0f64; 4];
+        let mut secs = [0.0f64; 4];
         let s = &self.stream;
         let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
         let weights = ExpertWeights::Dense { gate: pg, up: pu, down: pd };
         self.stream.synchronize()?;
         let mut clock = std::time::Instant::now();
-        self.moe_prefill::<T>(x, idx, w, weights, out, [t, k, e, hidden, inter], &mut |stage| {
-            self.stream.synchronize()?;
-            let now = std::time::Instant::now();
-            times[stage] = (now - clock).as_secs_f64();
-            clock = now;
-            Ok(())
-        })?;
-        Ok(times)
+        let (form, tile_rows) =
+            self.moe_prefill_in::<T>(x, idx, w, weights, out, dims, (gemm, frags), &mut |stage| {
+                self.stream.synchronize()?;
+                let now = std::time::Instant::now();
+                secs[stage] = (now - clock).as_secs_f64();
+                clock = now;
+                Ok(())
+            })?;
+        Ok(PrefillTimes { secs, form, tile_rows })
     }
 
     /// Whether the tensor-core prefill GEMMs take FP8 experts of `hidden` × `inter` for `T`
@@ -149,7 +259,29 @@ impl CudaKernels {
         dims: [usize; 5],
         done: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<()> {
+        self.moe_prefill_in(x, idx, w, weights, out, dims, (MoeGemm::from_env(), None), done).map(|_| ())
+    }
+
+    /// [`CudaKernels::moe_prefill`] with the dense GEMM form and tile fragments of `choice`
+    /// (see [`CudaKernels::moe_prefill_stage_times_with`]); returns the form that ran and the
+    /// tile height.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_prefill_in<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        weights: ExpertWeights<'_>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+        choice: (MoeGemm, Option<usize>),
+        done: &mut dyn FnMut(usize) -> Result<()>,
+    ) -> Result<(&'static str, usize)> {
         let [t, k, e, hidden, inter] = dims;
+        let (gemm_form, frags) = choice;
+        if frags.is_some_and(|f| !(1..=4).contains(&f)) {
+            return Err(CudaError::Invalid(format!("moe prefill: tile fragments {frags:?} outside 1..=4")));
+        }
         let n = prod(&[t, k])?;
         let slots = e.min(n);
         let esize = std::mem::size_of::<T>();
@@ -187,17 +319,21 @@ impl CudaKernels {
         let mut mi = if mma8 {
             4
         } else if tc {
-            Self::moe_prefill_tile_frags(t, k, e)
+            frags.unwrap_or_else(|| Self::moe_prefill_tile_frags(t, k, e))
         } else {
             0
         };
-        // Fewer row fragments where the cp.async stages of 16·mi rows need more shared memory
-        // than the device allows (mi = 4 needs 100 KiB: an sm_86 / sm_89 allows 99 / 99 KiB).
+        // Dense bf16 / f16: the mma.sync GEMMs unless PORTER_MOE_GEMM=wmma or their stages
+        // need more shared memory than the device allows (sm_86 / sm_89, the forced fallback).
+        let limit = self.caps().smem_limit();
+        let use_mma = tc && !fp8 && gemm_form == MoeGemm::Mma && mma_smem(mi, esize, MMA_BN.max(TC_BN)) <= limit;
+        // wmma: fewer row fragments where the cp.async stages of 16·mi rows need more shared
+        // memory than the device allows (mi = 4 needs 100 KiB: an sm_86 / sm_89 allows 99 KiB).
         let stage_smem = |mi: usize| tc_stage_smem(mi, esize, fp8);
-        while !mma8 && mi > 1 && stage_smem(mi) > self.caps().smem_limit() {
+        while !mma8 && !use_mma && mi > 1 && stage_smem(mi) > limit {
             mi -= 1;
         }
-        let tc = tc && (mma8 || stage_smem(mi) <= self.caps().smem_limit());
+        let tc = tc && (mma8 || use_mma || stage_smem(mi) <= limit);
         if fp8 && !tc {
             return Err(CudaError::Invalid(format!(
                 "moe prefill with fp8 experts ({} hidden {hidden}, inter {inter}) needs the tensor-core GEMMs \
@@ -228,7 +364,12 @@ impl CudaKernels {
         let ((xq_b, xs_b), (hq_b, hs_b)) = (q(t, hidden)?, q(cap, inter)?);
         let (off_xs, off_hq) = (off_xq + xq_b, off_xq + xq_b + xs_b);
         let off_hs = off_hq + hq_b;
-        let bytes = off_hs + hs_b;
+        // Parallel alignment: nb blocks of `per` pairs and their histograms hist [nb, e] (u32);
+        // one block's worth: the single-block moe_align, no histograms.
+        let per = PALIGN_PAIRS.max(n.div_ceil(PALIGN_MAX_BLOCKS));
+        let nb = n.div_ceil(per);
+        let off_hist = off_hs + hs_b;
+        let bytes = off_hist + if nb > 1 { align256(prod(&[nb, e, 4])?) } else { 0 };
         // Every index the kernels use fits in u32 (pair ids, sorted positions);
         // element offsets are 64-bit in the kernels.
         let (n32, e32, k32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?);
@@ -251,22 +392,54 @@ impl CudaKernels {
         let p_o = base + off_o as u64;
         let (p_xq, p_xs, p_hq, p_hs) =
             (base + off_xq as u64, base + off_xs as u64, base + off_hq as u64, base + off_hs as u64);
+        let p_hist = base + off_hist as u64;
 
         // 1. Alignment.
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (ALIGN_THREADS, 1, 1),
-            shared_mem_bytes: u32_of("shared memory", e * 4)?,
-        };
-        // SAFETY: arguments match `moe_align`; idx has n elements; sorted has
-        // cap = tiles_cap · pad entries, enough for Σ roundup(count, pad)
-        // (≤ n + slots·(pad − 1)); tile_expert tiles_cap, seg 3·min(e, n),
-        // meta 2; dynamic shared memory e u32 (e ≤ 8192: 32 KiB).
-        // Kernel: `moe_align(const u32* idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* sorted,
-        // u32* tile_expert, u32* seg, u32* meta)`.
-        unsafe {
-            launch!(self, MOE, "moe_align", cfg, [pi, n32, e32, pad32, cap32, tiles32, p_sorted, p_tile, p_seg, p_meta])
-        }?;
+        let shared_e = u32_of("shared memory", e * 4)?;
+        let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (ALIGN_THREADS, 1, 1), shared_mem_bytes: shared_e };
+        if nb == 1 {
+            // SAFETY: arguments match `moe_align`; idx has n elements; sorted has
+            // cap = tiles_cap · pad entries, enough for Σ roundup(count, pad)
+            // (≤ n + slots·(pad − 1)); tile_expert tiles_cap, seg 3·min(e, n),
+            // meta 2; dynamic shared memory e u32 (e ≤ 8192: 32 KiB).
+            // Kernel: `moe_align(const u32* idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* sorted,
+            // u32* tile_expert, u32* seg, u32* meta)`.
+            unsafe {
+                launch!(
+                    self,
+                    MOE,
+                    "moe_align",
+                    one,
+                    [pi, n32, e32, pad32, cap32, tiles32, p_sorted, p_tile, p_seg, p_meta]
+                )
+            }?;
+        } else {
+            let (nb32, per32) = (u32_of("alignment blocks", nb)?, u32_of("pairs per block", per)?);
+            let many =
+                LaunchConfig { grid_dim: (nb32, 1, 1), block_dim: (PALIGN_THREADS, 1, 1), shared_mem_bytes: shared_e };
+            // SAFETY: arguments match `moe_palign_hist`; block b reads idx [b·per, min((b+1)·per, n))
+            // and writes hist row b (nb rows of e u32 in the scratch); dynamic shared memory e u32.
+            // Kernel: `moe_palign_hist(const u32* idx, u32 n, u32 e, u32 per, u32* hist)`.
+            unsafe { launch!(self, MOE, "moe_palign_hist", many, [pi, n32, e32, per32, p_hist]) }?;
+            // SAFETY: arguments match `moe_palign_scan`; hist [nb, e] written in full above; the
+            // outputs as for moe_align (same sizes); dynamic shared memory e u32.
+            // Kernel: `moe_palign_scan(u32* hist, u32 nb, u32 e, u32 pad, u32 cap, u32 tiles_cap,
+            // u32* sorted, u32* tile_expert, u32* seg, u32* meta)`.
+            unsafe {
+                launch!(
+                    self,
+                    MOE,
+                    "moe_palign_scan",
+                    one,
+                    [p_hist, nb32, e32, pad32, cap32, tiles32, p_sorted, p_tile, p_seg, p_meta]
+                )
+            }?;
+            // SAFETY: arguments match `moe_palign_scatter`; the cursors hist[b][x] + the block's
+            // count of expert x stay within expert x's segment of sorted (cap entries).
+            // Kernel: `moe_palign_scatter(const u32* idx, u32 n, u32 e, u32 per, const u32* hist,
+            // u32* sorted)`.
+            unsafe { launch!(self, MOE, "moe_palign_scatter", many, [pi, n32, e32, per32, p_hist, p_sorted]) }?;
+        }
 
         done(0)?;
         if mma8 {
@@ -286,6 +459,18 @@ impl CudaKernels {
                 let cfg = LaunchConfig {
                     grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
                     block_dim: (MMA8_THREADS, 1, 1),
+                    shared_mem_bytes: u32_of("shared memory", smem)?,
+                };
+                Ok((f, u32_of("column blocks", nblk)?, cfg))
+            } else if use_mma {
+                // gate+up: 256 h columns per block; down: 512 o columns.
+                let nc = if gu { MMA_BN / 2 } else { MMA_BN };
+                let nblk = n_cols.div_ceil(nc);
+                let smem = mma_smem(mi, esize, nc);
+                let f = self.function_smem(&MOE, &format!("moe_gemm_{which}_mma{mi}_{}", T::NAME), smem)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, nblk])?)?, 1, 1),
+                    block_dim: (MMA_THREADS, 1, 1),
                     shared_mem_bytes: u32_of("shared memory", smem)?,
                 };
                 Ok((f, u32_of("column blocks", nblk)?, cfg))
@@ -322,7 +507,7 @@ impl CudaKernels {
         // was padded to tiles of this kernel's height (pad); tiles past the
         // real count exit (tile_expert invalid); A rows gathered through the
         // sorted list (padding reads nothing); h has cap rows; the tensor-core
-        // variant is only chosen with 16-byte aligned rows (hidden, inter
+        // variants (wmma, mma) are only chosen with 16-byte aligned rows (hidden, inter
         // multiples of 8, base pointers checked, scratch 256-byte aligned).
         // Kernel: `moe_gemm_gu_<kind>_<T>(const T* a, const T* w0, const T* w1, const u32* sorted,
         // const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`; FP8:
@@ -475,6 +660,40 @@ impl CudaKernels {
             )
         }?;
         done(3)?;
-        Ok(())
+        let form = if mma8 {
+            "fp8_mma8"
+        } else if fp8 {
+            "fp8_tc"
+        } else if use_mma {
+            "mma"
+        } else if tc {
+            "wmma"
+        } else {
+            "simt"
+        };
+        Ok((form, tile_rows))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{mma_smem, MoeGemm};
+    use std::ffi::OsStr;
+
+    #[test]
+    fn moe_gemm_env_values() {
+        assert_eq!(MoeGemm::from_value(None), Ok(MoeGemm::Mma));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new(""))), Ok(MoeGemm::Mma));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new(" MMA "))), Ok(MoeGemm::Mma));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new("wmma"))), Ok(MoeGemm::Wmma));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new("tc"))), Err("tc".to_string()));
+    }
+
+    #[test]
+    fn mma_smem_bytes() {
+        // 4 stages of (16·mi + 512) rows × 64 bytes; the C staging area is smaller.
+        assert_eq!(mma_smem(3, 2, 512), 4 * (48 + 512) * 64);
+        assert_eq!(mma_smem(4, 2, 512), 147_456);
+        assert!(mma_smem(4, 2, 512) > 99 * 1024, "sm_86 / sm_89 take the wmma form");
     }
 }

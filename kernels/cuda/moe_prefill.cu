@@ -1,0 +1,362 @@
+// The prefill path of the routed experts, second form (appended to moe.cu in its module;
+// kernels/src/cuda/moe_prefill.rs launches it): a parallel alignment and grouped GEMMs on raw
+// mma.sync with large warp tiles. moe.cu keeps the single-block alignment (`moe_align`, also
+// the decode path's) and the wmma GEMMs (`moe_gemm_*_tc*`, the A/B baseline behind
+// PORTER_MOE_GEMM=wmma, and the FP8 tile-dequantizing GEMMs' body).
+//
+// 1. Parallel alignment (moe_palign_*): the counting sort of moe_align over nb blocks instead
+//    of one: (a) moe_palign_hist: block b counts the experts of pairs [b·per, (b + 1)·per) in
+//    shared memory and writes its row hist[b][e]; (b) moe_palign_scan (one block): per expert
+//    the exclusive prefix over the blocks, the padded segment layout (the same layout as
+//    align_core: segments padded to `pad`, sorted / tile_expert / seg / meta), hist[b][x]
+//    becoming block b's first position in expert x's segment; (c) moe_palign_scatter: block b
+//    places its pairs from those cursors (shared-memory atomics; the order within a segment is
+//    not deterministic, as in align_core; nothing downstream depends on it). Outputs are
+//    exactly moe_align's contract.
+//
+// 2. Grouped GEMMs (moe_gemm_{gu,down}_mma{MI}_{bf16,f16}), mma.sync.m16n8k16 (f32
+//    accumulate), see the analysis before gemm_mma_impl.
+
+// ---------------------------------------------------------------------------
+// 1. Parallel alignment
+// ---------------------------------------------------------------------------
+
+#define MOE_PALIGN_THREADS 512  // (the literal in the kernels' __launch_bounds__)
+
+// hist [nb][e]: row b = the expert counts of pairs [b·per, min((b + 1)·per, n)).
+// Grid nb blocks of MOE_PALIGN_THREADS; dynamic shared memory e u32.
+extern "C" __global__ void __launch_bounds__(512)
+    moe_palign_hist(const u32* __restrict__ idx, u32 n, u32 e, u32 per, u32* __restrict__ hist) {
+    extern __shared__ u32 pa_cnt[];
+    const u32 tid = threadIdx.x, nt = blockDim.x;
+    for (u32 i = tid; i < e; i += nt) pa_cnt[i] = 0u;
+    __syncthreads();
+    const u32 p0 = blockIdx.x * per, p1 = min(p0 + per, n);
+    for (u32 p = p0 + tid; p < p1; p += nt) {
+        const u32 ex = __ldg(idx + p);
+        if (ex < e) atomicAdd(&pa_cnt[ex], 1u);
+    }
+    __syncthreads();
+    for (u32 i = tid; i < e; i += nt) hist[(u64)blockIdx.x * e + i] = pa_cnt[i];
+}
+
+// One block of MOE_ALIGN_THREADS; dynamic shared memory e u32. hist [nb][e] from
+// moe_palign_hist becomes the scatter cursors: hist[b][x] = start of expert x's segment +
+// Σ_{b' < b} hist[b'][x]. Writes sorted (MOE_INVALID in the padding), tile_expert, seg, meta
+// as moe_align does (see align_core; requires cap = tiles_cap · pad >= Σ roundup(count, pad)).
+extern "C" __global__ void __launch_bounds__(1024)
+    moe_palign_scan(u32* __restrict__ hist, u32 nb, u32 e, u32 pad, u32 cap, u32 tiles_cap,
+                    u32* __restrict__ sorted, u32* __restrict__ tile_expert, u32* __restrict__ seg,
+                    u32* __restrict__ meta) {
+    extern __shared__ u32 pa_cnt[];
+    __shared__ u32 sh[64];
+    const u32 tid = threadIdx.x, nt = blockDim.x;
+    // Thread tid owns experts lo..hi (contiguous, as align_core).
+    const u32 per = (e + nt - 1) / nt;
+    const u32 lo = min(tid * per, e), hi = min(lo + per, e);
+    u32 rows = 0, act = 0;
+    for (u32 i = lo; i < hi; ++i) {
+        u32 c = 0;
+        for (u32 b = 0; b < nb; ++b) {
+            u32* h = hist + (u64)b * e + i;
+            const u32 v = *h;
+            *h = c;
+            c += v;
+        }
+        pa_cnt[i] = c;
+        rows += (c + pad - 1) / pad * pad;
+        act += c > 0 ? 1u : 0u;
+    }
+    u32 total, nact;
+    block_scan2(rows, act, total, nact, sh, tid, nt);
+    u32 r = rows, a = act;
+    for (u32 i = lo; i < hi; ++i) {
+        const u32 c = pa_cnt[i];
+        const u32 pr = (c + pad - 1) / pad * pad;
+        if (c > 0) {
+            seg[3 * a] = i;
+            seg[3 * a + 1] = r;
+            seg[3 * a + 2] = c;
+            ++a;
+        }
+        for (u32 q = r / pad; q < (r + pr) / pad; ++q) tile_expert[q] = i;
+        for (u32 q = r + c; q < r + pr; ++q) sorted[q] = MOE_INVALID;
+        for (u32 b = 0; b < nb; ++b) hist[(u64)b * e + i] += r;
+        r += pr;
+    }
+    for (u32 q = total + tid; q < cap; q += nt) sorted[q] = MOE_INVALID;
+    for (u32 q = total / pad + tid; q < tiles_cap; q += nt) tile_expert[q] = MOE_INVALID;
+    if (tid == 0) {
+        meta[0] = nact;
+        meta[1] = total / pad;
+    }
+}
+
+// Block b places pairs [b·per, min((b + 1)·per, n)) at sorted[cursor], the cursors starting at
+// hist[b][·] (moe_palign_scan). Grid nb blocks of MOE_PALIGN_THREADS; dynamic shared memory e u32.
+extern "C" __global__ void __launch_bounds__(512)
+    moe_palign_scatter(const u32* __restrict__ idx, u32 n, u32 e, u32 per, const u32* __restrict__ hist,
+                       u32* __restrict__ sorted) {
+    extern __shared__ u32 pa_cnt[];
+    const u32 tid = threadIdx.x, nt = blockDim.x;
+    for (u32 i = tid; i < e; i += nt) pa_cnt[i] = hist[(u64)blockIdx.x * e + i];
+    __syncthreads();
+    const u32 p0 = blockIdx.x * per, p1 = min(p0 + per, n);
+    for (u32 p = p0 + tid; p < p1; p += nt) {
+        const u32 ex = __ldg(idx + p);
+        if (ex < e) sorted[atomicAdd(&pa_cnt[ex], 1u)] = p;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Grouped GEMMs on mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16} (sm_80+)
+// ---------------------------------------------------------------------------
+//
+// Same grouping, tile list and roundings as moe.cu's gemm_tc_impl (tiles of BM = 16·MI rows
+// of the sorted list, MI chosen on the host from t·k/e to bound the padding; block b: tile
+// b / nblk, column block b % nblk; gate+up: h = round(silu(round(g)) · round(u)) for every
+// row of the tile, down: o[pair] = round(C)), different tiling:
+// - 8 warps (MOE_MMA_THREADS), block tile BM × MOE_MMA_BN = 512 weight rows (gate+up: 256 gate
+//   + the 256 matching up rows -> 256 h columns; down: 512 o columns), every warp all BM rows
+//   × 64 weight rows (MI × 8 m16n8 accumulators, 32·MI f32 a thread). Per k16: MI ldmatrix.x4
+//   of A + 4 ldmatrix.x4 of W (two n8 tiles each) for 8·MI MMAs: 4 MMAs per fragment load
+//   at MI = 4 (3.4 at MI = 3; wmma form: 4·MI per MI + 4). gate+up: warp w's n8 tiles 0-3 are
+//   gate rows 32w.. and 4-7 the same up rows, so SiLU·up is applied in registers.
+// - Shared memory per k-step (BK = 32) and block, BM = 48: W written by cp.async and read
+//   once by ldmatrix 2 × 512 × 64 B = 64 KiB, A written 3 KiB and read by 8 warps 24 KiB:
+//   91 KiB for 48·512·32·2 = 1.57 MFLOP, 17.2 FLOP/B (BM 64: 20.0; the wmma form at BM 48:
+//   16.3 with 4 warps of ~2× the per-warp issue: wmma's fragment loads are not ldmatrix.x4
+//   from a swizzle); what it changes more is the issue side: 3.4–4 MMAs per ldmatrix and
+//   a 2× larger block per barrier. The W stream is 2 bytes per 2·BM FLOP whatever the warp
+//   tile: the floor of any smem-staged weight tile.
+// - Swizzled 64-byte rows (BK 32 bf16 = four 16-byte chunks; chunk c of row r stored at
+//   c ^ ((r >> 1) & 3)): the 8 row addresses of an ldmatrix 8×8 matrix (8 consecutive rows,
+//   one chunk) hit 8 distinct 16-byte bank groups, and a warp's cp.async stores (8 rows × 4
+//   chunks) cover 512 contiguous bytes: both conflict-free without padding.
+// - MOE_MMA_STAGES = 4 cp.async stages of (BM + 512) × 64 B (BM 48: 140 KiB; 1 block of 8
+//   warps an SM: ~170 registers a thread); fits sm_80 (163 KiB) and sm_90 (227 KiB); where it
+//   does not (sm_86 / sm_89: 99 KiB, the forced fallback: 96 KiB), the host runs the wmma form.
+// - m16 fragments of padding rows only (the tile's real rows are a prefix: segments start at
+//   tile boundaries) are skipped: no ldmatrix, no MMA (the last tile of an expert is on average
+//   half padding); their A rows are not read (zero-filled).
+// - Epilogue: the C fragments rounded to T into shared memory [BM][NC + 8] (conflict-free
+//   4-byte stores), then 16-byte stores of 8 columns (N % 8 == 0: the host checks).
+// Grid at t = 4096 (BM 48): tiles_cap ≈ 1366 (≈ 1030 real): gate+up 1366·2, down 1366·4
+// blocks, ≈ 8 / 16 waves of 132 SMs; t = 512 (BM 16, ≈ 525 real tiles): ≈ 4 / 8 waves.
+//
+// Needs K % 8 == 0, N % 8 == 0 and 16-byte aligned rows (checked by the host).
+
+#define MOE_MMA_THREADS 256
+#define MOE_MMA_BN 512
+#define MOE_MMA_BK 32
+#define MOE_MMA_STAGES 4
+
+// Byte offset of 16-byte chunk c (0..3) of row r of a swizzled [rows][64-byte] tile.
+__device__ __forceinline__ u32 mma_sw(u32 r, u32 c) { return r * 64u + ((c ^ ((r >> 1) & 3u)) << 4); }
+
+__device__ __forceinline__ void ldsm_x4(u32 (&d)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(addr));
+}
+
+// d += a · b for one m16n8k16 tile (a: the A fragment, b0 / b1: the B fragment).
+template <typename T> __device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1);
+template <> __device__ __forceinline__ void mma16816<bf16>(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma16816<f16>(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 rounded to T (from_f, nearest even) and packed, the first in the low half.
+template <typename T> __device__ __forceinline__ u32 mma_pack2(float a, float b) {
+    union {
+        u32 v;
+        T h[2];
+    } u;
+    u.h[0] = from_f<T>(a);
+    u.h[1] = from_f<T>(b);
+    return u.v;
+}
+
+template <typename T, int MODE, int MI>
+__device__ __forceinline__ void gemm_mma_impl(const T* __restrict__ a, const T* __restrict__ w0,
+                                              const T* __restrict__ w1, const u32* __restrict__ sorted,
+                                              const u32* __restrict__ tile_expert, T* __restrict__ dst, u32 K, u32 N,
+                                              u32 k, u32 nblk) {
+#if defined(PORTER_SM80)
+    constexpr bool GU = MODE == TC_GU;
+    constexpr u32 BM = 16u * MI, BN = MOE_MMA_BN, NC = GU ? BN / 2 : BN, LDC = NC + 8;
+    constexpr u32 A_BYTES = BM * 64u, STAGE = (BM + BN) * 64u, S = MOE_MMA_STAGES;
+    extern __shared__ __align__(128) unsigned char moe_mma_smem[];
+    __shared__ u32 s_pair[BM];
+    const u32 tile = blockIdx.x / nblk, cb = blockIdx.x % nblk;
+    const u32 ex = tile_expert[tile];
+    if (ex == MOE_INVALID) return;
+    const u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31u;
+    const u32 c0 = cb * NC;
+    u32 p = MOE_INVALID;
+    if (tid < BM) {
+        p = sorted[tile * BM + tid];
+        s_pair[tid] = p;
+    }
+    // Real rows of the tile (a prefix of it).
+    const u32 nv = (u32)__syncthreads_count(p != MOE_INVALID);
+    // Loader: 16-byte chunk ch of A row lrow (< BM) and of W tile rows lrow + 64s (s < 8).
+    const u32 lrow = tid >> 2, ch = tid & 3u;
+    const T* ap = nullptr;
+    if (lrow < nv) ap = GU ? a + (u64)(s_pair[lrow] / k) * K : a + (u64)(tile * BM + lrow) * K;
+    // W tile row lrow + 64s: GU: gate row c0 + lrow + 64s (s < 4), up row c0 + lrow + 64(s − 4);
+    // down: row c0 + lrow + 64s (of expert ex).
+    const u64 wrow = (u64)ex * N + c0 + lrow;
+    const T* bg = w0 + wrow * K;
+    const T* bu = (GU ? w1 : w0) + wrow * K;
+    u32 bvalid = 0;
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+        if (c0 + lrow + 64u * (GU ? (u32)(s & 3) : (u32)s) < N) bvalid |= 1u << s;
+    const u32 sbase = (u32)__cvta_generic_to_shared(moe_mma_smem);
+    auto load = [&](u32 st, u32 k0) {
+        unsigned char* sa = moe_mma_smem + st * STAGE;
+        unsigned char* sb = sa + A_BYTES;
+        const u32 kc = k0 + 8u * ch;
+        const bool in = kc < K;
+        if (lrow < BM) {
+            const bool v = ap != nullptr && in;
+            cp_async16(sa + mma_sw(lrow, ch), v ? ap + kc : a, v);
+        }
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const bool v = ((bvalid >> s) & 1u) != 0u && in;
+            const T* src = GU ? (s < 4 ? bg : bu) + (u64)(64 * (s & 3)) * K : bg + (u64)(64 * s) * K;
+            cp_async16(sb + mma_sw(lrow + 64u * s, ch), v ? src + kc : w0, v);
+        }
+    };
+    // Warp w's B tile rows of ldmatrix jp (two n8 tiles, 16 rows): GU: gate 32w + 16jp (jp <
+    // 2), up 256 + 32w + 16(jp − 2); down: 64w + 16jp.
+    auto brow = [&](int jp) -> u32 {
+        return GU ? (u32)(jp >> 1) * 256u + 32u * warp + 16u * (u32)(jp & 1) : 64u * warp + 16u * (u32)jp;
+    };
+    float acc[MI][8][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+    const u32 nk = (K + MOE_MMA_BK - 1) / MOE_MMA_BK;
+    // Pipeline as gemm_tc_impl: commit groups G0..G(S−2) first; iteration kt commits G(kt + S
+    // − 1), so "all but the newest S − 2 groups done" means tile kt has landed (this thread's
+    // chunks; the barrier makes every thread's visible); the stage refilled in iteration kt,
+    // (kt − 1) % S, was last read in iteration kt − 1, which every warp has left at the barrier.
+#pragma unroll
+    for (u32 s = 0; s < S - 1; ++s) {
+        if (s < nk) load(s, s * MOE_MMA_BK);
+        cp_async_commit();
+    }
+    for (u32 kt = 0; kt < nk; ++kt) {
+        cp_async_wait<S - 2>();
+        __syncthreads();
+        const u32 kn = kt + S - 1;
+        if (kn < nk) load(kn % S, kn * MOE_MMA_BK);
+        cp_async_commit();
+        const u32 sa = sbase + (kt % S) * STAGE, sb = sa + A_BYTES;
+#pragma unroll
+        for (u32 kk = 0; kk < MOE_MMA_BK / 16u; ++kk) {
+            // A matrices: rows 0-7 / 8-15 of the m16 tile × k 0-7 / 8-15 (a0..a3).
+            u32 af[MI][4];
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+                if (16u * i < nv) ldsm_x4(af[i], sa + mma_sw(16u * i + (lane & 15u), 2u * kk + (lane >> 4)));
+#pragma unroll
+            for (int jp = 0; jp < 4; ++jp) {
+                // B matrices: weight rows 0-7 × k 0-7 / 8-15 (b0, b1 of n8 tile 2jp), then rows 8-15.
+                u32 b[4];
+                ldsm_x4(b, sb + mma_sw(brow(jp) + ((lane >> 4) << 3) + (lane & 7u), 2u * kk + ((lane >> 3) & 1u)));
+#pragma unroll
+                for (int i = 0; i < MI; ++i)
+                    if (16u * i < nv) {
+                        mma16816<T>(acc[i][2 * jp], af[i], b[0], b[1]);
+                        mma16816<T>(acc[i][2 * jp + 1], af[i], b[2], b[3]);
+                    }
+            }
+        }
+    }
+    // Only empty groups can be pending; the stages become the C staging area [BM][LDC] of T.
+    cp_async_wait<0>();
+    __syncthreads();
+    T* Cs = reinterpret_cast<T*>(moe_mma_smem);
+    const u32 g = lane >> 2, t4 = lane & 3u;
+    // C fragment: q = 0, 1 row g, columns 2t4, 2t4 + 1 of the n8 tile; q = 2, 3 row g + 8.
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            u32* crow = reinterpret_cast<u32*>(Cs + (16u * i + g + 8u * h) * LDC);
+            if (GU) {
+                // n8 tiles 0-3: gate columns 32w + 8j + 2t4 (+1); 4-7: the same up columns.
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float* gq = acc[i][j] + 2 * h;
+                    const float* uq = acc[i][j + 4] + 2 * h;
+                    crow[(32u * warp + 8u * j + 2u * t4) / 2u] =
+                        mma_pack2<T>(silu_f(round_to<T>(gq[0])) * round_to<T>(uq[0]),
+                                     silu_f(round_to<T>(gq[1])) * round_to<T>(uq[1]));
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    crow[(64u * warp + 8u * j + 2u * t4) / 2u] = mma_pack2<T>(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+        }
+    __syncthreads();
+    // 16-byte stores of 8 columns. gate+up: every row of the tile (padding rows hold
+    // silu(0)·0 = 0); down: rows of real pairs, at o[pair].
+    constexpr u32 VPR = NC / 8u;
+    for (u32 q = tid; q < BM * VPR; q += MOE_MMA_THREADS) {
+        const u32 i = q / VPR, v = q % VPR, c = c0 + 8u * v;
+        if (c >= N) continue;
+        u64 row = (u64)tile * BM + i;
+        if (!GU) {
+            const u32 pr = s_pair[i];
+            if (pr == MOE_INVALID) continue;
+            row = pr;
+        }
+        *reinterpret_cast<uint4*>(dst + row * N + c) = *reinterpret_cast<const uint4*>(Cs + i * LDC + 8u * v);
+    }
+#else
+    // Fallback build (below sm_80 or PORTER_FALLBACK): the host never launches this kernel.
+    __trap();
+#endif
+}
+
+// Entries moe_gemm_{gu,down}_mma{MI}_{bf16,f16}: the arguments of moe.cu's
+// moe_gemm_{gu,down}_tc{MI}_*; dynamic shared memory max(MOE_MMA_STAGES · (16·MI + 512) · 64,
+// 16·MI · (NC + 8) · sizeof(T)) bytes, NC = 256 (gate+up) or 512 (down) (the host computes it).
+#define MOE_MMA_ENTRY(T, NAME, MI)                                                                                \
+    extern "C" __global__ void __launch_bounds__(MOE_MMA_THREADS, 1)                                              \
+        moe_gemm_gu_mma##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                     \
+                                     const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {             \
+        gemm_mma_impl<T, TC_GU, MI>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);                         \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_MMA_THREADS, 1)                                              \
+        moe_gemm_down_mma##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                   \
+                                       const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {           \
+        gemm_mma_impl<T, TC_DOWN, MI>(a, w0, w0, sorted, tile_expert, dst, K, N, k, nblk);                       \
+    }
+
+MOE_MMA_ENTRY(bf16, bf16, 1)
+MOE_MMA_ENTRY(bf16, bf16, 2)
+MOE_MMA_ENTRY(bf16, bf16, 3)
+MOE_MMA_ENTRY(bf16, bf16, 4)
+MOE_MMA_ENTRY(f16, f16, 1)
+MOE_MMA_ENTRY(f16, f16, 2)
+MOE_MMA_ENTRY(f16, f16, 3)
+MOE_MMA_ENTRY(f16, f16, 4)
