@@ -1,5 +1,6 @@
 // Causal GQA attention over a paged KV cache and KV append (kernels/src/cuda/attention.rs
-// has the launch wrappers; attention_tc.cu, the tensor-core prefill path, and sampling.cu follow in one module).
+// has the launch wrappers; attention_tc.cu and attention_mma.cu, the tensor-core prefill paths,
+// and sampling.cu follow in one module).
 //
 // KV cache: one pool per layer, k_pool / v_pool laid out [n_slots, kv_heads,
 // head_dim] of T; a slot is one token row, slot = block * block_size + offset.

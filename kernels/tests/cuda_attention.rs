@@ -9,69 +9,12 @@
 
 mod common;
 
+use common::attn::*;
 use common::*;
-use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::ops;
 use porter_kernels::cuda::{AttnMode, CudaFloat, CudaKernels, PAD_SLOT};
 use std::time::Instant;
-
-/// A random permutation of `0..n`.
-fn shuffled(rng: &mut Rng, n: usize) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n as u32).collect();
-    for i in (1..n).rev() {
-        v.swap(i, rng.below(i + 1));
-    }
-    v
-}
-
-/// A paged KV cache on the device: sequence `s`'s key `j` at pool row
-/// `tables[s][j / bs] * bs + j % bs`, blocks a random permutation of the pool's
-/// (a few spare ones), every row not written NaN, table entries past a sequence's
-/// blocks garbage. The pools carry `off` leading elements (misalignment).
-struct Pool<T: CudaFloat> {
-    k: CudaSlice<T>,
-    v: CudaSlice<T>,
-    /// Block table row of each sequence (`width` entries).
-    rows: Vec<Vec<u32>>,
-    width: usize,
-}
-
-impl<T: CudaFloat> Pool<T> {
-    /// `kv[s] = (keys, values)` of sequence `s`, `[ctx, kv_row]` each (rounded to `T`).
-    fn new(k: &CudaKernels, rng: &mut Rng, kv: &[(Vec<f32>, Vec<f32>)], kv_row: usize, bs: usize, off: usize) -> Self {
-        let nblk: Vec<usize> = kv.iter().map(|(kk, _)| (kk.len() / kv_row).div_ceil(bs)).collect();
-        let width = nblk.iter().copied().max().unwrap_or(0).max(1) + 1;
-        let total = nblk.iter().sum::<usize>() + 3;
-        let perm = shuffled(rng, total);
-        let mut kh = vec![f32::NAN; off + total * bs * kv_row];
-        let mut vh = kh.clone();
-        let (mut next, mut rows) = (0, Vec::new());
-        for ((kk, vv), &nb) in kv.iter().zip(&nblk) {
-            let mut row = vec![u32::MAX - 7; width];
-            for (b, e) in row.iter_mut().enumerate().take(nb) {
-                *e = perm[next + b];
-            }
-            for j in 0..kk.len() / kv_row {
-                let at = off + (row[j / bs] as usize * bs + j % bs) * kv_row;
-                kh[at..at + kv_row].copy_from_slice(&kk[j * kv_row..(j + 1) * kv_row]);
-                vh[at..at + kv_row].copy_from_slice(&vv[j * kv_row..(j + 1) * kv_row]);
-            }
-            next += nb;
-            rows.push(row);
-        }
-        Pool { k: up::<T>(k, &kh), v: up::<T>(k, &vh), rows, width }
-    }
-
-    /// The tables of sequences `which`, `width` wide (cut or padded with garbage).
-    fn tables(&self, k: &CudaKernels, which: &[usize], width: usize) -> CudaSlice<u32> {
-        let mut t = Vec::new();
-        for &s in which {
-            t.extend(self.rows[s].iter().copied().chain(std::iter::repeat(u32::MAX)).take(width));
-        }
-        up_u32(k, &t)
-    }
-}
 
 // ---------------------------------------------------------------------------
 // KV append
@@ -117,122 +60,6 @@ fn kv_append_paged() {
 // ---------------------------------------------------------------------------
 // Attention
 // ---------------------------------------------------------------------------
-
-#[derive(Clone, Copy)]
-struct AttnCase<'a> {
-    name: &'a str,
-    /// (q_len, pos0) per sequence.
-    seqs: &'a [(usize, usize)],
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    window: Option<usize>,
-    /// Cache block size.
-    bs: usize,
-    mode: AttnMode,
-    /// GPU iterations to time (0: none).
-    time_iters: usize,
-}
-
-impl<'a> AttnCase<'a> {
-    fn new(name: &'a str, seqs: &'a [(usize, usize)], heads: usize, kv_heads: usize, head_dim: usize) -> Self {
-        let (window, bs, mode, time_iters) = (None, 16, AttnMode::Fast, 0);
-        AttnCase { name, seqs, heads, kv_heads, head_dim, window, bs, mode, time_iters }
-    }
-}
-
-/// One launch of `c` on a shuffled pool (plus a padding span in the middle, its
-/// table garbage) against `ops::causal_attention`; returns the output.
-fn attn_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase) -> Vec<f32> {
-    attn_case_at::<T>(k, rng, c, false)
-}
-
-/// [`attn_case`]; `misalign` offsets `q`, `out` and the pools by one element, so
-/// that none is 16-byte aligned (the kernels' element-wise paths).
-fn attn_case_at<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase, misalign: bool) -> Vec<f32> {
-    let (h, kvh, hd) = (c.heads, c.kv_heads, c.head_dim);
-    let off = usize::from(misalign);
-    let kv_row = kvh * hd;
-    let t: usize = c.seqs.iter().map(|s| s.0).sum();
-    let max_q = c.seqs.iter().map(|s| s.0).max().unwrap_or(0);
-    let scale = 1.0 / (hd as f32).sqrt();
-    let q = rnd_vec::<T>(&rng.vec(t * h * hd, 2.0));
-    let mut kv = Vec::new();
-    let mut spans = Vec::new();
-    let mut want = vec![0.0f32; t * h * hd];
-    let mut row0 = 0;
-    for &(ql, pos0) in c.seqs {
-        let ctx = pos0 + ql;
-        let kh = rnd_vec::<T>(&rng.vec(ctx * kv_row, 2.0));
-        let vh = rnd_vec::<T>(&rng.vec(ctx * kv_row, 1.0));
-        let (a, b) = (row0 * h * hd, (row0 + ql) * h * hd);
-        ops::causal_attention(&q[a..b], &kh, &vh, &mut want[a..b], ql, pos0, h, kvh, hd, scale, c.window);
-        kv.push((kh, vh));
-        spans.push([row0 as u32, ql as u32, pos0 as u32]);
-        row0 += ql;
-    }
-    // A padding span (q_len 0) with a garbage table row, in the middle.
-    let mid = c.seqs.len() / 2;
-    spans.insert(mid, [0, 0, 12_345]);
-    kv.insert(mid, (vec![], vec![]));
-    let want = rnd_vec::<T>(&want);
-    let pool = Pool::<T>::new(k, rng, &kv, kv_row, c.bs, off);
-    let n = spans.len();
-    let tables = pool.tables(k, &(0..n).collect::<Vec<_>>(), pool.width);
-    let (kp, vp) = (pool.k.slice(off..), pool.v.slice(off..));
-    let mut qh = vec![0.0f32; off];
-    qh.extend(&q);
-    let qfull = up::<T>(k, &qh);
-    let qd = qfull.slice(off..);
-    let sd = up_u32(k, &spans.concat());
-    let mut outfull = poisoned::<T>(k, off + t * h * hd);
-    let (w, bs, mode) = (pool.width, c.bs, c.mode);
-    let run = |out: &mut CudaSlice<T>| {
-        let mut o = out.slice_mut(off..);
-        k.attention::<T>(&qd, &kp, &vp, &tables, w, bs, &sd, &mut o, t, n, max_q, h, kvh, hd, scale, c.window, mode)
-    };
-    run(&mut outfull).expect("attention");
-    let got = down(k, &outfull)[off..].to_vec();
-    let what =
-        format!("attention {}{} bs {bs} {:?} {}", c.name, if misalign { " (misaligned)" } else { "" }, mode, T::NAME);
-    check(&what, &got, &want, tol::<T>());
-    if c.time_iters > 0 {
-        k.stream().synchronize().unwrap();
-        let t0 = Instant::now();
-        for _ in 0..c.time_iters {
-            run(&mut outfull).unwrap();
-        }
-        k.stream().synchronize().unwrap();
-        let us = t0.elapsed().as_secs_f64() * 1e6 / c.time_iters as f64;
-        let kv_bytes: usize = c.seqs.iter().map(|s| (s.0 + s.1) * kv_row * 2 * std::mem::size_of::<T>()).sum::<usize>();
-        // 4 flops per (query row, head, attended key, dimension): Q·K and P·V.
-        let keys: f64 = c
-            .seqs
-            .iter()
-            .map(|&(ql, pos0)| {
-                (0..ql)
-                    .map(|i| {
-                        let p = pos0 + i;
-                        let lo = match c.window {
-                            Some(w) if p + 1 > w => p + 1 - w,
-                            _ => 0,
-                        };
-                        (p + 1 - lo) as f64
-                    })
-                    .sum::<f64>()
-            })
-            .sum();
-        let flops = 4.0 * keys * (h * hd) as f64;
-        println!(
-            "  TIME attention {} {}: {us:.1} us per call ({:.0} GB/s of K/V, {:.1} TFLOP/s)",
-            c.name,
-            T::NAME,
-            kv_bytes as f64 / us / 1e3,
-            flops / us / 1e6
-        );
-    }
-    got
-}
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -287,57 +114,17 @@ fn attention_sliding_window() {
     }
 }
 
-/// The tensor-core prefill path (16-bit storage, head_dim % 16 == 0,
-/// max_q_len >= 16): head dims 64 / 128 / 256 (and 80, 32: padded), GQA 1 / 4 /
-/// 8, chunked prefill (pos0 > 0, mixed with decode-sized spans), sliding
-/// windows, odd lengths, block sizes 1 / 16 / 32 (tiles crossing blocks), bf16 and f16.
+/// The tensor-core prefill path in [`AttnMode::Fast`] (the default kernel or
+/// `PORTER_ATTN_TC`'s) on every shape of [`tc_prefill_cases`], then the CUDA-core path on
+/// misaligned buffers (f32, and max_q_len < 16).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_tensor_core_prefill() {
     let k = gpu("attention_tensor_core_prefill");
     let mut rng = Rng::new(8);
+    println!("kernel at head_dim 256: {:?}", k.attention_tc_kernel::<bf16>(256, 100, AttnMode::Fast));
+    tc_prefill_cases(&k, &mut rng, AttnMode::Fast, &|_| true);
     let chunked = [(17, 0), (100, 37), (1, 500), (64, 64), (3, 9), (130, 1000)];
-    for (i, hd) in [64, 128, 256].into_iter().enumerate() {
-        for (j, (h, kvh)) in [(4, 4), (8, 2), (16, 2)].into_iter().enumerate() {
-            let bs = [1, 16, 32][(i + j) % 3];
-            println!("head_dim {hd} heads {h} kv_heads {kvh} block size {bs}");
-            let c = AttnCase { bs, ..AttnCase::new("tc chunked", &chunked, h, kvh, hd) };
-            attn_case::<bf16>(&k, &mut rng, &c);
-            attn_case::<f16>(&k, &mut rng, &c);
-        }
-    }
-    // Odd lengths from position 0, one long sequence.
-    for (seqs, hd, h, kvh) in [
-        (&[(17usize, 0usize)][..], 128, 8, 1),
-        (&[(100, 0)][..], 256, 16, 2),
-        (&[(1000, 0)][..], 128, 8, 2),
-        (&[(1000, 0), (17, 3)][..], 64, 4, 1),
-        (&[(100, 0), (33, 200)][..], 80, 6, 2),
-        (&[(40, 7)][..], 32, 12, 4),
-    ] {
-        println!("odd lengths {seqs:?}: head_dim {hd} heads {h} kv_heads {kvh}");
-        let c = AttnCase { bs: 32, ..AttnCase::new("tc odd", seqs, h, kvh, hd) };
-        attn_case::<bf16>(&k, &mut rng, &c);
-        attn_case::<f16>(&k, &mut rng, &c);
-    }
-    // Sliding windows (smaller than, equal to and straddling the 64-key tiles).
-    let wseqs = [(150, 0), (90, 400), (1, 33), (64, 64), (300, 17)];
-    for w in [1, 17, 64, 100, 129, 4096] {
-        for (hd, h, kvh) in [(128, 8, 2), (256, 16, 2), (64, 8, 8)] {
-            println!("window {w}: head_dim {hd} heads {h} kv_heads {kvh}");
-            let c = AttnCase { window: Some(w), ..AttnCase::new("tc window", &wseqs, h, kvh, hd) };
-            attn_case::<bf16>(&k, &mut rng, &c);
-        }
-    }
-    let c = AttnCase { window: Some(100), bs: 1, ..AttnCase::new("tc window", &wseqs, 8, 1, 128) };
-    attn_case::<f16>(&k, &mut rng, &c);
-    // Unaligned q / out / pools: the element-wise loads and stores.
-    let c = AttnCase::new("tc", &chunked, 8, 2, 128);
-    attn_case_at::<bf16>(&k, &mut rng, &c, true);
-    attn_case_at::<f16>(&k, &mut rng, &c, true);
-    let c = AttnCase { window: Some(70), ..AttnCase::new("tc window", &wseqs, 4, 2, 256) };
-    attn_case_at::<bf16>(&k, &mut rng, &c, true);
-    // The CUDA-core path on misaligned buffers too (f32, and max_q_len < 16).
     attn_case_at::<f32>(&k, &mut rng, &AttnCase::new("cc", &chunked, 8, 2, 128), true);
     attn_case_at::<bf16>(&k, &mut rng, &AttnCase::new("cc decode", &[(1, 100), (3, 40)], 8, 2, 128), true);
 }
@@ -445,23 +232,29 @@ fn attention_batch_invariant() {
 }
 
 /// Registers and spills of the attention kernels for sm_90 (NVRTC + ptxas, no
-/// GPU); the tensor-core kernels must not spill.
+/// GPU); the tensor-core kernels (wmma and mma.sync) must not spill.
 #[test]
 #[ignore = "needs NVRTC (bash .ci/run installs it)"]
 fn nvrtc_attention_ptxas_info() {
     let lines = ptxas_info("nvrtc_attention_ptxas_info", "attention.cu");
-    let mut tc_seen = 0;
+    let (mut tc_seen, mut mma_seen) = (0, 0);
     for (func, line) in lines {
         if func.starts_with("attention") {
             println!("{func}: {line}");
         }
-        if func.starts_with("attention_tc_") && line.contains("spill stores") {
-            tc_seen += 1;
+        let tc = func.starts_with("attention_tc_");
+        let mma = func.starts_with("attention_mma_");
+        if (tc || mma) && line.contains("spill stores") {
+            tc_seen += usize::from(tc);
+            mma_seen += usize::from(mma);
             assert!(line.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{func} spills: {line}");
         }
     }
     // bf16 / f16 × head dims 64, 128, 256 × pools of T, fp8 and int8 (kv_quant.cu).
-    assert_eq!(tc_seen, 18, "ptxas reported {tc_seen} tensor-core attention kernels, expected 18");
+    assert_eq!(tc_seen, 18, "ptxas reported {tc_seen} wmma attention kernels, expected 18");
+    // The same with the 8-warp tiles, and with the 4-warp tiles at head dim 256; the
+    // single-MMA P form (8 warps, pools of T): bf16 / f16 × 3 head dims.
+    assert_eq!(mma_seen, 30, "ptxas reported {mma_seen} mma attention kernels, expected 30");
 }
 
 #[test]

@@ -11,7 +11,7 @@ use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::kv_quant::{dequantize_row, quantize_row, KvQuant};
 use porter_kernels::cpu::ops;
-use porter_kernels::cuda::{AttnMode, CudaFloat, CudaKernels, QuantPools, PAD_SLOT};
+use porter_kernels::cuda::{AttnMode, AttnTc, CudaFloat, CudaKernels, QuantPools, PAD_SLOT};
 
 const KINDS: [KvQuant; 2] = [KvQuant::Fp8, KvQuant::Int8];
 
@@ -172,13 +172,24 @@ fn attention_all<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng) {
             attention_case::<T>(k, rng, kind, ctx, 1, None, AttnMode::Fast);
         }
         attention_case::<T>(k, rng, kind, 700, 4, Some(256), AttnMode::Fast);
-        // Prefill: tensor cores for 16-bit T in Fast mode, CUDA cores in Invariant.
+        // Prefill: tensor cores for 16-bit T in Fast mode (and each tensor-core kernel
+        // forced), CUDA cores in Invariant.
+        let modes = [
+            AttnMode::Fast,
+            AttnMode::Invariant,
+            AttnMode::Tc(AttnTc::Wmma),
+            AttnMode::Tc(AttnTc::MmaW8),
+            AttnMode::Tc(AttnTc::MmaW4),
+        ];
+        let modes = if T::NAME == "f32" { &modes[..2] } else { &modes[..] };
         for (ctx, q_len) in [(64, 64), (300, 300), (1500, 200)] {
-            for mode in [AttnMode::Fast, AttnMode::Invariant] {
+            for &mode in modes {
                 attention_case::<T>(k, rng, kind, ctx, q_len, None, mode);
             }
         }
-        attention_case::<T>(k, rng, kind, 400, 400, Some(100), AttnMode::Fast);
+        for &mode in modes {
+            attention_case::<T>(k, rng, kind, 400, 400, Some(100), mode);
+        }
     }
 }
 

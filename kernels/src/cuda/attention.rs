@@ -6,6 +6,9 @@
 use super::{ew_cfg, opt_ptr, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, ATTENTION};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
+mod tc;
+pub use tc::{AttnTc, ATTN_TC_DEFAULT, ATTN_TC_ENV};
+
 /// Largest `head_dim` of [`CudaKernels::attention`].
 pub const ATTN_MAX_HEAD_DIM: usize = 256;
 
@@ -24,11 +27,16 @@ pub const PAD_SLOT: u32 = u32::MAX;
 /// bit-identical too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum AttnMode {
-    /// Tensor cores for 16-bit prefill launches (batch-invariant only in f32).
+    /// Tensor cores for 16-bit prefill launches (batch-invariant only in f32), the kernel
+    /// of [`ATTN_TC_ENV`] (default [`ATTN_TC_DEFAULT`]).
     #[default]
     Fast,
     /// CUDA-core kernels only: batch-invariant in every storage type.
     Invariant,
+    /// [`AttnMode::Fast`] with the tensor-core kernel given here instead of by
+    /// [`ATTN_TC_ENV`] (tests, A/B timing); where it does not fit the device, the other
+    /// tensor-core kernels are tried, then the CUDA cores, as for `Fast`.
+    Tc(AttnTc),
 }
 
 /// Threads of an attention block (`ATT_THREADS` in attention.cu).
@@ -43,22 +51,6 @@ const ATT_SPLIT_Q: usize = 8;
 /// Keys per split (`ATT_KS`): split `z` of a sequence covers key positions
 /// `z * ATT_KS .. (z + 1) * ATT_KS`, whatever the launch.
 const ATT_KS: usize = 128;
-/// Threads of a tensor-core attention block (`ATC_THREADS`).
-const ATC_THREADS: u32 = 128;
-/// Warps of a tensor-core attention block (`ATC_WARPS`).
-const ATC_WARPS: usize = 4;
-/// Items (query row, head) per tensor-core attention block (`ATC_BM`).
-const ATC_BM: usize = 64;
-/// Keys per tensor-core K/V tile (`ATC_BN`).
-const ATC_BN: usize = 64;
-/// f32 row stride of a warp's S tile (`ATC_SS`).
-const ATC_SS: usize = 72;
-/// Row stride of a warp's P tile in elements (`ATC_PSS`).
-const ATC_PSS: usize = 72;
-/// Padded head dims with a tensor-core kernel (`attention_tc_<T>_d<DP>`).
-const ATC_DIMS: [usize; 3] = [64, 128, 256];
-/// Smallest `max_q_len` that takes the tensor-core path.
-const ATC_MIN_Q: usize = 16;
 /// Threads of a sampling block (`SMP_THREADS`).
 const SMP_THREADS: u32 = 1024;
 
@@ -148,8 +140,9 @@ impl CudaKernels {
     /// keys) across blocks and merges the partials of a row in a second kernel, in
     /// a fixed order; longer spans are not split. `AttnMode::Fast` runs bf16 /
     /// f16 launches with `max_q_len >= 16` (`head_dim % 16 == 0`, sm_80+) on
-    /// tensor cores (FlashAttention-2: Q·Kᵀ and P·V as 16×16×16 MMAs with f32
-    /// accumulators, P kept as two `T` terms, online softmax in f32). Every
+    /// tensor cores (FlashAttention-2: Q·Kᵀ and P·V as MMAs with f32 accumulators,
+    /// P kept as two `T` terms, online softmax in f32; wmma or raw mma.sync kernels,
+    /// [`ATTN_TC_ENV`]). Every
     /// power-of-two `block_size` works on both paths (a key tile may cross cache
     /// blocks).
     ///
@@ -246,10 +239,8 @@ impl CudaKernels {
         }
         let pg = Paged { max_blocks: u32_of("max_blocks", max_blocks)?, bs_log2: block_size.trailing_zeros(), n_slots };
         let a = Args { t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, pg };
-        if mode == AttnMode::Fast {
-            if let Some((dp, smem)) = self.tc_plan::<T>(head_dim, max_q_len)? {
-                return self.attention_tc::<T>(q, pools, block_tables, spans, out, &a, dp, smem);
-            }
+        if let Some(plan) = self.tc_plan::<T>(head_dim, max_q_len, mode, pools.tag) {
+            return self.attention_tc::<T>(q, pools, block_tables, spans, out, &a, &plan);
         }
         self.attention_cc::<T>(q, pools, block_tables, spans, out, &a)
     }
@@ -377,94 +368,6 @@ impl CudaKernels {
         Ok(())
     }
 
-    /// The tensor-core prefill path for this launch, as (padded head dim,
-    /// dynamic shared memory bytes), or `None` for the CUDA-core kernels: it
-    /// needs a 16-bit `T`, `head_dim % 16 == 0`, `max_q_len >= ATC_MIN_Q`, an
-    /// sm_80+ device and enough opt-in shared memory per block.
-    fn tc_plan<T: CudaFloat>(&self, head_dim: usize, max_q_len: usize) -> Result<Option<(usize, usize)>> {
-        if std::mem::size_of::<T>() != 2 || !head_dim.is_multiple_of(16) || max_q_len < ATC_MIN_Q {
-            return Ok(None);
-        }
-        // Fallback (below sm_80, or forced): the CUDA-core kernels.
-        if !self.caps().tensor_cores() {
-            return Ok(None);
-        }
-        let Some(dp) = ATC_DIMS.iter().copied().find(|&d| d >= head_dim) else { return Ok(None) };
-        let smem = atc_smem::<T>(dp);
-        if smem > self.caps().smem_limit() {
-            return Ok(None);
-        }
-        Ok(Some((dp, smem)))
-    }
-
-    /// [`CudaKernels::attention`] on tensor cores (`attention_tc_<T>_d<dp>`); the
-    /// arguments are checked by the caller and `tc_plan` chose `dp` and `smem`.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_tc<T: CudaFloat>(
-        &self,
-        q: &impl DevicePtr<T>,
-        pools: &Pools,
-        block_tables: &impl DevicePtr<u32>,
-        spans: &impl DevicePtr<u32>,
-        out: &mut impl DevicePtrMut<T>,
-        a: &Args,
-        dp: usize,
-        smem: usize,
-    ) -> Result<()> {
-        let group = a.heads / a.kv_heads;
-        let tiles_m = prod(&[a.max_q_len, group])?.div_ceil(ATC_BM);
-        let seq_heads = prod(&[a.n_seqs, a.kv_heads])?;
-        let f = self.function_smem(&ATTENTION, &format!("attention_tc_{}{}_d{dp}", T::NAME, pools.tag), smem)?;
-        let cfg = LaunchConfig {
-            grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, 1),
-            block_dim: (ATC_THREADS, 1, 1),
-            shared_mem_bytes: u32_of("shared memory", smem)?,
-        };
-        let (t32, h32, kvh32, d32) = (
-            u32_of("t", a.t)?,
-            u32_of("heads", a.heads)?,
-            u32_of("kv_heads", a.kv_heads)?,
-            u32_of("head_dim", a.head_dim)?,
-        );
-        let win32 = window_arg(a.window);
-        let Paged { max_blocks, bs_log2, n_slots } = a.pg;
-        // SAFETY: arguments match `attention_tc_<T>_d<DP>` in attention_tc.cu
-        // (head_dim % 16 == 0, head_dim <= DP); `q`, `out`, `spans`,
-        // `block_tables` have the lengths checked by `attention` and the pools
-        // `n_slots` rows (no slot >= n_slots, table entry beyond `max_blocks` or
-        // row >= t is touched); the dynamic shared memory is the size the kernel
-        // carves (attribute raised above 48 KiB, within the device's opt-in limit).
-        // Kernel: `attention_tc_<T><Q>_d<DP>(const T* q, const void* kpool, const void* vpool,
-        // const u32* tables, const u32* spans, T* out, u32 t, u32 heads, u32 kvh, u32 D, float scale,
-        // u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots, const float* ksc, const float* vsc)`.
-        unsafe {
-            launch_fn!(
-                self,
-                f,
-                cfg,
-                [
-                    ptr(q),
-                    pools.k,
-                    pools.v,
-                    ptr(block_tables),
-                    ptr(spans),
-                    ptr_mut(out),
-                    t32,
-                    h32,
-                    kvh32,
-                    d32,
-                    a.scale,
-                    win32,
-                    max_blocks,
-                    bs_log2,
-                    n_slots,
-                    pools.ks,
-                    pools.vs
-                ]
-            )
-        }
-    }
-
     /// On-device sampling of one token per row (`porter_core::sampling::Sampler`
     /// semantics): temperature 0 → argmax (first index on ties); otherwise keep
     /// the `top_k` largest logits (ties by lower index), `p ∝ exp(l/t − max)`,
@@ -540,15 +443,6 @@ fn cc_plan(esz: usize, head_dim: usize, items: usize, limit: usize) -> (usize, u
     }
     let ra = if items <= 8 || cc_smem(esz, nc, 4, ATT_BN) > limit { 1 } else { 4 };
     (ra, ATT_BN, cc_smem(esz, nc, ra, ATT_BN))
-}
-
-/// Dynamic shared memory of `attention_tc_<T>_d<dp>` in bytes: Q tile, two K
-/// and two V tiles of `dp + 8` elements a row, per warp the f32 S tile, the P
-/// tile and 16 row factors, then two key-slot tables.
-fn atc_smem<T>(dp: usize) -> usize {
-    let t = std::mem::size_of::<T>();
-    // P is kept as two tiles (P = P_hi + P_lo, see attention_tc.cu).
-    (ATC_BM + 4 * ATC_BN) * (dp + 8) * t + ATC_WARPS * 16 * (ATC_SS * 4 + 2 * ATC_PSS * t + 4) + 2 * ATC_BN * 4
 }
 
 /// Device addresses of a K/V pool pair (and, quantized, its scale pools), valid for the

@@ -117,8 +117,8 @@ pub(crate) static GDN: KernelSource = KernelSource { name: "gdn.cu", code: inclu
 
 /// Causal GQA attention over a paged KV cache (model-dtype or quantized pools), KV append
 /// (kv_quant.cu, the quantized pools' encoders and append, comes first; attention.cu's CUDA-core
-/// kernels, then its tensor-core prefill path attention_tc.cu), and on-device sampling
-/// (sampling.cu).
+/// kernels, then its tensor-core prefill paths: attention_tc.cu on wmma, attention_mma.cu on raw
+/// mma.sync), and on-device sampling (sampling.cu).
 pub(crate) static ATTENTION: KernelSource = KernelSource {
     name: "attention.cu",
     code: concat!(
@@ -127,6 +127,8 @@ pub(crate) static ATTENTION: KernelSource = KernelSource {
         include_str!("../../cuda/attention.cu"),
         "\n#line 1 \"attention_tc.cu\"\n",
         include_str!("../../cuda/attention_tc.cu"),
+        "\n#line 1 \"attention_mma.cu\"\n",
+        include_str!("../../cuda/attention_mma.cu"),
         "\n#line 1 \"sampling.cu\"\n",
         include_str!("../../cuda/sampling.cu")
     ),

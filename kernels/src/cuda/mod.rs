@@ -86,7 +86,7 @@ mod moe_prefill;
 mod norm_gemv;
 mod ops;
 
-pub use attention::{AttnMode, ATTN_MAX_HEAD_DIM, PAD_SLOT};
+pub use attention::{AttnMode, AttnTc, ATTN_MAX_HEAD_DIM, ATTN_TC_DEFAULT, ATTN_TC_ENV, PAD_SLOT};
 pub use compile::*;
 pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, FP8_BLOCK, FP8_GEMV_ENV};
 pub use gdn::GDN_MAX_DK;

@@ -2,6 +2,7 @@
 //! seeded PRNG, upload / poisoned / download helpers and the relative-error check.
 #![allow(dead_code)]
 
+pub mod attn;
 pub mod fp8;
 pub mod gdn;
 pub mod moe;
