@@ -13,7 +13,7 @@ __device__ __forceinline__ void norm_fp8_gemvx_impl(const float* __restrict__ x,
                                                     u32 nblk) {
     extern __shared__ __align__(16) unsigned char nf_smem[];
     A* xs = reinterpret_cast<A*>(nf_smem);
-    norm_rows_smem<A, M, false>(x, nullptr, nw, eps, zc, nt, xs, normed, nullptr, m, k);
+    norm_rows_smem<A, M, false, A>(x, nullptr, nw, eps, zc, nt, xs, normed, nullptr, m, k);
     for (u32 jb = blockIdx.x; jb < nblk; jb += gridDim.x)
         fp8_gemvx_impl<A, A, M, NR, FP8_GEMVX_HW, true>(w, sc, rs, xs, out, m, k, n, jb);
 }

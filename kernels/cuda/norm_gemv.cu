@@ -32,7 +32,7 @@ __device__ __forceinline__ void norm_gemv_impl(const float* __restrict__ x, cons
     extern "C" __global__ void __launch_bounds__(256)                                                            \
         norm_gemv_##NT_##_##NO##_m##M(const float* x, const T* nw, float eps, int zc, u32 nt, const T* w, O* out, \
                                       T* normed, u32 m, u32 k, u32 n, u32 split, u32 nblk) {                     \
-        norm_gemv_impl<T, O, M, false>(x, nullptr, nw, eps, zc, nt, w, out, normed, nullptr, m, k, n, split,     \
+        norm_gemv_impl<T, O, M, false, T>(x, nullptr, nw, eps, zc, nt, w, out, normed, nullptr, m, k, n, split,     \
                                        nblk);                                                                    \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                            \
