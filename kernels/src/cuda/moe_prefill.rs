@@ -27,6 +27,8 @@ const TC_BK: usize = 32;
 const TC_STAGES: usize = 4;
 /// Threads of the combine kernel.
 const COMBINE_THREADS: u32 = 256;
+/// Slots the 8-column combine kernel unrolls (`MOE_COMBINE_K` in moe.cu).
+const COMBINE_K: usize = 16;
 /// Threads of the mma.sync GEMM kernels (`MOE_MMA_THREADS`, 8 warps).
 const MMA_THREADS: u32 = 256;
 /// Weight rows of an mma.sync GEMM block tile (`MOE_MMA_BN`; gate+up: 256 gate and 256 up
@@ -637,24 +639,28 @@ impl CudaKernels {
         }?;
         done(2)?;
 
-        // 4. Combine.
+        // 4. Combine: 8 columns a thread (16-byte loads) for 2-byte T with hidden % 8 == 0 and
+        // k within the kernel's unrolled slots, else one column a thread; the same bits.
         let total = prod(&[t, hidden])?;
-        let total64 = total as u64;
+        let vec8 = T::NAME != "f32" && hidden.is_multiple_of(8) && k <= COMBINE_K;
+        let items = if vec8 { total / 8 } else { total };
+        let total64 = items as u64;
         let cfg = LaunchConfig {
-            grid_dim: (grid_for(total, COMBINE_THREADS), 1, 1),
+            grid_dim: (grid_for(items, COMBINE_THREADS), 1, 1),
             block_dim: (COMBINE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: arguments match `moe_combine_<T>`; out and idx/w lengths
-        // checked; o is read only for pairs with a valid expert id, all of
-        // which the down kernel wrote.
-        // Kernel: `moe_combine_<T>(const T* o, const u32* idx, const float* w, float* out, u64 total, u32 H, u32 k,
-        // u32 e)`.
+        // SAFETY: arguments match `moe_combine_<T>` / `moe_combine8_<T>` (total: elements, or
+        // groups of 8 with hidden % 8 == 0: 16-byte aligned rows of o and out); out and idx/w
+        // lengths checked; o is read only for pairs with a valid expert id, all of which the
+        // down kernel wrote.
+        // Kernel: `moe_combine[8]_<T>(const T* o, const u32* idx, const float* w, float* out, u64 total, u32 H,
+        // u32 k, u32 e)`.
         unsafe {
             launch!(
                 self,
                 MOE,
-                format!("moe_combine_{}", T::NAME),
+                format!("moe_combine{}_{}", if vec8 { "8" } else { "" }, T::NAME),
                 cfg,
                 [p_o, pi, ptr(w), ptr_mut(out), total64, h32, k32, e32]
             )
