@@ -181,32 +181,21 @@ fn norm_gemv_rejects_bad_args() {
     let (x, nw, w) =
         (up::<f32>(&k, &[0.0; 5 * 64]), up::<half::bf16>(&k, &[0.0; 64]), up::<half::bf16>(&k, &[0.0; 64 * 8]));
     let (mut out, mut normed) = (poisoned::<half::bf16>(&k, 5 * 8), poisoned::<half::bf16>(&k, 5 * 64));
-    let none: Option<NormGemvAdd<'_, CudaSlice<half::bf16>, CudaSlice<f32>>> = None;
-    let r = k.norm_gemv::<half::bf16, half::bf16, half::bf16>(
-        &x,
-        none,
-        &nw,
-        EPS,
-        RmsNormKind::Standard,
-        &w,
-        &mut out,
-        &mut normed,
-        (5, 64, 8),
-    );
-    assert!(r.is_err(), "5 rows must be refused (at most 4)");
-    let none: Option<NormGemvAdd<'_, CudaSlice<half::bf16>, CudaSlice<f32>>> = None;
-    let r = k.norm_gemv::<half::bf16, half::bf16, half::bf16>(
-        &x,
-        none,
-        &nw,
-        EPS,
-        RmsNormKind::Standard,
-        &w,
-        &mut out,
-        &mut normed,
-        (1, 64, 9),
-    );
-    assert!(r.is_err(), "a w shorter than n·k must be refused");
+    for (dims, why) in [((5, 64, 8), "5 rows (at most 4)"), ((1, 64, 9), "a w shorter than n·k")] {
+        let none: Option<NormGemvAdd<'_, CudaSlice<half::bf16>, CudaSlice<f32>>> = None;
+        let r = k.norm_gemv::<half::bf16, half::bf16, half::bf16>(
+            &x,
+            none,
+            &nw,
+            EPS,
+            RmsNormKind::Standard,
+            &w,
+            &mut out,
+            &mut normed,
+            dims,
+        );
+        assert!(r.is_err(), "{why} must be refused");
+    }
 }
 
 /// µs per call of the fused launch against rms_norm / add_rms_norm + gemv at the 80B decode
