@@ -75,25 +75,39 @@ fn run_case<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, idx: Vec<u32>
 
 /// The form the prefill path must run for `T` and `d` when asked for `mma` (or wmma): the
 /// CUDA-core GEMMs for f32 or rows that are not 16-byte multiples, else the tensor-core form
-/// the device allows (mma.sync: sm_80+ with 4 stages of 64 + 512 rows of 64 bytes).
-fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, mma: bool) -> &'static str {
+/// asked for where the device allows it (every mma.sync tile: 4 stages of 64 + 512 rows of 64
+/// bytes; with less shared memory, `None`: the mma.sync form or wmma, by tile height).
+fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, mma: bool) -> Option<&'static str> {
     let caps = kern.caps();
     let aligned = (d.hidden * std::mem::size_of::<T>()).is_multiple_of(16)
         && (d.inter * std::mem::size_of::<T>()).is_multiple_of(16);
     if T::NAME == "f32" || !aligned || !caps.tensor_cores() {
-        "simt"
-    } else if mma && caps.smem_limit() >= 4 * (64 + 512) * 64 {
-        "mma"
+        Some("simt")
+    } else if !mma {
+        Some("wmma")
+    } else if caps.smem_limit() >= 4 * (64 + 512) * 64 {
+        Some("mma")
     } else {
-        "wmma"
+        None
     }
 }
 
-/// A prefill case through both GEMM forms at every tile height (16, 32, 48, 64 rows) and the
-/// default one, each against the CPU reference `want`.
+/// Asserts that a prefill launch ran the form [`expected_form`] says.
+fn assert_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, mma: bool, ran: &str, what: &str) {
+    match expected_form::<T>(kern, d, mma) {
+        Some(exp) => assert_eq!(ran, exp, "{what}: form"),
+        None => assert!(ran == "mma" || ran == "wmma", "{what}: form {ran}"),
+    }
+}
+
+/// A prefill case through both GEMM forms, the mma.sync form at every tile height (16, 32, 48,
+/// 64, 96, 128 rows), the wmma one at 16 and 64 rows, and both at their default one, each
+/// against the CPU reference `want`.
 fn prefill_forms<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, dev: &Device<T>, want: &[f32]) {
     for (name, mma) in FORMS {
-        for frags in [None, Some(1), Some(2), Some(3), Some(4)] {
+        let sweep: &[Option<usize>] =
+            if mma { &[None, Some(1), Some(2), Some(3), Some(4), Some(6), Some(8)] } else { &[None, Some(1), Some(4)] };
+        for &frags in sweep {
             let mut out = poisoned::<f32>(kern, d.t * d.hidden);
             let ran = kern
                 .moe_prefill_stage_times_with::<T>(
@@ -109,8 +123,8 @@ fn prefill_forms<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, dev: &De
                     frags,
                 )
                 .unwrap_or_else(|err| panic!("{what} {} {name} frags {frags:?} {d:?}: {err}", T::NAME));
-            let exp = expected_form::<T>(kern, d, mma);
-            assert_eq!(ran.form, exp, "{what} {} asked for {name}, frags {frags:?}, {d:?}: form", T::NAME);
+            let asked = format!("{what} {} asked for {name}, frags {frags:?}, {d:?}", T::NAME);
+            assert_form::<T>(kern, d, mma, ran.form, &asked);
             let got = down::<f32>(kern, &out);
             let label = format!("{what} {} prefill {} ({} rows) {d:?}", T::NAME, ran.form, ran.tile_rows);
             check(&label, &got, want, tol::<T>());
@@ -380,10 +394,21 @@ fn moe_80b_forms_timed() {
         let (sd, sinp) = rows_of(d, &inp, &rows);
         let want = reference::<bf16>(sd, &sinp);
         let flops = 2.0 * (d.t * d.k) as f64 * 3.0 * (d.hidden * d.inter) as f64;
-        let default_frags = CudaKernels::moe_prefill_tile_frags(d.t, d.k, d.e);
-        println!("moe_80b prefill t={t}: {:.1} GFLOP, default tiles of {} rows", flops / 1e9, 16 * default_frags);
+        // Weight bytes of one GEMM's distinct experts (each streamed at least once from HBM):
+        // gate+up twice those of down.
+        let experts = distinct_experts(&inp.idx[..t * d.k], d.e);
+        let w_bytes = (experts * d.hidden * d.inter * 2) as f64;
+        println!(
+            "moe_80b prefill t={t}: {:.1} GFLOP, {experts} experts ({:.2} GB of weights), default tiles: wmma {} \
+             rows, mma {} rows",
+            flops / 1e9,
+            3.0 * w_bytes / 1e9,
+            16 * CudaKernels::moe_prefill_tile_frags(d.t, d.k, d.e),
+            16 * CudaKernels::moe_prefill_mma_frags(d.t, d.k, d.e)
+        );
         for (name, mma) in FORMS {
-            let sweep: &[Option<usize>] = if mma { &[None, Some(1), Some(2), Some(3), Some(4)] } else { &[None] };
+            let sweep: &[Option<usize>] =
+                if mma { &[None, Some(1), Some(2), Some(3), Some(4), Some(6), Some(8)] } else { &[None] };
             for &frags in sweep {
                 let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
                 let mut best = [f64::INFINITY; 4];
@@ -409,7 +434,7 @@ fn moe_80b_forms_timed() {
                     ran = Some(r);
                 }
                 let ran = ran.expect("ran");
-                assert_eq!(ran.form, expected_form::<bf16>(&kern, d, mma), "t={t}: asked for {name}, frags {frags:?}");
+                assert_form::<bf16>(&kern, d, mma, ran.form, &format!("t={t}: asked for {name}, frags {frags:?}"));
                 let got = down::<f32>(&kern, &out);
                 let got: Vec<f32> =
                     rows.iter().flat_map(|&r| got[r * d.hidden..(r + 1) * d.hidden].iter().copied()).collect();
@@ -417,16 +442,18 @@ fn moe_80b_forms_timed() {
                 check(&label, &got, &want, tol::<bf16>());
                 let per_gemm = flops / 3.0;
                 println!(
-                    "  {:>4} {:>2}-row tiles{}: align {:.1} us, gate+up {:.3} ms ({:.1} TFLOP/s), down {:.3} ms \
-                     ({:.1} TFLOP/s), combine {:.1} us, sum {:.3} ms",
+                    "  {:>4} {:>3}-row tiles{}: align {:.1} us, gate+up {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s of \
+                     weights), down {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s), combine {:.1} us, sum {:.3} ms",
                     ran.form,
                     ran.tile_rows,
                     if frags.is_none() { " (default)" } else { "" },
                     best[0] * 1e6,
                     best[1] * 1e3,
                     2.0 * per_gemm / best[1] / 1e12,
+                    2.0 * w_bytes / best[1] / 1e9,
                     best[2] * 1e3,
                     per_gemm / best[2] / 1e12,
+                    w_bytes / best[2] / 1e9,
                     best[3] * 1e6,
                     best.iter().sum::<f64>() * 1e3
                 );
@@ -445,7 +472,16 @@ fn moe_prefill_tile_choice() {
     for (t, k, e) in [(512, 10, 512), (200, 4, 16), (300, 3, 32), (130, 3, 6), (1, 1, 1), (100_000_000, 8, 8)] {
         let mi = CudaKernels::moe_prefill_tile_frags(t, k, e);
         assert!((1..=4).contains(&mi), "{t} {k} {e}: {mi}");
+        let mi = CudaKernels::moe_prefill_mma_frags(t, k, e);
+        assert!([1, 2, 3, 4, 6, 8].contains(&mi), "mma {t} {k} {e}: {mi}");
     }
+    // The mma.sync GEMMs: the smallest tile that holds an expert's rows (λ + 3√λ + 1).
+    // λ = 80 (t = 4096): 107 rows -> 128; λ = 20: 34 -> 48; λ = 10: 20.5 -> 32; λ = 2.5: 8.2 -> 16.
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(4096, TOP_K, EXPERTS), 8);
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(1024, TOP_K, EXPERTS), 3);
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(512, TOP_K, EXPERTS), 2);
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(128, TOP_K, EXPERTS), 1);
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(65536, TOP_K, EXPERTS), 8);
 }
 
 /// The 80B dims through both paths: decode at t = 1, 2, 8, 64 (every row

@@ -29,9 +29,19 @@ const TC_STAGES: usize = 4;
 const COMBINE_THREADS: u32 = 256;
 /// Threads of the mma.sync GEMM kernels (`MOE_MMA_THREADS`, 8 warps).
 const MMA_THREADS: u32 = 256;
-/// Weight rows of an mma.sync GEMM block tile (`MOE_MMA_BN`; gate+up: 256 gate and 256 up
-/// rows, 256 columns of h).
-const MMA_BN: usize = 512;
+/// Row fragments (`MI`: tiles of 16·MI rows) of the mma.sync GEMMs that are built: 1..4 wide
+/// (warp tiles 16·MI × 64, block tiles 16·MI × 512), 6 and 8 tall (16·MI × 32, 16·MI × 256).
+const MMA_FRAGS: [usize; 6] = [1, 2, 3, 4, 6, 8];
+
+/// Weight rows of an mma.sync GEMM block tile of `16·mi` rows (8 warps × `8·WN8`; gate+up:
+/// half gate, half the matching up rows).
+fn mma_bn(mi: usize) -> usize {
+    if mi <= 4 {
+        512
+    } else {
+        256
+    }
+}
 /// Bytes of a staged row of a k-step of the mma.sync GEMMs (`MOE_MMA_BK` = 32 elements of
 /// 2 bytes).
 const MMA_ROW_BYTES: usize = 64;
@@ -102,7 +112,7 @@ pub struct PrefillTimes {
 /// elements and `nc` output columns a block: the cp.async stages, or the C staging area of
 /// `16·mi` rows × (`nc` + 8) elements if larger.
 fn mma_smem(mi: usize, esize: usize, nc: usize) -> usize {
-    (MMA_STAGES * (16 * mi + MMA_BN) * MMA_ROW_BYTES).max(16 * mi * (nc + 8) * esize)
+    (MMA_STAGES * (16 * mi + mma_bn(mi)) * MMA_ROW_BYTES).max(16 * mi * (nc + 8) * esize)
 }
 
 /// The expert weights of the prefill path: dense `T` (device addresses, the caller holding
@@ -181,13 +191,14 @@ impl CudaKernels {
     /// [`CudaKernels::moe_prefill_stage_times`] (`dims` = t, k, e, hidden, inter) with the
     /// GEMM form `mma` (true: the mma.sync GEMMs, false: the wmma ones, as [`MOE_GEMM_ENV`]
     /// = `mma` / `wmma`; where it does not fit, the one that does) and, with `frags`, tiles of
-    /// `16·frags` rows (1..=4) instead of [`CudaKernels::moe_prefill_tile_frags`]'s choice
-    /// (fewer where the wmma form's stages do not fit). `out` gets the call's result. For A/B
-    /// runs and profiling only.
+    /// `16·frags` rows (1, 2, 3, 4, 6 or 8; the wmma form: at most 4) instead of
+    /// [`CudaKernels::moe_prefill_mma_frags`]'s / [`CudaKernels::moe_prefill_tile_frags`]'s
+    /// choice (fewer where the wmma form's stages do not fit). `out` gets the call's result.
+    /// For A/B runs and profiling only.
     ///
     /// # Errors
-    /// As [`CudaKernels::moe_experts`]; [`CudaError::Invalid`] for a decode shape or `frags`
-    /// outside 1..=4.
+    /// As [`CudaKernels::moe_experts`]; [`CudaError::Invalid`] for a decode shape or other
+    /// `frags`.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     pub fn moe_prefill_stage_times_with<T: CudaFloat>(
@@ -230,6 +241,19 @@ impl CudaKernels {
                 Ok(())
             })?;
         Ok(PrefillTimes { secs, form, tile_rows })
+    }
+
+    /// Row fragments (`MI`, tiles of 16·MI rows: 1, 2, 3, 4, 6 or 8) of the mma.sync prefill
+    /// GEMMs for `t` rows with `k` experts each out of `e`: the smallest tile that holds an
+    /// expert's rows with high probability (per-expert counts taken as Poisson of mean λ =
+    /// t·k/e: λ + 3√λ + 1 rows), at most 128 rows. Those GEMMs skip the m16 fragments of
+    /// padding rows, so the MMA work is Σ 16·⌈count/16⌉ whatever the tile; the tile height
+    /// sets how often an expert's weights are streamed (once per tile) and, through the wide /
+    /// tall warp shapes, the MMAs per fragment load. Any choice is correct.
+    pub fn moe_prefill_mma_frags(t: usize, k: usize, e: usize) -> usize {
+        let lambda = t as f64 * k as f64 / e.max(1) as f64;
+        let rows = lambda + 3.0 * lambda.sqrt() + 1.0;
+        MMA_FRAGS.into_iter().find(|&mi| (16 * mi) as f64 >= rows).unwrap_or(8)
     }
 
     /// Whether the tensor-core prefill GEMMs take FP8 experts of `hidden` × `inter` for `T`
@@ -279,8 +303,8 @@ impl CudaKernels {
     ) -> Result<(&'static str, usize)> {
         let [t, k, e, hidden, inter] = dims;
         let (gemm_form, frags) = choice;
-        if frags.is_some_and(|f| !(1..=4).contains(&f)) {
-            return Err(CudaError::Invalid(format!("moe prefill: tile fragments {frags:?} outside 1..=4")));
+        if frags.is_some_and(|f| !MMA_FRAGS.contains(&f)) {
+            return Err(CudaError::Invalid(format!("moe prefill: tile fragments {frags:?}, not one of {MMA_FRAGS:?}")));
         }
         let n = prod(&[t, k])?;
         let slots = e.min(n);
@@ -315,18 +339,22 @@ impl CudaKernels {
                 self.arch()
             )));
         }
+        // Dense bf16 / f16: the mma.sync GEMMs unless PORTER_MOE_GEMM=wmma or their stages
+        // need more shared memory than the device allows (sm_86 / sm_89 for the wide tiles,
+        // the forced fallback).
+        let limit = self.caps().smem_limit();
+        let mma_mi = frags.unwrap_or_else(|| Self::moe_prefill_mma_frags(t, k, e));
+        let use_mma = tc && !fp8 && gemm_form == MoeGemm::Mma && mma_smem(mma_mi, esize, mma_bn(mma_mi)) <= limit;
         // The e4m3 MMA GEMMs have tiles of 64 rows (mi = 4).
         let mut mi = if mma8 {
             4
+        } else if use_mma {
+            mma_mi
         } else if tc {
-            frags.unwrap_or_else(|| Self::moe_prefill_tile_frags(t, k, e))
+            frags.map_or_else(|| Self::moe_prefill_tile_frags(t, k, e), |f| f.min(4))
         } else {
             0
         };
-        // Dense bf16 / f16: the mma.sync GEMMs unless PORTER_MOE_GEMM=wmma or their stages
-        // need more shared memory than the device allows (sm_86 / sm_89, the forced fallback).
-        let limit = self.caps().smem_limit();
-        let use_mma = tc && !fp8 && gemm_form == MoeGemm::Mma && mma_smem(mi, esize, MMA_BN.max(TC_BN)) <= limit;
         // wmma: fewer row fragments where the cp.async stages of 16·mi rows need more shared
         // memory than the device allows (mi = 4 needs 100 KiB: an sm_86 / sm_89 allows 99 KiB).
         let stage_smem = |mi: usize| tc_stage_smem(mi, esize, fp8);
@@ -463,8 +491,8 @@ impl CudaKernels {
                 };
                 Ok((f, u32_of("column blocks", nblk)?, cfg))
             } else if use_mma {
-                // gate+up: 256 h columns per block; down: 512 o columns.
-                let nc = if gu { MMA_BN / 2 } else { MMA_BN };
+                // gate+up: half the block's weight rows in h columns; down: all in o columns.
+                let nc = if gu { mma_bn(mi) / 2 } else { mma_bn(mi) };
                 let nblk = n_cols.div_ceil(nc);
                 let smem = mma_smem(mi, esize, nc);
                 let f = self.function_smem(&MOE, &format!("moe_gemm_{which}_mma{mi}_{}", T::NAME), smem)?;
@@ -691,9 +719,12 @@ mod tests {
 
     #[test]
     fn mma_smem_bytes() {
-        // 4 stages of (16·mi + 512) rows × 64 bytes; the C staging area is smaller.
+        // 4 stages of (16·mi + BN) rows × 64 bytes; the C staging area is smaller.
         assert_eq!(mma_smem(3, 2, 512), 4 * (48 + 512) * 64);
         assert_eq!(mma_smem(4, 2, 512), 147_456);
-        assert!(mma_smem(4, 2, 512) > 99 * 1024, "sm_86 / sm_89 take the wmma form");
+        assert!(mma_smem(1, 2, 512) > 99 * 1024, "sm_86 / sm_89: no wide tiles");
+        assert_eq!(mma_smem(8, 2, 256), 4 * (128 + 256) * 64);
+        assert!(mma_smem(8, 2, 256) <= 99 * 1024, "sm_86 / sm_89: tall tiles");
+        assert!(mma_smem(6, 2, 256) <= 99 * 1024);
     }
 }
