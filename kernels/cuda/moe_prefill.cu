@@ -218,10 +218,16 @@ __device__ __forceinline__ void gemm_mma_impl(const T* __restrict__ a, const T* 
     }
     // Real rows of the tile (a prefix of it).
     const u32 nv = (u32)__syncthreads_count(p != MOE_INVALID);
-    // Loader: 16-byte chunk ch of A row lrow (< BM) and of W tile rows lrow + 64s (s < 8).
+    // Loader: 16-byte chunk ch of A rows lrow + 64s (< BM) and of W tile rows lrow + 64s (s < WC).
     const u32 lrow = tid >> 2, ch = tid & 3u;
-    const T* ap = nullptr;
-    if (lrow < nv) ap = GU ? a + (u64)(s_pair[lrow] / k) * K : a + (u64)(tile * BM + lrow) * K;
+    // A rows lrow + 64s (s < AC; tall tiles have two): nullptr for padding (zero-filled).
+    constexpr int AC = (int)((BM + 63u) / 64u);
+    const T* ap[AC];
+#pragma unroll
+    for (int s = 0; s < AC; ++s) {
+        const u32 r = lrow + 64u * s;
+        ap[s] = r < nv ? (GU ? a + (u64)(s_pair[r] / k) * K : a + (u64)(tile * BM + r) * K) : nullptr;
+    }
     // W tile row lrow + 64s (s < WC): GU: gate row c0 + lrow + 64s (s < WC / 2), else up row
     // c0 + lrow + 64(s − WC / 2); down: row c0 + lrow + 64s (of expert ex).
     const u64 wrow = (u64)ex * N + c0 + lrow;
@@ -237,9 +243,13 @@ __device__ __forceinline__ void gemm_mma_impl(const T* __restrict__ a, const T* 
         unsigned char* sb = sa + A_BYTES;
         const u32 kc = k0 + 8u * ch;
         const bool in = kc < K;
-        if (lrow < BM) {
-            const bool v = ap != nullptr && in;
-            cp_async16(sa + mma_sw(lrow, ch), v ? ap + kc : a, v);
+#pragma unroll
+        for (int s = 0; s < AC; ++s) {
+            const u32 r = lrow + 64u * s;
+            if (r < BM) {
+                const bool v = ap[s] != nullptr && in;
+                cp_async16(sa + mma_sw(r, ch), v ? ap[s] + kc : a, v);
+            }
         }
 #pragma unroll
         for (int s = 0; s < WC; ++s) {
