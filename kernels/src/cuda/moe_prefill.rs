@@ -343,7 +343,12 @@ impl CudaKernels {
         // need more shared memory than the device allows (sm_86 / sm_89 for the wide tiles,
         // the forced fallback).
         let limit = self.caps().smem_limit();
-        let mma_mi = frags.unwrap_or_else(|| Self::moe_prefill_mma_frags(t, k, e));
+        let mut mma_mi = frags.unwrap_or_else(|| Self::moe_prefill_mma_frags(t, k, e));
+        if frags.is_none() && mma_mi <= 4 && mma_smem(mma_mi, esize, mma_bn(mma_mi)) > limit {
+            // The wide tiles' stages do not fit (sm_86 / sm_89): the tall 96-row ones (the same
+            // MMA work, padding fragments being skipped) rather than the wmma form.
+            mma_mi = 6;
+        }
         let use_mma = tc && !fp8 && gemm_form == MoeGemm::Mma && mma_smem(mma_mi, esize, mma_bn(mma_mi)) <= limit;
         // The e4m3 MMA GEMMs have tiles of 64 rows (mi = 4).
         let mut mi = if mma8 {
