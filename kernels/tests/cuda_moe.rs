@@ -123,6 +123,7 @@ fn prefill_forms<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, dev: &De
                     [d.t, d.k, d.e, d.hidden, d.inter],
                     mma,
                     frags,
+                    false,
                 )
                 .unwrap_or_else(|err| panic!("{what} {} {name} frags {frags:?} {d:?}: {err}", T::NAME));
             let asked = format!("{what} {} asked for {name}, frags {frags:?}, {d:?}", T::NAME);
@@ -368,10 +369,11 @@ fn moe_80b_timing() {
 }
 
 /// The 80B prefill through both GEMM forms side by side at t = 512, 1024 and 4096 (one set of
-/// weights; the first t rows of 4096-row inputs): for each form, and for the mma form at every
-/// tile height too, 96 sampled rows against the CPU reference, then the per-launch times
-/// (synchronise + host clock around every stage, best of 5 after a warm-up): alignment µs,
-/// gate+up and down ms and TFLOP/s (of the real, unpadded FLOPs), combine µs, and their sum.
+/// weights; the first t rows of 4096-row inputs): for each form, for the mma form at every tile
+/// height too, and for it with the single-block alignment, 96 sampled rows against the CPU
+/// reference, then the per-launch times (synchronise + host clock around every stage, best of 6):
+/// alignment µs and blocks, gate+up and down ms, TFLOP/s (of the real, unpadded FLOPs) and GB/s
+/// of the routed experts' weights (each streamed at least once), combine µs, and their sum.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_80b_forms_timed() {
@@ -408,58 +410,64 @@ fn moe_80b_forms_timed() {
             16 * CudaKernels::moe_prefill_tile_frags(d.t, d.k, d.e),
             16 * CudaKernels::moe_prefill_mma_frags(d.t, d.k, d.e)
         );
-        for (name, mma) in FORMS {
-            let sweep: &[Option<usize>] =
-                if mma { &[None, Some(1), Some(2), Some(3), Some(4), Some(6), Some(8)] } else { &[None] };
-            for &frags in sweep {
-                let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
-                let mut best = [f64::INFINITY; 4];
-                let mut ran = None;
-                for _ in 0..6 {
-                    let r = kern
-                        .moe_prefill_stage_times_with::<bf16>(
-                            &x,
-                            &ix,
-                            &w,
-                            &dev.gate,
-                            &dev.up,
-                            &dev.down,
-                            &mut out,
-                            [d.t, d.k, d.e, d.hidden, d.inter],
-                            mma,
-                            frags,
-                        )
-                        .unwrap_or_else(|err| panic!("t={t} {name} frags {frags:?}: {err}"));
-                    for (b, s) in best.iter_mut().zip(r.secs) {
-                        *b = b.min(s);
-                    }
-                    ran = Some(r);
+        // (form, tile fragments, single-block alignment): both forms at their default tiles,
+        // the mma form at every tile height, and the default once more with the old alignment.
+        let mut configs: Vec<(&str, bool, Option<usize>, bool)> = vec![("wmma", false, None, false)];
+        for frags in [None, Some(1), Some(2), Some(3), Some(4), Some(6), Some(8)] {
+            configs.push(("mma", true, frags, false));
+        }
+        configs.push(("mma", true, None, true));
+        for (name, mma, frags, one_block) in configs {
+            let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
+            let mut best = [f64::INFINITY; 4];
+            let mut ran = None;
+            for _ in 0..6 {
+                let r = kern
+                    .moe_prefill_stage_times_with::<bf16>(
+                        &x,
+                        &ix,
+                        &w,
+                        &dev.gate,
+                        &dev.up,
+                        &dev.down,
+                        &mut out,
+                        [d.t, d.k, d.e, d.hidden, d.inter],
+                        mma,
+                        frags,
+                        one_block,
+                    )
+                    .unwrap_or_else(|err| panic!("t={t} {name} frags {frags:?}: {err}"));
+                for (b, s) in best.iter_mut().zip(r.secs) {
+                    *b = b.min(s);
                 }
-                let ran = ran.expect("ran");
-                assert_form::<bf16>(&kern, d, mma, ran.form, &format!("t={t}: asked for {name}, frags {frags:?}"));
-                let got = down::<f32>(&kern, &out);
-                let got: Vec<f32> =
-                    rows.iter().flat_map(|&r| got[r * d.hidden..(r + 1) * d.hidden].iter().copied()).collect();
-                let label = format!("80b t={t} {} ({} rows, 96 sampled rows)", ran.form, ran.tile_rows);
-                check(&label, &got, &want, tol::<bf16>());
-                let per_gemm = flops / 3.0;
-                println!(
-                    "  {:>4} {:>3}-row tiles{}: align {:.1} us, gate+up {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s of \
-                     weights), down {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s), combine {:.1} us, sum {:.3} ms",
-                    ran.form,
-                    ran.tile_rows,
-                    if frags.is_none() { " (default)" } else { "" },
-                    best[0] * 1e6,
-                    best[1] * 1e3,
-                    2.0 * per_gemm / best[1] / 1e12,
-                    2.0 * w_bytes / best[1] / 1e9,
-                    best[2] * 1e3,
-                    per_gemm / best[2] / 1e12,
-                    w_bytes / best[2] / 1e9,
-                    best[3] * 1e6,
-                    best.iter().sum::<f64>() * 1e3
-                );
+                ran = Some(r);
             }
+            let ran = ran.expect("ran");
+            assert_form::<bf16>(&kern, d, mma, ran.form, &format!("t={t}: asked for {name}, frags {frags:?}"));
+            let got = down::<f32>(&kern, &out);
+            let got: Vec<f32> =
+                rows.iter().flat_map(|&r| got[r * d.hidden..(r + 1) * d.hidden].iter().copied()).collect();
+            let label = format!("80b t={t} {} ({} rows, 96 sampled rows)", ran.form, ran.tile_rows);
+            check(&label, &got, &want, tol::<bf16>());
+            let per_gemm = flops / 3.0;
+            println!(
+                "  {:>4} {:>3}-row tiles{}: align {:.1} us ({} block{}), gate+up {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s \
+                 of weights), down {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s), combine {:.1} us, sum {:.3} ms",
+                ran.form,
+                ran.tile_rows,
+                if frags.is_none() { " (default)" } else { "" },
+                best[0] * 1e6,
+                ran.align_blocks,
+                if ran.align_blocks == 1 { "" } else { "s" },
+                best[1] * 1e3,
+                2.0 * per_gemm / best[1] / 1e12,
+                2.0 * w_bytes / best[1] / 1e9,
+                best[2] * 1e3,
+                per_gemm / best[2] / 1e12,
+                w_bytes / best[2] / 1e9,
+                best[3] * 1e6,
+                best.iter().sum::<f64>() * 1e3
+            );
         }
     }
 }

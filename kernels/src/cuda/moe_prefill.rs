@@ -63,6 +63,41 @@ const PALIGN_MAX_BLOCKS: usize = 256;
 /// take their own GEMMs (fp8_gemm.cu).
 pub const MOE_GEMM_ENV: &str = "PORTER_MOE_GEMM";
 
+/// Environment variable choosing the prefill path's alignment: `parallel` (the default: moe_prefill.cu's
+/// `moe_palign_*` over many blocks, beyond 4096 pairs) or `one` (moe.cu's single-block
+/// `moe_align` at every size, the A/B baseline). Read on every call; another value warns once on
+/// stderr and means `parallel`.
+pub const MOE_ALIGN_ENV: &str = "PORTER_MOE_ALIGN";
+
+/// Whether [`MOE_ALIGN_ENV`]'s value `v` asks for the single-block alignment (`Err`: the value,
+/// unknown).
+fn one_block_align(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
+    let Some(v) = v else { return Ok(false) };
+    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+        "" | "parallel" => Ok(false),
+        "one" => Ok(true),
+        _ => Err(v.to_string_lossy().into_owned()),
+    }
+}
+
+/// [`one_block_align`] for the process environment, warning once about a value it does not know.
+fn one_block_align_env() -> bool {
+    one_block_align(std::env::var_os(MOE_ALIGN_ENV).as_deref()).unwrap_or_else(|bad| {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| eprintln!("warning: {MOE_ALIGN_ENV}={bad:?} is not one of parallel, one; using parallel"));
+        false
+    })
+}
+
+/// The prefill path's choices: GEMM form, tile fragments (`None`: the host's choice) and
+/// whether the alignment is the single-block one.
+#[derive(Clone, Copy, Debug)]
+struct Choice {
+    gemm: MoeGemm,
+    frags: Option<usize>,
+    one_block_align: bool,
+}
+
 /// Which dense tensor-core GEMMs the prefill path runs ([`MOE_GEMM_ENV`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum MoeGemm {
@@ -106,6 +141,8 @@ pub struct PrefillTimes {
     pub form: &'static str,
     /// Rows of a tile of the sorted pair list.
     pub tile_rows: usize,
+    /// Blocks of the alignment (1: the single-block `moe_align`).
+    pub align_blocks: usize,
 }
 
 /// Dynamic shared memory of an mma.sync GEMM launch for tiles of `16·mi` rows of `esize`-byte
@@ -185,7 +222,8 @@ impl CudaKernels {
     ) -> Result<[f64; 4]> {
         let dims = [t, k, e, hidden, inter];
         let mma = MoeGemm::from_env() == MoeGemm::Mma;
-        Ok(self.moe_prefill_stage_times_with(x, idx, w, gate, up, down, out, dims, mma, None)?.secs)
+        let one = one_block_align_env();
+        Ok(self.moe_prefill_stage_times_with(x, idx, w, gate, up, down, out, dims, mma, None, one)?.secs)
     }
 
     /// [`CudaKernels::moe_prefill_stage_times`] (`dims` = t, k, e, hidden, inter) with the
@@ -193,8 +231,9 @@ impl CudaKernels {
     /// = `mma` / `wmma`; where it does not fit, the one that does) and, with `frags`, tiles of
     /// `16·frags` rows (1, 2, 3, 4, 6 or 8; the wmma form: at most 4) instead of
     /// [`CudaKernels::moe_prefill_mma_frags`]'s / [`CudaKernels::moe_prefill_tile_frags`]'s
-    /// choice (fewer where the wmma form's stages do not fit). `out` gets the call's result.
-    /// For A/B runs and profiling only.
+    /// choice (fewer where the wmma form's stages do not fit), and with `one_block_align` the
+    /// single-block alignment at every size (as [`MOE_ALIGN_ENV`] = `one`). `out` gets the
+    /// call's result. For A/B runs and profiling only.
     ///
     /// # Errors
     /// As [`CudaKernels::moe_experts`]; [`CudaError::Invalid`] for a decode shape or other
@@ -213,6 +252,7 @@ impl CudaKernels {
         dims: [usize; 5],
         mma: bool,
         frags: Option<usize>,
+        one_block_align: bool,
     ) -> Result<PrefillTimes> {
         let gemm = if mma { MoeGemm::Mma } else { MoeGemm::Wmma };
         let [t, k, e, hidden, inter] = dims;
@@ -232,15 +272,16 @@ impl CudaKernels {
         let weights = ExpertWeights::Dense { gate: pg, up: pu, down: pd };
         self.stream.synchronize()?;
         let mut clock = std::time::Instant::now();
-        let (form, tile_rows) =
-            self.moe_prefill_in::<T>(x, idx, w, weights, out, dims, (gemm, frags), &mut |stage| {
+        let choice = Choice { gemm, frags, one_block_align };
+        let (form, tile_rows, align_blocks) =
+            self.moe_prefill_in::<T>(x, idx, w, weights, out, dims, choice, &mut |stage| {
                 self.stream.synchronize()?;
                 let now = std::time::Instant::now();
                 secs[stage] = (now - clock).as_secs_f64();
                 clock = now;
                 Ok(())
             })?;
-        Ok(PrefillTimes { secs, form, tile_rows })
+        Ok(PrefillTimes { secs, form, tile_rows, align_blocks })
     }
 
     /// Row fragments (`MI`, tiles of 16·MI rows: 1, 2, 3, 4, 6 or 8) of the mma.sync prefill
@@ -283,12 +324,13 @@ impl CudaKernels {
         dims: [usize; 5],
         done: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<()> {
-        self.moe_prefill_in(x, idx, w, weights, out, dims, (MoeGemm::from_env(), None), done).map(|_| ())
+        let choice = Choice { gemm: MoeGemm::from_env(), frags: None, one_block_align: one_block_align_env() };
+        self.moe_prefill_in(x, idx, w, weights, out, dims, choice, done).map(|_| ())
     }
 
     /// [`CudaKernels::moe_prefill`] with the dense GEMM form and tile fragments of `choice`
-    /// (see [`CudaKernels::moe_prefill_stage_times_with`]); returns the form that ran and the
-    /// tile height.
+    /// (see [`CudaKernels::moe_prefill_stage_times_with`]); returns the form that ran, the
+    /// tile height and the alignment's blocks.
     #[allow(clippy::too_many_arguments)]
     fn moe_prefill_in<T: CudaFloat>(
         &self,
@@ -298,11 +340,11 @@ impl CudaKernels {
         weights: ExpertWeights<'_>,
         out: &mut impl DevicePtrMut<f32>,
         dims: [usize; 5],
-        choice: (MoeGemm, Option<usize>),
+        choice: Choice,
         done: &mut dyn FnMut(usize) -> Result<()>,
-    ) -> Result<(&'static str, usize)> {
+    ) -> Result<(&'static str, usize, usize)> {
         let [t, k, e, hidden, inter] = dims;
-        let (gemm_form, frags) = choice;
+        let Choice { gemm: gemm_form, frags, one_block_align } = choice;
         if frags.is_some_and(|f| !MMA_FRAGS.contains(&f)) {
             return Err(CudaError::Invalid(format!("moe prefill: tile fragments {frags:?}, not one of {MMA_FRAGS:?}")));
         }
@@ -400,7 +442,7 @@ impl CudaKernels {
         // Parallel alignment: nb blocks of `per` pairs and their histograms hist [nb, e] (u32);
         // one block's worth: the single-block moe_align, no histograms.
         let per = PALIGN_PAIRS.max(n.div_ceil(PALIGN_MAX_BLOCKS));
-        let nb = n.div_ceil(per);
+        let nb = if one_block_align { 1 } else { n.div_ceil(per) };
         let off_hist = off_hs + hs_b;
         let bytes = off_hist + if nb > 1 { align256(prod(&[nb, e, 4])?) } else { 0 };
         // Every index the kernels use fits in u32 (pair ids, sorted positions);
@@ -704,13 +746,13 @@ impl CudaKernels {
         } else {
             "simt"
         };
-        Ok((form, tile_rows))
+        Ok((form, tile_rows, nb))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{mma_smem, MoeGemm};
+    use super::{mma_smem, one_block_align, MoeGemm};
     use std::ffi::OsStr;
 
     #[test]
@@ -720,6 +762,14 @@ mod tests {
         assert_eq!(MoeGemm::from_value(Some(OsStr::new(" MMA "))), Ok(MoeGemm::Mma));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("wmma"))), Ok(MoeGemm::Wmma));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("tc"))), Err("tc".to_string()));
+    }
+
+    #[test]
+    fn moe_align_env_values() {
+        assert_eq!(one_block_align(None), Ok(false));
+        assert_eq!(one_block_align(Some(OsStr::new("Parallel"))), Ok(false));
+        assert_eq!(one_block_align(Some(OsStr::new("one"))), Ok(true));
+        assert_eq!(one_block_align(Some(OsStr::new("single"))), Err("single".to_string()));
     }
 
     #[test]
