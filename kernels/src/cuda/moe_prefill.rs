@@ -55,79 +55,8 @@ const PALIGN_PAIRS: usize = 4096;
 /// Most blocks of the parallel alignment (its histogram scratch is blocks × e u32).
 const PALIGN_MAX_BLOCKS: usize = 256;
 
-/// Environment variable choosing the dense bf16 / f16 prefill GEMMs: `mma` (the default: the
-/// mma.sync GEMMs of moe_prefill.cu) or `wmma` (moe.cu's wmma GEMMs, the A/B baseline). Read
-/// on every call; another value warns once on stderr and means `mma`. Where the mma.sync
-/// GEMMs do not fit (below sm_80, forced fallback, less shared memory than their stages need,
-/// f32, unaligned rows) the wmma or CUDA-core GEMMs run whatever it says; FP8 experts always
-/// take their own GEMMs (fp8_gemm.cu).
-pub const MOE_GEMM_ENV: &str = "PORTER_MOE_GEMM";
-
-/// Environment variable choosing the prefill path's alignment: `parallel` (the default: moe_prefill.cu's
-/// `moe_palign_*` over many blocks, beyond 4096 pairs) or `one` (moe.cu's single-block
-/// `moe_align` at every size, the A/B baseline). Read on every call; another value warns once on
-/// stderr and means `parallel`.
-pub const MOE_ALIGN_ENV: &str = "PORTER_MOE_ALIGN";
-
-/// Whether [`MOE_ALIGN_ENV`]'s value `v` asks for the single-block alignment (`Err`: the value,
-/// unknown).
-fn one_block_align(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
-    let Some(v) = v else { return Ok(false) };
-    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "parallel" => Ok(false),
-        "one" => Ok(true),
-        _ => Err(v.to_string_lossy().into_owned()),
-    }
-}
-
-/// [`one_block_align`] for the process environment, warning once about a value it does not know.
-fn one_block_align_env() -> bool {
-    one_block_align(std::env::var_os(MOE_ALIGN_ENV).as_deref()).unwrap_or_else(|bad| {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| eprintln!("warning: {MOE_ALIGN_ENV}={bad:?} is not one of parallel, one; using parallel"));
-        false
-    })
-}
-
-/// The prefill path's choices: GEMM form, tile fragments (`None`: the host's choice) and
-/// whether the alignment is the single-block one.
-#[derive(Clone, Copy, Debug)]
-struct Choice {
-    gemm: MoeGemm,
-    frags: Option<usize>,
-    one_block_align: bool,
-}
-
-/// Which dense tensor-core GEMMs the prefill path runs ([`MOE_GEMM_ENV`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum MoeGemm {
-    /// moe_prefill.cu's mma.sync GEMMs (8 warps, 16·MI × 512 block tiles), where they fit.
-    Mma,
-    /// moe.cu's wmma GEMMs (4 warps, 16·MI × 256 block tiles).
-    Wmma,
-}
-
-impl MoeGemm {
-    /// The form [`MOE_GEMM_ENV`] asks for ([`MoeGemm::Mma`] when unset or unknown).
-    fn from_env() -> Self {
-        let v = std::env::var_os(MOE_GEMM_ENV);
-        Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of mma, wmma; using mma"));
-            MoeGemm::Mma
-        })
-    }
-
-    /// [`MoeGemm::from_env`] for a given value of the variable (`Err`: the value, unknown).
-    fn from_value(v: Option<&std::ffi::OsStr>) -> std::result::Result<Self, String> {
-        let Some(v) = v else { return Ok(MoeGemm::Mma) };
-        match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-            "" | "mma" => Ok(MoeGemm::Mma),
-            "wmma" => Ok(MoeGemm::Wmma),
-            _ => Err(v.to_string_lossy().into_owned()),
-        }
-    }
-}
+mod choice;
+use choice::{one_block_align_env, Choice, MoeGemm};
 
 /// What [`CudaKernels::moe_prefill_stage_times_with`] ran: the seconds of the alignment, the
 /// gate+up GEMM, the down GEMM and the combine, the GEMM form (`"mma"`, `"wmma"`, `"simt"`)
@@ -227,12 +156,12 @@ impl CudaKernels {
     }
 
     /// [`CudaKernels::moe_prefill_stage_times`] (`dims` = t, k, e, hidden, inter) with the
-    /// GEMM form `mma` (true: the mma.sync GEMMs, false: the wmma ones, as [`MOE_GEMM_ENV`]
+    /// GEMM form `mma` (true: the mma.sync GEMMs, false: the wmma ones, as `PORTER_MOE_GEMM`
     /// = `mma` / `wmma`; where it does not fit, the one that does) and, with `frags`, tiles of
     /// `16·frags` rows (1, 2, 3, 4, 6 or 8; the wmma form: at most 4) instead of
     /// [`CudaKernels::moe_prefill_mma_frags`]'s / [`CudaKernels::moe_prefill_tile_frags`]'s
     /// choice (fewer where the wmma form's stages do not fit), and with `one_block_align` the
-    /// single-block alignment at every size (as [`MOE_ALIGN_ENV`] = `one`). `out` gets the
+    /// single-block alignment at every size (as `PORTER_MOE_ALIGN=one`). `out` gets the
     /// call's result. For A/B runs and profiling only.
     ///
     /// # Errors
@@ -752,25 +681,7 @@ impl CudaKernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{mma_smem, one_block_align, MoeGemm};
-    use std::ffi::OsStr;
-
-    #[test]
-    fn moe_gemm_env_values() {
-        assert_eq!(MoeGemm::from_value(None), Ok(MoeGemm::Mma));
-        assert_eq!(MoeGemm::from_value(Some(OsStr::new(""))), Ok(MoeGemm::Mma));
-        assert_eq!(MoeGemm::from_value(Some(OsStr::new(" MMA "))), Ok(MoeGemm::Mma));
-        assert_eq!(MoeGemm::from_value(Some(OsStr::new("wmma"))), Ok(MoeGemm::Wmma));
-        assert_eq!(MoeGemm::from_value(Some(OsStr::new("tc"))), Err("tc".to_string()));
-    }
-
-    #[test]
-    fn moe_align_env_values() {
-        assert_eq!(one_block_align(None), Ok(false));
-        assert_eq!(one_block_align(Some(OsStr::new("Parallel"))), Ok(false));
-        assert_eq!(one_block_align(Some(OsStr::new("one"))), Ok(true));
-        assert_eq!(one_block_align(Some(OsStr::new("single"))), Err("single".to_string()));
-    }
+    use super::mma_smem;
 
     #[test]
     fn mma_smem_bytes() {
