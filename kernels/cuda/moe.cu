@@ -17,7 +17,11 @@
 // fuses steps 2-4 into one launch) and tiled GEMMs over row tiles of the
 // sorted list (prefill, here: tensor cores via wmma for bf16 / f16 on sm_80+,
 // tiles of 16·MI rows chosen from t·k/e; CUDA cores in exact f32, 64-row
-// tiles, otherwise).
+// tiles, otherwise). moe_prefill.cu, appended to this module, has the prefill
+// path's default form for dense bf16 / f16: a parallel alignment (many blocks;
+// moe_align below runs when the pairs fit one block) and grouped GEMMs on raw
+// mma.sync with larger warp tiles (the wmma GEMMs here stay as the A/B baseline,
+// PORTER_MOE_GEMM=wmma, and as the body of fp8_gemm.cu's FP8 GEMMs).
 //
 // Pair p = r·k + j (row r, slot j). Expert ids >= e are skipped (never sorted,
 // never read back by moe_combine).
@@ -315,6 +319,14 @@ __device__ __forceinline__ void gemm_simt_impl(const T* __restrict__ a, const T*
 // written as 16-byte vectors of 8 elements (N % 8 == 0, checked by the host).
 // Grid at t = 4096 (BM 48): tiles_cap = 854 + 512 = 1366 (≈ 1030 real);
 // gate+up 1366·4 blocks, down 1366·8 blocks.
+//
+// What this form leaves (moe_prefill.cu's mma.sync GEMMs take it up): the
+// padding rows are computed (fragments of padding only included), and at ≈ 80
+// rows an expert every expert's weights are streamed ≈ 2.1 times (one pass per
+// 48-row tile); its warp tiles give 3.4 MMAs per fragment load at MI = 3; 4
+// warps a block re-read A for each 64 weight rows. moe_prefill.cu: 8 warps,
+// ldmatrix.x4 from swizzled rows, padding fragments skipped, tiles up to 128
+// rows (each expert streamed about once), 4 MMAs per fragment load at 64 × 64.
 //
 // Needs K % 8 == 0, N % 8 == 0 and 16-byte aligned rows (checked by the host).
 

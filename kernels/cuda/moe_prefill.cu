@@ -113,41 +113,49 @@ extern "C" __global__ void __launch_bounds__(512)
 // ---------------------------------------------------------------------------
 //
 // Same grouping, tile list and roundings as moe.cu's gemm_tc_impl (tiles of BM = 16·MI rows
-// of the sorted list, MI chosen on the host from t·k/e to bound the padding; block b: tile
-// b / nblk, column block b % nblk; gate+up: h = round(silu(round(g)) · round(u)) for every
-// row of the tile, down: o[pair] = round(C)), different tiling:
-// - 8 warps (MOE_MMA_THREADS), block tile BM × MOE_MMA_BN = 512 weight rows (gate+up: 256 gate
-//   + the 256 matching up rows -> 256 h columns; down: 512 o columns), every warp all BM rows
-//   × 64 weight rows (MI × 8 m16n8 accumulators, 32·MI f32 a thread). Per k16: MI ldmatrix.x4
-//   of A + 4 ldmatrix.x4 of W (two n8 tiles each) for 8·MI MMAs: 4 MMAs per fragment load
-//   at MI = 4 (3.4 at MI = 3; wmma form: 4·MI per MI + 4). gate+up: warp w's n8 tiles 0-3 are
-//   gate rows 32w.. and 4-7 the same up rows, so SiLU·up is applied in registers.
-// - Shared memory per k-step (BK = 32) and block, BM = 48: W written by cp.async and read
-//   once by ldmatrix 2 × 512 × 64 B = 64 KiB, A written 3 KiB and read by 8 warps 24 KiB:
-//   91 KiB for 48·512·32·2 = 1.57 MFLOP, 17.2 FLOP/B (BM 64: 20.0; the wmma form at BM 48:
-//   16.3 with 4 warps of ~2× the per-warp issue: wmma's fragment loads are not ldmatrix.x4
-//   from a swizzle); what it changes more is the issue side: 3.4–4 MMAs per ldmatrix and
-//   a 2× larger block per barrier. The W stream is 2 bytes per 2·BM FLOP whatever the warp
-//   tile: the floor of any smem-staged weight tile.
-// - Swizzled 64-byte rows (BK 32 bf16 = four 16-byte chunks; chunk c of row r stored at
-//   c ^ ((r >> 1) & 3)): the 8 row addresses of an ldmatrix 8×8 matrix (8 consecutive rows,
-//   one chunk) hit 8 distinct 16-byte bank groups, and a warp's cp.async stores (8 rows × 4
-//   chunks) cover 512 contiguous bytes: both conflict-free without padding.
-// - MOE_MMA_STAGES = 4 cp.async stages of (BM + 512) × 64 B (BM 48: 140 KiB; 1 block of 8
-//   warps an SM: ~170 registers a thread); fits sm_80 (163 KiB) and sm_90 (227 KiB); where it
-//   does not (sm_86 / sm_89: 99 KiB, the forced fallback: 96 KiB), the host runs the wmma form.
-// - m16 fragments of padding rows only (the tile's real rows are a prefix: segments start at
-//   tile boundaries) are skipped: no ldmatrix, no MMA (the last tile of an expert is on average
-//   half padding); their A rows are not read (zero-filled).
+// of the sorted list; block b: tile b / nblk, column block b % nblk; gate+up: h =
+// round(silu(round(g)) · round(u)), down: o[pair] = round(C)). Different tiling:
+// - 8 warps (MOE_MMA_THREADS); every warp computes all BM rows × WN = 8·WN8 weight rows
+//   (MI × WN8 m16n8 accumulators, 4·MI·WN8 f32 a thread); block tile BM × BN, BN = 8·WN.
+//   Two shapes: "wide" MI = 1..4 with WN = 64 (BN 512: gate+up 256 gate + the 256 matching
+//   up rows -> 256 h columns, down 512 o columns) and "tall" MI = 6, 8 with WN = 32 (BN 256).
+//   Per k16 a warp issues WN8 / 2 ldmatrix.x4 of W (two n8 tiles each) and MI of A for
+//   MI · WN8 MMAs: 4 MMAs per fragment load at 64 × 64, 3.2 at 128 × 32 (moe.cu's wmma form,
+//   48 × 64 warp tiles: 3.4). gate+up: a warp's first WN8 / 2 n8 tiles are gate rows, the
+//   others the same up rows, so SiLU·up is applied in registers.
+// - Skipped padding: a tile's real rows are a prefix (segments start at tile boundaries), so
+//   m16 fragments of padding rows only are skipped (no ldmatrix, no MMA; their A rows are
+//   zero-filled, not read) and the MMA work is Σ_experts 16·⌈count / 16⌉ rows whatever BM.
+//   What BM still decides is how often an expert's weights are streamed (once per tile: at
+//   t = 4096 of the 80B shape, ≈ 80 rows an expert, 48-row tiles stream every expert ≈ 2.1
+//   times, 128-row tiles once: 3.2 instead of 6.6 GB of weight reads from L2 a layer, whose
+//   weights are 3.2 GB of HBM: at ≈ 80 FLOP per weight byte the layer is near the H200's
+//   ridge, so this matters as much as the MMA rate). The host takes the smallest BM that
+//   covers an expert's rows with high probability (moe_prefill_mma_frags; cap at 128 rows).
+// - Shared memory per k-step (BK = 32) and block: W written by cp.async and read once by
+//   ldmatrix (2 × BN × 64 B), A written once and read by 8 warps (9 × BM × 64 B): wide BM 64:
+//   100 KiB for 2.1 MFLOP, 20.5 FLOP/B; tall BM 128 (all fragments real): 104 KiB for 2.1
+//   MFLOP, 20.2 FLOP/B; at 128 B/clk an SM that allows ≈ 2600 FLOP/clk, about the mma.sync
+//   rate. (The wmma form at BM 48: 16.3; the W stream alone, 2 bytes per 2·BM FLOP, is the
+//   floor of any shared-memory-staged weight tile.)
+// - Swizzled 64-byte rows (BK 32 = four 16-byte chunks; chunk c of row r stored at c ^ ((r >>
+//   1) & 3)): the 8 row addresses of an ldmatrix 8×8 matrix (8 consecutive rows, one chunk) hit
+//   8 distinct 16-byte bank groups, and a warp's cp.async stores (8 rows × 4 chunks) cover 512
+//   contiguous bytes: both conflict-free without padding.
+// - MOE_MMA_STAGES = 4 cp.async stages of (BM + BN) × 64 B: wide 135–144 KiB, tall 88–96 KiB
+//   (one block of 8 warps an SM; ptxas: ≤ ~200 registers, no spills). Wide fits sm_80 (163
+//   KiB) and sm_90 (227 KiB), tall also sm_86 / sm_89 (99 KiB); where the chosen one does not
+//   fit, the host runs the wmma form.
 // - Epilogue: the C fragments rounded to T into shared memory [BM][NC + 8] (conflict-free
-//   4-byte stores), then 16-byte stores of 8 columns (N % 8 == 0: the host checks).
-// Grid at t = 4096 (BM 48): tiles_cap ≈ 1366 (≈ 1030 real): gate+up 1366·2, down 1366·4
-// blocks, ≈ 8 / 16 waves of 132 SMs; t = 512 (BM 16, ≈ 525 real tiles): ≈ 4 / 8 waves.
+//   4-byte stores), then 16-byte stores of 8 columns (N % 8 == 0: the host checks) of the
+//   tile's real rows only (the down GEMM reads no padding row of h).
+// Grid at t = 4096 (tall, BM 128): tiles_cap = 320 + 512 (≈ 512 real): gate+up ≈ 512·4, down
+// ≈ 512·8 blocks, ≈ 16 / 31 waves of 132 SMs; t = 512 (wide, BM 32, ≈ 512 real tiles):
+// gate+up ≈ 512·2, down ≈ 512·4 blocks.
 //
 // Needs K % 8 == 0, N % 8 == 0 and 16-byte aligned rows (checked by the host).
 
 #define MOE_MMA_THREADS 256
-#define MOE_MMA_BN 512
 #define MOE_MMA_BK 32
 #define MOE_MMA_STAGES 4
 
@@ -186,14 +194,15 @@ template <typename T> __device__ __forceinline__ u32 mma_pack2(float a, float b)
     return u.v;
 }
 
-template <typename T, int MODE, int MI>
+template <typename T, int MODE, int MI, int WN8>
 __device__ __forceinline__ void gemm_mma_impl(const T* __restrict__ a, const T* __restrict__ w0,
                                               const T* __restrict__ w1, const u32* __restrict__ sorted,
                                               const u32* __restrict__ tile_expert, T* __restrict__ dst, u32 K, u32 N,
                                               u32 k, u32 nblk) {
 #if defined(PORTER_SM80)
     constexpr bool GU = MODE == TC_GU;
-    constexpr u32 BM = 16u * MI, BN = MOE_MMA_BN, NC = GU ? BN / 2 : BN, LDC = NC + 8;
+    constexpr u32 WN = 8u * WN8, BM = 16u * MI, BN = 8u * WN, NC = GU ? BN / 2 : BN, LDC = NC + 8;
+    constexpr int WC = (int)(BN / 64u);  // W chunks a thread loads per k-step
     constexpr u32 A_BYTES = BM * 64u, STAGE = (BM + BN) * 64u, S = MOE_MMA_STAGES;
     extern __shared__ __align__(128) unsigned char moe_mma_smem[];
     __shared__ u32 s_pair[BM];
@@ -209,46 +218,58 @@ __device__ __forceinline__ void gemm_mma_impl(const T* __restrict__ a, const T* 
     }
     // Real rows of the tile (a prefix of it).
     const u32 nv = (u32)__syncthreads_count(p != MOE_INVALID);
-    // Loader: 16-byte chunk ch of A row lrow (< BM) and of W tile rows lrow + 64s (s < 8).
+    // Loader: 16-byte chunk ch of A rows lrow + 64s (< BM) and of W tile rows lrow + 64s (s < WC).
     const u32 lrow = tid >> 2, ch = tid & 3u;
-    const T* ap = nullptr;
-    if (lrow < nv) ap = GU ? a + (u64)(s_pair[lrow] / k) * K : a + (u64)(tile * BM + lrow) * K;
-    // W tile row lrow + 64s: GU: gate row c0 + lrow + 64s (s < 4), up row c0 + lrow + 64(s − 4);
-    // down: row c0 + lrow + 64s (of expert ex).
+    // A rows lrow + 64s (s < AC; tall tiles have two): nullptr for padding (zero-filled).
+    constexpr int AC = (int)((BM + 63u) / 64u);
+    const T* ap[AC];
+#pragma unroll
+    for (int s = 0; s < AC; ++s) {
+        const u32 r = lrow + 64u * s;
+        ap[s] = r < nv ? (GU ? a + (u64)(s_pair[r] / k) * K : a + (u64)(tile * BM + r) * K) : nullptr;
+    }
+    // W tile row lrow + 64s (s < WC): GU: gate row c0 + lrow + 64s (s < WC / 2), else up row
+    // c0 + lrow + 64(s − WC / 2); down: row c0 + lrow + 64s (of expert ex).
     const u64 wrow = (u64)ex * N + c0 + lrow;
     const T* bg = w0 + wrow * K;
     const T* bu = (GU ? w1 : w0) + wrow * K;
     u32 bvalid = 0;
 #pragma unroll
-    for (int s = 0; s < 8; ++s)
-        if (c0 + lrow + 64u * (GU ? (u32)(s & 3) : (u32)s) < N) bvalid |= 1u << s;
+    for (int s = 0; s < WC; ++s)
+        if (c0 + lrow + 64u * (GU ? (u32)(s % (WC / 2)) : (u32)s) < N) bvalid |= 1u << s;
     const u32 sbase = (u32)__cvta_generic_to_shared(moe_mma_smem);
     auto load = [&](u32 st, u32 k0) {
         unsigned char* sa = moe_mma_smem + st * STAGE;
         unsigned char* sb = sa + A_BYTES;
         const u32 kc = k0 + 8u * ch;
         const bool in = kc < K;
-        if (lrow < BM) {
-            const bool v = ap != nullptr && in;
-            cp_async16(sa + mma_sw(lrow, ch), v ? ap + kc : a, v);
+#pragma unroll
+        for (int s = 0; s < AC; ++s) {
+            const u32 r = lrow + 64u * s;
+            if (r < BM) {
+                const bool v = ap[s] != nullptr && in;
+                cp_async16(sa + mma_sw(r, ch), v ? ap[s] + kc : a, v);
+            }
         }
 #pragma unroll
-        for (int s = 0; s < 8; ++s) {
+        for (int s = 0; s < WC; ++s) {
             const bool v = ((bvalid >> s) & 1u) != 0u && in;
-            const T* src = GU ? (s < 4 ? bg : bu) + (u64)(64 * (s & 3)) * K : bg + (u64)(64 * s) * K;
+            const T* src =
+                GU ? (s < WC / 2 ? bg : bu) + (u64)(64 * (s % (WC / 2))) * K : bg + (u64)(64 * s) * K;
             cp_async16(sb + mma_sw(lrow + 64u * s, ch), v ? src + kc : w0, v);
         }
     };
-    // Warp w's B tile rows of ldmatrix jp (two n8 tiles, 16 rows): GU: gate 32w + 16jp (jp <
-    // 2), up 256 + 32w + 16(jp − 2); down: 64w + 16jp.
+    // Warp w's B tile rows of ldmatrix jp (< WN8 / 2; two n8 tiles, 16 rows): GU: gate
+    // (WN / 2)·w + 16jp (jp < WN8 / 4), up BN / 2 + (WN / 2)·w + 16(jp − WN8 / 4); down: WN·w + 16jp.
+    constexpr int JH = WN8 / 4;
     auto brow = [&](int jp) -> u32 {
-        return GU ? (u32)(jp >> 1) * 256u + 32u * warp + 16u * (u32)(jp & 1) : 64u * warp + 16u * (u32)jp;
+        return GU ? (u32)(jp / JH) * (BN / 2u) + (WN / 2u) * warp + 16u * (u32)(jp % JH) : WN * warp + 16u * (u32)jp;
     };
-    float acc[MI][8][4];
+    float acc[MI][WN8][4];
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < WN8; ++j)
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
     const u32 nk = (K + MOE_MMA_BK - 1) / MOE_MMA_BK;
@@ -270,23 +291,23 @@ __device__ __forceinline__ void gemm_mma_impl(const T* __restrict__ a, const T* 
         const u32 sa = sbase + (kt % S) * STAGE, sb = sa + A_BYTES;
 #pragma unroll
         for (u32 kk = 0; kk < MOE_MMA_BK / 16u; ++kk) {
-            // A matrices: rows 0-7 / 8-15 of the m16 tile × k 0-7 / 8-15 (a0..a3).
-            u32 af[MI][4];
+            // B matrices: weight rows 0-7 × k 0-7 / 8-15 (b0, b1 of n8 tile 2jp), then rows 8-15.
+            u32 b[WN8 / 2][4];
+#pragma unroll
+            for (int jp = 0; jp < WN8 / 2; ++jp)
+                ldsm_x4(b[jp], sb + mma_sw(brow(jp) + ((lane >> 4) << 3) + (lane & 7u), 2u * kk + ((lane >> 3) & 1u)));
 #pragma unroll
             for (int i = 0; i < MI; ++i)
-                if (16u * i < nv) ldsm_x4(af[i], sa + mma_sw(16u * i + (lane & 15u), 2u * kk + (lane >> 4)));
+                if (16u * i < nv) {
+                    // A matrices: rows 0-7 / 8-15 of the m16 tile × k 0-7 / 8-15 (a0..a3).
+                    u32 af[4];
+                    ldsm_x4(af, sa + mma_sw(16u * i + (lane & 15u), 2u * kk + (lane >> 4)));
 #pragma unroll
-            for (int jp = 0; jp < 4; ++jp) {
-                // B matrices: weight rows 0-7 × k 0-7 / 8-15 (b0, b1 of n8 tile 2jp), then rows 8-15.
-                u32 b[4];
-                ldsm_x4(b, sb + mma_sw(brow(jp) + ((lane >> 4) << 3) + (lane & 7u), 2u * kk + ((lane >> 3) & 1u)));
-#pragma unroll
-                for (int i = 0; i < MI; ++i)
-                    if (16u * i < nv) {
-                        mma16816<T>(acc[i][2 * jp], af[i], b[0], b[1]);
-                        mma16816<T>(acc[i][2 * jp + 1], af[i], b[2], b[3]);
+                    for (int jp = 0; jp < WN8 / 2; ++jp) {
+                        mma16816<T>(acc[i][2 * jp], af, b[jp][0], b[jp][1]);
+                        mma16816<T>(acc[i][2 * jp + 1], af, b[jp][2], b[jp][3]);
                     }
-            }
+                }
         }
     }
     // Only empty groups can be pending; the stages become the C staging area [BM][LDC] of T.
@@ -296,39 +317,36 @@ __device__ __forceinline__ void gemm_mma_impl(const T* __restrict__ a, const T* 
     const u32 g = lane >> 2, t4 = lane & 3u;
     // C fragment: q = 0, 1 row g, columns 2t4, 2t4 + 1 of the n8 tile; q = 2, 3 row g + 8.
 #pragma unroll
-    for (int i = 0; i < MI; ++i)
+    for (int i = 0; i < MI; ++i) {
+        if (16u * i >= nv) continue;  // padding rows only: never stored
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             u32* crow = reinterpret_cast<u32*>(Cs + (16u * i + g + 8u * h) * LDC);
             if (GU) {
-                // n8 tiles 0-3: gate columns 32w + 8j + 2t4 (+1); 4-7: the same up columns.
+                // n8 tiles j < WN8 / 2: gate columns (WN / 2)·w + 8j + 2t4 (+1); j + WN8 / 2: the
+                // same up columns.
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
+                for (int j = 0; j < WN8 / 2; ++j) {
                     const float* gq = acc[i][j] + 2 * h;
-                    const float* uq = acc[i][j + 4] + 2 * h;
-                    crow[(32u * warp + 8u * j + 2u * t4) / 2u] =
+                    const float* uq = acc[i][j + WN8 / 2] + 2 * h;
+                    crow[((WN / 2u) * warp + 8u * j + 2u * t4) / 2u] =
                         mma_pack2<T>(silu_f(round_to<T>(gq[0])) * round_to<T>(uq[0]),
                                      silu_f(round_to<T>(gq[1])) * round_to<T>(uq[1]));
                 }
             } else {
 #pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    crow[(64u * warp + 8u * j + 2u * t4) / 2u] = mma_pack2<T>(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                for (int j = 0; j < WN8; ++j)
+                    crow[(WN * warp + 8u * j + 2u * t4) / 2u] = mma_pack2<T>(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
             }
         }
+    }
     __syncthreads();
-    // 16-byte stores of 8 columns. gate+up: every row of the tile (padding rows hold
-    // silu(0)·0 = 0); down: rows of real pairs, at o[pair].
+    // 16-byte stores of 8 columns of the real rows: gate+up at h[tile row], down at o[pair].
     constexpr u32 VPR = NC / 8u;
-    for (u32 q = tid; q < BM * VPR; q += MOE_MMA_THREADS) {
+    for (u32 q = tid; q < nv * VPR; q += MOE_MMA_THREADS) {
         const u32 i = q / VPR, v = q % VPR, c = c0 + 8u * v;
         if (c >= N) continue;
-        u64 row = (u64)tile * BM + i;
-        if (!GU) {
-            const u32 pr = s_pair[i];
-            if (pr == MOE_INVALID) continue;
-            row = pr;
-        }
+        const u64 row = GU ? (u64)tile * BM + i : (u64)s_pair[i];
         *reinterpret_cast<uint4*>(dst + row * N + c) = *reinterpret_cast<const uint4*>(Cs + i * LDC + 8u * v);
     }
 #else
@@ -337,26 +355,28 @@ __device__ __forceinline__ void gemm_mma_impl(const T* __restrict__ a, const T* 
 #endif
 }
 
-// Entries moe_gemm_{gu,down}_mma{MI}_{bf16,f16}: the arguments of moe.cu's
-// moe_gemm_{gu,down}_tc{MI}_*; dynamic shared memory max(MOE_MMA_STAGES · (16·MI + 512) · 64,
-// 16·MI · (NC + 8) · sizeof(T)) bytes, NC = 256 (gate+up) or 512 (down) (the host computes it).
-#define MOE_MMA_ENTRY(T, NAME, MI)                                                                                \
+// Entries moe_gemm_{gu,down}_mma{MI}_{bf16,f16} (MI = 1..4: wide, WN8 = 8, BN = 512; MI = 6, 8:
+// tall, WN8 = 4, BN = 256): the arguments of moe.cu's moe_gemm_{gu,down}_tc{MI}_*; dynamic
+// shared memory max(MOE_MMA_STAGES · (16·MI + BN) · 64, 16·MI · (NC + 8) · sizeof(T)) bytes, NC
+// = BN / 2 (gate+up) or BN (down) (the host computes it).
+#define MOE_MMA_ENTRY(T, NAME, MI, WN8)                                                                           \
     extern "C" __global__ void __launch_bounds__(MOE_MMA_THREADS, 1)                                              \
         moe_gemm_gu_mma##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                     \
                                      const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {             \
-        gemm_mma_impl<T, TC_GU, MI>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);                         \
+        gemm_mma_impl<T, TC_GU, MI, WN8>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);                    \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_MMA_THREADS, 1)                                              \
         moe_gemm_down_mma##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                   \
                                        const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {           \
-        gemm_mma_impl<T, TC_DOWN, MI>(a, w0, w0, sorted, tile_expert, dst, K, N, k, nblk);                       \
+        gemm_mma_impl<T, TC_DOWN, MI, WN8>(a, w0, w0, sorted, tile_expert, dst, K, N, k, nblk);                  \
     }
+#define MOE_MMA_ENTRIES(T, NAME)                                                                                  \
+    MOE_MMA_ENTRY(T, NAME, 1, 8)                                                                                  \
+    MOE_MMA_ENTRY(T, NAME, 2, 8)                                                                                  \
+    MOE_MMA_ENTRY(T, NAME, 3, 8)                                                                                  \
+    MOE_MMA_ENTRY(T, NAME, 4, 8)                                                                                  \
+    MOE_MMA_ENTRY(T, NAME, 6, 4)                                                                                  \
+    MOE_MMA_ENTRY(T, NAME, 8, 4)
 
-MOE_MMA_ENTRY(bf16, bf16, 1)
-MOE_MMA_ENTRY(bf16, bf16, 2)
-MOE_MMA_ENTRY(bf16, bf16, 3)
-MOE_MMA_ENTRY(bf16, bf16, 4)
-MOE_MMA_ENTRY(f16, f16, 1)
-MOE_MMA_ENTRY(f16, f16, 2)
-MOE_MMA_ENTRY(f16, f16, 3)
-MOE_MMA_ENTRY(f16, f16, 4)
+MOE_MMA_ENTRIES(bf16, bf16)
+MOE_MMA_ENTRIES(f16, f16)

@@ -28,6 +28,14 @@ const FORMS: [(&str, bool); 2] = [("wmma", false), ("mma", true)];
 #[ignore = "needs NVRTC (bash .ci/run installs it)"]
 fn nvrtc_moe_ptxas_info() {
     let lines = ptxas_info("nvrtc_moe_ptxas_info", "moe.cu");
+    for which in ["gu", "down"] {
+        for mi in [1, 2, 3, 4, 6, 8] {
+            for t in ["bf16", "f16"] {
+                let name = format!("moe_gemm_{which}_mma{mi}_{t}");
+                assert!(lines.iter().any(|(f, _)| *f == name), "no ptxas line for {name}");
+            }
+        }
+    }
     let mut spills = Vec::new();
     for (func, line) in lines {
         println!("{func}: {line}");
@@ -39,13 +47,7 @@ fn nvrtc_moe_ptxas_info() {
     // The prefill path's mma.sync GEMMs and parallel alignment (moe_prefill.cu) must not spill.
     let new: Vec<&String> = spills
         .iter()
-        .filter(|f| {
-            f.starts_with("moe_palign_")
-                || f.contains("_mma1_")
-                || f.contains("_mma2_")
-                || f.contains("_mma3_")
-                || f.contains("_mma4_")
-        })
+        .filter(|f| f.starts_with("moe_palign_") || (f.starts_with("moe_gemm_") && f.contains("_mma")))
         .collect();
     assert!(new.is_empty(), "moe_prefill.cu kernels spill: {new:?}");
 }
@@ -75,25 +77,39 @@ fn run_case<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, idx: Vec<u32>
 
 /// The form the prefill path must run for `T` and `d` when asked for `mma` (or wmma): the
 /// CUDA-core GEMMs for f32 or rows that are not 16-byte multiples, else the tensor-core form
-/// the device allows (mma.sync: sm_80+ with 4 stages of 64 + 512 rows of 64 bytes).
-fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, mma: bool) -> &'static str {
+/// asked for where the device allows it (every mma.sync tile: 4 stages of 64 + 512 rows of 64
+/// bytes; with less shared memory, `None`: the mma.sync form or wmma, by tile height).
+fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, mma: bool) -> Option<&'static str> {
     let caps = kern.caps();
     let aligned = (d.hidden * std::mem::size_of::<T>()).is_multiple_of(16)
         && (d.inter * std::mem::size_of::<T>()).is_multiple_of(16);
     if T::NAME == "f32" || !aligned || !caps.tensor_cores() {
-        "simt"
-    } else if mma && caps.smem_limit() >= 4 * (64 + 512) * 64 {
-        "mma"
+        Some("simt")
+    } else if !mma {
+        Some("wmma")
+    } else if caps.smem_limit() >= 4 * (64 + 512) * 64 {
+        Some("mma")
     } else {
-        "wmma"
+        None
     }
 }
 
-/// A prefill case through both GEMM forms at every tile height (16, 32, 48, 64 rows) and the
-/// default one, each against the CPU reference `want`.
+/// Asserts that a prefill launch ran the form [`expected_form`] says.
+fn assert_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, mma: bool, ran: &str, what: &str) {
+    match expected_form::<T>(kern, d, mma) {
+        Some(exp) => assert_eq!(ran, exp, "{what}: form"),
+        None => assert!(ran == "mma" || ran == "wmma", "{what}: form {ran}"),
+    }
+}
+
+/// A prefill case through both GEMM forms, the mma.sync form at every tile height (16, 32, 48,
+/// 64, 96, 128 rows), the wmma one at 16 and 64 rows, and both at their default one, each
+/// against the CPU reference `want`.
 fn prefill_forms<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, dev: &Device<T>, want: &[f32]) {
     for (name, mma) in FORMS {
-        for frags in [None, Some(1), Some(2), Some(3), Some(4)] {
+        let sweep: &[Option<usize>] =
+            if mma { &[None, Some(1), Some(2), Some(3), Some(4), Some(6), Some(8)] } else { &[None, Some(1), Some(4)] };
+        for &frags in sweep {
             let mut out = poisoned::<f32>(kern, d.t * d.hidden);
             let ran = kern
                 .moe_prefill_stage_times_with::<T>(
@@ -107,10 +123,11 @@ fn prefill_forms<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, dev: &De
                     [d.t, d.k, d.e, d.hidden, d.inter],
                     mma,
                     frags,
+                    false,
                 )
                 .unwrap_or_else(|err| panic!("{what} {} {name} frags {frags:?} {d:?}: {err}", T::NAME));
-            let exp = expected_form::<T>(kern, d, mma);
-            assert_eq!(ran.form, exp, "{what} {} asked for {name}, frags {frags:?}, {d:?}: form", T::NAME);
+            let asked = format!("{what} {} asked for {name}, frags {frags:?}, {d:?}", T::NAME);
+            assert_form::<T>(kern, d, mma, ran.form, &asked);
             let got = down::<f32>(kern, &out);
             let label = format!("{what} {} prefill {} ({} rows) {d:?}", T::NAME, ran.form, ran.tile_rows);
             check(&label, &got, want, tol::<T>());
@@ -352,10 +369,11 @@ fn moe_80b_timing() {
 }
 
 /// The 80B prefill through both GEMM forms side by side at t = 512, 1024 and 4096 (one set of
-/// weights; the first t rows of 4096-row inputs): for each form, and for the mma form at every
-/// tile height too, 96 sampled rows against the CPU reference, then the per-launch times
-/// (synchronise + host clock around every stage, best of 5 after a warm-up): alignment µs,
-/// gate+up and down ms and TFLOP/s (of the real, unpadded FLOPs), combine µs, and their sum.
+/// weights; the first t rows of 4096-row inputs): for each form, for the mma form at every tile
+/// height too, and for it with the single-block alignment, 96 sampled rows against the CPU
+/// reference, then the per-launch times (synchronise + host clock around every stage, best of 6):
+/// alignment µs and blocks, gate+up and down ms, TFLOP/s (of the real, unpadded FLOPs) and GB/s
+/// of the routed experts' weights (each streamed at least once), combine µs, and their sum.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_80b_forms_timed() {
@@ -380,57 +398,76 @@ fn moe_80b_forms_timed() {
         let (sd, sinp) = rows_of(d, &inp, &rows);
         let want = reference::<bf16>(sd, &sinp);
         let flops = 2.0 * (d.t * d.k) as f64 * 3.0 * (d.hidden * d.inter) as f64;
-        let default_frags = CudaKernels::moe_prefill_tile_frags(d.t, d.k, d.e);
-        println!("moe_80b prefill t={t}: {:.1} GFLOP, default tiles of {} rows", flops / 1e9, 16 * default_frags);
-        for (name, mma) in FORMS {
-            let sweep: &[Option<usize>] = if mma { &[None, Some(1), Some(2), Some(3), Some(4)] } else { &[None] };
-            for &frags in sweep {
-                let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
-                let mut best = [f64::INFINITY; 4];
-                let mut ran = None;
-                for _ in 0..6 {
-                    let r = kern
-                        .moe_prefill_stage_times_with::<bf16>(
-                            &x,
-                            &ix,
-                            &w,
-                            &dev.gate,
-                            &dev.up,
-                            &dev.down,
-                            &mut out,
-                            [d.t, d.k, d.e, d.hidden, d.inter],
-                            mma,
-                            frags,
-                        )
-                        .unwrap_or_else(|err| panic!("t={t} {name} frags {frags:?}: {err}"));
-                    for (b, s) in best.iter_mut().zip(r.secs) {
-                        *b = b.min(s);
-                    }
-                    ran = Some(r);
+        // Weight bytes of one GEMM's distinct experts (each streamed at least once from HBM):
+        // gate+up twice those of down.
+        let experts = distinct_experts(&inp.idx[..t * d.k], d.e);
+        let w_bytes = (experts * d.hidden * d.inter * 2) as f64;
+        println!(
+            "moe_80b prefill t={t}: {:.1} GFLOP, {experts} experts ({:.2} GB of weights), default tiles: wmma {} \
+             rows, mma {} rows",
+            flops / 1e9,
+            3.0 * w_bytes / 1e9,
+            16 * CudaKernels::moe_prefill_tile_frags(d.t, d.k, d.e),
+            16 * CudaKernels::moe_prefill_mma_frags(d.t, d.k, d.e)
+        );
+        // (form, tile fragments, single-block alignment): both forms at their default tiles,
+        // the mma form at every tile height, and the default once more with the old alignment.
+        let mut configs: Vec<(&str, bool, Option<usize>, bool)> = vec![("wmma", false, None, false)];
+        for frags in [None, Some(1), Some(2), Some(3), Some(4), Some(6), Some(8)] {
+            configs.push(("mma", true, frags, false));
+        }
+        configs.push(("mma", true, None, true));
+        for (name, mma, frags, one_block) in configs {
+            let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
+            let mut best = [f64::INFINITY; 4];
+            let mut ran = None;
+            for _ in 0..6 {
+                let r = kern
+                    .moe_prefill_stage_times_with::<bf16>(
+                        &x,
+                        &ix,
+                        &w,
+                        &dev.gate,
+                        &dev.up,
+                        &dev.down,
+                        &mut out,
+                        [d.t, d.k, d.e, d.hidden, d.inter],
+                        mma,
+                        frags,
+                        one_block,
+                    )
+                    .unwrap_or_else(|err| panic!("t={t} {name} frags {frags:?}: {err}"));
+                for (b, s) in best.iter_mut().zip(r.secs) {
+                    *b = b.min(s);
                 }
-                let ran = ran.expect("ran");
-                assert_eq!(ran.form, expected_form::<bf16>(&kern, d, mma), "t={t}: asked for {name}, frags {frags:?}");
-                let got = down::<f32>(&kern, &out);
-                let got: Vec<f32> =
-                    rows.iter().flat_map(|&r| got[r * d.hidden..(r + 1) * d.hidden].iter().copied()).collect();
-                let label = format!("80b t={t} {} ({} rows, 96 sampled rows)", ran.form, ran.tile_rows);
-                check(&label, &got, &want, tol::<bf16>());
-                let per_gemm = flops / 3.0;
-                println!(
-                    "  {:>4} {:>2}-row tiles{}: align {:.1} us, gate+up {:.3} ms ({:.1} TFLOP/s), down {:.3} ms \
-                     ({:.1} TFLOP/s), combine {:.1} us, sum {:.3} ms",
-                    ran.form,
-                    ran.tile_rows,
-                    if frags.is_none() { " (default)" } else { "" },
-                    best[0] * 1e6,
-                    best[1] * 1e3,
-                    2.0 * per_gemm / best[1] / 1e12,
-                    best[2] * 1e3,
-                    per_gemm / best[2] / 1e12,
-                    best[3] * 1e6,
-                    best.iter().sum::<f64>() * 1e3
-                );
+                ran = Some(r);
             }
+            let ran = ran.expect("ran");
+            assert_form::<bf16>(&kern, d, mma, ran.form, &format!("t={t}: asked for {name}, frags {frags:?}"));
+            let got = down::<f32>(&kern, &out);
+            let got: Vec<f32> =
+                rows.iter().flat_map(|&r| got[r * d.hidden..(r + 1) * d.hidden].iter().copied()).collect();
+            let label = format!("80b t={t} {} ({} rows, 96 sampled rows)", ran.form, ran.tile_rows);
+            check(&label, &got, &want, tol::<bf16>());
+            let per_gemm = flops / 3.0;
+            println!(
+                "  {:>4} {:>3}-row tiles{}: align {:.1} us ({} block{}), gate+up {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s \
+                 of weights), down {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s), combine {:.1} us, sum {:.3} ms",
+                ran.form,
+                ran.tile_rows,
+                if frags.is_none() { " (default)" } else { "" },
+                best[0] * 1e6,
+                ran.align_blocks,
+                if ran.align_blocks == 1 { "" } else { "s" },
+                best[1] * 1e3,
+                2.0 * per_gemm / best[1] / 1e12,
+                2.0 * w_bytes / best[1] / 1e9,
+                best[2] * 1e3,
+                per_gemm / best[2] / 1e12,
+                w_bytes / best[2] / 1e9,
+                best[3] * 1e6,
+                best.iter().sum::<f64>() * 1e3
+            );
         }
     }
 }
@@ -445,7 +482,16 @@ fn moe_prefill_tile_choice() {
     for (t, k, e) in [(512, 10, 512), (200, 4, 16), (300, 3, 32), (130, 3, 6), (1, 1, 1), (100_000_000, 8, 8)] {
         let mi = CudaKernels::moe_prefill_tile_frags(t, k, e);
         assert!((1..=4).contains(&mi), "{t} {k} {e}: {mi}");
+        let mi = CudaKernels::moe_prefill_mma_frags(t, k, e);
+        assert!([1, 2, 3, 4, 6, 8].contains(&mi), "mma {t} {k} {e}: {mi}");
     }
+    // The mma.sync GEMMs: the smallest tile that holds an expert's rows (λ + 3√λ + 1).
+    // λ = 80 (t = 4096): 107 rows -> 128; λ = 20: 34 -> 48; λ = 10: 20.5 -> 32; λ = 2.5: 8.2 -> 16.
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(4096, TOP_K, EXPERTS), 8);
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(1024, TOP_K, EXPERTS), 3);
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(512, TOP_K, EXPERTS), 2);
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(128, TOP_K, EXPERTS), 1);
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(65536, TOP_K, EXPERTS), 8);
 }
 
 /// The 80B dims through both paths: decode at t = 1, 2, 8, 64 (every row

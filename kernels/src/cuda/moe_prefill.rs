@@ -31,9 +31,19 @@ const COMBINE_THREADS: u32 = 256;
 const COMBINE_K: usize = 16;
 /// Threads of the mma.sync GEMM kernels (`MOE_MMA_THREADS`, 8 warps).
 const MMA_THREADS: u32 = 256;
-/// Weight rows of an mma.sync GEMM block tile (`MOE_MMA_BN`; gate+up: 256 gate and 256 up
-/// rows, 256 columns of h).
-const MMA_BN: usize = 512;
+/// Row fragments (`MI`: tiles of 16·MI rows) of the mma.sync GEMMs that are built: 1..4 wide
+/// (warp tiles 16·MI × 64, block tiles 16·MI × 512), 6 and 8 tall (16·MI × 32, 16·MI × 256).
+const MMA_FRAGS: [usize; 6] = [1, 2, 3, 4, 6, 8];
+
+/// Weight rows of an mma.sync GEMM block tile of `16·mi` rows (8 warps × `8·WN8`; gate+up:
+/// half gate, half the matching up rows).
+fn mma_bn(mi: usize) -> usize {
+    if mi <= 4 {
+        512
+    } else {
+        256
+    }
+}
 /// Bytes of a staged row of a k-step of the mma.sync GEMMs (`MOE_MMA_BK` = 32 elements of
 /// 2 bytes).
 const MMA_ROW_BYTES: usize = 64;
@@ -47,44 +57,8 @@ const PALIGN_PAIRS: usize = 4096;
 /// Most blocks of the parallel alignment (its histogram scratch is blocks × e u32).
 const PALIGN_MAX_BLOCKS: usize = 256;
 
-/// Environment variable choosing the dense bf16 / f16 prefill GEMMs: `mma` (the default: the
-/// mma.sync GEMMs of moe_prefill.cu) or `wmma` (moe.cu's wmma GEMMs, the A/B baseline). Read
-/// on every call; another value warns once on stderr and means `mma`. Where the mma.sync
-/// GEMMs do not fit (below sm_80, forced fallback, less shared memory than their stages need,
-/// f32, unaligned rows) the wmma or CUDA-core GEMMs run whatever it says; FP8 experts always
-/// take their own GEMMs (fp8_gemm.cu).
-pub const MOE_GEMM_ENV: &str = "PORTER_MOE_GEMM";
-
-/// Which dense tensor-core GEMMs the prefill path runs ([`MOE_GEMM_ENV`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum MoeGemm {
-    /// moe_prefill.cu's mma.sync GEMMs (8 warps, 16·MI × 512 block tiles), where they fit.
-    Mma,
-    /// moe.cu's wmma GEMMs (4 warps, 16·MI × 256 block tiles).
-    Wmma,
-}
-
-impl MoeGemm {
-    /// The form [`MOE_GEMM_ENV`] asks for ([`MoeGemm::Mma`] when unset or unknown).
-    fn from_env() -> Self {
-        let v = std::env::var_os(MOE_GEMM_ENV);
-        Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of mma, wmma; using mma"));
-            MoeGemm::Mma
-        })
-    }
-
-    /// [`MoeGemm::from_env`] for a given value of the variable (`Err`: the value, unknown).
-    fn from_value(v: Option<&std::ffi::OsStr>) -> std::result::Result<Self, String> {
-        let Some(v) = v else { return Ok(MoeGemm::Mma) };
-        match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-            "" | "mma" => Ok(MoeGemm::Mma),
-            "wmma" => Ok(MoeGemm::Wmma),
-            _ => Err(v.to_string_lossy().into_owned()),
-        }
-    }
-}
+mod choice;
+use choice::{one_block_align_env, Choice, MoeGemm};
 
 /// What [`CudaKernels::moe_prefill_stage_times_with`] ran: the seconds of the alignment, the
 /// gate+up GEMM, the down GEMM and the combine, the GEMM form (`"mma"`, `"wmma"`, `"simt"`)
@@ -98,13 +72,15 @@ pub struct PrefillTimes {
     pub form: &'static str,
     /// Rows of a tile of the sorted pair list.
     pub tile_rows: usize,
+    /// Blocks of the alignment (1: the single-block `moe_align`).
+    pub align_blocks: usize,
 }
 
 /// Dynamic shared memory of an mma.sync GEMM launch for tiles of `16·mi` rows of `esize`-byte
 /// elements and `nc` output columns a block: the cp.async stages, or the C staging area of
 /// `16·mi` rows × (`nc` + 8) elements if larger.
 fn mma_smem(mi: usize, esize: usize, nc: usize) -> usize {
-    (MMA_STAGES * (16 * mi + MMA_BN) * MMA_ROW_BYTES).max(16 * mi * (nc + 8) * esize)
+    (MMA_STAGES * (16 * mi + mma_bn(mi)) * MMA_ROW_BYTES).max(16 * mi * (nc + 8) * esize)
 }
 
 /// The expert weights of the prefill path: dense `T` (device addresses, the caller holding
@@ -177,19 +153,22 @@ impl CudaKernels {
     ) -> Result<[f64; 4]> {
         let dims = [t, k, e, hidden, inter];
         let mma = MoeGemm::from_env() == MoeGemm::Mma;
-        Ok(self.moe_prefill_stage_times_with(x, idx, w, gate, up, down, out, dims, mma, None)?.secs)
+        let one = one_block_align_env();
+        Ok(self.moe_prefill_stage_times_with(x, idx, w, gate, up, down, out, dims, mma, None, one)?.secs)
     }
 
     /// [`CudaKernels::moe_prefill_stage_times`] (`dims` = t, k, e, hidden, inter) with the
-    /// GEMM form `mma` (true: the mma.sync GEMMs, false: the wmma ones, as [`MOE_GEMM_ENV`]
+    /// GEMM form `mma` (true: the mma.sync GEMMs, false: the wmma ones, as `PORTER_MOE_GEMM`
     /// = `mma` / `wmma`; where it does not fit, the one that does) and, with `frags`, tiles of
-    /// `16·frags` rows (1..=4) instead of [`CudaKernels::moe_prefill_tile_frags`]'s choice
-    /// (fewer where the wmma form's stages do not fit). `out` gets the call's result. For A/B
-    /// runs and profiling only.
+    /// `16·frags` rows (1, 2, 3, 4, 6 or 8; the wmma form: at most 4) instead of
+    /// [`CudaKernels::moe_prefill_mma_frags`]'s / [`CudaKernels::moe_prefill_tile_frags`]'s
+    /// choice (fewer where the wmma form's stages do not fit), and with `one_block_align` the
+    /// single-block alignment at every size (as `PORTER_MOE_ALIGN=one`). `out` gets the
+    /// call's result. For A/B runs and profiling only.
     ///
     /// # Errors
-    /// As [`CudaKernels::moe_experts`]; [`CudaError::Invalid`] for a decode shape or `frags`
-    /// outside 1..=4.
+    /// As [`CudaKernels::moe_experts`]; [`CudaError::Invalid`] for a decode shape or other
+    /// `frags`.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     pub fn moe_prefill_stage_times_with<T: CudaFloat>(
@@ -204,6 +183,7 @@ impl CudaKernels {
         dims: [usize; 5],
         mma: bool,
         frags: Option<usize>,
+        one_block_align: bool,
     ) -> Result<PrefillTimes> {
         let gemm = if mma { MoeGemm::Mma } else { MoeGemm::Wmma };
         let [t, k, e, hidden, inter] = dims;
@@ -223,15 +203,29 @@ impl CudaKernels {
         let weights = ExpertWeights::Dense { gate: pg, up: pu, down: pd };
         self.stream.synchronize()?;
         let mut clock = std::time::Instant::now();
-        let (form, tile_rows) =
-            self.moe_prefill_in::<T>(x, idx, w, weights, out, dims, (gemm, frags), &mut |stage| {
+        let choice = Choice { gemm, frags, one_block_align };
+        let (form, tile_rows, align_blocks) =
+            self.moe_prefill_in::<T>(x, idx, w, weights, out, dims, choice, &mut |stage| {
                 self.stream.synchronize()?;
                 let now = std::time::Instant::now();
                 secs[stage] = (now - clock).as_secs_f64();
                 clock = now;
                 Ok(())
             })?;
-        Ok(PrefillTimes { secs, form, tile_rows })
+        Ok(PrefillTimes { secs, form, tile_rows, align_blocks })
+    }
+
+    /// Row fragments (`MI`, tiles of 16·MI rows: 1, 2, 3, 4, 6 or 8) of the mma.sync prefill
+    /// GEMMs for `t` rows with `k` experts each out of `e`: the smallest tile that holds an
+    /// expert's rows with high probability (per-expert counts taken as Poisson of mean λ =
+    /// t·k/e: λ + 3√λ + 1 rows), at most 128 rows. Those GEMMs skip the m16 fragments of
+    /// padding rows, so the MMA work is Σ 16·⌈count/16⌉ whatever the tile; the tile height
+    /// sets how often an expert's weights are streamed (once per tile) and, through the wide /
+    /// tall warp shapes, the MMAs per fragment load. Any choice is correct.
+    pub fn moe_prefill_mma_frags(t: usize, k: usize, e: usize) -> usize {
+        let lambda = t as f64 * k as f64 / e.max(1) as f64;
+        let rows = lambda + 3.0 * lambda.sqrt() + 1.0;
+        MMA_FRAGS.into_iter().find(|&mi| (16 * mi) as f64 >= rows).unwrap_or(8)
     }
 
     /// Whether the tensor-core prefill GEMMs take FP8 experts of `hidden` × `inter` for `T`
@@ -261,12 +255,13 @@ impl CudaKernels {
         dims: [usize; 5],
         done: &mut dyn FnMut(usize) -> Result<()>,
     ) -> Result<()> {
-        self.moe_prefill_in(x, idx, w, weights, out, dims, (MoeGemm::from_env(), None), done).map(|_| ())
+        let choice = Choice { gemm: MoeGemm::from_env(), frags: None, one_block_align: one_block_align_env() };
+        self.moe_prefill_in(x, idx, w, weights, out, dims, choice, done).map(|_| ())
     }
 
     /// [`CudaKernels::moe_prefill`] with the dense GEMM form and tile fragments of `choice`
-    /// (see [`CudaKernels::moe_prefill_stage_times_with`]); returns the form that ran and the
-    /// tile height.
+    /// (see [`CudaKernels::moe_prefill_stage_times_with`]); returns the form that ran, the
+    /// tile height and the alignment's blocks.
     #[allow(clippy::too_many_arguments)]
     fn moe_prefill_in<T: CudaFloat>(
         &self,
@@ -276,13 +271,13 @@ impl CudaKernels {
         weights: ExpertWeights<'_>,
         out: &mut impl DevicePtrMut<f32>,
         dims: [usize; 5],
-        choice: (MoeGemm, Option<usize>),
+        choice: Choice,
         done: &mut dyn FnMut(usize) -> Result<()>,
-    ) -> Result<(&'static str, usize)> {
+    ) -> Result<(&'static str, usize, usize)> {
         let [t, k, e, hidden, inter] = dims;
-        let (gemm_form, frags) = choice;
-        if frags.is_some_and(|f| !(1..=4).contains(&f)) {
-            return Err(CudaError::Invalid(format!("moe prefill: tile fragments {frags:?} outside 1..=4")));
+        let Choice { gemm: gemm_form, frags, one_block_align } = choice;
+        if frags.is_some_and(|f| !MMA_FRAGS.contains(&f)) {
+            return Err(CudaError::Invalid(format!("moe prefill: tile fragments {frags:?}, not one of {MMA_FRAGS:?}")));
         }
         let n = prod(&[t, k])?;
         let slots = e.min(n);
@@ -317,18 +312,27 @@ impl CudaKernels {
                 self.arch()
             )));
         }
+        // Dense bf16 / f16: the mma.sync GEMMs unless PORTER_MOE_GEMM=wmma or their stages
+        // need more shared memory than the device allows (sm_86 / sm_89 for the wide tiles,
+        // the forced fallback).
+        let limit = self.caps().smem_limit();
+        let mut mma_mi = frags.unwrap_or_else(|| Self::moe_prefill_mma_frags(t, k, e));
+        if frags.is_none() && mma_mi <= 4 && mma_smem(mma_mi, esize, mma_bn(mma_mi)) > limit {
+            // The wide tiles' stages do not fit (sm_86 / sm_89): the tall 96-row ones (the same
+            // MMA work, padding fragments being skipped) rather than the wmma form.
+            mma_mi = 6;
+        }
+        let use_mma = tc && !fp8 && gemm_form == MoeGemm::Mma && mma_smem(mma_mi, esize, mma_bn(mma_mi)) <= limit;
         // The e4m3 MMA GEMMs have tiles of 64 rows (mi = 4).
         let mut mi = if mma8 {
             4
+        } else if use_mma {
+            mma_mi
         } else if tc {
-            frags.unwrap_or_else(|| Self::moe_prefill_tile_frags(t, k, e))
+            frags.map_or_else(|| Self::moe_prefill_tile_frags(t, k, e), |f| f.min(4))
         } else {
             0
         };
-        // Dense bf16 / f16: the mma.sync GEMMs unless PORTER_MOE_GEMM=wmma or their stages
-        // need more shared memory than the device allows (sm_86 / sm_89, the forced fallback).
-        let limit = self.caps().smem_limit();
-        let use_mma = tc && !fp8 && gemm_form == MoeGemm::Mma && mma_smem(mi, esize, MMA_BN.max(TC_BN)) <= limit;
         // wmma: fewer row fragments where the cp.async stages of 16·mi rows need more shared
         // memory than the device allows (mi = 4 needs 100 KiB: an sm_86 / sm_89 allows 99 KiB).
         let stage_smem = |mi: usize| tc_stage_smem(mi, esize, fp8);
@@ -369,7 +373,7 @@ impl CudaKernels {
         // Parallel alignment: nb blocks of `per` pairs and their histograms hist [nb, e] (u32);
         // one block's worth: the single-block moe_align, no histograms.
         let per = PALIGN_PAIRS.max(n.div_ceil(PALIGN_MAX_BLOCKS));
-        let nb = n.div_ceil(per);
+        let nb = if one_block_align { 1 } else { n.div_ceil(per) };
         let off_hist = off_hs + hs_b;
         let bytes = off_hist + if nb > 1 { align256(prod(&[nb, e, 4])?) } else { 0 };
         // Every index the kernels use fits in u32 (pair ids, sorted positions);
@@ -465,8 +469,8 @@ impl CudaKernels {
                 };
                 Ok((f, u32_of("column blocks", nblk)?, cfg))
             } else if use_mma {
-                // gate+up: 256 h columns per block; down: 512 o columns.
-                let nc = if gu { MMA_BN / 2 } else { MMA_BN };
+                // gate+up: half the block's weight rows in h columns; down: all in o columns.
+                let nc = if gu { mma_bn(mi) / 2 } else { mma_bn(mi) };
                 let nblk = n_cols.div_ceil(nc);
                 let smem = mma_smem(mi, esize, nc);
                 let f = self.function_smem(&MOE, &format!("moe_gemm_{which}_mma{mi}_{}", T::NAME), smem)?;
@@ -677,29 +681,22 @@ impl CudaKernels {
         } else {
             "simt"
         };
-        Ok((form, tile_rows))
+        Ok((form, tile_rows, nb))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{mma_smem, MoeGemm};
-    use std::ffi::OsStr;
-
-    #[test]
-    fn moe_gemm_env_values() {
-        assert_eq!(MoeGemm::from_value(None), Ok(MoeGemm::Mma));
-        assert_eq!(MoeGemm::from_value(Some(OsStr::new(""))), Ok(MoeGemm::Mma));
-        assert_eq!(MoeGemm::from_value(Some(OsStr::new(" MMA "))), Ok(MoeGemm::Mma));
-        assert_eq!(MoeGemm::from_value(Some(OsStr::new("wmma"))), Ok(MoeGemm::Wmma));
-        assert_eq!(MoeGemm::from_value(Some(OsStr::new("tc"))), Err("tc".to_string()));
-    }
+    use super::mma_smem;
 
     #[test]
     fn mma_smem_bytes() {
-        // 4 stages of (16·mi + 512) rows × 64 bytes; the C staging area is smaller.
+        // 4 stages of (16·mi + BN) rows × 64 bytes; the C staging area is smaller.
         assert_eq!(mma_smem(3, 2, 512), 4 * (48 + 512) * 64);
         assert_eq!(mma_smem(4, 2, 512), 147_456);
-        assert!(mma_smem(4, 2, 512) > 99 * 1024, "sm_86 / sm_89 take the wmma form");
+        assert!(mma_smem(1, 2, 512) > 99 * 1024, "sm_86 / sm_89: no wide tiles");
+        assert_eq!(mma_smem(8, 2, 256), 4 * (128 + 256) * 64);
+        assert!(mma_smem(8, 2, 256) <= 99 * 1024, "sm_86 / sm_89: tall tiles");
+        assert!(mma_smem(6, 2, 256) <= 99 * 1024);
     }
 }

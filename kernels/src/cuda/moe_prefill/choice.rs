@@ -1,0 +1,102 @@
+//! The prefill path's A/B knobs: [`MOE_GEMM_ENV`] (mma.sync or wmma GEMMs) and
+//! [`MOE_ALIGN_ENV`] (parallel or single-block alignment), and the per-call [`Choice`].
+
+/// Environment variable choosing the dense bf16 / f16 prefill GEMMs: `mma` (the default: the
+/// mma.sync GEMMs of moe_prefill.cu) or `wmma` (moe.cu's wmma GEMMs, the A/B baseline). Read
+/// on every call; another value warns once on stderr and means `mma`. Where the mma.sync
+/// GEMMs do not fit (below sm_80, forced fallback, less shared memory than their stages need,
+/// f32, unaligned rows) the wmma or CUDA-core GEMMs run whatever it says; FP8 experts always
+/// take their own GEMMs (fp8_gemm.cu).
+pub const MOE_GEMM_ENV: &str = "PORTER_MOE_GEMM";
+
+/// Environment variable choosing the prefill path's alignment: `parallel` (the default: moe_prefill.cu's
+/// `moe_palign_*` over many blocks, beyond 4096 pairs) or `one` (moe.cu's single-block
+/// `moe_align` at every size, the A/B baseline). Read on every call; another value warns once on
+/// stderr and means `parallel`.
+pub const MOE_ALIGN_ENV: &str = "PORTER_MOE_ALIGN";
+
+/// Whether [`MOE_ALIGN_ENV`]'s value `v` asks for the single-block alignment (`Err`: the value,
+/// unknown).
+fn one_block_align(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
+    let Some(v) = v else { return Ok(false) };
+    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+        "" | "parallel" => Ok(false),
+        "one" => Ok(true),
+        _ => Err(v.to_string_lossy().into_owned()),
+    }
+}
+
+/// [`one_block_align`] for the process environment, warning once about a value it does not know.
+pub(super) fn one_block_align_env() -> bool {
+    one_block_align(std::env::var_os(MOE_ALIGN_ENV).as_deref()).unwrap_or_else(|bad| {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| eprintln!("warning: {MOE_ALIGN_ENV}={bad:?} is not one of parallel, one; using parallel"));
+        false
+    })
+}
+
+/// The prefill path's choices: GEMM form, tile fragments (`None`: the host's choice) and
+/// whether the alignment is the single-block one.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Choice {
+    /// The dense GEMM form.
+    pub(super) gemm: MoeGemm,
+    /// Row fragments of a tile (tiles of 16·frags rows), or the host's choice.
+    pub(super) frags: Option<usize>,
+    /// The single-block alignment at every size.
+    pub(super) one_block_align: bool,
+}
+
+/// Which dense tensor-core GEMMs the prefill path runs ([`MOE_GEMM_ENV`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum MoeGemm {
+    /// moe_prefill.cu's mma.sync GEMMs (8 warps, 16·MI × 512 block tiles), where they fit.
+    Mma,
+    /// moe.cu's wmma GEMMs (4 warps, 16·MI × 256 block tiles).
+    Wmma,
+}
+
+impl MoeGemm {
+    /// The form [`MOE_GEMM_ENV`] asks for ([`MoeGemm::Mma`] when unset or unknown).
+    pub(super) fn from_env() -> Self {
+        let v = std::env::var_os(MOE_GEMM_ENV);
+        Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of mma, wmma; using mma"));
+            MoeGemm::Mma
+        })
+    }
+
+    /// [`MoeGemm::from_env`] for a given value of the variable (`Err`: the value, unknown).
+    fn from_value(v: Option<&std::ffi::OsStr>) -> std::result::Result<Self, String> {
+        let Some(v) = v else { return Ok(MoeGemm::Mma) };
+        match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+            "" | "mma" => Ok(MoeGemm::Mma),
+            "wmma" => Ok(MoeGemm::Wmma),
+            _ => Err(v.to_string_lossy().into_owned()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{one_block_align, MoeGemm};
+    use std::ffi::OsStr;
+
+    #[test]
+    fn moe_gemm_env_values() {
+        assert_eq!(MoeGemm::from_value(None), Ok(MoeGemm::Mma));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new(""))), Ok(MoeGemm::Mma));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new(" MMA "))), Ok(MoeGemm::Mma));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new("wmma"))), Ok(MoeGemm::Wmma));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new("tc"))), Err("tc".to_string()));
+    }
+
+    #[test]
+    fn moe_align_env_values() {
+        assert_eq!(one_block_align(None), Ok(false));
+        assert_eq!(one_block_align(Some(OsStr::new("Parallel"))), Ok(false));
+        assert_eq!(one_block_align(Some(OsStr::new("one"))), Ok(true));
+        assert_eq!(one_block_align(Some(OsStr::new("single"))), Err("single".to_string()));
+    }
+}
