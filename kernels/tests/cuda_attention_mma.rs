@@ -1,8 +1,9 @@
 //! GPU tests of the raw mma.sync prefill attention (kernels/cuda/attention_mma.cu) against
-//! the CPU reference: every tensor-core shape of `tc_prefill_cases` on both tile shapes
-//! (8 warps × 64 keys, 4 warps × 32 keys), and the 80B layout (16 query heads, 2 KV heads,
-//! head_dim 256, causal) timed side by side with the wmma kernel (attention_tc.cu) at 4k and
-//! 16k tokens, and the error the P_hi + P_lo split saves. `#[ignore = "needs a CUDA GPU"]`; `PORTER_CUDA_SEED` replays a seed.
+//! the CPU reference: every tensor-core shape of `tc_prefill_cases` on each form (8 warps ×
+//! 64 keys; 4 warps × 32 keys and the warp pairs splitting head_dim, at head_dim 256), the
+//! 80B layout (16 query heads, 2 KV heads, head_dim 256, causal) timed side by side with the
+//! wmma kernel (attention_tc.cu) at 4k and 16k tokens, and the error the P_hi + P_lo split
+//! saves. `#[ignore = "needs a CUDA GPU"]`; `PORTER_CUDA_SEED` replays a seed.
 
 mod common;
 
