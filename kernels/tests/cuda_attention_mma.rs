@@ -1,8 +1,9 @@
 //! GPU tests of the raw mma.sync prefill attention (kernels/cuda/attention_mma.cu) against
-//! the CPU reference: every tensor-core shape of `tc_prefill_cases` on both tile shapes
-//! (8 warps × 64 keys, 4 warps × 32 keys), and the 80B layout (16 query heads, 2 KV heads,
-//! head_dim 256, causal) timed side by side with the wmma kernel (attention_tc.cu) at 4k and
-//! 16k tokens, and the error the P_hi + P_lo split saves. `#[ignore = "needs a CUDA GPU"]`; `PORTER_CUDA_SEED` replays a seed.
+//! the CPU reference: every tensor-core shape of `tc_prefill_cases` on each form (8 warps ×
+//! 64 keys; 4 warps × 32 keys and the warp pairs splitting head_dim, at head_dim 256), the
+//! 80B layout (16 query heads, 2 KV heads, head_dim 256, causal) timed side by side with the
+//! wmma kernel (attention_tc.cu) at 4k and 16k tokens, and the error the P_hi + P_lo split
+//! saves. `#[ignore = "needs a CUDA GPU"]`; `PORTER_CUDA_SEED` replays a seed.
 
 mod common;
 
@@ -14,13 +15,17 @@ use porter_kernels::cuda::{AttnMode, AttnTc, CudaFloat, CudaKernels};
 use std::time::Instant;
 
 /// Parity of the mma kernels on every tensor-core shape: the 8-warp tiles at every head dim,
-/// the 4-warp tiles at the head dims they exist for (padded 256).
+/// the 4-warp tiles and the warp-pair form at the head dims they exist for (padded 256).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_mma_prefill() {
     let k = gpu("attention_mma_prefill");
     let mut rng = Rng::new(31);
-    for (tc, keep) in [(AttnTc::MmaW8, &(|_| true) as &dyn Fn(usize) -> bool), (AttnTc::MmaW4, &|hd| hd > 128)] {
+    let all = |_| true;
+    let d256 = |hd| hd > 128;
+    let kernels: [(AttnTc, &dyn Fn(usize) -> bool); 3] =
+        [(AttnTc::MmaW8, &all), (AttnTc::MmaW4, &d256), (AttnTc::MmaX2, &d256)];
+    for (tc, keep) in kernels {
         let mode = AttnMode::Tc(tc);
         for hd in [64, 128, 256] {
             println!("{tc:?} head_dim {hd}: {:?}", k.attention_tc_kernel::<bf16>(hd, 100, mode));
@@ -58,7 +63,7 @@ fn prefill_side_by_side(k: &CudaKernels, rng: &mut Rng, q_len: usize, pos0: usiz
     let keys: f64 = (0..q_len).map(|i| (pos0 + i + 1) as f64).sum();
     let flops = 4.0 * keys * (h * hd) as f64;
     let mut base: Option<(Vec<f32>, f64)> = None;
-    for tc in [AttnTc::Wmma, AttnTc::MmaW8, AttnTc::MmaW4, AttnTc::MmaP1] {
+    for tc in [AttnTc::Wmma, AttnTc::MmaW8, AttnTc::MmaW4, AttnTc::MmaP1, AttnTc::MmaX2] {
         let mode = AttnMode::Tc(tc);
         let name = k.attention_tc_kernel::<bf16>(hd, q_len, mode).unwrap_or_else(|| "CUDA cores".into());
         let mut out = poisoned::<bf16>(k, q_len * row);
@@ -93,8 +98,8 @@ fn prefill_side_by_side(k: &CudaKernels, rng: &mut Rng, q_len: usize, pos0: usiz
 }
 
 /// The 80B layout at 4k and 16k tokens from position 0 and a 2k chunk after a 2k prefix:
-/// µs and TFLOP/s of the wmma kernel, both mma tile shapes and the single-MMA P form
-/// (`MmaP1`), side by side.
+/// µs and TFLOP/s of the wmma kernel, both mma tile shapes, the single-MMA P form (`MmaP1`)
+/// and the warp-pair form (`MmaX2`), side by side.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_mma_vs_wmma_timing() {

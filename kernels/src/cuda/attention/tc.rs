@@ -12,6 +12,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 /// (raw mma.sync, attention_mma.cu, the first of its tile shapes that fits the device),
 /// `mma8` / `mma4` (its 8-warp, 64-key or 4-warp, 32-key tiles first), `mma1` (8-warp tiles
 /// with P rounded to one `T` term, one P·V MMA instead of two: A/B and parity runs only),
+/// `mma2` (head_dim 256: 8 warps in pairs that share 32 rows and split head_dim, 32-key tiles),
 /// `wmma` (the wmma kernel, attention_tc.cu). Unset: [`ATTN_TC_DEFAULT`]; another value warns once on stderr
 /// and means the default. Read on every call. Where the chosen kernel does not fit the
 /// device's shared memory the other tensor-core kernels are tried, then the CUDA cores.
@@ -33,6 +34,11 @@ pub enum AttnTc {
     /// measure what the split costs and whether parity holds without it. Pools of the model
     /// dtype only (a quantized pool runs [`AttnTc::Mma`]).
     MmaP1,
+    /// At padded head_dim 256: warp pairs sharing 32 rows, each warp holding O for half of
+    /// head_dim (the S halves summed through shared memory), so that each K / V fragment
+    /// serves 32 rows (less shared-memory traffic per MMA); 8 warps, 32-key tiles. Pools of
+    /// the model dtype only; elsewhere [`AttnTc::Mma`].
+    MmaX2,
 }
 
 /// The kernel of [`AttnMode::Fast`] when [`ATTN_TC_ENV`] is unset.
@@ -57,7 +63,8 @@ const ATC_PSS: usize = 72;
 /// (warps, keys per tile) of the mma kernels attention_mma.cu instantiates (`_w<NW>n<BN>`),
 /// in the default order of preference.
 const MMA_TILES: [(usize, usize); 2] = [(8, 64), (4, 32)];
-/// The 4-warp, 32-key mma tiles exist at this padded head dim only (attention_mma.cu).
+/// The 4-warp, 32-key mma tiles and the warp-pair form exist at this padded head dim only
+/// (attention_mma.cu).
 const MMA_W4_DP: usize = 256;
 
 /// [`ATTN_TC_ENV`]'s value `v` (`Err`: the value, unknown).
@@ -70,6 +77,7 @@ fn tc_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<AttnTc, String> {
         "mma8" => Ok(AttnTc::MmaW8),
         "mma4" => Ok(AttnTc::MmaW4),
         "mma1" => Ok(AttnTc::MmaP1),
+        "mma2" => Ok(AttnTc::MmaX2),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -80,7 +88,7 @@ fn tc_env() -> AttnTc {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
             eprintln!(
-                "warning: {ATTN_TC_ENV}={bad:?} is not one of wmma, mma, mma8, mma4, mma1; using {ATTN_TC_DEFAULT:?}"
+                "warning: {ATTN_TC_ENV}={bad:?} is not one of wmma, mma, mma8, mma4, mma1, mma2; using {ATTN_TC_DEFAULT:?}"
             )
         });
         ATTN_TC_DEFAULT
@@ -88,23 +96,29 @@ fn tc_env() -> AttnTc {
 }
 
 /// A tensor-core kernel's shape: the wmma kernel, or the mma kernel with `warps` warps
-/// and `bn`-key tiles, P split in two terms (`p1`: one).
+/// and `bn`-key tiles, P split in two terms (`p1`: one), one warp a 16-row group (`x2`: two
+/// warps a 32-row group, head_dim split between them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Shape {
     Wmma,
-    Mma { warps: usize, bn: usize, p1: bool },
+    Mma { warps: usize, bn: usize, p1: bool, x2: bool },
 }
 
 /// The mma kernels' 4-warp, 32-key shape (P split).
-const MMA_W4: Shape = Shape::Mma { warps: 4, bn: 32, p1: false };
+const MMA_W4: Shape = Shape::Mma { warps: 4, bn: 32, p1: false, x2: false };
 /// The mma kernels' 8-warp, 64-key shape (P split).
-const MMA_W8: Shape = Shape::Mma { warps: 8, bn: 64, p1: false };
+const MMA_W8: Shape = Shape::Mma { warps: 8, bn: 64, p1: false, x2: false };
+/// The single-MMA P form (8 warps, 64 keys; pools of T).
+const MMA_P1: Shape = Shape::Mma { warps: 8, bn: 64, p1: true, x2: false };
+/// Warp pairs splitting head_dim (8 warps, 32 keys; padded head_dim 256, pools of T).
+const MMA_X2: Shape = Shape::Mma { warps: 8, bn: 32, p1: false, x2: true };
 
 impl Shape {
     /// Items (query row, head) per block.
     fn bm(self) -> usize {
         match self {
             Shape::Wmma => ATC_BM,
+            // x2: 32-row groups of two warps, the same 16 rows a warp.
             Shape::Mma { warps, .. } => 16 * warps,
         }
     }
@@ -121,7 +135,7 @@ impl Shape {
     /// wmma: Q tile, two K and two V tiles of `dp + 8` elements a row, per warp the f32 S
     /// tile, the two P tiles (P = P_hi + P_lo) and 16 row factors, two key-slot tables.
     /// mma: Q tile, two K and two V tiles of `dp` elements a row (swizzled, no padding),
-    /// two key-slot tables.
+    /// two key-slot tables; `x2`: each warp's partial S (32 rows × `bn` f32).
     fn smem(self, esz: usize, dp: usize) -> usize {
         match self {
             Shape::Wmma => {
@@ -129,7 +143,9 @@ impl Shape {
                     + ATC_WARPS * 16 * (ATC_SS * 4 + 2 * ATC_PSS * esz + 4)
                     + 2 * ATC_BN * 4
             }
-            Shape::Mma { warps, bn, .. } => (16 * warps + 4 * bn) * dp * esz + 2 * bn * 4,
+            Shape::Mma { warps, bn, x2, .. } => {
+                (16 * warps + 4 * bn) * dp * esz + 2 * bn * 4 + if x2 { warps * 32 * bn * 4 } else { 0 }
+            }
         }
     }
 
@@ -137,8 +153,15 @@ impl Shape {
     fn kernel(self, name: &str, tag: &str, dp: usize) -> String {
         match self {
             Shape::Wmma => format!("attention_tc_{name}{tag}_d{dp}"),
-            Shape::Mma { warps, bn, p1 } => {
-                format!("attention_mma_{name}{tag}_d{dp}_w{warps}n{bn}{}", if p1 { "_p1" } else { "" })
+            Shape::Mma { warps, bn, p1, x2 } => {
+                let form = if p1 {
+                    "_p1"
+                } else if x2 {
+                    "_x2"
+                } else {
+                    ""
+                };
+                format!("attention_mma_{name}{tag}_d{dp}_w{warps}n{bn}{form}")
             }
         }
     }
@@ -146,13 +169,14 @@ impl Shape {
 
 /// The shapes to try for `kernel`, in order: its own first, then the other tensor-core ones.
 fn shapes(kernel: AttnTc) -> Vec<Shape> {
-    let [a, b] = MMA_TILES.map(|(warps, bn)| Shape::Mma { warps, bn, p1: false });
+    let [a, b] = MMA_TILES.map(|(warps, bn)| Shape::Mma { warps, bn, p1: false, x2: false });
     match kernel {
         AttnTc::Wmma => vec![Shape::Wmma, a, b],
         AttnTc::Mma => vec![a, b, Shape::Wmma],
         AttnTc::MmaW8 => vec![MMA_W8, MMA_W4, Shape::Wmma],
         AttnTc::MmaW4 => vec![MMA_W4, MMA_W8, Shape::Wmma],
-        AttnTc::MmaP1 => vec![Shape::Mma { warps: 8, bn: 64, p1: true }, a, b, Shape::Wmma],
+        AttnTc::MmaP1 => vec![MMA_P1, a, b, Shape::Wmma],
+        AttnTc::MmaX2 => vec![MMA_X2, a, b, Shape::Wmma],
     }
 }
 
@@ -160,7 +184,7 @@ fn shapes(kernel: AttnTc) -> Vec<Shape> {
 /// `None` for the CUDA-core kernels. Needs a 16-bit type (`esz == 2`), `head_dim % 16 ==
 /// 0`, `max_q_len >= ATC_MIN_Q`, tensor cores (`tc`: sm_80+, not forced to the fallback)
 /// and a shape within `limit` bytes of shared memory that exists for the padded head dim
-/// and the pools (`quant`: quantized pools, which have no `_p1` kernels).
+/// and the pools (`quant`: quantized pools, which have no `_p1` / `_x2` kernels).
 fn plan(
     esz: usize,
     head_dim: usize,
@@ -176,8 +200,8 @@ fn plan(
     let dp = ATC_DIMS.iter().copied().find(|&d| d >= head_dim)?;
     shapes(kernel)
         .into_iter()
-        .filter(|&s| s != MMA_W4 || dp == MMA_W4_DP)
-        .filter(|&s| !quant || !matches!(s, Shape::Mma { p1: true, .. }))
+        .filter(|&s| (s != MMA_W4 && s != MMA_X2) || dp == MMA_W4_DP)
+        .filter(|&s| !quant || (s != MMA_P1 && s != MMA_X2))
         .map(|s| (s, dp, s.smem(esz, dp)))
         .find(|&(_, _, smem)| smem <= limit)
 }
@@ -302,7 +326,8 @@ mod tests {
     const H200: usize = 232_448;
     const A100: usize = 166_912;
     const SM86: usize = 101_376;
-    const KERNELS: [AttnTc; 5] = [AttnTc::Wmma, AttnTc::Mma, AttnTc::MmaW8, AttnTc::MmaW4, AttnTc::MmaP1];
+    const KERNELS: [AttnTc; 6] =
+        [AttnTc::Wmma, AttnTc::Mma, AttnTc::MmaW8, AttnTc::MmaW4, AttnTc::MmaP1, AttnTc::MmaX2];
 
     #[test]
     fn tensor_core_plans_fit_the_devices() {
@@ -312,22 +337,25 @@ mod tests {
                 let (s, dp, smem) = plan(2, hd, 64, true, H200, k, false).expect("a tensor-core plan");
                 assert!(dp >= hd && smem <= H200);
                 let first = match shapes(k)[0] {
-                    MMA_W4 if dp != MMA_W4_DP => shapes(k)[1],
+                    MMA_W4 | MMA_X2 if dp != MMA_W4_DP => shapes(k)[1],
                     s => s,
                 };
                 assert_eq!(s, first, "{k:?} head_dim {hd}");
-                // Quantized pools: no single-MMA P kernels.
+                // Quantized pools: no single-MMA P or warp-pair kernels.
                 let (sq, _, _) = plan(2, hd, 64, true, H200, k, true).expect("a tensor-core plan");
-                assert!(!matches!(sq, Shape::Mma { p1: true, .. }), "{k:?} head_dim {hd}: {sq:?}");
+                assert!(sq != MMA_P1 && sq != MMA_X2, "{k:?} head_dim {hd}: {sq:?}");
             }
         }
         assert_eq!(MMA_W8.smem(2, 256), 197_120);
         assert_eq!(MMA_W4.smem(2, 256), 98_560);
-        // A100 and sm_86 / sm_89 at head_dim 256: the 4-warp mma tiles (wmma needs 202 KiB).
+        assert_eq!(MMA_X2.smem(2, 256), 164_096);
+        // A100 and sm_86 / sm_89 at head_dim 256: the 4-warp mma tiles (wmma needs 202 KiB);
+        // the warp-pair form fits an A100.
         for limit in [A100, SM86] {
             for k in KERNELS {
                 let (s, _, smem) = plan(2, 256, 64, true, limit, k, false).expect("a plan");
-                assert_eq!(s, MMA_W4);
+                let want = if k == AttnTc::MmaX2 && limit == A100 { MMA_X2 } else { MMA_W4 };
+                assert_eq!(s, want, "{k:?} limit {limit}");
                 assert!(smem <= limit);
             }
         }
@@ -337,7 +365,8 @@ mod tests {
         assert!(plan(2, 128, 15, true, H200, AttnTc::Mma, false).is_none());
         assert!(plan(2, 128, 64, false, H200, AttnTc::Mma, false).is_none());
         assert_eq!(MMA_W8.kernel("bf16", "_fp8", 256), "attention_mma_bf16_fp8_d256_w8n64");
-        assert_eq!(Shape::Mma { warps: 8, bn: 64, p1: true }.kernel("f16", "", 128), "attention_mma_f16_d128_w8n64_p1");
+        assert_eq!(MMA_P1.kernel("f16", "", 128), "attention_mma_f16_d128_w8n64_p1");
+        assert_eq!(MMA_X2.kernel("bf16", "", 256), "attention_mma_bf16_d256_w8n32_x2");
         assert_eq!(Shape::Wmma.kernel("bf16", "_i8", 64), "attention_tc_bf16_i8_d64");
     }
 
@@ -350,6 +379,7 @@ mod tests {
         assert_eq!(tc_from(Some("mma8".as_ref())), Ok(AttnTc::MmaW8));
         assert_eq!(tc_from(Some("mma4".as_ref())), Ok(AttnTc::MmaW4));
         assert_eq!(tc_from(Some("mma1".as_ref())), Ok(AttnTc::MmaP1));
+        assert_eq!(tc_from(Some("mma2".as_ref())), Ok(AttnTc::MmaX2));
         assert_eq!(tc_from(Some("fast".as_ref())), Err("fast".into()));
         assert_eq!(shapes(AttnTc::MmaW4)[0], MMA_W4);
         assert_eq!(shapes(AttnTc::MmaW8)[0], MMA_W8);
