@@ -269,6 +269,11 @@ pub fn compile_with(src: &KernelSource, arch: &'static str, fallback: bool) -> R
         return Ok(p.clone());
     }
     nvrtc_available().map_err(CudaError::Unavailable)?;
+    let disk = disk_cache_path(src.name, &text, arch, fallback);
+    if let Some(p) = disk.as_ref().and_then(|(path, header)| read_cached(path, header)) {
+        ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
+        return Ok(p);
+    }
     let include = cuda_include_dir()?;
     let mut options = vec!["--std=c++17".to_string()];
     if fallback {
@@ -288,13 +293,98 @@ pub fn compile_with(src: &KernelSource, arch: &'static str, fallback: bool) -> R
             other => other.to_string(),
         },
     })?;
+    if let Some((path, header)) = &disk {
+        write_cached(path, header, &ptx);
+    }
     ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, ptx.clone());
     Ok(ptx)
+}
+
+/// Environment variable: the directory of the on-disk PTX cache ([`compile_with`] keeps each
+/// module's PTX there, so that a second process skips NVRTC: the attention and MoE modules take
+/// tens of seconds to compile). `off` disables it. Unset: `$XDG_CACHE_HOME/porter/ptx`, else
+/// `$HOME/.cache/porter/ptx`, else none. A file that cannot be read or written is compiled
+/// again (never an error).
+pub const KERNEL_CACHE_ENV: &str = "PORTER_KERNEL_CACHE";
+
+/// 64-bit FNV-1a (stable across builds, unlike the std hasher): the cache file's name.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The cache directory [`KERNEL_CACHE_ENV`] names (or its default), if any.
+fn cache_dir() -> Option<PathBuf> {
+    match std::env::var_os(KERNEL_CACHE_ENV) {
+        Some(v) if v.to_string_lossy().trim().eq_ignore_ascii_case("off") => None,
+        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
+        _ => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache")))
+            .map(|d| d.join("porter").join("ptx")),
+    }
+}
+
+/// The cache file of one compilation and the header line its content starts with: the file
+/// name hashes the source text, the arch, the fallback flag and the NVRTC version; the header
+/// repeats them with the text's length and a second hash, checked on every read.
+fn disk_cache_path(name: &str, text: &str, arch: &str, fallback: bool) -> Option<(PathBuf, String)> {
+    let dir = cache_dir()?;
+    let (major, minor) = nvrtc_version().ok()?;
+    let ver = format!("{major}.{minor}");
+    let fb: &[u8] = if fallback { b"fallback" } else { b"" };
+    let h1 = fnv1a(&[text.as_bytes(), arch.as_bytes(), fb, ver.as_bytes()]);
+    let h2 = fnv1a(&[ver.as_bytes(), fb, arch.as_bytes(), text.as_bytes(), name.as_bytes()]);
+    let stem = name.trim_end_matches(".cu");
+    let path = dir.join(format!("{stem}-{arch}{}-{h1:016x}.ptx", if fallback { "-fb" } else { "" }));
+    let header =
+        format!("// porter ptx cache v1 nvrtc {ver} {arch} fallback={fallback} len={} {h2:016x}\n", text.len());
+    Some((path, header))
+}
+
+/// The cached PTX at `path` if it starts with `header`.
+fn read_cached(path: &std::path::Path, header: &str) -> Option<Ptx> {
+    let body = std::fs::read_to_string(path).ok()?;
+    body.strip_prefix(header).map(|ptx| Ptx::from_src(ptx.to_string()))
+}
+
+/// Writes `ptx` to `path` behind `header` (through a temporary file and a rename, so that a
+/// concurrent reader never sees half a file); failures are ignored (the cache is optional).
+fn write_cached(path: &std::path::Path, header: &str, ptx: &Ptx) {
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, format!("{header}{}", ptx.to_src())).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disk_cache_round_trip_and_header_check() {
+        let dir = std::env::temp_dir().join(format!("porter-ptx-test-{}", std::process::id()));
+        let path = dir.join("x-sm_90-0123.ptx");
+        let ptx = Ptx::from_src(".version 8.0\n// body\n".to_string());
+        write_cached(&path, "// h1\n", &ptx);
+        assert_eq!(read_cached(&path, "// h1\n").map(|p| p.to_src()), Some(ptx.to_src()));
+        assert!(read_cached(&path, "// h2\n").is_none(), "a header mismatch must not be used");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]), "part boundaries are hashed");
+    }
 
     #[test]
     fn include_dir_error_is_clear() {
