@@ -25,7 +25,9 @@
 // MOE_DOWN_NR columns) item, counts the item done on the column group's
 // counter; the warp that completes a column group (all active slots) writes
 // out for those columns and every row. The counters ctr [ceil(H /
-// MOE_DOWN_NR)] are zeroed by block 0 of the gate+up kernel.
+// MOE_DOWN_NR)] are zeroed by block 0 of the gate+up kernel. That down kernel is the
+// legacy one (PORTER_MOE_DOWN=legacy): by default v1's down is moe_shared.cu's streamed
+// moe_dec_downs_* (a block per 8 columns of every expert, o in shared memory, no counters).
 //
 // v2 (moe_dec_v2_*): one persistent launch for gate+up, down and combine. Why
 // (Qwen3-Next-80B at t = 1: 10 experts, 63 MB of bf16 weights, 15 µs at the
@@ -306,12 +308,14 @@ __device__ __forceinline__ void down_rows(const M& down, u32 ex, u32 c0, u32 H, 
     for (int r = 0; r < NR; ++r) w[r] = down.row((u64)ex * H + min(c0 + r, H - 1), I);
 }
 
-// down of item (slot s, NR columns from c0), one warp: o [n, H] per pair,
-// rounded to T. CG: h through L2 (written by this kernel).
+// down of item (slot s, NR columns from c0), one warp: o[p · ostride + ocol + r] of
+// pair p and column c0 + r, rounded to T (v1 / v2: o [n, H], ostride H, ocol c0; the
+// streamed down kernel: its block's columns in shared memory). CG: h through L2 (written
+// by this kernel).
 template <typename T, typename M, int NR, int MB, int U, bool CG>
 __device__ __forceinline__ void down_item(const T* __restrict__ h, const M& down, const u32* __restrict__ sorted,
-                                          const u32* __restrict__ seg, u32 s, u32 c0, T* __restrict__ o, u32 H,
-                                          u32 I, int vec, u32 lane) {
+                                          const u32* __restrict__ seg, u32 s, u32 c0, T* __restrict__ o, u32 ostride,
+                                          u32 ocol, u32 H, u32 I, int vec, u32 lane) {
     static_assert(MB * NR <= 32, "a lane per (row, column) of a pass");
     const u32 ex = seg[3 * s], start = seg[3 * s + 1], cnt = seg[3 * s + 2];
     typename M::Row w[NR];
@@ -331,7 +335,7 @@ __device__ __forceinline__ void down_item(const T* __restrict__ h, const M& down
 #pragma unroll
             for (int r = 0; r < NR; ++r)
                 if (lm == m && lr == r) v = acc[m][r];
-        if (lm < mb && c0 + lr < H) o[(u64)sorted[start + m0 + lm] * H + c0 + lr] = from_f<T>(v);
+        if (lm < mb && c0 + lr < H) o[(u64)sorted[start + m0 + lm] * ostride + ocol + lr] = from_f<T>(v);
     }
 }
 
@@ -380,10 +384,20 @@ __device__ __forceinline__ void dec_gu_impl(const T* __restrict__ x, const M gat
     const u32* seg;
     u32 nact;
     dec_lists(idx, n, e, fused, g_sorted, g_seg, g_meta, dsm, sh, sorted, seg, nact);
+    // vec bit 1 (with `fused`): block 0 also stores its lists where moe_align would have
+    // (the g_* scratch, not read by this kernel), for the streamed down kernel, which then
+    // starts on its weights without a grouping prologue of its own.
+    if ((vec & 2) && fused && blockIdx.x == 0) {
+        u32* gs = const_cast<u32*>(g_sorted);
+        u32* gg = const_cast<u32*>(g_seg);
+        for (u32 i = threadIdx.x; i < n; i += blockDim.x) gs[i] = sorted[i];
+        for (u32 i = threadIdx.x; i < 3u * nact; i += blockDim.x) gg[i] = seg[i];
+        if (threadIdx.x == 0) const_cast<u32*>(g_meta)[0] = nact;
+    }
     const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
     const u64 items = (u64)nact * I, stride = (u64)gridDim.x * wpb;
     for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride)
-        gu_item<T, M, U>(x, gate, up, sorted, seg, (u32)(q / I), (u32)(q % I), h, H, I, k, vec, lane);
+        gu_item<T, M, U>(x, gate, up, sorted, seg, (u32)(q / I), (u32)(q % I), h, H, I, k, vec & 1, lane);
 }
 
 template <typename T, typename M, int U>
@@ -409,10 +423,12 @@ __device__ __forceinline__ void dec_down_impl(const T* __restrict__ h, const M d
     for (u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5); q < items; q += stride) {
         const u32 s = (u32)(q / nq), cq = (u32)(q % nq), c0 = cq * MOE_DOWN_NR;
         // h was written by the previous kernel: the read-only path is fine.
-        down_item<T, M, MOE_DOWN_NR, MOE_GEMV_MB, U, false>(h, down, sorted, seg, s, c0, o, H, I, vec, lane);
+        down_item<T, M, MOE_DOWN_NR, MOE_GEMV_MB, U, false>(h, down, sorted, seg, s, c0, o, H, c0, H, I, vec, lane);
         count_and_combine<T, MOE_DOWN_NR>(ctr, cq, nact, o, idx, wt, out, c0, H, k, e, t, lane);
     }
 }
+
+// v1, streamed down + combine: moe_shared.cu (dec_downs_impl).
 
 // ---------------------------------------------------------------------------
 // Direct form (few pairs, the default up to DIRECT_MAX_PAIRS on the host): no
@@ -501,6 +517,28 @@ template <typename T, typename M> struct DirShared {
     int mode, vec;
 };
 
+// The direct down kernel's L2 prefetch (staged bit 2): the 128-byte lines of warp
+// (row, column c)'s rows, routed pair j's down[idx_r[j]][c] (valid ids only) and with a
+// shared expert its row down_s[c], lane-strided over (row, line).
+template <typename T, typename M>
+__device__ __forceinline__ void dir_prefetch_rows(const M& down, const u32* __restrict__ idx_r, u32 e, u32 H, u32 I,
+                                                  u32 k, u32 c, const DirShared<T, M>& sh, u32 lane) {
+    const u32 nl = (I * M::BYTES + 127u) / 128u;
+    for (u32 q = lane; q < k * nl; q += 32u) {
+        const u32 j = q / nl;
+        const u32 ex = __ldg(idx_r + j);
+        if (ex < e) {
+            const char* p = static_cast<const char*>(down.row((u64)ex * H + c, I).base()) + (q - j * nl) * 128u;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+        }
+    }
+    if (sh.mode) {
+        const u32 ns = (sh.Is * M::BYTES + 127u) / 128u;
+        const char* row = static_cast<const char*>(sh.down.row(c, sh.Is).base());
+        for (u32 l = lane; l < ns; l += 32u) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + l * 128u));
+    }
+}
+
 template <typename T, typename M, int U>
 __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up,
                                             const u32* __restrict__ idx, u32 n, u32 e, T* __restrict__ h, u32 H, u32 I,
@@ -538,7 +576,8 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
     dir_gu_impl<T, M, U>(x, gate, up, idx, n, e, h, H, I, k, vec, none);
 }
 
-// `staged`: bit 0, the row's k rows of h in shared memory; bit 1, the row of h_s after them.
+// `staged`: bit 0, the row's k rows of h in shared memory; bit 1, the row of h_s after them;
+// bit 2, the rows prefetched into L2 first (dir_prefetch_rows).
 template <typename T, typename M, int U>
 __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
                                               const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
@@ -552,7 +591,15 @@ __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M d
     const u32 r = blockIdx.y, c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const T* hr = h + (u64)r * k * I;
     const T* hsr = sh.mode ? sh.hs + (u64)r * sh.Is : nullptr;
-    if (staged) {
+    // staged bit 2 (the streamed form; PORTER_MOE_DOWN=legacy clears it): every weight row
+    // this warp will read (its k routed rows, then the shared row) is asked into L2 before
+    // the staging below, so HBM works on the whole launch's bytes from its start; without
+    // it the first zip group's loads were issued only after the idx load, the h staging
+    // and the barrier (one wave at t = 1: each of those latencies was the kernel's), and
+    // the second group's only after the first group's dots. Registers: one expert id and
+    // one address a lane (no row array: the earlier try with prefetch_rows spilled).
+    if ((staged & 4) && c < H) dir_prefetch_rows<T, M>(down, idx + (u64)r * k, e, H, I, k, c, sh, lane);
+    if (staged & 3) {
         const u32 n16 = (staged & 1) ? k * I * (u32)sizeof(T) / 16u : 0u;
         const u32 s16 = (staged & 2) ? sh.Is * (u32)sizeof(T) / 16u : 0u;
         const uint4* src = reinterpret_cast<const uint4*>(hr);
@@ -700,7 +747,7 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
                 __nanosleep(128);
             }
             __syncwarp();
-            down_item<T, M, DR, DN_MB, DN_U, true>(h, down, sorted, seg, s, c0, o, H, I, vec_d, lane);
+            down_item<T, M, DR, DN_MB, DN_U, true>(h, down, sorted, seg, s, c0, o, H, c0, H, I, vec_d, lane);
             if (comb) count_and_combine<T, DR>(ctr, cq, nact, o, idx, wt, out, c0, H, k, e, t, lane);
         }
         if (++q == end) {
@@ -730,7 +777,7 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
 
 // Entry points: moe_dec_gu_<T> / moe_dec_down_<T> (v1), moe_dec_v2_<T>, moe_dir_gu_<T> /
 // moe_dir_down_<T> (direct).
-#define MOE_DEC_ENTRY(T, NAME, GU_U, DN_U)                                                                        \
+#define MOE_DEC_ENTRY(T, NAME, GU_U, DN_U, DIR_U)                                                                        \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_gu_##NAME(                         \
         const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,     \
         const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) {            \
@@ -758,10 +805,11 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_##NAME(                       \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \
         int vec, int staged) {                                                                                    \
-        dir_down_impl<T, DenseMat<T>, 2>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged);          \
+        dir_down_impl<T, DenseMat<T>, DIR_U>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged);      \
     }
 
-// v2 chunks in flight per lane and row (gate+up, down; see dec_v2_impl).
-MOE_DEC_ENTRY(float, f32, 4, 1)
-MOE_DEC_ENTRY(bf16, bf16, 4, 1)
-MOE_DEC_ENTRY(f16, f16, 4, 1)
+// v2 chunks in flight per lane and row (gate+up, down; see dec_v2_impl); the direct down
+// kernel's (f32: one, two spilled: 4 weights a chunk, twice the chunks a row).
+MOE_DEC_ENTRY(float, f32, 4, 1, 1)
+MOE_DEC_ENTRY(bf16, bf16, 4, 1, 2)
+MOE_DEC_ENTRY(f16, f16, 4, 1, 2)

@@ -9,8 +9,13 @@
 //! `swiglu_f32in`, the GEMV, `shared_expert_add_f32g`) per element: only the shared down dot
 //! product's summation order differs, so the outputs differ by at most σ(g) · one rounding of
 //! T of the shared output. Batch invariance (row 0 alone = row 0 of the batch, bit for bit).
-//! Then µs per call of fused vs unfused at the Qwen3-Next-80B shapes (hidden 2048, I = I_s =
-//! 512, 512 experts, top-10, t = 1), bf16 and FP8.
+//! Then µs per call of fused (streamed down kernel, and legacy: `PORTER_MOE_DOWN=legacy`) vs
+//! unfused at the Qwen3-Next-80B shapes (hidden 2048, I = I_s = 512, 512 experts, top-10,
+//! t = 1), bf16 and FP8, calls queued behind a hold (the host's submission not timed); the
+//! fused legacy output is asserted bit-identical to the streamed one.
+//!
+//! The tests of this binary set `PORTER_MOE_DOWN` for the legacy runs, so each holds one lock
+//! (`ENV`) for its whole run: they never run at the same time.
 //!
 //! Tolerances: against the CPU the usual ones of the MoE tests (`tol::<T>()`, relative to
 //! the largest reference value: 1e-2 for bf16 / f16 — a flipped rounding of T in any of the
@@ -23,11 +28,29 @@ mod common;
 
 use common::fp8::{moe_ref, stack, W8};
 use common::moe::*;
+use common::timing::{time_calls, Hold};
 use common::*;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::ops;
 use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8Dev, Gemm, MoeGemv, MoeSharedDev, MOE_PHASES_ALL};
+
+/// Held by every test of this binary (the legacy runs set the process environment).
+static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The lock of [`ENV`] and the GPU.
+fn gpu_locked(test: &str) -> (std::sync::MutexGuard<'static, ()>, CudaKernels) {
+    let guard = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    (guard, gpu(test))
+}
+
+/// `f` with the legacy down kernels (`PORTER_MOE_DOWN=legacy`); the caller holds [`ENV`].
+fn with_legacy_down<R>(f: impl FnOnce() -> R) -> R {
+    std::env::set_var(porter_kernels::cuda::MOE_DOWN_ENV, "legacy");
+    let r = f();
+    std::env::remove_var(porter_kernels::cuda::MOE_DOWN_ENV);
+    r
+}
 
 /// Where the shared expert's f32 inputs lie.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,6 +263,27 @@ fn dense_case<T: CudaFloat>(
     .unwrap_or_else(|e| panic!("{what}: moe_experts_shared: {e}"));
     let fused = down::<f32>(kern, &out);
     check(&format!("{what}: fused vs CPU"), &fused, &want, tol::<T>());
+    // The legacy down kernel: the same bits.
+    let mut lo = poisoned::<f32>(kern, d.t * d.hidden);
+    with_legacy_down(|| {
+        kern.moe_experts_shared::<T>(
+            &dev.x,
+            &dev.idx,
+            &dev.w,
+            &dev.gate,
+            &dev.up,
+            &dev.down,
+            &dev_of(&s, &gud, &gld, &sdd),
+            &mut lo,
+            dims,
+        )
+    })
+    .unwrap_or_else(|e| panic!("{what}: moe_experts_shared (legacy down): {e}"));
+    let legacy = down::<f32>(kern, &lo);
+    assert!(
+        legacy.iter().zip(&fused).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{what}: the legacy down kernel differs from the streamed one"
+    );
     // The unfused GPU sequence.
     let mut uo = poisoned::<f32>(kern, d.t * d.hidden);
     kern.moe_decode_with::<T>(
@@ -309,21 +353,21 @@ fn dense_small<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_shared_small_bf16() {
-    let kern = gpu("moe_shared_small_bf16");
+    let (_env, kern) = gpu_locked("moe_shared_small_bf16");
     dense_small::<bf16>(&kern, &mut Rng::new(41));
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_shared_small_f16() {
-    let kern = gpu("moe_shared_small_f16");
+    let (_env, kern) = gpu_locked("moe_shared_small_f16");
     dense_small::<f16>(&kern, &mut Rng::new(42));
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_shared_small_f32() {
-    let kern = gpu("moe_shared_small_f32");
+    let (_env, kern) = gpu_locked("moe_shared_small_f32");
     dense_small::<f32>(&kern, &mut Rng::new(43));
 }
 
@@ -365,6 +409,26 @@ fn fp8_case<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng, dims: [usize; 5], b
     .unwrap_or_else(|err| panic!("{what}: {err}"));
     let fused = down::<f32>(kern, &out);
     check(&format!("{what}: fused vs CPU"), &fused, &want, tol::<T>());
+    let mut lo = poisoned::<f32>(kern, t * h);
+    with_legacy_down(|| {
+        kern.moe_experts_fp8_shared::<T>(
+            &xd,
+            &id,
+            &wd,
+            gs.dev(),
+            us.dev(),
+            ds.dev(),
+            &dev_of(&s, &gud, &gld, sw.dev()),
+            &mut lo,
+            dims,
+        )
+    })
+    .unwrap_or_else(|err| panic!("{what}: legacy down: {err}"));
+    let legacy = down::<f32>(kern, &lo);
+    assert!(
+        legacy.iter().zip(&fused).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{what}: the legacy down kernel differs from the streamed one"
+    );
     if CudaKernels::fp8_gemv_fits::<T, T>(t, is) {
         let mut uo = poisoned::<f32>(kern, t * h);
         kern.moe_experts_fp8_with::<T>(
@@ -395,7 +459,7 @@ fn fp8_case<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng, dims: [usize; 5], b
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_shared_fp8() {
-    let kern = gpu("moe_shared_fp8");
+    let (_env, kern) = gpu_locked("moe_shared_fp8");
     let mut rng = Rng::new(44);
     for t in [1, 2, 4] {
         // I_s = I; I_s ≠ I (16-byte rows); I_s not a multiple of 16 (scalar rows).
@@ -407,19 +471,9 @@ fn moe_shared_fp8() {
     }
 }
 
-/// µs per call of `f` (CUDA events around `iters` calls after two warm-ups), cycling `i`.
-fn time_us(kern: &CudaKernels, iters: usize, f: &mut dyn FnMut(usize)) -> f64 {
-    f(0);
-    f(1);
-    let s = kern.stream().clone();
-    s.synchronize().expect("sync");
-    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let a = s.record_event(flags).expect("event");
-    for i in 0..iters {
-        f(i);
-    }
-    let b = s.record_event(flags).expect("event");
-    a.elapsed_ms(&b).expect("elapsed") as f64 * 1e3 / iters as f64
+/// µs per call of `f(i)` (CUDA events around `iters` calls queued behind a hold).
+fn time_us(kern: &CudaKernels, hold: &mut Hold, iters: usize, f: &mut dyn FnMut(usize)) -> f64 {
+    time_calls(kern, hold, iters, f) * 1e6
 }
 
 /// The 80B shapes, bf16: parity at t = 1, 2, 4, then fused vs unfused µs per call at t = 1
@@ -427,7 +481,7 @@ fn time_us(kern: &CudaKernels, iters: usize, f: &mut dyn FnMut(usize)) -> f64 {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_shared_80b_bf16() {
-    let kern = gpu("moe_shared_80b_bf16");
+    let (_env, kern) = gpu_locked("moe_shared_80b_bf16");
     let gemm = Gemm::new(&kern).expect("cuBLAS");
     let mut rng = Rng::new(45);
     for t in [1, 2, 4] {
@@ -445,7 +499,8 @@ fn moe_shared_80b_bf16() {
     let routes: Vec<CudaSlice<u32>> = (0..16).map(|_| up_u32(&kern, &random_routes(&mut rng, 1, d.k, d.e))).collect();
     let dims = [1, d.k, d.e, d.hidden, d.inter];
     let mut out = poisoned::<f32>(&kern, d.hidden);
-    let fused = time_us(&kern, 300, &mut |i| {
+    let mut hold = Hold::new(&kern);
+    let mut fused_call = |i: usize| {
         kern.moe_experts_shared::<bf16>(
             &dev.x,
             &routes[i % 16],
@@ -458,10 +513,13 @@ fn moe_shared_80b_bf16() {
             dims,
         )
         .expect("fused")
-    });
+    };
+    let fused = time_us(&kern, &mut hold, 300, &mut fused_call);
+    let fused_legacy = with_legacy_down(|| time_us(&kern, &mut hold, 300, &mut fused_call));
     let mut down_fn = dense_down(&kern, &gemm, &sdd, 1, MOE_INTER, d.hidden);
     let mut tail = Tail::<bf16>::new(&kern, 1, MOE_INTER, d.hidden);
-    let unfused = time_us(&kern, 300, &mut |i| {
+    let mut out = poisoned::<f32>(&kern, d.hidden);
+    let unfused = time_us(&kern, &mut hold, 300, &mut |i| {
         kern.moe_decode_with::<bf16>(
             &dev.x,
             &routes[i % 16],
@@ -477,26 +535,39 @@ fn moe_shared_80b_bf16() {
         .expect("routed");
         unfused_tail::<bf16>(&kern, &s, (&gud, &gld), 1, d.hidden, &mut out, &mut tail, &mut down_fn);
     });
-    let routed = time_us(&kern, 300, &mut |i| {
-        kern.moe_decode_with::<bf16>(
-            &dev.x,
-            &routes[i % 16],
-            &dev.w,
-            &dev.gate,
-            &dev.up,
-            &dev.down,
-            &mut out,
-            dims,
-            MoeGemv::Direct,
-            MOE_PHASES_ALL,
-        )
-        .expect("routed");
-    });
+    // The routed experts alone: gate+up only (phases 1), then the whole call, both down kernels.
+    let mut routed_t = |which: MoeGemv, phases: u32| {
+        time_us(&kern, &mut hold, 300, &mut |i| {
+            kern.moe_decode_with::<bf16>(
+                &dev.x,
+                &routes[i % 16],
+                &dev.w,
+                &dev.gate,
+                &dev.up,
+                &dev.down,
+                &mut out,
+                dims,
+                which,
+                phases,
+            )
+            .expect("routed");
+        })
+    };
+    let gu = routed_t(MoeGemv::Direct, 1);
+    let routed = routed_t(MoeGemv::Direct, MOE_PHASES_ALL);
+    let routed_legacy = routed_t(MoeGemv::DirectLegacy, MOE_PHASES_ALL);
+    let dn_bytes = (d.k * d.hidden * d.inter * 2) as f64;
     println!(
-        "moe shared 80b bf16 t=1: fused {fused:.1} us/call, unfused {unfused:.1} us/call (routed alone {routed:.1}): \
-         the shared expert costs {:.1} us fused, {:.1} us unfused",
+        "moe shared 80b bf16 t=1: fused {fused:.1} us/call (legacy down {fused_legacy:.1}), unfused {unfused:.1} \
+         us/call (routed alone {routed:.1}, legacy down {routed_legacy:.1}): the shared expert costs {:.1} us \
+         fused, {:.1} us unfused | routed gate+up {gu:.1} us, down {:.1} us = {:.0} GB/s (legacy {:.1} us = {:.0} \
+         GB/s)",
         fused - routed,
-        unfused - routed
+        unfused - routed,
+        routed - gu,
+        dn_bytes / (routed - gu) / 1e3,
+        routed_legacy - gu,
+        dn_bytes / (routed_legacy - gu) / 1e3
     );
 }
 
@@ -505,7 +576,7 @@ fn moe_shared_80b_bf16() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_shared_80b_fp8() {
-    let kern = gpu("moe_shared_80b_fp8");
+    let (_env, kern) = gpu_locked("moe_shared_80b_fp8");
     let mut rng = Rng::new(46);
     let (e, k, h, i) = (EXPERTS, TOP_K, HIDDEN, MOE_INTER);
     fp8_case::<bf16>(&kern, &mut rng, [1, k, e, h, i], 4, i, Layout::Apart);
@@ -525,15 +596,19 @@ fn moe_shared_80b_fp8() {
     let dims = [1, k, e, h, i];
     let sd = dev_of(&s, &gud, &gld, sw.dev());
     let mut out = poisoned::<f32>(&kern, h);
-    let fused = time_us(&kern, 300, &mut |q| {
+    let mut hold = Hold::new(&kern);
+    let mut fused_call = |q: usize| {
         kern.moe_experts_fp8_shared::<bf16>(&x, &routes[q % 16], &wt, gs.dev(), us.dev(), ds.dev(), &sd, &mut out, dims)
             .expect("fused")
-    });
+    };
+    let fused = time_us(&kern, &mut hold, 300, &mut fused_call);
+    let fused_legacy = with_legacy_down(|| time_us(&kern, &mut hold, 300, &mut fused_call));
+    let mut out = poisoned::<f32>(&kern, h);
     let swd = sw.dev();
     let mut gemv =
         |hs: &CudaSlice<bf16>, so: &mut CudaSlice<bf16>| kern.fp8_gemv::<bf16, bf16>(hs, swd, so, 1).expect("fp8_gemv");
     let mut tail = Tail::<bf16>::new(&kern, 1, i, h);
-    let unfused = time_us(&kern, 300, &mut |q| {
+    let unfused = time_us(&kern, &mut hold, 300, &mut |q| {
         kern.moe_experts_fp8_with::<bf16>(
             &x,
             &routes[q % 16],
@@ -549,5 +624,35 @@ fn moe_shared_80b_fp8() {
         .expect("routed");
         unfused_tail::<bf16>(&kern, &s, (&gud, &gld), 1, h, &mut out, &mut tail, &mut gemv);
     });
-    println!("moe shared 80b fp8 (bf16 activations) t=1: fused {fused:.1} us/call, unfused {unfused:.1} us/call");
+    let mut routed_t = |which: MoeGemv, phases: u32| {
+        time_us(&kern, &mut hold, 300, &mut |q| {
+            kern.moe_experts_fp8_with::<bf16>(
+                &x,
+                &routes[q % 16],
+                &wt,
+                gs.dev(),
+                us.dev(),
+                ds.dev(),
+                &mut out,
+                dims,
+                which,
+                phases,
+            )
+            .expect("routed");
+        })
+    };
+    let gu = routed_t(MoeGemv::Direct, 1);
+    let routed = routed_t(MoeGemv::Direct, MOE_PHASES_ALL);
+    let routed_legacy = routed_t(MoeGemv::DirectLegacy, MOE_PHASES_ALL);
+    let (gu_bytes, dn_bytes) = ((2 * k * h * i) as f64, (k * h * i) as f64);
+    println!(
+        "moe shared 80b fp8 (bf16 activations) t=1: fused {fused:.1} us/call (legacy down {fused_legacy:.1}), unfused \
+         {unfused:.1} us/call | routed alone {routed:.1} us (legacy down {routed_legacy:.1}): gate+up {gu:.1} us = \
+         {:.0} GB/s, down {:.1} us = {:.0} GB/s (legacy {:.1} us = {:.0} GB/s)",
+        gu_bytes / gu / 1e3,
+        routed - gu,
+        dn_bytes / (routed - gu) / 1e3,
+        routed_legacy - gu,
+        dn_bytes / (routed_legacy - gu) / 1e3
+    );
 }

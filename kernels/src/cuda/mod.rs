@@ -93,7 +93,7 @@ pub use gdn::GDN_MAX_DK;
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use moe::MoeSharedDev;
-pub use moe_decode::{MoeGemv, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
+pub use moe_decode::{MoeGemv, MOE_DOWN_ENV, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
 pub use norm_gemv::{norm_gemv_enabled, NormGemvAdd, NORM_GEMV_ENV, NORM_GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 

@@ -9,6 +9,11 @@
 //! - v2: one persistent launch for gate+up, down and the combine, its work items handed out
 //!   as tickets (measured slower than v1; kept for A/B).
 //!
+//! The direct and v1 forms have a streamed down kernel (the default) and the legacy one
+//! ([`MOE_DOWN_ENV`], [`MoeGemv::DirectLegacy`], [`MoeGemv::V1Legacy`]): direct's asks all of
+//! a warp's rows into L2 first, v1's (`moe_dec_down_s*`) owns a block of hidden columns for
+//! every slot and combines them in shared memory, without counters, fences or atomics.
+//!
 //! All compute every (row, expert) pair by one warp in the same order, so they give the same
 //! bits, and a row's result does not depend on the other rows.
 
@@ -26,6 +31,33 @@ pub const MOE_GEMV_ENV: &str = "PORTER_MOE_GEMV";
 /// the routed experts); unset or `fused`: fused; another value warns once on stderr and
 /// means `fused`.
 pub const MOE_SHARED_ENV: &str = "PORTER_MOE_SHARED";
+
+/// Environment variable for A/B runs of the MoE decode down kernels: `legacy` runs the
+/// legacy down kernels of the direct and v1 forms (direct: no L2 prefetch of its rows; v1:
+/// `moe_dec_down_*`, counters and a fence per item) where [`MoeGemv::Auto`],
+/// [`MoeGemv::Direct`] or [`MoeGemv::V1`] runs; unset or `stream`: the streamed ones. Another
+/// value warns once on stderr and means `stream`. Read on every call.
+pub const MOE_DOWN_ENV: &str = "PORTER_MOE_DOWN";
+
+/// Whether [`MOE_DOWN_ENV`]'s value `v` asks for the legacy down kernels (`Err`: the value,
+/// unknown).
+fn down_legacy(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
+    let Some(v) = v else { return Ok(false) };
+    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+        "" | "stream" => Ok(false),
+        "legacy" => Ok(true),
+        _ => Err(v.to_string_lossy().into_owned()),
+    }
+}
+
+/// [`down_legacy`] for the process environment, warning once about a value it does not know.
+fn down_legacy_env() -> bool {
+    down_legacy(std::env::var_os(MOE_DOWN_ENV).as_deref()).unwrap_or_else(|bad| {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| eprintln!("warning: {MOE_DOWN_ENV}={bad:?} is not one of stream, legacy; using stream"));
+        false
+    })
+}
 
 /// Whether [`MOE_SHARED_ENV`]'s value `v` keeps the shared expert apart (`Err`: the value,
 /// unknown).
@@ -62,6 +94,18 @@ pub const DIRECT_MAX_PAIRS: usize = 40;
 /// row (below the 48 KiB a block gets without opting in).
 const DIRECT_STAGE_BYTES: usize = 40 * 1024;
 
+/// Largest o of one block of the streamed v1 down kernel, `t·k · DS_NR` elements (bytes; below
+/// the 48 KiB a block gets without opting in); beyond it the legacy down kernel runs.
+const DS_SMEM_BYTES: usize = 40 * 1024;
+/// Streamed v1 down: hidden columns per block (`MOE_DS_NR`).
+const DS_NR: usize = 8;
+/// Streamed v1 down: warps per block (`MOE_DS_WARPS`).
+const DS_WARPS: usize = 8;
+/// Direct down kernel's `staged` bit: prefetch the warp's rows into L2 first.
+const DIRECT_PREFETCH: i32 = 4;
+/// v1 gate+up kernel's `vec` bit: block 0 stores its in-block lists to global memory.
+const GU_STORE_LISTS: i32 = 2;
+
 /// Which form of the MoE decode GEMVs runs (all give the same bits).
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,12 +113,18 @@ pub enum MoeGemv {
     /// Direct up to [`DIRECT_MAX_PAIRS`] pairs, else V1.
     Auto,
     /// Two launches without grouping: one warp per (pair, inter column) for gate+up, one per
-    /// (row, hidden column) for down over the row's k pairs with the combine.
+    /// (row, hidden column) for down over the row's k pairs with the combine (its rows
+    /// prefetched into L2 first unless [`MOE_DOWN_ENV`] says `legacy`).
     Direct,
-    /// Two persistent launches over the pairs grouped by expert (gate+up; down + combine).
+    /// Two launches over the pairs grouped by expert (gate+up; down + combine): the streamed
+    /// down kernel unless [`MOE_DOWN_ENV`] says `legacy`.
     V1,
     /// One persistent launch, ticketed items, L2 prefetch of the next item.
     V2,
+    /// [`MoeGemv::Direct`] with its legacy down kernel (no prefetch), whatever the environment.
+    DirectLegacy,
+    /// [`MoeGemv::V1`] with its legacy down kernel (`moe_dec_down_*`), whatever the environment.
+    V1Legacy,
 }
 
 impl MoeGemv {
@@ -84,7 +134,10 @@ impl MoeGemv {
         Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
-                eprintln!("warning: {MOE_GEMV_ENV}={bad:?} is not one of auto, direct, v1, v2; using auto")
+                eprintln!(
+                    "warning: {MOE_GEMV_ENV}={bad:?} is not one of auto, direct, v1, v2, direct-legacy, v1-legacy; \
+                     using auto"
+                )
             });
             MoeGemv::Auto
         })
@@ -99,6 +152,8 @@ impl MoeGemv {
             "direct" => Ok(MoeGemv::Direct),
             "v1" => Ok(MoeGemv::V1),
             "v2" => Ok(MoeGemv::V2),
+            "direct-legacy" => Ok(MoeGemv::DirectLegacy),
+            "v1-legacy" => Ok(MoeGemv::V1Legacy),
             _ => Err(v.to_string_lossy().into_owned()),
         }
     }
@@ -110,6 +165,21 @@ impl MoeGemv {
             MoeGemv::Auto => MoeGemv::V1,
             w => w,
         }
+    }
+
+    /// The form that runs for `n` pairs with `legacy` ([`MOE_DOWN_ENV`]) applied: the legacy
+    /// down kernel for direct and v1 when asked (by the variant, or by `legacy`).
+    fn resolve_down(self, n: usize, legacy: bool) -> Self {
+        match self.resolve(n) {
+            MoeGemv::Direct if legacy => MoeGemv::DirectLegacy,
+            MoeGemv::V1 if legacy => MoeGemv::V1Legacy,
+            w => w,
+        }
+    }
+
+    /// Whether this (resolved) form is the direct one.
+    fn is_direct(self) -> bool {
+        matches!(self, MoeGemv::Direct | MoeGemv::DirectLegacy)
     }
 }
 
@@ -199,7 +269,7 @@ impl CudaKernels {
     /// [`MOE_SHARED_ENV`] keeps it apart. Read on every call.
     pub fn moe_shared_fuses(t: usize, k: usize, e: usize) -> bool {
         Self::moe_decode_path(t, k, e)
-            && MoeGemv::from_env().resolve(t.saturating_mul(k)) == MoeGemv::Direct
+            && MoeGemv::from_env().resolve(t.saturating_mul(k)).is_direct()
             && !shared_apart_env()
     }
 
@@ -217,9 +287,11 @@ impl CudaKernels {
     pub(super) fn moe_decode_run(&self, c: &DecodeCall<'_>, which: MoeGemv, phases: u32) -> Result<()> {
         let [t, k, e, hidden, inter] = c.dims;
         let n = prod(&[t, k])?;
-        let which = which.resolve(n);
-        if which == MoeGemv::Direct || c.shared.is_some() {
-            return self.moe_decode_direct(c, phases);
+        let which = which.resolve_down(n, down_legacy_env());
+        if which.is_direct() || c.shared.is_some() {
+            // With a shared expert the caller asks for Direct: legacy only by the environment.
+            let legacy = which == MoeGemv::DirectLegacy || (which != MoeGemv::Direct && down_legacy_env());
+            return self.moe_decode_direct(c, phases, !legacy);
         }
         let slots = e.min(n);
         let dsm = prod(&[e + n + 3 * slots, 4])?;
@@ -232,6 +304,9 @@ impl CudaKernels {
         let v2_fits = 2 + slots + nq2 <= SYNC_WORDS
             && v2_items.saturating_add(4 * V2_CH * GEMV_WARPS * v2_grid as usize) < u32::MAX as usize;
         let which = if which == MoeGemv::V2 && !v2_fits { MoeGemv::V1 } else { which };
+        // The streamed v1 down kernel while its block's o fits shared memory.
+        let ds_bytes = prod(&[n, DS_NR, c.esize])?;
+        let which = if which == MoeGemv::V1 && ds_bytes > DS_SMEM_BYTES { MoeGemv::V1Legacy } else { which };
         let v2_warps = GEMV_WARPS * v2_grid as usize;
         let ch = if v2_items >= V2_CH_ITEMS_PER_WARP * v2_warps { V2_CH as u32 } else { 1u32 };
         let nq = match which {
@@ -321,22 +396,49 @@ impl CudaKernels {
                 let mut args: Vec<&dyn KernelArg> = vec![&c.x];
                 args.extend(weights(c.gate));
                 args.extend(weights(c.up));
+                // The streamed down kernel reads the lists from global memory: stored there by
+                // block 0 of the gate+up kernel when it groups in shared memory.
+                let streamed = which == MoeGemv::V1;
+                let gu_flags = vec_gu | if streamed && fused { GU_STORE_LISTS } else { 0 };
                 let rest: [&dyn KernelArg; 14] = [
                     &c.idx, &n32, &e32, &fused32, &p_sorted, &p_seg, &p_meta, &p_ctr, &nq32, &p_h, &h32, &i32_, &k32,
-                    &vec_gu,
+                    &gu_flags,
                 ];
                 args.extend(rest);
                 // SAFETY: arguments match `moe_dec_gu_<kind><T>(const T* x, <gate>, <up>,
                 // const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg,
                 // const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec)`
                 // (weights as for v2); h rows per pair (< n); ctr has nq entries, zeroed by
-                // block 0; otherwise as v2.
+                // block 0; with vec bit 1 (only with `fused`) block 0 writes sorted [n], seg
+                // [3·active ≤ 3·slots] and meta[0] into the scratch's list areas, which nothing
+                // else reads or writes in this launch; otherwise as v2.
                 unsafe { self.launch(c.src, &format!("moe_dec_gu_{}{}", c.kind, c.tname), cfg(grid_gu), &args) }?;
                 if phases == 1 {
                     return Ok(());
                 }
                 let mut args: Vec<&dyn KernelArg> = vec![&p_h];
                 args.extend(weights(c.down));
+                if streamed {
+                    let rest: [&dyn KernelArg; 12] =
+                        [&c.idx, &c.w, &e32, &p_sorted, &p_seg, &p_meta, &c.out, &h32, &i32_, &k32, &t32, &vec_d];
+                    args.extend(rest);
+                    let cfg = LaunchConfig {
+                        grid_dim: (u32_of("column blocks", hidden.div_ceil(DS_NR))?, 1, 1),
+                        block_dim: (DS_WARPS as u32 * 32, 1, 1),
+                        shared_mem_bytes: u32_of("shared memory", ds_bytes)?,
+                    };
+                    let name = format!("moe_dec_downs_{}{}", c.kind, c.tname);
+                    // SAFETY: arguments match `moe_dec_downs_<kind><T>(const T* h, <down>,
+                    // const u32* idx, const float* wt, u32 e, const u32* g_sorted, const u32* g_seg,
+                    // const u32* g_meta, float* out, u32 H, u32 I, u32 k, u32 t, int vec)`; the
+                    // lists were written in stream order before (moe_align, or block 0 of the
+                    // gate+up launch with `fused`): meta[0] active slots, seg [3·active], sorted
+                    // the valid pairs (< n); h rows per valid pair; block x covers columns
+                    // 8x.. (those < H), its dynamic shared memory o [n, 8] (T, ds_bytes ≤ 40 KiB)
+                    // written for the valid pairs before the barrier and read only for them;
+                    // out [t, H] written in full.
+                    return unsafe { self.launch(c.src, &name, cfg, &args) };
+                }
                 let rest: [&dyn KernelArg; 16] = [
                     &c.idx, &c.w, &n32, &e32, &fused32, &p_sorted, &p_seg, &p_meta, &p_ctr, &p_o, &c.out, &h32, &i32_,
                     &k32, &t32, &vec_d,
@@ -355,7 +457,7 @@ impl CudaKernels {
     /// The direct form ([`MoeGemv::Direct`]) of [`CudaKernels::moe_decode_run`]: no grouping,
     /// scratch only for h `[t·k, inter]` (and h_s `[t, I_s]` with a shared expert); `phases` as
     /// there (0: nothing runs, 1: gate+up).
-    fn moe_decode_direct(&self, c: &DecodeCall<'_>, phases: u32) -> Result<()> {
+    fn moe_decode_direct(&self, c: &DecodeCall<'_>, phases: u32, prefetch: bool) -> Result<()> {
         if phases == 0 {
             return Ok(());
         }
@@ -421,7 +523,7 @@ impl CudaKernels {
         let stage_h = vec_d == 1 && h_row <= DIRECT_STAGE_BYTES;
         let vec_s = sh.is_some_and(|sc| sc.w_vec && vec16(p_hs, hs_row));
         let stage_s = vec_s && if stage_h { h_row } else { 0 } + hs_row <= DIRECT_STAGE_BYTES;
-        let staged = i32::from(stage_h) | (i32::from(stage_s) << 1);
+        let staged = i32::from(stage_h) | (i32::from(stage_s) << 1) | if prefetch { DIRECT_PREFETCH } else { 0 };
         let dsm = if stage_h { h_row } else { 0 } + if stage_s { hs_row } else { 0 };
         // The shared row as one more pair of the routed groups when it has their length and
         // load width (mode 1), else a dot product of its own (mode 2).
@@ -455,7 +557,8 @@ impl CudaKernels {
         // const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged)`, or
         // `moe_dir_down_sh_<kind><T>` with `<shared down>, const T* hs, const float* glog,
         // u32 g_stride, u32 g_col, u32 Is, int mode, int svec` after them; block (x, y) covers
-        // row y < t and columns 8x.. (those < H write their out element); staged bit 0: the
+        // row y < t and columns 8x.. (those < H write their out element; with staged bit 2
+        // they also prefetch, non-binding, lines of their rows: valid ids only); staged bit 0: the
         // row's k·I elements of h (16-byte multiple, 16-byte aligned: vec), bit 1: h_s's row
         // of Is elements after them (svec), within the dynamic shared memory given; h rows
         // are used only for valid ids; the shared down weight has H rows of Is, mode 1 only
@@ -491,6 +594,31 @@ mod tests {
         assert_eq!(v(""), Ok(MoeGemv::Auto));
         assert_eq!(v("v3"), Err("v3".to_string()));
     }
+
+    #[test]
+    fn gemv_legacy_values() {
+        let v = |s: &str| MoeGemv::from_value(Some(std::ffi::OsStr::new(s)));
+        assert_eq!(v("direct-legacy"), Ok(MoeGemv::DirectLegacy));
+        assert_eq!(v(" V1-Legacy "), Ok(MoeGemv::V1Legacy));
+        assert_eq!(MoeGemv::Auto.resolve_down(10, true), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, true), MoeGemv::V1Legacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, false), MoeGemv::V1);
+        assert_eq!(MoeGemv::V1Legacy.resolve_down(1, false), MoeGemv::V1Legacy, "explicit legacy stays legacy");
+        assert_eq!(MoeGemv::V2.resolve_down(100, true), MoeGemv::V2);
+        assert!(MoeGemv::DirectLegacy.is_direct() && !MoeGemv::V1Legacy.is_direct());
+    }
+
+    #[test]
+    fn down_env_values() {
+        let v = |s: &str| down_legacy(Some(std::ffi::OsStr::new(s)));
+        assert_eq!(down_legacy(None), Ok(false));
+        assert_eq!((v("legacy"), v(" Legacy")), (Ok(true), Ok(true)));
+        assert_eq!((v("stream"), v("")), (Ok(false), Ok(false)));
+        assert_eq!(v("old"), Err("old".to_string()));
+    }
+
+    /// The streamed v1 down kernel takes the 80B shapes up to t = 256 (top-10) in bf16.
+    const _: () = assert!(256 * 10 * DS_NR * 2 <= DS_SMEM_BYTES);
 
     #[test]
     fn shared_env_values() {

@@ -6,6 +6,7 @@ pub mod attn;
 pub mod fp8;
 pub mod gdn;
 pub mod moe;
+pub mod timing;
 
 use cudarc::driver::CudaSlice;
 use porter_kernels::cuda::{self, CudaFloat, CudaKernels};
