@@ -35,27 +35,34 @@ pub const MOE_SHARED_ENV: &str = "PORTER_MOE_SHARED";
 /// Environment variable for A/B runs of the MoE decode down kernels: `legacy` runs the
 /// legacy down kernels of the direct and v1 forms (direct: no L2 prefetch of its rows; v1:
 /// `moe_dec_down_*`, counters and a fence per item) where [`MoeGemv::Auto`],
-/// [`MoeGemv::Direct`] or [`MoeGemv::V1`] runs; unset or `stream`: the streamed ones. Another
-/// value warns once on stderr and means `stream`. Read on every call.
+/// [`MoeGemv::Direct`] or [`MoeGemv::V1`] runs; `direct-legacy` / `v1-legacy` only that
+/// form's; unset or `stream`: the streamed ones. Another value warns once on stderr and means
+/// `stream`. Read on every call.
 pub const MOE_DOWN_ENV: &str = "PORTER_MOE_DOWN";
 
-/// Whether [`MOE_DOWN_ENV`]'s value `v` asks for the legacy down kernels (`Err`: the value,
-/// unknown).
-fn down_legacy(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
-    let Some(v) = v else { return Ok(false) };
+/// Which forms [`MOE_DOWN_ENV`]'s value `v` gives the legacy down kernel: (direct, v1)
+/// (`Err`: the value, unknown).
+fn down_legacy(v: Option<&std::ffi::OsStr>) -> std::result::Result<(bool, bool), String> {
+    let Some(v) = v else { return Ok((false, false)) };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "stream" => Ok(false),
-        "legacy" => Ok(true),
+        "" | "stream" => Ok((false, false)),
+        "legacy" => Ok((true, true)),
+        "direct-legacy" => Ok((true, false)),
+        "v1-legacy" => Ok((false, true)),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
 
 /// [`down_legacy`] for the process environment, warning once about a value it does not know.
-fn down_legacy_env() -> bool {
+fn down_legacy_env() -> (bool, bool) {
     down_legacy(std::env::var_os(MOE_DOWN_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| eprintln!("warning: {MOE_DOWN_ENV}={bad:?} is not one of stream, legacy; using stream"));
-        false
+        WARNED.call_once(|| {
+            eprintln!(
+                "warning: {MOE_DOWN_ENV}={bad:?} is not one of stream, legacy, direct-legacy, v1-legacy; using stream"
+            )
+        });
+        (false, false)
     })
 }
 
@@ -167,12 +174,12 @@ impl MoeGemv {
         }
     }
 
-    /// The form that runs for `n` pairs with `legacy` ([`MOE_DOWN_ENV`]) applied: the legacy
-    /// down kernel for direct and v1 when asked (by the variant, or by `legacy`).
-    fn resolve_down(self, n: usize, legacy: bool) -> Self {
+    /// The form that runs for `n` pairs with `legacy` ([`MOE_DOWN_ENV`]: direct, v1) applied:
+    /// the legacy down kernel for direct and v1 when asked (by the variant, or by `legacy`).
+    fn resolve_down(self, n: usize, legacy: (bool, bool)) -> Self {
         match self.resolve(n) {
-            MoeGemv::Direct if legacy => MoeGemv::DirectLegacy,
-            MoeGemv::V1 if legacy => MoeGemv::V1Legacy,
+            MoeGemv::Direct if legacy.0 => MoeGemv::DirectLegacy,
+            MoeGemv::V1 if legacy.1 => MoeGemv::V1Legacy,
             w => w,
         }
     }
@@ -290,7 +297,7 @@ impl CudaKernels {
         let which = which.resolve_down(n, down_legacy_env());
         if which.is_direct() || c.shared.is_some() {
             // With a shared expert the caller asks for Direct: legacy only by the environment.
-            let legacy = which == MoeGemv::DirectLegacy || (which != MoeGemv::Direct && down_legacy_env());
+            let legacy = which == MoeGemv::DirectLegacy || (which != MoeGemv::Direct && down_legacy_env().0);
             return self.moe_decode_direct(c, phases, !legacy);
         }
         let slots = e.min(n);
@@ -600,20 +607,22 @@ mod tests {
         let v = |s: &str| MoeGemv::from_value(Some(std::ffi::OsStr::new(s)));
         assert_eq!(v("direct-legacy"), Ok(MoeGemv::DirectLegacy));
         assert_eq!(v(" V1-Legacy "), Ok(MoeGemv::V1Legacy));
-        assert_eq!(MoeGemv::Auto.resolve_down(10, true), MoeGemv::DirectLegacy);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, true), MoeGemv::V1Legacy);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, false), MoeGemv::V1);
-        assert_eq!(MoeGemv::V1Legacy.resolve_down(1, false), MoeGemv::V1Legacy, "explicit legacy stays legacy");
-        assert_eq!(MoeGemv::V2.resolve_down(100, true), MoeGemv::V2);
+        assert_eq!(MoeGemv::Auto.resolve_down(10, (true, true)), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(10, (false, true)), MoeGemv::Direct);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, (true, true)), MoeGemv::V1Legacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, (true, false)), MoeGemv::V1);
+        assert_eq!(MoeGemv::V1Legacy.resolve_down(1, (false, false)), MoeGemv::V1Legacy, "explicit legacy stays");
+        assert_eq!(MoeGemv::V2.resolve_down(100, (true, true)), MoeGemv::V2);
         assert!(MoeGemv::DirectLegacy.is_direct() && !MoeGemv::V1Legacy.is_direct());
     }
 
     #[test]
     fn down_env_values() {
         let v = |s: &str| down_legacy(Some(std::ffi::OsStr::new(s)));
-        assert_eq!(down_legacy(None), Ok(false));
-        assert_eq!((v("legacy"), v(" Legacy")), (Ok(true), Ok(true)));
-        assert_eq!((v("stream"), v("")), (Ok(false), Ok(false)));
+        assert_eq!(down_legacy(None), Ok((false, false)));
+        assert_eq!((v("legacy"), v(" Legacy")), (Ok((true, true)), Ok((true, true))));
+        assert_eq!((v("direct-legacy"), v("V1-legacy")), (Ok((true, false)), Ok((false, true))));
+        assert_eq!((v("stream"), v("")), (Ok((false, false)), Ok((false, false))));
         assert_eq!(v("old"), Err("old".to_string()));
     }
 
