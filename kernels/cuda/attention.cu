@@ -522,6 +522,7 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
         kv_append_impl<T>(k, v, slots, kp, vp, t, row_len, n_slots);                                               \
     }
 
+#ifndef PORTER_ATTN_HELPERS_ONLY  // the mma module (attention_mma.cu) takes the helpers only
 ATTENTION_ALL(float, f32)
 ATTENTION_ALL(bf16, bf16)
 ATTENTION_ALL(f16, f16)
@@ -534,3 +535,5 @@ ATTENTION_RCB(float, f32, 1, 4, 32, _n32)
 ATTENTION_RCB(float, f32, 1, 4, 16, _n16)
 ATTENTION_RCB(bf16, bf16, 1, 4, 32, _n32)
 ATTENTION_RCB(f16, f16, 1, 4, 32, _n32)
+#endif
+

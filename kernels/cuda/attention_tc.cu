@@ -368,5 +368,8 @@ __device__ __forceinline__ void attention_tc_impl(const T* __restrict__ q, const
     ATTENTION_TC(T, NAME, 128)    \
     ATTENTION_TC(T, NAME, 256)
 
+#ifndef PORTER_ATTN_HELPERS_ONLY  // the mma module (attention_mma.cu) takes the helpers only
 ATTENTION_TC_ALL(bf16, bf16)
 ATTENTION_TC_ALL(f16, f16)
+#endif
+

@@ -138,9 +138,12 @@ __device__ __forceinline__ void kv_append_q_impl(const T* __restrict__ k, const 
         kv_append_q_impl<T, KQ>(k, v, slots, kp, vp, ksc, vsc, t, kvh, D, n_slots);                            \
     }
 
+#ifndef PORTER_ATTN_HELPERS_ONLY  // the mma module (attention_mma.cu) takes the helpers only
 KV_APPEND_Q(float, f32, KVQ_FP8, fp8)
 KV_APPEND_Q(bf16, bf16, KVQ_FP8, fp8)
 KV_APPEND_Q(f16, f16, KVQ_FP8, fp8)
 KV_APPEND_Q(float, f32, KVQ_I8, i8)
 KV_APPEND_Q(bf16, bf16, KVQ_I8, i8)
 KV_APPEND_Q(f16, f16, KVQ_I8, i8)
+#endif
+

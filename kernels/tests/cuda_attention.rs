@@ -236,7 +236,13 @@ fn attention_batch_invariant() {
 #[test]
 #[ignore = "needs NVRTC (bash .ci/run installs it)"]
 fn nvrtc_attention_ptxas_info() {
-    let lines = ptxas_info("nvrtc_attention_ptxas_info", "attention.cu");
+    // The wmma kernels (attention.cu's module) and the mma.sync ones (their own module).
+    let mut lines = ptxas_info("nvrtc_attention_ptxas_info", "attention.cu");
+    lines.extend(
+        ptxas_info("nvrtc_attention_ptxas_info", "attention_mma.cu")
+            .into_iter()
+            .filter(|(f, _)| f.starts_with("attention_mma_")),
+    );
     let (mut tc_seen, mut mma_seen) = (0, 0);
     for (func, line) in lines {
         if func.starts_with("attention") {

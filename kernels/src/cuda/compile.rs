@@ -117,8 +117,8 @@ pub(crate) static GDN: KernelSource = KernelSource { name: "gdn.cu", code: inclu
 
 /// Causal GQA attention over a paged KV cache (model-dtype or quantized pools), KV append
 /// (kv_quant.cu, the quantized pools' encoders and append, comes first; attention.cu's CUDA-core
-/// kernels, then its tensor-core prefill paths: attention_tc.cu on wmma, attention_mma.cu on raw
-/// mma.sync), and on-device sampling (sampling.cu).
+/// kernels, then its wmma tensor-core prefill path attention_tc.cu), and on-device sampling
+/// (sampling.cu).
 pub(crate) static ATTENTION: KernelSource = KernelSource {
     name: "attention.cu",
     code: concat!(
@@ -127,10 +127,26 @@ pub(crate) static ATTENTION: KernelSource = KernelSource {
         include_str!("../../cuda/attention.cu"),
         "\n#line 1 \"attention_tc.cu\"\n",
         include_str!("../../cuda/attention_tc.cu"),
-        "\n#line 1 \"attention_mma.cu\"\n",
-        include_str!("../../cuda/attention_mma.cu"),
         "\n#line 1 \"sampling.cu\"\n",
         include_str!("../../cuda/sampling.cu")
+    ),
+};
+/// The raw mma.sync prefill attention (attention_mma.cu, on the helpers of kv_quant.cu,
+/// attention.cu and attention_tc.cu, whose kernels `PORTER_ATTN_HELPERS_ONLY` leaves out): a
+/// module of its own, compiled only when a launch asks for one
+/// of its kernels (its ~16 MB of PTX take about a minute of NVRTC and more of the driver's JIT,
+/// which the default wmma path should not pay).
+pub(crate) static ATTENTION_MMA: KernelSource = KernelSource {
+    name: "attention_mma.cu",
+    code: concat!(
+        "#define PORTER_ATTN_HELPERS_ONLY 1\n#line 1 \"kv_quant.cu\"\n",
+        include_str!("../../cuda/kv_quant.cu"),
+        "\n#line 1 \"attention.cu\"\n",
+        include_str!("../../cuda/attention.cu"),
+        "\n#line 1 \"attention_tc.cu\"\n",
+        include_str!("../../cuda/attention_tc.cu"),
+        "\n#line 1 \"attention_mma.cu\"\n",
+        include_str!("../../cuda/attention_mma.cu")
     ),
 };
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
@@ -201,8 +217,8 @@ pub(crate) static FP8: KernelSource = KernelSource {
 };
 
 /// Every CUDA source of the crate.
-pub fn sources() -> [&'static KernelSource; 10] {
-    [&ELEMENTWISE, &NORM, &ROUTER, &GDN, &ATTENTION, &MOE, &GDN_SEQ, &GDN_CHUNK, &MISC, &FP8]
+pub fn sources() -> [&'static KernelSource; 11] {
+    [&ELEMENTWISE, &NORM, &ROUTER, &GDN, &ATTENTION, &ATTENTION_MMA, &MOE, &GDN_SEQ, &GDN_CHUNK, &MISC, &FP8]
 }
 
 impl KernelSource {

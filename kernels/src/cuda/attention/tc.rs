@@ -5,7 +5,7 @@
 //! [`AttnMode::Tc`], and the shared-memory plans that decide whether a kernel fits the device.
 
 use super::{window_arg, Args, AttnMode, Paged, Pools};
-use crate::cuda::{u32_of, CudaFloat, CudaKernels, Result, ATTENTION};
+use crate::cuda::{u32_of, CudaFloat, CudaKernels, Result, ATTENTION, ATTENTION_MMA};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Environment variable choosing the tensor-core prefill kernel of [`AttnMode::Fast`]: `mma`
@@ -265,7 +265,9 @@ impl CudaKernels {
         let group = a.heads / a.kv_heads;
         let tiles_m = crate::cuda::prod(&[a.max_q_len, group])?.div_ceil(p.bm);
         let seq_heads = crate::cuda::prod(&[a.n_seqs, a.kv_heads])?;
-        let f = self.function_smem(&ATTENTION, &p.name, p.smem)?;
+        // The mma.sync kernels live in a module of their own (compiled on first use).
+        let module = if p.name.starts_with("attention_mma") { &ATTENTION_MMA } else { &ATTENTION };
+        let f = self.function_smem(module, &p.name, p.smem)?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, 1),
             block_dim: (p.threads as u32, 1, 1),
