@@ -254,10 +254,30 @@ pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
 /// Process-wide PTX cache, keyed by (hash of the full source text, arch, fallback build).
 type PtxKey = (u64, &'static str, bool);
 
+/// One entry of the cache: its own lock, held while the source compiles, so that a second
+/// caller of the same key (e.g. a launch while [`precompile_in_background`] is on it) waits for
+/// that compilation instead of running its own.
+type PtxSlot = std::sync::Arc<Mutex<Option<Ptx>>>;
+
 /// The cache of [`compile_with`].
-fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, Ptx>> {
-    static CACHE: OnceLock<Mutex<HashMap<PtxKey, Ptx>>> = OnceLock::new();
+fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, PtxSlot>> {
+    static CACHE: OnceLock<Mutex<HashMap<PtxKey, PtxSlot>>> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Starts compiling every source for `arch` on background threads, one a source (once a
+/// process): NVRTC runs on as many cores as there are modules while the caller loads weights,
+/// and a launch that needs a module waits only for what is left of its compilation. Failures
+/// are left for the launch that needs the module to report.
+pub fn precompile_in_background(arch: &'static str, fallback: bool) {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        for src in sources() {
+            let _ = std::thread::Builder::new()
+                .name(format!("nvrtc {}", src.name))
+                .spawn(move || drop(compile_with(src, arch, fallback)));
+        }
+    });
 }
 
 /// Compiles `src` with NVRTC for `arch` (e.g. `"sm_90"`), or returns the cached
@@ -281,13 +301,15 @@ pub fn compile_with(src: &KernelSource, arch: &'static str, fallback: bool) -> R
     let mut h = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut h);
     let key = (h.finish(), arch, fallback);
-    if let Some(p) = ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    let slot = ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().clone();
+    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = slot.as_ref() {
         return Ok(p.clone());
     }
     nvrtc_available().map_err(CudaError::Unavailable)?;
     let disk = disk_cache_path(src.name, &text, arch, fallback);
     if let Some(p) = disk.as_ref().and_then(|(path, header)| read_cached(path, header)) {
-        ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
+        *slot = Some(p.clone());
         return Ok(p);
     }
     let include = cuda_include_dir()?;
@@ -312,7 +334,7 @@ pub fn compile_with(src: &KernelSource, arch: &'static str, fallback: bool) -> R
     if let Some((path, header)) = &disk {
         write_cached(path, header, &ptx);
     }
-    ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, ptx.clone());
+    *slot = Some(ptx.clone());
     Ok(ptx)
 }
 

@@ -342,6 +342,8 @@ impl CudaKernels {
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let sms = usize::try_from(sms).unwrap_or(1).max(1);
         let caps = DeviceCaps { major, minor, smem_optin, forced: fallback_forced(), sms };
+        // NVRTC for every module starts now, in parallel, while the caller loads its weights.
+        precompile_in_background(arch, caps.fallback_build());
         let moe_sync = Mutex::new(stream.alloc_zeros::<u32>(moe_decode::SYNC_WORDS)?);
         Ok(Self {
             ctx,
