@@ -41,6 +41,9 @@ static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// The lock of [`ENV`] and the GPU.
 fn gpu_locked(test: &str) -> (std::sync::MutexGuard<'static, ()>, CudaKernels) {
     let guard = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    // The streamed down kernels unless a test asks for the legacy ones (unset, the direct
+    // form's default is the legacy kernel: kernels/src/cuda/moe_decode.rs DOWN_DEFAULT).
+    std::env::set_var(porter_kernels::cuda::MOE_DOWN_ENV, "stream");
     (guard, gpu(test))
 }
 
@@ -48,7 +51,7 @@ fn gpu_locked(test: &str) -> (std::sync::MutexGuard<'static, ()>, CudaKernels) {
 fn with_legacy_down<R>(f: impl FnOnce() -> R) -> R {
     std::env::set_var(porter_kernels::cuda::MOE_DOWN_ENV, "legacy");
     let r = f();
-    std::env::remove_var(porter_kernels::cuda::MOE_DOWN_ENV);
+    std::env::set_var(porter_kernels::cuda::MOE_DOWN_ENV, "stream");
     r
 }
 

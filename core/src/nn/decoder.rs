@@ -142,9 +142,9 @@ impl crate::layer::TransformerLayer for DecoderLayer {
         batch: &Batch,
         cache: &mut LayerCache,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        // x: [T, H] f32 residual stream. Each norm is fused into the product after it where
-        // the backend can (decode on CUDA: one launch for the residual add, the norm and the
-        // GEMV), with the same values as the ops apart.
+        // x: [T, H] f32 residual stream. The residual add goes into the norm after it, and the
+        // norm into the product after it where the backend fuses them (CUDA with
+        // PORTER_NORM_GEMV=fused, decode sizes), with the same values as the ops apart.
         let a = match &pending {
             Some(p) => self.attn.forward_add_normed(&mut x, p, &self.input_norm, batch, cache)?,
             None => self.attn.forward_normed(&x, &self.input_norm, batch, cache)?,

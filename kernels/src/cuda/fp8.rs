@@ -420,7 +420,7 @@ impl CudaKernels {
         out: &mut impl DevicePtrMut<f32>,
         dims: [usize; 5],
     ) -> Result<()> {
-        self.moe_fp8_decode(x, idx, w, gate, up, down, out, dims, MoeGemv::Direct, MOE_PHASES_ALL, Some(shared))
+        self.moe_fp8_decode(x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL, Some(shared))
     }
 
     /// The checked body of [`CudaKernels::moe_experts_fp8_with`] and

@@ -342,7 +342,7 @@ impl CudaKernels {
         if t == 0 {
             return Ok(());
         }
-        decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, MoeGemv::Direct, MOE_PHASES_ALL, Some(shared))
+        decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL, Some(shared))
     }
 
     /// The argument checks of [`CudaKernels::moe_experts`].

@@ -36,33 +36,43 @@ pub const MOE_SHARED_ENV: &str = "PORTER_MOE_SHARED";
 /// legacy down kernels of the direct and v1 forms (direct: no L2 prefetch of its rows; v1:
 /// `moe_dec_down_*`, counters and a fence per item) where [`MoeGemv::Auto`],
 /// [`MoeGemv::Direct`] or [`MoeGemv::V1`] runs; `direct-legacy` / `v1-legacy` only that
-/// form's; unset or `stream`: the streamed ones. Another value warns once on stderr and means
-/// `stream`. Read on every call.
+/// form's; `stream`: the streamed ones of both. Unset: [`DOWN_DEFAULT`] where the form is
+/// [`MoeGemv::Auto`] (the model path) or the fused shared expert's, the kernel an explicit form
+/// names otherwise. Another value warns once on stderr and means unset. Read on every call.
 pub const MOE_DOWN_ENV: &str = "PORTER_MOE_DOWN";
 
-/// Which forms [`MOE_DOWN_ENV`]'s value `v` gives the legacy down kernel: (direct, v1)
-/// (`Err`: the value, unknown).
-fn down_legacy(v: Option<&std::ffi::OsStr>) -> std::result::Result<(bool, bool), String> {
-    let Some(v) = v else { return Ok((false, false)) };
+/// The down kernels of the model path when [`MOE_DOWN_ENV`] is unset, as (direct legacy, v1
+/// legacy): the direct form's legacy kernel and v1's streamed one. H200, 24-layer 80B bf16,
+/// graphs on, 2026-12-02 (docs/benchmarks.md "Session 9"): batch 1 453.3 tok/s with the legacy
+/// direct down kernel against 445.8 with the streamed one; batch 8 / 64 1,554.8 / 3,197.2 with
+/// the streamed v1 kernel against 1,386.3 / 2,628.4 (session 8) with the legacy one.
+const DOWN_DEFAULT: (bool, bool) = (true, false);
+
+/// Which forms [`MOE_DOWN_ENV`]'s value `v` gives the legacy down kernel: (direct, v1), or
+/// `None` when unset (`Err`: the value, unknown).
+fn down_legacy(v: Option<&std::ffi::OsStr>) -> std::result::Result<Option<(bool, bool)>, String> {
+    let Some(v) = v else { return Ok(None) };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "stream" => Ok((false, false)),
-        "legacy" => Ok((true, true)),
-        "direct-legacy" => Ok((true, false)),
-        "v1-legacy" => Ok((false, true)),
+        "" => Ok(None),
+        "stream" => Ok(Some((false, false))),
+        "legacy" => Ok(Some((true, true))),
+        "direct-legacy" => Ok(Some((true, false))),
+        "v1-legacy" => Ok(Some((false, true))),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
 
 /// [`down_legacy`] for the process environment, warning once about a value it does not know.
-fn down_legacy_env() -> (bool, bool) {
+fn down_legacy_env() -> Option<(bool, bool)> {
     down_legacy(std::env::var_os(MOE_DOWN_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
             eprintln!(
-                "warning: {MOE_DOWN_ENV}={bad:?} is not one of stream, legacy, direct-legacy, v1-legacy; using stream"
+                "warning: {MOE_DOWN_ENV}={bad:?} is not one of stream, legacy, direct-legacy, v1-legacy; \
+                 using the default"
             )
         });
-        (false, false)
+        None
     })
 }
 
@@ -174,9 +184,10 @@ impl MoeGemv {
         }
     }
 
-    /// The form that runs for `n` pairs with `legacy` ([`MOE_DOWN_ENV`]: direct, v1) applied:
-    /// the legacy down kernel for direct and v1 when asked (by the variant, or by `legacy`).
-    fn resolve_down(self, n: usize, legacy: (bool, bool)) -> Self {
+    /// The form that runs for `n` pairs with `env` ([`MOE_DOWN_ENV`]: direct, v1 legacy; `None`:
+    /// unset, [`DOWN_DEFAULT`] for `Auto`, the named kernel for an explicit form) applied.
+    fn resolve_down(self, n: usize, env: Option<(bool, bool)>) -> Self {
+        let legacy = env.unwrap_or(if self == MoeGemv::Auto { DOWN_DEFAULT } else { (false, false) });
         match self.resolve(n) {
             MoeGemv::Direct if legacy.0 => MoeGemv::DirectLegacy,
             MoeGemv::V1 if legacy.1 => MoeGemv::V1Legacy,
@@ -296,8 +307,11 @@ impl CudaKernels {
         let n = prod(&[t, k])?;
         let which = which.resolve_down(n, down_legacy_env());
         if which.is_direct() || c.shared.is_some() {
-            // With a shared expert the caller asks for Direct: legacy only by the environment.
-            let legacy = which == MoeGemv::DirectLegacy || (which != MoeGemv::Direct && down_legacy_env().0);
+            // With a shared expert the caller passes its process form (Auto by default, resolved
+            // above with the default); an explicit V1 / V2 there runs direct with the
+            // environment's choice or the default.
+            let legacy = which == MoeGemv::DirectLegacy
+                || (which != MoeGemv::Direct && down_legacy_env().unwrap_or(DOWN_DEFAULT).0);
             return self.moe_decode_direct(c, phases, !legacy);
         }
         let slots = e.min(n);
@@ -607,23 +621,27 @@ mod tests {
         let v = |s: &str| MoeGemv::from_value(Some(std::ffi::OsStr::new(s)));
         assert_eq!(v("direct-legacy"), Ok(MoeGemv::DirectLegacy));
         assert_eq!(v(" V1-Legacy "), Ok(MoeGemv::V1Legacy));
-        assert_eq!(MoeGemv::Auto.resolve_down(10, (true, true)), MoeGemv::DirectLegacy);
-        assert_eq!(MoeGemv::Auto.resolve_down(10, (false, true)), MoeGemv::Direct);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, (true, true)), MoeGemv::V1Legacy);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, (true, false)), MoeGemv::V1);
-        assert_eq!(MoeGemv::V1Legacy.resolve_down(1, (false, false)), MoeGemv::V1Legacy, "explicit legacy stays");
-        assert_eq!(MoeGemv::V2.resolve_down(100, (true, true)), MoeGemv::V2);
+        assert_eq!(MoeGemv::Auto.resolve_down(10, Some((true, true))), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(10, Some((false, true))), MoeGemv::Direct);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((true, true))), MoeGemv::V1Legacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((true, false))), MoeGemv::V1);
+        assert_eq!(MoeGemv::V1Legacy.resolve_down(1, Some((false, false))), MoeGemv::V1Legacy, "explicit legacy stays");
+        assert_eq!(MoeGemv::V2.resolve_down(100, Some((true, true))), MoeGemv::V2);
         assert!(MoeGemv::DirectLegacy.is_direct() && !MoeGemv::V1Legacy.is_direct());
     }
 
     #[test]
     fn down_env_values() {
         let v = |s: &str| down_legacy(Some(std::ffi::OsStr::new(s)));
-        assert_eq!(down_legacy(None), Ok((false, false)));
-        assert_eq!((v("legacy"), v(" Legacy")), (Ok((true, true)), Ok((true, true))));
-        assert_eq!((v("direct-legacy"), v("V1-legacy")), (Ok((true, false)), Ok((false, true))));
-        assert_eq!((v("stream"), v("")), (Ok((false, false)), Ok((false, false))));
+        assert_eq!((down_legacy(None), v("")), (Ok(None), Ok(None)));
+        assert_eq!((v("legacy"), v(" Legacy")), (Ok(Some((true, true))), Ok(Some((true, true)))));
+        assert_eq!((v("direct-legacy"), v("V1-legacy")), (Ok(Some((true, false))), Ok(Some((false, true)))));
+        assert_eq!(v("stream"), Ok(Some((false, false))));
         assert_eq!(v("old"), Err("old".to_string()));
+        // Unset: the default for Auto, the named kernel for an explicit form.
+        assert_eq!(MoeGemv::Auto.resolve_down(10, None), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, None), MoeGemv::V1);
+        assert_eq!(MoeGemv::Direct.resolve_down(10, None), MoeGemv::Direct);
     }
 
     /// The streamed v1 down kernel takes the 80B shapes up to t = 256 (top-10) in bf16.

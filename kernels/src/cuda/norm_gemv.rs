@@ -6,26 +6,30 @@ use super::{prod, row_threads, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev
 use super::{FP8, MISC};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
-/// Environment variable: `apart` runs the RMSNorm and the GEMV as two launches where
-/// [`CudaKernels::norm_gemv`] would fuse them (A/B runs; same bits either way); `fused` or
-/// unset: fused. Read on every call; an unknown value warns once and means fused.
+/// Environment variable: `fused` runs the RMSNorm (or residual add + RMSNorm) inside the
+/// decode GEMV after it ([`CudaKernels::norm_gemv`]); `apart` or unset: two launches (same bits
+/// either way). Off by default because it measured slower: H200, 24-layer 80B bf16, graphs on,
+/// 2026-12-02 (docs/benchmarks.md "Session 9"), batch 1 430.2 tok/s fused against 445.8 apart
+/// — the fused grid of 4 blocks an SM, each normalising the rows before its first weight load,
+/// streams the weights slower than the plain GEMV's full grid saves in launches. Read on every
+/// call; an unknown value warns once and means apart.
 pub const NORM_GEMV_ENV: &str = "PORTER_NORM_GEMV";
 
-/// Whether [`NORM_GEMV_ENV`]'s value `v` keeps the norm apart (`Err`: the value, unknown).
-fn norm_apart(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
+/// Whether [`NORM_GEMV_ENV`]'s value `v` asks for the fused kernels (`Err`: the value, unknown).
+fn norm_fused(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
     let Some(v) = v else { return Ok(false) };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "fused" => Ok(false),
-        "apart" => Ok(true),
+        "" | "apart" => Ok(false),
+        "fused" => Ok(true),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
 
 /// Whether the backend should fuse the norm into the GEMV ([`NORM_GEMV_ENV`]).
 pub fn norm_gemv_enabled() -> bool {
-    !norm_apart(std::env::var_os(NORM_GEMV_ENV).as_deref()).unwrap_or_else(|bad| {
+    norm_fused(std::env::var_os(NORM_GEMV_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| eprintln!("warning: {NORM_GEMV_ENV}={bad:?} is not one of fused, apart; using fused"));
+        WARNED.call_once(|| eprintln!("warning: {NORM_GEMV_ENV}={bad:?} is not one of fused, apart; using apart"));
         false
     })
 }
@@ -295,14 +299,14 @@ impl CudaKernels {
 
 #[cfg(test)]
 mod tests {
-    use super::norm_apart;
+    use super::norm_fused;
     use std::ffi::OsStr;
 
     #[test]
     fn env_values() {
-        assert_eq!(norm_apart(None), Ok(false));
-        assert_eq!(norm_apart(Some(OsStr::new("fused"))), Ok(false));
-        assert_eq!(norm_apart(Some(OsStr::new(" Apart "))), Ok(true));
-        assert_eq!(norm_apart(Some(OsStr::new("off"))), Err("off".to_string()));
+        assert_eq!(norm_fused(None), Ok(false));
+        assert_eq!(norm_fused(Some(OsStr::new(" Fused "))), Ok(true));
+        assert_eq!(norm_fused(Some(OsStr::new("apart"))), Ok(false));
+        assert_eq!(norm_fused(Some(OsStr::new("off"))), Err("off".to_string()));
     }
 }
