@@ -162,6 +162,8 @@ extern "C" __global__ void __launch_bounds__(512)
 // Byte offset of 16-byte chunk c (0..3) of row r of a swizzled [rows][64-byte] tile.
 __device__ __forceinline__ u32 mma_sw(u32 r, u32 c) { return r * 64u + ((c ^ ((r >> 1) & 3u)) << 4); }
 
+// (sm_80+ instructions: defined only where gemm_mma_impl's body is built.)
+#if defined(PORTER_SM80)
 __device__ __forceinline__ void ldsm_x4(u32 (&d)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
@@ -182,6 +184,7 @@ template <> __device__ __forceinline__ void mma16816<f16>(float (&d)[4], const u
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif
 
 // Two f32 rounded to T (from_f, nearest even) and packed, the first in the low half.
 template <typename T> __device__ __forceinline__ u32 mma_pack2(float a, float b) {
