@@ -135,17 +135,17 @@ extern "C" __global__ void __launch_bounds__(512)
 // - Shared memory per k-step (BK = 32) and block: W written by cp.async and read once by
 //   ldmatrix (2 × BN × 64 B), A written once and read by 8 warps (9 × BM × 64 B): wide BM 64:
 //   100 KiB for 2.1 MFLOP, 20.5 FLOP/B; tall BM 128 (all fragments real): 104 KiB for 2.1
-//   MFLOP, 20.2 FLOP/B; at 128 B/clk an SM that allows ≈ 2600 FLOP/clk, about the mma.sync
+//   MFLOP, 19.7 FLOP/B; at 128 B/clk an SM that allows ≈ 2600 FLOP/clk, about the mma.sync
 //   rate. (The wmma form at BM 48: 16.3; the W stream alone, 2 bytes per 2·BM FLOP, is the
 //   floor of any shared-memory-staged weight tile.)
 // - Swizzled 64-byte rows (BK 32 = four 16-byte chunks; chunk c of row r stored at c ^ ((r >>
 //   1) & 3)): the 8 row addresses of an ldmatrix 8×8 matrix (8 consecutive rows, one chunk) hit
 //   8 distinct 16-byte bank groups, and a warp's cp.async stores (8 rows × 4 chunks) cover 512
 //   contiguous bytes: both conflict-free without padding.
-// - MOE_MMA_STAGES = 4 cp.async stages of (BM + BN) × 64 B: wide 135–144 KiB, tall 88–96 KiB
-//   (one block of 8 warps an SM; ptxas: ≤ ~200 registers, no spills). Wide fits sm_80 (163
-//   KiB) and sm_90 (227 KiB), tall also sm_86 / sm_89 (99 KiB); where the chosen one does not
-//   fit, the host runs the wmma form.
+// - MOE_MMA_STAGES = 4 cp.async stages of (BM + BN) × 64 B: wide 132–144 KiB, tall 88–96 KiB
+//   (one block of 8 warps an SM; ptxas, sm_90: 88–188 registers, no spills). Wide fits sm_80
+//   (163 KiB) and sm_90 (227 KiB), tall also sm_86 / sm_89 (99 KiB: the host takes the 96-row
+//   tiles there); where none fits, the host runs the wmma form.
 // - Epilogue: the C fragments rounded to T into shared memory [BM][NC + 8] (conflict-free
 //   4-byte stores), then 16-byte stores of 8 columns (N % 8 == 0: the host checks) of the
 //   tile's real rows only (the down GEMM reads no padding row of h).
@@ -162,6 +162,8 @@ extern "C" __global__ void __launch_bounds__(512)
 // Byte offset of 16-byte chunk c (0..3) of row r of a swizzled [rows][64-byte] tile.
 __device__ __forceinline__ u32 mma_sw(u32 r, u32 c) { return r * 64u + ((c ^ ((r >> 1) & 3u)) << 4); }
 
+// (sm_80+ instructions: defined only where gemm_mma_impl's body is built.)
+#if defined(PORTER_SM80)
 __device__ __forceinline__ void ldsm_x4(u32 (&d)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
@@ -182,6 +184,7 @@ template <> __device__ __forceinline__ void mma16816<f16>(float (&d)[4], const u
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif
 
 // Two f32 rounded to T (from_f, nearest even) and packed, the first in the low half.
 template <typename T> __device__ __forceinline__ u32 mma_pack2(float a, float b) {

@@ -338,26 +338,44 @@ fn moe_80b_timing() {
         );
         // Per launch: synchronise + host clock around every stage (best of 5
         // after a warm-up), each GEMM a third (gate+up two thirds) of the FLOPs.
-        let mi = CudaKernels::moe_prefill_tile_frags(d.t, d.k, d.e);
+        // (The process's PORTER_MOE_GEMM / PORTER_MOE_ALIGN choose the form, as in moe_experts.)
+        let gemm_env = std::env::var("PORTER_MOE_GEMM").unwrap_or_default();
+        let mma = !gemm_env.trim().eq_ignore_ascii_case("wmma");
+        let one_block = std::env::var("PORTER_MOE_ALIGN").is_ok_and(|v| v.trim().eq_ignore_ascii_case("one"));
         let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
         let mut best = [f64::INFINITY; 4];
+        let mut ran = None;
         for _ in 0..6 {
-            let st = kern
-                .moe_prefill_stage_times::<bf16>(
-                    &dev.x, &dev.idx, &dev.w, &dev.gate, &dev.up, &dev.down, &mut out, d.t, d.k, d.e, d.hidden, d.inter,
+            let r = kern
+                .moe_prefill_stage_times_with::<bf16>(
+                    &dev.x,
+                    &dev.idx,
+                    &dev.w,
+                    &dev.gate,
+                    &dev.up,
+                    &dev.down,
+                    &mut out,
+                    [d.t, d.k, d.e, d.hidden, d.inter],
+                    mma,
+                    None,
+                    one_block,
                 )
-                .expect("moe_prefill_stage_times");
-            for (b, s) in best.iter_mut().zip(st) {
+                .expect("moe_prefill_stage_times_with");
+            for (b, s) in best.iter_mut().zip(r.secs) {
                 *b = b.min(s);
             }
+            ran = Some(r);
         }
+        let ran = ran.expect("ran");
         let got = down::<f32>(&kern, &out);
         assert!(got.iter().all(|v| v.is_finite()), "non-finite output (stage timing)");
         let per_gemm = flops / 3.0;
         println!(
-            "moe_80b prefill t=4096 per launch (tiles of {} rows): align {:.1} us, gate+up {:.3} ms ({:.1} TFLOP/s), \
-             down {:.3} ms ({:.1} TFLOP/s), combine {:.1} us",
-            16 * mi,
+            "moe_80b prefill t=4096 per launch ({} GEMMs, tiles of {} rows, alignment in {} block(s)): align {:.1} us, \
+             gate+up {:.3} ms ({:.1} TFLOP/s), down {:.3} ms ({:.1} TFLOP/s), combine {:.1} us",
+            ran.form,
+            ran.tile_rows,
+            ran.align_blocks,
             best[0] * 1e6,
             best[1] * 1e3,
             2.0 * per_gemm / best[1] / 1e12,
