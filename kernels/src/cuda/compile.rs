@@ -265,14 +265,16 @@ fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, PtxSlot>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Starts compiling every source for `arch` on background threads, one a source (once a
-/// process): NVRTC runs on as many cores as there are modules while the caller loads weights,
-/// and a launch that needs a module waits only for what is left of its compilation. Failures
-/// are left for the launch that needs the module to report.
+/// Starts compiling every source the default paths use for `arch` on background threads, one
+/// a source (once a process): NVRTC runs on as many cores as there are modules while the
+/// caller loads weights, and a launch that needs a module waits only for what is left of its
+/// compilation. The opt-in mma.sync attention module ([`ATTENTION_MMA`]) is left to its first
+/// launch, as it was split off for. Failures are left for the launch that needs the module to
+/// report.
 pub fn precompile_in_background(arch: &'static str, fallback: bool) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
-        for src in sources() {
+        for src in sources().into_iter().filter(|s| !std::ptr::eq(*s, &ATTENTION_MMA)) {
             let _ = std::thread::Builder::new()
                 .name(format!("nvrtc {}", src.name))
                 .spawn(move || drop(compile_with(src, arch, fallback)));

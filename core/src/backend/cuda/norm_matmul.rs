@@ -21,8 +21,8 @@ pub fn norm_matmul(
     w: &Tensor,
     out: DType,
 ) -> Result<Option<NormMatmul>> {
-    if fp8::fp8_of(w).is_some() {
-        return norm_matmul_fp8(x, y, norm_w, eps, kind, w, out);
+    if let Some(f) = fp8::fp8_of(w) {
+        return norm_matmul_fp8(x, y, norm_w, eps, kind, w, f, out);
     }
     if !fuses(x, y, norm_w, w, out) {
         return Ok(None);
@@ -74,16 +74,22 @@ pub fn norm_matmul(
         norm_w.dtype(),
         go(&g, (x, y, norm_w, w), (eps, kind), &mut o, &mut normed, sum.as_mut(), (m, k, n))
     )?;
+    Ok(Some(NormMatmul { normed, out: o.reshape(out_shape(x, n))?, sum }))
+}
+
+/// `x`'s shape with the last dimension `n` (the product's shape).
+fn out_shape(x: &Tensor, n: usize) -> Vec<usize> {
     let mut shape = x.shape().to_vec();
     if let Some(l) = shape.last_mut() {
         *l = n;
     }
-    Ok(Some(NormMatmul { normed, out: o.reshape(shape)?, sum }))
+    shape
 }
 
 /// [`norm_matmul`] with an FP8 weight: fused (`CudaKernels::norm_fp8_gemv`) for the norm
 /// alone (no add) of at most `FP8_GEMV_MAX_ROWS` rows into an output of the norm's dtype —
-/// where `matmul_t` takes the FP8 GEMV — else `Ok(None)`.
+/// where `matmul_t` takes the FP8 GEMV — else `Ok(None)`. `f` is `w`'s FP8 storage.
+#[allow(clippy::too_many_arguments)]
 fn norm_matmul_fp8(
     x: &Tensor,
     y: Option<&Tensor>,
@@ -91,9 +97,9 @@ fn norm_matmul_fp8(
     eps: f32,
     kind: NormKind,
     w: &Tensor,
+    f: &DevFp8,
     out: DType,
 ) -> Result<Option<NormMatmul>> {
-    let Some(f) = fp8::fp8_of(w) else { return Ok(None) };
     let t = norm_w.dtype();
     let (m, k, n) = (x.rows(), x.last_dim(), f.rows());
     let plain = y.is_none()
@@ -128,18 +134,14 @@ fn norm_matmul_fp8(
         g.k.norm_fp8_gemv::<T>(xs, nws, eps, norm_kind(kind), f.view(), o.dev_mut::<T>()?, ns, m).map_err(cuda_err)
     }
     crate::by_dtype!(t, go(&g, (x, norm_w, f), (eps, kind), &mut o, &mut normed, m))?;
-    let mut shape = x.shape().to_vec();
-    if let Some(l) = shape.last_mut() {
-        *l = n;
-    }
-    Ok(Some(NormMatmul { normed, out: o.reshape(shape)?, sum: None }))
+    Ok(Some(NormMatmul { normed, out: o.reshape(out_shape(x, n))?, sum: None }))
 }
 
 /// Whether the fused kernel takes these operands: the f32 residual `x` of at most
 /// `NORM_GEMV_MAX_ROWS` rows, a plain (not FP8) 2-D weight of the norm's dtype, `y` (if any)
 /// of `x`'s shape in that dtype or f32, output in that dtype or f32, all within the kernel's limits
 /// — exactly where `matmul_t` takes the skinny GEMV, so that both ways give the same bits —
-/// and the fusion not switched off (`PORTER_NORM_GEMV=apart`).
+/// and the fusion asked for (`PORTER_NORM_GEMV=fused`; off by default).
 fn fuses(x: &Tensor, y: Option<&Tensor>, norm_w: &Tensor, w: &Tensor, out: DType) -> bool {
     let t = norm_w.dtype();
     let (m, k) = (x.rows(), x.last_dim());
