@@ -5,16 +5,19 @@
 #   scripts/gpu-check.sh stage   # HERE (with cargo): builds the release test binaries of
 #                                # porter-kernels (kernels vs CPU) and of tests/tests/gpu.rs
 #                                # (every model's parity on CUDA) into .dev/bin/, and the
-#                                # porter binary into .dev/porter/ (all git-ignored)
+#                                # porter binary into .dev/porter/, and with NVRTC 13 in
+#                                # target/nvrtc the PTX of every module for sm_90
+#                                # (`porter kernels`) into .dev/ptx.tgz (all git-ignored)
 #   scripts/gpu-check.sh         # THERE (repo root, .dev/ carried along): runs every binary
 #                                # in .dev/bin/ with --nocapture --include-ignored (the GPU
 #                                # and NVRTC tests are #[ignore]d elsewhere); logs under $OUT
-#                                # (or .dev/out)
+#                                # (or .dev/out); .dev/ptx.tgz becomes the PTX cache
 #
 # On the GPU machine it finds libnvrtc.so.13 (CUDA toolkit or the nvidia-cuda-nvrtc wheel)
 # and the CUDA headers (PORTER_CUDA_INCLUDE, else /usr/local/cuda/include, else the
 # nvidia-cuda-runtime wheel), prints what it found, and exits non-zero if a binary fails.
-# Pass extra test-harness arguments after the mode, e.g. `scripts/gpu-check.sh run cuda_rope`.
+# Pass extra test-harness arguments after the mode, e.g. `scripts/gpu-check.sh run cuda_rope`;
+# GPU_CHECK_TIMEOUT=SECONDS bounds each binary (exit 124 when it ran out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +42,22 @@ for line in sys.stdin:
         shutil.copy2(m["executable"], ".dev/bin/" + name)
         print("staged .dev/bin/" + name)
 '
-    ls -la .dev/bin
+    # The PTX of every module for the H200 (sm_90, default and forced-fallback builds),
+    # compiled here by NVRTC 13 (`.ci/run` installs it into target/nvrtc) into .dev/ptx.tgz:
+    # the run below unpacks it as the on-disk PTX cache, so that the first process on a fresh
+    # GPU machine skips NVRTC (about 80 s at 630 % CPU there, session 9). The cache key holds
+    # the NVRTC version: with another version there, the cache misses and NVRTC runs as before.
+    nv=target/nvrtc/nvidia/cu13
+    rm -rf .dev/ptx-cache .dev/ptx.tgz
+    if [ -f "$nv/lib/libnvrtc.so.13" ] && [ -f "$nv/include/cuda_bf16.h" ]; then
+        LD_LIBRARY_PATH="$PWD/$nv/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PORTER_CUDA_INCLUDE="$PWD/$nv/include" \
+            .dev/porter/porter kernels --arch "${GPU_ARCH:-sm_90}" --with-fallback --cache-dir .dev/ptx-cache | tail -n 1
+        tar czf .dev/ptx.tgz -C .dev ptx-cache && rm -rf .dev/ptx-cache
+    else
+        echo "warning: no NVRTC 13 in $nv (run the NVRTC install step of .ci/run): no PTX staged" >&2
+    fi
+    ls -la .dev/bin .dev/ptx.tgz 2>/dev/null
+    du -sh .dev
     exit 0
 fi
 
@@ -70,6 +88,11 @@ if [ -z "$nvrtc_dir" ]; then
 fi
 if [ -n "$nvrtc_dir" ]; then
     export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# The PTX that `stage` compiled (.dev/ptx.tgz) as the on-disk kernel cache, unless one is set.
+if [ -f .dev/ptx.tgz ] && [ -z "${PORTER_KERNEL_CACHE:-}" ]; then
+    mkdir -p /tmp/porter-ptx && tar xzf .dev/ptx.tgz -C /tmp/porter-ptx --strip-components=1 &&
+        export PORTER_KERNEL_CACHE=/tmp/porter-ptx
 fi
 # cuBLAS (GEMMs of the model path): the toolkit's, else the nvidia-cublas wheel's.
 cublas=$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null || find /usr/local /opt /usr/lib ${py_nvidia:+$py_nvidia} -name 'libcublas.so.13' 2>/dev/null | head -n 1)
@@ -104,6 +127,7 @@ say "libnvrtc.so.13: ${nvrtc_dir:-NOT FOUND}"
 say "libcublas.so.13: ${cublas:-NOT FOUND}"
 say "libnccl: ${nccl:-NOT FOUND}"
 say "PORTER_CUDA_INCLUDE: ${PORTER_CUDA_INCLUDE:-NOT FOUND}"
+say "PORTER_KERNEL_CACHE: ${PORTER_KERNEL_CACHE:-default} ($(ls "${PORTER_KERNEL_CACHE:-/nonexistent}" 2>/dev/null | wc -l) files)"
 
 # --- run -----------------------------------------------------------------------------------
 shopt -s nullglob
@@ -120,7 +144,7 @@ for b in "${bins[@]}"; do
     [ -x "$b" ] || continue
     name=$(basename "$b")
     start=$(date +%s%N)
-    "$b" --nocapture --include-ignored "$@" >"$out/$name.log" 2>&1
+    timeout "${GPU_CHECK_TIMEOUT:-0}" "$b" --nocapture --include-ignored "$@" >"$out/$name.log" 2>&1
     rc=$?
     ms=$((($(date +%s%N) - start) / 1000000))
     say "$name: exit $rc, ${ms} ms, $(grep -E '^test result' "$out/$name.log" | tail -n 1)"

@@ -1,7 +1,7 @@
 //! `porter`: load a Hugging Face checkpoint and run it.
 //!
-//! Subcommands: `logits`, `generate`, `inspect`, `models`. Without `--model`, the bundled
-//! tiny checkpoint in `tests/fixtures/` is used.
+//! Subcommands: `logits`, `generate`, `inspect`, `models`, `bench`, `load`, `serve`,
+//! `kernels`. Without `--model`, the bundled tiny checkpoint in `tests/fixtures/` is used.
 
 mod checks;
 mod serve;
@@ -19,6 +19,7 @@ use std::process::ExitCode;
 
 mod bench_cmd;
 mod chat;
+mod kernels_cmd;
 mod load_cmd;
 mod serve_bench;
 mod serve_parsers;
@@ -56,6 +57,9 @@ enum Cmd {
     /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions,
     /// streaming, /v1/models, /health, /metrics, /tokenize, /detokenize).
     Serve(ServeCmd),
+    /// Compile the CUDA kernels for the named architectures into the on-disk PTX cache
+    /// (needs NVRTC, no GPU), so that a GPU machine's first start skips NVRTC.
+    Kernels(kernels_cmd::KernelsArgs),
 }
 
 #[derive(Args)]
@@ -572,6 +576,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench(a) => bench_cmd::cmd_bench(&a),
         Cmd::Serve(a) => cmd_serve(&a),
         Cmd::Load(a) => load_cmd::cmd_load(&a),
+        Cmd::Kernels(a) => kernels_cmd::cmd_kernels(&a),
         Cmd::Models => {
             for e in registry::entries() {
                 println!("{}\t{}", e.architecture, e.crate_name);

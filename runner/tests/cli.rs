@@ -111,3 +111,52 @@ fn cuda_without_gpu_is_a_clear_error() {
         assert!(stderr(&o).contains("cuda"), "{}", stderr(&o));
     }
 }
+
+#[test]
+fn kernels_bad_flags_fail_cleanly() {
+    let dir = std::env::temp_dir().join(format!("porter-cli-ptx-bad-{}", std::process::id()));
+    let d = dir.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["kernels", "--arch", "9.1", "--cache-dir", d], "--arch `9.1`: unknown CUDA architecture (known: sm_70,"),
+        (vec!["kernels", "--arch", "sm_90", "--threads", "0", "--cache-dir", d], "--threads 0"),
+        (vec!["kernels", "--arch", "sm_90", "--cache-dir", "off"], "--cache-dir `off`"),
+        (
+            vec!["kernels", "--arch", "sm_90", "--module", "nope.cu", "--cache-dir", d],
+            "--module `nope.cu`: no such kernel module (modules: elementwise.cu,",
+        ),
+    ] {
+        assert_clean_failure(&porter(&args), needle);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `porter kernels` fills the on-disk PTX cache that a GPU process reads (what
+/// `scripts/gpu-check.sh stage` carries to the GPU machine): one small module, compiled, then
+/// found in the cache by a second process. Needs NVRTC and the CUDA headers (`.ci/run`
+/// installs them and runs this test).
+#[test]
+#[ignore = "needs NVRTC (bash .ci/run installs it)"]
+fn nvrtc_kernels_precompile_fills_the_cache() {
+    let dir = std::env::temp_dir().join(format!("porter-cli-ptx-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap();
+    let run = || porter(&["kernels", "--arch", "sm_90", "--with-fallback", "--module", "router", "--cache-dir", d]);
+    let o = run();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("2 modules") && out.contains("(2 compiled, 0 already cached)"), "{out}");
+    let files: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert!(
+        files.iter().any(|f| f.starts_with("router-sm_90-fb-")) && files.iter().any(|f| f.starts_with("router-sm_90-"))
+    );
+    for f in &files {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap();
+        assert!(text.starts_with("// porter ptx cache v1 nvrtc ") && text.contains(".entry "), "{f}");
+    }
+    let o = run();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success() && out.contains("(0 compiled, 2 already cached)"), "{out}{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -251,6 +251,90 @@ pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
     })
 }
 
+/// Every architecture name [`arch_for`] can return, oldest first.
+pub const ARCHS: [&str; 12] =
+    ["sm_70", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121"];
+
+/// The architecture a user names: `sm_90`, `90` or `9.0` (as [`arch_for`] would name it), or
+/// `None` for a name not in [`ARCHS`].
+pub fn arch_named(name: &str) -> Option<&'static str> {
+    let n = name.trim().to_ascii_lowercase();
+    let digits = match n.split_once('.') {
+        Some((major, minor)) if !major.is_empty() && minor.len() == 1 => format!("{major}{minor}"),
+        _ => n.trim_start_matches("sm_").trim_start_matches("compute_").to_string(),
+    };
+    ARCHS.iter().copied().find(|a| a[3..] == digits)
+}
+
+/// What [`precompile`] did for one (source, build).
+#[derive(Debug, Clone)]
+pub struct Precompiled {
+    /// The module's file name (`moe.cu`, …).
+    pub source: &'static str,
+    /// NVRTC `--gpu-architecture`.
+    pub arch: &'static str,
+    /// The forced-fallback build ([`FALLBACK_ENV`]).
+    pub fallback: bool,
+    /// Bytes of PTX.
+    pub ptx_bytes: usize,
+    /// Wall time of this compilation (or of reading it back).
+    pub seconds: f64,
+    /// The on-disk cache already held it ([`KERNEL_CACHE_ENV`]): nothing was compiled.
+    pub cached: bool,
+}
+
+/// Compiles `srcs` (e.g. every source of the crate, [`sources`], the opt-in modules included)
+/// for each `(arch, fallback)` build, `threads` compilations at a time, into the process and on-disk
+/// PTX caches ([`KERNEL_CACHE_ENV`]). Needs NVRTC and the CUDA headers, no GPU: a machine
+/// without a GPU fills the cache that a GPU machine with the same NVRTC version then reads
+/// (the cache key is the source text, the arch, the fallback flag and the NVRTC version), so
+/// that its first process skips NVRTC. Blocks until every compilation ended.
+///
+/// # Errors
+/// The first compilation error ([`compile_with`]'s errors).
+pub fn precompile(
+    srcs: &[&'static KernelSource],
+    builds: &[(&'static str, bool)],
+    threads: usize,
+) -> Result<Vec<Precompiled>> {
+    nvrtc_available().map_err(CudaError::Unavailable)?;
+    cuda_include_dir()?;
+    let jobs: Vec<(&'static str, bool, &'static KernelSource)> =
+        builds.iter().flat_map(|&(a, f)| srcs.iter().map(move |&s| (a, f, s))).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = Mutex::new(Vec::with_capacity(jobs.len()));
+    std::thread::scope(|sc| {
+        for _ in 0..threads.clamp(1, jobs.len().max(1)) {
+            sc.spawn(|| {
+                while let Some(&(arch, fallback, src)) =
+                    jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                {
+                    let t0 = std::time::Instant::now();
+                    let cached = disk_cache_path(src.name, &src.full_text(), arch, fallback)
+                        .is_some_and(|(path, header)| read_cached(&path, &header).is_some());
+                    let r = compile_with(src, arch, fallback).map(|ptx| Precompiled {
+                        source: src.name,
+                        arch,
+                        fallback,
+                        ptx_bytes: ptx.to_src().len(),
+                        seconds: t0.elapsed().as_secs_f64(),
+                        cached,
+                    });
+                    done.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+                }
+            });
+        }
+    });
+    let mut out = done.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().collect::<Result<Vec<_>>>()?;
+    out.sort_by_key(|p| (p.arch, p.fallback, p.source));
+    Ok(out)
+}
+
+/// The directory of the on-disk PTX cache ([`KERNEL_CACHE_ENV`], or its default), if any.
+pub fn kernel_cache_dir() -> Option<PathBuf> {
+    cache_dir()
+}
+
 /// Process-wide PTX cache, keyed by (hash of the full source text, arch, fallback build).
 type PtxKey = (u64, &'static str, bool);
 
@@ -424,6 +508,23 @@ mod tests {
         assert!(read_cached(&path, "// h2\n").is_none(), "a header mismatch must not be used");
         let _ = std::fs::remove_dir_all(&dir);
         assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]), "part boundaries are hashed");
+    }
+
+    #[test]
+    fn arch_names() {
+        for (given, want) in
+            [("sm_90", "sm_90"), ("90", "sm_90"), ("9.0", "sm_90"), ("SM_86", "sm_86"), ("12.1", "sm_121")]
+        {
+            assert_eq!(arch_named(given), Some(want), "{given}");
+        }
+        for bad in ["sm_91", "", "9", "9.00", "sm_"] {
+            assert_eq!(arch_named(bad), None, "{bad}");
+        }
+        // Every (major, minor) arch_for knows round-trips through its name.
+        for a in ARCHS {
+            let (major, minor) = (a[3..a.len() - 1].parse::<i32>().unwrap(), a[a.len() - 1..].parse::<i32>().unwrap());
+            assert_eq!(arch_for(major, minor).unwrap(), a);
+        }
     }
 
     #[test]
