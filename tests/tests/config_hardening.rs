@@ -103,9 +103,9 @@ fn silently_wrong_values_are_errors() {
         ),
         (
             "qwen3",
-            "dynamic",
-            json!({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}),
-            "config key `rope_scaling.rope_type` = \"dynamic\": is not supported",
+            "longrope",
+            json!({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}),
+            "config key `rope_scaling.rope_type` = \"longrope\": is not supported",
         ),
         (
             "qwen3_moe",
@@ -227,4 +227,32 @@ fn draft_configs_are_checked() {
         let e = r.err().map(|e| e.root().to_string()).unwrap_or_default();
         assert!(e.starts_with(want), "{key} = {v}: {e}");
     }
+}
+
+/// `rope_type: dynamic` (dynamic NTK) rescales only once a forward reaches past
+/// `max_position_embeddings`; within it transformers 5.24's logits equal plain RoPE's bit for
+/// bit (checked when this test was written: the `qwen3` fixture with
+/// `{"rope_type": "dynamic", "factor": 4}` and `max_position_embeddings` = the long prompt's 160
+/// tokens gave max|Δ| = 0 against its reference; with 8 tokens more, 0.10). porter runs only
+/// those positions: the reference holds at the limit, one position more is refused.
+#[test]
+fn dynamic_ntk_rope_is_plain_rope_up_to_max_position_embeddings() {
+    let r = tests::Reference::open("qwen3").unwrap();
+    let ids = r.ids("ids_long").unwrap();
+    let want = r.f32("logits_long").unwrap();
+    let n = ids.len();
+    let dir = variant("qwen3", "dynamic", |c| {
+        c["rope_scaling"] = json!({"rope_type": "dynamic", "factor": 4.0});
+        c["max_position_embeddings"] = json!(n);
+    });
+    let m = registry::load(&dir, DType::F32, Device::Cpu, false).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let got = tests::prefill_logits(&m, &ids).unwrap();
+    tests::assert_close("qwen3 dynamic NTK, prefill at the context limit", &got, &want, 1e-3);
+    let inc = tests::incremental_logits(&m, &ids).unwrap();
+    tests::assert_close("qwen3 dynamic NTK, token by token", &inc, &want, 1e-3);
+    let mut longer = ids.clone();
+    longer.push(ids[0]);
+    let e = tests::prefill_logits(&m, &longer).unwrap_err().to_string();
+    assert!(e.contains(&format!("exceeds max_position_embeddings = {n}")), "{e}");
 }

@@ -22,6 +22,12 @@ pub enum RopeScaling {
     /// Llama 3.1 (HF `rope_type: llama3`, `_compute_llama3_parameters`): low frequencies
     /// divided by `factor`, high ones kept, a smooth blend in between.
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
+    /// Dynamic NTK (HF `rope_type: dynamic`, `_compute_dynamic_ntk_parameters` under
+    /// `dynamic_rope_update`): the base grows with `factor` only once a forward reaches past
+    /// `max_position_embeddings`; up to there the frequencies are plain RoPE's. porter never
+    /// runs such a forward ([`crate::Model`] refuses a sequence longer than
+    /// `max_position_embeddings`), so this is plain RoPE on every position it accepts.
+    Dynamic { factor: f64 },
 }
 
 /// Rotary-embedding parameters of a model.
@@ -49,7 +55,8 @@ impl Rope {
     /// `rot_dim = head_dim · partial_rotary_factor` (rounded down to an even number).
     ///
     /// The inverse frequencies follow transformers' `ROPE_INIT_FUNCTIONS` in f32: plain,
-    /// `linear`, `yarn` and `llama3` (`_compute_llama3_parameters`).
+    /// `linear`, `yarn`, `llama3` (`_compute_llama3_parameters`) and `dynamic` (plain within
+    /// `max_position_embeddings`, see [`RopeScaling::Dynamic`]).
     pub fn new(params: &RopeParams, head_dim: usize) -> Result<Self> {
         // Config values reach here checked by `load::config`; these are the block's own
         // invariants (a shape error, naming the config key that sets them).
@@ -73,7 +80,8 @@ impl Rope {
             (0..rot_dim / 2).map(|i| 1.0f32 / params.theta.powf((2 * i) as f32 / rot_dim as f32)).collect();
         let mut attention_scaling = 1.0f32;
         match params.scaling {
-            RopeScaling::Default => {}
+            // Dynamic: plain RoPE up to max_position_embeddings, the only positions porter runs.
+            RopeScaling::Default | RopeScaling::Dynamic { .. } => {}
             RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
             RopeScaling::Yarn {
                 factor,

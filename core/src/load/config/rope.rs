@@ -7,9 +7,10 @@
 //!   is an error, and so are per-layer-type blocks (`{"full_attention": {...}}`).
 //! - `rope_theta` / `partial_rotary_factor` come from the block, else the top level, else
 //!   the class default; `null` or a non-number is an error (transformers would fail later).
-//! - `rope_type` (or the legacy `type`) must be `default`, `linear`, `yarn` or `llama3`;
-//!   `dynamic`, `longrope` and unknown types are errors, never plain RoPE. Factors must be
-//!   numbers `>= 1` where transformers requires it.
+//! - `rope_type` (or the legacy `type`) must be `default`, `linear`, `yarn`, `llama3` or
+//!   `dynamic` (plain RoPE on every position porter runs: its NTK rescaling starts past
+//!   `max_position_embeddings`, which the model refuses); `longrope` and unknown types are
+//!   errors, never plain RoPE. Factors must be numbers `>= 1` where transformers requires it.
 
 use super::{kind, positive_f32, show, Keys, POSITIVE_F32};
 use crate::error::{Error, Result};
@@ -165,6 +166,10 @@ pub fn rope_params_with(raw: &Value, defaults: &RopeDefaults) -> Result<RopePara
             let v = k.get("factor").ok_or_else(|| k.missing("factor", "rope_type `linear` needs a factor >= 1"))?;
             RopeScaling::Linear { factor: number(&k, "factor", v, at_least_one, AT_LEAST_ONE)? as f32 }
         }
+        "dynamic" => {
+            let v = k.get("factor").ok_or_else(|| k.missing("factor", "rope_type `dynamic` needs a factor >= 1"))?;
+            RopeScaling::Dynamic { factor: number(&k, "factor", v, at_least_one, AT_LEAST_ONE)? }
+        }
         "yarn" => {
             let original = original_max(&k, raw, "yarn")?;
             let factor = match k.get("factor") {
@@ -264,8 +269,8 @@ pub fn rope_params_with(raw: &Value, defaults: &RopeDefaults) -> Result<RopePara
             return Err(k.error(
                 key,
                 &Value::String(other.to_owned()),
-                "is not supported: porter implements default, linear, yarn and llama3 \
-                 (dynamic NTK and longrope rescale per sequence length and are not implemented)",
+                "is not supported: porter implements default, linear, yarn, llama3 and dynamic \
+                 (longrope switches its factors by sequence length and is not implemented)",
             ));
         }
     };
@@ -327,8 +332,9 @@ mod tests {
                 json!({"rope_scaling": {"rope_type": "yarn", "factor": 2}}),
                 "original_max_position_embeddings` = (absent)",
             ),
-            (json!({"rope_scaling": {"rope_type": "dynamic", "factor": 2}}), "\"dynamic\": is not supported"),
-            (json!({"rope_scaling": {"rope_type": "longrope"}}), "longrope"),
+            (json!({"rope_scaling": {"rope_type": "dynamic"}}), "`rope_scaling.factor` = (absent)"),
+            (json!({"rope_scaling": {"rope_type": "dynamic", "factor": 0.5}}), "`rope_scaling.factor` = 0.5"),
+            (json!({"rope_scaling": {"rope_type": "longrope"}}), "\"longrope\": is not supported"),
             (json!({"rope_scaling": {"rope_type": null}}), "`rope_scaling.rope_type` = null"),
             (json!({"rope_scaling": {"full_attention": {"rope_type": "default"}}}), "per-layer-type"),
             (
@@ -339,6 +345,20 @@ mod tests {
         ] {
             let e = err(raw.clone());
             assert!(e.contains(needle), "{raw}: {e}");
+        }
+    }
+
+    #[test]
+    fn dynamic_ntk_is_read_with_its_factor() {
+        for raw in [
+            json!({"rope_scaling": {"type": "dynamic", "factor": 2}}),
+            json!({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}),
+            // transformers only warns about keys a type does not use.
+            json!({"rope_scaling": {"rope_type": "dynamic", "factor": 2, "low_freq_factor": 1}}),
+        ] {
+            let p = rope_params(&raw, 1e4, 1.0).unwrap();
+            assert_eq!(p.scaling, RopeScaling::Dynamic { factor: 2.0 }, "{raw}");
+            assert_eq!((p.theta, p.partial_rotary_factor), (1e4, 1.0), "{raw}");
         }
     }
 
