@@ -42,7 +42,10 @@ for line in sys.stdin:
         shutil.copy2(m["executable"], ".dev/bin/" + name)
         print("staged .dev/bin/" + name)
 '
-    # The PTX of every module for the H200 (sm_90, default and forced-fallback builds),
+    # Symbols stripped: a quarter fewer bytes (.dev must fit the device tool's 64 MiB).
+    strip .dev/bin/* .dev/porter/porter || echo "warning: strip failed; .dev stays unstripped" >&2
+    # The PTX of every module for the H200 (sm_90; with GPU_PTX_FALLBACK=1 the forced-fallback
+    # build too, 4 MB more packed),
     # compiled here by NVRTC 13 (`.ci/run` installs it into target/nvrtc) into .dev/ptx.tgz:
     # the run below unpacks it as the on-disk PTX cache, so that the first process on a fresh
     # GPU machine skips NVRTC (about 80 s at 630 % CPU there, session 9). The cache key holds
@@ -51,7 +54,8 @@ for line in sys.stdin:
     rm -rf .dev/ptx-cache .dev/ptx.tgz
     if [ -f "$nv/lib/libnvrtc.so.13" ] && [ -f "$nv/include/cuda_bf16.h" ]; then
         LD_LIBRARY_PATH="$PWD/$nv/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PORTER_CUDA_INCLUDE="$PWD/$nv/include" \
-            .dev/porter/porter kernels --arch "${GPU_ARCH:-sm_90}" --with-fallback --cache-dir .dev/ptx-cache | tail -n 1
+            .dev/porter/porter kernels --arch "${GPU_ARCH:-sm_90}" ${GPU_PTX_FALLBACK:+--with-fallback} \
+            --cache-dir .dev/ptx-cache | tail -n 1
         tar czf .dev/ptx.tgz -C .dev ptx-cache && rm -rf .dev/ptx-cache
     else
         echo "warning: no NVRTC 13 in $nv (run the NVRTC install step of .ci/run): no PTX staged" >&2
