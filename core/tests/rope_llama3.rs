@@ -18,7 +18,7 @@ fn llama3_inv_freq_matches_transformers() {
         let want: Vec<f32> =
             case[2].as_array().expect("inv_freq").iter().map(|v| v.as_f64().unwrap_or(f64::NAN) as f32).collect();
         let raw = serde_json::json!({"max_position_embeddings": 1 << 20, "rope_parameters": params});
-        let p = rope_params(&raw, 10_000.0, 1.0).expect("llama3 params");
+        let p = rope_params(&raw, 10_000.0, 1.0, 1 << 20).expect("llama3 params");
         assert!(matches!(p.scaling, RopeScaling::Llama3 { .. }), "{:?}", p.scaling);
         let rope = Rope::new(&p, head_dim).expect("rope");
         assert_eq!(rope.rot_dim(), head_dim);

@@ -19,7 +19,7 @@ fn yarn_tables_match_transformers() {
             "max_position_embeddings": 16384,
             "rope_scaling": params,
         });
-        let p = rope_params(&raw, 10_000.0, 1.0).expect("yarn params");
+        let p = rope_params(&raw, 10_000.0, 1.0, 16384).expect("yarn params");
         let rope = Rope::new(&p, 64).expect("rope");
         let (cos, sin) = rope.tables(&[0, 1, 1000, 16000], DType::F32).unwrap();
         let want_cos: Vec<f32> =

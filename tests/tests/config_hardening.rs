@@ -87,13 +87,13 @@ fn silently_wrong_values_are_errors() {
             "qwen3",
             "linear0",
             json!({"rope_scaling": {"rope_type": "linear", "factor": 0}}),
-            "config key `rope_scaling.factor` = 0: must be a finite number >= 1",
+            "config key `rope_scaling.factor` = 0: must be a positive finite number",
         ),
         (
             "mistral",
             "linear-1",
             json!({"rope_scaling": {"type": "linear", "factor": -1}}),
-            "config key `rope_scaling.factor` = -1: must be a finite number >= 1",
+            "config key `rope_scaling.factor` = -1: must be a positive finite number",
         ),
         (
             "qwen3_moe",

@@ -401,6 +401,19 @@ pub fn generation_config(dir: &Path, raw: &Value) -> Result<GenerationConfig> {
 /// The activations porter's SwiGLU implements (transformers' `ACT2FN` names for SiLU).
 pub const SUPPORTED_ACTS: [&str; 2] = ["silu", "swish"];
 
+/// What [`check_dims`] asks of the attention heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadDims {
+    /// RoPE rotates the whole head: `kv_heads` divides `heads` and `head_dim` is even.
+    WholeHeadRope,
+    /// Partial RoPE, whose width [`check_rotary_dim`] checks: `head_dim` may be odd
+    /// (transformers rotates `2·ceil(int(head_dim·p)/2)` dims and passes the rest).
+    PartialRope,
+    /// No layer attends (a hybrid model of linear-attention layers only): transformers builds
+    /// no attention, so the head relations are not checked (the counts keep their ranges).
+    NoAttention,
+}
+
 /// Load-time checks shared by the attention models: the relations between the counts
 /// (each count was range-checked when it was read).
 pub fn check_dims(
@@ -410,6 +423,7 @@ pub fn check_dims(
     head_dim: usize,
     vocab: usize,
     layers: usize,
+    what: HeadDims,
 ) -> Result<()> {
     for (key, v, max) in [
         ("hidden_size", hidden, limits::MAX_HIDDEN),
@@ -422,6 +436,13 @@ pub fn check_dims(
             return Err(Error::key(key, v, format!("must be a positive integer in 1..={max}")));
         }
     }
+    if what == HeadDims::NoAttention {
+        return if (1..=limits::MAX_HEAD_DIM).contains(&head_dim) {
+            Ok(())
+        } else {
+            Err(Error::key("head_dim", head_dim, format!("must be in 1..={}", limits::MAX_HEAD_DIM)))
+        };
+    }
     if !heads.is_multiple_of(kv_heads) {
         return Err(Error::key(
             "num_key_value_heads",
@@ -429,7 +450,12 @@ pub fn check_dims(
             format!("must divide num_attention_heads = {heads} (which must be a multiple of it)"),
         ));
     }
-    if !(2..=limits::MAX_HEAD_DIM).contains(&head_dim) || !head_dim.is_multiple_of(2) {
+    if what == HeadDims::PartialRope && !(1..=limits::MAX_HEAD_DIM).contains(&head_dim) {
+        return Err(Error::key("head_dim", head_dim, format!("must be in 1..={}", limits::MAX_HEAD_DIM)));
+    }
+    if what == HeadDims::WholeHeadRope
+        && (!(2..=limits::MAX_HEAD_DIM).contains(&head_dim) || !head_dim.is_multiple_of(2))
+    {
         return Err(Error::key(
             "head_dim",
             head_dim,
@@ -467,6 +493,14 @@ pub struct DecoderDefaults {
     pub max_position_embeddings: usize,
     /// Whether the class reads `attention_bias` (Mistral's does not).
     pub reads_attention_bias: bool,
+    /// transformers' default `intermediate_size` of the class.
+    pub intermediate_size: usize,
+    /// transformers' defaults of `vocab_size`, `hidden_size`, `num_hidden_layers` and
+    /// `num_attention_heads` (a checkpoint whose tensors disagree fails at load, naming them).
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
 }
 
 /// The `config.json` keys every decoder-only architecture shares, with HF's defaults.
@@ -496,9 +530,8 @@ pub struct DecoderConfig {
 impl DecoderConfig {
     /// Reads and range-checks the shared keys.
     ///
-    /// `vocab_size`, `hidden_size`, `num_hidden_layers` and `num_attention_heads` are
-    /// required (transformers' class defaults describe a particular released model, never
-    /// the checkpoint at hand); the others take the class defaults.
+    /// An absent key takes the class default, as in transformers (for the sizes, a default
+    /// that does not fit the checkpoint fails at load with the tensor and shapes named).
     pub fn read(k: &Keys, d: &DecoderDefaults) -> Result<Self> {
         use limits::*;
         let hidden_act = k.string("hidden_act", "silu")?;
@@ -506,11 +539,11 @@ impl DecoderConfig {
             return Err(k.error("hidden_act", &Value::String(hidden_act), "is not supported (supported: silu, swish)"));
         }
         Ok(Self {
-            vocab_size: k.count("vocab_size", None, 1..=MAX_VOCAB)?,
-            hidden_size: k.count("hidden_size", None, 1..=MAX_HIDDEN)?,
-            intermediate_size: k.count("intermediate_size", Some(0), 0..=MAX_INTERMEDIATE)?,
-            num_hidden_layers: k.count("num_hidden_layers", None, 1..=MAX_LAYERS)?,
-            num_attention_heads: k.count("num_attention_heads", None, 1..=MAX_HEADS)?,
+            vocab_size: k.count("vocab_size", Some(d.vocab_size), 1..=MAX_VOCAB)?,
+            hidden_size: k.count("hidden_size", Some(d.hidden_size), 1..=MAX_HIDDEN)?,
+            intermediate_size: k.count("intermediate_size", Some(d.intermediate_size), 0..=MAX_INTERMEDIATE)?,
+            num_hidden_layers: k.count("num_hidden_layers", Some(d.num_hidden_layers), 1..=MAX_LAYERS)?,
+            num_attention_heads: k.count("num_attention_heads", Some(d.num_attention_heads), 1..=MAX_HEADS)?,
             hidden_act,
             max_position_embeddings: Some(k.count(
                 "max_position_embeddings",
@@ -529,8 +562,20 @@ impl DecoderConfig {
         self.hidden_size / self.num_attention_heads.max(1)
     }
 
-    /// Load-time checks of the shared keys, given the model's resolved KV heads and head dim.
+    /// RoPE parameters of this config ([`rope_params`]) with the class's `default_theta` /
+    /// `default_partial`, against this config's `max_position_embeddings`.
+    pub fn rope(&self, raw: &Value, default_theta: f32, default_partial: f32) -> Result<RopeParams> {
+        rope_params(raw, default_theta, default_partial, self.max_position_embeddings.unwrap_or(32_768))
+    }
+
+    /// Load-time checks of the shared keys, given the model's resolved KV heads and head dim
+    /// (RoPE over the whole head: [`HeadDims::WholeHeadRope`]).
     pub fn check(&self, kv_heads: usize, head_dim: usize) -> Result<()> {
+        self.check_as(kv_heads, head_dim, HeadDims::WholeHeadRope)
+    }
+
+    /// [`DecoderConfig::check`] with what the model asks of its heads.
+    pub fn check_as(&self, kv_heads: usize, head_dim: usize, what: HeadDims) -> Result<()> {
         check_dims(
             self.hidden_size,
             self.num_attention_heads,
@@ -538,6 +583,7 @@ impl DecoderConfig {
             head_dim,
             self.vocab_size,
             self.num_hidden_layers,
+            what,
         )?;
         check_act(&self.hidden_act)
     }
@@ -561,13 +607,20 @@ pub struct MoeDefaults {
     pub num_experts_per_tok: usize,
     pub moe_intermediate_size: usize,
     pub norm_topk_prob: bool,
+    /// A key the class's `attribute_map` reads `num_experts` from, winning when present
+    /// (Qwen3-MoE: `num_local_experts`).
+    pub num_experts_alias: Option<&'static str>,
 }
 
 impl MoeKeys {
     /// Reads and checks the MoE keys; `layers` bounds the `mlp_only_layers` entries.
     pub fn read(k: &Keys, d: &MoeDefaults, layers: usize) -> Result<Self> {
         use limits::*;
-        let num_experts = k.count("num_experts", Some(d.num_experts), 0..=MAX_EXPERTS)?;
+        let experts_key = match d.num_experts_alias {
+            Some(alias) if k.has(alias) => alias,
+            _ => "num_experts",
+        };
+        let num_experts = k.count(experts_key, Some(d.num_experts), 0..=MAX_EXPERTS)?;
         let top_k = k.count("num_experts_per_tok", Some(d.num_experts_per_tok), 0..=MAX_EXPERTS)?;
         if num_experts > 0 && !(1..=num_experts).contains(&top_k) {
             return Err(Error::key(
@@ -659,7 +712,15 @@ mod tests {
     #[test]
     fn decoder_keys_have_bounds_before_allocation() {
         let base = json!({"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4});
-        let d = DecoderDefaults { max_position_embeddings: 32768, reads_attention_bias: true };
+        let d = DecoderDefaults {
+            max_position_embeddings: 32768,
+            reads_attention_bias: true,
+            intermediate_size: 22016,
+            vocab_size: 151936,
+            hidden_size: 4096,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+        };
         let c = DecoderConfig::read(&Keys::new(&base).unwrap(), &d).unwrap();
         assert_eq!((c.max_position_embeddings, c.rms_norm_eps, c.hidden_act.as_str()), (Some(32768), 1e-6, "silu"));
         for (key, v, needle) in [
@@ -679,16 +740,27 @@ mod tests {
             let e = msg(DecoderConfig::read(&Keys::new(&raw).unwrap(), &d));
             assert!(e.contains(&format!("`{key}`")) && e.contains(needle), "{key} = {v}: {e}");
         }
-        let e = msg(check_dims(64, 4, 3, 16, 512, 2));
+        let w = HeadDims::WholeHeadRope;
+        let e = msg(check_dims(64, 4, 3, 16, 512, 2, w));
         assert!(e.contains("num_key_value_heads") && e.contains("num_attention_heads = 4"), "{e}");
-        let e = msg(check_dims(65, 4, 4, 16, 512, 2).and(check_dims(64, 4, 4, 15, 512, 2)));
+        let e = msg(check_dims(65, 4, 4, 16, 512, 2, w).and(check_dims(64, 4, 4, 15, 512, 2, w)));
         assert!(e.contains("head_dim") && e.contains("hidden_size / num_attention_heads"), "{e}");
+        // Partial RoPE allows an odd head; without attention layers the heads need not divide.
+        assert!(check_dims(64, 4, 4, 15, 512, 2, HeadDims::PartialRope).is_ok());
+        assert!(msg(check_dims(64, 4, 3, 15, 512, 2, HeadDims::PartialRope)).contains("num_key_value_heads"));
+        assert!(check_dims(64, 3, 2, 15, 512, 2, HeadDims::NoAttention).is_ok());
+        assert!(msg(check_dims(64, 3, 2, 0, 512, 2, HeadDims::NoAttention)).contains("head_dim"));
     }
 
     #[test]
     fn moe_keys() {
-        let d =
-            MoeDefaults { num_experts: 128, num_experts_per_tok: 8, moe_intermediate_size: 768, norm_topk_prob: false };
+        let d = MoeDefaults {
+            num_experts: 128,
+            num_experts_per_tok: 8,
+            moe_intermediate_size: 768,
+            norm_topk_prob: false,
+            num_experts_alias: Some("num_local_experts"),
+        };
         let m = MoeKeys::read(&Keys::new(&json!({})).unwrap(), &d, 4).unwrap();
         assert_eq!((m.num_experts, m.num_experts_per_tok, m.decoder_sparse_step), (128, 8, 1));
         for (raw, needle) in [
@@ -705,6 +777,16 @@ mod tests {
         }
         let m = MoeKeys::read(&Keys::new(&json!({"mlp_only_layers": null, "num_experts": 0})).unwrap(), &d, 4).unwrap();
         assert!(m.mlp_only_layers.is_empty() && !m.is_moe_layer(0));
+        // transformers' attribute_map: `num_local_experts` wins over `num_experts` when present.
+        for (raw, want) in [
+            (json!({"num_local_experts": 4, "num_experts_per_tok": 2}), 4),
+            (json!({"num_local_experts": 4, "num_experts": 6, "num_experts_per_tok": 2}), 4),
+            (json!({"num_experts": 6, "num_experts_per_tok": 2}), 6),
+        ] {
+            assert_eq!(MoeKeys::read(&Keys::new(&raw).unwrap(), &d, 4).unwrap().num_experts, want, "{raw}");
+        }
+        let e = msg(MoeKeys::read(&Keys::new(&json!({"num_local_experts": "x"})).unwrap(), &d, 4));
+        assert!(e.contains("`num_local_experts`"), "{e}");
     }
 
     #[test]

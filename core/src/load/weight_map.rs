@@ -81,17 +81,21 @@ impl MapContext {
         ctx
     }
 
-    /// [`MapContext::from_config`] for a dense decoder (no experts) with the dims and flags of
-    /// the `llama` layout resolved: `head_dim`, `num_key_value_heads`, `tie_word_embeddings`
-    /// and `attention_bias` (config keys the model class may default).
+    /// [`MapContext::from_config`] for a decoder of `num_experts` experts (0: dense) with the
+    /// dims and flags the model class may default resolved from the parsed config:
+    /// `intermediate_size`, `head_dim`, `num_key_value_heads`, `tie_word_embeddings` and
+    /// `attention_bias` (an absent key is then its class default, not an unknown dim).
     pub fn decoder(
         raw: &serde_json::Value,
         base: &crate::load::config::DecoderConfig,
         kv_heads: usize,
         head_dim: usize,
+        num_experts: usize,
     ) -> Self {
-        let mut ctx = Self::from_config(raw, base.num_hidden_layers, 0);
-        ctx.set_dim("head_dim", head_dim).set_dim("num_key_value_heads", kv_heads);
+        let mut ctx = Self::from_config(raw, base.num_hidden_layers, num_experts);
+        ctx.set_dim("head_dim", head_dim)
+            .set_dim("num_key_value_heads", kv_heads)
+            .set_dim("intermediate_size", base.intermediate_size);
         ctx.set_flag("tie_word_embeddings", base.tie_word_embeddings).set_flag("attention_bias", base.attention_bias);
         ctx
     }

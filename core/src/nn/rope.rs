@@ -34,7 +34,9 @@ pub enum RopeScaling {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeParams {
     pub theta: f32,
-    pub partial_rotary_factor: f32,
+    /// f64 as in the config: transformers takes `int(head_dim · partial_rotary_factor)` of
+    /// the Python float product, which an f32 product can round across an integer.
+    pub partial_rotary_factor: f64,
     pub scaling: RopeScaling,
 }
 
@@ -52,7 +54,9 @@ pub struct Rope {
 }
 
 impl Rope {
-    /// `rot_dim = head_dim · partial_rotary_factor` (rounded down to an even number).
+    /// The rotary dims follow transformers: `dim = int(head_dim · partial_rotary_factor)`
+    /// frequencies `1 / theta^(2i / dim)` for `i < ceil(dim / 2)`, and the rotation covers the
+    /// table's width, `rot_dim = 2 · ceil(dim / 2)` ([`rotary_dims`]).
     ///
     /// The inverse frequencies follow transformers' `ROPE_INIT_FUNCTIONS` in f32: plain,
     /// `linear`, `yarn`, `llama3` (`_compute_llama3_parameters`) and `dynamic` (plain within
@@ -60,24 +64,13 @@ impl Rope {
     pub fn new(params: &RopeParams, head_dim: usize) -> Result<Self> {
         // Config values reach here checked by `load::config`; these are the block's own
         // invariants (a shape error, naming the config key that sets them).
-        let partial = params.partial_rotary_factor;
-        if !(partial > 0.0 && partial <= 1.0) {
-            bail!(Shape, "RoPE: partial_rotary_factor {partial} must be in (0, 1]");
-        }
         if !(params.theta.is_finite() && params.theta > 0.0) {
             bail!(Shape, "RoPE: rope_theta {} must be a positive finite number", params.theta);
         }
-        let rot_dim = ((head_dim as f32 * partial) as usize) & !1;
-        if rot_dim == 0 || rot_dim > head_dim {
-            bail!(
-                Shape,
-                "RoPE: head_dim {head_dim} × partial_rotary_factor {partial} gives a rotary dim of {rot_dim} \
-                 (rounded down to even; must be at least 2)"
-            );
-        }
+        let (dim, rot_dim) = rotary_dims(head_dim, params)?;
         // HF: inv_freq = 1 / base^(arange(0, dim, 2) / dim), in f32.
         let mut inv_freq: Vec<f32> =
-            (0..rot_dim / 2).map(|i| 1.0f32 / params.theta.powf((2 * i) as f32 / rot_dim as f32)).collect();
+            (0..rot_dim / 2).map(|i| 1.0f32 / params.theta.powf((2 * i) as f32 / dim as f32)).collect();
         let mut attention_scaling = 1.0f32;
         match params.scaling {
             // Dynamic: plain RoPE up to max_position_embeddings, the only positions porter runs.
@@ -91,8 +84,8 @@ impl Rope {
                 attention_factor,
                 truncate,
             } => {
-                // HF `_compute_yarn_parameters`.
-                let (dim, base) = (rot_dim as f64, params.theta as f64);
+                // HF `_compute_yarn_parameters` (`rotary_dims` checked that dim is even).
+                let (dim, base) = (dim as f64, params.theta as f64);
                 let corr = |rot: f64| {
                     dim * (original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln()
                         / (2.0 * base.ln())
@@ -108,7 +101,7 @@ impl Rope {
                     high += 0.001;
                 }
                 for (i, f) in inv_freq.iter_mut().enumerate() {
-                    let pos_freq = (params.theta).powf((2 * i) as f32 / rot_dim as f32);
+                    let pos_freq = (params.theta).powf((2 * i) as f32 / dim as f32);
                     let extrapolation = 1.0 / pos_freq;
                     let interpolation = 1.0 / (factor as f32 * pos_freq);
                     let ramp = (((i as f64 - low) / (high - low)).clamp(0.0, 1.0)) as f32;
@@ -183,6 +176,38 @@ impl Rope {
         };
         ops(x).rope(x, &args, batch)
     }
+}
+
+/// `(dim, rot_dim)` of a head: transformers' `dim = int(head_dim · partial_rotary_factor)`
+/// (the denominator of the frequency exponents; `ceil(dim / 2)` frequencies) and the rotated
+/// width `rot_dim = 2 · ceil(dim / 2)` (NeoX pairs `d ↔ d + rot_dim / 2`). An odd `dim`
+/// rotates one dim more than `dim`, as transformers' `apply_rotary_pos_emb` does.
+///
+/// # Errors
+/// [`Error::Shape`] naming `partial_rotary_factor` when `dim` is 0 or the rotated width
+/// exceeds `head_dim` (an odd head rotated whole), or `yarn` with an odd `dim` (transformers'
+/// ramp has `dim / 2` entries against `ceil(dim / 2)` frequencies and fails).
+pub fn rotary_dims(head_dim: usize, params: &RopeParams) -> Result<(usize, usize)> {
+    let partial = params.partial_rotary_factor;
+    if !(partial > 0.0 && partial <= 1.0) {
+        bail!(Shape, "RoPE: partial_rotary_factor {partial} must be in (0, 1]");
+    }
+    let dim = (head_dim as f64 * partial) as usize;
+    let rot_dim = 2 * dim.div_ceil(2);
+    if dim == 0 || rot_dim > head_dim {
+        bail!(
+            Shape,
+            "RoPE: head_dim {head_dim} × partial_rotary_factor {partial} gives a rotary dim of {dim} \
+             (rotating {rot_dim} dims; must be at least 1 and rotate at most head_dim)"
+        );
+    }
+    if dim % 2 == 1 && matches!(params.scaling, RopeScaling::Yarn { .. }) {
+        bail!(
+            Shape,
+            "RoPE: yarn needs an even rotary dim; head_dim {head_dim} × partial_rotary_factor {partial} gives {dim}"
+        );
+    }
+    Ok((dim, rot_dim))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use super::super::test_util::*;
 use super::*;
 use crate::batch::SeqId;
 
-fn params(theta: f32, partial: f32, scaling: RopeScaling) -> RopeParams {
+fn params(theta: f32, partial: f64, scaling: RopeScaling) -> RopeParams {
     RopeParams { theta, partial_rotary_factor: partial, scaling }
 }
 
@@ -61,14 +61,41 @@ fn full_rotary_at_a_large_position_matches_the_f32_angle_reference() {
     assert_tensor("rope at 123456", &x, &want);
 }
 
+/// transformers' widths: `dim = int(head_dim · p)` frequencies `1/θ^(2i/dim)`, `i < ceil(dim/2)`,
+/// rotating `2·ceil(dim/2)` dims. Expected frequencies from torch 2.15
+/// (`1.0 / (theta ** (torch.arange(0, dim, 2).float() / dim))`).
 #[test]
-fn rotary_dim_is_even_and_valid() {
-    let p = |f| params(10_000.0, f, RopeScaling::Default);
-    // 10 · 0.3 = 3 → rounded down to 2.
-    assert_eq!(Rope::new(&p(0.3), 10).unwrap().rot_dim(), 2);
-    assert_eq!(Rope::new(&p(1.0), 10).unwrap().rot_dim(), 10);
-    assert!(is_shape(&Rope::new(&p(0.05), 10)));
-    assert!(is_shape(&Rope::new(&p(2.0), 10)));
+fn rotary_dims_follow_transformers() {
+    let p = |f, scaling| params(10_000.0, f, scaling);
+    let d = || RopeScaling::Default;
+    for (hd, partial, theta, rot, want) in [
+        (30, 0.25, 10_000.0f32, 8, &[1.0, 0.07196855545043945, 0.005179473198950291, 0.00037275932845659554][..]),
+        (10, 0.3, 10_000.0, 4, &[1.0, 0.002154434332624078][..]),
+        (8, 0.125, 1e6, 2, &[1.0][..]),
+    ] {
+        let rope = Rope::new(&params(theta, partial, d()), hd).unwrap();
+        assert_eq!(rope.rot_dim(), rot, "{hd} × {partial}");
+        let got = rope.inv_freq().unwrap();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - *w as f32).abs() <= f32::EPSILON * g.abs(), "{hd} × {partial}: {got:?} vs {want:?}");
+        }
+    }
+    assert_eq!(Rope::new(&p(1.0, d()), 10).unwrap().rot_dim(), 10);
+    // No rotated dim, more than the head, an odd head rotated whole, yarn with an odd dim.
+    assert!(is_shape(&Rope::new(&p(0.05, d()), 10)));
+    assert!(is_shape(&Rope::new(&p(2.0, d()), 10)));
+    assert!(is_shape(&Rope::new(&p(1.0, d()), 9)));
+    let yarn = RopeScaling::Yarn {
+        factor: 2.0,
+        original_max_position_embeddings: 64.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 1.0,
+        truncate: true,
+    };
+    assert!(is_shape(&Rope::new(&p(0.25, yarn.clone()), 30)));
+    assert_eq!(Rope::new(&p(0.25, yarn), 32).unwrap().rot_dim(), 8);
 }
 
 #[test]

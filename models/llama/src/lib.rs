@@ -28,7 +28,15 @@ impl Config {
     pub fn from_value(raw: &Value) -> Result<(Self, RopeParams)> {
         use config::limits::*;
         let k = config::Keys::new(raw)?;
-        let defaults = config::DecoderDefaults { max_position_embeddings: 2048, reads_attention_bias: true };
+        let defaults = config::DecoderDefaults {
+            max_position_embeddings: 2048,
+            reads_attention_bias: true,
+            intermediate_size: 11008,
+            vocab_size: 32000,
+            hidden_size: 4096,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+        };
         let base = DecoderConfig::read(&k, &defaults)?;
         // LlamaConfig.validate_architecture.
         if !base.hidden_size.is_multiple_of(base.num_attention_heads) {
@@ -47,7 +55,8 @@ impl Config {
             base,
         };
         c.base.check(c.kv_heads(), c.head_dim())?;
-        Ok((c, config::rope_params(raw, 10_000.0, 1.0)?))
+        let rope = c.base.rope(raw, 10_000.0, 1.0)?;
+        Ok((c, rope))
     }
 
     pub fn kv_heads(&self) -> usize {
@@ -61,7 +70,7 @@ impl Config {
 
 fn map_context(raw: &Value) -> Result<MapContext> {
     let c = Config::from_value(raw)?.0;
-    let mut ctx = MapContext::decoder(raw, &c.base, c.kv_heads(), c.head_dim());
+    let mut ctx = MapContext::decoder(raw, &c.base, c.kv_heads(), c.head_dim(), 0);
     ctx.set_flag("mlp_bias", c.mlp_bias);
     Ok(ctx)
 }

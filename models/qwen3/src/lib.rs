@@ -37,7 +37,15 @@ impl Config {
     pub fn from_value(raw: &Value) -> Result<Self> {
         use config::limits::*;
         let k = config::Keys::new(raw)?;
-        let defaults = config::DecoderDefaults { max_position_embeddings: 32768, reads_attention_bias: true };
+        let defaults = config::DecoderDefaults {
+            max_position_embeddings: 32768,
+            reads_attention_bias: true,
+            intermediate_size: 22016,
+            vocab_size: 151936,
+            hidden_size: 4096,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+        };
         let base = DecoderConfig::read(&k, &defaults)?;
         let c = Config {
             num_key_value_heads: k.opt_count("num_key_value_heads", Some(32), 1..=MAX_HEADS)?,
@@ -49,7 +57,7 @@ impl Config {
             base,
         };
         c.base.check(c.kv_heads(), c.head_dim())?;
-        config::rope_params(raw, 10_000.0, 1.0)?;
+        c.base.rope(raw, 10_000.0, 1.0)?;
         c.windows()?;
         Ok(c)
     }
@@ -89,12 +97,7 @@ impl Config {
 
 fn map_context(raw: &Value) -> Result<MapContext> {
     let c = Config::from_value(raw)?;
-    let mut ctx = MapContext::from_config(raw, c.base.num_hidden_layers, 0);
-    ctx.set_dim("head_dim", c.head_dim())
-        .set_dim("num_key_value_heads", c.kv_heads())
-        .set_flag("tie_word_embeddings", c.base.tie_word_embeddings)
-        .set_flag("attention_bias", c.base.attention_bias);
-    Ok(ctx)
+    Ok(MapContext::decoder(raw, &c.base, c.kv_heads(), c.head_dim(), 0))
 }
 
 fn describe(raw: &Value) -> Result<String> {
@@ -118,7 +121,7 @@ pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
     let c = Config::from_value(lc.config)?;
     let attn = |win| AttentionConfig::gqa(c.base.num_attention_heads, c.kv_heads(), c.head_dim(), win);
     let layers = c.windows()?.into_iter().map(|win| load::LlamaLayer { attn: attn(win), qk_norm: true, moe: None });
-    let rope = config::rope_params(lc.config, 10_000.0, 1.0)?;
+    let rope = c.base.rope(lc.config, 10_000.0, 1.0)?;
     load::llama_decoder(lc, w, "Qwen3ForCausalLM", &c.base, &rope, layers.collect())
 }
 

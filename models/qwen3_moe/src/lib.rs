@@ -41,13 +41,22 @@ impl Config {
     pub fn from_value(raw: &Value) -> Result<Self> {
         use config::limits::*;
         let k = config::Keys::new(raw)?;
-        let defaults = config::DecoderDefaults { max_position_embeddings: 32768, reads_attention_bias: true };
+        let defaults = config::DecoderDefaults {
+            max_position_embeddings: 32768,
+            reads_attention_bias: true,
+            intermediate_size: 6144,
+            vocab_size: 151936,
+            hidden_size: 2048,
+            num_hidden_layers: 24,
+            num_attention_heads: 32,
+        };
         let base = DecoderConfig::read(&k, &defaults)?;
         let moe_defaults = config::MoeDefaults {
             num_experts: 128,
             num_experts_per_tok: 8,
             moe_intermediate_size: 768,
             norm_topk_prob: false,
+            num_experts_alias: Some("num_local_experts"),
         };
         let moe = config::MoeKeys::read(&k, &moe_defaults, base.num_hidden_layers)?;
         let head_dim = match k.get("head_dim") {
@@ -68,7 +77,7 @@ impl Config {
             base,
         };
         c.base.check(c.kv_heads(), c.head_dim())?;
-        config::rope_params(raw, 10_000.0, 1.0)?;
+        c.base.rope(raw, 10_000.0, 1.0)?;
         Ok(c)
     }
 
@@ -97,11 +106,8 @@ impl Config {
 
 fn map_context(raw: &Value) -> Result<MapContext> {
     let c = Config::from_value(raw)?;
-    let mut ctx = MapContext::from_config(raw, c.base.num_hidden_layers, c.num_experts);
-    ctx.set_dim("head_dim", c.head_dim())
-        .set_dim("num_key_value_heads", c.kv_heads())
-        .set_flag("tie_word_embeddings", c.base.tie_word_embeddings)
-        .set_flag("attention_bias", c.base.attention_bias);
+    let mut ctx = MapContext::decoder(raw, &c.base, c.kv_heads(), c.head_dim(), c.num_experts);
+    ctx.set_dim("num_experts", c.num_experts).set_dim("moe_intermediate_size", c.moe_intermediate_size);
     for i in 0..c.base.num_hidden_layers {
         ctx.set_layer_flag(i, "moe_layer", c.is_moe_layer(i));
     }
@@ -136,7 +142,7 @@ pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
     let moe = |i: usize| c.is_moe_layer(i).then_some((c.num_experts_per_tok, c.norm_topk_prob));
     let layers =
         (0..c.base.num_hidden_layers).map(|i| load::LlamaLayer { attn: attn.clone(), qk_norm: true, moe: moe(i) });
-    let rope = config::rope_params(lc.config, 10_000.0, 1.0)?;
+    let rope = c.base.rope(lc.config, 10_000.0, 1.0)?;
     load::llama_decoder(lc, w, "Qwen3MoeForCausalLM", &c.base, &rope, layers.collect())
 }
 

@@ -43,6 +43,7 @@ impl Config {
             num_experts_per_tok: 0,
             moe_intermediate_size: 0,
             norm_topk_prob: false,
+            num_experts_alias: None,
         };
         let moe = config::MoeKeys::read(&k, &moe_defaults, MAX_LAYERS)?;
         k.opt_count("vocab_size", None, 1..=MAX_VOCAB)?;

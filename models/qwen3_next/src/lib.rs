@@ -58,7 +58,15 @@ impl Config {
     pub fn from_value(raw: &Value) -> Result<Self> {
         use config::limits::*;
         let k = config::Keys::new(raw)?;
-        let defaults = config::DecoderDefaults { max_position_embeddings: 32768, reads_attention_bias: true };
+        let defaults = config::DecoderDefaults {
+            max_position_embeddings: 32768,
+            reads_attention_bias: true,
+            intermediate_size: 5632,
+            vocab_size: 151936,
+            hidden_size: 2048,
+            num_hidden_layers: 48,
+            num_attention_heads: 16,
+        };
         let base = DecoderConfig::read(&k, &defaults)?;
         let layers = base.num_hidden_layers;
         let moe_defaults = config::MoeDefaults {
@@ -66,6 +74,7 @@ impl Config {
             num_experts_per_tok: 10,
             moe_intermediate_size: 512,
             norm_topk_prob: true,
+            num_experts_alias: None,
         };
         let moe = config::MoeKeys::read(&k, &moe_defaults, layers)?;
         let layer_types = match k.opt_string_list("layer_types")? {
@@ -99,8 +108,15 @@ impl Config {
             mlp_only_layers: Some(moe.mlp_only_layers),
             base,
         };
-        c.base.check(c.num_key_value_heads, c.head_dim)?;
-        config::check_rotary_dim(&config::rope_params(raw, 10_000.0, 0.25)?, c.head_dim)?;
+        // Partial RoPE: an odd head_dim is legal; a model of linear-attention layers only builds
+        // no attention, so its head counts and rotary width are not checked (as transformers).
+        let attends = c.layer_kinds()?.contains(&LayerType::FullAttention);
+        let heads = if attends { config::HeadDims::PartialRope } else { config::HeadDims::NoAttention };
+        c.base.check_as(c.num_key_value_heads, c.head_dim, heads)?;
+        let rope = c.base.rope(raw, 10_000.0, 0.25)?;
+        if attends {
+            config::check_rotary_dim(&rope, c.head_dim)?;
+        }
         if !c.linear_num_value_heads.is_multiple_of(c.linear_num_key_heads) {
             return Err(porter_core::Error::key(
                 "linear_num_value_heads",
@@ -108,7 +124,6 @@ impl Config {
                 format!("must be a multiple of linear_num_key_heads = {}", c.linear_num_key_heads),
             ));
         }
-        c.layer_kinds()?;
         Ok(c)
     }
 
@@ -163,8 +178,10 @@ fn map_context(raw: &Value) -> Result<MapContext> {
     let kinds = c.layer_kinds()?;
     let g = c.gdn();
     let r = g.value_heads / g.key_heads;
-    let mut ctx = MapContext::from_config(raw, c.base.num_hidden_layers, c.num_experts);
-    ctx.set_dim("head_dim", c.head_dim)
+    let mut ctx = MapContext::decoder(raw, &c.base, c.num_key_value_heads, c.head_dim, c.num_experts);
+    ctx.set_dim("num_experts", c.num_experts)
+        .set_dim("moe_intermediate_size", c.moe_intermediate_size)
+        .set_dim("shared_expert_intermediate_size", c.shared_expert_intermediate_size)
         .set_dim("num_key_value_heads", c.num_key_value_heads)
         .set_dim("linear_conv_kernel_dim", g.conv_kernel)
         .set_dim("linear_key_head_dim", g.key_dim)
@@ -196,7 +213,7 @@ fn describe(raw: &Value) -> Result<String> {
         })
         .collect();
     let moe: Vec<usize> = (0..c.base.num_hidden_layers).filter(|&i| c.is_moe_layer(i)).collect();
-    let rope = config::rope_params(raw, 10_000.0, 0.25)?;
+    let rope = c.base.rope(raw, 10_000.0, 0.25)?;
     Ok(format!(
         "Qwen3-Next: {} layers [{kinds}] (L = Gated DeltaNet, F = gated attention), hidden {}, attention {} / {} KV heads of {} (rotary {:.2}, theta {}), GDN {} key heads of {} / {} value heads of {}, conv {}, MoE layers {:?}: {} experts top-{} of {} + shared {} (norm_topk_prob {}), vocab {}, tied embeddings: {}",
         c.base.num_hidden_layers,
@@ -225,7 +242,7 @@ fn describe(raw: &Value) -> Result<String> {
 /// Builds the model from loaded weight slots.
 pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
     let c = Config::from_value(lc.config)?;
-    let rope_params = config::rope_params(lc.config, 10_000.0, 0.25)?;
+    let rope_params = c.base.rope(lc.config, 10_000.0, 0.25)?;
     let eps = c.base.rms_norm_eps as f32;
     let mut layers: Vec<Box<dyn TransformerLayer>> = Vec::with_capacity(c.base.num_hidden_layers);
     for (i, kind) in c.layer_kinds()?.into_iter().enumerate() {

@@ -10,7 +10,7 @@ use porter_core::draft::{AttentionMtpHead, DraftHead};
 use porter_core::nn::{AttentionConfig, DecoderLayer, NormKind, Rope};
 use porter_core::registry::{DraftEntry, DraftLoadContext};
 use porter_core::Result;
-use porter_core::{config, MapContext, Weights};
+use porter_core::{MapContext, Weights};
 use qwen3_next::Config;
 
 /// The weight map of the draft head.
@@ -34,7 +34,7 @@ fn map_context(lc: &DraftLoadContext) -> Result<MapContext> {
 
 fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
     let c = Config::from_value(lc.main_config)?;
-    let rope_params = config::rope_params(lc.main_config, 10_000.0, 0.25)?;
+    let rope_params = c.base.rope(lc.main_config, 10_000.0, 0.25)?;
     let eps = c.base.rms_norm_eps as f32;
     let cfg = AttentionConfig {
         heads: c.base.num_attention_heads,

@@ -383,12 +383,14 @@ fn llama_cases() -> Vec<Case> {
     };
     for (extra, o) in [
         (json!({}), Oracle::Legal),
-        (json!({"original_max_position_embeddings": 2048}), Oracle::names("original_max_position_embeddings")),
+        // Equal to max_position_embeddings: transformers warns and computes.
+        (json!({"original_max_position_embeddings": 2048}), Oracle::Legal),
         (json!({"original_max_position_embeddings": "x"}), Oracle::names("original_max_position_embeddings")),
-        (json!({"factor": 0.5}), Oracle::names("factor")),
+        (json!({"factor": 0.5}), Oracle::Legal),
+        (json!({"factor": 0}), Oracle::names("factor")),
         (json!({"factor": null}), Oracle::names("factor")),
         (json!({"low_freq_factor": 0}), Oracle::names("low_freq_factor")),
-        (json!({"high_freq_factor": 1.0}), Oracle::names("high_freq_factor")),
+        (json!({"high_freq_factor": 1.0}), Oracle::Legal),
         // transformers only warns about the llama3 keys dynamic does not use.
         (json!({"rope_type": "dynamic"}), Oracle::Legal),
     ] {
@@ -445,13 +447,14 @@ fn rope_cases() -> Vec<Case> {
         (json!({"type": "linear", "factor": 4}), None),
         (json!({"rope_type": "linear", "factor": 0}), Some("factor")),
         (json!({"rope_type": "linear", "factor": -1}), Some("factor")),
-        (json!({"rope_type": "linear", "factor": 0.5}), Some("factor")),
+        // transformers only warns about a factor below 1 and computes with it.
+        (json!({"rope_type": "linear", "factor": 0.5}), None),
         (json!({"rope_type": "linear", "factor": "2"}), Some("factor")),
         (json!({"rope_type": "linear", "factor": null}), Some("factor")),
         (json!({"rope_type": "linear"}), Some("factor")),
         (json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}), None),
         (json!({"rope_type": "yarn", "factor": 2.0, "beta_fast": 16, "beta_slow": 2, "truncate": false}), None),
-        (json!({"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 1024}), Some("factor")),
+        (json!({"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 1024}), None),
         (json!({"rope_type": "yarn", "original_max_position_embeddings": 1024}), Some("factor")),
         (
             json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 0}),
@@ -469,8 +472,9 @@ fn rope_cases() -> Vec<Case> {
             None,
         ),
         (
+            // high <= low: a warning in transformers, then no medium band.
             json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 1024}),
-            Some("high_freq_factor"),
+            None,
         ),
         (
             json!({"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}),

@@ -28,30 +28,35 @@ pub struct RopeDefaults {
     /// (Qwen3, Qwen3-MoE, Mistral, Llama): the key is then ignored for `default` and must
     /// be 1 for the scaled types (transformers would build tables of the wrong width).
     pub partial: Option<f32>,
+    /// The config's `max_position_embeddings` (its class default when absent): the
+    /// `original_max_position_embeddings` of `yarn` / `llama3` blocks without one, and the
+    /// numerator of a `null` yarn factor.
+    pub max_position_embeddings: usize,
 }
 
 /// Reads RoPE parameters from either config style. `default_theta` and `default_partial`
 /// are the model class's defaults; a `default_partial` below 1 means the class applies
-/// `partial_rotary_factor` (see [`RopeDefaults::partial`]).
-pub fn rope_params(raw: &Value, default_theta: f32, default_partial: f32) -> Result<RopeParams> {
+/// `partial_rotary_factor` (see [`RopeDefaults::partial`]). `max_position_embeddings` is the
+/// config's (its class default when absent; [`RopeDefaults::max_position_embeddings`]).
+pub fn rope_params(
+    raw: &Value,
+    default_theta: f32,
+    default_partial: f32,
+    max_position_embeddings: usize,
+) -> Result<RopeParams> {
     let partial = (default_partial != 1.0).then_some(default_partial);
-    rope_params_with(raw, &RopeDefaults { theta: default_theta, partial })
+    rope_params_with(raw, &RopeDefaults { theta: default_theta, partial, max_position_embeddings })
 }
 
-/// Checks that `head_dim · partial_rotary_factor` (rounded down to even, as [`crate::nn::Rope`]
-/// does) leaves at least one rotated pair.
+/// Checks the rotary width of `head_dim` under `p` as [`crate::nn::Rope`] will build it
+/// ([`crate::nn::rotary_dims`]: transformers' `int(head_dim · partial_rotary_factor)`,
+/// at least 1, rotating at most `head_dim` dims; even for yarn), naming the config key.
 pub fn check_rotary_dim(p: &RopeParams, head_dim: usize) -> Result<()> {
-    let rot_dim = ((head_dim as f32 * p.partial_rotary_factor) as usize) & !1;
-    if rot_dim == 0 || rot_dim > head_dim {
-        return Err(Error::key(
-            "partial_rotary_factor",
-            p.partial_rotary_factor,
-            format!(
-                "gives a rotary dim of {rot_dim} for head_dim {head_dim} (rounded down to even; must be at least 2)"
-            ),
-        ));
-    }
-    Ok(())
+    crate::nn::rotary_dims(head_dim, p).map(|_| ()).map_err(|e| {
+        let why = e.to_string();
+        let why = why.split("RoPE: ").nth(1).unwrap_or(&why).to_string();
+        Error::key("partial_rotary_factor", p.partial_rotary_factor, why)
+    })
 }
 
 /// The RoPE block: a non-empty `rope_scaling`, else `rope_parameters`, with its name.
@@ -87,26 +92,34 @@ fn opt_number(k: &Keys, key: &str, ok: impl Fn(f64) -> bool, allowed: &str) -> R
     }
 }
 
-fn at_least_one(x: f64) -> bool {
-    x.is_finite() && x >= 1.0 && (x as f32).is_finite()
+/// A scaling factor: transformers only warns below 1 and computes with it, so any positive
+/// finite number (one that stays finite in f32); 0, negatives and non-numbers would give
+/// infinite or NaN frequencies.
+fn factor_ok(x: f64) -> bool {
+    x.is_finite() && x > 0.0 && (x as f32).is_finite() && (x as f32) > 0.0
 }
 
-const AT_LEAST_ONE: &str = "a finite number >= 1";
+const FACTOR: &str = "a positive finite number";
 
-/// `original_max_position_embeddings` of a scaled block: the block's, else
-/// `max_position_embeddings` (transformers' `standardize_rope_params`).
-fn original_max(k: &Keys, raw: &Value, rope_type: &str) -> Result<f64> {
+/// `original_max_position_embeddings` of a `yarn` / `llama3` block, as transformers'
+/// `standardize_rope_params` sets it: a top-level `original_max_position_embeddings` key wins
+/// (it overwrites the block's, the Phi-3 convention), else the block's, else the config's
+/// `max_position_embeddings` (`max_pos`, its class default when absent).
+fn original_max(k: &Keys, raw: &Value, max_pos: usize) -> Result<f64> {
     let ok = |x: f64| x.is_finite() && x >= 1.0 && x <= super::limits::MAX_POSITIONS as f64;
     let allowed = format!("a number in 1..={}", super::limits::MAX_POSITIONS);
-    match k.get("original_max_position_embeddings") {
-        Some(v) => number(k, "original_max_position_embeddings", v, ok, &allowed),
-        None => match raw.get("max_position_embeddings").and_then(Value::as_f64) {
-            Some(m) if ok(m) => Ok(m),
-            _ => Err(k.missing(
-                "original_max_position_embeddings",
-                &format!("rope_type `{rope_type}` needs it (or max_position_embeddings)"),
-            )),
-        },
+    let top = Keys::new(raw)?;
+    match (top.get("original_max_position_embeddings"), k.get("original_max_position_embeddings")) {
+        (Some(v), _) => number(&top, "original_max_position_embeddings", v, ok, &allowed),
+        (None, Some(v)) => number(k, "original_max_position_embeddings", v, ok, &allowed),
+        (None, None) => {
+            let m = max_pos as f64;
+            if ok(m) {
+                Ok(m)
+            } else {
+                Err(Error::key("max_position_embeddings", max_pos, allowed))
+            }
+        }
     }
 }
 
@@ -163,33 +176,20 @@ pub fn rope_params_with(raw: &Value, defaults: &RopeDefaults) -> Result<RopePara
     let scaling = match rope_type.as_str() {
         "default" => RopeScaling::Default,
         "linear" => {
-            let v = k.get("factor").ok_or_else(|| k.missing("factor", "rope_type `linear` needs a factor >= 1"))?;
-            RopeScaling::Linear { factor: number(&k, "factor", v, at_least_one, AT_LEAST_ONE)? as f32 }
+            let v = k.get("factor").ok_or_else(|| k.missing("factor", "rope_type `linear` needs a factor"))?;
+            RopeScaling::Linear { factor: number(&k, "factor", v, factor_ok, FACTOR)? as f32 }
         }
         "dynamic" => {
-            let v = k.get("factor").ok_or_else(|| k.missing("factor", "rope_type `dynamic` needs a factor >= 1"))?;
-            RopeScaling::Dynamic { factor: number(&k, "factor", v, at_least_one, AT_LEAST_ONE)? }
+            let v = k.get("factor").ok_or_else(|| k.missing("factor", "rope_type `dynamic` needs a factor"))?;
+            RopeScaling::Dynamic { factor: number(&k, "factor", v, factor_ok, FACTOR)? }
         }
         "yarn" => {
-            let original = original_max(&k, raw, "yarn")?;
+            let original = original_max(&k, raw, defaults.max_position_embeddings)?;
             let factor = match k.get("factor") {
-                None => return Err(k.missing("factor", "rope_type `yarn` needs a factor >= 1 (or null)")),
+                None => return Err(k.missing("factor", "rope_type `yarn` needs a factor (or null)")),
                 // transformers: a null factor is max_position_embeddings / original.
-                Some(Value::Null) => {
-                    let m = raw.get("max_position_embeddings").and_then(Value::as_f64).unwrap_or(original);
-                    let f = m / original;
-                    if !at_least_one(f) {
-                        return Err(k.error(
-                            "factor",
-                            &Value::Null,
-                            format!(
-                                "null means max_position_embeddings / original = {m} / {original}, which must be >= 1"
-                            ),
-                        ));
-                    }
-                    f
-                }
-                Some(v) => number(&k, "factor", v, at_least_one, AT_LEAST_ONE)?,
+                Some(Value::Null) => defaults.max_position_embeddings as f64 / original,
+                Some(v) => number(&k, "factor", v, factor_ok, FACTOR)?,
             };
             let positive = |x: f64| x.is_finite() && x > 0.0;
             let finite = |x: f64| x.is_finite();
@@ -236,27 +236,14 @@ pub fn rope_params_with(raw: &Value, defaults: &RopeDefaults) -> Result<RopePara
                 let v = k.get(key).ok_or_else(|| k.missing(key, &what))?;
                 number(&k, key, v, ok, allowed)
             };
-            let factor = req("factor", &at_least_one, AT_LEAST_ONE)?;
+            let factor = req("factor", &factor_ok, FACTOR)?;
             let positive = |x: f64| x.is_finite() && x > 0.0;
             let low = req("low_freq_factor", &positive, "a positive finite number")?;
             let high = req("high_freq_factor", &positive, "a positive finite number")?;
-            if high <= low {
-                return Err(k.error(
-                    "high_freq_factor",
-                    &serde_json::json!(high),
-                    format!("must be greater than low_freq_factor = {low}"),
-                ));
-            }
-            let original = original_max(&k, raw, "llama3")?;
-            if let Some(m) = raw.get("max_position_embeddings").and_then(Value::as_f64) {
-                if original >= m {
-                    return Err(k.error(
-                        "original_max_position_embeddings",
-                        &serde_json::json!(original),
-                        format!("must be less than max_position_embeddings = {m}"),
-                    ));
-                }
-            }
+            // transformers only warns when high_freq_factor <= low_freq_factor or the original
+            // length is not below max_position_embeddings, and computes with them (no band of
+            // medium frequencies then): so does `Rope::new`.
+            let original = original_max(&k, raw, defaults.max_position_embeddings)?;
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor: low,
@@ -274,7 +261,7 @@ pub fn rope_params_with(raw: &Value, defaults: &RopeDefaults) -> Result<RopePara
             ));
         }
     };
-    Ok(RopeParams { theta: theta as f32, partial_rotary_factor: partial as f32, scaling })
+    Ok(RopeParams { theta: theta as f32, partial_rotary_factor: partial, scaling })
 }
 
 #[cfg(test)]
@@ -282,25 +269,31 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// `rope_params` with the config's `max_position_embeddings` (or 4096 when it has none).
+    fn rope_params_t(raw: &Value, theta: f32, partial: f32) -> Result<RopeParams> {
+        let m = raw.get("max_position_embeddings").and_then(Value::as_u64).map_or(4096, |m| m as usize);
+        rope_params(raw, theta, partial, m)
+    }
+
     fn err(raw: Value) -> String {
-        rope_params(&raw, 1e4, 1.0).expect_err("must fail").to_string()
+        rope_params_t(&raw, 1e4, 1.0).expect_err("must fail").to_string()
     }
 
     #[test]
     fn rope_from_both_styles() {
         let hub = json!({"rope_theta": 1e6, "partial_rotary_factor": 0.25});
         let v5 = json!({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}});
-        assert_eq!(rope_params(&hub, 1e4, 0.25).unwrap(), rope_params(&v5, 1e4, 0.25).unwrap());
-        assert_eq!(rope_params(&hub, 1e4, 0.25).unwrap().partial_rotary_factor, 0.25);
-        assert_eq!(rope_params(&json!({}), 1e4, 1.0).unwrap().theta, 1e4);
+        assert_eq!(rope_params_t(&hub, 1e4, 0.25).unwrap(), rope_params_t(&v5, 1e4, 0.25).unwrap());
+        assert_eq!(rope_params_t(&hub, 1e4, 0.25).unwrap().partial_rotary_factor, 0.25);
+        assert_eq!(rope_params_t(&json!({}), 1e4, 1.0).unwrap().theta, 1e4);
         // A class with whole-head RoPE ignores the key for plain RoPE (as transformers).
-        assert_eq!(rope_params(&hub, 1e4, 1.0).unwrap().partial_rotary_factor, 1.0);
+        assert_eq!(rope_params_t(&hub, 1e4, 1.0).unwrap().partial_rotary_factor, 1.0);
         // rope_scaling wins over rope_parameters when non-empty; `type` is rope_type.
         let both =
             json!({"rope_scaling": {"type": "linear", "factor": 2}, "rope_parameters": {"rope_type": "default"}});
-        assert_eq!(rope_params(&both, 1e4, 1.0).unwrap().scaling, RopeScaling::Linear { factor: 2.0 });
+        assert_eq!(rope_params_t(&both, 1e4, 1.0).unwrap().scaling, RopeScaling::Linear { factor: 2.0 });
         let empty = json!({"rope_scaling": {}, "rope_parameters": {"rope_type": "linear", "factor": 3}});
-        assert_eq!(rope_params(&empty, 1e4, 1.0).unwrap().scaling, RopeScaling::Linear { factor: 3.0 });
+        assert_eq!(rope_params_t(&empty, 1e4, 1.0).unwrap().scaling, RopeScaling::Linear { factor: 3.0 });
     }
 
     #[test]
@@ -316,7 +309,6 @@ mod tests {
             (json!({"rope_scaling": "linear"}), "`rope_scaling`"),
             (json!({"rope_scaling": {"rope_type": "linear", "factor": 0}}), "`rope_scaling.factor` = 0"),
             (json!({"rope_scaling": {"rope_type": "linear", "factor": -1}}), "`rope_scaling.factor` = -1"),
-            (json!({"rope_scaling": {"rope_type": "linear", "factor": 0.5}}), ">= 1"),
             (json!({"rope_scaling": {"rope_type": "linear", "factor": "2"}}), "found a string"),
             (json!({"rope_scaling": {"rope_type": "linear"}}), "`rope_scaling.factor` = (absent)"),
             (json!({"rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 10}}), "factor"),
@@ -328,23 +320,83 @@ mod tests {
                 json!({"max_position_embeddings": 64, "rope_scaling": {"rope_type": "yarn", "factor": 2, "truncate": "no"}}),
                 "truncate",
             ),
-            (
-                json!({"rope_scaling": {"rope_type": "yarn", "factor": 2}}),
-                "original_max_position_embeddings` = (absent)",
-            ),
             (json!({"rope_scaling": {"rope_type": "dynamic"}}), "`rope_scaling.factor` = (absent)"),
-            (json!({"rope_scaling": {"rope_type": "dynamic", "factor": 0.5}}), "`rope_scaling.factor` = 0.5"),
+            (json!({"rope_scaling": {"rope_type": "dynamic", "factor": 0}}), "`rope_scaling.factor` = 0"),
+            (
+                json!({"original_max_position_embeddings": null, "rope_scaling": {"rope_type": "yarn", "factor": 2}}),
+                "`original_max_position_embeddings` = null",
+            ),
             (json!({"rope_scaling": {"rope_type": "longrope"}}), "\"longrope\": is not supported"),
             (json!({"rope_scaling": {"rope_type": null}}), "`rope_scaling.rope_type` = null"),
             (json!({"rope_scaling": {"full_attention": {"rope_type": "default"}}}), "per-layer-type"),
-            (
-                json!({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}}),
-                "high_freq_factor",
-            ),
+            (json!({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4}}), "high_freq_factor"),
             (json!({"rope_scaling": {"rope_type": "linear", "factor": 2}, "partial_rotary_factor": 0.5}), "must be 1"),
         ] {
             let e = err(raw.clone());
             assert!(e.contains(needle), "{raw}: {e}");
+        }
+    }
+
+    /// What transformers 5.24 accepts with a warning (and computes with) is read, not refused;
+    /// `original_max_position_embeddings` follows `standardize_rope_params`.
+    #[test]
+    fn legal_rope_values_transformers_only_warns_about() {
+        let p = |raw: Value| rope_params_t(&raw, 1e4, 1.0).unwrap().scaling;
+        assert_eq!(
+            p(json!({"rope_scaling": {"rope_type": "linear", "factor": 0.5}})),
+            RopeScaling::Linear { factor: 0.5 }
+        );
+        let l3 = |low: f64, high: f64, orig: Option<f64>, top: Option<f64>, max: u64| {
+            let mut b = json!({"rope_type": "llama3", "factor": 8, "low_freq_factor": low, "high_freq_factor": high});
+            if let Some(o) = orig {
+                b["original_max_position_embeddings"] = json!(o);
+            }
+            let mut raw = json!({"max_position_embeddings": max, "rope_scaling": b});
+            if let Some(t) = top {
+                raw["original_max_position_embeddings"] = json!(t);
+            }
+            match p(raw) {
+                RopeScaling::Llama3 { low_freq_factor, high_freq_factor, original_max_position_embeddings, .. } => {
+                    (low_freq_factor, high_freq_factor, original_max_position_embeddings)
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        // high <= low, original == max_position_embeddings, no original: computed as given.
+        assert_eq!(l3(2.0, 2.0, Some(64.0), None, 8192), (2.0, 2.0, 64.0));
+        assert_eq!(l3(4.0, 1.0, Some(8192.0), None, 8192), (4.0, 1.0, 8192.0));
+        assert_eq!(l3(1.0, 4.0, None, None, 8192), (1.0, 4.0, 8192.0));
+        // A top-level original_max_position_embeddings overwrites the block's.
+        assert_eq!(l3(1.0, 4.0, Some(16.0), Some(64.0), 8192), (1.0, 4.0, 64.0));
+        // yarn: no original → max_position_embeddings; a null factor is max / original (< 1 too).
+        match p(
+            json!({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "yarn", "factor": null, "original_max_position_embeddings": 8192}}),
+        ) {
+            RopeScaling::Yarn { factor, original_max_position_embeddings, .. } => {
+                assert_eq!((factor, original_max_position_embeddings), (0.5, 8192.0));
+            }
+            other => panic!("{other:?}"),
+        }
+        match p(
+            json!({"original_max_position_embeddings": 64, "rope_scaling": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 16}}),
+        ) {
+            RopeScaling::Yarn { original_max_position_embeddings, .. } => {
+                assert_eq!(original_max_position_embeddings, 64.0)
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without max_position_embeddings in the config the class default (passed in) counts.
+        match rope_params(
+            &json!({"rope_scaling": {"rope_type": "yarn", "factor": null, "original_max_position_embeddings": 4}}),
+            1e4,
+            0.25,
+            32768,
+        )
+        .unwrap()
+        .scaling
+        {
+            RopeScaling::Yarn { factor, .. } => assert_eq!(factor, 8192.0),
+            other => panic!("{other:?}"),
         }
     }
 
@@ -356,7 +408,7 @@ mod tests {
             // transformers only warns about keys a type does not use.
             json!({"rope_scaling": {"rope_type": "dynamic", "factor": 2, "low_freq_factor": 1}}),
         ] {
-            let p = rope_params(&raw, 1e4, 1.0).unwrap();
+            let p = rope_params_t(&raw, 1e4, 1.0).unwrap();
             assert_eq!(p.scaling, RopeScaling::Dynamic { factor: 2.0 }, "{raw}");
             assert_eq!((p.theta, p.partial_rotary_factor), (1e4, 1.0), "{raw}");
         }
@@ -365,7 +417,7 @@ mod tests {
     #[test]
     fn yarn_defaults_follow_transformers() {
         let raw = json!({"max_position_embeddings": 8192, "rope_scaling": {"rope_type": "yarn", "factor": null, "original_max_position_embeddings": 2048, "beta_fast": 0, "truncate": null}});
-        let p = rope_params(&raw, 1e4, 1.0).unwrap();
+        let p = rope_params_t(&raw, 1e4, 1.0).unwrap();
         assert_eq!(
             p.scaling,
             RopeScaling::Yarn {
