@@ -256,3 +256,28 @@ fn dynamic_ntk_rope_is_plain_rope_up_to_max_position_embeddings() {
     let e = tests::prefill_logits(&m, &longer).unwrap_err().to_string();
     assert!(e.contains(&format!("exceeds max_position_embeddings = {n}")), "{e}");
 }
+
+/// An absent size key takes its transformers class default, in the config and in the weight
+/// map's shapes (never "unknown config value"); the fixtures' tensors are smaller than those
+/// defaults, so the load fails naming the tensor, the default it expected and what it found.
+#[test]
+fn absent_sizes_take_the_class_defaults() {
+    for (fx, key, tensor, want) in [
+        ("qwen3", "vocab_size", "model.embed_tokens.weight", "[151936, 64]"),
+        ("qwen3", "intermediate_size", "mlp.gate_proj.weight", "[22016, 64]"),
+        ("mistral", "vocab_size", "model.embed_tokens.weight", "[32000, 96]"),
+        ("qwen3_moe", "num_experts", "mlp.gate.weight", "[128, 64]"),
+        ("qwen3_moe", "moe_intermediate_size", "gate_proj.weight", "[768, 64]"),
+        ("qwen3_next_a", "shared_expert_intermediate_size", "shared_expert.gate_proj.weight", "[512, 64]"),
+        ("qwen3_next_a", "num_attention_heads", "self_attn.q_proj.weight", "[1024, 64]"),
+    ] {
+        let (e, _) = load_err(fx, &format!("absent-{key}"), |c| {
+            c.as_object_mut().unwrap().remove(key);
+        });
+        assert!(!e.contains("unknown config value"), "{fx} without {key}: {e}");
+        assert!(
+            e.lines().any(|l| l.contains(tensor) && l.contains(&format!("expected {want}"))),
+            "{fx} without {key}: expected {tensor} {want} in: {e}"
+        );
+    }
+}

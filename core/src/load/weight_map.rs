@@ -82,8 +82,9 @@ impl MapContext {
     }
 
     /// [`MapContext::from_config`] for a decoder of `num_experts` experts (0: dense) with the
-    /// dims and flags the model class may default resolved from the parsed config:
-    /// `intermediate_size`, `head_dim`, `num_key_value_heads`, `tie_word_embeddings` and
+    /// dims and flags the model class may default resolved from the parsed config: the sizes
+    /// (`vocab_size`, `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
+    /// `intermediate_size`), `head_dim`, `num_key_value_heads`, `tie_word_embeddings` and
     /// `attention_bias` (an absent key is then its class default, not an unknown dim).
     pub fn decoder(
         raw: &serde_json::Value,
@@ -95,7 +96,11 @@ impl MapContext {
         let mut ctx = Self::from_config(raw, base.num_hidden_layers, num_experts);
         ctx.set_dim("head_dim", head_dim)
             .set_dim("num_key_value_heads", kv_heads)
-            .set_dim("intermediate_size", base.intermediate_size);
+            .set_dim("intermediate_size", base.intermediate_size)
+            .set_dim("vocab_size", base.vocab_size)
+            .set_dim("hidden_size", base.hidden_size)
+            .set_dim("num_hidden_layers", base.num_hidden_layers)
+            .set_dim("num_attention_heads", base.num_attention_heads);
         ctx.set_flag("tie_word_embeddings", base.tie_word_embeddings).set_flag("attention_bias", base.attention_bias);
         ctx
     }
