@@ -83,6 +83,13 @@ VARIANTS = [
     ("mistral_swa_layer_types", "mistral_swa",
      {"layer_types": ["full_attention", "sliding_attention"], "head_dim": "<derived_head_dim>"}, 48,
      "model_type mistral + layer_types is read as Ministral: the window on sliding_attention layers only"),
+    ("qwen3_proportional_rope", "qwen3",
+     {"rope_scaling": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 2.0}}, 24,
+     "proportional RoPE: a whole-head table, the first int(p*head_dim//2) angles over head_dim, zeros after, / factor"),
+    ("qwen3_next_proportional_rope", "qwen3_next_a", {"rope_parameters": {"rope_type": "proportional"}}, 24,
+     "proportional RoPE with Qwen3-Next's default partial 0.25 (top-level key) on a whole-head table"),
+    ("qwen3_moe_mlp_only_layers_past_the_end", "qwen3_moe", {"mlp_only_layers": [1, 7]}, 24,
+     "layer_idx not in mlp_only_layers: an entry past the last layer is ignored"),
     ("qwen3_moe_num_local_experts", "qwen3_moe", {"num_local_experts": "<num_experts>", "num_experts": 999}, 24,
      "Qwen3MoeConfig.attribute_map: num_local_experts wins over num_experts"),
 ]

@@ -295,18 +295,6 @@ pub fn positive_f32(x: f64) -> bool {
 /// The allowed range of [`positive_f32`], for messages.
 pub const POSITIVE_F32: &str = "a positive finite number (a normal f32: 1.2e-38 to 3.4e38)";
 
-/// Checks a layer-index list (`mlp_only_layers`) against the layer count.
-pub fn check_layer_indices(key: &str, list: &[usize], layers: usize) -> Result<()> {
-    match list.iter().find(|&&i| i >= layers) {
-        Some(&i) => Err(Error::key(
-            key,
-            show(&serde_json::json!(list)),
-            format!("entries must be layer indices in 0..{layers} (num_hidden_layers = {layers}), found {i}"),
-        )),
-        None => Ok(()),
-    }
-}
-
 /// Checks `layer_types` against the layer count and the types a model implements. With
 /// `legacy`, transformers' renames apply first (`attention` → `full_attention`, `mamba` /
 /// `conv` → `linear_attention`; Qwen3-Next's config does this). Returns the checked list.
@@ -613,8 +601,9 @@ pub struct MoeDefaults {
 }
 
 impl MoeKeys {
-    /// Reads and checks the MoE keys; `layers` bounds the `mlp_only_layers` entries.
-    pub fn read(k: &Keys, d: &MoeDefaults, layers: usize) -> Result<Self> {
+    /// Reads and checks the MoE keys. `mlp_only_layers` entries past the last layer are
+    /// ignored, as transformers' `layer_idx not in mlp_only_layers` ignores them.
+    pub fn read(k: &Keys, d: &MoeDefaults) -> Result<Self> {
         use limits::*;
         let experts_key = match d.num_experts_alias {
             Some(alias) if k.has(alias) => alias,
@@ -631,7 +620,6 @@ impl MoeKeys {
         }
         let width_range = if num_experts > 0 { 1..=MAX_INTERMEDIATE } else { 0..=MAX_INTERMEDIATE };
         let mlp_only_layers = k.opt_count_list("mlp_only_layers", 0..=MAX_LAYERS)?.unwrap_or_default();
-        check_layer_indices("mlp_only_layers", &mlp_only_layers, layers)?;
         Ok(Self {
             num_experts,
             num_experts_per_tok: top_k,
@@ -699,7 +687,6 @@ mod tests {
         assert!(msg(k.opt_count_list("bad", 0..=9)).contains("found \"x\""));
         assert!(msg(k.opt_count_list("s", 0..=9)).contains("found a string"));
         assert!(msg(k.opt_string_list("t")).contains("entries must be strings"));
-        assert!(msg(check_layer_indices("mlp_only_layers", &[0, 5], 4)).contains("in 0..4"));
         let t = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let ok =
             check_layer_types(&t(&["mamba", "attention"]), 2, &["linear_attention", "full_attention"], true).unwrap();
@@ -761,21 +748,21 @@ mod tests {
             norm_topk_prob: false,
             num_experts_alias: Some("num_local_experts"),
         };
-        let m = MoeKeys::read(&Keys::new(&json!({})).unwrap(), &d, 4).unwrap();
+        let m = MoeKeys::read(&Keys::new(&json!({})).unwrap(), &d).unwrap();
         assert_eq!((m.num_experts, m.num_experts_per_tok, m.decoder_sparse_step), (128, 8, 1));
         for (raw, needle) in [
             (json!({"num_experts": 1_000_000_000}), "`num_experts`"),
             (json!({"num_experts": 4, "num_experts_per_tok": 5}), "`num_experts_per_tok` = 5: must be in 1..=4"),
             (json!({"num_experts_per_tok": 0}), "`num_experts_per_tok`"),
             (json!({"decoder_sparse_step": 0}), "`decoder_sparse_step`"),
-            (json!({"mlp_only_layers": [4]}), "`mlp_only_layers`"),
+            (json!({"mlp_only_layers": [-1]}), "`mlp_only_layers`"),
             (json!({"mlp_only_layers": "abc"}), "`mlp_only_layers`"),
             (json!({"moe_intermediate_size": 0}), "`moe_intermediate_size`"),
         ] {
-            let e = msg(MoeKeys::read(&Keys::new(&raw).unwrap(), &d, 4));
+            let e = msg(MoeKeys::read(&Keys::new(&raw).unwrap(), &d));
             assert!(e.contains(needle), "{raw}: {e}");
         }
-        let m = MoeKeys::read(&Keys::new(&json!({"mlp_only_layers": null, "num_experts": 0})).unwrap(), &d, 4).unwrap();
+        let m = MoeKeys::read(&Keys::new(&json!({"mlp_only_layers": null, "num_experts": 0})).unwrap(), &d).unwrap();
         assert!(m.mlp_only_layers.is_empty() && !m.is_moe_layer(0));
         // transformers' attribute_map: `num_local_experts` wins over `num_experts` when present.
         for (raw, want) in [
@@ -783,9 +770,9 @@ mod tests {
             (json!({"num_local_experts": 4, "num_experts": 6, "num_experts_per_tok": 2}), 4),
             (json!({"num_experts": 6, "num_experts_per_tok": 2}), 6),
         ] {
-            assert_eq!(MoeKeys::read(&Keys::new(&raw).unwrap(), &d, 4).unwrap().num_experts, want, "{raw}");
+            assert_eq!(MoeKeys::read(&Keys::new(&raw).unwrap(), &d).unwrap().num_experts, want, "{raw}");
         }
-        let e = msg(MoeKeys::read(&Keys::new(&json!({"num_local_experts": "x"})).unwrap(), &d, 4));
+        let e = msg(MoeKeys::read(&Keys::new(&json!({"num_local_experts": "x"})).unwrap(), &d));
         assert!(e.contains("`num_local_experts`"), "{e}");
     }
 

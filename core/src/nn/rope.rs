@@ -28,6 +28,11 @@ pub enum RopeScaling {
     /// runs such a forward ([`crate::Model`] refuses a sequence longer than
     /// `max_position_embeddings`), so this is plain RoPE on every position it accepts.
     Dynamic { factor: f64 },
+    /// Proportional RoPE (HF `rope_type: proportional`, `_compute_proportional_rope_parameters`):
+    /// the table spans the whole head (`head_dim / 2` frequencies, pairs `d ↔ d + head_dim/2`),
+    /// the first `floor(partial_rotary_factor · head_dim / 2)` are `1/θ^(2i/head_dim)` and the
+    /// rest 0 (those pairs pass through), all divided by `factor`.
+    Proportional { factor: f32 },
 }
 
 /// Rotary-embedding parameters of a model.
@@ -71,10 +76,18 @@ impl Rope {
         // HF: inv_freq = 1 / base^(arange(0, dim, 2) / dim), in f32.
         let mut inv_freq: Vec<f32> =
             (0..rot_dim / 2).map(|i| 1.0f32 / params.theta.powf((2 * i) as f32 / dim as f32)).collect();
+        if let RopeScaling::Proportional { factor } = params.scaling {
+            // HF: `int(p * head_dim // 2)` rotated angles (exponents over head_dim, which is dim
+            // here), zeros after them, then `inv_freq /= factor`.
+            let angles = (params.partial_rotary_factor * head_dim as f64 / 2.0).floor() as usize;
+            for (i, f) in inv_freq.iter_mut().enumerate() {
+                *f = if i < angles { *f / factor } else { 0.0 };
+            }
+        }
         let mut attention_scaling = 1.0f32;
         match params.scaling {
             // Dynamic: plain RoPE up to max_position_embeddings, the only positions porter runs.
-            RopeScaling::Default | RopeScaling::Dynamic { .. } => {}
+            RopeScaling::Default | RopeScaling::Dynamic { .. } | RopeScaling::Proportional { .. } => {}
             RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
             RopeScaling::Yarn {
                 factor,
@@ -189,6 +202,17 @@ impl Rope {
 /// ramp has `dim / 2` entries against `ceil(dim / 2)` frequencies and fails).
 pub fn rotary_dims(head_dim: usize, params: &RopeParams) -> Result<(usize, usize)> {
     let partial = params.partial_rotary_factor;
+    if matches!(params.scaling, RopeScaling::Proportional { .. }) {
+        // The table spans the whole head whatever the factor (0 rotates nothing).
+        if !(0.0..=1.0).contains(&partial) || head_dim % 2 == 1 || head_dim == 0 {
+            bail!(
+                Shape,
+                "RoPE: proportional needs an even head_dim and partial_rotary_factor in [0, 1]; \
+                 got head_dim {head_dim}, partial_rotary_factor {partial}"
+            );
+        }
+        return Ok((head_dim, head_dim));
+    }
     if !(partial > 0.0 && partial <= 1.0) {
         bail!(Shape, "RoPE: partial_rotary_factor {partial} must be in (0, 1]");
     }

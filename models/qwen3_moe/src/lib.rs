@@ -58,7 +58,7 @@ impl Config {
             norm_topk_prob: false,
             num_experts_alias: Some("num_local_experts"),
         };
-        let moe = config::MoeKeys::read(&k, &moe_defaults, base.num_hidden_layers)?;
+        let moe = config::MoeKeys::read(&k, &moe_defaults)?;
         let head_dim = match k.get("head_dim") {
             None => None,
             Some(_) => Some(k.count("head_dim", None, 1..=MAX_HEAD_DIM)?),

@@ -45,7 +45,7 @@ impl Config {
             norm_topk_prob: false,
             num_experts_alias: None,
         };
-        let moe = config::MoeKeys::read(&k, &moe_defaults, MAX_LAYERS)?;
+        let moe = config::MoeKeys::read(&k, &moe_defaults)?;
         k.opt_count("vocab_size", None, 1..=MAX_VOCAB)?;
         Ok(Config {
             hidden_size: k.count("hidden_size", None, 1..=MAX_HIDDEN)?,

@@ -76,7 +76,7 @@ impl Config {
             norm_topk_prob: true,
             num_experts_alias: None,
         };
-        let moe = config::MoeKeys::read(&k, &moe_defaults, layers)?;
+        let moe = config::MoeKeys::read(&k, &moe_defaults)?;
         let layer_types = match k.opt_string_list("layer_types")? {
             Some(t) => Some(config::check_layer_types(&t, layers, &["linear_attention", "full_attention"], true)?),
             None => None,

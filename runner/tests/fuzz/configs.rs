@@ -526,9 +526,19 @@ fn list_cases() -> Vec<Case> {
     };
     let bad = || Oracle::names("mlp_only_layers");
     for fx in ["qwen3_moe", "qwen3_moe_sparse2", "qwen3_next_a", "qwen3_next_b"] {
-        let layers = fixture_config(fx)["num_hidden_layers"].as_u64().unwrap_or(0);
-        for v in [json!([99]), json!([layers]), json!([-1]), json!(["a"]), json!("abc"), json!(5), json!([1u64 << 63])]
-        {
+        let cfg = fixture_config(fx);
+        let layers = cfg["num_hidden_layers"].as_u64().unwrap_or(0);
+        // transformers checks `layer_idx not in mlp_only_layers`: an entry past the last layer
+        // is ignored, so the MoE layers are those of an empty list — legal when they are the
+        // checkpoint's, else the weight map does not match.
+        let step = cfg["decoder_sparse_step"].as_u64().unwrap_or(1).max(1);
+        let listed: Vec<u64> =
+            cfg["mlp_only_layers"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+        let same = (0..layers).all(|i| !listed.contains(&i) || !(i + 1).is_multiple_of(step));
+        for v in [json!([99]), json!([layers])] {
+            out.push(mlp(fx, v, if same { Oracle::Legal } else { Oracle::key_or_map("mlp_only_layers") }));
+        }
+        for v in [json!([-1]), json!(["a"]), json!("abc"), json!(5), json!([1u64 << 63])] {
             out.push(mlp(fx, v, bad()));
         }
         out.push(mlp(fx, json!([[1]]), bad()));

@@ -161,6 +161,8 @@ pub fn rope_params_with(raw: &Value, defaults: &RopeDefaults) -> Result<RopePara
     };
     let partial = match (defaults.partial, given_partial) {
         (Some(d), p) => p.unwrap_or(d as f64),
+        // Proportional RoPE applies the factor inside a whole-head table on every architecture.
+        (None, Some(p)) if rope_type == "proportional" => p,
         (None, Some(p)) if rope_type != "default" && p != 1.0 => {
             return Err(Error::key(
                 "partial_rotary_factor",
@@ -178,6 +180,14 @@ pub fn rope_params_with(raw: &Value, defaults: &RopeDefaults) -> Result<RopePara
         "linear" => {
             let v = k.get("factor").ok_or_else(|| k.missing("factor", "rope_type `linear` needs a factor"))?;
             RopeScaling::Linear { factor: number(&k, "factor", v, factor_ok, FACTOR)? as f32 }
+        }
+        "proportional" => {
+            // transformers: `rope_parameters.get("factor", 1.0)`.
+            let factor = match k.get("factor") {
+                None => 1.0,
+                Some(v) => number(&k, "factor", v, factor_ok, FACTOR)?,
+            };
+            RopeScaling::Proportional { factor: factor as f32 }
         }
         "dynamic" => {
             let v = k.get("factor").ok_or_else(|| k.missing("factor", "rope_type `dynamic` needs a factor"))?;
@@ -256,7 +266,7 @@ pub fn rope_params_with(raw: &Value, defaults: &RopeDefaults) -> Result<RopePara
             return Err(k.error(
                 key,
                 &Value::String(other.to_owned()),
-                "is not supported: porter implements default, linear, yarn, llama3 and dynamic \
+                "is not supported: porter implements default, linear, yarn, llama3, dynamic and proportional \
                  (longrope switches its factors by sequence length and is not implemented)",
             ));
         }
