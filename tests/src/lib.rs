@@ -17,6 +17,30 @@ pub fn fixture(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// A copy of fixture `name` under the temp dir (config.json copied, every other file linked)
+/// with `edit` applied to its config; the caller removes it. `tag` keeps copies apart.
+pub fn variant(name: &str, tag: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let mut edit = Some(edit);
+    let dir = std::env::temp_dir().join(format!("porter-variant-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("variant dir");
+    for e in std::fs::read_dir(fixture(name)).expect("fixture dir") {
+        let p = e.expect("fixture entry").path();
+        let to = dir.join(p.file_name().expect("file name"));
+        if p.file_name().is_some_and(|f| f == "config.json") {
+            let text = std::fs::read_to_string(&p).expect("config.json");
+            let mut v: serde_json::Value = serde_json::from_str(&text).expect("config json");
+            if let Some(f) = edit.take() {
+                f(&mut v);
+            }
+            std::fs::write(&to, v.to_string()).expect("write config");
+        } else {
+            std::os::unix::fs::symlink(&p, &to).expect("link fixture file");
+        }
+    }
+    dir
+}
+
 /// The reference tensors written by `tests/gen_fixtures.py`.
 pub struct Reference {
     ckpt: Checkpoint,

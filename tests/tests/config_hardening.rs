@@ -6,31 +6,10 @@ use porter_core::generate::{generate, FinishReason};
 use porter_core::sampling::SamplingParams;
 use porter_core::{registry, DType, Device};
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tests::fixture;
 
-/// A fixture copy (config copied, everything else linked) with `edit` applied to its config.
-fn variant(name: &str, tag: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
-    let mut edit = Some(edit);
-    let dir = std::env::temp_dir().join(format!("porter-harden-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(fixture(name)).unwrap() {
-        let p = e.unwrap().path();
-        let to = dir.join(p.file_name().unwrap());
-        if p.file_name().is_some_and(|f| f == "config.json") {
-            let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-            if let Some(f) = edit.take() {
-                f(&mut v);
-            }
-            std::fs::write(&to, v.to_string()).unwrap();
-        } else {
-            std::os::unix::fs::symlink(&p, &to).unwrap();
-        }
-    }
-    dir
-}
+use tests::variant;
 
 /// The load error of a variant (the root cause, without the folder context), and how long
 /// the load took.

@@ -9,53 +9,26 @@
 use porter_core::checkpoint::Checkpoint;
 use porter_core::{registry, DType, Device};
 use serde_json::Value;
-use std::path::PathBuf;
 use tests::fixture;
 
 const F32_TOL: f32 = 1e-3;
 
-/// A copy of `name` (config edited, everything else linked), removed on drop.
-struct Variant(PathBuf);
-
-impl Variant {
-    fn new(name: &str, tag: &str, edit: &serde_json::Map<String, Value>, markers: &Value) -> Self {
-        let dir = std::env::temp_dir().join(format!("porter-variant-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        for e in std::fs::read_dir(fixture(name)).unwrap() {
-            let p = e.unwrap().path();
-            let to = dir.join(p.file_name().unwrap());
-            if p.file_name().is_some_and(|f| f == "config.json") {
-                let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-                // Markers name values of the unedited config (the edit's keys come sorted).
-                let orig = c.clone();
-                for (k, v) in edit {
-                    match v.as_str() {
-                        Some(m) if Some(m) == markers["delete_marker"].as_str() => {
-                            c.as_object_mut().unwrap().remove(k);
-                        }
-                        Some(m) if Some(m) == markers["num_experts_marker"].as_str() => {
-                            c[k] = orig["num_experts"].clone()
-                        }
-                        Some(m) if Some(m) == markers["head_dim_marker"].as_str() => {
-                            c[k] =
-                                (c["hidden_size"].as_u64().unwrap() / c["num_attention_heads"].as_u64().unwrap()).into()
-                        }
-                        _ => c[k] = v.clone(),
-                    }
-                }
-                std::fs::write(&to, c.to_string()).unwrap();
-            } else {
-                std::os::unix::fs::symlink(&p, &to).unwrap();
+/// `edit` applied to a config: `delete_marker` removes a key; `num_experts_marker` /
+/// `head_dim_marker` stand for values of the unedited config.
+fn apply(c: &mut Value, edit: &serde_json::Map<String, Value>, markers: &Value) {
+    let orig = c.clone();
+    for (k, v) in edit {
+        match v.as_str() {
+            Some(m) if Some(m) == markers["delete_marker"].as_str() => {
+                c.as_object_mut().expect("config object").remove(k);
             }
+            Some(m) if Some(m) == markers["num_experts_marker"].as_str() => c[k] = orig["num_experts"].clone(),
+            Some(m) if Some(m) == markers["head_dim_marker"].as_str() => {
+                let (h, n) = (orig["hidden_size"].as_u64(), orig["num_attention_heads"].as_u64());
+                c[k] = (h.expect("hidden_size") / n.expect("num_attention_heads")).into()
+            }
+            _ => c[k] = v.clone(),
         }
-        Variant(dir)
-    }
-}
-
-impl Drop for Variant {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -68,11 +41,13 @@ fn config_variants_match_transformers() {
     for v in variants {
         let name = v["name"].as_str().unwrap();
         let fx = v["fixture"].as_str().unwrap();
-        let var = Variant::new(fx, name, v["edit"].as_object().unwrap(), &meta);
+        let dir_v = tests::variant(fx, name, |c| apply(c, v["edit"].as_object().unwrap(), &meta));
         let reference = Checkpoint::open_files(&[dir.join(format!("{name}.safetensors"))]).unwrap();
         let ids: Vec<u32> = reference.read_i64("ids").unwrap().into_iter().map(|i| i as u32).collect();
         let want = reference.read_f32("logits").unwrap();
-        let m = registry::load(&var.0, DType::F32, Device::Cpu, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let m = registry::load(&dir_v, DType::F32, Device::Cpu, false);
+        let _ = std::fs::remove_dir_all(&dir_v);
+        let m = m.unwrap_or_else(|e| panic!("{name}: {e}"));
         let moved = v["max_abs_diff_from_unedited_over_std"].as_f64().unwrap();
         let got = tests::prefill_logits(&m, &ids).unwrap();
         tests::assert_close(
