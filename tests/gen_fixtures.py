@@ -350,6 +350,35 @@ def specs():
             ),
         ),
         "qwen3_next_mtp": dict(seed=1009, shards=3, mtp=True, config=lambda: qwen3_next_hub(**QWEN3_NEXT_A)),
+        # hidden_act other than silu (ACT2FN[config.hidden_act] on the gate of every gated MLP, and in
+        # Qwen3-Next also after the GDN causal conv); small, two or three layers each.
+        "qwen3_gelu_tanh": dict(
+            seed=1010,
+            config=lambda: qwen3_hub(
+                hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                intermediate_size=128, num_hidden_layers=2, tie_word_embeddings=False,
+                hidden_act="gelu_pytorch_tanh",
+            ),
+        ),
+        "qwen3_moe_gelu": dict(
+            seed=1011,
+            config=lambda: qwen3_moe_hub(
+                hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                mlp_only_layers=[1], decoder_sparse_step=1, moe_intermediate_size=32,
+                intermediate_size=96, tie_word_embeddings=False, hidden_act="gelu",
+            ),
+        ),
+        "qwen3_next_relu2": dict(
+            seed=1012,
+            # layers [linear, full, linear]; MoE (routed + shared expert) on 0 and 1, dense MLP on 2.
+            # bf16 conditioning: with the common out_gain 0.5 no seed of 20 met the cap (best 0.035 / 0.058).
+            init=dict(out_gain=0.25),
+            config=lambda: qwen3_next_hub(**dict(
+                QWEN3_NEXT_A, num_hidden_layers=3, mlp_only_layers=[2], hidden_act="relu2",
+                shared_expert_intermediate_size=32, intermediate_size=64,
+            )),
+        ),
     }
 
 
@@ -572,6 +601,32 @@ def check_sliding_window(folder, model, cfg, ids_long, logits_long):
             f"after (max diff {d_after:.2f}); sdpa vs eager max diff {d_sdpa:.1e}")
 
 
+@torch.no_grad()
+def check_hidden_act(folder, model, cfg, ids_long, logits_long):
+    """Every gated MLP (dense, experts, shared expert) applies ACT2FN[hidden_act] to its gate, and a
+    Qwen3-Next GDN layer applies it after the causal conv; the same weights with silu give other logits."""
+    act = cfg["hidden_act"]
+    want = type(transformers.activations.ACT2FN[act])
+    seen = []
+    for i, layer in enumerate(model.model.layers):
+        mlp = layer.mlp
+        parts = [("mlp", mlp)] if hasattr(mlp, "gate_proj") else \
+            [("experts", mlp.experts)] + ([("shared_expert", mlp.shared_expert)] if hasattr(mlp, "shared_expert") else [])
+        for what, m in parts:
+            assert type(m.act_fn) is want, (i, what, type(m.act_fn))
+            seen.append(f"{i}.{what}")
+        if hasattr(layer, "linear_attn"):
+            assert layer.linear_attn.activation == act, (i, layer.linear_attn.activation)
+            seen.append(f"{i}.conv")
+    with contextlib.redirect_stderr(io.StringIO()):
+        silu = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
+                                                    experts_implementation="eager", hidden_act="silu")
+    d = float((logits_of(silu, ids_long) - logits_long).abs().max() / logits_long.std(unbiased=False))
+    assert d > 0.1, d
+    return (f"hidden_act={act}: ACT2FN[{act!r}] = {want.__name__} on {', '.join(seen)}; the same weights "
+            f"with hidden_act=silu give max|diff| {d:.2f}*std on ids_long")
+
+
 def save_pretrained_names(model):
     with tempfile.TemporaryDirectory() as td:
         with contextlib.redirect_stderr(io.StringIO()):
@@ -771,6 +826,8 @@ def generate(name, spec, tokenizer_json, path_desc):
     elif cfg["model_type"] == "qwen3_moe":
         moe = [type(l.mlp).__name__.endswith("SparseMoeBlock") for l in model.model.layers]
         notes.append(f"moe_layers={[i for i, m in enumerate(moe) if m]}")
+    if cfg["hidden_act"] != "silu":
+        notes.append(check_hidden_act(folder, model, cfg, ids_long, logits_long))
     if cfg.get("attention_bias"):
         att = model.model.layers[0].self_attn
         assert all(getattr(att, p).bias is not None for p in ("q_proj", "k_proj", "v_proj", "o_proj"))

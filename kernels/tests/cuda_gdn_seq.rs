@@ -99,7 +99,8 @@ fn conv_ref(x: &[f32], geo: ConvGeom, w: &[f32], window: &mut [f32], spans: &[Co
                 }
             }
             let mut y = vec![0.0f32; s.len * c];
-            gdn::causal_conv1d_prefill(&xs, w, None, &mut state, &mut y, s.len, c, k).expect("cpu conv");
+            gdn::causal_conv1d_prefill(&xs, w, None, &mut state, &mut y, s.len, c, k, porter_kernels::cpu::Act::Silu)
+                .expect("cpu conv");
             out[s.row0 * c..(s.row0 + s.len) * c].copy_from_slice(&y);
         }
         for ch in 0..c {

@@ -17,7 +17,7 @@ mod common;
 
 use common::*;
 use half::bf16;
-use porter_kernels::cpu::{gdn, ops};
+use porter_kernels::cpu::{gdn, ops, Act};
 use porter_kernels::cuda::{self, CudaFloat, CudaKernels, RmsNormKind};
 
 // ---------------------------------------------------------------------------
@@ -397,6 +397,7 @@ fn conv_update_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: usize, kk: 
             &mut want_out[r * c..(r + 1) * c],
             c,
             kk,
+            Act::Silu,
         )
         .expect("cpu conv update");
     }
@@ -430,8 +431,18 @@ fn conv_prefill_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, t: usize, c: 
     let bias = rnd_vec::<T>(&rng.vec(c, 0.5));
     let state0 = rnd_vec::<T>(&rng.vec(c * km1, 2.0));
     let (mut want_out, mut want_state) = (vec![0.0f32; t * c], state0.clone());
-    gdn::causal_conv1d_prefill(&x, &w, with_bias.then_some(&bias[..]), &mut want_state, &mut want_out, t, c, kk)
-        .expect("cpu conv prefill");
+    gdn::causal_conv1d_prefill(
+        &x,
+        &w,
+        with_bias.then_some(&bias[..]),
+        &mut want_state,
+        &mut want_out,
+        t,
+        c,
+        kk,
+        Act::Silu,
+    )
+    .expect("cpu conv prefill");
     let want_out = rnd_vec::<T>(&want_out);
     let (dx, dw, db) = (up::<T>(k, &x), up::<T>(k, &w), up::<T>(k, &bias));
     let mut dst = up::<T>(k, &state0);
@@ -572,10 +583,19 @@ fn cuda_conv_prefill_then_updates() {
     let w = rnd_vec::<bf16>(&rng.vec(c * kk, 1.0));
     let mut st = vec![0.0f32; c * (kk - 1)];
     let mut want = vec![0.0f32; (t + 3) * c];
-    gdn::causal_conv1d_prefill(&x[..t * c], &w, None, &mut st, &mut want[..t * c], t, c, kk).expect("cpu");
+    gdn::causal_conv1d_prefill(&x[..t * c], &w, None, &mut st, &mut want[..t * c], t, c, kk, Act::Silu).expect("cpu");
     for i in t..t + 3 {
-        gdn::causal_conv1d_update(&x[i * c..(i + 1) * c], &w, None, &mut st, &mut want[i * c..(i + 1) * c], c, kk)
-            .expect("cpu");
+        gdn::causal_conv1d_update(
+            &x[i * c..(i + 1) * c],
+            &w,
+            None,
+            &mut st,
+            &mut want[i * c..(i + 1) * c],
+            c,
+            kk,
+            Act::Silu,
+        )
+        .expect("cpu");
     }
     let want = rnd_vec::<bf16>(&want);
     let (dx, dw) = (up::<bf16>(&k, &x), up::<bf16>(&k, &w));

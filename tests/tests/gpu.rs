@@ -491,3 +491,45 @@ fn cuda_engine_quantized_kv_prefix_hits_are_exact() {
         assert_eq!(warm.stats().prefix_hit_tokens, 2 * 48);
     }
 }
+
+/// The refusal of `config::check_act_device`: what a non-SiLU model loaded on a GPU reports.
+fn hidden_act_refusal(act: &str) -> String {
+    format!(
+        "config key `hidden_act` = \"{act}\": runs on the CPU backend only (the CUDA kernels fuse silu); use --device cpu"
+    )
+}
+
+/// A model (or FFN-only draft head) whose `hidden_act` is not SiLU is refused at load on a
+/// GPU, naming the key and `--device cpu`; never later in a forward (`hidden_act.rs` checks
+/// the same without a GPU, before any weight is placed).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_refuses_non_silu_hidden_act_at_load() {
+    let test = "cuda_refuses_non_silu_hidden_act_at_load";
+    let Some(dev) = cuda_or_skip(test) else { panic!("{test}: needs a CUDA GPU") };
+    for (name, act) in
+        [("qwen3_gelu_tanh", "gelu_pytorch_tanh"), ("qwen3_moe_gelu", "gelu"), ("qwen3_next_relu2", "relu2")]
+    {
+        for dtype in [DType::F32, DType::BF16] {
+            let e = load_on(name, dtype, dev).err().map(|e| format!("{e:#}"));
+            let e = e.unwrap_or_else(|| panic!("{name} {dtype}: loaded on {dev}"));
+            assert!(e.contains(&hidden_act_refusal(act)), "{name} {dtype}: {e}");
+        }
+    }
+    let main = load_on("qwen3_moe", DType::BF16, dev).unwrap();
+    let main_cfg = config::read_config(&fixture("qwen3_moe")).unwrap();
+    let dir = std::env::temp_dir().join(format!("porter-gpu-relu2-draft-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["model.safetensors", "config.json"] {
+        std::fs::copy(fixture("qwen3_moe_mtp_draft").join(f), dir.join(f)).unwrap();
+    }
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    v["hidden_act"] = serde_json::json!("relu2");
+    std::fs::write(dir.join("config.json"), v.to_string()).unwrap();
+    let e = registry::load_draft(&dir, &main_cfg, &main).err().map(|e| format!("{e:#}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let e = e.unwrap_or_else(|| panic!("a relu2 draft head loaded on {dev}"));
+    assert!(e.contains(&hidden_act_refusal("relu2")), "{e}");
+}

@@ -128,3 +128,54 @@ fn draft_with_wrong_hidden_size_is_rejected() {
     let e = registry::load_draft(&dir, &cfg, &m).err().map(|e| format!("{e:#}")).unwrap_or_default();
     assert!(e.contains("hidden_size = 96 but the main model has 64"), "{e}");
 }
+
+/// A copy of draft folder `draft` under the temp dir with `hidden_act` set in its config.
+fn draft_with_act(draft: &str, act: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("porter-draft-act-{draft}-{act}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["model.safetensors", "config.json"] {
+        std::fs::copy(fixture(draft).join(f), dir.join(f)).unwrap();
+    }
+    let p = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    v["hidden_act"] = serde_json::json!(act);
+    std::fs::write(&p, v.to_string()).unwrap();
+    dir
+}
+
+/// The draft heads' FFNs follow the `hidden_act` of the config they are built from: the
+/// draft folder's for the FFN-only heads (`qwen3_moe_mtp`, `mistral_mtp`), the main model's
+/// for `qwen3_next_mtp` (its MTP layer is a main-model decoder layer). Another activation
+/// changes the draft logits; an unsupported one is refused at load, naming the key.
+#[test]
+fn draft_heads_follow_hidden_act() {
+    let ids: Vec<u32> = vec![5, 77, 300, 12, 9, 41, 256, 3];
+    let differs = |a: &porter_core::Tensor, b: &porter_core::Tensor| max_abs_diff(a.data(), b.data()) / std(a.data());
+    for (main_name, draft) in [("qwen3_moe", "qwen3_moe_mtp_draft"), ("mistral", "mistral_mtp_draft")] {
+        let m = load(main_name, DType::F32).unwrap();
+        let cfg = config::read_config(&fixture(main_name)).unwrap();
+        let base = registry::load_draft(&fixture(draft), &cfg, &m).unwrap();
+        let silu = porter_core::speculative::draft_logits(&m, base.as_ref(), &ids).unwrap();
+        let dir = draft_with_act(draft, "gelu");
+        let d = registry::load_draft(&dir, &cfg, &m).unwrap();
+        let gelu = porter_core::speculative::draft_logits(&m, d.as_ref(), &ids).unwrap();
+        let r = differs(&silu, &gelu);
+        assert!(r > 1e-2, "{draft}: hidden_act gelu in the draft config changes nothing ({r:e}·std)");
+        let bad = draft_with_act(draft, "prelu");
+        let e = registry::load_draft(&bad, &cfg, &m).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(e.contains("`hidden_act` = \"prelu\": is not supported"), "{draft}: {e}");
+        for d in [dir, bad] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+    let m = load("qwen3_next_mtp", DType::F32).unwrap();
+    let mut cfg = config::read_config(&fixture("qwen3_next_mtp")).unwrap();
+    let base = registry::load_draft(&fixture("qwen3_next_mtp"), &cfg, &m).unwrap();
+    let silu = porter_core::speculative::draft_logits(&m, base.as_ref(), &ids).unwrap();
+    cfg["hidden_act"] = serde_json::json!("relu2");
+    let d = registry::load_draft(&fixture("qwen3_next_mtp"), &cfg, &m).unwrap();
+    let relu2 = porter_core::speculative::draft_logits(&m, d.as_ref(), &ids).unwrap();
+    let r = differs(&silu, &relu2);
+    assert!(r > 1e-2, "qwen3_next_mtp: the main config's hidden_act relu2 changes nothing ({r:e}·std)");
+}

@@ -79,3 +79,23 @@ fn qwen3_next_layer_types_tied_sparse_step() {
 fn qwen3_next_sharded_with_mtp_tensors() {
     check_fixture("qwen3_next_mtp");
 }
+
+/// `hidden_act: "gelu_pytorch_tanh"` on a dense Qwen3 (the gated MLPs of `llama_decoder`).
+#[test]
+fn qwen3_hidden_act_gelu_pytorch_tanh() {
+    check_fixture("qwen3_gelu_tanh");
+}
+
+/// `hidden_act: "gelu"` (exact, erf) on Qwen3-MoE: the routed experts and the dense
+/// `mlp_only_layers` MLP.
+#[test]
+fn qwen3_moe_hidden_act_gelu() {
+    check_fixture("qwen3_moe_gelu");
+}
+
+/// `hidden_act: "relu2"` on Qwen3-Next: routed experts, shared expert, dense MLP and the Gated
+/// DeltaNet causal conv (prefill and the token-by-token conv step); the gated norm keeps SiLU.
+#[test]
+fn qwen3_next_hidden_act_relu2() {
+    check_fixture("qwen3_next_relu2");
+}

@@ -5,7 +5,7 @@
 //! inflated to a full f32 copy). The kernels themselves are `porter_kernels::cpu`.
 
 use super::{
-    AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, MoeShared, NormKind, Ops, RecBuf, RecCache, RopeArgs,
+    Act, AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, MoeShared, NormKind, Ops, RecBuf, RecCache, RopeArgs,
 };
 use crate::batch::Batch;
 use crate::error::Result;
@@ -186,16 +186,19 @@ impl Ops for CpuOps {
         Ok(())
     }
 
-    fn swiglu(&self, gu: &Tensor) -> Result<Tensor> {
+    fn swiglu(&self, gu: &Tensor, a: Act) -> Result<Tensor> {
         let (t, i2) = (gu.rows(), gu.last_dim());
         let i = i2 / 2;
         let dt = gu.dtype();
         let v = gu.data();
-        let mut h = Vec::with_capacity(t * i);
-        for r in 0..t {
+        let mut h = vec![0.0f32; t * i];
+        // Rows in parallel when large (elementwise: the same values either way).
+        ops::for_each_row(&mut h, i, |r, out| {
             let row = &v[r * i2..(r + 1) * i2];
-            h.extend(row[..i].iter().zip(&row[i..]).map(|(g, u)| dt.round(ops::silu(*g) * *u)));
-        }
+            for ((o, g), u) in out.iter_mut().zip(&row[..i]).zip(&row[i..]) {
+                *o = dt.round(a.apply(*g) * *u);
+            }
+        });
         act(h, [t, i], dt)
     }
 
@@ -290,7 +293,7 @@ impl Ops for CpuOps {
                 matmul_host(&xs, wu.range(j * ih, (j + 1) * ih)?, &mut u, n, h, inter);
                 // Fused activation: bf16 GEMM outputs in, f32 math, one rounding out.
                 for (uv, gv) in u.iter_mut().zip(&g) {
-                    *uv = dt.round(ops::silu(dt.round(*gv)) * dt.round(*uv));
+                    *uv = dt.round(m.act.apply(dt.round(*gv)) * dt.round(*uv));
                 }
                 let mut o = vec![0.0; n * h];
                 matmul_host(&u, wd.range(j * hi, (j + 1) * hi)?, &mut o, n, inter, h);
@@ -319,15 +322,17 @@ impl Ops for CpuOps {
         Ok((act(y, [t, h], DType::F32)?, false))
     }
 
-    fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType) -> Result<Tensor> {
+    fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType, a: Act) -> Result<Tensor> {
         let (t, stride) = (all.rows(), all.last_dim());
         let v = all.data();
-        let mut h = Vec::with_capacity(t * inter);
-        for r in 0..t {
+        let mut h = vec![0.0f32; t * inter];
+        ops::for_each_row(&mut h, inter, |r, out| {
             let row = &v[r * stride..(r + 1) * stride];
             let (g, u) = (&row[col0..col0 + inter], &row[col0 + inter..col0 + 2 * inter]);
-            h.extend(g.iter().zip(u).map(|(g, u)| dtype.round(ops::silu(dtype.round(*g)) * dtype.round(*u))));
-        }
+            for ((o, g), u) in out.iter_mut().zip(g).zip(u) {
+                *o = dtype.round(a.apply(dtype.round(*g)) * dtype.round(*u));
+            }
+        });
         act(h, [t, inter], dtype)
     }
 
@@ -385,11 +390,11 @@ impl Ops for CpuOps {
                 b.extend_from_slice(&row[..hv]);
                 a.extend_from_slice(&row[hv..]);
             }
-            // Causal conv + SiLU, continuing from the slot's conv window.
+            // Causal conv + activation (`hidden_act`), continuing from the slot's conv window.
             let hist_before = if saves.iter().any(|c| c.span == si) { slot.conv_hist.clone() } else { Vec::new() };
             let mut state = slot.conv_state(conv, kernel);
             let mut y = vec![0.0f32; t * conv];
-            gdn::causal_conv1d_prefill(&mixed, &conv_w, None, &mut state, &mut y, t, conv, kernel)
+            gdn::causal_conv1d_prefill(&mixed, &conv_w, None, &mut state, &mut y, t, conv, kernel, c.act)
                 .map_err(|e| err!(Shape, "conv1d: {e}"))?;
             slot.push_conv_inputs(&mixed, (kernel.saturating_sub(1) + spec) * conv);
             // The conv output stays in f32 through the L2 norm, gates and delta rule; only
@@ -565,7 +570,7 @@ mod tests {
         let rows = [[0.5, 2.0, -1.0, 1.0, 9.0, 9.0], [1.0, 1.0, 1.0, 0.0, 9.0, -9.0]];
         let logits = Tensor::from_vec(rows.concat(), [2, 6], DType::F32).unwrap();
         for renorm in [false, true] {
-            let m = MoeArgs { experts: 4, top_k: 2, norm_topk_prob: renorm, shared: false };
+            let m = MoeArgs { experts: 4, top_k: 2, norm_topk_prob: renorm, shared: false, act: Act::Silu };
             let got = route(&logits, &m).unwrap();
             for (r, (sel, want_idx)) in got.iter().zip([[1, 3], [0, 1]]).enumerate() {
                 let p = softmax(&rows[r][..4].iter().map(|&v| f64::from(v)).collect::<Vec<_>>());
@@ -583,7 +588,7 @@ mod tests {
     fn route_rejects_bad_arguments() {
         let logits = Tensor::from_vec(vec![0.0; 12], [2, 6], DType::F32).unwrap();
         for (experts, top_k) in [(4, 0), (4, 5), (7, 2)] {
-            let r = route(&logits, &MoeArgs { experts, top_k, norm_topk_prob: true, shared: false });
+            let r = route(&logits, &MoeArgs { experts, top_k, norm_topk_prob: true, shared: false, act: Act::Silu });
             assert!(matches!(r, Err(crate::error::Error::Shape(_))), "experts {experts} top_k {top_k}");
         }
     }

@@ -14,6 +14,9 @@ pub mod cuda;
 mod kv_dtype;
 
 pub use kv_dtype::{KvDtype, KvQuant};
+/// The elementwise activations of `hidden_act` (the gate activation of the gated MLPs and
+/// MoE experts, and the Gated DeltaNet conv activation).
+pub use porter_kernels::cpu::Act;
 
 use crate::bail;
 use crate::batch::PageStep;
@@ -62,6 +65,8 @@ pub struct MoeArgs {
     /// Whether a shared expert is added after the routed experts (backends that round the
     /// MoE output to the model dtype then round after that addition instead).
     pub shared: bool,
+    /// The experts' gate activation (`hidden_act`).
+    pub act: Act,
 }
 
 /// The shared expert of a MoE block, handed to `Ops::moe_experts`, which may fuse it into
@@ -92,6 +97,8 @@ pub struct GdnArgs {
     pub key_dim: usize,
     pub value_dim: usize,
     pub conv_kernel: usize,
+    /// The activation after the causal conv (`hidden_act`; the gated norm's gate stays SiLU).
+    pub act: Act,
 }
 
 impl GdnArgs {
@@ -198,8 +205,10 @@ pub trait Ops: Sync {
     }
     /// Rotates `x: [T, heads, head_dim]` in place at the batch's positions (NeoX pairing).
     fn rope(&self, x: &mut Tensor, rope: &RopeArgs<'_>, batch: &Batch) -> Result<()>;
-    /// `silu(g) · u` of a stacked `[T, 2I] = [gate | up]` → `[T, I]`, one rounding.
-    fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor>;
+    /// `act(g) · u` of a stacked `[T, 2I] = [gate | up]` → `[T, I]`, one rounding (SwiGLU for
+    /// `act` = SiLU). Backends that fuse SiLU refuse another `act` (the load refuses it first:
+    /// `config::check_act_device`).
+    fn swiglu(&self, gate_up: &Tensor, act: Act) -> Result<Tensor>;
     /// `x *= sigmoid(gate)` elementwise (same shape; both rounded as the dtype).
     fn sigmoid_gate_mul(&self, x: &mut Tensor, gate: &Tensor) -> Result<()>;
     /// Appends the batch's keys / values to `kv` and attends causally:
@@ -215,7 +224,8 @@ pub trait Ops: Sync {
     ) -> Result<Tensor>;
     /// Routed experts: softmax router over the first `m.experts` f32 columns of `logits`
     /// (`[T, ≥ E]`), top-k, optional renormalisation, the grouped expert SwiGLUs
-    /// (`gate`, `up`: `[E, I, H]`, `down`: `[E, H, I]`) and their weighted sum → `[T, H]` f32,
+    /// (`act(gate·x) · (up·x)` with `m.act`; `gate`, `up`: `[E, I, H]`, `down`: `[E, H, I]`) and
+    /// their weighted sum → `[T, H]` f32,
     /// added to the f32 residual stream. The CPU backend rounds the MoE output's values to
     /// the model dtype once (after the shared expert when `m.shared`), as HF's bf16 hidden
     /// states are; the CUDA backend keeps it in f32 (one kernel fewer per layer; both are
@@ -237,15 +247,15 @@ pub trait Ops: Sync {
         down: &Tensor,
         shared: Option<&MoeShared<'_>>,
     ) -> Result<(Tensor, bool)>;
-    /// `silu(g) · u` from f32 columns `[col0, col0 + I)` (gate) and `[col0 + I, col0 + 2I)`
+    /// `act(g) · u` from f32 columns `[col0, col0 + I)` (gate) and `[col0 + I, col0 + 2I)`
     /// (up) of `all`, each rounded to `dtype` first as a GEMM output would be → `[T, I]`.
-    fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType) -> Result<Tensor>;
+    fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType, act: Act) -> Result<Tensor>;
     /// `y += sigmoid(round(all[:, gate_col])) · so` per row (`y` f32 `[T, H]`).
     fn shared_expert_add(&self, y: &mut Tensor, so: &Tensor, all: &Tensor, gate_col: usize) -> Result<()>;
     /// The Gated DeltaNet core on the stacked projections `p: [T, conv_dim + Hv·dv + 2·Hv]`
     /// (`[q | k | v | z | b | a]`), or `p: [T, conv_dim + Hv·dv]` and the gate inputs
     /// `ba: [T, 2·Hv]` (`[b | a]`, same dtype) read in place where `in_proj_ba` is held apart:
-    /// causal conv + SiLU continuing each slot's window, gates, L2-normalised q / k, the delta
+    /// causal conv + `g.act` continuing each slot's window, gates, L2-normalised q / k, the delta
     /// rule on the slot's state (per-token snapshots in a speculative step) → `[T·Hv, dv]` in
     /// `p`'s dtype.
     fn gdn(

@@ -4,6 +4,7 @@
 
 use crate::bail;
 use crate::error::Result;
+use crate::load::config::check_act_device;
 use crate::load::shard::ShardAxis;
 use crate::load::weight_map::Weights;
 use crate::nn::*;
@@ -47,14 +48,17 @@ pub fn norm(w: &mut Weights, slot: &str, eps: f32, kind: NormKind) -> Result<Rms
 }
 
 /// The feed-forward half of a layer whose slots start with `prefix` (e.g. `"layers.3."`):
-/// the MoE at `{prefix}moe` when `moe` gives `(top_k, norm_topk_prob)`, else the dense
-/// SwiGLU at `{prefix}mlp`.
-pub fn feed_forward(w: &mut Weights, prefix: &str, moe: Option<(usize, bool)>) -> Result<FeedForward> {
+/// the MoE at `{prefix}moe` when `moe` gives `(top_k, norm_topk_prob)`, else the dense gated
+/// MLP at `{prefix}mlp`; both with the gate activation `act` (the config's `hidden_act`).
+///
+/// # Errors
+/// A non-SiLU `act` on a CUDA device ([`check_act_device`]), or the weights' errors.
+pub fn feed_forward(w: &mut Weights, prefix: &str, moe: Option<(usize, bool)>, act: Act) -> Result<FeedForward> {
     Ok(match moe {
         Some((top_k, norm_topk_prob)) => {
-            FeedForward::Moe(Box::new(self::moe(w, &format!("{prefix}moe"), top_k, norm_topk_prob)?))
+            FeedForward::Moe(Box::new(self::moe(w, &format!("{prefix}moe"), top_k, norm_topk_prob, act)?))
         }
-        None => FeedForward::Dense(Box::new(swiglu(w, &format!("{prefix}mlp"))?)),
+        None => FeedForward::Dense(Box::new(swiglu(w, &format!("{prefix}mlp"), act)?)),
     })
 }
 
@@ -73,17 +77,27 @@ pub fn packed_linear(w: &mut Weights, slots: &[String]) -> Result<Linear> {
     Ok(Linear::new(weight, bias))
 }
 
-/// `P.gate_proj`, `P.up_proj` (packed into one `[gate; up]` projection) and `P.down_proj`.
-pub fn swiglu(w: &mut Weights, prefix: &str) -> Result<SwiGlu> {
+/// `P.gate_proj`, `P.up_proj` (packed into one `[gate; up]` projection) and `P.down_proj`,
+/// gated by `act`.
+///
+/// # Errors
+/// A non-SiLU `act` on a CUDA device ([`check_act_device`]), or the weights' errors.
+pub fn swiglu(w: &mut Weights, prefix: &str, act: Act) -> Result<SwiGlu> {
+    check_act_device(act, w.device())?;
     let gate_up = packed_linear(w, &[format!("{prefix}.gate_proj"), format!("{prefix}.up_proj")])?;
-    Ok(SwiGlu { gate_up, down: linear(w, &format!("{prefix}.down_proj"))? })
+    Ok(SwiGlu { gate_up, down: linear(w, &format!("{prefix}.down_proj"))?, act })
 }
 
 /// `P.router` and the stacked experts `P.gate_proj`, `P.up_proj`, `P.down_proj`; with a
 /// shared expert (`P.shared_expert.*`, `P.shared_expert_gate`) the router, the shared
 /// gate / up projections and the shared gate row are packed into one projection
-/// `[router; gate; up; shared gate]`, served by one f32-output GEMM.
-pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool) -> Result<Moe> {
+/// `[router; gate; up; shared gate]`, served by one f32-output GEMM. Every expert and the
+/// shared expert are gated by `act`.
+///
+/// # Errors
+/// A non-SiLU `act` on a CUDA device ([`check_act_device`]), or the weights' errors.
+pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool, act: Act) -> Result<Moe> {
+    check_act_device(act, w.device())?;
     let router = format!("{prefix}.router");
     let experts = w.slot_shape(&router)?.first().copied().unwrap_or(0);
     let has_shared = w.contains(&format!("{prefix}.shared_expert_gate"));
@@ -127,14 +141,21 @@ pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool) ->
         norm_topk_prob,
         shared,
         reduce,
+        act,
     };
     m.check()?;
     Ok(m)
 }
 
 /// Gated DeltaNet at `P.in_proj_qkvz` and `P.in_proj_ba` (packed into one projection),
-/// `P.conv1d` (`[C, 1, K]`), `P.A_log`, `P.dt_bias` (f32), `P.norm`, `P.out_proj`.
+/// `P.conv1d` (`[C, 1, K]`), `P.A_log`, `P.dt_bias` (f32), `P.norm`, `P.out_proj`; the conv
+/// activation is `cfg.act`.
+///
+/// # Errors
+/// A non-SiLU `cfg.act` on a CUDA device ([`check_act_device`]), tensor-parallel sizes that
+/// do not divide the heads, or the weights' errors.
 pub fn gated_delta_net(w: &mut Weights, prefix: &str, cfg: crate::nn::gdn::GdnConfig) -> Result<Mixer> {
+    check_act_device(cfg.act, w.device())?;
     // Tensor parallelism: this rank's value heads, and the key heads they read (shared by
     // several ranks when there are more ranks than key heads).
     let world = w.tp().world;
@@ -260,7 +281,7 @@ pub struct LlamaLayer {
 /// `layers.{i}.input_norm`, the attention at `layers.{i}.attn` (biases when the map loads
 /// them) with RoPE from `rope`, `layers.{i}.post_norm` and the feed-forward; then the
 /// embedding, final norm and lm_head of [`assemble`]. Every norm is a standard RMSNorm with
-/// `rms_norm_eps`.
+/// `rms_norm_eps`; the feed-forward gate activation is `base.hidden_act`.
 pub fn llama_decoder(
     lc: &crate::load::registry::LoadContext,
     w: &mut Weights,
@@ -269,6 +290,8 @@ pub fn llama_decoder(
     rope: &crate::load::config::RopeParams,
     layers: Vec<LlamaLayer>,
 ) -> Result<crate::model::Model> {
+    // Before any weight is placed on the device (the blocks' builders check again).
+    check_act_device(base.hidden_act, w.device())?;
     let eps = base.rms_norm_eps as f32;
     let mut built: Vec<Box<dyn crate::layer::TransformerLayer>> = Vec::with_capacity(layers.len());
     for (i, l) in layers.into_iter().enumerate() {
@@ -279,7 +302,7 @@ pub fn llama_decoder(
             input_norm: norm(w, &format!("{p}.input_norm"), eps, NormKind::Standard)?,
             attn: attention(w, &format!("{p}.attn"), l.attn, rope, qk_norm)?,
             post_norm: norm(w, &format!("{p}.post_norm"), eps, NormKind::Standard)?,
-            ffn: feed_forward(w, &format!("{p}."), l.moe)?,
+            ffn: feed_forward(w, &format!("{p}."), l.moe, base.hidden_act)?,
         }));
     }
     assemble(lc, w, architecture, base, NormKind::Standard, built)

@@ -13,7 +13,9 @@
 //! transformers-v5 style (`rope_parameters`) ([`rope_params`]), and generation defaults.
 
 use crate::error::{Context, Error, Result};
+use crate::tensor::Device;
 use crate::{bail, err};
+pub use porter_kernels::cpu::Act;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use std::ops::RangeInclusive;
@@ -386,8 +388,10 @@ pub fn generation_config(dir: &Path, raw: &Value) -> Result<GenerationConfig> {
     })
 }
 
-/// The activations porter's SwiGLU implements (transformers' `ACT2FN` names for SiLU).
-pub const SUPPORTED_ACTS: [&str; 2] = ["silu", "swish"];
+/// The `hidden_act` names porter implements (transformers' `ACT2FN` names without learned
+/// parameters; see [`Act`]). The CUDA backend runs only `silu` / `swish`
+/// ([`check_act_device`]).
+pub const SUPPORTED_ACTS: [&str; 22] = Act::NAMES;
 
 /// What [`check_dims`] asks of the attention heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -457,12 +461,34 @@ pub fn check_dims(
     Ok(())
 }
 
-/// Only SiLU-gated MLPs are implemented.
-pub fn check_act(act: &str) -> Result<()> {
-    if SUPPORTED_ACTS.contains(&act) {
-        Ok(())
-    } else {
-        Err(Error::key("hidden_act", format!("{act:?}"), "is not supported (supported: silu, swish)"))
+/// Why a `hidden_act` name is refused: the reason of the config-key error.
+fn act_unsupported(act: &str) -> String {
+    let learned = if matches!(act, "prelu" | "xielu") { ": it has learned parameters" } else { "" };
+    format!("is not supported{learned} (supported: {})", SUPPORTED_ACTS.join(", "))
+}
+
+/// The activation of a `hidden_act` name, or the config-key error naming the supported ones.
+pub fn check_act(act: &str) -> Result<Act> {
+    Act::from_name(act).ok_or_else(|| Error::key("hidden_act", format!("{act:?}"), act_unsupported(act)))
+}
+
+/// Reads `hidden_act` (default `"silu"`, transformers' default for every model porter runs).
+pub fn read_act(k: &Keys) -> Result<Act> {
+    let name = k.string("hidden_act", "silu")?;
+    Act::from_name(&name).ok_or_else(|| k.error("hidden_act", &Value::String(name.clone()), act_unsupported(&name)))
+}
+
+/// Load-time check that `device` runs `act`: the CUDA kernels fuse SiLU into the gated MLPs,
+/// the MoE experts and the Gated DeltaNet conv, so any other activation is refused on a GPU
+/// (before a forward, never inside one).
+pub fn check_act_device(act: Act, device: Device) -> Result<()> {
+    match device {
+        Device::Cuda(_) if !act.is_silu() => Err(Error::key(
+            "hidden_act",
+            format!("{:?}", act.name()),
+            "runs on the CPU backend only (the CUDA kernels fuse silu); use --device cpu",
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -470,8 +496,11 @@ fn default_eps() -> f64 {
     1e-6
 }
 
-fn default_act() -> String {
-    "silu".into()
+/// serde: a `hidden_act` string as an [`Act`].
+fn de_act<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Act, D::Error> {
+    let name = <String as serde::Deserialize>::deserialize(d)?;
+    Act::from_name(&name)
+        .ok_or_else(|| serde::de::Error::custom(format!("hidden_act {name:?} {}", act_unsupported(&name))))
 }
 
 /// What a model class defaults the shared keys to, and which of them it reads.
@@ -503,8 +532,10 @@ pub struct DecoderConfig {
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
-    #[serde(default = "default_act")]
-    pub hidden_act: String,
+    /// `hidden_act`: the activation of the gated MLPs and MoE experts (and of Qwen3-Next's
+    /// Gated DeltaNet conv).
+    #[serde(default, deserialize_with = "de_act")]
+    pub hidden_act: Act,
     #[serde(default)]
     pub max_position_embeddings: Option<usize>,
     #[serde(default = "default_eps")]
@@ -522,10 +553,7 @@ impl DecoderConfig {
     /// that does not fit the checkpoint fails at load with the tensor and shapes named).
     pub fn read(k: &Keys, d: &DecoderDefaults) -> Result<Self> {
         use limits::*;
-        let hidden_act = k.string("hidden_act", "silu")?;
-        if !SUPPORTED_ACTS.contains(&hidden_act.as_str()) {
-            return Err(k.error("hidden_act", &Value::String(hidden_act), "is not supported (supported: silu, swish)"));
-        }
+        let hidden_act = read_act(k)?;
         Ok(Self {
             vocab_size: k.count("vocab_size", Some(d.vocab_size), 1..=MAX_VOCAB)?,
             hidden_size: k.count("hidden_size", Some(d.hidden_size), 1..=MAX_HIDDEN)?,
@@ -572,8 +600,7 @@ impl DecoderConfig {
             self.vocab_size,
             self.num_hidden_layers,
             what,
-        )?;
-        check_act(&self.hidden_act)
+        )
     }
 }
 
@@ -709,7 +736,7 @@ mod tests {
             num_attention_heads: 32,
         };
         let c = DecoderConfig::read(&Keys::new(&base).unwrap(), &d).unwrap();
-        assert_eq!((c.max_position_embeddings, c.rms_norm_eps, c.hidden_act.as_str()), (Some(32768), 1e-6, "silu"));
+        assert_eq!((c.max_position_embeddings, c.rms_norm_eps, c.hidden_act), (Some(32768), 1e-6, Act::Silu));
         for (key, v, needle) in [
             ("num_hidden_layers", json!(1u64 << 63), "1..=4096"),
             ("num_hidden_layers", json!(1_000_000_000), "1..=4096"),
@@ -717,7 +744,9 @@ mod tests {
             ("rms_norm_eps", json!(-1e-6), "positive"),
             ("rms_norm_eps", json!(0), "positive"),
             ("rms_norm_eps", json!(1e-50), "positive"),
-            ("hidden_act", json!("gelu"), "supported: silu"),
+            ("hidden_act", json!("prelu"), "learned parameters (supported: silu, swish, gelu"),
+            ("hidden_act", json!("foo"), "= \"foo\": is not supported (supported: silu, swish, gelu,"),
+            ("hidden_act", json!("GELU"), "is not supported"),
             ("hidden_act", json!(null), "found null"),
             ("max_position_embeddings", json!(null), "found null"),
             ("tie_word_embeddings", json!("yes"), "true or false"),
@@ -737,6 +766,43 @@ mod tests {
         assert!(msg(check_dims(64, 4, 3, 15, 512, 2, HeadDims::PartialRope)).contains("num_key_value_heads"));
         assert!(check_dims(64, 3, 2, 15, 512, 2, HeadDims::NoAttention).is_ok());
         assert!(msg(check_dims(64, 3, 2, 0, 512, 2, HeadDims::NoAttention)).contains("head_dim"));
+    }
+
+    #[test]
+    fn hidden_act_names_and_devices() {
+        let base = json!({"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4});
+        let d = DecoderDefaults {
+            max_position_embeddings: 32768,
+            reads_attention_bias: true,
+            intermediate_size: 22016,
+            vocab_size: 151936,
+            hidden_size: 4096,
+            num_hidden_layers: 32,
+            num_attention_heads: 32,
+        };
+        for (name, act) in Act::NAMES.iter().zip(Act::ALL) {
+            let mut raw = base.clone();
+            raw["hidden_act"] = json!(name);
+            assert_eq!(DecoderConfig::read(&Keys::new(&raw).unwrap(), &d).unwrap().hidden_act, act);
+            assert_eq!(check_act(name).unwrap(), act);
+            assert!(check_act_device(act, Device::Cpu).is_ok());
+            assert_eq!(check_act_device(act, Device::Cuda(0)).is_ok(), act.is_silu(), "{name}");
+        }
+        let e = msg(check_act_device(Act::Gelu, Device::Cuda(1)));
+        assert_eq!(
+            e,
+            "config key `hidden_act` = \"gelu\": runs on the CPU backend only (the CUDA kernels fuse silu); use --device cpu"
+        );
+        assert!(msg(check_act("xielu")).contains("learned parameters"));
+        // serde (crates that embed the shared keys) takes the same names.
+        let c: DecoderConfig =
+            serde_json::from_value(json!({"vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 1,
+            "num_attention_heads": 1, "hidden_act": "relu2"}))
+            .unwrap();
+        assert_eq!(c.hidden_act, Act::Relu2);
+        let e = serde_json::from_value::<DecoderConfig>(json!({"vocab_size": 8, "hidden_size": 4,
+            "num_hidden_layers": 1, "num_attention_heads": 1, "hidden_act": "prelu"}));
+        assert!(e.unwrap_err().to_string().contains("learned parameters"));
     }
 
     #[test]

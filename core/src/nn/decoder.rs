@@ -197,7 +197,7 @@ mod tests {
         let hidden = 12;
         let (a, m) = (
             attention_block(&mut rng, hidden, Some(4), true, true),
-            SwiGlu { gate_up: rng.linear(14, hidden, false), down: rng.linear(hidden, 7, false) },
+            SwiGlu { gate_up: rng.linear(14, hidden, false), down: rng.linear(hidden, 7, false), act: Act::Silu },
         );
         let l = DecoderLayer {
             input_norm: rng.norm(hidden, NormKind::Standard),
@@ -244,6 +244,7 @@ mod tests {
             ffn: FeedForward::Dense(Box::new(SwiGlu {
                 gate_up: rng.linear(8, 12, false),
                 down: rng.linear(12, 4, false),
+                act: Act::Silu,
             })),
         };
         let b = Batch::single(SeqId(0), 0, &[0, 0, 0]);

@@ -1,6 +1,7 @@
 //! Gated DeltaNet linear attention (Qwen3-Next `linear_attn`), as a shared block.
 //!
-//! Math (models.md §3.4): projections → causal depthwise conv + SiLU over `[q|k|v]` →
+//! Math (models.md §3.4): projections → causal depthwise conv + `hidden_act` (SiLU in the
+//! released models; transformers' `self.activation = config.hidden_act`) over `[q|k|v]` →
 //! gates `g = −exp(A_log)·softplus(a + dt_bias)`, `β = σ(b)` → L2-normalised q (scaled by
 //! `dk^-½`) and k → gated delta rule with an f32 state → gated RMSNorm with SiLU(z) →
 //! `out_proj`. Prefill (T > 1) uses the chunked algorithm, decode the per-token recurrence.
@@ -20,6 +21,9 @@ pub struct GdnConfig {
     pub value_dim: usize,
     pub conv_kernel: usize,
     pub eps: f32,
+    /// The activation after the causal conv (`hidden_act`). The gated RMSNorm's gate is
+    /// SiLU whatever this is (hard-coded in transformers).
+    pub act: Act,
 }
 
 impl GdnConfig {
@@ -42,6 +46,7 @@ impl GdnConfig {
             key_dim: self.key_dim,
             value_dim: self.value_dim,
             conv_kernel: self.conv_kernel,
+            act: self.act,
         }
     }
 }
@@ -298,6 +303,26 @@ mod tests {
         let fresh = run_in_steps(&g, &acc, &[11]);
         assert_close("fresh run", &fresh, &want, TOL);
         assert_close("speculative vs fresh", &got, &f64s(&fresh), TOL);
+    }
+
+    /// A non-SiLU conv activation (`hidden_act` = gelu, relu2) in one prefill and token by
+    /// token against the naive reference; the gated norm's gate stays SiLU there too.
+    #[test]
+    fn conv_activation_follows_hidden_act() {
+        let mut rng = Rng::new(65);
+        let silu = block(&mut rng);
+        let x = rng.tensor(&[9, HIDDEN], 1.0);
+        let y_silu = run_in_steps(&silu, &x, &[9]);
+        for act in [Act::Gelu, Act::Relu2, Act::GeluFast] {
+            let mut g = silu.clone();
+            g.cfg.act = act;
+            let want = gdn(&vals(&x), &g);
+            assert_close(&format!("{act} prefill"), &run_in_steps(&g, &x, &[9]), &want, TOL);
+            assert_close(&format!("{act} token by token"), &run_in_steps(&g, &x, &[1; 9]), &want, TOL);
+            let got = run_in_steps(&g, &x, &[4, 5]);
+            let d = got.iter().zip(&y_silu).fold(0.0f32, |d, (a, b)| d.max((a - b).abs()));
+            assert!(d > 1e-3, "{act}: the silu output (max|Δ| {d})");
+        }
     }
 
     #[test]

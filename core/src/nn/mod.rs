@@ -32,7 +32,7 @@ mod rope;
 mod test_util;
 mod tp;
 
-pub use crate::backend::NormKind;
+pub use crate::backend::{Act, NormKind};
 pub use attention::*;
 pub use decoder::*;
 pub use embedding::*;

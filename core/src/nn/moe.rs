@@ -3,8 +3,9 @@
 use super::*;
 use crate::backend::MoeShared;
 
-/// The shared expert of Qwen3-Next MoE blocks: `sigmoid(x·g) · SwiGLU(x)`. Its gate / up
-/// projections and its gate row live in the MoE's packed input projection.
+/// The shared expert of Qwen3-Next MoE blocks: `sigmoid(x·g) · down(act(gate·x) · up·x)`
+/// (the MoE's `act`). Its gate / up projections and its gate row live in the MoE's packed
+/// input projection.
 #[derive(Debug, Clone)]
 pub struct SharedExpert {
     /// Intermediate size `I_s`.
@@ -15,6 +16,8 @@ pub struct SharedExpert {
 
 /// Sparse mixture of experts: softmax router → top-k → optional renormalisation, experts
 /// evaluated on the rows routed to them (grouped by expert), plus an optional shared expert.
+/// Every expert (and the shared expert) is `down(act(gate·x) · up·x)` with the config's
+/// `hidden_act`.
 ///
 /// # Shapes
 /// - `input`: `[E + 2·I_s + 1, hidden]` = `[router; shared gate; shared up; shared expert
@@ -39,6 +42,8 @@ pub struct Moe {
     /// Tensor parallelism: every expert (and the shared expert) holds this rank's slice of
     /// the intermediate size; the ranks' partial outputs are summed once, at the end.
     pub reduce: Option<Arc<dyn Communicator>>,
+    /// The gate activation of the experts and the shared expert (`hidden_act`).
+    pub act: Act,
 }
 
 impl Moe {
@@ -66,6 +71,7 @@ impl Moe {
             top_k: self.top_k,
             norm_topk_prob: self.norm_topk_prob,
             shared: self.shared.is_some(),
+            act: self.act,
         }
     }
 
@@ -127,7 +133,7 @@ impl Moe {
         if let Some(s) = self.shared.as_ref().filter(|_| !fused) {
             let (gu, col0, gate_col) = self.shared_cols(s, &all, gu.as_ref());
             // [T, I_s] in the model dtype, then [T, H]
-            let h = o.swiglu_cols(gu, col0, s.inter, x.dtype())?;
+            let h = o.swiglu_cols(gu, col0, s.inter, x.dtype(), self.act)?;
             let so = s.down.forward(&h)?;
             o.shared_expert_add(&mut y, &so, &all, gate_col)?;
         }
@@ -241,6 +247,31 @@ mod tests {
         sh.down.b = Some(rng.tensor(&[H], 1.0));
         assert!(m.shared_arg(&all, None).is_none(), "a biased down projection runs unfused");
         assert_tensor("shared with a bias", &m.forward(&x).unwrap(), &moe(&vals(&x), &m));
+    }
+
+    /// Non-SiLU experts and shared expert (`hidden_act` = gelu, relu2, …) against the f64
+    /// reference; the activation changes the output.
+    #[test]
+    fn activations_of_experts_and_shared_expert_match_reference() {
+        let mut rng = Rng::new(56);
+        let silu = block(&mut rng, 5, 2, true, Some(3));
+        let x = rng.tensor(&[6, H], 1.5);
+        let y_silu = vals(&silu.forward(&x).unwrap());
+        for act in [Act::Gelu, Act::GeluPytorchTanh, Act::Relu2, Act::QuickGelu, Act::Tanh] {
+            for shared in [true, false] {
+                let mut m = Moe { act, ..silu.clone() };
+                if !shared {
+                    m.shared = None;
+                    m.input = m.input.narrow_rows(0, 5).unwrap();
+                }
+                let y = m.forward(&x).unwrap();
+                assert_tensor(&format!("{act} shared {shared}"), &y, &moe(&vals(&x), &m));
+                if shared {
+                    let d = vals(&y).iter().zip(&y_silu).fold(0.0f64, |d, (a, b)| d.max((a - b).abs()));
+                    assert!(d > 1e-3, "{act}: the same output as silu (max|Δ| {d})");
+                }
+            }
+        }
     }
 
     #[test]

@@ -144,6 +144,11 @@ pub(crate) fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
 
+/// `act` in f64: [`silu`] for SiLU, else `Act::eval_f64`.
+pub(crate) fn act64(act: Act) -> impl Fn(f64) -> f64 + Copy {
+    move |x| if act.is_silu() { silu(x) } else { act.eval_f64(x) }
+}
+
 pub(crate) fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -281,11 +286,13 @@ pub(crate) fn attention(x: &[f64], a: &Attention, theta: f64) -> Vec<f64> {
     linear(&o, &a.o_proj)
 }
 
-/// `down(silu(gate) · up)` with `[gate; up]` packed in `gate_up`.
+/// `down(act(gate) · up)` with `[gate; up]` packed in `gate_up` (silu written out, the other
+/// activations by `Act::eval_f64`).
 pub(crate) fn swiglu(x: &[f64], m: &SwiGlu) -> Vec<f64> {
     let gu = linear(x, &m.gate_up);
     let i = m.gate_up.out_features() / 2;
-    let h: Vec<f64> = gu.chunks(2 * i).flat_map(|r| (0..i).map(move |j| silu(r[j]) * r[i + j])).collect();
+    let act = act64(m.act);
+    let h: Vec<f64> = gu.chunks(2 * i).flat_map(|r| (0..i).map(move |j| act(r[j]) * r[i + j])).collect();
     linear(&h, &m.down)
 }
 
@@ -331,19 +338,20 @@ pub(crate) fn moe_with(x: &[f64], m: &Moe, route: Router<'_>) -> Vec<f64> {
     let (all_n, input) = (m.input.dim(0), vals(&m.input));
     let (wg, wu, wd) = (vals(&m.gate), vals(&m.up), vals(&m.down));
     let all = matmul_t(x, &input, all_n, h);
+    let act = act64(m.act);
     let mut y = Vec::with_capacity(x.len());
     for (xr, ar) in x.chunks(h).zip(all.chunks(all_n)) {
         let mut out = vec![0.0; h];
         for (j, w) in route(&ar[..e]) {
             let g = matmul_t(xr, &wg[j * inter * h..(j + 1) * inter * h], inter, h);
             let u = matmul_t(xr, &wu[j * inter * h..(j + 1) * inter * h], inter, h);
-            let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+            let a: Vec<f64> = g.iter().zip(&u).map(|(g, u)| act(*g) * u).collect();
             let d = matmul_t(&a, &wd[j * h * inter..(j + 1) * h * inter], h, inter);
             out.iter_mut().zip(&d).for_each(|(o, d)| *o += w * d);
         }
         if let Some(s) = &m.shared {
             let i = s.inter;
-            let a: Vec<f64> = (0..i).map(|c| silu(ar[e + c]) * ar[e + i + c]).collect();
+            let a: Vec<f64> = (0..i).map(|c| act(ar[e + c]) * ar[e + i + c]).collect();
             let so = linear(&a, &s.down);
             let gate = sigmoid(ar[e + 2 * i]);
             out.iter_mut().zip(&so).for_each(|(o, s)| *o += gate * s);
@@ -354,8 +362,9 @@ pub(crate) fn moe_with(x: &[f64], m: &Moe, route: Router<'_>) -> Vec<f64> {
 }
 
 /// Gated DeltaNet (models.md §3.4) on one whole sequence from a zero state, token by token:
-/// causal depthwise conv + SiLU over `[q|k|v]`, gates, L2-normalised q (·dk^-½) and k, the
-/// delta rule on an `[Hv, dk, dv]` state, gated RMSNorm with SiLU(z), `out_proj`.
+/// causal depthwise conv + `cfg.act` over `[q|k|v]`, gates, L2-normalised q (·dk^-½) and k,
+/// the delta rule on an `[Hv, dk, dv]` state, gated RMSNorm with SiLU(z) (always SiLU, as in
+/// transformers), `out_proj`.
 pub(crate) fn gdn(x: &[f64], b: &GatedDeltaNet) -> Vec<f64> {
     let c = b.cfg;
     let (hk, hv, dk, dv, kk) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim, c.conv_kernel);
@@ -367,16 +376,17 @@ pub(crate) fn gdn(x: &[f64], b: &GatedDeltaNet) -> Vec<f64> {
     let (cw, a_log, dt_bias, nw) = (vals(&b.conv_w), vals(&b.a_log), vals(&b.dt_bias), vals(&b.norm_w));
     let mut s = vec![0.0f64; hv * dk * dv];
     let mut normed = Vec::with_capacity(t * vd);
+    let act = act64(c.act);
     for ti in 0..t {
         let row = &p[ti * pw..(ti + 1) * pw];
-        // y[c] = silu(Σ_j w[c, j] · mixed[t − (K−1) + j, c]), zero before the sequence.
+        // y[c] = act(Σ_j w[c, j] · mixed[t − (K−1) + j, c]), zero before the sequence.
         let y: Vec<f64> = (0..conv)
             .map(|ch| {
                 let acc: f64 = (0..kk)
                     .filter(|&j| ti + j >= kk - 1)
                     .map(|j| cw[ch * kk + j] * p[(ti + j + 1 - kk) * pw + ch])
                     .sum();
-                silu(acc)
+                act(acc)
             })
             .collect();
         let l2 = |v: &[f64], scale: f64| -> Vec<f64> {
@@ -445,7 +455,7 @@ pub(crate) fn attention_block(
 
 /// The geometry of [`gdn_block`]: Hk 2, Hv 4 (two v-heads per k-head), dk 4, dv 6, kernel 3.
 pub(crate) const GDN_CFG: GdnConfig =
-    GdnConfig { key_heads: 2, value_heads: 4, key_dim: 4, value_dim: 6, conv_kernel: 3, eps: 1e-6 };
+    GdnConfig { key_heads: 2, value_heads: 4, key_dim: 4, value_dim: 6, conv_kernel: 3, eps: 1e-6, act: Act::Silu };
 
 /// A Gated DeltaNet of geometry [`GDN_CFG`].
 pub(crate) fn gdn_block(rng: &mut Rng, hidden: usize) -> GatedDeltaNet {
@@ -490,6 +500,7 @@ pub(crate) fn moe_block(
         norm_topk_prob: renorm,
         shared: shared.map(|i| SharedExpert { inter: i, down: rng.linear(hidden, i, false) }),
         reduce: None,
+        act: Act::Silu,
     };
     m.check().unwrap();
     m

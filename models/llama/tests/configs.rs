@@ -66,12 +66,18 @@ fn attention_and_mlp_biases() {
 #[test]
 fn bad_configs_are_rejected() {
     for (extra, needle) in [
-        (json!({"hidden_act": "gelu"}), "gelu"),
+        (json!({"hidden_act": "prelu"}), "`hidden_act` = \"prelu\": is not supported"),
+        (json!({"hidden_act": "foo"}), "supported: silu, swish, gelu"),
         (json!({"num_key_value_heads": 3}), "multiple"),
         (json!({"rope_scaling": {"rope_type": "longrope"}}), "longrope"),
         (json!({"num_attention_heads": 0}), "positive"),
     ] {
         let e = Config::from_value(&config(extra.clone())).map(|_| ()).expect_err("must fail").to_string();
         assert!(e.contains(needle), "{extra}: {e}");
+    }
+    // Every activation transformers' ACT2FN has without learned parameters is read.
+    for name in porter_core::config::SUPPORTED_ACTS {
+        let (c, _) = Config::from_value(&config(json!({"hidden_act": name}))).expect(name);
+        assert_eq!(c.base.hidden_act.name(), name);
     }
 }

@@ -20,6 +20,8 @@ pub struct Config {
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub rms_norm_eps: f64,
+    /// `hidden_act` of the draft folder's config (default `silu`): the FFN's gate activation.
+    pub hidden_act: config::Act,
 }
 
 impl Config {
@@ -32,6 +34,7 @@ impl Config {
             hidden_size: k.count("hidden_size", None, 1..=MAX_HIDDEN)?,
             intermediate_size: k.count("intermediate_size", None, 1..=MAX_INTERMEDIATE)?,
             rms_norm_eps: k.float("rms_norm_eps", 1e-6, config::positive_f32, config::POSITIVE_F32)?,
+            hidden_act: config::read_act(&k)?,
         })
     }
 }
@@ -43,6 +46,8 @@ fn map_context(lc: &DraftLoadContext) -> Result<MapContext> {
 
 fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
     let c = Config::from_value(lc.config)?;
+    // A non-SiLU `hidden_act` is refused on a GPU before any weight is placed there.
+    config::check_act_device(c.hidden_act, w.device())?;
     let eps = c.rms_norm_eps as f32;
     Ok(Box::new(FfnMtpHead {
         name: "mistral_mtp".into(),
@@ -51,7 +56,7 @@ fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
         hnorm: load::norm(w, "hnorm", eps, NormKind::Standard)?,
         main_norm_on_hidden: true,
         ffn_norm: load::norm(w, "ffn_norm", eps, NormKind::Standard)?,
-        ffn: load::feed_forward(w, "", None)?,
+        ffn: load::feed_forward(w, "", None, c.hidden_act)?,
     }))
 }
 

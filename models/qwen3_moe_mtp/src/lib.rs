@@ -27,6 +27,8 @@ pub struct Config {
     pub num_experts_per_tok: usize,
     pub moe_intermediate_size: usize,
     pub norm_topk_prob: bool,
+    /// `hidden_act` of the draft folder's config (default `silu`): the FFN's gate activation.
+    pub hidden_act: config::Act,
     pub decoder_sparse_step: usize,
     /// Module indices (bounded by `limits::MAX_LAYERS`: a draft module's index is not
     /// bounded by the main model's `num_hidden_layers`).
@@ -55,6 +57,7 @@ impl Config {
             num_experts_per_tok: moe.num_experts_per_tok,
             moe_intermediate_size: moe.moe_intermediate_size,
             norm_topk_prob: moe.norm_topk_prob,
+            hidden_act: config::read_act(&k)?,
             decoder_sparse_step: moe.decoder_sparse_step,
             mlp_only_layers: moe.mlp_only_layers,
         })
@@ -94,7 +97,8 @@ fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
     let c = Config::from_value(lc.config)?;
     let m = module_index(lc)?;
     let eps = c.rms_norm_eps as f32;
-    let ffn = load::feed_forward(w, "", c.is_moe_layer(m).then_some((c.num_experts_per_tok, c.norm_topk_prob)))?;
+    let moe = c.is_moe_layer(m).then_some((c.num_experts_per_tok, c.norm_topk_prob));
+    let ffn = load::feed_forward(w, "", moe, c.hidden_act)?;
     Ok(Box::new(FfnMtpHead {
         name: "qwen3_moe_mtp".into(),
         eh_proj: load::linear(w, "eh_proj")?,

@@ -169,6 +169,8 @@ impl Config {
             value_dim: self.linear_value_head_dim,
             conv_kernel: self.linear_conv_kernel_dim,
             eps: self.base.rms_norm_eps as f32,
+            // transformers: `self.activation = config.hidden_act` (the conv's activation).
+            act: self.base.hidden_act,
         }
     }
 }
@@ -242,6 +244,8 @@ fn describe(raw: &Value) -> Result<String> {
 /// Builds the model from loaded weight slots.
 pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
     let c = Config::from_value(lc.config)?;
+    // A non-SiLU `hidden_act` is refused on a GPU before any weight is placed there.
+    config::check_act_device(c.base.hidden_act, w.device())?;
     let rope_params = c.base.rope(lc.config, 10_000.0, 0.25)?;
     let eps = c.base.rms_norm_eps as f32;
     let mut layers: Vec<Box<dyn TransformerLayer>> = Vec::with_capacity(c.base.num_hidden_layers);
@@ -266,6 +270,7 @@ pub fn build(lc: &LoadContext, w: &mut Weights) -> Result<Model> {
             w,
             &format!("{p}."),
             c.is_moe_layer(i).then_some((c.num_experts_per_tok, c.norm_topk_prob)),
+            c.base.hidden_act,
         )?;
         layers.push(Box::new(DecoderLayer {
             input_norm: load::norm(w, &format!("{p}.input_norm"), eps, NormKind::ZeroCentred)?,

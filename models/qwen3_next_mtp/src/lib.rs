@@ -44,7 +44,9 @@ fn build(lc: &DraftLoadContext, w: &mut Weights) -> Result<Box<dyn DraftHead>> {
         output_gate: true,
         scale: 1.0 / (c.head_dim as f32).sqrt(),
     };
-    let ffn = load::feed_forward(w, "layers.0.", is_moe(&c).then_some((c.num_experts_per_tok, c.norm_topk_prob)))?;
+    // The MTP layer is a main-model decoder layer: the main config's `hidden_act`.
+    let moe = is_moe(&c).then_some((c.num_experts_per_tok, c.norm_topk_prob));
+    let ffn = load::feed_forward(w, "layers.0.", moe, c.base.hidden_act)?;
     let layer = DecoderLayer {
         input_norm: load::norm(w, "layers.0.input_norm", eps, NormKind::ZeroCentred)?,
         attn: load::attention(

@@ -368,7 +368,8 @@ fn llama_cases() -> Vec<Case> {
         ("head_dim", json!(64), Oracle::Legal),
         ("intermediate_size", json!(0), Oracle::Legal),
         ("pretraining_tp", json!(2), Oracle::Legal),
-        ("hidden_act", json!("gelu"), Oracle::names("hidden_act")),
+        ("hidden_act", json!("gelu"), Oracle::Legal),
+        ("hidden_act", json!("prelu"), Oracle::names("hidden_act")),
         ("max_position_embeddings", json!(0), Oracle::names("max_position_embeddings")),
     ] {
         out.push(case(format!("llama: {k} = {v}"), set(k, &v), o));
@@ -599,7 +600,13 @@ fn misc_cases() -> Vec<Case> {
         for (v, ok) in [
             (json!("silu"), true),
             (json!("swish"), true),
-            (json!("gelu"), false),
+            (json!("gelu"), true),
+            (json!("relu2"), true),
+            (json!("gelu_pytorch_tanh"), true),
+            (json!("prelu"), false),
+            (json!("xielu"), false),
+            (json!("foo"), false),
+            (json!("SiLU"), false),
             (json!(""), false),
             (json!(null), false),
             (json!(1), false),

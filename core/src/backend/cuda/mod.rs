@@ -11,7 +11,7 @@ pub mod profile;
 
 pub use blocks::{CudaKv, CudaRec};
 
-use super::{AttnArgs, GdnArgs, GdnWeights, KvCache, MoeArgs, MoeShared, NormKind, Ops, RecCache, RopeArgs};
+use super::{Act, AttnArgs, GdnArgs, GdnWeights, KvCache, MoeArgs, MoeShared, NormKind, Ops, RecCache, RopeArgs};
 use crate::bail;
 use crate::batch::Batch;
 use crate::error::Result;
@@ -75,7 +75,8 @@ impl Ops for CudaOps {
     fn rope(&self, x: &mut Tensor, rope: &RopeArgs<'_>, batch: &Batch) -> Result<()> {
         blocks::rope(x, rope, batch)
     }
-    fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor> {
+    fn swiglu(&self, gate_up: &Tensor, act: Act) -> Result<Tensor> {
+        fused_silu(act, "swiglu")?;
         blocks::swiglu(gate_up)
     }
     fn sigmoid_gate_mul(&self, x: &mut Tensor, gate: &Tensor) -> Result<()> {
@@ -102,9 +103,11 @@ impl Ops for CudaOps {
         down: &Tensor,
         shared: Option<&MoeShared<'_>>,
     ) -> Result<(Tensor, bool)> {
+        fused_silu(m.act, "moe_experts")?;
         moe::moe_experts(x, logits, m, gate, up, down, shared)
     }
-    fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType) -> Result<Tensor> {
+    fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType, act: Act) -> Result<Tensor> {
+        fused_silu(act, "swiglu_cols")?;
         moe::swiglu_cols(all, col0, inter, dtype)
     }
     fn shared_expert_add(&self, y: &mut Tensor, so: &Tensor, all: &Tensor, gate_col: usize) -> Result<()> {
@@ -119,11 +122,25 @@ impl Ops for CudaOps {
         batch: &Batch,
         rec: &mut RecCache,
     ) -> Result<Tensor> {
+        fused_silu(g.act, "gdn")?;
         blocks::gdn(p, ba, w, g, batch, rec)
     }
     fn gated_norm(&self, o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor> {
         blocks::gated_norm(o, p, w, zoff, eps)
     }
+}
+
+/// The CUDA kernels fuse SiLU (gated MLPs, MoE experts, the Gated DeltaNet conv): any other
+/// activation is an internal error here, as the load refuses it first
+/// (`config::check_act_device`).
+fn fused_silu(act: Act, op: &str) -> Result<()> {
+    if !act.is_silu() {
+        bail!(
+            Internal,
+            "{op} on CUDA with hidden_act \"{act}\": the CUDA kernels fuse silu (the load should have refused it)"
+        );
+    }
+    Ok(())
 }
 
 /// `x · wᵀ` on the device: `[rows, k] × [n, k]ᵀ → [rows, n]` in `out_dtype`.

@@ -4,8 +4,9 @@
 //! (models.md §3.4):
 //!
 //! 1. [`causal_conv1d_prefill`] / [`causal_conv1d_update`]: depthwise causal
-//!    conv over the `[q | k | v]` channels, followed by SiLU, with a rolling
-//!    state of the last `K − 1` inputs.
+//!    conv over the `[q | k | v]` channels, followed by the model's activation
+//!    (`hidden_act`, SiLU in the released models), with a rolling state of the
+//!    last `K − 1` inputs.
 //! 2. [`gdn_gates`]: log-decay `g` and write strength `beta` per token and v-head.
 //! 3. [`l2norm_rows`]: L2 normalisation of q (with the `dk^-0.5` scale) and k.
 //! 4. [`recurrent_gated_delta_rule`] (token by token, for decode) or
@@ -24,6 +25,7 @@
 //! The recurrent state of one sequence is `[Hv, dk, dv]` (k-major, the HF and
 //! LightLLM layout), in `f32`, updated in place.
 
+use super::act::Act;
 use rayon::prelude::*;
 use std::fmt;
 
@@ -119,16 +121,17 @@ fn softplus(x: f32) -> f32 {
 }
 
 // ---------------------------------------------------------------------------
-// Causal depthwise conv1d + SiLU
+// Causal depthwise conv1d + activation
 // ---------------------------------------------------------------------------
 
-/// Causal depthwise conv1d followed by SiLU over `T` tokens of one sequence,
-/// continuing from (and updating) a rolling state.
+/// Causal depthwise conv1d followed by the activation `act` over `T` tokens of
+/// one sequence, continuing from (and updating) a rolling state.
 ///
-/// `y[t, c] = silu(Σ_{j<K} w[c, j] · xin[c, t − (K−1) + j] + bias[c])`, where
+/// `y[t, c] = act(Σ_{j<K} w[c, j] · xin[c, t − (K−1) + j] + bias[c])`, where
 /// inputs at positions `< 0` come from `state` (position `−(K−1) + i` is
 /// `state[c, i]`). With a zero state this is PyTorch
-/// `Conv1d(C, C, K, groups=C, padding=K−1)(x)[..., :T]` followed by SiLU;
+/// `Conv1d(C, C, K, groups=C, padding=K−1)(x)[..., :T]` followed by
+/// `ACT2FN[act]` (transformers' `causal_conv1d_fn(..., activation)`);
 /// `w[:, K−1]` multiplies the current token. Accumulation is in `f32`.
 ///
 /// Afterwards `state` holds the last `K − 1` inputs of the whole sequence so
@@ -155,6 +158,7 @@ pub fn causal_conv1d_prefill(
     t: usize,
     c: usize,
     k: usize,
+    act: Act,
 ) -> Result<(), GdnError> {
     if c == 0 || k == 0 {
         return Err(GdnError::Dims("conv channels and kernel size must be > 0"));
@@ -201,18 +205,12 @@ pub fn causal_conv1d_prefill(
                 *o += wv * xv;
             }
         }
-        match bias {
-            Some(b) => {
-                for (o, &bv) in orow.iter_mut().zip(b) {
-                    *o = silu(*o + bv);
-                }
-            }
-            None => {
-                for o in orow.iter_mut() {
-                    *o = silu(*o);
-                }
+        if let Some(b) = bias {
+            for (o, &bv) in orow.iter_mut().zip(b) {
+                *o += bv;
             }
         }
+        act.apply_slice(orow);
     });
 
     // New state: the last K-1 rows of [hist; x].
@@ -225,11 +223,11 @@ pub fn causal_conv1d_prefill(
     Ok(())
 }
 
-/// One decode step of the causal depthwise conv1d + SiLU (the `T = 1` case of
-/// [`causal_conv1d_prefill`], with the same arithmetic order, so both give
-/// bit-identical results).
+/// One decode step of the causal depthwise conv1d + activation `act` (the
+/// `T = 1` case of [`causal_conv1d_prefill`], with the same arithmetic order,
+/// so both give bit-identical results; transformers' `causal_conv1d_update`).
 ///
-/// `y[c] = silu(Σ_{i<K−1} w[c, i] · state[c, i] + w[c, K−1] · x[c] + bias[c])`,
+/// `y[c] = act(Σ_{i<K−1} w[c, i] · state[c, i] + w[c, K−1] · x[c] + bias[c])`,
 /// then `state[c, :]` is shifted left by one and `x[c]` appended.
 ///
 /// # Shapes
@@ -241,6 +239,7 @@ pub fn causal_conv1d_prefill(
 ///
 /// # Errors
 /// [`GdnError`] if `c == 0`, `k == 0`, or a slice length does not match.
+#[allow(clippy::too_many_arguments)]
 pub fn causal_conv1d_update(
     x: &[f32],
     w: &[f32],
@@ -249,6 +248,7 @@ pub fn causal_conv1d_update(
     out: &mut [f32],
     c: usize,
     k: usize,
+    act: Act,
 ) -> Result<(), GdnError> {
     if c == 0 || k == 0 {
         return Err(GdnError::Dims("conv channels and kernel size must be > 0"));
@@ -273,7 +273,7 @@ pub fn causal_conv1d_update(
         if let Some(b) = bias {
             acc += b[ch];
         }
-        out[ch] = silu(acc);
+        out[ch] = act.apply(acc);
         if km1 > 0 {
             st.copy_within(1.., 0);
             st[km1 - 1] = x[ch];
@@ -447,14 +447,15 @@ mod tests {
         assert!(r.is_err());
         let mut st = vec![0.0; 3];
         let mut out = vec![0.0; 2];
-        let r = causal_conv1d_update(&[0.0; 2], &[0.0; 8], None, &mut st, &mut out, 2, 4);
+        let r = causal_conv1d_update(&[0.0; 2], &[0.0; 8], None, &mut st, &mut out, 2, 4, Act::Silu);
         assert!(matches!(r, Err(GdnError::Len { what: "state", .. })));
         assert!(!format!("{}", r.unwrap_err()).is_empty());
     }
 
-    /// PyTorch `Conv1d(groups=C, padding=K-1)(x)[..., :T]` + SiLU on a whole
-    /// sequence `x` `[N, C]` starting from zeros.
-    fn conv_ref(x: &[f32], w: &[f32], b: Option<&[f32]>, n: usize, c: usize, k: usize) -> Vec<f32> {
+    /// PyTorch `Conv1d(groups=C, padding=K-1)(x)[..., :T]` + `act` on a whole
+    /// sequence `x` `[N, C]` starting from zeros (SiLU written out, the others by
+    /// `Act::eval_f64`).
+    fn conv_ref(x: &[f32], w: &[f32], b: Option<&[f32]>, n: usize, c: usize, k: usize, act: Act) -> Vec<f32> {
         let mut y = vec![0.0f32; n * c];
         for ch in 0..c {
             // Zero-padded input of length N + 2(K-1), as PyTorch pads both sides.
@@ -470,8 +471,13 @@ mod tests {
                 if let Some(b) = b {
                     acc += b[ch] as f64;
                 }
-                let a = acc as f32;
-                y[tt * c + ch] = a / (1.0 + (-a).exp());
+                y[tt * c + ch] = match act {
+                    Act::Silu => {
+                        let a = acc as f32;
+                        a / (1.0 + (-a).exp())
+                    }
+                    _ => act.eval_f64(acc) as f32,
+                };
             }
         }
         y
@@ -480,14 +486,17 @@ mod tests {
     #[test]
     fn conv_prefill_update_reference() {
         let (n, c) = (20, 10);
-        for k in [1, 2, 4] {
+        for (k, act) in [1, 2, 4]
+            .into_iter()
+            .flat_map(|k| [Act::Silu, Act::Gelu, Act::Relu2, Act::GeluPytorchTanh, Act::Linear].map(move |a| (k, a)))
+        {
             for with_bias in [false, true] {
                 let mut r = Rng::new(5 + k as u64);
                 let x = r.vec(n * c, 2.0);
                 let w = r.vec(c * k, 1.0);
                 let bias_v = r.vec(c, 0.5);
                 let bias = with_bias.then_some(&bias_v[..]);
-                let y_ref = conv_ref(&x, &w, bias, n, c, k);
+                let y_ref = conv_ref(&x, &w, bias, n, c, k, act);
                 let scale = max_abs(&y_ref);
                 // Expected final state: last K-1 inputs (zero-padded).
                 let state_after = |m: usize| -> Vec<f32> {
@@ -506,9 +515,9 @@ mod tests {
                 // One prefill of everything.
                 let mut st = vec![0.0; c * (k - 1)];
                 let mut y = vec![0.0; n * c];
-                causal_conv1d_prefill(&x, &w, bias, &mut st, &mut y, n, c, k).unwrap();
+                causal_conv1d_prefill(&x, &w, bias, &mut st, &mut y, n, c, k, act).unwrap();
                 let d_pre = max_diff(&y, &y_ref) / scale;
-                assert!(d_pre <= 1e-6, "prefill k={k}: {d_pre:e}");
+                assert!(d_pre <= 1e-6, "prefill k={k} {act}: {d_pre:e}");
                 assert_eq!(st, state_after(n));
 
                 // Token-by-token updates: bit-identical to the prefill.
@@ -523,10 +532,11 @@ mod tests {
                         &mut y2[tt * c..(tt + 1) * c],
                         c,
                         k,
+                        act,
                     )
                     .unwrap();
                 }
-                assert_eq!(y2, y, "update vs prefill k={k}");
+                assert_eq!(y2, y, "update vs prefill k={k} {act}");
                 assert_eq!(st2, st);
 
                 // Prefill continued in pieces (some shorter than K-1), state carried.
@@ -535,14 +545,14 @@ mod tests {
                 let mut pos = 0;
                 for len in [2, 1, 0, 7, 3, 1, 6] {
                     let (a, b) = (pos, pos + len);
-                    causal_conv1d_prefill(&x[a * c..b * c], &w, bias, &mut st3, &mut y3[a * c..b * c], len, c, k)
+                    causal_conv1d_prefill(&x[a * c..b * c], &w, bias, &mut st3, &mut y3[a * c..b * c], len, c, k, act)
                         .unwrap();
                     assert_eq!(st3, state_after(b), "state after {b} k={k}");
                     pos = b;
                 }
                 assert_eq!(pos, n);
                 assert_eq!(y3, y, "pieces vs one prefill k={k}");
-                println!("conv k={k} bias={with_bias}: prefill vs PyTorch ref rel diff {d_pre:.2e}; updates and pieces bit-identical");
+                println!("conv k={k} {act} bias={with_bias}: prefill vs PyTorch ref rel diff {d_pre:.2e}; updates and pieces bit-identical");
             }
         }
     }
