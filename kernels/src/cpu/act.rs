@@ -6,7 +6,7 @@
 //! round after every torch op as those ops do, and the fused aten kernels (`gelu`,
 //! `gelu_pytorch_tanh`, `silu`, `mish`, `hardswish`, …) follow their C++ formula. Where torch
 //! calls a transcendental (`exp`, `tanh`, `log1p`) this uses Rust's `f32` one (libm), and
-//! `erf` is [`erf`](super::erf::erf) in `f64` rounded to `f32`; so results match torch's to
+//! `erf` is [`erf`] (`f64`) rounded to `f32`; so results match torch's to
 //! an ulp of the terms involved (see the tests for the measured differences).
 //! [`Act::eval_f64`] is the same function in `f64` with exact constants (a test reference).
 //!
