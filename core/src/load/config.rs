@@ -723,10 +723,9 @@ mod tests {
         assert!(msg(check_layer_types(&t(&["attention"]), 1, &["full_attention"], false)).contains("found `attention`"));
     }
 
-    #[test]
-    fn decoder_keys_have_bounds_before_allocation() {
-        let base = json!({"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4});
-        let d = DecoderDefaults {
+    /// Qwen3Config's defaults of the shared keys.
+    fn qwen3_defaults() -> DecoderDefaults {
+        DecoderDefaults {
             max_position_embeddings: 32768,
             reads_attention_bias: true,
             intermediate_size: 22016,
@@ -734,7 +733,13 @@ mod tests {
             hidden_size: 4096,
             num_hidden_layers: 32,
             num_attention_heads: 32,
-        };
+        }
+    }
+
+    #[test]
+    fn decoder_keys_have_bounds_before_allocation() {
+        let base = json!({"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4});
+        let d = qwen3_defaults();
         let c = DecoderConfig::read(&Keys::new(&base).unwrap(), &d).unwrap();
         assert_eq!((c.max_position_embeddings, c.rms_norm_eps, c.hidden_act), (Some(32768), 1e-6, Act::Silu));
         for (key, v, needle) in [
@@ -771,15 +776,7 @@ mod tests {
     #[test]
     fn hidden_act_names_and_devices() {
         let base = json!({"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4});
-        let d = DecoderDefaults {
-            max_position_embeddings: 32768,
-            reads_attention_bias: true,
-            intermediate_size: 22016,
-            vocab_size: 151936,
-            hidden_size: 4096,
-            num_hidden_layers: 32,
-            num_attention_heads: 32,
-        };
+        let d = qwen3_defaults();
         for (name, act) in Act::NAMES.iter().zip(Act::ALL) {
             let mut raw = base.clone();
             raw["hidden_act"] = json!(name);
