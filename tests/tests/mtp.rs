@@ -131,17 +131,7 @@ fn draft_with_wrong_hidden_size_is_rejected() {
 
 /// A copy of draft folder `draft` under the temp dir with `hidden_act` set in its config.
 fn draft_with_act(draft: &str, act: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("porter-draft-act-{draft}-{act}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in ["model.safetensors", "config.json"] {
-        std::fs::copy(fixture(draft).join(f), dir.join(f)).unwrap();
-    }
-    let p = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-    v["hidden_act"] = serde_json::json!(act);
-    std::fs::write(&p, v.to_string()).unwrap();
-    dir
+    tests::variant(draft, &format!("draft-act-{draft}-{act}"), |c| c["hidden_act"] = serde_json::json!(act))
 }
 
 /// The draft heads' FFNs follow the `hidden_act` of the config they are built from: the
