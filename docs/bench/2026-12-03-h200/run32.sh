@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 11, second GPU call: programmatic dependent launch of the decode GEMVs (bf16 and FP8;
+# weights prefetched into L2 while the norm before them runs) A/B against PORTER_PDL=0, with the
+# mma attention now the default; the model suites on this build (gpu.rs: every model's parity,
+# graphs, FP8, MTP; gpu_graphs.rs: graph ≡ eager).
+# Carry .dev/porter, .dev/ptx.tgz, .dev/bin/{gpu,gpu_graphs}.
+set -uo pipefail
+P=.dev/porter/porter
+source <(sed -n '/^# --- NVRTC/,/^say "== gpu-check/p' scripts/gpu-check.sh | grep -v '^say')
+L=$OUT/logs; mkdir -p $L
+S=$L/summary.txt
+{ date -u; echo "PTX cache: ${PORTER_KERNEL_CACHE:-none} $(ls ${PORTER_KERNEL_CACHE:-/x} 2>/dev/null | wc -l) files"; } > $S
+T0=$(date +%s)
+t() { local name=$1; shift; local s=$(date +%s); [ $(( s - T0 + $2 )) -gt 570 ] && { echo "$name skipped (time)" >> $S; return; }; "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? $(( $(date +%s) - s ))s $(grep -E '^test result' "$L/$name.log" | tail -1)" >> $S; }
+T="--nocapture --include-ignored --test-threads=1"
+G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24"
+t bf16_24 timeout 120 $P bench $G --prefill 4096,32768 --batch 1,8,64 --context 128 --steps 32 --json "$L/bf16_24.json"
+t bf16_nopdl timeout 60 env PORTER_PDL=0 $P bench $G --prefill 16 --batch 1,8,64 --context 128 --steps 32
+t bf16_pdl timeout 60 $P bench $G --prefill 16 --batch 1,8,64 --context 128 --steps 32
+t mtp_24 timeout 60 $P bench $G --prefill 16 --batch 1 --context 128 --steps 64 --mtp-step 3
+t gpu_graphs timeout 90 .dev/bin/gpu_graphs $T
+t gpu timeout 240 .dev/bin/gpu $T
+cat $S
+grep -hE "panicked|FAILED|failed:" $L/*.log | head -20
+for f in bf16_24 bf16_nopdl bf16_pdl mtp_24; do echo "== $f"; grep -vE "^  profile" "$L/$f.log" | grep -E "prefill|decode|mtp|roofline|rror" | head -14; done
+grep -E "^test " $L/gpu.log $L/gpu_graphs.log | head -40
+tar czf $OUT/logs.tgz -C $OUT logs
