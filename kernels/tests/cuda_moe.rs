@@ -51,7 +51,8 @@ fn nvrtc_moe_ptxas_info() {
     // The entries of moe_prefill.cu (compiled in moe.cu's module).
     for which in ["gu", "down"] {
         for t in ["bf16", "f16"] {
-            let mut names: Vec<String> = [1, 2, 3, 4, 6, 8].iter().map(|mi| format!("moe_gemm_{which}_mma{mi}_{t}")).collect();
+            let mut names: Vec<String> =
+                [1, 2, 3, 4, 6, 8].iter().map(|mi| format!("moe_gemm_{which}_mma{mi}_{t}")).collect();
             for mi in [4, 8] {
                 for st in [3, 4] {
                     names.push(format!("moe_gemm_{which}_pipe{mi}_s{st}_{t}"));
@@ -105,9 +106,9 @@ fn run_case<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, idx: Vec<u32>
 
 /// The form the prefill path must run for `T` and `d` when asked for `form` (`mma`, `pipe`,
 /// `wmma`): the CUDA-core GEMMs for f32 or rows that are not 16-byte multiples, else the
-/// tensor-core form asked for where the device allows it (every mma.sync tile: 4 stages of 64
-/// + 512 rows of 64 bytes; every streamed tile: 3 stages of 128 + 256 rows of 128 bytes; with
-/// less shared memory, `None`: the mma.sync form or wmma, by tile height).
+/// tensor-core form asked for where the device allows it (every mma.sync tile: 4 stages of
+/// 64 and 512 rows of 64 bytes; every streamed tile: 3 stages of 128 and 256 rows of 128 bytes;
+/// with less shared memory, `None`: the mma.sync form or wmma, by tile height).
 fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, form: &str) -> Option<&'static str> {
     let caps = kern.caps();
     let aligned = (d.hidden * std::mem::size_of::<T>()).is_multiple_of(16)

@@ -366,7 +366,10 @@ impl CudaKernels {
         // their stages fit (sm_80: 3, sm_90: 4 stages), else the mma.sync ones.
         let pipe_mi = if gemm_form == MoeGemm::Pipe { frags.unwrap_or_else(|| pipe::frags(t, k, e)) } else { 0 };
         if gemm_form == MoeGemm::Pipe && !pipe::FRAGS.contains(&pipe_mi) {
-            return Err(CudaError::Invalid(format!("moe prefill pipe: tile fragments {pipe_mi}, not one of {:?}", pipe::FRAGS)));
+            return Err(CudaError::Invalid(format!(
+                "moe prefill pipe: tile fragments {pipe_mi}, not one of {:?}",
+                pipe::FRAGS
+            )));
         }
         let pipe_stages = if tc && !fp8 && gemm_form == MoeGemm::Pipe { pipe::stages(pipe_mi, limit) } else { None };
         let use_pipe = pipe_stages.is_some();
