@@ -345,6 +345,7 @@ fn time_calls_submit(
 #[ignore = "needs a CUDA GPU"]
 fn moe_80b_timing() {
     let kern = gpu("moe_80b_timing");
+    keep_pool_memory(&kern);
     let mut rng = Rng::new(9);
     // t = 1: decode, bandwidth-bound.
     {
@@ -384,15 +385,15 @@ fn moe_80b_timing() {
         // Per launch: synchronise + host clock around every stage (best of 5
         // after a warm-up), each GEMM a third (gate+up two thirds) of the FLOPs.
         // (The process's PORTER_MOE_GEMM / PORTER_MOE_ALIGN choose the form, as in moe_experts.)
-        let gemm_env = std::env::var("PORTER_MOE_GEMM").unwrap_or_default();
-        let mma = !gemm_env.trim().eq_ignore_ascii_case("wmma");
+        let gemm_env = std::env::var("PORTER_MOE_GEMM").unwrap_or_default().trim().to_ascii_lowercase();
+        let form = if gemm_env == "wmma" || gemm_env == "pipe" { gemm_env.as_str() } else { "mma" };
         let one_block = std::env::var("PORTER_MOE_ALIGN").is_ok_and(|v| v.trim().eq_ignore_ascii_case("one"));
         let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
         let mut best = [f64::INFINITY; 4];
         let mut ran = None;
         for _ in 0..6 {
             let r = kern
-                .moe_prefill_stage_times_with::<bf16>(
+                .moe_prefill_stage_times_form::<bf16>(
                     &dev.x,
                     &dev.idx,
                     &dev.w,
@@ -401,7 +402,7 @@ fn moe_80b_timing() {
                     &dev.down,
                     &mut out,
                     [d.t, d.k, d.e, d.hidden, d.inter],
-                    mma,
+                    form,
                     None,
                     one_block,
                 )
@@ -585,6 +586,7 @@ fn moe_prefill_tile_choice() {
 #[ignore = "needs a CUDA GPU"]
 fn moe_80b_paths_timed() {
     let kern = gpu("moe_80b_paths_timed");
+    keep_pool_memory(&kern);
     let mut rng = Rng::new(10);
     for t in [1usize, 2, 8, 64, 4096] {
         let d = dims_80b(t);
