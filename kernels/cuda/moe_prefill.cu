@@ -383,3 +383,229 @@ __device__ __forceinline__ void gemm_mma_impl(const T* __restrict__ a, const T* 
 
 MOE_MMA_ENTRIES(bf16, bf16)
 MOE_MMA_ENTRIES(f16, f16)
+
+// ---------------------------------------------------------------------------
+// 3. Streamed grouped GEMMs (moe_gemm_{gu,down}_pipe{MI}_s{S}_{bf16,f16}; PORTER_MOE_GEMM=pipe)
+// ---------------------------------------------------------------------------
+//
+// The mma.sync GEMMs above at t = 4096 of the 80B shape read the expert weights at 1.7–1.9
+// TB/s. This form is built to stream them at HBM rate:
+// - One M-tile an expert where it fits: tiles of BM = 64 or 128 rows (the host takes the
+//   smallest that holds λ + 3√λ + 1 rows), so every weight tile is read once from HBM (48-row
+//   tiles read ≈ 2.1× the weights through L2 at ≈ 80 rows an expert). Padding m16 fragments
+//   are skipped (no MMA, no ldmatrix, no cp.async: only the rows of the last real fragment
+//   past the real rows are zero-filled), so MMA work stays Σ 16·⌈count / 16⌉.
+// - BK = 64: a staged weight row is 128 bytes, a whole L2 line (the 32-column stages above
+//   read half lines, the other half a k-step later); cp.async with the L2::128B prefetch
+//   and an evict_first policy on weights (streamed once; x / h stay in L2).
+// - S stages (4 on sm_90: 4 × (BM + 256) × 128 B = 192 KiB at BM 128; 3 on sm_80: 144 KiB):
+//   96 KiB of weights in flight an SM, enough for ≈ 4 TB/s at ≈ 3 µs of loaded latency.
+// - A CTA runs CPB consecutive column blocks of its tile in one pipeline (the k-steps of
+//   the next column block are in flight while the last of the current one computes; the
+//   epilogue stores from registers, using no shared memory): no pipeline fill an SM between
+//   column blocks, and a grid of tiles · ⌈nblk / CPB⌉ CTAs (host: ≥ 4 CTAs an SM).
+// - 8 warps, each all BM rows × 32 weight rows (MI × 4 m16n8 accumulators, 128 f32 at MI =
+//   8; the tall shape above, whose balance with skipped fragments is exact); gate+up: warp w
+//   holds gate rows 16w..16w + 15 of the column block and the same up rows (block rows 128 +
+//   16w..), so SiLU·up is applied in registers and a column block is 128 h columns; down:
+//   warp w holds weight rows 32w..32w + 31, a column block 256 o columns.
+// - Swizzled 128-byte rows (chunk c of row r at c ^ (r & 7)): ldmatrix (8 rows, one chunk)
+//   and cp.async (a warp: 4 rows × 8 chunks) conflict-free.
+// Same roundings as gemm_mma_impl (h = round(silu(round(g)) · round(u)), o = round(C)).
+// Needs K % 8 == 0, N % 8 == 0, 16-byte aligned rows (checked by the host).
+
+#define MOE_PIPE_THREADS 256
+#define MOE_PIPE_BK 64
+#define MOE_PIPE_BN 256
+
+// Byte offset of 16-byte chunk c (0..7) of row r of a swizzled [rows][128-byte] tile.
+__device__ __forceinline__ u32 pipe_sw(u32 r, u32 c) { return r * 128u + ((c ^ (r & 7u)) << 4); }
+
+#if defined(PORTER_SM80)
+// cp.async of 16 bytes (src-size 16) with an L2 cache policy and a 128-byte L2 prefetch.
+__device__ __forceinline__ void cp_async16_pol(u32 s, const void* gmem, u64 pol) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, 16, %2;\n" ::"r"(s), "l"(gmem),
+                 "l"(pol));
+}
+// cp.async of 16 bytes, zero-filled (src-size 0) when !valid.
+__device__ __forceinline__ void cp_async16_z(u32 s, const void* gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+#endif
+
+// Block b: tile b / ngrp, column blocks (b % ngrp)·cpb .. min(+cpb, nblk) (each 128 h columns
+// for gate+up, 256 o columns for down). Dynamic shared memory S · (16·MI + 256) · 128 bytes.
+template <typename T, int MODE, int MI, int S>
+__device__ __forceinline__ void gemm_pipe_impl(const T* __restrict__ a, const T* __restrict__ w0,
+                                               const T* __restrict__ w1, const u32* __restrict__ sorted,
+                                               const u32* __restrict__ tile_expert, T* __restrict__ dst, u32 K,
+                                               u32 N, u32 k, u32 ngrp, u32 cpb, u32 nblk) {
+#if defined(PORTER_SM80)
+    constexpr bool GU = MODE == TC_GU;
+    constexpr u32 BM = 16u * MI, BN = MOE_PIPE_BN, NC = GU ? BN / 2 : BN;
+    constexpr u32 A_BYTES = BM * 128u, STAGE = (BM + BN) * 128u;
+    constexpr int AP = (int)(BM / 32u);  // A rows a thread loads per k-step (rows lrow + 32s)
+    extern __shared__ __align__(128) unsigned char moe_pipe_smem[];
+    __shared__ u32 s_pair[BM];
+    const u32 tile = blockIdx.x / ngrp, grp = blockIdx.x % ngrp;
+    const u32 ex = tile_expert[tile];
+    if (ex == MOE_INVALID) return;
+    const u32 cb0 = grp * cpb, cb1 = min(cb0 + cpb, nblk);
+    if (cb0 >= cb1) return;
+    const u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31u;
+    u32 p = MOE_INVALID;
+    if (tid < BM) {
+        p = sorted[tile * BM + tid];
+        s_pair[tid] = p;
+    }
+    // Real rows (a prefix of the tile) and the rows of real m16 fragments.
+    const u32 nv = (u32)__syncthreads_count(p != MOE_INVALID);
+    const u32 nf = (nv + 15u) & ~15u;
+    // Loader: 16-byte chunk ch of rows lrow + 32s.
+    const u32 lrow = tid >> 3, ch = tid & 7u;
+    const T* ap[AP];
+#pragma unroll
+    for (int s = 0; s < AP; ++s) {
+        const u32 r = lrow + 32u * s;
+        ap[s] = r < nv ? (GU ? a + (u64)(s_pair[r] / k) * K : a + (u64)(tile * BM + r) * K) : a;
+    }
+    u64 pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    const u32 sbase = (u32)__cvta_generic_to_shared(moe_pipe_smem);
+    const u32 nk = (K + MOE_PIPE_BK - 1) / MOE_PIPE_BK;
+    const u32 steps = (cb1 - cb0) * nk;
+    // Step q: column block cb0 + q / nk, k-step q % nk.
+    auto load = [&](u32 q) {
+        const u32 cb = cb0 + q / nk, k0 = (q % nk) * MOE_PIPE_BK;
+        const u32 sa = sbase + (q % S) * STAGE, sb = sa + A_BYTES;
+        const u32 kc = k0 + 8u * ch;
+        const bool in = kc < K;
+#pragma unroll
+        for (int s = 0; s < AP; ++s) {
+            const u32 r = lrow + 32u * s;
+            if (r < nf) cp_async16_z(sa + pipe_sw(r, ch), ap[s] + (in ? kc : 0u), in && r < nv);
+        }
+        // W rows: GU: block row r < 128: gate row cb·128 + r, else up row cb·128 + r − 128;
+        // down: row cb·256 + r (of expert ex).
+#pragma unroll
+        for (int s = 0; s < (int)(BN / 32u); ++s) {
+            const u32 r = lrow + 32u * s;
+            const u32 wr = GU ? cb * NC + (r & (NC - 1u)) : cb * NC + r;
+            const T* base = (GU && r >= NC) ? w1 : w0;
+            const u32 d = sb + pipe_sw(r, ch);
+            if (wr < N && in)
+                cp_async16_pol(d, base + ((u64)ex * N + wr) * K + kc, pol);
+            else
+                cp_async16_z(d, w0, false);
+        }
+    };
+    // Warp w's B rows of ldmatrix jp (16 rows: n8 tiles 2jp, 2jp + 1): GU: jp = 0 gate rows 16w..,
+    // jp = 1 the up rows 128 + 16w..; down: 32w + 16jp.
+    auto brow = [&](int jp) -> u32 { return GU ? (u32)jp * NC + 16u * warp : 32u * warp + 16u * (u32)jp; };
+    float acc[MI][4][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+    // Pipeline as gemm_mma_impl, over the flattened (column block, k-step) sequence.
+#pragma unroll
+    for (u32 s = 0; s < S - 1; ++s) {
+        if (s < steps) load(s);
+        cp_async_commit();
+    }
+    const u32 g = lane >> 2, t4 = lane & 3u;
+    for (u32 q = 0; q < steps; ++q) {
+        cp_async_wait<S - 2>();
+        __syncthreads();
+        const u32 qn = q + S - 1;
+        if (qn < steps) load(qn);
+        cp_async_commit();
+        const u32 sa = sbase + (q % S) * STAGE, sb = sa + A_BYTES;
+#pragma unroll
+        for (u32 kk = 0; kk < MOE_PIPE_BK / 16u; ++kk) {
+            u32 b[2][4];
+#pragma unroll
+            for (int jp = 0; jp < 2; ++jp)
+                ldsm_x4(b[jp], sb + pipe_sw(brow(jp) + ((lane >> 4) << 3) + (lane & 7u), 2u * kk + ((lane >> 3) & 1u)));
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+                if (16u * i < nv) {
+                    u32 af[4];
+                    ldsm_x4(af, sa + pipe_sw(16u * i + (lane & 15u), 2u * kk + (lane >> 4)));
+#pragma unroll
+                    for (int jp = 0; jp < 2; ++jp) {
+                        mma16816<T>(acc[i][2 * jp], af, b[jp][0], b[jp][1]);
+                        mma16816<T>(acc[i][2 * jp + 1], af, b[jp][2], b[jp][3]);
+                    }
+                }
+        }
+        if (q % nk == nk - 1u) {
+            // Epilogue of column block cb (from registers; C fragment q = 0, 1: row g, columns
+            // 2t4, 2t4 + 1 of the n8 tile; q = 2, 3: row g + 8), then the accumulators restart.
+            const u32 c0 = (cb0 + q / nk) * NC;
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const u32 r = 16u * i + g + 8u * h;
+                    if (r < nv) {
+                        if (GU) {
+                            T* o = dst + ((u64)tile * BM + r) * N + c0 + 16u * warp + 2u * t4;
+#pragma unroll
+                            for (int j = 0; j < 2; ++j) {
+                                const float* gq = acc[i][j] + 2 * h;
+                                const float* uq = acc[i][j + 2] + 2 * h;
+                                if (c0 + 16u * warp + 8u * j < N)
+                                    *reinterpret_cast<u32*>(o + 8u * j) =
+                                        mma_pack2<T>(silu_f(round_to<T>(gq[0])) * round_to<T>(uq[0]),
+                                                     silu_f(round_to<T>(gq[1])) * round_to<T>(uq[1]));
+                            }
+                        } else {
+                            T* o = dst + (u64)s_pair[r] * N + c0 + 32u * warp + 2u * t4;
+#pragma unroll
+                            for (int j = 0; j < 4; ++j)
+                                if (c0 + 32u * warp + 8u * j < N)
+                                    *reinterpret_cast<u32*>(o + 8u * j) =
+                                        mma_pack2<T>(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+            }
+        }
+    }
+    cp_async_wait<0>();
+#else
+    // Fallback build (below sm_80 or PORTER_FALLBACK): the host never launches this kernel.
+    __trap();
+#endif
+}
+
+// Entries moe_gemm_{gu,down}_pipe{MI}_s{S}_{bf16,f16} (MI = 4, 8; S = 3, 4): the arguments of
+// moe_gemm_{gu,down}_mma* and ngrp, cpb, nblk (grid tiles_cap · ngrp, ngrp = ⌈nblk / cpb⌉).
+#define MOE_PIPE_ENTRY(T, NAME, MI, S)                                                                            \
+    extern "C" __global__ void __launch_bounds__(MOE_PIPE_THREADS, 1)                                             \
+        moe_gemm_gu_pipe##MI##_s##S##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,            \
+                                             const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 ngrp,       \
+                                             u32 cpb, u32 nblk) {                                                 \
+        gemm_pipe_impl<T, TC_GU, MI, S>(a, w0, w1, sorted, tile_expert, dst, K, N, k, ngrp, cpb, nblk);           \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_PIPE_THREADS, 1)                                             \
+        moe_gemm_down_pipe##MI##_s##S##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,          \
+                                               const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 ngrp,     \
+                                               u32 cpb, u32 nblk) {                                               \
+        gemm_pipe_impl<T, TC_DOWN, MI, S>(a, w0, w0, sorted, tile_expert, dst, K, N, k, ngrp, cpb, nblk);         \
+    }
+#define MOE_PIPE_ENTRIES(T, NAME)                                                                                 \
+    MOE_PIPE_ENTRY(T, NAME, 4, 3)                                                                                 \
+    MOE_PIPE_ENTRY(T, NAME, 4, 4)                                                                                 \
+    MOE_PIPE_ENTRY(T, NAME, 8, 3)                                                                                 \
+    MOE_PIPE_ENTRY(T, NAME, 8, 4)
+
+MOE_PIPE_ENTRIES(bf16, bf16)
+MOE_PIPE_ENTRIES(f16, f16)

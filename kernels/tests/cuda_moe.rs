@@ -17,8 +17,28 @@ use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cuda::{CudaFloat, CudaKernels};
 
-/// The prefill GEMM forms of the A/B runs: (name, whether it is the mma.sync one).
-const FORMS: [(&str, bool); 2] = [("wmma", false), ("mma", true)];
+/// The prefill GEMM forms of the A/B runs (`PORTER_MOE_GEMM`'s values).
+const FORMS: [&str; 3] = ["wmma", "mma", "pipe"];
+
+/// Lets the device's default memory pool keep freed memory (as porter-core does for the model
+/// path), so that the per-call scratch allocation of the prefill path is not an unmap / remap
+/// at every synchronisation of the timing loops.
+fn keep_pool_memory(kern: &CudaKernels) {
+    use cudarc::driver::sys;
+    let dev = kern.context().cu_device();
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: plain driver calls on a live context's device; `pool` and `threshold` outlive them.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, dev) == sys::CUresult::CUDA_SUCCESS && !pool.is_null() {
+            let mut threshold: u64 = u64::MAX;
+            let _ = sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold) as *mut u64 as *mut std::ffi::c_void,
+            );
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------
 // NVRTC only: register use / spills of the MoE kernels (ptxas -v, sm_90).
@@ -28,10 +48,17 @@ const FORMS: [(&str, bool); 2] = [("wmma", false), ("mma", true)];
 #[ignore = "needs NVRTC (bash .ci/run installs it)"]
 fn nvrtc_moe_ptxas_info() {
     let lines = ptxas_info("nvrtc_moe_ptxas_info", "moe.cu");
+    // The entries of moe_prefill.cu (compiled in moe.cu's module).
     for which in ["gu", "down"] {
-        for mi in [1, 2, 3, 4, 6, 8] {
-            for t in ["bf16", "f16"] {
-                let name = format!("moe_gemm_{which}_mma{mi}_{t}");
+        for t in ["bf16", "f16"] {
+            let mut names: Vec<String> =
+                [1, 2, 3, 4, 6, 8].iter().map(|mi| format!("moe_gemm_{which}_mma{mi}_{t}")).collect();
+            for mi in [4, 8] {
+                for st in [3, 4] {
+                    names.push(format!("moe_gemm_{which}_pipe{mi}_s{st}_{t}"));
+                }
+            }
+            for name in names {
                 assert!(lines.iter().any(|(f, _)| *f == name), "no ptxas line for {name}");
             }
         }
@@ -47,7 +74,9 @@ fn nvrtc_moe_ptxas_info() {
     // The prefill path's mma.sync GEMMs and parallel alignment (moe_prefill.cu) must not spill.
     let new: Vec<&String> = spills
         .iter()
-        .filter(|f| f.starts_with("moe_palign_") || (f.starts_with("moe_gemm_") && f.contains("_mma")))
+        .filter(|f| {
+            f.starts_with("moe_palign_") || (f.starts_with("moe_gemm_") && (f.contains("_mma") || f.contains("_pipe")))
+        })
         .collect();
     assert!(new.is_empty(), "moe_prefill.cu kernels spill: {new:?}");
 }
@@ -75,18 +104,21 @@ fn run_case<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, idx: Vec<u32>
     }
 }
 
-/// The form the prefill path must run for `T` and `d` when asked for `mma` (or wmma): the
-/// CUDA-core GEMMs for f32 or rows that are not 16-byte multiples, else the tensor-core form
-/// asked for where the device allows it (every mma.sync tile: 4 stages of 64 + 512 rows of 64
-/// bytes; with less shared memory, `None`: the mma.sync form or wmma, by tile height).
-fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, mma: bool) -> Option<&'static str> {
+/// The form the prefill path must run for `T` and `d` when asked for `form` (`mma`, `pipe`,
+/// `wmma`): the CUDA-core GEMMs for f32 or rows that are not 16-byte multiples, else the
+/// tensor-core form asked for where the device allows it (every mma.sync tile: 4 stages of
+/// 64 and 512 rows of 64 bytes; every streamed tile: 3 stages of 128 and 256 rows of 128 bytes;
+/// with less shared memory, `None`: the mma.sync form or wmma, by tile height).
+fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, form: &str) -> Option<&'static str> {
     let caps = kern.caps();
     let aligned = (d.hidden * std::mem::size_of::<T>()).is_multiple_of(16)
         && (d.inter * std::mem::size_of::<T>()).is_multiple_of(16);
     if T::NAME == "f32" || !aligned || !caps.tensor_cores() {
         Some("simt")
-    } else if !mma {
+    } else if form == "wmma" {
         Some("wmma")
+    } else if form == "pipe" && caps.smem_limit() >= 3 * (128 + 256) * 128 {
+        Some("pipe")
     } else if caps.smem_limit() >= 4 * (64 + 512) * 64 {
         Some("mma")
     } else {
@@ -95,24 +127,30 @@ fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, mma: bool) -> Option
 }
 
 /// Asserts that a prefill launch ran the form [`expected_form`] says.
-fn assert_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, mma: bool, ran: &str, what: &str) {
-    match expected_form::<T>(kern, d, mma) {
+fn assert_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, form: &str, ran: &str, what: &str) {
+    match expected_form::<T>(kern, d, form) {
         Some(exp) => assert_eq!(ran, exp, "{what}: form"),
         None => assert!(ran == "mma" || ran == "wmma", "{what}: form {ran}"),
     }
 }
 
-/// A prefill case through both GEMM forms, the mma.sync form at every tile height (16, 32, 48,
-/// 64, 96, 128 rows), the wmma one at 16 and 64 rows, and both at their default one, each
-/// against the CPU reference `want`.
+/// A prefill case through the three GEMM forms, the mma.sync form at every tile height (16, 32,
+/// 48, 64, 96, 128 rows), the wmma one at 16 and 64 rows, the streamed one at 64 and 128, and
+/// each at its default one, each against the CPU reference `want`. The streamed form computes
+/// the mma.sync form's MMAs in the same k order with the same roundings: where both ran, their
+/// outputs must be bit-identical.
 fn prefill_forms<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, dev: &Device<T>, want: &[f32]) {
-    for (name, mma) in FORMS {
-        let sweep: &[Option<usize>] =
-            if mma { &[None, Some(1), Some(2), Some(3), Some(4), Some(6), Some(8)] } else { &[None, Some(1), Some(4)] };
+    let mut mma_out: Option<Vec<f32>> = None;
+    for name in FORMS {
+        let sweep: &[Option<usize>] = match name {
+            "mma" => &[None, Some(1), Some(2), Some(3), Some(4), Some(6), Some(8)],
+            "pipe" => &[None, Some(4), Some(8)],
+            _ => &[None, Some(1), Some(4)],
+        };
         for &frags in sweep {
             let mut out = poisoned::<f32>(kern, d.t * d.hidden);
             let ran = kern
-                .moe_prefill_stage_times_with::<T>(
+                .moe_prefill_stage_times_form::<T>(
                     &dev.x,
                     &dev.idx,
                     &dev.w,
@@ -121,16 +159,23 @@ fn prefill_forms<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, dev: &De
                     &dev.down,
                     &mut out,
                     [d.t, d.k, d.e, d.hidden, d.inter],
-                    mma,
+                    name,
                     frags,
                     false,
                 )
                 .unwrap_or_else(|err| panic!("{what} {} {name} frags {frags:?} {d:?}: {err}", T::NAME));
             let asked = format!("{what} {} asked for {name}, frags {frags:?}, {d:?}", T::NAME);
-            assert_form::<T>(kern, d, mma, ran.form, &asked);
+            assert_form::<T>(kern, d, name, ran.form, &asked);
             let got = down::<f32>(kern, &out);
             let label = format!("{what} {} prefill {} ({} rows) {d:?}", T::NAME, ran.form, ran.tile_rows);
             check(&label, &got, want, tol::<T>());
+            if ran.form == "mma" && mma_out.is_none() {
+                mma_out = Some(got.clone());
+            }
+            if let (Some(m), "pipe") = (&mma_out, ran.form) {
+                let diff = got.iter().zip(m).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(diff, 0, "{label}: {diff} outputs differ from the mma.sync form's bits");
+            }
         }
     }
 }
@@ -300,6 +345,7 @@ fn time_calls_submit(
 #[ignore = "needs a CUDA GPU"]
 fn moe_80b_timing() {
     let kern = gpu("moe_80b_timing");
+    keep_pool_memory(&kern);
     let mut rng = Rng::new(9);
     // t = 1: decode, bandwidth-bound.
     {
@@ -339,15 +385,15 @@ fn moe_80b_timing() {
         // Per launch: synchronise + host clock around every stage (best of 5
         // after a warm-up), each GEMM a third (gate+up two thirds) of the FLOPs.
         // (The process's PORTER_MOE_GEMM / PORTER_MOE_ALIGN choose the form, as in moe_experts.)
-        let gemm_env = std::env::var("PORTER_MOE_GEMM").unwrap_or_default();
-        let mma = !gemm_env.trim().eq_ignore_ascii_case("wmma");
+        let gemm_env = std::env::var("PORTER_MOE_GEMM").unwrap_or_default().trim().to_ascii_lowercase();
+        let form = if gemm_env == "wmma" || gemm_env == "pipe" { gemm_env.as_str() } else { "mma" };
         let one_block = std::env::var("PORTER_MOE_ALIGN").is_ok_and(|v| v.trim().eq_ignore_ascii_case("one"));
         let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
         let mut best = [f64::INFINITY; 4];
         let mut ran = None;
         for _ in 0..6 {
             let r = kern
-                .moe_prefill_stage_times_with::<bf16>(
+                .moe_prefill_stage_times_form::<bf16>(
                     &dev.x,
                     &dev.idx,
                     &dev.w,
@@ -356,7 +402,7 @@ fn moe_80b_timing() {
                     &dev.down,
                     &mut out,
                     [d.t, d.k, d.e, d.hidden, d.inter],
-                    mma,
+                    form,
                     None,
                     one_block,
                 )
@@ -386,16 +432,20 @@ fn moe_80b_timing() {
     }
 }
 
-/// The 80B prefill through both GEMM forms side by side at t = 512, 1024 and 4096 (one set of
-/// weights; the first t rows of 4096-row inputs): for each form, for the mma form at every tile
-/// height too, and for it with the single-block alignment, 96 sampled rows against the CPU
-/// reference, then the per-launch times (synchronise + host clock around every stage, best of 6):
-/// alignment µs and blocks, gate+up and down ms, TFLOP/s (of the real, unpadded FLOPs) and GB/s
-/// of the routed experts' weights (each streamed at least once), combine µs, and their sum.
+/// The 80B prefill through the three GEMM forms side by side at t = 512, 1024 and 4096 (one
+/// set of weights; the first t rows of 4096-row inputs): for each form, for the mma form at
+/// every tile height too, for it with the single-block alignment, and for the streamed form
+/// (`pipe`) at 64 and 128 rows, 96 sampled rows against the CPU reference (the streamed form:
+/// every output bit-identical to the mma.sync form's), then the per-launch times (synchronise +
+/// host clock around every stage, best of 6; the memory pool keeps freed memory, as in
+/// porter-core, and the scratch allocation is timed apart): alignment µs and blocks, gate+up and
+/// down ms, TFLOP/s (of the real, unpadded FLOPs) and GB/s of the routed experts' weights (each
+/// streamed at least once), combine µs, and their sum.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_80b_forms_timed() {
     let kern = gpu("moe_80b_forms_timed");
+    keep_pool_memory(&kern);
     let mut rng = Rng::new(11);
     let full = dims_80b(4096);
     let idx = random_routes(&mut rng, full.t, full.k, full.e);
@@ -430,18 +480,23 @@ fn moe_80b_forms_timed() {
         );
         // (form, tile fragments, single-block alignment): both forms at their default tiles,
         // the mma form at every tile height, and the default once more with the old alignment.
-        let mut configs: Vec<(&str, bool, Option<usize>, bool)> = vec![("wmma", false, None, false)];
+        let mut configs: Vec<(&str, Option<usize>, bool)> = vec![("wmma", None, false)];
         for frags in [None, Some(1), Some(2), Some(3), Some(4), Some(6), Some(8)] {
-            configs.push(("mma", true, frags, false));
+            configs.push(("mma", frags, false));
         }
-        configs.push(("mma", true, None, true));
-        for (name, mma, frags, one_block) in configs {
+        configs.push(("mma", None, true));
+        for frags in [None, Some(4), Some(8)] {
+            configs.push(("pipe", frags, false));
+        }
+        let mut mma_out: Option<Vec<f32>> = None;
+        for (name, frags, one_block) in configs {
             let mut out = poisoned::<f32>(&kern, d.t * d.hidden);
             let mut best = [f64::INFINITY; 4];
+            let mut alloc = f64::INFINITY;
             let mut ran = None;
             for _ in 0..6 {
                 let r = kern
-                    .moe_prefill_stage_times_with::<bf16>(
+                    .moe_prefill_stage_times_form::<bf16>(
                         &x,
                         &ix,
                         &w,
@@ -450,7 +505,7 @@ fn moe_80b_forms_timed() {
                         &dev.down,
                         &mut out,
                         [d.t, d.k, d.e, d.hidden, d.inter],
-                        mma,
+                        name,
                         frags,
                         one_block,
                     )
@@ -458,11 +513,19 @@ fn moe_80b_forms_timed() {
                 for (b, s) in best.iter_mut().zip(r.secs) {
                     *b = b.min(s);
                 }
+                alloc = alloc.min(r.alloc_secs);
                 ran = Some(r);
             }
             let ran = ran.expect("ran");
-            assert_form::<bf16>(&kern, d, mma, ran.form, &format!("t={t}: asked for {name}, frags {frags:?}"));
+            assert_form::<bf16>(&kern, d, name, ran.form, &format!("t={t}: asked for {name}, frags {frags:?}"));
             let got = down::<f32>(&kern, &out);
+            if ran.form == "mma" && mma_out.is_none() {
+                mma_out = Some(got.clone());
+            }
+            if let (Some(m), "pipe") = (&mma_out, ran.form) {
+                let diff = got.iter().zip(m).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(diff, 0, "t={t} pipe {frags:?}: {diff} outputs differ from the mma.sync form's bits");
+            }
             let got: Vec<f32> =
                 rows.iter().flat_map(|&r| got[r * d.hidden..(r + 1) * d.hidden].iter().copied()).collect();
             let label = format!("80b t={t} {} ({} rows, 96 sampled rows)", ran.form, ran.tile_rows);
@@ -470,7 +533,8 @@ fn moe_80b_forms_timed() {
             let per_gemm = flops / 3.0;
             println!(
                 "  {:>4} {:>3}-row tiles{}: align {:.1} us ({} block{}), gate+up {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s \
-                 of weights), down {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s), combine {:.1} us, sum {:.3} ms",
+                 of weights), down {:.3} ms ({:.1} TFLOP/s, {:.0} GB/s), combine {:.1} us, sum {:.3} ms \
+                 (scratch alloc {:.1} us, not in the sum)",
                 ran.form,
                 ran.tile_rows,
                 if frags.is_none() { " (default)" } else { "" },
@@ -484,7 +548,8 @@ fn moe_80b_forms_timed() {
                 per_gemm / best[2] / 1e12,
                 w_bytes / best[2] / 1e9,
                 best[3] * 1e6,
-                best.iter().sum::<f64>() * 1e3
+                best.iter().sum::<f64>() * 1e3,
+                alloc * 1e6
             );
         }
     }
@@ -503,13 +568,14 @@ fn moe_prefill_tile_choice() {
         let mi = CudaKernels::moe_prefill_mma_frags(t, k, e);
         assert!([1, 2, 3, 4, 6, 8].contains(&mi), "mma {t} {k} {e}: {mi}");
     }
-    // The mma.sync GEMMs: the smallest tile that holds an expert's rows (λ + 3√λ + 1).
-    // λ = 80 (t = 4096): 107 rows -> 128; λ = 20: 34 -> 48; λ = 10: 20.5 -> 32; λ = 2.5: 8.2 -> 16.
-    assert_eq!(CudaKernels::moe_prefill_mma_frags(4096, TOP_K, EXPERTS), 8);
+    // The mma.sync GEMMs: the smallest tile that holds an expert's rows (λ + 3√λ + 1), at most
+    // 48 rows (measured on the H200 at λ = 80: 48-row tiles 12 % faster than 128-row ones).
+    // λ = 80 (t = 4096): 107 rows -> 48; λ = 20: 34 -> 48; λ = 10: 20.5 -> 32; λ = 2.5: 8.2 -> 16.
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(4096, TOP_K, EXPERTS), 3);
     assert_eq!(CudaKernels::moe_prefill_mma_frags(1024, TOP_K, EXPERTS), 3);
     assert_eq!(CudaKernels::moe_prefill_mma_frags(512, TOP_K, EXPERTS), 2);
     assert_eq!(CudaKernels::moe_prefill_mma_frags(128, TOP_K, EXPERTS), 1);
-    assert_eq!(CudaKernels::moe_prefill_mma_frags(65536, TOP_K, EXPERTS), 8);
+    assert_eq!(CudaKernels::moe_prefill_mma_frags(65536, TOP_K, EXPERTS), 3);
 }
 
 /// The 80B dims through both paths: decode at t = 1, 2, 8, 64 (every row
@@ -520,6 +586,7 @@ fn moe_prefill_tile_choice() {
 #[ignore = "needs a CUDA GPU"]
 fn moe_80b_paths_timed() {
     let kern = gpu("moe_80b_paths_timed");
+    keep_pool_memory(&kern);
     let mut rng = Rng::new(10);
     for t in [1usize, 2, 8, 64, 4096] {
         let d = dims_80b(t);

@@ -58,11 +58,12 @@ const PALIGN_PAIRS: usize = 4096;
 const PALIGN_MAX_BLOCKS: usize = 256;
 
 mod choice;
+mod pipe;
 use choice::{one_block_align_env, Choice, MoeGemm};
 
 /// What [`CudaKernels::moe_prefill_stage_times_with`] ran: the seconds of the alignment, the
-/// gate+up GEMM, the down GEMM and the combine, the GEMM form (`"mma"`, `"wmma"`, `"simt"`)
-/// and the tile height in rows.
+/// gate+up GEMM, the down GEMM and the combine, the GEMM form (`"mma"`, `"pipe"`, `"wmma"`,
+/// `"simt"`, ...), the tile height in rows, and the seconds of the scratch allocation.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug)]
 pub struct PrefillTimes {
@@ -74,6 +75,10 @@ pub struct PrefillTimes {
     pub tile_rows: usize,
     /// Blocks of the alignment (1: the single-block `moe_align`).
     pub align_blocks: usize,
+    /// Seconds of the scratch allocation before the alignment (stream-ordered; not in
+    /// `secs[0]`). Large when the memory pool gives freed memory back at every
+    /// synchronisation (porter-core keeps it).
+    pub alloc_secs: f64,
 }
 
 /// Dynamic shared memory of an mma.sync GEMM launch for tiles of `16·mi` rows of `esize`-byte
@@ -185,7 +190,35 @@ impl CudaKernels {
         frags: Option<usize>,
         one_block_align: bool,
     ) -> Result<PrefillTimes> {
-        let gemm = if mma { MoeGemm::Mma } else { MoeGemm::Wmma };
+        let form = if mma { "mma" } else { "wmma" };
+        self.moe_prefill_stage_times_form(x, idx, w, gate, up, down, out, dims, form, frags, one_block_align)
+    }
+
+    /// [`CudaKernels::moe_prefill_stage_times_with`] with the GEMM form named as
+    /// `PORTER_MOE_GEMM`'s values: `mma`, `pipe` (tiles of 64 or 128 rows: `frags` 4 or 8)
+    /// or `wmma`. For A/B runs and profiling only.
+    ///
+    /// # Errors
+    /// As [`CudaKernels::moe_prefill_stage_times_with`]; [`CudaError::Invalid`] for another
+    /// form name.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_prefill_stage_times_form<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl DevicePtr<T>,
+        up: &impl DevicePtr<T>,
+        down: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+        form: &str,
+        frags: Option<usize>,
+        one_block_align: bool,
+    ) -> Result<PrefillTimes> {
+        let gemm = MoeGemm::from_value(Some(std::ffi::OsStr::new(form)))
+            .map_err(|bad| CudaError::Invalid(format!("moe prefill: GEMM form {bad:?}, not mma, pipe or wmma")))?;
         let [t, k, e, hidden, inter] = dims;
         if t == 0 || Self::moe_decode_path(t, k, e) || k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
             return Err(CudaError::Invalid("moe_prefill_stage_times: not a prefill shape".into()));
@@ -197,7 +230,8 @@ impl CudaKernels {
         self.check("up", up, prod(&[e, inter, hidden])?)?;
         self.check("down", down, prod(&[e, hidden, inter])?)?;
         self.check("out", out, prod(&[t, hidden])?)?;
-        let mut secs = [0.0f64; 4];
+        // Stages 0..4 (alignment, gate+up, down, combine), 4: the scratch allocation.
+        let mut secs = [0.0f64; 5];
         let s = &self.stream;
         let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
         let weights = ExpertWeights::Dense { gate: pg, up: pu, down: pd };
@@ -212,20 +246,25 @@ impl CudaKernels {
                 clock = now;
                 Ok(())
             })?;
-        Ok(PrefillTimes { secs, form, tile_rows, align_blocks })
+        let [a, g, d, c, alloc_secs] = secs;
+        Ok(PrefillTimes { secs: [a, g, d, c], form, tile_rows, align_blocks, alloc_secs })
     }
 
-    /// Row fragments (`MI`, tiles of 16·MI rows: 1, 2, 3, 4, 6 or 8) of the mma.sync prefill
-    /// GEMMs for `t` rows with `k` experts each out of `e`: the smallest tile that holds an
-    /// expert's rows with high probability (per-expert counts taken as Poisson of mean λ =
-    /// t·k/e: λ + 3√λ + 1 rows), at most 128 rows. Those GEMMs skip the m16 fragments of
-    /// padding rows, so the MMA work is Σ 16·⌈count/16⌉ whatever the tile; the tile height
-    /// sets how often an expert's weights are streamed (once per tile) and, through the wide /
-    /// tall warp shapes, the MMAs per fragment load. Any choice is correct.
+    /// Row fragments (`MI`, tiles of 16·MI rows: 1, 2 or 3 of the built 1, 2, 3, 4, 6, 8) of
+    /// the mma.sync prefill GEMMs for `t` rows with `k` experts each out of `e`: the smallest
+    /// tile that holds an expert's rows with high probability (per-expert counts taken as
+    /// Poisson of mean λ = t·k/e: λ + 3√λ + 1 rows), at most 48 rows. Those GEMMs skip the m16
+    /// fragments of padding rows, so the MMA work is Σ 16·⌈count/16⌉ whatever the tile; the
+    /// tile height sets how often an expert's weights are streamed (once per tile) and,
+    /// through the wide / tall warp shapes, the MMAs per fragment load. Measured on the H200
+    /// at the 80B shapes, t = 4096 (λ = 80, `cuda_moe` `moe_80b_forms_timed`): 48-row tiles
+    /// (wide) 1.124 + 0.569 ms for gate+up + down against 1.255 + 0.641 ms for 128-row ones
+    /// (tall, each expert streamed once): the wide warp tiles beat the saved weight reads, so
+    /// the tall tiles are never the default (64 rows: not measured). Any choice is correct.
     pub fn moe_prefill_mma_frags(t: usize, k: usize, e: usize) -> usize {
         let lambda = t as f64 * k as f64 / e.max(1) as f64;
         let rows = lambda + 3.0 * lambda.sqrt() + 1.0;
-        MMA_FRAGS.into_iter().find(|&mi| (16 * mi) as f64 >= rows).unwrap_or(8)
+        MMA_FRAGS.into_iter().take_while(|&mi| mi <= 3).find(|&mi| (16 * mi) as f64 >= rows).unwrap_or(3)
     }
 
     /// Whether the tensor-core prefill GEMMs take FP8 experts of `hidden` × `inter` for `T`
@@ -242,7 +281,8 @@ impl CudaKernels {
 
     /// Prefill path of [`CudaKernels::moe_experts`] (arguments checked; `dims` = t, k, e,
     /// hidden, inter): alignment, tiled gate+up and down GEMMs, combine. `done(stage)` is
-    /// called after the launch of each stage (0..4). FP8 `weights` need the tensor-core GEMMs
+    /// called after the launch of each stage (0..4), and with 4 after the scratch allocation
+    /// (before stage 0). FP8 `weights` need the tensor-core GEMMs
     /// ([`CudaKernels::moe_prefill_fp8_fits`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_prefill<T: CudaFloat>(
@@ -322,10 +362,24 @@ impl CudaKernels {
             // MMA work, padding fragments being skipped) rather than the wmma form.
             mma_mi = 6;
         }
-        let use_mma = tc && !fp8 && gemm_form == MoeGemm::Mma && mma_smem(mma_mi, esize, mma_bn(mma_mi)) <= limit;
+        // PORTER_MOE_GEMM=pipe: the streamed GEMMs (tiles of 64 / 128 rows, frags 4 / 8) where
+        // their stages fit (sm_80: 3, sm_90: 4 stages), else the mma.sync ones.
+        let pipe_mi = if gemm_form == MoeGemm::Pipe { frags.unwrap_or_else(|| pipe::frags(t, k, e)) } else { 0 };
+        if gemm_form == MoeGemm::Pipe && !pipe::FRAGS.contains(&pipe_mi) {
+            return Err(CudaError::Invalid(format!(
+                "moe prefill pipe: tile fragments {pipe_mi}, not one of {:?}",
+                pipe::FRAGS
+            )));
+        }
+        let pipe_stages = if tc && !fp8 && gemm_form == MoeGemm::Pipe { pipe::stages(pipe_mi, limit) } else { None };
+        let use_pipe = pipe_stages.is_some();
+        let mma_form = gemm_form == MoeGemm::Mma || (gemm_form == MoeGemm::Pipe && !use_pipe);
+        let use_mma = tc && !fp8 && mma_form && mma_smem(mma_mi, esize, mma_bn(mma_mi)) <= limit;
         // The e4m3 MMA GEMMs have tiles of 64 rows (mi = 4).
         let mut mi = if mma8 {
             4
+        } else if use_pipe {
+            pipe_mi
         } else if use_mma {
             mma_mi
         } else if tc {
@@ -336,10 +390,10 @@ impl CudaKernels {
         // wmma: fewer row fragments where the cp.async stages of 16·mi rows need more shared
         // memory than the device allows (mi = 4 needs 100 KiB: an sm_86 / sm_89 allows 99 KiB).
         let stage_smem = |mi: usize| tc_stage_smem(mi, esize, fp8);
-        while !mma8 && !use_mma && mi > 1 && stage_smem(mi) > limit {
+        while !mma8 && !use_mma && !use_pipe && mi > 1 && stage_smem(mi) > limit {
             mi -= 1;
         }
-        let tc = tc && (mma8 || use_mma || stage_smem(mi) <= limit);
+        let tc = tc && (mma8 || use_mma || use_pipe || stage_smem(mi) <= limit);
         if fp8 && !tc {
             return Err(CudaError::Invalid(format!(
                 "moe prefill with fp8 experts ({} hidden {hidden}, inter {inter}) needs the tensor-core GEMMs \
@@ -388,6 +442,7 @@ impl CudaKernels {
         // index lists in full, the gate+up kernels every h row the down kernels
         // read, the down kernels o for every pair moe_combine reads).
         let mut scratch = unsafe { s.alloc::<u8>(bytes) }?;
+        done(4)?;
         let (pi, _gi) = idx.device_ptr(s);
         let (base, _gs) = scratch.device_ptr_mut(s);
         let p_sorted = base;
@@ -454,10 +509,27 @@ impl CudaKernels {
             unsafe { self.fp8_act_quant_raw::<T>(px, p_xq, p_xs, t, hidden) }?;
         }
 
-        // Kernel, grid (tiles_cap · column blocks), block and dynamic shared memory of a GEMM.
-        let gemm = |gu: bool, n_cols: usize| -> Result<(cudarc::driver::CudaFunction, u32, LaunchConfig)> {
+        // Kernel, column blocks, grid (tiles_cap · column blocks), block and dynamic shared
+        // memory of a GEMM; the streamed GEMMs: grid tiles_cap · groups, and [groups, column
+        // blocks a CTA].
+        type Gemm = (cudarc::driver::CudaFunction, u32, LaunchConfig, [u32; 2]);
+        let gemm = |gu: bool, n_cols: usize| -> Result<Gemm> {
             let which = if gu { "gu" } else { "down" };
-            if let Some(st) = mma8_stages {
+            if let Some(st) = pipe_stages {
+                // gate+up: 128 h columns a column block; down: 256 o columns.
+                let nblk = n_cols.div_ceil(if gu { pipe::BN / 2 } else { pipe::BN });
+                // Tiles to expect: every active expert has one (64 / 128 rows hold its rows).
+                let cpb = pipe::cols_per_cta(nblk, slots, self.caps().sms);
+                let ngrp = nblk.div_ceil(cpb);
+                let smem = pipe::smem(mi, st);
+                let f = self.function_smem(&MOE, &format!("moe_gemm_{which}_pipe{mi}_s{st}_{}", T::NAME), smem)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, ngrp])?)?, 1, 1),
+                    block_dim: (pipe::THREADS, 1, 1),
+                    shared_mem_bytes: u32_of("shared memory", smem)?,
+                };
+                Ok((f, u32_of("column blocks", nblk)?, cfg, [u32_of("groups", ngrp)?, u32_of("column blocks", cpb)?]))
+            } else if let Some(st) = mma8_stages {
                 // gate+up: 128 h columns per block; down: 256 o columns.
                 let nblk = n_cols.div_ceil(if gu { MMA8_BN / 2 } else { MMA8_BN });
                 let smem = st * MMA8_STAGE;
@@ -467,7 +539,7 @@ impl CudaKernels {
                     block_dim: (MMA8_THREADS, 1, 1),
                     shared_mem_bytes: u32_of("shared memory", smem)?,
                 };
-                Ok((f, u32_of("column blocks", nblk)?, cfg))
+                Ok((f, u32_of("column blocks", nblk)?, cfg, [0, 0]))
             } else if use_mma {
                 // gate+up: half the block's weight rows in h columns; down: all in o columns.
                 let nc = if gu { mma_bn(mi) / 2 } else { mma_bn(mi) };
@@ -479,7 +551,7 @@ impl CudaKernels {
                     block_dim: (MMA_THREADS, 1, 1),
                     shared_mem_bytes: u32_of("shared memory", smem)?,
                 };
-                Ok((f, u32_of("column blocks", nblk)?, cfg))
+                Ok((f, u32_of("column blocks", nblk)?, cfg, [0, 0]))
             } else if tc {
                 // gate+up: 128 h columns per block; down: 256 o columns.
                 let nc = if gu { TC_BN / 2 } else { TC_BN };
@@ -495,7 +567,7 @@ impl CudaKernels {
                     block_dim: (TC_THREADS, 1, 1),
                     shared_mem_bytes: u32_of("shared memory", smem)?,
                 };
-                Ok((f, u32_of("column blocks", nblk)?, cfg))
+                Ok((f, u32_of("column blocks", nblk)?, cfg, [0, 0]))
             } else {
                 let nblk = n_cols.div_ceil(if gu { BN / 2 } else { BN });
                 let f = self.function(&MOE, &format!("moe_gemm_{which}_simt_{}", T::NAME))?;
@@ -504,11 +576,11 @@ impl CudaKernels {
                     block_dim: (GEMM_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                Ok((f, u32_of("column blocks", nblk)?, cfg))
+                Ok((f, u32_of("column blocks", nblk)?, cfg, [0, 0]))
             }
         };
         // 2b. gate+up GEMM (+ activation).
-        let (f, nblk32, cfg) = gemm(true, inter)?;
+        let (f, nblk32, cfg, [ngrp32, cpb32]) = gemm(true, inter)?;
         // SAFETY: arguments match `moe_gemm_gu_<kind>_<T>`; the sorted list
         // was padded to tiles of this kernel's height (pad); tiles past the
         // real count exit (tile_expert invalid); A rows gathered through the
@@ -522,6 +594,11 @@ impl CudaKernels {
         // T* dst, u32 K, u32 N, u32 k, u32 nblk)` (the scale rows named by the maps exist:
         // Fp8Dev's contract).
         match weights {
+            // Streamed: `moe_gemm_gu_pipe<MI>_s<S>_<T>(..., u32 k, u32 ngrp, u32 cpb, u32 nblk)`
+            // (grid tiles_cap · ngrp, ngrp = ⌈nblk / cpb⌉).
+            ExpertWeights::Dense { gate: pg, up: pu, .. } if use_pipe => unsafe {
+                launch_fn!(self, f, cfg, [px, pg, pu, p_sorted, p_tile, p_h, h32, i32_, k32, ngrp32, cpb32, nblk32])
+            },
             ExpertWeights::Dense { gate: pg, up: pu, .. } => unsafe {
                 launch_fn!(self, f, cfg, [px, pg, pu, p_sorted, p_tile, p_h, h32, i32_, k32, nblk32])
             },
@@ -584,7 +661,7 @@ impl CudaKernels {
             unsafe { self.fp8_act_quant_raw::<T>(p_h, p_hq, p_hs, cap, inter) }?;
         }
         // 3b. down GEMM.
-        let (f, nblk32, cfg) = gemm(false, hidden)?;
+        let (f, nblk32, cfg, [ngrp32, cpb32]) = gemm(false, hidden)?;
         // SAFETY: arguments match `moe_gemm_down_<kind>_<T>`; h rows of
         // real tiles were all written by the gate+up GEMM; o written for
         // valid pairs only.
@@ -593,6 +670,9 @@ impl CudaKernels {
         // `moe_gemm_down_fp8_tc<MI>_<T>(const T* a, const u8* q, const float* s, const u32* rs,
         // const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`.
         match weights {
+            ExpertWeights::Dense { down: pd, .. } if use_pipe => unsafe {
+                launch_fn!(self, f, cfg, [p_h, pd, pd, p_sorted, p_tile, p_o, i32_, h32, k32, ngrp32, cpb32, nblk32])
+            },
             ExpertWeights::Dense { down: pd, .. } => unsafe {
                 launch_fn!(self, f, cfg, [p_h, pd, pd, p_sorted, p_tile, p_o, i32_, h32, k32, nblk32])
             },
@@ -674,6 +754,8 @@ impl CudaKernels {
             "fp8_mma8"
         } else if fp8 {
             "fp8_tc"
+        } else if use_pipe {
+            "pipe"
         } else if use_mma {
             "mma"
         } else if tc {

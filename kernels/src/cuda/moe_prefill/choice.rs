@@ -1,8 +1,10 @@
-//! The prefill path's A/B knobs: [`MOE_GEMM_ENV`] (mma.sync or wmma GEMMs) and
+//! The prefill path's A/B knobs: [`MOE_GEMM_ENV`] (mma.sync, streamed or wmma GEMMs) and
 //! [`MOE_ALIGN_ENV`] (parallel or single-block alignment), and the per-call [`Choice`].
 
 /// Environment variable choosing the dense bf16 / f16 prefill GEMMs: `mma` (the default: the
-/// mma.sync GEMMs of moe_prefill.cu) or `wmma` (moe.cu's wmma GEMMs, the A/B baseline). Read
+/// mma.sync GEMMs of moe_prefill.cu), `pipe` (moe_prefill.cu's streamed mma.sync GEMMs: one
+/// tile an expert, 128-byte k-steps, column blocks chained in one pipeline; where their stages
+/// do not fit, `mma`) or `wmma` (moe.cu's wmma GEMMs, the A/B baseline). Read
 /// on every call; another value warns once on stderr and means `mma`. Where the mma.sync
 /// GEMMs do not fit (below sm_80, forced fallback, less shared memory than their stages need,
 /// f32, unaligned rows) the wmma or CUDA-core GEMMs run whatever it says; FP8 experts always
@@ -54,6 +56,9 @@ pub(super) enum MoeGemm {
     Mma,
     /// moe.cu's wmma GEMMs (4 warps, 16·MI × 256 block tiles).
     Wmma,
+    /// moe_prefill.cu's streamed mma.sync GEMMs (one tile an expert, 64 or 128 rows), where
+    /// they fit; else as [`MoeGemm::Mma`].
+    Pipe,
 }
 
 impl MoeGemm {
@@ -62,17 +67,18 @@ impl MoeGemm {
         let v = std::env::var_os(MOE_GEMM_ENV);
         Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
             static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of mma, wmma; using mma"));
+            WARNED.call_once(|| eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of mma, pipe, wmma; using mma"));
             MoeGemm::Mma
         })
     }
 
     /// [`MoeGemm::from_env`] for a given value of the variable (`Err`: the value, unknown).
-    fn from_value(v: Option<&std::ffi::OsStr>) -> std::result::Result<Self, String> {
+    pub(super) fn from_value(v: Option<&std::ffi::OsStr>) -> std::result::Result<Self, String> {
         let Some(v) = v else { return Ok(MoeGemm::Mma) };
         match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
             "" | "mma" => Ok(MoeGemm::Mma),
             "wmma" => Ok(MoeGemm::Wmma),
+            "pipe" => Ok(MoeGemm::Pipe),
             _ => Err(v.to_string_lossy().into_owned()),
         }
     }
@@ -89,6 +95,7 @@ mod tests {
         assert_eq!(MoeGemm::from_value(Some(OsStr::new(""))), Ok(MoeGemm::Mma));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new(" MMA "))), Ok(MoeGemm::Mma));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("wmma"))), Ok(MoeGemm::Wmma));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new("Pipe"))), Ok(MoeGemm::Pipe));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("tc"))), Err("tc".to_string()));
     }
 
