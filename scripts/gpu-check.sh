@@ -51,7 +51,13 @@ for line in sys.stdin:
     # GPU machine skips NVRTC (about 80 s at 630 % CPU there, session 9). The cache key holds
     # the NVRTC version: with another version there, the cache misses and NVRTC runs as before.
     nv=target/nvrtc/nvidia/cu13
-    rm -rf .dev/ptx-cache .dev/ptx.tgz
+    # The last staging's PTX seeds the cache (GPU_PTX_KEEP=0: start empty), so only modules whose
+    # text changed compile again; entries of older texts stay in it (a few MB packed).
+    rm -rf .dev/ptx-cache
+    if [ -f .dev/ptx.tgz ] && [ "${GPU_PTX_KEEP:-1}" != 0 ]; then
+        tar xzf .dev/ptx.tgz -C .dev
+    fi
+    rm -f .dev/ptx.tgz
     if [ -f "$nv/lib/libnvrtc.so.13" ] && [ -f "$nv/include/cuda_bf16.h" ]; then
         LD_LIBRARY_PATH="$PWD/$nv/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PORTER_CUDA_INCLUDE="$PWD/$nv/include" \
             .dev/porter/porter kernels --arch "${GPU_ARCH:-sm_90}" ${GPU_PTX_FALLBACK:+--with-fallback} \

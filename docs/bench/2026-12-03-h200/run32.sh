@@ -2,8 +2,9 @@
 # Session 11, second GPU call: programmatic dependent launch of the decode GEMVs (bf16 and FP8;
 # weights prefetched into L2 while the norm before them runs) A/B against PORTER_PDL=0, with the
 # mma attention now the default; the model suites on this build (gpu.rs: every model's parity,
-# graphs, FP8, MTP; gpu_graphs.rs: graph ≡ eager).
-# Carry .dev/porter, .dev/ptx.tgz, .dev/bin/{gpu,gpu_graphs}.
+# graphs, FP8, MTP; gpu_graphs.rs: graph ≡ eager); the moegemm helper's streamed MoE prefill GEMM
+# (PORTER_MOE_GEMM=pipe) and the 48-row tile cap.
+# Carry .dev/porter, .dev/ptx.tgz, .dev/bin/{gpu,gpu_graphs,cuda_moe}.
 set -uo pipefail
 P=.dev/porter/porter
 source <(sed -n '/^# --- NVRTC/,/^say "== gpu-check/p' scripts/gpu-check.sh | grep -v '^say')
@@ -17,11 +18,14 @@ G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24"
 t bf16_24 timeout 120 $P bench $G --prefill 4096,32768 --batch 1,8,64 --context 128 --steps 32 --json "$L/bf16_24.json"
 t bf16_nopdl timeout 60 env PORTER_PDL=0 $P bench $G --prefill 16 --batch 1,8,64 --context 128 --steps 32
 t bf16_pdl timeout 60 $P bench $G --prefill 16 --batch 1,8,64 --context 128 --steps 32
+t pf_pipe timeout 60 env PORTER_MOE_GEMM=pipe $P bench $G --prefill 4096,32768 --batch 1 --context 128 --steps 4
+t k_moe timeout 90 .dev/bin/cuda_moe $T moe_small moe_uneven moe_80b_bf16 moe_80b_forms_timed
 t mtp_24 timeout 60 $P bench $G --prefill 16 --batch 1 --context 128 --steps 64 --mtp-step 3
 t gpu_graphs timeout 90 .dev/bin/gpu_graphs $T
 t gpu timeout 240 .dev/bin/gpu $T
 cat $S
 grep -hE "panicked|FAILED|failed:" $L/*.log | head -20
-for f in bf16_24 bf16_nopdl bf16_pdl mtp_24; do echo "== $f"; grep -vE "^  profile" "$L/$f.log" | grep -E "prefill|decode|mtp|roofline|rror" | head -14; done
+for f in bf16_24 bf16_nopdl bf16_pdl pf_pipe mtp_24; do echo "== $f"; grep -vE "^  profile" "$L/$f.log" | grep -E "prefill|decode|mtp|roofline|rror" | head -14; done
+grep -E "forms|tiles|pipe" $L/k_moe.log | grep -v "max abs" | head -30
 grep -E "^test " $L/gpu.log $L/gpu_graphs.log | head -40
 tar czf $OUT/logs.tgz -C $OUT logs
