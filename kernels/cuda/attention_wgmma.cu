@@ -11,8 +11,9 @@
 // BM = 128 items (query row, query head of the group; row-major, so the heads of a GQA group
 // share the K/V tiles) of one sequence and one KV head, in two warpgroups of 64 items (warp q
 // of a warpgroup owns its items 16q..16q+15); 64-key K/V tiles are staged with cp.async by all
-// 256 threads into two buffers (the next tile loads while this one is used). What differs is
-// the MMA: `wgmma.mma_async.m64nNk16`, one instruction a warpgroup for 64 rows:
+// 256 threads into two buffers (the next tile loads while this one is used; one barrier a
+// tile). What differs is the MMA: `wgmma.mma_async.m64nNk16`, one instruction a warpgroup for
+// 64 rows:
 // - S = Q·Kᵀ (64 × 64 f32, 32 registers a thread): A = the warpgroup's Q rows and B = the K
 //   tile, both read by the tensor cores straight from shared memory (descriptors), DP / 16
 //   instructions. Each K element is read once for 64 rows (mma.sync: once per 16-row warp,
@@ -269,14 +270,18 @@ __device__ __forceinline__ void attention_wgmma_impl(const T* __restrict__ q, co
     // Descriptor bases: the warpgroup's Q rows (slab stride BM·128), K / V buffer 0.
     const u32 q_desc0 = sbase + q_at + wg * 64u * 128u;
 
+    // One barrier a tile: past it, tile jt is in buffer `buf` for every thread (and fenced to
+    // the async proxy), and every warpgroup is done with tile jt - 1, whose buffer the load
+    // of tile jt + 1 then overwrites (while tile jt is computed).
     for (u32 jt = jt0; jt <= jt1; ++jt) {
         const u32 buf = (jt - jt0) & 1u;
-        if (jt < jt1) load_kv(jt + 1, buf ^ 1u);
-        cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<0>();
         awg_fence_proxy();
         __syncthreads();
-        // Slot table `buf` was last read by load_kv(jt), issued before this barrier.
+        if (jt < jt1) load_kv(jt + 1, buf ^ 1u);
+        cp_async_commit();
+        // Slot table `buf` was last read by load_kv(jt), issued before this barrier; table
+        // buf ^ 1, which load_kv(jt + 1) reads, was filled before it.
         if (jt + 2 <= jt1 && tid < BN)
             Sl[buf * BN + tid] = key_slot(bt, (jt + 2) * BN + tid, kv.max_blocks, kv.bs_log2, kv.n_slots);
         const u32 kbase = jt * BN;
@@ -361,9 +366,9 @@ __device__ __forceinline__ void attention_wgmma_impl(const T* __restrict__ q, co
             awg_wait<0>();
             awg_hold(o);
         }
-        __syncthreads();
     }
     cp_async_wait<0>();
+    __syncthreads();
     if (!wg_any) return;
 
     // O / l, rounded to T into the warp's own rows of the Q tile (only its warpgroup's wgmma

@@ -399,7 +399,9 @@ fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, PtxSlot>> {
 pub fn precompile_in_background(arch: &'static str, fallback: bool) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
-        for src in sources().into_iter().filter(|s| !std::ptr::eq(*s, &ATTENTION_MMA) && !std::ptr::eq(*s, &ATTENTION_WGMMA)) {
+        for src in
+            sources().into_iter().filter(|s| !std::ptr::eq(*s, &ATTENTION_MMA) && !std::ptr::eq(*s, &ATTENTION_WGMMA))
+        {
             let _ = std::thread::Builder::new()
                 .name(format!("nvrtc {}", src.name))
                 .spawn(move || drop(compile_with(src, arch, fallback)));
