@@ -350,6 +350,8 @@ pub fn precompile(
                 while let Some(&(arch, fallback, src)) =
                     jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
                 {
+                    // The build a device of `arch` loads (sm_90a for the wgmma module on sm_90).
+                    let arch = module_arch(src, arch, fallback);
                     let t0 = std::time::Instant::now();
                     let cached = disk_cache_path(src.name, &src.full_text(), arch, fallback)
                         .is_some_and(|(path, header)| read_cached(&path, &header).is_some());
