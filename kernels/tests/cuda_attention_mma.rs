@@ -1,9 +1,11 @@
-//! GPU tests of the raw mma.sync prefill attention (kernels/cuda/attention_mma.cu) against
-//! the CPU reference: every tensor-core shape of `tc_prefill_cases` on each form (8 warps ×
-//! 64 keys; 4 warps × 32 keys and the warp pairs splitting head_dim, at head_dim 256), the
-//! 80B layout (16 query heads, 2 KV heads, head_dim 256, causal) timed side by side with the
-//! wmma kernel (attention_tc.cu) at 4k and 16k tokens, and the error the P_hi + P_lo split
-//! saves. `#[ignore = "needs a CUDA GPU"]`; `PORTER_CUDA_SEED` replays a seed.
+//! GPU tests of the raw mma.sync prefill attention (kernels/cuda/attention_mma.cu) and the
+//! Hopper wgmma one (kernels/cuda/attention_wgmma.cu) against the CPU reference: every
+//! tensor-core shape of `tc_prefill_cases` on each form (8 warps × 64 keys; 4 warps × 32 keys
+//! and the warp pairs splitting head_dim, at head_dim 256; wgmma at padded head_dim 128 /
+//! 256), the 80B layout (16 query heads, 2 KV heads, head_dim 256, causal) timed side by side
+//! with the wmma kernel (attention_tc.cu) at 4k and 16k tokens, and the error the P_hi + P_lo
+//! split saves. `#[ignore = "needs a CUDA GPU"]`; `PORTER_CUDA_SEED` replays a seed. The
+//! `nvrtc_*` test needs NVRTC only.
 
 mod common;
 
@@ -31,6 +33,44 @@ fn attention_mma_prefill() {
             println!("{tc:?} head_dim {hd}: {:?}", k.attention_tc_kernel::<bf16>(hd, 100, mode));
         }
         tc_prefill_cases(&k, &mut rng, mode, keep);
+    }
+}
+
+/// Parity of the wgmma kernel (sm_90; elsewhere the plan falls back to the mma kernel, which
+/// this then tests again) on every tensor-core shape at padded head_dim 128 and 256: block
+/// sizes 1..128, GQA, windows, prefixes, unaligned buffers, bf16 and f16, the tolerance of the
+/// other tensor-core kernels.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_wgmma_prefill() {
+    let k = gpu("attention_wgmma_prefill");
+    let mut rng = Rng::new(34);
+    let mode = AttnMode::Tc(AttnTc::Wgmma);
+    for hd in [64, 128, 256] {
+        println!("Wgmma head_dim {hd}: {:?}", k.attention_tc_kernel::<bf16>(hd, 100, mode));
+    }
+    tc_prefill_cases(&k, &mut rng, mode, &|hd| hd > 64);
+}
+
+/// `ptxas -v` of the wgmma module for sm_90a (NVRTC only): every entry point compiled to
+/// wgmma instructions (not the trap of the non-sm_90a build), no spills, and no wgmma
+/// serialization (ptxas warns when it has to wait for each wgmma, e.g. when the accumulator
+/// registers are touched while one is in flight).
+#[test]
+#[ignore = "needs NVRTC (bash .ci/run installs it)"]
+fn nvrtc_attention_wgmma_ptxas_info() {
+    let (log, ptx) = ptxas_log_arch("nvrtc_attention_wgmma_ptxas_info", "attention_wgmma.cu", "sm_90a");
+    for line in log.lines().filter(|l| l.contains("entry function") || l.contains("registers") || l.contains("spill")) {
+        println!("{}", line.trim());
+    }
+    let entries = ptx.matches(".entry attention_wgmma_").count();
+    assert_eq!(entries, 4, "entry points");
+    // Per kernel: DP / 16 S steps and 4 P·V steps (64 keys), at DP = 256 and 128, bf16 and f16.
+    assert_eq!(ptx.matches("wgmma.mma_async").count(), 2 * (20 + 12), "wgmma instructions in the PTX");
+    assert!(!ptx.contains("trap;"), "the sm_90a build must not trap");
+    for line in log.lines() {
+        assert!(!line.contains("spill") || line.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{line}");
+        assert!(!line.to_ascii_lowercase().contains("serializ"), "{line}");
     }
 }
 
@@ -63,7 +103,7 @@ fn prefill_side_by_side(k: &CudaKernels, rng: &mut Rng, q_len: usize, pos0: usiz
     let keys: f64 = (0..q_len).map(|i| (pos0 + i + 1) as f64).sum();
     let flops = 4.0 * keys * (h * hd) as f64;
     let mut base: Option<(Vec<f32>, f64)> = None;
-    for tc in [AttnTc::Wmma, AttnTc::MmaW8, AttnTc::MmaW4, AttnTc::MmaP1, AttnTc::MmaX2] {
+    for tc in [AttnTc::Wmma, AttnTc::MmaW8, AttnTc::MmaW4, AttnTc::MmaP1, AttnTc::MmaX2, AttnTc::Wgmma] {
         let mode = AttnMode::Tc(tc);
         let name = k.attention_tc_kernel::<bf16>(hd, q_len, mode).unwrap_or_else(|| "CUDA cores".into());
         let mut out = poisoned::<bf16>(k, q_len * row);
@@ -98,8 +138,8 @@ fn prefill_side_by_side(k: &CudaKernels, rng: &mut Rng, q_len: usize, pos0: usiz
 }
 
 /// The 80B layout at 4k and 16k tokens from position 0 and a 2k chunk after a 2k prefix:
-/// µs and TFLOP/s of the wmma kernel, both mma tile shapes, the single-MMA P form (`MmaP1`)
-/// and the warp-pair form (`MmaX2`), side by side.
+/// µs and TFLOP/s of the wmma kernel, both mma tile shapes, the single-MMA P form (`MmaP1`),
+/// the warp-pair form (`MmaX2`) and the wgmma kernel (`Wgmma`, sm_90), side by side.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_mma_vs_wmma_timing() {
@@ -111,7 +151,7 @@ fn attention_mma_vs_wmma_timing() {
 }
 
 /// What the P_hi + P_lo split buys: the 8-warp mma kernel with and without it
-/// (`AttnTc::MmaP1`) on the same inputs, errors against the unrounded f32 reference (max,
+/// (`AttnTc::MmaP1`) and the wgmma kernel (P rounded once, `AttnTc::Wgmma`) on the same inputs, errors against the unrounded f32 reference (max,
 /// RMS and mean signed error, relative to max |ref|, and the fraction of elements that are
 /// not the correctly rounded bf16 / f16 value). Both must be within the 16-bit tolerance; the
 /// printed numbers (and the model parity tests with `PORTER_ATTN_TC=mma1`) decide whether
@@ -148,7 +188,7 @@ fn p_split_case<T: CudaFloat>(
     let spans = up_u32(k, &[0, q_len as u32, pos0 as u32]);
     let qd = up::<T>(k, &q);
     let amax = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
-    for tc in [AttnTc::MmaW8, AttnTc::MmaP1] {
+    for tc in [AttnTc::MmaW8, AttnTc::MmaP1, AttnTc::Wgmma] {
         let mode = AttnMode::Tc(tc);
         let mut out = poisoned::<T>(k, q_len * h * hd);
         k.attention::<T>(

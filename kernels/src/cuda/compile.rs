@@ -149,6 +149,23 @@ pub(crate) static ATTENTION_MMA: KernelSource = KernelSource {
         include_str!("../../cuda/attention_mma.cu")
     ),
 };
+/// The wgmma (Hopper warpgroup MMA) prefill attention (attention_wgmma.cu, on the same helpers
+/// as [`ATTENTION_MMA`]): a module of its own, compiled only when a launch asks for one of its
+/// kernels, for `sm_90a` on an sm_90 device ([`module_arch`]); elsewhere its kernels trap and
+/// are never chosen.
+pub(crate) static ATTENTION_WGMMA: KernelSource = KernelSource {
+    name: "attention_wgmma.cu",
+    code: concat!(
+        "#define PORTER_ATTN_HELPERS_ONLY 1\n#line 1 \"kv_quant.cu\"\n",
+        include_str!("../../cuda/kv_quant.cu"),
+        "\n#line 1 \"attention.cu\"\n",
+        include_str!("../../cuda/attention.cu"),
+        "\n#line 1 \"attention_tc.cu\"\n",
+        include_str!("../../cuda/attention_tc.cu"),
+        "\n#line 1 \"attention_wgmma.cu\"\n",
+        include_str!("../../cuda/attention_wgmma.cu")
+    ),
+};
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
 /// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine), the direct decode form's
 /// entry points with the shared expert fused in (moe_shared.cu, dense weights) and the prefill
@@ -217,8 +234,32 @@ pub(crate) static FP8: KernelSource = KernelSource {
 };
 
 /// Every CUDA source of the crate.
-pub fn sources() -> [&'static KernelSource; 11] {
-    [&ELEMENTWISE, &NORM, &ROUTER, &GDN, &ATTENTION, &ATTENTION_MMA, &MOE, &GDN_SEQ, &GDN_CHUNK, &MISC, &FP8]
+pub fn sources() -> [&'static KernelSource; 12] {
+    [
+        &ELEMENTWISE,
+        &NORM,
+        &ROUTER,
+        &GDN,
+        &ATTENTION,
+        &ATTENTION_MMA,
+        &ATTENTION_WGMMA,
+        &MOE,
+        &GDN_SEQ,
+        &GDN_CHUNK,
+        &MISC,
+        &FP8,
+    ]
+}
+
+/// The NVRTC architecture `src` is compiled for on a device of architecture `arch`: `sm_90a`
+/// (the Hopper-only wgmma instructions) for [`ATTENTION_WGMMA`] on sm_90 outside the fallback
+/// build, else `arch`.
+pub fn module_arch(src: &KernelSource, arch: &'static str, fallback: bool) -> &'static str {
+    if std::ptr::eq(src, &ATTENTION_WGMMA) && arch == "sm_90" && !fallback {
+        "sm_90a"
+    } else {
+        arch
+    }
 }
 
 impl KernelSource {
@@ -309,6 +350,8 @@ pub fn precompile(
                 while let Some(&(arch, fallback, src)) =
                     jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
                 {
+                    // The build a device of `arch` loads (sm_90a for the wgmma module on sm_90).
+                    let arch = module_arch(src, arch, fallback);
                     let t0 = std::time::Instant::now();
                     let cached = disk_cache_path(src.name, &src.full_text(), arch, fallback)
                         .is_some_and(|(path, header)| read_cached(&path, &header).is_some());
@@ -358,7 +401,9 @@ fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, PtxSlot>> {
 pub fn precompile_in_background(arch: &'static str, fallback: bool) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
-        for src in sources().into_iter().filter(|s| !std::ptr::eq(*s, &ATTENTION_MMA)) {
+        for src in
+            sources().into_iter().filter(|s| !std::ptr::eq(*s, &ATTENTION_MMA) && !std::ptr::eq(*s, &ATTENTION_WGMMA))
+        {
             let _ = std::thread::Builder::new()
                 .name(format!("nvrtc {}", src.name))
                 .spawn(move || drop(compile_with(src, arch, fallback)));

@@ -404,7 +404,8 @@ impl CudaKernels {
         if let Some(m) = self.modules.lock().unwrap_or_else(|e| e.into_inner()).get(src.name) {
             return Ok(m.clone());
         }
-        let ptx = compile_with(src, self.arch, self.caps.fallback_build())?;
+        let fallback = self.caps.fallback_build();
+        let ptx = compile_with(src, module_arch(src, self.arch, fallback), fallback)?;
         let m = self.ctx.load_module(ptx)?;
         self.modules.lock().unwrap_or_else(|e| e.into_inner()).insert(src.name, m.clone());
         Ok(m)

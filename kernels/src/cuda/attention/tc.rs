@@ -5,7 +5,7 @@
 //! [`AttnMode::Tc`], and the shared-memory plans that decide whether a kernel fits the device.
 
 use super::{window_arg, Args, AttnMode, Paged, Pools};
-use crate::cuda::{u32_of, CudaFloat, CudaKernels, Result, ATTENTION, ATTENTION_MMA};
+use crate::cuda::{u32_of, CudaFloat, CudaKernels, Result, ATTENTION, ATTENTION_MMA, ATTENTION_WGMMA};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Environment variable choosing the tensor-core prefill kernel of [`AttnMode::Fast`]: `mma`
@@ -13,7 +13,8 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 /// `mma8` / `mma4` (its 8-warp, 64-key or 4-warp, 32-key tiles first), `mma1` (8-warp tiles
 /// with P rounded to one `T` term, one P·V MMA instead of two: A/B and parity runs only),
 /// `mma2` (head_dim 256: 8 warps in pairs that share 32 rows and split head_dim, 32-key tiles),
-/// `wmma` (the wmma kernel, attention_tc.cu). Unset: [`ATTN_TC_DEFAULT`]; another value warns once on stderr
+/// `wgmma` (Hopper warpgroup MMAs, attention_wgmma.cu: sm_90, padded head_dim 128 / 256, pools
+/// of the model dtype; elsewhere `mma`), `wmma` (the wmma kernel, attention_tc.cu). Unset: [`ATTN_TC_DEFAULT`]; another value warns once on stderr
 /// and means the default. Read on every call. Where the chosen kernel does not fit the
 /// device's shared memory the other tensor-core kernels are tried, then the CUDA cores.
 pub const ATTN_TC_ENV: &str = "PORTER_ATTN_TC";
@@ -39,6 +40,11 @@ pub enum AttnTc {
     /// serves 32 rows (less shared-memory traffic per MMA); 8 warps, 32-key tiles. Pools of
     /// the model dtype only; elsewhere [`AttnTc::Mma`].
     MmaX2,
+    /// Hopper (sm_90, compiled for `sm_90a`): `wgmma.mma_async` in two warpgroups of 64 rows
+    /// (`attention_wgmma_*`), S = Q·Kᵀ and P·V with K, V (and Q) read by the tensor cores from
+    /// shared memory, P rounded to `T` once. Padded head_dim 128 / 256 and pools of the model
+    /// dtype only; elsewhere [`AttnTc::Mma`].
+    Wgmma,
 }
 
 /// The kernel of [`AttnMode::Fast`] when [`ATTN_TC_ENV`] is unset: the 8-warp mma.sync
@@ -80,6 +86,7 @@ fn tc_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<AttnTc, String> {
         "mma4" => Ok(AttnTc::MmaW4),
         "mma1" => Ok(AttnTc::MmaP1),
         "mma2" => Ok(AttnTc::MmaX2),
+        "wgmma" => Ok(AttnTc::Wgmma),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -90,7 +97,7 @@ fn tc_env() -> AttnTc {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
             eprintln!(
-                "warning: {ATTN_TC_ENV}={bad:?} is not one of wmma, mma, mma8, mma4, mma1, mma2; using {ATTN_TC_DEFAULT:?}"
+                "warning: {ATTN_TC_ENV}={bad:?} is not one of wmma, mma, mma8, mma4, mma1, mma2, wgmma; using {ATTN_TC_DEFAULT:?}"
             )
         });
         ATTN_TC_DEFAULT
@@ -99,11 +106,12 @@ fn tc_env() -> AttnTc {
 
 /// A tensor-core kernel's shape: the wmma kernel, or the mma kernel with `warps` warps
 /// and `bn`-key tiles, P split in two terms (`p1`: one), one warp a 16-row group (`x2`: two
-/// warps a 32-row group, head_dim split between them).
+/// warps a 32-row group, head_dim split between them), or the wgmma kernel (sm_90a).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Shape {
     Wmma,
     Mma { warps: usize, bn: usize, p1: bool, x2: bool },
+    Wgmma,
 }
 
 /// The mma kernels' 4-warp, 32-key shape (P split).
@@ -114,6 +122,12 @@ const MMA_W8: Shape = Shape::Mma { warps: 8, bn: 64, p1: false, x2: false };
 const MMA_P1: Shape = Shape::Mma { warps: 8, bn: 64, p1: true, x2: false };
 /// Warp pairs splitting head_dim (8 warps, 32 keys; padded head_dim 256, pools of T).
 const MMA_X2: Shape = Shape::Mma { warps: 8, bn: 32, p1: false, x2: true };
+/// Items per wgmma block (`BM`: two warpgroups of 64 rows).
+const WG_BM: usize = 128;
+/// Keys per wgmma K/V tile (`BN`).
+const WG_BN: usize = 64;
+/// Padded head dims with wgmma kernels (`attention_wgmma_<T>_d<DP>`).
+const WG_DIMS: [usize; 2] = [128, 256];
 
 impl Shape {
     /// Items (query row, head) per block.
@@ -122,6 +136,7 @@ impl Shape {
             Shape::Wmma => ATC_BM,
             // x2: 32-row groups of two warps, the same 16 rows a warp.
             Shape::Mma { warps, .. } => 16 * warps,
+            Shape::Wgmma => WG_BM,
         }
     }
 
@@ -130,6 +145,7 @@ impl Shape {
         match self {
             Shape::Wmma => ATC_THREADS,
             Shape::Mma { warps, .. } => 32 * warps,
+            Shape::Wgmma => 256,
         }
     }
 
@@ -137,7 +153,8 @@ impl Shape {
     /// wmma: Q tile, two K and two V tiles of `dp + 8` elements a row, per warp the f32 S
     /// tile, the two P tiles (P = P_hi + P_lo) and 16 row factors, two key-slot tables.
     /// mma: Q tile, two K and two V tiles of `dp` elements a row (swizzled, no padding),
-    /// two key-slot tables; `x2`: each warp's partial S (32 rows × `bn` f32).
+    /// two key-slot tables; `x2`: each warp's partial S (32 rows × `bn` f32). wgmma: as mma
+    /// (128 rows, 64-key tiles) and 1024 bytes of slack to align the tiles to 1024 bytes.
     fn smem(self, esz: usize, dp: usize) -> usize {
         match self {
             Shape::Wmma => {
@@ -148,6 +165,7 @@ impl Shape {
             Shape::Mma { warps, bn, x2, .. } => {
                 (16 * warps + 4 * bn) * dp * esz + 2 * bn * 4 + if x2 { warps * 32 * bn * 4 } else { 0 }
             }
+            Shape::Wgmma => (WG_BM + 4 * WG_BN) * dp * esz + 2 * WG_BN * 4 + 1024,
         }
     }
 
@@ -165,6 +183,7 @@ impl Shape {
                 };
                 format!("attention_mma_{name}{tag}_d{dp}_w{warps}n{bn}{form}")
             }
+            Shape::Wgmma => format!("attention_wgmma_{name}{tag}_d{dp}"),
         }
     }
 }
@@ -179,6 +198,7 @@ fn shapes(kernel: AttnTc) -> Vec<Shape> {
         AttnTc::MmaW4 => vec![MMA_W4, MMA_W8, Shape::Wmma],
         AttnTc::MmaP1 => vec![MMA_P1, a, b, Shape::Wmma],
         AttnTc::MmaX2 => vec![MMA_X2, a, b, Shape::Wmma],
+        AttnTc::Wgmma => vec![Shape::Wgmma, a, b, Shape::Wmma],
     }
 }
 
@@ -186,12 +206,15 @@ fn shapes(kernel: AttnTc) -> Vec<Shape> {
 /// `None` for the CUDA-core kernels. Needs a 16-bit type (`esz == 2`), `head_dim % 16 ==
 /// 0`, `max_q_len >= ATC_MIN_Q`, tensor cores (`tc`: sm_80+, not forced to the fallback)
 /// and a shape within `limit` bytes of shared memory that exists for the padded head dim
-/// and the pools (`quant`: quantized pools, which have no `_p1` / `_x2` kernels).
+/// and the pools (`quant`: quantized pools, which have no `_p1` / `_x2` / wgmma kernels);
+/// the wgmma kernels also need `hopper` (an sm_90 device, not forced to the fallback).
+#[allow(clippy::too_many_arguments)]
 fn plan(
     esz: usize,
     head_dim: usize,
     max_q_len: usize,
     tc: bool,
+    hopper: bool,
     limit: usize,
     kernel: AttnTc,
     quant: bool,
@@ -204,6 +227,7 @@ fn plan(
         .into_iter()
         .filter(|&s| (s != MMA_W4 && s != MMA_X2) || dp == MMA_W4_DP)
         .filter(|&s| !quant || (s != MMA_P1 && s != MMA_X2))
+        .filter(|&s| s != Shape::Wgmma || (hopper && !quant && WG_DIMS.contains(&dp)))
         .map(|s| (s, dp, s.smem(esz, dp)))
         .find(|&(_, _, smem)| smem <= limit)
 }
@@ -234,7 +258,8 @@ impl CudaKernels {
         };
         let caps = self.caps();
         let (esz, tc, limit) = (std::mem::size_of::<T>(), caps.tensor_cores(), caps.smem_limit());
-        let (shape, dp, smem) = plan(esz, head_dim, max_q_len, tc, limit, kernel, !tag.is_empty())?;
+        let hopper = tc && caps.major == 9 && caps.minor == 0;
+        let (shape, dp, smem) = plan(esz, head_dim, max_q_len, tc, hopper, limit, kernel, !tag.is_empty())?;
         Some(TcPlan { name: shape.kernel(T::NAME, tag, dp), threads: shape.threads(), bm: shape.bm(), smem })
     }
 
@@ -267,8 +292,14 @@ impl CudaKernels {
         let group = a.heads / a.kv_heads;
         let tiles_m = crate::cuda::prod(&[a.max_q_len, group])?.div_ceil(p.bm);
         let seq_heads = crate::cuda::prod(&[a.n_seqs, a.kv_heads])?;
-        // The mma.sync kernels live in a module of their own (compiled on first use).
-        let module = if p.name.starts_with("attention_mma") { &ATTENTION_MMA } else { &ATTENTION };
+        // The mma.sync and wgmma kernels live in modules of their own (compiled on first use).
+        let module = if p.name.starts_with("attention_mma") {
+            &ATTENTION_MMA
+        } else if p.name.starts_with("attention_wgmma") {
+            &ATTENTION_WGMMA
+        } else {
+            &ATTENTION
+        };
         let f = self.function_smem(module, &p.name, p.smem)?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("item tiles", tiles_m)?, seq_heads as u32, 1),
@@ -283,10 +314,11 @@ impl CudaKernels {
         );
         let win32 = window_arg(a.window);
         let Paged { max_blocks, bs_log2, n_slots } = a.pg;
-        // SAFETY: arguments match `attention_tc_<T><Q>_d<DP>` (attention_tc.cu) and
-        // `attention_mma_<T><Q>_d<DP>_w<NW>n<BN>` (attention_mma.cu), which share the
-        // signature (head_dim % 16 == 0, head_dim <= DP, the block size the kernel's
-        // 32 · NW / ATC_THREADS); `q`, `out`, `spans`, `block_tables` have the lengths checked
+        // SAFETY: arguments match `attention_tc_<T><Q>_d<DP>` (attention_tc.cu),
+        // `attention_mma_<T><Q>_d<DP>_w<NW>n<BN>` (attention_mma.cu) and
+        // `attention_wgmma_<T>_d<DP>` (attention_wgmma.cu, planned on sm_90 only, where its
+        // module is compiled for sm_90a), which share the signature (head_dim % 16 == 0,
+        // head_dim <= DP, the block size the kernel's 32 · NW / ATC_THREADS / 256); `q`, `out`, `spans`, `block_tables` have the lengths checked
         // by `attention` and the pools `n_slots` rows (no slot >= n_slots, table entry beyond
         // `max_blocks` or row >= t is touched); the dynamic shared memory is the size the
         // kernel carves (attribute raised above 48 KiB, within the device's opt-in limit).
@@ -330,26 +362,36 @@ mod tests {
     const H200: usize = 232_448;
     const A100: usize = 166_912;
     const SM86: usize = 101_376;
-    const KERNELS: [AttnTc; 6] =
-        [AttnTc::Wmma, AttnTc::Mma, AttnTc::MmaW8, AttnTc::MmaW4, AttnTc::MmaP1, AttnTc::MmaX2];
+    const KERNELS: [AttnTc; 7] =
+        [AttnTc::Wmma, AttnTc::Mma, AttnTc::MmaW8, AttnTc::MmaW4, AttnTc::MmaP1, AttnTc::MmaX2, AttnTc::Wgmma];
 
     #[test]
     fn tensor_core_plans_fit_the_devices() {
-        // H200: every kernel at every head dim (the 4-warp tiles exist at 256 only).
+        // H200: every kernel at every head dim (the 4-warp tiles exist at 256 only, the wgmma
+        // ones at 128 and 256).
         for k in KERNELS {
             for hd in (16..=256).step_by(16) {
-                let (s, dp, smem) = plan(2, hd, 64, true, H200, k, false).expect("a tensor-core plan");
+                let (s, dp, smem) = plan(2, hd, 64, true, true, H200, k, false).expect("a tensor-core plan");
                 assert!(dp >= hd && smem <= H200);
                 let first = match shapes(k)[0] {
                     MMA_W4 | MMA_X2 if dp != MMA_W4_DP => shapes(k)[1],
+                    Shape::Wgmma if !WG_DIMS.contains(&dp) => shapes(k)[1],
                     s => s,
                 };
                 assert_eq!(s, first, "{k:?} head_dim {hd}");
-                // Quantized pools: no single-MMA P or warp-pair kernels.
-                let (sq, _, _) = plan(2, hd, 64, true, H200, k, true).expect("a tensor-core plan");
-                assert!(sq != MMA_P1 && sq != MMA_X2, "{k:?} head_dim {hd}: {sq:?}");
+                // Quantized pools: no single-MMA P, warp-pair or wgmma kernels.
+                let (sq, _, _) = plan(2, hd, 64, true, true, H200, k, true).expect("a tensor-core plan");
+                assert!(sq != MMA_P1 && sq != MMA_X2 && sq != Shape::Wgmma, "{k:?} head_dim {hd}: {sq:?}");
+                // Not an sm_90 (an sm_100 with as much shared memory): no wgmma kernel.
+                let (sn, _, _) = plan(2, hd, 64, true, false, H200, k, false).expect("a tensor-core plan");
+                assert!(sn != Shape::Wgmma, "{k:?} head_dim {hd}: {sn:?}");
             }
         }
+        assert_eq!(Shape::Wgmma.smem(2, 256), 198_144);
+        assert_eq!(Shape::Wgmma.smem(2, 128), 99_840);
+        assert_eq!(Shape::Wgmma.kernel("bf16", "", 256), "attention_wgmma_bf16_d256");
+        assert_eq!(plan(2, 256, 64, true, true, H200, AttnTc::Wgmma, false).map(|p| p.0), Some(Shape::Wgmma));
+        assert_eq!(plan(2, 64, 64, true, true, H200, AttnTc::Wgmma, false).map(|p| p.0), Some(MMA_W8));
         assert_eq!(MMA_W8.smem(2, 256), 197_120);
         assert_eq!(MMA_W4.smem(2, 256), 98_560);
         assert_eq!(MMA_X2.smem(2, 256), 164_096);
@@ -357,17 +399,17 @@ mod tests {
         // the warp-pair form fits an A100.
         for limit in [A100, SM86] {
             for k in KERNELS {
-                let (s, _, smem) = plan(2, 256, 64, true, limit, k, false).expect("a plan");
+                let (s, _, smem) = plan(2, 256, 64, true, false, limit, k, false).expect("a plan");
                 let want = if k == AttnTc::MmaX2 && limit == A100 { MMA_X2 } else { MMA_W4 };
                 assert_eq!(s, want, "{k:?} limit {limit}");
                 assert!(smem <= limit);
             }
         }
         // Not 16-bit, not a multiple of 16, too few rows, no tensor cores: CUDA cores.
-        assert!(plan(4, 128, 64, true, H200, AttnTc::Mma, false).is_none());
-        assert!(plan(2, 120, 64, true, H200, AttnTc::Mma, false).is_none());
-        assert!(plan(2, 128, 15, true, H200, AttnTc::Mma, false).is_none());
-        assert!(plan(2, 128, 64, false, H200, AttnTc::Mma, false).is_none());
+        assert!(plan(4, 128, 64, true, true, H200, AttnTc::Mma, false).is_none());
+        assert!(plan(2, 120, 64, true, true, H200, AttnTc::Mma, false).is_none());
+        assert!(plan(2, 128, 15, true, true, H200, AttnTc::Mma, false).is_none());
+        assert!(plan(2, 128, 64, false, true, H200, AttnTc::Mma, false).is_none());
         assert_eq!(MMA_W8.kernel("bf16", "_fp8", 256), "attention_mma_bf16_fp8_d256_w8n64");
         assert_eq!(MMA_P1.kernel("f16", "", 128), "attention_mma_f16_d128_w8n64_p1");
         assert_eq!(MMA_X2.kernel("bf16", "", 256), "attention_mma_bf16_d256_w8n32_x2");
@@ -384,6 +426,7 @@ mod tests {
         assert_eq!(tc_from(Some("mma4".as_ref())), Ok(AttnTc::MmaW4));
         assert_eq!(tc_from(Some("mma1".as_ref())), Ok(AttnTc::MmaP1));
         assert_eq!(tc_from(Some("mma2".as_ref())), Ok(AttnTc::MmaX2));
+        assert_eq!(tc_from(Some("wgmma".as_ref())), Ok(AttnTc::Wgmma));
         assert_eq!(tc_from(Some("fast".as_ref())), Err("fast".into()));
         assert_eq!(shapes(AttnTc::MmaW4)[0], MMA_W4);
         assert_eq!(shapes(AttnTc::MmaW8)[0], MMA_W8);
