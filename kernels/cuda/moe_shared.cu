@@ -114,10 +114,32 @@ template <typename R> struct SmemRow {
     __device__ __forceinline__ float at(u32 i) const { return r.at(i); }
 };
 
+// cp.async of 16 bytes global -> shared (L2 only), its group commit and wait, with "memory"
+// clobbers (moe.cu's cp_async16 has none: here nothing but these orders the shared memory
+// reads of the gate+up ring against its copies). Below sm_80 / fallback: a plain copy.
+__device__ __forceinline__ void cpa16(void* smem, const void* gmem) {
+#if defined(PORTER_SM80)
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void cpa_commit() {
+#if defined(PORTER_SM80)
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void cpa_wait() {
+#if defined(PORTER_SM80)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // The 16-byte chunks lane, lane + 32, ... < nc of the row at src into dst (same index).
 __device__ __forceinline__ void cp_row_lane(uint4* dst, const void* src, u32 nc, u32 lane) {
     const uint4* s = static_cast<const uint4*>(src);
-    for (u32 q = lane; q < nc; q += 32u) cp_async16(dst + q, s + q, true);
+    for (u32 q = lane; q < nc; q += 32u) cpa16(dst + q, s + q);
 }
 
 template <typename T, typename M, int U>
@@ -132,22 +154,25 @@ __device__ __forceinline__ void dir_downa_impl(const T* __restrict__ h, const M 
     const u32 ncr = I * M::BYTES / 16u, ncs = sh.mode ? sh.Is * M::BYTES / 16u : 0u;
     const u32 n16h = k * I * (u32)sizeof(T) / 16u, n16s = sh.mode ? sh.Is * (u32)sizeof(T) / 16u : 0u;
     uint4* sw = dsm_a + n16h + n16s + warp * (k * ncr + ncs);  // this warp's rows
-    // Pair `lane`'s expert (k <= 32), read back by shuffle: in flight during the copies below.
+    // Pair `lane`'s expert and weight (k <= 32), read back by shuffle, and the shared gate
+    // logit: in flight during the copies below, none of them read from L2 after the wait.
     const u32 myex = lane < k ? __ldg(idx + (u64)r * k + lane) : e;
+    const float mywt = lane < k ? __ldg(wt + (u64)r * k + lane) : 0.0f;
+    const float glog = sh.mode ? sh.glog[(u64)r * sh.g_stride + sh.g_col] : 0.0f;
     if (col && sh.mode) cp_row_lane(sw + k * ncr, sh.down.row(c, sh.Is).base(), ncs, lane);
     {
         const uint4* hsrc = reinterpret_cast<const uint4*>(h + (u64)r * k * I);
         const uint4* ssrc = reinterpret_cast<const uint4*>(sh.hs + (u64)r * sh.Is);
         for (u32 i = threadIdx.x; i < n16h + n16s; i += blockDim.x)
-            cp_async16(dsm_a + i, i < n16h ? hsrc + i : ssrc + (i - n16h), true);
+            cpa16(dsm_a + i, i < n16h ? hsrc + i : ssrc + (i - n16h));
     }
     if (col)
         for (u32 j = 0; j < k; ++j) {
             const u32 ex = __shfl_sync(0xffffffffu, myex, j);
             if (ex < e) cp_row_lane(sw + j * ncr, down.row((u64)ex * H + c, I).base(), ncr, lane);
         }
-    cp_async_commit();
-    cp_async_wait<0>();
+    cpa_commit();
+    cpa_wait<0>();
     __syncthreads();
     if (!col) return;
     typedef SmemRow<typename M::Row> SR;
@@ -180,8 +205,10 @@ __device__ __forceinline__ void dir_downa_impl(const T* __restrict__ h, const M 
 #pragma unroll
         for (int g = 0; g < G; ++g) {
             if (sh.mode == 1 && j0 + g == k) sdot = acc[g];
-            else if (live >> g & 1u)
-                total = __fadd_rn(total, __fmul_rn(round_to<T>(acc[g]), __ldg(wt + (u64)r * k + j0 + g)));
+            else if (live >> g & 1u) {
+                const float wj = __shfl_sync(0xffffffffu, mywt, (j0 + g) & 31u);
+                total = __fadd_rn(total, __fmul_rn(round_to<T>(acc[g]), wj));
+            }
         }
     }
     if (sh.mode == 2) {
@@ -191,7 +218,7 @@ __device__ __forceinline__ void dir_downa_impl(const T* __restrict__ h, const M 
         warp_dots_zip<T, SR, 1, U>(ws, as, 1u, sh.Is, 1, lane, acc);
         sdot = acc[0];
     }
-    if (sh.mode) total += sigmoid_f(round_to<T>(sh.glog[(u64)r * sh.g_stride + sh.g_col])) * round_to<T>(sdot);
+    if (sh.mode) total += sigmoid_f(round_to<T>(glog)) * round_to<T>(sdot);
     if (lane == 0) out[(u64)r * H + c] = total;
 }
 
@@ -232,29 +259,29 @@ __device__ __forceinline__ void dir_gua_impl(const T* __restrict__ x, const M ga
     uint4* ring = dsm_g + (u64)warp * 4u * nc;  // [stage][gate, up][nc]
     const u64 items = (u64)n * I, W = (u64)nblk * wpb;
     // Starts item qq's two rows into stage st (nothing past the items or for an invalid id);
-    // returns whether it is a valid item.
-    auto issue = [&](u64 qq, u32 st) -> bool {
-        bool ok = false;
+    // returns its expert (e when there is nothing to compute).
+    auto issue = [&](u64 qq, u32 st) -> u32 {
+        u32 ok = e;
         if (qq < items) {
             const u32 p = (u32)(qq / I), c = (u32)(qq % I);
             const u32 ex = __ldg(idx + p);
             if (ex < e) {
-                ok = true;
+                ok = ex;
                 const u64 r = (u64)ex * I + c;
                 cp_row_lane(ring + (2u * st) * nc, gate.row(r, H).base(), nc, lane);
                 cp_row_lane(ring + (2u * st + 1u) * nc, up.row(r, H).base(), nc, lane);
             }
         }
-        cp_async_commit();
+        cpa_commit();
         return ok;
     };
     u64 q = (u64)blockIdx.x * wpb + warp;
-    bool ok0 = issue(q, 0u), ok1 = issue(q + W, 1u);
+    u32 ex0 = issue(q, 0u), ex1 = issue(q + W, 1u);
     for (u32 st = 0; q < items; q += W, st ^= 1u) {
-        cp_async_wait<1>();  // item q's group (the next one may still be in flight)
-        if (st ? ok1 : ok0) {
+        cpa_wait<1>();  // item q's group (the next one may still be in flight)
+        const u32 ex = st ? ex1 : ex0;
+        if (ex < e) {
             const u32 p = (u32)(q / I), c = (u32)(q % I);
-            const u32 ex = __ldg(idx + p);
             const u64 r = (u64)ex * I + c;
             const SmemRow<typename M::Row> w[2] = {{gate.row(r, H), ring + (2u * st) * nc},
                                                    {up.row(r, H), ring + (2u * st + 1u) * nc}};
@@ -264,11 +291,11 @@ __device__ __forceinline__ void dir_gua_impl(const T* __restrict__ x, const M ga
             if (lane == 0) h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(acc[0][0])) * round_to<T>(acc[0][1]));
         }
         // Stage st is free again (each lane read only its own chunks): item q + 2W into it.
-        const bool nok = issue(q + 2u * W, st);
-        if (st) ok1 = nok;
-        else ok0 = nok;
+        const u32 nex = issue(q + 2u * W, st);
+        if (st) ex1 = nex;
+        else ex0 = nex;
     }
-    cp_async_wait<0>();  // no copy may land after the block has gone
+    cpa_wait<0>();  // no copy may land after the block has gone
 
 }
 
