@@ -747,10 +747,16 @@ mod tests {
         assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((Legacy, true))), MoeGemv::V1Legacy);
         assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((Legacy, false))), MoeGemv::V1);
         assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((Async, false))), MoeGemv::V1);
-        assert_eq!(MoeGemv::V1Legacy.resolve_down(1, Some((Stream, false))), MoeGemv::V1Legacy, "explicit legacy stays");
+        assert_eq!(
+            MoeGemv::V1Legacy.resolve_down(1, Some((Stream, false))),
+            MoeGemv::V1Legacy,
+            "explicit legacy stays"
+        );
         assert_eq!(MoeGemv::DirectAsync.resolve_down(1, Some((Legacy, true))), MoeGemv::DirectAsync, "explicit stays");
         assert_eq!(MoeGemv::V2.resolve_down(100, Some((Legacy, true))), MoeGemv::V2);
-        assert!(MoeGemv::DirectLegacy.is_direct() && MoeGemv::DirectAsync.is_direct() && !MoeGemv::V1Legacy.is_direct());
+        assert!(
+            MoeGemv::DirectLegacy.is_direct() && MoeGemv::DirectAsync.is_direct() && !MoeGemv::V1Legacy.is_direct()
+        );
     }
 
     #[test]
