@@ -431,7 +431,6 @@ __device__ __forceinline__ void gdn_fused_step_impl(
     float* smem = reinterpret_cast<float*>(fs_smem4);
     __shared__ float red[FS_TT * 4];
     __shared__ int last;
-    u32 ticket = 0;  // thread 0: the key head's counter before this block counted in
     const u32 nt = blockDim.x, tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarps = nt >> 5;
     constexpr u32 cpw = 32u / P;
     const u32 cb = nt / P;
@@ -490,10 +489,10 @@ __device__ __forceinline__ void gdn_fused_step_impl(
             bs[tid] = sigmoid_f(b);
         }
         __syncthreads();
-        // Every window read of this block is done: count in (the ticket is read at the end).
+        // Every window read of this block is done: count in (`last` is read at the end).
         if (t0 == 0 && conv_ok && tid == 0) {
             __threadfence();
-            ticket = atomicInc(sync + (u64)slot * hk + kh, rr - 1);
+            last = atomicInc(sync + (u64)slot * hk + kh, rr - 1) == rr - 1;  // read at the end
         }
         // q, k of the tile: one warp per token, normalised, padded per part.
         for (u32 tt = wid; tt < tl; tt += nwarps) {
@@ -599,8 +598,7 @@ __device__ __forceinline__ void gdn_fused_step_impl(
     // The window updates: the head's v channels, and the key head's channels by the last
     // of its value heads' blocks to count in (all the others have read them).
     if (conv_ok) {
-        if (tid == 0) last = ticket == rr - 1;
-        __syncthreads();
+        __syncthreads();  // `last` (set in tile 0) is visible
         const u32 nup = last ? dv + 2 * dk : dv;
         for (u32 i = tid; i < nup; i += nt) {
             const u32 ch = i < dv ? 2 * hk * dk + j * dv + i
