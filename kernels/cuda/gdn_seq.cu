@@ -381,3 +381,245 @@ GDN_DELTA_SEQ_ALL(16)
 GDN_DELTA_SEQ_ALL(32)
 GDN_DELTA_SEQ_ALL(64)
 GDN_DELTA_SEQ_ALL(128)
+
+// ---------------------------------------------------------------------------
+// Fused recurrent Gated DeltaNet step (decode, speculative verify): conv + SiLU
+// with the conv window update, gates, q / k L2 norms, the gated delta rule and
+// the gated RMSNorm with SiLU(z), in one launch. The same arithmetic, in the
+// same order, as gdn_conv_gates_seq → gdn_delta_seq → gated_norm_z (misc.cu),
+// so the output and the states are bit-identical to that chain.
+// x [t, x_stride] (T: conv channels at 0..c, z at zoff..zoff + hv·dv);
+// ba [t, ba_stride] (T; x itself when stacked), [b | a] at ba_col;
+// w [c, k] (f32); window [num_slots, c, win] (f32); cspans [n, 4] = (row0, len,
+// slot, lag); dspans [n, 5] = (row0, len, slot, src_buf, snapshot) (the same
+// spans in the same order); state [num_slots, nbuf, hv, dk, dv] (f32);
+// nw [dv] (T); out [t, hv, dv] (T, the normed output).
+// sync [num_slots, hk] (u32, zeros between launches): the key-channel windows
+// of key head kh are read by the hv / hk blocks of its value heads; each
+// counts itself in with atomicInc after its window reads, and the last one
+// rewrites the window (v channels belong to one block: it rewrites them). The
+// counter wraps back to 0 at every launch, so CUDA graphs may replay it.
+// grid (hv, n_spans), block cb·P (one value head, all dv columns: cb = dv
+// rounded up to 32 / P, P = dk / R lanes per column), R = FS_R.
+// ---------------------------------------------------------------------------
+#define FS_R 16
+#define FS_TT 8
+
+// conv_out with the taps read from memory as they are used (not held in registers, which
+// the state needs): the same products summed in the same order.
+template <typename T>
+__device__ __forceinline__ float fs_conv_out(const T* __restrict__ x, u32 x_stride, const float* __restrict__ wc,
+                                             const float* wnd, u32 row0, int p, int h, u32 k, u32 ch) {
+    float acc = 0.0f;
+    for (u32 i = 0; i < k; ++i) {
+        const int j = p + (int)i - (int)(k - 1);
+        const float v = j >= 0 ? to_f(x[(u64)(row0 + j) * x_stride + ch]) : wnd[h + j];
+        acc += wc[i] * v;
+    }
+    return silu_f(acc);
+}
+
+template <typename T, u32 P>
+__device__ __forceinline__ void gdn_fused_step_impl(
+    const T* __restrict__ x, u32 x_stride, const T* __restrict__ ba, u32 ba_stride, u32 ba_col,
+    const float* __restrict__ w, float* __restrict__ window, u32* __restrict__ sync, const u32* __restrict__ cspans,
+    const u32* __restrict__ dspans, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+    float* __restrict__ state, const T* __restrict__ nw, T* __restrict__ out, u32 t, u32 c, u32 k, u32 win,
+    u32 num_slots, u32 hk, u32 hv, u32 dk, u32 dv, u32 nbuf, float q_scale, float eps, u32 zoff) {
+    constexpr int R = FS_R;
+    extern __shared__ float4 fs_smem4[];
+    float* smem = reinterpret_cast<float*>(fs_smem4);
+    __shared__ float red[FS_TT * 4];
+    __shared__ int last;
+    const u32 nt = blockDim.x, tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nwarps = nt >> 5;
+    constexpr u32 cpw = 32u / P;
+    const u32 cb = nt / P;
+    const u32 part = lane / cpw;
+    const u32 cib = wid * cpw + lane % cpw;  // column (one block holds the whole head)
+    const bool active = cib < dv;
+    const u32 j = blockIdx.x, rr = hv / hk, kh = j / rr;
+    const u32* cs = cspans + 4 * blockIdx.y;
+    const u32* sp = dspans + 5 * blockIdx.y;
+    const u32 row0 = sp[0], len = sp[1], slot = sp[2], src = sp[3], snap = sp[4];
+    const bool conv_ok = conv_span_ok(cs, t, k, win, num_slots);
+    const bool delta_ok = delta_span_ok(sp, t, num_slots, nbuf);
+    // Rows this block writes: the span's, clamped to t when the span is invalid.
+    const u32 nrows = delta_ok ? len : (row0 >= t ? 0 : ((u64)row0 + len < t ? len : t - row0));
+    const u32 lag = cs[3], hist = win - lag;
+
+    constexpr u32 rs = R + DS_PAD, ts = P * rs;
+    const u32 nch = 2 * dk + dv;        // conv channels of this head: q, k (key head kh), v (head j)
+    float* qs = smem;                   // [FS_TT][P][R + PAD]
+    float* ks = qs + FS_TT * ts;        // [FS_TT][P][R + PAD]
+    float* vs = ks + FS_TT * ts;        // [FS_TT][cb]
+    float* os = vs + FS_TT * cb;        // [FS_TT][cb] rounded delta-rule outputs
+    float* raw = os + FS_TT * cb;       // [FS_TT][2·dk] conv outputs q, k
+    float* as = raw + FS_TT * 2 * dk;   // [FS_TT]
+    float* bs = as + FS_TT;             // [FS_TT]
+
+    const u64 hs = (u64)dk * dv, bufs = (u64)hv * hs;
+    float* slot_base = state + ((u64)(delta_ok ? slot : 0) * nbuf) * bufs + (u64)j * hs;
+    float S[R];
+    load_rows<R>(S, slot_base + (u64)(delta_ok ? src : 0) * bufs, active && delta_ok && len > 0, part, dk, dv, cib);
+
+    u32 t0 = 0;
+    do {
+        const u32 tl = nrows > t0 ? (nrows - t0 < FS_TT ? nrows - t0 : FS_TT) : 0;
+        __syncthreads();  // the previous tile is consumed
+        // Conv of the tile's rows (the window is read in tile 0 only: k − 1 < FS_TT).
+        for (u32 ci = tid; ci < nch; ci += nt) {
+            const u32 ch = ci < dk ? kh * dk + ci : ci < 2 * dk ? hk * dk + kh * dk + (ci - dk)
+                                                                : 2 * hk * dk + j * dv + (ci - 2 * dk);
+            const float* wnd = window + ((u64)(conv_ok ? slot : 0) * c + ch) * win;
+            for (u32 tt = 0; tt < tl; ++tt) {
+                const float v = conv_ok ? fs_conv_out<T>(x, x_stride, w + (u64)ch * k, wnd, row0, (int)(t0 + tt),
+                                                         (int)hist, k, ch)
+                                        : PORTER_NAN;
+                if (ci < 2 * dk) raw[tt * 2 * dk + ci] = v;
+                else vs[tt * cb + (ci - 2 * dk)] = v;
+            }
+        }
+        for (u32 x2 = tid; x2 < tl * cb; x2 += nt) {
+            if (x2 % cb >= dv) vs[x2] = 0.0f;
+        }
+        if (tid < tl) {  // gates
+            const T* row = ba + (u64)(row0 + t0 + tid) * ba_stride + ba_col;
+            const float b = to_f(row[j]), a = to_f(row[hv + j]);
+            as[tid] = gs_decay(-expf(a_log[j]) * gs_softplus(a + dt_bias[j]));
+            bs[tid] = sigmoid_f(b);
+        }
+        __syncthreads();
+        // Every window read of this block is done: count in (`last` is read at the end).
+        if (t0 == 0 && conv_ok && tid == 0) {
+            __threadfence();
+            last = atomicInc(sync + (u64)slot * hk + kh, rr - 1) == rr - 1;  // read at the end
+        }
+        // q, k of the tile: one warp per token, normalised, padded per part.
+        for (u32 tt = wid; tt < tl; tt += nwarps) {
+            const float* qr = raw + tt * 2 * dk;
+            const float* kr = qr + dk;
+            float sq = 0.0f, sk = 0.0f;
+            for (u32 i = lane; i < dk; i += 32) {
+                const float qv = qr[i], kv = kr[i];
+                sq += qv * qv;
+                sk += kv * kv;
+            }
+            sq = warp_sum(sq);
+            sk = warp_sum(sk);
+            const float fq = (1.0f / sqrtf(sq + 1e-6f)) * q_scale;
+            const float fk = 1.0f / sqrtf(sk + 1e-6f);
+            for (u32 i = lane; i < P * R; i += 32) {
+                const u32 o = tt * ts + (i / R) * rs + i % R;
+                qs[o] = i < dk ? qr[i] * fq : 0.0f;
+                ks[o] = i < dk ? kr[i] * fk : 0.0f;
+            }
+        }
+        __syncthreads();
+
+        for (u32 tt = 0; tt < tl; ++tt) {
+            if (!delta_ok) {
+                if (part == 0 && active) os[tt * cb + cib] = PORTER_NAN;
+                continue;
+            }
+            const float a = as[tt], b = bs[tt];
+            const float4* k4 = reinterpret_cast<const float4*>(ks + tt * ts + part * rs);
+            constexpr u32 qo = FS_TT * ts / 4;  // q is qo float4s before k
+            float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+            {
+                const float4* kp = k4;
+#pragma unroll
+                for (int m = 0; m < R; m += 4) {
+                    if (m % DS_GROUP == 0) asm volatile("" : "+l"(kp));
+                    const float4 kk = kp[m / 4];
+                    S[m] *= a;
+                    S[m + 1] *= a;
+                    S[m + 2] *= a;
+                    S[m + 3] *= a;
+                    p0 = fmaf(kk.x, S[m], p0);
+                    p1 = fmaf(kk.y, S[m + 1], p1);
+                    p2 = fmaf(kk.z, S[m + 2], p2);
+                    p3 = fmaf(kk.w, S[m + 3], p3);
+                }
+            }
+            float kv = (p0 + p1) + (p2 + p3);
+            for (u32 o = 16; o >= cpw; o >>= 1) kv += __shfl_xor_sync(0xffffffffu, kv, o);
+            const float delta = b * (vs[tt * cb + cib] - kv);
+            p0 = p1 = p2 = p3 = 0.0f;
+            {
+                const float4* kp = k4;
+#pragma unroll
+                for (int m = 0; m < R; m += 4) {
+                    if (m % DS_GROUP == 0) asm volatile("" : "+l"(kp));
+                    const float4 kk = kp[m / 4];
+                    const float4 qq = kp[m / 4 - (int)qo];
+                    S[m] = fmaf(kk.x, delta, S[m]);
+                    S[m + 1] = fmaf(kk.y, delta, S[m + 1]);
+                    S[m + 2] = fmaf(kk.z, delta, S[m + 2]);
+                    S[m + 3] = fmaf(kk.w, delta, S[m + 3]);
+                    p0 = fmaf(qq.x, S[m], p0);
+                    p1 = fmaf(qq.y, S[m + 1], p1);
+                    p2 = fmaf(qq.z, S[m + 2], p2);
+                    p3 = fmaf(qq.w, S[m + 3], p3);
+                }
+            }
+            float o = (p0 + p1) + (p2 + p3);
+            for (u32 d = 16; d >= cpw; d >>= 1) o += __shfl_xor_sync(0xffffffffu, o, d);
+            if (part == 0 && active) os[tt * cb + cib] = round_to<T>(o);
+            if (snap && active) store_rows<R>(S, slot_base + (u64)(t0 + tt) * bufs, part, dk, dv, cib);
+        }
+        __syncthreads();
+        // Gated RMSNorm per token (gated_norm_z's reduction: ceil32(dv) lanes, one value
+        // each, warp sums, then the sum of the warp sums in one warp).
+        const u32 nn = (dv + 31) / 32 * 32, nwn = nn / 32;
+        for (u32 base = 0; base < tl * nn; base += nt) {
+            const u32 idx = base + tid, tt = idx / nn, i = idx % nn;
+            float ss = 0.0f;
+            if (tt < tl && i < dv) {
+                const float v = os[tt * cb + i];
+                ss = v * v;
+            }
+            ss = warp_sum(ss);
+            if (lane == 0 && tt < tl) red[tt * 4 + i / 32] = ss;
+        }
+        __syncthreads();
+        for (u32 idx = tid; idx < tl * nn; idx += nt) {
+            const u32 tt = idx / nn, i = idx % nn;
+            float ss = (lane < nwn) ? red[tt * 4 + lane] : 0.0f;
+            ss = warp_sum(ss);
+            if (i >= dv) continue;
+            const float rsn = 1.0f / sqrtf(ss * (1.0f / (float)dv) + eps);
+            const u64 row = row0 + t0 + tt;
+            const float z = to_f(x[row * x_stride + zoff + (u64)j * dv + i]);
+            out[(row * hv + j) * dv + i] = from_f<T>((os[tt * cb + i] * rsn * to_f(nw[i])) * silu_f(z));
+        }
+        t0 += FS_TT;
+    } while (t0 < nrows);
+    if (delta_ok && !snap && active && len > 0) store_rows<R>(S, slot_base + (u64)src * bufs, part, dk, dv, cib);
+    // The window updates: the head's v channels, and the key head's channels by the last
+    // of its value heads' blocks to count in (all the others have read them).
+    if (conv_ok) {
+        __syncthreads();  // `last` (set in tile 0) is visible
+        const u32 nup = last ? dv + 2 * dk : dv;
+        for (u32 i = tid; i < nup; i += nt) {
+            const u32 ch = i < dv ? 2 * hk * dk + j * dv + i
+                                  : (i - dv < dk ? kh * dk + (i - dv) : hk * dk + kh * dk + (i - dv - dk));
+            conv_window_update<T>(x, x_stride, window + ((u64)slot * c + ch) * win, row0, len, lag, win, ch);
+        }
+    }
+}
+
+#define GDN_FUSED_STEP(T, NAME, P)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128 * P, 1) gdn_fused_step_p##P##_##NAME(                         \
+        const T* x, u32 x_stride, const T* ba, u32 ba_stride, u32 ba_col, const float* w, float* window, u32* sync, \
+        const u32* cspans, const u32* dspans, const float* a_log, const float* dt_bias, float* state, const T* nw,   \
+        T* out, u32 t, u32 c, u32 k, u32 win, u32 num_slots, u32 hk, u32 hv, u32 dk, u32 dv, u32 nbuf,               \
+        float q_scale, float eps, u32 zoff) {                                                                        \
+        gdn_fused_step_impl<T, P>(x, x_stride, ba, ba_stride, ba_col, w, window, sync, cspans, dspans, a_log,        \
+                                  dt_bias, state, nw, out, t, c, k, win, num_slots, hk, hv, dk, dv, nbuf, q_scale,    \
+                                  eps, zoff);                                                                        \
+    }
+#define GDN_FUSED_STEP_ALL(P) GDN_FUSED_STEP(float, f32, P) GDN_FUSED_STEP(bf16, bf16, P) GDN_FUSED_STEP(f16, f16, P)
+GDN_FUSED_STEP_ALL(1)
+GDN_FUSED_STEP_ALL(2)
+GDN_FUSED_STEP_ALL(4)
+GDN_FUSED_STEP_ALL(8)

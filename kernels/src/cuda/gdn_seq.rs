@@ -380,3 +380,299 @@ impl CudaKernels {
         Ok(true)
     }
 }
+
+/// Environment variable choosing the recurrent Gated DeltaNet path of the backend:
+/// `fused` ([`CudaKernels::gdn_fused_step`], one launch) or `apart` (the default: conv +
+/// gates, delta rule and gated norm as three launches).
+pub const GDN_DECODE_ENV: &str = "PORTER_GDN_DECODE";
+
+/// Whether [`GDN_DECODE_ENV`]'s value `v` asks for the fused step (`Err`: the value, unknown).
+fn decode_fused(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
+    let Some(v) = v else { return Ok(false) };
+    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+        "" | "apart" => Ok(false),
+        "fused" => Ok(true),
+        _ => Err(v.to_string_lossy().into_owned()),
+    }
+}
+
+/// Whether the backend should take the fused recurrent step ([`GDN_DECODE_ENV`], read once
+/// per process; an unknown value warns and means `apart`).
+pub fn gdn_decode_fused() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        decode_fused(std::env::var_os(GDN_DECODE_ENV).as_deref()).unwrap_or_else(|bad| {
+            eprintln!("warning: {GDN_DECODE_ENV}={bad:?} is not one of fused, apart; using apart");
+            false
+        })
+    })
+}
+
+/// Register rows per lane of the fused step kernel (`FS_R` in gdn_seq.cu).
+const FS_R: usize = 16;
+/// Tokens per tile of the fused step kernel (`FS_TT`).
+const FS_TT: usize = 8;
+/// Largest key / value head dim of [`CudaKernels::gdn_fused_step`] (one block holds a
+/// whole value head: `dv · dk / FS_R <= 1024` threads, and its norm's warp sums fit 4 slots).
+pub const GDN_FUSED_MAX_D: usize = 128;
+
+/// Sizes and scalars of one [`CudaKernels::gdn_fused_step`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct GdnFusedDims {
+    /// Rows of the batch.
+    pub t: usize,
+    /// Spans (one block row each).
+    pub n_spans: usize,
+    /// Row stride of `x` (the input projection's output).
+    pub x_stride: usize,
+    /// Row stride of `ba` (of `x` when the gate inputs are stacked onto it).
+    pub ba_stride: usize,
+    /// First `[b | a]` column of `ba` (or `x`).
+    pub ba_col: usize,
+    /// First z column of `x` (`hv · dv` columns).
+    pub zoff: usize,
+    /// Conv kernel size (at most 8).
+    pub k: usize,
+    /// Conv window entries per channel (`>= k − 1`).
+    pub win: usize,
+    /// Slots of the window, state and counter pools.
+    pub num_slots: usize,
+    /// Key heads, value heads (a multiple of `hk`), key and value head dims.
+    pub hk: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    /// State buffers per slot (snapshots of a speculative step).
+    pub nbuf: usize,
+    /// RMSNorm epsilon of the gated norm.
+    pub eps: f32,
+}
+
+impl GdnFusedDims {
+    /// Conv channels: q, k `[hk, dk]` and v `[hv, dv]`.
+    pub fn conv(&self) -> usize {
+        2 * self.hk * self.dk + self.hv * self.dv
+    }
+}
+
+/// Whether [`CudaKernels::gdn_fused_step`] takes these head dims and conv kernel size.
+pub fn gdn_fused_supported(hk: usize, hv: usize, dk: usize, dv: usize, k: usize) -> bool {
+    hk > 0
+        && hv.is_multiple_of(hk)
+        && (1..=GDN_FUSED_MAX_D).contains(&dk)
+        && (1..=GDN_FUSED_MAX_D).contains(&dv)
+        && (1..=GDN_CONV_MAXK).contains(&k)
+}
+
+impl CudaKernels {
+    /// One recurrent Gated DeltaNet step over the spans of a batch (decode, speculative
+    /// verify), in one launch: [`CudaKernels::gdn_conv_gates_seq`] (conv + SiLU, the conv
+    /// window update, the gates), [`CudaKernels::gdn_delta_seq`] (L2 norms, delta rule,
+    /// snapshots) and `gated_norm_z` (RMSNorm per value head times SiLU(z), z read from `x`
+    /// at `zoff`), with the same arithmetic in the same order: output, windows and states
+    /// are bit-identical to that chain.
+    ///
+    /// `cspans[s] = (row0, len, slot, lag)` and `dspans[s] = (row0, len, slot, src_buf,
+    /// snapshot)` describe the same span `s` (the conv and delta tables of the chain); an
+    /// invalid span gives NaN rows and leaves what the chain leaves alone. `sync` holds one
+    /// counter per (slot, key head), zeros between launches (each launch leaves them at 0):
+    /// the blocks of the value heads sharing a key head count themselves in once they have
+    /// read its conv window, and the last rewrites it.
+    ///
+    /// # Shapes
+    /// - `x`: `[t, x_stride]` (`T`; conv channels at `0..conv`, z at `zoff..zoff + hv·dv`)
+    /// - `ba`: `[t, ba_stride]` (`T`), when given (else `[b | a]` are columns of `x`)
+    /// - `w`: `[conv, k]` (`f32`); `a_log`, `dt_bias`: `[hv]` (`f32`); `norm_w`: `[dv]` (`T`)
+    /// - `window`: `[num_slots, conv, win]` (`f32`), updated
+    /// - `sync`: `[num_slots, hk]` (`u32`)
+    /// - `cspans`: `[n_spans, 4]`, `dspans`: `[n_spans, 5]` (`u32`)
+    /// - `state`: `[num_slots, nbuf, hv, dk, dv]` (`f32`), updated
+    /// - `out`: `[t, hv, dv]` (`T`, the normed output)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] for head dims [`gdn_fused_supported`] refuses, `win < k − 1`,
+    /// strides or columns out of range, a length mismatch, or too many spans / heads;
+    /// driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_fused_step<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        ba: Option<&impl DevicePtr<T>>,
+        w: &impl DevicePtr<f32>,
+        a_log: &impl DevicePtr<f32>,
+        dt_bias: &impl DevicePtr<f32>,
+        norm_w: &impl DevicePtr<T>,
+        window: &mut impl DevicePtrMut<f32>,
+        sync: &mut impl DevicePtrMut<u32>,
+        cspans: &impl DevicePtr<u32>,
+        dspans: &impl DevicePtr<u32>,
+        state: &mut impl DevicePtrMut<f32>,
+        out: &mut impl DevicePtrMut<T>,
+        d: GdnFusedDims,
+    ) -> Result<()> {
+        const NAME: &str = "gdn_fused_step";
+        let GdnFusedDims {
+            t,
+            n_spans,
+            x_stride,
+            ba_stride,
+            ba_col,
+            zoff,
+            k,
+            win,
+            num_slots,
+            hk,
+            hv,
+            dk,
+            dv,
+            nbuf,
+            eps,
+        } = d;
+        if !gdn_fused_supported(hk, hv, dk, dv, k) || nbuf == 0 {
+            return Err(CudaError::Invalid(format!(
+                "{NAME}: hk {hk}, hv {hv}, dk {dk}, dv {dv}, k {k}, nbuf {nbuf} not supported"
+            )));
+        }
+        if win + 1 < k {
+            return Err(CudaError::Invalid(format!("{NAME}: window {win} < k − 1 = {}", k - 1)));
+        }
+        let c = d.conv();
+        let vd = prod(&[hv, dv])?;
+        if x_stride < c
+            || zoff.checked_add(vd).is_none_or(|e| e > x_stride)
+            || ba_col.checked_add(2 * hv).is_none_or(|e| e > ba_stride)
+            || (ba.is_none() && ba_stride != x_stride)
+        {
+            return Err(CudaError::Invalid(format!(
+                "{NAME}: x_stride {x_stride} < conv {c}, z columns {zoff}+{vd} or gate columns {ba_col}+2·{hv} \
+                 past their strides ({ba_stride})"
+            )));
+        }
+        self.check("x", x, prod(&[t, x_stride])?)?;
+        if let Some(b) = ba {
+            self.check("ba", b, prod(&[t, ba_stride])?)?;
+        }
+        self.check("w", w, prod(&[c, k])?)?;
+        self.check("a_log", a_log, hv)?;
+        self.check("dt_bias", dt_bias, hv)?;
+        self.check("norm_w", norm_w, dv)?;
+        self.check("window", window, prod(&[num_slots, c, win])?)?;
+        self.check("sync", sync, prod(&[num_slots, hk])?)?;
+        self.check("cspans", cspans, prod(&[n_spans, 4])?)?;
+        self.check("dspans", dspans, prod(&[n_spans, 5])?)?;
+        self.check("state", state, prod(&[num_slots, nbuf, hv, dk, dv])?)?;
+        self.check("out", out, prod(&[t, hv, dv])?)?;
+        if t == 0 || n_spans == 0 {
+            return Ok(());
+        }
+        if n_spans > 65_535 || hv > 65_535 {
+            return Err(CudaError::Invalid(format!("{NAME}: n_spans {n_spans} or hv {hv} exceeds 65535")));
+        }
+        // P lanes per column, FS_R rows each; the block holds all dv columns.
+        let p = dk.div_ceil(FS_R).next_power_of_two();
+        let cpw = 32 / p;
+        let cb = dv.div_ceil(cpw) * cpw;
+        let nt = cb * p;
+        let shared = 4 * (2 * FS_TT * p * (FS_R + DS_PAD) + 2 * FS_TT * cb + FS_TT * 2 * dk + 2 * FS_TT);
+        let cfg = LaunchConfig {
+            grid_dim: (hv as u32, n_spans as u32, 1),
+            block_dim: (u32_of("threads", nt)?, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", shared)?,
+        };
+        let u = |what: &str, v: usize| u32_of(what, v);
+        let (xs32, bas32, bac32, t32, c32, k32, win32) = (
+            u("x_stride", x_stride)?,
+            u("ba_stride", ba_stride)?,
+            u("ba_col", ba_col)?,
+            u("t", t)?,
+            u("conv", c)?,
+            u("k", k)?,
+            u("win", win)?,
+        );
+        let (slots32, hk32, hv32, dk32, dv32, nbuf32, z32) = (
+            u("num_slots", num_slots)?,
+            u("hk", hk)?,
+            u("hv", hv)?,
+            u("dk", dk)?,
+            u("dv", dv)?,
+            u("nbuf", nbuf)?,
+            u("zoff", zoff)?,
+        );
+        let q_scale = 1.0 / (dk as f32).sqrt();
+        let st = &*self.stream;
+        let (pba, _gba) = match ba {
+            Some(b) => b.device_ptr(st),
+            None => x.device_ptr(st),
+        };
+        // SAFETY: arguments match `gdn_fused_step_p<P>_<T>` in gdn_seq.cu (P = 1, 2, 4, 8 exist); every length, stride
+        // and column range checked above; dk, dv <= 128 so P <= 8, blockDim = cb·P <= 1024
+        // and the dynamic shared memory is the kernel's layout for (P, cb, dk) (< 48 KiB);
+        // the kernel bounds-checks every span before reading through it.
+        // Kernel: `gdn_fused_step_p<P>_<T>(const T* x, u32 x_stride, const T* ba, u32 ba_stride, u32 ba_col,
+        // const float* w, float* window, u32* sync, const u32* cspans, const u32* dspans, const float* a_log,
+        // const float* dt_bias, float* state, const T* nw, T* out, u32 t, u32 c, u32 k, u32 win, u32 num_slots,
+        // u32 hk, u32 hv, u32 dk, u32 dv, u32 nbuf, float q_scale, float eps, u32 zoff)`.
+        unsafe {
+            launch!(
+                self,
+                GDN_SEQ,
+                format!("gdn_fused_step_p{p}_{}", T::NAME),
+                cfg,
+                [
+                    ptr(x),
+                    xs32,
+                    pba,
+                    bas32,
+                    bac32,
+                    ptr(w),
+                    ptr_mut(window),
+                    ptr_mut(sync),
+                    ptr(cspans),
+                    ptr(dspans),
+                    ptr(a_log),
+                    ptr(dt_bias),
+                    ptr_mut(state),
+                    ptr(norm_w),
+                    ptr_mut(out),
+                    t32,
+                    c32,
+                    k32,
+                    win32,
+                    slots32,
+                    hk32,
+                    hv32,
+                    dk32,
+                    dv32,
+                    nbuf32,
+                    q_scale,
+                    eps,
+                    z32
+                ]
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn decode_switch_values() {
+        assert_eq!(decode_fused(None), Ok(false));
+        assert_eq!(decode_fused(Some(OsStr::new("apart"))), Ok(false));
+        assert_eq!(decode_fused(Some(OsStr::new(" Fused "))), Ok(true));
+        assert_eq!(decode_fused(Some(OsStr::new("yes"))), Err("yes".to_string()));
+    }
+
+    #[test]
+    fn fused_supported_dims() {
+        assert!(gdn_fused_supported(16, 32, 128, 128, 4));
+        assert!(gdn_fused_supported(2, 4, 16, 8, 4));
+        assert!(!gdn_fused_supported(16, 32, 256, 128, 4));
+        assert!(!gdn_fused_supported(16, 32, 128, 256, 4));
+        assert!(!gdn_fused_supported(3, 4, 128, 128, 4));
+        assert!(!gdn_fused_supported(16, 32, 128, 128, 9));
+    }
+}
