@@ -270,30 +270,6 @@ pub trait Ops: Sync {
     /// Gated RMSNorm per value head with SiLU(z), `z` read from columns `zoff..` of `p`:
     /// `o: [T·Hv, dv]` → `[T·Hv, dv]`.
     fn gated_norm(&self, o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor>;
-    /// [`Ops::gdn`] followed by [`Ops::gated_norm`] with `norm_w` and z at column
-    /// `g.conv_dim()` of `p`: the Gated DeltaNet core and its gated norm, `[T·Hv, dv]` in
-    /// `p`'s dtype. The default is those two calls (the CPU reference); a backend may fuse
-    /// them (the CUDA backend's recurrent step, `PORTER_GDN_DECODE=fused`).
-    ///
-    /// # Shapes
-    /// - `p`: `[T, conv_dim + Hv·dv (+ 2·Hv)]`, `ba`: `[T, 2·Hv]` when given
-    /// - `norm_w`: `[dv]`
-    /// - returns `[T·Hv, dv]`
-    #[allow(clippy::too_many_arguments)]
-    fn gdn_normed(
-        &self,
-        p: &Tensor,
-        ba: Option<&Tensor>,
-        w: &GdnWeights<'_>,
-        g: &GdnArgs,
-        batch: &Batch,
-        rec: &mut RecCache,
-        norm_w: &Tensor,
-        eps: f32,
-    ) -> Result<Tensor> {
-        let core = self.gdn(p, ba, w, g, batch, rec)?;
-        self.gated_norm(&core, p, norm_w, g.conv_dim(), eps)
-    }
 }
 
 /// The ops of the backend `t` lives on.

@@ -99,7 +99,6 @@ pub use attention::{AttnMode, AttnTc, ATTN_MAX_HEAD_DIM, ATTN_TC_DEFAULT, ATTN_T
 pub use compile::*;
 pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, FP8_BLOCK, FP8_GEMV_ENV};
 pub use gdn::GDN_MAX_DK;
-pub use gdn_seq::{gdn_decode_fused, gdn_fused_supported, GdnFusedDims, GDN_DECODE_ENV, GDN_FUSED_MAX_D};
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use moe::MoeSharedDev;

@@ -413,20 +413,11 @@ pub struct CudaRec {
     gpu: Arc<Gpu>,
     window: CudaSlice<f32>,
     ssm: CudaSlice<f32>,
-    /// `[max_slots, GDN_SYNC_HEADS]` counters of the fused recurrent step (zeros between
-    /// launches).
-    sync: CudaSlice<u32>,
 }
 
 impl Clone for CudaRec {
     fn clone(&self) -> Self {
-        Self {
-            window: self.window.clone(),
-            ssm: self.ssm.clone(),
-            sync: self.sync.clone(),
-            gpu: self.gpu.clone(),
-            ..*self
-        }
+        Self { window: self.window.clone(), ssm: self.ssm.clone(), gpu: self.gpu.clone(), ..*self }
     }
 }
 
@@ -437,8 +428,7 @@ impl CudaRec {
         let win_len = conv_dim * win.max(1);
         let window = crate::tensor::cuda::zeros::<f32>(&gpu, max_slots * win_len)?;
         let ssm = crate::tensor::cuda::zeros::<f32>(&gpu, max_slots * ssm_len)?;
-        let sync = crate::tensor::cuda::zeros::<u32>(&gpu, max_slots * GDN_SYNC_HEADS)?;
-        Ok(Self { max_slots, win_len, ssm_len, gpu, window, ssm, sync })
+        Ok(Self { max_slots, win_len, ssm_len, gpu, window, ssm })
     }
 
     fn slot(&self, seq: SeqId) -> Result<usize> {
@@ -616,104 +606,6 @@ pub fn gdn(
             (t, win, nbuf)
         )
     )?;
-    Ok(o)
-}
-
-/// Key heads the fused recurrent step's counters cover (per slot; more heads take the
-/// three-launch path).
-const GDN_SYNC_HEADS: usize = 64;
-
-/// Whether [`gdn_fused`] takes this step: `PORTER_GDN_DECODE=fused`, head dims the kernel
-/// supports, and every span on the per-token recurrence (decode, speculative verify: no
-/// span the chunked algorithm takes, the rule of [`gdn_tables`]).
-pub fn gdn_fused_applies(c: &GdnArgs, batch: &Batch, cache: &RecCache) -> bool {
-    porter_kernels::cuda::gdn_decode_fused()
-        && c.key_heads <= GDN_SYNC_HEADS
-        && porter_kernels::cuda::gdn_fused_supported(c.key_heads, c.value_heads, c.key_dim, c.value_dim, c.conv_kernel)
-        && batch.spans.iter().all(|s| cache.snapshots_for(s.len) || s.len < GDN_CHUNKED_MIN_LEN)
-}
-
-/// The Gated DeltaNet core and its gated norm in one launch (`Ops::gdn_normed` on a step
-/// [`gdn_fused_applies`] accepts): conv + window update, gates, L2 norms, delta rule and
-/// RMSNorm · SiLU(z), bit-identical to [`gdn`] then [`gated_norm`].
-///
-/// # Shapes
-/// - `p`: `[T, conv_dim + Hv·dv (+ 2·Hv)]`, `ba`: `[T, 2·Hv]` when given, `norm_w`: `[dv]`
-/// - returns `[T·Hv, dv]` in `p`'s dtype
-#[allow(clippy::too_many_arguments)]
-pub fn gdn_fused(
-    p: &Tensor,
-    ba: Option<&Tensor>,
-    w: &GdnWeights<'_>,
-    c: &GdnArgs,
-    batch: &Batch,
-    cache: &mut RecCache,
-    norm_w: &Tensor,
-    eps: f32,
-) -> Result<Tensor> {
-    let g = gpu_of(p, "gated_delta_net")?;
-    let _p = profile::span("gated_delta_net fused step", &g);
-    let (spec, win) = (cache.spec, cache.window());
-    let (hv, dv) = (c.value_heads, c.value_dim);
-    let t = p.rows();
-    let (gates, ba_col) = c.gate_cols(p, ba)?;
-    let gt = gdn_tables(batch, cache)?;
-    if gt.chunk != 0 || gt.rec / 5 != gt.conv / 4 {
-        bail!(Internal, "fused Gated DeltaNet step with chunked spans");
-    }
-    let n = gt.conv / 4;
-    let max_slots = cache.meta.len();
-    let RecBuf::Cuda(rc) = &mut cache.buf else { bail!(Internal, "device Gated DeltaNet with a host cache") };
-    let tables = g.upload_as(crate::tensor::cuda::UploadTag::Gdn, &gt.data)?;
-    let (cspans, dspans) = (tables.slice(0..gt.conv), tables.slice(gt.conv..gt.conv + gt.rec));
-    let mut o = Tensor::empty_on(&g, [t * hv, dv], p.dtype())?;
-    let d = porter_kernels::cuda::GdnFusedDims {
-        t,
-        n_spans: n,
-        x_stride: p.last_dim(),
-        ba_stride: gates.last_dim(),
-        ba_col,
-        zoff: c.conv_dim(),
-        k: c.conv_kernel,
-        win,
-        num_slots: max_slots,
-        hk: c.key_heads,
-        hv,
-        dk: c.key_dim,
-        dv,
-        nbuf: spec + 1,
-        eps,
-    };
-    #[allow(clippy::too_many_arguments)]
-    fn go<T: DevType>(
-        g: &Gpu,
-        (p, gates, w, norm_w): (&Tensor, &Tensor, &GdnWeights<'_>, &Tensor),
-        rc: &mut CudaRec,
-        (cspans, dspans): (&cudarc::driver::CudaView<'_, u32>, &cudarc::driver::CudaView<'_, u32>),
-        o: &mut Tensor,
-        d: porter_kernels::cuda::GdnFusedDims,
-    ) -> Result<()> {
-        let ba = if std::ptr::eq(gates, p) { None } else { Some(gates.dev::<T>()?) };
-        // The counters of the slots in use: [num_slots, hk] of the [max_slots, 64] pool.
-        let mut sync = rc.sync.slice_mut(0..d.num_slots * d.hk);
-        g.k.gdn_fused_step::<T>(
-            p.dev::<T>()?,
-            ba,
-            w.conv_w.dev::<f32>()?,
-            w.a_log.dev::<f32>()?,
-            w.dt_bias.dev::<f32>()?,
-            norm_w.dev::<T>()?,
-            &mut rc.window,
-            &mut sync,
-            cspans,
-            dspans,
-            &mut rc.ssm,
-            o.dev_mut::<T>()?,
-            d,
-        )
-        .map_err(cuda_err)
-    }
-    crate::by_dtype!(p.dtype(), go(&g, (p, gates, w, norm_w), rc, (&cspans, &dspans), &mut o, d))?;
     Ok(o)
 }
 

@@ -128,24 +128,6 @@ impl Ops for CudaOps {
     fn gated_norm(&self, o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor> {
         blocks::gated_norm(o, p, w, zoff, eps)
     }
-    fn gdn_normed(
-        &self,
-        p: &Tensor,
-        ba: Option<&Tensor>,
-        w: &GdnWeights<'_>,
-        g: &GdnArgs,
-        batch: &Batch,
-        rec: &mut RecCache,
-        norm_w: &Tensor,
-        eps: f32,
-    ) -> Result<Tensor> {
-        fused_silu(g.act, "gdn")?;
-        if blocks::gdn_fused_applies(g, batch, rec) {
-            return blocks::gdn_fused(p, ba, w, g, batch, rec, norm_w, eps);
-        }
-        let core = blocks::gdn(p, ba, w, g, batch, rec)?;
-        blocks::gated_norm(&core, p, norm_w, g.conv_dim(), eps)
-    }
 }
 
 /// The CUDA kernels fuse SiLU (gated MLPs, MoE experts, the Gated DeltaNet conv): any other
