@@ -1,9 +1,7 @@
 //! The MoE decode GEMVs (kernels/cuda/moe_decode.cu) in every form, v1 (two launches), v2
 //! (one launch: ticketed items, gate+up -> down readiness counters, self-resetting counters)
 //! and direct (two launches, no grouping), v1 and direct each with the streamed down kernel
-//! (the default) and the legacy one (`V1Legacy`, `DirectLegacy`), direct also with the async
-//! down kernel (`DirectAsync`: every weight row of a block cp.async'd into shared memory) and
-//! with the async gate+up kernel too (`DirectAsyncAll`: a persistent grid, a cp.async ring a warp),
+//! (the default) and the legacy one (`V1Legacy`, `DirectLegacy`),
 //! through `CudaKernels::moe_decode_with`: against the CPU reference of
 //! `porter_core::nn::Moe::forward` (tests/common/moe.rs) and against each other bit for bit
 //! (the same per-pair order), at batch 1, 2, 4 and 8 on small shapes (aligned, odd, uneven
@@ -64,15 +62,7 @@ fn same_bits(what: &str, a: &[f32], b: &[f32], hidden: usize) {
 }
 
 /// The forms compared bit for bit (the first, legacy v1, is the baseline).
-const FORMS: [MoeGemv; 7] = [
-    MoeGemv::V1Legacy,
-    MoeGemv::V1,
-    MoeGemv::V2,
-    MoeGemv::DirectLegacy,
-    MoeGemv::Direct,
-    MoeGemv::DirectAsync,
-    MoeGemv::DirectAsyncAll,
-];
+const FORMS: [MoeGemv; 5] = [MoeGemv::V1Legacy, MoeGemv::V1, MoeGemv::V2, MoeGemv::DirectLegacy, MoeGemv::Direct];
 
 /// Every form on one case: each against the reference, every other form against legacy v1 bit
 /// for bit, v2 twice (the counters it zeroes must leave the next call right), and row 0 alone
@@ -96,7 +86,7 @@ fn parity_case<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, idx: Vec<u
     same_bits(&format!("{what}: v2, second call"), &got[FORMS.len()], &got[2], d.hidden);
     if d.t > 1 {
         let one = Dims { t: 1, ..d };
-        for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct, MoeGemv::DirectAsync, MoeGemv::DirectAsyncAll] {
+        for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct] {
             let mut out = poisoned::<f32>(kern, d.hidden);
             let (x0, i0, w0) = (dev.x.slice(0..d.hidden), dev.idx.slice(0..d.k), dev.w.slice(0..d.k));
             run::<T>(kern, one, &x0, &i0, &w0, &dev, &mut out, which, MOE_PHASES_ALL);
@@ -203,12 +193,12 @@ fn time_phase(
     sec
 }
 
-/// The forms timed at `t` rows: direct (all three down kernels) only up to 16 rows (beyond, two
+/// The forms timed at `t` rows: direct (both down kernels) only up to 16 rows (beyond, two
 /// rows on one expert read its weights twice: far slower), v2 up to 16.
 fn timed_forms(t: usize) -> Vec<MoeGemv> {
     let mut f = vec![MoeGemv::V1Legacy, MoeGemv::V1];
     if t <= 16 {
-        f.extend([MoeGemv::V2, MoeGemv::DirectLegacy, MoeGemv::Direct, MoeGemv::DirectAsync, MoeGemv::DirectAsyncAll]);
+        f.extend([MoeGemv::V2, MoeGemv::DirectLegacy, MoeGemv::Direct]);
     }
     f
 }
@@ -244,7 +234,7 @@ fn moe_decode_80b_bf16() {
             same_bits(&format!("80b t={t}: {which:?} vs V1Legacy"), &outs[i], &outs[0], d.hidden);
         }
         if t > 1 {
-            for which in [MoeGemv::V1, MoeGemv::Direct, MoeGemv::DirectAsync, MoeGemv::DirectAsyncAll] {
+            for which in [MoeGemv::V1, MoeGemv::Direct] {
                 let mut out = poisoned::<f32>(&kern, d.hidden);
                 let (x0, i0, w0) = (dev.x.slice(0..d.hidden), dev.idx.slice(0..d.k), dev.w.slice(0..d.k));
                 run::<bf16>(&kern, Dims { t: 1, ..d }, &x0, &i0, &w0, &dev, &mut out, which, MOE_PHASES_ALL);

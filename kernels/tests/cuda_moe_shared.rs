@@ -49,34 +49,10 @@ fn gpu_locked(test: &str) -> (std::sync::MutexGuard<'static, ()>, CudaKernels) {
 
 /// `f` with the legacy down kernels (`PORTER_MOE_DOWN=legacy`); the caller holds [`ENV`].
 fn with_legacy_down<R>(f: impl FnOnce() -> R) -> R {
-    with_down("legacy", f)
-}
-
-/// `f` with the async gate+up and down kernels (`PORTER_MOE_GU=async`, `PORTER_MOE_DOWN=async`);
-/// the caller holds [`ENV`].
-fn with_async_all<R>(f: impl FnOnce() -> R) -> R {
-    std::env::set_var("PORTER_MOE_GU", "async");
-    let r = with_down("async", f);
-    std::env::remove_var("PORTER_MOE_GU");
-    r
-}
-
-/// `f` with `PORTER_MOE_DOWN=value` (`async`: the direct form's async down kernel); the caller
-/// holds [`ENV`].
-fn with_down<R>(value: &str, f: impl FnOnce() -> R) -> R {
-    std::env::set_var(porter_kernels::cuda::MOE_DOWN_ENV, value);
+    std::env::set_var(porter_kernels::cuda::MOE_DOWN_ENV, "legacy");
     let r = f();
     std::env::set_var(porter_kernels::cuda::MOE_DOWN_ENV, "stream");
     r
-}
-
-/// Panics, naming the first differing element and the count, unless `a` and `b` are the same bits.
-fn same_bits_shared(what: &str, a: &[f32], b: &[f32]) {
-    assert_eq!(a.len(), b.len(), "{what}: length");
-    if let Some(i) = a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits()) {
-        let diff = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
-        panic!("{what}: {diff} of {} elements differ, first at {i}: {:e} vs {:e}", a.len(), a[i], b[i]);
-    }
 }
 
 /// Where the shared expert's f32 inputs lie.
@@ -311,39 +287,6 @@ fn dense_case<T: CudaFloat>(
         legacy.iter().zip(&fused).all(|(a, b)| a.to_bits() == b.to_bits()),
         "{what}: the legacy down kernel differs from the streamed one"
     );
-    // The async down kernel: the same bits.
-    let mut ao = poisoned::<f32>(kern, d.t * d.hidden);
-    with_down("async", || {
-        kern.moe_experts_shared::<T>(
-            &dev.x,
-            &dev.idx,
-            &dev.w,
-            &dev.gate,
-            &dev.up,
-            &dev.down,
-            &dev_of(&s, &gud, &gld, &sdd),
-            &mut ao,
-            dims,
-        )
-    })
-    .unwrap_or_else(|e| panic!("{what}: moe_experts_shared (async down): {e}"));
-    same_bits_shared(&format!("{what}: async down vs streamed"), &down::<f32>(kern, &ao), &fused);
-    let mut ao = poisoned::<f32>(kern, d.t * d.hidden);
-    with_async_all(|| {
-        kern.moe_experts_shared::<T>(
-            &dev.x,
-            &dev.idx,
-            &dev.w,
-            &dev.gate,
-            &dev.up,
-            &dev.down,
-            &dev_of(&s, &gud, &gld, &sdd),
-            &mut ao,
-            dims,
-        )
-    })
-    .unwrap_or_else(|e| panic!("{what}: moe_experts_shared (async gate+up and down): {e}"));
-    same_bits_shared(&format!("{what}: async gate+up and down vs streamed"), &down::<f32>(kern, &ao), &fused);
     // The unfused GPU sequence.
     let mut uo = poisoned::<f32>(kern, d.t * d.hidden);
     kern.moe_decode_with::<T>(
@@ -489,38 +432,6 @@ fn fp8_case<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng, dims: [usize; 5], b
         legacy.iter().zip(&fused).all(|(a, b)| a.to_bits() == b.to_bits()),
         "{what}: the legacy down kernel differs from the streamed one"
     );
-    let mut ao = poisoned::<f32>(kern, t * h);
-    with_down("async", || {
-        kern.moe_experts_fp8_shared::<T>(
-            &xd,
-            &id,
-            &wd,
-            gs.dev(),
-            us.dev(),
-            ds.dev(),
-            &dev_of(&s, &gud, &gld, sw.dev()),
-            &mut ao,
-            dims,
-        )
-    })
-    .unwrap_or_else(|err| panic!("{what}: async down: {err}"));
-    same_bits_shared(&format!("{what}: async down vs streamed"), &down::<f32>(kern, &ao), &fused);
-    let mut ao = poisoned::<f32>(kern, t * h);
-    with_async_all(|| {
-        kern.moe_experts_fp8_shared::<T>(
-            &xd,
-            &id,
-            &wd,
-            gs.dev(),
-            us.dev(),
-            ds.dev(),
-            &dev_of(&s, &gud, &gld, sw.dev()),
-            &mut ao,
-            dims,
-        )
-    })
-    .unwrap_or_else(|err| panic!("{what}: async gate+up and down: {err}"));
-    same_bits_shared(&format!("{what}: async gate+up and down vs streamed"), &down::<f32>(kern, &ao), &fused);
     if CudaKernels::fp8_gemv_fits::<T, T>(t, is) {
         let mut uo = poisoned::<f32>(kern, t * h);
         kern.moe_experts_fp8_with::<T>(
@@ -608,8 +519,6 @@ fn moe_shared_80b_bf16() {
     };
     let fused = time_us(&kern, &mut hold, 300, &mut fused_call);
     let fused_legacy = with_legacy_down(|| time_us(&kern, &mut hold, 300, &mut fused_call));
-    let fused_async = with_down("async", || time_us(&kern, &mut hold, 300, &mut fused_call));
-    let fused_all = with_async_all(|| time_us(&kern, &mut hold, 300, &mut fused_call));
     let mut down_fn = dense_down(&kern, &gemm, &sdd, 1, MOE_INTER, d.hidden);
     let mut tail = Tail::<bf16>::new(&kern, 1, MOE_INTER, d.hidden);
     let mut out = poisoned::<f32>(&kern, d.hidden);
@@ -650,31 +559,7 @@ fn moe_shared_80b_bf16() {
     let gu = routed_t(MoeGemv::Direct, 1);
     let routed = routed_t(MoeGemv::Direct, MOE_PHASES_ALL);
     let routed_legacy = routed_t(MoeGemv::DirectLegacy, MOE_PHASES_ALL);
-    let routed_async = routed_t(MoeGemv::DirectAsync, MOE_PHASES_ALL);
-    let gu_async = routed_t(MoeGemv::DirectAsyncAll, 1);
-    let routed_all = routed_t(MoeGemv::DirectAsyncAll, MOE_PHASES_ALL);
-    let gu_bytes = (2 * d.k * d.hidden * d.inter * 2) as f64;
-    println!(
-        "moe shared 80b bf16 t=1 async gate+up: fused (both async) {fused_all:.1} us/call | routed gate+up {gu_async:.1} \
-         us = {:.0} GB/s (legacy {gu:.1} us = {:.0} GB/s), routed call {routed_all:.1} us",
-        gu_bytes / gu_async / 1e3,
-        gu_bytes / gu / 1e3,
-    );
     let dn_bytes = (d.k * d.hidden * d.inter * 2) as f64;
-    // The fused call's down kernel moves the shared expert's down rows too.
-    let fdn_bytes = ((d.k + 1) * d.hidden * d.inter * 2) as f64;
-    println!(
-        "moe shared 80b bf16 t=1 async down: fused {fused_async:.1} us/call (legacy {fused_legacy:.1}, stream \
-         {fused:.1}); fused down ~{:.1} us = {:.0} GB/s (legacy ~{:.1} us = {:.0} GB/s) | routed alone \
-         {routed_async:.1} us: down {:.1} us = {:.0} GB/s (legacy {:.1} us)",
-        fused_async - gu,
-        fdn_bytes / (fused_async - gu) / 1e3,
-        fused_legacy - gu,
-        fdn_bytes / (fused_legacy - gu) / 1e3,
-        routed_async - gu,
-        dn_bytes / (routed_async - gu) / 1e3,
-        routed_legacy - gu,
-    );
     println!(
         "moe shared 80b bf16 t=1: fused {fused:.1} us/call (legacy down {fused_legacy:.1}), unfused {unfused:.1} \
          us/call (routed alone {routed:.1}, legacy down {routed_legacy:.1}): the shared expert costs {:.1} us \
@@ -721,8 +606,6 @@ fn moe_shared_80b_fp8() {
     };
     let fused = time_us(&kern, &mut hold, 300, &mut fused_call);
     let fused_legacy = with_legacy_down(|| time_us(&kern, &mut hold, 300, &mut fused_call));
-    let fused_async = with_down("async", || time_us(&kern, &mut hold, 300, &mut fused_call));
-    let fused_all = with_async_all(|| time_us(&kern, &mut hold, 300, &mut fused_call));
     let mut out = poisoned::<f32>(&kern, h);
     let swd = sw.dev();
     let mut gemv =
@@ -764,21 +647,7 @@ fn moe_shared_80b_fp8() {
     let gu = routed_t(MoeGemv::Direct, 1);
     let routed = routed_t(MoeGemv::Direct, MOE_PHASES_ALL);
     let routed_legacy = routed_t(MoeGemv::DirectLegacy, MOE_PHASES_ALL);
-    let routed_async = routed_t(MoeGemv::DirectAsync, MOE_PHASES_ALL);
-    let gu_async = routed_t(MoeGemv::DirectAsyncAll, 1);
     let (gu_bytes, dn_bytes) = ((2 * k * h * i) as f64, (k * h * i) as f64);
-    println!(
-        "moe shared 80b fp8 t=1 async gate+up: fused (both async) {fused_all:.1} us/call | routed gate+up {gu_async:.1} \
-         us = {:.0} GB/s (legacy {gu:.1} us)",
-        gu_bytes / gu_async / 1e3,
-    );
-    println!(
-        "moe shared 80b fp8 t=1 async down: fused {fused_async:.1} us/call (legacy {fused_legacy:.1}, stream \
-         {fused:.1}) | routed alone {routed_async:.1} us: down {:.1} us = {:.0} GB/s (legacy {:.1} us)",
-        routed_async - gu,
-        dn_bytes / (routed_async - gu) / 1e3,
-        routed_legacy - gu,
-    );
     println!(
         "moe shared 80b fp8 (bf16 activations) t=1: fused {fused:.1} us/call (legacy down {fused_legacy:.1}), unfused \
          {unfused:.1} us/call | routed alone {routed:.1} us (legacy down {routed_legacy:.1}): gate+up {gu:.1} us = \

@@ -12,9 +12,7 @@
 //! The direct and v1 forms have a streamed down kernel (the default) and the legacy one
 //! ([`MOE_DOWN_ENV`], [`MoeGemv::DirectLegacy`], [`MoeGemv::V1Legacy`]): direct's asks all of
 //! a warp's rows into L2 first, v1's (`moe_dec_down_s*`) owns a block of hidden columns for
-//! every slot and combines them in shared memory, without counters, fences or atomics. The
-//! direct form also has an async down kernel ([`MoeGemv::DirectAsync`], `PORTER_MOE_DOWN=async`,
-//! `moe_dir_downa_*`): every weight row of a block cp.async'd into shared memory at once.
+//! every slot and combines them in shared memory, without counters, fences or atomics.
 //!
 //! All compute every (row, expert) pair by one warp in the same order, so they give the same
 //! bits, and a row's result does not depend on the other rows.
@@ -40,84 +38,37 @@ pub const MOE_SHARED_ENV: &str = "PORTER_MOE_SHARED";
 /// [`MoeGemv::Direct`] or [`MoeGemv::V1`] runs; `direct-legacy` / `v1-legacy` only that
 /// form's; `stream`: the streamed ones of both. Unset: [`DOWN_DEFAULT`] where the form is
 /// [`MoeGemv::Auto`] (the model path) or the fused shared expert's, the kernel an explicit form
-/// names otherwise. `async` (or `direct-async`): the direct form's async down kernel
-/// ([`MoeGemv::DirectAsync`]; v1 streamed). Another value warns once on stderr and means
-/// unset. Read on every call.
+/// names otherwise. Another value warns once on stderr and means unset. Read on every call.
 pub const MOE_DOWN_ENV: &str = "PORTER_MOE_DOWN";
 
-/// Environment variable for A/B runs of the direct form's gate+up kernel: `async` runs
-/// `moe_dir_gua_*` (a persistent grid, each warp streaming its items through a two-stage
-/// cp.async ring in shared memory; `moe_dir_gu_*` where it cannot run); unset or `legacy`:
-/// `moe_dir_gu_*`. Another value warns once on stderr and means legacy. Read on every call.
-pub const MOE_GU_ENV: &str = "PORTER_MOE_GU";
-
-/// Whether [`MOE_GU_ENV`]'s value `v` asks for the async gate+up kernel (`Err`: the value,
-/// unknown).
-fn gu_async(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
-    let Some(v) = v else { return Ok(false) };
-    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "legacy" => Ok(false),
-        "async" => Ok(true),
-        _ => Err(v.to_string_lossy().into_owned()),
-    }
-}
-
-/// [`gu_async`] for the process environment, warning once about a value it does not know.
-fn gu_async_env() -> bool {
-    gu_async(std::env::var_os(MOE_GU_ENV).as_deref()).unwrap_or_else(|bad| {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| eprintln!("warning: {MOE_GU_ENV}={bad:?} is not one of legacy, async; using legacy"));
-        false
-    })
-}
-
-/// Async gate+up: warps per block (`MOE_GUA_WARPS`).
-const GUA_WARPS: usize = 4;
-/// Async gate+up: the most resident blocks per SM (`__launch_bounds__(128, 3)`).
-const GUA_BLOCKS_PER_SM: usize = 3;
-
-/// The direct form's down kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum DirectDown {
-    /// `moe_dir_down_*` without the L2 prefetch.
-    Legacy,
-    /// `moe_dir_down_*` with its rows prefetched into L2 first.
-    Stream,
-    /// `moe_dir_downa_*`: every row cp.async'd into shared memory at once (legacy where it
-    /// cannot run: below sm_80, or its shared memory past the device's limit).
-    Async,
-}
-
-/// The down kernels of the model path when [`MOE_DOWN_ENV`] is unset, as (direct, v1
+/// The down kernels of the model path when [`MOE_DOWN_ENV`] is unset, as (direct legacy, v1
 /// legacy): the direct form's legacy kernel and v1's streamed one. H200, 24-layer 80B bf16,
 /// graphs on, 2026-12-02 (docs/benchmarks.md "Session 9"): batch 1 453.3 tok/s with the legacy
 /// direct down kernel against 445.8 with the streamed one; batch 8 / 64 1,554.8 / 3,197.2 with
 /// the streamed v1 kernel against 1,386.3 / 2,628.4 (session 8) with the legacy one.
-const DOWN_DEFAULT: (DirectDown, bool) = (DirectDown::Legacy, false);
+const DOWN_DEFAULT: (bool, bool) = (true, false);
 
-/// The down kernels [`MOE_DOWN_ENV`]'s value `v` asks for: (the direct form's, whether v1's
-/// is the legacy one), or `None` when unset (`Err`: the value, unknown).
-fn down_legacy(v: Option<&std::ffi::OsStr>) -> std::result::Result<Option<(DirectDown, bool)>, String> {
+/// Which forms [`MOE_DOWN_ENV`]'s value `v` gives the legacy down kernel: (direct, v1), or
+/// `None` when unset (`Err`: the value, unknown).
+fn down_legacy(v: Option<&std::ffi::OsStr>) -> std::result::Result<Option<(bool, bool)>, String> {
     let Some(v) = v else { return Ok(None) };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
         "" => Ok(None),
-        "stream" => Ok(Some((DirectDown::Stream, false))),
-        "legacy" => Ok(Some((DirectDown::Legacy, true))),
-        "direct-legacy" => Ok(Some((DirectDown::Legacy, false))),
-        "v1-legacy" => Ok(Some((DirectDown::Stream, true))),
-        "async" | "direct-async" => Ok(Some((DirectDown::Async, false))),
+        "stream" => Ok(Some((false, false))),
+        "legacy" => Ok(Some((true, true))),
+        "direct-legacy" => Ok(Some((true, false))),
+        "v1-legacy" => Ok(Some((false, true))),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
 
 /// [`down_legacy`] for the process environment, warning once about a value it does not know.
-fn down_legacy_env() -> Option<(DirectDown, bool)> {
+fn down_legacy_env() -> Option<(bool, bool)> {
     down_legacy(std::env::var_os(MOE_DOWN_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
             eprintln!(
-                "warning: {MOE_DOWN_ENV}={bad:?} is not one of stream, legacy, direct-legacy, v1-legacy, \
-                 async; \
+                "warning: {MOE_DOWN_ENV}={bad:?} is not one of stream, legacy, direct-legacy, v1-legacy; \
                  using the default"
             )
         });
@@ -191,13 +142,6 @@ pub enum MoeGemv {
     DirectLegacy,
     /// [`MoeGemv::V1`] with its legacy down kernel (`moe_dec_down_*`), whatever the environment.
     V1Legacy,
-    /// [`MoeGemv::Direct`] with its async down kernel (`moe_dir_downa_*`: the block's weight rows
-    /// cp.async'd into shared memory at once; the legacy kernel where it cannot run), whatever
-    /// the environment.
-    DirectAsync,
-    /// [`MoeGemv::DirectAsync`] with the async gate+up kernel too (`moe_dir_gua_*`, see
-    /// [`MOE_GU_ENV`]), whatever the environment.
-    DirectAsyncAll,
 }
 
 impl MoeGemv {
@@ -208,8 +152,8 @@ impl MoeGemv {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 eprintln!(
-                    "warning: {MOE_GEMV_ENV}={bad:?} is not one of auto, direct, v1, v2, direct-legacy, v1-legacy, \
-                     direct-async, direct-async-all; using auto"
+                    "warning: {MOE_GEMV_ENV}={bad:?} is not one of auto, direct, v1, v2, direct-legacy, v1-legacy; \
+                     using auto"
                 )
             });
             MoeGemv::Auto
@@ -227,8 +171,6 @@ impl MoeGemv {
             "v2" => Ok(MoeGemv::V2),
             "direct-legacy" => Ok(MoeGemv::DirectLegacy),
             "v1-legacy" => Ok(MoeGemv::V1Legacy),
-            "direct-async" => Ok(MoeGemv::DirectAsync),
-            "direct-async-all" => Ok(MoeGemv::DirectAsyncAll),
             _ => Err(v.to_string_lossy().into_owned()),
         }
     }
@@ -244,11 +186,10 @@ impl MoeGemv {
 
     /// The form that runs for `n` pairs with `env` ([`MOE_DOWN_ENV`]: direct, v1 legacy; `None`:
     /// unset, [`DOWN_DEFAULT`] for `Auto`, the named kernel for an explicit form) applied.
-    fn resolve_down(self, n: usize, env: Option<(DirectDown, bool)>) -> Self {
-        let legacy = env.unwrap_or(if self == MoeGemv::Auto { DOWN_DEFAULT } else { (DirectDown::Stream, false) });
+    fn resolve_down(self, n: usize, env: Option<(bool, bool)>) -> Self {
+        let legacy = env.unwrap_or(if self == MoeGemv::Auto { DOWN_DEFAULT } else { (false, false) });
         match self.resolve(n) {
-            MoeGemv::Direct if legacy.0 == DirectDown::Legacy => MoeGemv::DirectLegacy,
-            MoeGemv::Direct if legacy.0 == DirectDown::Async => MoeGemv::DirectAsync,
+            MoeGemv::Direct if legacy.0 => MoeGemv::DirectLegacy,
             MoeGemv::V1 if legacy.1 => MoeGemv::V1Legacy,
             w => w,
         }
@@ -256,7 +197,7 @@ impl MoeGemv {
 
     /// Whether this (resolved) form is the direct one.
     fn is_direct(self) -> bool {
-        matches!(self, MoeGemv::Direct | MoeGemv::DirectLegacy | MoeGemv::DirectAsync | MoeGemv::DirectAsyncAll)
+        matches!(self, MoeGemv::Direct | MoeGemv::DirectLegacy)
     }
 }
 
@@ -369,14 +310,9 @@ impl CudaKernels {
             // With a shared expert the caller passes its process form (Auto by default, resolved
             // above with the default); an explicit V1 / V2 there runs direct with the
             // environment's choice or the default.
-            let down = match which {
-                MoeGemv::DirectLegacy => DirectDown::Legacy,
-                MoeGemv::DirectAsync | MoeGemv::DirectAsyncAll => DirectDown::Async,
-                MoeGemv::Direct => DirectDown::Stream,
-                _ => down_legacy_env().unwrap_or(DOWN_DEFAULT).0,
-            };
-            let gu_async = which == MoeGemv::DirectAsyncAll || gu_async_env();
-            return self.moe_decode_direct(c, phases, down, gu_async);
+            let legacy = which == MoeGemv::DirectLegacy
+                || (which != MoeGemv::Direct && down_legacy_env().unwrap_or(DOWN_DEFAULT).0);
+            return self.moe_decode_direct(c, phases, !legacy);
         }
         let slots = e.min(n);
         let dsm = prod(&[e + n + 3 * slots, 4])?;
@@ -542,7 +478,7 @@ impl CudaKernels {
     /// The direct form ([`MoeGemv::Direct`]) of [`CudaKernels::moe_decode_run`]: no grouping,
     /// scratch only for h `[t·k, inter]` (and h_s `[t, I_s]` with a shared expert); `phases` as
     /// there (0: nothing runs, 1: gate+up).
-    fn moe_decode_direct(&self, c: &DecodeCall<'_>, phases: u32, down: DirectDown, gu_async: bool) -> Result<()> {
+    fn moe_decode_direct(&self, c: &DecodeCall<'_>, phases: u32, prefetch: bool) -> Result<()> {
         if phases == 0 {
             return Ok(());
         }
@@ -565,34 +501,17 @@ impl CudaKernels {
         let vec_d = i32::from(c.w_vec_d && vec16(p_h, inter * c.esize));
         // One warp per (pair, inter column), every item at once; then, with a shared expert,
         // a thread per element of h_s.
-        // The async kernel (moe_dir_gua_*): a persistent grid of GUA_WARPS-warp blocks, each warp
-        // a two-stage ring of its gate and up rows in shared memory.
-        let wbytes = if c.kind.is_empty() { c.esize } else { 1 };
-        let gua_smem = prod(&[GUA_WARPS, 4, hidden, wbytes])?;
-        let limit = self.caps().smem_limit();
-        let gua = gu_async && self.caps().tensor_cores() && vec_gu == 1 && gua_smem <= limit;
-        let (warps, gu_smem) = if gua { (GUA_WARPS, gua_smem) } else { (GEMV_WARPS, 0) };
-        let routed_blocks = if gua {
-            // Blocks an SM by shared memory (1 KiB of it reserved a block), at most the launch
-            // bounds'; no more blocks than items need.
-            let per_sm = ((limit + 1024) / (gua_smem + 1024)).clamp(1, GUA_BLOCKS_PER_SM);
-            (self.caps().sms * per_sm).min(prod(&[n, inter])?.div_ceil(GUA_WARPS)).max(1)
-        } else {
-            prod(&[n, inter])?.div_ceil(GEMV_WARPS)
-        };
-        let nblk = u32_of("gemv blocks", routed_blocks)?;
-        let shared_blocks = prod(&[t, is])?.div_ceil(warps * 32);
+        let routed_blocks = prod(&[n, inter])?.div_ceil(GEMV_WARPS);
+        let shared_blocks = prod(&[t, is])?.div_ceil(GEMV_WARPS * 32);
         let cfg = LaunchConfig {
             grid_dim: (u32_of("gemv blocks", routed_blocks + shared_blocks)?, 1, 1),
-            block_dim: (warps as u32 * 32, 1, 1),
-            shared_mem_bytes: u32_of("shared memory", gu_smem)?,
+            block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
+            shared_mem_bytes: 0,
         };
         let mut args: Vec<&dyn KernelArg> = vec![&c.x];
         args.extend(weights(c.gate));
         args.extend(weights(c.up));
-        // The last argument: vec (moe_dir_gu_*) or the routed block count (moe_dir_gua_*).
-        let last: &dyn KernelArg = if gua { &nblk } else { &vec_gu };
-        let rest: [&dyn KernelArg; 8] = [&c.idx, &n32, &e32, &p_h, &h32, &i32_, &k32, last];
+        let rest: [&dyn KernelArg; 8] = [&c.idx, &n32, &e32, &p_h, &h32, &i32_, &k32, &vec_gu];
         args.extend(rest);
         let (gu_stride, gu_col0, is32) = match sh {
             Some(sc) => (
@@ -607,12 +526,7 @@ impl CudaKernels {
             let extra: [&dyn KernelArg; 6] = [&gu_ptr, &gu_stride, &gu_col0, &p_hs, &is32, &t32];
             args.extend(extra);
         }
-        let gu_name = match (sh.is_some(), gua) {
-            (false, false) => "moe_dir_gu_",
-            (true, false) => "moe_dir_gu_sh_",
-            (false, true) => "moe_dir_gua_",
-            (true, true) => "moe_dir_gua_sh_",
-        };
+        let gu_name = if sh.is_some() { "moe_dir_gu_sh_" } else { "moe_dir_gu_" };
         // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, const u32* idx,
         // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec)` (weights as for v2), or
         // `moe_dir_gu_sh_<kind><T>` with `const float* gu, u32 gu_stride, u32 gu_col0, T* hs,
@@ -620,13 +534,7 @@ impl CudaKernels {
         // and is never read (the down kernel skips it); h has n rows of I; the blocks past
         // ceil(n·I / 8) write h_s [t, Is] (its elements < t·Is), reading gu's columns
         // gu_col0 .. gu_col0 + 2·Is < gu_stride of t rows (checked by the caller).
-        // moe_dir_gua_* (`u32 nblk` in vec's place): only with vec_gu (16-byte rows of x and
-        // the weights), its dynamic shared memory 4 · GUA_WARPS · H · weight bytes given in full
-        // (opted in by function_smem); blocks < nblk stream the items, the rest write h_s as
-        // above (a thread an element of GUA_WARPS · 32-thread blocks); every cp.async lands
-        // before its block exits.
-        let f = self.function_smem(c.src, &format!("{gu_name}{}{}", c.kind, c.tname), gu_smem)?;
-        unsafe { self.launch_fn(&f, cfg, &args) }?;
+        unsafe { self.launch(c.src, &format!("{gu_name}{}{}", c.kind, c.tname), cfg, &args) }?;
         if phases == 1 {
             return Ok(());
         }
@@ -636,7 +544,6 @@ impl CudaKernels {
         let stage_h = vec_d == 1 && h_row <= DIRECT_STAGE_BYTES;
         let vec_s = sh.is_some_and(|sc| sc.w_vec && vec16(p_hs, hs_row));
         let stage_s = vec_s && if stage_h { h_row } else { 0 } + hs_row <= DIRECT_STAGE_BYTES;
-        let prefetch = down == DirectDown::Stream;
         let staged = i32::from(stage_h) | (i32::from(stage_s) << 1) | if prefetch { DIRECT_PREFETCH } else { 0 };
         let dsm = if stage_h { h_row } else { 0 } + if stage_s { hs_row } else { 0 };
         // The shared row as one more pair of the routed groups when it has their length and
@@ -661,30 +568,12 @@ impl CudaKernels {
             let extra: [&dyn KernelArg; 7] = [&p_hs, &glog, &g_stride, &g_col, &is32, &mode, &svec];
             args.extend(extra);
         }
-        // The async kernel: h, h_s, then every warp's k routed rows and its shared row in
-        // shared memory (16-byte rows everywhere, an id a lane), on sm_80+ within the limit.
-        let async_smem = prod(&[k, inter])?
-            .checked_add(is)
-            .and_then(|row| row.checked_mul(c.esize + GEMV_WARPS * wbytes))
-            .ok_or_else(|| CudaError::Invalid("moe decode: async down shared memory overflows".into()))?;
-        let is_async = down == DirectDown::Async
-            && self.caps().tensor_cores()
-            && vec_d == 1
-            && k <= 32
-            && (sh.is_none() || vec_s)
-            && async_smem <= self.caps().smem_limit();
-        let dsm = if is_async { async_smem } else { dsm };
         let cfg = LaunchConfig {
             grid_dim: (u32_of("column blocks", hidden.div_ceil(GEMV_WARPS))?, t32, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
             shared_mem_bytes: u32_of("shared memory", dsm)?,
         };
-        let down_name = match (sh.is_some(), is_async) {
-            (false, false) => "moe_dir_down_",
-            (true, false) => "moe_dir_down_sh_",
-            (false, true) => "moe_dir_downa_",
-            (true, true) => "moe_dir_downa_sh_",
-        };
+        let down_name = if sh.is_some() { "moe_dir_down_sh_" } else { "moe_dir_down_" };
         // SAFETY: arguments match `moe_dir_down_<kind><T>(const T* h, <down>, const u32* idx,
         // const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged)`, or
         // `moe_dir_down_sh_<kind><T>` with `<shared down>, const T* hs, const float* glog,
@@ -695,13 +584,8 @@ impl CudaKernels {
         // of Is elements after them (svec), within the dynamic shared memory given; h rows
         // are used only for valid ids; the shared down weight has H rows of Is, mode 1 only
         // when Is = I with the routed rows' load width; glog's column g_col < g_stride of t
-        // rows (checked by the caller). `moe_dir_downa_*` (same arguments, staged ignored) only
-        // with vec_d (and svec with a shared expert: 16-byte rows of h, h_s and every weight
-        // row), k <= 32, and its dynamic shared memory, (k·I + Is) · (sizeof(T) + 8 · weight
-        // bytes), given in full (opted in by function_smem); it copies h's k rows (the scratch
-        // holds them: invalid pairs' rows are copied, never used) and only valid ids' rows.
-        let f = self.function_smem(c.src, &format!("{down_name}{}{}", c.kind, c.tname), dsm)?;
-        unsafe { self.launch_fn(&f, cfg, &args) }
+        // rows (checked by the caller).
+        unsafe { self.launch(c.src, &format!("{down_name}{}{}", c.kind, c.tname), cfg, &args) }
     }
 }
 
@@ -734,58 +618,34 @@ mod tests {
 
     #[test]
     fn gemv_legacy_values() {
-        use DirectDown::{Async, Legacy, Stream};
         let v = |s: &str| MoeGemv::from_value(Some(std::ffi::OsStr::new(s)));
         assert_eq!(v("direct-legacy"), Ok(MoeGemv::DirectLegacy));
         assert_eq!(v(" V1-Legacy "), Ok(MoeGemv::V1Legacy));
-        assert_eq!(v("Direct-Async"), Ok(MoeGemv::DirectAsync));
-        assert_eq!(v("direct-async-all"), Ok(MoeGemv::DirectAsyncAll));
-        assert!(MoeGemv::DirectAsyncAll.is_direct());
-        assert_eq!(MoeGemv::Auto.resolve_down(10, Some((Legacy, true))), MoeGemv::DirectLegacy);
-        assert_eq!(MoeGemv::Auto.resolve_down(10, Some((Stream, true))), MoeGemv::Direct);
-        assert_eq!(MoeGemv::Auto.resolve_down(10, Some((Async, false))), MoeGemv::DirectAsync);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((Legacy, true))), MoeGemv::V1Legacy);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((Legacy, false))), MoeGemv::V1);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((Async, false))), MoeGemv::V1);
-        assert_eq!(
-            MoeGemv::V1Legacy.resolve_down(1, Some((Stream, false))),
-            MoeGemv::V1Legacy,
-            "explicit legacy stays"
-        );
-        assert_eq!(MoeGemv::DirectAsync.resolve_down(1, Some((Legacy, true))), MoeGemv::DirectAsync, "explicit stays");
-        assert_eq!(MoeGemv::V2.resolve_down(100, Some((Legacy, true))), MoeGemv::V2);
-        assert!(
-            MoeGemv::DirectLegacy.is_direct() && MoeGemv::DirectAsync.is_direct() && !MoeGemv::V1Legacy.is_direct()
-        );
+        assert_eq!(MoeGemv::Auto.resolve_down(10, Some((true, true))), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(10, Some((false, true))), MoeGemv::Direct);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((true, true))), MoeGemv::V1Legacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((true, false))), MoeGemv::V1);
+        assert_eq!(MoeGemv::V1Legacy.resolve_down(1, Some((false, false))), MoeGemv::V1Legacy, "explicit legacy stays");
+        assert_eq!(MoeGemv::V2.resolve_down(100, Some((true, true))), MoeGemv::V2);
+        assert!(MoeGemv::DirectLegacy.is_direct() && !MoeGemv::V1Legacy.is_direct());
     }
 
     #[test]
     fn down_env_values() {
-        use DirectDown::{Async, Legacy, Stream};
         let v = |s: &str| down_legacy(Some(std::ffi::OsStr::new(s)));
         assert_eq!((down_legacy(None), v("")), (Ok(None), Ok(None)));
-        assert_eq!((v("legacy"), v(" Legacy")), (Ok(Some((Legacy, true))), Ok(Some((Legacy, true)))));
-        assert_eq!((v("direct-legacy"), v("V1-legacy")), (Ok(Some((Legacy, false))), Ok(Some((Stream, true)))));
-        assert_eq!(v("stream"), Ok(Some((Stream, false))));
-        assert_eq!((v("async"), v(" Direct-Async")), (Ok(Some((Async, false))), Ok(Some((Async, false)))));
+        assert_eq!((v("legacy"), v(" Legacy")), (Ok(Some((true, true))), Ok(Some((true, true)))));
+        assert_eq!((v("direct-legacy"), v("V1-legacy")), (Ok(Some((true, false))), Ok(Some((false, true)))));
+        assert_eq!(v("stream"), Ok(Some((false, false))));
         assert_eq!(v("old"), Err("old".to_string()));
         // Unset: the default for Auto, the named kernel for an explicit form.
         assert_eq!(MoeGemv::Auto.resolve_down(10, None), MoeGemv::DirectLegacy);
         assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, None), MoeGemv::V1);
         assert_eq!(MoeGemv::Direct.resolve_down(10, None), MoeGemv::Direct);
-        assert_eq!(MoeGemv::DirectAsync.resolve_down(10, None), MoeGemv::DirectAsync);
     }
 
     /// The streamed v1 down kernel takes the 80B shapes up to t = 256 (top-10) in bf16.
     const _: () = assert!(256 * 10 * DS_NR * 2 <= DS_SMEM_BYTES);
-
-    #[test]
-    fn gu_env_values() {
-        let v = |s: &str| gu_async(Some(std::ffi::OsStr::new(s)));
-        assert_eq!((gu_async(None), v(""), v("legacy")), (Ok(false), Ok(false), Ok(false)));
-        assert_eq!(v(" Async "), Ok(true));
-        assert_eq!(v("fast"), Err("fast".to_string()));
-    }
 
     #[test]
     fn shared_env_values() {
