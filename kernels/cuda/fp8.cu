@@ -200,19 +200,6 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
         wr[q] = reinterpret_cast<const uint4*>(w + (u64)j * k);
         srow[q] = sc + (u64)__ldg(rs + j) * nsc;
     }
-#ifdef PORTER_PDL
-    // Launched with programmatic dependent launch (kernels/src/cuda/pdl.rs, not the fused norm
-    // form): prefetch this warp's weight rows into L2 while the norm before it runs, then wait
-    // for it before reading x.
-    if (!XS) {
-        const u32 lines = (k + 127u) / 128u;
-#pragma unroll
-        for (int q = 0; q < NR; ++q)
-            for (u32 l = lane; l < lines; l += 32u)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(wr[q]) + (u64)l * 128u));
-        PORTER_PDL_WAIT();
-    }
-#endif
     const u32 kv = k / 16u;
     float acc[M][NR];
 #pragma unroll

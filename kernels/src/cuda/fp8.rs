@@ -264,21 +264,7 @@ impl CudaKernels {
         // checked; m <= mm; the scale rows named by row_scale exist (Fp8Dev's contract).
         // Kernel: `fp8_gemv[x]_..(const u8* w, const float* sc, const u32* rs, const A* x, O* out,
         // u32 m, u32 k, u32 n)`.
-        // The fp8_gemvx kernels prefetch their weights and wait for the kernel before them
-        // (programmatic dependent launch, pdl.rs); the older form does not wait: plain launch.
-        unsafe {
-            if name.starts_with("fp8_gemvx") {
-                launch_dependent!(
-                    self,
-                    FP8,
-                    name,
-                    cfg,
-                    [pq, ptr(w.scales), ptr(w.row_scale), px, ptr_mut(out), m32, k32, n32]
-                )
-            } else {
-                launch!(self, FP8, name, cfg, [pq, ptr(w.scales), ptr(w.row_scale), px, ptr_mut(out), m32, k32, n32])
-            }
-        }
+        unsafe { launch!(self, FP8, name, cfg, [pq, ptr(w.scales), ptr(w.row_scale), px, ptr_mut(out), m32, k32, n32]) }
     }
 
     /// Dequantizes an FP8 weight into `out` (`[rows, cols]` of `T`, values rounded to `T`):
