@@ -22,25 +22,6 @@
 #define PORTER_SM80 1
 #endif
 
-// Programmatic dependent launch (kernels/src/cuda/pdl.rs), sm_90+ and not in a fallback
-// build. PORTER_PDL_TRIGGER(): let the next kernel's blocks be scheduled now (the norm kernels
-// whose successor is a decode GEMV; a no-op when the successor was launched without the
-// attribute). PORTER_PDL_WAIT(): block until the kernels ahead in the stream have completed and
-// their writes are visible (a no-op when this kernel was launched without the attribute); a
-// kernel launched with the attribute touches no memory that other work writes before it.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(PORTER_FALLBACK)
-#define PORTER_PDL 1
-#define PORTER_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
-#define PORTER_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#else
-#define PORTER_PDL_TRIGGER() \
-    do {                     \
-    } while (0)
-#define PORTER_PDL_WAIT() \
-    do {                  \
-    } while (0)
-#endif
-
 typedef __nv_bfloat16 bf16;
 typedef __half f16;
 typedef unsigned int u32;

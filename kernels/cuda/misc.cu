@@ -187,15 +187,15 @@ __device__ __forceinline__ void shared_expert_add_f32g_impl(float* __restrict__ 
     }                                                                                                                  \
     extern "C" __global__ void add_rms_norm_##N##_##N(float* x, const T* y, const T* w, T* out, u32 d, float eps,     \
                                                      int zc) {                                                         \
-        PORTER_PDL_TRIGGER(); add_rms_norm_impl<T, T>(x, y, w, out, d, eps, zc);                                                         \
+        add_rms_norm_impl<T, T>(x, y, w, out, d, eps, zc);                                                           \
     }                                                                                                                  \
     extern "C" __global__ void add_rms_norm_f32y_##N(float* x, const float* y, const T* w, T* out, u32 d, float eps,  \
                                                      int zc) {                                                         \
-        PORTER_PDL_TRIGGER(); add_rms_norm_impl<float, T>(x, y, w, out, d, eps, zc);                                                     \
+        add_rms_norm_impl<float, T>(x, y, w, out, d, eps, zc);                                                       \
     }                                                                                                                  \
     extern "C" __global__ void gated_norm_z_##N(const T* x, const T* p, const T* w, T* out, u32 d, float eps, u32 hv,  \
                                                 u32 pw, u32 zoff) {                                                    \
-        PORTER_PDL_TRIGGER(); gated_norm_z_impl<T>(x, p, w, out, d, eps, hv, pw, zoff);                                                  \
+        gated_norm_z_impl<T>(x, p, w, out, d, eps, hv, pw, zoff);                                                    \
     }                                                                                                                  \
     extern "C" __global__ void swiglu_f32in_##N(const float* src, T* out, u64 rows, u32 inter, u32 stride, u32 col0) { \
         swiglu_f32in_impl<T>(src, out, rows, inter, stride, col0);                                                   \
@@ -302,22 +302,6 @@ template <typename T, typename O, int M>
 __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __restrict__ w, O* __restrict__ out, u32 m,
                                           u32 k, u32 n, u32 split) {
     __shared__ float red[8][M];
-#ifdef PORTER_PDL
-    // Launched with programmatic dependent launch (pdl.rs), the block may run while the norm
-    // before it still does: prefetch this warp's share of its weight row into L2 (128-byte
-    // lines; no kernel writes weights), then wait for the norm before reading x.
-    {
-        const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-        const u32 j = blockIdx.x * (8u / split) + warp / split, part = warp % split;
-        if (j < n) {
-            const char* row = reinterpret_cast<const char*>(w + (u64)j * k);
-            const u32 lines = (u32)(((u64)k * sizeof(T) + 127u) / 128u);
-            for (u32 l = 32u * part + lane; l < lines; l += 32u * split)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(row + (u64)l * 128u));
-        }
-    }
-    PORTER_PDL_WAIT();
-#endif
     gemv_block<T, O, M, false>(x, w, out, m, k, n, split, blockIdx.x, red);
 }
 

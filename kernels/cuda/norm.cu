@@ -82,11 +82,11 @@ __device__ __forceinline__ void gated_rms_norm_impl(const TX* __restrict__ x, co
 #define PORTER_NORMS(NX, TX, NO, TO)                                                                           \
     extern "C" __global__ void rms_norm_##NX##_##NO(const TX* x, const TO* w, TO* out, u32 d, float eps,      \
                                                    int zero_centred) {                                        \
-        PORTER_PDL_TRIGGER(); rms_norm_impl<TX, TO>(x, w, out, d, eps, zero_centred);                                             \
+        rms_norm_impl<TX, TO>(x, w, out, d, eps, zero_centred);                                               \
     }                                                                                                          \
     extern "C" __global__ void gated_rms_norm_##NX##_##NO(const TX* x, const TO* z, const TO* w, TO* out, u32 d, \
                                                          float eps) {                                         \
-        PORTER_PDL_TRIGGER(); gated_rms_norm_impl<TX, TO>(x, z, w, out, d, eps);                                                  \
+        gated_rms_norm_impl<TX, TO>(x, z, w, out, d, eps);                                                    \
     }
 
 PORTER_NORMS(f32, float, f32, float)

@@ -448,10 +448,8 @@ impl CudaKernels {
         // SAFETY: matches gemv_<A>_<O>_m<mm>; sizes and alignment checked; m <= mm; split
         // is 1, 2 or 4 (8 / split columns a block).
         // Kernel: `gemv_<A>_<O>_m<mm>(const A* x, const A* w, O* out, u32 m, u32 k, u32 n, u32 split)`.
-        // The norm before it may still run (programmatic dependent launch, pdl.rs): the kernel
-        // prefetches its weights, then waits before it reads x or writes out.
         unsafe {
-            launch_dependent!(
+            launch!(
                 self,
                 MISC,
                 format!("gemv_{}_{}_m{mm}", A::NAME, O::NAME),

@@ -62,14 +62,6 @@ macro_rules! launch {
     };
 }
 
-/// [`launch!`] through [`CudaKernels::launch_dependent`]: programmatic dependent launch where
-/// it is on (pdl.rs); the kernel must wait (`PORTER_PDL_WAIT()`) before it touches memory.
-macro_rules! launch_dependent {
-    ($k:expr, $src:expr, $name:expr, $cfg:expr, [$($arg:tt)*] $(,)?) => {
-        launch!(@call $k, |k, args| k.launch_dependent(&$src, &$name, $cfg, &args), [$($arg)*])
-    };
-}
-
 /// [`launch!`] for a function already at hand (from [`CudaKernels::function_smem`]):
 /// `launch_fn!(kernels, f, cfg, [arg, ...])`, expanding to the unsafe
 /// [`CudaKernels::launch_fn`].
@@ -93,7 +85,6 @@ mod moe_decode;
 mod moe_prefill;
 mod norm_gemv;
 mod ops;
-mod pdl;
 
 pub use attention::{AttnMode, AttnTc, ATTN_MAX_HEAD_DIM, ATTN_TC_DEFAULT, ATTN_TC_ENV, PAD_SLOT};
 pub use compile::*;
@@ -105,7 +96,6 @@ pub use moe::MoeSharedDev;
 pub use moe_decode::{MoeGemv, MOE_DOWN_ENV, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
 pub use norm_gemv::{norm_gemv_enabled, NormGemvAdd, NORM_GEMV_ENV, NORM_GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
-pub use pdl::PDL_ENV;
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{
@@ -308,8 +298,6 @@ pub struct CudaKernels {
     caps: DeviceCaps,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
-    /// The decode GEMVs launch with programmatic dependent launch ([`PDL_ENV`], pdl.rs).
-    pdl: bool,
     /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
     /// the kernel zeroes what it used before it ends).
     moe_sync: Mutex<CudaSlice<u32>>,
@@ -364,7 +352,6 @@ impl CudaKernels {
             caps,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
-            pdl: pdl::pdl_enabled(caps),
             moe_sync,
         })
     }
@@ -463,29 +450,6 @@ impl CudaKernels {
         unsafe { self.launch_fn(&f, cfg, args) }
     }
 
-    /// [`CudaKernels::launch`] with programmatic dependent launch where it is on ([`PDL_ENV`]):
-    /// the kernel may start while the one before it in the stream still runs (pdl.rs).
-    ///
-    /// # Safety
-    /// As [`CudaKernels::launch`], and `name` executes `PORTER_PDL_WAIT()` before it reads or
-    /// writes any memory that earlier work in the stream writes or reads.
-    pub(crate) unsafe fn launch_dependent(
-        &self,
-        src: &'static KernelSource,
-        name: &str,
-        cfg: LaunchConfig,
-        args: &[&dyn KernelArg],
-    ) -> Result<()> {
-        let f = self.function(src, name)?;
-        if self.pdl {
-            // SAFETY: the caller's contract, for this very function, which waits first.
-            unsafe { pdl::launch_pdl(&self.stream, &f, cfg, args) }
-        } else {
-            // SAFETY: the caller's contract, for this very function.
-            unsafe { self.launch_fn(&f, cfg, args) }
-        }
-    }
-
     /// Launches `f` (an entry point of this crate's sources, from [`CudaKernels::function`]
     /// or [`CudaKernels::function_smem`]) on [`CudaKernels::stream`] with `cfg`.
     ///
@@ -525,8 +489,6 @@ impl CudaKernels {
 pub(crate) trait KernelArg {
     /// Appends `self` to the launch's parameter list.
     fn push<'a>(&'a self, b: &mut LaunchArgs<'a>);
-    /// The address of the value, as `cuLaunchKernelEx` takes each parameter (pdl.rs).
-    fn raw(&self) -> *mut std::ffi::c_void;
 }
 
 macro_rules! kernel_arg {
@@ -534,9 +496,6 @@ macro_rules! kernel_arg {
         impl KernelArg for $t {
             fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
                 b.arg(self);
-            }
-            fn raw(&self) -> *mut std::ffi::c_void {
-                self as *const $t as *mut std::ffi::c_void
             }
         }
     )*};
