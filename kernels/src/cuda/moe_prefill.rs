@@ -157,7 +157,7 @@ impl CudaKernels {
         inter: usize,
     ) -> Result<[f64; 4]> {
         let dims = [t, k, e, hidden, inter];
-        let mma = MoeGemm::from_env() == MoeGemm::Mma;
+        let mma = MoeGemm::from_env() != MoeGemm::Wmma;
         let one = one_block_align_env();
         Ok(self.moe_prefill_stage_times_with(x, idx, w, gate, up, down, out, dims, mma, None, one)?.secs)
     }
@@ -316,6 +316,13 @@ impl CudaKernels {
     ) -> Result<(&'static str, usize, usize)> {
         let [t, k, e, hidden, inter] = dims;
         let Choice { gemm: gemm_form, frags, one_block_align } = choice;
+        // Auto: the streamed GEMMs where their tile is 64 rows (few rows an expert: weight
+        // streaming decides), the mma.sync ones beyond (MMA throughput decides; measured).
+        let gemm_form = match gemm_form {
+            MoeGemm::Auto if frags.is_none() && pipe::frags(t, k, e) <= 4 => MoeGemm::Pipe,
+            MoeGemm::Auto => MoeGemm::Mma,
+            f => f,
+        };
         if frags.is_some_and(|f| !MMA_FRAGS.contains(&f)) {
             return Err(CudaError::Invalid(format!("moe prefill: tile fragments {frags:?}, not one of {MMA_FRAGS:?}")));
         }

@@ -47,10 +47,12 @@ pub enum AttnTc {
     Wgmma,
 }
 
-/// The kernel of [`AttnMode::Fast`] when [`ATTN_TC_ENV`] is unset: the 8-warp mma.sync
-/// kernel, 2.2× the wmma one at head_dim 256 on an H200 (111 against 50 TFLOP/s at 4k tokens;
-/// prefill 32k 29.2k against 19.6k tok/s end to end, docs/benchmarks.md, session 11).
-pub const ATTN_TC_DEFAULT: AttnTc = AttnTc::Mma;
+/// The kernel of [`AttnMode::Fast`] when [`ATTN_TC_ENV`] is unset: the wgmma kernel on an
+/// sm_90 device (head_dim 128 / 256, pools of the model dtype), 293 TFLOP/s at 4k tokens and
+/// head_dim 256 on an H200 against 111 for the 8-warp mma.sync kernel and 50 for wmma; prefill
+/// 32k 40.2k against 29.6k tok/s end to end (docs/benchmarks.md, session 11). Where it does not
+/// apply, the plan takes the mma.sync kernels, then wmma, then the CUDA cores.
+pub const ATTN_TC_DEFAULT: AttnTc = AttnTc::Wgmma;
 
 /// Smallest `max_q_len` that takes a tensor-core path.
 const ATC_MIN_Q: usize = 16;

@@ -1,11 +1,14 @@
 //! The prefill path's A/B knobs: [`MOE_GEMM_ENV`] (mma.sync, streamed or wmma GEMMs) and
 //! [`MOE_ALIGN_ENV`] (parallel or single-block alignment), and the per-call [`Choice`].
 
-/// Environment variable choosing the dense bf16 / f16 prefill GEMMs: `mma` (the default: the
+/// Environment variable choosing the dense bf16 / f16 prefill GEMMs: `auto` (the default:
+/// `pipe` where its tiles are 64 rows, i.e. up to ≈ 33 rows an expert — t ≤ ~1.6k tokens at
+/// the 80B shape, where it measured 1.38–1.44× the mma GEMMs on an H200 — else `mma`, which
+/// its 128-row tiles did not beat at t = 4096; docs/benchmarks.md, session 11), `mma` (the
 /// mma.sync GEMMs of moe_prefill.cu), `pipe` (moe_prefill.cu's streamed mma.sync GEMMs: one
 /// tile an expert, 128-byte k-steps, column blocks chained in one pipeline; where their stages
 /// do not fit, `mma`) or `wmma` (moe.cu's wmma GEMMs, the A/B baseline). Read
-/// on every call; another value warns once on stderr and means `mma`. Where the mma.sync
+/// on every call; another value warns once on stderr and means `auto`. Where the mma.sync
 /// GEMMs do not fit (below sm_80, forced fallback, less shared memory than their stages need,
 /// f32, unaligned rows) the wmma or CUDA-core GEMMs run whatever it says; FP8 experts always
 /// take their own GEMMs (fp8_gemm.cu).
@@ -52,6 +55,9 @@ pub(super) struct Choice {
 /// Which dense tensor-core GEMMs the prefill path runs ([`MOE_GEMM_ENV`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum MoeGemm {
+    /// [`MoeGemm::Pipe`] where its tiles are 64 rows, else [`MoeGemm::Mma`] (resolved per call
+    /// from the shape: `moe_prefill.rs`).
+    Auto,
     /// moe_prefill.cu's mma.sync GEMMs (8 warps, 16·MI × 512 block tiles), where they fit.
     Mma,
     /// moe.cu's wmma GEMMs (4 warps, 16·MI × 256 block tiles).
@@ -62,21 +68,24 @@ pub(super) enum MoeGemm {
 }
 
 impl MoeGemm {
-    /// The form [`MOE_GEMM_ENV`] asks for ([`MoeGemm::Mma`] when unset or unknown).
+    /// The form [`MOE_GEMM_ENV`] asks for ([`MoeGemm::Auto`] when unset or unknown).
     pub(super) fn from_env() -> Self {
         let v = std::env::var_os(MOE_GEMM_ENV);
         Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
             static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of mma, pipe, wmma; using mma"));
-            MoeGemm::Mma
+            WARNED.call_once(|| {
+                eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of auto, mma, pipe, wmma; using auto")
+            });
+            MoeGemm::Auto
         })
     }
 
     /// [`MoeGemm::from_env`] for a given value of the variable (`Err`: the value, unknown).
     pub(super) fn from_value(v: Option<&std::ffi::OsStr>) -> std::result::Result<Self, String> {
-        let Some(v) = v else { return Ok(MoeGemm::Mma) };
+        let Some(v) = v else { return Ok(MoeGemm::Auto) };
         match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-            "" | "mma" => Ok(MoeGemm::Mma),
+            "" | "auto" => Ok(MoeGemm::Auto),
+            "mma" => Ok(MoeGemm::Mma),
             "wmma" => Ok(MoeGemm::Wmma),
             "pipe" => Ok(MoeGemm::Pipe),
             _ => Err(v.to_string_lossy().into_owned()),
@@ -91,8 +100,9 @@ mod tests {
 
     #[test]
     fn moe_gemm_env_values() {
-        assert_eq!(MoeGemm::from_value(None), Ok(MoeGemm::Mma));
-        assert_eq!(MoeGemm::from_value(Some(OsStr::new(""))), Ok(MoeGemm::Mma));
+        assert_eq!(MoeGemm::from_value(None), Ok(MoeGemm::Auto));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new(""))), Ok(MoeGemm::Auto));
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new("Auto"))), Ok(MoeGemm::Auto));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new(" MMA "))), Ok(MoeGemm::Mma));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("wmma"))), Ok(MoeGemm::Wmma));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("Pipe"))), Ok(MoeGemm::Pipe));
