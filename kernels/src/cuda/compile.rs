@@ -115,6 +115,26 @@ pub(crate) static ROUTER: KernelSource = KernelSource { name: "router.cu", code:
 /// Gated DeltaNet: gates, conv1d, recurrent step.
 pub(crate) static GDN: KernelSource = KernelSource { name: "gdn.cu", code: include_str!("../../cuda/gdn.cu") };
 
+/// The text of a tensor-core attention module that runs on the helpers of attention.cu
+/// (kv_quant.cu's tile loaders, attention.cu and attention_tc.cu with their kernels left out by
+/// `PORTER_ATTN_HELPERS_ONLY`), then the kernels of `$file` (`kernels/cuda/$file`).
+macro_rules! attention_helpers_then {
+    ($file:literal) => {
+        concat!(
+            "#define PORTER_ATTN_HELPERS_ONLY 1\n#line 1 \"kv_quant.cu\"\n",
+            include_str!("../../cuda/kv_quant.cu"),
+            "\n#line 1 \"attention.cu\"\n",
+            include_str!("../../cuda/attention.cu"),
+            "\n#line 1 \"attention_tc.cu\"\n",
+            include_str!("../../cuda/attention_tc.cu"),
+            "\n#line 1 \"",
+            $file,
+            "\"\n",
+            include_str!(concat!("../../cuda/", $file))
+        )
+    };
+}
+
 /// Causal GQA attention over a paged KV cache (model-dtype or quantized pools), KV append
 /// (kv_quant.cu, the quantized pools' encoders and append, comes first; attention.cu's CUDA-core
 /// kernels, then its wmma tensor-core prefill path attention_tc.cu), and on-device sampling
@@ -135,37 +155,15 @@ pub(crate) static ATTENTION: KernelSource = KernelSource {
 /// attention.cu and attention_tc.cu, whose kernels `PORTER_ATTN_HELPERS_ONLY` leaves out): a
 /// module of its own, compiled only when a launch asks for one
 /// of its kernels (its ~16 MB of PTX take about a minute of NVRTC and more of the driver's JIT,
-/// which the default wmma path should not pay).
-pub(crate) static ATTENTION_MMA: KernelSource = KernelSource {
-    name: "attention_mma.cu",
-    code: concat!(
-        "#define PORTER_ATTN_HELPERS_ONLY 1\n#line 1 \"kv_quant.cu\"\n",
-        include_str!("../../cuda/kv_quant.cu"),
-        "\n#line 1 \"attention.cu\"\n",
-        include_str!("../../cuda/attention.cu"),
-        "\n#line 1 \"attention_tc.cu\"\n",
-        include_str!("../../cuda/attention_tc.cu"),
-        "\n#line 1 \"attention_mma.cu\"\n",
-        include_str!("../../cuda/attention_mma.cu")
-    ),
-};
+/// which a path that does not use it should not pay).
+pub(crate) static ATTENTION_MMA: KernelSource =
+    KernelSource { name: "attention_mma.cu", code: attention_helpers_then!("attention_mma.cu") };
 /// The wgmma (Hopper warpgroup MMA) prefill attention (attention_wgmma.cu, on the same helpers
 /// as [`ATTENTION_MMA`]): a module of its own, compiled only when a launch asks for one of its
 /// kernels, for `sm_90a` on an sm_90 device ([`module_arch`]); elsewhere its kernels trap and
 /// are never chosen.
-pub(crate) static ATTENTION_WGMMA: KernelSource = KernelSource {
-    name: "attention_wgmma.cu",
-    code: concat!(
-        "#define PORTER_ATTN_HELPERS_ONLY 1\n#line 1 \"kv_quant.cu\"\n",
-        include_str!("../../cuda/kv_quant.cu"),
-        "\n#line 1 \"attention.cu\"\n",
-        include_str!("../../cuda/attention.cu"),
-        "\n#line 1 \"attention_tc.cu\"\n",
-        include_str!("../../cuda/attention_tc.cu"),
-        "\n#line 1 \"attention_wgmma.cu\"\n",
-        include_str!("../../cuda/attention_wgmma.cu")
-    ),
-};
+pub(crate) static ATTENTION_WGMMA: KernelSource =
+    KernelSource { name: "attention_wgmma.cu", code: attention_helpers_then!("attention_wgmma.cu") };
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
 /// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine), the direct decode form's
 /// entry points with the shared expert fused in (moe_shared.cu, dense weights) and the prefill
