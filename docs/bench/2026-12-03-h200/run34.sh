@@ -11,7 +11,7 @@ L=$OUT/logs; mkdir -p $L
 S=$L/summary.txt
 { date -u; echo "PTX cache: ${PORTER_KERNEL_CACHE:-none} $(ls ${PORTER_KERNEL_CACHE:-/x} 2>/dev/null | wc -l) files"; } > $S
 T0=$(date +%s)
-t() { local name=$1; shift; local s=$(date +%s); [ $(( s - T0 + $2 )) -gt 560 ] && { echo "$name skipped (time)" >> $S; return; }; "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? $(( $(date +%s) - s ))s $(grep -E '^test result' "$L/$name.log" | tail -1)" >> $S; }
+t() { local name=$1; shift; local s=$(date +%s); [ $(( s - T0 + $2 )) -gt 360 ] && { echo "$name skipped (time)" >> $S; return; }; "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? $(( $(date +%s) - s ))s $(grep -E '^test result' "$L/$name.log" | tail -1)" >> $S; }
 T="--nocapture --include-ignored --test-threads=1"
 G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24"
 t bf16_24 timeout 120 $P bench $G --prefill 4096,32768 --batch 1,8,64 --context 128 --steps 32 --json "$L/bf16_24.json"
@@ -21,7 +21,7 @@ t gpu_fallback timeout 120 env PORTER_CUDA_FALLBACK=1 .dev/bin/gpu $T
 t profile_pf timeout 60 env PORTER_PROFILE=1 $P bench $G --enforce-eager --prefill 4096 --batch 1 --context 128 --steps 4
 t mtp_24 timeout 60 $P bench $G --prefill 16 --batch 1 --context 128 --steps 64 --mtp-step 3
 F="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --quantize fp8"
-t fp8_48 timeout 220 $P bench $F --prefill 4096,32768 --batch 1,8,64 --context 128 --steps 32 --json "$L/fp8_48.json"
+t fp8_48 timeout 150 $P bench $F --prefill 4096,32768 --batch 1,8,64 --context 128 --steps 32 --json "$L/fp8_48.json"
 cat $S
 grep -hE "panicked|FAILED|failed:" $L/*.log | head -20
 for f in bf16_24 mtp_24 fp8_48; do echo "== $f"; grep -vE "^  profile" "$L/$f.log" | grep -E "prefill|decode|mtp|roofline|memory|rror" | head -16; done
