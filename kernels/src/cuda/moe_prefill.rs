@@ -157,9 +157,10 @@ impl CudaKernels {
         inter: usize,
     ) -> Result<[f64; 4]> {
         let dims = [t, k, e, hidden, inter];
-        let mma = MoeGemm::from_env() != MoeGemm::Wmma;
+        // The form the model path takes for this environment (auto, mma, pipe or wmma).
+        let form = MoeGemm::from_env().name();
         let one = one_block_align_env();
-        Ok(self.moe_prefill_stage_times_with(x, idx, w, gate, up, down, out, dims, mma, None, one)?.secs)
+        Ok(self.moe_prefill_stage_times_form(x, idx, w, gate, up, down, out, dims, form, None, one)?.secs)
     }
 
     /// [`CudaKernels::moe_prefill_stage_times`] (`dims` = t, k, e, hidden, inter) with the

@@ -80,6 +80,16 @@ impl MoeGemm {
         })
     }
 
+    /// The value of [`MOE_GEMM_ENV`] that names this form.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            MoeGemm::Auto => "auto",
+            MoeGemm::Mma => "mma",
+            MoeGemm::Wmma => "wmma",
+            MoeGemm::Pipe => "pipe",
+        }
+    }
+
     /// [`MoeGemm::from_env`] for a given value of the variable (`Err`: the value, unknown).
     pub(super) fn from_value(v: Option<&std::ffi::OsStr>) -> std::result::Result<Self, String> {
         let Some(v) = v else { return Ok(MoeGemm::Auto) };
@@ -107,6 +117,9 @@ mod tests {
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("wmma"))), Ok(MoeGemm::Wmma));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("Pipe"))), Ok(MoeGemm::Pipe));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("tc"))), Err("tc".to_string()));
+        for f in [MoeGemm::Auto, MoeGemm::Mma, MoeGemm::Wmma, MoeGemm::Pipe] {
+            assert_eq!(MoeGemm::from_value(Some(OsStr::new(f.name()))), Ok(f));
+        }
     }
 
     #[test]
