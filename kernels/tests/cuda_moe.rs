@@ -81,6 +81,30 @@ fn nvrtc_moe_ptxas_info() {
     assert!(new.is_empty(), "moe_prefill.cu kernels spill: {new:?}");
 }
 
+/// The wgmma GEMMs (moe_wgmma.cu) for sm_90a, as the host loads them on an H200: every entry
+/// built, no spills; also compiled for sm_90 (no `a`: the entries trap, never launched).
+#[test]
+#[ignore = "needs NVRTC (bash .ci/run installs it)"]
+fn nvrtc_moe_wgmma_ptxas_info() {
+    let test = "nvrtc_moe_wgmma_ptxas_info";
+    let (log, ptx) = common::attn::ptxas_log_arch(test, "moe_wgmma.cu", "sm_90a");
+    println!("{log}");
+    for which in ["gu", "down"] {
+        for t in ["bf16", "f16"] {
+            let name = format!("moe_wg_{which}_{t}");
+            assert!(ptx.contains(&format!(".entry {name}(")), "no entry {name}");
+        }
+    }
+    for n in (16..=128).step_by(16) {
+        assert!(ptx.contains(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16")), "no m64n{n}k16");
+    }
+    assert!(!log.contains("bytes spill stores") || log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains(" 0 bytes spill stores")), "moe_wgmma.cu spills:\n{log}");
+    // ptxas serializes wgmma it cannot pipeline (and says so): that would cost the overlap.
+    assert!(!log.contains("serialized"), "moe_wgmma.cu: wgmma serialized:\n{log}");
+    let (log90, _) = common::attn::ptxas_log_arch(test, "moe_wgmma.cu", "sm_90");
+    assert!(!log90.contains("error"), "{log90}");
+}
+
 fn launch<T: CudaFloat>(kern: &CudaKernels, d: Dims, dev: &Device<T>, out: &mut CudaSlice<f32>) {
     kern.moe_experts::<T>(
         &dev.x, &dev.idx, &dev.w, &dev.gate, &dev.up, &dev.down, out, d.t, d.k, d.e, d.hidden, d.inter,

@@ -180,6 +180,12 @@ pub(crate) static MOE: KernelSource = KernelSource {
         include_str!("../../cuda/moe_prefill.cu")
     ),
 };
+/// The prefill path's grouped GEMMs on wgmma (moe_wgmma.cu, `PORTER_MOE_GEMM=wgmma`,
+/// self-contained): a module of its own, compiled only when a launch asks for one of its
+/// kernels, for `sm_90a` on an sm_90 device ([`module_arch`]); elsewhere its kernels trap and
+/// are never chosen.
+pub(crate) static MOE_WGMMA: KernelSource =
+    KernelSource { name: "moe_wgmma.cu", code: include_str!("../../cuda/moe_wgmma.cu") };
 /// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.
 pub(crate) static GDN_SEQ: KernelSource =
     KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
@@ -232,7 +238,7 @@ pub(crate) static FP8: KernelSource = KernelSource {
 };
 
 /// Every CUDA source of the crate.
-pub fn sources() -> [&'static KernelSource; 12] {
+pub fn sources() -> [&'static KernelSource; 13] {
     [
         &ELEMENTWISE,
         &NORM,
@@ -242,6 +248,7 @@ pub fn sources() -> [&'static KernelSource; 12] {
         &ATTENTION_MMA,
         &ATTENTION_WGMMA,
         &MOE,
+        &MOE_WGMMA,
         &GDN_SEQ,
         &GDN_CHUNK,
         &MISC,
@@ -250,10 +257,11 @@ pub fn sources() -> [&'static KernelSource; 12] {
 }
 
 /// The NVRTC architecture `src` is compiled for on a device of architecture `arch`: `sm_90a`
-/// (the Hopper-only wgmma instructions) for [`ATTENTION_WGMMA`] on sm_90 outside the fallback
-/// build, else `arch`.
+/// (the Hopper-only wgmma instructions) for [`ATTENTION_WGMMA`] and [`MOE_WGMMA`] on sm_90
+/// outside the fallback build, else `arch`.
 pub fn module_arch(src: &KernelSource, arch: &'static str, fallback: bool) -> &'static str {
-    if std::ptr::eq(src, &ATTENTION_WGMMA) && arch == "sm_90" && !fallback {
+    let wgmma = std::ptr::eq(src, &ATTENTION_WGMMA) || std::ptr::eq(src, &MOE_WGMMA);
+    if wgmma && arch == "sm_90" && !fallback {
         "sm_90a"
     } else {
         arch
@@ -400,7 +408,7 @@ pub fn precompile_in_background(arch: &'static str, fallback: bool) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
         for src in
-            sources().into_iter().filter(|s| !std::ptr::eq(*s, &ATTENTION_MMA) && !std::ptr::eq(*s, &ATTENTION_WGMMA))
+            sources().into_iter().filter(|s| ![&ATTENTION_MMA, &ATTENTION_WGMMA, &MOE_WGMMA].iter().any(|o| std::ptr::eq(*s, *o)))
         {
             let _ = std::thread::Builder::new()
                 .name(format!("nvrtc {}", src.name))
