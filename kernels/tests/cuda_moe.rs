@@ -98,7 +98,11 @@ fn nvrtc_moe_wgmma_ptxas_info() {
     for n in (16..=128).step_by(16) {
         assert!(ptx.contains(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16")), "no m64n{n}k16");
     }
-    assert!(!log.contains("bytes spill stores") || log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains(" 0 bytes spill stores")), "moe_wgmma.cu spills:\n{log}");
+    assert!(
+        !log.contains("bytes spill stores")
+            || log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains(" 0 bytes spill stores")),
+        "moe_wgmma.cu spills:\n{log}"
+    );
     // ptxas serializes wgmma it cannot pipeline (and says so): that would cost the overlap.
     assert!(!log.contains("serialized"), "moe_wgmma.cu: wgmma serialized:\n{log}");
     let (log90, _) = common::attn::ptxas_log_arch(test, "moe_wgmma.cu", "sm_90");

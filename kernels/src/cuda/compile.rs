@@ -407,8 +407,9 @@ fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, PtxSlot>> {
 pub fn precompile_in_background(arch: &'static str, fallback: bool) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
-        for src in
-            sources().into_iter().filter(|s| ![&ATTENTION_MMA, &ATTENTION_WGMMA, &MOE_WGMMA].iter().any(|o| std::ptr::eq(*s, *o)))
+        for src in sources()
+            .into_iter()
+            .filter(|s| ![&ATTENTION_MMA, &ATTENTION_WGMMA, &MOE_WGMMA].iter().any(|o| std::ptr::eq(*s, *o)))
         {
             let _ = std::thread::Builder::new()
                 .name(format!("nvrtc {}", src.name))
