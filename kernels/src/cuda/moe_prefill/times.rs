@@ -47,7 +47,7 @@ impl CudaKernels {
     /// call's result. For A/B runs and profiling only.
     ///
     /// # Errors
-    /// As [`CudaKernels::moe_experts`]; [`CudaError::Invalid`] for a decode shape or other
+    /// As [`CudaKernels::moe_experts`]; [`CudaError::Invalid`] for t = 0, other bad dims or other
     /// `frags`.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
@@ -96,7 +96,9 @@ impl CudaKernels {
             CudaError::Invalid(format!("moe prefill: GEMM form {bad:?}, not mma, pipe, wgmma or wmma"))
         })?;
         let [t, k, e, hidden, inter] = dims;
-        if t == 0 || Self::moe_decode_path(t, k, e) || k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
+        // (Decode shapes too: the prefill path takes any t >= 1; the model path sends them to the
+        // decode GEMVs.)
+        if t == 0 || k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
             return Err(CudaError::Invalid("moe_prefill_stage_times: not a prefill shape".into()));
         }
         self.check("x", x, prod(&[t, hidden])?)?;
