@@ -18,7 +18,10 @@ use half::{bf16, f16};
 use porter_kernels::cuda::{CudaFloat, CudaKernels};
 
 /// The prefill GEMM forms of the A/B runs (`PORTER_MOE_GEMM`'s values).
-const FORMS: [&str; 3] = ["wmma", "mma", "pipe"];
+const FORMS: [&str; 4] = ["wmma", "mma", "pipe", "wgmma"];
+
+/// Shared memory a wgmma GEMM block needs (moe_wgmma.cu: 230 400 dynamic + 512 static bytes).
+const WG_SMEM: usize = 230_400 + 512;
 
 /// Lets the device's default memory pool keep freed memory (as porter-core does for the model
 /// path), so that the per-call scratch allocation of the prefill path is not an unmap / remap
@@ -81,6 +84,34 @@ fn nvrtc_moe_ptxas_info() {
     assert!(new.is_empty(), "moe_prefill.cu kernels spill: {new:?}");
 }
 
+/// The wgmma GEMMs (moe_wgmma.cu) for sm_90a, as the host loads them on an H200: every entry
+/// built, no spills; also compiled for sm_90 (no `a`: the entries trap, never launched).
+#[test]
+#[ignore = "needs NVRTC (bash .ci/run installs it)"]
+fn nvrtc_moe_wgmma_ptxas_info() {
+    let test = "nvrtc_moe_wgmma_ptxas_info";
+    let (log, ptx) = common::attn::ptxas_log_arch(test, "moe_wgmma.cu", "sm_90a");
+    println!("{log}");
+    for which in ["gu", "down"] {
+        for t in ["bf16", "f16"] {
+            let name = format!("moe_wg_{which}_{t}");
+            assert!(ptx.contains(&format!(".entry {name}(")), "no entry {name}");
+        }
+    }
+    for n in (16..=128).step_by(16) {
+        assert!(ptx.contains(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16")), "no m64n{n}k16");
+    }
+    assert!(
+        !log.contains("bytes spill stores")
+            || log.lines().filter(|l| l.contains("spill stores")).all(|l| l.contains(" 0 bytes spill stores")),
+        "moe_wgmma.cu spills:\n{log}"
+    );
+    // ptxas serializes wgmma it cannot pipeline (and says so): that would cost the overlap.
+    assert!(!log.contains("serialized"), "moe_wgmma.cu: wgmma serialized:\n{log}");
+    let (log90, _) = common::attn::ptxas_log_arch(test, "moe_wgmma.cu", "sm_90");
+    assert!(!log90.contains("error"), "{log90}");
+}
+
 fn launch<T: CudaFloat>(kern: &CudaKernels, d: Dims, dev: &Device<T>, out: &mut CudaSlice<f32>) {
     kern.moe_experts::<T>(
         &dev.x, &dev.idx, &dev.w, &dev.gate, &dev.up, &dev.down, out, d.t, d.k, d.e, d.hidden, d.inter,
@@ -105,8 +136,9 @@ fn run_case<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, idx: Vec<u32>
 }
 
 /// The form the prefill path must run for `T` and `d` when asked for `form` (`mma`, `pipe`,
-/// `wmma`): the CUDA-core GEMMs for f32 or rows that are not 16-byte multiples, else the
-/// tensor-core form asked for where the device allows it (every mma.sync tile: 4 stages of
+/// `wgmma`, `wmma`): the CUDA-core GEMMs for f32 or rows that are not 16-byte multiples, else
+/// the tensor-core form asked for where the device allows it (wgmma: an sm_90 device, else as
+/// pipe; every mma.sync tile: 4 stages of
 /// 64 and 512 rows of 64 bytes; every streamed tile: 3 stages of 128 and 256 rows of 128 bytes;
 /// with less shared memory, `None`: the mma.sync form or wmma, by tile height).
 fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, form: &str) -> Option<&'static str> {
@@ -117,7 +149,14 @@ fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, form: &str) -> Optio
         Some("simt")
     } else if form == "wmma" {
         Some("wmma")
-    } else if form == "pipe" && caps.smem_limit() >= 3 * (128 + 256) * 128 {
+    } else if form == "wgmma"
+        && caps.major == 9
+        && caps.minor == 0
+        && caps.tensor_cores()
+        && caps.smem_limit() >= WG_SMEM
+    {
+        Some("wgmma")
+    } else if (form == "pipe" || form == "wgmma") && caps.smem_limit() >= 3 * (128 + 256) * 128 {
         Some("pipe")
     } else if caps.smem_limit() >= 4 * (64 + 512) * 64 {
         Some("mma")
@@ -136,15 +175,16 @@ fn assert_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, form: &str, ran: &str,
 
 /// A prefill case through the three GEMM forms, the mma.sync form at every tile height (16, 32,
 /// 48, 64, 96, 128 rows), the wmma one at 16 and 64 rows, the streamed one at 64 and 128, and
-/// each at its default one, each against the CPU reference `want`. The streamed form computes
-/// the mma.sync form's MMAs in the same k order with the same roundings: where both ran, their
-/// outputs must be bit-identical.
+/// each at its default one, the wgmma one at 64 and 128, each against the CPU reference `want`.
+/// The streamed form computes the mma.sync form's MMAs in the same k order with the same
+/// roundings: where both ran, their outputs must be bit-identical (the wgmma form: the same
+/// roundings, but the tensor cores' own order within a k16 step; its differing bits are printed).
 fn prefill_forms<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, dev: &Device<T>, want: &[f32]) {
     let mut mma_out: Option<Vec<f32>> = None;
     for name in FORMS {
         let sweep: &[Option<usize>] = match name {
             "mma" => &[None, Some(1), Some(2), Some(3), Some(4), Some(6), Some(8)],
-            "pipe" => &[None, Some(4), Some(8)],
+            "pipe" | "wgmma" => &[None, Some(4), Some(8)],
             _ => &[None, Some(1), Some(4)],
         };
         for &frags in sweep {
@@ -175,6 +215,10 @@ fn prefill_forms<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, dev: &De
             if let (Some(m), "pipe") = (&mma_out, ran.form) {
                 let diff = got.iter().zip(m).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
                 assert_eq!(diff, 0, "{label}: {diff} outputs differ from the mma.sync form's bits");
+            }
+            if let (Some(m), "wgmma") = (&mma_out, ran.form) {
+                let diff = got.iter().zip(m).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                println!("{label}: {diff} of {} outputs differ from the mma.sync form's bits", got.len());
             }
         }
     }
@@ -432,7 +476,7 @@ fn moe_80b_timing() {
     }
 }
 
-/// The 80B prefill through the three GEMM forms side by side at t = 512, 1024 and 4096 (one
+/// The 80B prefill through the GEMM forms side by side at t = 512, 1024 and 4096 (one
 /// set of weights; the first t rows of 4096-row inputs): for each form, for the mma form at
 /// every tile height too, for it with the single-block alignment, and for the streamed form
 /// (`pipe`) at 64 and 128 rows, 96 sampled rows against the CPU reference (the streamed form:
@@ -440,7 +484,8 @@ fn moe_80b_timing() {
 /// host clock around every stage, best of 6; the memory pool keeps freed memory, as in
 /// porter-core, and the scratch allocation is timed apart): alignment µs and blocks, gate+up and
 /// down ms, TFLOP/s (of the real, unpadded FLOPs) and GB/s of the routed experts' weights (each
-/// streamed at least once), combine µs, and their sum.
+/// streamed at least once), combine µs, and their sum. `PORTER_TEST_MOE_FORMS` (e.g.
+/// `mma,pipe,wgmma`) keeps only the forms it names.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn moe_80b_forms_timed() {
@@ -487,6 +532,13 @@ fn moe_80b_forms_timed() {
         configs.push(("mma", None, true));
         for frags in [None, Some(4), Some(8)] {
             configs.push(("pipe", frags, false));
+        }
+        for frags in [None, Some(4), Some(8)] {
+            configs.push(("wgmma", frags, false));
+        }
+        if let Ok(keep) = std::env::var("PORTER_TEST_MOE_FORMS") {
+            let keep: Vec<&str> = keep.split(',').map(str::trim).collect();
+            configs.retain(|(name, _, _)| keep.contains(name));
         }
         let mut mma_out: Option<Vec<f32>> = None;
         for (name, frags, one_block) in configs {
@@ -552,6 +604,76 @@ fn moe_80b_forms_timed() {
                 alloc * 1e6
             );
         }
+    }
+}
+
+/// The wgmma GEMMs (`PORTER_MOE_GEMM=wgmma`, moe_wgmma.cu; on an sm_90 device, else the form
+/// they fall back to) against the CPU reference at the 80B dims: t = 1, 7, 100 (most experts
+/// with 0 rows; tiles of 1..7 real rows, N = 16), 512 and 4096 (96 sampled rows), random and
+/// skewed routes (one expert on every row: 512 / 4096 rows, several full 128-row tiles and a
+/// partial one), tiles of 64 and 128 rows and the default, bf16 and f16 (f16 at t <= 512).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_wgmma_parity() {
+    let kern = gpu("moe_wgmma_parity");
+    let mut rng = Rng::new(12);
+    for t in [1usize, 7, 100, 512, 4096] {
+        for skewed in [false, true] {
+            let d = dims_80b(t);
+            let idx = if skewed {
+                skewed_routes(&mut rng, d.t, d.k, 300, 40)
+            } else {
+                random_routes(&mut rng, d.t, d.k, d.e)
+            };
+            wgmma_case::<bf16>(&kern, d, idx.clone(), &mut rng, skewed);
+            if t <= 512 {
+                wgmma_case::<f16>(&kern, d, idx, &mut rng, skewed);
+            }
+        }
+    }
+}
+
+/// One [`moe_wgmma_parity`] case: the wgmma form at the default tiles and at 64 / 128 rows
+/// against the reference of all rows (t < 512) or of 96 sampled ones.
+fn wgmma_case<T: CudaFloat>(kern: &CudaKernels, d: Dims, idx: Vec<u32>, rng: &mut Rng, skewed: bool) {
+    let inp = inputs::<T>(rng, d, idx);
+    let dev = upload::<T>(kern, d, &inp);
+    let rows: Vec<usize> = if d.t < 512 {
+        (0..d.t).collect()
+    } else {
+        let mut rows = vec![0, d.t - 1];
+        while rows.len() < 96 {
+            let r = rng.below(d.t);
+            if !rows.contains(&r) {
+                rows.push(r);
+            }
+        }
+        rows
+    };
+    let (sd, sinp) = rows_of(d, &inp, &rows);
+    let want = reference::<T>(sd, &sinp);
+    for frags in [None, Some(4), Some(8)] {
+        let mut out = poisoned::<f32>(kern, d.t * d.hidden);
+        let ran = kern
+            .moe_prefill_stage_times_form::<T>(
+                &dev.x,
+                &dev.idx,
+                &dev.w,
+                &dev.gate,
+                &dev.up,
+                &dev.down,
+                &mut out,
+                [d.t, d.k, d.e, d.hidden, d.inter],
+                "wgmma",
+                frags,
+                false,
+            )
+            .unwrap_or_else(|err| panic!("wgmma t={} {} frags {frags:?}: {err}", d.t, T::NAME));
+        let what = format!("80b t={} {} skewed {skewed} {} ({} rows)", d.t, T::NAME, ran.form, ran.tile_rows);
+        assert_form::<T>(kern, d, "wgmma", ran.form, &what);
+        let got = down::<f32>(kern, &out);
+        let got: Vec<f32> = rows.iter().flat_map(|&r| got[r * d.hidden..(r + 1) * d.hidden].iter().copied()).collect();
+        check(&what, &got, &want, tol::<T>());
     }
 }
 

@@ -180,6 +180,12 @@ pub(crate) static MOE: KernelSource = KernelSource {
         include_str!("../../cuda/moe_prefill.cu")
     ),
 };
+/// The prefill path's grouped GEMMs on wgmma (moe_wgmma.cu, `PORTER_MOE_GEMM=wgmma`,
+/// self-contained): a module of its own, compiled only when a launch asks for one of its
+/// kernels, for `sm_90a` on an sm_90 device ([`module_arch`]); elsewhere its kernels trap and
+/// are never chosen.
+pub(crate) static MOE_WGMMA: KernelSource =
+    KernelSource { name: "moe_wgmma.cu", code: include_str!("../../cuda/moe_wgmma.cu") };
 /// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.
 pub(crate) static GDN_SEQ: KernelSource =
     KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
@@ -232,7 +238,7 @@ pub(crate) static FP8: KernelSource = KernelSource {
 };
 
 /// Every CUDA source of the crate.
-pub fn sources() -> [&'static KernelSource; 12] {
+pub fn sources() -> [&'static KernelSource; 13] {
     [
         &ELEMENTWISE,
         &NORM,
@@ -242,6 +248,7 @@ pub fn sources() -> [&'static KernelSource; 12] {
         &ATTENTION_MMA,
         &ATTENTION_WGMMA,
         &MOE,
+        &MOE_WGMMA,
         &GDN_SEQ,
         &GDN_CHUNK,
         &MISC,
@@ -250,10 +257,11 @@ pub fn sources() -> [&'static KernelSource; 12] {
 }
 
 /// The NVRTC architecture `src` is compiled for on a device of architecture `arch`: `sm_90a`
-/// (the Hopper-only wgmma instructions) for [`ATTENTION_WGMMA`] on sm_90 outside the fallback
-/// build, else `arch`.
+/// (the Hopper-only wgmma instructions) for [`ATTENTION_WGMMA`] and [`MOE_WGMMA`] on sm_90
+/// outside the fallback build, else `arch`.
 pub fn module_arch(src: &KernelSource, arch: &'static str, fallback: bool) -> &'static str {
-    if std::ptr::eq(src, &ATTENTION_WGMMA) && arch == "sm_90" && !fallback {
+    let wgmma = std::ptr::eq(src, &ATTENTION_WGMMA) || std::ptr::eq(src, &MOE_WGMMA);
+    if wgmma && arch == "sm_90" && !fallback {
         "sm_90a"
     } else {
         arch
@@ -394,17 +402,20 @@ fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, PtxSlot>> {
 /// a source (once a process): NVRTC runs on as many cores as there are modules while the
 /// caller loads weights, and a launch that needs a module waits only for what is left of its
 /// compilation. The opt-in mma.sync attention module ([`ATTENTION_MMA`]) is left to its first
-/// launch, as it was split off for. Failures are left for the launch that needs the module to
-/// report.
+/// launch, as it was split off for; the wgmma MoE module ([`MOE_WGMMA`]) is compiled here only
+/// when `PORTER_MOE_GEMM=wgmma` asks for it. Failures are left for the launch that needs the
+/// module to report.
 pub fn precompile_in_background(arch: &'static str, fallback: bool) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
-        for src in
-            sources().into_iter().filter(|s| !std::ptr::eq(*s, &ATTENTION_MMA) && !std::ptr::eq(*s, &ATTENTION_WGMMA))
-        {
+        let moe_wg = std::env::var("PORTER_MOE_GEMM").is_ok_and(|v| v.trim().eq_ignore_ascii_case("wgmma"));
+        for src in sources().into_iter().filter(|s| {
+            ![&ATTENTION_MMA, &ATTENTION_WGMMA].iter().any(|o| std::ptr::eq(*s, *o))
+                && (moe_wg || !std::ptr::eq(*s, &MOE_WGMMA))
+        }) {
             let _ = std::thread::Builder::new()
                 .name(format!("nvrtc {}", src.name))
-                .spawn(move || drop(compile_with(src, arch, fallback)));
+                .spawn(move || drop(compile_with(src, module_arch(src, arch, fallback), fallback)));
         }
     });
 }

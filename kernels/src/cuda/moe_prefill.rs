@@ -3,8 +3,8 @@
 //! pairs into tiles by expert, gate+up with the fused activation, down, combine. Split from
 //! moe.rs (the checks, the decode GEMVs and the tile choice stay there).
 
-use super::moe::{align256, ALIGN_THREADS, MOE_MAX_E};
-use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev, Result, FP8, MOE};
+use super::moe::{align256, ALIGN_THREADS};
+use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev, Result, FP8, MOE, MOE_WGMMA};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// CUDA-core GEMM tile height: rows of the sorted pair list per tile (`MOE_BM`).
@@ -59,6 +59,8 @@ const PALIGN_MAX_BLOCKS: usize = 256;
 
 mod choice;
 mod pipe;
+mod times;
+mod wg;
 use choice::{one_block_align_env, Choice, MoeGemm};
 
 /// What [`CudaKernels::moe_prefill_stage_times_with`] ran: the seconds of the alignment, the
@@ -134,123 +136,6 @@ pub(super) fn tc_smem(mi: usize, esize: usize, fp8: bool, nc: usize) -> usize {
 }
 
 impl CudaKernels {
-    /// The prefill path of [`CudaKernels::moe_experts`] (same arguments and
-    /// checks; `t·k` must exceed the decode threshold), synchronising the
-    /// stream after every stage: returns the seconds of the alignment, the
-    /// gate+up GEMM, the down GEMM and the combine (host clock around each
-    /// launch + synchronise). For profiling only.
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_prefill_stage_times<T: CudaFloat>(
-        &self,
-        x: &impl DevicePtr<T>,
-        idx: &impl DevicePtr<u32>,
-        w: &impl DevicePtr<f32>,
-        gate: &impl DevicePtr<T>,
-        up: &impl DevicePtr<T>,
-        down: &impl DevicePtr<T>,
-        out: &mut impl DevicePtrMut<f32>,
-        t: usize,
-        k: usize,
-        e: usize,
-        hidden: usize,
-        inter: usize,
-    ) -> Result<[f64; 4]> {
-        let dims = [t, k, e, hidden, inter];
-        // The form the model path takes for this environment (auto, mma, pipe or wmma).
-        let form = MoeGemm::from_env().name();
-        let one = one_block_align_env();
-        Ok(self.moe_prefill_stage_times_form(x, idx, w, gate, up, down, out, dims, form, None, one)?.secs)
-    }
-
-    /// [`CudaKernels::moe_prefill_stage_times`] (`dims` = t, k, e, hidden, inter) with the
-    /// GEMM form `mma` (true: the mma.sync GEMMs, false: the wmma ones, as `PORTER_MOE_GEMM`
-    /// = `mma` / `wmma`; where it does not fit, the one that does) and, with `frags`, tiles of
-    /// `16·frags` rows (1, 2, 3, 4, 6 or 8; the wmma form: at most 4) instead of
-    /// [`CudaKernels::moe_prefill_mma_frags`]'s / [`CudaKernels::moe_prefill_tile_frags`]'s
-    /// choice (fewer where the wmma form's stages do not fit), and with `one_block_align` the
-    /// single-block alignment at every size (as `PORTER_MOE_ALIGN=one`). `out` gets the
-    /// call's result. For A/B runs and profiling only.
-    ///
-    /// # Errors
-    /// As [`CudaKernels::moe_experts`]; [`CudaError::Invalid`] for a decode shape or other
-    /// `frags`.
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_prefill_stage_times_with<T: CudaFloat>(
-        &self,
-        x: &impl DevicePtr<T>,
-        idx: &impl DevicePtr<u32>,
-        w: &impl DevicePtr<f32>,
-        gate: &impl DevicePtr<T>,
-        up: &impl DevicePtr<T>,
-        down: &impl DevicePtr<T>,
-        out: &mut impl DevicePtrMut<f32>,
-        dims: [usize; 5],
-        mma: bool,
-        frags: Option<usize>,
-        one_block_align: bool,
-    ) -> Result<PrefillTimes> {
-        let form = if mma { "mma" } else { "wmma" };
-        self.moe_prefill_stage_times_form(x, idx, w, gate, up, down, out, dims, form, frags, one_block_align)
-    }
-
-    /// [`CudaKernels::moe_prefill_stage_times_with`] with the GEMM form named as
-    /// `PORTER_MOE_GEMM`'s values: `mma`, `pipe` (tiles of 64 or 128 rows: `frags` 4 or 8)
-    /// or `wmma`. For A/B runs and profiling only.
-    ///
-    /// # Errors
-    /// As [`CudaKernels::moe_prefill_stage_times_with`]; [`CudaError::Invalid`] for another
-    /// form name.
-    #[doc(hidden)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn moe_prefill_stage_times_form<T: CudaFloat>(
-        &self,
-        x: &impl DevicePtr<T>,
-        idx: &impl DevicePtr<u32>,
-        w: &impl DevicePtr<f32>,
-        gate: &impl DevicePtr<T>,
-        up: &impl DevicePtr<T>,
-        down: &impl DevicePtr<T>,
-        out: &mut impl DevicePtrMut<f32>,
-        dims: [usize; 5],
-        form: &str,
-        frags: Option<usize>,
-        one_block_align: bool,
-    ) -> Result<PrefillTimes> {
-        let gemm = MoeGemm::from_value(Some(std::ffi::OsStr::new(form)))
-            .map_err(|bad| CudaError::Invalid(format!("moe prefill: GEMM form {bad:?}, not mma, pipe or wmma")))?;
-        let [t, k, e, hidden, inter] = dims;
-        if t == 0 || Self::moe_decode_path(t, k, e) || k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
-            return Err(CudaError::Invalid("moe_prefill_stage_times: not a prefill shape".into()));
-        }
-        self.check("x", x, prod(&[t, hidden])?)?;
-        self.check("idx", idx, prod(&[t, k])?)?;
-        self.check("w", w, prod(&[t, k])?)?;
-        self.check("gate", gate, prod(&[e, inter, hidden])?)?;
-        self.check("up", up, prod(&[e, inter, hidden])?)?;
-        self.check("down", down, prod(&[e, hidden, inter])?)?;
-        self.check("out", out, prod(&[t, hidden])?)?;
-        // Stages 0..4 (alignment, gate+up, down, combine), 4: the scratch allocation.
-        let mut secs = [0.0f64; 5];
-        let s = &self.stream;
-        let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
-        let weights = ExpertWeights::Dense { gate: pg, up: pu, down: pd };
-        self.stream.synchronize()?;
-        let mut clock = std::time::Instant::now();
-        let choice = Choice { gemm, frags, one_block_align };
-        let (form, tile_rows, align_blocks) =
-            self.moe_prefill_in::<T>(x, idx, w, weights, out, dims, choice, &mut |stage| {
-                self.stream.synchronize()?;
-                let now = std::time::Instant::now();
-                secs[stage] = (now - clock).as_secs_f64();
-                clock = now;
-                Ok(())
-            })?;
-        let [a, g, d, c, alloc_secs] = secs;
-        Ok(PrefillTimes { secs: [a, g, d, c], form, tile_rows, align_blocks, alloc_secs })
-    }
-
     /// Row fragments (`MI`, tiles of 16·MI rows: 1, 2 or 3 of the built 1, 2, 3, 4, 6, 8) of
     /// the mma.sync prefill GEMMs for `t` rows with `k` experts each out of `e`: the smallest
     /// tile that holds an expert's rows with high probability (per-expert counts taken as
@@ -372,21 +257,25 @@ impl CudaKernels {
         }
         // PORTER_MOE_GEMM=pipe: the streamed GEMMs (tiles of 64 / 128 rows, frags 4 / 8) where
         // their stages fit (sm_80: 3, sm_90: 4 stages), else the mma.sync ones.
-        let pipe_mi = if gemm_form == MoeGemm::Pipe { frags.unwrap_or_else(|| pipe::frags(t, k, e)) } else { 0 };
-        if gemm_form == MoeGemm::Pipe && !pipe::FRAGS.contains(&pipe_mi) {
+        // PORTER_MOE_GEMM=wgmma: moe_wgmma.cu's GEMMs on the same tiles, where they run (sm_90),
+        // else as pipe.
+        let streamed = matches!(gemm_form, MoeGemm::Pipe | MoeGemm::Wgmma);
+        let pipe_mi = if streamed { frags.unwrap_or_else(|| pipe::frags(t, k, e)) } else { 0 };
+        if streamed && !pipe::FRAGS.contains(&pipe_mi) {
             return Err(CudaError::Invalid(format!(
                 "moe prefill pipe: tile fragments {pipe_mi}, not one of {:?}",
                 pipe::FRAGS
             )));
         }
-        let pipe_stages = if tc && !fp8 && gemm_form == MoeGemm::Pipe { pipe::stages(pipe_mi, limit) } else { None };
+        let use_wg = tc && !fp8 && gemm_form == MoeGemm::Wgmma && wg::fits(&self.caps());
+        let pipe_stages = if tc && !fp8 && streamed && !use_wg { pipe::stages(pipe_mi, limit) } else { None };
         let use_pipe = pipe_stages.is_some();
-        let mma_form = gemm_form == MoeGemm::Mma || (gemm_form == MoeGemm::Pipe && !use_pipe);
+        let mma_form = gemm_form == MoeGemm::Mma || (streamed && !use_pipe && !use_wg);
         let use_mma = tc && !fp8 && mma_form && mma_smem(mma_mi, esize, mma_bn(mma_mi)) <= limit;
         // The e4m3 MMA GEMMs have tiles of 64 rows (mi = 4).
         let mut mi = if mma8 {
             4
-        } else if use_pipe {
+        } else if use_pipe || use_wg {
             pipe_mi
         } else if use_mma {
             mma_mi
@@ -398,10 +287,10 @@ impl CudaKernels {
         // wmma: fewer row fragments where the cp.async stages of 16·mi rows need more shared
         // memory than the device allows (mi = 4 needs 100 KiB: an sm_86 / sm_89 allows 99 KiB).
         let stage_smem = |mi: usize| tc_stage_smem(mi, esize, fp8);
-        while !mma8 && !use_mma && !use_pipe && mi > 1 && stage_smem(mi) > limit {
+        while !mma8 && !use_mma && !use_pipe && !use_wg && mi > 1 && stage_smem(mi) > limit {
             mi -= 1;
         }
-        let tc = tc && (mma8 || use_mma || use_pipe || stage_smem(mi) <= limit);
+        let tc = tc && (mma8 || use_mma || use_pipe || use_wg || stage_smem(mi) <= limit);
         if fp8 && !tc {
             return Err(CudaError::Invalid(format!(
                 "moe prefill with fp8 experts ({} hidden {hidden}, inter {inter}) needs the tensor-core GEMMs \
@@ -523,7 +412,19 @@ impl CudaKernels {
         type Gemm = (cudarc::driver::CudaFunction, u32, LaunchConfig, [u32; 2]);
         let gemm = |gu: bool, n_cols: usize| -> Result<Gemm> {
             let which = if gu { "gu" } else { "down" };
-            if let Some(st) = pipe_stages {
+            if use_wg {
+                // As pipe: gate+up 128 h columns a column block, down 256 o columns.
+                let nblk = n_cols.div_ceil(if gu { wg::WR / 2 } else { wg::WR });
+                let cpb = pipe::cols_per_cta(nblk, slots, self.caps().sms);
+                let ngrp = nblk.div_ceil(cpb);
+                let f = self.function_smem(&MOE_WGMMA, &format!("moe_wg_{which}_{}", T::NAME), wg::SMEM)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, ngrp])?)?, 1, 1),
+                    block_dim: (wg::THREADS, 1, 1),
+                    shared_mem_bytes: u32_of("shared memory", wg::SMEM)?,
+                };
+                Ok((f, u32_of("column blocks", nblk)?, cfg, [u32_of("groups", ngrp)?, u32_of("column blocks", cpb)?]))
+            } else if let Some(st) = pipe_stages {
                 // gate+up: 128 h columns a column block; down: 256 o columns.
                 let nblk = n_cols.div_ceil(if gu { pipe::BN / 2 } else { pipe::BN });
                 // Tiles to expect: every active expert has one (64 / 128 rows hold its rows).
@@ -593,7 +494,8 @@ impl CudaKernels {
         // was padded to tiles of this kernel's height (pad); tiles past the
         // real count exit (tile_expert invalid); A rows gathered through the
         // sorted list (padding reads nothing); h has cap rows; the tensor-core
-        // variants (wmma, mma) are only chosen with 16-byte aligned rows (hidden, inter
+        // variants (wmma, mma, pipe, wgmma: moe_wg_* also need tm <= 128, the 64 / 128 row
+        // tiles of pipe::FRAGS) are only chosen with 16-byte aligned rows (hidden, inter
         // multiples of 8, base pointers checked, scratch 256-byte aligned).
         // Kernel: `moe_gemm_gu_<kind>_<T>(const T* a, const T* w0, const T* w1, const u32* sorted,
         // const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`; FP8:
@@ -601,7 +503,18 @@ impl CudaKernels {
         // const u8* q1, const float* s1, const u32* rs1, const u32* sorted, const u32* tile_expert,
         // T* dst, u32 K, u32 N, u32 k, u32 nblk)` (the scale rows named by the maps exist:
         // Fp8Dev's contract).
+        let tm32 = u32_of("tile rows", tile_rows)?;
         match weights {
+            // wgmma (moe_wgmma.cu): `moe_wg_gu_<T>(..., u32 k, u32 ngrp, u32 cpb, u32 nblk, u32 tm)`
+            // (tiles of tm = 64 / 128 rows, the pad of the sorted list).
+            ExpertWeights::Dense { gate: pg, up: pu, .. } if use_wg => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [px, pg, pu, p_sorted, p_tile, p_h, h32, i32_, k32, ngrp32, cpb32, nblk32, tm32]
+                )
+            },
             // Streamed: `moe_gemm_gu_pipe<MI>_s<S>_<T>(..., u32 k, u32 ngrp, u32 cpb, u32 nblk)`
             // (grid tiles_cap · ngrp, ngrp = ⌈nblk / cpb⌉).
             ExpertWeights::Dense { gate: pg, up: pu, .. } if use_pipe => unsafe {
@@ -678,6 +591,14 @@ impl CudaKernels {
         // `moe_gemm_down_fp8_tc<MI>_<T>(const T* a, const u8* q, const float* s, const u32* rs,
         // const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`.
         match weights {
+            ExpertWeights::Dense { down: pd, .. } if use_wg => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [p_h, pd, pd, p_sorted, p_tile, p_o, i32_, h32, k32, ngrp32, cpb32, nblk32, tm32]
+                )
+            },
             ExpertWeights::Dense { down: pd, .. } if use_pipe => unsafe {
                 launch_fn!(self, f, cfg, [p_h, pd, pd, p_sorted, p_tile, p_o, i32_, h32, k32, ngrp32, cpb32, nblk32])
             },
@@ -762,6 +683,8 @@ impl CudaKernels {
             "fp8_mma8"
         } else if fp8 {
             "fp8_tc"
+        } else if use_wg {
+            "wgmma"
         } else if use_pipe {
             "pipe"
         } else if use_mma {

@@ -11,7 +11,9 @@
 /// on every call; another value warns once on stderr and means `auto`. Where the mma.sync
 /// GEMMs do not fit (below sm_80, forced fallback, less shared memory than their stages need,
 /// f32, unaligned rows) the wmma or CUDA-core GEMMs run whatever it says; FP8 experts always
-/// take their own GEMMs (fp8_gemm.cu).
+/// take their own GEMMs (fp8_gemm.cu). `wgmma` (moe_wgmma.cu's warpgroup-MMA GEMMs, tokens as
+/// wgmma's N, the streamed form's tiles and column-block chaining; sm_90 only, compiled for
+/// sm_90a; elsewhere or where they do not fit, as `pipe`) is opt-in until measured.
 pub const MOE_GEMM_ENV: &str = "PORTER_MOE_GEMM";
 
 /// Environment variable choosing the prefill path's alignment: `parallel` (the default: moe_prefill.cu's
@@ -65,6 +67,9 @@ pub(super) enum MoeGemm {
     /// moe_prefill.cu's streamed mma.sync GEMMs (one tile an expert, 64 or 128 rows), where
     /// they fit; else as [`MoeGemm::Mma`].
     Pipe,
+    /// moe_wgmma.cu's warpgroup-MMA GEMMs (sm_90: tokens as wgmma's N, 256 weight rows a
+    /// column block), where they fit; else as [`MoeGemm::Pipe`].
+    Wgmma,
 }
 
 impl MoeGemm {
@@ -74,7 +79,7 @@ impl MoeGemm {
         Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
-                eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of auto, mma, pipe, wmma; using auto")
+                eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of auto, mma, pipe, wgmma, wmma; using auto")
             });
             MoeGemm::Auto
         })
@@ -87,6 +92,7 @@ impl MoeGemm {
             MoeGemm::Mma => "mma",
             MoeGemm::Wmma => "wmma",
             MoeGemm::Pipe => "pipe",
+            MoeGemm::Wgmma => "wgmma",
         }
     }
 
@@ -98,6 +104,7 @@ impl MoeGemm {
             "mma" => Ok(MoeGemm::Mma),
             "wmma" => Ok(MoeGemm::Wmma),
             "pipe" => Ok(MoeGemm::Pipe),
+            "wgmma" => Ok(MoeGemm::Wgmma),
             _ => Err(v.to_string_lossy().into_owned()),
         }
     }
@@ -117,7 +124,8 @@ mod tests {
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("wmma"))), Ok(MoeGemm::Wmma));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("Pipe"))), Ok(MoeGemm::Pipe));
         assert_eq!(MoeGemm::from_value(Some(OsStr::new("tc"))), Err("tc".to_string()));
-        for f in [MoeGemm::Auto, MoeGemm::Mma, MoeGemm::Wmma, MoeGemm::Pipe] {
+        assert_eq!(MoeGemm::from_value(Some(OsStr::new("WGMMA"))), Ok(MoeGemm::Wgmma));
+        for f in [MoeGemm::Auto, MoeGemm::Mma, MoeGemm::Wmma, MoeGemm::Pipe, MoeGemm::Wgmma] {
             assert_eq!(MoeGemm::from_value(Some(OsStr::new(f.name()))), Ok(f));
         }
     }
