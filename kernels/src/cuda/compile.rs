@@ -402,13 +402,13 @@ fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, PtxSlot>> {
 /// a source (once a process): NVRTC runs on as many cores as there are modules while the
 /// caller loads weights, and a launch that needs a module waits only for what is left of its
 /// compilation. The opt-in mma.sync attention module ([`ATTENTION_MMA`]) is left to its first
-/// launch, as it was split off for; the wgmma MoE module ([`MOE_WGMMA`]) is compiled here only
-/// when `PORTER_MOE_GEMM=wgmma` asks for it. Failures are left for the launch that needs the
-/// module to report.
+/// launch, as it was split off for; the wgmma MoE module ([`MOE_WGMMA`], the default prefill
+/// GEMMs on sm_90) is compiled here only where it runs (sm_90, not the fallback build). Failures
+/// are left for the launch that needs the module to report.
 pub fn precompile_in_background(arch: &'static str, fallback: bool) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
-        let moe_wg = std::env::var("PORTER_MOE_GEMM").is_ok_and(|v| v.trim().eq_ignore_ascii_case("wgmma"));
+        let moe_wg = arch == "sm_90" && !fallback;
         for src in sources().into_iter().filter(|s| {
             ![&ATTENTION_MMA, &ATTENTION_WGMMA].iter().any(|o| std::ptr::eq(*s, *o))
                 && (moe_wg || !std::ptr::eq(*s, &MOE_WGMMA))

@@ -2,6 +2,8 @@
 //! [`MOE_ALIGN_ENV`] (parallel or single-block alignment), and the per-call [`Choice`].
 
 /// Environment variable choosing the dense bf16 / f16 prefill GEMMs: `auto` (the default:
+/// on sm_90 `wgmma` at every size — 1.54× `mma` at t = 4096 and 1.03–1.13× `pipe` at
+/// t = 512 / 1024 on an H200, docs/benchmarks.md, session 12; elsewhere
 /// `pipe` where its tiles are 64 rows, i.e. up to ≈ 33 rows an expert — t ≤ ~1.6k tokens at
 /// the 80B shape, where it measured 1.38–1.44× the mma GEMMs on an H200 — else `mma`, which
 /// its 128-row tiles did not beat at t = 4096; docs/benchmarks.md, session 11), `mma` (the
@@ -13,7 +15,7 @@
 /// f32, unaligned rows) the wmma or CUDA-core GEMMs run whatever it says; FP8 experts always
 /// take their own GEMMs (fp8_gemm.cu). `wgmma` (moe_wgmma.cu's warpgroup-MMA GEMMs, tokens as
 /// wgmma's N, the streamed form's tiles and column-block chaining; sm_90 only, compiled for
-/// sm_90a; elsewhere or where they do not fit, as `pipe`) is opt-in until measured.
+/// sm_90a; elsewhere or where they do not fit, as `pipe`).
 pub const MOE_GEMM_ENV: &str = "PORTER_MOE_GEMM";
 
 /// Environment variable choosing the prefill path's alignment: `parallel` (the default: moe_prefill.cu's
@@ -57,8 +59,9 @@ pub(super) struct Choice {
 /// Which dense tensor-core GEMMs the prefill path runs ([`MOE_GEMM_ENV`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum MoeGemm {
-    /// [`MoeGemm::Pipe`] where its tiles are 64 rows, else [`MoeGemm::Mma`] (resolved per call
-    /// from the shape: `moe_prefill.rs`).
+    /// [`MoeGemm::Wgmma`] where it runs (sm_90), else [`MoeGemm::Pipe`] where its tiles are 64
+    /// rows, else [`MoeGemm::Mma`] (resolved per call from the device and the shape:
+    /// `moe_prefill.rs`).
     Auto,
     /// moe_prefill.cu's mma.sync GEMMs (8 warps, 16·MI × 512 block tiles), where they fit.
     Mma,
