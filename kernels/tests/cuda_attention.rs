@@ -264,6 +264,26 @@ fn nvrtc_attention_ptxas_info() {
     assert_eq!(mma_seen, 32, "ptxas reported {mma_seen} mma attention kernels, expected 32");
 }
 
+/// Registers and spills of the tensor-core decode kernels (attention_decode.cu) for sm_90
+/// (NVRTC + ptxas, no GPU): none may spill.
+#[test]
+#[ignore = "needs NVRTC (bash .ci/run installs it)"]
+fn nvrtc_attention_decode_ptxas_info() {
+    let mut seen = 0;
+    for (func, line) in ptxas_info("nvrtc_attention_decode_ptxas_info", "attention_decode.cu") {
+        if !func.starts_with("attention_decode_") {
+            continue;
+        }
+        println!("{func}: {line}");
+        if line.contains("spill stores") {
+            seen += 1;
+            assert!(line.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{func} spills: {line}");
+        }
+    }
+    // bf16 / f16 x head dims 64, 128, 256 x (2 and 3 stages, the combine).
+    assert_eq!(seen, 18, "ptxas reported {seen} decode kernels, expected 18");
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_rejects_bad_args() {

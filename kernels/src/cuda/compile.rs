@@ -164,6 +164,10 @@ pub(crate) static ATTENTION_MMA: KernelSource =
 /// are never chosen.
 pub(crate) static ATTENTION_WGMMA: KernelSource =
     KernelSource { name: "attention_wgmma.cu", code: attention_helpers_then!("attention_wgmma.cu") };
+/// The tensor-core decode attention (attention_decode.cu, on the same helpers as
+/// [`ATTENTION_MMA`]): split-K over the paged cache with per-warp cp.async rings, mma.sync.
+pub(crate) static ATTENTION_DECODE: KernelSource =
+    KernelSource { name: "attention_decode.cu", code: attention_helpers_then!("attention_decode.cu") };
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
 /// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine), the direct decode form's
 /// entry points with the shared expert fused in (moe_shared.cu, dense weights) and the prefill
@@ -232,7 +236,7 @@ pub(crate) static FP8: KernelSource = KernelSource {
 };
 
 /// Every CUDA source of the crate.
-pub fn sources() -> [&'static KernelSource; 12] {
+pub fn sources() -> [&'static KernelSource; 13] {
     [
         &ELEMENTWISE,
         &NORM,
@@ -241,6 +245,7 @@ pub fn sources() -> [&'static KernelSource; 12] {
         &ATTENTION,
         &ATTENTION_MMA,
         &ATTENTION_WGMMA,
+        &ATTENTION_DECODE,
         &MOE,
         &GDN_SEQ,
         &GDN_CHUNK,
