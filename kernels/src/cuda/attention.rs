@@ -247,7 +247,7 @@ impl CudaKernels {
         }
         let pg = Paged { max_blocks: u32_of("max_blocks", max_blocks)?, bs_log2: block_size.trailing_zeros(), n_slots };
         let a = Args { t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, pg };
-        let aligned = pools.k % 16 == 0 && pools.v % 16 == 0;
+        let aligned = pools.k.is_multiple_of(16) && pools.v.is_multiple_of(16);
         if let Some(plan) = self.decode_plan::<T>(head_dim, max_q_len, mode, pools.tag, aligned) {
             return self.attention_decode::<T>(q, pools, block_tables, spans, out, &a, &plan);
         }

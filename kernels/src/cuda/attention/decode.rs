@@ -113,7 +113,8 @@ fn pow2_env(var: &str, lo: usize, hi: usize, default: usize) -> u32 {
 }
 
 /// log2 of the split size of a sequence of `ctx` keys (`adec_ks_log2`).
-pub(super) fn ks_log2(ctx: u64, ks_min_log2: u32, nsplit_log2: u32) -> u32 {
+#[cfg(test)]
+fn ks_log2(ctx: u64, ks_min_log2: u32, nsplit_log2: u32) -> u32 {
     let per = ctx.div_ceil(1u64 << nsplit_log2);
     let mut l = 0u32;
     while l < 31 && (1u64 << l) < per {
@@ -195,6 +196,7 @@ impl CudaKernels {
     /// [`CudaKernels::attention`] on the tensor-core decode kernel (then its combine when a
     /// sequence may span several splits); the arguments are checked by the caller and
     /// `decode_plan` chose `p` (so `max_q_len <= 8`, `head_dim` is the kernel's).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_decode<T: CudaFloat>(
         &self,
         q: &impl DevicePtr<T>,
