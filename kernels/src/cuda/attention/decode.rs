@@ -320,7 +320,8 @@ mod tests {
         assert_eq!(ks_log2(8_192, kmin, ns), 8);
         assert_eq!(ks_log2(4_096, kmin, ns), 8);
         assert_eq!(ks_log2(1, kmin, ns), 8);
-        assert_eq!(ks_log2(u64::from(u32::MAX) + 9, kmin, ns), 31);
+        assert_eq!(ks_log2(u64::from(u32::MAX) + 9, kmin, ns), 27);
+        assert_eq!(ks_log2(u64::from(u32::MAX) + 9, kmin, 0), 31);
         // The grid's splits cover every sequence that fits the table.
         for width in [1usize, 16, 255, 256, 257, 4_112, 32_768, 40_000, 1 << 20] {
             let nz = grid_splits(width, kmin, ns);
