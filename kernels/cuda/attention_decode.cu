@@ -10,8 +10,8 @@
 // [z * ks, (z + 1) * ks), ks = 2^ksl with ksl = adec_ks_log2(pos0 + q_len): a function of the
 // sequence's own length only (about 2^nsplit_log2 splits, at least 2^ks_min_log2 keys each),
 // never of the batch. Inside a block, 16-key tiles (tile index = key / 16, absolute) go to
-// warp tile % 4: each warp runs its own online softmax over its tiles with O (16 × DP, f32)
-// in mma.sync m16n8k16 accumulators, then the 4 warps merge in a fixed order through shared
+// warp tile % NW (NW = 4, or 2 in the _w2 kernels): each warp runs its own online softmax over its tiles with O (16 × DP, f32)
+// in mma.sync m16n8k16 accumulators, then the NW warps merge in a fixed order through shared
 // memory. A row whose keys all lie in split z is written by that block; otherwise each of
 // its splits writes an unnormalised partial and `adec_combine` merges them in increasing z.
 // So a row's arithmetic depends on its own sequence only (batch invariance), and not on
@@ -28,10 +28,10 @@
 // [klo, khi] or without a slot is zero-filled (cp.async src-size 0), never read.
 //
 // Bytes in flight: ST − 1 tiles per warp while it computes one: at DP = 256, ST = 3, 4 warps
-// that is 128 KiB an SM (one 200 KiB block an SM), enough to cover HBM latency.
+// that is 128 KiB an SM (one 200 KiB block an SM), enough to cover HBM latency; the _w2
+// kernels (104 KiB) run two blocks an SM with as much in flight, and one block's merge
+// overlaps the other's loads.
 
-#define ADEC_WARPS 4
-#define ADEC_THREADS 128
 #define ADEC_BN 16            // keys per warp tile
 #define ADEC_MAXZ 256         // most splits of one sequence (2^nsplit_log2 <= this)
 #define ADEC_CTHREADS 256     // threads of a combine block
@@ -97,12 +97,12 @@ struct Adec<f16> {
 };
 #endif
 
-// Grid (nzg * mtiles, n_seqs * kvh), ADEC_THREADS threads, mtiles = ceil(qcap * group / 16).
+// Grid (nzg * mtiles, n_seqs * kvh), 32·NW threads, mtiles = ceil(qcap * group / 16).
 // D == DP; pools 16-byte aligned (the host checks). Partials: part[((s * qcap + i) * heads +
 // h) * nzg + z][DP + 4] (O unnormalised, then the running max in exp2 units and the sum).
-// Dynamic shared memory: 16·DP·2 (Q) + max(WARPS·ST·2·16·DP·2 (K/V rings), WARPS·16·(DP+8)·4 +
-// WARPS·16·2·4 (the merge)) bytes (decode.rs `smem`).
-template <typename T, int DP, int ST>
+// Dynamic shared memory: 16·DP·2 (Q) + max(NW·ST·2·16·DP·2 (K/V rings), NW·16·(DP+8)·4 +
+// NW·16·2·4 (the merge)) bytes (decode.rs `smem`).
+template <typename T, int DP, int ST, int NW>
 __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __restrict__ kpool,
                                           const T* __restrict__ vpool, const u32* __restrict__ tables,
                                           const u32* __restrict__ spans, T* __restrict__ out, float* __restrict__ part,
@@ -111,6 +111,8 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
 #if defined(PORTER_SM80)
     static_assert(DP == 64 || DP == 128 || DP == 256, "head dim");
     static_assert(ST >= 2 && ST <= 4, "stages");
+    static_assert(NW == 2 || NW == 4, "warps");
+    constexpr u32 THREADS = 32u * NW;
     constexpr u32 CH = DP / 8;              // 16-byte chunks per row
     constexpr u32 TILE = ADEC_BN * DP;      // elements of a K (or V) tile
     constexpr int NO = DP / 8;              // O accumulator tiles (dims 8f..8f+7)
@@ -120,7 +122,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     constexpr float LOG2E = 1.4426950408889634f;
     extern __shared__ __align__(128) unsigned char adec_smem[];
     T* Qs = reinterpret_cast<T*>(adec_smem);  // [16][DP], swizzled
-    T* Ws = Qs + 16 * DP;                      // [WARPS][ST][K, V][16][DP], swizzled
+    T* Ws = Qs + 16 * DP;                      // [NW][ST][K, V][16][DP], swizzled
 
     const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const u32 group = heads / kvh;
@@ -147,7 +149,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
 
     // Q tile (items beyond m_last zero).
     const bool qvec = (reinterpret_cast<u64>(q) & 15u) == 0;
-    for (u32 c = tid; c < 16u * CH; c += ADEC_THREADS) {
+    for (u32 c = tid; c < 16u * CH; c += THREADS) {
         const u32 r = c / CH, ch = c % CH, m = m0 + r;
         T* dst = Qs + adec_sw<DP>(r, ch);
         if (m <= m_last) {
@@ -175,14 +177,14 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
 
     // This warp's tiles: t0, t0 + 4, ... < tb (tile index = key / 16).
     const u32 ta = klo / ADEC_BN, tb = khi / ADEC_BN + 1;
-    const u32 t0 = ta + ((warp + ADEC_WARPS - (ta % ADEC_WARPS)) % ADEC_WARPS);
-    const u32 n_my = t0 < tb ? (tb - t0 + ADEC_WARPS - 1) / ADEC_WARPS : 0u;
+    const u32 t0 = ta + ((warp + NW - (ta % NW)) % NW);
+    const u32 n_my = t0 < tb ? (tb - t0 + NW - 1) / NW : 0u;
     T* Wb = Ws + warp * (ST * 2 * TILE);
     const u32 ring = (u32)__cvta_generic_to_shared(Wb);
     const u32 qaddr = (u32)__cvta_generic_to_shared(Qs);
     const u64 rs = (u64)kvh * DP, hoff = (u64)kh * DP;
     auto slot_of = [&](u32 i) {
-        return i < n_my ? key_slot(bt, (t0 + ADEC_WARPS * i) * ADEC_BN + (lane & 15u), kv.max_blocks, kv.bs_log2,
+        return i < n_my ? key_slot(bt, (t0 + NW * i) * ADEC_BN + (lane & 15u), kv.max_blocks, kv.bs_log2,
                                    kv.n_slots)
                         : ATT_NOSLOT;
     };
@@ -190,7 +192,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     auto issue = [&](u32 i, u32 sl) {
         T* kd = Wb + (i % ST) * 2 * TILE;
         T* vd = kd + TILE;
-        const u32 kbase = (t0 + ADEC_WARPS * i) * ADEC_BN;
+        const u32 kbase = (t0 + NW * i) * ADEC_BN;
 #pragma unroll
         for (u32 c = 0; c < ADEC_BN * CH / 32; ++c) {
             const u32 idx = lane + 32u * c, j = idx / CH, ch = idx % CH;
@@ -231,7 +233,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
             cp_async_commit();
         }
         const u32 kaddr = ring + (i % ST) * 2 * TILE * 2, vaddr = kaddr + TILE * 2;
-        const u32 kbase = (t0 + ADEC_WARPS * i) * ADEC_BN;
+        const u32 kbase = (t0 + NW * i) * ADEC_BN;
 
         // S = Q·Kᵀ: rows g, g + 8; keys 8·nt + 2·t4 + {0, 1}.
         float sc[2][4];
@@ -309,8 +311,8 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     // Merge the warps (in warp order) through the K/V rings.
     cp_async_wait<0>();
     __syncthreads();
-    float* Ob = reinterpret_cast<float*>(Ws);          // [WARPS][16][OS]
-    float* Ml = Ob + ADEC_WARPS * 16 * OS;              // [WARPS][16][m, l]
+    float* Ob = reinterpret_cast<float*>(Ws);          // [NW][16][OS]
+    float* Ml = Ob + NW * 16 * OS;                      // [NW][16][m, l]
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float* orow = Ob + (warp * 16u + g + 8u * h) * OS + 2u * t4;
@@ -324,7 +326,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     }
     __syncthreads();
     const bool ovec = (reinterpret_cast<u64>(out) & 7u) == 0;
-    for (u32 idx = tid; idx < 16u * (DP / 4); idx += ADEC_THREADS) {
+    for (u32 idx = tid; idx < 16u * (DP / 4); idx += THREADS) {
         const u32 r = idx / (DP / 4), d0 = (idx % (DP / 4)) * 4;
         const u32 m = m0 + r;
         if (m > m_last) continue;
@@ -334,11 +336,11 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
         if (z < zlo || z > zhi) continue;
         float M = PORTER_NEG_INF;
 #pragma unroll
-        for (int w = 0; w < ADEC_WARPS; ++w) M = fmaxf(M, Ml[(w * 16 + r) * 2]);
+        for (int w = 0; w < NW; ++w) M = fmaxf(M, Ml[(w * 16 + r) * 2]);
         float L = 0.0f;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int w = 0; w < ADEC_WARPS; ++w) {
+        for (int w = 0; w < NW; ++w) {
             const float mw = Ml[(w * 16 + r) * 2];
             const float c = mw == PORTER_NEG_INF ? 0.0f : exp2f(mw - M);
             L = fmaf(Ml[(w * 16 + r) * 2 + 1], c, L);
@@ -434,14 +436,16 @@ __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part
     }
 }
 
-// Names: attention_decode_<T>_d<DP>_s<ST> and attention_decode_combine_<T>_d<DP>.
-#define ADEC_KERNEL(T, NAME, DP, ST)                                                                          \
-    extern "C" __global__ void __launch_bounds__(128, 1) attention_decode_##NAME##_d##DP##_s##ST(             \
+// Names: attention_decode_<T>_d<DP>_s<ST>[_w2] (4 warps, one block an SM at DP = 256; _w2: 2
+// warps, two blocks an SM, so that one block's merge overlaps the other's loads) and
+// attention_decode_combine_<T>_d<DP>.
+#define ADEC_KERNEL(T, NAME, DP, ST, NW, W)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W( \
         const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part, \
         u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,         \
         u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {                                                \
-        adec_impl<T, DP, ST>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,         \
-                             PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2);     \
+        adec_impl<T, DP, ST, NW>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,     \
+                                 PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2); \
     }
 #define ADEC_COMBINE(T, NAME, DP)                                                                             \
     extern "C" __global__ void __launch_bounds__(256) attention_decode_combine_##NAME##_d##DP(                \
@@ -449,9 +453,10 @@ __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part
         u32 ks_min_log2, u32 nsplit_log2) {                                                                   \
         adec_combine_impl<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);    \
     }
-#define ADEC_DP(T, NAME, DP)    \
-    ADEC_KERNEL(T, NAME, DP, 2) \
-    ADEC_KERNEL(T, NAME, DP, 3) \
+#define ADEC_DP(T, NAME, DP)              \
+    ADEC_KERNEL(T, NAME, DP, 2, 4, )      \
+    ADEC_KERNEL(T, NAME, DP, 3, 4, )      \
+    ADEC_KERNEL(T, NAME, DP, 3, 2, _w2)   \
     ADEC_COMBINE(T, NAME, DP)
 #define ADEC_ALL(T, NAME)   \
     ADEC_DP(T, NAME, 64)    \

@@ -12,8 +12,9 @@ use std::cell::Cell;
 
 /// Environment variable choosing the decode kernel (launches with `max_q_len <= 8`, read on
 /// every call): `legacy` (the default: the CUDA-core split-K kernels of attention.cu), `mma`
-/// (the tensor-core kernel of attention_decode.cu with the deepest K/V ring that fits the
-/// device), `mma2` / `mma3` (2 or 3 ring stages per warp, A/B). Another value warns once and
+/// (the tensor-core kernel of attention_decode.cu: 4 warps, the deepest K/V ring that fits
+/// the device), `mma2` / `mma3` (2 or 3 ring stages per warp), `mmaw2` (2 warps and 3 stages
+/// a block, two blocks an SM at head_dim 256; A/B forms). Another value warns once and
 /// means `legacy`. The mma kernel applies to bf16 / f16 pools of the model dtype, head_dim
 /// 64 / 128 / 256, 16-byte aligned pools, sm_80+, outside [`AttnMode::Invariant`]; elsewhere
 /// the CUDA-core kernels run.
@@ -35,11 +36,9 @@ pub const DEC_SPLITS: usize = 64;
 pub const DEC_MIN_KEYS: usize = 256;
 /// Most splits of a sequence (`ADEC_MAXZ`).
 const DEC_MAXZ: usize = 256;
-/// Threads of a decode block (`ADEC_THREADS`: 4 warps) and of a combine block.
-const DEC_THREADS: u32 = 128;
+/// Threads of a combine block (`ADEC_CTHREADS`).
 const DEC_CTHREADS: u32 = 256;
-/// Warps of a decode block and keys of a warp tile (`ADEC_WARPS`, `ADEC_BN`).
-const DEC_WARPS: usize = 4;
+/// Keys of a warp tile (`ADEC_BN`).
 const DEC_BN: usize = 16;
 /// Head dims with a decode kernel (`_d<DP>`, D == DP).
 const DEC_DIMS: [usize; 3] = [64, 128, 256];
@@ -56,6 +55,9 @@ pub enum AttnDecode {
     Mma2,
     /// attention_decode.cu with 3-stage rings (2 where 3 do not fit).
     Mma3,
+    /// attention_decode.cu with 2-warp blocks and 3-stage rings (half the shared memory: two
+    /// blocks an SM at head_dim 256), 4 warps where that does not fit.
+    MmaW2,
 }
 
 thread_local! {
@@ -77,6 +79,7 @@ fn decode_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<AttnDecode, S
         "mma" => Ok(AttnDecode::Mma),
         "mma2" => Ok(AttnDecode::Mma2),
         "mma3" => Ok(AttnDecode::Mma3),
+        "mmaw2" => Ok(AttnDecode::MmaW2),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -90,7 +93,7 @@ fn decode_choice() -> AttnDecode {
     decode_from(std::env::var_os(ATTN_DECODE_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
-            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3; using legacy")
+            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2; using legacy")
         });
         AttnDecode::Legacy
     })
@@ -128,11 +131,12 @@ pub(super) fn grid_splits(width: usize, ks_min_log2: u32, nsplit_log2: u32) -> u
     (1usize << nsplit_log2).min(width.div_ceil(1usize << ks_min_log2)).max(1)
 }
 
-/// Dynamic shared memory of `attention_decode_<T>_d<dp>_s<st>` (16-bit T): the Q tile, then
-/// the warps' K/V rings, reused by the merge (per warp 16 rows of `dp + 8` f32 and (m, l)).
-fn smem(dp: usize, st: usize) -> usize {
-    let rings = DEC_WARPS * st * 2 * DEC_BN * dp * 2;
-    let merge = DEC_WARPS * 16 * (dp + 8) * 4 + DEC_WARPS * 16 * 2 * 4;
+/// Dynamic shared memory of `attention_decode_<T>_d<dp>_s<st>` (`nw` warps, 16-bit T): the Q
+/// tile, then the warps' K/V rings, reused by the merge (per warp 16 rows of `dp + 8` f32 and
+/// (m, l)).
+fn smem(dp: usize, st: usize, nw: usize) -> usize {
+    let rings = nw * st * 2 * DEC_BN * dp * 2;
+    let merge = nw * 16 * (dp + 8) * 4 + nw * 16 * 2 * 4;
     16 * dp * 2 + rings.max(merge)
 }
 
@@ -140,6 +144,7 @@ fn smem(dp: usize, st: usize) -> usize {
 pub(super) struct DecodePlan {
     name: String,
     combine: String,
+    warps: u32,
     smem: usize,
     ks_min_log2: u32,
     nsplit_log2: u32,
@@ -167,14 +172,20 @@ impl CudaKernels {
         if !DEC_DIMS.contains(&head_dim) {
             return None;
         }
-        let order: &[usize] = if choice == AttnDecode::Mma2 { &[2] } else { &[3, 2] };
-        let st = order.iter().copied().find(|&st| smem(head_dim, st) <= caps.smem_limit())?;
+        // (stages, warps) in order of preference.
+        let order: &[(usize, usize)] = match choice {
+            AttnDecode::Mma2 => &[(2, 4)],
+            AttnDecode::MmaW2 => &[(3, 2), (3, 4), (2, 4)],
+            _ => &[(3, 4), (2, 4)],
+        };
+        let (st, nw) = order.iter().copied().find(|&(st, nw)| smem(head_dim, st, nw) <= caps.smem_limit())?;
         let nsplit_log2 = pow2_env(ATTN_DECODE_SPLITS_ENV, 1, DEC_MAXZ, DEC_SPLITS);
         let ks_min_log2 = pow2_env(ATTN_DECODE_MIN_KEYS_ENV, 64, 65_536, DEC_MIN_KEYS);
         Some(DecodePlan {
-            name: format!("attention_decode_{}_d{head_dim}_s{st}", T::NAME),
+            name: format!("attention_decode_{}_d{head_dim}_s{st}{}", T::NAME, if nw == 2 { "_w2" } else { "" }),
             combine: format!("attention_decode_combine_{}_d{head_dim}", T::NAME),
-            smem: smem(head_dim, st),
+            warps: nw as u32,
+            smem: smem(head_dim, st, nw),
             ks_min_log2,
             nsplit_log2,
         })
@@ -217,7 +228,7 @@ impl CudaKernels {
         let f = self.function_smem(&ATTENTION_DECODE, &p.name, p.smem)?;
         let cfg = LaunchConfig {
             grid_dim: (u32_of("decode blocks", prod(&[nzg, mtiles])?)?, u32_of("n_seqs * kv_heads", seq_heads)?, 1),
-            block_dim: (DEC_THREADS, 1, 1),
+            block_dim: (32 * p.warps, 1, 1),
             shared_mem_bytes: u32_of("shared memory", p.smem)?,
         };
         let (t32, h32, kvh32) = (u32_of("t", a.t)?, u32_of("heads", heads)?, u32_of("kv_heads", a.kv_heads)?);
@@ -235,8 +246,8 @@ impl CudaKernels {
         let (po, _go) = out.device_ptr_mut(s);
         let (ppart, _gpart) = crate::cuda::opt_ptr(part.as_ref(), s);
         let (ksl, nsl) = (p.ks_min_log2, p.nsplit_log2);
-        // SAFETY: arguments match `attention_decode_<T>_d<DP>_s<ST>` (attention_decode.cu,
-        // D == DP, 16-byte aligned pools of T: `decode_plan`); `q`, `out`, `spans`,
+        // SAFETY: arguments match `attention_decode_<T>_d<DP>_s<ST>[_w2]` (attention_decode.cu,
+        // 32 · NW threads, D == DP, 16-byte aligned pools of T: `decode_plan`); `q`, `out`, `spans`,
         // `block_tables` have the lengths checked by `attention` and the pools `n_slots` rows
         // (no slot >= n_slots, table entry beyond `max_blocks` or row >= t is touched); the
         // partial buffer holds `n_seqs * qcap * heads * nzg * (head_dim + 4)` f32 when nzg > 1
@@ -334,11 +345,13 @@ mod tests {
 
     #[test]
     fn decode_rings_fit() {
-        // H200 (227 KiB): 3 stages at every head dim; 99 KiB (sm_86 / sm_89): 2 stages at 128.
+        // H200 (227 KiB): 3 stages at every head dim, two 2-warp blocks an SM at 256; 99 KiB
+        // (sm_86 / sm_89): 2 stages at 128.
         for dp in DEC_DIMS {
-            assert!(smem(dp, 3) <= 232_448);
+            assert!(smem(dp, 3, 4) <= 232_448);
         }
-        assert_eq!(smem(256, 3), 8_192 + 196_608);
-        assert!(smem(128, 2) <= 101_376 && smem(128, 3) > 101_376);
+        assert_eq!(smem(256, 3, 4), 8_192 + 196_608);
+        assert!(2 * smem(256, 3, 2) <= 232_448);
+        assert!(smem(128, 2, 4) <= 101_376 && smem(128, 3, 4) > 101_376);
     }
 }
