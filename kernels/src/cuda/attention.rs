@@ -8,6 +8,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 mod decode;
 mod tc;
+pub(crate) use decode::decode_env_selected;
 #[doc(hidden)]
 pub use decode::force_attn_decode;
 pub use decode::{AttnDecode, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_SPLITS_ENV};

@@ -399,14 +399,18 @@ fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, PtxSlot>> {
 /// a source (once a process): NVRTC runs on as many cores as there are modules while the
 /// caller loads weights, and a launch that needs a module waits only for what is left of its
 /// compilation. The opt-in mma.sync attention module ([`ATTENTION_MMA`]) is left to its first
-/// launch, as it was split off for. Failures are left for the launch that needs the module to
-/// report.
+/// launch, as it was split off for; the tensor-core decode module ([`ATTENTION_DECODE`]) too,
+/// unless `PORTER_ATTN_DECODE` selects it. Failures are left for the launch that needs the
+/// module to report.
 pub fn precompile_in_background(arch: &'static str, fallback: bool) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
-        for src in
-            sources().into_iter().filter(|s| !std::ptr::eq(*s, &ATTENTION_MMA) && !std::ptr::eq(*s, &ATTENTION_WGMMA))
-        {
+        let decode = super::attention::decode_env_selected();
+        for src in sources().into_iter().filter(|s| {
+            !std::ptr::eq(*s, &ATTENTION_MMA)
+                && !std::ptr::eq(*s, &ATTENTION_WGMMA)
+                && (decode || !std::ptr::eq(*s, &ATTENTION_DECODE))
+        }) {
             let _ = std::thread::Builder::new()
                 .name(format!("nvrtc {}", src.name))
                 .spawn(move || drop(compile_with(src, arch, fallback)));

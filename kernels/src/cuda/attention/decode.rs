@@ -99,6 +99,12 @@ fn decode_choice() -> AttnDecode {
     })
 }
 
+/// Whether [`ATTN_DECODE_ENV`] selects a tensor-core decode kernel (its module is then
+/// compiled in the background when the kernels open).
+pub(crate) fn decode_env_selected() -> bool {
+    !matches!(decode_from(std::env::var_os(ATTN_DECODE_ENV).as_deref()), Ok(AttnDecode::Legacy) | Err(_))
+}
+
 /// log2 of a power-of-two environment value in `lo..=hi` (`default` when unset or invalid,
 /// with a warning once per variable).
 fn pow2_env(var: &str, lo: usize, hi: usize, default: usize) -> u32 {
