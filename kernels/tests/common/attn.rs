@@ -294,7 +294,7 @@ pub fn ptxas_log_arch(test: &str, source: &str, arch: &str) -> (String, String) 
 pub const HBM_BYTES_PER_S: f64 = 4.19e12;
 
 /// The legacy (CUDA-core, attention.cu) and the mma (attention_decode.cu: `mma`, `mma2`,
-/// `mmaw2`) decode kernels side by side: `b` sequences of `ctx` keys, q_len 1, bf16, block
+/// `mmaw2`, the default split sizes and two others) decode kernels side by side: `b` sequences of `ctx` keys, q_len 1, bf16, block
 /// size 16 on a shuffled pool, each kernel timed by CUDA events over `iters` back-to-back
 /// calls queued behind a hold (per-call partial-scratch allocation included, as the model
 /// runs it; no host gaps). Prints µs per call, GB/s of K/V and the share of
@@ -311,7 +311,7 @@ pub fn decode_ab(
     iters: usize,
 ) -> (f64, f64) {
     use half::bf16;
-    use porter_kernels::cuda::{force_attn_decode, AttnDecode};
+    use porter_kernels::cuda::{force_attn_decode, force_attn_decode_splits, AttnDecode};
     let row = kvh * hd;
     let nb = ctx.div_ceil(16);
     let kp = up::<bf16>(k, &rng.vec(b * nb * 16 * row, 1.0));
@@ -328,8 +328,19 @@ pub fn decode_ab(
     };
     println!("  DECODE-AB h{h} kvh{kvh} d{hd} batch {b} ctx {ctx} ({:.1} MB of K/V):", bytes / 1e6);
     let (mut legacy, mut best) = ((0.0, Vec::new()), f64::INFINITY);
-    for kind in [AttnDecode::Legacy, AttnDecode::Mma, AttnDecode::Mma2, AttnDecode::MmaW2] {
+    // (kernel, (splits, min keys) or the environment's).
+    let forms = [
+        (AttnDecode::Legacy, None),
+        (AttnDecode::Mma, None),
+        (AttnDecode::Mma2, None),
+        (AttnDecode::MmaW2, None),
+        (AttnDecode::Mma, Some((128, 128))),
+        (AttnDecode::Mma, Some((32, 512))),
+        (AttnDecode::MmaW2, Some((128, 128))),
+    ];
+    for (kind, splits) in forms {
         force_attn_decode(Some(kind));
+        force_attn_decode_splits(splits);
         let mut out = poisoned::<bf16>(k, b * h * hd);
         let sec = {
             let mut run = |_i: usize| {
@@ -362,11 +373,13 @@ pub fn decode_ab(
             println!("    legacy {:>30}: {}", "attention.cu", show(us));
             legacy = (us, got);
         } else {
-            println!("    {kind:?} {name:>30}: {} ({:.2}x)", show(us), legacy.0 / us);
+            let sp = splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}"));
+            println!("    {kind:?} {name:>30} splits/min {sp:>7}: {} ({:.2}x)", show(us), legacy.0 / us);
             check(&format!("    decode {kind:?} vs legacy"), &got, &legacy.1, 2.0 * tol::<bf16>());
             best = best.min(us);
         }
     }
     force_attn_decode(None);
+    force_attn_decode_splits(None);
     (legacy.0, best)
 }

@@ -62,6 +62,16 @@ pub enum AttnDecode {
 
 thread_local! {
     static FORCED: Cell<Option<AttnDecode>> = const { Cell::new(None) };
+    static FORCED_SPLITS: Cell<Option<(u32, u32)>> = const { Cell::new(None) };
+}
+
+/// Overrides [`ATTN_DECODE_SPLITS_ENV`] and [`ATTN_DECODE_MIN_KEYS_ENV`] for the calling
+/// thread: `Some((splits, min_keys))`, powers of two in their ranges (others are clamped
+/// to them); `None`: back to the environment. For A/B timing in one process.
+#[doc(hidden)]
+pub fn force_attn_decode_splits(splits: Option<(usize, usize)>) {
+    let log2 = |n: usize, lo: usize, hi: usize| n.clamp(lo, hi).next_power_of_two().min(hi).trailing_zeros();
+    FORCED_SPLITS.with(|f| f.set(splits.map(|(s, m)| (log2(s, 1, DEC_MAXZ), log2(m, 64, 65_536)))));
 }
 
 /// Overrides [`ATTN_DECODE_ENV`] for the calling thread (`None`: back to the environment).
@@ -185,8 +195,12 @@ impl CudaKernels {
             _ => &[(3, 4), (2, 4)],
         };
         let (st, nw) = order.iter().copied().find(|&(st, nw)| smem(head_dim, st, nw) <= caps.smem_limit())?;
-        let nsplit_log2 = pow2_env(ATTN_DECODE_SPLITS_ENV, 1, DEC_MAXZ, DEC_SPLITS);
-        let ks_min_log2 = pow2_env(ATTN_DECODE_MIN_KEYS_ENV, 64, 65_536, DEC_MIN_KEYS);
+        let (nsplit_log2, ks_min_log2) = FORCED_SPLITS.with(Cell::get).unwrap_or_else(|| {
+            (
+                pow2_env(ATTN_DECODE_SPLITS_ENV, 1, DEC_MAXZ, DEC_SPLITS),
+                pow2_env(ATTN_DECODE_MIN_KEYS_ENV, 64, 65_536, DEC_MIN_KEYS),
+            )
+        });
         Some(DecodePlan {
             name: format!("attention_decode_{}_d{head_dim}_s{st}{}", T::NAME, if nw == 2 { "_w2" } else { "" }),
             combine: format!("attention_decode_combine_{}_d{head_dim}", T::NAME),
