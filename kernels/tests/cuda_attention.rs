@@ -10,10 +10,11 @@
 mod common;
 
 use common::attn::*;
+use common::timing::Hold;
 use common::*;
 use half::{bf16, f16};
 use porter_kernels::cpu::ops;
-use porter_kernels::cuda::{AttnMode, CudaFloat, CudaKernels, PAD_SLOT};
+use porter_kernels::cuda::{force_attn_decode, AttnDecode, AttnMode, CudaFloat, CudaKernels, PAD_SLOT};
 use std::time::Instant;
 
 // ---------------------------------------------------------------------------
@@ -135,12 +136,28 @@ fn attention_tensor_core_prefill() {
 /// one launch of 32 sequences (other `t`, `n_seqs`, `max_q_len`, table width,
 /// rows): its output rows must be bit-identical (and match the CPU reference).
 fn invariance_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, mode: AttnMode, window: Option<usize>) {
-    let (h, kvh, hd, bs) = (8, 2, 128, 16);
+    let targets = [(1usize, 3000usize), (1, 100), (5, 777), (40, 700), (130, 250)];
+    let lens = [1, 1, 1, 2, 3, 8, 9, 17, 64, 130];
+    invariance_case_with::<T>(k, rng, mode, window, &targets, &lens, (8, 2, 128));
+}
+
+/// [`invariance_case`] with other targets (at most 5), other q_lens for the 27 others and
+/// other (heads, kv_heads, head_dim).
+#[allow(clippy::too_many_arguments)]
+fn invariance_case_with<T: CudaFloat>(
+    k: &CudaKernels,
+    rng: &mut Rng,
+    mode: AttnMode,
+    window: Option<usize>,
+    targets: &[(usize, usize)],
+    lens: &[usize],
+    (h, kvh, hd): (usize, usize, usize),
+) {
+    let bs = 16;
     let kv_row = kvh * hd;
     let scale = 1.0 / (hd as f32).sqrt();
-    let targets = [(1usize, 3000usize), (1, 100), (5, 777), (40, 700), (130, 250)];
+    let nt = targets.len();
     let mut seqs: Vec<(usize, usize)> = targets.to_vec();
-    let lens = [1, 1, 1, 2, 3, 8, 9, 17, 64, 130];
     while seqs.len() < 32 {
         seqs.push((lens[rng.below(lens.len())], rng.below(6000)));
     }
@@ -196,8 +213,8 @@ fn invariance_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, mode: AttnMode,
         (down(k, &out), starts)
     };
     // A different order, so that each target sits at other rows and sequence indices.
-    let mut order: Vec<usize> = (5..32).collect();
-    for (i, tg) in (0..5).enumerate() {
+    let mut order: Vec<usize> = (nt..32).collect();
+    for (i, tg) in (0..nt).enumerate() {
         order.insert(3 + 6 * i, tg);
     }
     let (mixed, starts) = launch(&order, pool.width + 2);
@@ -228,6 +245,113 @@ fn attention_batch_invariant() {
         invariance_case::<f32>(&k, &mut rng, AttnMode::Fast, window);
         invariance_case::<f32>(&k, &mut rng, AttnMode::Invariant, window);
         invariance_case::<bf16>(&k, &mut rng, AttnMode::Invariant, window);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tensor-core decode (attention_decode.cu, PORTER_ATTN_DECODE=mma)
+// ---------------------------------------------------------------------------
+
+/// Forces the mma decode kernel on this thread and checks that the device takes it for `T`
+/// at `hd` (sm_80+); the caller's launches then run it wherever it applies.
+fn force_mma<T: CudaFloat>(k: &CudaKernels, hd: usize) {
+    force_attn_decode(Some(AttnDecode::Mma));
+    let name = k.attention_decode_kernel::<T>(hd, 1, AttnMode::Fast);
+    assert!(name.is_some(), "the mma decode kernel does not apply ({} head_dim {hd}: sm_80+ needed)", T::NAME);
+    println!("decode kernel {} d{hd}: {name:?}", T::NAME);
+}
+
+/// The mma decode kernel against the CPU reference (the tolerances of the CUDA-core cases):
+/// batch 1 / 8 / 64, contexts 1, 15, 16, 17, 1000, 4095, 32767 (one split, a split
+/// boundary, up to 64 splits), q_len 1..4 (draft verification), block sizes 1 / 16 / 128,
+/// GQA 8 / 4 / 16 / 1 at head dims 256 / 128 / 64, sliding windows, a padding span in every
+/// launch and garbage table entries past each sequence's blocks (attn_case), bf16 and f16;
+/// misaligned pools fall back to the CUDA-core kernels.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_decode_mma_parity() {
+    let k = gpu("attention_decode_mma_parity");
+    let mut rng = Rng::new(11);
+    force_mma::<bf16>(&k, 256);
+    let (h, kvh, hd) = (ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM);
+    let ctxs = [1usize, 15, 16, 17, 1000, 4095, 32767];
+    for (i, &ctx) in ctxs.iter().enumerate() {
+        let seqs = [(1usize, ctx - 1)];
+        let c = AttnCase { bs: [1, 16, 128][i % 3], ..AttnCase::new("mma decode b1", &seqs, h, kvh, hd) };
+        attn_case::<bf16>(&k, &mut rng, &c);
+        attn_case::<f16>(&k, &mut rng, &c);
+    }
+    let b8 = [(1, 0), (2, 13), (1, 14), (3, 13), (4, 996), (1, 4094), (2, 32765), (1, 16)];
+    for bs in [1, 16, 128] {
+        for (hh, kk, dd) in [(16, 2, 256), (8, 2, 128), (16, 4, 64), (32, 2, 256), (8, 8, 128)] {
+            println!("batch 8: heads {hh} kv_heads {kk} head_dim {dd} block size {bs}");
+            let c = AttnCase { bs, ..AttnCase::new("mma decode b8", &b8, hh, kk, dd) };
+            attn_case::<bf16>(&k, &mut rng, &c);
+        }
+        attn_case::<f16>(&k, &mut rng, &AttnCase { bs, ..AttnCase::new("mma decode b8", &b8, h, kvh, hd) });
+    }
+    let b64: Vec<(usize, usize)> = (0..64)
+        .map(|i| {
+            let ql = 1 + i % 4;
+            let ctx = if i == 37 { 32767 } else { ctxs[i % 6].max(ql) };
+            (ql, ctx - ql)
+        })
+        .collect();
+    for bs in [16, 128] {
+        let c = AttnCase { bs, ..AttnCase::new("mma decode b64", &b64, h, kvh, hd) };
+        attn_case::<bf16>(&k, &mut rng, &c);
+        attn_case::<f16>(&k, &mut rng, &c);
+    }
+    let wseqs = [(1, 0), (1, 99), (1, 100), (1, 1500), (4, 600), (2, 255), (3, 5000), (1, 32766)];
+    for (i, w) in [1, 100, 256, 300, 1000, 4096].into_iter().enumerate() {
+        println!("window {w}");
+        let c = AttnCase {
+            window: Some(w),
+            bs: [16, 1, 128][i % 3],
+            ..AttnCase::new("mma decode window", &wseqs, h, kvh, hd)
+        };
+        attn_case::<bf16>(&k, &mut rng, &c);
+    }
+    let c = AttnCase { window: Some(300), ..AttnCase::new("mma decode window", &wseqs, 8, 2, 128) };
+    attn_case::<f16>(&k, &mut rng, &c);
+    attn_case_at::<bf16>(&k, &mut rng, &AttnCase::new("mma decode", &b8, h, kvh, hd), true);
+    force_attn_decode(None);
+}
+
+/// Batch invariance of the mma decode kernel: decode / verification targets (up to 32k
+/// keys, 64 splits) alone, then among 27 other sequences of q_len <= 8 (another grid, table
+/// width, partial layout): bit-identical rows, within tolerance of the CPU reference.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_decode_mma_batch_invariant() {
+    let k = gpu("attention_decode_mma_batch_invariant");
+    let mut rng = Rng::new(12);
+    force_mma::<bf16>(&k, 256);
+    let targets = [(1usize, 3000usize), (1, 100), (4, 777), (1, 32767), (2, 5000)];
+    let lens = [1, 1, 1, 2, 3, 4, 8];
+    for window in [None, Some(700)] {
+        invariance_case_with::<bf16>(&k, &mut rng, AttnMode::Fast, window, &targets, &lens, (16, 2, 256));
+        invariance_case_with::<f16>(&k, &mut rng, AttnMode::Fast, window, &targets, &lens, (8, 2, 128));
+    }
+    force_attn_decode(None);
+}
+
+/// Legacy vs mma decode, side by side (CUDA-event timing, back-to-back calls): the
+/// Qwen3-Next shape at batch 1 × 32k / 8k / 128k, batch 8 × 8k, batch 64 × 4k, and a
+/// head_dim-128 shape; µs per call, GB/s of K/V and % of 4.19 TB/s. `PORTER_ATTN_DECODE_SPLITS`
+/// / `PORTER_ATTN_DECODE_MIN_KEYS` change the mma kernel's split sizes for A/B.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_decode_mma_timing() {
+    let k = gpu("attention_decode_mma_timing");
+    let mut rng = Rng::new(13);
+    let mut hold = Hold::new(&k);
+    let qwen = (ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM);
+    for (b, ctx) in [(1, 32768), (1, 8192), (8, 8192), (64, 4096), (1, 131_072), (8, 1024), (64, 1024)] {
+        decode_ab(&k, &mut rng, &mut hold, qwen, b, ctx, 50);
+    }
+    for (b, ctx) in [(1, 32768), (64, 4096)] {
+        decode_ab(&k, &mut rng, &mut hold, (32, 8, 128), b, ctx, 50);
     }
 }
 
@@ -262,6 +386,26 @@ fn nvrtc_attention_ptxas_info() {
     // single-MMA P form (8 warps, pools of T): bf16 / f16 × 3 head dims; the warp-pair form
     // (head dim 256, pools of T): bf16 / f16.
     assert_eq!(mma_seen, 32, "ptxas reported {mma_seen} mma attention kernels, expected 32");
+}
+
+/// Registers and spills of the tensor-core decode kernels (attention_decode.cu) for sm_90
+/// (NVRTC + ptxas, no GPU): none may spill.
+#[test]
+#[ignore = "needs NVRTC (bash .ci/run installs it)"]
+fn nvrtc_attention_decode_ptxas_info() {
+    let mut seen = 0;
+    for (func, line) in ptxas_info("nvrtc_attention_decode_ptxas_info", "attention_decode.cu") {
+        if !func.starts_with("attention_decode_") {
+            continue;
+        }
+        println!("{func}: {line}");
+        if line.contains("spill stores") {
+            seen += 1;
+            assert!(line.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{func} spills: {line}");
+        }
+    }
+    // bf16 / f16 x head dims 64, 128, 256 x (2 and 3 stages, 2 warps, the combine).
+    assert_eq!(seen, 24, "ptxas reported {seen} decode kernels, expected 24");
 }
 
 #[test]

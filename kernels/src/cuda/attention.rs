@@ -6,7 +6,12 @@
 use super::{ew_cfg, opt_ptr, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, ATTENTION};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
+mod decode;
 mod tc;
+pub(crate) use decode::decode_env_selected;
+#[doc(hidden)]
+pub use decode::{force_attn_decode, force_attn_decode_splits};
+pub use decode::{AttnDecode, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_SPLITS_ENV};
 pub use tc::{AttnTc, ATTN_TC_DEFAULT, ATTN_TC_ENV};
 
 /// Largest `head_dim` of [`CudaKernels::attention`].
@@ -142,8 +147,12 @@ impl CudaKernels {
     /// f16 launches with `max_q_len >= 16` (`head_dim % 16 == 0`, sm_80+) on
     /// tensor cores (FlashAttention-2: Q·Kᵀ and P·V as MMAs with f32 accumulators,
     /// P kept as two `T` terms, online softmax in f32; wmma or raw mma.sync kernels,
-    /// [`ATTN_TC_ENV`]). Every
-    /// power-of-two `block_size` works on both paths (a key tile may cross cache
+    /// [`ATTN_TC_ENV`]). With [`ATTN_DECODE_ENV`]`=mma`, a launch with `max_q_len <= 8`
+    /// outside `Invariant` (bf16 / f16, head_dim 64 / 128 / 256, sm_80+) runs the
+    /// tensor-core decode kernel instead (splits fixed by each sequence's own length, so
+    /// rows stay bit-identical across such launches, but rounded differently from the
+    /// CUDA-core kernels). Every
+    /// power-of-two `block_size` works on every path (a key tile may cross cache
     /// blocks).
     ///
     /// The split path allocates `ceil(max_blocks · block_size / 128) · n_seqs ·
@@ -239,6 +248,10 @@ impl CudaKernels {
         }
         let pg = Paged { max_blocks: u32_of("max_blocks", max_blocks)?, bs_log2: block_size.trailing_zeros(), n_slots };
         let a = Args { t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, pg };
+        let aligned = pools.k.is_multiple_of(16) && pools.v.is_multiple_of(16);
+        if let Some(plan) = self.decode_plan::<T>(head_dim, max_q_len, mode, pools.tag, aligned) {
+            return self.attention_decode::<T>(q, pools, block_tables, spans, out, &a, &plan);
+        }
         if let Some(plan) = self.tc_plan::<T>(head_dim, max_q_len, mode, pools.tag) {
             return self.attention_tc::<T>(q, pools, block_tables, spans, out, &a, &plan);
         }

@@ -164,6 +164,10 @@ pub(crate) static ATTENTION_MMA: KernelSource =
 /// are never chosen.
 pub(crate) static ATTENTION_WGMMA: KernelSource =
     KernelSource { name: "attention_wgmma.cu", code: attention_helpers_then!("attention_wgmma.cu") };
+/// The tensor-core decode attention (attention_decode.cu, on the same helpers as
+/// [`ATTENTION_MMA`]): split-K over the paged cache with per-warp cp.async rings, mma.sync.
+pub(crate) static ATTENTION_DECODE: KernelSource =
+    KernelSource { name: "attention_decode.cu", code: attention_helpers_then!("attention_decode.cu") };
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
 /// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine), the direct decode form's
 /// entry points with the shared expert fused in (moe_shared.cu, dense weights) and the prefill
@@ -238,7 +242,7 @@ pub(crate) static FP8: KernelSource = KernelSource {
 };
 
 /// Every CUDA source of the crate.
-pub fn sources() -> [&'static KernelSource; 13] {
+pub fn sources() -> [&'static KernelSource; 14] {
     [
         &ELEMENTWISE,
         &NORM,
@@ -247,6 +251,7 @@ pub fn sources() -> [&'static KernelSource; 13] {
         &ATTENTION,
         &ATTENTION_MMA,
         &ATTENTION_WGMMA,
+        &ATTENTION_DECODE,
         &MOE,
         &MOE_WGMMA,
         &GDN_SEQ,
@@ -402,16 +407,19 @@ fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, PtxSlot>> {
 /// a source (once a process): NVRTC runs on as many cores as there are modules while the
 /// caller loads weights, and a launch that needs a module waits only for what is left of its
 /// compilation. The opt-in mma.sync attention module ([`ATTENTION_MMA`]) is left to its first
-/// launch, as it was split off for; the wgmma MoE module ([`MOE_WGMMA`], the default prefill
-/// GEMMs on sm_90) is compiled here only where it runs (sm_90, not the fallback build). Failures
-/// are left for the launch that needs the module to report.
+/// launch, as it was split off for; the tensor-core decode module ([`ATTENTION_DECODE`]) too,
+/// unless `PORTER_ATTN_DECODE` selects it; the wgmma MoE module ([`MOE_WGMMA`], the default
+/// prefill GEMMs on sm_90) is compiled here only where it runs (sm_90, not the fallback
+/// build). Failures are left for the launch that needs the module to report.
 pub fn precompile_in_background(arch: &'static str, fallback: bool) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
         let moe_wg = arch == "sm_90" && !fallback;
+        let decode = super::attention::decode_env_selected();
         for src in sources().into_iter().filter(|s| {
             ![&ATTENTION_MMA, &ATTENTION_WGMMA].iter().any(|o| std::ptr::eq(*s, *o))
                 && (moe_wg || !std::ptr::eq(*s, &MOE_WGMMA))
+                && (decode || !std::ptr::eq(*s, &ATTENTION_DECODE))
         }) {
             let _ = std::thread::Builder::new()
                 .name(format!("nvrtc {}", src.name))

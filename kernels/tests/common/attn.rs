@@ -289,3 +289,97 @@ pub fn ptxas_log_arch(test: &str, source: &str, arch: &str) -> (String, String) 
     unsafe { nv::destroy_program(prog) }.expect("destroy");
     (log, String::from_utf8_lossy(&ptx).into_owned())
 }
+
+/// HBM bandwidth the decode timings are a share of (H200: ~4.19 TB/s measured peak).
+pub const HBM_BYTES_PER_S: f64 = 4.19e12;
+
+/// The legacy (CUDA-core, attention.cu) and the mma (attention_decode.cu: `mma`, `mma2`,
+/// `mmaw2`, the default split sizes and two others) decode kernels side by side: `b` sequences of `ctx` keys, q_len 1, bf16, block
+/// size 16 on a shuffled pool, each kernel timed by CUDA events over `iters` back-to-back
+/// calls queued behind a hold (per-call partial-scratch allocation included, as the model
+/// runs it; no host gaps). Prints µs per call, GB/s of K/V and the share of
+/// [`HBM_BYTES_PER_S`]; checks each mma output against the legacy one (both f32 math on bf16
+/// data: within twice the bf16 tolerance, each being within it of the reference) and returns
+/// (legacy µs, best mma µs).
+pub fn decode_ab(
+    k: &CudaKernels,
+    rng: &mut Rng,
+    hold: &mut super::timing::Hold,
+    (h, kvh, hd): (usize, usize, usize),
+    b: usize,
+    ctx: usize,
+    iters: usize,
+) -> (f64, f64) {
+    use half::bf16;
+    use porter_kernels::cuda::{force_attn_decode, force_attn_decode_splits, AttnDecode};
+    let row = kvh * hd;
+    let nb = ctx.div_ceil(16);
+    let kp = up::<bf16>(k, &rng.vec(b * nb * 16 * row, 1.0));
+    let vp = up::<bf16>(k, &rng.vec(b * nb * 16 * row, 1.0));
+    let tables = up_u32(k, &shuffled(rng, b * nb));
+    let spans: Vec<u32> = (0..b).flat_map(|i| [i as u32, 1, (ctx - 1) as u32]).collect();
+    let sd = up_u32(k, &spans);
+    let q = up::<bf16>(k, &rng.vec(b * h * hd, 2.0));
+    let sc = 1.0 / (hd as f32).sqrt();
+    let bytes = (b * ctx * row * 2 * std::mem::size_of::<bf16>()) as f64;
+    let show = |us: f64| {
+        let gbs = bytes / us / 1e3;
+        format!("{us:8.1} us {gbs:6.0} GB/s {:5.1} % of 4.19 TB/s", 100.0 * gbs * 1e9 / HBM_BYTES_PER_S)
+    };
+    println!("  DECODE-AB h{h} kvh{kvh} d{hd} batch {b} ctx {ctx} ({:.1} MB of K/V):", bytes / 1e6);
+    let (mut legacy, mut best) = ((0.0, Vec::new()), f64::INFINITY);
+    // (kernel, (splits, min keys) or the environment's).
+    let forms = [
+        (AttnDecode::Legacy, None),
+        (AttnDecode::Mma, None),
+        (AttnDecode::Mma2, None),
+        (AttnDecode::MmaW2, None),
+        (AttnDecode::Mma, Some((128, 128))),
+        (AttnDecode::Mma, Some((32, 512))),
+        (AttnDecode::MmaW2, Some((128, 128))),
+    ];
+    for (kind, splits) in forms {
+        force_attn_decode(Some(kind));
+        force_attn_decode_splits(splits);
+        let mut out = poisoned::<bf16>(k, b * h * hd);
+        let sec = {
+            let mut run = |_i: usize| {
+                k.attention::<bf16>(
+                    &q,
+                    &kp,
+                    &vp,
+                    &tables,
+                    nb,
+                    16,
+                    &sd,
+                    &mut out,
+                    b,
+                    b,
+                    1,
+                    h,
+                    kvh,
+                    hd,
+                    sc,
+                    None,
+                    AttnMode::Fast,
+                )
+                .expect("attention")
+            };
+            super::timing::time_calls(k, hold, iters, &mut run)
+        };
+        let (us, got) = (sec * 1e6, down(k, &out));
+        let name = k.attention_decode_kernel::<bf16>(hd, 1, AttnMode::Fast).unwrap_or_else(|| "attention.cu".into());
+        if kind == AttnDecode::Legacy {
+            println!("    legacy {:>30}: {}", "attention.cu", show(us));
+            legacy = (us, got);
+        } else {
+            let sp = splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}"));
+            println!("    {kind:?} {name:>30} splits/min {sp:>7}: {} ({:.2}x)", show(us), legacy.0 / us);
+            check(&format!("    decode {kind:?} vs legacy"), &got, &legacy.1, 2.0 * tol::<bf16>());
+            best = best.min(us);
+        }
+    }
+    force_attn_decode(None);
+    force_attn_decode_splits(None);
+    (legacy.0, best)
+}

@@ -1,0 +1,467 @@
+// Decode attention over a paged KV cache on tensor cores (16-bit pools of the model dtype,
+// sm_80+): the split path of attention.cu (q_len <= ATT_SPLIT_Q rows a sequence) rewritten
+// for bandwidth. Appended to the helpers of kv_quant.cu / attention.cu / attention_tc.cu
+// (key_slot, cp_async16, PORTER_ATTN_HELPERS_ONLY), a module of its own; launch wrappers in
+// kernels/src/cuda/attention/decode.rs.
+//
+// Work split. Block (x = z * mtiles + mt, y = s * kvh + kh): 16 items (query row, head of
+// KV head kh's GQA group, row-major as in attention.cu: item m = i * group + g) of sequence
+// s, m-tile mt, over the keys of split z. Split z of a sequence covers key positions
+// [z * ks, (z + 1) * ks), ks = 2^ksl with ksl = adec_ks_log2(pos0 + q_len): a function of the
+// sequence's own length only (about 2^nsplit_log2 splits, at least 2^ks_min_log2 keys each),
+// never of the batch. Inside a block, 16-key tiles (tile index = key / 16, absolute) go to
+// warp tile % NW (NW = 4, or 2 in the _w2 kernels): each warp runs its own online softmax over its tiles with O (16 × DP, f32)
+// in mma.sync m16n8k16 accumulators, then the NW warps merge in a fixed order through shared
+// memory. A row whose keys all lie in split z is written by that block; otherwise each of
+// its splits writes an unnormalised partial and `adec_combine` merges them in increasing z.
+// So a row's arithmetic depends on its own sequence only (batch invariance), and not on
+// the m-tile it shares with other rows (MMA rows are independent).
+//
+// Per warp and 16-key tile: S = Q·Kᵀ (16 × 16, K = DP: DP/16 k-steps × 2 MMAs, Q and K
+// fragments by ldmatrix.x4), masked online softmax in exp2 units (scores × scale · log2 e),
+// P rounded to T once (FlashAttention-2), O += P·V (DP/8 MMAs, V by ldmatrix.x4.trans).
+// K / V tiles (16 rows × DP, 16 KiB a K+V pair at DP = 256) stream through a private ring
+// of ST stages per warp by cp.async (16-byte chunks, XOR-swizzled: chunk c of row r at
+// c ^ (r % 8), so ldmatrix's 8 rows hit distinct banks); no block barrier in the loop, only
+// __syncwarp. Each lane looks up the slot of key lane % 16 of the next tile one tile ahead
+// (the table load overlaps the current tile's copies); a key outside the block's range
+// [klo, khi] or without a slot is zero-filled (cp.async src-size 0), never read.
+//
+// Bytes in flight: ST − 1 tiles per warp while it computes one: at DP = 256, ST = 3, 4 warps
+// that is 128 KiB an SM (one 200 KiB block an SM), enough to cover HBM latency; the _w2
+// kernels (104 KiB) run two blocks an SM with as much in flight, and one block's merge
+// overlaps the other's loads.
+
+#define ADEC_BN 16            // keys per warp tile
+#define ADEC_MAXZ 256         // most splits of one sequence (2^nsplit_log2 <= this)
+#define ADEC_CTHREADS 256     // threads of a combine block
+
+// log2 of the split size of a sequence with `ctx` keys: the smallest power of two >=
+// ceil(ctx / 2^nsplit_log2), at least 2^ks_min_log2, at most 2^31 (decode.rs `ks_log2`).
+__device__ __forceinline__ u32 adec_ks_log2(u64 ctx, u32 ks_min_log2, u32 nsplit_log2) {
+    const u64 per = (ctx + (1ull << nsplit_log2) - 1) >> nsplit_log2;
+    u32 l = 0;
+    while (l < 31 && (1ull << l) < per) ++l;
+    return min(max(l, ks_min_log2), 31u);
+}
+
+// The window's first key of position p (0 without a window).
+__device__ __forceinline__ u32 adec_lo(u32 p, u32 window) { return (window != 0 && p + 1 > window) ? p + 1 - window : 0; }
+
+#if defined(PORTER_SM80)
+// Element offset of 16-byte chunk c of row r of a swizzled [rows][DP] tile.
+template <int DP>
+__device__ __forceinline__ u32 adec_sw(u32 r, u32 c) {
+    return r * (u32)DP + ((c ^ (r & 7u)) << 3);
+}
+
+__device__ __forceinline__ void adec_ldsm(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void adec_ldsm_t(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a · b (m16n8k16, f32 accumulators) and the 16-bit pair packing of T.
+template <typename T>
+struct Adec;
+template <>
+struct Adec<bf16> {
+    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ u32 pack(float x, float y) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        return *reinterpret_cast<const u32*>(&h);
+    }
+};
+template <>
+struct Adec<f16> {
+    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ u32 pack(float x, float y) {
+        const __half2 h = __floats2half2_rn(x, y);
+        return *reinterpret_cast<const u32*>(&h);
+    }
+};
+#endif
+
+// Grid (nzg * mtiles, n_seqs * kvh), 32·NW threads, mtiles = ceil(qcap * group / 16).
+// D == DP; pools 16-byte aligned (the host checks). Partials: part[((s * qcap + i) * heads +
+// h) * nzg + z][DP + 4] (O unnormalised, then the running max in exp2 units and the sum).
+// Dynamic shared memory: 16·DP·2 (Q) + max(NW·ST·2·16·DP·2 (K/V rings), NW·16·(DP+8)·4 +
+// NW·16·2·4 (the merge)) bytes (decode.rs `smem`).
+template <typename T, int DP, int ST, int NW>
+__device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __restrict__ kpool,
+                                          const T* __restrict__ vpool, const u32* __restrict__ tables,
+                                          const u32* __restrict__ spans, T* __restrict__ out, float* __restrict__ part,
+                                          u32 t, u32 heads, u32 kvh, float scale, u32 window, PagedKv kv, u32 qcap,
+                                          u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
+#if defined(PORTER_SM80)
+    static_assert(DP == 64 || DP == 128 || DP == 256, "head dim");
+    static_assert(ST >= 2 && ST <= 4, "stages");
+    static_assert(NW == 2 || NW == 4, "warps");
+    constexpr u32 THREADS = 32u * NW;
+    constexpr u32 CH = DP / 8;              // 16-byte chunks per row
+    constexpr u32 TILE = ADEC_BN * DP;      // elements of a K (or V) tile
+    constexpr int NO = DP / 8;              // O accumulator tiles (dims 8f..8f+7)
+    constexpr int KK = DP / 16;             // k-steps of S = Q·Kᵀ
+    constexpr u32 OS = DP + 8;              // f32 row stride of the merge buffers
+    constexpr u32 PS = DP + 4;              // f32 stride of a partial
+    constexpr float LOG2E = 1.4426950408889634f;
+    extern __shared__ __align__(128) unsigned char adec_smem[];
+    T* Qs = reinterpret_cast<T*>(adec_smem);  // [16][DP], swizzled
+    T* Ws = Qs + 16 * DP;                      // [NW][ST][K, V][16][DP], swizzled
+
+    const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const u32 group = heads / kvh;
+    const u32 mtiles = (qcap * group + 15u) / 16u;
+    const u32 mt = blockIdx.x % mtiles, z = blockIdx.x / mtiles;
+    if (z >= nzg) return;
+    const u32 s = blockIdx.y / kvh, kh = blockIdx.y % kvh;
+    const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
+    if (qlen > ATT_SPLIT_Q) return;  // never sent (max_q_len <= ATT_SPLIT_Q)
+    const u32 rows = min(qlen, qcap);
+    const u32 rows_in = row0 < t ? min(rows, t - row0) : 0;
+    const u32 n_items = rows_in * group;
+    const u32 m0 = mt * 16u;
+    if (m0 >= n_items) return;
+    const u32 m_last = min(m0 + 16u, n_items) - 1;
+    const u32 ksl = adec_ks_log2((u64)pos0 + qlen, ks_min_log2, nsplit_log2);
+    const u32 p_first = pos0 + m0 / group, p_last = pos0 + m_last / group;
+    const u64 zk0 = (u64)z << ksl;
+    const u64 klo64 = max(zk0, (u64)adec_lo(p_first, window));
+    const u64 khi64 = min(zk0 + (1ull << ksl) - 1, (u64)p_last);
+    if (klo64 > khi64) return;
+    const u32 klo = (u32)klo64, khi = (u32)khi64;
+    const u32* bt = tables + (u64)s * kv.max_blocks;
+
+    // Q tile (items beyond m_last zero).
+    const bool qvec = (reinterpret_cast<u64>(q) & 15u) == 0;
+    for (u32 c = tid; c < 16u * CH; c += THREADS) {
+        const u32 r = c / CH, ch = c % CH, m = m0 + r;
+        T* dst = Qs + adec_sw<DP>(r, ch);
+        if (m <= m_last) {
+            const T* src = q + ((u64)(row0 + m / group) * heads + kh * group + m % group) * DP + ch * 8;
+            if (qvec) {
+                *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) dst[e] = src[e];
+            }
+        } else {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+
+    // This lane's two rows of the S / O fragments: g and g + 8 (empty range when invalid).
+    const u32 g = lane >> 2, t4 = lane & 3u;
+    u32 rp[2], rlo[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u32 m = m0 + g + 8u * h;
+        rp[h] = m <= m_last ? pos0 + m / group : 0u;
+        rlo[h] = m <= m_last ? adec_lo(rp[h], window) : 1u;
+    }
+
+    // This warp's tiles: t0, t0 + 4, ... < tb (tile index = key / 16).
+    const u32 ta = klo / ADEC_BN, tb = khi / ADEC_BN + 1;
+    const u32 t0 = ta + ((warp + NW - (ta % NW)) % NW);
+    const u32 n_my = t0 < tb ? (tb - t0 + NW - 1) / NW : 0u;
+    T* Wb = Ws + warp * (ST * 2 * TILE);
+    const u32 ring = (u32)__cvta_generic_to_shared(Wb);
+    const u32 qaddr = (u32)__cvta_generic_to_shared(Qs);
+    const u64 rs = (u64)kvh * DP, hoff = (u64)kh * DP;
+    auto slot_of = [&](u32 i) {
+        return i < n_my ? key_slot(bt, (t0 + NW * i) * ADEC_BN + (lane & 15u), kv.max_blocks, kv.bs_log2,
+                                   kv.n_slots)
+                        : ATT_NOSLOT;
+    };
+    // Tile i of this warp into stage i % ST; `sl`: the slot of key lane % 16.
+    auto issue = [&](u32 i, u32 sl) {
+        T* kd = Wb + (i % ST) * 2 * TILE;
+        T* vd = kd + TILE;
+        const u32 kbase = (t0 + NW * i) * ADEC_BN;
+#pragma unroll
+        for (u32 c = 0; c < ADEC_BN * CH / 32; ++c) {
+            const u32 idx = lane + 32u * c, j = idx / CH, ch = idx % CH;
+            const u32 sj = __shfl_sync(0xffffffffu, sl, j);
+            const u32 kpos = kbase + j;
+            const bool ok = sj != ATT_NOSLOT && kpos >= klo && kpos <= khi;
+            const u64 off = ok ? (u64)sj * rs + hoff + ch * 8 : 0;
+            cp_async16(kd + adec_sw<DP>(j, ch), kpool + off, ok);
+            cp_async16(vd + adec_sw<DP>(j, ch), vpool + off, ok);
+        }
+    };
+
+    float o[NO][4];
+#pragma unroll
+    for (int f = 0; f < NO; ++f) o[f][0] = o[f][1] = o[f][2] = o[f][3] = 0.0f;
+    float mrun[2] = {PORTER_NEG_INF, PORTER_NEG_INF}, lrun[2] = {0.0f, 0.0f};
+    const float sl2 = scale * LOG2E;
+
+    u32 slot_next = slot_of(0);
+#pragma unroll
+    for (u32 i = 0; i < ST - 1; ++i) {
+        const u32 sl = slot_next;
+        slot_next = slot_of(i + 1);
+        if (i < n_my) issue(i, sl);
+        cp_async_commit();
+    }
+    __syncthreads();  // the Q tile
+
+    for (u32 i = 0; i < n_my; ++i) {
+        cp_async_wait<ST - 2>();
+        __syncwarp();
+        // The stage of tile i + ST - 1 was last read by tile i - 1 (every lane is past it).
+        {
+            const u32 ni = i + ST - 1;
+            const u32 sl = slot_next;
+            slot_next = slot_of(ni + 1);
+            if (ni < n_my) issue(ni, sl);
+            cp_async_commit();
+        }
+        const u32 kaddr = ring + (i % ST) * 2 * TILE * 2, vaddr = kaddr + TILE * 2;
+        const u32 kbase = (t0 + NW * i) * ADEC_BN;
+
+        // S = Q·Kᵀ: rows g, g + 8; keys 8·nt + 2·t4 + {0, 1}.
+        float sc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KK; ++kk) {
+            u32 a[4], b[4];
+            adec_ldsm(a, qaddr + 2u * adec_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * kk + (lane >> 4)));
+            adec_ldsm(b, kaddr + 2u * adec_sw<DP>((lane & 7u) + (lane >> 4) * 8u, 2u * kk + ((lane >> 3) & 1u)));
+            Adec<T>::mma(sc[0], a, b[0], b[1]);
+            Adec<T>::mma(sc[1], a, b[2], b[3]);
+        }
+
+        // Mask, online softmax (exp2 units), P rounded to T.
+        float mx[2] = {PORTER_NEG_INF, PORTER_NEG_INF};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1;
+                const u32 kpos = kbase + 8u * nt + 2u * t4 + (e & 1);
+                const float x = (kpos >= rlo[h] && kpos <= rp[h]) ? sc[nt][e] * sl2 : PORTER_NEG_INF;
+                sc[nt][e] = x;
+                mx[h] = fmaxf(mx[h], x);
+            }
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            const float mn = fmaxf(mrun[h], mx[h]);
+            const bool none = mn == PORTER_NEG_INF;
+            corr[h] = none ? 1.0f : exp2f(mrun[h] - mn);
+            float ps = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                    const float p = none ? 0.0f : exp2f(sc[nt][e] - mn);
+                    sc[nt][e] = p;
+                    ps += p;
+                }
+            lrun[h] = fmaf(lrun[h], corr[h], ps);
+            mrun[h] = mn;
+        }
+        u32 pa[4];
+        pa[0] = Adec<T>::pack(sc[0][0], sc[0][1]);
+        pa[1] = Adec<T>::pack(sc[0][2], sc[0][3]);
+        pa[2] = Adec<T>::pack(sc[1][0], sc[1][1]);
+        pa[3] = Adec<T>::pack(sc[1][2], sc[1][3]);
+
+        // O = O·corr + P·V.
+#pragma unroll
+        for (int f = 0; f < NO; ++f) {
+            o[f][0] *= corr[0];
+            o[f][1] *= corr[0];
+            o[f][2] *= corr[1];
+            o[f][3] *= corr[1];
+        }
+#pragma unroll
+        for (int f2 = 0; f2 < NO / 2; ++f2) {
+            u32 b[4];
+            adec_ldsm_t(b, vaddr + 2u * adec_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * f2 + (lane >> 4)));
+            Adec<T>::mma(o[2 * f2], pa, b[0], b[1]);
+            Adec<T>::mma(o[2 * f2 + 1], pa, b[2], b[3]);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        lrun[h] += __shfl_xor_sync(0xffffffffu, lrun[h], 1);
+        lrun[h] += __shfl_xor_sync(0xffffffffu, lrun[h], 2);
+    }
+
+    // Merge the warps (in warp order) through the K/V rings.
+    cp_async_wait<0>();
+    __syncthreads();
+    float* Ob = reinterpret_cast<float*>(Ws);          // [NW][16][OS]
+    float* Ml = Ob + NW * 16 * OS;                      // [NW][16][m, l]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float* orow = Ob + (warp * 16u + g + 8u * h) * OS + 2u * t4;
+#pragma unroll
+        for (int f = 0; f < NO; ++f)
+            *reinterpret_cast<float2*>(orow + 8 * f) = make_float2(o[f][2 * h], o[f][2 * h + 1]);
+        if (t4 == 0) {
+            Ml[(warp * 16u + g + 8u * h) * 2] = mrun[h];
+            Ml[(warp * 16u + g + 8u * h) * 2 + 1] = lrun[h];
+        }
+    }
+    __syncthreads();
+    const bool ovec = (reinterpret_cast<u64>(out) & 7u) == 0;
+    for (u32 idx = tid; idx < 16u * (DP / 4); idx += THREADS) {
+        const u32 r = idx / (DP / 4), d0 = (idx % (DP / 4)) * 4;
+        const u32 m = m0 + r;
+        if (m > m_last) continue;
+        const u32 i = m / group, hd = kh * group + m % group;
+        const u32 p = pos0 + i;
+        const u32 zlo = adec_lo(p, window) >> ksl, zhi = min(p >> ksl, nzg - 1);
+        if (z < zlo || z > zhi) continue;
+        float M = PORTER_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) M = fmaxf(M, Ml[(w * 16 + r) * 2]);
+        float L = 0.0f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            const float mw = Ml[(w * 16 + r) * 2];
+            const float c = mw == PORTER_NEG_INF ? 0.0f : exp2f(mw - M);
+            L = fmaf(Ml[(w * 16 + r) * 2 + 1], c, L);
+            const float4 v = *reinterpret_cast<const float4*>(Ob + (w * 16 + r) * OS + d0);
+            acc.x = fmaf(v.x, c, acc.x);
+            acc.y = fmaf(v.y, c, acc.y);
+            acc.z = fmaf(v.z, c, acc.z);
+            acc.w = fmaf(v.w, c, acc.w);
+        }
+        if (zlo == zhi) {
+            const float inv = 1.0f / L;
+            T* dst = out + ((u64)(row0 + i) * heads + hd) * DP + d0;
+            const T e0 = from_f<T>(acc.x * inv), e1 = from_f<T>(acc.y * inv), e2 = from_f<T>(acc.z * inv),
+                    e3 = from_f<T>(acc.w * inv);
+            if (ovec) {
+                const u32 lo = (u32)bits16(e0) | ((u32)bits16(e1) << 16);
+                const u32 hi = (u32)bits16(e2) | ((u32)bits16(e3) << 16);
+                *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+            } else {
+                dst[0] = e0;
+                dst[1] = e1;
+                dst[2] = e2;
+                dst[3] = e3;
+            }
+        } else {
+            float* pp = part + ((((u64)s * qcap + i) * heads + hd) * nzg + z) * PS;
+            *reinterpret_cast<float4*>(pp + d0) = acc;
+            if (d0 == 0) *reinterpret_cast<float2*>(pp + DP) = make_float2(M, L);
+        }
+    }
+#else
+    // Fallback build (below sm_80 or PORTER_FALLBACK): the host never launches this kernel.
+    __trap();
+#endif
+}
+
+// Merges the partials of the split rows: one block of ADEC_CTHREADS per (row i < qcap of
+// sequence s, head h), grid (qcap * heads, n_seqs); rows finished by one split exit. M =
+// max m_z, L = Σ l_z·2^(m_z − M), O = Σ part_z · 2^(m_z − M) / L, the weights in increasing z
+// by every thread alike; thread (grp, c) sums dims 4c..4c+3 over z ≡ grp (mod NG), then the NG
+// group sums are added in group order: the order depends on the row's own splits only.
+template <typename T, int DP>
+__device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part, const u32* __restrict__ spans,
+                                                  T* __restrict__ out, u32 t, u32 heads, u32 window, u32 qcap,
+                                                  u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
+    constexpr u32 CG = DP / 4;                // threads of a z group (4 dims each)
+    constexpr u32 NG = ADEC_CTHREADS / CG;    // z groups
+    constexpr u32 PS = DP + 4;
+    __shared__ float sm[ADEC_MAXZ], sw[ADEC_MAXZ];
+    __shared__ __align__(16) float red[NG][DP];
+    const u32 tid = threadIdx.x;
+    const u32 s = blockIdx.y, i = blockIdx.x / heads, h = blockIdx.x % heads;
+    const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
+    if (qlen > ATT_SPLIT_Q || i >= min(qlen, qcap) || row0 >= t || i >= t - row0) return;
+    const u32 ksl = adec_ks_log2((u64)pos0 + qlen, ks_min_log2, nsplit_log2);
+    const u32 p = pos0 + i;
+    const u32 zlo = adec_lo(p, window) >> ksl, zhi = min(p >> ksl, nzg - 1);
+    if (zlo >= zhi) return;
+    const u32 n = zhi - zlo + 1;  // <= nzg <= ADEC_MAXZ
+    const float* base = part + (((u64)s * qcap + i) * heads + h) * nzg * PS + (u64)zlo * PS;
+    for (u32 k = tid; k < n; k += ADEC_CTHREADS) {
+        const float2 ml = *reinterpret_cast<const float2*>(base + (u64)k * PS + DP);
+        sm[k] = ml.x;
+        sw[k] = ml.y;
+    }
+    __syncthreads();
+    float M = PORTER_NEG_INF;
+    for (u32 k = 0; k < n; ++k) M = fmaxf(M, sm[k]);
+    float L = 0.0f;
+    for (u32 k = 0; k < n; ++k) L = fmaf(sw[k], exp2f(sm[k] - M), L);
+    __syncthreads();
+    for (u32 k = tid; k < n; k += ADEC_CTHREADS) sw[k] = exp2f(sm[k] - M) / L;
+    __syncthreads();
+    const u32 grp = tid / CG, c = tid % CG;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (u32 k = grp; k < n; k += NG) {
+        const float4 v = *reinterpret_cast<const float4*>(base + (u64)k * PS + 4 * c);
+        const float w = sw[k];
+        acc.x = fmaf(v.x, w, acc.x);
+        acc.y = fmaf(v.y, w, acc.y);
+        acc.z = fmaf(v.z, w, acc.z);
+        acc.w = fmaf(v.w, w, acc.w);
+    }
+    *reinterpret_cast<float4*>(&red[grp][4 * c]) = acc;
+    __syncthreads();
+    T* o = out + ((u64)(row0 + i) * heads + h) * DP;
+    for (u32 d = tid; d < DP; d += ADEC_CTHREADS) {
+        float x = 0.0f;
+#pragma unroll
+        for (u32 gq = 0; gq < NG; ++gq) x += red[gq][d];
+        o[d] = from_f<T>(x);
+    }
+}
+
+// Names: attention_decode_<T>_d<DP>_s<ST>[_w2] (4 warps, one block an SM at DP = 256; _w2: 2
+// warps, two blocks an SM, so that one block's merge overlaps the other's loads) and
+// attention_decode_combine_<T>_d<DP>.
+#define ADEC_KERNEL(T, NAME, DP, ST, NW, W)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W( \
+        const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part, \
+        u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,         \
+        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {                                                \
+        adec_impl<T, DP, ST, NW>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,     \
+                                 PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2); \
+    }
+#define ADEC_COMBINE(T, NAME, DP)                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) attention_decode_combine_##NAME##_d##DP(                \
+        const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg,         \
+        u32 ks_min_log2, u32 nsplit_log2) {                                                                   \
+        adec_combine_impl<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);    \
+    }
+#define ADEC_DP(T, NAME, DP)              \
+    ADEC_KERNEL(T, NAME, DP, 2, 4, )      \
+    ADEC_KERNEL(T, NAME, DP, 3, 4, )      \
+    ADEC_KERNEL(T, NAME, DP, 3, 2, _w2)   \
+    ADEC_COMBINE(T, NAME, DP)
+#define ADEC_ALL(T, NAME)   \
+    ADEC_DP(T, NAME, 64)    \
+    ADEC_DP(T, NAME, 128)   \
+    ADEC_DP(T, NAME, 256)
+
+ADEC_ALL(bf16, bf16)
+ADEC_ALL(f16, f16)
