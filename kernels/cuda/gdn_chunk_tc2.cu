@@ -1,0 +1,270 @@
+// Gated DeltaNet, chunked form on tensor cores, second form (`PORTER_GDN_CHUNK=tc2`): the
+// sequential state sweep on raw mma.sync m16n8k16 + ldmatrix with the state in registers.
+// Appended to gdn_chunk.cu + gdn_chunk_tc.cu (same module): it reads the scratch that
+// gdn_chunk_tc_wu writes (wn, kb, uf, gl) and writes vb / hb in the layouts that
+// gdn_chunk_tc_out reads, so only the `state` launch changes.
+//
+// Why: gdn_chunk_tc_state keeps S in wmma accumulators whose layout is opaque, so every
+// chunk S goes through shared memory twice (store_matrix_sync f32 -> round -> Sb, and Vn the
+// same way) behind 3 barriers; at 80B dims it ran ~7 µs per chunk (472 µs for 64 chunks).
+//
+// Here each warp owns 16 state columns (v) and all DK rows (k) of the transposed state
+// Sᵀ [16 v][DK k] as m16n8 f32 accumulators (DK/8 tiles, 4 floats a lane: 64 registers at
+// DK = 128). Per chunk, with no shared-memory round trip of S or Vn and one barrier:
+//   Vnᵀ [16 v][64 tok] = Uᵀ + Sᵀ · (−W)ᵀ     A = Sᵀ rounded (accumulator pairs -> A pairs,
+//                                             the FA2 register reuse), B = −W [tok][k]
+//                                             (ldmatrix, k contiguous: non-transposed)
+//   Sᵀ ← e · Sᵀ + Vnᵀ · K̃                    A = Vnᵀ rounded (accumulators again),
+//                                             B = K̃ [tok][k] (ldmatrix.trans)
+// Uᵀ seeds the Vn accumulators straight from the staged U tile (f32, [64][BV + 4]: the
+// 8 × 4 lanes of a fragment hit 32 distinct banks). The chunk-start state (rounded: the
+// values the product used) goes to hb [dk][dv] and Vn to vb [64][dv] through movmatrix
+// (8 × 8 b16 transposes in registers: pairs along v, 4-byte stores).
+// The next two chunks' −W, K̃ and U stream in with cp.async (3 stages) while this one
+// computes. Grid (dv / (16·NW), hv, n_spans), 32·NW threads (NW warps, BV = 16·NW columns).
+//
+// Cost, 80B dims (dk = dv = 128), per chunk and warp: 64 + 64 mma.sync (2 × 16·64·128·2
+// FLOP = 0.5 MFLOP), 32 + 32 ldmatrix.x4, 48 movmatrix, 48 4-byte stores; the chain per
+// chunk is ~128 dependent-free mma issues (~1 k cycles at one warp per SM sub-partition,
+// ~0.6 µs) against ~7 µs before. Shared memory: 3 × (2 · 64 · (DK + 8) · 2 + 64 · (BV + 4)
+// · 4) bytes (130 KiB at DK = 128, NW = 2).
+//
+// Shapes: DK ∈ {64, 128}; dv % (16·NW) == 0; T = bf16 / f16.
+
+#define GT2_STAGES 3
+
+#if defined(PORTER_SM80)
+__device__ __forceinline__ void gt2_ldsm(u32 (&r)[4], const void* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void gt2_ldsm_t(u32 (&r)[4], const void* p) {
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+// 8 × 8 b16 transpose across the warp: lane (r, c) = (lane / 4, 2 (lane % 4)) holds
+// elements (r, c), (r, c + 1) before and (r, c), (r, c + 1) of the transpose after.
+__device__ __forceinline__ u32 gt2_movt(u32 x) {
+    u32 y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+template <typename T>
+struct Gt2;
+template <>
+struct Gt2<bf16> {
+    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    // (x, y) rounded to bf16, x in the low half.
+    static __device__ __forceinline__ u32 pack(float x, float y) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        return *reinterpret_cast<const u32*>(&h);
+    }
+};
+template <>
+struct Gt2<f16> {
+    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ u32 pack(float x, float y) {
+        const __half2 h = __floats2half2_rn(x, y);
+        return *reinterpret_cast<const u32*>(&h);
+    }
+};
+
+// One chunk's −W, K̃ ([64][DK + 8] T each) and U columns col0 .. col0 + BV − 1 ([64][BV + 4]
+// f32) into a stage, 32·NW threads, one commit group.
+template <typename T, int DK, int NW>
+__device__ __forceinline__ void gt2_load(unsigned char* stage, const T* __restrict__ wn, const T* __restrict__ kb,
+                                         const float* __restrict__ uf, u64 ch, u32 dv, u32 col0, u32 tid) {
+    constexpr u32 LDK = DK + 8, BV = 16 * NW, LDU = BV + 4, NT = 32 * NW;
+    constexpr u32 PK = DK / 8;  // 16-byte pieces per K row
+    T* Wb = reinterpret_cast<T*>(stage);
+    T* Kb = Wb + GC_C * LDK;
+    float* Ub = reinterpret_cast<float*>(Kb + GC_C * LDK);
+    const T* ws = wn + ch * GC_C * DK;
+    const T* ks = kb + ch * GC_C * DK;
+#pragma unroll 4
+    for (u32 x = tid; x < GC_C * PK; x += NT) {
+        const u32 i = x / PK, p = x % PK;
+        gc_cp16(reinterpret_cast<float*>(Wb + i * LDK + 8 * p), reinterpret_cast<const float*>(ws + i * DK + 8 * p));
+        gc_cp16(reinterpret_cast<float*>(Kb + i * LDK + 8 * p), reinterpret_cast<const float*>(ks + i * DK + 8 * p));
+    }
+    const float* us = uf + ch * GC_C * dv + col0;
+#pragma unroll 4
+    for (u32 x = tid; x < GC_C * (BV / 4); x += NT) {
+        const u32 i = x / (BV / 4), p = x % (BV / 4);
+        gc_cp16(Ub + i * LDU + 4 * p, us + (u64)i * dv + 4 * p);
+    }
+    gc_cp_commit();
+}
+#endif
+
+// Dynamic shared memory of gdn_chunk_tc2_state, bytes (the host mirrors it).
+#define GT2_STATE_SMEM(DK, NW) (GT2_STAGES * (4u * GC_C * ((DK) + 8u) + 4u * GC_C * (16u * (NW) + 4u)))
+
+template <typename T, int DK, int NW>
+__device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ state, const u32* __restrict__ spans,
+                                                         const u32* __restrict__ off, const T* __restrict__ wn,
+                                                         const T* __restrict__ kb, const float* __restrict__ uf,
+                                                         const float* __restrict__ gl, T* __restrict__ vb,
+                                                         T* __restrict__ hb, u32 hv, u32 dv, u32 nbuf) {
+#if defined(PORTER_SM80)
+    constexpr u32 LDK = DK + 8, BV = 16 * NW, LDU = BV + 4;
+    constexpr u32 STG = 4 * GC_C * LDK + 4 * GC_C * LDU;  // bytes per stage
+    constexpr u32 NK = DK / 8;                             // n8 tiles of Sᵀ along k
+    extern __shared__ __align__(128) unsigned char gt_smem[];
+    const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
+    const u32 g = lane >> 2, tq = lane & 3u;  // fragment row / column pair
+    const u32 s = blockIdx.z, j = blockIdx.y, col0 = blockIdx.x * BV;
+    const u32 o = off[s];
+    if (o == GC_INVALID) return;
+    const u32* sp = spans + 5 * s;
+    const u32 len = sp[1], slot = sp[2], src = sp[3];
+    if (len == 0) return;
+    const u32 nch = (len + GC_C - 1) / GC_C;
+    const u64 hsz = (u64)DK * dv;
+    const u32 vw = col0 + 16 * w;  // this warp's first state column
+    float* st = state + (((u64)slot * nbuf + src) * hv + j) * hsz;
+    const u64 ch0 = (u64)o * hv + j;
+
+    gt2_load<T, DK, NW>(gt_smem, wn, kb, uf, ch0, dv, col0, tid);
+    if (nch > 1) gt2_load<T, DK, NW>(gt_smem + STG, wn, kb, uf, ch0 + hv, dv, col0, tid);
+
+    // Sᵀ: S[n][0..1] = (v = vw + g, k = 8n + 2tq, +1), S[n][2..3] = (v + 8, same k).
+    float S[NK][4];
+#pragma unroll
+    for (u32 n = 0; n < NK; ++n) {
+        const u32 k = 8 * n + 2 * tq;
+        S[n][0] = st[(u64)k * dv + vw + g];
+        S[n][1] = st[(u64)(k + 1) * dv + vw + g];
+        S[n][2] = st[(u64)k * dv + vw + g + 8];
+        S[n][3] = st[(u64)(k + 1) * dv + vw + g + 8];
+    }
+    float e = gl[ch0];
+    // ldmatrix row addresses: lane l serves row l % 8 of matrix l / 8.
+    const u32 lr = lane & 7u, lm = lane >> 3;
+    for (u32 c = 0; c < nch; ++c) {
+        const u64 ch = ch0 + (u64)c * hv;
+        const float e_next = c + 1 < nch ? gl[ch + hv] : 0.0f;
+        if (c + 1 < nch) {
+            gc_cp_wait<1>();
+        } else {
+            gc_cp_wait<0>();
+        }
+        __syncthreads();  // this chunk's stage (everyone's copies); the stage of c − 1 is free
+        if (c + 2 < nch) {
+            gt2_load<T, DK, NW>(gt_smem + ((c + 2) % GT2_STAGES) * STG, wn, kb, uf, ch + 2ull * hv, dv, col0, tid);
+        }
+        const unsigned char* stage = gt_smem + (c % GT2_STAGES) * STG;
+        const T* Wb = reinterpret_cast<const T*>(stage);
+        const T* Kb = Wb + GC_C * LDK;
+        const float* Ub = reinterpret_cast<const float*>(Kb + GC_C * LDK);
+
+        // Vnᵀ = Uᵀ + Sᵀ (−W)ᵀ: V[n] = (v = g / g + 8, tok = 8n + 2tq, +1).
+        float V[8][4];
+#pragma unroll
+        for (u32 n = 0; n < 8; ++n) {
+            const float* u0 = Ub + (8 * n + 2 * tq) * LDU + 16 * w + g;
+            V[n][0] = u0[0];
+            V[n][1] = u0[LDU];
+            V[n][2] = u0[8];
+            V[n][3] = u0[LDU + 8];
+        }
+        T* hg = hb + (ch0 + (u64)c * hv) * hsz + vw + 2 * tq;
+#pragma unroll
+        for (u32 kp = 0; kp < DK / 32; ++kp) {  // k = 32 kp .. 32 kp + 31: two k16 steps
+            u32 a0[4], a1[4];
+#pragma unroll
+            for (u32 h = 0; h < 2; ++h) {
+                u32(&a)[4] = h ? a1 : a0;
+                const u32 n0 = 4 * kp + 2 * h;
+                a[0] = Gt2<T>::pack(S[n0][0], S[n0][1]);
+                a[1] = Gt2<T>::pack(S[n0][2], S[n0][3]);
+                a[2] = Gt2<T>::pack(S[n0 + 1][0], S[n0 + 1][1]);
+                a[3] = Gt2<T>::pack(S[n0 + 1][2], S[n0 + 1][3]);
+                // The rounded chunk-start state to hb[k][v]: transposed pairs along v.
+#pragma unroll
+                for (u32 x = 0; x < 4; ++x) {
+                    const u32 k = 8 * (n0 + (x >> 1)) + g, v8 = 8 * (x & 1u);
+                    *reinterpret_cast<u32*>(hg + (u64)k * dv + v8) = gt2_movt(a[x]);
+                }
+            }
+#pragma unroll
+            for (u32 n = 0; n < 8; ++n) {  // token tiles
+                u32 b[4];
+                gt2_ldsm(b, Wb + (8 * n + lr) * LDK + 32 * kp + 8 * lm);
+                Gt2<T>::mma(V[n], a0, b[0], b[1]);
+                Gt2<T>::mma(V[n], a1, b[2], b[3]);
+            }
+        }
+        // Sᵀ ← e Sᵀ + Vnᵀ K̃.
+#pragma unroll
+        for (u32 n = 0; n < NK; ++n) {
+#pragma unroll
+            for (u32 x = 0; x < 4; ++x) S[n][x] *= e;
+        }
+        T* vg = vb + (ch * GC_C) * dv + vw + 2 * tq;
+#pragma unroll
+        for (u32 kk = 0; kk < GC_C / 16; ++kk) {  // tokens 16 kk .. 16 kk + 15
+            u32 a[4];
+            a[0] = Gt2<T>::pack(V[2 * kk][0], V[2 * kk][1]);
+            a[1] = Gt2<T>::pack(V[2 * kk][2], V[2 * kk][3]);
+            a[2] = Gt2<T>::pack(V[2 * kk + 1][0], V[2 * kk + 1][1]);
+            a[3] = Gt2<T>::pack(V[2 * kk + 1][2], V[2 * kk + 1][3]);
+            // Vn (rounded) to vb[tok][v].
+#pragma unroll
+            for (u32 x = 0; x < 4; ++x) {
+                const u32 tok = 16 * kk + 8 * (x >> 1) + g, v8 = 8 * (x & 1u);
+                *reinterpret_cast<u32*>(vg + (u64)tok * dv + v8) = gt2_movt(a[x]);
+            }
+#pragma unroll
+            for (u32 np = 0; np < NK / 2; ++np) {  // k tiles 2 np, 2 np + 1
+                u32 b[4];
+                gt2_ldsm_t(b, Kb + (16 * kk + 8 * (lm & 1u) + lr) * LDK + 8 * (2 * np + (lm >> 1)));
+                Gt2<T>::mma(S[2 * np], a, b[0], b[1]);
+                Gt2<T>::mma(S[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        e = e_next;
+    }
+#pragma unroll
+    for (u32 n = 0; n < NK; ++n) {
+        const u32 k = 8 * n + 2 * tq;
+        st[(u64)k * dv + vw + g] = S[n][0];
+        st[(u64)(k + 1) * dv + vw + g] = S[n][1];
+        st[(u64)k * dv + vw + g + 8] = S[n][2];
+        st[(u64)(k + 1) * dv + vw + g + 8] = S[n][3];
+    }
+#endif
+}
+
+#define GDN_CHUNK_TC2(T, NAME, DK, NW)                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * NW)                                                    \
+        gdn_chunk_tc2_state_d##DK##_##NAME##_w##NW(float* state, const u32* spans, const u32* off,            \
+                                                   const T* wn, const T* kb, const float* uf, const float* gl, \
+                                                   T* vb, T* hb, u32 hv, u32 dv, u32 nbuf) {                 \
+        gdn_chunk_tc2_state_impl<T, DK, NW>(state, spans, off, wn, kb, uf, gl, vb, hb, hv, dv, nbuf);        \
+    }
+#define GDN_CHUNK_TC2_NW(T, NAME, DK) \
+    GDN_CHUNK_TC2(T, NAME, DK, 1)     \
+    GDN_CHUNK_TC2(T, NAME, DK, 2)     \
+    GDN_CHUNK_TC2(T, NAME, DK, 4)
+GDN_CHUNK_TC2_NW(bf16, bf16, 64)
+GDN_CHUNK_TC2_NW(bf16, bf16, 128)
+GDN_CHUNK_TC2_NW(f16, f16, 64)
+GDN_CHUNK_TC2_NW(f16, f16, 128)
