@@ -86,11 +86,23 @@ struct Gt2<f16> {
     }
 };
 
-// One chunk's −W, K̃ ([64][DK + 8] T each) and U columns col0 .. col0 + BV − 1 ([64][BV + 4]
-// f32) into a stage, 32·NW threads, one commit group.
-template <typename T, int DK, int NW>
+// Stage layout (bytes from the stage start): Wb, Kb (T [64][DK + 8]), Ub (f32 [64][16·NW +
+// 4]); fused (tc3) also Qg (T [64][DK + 8]) and Pb (T [64][72]) after Ub.
+#define GT2_LDP 72
+template <int DK, int NW, bool FUSE>
+struct Gt2Stage {
+    static constexpr u32 LDK = DK + 8, LDU = 16 * NW + 4;
+    static constexpr u32 KB = 2 * GC_C * LDK, UB = 4 * GC_C * LDU;
+    static constexpr u32 BYTES = 2 * KB + UB + (FUSE ? KB + 2 * GC_C * GT2_LDP : 0);
+};
+
+// One chunk's −W, K̃ ([64][DK + 8] T each), U columns col0 .. col0 + BV − 1 ([64][BV + 4]
+// f32) and (FUSE) Q ⊙ e^G, masked P into a stage, 32·NW threads, one commit group.
+template <typename T, int DK, int NW, bool FUSE>
 __device__ __forceinline__ void gt2_load(unsigned char* stage, const T* __restrict__ wn, const T* __restrict__ kb,
-                                         const float* __restrict__ uf, u64 ch, u32 dv, u32 col0, u32 tid) {
+                                         const float* __restrict__ uf, const T* __restrict__ qg,
+                                         const T* __restrict__ pb, u64 ch, u32 dv, u32 col0, u32 tid) {
+    typedef Gt2Stage<DK, NW, FUSE> L;
     constexpr u32 LDK = DK + 8, BV = 16 * NW, LDU = BV + 4, NT = 32 * NW;
     constexpr u32 PK = DK / 8;  // 16-byte pieces per K row
     T* Wb = reinterpret_cast<T*>(stage);
@@ -104,6 +116,24 @@ __device__ __forceinline__ void gt2_load(unsigned char* stage, const T* __restri
         gc_cp16(reinterpret_cast<float*>(Wb + i * LDK + 8 * p), reinterpret_cast<const float*>(ws + i * DK + 8 * p));
         gc_cp16(reinterpret_cast<float*>(Kb + i * LDK + 8 * p), reinterpret_cast<const float*>(ks + i * DK + 8 * p));
     }
+    if constexpr (FUSE) {
+        T* Qb = reinterpret_cast<T*>(stage + 2 * L::KB + L::UB);
+        T* Pb = Qb + GC_C * LDK;
+        const T* qs = qg + ch * GC_C * DK;
+        const T* ps = pb + ch * GC_C * GC_C;
+#pragma unroll 4
+        for (u32 x = tid; x < GC_C * PK; x += NT) {
+            const u32 i = x / PK, p = x % PK;
+            gc_cp16(reinterpret_cast<float*>(Qb + i * LDK + 8 * p),
+                    reinterpret_cast<const float*>(qs + i * DK + 8 * p));
+        }
+#pragma unroll 4
+        for (u32 x = tid; x < GC_C * 8; x += NT) {
+            const u32 i = x / 8, p = x % 8;
+            gc_cp16(reinterpret_cast<float*>(Pb + i * GT2_LDP + 8 * p),
+                    reinterpret_cast<const float*>(ps + i * GC_C + 8 * p));
+        }
+    }
     const float* us = uf + ch * GC_C * dv + col0;
 #pragma unroll 4
     for (u32 x = tid; x < GC_C * (BV / 4); x += NT) {
@@ -114,36 +144,56 @@ __device__ __forceinline__ void gt2_load(unsigned char* stage, const T* __restri
 }
 #endif
 
-// Dynamic shared memory of gdn_chunk_tc2_state, bytes (the host mirrors it).
-#define GT2_STATE_SMEM(DK, NW) (GT2_STAGES * (4u * GC_C * ((DK) + 8u) + 4u * GC_C * (16u * (NW) + 4u)))
-
-template <typename T, int DK, int NW>
+// Dynamic shared memory of gdn_chunk_tc2_state / gdn_chunk_tc3_state, bytes: GT2_STAGES ×
+// Gt2Stage<DK, NW, FUSE>::BYTES (the host mirrors it).
+//
+// FUSE (tc3): the outputs too, so that neither hb nor vb exists and gdn_chunk_tc_out does not
+// run. gdn_chunk_tc3_wu has written Qg = Q ⊙ e^G (normalised, scaled, rounded) and
+// Pb = tril(Q Kᵀ ⊙ Γ) (rounded) per chunk; per chunk and warp
+//   Oᵀ [16 v][64 tok] = Sᵀ · Qgᵀ + Vnᵀ · Pbᵀ
+// with the same A fragments as the state products (the rounded chunk-start state and the
+// rounded Vn) and B = Qg [tok][k], Pb [tok][tok'] by non-transposed ldmatrix (Pb's tiles above
+// the diagonal skipped); Oᵀ rounded, transposed by movmatrix, to out rows r0 + tok < r0 + l.
+// An invalid span's rows (as far as max_chunks reaches, clipped to t) become NaN.
+template <typename T, int DK, int NW, bool FUSE>
 __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ state, const u32* __restrict__ spans,
                                                          const u32* __restrict__ off, const T* __restrict__ wn,
                                                          const T* __restrict__ kb, const float* __restrict__ uf,
                                                          const float* __restrict__ gl, T* __restrict__ vb,
-                                                         T* __restrict__ hb, u32 hv, u32 dv, u32 nbuf) {
+                                                         T* __restrict__ hb, const T* __restrict__ qg,
+                                                         const T* __restrict__ pb, T* __restrict__ out, u32 t,
+                                                         u32 mc, u32 hv, u32 dv, u32 nbuf) {
 #if defined(PORTER_SM80)
+    typedef Gt2Stage<DK, NW, FUSE> L;
     constexpr u32 LDK = DK + 8, BV = 16 * NW, LDU = BV + 4;
-    constexpr u32 STG = 4 * GC_C * LDK + 4 * GC_C * LDU;  // bytes per stage
+    constexpr u32 STG = L::BYTES;  // bytes per stage
     constexpr u32 NK = DK / 8;                             // n8 tiles of Sᵀ along k
     extern __shared__ __align__(128) unsigned char gt_smem[];
     const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
     const u32 g = lane >> 2, tq = lane & 3u;  // fragment row / column pair
     const u32 s = blockIdx.z, j = blockIdx.y, col0 = blockIdx.x * BV;
     const u32 o = off[s];
-    if (o == GC_INVALID) return;
     const u32* sp = spans + 5 * s;
     const u32 len = sp[1], slot = sp[2], src = sp[3];
-    if (len == 0) return;
     const u32 nch = (len + GC_C - 1) / GC_C;
-    const u64 hsz = (u64)DK * dv;
     const u32 vw = col0 + 16 * w;  // this warp's first state column
+    if (o == GC_INVALID) {
+        if constexpr (FUSE) {  // NaN rows (this block's columns) as gdn_chunk_tc_out writes them
+            const u32 rows = (nch < mc ? nch : mc) * GC_C < len ? (nch < mc ? nch : mc) * GC_C : len;
+            for (u32 x = tid; x < rows * BV; x += 32 * NW) {
+                const u64 r = (u64)sp[0] + x / BV;
+                if (r < t) out[(r * hv + j) * dv + col0 + x % BV] = from_f<T>(PORTER_NAN);
+            }
+        }
+        return;
+    }
+    if (len == 0) return;
+    const u64 hsz = (u64)DK * dv;
     float* st = state + (((u64)slot * nbuf + src) * hv + j) * hsz;
     const u64 ch0 = (u64)o * hv + j;
 
-    gt2_load<T, DK, NW>(gt_smem, wn, kb, uf, ch0, dv, col0, tid);
-    if (nch > 1) gt2_load<T, DK, NW>(gt_smem + STG, wn, kb, uf, ch0 + hv, dv, col0, tid);
+    gt2_load<T, DK, NW, FUSE>(gt_smem, wn, kb, uf, qg, pb, ch0, dv, col0, tid);
+    if (nch > 1) gt2_load<T, DK, NW, FUSE>(gt_smem + STG, wn, kb, uf, qg, pb, ch0 + hv, dv, col0, tid);
 
     // Sᵀ: S[n][0..1] = (v = vw + g, k = 8n + 2tq, +1), S[n][2..3] = (v + 8, same k).
     float S[NK][4];
@@ -168,12 +218,18 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
         }
         __syncthreads();  // this chunk's stage (everyone's copies); the stage of c − 1 is free
         if (c + 2 < nch) {
-            gt2_load<T, DK, NW>(gt_smem + ((c + 2) % GT2_STAGES) * STG, wn, kb, uf, ch + 2ull * hv, dv, col0, tid);
+            gt2_load<T, DK, NW, FUSE>(gt_smem + ((c + 2) % GT2_STAGES) * STG, wn, kb, uf, qg, pb, ch + 2ull * hv, dv,
+                                      col0, tid);
         }
         const unsigned char* stage = gt_smem + (c % GT2_STAGES) * STG;
         const T* Wb = reinterpret_cast<const T*>(stage);
         const T* Kb = Wb + GC_C * LDK;
         const float* Ub = reinterpret_cast<const float*>(Kb + GC_C * LDK);
+        const T* Qs = reinterpret_cast<const T*>(stage + 2 * L::KB + L::UB);  // FUSE only
+        const T* Ps = Qs + GC_C * LDK;                                          // FUSE only
+        float O[8][4];  // FUSE: Oᵀ, (v = g / g + 8, tok = 8n + 2tq, +1)
+#pragma unroll
+        for (u32 n = 0; n < 8; ++n) O[n][0] = O[n][1] = O[n][2] = O[n][3] = 0.0f;
 
         // Vnᵀ = Uᵀ + Sᵀ (−W)ᵀ: V[n] = (v = g / g + 8, tok = 8n + 2tq, +1).
         float V[8][4];
@@ -185,7 +241,7 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
             V[n][2] = u0[8];
             V[n][3] = u0[LDU + 8];
         }
-        T* hg = hb + (ch0 + (u64)c * hv) * hsz + vw + 2 * tq;
+        T* hg = FUSE ? nullptr : hb + (ch0 + (u64)c * hv) * hsz + vw + 2 * tq;
 #pragma unroll
         for (u32 kp = 0; kp < DK / 32; ++kp) {  // k = 32 kp .. 32 kp + 31: two k16 steps
             u32 a0[4], a1[4];
@@ -198,10 +254,12 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
                 a[2] = Gt2<T>::pack(S[n0 + 1][0], S[n0 + 1][1]);
                 a[3] = Gt2<T>::pack(S[n0 + 1][2], S[n0 + 1][3]);
                 // The rounded chunk-start state to hb[k][v]: transposed pairs along v.
+                if constexpr (!FUSE) {
 #pragma unroll
-                for (u32 x = 0; x < 4; ++x) {
-                    const u32 k = 8 * (n0 + (x >> 1)) + g, v8 = 8 * (x & 1u);
-                    *reinterpret_cast<u32*>(hg + (u64)k * dv + v8) = gt2_movt(a[x]);
+                    for (u32 x = 0; x < 4; ++x) {
+                        const u32 k = 8 * (n0 + (x >> 1)) + g, v8 = 8 * (x & 1u);
+                        *reinterpret_cast<u32*>(hg + (u64)k * dv + v8) = gt2_movt(a[x]);
+                    }
                 }
             }
 #pragma unroll
@@ -210,6 +268,11 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
                 gt2_ldsm(b, Wb + (8 * n + lr) * LDK + 32 * kp + 8 * lm);
                 Gt2<T>::mma(V[n], a0, b[0], b[1]);
                 Gt2<T>::mma(V[n], a1, b[2], b[3]);
+                if constexpr (FUSE) {  // Oᵀ += Sᵀ Qgᵀ
+                    gt2_ldsm(b, Qs + (8 * n + lr) * LDK + 32 * kp + 8 * lm);
+                    Gt2<T>::mma(O[n], a0, b[0], b[1]);
+                    Gt2<T>::mma(O[n], a1, b[2], b[3]);
+                }
             }
         }
         // Sᵀ ← e Sᵀ + Vnᵀ K̃.
@@ -218,7 +281,7 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
 #pragma unroll
             for (u32 x = 0; x < 4; ++x) S[n][x] *= e;
         }
-        T* vg = vb + (ch * GC_C) * dv + vw + 2 * tq;
+        T* vg = FUSE ? nullptr : vb + (ch * GC_C) * dv + vw + 2 * tq;
 #pragma unroll
         for (u32 kk = 0; kk < GC_C / 16; ++kk) {  // tokens 16 kk .. 16 kk + 15
             u32 a[4];
@@ -226,11 +289,23 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
             a[1] = Gt2<T>::pack(V[2 * kk][2], V[2 * kk][3]);
             a[2] = Gt2<T>::pack(V[2 * kk + 1][0], V[2 * kk + 1][1]);
             a[3] = Gt2<T>::pack(V[2 * kk + 1][2], V[2 * kk + 1][3]);
-            // Vn (rounded) to vb[tok][v].
+            if constexpr (FUSE) {
+                // Oᵀ += Vnᵀ Pbᵀ over tokens tok' = 16 kk ..: output tiles n = 2 np, 2 np + 1
+                // with np >= kk (Pb is zero above the diagonal).
 #pragma unroll
-            for (u32 x = 0; x < 4; ++x) {
-                const u32 tok = 16 * kk + 8 * (x >> 1) + g, v8 = 8 * (x & 1u);
-                *reinterpret_cast<u32*>(vg + (u64)tok * dv + v8) = gt2_movt(a[x]);
+                for (u32 np = kk; np < 4; ++np) {
+                    u32 b[4];
+                    gt2_ldsm(b, Ps + (16 * np + 8 * (lm >> 1) + lr) * GT2_LDP + 16 * kk + 8 * (lm & 1u));
+                    Gt2<T>::mma(O[2 * np], a, b[0], b[1]);
+                    Gt2<T>::mma(O[2 * np + 1], a, b[2], b[3]);
+                }
+            } else {
+                // Vn (rounded) to vb[tok][v].
+#pragma unroll
+                for (u32 x = 0; x < 4; ++x) {
+                    const u32 tok = 16 * kk + 8 * (x >> 1) + g, v8 = 8 * (x & 1u);
+                    *reinterpret_cast<u32*>(vg + (u64)tok * dv + v8) = gt2_movt(a[x]);
+                }
             }
 #pragma unroll
             for (u32 np = 0; np < NK / 2; ++np) {  // k tiles 2 np, 2 np + 1
@@ -238,6 +313,20 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
                 gt2_ldsm_t(b, Kb + (16 * kk + 8 * (lm & 1u) + lr) * LDK + 8 * (2 * np + (lm >> 1)));
                 Gt2<T>::mma(S[2 * np], a, b[0], b[1]);
                 Gt2<T>::mma(S[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        if constexpr (FUSE) {  // Oᵀ rounded, transposed, to the chunk's rows < l
+            const u32 l = len - c * GC_C < GC_C ? len - c * GC_C : GC_C;
+            T* og = out + ((u64)sp[0] + (u64)c * GC_C) * hv * dv + (u64)j * dv + vw + 2 * tq;
+#pragma unroll
+            for (u32 n = 0; n < 8; ++n) {
+                const u32 tok = 8 * n + g;
+                const u32 lo = gt2_movt(Gt2<T>::pack(O[n][0], O[n][1]));
+                const u32 hi = gt2_movt(Gt2<T>::pack(O[n][2], O[n][3]));
+                if (tok < l) {
+                    *reinterpret_cast<u32*>(og + (u64)tok * hv * dv) = lo;
+                    *reinterpret_cast<u32*>(og + (u64)tok * hv * dv + 8) = hi;
+                }
             }
         }
         e = e_next;
@@ -253,17 +342,161 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
 #endif
 }
 
-#define GDN_CHUNK_TC2(T, NAME, DK, NW)                                                                        \
-    extern "C" __global__ void __launch_bounds__(32 * NW)                                                    \
-        gdn_chunk_tc2_state_d##DK##_##NAME##_w##NW(float* state, const u32* spans, const u32* off,            \
-                                                   const T* wn, const T* kb, const float* uf, const float* gl, \
-                                                   T* vb, T* hb, u32 hv, u32 dv, u32 nbuf) {                 \
-        gdn_chunk_tc2_state_impl<T, DK, NW>(state, spans, off, wn, kb, uf, gl, vb, hb, hv, dv, nbuf);        \
+// Dynamic shared memory of gdn_chunk_tc3_wu, bytes (the host mirrors it): Kb (T [64][dk + 8]),
+// QV (Q, later V: T [64][max(dk, dv) + 8]), As (f32 [64][68]: Q Kᵀ, then K Kᵀ, A, T, then the
+// warp scratch tiles), Tw, Tu (T [64][72]): as gdn_chunk_tc_wu's at dk = dv.
+#define GT3_WU_SMEM(DK, DV)                                                                            \
+    (2u * GC_C * ((DK) + 8u) + 2u * GC_C * (((DK) > (DV) ? (DK) : (DV)) + 8u) + 4u * GC_C * GT_LDF + \
+     4u * GC_C * GT_LDT)
+
+// ---------------------------------------------------------------------------
+// gdn_chunk_tc_wu plus the state-free half of gdn_chunk_tc_out, so that the tc3 state sweep
+// can write the outputs: per (chunk, value head) also
+//   qg [cap, hv, 64, dk] T   Q ⊙ e^G (Q normalised, times dk^-½)
+//   pb [cap, hv, 64, 64] T   tril(Q Kᵀ ⊙ Γ) (Γ_ii = 1; rows >= l zero)
+// the same values gdn_chunk_tc_out computes in shared memory. Q Kᵀ first (Q in the region
+// that V takes afterwards), then everything as gdn_chunk_tc_wu. grid (max_chunks, hv,
+// n_spans), GC_THREADS threads.
+// ---------------------------------------------------------------------------
+template <typename T, int DK>
+__device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ qkv, const float* __restrict__ g,
+                                                      const float* __restrict__ beta, const u32* __restrict__ spans,
+                                                      const u32* __restrict__ off, T* __restrict__ wn,
+                                                      T* __restrict__ kb, float* __restrict__ uf,
+                                                      float* __restrict__ gl, T* __restrict__ qg,
+                                                      T* __restrict__ pb, u32 hk, u32 hv, u32 dv, float q_scale) {
+#if defined(PORTER_SM80)
+    constexpr u32 LDK = DK + 8;
+    extern __shared__ __align__(128) unsigned char gt_smem[];
+    __shared__ double Gd[GC_C];
+    __shared__ float rq[GC_C], rk[GC_C], bt[GC_C], eg[GC_C], ek[GC_C];
+    const u32 ldv = dv + 8, ldqv = (DK > dv ? DK : dv) + 8;
+    T* Kb = reinterpret_cast<T*>(gt_smem);                   // [64][LDK]
+    T* Qb = Kb + GC_C * LDK;                                 // [64][LDK], then V
+    T* Vb = Qb;                                              // [64][ldv]
+    float* As = reinterpret_cast<float*>(Qb + GC_C * ldqv);  // [64][GT_LDF]
+    T* Tw = reinterpret_cast<T*>(As + GC_C * GT_LDF);        // [64][GT_LDT]
+    T* Tu = Tw + GC_C * GT_LDT;                              // [64][GT_LDT]
+    float* scr = As;
+    const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
+    float* wscr = scr + 256 * w;
+    const u32 s = blockIdx.z, c = blockIdx.x, j = blockIdx.y, kh = j / (hv / hk);
+    const u32 o = off[s];
+    if (o == GC_INVALID) return;
+    u32 r0, l;
+    if (!gc_chunk_rows(spans, s, c, r0, l)) return;
+    const u64 rw = 2ull * hk * DK + (u64)hv * dv;
+    const float* qbase = qkv + (u64)kh * DK;
+    const float* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
+    const float* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
+    const u64 ch = ((u64)o + c) * hv + j;
+
+    gc_chunk_gates(qbase, kbase, g, beta, rw, r0, l, hv, j, DK, q_scale, rq, rk, bt, Gd, eg, ek, tid);
+    if (tid == 0) gl[ch] = gc_decay((float)Gd[l - 1]);
+    gc_stage_rows<T, T>(kbase, rw, r0, l, DK, DK, rk, Kb, LDK, kb + ch * GC_C * DK, ek, DK, tid);
+    gc_stage_rows<T, T>(qbase, rw, r0, l, DK, DK, rq, Qb, LDK, qg + ch * GC_C * DK, eg, DK, tid);
+    __syncthreads();
+    gt_gram_lower<T, DK>(Qb, Kb, As, w);  // P = Q Kᵀ
+    __syncthreads();
+    {
+        T* dst = pb + ch * GC_C * GC_C;
+        for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
+            const u32 i = x / GC_C, m = x % GC_C;
+            float v = 0.0f;
+            if (m <= i && i < l) v = m < i ? As[i * GT_LDF + m] * gc_decay((float)(Gd[i] - Gd[m])) : As[i * GT_LDF + m];
+            dst[x] = from_f<T>(v);
+        }
+    }
+    __syncthreads();  // Q and As are free
+    gc_stage_rows<T, T>(vbase, rw, r0, l, dv, dv, nullptr, Vb, ldv, nullptr, nullptr, 0, tid);
+    gt_gram_lower<T, DK>(Kb, Kb, As, w);  // K Kᵀ
+    __syncthreads();
+    for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
+        const u32 i = x / GC_C, m = x % GC_C;
+        As[i * GT_LDF + m] =
+            (m < i && i < l) ? As[i * GT_LDF + m] * (-bt[i] * gc_decay((float)(Gd[i] - Gd[m]))) : 0.0f;
+    }
+    __syncthreads();
+    gc_tril_inverse<GT_LDF>(As, w, lane);
+    for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
+        const u32 i = x / GC_C, m = x % GC_C;
+        const float tv = gc_tril_at<GT_LDF>(As, i, m);
+        Tw[i * GT_LDT + m] = from_f<T>(tv * (bt[m] * eg[m]));
+        Tu[i * GT_LDT + m] = from_f<T>(tv * bt[m]);
+    }
+    __syncthreads();
+    {
+        const u32 ti = w & 3u;
+        T* dst = wn + ch * GC_C * DK;
+#pragma unroll
+        for (u32 n = 0; n < DK / 32; ++n) {
+            const u32 tj = (w >> 2) + 2 * n;
+            GtAcc acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+            for (u32 kk = 0; kk <= ti; ++kk) {
+                GtA<T> a;
+                GtB<T> b;
+                wmma::load_matrix_sync(a, Tw + 16 * ti * GT_LDT + 16 * kk, GT_LDT);
+                wmma::load_matrix_sync(b, Kb + 16 * kk * LDK + 16 * tj, LDK);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+#pragma unroll
+            for (int e = 0; e < acc.num_elements; ++e) acc.x[e] = -acc.x[e];
+            gt_store<T>(acc, wscr, dst + 16 * ti * DK + 16 * tj, DK, 16, lane);
+        }
+    }
+    {
+        float* dst = uf + ch * GC_C * dv;
+        const u32 nq = 4 * (dv / 16);
+        for (u32 q = w; q < nq; q += 8) {
+            const u32 ti = q & 3u, tj = q >> 2;
+            GtAcc acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (u32 kk = 0; kk <= ti; ++kk) {
+                GtA<T> a;
+                GtB<T> b;
+                wmma::load_matrix_sync(a, Tu + 16 * ti * GT_LDT + 16 * kk, GT_LDT);
+                wmma::load_matrix_sync(b, Vb + 16 * kk * ldv + 16 * tj, ldv);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(dst + (u64)16 * ti * dv + 16 * tj, acc, dv, wmma::mem_row_major);
+        }
+    }
+#endif
+}
+
+#define GDN_CHUNK_TC2(T, NAME, DK, NW)                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * NW)                                                     \
+        gdn_chunk_tc2_state_d##DK##_##NAME##_w##NW(float* state, const u32* spans, const u32* off,             \
+                                                   const T* wn, const T* kb, const float* uf, const float* gl,  \
+                                                   T* vb, T* hb, u32 hv, u32 dv, u32 nbuf) {                  \
+        gdn_chunk_tc2_state_impl<T, DK, NW, false>(state, spans, off, wn, kb, uf, gl, vb, hb, nullptr, nullptr, \
+                                                   nullptr, 0, 0, hv, dv, nbuf);                              \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * NW)                                                     \
+        gdn_chunk_tc3_state_d##DK##_##NAME##_w##NW(float* state, const u32* spans, const u32* off,             \
+                                                   const T* wn, const T* kb, const float* uf, const float* gl,  \
+                                                   const T* qg, const T* pb, T* out, u32 t, u32 mc, u32 hv,     \
+                                                   u32 dv, u32 nbuf) {                                        \
+        gdn_chunk_tc2_state_impl<T, DK, NW, true>(state, spans, off, wn, kb, uf, gl, nullptr, nullptr, qg, pb,  \
+                                                  out, t, mc, hv, dv, nbuf);                                  \
     }
 #define GDN_CHUNK_TC2_NW(T, NAME, DK) \
     GDN_CHUNK_TC2(T, NAME, DK, 1)     \
     GDN_CHUNK_TC2(T, NAME, DK, 2)     \
     GDN_CHUNK_TC2(T, NAME, DK, 4)
+#define GDN_CHUNK_TC3_WU(T, NAME, DK)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 3)                                                    \
+        gdn_chunk_tc3_wu_d##DK##_##NAME(const float* qkv, const float* g, const float* beta, const u32* spans, \
+                                        const u32* off, T* wn, T* kb, float* uf, float* gl, T* qg, T* pb,     \
+                                        u32 hk, u32 hv, u32 dv, float q_scale) {                             \
+        gdn_chunk_tc3_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale);  \
+    }
+GDN_CHUNK_TC3_WU(bf16, bf16, 64)
+GDN_CHUNK_TC3_WU(bf16, bf16, 128)
+GDN_CHUNK_TC3_WU(f16, f16, 64)
+GDN_CHUNK_TC3_WU(f16, f16, 128)
 GDN_CHUNK_TC2_NW(bf16, bf16, 64)
 GDN_CHUNK_TC2_NW(bf16, bf16, 128)
 GDN_CHUNK_TC2_NW(f16, f16, 64)
