@@ -14,10 +14,10 @@
 mod common;
 
 use common::gdn::*;
+use common::timing::{time_calls, Hold};
 use common::*;
 use half::{bf16, f16};
 use porter_kernels::cpu::gdn;
-use common::timing::{time_calls, Hold};
 use porter_kernels::cuda::{CudaFloat, CudaKernels, GdnChunkForm};
 
 /// Relative tolerance (of max |ref|) of f32 outputs and of the state.
@@ -36,7 +36,9 @@ fn nvrtc_gdn_chunk_ptxas_info() {
         println!("{func}: {line}");
         // The tensor-core wu launch runs under __launch_bounds__(256, 3) (80 registers, for 3
         // blocks per SM): a spill there would cost more than the occupancy gains.
-        let hot = func.starts_with("gdn_chunk_tc_wu_") || func.starts_with("gdn_chunk_tc2_") || func.starts_with("gdn_chunk_tc3_");
+        let hot = func.starts_with("gdn_chunk_tc_wu_")
+            || func.starts_with("gdn_chunk_tc2_")
+            || func.starts_with("gdn_chunk_tc3_");
         if hot && line.contains("spill") && !line.contains(" 0 bytes spill stores") {
             spills.push(func);
         }
@@ -190,16 +192,18 @@ fn tc_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims) -> bool {
         && d.dv <= 256
 }
 
-/// Whether the tc2 form (mma.sync state sweep, 3 stages of 132 KiB at dk = 128, 32 columns a
-/// block) should run where the tensor-core form does.
-fn tc2_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims) -> bool {
-    let smem = 3 * (4 * 64 * (d.dk + 8) + 4 * 64 * 36) + 2048;
-    tc_expected::<T>(k, d) && k.caps().smem_limit() >= smem
+/// The form `want` (tc2: the mma.sync state sweep, 3 stages of 129 KiB at dk = 128, 32
+/// columns a block; tc3: the same writing the outputs, 207 KiB) should run as where the
+/// tensor-core form does and its shared memory fits.
+fn tc2_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> bool {
+    let kb = 2 * 64 * (d.dk + 8);
+    let stage = 2 * kb + 4 * 64 * 36 + if want == GdnChunkForm::Tc3 { kb + 2 * 64 * 72 } else { 0 };
+    tc_expected::<T>(k, d) && k.caps().smem_limit() >= 3 * stage + 2048
 }
 
 /// Tolerances (outputs, states) of a form that ran.
 fn form_tols<T: CudaFloat>(form: &str) -> (f32, f32) {
-    if form == "tc" || form == "tc2" {
+    if form == "tc" || form == "tc2" || form == "tc3" {
         (TOL_TC_OUT, TOL_TC_STATE)
     } else {
         (out_tol::<T>(), TOL_CHUNK_F32)
@@ -224,11 +228,10 @@ fn chunk_case<T: CudaFloat>(
 ) {
     let mut state = rng.vec(num_slots * nbuf * d.state(), 0.5);
     let mut dstate = up::<f32>(k, &state);
-    let mut dstate_tc2 = up::<f32>(k, &state);
+    let mut extra = [(GdnChunkForm::Tc2, up::<f32>(k, &state)), (GdnChunkForm::Tc3, up::<f32>(k, &state))];
     let mut dstate_f32 = up::<f32>(k, &state);
     let mut dstate_seq = up::<f32>(k, &state);
     let tc = tc_expected::<T>(k, d);
-    let tc2 = tc2_expected::<T>(k, d);
     for (ci, spans) in calls.iter().enumerate() {
         let (flat, t, max_len) = span_table(delta_spans(spans));
         let (qkv, g, beta) = inputs(rng, d, t);
@@ -275,19 +278,20 @@ fn chunk_case<T: CudaFloat>(
         judge(fails, &format!("{what}: {form} out vs CPU"), &e, out_at(d, e.at), tol_out);
         let e = err_stat(&got_state, &state);
         judge(fails, &format!("{what}: {form} state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
-        if T::NAME != "f32" {
-            // The tc2 form (its own pool), same tolerances as the tensor-core form.
+        for (want2, dstate2) in extra.iter_mut().filter(|_| T::NAME != "f32") {
+            // The tc2 / tc3 forms (own pools), same tolerances as the tensor-core form.
             let mut out2 = poisoned::<T>(k, t * d.hv * d.dv);
             let form2 = k
-                .gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate_tc2, &dsp, &mut out2, dims, GdnChunkForm::Tc2, None)
-                .expect("gdn_chunked_seq tc2 form");
-            if tc2 && form2 != "tc2" {
-                fails.push(format!("{what}: expected the tc2 form, ran {form2}"));
+                .gdn_chunked_seq_with(&dq, &dg, &db, dstate2, &dsp, &mut out2, dims, *want2, None)
+                .expect("gdn_chunked_seq tc2 / tc3 form");
+            let name2 = if *want2 == GdnChunkForm::Tc3 { "tc3" } else { "tc2" };
+            if tc2_expected::<T>(k, d, *want2) && form2 != name2 {
+                fails.push(format!("{what}: expected the {name2} form, ran {form2}"));
             }
             let (tol_out, tol_state) = form_tols::<T>(form2);
             let e = err_stat(&down(k, &out2), &want);
             judge(fails, &format!("{what}: {form2} out vs CPU"), &e, out_at(d, e.at), tol_out);
-            let e = err_stat(&down(k, &dstate_tc2), &state);
+            let e = err_stat(&down(k, &*dstate2), &state);
             judge(fails, &format!("{what}: {form2} state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
         }
         if form != form_f32 {
@@ -320,7 +324,7 @@ fn invalid_slot_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: GdnDims, f
     let (w, hv) = (d.width(), d.hv);
     let want = rnd_vec::<T>(&chunk_ref(d, &qkv[..t1 * w], &g[..t1 * hv], &beta[..t1 * hv], &mut state, valid, nbuf));
     let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
-    for want_form in [GdnChunkForm::Tc, GdnChunkForm::Tc2, GdnChunkForm::F32] {
+    for want_form in [GdnChunkForm::Tc, GdnChunkForm::Tc2, GdnChunkForm::Tc3, GdnChunkForm::F32] {
         let dims = [t, 3, bad_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf];
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
         let mut pool = up::<f32>(k, &state0);
@@ -463,7 +467,7 @@ fn prefill_80b<T: CudaFloat>(
     let forms: &[GdnChunkForm] = if T::NAME == "f32" {
         &[GdnChunkForm::F32]
     } else {
-        &[GdnChunkForm::Tc2, GdnChunkForm::Tc, GdnChunkForm::F32]
+        &[GdnChunkForm::Tc3, GdnChunkForm::Tc2, GdnChunkForm::Tc, GdnChunkForm::F32]
     };
     for &want in forms {
         let mut form = "";

@@ -9,19 +9,24 @@
 //! rounded to the output type, f32 accumulators and state). [`GDN_CHUNK_ENV`]` = f32` forces
 //! the f32 kernels for bf16 / f16 as well (A/B); `tc2` runs the tensor-core form with its state
 //! sweep on mma.sync with the state in registers (gdn_chunk_tc2.cu; [`GDN_TC2_BV_ENV`] sets its
-//! columns per block).
+//! columns per block); `tc3` the same sweep writing the outputs too, two launches in all
+//! (gdn_chunk/tc3.rs).
 
 use super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
+mod tc3;
+use tc3::{tc3_smem, Tc3Call};
+
 /// Environment variable choosing the form of [`CudaKernels::gdn_chunked_seq`] for bf16 / f16
 /// outputs: `f32` runs the CUDA-core f32 kernels; `tc` (or unset) the tensor-core kernels
 /// where the device and the head dims allow them; `tc2` the tensor-core kernels with the
-/// mma.sync state sweep (gdn_chunk_tc2.cu) where its shared memory fits (else as `tc`). Any
+/// mma.sync state sweep (gdn_chunk_tc2.cu) where its shared memory fits (else as `tc`); `tc3`
+/// that sweep writing the outputs as well (no out launch; else as `tc`). Any
 /// other value warns once on stderr and counts as unset. Read on every call.
 pub const GDN_CHUNK_ENV: &str = "PORTER_GDN_CHUNK";
 
-/// Environment variable: state columns per block of the `tc2` state sweep, `16`, `32` (unset:
+/// Environment variable: state columns per block of the `tc2` / `tc3` state sweep, `16`, `32` (unset:
 /// the default) or `64` (1, 2 or 4 warps a block; 64 needs dv % 64 == 0, else 32). Other
 /// values warn once and count as unset. Read on every call.
 pub const GDN_TC2_BV_ENV: &str = "PORTER_GDN_TC2_BV";
@@ -34,6 +39,8 @@ pub enum GdnChunkForm {
     Tc,
     /// As `Tc` with the mma.sync state sweep of gdn_chunk_tc2.cu.
     Tc2,
+    /// As `Tc2` with the outputs written by the state sweep (gdn_chunk/tc3.rs).
+    Tc3,
     /// The CUDA-core f32 kernels for every output type.
     F32,
 }
@@ -44,11 +51,14 @@ fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
         "f32" => GdnChunkForm::F32,
         "tc2" => GdnChunkForm::Tc2,
+        "tc3" => GdnChunkForm::Tc3,
         "" | "tc" => GdnChunkForm::Tc,
         other => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
-                eprintln!("warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `f32`; using the default (tc)")
+                eprintln!(
+                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `f32`; using the default (tc)"
+                )
             });
             GdnChunkForm::Tc
         }
@@ -73,7 +83,7 @@ fn tc2_warps_from(v: Option<std::ffi::OsString>) -> usize {
 
 /// Which kernels a call of [`CudaKernels::gdn_chunked_seq_with`] ran.
 #[doc(hidden)]
-pub const GDN_FORMS: [&str; 4] = ["tc", "f32", "seq", "tc2"];
+pub const GDN_FORMS: [&str; 5] = ["tc", "f32", "seq", "tc2", "tc3"];
 
 /// Tokens per chunk (`GC_C` in gdn_chunk.cu).
 const GC_C: usize = 64;
@@ -206,9 +216,16 @@ impl CudaKernels {
             }
             _ => None,
         };
-        let form_name = match (tc.is_some(), tc2.is_some()) {
-            (true, true) => GDN_FORMS[3],
-            (true, false) => GDN_FORMS[0],
+        let tc3 = match (tc, form) {
+            (Some(_), GdnChunkForm::Tc3) => {
+                tc3_smem(dk, dv, tc2_warps_from(std::env::var_os(GDN_TC2_BV_ENV)), self.caps())
+            }
+            _ => None,
+        };
+        let form_name = match (tc.is_some(), tc2.is_some(), tc3.is_some()) {
+            (true, _, true) => GDN_FORMS[4],
+            (true, true, _) => GDN_FORMS[3],
+            (true, false, false) => GDN_FORMS[0],
             _ => GDN_FORMS[1],
         };
         if !self.check_delta_args("gdn_chunked_seq", limits, qkv, g, beta, &*state, spans, &*out, dims)? {
@@ -264,6 +281,34 @@ impl CudaKernels {
         }?;
         laps.lap(s)?;
         let chunk_grid = (mc32, hv32, ns32);
+
+        if let Some(m) = tc3 {
+            let (pb, _gb) = beta.device_ptr(s);
+            let (pst, _gst) = state.device_ptr_mut(s);
+            let (pout, _gout) = out.device_ptr_mut(s);
+            let call = Tc3Call {
+                qkv: pq,
+                g: pg,
+                beta: pb,
+                spans: psp,
+                off: poff,
+                state: pst,
+                out: pout,
+                cap,
+                t: t32,
+                n_spans: ns32,
+                max_chunks: mc32,
+                hk: hk32,
+                hv: hv32,
+                dk,
+                dv: dv32,
+                nbuf: nbuf32,
+                q_scale,
+            };
+            self.gdn_tc3::<T>(m, &call, &mut laps)?;
+            laps.finish()?;
+            return Ok(form_name);
+        }
 
         if let Some(TcSmem { wu: smem_wu, state: smem_tstate, out: smem_tout }) = tc {
             // SAFETY (all six): every element the kernels read is written first, on this
@@ -555,6 +600,7 @@ mod tests {
         assert_eq!(form_from(Some(" F32 ".into())), GdnChunkForm::F32);
         assert_eq!(form_from(Some("tc".into())), GdnChunkForm::Tc);
         assert_eq!(form_from(Some("TC2".into())), GdnChunkForm::Tc2);
+        assert_eq!(form_from(Some("tc3".into())), GdnChunkForm::Tc3);
         assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc); // warns once, default
         assert_eq!(tc2_warps_from(None), 2);
         assert_eq!(tc2_warps_from(Some("16".into())), 1);
@@ -571,6 +617,20 @@ mod tests {
         assert_eq!(tc2_state_smem(128, 32, 4, h200).map(|x| x.0), Some(2)); // dv % 64 != 0
         assert_eq!(tc2_state_smem(64, 64, 1, h200).map(|x| x.0), Some(1));
         assert_eq!(tc2_state_smem(128, 128, 2, caps(8, 99 * 1024, false)), None);
+        assert_eq!(3 * tc3::tc2_stage_bytes(128, 2, false), 132_096);
+    }
+
+    #[test]
+    fn tc3_smem_layout() {
+        let h200 = caps(9, 227 * 1024, false);
+        // 80B dims: wu as gdn_chunk_tc_wu's; the state 3 × (3 · 17 408 + 9 216 + 9 216).
+        let m = tc3_smem(128, 128, 2, h200).expect("fits an H200");
+        assert_eq!((m.wu, m.nw, m.state), (70_656, 2, 211_968));
+        // 4 warps (U [64][68] f32) do not fit three stages: 2.
+        assert_eq!(tc3_smem(128, 128, 4, h200).map(|m| m.nw), Some(2));
+        assert_eq!(tc3_smem(64, 64, 4, h200).map(|m| m.nw), Some(4));
+        assert_eq!(tc3_smem(128, 128, 2, caps(8, 163 * 1024, false)).map(|m| m.nw), None); // A100: 207 KiB
+        assert_eq!(tc3_smem(64, 64, 2, caps(8, 163 * 1024, false)).map(|m| m.nw), Some(2));
     }
 
     #[test]
