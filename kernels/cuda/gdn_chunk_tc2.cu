@@ -342,6 +342,81 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
 #endif
 }
 
+// Loads rows i < 64 of a chunk, DK f32 columns (row r0 + i at base + (r0 + i) · rw; rows >= l
+// zero), as float4: pass u holds row u · RPP + tid / LPR, columns 4 (tid % LPR) .. + 3 (LPR =
+// DK / 4 lanes a row, RPP = 1024 / DK rows a pass). Every load is in flight before any is used
+// (gc_stage_rows issues 8 scalar loads at a time: 4 round trips for a 64 × 128 tile; here 1).
+template <int DK>
+struct Gt3Rows {
+    static constexpr u32 LPR = DK / 4, RPP = GC_THREADS / LPR, PASSES = GC_C / RPP;
+    float4 v[PASSES];
+    __device__ __forceinline__ void load(const float* __restrict__ base, u64 rw, u32 r0, u32 l, u32 tid) {
+        const u32 i0 = tid / LPR, d = 4 * (tid % LPR);
+#pragma unroll
+        for (u32 u = 0; u < PASSES; ++u) {
+            const u32 i = u * RPP + i0;
+            v[u] = i < l ? *reinterpret_cast<const float4*>(base + (u64)(r0 + i) * rw + d)
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+    // With `norm`, x · (1/sqrt(Σ_row x² + 1e-6) · scale) (the factor of gc_chunk_gates; the
+    // row sum over the LPR lanes of the row), else x; rounded to T at dst[i · LDK + d] (shared)
+    // and, with dst2, x · s2[i] rounded to T at dst2[i · DK + d] (global).
+    template <typename T>
+    __device__ __forceinline__ void store(bool norm, float scale, T* dst, u32 ldk, T* __restrict__ dst2,
+                                          const float* s2, u32 tid) {
+        const u32 i0 = tid / LPR, d = 4 * (tid % LPR);
+#pragma unroll
+        for (u32 u = 0; u < PASSES; ++u) {
+            const u32 i = u * RPP + i0;
+            float4 x = v[u];
+            if (norm) {
+                float ss = x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+#pragma unroll
+                for (u32 m = LPR / 2; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+                const float r = (1.0f / sqrtf(ss + 1e-6f)) * scale;
+                x = make_float4(x.x * r, x.y * r, x.z * r, x.w * r);
+            }
+            uint2 p;
+            p.x = Gt2<T>::pack(x.x, x.y);
+            p.y = Gt2<T>::pack(x.z, x.w);
+            *reinterpret_cast<uint2*>(dst + i * ldk + d) = p;
+            if (dst2) {
+                const float f = s2[i];
+                p.x = Gt2<T>::pack(x.x * f, x.y * f);
+                p.y = Gt2<T>::pack(x.z * f, x.w * f);
+                *reinterpret_cast<uint2*>(dst2 + (u64)i * DK + d) = p;
+            }
+        }
+    }
+};
+
+// β, the cumulative log-decay G (f64, summed in row order by one thread as gc_chunk_gates),
+// exp(G), exp(G_last − G) of a chunk (rows >= l: zeros, G the last value). Ends with a barrier.
+__device__ __forceinline__ void gt3_gates(const float* __restrict__ g, const float* __restrict__ beta, u32 r0,
+                                          u32 l, u32 hv, u32 j, float* bt, double* Gd, float* eg, float* ek,
+                                          u32 tid) {
+    if (tid < GC_C) {
+        const bool in = tid < l;
+        bt[tid] = in ? beta[(u64)(r0 + tid) * hv + j] : 0.0f;
+        Gd[tid] = in ? (double)g[(u64)(r0 + tid) * hv + j] : 0.0;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        double acc = 0.0;
+        for (u32 i = 0; i < GC_C; ++i) {
+            if (i < l) acc += Gd[i];
+            Gd[i] = acc;
+        }
+    }
+    __syncthreads();
+    if (tid < GC_C) {
+        eg[tid] = tid < l ? gc_decay((float)Gd[tid]) : 0.0f;
+        ek[tid] = tid < l ? gc_decay((float)(Gd[l - 1] - Gd[tid])) : 0.0f;
+    }
+    __syncthreads();
+}
+
 // Dynamic shared memory of gdn_chunk_tc3_wu, bytes (the host mirrors it): Kb (T [64][dk + 8]),
 // QV (Q, later V: T [64][max(dk, dv) + 8]), As (f32 [64][68]: Q Kᵀ, then K Kᵀ, A, T, then the
 // warp scratch tiles), Tw, Tu (T [64][72]): as gdn_chunk_tc_wu's at dk = dv.
@@ -369,7 +444,7 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ 
     constexpr u32 LDK = DK + 8;
     extern __shared__ __align__(128) unsigned char gt_smem[];
     __shared__ double Gd[GC_C];
-    __shared__ float rq[GC_C], rk[GC_C], bt[GC_C], eg[GC_C], ek[GC_C];
+    __shared__ float bt[GC_C], eg[GC_C], ek[GC_C];
     const u32 ldv = dv + 8, ldqv = (DK > dv ? DK : dv) + 8;
     T* Kb = reinterpret_cast<T*>(gt_smem);                   // [64][LDK]
     T* Qb = Kb + GC_C * LDK;                                 // [64][LDK], then V
@@ -391,10 +466,16 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ 
     const float* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
     const u64 ch = ((u64)o + c) * hv + j;
 
-    gc_chunk_gates(qbase, kbase, g, beta, rw, r0, l, hv, j, DK, q_scale, rq, rk, bt, Gd, eg, ek, tid);
-    if (tid == 0) gl[ch] = gc_decay((float)Gd[l - 1]);
-    gc_stage_rows<T, T>(kbase, rw, r0, l, DK, DK, rk, Kb, LDK, kb + ch * GC_C * DK, ek, DK, tid);
-    gc_stage_rows<T, T>(qbase, rw, r0, l, DK, DK, rq, Qb, LDK, qg + ch * GC_C * DK, eg, DK, tid);
+    {
+        Gt3Rows<DK> rows;
+        rows.load(kbase, rw, r0, l, tid);  // in flight across the gates
+        gt3_gates(g, beta, r0, l, hv, j, bt, Gd, eg, ek, tid);
+        if (tid == 0) gl[ch] = gc_decay((float)Gd[l - 1]);
+        // Normalised K to T; K̃ = K ⊙ exp(G_last − G) to kb; then Q (times dk^-½), Q ⊙ e^G to qg.
+        rows.template store<T>(true, 1.0f, Kb, LDK, kb + ch * GC_C * DK, ek, tid);
+        rows.load(qbase, rw, r0, l, tid);
+        rows.template store<T>(true, q_scale, Qb, LDK, qg + ch * GC_C * DK, eg, tid);
+    }
     __syncthreads();
     gt_gram_lower<T, DK>(Qb, Kb, As, w);  // P = Q Kᵀ
     __syncthreads();

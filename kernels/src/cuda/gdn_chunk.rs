@@ -282,7 +282,8 @@ impl CudaKernels {
         laps.lap(s)?;
         let chunk_grid = (mc32, hv32, ns32);
 
-        if let Some(m) = tc3 {
+        // tc3's wu loads q / k rows as float4: qkv must be 16-byte aligned (else the tc form).
+        if let Some(m) = tc3.filter(|_| pq % 16 == 0) {
             let (pb, _gb) = beta.device_ptr(s);
             let (pst, _gst) = state.device_ptr_mut(s);
             let (pout, _gout) = out.device_ptr_mut(s);
@@ -394,7 +395,7 @@ impl CudaKernels {
             }?;
             laps.lap(s)?;
             laps.finish()?;
-            return Ok(form_name);
+            return Ok(if tc2.is_some() { GDN_FORMS[3] } else { GDN_FORMS[0] });
         }
 
         // SAFETY (all five): every element the kernels read is written first, on this
