@@ -489,8 +489,15 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ 
         }
     }
     __syncthreads();  // Q and As are free
-    gc_stage_rows<T, T>(vbase, rw, r0, l, dv, dv, nullptr, Vb, ldv, nullptr, nullptr, 0, tid);
-    gt_gram_lower<T, DK>(Kb, Kb, As, w);  // K Kᵀ
+    if (dv == DK) {  // V as float4 rows (one round trip), in flight during K Kᵀ
+        Gt3Rows<DK> rows;
+        rows.load(vbase, rw, r0, l, tid);
+        gt_gram_lower<T, DK>(Kb, Kb, As, w);  // K Kᵀ
+        rows.template store<T>(false, 1.0f, Vb, ldv, static_cast<T*>(nullptr), nullptr, tid);
+    } else {
+        gc_stage_rows<T, T>(vbase, rw, r0, l, dv, dv, nullptr, Vb, ldv, nullptr, nullptr, 0, tid);
+        gt_gram_lower<T, DK>(Kb, Kb, As, w);  // K Kᵀ
+    }
     __syncthreads();
     for (u32 x = tid; x < GC_C * GC_C; x += GC_THREADS) {
         const u32 i = x / GC_C, m = x % GC_C;
