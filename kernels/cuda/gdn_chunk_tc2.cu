@@ -29,6 +29,15 @@
 // ~0.6 µs) against ~7 µs before. Shared memory: 3 × (2 · 64 · (DK + 8) · 2 + 64 · (BV + 4)
 // · 4) bytes (130 KiB at DK = 128, NW = 2).
 //
+// tc3 (`PORTER_GDN_CHUNK=tc3`, FUSE below): gdn_chunk_tc3_wu also writes Qg and the masked
+// P (the state-free half of the outputs), and the same sweep writes the outputs, so there is
+// no hb (67 MB at 4096 tokens), no vb and no out launch. Per chunk and warp 64 + 64 + 64 + 20
+// mma.sync and 106 ldmatrix.x4 (~1.2 µs, ~80 µs at 64 chunks); the stages grow to 69 KiB
+// (3 stages: 207 KiB, NW = 2, or NW = 1). At 128 blocks the sweep reads ~70 KiB of L2 per
+// block and chunk (~0.6 GB at 4096 tokens: ~100-150 µs at L2 rates), against today's state
+// (472 µs) + out (312 µs) launches. gdn_chunk_tc3_wu loads q / k / v rows as float4 with every
+// load of a tile in flight at once and the L2 norms in the same pass (no separate norm pass).
+//
 // Shapes: DK ∈ {64, 128}; dv % (16·NW) == 0; T = bf16 / f16.
 
 #define GT2_STAGES 3
