@@ -14,11 +14,11 @@
 mod common;
 
 use common::gdn::*;
+use common::timing::{time_calls, Hold};
 use common::*;
 use half::{bf16, f16};
 use porter_kernels::cpu::gdn;
-use porter_kernels::cuda::{CudaFloat, CudaKernels};
-use std::time::Instant;
+use porter_kernels::cuda::{CudaFloat, CudaKernels, GdnChunkForm};
 
 /// Relative tolerance (of max |ref|) of f32 outputs and of the state.
 const TOL_CHUNK_F32: f32 = 1e-4;
@@ -36,7 +36,10 @@ fn nvrtc_gdn_chunk_ptxas_info() {
         println!("{func}: {line}");
         // The tensor-core wu launch runs under __launch_bounds__(256, 3) (80 registers, for 3
         // blocks per SM): a spill there would cost more than the occupancy gains.
-        if func.starts_with("gdn_chunk_tc_wu_") && line.contains("spill") && !line.contains(" 0 bytes spill stores") {
+        let hot = func.starts_with("gdn_chunk_tc_wu_")
+            || func.starts_with("gdn_chunk_tc2_")
+            || func.starts_with("gdn_chunk_tc3_");
+        if hot && line.contains("spill") && !line.contains(" 0 bytes spill stores") {
             spills.push(func);
         }
     }
@@ -189,11 +192,29 @@ fn tc_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims) -> bool {
         && d.dv <= 256
 }
 
+/// The form `want` (tc2: the mma.sync state sweep, 3 stages of 129 KiB at dk = 128, 32
+/// columns a block; tc3: the same writing the outputs, 207 KiB) should run as where the
+/// tensor-core form does and its shared memory fits.
+fn tc2_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> bool {
+    let kb = 2 * 64 * (d.dk + 8);
+    let stage = 2 * kb + 4 * 64 * 36 + if want == GdnChunkForm::Tc3 { kb + 2 * 64 * 72 } else { 0 };
+    tc_expected::<T>(k, d) && k.caps().smem_limit() >= 3 * stage + 2048
+}
+
+/// Tolerances (outputs, states) of a form that ran.
+fn form_tols<T: CudaFloat>(form: &str) -> (f32, f32) {
+    if form == "tc" || form == "tc2" || form == "tc3" {
+        (TOL_TC_OUT, TOL_TC_STATE)
+    } else {
+        (out_tol::<T>(), TOL_CHUNK_F32)
+    }
+}
+
 /// Runs `calls` consecutive calls (the state carries over) of the default form (for bf16 /
-/// f16 the tensor-core form where it applies), of the f32 form and of `gdn_delta_seq` on
-/// separate state pools, and compares outputs and the whole pools with the CPU chunked
-/// reference after each call (the f32 form also with `gdn_delta_seq`). `inputs` makes each
-/// call's inputs. Failures are collected in `fails`.
+/// f16 the tensor-core form where it applies), of the tc2 form (bf16 / f16 only), of the f32
+/// form and of `gdn_delta_seq` on separate state pools, and compares outputs and the whole
+/// pools with the CPU chunked reference after each call (the f32 form also with
+/// `gdn_delta_seq`). `inputs` makes each call's inputs. Failures are collected in `fails`.
 #[allow(clippy::too_many_arguments)]
 fn chunk_case<T: CudaFloat>(
     k: &CudaKernels,
@@ -207,6 +228,7 @@ fn chunk_case<T: CudaFloat>(
 ) {
     let mut state = rng.vec(num_slots * nbuf * d.state(), 0.5);
     let mut dstate = up::<f32>(k, &state);
+    let mut extra = [(GdnChunkForm::Tc2, up::<f32>(k, &state)), (GdnChunkForm::Tc3, up::<f32>(k, &state))];
     let mut dstate_f32 = up::<f32>(k, &state);
     let mut dstate_seq = up::<f32>(k, &state);
     let tc = tc_expected::<T>(k, d);
@@ -219,11 +241,11 @@ fn chunk_case<T: CudaFloat>(
         let dims = [t, n, max_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf];
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
         let form = k
-            .gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate, &dsp, &mut out, dims, false, None)
+            .gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate, &dsp, &mut out, dims, GdnChunkForm::Tc, None)
             .expect("gdn_chunked_seq");
         let mut out_f32 = poisoned::<T>(k, t * d.hv * d.dv);
         let form_f32 = k
-            .gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate_f32, &dsp, &mut out_f32, dims, true, None)
+            .gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate_f32, &dsp, &mut out_f32, dims, GdnChunkForm::F32, None)
             .expect("gdn_chunked_seq f32 form");
         let mut out_seq = poisoned::<T>(k, t * d.hv * d.dv);
         k.gdn_delta_seq(
@@ -251,12 +273,27 @@ fn chunk_case<T: CudaFloat>(
         }
         let (got, got_state) = (down(k, &out), down(k, &dstate));
         let (got_f, got_state_f) = (down(k, &out_f32), down(k, &dstate_f32));
-        let (tol_out, tol_state) =
-            if form == "tc" { (TOL_TC_OUT, TOL_TC_STATE) } else { (out_tol::<T>(), TOL_CHUNK_F32) };
+        let (tol_out, tol_state) = form_tols::<T>(form);
         let e = err_stat(&got, &want);
         judge(fails, &format!("{what}: {form} out vs CPU"), &e, out_at(d, e.at), tol_out);
         let e = err_stat(&got_state, &state);
         judge(fails, &format!("{what}: {form} state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
+        for (want2, dstate2) in extra.iter_mut().filter(|_| T::NAME != "f32") {
+            // The tc2 / tc3 forms (own pools), same tolerances as the tensor-core form.
+            let mut out2 = poisoned::<T>(k, t * d.hv * d.dv);
+            let form2 = k
+                .gdn_chunked_seq_with(&dq, &dg, &db, dstate2, &dsp, &mut out2, dims, *want2, None)
+                .expect("gdn_chunked_seq tc2 / tc3 form");
+            let name2 = if *want2 == GdnChunkForm::Tc3 { "tc3" } else { "tc2" };
+            if tc2_expected::<T>(k, d, *want2) && form2 != name2 {
+                fails.push(format!("{what}: expected the {name2} form, ran {form2}"));
+            }
+            let (tol_out, tol_state) = form_tols::<T>(form2);
+            let e = err_stat(&down(k, &out2), &want);
+            judge(fails, &format!("{what}: {form2} out vs CPU"), &e, out_at(d, e.at), tol_out);
+            let e = err_stat(&down(k, &*dstate2), &state);
+            judge(fails, &format!("{what}: {form2} state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
+        }
         if form != form_f32 {
             let e = err_stat(&got_f, &want);
             judge(fails, &format!("{what}: {form_f32} out vs CPU"), &e, out_at(d, e.at), out_tol::<T>());
@@ -287,12 +324,12 @@ fn invalid_slot_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: GdnDims, f
     let (w, hv) = (d.width(), d.hv);
     let want = rnd_vec::<T>(&chunk_ref(d, &qkv[..t1 * w], &g[..t1 * hv], &beta[..t1 * hv], &mut state, valid, nbuf));
     let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
-    for f32_form in [false, true] {
+    for want_form in [GdnChunkForm::Tc, GdnChunkForm::Tc2, GdnChunkForm::Tc3, GdnChunkForm::F32] {
         let dims = [t, 3, bad_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf];
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
         let mut pool = up::<f32>(k, &state0);
         let form = k
-            .gdn_chunked_seq_with(&dq, &dg, &db, &mut pool, &dsp, &mut out, dims, f32_form, None)
+            .gdn_chunked_seq_with(&dq, &dg, &db, &mut pool, &dsp, &mut out, dims, want_form, None)
             .expect("gdn_chunked_seq");
         let what = format!("invalid slot {} {d:?} {form}", T::NAME);
         let got = down(k, &out);
@@ -301,8 +338,7 @@ fn invalid_slot_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: GdnDims, f
         if !nan_rows {
             fails.push(format!("{what}: rows of the invalid span not all NaN"));
         }
-        let (tol_out, tol_state) =
-            if form == "tc" { (TOL_TC_OUT, TOL_TC_STATE) } else { (out_tol::<T>(), TOL_CHUNK_F32) };
+        let (tol_out, tol_state) = form_tols::<T>(form);
         let e = err_stat(&got[..t1 * hv * d.dv], &want);
         judge(fails, &format!("{what}: out vs CPU"), &e, out_at(d, e.at), tol_out);
         let e = err_stat(&down(k, &pool), &state);
@@ -385,24 +421,17 @@ fn cuda_gdn_chunked_seq_tc() {
     finish("cuda_gdn_chunked_seq_tc", &fails);
 }
 
-/// Best of 3 timed calls (synchronised), in µs.
-fn best_us(k: &CudaKernels, mut f: impl FnMut()) -> f64 {
-    f();
-    k.stream().synchronize().expect("sync");
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        f();
-        k.stream().synchronize().expect("sync");
-        best = best.min(t0.elapsed().as_secs_f64() * 1e6);
-    }
-    best
+/// GPU time per call, µs: CUDA events around 10 calls queued behind a hold
+/// (common::timing), so host submission does not count.
+fn gpu_us(k: &CudaKernels, hold: &mut Hold, mut f: impl FnMut()) -> f64 {
+    time_calls(k, hold, 10, &mut |_| f()) * 1e6
 }
 
-/// Times the chunked delta rule (both forms for bf16 / f16: tensor cores and f32) and the
-/// sequential one at the 80B head layout; `check` first compares the chunked forms against
-/// the CPU reference (left out at 16k tokens, where the CPU reference alone would take longer
-/// than the timing).
+/// Times the chunked delta rule (for bf16 / f16: the tc2, tc and f32 forms) and the
+/// sequential one at the 80B head layout, each call by CUDA events over 10 calls and each
+/// launch by events around it (best of 3), µs and TFLOP/s; `check` first compares the chunked
+/// forms against the CPU reference (left out at 16k tokens, where the CPU reference alone
+/// would take longer than the timing).
 fn prefill_80b<T: CudaFloat>(
     k: &CudaKernels,
     rng: &mut Rng,
@@ -423,20 +452,28 @@ fn prefill_80b<T: CudaFloat>(
     let mut out = poisoned::<T>(k, t * d.hv * d.dv);
     let (hk, hv, dk, dv) = (d.hk, d.hv, d.dk, d.dv);
     let dims = [t, n, max_len, hk, hv, dk, dv, num_slots, 1];
+    let mut hold = Hold::new(k);
     // The chunked delta rule's matrix products, per 64-token chunk and value head:
     // K·Kᵀ, A·K (W), A·V (U), Q·Kᵀ, (Q·Kᵀ)·V' at 2·C²·d each and Q·S, W·S, Kᵀ·V' at
     // 2·C·d² each (the triangular solve not counted); scripts/fla_gdn_bench.py counts the same.
-    let flop = (t as f64) * (hv as f64) * (10.0 * 64.0 * dk as f64 + 6.0 * (dk * dv) as f64);
-    let seq_us = best_us(k, || {
+    // Per launch: wu K·Kᵀ, A·K, A·V; state W·S, Kᵀ·V'; out Q·Kᵀ, (Q·Kᵀ)·V', Q·S.
+    let (c, dkf, dvf, rows) = (64.0, dk as f64, dv as f64, (t * hv) as f64);
+    let flop = rows * (10.0 * c * dkf + 6.0 * dkf * dvf);
+    let stage_flop = [0.0, rows * 6.0 * c * dkf, rows * 4.0 * dkf * dvf, rows * (4.0 * c * dkf + 2.0 * dkf * dvf)];
+    let seq_us = gpu_us(k, &mut hold, || {
         k.gdn_delta_seq(&dq, &dg, &db, &mut dstate, &dsp, &mut out, t, n, max_len, hk, hv, dk, dv, num_slots, 1)
             .expect("gdn_delta_seq");
     });
-    let forms: &[bool] = if T::NAME == "f32" { &[true] } else { &[false, true] };
-    for &f32_form in forms {
+    let forms: &[GdnChunkForm] = if T::NAME == "f32" {
+        &[GdnChunkForm::F32]
+    } else {
+        &[GdnChunkForm::Tc3, GdnChunkForm::Tc2, GdnChunkForm::Tc, GdnChunkForm::F32]
+    };
+    for &want in forms {
         let mut form = "";
-        let us = best_us(k, || {
+        let us = gpu_us(k, &mut hold, || {
             form = k
-                .gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate, &dsp, &mut out, dims, f32_form, None)
+                .gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate, &dsp, &mut out, dims, want, None)
                 .expect("gdn_chunked_seq");
         });
         println!(
@@ -448,15 +485,24 @@ fn prefill_80b<T: CudaFloat>(
         let mut laps = [f64::INFINITY; 4];
         for _ in 0..3 {
             let mut lap = [0.0; 4];
-            k.gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate, &dsp, &mut out, dims, f32_form, Some(&mut lap))
+            k.gdn_chunked_seq_with(&dq, &dg, &db, &mut dstate, &dsp, &mut out, dims, want, Some(&mut lap))
                 .expect("gdn_chunked_seq timed");
             for (b, u) in laps.iter_mut().zip(lap) {
                 *b = b.min(u);
             }
         }
+        let tf = |k: usize| stage_flop[k] / laps[k] * 1e-6;
         println!(
-            "    [{form}] per launch (synchronised, best of 3): prep {:.1} µs, wu {:.1} µs, state {:.1} µs, out {:.1} µs",
-            laps[0], laps[1], laps[2], laps[3]
+            "    [{form}] per launch (CUDA events, best of 3): prep {:.1} µs, wu {:.1} µs ({:.1} TFLOP/s), \
+             state {:.1} µs ({:.1} TFLOP/s), out {:.1} µs ({:.1} TFLOP/s); sum {:.1} µs",
+            laps[0],
+            laps[1],
+            tf(1),
+            laps[2],
+            tf(2),
+            laps[3],
+            tf(3),
+            laps.iter().sum::<f64>()
         );
     }
 }

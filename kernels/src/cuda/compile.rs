@@ -194,13 +194,16 @@ pub(crate) static MOE_WGMMA: KernelSource =
 pub(crate) static GDN_SEQ: KernelSource =
     KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
 /// Gated DeltaNet chunked (64-token) prefill over spans: the f32 CUDA-core form (gdn_chunk.cu)
-/// and the tensor-core form for bf16 / f16 (gdn_chunk_tc.cu, which uses gdn_chunk.cu's helpers).
+/// and the tensor-core forms for bf16 / f16 (gdn_chunk_tc.cu, which uses gdn_chunk.cu's helpers;
+/// gdn_chunk_tc2.cu, the mma.sync state sweep of `PORTER_GDN_CHUNK=tc2`).
 pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
     name: "gdn_chunk.cu",
     code: concat!(
         include_str!("../../cuda/gdn_chunk.cu"),
         "\n#line 1 \"gdn_chunk_tc.cu\"\n",
-        include_str!("../../cuda/gdn_chunk_tc.cu")
+        include_str!("../../cuda/gdn_chunk_tc.cu"),
+        "\n#line 1 \"gdn_chunk_tc2.cu\"\n",
+        include_str!("../../cuda/gdn_chunk_tc2.cu")
     ),
 };
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling, the skinny

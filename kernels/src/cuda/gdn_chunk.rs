@@ -7,36 +7,83 @@
 //! Two forms: the CUDA-core f32 kernels (gdn_chunk.cu; every output type) and, for bf16 / f16
 //! outputs on sm_80+, the tensor-core kernels (gdn_chunk_tc.cu: wmma products on operands
 //! rounded to the output type, f32 accumulators and state). [`GDN_CHUNK_ENV`]` = f32` forces
-//! the f32 kernels for bf16 / f16 as well (A/B).
+//! the f32 kernels for bf16 / f16 as well (A/B); `tc2` runs the tensor-core form with its state
+//! sweep on mma.sync with the state in registers (gdn_chunk_tc2.cu; [`GDN_TC2_BV_ENV`] sets its
+//! columns per block); `tc3` the same sweep writing the outputs too, two launches in all
+//! (gdn_chunk/tc3.rs).
 
 use super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
+mod tc3;
+use tc3::{tc3_smem, Tc3Call};
+
 /// Environment variable choosing the form of [`CudaKernels::gdn_chunked_seq`] for bf16 / f16
 /// outputs: `f32` runs the CUDA-core f32 kernels; `tc` (or unset) the tensor-core kernels
-/// where the device and the head dims allow them. Any other value warns once on stderr and
-/// counts as unset. Read on every call.
+/// where the device and the head dims allow them; `tc2` the tensor-core kernels with the
+/// mma.sync state sweep (gdn_chunk_tc2.cu) where its shared memory fits (else as `tc`); `tc3`
+/// that sweep writing the outputs as well (no out launch; else as `tc`). Any
+/// other value warns once on stderr and counts as unset. Read on every call.
 pub const GDN_CHUNK_ENV: &str = "PORTER_GDN_CHUNK";
 
-/// Whether [`GDN_CHUNK_ENV`]'s value `v` forces the f32 kernels (a bad value warns once).
-fn f32_forced_from(v: Option<std::ffi::OsString>) -> bool {
-    let Some(v) = v else { return false };
+/// Environment variable: state columns per block of the `tc2` / `tc3` state sweep, `16`, `32` (unset:
+/// the default) or `64` (1, 2 or 4 warps a block; 64 needs dv % 64 == 0, else 32). Other
+/// values warn once and count as unset. Read on every call.
+pub const GDN_TC2_BV_ENV: &str = "PORTER_GDN_TC2_BV";
+
+/// Form of the chunked delta rule a caller asks for (see [`GDN_CHUNK_ENV`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GdnChunkForm {
+    /// Tensor cores (wmma) for bf16 / f16 where they apply, else the f32 kernels.
+    Tc,
+    /// As `Tc` with the mma.sync state sweep of gdn_chunk_tc2.cu.
+    Tc2,
+    /// As `Tc2` with the outputs written by the state sweep (gdn_chunk/tc3.rs).
+    Tc3,
+    /// The CUDA-core f32 kernels for every output type.
+    F32,
+}
+
+/// The form [`GDN_CHUNK_ENV`]'s value `v` names (a bad value warns once and gives `Tc`).
+fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
+    let Some(v) = v else { return GdnChunkForm::Tc };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "f32" => true,
-        "" | "tc" => false,
+        "f32" => GdnChunkForm::F32,
+        "tc2" => GdnChunkForm::Tc2,
+        "tc3" => GdnChunkForm::Tc3,
+        "" | "tc" => GdnChunkForm::Tc,
         other => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
-                eprintln!("warning: {GDN_CHUNK_ENV}={other:?} is neither `tc` nor `f32`; using the default (tc)")
+                eprintln!(
+                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `f32`; using the default (tc)"
+                )
             });
-            false
+            GdnChunkForm::Tc
+        }
+    }
+}
+
+/// Warps per block of the tc2 state sweep that [`GDN_TC2_BV_ENV`]'s value `v` names (a bad
+/// value warns once and gives the default, 2).
+fn tc2_warps_from(v: Option<std::ffi::OsString>) -> usize {
+    let Some(v) = v else { return 2 };
+    match v.to_string_lossy().trim() {
+        "16" => 1,
+        "" | "32" => 2,
+        "64" => 4,
+        other => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| eprintln!("warning: {GDN_TC2_BV_ENV}={other:?} is none of 16, 32, 64; using 32"));
+            2
         }
     }
 }
 
 /// Which kernels a call of [`CudaKernels::gdn_chunked_seq_with`] ran.
 #[doc(hidden)]
-pub const GDN_FORMS: [&str; 3] = ["tc", "f32", "seq"];
+pub const GDN_FORMS: [&str; 5] = ["tc", "f32", "seq", "tc2", "tc3"];
 
 /// Tokens per chunk (`GC_C` in gdn_chunk.cu).
 const GC_C: usize = 64;
@@ -102,19 +149,20 @@ impl CudaKernels {
         num_slots: usize,
         nbuf: usize,
     ) -> Result<()> {
-        let f32_form = f32_forced_from(std::env::var_os(GDN_CHUNK_ENV));
+        let form = form_from(std::env::var_os(GDN_CHUNK_ENV));
         self.gdn_chunked_impl(
-            qkv, g, beta, state, spans, out, t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf, f32_form, None,
+            qkv, g, beta, state, spans, out, t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf, form, None,
         )
         .map(|_| ())
     }
 
     /// [`CudaKernels::gdn_chunked_seq`] with the form chosen by the caller instead of
-    /// [`GDN_CHUNK_ENV`] (`f32_form`: the f32 kernels even for bf16 / f16) and, with
-    /// `timing`, the stream synchronised around each of the four launches, their wall times
-    /// in µs written there (prep, wu, state, out; all 0 when the sequential fallback runs).
-    /// Returns the form that ran: `"tc"`, `"f32"`, or `"seq"` (`gdn_delta_seq`, where the
-    /// chunk kernels do not fit the device's shared memory). For tests and profiling.
+    /// [`GDN_CHUNK_ENV`] ([`GdnChunkForm::F32`]: the f32 kernels even for bf16 / f16) and,
+    /// with `timing`, CUDA events recorded around each of the four launches and their GPU
+    /// times in µs written there once the stream has caught up (prep, wu, state, out; all 0
+    /// when the sequential fallback runs). Returns the form that ran: `"tc"`, `"tc2"`,
+    /// `"f32"`, or `"seq"` (`gdn_delta_seq`, where the chunk kernels do not fit the device's
+    /// shared memory). For tests and profiling.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_chunked_seq_with<T: CudaFloat>(
@@ -126,12 +174,12 @@ impl CudaKernels {
         spans: &impl DevicePtr<u32>,
         out: &mut impl DevicePtrMut<T>,
         dims: [usize; 9],
-        f32_form: bool,
+        form: GdnChunkForm,
         timing: Option<&mut [f64; 4]>,
     ) -> Result<&'static str> {
         let [t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf] = dims;
         self.gdn_chunked_impl(
-            qkv, g, beta, state, spans, out, t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf, f32_form, timing,
+            qkv, g, beta, state, spans, out, t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf, form, timing,
         )
     }
 
@@ -153,16 +201,35 @@ impl CudaKernels {
         dv: usize,
         num_slots: usize,
         nbuf: usize,
-        f32_form: bool,
-        mut timing: Option<&mut [f64; 4]>,
+        form: GdnChunkForm,
+        timing: Option<&mut [f64; 4]>,
     ) -> Result<&'static str> {
         let dims = super::gdn_seq::DeltaDims { t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf };
         let limits = (GDN_CHUNK_MAX_D, Some(GDN_CHUNK_MAX_D));
         // The tensor-core form where it applies (bf16 / f16, sm_80+, dk 64 or 128, dv a
         // multiple of 32 up to 256, shared memory within the device's limit).
-        let tc = if f32_form || T::NAME == "f32" { None } else { tc_smem(dk, dv, self.caps()) };
+        let tc = if form == GdnChunkForm::F32 || T::NAME == "f32" { None } else { tc_smem(dk, dv, self.caps()) };
+        // The mma.sync state sweep (warps per block, shared memory) where asked for and it fits.
+        let tc2 = match (tc, form) {
+            (Some(_), GdnChunkForm::Tc2) => {
+                tc2_state_smem(dk, dv, tc2_warps_from(std::env::var_os(GDN_TC2_BV_ENV)), self.caps())
+            }
+            _ => None,
+        };
+        let tc3 = match (tc, form) {
+            (Some(_), GdnChunkForm::Tc3) => {
+                tc3_smem(dk, dv, tc2_warps_from(std::env::var_os(GDN_TC2_BV_ENV)), self.caps())
+            }
+            _ => None,
+        };
+        let form_name = match (tc.is_some(), tc2.is_some(), tc3.is_some()) {
+            (true, _, true) => GDN_FORMS[4],
+            (true, true, _) => GDN_FORMS[3],
+            (true, false, false) => GDN_FORMS[0],
+            _ => GDN_FORMS[1],
+        };
         if !self.check_delta_args("gdn_chunked_seq", limits, qkv, g, beta, &*state, spans, &*out, dims)? {
-            return Ok(GDN_FORMS[if tc.is_some() { 0 } else { 1 }]);
+            return Ok(form_name);
         }
         // Fallback: where the chunk kernels need more shared memory than the device allows
         // (97 KiB at dk = 64, 169 KiB at dk = 128: more than an sm_70 / sm_75 / sm_86 has, or
@@ -202,19 +269,7 @@ impl CudaKernels {
         let (psp, _gsp) = spans.device_ptr(s);
         let (poff, _goff) = off.device_ptr_mut(s);
 
-        if timing.is_some() {
-            s.synchronize()?;
-        }
-        let mut t0 = std::time::Instant::now();
-        // Wall time of the launches since the previous lap (timing only).
-        let mut lap = |k: usize| -> Result<()> {
-            if let Some(us) = timing.as_deref_mut() {
-                s.synchronize()?;
-                us[k] = t0.elapsed().as_secs_f64() * 1e6;
-                t0 = std::time::Instant::now();
-            }
-            Ok(())
-        };
+        let mut laps = Laps::start(s, timing)?;
         // 1. Chunk offsets per span.
         let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: arguments match `gdn_chunk_prep`; `spans` holds n_spans rows,
@@ -224,8 +279,37 @@ impl CudaKernels {
         unsafe {
             launch!(self, GDN_CHUNK, "gdn_chunk_prep", cfg, [psp, poff, ns32, t32, slots32, nbuf32, ml32, cap32])
         }?;
-        lap(0)?;
+        laps.lap(s)?;
         let chunk_grid = (mc32, hv32, ns32);
+
+        // tc3's wu loads q / k rows as float4: qkv must be 16-byte aligned (else the tc form).
+        if let Some(m) = tc3.filter(|_| pq % 16 == 0) {
+            let (pb, _gb) = beta.device_ptr(s);
+            let (pst, _gst) = state.device_ptr_mut(s);
+            let (pout, _gout) = out.device_ptr_mut(s);
+            let call = Tc3Call {
+                qkv: pq,
+                g: pg,
+                beta: pb,
+                spans: psp,
+                off: poff,
+                state: pst,
+                out: pout,
+                cap,
+                t: t32,
+                n_spans: ns32,
+                max_chunks: mc32,
+                hk: hk32,
+                hv: hv32,
+                dk,
+                dv: dv32,
+                nbuf: nbuf32,
+                q_scale,
+            };
+            self.gdn_tc3::<T>(m, &call, &mut laps)?;
+            laps.finish()?;
+            return Ok(form_name);
+        }
 
         if let Some(TcSmem { wu: smem_wu, state: smem_tstate, out: smem_tout }) = tc {
             // SAFETY (all six): every element the kernels read is written first, on this
@@ -239,7 +323,12 @@ impl CudaKernels {
             let mut hb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, dk, dv])?) }?;
             let name = |k: &str| format!("gdn_chunk_tc_{k}_d{dk}_{}", T::NAME);
             let f_wu = self.function_smem(&GDN_CHUNK, &name("wu"), smem_wu)?;
-            let f_state = self.function_smem(&GDN_CHUNK, &name("state"), smem_tstate)?;
+            let f_state = match tc2 {
+                Some((nw, smem)) => {
+                    self.function_smem(&GDN_CHUNK, &format!("gdn_chunk_tc2_state_d{dk}_{}_w{nw}", T::NAME), smem)?
+                }
+                None => self.function_smem(&GDN_CHUNK, &name("state"), smem_tstate)?,
+            };
             let f_out = self.function_smem(&GDN_CHUNK, &name("out"), smem_tout)?;
             let (pwn, _gwn) = wn.device_ptr_mut(s);
             let (pkb, _gkb) = kb.device_ptr_mut(s);
@@ -259,15 +348,25 @@ impl CudaKernels {
             unsafe {
                 launch_fn!(self, f_wu, cfg, [pq, pg, ptr(beta), psp, poff, pwn, pkb, puf, pgl, hk32, hv32, dv32])
             }?;
-            lap(1)?;
-            // 3. The state, chunk after chunk, 32 columns a block; Vn and the chunk-start states.
-            let cfg = LaunchConfig {
-                grid_dim: (dv32 / 32, hv32, ns32),
-                block_dim: block,
-                shared_mem_bytes: u32_of("smem", smem_tstate)?,
+            laps.lap(s)?;
+            // 3. The state, chunk after chunk, 32 columns a block (tc2: 16 per warp, 1, 2 or
+            // 4 warps); Vn and the chunk-start states.
+            let cfg = match tc2 {
+                Some((nw, smem)) => LaunchConfig {
+                    grid_dim: (u32_of("column blocks", dv / (16 * nw))?, hv32, ns32),
+                    block_dim: (u32_of("threads", 32 * nw)?, 1, 1),
+                    shared_mem_bytes: u32_of("smem", smem)?,
+                },
+                None => LaunchConfig {
+                    grid_dim: (dv32 / 32, hv32, ns32),
+                    block_dim: block,
+                    shared_mem_bytes: u32_of("smem", smem_tstate)?,
+                },
             };
-            // SAFETY: arguments match `gdn_chunk_tc_state_d<dk>_<T>`; dv % 32 == 0; the shared
-            // memory size is the kernel's layout; slot / src_buf of a valid span are in range.
+            // SAFETY: arguments match `gdn_chunk_tc_state_d<dk>_<T>` and
+            // `gdn_chunk_tc2_state_d<dk>_<T>_w<nw>` alike; dv % 32 == 0 (tc2: dv % (16·nw) == 0,
+            // tc2_state_smem); the shared memory size is the kernel's layout; slot / src_buf of a
+            // valid span are in range.
             // Kernel: `gdn_chunk_tc_state_d<DK>_<T>(float* state, const u32* spans, const u32* off, const T* wn,
             // const T* kb, const float* uf, const float* gl, T* vb, T* hb, u32 hv, u32 dv, u32 nbuf)`.
             unsafe {
@@ -278,7 +377,7 @@ impl CudaKernels {
                     [ptr_mut(state), psp, poff, pwn, pkb, puf, pgl, pvb, phb, hv32, dv32, nbuf32]
                 )
             }?;
-            lap(2)?;
+            laps.lap(s)?;
             // 4. Outputs per (chunk, value head).
             let cfg =
                 LaunchConfig { grid_dim: chunk_grid, block_dim: block, shared_mem_bytes: u32_of("smem", smem_tout)? };
@@ -294,8 +393,9 @@ impl CudaKernels {
                     [pq, pg, psp, poff, pvb, phb, ptr_mut(out), t32, hk32, hv32, dv32, q_scale]
                 )
             }?;
-            lap(3)?;
-            return Ok(GDN_FORMS[0]);
+            laps.lap(s)?;
+            laps.finish()?;
+            return Ok(if tc2.is_some() { GDN_FORMS[3] } else { GDN_FORMS[0] });
         }
 
         // SAFETY (all five): every element the kernels read is written first, on this
@@ -333,7 +433,7 @@ impl CudaKernels {
             )
         }?;
 
-        lap(1)?;
+        laps.lap(s)?;
         // 3. The state, chunk after chunk; Vn in place of U.
         let cfg = LaunchConfig {
             grid_dim: (u32_of("column blocks", dv.div_ceil(32))?, hv32, ns32),
@@ -354,7 +454,7 @@ impl CudaKernels {
             )
         }?;
 
-        lap(2)?;
+        laps.lap(s)?;
         // 4. Outputs per (chunk, value head).
         let cfg = LaunchConfig {
             grid_dim: chunk_grid,
@@ -374,9 +474,61 @@ impl CudaKernels {
                 [pq, pg, psp, poff, put, phs, ptr_mut(out), t32, hk32, hv32, dk32, dv32, q_scale]
             )
         }?;
-        lap(3)?;
+        laps.lap(s)?;
+        laps.finish()?;
         Ok(GDN_FORMS[1])
     }
+}
+
+/// CUDA events around the launches of one call (timing only): [`Laps::lap`] after each
+/// launch, [`Laps::finish`] waits for the last and writes the GPU time between consecutive
+/// events, µs, to the caller's array.
+struct Laps<'a> {
+    out: Option<&'a mut [f64; 4]>,
+    events: Vec<cudarc::driver::CudaEvent>,
+}
+
+impl<'a> Laps<'a> {
+    fn flags() -> Option<cudarc::driver::sys::CUevent_flags> {
+        Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)
+    }
+
+    /// Records the start event when `out` is given.
+    fn start(s: &cudarc::driver::CudaStream, out: Option<&'a mut [f64; 4]>) -> Result<Self> {
+        let mut events = Vec::new();
+        if out.is_some() {
+            events.push(s.record_event(Self::flags())?);
+        }
+        Ok(Laps { out, events })
+    }
+
+    /// Records the end of the launch just queued (timing only).
+    fn lap(&mut self, s: &cudarc::driver::CudaStream) -> Result<()> {
+        if self.out.is_some() {
+            self.events.push(s.record_event(Self::flags())?);
+        }
+        Ok(())
+    }
+
+    /// Waits for the events and writes the times (timing only).
+    fn finish(self) -> Result<()> {
+        if let Some(us) = self.out {
+            for (k, pair) in self.events.windows(2).enumerate().take(4) {
+                us[k] = f64::from(pair[0].elapsed_ms(&pair[1])?) * 1e3;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Warps per block and dynamic shared memory (bytes; `GT2_STATE_SMEM` in gdn_chunk_tc2.cu:
+/// 3 stages of −W, K̃ (T [64][dk + 8]) and U (f32 [64][16·nw + 4])) of the tc2 state sweep
+/// for `nw` warps asked for (4 falls back to 2 where dv % 64 != 0), or `None` where it does
+/// not fit the device's shared memory. The dims are those [`tc_smem`] accepts.
+fn tc2_state_smem(dk: usize, dv: usize, nw: usize, caps: DeviceCaps) -> Option<(usize, usize)> {
+    let nw = if dv.is_multiple_of(16 * nw) { nw } else { 2 };
+    let smem = 3 * (4 * GC_C * (dk + 8) + 4 * GC_C * (16 * nw + 4));
+    (smem + TC_STATIC_SMEM <= caps.smem_limit()).then_some((nw, smem))
 }
 
 /// Dynamic shared memory of the tensor-core kernels, bytes.
@@ -444,11 +596,42 @@ mod tests {
 
     #[test]
     fn env_knob_parses() {
-        assert!(!f32_forced_from(None));
-        assert!(f32_forced_from(Some("f32".into())));
-        assert!(f32_forced_from(Some(" F32 ".into())));
-        assert!(!f32_forced_from(Some("tc".into())));
-        assert!(!f32_forced_from(Some("bogus".into()))); // warns once, default
+        assert_eq!(form_from(None), GdnChunkForm::Tc);
+        assert_eq!(form_from(Some("f32".into())), GdnChunkForm::F32);
+        assert_eq!(form_from(Some(" F32 ".into())), GdnChunkForm::F32);
+        assert_eq!(form_from(Some("tc".into())), GdnChunkForm::Tc);
+        assert_eq!(form_from(Some("TC2".into())), GdnChunkForm::Tc2);
+        assert_eq!(form_from(Some("tc3".into())), GdnChunkForm::Tc3);
+        assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc); // warns once, default
+        assert_eq!(tc2_warps_from(None), 2);
+        assert_eq!(tc2_warps_from(Some("16".into())), 1);
+        assert_eq!(tc2_warps_from(Some("64".into())), 4);
+        assert_eq!(tc2_warps_from(Some("48".into())), 2); // warns once, default
+    }
+
+    #[test]
+    fn tc2_state_smem_layout() {
+        let h200 = caps(9, 227 * 1024, false);
+        // 80B dims: 3 × (2 · 64 · 136 · 2 + 64 · 36 · 4) = 132 096 bytes.
+        assert_eq!(tc2_state_smem(128, 128, 2, h200), Some((2, 132_096)));
+        assert_eq!(tc2_state_smem(128, 128, 4, h200), Some((4, 3 * (34_816 + 64 * 68 * 4))));
+        assert_eq!(tc2_state_smem(128, 32, 4, h200).map(|x| x.0), Some(2)); // dv % 64 != 0
+        assert_eq!(tc2_state_smem(64, 64, 1, h200).map(|x| x.0), Some(1));
+        assert_eq!(tc2_state_smem(128, 128, 2, caps(8, 99 * 1024, false)), None);
+        assert_eq!(3 * tc3::tc2_stage_bytes(128, 2, false), 132_096);
+    }
+
+    #[test]
+    fn tc3_smem_layout() {
+        let h200 = caps(9, 227 * 1024, false);
+        // 80B dims: wu as gdn_chunk_tc_wu's; the state 3 × (3 · 17 408 + 9 216 + 9 216).
+        let m = tc3_smem(128, 128, 2, h200).expect("fits an H200");
+        assert_eq!((m.wu, m.nw, m.state), (70_656, 2, 211_968));
+        // 4 warps (U [64][68] f32) do not fit three stages: 2.
+        assert_eq!(tc3_smem(128, 128, 4, h200).map(|m| m.nw), Some(2));
+        assert_eq!(tc3_smem(64, 64, 4, h200).map(|m| m.nw), Some(4));
+        assert_eq!(tc3_smem(128, 128, 2, caps(8, 163 * 1024, false)).map(|m| m.nw), None); // A100: 207 KiB
+        assert_eq!(tc3_smem(64, 64, 2, caps(8, 163 * 1024, false)).map(|m| m.nw), Some(2));
     }
 
     #[test]

@@ -93,6 +93,7 @@ pub use attention::{
 pub use compile::*;
 pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, FP8_BLOCK, FP8_GEMV_ENV};
 pub use gdn::GDN_MAX_DK;
+pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV};
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use moe::MoeSharedDev;

@@ -1,0 +1,147 @@
+//! The `tc3` form of [`CudaKernels::gdn_chunked_seq`] (`PORTER_GDN_CHUNK=tc3`): two launches
+//! after the chunk offsets instead of three, kernels/cuda/gdn_chunk_tc2.cu.
+//!
+//! - `gdn_chunk_tc3_wu_d<dk>_<T>`: per (chunk, value head) −W, K̃, U, exp(G_last) as
+//!   `gdn_chunk_tc_wu`, plus the state-free half of the outputs, Qg = Q ⊙ e^G and
+//!   Pb = tril(Q Kᵀ ⊙ Γ) (rounded to T);
+//! - `gdn_chunk_tc3_state_d<dk>_<T>_w<nw>`: the state sweep on mma.sync with the state in
+//!   registers, which also writes the outputs O = Qg S + Pb Vn chunk by chunk, so that the
+//!   chunk-start states (hb, 67 MB at 4096 tokens) and Vn never go through memory and
+//!   `gdn_chunk_tc_out` does not run.
+
+use super::super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK};
+use super::{Laps, GC_C, GC_THREADS, TC_STATIC_SMEM};
+use cudarc::driver::{DevicePtrMut, LaunchConfig};
+
+/// Shared memory and warps per block of the tc3 kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Tc3Smem {
+    /// Dynamic shared memory of the wu launch, bytes (`GT3_WU_SMEM`).
+    pub wu: usize,
+    /// Warps per block of the state launch (16 state columns each).
+    pub nw: usize,
+    /// Dynamic shared memory of the state launch, bytes (3 × `Gt2Stage<dk, nw, true>::BYTES`).
+    pub state: usize,
+}
+
+/// Bytes of one pipeline stage of the tc2 (`fuse` false) / tc3 (`fuse` true) state sweep
+/// (`Gt2Stage` in gdn_chunk_tc2.cu): −W, K̃ (T [64][dk + 8]), U (f32 [64][16·nw + 4]) and,
+/// fused, Qg (T [64][dk + 8]) and Pb (T [64][72]).
+pub(super) fn tc2_stage_bytes(dk: usize, nw: usize, fuse: bool) -> usize {
+    let kb = 2 * GC_C * (dk + 8);
+    2 * kb + 4 * GC_C * (16 * nw + 4) + if fuse { kb + 2 * GC_C * 72 } else { 0 }
+}
+
+/// The tc3 kernels' shared memory for head dims `dk`, `dv` (dims the tensor-core form takes)
+/// with `nw` warps asked for per state block: the first of `nw`, 2, 1 that divides dv into
+/// 16-column warps and fits the device (3 stages), or `None`.
+pub(super) fn tc3_smem(dk: usize, dv: usize, nw: usize, caps: DeviceCaps) -> Option<Tc3Smem> {
+    let limit = caps.smem_limit().checked_sub(TC_STATIC_SMEM)?;
+    let wu = 2 * GC_C * (dk + 8) + 2 * GC_C * (dk.max(dv) + 8) + 4 * GC_C * 68 + 4 * GC_C * 72;
+    if wu > limit {
+        return None;
+    }
+    [nw, 2, 1].into_iter().find_map(|nw| {
+        let state = 3 * tc2_stage_bytes(dk, nw, true);
+        (dv.is_multiple_of(16 * nw) && state <= limit).then_some(Tc3Smem { wu, nw, state })
+    })
+}
+
+/// Device addresses and dims of one tc3 call (validated by the caller).
+pub(super) struct Tc3Call {
+    pub qkv: u64,
+    pub g: u64,
+    pub beta: u64,
+    pub spans: u64,
+    pub off: u64,
+    pub state: u64,
+    pub out: u64,
+    /// Scratch chunks (`cap` of [`CudaKernels::gdn_chunked_seq`]).
+    pub cap: usize,
+    pub t: u32,
+    pub n_spans: u32,
+    /// Largest chunk count of a span (`⌈max_len / 64⌉`).
+    pub max_chunks: u32,
+    pub hk: u32,
+    pub hv: u32,
+    pub dk: usize,
+    pub dv: u32,
+    pub nbuf: u32,
+    pub q_scale: f32,
+}
+
+impl CudaKernels {
+    /// Queues the tc3 wu and state launches (after `gdn_chunk_prep`), laps after each (the
+    /// out lap is empty).
+    ///
+    /// # Shapes
+    /// As [`CudaKernels::gdn_chunked_seq`]; scratch from the stream's pool: wn, kb, qg
+    /// `[cap, hv, 64, dk]` (T), uf `[cap, hv, 64, dv]` (f32), pb `[cap, hv, 64, 64]` (T),
+    /// gl `[cap, hv]` (f32).
+    ///
+    /// # Errors
+    /// Driver errors (allocation, compilation, launch).
+    pub(super) fn gdn_tc3<T: CudaFloat>(&self, m: Tc3Smem, a: &Tc3Call, laps: &mut Laps) -> Result<()> {
+        let (cap, hv, dk, dv) = (a.cap, a.hv as usize, a.dk, a.dv as usize);
+        // SAFETY (all six): every element the kernels read is written first, on this stream,
+        // by gdn_chunk_tc3_wu for every chunk of a valid span (rows past a chunk's length as
+        // zeros); the state launch reads only chunks of valid spans.
+        let mut wn = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, dk])?) }?;
+        let mut kb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, dk])?) }?;
+        let mut qg = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, dk])?) }?;
+        let mut pb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, GC_C])?) }?;
+        let mut uf = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, GC_C, dv])?) }?;
+        let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
+        let f_wu = self.function_smem(&GDN_CHUNK, &format!("gdn_chunk_tc3_wu_d{dk}_{}", T::NAME), m.wu)?;
+        let f_state =
+            self.function_smem(&GDN_CHUNK, &format!("gdn_chunk_tc3_state_d{dk}_{}_w{}", T::NAME, m.nw), m.state)?;
+        let s = &*self.stream;
+        let (pwn, _gwn) = wn.device_ptr_mut(s);
+        let (pkb, _gkb) = kb.device_ptr_mut(s);
+        let (pqg, _gqg) = qg.device_ptr_mut(s);
+        let (ppb, _gpb) = pb.device_ptr_mut(s);
+        let (puf, _guf) = uf.device_ptr_mut(s);
+        let (pgl, _ggl) = gl.device_ptr_mut(s);
+        let cfg = LaunchConfig {
+            grid_dim: (a.max_chunks, a.hv, a.n_spans),
+            block_dim: (GC_THREADS, 1, 1),
+            shared_mem_bytes: u32_of("smem", m.wu)?,
+        };
+        // SAFETY: arguments match `gdn_chunk_tc3_wu_d<dk>_<T>`; dk is 64 or 128 and dv a
+        // multiple of 32 (tc_smem); the shared memory size is the kernel's layout; a valid span
+        // (per `off`) has rows inside 0..t and scratch indices below cap.
+        // Kernel: `gdn_chunk_tc3_wu_d<DK>_<T>(const float* qkv, const float* g, const float* beta,
+        // const u32* spans, const u32* off, T* wn, T* kb, float* uf, float* gl, T* qg, T* pb, u32 hk,
+        // u32 hv, u32 dv, float q_scale)`.
+        unsafe {
+            launch_fn!(
+                self,
+                f_wu,
+                cfg,
+                [a.qkv, a.g, a.beta, a.spans, a.off, pwn, pkb, puf, pgl, pqg, ppb, a.hk, a.hv, a.dv, a.q_scale]
+            )
+        }?;
+        laps.lap(s)?;
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("column blocks", dv / (16 * m.nw))?, a.hv, a.n_spans),
+            block_dim: (u32_of("threads", 32 * m.nw)?, 1, 1),
+            shared_mem_bytes: u32_of("smem", m.state)?,
+        };
+        // SAFETY: arguments match `gdn_chunk_tc3_state_d<dk>_<T>_w<nw>`; dv % (16·nw) == 0
+        // (tc3_smem); the shared memory size is the kernel's layout; slot / src_buf of a valid
+        // span are in range; rows of valid spans lie inside 0..t, NaN rows are clipped to t.
+        // Kernel: `gdn_chunk_tc3_state_d<DK>_<T>_w<NW>(float* state, const u32* spans, const u32* off,
+        // const T* wn, const T* kb, const float* uf, const float* gl, const T* qg, const T* pb, T* out,
+        // u32 t, u32 mc, u32 hv, u32 dv, u32 nbuf)`.
+        unsafe {
+            launch_fn!(
+                self,
+                f_state,
+                cfg,
+                [a.state, a.spans, a.off, pwn, pkb, puf, pgl, pqg, ppb, a.out, a.t, a.max_chunks, a.hv, a.dv, a.nbuf]
+            )
+        }?;
+        laps.lap(s)?;
+        laps.lap(s)
+    }
+}
