@@ -88,7 +88,7 @@ mod ops;
 
 pub use attention::{AttnMode, AttnTc, ATTN_MAX_HEAD_DIM, ATTN_TC_DEFAULT, ATTN_TC_ENV, PAD_SLOT};
 pub use compile::*;
-pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, FP8_BLOCK, FP8_GEMV_ENV};
+pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, Fp8MoeDec, FP8_BLOCK, FP8_GEMV_ENV, FP8_MOE_DEC_ENV};
 pub use gdn::GDN_MAX_DK;
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
