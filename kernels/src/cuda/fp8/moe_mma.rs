@@ -4,15 +4,17 @@
 //! sm_80+. Chosen over the GEMV form by [`FP8_MOE_DEC_ENV`] (default: the GEMV form).
 
 use super::super::moe::{align256, vec_ok, ALIGN_THREADS};
-use super::super::moe_decode::check_dims;
+use super::super::moe_decode::{check_dims, DIRECT_MAX_PAIRS};
 use super::super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, KernelArg, Result, FP8};
 use super::Fp8Dev;
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Environment variable choosing the FP8 routed experts' decode form: `gemv` (default: the
-/// moe_decode.cu GEMVs with the FP8 row reader) or `mma` (tensor cores,
-/// [`CudaKernels::moe_experts_fp8_mma`], where [`CudaKernels::moe_fp8_mma_fits`]). Read once
-/// per process; another value warns once on stderr and means `gemv`.
+/// moe_decode.cu GEMVs with the FP8 row reader), `mma` (tensor cores,
+/// [`CudaKernels::moe_experts_fp8_mma`], where [`CudaKernels::moe_fp8_mma_fits`], beyond
+/// [`super::super::moe_decode::DIRECT_MAX_PAIRS`] pairs; the GEMV direct form up to it) or
+/// `mma-all` (the tensor-core form at every batch). Read once per process; another value
+/// warns once on stderr and means `gemv`.
 pub const FP8_MOE_DEC_ENV: &str = "PORTER_FP8_MOE_DEC";
 
 /// The FP8 routed experts' decode form ([`FP8_MOE_DEC_ENV`]).
@@ -20,8 +22,11 @@ pub const FP8_MOE_DEC_ENV: &str = "PORTER_FP8_MOE_DEC";
 pub enum Fp8MoeDec {
     /// The GEMV form (CUDA cores; batch-invariant).
     Gemv,
-    /// The tensor-core form (swap-AB mma.sync; not batch-invariant).
+    /// The tensor-core form (swap-AB mma.sync; not batch-invariant) beyond
+    /// [`super::super::moe_decode::DIRECT_MAX_PAIRS`] pairs, the GEMV form up to it.
     Mma,
+    /// The tensor-core form at every batch.
+    MmaAll,
 }
 
 impl Fp8MoeDec {
@@ -30,6 +35,7 @@ impl Fp8MoeDec {
         match v.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
             None | Some("") | Some("gemv") => Ok(Self::Gemv),
             Some("mma") => Ok(Self::Mma),
+            Some("mma-all") => Ok(Self::MmaAll),
             Some(_) => Err(v.unwrap_or_default().to_string()),
         }
     }
@@ -40,10 +46,19 @@ impl Fp8MoeDec {
         *FORM.get_or_init(|| {
             let v = std::env::var(FP8_MOE_DEC_ENV).ok();
             Self::parse(v.as_deref()).unwrap_or_else(|bad| {
-                eprintln!("warning: {FP8_MOE_DEC_ENV}={bad:?} is not gemv or mma; using gemv");
+                eprintln!("warning: {FP8_MOE_DEC_ENV}={bad:?} is not gemv, mma or mma-all; using gemv");
                 Self::Gemv
             })
         })
+    }
+
+    /// Whether this form runs the tensor-core kernels for `pairs` (row, expert) pairs.
+    pub fn mma_at(self, pairs: usize) -> bool {
+        match self {
+            Self::Gemv => false,
+            Self::Mma => pairs > DIRECT_MAX_PAIRS,
+            Self::MmaAll => true,
+        }
     }
 }
 
@@ -226,5 +241,8 @@ mod tests {
         assert_eq!(Fp8MoeDec::parse(Some(" MMA ")), Ok(Fp8MoeDec::Mma));
         assert_eq!(Fp8MoeDec::parse(Some("gemv")), Ok(Fp8MoeDec::Gemv));
         assert!(Fp8MoeDec::parse(Some("wgmma")).is_err());
+        assert_eq!(Fp8MoeDec::parse(Some("mma-all")), Ok(Fp8MoeDec::MmaAll));
+        assert!(!Fp8MoeDec::Mma.mma_at(40) && Fp8MoeDec::Mma.mma_at(41) && Fp8MoeDec::MmaAll.mma_at(1));
+        assert!(!Fp8MoeDec::Gemv.mma_at(640));
     }
 }
