@@ -441,8 +441,19 @@ fn moe_mma_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], 
     let got = down(k, &out);
     let e_mma = check(&what, &got, &want, tol::<T>());
     let mut gemv = poisoned::<f32>(k, t * h);
-    k.moe_experts_fp8_with::<T>(&xd, &id, &wd, gs.dev(), us.dev(), dstk.dev(), &mut gemv, dims, MoeGemv::V1, MOE_PHASES_ALL)
-        .unwrap();
+    k.moe_experts_fp8_with::<T>(
+        &xd,
+        &id,
+        &wd,
+        gs.dev(),
+        us.dev(),
+        dstk.dev(),
+        &mut gemv,
+        dims,
+        MoeGemv::V1,
+        MOE_PHASES_ALL,
+    )
+    .unwrap();
     let e_gemv = check(&format!("{what} (gemv v1)"), &down(k, &gemv), &want, tol::<T>());
     println!("  {what}: max error {e_mma:.2e} (gemv {e_gemv:.2e}) of max |ref|");
 }
@@ -489,7 +500,8 @@ fn moe_fp8_mma_speed() {
     let mut rng = Rng::new(86);
     let (e, h, i, kk, bank) = (512usize, 2048usize, 512usize, 10usize, 16usize);
     let t0 = Instant::now();
-    let (g, u, d) = (W8::new(&k, &mut rng, bank * i, h), W8::new(&k, &mut rng, bank * i, h), W8::new(&k, &mut rng, bank * h, i));
+    let (g, u, d) =
+        (W8::new(&k, &mut rng, bank * i, h), W8::new(&k, &mut rng, bank * i, h), W8::new(&k, &mut rng, bank * h, i));
     let (gs, us, dstk) = (stack(&k, &g, e, bank), stack(&k, &u, e, bank), stack(&k, &d, e, bank));
     println!("  weights ready in {:.1} s", t0.elapsed().as_secs_f64());
     for t in [1usize, 8, 32, 64] {
@@ -518,10 +530,28 @@ fn moe_fp8_mma_speed() {
                 match form {
                     "mma" => k.moe_experts_fp8_mma::<bf16>(&xd, r, &wd, gs.dev(), us.dev(), dstk.dev(), &mut out, dims),
                     "direct" => k.moe_experts_fp8_with::<bf16>(
-                        &xd, r, &wd, gs.dev(), us.dev(), dstk.dev(), &mut out, dims, MoeGemv::Direct, MOE_PHASES_ALL,
+                        &xd,
+                        r,
+                        &wd,
+                        gs.dev(),
+                        us.dev(),
+                        dstk.dev(),
+                        &mut out,
+                        dims,
+                        MoeGemv::Direct,
+                        MOE_PHASES_ALL,
                     ),
                     _ => k.moe_experts_fp8_with::<bf16>(
-                        &xd, r, &wd, gs.dev(), us.dev(), dstk.dev(), &mut out, dims, MoeGemv::V1, MOE_PHASES_ALL,
+                        &xd,
+                        r,
+                        &wd,
+                        gs.dev(),
+                        us.dev(),
+                        dstk.dev(),
+                        &mut out,
+                        dims,
+                        MoeGemv::V1,
+                        MOE_PHASES_ALL,
                     ),
                 }
                 .unwrap()

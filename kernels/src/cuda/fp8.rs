@@ -374,7 +374,9 @@ impl CudaKernels {
         out: &mut impl DevicePtrMut<f32>,
         dims: [usize; 5],
     ) -> Result<()> {
-        if Fp8MoeDec::of_process().mma_at(dims[0].saturating_mul(dims[1])) && self.moe_fp8_mma_fits::<T>(dims[3], dims[4]) {
+        if Fp8MoeDec::of_process().mma_at(dims[0].saturating_mul(dims[1]))
+            && self.moe_fp8_mma_fits::<T>(dims[3], dims[4])
+        {
             return self.moe_experts_fp8_mma(x, idx, w, gate, up, down, out, dims);
         }
         self.moe_experts_fp8_with(x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL)

@@ -218,8 +218,11 @@ impl CudaKernels {
         let vec8 = hidden.is_multiple_of(8) && k <= COMBINE_K && po.is_multiple_of(16);
         let items = if vec8 { total / 8 } else { total };
         let total64 = items as u64;
-        let cfg =
-            LaunchConfig { grid_dim: (grid_for(items, COMBINE_THREADS), 1, 1), block_dim: (COMBINE_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(items, COMBINE_THREADS), 1, 1),
+            block_dim: (COMBINE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let name = format!("moe_combine{}_{}", if vec8 { "8" } else { "" }, T::NAME);
         let args: [&dyn KernelArg; 8] = [&p_o, &pi, &pw, &po, &total64, &h32, &k32, &e32];
         // SAFETY: arguments match `moe_combine[8]_<T>(const T* o, const u32* idx, const float* w,
