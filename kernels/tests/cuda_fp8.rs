@@ -16,6 +16,7 @@ use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::fp8::{matmul_t_fp8, quantize_blocks, BLOCK};
 use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8Dev, Fp8GemvConv, Fp8GemvForm, MoeGemv, MOE_PHASES_ALL};
+use std::time::Instant;
 
 #[test]
 #[ignore = "needs NVRTC (bash .ci/run installs it)"]
@@ -414,4 +415,150 @@ fn moe_fp8_bf16() {
 #[ignore = "needs a CUDA GPU"]
 fn moe_fp8_f16() {
     moe_all::<f16>("moe_fp8_f16");
+}
+
+// ---------------------------------------------------------------------------
+// The tensor-core decode form of the FP8 routed experts (fp8_moe_mma.cu, PORTER_FP8_MOE_DEC=mma).
+// ---------------------------------------------------------------------------
+
+/// The tensor-core form against the CPU reference with `moe_case`'s tolerance, and beside the
+/// GEMV form (v1) within the same tolerance of the reference (not the same bits: another
+/// summation order). `hot`: every row routed to experts 0..k (all pairs on k experts, so
+/// each expert has t rows: several n8 passes).
+fn moe_mma_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank: usize, hot: bool) {
+    let [t, kk, e, h, i] = dims;
+    let (g, u, d) = (W8::new(k, rng, bank * i, h), W8::new(k, rng, bank * i, h), W8::new(k, rng, bank * h, i));
+    let (gs, us, dstk) = (stack(k, &g, e, bank), stack(k, &u, e, bank), stack(k, &d, e, bank));
+    let x = rnd_vec::<T>(&rng.vec(t * h, 1.0));
+    let idx = if hot { (0..t).flat_map(|_| (0..kk as u32).rev()).collect() } else { routes(rng, t, kk, e) };
+    let wt: Vec<f32> = (0..t * kk).map(|_| rng.f(0.5) + 0.5).collect();
+    let want = moe_ref::<T>(&x, &idx, &wt, &g.dense::<T>(), &u.dense::<T>(), &d.dense::<T>(), dims, bank);
+    let (xd, id, wd) = (up::<T>(k, &x), up_u32(k, &idx), up::<f32>(k, &wt));
+    let what = format!("moe_experts_fp8_mma {} t={t} k={kk} e={e} h={h} i={i} hot={hot}", T::NAME);
+    assert!(k.moe_fp8_mma_fits::<T>(h, i), "{what}: does not fit");
+    let mut out = poisoned::<f32>(k, t * h);
+    k.moe_experts_fp8_mma::<T>(&xd, &id, &wd, gs.dev(), us.dev(), dstk.dev(), &mut out, dims).unwrap();
+    let got = down(k, &out);
+    let e_mma = check(&what, &got, &want, tol::<T>());
+    let mut gemv = poisoned::<f32>(k, t * h);
+    k.moe_experts_fp8_with::<T>(
+        &xd,
+        &id,
+        &wd,
+        gs.dev(),
+        us.dev(),
+        dstk.dev(),
+        &mut gemv,
+        dims,
+        MoeGemv::V1,
+        MOE_PHASES_ALL,
+    )
+    .unwrap();
+    let e_gemv = check(&format!("{what} (gemv v1)"), &down(k, &gemv), &want, tol::<T>());
+    println!("  {what}: max error {e_mma:.2e} (gemv {e_gemv:.2e}) of max |ref|");
+}
+
+fn moe_mma_all<T: CudaFloat>(test: &str) {
+    let k = gpu(test);
+    let mut rng = Rng::new(85);
+    // Small odd shapes: partial row blocks (inter 144 = 2 · 64 + 16, hidden 208 = 128 + 80),
+    // partial k blocks (down K = 144, gate / up K = 208), experts without rows.
+    moe_mma_case::<T>(&k, &mut rng, [3, 2, 8, 256, 144], 8, false);
+    moe_mma_case::<T>(&k, &mut rng, [5, 3, 6, 208, 80], 6, false);
+    moe_mma_case::<T>(&k, &mut rng, [7, 4, 16, 384, 256], 16, false);
+    // Hot experts: 40 rows on each of 4 experts (5 passes of 8 rows), and 100 on 10.
+    moe_mma_case::<T>(&k, &mut rng, [40, 4, 16, 384, 256], 16, true);
+    moe_mma_case::<T>(&k, &mut rng, [100, 10, 512, 2048, 512], 16, true);
+    for t in [1, 2, 7, 8, 32, 64, 100] {
+        moe_mma_case::<T>(&k, &mut rng, [t, 10, 512, 2048, 512], 16, false);
+    }
+    // f32 activations stay on the GEMV form.
+    assert!(!k.moe_fp8_mma_fits::<f32>(2048, 512));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_fp8_mma_bf16() {
+    moe_mma_all::<bf16>("moe_fp8_mma_bf16");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_fp8_mma_f16() {
+    moe_mma_all::<f16>("moe_fp8_mma_f16");
+}
+
+/// Speed of the tensor-core form beside the GEMV forms (direct, v1) at the 80B shapes (bf16,
+/// hidden 2048, inter 512, top-10 of 512 experts, all 512 distinct in memory: 1.6 GB, beyond
+/// L2), t = 1, 8, 32, 64: µs per call over 16 rotating random route sets (CUDA events, 50
+/// calls) and TB/s of the FP8 weight bytes the routed experts touch (3 · 2048 · 512 a routed
+/// expert; the scales add 1/16 KiB).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_fp8_mma_speed() {
+    let k = gpu("moe_fp8_mma_speed");
+    let mut rng = Rng::new(86);
+    let (e, h, i, kk, bank) = (512usize, 2048usize, 512usize, 10usize, 16usize);
+    let t0 = Instant::now();
+    let (g, u, d) =
+        (W8::new(&k, &mut rng, bank * i, h), W8::new(&k, &mut rng, bank * i, h), W8::new(&k, &mut rng, bank * h, i));
+    let (gs, us, dstk) = (stack(&k, &g, e, bank), stack(&k, &u, e, bank), stack(&k, &d, e, bank));
+    println!("  weights ready in {:.1} s", t0.elapsed().as_secs_f64());
+    for t in [1usize, 8, 32, 64] {
+        let dims = [t, kk, e, h, i];
+        let x = rnd_vec::<bf16>(&rng.vec(t * h, 1.0));
+        let xd = up::<bf16>(&k, &x);
+        let wd = up::<f32>(&k, &(0..t * kk).map(|_| rng.f(0.5) + 0.5).collect::<Vec<_>>());
+        let sets: Vec<Vec<u32>> = (0..16).map(|_| routes(&mut rng, t, kk, e)).collect();
+        let rd: Vec<CudaSlice<u32>> = sets.iter().map(|v| up_u32(&k, v)).collect();
+        let experts = sets
+            .iter()
+            .map(|v| {
+                let mut s = v.clone();
+                s.sort_unstable();
+                s.dedup();
+                s.len()
+            })
+            .sum::<usize>() as f64
+            / sets.len() as f64;
+        let bytes = experts * (3 * h * i) as f64;
+        let mut out = poisoned::<f32>(&k, t * h);
+        let mut line = format!("  t={t:3} ({experts:.1} experts, {:.0} MB):", bytes / 1e6);
+        for form in ["mma", "direct", "v1"] {
+            let us_call = time_us(&k, 50, |it| {
+                let r = &rd[it % rd.len()];
+                match form {
+                    "mma" => k.moe_experts_fp8_mma::<bf16>(&xd, r, &wd, gs.dev(), us.dev(), dstk.dev(), &mut out, dims),
+                    "direct" => k.moe_experts_fp8_with::<bf16>(
+                        &xd,
+                        r,
+                        &wd,
+                        gs.dev(),
+                        us.dev(),
+                        dstk.dev(),
+                        &mut out,
+                        dims,
+                        MoeGemv::Direct,
+                        MOE_PHASES_ALL,
+                    ),
+                    _ => k.moe_experts_fp8_with::<bf16>(
+                        &xd,
+                        r,
+                        &wd,
+                        gs.dev(),
+                        us.dev(),
+                        dstk.dev(),
+                        &mut out,
+                        dims,
+                        MoeGemv::V1,
+                        MOE_PHASES_ALL,
+                    ),
+                }
+                .unwrap()
+            });
+            line += &format!(" {form} {us_call:.1} us {:.2} TB/s |", bytes / us_call / 1e6);
+        }
+        println!("{line}");
+        assert!(down(&k, &out).iter().all(|v| v.is_finite()), "t={t}: non-finite output");
+    }
 }

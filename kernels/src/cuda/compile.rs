@@ -221,7 +221,8 @@ pub(crate) static MISC: KernelSource = KernelSource {
 /// FP8 weights: dequantizing GEMV, dequantize / quantize, the FP8 row reader of the MoE decode
 /// GEMVs (fp8.cu), their direct form with the shared expert fused in (moe_shared.cu's FP8 entry
 /// points), and the FP8 prefill GEMMs (fp8_gemm.cu: tile-dequantizing tensor-core GEMMs,
-/// dense and grouped, activation quantization, e4m3 MMA). Built on the text of moe.cu and
+/// dense and grouped, activation quantization, e4m3 MMA), and the tensor-core decode experts
+/// (fp8_moe_mma.cu). Built on the text of moe.cu and
 /// moe_decode.cu (the grouping, the decode GEMV templates, the vector helpers and the
 /// tensor-core GEMM), compiled as a module of its own.
 pub(crate) static FP8: KernelSource = KernelSource {
@@ -240,7 +241,9 @@ pub(crate) static FP8: KernelSource = KernelSource {
         "\n#define PORTER_FP8_MODULE 1\n#line 1 \"moe_shared.cu\"\n",
         include_str!("../../cuda/moe_shared.cu"),
         "\n#line 1 \"fp8_gemm.cu\"\n",
-        include_str!("../../cuda/fp8_gemm.cu")
+        include_str!("../../cuda/fp8_gemm.cu"),
+        "\n#line 1 \"fp8_moe_mma.cu\"\n",
+        include_str!("../../cuda/fp8_moe_mma.cu")
     ),
 };
 

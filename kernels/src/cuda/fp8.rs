@@ -8,6 +8,10 @@
 //! with the exact `e4m3 · scale` instead (not rounded to `T`: within half an ulp of `T` per
 //! weight of the rounded one; identical for f32).
 
+mod moe_mma;
+
+pub use moe_mma::{Fp8MoeDec, FP8_MOE_DEC_ENV};
+
 use super::moe::vec_ok;
 use super::moe_decode::{check_dims, DecodeCall, MoeGemv, MOE_PHASES_ALL};
 use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, MoeSharedDev, Result, FP8};
@@ -346,7 +350,10 @@ impl CudaKernels {
     /// per-pair arithmetic order and combine (the same kernels, kernels/cuda/moe_decode.cu,
     /// with an FP8 row reader), the weights read as e4m3 bytes and dequantized in registers.
     /// Each (row, expert) pair is computed by one warp in a fixed order whatever `t` is
-    /// (batch-invariant), so it also serves as the FP8 `moe_experts_invariant`.
+    /// (batch-invariant). With [`FP8_MOE_DEC_ENV`] `=mma` (beyond 40 pairs) or `=mma-all`, where
+    /// [`CudaKernels::moe_fp8_mma_fits`], the tensor-core form runs instead
+    /// ([`CudaKernels::moe_experts_fp8_mma`], not batch-invariant: the batch-invariant mode calls
+    /// [`CudaKernels::moe_experts_fp8_with`], always the GEMV form).
     ///
     /// # Shapes
     /// - `x`: `[t, hidden]` (`T`); `idx`, `w`: `[t, k]` from `moe_router`
@@ -367,6 +374,11 @@ impl CudaKernels {
         out: &mut impl DevicePtrMut<f32>,
         dims: [usize; 5],
     ) -> Result<()> {
+        if Fp8MoeDec::of_process().mma_at(dims[0].saturating_mul(dims[1]))
+            && self.moe_fp8_mma_fits::<T>(dims[3], dims[4])
+        {
+            return self.moe_experts_fp8_mma(x, idx, w, gate, up, down, out, dims);
+        }
         self.moe_experts_fp8_with(x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL)
     }
 

@@ -91,7 +91,7 @@ pub use attention::{
     ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_SPLITS_ENV, ATTN_MAX_HEAD_DIM, ATTN_TC_DEFAULT, ATTN_TC_ENV, PAD_SLOT,
 };
 pub use compile::*;
-pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, FP8_BLOCK, FP8_GEMV_ENV};
+pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, Fp8MoeDec, FP8_BLOCK, FP8_GEMV_ENV, FP8_MOE_DEC_ENV};
 pub use gdn::GDN_MAX_DK;
 pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV};
 pub use kv_quant::QuantPools;

@@ -26,7 +26,7 @@ use crate::tensor::dtype::DType;
 use crate::tensor::{Storage, Tensor};
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
-use porter_kernels::cuda::{CudaKernels, GEMV_MAX_ROWS};
+use porter_kernels::cuda::{CudaKernels, MoeGemv, GEMV_MAX_ROWS, MOE_PHASES_ALL};
 
 /// Environment variable choosing the FP8 prefill GEMM ([`Fp8Gemm`]): `dequant`, `tc` or
 /// `mma8`; unset or empty: [`DENSE_DEFAULT`] (or [`Fp8Gemm::Tc`] up to [`DENSE_TC_MAX_ROWS`]
@@ -240,7 +240,16 @@ pub fn moe_experts(
                 .moe_experts_fp8_shared::<T>(xd, idx, wts, gv, uv, dv, &sd, out, [t, k, e, h, inter])
                 .map_err(cuda_err);
         }
-        if crate::tensor::cuda::batch_invariant(T::DTYPE) || CudaKernels::moe_decode_path(t, k, e) {
+        if crate::tensor::cuda::batch_invariant(T::DTYPE) {
+            // Always the GEMV form (batch-invariant; never the tensor-core decode form).
+            let (gv, uv, dv, dims) = (gate.view(), up.view(), down.view(), [t, k, e, h, inter]);
+            return g
+                .k
+                .moe_experts_fp8_with::<T>(xd, idx, wts, gv, uv, dv, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL)
+                .map_err(cuda_err);
+        }
+        if CudaKernels::moe_decode_path(t, k, e) {
+            // The GEMV form, or the tensor-core one with PORTER_FP8_MOE_DEC=mma.
             return g
                 .k
                 .moe_experts_fp8::<T>(xd, idx, wts, gate.view(), up.view(), down.view(), out, [t, k, e, h, inter])
