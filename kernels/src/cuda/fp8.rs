@@ -350,7 +350,7 @@ impl CudaKernels {
     /// per-pair arithmetic order and combine (the same kernels, kernels/cuda/moe_decode.cu,
     /// with an FP8 row reader), the weights read as e4m3 bytes and dequantized in registers.
     /// Each (row, expert) pair is computed by one warp in a fixed order whatever `t` is
-    /// (batch-invariant). With [`FP8_MOE_DEC_ENV`] `=mma` (beyond 40 pairs) or `=mma-all`, where
+    /// (batch-invariant). With [`FP8_MOE_DEC_ENV`] `=mma` (the default; beyond 40 pairs) or `=mma-all`, where
     /// [`CudaKernels::moe_fp8_mma_fits`], the tensor-core form runs instead
     /// ([`CudaKernels::moe_experts_fp8_mma`], not batch-invariant: the batch-invariant mode calls
     /// [`CudaKernels::moe_experts_fp8_with`], always the GEMV form).

@@ -249,7 +249,7 @@ pub fn moe_experts(
                 .map_err(cuda_err);
         }
         if CudaKernels::moe_decode_path(t, k, e) {
-            // The GEMV form, or the tensor-core one with PORTER_FP8_MOE_DEC=mma.
+            // The tensor-core form beyond the direct GEMV form's pairs (PORTER_FP8_MOE_DEC, default mma), else the GEMVs.
             return g
                 .k
                 .moe_experts_fp8::<T>(xd, idx, wts, gate.view(), up.view(), down.view(), out, [t, k, e, h, inter])
