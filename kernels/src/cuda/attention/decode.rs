@@ -15,7 +15,9 @@ use std::cell::Cell;
 /// every call): `legacy` (the CUDA-core split-K kernels of attention.cu), `mma` (or unset:
 /// the default; the tensor-core kernel of attention_decode.cu: 4 warps, the deepest K/V ring
 /// that fits the device), `mma2` / `mma3` (2 or 3 ring stages per warp), `mmaw2` (2 warps and 3 stages
-/// a block, two blocks an SM at head_dim 256; A/B forms). Another value warns once and
+/// a block, two blocks an SM at head_dim 256; A/B forms), `mma4` / `mma4w2` (the V2 kernel:
+/// Q by cp.async, two tiles of block-table lookahead, and the wider combine whose loads are
+/// all in flight at once; 4 or 2 warps; A/B forms). Another value warns once and
 /// means the default. The mma kernel applies to bf16 / f16 pools of the model dtype, head_dim
 /// 64 / 128 / 256, 16-byte aligned pools, sm_80+, outside [`AttnMode::Invariant`]; elsewhere
 /// the CUDA-core kernels run.
@@ -59,11 +61,45 @@ pub enum AttnDecode {
     /// attention_decode.cu with 2-warp blocks and 3-stage rings (half the shared memory: two
     /// blocks an SM at head_dim 256), 4 warps where that does not fit.
     MmaW2,
+    /// attention_decode.cu's V2 kernel (`_v2`: Q by cp.async, two tiles of table
+    /// lookahead; 3 stages, 4 warps, else 2 stages of V1) and the V2 combine (`combine2`).
+    Mma4,
+    /// [`AttnDecode::Mma4`] with 2-warp blocks (two blocks an SM at head_dim 256), 4 warps
+    /// where that does not fit.
+    Mma4W2,
 }
 
 thread_local! {
     static FORCED: Cell<Option<AttnDecode>> = const { Cell::new(None) };
     static FORCED_SPLITS: Cell<Option<(u32, u32)>> = const { Cell::new(None) };
+    static TIMING: Cell<DecodeTiming> = const { Cell::new(DecodeTiming::PerCall) };
+    static SCRATCH: std::cell::RefCell<Option<CudaSlice<f32>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// What a decode call of the calling thread runs, for timing the parts apart
+/// ([`force_attn_decode_timing`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DecodeTiming {
+    /// As the model runs it: the partial scratch allocated per call, then both kernels.
+    #[default]
+    PerCall,
+    /// The partial scratch kept across calls of this thread (allocated once, grown when too
+    /// small): the kernels without the allocation.
+    Prealloc,
+    /// As `Prealloc`, without the combine launch: the split kernel alone (the rows that
+    /// span several splits are then left unwritten: no output to check).
+    SplitOnly,
+}
+
+/// Sets how the calling thread's decode calls run ([`DecodeTiming`]); back to
+/// `PerCall` frees the kept scratch. For timing tests only.
+#[doc(hidden)]
+pub fn force_attn_decode_timing(t: DecodeTiming) {
+    TIMING.with(|c| c.set(t));
+    if t == DecodeTiming::PerCall {
+        SCRATCH.with(|s| s.borrow_mut().take());
+    }
 }
 
 /// Overrides [`ATTN_DECODE_SPLITS_ENV`] and [`ATTN_DECODE_MIN_KEYS_ENV`] for the calling
@@ -91,6 +127,8 @@ fn decode_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<AttnDecode, S
         "mma2" => Ok(AttnDecode::Mma2),
         "mma3" => Ok(AttnDecode::Mma3),
         "mmaw2" => Ok(AttnDecode::MmaW2),
+        "mma4" => Ok(AttnDecode::Mma4),
+        "mma4w2" => Ok(AttnDecode::Mma4W2),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -104,7 +142,7 @@ fn decode_choice() -> AttnDecode {
     decode_from(std::env::var_os(ATTN_DECODE_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
-            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2; using mma")
+            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2; using mma")
         });
         AttnDecode::Mma
     })
@@ -163,6 +201,8 @@ pub(super) struct DecodePlan {
     combine: String,
     warps: u32,
     smem: usize,
+    /// The V2 combine (`combine2`, grid y = head_dim / 64).
+    v2: bool,
     ks_min_log2: u32,
     nsplit_log2: u32,
 }
@@ -190,12 +230,16 @@ impl CudaKernels {
             return None;
         }
         // (stages, warps) in order of preference.
-        let order: &[(usize, usize)] = match choice {
-            AttnDecode::Mma2 => &[(2, 4)],
-            AttnDecode::MmaW2 => &[(3, 2), (3, 4), (2, 4)],
-            _ => &[(3, 4), (2, 4)],
+        // (stages, warps, V2 kernel) in order of preference.
+        let order: &[(usize, usize, bool)] = match choice {
+            AttnDecode::Mma2 => &[(2, 4, false)],
+            AttnDecode::MmaW2 => &[(3, 2, false), (3, 4, false), (2, 4, false)],
+            AttnDecode::Mma4 => &[(3, 4, true), (2, 4, false)],
+            AttnDecode::Mma4W2 => &[(3, 2, true), (3, 4, true), (2, 4, false)],
+            _ => &[(3, 4, false), (2, 4, false)],
         };
-        let (st, nw) = order.iter().copied().find(|&(st, nw)| smem(head_dim, st, nw) <= caps.smem_limit())?;
+        let (st, nw, v2k) = order.iter().copied().find(|&(st, nw, _)| smem(head_dim, st, nw) <= caps.smem_limit())?;
+        let v2 = matches!(choice, AttnDecode::Mma4 | AttnDecode::Mma4W2);
         let (nsplit_log2, ks_min_log2) = FORCED_SPLITS.with(Cell::get).unwrap_or_else(|| {
             (
                 pow2_env(ATTN_DECODE_SPLITS_ENV, 1, DEC_MAXZ, DEC_SPLITS),
@@ -203,10 +247,16 @@ impl CudaKernels {
             )
         });
         Some(DecodePlan {
-            name: format!("attention_decode_{}_d{head_dim}_s{st}{}", T::NAME, if nw == 2 { "_w2" } else { "" }),
-            combine: format!("attention_decode_combine_{}_d{head_dim}", T::NAME),
+            name: format!(
+                "attention_decode_{}_d{head_dim}_s{st}{}{}",
+                T::NAME,
+                if nw == 2 { "_w2" } else { "" },
+                if v2k { "_v2" } else { "" }
+            ),
+            combine: format!("attention_decode_combine{}_{}_d{head_dim}", if v2 { "2" } else { "" }, T::NAME),
             warps: nw as u32,
             smem: smem(head_dim, st, nw),
+            v2,
             ks_min_log2,
             nsplit_log2,
         })
@@ -255,17 +305,25 @@ impl CudaKernels {
         let (t32, h32, kvh32) = (u32_of("t", a.t)?, u32_of("heads", heads)?, u32_of("kv_heads", a.kv_heads)?);
         let (win32, qc32, nz32) = (window_arg(a.window), qcap as u32, nzg as u32);
         let Paged { max_blocks, bs_log2, n_slots } = a.pg;
+        let timing = TIMING.with(Cell::get);
         let part: Option<CudaSlice<f32>> = if nzg > 1 {
             let len = prod(&[a.n_seqs, qcap, heads, nzg, head_dim + 4])?;
-            // SAFETY: f32 scratch; the combine reads only the partials the decode kernel wrote
-            // (the splits of a row that spans several).
-            Some(unsafe { self.stream.alloc::<f32>(len) }?)
+            let kept = match timing {
+                DecodeTiming::PerCall => None,
+                _ => SCRATCH.with(|c| c.borrow_mut().take()).filter(|b| b.len() >= len),
+            };
+            match kept {
+                Some(b) => Some(b),
+                // SAFETY: f32 scratch; the combine reads only the partials the decode kernel
+                // wrote (the splits of a row that spans several).
+                None => Some(unsafe { self.stream.alloc::<f32>(len) }?),
+            }
         } else {
             None
         };
         let s = &*self.stream;
         let (po, _go) = out.device_ptr_mut(s);
-        let (ppart, _gpart) = crate::cuda::opt_ptr(part.as_ref(), s);
+        let (ppart, gpart) = crate::cuda::opt_ptr(part.as_ref(), s);
         let (ksl, nsl) = (p.ks_min_log2, p.nsplit_log2);
         // SAFETY: arguments match `attention_decode_<T>_d<DP>_s<ST>[_w2]` (attention_decode.cu,
         // 32 · NW threads, D == DP, 16-byte aligned pools of T: `decode_plan`); `q`, `out`, `spans`,
@@ -306,14 +364,16 @@ impl CudaKernels {
                 ]
             )
         }?;
-        if let Some(pt) = &part {
-            let cfg = LaunchConfig {
-                grid_dim: (u32_of("qcap * heads", qcap * heads)?, a.n_seqs as u32, 1),
-                block_dim: (DEC_CTHREADS, 1, 1),
-                shared_mem_bytes: 0,
+        if let Some(pt) = part.as_ref().filter(|_| timing != DecodeTiming::SplitOnly) {
+            let grid_dim = if p.v2 {
+                (u32_of("qcap * heads", qcap * heads)?, (head_dim / 64) as u32, u32_of("n_seqs", a.n_seqs)?)
+            } else {
+                (u32_of("qcap * heads", qcap * heads)?, u32_of("n_seqs", a.n_seqs)?, 1)
             };
+            let cfg = LaunchConfig { grid_dim, block_dim: (DEC_CTHREADS, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: arguments match `attention_decode_combine_<T>_d<DP>`; the partial buffer
-            // and `out` have the sizes above (splits < nzg, rows < t only).
+            // and `out` have the sizes above (splits < nzg, rows < t only; combine2: dims of
+            // its 64-dim chunk blockIdx.y < head_dim / 64, head_dim a multiple of 64).
             // Kernel: `attention_decode_combine_<T>_d<DP>(const float* part, const u32* spans,
             // T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg, u32 ks_min_log2,
             // u32 nsplit_log2)`.
@@ -326,6 +386,10 @@ impl CudaKernels {
                     [ptr(pt), ptr(spans), po, t32, h32, win32, qc32, nz32, ksl, nsl]
                 )
             }?;
+        }
+        drop(gpart);
+        if timing != DecodeTiming::PerCall {
+            SCRATCH.with(|c| *c.borrow_mut() = part);
         }
         Ok(())
     }
@@ -340,6 +404,8 @@ mod tests {
         assert_eq!(decode_from(None), Ok(AttnDecode::Mma));
         assert_eq!(decode_from(Some(" MMA ".as_ref())), Ok(AttnDecode::Mma));
         assert_eq!(decode_from(Some("mma2".as_ref())), Ok(AttnDecode::Mma2));
+        assert_eq!(decode_from(Some("mma4".as_ref())), Ok(AttnDecode::Mma4));
+        assert_eq!(decode_from(Some("Mma4W2".as_ref())), Ok(AttnDecode::Mma4W2));
         assert_eq!(decode_from(Some("legacy".as_ref())), Ok(AttnDecode::Legacy));
         assert!(decode_from(Some("fast".as_ref())).is_err());
     }
