@@ -8,8 +8,9 @@
 
 use super::{window_arg, Args, AttnMode, Paged, Pools, ATT_SPLIT_Q};
 use crate::cuda::{prod, u32_of, CudaFloat, CudaKernels, Result, ATTENTION_DECODE};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use std::cell::Cell;
+use std::ffi::c_void;
 
 /// Environment variable choosing the decode kernel (launches with `max_q_len <= 8`, read on
 /// every call): `legacy` (the CUDA-core split-K kernels of attention.cu), `mma` (or unset:
@@ -17,7 +18,9 @@ use std::cell::Cell;
 /// that fits the device), `mma2` / `mma3` (2 or 3 ring stages per warp), `mmaw2` (2 warps and 3 stages
 /// a block, two blocks an SM at head_dim 256; A/B forms), `mma4` / `mma4w2` (the V2 kernel:
 /// Q by cp.async, two tiles of block-table lookahead, and the wider combine whose loads are
-/// all in flight at once; 4 or 2 warps; A/B forms). Another value warns once and
+/// all in flight at once, launched on sm_90+ as a programmatic dependent of the split kernel
+/// so that its launch overlaps the split kernel's tail; 4 or 2 warps), `mma4s` (`mma4` with
+/// the combine launched plainly; A/B forms). Another value warns once and
 /// means the default. The mma kernel applies to bf16 / f16 pools of the model dtype, head_dim
 /// 64 / 128 / 256, 16-byte aligned pools, sm_80+, outside [`AttnMode::Invariant`]; elsewhere
 /// the CUDA-core kernels run.
@@ -67,6 +70,9 @@ pub enum AttnDecode {
     /// [`AttnDecode::Mma4`] with 2-warp blocks (two blocks an SM at head_dim 256), 4 warps
     /// where that does not fit.
     Mma4W2,
+    /// [`AttnDecode::Mma4`] with the combine launched after the split kernel completes (no
+    /// programmatic dependent launch): the A/B of PDL.
+    Mma4S,
 }
 
 thread_local! {
@@ -129,6 +135,7 @@ fn decode_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<AttnDecode, S
         "mmaw2" => Ok(AttnDecode::MmaW2),
         "mma4" => Ok(AttnDecode::Mma4),
         "mma4w2" => Ok(AttnDecode::Mma4W2),
+        "mma4s" => Ok(AttnDecode::Mma4S),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -142,7 +149,7 @@ fn decode_choice() -> AttnDecode {
     decode_from(std::env::var_os(ATTN_DECODE_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
-            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2; using mma")
+            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2, mma4s; using mma")
         });
         AttnDecode::Mma
     })
@@ -203,6 +210,8 @@ pub(super) struct DecodePlan {
     smem: usize,
     /// The V2 combine (`combine2`, grid y = head_dim / 64).
     v2: bool,
+    /// The V2 combine launched as a programmatic dependent of the split kernel (sm_90+).
+    pdl: bool,
     ks_min_log2: u32,
     nsplit_log2: u32,
 }
@@ -236,10 +245,13 @@ impl CudaKernels {
             AttnDecode::MmaW2 => &[(3, 2, false), (3, 4, false), (2, 4, false)],
             AttnDecode::Mma4 => &[(3, 4, true), (2, 4, false)],
             AttnDecode::Mma4W2 => &[(3, 2, true), (3, 4, true), (2, 4, false)],
+            AttnDecode::Mma4S => &[(3, 4, true), (2, 4, false)],
             _ => &[(3, 4, false), (2, 4, false)],
         };
         let (st, nw, v2k) = order.iter().copied().find(|&(st, nw, _)| smem(head_dim, st, nw) <= caps.smem_limit())?;
-        let v2 = matches!(choice, AttnDecode::Mma4 | AttnDecode::Mma4W2);
+        let v2 = matches!(choice, AttnDecode::Mma4 | AttnDecode::Mma4W2 | AttnDecode::Mma4S);
+        // PDL needs the V2 split kernel's trigger (else it only helps at block exit) and sm_90.
+        let pdl = v2 && v2k && choice != AttnDecode::Mma4S && caps.major >= 9;
         let (nsplit_log2, ks_min_log2) = FORCED_SPLITS.with(Cell::get).unwrap_or_else(|| {
             (
                 pow2_env(ATTN_DECODE_SPLITS_ENV, 1, DEC_MAXZ, DEC_SPLITS),
@@ -257,6 +269,7 @@ impl CudaKernels {
             warps: nw as u32,
             smem: smem(head_dim, st, nw),
             v2,
+            pdl,
             ks_min_log2,
             nsplit_log2,
         })
@@ -377,20 +390,79 @@ impl CudaKernels {
             // Kernel: `attention_decode_combine_<T>_d<DP>(const float* part, const u32* spans,
             // T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg, u32 ks_min_log2,
             // u32 nsplit_log2)`.
-            unsafe {
-                launch!(
-                    self,
-                    ATTENTION_DECODE,
-                    p.combine.clone(),
-                    cfg,
-                    [ptr(pt), ptr(spans), po, t32, h32, win32, qc32, nz32, ksl, nsl]
-                )
-            }?;
+            if p.pdl {
+                let f = self.function(&ATTENTION_DECODE, &p.combine)?;
+                let (pspans, _gs) = spans.device_ptr(s);
+                let (ppt, _gpt) = pt.device_ptr(s);
+                let mut args = (ppt, pspans, po, [t32, h32, win32, qc32, nz32, ksl, nsl]);
+                let (a0, a1, a2, r) = (&mut args.0, &mut args.1, &mut args.2, &mut args.3);
+                let [r0, r1, r2, r3, r4, r5, r6] = r;
+                let mut params: [*mut c_void; 10] = [
+                    (a0 as *mut u64).cast(),
+                    (a1 as *mut u64).cast(),
+                    (a2 as *mut u64).cast(),
+                    (r0 as *mut u32).cast(),
+                    (r1 as *mut u32).cast(),
+                    (r2 as *mut u32).cast(),
+                    (r3 as *mut u32).cast(),
+                    (r4 as *mut u32).cast(),
+                    (r5 as *mut u32).cast(),
+                    (r6 as *mut u32).cast(),
+                ];
+                // SAFETY: as above; `params` points at the 10 parameters of the combine, in
+                // order, alive across the call (the driver copies them at launch). The
+                // combine waits (griddepcontrol.wait) for the split grid before its first
+                // partial read and before it can complete.
+                unsafe { self.launch_pdl(&f, &cfg, &mut params) }?;
+            } else {
+                // SAFETY: see above.
+                unsafe {
+                    launch!(
+                        self,
+                        ATTENTION_DECODE,
+                        p.combine.clone(),
+                        cfg,
+                        [ptr(pt), ptr(spans), po, t32, h32, win32, qc32, nz32, ksl, nsl]
+                    )
+                }?;
+            }
         }
         drop(gpart);
         if timing != DecodeTiming::PerCall {
             SCRATCH.with(|c| *c.borrow_mut() = part);
         }
+        Ok(())
+    }
+
+    /// Launches `f` on the stream with `cfg` as a programmatic dependent of the grid before
+    /// it (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`, sm_90+): its blocks may
+    /// start once every block of that grid has triggered (griddepcontrol.launch_dependents)
+    /// or exited, and must griddepcontrol.wait before reading its outputs.
+    ///
+    /// # Safety
+    /// `params` points at `f`'s parameters, in order, with their types; memory and launch
+    /// shape as `f` requires; `f` waits for the grid before it wherever it reads that grid's
+    /// outputs, and in every block.
+    unsafe fn launch_pdl(&self, f: &CudaFunction, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
+        // SAFETY: plain-data C structs; every field is set below or meant to be zero.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the caller's contract; `config` and `attr` outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()?;
         Ok(())
     }
 }
