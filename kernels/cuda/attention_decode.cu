@@ -31,6 +31,14 @@
 // that is 128 KiB an SM (one 200 KiB block an SM), enough to cover HBM latency; the _w2
 // kernels (104 KiB) run two blocks an SM with as much in flight, and one block's merge
 // overlaps the other's loads.
+//
+// V2 (`_v2`, PORTER_ATTN_DECODE=mma4 / mma4w2 / mma4s): the same math and layout with less
+// latency exposed: Q by cp.async (overlapping the table lookups and the first K/V copies),
+// the block-table slots looked up two tiles ahead (pair registers), the next tile issued
+// before waiting on the current one (ST − 1 tiles in flight during every wait), and on
+// sm_90+ the split kernel triggers the combine's programmatic launch after its key loop;
+// `adec_combine2` (4x the blocks, every partial load in flight at once) merges the splits.
+// V1 and V2 round differently (the combine's sum order): a process runs one form.
 
 #define ADEC_BN 16            // keys per warp tile
 #define ADEC_MAXZ 256         // most splits of one sequence (2^nsplit_log2 <= this)
@@ -267,10 +275,20 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     __syncthreads();                   // the Q tile
 
     for (u32 i = 0; i < n_my; ++i) {
-        cp_async_wait<ST - 2>();
-        __syncwarp();
-        // The stage of tile i + ST - 1 was last read by tile i - 1 (every lane is past it).
-        step(i + ST - 1);
+        // The stage of tile i + ST - 1 was last read by tile i - 1 (every lane is past it
+        // after the __syncwarp). V1 issues it once tile i has landed (ST - 2 tiles in flight
+        // during the wait); V2 before waiting (ST - 1 in flight: 3 tiles, 48 KiB a warp at
+        // DP = 256, 192 KiB an SM, where V1 has 128).
+        if (V2) {
+            __syncwarp();
+            step(i + ST - 1);
+            cp_async_wait<ST - 1>();
+            __syncwarp();
+        } else {
+            cp_async_wait<ST - 2>();
+            __syncwarp();
+            step(i + ST - 1);
+        }
         const u32 kaddr = ring + (i % ST) * 2 * TILE * 2, vaddr = kaddr + TILE * 2;
         const u32 kbase = (t0 + NW * i) * ADEC_BN;
 

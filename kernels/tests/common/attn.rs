@@ -349,6 +349,8 @@ pub fn decode_ab(
         (AttnDecode::Mma4, Some((32, 512)), false),
         (AttnDecode::Mma4W2, Some((128, 256)), true),
         (AttnDecode::Mma4W2, Some((128, 128)), false),
+        (AttnDecode::Mma4, Some((64, 128)), true),
+        (AttnDecode::Mma4W2, Some((64, 128)), false),
     ];
     for (kind, splits, parts) in forms {
         force_attn_decode(Some(kind));
