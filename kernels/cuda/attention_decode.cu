@@ -31,6 +31,14 @@
 // that is 128 KiB an SM (one 200 KiB block an SM), enough to cover HBM latency; the _w2
 // kernels (104 KiB) run two blocks an SM with as much in flight, and one block's merge
 // overlaps the other's loads.
+//
+// V2 (`_v2`, PORTER_ATTN_DECODE=mma4 / mma4w2 / mma4s): the same math and layout with less
+// latency exposed: Q by cp.async (overlapping the table lookups and the first K/V copies),
+// the block-table slots looked up two tiles ahead (pair registers), the next tile issued
+// before waiting on the current one (ST − 1 tiles in flight during every wait), and on
+// sm_90+ the split kernel triggers the combine's programmatic launch after its key loop;
+// `adec_combine2` (4x the blocks, every partial load in flight at once) merges the splits.
+// V1 and V2 round differently (the combine's sum order): a process runs one form.
 
 #define ADEC_BN 16            // keys per warp tile
 #define ADEC_MAXZ 256         // most splits of one sequence (2^nsplit_log2 <= this)
@@ -47,6 +55,21 @@ __device__ __forceinline__ u32 adec_ks_log2(u64 ctx, u32 ks_min_log2, u32 nsplit
 
 // The window's first key of position p (0 without a window).
 __device__ __forceinline__ u32 adec_lo(u32 p, u32 window) { return (window != 0 && p + 1 > window) ? p + 1 - window : 0; }
+
+// Programmatic dependent launch (sm_90+; no-ops below, and when the grid was not launched
+// with the attribute): the V2 split kernel lets the V2 combine launch once every block is
+// past its key loop; the combine reads its own inputs (spans), then waits for the split
+// grid to complete (its partials visible) before it reads a partial.
+__device__ __forceinline__ void adec_pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void adec_pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 
 #if defined(PORTER_SM80)
 // Element offset of 16-byte chunk c of row r of a swizzled [rows][DP] tile.
@@ -102,7 +125,7 @@ struct Adec<f16> {
 // h) * nzg + z][DP + 4] (O unnormalised, then the running max in exp2 units and the sum).
 // Dynamic shared memory: 16·DP·2 (Q) + max(NW·ST·2·16·DP·2 (K/V rings), NW·16·(DP+8)·4 +
 // NW·16·2·4 (the merge)) bytes (decode.rs `smem`).
-template <typename T, int DP, int ST, int NW>
+template <typename T, int DP, int ST, int NW, bool V2>
 __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __restrict__ kpool,
                                           const T* __restrict__ vpool, const u32* __restrict__ tables,
                                           const u32* __restrict__ spans, T* __restrict__ out, float* __restrict__ part,
@@ -147,12 +170,17 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     const u32 klo = (u32)klo64, khi = (u32)khi64;
     const u32* bt = tables + (u64)s * kv.max_blocks;
 
-    // Q tile (items beyond m_last zero).
+    // Q tile (items beyond m_last zero). V2: by cp.async (its own commit group, the first),
+    // so that its latency overlaps the table lookups and the first K/V copies.
     const bool qvec = (reinterpret_cast<u64>(q) & 15u) == 0;
     for (u32 c = tid; c < 16u * CH; c += THREADS) {
         const u32 r = c / CH, ch = c % CH, m = m0 + r;
         T* dst = Qs + adec_sw<DP>(r, ch);
-        if (m <= m_last) {
+        if (V2 && qvec) {
+            const bool ok = m <= m_last;
+            const u64 qo = ok ? ((u64)(row0 + m / group) * heads + kh * group + m % group) * DP + ch * 8 : 0;
+            cp_async16(dst, q + qo, ok);
+        } else if (m <= m_last) {
             const T* src = q + ((u64)(row0 + m / group) * heads + kh * group + m % group) * DP + ch * 8;
             if (qvec) {
                 *reinterpret_cast<uint4*>(dst) = __ldg(reinterpret_cast<const uint4*>(src));
@@ -183,12 +211,22 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     const u32 ring = (u32)__cvta_generic_to_shared(Wb);
     const u32 qaddr = (u32)__cvta_generic_to_shared(Qs);
     const u64 rs = (u64)kvh * DP, hoff = (u64)kh * DP;
+    // V2: a pair register holds the slots of tiles 2p (lanes 0..15) and 2p + 1 (lanes
+    // 16..31), key lane % 16; the pair of the tile after next is loaded when a pair starts
+    // (two tiles of lookahead for the table load, where slot_of has one).
+    auto pair_of = [&](u32 p) {
+        const u32 i = 2u * p + (lane >> 4);
+        return i < n_my ? key_slot(bt, (t0 + NW * i) * ADEC_BN + (lane & 15u), kv.max_blocks, kv.bs_log2,
+                                   kv.n_slots)
+                        : ATT_NOSLOT;
+    };
     auto slot_of = [&](u32 i) {
         return i < n_my ? key_slot(bt, (t0 + NW * i) * ADEC_BN + (lane & 15u), kv.max_blocks, kv.bs_log2,
                                    kv.n_slots)
                         : ATT_NOSLOT;
     };
-    // Tile i of this warp into stage i % ST; `sl`: the slot of key lane % 16.
+    // Tile i of this warp into stage i % ST; `sl`: the slot of key lane % 16 (V2: the pair
+    // register of tile i).
     auto issue = [&](u32 i, u32 sl) {
         T* kd = Wb + (i % ST) * 2 * TILE;
         T* vd = kd + TILE;
@@ -196,7 +234,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
 #pragma unroll
         for (u32 c = 0; c < ADEC_BN * CH / 32; ++c) {
             const u32 idx = lane + 32u * c, j = idx / CH, ch = idx % CH;
-            const u32 sj = __shfl_sync(0xffffffffu, sl, j);
+            const u32 sj = __shfl_sync(0xffffffffu, sl, V2 ? j + 16u * (i & 1u) : j);
             const u32 kpos = kbase + j;
             const bool ok = sj != ATT_NOSLOT && kpos >= klo && kpos <= khi;
             const u64 off = ok ? (u64)sj * rs + hoff + ch * 8 : 0;
@@ -211,26 +249,45 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     float mrun[2] = {PORTER_NEG_INF, PORTER_NEG_INF}, lrun[2] = {0.0f, 0.0f};
     const float sl2 = scale * LOG2E;
 
-    u32 slot_next = slot_of(0);
-#pragma unroll
-    for (u32 i = 0; i < ST - 1; ++i) {
-        const u32 sl = slot_next;
-        slot_next = slot_of(i + 1);
-        if (i < n_my) issue(i, sl);
-        cp_async_commit();
-    }
-    __syncthreads();  // the Q tile
-
-    for (u32 i = 0; i < n_my; ++i) {
-        cp_async_wait<ST - 2>();
-        __syncwarp();
-        // The stage of tile i + ST - 1 was last read by tile i - 1 (every lane is past it).
-        {
-            const u32 ni = i + ST - 1;
+    if (V2) cp_async_commit();  // the Q group
+    // V1: slot_next = the slot of the next tile to issue. V2: slot_next = the pair of the
+    // next tile to issue, pair_nx = the pair after it.
+    u32 slot_next = V2 ? pair_of(0) : slot_of(0);
+    u32 pair_nx = V2 ? pair_of(1) : 0u;
+    // Issues tile `ni` (if any) and moves the lookup state past it.
+    auto step = [&](u32 ni) {
+        if (V2) {
+            if (ni < n_my) issue(ni, slot_next);
+            if (ni & 1u) {
+                slot_next = pair_nx;
+                pair_nx = pair_of((ni + 1u) / 2u + 1u);
+            }
+        } else {
             const u32 sl = slot_next;
             slot_next = slot_of(ni + 1);
             if (ni < n_my) issue(ni, sl);
-            cp_async_commit();
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (u32 i = 0; i < ST - 1; ++i) step(i);
+    if (V2) cp_async_wait<ST - 1>();  // the Q group (this thread's copies)
+    __syncthreads();                   // the Q tile
+
+    for (u32 i = 0; i < n_my; ++i) {
+        // The stage of tile i + ST - 1 was last read by tile i - 1 (every lane is past it
+        // after the __syncwarp). V1 issues it once tile i has landed (ST - 2 tiles in flight
+        // during the wait); V2 before waiting (ST - 1 in flight: 3 tiles, 48 KiB a warp at
+        // DP = 256, 192 KiB an SM, where V1 has 128).
+        if (V2) {
+            __syncwarp();
+            step(i + ST - 1);
+            cp_async_wait<ST - 1>();
+            __syncwarp();
+        } else {
+            cp_async_wait<ST - 2>();
+            __syncwarp();
+            step(i + ST - 1);
         }
         const u32 kaddr = ring + (i % ST) * 2 * TILE * 2, vaddr = kaddr + TILE * 2;
         const u32 kbase = (t0 + NW * i) * ADEC_BN;
@@ -308,6 +365,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
         lrun[h] += __shfl_xor_sync(0xffffffffu, lrun[h], 2);
     }
 
+    if (V2) adec_pdl_trigger();
     // Merge the warps (in warp order) through the K/V rings.
     cp_async_wait<0>();
     __syncthreads();
@@ -436,28 +494,121 @@ __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part
     }
 }
 
-// Names: attention_decode_<T>_d<DP>_s<ST>[_w2] (4 warps, one block an SM at DP = 256; _w2: 2
-// warps, two blocks an SM, so that one block's merge overlaps the other's loads) and
-// attention_decode_combine_<T>_d<DP>.
-#define ADEC_KERNEL(T, NAME, DP, ST, NW, W)                                                                   \
-    extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W( \
-        const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part, \
-        u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,         \
-        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {                                                \
-        adec_impl<T, DP, ST, NW>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,     \
-                                 PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2); \
+// The V2 combine (PORTER_ATTN_DECODE=mma4): one block of ADEC_CTHREADS per (row i of
+// sequence s, head h, 64 dims d0..d0+63), grid (qcap * heads, DP / 64, n_seqs): 4x the
+// blocks of adec_combine, and every partial load of a thread issued before its first use
+// (thread (zq, c) loads dims d0+4c..+3 of splits k = zq + 16j, j < 16; thread k the (m, l)
+// of split k), so one block costs about two L2 round trips instead of one per 4 splits.
+// M = max m_k (exact), L = Σ l_k·2^(m_k − M) by a fixed tree over k (warp xor tree, then
+// the 8 warps in order), O = Σ part_k · 2^(m_k − M) / L: each (zq) sums its splits in
+// increasing k, the 16 sums added in zq order. k = z − zlo and n depend on the row's own
+// sequence only: batch invariant, bit-identical rows.
+template <typename T, int DP>
+__device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ part, const u32* __restrict__ spans,
+                                                   T* __restrict__ out, u32 t, u32 heads, u32 window, u32 qcap,
+                                                   u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
+    constexpr u32 PS = DP + 4;
+    constexpr u32 ZL = 16;                    // split lanes (zq)
+    constexpr u32 NJ = ADEC_MAXZ / ZL;        // splits a thread may load
+    constexpr u32 NWARP = ADEC_CTHREADS / 32;
+    static_assert(ADEC_CTHREADS == ZL * 16 && ADEC_MAXZ <= ADEC_CTHREADS, "combine2 layout");
+    __shared__ float sw[ADEC_MAXZ];
+    __shared__ float rm[NWARP], rl[NWARP];
+    __shared__ __align__(16) float red[ZL][64];
+    const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const u32 s = blockIdx.z, i = blockIdx.x / heads, h = blockIdx.x % heads, d0 = blockIdx.y * 64u;
+    const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
+    // Every block waits for the split grid (those with nothing to merge too), so that the
+    // combine grid never completes before it.
+    adec_pdl_wait();
+    if (qlen > ATT_SPLIT_Q || i >= min(qlen, qcap) || row0 >= t || i >= t - row0) return;
+    const u32 ksl = adec_ks_log2((u64)pos0 + qlen, ks_min_log2, nsplit_log2);
+    const u32 p = pos0 + i;
+    const u32 zlo = adec_lo(p, window) >> ksl, zhi = min(p >> ksl, nzg - 1);
+    if (zlo >= zhi) return;
+    const u32 n = zhi - zlo + 1;  // <= nzg <= ADEC_MAXZ
+    const float* base = part + (((u64)s * qcap + i) * heads + h) * nzg * PS + (u64)zlo * PS;
+    const u32 zq = tid / 16u, c = tid % 16u;
+    float4 v[NJ];
+#pragma unroll
+    for (u32 j = 0; j < NJ; ++j) {
+        const u32 k = zq + ZL * j;
+        v[j] = k < n ? *reinterpret_cast<const float4*>(base + (u64)k * PS + d0 + 4u * c)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-#define ADEC_COMBINE(T, NAME, DP)                                                                             \
-    extern "C" __global__ void __launch_bounds__(256) attention_decode_combine_##NAME##_d##DP(                \
+    float mk = PORTER_NEG_INF, lk = 0.0f;
+    if (tid < n) {
+        const float2 ml = *reinterpret_cast<const float2*>(base + (u64)tid * PS + DP);
+        mk = ml.x;
+        lk = ml.y;
+    }
+    float M = mk;
+#pragma unroll
+    for (u32 o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (lane == 0) rm[warp] = M;
+    __syncthreads();
+    M = rm[0];
+#pragma unroll
+    for (u32 w = 1; w < NWARP; ++w) M = fmaxf(M, rm[w]);
+    const float wk = tid < n ? exp2f(mk - M) : 0.0f;
+    float L = lk * wk;
+#pragma unroll
+    for (u32 o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    if (lane == 0) rl[warp] = L;
+    __syncthreads();
+    L = rl[0];
+#pragma unroll
+    for (u32 w = 1; w < NWARP; ++w) L += rl[w];
+    if (tid < ADEC_MAXZ) sw[tid] = wk / L;
+    __syncthreads();
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (u32 j = 0; j < NJ; ++j) {
+        const u32 k = zq + ZL * j;
+        if (k < n) {
+            const float w = sw[k];
+            acc.x = fmaf(v[j].x, w, acc.x);
+            acc.y = fmaf(v[j].y, w, acc.y);
+            acc.z = fmaf(v[j].z, w, acc.z);
+            acc.w = fmaf(v[j].w, w, acc.w);
+        }
+    }
+    *reinterpret_cast<float4*>(&red[zq][4 * c]) = acc;
+    __syncthreads();
+    if (tid < 64u) {
+        float x = 0.0f;
+#pragma unroll
+        for (u32 gq = 0; gq < ZL; ++gq) x += red[gq][tid];
+        out[((u64)(row0 + i) * heads + h) * DP + d0 + tid] = from_f<T>(x);
+    }
+}
+
+// Names: attention_decode_<T>_d<DP>_s<ST>[_w2][_v2] (4 warps, one block an SM at DP = 256;
+// _w2: 2 warps, two blocks an SM, so that one block's merge overlaps the other's loads;
+// _v2: Q by cp.async and two tiles of table lookahead), attention_decode_combine_<T>_d<DP>
+// and attention_decode_combine2_<T>_d<DP> (the V2 combine, grid y = DP / 64).
+#define ADEC_KERNEL(T, NAME, DP, ST, NW, W, V2, VS)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W##VS( \
+        const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part,     \
+        u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,             \
+        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {                                                    \
+        adec_impl<T, DP, ST, NW, V2>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,     \
+                                     PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2); \
+    }
+#define ADEC_COMBINE(T, NAME, DP, C, IMPL)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) attention_decode_##C##_##NAME##_d##DP(                  \
         const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg,         \
         u32 ks_min_log2, u32 nsplit_log2) {                                                                   \
-        adec_combine_impl<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);    \
+        IMPL<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);                 \
     }
-#define ADEC_DP(T, NAME, DP)              \
-    ADEC_KERNEL(T, NAME, DP, 2, 4, )      \
-    ADEC_KERNEL(T, NAME, DP, 3, 4, )      \
-    ADEC_KERNEL(T, NAME, DP, 3, 2, _w2)   \
-    ADEC_COMBINE(T, NAME, DP)
+#define ADEC_DP(T, NAME, DP)                                  \
+    ADEC_KERNEL(T, NAME, DP, 2, 4, , false, )                 \
+    ADEC_KERNEL(T, NAME, DP, 3, 4, , false, )                 \
+    ADEC_KERNEL(T, NAME, DP, 3, 2, _w2, false, )              \
+    ADEC_KERNEL(T, NAME, DP, 3, 4, , true, _v2)               \
+    ADEC_KERNEL(T, NAME, DP, 3, 2, _w2, true, _v2)            \
+    ADEC_COMBINE(T, NAME, DP, combine, adec_combine_impl)     \
+    ADEC_COMBINE(T, NAME, DP, combine2, adec_combine2_impl)
 #define ADEC_ALL(T, NAME)   \
     ADEC_DP(T, NAME, 64)    \
     ADEC_DP(T, NAME, 128)   \

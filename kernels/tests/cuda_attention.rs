@@ -252,13 +252,17 @@ fn attention_batch_invariant() {
 // Tensor-core decode (attention_decode.cu, PORTER_ATTN_DECODE=mma)
 // ---------------------------------------------------------------------------
 
-/// Forces the mma decode kernel on this thread and checks that the device takes it for `T`
-/// at `hd` (sm_80+); the caller's launches then run it wherever it applies.
-fn force_mma<T: CudaFloat>(k: &CudaKernels, hd: usize) {
-    force_attn_decode(Some(AttnDecode::Mma));
+/// The tensor-core decode forms the parity and invariance tests check: the default and the
+/// V2 kernel with its combine (4 and 2 warps).
+const MMA_FORMS: [AttnDecode; 3] = [AttnDecode::Mma, AttnDecode::Mma4, AttnDecode::Mma4W2];
+
+/// Forces the mma decode kernel `form` on this thread and checks that the device takes it
+/// for `T` at `hd` (sm_80+); the caller's launches then run it wherever it applies.
+fn force_mma<T: CudaFloat>(k: &CudaKernels, hd: usize, form: AttnDecode) {
+    force_attn_decode(Some(form));
     let name = k.attention_decode_kernel::<T>(hd, 1, AttnMode::Fast);
     assert!(name.is_some(), "the mma decode kernel does not apply ({} head_dim {hd}: sm_80+ needed)", T::NAME);
-    println!("decode kernel {} d{hd}: {name:?}", T::NAME);
+    println!("decode form {form:?}, kernel {} d{hd}: {name:?}", T::NAME);
 }
 
 /// The mma decode kernel against the CPU reference (the tolerances of the CUDA-core cases):
@@ -266,29 +270,37 @@ fn force_mma<T: CudaFloat>(k: &CudaKernels, hd: usize) {
 /// boundary, up to 64 splits), q_len 1..4 (draft verification), block sizes 1 / 16 / 128,
 /// GQA 8 / 4 / 16 / 1 at head dims 256 / 128 / 64, sliding windows, a padding span in every
 /// launch and garbage table entries past each sequence's blocks (attn_case), bf16 and f16;
-/// misaligned pools fall back to the CUDA-core kernels.
+/// misaligned pools fall back to the CUDA-core kernels. Every form of [`MMA_FORMS`].
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_decode_mma_parity() {
     let k = gpu("attention_decode_mma_parity");
-    let mut rng = Rng::new(11);
-    force_mma::<bf16>(&k, 256);
+    for form in MMA_FORMS {
+        let mut rng = Rng::new(11);
+        force_mma::<bf16>(&k, 256, form);
+        decode_parity_cases(&k, &mut rng);
+    }
+    force_attn_decode(None);
+}
+
+/// The cases of [`attention_decode_mma_parity`] with the decode form in force.
+fn decode_parity_cases(k: &CudaKernels, rng: &mut Rng) {
     let (h, kvh, hd) = (ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM);
     let ctxs = [1usize, 15, 16, 17, 1000, 4095, 32767];
     for (i, &ctx) in ctxs.iter().enumerate() {
         let seqs = [(1usize, ctx - 1)];
         let c = AttnCase { bs: [1, 16, 128][i % 3], ..AttnCase::new("mma decode b1", &seqs, h, kvh, hd) };
-        attn_case::<bf16>(&k, &mut rng, &c);
-        attn_case::<f16>(&k, &mut rng, &c);
+        attn_case::<bf16>(k, rng, &c);
+        attn_case::<f16>(k, rng, &c);
     }
     let b8 = [(1, 0), (2, 13), (1, 14), (3, 13), (4, 996), (1, 4094), (2, 32765), (1, 16)];
     for bs in [1, 16, 128] {
         for (hh, kk, dd) in [(16, 2, 256), (8, 2, 128), (16, 4, 64), (32, 2, 256), (8, 8, 128)] {
             println!("batch 8: heads {hh} kv_heads {kk} head_dim {dd} block size {bs}");
             let c = AttnCase { bs, ..AttnCase::new("mma decode b8", &b8, hh, kk, dd) };
-            attn_case::<bf16>(&k, &mut rng, &c);
+            attn_case::<bf16>(k, rng, &c);
         }
-        attn_case::<f16>(&k, &mut rng, &AttnCase { bs, ..AttnCase::new("mma decode b8", &b8, h, kvh, hd) });
+        attn_case::<f16>(k, rng, &AttnCase { bs, ..AttnCase::new("mma decode b8", &b8, h, kvh, hd) });
     }
     let b64: Vec<(usize, usize)> = (0..64)
         .map(|i| {
@@ -299,8 +311,8 @@ fn attention_decode_mma_parity() {
         .collect();
     for bs in [16, 128] {
         let c = AttnCase { bs, ..AttnCase::new("mma decode b64", &b64, h, kvh, hd) };
-        attn_case::<bf16>(&k, &mut rng, &c);
-        attn_case::<f16>(&k, &mut rng, &c);
+        attn_case::<bf16>(k, rng, &c);
+        attn_case::<f16>(k, rng, &c);
     }
     let wseqs = [(1, 0), (1, 99), (1, 100), (1, 1500), (4, 600), (2, 255), (3, 5000), (1, 32766)];
     for (i, w) in [1, 100, 256, 300, 1000, 4096].into_iter().enumerate() {
@@ -310,28 +322,30 @@ fn attention_decode_mma_parity() {
             bs: [16, 1, 128][i % 3],
             ..AttnCase::new("mma decode window", &wseqs, h, kvh, hd)
         };
-        attn_case::<bf16>(&k, &mut rng, &c);
+        attn_case::<bf16>(k, rng, &c);
     }
     let c = AttnCase { window: Some(300), ..AttnCase::new("mma decode window", &wseqs, 8, 2, 128) };
-    attn_case::<f16>(&k, &mut rng, &c);
-    attn_case_at::<bf16>(&k, &mut rng, &AttnCase::new("mma decode", &b8, h, kvh, hd), true);
-    force_attn_decode(None);
+    attn_case::<f16>(k, rng, &c);
+    attn_case_at::<bf16>(k, rng, &AttnCase::new("mma decode", &b8, h, kvh, hd), true);
 }
 
 /// Batch invariance of the mma decode kernel: decode / verification targets (up to 32k
 /// keys, 64 splits) alone, then among 27 other sequences of q_len <= 8 (another grid, table
-/// width, partial layout): bit-identical rows, within tolerance of the CPU reference.
+/// width, partial layout): bit-identical rows, within tolerance of the CPU reference. Every
+/// form of [`MMA_FORMS`].
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn attention_decode_mma_batch_invariant() {
     let k = gpu("attention_decode_mma_batch_invariant");
-    let mut rng = Rng::new(12);
-    force_mma::<bf16>(&k, 256);
     let targets = [(1usize, 3000usize), (1, 100), (4, 777), (1, 32767), (2, 5000)];
     let lens = [1, 1, 1, 2, 3, 4, 8];
-    for window in [None, Some(700)] {
-        invariance_case_with::<bf16>(&k, &mut rng, AttnMode::Fast, window, &targets, &lens, (16, 2, 256));
-        invariance_case_with::<f16>(&k, &mut rng, AttnMode::Fast, window, &targets, &lens, (8, 2, 128));
+    for form in MMA_FORMS {
+        let mut rng = Rng::new(12);
+        force_mma::<bf16>(&k, 256, form);
+        for window in [None, Some(700)] {
+            invariance_case_with::<bf16>(&k, &mut rng, AttnMode::Fast, window, &targets, &lens, (16, 2, 256));
+            invariance_case_with::<f16>(&k, &mut rng, AttnMode::Fast, window, &targets, &lens, (8, 2, 128));
+        }
     }
     force_attn_decode(None);
 }
@@ -404,8 +418,9 @@ fn nvrtc_attention_decode_ptxas_info() {
             assert!(line.contains(" 0 bytes spill stores, 0 bytes spill loads"), "{func} spills: {line}");
         }
     }
-    // bf16 / f16 x head dims 64, 128, 256 x (2 and 3 stages, 2 warps, the combine).
-    assert_eq!(seen, 24, "ptxas reported {seen} decode kernels, expected 24");
+    // bf16 / f16 x head dims 64, 128, 256 x (2 and 3 stages, 2 warps, the V2 kernel with 4
+    // and 2 warps, the combine and the V2 combine).
+    assert_eq!(seen, 42, "ptxas reported {seen} decode kernels, expected 42");
 }
 
 #[test]

@@ -10,7 +10,7 @@ mod decode;
 mod tc;
 pub(crate) use decode::decode_env_selected;
 #[doc(hidden)]
-pub use decode::{force_attn_decode, force_attn_decode_splits};
+pub use decode::{force_attn_decode, force_attn_decode_splits, force_attn_decode_timing, DecodeTiming};
 pub use decode::{AttnDecode, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_SPLITS_ENV};
 pub use tc::{AttnTc, ATTN_TC_DEFAULT, ATTN_TC_ENV};
 

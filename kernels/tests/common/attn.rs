@@ -294,13 +294,16 @@ pub fn ptxas_log_arch(test: &str, source: &str, arch: &str) -> (String, String) 
 pub const HBM_BYTES_PER_S: f64 = 4.19e12;
 
 /// The legacy (CUDA-core, attention.cu) and the mma (attention_decode.cu: `mma`, `mma2`,
-/// `mmaw2`, the default split sizes and two others) decode kernels side by side: `b` sequences of `ctx` keys, q_len 1, bf16, block
-/// size 16 on a shuffled pool, each kernel timed by CUDA events over `iters` back-to-back
-/// calls queued behind a hold (per-call partial-scratch allocation included, as the model
-/// runs it; no host gaps). Prints µs per call, GB/s of K/V and the share of
+/// `mmaw2`, `mma4`, `mma4w2`, `mma4s`, the default split sizes and others) decode kernels side by
+/// side: `b` sequences of `ctx` keys, q_len 1, bf16, block size 16 on a shuffled pool, each
+/// kernel timed by CUDA events over `iters` back-to-back calls queued behind a hold (per-call
+/// partial-scratch allocation included, as the model runs it; no host gaps). For the main
+/// forms also `prealloc` (the scratch kept across calls: both kernels, no allocation) and
+/// `split` (the split kernel alone, no combine); `combine` = prealloc − split, `alloc` =
+/// per call − prealloc. Prints µs per call, GB/s of K/V and the share of
 /// [`HBM_BYTES_PER_S`]; checks each mma output against the legacy one (both f32 math on bf16
 /// data: within twice the bf16 tolerance, each being within it of the reference) and returns
-/// (legacy µs, best mma µs).
+/// (legacy µs, best per-call mma µs).
 pub fn decode_ab(
     k: &CudaKernels,
     rng: &mut Rng,
@@ -311,7 +314,9 @@ pub fn decode_ab(
     iters: usize,
 ) -> (f64, f64) {
     use half::bf16;
-    use porter_kernels::cuda::{force_attn_decode, force_attn_decode_splits, AttnDecode};
+    use porter_kernels::cuda::{
+        force_attn_decode, force_attn_decode_splits, force_attn_decode_timing, AttnDecode, DecodeTiming,
+    };
     let row = kvh * hd;
     let nb = ctx.div_ceil(16);
     let kp = up::<bf16>(k, &rng.vec(b * nb * 16 * row, 1.0));
@@ -328,57 +333,101 @@ pub fn decode_ab(
     };
     println!("  DECODE-AB h{h} kvh{kvh} d{hd} batch {b} ctx {ctx} ({:.1} MB of K/V):", bytes / 1e6);
     let (mut legacy, mut best) = ((0.0, Vec::new()), f64::INFINITY);
-    // (kernel, (splits, min keys) or the environment's).
+    // (kernel, (splits, min keys) or the environment's, also prealloc / split timings).
     let forms = [
-        (AttnDecode::Legacy, None),
-        (AttnDecode::Mma, None),
-        (AttnDecode::Mma2, None),
-        (AttnDecode::MmaW2, None),
-        (AttnDecode::Mma, Some((128, 128))),
-        (AttnDecode::Mma, Some((32, 512))),
-        (AttnDecode::MmaW2, Some((128, 128))),
+        (AttnDecode::Legacy, None, false),
+        (AttnDecode::Mma, None, true),
+        (AttnDecode::Mma2, None, false),
+        (AttnDecode::MmaW2, None, true),
+        (AttnDecode::Mma4, None, true),
+        (AttnDecode::Mma4W2, None, true),
+        (AttnDecode::Mma4S, None, true),
+        (AttnDecode::Mma, Some((128, 128)), false),
+        (AttnDecode::Mma, Some((32, 512)), false),
+        (AttnDecode::MmaW2, Some((128, 128)), false),
+        (AttnDecode::Mma4, Some((128, 256)), true),
+        (AttnDecode::Mma4, Some((32, 512)), false),
+        (AttnDecode::Mma4W2, Some((128, 256)), true),
+        (AttnDecode::Mma4W2, Some((128, 128)), false),
+        (AttnDecode::Mma4, Some((64, 128)), true),
+        (AttnDecode::Mma4W2, Some((64, 128)), false),
     ];
-    for (kind, splits) in forms {
+    for (kind, splits, parts) in forms {
         force_attn_decode(Some(kind));
         force_attn_decode_splits(splits);
-        let mut out = poisoned::<bf16>(k, b * h * hd);
-        let sec = {
-            let mut run = |_i: usize| {
-                k.attention::<bf16>(
-                    &q,
-                    &kp,
-                    &vp,
-                    &tables,
-                    nb,
-                    16,
-                    &sd,
-                    &mut out,
-                    b,
-                    b,
-                    1,
-                    h,
-                    kvh,
-                    hd,
-                    sc,
-                    None,
-                    AttnMode::Fast,
-                )
-                .expect("attention")
-            };
-            super::timing::time_calls(k, hold, iters, &mut run)
-        };
-        let (us, got) = (sec * 1e6, down(k, &out));
-        let name = k.attention_decode_kernel::<bf16>(hd, 1, AttnMode::Fast).unwrap_or_else(|| "attention.cu".into());
-        if kind == AttnDecode::Legacy {
-            println!("    legacy {:>30}: {}", "attention.cu", show(us));
-            legacy = (us, got);
+        let modes: &[DecodeTiming] = if parts {
+            &[DecodeTiming::PerCall, DecodeTiming::Prealloc, DecodeTiming::SplitOnly]
         } else {
+            &[DecodeTiming::PerCall]
+        };
+        let mut times = Vec::new();
+        for &mode in modes {
+            force_attn_decode_timing(mode);
+            let mut out = poisoned::<bf16>(k, b * h * hd);
+            let sec = {
+                let mut run = |_i: usize| {
+                    k.attention::<bf16>(
+                        &q,
+                        &kp,
+                        &vp,
+                        &tables,
+                        nb,
+                        16,
+                        &sd,
+                        &mut out,
+                        b,
+                        b,
+                        1,
+                        h,
+                        kvh,
+                        hd,
+                        sc,
+                        None,
+                        AttnMode::Fast,
+                    )
+                    .expect("attention")
+                };
+                super::timing::time_calls(k, hold, iters, &mut run)
+            };
+            let us = sec * 1e6;
+            times.push(us);
+            let name =
+                k.attention_decode_kernel::<bf16>(hd, 1, AttnMode::Fast).unwrap_or_else(|| "attention.cu".into());
+            if kind == AttnDecode::Legacy {
+                println!("    legacy {:>30}: {}", "attention.cu", show(us));
+                legacy = (us, down(k, &out));
+                continue;
+            }
             let sp = splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}"));
-            println!("    {kind:?} {name:>30} splits/min {sp:>7}: {} ({:.2}x)", show(us), legacy.0 / us);
-            check(&format!("    decode {kind:?} vs legacy"), &got, &legacy.1, 2.0 * tol::<bf16>());
-            best = best.min(us);
+            let label = match mode {
+                DecodeTiming::PerCall => "per call",
+                DecodeTiming::Prealloc => "prealloc",
+                DecodeTiming::SplitOnly => "split",
+            };
+            println!("    {kind:?} {name:>30} splits/min {sp:>7} {label:>8}: {} ({:.2}x)", show(us), legacy.0 / us);
+            if mode != DecodeTiming::SplitOnly {
+                check(
+                    &format!("    decode {kind:?} {label} vs legacy"),
+                    &down(k, &out),
+                    &legacy.1,
+                    2.0 * tol::<bf16>(),
+                );
+            }
+            if mode == DecodeTiming::PerCall {
+                best = best.min(us);
+            }
+        }
+        if let [per_call, prealloc, split] = times[..] {
+            println!(
+                "    {kind:?} splits/min {:>7}: alloc {:.1} us, combine (launch included) {:.1} us, split kernel {:.1} us",
+                splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}")),
+                per_call - prealloc,
+                prealloc - split,
+                split
+            );
         }
     }
+    force_attn_decode_timing(DecodeTiming::PerCall);
     force_attn_decode(None);
     force_attn_decode_splits(None);
     (legacy.0, best)

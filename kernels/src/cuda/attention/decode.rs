@@ -8,14 +8,19 @@
 
 use super::{window_arg, Args, AttnMode, Paged, Pools, ATT_SPLIT_Q};
 use crate::cuda::{prod, u32_of, CudaFloat, CudaKernels, Result, ATTENTION_DECODE};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use std::cell::Cell;
+use std::ffi::c_void;
 
 /// Environment variable choosing the decode kernel (launches with `max_q_len <= 8`, read on
 /// every call): `legacy` (the CUDA-core split-K kernels of attention.cu), `mma` (or unset:
 /// the default; the tensor-core kernel of attention_decode.cu: 4 warps, the deepest K/V ring
 /// that fits the device), `mma2` / `mma3` (2 or 3 ring stages per warp), `mmaw2` (2 warps and 3 stages
-/// a block, two blocks an SM at head_dim 256; A/B forms). Another value warns once and
+/// a block, two blocks an SM at head_dim 256; A/B forms), `mma4` / `mma4w2` (the V2 kernel:
+/// Q by cp.async, two tiles of block-table lookahead, and the wider combine whose loads are
+/// all in flight at once, launched on sm_90+ as a programmatic dependent of the split kernel
+/// so that its launch overlaps the split kernel's tail; 4 or 2 warps), `mma4s` (`mma4` with
+/// the combine launched plainly; A/B forms). Another value warns once and
 /// means the default. The mma kernel applies to bf16 / f16 pools of the model dtype, head_dim
 /// 64 / 128 / 256, 16-byte aligned pools, sm_80+, outside [`AttnMode::Invariant`]; elsewhere
 /// the CUDA-core kernels run.
@@ -59,11 +64,48 @@ pub enum AttnDecode {
     /// attention_decode.cu with 2-warp blocks and 3-stage rings (half the shared memory: two
     /// blocks an SM at head_dim 256), 4 warps where that does not fit.
     MmaW2,
+    /// attention_decode.cu's V2 kernel (`_v2`: Q by cp.async, two tiles of table
+    /// lookahead; 3 stages, 4 warps, else 2 stages of V1) and the V2 combine (`combine2`).
+    Mma4,
+    /// [`AttnDecode::Mma4`] with 2-warp blocks (two blocks an SM at head_dim 256), 4 warps
+    /// where that does not fit.
+    Mma4W2,
+    /// [`AttnDecode::Mma4`] with the combine launched after the split kernel completes (no
+    /// programmatic dependent launch): the A/B of PDL.
+    Mma4S,
 }
 
 thread_local! {
     static FORCED: Cell<Option<AttnDecode>> = const { Cell::new(None) };
     static FORCED_SPLITS: Cell<Option<(u32, u32)>> = const { Cell::new(None) };
+    static TIMING: Cell<DecodeTiming> = const { Cell::new(DecodeTiming::PerCall) };
+    static SCRATCH: std::cell::RefCell<Option<CudaSlice<f32>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// What a decode call of the calling thread runs, for timing the parts apart
+/// ([`force_attn_decode_timing`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DecodeTiming {
+    /// As the model runs it: the partial scratch allocated per call, then both kernels.
+    #[default]
+    PerCall,
+    /// The partial scratch kept across calls of this thread (allocated once, grown when too
+    /// small): the kernels without the allocation.
+    Prealloc,
+    /// As `Prealloc`, without the combine launch: the split kernel alone (the rows that
+    /// span several splits are then left unwritten: no output to check).
+    SplitOnly,
+}
+
+/// Sets how the calling thread's decode calls run ([`DecodeTiming`]); back to
+/// `PerCall` frees the kept scratch. For timing tests only.
+#[doc(hidden)]
+pub fn force_attn_decode_timing(t: DecodeTiming) {
+    TIMING.with(|c| c.set(t));
+    if t == DecodeTiming::PerCall {
+        SCRATCH.with(|s| s.borrow_mut().take());
+    }
 }
 
 /// Overrides [`ATTN_DECODE_SPLITS_ENV`] and [`ATTN_DECODE_MIN_KEYS_ENV`] for the calling
@@ -91,6 +133,9 @@ fn decode_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<AttnDecode, S
         "mma2" => Ok(AttnDecode::Mma2),
         "mma3" => Ok(AttnDecode::Mma3),
         "mmaw2" => Ok(AttnDecode::MmaW2),
+        "mma4" => Ok(AttnDecode::Mma4),
+        "mma4w2" => Ok(AttnDecode::Mma4W2),
+        "mma4s" => Ok(AttnDecode::Mma4S),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -104,7 +149,7 @@ fn decode_choice() -> AttnDecode {
     decode_from(std::env::var_os(ATTN_DECODE_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
-            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2; using mma")
+            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2, mma4s; using mma")
         });
         AttnDecode::Mma
     })
@@ -163,6 +208,10 @@ pub(super) struct DecodePlan {
     combine: String,
     warps: u32,
     smem: usize,
+    /// The V2 combine (`combine2`, grid y = head_dim / 64).
+    v2: bool,
+    /// The V2 combine launched as a programmatic dependent of the split kernel (sm_90+).
+    pdl: bool,
     ks_min_log2: u32,
     nsplit_log2: u32,
 }
@@ -190,12 +239,19 @@ impl CudaKernels {
             return None;
         }
         // (stages, warps) in order of preference.
-        let order: &[(usize, usize)] = match choice {
-            AttnDecode::Mma2 => &[(2, 4)],
-            AttnDecode::MmaW2 => &[(3, 2), (3, 4), (2, 4)],
-            _ => &[(3, 4), (2, 4)],
+        // (stages, warps, V2 kernel) in order of preference.
+        let order: &[(usize, usize, bool)] = match choice {
+            AttnDecode::Mma2 => &[(2, 4, false)],
+            AttnDecode::MmaW2 => &[(3, 2, false), (3, 4, false), (2, 4, false)],
+            AttnDecode::Mma4 => &[(3, 4, true), (2, 4, false)],
+            AttnDecode::Mma4W2 => &[(3, 2, true), (3, 4, true), (2, 4, false)],
+            AttnDecode::Mma4S => &[(3, 4, true), (2, 4, false)],
+            _ => &[(3, 4, false), (2, 4, false)],
         };
-        let (st, nw) = order.iter().copied().find(|&(st, nw)| smem(head_dim, st, nw) <= caps.smem_limit())?;
+        let (st, nw, v2k) = order.iter().copied().find(|&(st, nw, _)| smem(head_dim, st, nw) <= caps.smem_limit())?;
+        let v2 = matches!(choice, AttnDecode::Mma4 | AttnDecode::Mma4W2 | AttnDecode::Mma4S);
+        // PDL needs the V2 split kernel's trigger (else it only helps at block exit) and sm_90.
+        let pdl = v2 && v2k && choice != AttnDecode::Mma4S && caps.major >= 9;
         let (nsplit_log2, ks_min_log2) = FORCED_SPLITS.with(Cell::get).unwrap_or_else(|| {
             (
                 pow2_env(ATTN_DECODE_SPLITS_ENV, 1, DEC_MAXZ, DEC_SPLITS),
@@ -203,10 +259,17 @@ impl CudaKernels {
             )
         });
         Some(DecodePlan {
-            name: format!("attention_decode_{}_d{head_dim}_s{st}{}", T::NAME, if nw == 2 { "_w2" } else { "" }),
-            combine: format!("attention_decode_combine_{}_d{head_dim}", T::NAME),
+            name: format!(
+                "attention_decode_{}_d{head_dim}_s{st}{}{}",
+                T::NAME,
+                if nw == 2 { "_w2" } else { "" },
+                if v2k { "_v2" } else { "" }
+            ),
+            combine: format!("attention_decode_combine{}_{}_d{head_dim}", if v2 { "2" } else { "" }, T::NAME),
             warps: nw as u32,
             smem: smem(head_dim, st, nw),
+            v2,
+            pdl,
             ks_min_log2,
             nsplit_log2,
         })
@@ -255,17 +318,25 @@ impl CudaKernels {
         let (t32, h32, kvh32) = (u32_of("t", a.t)?, u32_of("heads", heads)?, u32_of("kv_heads", a.kv_heads)?);
         let (win32, qc32, nz32) = (window_arg(a.window), qcap as u32, nzg as u32);
         let Paged { max_blocks, bs_log2, n_slots } = a.pg;
+        let timing = TIMING.with(Cell::get);
         let part: Option<CudaSlice<f32>> = if nzg > 1 {
             let len = prod(&[a.n_seqs, qcap, heads, nzg, head_dim + 4])?;
-            // SAFETY: f32 scratch; the combine reads only the partials the decode kernel wrote
-            // (the splits of a row that spans several).
-            Some(unsafe { self.stream.alloc::<f32>(len) }?)
+            let kept = match timing {
+                DecodeTiming::PerCall => None,
+                _ => SCRATCH.with(|c| c.borrow_mut().take()).filter(|b| b.len() >= len),
+            };
+            match kept {
+                Some(b) => Some(b),
+                // SAFETY: f32 scratch; the combine reads only the partials the decode kernel
+                // wrote (the splits of a row that spans several).
+                None => Some(unsafe { self.stream.alloc::<f32>(len) }?),
+            }
         } else {
             None
         };
         let s = &*self.stream;
         let (po, _go) = out.device_ptr_mut(s);
-        let (ppart, _gpart) = crate::cuda::opt_ptr(part.as_ref(), s);
+        let (ppart, gpart) = crate::cuda::opt_ptr(part.as_ref(), s);
         let (ksl, nsl) = (p.ks_min_log2, p.nsplit_log2);
         // SAFETY: arguments match `attention_decode_<T>_d<DP>_s<ST>[_w2]` (attention_decode.cu,
         // 32 · NW threads, D == DP, 16-byte aligned pools of T: `decode_plan`); `q`, `out`, `spans`,
@@ -306,27 +377,92 @@ impl CudaKernels {
                 ]
             )
         }?;
-        if let Some(pt) = &part {
-            let cfg = LaunchConfig {
-                grid_dim: (u32_of("qcap * heads", qcap * heads)?, a.n_seqs as u32, 1),
-                block_dim: (DEC_CTHREADS, 1, 1),
-                shared_mem_bytes: 0,
+        if let Some(pt) = part.as_ref().filter(|_| timing != DecodeTiming::SplitOnly) {
+            let grid_dim = if p.v2 {
+                (u32_of("qcap * heads", qcap * heads)?, (head_dim / 64) as u32, u32_of("n_seqs", a.n_seqs)?)
+            } else {
+                (u32_of("qcap * heads", qcap * heads)?, u32_of("n_seqs", a.n_seqs)?, 1)
             };
+            let cfg = LaunchConfig { grid_dim, block_dim: (DEC_CTHREADS, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: arguments match `attention_decode_combine_<T>_d<DP>`; the partial buffer
-            // and `out` have the sizes above (splits < nzg, rows < t only).
+            // and `out` have the sizes above (splits < nzg, rows < t only; combine2: dims of
+            // its 64-dim chunk blockIdx.y < head_dim / 64, head_dim a multiple of 64).
             // Kernel: `attention_decode_combine_<T>_d<DP>(const float* part, const u32* spans,
             // T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg, u32 ks_min_log2,
             // u32 nsplit_log2)`.
-            unsafe {
-                launch!(
-                    self,
-                    ATTENTION_DECODE,
-                    p.combine.clone(),
-                    cfg,
-                    [ptr(pt), ptr(spans), po, t32, h32, win32, qc32, nz32, ksl, nsl]
-                )
-            }?;
+            if p.pdl {
+                let f = self.function(&ATTENTION_DECODE, &p.combine)?;
+                let (pspans, _gs) = spans.device_ptr(s);
+                let (ppt, _gpt) = pt.device_ptr(s);
+                let mut args = (ppt, pspans, po, [t32, h32, win32, qc32, nz32, ksl, nsl]);
+                let (a0, a1, a2, r) = (&mut args.0, &mut args.1, &mut args.2, &mut args.3);
+                let [r0, r1, r2, r3, r4, r5, r6] = r;
+                let mut params: [*mut c_void; 10] = [
+                    (a0 as *mut u64).cast(),
+                    (a1 as *mut u64).cast(),
+                    (a2 as *mut u64).cast(),
+                    (r0 as *mut u32).cast(),
+                    (r1 as *mut u32).cast(),
+                    (r2 as *mut u32).cast(),
+                    (r3 as *mut u32).cast(),
+                    (r4 as *mut u32).cast(),
+                    (r5 as *mut u32).cast(),
+                    (r6 as *mut u32).cast(),
+                ];
+                // SAFETY: as above; `params` points at the 10 parameters of the combine, in
+                // order, alive across the call (the driver copies them at launch). The
+                // combine waits (griddepcontrol.wait) for the split grid before its first
+                // partial read and before it can complete.
+                unsafe { self.launch_pdl(&f, &cfg, &mut params) }?;
+            } else {
+                // SAFETY: see above.
+                unsafe {
+                    launch!(
+                        self,
+                        ATTENTION_DECODE,
+                        p.combine.clone(),
+                        cfg,
+                        [ptr(pt), ptr(spans), po, t32, h32, win32, qc32, nz32, ksl, nsl]
+                    )
+                }?;
+            }
         }
+        drop(gpart);
+        if timing != DecodeTiming::PerCall {
+            SCRATCH.with(|c| *c.borrow_mut() = part);
+        }
+        Ok(())
+    }
+
+    /// Launches `f` on the stream with `cfg` as a programmatic dependent of the grid before
+    /// it (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`, sm_90+): its blocks may
+    /// start once every block of that grid has triggered (griddepcontrol.launch_dependents)
+    /// or exited, and must griddepcontrol.wait before reading its outputs.
+    ///
+    /// # Safety
+    /// `params` points at `f`'s parameters, in order, with their types; memory and launch
+    /// shape as `f` requires; `f` waits for the grid before it wherever it reads that grid's
+    /// outputs, and in every block.
+    unsafe fn launch_pdl(&self, f: &CudaFunction, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
+        // SAFETY: plain-data C structs; every field is set below or meant to be zero.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the caller's contract; `config` and `attr` outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()?;
         Ok(())
     }
 }
@@ -340,6 +476,8 @@ mod tests {
         assert_eq!(decode_from(None), Ok(AttnDecode::Mma));
         assert_eq!(decode_from(Some(" MMA ".as_ref())), Ok(AttnDecode::Mma));
         assert_eq!(decode_from(Some("mma2".as_ref())), Ok(AttnDecode::Mma2));
+        assert_eq!(decode_from(Some("mma4".as_ref())), Ok(AttnDecode::Mma4));
+        assert_eq!(decode_from(Some("Mma4W2".as_ref())), Ok(AttnDecode::Mma4W2));
         assert_eq!(decode_from(Some("legacy".as_ref())), Ok(AttnDecode::Legacy));
         assert!(decode_from(Some("fast".as_ref())).is_err());
     }
