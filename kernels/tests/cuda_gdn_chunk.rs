@@ -38,7 +38,8 @@ fn nvrtc_gdn_chunk_ptxas_info() {
         // blocks per SM): a spill there would cost more than the occupancy gains.
         let hot = func.starts_with("gdn_chunk_tc_wu_")
             || func.starts_with("gdn_chunk_tc2_")
-            || func.starts_with("gdn_chunk_tc3_");
+            || func.starts_with("gdn_chunk_tc3_")
+            || func.starts_with("gdn_chunk_tc4_");
         if hot && line.contains("spill") && !line.contains(" 0 bytes spill stores") {
             spills.push(func);
         }
