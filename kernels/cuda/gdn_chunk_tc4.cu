@@ -23,7 +23,7 @@
 //      columns; −W (T pairs) and U (f32 pairs) from the accumulators to global memory.
 // Shared memory: Kb, Qb (T [64][DK + 8]), Vb (T [64][dv + 8]), As (f32 [64][68]): 68 KiB at
 // DK = dv = 128 (2 blocks an SM at __launch_bounds__(256, 2): K and Q in flight take 64
-// registers a thread).
+// registers a thread; at (256, 3), 80 registers, ptxas spills 108 bytes).
 //
 // Shapes: DK ∈ {64, 128}; dv % 32 == 0, dv <= 256; T = bf16 / f16.
 
