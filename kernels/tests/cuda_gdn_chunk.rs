@@ -38,7 +38,8 @@ fn nvrtc_gdn_chunk_ptxas_info() {
         // blocks per SM): a spill there would cost more than the occupancy gains.
         let hot = func.starts_with("gdn_chunk_tc_wu_")
             || func.starts_with("gdn_chunk_tc2_")
-            || func.starts_with("gdn_chunk_tc3_");
+            || func.starts_with("gdn_chunk_tc3_")
+            || func.starts_with("gdn_chunk_tc4_");
         if hot && line.contains("spill") && !line.contains(" 0 bytes spill stores") {
             spills.push(func);
         }
@@ -193,17 +194,32 @@ fn tc_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims) -> bool {
 }
 
 /// The form `want` (tc2: the mma.sync state sweep, 3 stages of 129 KiB at dk = 128, 32
-/// columns a block; tc3: the same writing the outputs, 207 KiB) should run as where the
-/// tensor-core form does and its shared memory fits.
+/// columns a block; tc3: the same writing the outputs, 207 KiB; tc4: tc3 with the mma.sync wu
+/// launch, 68 KiB at dk = dv = 128) should run as where the tensor-core form does and its
+/// shared memory fits.
 fn tc2_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> bool {
     let kb = 2 * 64 * (d.dk + 8);
-    let stage = 2 * kb + 4 * 64 * 36 + if want == GdnChunkForm::Tc3 { kb + 2 * 64 * 72 } else { 0 };
-    tc_expected::<T>(k, d) && k.caps().smem_limit() >= 3 * stage + 2048
+    let fused = matches!(want, GdnChunkForm::Tc3 | GdnChunkForm::Tc4);
+    let stage = 2 * kb + 4 * 64 * 36 + if fused { kb + 2 * 64 * 72 } else { 0 };
+    let wu4 = 2 * kb + 2 * 64 * (d.dv + 8) + 4 * 64 * 68;
+    let limit = k.caps().smem_limit();
+    tc_expected::<T>(k, d) && limit >= 3 * stage + 2048 && (want != GdnChunkForm::Tc4 || limit >= wu4 + 2048)
+}
+
+/// The name [`CudaKernels::gdn_chunked_seq_with`] returns for a form that ran as asked.
+fn form_name(f: GdnChunkForm) -> &'static str {
+    match f {
+        GdnChunkForm::Tc => "tc",
+        GdnChunkForm::Tc2 => "tc2",
+        GdnChunkForm::Tc3 => "tc3",
+        GdnChunkForm::Tc4 => "tc4",
+        GdnChunkForm::F32 => "f32",
+    }
 }
 
 /// Tolerances (outputs, states) of a form that ran.
 fn form_tols<T: CudaFloat>(form: &str) -> (f32, f32) {
-    if form == "tc" || form == "tc2" || form == "tc3" {
+    if matches!(form, "tc" | "tc2" | "tc3" | "tc4") {
         (TOL_TC_OUT, TOL_TC_STATE)
     } else {
         (out_tol::<T>(), TOL_CHUNK_F32)
@@ -211,7 +227,7 @@ fn form_tols<T: CudaFloat>(form: &str) -> (f32, f32) {
 }
 
 /// Runs `calls` consecutive calls (the state carries over) of the default form (for bf16 /
-/// f16 the tensor-core form where it applies), of the tc2 form (bf16 / f16 only), of the f32
+/// f16 the tensor-core form where it applies), of the tc2, tc3 and tc4 forms (bf16 / f16 only), of the f32
 /// form and of `gdn_delta_seq` on separate state pools, and compares outputs and the whole
 /// pools with the CPU chunked reference after each call (the f32 form also with
 /// `gdn_delta_seq`). `inputs` makes each call's inputs. Failures are collected in `fails`.
@@ -228,7 +244,11 @@ fn chunk_case<T: CudaFloat>(
 ) {
     let mut state = rng.vec(num_slots * nbuf * d.state(), 0.5);
     let mut dstate = up::<f32>(k, &state);
-    let mut extra = [(GdnChunkForm::Tc2, up::<f32>(k, &state)), (GdnChunkForm::Tc3, up::<f32>(k, &state))];
+    let mut extra = [
+        (GdnChunkForm::Tc2, up::<f32>(k, &state)),
+        (GdnChunkForm::Tc3, up::<f32>(k, &state)),
+        (GdnChunkForm::Tc4, up::<f32>(k, &state)),
+    ];
     let mut dstate_f32 = up::<f32>(k, &state);
     let mut dstate_seq = up::<f32>(k, &state);
     let tc = tc_expected::<T>(k, d);
@@ -279,12 +299,12 @@ fn chunk_case<T: CudaFloat>(
         let e = err_stat(&got_state, &state);
         judge(fails, &format!("{what}: {form} state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
         for (want2, dstate2) in extra.iter_mut().filter(|_| T::NAME != "f32") {
-            // The tc2 / tc3 forms (own pools), same tolerances as the tensor-core form.
+            // The tc2 / tc3 / tc4 forms (own pools), same tolerances as the tensor-core form.
             let mut out2 = poisoned::<T>(k, t * d.hv * d.dv);
             let form2 = k
                 .gdn_chunked_seq_with(&dq, &dg, &db, dstate2, &dsp, &mut out2, dims, *want2, None)
-                .expect("gdn_chunked_seq tc2 / tc3 form");
-            let name2 = if *want2 == GdnChunkForm::Tc3 { "tc3" } else { "tc2" };
+                .expect("gdn_chunked_seq tc2 / tc3 / tc4 form");
+            let name2 = form_name(*want2);
             if tc2_expected::<T>(k, d, *want2) && form2 != name2 {
                 fails.push(format!("{what}: expected the {name2} form, ran {form2}"));
             }
@@ -324,7 +344,7 @@ fn invalid_slot_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: GdnDims, f
     let (w, hv) = (d.width(), d.hv);
     let want = rnd_vec::<T>(&chunk_ref(d, &qkv[..t1 * w], &g[..t1 * hv], &beta[..t1 * hv], &mut state, valid, nbuf));
     let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
-    for want_form in [GdnChunkForm::Tc, GdnChunkForm::Tc2, GdnChunkForm::Tc3, GdnChunkForm::F32] {
+    for want_form in [GdnChunkForm::Tc, GdnChunkForm::Tc2, GdnChunkForm::Tc3, GdnChunkForm::Tc4, GdnChunkForm::F32] {
         let dims = [t, 3, bad_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf];
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
         let mut pool = up::<f32>(k, &state0);
@@ -427,7 +447,8 @@ fn gpu_us(k: &CudaKernels, hold: &mut Hold, mut f: impl FnMut()) -> f64 {
     time_calls(k, hold, 10, &mut |_| f()) * 1e6
 }
 
-/// Times the chunked delta rule (for bf16 / f16: the tc2, tc and f32 forms) and the
+/// Times the chunked delta rule (for bf16 / f16: the tc4, tc3, tc2, tc and f32 forms; tc4 beside
+/// tc3 at the end) and the
 /// sequential one at the 80B head layout, each call by CUDA events over 10 calls and each
 /// launch by events around it (best of 3), µs and TFLOP/s; `check` first compares the chunked
 /// forms against the CPU reference (left out at 16k tokens, where the CPU reference alone
@@ -467,8 +488,9 @@ fn prefill_80b<T: CudaFloat>(
     let forms: &[GdnChunkForm] = if T::NAME == "f32" {
         &[GdnChunkForm::F32]
     } else {
-        &[GdnChunkForm::Tc3, GdnChunkForm::Tc2, GdnChunkForm::Tc, GdnChunkForm::F32]
+        &[GdnChunkForm::Tc4, GdnChunkForm::Tc3, GdnChunkForm::Tc2, GdnChunkForm::Tc, GdnChunkForm::F32]
     };
+    let mut seen: Vec<(&str, f64, [f64; 4])> = Vec::new(); // (form, µs a call, per launch)
     for &want in forms {
         let mut form = "";
         let us = gpu_us(k, &mut hold, || {
@@ -503,6 +525,23 @@ fn prefill_80b<T: CudaFloat>(
             laps[3],
             tf(3),
             laps.iter().sum::<f64>()
+        );
+        seen.push((form, us, laps));
+    }
+    let find = |name: &str| seen.iter().find(|x| x.0 == name);
+    if let (Some(new), Some(old)) = (find("tc4"), find("tc3")) {
+        println!(
+            "    tc4 vs tc3 ({} t {t}): call {:.1} vs {:.1} µs ({:.2}x), wu {:.1} vs {:.1} µs ({:.2}x), \
+             state {:.1} vs {:.1} µs",
+            T::NAME,
+            new.1,
+            old.1,
+            old.1 / new.1,
+            new.2[1],
+            old.2[1],
+            old.2[1] / new.2[1],
+            new.2[2],
+            old.2[2]
         );
     }
 }

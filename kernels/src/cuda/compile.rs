@@ -195,7 +195,8 @@ pub(crate) static GDN_SEQ: KernelSource =
     KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
 /// Gated DeltaNet chunked (64-token) prefill over spans: the f32 CUDA-core form (gdn_chunk.cu)
 /// and the tensor-core forms for bf16 / f16 (gdn_chunk_tc.cu, which uses gdn_chunk.cu's helpers;
-/// gdn_chunk_tc2.cu, the mma.sync state sweep of `PORTER_GDN_CHUNK=tc2`).
+/// gdn_chunk_tc2.cu, the mma.sync state sweep of `PORTER_GDN_CHUNK=tc2`; gdn_chunk_tc4.cu, the
+/// mma.sync wu launch of `tc4`).
 pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
     name: "gdn_chunk.cu",
     code: concat!(
@@ -203,7 +204,9 @@ pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
         "\n#line 1 \"gdn_chunk_tc.cu\"\n",
         include_str!("../../cuda/gdn_chunk_tc.cu"),
         "\n#line 1 \"gdn_chunk_tc2.cu\"\n",
-        include_str!("../../cuda/gdn_chunk_tc2.cu")
+        include_str!("../../cuda/gdn_chunk_tc2.cu"),
+        "\n#line 1 \"gdn_chunk_tc4.cu\"\n",
+        include_str!("../../cuda/gdn_chunk_tc4.cu")
     ),
 };
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling, the skinny

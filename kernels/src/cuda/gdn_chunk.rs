@@ -16,7 +16,7 @@ use super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK}
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 mod tc3;
-use tc3::{tc3_smem, Tc3Call};
+use tc3::{tc3_smem, tc4_wu, Tc3Call};
 
 /// Environment variable choosing the form of [`CudaKernels::gdn_chunked_seq`] for bf16 / f16
 /// outputs: `f32` runs the CUDA-core f32 kernels; `tc` the tensor-core kernels
@@ -25,8 +25,9 @@ use tc3::{tc3_smem, Tc3Call};
 /// (or unset: the default, measured on the H200 in session 12 at 435.5 µs for 4k tokens of the
 /// 80B layout against 1,039 for `tc`, 732 for `tc2` and 690 for flash-linear-attention) that
 /// sweep writing the outputs as well (no out launch; where its 207 KiB of shared memory or a
-/// 16-byte aligned qkv are missing, as `tc`). Any other value warns once on stderr and counts
-/// as unset. Read on every call.
+/// 16-byte aligned qkv are missing, as `tc`); `tc4` as `tc3` with its wu launch on mma.sync
+/// (gdn_chunk_tc4.cu; where that launch's shared memory does not fit, exactly `tc3`). Any other
+/// value warns once on stderr and counts as unset. Read on every call.
 pub const GDN_CHUNK_ENV: &str = "PORTER_GDN_CHUNK";
 
 /// Environment variable: state columns per block of the `tc2` / `tc3` state sweep, `16`, `32` (unset:
@@ -44,6 +45,8 @@ pub enum GdnChunkForm {
     Tc2,
     /// As `Tc2` with the outputs written by the state sweep (gdn_chunk/tc3.rs).
     Tc3,
+    /// As `Tc3` with the wu launch on mma.sync (gdn_chunk_tc4.cu).
+    Tc4,
     /// The CUDA-core f32 kernels for every output type.
     F32,
 }
@@ -55,12 +58,13 @@ fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
         "f32" => GdnChunkForm::F32,
         "tc2" => GdnChunkForm::Tc2,
         "" | "tc3" => GdnChunkForm::Tc3,
+        "tc4" => GdnChunkForm::Tc4,
         "tc" => GdnChunkForm::Tc,
         other => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 eprintln!(
-                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `f32`; using the default (tc3)"
+                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `f32`; using the default (tc3)"
                 )
             });
             GdnChunkForm::Tc3
@@ -86,7 +90,7 @@ fn tc2_warps_from(v: Option<std::ffi::OsString>) -> usize {
 
 /// Which kernels a call of [`CudaKernels::gdn_chunked_seq_with`] ran.
 #[doc(hidden)]
-pub const GDN_FORMS: [&str; 5] = ["tc", "f32", "seq", "tc2", "tc3"];
+pub const GDN_FORMS: [&str; 6] = ["tc", "f32", "seq", "tc2", "tc3", "tc4"];
 
 /// Tokens per chunk (`GC_C` in gdn_chunk.cu).
 const GC_C: usize = 64;
@@ -163,7 +167,7 @@ impl CudaKernels {
     /// [`GDN_CHUNK_ENV`] ([`GdnChunkForm::F32`]: the f32 kernels even for bf16 / f16) and,
     /// with `timing`, CUDA events recorded around each of the four launches and their GPU
     /// times in µs written there once the stream has caught up (prep, wu, state, out; all 0
-    /// when the sequential fallback runs). Returns the form that ran: `"tc"`, `"tc2"`,
+    /// when the sequential fallback runs). Returns the form that ran: `"tc"`, `"tc2"`, `"tc3"`, `"tc4"`,
     /// `"f32"`, or `"seq"` (`gdn_delta_seq`, where the chunk kernels do not fit the device's
     /// shared memory). For tests and profiling.
     #[doc(hidden)]
@@ -223,12 +227,17 @@ impl CudaKernels {
             (Some(_), GdnChunkForm::Tc3) => {
                 tc3_smem(dk, dv, tc2_warps_from(std::env::var_os(GDN_TC2_BV_ENV)), self.caps())
             }
+            (Some(_), GdnChunkForm::Tc4) => {
+                tc3_smem(dk, dv, tc2_warps_from(std::env::var_os(GDN_TC2_BV_ENV)), self.caps())
+                    .map(|m| tc4_wu(m, dk, dv, self.caps()))
+            }
             _ => None,
         };
-        let form_name = match (tc.is_some(), tc2.is_some(), tc3.is_some()) {
-            (true, _, true) => GDN_FORMS[4],
+        let form_name = match (tc.is_some(), tc2.is_some(), tc3) {
+            (true, _, Some(m)) if m.tc4 => GDN_FORMS[5],
+            (true, _, Some(_)) => GDN_FORMS[4],
             (true, true, _) => GDN_FORMS[3],
-            (true, false, false) => GDN_FORMS[0],
+            (true, false, None) => GDN_FORMS[0],
             _ => GDN_FORMS[1],
         };
         if !self.check_delta_args("gdn_chunked_seq", limits, qkv, g, beta, &*state, spans, &*out, dims)? {
@@ -605,6 +614,7 @@ mod tests {
         assert_eq!(form_from(Some("tc".into())), GdnChunkForm::Tc);
         assert_eq!(form_from(Some("TC2".into())), GdnChunkForm::Tc2);
         assert_eq!(form_from(Some("tc3".into())), GdnChunkForm::Tc3);
+        assert_eq!(form_from(Some(" Tc4".into())), GdnChunkForm::Tc4);
         assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc3); // warns once, default
         assert_eq!(tc2_warps_from(None), 2);
         assert_eq!(tc2_warps_from(Some("16".into())), 1);
@@ -635,6 +645,20 @@ mod tests {
         assert_eq!(tc3_smem(64, 64, 4, h200).map(|m| m.nw), Some(4));
         assert_eq!(tc3_smem(128, 128, 2, caps(8, 163 * 1024, false)).map(|m| m.nw), None); // A100: 207 KiB
         assert_eq!(tc3_smem(64, 64, 2, caps(8, 163 * 1024, false)).map(|m| m.nw), Some(2));
+    }
+
+    #[test]
+    fn tc4_wu_smem_layout() {
+        let h200 = caps(9, 227 * 1024, false);
+        let m = tc3_smem(128, 128, 2, h200).expect("fits an H200");
+        // 80B dims: Kb, Qb 2 · 17 408, Vb 17 408, As 17 408 (2 blocks an SM with 112 registers).
+        let m4 = tc4_wu(m, 128, 128, h200);
+        assert_eq!((m4.wu, m4.tc4, m4.nw, m4.state), (69_632, true, 2, 211_968));
+        assert!(2 * (m4.wu + 1280 + 1024) <= 228 * 1024);
+        assert_eq!(tc4_wu(m, 128, 256, h200).wu, 86_016);
+        // Too little shared memory: tc3's wu launch, unchanged.
+        let small = caps(8, 60 * 1024, false);
+        assert_eq!(tc4_wu(m, 128, 128, small), m);
     }
 
     #[test]

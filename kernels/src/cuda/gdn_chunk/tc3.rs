@@ -4,6 +4,7 @@
 //! - `gdn_chunk_tc3_wu_d<dk>_<T>`: per (chunk, value head) −W, K̃, U, exp(G_last) as
 //!   `gdn_chunk_tc_wu`, plus the state-free half of the outputs, Qg = Q ⊙ e^G and
 //!   Pb = tril(Q Kᵀ ⊙ Γ) (rounded to T);
+//!   (`tc4`: `gdn_chunk_tc4_wu_d<dk>_<T>`, the same on mma.sync, gdn_chunk_tc4.cu);
 //! - `gdn_chunk_tc3_state_d<dk>_<T>_w<nw>`: the state sweep on mma.sync with the state in
 //!   registers, which also writes the outputs O = Qg S + Pb Vn chunk by chunk, so that the
 //!   chunk-start states (hb, 67 MB at 4096 tokens) and Vn never go through memory and
@@ -16,8 +17,11 @@ use cudarc::driver::{DevicePtrMut, LaunchConfig};
 /// Shared memory and warps per block of the tc3 kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Tc3Smem {
-    /// Dynamic shared memory of the wu launch, bytes (`GT3_WU_SMEM`).
+    /// Dynamic shared memory of the wu launch, bytes (`GT3_WU_SMEM`, or `GT4_WU_SMEM` with `tc4`).
     pub wu: usize,
+    /// Whether the wu launch is `gdn_chunk_tc4_wu` (gdn_chunk_tc4.cu, `PORTER_GDN_CHUNK=tc4`)
+    /// instead of `gdn_chunk_tc3_wu`; both write the same scratch.
+    pub tc4: bool,
     /// Warps per block of the state launch (16 state columns each).
     pub nw: usize,
     /// Dynamic shared memory of the state launch, bytes (3 × `Gt2Stage<dk, nw, true>::BYTES`).
@@ -43,8 +47,19 @@ pub(super) fn tc3_smem(dk: usize, dv: usize, nw: usize, caps: DeviceCaps) -> Opt
     }
     [nw, 2, 1].into_iter().find_map(|nw| {
         let state = 3 * tc2_stage_bytes(dk, nw, true);
-        (dv.is_multiple_of(16 * nw) && state <= limit).then_some(Tc3Smem { wu, nw, state })
+        (dv.is_multiple_of(16 * nw) && state <= limit).then_some(Tc3Smem { wu, tc4: false, nw, state })
     })
+}
+
+/// `m` with the tc4 wu launch (`gdn_chunk_tc4_wu`, `GT4_WU_SMEM`: Kb, Qb (T [64][dk + 8]), Vb
+/// (T [64][dv + 8]), As (f32 [64][68])) where its shared memory fits the device, else `m`.
+pub(super) fn tc4_wu(m: Tc3Smem, dk: usize, dv: usize, caps: DeviceCaps) -> Tc3Smem {
+    let wu = 4 * GC_C * (dk + 8) + 2 * GC_C * (dv + 8) + 4 * GC_C * 68;
+    if wu + TC_STATIC_SMEM <= caps.smem_limit() {
+        Tc3Smem { wu, tc4: true, ..m }
+    } else {
+        m
+    }
 }
 
 /// Device addresses and dims of one tc3 call (validated by the caller).
@@ -92,7 +107,8 @@ impl CudaKernels {
         let mut pb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, GC_C])?) }?;
         let mut uf = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, GC_C, dv])?) }?;
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
-        let f_wu = self.function_smem(&GDN_CHUNK, &format!("gdn_chunk_tc3_wu_d{dk}_{}", T::NAME), m.wu)?;
+        let wu_name = if m.tc4 { "gdn_chunk_tc4_wu" } else { "gdn_chunk_tc3_wu" };
+        let f_wu = self.function_smem(&GDN_CHUNK, &format!("{wu_name}_d{dk}_{}", T::NAME), m.wu)?;
         let f_state =
             self.function_smem(&GDN_CHUNK, &format!("gdn_chunk_tc3_state_d{dk}_{}_w{}", T::NAME, m.nw), m.state)?;
         let s = &*self.stream;
@@ -107,9 +123,10 @@ impl CudaKernels {
             block_dim: (GC_THREADS, 1, 1),
             shared_mem_bytes: u32_of("smem", m.wu)?,
         };
-        // SAFETY: arguments match `gdn_chunk_tc3_wu_d<dk>_<T>`; dk is 64 or 128 and dv a
-        // multiple of 32 (tc_smem); the shared memory size is the kernel's layout; a valid span
-        // (per `off`) has rows inside 0..t and scratch indices below cap.
+        // SAFETY: arguments match `gdn_chunk_tc3_wu_d<dk>_<T>` and `gdn_chunk_tc4_wu_d<dk>_<T>`
+        // alike; dk is 64 or 128 and dv a multiple of 32 up to 256 (tc_smem); the shared memory
+        // size is the kernel's layout; a valid span (per `off`) has rows inside 0..t and scratch
+        // indices below cap.
         // Kernel: `gdn_chunk_tc3_wu_d<DK>_<T>(const float* qkv, const float* g, const float* beta,
         // const u32* spans, const u32* off, T* wn, T* kb, float* uf, float* gl, T* qg, T* pb, u32 hk,
         // u32 hv, u32 dv, float q_scale)`.
