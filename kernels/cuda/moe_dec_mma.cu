@@ -40,7 +40,7 @@
 // 0..3 or 4..7: distinct banks); then activations [8 pairs][F::BCH chunks], at F::bsw(c, n).
 //
 // A format F (MdmDense below, FmmFp8 in fp8_moe_mma.cu) gives:
-// - WB: bytes a weight element; BCH: 16-byte activation chunks a pair and stage (16 / WB · 8 / 8);
+// - WB: bytes a weight element; BCH: 16-byte activation chunks a pair and stage (16 / WB);
 // - SCALED: whether the weights carry per-row, per-128-k block scales (s, rs arguments);
 // - bsw(c, n): the shared-memory chunk of activation chunk c of pair n;
 // - bfetch(brow, b, g, q, bw): pair g's activation words for sub-block b (0, 1);
@@ -101,8 +101,8 @@ struct MdmDense {
 // time. GU: rows 0..63 gate (w0) and 64..127 up (w1) of inter columns 64·x.., R = I rows an
 // expert, K = H, act = x (pair p's row p / k), out = h [n, I]. Down: rows of w0 (128·x..),
 // R = H, K = I, act = h (row p), out = o [n, H]. Weights: K · F::WB bytes a row; s / rs: the
-// block scales and scale-row indices (F::SCALED; unused otherwise). K % 16 == 0, 16-byte
-// aligned rows (the host).
+// block scales and scale-row indices (F::SCALED; unused otherwise). 16-byte rows, 16-byte
+// aligned (the host: K % 8 == 0 dense, K % 16 == 0 FP8).
 template <typename T, typename F, bool GU>
 __device__ __forceinline__ void mdm_impl(const T* __restrict__ act, const unsigned char* __restrict__ w0,
                                          const float* __restrict__ s0, const u32* __restrict__ rs0,
@@ -167,7 +167,7 @@ __device__ __forceinline__ void mdm_impl(const T* __restrict__ act, const unsign
                 const bool v = (wok >> i & 1u) && kc < kbytes;
                 cp_async16(st + r * MDM_SB + ((wch ^ ((r & 1u) << 2)) << 4), v ? wsrc[i] + kb * MDM_SB : w0, v);
             }
-            if (bn < 8u) {
+            if (F::BCH == 16u || bn < 8u) {  // 8 pairs: 64 (dense) or 128 (FP8) chunks
                 const u32 ka = kb * KS + 8u * bch;
                 const bool v = bok && ka < K;
                 cp_async16(st + MDM_W_BYTES + bn * F::BCH * 16u + (F::bsw(bch, bn) << 4), v ? bsrc + kb * KS : act, v);
