@@ -171,7 +171,9 @@ pub(crate) static ATTENTION_DECODE: KernelSource =
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
 /// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine), the direct decode form's
 /// entry points with the shared expert fused in (moe_shared.cu, dense weights) and the prefill
-/// path's parallel alignment and mma.sync grouped GEMMs (moe_prefill.cu, on moe.cu's helpers).
+/// path's parallel alignment and mma.sync grouped GEMMs (moe_prefill.cu, on moe.cu's helpers),
+/// and the tensor-core decode experts (moe_dec_mma.cu: the swap-AB core shared with the FP8
+/// module, and its dense entry points).
 pub(crate) static MOE: KernelSource = KernelSource {
     name: "moe.cu",
     code: concat!(
@@ -181,7 +183,9 @@ pub(crate) static MOE: KernelSource = KernelSource {
         "\n#line 1 \"moe_shared.cu\"\n",
         include_str!("../../cuda/moe_shared.cu"),
         "\n#line 1 \"moe_prefill.cu\"\n",
-        include_str!("../../cuda/moe_prefill.cu")
+        include_str!("../../cuda/moe_prefill.cu"),
+        "\n#line 1 \"moe_dec_mma.cu\"\n",
+        include_str!("../../cuda/moe_dec_mma.cu")
     ),
 };
 /// The prefill path's grouped GEMMs on wgmma (moe_wgmma.cu, `PORTER_MOE_GEMM=wgmma`,
@@ -225,7 +229,7 @@ pub(crate) static MISC: KernelSource = KernelSource {
 /// GEMVs (fp8.cu), their direct form with the shared expert fused in (moe_shared.cu's FP8 entry
 /// points), and the FP8 prefill GEMMs (fp8_gemm.cu: tile-dequantizing tensor-core GEMMs,
 /// dense and grouped, activation quantization, e4m3 MMA), and the tensor-core decode experts
-/// (fp8_moe_mma.cu). Built on the text of moe.cu and
+/// (fp8_moe_mma.cu, the FP8 format of moe_dec_mma.cu's core). Built on the text of moe.cu and
 /// moe_decode.cu (the grouping, the decode GEMV templates, the vector helpers and the
 /// tensor-core GEMM), compiled as a module of its own.
 pub(crate) static FP8: KernelSource = KernelSource {
@@ -245,6 +249,8 @@ pub(crate) static FP8: KernelSource = KernelSource {
         include_str!("../../cuda/moe_shared.cu"),
         "\n#line 1 \"fp8_gemm.cu\"\n",
         include_str!("../../cuda/fp8_gemm.cu"),
+        "\n#line 1 \"moe_dec_mma.cu\"\n",
+        include_str!("../../cuda/moe_dec_mma.cu"),
         "\n#line 1 \"fp8_moe_mma.cu\"\n",
         include_str!("../../cuda/fp8_moe_mma.cu")
     ),

@@ -82,6 +82,7 @@ mod kv_quant;
 mod misc;
 mod moe;
 mod moe_decode;
+mod moe_mma;
 mod moe_prefill;
 mod norm_gemv;
 mod ops;
@@ -99,6 +100,7 @@ pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GEMV_MAX_ROWS};
 pub use moe::MoeSharedDev;
 pub use moe_decode::{MoeGemv, MOE_DOWN_ENV, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
+pub use moe_mma::{moe_dec_of_process, MoeDec, MOE_DEC_ENV};
 pub use norm_gemv::{norm_gemv_enabled, NormGemvAdd, NORM_GEMV_ENV, NORM_GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 

@@ -6,6 +6,7 @@
 //! (GEMV) path's launches are in `moe_decode.rs`, shared with the FP8 experts.
 
 use super::moe_decode::{check_dims, DecodeCall, MoeGemv, SharedCall, MOE_PHASES_ALL};
+use super::moe_mma::moe_dec_of_process;
 use super::moe_prefill::ExpertWeights;
 use super::{prod, CudaError, CudaFloat, CudaKernels, Result, MOE};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
@@ -173,7 +174,9 @@ impl CudaKernels {
     ///
     /// The pairs are grouped by expert on the device (counting sort); then
     /// either GEMV kernels that stream each routed expert's weights once
-    /// (decode, [`CudaKernels::moe_decode_path`]) or tiled GEMMs over row
+    /// (decode, [`CudaKernels::moe_decode_path`]; with [`super::MOE_DEC_ENV`] `=mma`
+    /// beyond 40 pairs, the swap-AB tensor-core form [`CudaKernels::moe_experts_mma`]
+    /// instead) or tiled GEMMs over row
     /// tiles of each expert's rows (tensor cores for `bf16` / `f16` on sm_80+,
     /// tiles of 16–64 rows, [`CudaKernels::moe_prefill_tile_frags`]; exact f32
     /// CUDA-core math, 64-row tiles, for `f32`). Scratch is allocated on the stream.
@@ -214,8 +217,9 @@ impl CudaKernels {
     /// [`CudaKernels::moe_experts`] whose every row's result is independent of
     /// the other rows in the call (batch-invariant): always the decode GEMV
     /// path, which computes each (row, expert) pair by one warp in a fixed
-    /// order whatever the row count (the tensor-core prefill tiles round and
-    /// accumulate differently). Slower for long prefills; for deterministic
+    /// order whatever the row count (the tensor-core prefill tiles and the
+    /// tensor-core decode form of [`super::MOE_DEC_ENV`] round and accumulate
+    /// differently). Slower for long prefills; for deterministic
     /// serving.
     ///
     /// # Shapes
@@ -262,7 +266,13 @@ impl CudaKernels {
         if t == 0 {
             return Ok(());
         }
-        if invariant || Self::moe_decode_path(t, k, e) {
+        if !invariant
+            && Self::moe_decode_path(t, k, e)
+            && moe_dec_of_process().mma_at(t.saturating_mul(k))
+            && self.moe_mma_fits::<T>(dims[3], dims[4])
+        {
+            self.moe_experts_mma(x, idx, w, gate, up, down, out, dims)
+        } else if invariant || Self::moe_decode_path(t, k, e) {
             decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL, None)
         } else {
             let s = &self.stream;

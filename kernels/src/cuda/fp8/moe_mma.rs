@@ -4,11 +4,12 @@
 //! sm_80+. Chosen over the GEMV form by [`FP8_MOE_DEC_ENV`] (default: beyond the direct GEMV
 //! form's pairs; H200, session 12: 3.69 TB/s of FP8 weights at t = 64 against 1.25 for v1).
 
-use super::super::moe::{align256, vec_ok, ALIGN_THREADS};
+use super::super::moe::vec_ok;
 use super::super::moe_decode::{check_dims, DIRECT_MAX_PAIRS};
-use super::super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, KernelArg, Result, FP8};
+use super::super::moe_mma::{mma_smem, MmaCall};
+use super::super::{prod, CudaError, CudaFloat, CudaKernels, Result, FP8};
 use super::Fp8Dev;
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 /// Environment variable choosing the FP8 routed experts' decode form: `gemv` (the
 /// moe_decode.cu GEMVs with the FP8 row reader), `mma` (or unset: the default; tensor cores,
@@ -33,9 +34,16 @@ pub enum Fp8MoeDec {
 impl Fp8MoeDec {
     /// Parses a value of [`FP8_MOE_DEC_ENV`] (`Err`: the value, unknown).
     pub fn parse(v: Option<&str>) -> std::result::Result<Self, String> {
+        Self::parse_or(v, Self::Mma)
+    }
+
+    /// Parses a value of a decode-form switch, `unset` when unset or empty (`Err`: the value,
+    /// unknown). Also the dense experts' switch (`PORTER_MOE_DEC`, unset: `gemv`).
+    pub fn parse_or(v: Option<&str>, unset: Self) -> std::result::Result<Self, String> {
         match v.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("") => Ok(unset),
             Some("gemv") => Ok(Self::Gemv),
-            None | Some("") | Some("mma") => Ok(Self::Mma),
+            Some("mma") => Ok(Self::Mma),
             Some("mma-all") => Ok(Self::MmaAll),
             Some(_) => Err(v.unwrap_or_default().to_string()),
         }
@@ -63,17 +71,9 @@ impl Fp8MoeDec {
     }
 }
 
-/// Weight rows a block (`FMM_ROWS`); gate+up blocks take half of them as gate rows.
-const ROWS: usize = 128;
-/// Threads a block (`FMM_THREADS`).
-const THREADS: u32 = 128;
-/// Dynamic shared memory a block: `FMM_STAGES` stages of 128 × 128 weight bytes and 8 × 128
-/// activations of 2 bytes.
-const SMEM: usize = 4 * (ROWS * 128 + 8 * 128 * 2);
-/// Threads a block of the combine.
-const COMBINE_THREADS: u32 = 256;
-/// Slots the 8-column combine kernel unrolls (`MOE_COMBINE_K` in moe.cu).
-const COMBINE_K: usize = 16;
+/// Dynamic shared memory a block: 4 stages of 128 × 128 weight bytes and 8 × 128 activations
+/// of 2 bytes.
+const SMEM: usize = mma_smem(1);
 
 impl CudaKernels {
     /// Whether [`CudaKernels::moe_experts_fp8_mma`] runs for activations `T` and rows of
@@ -146,92 +146,26 @@ impl CudaKernels {
         let (pds, _gds) = down.scales.device_ptr(s);
         let (pdr, _gdr) = down.row_scale.device_ptr(s);
         let (po, _go) = out.device_ptr_mut(s);
-        let es = std::mem::size_of::<T>();
         if !(vec_ok::<T>(px, hidden) && vec_ok::<u8>(pg, hidden) && vec_ok::<u8>(pu, hidden) && vec_ok::<u8>(pd, inter))
         {
             return Err(CudaError::Invalid("moe_experts_fp8_mma: x and the weights must be 16-byte aligned".into()));
         }
-        let n = prod(&[t, k])?;
-        let slots = e.min(n);
-        // Scratch: sorted [n], tile_expert [n], seg [3·slots], meta [2] (u32, moe_align's);
-        // h [n, inter], o [n, hidden] (T).
-        let off_tile = align256(n * 4);
-        let off_seg = off_tile + align256(n * 4);
-        let off_meta = off_seg + align256(slots * 3 * 4);
-        let off_h = off_meta + 256;
-        let off_o = off_h + align256(prod(&[n, inter, es])?);
-        let bytes = off_o + align256(prod(&[n, hidden, es])?);
-        let (n32, e32, k32, slots32) = (u32_of("t·k", n)?, u32_of("e", e)?, u32_of("k", k)?, u32_of("slots", slots)?);
-        let (h32, i32_) = (u32_of("hidden", hidden)?, u32_of("inter", inter)?);
-        // SAFETY: uninitialised scratch; moe_align writes the lists (sorted: the valid pairs,
-        // seg: 3 words per active slot, meta[0] the active slots) before the GEMMs read them,
-        // the gate+up kernel h for every valid pair (all inter columns) before down reads it,
-        // down o for every valid pair (all hidden columns) before the combine reads it.
-        let mut scratch = unsafe { s.alloc::<u8>(bytes) }?;
-        let (base, _gs) = scratch.device_ptr_mut(s);
-        let (p_sorted, p_tile, p_seg) = (base, base + off_tile as u64, base + off_seg as u64);
-        let (p_meta, p_h, p_o) = (base + off_meta as u64, base + off_h as u64, base + off_o as u64);
-
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (ALIGN_THREADS, 1, 1),
-            shared_mem_bytes: u32_of("shared memory", e * 4)?,
+        let call = MmaCall {
+            src: &FP8,
+            prefix: "fp8_moe_mma",
+            tname: T::NAME,
+            esize: std::mem::size_of::<T>(),
+            x: px,
+            idx: pi,
+            w: pw,
+            out: po,
+            gate: &[pg, pgs, pgr],
+            up: &[pu, pus, pur],
+            down: &[pd, pds, pdr],
+            dims,
+            smem: SMEM,
         };
-        let one = 1u32;
-        // SAFETY: arguments match `moe_align` (as moe_decode_run's call): pad 1, sorted and
-        // tile_expert n entries, seg 3·min(e, n), meta 2; dynamic shared memory e u32.
-        // Kernel: `moe_align(const u32* idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* sorted,
-        // u32* tile_expert, u32* seg, u32* meta)`.
-        let args: [&dyn KernelArg; 10] = [&pi, &n32, &e32, &one, &n32, &n32, &p_sorted, &p_tile, &p_seg, &p_meta];
-        unsafe { self.launch(&FP8, "moe_align", cfg, &args) }?;
-
-        let smem32 = u32_of("shared memory", SMEM)?;
-        let gu = self.function_smem(&FP8, &format!("fp8_moe_mma_gu_{}", T::NAME), SMEM)?;
-        let cfg = LaunchConfig {
-            grid_dim: (u32_of("column blocks", inter.div_ceil(ROWS / 2))?, slots32, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: smem32,
-        };
-        let args: [&dyn KernelArg; 14] =
-            [&px, &pg, &pgs, &pgr, &pu, &pus, &pur, &p_sorted, &p_seg, &p_meta, &p_h, &h32, &i32_, &k32];
-        // SAFETY: arguments match `fp8_moe_mma_gu_<T>(const T* x, const u8* gate, const float* gs,
-        // const u32* grs, const u8* up, const float* us, const u32* urs, const u32* sorted, const u32* seg,
-        // const u32* meta, T* h, u32 H, u32 I, u32 k)`; block (x, slot) reads inter columns
-        // 64x.. (< I) of the slot's expert (< e, from moe_align) for its pairs (< n), rows of x
-        // p / k < t; h has n rows of I; SMEM bytes of dynamic shared memory (allowed by
-        // function_smem); rows 16-byte aligned (checked), FP8 scale rows exist (Fp8Dev's contract).
-        unsafe { self.launch_fn(&gu, cfg, &args) }?;
-
-        let dn = self.function_smem(&FP8, &format!("fp8_moe_mma_down_{}", T::NAME), SMEM)?;
-        let cfg = LaunchConfig {
-            grid_dim: (u32_of("row blocks", hidden.div_ceil(ROWS))?, slots32, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: smem32,
-        };
-        let args: [&dyn KernelArg; 10] = [&p_h, &pd, &pds, &pdr, &p_sorted, &p_seg, &p_meta, &p_o, &h32, &i32_];
-        // SAFETY: arguments match `fp8_moe_mma_down_<T>(const T* h, const u8* down, const float* ds,
-        // const u32* drs, const u32* sorted, const u32* seg, const u32* meta, T* o, u32 H, u32 I)`;
-        // h written above for every valid pair (p_h + n·I·size_of T bytes ≤ off_o, 256-byte
-        // aligned), o has n rows of H; otherwise as the gate+up launch.
-        unsafe { self.launch_fn(&dn, cfg, &args) }?;
-
-        let total = prod(&[t, hidden])?;
-        let vec8 = hidden.is_multiple_of(8) && k <= COMBINE_K && po.is_multiple_of(16);
-        let items = if vec8 { total / 8 } else { total };
-        let total64 = items as u64;
-        let cfg = LaunchConfig {
-            grid_dim: (grid_for(items, COMBINE_THREADS), 1, 1),
-            block_dim: (COMBINE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let name = format!("moe_combine{}_{}", if vec8 { "8" } else { "" }, T::NAME);
-        let args: [&dyn KernelArg; 8] = [&p_o, &pi, &pw, &po, &total64, &h32, &k32, &e32];
-        // SAFETY: arguments match `moe_combine[8]_<T>(const T* o, const u32* idx, const float* w,
-        // float* out, u64 total, u32 H, u32 k, u32 e)` (total: elements, or groups of 8 with
-        // hidden % 8 == 0 and out 16-byte aligned; o rows 16-byte aligned: hidden · 2 bytes a
-        // row, 256-byte aligned base); o is read only for pairs with a valid expert id, all of
-        // which the down kernel wrote; out [t, hidden] written in full.
-        unsafe { self.launch(&FP8, &name, cfg, &args) }
+        self.moe_mma_run(&call)
     }
 }
 
