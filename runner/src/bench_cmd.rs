@@ -192,7 +192,12 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         results.push(serde_json::json!({"kind": "prefill", "tokens": n, "seconds": s, "tokens_per_s": n as f64 / s}));
     }
     for &b in &a.batch {
-        let mut cache = model.new_cache_spec(b, 0)?;
+        // The default GPU pool holds 4096 positions a sequence: a longer --context gets a pool
+        // for its own length.
+        let positions = a.context.saturating_add(a.steps).saturating_add(1).max(model.default_cache_tokens());
+        let decode_cache =
+            porter_core::state::CacheConfig::for_tokens(b, 0, positions).with_kv_dtype(model.info.kv_cache_dtype);
+        let mut cache = model.new_cache_with(&decode_cache)?;
         let mut batch = Batch::default();
         let mut seqs = Vec::with_capacity(b);
         for j in 0..b {

@@ -11,11 +11,13 @@ use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, KernelArg
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Environment variable choosing the dense (bf16 / f16) routed experts' decode form: `gemv`
-/// (or unset: the default; the moe_decode.cu GEMVs), `mma` (tensor cores,
+/// (the moe_decode.cu GEMVs), `mma` (or unset: the default; tensor cores,
 /// [`CudaKernels::moe_experts_mma`], where [`CudaKernels::moe_mma_fits`], beyond
 /// [`super::moe_decode::DIRECT_MAX_PAIRS`] pairs; the GEMV forms up to it) or `mma-all` (the
 /// tensor-core form at every decode batch of [`CudaKernels::moe_experts`]). Read once per
-/// process; another value warns once on stderr and means `gemv`. Batch-invariant mode
+/// process; another value warns once on stderr and means `mma`. H200, session 12, 80B shapes:
+/// t = 64 552.5 µs (4.18 TB/s of weights) against 683.6 for v1; the 24-layer bf16 decode at
+/// batch 64 3,802 tok/s (88.8 % of the roofline) against 3,203. Batch-invariant mode
 /// ([`CudaKernels::moe_experts_invariant`]) and the fused shared expert always take the GEMV
 /// forms.
 pub const MOE_DEC_ENV: &str = "PORTER_MOE_DEC";
@@ -28,9 +30,9 @@ pub fn moe_dec_of_process() -> MoeDec {
     static FORM: std::sync::OnceLock<MoeDec> = std::sync::OnceLock::new();
     *FORM.get_or_init(|| {
         let v = std::env::var(MOE_DEC_ENV).ok();
-        MoeDec::parse_or(v.as_deref(), MoeDec::Gemv).unwrap_or_else(|bad| {
-            eprintln!("warning: {MOE_DEC_ENV}={bad:?} is not gemv, mma or mma-all; using gemv");
-            MoeDec::Gemv
+        MoeDec::parse_or(v.as_deref(), MoeDec::Mma).unwrap_or_else(|bad| {
+            eprintln!("warning: {MOE_DEC_ENV}={bad:?} is not gemv, mma or mma-all; using mma");
+            MoeDec::Mma
         })
     })
 }
