@@ -12,10 +12,10 @@ mod moe_mma;
 
 pub use moe_mma::{Fp8MoeDec, FP8_MOE_DEC_ENV};
 
-use super::moe::vec_ok;
+use super::moe::{io_ptrs, vec_ok};
 use super::moe_decode::{check_dims, DecodeCall, MoeGemv, MOE_PHASES_ALL};
 use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, MoeSharedDev, Result, FP8};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
 
 /// Side of a scale block (rows and columns).
 pub const FP8_BLOCK: usize = 128;
@@ -168,7 +168,17 @@ pub struct Fp8Dev<'a> {
     pub cols: usize,
 }
 
-impl Fp8Dev<'_> {
+impl<'a> Fp8Dev<'a> {
+    /// The kernel arguments `[q, scales, row_scale]` (the guards live to the launch).
+    pub(super) fn args<'s>(&self, s: &'s CudaStream) -> ([u64; 3], [SyncOnDrop<'s>; 3])
+    where
+        'a: 's,
+    {
+        let ((q, gq), (sc, gs), (r, gr)) =
+            (self.q.device_ptr(s), self.scales.device_ptr(s), self.row_scale.device_ptr(s));
+        ([q, sc, r], [gq, gs, gr])
+    }
+
     /// Checks the buffers against `rows × cols` (and `rows` against `want_rows`).
     pub(super) fn check(&self, k: &CudaKernels, what: &str, want_rows: usize, want_cols: usize) -> Result<()> {
         if self.rows != want_rows || self.cols != want_cols {
@@ -452,15 +462,9 @@ impl CudaKernels {
         phases: u32,
         shared: Option<&MoeSharedDev<'_, Fp8Dev<'_>>>,
     ) -> Result<()> {
-        let [t, k, e, hidden, inter] = dims;
+        let [t, _, _, hidden, inter] = dims;
         check_dims("moe_experts_fp8", dims)?;
-        self.check("x", x, prod(&[t, hidden])?)?;
-        self.check("idx", idx, prod(&[t, k])?)?;
-        self.check("w", w, prod(&[t, k])?)?;
-        gate.check(self, "gate", prod(&[e, inter])?, hidden)?;
-        up.check(self, "up", prod(&[e, inter])?, hidden)?;
-        down.check(self, "down", prod(&[e, hidden])?, inter)?;
-        self.check("out", out, prod(&[t, hidden])?)?;
+        self.check_routed(x, idx, w, &gate, &up, &down, out, dims)?;
         if let Some(m) = shared {
             m.check_inputs(self, t)?;
             m.down.check(self, "shared down", hidden, m.inter)?;
@@ -469,30 +473,20 @@ impl CudaKernels {
             return Ok(());
         }
         let s = &self.stream;
-        let (px, _gx) = x.device_ptr(s);
-        let (pi, _gi) = idx.device_ptr(s);
-        let (pw, _gw) = w.device_ptr(s);
-        let (pg, _gg) = gate.q.device_ptr(s);
-        let (pgs, _ggs) = gate.scales.device_ptr(s);
-        let (pgr, _ggr) = gate.row_scale.device_ptr(s);
-        let (pu, _gu) = up.q.device_ptr(s);
-        let (pus, _gus) = up.scales.device_ptr(s);
-        let (pur, _gur) = up.row_scale.device_ptr(s);
-        let (pd, _gd) = down.q.device_ptr(s);
-        let (pds, _gds) = down.scales.device_ptr(s);
-        let (pdr, _gdr) = down.row_scale.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
+        let ((gate, _gg), (up, _gu), (down, _gd)) = (gate.args(s), up.args(s), down.args(s));
+        let ([px, pi, pw, po], _gio) = io_ptrs(s, x, idx, w, out);
+        let (pg, pu, pd) = (gate[0], up[0], down[0]);
         // The shared expert's addresses (0 without one; the guards live to the launch).
         let none = || (0, SyncOnDrop::Sync(None));
         let ((pgu, _ggu), (pgl, _ggl)) = match shared {
             Some(m) => (m.gu.device_ptr(s), m.gate.device_ptr(s)),
             None => (none(), none()),
         };
-        let ((psq, _gsq), (pss, _gss), (psr, _gsr)) = match shared {
-            Some(m) => (m.down.q.device_ptr(s), m.down.scales.device_ptr(s), m.down.row_scale.device_ptr(s)),
-            None => (none(), none(), none()),
+        let (sdown, _gsd) = match shared {
+            Some(m) => m.down.args(s),
+            None => ([0; 3], [none().1, none().1, none().1]),
         };
-        let sdown = [psq, pss, psr];
+        let psq = sdown[0];
         let call = DecodeCall {
             src: &FP8,
             kind: "fp8_",
@@ -502,9 +496,9 @@ impl CudaKernels {
             idx: pi,
             w: pw,
             out: po,
-            gate: &[pg, pgs, pgr],
-            up: &[pu, pus, pur],
-            down: &[pd, pds, pdr],
+            gate: &gate,
+            up: &up,
+            down: &down,
             // Chunks of 16 e4m3 bytes: rows of a multiple of 16 weights.
             w_vec_gu: hidden.is_multiple_of(16) && vec_ok::<u8>(pg, hidden) && vec_ok::<u8>(pu, hidden),
             w_vec_d: inter.is_multiple_of(16) && vec_ok::<u8>(pd, inter),

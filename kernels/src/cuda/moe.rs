@@ -8,8 +8,8 @@
 use super::moe_decode::{check_dims, DecodeCall, MoeGemv, SharedCall, MOE_PHASES_ALL};
 use super::moe_mma::moe_dec_of_process;
 use super::moe_prefill::ExpertWeights;
-use super::{prod, CudaError, CudaFloat, CudaKernels, Result, MOE};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
+use super::{prod, CudaError, CudaFloat, CudaKernels, Fp8Dev, Result, MOE};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 /// Largest expert count of [`CudaKernels::moe_experts`] (the alignment kernel
 /// keeps one `u32` counter per expert in shared memory).
@@ -40,6 +40,42 @@ pub(super) fn vec_ok<T>(ptr: u64, row_elems: usize) -> bool {
     ptr.is_multiple_of(16) && (row_elems * std::mem::size_of::<T>()).is_multiple_of(16)
 }
 
+/// A routed-experts weight as the launch code checks it: dense `T` (`[e, rows, cols]`) or FP8
+/// ([`Fp8Dev`], `[e·rows, cols]`).
+pub(super) trait ExpertWeight<T> {
+    /// Checks the weight of `e` experts of `rows × cols` (`what` names it).
+    fn check_experts(&self, k: &CudaKernels, what: &str, e: usize, rows: usize, cols: usize) -> Result<()>;
+}
+
+/// A dense routed-experts weight (`[e, rows, cols]` of `T`) as an [`ExpertWeight`].
+pub(super) struct Dense<'a, D>(pub &'a D);
+
+impl<T: CudaFloat, D: DevicePtr<T>> ExpertWeight<T> for Dense<'_, D> {
+    fn check_experts(&self, k: &CudaKernels, what: &str, e: usize, rows: usize, cols: usize) -> Result<()> {
+        k.check(what, self.0, prod(&[e, rows, cols])?)
+    }
+}
+
+impl<T: CudaFloat> ExpertWeight<T> for Fp8Dev<'_> {
+    fn check_experts(&self, k: &CudaKernels, what: &str, e: usize, rows: usize, cols: usize) -> Result<()> {
+        self.check(k, what, prod(&[e, rows])?, cols)
+    }
+}
+
+/// Device addresses of a routed-experts call's activations `[x, idx, w, out]` (the guards
+/// live to the launch).
+pub(super) fn io_ptrs<'a, T>(
+    s: &'a CudaStream,
+    x: &'a impl DevicePtr<T>,
+    idx: &'a impl DevicePtr<u32>,
+    w: &'a impl DevicePtr<f32>,
+    out: &'a mut impl DevicePtrMut<f32>,
+) -> ([u64; 4], [SyncOnDrop<'a>; 4]) {
+    let ((px, gx), (pi, gi), (pw, gw)) = (x.device_ptr(s), idx.device_ptr(s), w.device_ptr(s));
+    let (po, go) = out.device_ptr_mut(s);
+    ([px, pi, pw, po], [gx, gi, gw, go])
+}
+
 /// [`CudaKernels::moe_experts`]'s decode (GEMV) path with dense experts, `which` form
 /// ([`MoeGemv`]), stopping after `phases` (see [`CudaKernels::moe_decode_with`]).
 #[allow(clippy::too_many_arguments)]
@@ -59,13 +95,8 @@ fn decode_dense<T: CudaFloat>(
 ) -> Result<()> {
     let [_, _, _, hidden, inter] = dims;
     let s = k.stream();
-    let (px, _gx) = x.device_ptr(s);
-    let (pi, _gi) = idx.device_ptr(s);
-    let (pw, _gw) = w.device_ptr(s);
-    let (pg, _gg) = gate.device_ptr(s);
-    let (pu, _gu) = up.device_ptr(s);
-    let (pd, _gd) = down.device_ptr(s);
-    let (po, _go) = out.device_ptr_mut(s);
+    let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
+    let ([px, pi, pw, po], _gio) = io_ptrs(s, x, idx, w, out);
     // The shared expert's addresses (0 without one; the guards live to the launch).
     let ((pgu, _ggu), (pgl, _ggl), (psd, _gsd)) = match shared {
         Some(m) => (m.gu.device_ptr(s), m.gate.device_ptr(s), m.down.device_ptr(s)),
@@ -357,7 +388,7 @@ impl CudaKernels {
 
     /// The argument checks of [`CudaKernels::moe_experts`].
     #[allow(clippy::too_many_arguments)]
-    fn check_experts<T: CudaFloat>(
+    pub(super) fn check_experts<T: CudaFloat>(
         &self,
         x: &impl DevicePtr<T>,
         idx: &impl DevicePtr<u32>,
@@ -368,14 +399,31 @@ impl CudaKernels {
         out: &mut impl DevicePtrMut<f32>,
         dims: [usize; 5],
     ) -> Result<()> {
-        let [t, k, e, hidden, inter] = dims;
         check_dims("moe_experts", dims)?;
+        self.check_routed(x, idx, w, &Dense(gate), &Dense(up), &Dense(down), out, dims)
+    }
+
+    /// The buffer checks of a routed-experts call (dense or FP8 weights; `dims` = t, k, e,
+    /// hidden, inter, checked by the caller): `x`, `idx`, `w`, the weights, `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn check_routed<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: &impl ExpertWeight<T>,
+        up: &impl ExpertWeight<T>,
+        down: &impl ExpertWeight<T>,
+        out: &impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+    ) -> Result<()> {
+        let [t, k, e, hidden, inter] = dims;
         self.check("x", x, prod(&[t, hidden])?)?;
         self.check("idx", idx, prod(&[t, k])?)?;
         self.check("w", w, prod(&[t, k])?)?;
-        self.check("gate", gate, prod(&[e, inter, hidden])?)?;
-        self.check("up", up, prod(&[e, inter, hidden])?)?;
-        self.check("down", down, prod(&[e, hidden, inter])?)?;
+        gate.check_experts(self, "gate", e, inter, hidden)?;
+        up.check_experts(self, "up", e, inter, hidden)?;
+        down.check_experts(self, "down", e, hidden, inter)?;
         self.check("out", out, prod(&[t, hidden])?)
     }
 

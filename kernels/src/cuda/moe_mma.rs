@@ -5,7 +5,7 @@
 //! FP8 experts ([`CudaKernels::moe_experts_fp8_mma`], super::fp8::moe_mma).
 
 use super::fp8::Fp8MoeDec;
-use super::moe::{align256, vec_ok, ALIGN_THREADS};
+use super::moe::{align256, io_ptrs, vec_ok, Dense, ALIGN_THREADS};
 use super::moe_decode::check_dims;
 use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, KernelArg, KernelSource, Result, MOE};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
@@ -90,13 +90,20 @@ impl CudaKernels {
     /// or f16, tensor cores (sm_80+, not the forced fallback), enough shared memory a block,
     /// both row lengths multiples of 8 (16-byte rows).
     pub fn moe_mma_fits<T: CudaFloat>(&self, hidden: usize, inter: usize) -> bool {
+        self.mma_dec_fits::<T>(hidden, inter, 8, SMEM)
+    }
+
+    /// Whether the tensor-core decode kernels run for activations `T` (bf16 or f16, tensor
+    /// cores: sm_80+, not the forced fallback), `smem` bytes of shared memory a block and
+    /// `hidden` / `inter` > 0 multiples of `mult`.
+    pub(super) fn mma_dec_fits<T: CudaFloat>(&self, hidden: usize, inter: usize, mult: usize, smem: usize) -> bool {
         matches!(T::NAME, "bf16" | "f16")
             && self.caps().tensor_cores()
-            && self.caps().smem_limit() >= SMEM
+            && self.caps().smem_limit() >= smem
             && hidden > 0
             && inter > 0
-            && hidden.is_multiple_of(8)
-            && inter.is_multiple_of(8)
+            && hidden.is_multiple_of(mult)
+            && inter.is_multiple_of(mult)
     }
 
     /// [`CudaKernels::moe_experts`]'s decode path on tensor cores (moe_dec_mma.cu): the pairs
@@ -124,7 +131,7 @@ impl CudaKernels {
         out: &mut impl DevicePtrMut<f32>,
         dims: [usize; 5],
     ) -> Result<()> {
-        let [t, k, e, hidden, inter] = dims;
+        let [t, _, _, hidden, inter] = dims;
         check_dims("moe_experts_mma", dims)?;
         if !self.moe_mma_fits::<T>(hidden, inter) {
             return Err(CudaError::Invalid(format!(
@@ -132,24 +139,13 @@ impl CudaKernels {
                 T::NAME
             )));
         }
-        self.check("x", x, prod(&[t, hidden])?)?;
-        self.check("idx", idx, prod(&[t, k])?)?;
-        self.check("w", w, prod(&[t, k])?)?;
-        self.check("gate", gate, prod(&[e, inter, hidden])?)?;
-        self.check("up", up, prod(&[e, inter, hidden])?)?;
-        self.check("down", down, prod(&[e, hidden, inter])?)?;
-        self.check("out", out, prod(&[t, hidden])?)?;
+        self.check_routed(x, idx, w, &Dense(gate), &Dense(up), &Dense(down), out, dims)?;
         if t == 0 {
             return Ok(());
         }
         let s = &self.stream;
-        let (px, _gx) = x.device_ptr(s);
-        let (pi, _gi) = idx.device_ptr(s);
-        let (pw, _gw) = w.device_ptr(s);
-        let (pg, _gg) = gate.device_ptr(s);
-        let (pu, _gu) = up.device_ptr(s);
-        let (pd, _gd) = down.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
+        let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
+        let ([px, pi, pw, po], _gio) = io_ptrs(s, x, idx, w, out);
         if !(vec_ok::<T>(px, hidden) && vec_ok::<T>(pg, hidden) && vec_ok::<T>(pu, hidden) && vec_ok::<T>(pd, inter)) {
             return Err(CudaError::Invalid("moe_experts_mma: x and the weights must be 16-byte aligned".into()));
         }

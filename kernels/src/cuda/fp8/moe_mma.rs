@@ -4,10 +4,10 @@
 //! sm_80+. Chosen over the GEMV form by [`FP8_MOE_DEC_ENV`] (default: beyond the direct GEMV
 //! form's pairs; H200, session 12: 3.69 TB/s of FP8 weights at t = 64 against 1.25 for v1).
 
-use super::super::moe::vec_ok;
+use super::super::moe::{io_ptrs, vec_ok};
 use super::super::moe_decode::{check_dims, DIRECT_MAX_PAIRS};
 use super::super::moe_mma::{mma_smem, MmaCall};
-use super::super::{prod, CudaError, CudaFloat, CudaKernels, Result, FP8};
+use super::super::{CudaError, CudaFloat, CudaKernels, Result, FP8};
 use super::Fp8Dev;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
@@ -80,13 +80,7 @@ impl CudaKernels {
     /// `hidden` / `inter` weights: bf16 or f16, tensor cores (sm_80+, not the forced fallback),
     /// enough shared memory a block, both row lengths multiples of 16.
     pub fn moe_fp8_mma_fits<T: CudaFloat>(&self, hidden: usize, inter: usize) -> bool {
-        matches!(T::NAME, "bf16" | "f16")
-            && self.caps().tensor_cores()
-            && self.caps().smem_limit() >= SMEM
-            && hidden > 0
-            && inter > 0
-            && hidden.is_multiple_of(16)
-            && inter.is_multiple_of(16)
+        self.mma_dec_fits::<T>(hidden, inter, 16, SMEM)
     }
 
     /// [`CudaKernels::moe_experts_fp8`] on tensor cores (fp8_moe_mma.cu): the pairs grouped by
@@ -114,7 +108,7 @@ impl CudaKernels {
         out: &mut impl DevicePtrMut<f32>,
         dims: [usize; 5],
     ) -> Result<()> {
-        let [t, k, e, hidden, inter] = dims;
+        let [t, _, _, hidden, inter] = dims;
         check_dims("moe_experts_fp8_mma", dims)?;
         if !self.moe_fp8_mma_fits::<T>(hidden, inter) {
             return Err(CudaError::Invalid(format!(
@@ -122,30 +116,14 @@ impl CudaKernels {
                 T::NAME
             )));
         }
-        self.check("x", x, prod(&[t, hidden])?)?;
-        self.check("idx", idx, prod(&[t, k])?)?;
-        self.check("w", w, prod(&[t, k])?)?;
-        gate.check(self, "gate", prod(&[e, inter])?, hidden)?;
-        up.check(self, "up", prod(&[e, inter])?, hidden)?;
-        down.check(self, "down", prod(&[e, hidden])?, inter)?;
-        self.check("out", out, prod(&[t, hidden])?)?;
+        self.check_routed(x, idx, w, &gate, &up, &down, out, dims)?;
         if t == 0 {
             return Ok(());
         }
         let s = &self.stream;
-        let (px, _gx) = x.device_ptr(s);
-        let (pi, _gi) = idx.device_ptr(s);
-        let (pw, _gw) = w.device_ptr(s);
-        let (pg, _gg) = gate.q.device_ptr(s);
-        let (pgs, _ggs) = gate.scales.device_ptr(s);
-        let (pgr, _ggr) = gate.row_scale.device_ptr(s);
-        let (pu, _gu) = up.q.device_ptr(s);
-        let (pus, _gus) = up.scales.device_ptr(s);
-        let (pur, _gur) = up.row_scale.device_ptr(s);
-        let (pd, _gd) = down.q.device_ptr(s);
-        let (pds, _gds) = down.scales.device_ptr(s);
-        let (pdr, _gdr) = down.row_scale.device_ptr(s);
-        let (po, _go) = out.device_ptr_mut(s);
+        let ((gate, _gg), (up, _gu), (down, _gd)) = (gate.args(s), up.args(s), down.args(s));
+        let ([px, pi, pw, po], _gio) = io_ptrs(s, x, idx, w, out);
+        let (pg, pu, pd) = (gate[0], up[0], down[0]);
         if !(vec_ok::<T>(px, hidden) && vec_ok::<u8>(pg, hidden) && vec_ok::<u8>(pu, hidden) && vec_ok::<u8>(pd, inter))
         {
             return Err(CudaError::Invalid("moe_experts_fp8_mma: x and the weights must be 16-byte aligned".into()));
@@ -159,9 +137,9 @@ impl CudaKernels {
             idx: pi,
             w: pw,
             out: po,
-            gate: &[pg, pgs, pgr],
-            up: &[pu, pus, pur],
-            down: &[pd, pds, pdr],
+            gate: &gate,
+            up: &up,
+            down: &down,
             dims,
             smem: SMEM,
         };

@@ -3,8 +3,8 @@
 
 use super::choice::{one_block_align_env, Choice, MoeGemm};
 use super::{ExpertWeights, PrefillTimes};
-use crate::cuda::moe::MOE_MAX_E;
-use crate::cuda::{prod, CudaError, CudaFloat, CudaKernels, Result};
+use crate::cuda::moe::{Dense, MOE_MAX_E};
+use crate::cuda::{CudaError, CudaFloat, CudaKernels, Result};
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 impl CudaKernels {
@@ -101,13 +101,7 @@ impl CudaKernels {
         if t == 0 || k == 0 || k > e || e > MOE_MAX_E || hidden == 0 || inter == 0 {
             return Err(CudaError::Invalid("moe_prefill_stage_times: not a prefill shape".into()));
         }
-        self.check("x", x, prod(&[t, hidden])?)?;
-        self.check("idx", idx, prod(&[t, k])?)?;
-        self.check("w", w, prod(&[t, k])?)?;
-        self.check("gate", gate, prod(&[e, inter, hidden])?)?;
-        self.check("up", up, prod(&[e, inter, hidden])?)?;
-        self.check("down", down, prod(&[e, hidden, inter])?)?;
-        self.check("out", out, prod(&[t, hidden])?)?;
+        self.check_routed(x, idx, w, &Dense(gate), &Dense(up), &Dense(down), out, dims)?;
         // Stages 0..4 (alignment, gate+up, down, combine), 4: the scratch allocation.
         let mut secs = [0.0f64; 5];
         let s = &self.stream;
