@@ -71,54 +71,7 @@ __device__ __forceinline__ void adec_pdl_wait() {
 #endif
 }
 
-#if defined(PORTER_SM80)
-// Element offset of 16-byte chunk c of row r of a swizzled [rows][DP] tile.
-template <int DP>
-__device__ __forceinline__ u32 adec_sw(u32 r, u32 c) {
-    return r * (u32)DP + ((c ^ (r & 7u)) << 3);
-}
-
-__device__ __forceinline__ void adec_ldsm(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void adec_ldsm_t(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// d += a · b (m16n8k16, f32 accumulators) and the 16-bit pair packing of T.
-template <typename T>
-struct Adec;
-template <>
-struct Adec<bf16> {
-    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ u32 pack(float x, float y) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-        return *reinterpret_cast<const u32*>(&h);
-    }
-};
-template <>
-struct Adec<f16> {
-    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ u32 pack(float x, float y) {
-        const __half2 h = __floats2half2_rn(x, y);
-        return *reinterpret_cast<const u32*>(&h);
-    }
-};
-#endif
+// pm_sw, pm_ldsm[_t] and PMma<T> (the mma.sync helpers) are common.cuh's.
 
 // Grid (nzg * mtiles, n_seqs * kvh), 32·NW threads, mtiles = ceil(qcap * group / 16).
 // D == DP; pools 16-byte aligned (the host checks). Partials: part[((s * qcap + i) * heads +
@@ -175,7 +128,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     const bool qvec = (reinterpret_cast<u64>(q) & 15u) == 0;
     for (u32 c = tid; c < 16u * CH; c += THREADS) {
         const u32 r = c / CH, ch = c % CH, m = m0 + r;
-        T* dst = Qs + adec_sw<DP>(r, ch);
+        T* dst = Qs + pm_sw<DP>(r, ch);
         if (V2 && qvec) {
             const bool ok = m <= m_last;
             const u64 qo = ok ? ((u64)(row0 + m / group) * heads + kh * group + m % group) * DP + ch * 8 : 0;
@@ -238,8 +191,8 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
             const u32 kpos = kbase + j;
             const bool ok = sj != ATT_NOSLOT && kpos >= klo && kpos <= khi;
             const u64 off = ok ? (u64)sj * rs + hoff + ch * 8 : 0;
-            cp_async16(kd + adec_sw<DP>(j, ch), kpool + off, ok);
-            cp_async16(vd + adec_sw<DP>(j, ch), vpool + off, ok);
+            cp_async16(kd + pm_sw<DP>(j, ch), kpool + off, ok);
+            cp_async16(vd + pm_sw<DP>(j, ch), vpool + off, ok);
         }
     };
 
@@ -299,10 +252,10 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
 #pragma unroll
         for (int kk = 0; kk < KK; ++kk) {
             u32 a[4], b[4];
-            adec_ldsm(a, qaddr + 2u * adec_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * kk + (lane >> 4)));
-            adec_ldsm(b, kaddr + 2u * adec_sw<DP>((lane & 7u) + (lane >> 4) * 8u, 2u * kk + ((lane >> 3) & 1u)));
-            Adec<T>::mma(sc[0], a, b[0], b[1]);
-            Adec<T>::mma(sc[1], a, b[2], b[3]);
+            pm_ldsm(a, qaddr + 2u * pm_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * kk + (lane >> 4)));
+            pm_ldsm(b, kaddr + 2u * pm_sw<DP>((lane & 7u) + (lane >> 4) * 8u, 2u * kk + ((lane >> 3) & 1u)));
+            PMma<T>::mma(sc[0], a, b[0], b[1]);
+            PMma<T>::mma(sc[1], a, b[2], b[3]);
         }
 
         // Mask, online softmax (exp2 units), P rounded to T.
@@ -338,10 +291,10 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
             mrun[h] = mn;
         }
         u32 pa[4];
-        pa[0] = Adec<T>::pack(sc[0][0], sc[0][1]);
-        pa[1] = Adec<T>::pack(sc[0][2], sc[0][3]);
-        pa[2] = Adec<T>::pack(sc[1][0], sc[1][1]);
-        pa[3] = Adec<T>::pack(sc[1][2], sc[1][3]);
+        pa[0] = PMma<T>::pack(sc[0][0], sc[0][1]);
+        pa[1] = PMma<T>::pack(sc[0][2], sc[0][3]);
+        pa[2] = PMma<T>::pack(sc[1][0], sc[1][1]);
+        pa[3] = PMma<T>::pack(sc[1][2], sc[1][3]);
 
         // O = O·corr + P·V.
 #pragma unroll
@@ -354,9 +307,9 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
 #pragma unroll
         for (int f2 = 0; f2 < NO / 2; ++f2) {
             u32 b[4];
-            adec_ldsm_t(b, vaddr + 2u * adec_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * f2 + (lane >> 4)));
-            Adec<T>::mma(o[2 * f2], pa, b[0], b[1]);
-            Adec<T>::mma(o[2 * f2 + 1], pa, b[2], b[3]);
+            pm_ldsm_t(b, vaddr + 2u * pm_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * f2 + (lane >> 4)));
+            PMma<T>::mma(o[2 * f2], pa, b[0], b[1]);
+            PMma<T>::mma(o[2 * f2 + 1], pa, b[2], b[3]);
         }
     }
 #pragma unroll

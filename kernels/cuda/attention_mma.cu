@@ -62,66 +62,14 @@
 // 250 registers, no spills; 160 KiB of shared memory (+ 32 KiB of S halves).
 
 #if defined(PORTER_SM80)
-// Element offset of 16-byte chunk c of row r of a swizzled [rows][DP] tile.
-template <int DP>
-__device__ __forceinline__ u32 amma_sw(u32 r, u32 c) {
-    return r * (u32)DP + ((c ^ (r & 7u)) << 3);
-}
-
-__device__ __forceinline__ void amma_ldsm(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void amma_ldsm_t(u32 (&r)[4], u32 addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// d += a · b (m16n8k16, f32 accumulators) and the 16-bit pair packing of T.
-template <typename T>
-struct Amma;
-template <>
-struct Amma<bf16> {
-    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    // (x, y) rounded to bf16, x in the low half (the lower column).
-    static __device__ __forceinline__ u32 pack(float x, float y) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-        return *reinterpret_cast<const u32*>(&h);
-    }
-    static __device__ __forceinline__ float2 unpack(u32 u) {
-        return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-    }
-};
-template <>
-struct Amma<f16> {
-    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ u32 pack(float x, float y) {
-        const __half2 h = __floats2half2_rn(x, y);
-        return *reinterpret_cast<const u32*>(&h);
-    }
-    static __device__ __forceinline__ float2 unpack(u32 u) {
-        return __half22float2(*reinterpret_cast<const __half2*>(&u));
-    }
-};
+// pm_sw, pm_ldsm[_t] and PMma<T> (the mma.sync helpers) are common.cuh's.
 
 // P_hi = round(x, y), P_lo = round((x, y) − P_hi).
 template <typename T>
 __device__ __forceinline__ void amma_split(float x, float y, u32& hi, u32& lo) {
-    hi = Amma<T>::pack(x, y);
-    const float2 h = Amma<T>::unpack(hi);
-    lo = Amma<T>::pack(x - h.x, y - h.y);
+    hi = PMma<T>::pack(x, y);
+    const float2 h = PMma<T>::unpack(hi);
+    lo = PMma<T>::pack(x - h.x, y - h.y);
 }
 #endif
 
@@ -187,7 +135,7 @@ __device__ __forceinline__ void attention_mma_impl(const T* __restrict__ q, cons
         const bool ok = m <= m_last && d0 < D;
         const T* src = q;
         if (ok) src = q + ((u64)(row0 + m / group) * heads + kh * group + m % group) * D + d0;
-        atc_load8(Qs + amma_sw<DP>(slot, ch), src, ok, async);
+        atc_load8(Qs + pm_sw<DP>(slot, ch), src, ok, async);
     }
     // Tile jt's K/V into buffer `buf`, through slot table `buf` (tile jt's slots).
     auto load_kv = [&](u32 jt, u32 buf) {
@@ -202,7 +150,7 @@ __device__ __forceinline__ void attention_mma_impl(const T* __restrict__ q, cons
             const u32 ks = sl[j];
             const bool ok = kpos >= lo_first && kpos <= p_last && d0 < D && ks != ATT_NOSLOT;
             const u64 off = ok ? (u64)ks * kv_stride + (u64)kh * D + d0 : 0;
-            const u32 at = amma_sw<DP>(j, ch);
+            const u32 at = pm_sw<DP>(j, ch);
             if constexpr (KQ != 0) {
                 const u64 si = ok ? (u64)ks * kvh + kh : 0;
                 const float ksv = ok ? __ldg(ksc + si) : 0.0f, vsv = ok ? __ldg(vsc + si) : 0.0f;
@@ -301,15 +249,15 @@ __device__ __forceinline__ void attention_mma_impl(const T* __restrict__ q, cons
                     u32 a[MI][4];
 #pragma unroll
                     for (int mi = 0; mi < MI; ++mi)
-                        amma_ldsm(a[mi], sbase + amma_sw<DP>(q_row + 16 * mi, 2 * kk + q_ch) * (u32)sizeof(T));
+                        pm_ldsm(a[mi], sbase + pm_sw<DP>(q_row + 16 * mi, 2 * kk + q_ch) * (u32)sizeof(T));
 #pragma unroll
                     for (int np = 0; np < BN / 16; ++np) {
                         u32 b[4];
-                        amma_ldsm(b, kt + amma_sw<DP>(16 * np + k_row, 2 * kk + k_ch) * (u32)sizeof(T));
+                        pm_ldsm(b, kt + pm_sw<DP>(16 * np + k_row, 2 * kk + k_ch) * (u32)sizeof(T));
 #pragma unroll
                         for (int mi = 0; mi < MI; ++mi) {
-                            Amma<T>::mma(sc[mi][2 * np], a[mi], b[0], b[1]);
-                            Amma<T>::mma(sc[mi][2 * np + 1], a[mi], b[2], b[3]);
+                            PMma<T>::mma(sc[mi][2 * np], a[mi], b[0], b[1]);
+                            PMma<T>::mma(sc[mi][2 * np + 1], a[mi], b[2], b[3]);
                         }
                     }
                 }
@@ -400,23 +348,23 @@ __device__ __forceinline__ void attention_mma_impl(const T* __restrict__ q, cons
                         amma_split<T>(s1[0], s1[1], ph[mi][2], pl[mi][2]);
                         amma_split<T>(s1[2], s1[3], ph[mi][3], pl[mi][3]);
                     } else {
-                        ph[mi][0] = Amma<T>::pack(s0[0], s0[1]);
-                        ph[mi][1] = Amma<T>::pack(s0[2], s0[3]);
-                        ph[mi][2] = Amma<T>::pack(s1[0], s1[1]);
-                        ph[mi][3] = Amma<T>::pack(s1[2], s1[3]);
+                        ph[mi][0] = PMma<T>::pack(s0[0], s0[1]);
+                        ph[mi][1] = PMma<T>::pack(s0[2], s0[3]);
+                        ph[mi][2] = PMma<T>::pack(s1[0], s1[1]);
+                        ph[mi][3] = PMma<T>::pack(s1[2], s1[3]);
                     }
                 }
 #pragma unroll
                 for (int fp = 0; fp < DW / 16; ++fp) {
                     if (dw0 + fp * 16 < D) {
                         u32 b[4];
-                        amma_ldsm_t(b, vt + amma_sw<DP>(16 * kk + v_row, 2 * fp + v_ch) * (u32)sizeof(T));
+                        pm_ldsm_t(b, vt + pm_sw<DP>(16 * kk + v_row, 2 * fp + v_ch) * (u32)sizeof(T));
 #pragma unroll
                         for (int mi = 0; mi < MI; ++mi) {
-                            if constexpr (PS == 2) Amma<T>::mma(o[mi][2 * fp], pl[mi], b[0], b[1]);
-                            Amma<T>::mma(o[mi][2 * fp], ph[mi], b[0], b[1]);
-                            if constexpr (PS == 2) Amma<T>::mma(o[mi][2 * fp + 1], pl[mi], b[2], b[3]);
-                            Amma<T>::mma(o[mi][2 * fp + 1], ph[mi], b[2], b[3]);
+                            if constexpr (PS == 2) PMma<T>::mma(o[mi][2 * fp], pl[mi], b[0], b[1]);
+                            PMma<T>::mma(o[mi][2 * fp], ph[mi], b[0], b[1]);
+                            if constexpr (PS == 2) PMma<T>::mma(o[mi][2 * fp + 1], pl[mi], b[2], b[3]);
+                            PMma<T>::mma(o[mi][2 * fp + 1], ph[mi], b[2], b[3]);
                         }
                     }
                 }
@@ -440,8 +388,8 @@ __device__ __forceinline__ void attention_mma_impl(const T* __restrict__ q, cons
             const u32 r = wg * RW + 16 * mi + g + 8u * h;
 #pragma unroll
             for (int f = 0; f < NO; ++f)
-                *reinterpret_cast<u32*>(Qs + amma_sw<DP>(r, cw0 + f) + 2 * t4) =
-                    Amma<T>::pack(o[mi][f][2 * h] * inv, o[mi][f][2 * h + 1] * inv);
+                *reinterpret_cast<u32*>(Qs + pm_sw<DP>(r, cw0 + f) + 2 * t4) =
+                    PMma<T>::pack(o[mi][f][2 * h] * inv, o[mi][f][2 * h + 1] * inv);
         }
     __syncwarp();
     const bool ovec = (reinterpret_cast<u64>(out) & 15u) == 0;
@@ -451,7 +399,7 @@ __device__ __forceinline__ void attention_mma_impl(const T* __restrict__ q, cons
         const u32 m = mw0 + r;
         if (m > m_last || d0 >= D) continue;
         T* dst = out + ((u64)(row0 + m / group) * heads + kh * group + m % group) * D + d0;
-        const T* src = Qs + amma_sw<DP>(wg * RW + r, ch);
+        const T* src = Qs + pm_sw<DP>(wg * RW + r, ch);
         if (ovec) {
             *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
         } else {

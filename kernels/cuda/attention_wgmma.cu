@@ -142,7 +142,7 @@ __device__ __forceinline__ void awg_pv(float (&o)[DP / 2], const u32 (&a)[4], u6
     }
 }
 
-// Amma<T>::pack without attention_mma.cu: (x, y) rounded to T, x in the low half.
+// (x, y) rounded to T, x in the low half (as common.cuh's PMma<T>::pack; this module is sm_90a only).
 __device__ __forceinline__ u32 awg_pack(bf16, float x, float y) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
     return *reinterpret_cast<const u32*>(&h);

@@ -119,3 +119,63 @@ __device__ __forceinline__ void block_argmax(float& v, u32& i, float* shv, u32* 
     i = lane < nw ? shi[lane] : 0xffffffffu;
     warp_argmax(v, i);
 }
+
+#if defined(PORTER_SM80)
+// Shared mma.sync helpers of the tensor-core kernels (attention_decode.cu, attention_mma.cu,
+// gdn_chunk_tc2.cu).
+
+// Element offset of 16-byte chunk c of row r of a swizzled [rows][DP] tile.
+template <int DP>
+__device__ __forceinline__ u32 pm_sw(u32 r, u32 c) {
+    return r * (u32)DP + ((c ^ (r & 7u)) << 3);
+}
+
+// ldmatrix x4 (and its transposed form) from the shared address `addr`.
+__device__ __forceinline__ void pm_ldsm(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void pm_ldsm_t(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a · b (m16n8k16, f32 accumulators) and the 16-bit pair packing of T.
+template <typename T>
+struct PMma;
+template <>
+struct PMma<bf16> {
+    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    // (x, y) rounded to bf16, x in the low half (the lower column).
+    static __device__ __forceinline__ u32 pack(float x, float y) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        return *reinterpret_cast<const u32*>(&h);
+    }
+    static __device__ __forceinline__ float2 unpack(u32 u) {
+        return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+    }
+};
+template <>
+struct PMma<f16> {
+    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ u32 pack(float x, float y) {
+        const __half2 h = __floats2half2_rn(x, y);
+        return *reinterpret_cast<const u32*>(&h);
+    }
+    static __device__ __forceinline__ float2 unpack(u32 u) {
+        return __half22float2(*reinterpret_cast<const __half2*>(&u));
+    }
+};
+#endif

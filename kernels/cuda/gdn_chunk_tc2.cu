@@ -44,16 +44,10 @@
 
 #if defined(PORTER_SM80)
 __device__ __forceinline__ void gt2_ldsm(u32 (&r)[4], const void* p) {
-    const u32 a = (u32)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+    pm_ldsm(r, (u32)__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ void gt2_ldsm_t(u32 (&r)[4], const void* p) {
-    const u32 a = (u32)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+    pm_ldsm_t(r, (u32)__cvta_generic_to_shared(p));
 }
 // 8 × 8 b16 transpose across the warp: lane (r, c) = (lane / 4, 2 (lane % 4)) holds
 // elements (r, c), (r, c + 1) before and (r, c), (r, c + 1) of the transpose after.
@@ -63,37 +57,7 @@ __device__ __forceinline__ u32 gt2_movt(u32 x) {
     return y;
 }
 
-template <typename T>
-struct Gt2;
-template <>
-struct Gt2<bf16> {
-    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    // (x, y) rounded to bf16, x in the low half.
-    static __device__ __forceinline__ u32 pack(float x, float y) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-        return *reinterpret_cast<const u32*>(&h);
-    }
-};
-template <>
-struct Gt2<f16> {
-    static __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-        asm(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ u32 pack(float x, float y) {
-        const __half2 h = __floats2half2_rn(x, y);
-        return *reinterpret_cast<const u32*>(&h);
-    }
-};
+// The m16n8k16 MMA and the pair packing: common.cuh's PMma<T>.
 
 // Stage layout (bytes from the stage start): Wb, Kb (T [64][DK + 8]), Ub (f32 [64][16·NW +
 // 4]); fused (tc3) also Qg (T [64][DK + 8]) and Pb (T [64][72]) after Ub.
@@ -258,10 +222,10 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
             for (u32 h = 0; h < 2; ++h) {
                 u32(&a)[4] = h ? a1 : a0;
                 const u32 n0 = 4 * kp + 2 * h;
-                a[0] = Gt2<T>::pack(S[n0][0], S[n0][1]);
-                a[1] = Gt2<T>::pack(S[n0][2], S[n0][3]);
-                a[2] = Gt2<T>::pack(S[n0 + 1][0], S[n0 + 1][1]);
-                a[3] = Gt2<T>::pack(S[n0 + 1][2], S[n0 + 1][3]);
+                a[0] = PMma<T>::pack(S[n0][0], S[n0][1]);
+                a[1] = PMma<T>::pack(S[n0][2], S[n0][3]);
+                a[2] = PMma<T>::pack(S[n0 + 1][0], S[n0 + 1][1]);
+                a[3] = PMma<T>::pack(S[n0 + 1][2], S[n0 + 1][3]);
                 // The rounded chunk-start state to hb[k][v]: transposed pairs along v.
                 if constexpr (!FUSE) {
 #pragma unroll
@@ -275,12 +239,12 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
             for (u32 n = 0; n < 8; ++n) {  // token tiles
                 u32 b[4];
                 gt2_ldsm(b, Wb + (8 * n + lr) * LDK + 32 * kp + 8 * lm);
-                Gt2<T>::mma(V[n], a0, b[0], b[1]);
-                Gt2<T>::mma(V[n], a1, b[2], b[3]);
+                PMma<T>::mma(V[n], a0, b[0], b[1]);
+                PMma<T>::mma(V[n], a1, b[2], b[3]);
                 if constexpr (FUSE) {  // Oᵀ += Sᵀ Qgᵀ
                     gt2_ldsm(b, Qs + (8 * n + lr) * LDK + 32 * kp + 8 * lm);
-                    Gt2<T>::mma(O[n], a0, b[0], b[1]);
-                    Gt2<T>::mma(O[n], a1, b[2], b[3]);
+                    PMma<T>::mma(O[n], a0, b[0], b[1]);
+                    PMma<T>::mma(O[n], a1, b[2], b[3]);
                 }
             }
         }
@@ -294,10 +258,10 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
 #pragma unroll
         for (u32 kk = 0; kk < GC_C / 16; ++kk) {  // tokens 16 kk .. 16 kk + 15
             u32 a[4];
-            a[0] = Gt2<T>::pack(V[2 * kk][0], V[2 * kk][1]);
-            a[1] = Gt2<T>::pack(V[2 * kk][2], V[2 * kk][3]);
-            a[2] = Gt2<T>::pack(V[2 * kk + 1][0], V[2 * kk + 1][1]);
-            a[3] = Gt2<T>::pack(V[2 * kk + 1][2], V[2 * kk + 1][3]);
+            a[0] = PMma<T>::pack(V[2 * kk][0], V[2 * kk][1]);
+            a[1] = PMma<T>::pack(V[2 * kk][2], V[2 * kk][3]);
+            a[2] = PMma<T>::pack(V[2 * kk + 1][0], V[2 * kk + 1][1]);
+            a[3] = PMma<T>::pack(V[2 * kk + 1][2], V[2 * kk + 1][3]);
             if constexpr (FUSE) {
                 // Oᵀ += Vnᵀ Pbᵀ over tokens tok' = 16 kk ..: output tiles n = 2 np, 2 np + 1
                 // with np >= kk (Pb is zero above the diagonal).
@@ -305,8 +269,8 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
                 for (u32 np = kk; np < 4; ++np) {
                     u32 b[4];
                     gt2_ldsm(b, Ps + (16 * np + 8 * (lm >> 1) + lr) * GT2_LDP + 16 * kk + 8 * (lm & 1u));
-                    Gt2<T>::mma(O[2 * np], a, b[0], b[1]);
-                    Gt2<T>::mma(O[2 * np + 1], a, b[2], b[3]);
+                    PMma<T>::mma(O[2 * np], a, b[0], b[1]);
+                    PMma<T>::mma(O[2 * np + 1], a, b[2], b[3]);
                 }
             } else {
                 // Vn (rounded) to vb[tok][v].
@@ -320,8 +284,8 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
             for (u32 np = 0; np < NK / 2; ++np) {  // k tiles 2 np, 2 np + 1
                 u32 b[4];
                 gt2_ldsm_t(b, Kb + (16 * kk + 8 * (lm & 1u) + lr) * LDK + 8 * (2 * np + (lm >> 1)));
-                Gt2<T>::mma(S[2 * np], a, b[0], b[1]);
-                Gt2<T>::mma(S[2 * np + 1], a, b[2], b[3]);
+                PMma<T>::mma(S[2 * np], a, b[0], b[1]);
+                PMma<T>::mma(S[2 * np + 1], a, b[2], b[3]);
             }
         }
         if constexpr (FUSE) {  // Oᵀ rounded, transposed, to the chunk's rows < l
@@ -330,8 +294,8 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
 #pragma unroll
             for (u32 n = 0; n < 8; ++n) {
                 const u32 tok = 8 * n + g;
-                const u32 lo = gt2_movt(Gt2<T>::pack(O[n][0], O[n][1]));
-                const u32 hi = gt2_movt(Gt2<T>::pack(O[n][2], O[n][3]));
+                const u32 lo = gt2_movt(PMma<T>::pack(O[n][0], O[n][1]));
+                const u32 hi = gt2_movt(PMma<T>::pack(O[n][2], O[n][3]));
                 if (tok < l) {
                     *reinterpret_cast<u32*>(og + (u64)tok * hv * dv) = lo;
                     *reinterpret_cast<u32*>(og + (u64)tok * hv * dv + 8) = hi;
@@ -387,13 +351,13 @@ struct Gt3Rows {
                 x = make_float4(x.x * r, x.y * r, x.z * r, x.w * r);
             }
             uint2 p;
-            p.x = Gt2<T>::pack(x.x, x.y);
-            p.y = Gt2<T>::pack(x.z, x.w);
+            p.x = PMma<T>::pack(x.x, x.y);
+            p.y = PMma<T>::pack(x.z, x.w);
             *reinterpret_cast<uint2*>(dst + i * ldk + d) = p;
             if (dst2) {
                 const float f = s2[i];
-                p.x = Gt2<T>::pack(x.x * f, x.y * f);
-                p.y = Gt2<T>::pack(x.z * f, x.w * f);
+                p.x = PMma<T>::pack(x.x * f, x.y * f);
+                p.y = PMma<T>::pack(x.z * f, x.w * f);
                 *reinterpret_cast<uint2*>(dst2 + (u64)i * DK + d) = p;
             }
         }

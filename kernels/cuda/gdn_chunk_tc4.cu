@@ -1,7 +1,7 @@
 // Gated DeltaNet, chunked form on tensor cores, the `wu` launch of `PORTER_GDN_CHUNK=tc4`:
 // gdn_chunk_tc3_wu (gdn_chunk_tc2.cu) on raw mma.sync m16n8k16 + ldmatrix with the fragments
 // in registers. Appended to gdn_chunk.cu + gdn_chunk_tc.cu + gdn_chunk_tc2.cu (same module;
-// uses Gt2<T>, gt2_ldsm / gt2_ldsm_t, Gt3Rows, gc_tril_inverse) and writes exactly the scratch
+// uses PMma<T> (common.cuh), gt2_ldsm / gt2_ldsm_t, Gt3Rows, gc_tril_inverse) and writes exactly the scratch
 // of gdn_chunk_tc3_wu (wn, kb, uf, gl, qg, pb), which gdn_chunk_tc3_state reads unchanged.
 //
 // Why: gdn_chunk_tc3_wu (264.7 µs at 4096 tokens of the 80B layout, 24 TFLOP/s) runs ~14
@@ -138,8 +138,8 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
                 if (n > 2 * ti + 1) continue;
                 u32 b[4];
                 gt2_ldsm(b, Kb + (8 * n + lr) * LDK + 32 * kp + 8 * lm);
-                Gt2<T>::mma(acc[n], a0, b[0], b[1]);
-                Gt2<T>::mma(acc[n], a1, b[2], b[3]);
+                PMma<T>::mma(acc[n], a0, b[0], b[1]);
+                PMma<T>::mma(acc[n], a1, b[2], b[3]);
             }
         }
         // acc[n]: (i = 16 ti + g8 (+8 for [2], [3]), m = 8 n + 2 tq (+1)).
@@ -169,8 +169,8 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
                     *reinterpret_cast<float2*>(As + (i0 + 8) * GT_LDF + m) = make_float2(v[2], v[3]);
                 }
             } else {
-                *reinterpret_cast<u32*>(pd + i0 * GC_C + m) = Gt2<T>::pack(v[0], v[1]);
-                *reinterpret_cast<u32*>(pd + (i0 + 8) * GC_C + m) = Gt2<T>::pack(v[2], v[3]);
+                *reinterpret_cast<u32*>(pd + i0 * GC_C + m) = PMma<T>::pack(v[0], v[1]);
+                *reinterpret_cast<u32*>(pd + (i0 + 8) * GC_C + m) = PMma<T>::pack(v[2], v[3]);
             }
         }
     }
@@ -207,31 +207,31 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
                     const u32 ir = g8 + 8 * (x & 1u), mr = 2 * tq + 8 * (x >> 1), m = 16 * kk + mr;
                     const float2 t2 = *reinterpret_cast<const float2*>(As + (16 * kk + ir) * GT_LDF + 16 * ti + mr);
                     const float b0 = bt[m], b1 = bt[m + 1];
-                    fw[x] = Gt2<T>::pack(t2.x * (b0 * eg[m]), t2.y * (b1 * eg[m + 1]));
-                    fu[x] = Gt2<T>::pack(t2.x * b0, t2.y * b1);
+                    fw[x] = PMma<T>::pack(t2.x * (b0 * eg[m]), t2.y * (b1 * eg[m + 1]));
+                    fu[x] = PMma<T>::pack(t2.x * b0, t2.y * b1);
                 }
                 const u32 tr = 16 * kk + 8 * (lm & 1u) + lr;  // ldmatrix.trans source row (token)
 #pragma unroll
                 for (u32 np = 0; np < NW8 / 2; ++np) {
                     u32 b[4];
                     gt2_ldsm_t(b, Kb + tr * LDK + cw + 16 * np + 8 * (lm >> 1));
-                    Gt2<T>::mma(aw[2 * np], fw, b[0], b[1]);
-                    Gt2<T>::mma(aw[2 * np + 1], fw, b[2], b[3]);
+                    PMma<T>::mma(aw[2 * np], fw, b[0], b[1]);
+                    PMma<T>::mma(aw[2 * np + 1], fw, b[2], b[3]);
                 }
 #pragma unroll
                 for (u32 n = 0; n < 8; ++n) {
                     if (n >= nu) break;
                     u32 b[2];
                     gt4_ldsm_t2(b, Vb + tr * ldv + cu + 8 * n);
-                    Gt2<T>::mma(au[n], fu, b[0], b[1]);
+                    PMma<T>::mma(au[n], fu, b[0], b[1]);
                 }
             }
             const u32 i0 = 16 * ti + g8;
             T* wd = wn + ch * GC_C * DK + (u64)i0 * DK + cw + 2 * tq;
 #pragma unroll
             for (u32 n = 0; n < NW8; ++n) {
-                *reinterpret_cast<u32*>(wd + 8 * n) = Gt2<T>::pack(-aw[n][0], -aw[n][1]);
-                *reinterpret_cast<u32*>(wd + 8 * DK + 8 * n) = Gt2<T>::pack(-aw[n][2], -aw[n][3]);
+                *reinterpret_cast<u32*>(wd + 8 * n) = PMma<T>::pack(-aw[n][0], -aw[n][1]);
+                *reinterpret_cast<u32*>(wd + 8 * DK + 8 * n) = PMma<T>::pack(-aw[n][2], -aw[n][3]);
             }
             float* ud = uf + ch * GC_C * dv + (u64)i0 * dv + cu + 2 * tq;
 #pragma unroll
