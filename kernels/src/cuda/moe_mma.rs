@@ -28,13 +28,7 @@ pub type MoeDec = Fp8MoeDec;
 /// The dense experts' decode form of this process ([`MOE_DEC_ENV`], read once).
 pub fn moe_dec_of_process() -> MoeDec {
     static FORM: std::sync::OnceLock<MoeDec> = std::sync::OnceLock::new();
-    *FORM.get_or_init(|| {
-        let v = std::env::var(MOE_DEC_ENV).ok();
-        MoeDec::parse_or(v.as_deref(), MoeDec::Mma).unwrap_or_else(|bad| {
-            eprintln!("warning: {MOE_DEC_ENV}={bad:?} is not gemv, mma or mma-all; using mma");
-            MoeDec::Mma
-        })
-    })
+    *FORM.get_or_init(|| MoeDec::from_env(MOE_DEC_ENV))
 }
 
 /// Weight rows a block (`MDM_ROWS`); gate+up blocks take half of them as gate rows.
@@ -265,11 +259,12 @@ mod tests {
     use super::{mma_smem, MoeDec};
 
     #[test]
-    fn dense_switch_defaults_to_gemv() {
-        assert_eq!(MoeDec::parse_or(None, MoeDec::Gemv), Ok(MoeDec::Gemv));
-        assert_eq!(MoeDec::parse_or(Some(" MMA "), MoeDec::Gemv), Ok(MoeDec::Mma));
-        assert_eq!(MoeDec::parse_or(Some("mma-all"), MoeDec::Gemv), Ok(MoeDec::MmaAll));
-        assert!(MoeDec::parse_or(Some("wgmma"), MoeDec::Gemv).is_err());
+    fn dense_switch_defaults_to_mma() {
+        assert_eq!(MoeDec::parse(None), Ok(MoeDec::Mma));
+        assert_eq!(MoeDec::parse(Some(" MMA ")), Ok(MoeDec::Mma));
+        assert_eq!(MoeDec::parse(Some("gemv")), Ok(MoeDec::Gemv));
+        assert_eq!(MoeDec::parse(Some("mma-all")), Ok(MoeDec::MmaAll));
+        assert!(MoeDec::parse(Some("wgmma")).is_err());
         // The kernels' shared memory: 4 × (16 KiB + 1 KiB) dense, 4 × (16 KiB + 2 KiB) FP8.
         assert_eq!((mma_smem(2), mma_smem(1)), (69632, 73728));
     }

@@ -32,33 +32,31 @@ pub enum Fp8MoeDec {
 }
 
 impl Fp8MoeDec {
-    /// Parses a value of [`FP8_MOE_DEC_ENV`] (`Err`: the value, unknown).
+    /// Parses a value of a decode-form switch ([`FP8_MOE_DEC_ENV`], and the dense experts'
+    /// `PORTER_MOE_DEC`): unset or empty is `mma` (`Err`: the value, unknown).
     pub fn parse(v: Option<&str>) -> std::result::Result<Self, String> {
-        Self::parse_or(v, Self::Mma)
-    }
-
-    /// Parses a value of a decode-form switch, `unset` when unset or empty (`Err`: the value,
-    /// unknown). Also the dense experts' switch (`PORTER_MOE_DEC`, unset: `gemv`).
-    pub fn parse_or(v: Option<&str>, unset: Self) -> std::result::Result<Self, String> {
         match v.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
-            None | Some("") => Ok(unset),
+            None | Some("") | Some("mma") => Ok(Self::Mma),
             Some("gemv") => Ok(Self::Gemv),
-            Some("mma") => Ok(Self::Mma),
             Some("mma-all") => Ok(Self::MmaAll),
             Some(_) => Err(v.unwrap_or_default().to_string()),
         }
     }
 
+    /// The form the environment variable `var` names ([`Fp8MoeDec::parse`]; an unknown value
+    /// warns on stderr and means `mma`). The callers read it once a process.
+    pub(crate) fn from_env(var: &str) -> Self {
+        let v = std::env::var(var).ok();
+        Self::parse(v.as_deref()).unwrap_or_else(|bad| {
+            eprintln!("warning: {var}={bad:?} is not gemv, mma or mma-all; using mma");
+            Self::Mma
+        })
+    }
+
     /// The form of this process ([`FP8_MOE_DEC_ENV`], read once).
     pub fn of_process() -> Self {
         static FORM: std::sync::OnceLock<Fp8MoeDec> = std::sync::OnceLock::new();
-        *FORM.get_or_init(|| {
-            let v = std::env::var(FP8_MOE_DEC_ENV).ok();
-            Self::parse(v.as_deref()).unwrap_or_else(|bad| {
-                eprintln!("warning: {FP8_MOE_DEC_ENV}={bad:?} is not gemv, mma or mma-all; using mma");
-                Self::Mma
-            })
-        })
+        *FORM.get_or_init(|| Self::from_env(FP8_MOE_DEC_ENV))
     }
 
     /// Whether this form runs the tensor-core kernels for `pairs` (row, expert) pairs.

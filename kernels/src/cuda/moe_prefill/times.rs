@@ -31,7 +31,7 @@ impl CudaKernels {
         inter: usize,
     ) -> Result<[f64; 4]> {
         let dims = [t, k, e, hidden, inter];
-        // The form the model path takes for this environment (auto, mma, pipe or wmma).
+        // The form the model path takes for this environment (auto, wgmma, mma, pipe or wmma).
         let form = MoeGemm::from_env().name();
         let one = one_block_align_env();
         Ok(self.moe_prefill_stage_times_form(x, idx, w, gate, up, down, out, dims, form, None, one)?.secs)
