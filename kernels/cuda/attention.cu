@@ -493,7 +493,7 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
     extern "C" __global__ void __launch_bounds__(128) attention_##NAME##QN##_r##RA##_c##NC##BS(                  \
         const T* q, const void* kpool, const void* vpool, const u32* tables, const u32* spans, T* out,           \
         float* part, u32 t, u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks, u32 bs_log2,     \
-        u32 n_slots, u32 tiles_m, u32 qcap, u32 nz, const float* ksc, const float* vsc) {                        \
+        u32 n_slots, u32 tiles_m, u32 qcap, u32 nz, const float* ksc, const float* vsc) { porter_pdl_enter();                        \
         attention_impl<T, KQ, RA, NC, BN>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, D, scale,        \
                                       window, PagedKv{max_blocks, bs_log2, n_slots}, tiles_m, qcap, nz, ksc,     \
                                       vsc);                                                                      \
@@ -514,11 +514,11 @@ __device__ __forceinline__ void attention_combine_impl(const float* __restrict__
     ATTENTION_R(T, NAME, 1)                                                                                        \
     ATTENTION_R(T, NAME, 4)                                                                                        \
     extern "C" __global__ void __launch_bounds__(128) attention_combine_##NAME(                                    \
-        const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 D, u32 window, u32 qcap, u32 nz) {      \
+        const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 D, u32 window, u32 qcap, u32 nz) { porter_pdl_enter();      \
         attention_combine_impl<T>(part, spans, out, t, heads, D, window, qcap, nz);                                \
     }                                                                                                              \
     extern "C" __global__ void kv_append_##NAME(const T* k, const T* v, const u32* slots, T* kp, T* vp, u32 t,     \
-                                                u32 row_len, u32 n_slots) {                                        \
+                                                u32 row_len, u32 n_slots) { porter_pdl_enter();                                        \
         kv_append_impl<T>(k, v, slots, kp, vp, t, row_len, n_slots);                                               \
     }
 

@@ -544,14 +544,14 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
     extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W##VS( \
         const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part,     \
         u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,             \
-        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {                                                    \
+        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2) { porter_pdl_enter();                                                    \
         adec_impl<T, DP, ST, NW, V2>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,     \
                                      PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2); \
     }
 #define ADEC_COMBINE(T, NAME, DP, C, IMPL)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) attention_decode_##C##_##NAME##_d##DP(                  \
         const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg,         \
-        u32 ks_min_log2, u32 nsplit_log2) {                                                                   \
+        u32 ks_min_log2, u32 nsplit_log2) { porter_pdl_enter();                                                                   \
         IMPL<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);                 \
     }
 #define ADEC_DP(T, NAME, DP)                                  \

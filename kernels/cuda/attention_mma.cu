@@ -421,7 +421,7 @@ __device__ __forceinline__ void attention_mma_impl(const T* __restrict__ q, cons
         attention_mma_##NAME##QN##_d##DP##_w##NW##n##BN##P(                                                      \
             const T* q, const void* kpool, const void* vpool, const u32* tables, const u32* spans, T* out, u32 t, \
             u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,        \
-            const float* ksc, const float* vsc) {                                                                \
+            const float* ksc, const float* vsc) { porter_pdl_enter();                                                                \
         attention_mma_impl<T, KQ, DP, NW, BN, PS, MI, DS>(q, kpool, vpool, tables, spans, out, t, heads, kvh, D, scale,      \
                                               window, PagedKv{max_blocks, bs_log2, n_slots}, ksc, vsc);          \
     }

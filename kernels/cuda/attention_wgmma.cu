@@ -413,7 +413,7 @@ __device__ __forceinline__ void attention_wgmma_impl(const T* __restrict__ q, co
     extern "C" __global__ void __launch_bounds__(256, 1) attention_wgmma_##NAME##_d##DP(                         \
         const T* q, const void* kpool, const void* vpool, const u32* tables, const u32* spans, T* out, u32 t,     \
         u32 heads, u32 kvh, u32 D, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,            \
-        const float* ksc, const float* vsc) {                                                                    \
+        const float* ksc, const float* vsc) { porter_pdl_enter();                                                                    \
         (void)ksc;                                                                                               \
         (void)vsc;                                                                                               \
         attention_wgmma_impl<T, DP>(q, kpool, vpool, tables, spans, out, t, heads, kvh, D, scale, window,        \

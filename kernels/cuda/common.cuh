@@ -27,6 +27,22 @@ typedef __half f16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+// Programmatic dependent launch (PDL, sm_90+). Every kernel's first statement is
+// porter_pdl_enter(): it waits until the grid launched before it in the stream has completed
+// and its writes are visible (griddepcontrol.wait), then lets the grid after it launch
+// (griddepcontrol.launch_dependents), so that grid's launch and block start-up overlap this
+// grid's run instead of following it. Both are no-ops below sm_90 and when the grid was not
+// launched with the programmatic-serialization attribute (CudaKernels::launch_fn sets it on
+// sm_90 unless PORTER_PDL=off). Correct only if *every* kernel waits before its first global
+// access: a grid that has not waited may run beside its predecessor (and so may everything
+// after it), so a new __global__ function starts with this call (a test checks each one).
+__device__ __forceinline__ void porter_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 #define PORTER_NAN __int_as_float(0x7fc00000)
 #define PORTER_NEG_INF __int_as_float(0xff800000)
 

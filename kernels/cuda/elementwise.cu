@@ -22,13 +22,13 @@ __device__ __forceinline__ void embedding_impl(const T* __restrict__ table, cons
     for (u32 i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = to_f(src[i]);
 }
 
-extern "C" __global__ void embedding_f32(const float* table, const u32* ids, float* out, u32 hidden, u32 vocab) {
+extern "C" __global__ void embedding_f32(const float* table, const u32* ids, float* out, u32 hidden, u32 vocab) { porter_pdl_enter();
     embedding_impl<float>(table, ids, out, hidden, vocab);
 }
-extern "C" __global__ void embedding_bf16(const bf16* table, const u32* ids, float* out, u32 hidden, u32 vocab) {
+extern "C" __global__ void embedding_bf16(const bf16* table, const u32* ids, float* out, u32 hidden, u32 vocab) { porter_pdl_enter();
     embedding_impl<bf16>(table, ids, out, hidden, vocab);
 }
-extern "C" __global__ void embedding_f16(const f16* table, const u32* ids, float* out, u32 hidden, u32 vocab) {
+extern "C" __global__ void embedding_f16(const f16* table, const u32* ids, float* out, u32 hidden, u32 vocab) { porter_pdl_enter();
     embedding_impl<f16>(table, ids, out, hidden, vocab);
 }
 
@@ -55,16 +55,16 @@ __device__ __forceinline__ void swiglu_fused_impl(const T* __restrict__ gu, T* _
     }
 }
 
-extern "C" __global__ void swiglu_f32(const float* g, const float* u, float* out, u64 n) { swiglu_impl<float>(g, u, out, n); }
-extern "C" __global__ void swiglu_bf16(const bf16* g, const bf16* u, bf16* out, u64 n) { swiglu_impl<bf16>(g, u, out, n); }
-extern "C" __global__ void swiglu_f16(const f16* g, const f16* u, f16* out, u64 n) { swiglu_impl<f16>(g, u, out, n); }
-extern "C" __global__ void swiglu_fused_f32(const float* gu, float* out, u64 rows, u32 inter) {
+extern "C" __global__ void swiglu_f32(const float* g, const float* u, float* out, u64 n) { porter_pdl_enter(); swiglu_impl<float>(g, u, out, n); }
+extern "C" __global__ void swiglu_bf16(const bf16* g, const bf16* u, bf16* out, u64 n) { porter_pdl_enter(); swiglu_impl<bf16>(g, u, out, n); }
+extern "C" __global__ void swiglu_f16(const f16* g, const f16* u, f16* out, u64 n) { porter_pdl_enter(); swiglu_impl<f16>(g, u, out, n); }
+extern "C" __global__ void swiglu_fused_f32(const float* gu, float* out, u64 rows, u32 inter) { porter_pdl_enter();
     swiglu_fused_impl<float>(gu, out, rows, inter);
 }
-extern "C" __global__ void swiglu_fused_bf16(const bf16* gu, bf16* out, u64 rows, u32 inter) {
+extern "C" __global__ void swiglu_fused_bf16(const bf16* gu, bf16* out, u64 rows, u32 inter) { porter_pdl_enter();
     swiglu_fused_impl<bf16>(gu, out, rows, inter);
 }
-extern "C" __global__ void swiglu_fused_f16(const f16* gu, f16* out, u64 rows, u32 inter) {
+extern "C" __global__ void swiglu_fused_f16(const f16* gu, f16* out, u64 rows, u32 inter) { porter_pdl_enter();
     swiglu_fused_impl<f16>(gu, out, rows, inter);
 }
 
@@ -84,13 +84,13 @@ __device__ __forceinline__ void sigmoid_gate_mul_impl(T* __restrict__ x, const T
     }
 }
 
-extern "C" __global__ void sigmoid_gate_mul_f32(float* x, const float* gate, u64 rows, u32 d, u32 gd) {
+extern "C" __global__ void sigmoid_gate_mul_f32(float* x, const float* gate, u64 rows, u32 d, u32 gd) { porter_pdl_enter();
     sigmoid_gate_mul_impl<float>(x, gate, rows, d, gd);
 }
-extern "C" __global__ void sigmoid_gate_mul_bf16(bf16* x, const bf16* gate, u64 rows, u32 d, u32 gd) {
+extern "C" __global__ void sigmoid_gate_mul_bf16(bf16* x, const bf16* gate, u64 rows, u32 d, u32 gd) { porter_pdl_enter();
     sigmoid_gate_mul_impl<bf16>(x, gate, rows, d, gd);
 }
-extern "C" __global__ void sigmoid_gate_mul_f16(f16* x, const f16* gate, u64 rows, u32 d, u32 gd) {
+extern "C" __global__ void sigmoid_gate_mul_f16(f16* x, const f16* gate, u64 rows, u32 d, u32 gd) { porter_pdl_enter();
     sigmoid_gate_mul_impl<f16>(x, gate, rows, d, gd);
 }
 
@@ -125,14 +125,14 @@ __device__ __forceinline__ void rope_neox_impl(T* __restrict__ x, const u32* __r
 }
 
 extern "C" __global__ void rope_neox_f32(float* x, const u32* positions, const float* inv_freq, u32 t, u32 heads,
-                                         u32 head_dim, u32 half, float attn_scale) {
+                                         u32 head_dim, u32 half, float attn_scale) { porter_pdl_enter();
     rope_neox_impl<float>(x, positions, inv_freq, t, heads, head_dim, half, attn_scale);
 }
 extern "C" __global__ void rope_neox_bf16(bf16* x, const u32* positions, const float* inv_freq, u32 t, u32 heads,
-                                          u32 head_dim, u32 half, float attn_scale) {
+                                          u32 head_dim, u32 half, float attn_scale) { porter_pdl_enter();
     rope_neox_impl<bf16>(x, positions, inv_freq, t, heads, head_dim, half, attn_scale);
 }
 extern "C" __global__ void rope_neox_f16(f16* x, const u32* positions, const float* inv_freq, u32 t, u32 heads,
-                                          u32 head_dim, u32 half, float attn_scale) {
+                                          u32 head_dim, u32 half, float attn_scale) { porter_pdl_enter();
     rope_neox_impl<f16>(x, positions, inv_freq, t, heads, head_dim, half, attn_scale);
 }

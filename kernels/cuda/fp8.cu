@@ -109,7 +109,7 @@ __device__ __forceinline__ void fp8_gemv_impl(const unsigned char* __restrict__ 
 
 #define PORTER_FP8_GEMV(NA, A, NO, O, M)                                                                       \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemv_##NA##_##NO##_m##M(                            \
-        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) {   \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { porter_pdl_enter();   \
         fp8_gemv_impl<A, O, M>(w, sc, rs, x, out, m, k, n);                                                  \
     }
 #define PORTER_FP8_GEMV_M(NA, A, NO, O)                                                                 \
@@ -267,16 +267,16 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
 // and 4 weight rows a warp (by the number of weight rows), from two rows of x on at 2 or 1.
 #define PORTER_FP8_GEMVX1(NA, A, NO, O, NR)                                                                 \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m1_r##NR(                    \
-        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { porter_pdl_enter(); \
         fp8_gemvx_impl<A, O, 1, NR, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                             \
     }
 #define PORTER_FP8_GEMVX(NA, A, NO, O, M)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M(                        \
-        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { porter_pdl_enter(); \
         fp8_gemvx_impl<A, O, M, 2, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                              \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M##_r1(                   \
-        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { porter_pdl_enter(); \
         fp8_gemvx_impl<A, O, M, 1, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                              \
     }
 #define PORTER_FP8_GEMVX_M(NA, A, NO, O)                                                                        \
@@ -294,7 +294,7 @@ PORTER_FP8_GEMVX_M(f16, f16, f32, float)
 // against the others on any GPU).
 #define PORTER_FP8_GEMVX_AB(M, NR, CV, HW)                                                                   \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_bf16_bf16_m##M##_r##NR##_##CV(               \
-        const unsigned char* w, const float* sc, const u32* rs, const bf16* x, bf16* out, u32 m, u32 k, u32 n) { \
+        const unsigned char* w, const float* sc, const u32* rs, const bf16* x, bf16* out, u32 m, u32 k, u32 n) { porter_pdl_enter(); \
         fp8_gemvx_impl<bf16, bf16, M, NR, HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                                    \
     }
 #define PORTER_FP8_GEMVX_AB_M(M)                                                                       \
@@ -366,11 +366,11 @@ __device__ __forceinline__ void fp8_quantize_impl(const T* __restrict__ w, unsig
 
 #define PORTER_FP8_CONV(NT, T)                                                                                    \
     extern "C" __global__ void fp8_dequant_##NT(const unsigned char* q, const float* sc, const u32* rs, T* out,   \
-                                                u32 rows, u32 cols, int vec) {                                    \
+                                                u32 rows, u32 cols, int vec) { porter_pdl_enter();                                    \
         fp8_dequant_impl<T>(q, sc, rs, out, rows, cols, vec);                                                     \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
-        fp8_quantize_##NT(const T* w, unsigned char* q, float* scales, u32 rows, u32 cols) {                      \
+        fp8_quantize_##NT(const T* w, unsigned char* q, float* scales, u32 rows, u32 cols) { porter_pdl_enter();                      \
         fp8_quantize_impl<T>(w, q, scales, rows, cols);                                                           \
     }
 PORTER_FP8_CONV(f32, float)
@@ -425,14 +425,14 @@ template <typename T> struct Fp8Mat {
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dec_gu_fp8_##NAME(                   \
         const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,          \
         const float* us, const u32* urs, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,            \
-        const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) {            \
+        const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) { porter_pdl_enter();            \
         dec_gu_impl<T, Fp8Mat<T>, 2>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, fused,     \
                                      g_sorted, g_seg, g_meta, ctr, nctr, h, H, I, k, vec);                        \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dec_down_fp8_##NAME(                 \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \
         u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg, const u32* g_meta, u32* ctr, T* o,        \
-        float* out, u32 H, u32 I, u32 k, u32 t, int vec) {                                                        \
+        float* out, u32 H, u32 I, u32 k, u32 t, int vec) { porter_pdl_enter();                                                        \
         dec_down_impl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, n, e, fused, g_sorted, g_seg,       \
                                        g_meta, ctr, o, out, H, I, k, t, vec);                                     \
     }                                                                                                             \
@@ -441,20 +441,20 @@ template <typename T> struct Fp8Mat {
         const float* us, const u32* urs, const unsigned char* down, const float* ds, const u32* drs,              \
         const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted, const u32* g_seg,          \
         const u32* g_meta, u32* sync, T* h, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec_gu, int vec_d,  \
-        u32 ch, u32 phases) {                                                                                             \
+        u32 ch, u32 phases) { porter_pdl_enter();                                                                                             \
         dec_v2_impl<T, Fp8Mat<T>, GU_U, 1, DN_MB>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H),                    \
                                         FP8_MAT(T, down, ds, drs, I), idx, wt, n, e, fused, g_sorted, g_seg, g_meta, \
                                         sync, h, o, out, H, I, k, t, vec_gu, vec_d, ch, phases);                      \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_gu_fp8_##NAME(                   \
         const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,          \
-        const float* us, const u32* urs, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec) {      \
+        const float* us, const u32* urs, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec) { porter_pdl_enter();      \
         dir_gu_impl<T, Fp8Mat<T>, 2>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, h, H, \
                                      I, k, vec);                                                                  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_fp8_##NAME(                 \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \
-        u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged) {                                           \
+        u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged) { porter_pdl_enter();                                           \
         dir_down_impl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, vec, staged); \
     }
 

@@ -116,7 +116,7 @@ template <typename T, bool GU> struct TcWeightsFp8 {
 #define FP8_TC_DENSE(NA, A, NO, O, MI)                                                                         \
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS) fp8_gemm_tc##MI##_##NA##_##NO(               \
         const A* x, const unsigned char* q, const float* sc, const u32* rs, O* out, u32 K, u32 N, u32 m,      \
-        u32 nblk, u32 ksteps) {                                                                                \
+        u32 nblk, u32 ksteps) { porter_pdl_enter();                                                                                \
         gemm_tc_impl<A, O, TC_DENSE, MI>(x, TcWeightsFp8<A, false>{q, sc, rs, q, sc, rs}, nullptr, nullptr, out, \
                                          K, N, 1u, nblk, m, ksteps);                                           \
     }
@@ -140,7 +140,7 @@ __device__ __forceinline__ void fp8_splitk_reduce_impl(const float* __restrict__
     }
 }
 #define FP8_SPLITK_REDUCE(NO, O)                                                                                 \
-    extern "C" __global__ void fp8_splitk_reduce_##NO(const float* ws, O* out, u32 splits, u64 total) {         \
+    extern "C" __global__ void fp8_splitk_reduce_##NO(const float* ws, O* out, u32 splits, u64 total) { porter_pdl_enter();         \
         fp8_splitk_reduce_impl<O>(ws, out, splits, total);                                                       \
     }
 FP8_SPLITK_REDUCE(bf16, bf16)
@@ -154,13 +154,13 @@ FP8_SPLITK_REDUCE(f32, float)
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS) moe_gemm_gu_fp8_tc##MI##_##NAME(              \
         const T* a, const unsigned char* q0, const float* s0, const u32* rs0, const unsigned char* q1,          \
         const float* s1, const u32* rs1, const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, \
-        u32 nblk) {                                                                                             \
+        u32 nblk) { porter_pdl_enter();                                                                                             \
         gemm_tc_impl<T, T, TC_GU, MI>(a, TcWeightsFp8<T, true>{q0, s0, rs0, q1, s1, rs1}, sorted, tile_expert,  \
                                       dst, K, N, k, nblk, 0u, 0xffffffffu);                                     \
     }                                                                                                           \
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS) moe_gemm_down_fp8_tc##MI##_##NAME(            \
         const T* a, const unsigned char* q, const float* s, const u32* rs, const u32* sorted,                   \
-        const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {                                        \
+        const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();                                        \
         gemm_tc_impl<T, T, TC_DOWN, MI>(a, TcWeightsFp8<T, false>{q, s, rs, q, s, rs}, sorted, tile_expert, dst, \
                                         K, N, k, nblk, 0u, 0xffffffffu);                                        \
     }
@@ -200,7 +200,7 @@ __device__ __forceinline__ void fp8_act_quant_impl(const T* __restrict__ x, unsi
 
 #define FP8_ACT_QUANT(NT, T)                                                                                      \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
-        fp8_act_quant_##NT(const T* x, unsigned char* q, float* s, u32 m, u32 K) {                                \
+        fp8_act_quant_##NT(const T* x, unsigned char* q, float* s, u32 m, u32 K) { porter_pdl_enter();                                \
         fp8_act_quant_impl<T>(x, q, s, m, K);                                                                     \
     }
 FP8_ACT_QUANT(bf16, bf16)
@@ -472,7 +472,7 @@ __device__ __forceinline__ void fp8_mma8_impl(const unsigned char* __restrict__ 
 #define FP8_MMA8_DENSE(NO, O, S)                                                                                \
     extern "C" __global__ void __launch_bounds__(FP8_MMA_THREADS, 1) fp8_gemm_mma8_##NO##_s##S(                \
         const unsigned char* aq, const float* as, const unsigned char* wq, const float* ws, const u32* wrs,    \
-        O* out, u32 m, u32 K, u32 n) {                                                                          \
+        O* out, u32 m, u32 K, u32 n) { porter_pdl_enter();                                                                          \
         fp8_mma8_impl<O, S, TC_DENSE, 4>(aq, as, wq, ws, wrs, wq, ws, wrs, nullptr, nullptr, out, m, K, n, 1u, 1u); \
     }
 FP8_MMA8_DENSE(bf16, bf16, 3)
@@ -489,12 +489,12 @@ FP8_MMA8_DENSE(f32, float, 4)
     extern "C" __global__ void __launch_bounds__(FP8_MMA_THREADS, 1) moe_gemm_gu_fp8_mma8_##NAME##_s##S(          \
         const unsigned char* aq, const float* as, const unsigned char* q0, const float* s0, const u32* rs0,   \
         const unsigned char* q1, const float* s1, const u32* rs1, const u32* sorted, const u32* tile_expert,  \
-        T* dst, u32 K, u32 N, u32 k, u32 nblk) {                                                                \
+        T* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();                                                                \
         fp8_mma8_impl<T, S, TC_GU, 2>(aq, as, q0, s0, rs0, q1, s1, rs1, sorted, tile_expert, dst, 0u, K, N, k, nblk); \
     }                                                                                                          \
     extern "C" __global__ void __launch_bounds__(FP8_MMA_THREADS, 1) moe_gemm_down_fp8_mma8_##NAME##_s##S(        \
         const unsigned char* aq, const float* as, const unsigned char* q, const float* s, const u32* rs,      \
-        const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {                    \
+        const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();                    \
         fp8_mma8_impl<T, S, TC_DOWN, 2>(aq, as, q, s, rs, q, s, rs, sorted, tile_expert, dst, 0u, K, N, k, nblk); \
     }
 // (4 stages only: 3 need 124 KiB, more than the sm_89 / sm_120 parts allow, and an H100 /

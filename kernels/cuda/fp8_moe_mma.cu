@@ -76,12 +76,12 @@ struct FmmFp8 {
     extern "C" __global__ void __launch_bounds__(MDM_THREADS, 3) fp8_moe_mma_gu_##NAME(                           \
         const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,          \
         const float* us, const u32* urs, const u32* sorted, const u32* seg, const u32* meta, T* h, u32 H, u32 I,  \
-        u32 k) {                                                                                                  \
+        u32 k) { porter_pdl_enter();                                                                                                  \
         mdm_impl<T, FmmFp8, true>(x, gate, gs, grs, up, us, urs, sorted, seg, meta, h, H, I, k);                  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MDM_THREADS, 3) fp8_moe_mma_down_##NAME(                         \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* sorted,                \
-        const u32* seg, const u32* meta, T* o, u32 H, u32 I) {                                                    \
+        const u32* seg, const u32* meta, T* o, u32 H, u32 I) { porter_pdl_enter();                                                    \
         mdm_impl<T, FmmFp8, false>(h, down, ds, drs, down, ds, drs, sorted, seg, meta, o, I, H, 1u);              \
     }
 FMM_ENTRY(bf16, bf16)

@@ -22,7 +22,7 @@ __device__ __forceinline__ void norm_fp8_gemvx_impl(const float* __restrict__ x,
 #define PORTER_NORM_FP8(NA, A, M, NR)                                                                             \
     extern "C" __global__ void __launch_bounds__(256) norm_fp8_gemvx_##NA##_##NA##_m##M##_r##NR(                  \
         const float* x, const A* nw, float eps, int zc, u32 nt, const unsigned char* w, const float* sc,         \
-        const u32* rs, A* out, A* normed, u32 m, u32 k, u32 n, u32 nblk) {                                       \
+        const u32* rs, A* out, A* normed, u32 m, u32 k, u32 n, u32 nblk) { porter_pdl_enter();                                       \
         norm_fp8_gemvx_impl<A, M, NR>(x, nw, eps, zc, nt, w, sc, rs, out, normed, m, k, n, nblk);                \
     }
 #define PORTER_NORM_FP8_A(NA, A)                                                                                  \

@@ -22,15 +22,15 @@ __device__ __forceinline__ void gdn_gates_impl(const T* __restrict__ a, const T*
 }
 
 extern "C" __global__ void gdn_gates_f32(const float* a, const float* b, const float* a_log, const float* dt_bias,
-                                         float* g, float* beta, u64 n, u32 hv) {
+                                         float* g, float* beta, u64 n, u32 hv) { porter_pdl_enter();
     gdn_gates_impl<float>(a, b, a_log, dt_bias, g, beta, n, hv);
 }
 extern "C" __global__ void gdn_gates_bf16(const bf16* a, const bf16* b, const float* a_log, const float* dt_bias,
-                                          float* g, float* beta, u64 n, u32 hv) {
+                                          float* g, float* beta, u64 n, u32 hv) { porter_pdl_enter();
     gdn_gates_impl<bf16>(a, b, a_log, dt_bias, g, beta, n, hv);
 }
 extern "C" __global__ void gdn_gates_f16(const f16* a, const f16* b, const float* a_log, const float* dt_bias,
-                                          float* g, float* beta, u64 n, u32 hv) {
+                                          float* g, float* beta, u64 n, u32 hv) { porter_pdl_enter();
     gdn_gates_impl<f16>(a, b, a_log, dt_bias, g, beta, n, hv);
 }
 
@@ -73,15 +73,15 @@ __device__ __forceinline__ void conv1d_update_impl(const T* __restrict__ x, cons
 }
 
 extern "C" __global__ void conv1d_update_f32(const float* x, const float* w, const float* bias, float* state,
-                                             const u32* slots, float* out, u32 n, u32 c, u32 k, u32 num_slots) {
+                                             const u32* slots, float* out, u32 n, u32 c, u32 k, u32 num_slots) { porter_pdl_enter();
     conv1d_update_impl<float>(x, w, bias, state, slots, out, n, c, k, num_slots);
 }
 extern "C" __global__ void conv1d_update_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* state,
-                                              const u32* slots, bf16* out, u32 n, u32 c, u32 k, u32 num_slots) {
+                                              const u32* slots, bf16* out, u32 n, u32 c, u32 k, u32 num_slots) { porter_pdl_enter();
     conv1d_update_impl<bf16>(x, w, bias, state, slots, out, n, c, k, num_slots);
 }
 extern "C" __global__ void conv1d_update_f16(const f16* x, const f16* w, const f16* bias, f16* state,
-                                              const u32* slots, f16* out, u32 n, u32 c, u32 k, u32 num_slots) {
+                                              const u32* slots, f16* out, u32 n, u32 c, u32 k, u32 num_slots) { porter_pdl_enter();
     conv1d_update_impl<f16>(x, w, bias, state, slots, out, n, c, k, num_slots);
 }
 
@@ -129,24 +129,24 @@ __device__ __forceinline__ void conv1d_prefill_state_impl(const T* __restrict__ 
 }
 
 extern "C" __global__ void conv1d_prefill_f32(const float* x, const float* w, const float* bias, const float* state,
-                                              float* out, u32 t, u32 c, u32 k) {
+                                              float* out, u32 t, u32 c, u32 k) { porter_pdl_enter();
     conv1d_prefill_impl<float>(x, w, bias, state, out, t, c, k);
 }
 extern "C" __global__ void conv1d_prefill_bf16(const bf16* x, const bf16* w, const bf16* bias, const bf16* state,
-                                               bf16* out, u32 t, u32 c, u32 k) {
+                                               bf16* out, u32 t, u32 c, u32 k) { porter_pdl_enter();
     conv1d_prefill_impl<bf16>(x, w, bias, state, out, t, c, k);
 }
 extern "C" __global__ void conv1d_prefill_f16(const f16* x, const f16* w, const f16* bias, const f16* state,
-                                               f16* out, u32 t, u32 c, u32 k) {
+                                               f16* out, u32 t, u32 c, u32 k) { porter_pdl_enter();
     conv1d_prefill_impl<f16>(x, w, bias, state, out, t, c, k);
 }
-extern "C" __global__ void conv1d_prefill_state_f32(const float* x, float* state, u32 t, u32 c, u32 k) {
+extern "C" __global__ void conv1d_prefill_state_f32(const float* x, float* state, u32 t, u32 c, u32 k) { porter_pdl_enter();
     conv1d_prefill_state_impl<float>(x, state, t, c, k);
 }
-extern "C" __global__ void conv1d_prefill_state_bf16(const bf16* x, bf16* state, u32 t, u32 c, u32 k) {
+extern "C" __global__ void conv1d_prefill_state_bf16(const bf16* x, bf16* state, u32 t, u32 c, u32 k) { porter_pdl_enter();
     conv1d_prefill_state_impl<bf16>(x, state, t, c, k);
 }
-extern "C" __global__ void conv1d_prefill_state_f16(const f16* x, f16* state, u32 t, u32 c, u32 k) {
+extern "C" __global__ void conv1d_prefill_state_f16(const f16* x, f16* state, u32 t, u32 c, u32 k) { porter_pdl_enter();
     conv1d_prefill_state_impl<f16>(x, state, t, c, k);
 }
 
@@ -265,20 +265,20 @@ extern "C" __global__ void __launch_bounds__(256) gdn_recurrent_step_f32(const f
                                                                          const float* beta, float* state,
                                                                          const u32* slots, float* out, u32 hk, u32 hv,
                                                                          u32 dk, u32 dv, u32 num_slots,
-                                                                         float q_scale) {
+                                                                         float q_scale) { porter_pdl_enter();
     gdn_recurrent_step_impl<float>(q, k, v, g, beta, state, slots, out, hk, hv, dk, dv, num_slots, q_scale);
 }
 extern "C" __global__ void __launch_bounds__(256) gdn_recurrent_step_bf16(const bf16* q, const bf16* k, const bf16* v,
                                                                           const float* g, const float* beta,
                                                                           float* state, const u32* slots, bf16* out,
                                                                           u32 hk, u32 hv, u32 dk, u32 dv,
-                                                                          u32 num_slots, float q_scale) {
+                                                                          u32 num_slots, float q_scale) { porter_pdl_enter();
     gdn_recurrent_step_impl<bf16>(q, k, v, g, beta, state, slots, out, hk, hv, dk, dv, num_slots, q_scale);
 }
 extern "C" __global__ void __launch_bounds__(256) gdn_recurrent_step_f16(const f16* q, const f16* k, const f16* v,
                                                                           const float* g, const float* beta,
                                                                           float* state, const u32* slots, f16* out,
                                                                           u32 hk, u32 hv, u32 dk, u32 dv,
-                                                                          u32 num_slots, float q_scale) {
+                                                                          u32 num_slots, float q_scale) { porter_pdl_enter();
     gdn_recurrent_step_impl<f16>(q, k, v, g, beta, state, slots, out, hk, hv, dk, dv, num_slots, q_scale);
 }

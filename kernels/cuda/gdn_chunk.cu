@@ -184,7 +184,7 @@ __device__ __forceinline__ void gc_nan_rows(T* __restrict__ out, u32 r0, u32 l, 
 // ---------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(1024)
     gdn_chunk_prep(const u32* __restrict__ spans, u32* __restrict__ off, u32 n_spans, u32 t, u32 num_slots,
-                   u32 nbuf, u32 max_len, u32 cap) {
+                   u32 nbuf, u32 max_len, u32 cap) { porter_pdl_enter();
     __shared__ u32 part[1024];
     const u32 tid = threadIdx.x, nt = blockDim.x;
     const u32 per = (n_spans + nt - 1) / nt;
@@ -322,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(256)
     gdn_chunk_wu(const float* __restrict__ qkv, const float* __restrict__ g, const float* __restrict__ beta,
                  const u32* __restrict__ spans, const u32* __restrict__ off, float* __restrict__ wt,
                  float* __restrict__ ut, float* __restrict__ kt, float* __restrict__ gl, u32 hk, u32 hv, u32 dk,
-                 u32 dv) {
+                 u32 dv) { porter_pdl_enter();
     __shared__ float Ts[GC_C][GC_C + 1];  // A, then staged 64-column blocks of β exp(G) K / β V
     __shared__ float Xs[GC_C][GC_C + 1];  // staged 64-column blocks of K, then T
     __shared__ double Gd[GC_C];
@@ -632,7 +632,7 @@ __device__ __forceinline__ void gdn_chunk_state_impl(float* __restrict__ state, 
 #define GDN_CHUNK_STATE(RK, NST)                                                                                 \
     extern "C" __global__ void __launch_bounds__(256)                                                           \
         gdn_chunk_state_rk##RK(float* state, const u32* spans, const u32* off, const float* wt, float* ut,        \
-                               const float* kt, const float* gl, float* hs, u32 hv, u32 dk, u32 dv, u32 nbuf) {  \
+                               const float* kt, const float* gl, float* hs, u32 hv, u32 dk, u32 dv, u32 nbuf) { porter_pdl_enter();  \
         gdn_chunk_state_impl<RK, NST>(state, spans, off, wt, ut, kt, gl, hs, hv, dk, dv, nbuf);                  \
     }
 GDN_CHUNK_STATE(8, 2)
@@ -790,7 +790,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
     extern "C" __global__ void __launch_bounds__(256)                                                      \
         gdn_chunk_out_c##CT##_##NAME(const float* qkv, const float* g, const u32* spans, const u32* off,          \
                                      const float* ut, const float* hs, T* out, u32 t, u32 hk, u32 hv, u32 dk,     \
-                                     u32 dv, float q_scale) {                                                     \
+                                     u32 dv, float q_scale) { porter_pdl_enter();                                                     \
         gdn_chunk_out_impl<T, CT>(qkv, g, spans, off, ut, hs, out, t, hk, hv, dk, dv, q_scale);                   \
     }
 #define GDN_CHUNK_OUT_ALL(CT) GDN_CHUNK_OUT(float, f32, CT) GDN_CHUNK_OUT(bf16, bf16, CT) GDN_CHUNK_OUT(f16, f16, CT)

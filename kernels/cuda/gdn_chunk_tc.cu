@@ -486,19 +486,19 @@ __device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ 
     extern "C" __global__ void __launch_bounds__(256, 3)                                                        \
         gdn_chunk_tc_wu_d##DK##_##NAME(const float* qkv, const float* g, const float* beta, const u32* spans,     \
                                        const u32* off, T* wn, T* kb, float* uf, float* gl, u32 hk, u32 hv,        \
-                                       u32 dv) {                                                                 \
+                                       u32 dv) { porter_pdl_enter();                                                                 \
         gdn_chunk_tc_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, hk, hv, dv);                        \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                           \
         gdn_chunk_tc_state_d##DK##_##NAME(float* state, const u32* spans, const u32* off, const T* wn,            \
                                           const T* kb, const float* uf, const float* gl, T* vb, T* hb, u32 hv,    \
-                                          u32 dv, u32 nbuf) {                                                    \
+                                          u32 dv, u32 nbuf) { porter_pdl_enter();                                                    \
         gdn_chunk_tc_state_impl<T, DK>(state, spans, off, wn, kb, uf, gl, vb, hb, hv, dv, nbuf);                  \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                           \
         gdn_chunk_tc_out_d##DK##_##NAME(const float* qkv, const float* g, const u32* spans, const u32* off,       \
                                         const T* vb, const T* hb, T* out, u32 t, u32 hk, u32 hv, u32 dv,          \
-                                        float q_scale) {                                                         \
+                                        float q_scale) { porter_pdl_enter();                                                         \
         gdn_chunk_tc_out_impl<T, DK>(qkv, g, spans, off, vb, hb, out, t, hk, hv, dv, q_scale);                    \
     }
 GDN_CHUNK_TC(bf16, bf16, 64)

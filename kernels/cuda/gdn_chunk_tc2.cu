@@ -531,7 +531,7 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ 
     extern "C" __global__ void __launch_bounds__(32 * NW)                                                     \
         gdn_chunk_tc2_state_d##DK##_##NAME##_w##NW(float* state, const u32* spans, const u32* off,             \
                                                    const T* wn, const T* kb, const float* uf, const float* gl,  \
-                                                   T* vb, T* hb, u32 hv, u32 dv, u32 nbuf) {                  \
+                                                   T* vb, T* hb, u32 hv, u32 dv, u32 nbuf) { porter_pdl_enter();                  \
         gdn_chunk_tc2_state_impl<T, DK, NW, false>(state, spans, off, wn, kb, uf, gl, vb, hb, nullptr, nullptr, \
                                                    nullptr, 0, 0, hv, dv, nbuf);                              \
     }                                                                                                         \
@@ -539,7 +539,7 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ 
         gdn_chunk_tc3_state_d##DK##_##NAME##_w##NW(float* state, const u32* spans, const u32* off,             \
                                                    const T* wn, const T* kb, const float* uf, const float* gl,  \
                                                    const T* qg, const T* pb, T* out, u32 t, u32 mc, u32 hv,     \
-                                                   u32 dv, u32 nbuf) {                                        \
+                                                   u32 dv, u32 nbuf) { porter_pdl_enter();                                        \
         gdn_chunk_tc2_state_impl<T, DK, NW, true>(state, spans, off, wn, kb, uf, gl, nullptr, nullptr, qg, pb,  \
                                                   out, t, mc, hv, dv, nbuf);                                  \
     }
@@ -551,7 +551,7 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ 
     extern "C" __global__ void __launch_bounds__(256, 3)                                                    \
         gdn_chunk_tc3_wu_d##DK##_##NAME(const float* qkv, const float* g, const float* beta, const u32* spans, \
                                         const u32* off, T* wn, T* kb, float* uf, float* gl, T* qg, T* pb,     \
-                                        u32 hk, u32 hv, u32 dv, float q_scale) {                             \
+                                        u32 hk, u32 hv, u32 dv, float q_scale) { porter_pdl_enter();                             \
         gdn_chunk_tc3_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale);  \
     }
 GDN_CHUNK_TC3_WU(bf16, bf16, 64)

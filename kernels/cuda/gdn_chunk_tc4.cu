@@ -249,7 +249,7 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
     extern "C" __global__ void __launch_bounds__(256, 2)                                                    \
         gdn_chunk_tc4_wu_d##DK##_##NAME(const float* qkv, const float* g, const float* beta, const u32* spans, \
                                         const u32* off, T* wn, T* kb, float* uf, float* gl, T* qg, T* pb,     \
-                                        u32 hk, u32 hv, u32 dv, float q_scale) {                             \
+                                        u32 hk, u32 hv, u32 dv, float q_scale) { porter_pdl_enter();                             \
         gdn_chunk_tc4_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale);  \
     }
 GDN_CHUNK_TC4_WU(bf16, bf16, 64)

@@ -170,7 +170,7 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl(const T* __restrict__ x,
     extern "C" __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_gates_seq_##NAME(                           \
         const T* x, u32 x_stride, const float* w, float* window, const u32* spans, float* out, const float* a_log,  \
         const float* dt_bias, float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots,      \
-        const T* ba, u32 ba_stride, u32 ba_col, u32 hv, u32 rows) {                                                 \
+        const T* ba, u32 ba_stride, u32 ba_col, u32 hv, u32 rows) { porter_pdl_enter();                                                 \
         gdn_conv_gates_seq_impl<T>(x, x_stride, w, window, spans, out, a_log, dt_bias, g, beta, t, n_spans, c, k,   \
                                    win, num_slots, ba, ba_stride, ba_col, hv, rows);                                               \
     }
@@ -373,7 +373,7 @@ __device__ __forceinline__ void gdn_delta_seq_impl(const float* __restrict__ qkv
 #define GDN_DELTA_SEQ(T, NAME, R)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256) gdn_delta_seq_r##R##_##NAME(                                 \
         const float* qkv, const float* g, const float* beta, float* state, const u32* spans, T* out, u32 t, u32 hk, \
-        u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P, float q_scale) {                                   \
+        u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P, float q_scale) { porter_pdl_enter();                                   \
         gdn_delta_seq_impl<T, R>(qkv, g, beta, state, spans, out, t, hk, hv, dk, dv, num_slots, nbuf, P, q_scale);  \
     }
 #define GDN_DELTA_SEQ_ALL(R) GDN_DELTA_SEQ(float, f32, R) GDN_DELTA_SEQ(bf16, bf16, R) GDN_DELTA_SEQ(f16, f16, R)

@@ -134,7 +134,7 @@ __device__ __forceinline__ void kv_append_q_impl(const T* __restrict__ k, const 
 #define KV_APPEND_Q(T, NAME, KQ, QN)                                                                            \
     extern "C" __global__ void kv_append_##NAME##_##QN(const T* k, const T* v, const u32* slots,               \
                                                        unsigned char* kp, unsigned char* vp, float* ksc,       \
-                                                       float* vsc, u32 t, u32 kvh, u32 D, u32 n_slots) {       \
+                                                       float* vsc, u32 t, u32 kvh, u32 D, u32 n_slots) { porter_pdl_enter();       \
         kv_append_q_impl<T, KQ>(k, v, slots, kp, vp, ksc, vsc, t, kvh, D, n_slots);                            \
     }
 

@@ -171,40 +171,40 @@ __device__ __forceinline__ void shared_expert_add_f32g_impl(float* __restrict__ 
 }
 
 #define PORTER_MISC(N, T)                                                                                              \
-    extern "C" __global__ void add_into_f32_##N(float* x, const T* y, u64 n) { add_into_f32_impl<T>(x, y, n); }       \
-    extern "C" __global__ void copy_cols_##N(const T* src, T* dst, u64 rows, u32 stride, u32 col0, u32 ncols) {        \
+    extern "C" __global__ void add_into_f32_##N(float* x, const T* y, u64 n) { porter_pdl_enter(); add_into_f32_impl<T>(x, y, n); }       \
+    extern "C" __global__ void copy_cols_##N(const T* src, T* dst, u64 rows, u32 stride, u32 col0, u32 ncols) { porter_pdl_enter();        \
         copy_cols_impl<T>(src, dst, rows, stride, col0, ncols);                                                        \
     }                                                                                                                  \
-    extern "C" __global__ void gather_rows_##N(const T* src, const u32* idx, T* dst, u64 rows, u32 d, u32 src_rows) {  \
+    extern "C" __global__ void gather_rows_##N(const T* src, const u32* idx, T* dst, u64 rows, u32 d, u32 src_rows) { porter_pdl_enter();  \
         gather_rows_impl<T>(src, idx, dst, rows, d, src_rows);                                                         \
     }                                                                                                                  \
-    extern "C" __global__ void add_bias_##N(T* y, const T* b, u64 rows, u32 n) { add_bias_impl<T>(y, b, rows, n); }   \
-    extern "C" __global__ void shared_expert_add_##N(float* y, const T* s, const T* g, u64 rows, u32 h) {             \
+    extern "C" __global__ void add_bias_##N(T* y, const T* b, u64 rows, u32 n) { porter_pdl_enter(); add_bias_impl<T>(y, b, rows, n); }   \
+    extern "C" __global__ void shared_expert_add_##N(float* y, const T* s, const T* g, u64 rows, u32 h) { porter_pdl_enter();             \
         shared_expert_add_impl<T>(y, s, g, rows, h);                                                                   \
     }                                                                                                                  \
-    extern "C" __global__ void concat_cols_##N(const T* a, const T* b, T* out, u64 rows, u32 da, u32 db) {          \
+    extern "C" __global__ void concat_cols_##N(const T* a, const T* b, T* out, u64 rows, u32 da, u32 db) { porter_pdl_enter();          \
         concat_cols_impl<T>(a, b, out, rows, da, db);                                                                  \
     }                                                                                                                  \
     extern "C" __global__ void add_rms_norm_##N##_##N(float* x, const T* y, const T* w, T* out, u32 d, float eps,     \
-                                                     int zc) {                                                         \
+                                                     int zc) { porter_pdl_enter();                                                         \
         add_rms_norm_impl<T, T>(x, y, w, out, d, eps, zc);                                                           \
     }                                                                                                                  \
     extern "C" __global__ void add_rms_norm_f32y_##N(float* x, const float* y, const T* w, T* out, u32 d, float eps,  \
-                                                     int zc) {                                                         \
+                                                     int zc) { porter_pdl_enter();                                                         \
         add_rms_norm_impl<float, T>(x, y, w, out, d, eps, zc);                                                       \
     }                                                                                                                  \
     extern "C" __global__ void gated_norm_z_##N(const T* x, const T* p, const T* w, T* out, u32 d, float eps, u32 hv,  \
-                                                u32 pw, u32 zoff) {                                                    \
+                                                u32 pw, u32 zoff) { porter_pdl_enter();                                                    \
         gated_norm_z_impl<T>(x, p, w, out, d, eps, hv, pw, zoff);                                                    \
     }                                                                                                                  \
-    extern "C" __global__ void swiglu_f32in_##N(const float* src, T* out, u64 rows, u32 inter, u32 stride, u32 col0) { \
+    extern "C" __global__ void swiglu_f32in_##N(const float* src, T* out, u64 rows, u32 inter, u32 stride, u32 col0) { porter_pdl_enter(); \
         swiglu_f32in_impl<T>(src, out, rows, inter, stride, col0);                                                   \
     }                                                                                                                  \
     extern "C" __global__ void shared_expert_add_f32g_##N(float* y, const T* s, const float* src, u64 rows, u32 h,     \
-                                                          u32 stride, u32 gcol) {                                      \
+                                                          u32 stride, u32 gcol) { porter_pdl_enter();                                      \
         shared_expert_add_f32g_impl<T>(y, s, src, rows, h, stride, gcol);                                            \
     }                                                                                                                  \
-    extern "C" __global__ void fill_uniform_##N(T* y, u64 n, u64 seed, float scale, float offset) {                   \
+    extern "C" __global__ void fill_uniform_##N(T* y, u64 n, u64 seed, float scale, float offset) { porter_pdl_enter();                   \
         fill_uniform_impl<T>(y, n, seed, scale, offset);                                                               \
     }
 
@@ -213,7 +213,7 @@ PORTER_MISC(bf16, bf16)
 PORTER_MISC(f16, f16)
 
 #define PORTER_CAST(NA, A, NB, B) \
-    extern "C" __global__ void cast_##NA##_##NB(const A* x, B* y, u64 n) { cast_impl<A, B>(x, y, n); }
+    extern "C" __global__ void cast_##NA##_##NB(const A* x, B* y, u64 n) { porter_pdl_enter(); cast_impl<A, B>(x, y, n); }
 PORTER_CAST(f32, float, bf16, bf16)
 PORTER_CAST(f32, float, f16, f16)
 PORTER_CAST(bf16, bf16, f32, float)
@@ -307,7 +307,7 @@ __device__ __forceinline__ void gemv_impl(const T* __restrict__ x, const T* __re
 
 #define PORTER_GEMV(NT, T, NO, O, M)                                                                          \
     extern "C" __global__ void __launch_bounds__(256) gemv_##NT##_##NO##_m##M(const T* x, const T* w, O* out, \
-                                                                               u32 m, u32 k, u32 n, u32 split) { \
+                                                                               u32 m, u32 k, u32 n, u32 split) { porter_pdl_enter(); \
         gemv_impl<T, O, M>(x, w, out, m, k, n, split);                                                        \
     }
 #define PORTER_GEMV_M(NT, T, NO, O) \

@@ -142,7 +142,7 @@ __device__ __forceinline__ void align_core(const u32* __restrict__ idx, u32 n, u
 // Requires cap = tiles_cap · pad >= Σ_e roundup(count_e, pad).
 extern "C" __global__ void __launch_bounds__(1024)
     moe_align(const u32* __restrict__ idx, u32 n, u32 e, u32 pad, u32 cap, u32 tiles_cap, u32* __restrict__ sorted,
-              u32* __restrict__ tile_expert, u32* __restrict__ seg, u32* __restrict__ meta) {
+              u32* __restrict__ tile_expert, u32* __restrict__ seg, u32* __restrict__ meta) { porter_pdl_enter();
     extern __shared__ u32 cnt[];
     __shared__ u32 sh[64];
     u32 nact, total;
@@ -598,32 +598,32 @@ __device__ __forceinline__ void gemm_tc_impl(const T* __restrict__ a, WL wl, con
 // K = I, N = H (down); k: slots per row; nblk: column blocks per tile.
 extern "C" __global__ void __launch_bounds__(256)
     moe_gemm_gu_simt_f32(const float* a, const float* w0, const float* w1, const u32* sorted, const u32* tile_expert,
-                         float* dst, u32 K, u32 N, u32 k, u32 nblk) {
+                         float* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();
     gemm_simt_impl<float, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
 }
 extern "C" __global__ void __launch_bounds__(256)
     moe_gemm_gu_simt_bf16(const bf16* a, const bf16* w0, const bf16* w1, const u32* sorted, const u32* tile_expert,
-                          bf16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+                          bf16* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();
     gemm_simt_impl<bf16, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
 }
 extern "C" __global__ void __launch_bounds__(256)
     moe_gemm_gu_simt_f16(const f16* a, const f16* w0, const f16* w1, const u32* sorted, const u32* tile_expert,
-                         f16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+                         f16* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();
     gemm_simt_impl<f16, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
 }
 extern "C" __global__ void __launch_bounds__(256)
     moe_gemm_down_simt_f32(const float* a, const float* w0, const float* w1, const u32* sorted,
-                           const u32* tile_expert, float* dst, u32 K, u32 N, u32 k, u32 nblk) {
+                           const u32* tile_expert, float* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();
     gemm_simt_impl<float, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
 }
 extern "C" __global__ void __launch_bounds__(256)
     moe_gemm_down_simt_bf16(const bf16* a, const bf16* w0, const bf16* w1, const u32* sorted,
-                            const u32* tile_expert, bf16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+                            const u32* tile_expert, bf16* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();
     gemm_simt_impl<bf16, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
 }
 extern "C" __global__ void __launch_bounds__(256)
     moe_gemm_down_simt_f16(const f16* a, const f16* w0, const f16* w1, const u32* sorted, const u32* tile_expert,
-                           f16* dst, u32 K, u32 N, u32 k, u32 nblk) {
+                           f16* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();
     gemm_simt_impl<f16, false>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);
 }
 // Tensor-core entries: moe_gemm_{gu,down}_tc{MI}_{bf16,f16}, tiles of 16·MI rows;
@@ -632,13 +632,13 @@ extern "C" __global__ void __launch_bounds__(256)
 #define MOE_TC_ENTRY(T, NAME, MI)                                                                                 \
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS)                                                  \
         moe_gemm_gu_tc##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                      \
-                                    const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {              \
+                                    const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();              \
         gemm_tc_impl<T, T, TC_GU, MI>(a, TcWeightsT<T, true>{w0, w1}, sorted, tile_expert, dst, K, N, k, nblk, 0u, \
                                       0xffffffffu);                                                               \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_TC_THREADS)                                                  \
         moe_gemm_down_tc##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                    \
-                                      const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {            \
+                                      const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();            \
         gemm_tc_impl<T, T, TC_DOWN, MI>(a, TcWeightsT<T, false>{w0, w0}, sorted, tile_expert, dst, K, N, k, nblk,  \
                                         0u, 0xffffffffu);                                                         \
     }
@@ -744,23 +744,23 @@ __device__ __forceinline__ void combine8_impl(const T* __restrict__ o, const u32
     }
 }
 extern "C" __global__ void moe_combine8_bf16(const bf16* o, const u32* idx, const float* w, float* out, u64 total8,
-                                             u32 H, u32 k, u32 e) {
+                                             u32 H, u32 k, u32 e) { porter_pdl_enter();
     combine8_impl<bf16>(o, idx, w, out, total8, H, k, e);
 }
 extern "C" __global__ void moe_combine8_f16(const f16* o, const u32* idx, const float* w, float* out, u64 total8,
-                                            u32 H, u32 k, u32 e) {
+                                            u32 H, u32 k, u32 e) { porter_pdl_enter();
     combine8_impl<f16>(o, idx, w, out, total8, H, k, e);
 }
 
 extern "C" __global__ void moe_combine_f32(const float* o, const u32* idx, const float* w, float* out, u64 total,
-                                           u32 H, u32 k, u32 e) {
+                                           u32 H, u32 k, u32 e) { porter_pdl_enter();
     combine_impl<float>(o, idx, w, out, total, H, k, e);
 }
 extern "C" __global__ void moe_combine_bf16(const bf16* o, const u32* idx, const float* w, float* out, u64 total,
-                                            u32 H, u32 k, u32 e) {
+                                            u32 H, u32 k, u32 e) { porter_pdl_enter();
     combine_impl<bf16>(o, idx, w, out, total, H, k, e);
 }
 extern "C" __global__ void moe_combine_f16(const f16* o, const u32* idx, const float* w, float* out, u64 total,
-                                           u32 H, u32 k, u32 e) {
+                                           u32 H, u32 k, u32 e) { porter_pdl_enter();
     combine_impl<f16>(o, idx, w, out, total, H, k, e);
 }

@@ -260,14 +260,14 @@ __device__ __forceinline__ void mdm_impl(const T* __restrict__ act, const unsign
 #define MDM_ENTRY(T, NAME)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MDM_THREADS, 3)                                                  \
         moe_dec_mma_gu_##NAME(const T* x, const T* gate, const T* up, const u32* sorted, const u32* seg,          \
-                              const u32* meta, T* h, u32 H, u32 I, u32 k) {                                       \
+                              const u32* meta, T* h, u32 H, u32 I, u32 k) { porter_pdl_enter();                                       \
         mdm_impl<T, MdmDense, true>(x, reinterpret_cast<const unsigned char*>(gate), nullptr, nullptr,           \
                                     reinterpret_cast<const unsigned char*>(up), nullptr, nullptr, sorted, seg,   \
                                     meta, h, H, I, k);                                                            \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MDM_THREADS, 3)                                                  \
         moe_dec_mma_down_##NAME(const T* h, const T* down, const u32* sorted, const u32* seg, const u32* meta,    \
-                                T* o, u32 H, u32 I) {                                                             \
+                                T* o, u32 H, u32 I) { porter_pdl_enter();                                                             \
         const unsigned char* d = reinterpret_cast<const unsigned char*>(down);                                    \
         mdm_impl<T, MdmDense, false>(h, d, nullptr, nullptr, d, nullptr, nullptr, sorted, seg, meta, o, I, H, 1u); \
     }

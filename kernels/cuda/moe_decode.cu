@@ -780,31 +780,31 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
 #define MOE_DEC_ENTRY(T, NAME, GU_U, DN_U, DIR_U)                                                                        \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_gu_##NAME(                         \
         const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, int fused, const u32* g_sorted,     \
-        const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) {            \
+        const u32* g_seg, const u32* g_meta, u32* ctr, u32 nctr, T* h, u32 H, u32 I, u32 k, int vec) { porter_pdl_enter();            \
         dec_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, fused, g_sorted, g_seg,  \
                                        g_meta, ctr, nctr, h, H, I, k, vec);                                       \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dec_down_##NAME(                       \
         const T* h, const T* down, const u32* idx, const float* wt, u32 n, u32 e, int fused, const u32* g_sorted, \
-        const u32* g_seg, const u32* g_meta, u32* ctr, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec) {   \
+        const u32* g_seg, const u32* g_meta, u32* ctr, T* o, float* out, u32 H, u32 I, u32 k, u32 t, int vec) { porter_pdl_enter();   \
         dec_down_impl<T, DenseMat<T>, 2>(h, DenseMat<T>{down}, idx, wt, n, e, fused, g_sorted, g_seg, g_meta,     \
                                          ctr, o, out, H, I, k, t, vec);                                           \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, MOE_V2_BLOCKS) moe_dec_v2_##NAME(             \
         const T* x, const T* gate, const T* up, const T* down, const u32* idx, const float* wt, u32 n, u32 e,     \
         int fused, const u32* g_sorted, const u32* g_seg, const u32* g_meta, u32* sync, T* h, T* o, float* out,   \
-        u32 H, u32 I, u32 k, u32 t, int vec_gu, int vec_d, u32 ch, u32 phases) {                                  \
+        u32 H, u32 I, u32 k, u32 t, int vec_gu, int vec_d, u32 ch, u32 phases) { porter_pdl_enter();                                  \
         dec_v2_impl<T, DenseMat<T>, GU_U, DN_U, 2>(x, DenseMat<T>{gate}, DenseMat<T>{up}, DenseMat<T>{down}, idx, wt, n,   \
                                           e, fused, g_sorted, g_seg, g_meta, sync, h, o, out, H, I, k, t, vec_gu, \
                                           vec_d, ch, phases);                                                         \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_##NAME(                         \
-        const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec) { \
+        const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec) { porter_pdl_enter(); \
         dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec);      \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_##NAME(                       \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \
-        int vec, int staged) {                                                                                    \
+        int vec, int staged) { porter_pdl_enter();                                                                                    \
         dir_down_impl<T, DenseMat<T>, DIR_U>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged);      \
     }
 

@@ -26,7 +26,7 @@
 // hist [nb][e]: row b = the expert counts of pairs [b·per, min((b + 1)·per, n)).
 // Grid nb blocks of MOE_PALIGN_THREADS; dynamic shared memory e u32.
 extern "C" __global__ void __launch_bounds__(512)
-    moe_palign_hist(const u32* __restrict__ idx, u32 n, u32 e, u32 per, u32* __restrict__ hist) {
+    moe_palign_hist(const u32* __restrict__ idx, u32 n, u32 e, u32 per, u32* __restrict__ hist) { porter_pdl_enter();
     extern __shared__ u32 pa_cnt[];
     const u32 tid = threadIdx.x, nt = blockDim.x;
     for (u32 i = tid; i < e; i += nt) pa_cnt[i] = 0u;
@@ -47,7 +47,7 @@ extern "C" __global__ void __launch_bounds__(512)
 extern "C" __global__ void __launch_bounds__(1024)
     moe_palign_scan(u32* __restrict__ hist, u32 nb, u32 e, u32 pad, u32 cap, u32 tiles_cap,
                     u32* __restrict__ sorted, u32* __restrict__ tile_expert, u32* __restrict__ seg,
-                    u32* __restrict__ meta) {
+                    u32* __restrict__ meta) { porter_pdl_enter();
     extern __shared__ u32 pa_cnt[];
     __shared__ u32 sh[64];
     const u32 tid = threadIdx.x, nt = blockDim.x;
@@ -96,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 // hist[b][·] (moe_palign_scan). Grid nb blocks of MOE_PALIGN_THREADS; dynamic shared memory e u32.
 extern "C" __global__ void __launch_bounds__(512)
     moe_palign_scatter(const u32* __restrict__ idx, u32 n, u32 e, u32 per, const u32* __restrict__ hist,
-                       u32* __restrict__ sorted) {
+                       u32* __restrict__ sorted) { porter_pdl_enter();
     extern __shared__ u32 pa_cnt[];
     const u32 tid = threadIdx.x, nt = blockDim.x;
     for (u32 i = tid; i < e; i += nt) pa_cnt[i] = hist[(u64)blockIdx.x * e + i];
@@ -365,12 +365,12 @@ __device__ __forceinline__ void gemm_mma_impl(const T* __restrict__ a, const T* 
 #define MOE_MMA_ENTRY(T, NAME, MI, WN8)                                                                           \
     extern "C" __global__ void __launch_bounds__(MOE_MMA_THREADS, 1)                                              \
         moe_gemm_gu_mma##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                     \
-                                     const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {             \
+                                     const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();             \
         gemm_mma_impl<T, TC_GU, MI, WN8>(a, w0, w1, sorted, tile_expert, dst, K, N, k, nblk);                    \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_MMA_THREADS, 1)                                              \
         moe_gemm_down_mma##MI##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,                   \
-                                       const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) {           \
+                                       const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk) { porter_pdl_enter();           \
         gemm_mma_impl<T, TC_DOWN, MI, WN8>(a, w0, w0, sorted, tile_expert, dst, K, N, k, nblk);                  \
     }
 #define MOE_MMA_ENTRIES(T, NAME)                                                                                  \
@@ -592,13 +592,13 @@ __device__ __forceinline__ void gemm_pipe_impl(const T* __restrict__ a, const T*
     extern "C" __global__ void __launch_bounds__(MOE_PIPE_THREADS, 1)                                             \
         moe_gemm_gu_pipe##MI##_s##S##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,            \
                                              const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 ngrp,       \
-                                             u32 cpb, u32 nblk) {                                                 \
+                                             u32 cpb, u32 nblk) { porter_pdl_enter();                                                 \
         gemm_pipe_impl<T, TC_GU, MI, S>(a, w0, w1, sorted, tile_expert, dst, K, N, k, ngrp, cpb, nblk);           \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_PIPE_THREADS, 1)                                             \
         moe_gemm_down_pipe##MI##_s##S##_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted,          \
                                                const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 ngrp,     \
-                                               u32 cpb, u32 nblk) {                                               \
+                                               u32 cpb, u32 nblk) { porter_pdl_enter();                                               \
         gemm_pipe_impl<T, TC_DOWN, MI, S>(a, w0, w0, sorted, tile_expert, dst, K, N, k, ngrp, cpb, nblk);         \
     }
 #define MOE_PIPE_ENTRIES(T, NAME)                                                                                 \

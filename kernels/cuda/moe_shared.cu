@@ -80,7 +80,7 @@ __device__ __forceinline__ void dec_downs_impl(const T* __restrict__ h, const M 
 #define MOE_DS_ENTRY(T, NAME)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MOE_DS_WARPS * 32, 2) moe_dec_downs_##NAME(                          \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, const u32* g_sorted, const u32* g_seg,     \
-        const u32* g_meta, float* out, u32 H, u32 I, u32 k, u32 t, int vec) {                                       \
+        const u32* g_meta, float* out, u32 H, u32 I, u32 k, u32 t, int vec) { porter_pdl_enter();                                       \
         dec_downs_impl<T, DenseMat<T>, 2, 2>(h, DenseMat<T>{down}, idx, wt, e, g_sorted, g_seg, g_meta, out, H, I, k, \
                                              t, vec);                                                                  \
     }
@@ -92,13 +92,13 @@ MOE_DS_ENTRY(f16, f16)
 #define MOE_SH_ENTRY(T, NAME, DIR_U)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_sh_##NAME(                        \
         const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,  \
-        MOE_SH_GU_ARGS(T)) {                                                                                            \
+        MOE_SH_GU_ARGS(T)) { porter_pdl_enter();                                                                                            \
         dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec,           \
                                        MOE_SH_GU(T, DenseMat<T>));                                                     \
     }                                                                                                                \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_sh_##NAME(                      \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, \
-        int staged, const T* sdown, MOE_SH_DOWN_ARGS(T)) {                                                              \
+        int staged, const T* sdown, MOE_SH_DOWN_ARGS(T)) { porter_pdl_enter();                                                              \
         dir_down_impl<T, DenseMat<T>, DIR_U>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged,           \
                                          MOE_SH_DOWN(T, DenseMat<T>, DenseMat<T>{sdown}));                             \
     }
@@ -114,14 +114,14 @@ MOE_SH_ENTRY(f16, f16, 2)
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_gu_sh_fp8_##NAME(                    \
         const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,             \
         const float* us, const u32* urs, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,           \
-        MOE_SH_GU_ARGS(T)) {                                                                                            \
+        MOE_SH_GU_ARGS(T)) { porter_pdl_enter();                                                                                            \
         dir_gu_impl<T, Fp8Mat<T>, 2>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, h, H,    \
                                      I, k, vec, MOE_SH_GU(T, Fp8Mat<T>));                                              \
     }                                                                                                                \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_sh_fp8_##NAME(                  \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,     \
         u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged, const unsigned char* sdown, const float* sds,   \
-        const u32* sdrs, MOE_SH_DOWN_ARGS(T)) {                                                                         \
+        const u32* sdrs, MOE_SH_DOWN_ARGS(T)) { porter_pdl_enter();                                                                         \
         dir_down_impl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, vec, staged,       \
                                        MOE_SH_DOWN(T, Fp8Mat<T>, FP8_MAT(T, sdown, sds, sdrs, Is)));                   \
     }
@@ -132,7 +132,7 @@ MOE_SH_ENTRY(f16, f16, 2)
     extern "C" __global__ void __launch_bounds__(MOE_DS_WARPS * 32, 2) moe_dec_downs_fp8_##NAME(                      \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,     \
         u32 e, const u32* g_sorted, const u32* g_seg, const u32* g_meta, float* out, u32 H, u32 I, u32 k, u32 t,     \
-        int vec) {                                                                                                     \
+        int vec) { porter_pdl_enter();                                                                                                     \
         dec_downs_impl<T, Fp8Mat<T>, 1, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, g_sorted, g_seg, g_meta, out, H, \
                                         I, k, t, vec);                                                                 \
     }

@@ -388,12 +388,12 @@ __device__ __forceinline__ void mwg_impl(const T* __restrict__ a, const T* __res
 #define MOE_WG_ENTRY(T, NAME)                                                                                     \
     extern "C" __global__ void __launch_bounds__(MWG_THREADS, 1)                                                  \
         moe_wg_gu_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted, const u32* tile_expert, T* dst,  \
-                         u32 K, u32 N, u32 k, u32 ngrp, u32 cpb, u32 nblk, u32 tm) {                              \
+                         u32 K, u32 N, u32 k, u32 ngrp, u32 cpb, u32 nblk, u32 tm) { porter_pdl_enter();                              \
         mwg_impl<T, true>(a, w0, w1, sorted, tile_expert, dst, K, N, k, ngrp, cpb, nblk, tm);                     \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MWG_THREADS, 1)                                                  \
         moe_wg_down_##NAME(const T* a, const T* w0, const T* w1, const u32* sorted, const u32* tile_expert,       \
-                           T* dst, u32 K, u32 N, u32 k, u32 ngrp, u32 cpb, u32 nblk, u32 tm) {                    \
+                           T* dst, u32 K, u32 N, u32 k, u32 ngrp, u32 cpb, u32 nblk, u32 tm) { porter_pdl_enter();                    \
         mwg_impl<T, false>(a, w0, w0, sorted, tile_expert, dst, K, N, k, ngrp, cpb, nblk, tm);                    \
     }
 

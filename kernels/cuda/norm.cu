@@ -81,11 +81,11 @@ __device__ __forceinline__ void gated_rms_norm_impl(const TX* __restrict__ x, co
 
 #define PORTER_NORMS(NX, TX, NO, TO)                                                                           \
     extern "C" __global__ void rms_norm_##NX##_##NO(const TX* x, const TO* w, TO* out, u32 d, float eps,      \
-                                                   int zero_centred) {                                        \
+                                                   int zero_centred) { porter_pdl_enter();                                        \
         rms_norm_impl<TX, TO>(x, w, out, d, eps, zero_centred);                                               \
     }                                                                                                          \
     extern "C" __global__ void gated_rms_norm_##NX##_##NO(const TX* x, const TO* z, const TO* w, TO* out, u32 d, \
-                                                         float eps) {                                         \
+                                                         float eps) { porter_pdl_enter();                                         \
         gated_rms_norm_impl<TX, TO>(x, z, w, out, d, eps);                                                    \
     }
 

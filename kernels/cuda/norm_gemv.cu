@@ -31,20 +31,20 @@ __device__ __forceinline__ void norm_gemv_impl(const float* __restrict__ x, cons
 #define PORTER_NORM_GEMV(NT_, T, NO, O, M)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                            \
         norm_gemv_##NT_##_##NO##_m##M(const float* x, const T* nw, float eps, int zc, u32 nt, const T* w, O* out, \
-                                      T* normed, u32 m, u32 k, u32 n, u32 split, u32 nblk) {                     \
+                                      T* normed, u32 m, u32 k, u32 n, u32 split, u32 nblk) { porter_pdl_enter();                     \
         norm_gemv_impl<T, O, M, false, T>(x, nullptr, nw, eps, zc, nt, w, out, normed, nullptr, m, k, n, split,     \
                                        nblk);                                                                    \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                            \
         add_norm_gemv_##NT_##_##NO##_m##M(const float* x, const T* y, const T* nw, float eps, int zc, u32 nt,    \
                                           const T* w, O* out, T* normed, float* sum, u32 m, u32 k, u32 n,        \
-                                          u32 split, u32 nblk) {                                                 \
+                                          u32 split, u32 nblk) { porter_pdl_enter();                                                 \
         norm_gemv_impl<T, O, M, true>(x, y, nw, eps, zc, nt, w, out, normed, sum, m, k, n, split, nblk);         \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                            \
         add_norm_gemv_f32y_##NT_##_##NO##_m##M(const float* x, const float* y, const T* nw, float eps, int zc,   \
                                                u32 nt, const T* w, O* out, T* normed, float* sum, u32 m, u32 k,  \
-                                               u32 n, u32 split, u32 nblk) {                                     \
+                                               u32 n, u32 split, u32 nblk) { porter_pdl_enter();                                     \
         norm_gemv_impl<T, O, M, true, float>(x, y, nw, eps, zc, nt, w, out, normed, sum, m, k, n, split, nblk);  \
     }
 #define PORTER_NORM_GEMV_M(NT_, T, NO, O) \

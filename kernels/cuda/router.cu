@@ -15,7 +15,7 @@
 // `stride` is the row stride of `logits` (e, or wider when the router logits are the
 // first e columns of a stacked GEMM output).
 extern "C" __global__ void moe_router_f32(const float* __restrict__ logits, u32* __restrict__ idx,
-                                          float* __restrict__ weights, u32 e, u32 k, int renorm, u32 stride) {
+                                          float* __restrict__ weights, u32 e, u32 k, int renorm, u32 stride) { porter_pdl_enter();
     extern __shared__ float p[];
     __shared__ float shv[32];
     __shared__ u32 shi[32];
@@ -85,7 +85,7 @@ extern "C" __global__ void moe_router_f32(const float* __restrict__ logits, u32*
 // Greedy argmax per row (the first index on ties, as torch.argmax and
 // porter_core::sampling::argmax). logits [rows, v] (f32), out [rows] (u32).
 // One block per row. NaN values never win; an all-NaN row gives 0.
-extern "C" __global__ void argmax_f32(const float* __restrict__ logits, u32* __restrict__ out, u32 v) {
+extern "C" __global__ void argmax_f32(const float* __restrict__ logits, u32* __restrict__ out, u32 v) { porter_pdl_enter();
     __shared__ float shv[32];
     __shared__ u32 shi[32];
     const u32 tid = threadIdx.x, nt = blockDim.x;

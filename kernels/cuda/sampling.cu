@@ -137,7 +137,7 @@ __device__ __forceinline__ bool in_cut(u32 key, bool all, u32 tau, u32 r, u32& t
 
 // __launch_bounds__ takes a literal: SMP_THREADS.
 extern "C" __global__ void __launch_bounds__(1024) sample_rows(const float* __restrict__ logits, const float* __restrict__ params, u32* __restrict__ out,
-                u32 vocab) {
+                u32 vocab) { porter_pdl_enter();
     __shared__ u32 hc[256];
     __shared__ double hm[256];
     __shared__ double shd[32];

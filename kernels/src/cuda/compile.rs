@@ -587,6 +587,49 @@ mod tests {
         assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]), "part boundaries are hashed");
     }
 
+    /// Every `__global__` function of every source waits for its predecessor first thing
+    /// (`porter_pdl_enter`, common.cuh): under programmatic dependent launch a kernel that
+    /// does not may run beside the grid before it, and so may every kernel after it.
+    #[test]
+    fn every_kernel_enters_through_the_pdl_wait() {
+        let mut kernels = 0;
+        for src in sources() {
+            let text = src.full_text();
+            for (at, _) in text.match_indices("__global__") {
+                let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+                if text[line_start..at].contains("//") {
+                    continue; // in a comment
+                }
+                let after = &text[at + "__global__".len()..];
+                // The body starts at the first `{` outside parentheses; a `;` first is a
+                // declaration.
+                let (mut depth, mut body) = (0i32, None);
+                for (i, c) in after.char_indices() {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth -= 1,
+                        ';' if depth == 0 => break,
+                        '{' if depth == 0 => {
+                            body = Some(i);
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                let Some(b) = body else { continue };
+                let first = after[b + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+                let head: String = after[..b].chars().take(120).collect();
+                assert!(
+                    first.starts_with("porter_pdl_enter();"),
+                    "{}: a kernel does not start with porter_pdl_enter(): {head}",
+                    src.name
+                );
+                kernels += 1;
+            }
+        }
+        assert!(kernels >= 100, "found only {kernels} kernels");
+    }
+
     #[test]
     fn arch_names() {
         for (given, want) in

@@ -104,12 +104,13 @@ pub use moe_mma::{moe_dec_of_process, MoeDec, MOE_DEC_ENV};
 pub use norm_gemv::{norm_gemv_enabled, NormGemvAdd, NORM_GEMV_ENV, NORM_GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 
-use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::sys::{self, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DeviceSlice, DriverError,
     LaunchArgs, LaunchConfig, PushKernelArg, SyncOnDrop, ValidAsZeroBits,
 };
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -149,6 +150,23 @@ pub fn smem_limit_from(var: Option<std::ffi::OsString>) -> Result<Option<usize>>
     match num.parse::<usize>() {
         Ok(n) if n > 0 => Ok(Some(n * mul)),
         _ => Err(CudaError::Invalid(format!("{SMEM_LIMIT_ENV}={t:?}: expected a byte count such as 65536 or 64k"))),
+    }
+}
+
+/// Environment variable: `off` launches every kernel without programmatic dependent launch
+/// (PDL); unset or `on`: on sm_90+ outside a forced fallback build, every kernel is launched
+/// as a programmatic dependent of the grid before it, so that its launch and block start-up
+/// overlap that grid's run (each kernel waits for its predecessor first thing:
+/// `porter_pdl_enter` in common.cuh). Another value is an error when the kernels open.
+pub const PDL_ENV: &str = "PORTER_PDL";
+
+/// [`PDL_ENV`]'s value: `Some(true)` for on (or unset), `Some(false)` for off.
+fn pdl_from(var: Option<std::ffi::OsString>) -> Result<bool> {
+    let Some(v) = var else { return Ok(true) };
+    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+        "" | "1" | "on" | "true" | "yes" => Ok(true),
+        "0" | "off" | "false" | "no" => Ok(false),
+        other => Err(CudaError::Invalid(format!("{PDL_ENV}={other:?}: expected on or off"))),
     }
 }
 
@@ -303,6 +321,8 @@ pub struct CudaKernels {
     stream: Arc<CudaStream>,
     arch: &'static str,
     caps: DeviceCaps,
+    /// Launch kernels as programmatic dependents of their predecessor ([`PDL_ENV`]).
+    pdl: bool,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
@@ -349,6 +369,8 @@ impl CudaKernels {
         let sms = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let sms = usize::try_from(sms).unwrap_or(1).max(1);
         let caps = DeviceCaps { major, minor, smem_optin, forced: fallback_forced(), sms };
+        // PDL needs sm_90; a forced fallback build stands for an older GPU, which has none.
+        let pdl = pdl_from(std::env::var_os(PDL_ENV))? && major >= 9 && !caps.forced;
         // NVRTC for every module starts now, in parallel, while the caller loads its weights.
         precompile_in_background(arch, caps.fallback_build());
         let moe_sync = Mutex::new(stream.alloc_zeros::<u32>(moe_decode::SYNC_WORDS)?);
@@ -357,6 +379,7 @@ impl CudaKernels {
             stream,
             arch,
             caps,
+            pdl,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             moe_sync,
@@ -470,12 +493,62 @@ impl CudaKernels {
     ///   shared memory it uses, within what [`CudaKernels::function_smem`] allowed).
     /// - Buffers the kernel writes are not read or written by other work in flight.
     pub(crate) unsafe fn launch_fn(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[&dyn KernelArg]) -> Result<()> {
+        if self.pdl {
+            let mut params: Vec<*mut c_void> = args.iter().map(|a| a.param()).collect();
+            // SAFETY: the caller's contract; `params` points at `args`, alive across the call;
+            // every kernel of this crate waits for its predecessor first (porter_pdl_enter).
+            return unsafe { self.launch_pdl(f, &cfg, &mut params) };
+        }
         let mut b = self.stream.launch_builder(f);
         for a in args {
             a.push(&mut b);
         }
         // SAFETY: the caller's contract (parameters, memory and launch shape of `f`).
         unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Whether kernels are launched as programmatic dependents of their predecessor
+    /// ([`PDL_ENV`]).
+    pub fn pdl(&self) -> bool {
+        self.pdl
+    }
+
+    /// Launches `f` on the stream with `cfg` as a programmatic dependent of the grid before
+    /// it (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`, sm_90+): its blocks may
+    /// start once every block of that grid has triggered (griddepcontrol.launch_dependents)
+    /// or exited, and must griddepcontrol.wait before reading its outputs.
+    ///
+    /// # Safety
+    /// `params` points at `f`'s parameters, in order, with their types; memory and launch
+    /// shape as `f` requires; `f` waits for the grid before it wherever it reads that grid's
+    /// outputs or writes what that grid reads, in every block.
+    pub(crate) unsafe fn launch_pdl(
+        &self,
+        f: &CudaFunction,
+        cfg: &LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: plain-data C structs; every field is set below or meant to be zero.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the caller's contract; `config` and `attr` outlive the call.
+        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()?;
         Ok(())
     }
 
@@ -496,6 +569,8 @@ impl CudaKernels {
 pub(crate) trait KernelArg {
     /// Appends `self` to the launch's parameter list.
     fn push<'a>(&'a self, b: &mut LaunchArgs<'a>);
+    /// The address of `self`, as a `cuLaunchKernelEx` parameter pointer.
+    fn param(&self) -> *mut c_void;
 }
 
 macro_rules! kernel_arg {
@@ -503,6 +578,9 @@ macro_rules! kernel_arg {
         impl KernelArg for $t {
             fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
                 b.arg(self);
+            }
+            fn param(&self) -> *mut c_void {
+                (self as *const $t).cast_mut().cast()
             }
         }
     )*};

@@ -8,7 +8,7 @@
 
 use super::{window_arg, Args, AttnMode, Paged, Pools, ATT_SPLIT_Q};
 use crate::cuda::{prod, u32_of, CudaFloat, CudaKernels, Result, ATTENTION_DECODE};
-use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use std::cell::Cell;
 use std::ffi::c_void;
 
@@ -433,38 +433,6 @@ impl CudaKernels {
         if timing != DecodeTiming::PerCall {
             SCRATCH.with(|c| *c.borrow_mut() = part);
         }
-        Ok(())
-    }
-
-    /// Launches `f` on the stream with `cfg` as a programmatic dependent of the grid before
-    /// it (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`, sm_90+): its blocks may
-    /// start once every block of that grid has triggered (griddepcontrol.launch_dependents)
-    /// or exited, and must griddepcontrol.wait before reading its outputs.
-    ///
-    /// # Safety
-    /// `params` points at `f`'s parameters, in order, with their types; memory and launch
-    /// shape as `f` requires; `f` waits for the grid before it wherever it reads that grid's
-    /// outputs, and in every block.
-    unsafe fn launch_pdl(&self, f: &CudaFunction, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
-        // SAFETY: plain-data C structs; every field is set below or meant to be zero.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: the caller's contract; `config` and `attr` outlive the call.
-        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()?;
         Ok(())
     }
 }
