@@ -6,12 +6,12 @@
 #                                # porter-kernels (kernels vs CPU) and of tests/tests/gpu.rs
 #                                # (every model's parity on CUDA) into .dev/bin/, and the
 #                                # porter binary into .dev/porter/, and with NVRTC 13 in
-#                                # target/nvrtc the PTX of every module for sm_90
+#                                # target/nvrtc the cubin of every module for sm_90
 #                                # (`porter kernels`) into .dev/ptx.tgz (all git-ignored)
 #   scripts/gpu-check.sh         # THERE (repo root, .dev/ carried along): runs every binary
 #                                # in .dev/bin/ with --nocapture --include-ignored (the GPU
 #                                # and NVRTC tests are #[ignore]d elsewhere); logs under $OUT
-#                                # (or .dev/out); .dev/ptx.tgz becomes the PTX cache
+#                                # (or .dev/out); .dev/ptx.tgz becomes the kernel cache
 #
 # On the GPU machine it finds libnvrtc.so.13 (CUDA toolkit or the nvidia-cuda-nvrtc wheel)
 # and the CUDA headers (PORTER_CUDA_INCLUDE, else /usr/local/cuda/include, else the
@@ -61,7 +61,11 @@ for line in sys.stdin:
     if [ -f "$nv/lib/libnvrtc.so.13" ] && [ -f "$nv/include/cuda_bf16.h" ]; then
         LD_LIBRARY_PATH="$PWD/$nv/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PORTER_CUDA_INCLUDE="$PWD/$nv/include" \
             .dev/porter/porter kernels --arch "${GPU_ARCH:-sm_90}" ${GPU_PTX_FALLBACK:+--with-fallback} \
-            --cache-dir .dev/ptx-cache | tail -n 1
+            --cache-dir .dev/ptx-cache --prune | tail -n 1
+        # Only the cubins travel: the GPU loads them as they are (no driver JIT of ~80 MB of
+        # PTX, which took over 60 s on a fresh H200 in session 12); where the driver refused
+        # one, NVRTC there rebuilds the PTX. The cubins seed the next staging.
+        rm -f .dev/ptx-cache/*.ptx
         tar czf .dev/ptx.tgz -C .dev ptx-cache && rm -rf .dev/ptx-cache
     else
         echo "warning: no NVRTC 13 in $nv (run the NVRTC install step of .ci/run): no PTX staged" >&2

@@ -1,6 +1,7 @@
 //! `porter kernels`: compile every CUDA kernel module with NVRTC for the named architectures
-//! into the on-disk PTX cache, without a GPU, so that the first process on a GPU machine with
-//! the same NVRTC version loads PTX instead of spending a minute or more in NVRTC (e.g. in a
+//! into the on-disk kernel cache (the PTX and the cubin of each), without a GPU, so that the
+//! first process on a GPU machine with the same NVRTC version loads the cubins as they are,
+//! instead of spending a minute or more in NVRTC and then in the driver's PTX JIT (e.g. in a
 //! container build, or before carrying the cache to a fresh GPU machine: `scripts/gpu-check.sh
 //! stage` does).
 
@@ -27,6 +28,11 @@ pub struct KernelsArgs {
     /// Compilations at a time (default: the number of cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Then delete every other `.ptx` / `.cubin` file of the cache directory (entries of older
+    /// kernel texts, other builds or NVRTC versions), so that a carried cache holds only what
+    /// this build loads.
+    #[arg(long)]
+    pub prune: bool,
 }
 
 pub fn cmd_kernels(a: &KernelsArgs) -> Result<()> {
@@ -97,18 +103,32 @@ pub fn cmd_kernels(a: &KernelsArgs) -> Result<()> {
             p.source,
             p.arch,
             if p.fallback { "fallback" } else { "default" },
-            p.ptx_bytes,
+            p.bytes,
             if p.cached { "already cached".to_string() } else { format!("{:.1} s", p.seconds) }
         );
     }
-    let bytes: usize = done.iter().map(|p| p.ptx_bytes).sum();
+    let mut pruned = 0usize;
+    if a.prune {
+        let keep: std::collections::HashSet<&PathBuf> = done.iter().flat_map(|p| &p.files).collect();
+        let entries = std::fs::read_dir(&dir).with_context(|| format!("--prune: cannot list {}", dir.display()))?;
+        for e in entries {
+            let path = e.with_context(|| format!("--prune: cannot list {}", dir.display()))?.path();
+            let ours = matches!(path.extension().and_then(|x| x.to_str()), Some("ptx" | "cubin"));
+            if ours && !keep.contains(&path) {
+                std::fs::remove_file(&path).with_context(|| format!("--prune: cannot delete {}", path.display()))?;
+                pruned += 1;
+            }
+        }
+    }
+    let bytes: usize = done.iter().map(|p| p.bytes).sum();
     println!(
-        "{} modules, {:.1} MB of PTX in {:.1} s ({} compiled, {} already cached), NVRTC {major}.{minor}, cache {}",
+        "{} modules, {:.1} MB of cubins in {:.1} s ({} compiled, {} already cached{}), NVRTC {major}.{minor}, cache {}",
         done.len(),
         bytes as f64 / 1e6,
         t0.elapsed().as_secs_f64(),
         done.iter().filter(|p| !p.cached).count(),
         done.iter().filter(|p| p.cached).count(),
+        if a.prune { format!(", {pruned} old files deleted") } else { String::new() },
         dir.display()
     );
     Ok(())

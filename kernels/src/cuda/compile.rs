@@ -4,7 +4,7 @@
 
 use super::{CudaError, Result, DEFAULT_INCLUDE, INCLUDE_ENV};
 use cudarc::driver::CudaContext;
-use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
@@ -342,12 +342,14 @@ pub struct Precompiled {
     pub arch: &'static str,
     /// The forced-fallback build ([`FALLBACK_ENV`]).
     pub fallback: bool,
-    /// Bytes of PTX.
-    pub ptx_bytes: usize,
+    /// Bytes of the image a device loads: the cubin (the PTX where NVRTC gave none).
+    pub bytes: usize,
     /// Wall time of this compilation (or of reading it back).
     pub seconds: f64,
     /// The on-disk cache already held it ([`KERNEL_CACHE_ENV`]): nothing was compiled.
     pub cached: bool,
+    /// Its files in the on-disk cache (PTX and cubin), where there is one.
+    pub files: Vec<PathBuf>,
 }
 
 /// Compiles `srcs` (e.g. every source of the crate, [`sources`], the opt-in modules included)
@@ -379,15 +381,17 @@ pub fn precompile(
                     // The build a device of `arch` loads (sm_90a for the wgmma module on sm_90).
                     let arch = module_arch(src, arch, fallback);
                     let t0 = std::time::Instant::now();
-                    let cached = disk_cache_path(src.name, &src.full_text(), arch, fallback)
-                        .is_some_and(|(path, header)| read_cached(&path, &header).is_some());
-                    let r = compile_with(src, arch, fallback).map(|ptx| Precompiled {
+                    let disk = disk_cache_path(src.name, &src.full_text(), arch, fallback);
+                    let cached = disk.as_ref().is_some_and(|(path, header)| read_cached_cubin(path, header).is_some());
+                    let files = disk.map_or_else(Vec::new, |(path, _)| vec![cubin_path(&path), path]);
+                    let r = image(src, arch, fallback).map(|(_, bytes)| Precompiled {
                         source: src.name,
                         arch,
                         fallback,
-                        ptx_bytes: ptx.to_src().len(),
+                        bytes,
                         seconds: t0.elapsed().as_secs_f64(),
                         cached,
+                        files,
                     });
                     done.lock().unwrap_or_else(|e| e.into_inner()).push(r);
                 }
@@ -404,18 +408,34 @@ pub fn kernel_cache_dir() -> Option<PathBuf> {
     cache_dir()
 }
 
-/// Process-wide PTX cache, keyed by (hash of the full source text, arch, fallback build).
+/// Process-wide module cache, keyed by (hash of the full source text, arch, fallback build).
 type PtxKey = (u64, &'static str, bool);
+
+/// What one NVRTC compilation produced: the PTX (text) and, for a real architecture, the
+/// cubin (SASS the driver loads as is).
+#[derive(Default)]
+struct Built {
+    ptx: Option<Ptx>,
+    cubin: Option<std::sync::Arc<Vec<u8>>>,
+}
 
 /// One entry of the cache: its own lock, held while the source compiles, so that a second
 /// caller of the same key (e.g. a launch while [`precompile_in_background`] is on it) waits for
 /// that compilation instead of running its own.
-type PtxSlot = std::sync::Arc<Mutex<Option<Ptx>>>;
+type PtxSlot = std::sync::Arc<Mutex<Built>>;
 
-/// The cache of [`compile_with`].
+/// The cache of [`compile_with`] and [`module_image`].
 fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, PtxSlot>> {
     static CACHE: OnceLock<Mutex<HashMap<PtxKey, PtxSlot>>> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The cache slot of `text` built for `arch` / `fallback`.
+fn slot_of(text: &str, arch: &'static str, fallback: bool) -> PtxSlot {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    let key = (h.finish(), arch, fallback);
+    ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().clone()
 }
 
 /// Starts compiling every source the default paths use for `arch` on background threads, one
@@ -438,7 +458,7 @@ pub fn precompile_in_background(arch: &'static str, fallback: bool) {
         }) {
             let _ = std::thread::Builder::new()
                 .name(format!("nvrtc {}", src.name))
-                .spawn(move || drop(compile_with(src, module_arch(src, arch, fallback), fallback)));
+                .spawn(move || drop(module_image(src, module_arch(src, arch, fallback), fallback)));
         }
     });
 }
@@ -461,44 +481,130 @@ pub fn compile(src: &KernelSource, arch: &'static str) -> Result<Ptx> {
 /// As [`compile`].
 pub fn compile_with(src: &KernelSource, arch: &'static str, fallback: bool) -> Result<Ptx> {
     let text = src.full_text();
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut h);
-    let key = (h.finish(), arch, fallback);
-    let slot = ptx_cache().lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().clone();
+    let slot = slot_of(&text, arch, fallback);
     let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = slot.as_ref() {
+    if let Some(p) = slot.ptx.as_ref() {
         return Ok(p.clone());
     }
     nvrtc_available().map_err(CudaError::Unavailable)?;
     let disk = disk_cache_path(src.name, &text, arch, fallback);
     if let Some(p) = disk.as_ref().and_then(|(path, header)| read_cached(path, header)) {
-        *slot = Some(p.clone());
+        slot.ptx = Some(p.clone());
         return Ok(p);
     }
+    build_into(&mut slot, src, &text, arch, fallback, disk.as_ref())?;
+    slot.ptx.clone().ok_or(CudaError::Compile { source: src.name, log: "NVRTC returned no PTX".into() })
+}
+
+/// What a device of `arch` loads for `src`: the cubin NVRTC built for that real architecture
+/// (from the process cache, the on-disk cache, or a compilation now), so that the driver need
+/// not JIT-compile PTX (a minute for the larger modules on a fresh machine); the PTX where no
+/// cubin came out. [`CudaKernels`](super::CudaKernels) falls back to the PTX if the driver
+/// refuses the cubin.
+///
+/// # Errors
+/// As [`compile`].
+pub fn module_image(src: &KernelSource, arch: &'static str, fallback: bool) -> Result<Ptx> {
+    image(src, arch, fallback).map(|(img, _)| img)
+}
+
+/// [`module_image`] and its size in bytes.
+fn image(src: &KernelSource, arch: &'static str, fallback: bool) -> Result<(Ptx, usize)> {
+    let text = src.full_text();
+    let slot = slot_of(&text, arch, fallback);
+    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let cubin = |c: &[u8]| (Ptx::from_binary(c.to_vec()), c.len());
+    if let Some(c) = slot.cubin.as_ref() {
+        return Ok(cubin(c));
+    }
+    nvrtc_available().map_err(CudaError::Unavailable)?;
+    let disk = disk_cache_path(src.name, &text, arch, fallback);
+    if let Some(c) = disk.as_ref().and_then(|(path, header)| read_cached_cubin(path, header)) {
+        let out = cubin(&c);
+        slot.cubin = Some(std::sync::Arc::new(c));
+        return Ok(out);
+    }
+    build_into(&mut slot, src, &text, arch, fallback, disk.as_ref())?;
+    match (&slot.cubin, &slot.ptx) {
+        (Some(c), _) => Ok(cubin(c)),
+        (None, Some(p)) => Ok((p.clone(), p.to_src().len())),
+        (None, None) => Err(CudaError::Compile { source: src.name, log: "NVRTC returned nothing".into() }),
+    }
+}
+
+/// Compiles `text` with NVRTC into `slot` (PTX and, for a real `arch`, the cubin) and writes
+/// both to the on-disk cache at `disk`.
+fn build_into(
+    slot: &mut Built,
+    src: &KernelSource,
+    text: &str,
+    arch: &'static str,
+    fallback: bool,
+    disk: Option<&(PathBuf, String)>,
+) -> Result<()> {
     let include = cuda_include_dir()?;
-    let mut options = vec!["--std=c++17".to_string()];
+    let mut options = vec![
+        format!("--gpu-architecture={arch}"),
+        format!("--include-path={}", include.to_string_lossy()),
+        "--std=c++17".to_string(),
+    ];
     if fallback {
         options.push("-DPORTER_FALLBACK=1".into());
     }
-    let opts = CompileOptions {
-        arch: Some(arch),
-        include_paths: vec![include.to_string_lossy().into_owned()],
-        options,
-        name: Some(src.name.into()),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&text, opts).map_err(|e| CudaError::Compile {
-        source: src.name,
-        log: match e {
-            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-            other => other.to_string(),
-        },
-    })?;
-    if let Some((path, header)) = &disk {
+    let (ptx, cubin) =
+        nvrtc_build(text, src.name, &options).map_err(|log| CudaError::Compile { source: src.name, log })?;
+    if let Some((path, header)) = disk {
         write_cached(path, header, &ptx);
+        if let Some(c) = &cubin {
+            write_cached_cubin(path, header, c);
+        }
     }
-    *slot = Some(ptx.clone());
-    Ok(ptx)
+    slot.ptx = Some(ptx);
+    slot.cubin = cubin.map(std::sync::Arc::new);
+    Ok(())
+}
+
+/// One NVRTC compilation: the PTX, and the cubin when `options` name a real architecture
+/// (`sm_XX`); the error is NVRTC's log.
+fn nvrtc_build(text: &str, name: &str, options: &[String]) -> std::result::Result<(Ptx, Option<Vec<u8>>), String> {
+    use cudarc::nvrtc::{result, sys};
+    let c_text = std::ffi::CString::new(text).map_err(|e| format!("source holds a NUL byte: {e}"))?;
+    let c_name = std::ffi::CString::new(name).map_err(|e| format!("name holds a NUL byte: {e}"))?;
+    let prog = result::create_program(&c_text, Some(&c_name)).map_err(|e| e.to_string())?;
+    let log = |prog| {
+        // SAFETY: `prog` is live (destroyed only below).
+        unsafe { result::get_program_log(prog) }
+            .map(|l| {
+                let bytes: Vec<u8> = l.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_default()
+    };
+    // SAFETY: `prog` came from create_program and is destroyed once, at the end; `c_text`
+    // and `c_name` outlive it.
+    let out = unsafe {
+        match result::compile_program(prog, options) {
+            Err(e) => Err(format!("{e}\n{}", log(prog))),
+            Ok(()) => match result::get_ptx(prog) {
+                Err(e) => Err(format!("nvrtcGetPTX: {e}")),
+                Ok(ptx) => {
+                    let bytes: Vec<u8> = ptx.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+                    let ptx = Ptx::from_src(String::from_utf8_lossy(&bytes).into_owned());
+                    let mut size = 0usize;
+                    let cubin = if sys::nvrtcGetCUBINSize(prog, &mut size).result().is_ok() && size > 0 {
+                        let mut buf = vec![0u8; size];
+                        sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast()).result().ok().map(|()| buf)
+                    } else {
+                        None
+                    };
+                    Ok((ptx, cubin))
+                }
+            },
+        }
+    };
+    // SAFETY: as above; nothing uses `prog` after this.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
 }
 
 /// Environment variable: the directory of the on-disk PTX cache ([`compile_with`] keeps each
@@ -571,6 +677,33 @@ fn write_cached(path: &std::path::Path, header: &str, ptx: &Ptx) {
     }
 }
 
+/// The cubin file beside the PTX cache file at `ptx_path`.
+fn cubin_path(ptx_path: &std::path::Path) -> PathBuf {
+    ptx_path.with_extension("cubin")
+}
+
+/// The cached cubin beside `ptx_path` if it starts with `header`.
+fn read_cached_cubin(ptx_path: &std::path::Path, header: &str) -> Option<Vec<u8>> {
+    let body = std::fs::read(cubin_path(ptx_path)).ok()?;
+    let rest = body.strip_prefix(header.as_bytes())?;
+    (!rest.is_empty()).then(|| rest.to_vec())
+}
+
+/// Writes `cubin` beside `ptx_path`, behind `header`, as [`write_cached`] does.
+fn write_cached_cubin(ptx_path: &std::path::Path, header: &str, cubin: &[u8]) {
+    let path = cubin_path(ptx_path);
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = path.with_extension(format!("ctmp{}", std::process::id()));
+    let mut body = header.as_bytes().to_vec();
+    body.extend_from_slice(cubin);
+    if std::fs::write(&tmp, body).is_ok() && std::fs::rename(&tmp, &path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -628,6 +761,42 @@ mod tests {
             }
         }
         assert!(kernels >= 100, "found only {kernels} kernels");
+    }
+
+    #[test]
+    fn cubin_cache_round_trip_and_header_check() {
+        let dir = std::env::temp_dir().join(format!("porter-cubin-test-{}", std::process::id()));
+        let ptx_path = dir.join("x-sm_90-0123.ptx");
+        let cubin = b"\x7fELF\x02\x01\x01\0binary\0with\nnewlines".to_vec();
+        write_cached_cubin(&ptx_path, "// h1\n", &cubin);
+        assert!(dir.join("x-sm_90-0123.cubin").is_file(), "the cubin sits beside the PTX file");
+        assert_eq!(read_cached_cubin(&ptx_path, "// h1\n"), Some(cubin));
+        assert!(read_cached_cubin(&ptx_path, "// h2\n").is_none(), "a header mismatch must not be used");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// NVRTC builds a cubin for a real architecture, and [`module_image`] hands it out (an
+    /// ELF image) while [`compile_with`] still gives the PTX text.
+    #[test]
+    #[ignore = "needs NVRTC (bash .ci/run installs it)"]
+    fn nvrtc_module_image_is_a_cubin() {
+        static TINY: KernelSource = KernelSource {
+            name: "tiny_cubin_test.cu",
+            code: "extern \"C\" __global__ void tiny(float* x) { porter_pdl_enter(); x[threadIdx.x] *= 2.0f; }\n",
+        };
+        if let Err(e) = nvrtc_available() {
+            panic!("NVRTC not available: {e}");
+        }
+        let (_, len) = image(&TINY, "sm_90", false).unwrap_or_else(|e| panic!("{e}"));
+        let slot = slot_of(&TINY.full_text(), "sm_90", false);
+        let built = slot.lock().unwrap();
+        let cubin = built.cubin.as_ref().expect("a cubin for sm_90");
+        assert_eq!(cubin.len(), len);
+        assert!(cubin.starts_with(b"\x7fELF"), "a cubin is an ELF image");
+        drop(built);
+        let ptx = compile_with(&TINY, "sm_90", false).unwrap_or_else(|e| panic!("{e}")).to_src();
+        assert!(ptx.contains(".entry tiny("), "compile_with gives the PTX text");
+        assert!(ptx.contains("griddepcontrol.wait"), "sm_90 kernels wait for their predecessor");
     }
 
     #[test]

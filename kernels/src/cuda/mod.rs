@@ -422,8 +422,15 @@ impl CudaKernels {
             return Ok(m.clone());
         }
         let fallback = self.caps.fallback_build();
-        let ptx = compile_with(src, module_arch(src, self.arch, fallback), fallback)?;
-        let m = self.ctx.load_module(ptx)?;
+        let arch = module_arch(src, self.arch, fallback);
+        // The cubin NVRTC built for this very architecture: the driver loads it as is, where
+        // PTX would be JIT-compiled first (tens of seconds for the larger modules on a fresh
+        // machine). A cubin the driver refuses (e.g. from an NVRTC newer than it) falls back
+        // to the PTX.
+        let m = match self.ctx.load_module(module_image(src, arch, fallback)?) {
+            Ok(m) => m,
+            Err(_) => self.ctx.load_module(compile_with(src, arch, fallback)?)?,
+        };
         self.modules.lock().unwrap_or_else(|e| e.into_inner()).insert(src.name, m.clone());
         Ok(m)
     }
