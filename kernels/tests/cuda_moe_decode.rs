@@ -423,7 +423,8 @@ fn moe_decode_small_t_timing() {
     let mut table = Vec::new();
     for t in [1usize, 2, 4, 8] {
         let d = dims_80b(t);
-        let inp = inputs::<bf16>(&mut rng, d, random_routes(&mut rng, t, k, e));
+        let idx = random_routes(&mut rng, t, k, e);
+        let inp = inputs::<bf16>(&mut rng, d, idx);
         let dev = upload::<bf16>(&kern, d, &inp);
         let sets = rotating_routes(t, k, e, 64);
         let routes: Vec<CudaSlice<u32>> = sets.iter().map(|v| up_u32(&kern, v)).collect();
