@@ -520,7 +520,9 @@ template <typename T, typename M> struct DirShared {
 // The direct down kernel's L2 prefetch (staged bit 2): the 128-byte lines of warp
 // (row, column c)'s rows, routed pair j's down[idx_r[j]][c] (valid ids only) and with a
 // shared expert its row down_s[c], lane-strided over (row, line).
-template <typename T, typename M>
+// DEMOTE: instead, give those lines back their normal L2 eviction priority (applypriority),
+// after the down-L2 form's gate+up kernel asked them in with evict_last (dir_down_prefetch).
+template <typename T, typename M, bool DEMOTE = false>
 __device__ __forceinline__ void dir_prefetch_rows(const M& down, const u32* __restrict__ idx_r, u32 e, u32 H, u32 I,
                                                   u32 k, u32 c, const DirShared<T, M>& sh, u32 lane) {
     const u32 nl = (I * M::BYTES + 127u) / 128u;
@@ -529,9 +531,11 @@ __device__ __forceinline__ void dir_prefetch_rows(const M& down, const u32* __re
         const u32 ex = __ldg(idx_r + j);
         if (ex < e) {
             const char* p = static_cast<const char*>(down.row((u64)ex * H + c, I).base()) + (q - j * nl) * 128u;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            if (DEMOTE) asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(p) : "memory");
+            else asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
         }
     }
+    if (DEMOTE) return;  // the shared row was never asked in with evict_last
     if (sh.mode) {
         const u32 ns = (sh.Is * M::BYTES + 127u) / 128u;
         const char* row = static_cast<const char*>(sh.down.row(c, sh.Is).base());
@@ -539,10 +543,31 @@ __device__ __forceinline__ void dir_prefetch_rows(const M& down, const u32* __re
     }
 }
 
+// The down-L2 form (MoeGemv::DirectL2): gate+up item (pair p, column c) of I asks its share of
+// expert ex's down weights (`dpf` + ex·dbytes, dbytes contiguous bytes: the expert's [H, I]
+// block of e4m3 or T) into L2 with evict_last priority: 128-byte lines c·32 + lane + 32·I·j, so
+// the I items of a pair cover the block once (t = 1, 80B bf16: 2 MiB an expert, one line a
+// lane). Why: the direct form's down launch streamed its 21 MB (bf16, t = 1) from HBM in one
+// wave after the gate+up launch had ended, the bandwidth idle at its ramp and tail; asked for
+// here, those bytes share the gate+up launch's HBM stream (more bytes in flight per SM) and the
+// down launch reads them from L2. evict_last keeps them from being pushed out by the 42 MB of
+// gate / up rows streamed meanwhile; the down kernel (staged bit 3) sets them back to normal.
+// Non-binding (no value is read), so the arithmetic and bits are the direct form's.
+__device__ __forceinline__ void dir_down_prefetch(const unsigned char* dpf, u64 dbytes, u32 ex, u32 c, u32 I,
+                                                  u32 lane) {
+    const unsigned char* blk = dpf + (u64)ex * dbytes;
+    const u64 nl = (dbytes + 127u) / 128u;
+    for (u64 l = (u64)c * 32u + lane; l < nl; l += (u64)I * 32u)
+        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(blk + l * 128u));
+}
+
+// `dpf`, `dbytes`: the down prefetch of the down-L2 form (dir_down_prefetch), for the pairs
+// p < npf (0: none; the host bounds npf · dbytes by part of the L2).
 template <typename T, typename M, int U>
 __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up,
                                             const u32* __restrict__ idx, u32 n, u32 e, T* __restrict__ h, u32 H, u32 I,
-                                            u32 k, int vec, const DirShared<T, M>& sh) {
+                                            u32 k, int vec, const unsigned char* dpf, u64 dbytes,
+                                            u32 npf, const DirShared<T, M>& sh) {
     const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
     // Blocks past the routed items' compute h_s, a thread an element.
     const u64 nb = ((u64)n * I + wpb - 1) / wpb;
@@ -560,6 +585,7 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
     const u32 p = (u32)(q / I), c = (u32)(q % I);
     const u32 ex = __ldg(idx + p);
     if (ex >= e) return;
+    if (p < npf) dir_down_prefetch(dpf, dbytes, ex, c, I, lane);
     const typename M::Row w[2] = {gate.row((u64)ex * I + c, H), up.row((u64)ex * I + c, H)};
     const T* a[1] = {x + (u64)(p / k) * H};
     float acc[1][2];
@@ -571,13 +597,15 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
 template <typename T, typename M, int U>
 __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up,
                                             const u32* __restrict__ idx, u32 n, u32 e, T* __restrict__ h, u32 H, u32 I,
-                                            u32 k, int vec) {
+                                            u32 k, int vec, const unsigned char* dpf, u64 dbytes,
+                                            u32 npf) {
     DirShared<T, M> none{};
-    dir_gu_impl<T, M, U>(x, gate, up, idx, n, e, h, H, I, k, vec, none);
+    dir_gu_impl<T, M, U>(x, gate, up, idx, n, e, h, H, I, k, vec, dpf, dbytes, npf, none);
 }
 
 // `staged`: bit 0, the row's k rows of h in shared memory; bit 1, the row of h_s after them;
-// bit 2, the rows prefetched into L2 first (dir_prefetch_rows).
+// bit 2, the rows prefetched into L2 first (dir_prefetch_rows); bit 3, the routed rows' L2
+// priority set back to normal after use (the down-L2 form).
 template <typename T, typename M, int U>
 __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
                                               const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
@@ -651,6 +679,10 @@ __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M d
     }
     if (sh.mode) total += sigmoid_f(round_to<T>(sh.glog[(u64)r * sh.g_stride + sh.g_col])) * round_to<T>(sdot);
     if (lane == 0) out[(u64)r * H + c] = total;
+    // staged bit 3 (the down-L2 form): the rows just read were asked into L2 with evict_last
+    // by the gate+up launch; back to normal priority, so that they do not crowd out the
+    // next kernels' data (after the loads above: this warp's values are in registers).
+    if (staged & 8) dir_prefetch_rows<T, M, true>(down, idx + (u64)r * k, e, H, I, k, c, sh, lane);
 }
 
 // Without a shared expert (moe_dir_down_*).
@@ -799,8 +831,11 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
                                           vec_d, ch, phases);                                                         \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_##NAME(                         \
-        const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec) { porter_pdl_enter(); \
-        dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec);      \
+        const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec, \
+        const unsigned char* dpf, u64 dbytes, u32 npf) {                                                          \
+        porter_pdl_enter();                                                                                       \
+        dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec, dpf,  \
+                                       dbytes, npf);                                                                   \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_##NAME(                       \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \

@@ -92,9 +92,9 @@ MOE_DS_ENTRY(f16, f16)
 #define MOE_SH_ENTRY(T, NAME, DIR_U)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_sh_##NAME(                        \
         const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,  \
-        MOE_SH_GU_ARGS(T)) { porter_pdl_enter();                                                                                            \
-        dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec,           \
-                                       MOE_SH_GU(T, DenseMat<T>));                                                     \
+        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_SH_GU_ARGS(T)) { porter_pdl_enter();                                                                                            \
+        dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec, dpf,      \
+                                       dbytes, npf, MOE_SH_GU(T, DenseMat<T>));                                                     \
     }                                                                                                                \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_sh_##NAME(                      \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, \
@@ -114,9 +114,9 @@ MOE_SH_ENTRY(f16, f16, 2)
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_gu_sh_fp8_##NAME(                    \
         const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,             \
         const float* us, const u32* urs, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,           \
-        MOE_SH_GU_ARGS(T)) { porter_pdl_enter();                                                                                            \
+        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_SH_GU_ARGS(T)) { porter_pdl_enter();                                                                                            \
         dir_gu_impl<T, Fp8Mat<T>, 2>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, h, H,    \
-                                     I, k, vec, MOE_SH_GU(T, Fp8Mat<T>));                                              \
+                                     I, k, vec, dpf, dbytes, npf, MOE_SH_GU(T, Fp8Mat<T>));                                              \
     }                                                                                                                \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_sh_fp8_##NAME(                  \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,     \

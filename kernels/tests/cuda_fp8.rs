@@ -296,7 +296,7 @@ fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank
     let what = format!("moe_experts_fp8 {} t={t} k={kk} e={e} h={h} i={i}", T::NAME);
     // Every form against the reference and bit for bit against each other.
     let mut got = Vec::new();
-    for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct] {
+    for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct, MoeGemv::DirectL2] {
         let mut out = poisoned::<f32>(k, t * h);
         k.moe_experts_fp8_with::<T>(
             &xd,
@@ -317,6 +317,7 @@ fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank
     }
     same_bits(&format!("{what}: v2 vs v1"), &got[1], &got[0]);
     same_bits(&format!("{what}: direct vs v1"), &got[2], &got[0]);
+    same_bits(&format!("{what}: direct-l2 vs v1"), &got[3], &got[0]);
     // Batch invariance: row 0 alone equals row 0 of the whole call, bit for bit.
     let mut one = poisoned::<f32>(k, h);
     k.moe_experts_fp8::<T>(
@@ -350,7 +351,7 @@ fn moe_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, dims: [usize; 5], bank
         let mut out = poisoned::<f32>(k, t * h);
         let s = k.stream().clone();
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct] {
+        for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct, MoeGemv::DirectL2] {
             let mut st = [0.0f64; 4];
             for (p, slot) in st.iter_mut().enumerate() {
                 let call = |r: &CudaSlice<u32>, out: &mut CudaSlice<f32>| {

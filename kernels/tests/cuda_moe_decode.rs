@@ -1,7 +1,8 @@
 //! The MoE decode GEMVs (kernels/cuda/moe_decode.cu) in every form, v1 (two launches), v2
 //! (one launch: ticketed items, gate+up -> down readiness counters, self-resetting counters)
 //! and direct (two launches, no grouping), v1 and direct each with the streamed down kernel
-//! (the default) and the legacy one (`V1Legacy`, `DirectLegacy`),
+//! (the default) and the legacy one (`V1Legacy`, `DirectLegacy`), and direct's down-L2
+//! variant (`DirectL2`: the gate+up launch asks the down rows into L2),
 //! through `CudaKernels::moe_decode_with`: against the CPU reference of
 //! `porter_core::nn::Moe::forward` (tests/common/moe.rs) and against each other bit for bit
 //! (the same per-pair order), at batch 1, 2, 4 and 8 on small shapes (aligned, odd, uneven
@@ -62,7 +63,8 @@ fn same_bits(what: &str, a: &[f32], b: &[f32], hidden: usize) {
 }
 
 /// The forms compared bit for bit (the first, legacy v1, is the baseline).
-const FORMS: [MoeGemv; 5] = [MoeGemv::V1Legacy, MoeGemv::V1, MoeGemv::V2, MoeGemv::DirectLegacy, MoeGemv::Direct];
+const FORMS: [MoeGemv; 6] =
+    [MoeGemv::V1Legacy, MoeGemv::V1, MoeGemv::V2, MoeGemv::DirectLegacy, MoeGemv::Direct, MoeGemv::DirectL2];
 
 /// Every form on one case: each against the reference, every other form against legacy v1 bit
 /// for bit, v2 twice (the counters it zeroes must leave the next call right), and row 0 alone
@@ -86,7 +88,7 @@ fn parity_case<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, idx: Vec<u
     same_bits(&format!("{what}: v2, second call"), &got[FORMS.len()], &got[2], d.hidden);
     if d.t > 1 {
         let one = Dims { t: 1, ..d };
-        for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct] {
+        for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct, MoeGemv::DirectL2] {
             let mut out = poisoned::<f32>(kern, d.hidden);
             let (x0, i0, w0) = (dev.x.slice(0..d.hidden), dev.idx.slice(0..d.k), dev.w.slice(0..d.k));
             run::<T>(kern, one, &x0, &i0, &w0, &dev, &mut out, which, MOE_PHASES_ALL);
@@ -198,7 +200,7 @@ fn time_phase(
 fn timed_forms(t: usize) -> Vec<MoeGemv> {
     let mut f = vec![MoeGemv::V1Legacy, MoeGemv::V1];
     if t <= 16 {
-        f.extend([MoeGemv::V2, MoeGemv::DirectLegacy, MoeGemv::Direct]);
+        f.extend([MoeGemv::V2, MoeGemv::DirectLegacy, MoeGemv::Direct, MoeGemv::DirectL2]);
     }
     f
 }
@@ -234,7 +236,7 @@ fn moe_decode_80b_bf16() {
             same_bits(&format!("80b t={t}: {which:?} vs V1Legacy"), &outs[i], &outs[0], d.hidden);
         }
         if t > 1 {
-            for which in [MoeGemv::V1, MoeGemv::Direct] {
+            for which in [MoeGemv::V1, MoeGemv::Direct, MoeGemv::DirectL2] {
                 let mut out = poisoned::<f32>(&kern, d.hidden);
                 let (x0, i0, w0) = (dev.x.slice(0..d.hidden), dev.idx.slice(0..d.k), dev.w.slice(0..d.k));
                 run::<bf16>(&kern, Dims { t: 1, ..d }, &x0, &i0, &w0, &dev, &mut out, which, MOE_PHASES_ALL);
@@ -381,5 +383,105 @@ fn moe_decode_80b_fp8() {
         }
         let got = down::<f32>(&kern, &out);
         assert!(got.iter().all(|v| v.is_finite()), "80b fp8 t={t}: non-finite output after the timing loop");
+    }
+}
+
+/// Route sets that rotate through all `e` experts: set s, row r, slot j takes expert
+/// ((s·t + r)·k + j) mod e (distinct within a row for k ≤ e), `sets` sets: so that a timing
+/// loop over them reads every expert's weights in turn and no set's weights are still in L2
+/// when it comes round again (512 experts of 80B bf16: 3.2 GB; FP8: 1.6 GB).
+fn rotating_routes(t: usize, k: usize, e: usize, sets: usize) -> Vec<Vec<u32>> {
+    (0..sets).map(|s| (0..t * k).map(|q| ((s * t * k + q) % e) as u32).collect()).collect()
+}
+
+/// Small-batch decode timing, new against old: the down-L2 direct form (`DirectL2`, the
+/// default up to 40 pairs) against the direct form with and without its down kernel's prefetch
+/// (`Direct`, `DirectLegacy`: the previous default) and v1, bf16 and FP8 experts, 80B shapes,
+/// t = 1, 2, 4, 8: µs per call and TB/s of weight bytes (each distinct expert's gate, up and down
+/// once) over 200 back-to-back calls (CUDA events, queued behind a hold), the routes rotating
+/// through all 512 experts (FP8: 512 experts of their own memory, 16 distinct weight sets).
+/// Each form's output is checked bit for bit against v1 first.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn moe_decode_small_t_timing() {
+    use common::fp8::{stack, W8};
+    let kern = gpu("moe_decode_small_t_timing");
+    let mut rng = Rng::new(26);
+    let bw = copy_bandwidth(&kern);
+    println!("copy bandwidth (read + write): {:.0} GB/s", bw / 1e9);
+    let mut hold = Hold::new(&kern);
+    let forms = [MoeGemv::V1, MoeGemv::DirectLegacy, MoeGemv::Direct, MoeGemv::DirectL2];
+    let (e, k, h, i) = (EXPERTS, TOP_K, HIDDEN, MOE_INTER);
+    let bank = 16;
+    let (g8, u8_, d8) = (
+        W8::new(&kern, &mut rng, bank * i, h),
+        W8::new(&kern, &mut rng, bank * i, h),
+        W8::new(&kern, &mut rng, bank * h, i),
+    );
+    let (gs, us, ds) = (stack(&kern, &g8, e, bank), stack(&kern, &u8_, e, bank), stack(&kern, &d8, e, bank));
+    let iters = 200;
+    let mut table = Vec::new();
+    for t in [1usize, 2, 4, 8] {
+        let d = dims_80b(t);
+        let idx = random_routes(&mut rng, t, k, e);
+        let inp = inputs::<bf16>(&mut rng, d, idx);
+        let dev = upload::<bf16>(&kern, d, &inp);
+        let sets = rotating_routes(t, k, e, 64);
+        let routes: Vec<CudaSlice<u32>> = sets.iter().map(|v| up_u32(&kern, v)).collect();
+        let experts = sets.iter().map(|v| distinct_experts(v, e)).sum::<usize>() as f64 / sets.len() as f64;
+        for fp8 in [false, true] {
+            let wbytes = if fp8 { 1.0 } else { 2.0 };
+            let bytes = 3.0 * (h * i) as f64 * wbytes * experts;
+            let call = |r: &CudaSlice<u32>, out: &mut CudaSlice<f32>, which: MoeGemv| {
+                let res = if fp8 {
+                    let dims = [t, k, e, h, i];
+                    kern.moe_experts_fp8_with::<bf16>(
+                        &dev.x,
+                        r,
+                        &dev.w,
+                        gs.dev(),
+                        us.dev(),
+                        ds.dev(),
+                        out,
+                        dims,
+                        which,
+                        MOE_PHASES_ALL,
+                    )
+                } else {
+                    run::<bf16>(&kern, d, &dev.x, r, &dev.w, &dev, out, which, MOE_PHASES_ALL);
+                    Ok(())
+                };
+                res.unwrap_or_else(|err| panic!("t={t} fp8={fp8} {which:?}: {err}"));
+            };
+            let mut base = Vec::new();
+            for &which in &forms {
+                let mut out = poisoned::<f32>(&kern, t * h);
+                call(&routes[0], &mut out, which);
+                let o = down::<f32>(&kern, &out);
+                if base.is_empty() {
+                    assert!(o.iter().all(|v| v.is_finite()), "t={t} fp8={fp8}: non-finite output");
+                    base = o;
+                } else {
+                    same_bits(&format!("small-t timing t={t} fp8={fp8}: {which:?} vs V1"), &o, &base, h);
+                }
+                let sec =
+                    time_calls(&kern, &mut hold, iters, &mut |q| call(&routes[q % routes.len()], &mut out, which));
+                println!(
+                    "moe small-t t={t} {} {which:?}: {:.1} us/call, {:.2} TB/s ({:.0}% of copy bandwidth), {:.1} MB, \
+                     {experts:.1} experts",
+                    if fp8 { "fp8" } else { "bf16" },
+                    sec * 1e6,
+                    bytes / sec / 1e12,
+                    bytes / sec / bw * 100.0,
+                    bytes / 1e6,
+                );
+                table.push((t, fp8, which, sec, bytes / sec));
+            }
+        }
+    }
+    println!("summary (us per call, TB/s):");
+    for (t, fp8, which, sec, rate) in table {
+        let w = if fp8 { "fp8 " } else { "bf16" };
+        println!("  t={t} {w} {which:?}: {:.1} us, {:.2} TB/s", sec * 1e6, rate / 1e12);
     }
 }

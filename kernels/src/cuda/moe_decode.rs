@@ -2,8 +2,10 @@
 //! ([`CudaKernels::moe_experts`]'s decode path) and the FP8 experts
 //! ([`CudaKernels::moe_experts_fp8`]): the scratch layout, the grouping, and the forms of the
 //! GEMVs ([`MoeGemv`]):
-//! - direct (the default up to [`DIRECT_MAX_PAIRS`] pairs): two launches without any grouping,
-//!   a pair its own slot, the combine inside the down kernel;
+//! - direct (up to [`DIRECT_MAX_PAIRS`] pairs): two launches without any grouping, a pair its
+//!   own slot, the combine inside the down kernel; by default its down-L2 variant
+//!   ([`MoeGemv::DirectL2`]: the gate+up launch also asks the routed experts' down weights into
+//!   L2, so that they stream from HBM with the gate / up rows);
 //! - v1 (the default beyond): two persistent launches over the pairs grouped by expert (each
 //!   routed expert's rows streamed once), gate+up then down + combine;
 //! - v2: one persistent launch for gate+up, down and the combine, its work items handed out
@@ -47,6 +49,13 @@ pub const MOE_DOWN_ENV: &str = "PORTER_MOE_DOWN";
 /// direct down kernel against 445.8 with the streamed one; batch 8 / 64 1,554.8 / 3,197.2 with
 /// the streamed v1 kernel against 1,386.3 / 2,628.4 (session 8) with the legacy one.
 const DOWN_DEFAULT: (bool, bool) = (true, false);
+
+/// Bytes of down weights the down-L2 form ([`MoeGemv::DirectL2`]) asks into L2 at most (with
+/// evict_last priority): under half the H100 / H200's 50 MB L2, so that the gate / up rows
+/// streaming past them and the kernels after still find room. Pairs past the budget are not
+/// prefetched (their down rows come from HBM in the down launch, as in the direct form): 80B
+/// bf16 covers all pairs at t = 1 (10 experts × 2 MiB), FP8 at t ≤ 2.
+const DIRECT_L2_BYTES: usize = 24 << 20;
 
 /// Which forms [`MOE_DOWN_ENV`]'s value `v` gives the legacy down kernel: (direct, v1), or
 /// `None` when unset (`Err`: the value, unknown).
@@ -100,7 +109,8 @@ fn shared_apart_env() -> bool {
 /// down, combine).
 pub const MOE_PHASES_ALL: u32 = 3;
 
-/// [`MoeGemv::Auto`] takes the direct form up to this many (row, slot) pairs, v1 beyond.
+/// [`MoeGemv::Auto`] takes the direct form (its down-L2 variant unless [`MOE_DOWN_ENV`] is set)
+/// up to this many (row, slot) pairs, v1 beyond.
 /// H200, 80B shapes (hidden 2048, inter 512, top-10 of 512), `cuda_moe_decode`, 2026-12-02,
 /// µs per call direct / v1: 31.2 / 37.9 at t = 1, 52.7 / 58.9 at t = 2, 90.2 / 92.2 at t = 4,
 /// 164.6 / 154.7 at t = 8 (more rows on one expert read its weights more than once;
@@ -120,6 +130,9 @@ const DS_NR: usize = 8;
 const DS_WARPS: usize = 8;
 /// Direct down kernel's `staged` bit: prefetch the warp's rows into L2 first.
 const DIRECT_PREFETCH: i32 = 4;
+/// Direct down kernel's `staged` bit: set the routed rows' L2 priority back to normal after
+/// use (the down-L2 form's gate+up launch asked them in with evict_last).
+const DIRECT_DEMOTE: i32 = 8;
 /// v1 gate+up kernel's `vec` bit: block 0 stores its in-block lists to global memory.
 const GU_STORE_LISTS: i32 = 2;
 
@@ -127,7 +140,8 @@ const GU_STORE_LISTS: i32 = 2;
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoeGemv {
-    /// Direct up to [`DIRECT_MAX_PAIRS`] pairs, else V1.
+    /// Up to [`DIRECT_MAX_PAIRS`] pairs [`MoeGemv::DirectL2`] (or, with [`MOE_DOWN_ENV`] set,
+    /// [`MoeGemv::Direct`] / [`MoeGemv::DirectLegacy`] as it says), else V1.
     Auto,
     /// Two launches without grouping: one warp per (pair, inter column) for gate+up, one per
     /// (row, hidden column) for down over the row's k pairs with the combine (its rows
@@ -142,6 +156,13 @@ pub enum MoeGemv {
     DirectLegacy,
     /// [`MoeGemv::V1`] with its legacy down kernel (`moe_dec_down_*`), whatever the environment.
     V1Legacy,
+    /// [`MoeGemv::Direct`] whose gate+up launch also asks the routed experts' down weights into
+    /// L2 (evict_last, up to [`DIRECT_L2_BYTES`]; each gate+up warp a slice of its pair's
+    /// expert), so that the down launch reads them from L2 instead of streaming them from HBM
+    /// in one wave after the gate+up launch; its down kernel without a prefetch of its own
+    /// (but the shared expert's row), setting the rows back to normal priority after use. The
+    /// same loads, arithmetic and bits as the direct form.
+    DirectL2,
 }
 
 impl MoeGemv {
@@ -152,7 +173,8 @@ impl MoeGemv {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 eprintln!(
-                    "warning: {MOE_GEMV_ENV}={bad:?} is not one of auto, direct, v1, v2, direct-legacy, v1-legacy; \
+                    "warning: {MOE_GEMV_ENV}={bad:?} is not one of auto, direct, direct-l2, v1, v2, direct-legacy, \
+                     v1-legacy; \
                      using auto"
                 )
             });
@@ -171,6 +193,7 @@ impl MoeGemv {
             "v2" => Ok(MoeGemv::V2),
             "direct-legacy" => Ok(MoeGemv::DirectLegacy),
             "v1-legacy" => Ok(MoeGemv::V1Legacy),
+            "direct-l2" => Ok(MoeGemv::DirectL2),
             _ => Err(v.to_string_lossy().into_owned()),
         }
     }
@@ -186,7 +209,11 @@ impl MoeGemv {
 
     /// The form that runs for `n` pairs with `env` ([`MOE_DOWN_ENV`]: direct, v1 legacy; `None`:
     /// unset, [`DOWN_DEFAULT`] for `Auto`, the named kernel for an explicit form) applied.
+    /// The default (`Auto`, variable unset) is [`MoeGemv::DirectL2`] where the direct form runs.
     fn resolve_down(self, n: usize, env: Option<(bool, bool)>) -> Self {
+        if self == MoeGemv::Auto && env.is_none() && n <= DIRECT_MAX_PAIRS {
+            return MoeGemv::DirectL2;
+        }
         let legacy = env.unwrap_or(if self == MoeGemv::Auto { DOWN_DEFAULT } else { (false, false) });
         match self.resolve(n) {
             MoeGemv::Direct if legacy.0 => MoeGemv::DirectLegacy,
@@ -197,7 +224,7 @@ impl MoeGemv {
 
     /// Whether this (resolved) form is the direct one.
     fn is_direct(self) -> bool {
-        matches!(self, MoeGemv::Direct | MoeGemv::DirectLegacy)
+        matches!(self, MoeGemv::Direct | MoeGemv::DirectLegacy | MoeGemv::DirectL2)
     }
 }
 
@@ -310,9 +337,17 @@ impl CudaKernels {
             // With a shared expert the caller passes its process form (Auto by default, resolved
             // above with the default); an explicit V1 / V2 there runs direct with the
             // environment's choice or the default.
-            let legacy = which == MoeGemv::DirectLegacy
-                || (which != MoeGemv::Direct && down_legacy_env().unwrap_or(DOWN_DEFAULT).0);
-            return self.moe_decode_direct(c, phases, !legacy);
+            let down = match which {
+                MoeGemv::DirectL2 => DirectDown::L2,
+                MoeGemv::Direct => DirectDown::Prefetch,
+                MoeGemv::DirectLegacy => DirectDown::Legacy,
+                _ => match down_legacy_env() {
+                    None => DirectDown::L2,
+                    Some((true, _)) => DirectDown::Legacy,
+                    Some(_) => DirectDown::Prefetch,
+                },
+            };
+            return self.moe_decode_direct(c, phases, down);
         }
         let slots = e.min(n);
         let dsm = prod(&[e + n + 3 * slots, 4])?;
@@ -478,7 +513,7 @@ impl CudaKernels {
     /// The direct form ([`MoeGemv::Direct`]) of [`CudaKernels::moe_decode_run`]: no grouping,
     /// scratch only for h `[t·k, inter]` (and h_s `[t, I_s]` with a shared expert); `phases` as
     /// there (0: nothing runs, 1: gate+up).
-    fn moe_decode_direct(&self, c: &DecodeCall<'_>, phases: u32, prefetch: bool) -> Result<()> {
+    fn moe_decode_direct(&self, c: &DecodeCall<'_>, phases: u32, down: DirectDown) -> Result<()> {
         if phases == 0 {
             return Ok(());
         }
@@ -511,7 +546,16 @@ impl CudaKernels {
         let mut args: Vec<&dyn KernelArg> = vec![&c.x];
         args.extend(weights(c.gate));
         args.extend(weights(c.up));
-        let rest: [&dyn KernelArg; 8] = [&c.idx, &n32, &e32, &p_h, &h32, &i32_, &k32, &vec_gu];
+        // The down-L2 form: the down weights' first argument (q, T or e4m3 bytes), an expert's
+        // block of them [hidden, inter], and how many pairs fit the L2 budget.
+        let wbytes = if c.kind.is_empty() { c.esize } else { 1 };
+        let dbytes = prod(&[hidden, inter, wbytes])? as u64;
+        let npf = match down {
+            DirectDown::L2 => u32_of("prefetched pairs", n.min(DIRECT_L2_BYTES / dbytes.max(1) as usize))?,
+            _ => 0,
+        };
+        let dpf = c.down[0];
+        let rest: [&dyn KernelArg; 11] = [&c.idx, &n32, &e32, &p_h, &h32, &i32_, &k32, &vec_gu, &dpf, &dbytes, &npf];
         args.extend(rest);
         let (gu_stride, gu_col0, is32) = match sh {
             Some(sc) => (
@@ -528,7 +572,10 @@ impl CudaKernels {
         }
         let gu_name = if sh.is_some() { "moe_dir_gu_sh_" } else { "moe_dir_gu_" };
         // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, const u32* idx,
-        // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec)` (weights as for v2), or
+        // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec, const u8* dpf, u64 dbytes, u32 npf)`
+        // (weights as for v2; the pairs p < npf ≤ n with a valid id prefetch, non-binding,
+        // lines of dpf's expert block [id·dbytes, (id + 1)·dbytes): within the down weight of
+        // e·hidden·inter weights), or
         // `moe_dir_gu_sh_<kind><T>` with `const float* gu, u32 gu_stride, u32 gu_col0, T* hs,
         // u32 Is, u32 t` after them; items past n · I exit; a pair with an id >= e writes no h
         // and is never read (the down kernel skips it); h has n rows of I; the blocks past
@@ -544,7 +591,14 @@ impl CudaKernels {
         let stage_h = vec_d == 1 && h_row <= DIRECT_STAGE_BYTES;
         let vec_s = sh.is_some_and(|sc| sc.w_vec && vec16(p_hs, hs_row));
         let stage_s = vec_s && if stage_h { h_row } else { 0 } + hs_row <= DIRECT_STAGE_BYTES;
-        let staged = i32::from(stage_h) | (i32::from(stage_s) << 1) | if prefetch { DIRECT_PREFETCH } else { 0 };
+        // Its own L2 prefetch: the direct form's; in the down-L2 form only for the shared row (the
+        // routed rows are asked in by the gate+up launch, set back to normal after use here).
+        let prefetch = match down {
+            DirectDown::Prefetch => DIRECT_PREFETCH,
+            DirectDown::L2 => DIRECT_DEMOTE | if sh.is_some() { DIRECT_PREFETCH } else { 0 },
+            DirectDown::Legacy => 0,
+        };
+        let staged = i32::from(stage_h) | (i32::from(stage_s) << 1) | prefetch;
         let dsm = if stage_h { h_row } else { 0 } + if stage_s { hs_row } else { 0 };
         // The shared row as one more pair of the routed groups when it has their length and
         // load width (mode 1), else a dot product of its own (mode 2).
@@ -579,7 +633,8 @@ impl CudaKernels {
         // `moe_dir_down_sh_<kind><T>` with `<shared down>, const T* hs, const float* glog,
         // u32 g_stride, u32 g_col, u32 Is, int mode, int svec` after them; block (x, y) covers
         // row y < t and columns 8x.. (those < H write their out element; with staged bit 2
-        // they also prefetch, non-binding, lines of their rows: valid ids only); staged bit 0: the
+        // they also prefetch, non-binding, lines of their rows, with bit 3 set those lines'
+        // L2 priority back to normal (a cache hint, no access): valid ids only); staged bit 0: the
         // row's k·I elements of h (16-byte multiple, 16-byte aligned: vec), bit 1: h_s's row
         // of Is elements after them (svec), within the dynamic shared memory given; h rows
         // are used only for valid ids; the shared down weight has H rows of Is, mode 1 only
@@ -587,6 +642,17 @@ impl CudaKernels {
         // rows (checked by the caller).
         unsafe { self.launch(c.src, &format!("{down_name}{}{}", c.kind, c.tname), cfg, &args) }
     }
+}
+
+/// The down kernel of a direct-form call (and what its gate+up launch prefetches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DirectDown {
+    /// No prefetch ([`MoeGemv::DirectLegacy`]).
+    Legacy,
+    /// The down kernel asks its rows into L2 first ([`MoeGemv::Direct`]).
+    Prefetch,
+    /// The gate+up launch asks the down rows into L2 ([`MoeGemv::DirectL2`]).
+    L2,
 }
 
 /// Checks `[t, k, e, hidden, inter]` of a routed-experts call (`what` names it).
@@ -612,6 +678,8 @@ mod tests {
         assert_eq!(v(" V1 "), Ok(MoeGemv::V1));
         assert_eq!(v(" V2"), Ok(MoeGemv::V2));
         assert_eq!(v("Direct"), Ok(MoeGemv::Direct));
+        assert_eq!(v(" direct-L2"), Ok(MoeGemv::DirectL2));
+        assert!(MoeGemv::DirectL2.is_direct());
         assert_eq!(v(""), Ok(MoeGemv::Auto));
         assert_eq!(v("v3"), Err("v3".to_string()));
     }
@@ -639,7 +707,8 @@ mod tests {
         assert_eq!(v("stream"), Ok(Some((false, false))));
         assert_eq!(v("old"), Err("old".to_string()));
         // Unset: the default for Auto, the named kernel for an explicit form.
-        assert_eq!(MoeGemv::Auto.resolve_down(10, None), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(10, None), MoeGemv::DirectL2);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS, None), MoeGemv::DirectL2);
         assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, None), MoeGemv::V1);
         assert_eq!(MoeGemv::Direct.resolve_down(10, None), MoeGemv::Direct);
     }
