@@ -61,7 +61,7 @@ fn same(fails: &mut Vec<String>, what: &str, a: &[f32], b: &[f32]) {
     }
 }
 
-/// The A/B forms of the FP8 GEMV (bf16 -> bf16 kernels; every one gives the default's bits).
+/// The A/B forms of the FP8 GEMV (bf16 -> bf16 kernels; every one gives the FMA form's bits).
 const AB_FORMS: [Fp8GemvForm; 4] = [
     Fp8GemvForm { conv: Fp8GemvConv::Hw, rows_per_warp: 1 },
     Fp8GemvForm { conv: Fp8GemvConv::Hw, rows_per_warp: 2 },
@@ -75,14 +75,16 @@ const LEGACY: Fp8GemvForm = Fp8GemvForm { conv: Fp8GemvConv::Legacy, rows_per_wa
 /// CPU accumulates in another order, so the f32 tolerance, 1e-5 of max |ref|, covers f32
 /// reordering over k ≤ 4096 terms, ~√k · 2⁻²⁴ relative); outputs in T against the reference
 /// rounded to T within 1e-2 (one rounding to T plus the f32 difference). The legacy form
-/// (W rounded to T per weight) against the rounded reference. Row 0's bits must not depend
-/// on m; the A/B forms must give the default's bits.
+/// (W rounded to T per weight) against the rounded reference. Both the default (tensor cores
+/// for bf16 / f16 x) and the FMA form are checked so; row 0's bits must not depend on m in
+/// either; the A/B forms must give the FMA form's bits.
 fn gemv_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, n: usize, kk: usize, fails: &mut Vec<String>) {
     let w = W8::new(k, rng, n, kk);
     let x = rnd_vec::<T>(&rng.vec(8 * kk, 1.0));
     let xd = up::<T>(k, &x);
     let bf16 = T::NAME == "bf16";
     let mut row0: Vec<Vec<f32>> = Vec::new();
+    let mut row0_fma: Vec<Vec<f32>> = Vec::new();
     let mut dev_max = 0.0f32;
     for m in 1..=8 {
         let what = format!("fp8_gemv {} m={m} [{n}, {kk}]", T::NAME);
@@ -101,11 +103,21 @@ fn gemv_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, n: usize, kk: usize, 
         let got_t = down(k, &ot);
         close(fails, &format!("{what} -> {}", T::NAME), &got_t, &rnd_vec::<T>(&want), tol::<T>());
         row0.push(got[..n].to_vec());
+        // The FMA form (the default for f32 x), the reference of the A/B forms' bits.
+        let mut o32 = poisoned::<f32>(k, m * n);
+        k.fp8_gemv_with::<T, f32>(&xv, w.dev(), &mut o32, m, Fp8GemvForm::FMA).unwrap();
+        let got_fma = down(k, &o32);
+        close(fails, &format!("{what} fma -> f32"), &got_fma, &want, TOL_F32);
+        row0_fma.push(got_fma[..n].to_vec());
+        let mut ot = poisoned::<T>(k, m * n);
+        k.fp8_gemv_with::<T, T>(&xv, w.dev(), &mut ot, m, Fp8GemvForm::FMA).unwrap();
+        let got_fma_t = down(k, &ot);
+        close(fails, &format!("{what} fma -> {}", T::NAME), &got_fma_t, &rnd_vec::<T>(&want), tol::<T>());
         if bf16 {
             for form in AB_FORMS {
                 let mut o = poisoned::<T>(k, m * n);
                 k.fp8_gemv_with::<T, T>(&xv, w.dev(), &mut o, m, form).unwrap();
-                same(fails, &format!("{what} {form:?} vs the default"), &down(k, &o), &got_t);
+                same(fails, &format!("{what} {form:?} vs the fma form"), &down(k, &o), &got_fma_t);
             }
             let mut o = poisoned::<f32>(k, m * n);
             k.fp8_gemv_with::<T, f32>(&xv, w.dev(), &mut o, m, LEGACY).unwrap();
@@ -114,6 +126,8 @@ fn gemv_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, n: usize, kk: usize, 
     }
     for (m, r) in row0.iter().enumerate() {
         same(fails, &format!("fp8_gemv {} [{n}, {kk}] row 0 at m = {} vs m = 8", T::NAME, m + 1), r, &row0[7]);
+        let f = &row0_fma[m];
+        same(fails, &format!("fp8_gemv fma {} [{n}, {kk}] row 0 at m = {} vs m = 8", T::NAME, m + 1), f, &row0_fma[7]);
     }
     println!(
         "  fp8_gemv {} [{n}, {kk}]: checked m = 1..8; exact vs rounded-to-{} W differ by {dev_max:.2e} of max |ref|",
@@ -126,7 +140,11 @@ fn gemv_all<T: CudaFloat>(test: &str) {
     let k = gpu(test);
     let mut rng = Rng::new(81);
     let mut fails = Vec::new();
-    for (n, kk) in [(300, 400), (130, 16), (12352, 2048), (2048, 4096), (1544, 2048)] {
+    // Odd sizes (n not a multiple of 16, k of 128 or 64, one scale block, k > 4 · 8 scale
+    // blocks: a second batch in the tensor-core form) and the 80B shapes.
+    for (n, kk) in
+        [(300, 400), (130, 16), (17, 1040), (40, 8208), (12352, 2048), (2048, 4096), (1544, 2048), (1024, 2048)]
+    {
         gemv_case::<T>(&k, &mut rng, n, kk, &mut fails);
     }
     assert!(fails.is_empty(), "{test}: {} failures:\n{}", fails.len(), fails.join("\n"));
@@ -206,6 +224,51 @@ fn fp8_gemv_speed() {
             let us = time_us(&k, 60, |i| k.gemv::<bf16, bf16>(&xh, &wbs[i % copies], &mut o, m, kk / 2, n).unwrap());
             line +=
                 &format!(" bf16 gemv [{n}, {}] same bytes {us:.1} us ({:.0} GB/s)", kk / 2, (n * kk) as f64 / us / 1e3);
+            println!("{line}");
+        }
+    }
+}
+
+/// GPU time of the FP8 GEMV forms at the 80B decode shapes, m = 1, 2, 4, 8: the default
+/// (tensor cores), `fma` (the default before) and `legacy`, beside the bf16 GEMV on a bf16
+/// weight of the same shape (the dense decode path). 60 calls back to back behind a hold
+/// (common/timing.rs: the events time the GPU, not the host's launches), weights rotated over
+/// copies of ≥ 160 MB (the H200's L2 is 50 MB), PDL as the process has it (`PORTER_PDL`).
+/// TB/s counts the weight bytes (+ scales) read once a call.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fp8_gemv_tc_speed() {
+    let k = gpu("fp8_gemv_tc_speed");
+    let mut rng = Rng::new(85);
+    let s = k.stream().clone();
+    let mut hold = common::timing::Hold::new(&k);
+    println!("  PDL {}", k.pdl());
+    let shapes = [(12352usize, 2048usize), (2048, 4096), (4096, 2048), (1024, 2048), (512, 2048), (151_936, 2048)];
+    for (n, kk) in shapes {
+        let w = W8::new(&k, &mut rng, n, kk);
+        let copies = (160usize << 20).div_ceil(n * kk).clamp(2, 64);
+        let qs: Vec<CudaSlice<u8>> = (0..copies).map(|_| s.clone_dtod(&w.dq).unwrap()).collect();
+        let dev = |i: usize| Fp8Dev { q: &qs[i % copies], scales: &w.ds, row_scale: &w.drs, rows: n, cols: kk };
+        let bcopies = (160usize << 20).div_ceil(2 * n * kk).clamp(2, 64);
+        let wb = up::<bf16>(&k, &rng.vec(n * kk, 0.05));
+        let wbs: Vec<CudaSlice<bf16>> = (0..bcopies).map(|_| s.clone_dtod(&wb).unwrap()).collect();
+        drop(wb);
+        let xd = up::<bf16>(&k, &rnd_vec::<bf16>(&rng.vec(8 * kk, 1.0)));
+        let bytes = (n * kk + 4 * n + 4 * w.scales.len()) as f64;
+        for m in [1usize, 2, 4, 8] {
+            let xv = xd.slice(0..m * kk);
+            let mut o = poisoned::<bf16>(&k, m * n);
+            let mut line = format!("  fp8_gemv bf16 m={m} [{n}, {kk}]:");
+            for (label, form) in [("tc", Fp8GemvForm::AUTO), ("fma", Fp8GemvForm::FMA), ("legacy", LEGACY)] {
+                let sec = common::timing::time_calls(&k, &mut hold, 60, &mut |i| {
+                    k.fp8_gemv_with::<bf16, bf16>(&xv, dev(i), &mut o, m, form).unwrap()
+                });
+                line += &format!(" {label} {:.2} us {:.2} TB/s |", sec * 1e6, bytes / sec / 1e12);
+            }
+            let sec = common::timing::time_calls(&k, &mut hold, 60, &mut |i| {
+                k.gemv::<bf16, bf16>(&xv, &wbs[i % bcopies], &mut o, m, kk, n).unwrap()
+            });
+            line += &format!(" bf16 gemv {:.2} us {:.2} TB/s", sec * 1e6, (2 * n * kk) as f64 / sec / 1e12);
             println!("{line}");
         }
     }

@@ -9,7 +9,7 @@ mod common;
 use common::fp8::W8;
 use common::*;
 use cudarc::driver::CudaSlice;
-use porter_kernels::cuda::{CudaFloat, CudaKernels, NormGemvAdd, RmsNormKind};
+use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8GemvForm, NormGemvAdd, RmsNormKind};
 
 const EPS: f32 = 1e-6;
 
@@ -136,7 +136,7 @@ fn norm_gemv_f16_f32() {
     all_cases::<f32, f32>(&k, &mut rng);
 }
 
-/// The FP8 form: bit for bit `rms_norm` + `fp8_gemv` (default form), and within tolerance of
+/// The FP8 form: bit for bit `rms_norm` + `fp8_gemv` (the FMA form), and within tolerance of
 /// the CPU reference on the exactly dequantized weights.
 fn fp8_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, m: usize, kk: usize, n: usize, kind: RmsNormKind) {
     let what = format!("fp8 {} m={m} k={kk} n={n} {kind:?}", T::NAME);
@@ -148,7 +148,7 @@ fn fp8_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, m: usize, kk: usize, n
     k.norm_fp8_gemv::<T>(&dx, &dnw, EPS, kind, w.dev(), &mut out, &mut normed, m).expect("norm_fp8_gemv");
     let (mut out2, mut normed2) = (poisoned::<T>(k, m * n), poisoned::<T>(k, m * kk));
     k.rms_norm::<f32, T>(&dx, &dnw, &mut normed2, m, kk, EPS, kind).expect("rms_norm");
-    k.fp8_gemv::<T, T>(&normed2, w.dev(), &mut out2, m).expect("fp8_gemv");
+    k.fp8_gemv_with::<T, T>(&normed2, w.dev(), &mut out2, m, Fp8GemvForm::FMA).expect("fp8_gemv");
     assert_eq!(bits(k, &normed), bits(k, &normed2), "{what}: normalised rows differ from rms_norm's");
     assert_eq!(bits(k, &out), bits(k, &out2), "{what}: outputs differ from rms_norm + fp8_gemv");
     let (rn, ro, _) = reference::<T>(&x, None, &nw, kind, &w.dense::<f32>(), (m, kk, n));

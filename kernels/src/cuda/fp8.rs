@@ -21,15 +21,25 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfi
 pub const FP8_BLOCK: usize = 128;
 
 /// Environment variable choosing the FP8 decode GEMV's form for A/B runs:
-/// `auto` (default), `hw`, `alu` or `legacy`, optionally followed by `:1`, `:2` or `:4`, the
-/// weight rows a warp takes (e.g. `hw:2`; default by the row count, [`Fp8GemvForm::rows`]).
+/// `auto` (default: `tc` where it fits, else `fma`), `tc`, `fma` (the default before `tc`),
+/// `hw`, `alu` or `legacy`, the FMA forms optionally followed by `:1`, `:2` or `:4`, the weight
+/// rows a warp takes (e.g. `hw:2`; default by the row count, [`Fp8GemvForm::rows`]).
 pub const FP8_GEMV_ENV: &str = "PORTER_FP8_GEMV";
 
 /// How the FP8 decode GEMV turns e4m3 bytes into products (kernels/cuda/fp8.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fp8GemvConv {
-    /// [`Fp8GemvConv::Hw`] on sm_89+ (a native e4m3 conversion), else [`Fp8GemvConv::Alu`].
+    /// [`Fp8GemvConv::Tc`] where it fits ([`CudaKernels::fp8_gemv_tc_fits`]), else
+    /// [`Fp8GemvConv::Fma`].
     Auto,
+    /// Tensor cores (fp8_gemvt.cu): the weight rows the M side of bf16 / f16 MMAs, the rows of
+    /// `x` the N side, each 128-column block's f32 partial times its scale. `W = e4m3 · scale`
+    /// in f32 as the FMA forms, another summation order (other bits). bf16 / f16 `x`, sm_80+.
+    Tc,
+    /// The per-chunk f32 FMA kernels with rows a warp by shape ([`Fp8GemvConv::Hw`] on sm_89+,
+    /// else [`Fp8GemvConv::Alu`]): the default before [`Fp8GemvConv::Tc`], and the form for f32
+    /// `x` and GPUs without tensor cores.
+    Fma,
     /// Scale after each 16-byte chunk's dot; e4m3 → f16 by `cvt.rn.f16x2.e4m3x2`.
     Hw,
     /// Scale after each chunk's dot; e4m3 → f16 by shifts and masks. The same bits as `Hw`.
@@ -52,6 +62,10 @@ pub struct Fp8GemvForm {
 impl Fp8GemvForm {
     /// The default: [`Fp8GemvConv::Auto`], rows per warp by the row count.
     pub const AUTO: Self = Self { conv: Fp8GemvConv::Auto, rows_per_warp: 0 };
+    /// The tensor-core form.
+    pub const TC: Self = Self { conv: Fp8GemvConv::Tc, rows_per_warp: 0 };
+    /// The FMA forms by shape (the default before [`Fp8GemvForm::TC`]).
+    pub const FMA: Self = Self { conv: Fp8GemvConv::Fma, rows_per_warp: 0 };
 
     /// The form [`FP8_GEMV_ENV`] asks for ([`Fp8GemvForm::AUTO`] when unset or unknown, with
     /// a warning once).
@@ -61,7 +75,7 @@ impl Fp8GemvForm {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 eprintln!(
-                    "warning: {FP8_GEMV_ENV}={bad:?} is not auto, hw, alu or legacy (optionally :1, :2, :4); \
+                    "warning: {FP8_GEMV_ENV}={bad:?} is not auto, tc, fma, hw, alu or legacy (optionally :1, :2, :4); \
                      using auto"
                 )
             });
@@ -82,6 +96,8 @@ impl Fp8GemvForm {
         let (name, nr) = t.split_once(':').unwrap_or((&t, ""));
         let conv = match name {
             "" | "auto" => Fp8GemvConv::Auto,
+            "tc" => Fp8GemvConv::Tc,
+            "fma" => Fp8GemvConv::Fma,
             "hw" => Fp8GemvConv::Hw,
             "alu" => Fp8GemvConv::Alu,
             "legacy" => Fp8GemvConv::Legacy,
@@ -97,8 +113,8 @@ impl Fp8GemvForm {
         Ok(Self { conv, rows_per_warp })
     }
 
-    /// The kernel of this form for `mm` (1, 2, 4 or 8) rows of `x` against `n` weight rows,
-    /// and its weight rows a warp. The default form has kernels for every `A -> O` (at one row
+    /// The kernel of this FMA form for `mm` (1, 2, 4 or 8) rows of `x` against `n` weight rows,
+    /// and its weight rows a warp. [`Fp8GemvConv::Fma`] has kernels for every `A -> O` (at one row
     /// of `x` for 1, 2 and 4 weight rows a warp, beyond at 1 and 2); the others (A/B runs) for bf16 ->
     /// bf16 only (legacy also bf16 -> f32): the hardware conversion at 1, 2 and 4 rows a warp
     /// (at one row of `x` the default kernels, which convert in hardware on sm_89+), the integer
@@ -112,12 +128,12 @@ impl Fp8GemvForm {
             Fp8GemvConv::Legacy if a == "bf16" => {
                 return Ok((format!("fp8_gemv_{a}_{o}_m{mm}"), if mm >= 2 { 2 } else { 1 }))
             }
-            Fp8GemvConv::Auto | Fp8GemvConv::Hw if mm == 1 && (bf16 || self.conv == Fp8GemvConv::Auto) => {
+            Fp8GemvConv::Fma | Fp8GemvConv::Hw if mm == 1 && (bf16 || self.conv == Fp8GemvConv::Fma) => {
                 format!("fp8_gemvx_{a}_{o}_m1_r{nr}")
             }
-            Fp8GemvConv::Auto if nr == 2 => format!("fp8_gemvx_{a}_{o}_m{mm}"),
-            Fp8GemvConv::Auto if nr == 1 => format!("fp8_gemvx_{a}_{o}_m{mm}_r1"),
-            Fp8GemvConv::Hw | Fp8GemvConv::Auto if bf16 => format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_hw"),
+            Fp8GemvConv::Fma if nr == 2 => format!("fp8_gemvx_{a}_{o}_m{mm}"),
+            Fp8GemvConv::Fma if nr == 1 => format!("fp8_gemvx_{a}_{o}_m{mm}_r1"),
+            Fp8GemvConv::Hw | Fp8GemvConv::Fma if bf16 => format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_hw"),
             Fp8GemvConv::Alu if bf16 && matches!(self.rows_per_warp, 0 | 2 | 4) => {
                 let nr = if mm >= 4 { 4 } else { 2 };
                 return Ok((format!("fp8_gemvx_{a}_{o}_m{mm}_r{nr}_alu"), nr));
@@ -198,7 +214,29 @@ impl<'a> Fp8Dev<'a> {
     }
 }
 
+/// Tiles of 16 weight rows a block of the tensor-core FP8 GEMV (1, 2, 4 or 8; the block's 8
+/// warps split the `ceil(k / 128)` scale blocks 8 / tiles ways): about 4 scale blocks a warp
+/// (16 16-byte loads a lane in flight, 64 KiB a block), fewer tiles while the grid would not
+/// cover every SM. From `(n, k)` and the GPU only, so a row's bits never depend on `m`.
+fn fp8_gemv_tc_tiles(n: usize, k: usize, sms: usize) -> usize {
+    let kb = k.div_ceil(FP8_BLOCK).max(1);
+    let mut rt = 1;
+    while rt < 8 && (8 / (2 * rt)) * 4 >= kb {
+        rt *= 2;
+    }
+    while rt > 1 && n.div_ceil(16 * rt) < sms {
+        rt /= 2;
+    }
+    rt
+}
+
 impl CudaKernels {
+    /// Whether the tensor-core form of [`CudaKernels::fp8_gemv`] runs here for `A`
+    /// activations: bf16 or f16, and tensor cores ([`super::DeviceCaps::tensor_cores`]).
+    pub fn fp8_gemv_tc_fits<A: CudaFloat>(&self) -> bool {
+        matches!(A::NAME, "bf16" | "f16") && self.caps().tensor_cores()
+    }
+
     /// Whether [`CudaKernels::fp8_gemv`] takes this shape: `1 ≤ m ≤ 8`, `k` a multiple of 16,
     /// output `O` equal to `A` or f32.
     pub fn fp8_gemv_fits<A: CudaFloat, O: CudaFloat>(m: usize, k: usize) -> bool {
@@ -206,11 +244,12 @@ impl CudaKernels {
     }
 
     /// Skinny GEMM `out[m, n] = x[m, k] · W[n, k]ᵀ` with an FP8 weight (`m ≤ 8`), in the
-    /// form [`FP8_GEMV_ENV`] asks for (by default: each 16-byte chunk of e4m3 bytes dotted
-    /// with `x` in f32 and multiplied by its block scale once, i.e. `W = e4m3 · scale` in f32,
-    /// not rounded to `A`; two or four weight rows a warp sharing each converted `x` chunk),
-    /// f32 accumulation in an order that does not depend on `m` (row-invariant), one rounding
-    /// to `O`.
+    /// form [`FP8_GEMV_ENV`] asks for (by default on tensor cores where
+    /// [`CudaKernels::fp8_gemv_tc_fits`], [`Fp8GemvConv::Tc`]; else each 16-byte chunk of e4m3
+    /// bytes dotted with `x` in f32 FMAs, [`Fp8GemvConv::Fma`]). Both: each 128-column block's
+    /// f32 dot multiplied by its block scale once, i.e. `W = e4m3 · scale` in f32, not rounded
+    /// to `A`; f32 accumulation in an order that does not depend on `m` (row-invariant), one
+    /// rounding to `O`.
     ///
     /// # Shapes
     /// - `x`: `[m, k]`, `w`: `[n, k]`, `out`: `[m, n]`
@@ -266,6 +305,38 @@ impl CudaKernels {
             return Err(CudaError::Invalid("fp8_gemv: x and w must be 16-byte aligned".into()));
         }
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
+        let tc = self.fp8_gemv_tc_fits::<A>();
+        let form = match form.conv {
+            Fp8GemvConv::Auto if tc => Fp8GemvForm::TC,
+            Fp8GemvConv::Auto => Fp8GemvForm { conv: Fp8GemvConv::Fma, ..form },
+            _ => form,
+        };
+        if form.conv == Fp8GemvConv::Tc {
+            if !tc {
+                return Err(CudaError::Invalid(format!("fp8_gemv: no tensor-core form for {} here", A::NAME)));
+            }
+            let rt = fp8_gemv_tc_tiles(n, k, self.caps().sms);
+            let cfg = LaunchConfig {
+                grid_dim: (u32_of("blocks", n.div_ceil(16 * rt))?, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let rt32 = rt as u32;
+            // SAFETY: matches fp8_gemvt_<A>_<O> (8 warps, rt tiles of 16 weight rows a block, rt
+            // in 1, 2, 4, 8); sizes and alignment checked; m <= 8; the scale rows named by
+            // row_scale exist (Fp8Dev's contract).
+            // Kernel: `fp8_gemvt_<A>_<O>(const u8* w, const float* sc, const u32* rs, const A* x, O* out,
+            // u32 m, u32 k, u32 n, u32 rt)`.
+            return unsafe {
+                launch!(
+                    self,
+                    FP8,
+                    format!("fp8_gemvt_{}_{}", A::NAME, O::NAME),
+                    cfg,
+                    [pq, ptr(w.scales), ptr(w.row_scale), px, ptr_mut(out), m32, k32, n32, rt32]
+                )
+            };
+        }
         let (name, nr) = form.kernel::<A, O>(mm, n)?;
         let cfg = LaunchConfig {
             // 8 warps a block, nr weight rows a warp.
@@ -512,6 +583,16 @@ impl CudaKernels {
 #[cfg(test)]
 mod tests {
     use super::{Fp8GemvConv, Fp8GemvForm};
+
+    #[test]
+    fn tc_tiles_by_shape() {
+        use super::fp8_gemv_tc_tiles as t;
+        // About 4 scale blocks a warp: k 2048 (16) → 2 tiles, 4096 → 1, 512 → 8.
+        assert_eq!((t(12352, 2048, 132), t(2048, 4096, 132), t(151_936, 512, 132)), (2, 1, 8));
+        // Fewer tiles while the grid is below the SMs: [4096, 2048] 128 blocks at 2 → 1.
+        assert_eq!((t(4096, 2048, 132), t(1024, 2048, 132), t(130, 16, 132)), (1, 1, 1));
+        assert_eq!(t(4096, 2048, 100), 2);
+    }
 
     #[test]
     fn rows_a_warp_by_shape() {

@@ -67,18 +67,19 @@ impl CudaKernels {
 
     /// Whether [`CudaKernels::norm_fp8_gemv`] takes this shape: what [`CudaKernels::fp8_gemv`]
     /// takes at most [`NORM_GEMV_MAX_ROWS`] rows, output in `A`, the normalised rows within its
-    /// shared memory, and the process on the default FP8 GEMV form (the one the fused kernels
-    /// reproduce).
+    /// shared memory, and the process on the default FP8 GEMV form or [`Fp8GemvForm::FMA`] (the
+    /// fused kernels reproduce the FMA form's bits; the default tensor-core form sums in
+    /// another order, so with it the fused and the separate launches differ in f32 rounding).
     pub fn norm_fp8_gemv_fits<A: CudaFloat>(m: usize, k: usize) -> bool {
         Self::fp8_gemv_fits::<A, A>(m, k)
             && m <= NORM_GEMV_MAX_ROWS
             && m.saturating_mul(k).saturating_mul(std::mem::size_of::<A>()) <= NORM_GEMV_SMEM
-            && Fp8GemvForm::of_process() == Fp8GemvForm::AUTO
+            && matches!(Fp8GemvForm::of_process(), Fp8GemvForm::AUTO | Fp8GemvForm::FMA)
     }
 
     /// `normed = rms_norm(x)` and `out = normed · Wᵀ` with an FP8 weight in one launch, bit for
     /// bit what [`CudaKernels::rms_norm`] followed by [`CudaKernels::fp8_gemv`] computes in the
-    /// default form (fp8_norm.cu).
+    /// form [`Fp8GemvForm::FMA`] (fp8_norm.cu).
     ///
     /// # Shapes
     /// `x`: `[m, k]` f32, `norm_w`: `[k]`, `w`: `[n, k]`, `out`: `[m, n]`, `normed`: `[m, k]`
