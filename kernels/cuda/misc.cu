@@ -124,23 +124,52 @@ __device__ __forceinline__ void add_rms_norm_impl(float* __restrict__ x, const T
 
 // Gated RMSNorm with SiLU(z) (norm.cu's gated formula) reading z in place from the
 // in-projection output: row ρ = token·hv + head of x [t·hv, d] uses
-// z = p[token·pw + zoff + head·d ..]. One block per row.
+// z = p[token·pw + zoff + head·d ..]. One warp per row, GNZ_ROWS rows a block: the rows are
+// short (d = 128 in Qwen3-Next), and a block per row (the former shape: 131,072 blocks of 128
+// threads at a 4k prefill, two barriers each) left the kernel bound by block scheduling
+// rather than by memory. Lane l sums x² over i = l, l + 32, … in that order (held in
+// registers up to 32·GNZ_NPT values, else read twice; the same sums either way), then a
+// butterfly warp sum; no barrier.
+#define GNZ_ROWS 8
+#define GNZ_NPT 8
 template <typename T>
 __device__ __forceinline__ void gated_norm_z_impl(const T* __restrict__ x, const T* __restrict__ p, const T* __restrict__ w,
-                                                  T* __restrict__ out, u32 d, float eps, u32 hv, u32 pw, u32 zoff) {
-    __shared__ float sh[32];
-    const u64 r = blockIdx.x;
+                                                  T* __restrict__ out, u32 d, float eps, u32 hv, u32 pw, u32 zoff,
+                                                  u32 rows) {
+    const u32 lane = threadIdx.x & 31u;
+    const u64 r = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // warp-uniform
     const T* xr = x + r * d;
     const T* zr = p + (r / hv) * pw + zoff + (r % hv) * d;
     T* orow = out + r * d;
+    const float inv_d = 1.0f / (float)d;
+    if (d <= 32u * GNZ_NPT) {
+        float v[GNZ_NPT];
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < GNZ_NPT; ++j) {
+            const u32 i = lane + 32u * j;
+            v[j] = i < d ? to_f(xr[i]) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < GNZ_NPT; ++j) ss += v[j] * v[j];
+        ss = warp_sum(ss);
+        const float rs = 1.0f / sqrtf(ss * inv_d + eps);
+#pragma unroll
+        for (int j = 0; j < GNZ_NPT; ++j) {
+            const u32 i = lane + 32u * j;
+            if (i < d) orow[i] = from_f<T>((v[j] * rs * to_f(w[i])) * silu_f(to_f(zr[i])));
+        }
+        return;
+    }
     float ss = 0.0f;
-    for (u32 i = threadIdx.x; i < d; i += blockDim.x) {
+    for (u32 i = lane; i < d; i += 32u) {
         const float v = to_f(xr[i]);
         ss += v * v;
     }
-    ss = block_sum(ss, sh, threadIdx.x, blockDim.x);
-    const float rs = 1.0f / sqrtf(ss * (1.0f / (float)d) + eps);
-    for (u32 i = threadIdx.x; i < d; i += blockDim.x) {
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss * inv_d + eps);
+    for (u32 i = lane; i < d; i += 32u) {
         orow[i] = from_f<T>((to_f(xr[i]) * rs * to_f(w[i])) * silu_f(to_f(zr[i])));
     }
 }
@@ -193,9 +222,10 @@ __device__ __forceinline__ void shared_expert_add_f32g_impl(float* __restrict__ 
                                                      int zc) { porter_pdl_enter();                                                         \
         add_rms_norm_impl<float, T>(x, y, w, out, d, eps, zc);                                                       \
     }                                                                                                                  \
-    extern "C" __global__ void gated_norm_z_##N(const T* x, const T* p, const T* w, T* out, u32 d, float eps, u32 hv,  \
-                                                u32 pw, u32 zoff) { porter_pdl_enter();                                                    \
-        gated_norm_z_impl<T>(x, p, w, out, d, eps, hv, pw, zoff);                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * GNZ_ROWS) gated_norm_z_##N(const T* x, const T* p, const T* w,  \
+                                                T* out, u32 d, float eps, u32 hv, u32 pw, u32 zoff, u32 rows) {       \
+        porter_pdl_enter();                                                                                            \
+        gated_norm_z_impl<T>(x, p, w, out, d, eps, hv, pw, zoff, rows);                                              \
     }                                                                                                                  \
     extern "C" __global__ void swiglu_f32in_##N(const float* src, T* out, u64 rows, u32 inter, u32 stride, u32 col0) { porter_pdl_enter(); \
         swiglu_f32in_impl<T>(src, out, rows, inter, stride, col0);                                                   \

@@ -695,6 +695,10 @@ fn cuda_gated_norm_z() {
     gated_norm_z_case::<f32>(&k, &mut rng, 3, LIN_HV, LIN_D);
     gated_norm_z_case::<bf16>(&k, &mut rng, 17, LIN_HV, LIN_D);
     gated_norm_z_case::<half::f16>(&k, &mut rng, 2, 3, 50);
+    // A warp a row: rows not a multiple of a block's 8, a row wider than the 256 values
+    // held in registers (the loop), and the 80B layer at a 4k prefill.
+    gated_norm_z_case::<bf16>(&k, &mut rng, 3, 5, 300);
+    gated_norm_z_case::<bf16>(&k, &mut rng, 4096, LIN_HV, LIN_D);
 }
 
 fn gemv_case<A: CudaFloat, O: CudaFloat>(k: &CudaKernels, rng: &mut Rng, m: usize, kk: usize, n: usize) {

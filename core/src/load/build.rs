@@ -8,6 +8,7 @@ use crate::load::config::check_act_device;
 use crate::load::shard::ShardAxis;
 use crate::load::weight_map::Weights;
 use crate::nn::*;
+use crate::tensor::Tensor;
 
 pub fn linear(w: &mut Weights, slot: &str) -> Result<Linear> {
     let reduce = row_parallel(w, slot);
@@ -119,6 +120,7 @@ pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool, ac
     } else {
         (w.take_packed(&parts)?, None)
     };
+    let input = pad_rows(input, MOE_INPUT_ROW_ALIGN)?;
     // Tensor parallelism: the routed and shared partial outputs are summed once, by the MoE.
     let reduce = row_parallel(w, &format!("{prefix}.down_proj"));
     let shared = if has_shared {
@@ -145,6 +147,20 @@ pub fn moe(w: &mut Weights, prefix: &str, top_k: usize, norm_topk_prob: bool, ac
     };
     m.check()?;
     Ok(m)
+}
+
+/// `t` (`[n, ...]`) with zero rows appended up to a multiple of `align` rows. An FP8 weight
+/// stays as it is (its blocks of 128 rows are scaled together).
+fn pad_rows(t: Tensor, align: usize) -> Result<Tensor> {
+    let n = t.dim(0);
+    let pad = n.next_multiple_of(align) - n;
+    if pad == 0 || t.is_fp8() {
+        return Ok(t);
+    }
+    let mut shape = t.shape().to_vec();
+    shape[0] = pad;
+    let zeros = Tensor::zeros(shape, t.dtype()).into_device(t.device())?;
+    Tensor::concat_rows(&[&t, &zeros])
 }
 
 /// Gated DeltaNet at `P.in_proj_qkvz` and `P.in_proj_ba` (packed into one projection),

@@ -14,6 +14,10 @@ pub struct SharedExpert {
     pub down: Linear,
 }
 
+/// The load pads a dense MoE input projection with zero rows up to a multiple of this
+/// (see [`Moe`]'s `input`).
+pub const MOE_INPUT_ROW_ALIGN: usize = 8;
+
 /// Sparse mixture of experts: softmax router → top-k → optional renormalisation, experts
 /// evaluated on the rows routed to them (grouped by expert), plus an optional shared expert.
 /// Every expert (and the shared expert) is `down(act(gate·x) · up·x)` with the config's
@@ -24,7 +28,11 @@ pub struct SharedExpert {
 ///   gate]` packed at load (just `[E, hidden]`, the router, without a shared expert): one
 ///   f32-output GEMM serves all four. With `shared_in` (an FP8 shared expert next to a bf16
 ///   router) `input` is `[router; shared expert gate]` (`[E + 1, hidden]`) and `shared_in`
-///   `[shared gate; shared up]` (`[2·I_s, hidden]`)
+///   `[shared gate; shared up]` (`[2·I_s, hidden]`). A dense `input` may carry zero rows
+///   after these, up to a multiple of [`MOE_INPUT_ROW_ALIGN`] (the load pads it: an odd
+///   width of the f32 product, 1,537 columns at the 80B shapes, makes cuBLAS take its
+///   unaligned kernels); every reader of the product takes its columns by position and its
+///   row stride from its width, so the pad columns are never read
 /// - `gate`, `up`: `[E, inter, hidden]`, `down`: `[E, hidden, inter]`
 /// - input `[T, hidden]` → output `[T, hidden]`
 #[derive(Debug, Clone)]
@@ -57,7 +65,11 @@ impl Moe {
         }
         let rows = e + self.shared.as_ref().map_or(0, |s| 2 * s.inter + 1);
         let apart = self.shared_in.as_ref().map_or(0, |t| t.dim(0));
-        if self.input.dim(0) + apart != rows
+        // The input's own rows, then (dense) its zero pad.
+        let own = rows.saturating_sub(apart);
+        let padded = self.input.dim(0) == own.next_multiple_of(MOE_INPUT_ROW_ALIGN) && !self.input.is_fp8();
+        if (self.input.dim(0) != own && !padded)
+            || apart > rows
             || (apart != 0 && self.shared.as_ref().is_none_or(|s| apart != 2 * s.inter))
         {
             bail!(Shape, "MoE input projection has {} rows, expected {rows}", self.input.dim(0));
@@ -290,5 +302,31 @@ mod tests {
         let mut bad = m.clone();
         bad.experts = 3;
         assert!(is_shape(&bad.check()));
+    }
+
+    /// The load's zero pad of the input projection (11 rows → 16): accepted by `check`, the
+    /// same output as without it (the pad columns of the product are never read), with and
+    /// without the shared expert; any other row count is refused.
+    #[test]
+    fn zero_padded_input_projection_gives_the_same_output() {
+        let mut rng = Rng::new(57);
+        for shared in [Some(3), None] {
+            let m = block(&mut rng, 5, 2, true, shared);
+            let rows = m.input.dim(0);
+            let x = rng.tensor(&[6, H], 1.0);
+            let want = m.forward(&x).unwrap();
+            for pad in 1..=2 * MOE_INPUT_ROW_ALIGN {
+                let mut p = m.clone();
+                let zeros = Tensor::zeros([pad, H], m.input.dtype());
+                p.input = Tensor::concat_rows(&[&m.input, &zeros]).unwrap();
+                if (rows + pad) != rows.next_multiple_of(MOE_INPUT_ROW_ALIGN) {
+                    assert!(is_shape(&p.check()), "{rows} rows + {pad} of pad accepted");
+                    continue;
+                }
+                p.check().unwrap();
+                assert_eq!(vals(&p.forward(&x).unwrap()), vals(&want), "{rows} rows padded by {pad}");
+                assert_tensor(&format!("padded {shared:?}"), &p.forward(&x).unwrap(), &moe(&vals(&x), &p));
+            }
+        }
     }
 }

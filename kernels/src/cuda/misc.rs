@@ -233,17 +233,23 @@ impl CudaKernels {
             return Ok(());
         }
         let (d32, hv32, pw32, z32) = (u32_of("d", d)?, u32_of("hv", hv)?, u32_of("pw", pw)?, u32_of("zoff", zoff)?);
-        let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
-        // SAFETY: matches gated_norm_z_<T>; sizes checked; one block per row.
+        let rows32 = u32_of("rows", rows)?;
+        // One warp a row, GATED_NORM_Z_ROWS rows a block (misc.cu).
+        let cfg = LaunchConfig {
+            grid_dim: (rows32.div_ceil(GATED_NORM_Z_ROWS), 1, 1),
+            block_dim: (32 * GATED_NORM_Z_ROWS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches gated_norm_z_<T>; sizes checked; rows past `rows` return.
         // Kernel: `gated_norm_z_<T>(const T* x, const T* p, const T* w, T* out, u32 d, float eps, u32 hv, u32 pw,
-        // u32 zoff)`.
+        // u32 zoff, u32 rows)`.
         unsafe {
             launch!(
                 self,
                 MISC,
                 format!("gated_norm_z_{}", T::NAME),
                 cfg,
-                [ptr(x), ptr(p), ptr(w), ptr_mut(out), d32, eps, hv32, pw32, z32]
+                [ptr(x), ptr(p), ptr(w), ptr_mut(out), d32, eps, hv32, pw32, z32, rows32]
             )
         }
     }
@@ -459,6 +465,9 @@ impl CudaKernels {
         }
     }
 }
+
+/// Rows (warps) per block of `gated_norm_z` (`GNZ_ROWS` in misc.cu).
+const GATED_NORM_Z_ROWS: u32 = 8;
 
 /// cuBLAS on the stream of a [`CudaKernels`]: `out = x · wᵀ` with f32 accumulation.
 #[derive(Debug)]
