@@ -64,7 +64,15 @@ fn cuda_moe_router() {
     router_case(&k, &logits, 8, 8, false, "E=8 k=8");
     let logits = rng.vec(3 * 60, 2.0);
     router_case(&k, &logits, 60, 4, true, "E=60 k=4 (Qwen3-MoE-like)");
-    // Larger expert counts (more entries than threads per row).
+    // The one-warp form's edges (e ≤ 512): a partly filled last register, one expert more
+    // than a warp, k = 16 at e = 512.
+    let logits = rng.vec(3 * 500, 3.0);
+    router_case(&k, &logits, 500, 10, true, "E=500 k=10 (warp form, partial registers)");
+    let logits = rng.vec(2 * 33, 3.0);
+    router_case(&k, &logits, 33, 16, false, "E=33 k=16 (warp form)");
+    let logits = rng.vec(2 * EXPERTS, 3.0);
+    router_case(&k, &logits, EXPERTS, 16, true, "E=512 k=16 (warp form)");
+    // Larger expert counts (more entries than threads per row; the block form beyond 512).
     let logits = rng.vec(3 * 1024, 3.0);
     router_case(&k, &logits, 1024, 16, true, "E=1024 k=16");
     let logits = rng.vec(3 * 1500, 3.0);

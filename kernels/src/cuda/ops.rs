@@ -14,6 +14,11 @@ pub const ROUTER_MAX_K: usize = 16;
 /// memory holds one `f32` per expert, within the default 48 KiB).
 pub const ROUTER_MAX_E: usize = 8192;
 
+/// Up to this many experts the router runs one warp a row (`moe_router_warp_f32`, the
+/// selections as warp shuffles; router.cu's `ROUTER_WARP_J` × 32); beyond, one block a row.
+/// `PORTER_ROUTER_BLOCK` (any value) keeps the block form for A/B.
+pub const ROUTER_WARP_E: usize = 512;
+
 /// Which RMSNorm formula [`CudaKernels::rms_norm`] applies (`porter_core::nn::NormKind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RmsNormKind {
@@ -379,9 +384,24 @@ impl CudaKernels {
             return Ok(());
         }
         let (e32, k32, rn) = (u32_of("e", e)?, u32_of("k", k)?, i32::from(renorm));
+        let st32 = u32_of("stride", stride)?;
+        if e <= ROUTER_WARP_E && k <= 32 && std::env::var_os("PORTER_ROUTER_BLOCK").is_none() {
+            let cfg = rows_cfg(rows, 32, 0)?;
+            // SAFETY: arguments match `moe_router_warp_f32` in router.cu (the same list as
+            // `moe_router_f32`); lengths, k ≤ min(e, 16) and e ≤ ROUTER_WARP_E checked; one
+            // warp a row.
+            return unsafe {
+                launch!(
+                    self,
+                    ROUTER,
+                    "moe_router_warp_f32",
+                    cfg,
+                    [ptr(logits), ptr_mut(idx), ptr_mut(weights), e32, k32, rn, st32]
+                )
+            };
+        }
         let shared = u32_of("shared memory", e * 4)?;
         let cfg = rows_cfg(rows, row_threads(e, 256), shared)?;
-        let st32 = u32_of("stride", stride)?;
         // SAFETY: arguments match `moe_router_f32` in router.cu; lengths and
         // k, e limits checked; dynamic shared memory holds e floats.
         // Kernel: `moe_router_f32(const float* logits, u32* idx, float* weights, u32 e, u32 k, int renorm,
