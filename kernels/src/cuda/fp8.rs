@@ -26,10 +26,15 @@ pub const FP8_BLOCK: usize = 128;
 /// rows a warp takes (e.g. `hw:2`; default by the row count, [`Fp8GemvForm::rows`]).
 pub const FP8_GEMV_ENV: &str = "PORTER_FP8_GEMV";
 
+/// From this many weight elements (`n · k`) on, [`Fp8GemvConv::Auto`] takes the FMA form for
+/// a single row of `x` (measured faster there), the tensor-core form otherwise.
+pub const FP8_GEMV_FMA_M1_MIN: usize = 16 << 20;
+
 /// How the FP8 decode GEMV turns e4m3 bytes into products (kernels/cuda/fp8.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fp8GemvConv {
-    /// [`Fp8GemvConv::Tc`] where it fits ([`CudaKernels::fp8_gemv_tc_fits`]), else
+    /// [`Fp8GemvConv::Tc`] where it fits ([`CudaKernels::fp8_gemv_tc_fits`]) but for one row
+    /// of `x` over a weight of [`FP8_GEMV_FMA_M1_MIN`] elements or more, else
     /// [`Fp8GemvConv::Fma`].
     Auto,
     /// Tensor cores (fp8_gemvt.cu): the weight rows the M side of bf16 / f16 MMAs, the rows of
@@ -307,7 +312,12 @@ impl CudaKernels {
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
         let tc = self.fp8_gemv_tc_fits::<A>();
         let form = match form.conv {
-            Fp8GemvConv::Auto if tc => Fp8GemvForm::TC,
+            // One row of a large weight streams faster through the FMA form (H200, session 13:
+            // [12352, 2048] 8.9 against 11.1 µs, lm_head 74.9 against 87.1); from two rows on,
+            // and for the smaller weights, the tensor-core form wins (it is flat in m). The
+            // choice depends on m, so a row's bits may differ between batch sizes: callers
+            // that must be batch-invariant name a form ([`Fp8GemvForm::TC`]).
+            Fp8GemvConv::Auto if tc && !(m == 1 && n * k >= FP8_GEMV_FMA_M1_MIN) => Fp8GemvForm::TC,
             Fp8GemvConv::Auto => Fp8GemvForm { conv: Fp8GemvConv::Fma, ..form },
             _ => form,
         };

@@ -3,9 +3,9 @@
 //! ([`CudaKernels::moe_experts_fp8`]): the scratch layout, the grouping, and the forms of the
 //! GEMVs ([`MoeGemv`]):
 //! - direct (up to [`DIRECT_MAX_PAIRS`] pairs): two launches without any grouping, a pair its
-//!   own slot, the combine inside the down kernel; by default its down-L2 variant
-//!   ([`MoeGemv::DirectL2`]: the gate+up launch also asks the routed experts' down weights into
-//!   L2, so that they stream from HBM with the gate / up rows);
+//!   own slot, the combine inside the down kernel; its down-L2 variant ([`MoeGemv::DirectL2`]:
+//!   the gate+up launch also asks the routed experts' down weights into L2) is opt-in, measured
+//!   slower on the H200;
 //! - v1 (the default beyond): two persistent launches over the pairs grouped by expert (each
 //!   routed expert's rows streamed once), gate+up then down + combine;
 //! - v2: one persistent launch for gate+up, down and the combine, its work items handed out
@@ -140,8 +140,8 @@ const GU_STORE_LISTS: i32 = 2;
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoeGemv {
-    /// Up to [`DIRECT_MAX_PAIRS`] pairs [`MoeGemv::DirectL2`] (or, with [`MOE_DOWN_ENV`] set,
-    /// [`MoeGemv::Direct`] / [`MoeGemv::DirectLegacy`] as it says), else V1.
+    /// Up to [`DIRECT_MAX_PAIRS`] pairs [`MoeGemv::DirectLegacy`] (or, with [`MOE_DOWN_ENV`]
+    /// set, [`MoeGemv::Direct`] as it says), else V1.
     Auto,
     /// Two launches without grouping: one warp per (pair, inter column) for gate+up, one per
     /// (row, hidden column) for down over the row's k pairs with the combine (its rows
@@ -209,11 +209,10 @@ impl MoeGemv {
 
     /// The form that runs for `n` pairs with `env` ([`MOE_DOWN_ENV`]: direct, v1 legacy; `None`:
     /// unset, [`DOWN_DEFAULT`] for `Auto`, the named kernel for an explicit form) applied.
-    /// The default (`Auto`, variable unset) is [`MoeGemv::DirectL2`] where the direct form runs.
+    /// The default (`Auto`, variable unset) is [`MoeGemv::DirectLegacy`] where the direct form
+    /// runs: [`MoeGemv::DirectL2`] measured slower at every t on the H200 (session 13: t = 1
+    /// bf16 32.9 against 28.6 µs, FP8 25.1 against 23.2), so it stays opt-in.
     fn resolve_down(self, n: usize, env: Option<(bool, bool)>) -> Self {
-        if self == MoeGemv::Auto && env.is_none() && n <= DIRECT_MAX_PAIRS {
-            return MoeGemv::DirectL2;
-        }
         let legacy = env.unwrap_or(if self == MoeGemv::Auto { DOWN_DEFAULT } else { (false, false) });
         match self.resolve(n) {
             MoeGemv::Direct if legacy.0 => MoeGemv::DirectLegacy,
@@ -707,8 +706,8 @@ mod tests {
         assert_eq!(v("stream"), Ok(Some((false, false))));
         assert_eq!(v("old"), Err("old".to_string()));
         // Unset: the default for Auto, the named kernel for an explicit form.
-        assert_eq!(MoeGemv::Auto.resolve_down(10, None), MoeGemv::DirectL2);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS, None), MoeGemv::DirectL2);
+        assert_eq!(MoeGemv::Auto.resolve_down(10, None), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS, None), MoeGemv::DirectLegacy);
         assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, None), MoeGemv::V1);
         assert_eq!(MoeGemv::Direct.resolve_down(10, None), MoeGemv::Direct);
     }

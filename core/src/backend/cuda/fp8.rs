@@ -26,7 +26,7 @@ use crate::tensor::dtype::DType;
 use crate::tensor::{Storage, Tensor};
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
-use porter_kernels::cuda::{CudaKernels, MoeGemv, GEMV_MAX_ROWS, MOE_PHASES_ALL};
+use porter_kernels::cuda::{CudaKernels, Fp8GemvForm, MoeGemv, GEMV_MAX_ROWS, MOE_PHASES_ALL};
 
 /// Environment variable choosing the FP8 prefill GEMM ([`Fp8Gemm`]): `dequant`, `tc` or
 /// `mma8`; unset or empty: [`DENSE_DEFAULT`] (or [`Fp8Gemm::Tc`] up to [`DENSE_TC_MAX_ROWS`]
@@ -141,7 +141,15 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
                 let r = G.min(m - r0);
                 let xv = xs.slice(r0 * k..(r0 + r) * k);
                 let mut ov = out.slice_mut(r0 * n..(r0 + r) * n);
-                g.k.fp8_gemv::<A, O>(&xv, w.view(), &mut ov, r).map_err(cuda_err)?;
+                if crate::tensor::cuda::batch_invariant(A::DTYPE)
+                    && Fp8GemvForm::of_process() == Fp8GemvForm::AUTO
+                    && g.k.fp8_gemv_tc_fits::<A>()
+                {
+                    // The default form depends on the row count; batch-invariant runs take one.
+                    g.k.fp8_gemv_with::<A, O>(&xv, w.view(), &mut ov, r, Fp8GemvForm::TC).map_err(cuda_err)?;
+                } else {
+                    g.k.fp8_gemv::<A, O>(&xv, w.view(), &mut ov, r).map_err(cuda_err)?;
+                }
             }
             Ok(true)
         }
