@@ -456,8 +456,8 @@ template <typename T> struct Fp8Mat {
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_fp8_##NAME(                 \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \
-        u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged) { porter_pdl_enter();                                           \
-        dir_down_impl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, vec, staged); \
+        u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged) {                                           \
+        dir_down_impl_pdl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, vec, staged); \
     }
 
 // v2 gate+up chunks in flight per lane and row, routed rows per down pass (see dec_v2_impl; f32

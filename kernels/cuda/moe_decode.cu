@@ -607,9 +607,10 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
 // bit 2, the rows prefetched into L2 first (dir_prefetch_rows); bit 3, the routed rows' L2
 // priority set back to normal after use (the down-L2 form).
 template <typename T, typename M, int U>
-__device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
-                                              const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
-                                              u32 I, u32 k, int vec, int staged, const DirShared<T, M>& sh) {
+__device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const M down,
+                                                  const u32* __restrict__ idx, const float* __restrict__ wt, u32 e,
+                                                  float* __restrict__ out, u32 H, u32 I, u32 k, int vec, int staged,
+                                                  const DirShared<T, M>& sh) {
     constexpr int G = MOE_DIR_KG;
     extern __shared__ uint4 dsm_h[];
     const u32 lane = threadIdx.x & 31u;
@@ -627,6 +628,12 @@ __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M d
     // the second group's only after the first group's dots. Registers: one expert id and
     // one address a lane (no row array: the earlier try with prefetch_rows spilled).
     if ((staged & 4) && c < H) dir_prefetch_rows<T, M>(down, idx + (u64)r * k, e, H, I, k, c, sh, lane);
+    // Before the PDL wait: the prefetch above reads only weights and the router's expert ids,
+    // written two launches back (router, then gate+up, then this kernel): a kernel starts only
+    // once every block of the launch before it is past its own wait, i.e. once the launch
+    // before that one has completed. So the down rows stream into L2 during the gate+up
+    // launch's tail; h (the gate+up output) is read only after the wait.
+    porter_pdl_enter();
     if (staged & 3) {
         const u32 n16 = (staged & 1) ? k * I * (u32)sizeof(T) / 16u : 0u;
         const u32 s16 = (staged & 2) ? sh.Is * (u32)sizeof(T) / 16u : 0u;
@@ -687,11 +694,11 @@ __device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M d
 
 // Without a shared expert (moe_dir_down_*).
 template <typename T, typename M, int U>
-__device__ __forceinline__ void dir_down_impl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
-                                              const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
-                                              u32 I, u32 k, int vec, int staged) {
+__device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const M down,
+                                                  const u32* __restrict__ idx, const float* __restrict__ wt, u32 e,
+                                                  float* __restrict__ out, u32 H, u32 I, u32 k, int vec, int staged) {
     DirShared<T, M> none{};
-    dir_down_impl<T, M, U>(h, down, idx, wt, e, out, H, I, k, vec, staged, none);
+    dir_down_impl_pdl<T, M, U>(h, down, idx, wt, e, out, H, I, k, vec, staged, none);
 }
 
 // ---------------------------------------------------------------------------
@@ -839,8 +846,8 @@ __device__ __forceinline__ void dec_v2_impl(const T* __restrict__ x, const M gat
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_##NAME(                       \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \
-        int vec, int staged) { porter_pdl_enter();                                                                                    \
-        dir_down_impl<T, DenseMat<T>, DIR_U>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged);      \
+        int vec, int staged) {                                                                                    \
+        dir_down_impl_pdl<T, DenseMat<T>, DIR_U>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged);      \
     }
 
 // v2 chunks in flight per lane and row (gate+up, down; see dec_v2_impl); the direct down

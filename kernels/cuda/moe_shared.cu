@@ -98,8 +98,8 @@ MOE_DS_ENTRY(f16, f16)
     }                                                                                                                \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_sh_##NAME(                      \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, \
-        int staged, const T* sdown, MOE_SH_DOWN_ARGS(T)) { porter_pdl_enter();                                                              \
-        dir_down_impl<T, DenseMat<T>, DIR_U>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged,           \
+        int staged, const T* sdown, MOE_SH_DOWN_ARGS(T)) {                                                              \
+        dir_down_impl_pdl<T, DenseMat<T>, DIR_U>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged,           \
                                          MOE_SH_DOWN(T, DenseMat<T>, DenseMat<T>{sdown}));                             \
     }
 
@@ -121,8 +121,8 @@ MOE_SH_ENTRY(f16, f16, 2)
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_sh_fp8_##NAME(                  \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,     \
         u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged, const unsigned char* sdown, const float* sds,   \
-        const u32* sdrs, MOE_SH_DOWN_ARGS(T)) { porter_pdl_enter();                                                                         \
-        dir_down_impl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, vec, staged,       \
+        const u32* sdrs, MOE_SH_DOWN_ARGS(T)) {                                                                         \
+        dir_down_impl_pdl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, vec, staged,       \
                                        MOE_SH_DOWN(T, Fp8Mat<T>, FP8_MAT(T, sdown, sds, sdrs, Is)));                   \
     }
 
