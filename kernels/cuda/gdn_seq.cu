@@ -236,7 +236,7 @@ __device__ __forceinline__ bool delta_span_ok(const u32* sp, u32 t, u32 num_slot
 }
 
 template <typename T, int R>
-__device__ __forceinline__ void gdn_delta_seq_impl(const float* __restrict__ qkv, const float* __restrict__ g,
+__device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__ qkv, const float* __restrict__ g,
                                                    const float* __restrict__ beta, float* __restrict__ state,
                                                    const u32* __restrict__ spans, T* __restrict__ out, u32 t,
                                                    u32 hk, u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P,
@@ -254,8 +254,23 @@ __device__ __forceinline__ void gdn_delta_seq_impl(const float* __restrict__ qkv
     const u32* sp = spans + 5 * blockIdx.z;
     const u32 row0 = sp[0], len = sp[1], slot = sp[2], src = sp[3], snap = sp[4];
     const u64 rw = 2ull * hk * dk + (u64)hv * dv;  // qkv row width
+    const bool span_ok = delta_span_ok(sp, t, num_slots, nbuf);
 
-    if (!delta_span_ok(sp, t, num_slots, nbuf)) {
+    const u64 hs = (u64)dk * dv;  // one head's state
+    const u64 bufs = (u64)hv * hs;  // one buffer
+    float* slot_base = state + (u64)slot * nbuf * bufs + (u64)j * hs;
+
+    // The state rows come in before the PDL wait: they were written by an earlier step (or a
+    // state copy at least two launches back: in_proj and conv + gates run between), never by
+    // the launch just before, which is the only one a kernel may overlap (a kernel starts
+    // once every block of the launch before it is past its own wait). spans is per-step
+    // metadata uploaded before the step. q, k, v, g and beta (conv + gates, the launch before)
+    // are read after the wait, and nothing is written before it.
+    float S[R];
+    if (span_ok && len != 0) load_rows<R>(S, slot_base + (u64)src * bufs, active, part, dk, dv, c);
+    porter_pdl_enter();
+
+    if (!span_ok) {
         if (part == 0 && active) {
             const u64 e = (u64)row0 + len < t ? (u64)row0 + len : t;
             for (u64 r = row0; r < e; ++r) out[(r * hv + j) * dv + c] = from_f<T>(PORTER_NAN);
@@ -271,13 +286,6 @@ __device__ __forceinline__ void gdn_delta_seq_impl(const float* __restrict__ qkv
     float* vs = ks + DS_TT * ts;    // [DS_TT][cb]
     float* as = vs + DS_TT * cb;    // [DS_TT]
     float* bs = as + DS_TT;         // [DS_TT]
-
-    const u64 hs = (u64)dk * dv;  // one head's state
-    const u64 bufs = (u64)hv * hs;  // one buffer
-    float* slot_base = state + (u64)slot * nbuf * bufs + (u64)j * hs;
-
-    float S[R];
-    load_rows<R>(S, slot_base + (u64)src * bufs, active, part, dk, dv, c);
 
     for (u32 t0 = 0; t0 < len; t0 += DS_TT) {
         const u32 tl = len - t0 < DS_TT ? len - t0 : DS_TT;
@@ -373,8 +381,8 @@ __device__ __forceinline__ void gdn_delta_seq_impl(const float* __restrict__ qkv
 #define GDN_DELTA_SEQ(T, NAME, R)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256) gdn_delta_seq_r##R##_##NAME(                                 \
         const float* qkv, const float* g, const float* beta, float* state, const u32* spans, T* out, u32 t, u32 hk, \
-        u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P, float q_scale) { porter_pdl_enter();                                   \
-        gdn_delta_seq_impl<T, R>(qkv, g, beta, state, spans, out, t, hk, hv, dk, dv, num_slots, nbuf, P, q_scale);  \
+        u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P, float q_scale) {                                   \
+        gdn_delta_seq_impl_pdl<T, R>(qkv, g, beta, state, spans, out, t, hk, hv, dk, dv, num_slots, nbuf, P, q_scale);  \
     }
 #define GDN_DELTA_SEQ_ALL(R) GDN_DELTA_SEQ(float, f32, R) GDN_DELTA_SEQ(bf16, bf16, R) GDN_DELTA_SEQ(f16, f16, R)
 GDN_DELTA_SEQ_ALL(16)
