@@ -88,7 +88,7 @@ __device__ __forceinline__ void conv_window_update(const T* __restrict__ x, u32 
 }
 
 template <typename T>
-__device__ __forceinline__ void gdn_conv_gates_seq_impl(const T* __restrict__ x, u32 x_stride,
+__device__ __forceinline__ void gdn_conv_gates_seq_impl_pdl(const T* __restrict__ x, u32 x_stride,
                                                         const float* __restrict__ w, float* __restrict__ window,
                                                         const u32* __restrict__ spans, float* __restrict__ out,
                                                         const float* __restrict__ a_log,
@@ -100,6 +100,7 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl(const T* __restrict__ x,
     const u32 r0 = blockIdx.x * rows;
     const u32 nr = t - r0 < rows ? t - r0 : rows;  // rows of this tile (r0 < t)
     if (blockIdx.y == gridDim.y - 1) {  // the gates of the tile's rows
+        porter_pdl_enter();  // ba: in_proj's output, the launch before
         for (u32 i = tid; i < nr * hv; i += blockDim.x) {
             const u32 r = r0 + i / hv, hh = i % hv;
             const T* row = ba + (u64)r * ba_stride + ba_col;
@@ -124,10 +125,15 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl(const T* __restrict__ x,
     }
     __syncthreads();
     const u32 ch = blockIdx.y * blockDim.x + tid;
-    if (ch >= c) return;
     float wr[CONV_MAXK];
 #pragma unroll
-    for (u32 i = 0; i < CONV_MAXK; ++i) wr[i] = i < k ? w[(u64)ch * k + i] : 0.0f;
+    for (u32 i = 0; i < CONV_MAXK; ++i) wr[i] = ch < c && i < k ? w[(u64)ch * k + i] : 0.0f;
+    // Up to here only per-step metadata (spans, uploaded before the step) and weights were
+    // read, and only shared memory written: all of it may overlap the launch before (in_proj,
+    // whose output x is read below) under PDL. The window (this kernel's own state) and every
+    // global write come after the wait.
+    porter_pdl_enter();
+    if (ch >= c) return;
     // Rows that read only x (and the NaN rows of invalid spans).
     for (u32 rr = 0; rr < nr; ++rr) {
         const int s = row_span[rr];
@@ -170,8 +176,8 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl(const T* __restrict__ x,
     extern "C" __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_gates_seq_##NAME(                           \
         const T* x, u32 x_stride, const float* w, float* window, const u32* spans, float* out, const float* a_log,  \
         const float* dt_bias, float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots,      \
-        const T* ba, u32 ba_stride, u32 ba_col, u32 hv, u32 rows) { porter_pdl_enter();                                                 \
-        gdn_conv_gates_seq_impl<T>(x, x_stride, w, window, spans, out, a_log, dt_bias, g, beta, t, n_spans, c, k,   \
+        const T* ba, u32 ba_stride, u32 ba_col, u32 hv, u32 rows) {                                                 \
+        gdn_conv_gates_seq_impl_pdl<T>(x, x_stride, w, window, spans, out, a_log, dt_bias, g, beta, t, n_spans, c, k,   \
                                    win, num_slots, ba, ba_stride, ba_col, hv, rows);                                               \
     }
 GDN_CONV_GATES_SEQ(float, f32)
