@@ -26,10 +26,12 @@ t dec_stream timeout 30 env PORTER_MOE_DOWN=stream $P bench $G --prefill 16 --ba
 t fp8_48 timeout 40 $P bench $F --prefill 16 --batch 1,8,64 --context 128 --steps 32
 t fp8_stream timeout 30 env PORTER_MOE_DOWN=stream $P bench $F --prefill 16 --batch 1 --context 128 --steps 32
 t ncu_b1 timeout 60 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv $P bench --device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 4 --enforce-eager --prefill 16 --context 128 --steps 2 --batch 1
+t ncu_fp8 timeout 60 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv $P bench --device cuda --dtype bf16 --config qwen3-next-80b-a3b --quantize fp8 --layers 4 --enforce-eager --prefill 16 --context 128 --steps 2 --batch 1
 t mtp timeout 25 $P bench $G --prefill 16 --batch 1 --context 128 --steps 64 --mtp-step 3
 cat $S
 grep -hE "panicked|FAILED|failed:" $L/*.log | head -20
 for f in dec dec_stream fp8_48 fp8_stream mtp; do echo "== $f"; grep -vE "^  (profile|CUDA graph)" "$L/$f.log" | grep -E "prefill|decode|mtp|rror" | head -10; done
 grep -E "summary|^  t=" $L/moe_small.log | head -40
 python3 scripts/ncu_step.py --layers 4 $L/ncu_b1.log > $L/ncu_b1_step.txt 2>&1; head -30 $L/ncu_b1_step.txt
+python3 scripts/ncu_step.py --layers 4 $L/ncu_fp8.log > $L/ncu_fp8_step.txt 2>&1; head -30 $L/ncu_fp8_step.txt
 tar czf $OUT/logs.tgz -C $OUT logs
