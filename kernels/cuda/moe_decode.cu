@@ -531,8 +531,13 @@ __device__ __forceinline__ void dir_prefetch_rows(const M& down, const u32* __re
         const u32 ex = __ldg(idx_r + j);
         if (ex < e) {
             const char* p = static_cast<const char*>(down.row((u64)ex * H + c, I).base()) + (q - j * nl) * 128u;
-            if (DEMOTE) asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(p) : "memory");
-            else asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            if (DEMOTE) {
+#if __CUDA_ARCH__ >= 800  // applypriority: sm_80+ (nothing to undo below, see dir_down_prefetch)
+                asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(p) : "memory");
+#endif
+            } else {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            }
         }
     }
     if (DEMOTE) return;  // the shared row was never asked in with evict_last
@@ -558,7 +563,11 @@ __device__ __forceinline__ void dir_down_prefetch(const unsigned char* dpf, u64 
     const unsigned char* blk = dpf + (u64)ex * dbytes;
     const u64 nl = (dbytes + 127u) / 128u;
     for (u64 l = (u64)c * 32u + lane; l < nl; l += (u64)I * 32u)
+#if __CUDA_ARCH__ >= 800  // eviction priorities: sm_80+; a plain prefetch below
         asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(blk + l * 128u));
+#else
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(blk + l * 128u));
+#endif
 }
 
 // `dpf`, `dbytes`: the down prefetch of the down-L2 form (dir_down_prefetch), for the pairs
