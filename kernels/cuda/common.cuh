@@ -43,6 +43,14 @@ __device__ __forceinline__ void porter_pdl_enter() {
 #endif
 }
 
+// A hint to bring the 128-byte line of `p` into L2 (no data returned; harmless to issue before
+// porter_pdl_enter() on data the previous kernel may write: L2 is the point of coherence).
+__device__ __forceinline__ void porter_prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#endif
+}
+
 #define PORTER_NAN __int_as_float(0x7fc00000)
 #define PORTER_NEG_INF __int_as_float(0xff800000)
 

@@ -72,24 +72,42 @@ template <typename T> __device__ __forceinline__ void fill_uniform_impl(T* __res
 }
 
 // Residual add fused with the next RMSNorm (norm.cu's formulas): per row,
-// x (f32) += y, then out = norm(x) in TO. One block per row.
+// x (f32) += y, then out = norm(x) in TO. One block per row. The whole kernel,
+// porter_pdl_enter() included: the norm weights (register path) are read and the residual
+// row x is prefetched into L2 BEFORE the wait (weights never change; an L2 prefetch is only a
+// hint: L2 is coherent, so a write by the previous kernel still wins). Bit 1 of `zc` (the
+// host's PORTER_NORM_PRELOAD=off) turns both off (A/B); bit 0 is zero-centred.
 template <typename TY, typename TO>
-__device__ __forceinline__ void add_rms_norm_impl(float* __restrict__ x, const TY* __restrict__ y, const TO* __restrict__ w,
-                                                  TO* __restrict__ out, u32 d, float eps, int zero_centred) {
+__device__ __forceinline__ void add_rms_norm_pdl(float* __restrict__ x, const TY* __restrict__ y, const TO* __restrict__ w,
+                                                 TO* __restrict__ out, u32 d, float eps, int zc) {
     __shared__ float sh[32];
     const u64 r = blockIdx.x;
     float* xr = x + r * d;
     const TY* yr = y + r * d;
     TO* orow = out + r * d;
-    if (d <= blockDim.x * NORM_NPT) {
-        // One read of the row and the weights before the reduction (as rms_norm_impl).
-        float v[NORM_NPT], wv[NORM_NPT];
+    const bool pre = (zc & 2) == 0;
+    const int zero_centred = zc & 1;
+    const bool regs = d <= blockDim.x * NORM_NPT;
+    float wv[NORM_NPT];
+    if (regs && pre) {
+#pragma unroll
+        for (int j = 0; j < NORM_NPT; ++j) {
+            const u32 i = threadIdx.x + j * blockDim.x;
+            wv[j] = i < d ? to_f(w[i]) : 0.0f;
+        }
+    }
+    if (pre)
+        for (u32 i = threadIdx.x * 32u; i < d; i += blockDim.x * 32u) porter_prefetch_l2(xr + i);
+    porter_pdl_enter();
+    if (regs) {
+        // One read of the row and the weights before the reduction (as rms_norm_pdl).
+        float v[NORM_NPT];
         float ss = 0.0f;
 #pragma unroll
         for (int j = 0; j < NORM_NPT; ++j) {
             const u32 i = threadIdx.x + j * blockDim.x;
             v[j] = i < d ? xr[i] + to_f(yr[i]) : 0.0f;
-            wv[j] = i < d ? to_f(w[i]) : 0.0f;
+            if (!pre) wv[j] = i < d ? to_f(w[i]) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < NORM_NPT; ++j) {
@@ -215,12 +233,12 @@ __device__ __forceinline__ void shared_expert_add_f32g_impl(float* __restrict__ 
         concat_cols_impl<T>(a, b, out, rows, da, db);                                                                  \
     }                                                                                                                  \
     extern "C" __global__ void add_rms_norm_##N##_##N(float* x, const T* y, const T* w, T* out, u32 d, float eps,     \
-                                                     int zc) { porter_pdl_enter();                                                         \
-        add_rms_norm_impl<T, T>(x, y, w, out, d, eps, zc);                                                           \
+                                                     int zc) {                                                                             \
+        add_rms_norm_pdl<T, T>(x, y, w, out, d, eps, zc);                                                           \
     }                                                                                                                  \
     extern "C" __global__ void add_rms_norm_f32y_##N(float* x, const float* y, const T* w, T* out, u32 d, float eps,  \
-                                                     int zc) { porter_pdl_enter();                                                         \
-        add_rms_norm_impl<float, T>(x, y, w, out, d, eps, zc);                                                       \
+                                                     int zc) {                                                                             \
+        add_rms_norm_pdl<float, T>(x, y, w, out, d, eps, zc);                                                       \
     }                                                                                                                  \
     extern "C" __global__ void __launch_bounds__(32 * GNZ_ROWS) gated_norm_z_##N(const T* x, const T* p, const T* w,  \
                                                 T* out, u32 d, float eps, u32 hv, u32 pw, u32 zoff, u32 rows) {       \

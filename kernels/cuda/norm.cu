@@ -9,21 +9,36 @@
 // A row of at most NORM_NPT (common.cuh) elements a thread is read once, with the weights, before the
 // reduction (one round trip to memory instead of two: decode runs these on a few rows, so
 // their latency is the cost); the per-thread sums keep the loop's order (same bits).
+//
+// The whole kernel, porter_pdl_enter() included: on the register path the weights are read
+// before the wait (they never change), unless bit 1 of `zc` is set (the host's
+// PORTER_NORM_PRELOAD=off, for A/B); bit 0 is zero-centred.
 template <typename TX, typename TO>
-__device__ __forceinline__ void rms_norm_impl(const TX* __restrict__ x, const TO* __restrict__ w, TO* __restrict__ out,
-                                              u32 d, float eps, int zero_centred) {
+__device__ __forceinline__ void rms_norm_pdl(const TX* __restrict__ x, const TO* __restrict__ w, TO* __restrict__ out,
+                                             u32 d, float eps, int zc) {
     __shared__ float sh[32];
     const u64 r = blockIdx.x;
     const TX* xr = x + r * d;
     TO* orow = out + r * d;
-    if (d <= blockDim.x * NORM_NPT) {
-        float v[NORM_NPT], wv[NORM_NPT];
+    const bool pre = (zc & 2) == 0, regs = d <= blockDim.x * NORM_NPT;
+    const int zero_centred = zc & 1;
+    float wv[NORM_NPT];
+    if (regs && pre) {
+#pragma unroll
+        for (int j = 0; j < NORM_NPT; ++j) {
+            const u32 i = threadIdx.x + j * blockDim.x;
+            wv[j] = i < d ? to_f(w[i]) : 0.0f;
+        }
+    }
+    porter_pdl_enter();
+    if (regs) {
+        float v[NORM_NPT];
         float ss = 0.0f;
 #pragma unroll
         for (int j = 0; j < NORM_NPT; ++j) {
             const u32 i = threadIdx.x + j * blockDim.x;
             v[j] = i < d ? to_f(xr[i]) : 0.0f;
-            wv[j] = i < d ? to_f(w[i]) : 0.0f;
+            if (!pre) wv[j] = i < d ? to_f(w[i]) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < NORM_NPT; ++j) ss += v[j] * v[j];
@@ -81,8 +96,8 @@ __device__ __forceinline__ void gated_rms_norm_impl(const TX* __restrict__ x, co
 
 #define PORTER_NORMS(NX, TX, NO, TO)                                                                           \
     extern "C" __global__ void rms_norm_##NX##_##NO(const TX* x, const TO* w, TO* out, u32 d, float eps,      \
-                                                   int zero_centred) { porter_pdl_enter();                                        \
-        rms_norm_impl<TX, TO>(x, w, out, d, eps, zero_centred);                                               \
+                                                   int zero_centred) {                                                            \
+        rms_norm_pdl<TX, TO>(x, w, out, d, eps, zero_centred);                                               \
     }                                                                                                          \
     extern "C" __global__ void gated_rms_norm_##NX##_##NO(const TX* x, const TO* z, const TO* w, TO* out, u32 d, \
                                                          float eps) { porter_pdl_enter();                                         \

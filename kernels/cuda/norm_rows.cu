@@ -1,5 +1,5 @@
 // The RMSNorm (or residual add + RMSNorm) of a few rows into shared memory, bit for bit as
-// the norm kernels (norm.cu rms_norm_impl, misc.cu add_rms_norm_impl) compute it, for the
+// the norm kernels (norm.cu rms_norm_pdl, misc.cu add_rms_norm_pdl) compute it, for the
 // GEMVs that take the norm as their prologue (norm_gemv.cu; fp8_norm.cu). Part of the misc
 // and fp8 modules (kernels/src/cuda/compile.rs); preceded by common.cuh.
 //

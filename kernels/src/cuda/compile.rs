@@ -219,6 +219,8 @@ pub(crate) static MISC: KernelSource = KernelSource {
     name: "misc.cu",
     code: concat!(
         include_str!("../../cuda/misc.cu"),
+        "\n#line 1 \"gemv_pdl.cu\"\n",
+        include_str!("../../cuda/gemv_pdl.cu"),
         "\n#line 1 \"norm_rows.cu\"\n",
         include_str!("../../cuda/norm_rows.cu"),
         "\n#line 1 \"norm_gemv.cu\"\n",

@@ -173,6 +173,28 @@ impl CudaKernels {
         eps: f32,
         kind: super::RmsNormKind,
     ) -> Result<()> {
+        self.add_rms_norm_with(norm_preload(), x, y, w, out, rows, d, eps, kind)
+    }
+
+    /// [`CudaKernels::add_rms_norm`] with the preloading (norm weights read and the residual
+    /// prefetched into L2 before the PDL wait) named: `false` is the `PORTER_NORM_PRELOAD=off`
+    /// form (A/B timing). Same bits either way.
+    ///
+    /// # Errors
+    /// As [`CudaKernels::add_rms_norm`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm_with<Y: CudaFloat, O: CudaFloat>(
+        &self,
+        preload: bool,
+        x: &mut impl DevicePtrMut<f32>,
+        y: &impl DevicePtr<Y>,
+        w: &impl DevicePtr<O>,
+        out: &mut impl DevicePtrMut<O>,
+        rows: usize,
+        d: usize,
+        eps: f32,
+        kind: super::RmsNormKind,
+    ) -> Result<()> {
         if d == 0 {
             return Err(CudaError::Invalid("add_rms_norm: d must be > 0".into()));
         }
@@ -194,7 +216,8 @@ impl CudaKernels {
         };
         let s = &*self.stream;
         let (pw, _gw) = w.device_ptr(s);
-        let (d32, zc) = (u32_of("d", d)?, i32::from(kind == super::RmsNormKind::ZeroCentred));
+        let (d32, zc) =
+            (u32_of("d", d)?, i32::from(kind == super::RmsNormKind::ZeroCentred) | if preload { 0 } else { 2 });
         let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
         // SAFETY: matches add_rms_norm_*; sizes checked; one block per row.
         // Kernel: `add_rms_norm_<O>_<O>` / `add_rms_norm_f32y_<O>(float* x, const Y* y, const O* w, O* out, u32 d,
@@ -411,15 +434,37 @@ impl CudaKernels {
         (1..=8).contains(&m) && k > 0 && k.is_multiple_of(e) && (O::NAME == A::NAME || O::NAME == "f32")
     }
 
-    /// Skinny GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` for decode (`m ≤ 8`): one launch, one to
-    /// four warps per output column (by `n` and `k` only) streaming the weight row at full
-    /// width, f32 accumulation, one rounding to `O`. Much lighter on the host than a cuBLAS call.
+    /// Skinny GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` for decode (`m ≤ 8`): one launch, f32
+    /// accumulation, one rounding to `O`. Much lighter on the host than a cuBLAS call. Takes
+    /// [`GemvKind::default_kind`]: the preloading kernel unless `PORTER_GEMV=block`.
+    ///
+    /// `w` must be a weight (nothing the previous kernel on the stream writes): the default
+    /// kernel reads it before its programmatic-dependent-launch wait.
     ///
     /// # Errors
     /// [`CudaError::Invalid`] if the shape does not fit ([`CudaKernels::gemv_fits`]), a
     /// buffer is not 16-byte aligned, or on a length mismatch.
     pub fn gemv<A: CudaFloat, O: CudaFloat>(
         &self,
+        x: &impl DevicePtr<A>,
+        w: &impl DevicePtr<A>,
+        out: &mut impl DevicePtrMut<O>,
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<()> {
+        self.gemv_as(GemvKind::default_kind(), x, w, out, m, k, n)
+    }
+
+    /// [`CudaKernels::gemv`] with the kernel named (A/B timing and tests). Both kernels give
+    /// the same bits for the same shape (same split, same per-column summation order).
+    ///
+    /// # Errors
+    /// As [`CudaKernels::gemv`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_as<A: CudaFloat, O: CudaFloat>(
+        &self,
+        kind: GemvKind,
         x: &impl DevicePtr<A>,
         w: &impl DevicePtr<A>,
         out: &mut impl DevicePtrMut<O>,
@@ -444,26 +489,66 @@ impl CudaKernels {
             return Err(CudaError::Invalid("gemv: x and w must be 16-byte aligned".into()));
         }
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
-        let split = gemv_split(n, k / (16 / std::mem::size_of::<A>()), self.caps().sms);
+        let kv = k / (16 / std::mem::size_of::<A>());
+        let split = gemv_split(n, kv, self.caps().sms);
+        let split32 = split as u32;
+        let (name, cols) = match kind {
+            GemvKind::Block => (format!("gemv_{}_{}_m{mm}", A::NAME, O::NAME), 8 / split),
+            GemvKind::Preload => (format!("gemvw_{}_{}_m{mm}_g{}", A::NAME, O::NAME, gemvw_batch(kv)), 8),
+        };
         let cfg = LaunchConfig {
-            grid_dim: (u32_of("blocks", n.div_ceil(8 / split))?, 1, 1),
+            grid_dim: (u32_of("blocks", n.div_ceil(cols))?, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let split32 = split as u32;
-        // SAFETY: matches gemv_<A>_<O>_m<mm>; sizes and alignment checked; m <= mm; split
-        // is 1, 2 or 4 (8 / split columns a block).
-        // Kernel: `gemv_<A>_<O>_m<mm>(const A* x, const A* w, O* out, u32 m, u32 k, u32 n, u32 split)`.
-        unsafe {
-            launch!(
-                self,
-                MISC,
-                format!("gemv_{}_{}_m{mm}", A::NAME, O::NAME),
-                cfg,
-                [px, pw, ptr_mut(out), m32, k32, n32, split32]
-            )
-        }
+        // SAFETY: matches gemv_<A>_<O>_m<mm> (8 / split columns a block) or
+        // gemvw_<A>_<O>_m<mm>_g<G> (8 columns a block); sizes and alignment checked;
+        // m <= mm; split is 1, 2 or 4.
+        // Kernels: `gemv_<A>_<O>_m<mm>` / `gemvw_<A>_<O>_m<mm>_g<G>(const A* x, const A* w, O* out,
+        // u32 m, u32 k, u32 n, u32 split)`.
+        unsafe { launch!(self, MISC, name, cfg, [px, pw, ptr_mut(out), m32, k32, n32, split32]) }
     }
+}
+
+/// Which decode GEMV kernel [`CudaKernels::gemv`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvKind {
+    /// `gemv_*` (misc.cu): `split` warps a column, 4 chunks a lane in flight, loads after
+    /// the PDL wait. `PORTER_GEMV=block` selects it (A/B against the default).
+    Block,
+    /// `gemvw_*` (gemv_pdl.cu, the default): one warp a column, 8 or 16 chunks a lane in
+    /// flight, the first batch loaded before the PDL wait. Same bits as `Block`.
+    Preload,
+}
+
+impl GemvKind {
+    /// `Block` with `PORTER_GEMV=block` in the environment (read once), else `Preload`.
+    pub fn default_kind() -> Self {
+        static KIND: std::sync::OnceLock<GemvKind> = std::sync::OnceLock::new();
+        *KIND.get_or_init(|| match std::env::var("PORTER_GEMV").as_deref() {
+            Ok("block") => GemvKind::Block,
+            _ => GemvKind::Preload,
+        })
+    }
+}
+
+/// Chunks a lane of `gemvw_*` keeps in flight (its `G`) for rows of `kv` 16-byte chunks: 16
+/// once a row has 16 a lane (k ≥ 4096 in bf16: the whole row in one batch, 2 blocks an SM), else 8
+/// (4 blocks an SM).
+pub(crate) fn gemvw_batch(kv: usize) -> usize {
+    if kv >= 32 * 16 {
+        16
+    } else {
+        8
+    }
+}
+
+/// Whether the one-row norms (`rms_norm`, `add_rms_norm`) read their weights (and prefetch
+/// the residual) before the PDL wait: yes unless `PORTER_NORM_PRELOAD=off` (read once). The
+/// kernels take it as bit 1 of their `zc` argument (set = off).
+pub(crate) fn norm_preload() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("PORTER_NORM_PRELOAD").as_deref() != Ok("off"))
 }
 
 /// Rows (warps) per block of `gated_norm_z` (`GNZ_ROWS` in misc.cu).
@@ -582,6 +667,8 @@ mod tests {
     fn gemv_split_by_shape() {
         let kv = |k: usize| k / 8; // bf16: 8 a chunk
         assert_eq!(gemv_split(12352, kv(2048), 132), 1);
+        assert_eq!(super::gemvw_batch(kv(2048)), 8);
+        assert_eq!(super::gemvw_batch(kv(4096)), 16);
         assert_eq!(gemv_split(151_936, kv(2048), 132), 1);
         assert_eq!(gemv_split(2048, kv(4096), 132), 4);
         assert_eq!(gemv_split(1544, kv(2048), 132), 4);

@@ -97,7 +97,7 @@ pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, Fp8MoeDec, FP8_BLOCK, FP8_GEMV_E
 pub use gdn::GDN_MAX_DK;
 pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV};
 pub use kv_quant::QuantPools;
-pub use misc::{Gemm, GEMV_MAX_ROWS};
+pub use misc::{Gemm, GemvKind, GEMV_MAX_ROWS};
 pub use moe::MoeSharedDev;
 pub use moe_decode::{MoeGemv, MOE_DOWN_ENV, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
 pub use moe_mma::{moe_dec_of_process, MoeDec, MOE_DEC_ENV};

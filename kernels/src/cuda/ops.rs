@@ -106,7 +106,8 @@ impl CudaKernels {
             return Ok(());
         }
         let d32 = u32_of("d", d)?;
-        let zc: i32 = i32::from(kind == RmsNormKind::ZeroCentred);
+        // Bit 1: PORTER_NORM_PRELOAD=off (weights read after the PDL wait).
+        let zc: i32 = i32::from(kind == RmsNormKind::ZeroCentred) | if super::misc::norm_preload() { 0 } else { 2 };
         let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
         // SAFETY: arguments match `rms_norm_<X>_<O>` in norm.cu; lengths checked.
         // Kernel: `rms_norm_<X>_<O>(const X* x, const O* w, O* out, u32 d, float eps, int zero_centred)`.
