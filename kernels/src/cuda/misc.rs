@@ -436,7 +436,7 @@ impl CudaKernels {
 
     /// Skinny GEMM `out[m, n] = x[m, k] · w[n, k]ᵀ` for decode (`m ≤ 8`): one launch, f32
     /// accumulation, one rounding to `O`. Much lighter on the host than a cuBLAS call. Takes
-    /// [`GemvKind::default_kind`]: the preloading kernel unless `PORTER_GEMV=block`.
+    /// [`GemvKind::default_kind`]: the block kernel unless `PORTER_GEMV=preload`.
     ///
     /// `w` must be a weight (nothing the previous kernel on the stream writes): the default
     /// kernel reads it before its programmatic-dependent-launch wait.
@@ -513,21 +513,28 @@ impl CudaKernels {
 /// Which decode GEMV kernel [`CudaKernels::gemv`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GemvKind {
-    /// `gemv_*` (misc.cu): `split` warps a column, 4 chunks a lane in flight, loads after
-    /// the PDL wait. `PORTER_GEMV=block` selects it (A/B against the default).
+    /// `gemv_*` (misc.cu, the default): `split` warps a column, 4 chunks a lane in flight,
+    /// loads after the PDL wait.
     Block,
-    /// `gemvw_*` (gemv_pdl.cu, the default): one warp a column, 8 or 16 chunks a lane in
-    /// flight, the first batch loaded before the PDL wait. Same bits as `Block`.
+    /// `gemvw_*` (gemv_pdl.cu; `PORTER_GEMV=preload`): one warp a column, 8 or 16 chunks a lane
+    /// in flight, the first batch loaded before the PDL wait. Same bits as `Block`. Measured
+    /// slower on the H200 (session 13): the 24-layer decode at batch 1 485.0 tok/s with
+    /// `Block` against 468.5, and 1.4–2.7× slower at m = 8 (138 registers, fewer blocks an SM).
     Preload,
 }
 
 impl GemvKind {
-    /// `Block` with `PORTER_GEMV=block` in the environment (read once), else `Preload`.
+    /// `Preload` with `PORTER_GEMV=preload` in the environment (read once), else `Block`
+    /// (another value warns once).
     pub fn default_kind() -> Self {
         static KIND: std::sync::OnceLock<GemvKind> = std::sync::OnceLock::new();
-        *KIND.get_or_init(|| match std::env::var("PORTER_GEMV").as_deref() {
-            Ok("block") => GemvKind::Block,
-            _ => GemvKind::Preload,
+        *KIND.get_or_init(|| match std::env::var("PORTER_GEMV").as_deref().map(str::trim) {
+            Ok("preload") => GemvKind::Preload,
+            Ok("block" | "") | Err(_) => GemvKind::Block,
+            Ok(other) => {
+                eprintln!("warning: PORTER_GEMV={other:?} is not block or preload; using block");
+                GemvKind::Block
+            }
         })
     }
 }
