@@ -44,12 +44,7 @@ template <> __device__ __forceinline__ void fgt_cvt<bf16>(u32 w, u32& lo, u32& h
     // bf16 multiply by 2¹²⁰, exact (every e4m3 value is a bf16 normal). No byte permutes.
     const u32 y0 = ((w << 4) & 0x07f007f0u) | ((w << 8) & 0x80008000u);
     const u32 y1 = ((w >> 4) & 0x07f007f0u) | (w & 0x80008000u);
-    const __nv_bfloat162 big = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)0x7b80u),
-                                                  __ushort_as_bfloat16((unsigned short)0x7b80u));
-    const __nv_bfloat162 r0 = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&y0), big);
-    const __nv_bfloat162 r1 = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&y1), big);
-    lo = *reinterpret_cast<const u32*>(&r0);
-    hi = *reinterpret_cast<const u32*>(&r1);
+    e4m3_bf16x2_scale_up(y0, y1, lo, hi);
 }
 template <> __device__ __forceinline__ void fgt_cvt<f16>(u32 w, u32& lo, u32& hi) {
 #if FP8_GEMVX_HW

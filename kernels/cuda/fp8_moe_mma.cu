@@ -17,6 +17,17 @@
 // Four e4m3 bytes (k order 0..3) as two 16-bit pairs: lo = (b0, b1), hi = (b2, b3), each the
 // exact e4m3 value (bf16) or the exact value (f16, hardware conversion on sm_89+).
 template <typename T> __device__ __forceinline__ void fmm_cvt(u32 w, u32& lo, u32& hi);
+// Two bf16 pairs holding e4m3 values times 2⁻¹²⁰ (sign, exponent and mantissa already placed)
+// to their values: one exact bf16 multiply by 2¹²⁰ each (every e4m3 value is a bf16 normal).
+// Shared by the tensor-core FP8 routed experts (fmm_cvt) and decode GEMV (fgt_cvt, fp8_gemvt.cu).
+__device__ __forceinline__ void e4m3_bf16x2_scale_up(u32 y0, u32 y1, u32& lo, u32& hi) {
+    const __nv_bfloat162 big = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)0x7b80u),
+                                                  __ushort_as_bfloat16((unsigned short)0x7b80u));
+    const __nv_bfloat162 r0 = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&y0), big);
+    const __nv_bfloat162 r1 = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&y1), big);
+    lo = *reinterpret_cast<const u32*>(&r0);
+    hi = *reinterpret_cast<const u32*>(&r1);
+}
 template <> __device__ __forceinline__ void fmm_cvt<bf16>(u32 w, u32& lo, u32& hi) {
     // Byte b at bits 8..15 (24..31) of a bf16 pair: sign in place, exponent and mantissa moved
     // down 4 (bf16 bits 4..10): the value times 2⁻¹²⁰ (subnormal e4m3 → bf16 subnormal), then
@@ -24,12 +35,7 @@ template <> __device__ __forceinline__ void fmm_cvt<bf16>(u32 w, u32& lo, u32& h
     const u32 x0 = __byte_perm(w, 0u, 0x1404u), x1 = __byte_perm(w, 0u, 0x3424u);
     const u32 y0 = ((x0 >> 4) & 0x07f007f0u) | (x0 & 0x80008000u);
     const u32 y1 = ((x1 >> 4) & 0x07f007f0u) | (x1 & 0x80008000u);
-    const __nv_bfloat162 big = __halves2bfloat162(__ushort_as_bfloat16((unsigned short)0x7b80u),
-                                                  __ushort_as_bfloat16((unsigned short)0x7b80u));
-    const __nv_bfloat162 r0 = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&y0), big);
-    const __nv_bfloat162 r1 = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&y1), big);
-    lo = *reinterpret_cast<const u32*>(&r0);
-    hi = *reinterpret_cast<const u32*>(&r1);
+    e4m3_bf16x2_scale_up(y0, y1, lo, hi);
 }
 template <> __device__ __forceinline__ void fmm_cvt<f16>(u32 w, u32& lo, u32& hi) {
     const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
