@@ -28,9 +28,9 @@ pub struct KernelsArgs {
     /// Compilations at a time (default: the number of cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Then delete every other `.ptx` / `.cubin` file of the cache directory (entries of older
-    /// kernel texts, other builds or NVRTC versions), so that a carried cache holds only what
-    /// this build loads.
+    /// Then delete every other `.ptx` / `.cubin` file of the compiled modules in the cache
+    /// directory (entries of older kernel texts, other builds or NVRTC versions), so that a
+    /// carried cache holds only what this build loads.
     #[arg(long)]
     pub prune: bool,
 }
@@ -113,7 +113,10 @@ pub fn cmd_kernels(a: &KernelsArgs) -> Result<()> {
         let entries = std::fs::read_dir(&dir).with_context(|| format!("--prune: cannot list {}", dir.display()))?;
         for e in entries {
             let path = e.with_context(|| format!("--prune: cannot list {}", dir.display()))?.path();
-            let ours = matches!(path.extension().and_then(|x| x.to_str()), Some("ptx" | "cubin"));
+            // Only entries of the modules this run compiled (all, without --module).
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let module = srcs.iter().any(|s| name.starts_with(&format!("{}-", s.name.trim_end_matches(".cu"))));
+            let ours = module && matches!(path.extension().and_then(|x| x.to_str()), Some("ptx" | "cubin"));
             if ours && !keep.contains(&path) {
                 std::fs::remove_file(&path).with_context(|| format!("--prune: cannot delete {}", path.display()))?;
                 pruned += 1;

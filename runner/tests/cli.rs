@@ -130,9 +130,10 @@ fn kernels_bad_flags_fail_cleanly() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `porter kernels` fills the on-disk PTX cache that a GPU process reads (what
-/// `scripts/gpu-check.sh stage` carries to the GPU machine): one small module, compiled, then
-/// found in the cache by a second process. Needs NVRTC and the CUDA headers (`.ci/run`
+/// `porter kernels` fills the on-disk kernel cache that a GPU process reads (what
+/// `scripts/gpu-check.sh stage` carries to the GPU machine): one small module's PTX and cubin,
+/// compiled, then found in the cache by a second process; `--prune` deletes what no build of
+/// this binary names. Needs NVRTC and the CUDA headers (`.ci/run`
 /// installs them and runs this test).
 #[test]
 #[ignore = "needs NVRTC (bash .ci/run installs it)"]
@@ -147,16 +148,34 @@ fn nvrtc_kernels_precompile_fills_the_cache() {
     assert!(out.contains("2 modules") && out.contains("(2 compiled, 0 already cached)"), "{out}");
     let files: Vec<String> =
         std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    assert_eq!(files.len(), 2, "{files:?}");
-    assert!(
-        files.iter().any(|f| f.starts_with("router-sm_90-fb-")) && files.iter().any(|f| f.starts_with("router-sm_90-"))
-    );
+    // The PTX and the cubin of each build (the default and the fallback one).
+    assert_eq!(files.len(), 4, "{files:?}");
+    for ext in ["ptx", "cubin"] {
+        assert!(
+            files.iter().any(|f| f.starts_with("router-sm_90-fb-") && f.ends_with(ext))
+                && files.iter().any(|f| f.starts_with("router-sm_90-") && !f.contains("-fb-") && f.ends_with(ext)),
+            "{files:?}"
+        );
+    }
     for f in &files {
-        let text = std::fs::read_to_string(dir.join(f)).unwrap();
-        assert!(text.starts_with("// porter ptx cache v1 nvrtc ") && text.contains(".entry "), "{f}");
+        let body = std::fs::read(dir.join(f)).unwrap();
+        assert!(body.starts_with(b"// porter ptx cache v1 nvrtc "), "{f}");
+        let rest = &body[body.iter().position(|&b| b == b'\n').unwrap() + 1..];
+        if f.ends_with(".cubin") {
+            assert!(rest.starts_with(b"\x7fELF"), "{f}: a cubin is an ELF image");
+        } else {
+            assert!(String::from_utf8_lossy(rest).contains(".entry "), "{f}");
+        }
     }
     let o = run();
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(o.status.success() && out.contains("(0 compiled, 2 already cached)"), "{out}{}", stderr(&o));
+    // A stale entry (an older kernel text) goes with --prune; the current ones stay.
+    std::fs::write(dir.join("router-sm_90-0000000000000000.cubin"), b"stale").unwrap();
+    let o =
+        porter(&["kernels", "--arch", "sm_90", "--with-fallback", "--module", "router", "--cache-dir", d, "--prune"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success() && out.contains("1 old files deleted"), "{out}{}", stderr(&o));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
