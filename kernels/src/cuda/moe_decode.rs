@@ -117,6 +117,14 @@ pub const MOE_PHASES_ALL: u32 = 3;
 /// docs/benchmarks.md). 40 pairs: t ≤ 4 at top-10, the verify rows of MTP with K ≤ 3.
 pub const DIRECT_MAX_PAIRS: usize = 40;
 
+/// With dense (bf16 / f16 / f32) experts [`MoeGemv::Auto`] takes the direct form only up to
+/// this many pairs (a row at top-k ≤ 16) and v1 beyond, up to [`DIRECT_MAX_PAIRS`]: v1 has
+/// become the faster form there (H200, session 13, `moe_decode_small_t_timing`, µs direct /
+/// v1: 49.1 / 46.6 at t = 2, 88.2 / 76.4 at t = 4; the 24-layer bench with v1 at batch 4: 990.3
+/// against 933.8 tok/s, MTP K = 3 verify steps 532.3 against 506.5 tok/s). FP8 experts keep
+/// the direct form up to [`DIRECT_MAX_PAIRS`] (73.9 / 85.0 at t = 4).
+pub const DIRECT_MAX_PAIRS_DENSE: usize = 16;
+
 /// Largest `k · inter` of h (bytes) that the direct down kernel stages in shared memory per
 /// row (below the 48 KiB a block gets without opting in).
 const DIRECT_STAGE_BYTES: usize = 40 * 1024;
@@ -198,10 +206,11 @@ impl MoeGemv {
         }
     }
 
-    /// The form that runs for `n` (row, slot) pairs.
-    fn resolve(self, n: usize) -> Self {
+    /// The form that runs for `n` (row, slot) pairs of FP8 (`fp8`) or dense experts.
+    fn resolve(self, n: usize, fp8: bool) -> Self {
+        let direct_max = if fp8 { DIRECT_MAX_PAIRS } else { DIRECT_MAX_PAIRS_DENSE };
         match self {
-            MoeGemv::Auto if n <= DIRECT_MAX_PAIRS => MoeGemv::Direct,
+            MoeGemv::Auto if n <= direct_max => MoeGemv::Direct,
             MoeGemv::Auto => MoeGemv::V1,
             w => w,
         }
@@ -212,9 +221,9 @@ impl MoeGemv {
     /// The default (`Auto`, variable unset) is [`MoeGemv::DirectLegacy`] where the direct form
     /// runs: [`MoeGemv::DirectL2`] measured slower at every t on the H200 (session 13: t = 1
     /// bf16 32.9 against 28.6 µs, FP8 25.1 against 23.2), so it stays opt-in.
-    fn resolve_down(self, n: usize, env: Option<(bool, bool)>) -> Self {
+    fn resolve_down(self, n: usize, fp8: bool, env: Option<(bool, bool)>) -> Self {
         let legacy = env.unwrap_or(if self == MoeGemv::Auto { DOWN_DEFAULT } else { (false, false) });
-        match self.resolve(n) {
+        match self.resolve(n, fp8) {
             MoeGemv::Direct if legacy.0 => MoeGemv::DirectLegacy,
             MoeGemv::V1 if legacy.1 => MoeGemv::V1Legacy,
             w => w,
@@ -306,14 +315,14 @@ fn vec16(ptr: u64, row_bytes: usize) -> bool {
 }
 
 impl CudaKernels {
-    /// Whether the routed experts of `t` rows with `k` experts each out of `e`
-    /// ([`CudaKernels::moe_experts`], [`CudaKernels::moe_experts_fp8`]) run the direct decode
+    /// Whether the routed experts of `t` rows with `k` experts each out of `e`, FP8 (`fp8`) or
+    /// dense ([`CudaKernels::moe_experts`], [`CudaKernels::moe_experts_fp8`]), run the direct decode
     /// form ([`MoeGemv`], [`MOE_GEMV_ENV`]), and the shared expert is then fused into it
     /// ([`CudaKernels::moe_experts_shared`], [`CudaKernels::moe_experts_fp8_shared`]) unless
     /// [`MOE_SHARED_ENV`] keeps it apart. Read on every call.
-    pub fn moe_shared_fuses(t: usize, k: usize, e: usize) -> bool {
+    pub fn moe_shared_fuses(t: usize, k: usize, e: usize, fp8: bool) -> bool {
         Self::moe_decode_path(t, k, e)
-            && MoeGemv::from_env().resolve(t.saturating_mul(k)).is_direct()
+            && MoeGemv::from_env().resolve(t.saturating_mul(k), fp8).is_direct()
             && !shared_apart_env()
     }
 
@@ -331,7 +340,7 @@ impl CudaKernels {
     pub(super) fn moe_decode_run(&self, c: &DecodeCall<'_>, which: MoeGemv, phases: u32) -> Result<()> {
         let [t, k, e, hidden, inter] = c.dims;
         let n = prod(&[t, k])?;
-        let which = which.resolve_down(n, down_legacy_env());
+        let which = which.resolve_down(n, c.kind == "fp8_", down_legacy_env());
         if which.is_direct() || c.shared.is_some() {
             // With a shared expert the caller passes its process form (Auto by default, resolved
             // above with the default); an explicit V1 / V2 there runs direct with the
@@ -688,12 +697,16 @@ mod tests {
         let v = |s: &str| MoeGemv::from_value(Some(std::ffi::OsStr::new(s)));
         assert_eq!(v("direct-legacy"), Ok(MoeGemv::DirectLegacy));
         assert_eq!(v(" V1-Legacy "), Ok(MoeGemv::V1Legacy));
-        assert_eq!(MoeGemv::Auto.resolve_down(10, Some((true, true))), MoeGemv::DirectLegacy);
-        assert_eq!(MoeGemv::Auto.resolve_down(10, Some((false, true))), MoeGemv::Direct);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((true, true))), MoeGemv::V1Legacy);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, Some((true, false))), MoeGemv::V1);
-        assert_eq!(MoeGemv::V1Legacy.resolve_down(1, Some((false, false))), MoeGemv::V1Legacy, "explicit legacy stays");
-        assert_eq!(MoeGemv::V2.resolve_down(100, Some((true, true))), MoeGemv::V2);
+        assert_eq!(MoeGemv::Auto.resolve_down(10, false, Some((true, true))), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(10, false, Some((false, true))), MoeGemv::Direct);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, true, Some((true, true))), MoeGemv::V1Legacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, true, Some((true, false))), MoeGemv::V1);
+        assert_eq!(
+            MoeGemv::V1Legacy.resolve_down(1, false, Some((false, false))),
+            MoeGemv::V1Legacy,
+            "explicit legacy stays"
+        );
+        assert_eq!(MoeGemv::V2.resolve_down(100, false, Some((true, true))), MoeGemv::V2);
         assert!(MoeGemv::DirectLegacy.is_direct() && !MoeGemv::V1Legacy.is_direct());
     }
 
@@ -706,10 +719,12 @@ mod tests {
         assert_eq!(v("stream"), Ok(Some((false, false))));
         assert_eq!(v("old"), Err("old".to_string()));
         // Unset: the default for Auto, the named kernel for an explicit form.
-        assert_eq!(MoeGemv::Auto.resolve_down(10, None), MoeGemv::DirectLegacy);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS, None), MoeGemv::DirectLegacy);
-        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, None), MoeGemv::V1);
-        assert_eq!(MoeGemv::Direct.resolve_down(10, None), MoeGemv::Direct);
+        assert_eq!(MoeGemv::Auto.resolve_down(10, false, None), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS_DENSE, false, None), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS_DENSE + 1, false, None), MoeGemv::V1);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS, true, None), MoeGemv::DirectLegacy);
+        assert_eq!(MoeGemv::Auto.resolve_down(DIRECT_MAX_PAIRS + 1, true, None), MoeGemv::V1);
+        assert_eq!(MoeGemv::Direct.resolve_down(10, false, None), MoeGemv::Direct);
     }
 
     /// The streamed v1 down kernel takes the 80B shapes up to t = 256 (top-10) in bf16.
@@ -726,10 +741,13 @@ mod tests {
 
     #[test]
     fn auto_takes_direct_for_few_pairs() {
-        assert_eq!(MoeGemv::Auto.resolve(10), MoeGemv::Direct);
-        assert_eq!(MoeGemv::Auto.resolve(DIRECT_MAX_PAIRS), MoeGemv::Direct);
-        assert_eq!(MoeGemv::Auto.resolve(DIRECT_MAX_PAIRS + 1), MoeGemv::V1);
-        assert_eq!(MoeGemv::V2.resolve(1), MoeGemv::V2);
+        // Dense: direct for one row at top-10, v1 from 17 pairs; FP8: direct up to 40.
+        assert_eq!(MoeGemv::Auto.resolve(10, false), MoeGemv::Direct);
+        assert_eq!(MoeGemv::Auto.resolve(DIRECT_MAX_PAIRS_DENSE, false), MoeGemv::Direct);
+        assert_eq!(MoeGemv::Auto.resolve(DIRECT_MAX_PAIRS_DENSE + 1, false), MoeGemv::V1);
+        assert_eq!(MoeGemv::Auto.resolve(DIRECT_MAX_PAIRS, true), MoeGemv::Direct);
+        assert_eq!(MoeGemv::Auto.resolve(DIRECT_MAX_PAIRS + 1, true), MoeGemv::V1);
+        assert_eq!(MoeGemv::V2.resolve(1, false), MoeGemv::V2);
     }
 
     /// The counter buffer holds what the largest call v2 takes needs (else it runs v1).

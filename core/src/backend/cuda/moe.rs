@@ -79,7 +79,12 @@ pub fn moe_experts(
     let shared = shared.filter(|s| {
         s.gu.dtype() == DType::F32
             && s.gate.dtype() == DType::F32
-            && fuse_shared(CudaKernels::moe_shared_fuses(t, k, e), routed, kind_of(&[s.down]), x.dtype())
+            && fuse_shared(
+                CudaKernels::moe_shared_fuses(t, k, e, routed == WeightKind::Fp8),
+                routed,
+                kind_of(&[s.down]),
+                x.dtype(),
+            )
     });
     match (super::fp8::fp8_of(gate), super::fp8::fp8_of(up), super::fp8::fp8_of(down)) {
         (Some(gq), Some(uq), Some(dq)) => {
