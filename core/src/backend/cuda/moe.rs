@@ -76,8 +76,13 @@ pub fn moe_experts(
     let inter = gate.dim(1);
     let mut y = Tensor::empty_on(&g, [t, h], DType::F32)?;
     let routed = kind_of(&[gate, up, down]);
+    // Fused and apart differ in the shared down product's summation order, and which one runs
+    // depends on the row count: batch-invariant runs (f32, deterministic mode) keep it apart
+    // at every row count, so that a row's bits do not depend on the batch.
+    let invariant = crate::tensor::cuda::batch_invariant(x.dtype());
     let shared = shared.filter(|s| {
-        s.gu.dtype() == DType::F32
+        !invariant
+            && s.gu.dtype() == DType::F32
             && s.gate.dtype() == DType::F32
             && fuse_shared(
                 CudaKernels::moe_shared_fuses(t, k, e, routed == WeightKind::Fp8),
