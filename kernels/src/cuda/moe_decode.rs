@@ -120,9 +120,9 @@ pub const DIRECT_MAX_PAIRS: usize = 40;
 /// With dense (bf16 / f16 / f32) experts [`MoeGemv::Auto`] takes the direct form only up to
 /// this many pairs (a row at top-k ≤ 16) and v1 beyond, up to [`DIRECT_MAX_PAIRS`]: v1 has
 /// become the faster form there (H200, session 13, `moe_decode_small_t_timing`, µs direct /
-/// v1: 49.1 / 46.6 at t = 2, 88.2 / 76.4 at t = 4; the 24-layer bench with v1 at batch 4: 990.3
-/// against 933.8 tok/s, MTP K = 3 verify steps 532.3 against 506.5 tok/s). FP8 experts keep
-/// the direct form up to [`DIRECT_MAX_PAIRS`] (73.9 / 85.0 at t = 4).
+/// v1: 49.1 / 46.6 at t = 2, 88.2 / 76.4 at t = 4; the 24-layer bench at batch 4: 987.6
+/// against 933.8 tok/s). FP8 experts keep the direct form up to [`DIRECT_MAX_PAIRS`] (73.9 /
+/// 85.0 at t = 4).
 pub const DIRECT_MAX_PAIRS_DENSE: usize = 16;
 
 /// Largest `k · inter` of h (bytes) that the direct down kernel stages in shared memory per
