@@ -349,11 +349,9 @@ impl CudaKernels {
                 MoeGemv::DirectL2 => DirectDown::L2,
                 MoeGemv::Direct => DirectDown::Prefetch,
                 MoeGemv::DirectLegacy => DirectDown::Legacy,
-                _ => match down_legacy_env() {
-                    None => DirectDown::L2,
-                    Some((true, _)) => DirectDown::Legacy,
-                    Some(_) => DirectDown::Prefetch,
-                },
+                // The direct form's down kernel as [`MOE_DOWN_ENV`] says, else its default.
+                _ if down_legacy_env().unwrap_or(DOWN_DEFAULT).0 => DirectDown::Legacy,
+                _ => DirectDown::Prefetch,
             };
             return self.moe_decode_direct(c, phases, down);
         }
