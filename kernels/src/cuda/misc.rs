@@ -216,8 +216,7 @@ impl CudaKernels {
         };
         let s = &*self.stream;
         let (pw, _gw) = w.device_ptr(s);
-        let (d32, zc) =
-            (u32_of("d", d)?, i32::from(kind == super::RmsNormKind::ZeroCentred) | if preload { 0 } else { 2 });
+        let (d32, zc) = (u32_of("d", d)?, norm_flags(kind, preload));
         let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
         // SAFETY: matches add_rms_norm_*; sizes checked; one block per row.
         // Kernel: `add_rms_norm_<O>_<O>` / `add_rms_norm_f32y_<O>(float* x, const Y* y, const O* w, O* out, u32 d,
@@ -556,10 +555,16 @@ pub(crate) fn gemvw_batch(kv: usize) -> usize {
 
 /// Whether the one-row norms (`rms_norm`, `add_rms_norm`) read their weights (and prefetch
 /// the residual) before the PDL wait: yes unless `PORTER_NORM_PRELOAD=off` (read once). The
-/// kernels take it as bit 1 of their `zc` argument (set = off).
+/// kernels take it as bit 1 of their `zc` argument (set = off; [`norm_flags`]).
 pub(crate) fn norm_preload() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("PORTER_NORM_PRELOAD").as_deref() != Ok("off"))
+}
+
+/// The `zc` argument of the one-row norm kernels (norm.cu, misc.cu): bit 0 zero-centred, bit 1
+/// no weight preload before the PDL wait.
+pub(crate) fn norm_flags(kind: super::RmsNormKind, preload: bool) -> i32 {
+    i32::from(kind == super::RmsNormKind::ZeroCentred) | if preload { 0 } else { 2 }
 }
 
 /// Rows (warps) per block of `gated_norm_z` (`GNZ_ROWS` in misc.cu).

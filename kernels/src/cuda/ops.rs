@@ -19,6 +19,12 @@ pub const ROUTER_MAX_E: usize = 8192;
 /// `PORTER_ROUTER_BLOCK` (any value) keeps the block form for A/B.
 pub const ROUTER_WARP_E: usize = 512;
 
+/// Whether `PORTER_ROUTER_BLOCK` (any value) keeps the router's block form (read once).
+fn router_block_forced() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("PORTER_ROUTER_BLOCK").is_some())
+}
+
 /// Which RMSNorm formula [`CudaKernels::rms_norm`] applies (`porter_core::nn::NormKind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RmsNormKind {
@@ -106,8 +112,7 @@ impl CudaKernels {
             return Ok(());
         }
         let d32 = u32_of("d", d)?;
-        // Bit 1: PORTER_NORM_PRELOAD=off (weights read after the PDL wait).
-        let zc: i32 = i32::from(kind == RmsNormKind::ZeroCentred) | if super::misc::norm_preload() { 0 } else { 2 };
+        let zc = super::misc::norm_flags(kind, super::misc::norm_preload());
         let cfg = rows_cfg(rows, row_threads(d, 512), 0)?;
         // SAFETY: arguments match `rms_norm_<X>_<O>` in norm.cu; lengths checked.
         // Kernel: `rms_norm_<X>_<O>(const X* x, const O* w, O* out, u32 d, float eps, int zero_centred)`.
@@ -386,36 +391,19 @@ impl CudaKernels {
         }
         let (e32, k32, rn) = (u32_of("e", e)?, u32_of("k", k)?, i32::from(renorm));
         let st32 = u32_of("stride", stride)?;
-        if e <= ROUTER_WARP_E && k <= 32 && std::env::var_os("PORTER_ROUTER_BLOCK").is_none() {
-            let cfg = rows_cfg(rows, 32, 0)?;
-            // SAFETY: arguments match `moe_router_warp_f32` in router.cu (the same list as
-            // `moe_router_f32`); lengths, k ≤ min(e, 16) and e ≤ ROUTER_WARP_E checked; one
-            // warp a row.
-            return unsafe {
-                launch!(
-                    self,
-                    ROUTER,
-                    "moe_router_warp_f32",
-                    cfg,
-                    [ptr(logits), ptr_mut(idx), ptr_mut(weights), e32, k32, rn, st32]
-                )
-            };
-        }
-        let shared = u32_of("shared memory", e * 4)?;
-        let cfg = rows_cfg(rows, row_threads(e, 256), shared)?;
-        // SAFETY: arguments match `moe_router_f32` in router.cu; lengths and
-        // k, e limits checked; dynamic shared memory holds e floats.
-        // Kernel: `moe_router_f32(const float* logits, u32* idx, float* weights, u32 e, u32 k, int renorm,
-        // u32 stride)`.
-        unsafe {
-            launch!(
-                self,
-                ROUTER,
-                "moe_router_f32",
-                cfg,
-                [ptr(logits), ptr_mut(idx), ptr_mut(weights), e32, k32, rn, st32]
-            )
-        }
+        // One warp a row up to ROUTER_WARP_E experts (registers), else one block a row
+        // (dynamic shared memory of e floats).
+        let (name, cfg) = if e <= ROUTER_WARP_E && !router_block_forced() {
+            ("moe_router_warp_f32", rows_cfg(rows, 32, 0)?)
+        } else {
+            ("moe_router_f32", rows_cfg(rows, row_threads(e, 256), u32_of("shared memory", e * 4)?)?)
+        };
+        // SAFETY: arguments match `moe_router_warp_f32` / `moe_router_f32` in router.cu (one
+        // list); lengths and k ≤ min(e, 16), e ≤ ROUTER_MAX_E checked, e ≤ ROUTER_WARP_E for
+        // the warp form; the block form's dynamic shared memory holds e floats.
+        // Kernels: `moe_router_warp_f32` / `moe_router_f32(const float* logits, u32* idx,
+        // float* weights, u32 e, u32 k, int renorm, u32 stride)`.
+        unsafe { launch!(self, ROUTER, name, cfg, [ptr(logits), ptr_mut(idx), ptr_mut(weights), e32, k32, rn, st32]) }
     }
 
     /// Greedy argmax of each row (`porter_core::sampling::argmax`): the first
