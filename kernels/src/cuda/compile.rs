@@ -421,7 +421,7 @@ type PtxKey = (u64, &'static str, bool);
 #[derive(Default)]
 struct Built {
     ptx: Option<Ptx>,
-    cubin: Option<std::sync::Arc<Vec<u8>>>,
+    cubin: Option<Vec<u8>>,
 }
 
 /// One entry of the cache: its own lock, held while the source compiles, so that a second
@@ -526,7 +526,7 @@ fn image(src: &KernelSource, arch: &'static str, fallback: bool) -> Result<(Ptx,
     let disk = disk_cache_path(src.name, &text, arch, fallback);
     if let Some(c) = disk.as_ref().and_then(|(path, header)| read_cached_cubin(path, header)) {
         let out = cubin(&c);
-        slot.cubin = Some(std::sync::Arc::new(c));
+        slot.cubin = Some(c);
         return Ok(out);
     }
     build_into(&mut slot, src, &text, arch, fallback, disk.as_ref())?;
@@ -565,7 +565,7 @@ fn build_into(
         }
     }
     slot.ptx = Some(ptx);
-    slot.cubin = cubin.map(std::sync::Arc::new);
+    slot.cubin = cubin;
     Ok(())
 }
 
@@ -578,12 +578,7 @@ fn nvrtc_build(text: &str, name: &str, options: &[String]) -> std::result::Resul
     let prog = result::create_program(&c_text, Some(&c_name)).map_err(|e| e.to_string())?;
     let log = |prog| {
         // SAFETY: `prog` is live (destroyed only below).
-        unsafe { result::get_program_log(prog) }
-            .map(|l| {
-                let bytes: Vec<u8> = l.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-                String::from_utf8_lossy(&bytes).into_owned()
-            })
-            .unwrap_or_default()
+        unsafe { result::get_program_log(prog) }.map(|l| nvrtc_string(&l)).unwrap_or_default()
     };
     // SAFETY: `prog` came from create_program and is destroyed once, at the end; `c_text`
     // and `c_name` outlive it.
@@ -593,8 +588,7 @@ fn nvrtc_build(text: &str, name: &str, options: &[String]) -> std::result::Resul
             Ok(()) => match result::get_ptx(prog) {
                 Err(e) => Err(format!("nvrtcGetPTX: {e}")),
                 Ok(ptx) => {
-                    let bytes: Vec<u8> = ptx.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-                    let ptx = Ptx::from_src(String::from_utf8_lossy(&bytes).into_owned());
+                    let ptx = Ptx::from_src(nvrtc_string(&ptx));
                     let mut size = 0usize;
                     let cubin = if sys::nvrtcGetCUBINSize(prog, &mut size).result().is_ok() && size > 0 {
                         let mut buf = vec![0u8; size];
@@ -610,6 +604,12 @@ fn nvrtc_build(text: &str, name: &str, options: &[String]) -> std::result::Resul
     // SAFETY: as above; nothing uses `prog` after this.
     let _ = unsafe { result::destroy_program(prog) };
     out
+}
+
+/// NVRTC's NUL-terminated text (the log, the PTX) as a string.
+fn nvrtc_string(chars: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = chars.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Environment variable: the directory of the on-disk PTX cache ([`compile_with`] keeps each
@@ -672,12 +672,23 @@ fn read_cached(path: &std::path::Path, header: &str) -> Option<Ptx> {
 /// Writes `ptx` to `path` behind `header` (through a temporary file and a rename, so that a
 /// concurrent reader never sees half a file); failures are ignored (the cache is optional).
 fn write_cached(path: &std::path::Path, header: &str, ptx: &Ptx) {
-    let Some(dir) = path.parent() else { return };
+    write_behind(path, header, ptx.to_src().as_bytes());
+}
+
+/// Writes `header` then `body` to `path` through a temporary file beside it (`<name>.tmp<pid>`)
+/// and a rename; failures are ignored (the cache is optional).
+fn write_behind(path: &std::path::Path, header: &str, body: &[u8]) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return };
     if std::fs::create_dir_all(dir).is_err() {
         return;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, format!("{header}{}", ptx.to_src())).is_ok() && std::fs::rename(&tmp, path).is_err() {
+    let mut tmp_name = name.to_os_string();
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let mut bytes = Vec::with_capacity(header.len() + body.len());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(body);
+    if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
 }
@@ -696,17 +707,7 @@ fn read_cached_cubin(ptx_path: &std::path::Path, header: &str) -> Option<Vec<u8>
 
 /// Writes `cubin` beside `ptx_path`, behind `header`, as [`write_cached`] does.
 fn write_cached_cubin(ptx_path: &std::path::Path, header: &str, cubin: &[u8]) {
-    let path = cubin_path(ptx_path);
-    let Some(dir) = path.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
-    }
-    let tmp = path.with_extension(format!("ctmp{}", std::process::id()));
-    let mut body = header.as_bytes().to_vec();
-    body.extend_from_slice(cubin);
-    if std::fs::write(&tmp, body).is_ok() && std::fs::rename(&tmp, &path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    write_behind(&cubin_path(ptx_path), header, cubin);
 }
 
 #[cfg(test)]

@@ -160,7 +160,7 @@ pub fn smem_limit_from(var: Option<std::ffi::OsString>) -> Result<Option<usize>>
 /// `porter_pdl_enter` in common.cuh). Another value is an error when the kernels open.
 pub const PDL_ENV: &str = "PORTER_PDL";
 
-/// [`PDL_ENV`]'s value: `Some(true)` for on (or unset), `Some(false)` for off.
+/// [`PDL_ENV`]'s value: `true` for on (or unset), `false` for off.
 fn pdl_from(var: Option<std::ffi::OsString>) -> Result<bool> {
     let Some(v) = var else { return Ok(true) };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
