@@ -99,6 +99,18 @@ __device__ __forceinline__ float block_sum(float v, float* sh, u32 tid, u32 nthr
 // Elements a thread of a one-block-per-row norm kernel holds in registers (norm.cu, misc.cu).
 #define NORM_NPT 8
 
+// A one-row norm's weights for this thread on the register path (elements threadIdx.x +
+// j·blockDim.x, 0 past d), in f32: rms_norm_pdl (norm.cu) and add_rms_norm_pdl (misc.cu) read
+// them before the PDL wait, or after it with the preload off.
+template <typename T>
+__device__ __forceinline__ void norm_row_weights(const T* __restrict__ w, u32 d, float (&wv)[NORM_NPT]) {
+#pragma unroll
+    for (int j = 0; j < NORM_NPT; ++j) {
+        const u32 i = threadIdx.x + j * blockDim.x;
+        wv[j] = i < d ? to_f(w[i]) : 0.0f;
+    }
+}
+
 // Block-wide max, returned to every thread (same contract as block_sum).
 __device__ __forceinline__ float block_max(float v, float* sh, u32 tid, u32 nthreads) {
     const u32 lane = tid & 31u, w = tid >> 5, nw = nthreads >> 5;

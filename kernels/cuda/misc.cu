@@ -89,17 +89,12 @@ __device__ __forceinline__ void add_rms_norm_pdl(float* __restrict__ x, const TY
     const int zero_centred = zc & 1;
     const bool regs = d <= blockDim.x * NORM_NPT;
     float wv[NORM_NPT];
-    if (regs && pre) {
-#pragma unroll
-        for (int j = 0; j < NORM_NPT; ++j) {
-            const u32 i = threadIdx.x + j * blockDim.x;
-            wv[j] = i < d ? to_f(w[i]) : 0.0f;
-        }
-    }
+    if (regs && pre) norm_row_weights(w, d, wv);
     if (pre)
         for (u32 i = threadIdx.x * 32u; i < d; i += blockDim.x * 32u) porter_prefetch_l2(xr + i);
     porter_pdl_enter();
     if (regs) {
+        if (!pre) norm_row_weights(w, d, wv);
         // One read of the row and the weights before the reduction (as rms_norm_pdl).
         float v[NORM_NPT];
         float ss = 0.0f;
@@ -107,7 +102,6 @@ __device__ __forceinline__ void add_rms_norm_pdl(float* __restrict__ x, const TY
         for (int j = 0; j < NORM_NPT; ++j) {
             const u32 i = threadIdx.x + j * blockDim.x;
             v[j] = i < d ? xr[i] + to_f(yr[i]) : 0.0f;
-            if (!pre) wv[j] = i < d ? to_f(w[i]) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < NORM_NPT; ++j) {

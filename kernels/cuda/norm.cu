@@ -23,22 +23,16 @@ __device__ __forceinline__ void rms_norm_pdl(const TX* __restrict__ x, const TO*
     const bool pre = (zc & 2) == 0, regs = d <= blockDim.x * NORM_NPT;
     const int zero_centred = zc & 1;
     float wv[NORM_NPT];
-    if (regs && pre) {
-#pragma unroll
-        for (int j = 0; j < NORM_NPT; ++j) {
-            const u32 i = threadIdx.x + j * blockDim.x;
-            wv[j] = i < d ? to_f(w[i]) : 0.0f;
-        }
-    }
+    if (regs && pre) norm_row_weights(w, d, wv);
     porter_pdl_enter();
     if (regs) {
+        if (!pre) norm_row_weights(w, d, wv);
         float v[NORM_NPT];
         float ss = 0.0f;
 #pragma unroll
         for (int j = 0; j < NORM_NPT; ++j) {
             const u32 i = threadIdx.x + j * blockDim.x;
             v[j] = i < d ? to_f(xr[i]) : 0.0f;
-            if (!pre) wv[j] = i < d ? to_f(w[i]) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < NORM_NPT; ++j) ss += v[j] * v[j];
