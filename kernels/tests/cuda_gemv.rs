@@ -13,7 +13,6 @@ mod common;
 use common::timing::{time_calls, Hold};
 use common::*;
 use half::bf16;
-use porter_kernels::cpu::ops;
 use porter_kernels::cuda::{CudaFloat, CudaKernels, GemvKind, RmsNormKind};
 
 fn bits<T: CudaFloat>(k: &CudaKernels, d: &cudarc::driver::CudaSlice<T>) -> Vec<u32> {
@@ -21,12 +20,7 @@ fn bits<T: CudaFloat>(k: &CudaKernels, d: &cudarc::driver::CudaSlice<T>) -> Vec<
 }
 
 fn gemv_kinds_case<A: CudaFloat, O: CudaFloat>(k: &CudaKernels, rng: &mut Rng, m: usize, kk: usize, n: usize) {
-    let x = rnd_vec::<A>(&rng.vec(m * kk, 1.0));
-    let w = rnd_vec::<A>(&rng.vec(n * kk, 1.0 / (kk as f32).sqrt()));
-    let mut want = vec![0.0f32; m * n];
-    ops::matmul_t(&x, &w, &mut want, m, kk, n, false);
-    let want = rnd_vec::<O>(&want);
-    let (dx, dw) = (up::<A>(k, &x), up::<A>(k, &w));
+    let (dx, dw, want) = gemv_inputs::<A, O>(k, rng, m, kk, n);
     let mut got = Vec::new();
     for kind in [GemvKind::Block, GemvKind::Preload] {
         let mut out = poisoned::<O>(k, m * n);

@@ -702,12 +702,7 @@ fn cuda_gated_norm_z() {
 }
 
 fn gemv_case<A: CudaFloat, O: CudaFloat>(k: &CudaKernels, rng: &mut Rng, m: usize, kk: usize, n: usize) {
-    let x = rnd_vec::<A>(&rng.vec(m * kk, 1.0));
-    let w = rnd_vec::<A>(&rng.vec(n * kk, 1.0 / (kk as f32).sqrt()));
-    let mut want = vec![0.0f32; m * n];
-    ops::matmul_t(&x, &w, &mut want, m, kk, n, false);
-    let want = rnd_vec::<O>(&want);
-    let (dx, dw) = (up::<A>(k, &x), up::<A>(k, &w));
+    let (dx, dw, want) = gemv_inputs::<A, O>(k, rng, m, kk, n);
     let mut out = poisoned::<O>(k, m * n);
     k.gemv::<A, O>(&dx, &dw, &mut out, m, kk, n).expect("gemv launch");
     check(&format!("gemv {}->{} [{m}, {kk}] x [{n}, {kk}]", A::NAME, O::NAME), &down(k, &out), &want, tol::<O>());

@@ -105,6 +105,22 @@ pub fn up_u32(k: &CudaKernels, v: &[u32]) -> CudaSlice<u32> {
 }
 
 /// A device buffer of `n` NaNs.
+/// A decode GEMV case: `x` `[m, kk]` and `w` `[n, kk]` drawn from `rng` (rounded to `A`),
+/// uploaded, and the CPU reference `x · wᵀ` rounded to `O`.
+pub fn gemv_inputs<A: CudaFloat, O: CudaFloat>(
+    k: &CudaKernels,
+    rng: &mut Rng,
+    m: usize,
+    kk: usize,
+    n: usize,
+) -> (CudaSlice<A>, CudaSlice<A>, Vec<f32>) {
+    let x = rnd_vec::<A>(&rng.vec(m * kk, 1.0));
+    let w = rnd_vec::<A>(&rng.vec(n * kk, 1.0 / (kk as f32).sqrt()));
+    let mut want = vec![0.0f32; m * n];
+    porter_kernels::cpu::ops::matmul_t(&x, &w, &mut want, m, kk, n, false);
+    (up::<A>(k, &x), up::<A>(k, &w), rnd_vec::<O>(&want))
+}
+
 pub fn poisoned<T: CudaFloat>(k: &CudaKernels, n: usize) -> CudaSlice<T> {
     up::<T>(k, &vec![f32::NAN; n])
 }
