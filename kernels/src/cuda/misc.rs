@@ -558,7 +558,17 @@ pub(crate) fn gemvw_batch(kv: usize) -> usize {
 /// kernels take it as bit 1 of their `zc` argument (set = off; [`norm_flags`]).
 pub(crate) fn norm_preload() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("PORTER_NORM_PRELOAD").as_deref() != Ok("off"))
+    *ON.get_or_init(|| {
+        let v = std::env::var("PORTER_NORM_PRELOAD").unwrap_or_default();
+        match v.trim().to_ascii_lowercase().as_str() {
+            "" | "on" | "1" | "true" | "yes" => true,
+            "off" | "0" | "false" | "no" => false,
+            _ => {
+                eprintln!("warning: PORTER_NORM_PRELOAD={v:?} is not on or off; using on");
+                true
+            }
+        }
+    })
 }
 
 /// The `zc` argument of the one-row norm kernels (norm.cu, misc.cu): bit 0 zero-centred, bit 1
