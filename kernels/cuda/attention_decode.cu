@@ -73,57 +73,6 @@ __device__ __forceinline__ void adec_pdl_wait() {
 
 // pm_sw, pm_ldsm[_t] and PMma<T> (the mma.sync helpers) are common.cuh's.
 
-// Entry of the split kernels (their first statement): the V2 kernels with `pf > 0` first
-// hint L2 to fetch the K/V rows of each warp's first `pf` tiles, before the PDL wait, so
-// that the DRAM ramp of a short call (32k keys at batch 1: 128 blocks of 512 keys) overlaps
-// the previous kernel's tail; then porter_pdl_enter(). Only hints are issued before the
-// wait: spans and block table are read through L2 only (ld.global.cg, nothing left in L1
-// for the kernel's own reads after the wait), and a value the previous kernel is still
-// writing would only prefetch other rows of the pools (every address is bounds-checked as
-// key_slot does). The range arithmetic is adec_impl's (same names).
-template <int DP, int NW, bool V2>
-__device__ __forceinline__ void adec_enter_pdl(const void* kpool, const void* vpool, const u32* tables,
-                                               const u32* spans, u32 t, u32 heads, u32 kvh, u32 window, PagedKv kv,
-                                               u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 pf) {
-#if defined(PORTER_SM80) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (V2 && pf > 0) {
-        const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-        const u32 group = heads / kvh;
-        const u32 mtiles = (qcap * group + 15u) / 16u;
-        const u32 mt = blockIdx.x % mtiles, z = blockIdx.x / mtiles;
-        const u32 s = blockIdx.y / kvh, kh = blockIdx.y % kvh;
-        const u32 row0 = __ldcg(spans + 3 * s), qlen = __ldcg(spans + 3 * s + 1), pos0 = __ldcg(spans + 3 * s + 2);
-        const u32 rows_in = row0 < t ? min(min(qlen, qcap), t - row0) : 0u;
-        const u32 n_items = rows_in * group, m0 = mt * 16u;
-        if (z < nzg && qlen <= ATT_SPLIT_Q && m0 < n_items) {
-            const u32 m_last = min(m0 + 16u, n_items) - 1;
-            const u32 ksl = adec_ks_log2((u64)pos0 + qlen, ks_min_log2, nsplit_log2);
-            const u64 zk0 = (u64)z << ksl;
-            const u64 klo = max(zk0, (u64)adec_lo(pos0 + m0 / group, window));
-            const u64 khi = min(zk0 + (1ull << ksl) - 1, (u64)pos0 + m_last / group);
-            const u64 ta = klo / ADEC_BN, tb = khi / ADEC_BN + 1;
-            const u64 t0 = ta + ((warp + NW - (u32)(ta % NW)) % NW);
-            const u32* bt = tables + (u64)s * kv.max_blocks;
-            // Lane: key lane % 16 of the tile, K (lanes 0..15) or V (16..31), every 128-byte
-            // line of its row (DP·2 bytes).
-            const unsigned char* pool = static_cast<const unsigned char*>(lane < 16u ? kpool : vpool);
-            for (u32 i = 0; i < pf; ++i) {
-                const u64 kpos = (t0 + (u64)NW * i) * ADEC_BN + (lane & 15u);
-                if (kpos < klo || kpos > khi) continue;
-                const u64 jb = kpos >> kv.bs_log2;
-                if (jb >= kv.max_blocks) continue;
-                const u64 slot = ((u64)__ldcg(bt + jb) << kv.bs_log2) + (kpos & ((1u << kv.bs_log2) - 1u));
-                if (slot >= kv.n_slots) continue;
-                const unsigned char* row = pool + ((slot * kvh + kh) * DP) * 2u;
-#pragma unroll
-                for (u32 l = 0; l < DP * 2u / 128u; ++l) porter_prefetch_l2(row + 128u * l);
-            }
-        }
-    }
-#endif
-    porter_pdl_enter();
-}
-
 // Grid (nzg * mtiles, n_seqs * kvh), 32·NW threads, mtiles = ceil(qcap * group / 16).
 // D == DP; pools 16-byte aligned (the host checks). Partials: part[((s * qcap + i) * heads +
 // h) * nzg + z][DP + 4] (O unnormalised, then the running max in exp2 units and the sum).
@@ -595,9 +544,7 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
     extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W##VS( \
         const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part,     \
         u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,             \
-        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 pf) {                                            \
-        adec_enter_pdl<DP, NW, V2>(kpool, vpool, tables, spans, t, heads, kvh, window,                            \
-                                   PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2, pf); \
+        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2) { porter_pdl_enter();                                                    \
         adec_impl<T, DP, ST, NW, V2>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,     \
                                      PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2); \
     }

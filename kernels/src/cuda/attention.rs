@@ -10,12 +10,8 @@ mod decode;
 mod tc;
 pub(crate) use decode::decode_env_selected;
 #[doc(hidden)]
-pub use decode::{
-    force_attn_decode, force_attn_decode_prefetch, force_attn_decode_splits, force_attn_decode_timing, DecodeTiming,
-};
-pub use decode::{
-    AttnDecode, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_PREFETCH_ENV, ATTN_DECODE_SPLITS_ENV,
-};
+pub use decode::{force_attn_decode, force_attn_decode_splits, force_attn_decode_timing, DecodeTiming};
+pub use decode::{AttnDecode, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_SPLITS_ENV};
 pub use tc::{AttnTc, ATTN_TC_DEFAULT, ATTN_TC_ENV};
 
 /// Largest `head_dim` of [`CudaKernels::attention`].

@@ -88,9 +88,9 @@ mod norm_gemv;
 mod ops;
 
 pub use attention::{
-    force_attn_decode, force_attn_decode_prefetch, force_attn_decode_splits, force_attn_decode_timing, AttnDecode,
-    AttnMode, AttnTc, DecodeTiming, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_PREFETCH_ENV,
-    ATTN_DECODE_SPLITS_ENV, ATTN_MAX_HEAD_DIM, ATTN_TC_DEFAULT, ATTN_TC_ENV, PAD_SLOT,
+    force_attn_decode, force_attn_decode_splits, force_attn_decode_timing, AttnDecode, AttnMode, AttnTc, DecodeTiming,
+    ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_SPLITS_ENV, ATTN_MAX_HEAD_DIM, ATTN_TC_DEFAULT, ATTN_TC_ENV,
+    PAD_SLOT,
 };
 pub use compile::*;
 pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, Fp8MoeDec, FP8_BLOCK, FP8_GEMV_ENV, FP8_MOE_DEC_ENV};

@@ -315,8 +315,7 @@ pub fn decode_ab(
 ) -> (f64, f64) {
     use half::bf16;
     use porter_kernels::cuda::{
-        force_attn_decode, force_attn_decode_prefetch, force_attn_decode_splits, force_attn_decode_timing, AttnDecode,
-        DecodeTiming,
+        force_attn_decode, force_attn_decode_splits, force_attn_decode_timing, AttnDecode, DecodeTiming,
     };
     let row = kvh * hd;
     let nb = ctx.div_ceil(16);
@@ -334,36 +333,28 @@ pub fn decode_ab(
     };
     println!("  DECODE-AB h{h} kvh{kvh} d{hd} batch {b} ctx {ctx} ({:.1} MB of K/V):", bytes / 1e6);
     let (mut legacy, mut best) = ((0.0, Vec::new()), f64::INFINITY);
-    // (kernel, (splits, min keys) or the environment's, L2 prefetch tiles a warp or the
-    // environment's, also prealloc / split timings).
+    // (kernel, (splits, min keys) or the environment's, also prealloc / split timings).
     let forms = [
-        (AttnDecode::Legacy, None, None, false),
-        (AttnDecode::Mma, None, None, true),
-        (AttnDecode::Mma2, None, None, false),
-        (AttnDecode::MmaW2, None, None, true),
-        (AttnDecode::Mma4, None, None, true),
-        (AttnDecode::Mma4W2, None, None, true),
-        (AttnDecode::Mma4S, None, None, true),
-        (AttnDecode::Mma, Some((128, 128)), None, false),
-        (AttnDecode::Mma, Some((32, 512)), None, false),
-        (AttnDecode::MmaW2, Some((128, 128)), None, false),
-        (AttnDecode::Mma4, Some((128, 256)), None, true),
-        (AttnDecode::Mma4, Some((32, 512)), None, false),
-        (AttnDecode::Mma4W2, Some((128, 256)), None, true),
-        (AttnDecode::Mma4W2, Some((128, 128)), None, false),
-        (AttnDecode::Mma4, Some((64, 128)), None, true),
-        (AttnDecode::Mma4W2, Some((64, 128)), None, false),
-        (AttnDecode::Mma4, None, Some(0), true),
-        (AttnDecode::Mma4, None, Some(1), true),
-        (AttnDecode::Mma4, None, Some(2), true),
-        (AttnDecode::Mma4, None, Some(4), true),
-        (AttnDecode::Mma4W2, None, Some(2), false),
-        (AttnDecode::Mma4, Some((128, 256)), Some(2), true),
+        (AttnDecode::Legacy, None, false),
+        (AttnDecode::Mma, None, true),
+        (AttnDecode::Mma2, None, false),
+        (AttnDecode::MmaW2, None, true),
+        (AttnDecode::Mma4, None, true),
+        (AttnDecode::Mma4W2, None, true),
+        (AttnDecode::Mma4S, None, true),
+        (AttnDecode::Mma, Some((128, 128)), false),
+        (AttnDecode::Mma, Some((32, 512)), false),
+        (AttnDecode::MmaW2, Some((128, 128)), false),
+        (AttnDecode::Mma4, Some((128, 256)), true),
+        (AttnDecode::Mma4, Some((32, 512)), false),
+        (AttnDecode::Mma4W2, Some((128, 256)), true),
+        (AttnDecode::Mma4W2, Some((128, 128)), false),
+        (AttnDecode::Mma4, Some((64, 128)), true),
+        (AttnDecode::Mma4W2, Some((64, 128)), false),
     ];
-    for (kind, splits, prefetch, parts) in forms {
+    for (kind, splits, parts) in forms {
         force_attn_decode(Some(kind));
         force_attn_decode_splits(splits);
-        force_attn_decode_prefetch(prefetch);
         let modes: &[DecodeTiming] = if parts {
             &[DecodeTiming::PerCall, DecodeTiming::Prealloc, DecodeTiming::SplitOnly]
         } else {
@@ -408,17 +399,12 @@ pub fn decode_ab(
                 continue;
             }
             let sp = splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}"));
-            let pf = prefetch.map_or("env".to_string(), |n| n.to_string());
             let label = match mode {
                 DecodeTiming::PerCall => "per call",
                 DecodeTiming::Prealloc => "prealloc",
                 DecodeTiming::SplitOnly => "split",
             };
-            println!(
-                "    {kind:?} {name:>30} splits/min {sp:>7} pf {pf:>3} {label:>8}: {} ({:.2}x)",
-                show(us),
-                legacy.0 / us
-            );
+            println!("    {kind:?} {name:>30} splits/min {sp:>7} {label:>8}: {} ({:.2}x)", show(us), legacy.0 / us);
             if mode != DecodeTiming::SplitOnly {
                 check(
                     &format!("    decode {kind:?} {label} vs legacy"),
@@ -433,9 +419,8 @@ pub fn decode_ab(
         }
         if let [per_call, prealloc, split] = times[..] {
             println!(
-                "    {kind:?} splits/min {:>7} pf {:>3}: alloc {:.1} us, combine (launch included) {:.1} us, split kernel {:.1} us",
+                "    {kind:?} splits/min {:>7}: alloc {:.1} us, combine (launch included) {:.1} us, split kernel {:.1} us",
                 splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}")),
-                prefetch.map_or("env".to_string(), |n| n.to_string()),
                 per_call - prealloc,
                 prealloc - split,
                 split
@@ -445,6 +430,5 @@ pub fn decode_ab(
     force_attn_decode_timing(DecodeTiming::PerCall);
     force_attn_decode(None);
     force_attn_decode_splits(None);
-    force_attn_decode_prefetch(None);
     (legacy.0, best)
 }

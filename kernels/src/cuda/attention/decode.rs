@@ -36,12 +36,6 @@ pub const ATTN_DECODE_SPLITS_ENV: &str = "PORTER_ATTN_DECODE_SPLITS";
 /// Environment variable: the fewest keys of a split of the mma decode kernel, a power of two
 /// in 64..=65536 (default [`DEC_MIN_KEYS`]).
 pub const ATTN_DECODE_MIN_KEYS_ENV: &str = "PORTER_ATTN_DECODE_MIN_KEYS";
-/// Environment variable: how many of its first K/V tiles each warp of the V2 split kernel
-/// (`mma4`, `mma4w2`, `mma4s`) asks L2 for before its programmatic-dependent-launch wait,
-/// 0..=8 (default [`DEC_PREFETCH`]; 0: none). Only hints: the output does not depend on it.
-pub const ATTN_DECODE_PREFETCH_ENV: &str = "PORTER_ATTN_DECODE_PREFETCH";
-/// Default of [`ATTN_DECODE_PREFETCH_ENV`].
-pub const DEC_PREFETCH: u32 = 0;
 /// Default of [`ATTN_DECODE_SPLITS_ENV`]: 32k keys → 64 splits of 512 (128 blocks at 2 KV
 /// heads, one wave on an H200's 132 SMs).
 pub const DEC_SPLITS: usize = 64;
@@ -86,7 +80,6 @@ pub enum AttnDecode {
 thread_local! {
     static FORCED: Cell<Option<AttnDecode>> = const { Cell::new(None) };
     static FORCED_SPLITS: Cell<Option<(u32, u32)>> = const { Cell::new(None) };
-    static FORCED_PREFETCH: Cell<Option<u32>> = const { Cell::new(None) };
     static TIMING: Cell<DecodeTiming> = const { Cell::new(DecodeTiming::PerCall) };
     static SCRATCH: std::cell::RefCell<Option<CudaSlice<f32>>> = const { std::cell::RefCell::new(None) };
 }
@@ -124,36 +117,6 @@ pub fn force_attn_decode_timing(t: DecodeTiming) {
 pub fn force_attn_decode_splits(splits: Option<(usize, usize)>) {
     let log2 = |n: usize, lo: usize, hi: usize| n.clamp(lo, hi).next_power_of_two().min(hi).trailing_zeros();
     FORCED_SPLITS.with(|f| f.set(splits.map(|(s, m)| (log2(s, 1, DEC_MAXZ), log2(m, 64, 65_536)))));
-}
-
-/// Overrides [`ATTN_DECODE_PREFETCH_ENV`] for the calling thread (`None`: back to the
-/// environment; values above 8 are clamped). For A/B timing in one process.
-#[doc(hidden)]
-pub fn force_attn_decode_prefetch(tiles: Option<u32>) {
-    FORCED_PREFETCH.with(|f| f.set(tiles.map(|n| n.min(8))));
-}
-
-/// The prefetch depth in force ([`ATTN_DECODE_PREFETCH_ENV`]): the thread's override, else
-/// the environment (warning once about a value outside 0..=8).
-fn prefetch_choice() -> u32 {
-    if let Some(n) = FORCED_PREFETCH.with(Cell::get) {
-        return n;
-    }
-    prefetch_from(std::env::var(ATTN_DECODE_PREFETCH_ENV).ok().as_deref()).unwrap_or_else(|bad| {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            eprintln!("warning: {ATTN_DECODE_PREFETCH_ENV}={bad:?} is not a tile count in 0..=8; using {DEC_PREFETCH}")
-        });
-        DEC_PREFETCH
-    })
-}
-
-/// [`ATTN_DECODE_PREFETCH_ENV`]'s value (`Err`: the value, not a count in 0..=8).
-fn prefetch_from(v: Option<&str>) -> std::result::Result<u32, String> {
-    match v.map(str::trim) {
-        None | Some("") => Ok(DEC_PREFETCH),
-        Some(x) => x.parse::<u32>().ok().filter(|n| *n <= 8).ok_or_else(|| x.to_string()),
-    }
 }
 
 /// Overrides [`ATTN_DECODE_ENV`] for the calling thread (`None`: back to the environment).
@@ -253,8 +216,6 @@ pub(super) struct DecodePlan {
     pdl: bool,
     ks_min_log2: u32,
     nsplit_log2: u32,
-    /// K/V tiles a warp asks L2 for before the PDL wait (V2 split kernels only).
-    prefetch: u32,
 }
 
 impl CudaKernels {
@@ -313,7 +274,6 @@ impl CudaKernels {
             pdl,
             ks_min_log2,
             nsplit_log2,
-            prefetch: if v2k { prefetch_choice() } else { 0 },
         })
     }
 
@@ -390,7 +350,7 @@ impl CudaKernels {
         // Kernel: `attention_decode_<T>_d<DP>_s<ST>(const T* q, const T* kpool, const T* vpool,
         // const u32* tables, const u32* spans, T* out, float* part, u32 t, u32 heads, u32 kvh,
         // float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots, u32 qcap, u32 nzg,
-        // u32 ks_min_log2, u32 nsplit_log2, u32 pf)` (`pf`: L2 hints only, any value is safe).
+        // u32 ks_min_log2, u32 nsplit_log2)`.
         unsafe {
             launch_fn!(
                 self,
@@ -415,8 +375,7 @@ impl CudaKernels {
                     qc32,
                     nz32,
                     ksl,
-                    nsl,
-                    p.prefetch
+                    nsl
                 ]
             )
         }?;
@@ -491,18 +450,6 @@ mod tests {
         assert_eq!(decode_from(Some("Mma4W2".as_ref())), Ok(AttnDecode::Mma4W2));
         assert_eq!(decode_from(Some("legacy".as_ref())), Ok(AttnDecode::Legacy));
         assert!(decode_from(Some("fast".as_ref())).is_err());
-    }
-
-    #[test]
-    fn prefetch_env_values() {
-        assert_eq!(prefetch_from(None), Ok(DEC_PREFETCH));
-        assert_eq!(prefetch_from(Some(" ")), Ok(DEC_PREFETCH));
-        assert_eq!(prefetch_from(Some("0")), Ok(0));
-        assert_eq!(prefetch_from(Some(" 3 ")), Ok(3));
-        assert_eq!(prefetch_from(Some("8")), Ok(8));
-        assert!(prefetch_from(Some("9")).is_err());
-        assert!(prefetch_from(Some("-1")).is_err());
-        assert!(prefetch_from(Some("two")).is_err());
     }
 
     #[test]
