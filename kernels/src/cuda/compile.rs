@@ -169,7 +169,8 @@ pub(crate) static ATTENTION_WGMMA: KernelSource =
 pub(crate) static ATTENTION_DECODE: KernelSource =
     KernelSource { name: "attention_decode.cu", code: attention_helpers_then!("attention_decode.cu") };
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
-/// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine), the direct decode form's
+/// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine; moe_direct.cu, the direct
+/// form without grouping), the direct decode form's
 /// entry points with the shared expert fused in (moe_shared.cu, dense weights) and the prefill
 /// path's parallel alignment and mma.sync grouped GEMMs (moe_prefill.cu, on moe.cu's helpers),
 /// and the tensor-core decode experts (moe_dec_mma.cu: the swap-AB core shared with the FP8
@@ -180,6 +181,8 @@ pub(crate) static MOE: KernelSource = KernelSource {
         include_str!("../../cuda/moe.cu"),
         "\n#line 1 \"moe_decode.cu\"\n",
         include_str!("../../cuda/moe_decode.cu"),
+        "\n#line 1 \"moe_direct.cu\"\n",
+        include_str!("../../cuda/moe_direct.cu"),
         "\n#line 1 \"moe_shared.cu\"\n",
         include_str!("../../cuda/moe_shared.cu"),
         "\n#line 1 \"moe_prefill.cu\"\n",
@@ -233,7 +236,7 @@ pub(crate) static MISC: KernelSource = KernelSource {
 /// dense and grouped, activation quantization, e4m3 MMA), and the tensor-core decode experts
 /// (fp8_moe_mma.cu, the FP8 format of moe_dec_mma.cu's core), and the tensor-core decode GEMV
 /// (fp8_gemvt.cu). Built on the text of moe.cu and
-/// moe_decode.cu (the grouping, the decode GEMV templates, the vector helpers and the
+/// moe_decode.cu + moe_direct.cu (the grouping, the decode GEMV templates, the vector helpers and the
 /// tensor-core GEMM), compiled as a module of its own.
 pub(crate) static FP8: KernelSource = KernelSource {
     name: "fp8.cu",
@@ -242,6 +245,8 @@ pub(crate) static FP8: KernelSource = KernelSource {
         include_str!("../../cuda/moe.cu"),
         "\n#line 1 \"moe_decode.cu\"\n",
         include_str!("../../cuda/moe_decode.cu"),
+        "\n#line 1 \"moe_direct.cu\"\n",
+        include_str!("../../cuda/moe_direct.cu"),
         "\n#line 1 \"fp8.cu\"\n",
         include_str!("../../cuda/fp8.cu"),
         "\n#line 1 \"norm_rows.cu\"\n",

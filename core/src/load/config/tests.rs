@@ -45,11 +45,11 @@ fn lists_are_checked() {
     assert!(msg(k.opt_count_list("s", 0..=9)).contains("found a string"));
     assert!(msg(k.opt_string_list("t")).contains("entries must be strings"));
     let t = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let ok =
-        check_layer_types(&t(&["mamba", "attention"]), 2, &["linear_attention", "full_attention"], true).unwrap();
+    let ok = check_layer_types(&t(&["mamba", "attention"]), 2, &["linear_attention", "full_attention"], true).unwrap();
     assert_eq!(ok, t(&["linear_attention", "full_attention"]));
-    assert!(msg(check_layer_types(&t(&["full_attention"]), 2, &["full_attention"], false))
-        .contains("one entry per layer"));
+    assert!(
+        msg(check_layer_types(&t(&["full_attention"]), 2, &["full_attention"], false)).contains("one entry per layer")
+    );
     assert!(msg(check_layer_types(&t(&["attention"]), 1, &["full_attention"], false)).contains("found `attention`"));
 }
 
@@ -122,10 +122,9 @@ fn hidden_act_names_and_devices() {
     );
     assert!(msg(check_act("xielu")).contains("learned parameters"));
     // serde (crates that embed the shared keys) takes the same names.
-    let c: DecoderConfig =
-        serde_json::from_value(json!({"vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 1,
+    let c: DecoderConfig = serde_json::from_value(json!({"vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 1,
         "num_attention_heads": 1, "hidden_act": "relu2"}))
-        .unwrap();
+    .unwrap();
     assert_eq!(c.hidden_act, Act::Relu2);
     let e = serde_json::from_value::<DecoderConfig>(json!({"vocab_size": 8, "hidden_size": 4,
         "num_hidden_layers": 1, "num_attention_heads": 1, "hidden_act": "prelu"}));

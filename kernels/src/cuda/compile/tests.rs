@@ -100,8 +100,7 @@ fn nvrtc_module_image_is_a_cubin() {
 
 #[test]
 fn arch_names() {
-    for (given, want) in
-        [("sm_90", "sm_90"), ("90", "sm_90"), ("9.0", "sm_90"), ("SM_86", "sm_86"), ("12.1", "sm_121")]
+    for (given, want) in [("sm_90", "sm_90"), ("90", "sm_90"), ("9.0", "sm_90"), ("SM_86", "sm_86"), ("12.1", "sm_121")]
     {
         assert_eq!(arch_named(given), Some(want), "{given}");
     }

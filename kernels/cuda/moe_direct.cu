@@ -1,0 +1,304 @@
+// MoE decode, direct form: appended after moe_decode.cu (its vector helpers, row readers and
+// warp_dots) by kernels/src/cuda/compile.rs, in the MoE module and in the FP8 module (fp8.cu and
+// moe_shared.cu use DirShared, dir_gu_impl and dir_down_impl_pdl with their own row readers).
+
+// ---------------------------------------------------------------------------
+// Direct form (few pairs, the default up to DIRECT_MAX_PAIRS on the host): no
+// grouping at all. Why: at t = 1 the grouping prologue of each v1 kernel
+// (counting sort over e experts in shared memory, five barriers, the idx load in
+// front) is ~5 µs in which no weight load is in flight, a quarter of each
+// kernel. With a handful of pairs there is nothing to group: a pair p = r·k + j
+// is its own slot, expert idx[p]. Two pairs of different rows on one expert read
+// its rows twice (from L2 when the warps run together); at t·k ≪ e that is rare.
+// - gate+up (moe_dir_gu_*): one warp per item (pair p, column c), item q = p·I + c
+//   (consecutive warps: consecutive rows of one expert), h[p][c] as gu_item.
+// - down + combine (moe_dir_down_*): one warp per item (row r, hidden column c),
+//   a block per (8 columns, row) with the row's k rows of h staged in shared
+//   memory when they fit: the k down rows down[idx[r, j]][c] against h[r·k + j]
+//   in groups of MOE_DIR_KG pairs (all their loads in flight at once), then out[r][c] =
+//   Σ_j round(o_j) · w[r, j] in j order: combine_at's terms and order, so no o
+//   buffer, no counters and no fence. Invalid ids are skipped (no loads).
+// Every dot product is warp_dots' (same lane-strided chunk order, same FMAs,
+// same butterfly), so the direct form gives v1's bits.
+// ---------------------------------------------------------------------------
+
+#define MOE_DIR_KG 8 // down: pairs of a row whose loads are in flight together
+
+// acc[g] = Σ_i w_g[i] · a_g[i] over i < K for the live g < G (bit g of `live`), one
+// warp: the same per-accumulator order as warp_dots (every lane gets every sum).
+template <typename T, typename R, int G, int U>
+__device__ __forceinline__ void warp_dots_zip(const R (&w)[G], const T* (&a)[G], u32 live, u32 K, int vec, u32 lane,
+                                              float (&acc)[G]) {
+    constexpr u32 E = R::E;
+#pragma unroll
+    for (int g = 0; g < G; ++g) acc[g] = 0.0f;
+    const u32 kv = vec ? K / E : 0u;
+    for (u32 c0 = lane; c0 < kv; c0 += 32u * U) {
+        uint4 wv[U][G];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const u32 c = c0 + 32u * u;
+                wv[u][g] = c < kv && (live >> g & 1u) ? w[g].load(c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 c = c0 + 32u * u;
+            if (c < kv) {
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    if (live >> g & 1u) {
+                        float wf[E], af[E];
+                        w[g].expand(wv[u][g], c, wf);
+                        // a[g] may point to shared memory: a generic 16-byte load.
+                        const uint4* ap = reinterpret_cast<const uint4*>(a[g] + E * c);
+#pragma unroll
+                        for (u32 v = 0; v < E / VecOf<T>::N; ++v) unpack<T>(ap[v], af + v * VecOf<T>::N);
+                        acc[g] = w[g].dot_acc(wf, af, c, acc[g]);
+                    }
+                }
+            }
+        }
+    }
+    for (u32 i = kv * E + lane; i < K; i += 32u)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+            if (live >> g & 1u) acc[g] = fmaf(w[g].at(i), to_f(a[g][i]), acc[g]);
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+        if (live >> g & 1u) acc[g] = warp_sum(acc[g]);
+}
+
+// The shared expert of the direct form (moe_shared.cu's entry points; none in moe_dir_*):
+// gate+up: h_s [t, Is] (T) = round(silu(round(g)) · round(u)) from the f32 columns
+//   gu[r·gu_stride + gu_col0 + c] (g) and [.. + Is + c] (u) — swiglu_f32in's formula;
+// down: out[r][c] += σ(round(g_r)) · round(down_s[c] · h_s[r]), g_r = glog[r·g_stride + g_col]
+//   — shared_expert_add_f32g's formula, after the routed sum as there. Only the order of the
+//   shared down dot product (warp_dots') differs from the unfused GEMV.
+template <typename T, typename M> struct DirShared {
+    const float* gu;
+    u32 gu_stride, gu_col0;
+    const float* glog;
+    u32 g_stride, g_col;
+    M down;  // [H, Is]
+    T* hs;   // [t, Is]
+    u32 Is, t;
+    // Down: 0 none; 1 the shared row is slot k of the routed zip groups (Is = I, same
+    // vec); 2 a dot product of its own after them. vec: 16-byte loads of its rows.
+    int mode, vec;
+};
+
+// The direct down kernel's L2 prefetch (staged bit 2): the 128-byte lines of warp
+// (row, column c)'s rows, routed pair j's down[idx_r[j]][c] (valid ids only) and with a
+// shared expert its row down_s[c], lane-strided over (row, line).
+// DEMOTE: instead, give those lines back their normal L2 eviction priority (applypriority),
+// after the down-L2 form's gate+up kernel asked them in with evict_last (dir_down_prefetch).
+template <typename T, typename M, bool DEMOTE = false>
+__device__ __forceinline__ void dir_prefetch_rows(const M& down, const u32* __restrict__ idx_r, u32 e, u32 H, u32 I,
+                                                  u32 k, u32 c, const DirShared<T, M>& sh, u32 lane) {
+    const u32 nl = (I * M::BYTES + 127u) / 128u;
+    for (u32 q = lane; q < k * nl; q += 32u) {
+        const u32 j = q / nl;
+        const u32 ex = __ldg(idx_r + j);
+        if (ex < e) {
+            const char* p = static_cast<const char*>(down.row((u64)ex * H + c, I).base()) + (q - j * nl) * 128u;
+            if (DEMOTE) {
+#if __CUDA_ARCH__ >= 800  // applypriority: sm_80+ (nothing to undo below, see dir_down_prefetch)
+                asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(p) : "memory");
+#endif
+            } else {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            }
+        }
+    }
+    if (DEMOTE) return;  // the shared row was never asked in with evict_last
+    if (sh.mode) {
+        const u32 ns = (sh.Is * M::BYTES + 127u) / 128u;
+        const char* row = static_cast<const char*>(sh.down.row(c, sh.Is).base());
+        for (u32 l = lane; l < ns; l += 32u) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + l * 128u));
+    }
+}
+
+// The down-L2 form (MoeGemv::DirectL2): gate+up item (pair p, column c) of I asks its share of
+// expert ex's down weights (`dpf` + ex·dbytes, dbytes contiguous bytes: the expert's [H, I]
+// block of e4m3 or T) into L2 with evict_last priority: 128-byte lines c·32 + lane + 32·I·j, so
+// the I items of a pair cover the block once (t = 1, 80B bf16: 2 MiB an expert, one line a
+// lane). Why: the direct form's down launch streamed its 21 MB (bf16, t = 1) from HBM in one
+// wave after the gate+up launch had ended, the bandwidth idle at its ramp and tail; asked for
+// here, those bytes share the gate+up launch's HBM stream (more bytes in flight per SM) and the
+// down launch reads them from L2. evict_last keeps them from being pushed out by the 42 MB of
+// gate / up rows streamed meanwhile; the down kernel (staged bit 3) sets them back to normal.
+// Non-binding (no value is read), so the arithmetic and bits are the direct form's.
+__device__ __forceinline__ void dir_down_prefetch(const unsigned char* dpf, u64 dbytes, u32 ex, u32 c, u32 I,
+                                                  u32 lane) {
+    const unsigned char* blk = dpf + (u64)ex * dbytes;
+    const u64 nl = (dbytes + 127u) / 128u;
+    for (u64 l = (u64)c * 32u + lane; l < nl; l += (u64)I * 32u)
+#if __CUDA_ARCH__ >= 800  // eviction priorities: sm_80+; a plain prefetch below
+        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(blk + l * 128u));
+#else
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(blk + l * 128u));
+#endif
+}
+
+// `dpf`, `dbytes`: the down prefetch of the down-L2 form (dir_down_prefetch), for the pairs
+// p < npf (0: none; the host bounds npf · dbytes by part of the L2).
+template <typename T, typename M, int U>
+__device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up,
+                                            const u32* __restrict__ idx, u32 n, u32 e, T* __restrict__ h, u32 H, u32 I,
+                                            u32 k, int vec, const unsigned char* dpf, u64 dbytes,
+                                            u32 npf, const DirShared<T, M>& sh) {
+    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
+    // Blocks past the routed items' compute h_s, a thread an element.
+    const u64 nb = ((u64)n * I + wpb - 1) / wpb;
+    if (blockIdx.x >= nb) {
+        const u64 q = (blockIdx.x - nb) * blockDim.x + threadIdx.x;
+        if (q < (u64)sh.t * sh.Is) {
+            const u64 r = q / sh.Is, c = q % sh.Is;
+            const float* row = sh.gu + r * sh.gu_stride + sh.gu_col0;
+            sh.hs[q] = from_f<T>(silu_f(round_to<T>(row[c])) * round_to<T>(row[sh.Is + c]));
+        }
+        return;
+    }
+    const u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5);
+    if (q >= (u64)n * I) return;
+    const u32 p = (u32)(q / I), c = (u32)(q % I);
+    const u32 ex = __ldg(idx + p);
+    if (ex >= e) return;
+    if (p < npf) dir_down_prefetch(dpf, dbytes, ex, c, I, lane);
+    const typename M::Row w[2] = {gate.row((u64)ex * I + c, H), up.row((u64)ex * I + c, H)};
+    const T* a[1] = {x + (u64)(p / k) * H};
+    float acc[1][2];
+    warp_dots<T, typename M::Row, 2, 1, U, false>(w, a, 1, H, vec, lane, acc);
+    if (lane == 0) h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(acc[0][0])) * round_to<T>(acc[0][1]));
+}
+
+// Without a shared expert (moe_dir_gu_*).
+template <typename T, typename M, int U>
+__device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up,
+                                            const u32* __restrict__ idx, u32 n, u32 e, T* __restrict__ h, u32 H, u32 I,
+                                            u32 k, int vec, const unsigned char* dpf, u64 dbytes,
+                                            u32 npf) {
+    DirShared<T, M> none{};
+    dir_gu_impl<T, M, U>(x, gate, up, idx, n, e, h, H, I, k, vec, dpf, dbytes, npf, none);
+}
+
+// `staged`: bit 0, the row's k rows of h in shared memory; bit 1, the row of h_s after them;
+// bit 2, the rows prefetched into L2 first (dir_prefetch_rows); bit 3, the routed rows' L2
+// priority set back to normal after use (the down-L2 form).
+template <typename T, typename M, int U>
+__device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const M down,
+                                                  const u32* __restrict__ idx, const float* __restrict__ wt, u32 e,
+                                                  float* __restrict__ out, u32 H, u32 I, u32 k, int vec, int staged,
+                                                  const DirShared<T, M>& sh) {
+    constexpr int G = MOE_DIR_KG;
+    extern __shared__ uint4 dsm_h[];
+    const u32 lane = threadIdx.x & 31u;
+    // Block (column block x, row y): the row's k rows of h, [k, I], in shared memory when
+    // staged (every warp of the block reads all of them: from L2 each read of the group
+    // waited its own latency), else read from global memory; so the shared expert's row.
+    const u32 r = blockIdx.y, c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const T* hr = h + (u64)r * k * I;
+    const T* hsr = sh.mode ? sh.hs + (u64)r * sh.Is : nullptr;
+    // staged bit 2 (the streamed form; PORTER_MOE_DOWN=legacy clears it): every weight row
+    // this warp will read (its k routed rows, then the shared row) is asked into L2 before
+    // the staging below, so HBM works on the whole launch's bytes from its start; without
+    // it the first zip group's loads were issued only after the idx load, the h staging
+    // and the barrier (one wave at t = 1: each of those latencies was the kernel's), and
+    // the second group's only after the first group's dots. Registers: one expert id and
+    // one address a lane (no row array: the earlier try with prefetch_rows spilled).
+    if ((staged & 4) && c < H) dir_prefetch_rows<T, M>(down, idx + (u64)r * k, e, H, I, k, c, sh, lane);
+    // Before the PDL wait: the prefetch above reads only weights and the router's expert ids,
+    // written two launches back (router, then gate+up, then this kernel): a kernel starts only
+    // once every block of the launch before it is past its own wait, i.e. once the launch
+    // before that one has completed. So the down rows stream into L2 during the gate+up
+    // launch's tail; h (the gate+up output) is read only after the wait.
+    porter_pdl_enter();
+    if (staged & 3) {
+        const u32 n16 = (staged & 1) ? k * I * (u32)sizeof(T) / 16u : 0u;
+        const u32 s16 = (staged & 2) ? sh.Is * (u32)sizeof(T) / 16u : 0u;
+        const uint4* src = reinterpret_cast<const uint4*>(hr);
+        const uint4* ssrc = reinterpret_cast<const uint4*>(hsr);
+        for (u32 i = threadIdx.x; i < n16 + s16; i += blockDim.x)
+            dsm_h[i] = i < n16 ? __ldg(src + i) : __ldg(ssrc + (i - n16));
+        __syncthreads();
+        if (staged & 1) hr = reinterpret_cast<const T*>(dsm_h);
+        if (staged & 2) hsr = reinterpret_cast<const T*>(dsm_h + n16);
+    }
+    if (c >= H) return;
+    float total = 0.0f, sdot = 0.0f;
+    // The pairs, and with mode 1 the shared row as pair k (the last of the last group).
+    const u32 kk = k + (sh.mode == 1 ? 1u : 0u);
+    for (u32 j0 = 0; j0 < kk; j0 += G) {
+        typename M::Row w[G];
+        const T* a[G];
+        u32 live = 0u;
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const u32 j = j0 + g;
+            if (j == k && sh.mode == 1) {
+                live |= 1u << g;
+                w[g] = sh.down.row(c, I);
+                a[g] = hsr;
+            } else {
+                const u32 ex = j < k ? __ldg(idx + (u64)r * k + j) : e;
+                const bool ok = ex < e;
+                live |= (ok ? 1u : 0u) << g;
+                w[g] = down.row((u64)(ok ? ex : 0u) * H + c, I);
+                a[g] = hr + (u64)(ok ? j : 0u) * I;
+            }
+        }
+        float acc[G];
+        warp_dots_zip<T, typename M::Row, G, U>(w, a, live, I, vec, lane, acc);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (sh.mode == 1 && j0 + g == k) sdot = acc[g];
+            else if (live >> g & 1u)
+                total = __fadd_rn(total, __fmul_rn(round_to<T>(acc[g]), __ldg(wt + (u64)r * k + j0 + g)));
+        }
+    }
+    if (sh.mode == 2) {
+        const typename M::Row ws[1] = {sh.down.row(c, sh.Is)};
+        const T* as[1] = {hsr};
+        float acc[1];
+        warp_dots_zip<T, typename M::Row, 1, U>(ws, as, 1u, sh.Is, sh.vec, lane, acc);
+        sdot = acc[0];
+    }
+    if (sh.mode) total += sigmoid_f(round_to<T>(sh.glog[(u64)r * sh.g_stride + sh.g_col])) * round_to<T>(sdot);
+    if (lane == 0) out[(u64)r * H + c] = total;
+    // staged bit 3 (the down-L2 form): the rows just read were asked into L2 with evict_last
+    // by the gate+up launch; back to normal priority, so that they do not crowd out the
+    // next kernels' data (after the loads above: this warp's values are in registers).
+    if (staged & 8) dir_prefetch_rows<T, M, true>(down, idx + (u64)r * k, e, H, I, k, c, sh, lane);
+}
+
+// Without a shared expert (moe_dir_down_*).
+template <typename T, typename M, int U>
+__device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const M down,
+                                                  const u32* __restrict__ idx, const float* __restrict__ wt, u32 e,
+                                                  float* __restrict__ out, u32 H, u32 I, u32 k, int vec, int staged) {
+    DirShared<T, M> none{};
+    dir_down_impl_pdl<T, M, U>(h, down, idx, wt, e, out, H, I, k, vec, staged, none);
+}
+
+// Entry points: moe_dir_gu_<T> / moe_dir_down_<T>; DIR_U: chunks in flight per lane and row of
+// the down kernel.
+#define MOE_DIR_ENTRY(T, NAME, DIR_U)                                                                              \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_##NAME(                         \
+        const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec, \
+        const unsigned char* dpf, u64 dbytes, u32 npf) {                                                          \
+        porter_pdl_enter();                                                                                       \
+        dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec, dpf,  \
+                                       dbytes, npf);                                                                   \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_##NAME(                       \
+        const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \
+        int vec, int staged) {                                                                                    \
+        dir_down_impl_pdl<T, DenseMat<T>, DIR_U>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged);      \
+    }
+
+// f32: one chunk (two spilled: 4 weights a chunk, twice the chunks a row).
+MOE_DIR_ENTRY(float, f32, 1)
+MOE_DIR_ENTRY(bf16, bf16, 2)
+MOE_DIR_ENTRY(f16, f16, 2)
