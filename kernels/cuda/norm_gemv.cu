@@ -26,44 +26,25 @@ __device__ __forceinline__ void norm_gemv_impl(const float* __restrict__ x, cons
     }
 }
 
-// Entry of the fused kernels (their first statement): before the PDL wait, each warp asks L2 for
-// the weight row of its column in the block's first column block (gemv_block's mapping: column
-// jb · (8 / split) + warp / split, the split warps taking every split-th 128-byte line), so that
-// the weight stream starts while the previous kernel finishes and this block normalises its
-// rows; then porter_pdl_enter(). Weights are never written by a kernel: only hints, no data.
-template <typename T>
-__device__ __forceinline__ void norm_gemv_enter_pdl(const T* __restrict__ w, u32 k, u32 n, u32 split, u32 nblk) {
-    if (blockIdx.x < nblk && split != 0) {
-        const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-        const u32 j = blockIdx.x * (8u / split) + warp / split, part = warp % split;
-        if (j < n) {
-            const unsigned char* row = reinterpret_cast<const unsigned char*>(w + (u64)j * k);
-            const u64 lines = ((u64)k * sizeof(T) + 127u) / 128u;
-            for (u64 l = (u64)part * 32u + lane; l < lines; l += 32u * split) porter_prefetch_l2(row + 128u * l);
-        }
-    }
-    porter_pdl_enter();
-}
-
 // Entries: norm_gemv_{T}_{O}_m{M} (x f32, no add), add_norm_gemv_{T}_{O}_m{M} (x f32 + y T) and
 // add_norm_gemv_f32y_{T}_{O}_m{M} (x f32 + y f32; for T = f32 the same as the one before).
 #define PORTER_NORM_GEMV(NT_, T, NO, O, M)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                            \
         norm_gemv_##NT_##_##NO##_m##M(const float* x, const T* nw, float eps, int zc, u32 nt, const T* w, O* out, \
-                                      T* normed, u32 m, u32 k, u32 n, u32 split, u32 nblk) { norm_gemv_enter_pdl(w, k, n, split, nblk);                     \
+                                      T* normed, u32 m, u32 k, u32 n, u32 split, u32 nblk) { porter_pdl_enter();                     \
         norm_gemv_impl<T, O, M, false, T>(x, nullptr, nw, eps, zc, nt, w, out, normed, nullptr, m, k, n, split,     \
                                        nblk);                                                                    \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                            \
         add_norm_gemv_##NT_##_##NO##_m##M(const float* x, const T* y, const T* nw, float eps, int zc, u32 nt,    \
                                           const T* w, O* out, T* normed, float* sum, u32 m, u32 k, u32 n,        \
-                                          u32 split, u32 nblk) { norm_gemv_enter_pdl(w, k, n, split, nblk);                                                 \
+                                          u32 split, u32 nblk) { porter_pdl_enter();                                                 \
         norm_gemv_impl<T, O, M, true>(x, y, nw, eps, zc, nt, w, out, normed, sum, m, k, n, split, nblk);         \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                            \
         add_norm_gemv_f32y_##NT_##_##NO##_m##M(const float* x, const float* y, const T* nw, float eps, int zc,   \
                                                u32 nt, const T* w, O* out, T* normed, float* sum, u32 m, u32 k,  \
-                                               u32 n, u32 split, u32 nblk) { norm_gemv_enter_pdl(w, k, n, split, nblk);                                     \
+                                               u32 n, u32 split, u32 nblk) { porter_pdl_enter();                                     \
         norm_gemv_impl<T, O, M, true, float>(x, y, nw, eps, zc, nt, w, out, normed, sum, m, k, n, split, nblk);  \
     }
 #define PORTER_NORM_GEMV_M(NT_, T, NO, O) \
