@@ -11,7 +11,10 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 /// either way). Off by default because it measured slower: H200, 24-layer 80B bf16, graphs on,
 /// 2026-12-02 (docs/benchmarks.md "Session 9"), batch 1 430.2 tok/s fused against 445.8 apart
 /// — the fused grid of 4 blocks an SM, each normalising the rows before its first weight load,
-/// streams the weights slower than the plain GEMV's full grid saves in launches. Read on every
+/// streams the weights slower than the plain GEMV's full grid saves in launches. Again with
+/// PDL (session 14, 2026-12-03): 452.7 against 481.1 tok/s at batch 1, 824.6 against 991.9 at
+/// batch 4, also with each warp's first weight row asked into L2 before the PDL wait (that
+/// prologue was removed again). Read on every
 /// call; an unknown value warns once and means apart.
 pub const NORM_GEMV_ENV: &str = "PORTER_NORM_GEMV";
 
@@ -38,8 +41,11 @@ pub fn norm_gemv_enabled() -> bool {
 pub const NORM_GEMV_MAX_ROWS: usize = 4;
 
 /// Shared memory the normalised rows may take (`m · d` elements of the model dtype): the
-/// default limit of a block, no opt-in needed on any GPU.
-const NORM_GEMV_SMEM: usize = 48 * 1024;
+/// default 48 KiB of a block (no opt-in needed on any GPU) less 1 KiB for the kernels' static
+/// shared memory (the GEMV's and the norm's reductions, ≤ 256 bytes): dynamic + static must stay
+/// within 48 KiB, else the launch fails (CUDA_ERROR_INVALID_VALUE, seen on the H200 for f32
+/// rows of m = 3, k = 4096: exactly 48 KiB dynamic). A shape beyond it runs apart.
+const NORM_GEMV_SMEM: usize = 47 * 1024;
 
 /// Blocks an SM of the fused launch (each block recomputes the norm, so the grid is held to
 /// a few blocks an SM and each block loops over column blocks).
@@ -309,5 +315,17 @@ mod tests {
         assert_eq!(norm_fused(Some(OsStr::new(" Fused "))), Ok(true));
         assert_eq!(norm_fused(Some(OsStr::new("apart"))), Ok(false));
         assert_eq!(norm_fused(Some(OsStr::new("off"))), Err("off".to_string()));
+    }
+
+    #[test]
+    fn fits_leaves_room_for_static_shared_memory() {
+        use super::CudaKernels;
+        // The 80B decode shapes fit; 48 KiB of f32 rows (over the default limit with the
+        // static reductions beside them) do not, and run as two launches.
+        assert!(CudaKernels::norm_gemv_fits::<half::bf16, half::bf16>(4, 2048));
+        assert!(CudaKernels::norm_gemv_fits::<f32, f32>(2, 4096));
+        assert!(!CudaKernels::norm_gemv_fits::<f32, f32>(3, 4096));
+        assert!(!CudaKernels::norm_gemv_fits::<half::bf16, half::bf16>(5, 2048));
+        assert!(!CudaKernels::norm_fp8_gemv_fits::<f32>(3, 4096));
     }
 }
