@@ -14,8 +14,8 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 /// streams the weights slower than the plain GEMV's full grid saves in launches. Again with
 /// PDL (session 14, 2026-12-03): 452.7 against 481.1 tok/s at batch 1, 824.6 against 991.9 at
 /// batch 4, also with each warp's first weight row asked into L2 before the PDL wait (that
-/// prologue was removed again). Read on every
-/// call; an unknown value warns once and means apart.
+/// prologue was removed again). Read on every call; an unknown value warns once and means
+/// apart.
 pub const NORM_GEMV_ENV: &str = "PORTER_NORM_GEMV";
 
 /// Whether [`NORM_GEMV_ENV`]'s value `v` asks for the fused kernels (`Err`: the value, unknown).

@@ -104,7 +104,6 @@ pub fn up_u32(k: &CudaKernels, v: &[u32]) -> CudaSlice<u32> {
     k.stream().clone_htod(v).expect("htod")
 }
 
-/// A device buffer of `n` NaNs.
 /// A decode GEMV case: `x` `[m, kk]` and `w` `[n, kk]` drawn from `rng` (rounded to `A`),
 /// uploaded, and the CPU reference `x · wᵀ` rounded to `O`.
 pub fn gemv_inputs<A: CudaFloat, O: CudaFloat>(
@@ -121,6 +120,7 @@ pub fn gemv_inputs<A: CudaFloat, O: CudaFloat>(
     (up::<A>(k, &x), up::<A>(k, &w), rnd_vec::<O>(&want))
 }
 
+/// A device buffer of `n` NaNs.
 pub fn poisoned<T: CudaFloat>(k: &CudaKernels, n: usize) -> CudaSlice<T> {
     up::<T>(k, &vec![f32::NAN; n])
 }
