@@ -237,6 +237,82 @@ __device__ __forceinline__ void load_rows(float (&S)[R], const float* base, bool
     }
 }
 
+// One token of the gated delta rule on the R register rows of a state column (a lane's part
+// of it; the column's P lanes are `cpw` lanes apart in the warp): S ← a·S, δ = b·(v − Sᵀk),
+// S ← S + k·δ; returns Sᵀq, both products summed over the P lanes by shuffles. `k4` points to
+// this part's R staged k rows (float4), q's are `qo` float4s before them. q / k are read
+// through a pointer hidden from the optimiser every DS_GROUP rows, so that the loads are not
+// all hoisted ahead of the FMAs (R registers each).
+template <int R>
+__device__ __forceinline__ float delta_token(float (&S)[R], const float4* k4, u32 qo, float a, float b, float v,
+                                             u32 cpw) {
+    // Decay, then Sᵀk.
+    float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+    {
+        const float4* kp = k4;
+#pragma unroll
+        for (int m = 0; m < R; m += 4) {
+            if (m % DS_GROUP == 0) asm volatile("" : "+l"(kp));
+            const float4 kk = kp[m / 4];
+            S[m] *= a;
+            S[m + 1] *= a;
+            S[m + 2] *= a;
+            S[m + 3] *= a;
+            p0 = fmaf(kk.x, S[m], p0);
+            p1 = fmaf(kk.y, S[m + 1], p1);
+            p2 = fmaf(kk.z, S[m + 2], p2);
+            p3 = fmaf(kk.w, S[m + 3], p3);
+        }
+    }
+    float kv = (p0 + p1) + (p2 + p3);
+    for (u32 o = 16; o >= cpw; o >>= 1) kv += __shfl_xor_sync(0xffffffffu, kv, o);
+    const float delta = b * (v - kv);
+    // Rank-1 update, then Sᵀq.
+    p0 = p1 = p2 = p3 = 0.0f;
+    {
+        const float4* kp = k4;
+#pragma unroll
+        for (int m = 0; m < R; m += 4) {
+            if (m % DS_GROUP == 0) asm volatile("" : "+l"(kp));
+            const float4 kk = kp[m / 4];
+            const float4 qq = kp[m / 4 - (int)qo];
+            S[m] = fmaf(kk.x, delta, S[m]);
+            S[m + 1] = fmaf(kk.y, delta, S[m + 1]);
+            S[m + 2] = fmaf(kk.z, delta, S[m + 2]);
+            S[m + 3] = fmaf(kk.w, delta, S[m + 3]);
+            p0 = fmaf(qq.x, S[m], p0);
+            p1 = fmaf(qq.y, S[m + 1], p1);
+            p2 = fmaf(qq.z, S[m + 2], p2);
+            p3 = fmaf(qq.w, S[m + 3], p3);
+        }
+    }
+    float o = (p0 + p1) + (p2 + p3);
+    for (u32 d = 16; d >= cpw; d >>= 1) o += __shfl_xor_sync(0xffffffffu, o, d);
+    return o;
+}
+
+// One token's q and k rows (dk each), L2-normalised (q also times q_scale), staged by one
+// warp in the delta rule's layout [P][R + DS_PAD] at qs / ks (rows >= dk zero).
+__device__ __forceinline__ void stage_qk(const float* qr, const float* kr, float* qs, float* ks, u32 dk, u32 P, u32 R,
+                                         float q_scale, u32 lane) {
+    float sq = 0.0f, sk = 0.0f;
+    for (u32 i = lane; i < dk; i += 32) {
+        const float qv = qr[i], kv = kr[i];
+        sq += qv * qv;
+        sk += kv * kv;
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    const float fq = (1.0f / sqrtf(sq + 1e-6f)) * q_scale;
+    const float fk = 1.0f / sqrtf(sk + 1e-6f);
+    const u32 rs = R + DS_PAD;
+    for (u32 i = lane; i < P * R; i += 32) {
+        const u32 o = (i / R) * rs + i % R;
+        qs[o] = i < dk ? qr[i] * fq : 0.0f;
+        ks[o] = i < dk ? kr[i] * fk : 0.0f;
+    }
+}
+
 __device__ __forceinline__ bool delta_span_ok(const u32* sp, u32 t, u32 num_slots, u32 nbuf) {
     return sp[2] < num_slots && sp[3] < nbuf && (u64)sp[0] + sp[1] <= t && (sp[4] == 0 || sp[1] <= nbuf);
 }
@@ -299,22 +375,7 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
         // q, k of the tile: one warp per token, normalised, padded per part.
         for (u32 tt = wid; tt < tl; tt += nw) {
             const float* qr = qkv + (u64)(row0 + t0 + tt) * rw + (u64)kh * dk;
-            const float* kr = qr + (u64)hk * dk;
-            float sq = 0.0f, sk = 0.0f;
-            for (u32 i = lane; i < dk; i += 32) {
-                const float qv = qr[i], kv = kr[i];
-                sq += qv * qv;
-                sk += kv * kv;
-            }
-            sq = warp_sum(sq);
-            sk = warp_sum(sk);
-            const float fq = (1.0f / sqrtf(sq + 1e-6f)) * q_scale;
-            const float fk = 1.0f / sqrtf(sk + 1e-6f);
-            for (u32 i = lane; i < P * R; i += 32) {
-                const u32 o = tt * ts + (i / R) * rs + i % R;
-                qs[o] = i < dk ? qr[i] * fq : 0.0f;
-                ks[o] = i < dk ? kr[i] * fk : 0.0f;
-            }
+            stage_qk(qr, qr + (u64)hk * dk, qs + tt * ts, ks + tt * ts, dk, P, R, q_scale, lane);
         }
         for (u32 x = tid; x < tl * cb; x += nt) {
             const u32 tt = x / cb, cc = x % cb, cg = blockIdx.x * cb + cc;
@@ -328,54 +389,8 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
         __syncthreads();
 
         for (u32 tt = 0; tt < tl; ++tt) {
-            const float a = as[tt], b = bs[tt];
-            // q / k are read through a pointer that is hidden from the optimiser
-            // every DS_GROUP rows, so that loads are not all hoisted ahead of the
-            // FMAs (R registers each).
             const float4* k4 = reinterpret_cast<const float4*>(ks + tt * ts + part * rs);
-            const u32 qo = DS_TT * ts / 4;  // q is qo float4s before k
-            // Decay, then Sᵀk.
-            float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
-            {
-                const float4* kp = k4;
-#pragma unroll
-                for (int m = 0; m < R; m += 4) {
-                    if (m % DS_GROUP == 0) asm volatile("" : "+l"(kp));
-                    const float4 kk = kp[m / 4];
-                    S[m] *= a;
-                    S[m + 1] *= a;
-                    S[m + 2] *= a;
-                    S[m + 3] *= a;
-                    p0 = fmaf(kk.x, S[m], p0);
-                    p1 = fmaf(kk.y, S[m + 1], p1);
-                    p2 = fmaf(kk.z, S[m + 2], p2);
-                    p3 = fmaf(kk.w, S[m + 3], p3);
-                }
-            }
-            float kv = (p0 + p1) + (p2 + p3);
-            for (u32 o = 16; o >= cpw; o >>= 1) kv += __shfl_xor_sync(0xffffffffu, kv, o);
-            const float delta = b * (vs[tt * cb + cib] - kv);
-            // Rank-1 update, then Sᵀq.
-            p0 = p1 = p2 = p3 = 0.0f;
-            {
-                const float4* kp = k4;
-#pragma unroll
-                for (int m = 0; m < R; m += 4) {
-                    if (m % DS_GROUP == 0) asm volatile("" : "+l"(kp));
-                    const float4 kk = kp[m / 4];
-                    const float4 qq = kp[m / 4 - (int)qo];
-                    S[m] = fmaf(kk.x, delta, S[m]);
-                    S[m + 1] = fmaf(kk.y, delta, S[m + 1]);
-                    S[m + 2] = fmaf(kk.z, delta, S[m + 2]);
-                    S[m + 3] = fmaf(kk.w, delta, S[m + 3]);
-                    p0 = fmaf(qq.x, S[m], p0);
-                    p1 = fmaf(qq.y, S[m + 1], p1);
-                    p2 = fmaf(qq.z, S[m + 2], p2);
-                    p3 = fmaf(qq.w, S[m + 3], p3);
-                }
-            }
-            float o = (p0 + p1) + (p2 + p3);
-            for (u32 d = 16; d >= cpw; d >>= 1) o += __shfl_xor_sync(0xffffffffu, o, d);
+            const float o = delta_token<R>(S, k4, DS_TT * ts / 4, as[tt], bs[tt], vs[tt * cb + cib], cpw);
             const u32 row = row0 + t0 + tt;
             if (part == 0 && active) out[((u64)row * hv + j) * dv + c] = from_f<T>(o);
             if (snap && active) store_rows<R>(S, slot_base + (u64)(t0 + tt) * bufs, part, dk, dv, c);

@@ -136,14 +136,11 @@ __device__ __forceinline__ void add_rms_norm_pdl(float* __restrict__ x, const TY
 
 // Gated RMSNorm with SiLU(z) (norm.cu's gated formula) reading z in place from the
 // in-projection output: row ρ = token·hv + head of x [t·hv, d] uses
-// z = p[token·pw + zoff + head·d ..]. One warp per row, GNZ_ROWS rows a block: the rows are
-// short (d = 128 in Qwen3-Next), and a block per row (the former shape: 131,072 blocks of 128
-// threads at a 4k prefill, two barriers each) left the kernel bound by block scheduling
-// rather than by memory. Lane l sums x² over i = l, l + 32, … in that order (held in
-// registers up to 32·GNZ_NPT values, else read twice; the same sums either way), then a
-// butterfly warp sum; no barrier.
+// z = p[token·pw + zoff + head·d ..]. One warp per row (gdn_norm.cu's gated_norm_row),
+// GNZ_ROWS rows a block: the rows are short (d = 128 in Qwen3-Next), and a block per row (the
+// former shape: 131,072 blocks of 128 threads at a 4k prefill, two barriers each) left the
+// kernel bound by block scheduling rather than by memory. No barrier.
 #define GNZ_ROWS 8
-#define GNZ_NPT 8
 template <typename T>
 __device__ __forceinline__ void gated_norm_z_impl(const T* __restrict__ x, const T* __restrict__ p, const T* __restrict__ w,
                                                   T* __restrict__ out, u32 d, float eps, u32 hv, u32 pw, u32 zoff,
@@ -151,39 +148,7 @@ __device__ __forceinline__ void gated_norm_z_impl(const T* __restrict__ x, const
     const u32 lane = threadIdx.x & 31u;
     const u64 r = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;  // warp-uniform
-    const T* xr = x + r * d;
-    const T* zr = p + (r / hv) * pw + zoff + (r % hv) * d;
-    T* orow = out + r * d;
-    const float inv_d = 1.0f / (float)d;
-    if (d <= 32u * GNZ_NPT) {
-        float v[GNZ_NPT];
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < GNZ_NPT; ++j) {
-            const u32 i = lane + 32u * j;
-            v[j] = i < d ? to_f(xr[i]) : 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < GNZ_NPT; ++j) ss += v[j] * v[j];
-        ss = warp_sum(ss);
-        const float rs = 1.0f / sqrtf(ss * inv_d + eps);
-#pragma unroll
-        for (int j = 0; j < GNZ_NPT; ++j) {
-            const u32 i = lane + 32u * j;
-            if (i < d) orow[i] = from_f<T>((v[j] * rs * to_f(w[i])) * silu_f(to_f(zr[i])));
-        }
-        return;
-    }
-    float ss = 0.0f;
-    for (u32 i = lane; i < d; i += 32u) {
-        const float v = to_f(xr[i]);
-        ss += v * v;
-    }
-    ss = warp_sum(ss);
-    const float rs = 1.0f / sqrtf(ss * inv_d + eps);
-    for (u32 i = lane; i < d; i += 32u) {
-        orow[i] = from_f<T>((to_f(xr[i]) * rs * to_f(w[i])) * silu_f(to_f(zr[i])));
-    }
+    gated_norm_row<T>(x + r * d, p + (r / hv) * pw + zoff + (r % hv) * d, w, out + r * d, d, eps, lane);
 }
 
 // SwiGLU from f32 GEMM outputs that the CPU model rounds to T first: per row r of a

@@ -155,15 +155,6 @@ fn check_nan_rows(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
-/// Panics unless `got` and `want` are the same bits (NaN matching NaN).
-fn check_bits(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let diff = got.iter().zip(want).filter(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan())).count();
-    if let Some(i) = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan())) {
-        panic!("{what}: {diff} of {} elements differ in bits, first {i}: {} vs {}", got.len(), got[i], want[i]);
-    }
-}
-
 /// The device buffers of one conv + gates call.
 struct ConvDev<T: CudaFloat> {
     x: CudaSlice<T>,

@@ -270,6 +270,24 @@ pub trait Ops: Sync {
     /// Gated RMSNorm per value head with SiLU(z), `z` read from columns `zoff..` of `p`:
     /// `o: [T·Hv, dv]` → `[T·Hv, dv]`.
     fn gated_norm(&self, o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor>;
+    /// [`Ops::gdn`] followed by [`Ops::gated_norm`] with `norm_w` (`[dv]`) and z at column
+    /// `conv_dim` of `p`: `[T·Hv, dv]`, normalised. A backend may run them as one launch (the
+    /// CUDA backend's decode / verify steps); the default runs the two ops.
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_gated(
+        &self,
+        p: &Tensor,
+        ba: Option<&Tensor>,
+        w: &GdnWeights<'_>,
+        g: &GdnArgs,
+        batch: &Batch,
+        rec: &mut RecCache,
+        norm_w: &Tensor,
+        eps: f32,
+    ) -> Result<Tensor> {
+        let core = self.gdn(p, ba, w, g, batch, rec)?;
+        self.gated_norm(&core, p, norm_w, g.conv_dim(), eps)
+    }
 }
 
 /// The ops of the backend `t` lives on.

@@ -19,7 +19,8 @@
 //! producer order) fails the capture, and that shape then runs eagerly.
 
 use super::{ForwardOutput, Model};
-use crate::backend::cuda::blocks::{batch_table, gdn_tables, page_table};
+use crate::backend::cuda::blocks::{batch_table, page_table};
+use crate::backend::cuda::gdn::gdn_tables;
 use crate::backend::cuda::graph::{self, width_bucket, Captured, GraphKey, Graphs, Outputs, SendGraph, UploadTag};
 use crate::error::Result;
 use crate::state::{Batch, LayerCache, LayerKind, StateCache};

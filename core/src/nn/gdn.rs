@@ -150,9 +150,8 @@ impl GatedDeltaNet {
         }
         let w = GdnWeights { conv_w: &self.conv_w, a_log: &self.a_log, dt_bias: &self.dt_bias };
         let o = ops(&p);
-        // [T·Hv, dv]
-        let core = o.gdn(&p, ba.as_ref(), &w, &c.args(), batch, rc)?;
-        let normed = o.gated_norm(&core, &p, &self.norm_w, c.conv_dim(), c.eps)?;
+        // [T·Hv, dv], the core then its gated RMSNorm (one launch where the backend fuses them)
+        let normed = o.gdn_gated(&p, ba.as_ref(), &w, &c.args(), batch, rc, &self.norm_w, c.eps)?;
         // [T·Hv, dv] -> [T, Hv·dv] -> [T, H]
         self.out_proj.forward(&normed.reshape([t, vd])?)
     }

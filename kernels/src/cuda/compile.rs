@@ -197,9 +197,19 @@ pub(crate) static MOE: KernelSource = KernelSource {
 /// are never chosen.
 pub(crate) static MOE_WGMMA: KernelSource =
     KernelSource { name: "moe_wgmma.cu", code: include_str!("../../cuda/moe_wgmma.cu") };
-/// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence, chunked prefill.
-pub(crate) static GDN_SEQ: KernelSource =
-    KernelSource { name: "gdn_seq.cu", code: include_str!("../../cuda/gdn_seq.cu") };
+/// Gated DeltaNet multi-token path: conv window step, gates, multi-token recurrence (gdn_seq.cu),
+/// and the decode / verify step in one launch (gdn_fused.cu: conv, gates, delta rule and the
+/// gated RMSNorm of gdn_norm.cu).
+pub(crate) static GDN_SEQ: KernelSource = KernelSource {
+    name: "gdn_seq.cu",
+    code: concat!(
+        include_str!("../../cuda/gdn_seq.cu"),
+        "\n#line 1 \"gdn_norm.cu\"\n",
+        include_str!("../../cuda/gdn_norm.cu"),
+        "\n#line 1 \"gdn_fused.cu\"\n",
+        include_str!("../../cuda/gdn_fused.cu")
+    ),
+};
 /// Gated DeltaNet chunked (64-token) prefill over spans: the f32 CUDA-core form (gdn_chunk.cu)
 /// and the tensor-core forms for bf16 / f16 (gdn_chunk_tc.cu, which uses gdn_chunk.cu's helpers;
 /// gdn_chunk_tc2.cu, the mma.sync state sweep of `PORTER_GDN_CHUNK=tc2`; gdn_chunk_tc4.cu, the
@@ -221,6 +231,9 @@ pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
 pub(crate) static MISC: KernelSource = KernelSource {
     name: "misc.cu",
     code: concat!(
+        "#line 1 \"gdn_norm.cu\"\n",
+        include_str!("../../cuda/gdn_norm.cu"),
+        "\n#line 1 \"misc.cu\"\n",
         include_str!("../../cuda/misc.cu"),
         "\n#line 1 \"gemv_pdl.cu\"\n",
         include_str!("../../cuda/gemv_pdl.cu"),

@@ -163,6 +163,15 @@ pub fn check(what: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
     rel
 }
 
+/// Panics unless `got` and `want` are the same bits (NaN matching NaN).
+pub fn check_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let diff = got.iter().zip(want).filter(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan())).count();
+    if let Some(i) = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan())) {
+        panic!("{what}: {diff} of {} elements differ in bits, first {i}: {} vs {}", got.len(), got[i], want[i]);
+    }
+}
+
 pub fn tol<T: CudaFloat>() -> f32 {
     if T::NAME == "f32" {
         TOL_F32

@@ -4,12 +4,14 @@
 
 pub mod blocks;
 pub mod fp8;
+pub mod gdn;
 pub mod graph;
 pub mod moe;
 pub mod norm_matmul;
 pub mod profile;
 
-pub use blocks::{CudaKv, CudaRec};
+pub use blocks::CudaKv;
+pub use gdn::CudaRec;
 
 use super::{Act, AttnArgs, GdnArgs, GdnWeights, KvCache, MoeArgs, MoeShared, NormKind, Ops, RecCache, RopeArgs};
 use crate::bail;
@@ -123,10 +125,25 @@ impl Ops for CudaOps {
         rec: &mut RecCache,
     ) -> Result<Tensor> {
         fused_silu(g.act, "gdn")?;
-        blocks::gdn(p, ba, w, g, batch, rec)
+        gdn::gdn(p, ba, w, g, batch, rec)
     }
     fn gated_norm(&self, o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor> {
-        blocks::gated_norm(o, p, w, zoff, eps)
+        gdn::gated_norm(o, p, w, zoff, eps)
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_gated(
+        &self,
+        p: &Tensor,
+        ba: Option<&Tensor>,
+        w: &GdnWeights<'_>,
+        g: &GdnArgs,
+        batch: &Batch,
+        rec: &mut RecCache,
+        norm_w: &Tensor,
+        eps: f32,
+    ) -> Result<Tensor> {
+        fused_silu(g.act, "gdn")?;
+        gdn::gdn_gated(p, ba, w, g, batch, rec, norm_w, eps)
     }
 }
 

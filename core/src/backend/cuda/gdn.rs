@@ -1,0 +1,405 @@
+//! Gated DeltaNet on the device: the per-slot conv windows and SSM states ([`CudaRec`]), the
+//! step's span tables, and the core (conv, gates, delta rule) with its gated RMSNorm — a
+//! decode / verify step's recurrent spans in one fused launch where the kernel takes the head
+//! sizes ([`gdn_gated`]).
+
+use super::profile;
+use crate::backend::{GdnArgs, GdnWeights, RecBuf, RecCache};
+use crate::bail;
+use crate::batch::{Batch, SeqId};
+use crate::error::Result;
+use crate::tensor::cuda::{alloc, cuda_err, gpu_of, DevType, Gpu};
+use crate::tensor::Tensor;
+use cudarc::driver::{CudaSlice, CudaView};
+use porter_kernels::cuda::{CudaKernels, GdnFusedDims, GDN_FUSED_MAX_KEY_HEADS};
+use std::sync::Arc;
+
+/// Device conv windows and SSM states of one Gated DeltaNet layer for every slot (the
+/// bookkeeping is the backend-independent `RecCache::meta`).
+///
+/// # Shapes
+/// - conv windows `[max_slots, conv_dim, win]` f32 (oldest first), `win = kernel − 1 + spec`
+/// - SSM states `[max_slots, spec + 1, Hv·dk·dv]` f32
+#[derive(Debug)]
+pub struct CudaRec {
+    max_slots: usize,
+    /// Conv-window floats per slot.
+    win_len: usize,
+    /// SSM floats per slot (all `spec + 1` buffers).
+    ssm_len: usize,
+    gpu: Arc<Gpu>,
+    window: CudaSlice<f32>,
+    ssm: CudaSlice<f32>,
+    /// The fused step's window counters, `[max_slots, GDN_FUSED_MAX_KEY_HEADS]` (zero between
+    /// launches).
+    counters: CudaSlice<u32>,
+}
+
+impl Clone for CudaRec {
+    fn clone(&self) -> Self {
+        Self {
+            window: self.window.clone(),
+            ssm: self.ssm.clone(),
+            counters: self.counters.clone(),
+            gpu: self.gpu.clone(),
+            ..*self
+        }
+    }
+}
+
+impl CudaRec {
+    /// Zeroed buffers for `max_slots` slots: conv windows of `conv_dim × win` and `ssm_len`
+    /// SSM floats per slot.
+    pub fn new(gpu: Arc<Gpu>, conv_dim: usize, win: usize, ssm_len: usize, max_slots: usize) -> Result<Self> {
+        let win_len = conv_dim * win.max(1);
+        let window = crate::tensor::cuda::zeros::<f32>(&gpu, max_slots * win_len)?;
+        let ssm = crate::tensor::cuda::zeros::<f32>(&gpu, max_slots * ssm_len)?;
+        let counters = crate::tensor::cuda::zeros::<u32>(&gpu, max_slots * GDN_FUSED_MAX_KEY_HEADS)?;
+        Ok(Self { max_slots, win_len, ssm_len, gpu, window, ssm, counters })
+    }
+
+    fn slot(&self, seq: SeqId) -> Result<usize> {
+        if seq.0 >= self.max_slots {
+            bail!(Cache, "sequence slot {} exceeds the device cache's {} slots", seq.0, self.max_slots);
+        }
+        Ok(seq.0)
+    }
+
+    pub fn clear(&mut self, seq: SeqId) -> Result<()> {
+        let s = self.slot(seq)?;
+        let (cw, sl) = (self.win_len, self.ssm_len);
+        let st = self.gpu.stream().clone();
+        st.memset_zeros(&mut self.window.slice_mut(s * cw..(s + 1) * cw)).map_err(cuda_err)?;
+        st.memset_zeros(&mut self.ssm.slice_mut(s * sl..(s + 1) * sl)).map_err(cuda_err)?;
+        Ok(())
+    }
+}
+
+/// Span count, longest span and the device span table of one delta-rule launch.
+type DeltaSpans<'a> = (usize, usize, CudaView<'a, u32>);
+
+/// Shortest span that takes the chunked delta rule (chunks are 64 tokens, at positions
+/// counted from the span's start). The same rule as the CPU backend: every span of more
+/// than one row without snapshots, so that a prompt's positions are computed by the same
+/// algorithm however the scheduler splits it into (chunk-aligned) prefill pieces; a
+/// length threshold made a short final piece take the per-token rule and its bits differ.
+const GDN_CHUNKED_MIN_LEN: usize = 2;
+
+/// One Gated DeltaNet step's span tables, in one buffer: `[conv (4 per span: row0, len,
+/// slot, lag) | recurrent (5 per span: row0, len, slot, src_buf, snapshot) | chunked (5 per
+/// span) | conv of the chunked spans alone (4 each) | fused (6 per recurrent span: row0, len,
+/// slot, lag, src_buf, snapshot)]`; `conv`, `rec`, `chunk`, `conv_chunk`, `fused` count their
+/// `u32`s. The three launches of a step read the first three parts, the fused form the last
+/// two: the layout does not depend on which runs, so a graph's recorded upload is rewritten
+/// by the same function at replay whatever the layer chose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GdnTables {
+    pub data: Vec<u32>,
+    pub conv: usize,
+    pub rec: usize,
+    pub chunk: usize,
+    pub conv_chunk: usize,
+    pub fused: usize,
+    pub rec_max: usize,
+    pub chunk_max: usize,
+}
+
+/// The span tables of a Gated DeltaNet step over `batch`, starting the step in the slots'
+/// rollback bookkeeping. Long spans without snapshots (prefill) take the chunked algorithm,
+/// the rest (decode, speculative verify with per-token snapshots) the per-token recurrence.
+/// A [`SeqId::PAD`] span gets the invalid slot (the kernels write NaN rows for it and leave
+/// every state alone) and touches no bookkeeping.
+pub(crate) fn gdn_tables(batch: &Batch, cache: &mut RecCache) -> Result<GdnTables> {
+    let n = batch.spans.len();
+    let (mut conv, mut rec, mut chunk) = (Vec::with_capacity(24 * n), Vec::new(), Vec::new());
+    let (mut conv_chunk, mut fused) = (Vec::new(), Vec::new());
+    let (mut rec_max, mut chunk_max) = (0, 0);
+    for s in &batch.spans {
+        let snapshots = cache.snapshots_for(s.len);
+        let (slot, lag, cur) = if s.seq.is_pad() {
+            (crate::batch::PAD, 0, 0)
+        } else {
+            let m = cache.meta_mut(s.seq)?;
+            let (lag, cur) = (m.lag as u32, m.cur as u32);
+            m.start_step(s.pos0, s.len, snapshots);
+            (s.seq.0 as u32, lag, cur)
+        };
+        let (start, len) = (s.start as u32, s.len as u32);
+        conv.extend_from_slice(&[start, len, slot, lag]);
+        let row = [start, len, slot, cur, snapshots as u32];
+        if !snapshots && s.len >= GDN_CHUNKED_MIN_LEN {
+            chunk.extend_from_slice(&row);
+            conv_chunk.extend_from_slice(&[start, len, slot, lag]);
+            chunk_max = chunk_max.max(s.len);
+        } else {
+            rec.extend_from_slice(&row);
+            fused.extend_from_slice(&[start, len, slot, lag, cur, snapshots as u32]);
+            rec_max = rec_max.max(s.len);
+        }
+    }
+    let (nc, nr, nk, ncc, nf) = (conv.len(), rec.len(), chunk.len(), conv_chunk.len(), fused.len());
+    for part in [rec, chunk, conv_chunk, fused] {
+        conv.extend_from_slice(&part);
+    }
+    Ok(GdnTables { data: conv, conv: nc, rec: nr, chunk: nk, conv_chunk: ncc, fused: nf, rec_max, chunk_max })
+}
+
+/// The Gated DeltaNet core on the device (see `Ops::gdn`): three launches (conv + gates, the
+/// recurrent delta rule, the chunked delta rule), the last two only where they have spans.
+pub fn gdn(
+    p: &Tensor,
+    ba: Option<&Tensor>,
+    w: &GdnWeights<'_>,
+    c: &GdnArgs,
+    batch: &Batch,
+    cache: &mut RecCache,
+) -> Result<Tensor> {
+    gdn_run(p, ba, w, c, batch, cache, None)
+}
+
+/// The Gated DeltaNet core and its gated RMSNorm with SiLU(z) on the device (see
+/// `Ops::gdn_gated`): the recurrent spans (decode, verify) in one fused launch
+/// ([`CudaKernels::gdn_fused_seq`]) where it takes the head sizes and
+/// [`porter_kernels::cuda::GDN_FUSED_ENV`] does not turn it off, the chunked spans (prefill)
+/// as conv + gates, chunked delta rule and gated norm; else [`gdn`] then [`gated_norm`].
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_gated(
+    p: &Tensor,
+    ba: Option<&Tensor>,
+    w: &GdnWeights<'_>,
+    c: &GdnArgs,
+    batch: &Batch,
+    cache: &mut RecCache,
+    norm_w: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
+    let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
+    let takes = CudaKernels::gdn_fused_shape(hk, hv, dk, dv, c.conv_kernel, cache.window()).is_some();
+    if takes && norm_w.dtype() == p.dtype() && porter_kernels::cuda::gdn_fused_enabled() {
+        return gdn_run(p, ba, w, c, batch, cache, Some((norm_w, eps)));
+    }
+    let core = gdn(p, ba, w, c, batch, cache)?;
+    gated_norm(&core, p, norm_w, c.conv_dim(), eps)
+}
+
+/// [`gdn`] (`fuse` = `None`: returns the core `[T·Hv, dv]`), or [`gdn_gated`]'s fused form
+/// (`fuse` = the gated norm's weight and epsilon: returns the normalised `[T·Hv, dv]`).
+#[allow(clippy::too_many_arguments)]
+fn gdn_run(
+    p: &Tensor,
+    ba: Option<&Tensor>,
+    w: &GdnWeights<'_>,
+    c: &GdnArgs,
+    batch: &Batch,
+    cache: &mut RecCache,
+    fuse: Option<(&Tensor, f32)>,
+) -> Result<Tensor> {
+    let g = gpu_of(p, "gated_delta_net")?;
+    let _p = profile::span("gated_delta_net core", &g);
+    let (spec, window) = (cache.spec, cache.window());
+    let (hv, dv) = (c.value_heads, c.value_dim);
+    let conv = c.conv_dim();
+    let t = p.rows();
+    let (gates, ba_col) = c.gate_cols(p, ba)?;
+    let gt = gdn_tables(batch, cache)?;
+    let max_slots = cache.meta.len();
+    let RecBuf::Cuda(rc) = &mut cache.buf else { bail!(Internal, "device Gated DeltaNet with a host cache") };
+    let tables = g.upload_as(crate::tensor::cuda::UploadTag::Gdn, &gt.data)?;
+    let mut at = 0;
+    let mut part = |len: usize| {
+        let v = tables.slice(at..at + len);
+        at += len;
+        v
+    };
+    let (conv_all, rec, chunk) = (part(gt.conv), part(gt.rec), part(gt.chunk));
+    let (conv_chunk, fused) = (part(gt.conv_chunk), part(gt.fused));
+    // Fused: the conv kernel and the delta rule see only the chunked spans.
+    let (conv_spans, n_conv, rec) = match fuse {
+        Some(_) => (conv_chunk, gt.conv_chunk / 4, (0, 0, rec.slice(0..0))),
+        None => (conv_all, gt.conv / 4, (gt.rec / 5, gt.rec_max, rec)),
+    };
+    let chunk = (gt.chunk / 5, gt.chunk_max, chunk);
+    let (win, nbuf) = (window, spec + 1);
+    let three = fuse.is_none() || chunk.0 > 0;
+    let o = if three {
+        let mut o = Tensor::empty_on(&g, [t * hv, dv], p.dtype())?;
+        let mut qkv = alloc::<f32>(&g, t * conv)?;
+        let mut gate = alloc::<f32>(&g, t * hv)?;
+        let mut beta = alloc::<f32>(&g, t * hv)?;
+        crate::by_dtype!(
+            p.dtype(),
+            three_launches(
+                &g,
+                (c, w, max_slots),
+                p,
+                (gates, ba_col),
+                rc,
+                (&conv_spans, n_conv, &rec, &chunk),
+                &mut qkv,
+                (&mut gate, &mut beta),
+                &mut o,
+                (t, win, nbuf)
+            )
+        )?;
+        Some(o)
+    } else {
+        None
+    };
+    let Some((norm_w, eps)) = fuse else {
+        return o.ok_or_else(|| crate::err!(Internal, "Gated DeltaNet: no launch ran"));
+    };
+    // The chunked spans' rows normalised (every row: the fused launch then rewrites the
+    // recurrent spans' rows), or a buffer of its own for the fused launch alone.
+    let mut normed = match &o {
+        Some(o) => gated_norm(o, p, norm_w, conv, eps)?,
+        None => Tensor::empty_on(&g, [t * hv, dv], p.dtype())?,
+    };
+    let n_fused = gt.fused / 6;
+    if n_fused > 0 {
+        let d = GdnFusedDims {
+            t,
+            n_spans: n_fused,
+            hk: c.key_heads,
+            hv,
+            dk: c.key_dim,
+            dv,
+            k: c.conv_kernel,
+            win,
+            num_slots: max_slots,
+            nbuf,
+            zoff: conv,
+            eps,
+        };
+        crate::by_dtype!(p.dtype(), fused_launch(&g, w, p, (gates, ba_col), rc, &fused, norm_w, &mut normed, d))?;
+    }
+    Ok(normed)
+}
+
+/// The fused decode / verify launch of [`gdn_gated`] over the recurrent spans `spans`.
+#[allow(clippy::too_many_arguments)]
+fn fused_launch<T: DevType>(
+    g: &Gpu,
+    w: &GdnWeights<'_>,
+    p: &Tensor,
+    (gates, ba_col): (&Tensor, usize),
+    rc: &mut CudaRec,
+    spans: &CudaView<'_, u32>,
+    norm_w: &Tensor,
+    out: &mut Tensor,
+    d: GdnFusedDims,
+) -> Result<()> {
+    // The gate inputs: p's own columns, or in_proj_ba's output read in place.
+    let ba = if std::ptr::eq(gates, p) { None } else { Some((gates.dev::<T>()?, gates.last_dim())) };
+    g.k.gdn_fused_seq::<T>(
+        p.dev::<T>()?,
+        p.last_dim(),
+        ba,
+        ba_col,
+        w.conv_w.dev::<f32>()?,
+        w.a_log.dev::<f32>()?,
+        w.dt_bias.dev::<f32>()?,
+        &mut rc.window,
+        &mut rc.ssm,
+        spans,
+        norm_w.dev::<T>()?,
+        out.dev_mut::<T>()?,
+        &mut rc.counters,
+        d,
+    )
+    .map_err(cuda_err)
+}
+
+/// Conv + gates over `conv_spans`, then the recurrent delta rule over `rec` and the chunked
+/// one over `chunk` (each only where it has spans), into `o`.
+#[allow(clippy::too_many_arguments)]
+fn three_launches<T: DevType>(
+    g: &Gpu,
+    (c, w, ns): (&GdnArgs, &GdnWeights<'_>, usize),
+    p: &Tensor,
+    (gates, ba_col): (&Tensor, usize),
+    rc: &mut CudaRec,
+    spans: (&CudaView<'_, u32>, usize, &DeltaSpans, &DeltaSpans),
+    qkv: &mut CudaSlice<f32>,
+    gb: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    o: &mut Tensor,
+    dims: (usize, usize, usize),
+) -> Result<()> {
+    let (conv_spans, n, rec, chunk) = spans;
+    let (t, win, nbuf) = dims;
+    let (gate, beta) = gb;
+    // Conv, conv window update and gates: one launch.
+    // The gate inputs: p's own columns, or in_proj_ba's output read in place.
+    let ba = if std::ptr::eq(gates, p) { None } else { Some(gates.dev::<T>()?) };
+    g.k.gdn_conv_gates_seq::<T>(
+        p.dev::<T>()?,
+        p.last_dim(),
+        ba,
+        gates.last_dim(),
+        ba_col,
+        w.conv_w.dev::<f32>()?,
+        w.a_log.dev::<f32>()?,
+        w.dt_bias.dev::<f32>()?,
+        &mut rc.window,
+        conv_spans,
+        qkv,
+        gate,
+        beta,
+        t,
+        n,
+        c.conv_dim(),
+        c.conv_kernel,
+        win,
+        ns,
+        c.value_heads,
+    )
+    .map_err(cuda_err)?;
+    let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
+    // Short spans (decode, verify with snapshots) take the recurrence, long ones the
+    // chunked algorithm; both launches share one argument list.
+    for (chunked, (cnt, max, sp)) in [(false, rec), (true, chunk)] {
+        if *cnt == 0 {
+            continue;
+        }
+        let launch = if chunked { CudaKernels::gdn_chunked_seq::<T> } else { CudaKernels::gdn_delta_seq::<T> };
+        launch(&g.k, qkv, gate, beta, &mut rc.ssm, sp, o.dev_mut::<T>()?, t, *cnt, *max, hk, hv, dk, dv, ns, nbuf)
+            .map_err(cuda_err)?;
+    }
+    Ok(())
+}
+
+/// Gated RMSNorm per value head with SiLU(z), z = columns `zoff..zoff + Hv·dv` of `p` read
+/// in place (see `Ops::gated_norm`).
+pub fn gated_norm(o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor> {
+    let g = gpu_of(o, "gated_norm")?;
+    let (t, dv) = (p.rows(), w.elem_count());
+    let hv = o.rows() / t.max(1);
+    let mut normed = Tensor::empty_on(&g, [t * hv, dv], o.dtype())?;
+    #[allow(clippy::too_many_arguments)]
+    fn norm<T: DevType>(
+        g: &Gpu,
+        o: &Tensor,
+        p: &Tensor,
+        w: &Tensor,
+        out: &mut Tensor,
+        dims: (usize, usize, usize, usize),
+        eps: f32,
+    ) -> Result<()> {
+        let (t, hv, dv, zoff) = dims;
+        let pw = p.last_dim();
+        g.k.gated_norm_z::<T>(
+            o.dev::<T>()?,
+            p.dev::<T>()?,
+            w.dev::<T>()?,
+            out.dev_mut::<T>()?,
+            t,
+            hv,
+            dv,
+            pw,
+            zoff,
+            eps,
+        )
+        .map_err(cuda_err)
+    }
+    crate::by_dtype!(o.dtype(), norm(&g, o, p, w, &mut normed, (t, hv, dv, zoff), eps))?;
+    Ok(normed)
+}

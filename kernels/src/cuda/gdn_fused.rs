@@ -1,0 +1,326 @@
+//! Launch wrapper of kernels/cuda/gdn_fused.cu: a Gated DeltaNet decode / speculative-verify
+//! step (conv + window update, gates, delta rule, gated RMSNorm) in one launch.
+
+use super::gdn_seq::GDN_CONV_MAXK;
+use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+
+/// Environment variable: `off` runs a decode / verify step's Gated DeltaNet core as the three
+/// launches it is made of (conv + gates, delta rule, gated RMSNorm); `on` or unset: the fused
+/// kernel ([`CudaKernels::gdn_fused_seq`]) wherever it takes the head sizes. Read on every
+/// call; an unknown value warns once and means `on`.
+pub const GDN_FUSED_ENV: &str = "PORTER_GDN_FUSED";
+
+/// Whether [`GDN_FUSED_ENV`]'s value `v` asks for the fused kernel (`Err`: the value, unknown).
+fn fused_on(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
+    let Some(v) = v else { return Ok(true) };
+    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+        "" | "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(v.to_string_lossy().into_owned()),
+    }
+}
+
+/// Whether the backend should run decode / verify steps through the fused kernel
+/// ([`GDN_FUSED_ENV`]).
+pub fn gdn_fused_enabled() -> bool {
+    fused_on(std::env::var_os(GDN_FUSED_ENV).as_deref()).unwrap_or_else(|bad| {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| eprintln!("warning: {GDN_FUSED_ENV}={bad:?} is not one of on, off; using on"));
+        true
+    })
+}
+
+/// Most key heads the fused kernel takes: its window counters are `[num_slots, this]` `u32`s a
+/// layer, allocated with the layer's cache before the head count is known to it.
+pub const GDN_FUSED_MAX_KEY_HEADS: usize = 64;
+
+/// Longest conv window the fused kernel stages in shared memory.
+const GF_MAX_WIN: usize = 16;
+
+/// Register rows per lane of the fused kernel that are instantiated (`GDN_FUSED_SEQ_ALL`).
+const GF_RS: [usize; 2] = [16, 32];
+
+/// Threads of a fused block at most (one block holds a whole value head).
+const GF_MAX_THREADS: usize = 1024;
+
+/// Shared memory of a block at most (no opt-in needed on any GPU).
+const GF_MAX_SMEM: usize = 48 * 1024;
+
+/// Padding of a part's staged q / k rows (`DS_PAD` in gdn_seq.cu).
+const DS_PAD: usize = 4;
+
+/// The launch shape of [`CudaKernels::gdn_fused_seq`] for these sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnFusedShape {
+    /// Lanes per state column.
+    pub p: usize,
+    /// State rows per lane (`p · r >= dk`).
+    pub r: usize,
+    /// Threads of a block (all `dv` columns of a value head).
+    pub threads: usize,
+    /// Dynamic shared memory, bytes.
+    pub smem: usize,
+}
+
+/// The sizes of one fused call.
+#[derive(Clone, Copy, Debug)]
+pub struct GdnFusedDims {
+    /// Rows of `x` (tokens of the step).
+    pub t: usize,
+    pub n_spans: usize,
+    pub hk: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    /// Conv kernel size.
+    pub k: usize,
+    /// Conv window length (`k − 1` + speculative tokens).
+    pub win: usize,
+    pub num_slots: usize,
+    /// State buffers per slot (`spec + 1`).
+    pub nbuf: usize,
+    /// First column of z in `x`.
+    pub zoff: usize,
+    /// The gated RMSNorm's epsilon.
+    pub eps: f32,
+}
+
+impl GdnFusedDims {
+    /// Conv channels `2·hk·dk + hv·dv`.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.hk * self.dk + self.hv * self.dv
+    }
+}
+
+impl CudaKernels {
+    /// The launch shape of the fused step for these head sizes, or `None` when the kernel does
+    /// not take them (the caller runs the three launches): `hv` a multiple of `hk`, `hk` at
+    /// most [`GDN_FUSED_MAX_KEY_HEADS`], `k` in `1..=8`, `k − 1 <= win <= 16`, a whole value
+    /// head's columns in one block of at most 1024 threads (`P` lanes a column, the largest of
+    /// 8, 4, 2, 1 that fits) with `2·dk + dv` conv channels, at most 32 state rows a lane and
+    /// 48 KiB of shared memory. A function of the head sizes alone, so every step of a model
+    /// takes the same shape (batch invariance).
+    pub fn gdn_fused_shape(hk: usize, hv: usize, dk: usize, dv: usize, k: usize, win: usize) -> Option<GdnFusedShape> {
+        if hk == 0
+            || hv == 0
+            || dk == 0
+            || dv == 0
+            || !hv.is_multiple_of(hk)
+            || hk > GDN_FUSED_MAX_KEY_HEADS
+            || k == 0
+            || k > GDN_CONV_MAXK
+            || win + 1 < k
+            || win > GF_MAX_WIN
+        {
+            return None;
+        }
+        for p in [8usize, 4, 2, 1] {
+            let threads = 32 * dv.div_ceil(32 / p);
+            if threads > GF_MAX_THREADS || 2 * dk + dv > threads {
+                continue;
+            }
+            let Some(r) = GF_RS.into_iter().find(|&r| r * p >= dk) else { continue };
+            let nch = 2 * dk + dv;
+            let floats = 2 * p * (r + DS_PAD) + nch + 4 + dv + nch * (win + GDN_CONV_MAXK);
+            let smem = 4 * floats;
+            if smem <= GF_MAX_SMEM {
+                return Some(GdnFusedShape { p, r, threads, smem });
+            }
+        }
+        None
+    }
+
+    /// A Gated DeltaNet decode / speculative-verify step over spans in one launch:
+    /// [`CudaKernels::gdn_conv_gates_seq`] (conv + SiLU continuing the slot's window, its
+    /// update, the gates), [`CudaKernels::gdn_delta_seq`] (the delta rule on the slot's state,
+    /// optional per-token snapshots) and the gated RMSNorm with SiLU(z) of
+    /// [`CudaKernels::gated_norm_z`], with those kernels' bits when the separate delta-rule
+    /// launch takes the same lanes per column ([`CudaKernels::gdn_fused_shape`]).
+    ///
+    /// Span `s` = `spans[s] = (row0, len, slot, lag, src_buf, snapshot)`: the conv's
+    /// `(row0, len, slot, lag)` and the delta rule's `(row0, len, slot, src_buf, snapshot)`. A
+    /// span either would refuse gives NaN output rows and leaves its window and states alone;
+    /// rows outside every span are not written. Spans must use distinct slots.
+    ///
+    /// # Shapes
+    /// - `x`: `[t, x_stride]` (`T`; conv channels at columns `0..conv_dim`, z at
+    ///   `zoff..zoff + hv·dv`; without `ba` also `[b | a]` at `ba_col`)
+    /// - `ba`: `[t, ba_stride]` (`T`), when the gate inputs are a tensor of their own
+    /// - `w`: `[conv_dim, k]`, `a_log`, `dt_bias`: `[hv]` (`f32`)
+    /// - `window`: `[num_slots, conv_dim, win]` (`f32`), updated
+    /// - `state`: `[num_slots, nbuf, hv, dk, dv]` (`f32`), updated
+    /// - `spans`: `[n_spans, 6]` (`u32`)
+    /// - `norm_w`: `[dv]` (`T`)
+    /// - `out`: `[t, hv, dv]` (`T`)
+    /// - `counters`: `[num_slots, GDN_FUSED_MAX_KEY_HEADS]` (`u32`, zero, and zero again after
+    ///   the call)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] when [`CudaKernels::gdn_fused_shape`] refuses the sizes, the
+    /// strides or columns do not fit, or on a length mismatch; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_fused_seq<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        x_stride: usize,
+        ba: Option<(&impl DevicePtr<T>, usize)>,
+        ba_col: usize,
+        w: &impl DevicePtr<f32>,
+        a_log: &impl DevicePtr<f32>,
+        dt_bias: &impl DevicePtr<f32>,
+        window: &mut impl DevicePtrMut<f32>,
+        state: &mut impl DevicePtrMut<f32>,
+        spans: &impl DevicePtr<u32>,
+        norm_w: &impl DevicePtr<T>,
+        out: &mut impl DevicePtrMut<T>,
+        counters: &mut impl DevicePtrMut<u32>,
+        d: GdnFusedDims,
+    ) -> Result<()> {
+        const NAME: &str = "gdn_fused_seq";
+        let GdnFusedDims { t, n_spans, hk, hv, dk, dv, k, win, num_slots, nbuf, zoff, eps } = d;
+        let shape = Self::gdn_fused_shape(hk, hv, dk, dv, k, win)
+            .ok_or_else(|| CudaError::Invalid(format!("{NAME}: sizes {d:?} are not taken")))?;
+        let c = d.conv_dim();
+        let ba_stride = ba.map_or(x_stride, |(_, s)| s);
+        if nbuf == 0
+            || x_stride < c
+            || zoff.checked_add(hv * dv).is_none_or(|e| e > x_stride)
+            || ba_col.checked_add(2 * hv).is_none_or(|e| e > ba_stride)
+        {
+            return Err(CudaError::Invalid(format!(
+                "{NAME}: nbuf {nbuf}, x_stride {x_stride} (conv {c}, z at {zoff}) or gate columns {ba_col}+2·{hv} \
+                 past {ba_stride}"
+            )));
+        }
+        self.check("x", x, prod(&[t, x_stride])?)?;
+        if let Some((b, s)) = ba {
+            self.check("ba", b, prod(&[t, s])?)?;
+        }
+        self.check("w", w, prod(&[c, k])?)?;
+        self.check("a_log", a_log, hv)?;
+        self.check("dt_bias", dt_bias, hv)?;
+        self.check("window", window, prod(&[num_slots, c, win])?)?;
+        self.check("state", state, prod(&[num_slots, nbuf, hv, dk, dv])?)?;
+        self.check("spans", spans, prod(&[n_spans, 6])?)?;
+        self.check("norm_w", norm_w, dv)?;
+        self.check("out", out, prod(&[t, hv, dv])?)?;
+        self.check("counters", &*counters, prod(&[num_slots, GDN_FUSED_MAX_KEY_HEADS])?)?;
+        if n_spans == 0 {
+            return Ok(());
+        }
+        if n_spans > 65_535 {
+            return Err(CudaError::Invalid(format!("{NAME}: n_spans {n_spans} exceeds 65535")));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("hv", hv)?, n_spans as u32, 1),
+            block_dim: (shape.threads as u32, 1, 1),
+            shared_mem_bytes: u32_of("shared memory", shape.smem)?,
+        };
+        let u = |what: &str, v: usize| u32_of(what, v);
+        let (xs32, bas32, bac32, t32, c32, k32, win32) = (
+            u("x_stride", x_stride)?,
+            u("ba_stride", ba_stride)?,
+            u("ba_col", ba_col)?,
+            u("t", t)?,
+            u("c", c)?,
+            u("k", k)?,
+            u("win", win)?,
+        );
+        let (slots32, nbuf32, hk32, hv32, dk32, dv32, zoff32) = (
+            u("num_slots", num_slots)?,
+            u("nbuf", nbuf)?,
+            u("hk", hk)?,
+            u("hv", hv)?,
+            u("dk", dk)?,
+            u("dv", dv)?,
+            u("zoff", zoff)?,
+        );
+        let p32 = shape.p as u32;
+        let q_scale = 1.0 / (dk as f32).sqrt();
+        let st = &*self.stream;
+        let (pba, _gba) = match ba {
+            Some((b, _)) => b.device_ptr(st),
+            None => x.device_ptr(st),
+        };
+        // SAFETY: arguments match `gdn_fused_seq_r<R>_<T>` in gdn_fused.cu; every length, the
+        // strides and columns checked above; the shape (P · R >= dk, 2·dk + dv <= threads <=
+        // 1024, shared memory within 48 KiB) is the kernel's layout; the kernel bounds-checks
+        // every span (slot, rows, lag, src_buf, snapshot length) before using it; counters
+        // holds num_slots · GDN_FUSED_MAX_KEY_HEADS >= num_slots · hk entries.
+        // Kernel: `gdn_fused_seq_r<R>_<T>(const T* x, u32 x_stride, const T* ba, u32 ba_stride,
+        // u32 ba_col, const float* cw, float* window, const float* a_log, const float* dt_bias,
+        // float* state, const u32* spans, const T* norm_w, T* out, u32* counters, u32 t, u32 c,
+        // u32 k, u32 win, u32 num_slots, u32 nbuf, u32 hk, u32 hv, u32 dk, u32 dv, u32 P,
+        // float q_scale, u32 zoff, float eps)`.
+        unsafe {
+            launch!(
+                self,
+                GDN_SEQ,
+                format!("gdn_fused_seq_r{}_{}", shape.r, T::NAME),
+                cfg,
+                [
+                    ptr(x),
+                    xs32,
+                    pba,
+                    bas32,
+                    bac32,
+                    ptr(w),
+                    ptr_mut(window),
+                    ptr(a_log),
+                    ptr(dt_bias),
+                    ptr_mut(state),
+                    ptr(spans),
+                    ptr(norm_w),
+                    ptr_mut(out),
+                    ptr_mut(counters),
+                    t32,
+                    c32,
+                    k32,
+                    win32,
+                    slots32,
+                    nbuf32,
+                    hk32,
+                    hv32,
+                    dk32,
+                    dv32,
+                    p32,
+                    q_scale,
+                    zoff32,
+                    eps
+                ]
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_values() {
+        use std::ffi::OsStr;
+        assert_eq!(fused_on(None), Ok(true));
+        assert_eq!(fused_on(Some(OsStr::new("on"))), Ok(true));
+        assert_eq!(fused_on(Some(OsStr::new(" OFF "))), Ok(false));
+        assert!(fused_on(Some(OsStr::new("maybe"))).is_err());
+    }
+
+    /// The 80B heads take 8 lanes a column and 16 rows a lane (the separate delta-rule
+    /// launch's shape at batch 1), 1024 threads; sizes beyond the kernel are refused.
+    #[test]
+    fn shapes() {
+        let s = CudaKernels::gdn_fused_shape(16, 32, 128, 128, 4, 3).unwrap();
+        assert_eq!((s.p, s.r, s.threads), (8, 16, 1024));
+        let s = CudaKernels::gdn_fused_shape(2, 4, 16, 16, 4, 5).unwrap();
+        assert_eq!((s.p, s.r, s.threads), (8, 16, 128));
+        let s = CudaKernels::gdn_fused_shape(16, 32, 128, 256, 4, 3).unwrap();
+        assert_eq!((s.p, s.r, s.threads), (4, 32, 1024));
+        assert_eq!(CudaKernels::gdn_fused_shape(16, 32, 256, 256, 4, 3), None); // r = 64
+        assert_eq!(CudaKernels::gdn_fused_shape(16, 24, 128, 128, 4, 3), None); // hv % hk
+        assert_eq!(CudaKernels::gdn_fused_shape(128, 128, 32, 32, 4, 3), None); // key heads
+        assert_eq!(CudaKernels::gdn_fused_shape(16, 32, 128, 128, 4, 17), None); // window
+        assert_eq!(CudaKernels::gdn_fused_shape(16, 32, 128, 128, 9, 8), None); // conv kernel
+    }
+}
