@@ -14,8 +14,8 @@
 //
 // Layout: block (value head j, span s); thread = (column, part) as gdn_delta_seq's (P lanes a
 // column, R state rows a lane, 32 / P columns a warp, all dv columns of head j in the block),
-// and thread i < 2·dk + dv also owns one conv channel: q channel i, k channel i − dk of key head
-// kh = j / (hv / hk), then v channel i − 2·dk of head j. Per token: the conv outputs go to
+// and thread i owns conv channels i, i + threads, … of the 2·dk + dv of its heads: q channel c,
+// k channel c − dk of key head kh = j / (hv / hk), then v channel c − 2·dk of head j. Per token: the conv outputs go to
 // shared memory, warp 0 normalises and stages q / k (stage_qk), every column runs one delta
 // step (delta_token), the rounded outputs go to shared memory and warp 0 writes the gated
 // norm of the row (gated_norm_row).
@@ -35,7 +35,7 @@
 // at zoff..zoff + hv·dv; ba [t, ba_stride] (T), [b | a] at ba_col; w [c, k] (f32); window
 // [num_slots, c, win] (f32); state [num_slots, nbuf, hv, dk, dv] (f32); norm_w [dv] (T);
 // out [t, hv, dv] (T); counters [num_slots, hk] (u32, zero between launches).
-// grid (hv, n_spans), block 32 · ceil(dv / (32 / P)) >= 2·dk + dv threads.
+// grid (hv, n_spans), block 32 · ceil(dv / (32 / P)) threads, at most GF_THREADS_R / R.
 // Dynamic shared memory (floats): q, k staged [P][R + DS_PAD] each; the conv outputs
 // [2·dk + dv]; decay and β [4]; the rounded outputs [dv] (T); the windows [2·dk + dv][win];
 // the conv weights [2·dk + dv][CONV_MAXK].
@@ -70,26 +70,28 @@ __device__ __forceinline__ void gdn_fused_seq_impl_pdl(
     float* wnd_s = gb + 4 + dv;        // [nch][win]
     float* w_s = wnd_s + nch * win;    // [nch][CONV_MAXK]
 
-    const bool has_ch = tid < nch;
-    const u32 ch = tid < dk ? kh * dk + tid
-                 : tid < 2 * dk ? hk * dk + kh * dk + (tid - dk)
-                                : 2 * hk * dk + j * dv + (tid - 2 * dk);
+    // Conv channel i: q channel i, k channel i − dk of key head kh, then v channel i − 2·dk of
+    // head j; thread tid owns i = tid, tid + nt, ….
+    const u32 nt = blockDim.x;
+    auto chan = [&](u32 i) -> u32 {
+        return i < dk ? kh * dk + i : i < 2 * dk ? hk * dk + kh * dk + (i - dk) : 2 * hk * dk + j * dv + (i - 2 * dk);
+    };
     const u64 hs = (u64)dk * dv, bufs = (u64)hv * hs;
     float* slot_base = state + (u64)slot * nbuf * bufs + (u64)j * hs;
-    float* wnd = window + ((u64)slot * c + ch) * win;
+    float* slot_win = window + (u64)slot * c * win;
 
     // Before the PDL wait: only weights, this layer's state and windows (written by an earlier
     // step, at least two launches back: see gdn_delta_seq) and the counters (this kernel's
     // own, zero since the last launch of it finished) are touched. The inputs x and ba (the
     // projections, the launch before) are read after the wait.
     float S[R];
-    if (has_ch)
-        for (u32 i = 0; i < CONV_MAXK; ++i) w_s[tid * CONV_MAXK + i] = i < k ? cw[(u64)ch * k + i] : 0.0f;
-    if (ok) {
-        if (len != 0) load_rows<R>(S, slot_base + (u64)src * bufs, active, part, dk, dv, col);
-        if (has_ch)
-            for (u32 w = 0; w < win; ++w) wnd_s[tid * win + w] = wnd[w];
+    for (u32 i = tid; i < nch; i += nt) {
+        const u32 ch = chan(i);
+        for (u32 m = 0; m < CONV_MAXK; ++m) w_s[i * CONV_MAXK + m] = m < k ? cw[(u64)ch * k + m] : 0.0f;
+        if (ok)
+            for (u32 w = 0; w < win; ++w) wnd_s[i * win + w] = slot_win[(u64)ch * win + w];
     }
+    if (ok && len != 0) load_rows<R>(S, slot_base + (u64)src * bufs, active, part, dk, dv, col);
     __syncthreads();  // every window this block reads is in shared memory
     if (tid == 0) {
         int l = 0;
@@ -112,14 +114,14 @@ __device__ __forceinline__ void gdn_fused_seq_impl_pdl(
     }
     for (u32 tt = 0; tt < len; ++tt) {
         const u64 r = (u64)row0 + tt;
-        if (has_ch) {
+        for (u32 i = tid; i < nch; i += nt) {
             // The weights from shared memory for the conv alone (registers are the state's).
             float wr[CONV_MAXK];
 #pragma unroll
-            for (u32 i = 0; i < CONV_MAXK; ++i) wr[i] = w_s[tid * CONV_MAXK + i];
-            conv_s[tid] = conv_out<T>(x, x_stride, wr, wnd_s + tid * win, row0, (int)tt, (int)(win - lag), k, ch);
+            for (u32 m = 0; m < CONV_MAXK; ++m) wr[m] = w_s[i * CONV_MAXK + m];
+            conv_s[i] = conv_out<T>(x, x_stride, wr, wnd_s + i * win, row0, (int)tt, (int)(win - lag), k, chan(i));
         }
-        if (tid == blockDim.x - 1) {  // the gates (gdn_conv_gates_seq's, then the delta rule's decay)
+        if (tid == nt - 1) {  // the gates (gdn_conv_gates_seq's, then the delta rule's decay)
             const T* brow = ba + r * ba_stride + ba_col;
             const float b = to_f(brow[j]), a = to_f(brow[hv + j]);
             gb[0] = gs_decay(-expf(a_log[j]) * gs_softplus(a + dt_bias[j]));
@@ -138,11 +140,18 @@ __device__ __forceinline__ void gdn_fused_seq_impl_pdl(
     }
     if (!snap && active && len != 0) store_rows<R>(S, slot_base + (u64)src * bufs, part, dk, dv, col);
     __syncthreads();  // `last` (a span without tokens has had no barrier since it was set)
-    if (has_ch && (tid >= 2 * dk || last)) conv_window_update<T>(x, x_stride, wnd, row0, len, lag, win, ch);
+    for (u32 i = tid; i < nch; i += nt) {
+        const u32 ch = chan(i);
+        if (i >= 2 * dk || last) conv_window_update<T>(x, x_stride, slot_win + (u64)ch * win, row0, len, lag, win, ch);
+    }
 }
 
+// Threads × state rows a lane of a block at most (GF_THREAD_ROWS in gdn_fused.rs): 1024 threads
+// at R = 16 … 128 at R = 128, so that a block's state registers stay within the register file's
+// share that lets other grids' blocks stay resident beside it.
+#define GF_THREADS_R 16384
 #define GDN_FUSED_SEQ(T, NAME, R)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(1024) gdn_fused_seq_r##R##_##NAME(                                 \
+    extern "C" __global__ void __launch_bounds__(GF_THREADS_R / R) gdn_fused_seq_r##R##_##NAME(                                 \
         const T* x, u32 x_stride, const T* ba, u32 ba_stride, u32 ba_col, const float* cw, float* window,          \
         const float* a_log, const float* dt_bias, float* state, const u32* spans, const T* norm_w, T* out,          \
         u32* counters, u32 t, u32 c, u32 k, u32 win, u32 num_slots, u32 nbuf, u32 hk, u32 hv, u32 dk, u32 dv,       \
@@ -154,3 +163,5 @@ __device__ __forceinline__ void gdn_fused_seq_impl_pdl(
 #define GDN_FUSED_SEQ_ALL(R) GDN_FUSED_SEQ(float, f32, R) GDN_FUSED_SEQ(bf16, bf16, R) GDN_FUSED_SEQ(f16, f16, R)
 GDN_FUSED_SEQ_ALL(16)
 GDN_FUSED_SEQ_ALL(32)
+GDN_FUSED_SEQ_ALL(64)
+GDN_FUSED_SEQ_ALL(128)

@@ -100,6 +100,7 @@ fn call<T: CudaFloat>(
     x: &CudaSlice<T>,
     ba: Option<&CudaSlice<T>>,
     spans: &[Sp],
+    lanes: Option<usize>,
 ) -> (Vec<f32>, Vec<f32>) {
     let (ft, ct, dt, t, max_len) = tables(spans);
     let (conv, hv) = (g.conv(), g.hv);
@@ -117,6 +118,7 @@ fn call<T: CudaFloat>(
         nbuf: g.nbuf(),
         zoff: conv,
         eps: EPS,
+        lanes: lanes.unwrap_or_else(|| CudaKernels::gdn_fused_lanes(spans.len(), hv, g.dk, g.dv, false)),
     };
     let mut out_f = poisoned::<T>(k, t * hv * g.dv);
     let [win_f, win_c] = &mut pools.win;
@@ -189,8 +191,11 @@ fn call<T: CudaFloat>(
 }
 
 /// Consecutive calls on both sides from the same random windows and states; after each, the
-/// outputs, windows and states compared (bit for bit when `bits`), the counters all zero.
-fn case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, g: Geo, calls: &[&[Sp]], bits: bool) {
+/// outputs, windows and states compared, the counters all zero: bit for bit with the fused
+/// kernel on the separate delta rule's lanes per column (`lanes` = `None`), else (other lanes,
+/// another summation order) within the dtype's tolerance.
+fn case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, g: Geo, calls: &[&[Sp]], lanes: Option<usize>) {
+    let bits = lanes.is_none();
     let conv = g.conv();
     let win0 = rng.vec(g.slots * conv * g.win(), 1.0);
     let st0 = rng.vec(g.slots * g.nbuf() * g.state(), 0.5);
@@ -209,8 +214,8 @@ fn case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, g: Geo, calls: &[&[Sp]], b
         let t: usize = spans.iter().map(|s| s.0).sum();
         let x = up::<T>(k, &rng.vec(t * g.x_stride(), 1.5));
         let ba = g.ba_apart.then(|| up::<T>(k, &rng.vec(t * 2 * g.hv, 2.0)));
-        let (got, want) = call::<T>(k, g, &w, &norm_w, &mut pools, &x, ba.as_ref(), spans);
-        let what = format!("gdn_fused {} {g:?} call {ci} spans {spans:?}", T::NAME);
+        let (got, want) = call::<T>(k, g, &w, &norm_w, &mut pools, &x, ba.as_ref(), spans, lanes);
+        let what = format!("gdn_fused {} {g:?} lanes {lanes:?} call {ci} spans {spans:?}", T::NAME);
         let pairs = [
             ("out", got, want),
             ("window", down(k, &pools.win[0]), down(k, &pools.win[1])),
@@ -252,13 +257,17 @@ fn cuda_gdn_fused_small_heads_bit_for_bit() {
     let mut rng = Rng::new(211);
     let g = Geo { hk: 2, hv: 4, dk: 16, dv: 16, k: 4, spec: 3, slots: 6, ba_apart: false };
     let calls = small_calls(3);
-    case::<f32>(&k, &mut rng, g, &as_refs(&calls), true);
-    case::<bf16>(&k, &mut rng, g, &as_refs(&calls), true);
-    case::<f16>(&k, &mut rng, Geo { ba_apart: true, ..g }, &as_refs(&calls), true);
+    case::<f32>(&k, &mut rng, g, &as_refs(&calls), None);
+    case::<bf16>(&k, &mut rng, g, &as_refs(&calls), None);
+    case::<f16>(&k, &mut rng, Geo { ba_apart: true, ..g }, &as_refs(&calls), None);
     // No speculation (window k − 1); one value head a key head; k = 2; odd head dims.
     let calls0 = small_calls(0);
-    case::<bf16>(&k, &mut rng, Geo { spec: 0, ..g }, &as_refs(&calls0), true);
-    case::<f32>(&k, &mut rng, Geo { hk: 3, hv: 3, dk: 20, dv: 24, k: 2, ..g }, &as_refs(&calls), true);
+    case::<bf16>(&k, &mut rng, Geo { spec: 0, ..g }, &as_refs(&calls0), None);
+    case::<f32>(&k, &mut rng, Geo { hk: 3, hv: 3, dk: 20, dv: 24, k: 2, ..g }, &as_refs(&calls), None);
+    // Fewer lanes than the separate launch: more conv channels than threads.
+    for p in [1, 2, 4] {
+        case::<f32>(&k, &mut rng, g, &as_refs(&calls), Some(p));
+    }
 }
 
 #[test]
@@ -267,14 +276,19 @@ fn cuda_gdn_fused_80b_heads() {
     let k = gpu("cuda_gdn_fused_80b_heads");
     let mut rng = Rng::new(212);
     let g = Geo { hk: LIN_HK, hv: LIN_HV, dk: LIN_D, dv: LIN_D, k: CONV_K, spec: 3, slots: 4, ba_apart: false };
-    // One span: the separate delta rule takes 8 lanes a column too.
+    // One span (8 lanes a column), two and three (4), four (2), eight (1).
     let one: [&[Sp]; 3] = [&[(1, 1, 0, 0, false)], &[(4, 1, 0, 0, true)], &[(1, 1, 2, 1, false)]];
-    case::<bf16>(&k, &mut rng, g, &one, true);
-    case::<f32>(&k, &mut rng, Geo { ba_apart: true, ..g }, &one, true);
-    // Three spans: it takes 4 lanes a column (another summation order).
+    case::<bf16>(&k, &mut rng, g, &one, None);
+    case::<f32>(&k, &mut rng, Geo { ba_apart: true, ..g }, &one, None);
     let three: [&[Sp]; 2] =
         [&[(1, 0, 0, 0, false), (1, 2, 0, 0, false), (1, 3, 0, 0, false)], &[(4, 0, 0, 0, true), (4, 3, 0, 0, true)]];
-    case::<bf16>(&k, &mut rng, g, &three, false);
+    case::<bf16>(&k, &mut rng, g, &three, None);
+    let g8 = Geo { slots: 9, ..g };
+    let four: Vec<Sp> = (0..4).map(|s| (1, 2 * s, 0, 0, false)).collect();
+    let eight: Vec<Sp> = (0..8).map(|s| (if s % 3 == 0 { 4 } else { 1 }, s + 1, 0, 0, s % 3 == 0)).collect();
+    case::<bf16>(&k, &mut rng, g8, &[&four, &eight], None);
+    // One span on 2 lanes a column (the separate launch: 8).
+    case::<f32>(&k, &mut rng, g, &one, Some(2));
 }
 
 /// Spans the kernels refuse (a lag past the window, a source buffer out of range, a snapshot
@@ -308,6 +322,7 @@ fn cuda_gdn_fused_refused_spans() {
         nbuf: g.nbuf(),
         zoff: conv,
         eps: EPS,
+        lanes: 8,
     };
     let (wc, al, db) = (up::<f32>(&k, &rng.vec(conv * g.k, 0.5)), up::<f32>(&k, &[0.0; 4]), up::<f32>(&k, &[0.0; 4]));
     let nw = up::<bf16>(&k, &[1.0; 16]);
@@ -376,31 +391,39 @@ fn cuda_gdn_fused_80b_timing() {
             nbuf: 1,
             zoff: conv,
             eps: EPS,
+            lanes: 1,
         };
         let mut out = poisoned::<bf16>(&k, t * g.hv * g.dv);
         let no_ba: Option<(&CudaSlice<bf16>, usize)> = None;
         let ba_col = conv + g.hv * g.dv;
-        let fused = time_calls(&k, &mut hold, 200, &mut |_| {
-            let [wf, _] = &mut pools.win;
-            let [sf, _] = &mut pools.state;
-            k.gdn_fused_seq::<bf16>(
-                &x,
-                g.x_stride(),
-                no_ba,
-                ba_col,
-                &w.conv_w,
-                &w.a_log,
-                &w.dt_bias,
-                wf,
-                sf,
-                &ft,
-                &norm_w,
-                &mut out,
-                &mut pools.counters,
-                d,
-            )
-            .expect("fused");
-        });
+        let mut fused = Vec::new();
+        for lanes in [8, 4, 2, 1] {
+            let d = GdnFusedDims { lanes, ..d };
+            fused.push((
+                lanes,
+                time_calls(&k, &mut hold, 200, &mut |_| {
+                    let [wf, _] = &mut pools.win;
+                    let [sf, _] = &mut pools.state;
+                    k.gdn_fused_seq::<bf16>(
+                        &x,
+                        g.x_stride(),
+                        no_ba,
+                        ba_col,
+                        &w.conv_w,
+                        &w.a_log,
+                        &w.dt_bias,
+                        wf,
+                        sf,
+                        &ft,
+                        &norm_w,
+                        &mut out,
+                        &mut pools.counters,
+                        d,
+                    )
+                    .expect("fused");
+                }),
+            ));
+        }
         let (mut qkv, mut gate, mut beta) =
             (poisoned::<f32>(&k, t * conv), poisoned::<f32>(&k, t * g.hv), poisoned::<f32>(&k, t * g.hv));
         let mut o = poisoned::<bf16>(&k, t * g.hv * g.dv);
@@ -436,9 +459,10 @@ fn cuda_gdn_fused_80b_timing() {
             .expect("delta");
             k.gated_norm_z::<bf16>(&o, &x, &norm_w, &mut out, t, g.hv, g.dv, g.x_stride(), conv, EPS).expect("norm");
         });
+        let fused: Vec<String> = fused.iter().map(|(p, s)| format!("{p} lanes {:.2} µs", s * 1e6)).collect();
         println!(
-            "80B Gated DeltaNet decode step, batch {batch}, bf16: fused {:.2} µs, three launches {:.2} µs",
-            fused * 1e6,
+            "80B Gated DeltaNet decode step, batch {batch}, bf16: fused {}; three launches {:.2} µs",
+            fused.join(", "),
             chain * 1e6
         );
     }

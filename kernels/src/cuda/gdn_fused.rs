@@ -1,7 +1,7 @@
 //! Launch wrapper of kernels/cuda/gdn_fused.cu: a Gated DeltaNet decode / speculative-verify
 //! step (conv + window update, gates, delta rule, gated RMSNorm) in one launch.
 
-use super::gdn_seq::GDN_CONV_MAXK;
+use super::gdn_seq::{delta_lanes, GDN_CONV_MAXK};
 use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
@@ -39,13 +39,18 @@ pub const GDN_FUSED_MAX_KEY_HEADS: usize = 64;
 const GF_MAX_WIN: usize = 16;
 
 /// Register rows per lane of the fused kernel that are instantiated (`GDN_FUSED_SEQ_ALL`).
-const GF_RS: [usize; 2] = [16, 32];
+const GF_RS: [usize; 4] = [16, 32, 64, 128];
 
-/// Threads of a fused block at most (one block holds a whole value head).
-const GF_MAX_THREADS: usize = 1024;
+/// Threads × state rows a lane of a fused block at most (`GF_THREADS_R`, its launch bounds).
+const GF_THREAD_ROWS: usize = 16384;
 
 /// Shared memory of a block at most (no opt-in needed on any GPU).
 const GF_MAX_SMEM: usize = 48 * 1024;
+
+/// Environment variable: the fused kernel's lanes per state column (1, 2, 4 or 8) instead of
+/// the default rule ([`CudaKernels::gdn_fused_lanes`]), for measurements. Read on every call;
+/// another value warns once and is ignored.
+pub const GDN_FUSED_LANES_ENV: &str = "PORTER_GDN_FUSED_LANES";
 
 /// Padding of a part's staged q / k rows (`DS_PAD` in gdn_seq.cu).
 const DS_PAD: usize = 4;
@@ -84,6 +89,8 @@ pub struct GdnFusedDims {
     pub zoff: usize,
     /// The gated RMSNorm's epsilon.
     pub eps: f32,
+    /// Lanes per state column (1, 2, 4, 8): [`CudaKernels::gdn_fused_lanes`].
+    pub lanes: usize,
 }
 
 impl GdnFusedDims {
@@ -94,14 +101,35 @@ impl GdnFusedDims {
 }
 
 impl CudaKernels {
-    /// The launch shape of the fused step for these head sizes, or `None` when the kernel does
-    /// not take them (the caller runs the three launches): `hv` a multiple of `hk`, `hk` at
-    /// most [`GDN_FUSED_MAX_KEY_HEADS`], `k` in `1..=8`, `k − 1 <= win <= 16`, a whole value
-    /// head's columns in one block of at most 1024 threads (`P` lanes a column, the largest of
-    /// 8, 4, 2, 1 that fits) with `2·dk + dv` conv channels, at most 32 state rows a lane and
-    /// 48 KiB of shared memory. A function of the head sizes alone, so every step of a model
-    /// takes the same shape (batch invariance).
-    pub fn gdn_fused_shape(hk: usize, hv: usize, dk: usize, dv: usize, k: usize, win: usize) -> Option<GdnFusedShape> {
+    /// Lanes per state column of a fused step over `n_spans` spans: the separate delta rule's
+    /// ([`delta_lanes`], so that the two give the same bits), with `invariant` that of one span
+    /// whatever the batch (a row's arithmetic must not depend on the other rows); overridden
+    /// by [`GDN_FUSED_LANES_ENV`].
+    pub fn gdn_fused_lanes(n_spans: usize, hv: usize, dk: usize, dv: usize, invariant: bool) -> usize {
+        if let Some(v) = std::env::var_os(GDN_FUSED_LANES_ENV) {
+            match v.to_string_lossy().trim().parse::<usize>() {
+                Ok(p @ (1 | 2 | 4 | 8)) => return p,
+                _ => {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| eprintln!("warning: {GDN_FUSED_LANES_ENV}={v:?} is not 1, 2, 4 or 8; ignored"));
+                }
+            }
+        }
+        delta_lanes(if invariant { 1 } else { n_spans }, hv, dk, dv)
+    }
+
+    /// The launch shape of the fused step with `p` lanes a state column, or `None` when the
+    /// kernel does not take these sizes (the caller runs the three launches): `hv` a multiple
+    /// of `hk`, `hk` at most [`GDN_FUSED_MAX_KEY_HEADS`], `k` in `1..=8`, `k − 1 <= win <= 16`,
+    /// `p` in 1, 2, 4, 8, a whole value head's columns in one block (`32 · ⌈dv / (32 / p)⌉`
+    /// threads) with at most 128 state rows a lane and 16384 threads × rows, and 48 KiB of
+    /// shared memory.
+    pub fn gdn_fused_shape(
+        (hk, hv, dk, dv): (usize, usize, usize, usize),
+        k: usize,
+        win: usize,
+        p: usize,
+    ) -> Option<GdnFusedShape> {
         if hk == 0
             || hv == 0
             || dk == 0
@@ -112,23 +140,19 @@ impl CudaKernels {
             || k > GDN_CONV_MAXK
             || win + 1 < k
             || win > GF_MAX_WIN
+            || ![1, 2, 4, 8].contains(&p)
         {
             return None;
         }
-        for p in [8usize, 4, 2, 1] {
-            let threads = 32 * dv.div_ceil(32 / p);
-            if threads > GF_MAX_THREADS || 2 * dk + dv > threads {
-                continue;
-            }
-            let Some(r) = GF_RS.into_iter().find(|&r| r * p >= dk) else { continue };
-            let nch = 2 * dk + dv;
-            let floats = 2 * p * (r + DS_PAD) + nch + 4 + dv + nch * (win + GDN_CONV_MAXK);
-            let smem = 4 * floats;
-            if smem <= GF_MAX_SMEM {
-                return Some(GdnFusedShape { p, r, threads, smem });
-            }
+        let threads = 32 * dv.div_ceil(32 / p);
+        let r = GF_RS.into_iter().find(|&r| r * p >= dk)?;
+        if threads * r > GF_THREAD_ROWS {
+            return None;
         }
-        None
+        let nch = 2 * dk + dv;
+        let floats = 2 * p * (r + DS_PAD) + nch + 4 + dv + nch * (win + GDN_CONV_MAXK);
+        let smem = 4 * floats;
+        (smem <= GF_MAX_SMEM).then_some(GdnFusedShape { p, r, threads, smem })
     }
 
     /// A Gated DeltaNet decode / speculative-verify step over spans in one launch:
@@ -136,7 +160,7 @@ impl CudaKernels {
     /// update, the gates), [`CudaKernels::gdn_delta_seq`] (the delta rule on the slot's state,
     /// optional per-token snapshots) and the gated RMSNorm with SiLU(z) of
     /// [`CudaKernels::gated_norm_z`], with those kernels' bits when the separate delta-rule
-    /// launch takes the same lanes per column ([`CudaKernels::gdn_fused_shape`]).
+    /// launch takes the same lanes per column (`d.lanes`, [`CudaKernels::gdn_fused_lanes`]).
     ///
     /// Span `s` = `spans[s] = (row0, len, slot, lag, src_buf, snapshot)`: the conv's
     /// `(row0, len, slot, lag)` and the delta rule's `(row0, len, slot, src_buf, snapshot)`. A
@@ -178,8 +202,8 @@ impl CudaKernels {
         d: GdnFusedDims,
     ) -> Result<()> {
         const NAME: &str = "gdn_fused_seq";
-        let GdnFusedDims { t, n_spans, hk, hv, dk, dv, k, win, num_slots, nbuf, zoff, eps } = d;
-        let shape = Self::gdn_fused_shape(hk, hv, dk, dv, k, win)
+        let GdnFusedDims { t, n_spans, hk, hv, dk, dv, k, win, num_slots, nbuf, zoff, eps, lanes } = d;
+        let shape = Self::gdn_fused_shape((hk, hv, dk, dv), k, win, lanes)
             .ok_or_else(|| CudaError::Invalid(format!("{NAME}: sizes {d:?} are not taken")))?;
         let c = d.conv_dim();
         let ba_stride = ba.map_or(x_stride, |(_, s)| s);
@@ -244,8 +268,8 @@ impl CudaKernels {
             None => x.device_ptr(st),
         };
         // SAFETY: arguments match `gdn_fused_seq_r<R>_<T>` in gdn_fused.cu; every length, the
-        // strides and columns checked above; the shape (P · R >= dk, 2·dk + dv <= threads <=
-        // 1024, shared memory within 48 KiB) is the kernel's layout; the kernel bounds-checks
+        // strides and columns checked above; the shape (P · R >= dk, threads · R within the
+        // launch bounds, shared memory within 48 KiB) is the kernel's layout; the kernel bounds-checks
         // every span (slot, rows, lag, src_buf, snapshot length) before using it; counters
         // holds num_slots · GDN_FUSED_MAX_KEY_HEADS >= num_slots · hk entries.
         // Kernel: `gdn_fused_seq_r<R>_<T>(const T* x, u32 x_stride, const T* ba, u32 ba_stride,
@@ -307,20 +331,28 @@ mod tests {
         assert!(fused_on(Some(OsStr::new("maybe"))).is_err());
     }
 
-    /// The 80B heads take 8 lanes a column and 16 rows a lane (the separate delta-rule
-    /// launch's shape at batch 1), 1024 threads; sizes beyond the kernel are refused.
+    /// The 80B heads: the separate delta rule's lanes (8 at one span … 1 from eight), each a
+    /// block of all 128 columns; sizes beyond the kernel are refused.
     #[test]
     fn shapes() {
-        let s = CudaKernels::gdn_fused_shape(16, 32, 128, 128, 4, 3).unwrap();
-        assert_eq!((s.p, s.r, s.threads), (8, 16, 1024));
-        let s = CudaKernels::gdn_fused_shape(2, 4, 16, 16, 4, 5).unwrap();
+        let h80 = (16, 32, 128, 128);
+        let lanes: Vec<usize> = [1, 2, 4, 8, 64].iter().map(|&n| delta_lanes(n, 32, 128, 128)).collect();
+        assert_eq!(lanes, [8, 4, 2, 1, 1]);
+        let got = |p| CudaKernels::gdn_fused_shape(h80, 4, 3, p).map(|s| (s.r, s.threads));
+        assert_eq!(
+            [got(8), got(4), got(2), got(1)],
+            [Some((16, 1024)), Some((32, 512)), Some((64, 256)), Some((128, 128))]
+        );
+        let s = CudaKernels::gdn_fused_shape((2, 4, 16, 16), 4, 5, 8).unwrap();
         assert_eq!((s.p, s.r, s.threads), (8, 16, 128));
-        let s = CudaKernels::gdn_fused_shape(16, 32, 128, 256, 4, 3).unwrap();
-        assert_eq!((s.p, s.r, s.threads), (4, 32, 1024));
-        assert_eq!(CudaKernels::gdn_fused_shape(16, 32, 256, 256, 4, 3), None); // r = 64
-        assert_eq!(CudaKernels::gdn_fused_shape(16, 24, 128, 128, 4, 3), None); // hv % hk
-        assert_eq!(CudaKernels::gdn_fused_shape(128, 128, 32, 32, 4, 3), None); // key heads
-        assert_eq!(CudaKernels::gdn_fused_shape(16, 32, 128, 128, 4, 17), None); // window
-        assert_eq!(CudaKernels::gdn_fused_shape(16, 32, 128, 128, 9, 8), None); // conv kernel
+        // dv = 256 at dk = 128: 2048 threads, or threads × rows past the registers, at every p.
+        assert!([1, 2, 4, 8].iter().all(|&p| CudaKernels::gdn_fused_shape((16, 32, 128, 256), 4, 3, p).is_none()));
+        assert!(CudaKernels::gdn_fused_shape((16, 32, 64, 256), 4, 3, 4).is_some());
+        assert_eq!(CudaKernels::gdn_fused_shape((16, 32, 256, 128), 4, 3, 1), None); // 256 rows a lane
+        assert_eq!(CudaKernels::gdn_fused_shape((16, 24, 128, 128), 4, 3, 8), None); // hv % hk
+        assert_eq!(CudaKernels::gdn_fused_shape((128, 128, 32, 32), 4, 3, 8), None); // key heads
+        assert_eq!(CudaKernels::gdn_fused_shape(h80, 4, 17, 8), None); // window
+        assert_eq!(CudaKernels::gdn_fused_shape(h80, 9, 8, 8), None); // conv kernel
+        assert_eq!(CudaKernels::gdn_fused_shape(h80, 4, 3, 3), None); // lanes
     }
 }

@@ -246,12 +246,7 @@ impl CudaKernels {
         if !self.check_delta_args("gdn_delta_seq", (GDN_SEQ_MAX_DK, None), qkv, g, beta, &*state, spans, &*out, dims)? {
             return Ok(());
         }
-        // Lanes per column: enough lanes to fill the GPU, and at most 128 rows each.
-        let cols = n_spans.saturating_mul(hv).saturating_mul(dv);
-        let mut p = 1usize;
-        while p < 8 && (dk.div_ceil(p) > 128 || cols.saturating_mul(p) < DS_MIN_LANES) {
-            p *= 2;
-        }
+        let p = delta_lanes(n_spans, hv, dk, dv);
         let r = DS_RS
             .into_iter()
             .find(|&r| r >= dk.div_ceil(p))
@@ -327,6 +322,17 @@ pub(crate) struct DeltaDims {
     pub dv: usize,
     pub num_slots: usize,
     pub nbuf: usize,
+}
+
+/// Lanes per state column of [`CudaKernels::gdn_delta_seq`] for `n_spans` spans: enough lanes
+/// to fill the GPU (`n_spans · hv · dv · P >= 32768`), at most 128 state rows each, at most 8.
+pub fn delta_lanes(n_spans: usize, hv: usize, dk: usize, dv: usize) -> usize {
+    let cols = n_spans.saturating_mul(hv).saturating_mul(dv);
+    let mut p = 1usize;
+    while p < 8 && (dk.div_ceil(p) > 128 || cols.saturating_mul(p) < DS_MIN_LANES) {
+        p *= 2;
+    }
+    p
 }
 
 impl CudaKernels {

@@ -97,7 +97,9 @@ pub use compile::*;
 pub use fp8::{Fp8Dev, Fp8GemvConv, Fp8GemvForm, Fp8MoeDec, FP8_BLOCK, FP8_GEMV_ENV, FP8_MOE_DEC_ENV};
 pub use gdn::GDN_MAX_DK;
 pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV};
-pub use gdn_fused::{gdn_fused_enabled, GdnFusedDims, GdnFusedShape, GDN_FUSED_ENV, GDN_FUSED_MAX_KEY_HEADS};
+pub use gdn_fused::{
+    gdn_fused_enabled, GdnFusedDims, GdnFusedShape, GDN_FUSED_ENV, GDN_FUSED_LANES_ENV, GDN_FUSED_MAX_KEY_HEADS,
+};
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GemvKind, GEMV_MAX_ROWS};
 pub use moe::MoeSharedDev;

@@ -159,7 +159,9 @@ pub fn gdn(
 
 /// The Gated DeltaNet core and its gated RMSNorm with SiLU(z) on the device (see
 /// `Ops::gdn_gated`): the recurrent spans (decode, verify) in one fused launch
-/// ([`CudaKernels::gdn_fused_seq`]) where it takes the head sizes and
+/// ([`CudaKernels::gdn_fused_seq`], with the lanes per state column of
+/// [`CudaKernels::gdn_fused_lanes`]: the separate delta rule's, or in batch-invariant runs
+/// those of one span) where it takes the head sizes and
 /// [`porter_kernels::cuda::GDN_FUSED_ENV`] does not turn it off, the chunked spans (prefill)
 /// as conv + gates, chunked delta rule and gated norm; else [`gdn`] then [`gated_norm`].
 #[allow(clippy::too_many_arguments)]
@@ -174,16 +176,21 @@ pub fn gdn_gated(
     eps: f32,
 ) -> Result<Tensor> {
     let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
-    let takes = CudaKernels::gdn_fused_shape(hk, hv, dk, dv, c.conv_kernel, cache.window()).is_some();
+    let invariant = crate::tensor::cuda::batch_invariant(p.dtype());
+    // The spans gdn_tables gives the per-token recurrence (the fused launch's).
+    let n_rec = batch.spans.iter().filter(|s| cache.snapshots_for(s.len) || s.len < GDN_CHUNKED_MIN_LEN).count();
+    let lanes = CudaKernels::gdn_fused_lanes(n_rec, hv, dk, dv, invariant);
+    let takes = CudaKernels::gdn_fused_shape((hk, hv, dk, dv), c.conv_kernel, cache.window(), lanes).is_some();
     if takes && norm_w.dtype() == p.dtype() && porter_kernels::cuda::gdn_fused_enabled() {
-        return gdn_run(p, ba, w, c, batch, cache, Some((norm_w, eps)));
+        return gdn_run(p, ba, w, c, batch, cache, Some((norm_w, eps, lanes)));
     }
     let core = gdn(p, ba, w, c, batch, cache)?;
     gated_norm(&core, p, norm_w, c.conv_dim(), eps)
 }
 
 /// [`gdn`] (`fuse` = `None`: returns the core `[T·Hv, dv]`), or [`gdn_gated`]'s fused form
-/// (`fuse` = the gated norm's weight and epsilon: returns the normalised `[T·Hv, dv]`).
+/// (`fuse` = the gated norm's weight and epsilon and the lanes per state column: returns the
+/// normalised `[T·Hv, dv]`).
 #[allow(clippy::too_many_arguments)]
 fn gdn_run(
     p: &Tensor,
@@ -192,7 +199,7 @@ fn gdn_run(
     c: &GdnArgs,
     batch: &Batch,
     cache: &mut RecCache,
-    fuse: Option<(&Tensor, f32)>,
+    fuse: Option<(&Tensor, f32, usize)>,
 ) -> Result<Tensor> {
     let g = gpu_of(p, "gated_delta_net")?;
     let _p = profile::span("gated_delta_net core", &g);
@@ -245,7 +252,7 @@ fn gdn_run(
     } else {
         None
     };
-    let Some((norm_w, eps)) = fuse else {
+    let Some((norm_w, eps, lanes)) = fuse else {
         return o.ok_or_else(|| crate::err!(Internal, "Gated DeltaNet: no launch ran"));
     };
     // The chunked spans' rows normalised (every row: the fused launch then rewrites the
@@ -269,6 +276,7 @@ fn gdn_run(
             nbuf,
             zoff: conv,
             eps,
+            lanes,
         };
         crate::by_dtype!(p.dtype(), fused_launch(&g, w, p, (gates, ba_col), rc, &fused, norm_w, &mut normed, d))?;
     }
