@@ -448,11 +448,11 @@ template <typename T> struct Fp8Mat {
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_gu_fp8_##NAME(                   \
         const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,          \
-        const float* us, const u32* urs, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,       \
-        const unsigned char* dpf, u64 dbytes, u32 npf) {                                                          \
+        const float* us, const u32* urs, u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,             \
+        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_RT_ARGS) {                                             \
         porter_pdl_enter();                                                                                       \
         dir_gu_impl<T, Fp8Mat<T>, 2>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, h, H, \
-                                     I, k, vec, dpf, dbytes, npf);                                                     \
+                                     I, k, vec, dpf, dbytes, npf, MOE_RT);                                        \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_fp8_##NAME(                 \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \

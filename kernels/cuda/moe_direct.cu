@@ -94,11 +94,14 @@ template <typename T, typename M> struct DirShared {
 // shared expert its row down_s[c], lane-strided over (row, line).
 // DEMOTE: instead, give those lines back their normal L2 eviction priority (applypriority),
 // after the down-L2 form's gate+up kernel asked them in with evict_last (dir_down_prefetch).
+// `routed` / `shared`: which of the two (the routed rows read the expert ids; the fused
+// router's down kernel asks for them only after its PDL wait).
 template <typename T, typename M, bool DEMOTE = false>
 __device__ __forceinline__ void dir_prefetch_rows(const M& down, const u32* __restrict__ idx_r, u32 e, u32 H, u32 I,
-                                                  u32 k, u32 c, const DirShared<T, M>& sh, u32 lane) {
+                                                  u32 k, u32 c, const DirShared<T, M>& sh, u32 lane,
+                                                  bool routed = true, bool shared = true) {
     const u32 nl = (I * M::BYTES + 127u) / 128u;
-    for (u32 q = lane; q < k * nl; q += 32u) {
+    for (u32 q = lane; routed && q < k * nl; q += 32u) {
         const u32 j = q / nl;
         const u32 ex = __ldg(idx_r + j);
         if (ex < e) {
@@ -113,7 +116,7 @@ __device__ __forceinline__ void dir_prefetch_rows(const M& down, const u32* __re
         }
     }
     if (DEMOTE) return;  // the shared row was never asked in with evict_last
-    if (sh.mode) {
+    if (shared && sh.mode) {
         const u32 ns = (sh.Is * M::BYTES + 127u) / 128u;
         const char* row = static_cast<const char*>(sh.down.row(c, sh.Is).base());
         for (u32 l = lane; l < ns; l += 32u) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + l * 128u));
@@ -142,16 +145,33 @@ __device__ __forceinline__ void dir_down_prefetch(const unsigned char* dpf, u64 
 #endif
 }
 
+// The router fused into the direct gate+up kernel (PORTER_MOE_ROUTER=fused; kernels/src/cuda/
+// moe_route.rs). Why: at batch-1 decode the separate router launch (moe_router_warp_f32, one
+// warp, 6.3 µs a call on the H200 at e = 512, k = 10) is pure latency between the MoE input
+// GEMV and this kernel. With flags bit 0 each block of routed items runs router_warp_row
+// (router_sel.cu: the separate router's code, so the same ids and weights bit for bit) for
+// the rows its items need, one warp a row, after its PDL wait (the logits are the previous
+// launch's output), into shared memory; the block holding a row's first item (pair r·k,
+// column 0) also writes the row's ids to idx and weights to wt for the down kernel (the next
+// launch, which reads them after its own wait). Flags bit 1: renorm (norm_topk_prob).
+struct DirRoute {
+    const float* logits;  // f32 [t, stride]: the router logits, its first e columns
+    u32 stride;
+    int flags;
+    float* wt;  // [t, k]
+};
+
 // `dpf`, `dbytes`: the down prefetch of the down-L2 form (dir_down_prefetch), for the pairs
-// p < npf (0: none; the host bounds npf · dbytes by part of the L2).
+// p < npf (0: none; the host bounds npf · dbytes by part of the L2). `rt`: the fused router
+// (flags 0: idx holds the ids, from the separate router).
 template <typename T, typename M, int U>
-__device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up,
-                                            const u32* __restrict__ idx, u32 n, u32 e, T* __restrict__ h, u32 H, u32 I,
-                                            u32 k, int vec, const unsigned char* dpf, u64 dbytes,
-                                            u32 npf, const DirShared<T, M>& sh) {
-    const u32 lane = threadIdx.x & 31u, wpb = blockDim.x >> 5;
+__device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up, u32* __restrict__ idx,
+                                            u32 n, u32 e, T* __restrict__ h, u32 H, u32 I, u32 k, int vec,
+                                            const unsigned char* dpf, u64 dbytes, u32 npf, const DirRoute& rt,
+                                            const DirShared<T, M>& sh) {
+    const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
     // Blocks past the routed items' compute h_s, a thread an element.
-    const u64 nb = ((u64)n * I + wpb - 1) / wpb;
+    const u64 nq = (u64)n * I, nb = (nq + wpb - 1) / wpb;
     if (blockIdx.x >= nb) {
         const u64 q = (blockIdx.x - nb) * blockDim.x + threadIdx.x;
         if (q < (u64)sh.t * sh.Is) {
@@ -161,10 +181,36 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
         }
         return;
     }
-    const u64 q = (u64)blockIdx.x * wpb + (threadIdx.x >> 5);
-    if (q >= (u64)n * I) return;
+    const u64 q0 = (u64)blockIdx.x * wpb, q = q0 + warp;
+    u32 ex;
+    if (rt.flags & 1) {
+        // The block's items q0 .. qe - 1 span rows r0 .. r0 + nr - 1: nr <= the items <= wpb
+        // (MOE_GEMV_WARPS at most, __launch_bounds__), so warp w routes row r0 + w.
+        __shared__ u32 rsel[MOE_GEMV_WARPS * ROUTER_MAX_K];
+        __shared__ float rwt[MOE_GEMV_WARPS * ROUTER_MAX_K];
+        const u64 qe = min(q0 + wpb, nq);
+        const u32 r0 = (u32)(q0 / I / k), nr = (u32)((qe - 1) / I / k) - r0 + 1u;
+        if (warp < nr) {
+            const u32 r = r0 + warp;
+            u32* si = rsel + warp * ROUTER_MAX_K;
+            float* sw = rwt + warp * ROUTER_MAX_K;
+            router_warp_row(rt.logits + (u64)r * rt.stride, e, k, (rt.flags >> 1) & 1, lane, si, sw);
+            __syncwarp();
+            const u64 first = (u64)r * k * I;  // the row's first item: its block writes the row
+            if (first >= q0 && first < qe && lane < k) {
+                idx[(u64)r * k + lane] = si[lane];
+                rt.wt[(u64)r * k + lane] = sw[lane];
+            }
+        }
+        __syncthreads();
+        if (q >= nq) return;
+        const u32 p = (u32)(q / I);
+        ex = rsel[(p / k - r0) * ROUTER_MAX_K + p % k];
+    } else {
+        if (q >= nq) return;
+        ex = __ldg(idx + q / I);
+    }
     const u32 p = (u32)(q / I), c = (u32)(q % I);
-    const u32 ex = __ldg(idx + p);
     if (ex >= e) return;
     if (p < npf) dir_down_prefetch(dpf, dbytes, ex, c, I, lane);
     const typename M::Row w[2] = {gate.row((u64)ex * I + c, H), up.row((u64)ex * I + c, H)};
@@ -176,17 +222,18 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
 
 // Without a shared expert (moe_dir_gu_*).
 template <typename T, typename M, int U>
-__device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up,
-                                            const u32* __restrict__ idx, u32 n, u32 e, T* __restrict__ h, u32 H, u32 I,
-                                            u32 k, int vec, const unsigned char* dpf, u64 dbytes,
-                                            u32 npf) {
+__device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up, u32* __restrict__ idx,
+                                            u32 n, u32 e, T* __restrict__ h, u32 H, u32 I, u32 k, int vec,
+                                            const unsigned char* dpf, u64 dbytes, u32 npf, const DirRoute& rt) {
     DirShared<T, M> none{};
-    dir_gu_impl<T, M, U>(x, gate, up, idx, n, e, h, H, I, k, vec, dpf, dbytes, npf, none);
+    dir_gu_impl<T, M, U>(x, gate, up, idx, n, e, h, H, I, k, vec, dpf, dbytes, npf, rt, none);
 }
 
 // `staged`: bit 0, the row's k rows of h in shared memory; bit 1, the row of h_s after them;
 // bit 2, the rows prefetched into L2 first (dir_prefetch_rows); bit 3, the routed rows' L2
-// priority set back to normal after use (the down-L2 form).
+// priority set back to normal after use (the down-L2 form); bit 4, the expert ids come from the
+// launch just before (the gate+up kernel's fused router): the routed rows' prefetch of bit 2
+// waits for the PDL wait (only the shared row's is issued before it).
 template <typename T, typename M, int U>
 __device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const M down,
                                                   const u32* __restrict__ idx, const float* __restrict__ wt, u32 e,
@@ -208,13 +255,17 @@ __device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const
     // and the barrier (one wave at t = 1: each of those latencies was the kernel's), and
     // the second group's only after the first group's dots. Registers: one expert id and
     // one address a lane (no row array: the earlier try with prefetch_rows spilled).
-    if ((staged & 4) && c < H) dir_prefetch_rows<T, M>(down, idx + (u64)r * k, e, H, I, k, c, sh, lane);
+    const bool late = staged & 16;
+    if ((staged & 4) && c < H) dir_prefetch_rows<T, M>(down, idx + (u64)r * k, e, H, I, k, c, sh, lane, !late);
     // Before the PDL wait: the prefetch above reads only weights and the router's expert ids,
     // written two launches back (router, then gate+up, then this kernel): a kernel starts only
     // once every block of the launch before it is past its own wait, i.e. once the launch
     // before that one has completed. So the down rows stream into L2 during the gate+up
-    // launch's tail; h (the gate+up output) is read only after the wait.
+    // launch's tail; h (the gate+up output) is read only after the wait. With the fused router
+    // (bit 4) the ids are the gate+up launch's own output: the routed rows only after it.
     porter_pdl_enter();
+    if ((staged & 4) && late && c < H)
+        dir_prefetch_rows<T, M>(down, idx + (u64)r * k, e, H, I, k, c, sh, lane, true, false);
     if (staged & 3) {
         const u32 n16 = (staged & 1) ? k * I * (u32)sizeof(T) / 16u : 0u;
         const u32 s16 = (staged & 2) ? sh.Is * (u32)sizeof(T) / 16u : 0u;
@@ -282,15 +333,21 @@ __device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const
     dir_down_impl_pdl<T, M, U>(h, down, idx, wt, e, out, H, I, k, vec, staged, none);
 }
 
+// The fused router's arguments of every direct gate+up entry point (after npf; the shared
+// expert's after them): logits, their row stride, flags (bit 0 route here, bit 1 renorm), and
+// the weights' output (the ids' is the kernel's idx).
+#define MOE_RT_ARGS const float *rlog, u32 rstride, int rflags, float *rwt
+#define MOE_RT (DirRoute{rlog, rstride, rflags, rwt})
+
 // Entry points: moe_dir_gu_<T> / moe_dir_down_<T>; DIR_U: chunks in flight per lane and row of
 // the down kernel.
 #define MOE_DIR_ENTRY(T, NAME, DIR_U)                                                                              \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_##NAME(                         \
-        const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec, \
-        const unsigned char* dpf, u64 dbytes, u32 npf) {                                                          \
+        const T* x, const T* gate, const T* up, u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,       \
+        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_RT_ARGS) {                                             \
         porter_pdl_enter();                                                                                       \
         dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec, dpf,  \
-                                       dbytes, npf);                                                                   \
+                                       dbytes, npf, MOE_RT);                                                      \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_##NAME(                       \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \

@@ -18,7 +18,8 @@
 //
 // Entry points: moe_dec_downs_<T> / moe_dec_downs_fp8_<T> (streamed v1 down);
 // moe_dir_gu_sh_<T>, moe_dir_down_sh_<T> (dense), moe_dir_gu_sh_fp8_<T>,
-// moe_dir_down_sh_fp8_<T> (FP8). Arguments: those of moe_dir_gu_* / moe_dir_down_*, then
+// moe_dir_down_sh_fp8_<T> (FP8). Arguments: those of moe_dir_gu_* (with the fused router's,
+// MOE_RT_ARGS) / moe_dir_down_*, then
 // gate+up: gu (f32), gu_stride, gu_col0, hs [t, Is], Is, t;
 // down: the shared down weight [H, Is], hs, glog (f32), g_stride, g_col, Is, mode, svec.
 
@@ -91,10 +92,10 @@ MOE_DS_ENTRY(f16, f16)
 
 #define MOE_SH_ENTRY(T, NAME, DIR_U)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_sh_##NAME(                        \
-        const T* x, const T* gate, const T* up, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,  \
-        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_SH_GU_ARGS(T)) { porter_pdl_enter();                                                                                            \
+        const T* x, const T* gate, const T* up, u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,        \
+        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_RT_ARGS, MOE_SH_GU_ARGS(T)) { porter_pdl_enter();          \
         dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec, dpf,      \
-                                       dbytes, npf, MOE_SH_GU(T, DenseMat<T>));                                                     \
+                                       dbytes, npf, MOE_RT, MOE_SH_GU(T, DenseMat<T>));                           \
     }                                                                                                                \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_sh_##NAME(                      \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, \
@@ -113,10 +114,10 @@ MOE_SH_ENTRY(f16, f16, 2)
 #define MOE_SH_FP8_ENTRY(T, NAME)                                                                                    \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_gu_sh_fp8_##NAME(                    \
         const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,             \
-        const float* us, const u32* urs, const u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,           \
-        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_SH_GU_ARGS(T)) { porter_pdl_enter();                                                                                            \
+        const float* us, const u32* urs, u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,                 \
+        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_RT_ARGS, MOE_SH_GU_ARGS(T)) { porter_pdl_enter();          \
         dir_gu_impl<T, Fp8Mat<T>, 2>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, h, H,    \
-                                     I, k, vec, dpf, dbytes, npf, MOE_SH_GU(T, Fp8Mat<T>));                                              \
+                                     I, k, vec, dpf, dbytes, npf, MOE_RT, MOE_SH_GU(T, Fp8Mat<T>));               \
     }                                                                                                                \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_sh_fp8_##NAME(                  \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,     \

@@ -1,8 +1,6 @@
 // Selection kernels on f32 scores: the MoE router (softmax -> top-k ->
 // optional renormalisation) and greedy argmax over the vocabulary.
-// Preceded by common.cuh.
-
-#define ROUTER_MAX_K 16
+// Preceded by common.cuh and router_sel.cu (ROUTER_MAX_K, ROUTER_WARP_J, router_warp_row).
 
 // MoE router, one block per row. logits [rows, e] (f32), idx [rows, k] (u32),
 // weights [rows, k] (f32). Dynamic shared memory: e floats.
@@ -83,90 +81,17 @@ extern "C" __global__ void moe_router_f32(const float* __restrict__ logits, u32*
 }
 
 // The router of moe_router_f32 for e <= 32 * ROUTER_WARP_J experts, one warp per row (a block
-// of 32 threads): lane l holds p[l + 32 j] in registers, the k selections are k warp-shuffle
-// argmaxes with no barrier, where the block form pays a block reduction (two barriers) per
-// selection: the decode step's router is one row, latency-bound (8 µs a call in the block form
-// at e = 512, k = 10 on the H200). Same selection rule (ties to the lower index, NaN never
-// wins, an all-NaN remainder falls back to the lowest unselected index) and the same weights
-// up to the order of the softmax sum.
-#define ROUTER_WARP_J 16
+// of 32 threads): router_warp_row (router_sel.cu, shared with the direct MoE decode form's
+// fused router). Why: the decode step's router is one row, latency-bound (8 µs a call in the
+// block form at e = 512, k = 10 on the H200). Same selection rule as moe_router_f32 (ties to
+// the lower index, NaN never wins, an all-NaN remainder falls back to the lowest unselected
+// index) and the same weights up to the order of the softmax sum.
 extern "C" __global__ void __launch_bounds__(32) moe_router_warp_f32(const float* __restrict__ logits,
                                                                     u32* __restrict__ idx,
                                                                     float* __restrict__ weights, u32 e, u32 k,
                                                                     int renorm, u32 stride) { porter_pdl_enter();
-    const u32 lane = threadIdx.x;
     const u64 r = blockIdx.x;
-    const float* l = logits + r * stride;
-    float p[ROUTER_WARP_J];
-    float m = PORTER_NEG_INF;
-#pragma unroll
-    for (int j = 0; j < ROUTER_WARP_J; ++j) {
-        const u32 i = lane + 32u * j;
-        p[j] = i < e ? l[i] : PORTER_NEG_INF;
-        m = fmaxf(m, p[j]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (m == PORTER_NEG_INF) {
-#pragma unroll
-        for (int j = 0; j < ROUTER_WARP_J; ++j) p[j] = (lane + 32u * j) < e ? 0.0f : PORTER_NEG_INF;
-    } else {
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < ROUTER_WARP_J; ++j) {
-            const u32 i = lane + 32u * j;
-            p[j] = i < e ? expf(p[j] - m) : 0.0f;
-            s += p[j];
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        const float inv = 1.0f / s;
-#pragma unroll
-        for (int j = 0; j < ROUTER_WARP_J; ++j) p[j] = (lane + 32u * j) < e ? p[j] * inv : PORTER_NEG_INF;
-    }
-    // Selected entries become -inf (never picked again); the padding beyond e is -inf from the
-    // start, and never chosen: there are e - j >= 1 unselected entries, all >= 0 or NaN.
-    float selw = 0.0f, sum = 0.0f;
-    for (u32 j = 0; j < k; ++j) {
-        float bv = PORTER_NEG_INF;
-        u32 bi = 0xffffffffu;
-#pragma unroll
-        for (int jj = 0; jj < ROUTER_WARP_J; ++jj) {
-            const u32 i = lane + 32u * jj;
-            if (beats(p[jj], i, bv, bi)) {
-                bv = p[jj];
-                bi = i;
-            }
-        }
-        warp_argmax(bv, bi);
-        if (bi >= e) {
-            // An all-NaN remainder: the lowest unselected index.
-            u32 lo = 0xffffffffu;
-#pragma unroll
-            for (int jj = ROUTER_WARP_J - 1; jj >= 0; --jj) {
-                const u32 i = lane + 32u * jj;
-                if (i < e && p[jj] != PORTER_NEG_INF) lo = i;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-            bi = lo;
-        }
-        // The owner lane holds the selected value; it takes it out and broadcasts it.
-        float w = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < ROUTER_WARP_J; ++jj) {
-            if (lane + 32u * jj == bi) {
-                w = p[jj];
-                p[jj] = PORTER_NEG_INF;
-            }
-        }
-        w = __shfl_sync(0xffffffffu, w, bi & 31u);
-        sum += w;
-        if (lane == j) selw = w;
-        if (lane == 0) idx[r * k + j] = bi;
-    }
-    // Lane j < k holds selection j's weight; the sum was taken in selection order.
-    if (lane < k) weights[r * k + lane] = renorm ? selw / sum : selw;
+    router_warp_row(logits + r * stride, e, k, renorm, threadIdx.x, idx + r * k, weights + r * k);
 }
 
 // Greedy argmax per row (the first index on ties, as torch.argmax and

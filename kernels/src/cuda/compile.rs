@@ -110,8 +110,17 @@ pub(crate) static ELEMENTWISE: KernelSource =
     KernelSource { name: "elementwise.cu", code: include_str!("../../cuda/elementwise.cu") };
 /// RMSNorm: standard, zero-centred, gated.
 pub(crate) static NORM: KernelSource = KernelSource { name: "norm.cu", code: include_str!("../../cuda/norm.cu") };
-/// MoE router, argmax.
-pub(crate) static ROUTER: KernelSource = KernelSource { name: "router.cu", code: include_str!("../../cuda/router.cu") };
+/// MoE router, argmax (router.cu, after router_sel.cu: the one-warp router's selection as a
+/// device function, which the MOE and FP8 modules' direct gate+up kernels also run).
+pub(crate) static ROUTER: KernelSource = KernelSource {
+    name: "router.cu",
+    code: concat!(
+        "#line 1 \"router_sel.cu\"\n",
+        include_str!("../../cuda/router_sel.cu"),
+        "\n#line 1 \"router.cu\"\n",
+        include_str!("../../cuda/router.cu")
+    ),
+};
 /// Gated DeltaNet: gates, conv1d, recurrent step.
 pub(crate) static GDN: KernelSource = KernelSource { name: "gdn.cu", code: include_str!("../../cuda/gdn.cu") };
 
@@ -170,7 +179,8 @@ pub(crate) static ATTENTION_DECODE: KernelSource =
     KernelSource { name: "attention_decode.cu", code: attention_helpers_then!("attention_decode.cu") };
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
 /// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine; moe_direct.cu, the direct
-/// form without grouping), the direct decode form's
+/// form without grouping, with router_sel.cu's router before it for its fused router), the
+/// direct decode form's
 /// entry points with the shared expert fused in (moe_shared.cu, dense weights) and the prefill
 /// path's parallel alignment and mma.sync grouped GEMMs (moe_prefill.cu, on moe.cu's helpers),
 /// and the tensor-core decode experts (moe_dec_mma.cu: the swap-AB core shared with the FP8
@@ -181,6 +191,8 @@ pub(crate) static MOE: KernelSource = KernelSource {
         include_str!("../../cuda/moe.cu"),
         "\n#line 1 \"moe_decode.cu\"\n",
         include_str!("../../cuda/moe_decode.cu"),
+        "\n#line 1 \"router_sel.cu\"\n",
+        include_str!("../../cuda/router_sel.cu"),
         "\n#line 1 \"moe_direct.cu\"\n",
         include_str!("../../cuda/moe_direct.cu"),
         "\n#line 1 \"moe_shared.cu\"\n",
@@ -249,7 +261,7 @@ pub(crate) static MISC: KernelSource = KernelSource {
 /// dense and grouped, activation quantization, e4m3 MMA), and the tensor-core decode experts
 /// (fp8_moe_mma.cu, the FP8 format of moe_dec_mma.cu's core), and the tensor-core decode GEMV
 /// (fp8_gemvt.cu). Built on the text of moe.cu and
-/// moe_decode.cu + moe_direct.cu (the grouping, the decode GEMV templates, the vector helpers and the
+/// moe_decode.cu + router_sel.cu + moe_direct.cu (the grouping, the decode GEMV templates, the vector helpers and the
 /// tensor-core GEMM), compiled as a module of its own.
 pub(crate) static FP8: KernelSource = KernelSource {
     name: "fp8.cu",
@@ -258,6 +270,8 @@ pub(crate) static FP8: KernelSource = KernelSource {
         include_str!("../../cuda/moe.cu"),
         "\n#line 1 \"moe_decode.cu\"\n",
         include_str!("../../cuda/moe_decode.cu"),
+        "\n#line 1 \"router_sel.cu\"\n",
+        include_str!("../../cuda/router_sel.cu"),
         "\n#line 1 \"moe_direct.cu\"\n",
         include_str!("../../cuda/moe_direct.cu"),
         "\n#line 1 \"fp8.cu\"\n",

@@ -14,6 +14,7 @@ pub use moe_mma::{Fp8MoeDec, FP8_MOE_DEC_ENV};
 
 use super::moe::{io_ptrs, vec_ok};
 use super::moe_decode::{check_dims, DecodeCall, MoeGemv, MOE_PHASES_ALL};
+use super::moe_route::RouteCall;
 use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, MoeSharedDev, Result, FP8};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
 
@@ -529,7 +530,7 @@ impl CudaKernels {
     /// The checked body of [`CudaKernels::moe_experts_fp8_with`] and
     /// [`CudaKernels::moe_experts_fp8_shared`].
     #[allow(clippy::too_many_arguments)]
-    fn moe_fp8_decode<T: CudaFloat>(
+    pub(super) fn moe_fp8_decode<T: CudaFloat>(
         &self,
         x: &impl DevicePtr<T>,
         idx: &impl DevicePtr<u32>,
@@ -543,19 +544,57 @@ impl CudaKernels {
         phases: u32,
         shared: Option<&MoeSharedDev<'_, Fp8Dev<'_>>>,
     ) -> Result<()> {
-        let [t, _, _, hidden, inter] = dims;
+        self.moe_fp8_check(x, idx, w, gate, up, down, out, dims, shared)?;
+        if dims[0] == 0 {
+            return Ok(());
+        }
+        let (io, _gio) = io_ptrs(&self.stream, x, idx, w, out);
+        self.moe_fp8_decode_at::<T>(io, gate, up, down, dims, which, phases, shared, None)
+    }
+
+    /// The argument checks of [`CudaKernels::moe_fp8_decode`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_fp8_check<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        idx: &impl DevicePtr<u32>,
+        w: &impl DevicePtr<f32>,
+        gate: Fp8Dev<'_>,
+        up: Fp8Dev<'_>,
+        down: Fp8Dev<'_>,
+        out: &impl DevicePtrMut<f32>,
+        dims: [usize; 5],
+        shared: Option<&MoeSharedDev<'_, Fp8Dev<'_>>>,
+    ) -> Result<()> {
+        let [t, _, _, hidden, _] = dims;
         check_dims("moe_experts_fp8", dims)?;
         self.check_routed(x, idx, w, &gate, &up, &down, out, dims)?;
         if let Some(m) = shared {
             m.check_inputs(self, t)?;
             m.down.check(self, "shared down", hidden, m.inter)?;
         }
-        if t == 0 {
-            return Ok(());
-        }
+        Ok(())
+    }
+
+    /// [`CudaKernels::moe_fp8_decode`] after its checks, `io` the device addresses of x, idx, w
+    /// and out ([`io_ptrs`]), `route` the fused router (which writes idx and w).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_fp8_decode_at<T: CudaFloat>(
+        &self,
+        io: [u64; 4],
+        gate: Fp8Dev<'_>,
+        up: Fp8Dev<'_>,
+        down: Fp8Dev<'_>,
+        dims: [usize; 5],
+        which: MoeGemv,
+        phases: u32,
+        shared: Option<&MoeSharedDev<'_, Fp8Dev<'_>>>,
+        route: Option<RouteCall>,
+    ) -> Result<()> {
+        let [_, _, _, hidden, inter] = dims;
         let s = &self.stream;
         let ((gate, _gg), (up, _gu), (down, _gd)) = (gate.args(s), up.args(s), down.args(s));
-        let ([px, pi, pw, po], _gio) = io_ptrs(s, x, idx, w, out);
+        let [px, pi, pw, po] = io;
         let (pg, pu, pd) = (gate[0], up[0], down[0]);
         // The shared expert's addresses (0 without one; the guards live to the launch).
         let none = || (0, SyncOnDrop::Sync(None));
@@ -585,6 +624,7 @@ impl CudaKernels {
             w_vec_d: inter.is_multiple_of(16) && vec_ok::<u8>(pd, inter),
             dims,
             shared: shared.map(|m| m.call(pgu, pgl, &sdown, m.inter.is_multiple_of(16) && vec_ok::<u8>(psq, m.inter))),
+            route,
         };
         self.moe_decode_run(&call, which, phases)
     }

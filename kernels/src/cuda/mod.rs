@@ -85,6 +85,7 @@ mod moe;
 mod moe_decode;
 mod moe_mma;
 mod moe_prefill;
+mod moe_route;
 mod norm_gemv;
 mod ops;
 
@@ -105,6 +106,7 @@ pub use misc::{Gemm, GemvKind, GEMV_MAX_ROWS};
 pub use moe::MoeSharedDev;
 pub use moe_decode::{MoeGemv, MOE_DOWN_ENV, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
 pub use moe_mma::{moe_dec_of_process, MoeDec, MOE_DEC_ENV};
+pub use moe_route::{MoeRouteDev, MoeRouter, MOE_ROUTER_ENV};
 pub use norm_gemv::{norm_gemv_enabled, NormGemvAdd, NORM_GEMV_ENV, NORM_GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 

@@ -8,6 +8,7 @@
 use super::moe_decode::{check_dims, DecodeCall, MoeGemv, SharedCall, MOE_PHASES_ALL};
 use super::moe_mma::moe_dec_of_process;
 use super::moe_prefill::ExpertWeights;
+use super::moe_route::RouteCall;
 use super::{prod, CudaError, CudaFloat, CudaKernels, Fp8Dev, Result, MOE};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
@@ -77,26 +78,26 @@ pub(super) fn io_ptrs<'a, T>(
 }
 
 /// [`CudaKernels::moe_experts`]'s decode (GEMV) path with dense experts, `which` form
-/// ([`MoeGemv`]), stopping after `phases` (see [`CudaKernels::moe_decode_with`]).
+/// ([`MoeGemv`]), stopping after `phases` (see [`CudaKernels::moe_decode_with`]); `io` the device
+/// addresses of x, idx, w and out ([`io_ptrs`], checked by the caller), `route` the fused
+/// router (which writes idx and w).
 #[allow(clippy::too_many_arguments)]
-fn decode_dense<T: CudaFloat>(
+pub(super) fn decode_dense<T: CudaFloat>(
     k: &CudaKernels,
-    x: &impl DevicePtr<T>,
-    idx: &impl DevicePtr<u32>,
-    w: &impl DevicePtr<f32>,
+    io: [u64; 4],
     gate: &impl DevicePtr<T>,
     up: &impl DevicePtr<T>,
     down: &impl DevicePtr<T>,
-    out: &mut impl DevicePtrMut<f32>,
     dims: [usize; 5],
     which: MoeGemv,
     phases: u32,
     shared: Option<&MoeSharedDev<'_, &CudaSlice<T>>>,
+    route: Option<RouteCall>,
 ) -> Result<()> {
     let [_, _, _, hidden, inter] = dims;
     let s = k.stream();
     let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
-    let ([px, pi, pw, po], _gio) = io_ptrs(s, x, idx, w, out);
+    let [px, pi, pw, po] = io;
     // The shared expert's addresses (0 without one; the guards live to the launch).
     let ((pgu, _ggu), (pgl, _ggl), (psd, _gsd)) = match shared {
         Some(m) => (m.gu.device_ptr(s), m.gate.device_ptr(s), m.down.device_ptr(s)),
@@ -119,6 +120,7 @@ fn decode_dense<T: CudaFloat>(
         w_vec_d: vec_ok::<T>(pd, inter),
         dims,
         shared: shared.map(|m| m.call(pgu, pgl, &sdown, vec_ok::<T>(psd, m.inter))),
+        route,
     };
     k.moe_decode_run(&call, which, phases)
 }
@@ -304,7 +306,8 @@ impl CudaKernels {
         {
             self.moe_experts_mma(x, idx, w, gate, up, down, out, dims)
         } else if invariant || Self::moe_decode_path(t, k, e) {
-            decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL, None)
+            let (io, _gio) = io_ptrs(self.stream(), x, idx, w, out);
+            decode_dense::<T>(self, io, gate, up, down, dims, MoeGemv::from_env(), MOE_PHASES_ALL, None, None)
         } else {
             let s = &self.stream;
             let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
@@ -342,7 +345,8 @@ impl CudaKernels {
         if dims[0] == 0 {
             return Ok(());
         }
-        decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, which, phases, None)
+        let (io, _gio) = io_ptrs(self.stream(), x, idx, w, out);
+        decode_dense::<T>(self, io, gate, up, down, dims, which, phases, None, None)
     }
 
     /// [`CudaKernels::moe_experts`] plus the shared expert `shared`, fused into the direct
@@ -383,7 +387,8 @@ impl CudaKernels {
         if t == 0 {
             return Ok(());
         }
-        decode_dense::<T>(self, x, idx, w, gate, up, down, out, dims, MoeGemv::from_env(), MOE_PHASES_ALL, Some(shared))
+        let (io, _gio) = io_ptrs(self.stream(), x, idx, w, out);
+        decode_dense::<T>(self, io, gate, up, down, dims, MoeGemv::from_env(), MOE_PHASES_ALL, Some(shared), None)
     }
 
     /// The argument checks of [`CudaKernels::moe_experts`].

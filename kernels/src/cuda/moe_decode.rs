@@ -20,6 +20,7 @@
 //! bits, and a row's result does not depend on the other rows.
 
 use super::moe::{align256, ALIGN_THREADS, FUSED_GROUPING_BYTES, MOE_MAX_E};
+use super::moe_route::RouteCall;
 use super::{prod, u32_of, CudaError, CudaKernels, KernelArg, KernelSource, Result};
 use cudarc::driver::{DevicePtrMut, LaunchConfig};
 
@@ -141,6 +142,9 @@ const DIRECT_PREFETCH: i32 = 4;
 /// Direct down kernel's `staged` bit: set the routed rows' L2 priority back to normal after
 /// use (the down-L2 form's gate+up launch asked them in with evict_last).
 const DIRECT_DEMOTE: i32 = 8;
+/// Direct down kernel's `staged` bit: the expert ids are the launch before's output (the fused
+/// router), so the routed rows' prefetch (bit [`DIRECT_PREFETCH`]) comes after the PDL wait.
+const DIRECT_LATE_IDS: i32 = 16;
 /// v1 gate+up kernel's `vec` bit: block 0 stores its in-block lists to global memory.
 const GU_STORE_LISTS: i32 = 2;
 
@@ -207,7 +211,7 @@ impl MoeGemv {
     }
 
     /// The form that runs for `n` (row, slot) pairs of FP8 (`fp8`) or dense experts.
-    fn resolve(self, n: usize, fp8: bool) -> Self {
+    pub(super) fn resolve(self, n: usize, fp8: bool) -> Self {
         let direct_max = if fp8 { DIRECT_MAX_PAIRS } else { DIRECT_MAX_PAIRS_DENSE };
         match self {
             MoeGemv::Auto if n <= direct_max => MoeGemv::Direct,
@@ -231,7 +235,7 @@ impl MoeGemv {
     }
 
     /// Whether this (resolved) form is the direct one.
-    fn is_direct(self) -> bool {
+    pub(super) fn is_direct(self) -> bool {
         matches!(self, MoeGemv::Direct | MoeGemv::DirectLegacy | MoeGemv::DirectL2)
     }
 }
@@ -283,6 +287,9 @@ pub(super) struct DecodeCall<'a> {
     pub dims: [usize; 5],
     /// The shared expert, fused into the direct form (the call then runs the direct form).
     pub shared: Option<SharedCall<'a>>,
+    /// The router fused into the direct form's gate+up kernel (only where the direct form
+    /// runs, [`super::moe_route::runs_direct`]): it writes `idx` and `w`.
+    pub route: Option<RouteCall>,
 }
 
 /// Device addresses and shape of the shared expert of a direct-form call (moe_shared.cu;
@@ -341,6 +348,9 @@ impl CudaKernels {
         let [t, k, e, hidden, inter] = c.dims;
         let n = prod(&[t, k])?;
         let which = which.resolve_down(n, c.kind == "fp8_", down_legacy_env());
+        if !(which.is_direct() || c.shared.is_some()) && c.route.is_some() {
+            return Err(CudaError::Invalid("moe decode: the fused router outside the direct form".into()));
+        }
         if which.is_direct() || c.shared.is_some() {
             // With a shared expert the caller passes its process form (Auto by default, resolved
             // above with the default); an explicit V1 / V2 there runs direct with the
@@ -563,6 +573,10 @@ impl CudaKernels {
         let dpf = c.down[0];
         let rest: [&dyn KernelArg; 11] = [&c.idx, &n32, &e32, &p_h, &h32, &i32_, &k32, &vec_gu, &dpf, &dbytes, &npf];
         args.extend(rest);
+        // The fused router's arguments (flags 0: idx and w hold the separate router's output).
+        let rt = c.route.unwrap_or(RouteCall { logits: 0, stride: 0, flags: 0 });
+        let route_args: [&dyn KernelArg; 4] = [&rt.logits, &rt.stride, &rt.flags, &c.w];
+        args.extend(route_args);
         let (gu_stride, gu_col0, is32) = match sh {
             Some(sc) => (
                 u32_of("shared gu stride", sc.gu_stride)?,
@@ -577,8 +591,12 @@ impl CudaKernels {
             args.extend(extra);
         }
         let gu_name = if sh.is_some() { "moe_dir_gu_sh_" } else { "moe_dir_gu_" };
-        // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, const u32* idx,
-        // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec, const u8* dpf, u64 dbytes, u32 npf)`
+        // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, u32* idx,
+        // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec, const u8* dpf, u64 dbytes, u32 npf,
+        // const float* rlog, u32 rstride, int rflags, float* rwt)` (flags bit 0, the fused router:
+        // rlog has t rows of rstride ≥ e f32 logits, e ≤ 32·ROUTER_WARP_J, k ≤ ROUTER_MAX_K
+        // (checked by RouteCall's maker), idx and rwt [t, k] are written, each row by one block;
+        // flags 0: idx is read, rlog and rwt unused)
         // (weights as for v2; the pairs p < npf ≤ n with a valid id prefetch, non-binding,
         // lines of dpf's expert block [id·dbytes, (id + 1)·dbytes): within the down weight of
         // e·hidden·inter weights), or
@@ -604,7 +622,10 @@ impl CudaKernels {
             DirectDown::L2 => DIRECT_DEMOTE | if sh.is_some() { DIRECT_PREFETCH } else { 0 },
             DirectDown::Legacy => 0,
         };
-        let staged = i32::from(stage_h) | (i32::from(stage_s) << 1) | prefetch;
+        // With the fused router the ids are the gate+up launch's output: the routed rows' prefetch
+        // waits for the PDL wait.
+        let late = if c.route.is_some() && prefetch & DIRECT_PREFETCH != 0 { DIRECT_LATE_IDS } else { 0 };
+        let staged = i32::from(stage_h) | (i32::from(stage_s) << 1) | prefetch | late;
         let dsm = if stage_h { h_row } else { 0 } + if stage_s { hs_row } else { 0 };
         // The shared row as one more pair of the routed groups when it has their length and
         // load width (mode 1), else a dot product of its own (mode 2).

@@ -25,6 +25,12 @@ fn router_block_forced() -> bool {
     *ON.get_or_init(|| std::env::var_os("PORTER_ROUTER_BLOCK").is_some())
 }
 
+/// Whether [`CudaKernels::moe_router`] runs its one-warp form (`moe_router_warp_f32`, router.cu's
+/// `router_warp_row`) for `e` experts: up to [`ROUTER_WARP_E`], unless `PORTER_ROUTER_BLOCK`.
+pub(super) fn router_warp_form(e: usize) -> bool {
+    e <= ROUTER_WARP_E && !router_block_forced()
+}
+
 /// Which RMSNorm formula [`CudaKernels::rms_norm`] applies (`porter_core::nn::NormKind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RmsNormKind {
@@ -393,7 +399,7 @@ impl CudaKernels {
         let st32 = u32_of("stride", stride)?;
         // One warp a row up to ROUTER_WARP_E experts (registers), else one block a row
         // (dynamic shared memory of e floats).
-        let (name, cfg) = if e <= ROUTER_WARP_E && !router_block_forced() {
+        let (name, cfg) = if router_warp_form(e) {
             ("moe_router_warp_f32", rows_cfg(rows, 32, 0)?)
         } else {
             ("moe_router_f32", rows_cfg(rows, row_threads(e, 256), u32_of("shared memory", e * 4)?)?)

@@ -26,7 +26,7 @@ use crate::tensor::dtype::DType;
 use crate::tensor::{Storage, Tensor};
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
-use porter_kernels::cuda::{CudaKernels, Fp8GemvForm, MoeGemv, GEMV_MAX_ROWS, MOE_PHASES_ALL};
+use porter_kernels::cuda::{CudaKernels, Fp8GemvForm, MoeGemv, MoeRouteDev, GEMV_MAX_ROWS, MOE_PHASES_ALL};
 
 /// Environment variable choosing the FP8 prefill GEMM ([`Fp8Gemm`]): `dequant`, `tc` or
 /// `mma8`; unset or empty: [`DENSE_DEFAULT`] (or [`Fp8Gemm::Tc`] up to [`DENSE_TC_MAX_ROWS`]
@@ -210,15 +210,20 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
     crate::by_dtype!(x.dtype(), go(g, x, w, out, m, k, n))
 }
 
+/// The routing of a routed-experts call: with a router (`moe::moe_experts` chose the routed
+/// call, [`porter_kernels::cuda::CudaKernels::moe_router_fuses`]) the call writes `idx` / `wts`,
+/// else they hold the router's output.
+pub type Routing<'a, 'r> = (Option<&'a MoeRouteDev<'r>>, &'a mut CudaSlice<u32>, &'a mut CudaSlice<f32>);
+
 /// Routed experts with FP8 `gate` / `up` `[e, inter, hidden]` and `down` `[e, hidden, inter]`
-/// (see `moe::moe_experts`; `idx` / `wts` from the router) → `y` `[t, hidden]` f32; with
-/// `shared` (its down weight FP8; chosen by `moe::moe_experts`) fused into the direct form.
+/// (see `moe::moe_experts`; `routing`: `idx` / `wts` from the router, or the router to run
+/// with the experts) → `y` `[t, hidden]` f32; with `shared` (its down weight FP8; chosen by
+/// `moe::moe_experts`) fused into the direct form.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_experts(
     g: &Gpu,
     x: &Tensor,
-    idx: &CudaSlice<u32>,
-    wts: &CudaSlice<f32>,
+    routing: Routing<'_, '_>,
     experts: (&DevFp8, &DevFp8, &DevFp8),
     shared: Option<&MoeShared<'_>>,
     y: &mut Tensor,
@@ -228,8 +233,7 @@ pub fn moe_experts(
     fn go<T: DevType>(
         g: &Gpu,
         x: &Tensor,
-        idx: &CudaSlice<u32>,
-        wts: &CudaSlice<f32>,
+        routing: Routing<'_, '_>,
         experts: (&DevFp8, &DevFp8, &DevFp8),
         shared: Option<&MoeShared<'_>>,
         y: &mut Tensor,
@@ -239,6 +243,24 @@ pub fn moe_experts(
         let (gate, up, down) = experts;
         let xd = x.dev::<T>()?;
         let out = y.dev_mut::<f32>()?;
+        let (route, idx, wts) = routing;
+        if let Some(r) = route {
+            // The decode GEMVs (with the shared expert: its fused direct form) and their router.
+            let sq = match shared {
+                Some(s) => match fp8_of(s.down) {
+                    Some(sq) => Some((s, sq)),
+                    None => bail!(Internal, "fused FP8 shared expert with a dense down weight"),
+                },
+                None => None,
+            };
+            let sd = sq.map(|(s, sq)| super::moe::shared_dev(s, sq.view())).transpose()?;
+            let (gv, uv, dv, dims) = (gate.view(), up.view(), down.view(), [t, k, e, h, inter]);
+            return g
+                .k
+                .moe_experts_fp8_routed::<T>(xd, r, idx, wts, gv, uv, dv, sd.as_ref(), out, dims, MoeGemv::from_env())
+                .map_err(cuda_err);
+        }
+        let (idx, wts) = (&*idx, &*wts);
         if let Some(s) = shared {
             let Some(sq) = fp8_of(s.down) else { bail!(Internal, "fused FP8 shared expert with a dense down weight") };
             let sd = super::moe::shared_dev(s, sq.view())?;
@@ -280,7 +302,7 @@ pub fn moe_experts(
             g.k.moe_experts::<T>(xd, idx, wts, &gd, &ud, &dd, out, t, k, e, h, inter).map_err(cuda_err)
         })
     }
-    crate::by_dtype!(x.dtype(), go(g, x, idx, wts, experts, shared, y, dims))
+    crate::by_dtype!(x.dtype(), go(g, x, routing, experts, shared, y, dims))
 }
 
 /// A random FP8 weight `[rows, cols]` made on the device: `dense` (the compute dtype's values)

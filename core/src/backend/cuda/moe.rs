@@ -11,7 +11,7 @@ use crate::tensor::cuda::{alloc, cuda_err, gpu_of, DevType, Gpu};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
-use porter_kernels::cuda::{CudaKernels, MoeSharedDev};
+use porter_kernels::cuda::{CudaKernels, MoeGemv, MoeRouteDev, MoeRouter, MoeSharedDev};
 
 /// The kind of a set of weights, as the MoE kernels take them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,10 +51,12 @@ fn fuse_shared(direct: bool, routed: WeightKind, shared: WeightKind, act: DType)
         }
 }
 
-/// Routed experts on the device (see `Ops::moe_experts`): router kernel over the first
+/// Routed experts on the device (see `Ops::moe_experts`): router over the first
 /// `m.experts` columns of the f32 `logits`, grouped expert GEMMs, deterministic weighted
 /// combine → `[T, H]` f32; with `shared` fused in when [`fuse_shared`] says so (the flag
-/// returned).
+/// returned). The router is a launch of its own, or, where the direct decode form runs
+/// ([`CudaKernels::moe_router_fuses`], `PORTER_MOE_ROUTER`), inside its gate+up kernel (the
+/// same expert ids and weights).
 pub fn moe_experts(
     x: &Tensor,
     logits: &Tensor,
@@ -71,8 +73,6 @@ pub fn moe_experts(
     let stride = logits.last_dim();
     let mut idx = alloc::<u32>(&g, t * k)?;
     let mut wts = alloc::<f32>(&g, t * k)?;
-    g.k.moe_router_strided(logits.dev::<f32>()?, stride, &mut idx, &mut wts, t, e, k, m.norm_topk_prob)
-        .map_err(cuda_err)?;
     let inter = gate.dim(1);
     let mut y = Tensor::empty_on(&g, [t, h], DType::F32)?;
     let routed = kind_of(&[gate, up, down]);
@@ -91,9 +91,19 @@ pub fn moe_experts(
                 x.dtype(),
             )
     });
+    // The router inside the direct form's gate+up kernel where it runs, else its own launch.
+    let route =
+        MoeRouteDev { logits: logits.dev::<f32>()?, stride, renorm: m.norm_topk_prob, router: MoeRouter::of_process() };
+    let fp8 = routed == WeightKind::Fp8;
+    let route = CudaKernels::moe_router_fuses(t, k, e, fp8, shared.is_some(), invariant).then_some(&route);
+    if route.is_none() {
+        g.k.moe_router_strided(logits.dev::<f32>()?, stride, &mut idx, &mut wts, t, e, k, m.norm_topk_prob)
+            .map_err(cuda_err)?;
+    }
     match (super::fp8::fp8_of(gate), super::fp8::fp8_of(up), super::fp8::fp8_of(down)) {
         (Some(gq), Some(uq), Some(dq)) => {
-            super::fp8::moe_experts(&g, x, &idx, &wts, (gq, uq, dq), shared, &mut y, (t, k, e, h, inter))?;
+            let rw = (route, &mut idx, &mut wts);
+            super::fp8::moe_experts(&g, x, rw, (gq, uq, dq), shared, &mut y, (t, k, e, h, inter))?;
             return Ok((y, shared.is_some()));
         }
         (None, None, None) => {}
@@ -103,8 +113,9 @@ pub fn moe_experts(
     fn go<T: DevType>(
         g: &Gpu,
         x: &Tensor,
-        idx: &CudaSlice<u32>,
-        w: &CudaSlice<f32>,
+        route: Option<&MoeRouteDev<'_>>,
+        idx: &mut CudaSlice<u32>,
+        w: &mut CudaSlice<f32>,
         experts: (&Tensor, &Tensor, &Tensor),
         shared: Option<&MoeShared<'_>>,
         y: &mut Tensor,
@@ -114,6 +125,16 @@ pub fn moe_experts(
         let (gate, up, down) = experts;
         let (xd, gd, ud, dd) = (x.dev::<T>()?, gate.dev::<T>()?, up.dev::<T>()?, down.dev::<T>()?);
         let out = y.dev_mut::<f32>()?;
+        if let Some(r) = route {
+            // The decode GEMVs (with the shared expert: its fused direct form) and their router.
+            let sd = shared.map(|s| s.down.dev::<T>().and_then(|d| shared_dev(s, d))).transpose()?;
+            let dims = [t, k, e, h, inter];
+            return g
+                .k
+                .moe_experts_routed::<T>(xd, r, idx, w, gd, ud, dd, sd.as_ref(), out, dims, MoeGemv::from_env())
+                .map_err(cuda_err);
+        }
+        let (idx, w) = (&*idx, &*w);
         if let Some(s) = shared {
             let sd = shared_dev(s, s.down.dev::<T>()?)?;
             return g
@@ -130,7 +151,10 @@ pub fn moe_experts(
         }
         .map_err(cuda_err)
     }
-    crate::by_dtype!(x.dtype(), go(&g, x, &idx, &wts, (gate, up, down), shared, &mut y, (t, k, e, h, inter)))?;
+    crate::by_dtype!(
+        x.dtype(),
+        go(&g, x, route, &mut idx, &mut wts, (gate, up, down), shared, &mut y, (t, k, e, h, inter))
+    )?;
     Ok((y, shared.is_some()))
 }
 
