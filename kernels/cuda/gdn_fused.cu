@@ -10,7 +10,9 @@
 // and 2.6 µs a layer). Every value is computed by the same expressions in the same order as
 // those kernels, with the delta rule's lanes per column (P) and rows per lane (R) chosen by the
 // host from the head sizes alone, so the outputs, states and windows are theirs bit for bit
-// whenever the separate delta-rule launch picks the same P.
+// whenever the separate delta-rule launch picks the same P. Opt-in (PORTER_GDN_FUSED=on): alone it
+// is 6.5–9.7 µs against 13.9 at batch 1, but in the model, where the three launches overlap the
+// GEMVs around them under PDL, decode was no faster (docs/benchmarks.md, session 15).
 //
 // Layout: block (value head j, span s); thread = (column, part) as gdn_delta_seq's (P lanes a
 // column, R state rows a lane, 32 / P columns a warp, all dv columns of head j in the block),

@@ -272,7 +272,8 @@ pub trait Ops: Sync {
     fn gated_norm(&self, o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor>;
     /// [`Ops::gdn`] followed by [`Ops::gated_norm`] with `norm_w` (`[dv]`) and z at column
     /// `conv_dim` of `p`: `[T·Hv, dv]`, normalised. A backend may run them as one launch (the
-    /// CUDA backend's decode / verify steps); the default runs the two ops.
+    /// CUDA backend's decode / verify steps with `PORTER_GDN_FUSED=on`); the default runs the
+    /// two ops.
     #[allow(clippy::too_many_arguments)]
     fn gdn_gated(
         &self,

@@ -5,18 +5,25 @@ use super::gdn_seq::{delta_lanes, GDN_CONV_MAXK};
 use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
-/// Environment variable: `off` runs a decode / verify step's Gated DeltaNet core as the three
-/// launches it is made of (conv + gates, delta rule, gated RMSNorm); `on` or unset: the fused
-/// kernel ([`CudaKernels::gdn_fused_seq`]) wherever it takes the head sizes. Read on every
-/// call; an unknown value warns once and means `on`.
+/// Environment variable: `on` runs a decode / verify step's Gated DeltaNet core and its gated
+/// RMSNorm through the fused kernel ([`CudaKernels::gdn_fused_seq`]) wherever it takes the head
+/// sizes; `off` or unset: the three launches it is made of (conv + gates, delta rule, gated
+/// RMSNorm). Off by default because it measured no faster in the model: H200, 24-layer 80B
+/// bf16, graphs on, 2026-12-04 (docs/benchmarks.md "Session 15"): alone the fused step takes
+/// 6.5–9.7 µs at batch 1 against 13.9 µs for the three launches, but decode is 465.3 tok/s
+/// with it (the separate delta rule's 8 lanes a column: 1024-thread blocks) and 484.0 with 4
+/// lanes, against 480.2–481.7 without; 3,736 against 3,884 tok/s at batch 64 (the conv of a
+/// head's 384 channels by its own block, where the separate conv spreads 8192 channels over
+/// the GPU). Under PDL the three short launches already overlap the GEMVs around them. Read
+/// on every call; an unknown value warns once and means `off`.
 pub const GDN_FUSED_ENV: &str = "PORTER_GDN_FUSED";
 
 /// Whether [`GDN_FUSED_ENV`]'s value `v` asks for the fused kernel (`Err`: the value, unknown).
 fn fused_on(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
-    let Some(v) = v else { return Ok(true) };
+    let Some(v) = v else { return Ok(false) };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "on" => Ok(true),
-        "off" => Ok(false),
+        "" | "off" => Ok(false),
+        "on" => Ok(true),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -26,8 +33,8 @@ fn fused_on(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
 pub fn gdn_fused_enabled() -> bool {
     fused_on(std::env::var_os(GDN_FUSED_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| eprintln!("warning: {GDN_FUSED_ENV}={bad:?} is not one of on, off; using on"));
-        true
+        WARNED.call_once(|| eprintln!("warning: {GDN_FUSED_ENV}={bad:?} is not one of on, off; using off"));
+        false
     })
 }
 
@@ -325,7 +332,7 @@ mod tests {
     #[test]
     fn env_values() {
         use std::ffi::OsStr;
-        assert_eq!(fused_on(None), Ok(true));
+        assert_eq!(fused_on(None), Ok(false));
         assert_eq!(fused_on(Some(OsStr::new("on"))), Ok(true));
         assert_eq!(fused_on(Some(OsStr::new(" OFF "))), Ok(false));
         assert!(fused_on(Some(OsStr::new("maybe"))).is_err());

@@ -1,7 +1,7 @@
 //! Gated DeltaNet on the device: the per-slot conv windows and SSM states ([`CudaRec`]), the
 //! step's span tables, and the core (conv, gates, delta rule) with its gated RMSNorm — a
 //! decode / verify step's recurrent spans in one fused launch where the kernel takes the head
-//! sizes ([`gdn_gated`]).
+//! sizes and `PORTER_GDN_FUSED=on` asks for it ([`gdn_gated`]).
 
 use super::profile;
 use crate::backend::{GdnArgs, GdnWeights, RecBuf, RecCache};
@@ -162,7 +162,7 @@ pub fn gdn(
 /// ([`CudaKernels::gdn_fused_seq`], with the lanes per state column of
 /// [`CudaKernels::gdn_fused_lanes`]: the separate delta rule's, or in batch-invariant runs
 /// those of one span) where it takes the head sizes and
-/// [`porter_kernels::cuda::GDN_FUSED_ENV`] does not turn it off, the chunked spans (prefill)
+/// [`porter_kernels::cuda::GDN_FUSED_ENV`] turns it on (off by default), the chunked spans (prefill)
 /// as conv + gates, chunked delta rule and gated norm; else [`gdn`] then [`gated_norm`].
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_gated(
