@@ -7,6 +7,13 @@
 //! top-10) the router is a one-warp launch of 6.3 µs on the H200, pure latency between the MoE
 //! input GEMV and the gate+up kernel, in every MoE layer.
 //!
+//! Opt-in (`PORTER_MOE_ROUTER=fused`): measured slower (H200, 2026-12-04, docs/benchmarks.md
+//! "Session 15"): 24-layer 80B bf16 decode at batch 1 453.1 / 454.1 tok/s fused against 482.2 /
+//! 481.0 apart, FP8 (48 layers) 241.5 against 257.7 at batch 1 and 463.1 against 525.7 at
+//! batch 4; equal from batch 8. Every gate+up block runs the selection before its first
+//! routed weight load, which delays the whole weight stream by the selection's latency, where
+//! the separate router's launch overlaps the kernels around it under PDL.
+//!
 //! Wherever the direct form does not run, or the warp router does not take the shape (e > 512,
 //! k > [`ROUTER_MAX_K`], or `PORTER_ROUTER_BLOCK` set), or
 //! [`MoeRouter::Apart`] is asked for, the separate router ([`CudaKernels::moe_router_strided`])
@@ -20,9 +27,9 @@ use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev, MoeSharedDe
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
 /// Environment variable choosing where the routed experts' top-k selection runs when the
-/// direct decode form runs: `fused` (the default: inside its gate+up kernel) or `apart` (the
+/// direct decode form runs: `fused` (inside its gate+up kernel) or `apart` (the default: the
 /// separate router launch first). Read once a process; another value warns once on stderr and
-/// means `fused`.
+/// means `apart`.
 pub const MOE_ROUTER_ENV: &str = "PORTER_MOE_ROUTER";
 
 /// Where a routed-experts call's router runs ([`MOE_ROUTER_ENV`]).
@@ -41,18 +48,18 @@ impl MoeRouter {
         static ONCE: std::sync::OnceLock<MoeRouter> = std::sync::OnceLock::new();
         *ONCE.get_or_init(|| {
             Self::from_value(std::env::var_os(MOE_ROUTER_ENV).as_deref()).unwrap_or_else(|bad| {
-                eprintln!("warning: {MOE_ROUTER_ENV}={bad:?} is not one of fused, apart; using fused");
-                MoeRouter::Fused
+                eprintln!("warning: {MOE_ROUTER_ENV}={bad:?} is not one of fused, apart; using apart");
+                MoeRouter::Apart
             })
         })
     }
 
     /// [`MoeRouter::of_process`] for a given value of the variable (`Err`: the value, unknown).
     fn from_value(v: Option<&std::ffi::OsStr>) -> std::result::Result<Self, String> {
-        let Some(v) = v else { return Ok(MoeRouter::Fused) };
+        let Some(v) = v else { return Ok(MoeRouter::Apart) };
         match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-            "" | "fused" => Ok(MoeRouter::Fused),
-            "apart" => Ok(MoeRouter::Apart),
+            "fused" => Ok(MoeRouter::Fused),
+            "" | "apart" => Ok(MoeRouter::Apart),
             _ => Err(v.to_string_lossy().into_owned()),
         }
     }
@@ -260,12 +267,9 @@ mod tests {
     #[test]
     fn router_env_values() {
         let v = |s: &str| MoeRouter::from_value(Some(std::ffi::OsStr::new(s)));
-        assert_eq!(MoeRouter::from_value(None), Ok(MoeRouter::Fused));
-        assert_eq!(
-            (v("fused"), v(" Fused "), v("")),
-            (Ok(MoeRouter::Fused), Ok(MoeRouter::Fused), Ok(MoeRouter::Fused))
-        );
-        assert_eq!((v("apart"), v("APART")), (Ok(MoeRouter::Apart), Ok(MoeRouter::Apart)));
+        assert_eq!(MoeRouter::from_value(None), Ok(MoeRouter::Apart));
+        assert_eq!((v("fused"), v(" Fused ")), (Ok(MoeRouter::Fused), Ok(MoeRouter::Fused)));
+        assert_eq!((v("apart"), v("APART"), v("")), (Ok(MoeRouter::Apart), Ok(MoeRouter::Apart), Ok(MoeRouter::Apart)));
         assert_eq!(v("separate"), Err("separate".to_string()), "an unknown value is reported, not taken silently");
     }
 

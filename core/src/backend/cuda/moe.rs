@@ -54,9 +54,9 @@ fn fuse_shared(direct: bool, routed: WeightKind, shared: WeightKind, act: DType)
 /// Routed experts on the device (see `Ops::moe_experts`): router over the first
 /// `m.experts` columns of the f32 `logits`, grouped expert GEMMs, deterministic weighted
 /// combine → `[T, H]` f32; with `shared` fused in when [`fuse_shared`] says so (the flag
-/// returned). The router is a launch of its own, or, where the direct decode form runs
-/// ([`CudaKernels::moe_router_fuses`], `PORTER_MOE_ROUTER`), inside its gate+up kernel (the
-/// same expert ids and weights).
+/// returned). The router is a launch of its own, or, with `PORTER_MOE_ROUTER=fused` where the
+/// direct decode form runs ([`CudaKernels::moe_router_fuses`]), inside its gate+up kernel (the
+/// same expert ids and weights; opt-in, measured slower at batch 1).
 pub fn moe_experts(
     x: &Tensor,
     logits: &Tensor,
