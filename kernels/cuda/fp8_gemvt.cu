@@ -6,7 +6,8 @@
 // byte and x row (a conversion, an f16 → f32 widening and one FFMA per row of x: ~12
 // instructions a byte at m = 8, more than the SM issues at HBM speed), so they read 0.75–2.5
 // TB/s. Here the weight rows are the M side of mma.sync m16n8k16 (bf16 / f16 in, f32
-// accumulators) and the m ≤ 8 rows of x the N = 8 side ("swap AB"): a weight byte costs ~2.5
+// accumulators) and each group of ≤ 8 rows of x the N = 8 side ("swap AB"; up to 64 rows, a
+// block per group): a weight byte costs ~2.5
 // integer ops (bf16; half a conversion and a PRMT for f16 on sm_89+) plus 1/256 of an MMA,
 // whatever m is, so the kernel is bound by the weight stream, not by issue.
 //
@@ -107,7 +108,14 @@ __device__ __forceinline__ void fp8_gemvt_pdl(const unsigned char* __restrict__ 
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const u32 g = lane >> 2, q = lane & 3u;
     const u32 kw = FGT_WARPS / rt, kslot = warp / rt;  // warps a tile, this warp's place
-    const u32 j0 = (blockIdx.x * rt + warp % rt) * 16u;
+    // Rows of x in groups of 8 (the MMA's N side): block b takes group b % ng of tile b / ng, so
+    // that the groups of a tile run side by side and its weight bytes come from HBM once (the
+    // other groups' reads hit L2). Per row the arithmetic is the same whatever m.
+    const u32 ng = (m + 7u) / 8u, mg = blockIdx.x % ng, tile = blockIdx.x / ng;
+    x += (u64)mg * 8u * k;
+    out += (u64)mg * 8u * n;
+    m = min(m - 8u * mg, 8u);
+    const u32 j0 = (tile * rt + warp % rt) * 16u;
     const u32 ra = min(j0 + g, n - 1), rb = min(j0 + g + 8u, n - 1);
     const u32 nkb = (k + FP8_BLOCK - 1) / FP8_BLOCK;
     const unsigned char* wa = w + (u64)ra * k;
@@ -175,7 +183,8 @@ __device__ __forceinline__ void fp8_gemvt_pdl(const unsigned char* __restrict__ 
     }
 }
 
-// fp8_gemvt_<A>_<O>(w, sc, rs, x, out, m, k, n, rt): grid ceil(n / (16 · rt)), 256 threads.
+// fp8_gemvt_<A>_<O>(w, sc, rs, x, out, m, k, n, rt): grid ceil(m / 8) · ceil(n / (16 · rt)),
+// 256 threads.
 #define PORTER_FP8_GEMVT(NA, A, NO, O)                                                                        \
     extern "C" __global__ void __launch_bounds__(FGT_WARPS * 32, 2) fp8_gemvt_##NA##_##NO(                   \
         const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n,      \

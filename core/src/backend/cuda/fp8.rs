@@ -3,7 +3,10 @@
 //!
 //! - **Decode** (`m ≤ FP8_GEMV_MAX_ROWS` rows), and every row count when the dtype is
 //!   batch-invariant (f32, deterministic mode): the FP8 GEMV in groups of at most 8 rows, which
-//!   reads the e4m3 bytes and dequantizes in registers (row-invariant arithmetic).
+//!   reads the e4m3 bytes and dequantizes in registers (row-invariant arithmetic). Its
+//!   tensor-core form takes up to 64 rows in one launch (`fp8_gemv_rows`): decode batches of
+//!   5–64 rows (since session 15; the tile-dequantizing GEMM before), and the batch-invariant
+//!   runs' groups.
 //! - **Prefill** (and batches above the GEMV rows), by [`FP8_GEMM_ENV`] ([`Fp8Gemm`]):
 //!   `dequant`: the weight is dequantized to the compute dtype into the device's scratch
 //!   ([`Gpu`]'s `fp8_scratch`, grown to the largest weight, reused in stream order) and the
@@ -26,7 +29,9 @@ use crate::tensor::dtype::DType;
 use crate::tensor::{Storage, Tensor};
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
-use porter_kernels::cuda::{CudaKernels, Fp8GemvForm, MoeGemv, MoeRouteDev, GEMV_MAX_ROWS, MOE_PHASES_ALL};
+use porter_kernels::cuda::{
+    CudaKernels, Fp8GemvConv, Fp8GemvForm, MoeGemv, MoeRouteDev, GEMV_MAX_ROWS, MOE_PHASES_ALL,
+};
 
 /// Environment variable choosing the FP8 prefill GEMM ([`Fp8Gemm`]): `dequant`, `tc` or
 /// `mma8`; unset or empty: [`DENSE_DEFAULT`] (or [`Fp8Gemm::Tc`] up to [`DENSE_TC_MAX_ROWS`]
@@ -123,7 +128,28 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
     }
     fn go<A: DevType>(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor, m: usize, k: usize, n: usize) -> Result<()> {
         let xs = x.dev::<A>()?;
-        let gemv = crate::tensor::cuda::batch_invariant(A::DTYPE) || m <= FP8_GEMV_MAX_ROWS;
+        let invariant = crate::tensor::cuda::batch_invariant(A::DTYPE);
+        // Up to 64 rows in one tensor-core GEMV launch where the default form (or the
+        // tensor-core one) runs: beyond FP8_GEMV_MAX_ROWS rows (decode batches 5..64), and in
+        // batch-invariant runs (where it was a launch per 8 rows, the same bits).
+        let tc_form = matches!(Fp8GemvForm::of_process().conv, Fp8GemvConv::Auto | Fp8GemvConv::Tc);
+        if tc_form && (invariant || m > FP8_GEMV_MAX_ROWS) {
+            let done = match out.dtype() {
+                DType::F32 if g.k.fp8_gemv_rows_fits::<A, f32>(m, k) => {
+                    g.k.fp8_gemv_rows::<A, f32>(xs, w.view(), out.dev_mut::<f32>()?, m).map_err(cuda_err)?;
+                    true
+                }
+                dt if dt == A::DTYPE && g.k.fp8_gemv_rows_fits::<A, A>(m, k) => {
+                    g.k.fp8_gemv_rows::<A, A>(xs, w.view(), out.dev_mut::<A>()?, m).map_err(cuda_err)?;
+                    true
+                }
+                _ => false,
+            };
+            if done {
+                return Ok(());
+            }
+        }
+        let gemv = invariant || m <= FP8_GEMV_MAX_ROWS;
         fn groups<A: DevType, O: DevType>(
             g: &Gpu,
             xs: &CudaSlice<A>,
