@@ -358,8 +358,9 @@ impl CudaKernels {
     /// (group, tile of weight rows), the groups of a tile adjacent in the launch order so that
     /// the tile is read from HBM once and from L2 for the other groups. Each row's arithmetic
     /// is that of the `m ≤ 8` launch: the same bits whatever `m` (batch-invariant). Why:
-    /// decode batches of 5–64 rows took the tile-dequantizing tensor-core GEMM, 27.5 / 46.8 µs
-    /// at 8 / 64 rows of `[12288, 2048]` on the H200 against 12.0 µs for this kernel at 8.
+    /// decode batches of 5–32 rows took the tile-dequantizing tensor-core GEMM, 29.5 / 34.3 µs
+    /// at 8 / 32 rows of `[12352, 2048]` on the H200 against 12.0 / 29.6 µs here (each group
+    /// re-reads the weight tile from L2: 56.7 µs at 64 rows, where the GEMM takes 45.6).
     ///
     /// # Shapes
     /// - `x`: `[m, k]`, `w`: `[n, k]`, `out`: `[m, n]`

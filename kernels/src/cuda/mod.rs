@@ -96,7 +96,8 @@ pub use attention::{
 };
 pub use compile::*;
 pub use fp8::{
-    Fp8Dev, Fp8GemvConv, Fp8GemvForm, Fp8MoeDec, FP8_BLOCK, FP8_GEMVT_MAX_ROWS, FP8_GEMV_ENV, FP8_MOE_DEC_ENV,
+    Fp8Dev, Fp8GemvConv, Fp8GemvForm, Fp8MoeDec, FP8_BLOCK, FP8_GEMVT_MAX_ROWS, FP8_GEMV_ENV, FP8_GEMV_FMA_M1_MIN,
+    FP8_MOE_DEC_ENV,
 };
 pub use gdn::GDN_MAX_DK;
 pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV};

@@ -5,8 +5,8 @@
 //!   batch-invariant (f32, deterministic mode): the FP8 GEMV in groups of at most 8 rows, which
 //!   reads the e4m3 bytes and dequantizes in registers (row-invariant arithmetic). Its
 //!   tensor-core form takes up to 64 rows in one launch (`fp8_gemv_rows`): decode batches of
-//!   5–64 rows (since session 15; the tile-dequantizing GEMM before), and the batch-invariant
-//!   runs' groups.
+//!   5–32 rows (`FP8_ROWS_GEMV_MAX`; since session 15, the tile-dequantizing GEMM before), and
+//!   the batch-invariant runs' groups.
 //! - **Prefill** (and batches above the GEMV rows), by [`FP8_GEMM_ENV`] ([`Fp8Gemm`]):
 //!   `dequant`: the weight is dequantized to the compute dtype into the device's scratch
 //!   ([`Gpu`]'s `fp8_scratch`, grown to the largest weight, reused in stream order) and the
@@ -52,6 +52,15 @@ pub enum Fp8Gemm {
 /// Rows up to which a dense FP8 GEMM takes the GEMV (beyond: [`Fp8Gemm`]); `fp8_gemm_bench`
 /// times the GEMV against the split-K tensor-core GEMM at 1–8 rows.
 pub const FP8_GEMV_MAX_ROWS: usize = GEMV_MAX_ROWS;
+
+/// Dense GEMMs of more than [`FP8_GEMV_MAX_ROWS`] and at most this many rows take the
+/// tensor-core FP8 GEMV in one launch (`fp8_gemv_rows`, row groups of 8). Measured on the H200
+/// (2026-12-04, `cuda_fp8_rows` `fp8_gemv_rows_speed`, µs, row-group GEMV against the
+/// tile-dequantizing GEMM): `[12352, 2048]` 12.0 / 16.8 / 29.6 / 56.7 against 29.5 / 30.9 /
+/// 34.3 / 45.6 at 8 / 16 / 32 / 64 rows; `[2048, 4096]` 5.6 / 6.6 / 11.4 / 20.8 against 11.7 /
+/// 11.9 / 12.4 / 17.1. Each group of 8 rows re-reads the weight tile (from L2), so beyond ~32
+/// rows the GEMM wins.
+pub const FP8_ROWS_GEMV_MAX: usize = 32;
 
 /// Dense GEMMs above [`DENSE_TC_MAX_ROWS`] rows when [`FP8_GEMM_ENV`] is unset: the path
 /// measured fastest on the H200 (docs/architecture.md §6.1).
@@ -130,10 +139,11 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
         let xs = x.dev::<A>()?;
         let invariant = crate::tensor::cuda::batch_invariant(A::DTYPE);
         // Up to 64 rows in one tensor-core GEMV launch where the default form (or the
-        // tensor-core one) runs: beyond FP8_GEMV_MAX_ROWS rows (decode batches 5..64), and in
-        // batch-invariant runs (where it was a launch per 8 rows, the same bits).
+        // tensor-core one) runs: beyond FP8_GEMV_MAX_ROWS rows up to FP8_ROWS_GEMV_MAX (decode
+        // batches 5..32), and in batch-invariant runs (where it was a launch per 8 rows, the
+        // same bits).
         let tc_form = matches!(Fp8GemvForm::of_process().conv, Fp8GemvConv::Auto | Fp8GemvConv::Tc);
-        if tc_form && (invariant || m > FP8_GEMV_MAX_ROWS) {
+        if tc_form && (invariant || (FP8_GEMV_MAX_ROWS < m && m <= FP8_ROWS_GEMV_MAX)) {
             let done = match out.dtype() {
                 DType::F32 if g.k.fp8_gemv_rows_fits::<A, f32>(m, k) => {
                     g.k.fp8_gemv_rows::<A, f32>(xs, w.view(), out.dev_mut::<f32>()?, m).map_err(cuda_err)?;
