@@ -408,9 +408,9 @@ impl CudaKernels {
         m: usize,
     ) -> Result<()> {
         let (k, n) = (w.cols, w.rows);
-        let (pq, _gq) = w.q.device_ptr(&*self.stream);
+        let (pq, _gq) = w.q.device_ptr(&self.stream);
         let rt = fp8_gemv_tc_tiles(n, k, self.caps().sms);
-        let blocks = n.div_ceil(16 * rt).checked_mul(m.div_ceil(8)).unwrap_or(usize::MAX);
+        let blocks = n.div_ceil(16 * rt).saturating_mul(m.div_ceil(8));
         let cfg =
             LaunchConfig { grid_dim: (u32_of("blocks", blocks)?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (m32, k32, n32, rt32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?, rt as u32);
