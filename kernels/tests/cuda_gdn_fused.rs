@@ -54,6 +54,24 @@ impl Geo {
     fn state(&self) -> usize {
         self.hv * self.dk * self.dv
     }
+    /// The fused call's sizes for `t` rows in `n_spans` spans, `lanes` a state column.
+    fn dims(&self, t: usize, n_spans: usize, lanes: usize) -> GdnFusedDims {
+        GdnFusedDims {
+            t,
+            n_spans,
+            hk: self.hk,
+            hv: self.hv,
+            dk: self.dk,
+            dv: self.dv,
+            k: self.k,
+            win: self.win(),
+            num_slots: self.slots,
+            nbuf: self.nbuf(),
+            zoff: self.conv(),
+            eps: EPS,
+            lanes,
+        }
+    }
 }
 
 /// One span of a call: `(len, slot, lag, src_buf, snapshot)`; a call's spans cover its rows
@@ -105,21 +123,8 @@ fn call<T: CudaFloat>(
     let (ft, ct, dt, t, max_len) = tables(spans);
     let (conv, hv) = (g.conv(), g.hv);
     let (xs, ba_col) = (g.x_stride(), if g.ba_apart { 0 } else { conv + hv * g.dv });
-    let d = GdnFusedDims {
-        t,
-        n_spans: spans.len(),
-        hk: g.hk,
-        hv,
-        dk: g.dk,
-        dv: g.dv,
-        k: g.k,
-        win: g.win(),
-        num_slots: g.slots,
-        nbuf: g.nbuf(),
-        zoff: conv,
-        eps: EPS,
-        lanes: lanes.unwrap_or_else(|| CudaKernels::gdn_fused_lanes(spans.len(), hv, g.dk, g.dv, false)),
-    };
+    let lanes = lanes.unwrap_or_else(|| CudaKernels::gdn_fused_lanes(spans.len(), hv, g.dk, g.dv, false));
+    let d = g.dims(t, spans.len(), lanes);
     let mut out_f = poisoned::<T>(k, t * hv * g.dv);
     let [win_f, win_c] = &mut pools.win;
     let [st_f, st_c] = &mut pools.state;
@@ -309,21 +314,7 @@ fn cuda_gdn_fused_refused_spans() {
     let mut counters = up_u32(&k, &vec![0; g.slots * GDN_FUSED_MAX_KEY_HEADS]);
     let x = up::<bf16>(&k, &rng.vec(t * g.x_stride(), 1.0));
     let mut out = up::<bf16>(&k, &vec![0.0; t * g.hv * g.dv]);
-    let d = GdnFusedDims {
-        t,
-        n_spans: spans.len(),
-        hk: g.hk,
-        hv: g.hv,
-        dk: g.dk,
-        dv: g.dv,
-        k: g.k,
-        win: g.win(),
-        num_slots: g.slots,
-        nbuf: g.nbuf(),
-        zoff: conv,
-        eps: EPS,
-        lanes: 8,
-    };
+    let d = g.dims(t, spans.len(), 8);
     let (wc, al, db) = (up::<f32>(&k, &rng.vec(conv * g.k, 0.5)), up::<f32>(&k, &[0.0; 4]), up::<f32>(&k, &[0.0; 4]));
     let nw = up::<bf16>(&k, &[1.0; 16]);
     let no_ba: Option<(&CudaSlice<bf16>, usize)> = None;
@@ -378,21 +369,7 @@ fn cuda_gdn_fused_80b_timing() {
         let x = up::<bf16>(&k, &rng.vec(batch * g.x_stride(), 1.0));
         let (ft, ct, dt, t, _) = tables(&spans);
         let (ft, ct, dt) = (up_u32(&k, &ft), up_u32(&k, &ct), up_u32(&k, &dt));
-        let d = GdnFusedDims {
-            t,
-            n_spans: batch,
-            hk: g.hk,
-            hv: g.hv,
-            dk: g.dk,
-            dv: g.dv,
-            k: g.k,
-            win: g.win(),
-            num_slots: g.slots,
-            nbuf: 1,
-            zoff: conv,
-            eps: EPS,
-            lanes: 1,
-        };
+        let d = g.dims(t, batch, 1); // spec 0: one state buffer
         let mut out = poisoned::<bf16>(&k, t * g.hv * g.dv);
         let no_ba: Option<(&CudaSlice<bf16>, usize)> = None;
         let ba_col = conv + g.hv * g.dv;
