@@ -100,21 +100,21 @@ __device__ __forceinline__ void fgt_load(const unsigned char* __restrict__ wa, c
 
 // The whole GEMV of one block, porter_pdl_enter() included (after the first weight loads: a
 // kernel body that starts with this call enters through the PDL wait before it reads x).
-template <typename A, typename O>
+// NG groups of 8 rows of x a block: each converted weight fragment feeds NG MMAs.
+template <typename A, typename O, int NG>
 __device__ __forceinline__ void fp8_gemvt_pdl(const unsigned char* __restrict__ w, const float* __restrict__ sc,
                                               const u32* __restrict__ rs, const A* __restrict__ x,
                                               O* __restrict__ out, u32 m, u32 k, u32 n, u32 rt) {
-    __shared__ float red[FGT_WARPS][32][4];
+    __shared__ float red[FGT_WARPS][32][4 * NG];
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
     const u32 g = lane >> 2, q = lane & 3u;
     const u32 kw = FGT_WARPS / rt, kslot = warp / rt;  // warps a tile, this warp's place
-    // Rows of x in groups of 8 (the MMA's N side): block b takes group b % ng of tile b / ng, so
-    // that the groups of a tile run side by side and its weight bytes come from HBM once (the
-    // other groups' reads hit L2). Per row the arithmetic is the same whatever m.
-    const u32 ng = (m + 7u) / 8u, mg = blockIdx.x % ng, tile = blockIdx.x / ng;
-    x += (u64)mg * 8u * k;
-    out += (u64)mg * 8u * n;
-    m = min(m - 8u * mg, 8u);
+    // Rows of x in groups of 8 (the MMA's N side), NG groups a block: block b takes groups
+    // (b % nb)·NG … of tile b / nb, so that the blocks of a tile run side by side and its weight
+    // bytes come from HBM once (the other blocks' reads hit L2). Per row the arithmetic is the
+    // same whatever m and NG.
+    const u32 ng = (m + 7u) / 8u, nb = (ng + NG - 1u) / NG;
+    const u32 mg0 = (blockIdx.x % nb) * NG, tile = blockIdx.x / nb;
     const u32 j0 = (tile * rt + warp % rt) * 16u;
     const u32 ra = min(j0 + g, n - 1), rb = min(j0 + g + 8u, n - 1);
     const u32 nkb = (k + FP8_BLOCK - 1) / FP8_BLOCK;
@@ -126,25 +126,41 @@ __device__ __forceinline__ void fp8_gemvt_pdl(const unsigned char* __restrict__ 
     float s[FGT_U][2];
     fgt_load(wa, wb, sa, sb, kslot, kw, q, k, wv, s);
     porter_pdl_enter();
-    const bool xrow = g < m;
-    const A* xr = x + (u64)(xrow ? g : 0u) * k;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // Row g of group mg0 + t of x (the MMA column g of that group).
+    bool xrow[NG];
+    const A* xr[NG];
+#pragma unroll
+    for (int t = 0; t < NG; ++t) {
+        const u32 r = (mg0 + (u32)t) * 8u + g;
+        xrow[t] = r < m;
+        xr[t] = x + (u64)(xrow[t] ? r : 0u) * k;
+    }
+    float acc[NG][4];
+#pragma unroll
+    for (int t = 0; t < NG; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
     for (u32 kb0 = kslot; kb0 < nkb; kb0 += kw * FGT_U) {
         if (kb0 != kslot) fgt_load(wa, wb, sa, sb, kb0, kw, q, k, wv, s);
 #pragma unroll
         for (int i = 0; i < FGT_U; ++i) {
             const u32 kb = kb0 + (u32)i * kw;
             if (kb >= nkb) break;
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float d[NG][4];
+#pragma unroll
+            for (int t = 0; t < NG; ++t) d[t][0] = d[t][1] = d[t][2] = d[t][3] = 0.0f;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const u32 o = kb * FP8_BLOCK + 64u * h + 16u * q;
-                uint4 x0 = make_uint4(0, 0, 0, 0), x1 = make_uint4(0, 0, 0, 0);
-                if (xrow && o < k) {
-                    x0 = __ldg(reinterpret_cast<const uint4*>(xr + o));
-                    x1 = __ldg(reinterpret_cast<const uint4*>(xr + o) + 1);
+                u32 xv[NG][8];
+#pragma unroll
+                for (int t = 0; t < NG; ++t) {
+                    uint4 x0 = make_uint4(0, 0, 0, 0), x1 = make_uint4(0, 0, 0, 0);
+                    if (xrow[t] && o < k) {
+                        x0 = __ldg(reinterpret_cast<const uint4*>(xr[t] + o));
+                        x1 = __ldg(reinterpret_cast<const uint4*>(xr[t] + o) + 1);
+                    }
+                    xv[t][0] = x0.x, xv[t][1] = x0.y, xv[t][2] = x0.z, xv[t][3] = x0.w;
+                    xv[t][4] = x1.x, xv[t][5] = x1.y, xv[t][6] = x1.z, xv[t][7] = x1.w;
                 }
-                const u32 xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
                 const u32 av[4] = {wv[i][h][0].x, wv[i][h][0].y, wv[i][h][0].z, wv[i][h][0].w};
                 const u32 bv[4] = {wv[i][h][1].x, wv[i][h][1].y, wv[i][h][1].z, wv[i][h][1].w};
 #pragma unroll
@@ -152,46 +168,63 @@ __device__ __forceinline__ void fp8_gemvt_pdl(const unsigned char* __restrict__ 
                     u32 a0, a1, a2, a3;
                     fgt_cvt<A>(av[st], a0, a2);  // row g: k slots (2q, 2q + 1), (2q + 8, 2q + 9)
                     fgt_cvt<A>(bv[st], a1, a3);  // row g + 8
-                    // x at k 4st + (0, 2) and 4st + (1, 3) of the thread's 16: the weights' pairing.
-                    const u32 b0 = __byte_perm(xv[2 * st], xv[2 * st + 1], 0x5410u);
-                    const u32 b1 = __byte_perm(xv[2 * st], xv[2 * st + 1], 0x7632u);
-                    fgt_mma<A>(d, a0, a1, a2, a3, b0, b1);
+#pragma unroll
+                    for (int t = 0; t < NG; ++t) {
+                        // x at k 4st + (0, 2) and 4st + (1, 3) of the thread's 16: the weights' pairing.
+                        const u32 b0 = __byte_perm(xv[t][2 * st], xv[t][2 * st + 1], 0x5410u);
+                        const u32 b1 = __byte_perm(xv[t][2 * st], xv[t][2 * st + 1], 0x7632u);
+                        fgt_mma<A>(d[t], a0, a1, a2, a3, b0, b1);
+                    }
                 }
             }
-            // d: (row g, x rows 2q, 2q + 1), (row g + 8, the same x rows).
-            acc[0] = fmaf(d[0], s[i][0], acc[0]);
-            acc[1] = fmaf(d[1], s[i][0], acc[1]);
-            acc[2] = fmaf(d[2], s[i][1], acc[2]);
-            acc[3] = fmaf(d[3], s[i][1], acc[3]);
+            // d[t]: (row g, x rows 2q, 2q + 1 of group t), (row g + 8, the same x rows).
+#pragma unroll
+            for (int t = 0; t < NG; ++t) {
+                acc[t][0] = fmaf(d[t][0], s[i][0], acc[t][0]);
+                acc[t][1] = fmaf(d[t][1], s[i][0], acc[t][1]);
+                acc[t][2] = fmaf(d[t][2], s[i][1], acc[t][2]);
+                acc[t][3] = fmaf(d[t][3], s[i][1], acc[t][3]);
+            }
         }
     }
     if (kw > 1) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][lane][i] = acc[i];
+        for (int t = 0; t < NG; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) red[warp][lane][4 * t + i] = acc[t][i];
         __syncthreads();
         if (kslot != 0) return;
         // The tile's warps in slot order (warp + rt·slot), whatever m is.
-        for (u32 t = 1; t < kw; ++t)
+        for (u32 u = 1; u < kw; ++u)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc[i] += red[warp + t * rt][lane][i];
+            for (int t = 0; t < NG; ++t)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[t][i] += red[warp + u * rt][lane][4 * t + i];
     }
-    const u32 r0 = 2u * q, jr[2] = {j0 + g, j0 + g + 8u};
+    const u32 jr[2] = {j0 + g, j0 + g + 8u};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const u32 r = r0 + (u32)(i & 1), j = jr[i >> 1];
-        if (r < m && j < n) out[(u64)r * n + j] = from_f<O>(acc[i]);
+    for (int t = 0; t < NG; ++t) {
+        const u32 r0 = (mg0 + (u32)t) * 8u + 2u * q;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 r = r0 + (u32)(i & 1), j = jr[i >> 1];
+            if (r < m && j < n) out[(u64)r * n + j] = from_f<O>(acc[t][i]);
+        }
     }
 }
 
-// fp8_gemvt_<A>_<O>(w, sc, rs, x, out, m, k, n, rt): grid ceil(m / 8) · ceil(n / (16 · rt)),
-// 256 threads.
-#define PORTER_FP8_GEMVT(NA, A, NO, O)                                                                        \
-    extern "C" __global__ void __launch_bounds__(FGT_WARPS * 32, 2) fp8_gemvt_##NA##_##NO(                   \
+// fp8_gemvt_<A>_<O>[_g2](w, sc, rs, x, out, m, k, n, rt): grid ceil(ceil(m / 8) / NG) ·
+// ceil(n / (16 · rt)), 256 threads; NG = 1 (m ≤ 8), 2 (_g2, more rows; bf16 only: the f16
+// conversion's extra registers spilled at two groups).
+#define PORTER_FP8_GEMVT_NG(NA, A, NO, O, SUF, NG)                                                            \
+    extern "C" __global__ void __launch_bounds__(FGT_WARPS * 32, 2) fp8_gemvt_##NA##_##NO##SUF(              \
         const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n,      \
         u32 rt) {                                                                                             \
-        fp8_gemvt_pdl<A, O>(w, sc, rs, x, out, m, k, n, rt);                                                  \
+        fp8_gemvt_pdl<A, O, NG>(w, sc, rs, x, out, m, k, n, rt);                                              \
     }
-PORTER_FP8_GEMVT(bf16, bf16, bf16, bf16)
-PORTER_FP8_GEMVT(bf16, bf16, f32, float)
-PORTER_FP8_GEMVT(f16, f16, f16, f16)
-PORTER_FP8_GEMVT(f16, f16, f32, float)
+PORTER_FP8_GEMVT_NG(bf16, bf16, bf16, bf16, , 1)
+PORTER_FP8_GEMVT_NG(bf16, bf16, f32, float, , 1)
+PORTER_FP8_GEMVT_NG(f16, f16, f16, f16, , 1)
+PORTER_FP8_GEMVT_NG(f16, f16, f32, float, , 1)
+PORTER_FP8_GEMVT_NG(bf16, bf16, bf16, bf16, _g2, 2)
+PORTER_FP8_GEMVT_NG(bf16, bf16, f32, float, _g2, 2)

@@ -410,12 +410,16 @@ impl CudaKernels {
         let (k, n) = (w.cols, w.rows);
         let (pq, _gq) = w.q.device_ptr(&self.stream);
         let rt = fp8_gemv_tc_tiles(n, k, self.caps().sms);
-        let blocks = n.div_ceil(16 * rt).saturating_mul(m.div_ceil(8));
+        // Groups of 8 rows a block: 2 beyond one group with bf16 x (each converted weight
+        // fragment feeds two MMAs: half the tile's L2 re-reads; f16's conversion spilled so),
+        // else 1.
+        let ng = if m > 8 && A::NAME == "bf16" { 2 } else { 1 };
+        let blocks = n.div_ceil(16 * rt).saturating_mul(m.div_ceil(8).div_ceil(ng));
         let cfg =
             LaunchConfig { grid_dim: (u32_of("blocks", blocks)?, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (m32, k32, n32, rt32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?, rt as u32);
-        // SAFETY: matches fp8_gemvt_<A>_<O> (8 warps, rt tiles of 16 weight rows a block, rt
-        // in 1, 2, 4, 8; a block per (group of 8 rows of x, tile)); sizes and alignment checked
+        // SAFETY: matches fp8_gemvt_<A>_<O>[_g2] (8 warps, rt tiles of 16 weight rows a block, rt
+        // in 1, 2, 4, 8; a block per (ng groups of 8 rows of x, tile)); sizes and alignment checked
         // by the callers; m <= 64; the scale rows named by row_scale exist (Fp8Dev's contract).
         // Kernel: `fp8_gemvt_<A>_<O>(const u8* w, const float* sc, const u32* rs, const A* x, O* out,
         // u32 m, u32 k, u32 n, u32 rt)`.
@@ -423,7 +427,7 @@ impl CudaKernels {
             launch!(
                 self,
                 FP8,
-                format!("fp8_gemvt_{}_{}", A::NAME, O::NAME),
+                format!("fp8_gemvt_{}_{}{}", A::NAME, O::NAME, if ng == 2 { "_g2" } else { "" }),
                 cfg,
                 [pq, ptr(w.scales), ptr(w.row_scale), px, ptr_mut(out), m32, k32, n32, rt32]
             )
