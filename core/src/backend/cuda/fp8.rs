@@ -62,6 +62,26 @@ pub const FP8_GEMV_MAX_ROWS: usize = GEMV_MAX_ROWS;
 /// rows the GEMM wins.
 pub const FP8_ROWS_GEMV_MAX: usize = 32;
 
+/// Environment variable: the most rows (5–64) a dense FP8 GEMM takes the row-group GEMV for,
+/// instead of [`FP8_ROWS_GEMV_MAX`] (A/B runs; read once; another value warns once and is
+/// ignored).
+pub const FP8_ROWS_GEMV_ENV: &str = "PORTER_FP8_GEMV_ROWS";
+
+/// [`FP8_ROWS_GEMV_MAX`], or the value of [`FP8_ROWS_GEMV_ENV`].
+fn rows_gemv_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| match std::env::var(FP8_ROWS_GEMV_ENV) {
+        Err(_) => FP8_ROWS_GEMV_MAX,
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(r) if (FP8_GEMV_MAX_ROWS..=porter_kernels::cuda::FP8_GEMVT_MAX_ROWS).contains(&r) => r,
+            _ => {
+                eprintln!("warning: {FP8_ROWS_GEMV_ENV}={v:?} is not a row count in 4..=64; using {FP8_ROWS_GEMV_MAX}");
+                FP8_ROWS_GEMV_MAX
+            }
+        },
+    })
+}
+
 /// Dense GEMMs above [`DENSE_TC_MAX_ROWS`] rows when [`FP8_GEMM_ENV`] is unset: the path
 /// measured fastest on the H200 (docs/architecture.md §6.1).
 pub const DENSE_DEFAULT: Fp8Gemm = Fp8Gemm::Dequant;
@@ -143,7 +163,7 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
         // batches 5..32), and in batch-invariant runs (where it was a launch per 8 rows, the
         // same bits).
         let tc_form = matches!(Fp8GemvForm::of_process().conv, Fp8GemvConv::Auto | Fp8GemvConv::Tc);
-        if tc_form && (invariant || (FP8_GEMV_MAX_ROWS < m && m <= FP8_ROWS_GEMV_MAX)) {
+        if tc_form && (invariant || (FP8_GEMV_MAX_ROWS < m && m <= rows_gemv_max())) {
             let done = match out.dtype() {
                 DType::F32 if g.k.fp8_gemv_rows_fits::<A, f32>(m, k) => {
                     g.k.fp8_gemv_rows::<A, f32>(xs, w.view(), out.dev_mut::<f32>()?, m).map_err(cuda_err)?;
