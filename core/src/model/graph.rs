@@ -20,7 +20,7 @@
 
 use super::{ForwardOutput, Model};
 use crate::backend::cuda::blocks::{batch_table, page_table};
-use crate::backend::cuda::gdn::gdn_tables;
+use crate::backend::cuda::gdn::{gdn_tables, GDN_TABLE_MAX_WORDS_PER_SPAN};
 use crate::backend::cuda::graph::{self, width_bucket, Captured, GraphKey, Graphs, Outputs, SendGraph, UploadTag};
 use crate::error::Result;
 use crate::state::{Batch, LayerCache, LayerKind, StateCache};
@@ -184,9 +184,15 @@ impl Model {
         drop(out);
         gpu.sync()?;
         // Every upload of the forward, aligned to 256 bytes: ids, positions + spans, slots +
-        // tables, and the Gated DeltaNet tables (at most 9 words a span) of each layer.
+        // tables, and the Gated DeltaNet tables of each layer (GDN_TABLE_MAX_WORDS_PER_SPAN;
+        // session 15's fused-step part made them 15 words a span against the 9 sized here
+        // before, and graphs of ≥ 32 spans ran eagerly until session 16).
         let nl = self.layers.len();
-        let words = 2 * t + 3 * key.spans + t + key.spans * key.width.max(1) + 9 * key.spans * nl;
+        let words = 2 * t
+            + 3 * key.spans
+            + t
+            + key.spans * key.width.max(1)
+            + GDN_TABLE_MAX_WORDS_PER_SPAN * key.spans * nl;
         gpu.begin_recording(4 * words + 256 * (nl + 8))?;
         let stream = gpu.stream().clone();
         if let Err(e) =

@@ -104,6 +104,11 @@ pub(crate) struct GdnTables {
     pub chunk_max: usize,
 }
 
+/// The most `u32`s [`gdn_tables`] writes a span: conv 4 + recurrent 5 + fused 6 (a chunked
+/// span: 4 + 5 + 4). A CUDA graph's upload recording is sized with it (`model/graph.rs`): a
+/// table longer than the recording makes the shape run eagerly.
+pub(crate) const GDN_TABLE_MAX_WORDS_PER_SPAN: usize = 15;
+
 /// The span tables of a Gated DeltaNet step over `batch`, starting the step in the slots'
 /// rollback bookkeeping. Long spans without snapshots (prefill) take the chunked algorithm,
 /// the rest (decode, speculative verify with per-token snapshots) the per-token recurrence.
@@ -410,4 +415,42 @@ pub fn gated_norm(o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> 
     }
     crate::by_dtype!(o.dtype(), norm(&g, o, p, w, &mut normed, (t, hv, dv, zoff), eps))?;
     Ok(normed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::SeqId;
+    use crate::tensor::device::Device;
+
+    /// Every mix of span kinds stays within the per-span bound the graph recording is sized
+    /// with: decode spans, K + 1-row verify spans with snapshots, chunked prefill spans, padding.
+    #[test]
+    fn tables_fit_the_graph_recordings_bound() {
+        for spec in [0, 3] {
+            let mut cache = RecCache::new(Device::Cpu, 8, 4, 16, spec, 64).expect("recurrent cache");
+            for (n, rows) in [(1, 1), (33, 1), (64, 1), (16, 4), (5, 9)] {
+                let mut b = Batch::default();
+                for i in 0..n {
+                    let ids: Vec<u32> = (0..rows as u32).collect();
+                    b.push(SeqId(i), 0, &ids);
+                }
+                for batch in [b.clone(), b.padded(n + 7, rows)] {
+                    let gt = gdn_tables(&batch, &mut cache).expect("tables");
+                    let spans = batch.spans.len();
+                    assert!(
+                        gt.data.len() <= GDN_TABLE_MAX_WORDS_PER_SPAN * spans,
+                        "spec {spec}: {} words for {spans} spans of {rows} rows",
+                        gt.data.len()
+                    );
+                    assert_eq!(gt.data.len(), gt.conv + gt.rec + gt.chunk + gt.conv_chunk + gt.fused);
+                }
+            }
+        }
+        // The bound is reached: a decode span writes conv, recurrent and fused rows.
+        let mut cache = RecCache::new(Device::Cpu, 8, 4, 16, 0, 4).expect("recurrent cache");
+        let mut b = Batch::default();
+        b.push(SeqId(0), 3, &[1]);
+        assert_eq!(gdn_tables(&b, &mut cache).expect("tables").data.len(), GDN_TABLE_MAX_WORDS_PER_SPAN);
+    }
 }
