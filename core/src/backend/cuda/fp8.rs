@@ -5,7 +5,7 @@
 //!   batch-invariant (f32, deterministic mode): the FP8 GEMV in groups of at most 8 rows, which
 //!   reads the e4m3 bytes and dequantizes in registers (row-invariant arithmetic). Its
 //!   tensor-core form takes up to 64 rows in one launch (`fp8_gemv_rows`): decode batches of
-//!   5–32 rows (`FP8_ROWS_GEMV_MAX`; since session 15, the tile-dequantizing GEMM before), and
+//!   5–64 rows (`FP8_ROWS_GEMV_MAX`; since session 15/16, the tile-dequantizing GEMM before), and
 //!   the batch-invariant runs' groups.
 //! - **Prefill** (and batches above the GEMV rows), by [`FP8_GEMM_ENV`] ([`Fp8Gemm`]):
 //!   `dequant`: the weight is dequantized to the compute dtype into the device's scratch
@@ -54,13 +54,13 @@ pub enum Fp8Gemm {
 pub const FP8_GEMV_MAX_ROWS: usize = GEMV_MAX_ROWS;
 
 /// Dense GEMMs of more than [`FP8_GEMV_MAX_ROWS`] and at most this many rows take the
-/// tensor-core FP8 GEMV in one launch (`fp8_gemv_rows`, row groups of 8). Measured on the H200
-/// (2026-12-04, `cuda_fp8_rows` `fp8_gemv_rows_speed`, µs, row-group GEMV against the
-/// tile-dequantizing GEMM): `[12352, 2048]` 12.0 / 16.8 / 29.6 / 56.7 against 29.5 / 30.9 /
-/// 34.3 / 45.6 at 8 / 16 / 32 / 64 rows; `[2048, 4096]` 5.6 / 6.6 / 11.4 / 20.8 against 11.7 /
-/// 11.9 / 12.4 / 17.1. Each group of 8 rows re-reads the weight tile (from L2), so beyond ~32
-/// rows the GEMM wins.
-pub const FP8_ROWS_GEMV_MAX: usize = 32;
+/// tensor-core FP8 GEMV in one launch (`fp8_gemv_rows`: row groups of 8, two a block beyond 8
+/// rows with bf16 x). Measured on the H200 (2026-12-04, `cuda_fp8_rows` `fp8_gemv_rows_speed`,
+/// µs at 8 / 16 / 32 / 64 rows, the two-group GEMV against the tile-dequantizing GEMM):
+/// `[12352, 2048]` 12.0 / 14.7 / 21.9 / 38.9 against 29.4 / 30.9 / 34.3 / 45.5; `[2048, 4096]`
+/// 5.6 / 6.6 / 8.0 / 14.3 against 11.8 / 12.1 / 12.8 / 17.2; FP8 decode at batch 64 (48 layers)
+/// 2,787 against 2,646 tok/s. (One group a block, session 15, lost at 64 rows: 56.7 µs.)
+pub const FP8_ROWS_GEMV_MAX: usize = 64;
 
 /// Environment variable: the most rows (5–64) a dense FP8 GEMM takes the row-group GEMV for,
 /// instead of [`FP8_ROWS_GEMV_MAX`] (A/B runs; read once; another value warns once and is
@@ -160,7 +160,7 @@ pub fn matmul_t(g: &Gpu, x: &Tensor, w: &DevFp8, out: &mut Tensor) -> Result<()>
         let invariant = crate::tensor::cuda::batch_invariant(A::DTYPE);
         // Up to 64 rows in one tensor-core GEMV launch where the default form (or the
         // tensor-core one) runs: beyond FP8_GEMV_MAX_ROWS rows up to FP8_ROWS_GEMV_MAX (decode
-        // batches 5..32), and in batch-invariant runs (where it was a launch per 8 rows, the
+        // batches 5..64), and in batch-invariant runs (where it was a launch per 8 rows, the
         // same bits).
         let tc_form = matches!(Fp8GemvForm::of_process().conv, Fp8GemvConv::Auto | Fp8GemvConv::Tc);
         if tc_form && (invariant || (FP8_GEMV_MAX_ROWS < m && m <= rows_gemv_max())) {
