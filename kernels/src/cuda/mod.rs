@@ -106,7 +106,7 @@ pub use gdn_fused::{
 };
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GemvKind, GEMV_MAX_ROWS};
-pub use moe::MoeSharedDev;
+pub use moe::{MoeSharedDev, MOE_DECODE_PER_EXPERT_ENV};
 pub use moe_decode::{MoeGemv, MOE_DOWN_ENV, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
 pub use moe_mma::{moe_dec_of_process, MoeDec, MOE_DEC_ENV};
 pub use moe_route::{MoeRouteDev, MoeRouter, MOE_ROUTER_ENV};

@@ -30,6 +30,26 @@ pub(super) const FUSED_GROUPING_BYTES: usize = 40 * 1024;
 const DECODE_MAX_PAIRS: usize = 256;
 /// See [`DECODE_MAX_PAIRS`].
 const DECODE_PAIRS_PER_EXPERT: usize = 2;
+/// Environment variable: [`DECODE_PAIRS_PER_EXPERT`] for A/B runs (1–64; read once, another
+/// value warns once and is ignored).
+pub const MOE_DECODE_PER_EXPERT_ENV: &str = "PORTER_MOE_DECODE_PER_EXPERT";
+
+/// [`DECODE_PAIRS_PER_EXPERT`], or the value of [`MOE_DECODE_PER_EXPERT_ENV`].
+fn decode_pairs_per_expert() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| match std::env::var(MOE_DECODE_PER_EXPERT_ENV) {
+        Err(_) => DECODE_PAIRS_PER_EXPERT,
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=64).contains(&n) => n,
+            _ => {
+                eprintln!(
+                    "warning: {MOE_DECODE_PER_EXPERT_ENV}={v:?} is not a count in 1..=64; using {DECODE_PAIRS_PER_EXPERT}"
+                );
+                DECODE_PAIRS_PER_EXPERT
+            }
+        },
+    })
+}
 
 /// Rounds `n` up to a multiple of 256 bytes (scratch sub-buffer alignment).
 pub(super) fn align256(n: usize) -> usize {
@@ -194,7 +214,7 @@ impl CudaKernels {
     /// Whether [`CudaKernels::moe_experts`] takes the decode (GEMV) path for
     /// `t` rows with `k` experts each out of `e` (else the tiled GEMM path).
     pub fn moe_decode_path(t: usize, k: usize, e: usize) -> bool {
-        t.saturating_mul(k) <= DECODE_MAX_PAIRS.max(DECODE_PAIRS_PER_EXPERT.saturating_mul(e))
+        t.saturating_mul(k) <= DECODE_MAX_PAIRS.max(decode_pairs_per_expert().saturating_mul(e))
     }
 
     /// Routed experts of a sparse MoE block (`porter_core::nn::Moe::forward`
