@@ -32,8 +32,10 @@ const DECODE_MAX_PAIRS: usize = 256;
 /// top-10, decode tok/s with 2 / 4 / 8): FP8 (48 layers) batch 128 2,349 / 3,776 / 3,773,
 /// batch 256 3,823 / 3,822 / 5,364; bf16 (24 layers) batch 128 5,291 / 5,811 / 5,812, batch
 /// 256 8,802 / 8,811 / 8,856. The grouped tiled GEMMs (the FP8 ones dequantize whole tiles for
-/// ~2.5 rows an expert) lose to the decode kernels until far more rows an expert.
-const DECODE_PAIRS_PER_EXPERT: usize = 8;
+/// ~2.5 rows an expert) lose to the decode kernels at every measured size; 5 takes the decode
+/// kernels exactly as far as measured (batch 256 of top-10 over 512 experts) — beyond, the
+/// measurement is still to be made (FP8 will likely gain from more).
+const DECODE_PAIRS_PER_EXPERT: usize = 5;
 /// Environment variable: [`DECODE_PAIRS_PER_EXPERT`] for A/B runs (1–64; read once, another
 /// value warns once and is ignored).
 pub const MOE_DECODE_PER_EXPERT_ENV: &str = "PORTER_MOE_DECODE_PER_EXPERT";
