@@ -188,11 +188,8 @@ impl Model {
         // session 15's fused-step part made them 15 words a span against the 9 sized here
         // before, and graphs of ≥ 32 spans ran eagerly until session 16).
         let nl = self.layers.len();
-        let words = 2 * t
-            + 3 * key.spans
-            + t
-            + key.spans * key.width.max(1)
-            + GDN_TABLE_MAX_WORDS_PER_SPAN * key.spans * nl;
+        let words =
+            2 * t + 3 * key.spans + t + key.spans * key.width.max(1) + GDN_TABLE_MAX_WORDS_PER_SPAN * key.spans * nl;
         gpu.begin_recording(4 * words + 256 * (nl + 8))?;
         let stream = gpu.stream().clone();
         if let Err(e) =
