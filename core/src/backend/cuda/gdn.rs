@@ -420,8 +420,7 @@ pub fn gated_norm(o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::SeqId;
-    use crate::tensor::device::Device;
+    use crate::tensor::Device;
 
     /// Every mix of span kinds stays within the per-span bound the graph recording is sized
     /// with: decode spans, K + 1-row verify spans with snapshots, chunked prefill spans, padding.
