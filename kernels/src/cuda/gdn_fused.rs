@@ -113,14 +113,8 @@ impl CudaKernels {
     /// whatever the batch (a row's arithmetic must not depend on the other rows); overridden
     /// by [`GDN_FUSED_LANES_ENV`].
     pub fn gdn_fused_lanes(n_spans: usize, hv: usize, dk: usize, dv: usize, invariant: bool) -> usize {
-        if let Some(v) = std::env::var_os(GDN_FUSED_LANES_ENV) {
-            match v.to_string_lossy().trim().parse::<usize>() {
-                Ok(p @ (1 | 2 | 4 | 8)) => return p,
-                _ => {
-                    static WARNED: std::sync::Once = std::sync::Once::new();
-                    WARNED.call_once(|| eprintln!("warning: {GDN_FUSED_LANES_ENV}={v:?} is not 1, 2, 4 or 8; ignored"));
-                }
-            }
+        if let Some(p) = super::env_count(GDN_FUSED_LANES_ENV, |p| matches!(p, 1 | 2 | 4 | 8), "1, 2, 4 or 8") {
+            return p;
         }
         delta_lanes(if invariant { 1 } else { n_spans }, hv, dk, dv)
     }

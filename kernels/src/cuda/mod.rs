@@ -162,6 +162,34 @@ pub fn smem_limit_from(var: Option<std::ffi::OsString>) -> Result<Option<usize>>
     }
 }
 
+/// A count from environment variable `var` for A/B runs: `None` when it is unset, or when it
+/// does not parse or `accept` refuses it — then with one warning a process that names the
+/// variable and what was `expected` (the caller keeps its default).
+pub fn env_count(var: &str, accept: impl Fn(usize) -> bool, expected: &str) -> Option<usize> {
+    count_from(std::env::var_os(var), accept).unwrap_or_else(|t| {
+        static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+        let mut w = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+        if !w.iter().any(|x| x == var) {
+            w.push(var.to_string());
+            eprintln!("warning: {var}={t:?} is not {expected}; ignored");
+        }
+        None
+    })
+}
+
+/// [`env_count`] of a variable's value `v`: `Err` with the text when it is refused.
+fn count_from(
+    v: Option<std::ffi::OsString>,
+    accept: impl Fn(usize) -> bool,
+) -> std::result::Result<Option<usize>, String> {
+    let Some(v) = v else { return Ok(None) };
+    let t = v.to_string_lossy();
+    match t.trim().parse::<usize>() {
+        Ok(n) if accept(n) => Ok(Some(n)),
+        _ => Err(t.into_owned()),
+    }
+}
+
 /// Environment variable: `off` launches every kernel without programmatic dependent launch
 /// (PDL); unset or `on`: on sm_90+ outside a forced fallback build, every kernel is launched
 /// as a programmatic dependent of the grid before it, so that its launch and block start-up
@@ -666,6 +694,18 @@ mod tests {
     fn fallback_env_values() {
         assert!(fallback_from(Some("1".into())) && fallback_from(Some(" TRUE ".into())));
         assert!(!fallback_from(None) && !fallback_from(Some("0".into())) && !fallback_from(Some("".into())));
+    }
+
+    #[test]
+    fn env_counts_parse_or_are_refused() {
+        let v = |s: &str| count_from(Some(s.into()), |n| (1..=64).contains(&n));
+        assert_eq!(count_from(None, |_| true), Ok(None));
+        assert_eq!(v(" 8 "), Ok(Some(8)));
+        assert_eq!(v("64"), Ok(Some(64)));
+        assert_eq!(v("0"), Err("0".to_string()));
+        assert_eq!(v("65"), Err("65".to_string()));
+        assert_eq!(v("eight"), Err("eight".to_string()));
+        assert_eq!(v("-1"), Err("-1".to_string()));
     }
 
     #[test]

@@ -43,17 +43,9 @@ pub const MOE_DECODE_PER_EXPERT_ENV: &str = "PORTER_MOE_DECODE_PER_EXPERT";
 /// [`DECODE_PAIRS_PER_EXPERT`], or the value of [`MOE_DECODE_PER_EXPERT_ENV`].
 fn decode_pairs_per_expert() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| match std::env::var(MOE_DECODE_PER_EXPERT_ENV) {
-        Err(_) => DECODE_PAIRS_PER_EXPERT,
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if (1..=64).contains(&n) => n,
-            _ => {
-                eprintln!(
-                    "warning: {MOE_DECODE_PER_EXPERT_ENV}={v:?} is not a count in 1..=64; using {DECODE_PAIRS_PER_EXPERT}"
-                );
-                DECODE_PAIRS_PER_EXPERT
-            }
-        },
+    *V.get_or_init(|| {
+        super::env_count(MOE_DECODE_PER_EXPERT_ENV, |n| (1..=64).contains(&n), "a count in 1..=64")
+            .unwrap_or(DECODE_PAIRS_PER_EXPERT)
     })
 }
 

@@ -70,15 +70,10 @@ pub const FP8_ROWS_GEMV_ENV: &str = "PORTER_FP8_GEMV_ROWS";
 /// [`FP8_ROWS_GEMV_MAX`], or the value of [`FP8_ROWS_GEMV_ENV`].
 fn rows_gemv_max() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| match std::env::var(FP8_ROWS_GEMV_ENV) {
-        Err(_) => FP8_ROWS_GEMV_MAX,
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(r) if (FP8_GEMV_MAX_ROWS..=porter_kernels::cuda::FP8_GEMVT_MAX_ROWS).contains(&r) => r,
-            _ => {
-                eprintln!("warning: {FP8_ROWS_GEMV_ENV}={v:?} is not a row count in 4..=64; using {FP8_ROWS_GEMV_MAX}");
-                FP8_ROWS_GEMV_MAX
-            }
-        },
+    *MAX.get_or_init(|| {
+        let rows = FP8_GEMV_MAX_ROWS..=porter_kernels::cuda::FP8_GEMVT_MAX_ROWS;
+        porter_kernels::cuda::env_count(FP8_ROWS_GEMV_ENV, |r| rows.contains(&r), "a row count in 4..=64")
+            .unwrap_or(FP8_ROWS_GEMV_MAX)
     })
 }
 

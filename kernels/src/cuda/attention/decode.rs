@@ -166,17 +166,13 @@ pub(crate) fn decode_env_selected() -> bool {
 /// log2 of a power-of-two environment value in `lo..=hi` (`default` when unset or invalid,
 /// with a warning once per variable).
 fn pow2_env(var: &str, lo: usize, hi: usize, default: usize) -> u32 {
-    let v = std::env::var(var).ok();
-    let parsed = v.as_deref().map(|s| s.trim().parse::<usize>());
-    let n = match parsed {
-        None => default,
-        Some(Ok(n)) if n.is_power_of_two() && (lo..=hi).contains(&n) => n,
-        Some(_) => {
-            eprintln!("warning: {var}={v:?} is not a power of two in {lo}..={hi}; using {default}");
-            default
-        }
-    };
-    n.trailing_zeros()
+    crate::cuda::env_count(
+        var,
+        |n| n.is_power_of_two() && (lo..=hi).contains(&n),
+        &format!("a power of two in {lo}..={hi}"),
+    )
+    .unwrap_or(default)
+    .trailing_zeros()
 }
 
 /// log2 of the split size of a sequence of `ctx` keys (`adec_ks_log2`).
