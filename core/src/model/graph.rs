@@ -183,14 +183,7 @@ impl Model {
         };
         drop(out);
         gpu.sync()?;
-        // Every upload of the forward, aligned to 256 bytes: ids, positions + spans, slots +
-        // tables, and the Gated DeltaNet tables of each layer (GDN_TABLE_MAX_WORDS_PER_SPAN;
-        // session 15's fused-step part made them 15 words a span against the 9 sized here
-        // before, and graphs of ≥ 32 spans ran eagerly until session 16).
-        let nl = self.layers.len();
-        let words =
-            2 * t + 3 * key.spans + t + key.spans * key.width.max(1) + GDN_TABLE_MAX_WORDS_PER_SPAN * key.spans * nl;
-        gpu.begin_recording(4 * words + 256 * (nl + 8))?;
+        gpu.begin_recording(recording_bytes(key, self.layers.len()))?;
         let stream = gpu.stream().clone();
         if let Err(e) =
             stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -293,6 +286,18 @@ impl Model {
     }
 }
 
+/// Bytes of the upload recording of a forward of `key` over `layers` layers: every upload
+/// aligned to 256 bytes — ids, positions + spans, slots + block tables, and the Gated DeltaNet
+/// span tables of each layer ([`GDN_TABLE_MAX_WORDS_PER_SPAN`]; session 15's fused-step part
+/// made them 15 words a span against the 9 sized here before, and graphs of ≥ 32 spans ran
+/// eagerly until session 16). An overflow fails the capture (that shape runs eagerly).
+fn recording_bytes(key: GraphKey, layers: usize) -> usize {
+    let t = key.spans * key.rows;
+    let words =
+        2 * t + 3 * key.spans + t + key.spans * key.width.max(1) + GDN_TABLE_MAX_WORDS_PER_SPAN * key.spans * layers;
+    4 * words + 256 * (layers + 8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,5 +343,34 @@ mod tests {
             v
         });
         assert!(page_table(&step, 2).is_err());
+    }
+
+    /// The producers' uploads of an all-padding batch (what a capture records), each aligned
+    /// to 256 bytes, fit the recording for every layer recurrent: a table that grows past
+    /// its sizing fails here rather than silently running that graph shape eagerly.
+    #[test]
+    fn recording_holds_every_upload_of_a_capture() {
+        use crate::backend::RecCache;
+        use crate::tensor::Device;
+        let al = |words: usize| (4 * words).next_multiple_of(256);
+        for spec in [0, 3] {
+            let mut rc = RecCache::new(Device::Cpu, 8, 4, 16, spec, 4).expect("recurrent cache");
+            for (spans, rows) in [(1, 1), (8, 1), (33, 1), (64, 1), (256, 1), (16, 4), (64, 4)] {
+                for width in [0, 1, 16, 64] {
+                    let key = GraphKey { spans, rows, width };
+                    let layers = 48;
+                    let p = Batch::default().padded(spans, rows);
+                    let blocks: Vec<&[u32]> = vec![&[]; spans];
+                    let step = crate::state::PageStep::with_width(&p, 16, &blocks, width).expect("page step");
+                    let gdn = gdn_tables(&p, &mut rc).expect("tables").data.len();
+                    let used = al(p.ids.len())
+                        + al(batch_table(&p).len())
+                        + al(page_table(&step, width.max(step.max_blocks)).expect("page table").len())
+                        + layers * al(gdn);
+                    let have = recording_bytes(key, layers);
+                    assert!(used <= have, "{key:?} spec {spec}: {used} bytes of uploads, {have} recorded");
+                }
+            }
+        }
     }
 }
