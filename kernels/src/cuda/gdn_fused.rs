@@ -55,7 +55,7 @@ const GF_THREAD_ROWS: usize = 16384;
 const GF_MAX_SMEM: usize = 48 * 1024;
 
 /// Environment variable: the fused kernel's lanes per state column (1, 2, 4 or 8) instead of
-/// the default rule ([`CudaKernels::gdn_fused_lanes`]), for measurements. Read on every call;
+/// the default rule ([`CudaKernels::gdn_fused_lanes`]), for measurements. Read once a process;
 /// another value warns once and is ignored.
 pub const GDN_FUSED_LANES_ENV: &str = "PORTER_GDN_FUSED_LANES";
 
@@ -111,9 +111,13 @@ impl CudaKernels {
     /// Lanes per state column of a fused step over `n_spans` spans: the separate delta rule's
     /// ([`delta_lanes`], so that the two give the same bits), with `invariant` that of one span
     /// whatever the batch (a row's arithmetic must not depend on the other rows); overridden
-    /// by [`GDN_FUSED_LANES_ENV`].
+    /// by [`GDN_FUSED_LANES_ENV`] (read once a process).
     pub fn gdn_fused_lanes(n_spans: usize, hv: usize, dk: usize, dv: usize, invariant: bool) -> usize {
-        if let Some(p) = super::env_count(GDN_FUSED_LANES_ENV, |p| matches!(p, 1 | 2 | 4 | 8), "1, 2, 4 or 8") {
+        // Read once: this runs for every Gated DeltaNet layer of every eager step.
+        static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        let forced = *FORCED
+            .get_or_init(|| super::env_count(GDN_FUSED_LANES_ENV, |p| matches!(p, 1 | 2 | 4 | 8), "1, 2, 4 or 8"));
+        if let Some(p) = forced {
             return p;
         }
         delta_lanes(if invariant { 1 } else { n_spans }, hv, dk, dv)

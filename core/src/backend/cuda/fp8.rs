@@ -72,7 +72,8 @@ fn rows_gemv_max() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
         let rows = FP8_GEMV_MAX_ROWS..=porter_kernels::cuda::FP8_GEMVT_MAX_ROWS;
-        porter_kernels::cuda::env_count(FP8_ROWS_GEMV_ENV, |r| rows.contains(&r), "a row count in 4..=64")
+        let expected = format!("a row count in {}..={}", rows.start(), rows.end());
+        porter_kernels::cuda::env_count(FP8_ROWS_GEMV_ENV, |r| rows.contains(&r), &expected)
             .unwrap_or(FP8_ROWS_GEMV_MAX)
     })
 }
