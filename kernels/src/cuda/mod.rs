@@ -79,6 +79,7 @@ mod gdn;
 mod gdn_chunk;
 mod gdn_fused;
 mod gdn_seq;
+mod knockout;
 mod kv_quant;
 mod misc;
 mod moe;
@@ -104,6 +105,7 @@ pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV};
 pub use gdn_fused::{
     gdn_fused_enabled, GdnFusedDims, GdnFusedShape, GDN_FUSED_ENV, GDN_FUSED_LANES_ENV, GDN_FUSED_MAX_KEY_HEADS,
 };
+pub use knockout::{parse_rules as knockout_rules, KNOCKOUT_ENV, LAUNCH_TRACE_ENV};
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GemvKind, GEMV_MAX_ROWS};
 pub use moe::{MoeSharedDev, MOE_DECODE_PER_EXPERT_ENV};
@@ -362,6 +364,9 @@ pub struct CudaKernels {
     pdl: bool,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Entry-point names by function handle, kept only while a launch diagnostic is on
+    /// ([`KNOCKOUT_ENV`], [`LAUNCH_TRACE_ENV`]).
+    names: Mutex<HashMap<usize, String>>,
     /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
     /// the kernel zeroes what it used before it ends).
     moe_sync: Mutex<CudaSlice<u32>>,
@@ -419,6 +424,7 @@ impl CudaKernels {
             pdl,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            names: Mutex::new(HashMap::new()),
             moe_sync,
         })
     }
@@ -478,6 +484,9 @@ impl CudaKernels {
             return Ok(f.clone());
         }
         let f = self.module(src)?.load_function(name)?;
+        if knockout::diag().active() {
+            self.names.lock().unwrap_or_else(|e| e.into_inner()).insert(f.cu_function() as usize, name.to_owned());
+        }
         self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), f.clone());
         Ok(f)
     }
@@ -537,6 +546,9 @@ impl CudaKernels {
     ///   shared memory it uses, within what [`CudaKernels::function_smem`] allowed).
     /// - Buffers the kernel writes are not read or written by other work in flight.
     pub(crate) unsafe fn launch_fn(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[&dyn KernelArg]) -> Result<()> {
+        if self.diag_skips(f, &cfg) {
+            return Ok(());
+        }
         if self.pdl {
             let mut params: Vec<*mut c_void> = args.iter().map(|a| a.param()).collect();
             // SAFETY: the caller's contract; `params` points at `args`, alive across the call;
@@ -550,6 +562,31 @@ impl CudaKernels {
         // SAFETY: the caller's contract (parameters, memory and launch shape of `f`).
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+
+    /// The launch diagnostics ([`LAUNCH_TRACE_ENV`] prints this launch; [`KNOCKOUT_ENV`]):
+    /// whether the launch of `f` with `cfg` is to be left out. Free when neither is set.
+    pub(crate) fn diag_skips(&self, f: &CudaFunction, cfg: &LaunchConfig) -> bool {
+        let d = knockout::diag();
+        if !d.active() {
+            return false;
+        }
+        let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        let name = names.get(&(f.cu_function() as usize)).map_or("?", String::as_str);
+        let skip = d.skips(name, cfg.grid_dim.0);
+        if d.trace > 0 {
+            static SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            if SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < d.trace {
+                eprintln!(
+                    "launch {name} grid {:?} block {:?} smem {}{}",
+                    cfg.grid_dim,
+                    cfg.block_dim,
+                    cfg.shared_mem_bytes,
+                    if skip { " (knocked out)" } else { "" }
+                );
+            }
+        }
+        skip
     }
 
     /// Whether kernels are launched as programmatic dependents of their predecessor

@@ -407,11 +407,13 @@ impl CudaKernels {
                     (r5 as *mut u32).cast(),
                     (r6 as *mut u32).cast(),
                 ];
-                // SAFETY: as above; `params` points at the 10 parameters of the combine, in
-                // order, alive across the call (the driver copies them at launch). The
-                // combine waits (griddepcontrol.wait) for the split grid before its first
-                // partial read and before it can complete.
-                unsafe { self.launch_pdl(&f, &cfg, &mut params) }?;
+                if !self.diag_skips(&f, &cfg) {
+                    // SAFETY: as above; `params` points at the 10 parameters of the combine,
+                    // in order, alive across the call (the driver copies them at launch). The
+                    // combine waits (griddepcontrol.wait) for the split grid before its first
+                    // partial read and before it can complete.
+                    unsafe { self.launch_pdl(&f, &cfg, &mut params) }?;
+                }
             } else {
                 // SAFETY: see above.
                 unsafe {
