@@ -403,6 +403,15 @@ template <typename T> struct Fp8Row {
         for (int i = 1; i < 16; ++i) d = fmaf(wf[i], af[i], d);
         return fmaf(d, __ldg(s + (c >> 3)) * (FP8_GEMVX_HW ? 1.0f : 256.0f), acc);
     }
+    // dot_acc split for the in-flight down kernel (dir_downa_impl_pdl): the chunk's block scale
+    // loaded with the chunk, then dot_acc's formula given it.
+    __device__ __forceinline__ float side(u32 c) const { return __ldg(s + (c >> 3)); }
+    static __device__ __forceinline__ float dot_side(const float* wf, const float* af, float sc, float acc) {
+        float d = wf[0] * af[0];
+#pragma unroll
+        for (int i = 1; i < 16; ++i) d = fmaf(wf[i], af[i], d);
+        return fmaf(d, sc * (FP8_GEMVX_HW ? 1.0f : 256.0f), acc);
+    }
     __device__ __forceinline__ float at(u32 i) const { return fp8_f(p[i]) * s[i / FP8_BLOCK]; }
     __device__ __forceinline__ const void* base() const { return p; }
 };
@@ -458,7 +467,18 @@ template <typename T> struct Fp8Mat {
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \
         u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged) {                                           \
         dir_down_impl_pdl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, vec, staged); \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_downa_fp8_##NAME(                \
+        const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \
+        u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged) {                                           \
+        dir_downa_impl_pdl<T, Fp8Mat<T>, MOE_DOWNA_FP8_CH, MOE_DOWNA_FP8_KMAX>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, \
+                                                                             e, out, H, I, k);                  \
     }
+
+// The in-flight down kernel's reach with FP8 experts (MOE_DOWNA_FP8_* in
+// kernels/src/cuda/moe_decode.rs): one 16-byte chunk a lane (I <= 512), up to 12 rows.
+#define MOE_DOWNA_FP8_CH 1
+#define MOE_DOWNA_FP8_KMAX 12
 
 // v2 gate+up chunks in flight per lane and row, routed rows per down pass (see dec_v2_impl; f32
 // activations take more registers).

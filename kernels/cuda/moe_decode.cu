@@ -151,6 +151,14 @@ template <typename T> struct DenseRow {
         for (u32 i = 0; i < E; ++i) acc = fmaf(wf[i], af[i], acc);
         return acc;
     }
+    // The in-flight down kernel's split of dot_acc (dir_downa_impl_pdl): the chunk's side
+    // value, loaded with the chunk (none here), then the same formula given it.
+    __device__ __forceinline__ float side(u32) const { return 0.0f; }
+    static __device__ __forceinline__ float dot_side(const float* wf, const float* af, float, float acc) {
+#pragma unroll
+        for (u32 i = 0; i < E; ++i) acc = fmaf(wf[i], af[i], acc);
+        return acc;
+    }
     __device__ __forceinline__ float at(u32 i) const { return to_f(p[i]); }
     __device__ __forceinline__ const void* base() const { return p; }
 };

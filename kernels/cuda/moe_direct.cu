@@ -333,13 +333,121 @@ __device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const
     dir_down_impl_pdl<T, M, U>(h, down, idx, wt, e, out, H, I, k, vec, staged, none);
 }
 
+// The in-flight direct down kernel (moe_dir_downa_*; kernels/src/cuda/moe_decode.rs takes it
+// where it fits: k + shared ≤ KMAX rows of ≤ 32·CH chunks, 16-byte rows, h staged, ids from the
+// separate router). Why: in a graphed decode step at batch 1 (H200, 80B, session 17's knockout
+// runs: each launch left out in turn, the step's drop its cost in place) the down launch cost
+// 12.6 µs (bf16, 23 MB: 5.5 µs of bytes) and 17.0 µs (FP8, 11.5 MB: 2.7 µs) a layer. After its
+// PDL wait dir_down_impl_pdl walks a chain of dependent round trips (ids, then the first zip
+// group's rows, FP8 also their scale-row map and scales, then the second group). Here every
+// load that does not need the gate+up output is issued *before* the wait — the row's ids and
+// weights wt (the router's, two launches back: see dir_down_impl_pdl), every weight chunk of
+// every pair into registers, and per chunk its side value (the FP8 block scale) — so that
+// they overlap the gate+up launch's tail; after the wait only h is staged (one L2 round trip)
+// and the dots run from registers. The arithmetic is dir_down_impl_pdl's: per pair the same
+// lane-strided chunks in the same order, the same per-chunk formula (R::dot_side is
+// dot_acc with the side value given), the same butterfly, the same Σ_j in j order and shared
+// term, so the same bits.
+template <typename T, typename M, int CH, int KMAX>
+__device__ __forceinline__ void dir_downa_impl_pdl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
+                                                   const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
+                                                   u32 I, u32 k, const DirShared<T, M>& sh) {
+    typedef typename M::Row R;
+    constexpr u32 E = R::E;
+    extern __shared__ uint4 dsm_h[];
+    const u32 lane = threadIdx.x & 31u;
+    const u32 r = blockIdx.y, c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const u32 kv = I / E;                              // chunks of a row (host: I % E == 0, kv <= 32·CH)
+    const u32 kk = k + (sh.mode == 1 ? 1u : 0u);       // rows of the warp (host: kk <= KMAX)
+    uint4 wv[KMAX][CH];
+    float sd[KMAX][CH];
+    u32 live = 0u;
+    if (c < H) {
+#pragma unroll
+        for (int j = 0; j < KMAX; ++j) {
+            if ((u32)j >= kk) break;
+            bool ok = true;
+            R row;
+            if (sh.mode == 1 && (u32)j == k) {
+                row = sh.down.row(c, I);
+            } else {
+                const u32 ex = __ldg(idx + (u64)r * k + j);
+                ok = ex < e;
+                row = down.row((u64)(ok ? ex : 0u) * H + c, I);
+            }
+            if (!ok) continue;
+            live |= 1u << j;
+#pragma unroll
+            for (int q = 0; q < CH; ++q) {
+                const u32 cc = lane + 32u * q;
+                if (cc < kv) {
+                    wv[j][q] = row.load(cc);
+                    sd[j][q] = row.side(cc);
+                }
+            }
+        }
+    }
+    porter_pdl_enter();
+    {
+        const u32 n16 = k * I * (u32)sizeof(T) / 16u;
+        const u32 s16 = sh.mode == 1 ? sh.Is * (u32)sizeof(T) / 16u : 0u;
+        const uint4* src = reinterpret_cast<const uint4*>(h + (u64)r * k * I);
+        const uint4* ssrc = reinterpret_cast<const uint4*>(sh.mode == 1 ? sh.hs + (u64)r * sh.Is : nullptr);
+        for (u32 i = threadIdx.x; i < n16 + s16; i += blockDim.x)
+            dsm_h[i] = i < n16 ? __ldg(src + i) : __ldg(ssrc + (i - n16));
+        __syncthreads();
+    }
+    if (c >= H) return;
+    const T* hsm = reinterpret_cast<const T*>(dsm_h);
+    float total = 0.0f, sdot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KMAX; ++j) {
+        if ((u32)j >= kk) break;
+        if (!(live >> j & 1u)) continue;
+        float acc = 0.0f;
+        const T* a = hsm + (u64)j * I;  // the shared row (j = k) follows the k routed rows
+#pragma unroll
+        for (int q = 0; q < CH; ++q) {
+            const u32 cc = lane + 32u * q;
+            if (cc < kv) {
+                float wf[E], af[E];
+                R{}.expand(wv[j][q], cc, wf);
+                const uint4* ap = reinterpret_cast<const uint4*>(a + E * cc);
+#pragma unroll
+                for (u32 v = 0; v < E / VecOf<T>::N; ++v) unpack<T>(ap[v], af + v * VecOf<T>::N);
+                acc = R::dot_side(wf, af, sd[j][q], acc);
+            }
+        }
+        acc = warp_sum(acc);
+        if (sh.mode == 1 && (u32)j == k) sdot = acc;
+        else total = __fadd_rn(total, __fmul_rn(round_to<T>(acc), __ldg(wt + (u64)r * k + j)));
+    }
+    if (sh.mode) total += sigmoid_f(round_to<T>(sh.glog[(u64)r * sh.g_stride + sh.g_col])) * round_to<T>(sdot);
+    if (lane == 0) out[(u64)r * H + c] = total;
+}
+
+// Without a shared expert (moe_dir_downa_*).
+template <typename T, typename M, int CH, int KMAX>
+__device__ __forceinline__ void dir_downa_impl_pdl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
+                                                   const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
+                                                   u32 I, u32 k) {
+    DirShared<T, M> none{};
+    dir_downa_impl_pdl<T, M, CH, KMAX>(h, down, idx, wt, e, out, H, I, k, none);
+}
+
 // The fused router's arguments of every direct gate+up entry point (after npf; the shared
 // expert's after them): logits, their row stride, flags (bit 0 route here, bit 1 renorm), and
 // the weights' output (the ids' is the kernel's idx).
 #define MOE_RT_ARGS const float *rlog, u32 rstride, int rflags, float *rwt
 #define MOE_RT (DirRoute{rlog, rstride, rflags, rwt})
 
-// Entry points: moe_dir_gu_<T> / moe_dir_down_<T>; DIR_U: chunks in flight per lane and row of
+// The in-flight down kernel's reach (moe_dir_downa_*, all dtypes; MOE_DOWNA_* in
+// kernels/src/cuda/moe_decode.rs): rows of up to 2 chunks a lane (bf16: I <= 512), up to 11 of
+// them (top-10 and a shared expert).
+#define MOE_DOWNA_CH 2
+#define MOE_DOWNA_KMAX 11
+
+// Entry points: moe_dir_gu_<T> / moe_dir_down_<T> / moe_dir_downa_<T>; DIR_U: chunks in flight per lane and row of
 // the down kernel.
 #define MOE_DIR_ENTRY(T, NAME, DIR_U)                                                                              \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_##NAME(                         \
@@ -353,6 +461,11 @@ __device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \
         int vec, int staged) {                                                                                    \
         dir_down_impl_pdl<T, DenseMat<T>, DIR_U>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged);      \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_downa_##NAME(                      \
+        const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \
+        int vec, int staged) {                                                                                    \
+        dir_downa_impl_pdl<T, DenseMat<T>, MOE_DOWNA_CH, MOE_DOWNA_KMAX>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k); \
     }
 
 // f32: one chunk (two spilled: 4 weights a chunk, twice the chunks a row).

@@ -102,6 +102,12 @@ MOE_DS_ENTRY(f16, f16)
         int staged, const T* sdown, MOE_SH_DOWN_ARGS(T)) {                                                              \
         dir_down_impl_pdl<T, DenseMat<T>, DIR_U>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, vec, staged,           \
                                          MOE_SH_DOWN(T, DenseMat<T>, DenseMat<T>{sdown}));                             \
+    }                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_downa_sh_##NAME(                     \
+        const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, \
+        int staged, const T* sdown, MOE_SH_DOWN_ARGS(T)) {                                                              \
+        dir_downa_impl_pdl<T, DenseMat<T>, MOE_DOWNA_CH, MOE_DOWNA_KMAX>(                                              \
+            h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, MOE_SH_DOWN(T, DenseMat<T>, DenseMat<T>{sdown}));          \
     }
 
 // Down chunks in flight per lane and row (as moe_dir_down_*).
@@ -125,6 +131,14 @@ MOE_SH_ENTRY(f16, f16, 2)
         const u32* sdrs, MOE_SH_DOWN_ARGS(T)) {                                                                         \
         dir_down_impl_pdl<T, Fp8Mat<T>, 1>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, vec, staged,       \
                                        MOE_SH_DOWN(T, Fp8Mat<T>, FP8_MAT(T, sdown, sds, sdrs, Is)));                   \
+    }                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_downa_sh_fp8_##NAME(                 \
+        const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,     \
+        u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged, const unsigned char* sdown, const float* sds,   \
+        const u32* sdrs, MOE_SH_DOWN_ARGS(T)) {                                                                         \
+        dir_downa_impl_pdl<T, Fp8Mat<T>, MOE_DOWNA_FP8_CH, MOE_DOWNA_FP8_KMAX>(                                        \
+            h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k,                                                 \
+            MOE_SH_DOWN(T, Fp8Mat<T>, FP8_MAT(T, sdown, sds, sdrs, Is)));                                              \
     }
 
 // The streamed v1 down kernel (moe_decode.cu's dec_downs_impl) with FP8 experts: fp8.cu's

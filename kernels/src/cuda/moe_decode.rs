@@ -145,6 +145,42 @@ const DIRECT_DEMOTE: i32 = 8;
 /// Direct down kernel's `staged` bit: the expert ids are the launch before's output (the fused
 /// router), so the routed rows' prefetch (bit [`DIRECT_PREFETCH`]) comes after the PDL wait.
 const DIRECT_LATE_IDS: i32 = 16;
+/// Environment variable for A/B runs of the in-flight direct down kernel
+/// (`moe_dir_downa_*`: every weight load of a warp issued before its PDL wait, see
+/// moe_direct.cu): `off` keeps the direct form's other down kernels; unset or `on` takes it
+/// wherever it fits ([`downa_fits`]). Another value warns once on stderr and means `on`.
+pub const MOE_DOWNA_ENV: &str = "PORTER_MOE_DOWNA";
+
+/// The in-flight down kernel's reach, dense experts: chunks of 16 bytes a lane and row
+/// (`MOE_DOWNA_CH`), rows a warp (`MOE_DOWNA_KMAX`: top-10 and a shared expert).
+const DOWNA_CH: usize = 2;
+const DOWNA_KMAX: usize = 11;
+/// The same with FP8 experts (`MOE_DOWNA_FP8_CH`, `MOE_DOWNA_FP8_KMAX`).
+const DOWNA_FP8_CH: usize = 1;
+const DOWNA_FP8_KMAX: usize = 12;
+
+/// Whether [`MOE_DOWNA_ENV`] leaves the in-flight down kernel on (read once).
+fn downa_env() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var(MOE_DOWNA_ENV).as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("on") | Ok("1") => true,
+        Ok("off") | Ok("0") => false,
+        Ok(other) => {
+            eprintln!("warning: {MOE_DOWNA_ENV}={other:?} is not on or off; using on");
+            true
+        }
+    })
+}
+
+/// Whether the in-flight down kernel takes a direct-form call: `rows` weight rows a warp (k,
+/// plus one for a shared expert of the routed rows' length), each `inter` weights of
+/// `elem_bytes` (1 for FP8) in 16-byte chunks, within the kernel's reach for `fp8` or dense.
+fn downa_fits(fp8: bool, elem_bytes: usize, inter: usize, rows: usize) -> bool {
+    let (ch, kmax) = if fp8 { (DOWNA_FP8_CH, DOWNA_FP8_KMAX) } else { (DOWNA_CH, DOWNA_KMAX) };
+    let per_chunk = 16 / elem_bytes.clamp(1, 16);
+    inter.is_multiple_of(per_chunk) && inter / per_chunk <= 32 * ch && rows <= kmax
+}
+
 /// v1 gate+up kernel's `vec` bit: block 0 stores its in-block lists to global memory.
 const GU_STORE_LISTS: i32 = 2;
 
@@ -649,16 +685,35 @@ impl CudaKernels {
             let extra: [&dyn KernelArg; 7] = [&p_hs, &glog, &g_stride, &g_col, &is32, &mode, &svec];
             args.extend(extra);
         }
+        // The in-flight kernel: ids from the separate router (read before its PDL wait), h and
+        // h_s staged, the shared row (if any) one more row of the routed length, and the rows
+        // within its registers.
+        let fp8 = c.kind == "fp8_";
+        let wbytes = if fp8 { 1 } else { c.esize };
+        let inflight = downa_env()
+            && down != DirectDown::L2
+            && late == 0
+            && stage_h
+            && (mode == 0 || (mode == 1 && stage_s))
+            && downa_fits(fp8, wbytes, inter, k + usize::from(mode == 1));
         let cfg = LaunchConfig {
             grid_dim: (u32_of("column blocks", hidden.div_ceil(GEMV_WARPS))?, t32, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
             shared_mem_bytes: u32_of("shared memory", dsm)?,
         };
-        let down_name = if sh.is_some() { "moe_dir_down_sh_" } else { "moe_dir_down_" };
+        let down_name = match (sh.is_some(), inflight) {
+            (true, false) => "moe_dir_down_sh_",
+            (false, false) => "moe_dir_down_",
+            (true, true) => "moe_dir_downa_sh_",
+            (false, true) => "moe_dir_downa_",
+        };
         // SAFETY: arguments match `moe_dir_down_<kind><T>(const T* h, <down>, const u32* idx,
         // const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged)`, or
         // `moe_dir_down_sh_<kind><T>` with `<shared down>, const T* hs, const float* glog,
-        // u32 g_stride, u32 g_col, u32 Is, int mode, int svec` after them; block (x, y) covers
+        // u32 g_stride, u32 g_col, u32 Is, int mode, int svec` after them (`moe_dir_downa_*`:
+        // the same parameters; it reads idx and w before its PDL wait, which the separate
+        // router wrote two launches back (not late), stages h and, mode 1, h_s (both in dsm:
+        // stage_h, stage_s), and its rows fit its registers (downa_fits)); block (x, y) covers
         // row y < t and columns 8x.. (those < H write their out element; with staged bit 2
         // they also prefetch, non-binding, lines of their rows, with bit 3 set those lines'
         // L2 priority back to normal (a cache hint, no access): valid ids only); staged bit 0: the
@@ -697,6 +752,21 @@ pub(super) fn check_dims(what: &str, dims: [usize; 5]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn downa_reach() {
+        // 80B: inter 512, top-10 + the shared expert = 11 rows; bf16 rows are 64 chunks (2 a
+        // lane), FP8 rows 32 (1 a lane).
+        assert!(downa_fits(false, 2, 512, 11));
+        assert!(downa_fits(true, 1, 512, 11));
+        assert!(downa_fits(true, 1, 512, 12));
+        assert!(!downa_fits(false, 2, 512, 12), "12 bf16 rows pass the registers");
+        assert!(!downa_fits(false, 2, 768, 8), "3 chunks a lane");
+        assert!(!downa_fits(true, 1, 768, 8), "FP8: 2 chunks a lane");
+        assert!(!downa_fits(false, 4, 512, 8), "f32 rows of 512: 4 chunks a lane");
+        assert!(downa_fits(false, 4, 256, 8));
+        assert!(!downa_fits(false, 2, 500, 8), "not whole chunks");
+    }
 
     #[test]
     fn gemv_env_values() {
