@@ -38,5 +38,13 @@ for m in bf16 fp8; do
   PORTER_KNOCKOUT=moe_dir_down timeout 40 $P bench $A --prefill 16 --batch 1 --context 128 --steps 32 > $L/ko_${m}_down.log 2>&1
   echo "[$SECONDS s] $m -moe_dir_down(a): $(step $L/ko_${m}_down.log)"
 done
+# Decode attention at short contexts: 2 blocks (one split of the 128 keys per KV head); smaller
+# splits (PORTER_ATTN_DECODE_MIN_KEYS) spread the keys over more blocks, plus a combine.
+for mk in 256 64 32; do
+  for ctx in 128 4096; do
+    PORTER_ATTN_DECODE_MIN_KEYS=$mk timeout 40 $P bench $G --prefill 16 --batch 1 --context $ctx --steps 32 > $L/attn_mk${mk}_$ctx.log 2>&1
+    echo "[$SECONDS s] min keys $mk, context $ctx: $(step $L/attn_mk${mk}_$ctx.log)"
+  done
+done
 grep -hE "panicked|FAILED|failed:|Error" $L/*.log | sort | uniq -c | head
 echo "[$SECONDS s] done"
