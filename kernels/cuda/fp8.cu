@@ -425,7 +425,10 @@ template <typename T> struct Fp8Mat {
     const float* sc;
     const u32* rs;
     u32 nsc;
-    __device__ __forceinline__ Row row(u64 r, u32 K) const { return Row{q + r * K, sc + (u64)__ldg(rs + r) * nsc}; }
+    // rs null (Fp8Dev::row_scale_affine): the scale row is r / 128, computed, not loaded.
+    __device__ __forceinline__ Row row(u64 r, u32 K) const {
+        return Row{q + r * K, sc + (rs ? (u64)__ldg(rs + r) : r / FP8_BLOCK) * nsc};
+    }
 };
 
 #define FP8_MAT(T, Q, S, R, K) (Fp8Mat<T>{Q, S, R, ((K) + FP8_BLOCK - 1) / FP8_BLOCK})

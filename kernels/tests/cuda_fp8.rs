@@ -204,7 +204,14 @@ fn fp8_gemv_speed() {
         let w = W8::new(&k, &mut rng, n, kk);
         let copies = (160usize << 20).div_ceil(n * kk).clamp(2, 64);
         let qs: Vec<CudaSlice<u8>> = (0..copies).map(|_| s.clone_dtod(&w.dq).unwrap()).collect();
-        let dev = |i: usize| Fp8Dev { q: &qs[i % copies], scales: &w.ds, row_scale: &w.drs, rows: n, cols: kk };
+        let dev = |i: usize| Fp8Dev {
+            q: &qs[i % copies],
+            scales: &w.ds,
+            row_scale: &w.drs,
+            row_scale_affine: w.affine,
+            rows: n,
+            cols: kk,
+        };
         let wb = up::<bf16>(&k, &rng.vec(n * kk / 2, 0.05));
         let wbs: Vec<CudaSlice<bf16>> = (0..copies).map(|_| s.clone_dtod(&wb).unwrap()).collect();
         let xd = up::<bf16>(&k, &rnd_vec::<bf16>(&rng.vec(8 * kk, 1.0)));
@@ -255,7 +262,14 @@ fn fp8_gemv_tc_speed() {
         let w = W8::new(&k, &mut rng, n, kk);
         let copies = (160usize << 20).div_ceil(n * kk).clamp(2, 64);
         let qs: Vec<CudaSlice<u8>> = (0..copies).map(|_| s.clone_dtod(&w.dq).unwrap()).collect();
-        let dev = |i: usize| Fp8Dev { q: &qs[i % copies], scales: &w.ds, row_scale: &w.drs, rows: n, cols: kk };
+        let dev = |i: usize| Fp8Dev {
+            q: &qs[i % copies],
+            scales: &w.ds,
+            row_scale: &w.drs,
+            row_scale_affine: w.affine,
+            rows: n,
+            cols: kk,
+        };
         let bcopies = (160usize << 20).div_ceil(2 * n * kk).clamp(2, 64);
         let wb = up::<bf16>(&k, &rng.vec(n * kk, 0.05));
         let wbs: Vec<CudaSlice<bf16>> = (0..bcopies).map(|_| s.clone_dtod(&wb).unwrap()).collect();

@@ -87,7 +87,14 @@ fn fp8_gemv_rows_speed() {
         let w = W8::new(&k, &mut rng, n, kk);
         let copies = (160usize << 20).div_ceil(n * kk).clamp(2, 64);
         let qs: Vec<CudaSlice<u8>> = (0..copies).map(|_| s.clone_dtod(&w.dq).unwrap()).collect();
-        let dev = |i: usize| Fp8Dev { q: &qs[i % copies], scales: &w.ds, row_scale: &w.drs, rows: n, cols: kk };
+        let dev = |i: usize| Fp8Dev {
+            q: &qs[i % copies],
+            scales: &w.ds,
+            row_scale: &w.drs,
+            row_scale_affine: w.affine,
+            rows: n,
+            cols: kk,
+        };
         let xd = up::<bf16>(&k, &rnd_vec::<bf16>(&rng.vec(FP8_GEMVT_MAX_ROWS * kk, 1.0)));
         let bytes = (n * kk) as f64;
         for m in [8usize, 16, 32, 64] {

@@ -196,6 +196,9 @@ pub struct DevFp8 {
     pub q: CudaSlice<u8>,
     pub scales: CudaSlice<f32>,
     pub row_scale: CudaSlice<u32>,
+    /// `row_scale[r] == r / 128` for every row ([`DevFp8::affine`]): the MoE decode kernels
+    /// compute the scale row instead of loading it.
+    pub row_scale_affine: bool,
     /// Row length (input features).
     pub cols: usize,
     /// The compute dtype dequantized values are rounded to.
@@ -203,6 +206,12 @@ pub struct DevFp8 {
 }
 
 impl DevFp8 {
+    /// Whether a row → scale-row map is `r / 128` everywhere (one tensor, or experts stacked
+    /// whose rows are whole 128-row blocks).
+    pub fn affine(row_scale: &[u32]) -> bool {
+        row_scale.iter().enumerate().all(|(r, &s)| s as usize == r / porter_kernels::cuda::FP8_BLOCK)
+    }
+
     /// Weight rows.
     pub fn rows(&self) -> usize {
         self.row_scale.len()
@@ -219,6 +228,7 @@ impl DevFp8 {
             q: &self.q,
             scales: &self.scales,
             row_scale: &self.row_scale,
+            row_scale_affine: self.row_scale_affine,
             rows: self.rows(),
             cols: self.cols,
         }
@@ -246,6 +256,7 @@ impl DevFp8 {
             q: st.clone_htod(&w.q).map_err(cuda_err)?,
             scales: st.clone_htod(&w.scales).map_err(cuda_err)?,
             row_scale: st.clone_htod(&w.row_scale).map_err(cuda_err)?,
+            row_scale_affine: Self::affine(&w.row_scale),
             cols: w.cols,
             dtype,
         })
@@ -262,6 +273,7 @@ impl DevFp8 {
             q: cp(g, &self.q)?,
             scales: cp(g, &self.scales)?,
             row_scale: cp(g, &self.row_scale)?,
+            row_scale_affine: self.row_scale_affine,
             cols: self.cols,
             dtype: self.dtype,
         })
@@ -333,6 +345,7 @@ impl Clone for CudaStorage {
                 q: w.q.clone(),
                 scales: w.scales.clone(),
                 row_scale: w.row_scale.clone(),
+                row_scale_affine: w.row_scale_affine,
                 cols: w.cols,
                 dtype: w.dtype,
             })),

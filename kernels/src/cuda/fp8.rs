@@ -178,7 +178,8 @@ impl Fp8GemvForm {
 /// - `q`: `[rows, cols]` e4m3fn bytes
 /// - `scales`: `[scale_rows, ceil(cols/128)]` f32, multiplied
 /// - `row_scale`: `[rows]` u32, the scale row of every weight row (`r / 128` for one checkpoint
-///   tensor); its values must be `< scale_rows` (trusted: checked when the weight is made)
+///   tensor); its values must be `< scale_rows` (trusted: checked when the weight is made), and
+///   equal to `r / 128` where `row_scale_affine` says so
 #[derive(Clone, Copy, Debug)]
 pub struct Fp8Dev<'a> {
     /// The e4m3fn bytes.
@@ -187,6 +188,11 @@ pub struct Fp8Dev<'a> {
     pub scales: &'a CudaSlice<f32>,
     /// The scale row of each weight row.
     pub row_scale: &'a CudaSlice<u32>,
+    /// Whether `row_scale[r] == r / 128` for every row (one checkpoint tensor, or experts
+    /// stacked whose rows are whole blocks): the MoE decode kernels then compute the scale row
+    /// instead of loading it, one dependent memory round trip less a row. `false` is always
+    /// correct.
+    pub row_scale_affine: bool,
     /// Weight rows.
     pub rows: usize,
     /// Row length (input features).
@@ -202,6 +208,19 @@ impl<'a> Fp8Dev<'a> {
         let ((q, gq), (sc, gs), (r, gr)) =
             (self.q.device_ptr(s), self.scales.device_ptr(s), self.row_scale.device_ptr(s));
         ([q, sc, r], [gq, gs, gr])
+    }
+
+    /// [`Fp8Dev::args`] for the MoE decode kernels (`Fp8Mat` in fp8.cu): a null row map when
+    /// [`Fp8Dev::row_scale_affine`] (the kernels take `r / 128` then).
+    pub(super) fn moe_args<'s>(&self, s: &'s CudaStream) -> ([u64; 3], [SyncOnDrop<'s>; 3])
+    where
+        'a: 's,
+    {
+        let (mut a, g) = self.args(s);
+        if self.row_scale_affine {
+            a[2] = 0;
+        }
+        (a, g)
     }
 
     /// Checks the buffers against `rows × cols` (and `rows` against `want_rows`).
@@ -664,7 +683,7 @@ impl CudaKernels {
     ) -> Result<()> {
         let [_, _, _, hidden, inter] = dims;
         let s = &self.stream;
-        let ((gate, _gg), (up, _gu), (down, _gd)) = (gate.args(s), up.args(s), down.args(s));
+        let ((gate, _gg), (up, _gu), (down, _gd)) = (gate.moe_args(s), up.moe_args(s), down.moe_args(s));
         let [px, pi, pw, po] = io;
         let (pg, pu, pd) = (gate[0], up[0], down[0]);
         // The shared expert's addresses (0 without one; the guards live to the launch).
@@ -674,7 +693,7 @@ impl CudaKernels {
             None => (none(), none()),
         };
         let (sdown, _gsd) = match shared {
-            Some(m) => m.down.args(s),
+            Some(m) => m.down.moe_args(s),
             None => ([0; 3], [none().1, none().1, none().1]),
         };
         let psq = sdown[0];

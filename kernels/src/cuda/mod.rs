@@ -105,7 +105,7 @@ pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV};
 pub use gdn_fused::{
     gdn_fused_enabled, GdnFusedDims, GdnFusedShape, GDN_FUSED_ENV, GDN_FUSED_LANES_ENV, GDN_FUSED_MAX_KEY_HEADS,
 };
-pub use knockout::{parse_rules as knockout_rules, KNOCKOUT_ENV, LAUNCH_TRACE_ENV};
+pub use knockout::{parse_rules as knockout_rules, KNOCKIN_ENV, KNOCKOUT_ENV, LAUNCH_TRACE_ENV};
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GemvKind, GEMV_MAX_ROWS};
 pub use moe::{MoeSharedDev, MOE_DECODE_PER_EXPERT_ENV};
@@ -546,14 +546,27 @@ impl CudaKernels {
     ///   shared memory it uses, within what [`CudaKernels::function_smem`] allowed).
     /// - Buffers the kernel writes are not read or written by other work in flight.
     pub(crate) unsafe fn launch_fn(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[&dyn KernelArg]) -> Result<()> {
-        if self.diag_skips(f, &cfg) {
+        let (skip, twice) = self.diag(f, &cfg);
+        if skip {
             return Ok(());
         }
         if self.pdl {
             let mut params: Vec<*mut c_void> = args.iter().map(|a| a.param()).collect();
+            if twice {
+                // SAFETY: as below (a diagnostic repeat of the same launch).
+                unsafe { self.launch_pdl(f, &cfg, &mut params) }?;
+            }
             // SAFETY: the caller's contract; `params` points at `args`, alive across the call;
             // every kernel of this crate waits for its predecessor first (porter_pdl_enter).
             return unsafe { self.launch_pdl(f, &cfg, &mut params) };
+        }
+        if twice {
+            let mut b = self.stream.launch_builder(f);
+            for a in args {
+                a.push(&mut b);
+            }
+            // SAFETY: as below (a diagnostic repeat of the same launch).
+            unsafe { b.launch(cfg) }?;
         }
         let mut b = self.stream.launch_builder(f);
         for a in args {
@@ -567,13 +580,20 @@ impl CudaKernels {
     /// The launch diagnostics ([`LAUNCH_TRACE_ENV`] prints this launch; [`KNOCKOUT_ENV`]):
     /// whether the launch of `f` with `cfg` is to be left out. Free when neither is set.
     pub(crate) fn diag_skips(&self, f: &CudaFunction, cfg: &LaunchConfig) -> bool {
+        self.diag(f, cfg).0
+    }
+
+    /// [`CudaKernels::diag_skips`], and whether the launch is to be issued twice
+    /// ([`KNOCKIN_ENV`]).
+    fn diag(&self, f: &CudaFunction, cfg: &LaunchConfig) -> (bool, bool) {
         let d = knockout::diag();
         if !d.active() {
-            return false;
+            return (false, false);
         }
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         let name = names.get(&(f.cu_function() as usize)).map_or("?", String::as_str);
         let skip = d.skips(name, cfg.grid_dim.0);
+        let twice = d.doubles(name, cfg.grid_dim.0);
         if d.trace > 0 {
             static SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
             if SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < d.trace {
@@ -582,11 +602,17 @@ impl CudaKernels {
                     cfg.grid_dim,
                     cfg.block_dim,
                     cfg.shared_mem_bytes,
-                    if skip { " (knocked out)" } else { "" }
+                    if skip {
+                        " (knocked out)"
+                    } else if twice {
+                        " (twice)"
+                    } else {
+                        ""
+                    }
                 );
             }
         }
-        skip
+        (skip, twice)
     }
 
     /// Whether kernels are launched as programmatic dependents of their predecessor

@@ -17,6 +17,13 @@ pub struct W8 {
     pub dq: CudaSlice<u8>,
     pub ds: CudaSlice<f32>,
     pub drs: CudaSlice<u32>,
+    /// `rs[r] == r / 128` for every row ([`Fp8Dev::row_scale_affine`]).
+    pub affine: bool,
+}
+
+/// Whether a row map is `r / 128` everywhere.
+pub fn affine(rs: &[u32]) -> bool {
+    rs.iter().enumerate().all(|(r, &v)| v as usize == r / BLOCK)
 }
 
 impl W8 {
@@ -26,10 +33,18 @@ impl W8 {
         let rs: Vec<u32> = (0..rows).map(|r| (r / BLOCK) as u32).collect();
         let st = k.stream();
         let (dq, ds, drs) = (st.clone_htod(&q).unwrap(), st.clone_htod(&scales).unwrap(), st.clone_htod(&rs).unwrap());
-        Self { q, scales, rs, rows, cols, dq, ds, drs }
+        let affine = affine(&rs);
+        Self { q, scales, rs, rows, cols, dq, ds, drs, affine }
     }
     pub fn dev(&self) -> Fp8Dev<'_> {
-        Fp8Dev { q: &self.dq, scales: &self.ds, row_scale: &self.drs, rows: self.rows, cols: self.cols }
+        Fp8Dev {
+            q: &self.dq,
+            scales: &self.ds,
+            row_scale: &self.drs,
+            row_scale_affine: self.affine,
+            rows: self.rows,
+            cols: self.cols,
+        }
     }
     pub fn host(&self) -> Fp8Rows<'_> {
         Fp8Rows { q: &self.q, scales: &self.scales, row_scale: &self.rs }
@@ -90,5 +105,6 @@ pub fn stack(k: &CudaKernels, w: &W8, e: usize, bank: usize) -> W8 {
     }
     let st = k.stream();
     let (dq, ds, drs) = (st.clone_htod(&q).unwrap(), st.clone_htod(&w.scales).unwrap(), st.clone_htod(&rs).unwrap());
-    W8 { q: Vec::new(), scales: w.scales.clone(), rs: Vec::new(), rows: e * per, cols: w.cols, dq, ds, drs }
+    let affine = affine(&rs);
+    W8 { q: Vec::new(), scales: w.scales.clone(), rs: Vec::new(), rows: e * per, cols: w.cols, dq, ds, drs, affine }
 }

@@ -376,7 +376,7 @@ pub fn quantize(g: &Gpu, dense: &Tensor, rows: usize, cols: usize) -> Result<Dev
     crate::by_dtype!(dense.dtype(), go(g, dense, &mut q, &mut scales, rows, cols))?;
     let rs: Vec<u32> = (0..rows).map(|r| (r / porter_kernels::cuda::FP8_BLOCK) as u32).collect();
     let row_scale = g.stream().clone_htod(&rs).map_err(cuda_err)?;
-    Ok(DevFp8 { q, scales, row_scale, cols, dtype: dense.dtype() })
+    Ok(DevFp8 { q, scales, row_scale, row_scale_affine: true, cols, dtype: dense.dtype() })
 }
 
 /// A device tensor of `shape` (its dtype the weight's compute dtype) holding `w`.
@@ -413,7 +413,7 @@ pub fn concat(g: &Gpu, parts: &[Tensor]) -> Result<DevFp8> {
         os += w.scales.len();
     }
     let row_scale = g.stream().clone_htod(&rs).map_err(cuda_err)?;
-    Ok(DevFp8 { q, scales, row_scale, cols, dtype })
+    Ok(DevFp8 { q, scales, row_scale, row_scale_affine: DevFp8::affine(&rs), cols, dtype })
 }
 
 #[cfg(test)]
