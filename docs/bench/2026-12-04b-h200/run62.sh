@@ -15,7 +15,7 @@ T="--test-threads=1 --skip bench_"
 step() { grep -E 'decode batch' "$1" | sed 's/ms\/step.*/ms)/' | tr -s ' ' | tr '\n' ' '; }
 timeout 150 .dev/bin/gpu $T --include-ignored > $L/gpu.log 2>&1; echo "[$SECONDS s] gpu: $(grep -E '^test result' $L/gpu.log)"
 timeout 60 .dev/bin/gpu_graphs $T --include-ignored > $L/gpu_graphs.log 2>&1; echo "[$SECONDS s] gpu_graphs: $(grep -E '^test result' $L/gpu_graphs.log)"
-for b in cuda_moe_decode cuda_moe_shared cuda_fp8; do
+for b in cuda_moe_shared cuda_fp8; do
   timeout 150 .dev/k/$b --test-threads=1 --include-ignored --skip nvrtc --skip timing --skip speed --nocapture > $L/$b.log 2>&1
   echo "[$SECONDS s] $b: $(grep -E '^test result' $L/$b.log)"; grep -E "panicked|FAILED" $L/$b.log | head -5
 done
