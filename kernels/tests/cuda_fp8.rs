@@ -16,7 +16,7 @@ use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::fp8::{matmul_t_fp8, quantize_blocks, BLOCK};
 use porter_kernels::cuda::{
-    CudaFloat, CudaKernels, Fp8Dev, Fp8GemvConv, Fp8GemvForm, MoeGemv, FP8_GEMV_FMA_M1_MIN, MOE_PHASES_ALL,
+    CudaFloat, CudaKernels, Fp8GemvConv, Fp8GemvForm, MoeGemv, FP8_GEMV_FMA_M1_MIN, MOE_PHASES_ALL,
 };
 use std::time::Instant;
 
@@ -204,14 +204,7 @@ fn fp8_gemv_speed() {
         let w = W8::new(&k, &mut rng, n, kk);
         let copies = (160usize << 20).div_ceil(n * kk).clamp(2, 64);
         let qs: Vec<CudaSlice<u8>> = (0..copies).map(|_| s.clone_dtod(&w.dq).unwrap()).collect();
-        let dev = |i: usize| Fp8Dev {
-            q: &qs[i % copies],
-            scales: &w.ds,
-            row_scale: &w.drs,
-            row_scale_affine: w.affine,
-            rows: n,
-            cols: kk,
-        };
+        let dev = |i: usize| w.dev_with(&qs[i % copies]);
         let wb = up::<bf16>(&k, &rng.vec(n * kk / 2, 0.05));
         let wbs: Vec<CudaSlice<bf16>> = (0..copies).map(|_| s.clone_dtod(&wb).unwrap()).collect();
         let xd = up::<bf16>(&k, &rnd_vec::<bf16>(&rng.vec(8 * kk, 1.0)));
@@ -262,14 +255,7 @@ fn fp8_gemv_tc_speed() {
         let w = W8::new(&k, &mut rng, n, kk);
         let copies = (160usize << 20).div_ceil(n * kk).clamp(2, 64);
         let qs: Vec<CudaSlice<u8>> = (0..copies).map(|_| s.clone_dtod(&w.dq).unwrap()).collect();
-        let dev = |i: usize| Fp8Dev {
-            q: &qs[i % copies],
-            scales: &w.ds,
-            row_scale: &w.drs,
-            row_scale_affine: w.affine,
-            rows: n,
-            cols: kk,
-        };
+        let dev = |i: usize| w.dev_with(&qs[i % copies]);
         let bcopies = (160usize << 20).div_ceil(2 * n * kk).clamp(2, 64);
         let wb = up::<bf16>(&k, &rng.vec(n * kk, 0.05));
         let wbs: Vec<CudaSlice<bf16>> = (0..bcopies).map(|_| s.clone_dtod(&wb).unwrap()).collect();

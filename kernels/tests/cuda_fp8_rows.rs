@@ -16,7 +16,7 @@ use common::*;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::fp8::matmul_t_fp8;
-use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8Dev, Fp8GemvForm, FP8_GEMVT_MAX_ROWS};
+use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8GemvForm, FP8_GEMVT_MAX_ROWS};
 
 /// Row counts: one group, partial groups, whole groups, the most.
 const MS: [usize; 8] = [1, 3, 5, 8, 9, 17, 40, FP8_GEMVT_MAX_ROWS];
@@ -87,14 +87,7 @@ fn fp8_gemv_rows_speed() {
         let w = W8::new(&k, &mut rng, n, kk);
         let copies = (160usize << 20).div_ceil(n * kk).clamp(2, 64);
         let qs: Vec<CudaSlice<u8>> = (0..copies).map(|_| s.clone_dtod(&w.dq).unwrap()).collect();
-        let dev = |i: usize| Fp8Dev {
-            q: &qs[i % copies],
-            scales: &w.ds,
-            row_scale: &w.drs,
-            row_scale_affine: w.affine,
-            rows: n,
-            cols: kk,
-        };
+        let dev = |i: usize| w.dev_with(&qs[i % copies]);
         let xd = up::<bf16>(&k, &rnd_vec::<bf16>(&rng.vec(FP8_GEMVT_MAX_ROWS * kk, 1.0)));
         let bytes = (n * kk) as f64;
         for m in [8usize, 16, 32, 64] {

@@ -46,6 +46,11 @@ impl W8 {
             cols: self.cols,
         }
     }
+    /// [`W8::dev`] reading its bytes from `q` (a copy of them: timing loops rotate copies so
+    /// that each call streams from HBM).
+    pub fn dev_with<'a>(&'a self, q: &'a CudaSlice<u8>) -> Fp8Dev<'a> {
+        Fp8Dev { q, ..self.dev() }
+    }
     pub fn host(&self) -> Fp8Rows<'_> {
         Fp8Rows { q: &self.q, scales: &self.scales, row_scale: &self.rs }
     }
