@@ -475,7 +475,7 @@ template <typename T> struct Fp8Mat {
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,  \
         u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged) {                                           \
         dir_downa_impl_pdl<T, Fp8Mat<T>, MOE_DOWNA_FP8_CH, MOE_DOWNA_FP8_KMAX>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, \
-                                                                             e, out, H, I, k);                  \
+                                                                             e, out, H, I, k, staged);          \
     }
 
 // The in-flight down kernel's reach with FP8 experts (MOE_DOWNA_FP8_* in

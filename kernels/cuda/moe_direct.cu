@@ -351,7 +351,7 @@ __device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const
 template <typename T, typename M, int CH, int KMAX>
 __device__ __forceinline__ void dir_downa_impl_pdl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
                                                    const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
-                                                   u32 I, u32 k, const DirShared<T, M>& sh) {
+                                                   u32 I, u32 k, int staged, const DirShared<T, M>& sh) {
     typedef typename M::Row R;
     constexpr u32 E = R::E;
     extern __shared__ uint4 dsm_h[];
@@ -433,15 +433,18 @@ __device__ __forceinline__ void dir_downa_impl_pdl(const T* __restrict__ h, cons
     }
     if (sh.mode) total += sigmoid_f(round_to<T>(sh.glog[(u64)r * sh.g_stride + sh.g_col])) * round_to<T>(sdot);
     if (lane == 0) out[(u64)r * H + c] = total;
+    // staged bit 3 (the down-L2 form): the routed rows were asked into L2 with evict_last by the
+    // gate+up launch; back to normal priority now that they are in registers.
+    if (staged & 8) dir_prefetch_rows<T, M, true>(down, idx + (u64)r * k, e, H, I, k, c, sh, lane);
 }
 
 // Without a shared expert (moe_dir_downa_*).
 template <typename T, typename M, int CH, int KMAX>
 __device__ __forceinline__ void dir_downa_impl_pdl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
                                                    const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
-                                                   u32 I, u32 k) {
+                                                   u32 I, u32 k, int staged) {
     DirShared<T, M> none{};
-    dir_downa_impl_pdl<T, M, CH, KMAX>(h, down, idx, wt, e, out, H, I, k, none);
+    dir_downa_impl_pdl<T, M, CH, KMAX>(h, down, idx, wt, e, out, H, I, k, staged, none);
 }
 
 // The fused router's arguments of every direct gate+up entry point (after npf; the shared
@@ -474,7 +477,8 @@ __device__ __forceinline__ void dir_downa_impl_pdl(const T* __restrict__ h, cons
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_downa_##NAME(                      \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k,         \
         int vec, int staged) {                                                                                    \
-        dir_downa_impl_pdl<T, DenseMat<T>, MOE_DOWNA_CH, MOE_DOWNA_KMAX>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k); \
+        dir_downa_impl_pdl<T, DenseMat<T>, MOE_DOWNA_CH, MOE_DOWNA_KMAX>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, \
+                                                                         staged);                                 \
     }
 
 // f32: one chunk (two spilled: 4 weights a chunk, twice the chunks a row).

@@ -107,7 +107,7 @@ MOE_DS_ENTRY(f16, f16)
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, \
         int staged, const T* sdown, MOE_SH_DOWN_ARGS(T)) {                                                              \
         dir_downa_impl_pdl<T, DenseMat<T>, MOE_DOWNA_CH, MOE_DOWNA_KMAX>(                                              \
-            h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, MOE_SH_DOWN(T, DenseMat<T>, DenseMat<T>{sdown}));          \
+            h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, staged, MOE_SH_DOWN(T, DenseMat<T>, DenseMat<T>{sdown}));  \
     }
 
 // Down chunks in flight per lane and row (as moe_dir_down_*).
@@ -137,7 +137,7 @@ MOE_SH_ENTRY(f16, f16, 2)
         u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged, const unsigned char* sdown, const float* sds,   \
         const u32* sdrs, MOE_SH_DOWN_ARGS(T)) {                                                                         \
         dir_downa_impl_pdl<T, Fp8Mat<T>, MOE_DOWNA_FP8_CH, MOE_DOWNA_FP8_KMAX>(                                        \
-            h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k,                                                 \
+            h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, staged,                                         \
             MOE_SH_DOWN(T, Fp8Mat<T>, FP8_MAT(T, sdown, sds, sdrs, Is)));                                              \
     }
 

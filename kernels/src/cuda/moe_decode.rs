@@ -685,13 +685,14 @@ impl CudaKernels {
             let extra: [&dyn KernelArg; 7] = [&p_hs, &glog, &g_stride, &g_col, &is32, &mode, &svec];
             args.extend(extra);
         }
-        // The in-flight kernel: ids from the separate router (read before its PDL wait), h and
+        // The in-flight kernel (in the down-L2 form it sets the routed rows' L2 priority back
+        // after reading them, as the direct kernel does): ids from the separate router (read
+        // before its PDL wait), h and
         // h_s staged, the shared row (if any) one more row of the routed length, and the rows
         // within its registers.
         let fp8 = c.kind == "fp8_";
         let wbytes = if fp8 { 1 } else { c.esize };
         let inflight = downa_env()
-            && down != DirectDown::L2
             && late == 0
             && stage_h
             && (mode == 0 || (mode == 1 && stage_s))
