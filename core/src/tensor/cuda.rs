@@ -665,3 +665,26 @@ pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
     g.k.context().bind_to_thread().map_err(cuda_err)?;
     cudarc::driver::result::mem_get_info().map_err(cuda_err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DevFp8;
+
+    /// The MoE decode kernels compute the scale row as `r / 128` only where the map is that
+    /// (a wrong `true` would scale rows with another block's scales).
+    #[test]
+    fn affine_row_maps() {
+        let one: Vec<u32> = (0..300).map(|r| r / 128).collect();
+        assert!(DevFp8::affine(&one));
+        assert!(DevFp8::affine(&[]));
+        // Two experts of 256 rows stacked: whole blocks, still r / 128.
+        let stacked: Vec<u32> = (0..512).map(|r| r / 128).collect();
+        assert!(DevFp8::affine(&stacked));
+        // Two tensors of 200 rows stacked: the second starts a new scale block at row 200.
+        let odd: Vec<u32> = (0..400u32).map(|r| if r < 200 { r / 128 } else { 2 + (r - 200) / 128 }).collect();
+        assert!(!DevFp8::affine(&odd));
+        // Experts sharing a bank of scales (the kernel tests' stacking).
+        let bank: Vec<u32> = (0..512u32).map(|r| (r % 256) / 128).collect();
+        assert!(!DevFp8::affine(&bank));
+    }
+}
