@@ -23,7 +23,6 @@
 // ---------------------------------------------------------------------------
 
 #define MOE_DIR_KG 8 // down: pairs of a row whose loads are in flight together
-#define MOE_GU_STAGE_CH 4 // FP8 gate+up with x staged: chunks of a row a lane (hidden <= 2048)
 
 // acc[g] = Σ_i w_g[i] · a_g[i] over i < K for the live g < G (bit g of `live`), one
 // warp: the same per-accumulator order as warp_dots (every lane gets every sum).
@@ -191,47 +190,45 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
     constexpr u32 P = M::Row::E * (u32)sizeof(T) / 16u;
     if constexpr (P > 1) {
         if ((vec & 2) && !(rt.flags & 1)) {
-            // Every weight chunk of the warp's two rows (kv <= 32 · GX, the host's bound) is in
-            // flight while the block stages x: ids, then the weights, then x, then the barrier.
-            constexpr u32 GX = MOE_GU_STAGE_CH;
+            constexpr int U2 = U;
             extern __shared__ uint4 dsm_x[];
             const u64 qe = min(q0 + wpb, nq);
             const u32 r0 = (u32)(q0 / I / k), nrow = (u32)((qe - 1) / I / k) - r0 + 1u;  // host: <= 2
             const u32 kv = H / M::Row::E, ppr = kv * P;
-            const bool live = q < nq;
-            const u32 ex = live ? __ldg(idx + q / I) : e;
-            const u32 p = (u32)(min(q, nq - 1) / I), c = (u32)(min(q, nq - 1) % I);
-            const u32 exr = ex < e ? ex : 0u;
-            const typename M::Row w[2] = {gate.row((u64)exr * I + c, H), up.row((u64)exr * I + c, H)};
-            uint4 wv[GX][2];
-#pragma unroll
-            for (u32 j = 0; j < GX; ++j)
-#pragma unroll
-                for (int g = 0; g < 2; ++g) {
-                    const u32 cc = lane + 32u * j;
-                    wv[j][g] = (ex < e && cc < kv) ? w[g].load(cc) : make_uint4(0u, 0u, 0u, 0u);
-                }
+            const u32 ex = q < nq ? __ldg(idx + q / I) : e;
             const uint4* xs = reinterpret_cast<const uint4*>(x + (u64)r0 * H);
             for (u32 i = threadIdx.x; i < nrow * ppr; i += blockDim.x) {
                 const u32 j = i / ppr, pc = i - j * ppr;
                 dsm_x[j * ppr + (pc % P) * kv + pc / P] = __ldg(xs + i);
             }
             __syncthreads();
-            if (!live || ex >= e) return;
+            if (q >= nq || ex >= e) return;
+            const u32 p = (u32)(q / I), c = (u32)(q % I);
             if (p < npf) dir_down_prefetch(dpf, dbytes, ex, c, I, lane);
+            const typename M::Row w[2] = {gate.row((u64)ex * I + c, H), up.row((u64)ex * I + c, H)};
             const uint4* a = dsm_x + (u64)(p / k - r0) * ppr;
             float acc[2] = {0.0f, 0.0f};
+            for (u32 c0 = lane; c0 < kv; c0 += 32u * U2) {
+                uint4 wv[U2][2];
 #pragma unroll
-            for (u32 j = 0; j < GX; ++j) {
-                const u32 cc = lane + 32u * j;
-                if (cc < kv) {
+                for (int u = 0; u < U2; ++u)
 #pragma unroll
                     for (int g = 0; g < 2; ++g) {
-                        float wf[M::Row::E], af[M::Row::E];
-                        w[g].expand(wv[j][g], cc, wf);
+                        const u32 cc = c0 + 32u * u;
+                        wv[u][g] = cc < kv ? w[g].load(cc) : make_uint4(0u, 0u, 0u, 0u);
+                    }
 #pragma unroll
-                        for (u32 v = 0; v < P; ++v) unpack<T>(a[v * kv + cc], af + v * VecOf<T>::N);
-                        acc[g] = w[g].dot_acc(wf, af, cc, acc[g]);
+                for (int u = 0; u < U2; ++u) {
+                    const u32 cc = c0 + 32u * u;
+                    if (cc < kv) {
+#pragma unroll
+                        for (int g = 0; g < 2; ++g) {
+                            float wf[M::Row::E], af[M::Row::E];
+                            w[g].expand(wv[u][g], cc, wf);
+#pragma unroll
+                            for (u32 v = 0; v < P; ++v) unpack<T>(a[v * kv + cc], af + v * VecOf<T>::N);
+                            acc[g] = w[g].dot_acc(wf, af, cc, acc[g]);
+                        }
                     }
                 }
             }

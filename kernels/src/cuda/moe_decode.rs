@@ -172,10 +172,6 @@ fn downa_env() -> bool {
     })
 }
 
-/// Chunks of 16 weights a lane and row of the FP8 gate+up kernel with x staged
-/// (`MOE_GU_STAGE_CH`: every weight load in flight while x is staged; hidden <= 2048).
-const GU_STAGE_CH: usize = 4;
-
 /// Whether the FP8 direct gate+up kernel stages its rows of x in shared memory (unset or
 /// `on`; `PORTER_MOE_STAGE_X=off` for A/B; read once).
 fn stage_x_env() -> bool {
@@ -610,7 +606,6 @@ impl CudaKernels {
             && vec_gu == 1
             && c.route.is_none()
             && prod(&[inter, k])? >= GEMV_WARPS
-            && hidden <= 16 * 32 * GU_STAGE_CH
             && x_rows <= DIRECT_STAGE_BYTES
             && stage_x_env();
         let vec_gu = vec_gu | if stage_x { 2 } else { 0 };
