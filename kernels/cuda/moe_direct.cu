@@ -182,62 +182,6 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
         return;
     }
     const u64 q0 = (u64)blockIdx.x * wpb, q = q0 + warp;
-    // FP8 rows (chunks of 16 weights, P = 2 16-byte pieces of 16-bit x a chunk): vec bit 1 stages
-    // the block's rows of x in shared memory first, each row's pieces permuted as in
-    // dir_downa_impl_pdl, so that the lanes read consecutive pieces; read from global memory the
-    // lanes' 32-byte stride wasted half of every sector (ncu, session 17: 32 % excess sectors,
-    // the launch issue-bound on L1 waits). Same chunks, order and formula as warp_dots: same bits.
-    constexpr u32 P = M::Row::E * (u32)sizeof(T) / 16u;
-    if constexpr (P > 1) {
-        if ((vec & 2) && !(rt.flags & 1)) {
-            constexpr int U2 = U;
-            extern __shared__ uint4 dsm_x[];
-            const u64 qe = min(q0 + wpb, nq);
-            const u32 r0 = (u32)(q0 / I / k), nrow = (u32)((qe - 1) / I / k) - r0 + 1u;  // host: <= 2
-            const u32 kv = H / M::Row::E, ppr = kv * P;
-            const u32 ex = q < nq ? __ldg(idx + q / I) : e;
-            const uint4* xs = reinterpret_cast<const uint4*>(x + (u64)r0 * H);
-            for (u32 i = threadIdx.x; i < nrow * ppr; i += blockDim.x) {
-                const u32 j = i / ppr, pc = i - j * ppr;
-                dsm_x[j * ppr + (pc % P) * kv + pc / P] = __ldg(xs + i);
-            }
-            __syncthreads();
-            if (q >= nq || ex >= e) return;
-            const u32 p = (u32)(q / I), c = (u32)(q % I);
-            if (p < npf) dir_down_prefetch(dpf, dbytes, ex, c, I, lane);
-            const typename M::Row w[2] = {gate.row((u64)ex * I + c, H), up.row((u64)ex * I + c, H)};
-            const uint4* a = dsm_x + (u64)(p / k - r0) * ppr;
-            float acc[2] = {0.0f, 0.0f};
-            for (u32 c0 = lane; c0 < kv; c0 += 32u * U2) {
-                uint4 wv[U2][2];
-#pragma unroll
-                for (int u = 0; u < U2; ++u)
-#pragma unroll
-                    for (int g = 0; g < 2; ++g) {
-                        const u32 cc = c0 + 32u * u;
-                        wv[u][g] = cc < kv ? w[g].load(cc) : make_uint4(0u, 0u, 0u, 0u);
-                    }
-#pragma unroll
-                for (int u = 0; u < U2; ++u) {
-                    const u32 cc = c0 + 32u * u;
-                    if (cc < kv) {
-#pragma unroll
-                        for (int g = 0; g < 2; ++g) {
-                            float wf[M::Row::E], af[M::Row::E];
-                            w[g].expand(wv[u][g], cc, wf);
-#pragma unroll
-                            for (u32 v = 0; v < P; ++v) unpack<T>(a[v * kv + cc], af + v * VecOf<T>::N);
-                            acc[g] = w[g].dot_acc(wf, af, cc, acc[g]);
-                        }
-                    }
-                }
-            }
-            acc[0] = warp_sum(acc[0]);
-            acc[1] = warp_sum(acc[1]);
-            if (lane == 0) h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(acc[0])) * round_to<T>(acc[1]));
-            return;
-        }
-    }
     u32 ex;
     if (rt.flags & 1) {
         // The block's items q0 .. qe - 1 span rows r0 .. r0 + nr - 1: nr <= the items <= wpb

@@ -172,13 +172,6 @@ fn downa_env() -> bool {
     })
 }
 
-/// Whether the FP8 direct gate+up kernel stages its rows of x in shared memory (unset or
-/// `on`; `PORTER_MOE_STAGE_X=off` for A/B; read once).
-fn stage_x_env() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !matches!(std::env::var("PORTER_MOE_STAGE_X").as_deref().map(str::trim), Ok("off") | Ok("0")))
-}
-
 /// Whether the in-flight down kernel takes a direct-form call: `rows` weight rows a warp (k,
 /// plus one for a shared expert of the routed rows' length), each `inter` weights of
 /// `elem_bytes` (1 for FP8) in 16-byte chunks, within the kernel's reach for `fp8` or dense.
@@ -597,22 +590,10 @@ impl CudaKernels {
         // a thread per element of h_s.
         let routed_blocks = prod(&[n, inter])?.div_ceil(GEMV_WARPS);
         let shared_blocks = prod(&[t, is])?.div_ceil(GEMV_WARPS * 32);
-        // FP8 rows with 16-bit or f32 x (two or four 16-byte pieces of x a chunk of 16 weights):
-        // the block's rows of x staged in shared memory, permuted (vec bit 1, moe_direct.cu),
-        // where a block's items span at most two rows (inter · k >= its warps) and they fit.
-        let x_rows = prod(&[2, hidden, c.esize])?;
-        let stage_x = c.kind == "fp8_"
-            && c.esize >= 2
-            && vec_gu == 1
-            && c.route.is_none()
-            && prod(&[inter, k])? >= GEMV_WARPS
-            && x_rows <= DIRECT_STAGE_BYTES
-            && stage_x_env();
-        let vec_gu = vec_gu | if stage_x { 2 } else { 0 };
         let cfg = LaunchConfig {
             grid_dim: (u32_of("gemv blocks", routed_blocks + shared_blocks)?, 1, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: if stage_x { u32_of("shared memory", x_rows)? } else { 0 },
+            shared_mem_bytes: 0,
         };
         let mut args: Vec<&dyn KernelArg> = vec![&c.x];
         args.extend(weights(c.gate));
@@ -646,8 +627,6 @@ impl CudaKernels {
             args.extend(extra);
         }
         let gu_name = if sh.is_some() { "moe_dir_gu_sh_" } else { "moe_dir_gu_" };
-        // (vec bit 1, FP8 only: the block's rows of x, at most two since inter · k >= its 8
-        // warps, staged in the 2 · hidden · esize bytes of dynamic shared memory given.)
         // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, u32* idx,
         // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec, const u8* dpf, u64 dbytes, u32 npf,
         // const float* rlog, u32 rstride, int rflags, float* rwt)` (flags bit 0, the fused router:
