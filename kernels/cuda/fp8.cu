@@ -396,21 +396,18 @@ template <typename T> struct Fp8Row {
     // The chunk's e4m3 values (exact; times 2⁻⁸ by the ALU conversion, undone in dot_acc).
     __device__ __forceinline__ void expand(const uint4& v, u32, float* f) const { fp8_chunk_f<FP8_GEMVX_HW>(v, f); }
     // acc + scale · Σ_i e4m3_i · a_i: the GEMV's per-chunk formula (fp8_gemvx_impl), so the
-    // experts see W = e4m3 · scale in f32, not rounded to T.
-    __device__ __forceinline__ float dot_acc(const float* wf, const float* af, u32 c, float acc) const {
-        float d = wf[0] * af[0];
-#pragma unroll
-        for (int i = 1; i < 16; ++i) d = fmaf(wf[i], af[i], d);
-        return fmaf(d, __ldg(s + (c >> 3)) * (FP8_GEMVX_HW ? 1.0f : 256.0f), acc);
-    }
-    // dot_acc split for the in-flight down kernel (dir_downa_impl_pdl): the chunk's block scale
-    // loaded with the chunk, then dot_acc's formula given it.
+    // experts see W = e4m3 · scale in f32, not rounded to T; dot_acc = dot_side with side(c),
+    // the chunk's block scale (the in-flight down kernel, dir_downa_impl_pdl, loads it with
+    // the chunk, before its PDL wait).
     __device__ __forceinline__ float side(u32 c) const { return __ldg(s + (c >> 3)); }
     static __device__ __forceinline__ float dot_side(const float* wf, const float* af, float sc, float acc) {
         float d = wf[0] * af[0];
 #pragma unroll
         for (int i = 1; i < 16; ++i) d = fmaf(wf[i], af[i], d);
         return fmaf(d, sc * (FP8_GEMVX_HW ? 1.0f : 256.0f), acc);
+    }
+    __device__ __forceinline__ float dot_acc(const float* wf, const float* af, u32 c, float acc) const {
+        return dot_side(wf, af, side(c), acc);
     }
     __device__ __forceinline__ float at(u32 i) const { return fp8_f(p[i]) * s[i / FP8_BLOCK]; }
     __device__ __forceinline__ const void* base() const { return p; }

@@ -146,18 +146,16 @@ template <typename T> struct DenseRow {
     const T* p;
     __device__ __forceinline__ uint4 load(u32 c) const { return __ldg(reinterpret_cast<const uint4*>(p) + c); }
     __device__ __forceinline__ void expand(const uint4& v, u32, float* f) const { unpack<T>(v, f); }
-    __device__ __forceinline__ float dot_acc(const float* wf, const float* af, u32, float acc) const {
-#pragma unroll
-        for (u32 i = 0; i < E; ++i) acc = fmaf(wf[i], af[i], acc);
-        return acc;
-    }
-    // The in-flight down kernel's split of dot_acc (dir_downa_impl_pdl): the chunk's side
-    // value, loaded with the chunk (none here), then the same formula given it.
+    // dot_acc split for the in-flight down kernel (dir_downa_impl_pdl): the chunk's side value,
+    // loaded with the chunk (none here), and the formula given it.
     __device__ __forceinline__ float side(u32) const { return 0.0f; }
     static __device__ __forceinline__ float dot_side(const float* wf, const float* af, float, float acc) {
 #pragma unroll
         for (u32 i = 0; i < E; ++i) acc = fmaf(wf[i], af[i], acc);
         return acc;
+    }
+    __device__ __forceinline__ float dot_acc(const float* wf, const float* af, u32 c, float acc) const {
+        return dot_side(wf, af, side(c), acc);
     }
     __device__ __forceinline__ float at(u32 i) const { return to_f(p[i]); }
     __device__ __forceinline__ const void* base() const { return p; }

@@ -196,7 +196,7 @@ pub struct DevFp8 {
     pub q: CudaSlice<u8>,
     pub scales: CudaSlice<f32>,
     pub row_scale: CudaSlice<u32>,
-    /// `row_scale[r] == r / 128` for every row ([`DevFp8::affine`]): the MoE decode kernels
+    /// `row_scale[r] == r / 128` for every row (`porter_kernels::cuda::fp8_row_map_affine`): the MoE decode kernels
     /// compute the scale row instead of loading it.
     pub row_scale_affine: bool,
     /// Row length (input features).
@@ -206,12 +206,6 @@ pub struct DevFp8 {
 }
 
 impl DevFp8 {
-    /// Whether a row → scale-row map is `r / 128` everywhere (one tensor, or experts stacked
-    /// whose rows are whole 128-row blocks).
-    pub fn affine(row_scale: &[u32]) -> bool {
-        row_scale.iter().enumerate().all(|(r, &s)| s as usize == r / porter_kernels::cuda::FP8_BLOCK)
-    }
-
     /// Weight rows.
     pub fn rows(&self) -> usize {
         self.row_scale.len()
@@ -256,7 +250,7 @@ impl DevFp8 {
             q: st.clone_htod(&w.q).map_err(cuda_err)?,
             scales: st.clone_htod(&w.scales).map_err(cuda_err)?,
             row_scale: st.clone_htod(&w.row_scale).map_err(cuda_err)?,
-            row_scale_affine: Self::affine(&w.row_scale),
+            row_scale_affine: porter_kernels::cuda::fp8_row_map_affine(&w.row_scale),
             cols: w.cols,
             dtype,
         })
@@ -664,27 +658,4 @@ pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
     g.sync()?;
     g.k.context().bind_to_thread().map_err(cuda_err)?;
     cudarc::driver::result::mem_get_info().map_err(cuda_err)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::DevFp8;
-
-    /// The MoE decode kernels compute the scale row as `r / 128` only where the map is that
-    /// (a wrong `true` would scale rows with another block's scales).
-    #[test]
-    fn affine_row_maps() {
-        let one: Vec<u32> = (0..300).map(|r| r / 128).collect();
-        assert!(DevFp8::affine(&one));
-        assert!(DevFp8::affine(&[]));
-        // Two experts of 256 rows stacked: whole blocks, still r / 128.
-        let stacked: Vec<u32> = (0..512).map(|r| r / 128).collect();
-        assert!(DevFp8::affine(&stacked));
-        // Two tensors of 200 rows stacked: the second starts a new scale block at row 200.
-        let odd: Vec<u32> = (0..400u32).map(|r| if r < 200 { r / 128 } else { 2 + (r - 200) / 128 }).collect();
-        assert!(!DevFp8::affine(&odd));
-        // Experts sharing a bank of scales (the kernel tests' stacking).
-        let bank: Vec<u32> = (0..512u32).map(|r| (r % 256) / 128).collect();
-        assert!(!DevFp8::affine(&bank));
-    }
 }

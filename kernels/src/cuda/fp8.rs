@@ -172,6 +172,12 @@ impl Fp8GemvForm {
     }
 }
 
+/// Whether a row → scale-row map is `r / 128` everywhere (one checkpoint tensor, or experts
+/// stacked whose rows are whole 128-row blocks): what [`Fp8Dev::row_scale_affine`] may claim.
+pub fn fp8_row_map_affine(row_scale: &[u32]) -> bool {
+    row_scale.iter().enumerate().all(|(r, &s)| s as usize == r / FP8_BLOCK)
+}
+
 /// A device FP8 weight `[rows, cols]` (any leading dimensions flattened into the rows).
 ///
 /// # Shapes
@@ -188,10 +194,9 @@ pub struct Fp8Dev<'a> {
     pub scales: &'a CudaSlice<f32>,
     /// The scale row of each weight row.
     pub row_scale: &'a CudaSlice<u32>,
-    /// Whether `row_scale[r] == r / 128` for every row (one checkpoint tensor, or experts
-    /// stacked whose rows are whole blocks): the MoE decode kernels then compute the scale row
-    /// instead of loading it, one dependent memory round trip less a row. `false` is always
-    /// correct.
+    /// Whether `row_scale[r] == r / 128` for every row ([`fp8_row_map_affine`]): the MoE decode
+    /// kernels then compute the scale row instead of loading it, one dependent memory round
+    /// trip less a row. `false` is always correct.
     pub row_scale_affine: bool,
     /// Weight rows.
     pub rows: usize,
@@ -722,7 +727,25 @@ impl CudaKernels {
 
 #[cfg(test)]
 mod tests {
-    use super::{Fp8GemvConv, Fp8GemvForm};
+    use super::{fp8_row_map_affine, Fp8GemvConv, Fp8GemvForm};
+
+    /// The MoE decode kernels compute the scale row as `r / 128` only where the map is that
+    /// (a wrong `true` would scale rows with another block's scales).
+    #[test]
+    fn affine_row_maps() {
+        let one: Vec<u32> = (0..300).map(|r| r / 128).collect();
+        assert!(fp8_row_map_affine(&one));
+        assert!(fp8_row_map_affine(&[]));
+        // Two experts of 256 rows stacked: whole blocks, still r / 128.
+        let stacked: Vec<u32> = (0..512).map(|r| r / 128).collect();
+        assert!(fp8_row_map_affine(&stacked));
+        // Two tensors of 200 rows stacked: the second starts a new scale block at row 200.
+        let odd: Vec<u32> = (0..400u32).map(|r| if r < 200 { r / 128 } else { 2 + (r - 200) / 128 }).collect();
+        assert!(!fp8_row_map_affine(&odd));
+        // Experts sharing a bank of scales (the kernel tests' stacking).
+        let bank: Vec<u32> = (0..512u32).map(|r| (r % 256) / 128).collect();
+        assert!(!fp8_row_map_affine(&bank));
+    }
 
     #[test]
     fn tc_tiles_by_shape() {

@@ -18,24 +18,10 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 /// on every call; an unknown value warns once and means `off`.
 pub const GDN_FUSED_ENV: &str = "PORTER_GDN_FUSED";
 
-/// Whether [`GDN_FUSED_ENV`]'s value `v` asks for the fused kernel (`Err`: the value, unknown).
-fn fused_on(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
-    let Some(v) = v else { return Ok(false) };
-    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "off" => Ok(false),
-        "on" => Ok(true),
-        _ => Err(v.to_string_lossy().into_owned()),
-    }
-}
-
 /// Whether the backend should run decode / verify steps through the fused kernel
-/// ([`GDN_FUSED_ENV`]).
+/// ([`GDN_FUSED_ENV`], [`super::env_on_off`]).
 pub fn gdn_fused_enabled() -> bool {
-    fused_on(std::env::var_os(GDN_FUSED_ENV).as_deref()).unwrap_or_else(|bad| {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| eprintln!("warning: {GDN_FUSED_ENV}={bad:?} is not one of on, off; using off"));
-        false
-    })
+    super::env_on_off(GDN_FUSED_ENV, false)
 }
 
 /// Most key heads the fused kernel takes: its window counters are `[num_slots, this]` `u32`s a
@@ -326,15 +312,6 @@ impl CudaKernels {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn env_values() {
-        use std::ffi::OsStr;
-        assert_eq!(fused_on(None), Ok(false));
-        assert_eq!(fused_on(Some(OsStr::new("on"))), Ok(true));
-        assert_eq!(fused_on(Some(OsStr::new(" OFF "))), Ok(false));
-        assert!(fused_on(Some(OsStr::new("maybe"))).is_err());
-    }
 
     /// The 80B heads: the separate delta rule's lanes (8 at one span … 1 from eight), each a
     /// block of all 128 columns; sizes beyond the kernel are refused.

@@ -2,9 +2,10 @@
 //! counters or Nsight Systems on the GPU machine): [`KNOCKOUT_ENV`] leaves chosen kernels out
 //! so that the step time's drop is their marginal cost *in place* (with programmatic dependent
 //! launch a kernel's own duration overlaps its neighbours, so a kernel timed alone says little
-//! about what it costs the step); [`LAUNCH_TRACE_ENV`] prints the launches, to find the names
-//! and grids to knock out. Both are for `porter bench` runs only: a knocked-out kernel's
-//! outputs are whatever its buffers held, so logits and tokens are wrong.
+//! about what it costs the step); [`KNOCKIN_ENV`] issues them twice (the clean reading for an
+//! idempotent kernel); [`LAUNCH_TRACE_ENV`] prints the launches, to find the names and grids.
+//! All are for `porter bench` runs only (`CudaKernels::launches` applies them): a knocked-out
+//! kernel's outputs are whatever its buffers held, so logits and tokens are wrong.
 
 use std::sync::OnceLock;
 

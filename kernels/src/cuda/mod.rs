@@ -97,8 +97,8 @@ pub use attention::{
 };
 pub use compile::*;
 pub use fp8::{
-    Fp8Dev, Fp8GemvConv, Fp8GemvForm, Fp8MoeDec, FP8_BLOCK, FP8_GEMVT_MAX_ROWS, FP8_GEMV_ENV, FP8_GEMV_FMA_M1_MIN,
-    FP8_MOE_DEC_ENV,
+    fp8_row_map_affine, Fp8Dev, Fp8GemvConv, Fp8GemvForm, Fp8MoeDec, FP8_BLOCK, FP8_GEMVT_MAX_ROWS, FP8_GEMV_ENV,
+    FP8_GEMV_FMA_M1_MIN, FP8_MOE_DEC_ENV,
 };
 pub use gdn::GDN_MAX_DK;
 pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV};
@@ -169,14 +169,45 @@ pub fn smem_limit_from(var: Option<std::ffi::OsString>) -> Result<Option<usize>>
 /// variable and what was `expected` (the caller keeps its default).
 pub fn env_count(var: &str, accept: impl Fn(usize) -> bool, expected: &str) -> Option<usize> {
     count_from(std::env::var_os(var), accept).unwrap_or_else(|t| {
-        static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
-        let mut w = WARNED.lock().unwrap_or_else(|e| e.into_inner());
-        if !w.iter().any(|x| x == var) {
-            w.push(var.to_string());
-            eprintln!("warning: {var}={t:?} is not {expected}; ignored");
-        }
+        warn_once(var, &format!("warning: {var}={t:?} is not {expected}; ignored"));
         None
     })
+}
+
+/// An `on` / `off` switch from environment variable `var` for A/B runs (any case, trimmed):
+/// `default` when it is unset or empty, or — with one warning a process that names the
+/// variable — when it is anything else.
+pub fn env_on_off(var: &str, default: bool) -> bool {
+    on_off_from(std::env::var_os(var))
+        .unwrap_or_else(|t| {
+            let word = if default { "on" } else { "off" };
+            warn_once(var, &format!("warning: {var}={t:?} is not on or off; using {word}"));
+            None
+        })
+        .unwrap_or(default)
+}
+
+/// [`env_on_off`] of a variable's value `v`: `Ok(None)` unset or empty, `Err` with the text
+/// when it is neither `on` nor `off`.
+fn on_off_from(v: Option<std::ffi::OsString>) -> std::result::Result<Option<bool>, String> {
+    let Some(v) = v else { return Ok(None) };
+    let t = v.to_string_lossy();
+    match t.trim().to_ascii_lowercase().as_str() {
+        "" => Ok(None),
+        "on" => Ok(Some(true)),
+        "off" => Ok(Some(false)),
+        _ => Err(t.into_owned()),
+    }
+}
+
+/// Prints `msg` to stderr the first time a process warns about variable `var`.
+fn warn_once(var: &str, msg: &str) {
+    static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut w = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if !w.iter().any(|x| x == var) {
+        w.push(var.to_string());
+        eprintln!("{msg}");
+    }
 }
 
 /// [`env_count`] of a variable's value `v`: `Err` with the text when it is refused.
@@ -365,7 +396,7 @@ pub struct CudaKernels {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Entry-point names by function handle, kept only while a launch diagnostic is on
-    /// ([`KNOCKOUT_ENV`], [`LAUNCH_TRACE_ENV`]).
+    /// ([`KNOCKOUT_ENV`], [`KNOCKIN_ENV`], [`LAUNCH_TRACE_ENV`]).
     names: Mutex<HashMap<usize, String>>,
     /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
     /// the kernel zeroes what it used before it ends).
@@ -546,73 +577,53 @@ impl CudaKernels {
     ///   shared memory it uses, within what [`CudaKernels::function_smem`] allowed).
     /// - Buffers the kernel writes are not read or written by other work in flight.
     pub(crate) unsafe fn launch_fn(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[&dyn KernelArg]) -> Result<()> {
-        let (skip, twice) = self.diag(f, &cfg);
-        if skip {
-            return Ok(());
-        }
-        if self.pdl {
-            let mut params: Vec<*mut c_void> = args.iter().map(|a| a.param()).collect();
-            if twice {
-                // SAFETY: as below (a diagnostic repeat of the same launch).
+        // Once, or with the launch diagnostics none (knocked out) or twice (knocked in).
+        for _ in 0..self.launches(f, &cfg) {
+            if self.pdl {
+                let mut params: Vec<*mut c_void> = args.iter().map(|a| a.param()).collect();
+                // SAFETY: the caller's contract; `params` points at `args`, alive across the call;
+                // every kernel of this crate waits for its predecessor first (porter_pdl_enter).
                 unsafe { self.launch_pdl(f, &cfg, &mut params) }?;
+            } else {
+                let mut b = self.stream.launch_builder(f);
+                for a in args {
+                    a.push(&mut b);
+                }
+                // SAFETY: the caller's contract (parameters, memory and launch shape of `f`).
+                unsafe { b.launch(cfg) }?;
             }
-            // SAFETY: the caller's contract; `params` points at `args`, alive across the call;
-            // every kernel of this crate waits for its predecessor first (porter_pdl_enter).
-            return unsafe { self.launch_pdl(f, &cfg, &mut params) };
         }
-        if twice {
-            let mut b = self.stream.launch_builder(f);
-            for a in args {
-                a.push(&mut b);
-            }
-            // SAFETY: as below (a diagnostic repeat of the same launch).
-            unsafe { b.launch(cfg) }?;
-        }
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            a.push(&mut b);
-        }
-        // SAFETY: the caller's contract (parameters, memory and launch shape of `f`).
-        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
-    /// The launch diagnostics ([`LAUNCH_TRACE_ENV`] prints this launch; [`KNOCKOUT_ENV`]):
-    /// whether the launch of `f` with `cfg` is to be left out. Free when neither is set.
-    pub(crate) fn diag_skips(&self, f: &CudaFunction, cfg: &LaunchConfig) -> bool {
-        self.diag(f, cfg).0
-    }
-
-    /// [`CudaKernels::diag_skips`], and whether the launch is to be issued twice
-    /// ([`KNOCKIN_ENV`]).
-    fn diag(&self, f: &CudaFunction, cfg: &LaunchConfig) -> (bool, bool) {
+    /// How many times the launch of `f` with `cfg` is issued: 1, or with the launch
+    /// diagnostics 0 ([`KNOCKOUT_ENV`]) or 2 ([`KNOCKIN_ENV`]); [`LAUNCH_TRACE_ENV`] prints it.
+    /// Free when none is set.
+    pub(crate) fn launches(&self, f: &CudaFunction, cfg: &LaunchConfig) -> usize {
         let d = knockout::diag();
         if !d.active() {
-            return (false, false);
+            return 1;
         }
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         let name = names.get(&(f.cu_function() as usize)).map_or("?", String::as_str);
-        let skip = d.skips(name, cfg.grid_dim.0);
-        let twice = d.doubles(name, cfg.grid_dim.0);
+        let n = if d.skips(name, cfg.grid_dim.0) {
+            0
+        } else if d.doubles(name, cfg.grid_dim.0) {
+            2
+        } else {
+            1
+        };
         if d.trace > 0 {
             static SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
             if SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < d.trace {
+                let note = [" (knocked out)", "", " (twice)"][n];
                 eprintln!(
-                    "launch {name} grid {:?} block {:?} smem {}{}",
-                    cfg.grid_dim,
-                    cfg.block_dim,
-                    cfg.shared_mem_bytes,
-                    if skip {
-                        " (knocked out)"
-                    } else if twice {
-                        " (twice)"
-                    } else {
-                        ""
-                    }
+                    "launch {name} grid {:?} block {:?} smem {}{note}",
+                    cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes
                 );
             }
         }
-        (skip, twice)
+        n
     }
 
     /// Whether kernels are launched as programmatic dependents of their predecessor
@@ -757,6 +768,17 @@ mod tests {
     fn fallback_env_values() {
         assert!(fallback_from(Some("1".into())) && fallback_from(Some(" TRUE ".into())));
         assert!(!fallback_from(None) && !fallback_from(Some("0".into())) && !fallback_from(Some("".into())));
+    }
+
+    #[test]
+    fn env_switches_parse_or_are_refused() {
+        let v = |s: &str| on_off_from(Some(s.into()));
+        assert_eq!(on_off_from(None), Ok(None));
+        assert_eq!(v(""), Ok(None));
+        assert_eq!(v("on"), Ok(Some(true)));
+        assert_eq!(v(" OFF "), Ok(Some(false)));
+        assert_eq!(v("maybe"), Err("maybe".to_string()));
+        assert_eq!(v("1"), Err("1".to_string()));
     }
 
     #[test]

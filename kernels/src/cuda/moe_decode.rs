@@ -148,7 +148,8 @@ const DIRECT_LATE_IDS: i32 = 16;
 /// Environment variable for A/B runs of the in-flight direct down kernel
 /// (`moe_dir_downa_*`: every weight load of a warp issued before its PDL wait, see
 /// moe_direct.cu): `off` keeps the direct form's other down kernels; unset or `on` takes it
-/// wherever it fits ([`downa_fits`]). Another value warns once on stderr and means `on`.
+/// wherever it fits ([`downa_fits`]). Another value warns once on stderr and means `on`
+/// ([`super::env_on_off`]).
 pub const MOE_DOWNA_ENV: &str = "PORTER_MOE_DOWNA";
 
 /// The in-flight down kernel's reach, dense experts: chunks of 16 bytes a lane and row
@@ -162,14 +163,7 @@ const DOWNA_FP8_KMAX: usize = 12;
 /// Whether [`MOE_DOWNA_ENV`] leaves the in-flight down kernel on (read once).
 fn downa_env() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var(MOE_DOWNA_ENV).as_deref().map(str::trim) {
-        Err(_) | Ok("") | Ok("on") | Ok("1") => true,
-        Ok("off") | Ok("0") => false,
-        Ok(other) => {
-            eprintln!("warning: {MOE_DOWNA_ENV}={other:?} is not on or off; using on");
-            true
-        }
-    })
+    *ON.get_or_init(|| super::env_on_off(MOE_DOWNA_ENV, true))
 }
 
 /// Whether the in-flight down kernel takes a direct-form call: `rows` weight rows a warp (k,
@@ -687,9 +681,8 @@ impl CudaKernels {
         }
         // The in-flight kernel (in the down-L2 form it sets the routed rows' L2 priority back
         // after reading them, as the direct kernel does): ids from the separate router (read
-        // before its PDL wait), h and
-        // h_s staged, the shared row (if any) one more row of the routed length, and the rows
-        // within its registers.
+        // before its PDL wait), h and h_s staged, the shared row (if any) one more row of the
+        // routed length, and the rows within its registers.
         let fp8 = c.kind == "fp8_";
         let wbytes = if fp8 { 1 } else { c.esize };
         let inflight = downa_env()

@@ -5,7 +5,7 @@ use super::{rnd, Rng};
 use cudarc::driver::CudaSlice;
 use porter_kernels::cpu::fp8::{quantize_blocks, Fp8Rows, BLOCK};
 use porter_kernels::cpu::ops;
-use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8Dev};
+use porter_kernels::cuda::{fp8_row_map_affine, CudaFloat, CudaKernels, Fp8Dev};
 
 /// A host FP8 weight `[rows, cols]` (block-quantized random values) and its device copy.
 pub struct W8 {
@@ -21,11 +21,6 @@ pub struct W8 {
     pub affine: bool,
 }
 
-/// Whether a row map is `r / 128` everywhere.
-pub fn affine(rs: &[u32]) -> bool {
-    rs.iter().enumerate().all(|(r, &v)| v as usize == r / BLOCK)
-}
-
 impl W8 {
     pub fn new(k: &CudaKernels, rng: &mut Rng, rows: usize, cols: usize) -> Self {
         let v = rng.vec(rows * cols, 0.05);
@@ -33,7 +28,7 @@ impl W8 {
         let rs: Vec<u32> = (0..rows).map(|r| (r / BLOCK) as u32).collect();
         let st = k.stream();
         let (dq, ds, drs) = (st.clone_htod(&q).unwrap(), st.clone_htod(&scales).unwrap(), st.clone_htod(&rs).unwrap());
-        let affine = affine(&rs);
+        let affine = fp8_row_map_affine(&rs);
         Self { q, scales, rs, rows, cols, dq, ds, drs, affine }
     }
     pub fn dev(&self) -> Fp8Dev<'_> {
@@ -110,6 +105,6 @@ pub fn stack(k: &CudaKernels, w: &W8, e: usize, bank: usize) -> W8 {
     }
     let st = k.stream();
     let (dq, ds, drs) = (st.clone_htod(&q).unwrap(), st.clone_htod(&w.scales).unwrap(), st.clone_htod(&rs).unwrap());
-    let affine = affine(&rs);
+    let affine = fp8_row_map_affine(&rs);
     W8 { q: Vec::new(), scales: w.scales.clone(), rs: Vec::new(), rows: e * per, cols: w.cols, dq, ds, drs, affine }
 }

@@ -413,7 +413,7 @@ pub fn concat(g: &Gpu, parts: &[Tensor]) -> Result<DevFp8> {
         os += w.scales.len();
     }
     let row_scale = g.stream().clone_htod(&rs).map_err(cuda_err)?;
-    Ok(DevFp8 { q, scales, row_scale, row_scale_affine: DevFp8::affine(&rs), cols, dtype })
+    Ok(DevFp8 { q, scales, row_scale, row_scale_affine: porter_kernels::cuda::fp8_row_map_affine(&rs), cols, dtype })
 }
 
 #[cfg(test)]

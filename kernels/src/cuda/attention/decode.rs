@@ -407,7 +407,7 @@ impl CudaKernels {
                     (r5 as *mut u32).cast(),
                     (r6 as *mut u32).cast(),
                 ];
-                if !self.diag_skips(&f, &cfg) {
+                for _ in 0..self.launches(&f, &cfg) {
                     // SAFETY: as above; `params` points at the 10 parameters of the combine,
                     // in order, alive across the call (the driver copies them at launch). The
                     // combine waits (griddepcontrol.wait) for the split grid before its first
