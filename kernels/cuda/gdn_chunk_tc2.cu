@@ -70,13 +70,14 @@ struct Gt2Stage {
 };
 
 // One chunk's −W, K̃ ([64][DK + 8] T each), U columns col0 .. col0 + BV − 1 ([64][BV + 4]
-// f32) and (FUSE) Q ⊙ e^G, masked P into a stage, 32·NW threads, one commit group.
-template <typename T, int DK, int NW, bool FUSE>
+// f32) and (FUSE) Q ⊙ e^G, masked P into a stage, NT threads (32·NW: tc2 / tc3; 64·NW: the
+// warp pairs of tc5), one commit group.
+template <typename T, int DK, int NW, bool FUSE, int NT = 32 * NW>
 __device__ __forceinline__ void gt2_load(unsigned char* stage, const T* __restrict__ wn, const T* __restrict__ kb,
                                          const float* __restrict__ uf, const T* __restrict__ qg,
                                          const T* __restrict__ pb, u64 ch, u32 dv, u32 col0, u32 tid) {
     typedef Gt2Stage<DK, NW, FUSE> L;
-    constexpr u32 LDK = DK + 8, BV = 16 * NW, LDU = BV + 4, NT = 32 * NW;
+    constexpr u32 LDK = DK + 8, BV = 16 * NW, LDU = BV + 4;
     constexpr u32 PK = DK / 8;  // 16-byte pieces per K row
     T* Wb = reinterpret_cast<T*>(stage);
     T* Kb = Wb + GC_C * LDK;

@@ -39,7 +39,8 @@ fn nvrtc_gdn_chunk_ptxas_info() {
         let hot = func.starts_with("gdn_chunk_tc_wu_")
             || func.starts_with("gdn_chunk_tc2_")
             || func.starts_with("gdn_chunk_tc3_")
-            || func.starts_with("gdn_chunk_tc4_");
+            || func.starts_with("gdn_chunk_tc4_")
+            || func.starts_with("gdn_chunk_tc5_");
         if hot && line.contains("spill") && !line.contains(" 0 bytes spill stores") {
             spills.push(func);
         }
@@ -199,11 +200,15 @@ fn tc_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims) -> bool {
 /// shared memory fits.
 fn tc2_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> bool {
     let kb = 2 * 64 * (d.dk + 8);
-    let fused = matches!(want, GdnChunkForm::Tc3 | GdnChunkForm::Tc4);
+    let fused = matches!(want, GdnChunkForm::Tc3 | GdnChunkForm::Tc4 | GdnChunkForm::Tc5);
     let stage = 2 * kb + 4 * 64 * 36 + if fused { kb + 2 * 64 * 72 } else { 0 };
     let wu4 = 2 * kb + 2 * 64 * (d.dv + 8) + 4 * 64 * 68;
+    // tc5: the warp pairs' exchange, (2 + dk / 32) 512-byte fragments a warp, 4 warps.
+    let pairs = if want == GdnChunkForm::Tc5 { 4 * (2 + d.dk / 32) * 512 } else { 0 };
     let limit = k.caps().smem_limit();
-    tc_expected::<T>(k, d) && limit >= 3 * stage + 2048 && (want != GdnChunkForm::Tc4 || limit >= wu4 + 2048)
+    tc_expected::<T>(k, d)
+        && limit >= 3 * stage + pairs + 2048
+        && (!matches!(want, GdnChunkForm::Tc4 | GdnChunkForm::Tc5) || limit >= wu4 + 2048)
 }
 
 /// The name [`CudaKernels::gdn_chunked_seq_with`] returns for a form that ran as asked.
@@ -213,13 +218,14 @@ fn form_name(f: GdnChunkForm) -> &'static str {
         GdnChunkForm::Tc2 => "tc2",
         GdnChunkForm::Tc3 => "tc3",
         GdnChunkForm::Tc4 => "tc4",
+        GdnChunkForm::Tc5 => "tc5",
         GdnChunkForm::F32 => "f32",
     }
 }
 
 /// Tolerances (outputs, states) of a form that ran.
 fn form_tols<T: CudaFloat>(form: &str) -> (f32, f32) {
-    if matches!(form, "tc" | "tc2" | "tc3" | "tc4") {
+    if matches!(form, "tc" | "tc2" | "tc3" | "tc4" | "tc5") {
         (TOL_TC_OUT, TOL_TC_STATE)
     } else {
         (out_tol::<T>(), TOL_CHUNK_F32)
@@ -248,6 +254,7 @@ fn chunk_case<T: CudaFloat>(
         (GdnChunkForm::Tc2, up::<f32>(k, &state)),
         (GdnChunkForm::Tc3, up::<f32>(k, &state)),
         (GdnChunkForm::Tc4, up::<f32>(k, &state)),
+        (GdnChunkForm::Tc5, up::<f32>(k, &state)),
     ];
     let mut dstate_f32 = up::<f32>(k, &state);
     let mut dstate_seq = up::<f32>(k, &state);
@@ -298,21 +305,40 @@ fn chunk_case<T: CudaFloat>(
         judge(fails, &format!("{what}: {form} out vs CPU"), &e, out_at(d, e.at), tol_out);
         let e = err_stat(&got_state, &state);
         judge(fails, &format!("{what}: {form} state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
+        // (form that ran, outputs, pool) of each extra form, for the bit-for-bit check below.
+        let mut ran: Vec<(&str, Vec<f32>, Vec<f32>)> = Vec::new();
         for (want2, dstate2) in extra.iter_mut().filter(|_| T::NAME != "f32") {
-            // The tc2 / tc3 / tc4 forms (own pools), same tolerances as the tensor-core form.
+            // The tc2 / tc3 / tc4 / tc5 forms (own pools), same tolerances as the tensor-core form.
             let mut out2 = poisoned::<T>(k, t * d.hv * d.dv);
             let form2 = k
                 .gdn_chunked_seq_with(&dq, &dg, &db, dstate2, &dsp, &mut out2, dims, *want2, None)
-                .expect("gdn_chunked_seq tc2 / tc3 / tc4 form");
+                .expect("gdn_chunked_seq tc2 / tc3 / tc4 / tc5 form");
             let name2 = form_name(*want2);
             if tc2_expected::<T>(k, d, *want2) && form2 != name2 {
                 fails.push(format!("{what}: expected the {name2} form, ran {form2}"));
             }
             let (tol_out, tol_state) = form_tols::<T>(form2);
-            let e = err_stat(&down(k, &out2), &want);
+            let (got2, got_state2) = (down(k, &out2), down(k, &*dstate2));
+            let e = err_stat(&got2, &want);
             judge(fails, &format!("{what}: {form2} out vs CPU"), &e, out_at(d, e.at), tol_out);
-            let e = err_stat(&down(k, &*dstate2), &state);
+            let e = err_stat(&got_state2, &state);
             judge(fails, &format!("{what}: {form2} state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
+            ran.push((form2, got2, got_state2));
+        }
+        // tc5 splits each of tc4's state-sweep warps into a pair that sums in tc4's order: the
+        // same bits, outputs (NaN poison included) and states (own pools, same inputs throughout).
+        let find = |name: &str| ran.iter().find(|r| r.0 == name);
+        if let (Some(a), Some(b)) = (find("tc5"), find("tc4")) {
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let mut same = true;
+            for (part, x, y) in [("out", &a.1, &b.1), ("state", &a.2, &b.2)] {
+                let (bx, by) = (bits(x), bits(y));
+                if let Some(i) = bx.iter().zip(&by).position(|(p, q)| p != q) {
+                    same = false;
+                    fails.push(format!("{what}: tc5 {part} differs from tc4 at {i}: {} vs {}", x[i], y[i]));
+                }
+            }
+            println!("    tc5 ≡ tc4 bit for bit: {same}");
         }
         if form != form_f32 {
             let e = err_stat(&got_f, &want);
@@ -488,7 +514,14 @@ fn prefill_80b<T: CudaFloat>(
     let forms: &[GdnChunkForm] = if T::NAME == "f32" {
         &[GdnChunkForm::F32]
     } else {
-        &[GdnChunkForm::Tc4, GdnChunkForm::Tc3, GdnChunkForm::Tc2, GdnChunkForm::Tc, GdnChunkForm::F32]
+        &[
+            GdnChunkForm::Tc5,
+            GdnChunkForm::Tc4,
+            GdnChunkForm::Tc3,
+            GdnChunkForm::Tc2,
+            GdnChunkForm::Tc,
+            GdnChunkForm::F32,
+        ]
     };
     let mut seen: Vec<(&str, f64, [f64; 4])> = Vec::new(); // (form, µs a call, per launch)
     for &want in forms {
@@ -529,6 +562,18 @@ fn prefill_80b<T: CudaFloat>(
         seen.push((form, us, laps));
     }
     let find = |name: &str| seen.iter().find(|x| x.0 == name);
+    if let (Some(new), Some(old)) = (find("tc5"), find("tc4")) {
+        println!(
+            "    tc5 vs tc4 ({} t {t}): call {:.1} vs {:.1} µs ({:.2}x), state {:.1} vs {:.1} µs ({:.2}x)",
+            T::NAME,
+            new.1,
+            old.1,
+            old.1 / new.1,
+            new.2[2],
+            old.2[2],
+            old.2[2] / new.2[2]
+        );
+    }
     if let (Some(new), Some(old)) = (find("tc4"), find("tc3")) {
         println!(
             "    tc4 vs tc3 ({} t {t}): call {:.1} vs {:.1} µs ({:.2}x), wu {:.1} vs {:.1} µs ({:.2}x), \

@@ -16,7 +16,7 @@ use super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK}
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 mod tc3;
-use tc3::{tc3_smem, tc4_wu, Tc3Call};
+use tc3::{tc3_smem, tc4_wu, tc5_state, Tc3Call};
 
 /// Environment variable choosing the form of [`CudaKernels::gdn_chunked_seq`] for bf16 / f16
 /// outputs: `f32` runs the CUDA-core f32 kernels; `tc` the tensor-core kernels
@@ -25,7 +25,8 @@ use tc3::{tc3_smem, tc4_wu, Tc3Call};
 /// that sweep writing the outputs as well (no out launch; where its 207 KiB of shared memory or
 /// a 16-byte aligned qkv are missing, as `tc`); `tc4` (or unset: the default) as `tc3` with its
 /// wu launch on mma.sync (gdn_chunk_tc4.cu; where that launch's shared memory does not fit,
-/// exactly `tc3`). Measured on the H200 in session 12, 4k / 16k tokens of the 80B layout:
+/// exactly `tc3`); `tc5` as `tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu: 4 warps
+/// a block instead of 2, the same bits; where its 219 KiB do not fit, exactly `tc4`). Measured on the H200 in session 12, 4k / 16k tokens of the 80B layout:
 /// tc4 344.0 / 1,287.5 µs, tc3 435.5 / 1,630.7, tc2 730.5 / 2,721, tc 1,036.6 / 3,900;
 /// flash-linear-attention 690 / 1,628. Any other value warns once on stderr and counts as
 /// unset. Read on every call.
@@ -48,6 +49,8 @@ pub enum GdnChunkForm {
     Tc3,
     /// As `Tc3` with the wu launch on mma.sync (gdn_chunk_tc4.cu).
     Tc4,
+    /// As `Tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu).
+    Tc5,
     /// The CUDA-core f32 kernels for every output type.
     F32,
 }
@@ -60,12 +63,13 @@ fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
         "tc2" => GdnChunkForm::Tc2,
         "tc3" => GdnChunkForm::Tc3,
         "" | "tc4" => GdnChunkForm::Tc4,
+        "tc5" => GdnChunkForm::Tc5,
         "tc" => GdnChunkForm::Tc,
         other => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 eprintln!(
-                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `f32`; using the default (tc4)"
+                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `f32`; using the default (tc4)"
                 )
             });
             GdnChunkForm::Tc4
@@ -91,7 +95,7 @@ fn tc2_warps_from(v: Option<std::ffi::OsString>) -> usize {
 
 /// Which kernels a call of [`CudaKernels::gdn_chunked_seq_with`] ran.
 #[doc(hidden)]
-pub const GDN_FORMS: [&str; 6] = ["tc", "f32", "seq", "tc2", "tc3", "tc4"];
+pub const GDN_FORMS: [&str; 7] = ["tc", "f32", "seq", "tc2", "tc3", "tc4", "tc5"];
 
 /// Tokens per chunk (`GC_C` in gdn_chunk.cu).
 const GC_C: usize = 64;
@@ -168,7 +172,7 @@ impl CudaKernels {
     /// [`GDN_CHUNK_ENV`] ([`GdnChunkForm::F32`]: the f32 kernels even for bf16 / f16) and,
     /// with `timing`, CUDA events recorded around each of the four launches and their GPU
     /// times in µs written there once the stream has caught up (prep, wu, state, out; all 0
-    /// when the sequential fallback runs). Returns the form that ran: `"tc"`, `"tc2"`, `"tc3"`, `"tc4"`,
+    /// when the sequential fallback runs). Returns the form that ran: `"tc"`, `"tc2"`, `"tc3"`, `"tc4"`, `"tc5"`,
     /// `"f32"`, or `"seq"` (`gdn_delta_seq`, where the chunk kernels do not fit the device's
     /// shared memory). For tests and profiling.
     #[doc(hidden)]
@@ -232,9 +236,13 @@ impl CudaKernels {
                 tc3_smem(dk, dv, tc2_warps_from(std::env::var_os(GDN_TC2_BV_ENV)), self.caps())
                     .map(|m| tc4_wu(m, dk, dv, self.caps()))
             }
+            (Some(_), GdnChunkForm::Tc5) => {
+                tc3_smem(dk, dv, 2, self.caps()).map(|m| tc5_state(tc4_wu(m, dk, dv, self.caps()), dk, dv, self.caps()))
+            }
             _ => None,
         };
         let form_name = match (tc.is_some(), tc2.is_some(), tc3) {
+            (true, _, Some(m)) if m.pair => GDN_FORMS[6],
             (true, _, Some(m)) if m.tc4 => GDN_FORMS[5],
             (true, _, Some(_)) => GDN_FORMS[4],
             (true, true, _) => GDN_FORMS[3],
@@ -616,6 +624,7 @@ mod tests {
         assert_eq!(form_from(Some("TC2".into())), GdnChunkForm::Tc2);
         assert_eq!(form_from(Some("tc3".into())), GdnChunkForm::Tc3);
         assert_eq!(form_from(Some(" Tc4".into())), GdnChunkForm::Tc4);
+        assert_eq!(form_from(Some("tc5".into())), GdnChunkForm::Tc5);
         assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc4); // warns once, default
         assert_eq!(tc2_warps_from(None), 2);
         assert_eq!(tc2_warps_from(Some("16".into())), 1);
@@ -660,6 +669,22 @@ mod tests {
         // Too little shared memory: tc3's wu launch, unchanged.
         let small = caps(8, 60 * 1024, false);
         assert_eq!(tc4_wu(m, 128, 128, small), m);
+    }
+
+    #[test]
+    fn tc5_state_smem_layout() {
+        let h200 = caps(9, 227 * 1024, false);
+        let m4 = tc4_wu(tc3_smem(128, 128, 2, h200).expect("fits an H200"), 128, 128, h200);
+        // 80B dims: tc3's three stages of 32 columns + 4 warps × (2 + 4) × 512 bytes of exchange.
+        let m5 = tc5_state(m4, 128, 128, h200);
+        assert_eq!((m5.wu, m5.tc4, m5.nw, m5.state, m5.pair), (69_632, true, 2, 224_256, true));
+        assert_eq!(tc3::tc5_state_smem(64), 3 * 46_080 + 8_192);
+        // An A100 (163 KiB) keeps the pairs at dk = 64 only; too little: tc4's sweep, unchanged.
+        let a100 = caps(8, 163 * 1024, false);
+        let m64 = tc3_smem(64, 64, 2, a100).expect("fits an A100");
+        assert!(tc5_state(m64, 64, 64, a100).pair);
+        let small = caps(8, 140 * 1024, false);
+        assert_eq!(tc5_state(m64, 64, 64, small), m64);
     }
 
     #[test]

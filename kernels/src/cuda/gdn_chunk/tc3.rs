@@ -8,7 +8,9 @@
 //! - `gdn_chunk_tc3_state_d<dk>_<T>_w<nw>`: the state sweep on mma.sync with the state in
 //!   registers, which also writes the outputs O = Qg S + Pb Vn chunk by chunk, so that the
 //!   chunk-start states (hb, 67 MB at 4096 tokens) and Vn never go through memory and
-//!   `gdn_chunk_tc_out` does not run.
+//!   `gdn_chunk_tc_out` does not run;
+//! - (`tc5`: `gdn_chunk_tc5_state_d<dk>_<T>`, the same sweep on 4 warps a block, each of tc3's
+//!   16-column warps split into a pair by tokens and state rows, gdn_chunk_tc5.cu; same bits).
 
 use super::super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK};
 use super::{Laps, GC_C, GC_THREADS, TC_STATIC_SMEM};
@@ -24,8 +26,12 @@ pub(super) struct Tc3Smem {
     pub tc4: bool,
     /// Warps per block of the state launch (16 state columns each).
     pub nw: usize,
-    /// Dynamic shared memory of the state launch, bytes (3 × `Gt2Stage<dk, nw, true>::BYTES`).
+    /// Dynamic shared memory of the state launch, bytes (3 × `Gt2Stage<dk, nw, true>::BYTES`;
+    /// with `pair`, `GT5_SMEM(dk)`).
     pub state: usize,
+    /// Whether the state launch is `gdn_chunk_tc5_state` (gdn_chunk_tc5.cu, `PORTER_GDN_CHUNK=tc5`:
+    /// 4 warps a block of 32 columns, each 16-column warp of tc3 split into a pair; same bits).
+    pub pair: bool,
 }
 
 /// Bytes of one pipeline stage of the tc2 (`fuse` false) / tc3 (`fuse` true) state sweep
@@ -47,8 +53,26 @@ pub(super) fn tc3_smem(dk: usize, dv: usize, nw: usize, caps: DeviceCaps) -> Opt
     }
     [nw, 2, 1].into_iter().find_map(|nw| {
         let state = 3 * tc2_stage_bytes(dk, nw, true);
-        (dv.is_multiple_of(16 * nw) && state <= limit).then_some(Tc3Smem { wu, tc4: false, nw, state })
+        (dv.is_multiple_of(16 * nw) && state <= limit).then_some(Tc3Smem { wu, tc4: false, nw, state, pair: false })
     })
+}
+
+/// Dynamic shared memory of `gdn_chunk_tc5_state_d<dk>` (`GT5_SMEM`): 3 tc3 stages of 32
+/// columns, then the warp pairs' exchange (per warp 2 + dk / 32 fragments of 16 bytes a lane).
+pub(super) fn tc5_state_smem(dk: usize) -> usize {
+    3 * tc2_stage_bytes(dk, 2, true) + 4 * (2 + dk / 32) * 32 * 16
+}
+
+/// `m` with the tc5 state launch (`gdn_chunk_tc5_state`: 128 threads, 32 columns a block)
+/// where its shared memory fits the device (dv is a multiple of 32 on every tensor-core
+/// path), else `m`.
+pub(super) fn tc5_state(m: Tc3Smem, dk: usize, dv: usize, caps: DeviceCaps) -> Tc3Smem {
+    let state = tc5_state_smem(dk);
+    if dv.is_multiple_of(32) && state + TC_STATIC_SMEM <= caps.smem_limit() {
+        Tc3Smem { nw: 2, state, pair: true, ..m }
+    } else {
+        m
+    }
 }
 
 /// `m` with the tc4 wu launch (`gdn_chunk_tc4_wu`, `GT4_WU_SMEM`: Kb, Qb (T [64][dk + 8]), Vb
@@ -109,8 +133,12 @@ impl CudaKernels {
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
         let wu_name = if m.tc4 { "gdn_chunk_tc4_wu" } else { "gdn_chunk_tc3_wu" };
         let f_wu = self.function_smem(&GDN_CHUNK, &format!("{wu_name}_d{dk}_{}", T::NAME), m.wu)?;
-        let f_state =
-            self.function_smem(&GDN_CHUNK, &format!("gdn_chunk_tc3_state_d{dk}_{}_w{}", T::NAME, m.nw), m.state)?;
+        let state_name = if m.pair {
+            format!("gdn_chunk_tc5_state_d{dk}_{}", T::NAME)
+        } else {
+            format!("gdn_chunk_tc3_state_d{dk}_{}_w{}", T::NAME, m.nw)
+        };
+        let f_state = self.function_smem(&GDN_CHUNK, &state_name, m.state)?;
         let s = &*self.stream;
         let (pwn, _gwn) = wn.device_ptr_mut(s);
         let (pkb, _gkb) = kb.device_ptr_mut(s);
@@ -139,13 +167,16 @@ impl CudaKernels {
             )
         }?;
         laps.lap(s)?;
+        // tc5: 32 columns (two warp pairs) a block; tc3: 16 columns a warp.
+        let threads = if m.pair { 128 } else { 32 * m.nw };
         let cfg = LaunchConfig {
             grid_dim: (u32_of("column blocks", dv / (16 * m.nw))?, a.hv, a.n_spans),
-            block_dim: (u32_of("threads", 32 * m.nw)?, 1, 1),
+            block_dim: (u32_of("threads", threads)?, 1, 1),
             shared_mem_bytes: u32_of("smem", m.state)?,
         };
-        // SAFETY: arguments match `gdn_chunk_tc3_state_d<dk>_<T>_w<nw>`; dv % (16·nw) == 0
-        // (tc3_smem); the shared memory size is the kernel's layout; slot / src_buf of a valid
+        // SAFETY: arguments match `gdn_chunk_tc3_state_d<dk>_<T>_w<nw>` and
+        // `gdn_chunk_tc5_state_d<dk>_<T>` alike; dv % (16·nw) == 0 (tc3_smem; tc5: nw = 2 and
+        // dv % 32 == 0); the shared memory size is the kernel's layout; slot / src_buf of a valid
         // span are in range; rows of valid spans lie inside 0..t, NaN rows are clipped to t.
         // Kernel: `gdn_chunk_tc3_state_d<DK>_<T>_w<NW>(float* state, const u32* spans, const u32* off,
         // const T* wn, const T* kb, const float* uf, const float* gl, const T* qg, const T* pb, T* out,
