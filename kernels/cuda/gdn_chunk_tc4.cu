@@ -252,7 +252,20 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
                                         u32 hk, u32 hv, u32 dv, float q_scale) { porter_pdl_enter();                             \
         gdn_chunk_tc4_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale);  \
     }
+// `_o3` (PORTER_GDN_WU_OCC=3, an A/B form): 3 blocks an SM (68 KiB each fits 3 times in
+// 228 KiB) at 80 registers a thread, which spills; whether the third block's overlap pays for
+// the spills is for the GPU to say.
+#define GDN_CHUNK_TC4_WU_O3(T, NAME, DK)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 3)                                                    \
+        gdn_chunk_tc4_wu_d##DK##_##NAME##_o3(const float* qkv, const float* g, const float* beta,             \
+                                             const u32* spans, const u32* off, T* wn, T* kb, float* uf,       \
+                                             float* gl, T* qg, T* pb, u32 hk, u32 hv, u32 dv, float q_scale) { \
+        porter_pdl_enter();                                                                                 \
+        gdn_chunk_tc4_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale);  \
+    }
 GDN_CHUNK_TC4_WU(bf16, bf16, 64)
 GDN_CHUNK_TC4_WU(bf16, bf16, 128)
 GDN_CHUNK_TC4_WU(f16, f16, 64)
 GDN_CHUNK_TC4_WU(f16, f16, 128)
+GDN_CHUNK_TC4_WU_O3(bf16, bf16, 128)
+GDN_CHUNK_TC4_WU_O3(f16, f16, 128)

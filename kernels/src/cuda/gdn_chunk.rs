@@ -16,6 +16,7 @@ use super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK}
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 mod tc3;
+pub use tc3::GDN_WU_OCC_ENV;
 use tc3::{tc3_smem, tc4_wu, tc5_state, Tc3Call};
 
 /// Environment variable choosing the form of [`CudaKernels::gdn_chunked_seq`] for bf16 / f16

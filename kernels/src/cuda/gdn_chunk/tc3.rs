@@ -16,6 +16,11 @@ use super::super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN
 use super::{Laps, GC_C, GC_THREADS, TC_STATIC_SMEM};
 use cudarc::driver::{DevicePtrMut, LaunchConfig};
 
+/// Environment variable: blocks an SM the tc4 wu launch is compiled for, `2` (unset: the
+/// default, 112 registers a thread) or `3` (`gdn_chunk_tc4_wu_d128_<T>_o3`, 80 registers, with
+/// spills; dk = 128 only): an A/B form. Other values warn once and count as unset.
+pub const GDN_WU_OCC_ENV: &str = "PORTER_GDN_WU_OCC";
+
 /// Shared memory and warps per block of the tc3 kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Tc3Smem {
@@ -132,7 +137,14 @@ impl CudaKernels {
         let mut uf = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, GC_C, dv])?) }?;
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
         let wu_name = if m.tc4 { "gdn_chunk_tc4_wu" } else { "gdn_chunk_tc3_wu" };
-        let f_wu = self.function_smem(&GDN_CHUNK, &format!("{wu_name}_d{dk}_{}", T::NAME), m.wu)?;
+        // The 3-blocks-an-SM build of the tc4 wu launch (dk = 128 only), by environment.
+        let o3 =
+            m.tc4 && dk == 128 && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") == Some(3);
+        let f_wu = self.function_smem(
+            &GDN_CHUNK,
+            &format!("{wu_name}_d{dk}_{}{}", T::NAME, if o3 { "_o3" } else { "" }),
+            m.wu,
+        )?;
         let state_name = if m.pair {
             format!("gdn_chunk_tc5_state_d{dk}_{}", T::NAME)
         } else {
