@@ -168,15 +168,19 @@ struct GenerateArgs {
     /// transformers' `apply_chat_template(add_generation_prompt=True)`).
     #[arg(long, requires = "prompt")]
     chat: bool,
+    /// Tokens to generate at most (fewer when an end-of-sequence id comes first).
     #[arg(long, default_value_t = 32)]
     max_tokens: usize,
     /// 0 = greedy.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens whose probabilities add up to p, in (0, 1].
     #[arg(long, allow_negative_numbers = true)]
     top_p: Option<f32>,
+    /// Keep the k most likely tokens before sampling.
     #[arg(long)]
     top_k: Option<usize>,
+    /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Do not stop at end-of-sequence ids.

@@ -136,6 +136,7 @@ pub struct ServeArgs {
     /// Address to bind (loopback by default).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
+    /// Port to listen on.
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// The model name clients use (default: the model folder's name).
@@ -147,8 +148,12 @@ pub struct ServeArgs {
     /// Context limit for requests (at most the model's max_position_embeddings).
     #[arg(long)]
     pub max_model_len: Option<usize>,
+    /// Requests the engine runs at once; more wait in the queue (default: 8 on the CPU, 64
+    /// on a GPU).
     #[arg(long)]
     pub max_num_seqs: Option<usize>,
+    /// Rows per forward step: prefill chunks plus one row per decoding request (default: 512
+    /// on the CPU, 8192 on a GPU). Long prompts are prefilled in chunks of at most this.
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
     /// Requests in flight (running + waiting) before new ones get 429.
