@@ -2,7 +2,7 @@
 //!
 //! A forward whose sequences all have the same number of rows `r` (1 in decode, K + 1 in a
 //! speculative verify) and that wants logits for every row is *graph-eligible*. Its batch is
-//! padded to the next captured size with [`SeqId::PAD`] spans (token id 0 at position 0;
+//! padded to the next captured size with [`SeqId::PAD`](crate::batch::SeqId::PAD) spans (token id 0 at position 0;
 //! every kernel reads their slot as invalid: no KV row is written, no recurrent state is read
 //! or written, and their rows, NaN or not, are dropped), and the block tables are laid out
 //! [`width_bucket`] entries wide. For each such shape ([`GraphKey`]) the first forward

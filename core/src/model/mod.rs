@@ -144,7 +144,7 @@ impl Model {
             .sum()
     }
 
-    /// Bytes one decode step moves: every layer's [`LayerCost::decode_bytes`], the final
+    /// Bytes one decode step moves: every layer's [`LayerCost::decode_bytes`](crate::layer::LayerCost::decode_bytes), the final
     /// norm and lm_head, and the embedding rows.
     pub fn decode_bytes(&self, batch: usize, context: usize) -> f64 {
         let layers: f64 = self.layers.iter().map(|l| l.cost().decode_bytes(batch, context)).sum();

@@ -197,7 +197,7 @@ impl Rope {
 /// rotates one dim more than `dim`, as transformers' `apply_rotary_pos_emb` does.
 ///
 /// # Errors
-/// [`Error::Shape`] naming `partial_rotary_factor` when `dim` is 0 or the rotated width
+/// [`Error::Shape`](crate::error::Error::Shape) naming `partial_rotary_factor` when `dim` is 0 or the rotated width
 /// exceeds `head_dim` (an odd head rotated whole), or `yarn` with an odd `dim` (transformers'
 /// ramp has `dim / 2` entries against `ceil(dim / 2)` frequencies and fails).
 pub fn rotary_dims(head_dim: usize, params: &RopeParams) -> Result<(usize, usize)> {

@@ -316,7 +316,7 @@ pub fn sources() -> [&'static KernelSource; 14] {
 }
 
 /// The NVRTC architecture `src` is compiled for on a device of architecture `arch`: `sm_90a`
-/// (the Hopper-only wgmma instructions) for [`ATTENTION_WGMMA`] and [`MOE_WGMMA`] on sm_90
+/// (the Hopper-only wgmma instructions) for `ATTENTION_WGMMA` and `MOE_WGMMA` on sm_90
 /// outside the fallback build, else `arch`.
 pub fn module_arch(src: &KernelSource, arch: &'static str, fallback: bool) -> &'static str {
     let wgmma = std::ptr::eq(src, &ATTENTION_WGMMA) || std::ptr::eq(src, &MOE_WGMMA);
@@ -379,7 +379,7 @@ pub struct Precompiled {
     pub source: &'static str,
     /// NVRTC `--gpu-architecture`.
     pub arch: &'static str,
-    /// The forced-fallback build ([`FALLBACK_ENV`]).
+    /// The forced-fallback build ([`FALLBACK_ENV`](super::FALLBACK_ENV)).
     pub fallback: bool,
     /// Bytes of the image a device loads: the cubin (the PTX where NVRTC gave none).
     pub bytes: usize,
@@ -480,9 +480,9 @@ fn slot_of(text: &str, arch: &'static str, fallback: bool) -> PtxSlot {
 /// Starts compiling every source the default paths use for `arch` on background threads, one
 /// a source (once a process): NVRTC runs on as many cores as there are modules while the
 /// caller loads weights, and a launch that needs a module waits only for what is left of its
-/// compilation. The opt-in mma.sync attention module ([`ATTENTION_MMA`]) is left to its first
-/// launch, as it was split off for; the tensor-core decode module ([`ATTENTION_DECODE`]) too,
-/// unless `PORTER_ATTN_DECODE` selects it; the wgmma MoE module ([`MOE_WGMMA`], the default
+/// compilation. The opt-in mma.sync attention module (`ATTENTION_MMA`) is left to its first
+/// launch, as it was split off for; the tensor-core decode module (`ATTENTION_DECODE`) too,
+/// unless `PORTER_ATTN_DECODE` selects it; the wgmma MoE module (`MOE_WGMMA`, the default
 /// prefill GEMMs on sm_90) is compiled here only where it runs (sm_90, not the fallback
 /// build). Failures are left for the launch that needs the module to report.
 pub fn precompile_in_background(arch: &'static str, fallback: bool) {
@@ -514,7 +514,7 @@ pub fn compile(src: &KernelSource, arch: &'static str) -> Result<Ptx> {
 }
 
 /// [`compile`], as a fallback build when `fallback`: NVRTC gets `-DPORTER_FALLBACK=1`, so
-/// the sm_80+ paths are left out as below sm_80 ([`FALLBACK_ENV`]).
+/// the sm_80+ paths are left out as below sm_80 ([`FALLBACK_ENV`](super::FALLBACK_ENV)).
 ///
 /// # Errors
 /// As [`compile`].

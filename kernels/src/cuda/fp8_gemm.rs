@@ -74,7 +74,7 @@ impl CudaKernels {
     }
 
     /// The split-K factor [`CudaKernels::fp8_gemm_tc`] uses for `m` rows of `[n, k]`: 1 when
-    /// the tiles alone give [`SPLIT_BLOCKS_PER_SM`] blocks per SM, else enough splits for
+    /// the tiles alone give `SPLIT_BLOCKS_PER_SM` blocks per SM, else enough splits for
     /// that, each of at least 8 k-steps (256 columns), at most 16.
     ///
     /// # Errors

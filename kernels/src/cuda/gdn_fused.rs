@@ -95,7 +95,7 @@ impl GdnFusedDims {
 
 impl CudaKernels {
     /// Lanes per state column of a fused step over `n_spans` spans: the separate delta rule's
-    /// ([`delta_lanes`], so that the two give the same bits), with `invariant` that of one span
+    /// (`delta_lanes`, so that the two give the same bits), with `invariant` that of one span
     /// whatever the batch (a row's arithmetic must not depend on the other rows); overridden
     /// by [`GDN_FUSED_LANES_ENV`] (read once a process).
     pub fn gdn_fused_lanes(n_spans: usize, hv: usize, dk: usize, dv: usize, invariant: bool) -> usize {

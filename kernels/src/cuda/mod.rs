@@ -364,7 +364,7 @@ impl CudaKernels {
     /// Compiles and loads every source now rather than at first use.
     ///
     /// # Errors
-    /// As [`compile`], or [`CudaError::Driver`] if a module fails to load.
+    /// As [`compile()`], or [`CudaError::Driver`] if a module fails to load.
     pub fn preload(&self) -> Result<()> {
         for s in sources() {
             self.module(s)?;
@@ -407,7 +407,7 @@ impl CudaKernels {
     /// the default 48 KiB on, the opt-in attribute is raised to `smem`.
     ///
     /// # Errors
-    /// As [`compile`]; [`CudaError::Unavailable`] if `smem` passes
+    /// As [`compile()`]; [`CudaError::Unavailable`] if `smem` passes
     /// [`DeviceCaps::smem_limit`]; [`CudaError::Driver`] if the attribute is refused.
     pub(crate) fn function_smem(&self, src: &'static KernelSource, name: &str, smem: usize) -> Result<CudaFunction> {
         let limit = self.caps.smem_limit();

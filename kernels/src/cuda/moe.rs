@@ -36,7 +36,7 @@ const DECODE_MAX_PAIRS: usize = 256;
 /// kernels exactly as far as measured (batch 256 of top-10 over 512 experts) — beyond, the
 /// measurement is still to be made (FP8 will likely gain from more).
 const DECODE_PAIRS_PER_EXPERT: usize = 5;
-/// Environment variable: [`DECODE_PAIRS_PER_EXPERT`] for A/B runs (1–64; read once, another
+/// Environment variable: `DECODE_PAIRS_PER_EXPERT` for A/B runs (1–64; read once, another
 /// value warns once and is ignored).
 pub const MOE_DECODE_PER_EXPERT_ENV: &str = "PORTER_MOE_DECODE_PER_EXPERT";
 
@@ -454,7 +454,7 @@ impl CudaKernels {
     /// prefill GEMMs for `t` rows with `k` experts each out of `e`: the one with
     /// the least expected work, Σ over experts of the rows padded to whole tiles
     /// (per-expert counts taken as Poisson of mean t·k/e), over its relative
-    /// speed [`TC_SPEED`]. Any choice is correct; this only sets the padding.
+    /// speed `TC_SPEED`. Any choice is correct; this only sets the padding.
     pub fn moe_prefill_tile_frags(t: usize, k: usize, e: usize) -> usize {
         let lambda = t as f64 * k as f64 / e.max(1) as f64;
         if lambda <= 0.0 || lambda > 2048.0 {

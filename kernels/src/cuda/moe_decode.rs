@@ -42,7 +42,7 @@ pub const MOE_SHARED_ENV: &str = "PORTER_MOE_SHARED";
 /// legacy down kernels of the direct and v1 forms (direct: no L2 prefetch of its rows; v1:
 /// `moe_dec_down_*`, counters and a fence per item) where [`MoeGemv::Auto`],
 /// [`MoeGemv::Direct`] or [`MoeGemv::V1`] runs; `direct-legacy` / `v1-legacy` only that
-/// form's; `stream`: the streamed ones of both. Unset: [`DOWN_DEFAULT`] where the form is
+/// form's; `stream`: the streamed ones of both. Unset: `DOWN_DEFAULT` where the form is
 /// [`MoeGemv::Auto`] (the model path) or the fused shared expert's, the kernel an explicit form
 /// names otherwise. Another value warns once on stderr and means unset. Read on every call.
 pub const MOE_DOWN_ENV: &str = "PORTER_MOE_DOWN";
@@ -151,7 +151,7 @@ const DIRECT_LATE_IDS: i32 = 16;
 /// Environment variable for A/B runs of the in-flight direct down kernel
 /// (`moe_dir_downa_*`: every weight load of a warp issued before its PDL wait, see
 /// moe_direct.cu): `off` keeps the direct form's other down kernels; unset or `on` takes it
-/// wherever it fits ([`downa_fits`]). Another value warns once on stderr and means `on`
+/// wherever it fits (`downa_fits`). Another value warns once on stderr and means `on`
 /// ([`super::env_on_off`]).
 pub const MOE_DOWNA_ENV: &str = "PORTER_MOE_DOWNA";
 

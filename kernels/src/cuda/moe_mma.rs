@@ -13,7 +13,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 /// Environment variable choosing the dense (bf16 / f16) routed experts' decode form: `gemv`
 /// (the moe_decode.cu GEMVs), `mma` (or unset: the default; tensor cores,
 /// [`CudaKernels::moe_experts_mma`], where [`CudaKernels::moe_mma_fits`], beyond
-/// [`super::moe_decode::DIRECT_MAX_PAIRS`] pairs; the GEMV forms up to it) or `mma-all` (the
+/// `DIRECT_MAX_PAIRS` pairs; the GEMV forms up to it) or `mma-all` (the
 /// tensor-core form at every decode batch of [`CudaKernels::moe_experts`]). Read once per
 /// process; another value warns once on stderr and means `mma`. H200, session 12, 80B shapes:
 /// t = 64 552.5 µs (4.18 TB/s of weights) against 683.6 for v1; the 24-layer bf16 decode at

@@ -1,6 +1,6 @@
 //! The MoE block on the device: router, routed experts (dense or FP8) and the shared
 //! expert, fused into the routed experts' direct decode form when it runs
-//! ([`fuse_shared`]), else its own three launches (`swiglu_cols`, the down projection,
+//! (`fuse_shared`), else its own three launches (`swiglu_cols`, the down projection,
 //! `shared_expert_add`, run by `nn::Moe::forward`).
 
 use super::profile;
@@ -53,7 +53,7 @@ fn fuse_shared(direct: bool, routed: WeightKind, shared: WeightKind, act: DType)
 
 /// Routed experts on the device (see `Ops::moe_experts`): router over the first
 /// `m.experts` columns of the f32 `logits`, grouped expert GEMMs, deterministic weighted
-/// combine → `[T, H]` f32; with `shared` fused in when [`fuse_shared`] says so (the flag
+/// combine → `[T, H]` f32; with `shared` fused in when `fuse_shared` says so (the flag
 /// returned). The router is a launch of its own, or, with `PORTER_MOE_ROUTER=fused` where the
 /// direct decode form runs ([`CudaKernels::moe_router_fuses`]), inside its gate+up kernel (the
 /// same expert ids and weights; opt-in, measured slower at batch 1).

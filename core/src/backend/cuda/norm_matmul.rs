@@ -11,7 +11,7 @@ use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 use porter_kernels::cuda::{norm_gemv_enabled, CudaKernels, NormGemvAdd};
 
-/// The fused op where it applies (`Ok(None)` otherwise: see [`fuses`]).
+/// The fused op where it applies (`Ok(None)` otherwise: see `fuses`).
 pub fn norm_matmul(
     x: &Tensor,
     y: Option<&Tensor>,

@@ -28,13 +28,13 @@ use std::ffi::c_void;
 /// the CUDA-core kernels run.
 pub const ATTN_DECODE_ENV: &str = "PORTER_ATTN_DECODE";
 /// Environment variable: the number of key splits the mma decode kernel aims at per
-/// sequence, a power of two in 1..=256 (default [`DEC_SPLITS`]). A sequence of `n` keys is
+/// sequence, a power of two in 1..=256 (default `DEC_SPLITS`). A sequence of `n` keys is
 /// split every `ks` keys, `ks` the smallest power of two `>= n / splits` and `>=` the
 /// minimum of [`ATTN_DECODE_MIN_KEYS_ENV`]: a function of the sequence alone (batch
 /// invariance), fixed for the process.
 pub const ATTN_DECODE_SPLITS_ENV: &str = "PORTER_ATTN_DECODE_SPLITS";
 /// Environment variable: the fewest keys of a split of the mma decode kernel, a power of two
-/// in 64..=65536 (default [`DEC_MIN_KEYS`]).
+/// in 64..=65536 (default `DEC_MIN_KEYS`).
 pub const ATTN_DECODE_MIN_KEYS_ENV: &str = "PORTER_ATTN_DECODE_MIN_KEYS";
 /// Default of [`ATTN_DECODE_SPLITS_ENV`]: 32k keys → 64 splits of 512 (128 blocks at 2 KV
 /// heads, one wave on an H200's 132 SMs).

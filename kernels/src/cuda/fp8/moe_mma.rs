@@ -14,7 +14,7 @@ use cudarc::driver::{DevicePtr, DevicePtrMut};
 /// Environment variable choosing the FP8 routed experts' decode form: `gemv` (the
 /// moe_decode.cu GEMVs with the FP8 row reader), `mma` (or unset: the default; tensor cores,
 /// [`CudaKernels::moe_experts_fp8_mma`], where [`CudaKernels::moe_fp8_mma_fits`], beyond
-/// [`super::super::moe_decode::DIRECT_MAX_PAIRS`] pairs; the GEMV direct form up to it) or
+/// `DIRECT_MAX_PAIRS` pairs; the GEMV direct form up to it) or
 /// `mma-all` (the tensor-core form at every batch). Read once per process; another value
 /// warns once on stderr and means `mma`. Batch-invariant mode always takes the GEMV form.
 pub const FP8_MOE_DEC_ENV: &str = "PORTER_FP8_MOE_DEC";
@@ -25,7 +25,7 @@ pub enum Fp8MoeDec {
     /// The GEMV form (CUDA cores; batch-invariant).
     Gemv,
     /// The tensor-core form (swap-AB mma.sync; not batch-invariant) beyond
-    /// [`super::super::moe_decode::DIRECT_MAX_PAIRS`] pairs, the GEMV form up to it.
+    /// `DIRECT_MAX_PAIRS` pairs, the GEMV form up to it.
     Mma,
     /// The tensor-core form at every batch.
     MmaAll,

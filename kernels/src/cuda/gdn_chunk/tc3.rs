@@ -40,8 +40,8 @@ pub(super) struct Tc3Smem {
 }
 
 /// Bytes of one pipeline stage of the tc2 (`fuse` false) / tc3 (`fuse` true) state sweep
-/// (`Gt2Stage` in gdn_chunk_tc2.cu): −W, K̃ (T [64][dk + 8]), U (f32 [64][16·nw + 4]) and,
-/// fused, Qg (T [64][dk + 8]) and Pb (T [64][72]).
+/// (`Gt2Stage` in gdn_chunk_tc2.cu): −W, K̃ (`T [64][dk + 8]`), U (`f32 [64][16·nw + 4]`)
+/// and, fused, Qg (`T [64][dk + 8]`) and Pb (`T [64][72]`).
 pub(super) fn tc2_stage_bytes(dk: usize, nw: usize, fuse: bool) -> usize {
     let kb = 2 * GC_C * (dk + 8);
     2 * kb + 4 * GC_C * (16 * nw + 4) + if fuse { kb + 2 * GC_C * 72 } else { 0 }
@@ -80,8 +80,8 @@ pub(super) fn tc5_state(m: Tc3Smem, dk: usize, dv: usize, caps: DeviceCaps) -> T
     }
 }
 
-/// `m` with the tc4 wu launch (`gdn_chunk_tc4_wu`, `GT4_WU_SMEM`: Kb, Qb (T [64][dk + 8]), Vb
-/// (T [64][dv + 8]), As (f32 [64][68])) where its shared memory fits the device, else `m`.
+/// `m` with the tc4 wu launch (`gdn_chunk_tc4_wu`, `GT4_WU_SMEM`: Kb, Qb (`T [64][dk + 8]`), Vb
+/// (`T [64][dv + 8]`), As (`f32 [64][68]`)) where its shared memory fits the device, else `m`.
 pub(super) fn tc4_wu(m: Tc3Smem, dk: usize, dv: usize, caps: DeviceCaps) -> Tc3Smem {
     let wu = 4 * GC_C * (dk + 8) + 2 * GC_C * (dv + 8) + 4 * GC_C * 68;
     if wu + TC_STATIC_SMEM <= caps.smem_limit() {
