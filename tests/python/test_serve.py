@@ -156,6 +156,11 @@ class TinyModel(unittest.TestCase):
             ({"max_tokens": 10 ** 7}, "max_tokens"), ({"n": 2, "temperature": 0}, "n"), ({"stop": [""]}, "stop"),
             ({"stream_options": {"include_usage": True}}, "stream_options"), ({"logprobs": 99}, "logprobs"),
             ({"temperature": "hot"}, "temperature"),
+            # What porter does not implement is refused, not ignored.
+            ({"response_format": {"type": "json_object"}}, "response_format"), ({"logit_bias": {"5": 10}}, "logit_bias"),
+            ({"suffix": " end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"guided_json": {"type": "object"}}, "guided_json"),
+            ({"use_beam_search": True}, "use_beam_search"), ({"skip_special_tokens": False}, "skip_special_tokens"),
+            ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
         ]
         for extra, field in cases:
             body = {"model": self.model, "prompt": "hi", "max_tokens": 4, **extra}
@@ -169,6 +174,19 @@ class TinyModel(unittest.TestCase):
         self.assertEqual(self.s.post("/v1/completions", b"{not json")[0], 400)
         self.assertEqual(self.s.post("/v1/completions", b"\xff\xfe")[0], 400)
         self.assertEqual(self.s.post("/v1/completions", {"prompt": "x"}, {"content-type": "text/plain"})[0], 415)
+        # Their "off" values are accepted and change nothing.
+        off = {"response_format": {"type": "text"}, "logit_bias": {}, "best_of": 1, "suffix": "",
+               "use_beam_search": False, "skip_special_tokens": True, "include_stop_str_in_output": False}
+        want = self.complete().choices[0].text
+        self.assertEqual(self.complete(extra_body=off).choices[0].text, want)
+        # Chat: a forced tool call, and tools without a parser to return the calls (as vLLM).
+        chat = {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        for extra, field in [({"tool_choice": "required"}, "tool_choice"), ({"tools": tools}, "tools"),
+                             ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format")]:
+            code, text = self.s.post("/v1/chat/completions", {**chat, **extra})
+            self.assertEqual(code, 400, (extra, text))
+            self.assertIn(field, json.loads(text)["error"]["message"], extra)
         # Still serving the same answers.
         self.assertEqual(self.complete().usage.completion_tokens, 12)
 
@@ -325,6 +343,14 @@ class ParsersThroughTheServer(unittest.TestCase):
         self.assertEqual(name, "get_weather")
         self.assertEqual(json.loads(args), {"city": "Paris"})
         self.assertEqual(finals, ["tool_calls"])
+        # tool_choice none: the call stays in the text, streamed or not.
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+        m = self.ask(tool_choice="none", tools=tools).choices[0].message
+        self.assertFalse(m.tool_calls)
+        self.assertIn("<tool_call>", m.content)
+        self.assertIn('"get_weather"', m.content)
+        text = "".join(c.delta.content or "" for ch in self.ask(tool_choice="none", stream=True) for c in ch.choices)
+        self.assertEqual(text, m.content)
 
 
 class Speculative(unittest.TestCase):

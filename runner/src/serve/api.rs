@@ -75,6 +75,9 @@ pub struct Plan {
     pub return_token_ids: bool,
     /// The chat template opened a `<think>` block in the prompt (the output starts inside it).
     pub think_open: bool,
+    /// `<tool_call>` blocks become `tool_calls` (`--tool-call-parser` given, a chat request,
+    /// `tool_choice` not `none`).
+    pub parse_tools: bool,
 }
 
 impl Plan {
@@ -222,6 +225,17 @@ pub fn render_chat(s: &Server, body: &Value, messages: &Value) -> Result<String,
 /// Validates a completions / chat request into a [`Plan`].
 pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Result<Plan, ApiError> {
     let v = parse_json(headers, body)?;
+    unsupported(&v, is_chat)?;
+    let tool_auto = is_chat && tool_choice_parses(&v)?;
+    if tool_auto && !s.tool_calls && v.get("tools").is_some_and(|t| !t.is_null()) {
+        // As vLLM: tools the answer could call need a parser to turn the calls into `tool_calls`.
+        return Err(ApiError::invalid(
+            "tools",
+            "`tools` with `tool_choice` auto need the server started with `--tool-call-parser hermes` \
+             (or send `tool_choice: \"none\"` to leave calls in the text)",
+        ));
+    }
+    let parse_tools = tool_auto && s.tool_calls;
     if let Some(m) = v.get("model").filter(|m| !m.is_null()) {
         let m = m.as_str().ok_or_else(|| ApiError::invalid("model", "`model` must be a string"))?;
         if m != s.name {
@@ -314,6 +328,12 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
     if n > 1 && temperature == 0.0 {
         return Err(ApiError::invalid("n", "`n` > 1 needs temperature > 0 (greedy choices would all be equal)"));
     }
+    if let Some(b) = int(&v, "best_of")?.filter(|&b| b as usize != n) {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!("`best_of` = {b} is not supported (only equal to `n`, {n}): porter returns every sampled choice"),
+        ));
+    }
     let stop_strings: Vec<String> = match v.get("stop") {
         None | Some(Value::Null) => vec![],
         Some(Value::String(x)) => vec![x.clone()],
@@ -384,7 +404,105 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         stop: StopParams { max_tokens: Some(max_tokens), min_tokens: min_tokens as usize, ignore_eos, stop_token_ids },
     };
     params.validate().map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), None))?;
-    Ok(Plan { prompts, n, stream, include_usage, params, stop_strings, logprobs, echo, return_token_ids, think_open })
+    Ok(Plan {
+        prompts,
+        n,
+        stream,
+        include_usage,
+        params,
+        stop_strings,
+        logprobs,
+        echo,
+        return_token_ids,
+        think_open,
+        parse_tools,
+    })
+}
+
+/// Request fields whose meaning porter does not implement, refused with a 400 naming the field
+/// (never answered as if they were absent). A field may carry the value that means "off".
+fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
+    let set = |k: &str| v.get(k).filter(|x| !x.is_null());
+    if let Some(r) = set("response_format") {
+        let t = r.get("type").and_then(Value::as_str);
+        if t != Some("text") {
+            return Err(ApiError::invalid(
+                "response_format",
+                format!(
+                    "`response_format` {} is not supported: porter has no structured (guided) decoding; \
+                     leave it out or use {{\"type\": \"text\"}}",
+                    t.map_or_else(|| r.to_string(), |t| format!("of type `{t}`"))
+                ),
+            ));
+        }
+    }
+    if set("logit_bias").is_some_and(|b| b.as_object().is_none_or(|o| !o.is_empty())) {
+        return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported (leave it out or send {})"));
+    }
+    if !is_chat && set("suffix").is_some_and(|x| x.as_str() != Some("")) {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported (no fill-in-the-middle)"));
+    }
+    // vLLM's structured-output and beam-search extensions, OpenAI's retired function calling
+    // and options for other modalities.
+    for k in [
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "guided_decoding_backend",
+        "guided_whitespace_pattern",
+        "structured_outputs",
+        "prompt_logprobs",
+        "truncate_prompt_tokens",
+        "functions",
+        "function_call",
+        "prediction",
+        "audio",
+    ] {
+        if set(k).is_some() {
+            return Err(ApiError::invalid(k, format!("`{k}` is not supported")));
+        }
+    }
+    let off = [
+        ("use_beam_search", json!(false), "beam search"),
+        ("length_penalty", json!(1.0), "beam search"),
+        ("include_stop_str_in_output", json!(false), "the matched stop string is always cut from the text"),
+        ("skip_special_tokens", json!(true), "special tokens are always left out of the text"),
+    ];
+    for (k, default, why) in off {
+        if let Some(x) = set(k) {
+            let same = match (x.as_f64(), default.as_f64()) {
+                (Some(a), Some(b)) => a == b,
+                _ => *x == default,
+            };
+            if !same {
+                return Err(ApiError::invalid(k, format!("`{k}` = {x} is not supported ({why})")));
+            }
+        }
+    }
+    if let Some(m) = set("modalities") {
+        if *m != json!(["text"]) {
+            return Err(ApiError::invalid("modalities", "only the `text` modality is supported"));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `tool_choice` lets the tool-call parser run: absent, `null` or `auto` (parse),
+/// `none` (the text stays content); `required` or a named function would need guided decoding.
+fn tool_choice_parses(v: &Value) -> Result<bool, ApiError> {
+    match v.get("tool_choice") {
+        None | Some(Value::Null) => Ok(true),
+        Some(Value::String(c)) if c == "auto" => Ok(true),
+        Some(Value::String(c)) if c == "none" => Ok(false),
+        Some(c) => Err(ApiError::invalid(
+            "tool_choice",
+            format!(
+                "`tool_choice` {} is not supported (porter cannot force a tool call: use `auto` or `none`)",
+                c.as_str().map_or_else(|| c.to_string(), |c| format!("`{c}`"))
+            ),
+        )),
+    }
 }
 
 /// OpenAI `usage`.
@@ -449,7 +567,7 @@ pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool
             message["reasoning_content"] = json!(r);
             message["reasoning"] = json!(r);
         }
-        if s.tool_calls {
+        if plan.parse_tools {
             let parsed = crate::serve_parsers::ToolParser::new(index as u64).parse(&content);
             if !parsed.calls.is_empty() {
                 message["content"] = json!(parsed.content);

@@ -173,7 +173,7 @@ fn delta_for(
     last: bool,
     is_chat: bool,
 ) -> Option<Value> {
-    if is_chat && (s.reasoning || s.tool_calls) {
+    if is_chat && (s.reasoning || plan.parse_tools) {
         // Reasoning first, then tool calls in what remains as content.
         let mut r = if s.reasoning {
             c.think.push(safe)
@@ -186,8 +186,8 @@ fn delta_for(
             r.content.push_str(&f.content);
         }
         let mut t =
-            if s.tool_calls { c.tools.push(&r.content) } else { ToolDelta { content: r.content, calls: vec![] } };
-        if last && s.tool_calls {
+            if plan.parse_tools { c.tools.push(&r.content) } else { ToolDelta { content: r.content, calls: vec![] } };
+        if last && plan.parse_tools {
             let f = c.tools.finish();
             t.content.push_str(&f.content);
             t.calls.extend(f.calls);
