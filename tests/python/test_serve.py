@@ -157,7 +157,9 @@ class TinyModel(unittest.TestCase):
             ({"stream_options": {"include_usage": True}}, "stream_options"), ({"logprobs": 99}, "logprobs"),
             ({"temperature": "hot"}, "temperature"),
             # What porter does not implement is refused, not ignored.
-            ({"response_format": {"type": "json_object"}}, "response_format"), ({"logit_bias": {"5": 10}}, "logit_bias"),
+            ({"logit_bias": {"abc": 1}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
+            ({"logit_bias": {"99999999": 1}}, "logit_bias"), ({"logit_bias": [5]}, "logit_bias"),
+            ({"response_format": {"type": "json_object"}}, "response_format"),
             ({"suffix": " end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"guided_json": {"type": "object"}}, "guided_json"),
             ({"use_beam_search": True}, "use_beam_search"), ({"skip_special_tokens": False}, "skip_special_tokens"),
             ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
@@ -189,6 +191,15 @@ class TinyModel(unittest.TestCase):
             self.assertIn(field, json.loads(text)["error"]["message"], extra)
         # Still serving the same answers.
         self.assertEqual(self.complete().usage.completion_tokens, 12)
+
+    def test_logit_bias(self):
+        body = {"model": self.model, "prompt": "hi", "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True}
+        ids = lambda extra: json.loads(self.s.post("/v1/completions", {**body, **extra})[1])["choices"][0]["token_ids"]
+        base = ids({})
+        self.assertEqual(ids({"logit_bias": {"7": 100}}), [7] * 6)
+        self.assertNotEqual(ids({"logit_bias": {str(base[0]): -100}})[0], base[0])
+        self.assertEqual(ids({"logit_bias": {"7": 0}}), base)
 
     def test_tokenize_roundtrip(self):
         code, text = self.s.post("/tokenize", {"prompt": "Beautiful is better than"})

@@ -10,7 +10,9 @@
 //!
 //! For one row of logits `l` (length `vocab`) at output position `out_len`:
 //!
-//! 1. **Penalties** (on the raw logits, float32, HF/vLLM order):
+//! 1. **Logit bias** (OpenAI `logit_bias`): each listed token's bias is added to its raw
+//!    logit, before the penalties (vLLM's order).
+//!    **Penalties** (on the biased logits, float32, HF/vLLM order):
 //!    - repetition (HF `RepetitionPenaltyLogitsProcessor`): for every token of prompt ∪ output,
 //!      `l > 0 → l / r`, otherwise `l · r`;
 //!    - presence / frequency (OpenAI / vLLM): over **output** tokens only,
@@ -110,6 +112,10 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// OpenAI frequency penalty over output tokens, in [−2, 2]; 0: off.
     pub frequency_penalty: f32,
+    /// OpenAI `logit_bias`: `(token id, bias)` pairs, ids strictly increasing, each bias finite
+    /// in [−100, 100], added to the raw logits before the penalties; empty: off. Ids beyond the
+    /// logits row are ignored (the API checks them against the vocabulary).
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed of this request's RNG stream; `None`: a fresh random seed per sampler.
     pub seed: Option<u64>,
     /// Return the chosen token's logprob and the top-N (N ≤ [`MAX_LOGPROBS`]); `None`: no logprobs.
@@ -128,6 +134,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: None,
             logprobs: None,
             stop: StopParams::default(),
@@ -163,6 +170,12 @@ impl SamplingParams {
                 bail!(Input, "`{name}` must be in [-2, 2], got {v}");
             }
         }
+        if let Some(w) = self.logit_bias.windows(2).find(|w| w[0].0 >= w[1].0) {
+            bail!(Input, "`logit_bias` token ids must be distinct and sorted, got {} before {}", w[0].0, w[1].0);
+        }
+        if let Some(&(id, b)) = self.logit_bias.iter().find(|e| !(e.1.is_finite() && (-100.0..=100.0).contains(&e.1))) {
+            bail!(Input, "`logit_bias` of token {id} must be in [-100, 100], got {b}");
+        }
         if let Some(n) = self.logprobs {
             if n > MAX_LOGPROBS {
                 bail!(Input, "`logprobs` must be at most {MAX_LOGPROBS}, got {n}");
@@ -188,6 +201,7 @@ impl SamplingParams {
     /// request's draw at output position `out_len`.
     pub fn device_compatible(&self, out_len: usize) -> bool {
         !self.has_penalties()
+            && self.logit_bias.is_empty()
             && self.min_p.is_none_or(|m| m == 0.0)
             && self.logprobs.is_none()
             && !self.stop.masks(out_len)

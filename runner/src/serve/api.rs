@@ -320,6 +320,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
     let repetition = num(&v, "repetition_penalty")?.unwrap_or(1.0);
     in_range("repetition_penalty", repetition, 0.0, 2.0, true, "(0, 2]")?;
     let seed = int(&v, "seed")?.map(|x| x as u64);
+    let logit_bias = logit_bias(&v, s.vocab)?;
     let n = match int(&v, "n")? {
         Some(n) if (1..=16).contains(&n) => n as usize,
         Some(n) => return Err(ApiError::invalid("n", format!("`n` must be in 1..=16, got {n}"))),
@@ -399,6 +400,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         repetition_penalty: repetition as f32,
         presence_penalty: presence as f32,
         frequency_penalty: frequency as f32,
+        logit_bias,
         seed,
         logprobs: logprobs.map(|t| t.max(1)),
         stop: StopParams { max_tokens: Some(max_tokens), min_tokens: min_tokens as usize, ignore_eos, stop_token_ids },
@@ -435,9 +437,6 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
                 ),
             ));
         }
-    }
-    if set("logit_bias").is_some_and(|b| b.as_object().is_none_or(|o| !o.is_empty())) {
-        return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported (leave it out or send {})"));
     }
     if !is_chat && set("suffix").is_some_and(|x| x.as_str() != Some("")) {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported (no fill-in-the-middle)"));
@@ -486,6 +485,33 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// OpenAI `logit_bias`: an object from token ids (decimal strings) to biases in [−100, 100],
+/// as `(id, bias)` sorted by id.
+fn logit_bias(v: &Value, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| ApiError::invalid("logit_bias", m);
+    let o = match v.get("logit_bias") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(bad("`logit_bias` must be an object mapping token ids to biases".into())),
+    };
+    let mut out = Vec::with_capacity(o.len());
+    for (k, x) in o {
+        let id = k.trim().parse::<u32>().ok().filter(|&id| (id as usize) < vocab).ok_or_else(|| {
+            bad(format!("`logit_bias` key `{k}` is not a token id below the vocabulary size {vocab}"))
+        })?;
+        let b = x
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| bad(format!("`logit_bias` of token {id} must be a number in [-100, 100], got {x}")))?;
+        out.push((id, b as f32));
+    }
+    out.sort_by_key(|e| e.0);
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(bad(format!("`logit_bias` names token {} twice", w[0].0)));
+    }
+    Ok(out)
 }
 
 /// Whether `tool_choice` lets the tool-call parser run: absent, `null` or `auto` (parse),

@@ -109,19 +109,34 @@ impl SeqSampler {
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// The penalised / masked entries of a row of `vocab` logits, sorted by id.
+    /// The biased / penalised / masked entries of a row of `vocab` logits, sorted by id.
     fn overrides(&self, raw: &[f32], out_len: usize, eos: &[u32]) -> Vec<(u32, f32)> {
         let p = &self.params;
         let mut ov = Vec::new();
-        if p.has_penalties() {
+        let limit = raw.len().min(u32::MAX as usize) as u32;
+        let pen = p.has_penalties();
+        if pen || !p.logit_bias.is_empty() {
             let (r, pres, freq) = (p.repetition_penalty, p.presence_penalty, p.frequency_penalty);
-            for (&id, s) in self.seen.range(..raw.len().min(u32::MAX as usize) as u32) {
+            // Both lists are sorted by id: walk them together, the bias first (vLLM's order).
+            let mut seen = self.seen.range(..limit).filter(|_| pen).peekable();
+            let mut bias = p.logit_bias.iter().filter(|e| e.0 < limit).peekable();
+            loop {
+                let id = match (seen.peek().map(|e| *e.0), bias.peek().map(|e| e.0)) {
+                    (None, None) => break,
+                    (Some(a), Some(b)) => a.min(b),
+                    (Some(a), None) | (None, Some(a)) => a,
+                };
                 let mut v = raw[id as usize];
-                if r != 1.0 {
-                    v = if v > 0.0 { v / r } else { v * r };
+                if let Some(&(_, b)) = bias.next_if(|e| e.0 == id) {
+                    v += b;
                 }
-                if s.out > 0 {
-                    v -= freq * s.out as f32 + pres;
+                if let Some((_, s)) = seen.next_if(|e| *e.0 == id) {
+                    if r != 1.0 {
+                        v = if v > 0.0 { v / r } else { v * r };
+                    }
+                    if s.out > 0 {
+                        v -= freq * s.out as f32 + pres;
+                    }
                 }
                 ov.push((id, v));
             }
@@ -310,7 +325,7 @@ impl SeqSampler {
 
     /// The device sampler's row parameters (temperature, top_k, top_p, u; see
     /// `backend::cuda::blocks::sample_rows`) for the token at output position `out_len`, when
-    /// this request needs nothing else (no penalties, min-p, masks or logprobs); `None`
+    /// this request needs nothing else (no logit bias, penalties, min-p, masks or logprobs); `None`
     /// otherwise. Draws the uniform `u` from this request's stream (not for greedy), so call it
     /// only for a row that is then sampled on the device. Whether a request takes this path
     /// depends on its own parameters and `out_len` only, never on its batch mates.
@@ -325,8 +340,8 @@ impl SeqSampler {
     }
 
     /// Whether the token at output position `out_len` is the plain argmax of device logits:
-    /// greedy (temperature 0) with nothing the device sampler lacks (no penalties, min-p,
-    /// masks or logprobs), and `logits` on a CUDA device. Speculative decoding then takes
+    /// greedy (temperature 0) with nothing the device sampler lacks (no logit bias, penalties,
+    /// min-p, masks or logprobs), and `logits` on a CUDA device. Speculative decoding then takes
     /// its argmaxes on the device and compares ids, which decides exactly what the
     /// distributions would (a greedy target distribution is one-hot at its argmax).
     pub fn greedy_on_device(&self, logits: &crate::tensor::Tensor, out_len: usize) -> bool {

@@ -80,6 +80,38 @@ fn penalties_by_hand() {
 }
 
 #[test]
+fn logit_bias_by_hand_before_the_penalties() {
+    // logits [2, -1, 0.5, 3]; bias {1: +4, 3: -100}; repetition 2 over prompt {1, 2}.
+    let l = [2.0f32, -1.0, 0.5, 3.0];
+    let p = SamplingParams {
+        temperature: 1.0,
+        repetition_penalty: 2.0,
+        logit_bias: vec![(1, 4.0), (3, -100.0), (9, 5.0)],
+        logprobs: Some(4),
+        ..Default::default()
+    };
+    assert!(!p.device_compatible(0), "the device sampler has no bias");
+    let mut s = SeqSampler::new(p).unwrap();
+    s.observe_prompt(&[1, 2]);
+    // id 1: (−1 + 4) = 3 > 0 → 3 / 2 = 1.5; id 2: 0.5 / 2 = 0.25; id 3: 3 − 100 = −97; id 9
+    // is beyond the row (ignored).
+    let want = [2.0f64, 1.5, 0.25, -97.0];
+    let lse = want.iter().map(|v| v.exp()).sum::<f64>().ln();
+    let got = s.sample(&l, 0, &[]).unwrap();
+    for (id, lp) in &got.top {
+        assert!((*lp as f64 - (want[*id as usize] - lse)).abs() < 1e-5, "id {id}: {lp}");
+    }
+    // Greedy follows the bias: +4 on id 2 beats id 3's 3 (2 + 0.5 + 4 = 4.5 > 3).
+    let mut g = SeqSampler::new(SamplingParams { logit_bias: vec![(2, 4.0)], ..Default::default() }).unwrap();
+    assert_eq!(g.sample(&l, 0, &[]).unwrap().token, 2);
+    // Validation: unsorted or repeated ids, a bias out of [−100, 100] or not finite.
+    for bad in [vec![(3, 1.0), (1, 1.0)], vec![(2, 1.0), (2, 1.0)], vec![(0, 100.5)], vec![(0, f32::NAN)]] {
+        let e = SeqSampler::new(SamplingParams { logit_bias: bad.clone(), ..Default::default() });
+        assert!(e.err().is_some_and(|e| e.to_string().contains("logit_bias")), "{bad:?}");
+    }
+}
+
+#[test]
 fn min_tokens_masks_eos_and_stop_ids_then_stops() {
     let p = SamplingParams {
         stop: StopParams { min_tokens: 2, stop_token_ids: vec![1], max_tokens: Some(4), ignore_eos: false },
