@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 enum Command {
-    Add { id: RequestId, prompt: Vec<u32>, params: SamplingParams, events: Sender<Event>, ack: Sender<Result<()>> },
+    // The parameters boxed: the other commands stay small.
+    Add { id: RequestId, prompt: Vec<u32>, params: Box<SamplingParams>, events: Sender<Event>, ack: Sender<Result<()>> },
     Abort(RequestId),
     Shutdown,
 }
@@ -90,7 +91,7 @@ impl Engine {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (etx, erx) = mpsc::channel();
         let (atx, arx) = mpsc::channel();
-        self.send(Command::Add { id, prompt, params, events: etx, ack: atx })?;
+        self.send(Command::Add { id, prompt, params: Box::new(params), events: etx, ack: atx })?;
         arx.recv().map_err(|_| err!(Internal, "the engine stopped before admitting the request"))??;
         Ok(RequestStream { id, rx: erx })
     }
@@ -138,7 +139,7 @@ fn run(mut core: EngineCore<Box<Model>>, rx: Receiver<Command>, stats: Arc<Mutex
         for c in cmds {
             match c {
                 Command::Add { id, prompt, params, events, ack } => {
-                    let r = core.add_request(id, prompt, params);
+                    let r = core.add_request(id, prompt, *params);
                     if r.is_ok() {
                         streams.insert(id, events);
                     }
