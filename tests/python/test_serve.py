@@ -162,7 +162,7 @@ class TinyModel(unittest.TestCase):
             ({"response_format": {"type": "json_object"}}, "response_format"),
             ({"suffix": " end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"guided_json": {"type": "object"}}, "guided_json"),
             ({"use_beam_search": True}, "use_beam_search"), ({"skip_special_tokens": False}, "skip_special_tokens"),
-            ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+            ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
         ]
         for extra, field in cases:
             body = {"model": self.model, "prompt": "hi", "max_tokens": 4, **extra}
@@ -178,7 +178,7 @@ class TinyModel(unittest.TestCase):
         self.assertEqual(self.s.post("/v1/completions", {"prompt": "x"}, {"content-type": "text/plain"})[0], 415)
         # Their "off" values are accepted and change nothing.
         off = {"response_format": {"type": "text"}, "logit_bias": {}, "best_of": 1, "suffix": "",
-               "use_beam_search": False, "skip_special_tokens": True, "include_stop_str_in_output": False}
+               "use_beam_search": False, "skip_special_tokens": True}
         want = self.complete().choices[0].text
         self.assertEqual(self.complete(extra_body=off).choices[0].text, want)
         # Chat: a forced tool call, and tools without a parser to return the calls (as vLLM).
@@ -191,6 +191,19 @@ class TinyModel(unittest.TestCase):
             self.assertIn(field, json.loads(text)["error"]["message"], extra)
         # Still serving the same answers.
         self.assertEqual(self.complete().usage.completion_tokens, 12)
+
+    def test_include_stop_str_in_output(self):
+        kw = {"max_tokens": 16, "extra_body": {"ignore_eos": True}}
+        text = self.complete(**kw).choices[0].text
+        self.assertGreaterEqual(len(text), 4, text)
+        stop = text[len(text) // 2:len(text) // 2 + 2]
+        at = text.find(stop)
+        cut = self.complete(stop=[stop], **kw).choices[0]
+        self.assertEqual((cut.text, cut.finish_reason), (text[:at], "stop"))
+        inc = {"max_tokens": 16, "stop": [stop], "extra_body": {"ignore_eos": True, "include_stop_str_in_output": True}}
+        self.assertEqual(self.complete(**inc).choices[0].text, text[:at + len(stop)])
+        streamed = "".join(c.choices[0].text for c in self.complete(stream=True, **inc) if c.choices)
+        self.assertEqual(streamed, text[:at + len(stop)])
 
     def test_logit_bias(self):
         body = {"model": self.model, "prompt": "hi", "max_tokens": 6, "temperature": 0, "ignore_eos": True,

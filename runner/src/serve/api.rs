@@ -75,6 +75,8 @@ pub struct Plan {
     pub return_token_ids: bool,
     /// The chat template opened a `<think>` block in the prompt (the output starts inside it).
     pub think_open: bool,
+    /// vLLM's `include_stop_str_in_output`: a matched stop string stays at the end of the text.
+    pub include_stop: bool,
     /// `<tool_call>` blocks become `tool_calls` (`--tool-call-parser` given, a chat request,
     /// `tool_choice` not `none`).
     pub parse_tools: bool,
@@ -391,6 +393,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         return Err(ApiError::invalid("min_tokens", format!("`min_tokens` must be in 0..=max_tokens ({max_tokens})")));
     }
     let ignore_eos = boolean(&v, "ignore_eos")?.unwrap_or(false);
+    let include_stop = boolean(&v, "include_stop_str_in_output")?.unwrap_or(false);
     let return_token_ids = boolean(&v, "return_token_ids")?.unwrap_or(false);
     let params = SamplingParams {
         temperature: temperature as f32,
@@ -417,6 +420,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         echo,
         return_token_ids,
         think_open,
+        include_stop,
         parse_tools,
     })
 }
@@ -465,7 +469,6 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
     let off = [
         ("use_beam_search", json!(false), "beam search"),
         ("length_penalty", json!(1.0), "beam search"),
-        ("include_stop_str_in_output", json!(false), "the matched stop string is always cut from the text"),
         ("skip_special_tokens", json!(true), "special tokens are always left out of the text"),
     ];
     for (k, default, why) in off {

@@ -738,7 +738,7 @@ async fn collect(
 ) -> Result<Output, ApiError> {
     let t0 = Instant::now();
     let mut detok = text::Detok::new(&s.tok, prompt);
-    let mut stops = text::StopMatcher::new(plan.stop_strings.clone());
+    let mut stops = text::StopMatcher::new(plan.stop_strings.clone(), plan.include_stop);
     let (mut textout, mut tokens, mut times) = (String::new(), Vec::new(), Vec::new());
     while let Some(ev) = run.rx.recv().await {
         let (fin, hit) = match ev {

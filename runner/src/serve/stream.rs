@@ -64,7 +64,7 @@ pub(super) fn stream_response(
                 prompt_len: prompt.len(),
                 t0: Instant::now(),
                 detok: text::Detok::new(&s.tok, prompt),
-                stops: text::StopMatcher::new(plan.stop_strings.clone()),
+                stops: text::StopMatcher::new(plan.stop_strings.clone(), plan.include_stop),
                 think: ReasoningParser::new(plan.think_mode()),
                 tools: ToolParser::new(i as u64),
                 times: Vec::new(),

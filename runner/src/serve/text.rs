@@ -58,15 +58,18 @@ impl<'t> Detok<'t> {
 }
 
 /// Stop strings over a stream of text deltas: text that could still be the start of a stop
-/// string is held back; on a match the text is cut before it.
+/// string is held back; on a match the text is cut before it (or, with `include`, vLLM's
+/// `include_stop_str_in_output`, after it). The earliest match wins; at one position, the
+/// first stop string in the list.
 pub struct StopMatcher {
     stops: Vec<String>,
+    include: bool,
     held: String,
 }
 
 impl StopMatcher {
-    pub fn new(stops: Vec<String>) -> Self {
-        Self { stops, held: String::new() }
+    pub fn new(stops: Vec<String>, include: bool) -> Self {
+        Self { stops, include, held: String::new() }
     }
 
     /// Feeds a delta; returns the text that is safe to emit and whether a stop string matched
@@ -76,8 +79,10 @@ impl StopMatcher {
         if self.stops.is_empty() {
             return (std::mem::take(&mut self.held), false);
         }
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
-            let out = self.held[..at].to_string();
+        let first =
+            self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s.len()))).min_by_key(|m| m.0);
+        if let Some((at, len)) = first {
+            let out = self.held[..if self.include { at + len } else { at }].to_string();
             self.held.clear();
             return (out, true);
         }
@@ -108,7 +113,7 @@ mod tests {
 
     #[test]
     fn stop_strings_across_deltas_are_held_and_trimmed() {
-        let mut m = StopMatcher::new(vec!["STOP".into(), "\n\n".into()]);
+        let mut m = StopMatcher::new(vec!["STOP".into(), "\n\n".into()], false);
         let mut out = String::new();
         for d in ["Hello S", "T", "ill going ", "ST", "OP and more"] {
             let (t, hit) = m.push(d);
@@ -118,12 +123,16 @@ mod tests {
             }
         }
         assert_eq!(out, "Hello STill going ");
-        let mut m = StopMatcher::new(vec!["ab".into()]);
+        let mut m = StopMatcher::new(vec!["ab".into()], false);
         assert_eq!(m.push("xa"), ("x".into(), false));
         assert_eq!(m.push("c"), ("ac".into(), false));
         assert_eq!(m.finish(), "");
-        let mut m = StopMatcher::new(vec![]);
+        let mut m = StopMatcher::new(vec![], false);
         assert_eq!(m.push("a"), ("a".into(), false));
+        // include_stop_str_in_output: cut after the earliest match (the first listed at a tie).
+        let mut m = StopMatcher::new(vec!["cd".into(), "bc".into(), "b".into()], true);
+        assert_eq!(m.push("a"), ("a".into(), false));
+        assert_eq!(m.push("bcde"), ("bc".into(), true));
     }
 
     #[test]
