@@ -159,7 +159,8 @@ class TinyModel(unittest.TestCase):
             # What porter does not implement is refused, not ignored.
             ({"logit_bias": {"abc": 1}}, "logit_bias"), ({"logit_bias": {"5": 101}}, "logit_bias"),
             ({"logit_bias": {"99999999": 1}}, "logit_bias"), ({"logit_bias": [5]}, "logit_bias"),
-            ({"response_format": {"type": "json_object"}}, "response_format"),
+            ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+            ({"response_format": "json"}, "response_format"),
             ({"suffix": " end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"guided_json": {"type": "object"}}, "guided_json"),
             ({"use_beam_search": True}, "use_beam_search"), ({"skip_special_tokens": False}, "skip_special_tokens"),
             ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
@@ -204,6 +205,24 @@ class TinyModel(unittest.TestCase):
         self.assertEqual(self.complete(**inc).choices[0].text, text[:at + len(stop)])
         streamed = "".join(c.choices[0].text for c in self.complete(stream=True, **inc) if c.choices)
         self.assertEqual(streamed, text[:at + len(stop)])
+
+    def test_json_mode(self):
+        # Random weights: whatever the draw, the text is one JSON object or a prefix of one.
+        dec, completed = json.JSONDecoder(), 0
+        for seed in range(8):
+            r = self.complete(max_tokens=48, temperature=1.0, seed=seed,
+                              extra_body={"response_format": {"type": "json_object"}}).choices[0]
+            text = r.text.lstrip()
+            self.assertTrue(text.startswith("{"), (seed, r.text))
+            try:
+                obj, end = dec.raw_decode(text)
+            except json.JSONDecodeError:
+                self.assertEqual(r.finish_reason, "length", (seed, r.text))
+                continue
+            self.assertIsInstance(obj, dict)
+            self.assertEqual(text[end:].strip(), "", (seed, r.text))
+            completed += 1
+        print(f"json mode: {completed} of 8 draws closed their object")
 
     def test_logit_bias(self):
         body = {"model": self.model, "prompt": "hi", "max_tokens": 6, "temperature": 0, "ignore_eos": True,
@@ -591,6 +610,21 @@ class SmolLM2(unittest.TestCase):
         self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         self.assertEqual(text, r.choices[0].message.content)
+
+    def test_json_mode(self):
+        # Unconstrained, the model writes "JSON:" before the object; constrained, the object alone.
+        q = [{"role": "user", "content": "Give the name and age of a person called Alice who is 30, as JSON."}]
+        kw = {"model": "smollm2", "messages": q, "max_tokens": 60, "temperature": 0}
+        free = self.c.chat.completions.create(**kw).choices[0].message.content
+        self.assertFalse(free.lstrip().startswith("{"), free)
+        r = self.c.chat.completions.create(response_format={"type": "json_object"}, **kw).choices[0]
+        self.assertEqual(r.finish_reason, "stop")
+        obj = json.loads(r.message.content)
+        self.assertEqual((obj["name"], obj["age"]), ("Alice", 30), r.message.content)
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in
+                           self.c.chat.completions.create(response_format={"type": "json_object"}, stream=True, **kw)
+                           if ch.choices)
+        self.assertEqual(streamed, r.message.content)
 
     def test_auth_and_open_endpoints(self):
         with self.assertRaises(openai.AuthenticationError):

@@ -18,7 +18,9 @@
 //!    - presence / frequency (OpenAI / vLLM): over **output** tokens only,
 //!      `l -= presence · [count > 0] + frequency · count`.
 //! 2. **min_tokens**: while `out_len < min_tokens`, the stop ids (`stop_token_ids`, plus the
-//!    `eos` ids unless `ignore_eos`) are set to −∞.
+//!    `eos` ids unless `ignore_eos`) are set to −∞. **JSON mode** (`json`): every token whose
+//!    bytes do not continue one JSON object is set to −∞, the stop ids too until the object
+//!    is complete (`sampling/json.rs`).
 //! 3. **Logprobs** (when requested) are taken here: `log_softmax` of the logits after steps 1–2
 //!    (vLLM's `processed_logprobs` choice: penalties included, temperature and truncation not),
 //!    in float64. A token masked by step 2 has logprob −∞.
@@ -44,9 +46,11 @@
 //! quickselect on mass (expected linear, no full sort). Min-p alone is one threshold pass.
 //! Nothing sorts the whole vocabulary.
 
+mod json;
 mod row;
 mod seq;
 
+pub use json::{JsonMode, JsonState, JsonVocab, MAX_DEPTH as JSON_MAX_DEPTH};
 pub use seq::{Sampled, SeqSampler};
 
 use crate::bail;
@@ -116,6 +120,10 @@ pub struct SamplingParams {
     /// in [−100, 100], added to the raw logits before the penalties; empty: off. Ids beyond the
     /// logits row are ignored (the API checks them against the vocabulary).
     pub logit_bias: Vec<(u32, f32)>,
+    /// JSON mode (`response_format: {"type": "json_object"}`): every token that would not
+    /// continue one JSON object is masked, and the end ids only pass once it is complete
+    /// ([`JsonMode`]); `None`: off.
+    pub json: Option<JsonMode>,
     /// Seed of this request's RNG stream; `None`: a fresh random seed per sampler.
     pub seed: Option<u64>,
     /// Return the chosen token's logprob and the top-N (N ≤ [`MAX_LOGPROBS`]); `None`: no logprobs.
@@ -135,6 +143,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             logit_bias: Vec::new(),
+            json: None,
             seed: None,
             logprobs: None,
             stop: StopParams::default(),
@@ -202,6 +211,7 @@ impl SamplingParams {
     pub fn device_compatible(&self, out_len: usize) -> bool {
         !self.has_penalties()
             && self.logit_bias.is_empty()
+            && self.json.is_none()
             && self.min_p.is_none_or(|m| m == 0.0)
             && self.logprobs.is_none()
             && !self.stop.masks(out_len)

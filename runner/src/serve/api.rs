@@ -323,6 +323,12 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
     in_range("repetition_penalty", repetition, 0.0, 2.0, true, "(0, 2]")?;
     let seed = int(&v, "seed")?.map(|x| x as u64);
     let logit_bias = logit_bias(&v, s.vocab)?;
+    let json = v
+        .get("response_format")
+        .and_then(|r| r.get("type"))
+        .and_then(Value::as_str)
+        .filter(|&t| t == "json_object")
+        .map(|_| porter_core::engine::sampling::JsonMode(s.json_vocab()));
     let n = match int(&v, "n")? {
         Some(n) if (1..=16).contains(&n) => n as usize,
         Some(n) => return Err(ApiError::invalid("n", format!("`n` must be in 1..=16, got {n}"))),
@@ -404,6 +410,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         presence_penalty: presence as f32,
         frequency_penalty: frequency as f32,
         logit_bias,
+        json,
         seed,
         logprobs: logprobs.map(|t| t.max(1)),
         stop: StopParams { max_tokens: Some(max_tokens), min_tokens: min_tokens as usize, ignore_eos, stop_token_ids },
@@ -431,12 +438,12 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
     let set = |k: &str| v.get(k).filter(|x| !x.is_null());
     if let Some(r) = set("response_format") {
         let t = r.get("type").and_then(Value::as_str);
-        if t != Some("text") {
+        if !matches!(t, Some("text" | "json_object")) {
             return Err(ApiError::invalid(
                 "response_format",
                 format!(
-                    "`response_format` {} is not supported: porter has no structured (guided) decoding; \
-                     leave it out or use {{\"type\": \"text\"}}",
+                    "`response_format` {} is not supported: porter constrains output to JSON \
+                     (`{{\"type\": \"json_object\"}}`) but has no schema-guided decoding",
                     t.map_or_else(|| r.to_string(), |t| format!("of type `{t}`"))
                 ),
             ));

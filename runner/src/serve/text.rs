@@ -107,6 +107,56 @@ impl StopMatcher {
     }
 }
 
+/// The bytes each of the first `n` token ids adds to the text, for JSON mode
+/// (`porter_core::engine::sampling::JsonVocab`): special tokens (and ids the tokenizer does
+/// not know) have none. Byte-level BPE tokens (GPT-2's byte-to-character table, the Qwen /
+/// Llama 3 / SmolLM2 tokenizers) map back character by character; SentencePiece-style
+/// vocabularies take `▁` as a space and `<0xHH>` byte-fallback tokens as their byte; other
+/// decoders give each token's own decode. Added (non-special) tokens are their content.
+pub fn token_bytes(tok: &Tokenizer, n: usize) -> Vec<Option<Vec<u8>>> {
+    let decoder = serde_json::to_string(&tok.get_decoder()).unwrap_or_default();
+    let byte_level = decoder.contains("\"ByteLevel\"");
+    let byte_fallback = decoder.contains("\"ByteFallback\"");
+    let metaspace = decoder.contains("Metaspace") || decoder.contains('\u{2581}');
+    let added = tok.get_added_tokens_decoder();
+    // GPT-2's bytes_to_unicode, inverted: printable Latin-1 bytes are their own character,
+    // the other 68 bytes are U+0100 onwards in byte order.
+    let mut byte_of = std::collections::HashMap::with_capacity(256);
+    let mut extra = 0u32;
+    for b in 0u32..256 {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let c = if printable {
+            b
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        if let Some(c) = char::from_u32(c) {
+            byte_of.insert(c, b as u8);
+        }
+    }
+    (0..n)
+        .map(|id| {
+            let id32 = u32::try_from(id).ok()?;
+            if let Some(t) = added.get(&id32) {
+                return (!t.special).then(|| t.content.as_bytes().to_vec());
+            }
+            let s = tok.id_to_token(id32)?;
+            if byte_level {
+                s.chars().map(|c| byte_of.get(&c).copied()).collect()
+            } else if let Some(h) =
+                s.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')).filter(|h| byte_fallback && h.len() == 2)
+            {
+                u8::from_str_radix(h, 16).ok().map(|b| vec![b])
+            } else if metaspace {
+                Some(s.replace('\u{2581}', " ").into_bytes())
+            } else {
+                tok.decode(&[id32], false).ok().map(String::into_bytes)
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +183,58 @@ mod tests {
         let mut m = StopMatcher::new(vec!["cd".into(), "bc".into(), "b".into()], true);
         assert_eq!(m.push("a"), ("a".into(), false));
         assert_eq!(m.push("bcde"), ("bc".into(), true));
+    }
+
+    #[test]
+    fn token_bytes_spell_what_the_tokenizer_decodes() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3_next_mtp");
+        let tok = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        let n = tok.get_vocab_size(true);
+        let bytes = token_bytes(&tok, n + 3);
+        assert_eq!(bytes.len(), n + 3);
+        assert!(bytes[n..].iter().all(Option::is_none), "ids beyond the vocabulary have no bytes");
+        let mut checked = 0;
+        for (id, b) in bytes.iter().enumerate().take(n) {
+            let Some(b) = b else { continue };
+            // Whole UTF-8 tokens read back as the tokenizer's own decode of them.
+            if let Ok(s) = std::str::from_utf8(b) {
+                assert_eq!(s, tok.decode(&[id as u32], false).unwrap(), "id {id}");
+                checked += 1;
+            }
+        }
+        assert!(checked > n / 2, "{checked} of {n}");
+        // A JSON text's ids spell its bytes (the encoder may add a leading space).
+        let text = "{\"a\": [1, 2.5, true], \"b\": \"x\\ny\"}";
+        let ids = tok.encode(text, false).unwrap().get_ids().to_vec();
+        let spelled: Vec<u8> = ids.iter().flat_map(|&i| bytes[i as usize].clone().unwrap_or_default()).collect();
+        assert_eq!(String::from_utf8(spelled).unwrap().trim_start(), text);
+    }
+
+    #[test]
+    fn token_bytes_of_a_sentencepiece_vocabulary() {
+        // Llama 2 / Mistral style: `▁` for spaces, `<0xHH>` byte fallback, `<unk>` special.
+        let json = r#"{"version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 0, "content": "<unk>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+            "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                      "vocab": {"<unk>": 0, "<0x0A>": 1, "▁a": 2, "b": 3, "{": 4, "▁": 5}, "merges": []}}"#;
+        let tok = Tokenizer::from_bytes(json.as_bytes()).unwrap();
+        let got = token_bytes(&tok, 6);
+        let want: Vec<Option<Vec<u8>>> = vec![
+            None,
+            Some(b"\n".to_vec()),
+            Some(b" a".to_vec()),
+            Some(b"b".to_vec()),
+            Some(b"{".to_vec()),
+            Some(b" ".to_vec()),
+        ];
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use super::json::{JsonState, JsonVocab};
 use super::row::{self, Row};
 use super::SamplingParams;
 use crate::error::Result;
@@ -50,6 +51,9 @@ pub struct SeqSampler {
     state: u64,
     seen: BTreeMap<u32, Seen>,
     output: Vec<u32>,
+    /// JSON mode: the recogniser's state after each accepted output prefix (`json[i]` after
+    /// `i` tokens); empty without it.
+    json: Vec<JsonState>,
 }
 
 impl SeqSampler {
@@ -59,7 +63,8 @@ impl SeqSampler {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(random_seed);
         let state = seed ^ 0x9E37_79B9_7F4A_7C15;
-        Ok(Self { params, state, seen: BTreeMap::new(), output: Vec::new() })
+        let json = if params.json.is_some() { vec![JsonState::new()] } else { Vec::new() };
+        Ok(Self { params, state, seen: BTreeMap::new(), output: Vec::new(), json })
     }
 
     /// The request's parameters.
@@ -84,10 +89,15 @@ impl SeqSampler {
         let s = self.seen.entry(token).or_default();
         s.out = s.out.saturating_add(1);
         self.output.push(token);
+        if let (Some(m), Some(&last)) = (&self.params.json, self.json.last()) {
+            // A token the mask refused (an end id, or one chosen another way) leaves the state.
+            self.json.push(last.feed(m.0.of(token)).unwrap_or(last));
+        }
     }
 
     /// Forgets output tokens after the first `len` (rolling back rejected drafts).
     pub fn truncate_output(&mut self, len: usize) {
+        self.json.truncate(len + 1);
         while self.output.len() > len {
             let Some(t) = self.output.pop() else { break };
             if let Some(s) = self.seen.get_mut(&t) {
@@ -141,6 +151,9 @@ impl SeqSampler {
                 ov.push((id, v));
             }
         }
+        if let (Some(m), Some(&st)) = (&p.json, self.json.last()) {
+            return Self::json_mask(&m.0, st, ov, raw.len(), p.stop.masks(out_len), self.stop_ids(eos));
+        }
         if p.stop.masks(out_len) {
             let eos = if p.stop.ignore_eos { &[][..] } else { eos };
             for &id in eos.iter().chain(&p.stop.stop_token_ids) {
@@ -154,6 +167,43 @@ impl SeqSampler {
             }
         }
         ov
+    }
+
+    /// The stop ids of a row: `stop_token_ids`, and `eos` unless `ignore_eos`.
+    fn stop_ids<'a>(&'a self, eos: &'a [u32]) -> impl Iterator<Item = u32> + 'a {
+        let p = &self.params;
+        let eos = if p.stop.ignore_eos { &[][..] } else { eos };
+        eos.iter().chain(&p.stop.stop_token_ids).copied()
+    }
+
+    /// `ov` (sorted by id) under JSON mode at state `st` over a row of `n` logits: every
+    /// token the state refuses at −∞; the stop ids pass only once the object is complete (and
+    /// not while `min_tokens` masks them).
+    fn json_mask(
+        vocab: &JsonVocab,
+        st: JsonState,
+        ov: Vec<(u32, f32)>,
+        n: usize,
+        min_tokens: bool,
+        stops: impl Iterator<Item = u32>,
+    ) -> Vec<(u32, f32)> {
+        let bits = vocab.allowed_set(st);
+        let bit = |id: usize| bits.get(id / 64).is_some_and(|w| (w >> (id % 64)) & 1 == 1);
+        let mut stop: Vec<u32> = stops.filter(|&id| (id as usize) < n).collect();
+        stop.sort_unstable();
+        let stop_ok = st.complete() && !min_tokens;
+        let mut out = Vec::new();
+        let mut old = ov.into_iter().peekable();
+        for id in 0..n {
+            let kept = old.next_if(|e| e.0 as usize == id);
+            let a = if stop.binary_search(&(id as u32)).is_ok() { stop_ok } else { bit(id) };
+            match (a, kept) {
+                (true, Some(e)) => out.push(e),
+                (true, None) => {}
+                (false, _) => out.push((id as u32, f32::NEG_INFINITY)),
+            }
+        }
+        out
     }
 
     /// The row's scan, checked: a NaN or no finite maximum is an error.

@@ -398,3 +398,68 @@ fn lane_parallel_greedy_keeps_the_first_index_on_ties() {
         }
     }
 }
+
+/// JSON mode over a toy vocabulary: 200 seeded draws from random logits stay a JSON-object
+/// prefix, the end id comes only once the object is complete, masked tokens get probability 0,
+/// and rolling the output back rolls the recogniser back.
+#[test]
+fn json_mode_keeps_the_output_one_json_object() {
+    let words: [Option<&str>; 12] = [
+        Some("{"),
+        Some("}"),
+        Some("\"a\""),
+        Some(":"),
+        Some("1"),
+        Some("x"),
+        None,
+        Some(" "),
+        Some("["),
+        Some("]"),
+        Some(","),
+        Some("\"b"),
+    ];
+    let toks: Vec<Option<Vec<u8>>> = words.iter().map(|w| w.map(|w| w.as_bytes().to_vec())).collect();
+    let vocab = std::sync::Arc::new(JsonVocab::new(&toks));
+    let eos = [6u32];
+    let mut completed = 0;
+    for seed in 0..40u64 {
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            json: Some(JsonMode(vocab.clone())),
+            stop: StopParams { max_tokens: Some(200), ..Default::default() },
+            ..Default::default()
+        };
+        assert!(!p.device_compatible(0));
+        let mut s = SeqSampler::new(p).unwrap();
+        let mut text = Vec::new();
+        for step in 0..200 {
+            let l = row(words.len(), seed * 1000 + step);
+            let probs = s.probs(&l, step as usize, &eos).unwrap();
+            let st = JsonState::new().feed(&text).expect("a prefix");
+            for (id, &pr) in probs.iter().enumerate() {
+                let ok = if id == 6 { st.complete() } else { st.feed(vocab.of(id as u32)).is_some() };
+                assert!(ok || pr == 0.0, "seed {seed} step {step}: token {id} refused but p = {pr}");
+            }
+            let t = s.sample(&l, step as usize, &eos).unwrap().token;
+            s.accept(t);
+            if t == 6 {
+                assert!(st.complete());
+                completed += 1;
+                break;
+            }
+            text.extend_from_slice(vocab.of(t));
+        }
+    }
+    assert!(completed > 0, "no draw completed an object");
+    // Rolling back: after `{"a"` then truncating to `{`, a key is allowed again and `:` is not.
+    let p = SamplingParams { json: Some(JsonMode(vocab.clone())), ..Default::default() };
+    let mut s = SeqSampler::new(p).unwrap();
+    s.accept(0);
+    s.accept(2);
+    let l = [0.0f32, 0.0, 0.0, 5.0, 0.0, 9.0, 9.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+    assert_eq!(s.sample(&l, 2, &eos).unwrap().token, 3, "`:` after a key");
+    s.truncate_output(1);
+    let l2 = [0.0f32, 1.0, 0.0, 5.0, 0.0, 9.0, 9.0, 0.0, 0.0, 0.0, 0.0, 2.0];
+    assert_eq!(s.sample(&l2, 1, &eos).unwrap().token, 11, "a key (`\"b`) after `{{`, not `:`");
+}

@@ -1,0 +1,460 @@
+//! JSON mode (OpenAI `response_format: {"type": "json_object"}`): the output is constrained to
+//! one JSON object, byte by byte.
+//!
+//! [`JsonState`] is a pushdown recogniser of JSON (RFC 8259) prefixes over bytes, small enough
+//! to be `Copy` (the container stack is a 128-bit set: at most [`MAX_DEPTH`] nested
+//! containers). [`JsonVocab`] holds the bytes every token id contributes to the text, sorted,
+//! so that the tokens allowed after a state are found in one walk that shares the work of
+//! common prefixes (a token whose prefix is refused is skipped with every token that shares
+//! that prefix). The sampler masks every other token to −∞; the end-of-sequence and stop ids
+//! are allowed only once the object is complete, and after it only whitespace.
+//!
+//! Strings are checked for their escapes and control characters; bytes ≥ 0x80 pass as they
+//! are (tokens carry whole or partial UTF-8 sequences; the model's own bytes are not
+//! re-validated as UTF-8).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// States whose allowed-token sets a [`JsonVocab`] keeps (then it starts over).
+const CACHE_STATES: usize = 512;
+
+/// Most nested containers (objects and arrays) of a constrained output.
+pub const MAX_DEPTH: u8 = 128;
+
+/// What the recogniser expects next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Mode {
+    /// Before the top-level object (whitespace, then `{`).
+    Start,
+    /// A value (after `:`, or `,` in an array).
+    Value,
+    /// After `[`: a value or `]`.
+    ArrFirst,
+    /// After `{`: a key or `}`.
+    ObjFirst,
+    /// After `,` in an object: a key.
+    Key,
+    /// After a key: `:`.
+    Colon,
+    /// After a value inside a container: `,` or the container's close.
+    After,
+    /// Inside a string (`key`: an object key, then `:` follows).
+    Str { key: bool },
+    /// After `\` in a string.
+    Esc { key: bool },
+    /// In `\uXXXX`, `left` hex digits to go.
+    Hex { key: bool, left: u8 },
+    /// In a number.
+    Num(Num),
+    /// In `true` / `false` / `null`: `lit` indexes [`LITERALS`], `at` bytes matched.
+    Lit { lit: u8, at: u8 },
+    /// The top-level object is complete: only whitespace.
+    Done,
+}
+
+/// Where a number is: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Num {
+    /// After `-`: a digit.
+    Minus,
+    /// After a leading `0`.
+    Zero,
+    /// In the integer digits.
+    Int,
+    /// After `.`: a digit.
+    Dot,
+    /// In the fraction digits.
+    Frac,
+    /// After `e` / `E`: a sign or a digit.
+    E,
+    /// After the exponent's sign: a digit.
+    ESign,
+    /// In the exponent digits.
+    Exp,
+}
+
+impl Num {
+    /// Whether the number may end here.
+    fn complete(self) -> bool {
+        matches!(self, Num::Zero | Num::Int | Num::Frac | Num::Exp)
+    }
+}
+
+const LITERALS: [&[u8]; 3] = [b"true", b"false", b"null"];
+
+/// A JSON-object prefix recogniser (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct JsonState {
+    mode: Mode,
+    /// Bit `i`: the container at depth `i` is an object (else an array).
+    stack: u128,
+    depth: u8,
+}
+
+impl Default for JsonState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+impl JsonState {
+    /// Nothing read yet.
+    pub fn new() -> Self {
+        Self { mode: Mode::Start, stack: 0, depth: 0 }
+    }
+
+    /// Whether a whole top-level object has been read.
+    pub fn complete(&self) -> bool {
+        self.mode == Mode::Done
+    }
+
+    /// The state after `bytes`, or `None` when they do not continue a JSON object.
+    pub fn feed(self, bytes: &[u8]) -> Option<Self> {
+        bytes.iter().try_fold(self, |s, &b| s.step(b))
+    }
+
+    fn top_is_object(&self) -> bool {
+        self.depth > 0 && (self.stack >> (self.depth - 1)) & 1 == 1
+    }
+
+    fn open(mut self, object: bool) -> Option<Self> {
+        if self.depth >= MAX_DEPTH {
+            return None;
+        }
+        if object {
+            self.stack |= 1u128 << self.depth;
+        } else {
+            self.stack &= !(1u128 << self.depth);
+        }
+        self.depth += 1;
+        self.mode = if object { Mode::ObjFirst } else { Mode::ArrFirst };
+        Some(self)
+    }
+
+    fn close(mut self, object: bool) -> Option<Self> {
+        if self.depth == 0 || self.top_is_object() != object {
+            return None;
+        }
+        self.depth -= 1;
+        Some(self.value_done())
+    }
+
+    /// The state after a value ended.
+    fn value_done(mut self) -> Self {
+        self.mode = if self.depth == 0 { Mode::Done } else { Mode::After };
+        self
+    }
+
+    /// A value starting with `b`.
+    fn value(mut self, b: u8) -> Option<Self> {
+        self.mode = match b {
+            b'{' => return self.open(true),
+            b'[' => return self.open(false),
+            b'"' => Mode::Str { key: false },
+            b'-' => Mode::Num(Num::Minus),
+            b'0' => Mode::Num(Num::Zero),
+            b'1'..=b'9' => Mode::Num(Num::Int),
+            b't' => Mode::Lit { lit: 0, at: 1 },
+            b'f' => Mode::Lit { lit: 1, at: 1 },
+            b'n' => Mode::Lit { lit: 2, at: 1 },
+            _ => return None,
+        };
+        Some(self)
+    }
+
+    /// One byte.
+    pub fn step(mut self, b: u8) -> Option<Self> {
+        match self.mode {
+            Mode::Start
+            | Mode::Done
+            | Mode::Value
+            | Mode::ArrFirst
+            | Mode::ObjFirst
+            | Mode::Key
+            | Mode::Colon
+            | Mode::After
+                if is_ws(b) =>
+            {
+                Some(self)
+            }
+            Mode::Start => (b == b'{').then(|| self.open(true)).flatten(),
+            Mode::Done => None,
+            Mode::Value => self.value(b),
+            Mode::ArrFirst if b == b']' => self.close(false),
+            Mode::ArrFirst => self.value(b),
+            Mode::ObjFirst if b == b'}' => self.close(true),
+            Mode::ObjFirst | Mode::Key => (b == b'"').then(|| Self { mode: Mode::Str { key: true }, ..self }),
+            Mode::Colon => (b == b':').then(|| Self { mode: Mode::Value, ..self }),
+            Mode::After => match b {
+                b',' => Some(Self { mode: if self.top_is_object() { Mode::Key } else { Mode::Value }, ..self }),
+                b'}' => self.close(true),
+                b']' => self.close(false),
+                _ => None,
+            },
+            Mode::Str { key } => match b {
+                b'"' if key => Some(Self { mode: Mode::Colon, ..self }),
+                b'"' => Some(self.value_done()),
+                b'\\' => Some(Self { mode: Mode::Esc { key }, ..self }),
+                0..=0x1f => None,
+                _ => Some(self),
+            },
+            Mode::Esc { key } => match b {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
+                    Some(Self { mode: Mode::Str { key }, ..self })
+                }
+                b'u' => Some(Self { mode: Mode::Hex { key, left: 4 }, ..self }),
+                _ => None,
+            },
+            Mode::Hex { key, left } => b.is_ascii_hexdigit().then(|| {
+                self.mode = if left == 1 { Mode::Str { key } } else { Mode::Hex { key, left: left - 1 } };
+                self
+            }),
+            Mode::Num(n) => {
+                let next = match (n, b) {
+                    (Num::Minus, b'0') => Some(Num::Zero),
+                    (Num::Minus, b'1'..=b'9') => Some(Num::Int),
+                    (Num::Int, b'0'..=b'9') => Some(Num::Int),
+                    (Num::Zero | Num::Int, b'.') => Some(Num::Dot),
+                    (Num::Dot | Num::Frac, b'0'..=b'9') => Some(Num::Frac),
+                    (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') => Some(Num::E),
+                    (Num::E, b'+' | b'-') => Some(Num::ESign),
+                    (Num::E | Num::ESign | Num::Exp, b'0'..=b'9') => Some(Num::Exp),
+                    _ => None,
+                };
+                match next {
+                    Some(n) => Some(Self { mode: Mode::Num(n), ..self }),
+                    // The number ends; the byte belongs to what follows it (numbers only
+                    // appear inside containers here, so something follows).
+                    None if n.complete() => self.value_done().step(b),
+                    None => None,
+                }
+            }
+            Mode::Lit { lit, at } => {
+                let word = LITERALS[lit as usize];
+                (word[at as usize] == b).then(|| {
+                    if at as usize + 1 == word.len() {
+                        self.value_done()
+                    } else {
+                        Self { mode: Mode::Lit { lit, at: at + 1 }, ..self }
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// The bytes each token id adds to the text, for [`JsonState`] masks. Built once per
+/// tokenizer (the server does it from `tokenizer.json`); ids without bytes (special tokens)
+/// are never allowed by the mask.
+#[derive(Debug)]
+pub struct JsonVocab {
+    /// Every id's bytes, concatenated.
+    bytes: Vec<u8>,
+    /// Per id: `(start, len)` in `bytes` (`len` 0: no bytes).
+    span: Vec<(u32, u32)>,
+    /// Ids with bytes, sorted by their bytes.
+    sorted: Vec<u32>,
+    /// Allowed-token bit sets of recent states (a generation revisits few states: inside a
+    /// string at one depth, after a value, ...).
+    cache: Mutex<HashMap<JsonState, Arc<Vec<u64>>>>,
+}
+
+impl JsonVocab {
+    /// From `tokens[id]` = the bytes of token `id` (`None` or empty: a special token).
+    pub fn new(tokens: &[Option<Vec<u8>>]) -> Self {
+        let mut bytes = Vec::new();
+        let mut span = Vec::with_capacity(tokens.len());
+        for t in tokens {
+            let b = t.as_deref().unwrap_or_default();
+            span.push((bytes.len() as u32, b.len() as u32));
+            bytes.extend_from_slice(b);
+        }
+        let mut v = Self { bytes, span, sorted: Vec::new(), cache: Mutex::new(HashMap::new()) };
+        let mut sorted: Vec<u32> = (0..tokens.len() as u32).filter(|&i| !v.of(i).is_empty()).collect();
+        sorted.sort_unstable_by(|&a, &b| v.of(a).cmp(v.of(b)));
+        v.sorted = sorted;
+        v
+    }
+
+    /// Token ids this vocabulary covers.
+    pub fn len(&self) -> usize {
+        self.span.len()
+    }
+
+    /// Whether it covers no id.
+    pub fn is_empty(&self) -> bool {
+        self.span.is_empty()
+    }
+
+    /// The bytes of token `id` (empty for special tokens and ids beyond the vocabulary).
+    pub fn of(&self, id: u32) -> &[u8] {
+        match self.span.get(id as usize) {
+            Some(&(s, l)) => &self.bytes[s as usize..(s + l) as usize],
+            None => &[],
+        }
+    }
+
+    /// The tokens whose bytes continue `state`, as a bit set over the ids (bit `id % 64` of
+    /// word `id / 64`), from the cache or [`JsonVocab::allowed`].
+    pub fn allowed_set(&self, state: JsonState) -> Arc<Vec<u64>> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = cache.get(&state) {
+            return b.clone();
+        }
+        let mut bits = vec![0u64; self.span.len().div_ceil(64)];
+        self.allowed(state, |id| bits[id as usize / 64] |= 1 << (id % 64));
+        let bits = Arc::new(bits);
+        if cache.len() >= CACHE_STATES {
+            cache.clear();
+        }
+        cache.insert(state, bits.clone());
+        bits
+    }
+
+    /// Calls `allow(id)` for every token whose bytes continue `state`.
+    pub fn allowed(&self, state: JsonState, mut allow: impl FnMut(u32)) {
+        // states[d]: the state after the first d bytes of the previous token (valid for
+        // d <= ok); `prev` that token's bytes.
+        let mut states: Vec<JsonState> = vec![state];
+        let mut prev: &[u8] = &[];
+        let mut ok = 0usize;
+        let mut failed = false;
+        for &id in &self.sorted {
+            let b = self.of(id);
+            let common = prev.iter().zip(b).take_while(|(x, y)| x == y).count();
+            if failed && common > ok {
+                // Shares the byte the previous token was refused at.
+                prev = b;
+                continue;
+            }
+            let mut d = common.min(ok);
+            states.truncate(d + 1);
+            failed = false;
+            while d < b.len() {
+                match states[d].step(b[d]) {
+                    Some(s) => {
+                        states.push(s);
+                        d += 1;
+                    }
+                    None => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            ok = d;
+            prev = b;
+            if !failed {
+                allow(id);
+            }
+        }
+    }
+}
+
+/// The JSON constraint of a request: a shared vocabulary (equal when it is the same one).
+#[derive(Clone, Debug)]
+pub struct JsonMode(pub Arc<JsonVocab>);
+
+impl PartialEq for JsonMode {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(s: &str) -> Option<JsonState> {
+        JsonState::new().feed(s.as_bytes())
+    }
+
+    #[test]
+    fn objects_and_their_prefixes() {
+        for good in [
+            r#"{}"#,
+            r#" { "a" : 1 } "#,
+            r#"{"a":[1,-2.5e+3,0,0.25E-1,true,false,null,"x\"\\\/\b\f\n\r\tq\u00e9"],"b":{"c":{}}}"#,
+            "{\"k\":[[],[{}],\"é ü\"]}\n",
+            r#"{"n":-0}"#,
+        ] {
+            let s = run(good).unwrap_or_else(|| panic!("{good}"));
+            assert!(s.complete(), "{good}");
+            // Every prefix is accepted and incomplete (before the last `}`).
+            let (b, end) = (good.as_bytes(), good.rfind('}').unwrap_or(0));
+            for i in 0..end {
+                let p = JsonState::new().feed(&b[..i]).unwrap_or_else(|| panic!("prefix {:?}", &b[..i]));
+                assert!(!p.complete(), "{:?}", &b[..i]);
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_json_object() {
+        for bad in [
+            "[1]",
+            "1",
+            "\"s\"",
+            "x",
+            "{a:1}",
+            "{\"a\" 1}",
+            "{\"a\":01}",
+            "{\"a\":1.}",
+            "{\"a\":-}",
+            "{\"a\":1e}",
+            "{\"a\":tru}x",
+            "{\"a\":[1,]}",
+            "{\"a\":1,}",
+            "{\"a\":1]",
+            "{\"a\":[1}",
+            "{}{}",
+            "{} x",
+            "{\"a\":\"\\x\"}",
+            "{\"a\":\"\\u12G4\"}",
+            "{\"a\":\"\n\"}",
+            "{,}",
+            "{\"a\"::1}",
+            "{\"a\":nul",
+            "{\"a\":.5}",
+        ] {
+            let s = run(bad);
+            assert!(s.is_none_or(|s| !s.complete()), "{bad:?} accepted");
+        }
+        for refused in ["[1]", "x", "{a", "{\"a\":01", "{\"a\":[1,]", "{}{", "{\"a\":\"\\x", "{\"a\":\"\n"] {
+            assert!(run(refused).is_none(), "{refused:?} should be refused at once");
+        }
+        // Depth: MAX_DEPTH containers nest, one more does not.
+        let deep = "{\"a\":".to_string() + &"[".repeat(MAX_DEPTH as usize - 1);
+        assert!(run(&deep).is_some());
+        assert!(run(&(deep + "[")).is_none());
+    }
+
+    #[test]
+    fn allowed_tokens_by_walk_equal_one_by_one() {
+        let words = [
+            "{", "}", "{\"", "\"", "\":", ":", " ", "\n", "a", "ab", "abc", "1", "12", "1.", ".5", "-", "tr", "true",
+            "ue", "rue", "null", ",", ", \"", "[", "]", "[]", "}}", "x", "\\", "\\n", "\\u", "00e9", "é", "\"}",
+        ];
+        let mut toks: Vec<Option<Vec<u8>>> = words.iter().map(|w| Some(w.as_bytes().to_vec())).collect();
+        toks.push(None); // a special token
+        let v = JsonVocab::new(&toks);
+        let mut seen_states = 0;
+        for prefix in ["", "{", "{\"a", "{\"a\\", "{\"a\":", "{\"a\":1", "{\"a\":[", "{\"a\":t", "{\"a\":{}", "{}"] {
+            let st = run(prefix).expect(prefix);
+            let mut got = Vec::new();
+            v.allowed(st, |id| got.push(id));
+            got.sort_unstable();
+            let want: Vec<u32> =
+                (0..toks.len() as u32).filter(|&i| !v.of(i).is_empty() && st.feed(v.of(i)).is_some()).collect();
+            assert_eq!(got, want, "after {prefix:?}");
+            seen_states += usize::from(!got.is_empty());
+        }
+        assert_eq!(seen_states, 10);
+        assert!(v.of(toks.len() as u32 - 1).is_empty() && v.of(999).is_empty());
+    }
+}
