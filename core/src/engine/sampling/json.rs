@@ -188,8 +188,8 @@ impl JsonState {
             Mode::ArrFirst if b == b']' => self.close(false),
             Mode::ArrFirst => self.value(b),
             Mode::ObjFirst if b == b'}' => self.close(true),
-            Mode::ObjFirst | Mode::Key => (b == b'"').then(|| Self { mode: Mode::Str { key: true }, ..self }),
-            Mode::Colon => (b == b':').then(|| Self { mode: Mode::Value, ..self }),
+            Mode::ObjFirst | Mode::Key => (b == b'"').then_some(Self { mode: Mode::Str { key: true }, ..self }),
+            Mode::Colon => (b == b':').then_some(Self { mode: Mode::Value, ..self }),
             Mode::After => match b {
                 b',' => Some(Self { mode: if self.top_is_object() { Mode::Key } else { Mode::Value }, ..self }),
                 b'}' => self.close(true),
