@@ -30,6 +30,7 @@ fn params(c: &Value) -> SamplingParams {
         presence_penalty: f("presence_penalty").expect("presence_penalty"),
         frequency_penalty: f("frequency_penalty").expect("frequency_penalty"),
         logit_bias: Vec::new(),
+        json: None,
         seed: Some(7),
         logprobs: p["logprobs"].as_u64().map(|n| n as usize),
         stop: StopParams {
