@@ -161,7 +161,7 @@ class TinyModel(unittest.TestCase):
             ({"logit_bias": {"99999999": 1}}, "logit_bias"), ({"logit_bias": [5]}, "logit_bias"),
             ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
             ({"response_format": "json"}, "response_format"),
-            ({"suffix": " end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"guided_json": {"type": "object"}}, "guided_json"),
+            ({"suffix": " end"}, "suffix"), ({"best_of": 3}, "best_of"), ({"guided_json": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}, "pattern"),
             ({"use_beam_search": True}, "use_beam_search"), ({"skip_special_tokens": False}, "skip_special_tokens"),
             ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
         ]
@@ -223,6 +223,28 @@ class TinyModel(unittest.TestCase):
             self.assertEqual(text[end:].strip(), "", (seed, r.text))
             completed += 1
         print(f"json mode: {completed} of 8 draws closed their object")
+
+    def test_json_schema_random_draws(self):
+        # Random weights: each draw is the schema's text or (cut by max_tokens) a prefix of one.
+        schema = {"type": "object", "required": ["k", "n"],
+                  "properties": {"k": {"enum": ["a", "b"]}, "n": {"type": "integer"}, "f": {"type": "boolean"}}}
+        dec, completed = json.JSONDecoder(), 0
+        for seed in range(8):
+            r = self.complete(max_tokens=40, temperature=1.0, seed=seed, extra_body={
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}).choices[0]
+            text = r.text.lstrip()
+            self.assertTrue(text.startswith("{"), (seed, r.text))
+            try:
+                obj, end = dec.raw_decode(text)
+            except json.JSONDecodeError:
+                self.assertEqual(r.finish_reason, "length", (seed, r.text))
+                continue
+            self.assertEqual(text[end:].strip(), "")
+            self.assertIn(obj["k"], ["a", "b"])
+            self.assertIsInstance(obj["n"], int)
+            self.assertTrue(set(obj) <= {"k", "n", "f"} and isinstance(obj.get("f", True), bool), obj)
+            completed += 1
+        print(f"json schema: {completed} of 8 draws closed their object")
 
     def test_logit_bias(self):
         body = {"model": self.model, "prompt": "hi", "max_tokens": 6, "temperature": 0, "ignore_eos": True,
@@ -625,6 +647,24 @@ class SmolLM2(unittest.TestCase):
                            self.c.chat.completions.create(response_format={"type": "json_object"}, stream=True, **kw)
                            if ch.choices)
         self.assertEqual(streamed, r.message.content)
+
+    def test_json_schema(self):
+        schema = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city", "hobbies"],
+                  "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                 "city": {"enum": ["Paris", "London"]}, "hobbies": {"type": "array", "items": {"type": "string"}}}}
+        q = [{"role": "user", "content": "Alice is 30 years old and lives in Paris. Describe her as JSON."}]
+        r = self.c.chat.completions.create(
+            model="smollm2", messages=q, max_tokens=80, temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": schema}})
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        obj = json.loads(r.choices[0].message.content)
+        self.assertEqual(sorted(obj), ["age", "city", "hobbies", "name"], obj)
+        self.assertEqual((obj["name"], obj["age"], obj["city"]), ("Alice", 30, "Paris"), obj)
+        self.assertTrue(all(isinstance(h, str) for h in obj["hobbies"]), obj)
+        # vLLM's guided_json, the same schema as text: the same answer.
+        g = self.c.chat.completions.create(model="smollm2", messages=q, max_tokens=80, temperature=0,
+                                           extra_body={"guided_json": json.dumps(schema)})
+        self.assertEqual(g.choices[0].message.content, r.choices[0].message.content)
 
     def test_auth_and_open_endpoints(self):
         with self.assertRaises(openai.AuthenticationError):

@@ -48,9 +48,11 @@
 
 mod json;
 mod row;
+mod schema;
 mod seq;
 
-pub use json::{JsonMode, JsonState, JsonVocab, MAX_DEPTH as JSON_MAX_DEPTH};
+pub use json::{JsonState, JsonVocab, MAX_DEPTH as JSON_MAX_DEPTH};
+pub use schema::{Schema, SchemaState, MAX_FRAMES as SCHEMA_MAX_FRAMES};
 pub use seq::{Sampled, SeqSampler};
 
 use crate::bail;
@@ -99,6 +101,21 @@ impl StopParams {
     }
 }
 
+/// The structured-output constraint of a request: a compiled [`Schema`] (for
+/// `json_object`, [`Schema::any_object`]) over a tokenizer's [`JsonVocab`]. Equal when both
+/// are the same objects.
+#[derive(Clone, Debug)]
+pub struct JsonMode {
+    pub vocab: std::sync::Arc<JsonVocab>,
+    pub schema: std::sync::Arc<Schema>,
+}
+
+impl PartialEq for JsonMode {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.vocab, &other.vocab) && std::sync::Arc::ptr_eq(&self.schema, &other.schema)
+    }
+}
+
 /// Sampling parameters of one request. The defaults are greedy with every filter off.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -120,9 +137,9 @@ pub struct SamplingParams {
     /// in [−100, 100], added to the raw logits before the penalties; empty: off. Ids beyond the
     /// logits row are ignored (the API checks them against the vocabulary).
     pub logit_bias: Vec<(u32, f32)>,
-    /// JSON mode (`response_format: {"type": "json_object"}`): every token that would not
-    /// continue one JSON object is masked, and the end ids only pass once it is complete
-    /// ([`JsonMode`]); `None`: off.
+    /// Structured output (`response_format` `json_object` / `json_schema`): every token that
+    /// would not continue a text of the schema is masked, and the end ids only pass once the
+    /// text is complete ([`JsonMode`]); `None`: off.
     pub json: Option<JsonMode>,
     /// Seed of this request's RNG stream; `None`: a fresh random seed per sampler.
     pub seed: Option<u64>,

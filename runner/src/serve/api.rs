@@ -3,6 +3,7 @@
 use super::{Output, Server};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use porter_core::engine::sampling::JsonMode;
 use porter_core::engine::{SamplingParams, StopParams, TokenOut};
 use serde_json::{json, Map, Value};
 
@@ -228,6 +229,7 @@ pub fn render_chat(s: &Server, body: &Value, messages: &Value) -> Result<String,
 pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Result<Plan, ApiError> {
     let v = parse_json(headers, body)?;
     unsupported(&v, is_chat)?;
+    let json = structured(s, &v)?;
     let tool_auto = is_chat && tool_choice_parses(&v)?;
     if tool_auto && !s.tool_calls && v.get("tools").is_some_and(|t| !t.is_null()) {
         // As vLLM: tools the answer could call need a parser to turn the calls into `tool_calls`.
@@ -323,12 +325,6 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
     in_range("repetition_penalty", repetition, 0.0, 2.0, true, "(0, 2]")?;
     let seed = int(&v, "seed")?.map(|x| x as u64);
     let logit_bias = logit_bias(&v, s.vocab)?;
-    let json = v
-        .get("response_format")
-        .and_then(|r| r.get("type"))
-        .and_then(Value::as_str)
-        .filter(|&t| t == "json_object")
-        .map(|_| porter_core::engine::sampling::JsonMode(s.json_vocab()));
     let n = match int(&v, "n")? {
         Some(n) if (1..=16).contains(&n) => n as usize,
         Some(n) => return Err(ApiError::invalid("n", format!("`n` must be in 1..=16, got {n}"))),
@@ -436,26 +432,13 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
 /// (never answered as if they were absent). A field may carry the value that means "off".
 fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
     let set = |k: &str| v.get(k).filter(|x| !x.is_null());
-    if let Some(r) = set("response_format") {
-        let t = r.get("type").and_then(Value::as_str);
-        if !matches!(t, Some("text" | "json_object")) {
-            return Err(ApiError::invalid(
-                "response_format",
-                format!(
-                    "`response_format` {} is not supported: porter constrains output to JSON \
-                     (`{{\"type\": \"json_object\"}}`) but has no schema-guided decoding",
-                    t.map_or_else(|| r.to_string(), |t| format!("of type `{t}`"))
-                ),
-            ));
-        }
-    }
+
     if !is_chat && set("suffix").is_some_and(|x| x.as_str() != Some("")) {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported (no fill-in-the-middle)"));
     }
     // vLLM's structured-output and beam-search extensions, OpenAI's retired function calling
     // and options for other modalities.
     for k in [
-        "guided_json",
         "guided_regex",
         "guided_choice",
         "guided_grammar",
@@ -495,6 +478,44 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// The structured-output constraint of a request: OpenAI `response_format` (`text`,
+/// `json_object`, `json_schema` with its `schema`) or vLLM's `guided_json` (a schema, or its
+/// JSON text). A schema porter cannot follow is a 400 naming what it does not support.
+fn structured(s: &Server, v: &Value) -> Result<Option<JsonMode>, ApiError> {
+    let rf = v.get("response_format").filter(|x| !x.is_null());
+    let guided = v.get("guided_json").filter(|x| !x.is_null());
+    if rf.is_some() && guided.is_some() {
+        return Err(ApiError::invalid("guided_json", "send either `response_format` or `guided_json`, not both"));
+    }
+    let bad = |k: &str, m: String| ApiError::invalid(k, m);
+    let schema = |k: &str, x: &Value| -> Result<Option<JsonMode>, ApiError> {
+        s.json_schema(x).map(Some).map_err(|e| bad(k, format!("`{k}`: the schema is not supported: {e}")))
+    };
+    if let Some(g) = guided {
+        return match g {
+            Value::String(t) => {
+                let x: Value =
+                    serde_json::from_str(t).map_err(|e| bad("guided_json", format!("`guided_json`: {e}")))?;
+                schema("guided_json", &x)
+            }
+            x => schema("guided_json", x),
+        };
+    }
+    let Some(r) = rf else { return Ok(None) };
+    match r.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(s.json_object())),
+        Some("json_schema") => match r.get("json_schema").and_then(|j| j.get("schema")) {
+            Some(x) => schema("response_format", x),
+            None => Err(bad("response_format", "`response_format.json_schema.schema` is required".into())),
+        },
+        _ => Err(bad(
+            "response_format",
+            format!("`response_format` must be {{\"type\": \"text\" | \"json_object\" | \"json_schema\"}}, got {r}"),
+        )),
+    }
 }
 
 /// OpenAI `logit_bias`: an object from token ids (decimal strings) to biases in [−100, 100],

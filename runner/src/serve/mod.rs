@@ -10,6 +10,8 @@
 pub mod api;
 pub mod page;
 mod stream;
+mod structured;
+pub use structured::Structured;
 pub mod text;
 
 use anyhow::{Context, Result};
@@ -51,19 +53,9 @@ pub struct Server {
     pub tool_calls: bool,
     /// `--mtp-step K`: draft tokens per step.
     pub spec_k: Option<usize>,
-    /// JSON mode's token bytes, built from the tokenizer on the first request that asks for it.
-    pub json_vocab: std::sync::OnceLock<Arc<porter_core::engine::sampling::JsonVocab>>,
-}
-
-impl Server {
-    /// The token bytes of JSON mode (`response_format: {"type": "json_object"}`), built once.
-    pub fn json_vocab(&self) -> Arc<porter_core::engine::sampling::JsonVocab> {
-        self.json_vocab
-            .get_or_init(|| {
-                Arc::new(porter_core::engine::sampling::JsonVocab::new(&text::token_bytes(&self.tok, self.vocab)))
-            })
-            .clone()
-    }
+    /// Structured output: the token bytes (built from the tokenizer on the first request
+    /// that asks for them) and the compiled schemas (`json_object`'s and recent requests').
+    pub structured: Structured,
 }
 
 /// Request counters and latency sums for `/metrics`.
@@ -300,7 +292,7 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
         reasoning,
         tool_calls,
         spec_k,
-        json_vocab: std::sync::OnceLock::new(),
+        structured: Structured::default(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
     let addr = format!("{}:{}", a.host, a.port);

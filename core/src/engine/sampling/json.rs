@@ -14,9 +14,10 @@
 //! re-validated as UTF-8).
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
-/// States whose allowed-token sets a [`JsonVocab`] keeps (then it starts over).
+/// States whose allowed-token sets a [`MaskCache`] keeps (then it starts over).
 const CACHE_STATES: usize = 512;
 
 /// Most nested containers (objects and arrays) of a constrained output.
@@ -108,9 +109,21 @@ impl JsonState {
         Self { mode: Mode::Start, stack: 0, depth: 0 }
     }
 
-    /// Whether a whole top-level object has been read.
+    /// Nothing read yet, any JSON value expected (not only an object): the recogniser of a
+    /// schema's unconstrained value (`sampling/schema.rs`).
+    pub fn any_value() -> Self {
+        Self { mode: Mode::Value, stack: 0, depth: 0 }
+    }
+
+    /// Whether a whole top-level value has been read.
     pub fn complete(&self) -> bool {
         self.mode == Mode::Done
+    }
+
+    /// Whether the input so far is a complete top-level number, which a byte it refuses
+    /// ends (a number has no end of its own).
+    pub fn may_end_number(&self) -> bool {
+        self.depth == 0 && matches!(self.mode, Mode::Num(n) if n.complete())
     }
 
     /// The state after `bytes`, or `None` when they do not continue a JSON object.
@@ -259,9 +272,6 @@ pub struct JsonVocab {
     span: Vec<(u32, u32)>,
     /// Ids with bytes, sorted by their bytes.
     sorted: Vec<u32>,
-    /// Allowed-token bit sets of recent states (a generation revisits few states: inside a
-    /// string at one depth, after a value, ...).
-    cache: Mutex<HashMap<JsonState, Arc<Vec<u64>>>>,
 }
 
 impl JsonVocab {
@@ -274,7 +284,7 @@ impl JsonVocab {
             span.push((bytes.len() as u32, b.len() as u32));
             bytes.extend_from_slice(b);
         }
-        let mut v = Self { bytes, span, sorted: Vec::new(), cache: Mutex::new(HashMap::new()) };
+        let mut v = Self { bytes, span, sorted: Vec::new() };
         let mut sorted: Vec<u32> = (0..tokens.len() as u32).filter(|&i| !v.of(i).is_empty()).collect();
         sorted.sort_unstable_by(|&a, &b| v.of(a).cmp(v.of(b)));
         v.sorted = sorted;
@@ -299,28 +309,17 @@ impl JsonVocab {
         }
     }
 
-    /// The tokens whose bytes continue `state`, as a bit set over the ids (bit `id % 64` of
-    /// word `id / 64`), from the cache or [`JsonVocab::allowed`].
-    pub fn allowed_set(&self, state: JsonState) -> Arc<Vec<u64>> {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(b) = cache.get(&state) {
-            return b.clone();
-        }
-        let mut bits = vec![0u64; self.span.len().div_ceil(64)];
-        self.allowed(state, |id| bits[id as usize / 64] |= 1 << (id % 64));
-        let bits = Arc::new(bits);
-        if cache.len() >= CACHE_STATES {
-            cache.clear();
-        }
-        cache.insert(state, bits.clone());
-        bits
+    /// Calls `allow(id)` for every token whose bytes continue `state` (a [`JsonState`]).
+    pub fn allowed(&self, state: JsonState, allow: impl FnMut(u32)) {
+        self.walk(state, |s, b| s.step(b), allow)
     }
 
-    /// Calls `allow(id)` for every token whose bytes continue `state`.
-    pub fn allowed(&self, state: JsonState, mut allow: impl FnMut(u32)) {
+    /// Calls `allow(id)` for every token whose bytes `step` takes from `state`, in one walk
+    /// of the byte-sorted ids that steps each shared prefix once.
+    pub fn walk<S: Copy>(&self, state: S, step: impl Fn(S, u8) -> Option<S>, mut allow: impl FnMut(u32)) {
         // states[d]: the state after the first d bytes of the previous token (valid for
         // d <= ok); `prev` that token's bytes.
-        let mut states: Vec<JsonState> = vec![state];
+        let mut states: Vec<S> = vec![state];
         let mut prev: &[u8] = &[];
         let mut ok = 0usize;
         let mut failed = false;
@@ -336,7 +335,7 @@ impl JsonVocab {
             states.truncate(d + 1);
             failed = false;
             while d < b.len() {
-                match states[d].step(b[d]) {
+                match step(states[d], b[d]) {
                     Some(s) => {
                         states.push(s);
                         d += 1;
@@ -356,13 +355,33 @@ impl JsonVocab {
     }
 }
 
-/// The JSON constraint of a request: a shared vocabulary (equal when it is the same one).
-#[derive(Clone, Debug)]
-pub struct JsonMode(pub Arc<JsonVocab>);
+/// Allowed-token bit sets (bit `id % 64` of word `id / 64`) of recent states of one
+/// constraint: a generation revisits few states (inside a string at one depth, after a
+/// value, ...), so most steps are a lookup.
+#[derive(Debug)]
+pub struct MaskCache<S>(Mutex<HashMap<S, Arc<Vec<u64>>>>);
 
-impl PartialEq for JsonMode {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+impl<S> Default for MaskCache<S> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<S: Copy + Eq + Hash> MaskCache<S> {
+    /// The set of `state`, from the cache or computed by `fill(state, set)`.
+    pub fn get(&self, state: S, words: usize, fill: impl FnOnce(&mut Vec<u64>)) -> Arc<Vec<u64>> {
+        if let Some(b) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&state) {
+            return b.clone();
+        }
+        let mut bits = vec![0u64; words];
+        fill(&mut bits);
+        let bits = Arc::new(bits);
+        let mut cache = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CACHE_STATES {
+            cache.clear();
+        }
+        cache.insert(state, bits.clone());
+        bits
     }
 }
 

@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use super::json::{JsonState, JsonVocab};
 use super::row::{self, Row};
+use super::schema::SchemaState;
 use super::SamplingParams;
 use crate::error::Result;
 use crate::{bail, err};
@@ -53,7 +53,7 @@ pub struct SeqSampler {
     output: Vec<u32>,
     /// JSON mode: the recogniser's state after each accepted output prefix (`json[i]` after
     /// `i` tokens); empty without it.
-    json: Vec<JsonState>,
+    json: Vec<SchemaState>,
 }
 
 impl SeqSampler {
@@ -63,7 +63,7 @@ impl SeqSampler {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(random_seed);
         let state = seed ^ 0x9E37_79B9_7F4A_7C15;
-        let json = if params.json.is_some() { vec![JsonState::new()] } else { Vec::new() };
+        let json = params.json.as_ref().map(|m| vec![m.schema.start()]).unwrap_or_default();
         Ok(Self { params, state, seen: BTreeMap::new(), output: Vec::new(), json })
     }
 
@@ -91,7 +91,7 @@ impl SeqSampler {
         self.output.push(token);
         if let (Some(m), Some(&last)) = (&self.params.json, self.json.last()) {
             // A token the mask refused (an end id, or one chosen another way) leaves the state.
-            self.json.push(last.feed(m.0.of(token)).unwrap_or(last));
+            self.json.push(last.feed(&m.schema, m.vocab.of(token)).unwrap_or(last));
         }
     }
 
@@ -152,7 +152,8 @@ impl SeqSampler {
             }
         }
         if let (Some(m), Some(&st)) = (&p.json, self.json.last()) {
-            return Self::json_mask(&m.0, st, ov, raw.len(), p.stop.masks(out_len), self.stop_ids(eos));
+            let bits = m.schema.allowed_set(&m.vocab, st);
+            return Self::json_mask(&bits, st.complete(), ov, raw.len(), p.stop.masks(out_len), self.stop_ids(eos));
         }
         if p.stop.masks(out_len) {
             let eos = if p.stop.ignore_eos { &[][..] } else { eos };
@@ -176,22 +177,21 @@ impl SeqSampler {
         eos.iter().chain(&p.stop.stop_token_ids).copied()
     }
 
-    /// `ov` (sorted by id) under JSON mode at state `st` over a row of `n` logits: every
-    /// token the state refuses at −∞; the stop ids pass only once the object is complete (and
-    /// not while `min_tokens` masks them).
+    /// `ov` (sorted by id) under structured output over a row of `n` logits: every token
+    /// outside `bits` (the state's allowed set) at −∞; the stop ids pass only once the text is
+    /// `complete` (and not while `min_tokens` masks them).
     fn json_mask(
-        vocab: &JsonVocab,
-        st: JsonState,
+        bits: &[u64],
+        complete: bool,
         ov: Vec<(u32, f32)>,
         n: usize,
         min_tokens: bool,
         stops: impl Iterator<Item = u32>,
     ) -> Vec<(u32, f32)> {
-        let bits = vocab.allowed_set(st);
         let bit = |id: usize| bits.get(id / 64).is_some_and(|w| (w >> (id % 64)) & 1 == 1);
         let mut stop: Vec<u32> = stops.filter(|&id| (id as usize) < n).collect();
         stop.sort_unstable();
-        let stop_ok = st.complete() && !min_tokens;
+        let stop_ok = complete && !min_tokens;
         let mut out = Vec::new();
         let mut old = ov.into_iter().peekable();
         for id in 0..n {

@@ -420,13 +420,15 @@ fn json_mode_keeps_the_output_one_json_object() {
     ];
     let toks: Vec<Option<Vec<u8>>> = words.iter().map(|w| w.map(|w| w.as_bytes().to_vec())).collect();
     let vocab = std::sync::Arc::new(JsonVocab::new(&toks));
+    let schema = std::sync::Arc::new(Schema::any_object());
+    let mode = || JsonMode { vocab: vocab.clone(), schema: schema.clone() };
     let eos = [6u32];
     let mut completed = 0;
     for seed in 0..40u64 {
         let p = SamplingParams {
             temperature: 1.0,
             seed: Some(seed),
-            json: Some(JsonMode(vocab.clone())),
+            json: Some(mode()),
             stop: StopParams { max_tokens: Some(200), ..Default::default() },
             ..Default::default()
         };
@@ -453,7 +455,7 @@ fn json_mode_keeps_the_output_one_json_object() {
     }
     assert!(completed > 0, "no draw completed an object");
     // Rolling back: after `{"a"` then truncating to `{`, a key is allowed again and `:` is not.
-    let p = SamplingParams { json: Some(JsonMode(vocab.clone())), ..Default::default() };
+    let p = SamplingParams { json: Some(mode()), ..Default::default() };
     let mut s = SeqSampler::new(p).unwrap();
     s.accept(0);
     s.accept(2);

@@ -1,0 +1,655 @@
+//! Structured outputs: the output constrained to a JSON schema (OpenAI `response_format:
+//! {"type": "json_schema", ...}`), or to any JSON object (`{"type": "json_object"}`).
+//!
+//! [`Schema::compile`] turns a schema into nodes; [`SchemaState`] recognises, byte by byte,
+//! the prefixes of the texts the schema accepts: objects with their `properties` in any order
+//! (each at most once, every `required` one present, none added), arrays of
+//! `items`, strings, integers, numbers, booleans, null, `enum` / `const` values and unions of
+//! `type`s that differ in their first byte. A value the schema leaves open (no `type`, or an
+//! object without `properties`) is any JSON value ([`JsonState`]). Every other keyword
+//! (`pattern`, `minimum`, `$ref`, `anyOf`, ...) is refused at compile time with its path, never
+//! ignored. The state is `Copy` (at most [`MAX_FRAMES`] nested values of the schema), so that
+//! [`JsonVocab::walk`] can find the allowed tokens; the sets are cached per state.
+//!
+//! Keys are matched as `serde_json` writes them (the name as a JSON string, no escapes beyond
+//! JSON's own), literals as `serde_json` writes the `enum` / `const` value.
+
+use super::json::{JsonState, JsonVocab, MaskCache};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// Most nested values of a schema (objects, arrays and their leaves) a state tracks.
+pub const MAX_FRAMES: usize = 16;
+/// Most properties of one object, and most `enum` values of one node.
+const MAX_ALTS: usize = 64;
+
+/// One property of an object node.
+#[derive(Debug)]
+struct Prop {
+    /// The key as JSON text, quotes included.
+    key: Vec<u8>,
+    node: u16,
+    required: bool,
+}
+
+/// A compiled schema node.
+#[derive(Debug)]
+enum Node {
+    /// Any JSON value; `object`: any object.
+    Any {
+        object: bool,
+    },
+    /// An object with these properties (in any order).
+    Object(Vec<Prop>),
+    /// An array of this node.
+    Array(u16),
+    String,
+    Number {
+        integer: bool,
+    },
+    /// One of these JSON texts (`enum`, `const`, `boolean`, `null`).
+    Literals(Vec<Vec<u8>>),
+    /// One of these nodes, told apart by the value's first byte.
+    Union(Vec<u16>),
+}
+
+/// A compiled schema (see the module docs) with the allowed-token sets of its states.
+#[derive(Debug)]
+pub struct Schema {
+    nodes: Vec<Node>,
+    root: u16,
+    cache: MaskCache<SchemaState>,
+}
+
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// The bytes a value of `node` may start with.
+fn first_bytes(nodes: &[Node], node: u16) -> [bool; 256] {
+    let mut set = [false; 256];
+    match &nodes[node as usize] {
+        Node::Any { object: false } => {
+            for b in b"{[\"-0123456789tfn" {
+                set[*b as usize] = true;
+            }
+        }
+        Node::Any { object: true } | Node::Object(_) => set[b'{' as usize] = true,
+        Node::Array(_) => set[b'[' as usize] = true,
+        Node::String => set[b'"' as usize] = true,
+        Node::Number { .. } => {
+            for b in b"-0123456789" {
+                set[*b as usize] = true;
+            }
+        }
+        Node::Literals(l) => l.iter().filter_map(|x| x.first()).for_each(|&b| set[b as usize] = true),
+        Node::Union(alts) => {
+            for &a in alts {
+                for (s, f) in set.iter_mut().zip(first_bytes(nodes, a)) {
+                    *s |= f;
+                }
+            }
+        }
+    }
+    set
+}
+
+impl Schema {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    pub fn any_object() -> Self {
+        Self { nodes: vec![Node::Any { object: true }], root: 0, cache: MaskCache::default() }
+    }
+
+    /// Compiles a JSON schema whose root is an object (see the module docs for what is
+    /// supported). `Err`: what is not, with the keyword's path (`$.properties.a.pattern`).
+    pub fn compile(schema: &Value) -> Result<Self, String> {
+        let mut nodes = Vec::new();
+        let root = compile_node(schema, "$", 0, &mut nodes)?;
+        if !matches!(nodes[root as usize], Node::Object(_) | Node::Any { object: true }) {
+            return Err("`$`: the root of the schema must be `\"type\": \"object\"`".into());
+        }
+        Ok(Self { nodes, root, cache: MaskCache::default() })
+    }
+
+    /// The state before any output.
+    pub fn start(&self) -> SchemaState {
+        let mut s = SchemaState { frames: [Frame::default(); MAX_FRAMES], depth: 0, any: JsonState::new() };
+        s.push(self, self.root);
+        s
+    }
+
+    /// The tokens of `vocab` whose bytes continue `state`, as a bit set over the ids.
+    pub fn allowed_set(&self, vocab: &JsonVocab, state: SchemaState) -> Arc<Vec<u64>> {
+        self.cache.get(state, vocab.len().div_ceil(64), |bits| {
+            vocab.walk(state, |s, b| s.step(self, b), |id| bits[id as usize / 64] |= 1 << (id % 64))
+        })
+    }
+}
+
+/// Compiles `v` (at `path`, `depth` values deep) into `nodes`; returns its index.
+fn compile_node(v: &Value, path: &str, depth: usize, nodes: &mut Vec<Node>) -> Result<u16, String> {
+    if depth >= MAX_FRAMES {
+        return Err(format!("`{path}`: the schema nests deeper than {MAX_FRAMES} values"));
+    }
+    let add = |nodes: &mut Vec<Node>, n: Node| -> Result<u16, String> {
+        nodes.push(n);
+        u16::try_from(nodes.len() - 1).map_err(|_| format!("`{path}`: the schema has too many nodes"))
+    };
+    let o = match v {
+        Value::Bool(true) => return add(nodes, Node::Any { object: false }),
+        Value::Object(o) => o,
+        _ => return Err(format!("`{path}`: a schema must be an object")),
+    };
+    const KNOWN: [&str; 12] = [
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "enum",
+        "const",
+        "title",
+        "description",
+        "$schema",
+        "default",
+        "examples",
+    ];
+    if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(format!("`{path}.{k}`: the keyword `{k}` is not supported"));
+    }
+    let literal = |x: &Value, at: &str| -> Result<Vec<u8>, String> {
+        match x {
+            Value::Object(_) | Value::Array(_) => Err(format!("`{at}`: only string, number, boolean and null values")),
+            x => serde_json::to_vec(x).map_err(|e| format!("`{at}`: {e}")),
+        }
+    };
+    if let Some(c) = o.get("const") {
+        return add(nodes, Node::Literals(vec![literal(c, &format!("{path}.const"))?]));
+    }
+    if let Some(e) = o.get("enum") {
+        let list = e.as_array().filter(|l| !l.is_empty() && l.len() <= MAX_ALTS);
+        let list = list.ok_or_else(|| format!("`{path}.enum`: a list of 1 to {MAX_ALTS} values"))?;
+        let mut lits = list.iter().map(|x| literal(x, &format!("{path}.enum"))).collect::<Result<Vec<_>, _>>()?;
+        lits.sort();
+        lits.dedup();
+        return add(nodes, Node::Literals(lits));
+    }
+    let types: Vec<&str> = match o.get("type") {
+        None if o.contains_key("properties") => vec!["object"],
+        None if o.contains_key("items") => vec!["array"],
+        None => return add(nodes, Node::Any { object: false }),
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) if !ts.is_empty() => ts
+            .iter()
+            .map(|t| t.as_str().ok_or_else(|| format!("`{path}.type`: a string or a list of strings")))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(format!("`{path}.type`: a string or a non-empty list of strings")),
+    };
+    let mut alts = Vec::with_capacity(types.len());
+    for t in &types {
+        let n = match *t {
+            "object" => object_node(o, path, depth, nodes)?,
+            "array" => {
+                let item = match o.get("items") {
+                    Some(i) => compile_node(i, &format!("{path}.items"), depth + 1, nodes)?,
+                    None => add(nodes, Node::Any { object: false })?,
+                };
+                Node::Array(item)
+            }
+            "string" => Node::String,
+            "integer" => Node::Number { integer: true },
+            // With `integer` in the same list, a number covers both.
+            "number" => Node::Number { integer: false },
+            "boolean" => Node::Literals(vec![b"false".to_vec(), b"true".to_vec()]),
+            "null" => Node::Literals(vec![b"null".to_vec()]),
+            other => return Err(format!("`{path}.type`: unknown type `{other}`")),
+        };
+        alts.push(add(nodes, n)?);
+    }
+    if alts.len() == 1 {
+        return Ok(alts[0]);
+    }
+    if types.contains(&"integer") && types.contains(&"number") {
+        alts.retain(|&a| !matches!(nodes[a as usize], Node::Number { integer: true }));
+    }
+    // The alternatives must differ in their first byte.
+    let mut seen = [false; 256];
+    for &a in &alts {
+        for (b, f) in first_bytes(nodes, a).into_iter().enumerate() {
+            if f && std::mem::replace(&mut seen[b], true) {
+                return Err(format!("`{path}.type`: the types of a union must start differently"));
+            }
+        }
+    }
+    add(nodes, Node::Union(alts))
+}
+
+/// The object node of `o` (its `properties`, `required`, `additionalProperties`).
+fn object_node(
+    o: &serde_json::Map<String, Value>,
+    path: &str,
+    depth: usize,
+    nodes: &mut Vec<Node>,
+) -> Result<Node, String> {
+    match o.get("additionalProperties") {
+        None | Some(Value::Bool(_)) => {}
+        Some(_) => return Err(format!("`{path}.additionalProperties`: only true or false")),
+    }
+    let Some(props) = o.get("properties") else {
+        // No properties: any object, or (`additionalProperties: false`) only `{}`.
+        return Ok(if o.get("additionalProperties") == Some(&Value::Bool(false)) {
+            Node::Object(Vec::new())
+        } else {
+            Node::Any { object: true }
+        });
+    };
+    let props = props.as_object().ok_or_else(|| format!("`{path}.properties`: an object"))?;
+    if props.len() > MAX_ALTS {
+        return Err(format!("`{path}.properties`: at most {MAX_ALTS} properties"));
+    }
+    let required: Vec<&str> = match o.get("required") {
+        None => Vec::new(),
+        Some(Value::Array(r)) => r
+            .iter()
+            .map(|x| x.as_str().ok_or_else(|| format!("`{path}.required`: a list of property names")))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(format!("`{path}.required`: a list of property names")),
+    };
+    if let Some(r) = required.iter().find(|r| !props.contains_key(**r)) {
+        return Err(format!("`{path}.required`: `{r}` is not a property"));
+    }
+    let mut out = Vec::with_capacity(props.len());
+    for (name, p) in props {
+        let node = compile_node(p, &format!("{path}.properties.{name}"), depth + 1, nodes)?;
+        let key = serde_json::to_vec(name).map_err(|e| format!("`{path}.properties`: {e}"))?;
+        out.push(Prop { key, node, required: required.contains(&name.as_str()) });
+    }
+    Ok(Node::Object(out))
+}
+
+/// One value being read: its node and where in it the input is (the meaning of `phase`, `a`,
+/// `c` and `b` depends on the node; see [`SchemaState::step`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Frame {
+    node: u16,
+    phase: u8,
+    a: u16,
+    c: u16,
+    b: u64,
+    e: u64,
+}
+
+/// What a frame does with a byte.
+enum Out {
+    /// Stays open (the byte taken).
+    Stay(Frame),
+    /// The value ended with this byte.
+    Pop,
+    /// The value ended before this byte: the byte belongs to the enclosing value.
+    PopBefore,
+    /// A nested value starts (`again`: with this byte, else after it).
+    Push { frame: Frame, node: u16, again: bool },
+    /// The frame becomes `node` (a union's alternative), which reads this byte.
+    Become(u16),
+}
+
+/// A prefix of a text the schema accepts (see the module docs). Read with
+/// [`SchemaState::step`] under the [`Schema`] it came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SchemaState {
+    frames: [Frame; MAX_FRAMES],
+    depth: u8,
+    /// The recogniser of the innermost frame when it is an [`Node::Any`].
+    any: JsonState,
+}
+
+impl SchemaState {
+    /// Whether a whole text has been read (only whitespace may follow).
+    pub fn complete(&self) -> bool {
+        self.depth == 0
+    }
+
+    /// The state after `bytes`, or `None`.
+    pub fn feed(self, schema: &Schema, bytes: &[u8]) -> Option<Self> {
+        bytes.iter().try_fold(self, |s, &b| s.step(schema, b))
+    }
+
+    fn push(&mut self, schema: &Schema, node: u16) -> bool {
+        if self.depth as usize >= MAX_FRAMES {
+            return false;
+        }
+        self.frames[self.depth as usize] = Frame { node, ..Frame::default() };
+        self.depth += 1;
+        if let Node::Any { object } = schema.nodes[node as usize] {
+            self.any = if object { JsonState::new() } else { JsonState::any_value() };
+        }
+        true
+    }
+
+    /// Closes the innermost value and tells its parent.
+    fn pop(&mut self, schema: &Schema) {
+        self.depth -= 1;
+        self.frames[self.depth as usize] = Frame::default();
+        self.any = JsonState::new();
+        if let Some(p) = self.depth.checked_sub(1) {
+            let f = &mut self.frames[p as usize];
+            match schema.nodes[f.node as usize] {
+                Node::Object(_) => f.phase = 5,
+                Node::Array(_) => f.phase = 3,
+                _ => {}
+            }
+        }
+    }
+
+    /// One byte.
+    pub fn step(mut self, schema: &Schema, b: u8) -> Option<Self> {
+        loop {
+            if self.depth == 0 {
+                return is_ws(b).then_some(self);
+            }
+            let i = self.depth as usize - 1;
+            match self.frame_step(schema, self.frames[i], b)? {
+                Out::Stay(f) => {
+                    self.frames[i] = f;
+                    return Some(self);
+                }
+                Out::Pop => {
+                    self.pop(schema);
+                    return Some(self);
+                }
+                Out::PopBefore => self.pop(schema),
+                Out::Push { frame, node, again } => {
+                    self.frames[i] = frame;
+                    if !self.push(schema, node) {
+                        return None;
+                    }
+                    if !again {
+                        return Some(self);
+                    }
+                }
+                Out::Become(node) => {
+                    self.depth -= 1;
+                    if !self.push(schema, node) {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Byte `x` in frame `f`.
+    fn frame_step(&mut self, schema: &Schema, mut f: Frame, x: u8) -> Option<Out> {
+        let ws = is_ws(x);
+        match &schema.nodes[f.node as usize] {
+            Node::Any { .. } => match self.any.step(x) {
+                Some(s) if s.complete() => Some(Out::Pop),
+                Some(s) => {
+                    self.any = s;
+                    Some(Out::Stay(f))
+                }
+                None if self.any.may_end_number() => Some(Out::PopBefore),
+                None => None,
+            },
+            Node::Union(alts) => {
+                if ws {
+                    return Some(Out::Stay(f));
+                }
+                alts.iter().find(|&&a| first_bytes(&schema.nodes, a)[x as usize]).map(|&a| Out::Become(a))
+            }
+            // Phases: 0 before `{`; 1 after `{` (a key or `}`); 2 in a key (`c` bytes matched,
+            // `b` the candidates); 3 before `:`; 4 in the value; 5 after it (`,` or `}`); 6
+            // after `,` (a key). `e`: the properties written so far; `a`: the current one.
+            Node::Object(props) => {
+                // Any property not written yet may come next (JSON objects are unordered);
+                // `}` once every required one is there.
+                let all = if props.len() == 64 { u64::MAX } else { (1u64 << props.len()) - 1 };
+                let required = props.iter().enumerate().filter(|p| p.1.required).fold(0u64, |m, (j, _)| m | 1 << j);
+                let cands = all & !f.e;
+                match (f.phase, x) {
+                    (0 | 1 | 3 | 5 | 6, _) if ws => Some(Out::Stay(f)),
+                    (0, b'{') => Some(Out::Stay(Frame { phase: 1, ..f })),
+                    (1 | 5, b'}') if required & !f.e == 0 => Some(Out::Pop),
+                    (1 | 6, b'"') if cands != 0 => Some(Out::Stay(Frame { phase: 2, c: 1, b: cands, ..f })),
+                    (2, _) => {
+                        let c = f.c as usize;
+                        let mut next = 0u64;
+                        for (j, p) in props.iter().enumerate() {
+                            if f.b >> j & 1 == 1 && p.key.get(c) == Some(&x) {
+                                next |= 1 << j;
+                            }
+                        }
+                        if next == 0 {
+                            return None;
+                        }
+                        // Keys end with `"` (a quote inside is escaped), so a whole key is the
+                        // only candidate left.
+                        let j = next.trailing_zeros() as usize;
+                        if props[j].key.len() == c + 1 {
+                            return Some(Out::Stay(Frame { phase: 3, a: j as u16, c: 0, b: 0, e: f.e | 1 << j, ..f }));
+                        }
+                        Some(Out::Stay(Frame { c: f.c + 1, b: next, ..f }))
+                    }
+                    (3, b':') => {
+                        let node = props[f.a as usize].node;
+                        Some(Out::Push { frame: Frame { phase: 4, ..f }, node, again: false })
+                    }
+                    (5, b',') if cands != 0 => Some(Out::Stay(Frame { phase: 6, ..f })),
+                    _ => None,
+                }
+            }
+            // Phases: 0 before `[`; 1 after `[` (an item or `]`); 2 in an item; 3 after it
+            // (`,` or `]`); 4 after `,` (an item).
+            &Node::Array(item) => match (f.phase, x) {
+                (0 | 1 | 3 | 4, _) if ws => Some(Out::Stay(f)),
+                (0, b'[') => Some(Out::Stay(Frame { phase: 1, ..f })),
+                (1 | 3, b']') => Some(Out::Pop),
+                (1 | 4, _) => Some(Out::Push { frame: Frame { phase: 2, ..f }, node: item, again: true }),
+                (3, b',') => Some(Out::Stay(Frame { phase: 4, ..f })),
+                _ => None,
+            },
+            // Phases: 0 before `"`; 1 in the string; 2 after `\`; 3 in `\uXXXX` (`c` digits left).
+            Node::String => match (f.phase, x) {
+                (0, _) if ws => Some(Out::Stay(f)),
+                (0, b'"') => Some(Out::Stay(Frame { phase: 1, ..f })),
+                (1, b'"') => Some(Out::Pop),
+                (1, b'\\') => Some(Out::Stay(Frame { phase: 2, ..f })),
+                (1, 0..=0x1f) => None,
+                (1, _) => Some(Out::Stay(f)),
+                (2, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Some(Out::Stay(Frame { phase: 1, ..f })),
+                (2, b'u') => Some(Out::Stay(Frame { phase: 3, c: 4, ..f })),
+                (3, h) if h.is_ascii_hexdigit() => {
+                    Some(Out::Stay(if f.c == 1 { Frame { phase: 1, c: 0, ..f } } else { Frame { c: f.c - 1, ..f } }))
+                }
+                _ => None,
+            },
+            // Phase 0 before the number; 1 in it, `c` where (as json.rs's `Num`): 1 after `-`,
+            // 2 after a leading 0, 3 integer digits, 4 after `.`, 5 fraction digits, 6 after
+            // `e`, 7 after the exponent's sign, 8 exponent digits.
+            &Node::Number { integer } => {
+                if f.phase == 0 {
+                    let c = match x {
+                        _ if ws => return Some(Out::Stay(f)),
+                        b'-' => 1,
+                        b'0' => 2,
+                        b'1'..=b'9' => 3,
+                        _ => return None,
+                    };
+                    return Some(Out::Stay(Frame { phase: 1, c, ..f }));
+                }
+                let next = match (f.c, x) {
+                    (1, b'0') => Some(2),
+                    (1, b'1'..=b'9') | (3, b'0'..=b'9') => Some(3),
+                    (2 | 3, b'.') if !integer => Some(4),
+                    (4 | 5, b'0'..=b'9') => Some(5),
+                    (2 | 3 | 5, b'e' | b'E') if !integer => Some(6),
+                    (6, b'+' | b'-') => Some(7),
+                    (6..=8, b'0'..=b'9') => Some(8),
+                    _ => None,
+                };
+                match next {
+                    Some(c) => Some(Out::Stay(Frame { c, ..f })),
+                    None if matches!(f.c, 2 | 3 | 5 | 8) => Some(Out::PopBefore),
+                    None => None,
+                }
+            }
+            // Phase 0 before the value; 1 in it (`c` bytes matched, `b` the candidates).
+            Node::Literals(lits) => {
+                if f.phase == 0 && ws {
+                    return Some(Out::Stay(f));
+                }
+                let (c, cands) = if f.phase == 0 { (0, u64::MAX) } else { (f.c as usize, f.b) };
+                let mut next = 0u64;
+                for (j, l) in lits.iter().enumerate() {
+                    if cands >> j & 1 == 1 && l.get(c) == Some(&x) {
+                        next |= 1 << j;
+                    }
+                }
+                if next == 0 {
+                    // A whole literal ends before this byte (numbers have no end of their own).
+                    let whole =
+                        lits.iter().enumerate().any(|(j, l)| f.phase == 1 && cands >> j & 1 == 1 && l.len() == c);
+                    return whole.then_some(Out::PopBefore);
+                }
+                if next.count_ones() == 1 && lits[next.trailing_zeros() as usize].len() == c + 1 {
+                    return Some(Out::Pop);
+                }
+                f.phase = 1;
+                f.c = c as u16 + 1;
+                f.b = next;
+                Some(Out::Stay(f))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn accepts(s: &Schema, text: &str) -> Option<bool> {
+        s.start().feed(s, text.as_bytes()).map(|st| st.complete())
+    }
+
+    fn person() -> Schema {
+        Schema::compile(&json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "age": {"type": "integer"},
+                "nick": {"type": ["string", "null"]},
+                "tags": {"type": "array", "items": {"enum": ["a", "bc", 1, 10, true]}},
+                "pos": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"const": -1.5}},
+                        "required": ["x"], "additionalProperties": false},
+                "any": {"description": "free"}
+            },
+            "required": ["name", "age", "tags"]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_schema_accepts_its_texts_and_their_prefixes() {
+        let s = person();
+        for good in [
+            r#"{"name": "Al", "age": 30, "tags": []}"#,
+            r#" { "name":"A\"l\u00e9","age":-0,"nick":null,"tags":["a",10,1,true, "bc"],"pos":{"x":1.5e3,"y":-1.5},"any":[{"k":[1,"x"]},2]} "#,
+            r#"{"name": "", "age": 7, "nick": "n", "tags": [1], "any": 12}"#,
+            "{\"name\":\"x\",\"age\":1,\"tags\":[],\"pos\":{\"x\":0}}",
+            r#"{"tags": [true], "pos": {"y": -1.5, "x": 2}, "age": 30, "name": "Al"}"#,
+        ] {
+            assert_eq!(accepts(&s, good), Some(true), "{good}");
+            let b = good.as_bytes();
+            let end = good.rfind('}').unwrap_or(0);
+            for i in 0..end {
+                let st = s.start().feed(&s, &b[..i]);
+                assert!(st.is_some_and(|st| !st.complete()), "prefix {:?}", String::from_utf8_lossy(&b[..i]));
+            }
+        }
+    }
+
+    #[test]
+    fn a_schema_refuses_what_it_does_not_describe() {
+        let s = person();
+        for bad in [
+            r#"{"name": "Al", "age": 30, "tags": [], "age": 31}"#, // a key twice
+            r#"{"name": "Al", "tags": []}"#,                       // a required key left out
+            r#"{"name": "Al", "age": 30.5, "tags": []}"#,          // an integer with a fraction
+            r#"{"name": 3"#,
+            r#"{"name": "Al", "age": 30, "tags": [2]}"#,   // not in the enum
+            r#"{"name": "Al", "age": 30, "tags": ["b"]}"#, // a prefix of "bc" only
+            r#"{"name": "Al", "age": 30, "tags": [], "x": 1}"#, // an unknown key
+            r#"{"name": "Al", "age": 30, "tags": [], "pos": {"y": -1.5}}"#, // x required
+            r#"{"name": "Al", "age": 30, "tags": [], "nick": true}"#,
+            r#"{"name": "Al", "age": 30, "tags": [],}"#,
+            r#"{"name": "Al", "age": 30, "tags": []} x"#,
+            "[1]",
+        ] {
+            assert_ne!(accepts(&s, bad), Some(true), "{bad} accepted");
+        }
+        // Enum numbers end where the next byte says: `1` before `,`, `10` after its 0.
+        let n = Schema::compile(&json!({"type": "object", "properties": {"v": {"enum": [1, 10]}}, "required": ["v"]}))
+            .unwrap();
+        assert_eq!(accepts(&n, r#"{"v":1}"#), Some(true));
+        assert_eq!(accepts(&n, r#"{"v":10 }"#), Some(true));
+        assert_eq!(accepts(&n, r#"{"v":100}"#), None);
+        // json_object: any object.
+        let o = Schema::any_object();
+        assert_eq!(accepts(&o, r#"{"a": [1, {"b": null}]}"#), Some(true));
+        assert_eq!(accepts(&o, "[]"), None);
+    }
+
+    #[test]
+    fn unsupported_schemas_are_errors_naming_the_keyword() {
+        for (schema, want) in [
+            (
+                json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}),
+                "$.properties.a.pattern",
+            ),
+            (json!({"type": "string"}), "root"),
+            (json!({"anyOf": [{"type": "object"}]}), "anyOf"),
+            (json!({"type": "object", "properties": {"a": {"$ref": "#/x"}}}), "$ref"),
+            (json!({"type": "object", "properties": {"a": {"type": ["string", "string"]}}}), "union"),
+            (json!({"type": "object", "properties": {"a": {"type": "array", "items": {}, "minItems": 1}}}), "minItems"),
+            (json!({"type": "object", "required": ["b"], "properties": {"a": {}}}), "`b` is not a property"),
+            (
+                json!({"type": "object", "properties": {"a": {"type": "object", "additionalProperties": {"type": "string"}}}}),
+                "additionalProperties",
+            ),
+            (json!({"type": "object", "properties": {"a": {"type": "date"}}}), "unknown type"),
+            (json!({"type": "object", "properties": {"a": {"enum": [{"x": 1}]}}}), "enum"),
+        ] {
+            let e = Schema::compile(&schema).err().unwrap_or_default();
+            assert!(e.contains(want), "{schema}: {e}");
+        }
+        let mut deep = json!({"type": "string"});
+        for _ in 0..MAX_FRAMES {
+            deep = json!({"type": "object", "properties": {"a": deep}});
+        }
+        assert!(Schema::compile(&deep).err().is_some_and(|e| e.contains("deeper")));
+    }
+
+    #[test]
+    fn allowed_tokens_follow_the_schema() {
+        let words = [
+            "{", "}", "\"name\"", "\"age\"", ":", " ", "\"", "Al", "30", "3", "0", ",", "[", "]", "\"tags\"", "\"n",
+            "ame\":",
+        ];
+        let toks: Vec<Option<Vec<u8>>> = words.iter().map(|w| Some(w.as_bytes().to_vec())).collect();
+        let v = JsonVocab::new(&toks);
+        let s = person();
+        for prefix in ["", "{", "{\"name\"", "{\"name\":\"Al\"", "{\"name\":\"Al\",", "{\"name\":\"Al\",\"age\":3"] {
+            let st = s.start().feed(&s, prefix.as_bytes()).expect(prefix);
+            let bits = s.allowed_set(&v, st);
+            let got: Vec<&str> =
+                (0..words.len()).filter(|&i| bits[i / 64] >> (i % 64) & 1 == 1).map(|i| words[i]).collect();
+            let want: Vec<&str> = words.iter().copied().filter(|w| st.feed(&s, w.as_bytes()).is_some()).collect();
+            assert_eq!(got, want, "after {prefix:?}");
+        }
+        let st = s.start().feed(&s, b"{").unwrap();
+        let bits = s.allowed_set(&v, st);
+        let got: Vec<&str> =
+            (0..words.len()).filter(|&i| bits[i / 64] >> (i % 64) & 1 == 1).map(|i| words[i]).collect();
+        assert_eq!(got, vec!["\"name\"", "\"age\"", " ", "\"", "\"tags\"", "\"n"]);
+    }
+}

@@ -1,0 +1,54 @@
+//! Structured output's shared state (`response_format` `json_object` / `json_schema`, vLLM's
+//! `guided_json`): the tokenizer's token bytes and the compiled schemas.
+
+use super::{text, Server};
+use porter_core::engine::sampling::{JsonMode, JsonVocab, Schema};
+use std::sync::{Arc, Mutex};
+
+/// The shared state of structured output (`response_format`).
+#[derive(Default)]
+pub struct Structured {
+    vocab: std::sync::OnceLock<Arc<JsonVocab>>,
+    any_object: std::sync::OnceLock<Arc<Schema>>,
+    /// Compiled schemas by their JSON text (their allowed-token caches live with them).
+    schemas: Mutex<std::collections::HashMap<String, Arc<Schema>>>,
+}
+
+/// Compiled schemas a server keeps (then it starts over).
+const KEPT_SCHEMAS: usize = 64;
+
+impl Server {
+    /// The token bytes of structured output, built once.
+    fn json_vocab(&self) -> Arc<JsonVocab> {
+        self.structured
+            .vocab
+            .get_or_init(|| Arc::new(JsonVocab::new(&text::token_bytes(&self.tok, self.vocab))))
+            .clone()
+    }
+
+    /// The constraint of `response_format: {"type": "json_object"}`.
+    pub fn json_object(&self) -> JsonMode {
+        let schema = self.structured.any_object.get_or_init(|| Arc::new(Schema::any_object())).clone();
+        JsonMode { vocab: self.json_vocab(), schema }
+    }
+
+    /// The constraint of a JSON schema (compiled once per distinct schema text); `Err`: why the
+    /// schema is not supported.
+    pub fn json_schema(&self, schema: &serde_json::Value) -> std::result::Result<JsonMode, String> {
+        let text = schema.to_string();
+        let kept = self.structured.schemas.lock().unwrap_or_else(|e| e.into_inner()).get(&text).cloned();
+        let schema = match kept {
+            Some(s) => s,
+            None => {
+                let s = Arc::new(Schema::compile(schema)?);
+                let mut all = self.structured.schemas.lock().unwrap_or_else(|e| e.into_inner());
+                if all.len() >= KEPT_SCHEMAS {
+                    all.clear();
+                }
+                all.insert(text, s.clone());
+                s
+            }
+        };
+        Ok(JsonMode { vocab: self.json_vocab(), schema })
+    }
+}
