@@ -118,6 +118,27 @@ __device__ __forceinline__ void gt2_load(unsigned char* stage, const T* __restri
 }
 #endif
 
+#if defined(PORTER_SM80)
+// Chunk c (of nch, chunk index ch) of a sweep: waits for its stage (this thread's copies, then
+// everyone's; the stage chunk c − 1 used is then free) and starts chunk c + 2's copies there.
+template <typename T, int DK, int NW, bool FUSE, int NT = 32 * NW>
+__device__ __forceinline__ void gt2_next_stage(unsigned char* smem, u32 c, u32 nch, const T* __restrict__ wn,
+                                               const T* __restrict__ kb, const float* __restrict__ uf,
+                                               const T* __restrict__ qg, const T* __restrict__ pb, u64 ch, u32 hv,
+                                               u32 dv, u32 col0, u32 tid) {
+    if (c + 1 < nch) {
+        gc_cp_wait<1>();
+    } else {
+        gc_cp_wait<0>();
+    }
+    __syncthreads();
+    if (c + 2 < nch) {
+        gt2_load<T, DK, NW, FUSE, NT>(smem + ((c + 2) % GT2_STAGES) * Gt2Stage<DK, NW, FUSE>::BYTES, wn, kb, uf, qg,
+                                      pb, ch + 2ull * hv, dv, col0, tid);
+    }
+}
+#endif
+
 // Dynamic shared memory of gdn_chunk_tc2_state / gdn_chunk_tc3_state, bytes: GT2_STAGES ×
 // Gt2Stage<DK, NW, FUSE>::BYTES (the host mirrors it).
 //
@@ -185,16 +206,7 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
     for (u32 c = 0; c < nch; ++c) {
         const u64 ch = ch0 + (u64)c * hv;
         const float e_next = c + 1 < nch ? gl[ch + hv] : 0.0f;
-        if (c + 1 < nch) {
-            gc_cp_wait<1>();
-        } else {
-            gc_cp_wait<0>();
-        }
-        __syncthreads();  // this chunk's stage (everyone's copies); the stage of c − 1 is free
-        if (c + 2 < nch) {
-            gt2_load<T, DK, NW, FUSE>(gt_smem + ((c + 2) % GT2_STAGES) * STG, wn, kb, uf, qg, pb, ch + 2ull * hv, dv,
-                                      col0, tid);
-        }
+        gt2_next_stage<T, DK, NW, FUSE>(gt_smem, c, nch, wn, kb, uf, qg, pb, ch, hv, dv, col0, tid);
         const unsigned char* stage = gt_smem + (c % GT2_STAGES) * STG;
         const T* Wb = reinterpret_cast<const T*>(stage);
         const T* Kb = Wb + GC_C * LDK;

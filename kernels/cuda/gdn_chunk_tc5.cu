@@ -107,16 +107,7 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, float* __restrict
     for (u32 c = 0; c < nch; ++c) {
         const u64 ch = ch0 + (u64)c * hv;
         const float e_next = c + 1 < nch ? gl[ch + hv] : 0.0f;
-        if (c + 1 < nch) {
-            gc_cp_wait<1>();
-        } else {
-            gc_cp_wait<0>();
-        }
-        __syncthreads();  // this chunk's stage (everyone's copies); the stage of c − 1 is free
-        if (c + 2 < nch) {
-            gt2_load<T, DK, 2, true, 128>(smem + ((c + 2) % GT2_STAGES) * STG, wn, kb, uf, qg, pb, ch + 2ull * hv,
-                                          dv, col0, tid);
-        }
+        gt2_next_stage<T, DK, 2, true, 128>(smem, c, nch, wn, kb, uf, qg, pb, ch, hv, dv, col0, tid);
         const unsigned char* stage = smem + (c % GT2_STAGES) * STG;
         const T* Wb = reinterpret_cast<const T*>(stage);
         const T* Kb = Wb + GC_C * LDK;

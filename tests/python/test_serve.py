@@ -206,12 +206,13 @@ class TinyModel(unittest.TestCase):
         streamed = "".join(c.choices[0].text for c in self.complete(stream=True, **inc) if c.choices)
         self.assertEqual(streamed, text[:at + len(stop)])
 
-    def test_json_mode(self):
-        # Random weights: whatever the draw, the text is one JSON object or a prefix of one.
+    def structured_draws(self, response_format, max_tokens, check):
+        """Random weights: whatever the draw, the text is one JSON value the `check` accepts or
+        (cut by max_tokens) a prefix of one. Returns how many of 8 seeded draws closed it."""
         dec, completed = json.JSONDecoder(), 0
         for seed in range(8):
-            r = self.complete(max_tokens=48, temperature=1.0, seed=seed,
-                              extra_body={"response_format": {"type": "json_object"}}).choices[0]
+            r = self.complete(max_tokens=max_tokens, temperature=1.0, seed=seed,
+                              extra_body={"response_format": response_format}).choices[0]
             text = r.text.lstrip()
             self.assertTrue(text.startswith("{"), (seed, r.text))
             try:
@@ -219,32 +220,26 @@ class TinyModel(unittest.TestCase):
             except json.JSONDecodeError:
                 self.assertEqual(r.finish_reason, "length", (seed, r.text))
                 continue
-            self.assertIsInstance(obj, dict)
             self.assertEqual(text[end:].strip(), "", (seed, r.text))
+            check(obj)
             completed += 1
-        print(f"json mode: {completed} of 8 draws closed their object")
+        return completed
+
+    def test_json_mode(self):
+        n = self.structured_draws({"type": "json_object"}, 48, lambda obj: self.assertIsInstance(obj, dict))
+        print(f"json mode: {n} of 8 draws closed their object")
 
     def test_json_schema_random_draws(self):
-        # Random weights: each draw is the schema's text or (cut by max_tokens) a prefix of one.
         schema = {"type": "object", "required": ["k", "n"],
                   "properties": {"k": {"enum": ["a", "b"]}, "n": {"type": "integer"}, "f": {"type": "boolean"}}}
-        dec, completed = json.JSONDecoder(), 0
-        for seed in range(8):
-            r = self.complete(max_tokens=40, temperature=1.0, seed=seed, extra_body={
-                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}).choices[0]
-            text = r.text.lstrip()
-            self.assertTrue(text.startswith("{"), (seed, r.text))
-            try:
-                obj, end = dec.raw_decode(text)
-            except json.JSONDecodeError:
-                self.assertEqual(r.finish_reason, "length", (seed, r.text))
-                continue
-            self.assertEqual(text[end:].strip(), "")
+
+        def check(obj):
             self.assertIn(obj["k"], ["a", "b"])
             self.assertIsInstance(obj["n"], int)
             self.assertTrue(set(obj) <= {"k", "n", "f"} and isinstance(obj.get("f", True), bool), obj)
-            completed += 1
-        print(f"json schema: {completed} of 8 draws closed their object")
+
+        n = self.structured_draws({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}, 40, check)
+        print(f"json schema: {n} of 8 draws closed their object")
 
     def test_logit_bias(self):
         body = {"model": self.model, "prompt": "hi", "max_tokens": 6, "temperature": 0, "ignore_eos": True,
