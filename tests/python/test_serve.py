@@ -92,6 +92,27 @@ class Server:
             self.proc.stdout.close()
 
 
+def structured_draws(test, client, model, response_format, max_tokens, check):
+    """Random weights: whatever the draw, the text is one JSON value the `check` accepts or
+    (cut by max_tokens) a prefix of one. Returns how many of 8 seeded draws closed it."""
+    dec, completed = json.JSONDecoder(), 0
+    for seed in range(8):
+        r = client.completions.create(model=model, prompt="Beautiful is better than", max_tokens=max_tokens,
+                                      temperature=1.0, seed=seed,
+                                      extra_body={"response_format": response_format}).choices[0]
+        text = r.text.lstrip()
+        test.assertTrue(text.startswith("{"), (seed, r.text))
+        try:
+            obj, end = dec.raw_decode(text)
+        except json.JSONDecodeError:
+            test.assertEqual(r.finish_reason, "length", (seed, r.text))
+            continue
+        test.assertEqual(text[end:].strip(), "", (seed, r.text))
+        check(obj)
+        completed += 1
+    return completed
+
+
 class TinyModel(unittest.TestCase):
     """The bundled fixture (random weights: the text is gibberish, the mechanics are real)."""
 
@@ -206,27 +227,9 @@ class TinyModel(unittest.TestCase):
         streamed = "".join(c.choices[0].text for c in self.complete(stream=True, **inc) if c.choices)
         self.assertEqual(streamed, text[:at + len(stop)])
 
-    def structured_draws(self, response_format, max_tokens, check):
-        """Random weights: whatever the draw, the text is one JSON value the `check` accepts or
-        (cut by max_tokens) a prefix of one. Returns how many of 8 seeded draws closed it."""
-        dec, completed = json.JSONDecoder(), 0
-        for seed in range(8):
-            r = self.complete(max_tokens=max_tokens, temperature=1.0, seed=seed,
-                              extra_body={"response_format": response_format}).choices[0]
-            text = r.text.lstrip()
-            self.assertTrue(text.startswith("{"), (seed, r.text))
-            try:
-                obj, end = dec.raw_decode(text)
-            except json.JSONDecodeError:
-                self.assertEqual(r.finish_reason, "length", (seed, r.text))
-                continue
-            self.assertEqual(text[end:].strip(), "", (seed, r.text))
-            check(obj)
-            completed += 1
-        return completed
-
     def test_json_mode(self):
-        n = self.structured_draws({"type": "json_object"}, 48, lambda obj: self.assertIsInstance(obj, dict))
+        n = structured_draws(self, self.c, self.model, {"type": "json_object"}, 48,
+                             lambda obj: self.assertIsInstance(obj, dict))
         print(f"json mode: {n} of 8 draws closed their object")
 
     def test_json_schema_random_draws(self):
@@ -238,7 +241,8 @@ class TinyModel(unittest.TestCase):
             self.assertIsInstance(obj["n"], int)
             self.assertTrue(set(obj) <= {"k", "n", "f"} and isinstance(obj.get("f", True), bool), obj)
 
-        n = self.structured_draws({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}, 40, check)
+        n = structured_draws(self, self.c, self.model,
+                             {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}, 40, check)
         print(f"json schema: {n} of 8 draws closed their object")
 
     def test_logit_bias(self):
@@ -436,6 +440,14 @@ class Speculative(unittest.TestCase):
         self.assertGreater(self.spec.metric("vllm:spec_decode_num_draft_tokens"), 0)
         self.assertGreater(self.spec.metric("mtp_avg_token_per_step_count"), 0)
         self.assertEqual(self.plain.metric("vllm:spec_decode_num_draft_tokens"), 0)
+
+    def test_json_mode_with_drafts(self):
+        # Drafts are drawn from the masked distribution and verified against it; a draw that
+        # closes its object early stops inside a verify step's accepted drafts.
+        n = structured_draws(self, self.spec.client(), "qwen3_next_mtp", {"type": "json_object"}, 48,
+                             lambda obj: self.assertIsInstance(obj, dict))
+        self.assertGreater(n, 0)
+        self.assertEqual(self.spec.get("/health")[0], 200, "the engine survived")
 
 
 class TensorParallel(unittest.TestCase):

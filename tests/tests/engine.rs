@@ -315,6 +315,44 @@ fn mtp_in_the_batch_accepts_and_rolls_back_exactly() {
     }
 }
 
+/// A stop id among a verify step's accepted drafts (not its last token) ends the request at
+/// that token: the output is the plain greedy output up to the stop (inclusive), reason stop,
+/// and every block and state slot comes back. (This used to panic the engine thread: the
+/// step's computed length counted the drafts after the stop.)
+#[test]
+fn mtp_stop_among_accepted_drafts_ends_there() {
+    use porter_core::engine::batcher::SpecConfig;
+    use porter_core::engine::Finish;
+    use porter_core::speculative::MtpMode;
+    for main in ["qwen3_next_a", "qwen3"] {
+        let m = load(main, DType::F32).unwrap();
+        let mut rng = Rng(5);
+        let prompt = rng.prompt(20, m.info.vocab_size);
+        let plain = {
+            let mut e = EngineCore::new(&m, cfg(2, 512, 256)).unwrap();
+            run_all(&mut e, &[(0, prompt.clone(), greedy(24))])
+        };
+        let out: Vec<u32> = plain[&0].0.iter().map(|t| t.id).collect();
+        let seqs = vec![[prompt.clone(), out.clone()].concat()];
+        for at in [2, 5, 9] {
+            let first = out.iter().position(|&t| t == out[at]).unwrap_or(at);
+            let mut params = greedy(24);
+            params.stop.stop_token_ids = vec![out[at]];
+            for k in [2, 4] {
+                let oracle = Oracle { seqs: seqs.clone(), vocab: m.info.vocab_size, wrong: 1000, hist: Default::default() };
+                let spec = SpecConfig { drafts: vec![Box::new(oracle)], k, mode: MtpMode::Eagle };
+                let mut e = EngineCore::with_spec(&m, cfg(2, 512, 256), Some(spec)).unwrap();
+                let got = run_all(&mut e, &[(0, prompt.clone(), params.clone())]);
+                let ids: Vec<u32> = got[&0].0.iter().map(|t| t.id).collect();
+                assert_eq!(ids, out[..=first], "{main} stop at {at} k={k}");
+                assert!(matches!(&got[&0].1, Event::Done(f) if f.reason == Finish::Stop), "{main} at {at} k={k}");
+                let s = e.stats();
+                assert_eq!((s.kv_blocks_free, s.state_slots_free), (s.kv_blocks_total, s.state_slots_total));
+            }
+        }
+    }
+}
+
 /// The hybrid prefix cache: requests sharing a 200-token "system prompt" with unique
 /// suffixes resume from the deepest recurrent-state checkpoint (every 64 positions) inside the
 /// shared part: the hit is within one 64-token block of the true shared prefix (192), and each

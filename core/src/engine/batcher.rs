@@ -551,6 +551,13 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                     break;
                 }
             }
+            if reason.is_some() && r.computed >= r.tokens.len() {
+                // A stop among the accepted drafts: the drafts after it are not output, so the
+                // cache keeps only what the emitted tokens computed (as after any step, the
+                // last token's row is not computed).
+                r.computed = r.tokens.len() - 1;
+                self.cache.truncate(seq, r.computed)?;
+            }
             self.cache.register_prefix(seq, &r.tokens[..r.computed])?;
             if let Some(reason) = reason {
                 let ev = self.finish(it.id, reason)?;
