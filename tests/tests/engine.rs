@@ -339,7 +339,8 @@ fn mtp_stop_among_accepted_drafts_ends_there() {
             let mut params = greedy(24);
             params.stop.stop_token_ids = vec![out[at]];
             for k in [2, 4] {
-                let oracle = Oracle { seqs: seqs.clone(), vocab: m.info.vocab_size, wrong: 1000, hist: Default::default() };
+                let oracle =
+                    Oracle { seqs: seqs.clone(), vocab: m.info.vocab_size, wrong: 1000, hist: Default::default() };
                 let spec = SpecConfig { drafts: vec![Box::new(oracle)], k, mode: MtpMode::Eagle };
                 let mut e = EngineCore::with_spec(&m, cfg(2, 512, 256), Some(spec)).unwrap();
                 let got = run_all(&mut e, &[(0, prompt.clone(), params.clone())]);
