@@ -668,6 +668,28 @@ class SmolLM2(unittest.TestCase):
         self.assertEqual(sorted(obj), ["age", "city", "hobbies", "name"], obj)
         self.assertEqual((obj["name"], obj["age"], obj["city"]), ("Alice", 30, "Paris"), obj)
         self.assertTrue(all(isinstance(h, str) for h in obj["hobbies"]), obj)
+        # The openai client's own structured outputs: a pydantic model turned into a strict
+        # schema ($defs / $ref, anyOf with null, additionalProperties false), parsed back.
+        import pydantic
+        from typing import List, Literal, Optional
+
+        class Pet(pydantic.BaseModel):
+            kind: Literal["cat", "dog"]
+            name: str
+
+        class Person(pydantic.BaseModel):
+            name: str
+            age: int
+            city: Optional[str]
+            pets: List[Pet]
+
+        p = self.c.chat.completions.parse(
+            model="smollm2", response_format=Person, temperature=0, max_tokens=150,
+            messages=[{"role": "user", "content": "Alice is 30, lives in Paris and has a cat called Tom. "
+                                                  "Describe her as JSON."}]).choices[0]
+        self.assertEqual(p.finish_reason, "stop")
+        got = p.message.parsed
+        self.assertEqual((got.name, got.age, got.pets[0].name, got.pets[0].kind), ("Alice", 30, "Tom", "cat"), got)
         # vLLM's guided_json, the same schema as text: the same answer.
         g = self.c.chat.completions.create(model="smollm2", messages=q, max_tokens=80, temperature=0,
                                            extra_body={"guided_json": json.dumps(schema)})

@@ -7,7 +7,7 @@
 //! so that the tokens allowed after a state are found in one walk that shares the work of
 //! common prefixes (a token whose prefix is refused is skipped with every token that shares
 //! that prefix). The sampler masks every other token to −∞; the end-of-sequence and stop ids
-//! are allowed only once the object is complete, and after it only whitespace.
+//! are allowed only once the text is complete, and then only they are.
 //!
 //! Strings are checked for their escapes and control characters; bytes ≥ 0x80 pass as they
 //! are (tokens carry whole or partial UTF-8 sequences; the model's own bytes are not

@@ -1,18 +1,24 @@
 //! Structured outputs: the output constrained to a JSON schema (OpenAI `response_format:
-//! {"type": "json_schema", ...}`), or to any JSON object (`{"type": "json_object"}`).
+//! {"type": "json_schema", ...}`, vLLM's `guided_json`), or to any JSON object
+//! (`{"type": "json_object"}`).
 //!
 //! [`Schema::compile`] turns a schema into nodes; [`SchemaState`] recognises, byte by byte,
 //! the prefixes of the texts the schema accepts: objects with their `properties` in any order
-//! (each at most once, every `required` one present, none added), arrays of
-//! `items`, strings, integers, numbers, booleans, null, `enum` / `const` values and unions of
-//! `type`s that differ in their first byte. A value the schema leaves open (no `type`, or an
-//! object without `properties`) is any JSON value ([`JsonState`]). Every other keyword
-//! (`pattern`, `minimum`, `$ref`, `anyOf`, ...) is refused at compile time with its path, never
-//! ignored. The state is `Copy` (at most [`MAX_FRAMES`] nested values of the schema), so that
-//! [`JsonVocab::walk`] can find the allowed tokens; the sets are cached per state.
+//! (each at most once, every `required` one present, none added), arrays of `items`
+//! (`minItems` / `maxItems`), strings (`minLength` / `maxLength`), integers, numbers,
+//! booleans, null, `enum` / `const` values, and unions (`anyOf` / `oneOf`, or a list of
+//! `type`s) whose alternatives differ in their first byte (pydantic's `Optional[T]` is
+//! `anyOf` T and null). `$ref`s to the root's `$defs` / `definitions` compile in place (a
+//! schema that refers to itself is refused at the depth limit). A value the schema leaves open
+//! (no `type`, or an object without `properties`) is any JSON value ([`JsonState`]). Every
+//! other keyword (`pattern`, `format`, `minimum`, `uniqueItems`, `allOf`, ...) is refused at
+//! compile time with its path, never ignored. The state is `Copy` (at most [`MAX_FRAMES`]
+//! nested values of the schema), so that [`JsonVocab::walk`] can find the allowed tokens;
+//! the sets are cached per state.
 //!
 //! Keys are matched as `serde_json` writes them (the name as a JSON string, no escapes beyond
-//! JSON's own), literals as `serde_json` writes the `enum` / `const` value.
+//! JSON's own), literals as `serde_json` writes the `enum` / `const` value. String lengths
+//! count characters, an escape as one (a `\uXXXX` surrogate pair as two).
 
 use super::json::{JsonState, JsonVocab, MaskCache};
 use serde_json::Value;
@@ -41,9 +47,17 @@ enum Node {
     },
     /// An object with these properties (in any order).
     Object(Vec<Prop>),
-    /// An array of this node.
-    Array(u16),
-    String,
+    /// An array of `item`s, `min ..= max` of them.
+    Array {
+        item: u16,
+        min: u16,
+        max: u16,
+    },
+    /// A string of `min ..= max` characters (an escape is one).
+    String {
+        min: u16,
+        max: u16,
+    },
     Number {
         integer: bool,
     },
@@ -75,8 +89,8 @@ fn first_bytes(nodes: &[Node], node: u16) -> [bool; 256] {
             }
         }
         Node::Any { object: true } | Node::Object(_) => set[b'{' as usize] = true,
-        Node::Array(_) => set[b'[' as usize] = true,
-        Node::String => set[b'"' as usize] = true,
+        Node::Array { .. } => set[b'[' as usize] = true,
+        Node::String { .. } => set[b'"' as usize] = true,
         Node::Number { .. } => {
             for b in b"-0123456789" {
                 set[*b as usize] = true;
@@ -103,12 +117,12 @@ impl Schema {
     /// Compiles a JSON schema whose root is an object (see the module docs for what is
     /// supported). `Err`: what is not, with the keyword's path (`$.properties.a.pattern`).
     pub fn compile(schema: &Value) -> Result<Self, String> {
-        let mut nodes = Vec::new();
-        let root = compile_node(schema, "$", 0, &mut nodes)?;
-        if !matches!(nodes[root as usize], Node::Object(_) | Node::Any { object: true }) {
+        let mut c = Compiler { root: schema, nodes: Vec::new() };
+        let root = c.node(schema, "$", 0)?;
+        if !matches!(c.nodes[root as usize], Node::Object(_) | Node::Any { object: true }) {
             return Err("`$`: the root of the schema must be `\"type\": \"object\"`".into());
         }
-        Ok(Self { nodes, root, cache: MaskCache::default() })
+        Ok(Self { nodes: c.nodes, root, cache: MaskCache::default() })
     }
 
     /// The state before any output.
@@ -126,145 +140,239 @@ impl Schema {
     }
 }
 
-/// Compiles `v` (at `path`, `depth` values deep) into `nodes`; returns its index.
-fn compile_node(v: &Value, path: &str, depth: usize, nodes: &mut Vec<Node>) -> Result<u16, String> {
-    if depth >= MAX_FRAMES {
-        return Err(format!("`{path}`: the schema nests deeper than {MAX_FRAMES} values"));
-    }
-    let add = |nodes: &mut Vec<Node>, n: Node| -> Result<u16, String> {
-        nodes.push(n);
-        u16::try_from(nodes.len() - 1).map_err(|_| format!("`{path}`: the schema has too many nodes"))
-    };
-    let o = match v {
-        Value::Bool(true) => return add(nodes, Node::Any { object: false }),
-        Value::Object(o) => o,
-        _ => return Err(format!("`{path}`: a schema must be an object")),
-    };
-    const KNOWN: [&str; 12] = [
-        "type",
-        "properties",
-        "required",
-        "additionalProperties",
-        "items",
-        "enum",
-        "const",
-        "title",
-        "description",
-        "$schema",
-        "default",
-        "examples",
-    ];
-    if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(format!("`{path}.{k}`: the keyword `{k}` is not supported"));
-    }
-    let literal = |x: &Value, at: &str| -> Result<Vec<u8>, String> {
-        match x {
-            Value::Object(_) | Value::Array(_) => Err(format!("`{at}`: only string, number, boolean and null values")),
-            x => serde_json::to_vec(x).map_err(|e| format!("`{at}`: {e}")),
-        }
-    };
-    if let Some(c) = o.get("const") {
-        return add(nodes, Node::Literals(vec![literal(c, &format!("{path}.const"))?]));
-    }
-    if let Some(e) = o.get("enum") {
-        let list = e.as_array().filter(|l| !l.is_empty() && l.len() <= MAX_ALTS);
-        let list = list.ok_or_else(|| format!("`{path}.enum`: a list of 1 to {MAX_ALTS} values"))?;
-        let mut lits = list.iter().map(|x| literal(x, &format!("{path}.enum"))).collect::<Result<Vec<_>, _>>()?;
-        lits.sort();
-        lits.dedup();
-        return add(nodes, Node::Literals(lits));
-    }
-    let types: Vec<&str> = match o.get("type") {
-        None if o.contains_key("properties") => vec!["object"],
-        None if o.contains_key("items") => vec!["array"],
-        None => return add(nodes, Node::Any { object: false }),
-        Some(Value::String(t)) => vec![t.as_str()],
-        Some(Value::Array(ts)) if !ts.is_empty() => ts
-            .iter()
-            .map(|t| t.as_str().ok_or_else(|| format!("`{path}.type`: a string or a list of strings")))
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(format!("`{path}.type`: a string or a non-empty list of strings")),
-    };
-    let mut alts = Vec::with_capacity(types.len());
-    for t in &types {
-        let n = match *t {
-            "object" => object_node(o, path, depth, nodes)?,
-            "array" => {
-                let item = match o.get("items") {
-                    Some(i) => compile_node(i, &format!("{path}.items"), depth + 1, nodes)?,
-                    None => add(nodes, Node::Any { object: false })?,
-                };
-                Node::Array(item)
-            }
-            "string" => Node::String,
-            "integer" => Node::Number { integer: true },
-            // With `integer` in the same list, a number covers both.
-            "number" => Node::Number { integer: false },
-            "boolean" => Node::Literals(vec![b"false".to_vec(), b"true".to_vec()]),
-            "null" => Node::Literals(vec![b"null".to_vec()]),
-            other => return Err(format!("`{path}.type`: unknown type `{other}`")),
-        };
-        alts.push(add(nodes, n)?);
-    }
-    if alts.len() == 1 {
-        return Ok(alts[0]);
-    }
-    if types.contains(&"integer") && types.contains(&"number") {
-        alts.retain(|&a| !matches!(nodes[a as usize], Node::Number { integer: true }));
-    }
-    // The alternatives must differ in their first byte.
-    let mut seen = [false; 256];
-    for &a in &alts {
-        for (b, f) in first_bytes(nodes, a).into_iter().enumerate() {
-            if f && std::mem::replace(&mut seen[b], true) {
-                return Err(format!("`{path}.type`: the types of a union must start differently"));
-            }
-        }
-    }
-    add(nodes, Node::Union(alts))
+/// Compiles a schema into nodes, resolving `$ref`s against the root's `$defs` /
+/// `definitions`.
+struct Compiler<'a> {
+    root: &'a Value,
+    nodes: Vec<Node>,
 }
 
-/// The object node of `o` (its `properties`, `required`, `additionalProperties`).
-fn object_node(
-    o: &serde_json::Map<String, Value>,
-    path: &str,
-    depth: usize,
-    nodes: &mut Vec<Node>,
-) -> Result<Node, String> {
-    match o.get("additionalProperties") {
-        None | Some(Value::Bool(_)) => {}
-        Some(_) => return Err(format!("`{path}.additionalProperties`: only true or false")),
+/// A `minX` / `maxX` bound of `o` (`None` when absent), at most 65535.
+fn bound(o: &serde_json::Map<String, Value>, k: &str, path: &str) -> Result<Option<u16>, String> {
+    match o.get(k) {
+        None => Ok(None),
+        Some(x) => x
+            .as_u64()
+            .and_then(|n| u16::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| format!("`{path}.{k}`: an integer in 0..=65535")),
     }
-    let Some(props) = o.get("properties") else {
-        // No properties: any object, or (`additionalProperties: false`) only `{}`.
-        return Ok(if o.get("additionalProperties") == Some(&Value::Bool(false)) {
-            Node::Object(Vec::new())
-        } else {
-            Node::Any { object: true }
-        });
-    };
-    let props = props.as_object().ok_or_else(|| format!("`{path}.properties`: an object"))?;
-    if props.len() > MAX_ALTS {
-        return Err(format!("`{path}.properties`: at most {MAX_ALTS} properties"));
+}
+
+impl Compiler<'_> {
+    fn add(&mut self, n: Node, path: &str) -> Result<u16, String> {
+        self.nodes.push(n);
+        u16::try_from(self.nodes.len() - 1).map_err(|_| format!("`{path}`: the schema has too many nodes"))
     }
-    let required: Vec<&str> = match o.get("required") {
-        None => Vec::new(),
-        Some(Value::Array(r)) => r
-            .iter()
-            .map(|x| x.as_str().ok_or_else(|| format!("`{path}.required`: a list of property names")))
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(format!("`{path}.required`: a list of property names")),
-    };
-    if let Some(r) = required.iter().find(|r| !props.contains_key(**r)) {
-        return Err(format!("`{path}.required`: `{r}` is not a property"));
+
+    /// Compiles `v` (at `path`, `depth` values deep); returns its node.
+    fn node(&mut self, v: &Value, path: &str, depth: usize) -> Result<u16, String> {
+        if depth >= MAX_FRAMES {
+            return Err(format!("`{path}`: the schema nests deeper than {MAX_FRAMES} values (or refers to itself)"));
+        }
+        let o = match v {
+            Value::Bool(true) => return self.add(Node::Any { object: false }, path),
+            Value::Object(o) => o,
+            _ => return Err(format!("`{path}`: a schema must be an object")),
+        };
+        const KNOWN: [&str; 23] = [
+            "type",
+            "properties",
+            "required",
+            "additionalProperties",
+            "items",
+            "enum",
+            "const",
+            "anyOf",
+            "oneOf",
+            "$ref",
+            "$defs",
+            "definitions",
+            "minItems",
+            "maxItems",
+            "minLength",
+            "maxLength",
+            "title",
+            "description",
+            "$schema",
+            "$id",
+            "default",
+            "examples",
+            "$comment",
+        ];
+        if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+            return Err(format!("`{path}.{k}`: the keyword `{k}` is not supported"));
+        }
+        if let Some(r) = o.get("$ref") {
+            // `#/$defs/Name` or `#/definitions/Name` of the root, compiled in place.
+            let r = r.as_str().ok_or_else(|| format!("`{path}.$ref`: a string"))?;
+            let target = r
+                .strip_prefix("#/")
+                .and_then(|p| p.split('/').try_fold(self.root, |v, k| v.get(k.replace("~1", "/").replace("~0", "~"))))
+                .filter(|_| r.starts_with("#/$defs/") || r.starts_with("#/definitions/"));
+            let target = target.ok_or_else(|| format!("`{path}.$ref`: `{r}` is not a `#/$defs/...` of this schema"))?;
+            if o.keys().any(|k| !matches!(k.as_str(), "$ref" | "title" | "description" | "default" | "$comment")) {
+                return Err(format!("`{path}`: `$ref` beside other keywords is not supported"));
+            }
+            return self.node(target, &format!("{path}.$ref({r})"), depth + 1);
+        }
+        if let Some((k, alts)) = o.get("anyOf").map(|x| ("anyOf", x)).or_else(|| o.get("oneOf").map(|x| ("oneOf", x))) {
+            let list = alts.as_array().filter(|l| !l.is_empty() && l.len() <= MAX_ALTS);
+            let list = list.ok_or_else(|| format!("`{path}.{k}`: a list of 1 to {MAX_ALTS} schemas"))?;
+            if o.keys().any(|x| {
+                !matches!(
+                    x.as_str(),
+                    "anyOf"
+                        | "oneOf"
+                        | "title"
+                        | "description"
+                        | "default"
+                        | "$comment"
+                        | "$defs"
+                        | "definitions"
+                        | "$schema"
+                )
+            }) {
+                return Err(format!("`{path}`: `{k}` beside other keywords is not supported"));
+            }
+            let mut nodes = Vec::with_capacity(list.len());
+            for (i, x) in list.iter().enumerate() {
+                nodes.push(self.node(x, &format!("{path}.{k}[{i}]"), depth)?);
+            }
+            return self.union(nodes, &format!("{path}.{k}"));
+        }
+        let literal = |x: &Value, at: &str| -> Result<Vec<u8>, String> {
+            match x {
+                Value::Object(_) | Value::Array(_) => {
+                    Err(format!("`{at}`: only string, number, boolean and null values"))
+                }
+                x => serde_json::to_vec(x).map_err(|e| format!("`{at}`: {e}")),
+            }
+        };
+        if let Some(c) = o.get("const") {
+            return self.add(Node::Literals(vec![literal(c, &format!("{path}.const"))?]), path);
+        }
+        if let Some(e) = o.get("enum") {
+            let list = e.as_array().filter(|l| !l.is_empty() && l.len() <= MAX_ALTS);
+            let list = list.ok_or_else(|| format!("`{path}.enum`: a list of 1 to {MAX_ALTS} values"))?;
+            let mut lits = list.iter().map(|x| literal(x, &format!("{path}.enum"))).collect::<Result<Vec<_>, _>>()?;
+            lits.sort();
+            lits.dedup();
+            return self.add(Node::Literals(lits), path);
+        }
+        let types: Vec<&str> = match o.get("type") {
+            None if o.contains_key("properties") => vec!["object"],
+            None if o.contains_key("items") => vec!["array"],
+            None => return self.add(Node::Any { object: false }, path),
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(ts)) if !ts.is_empty() => ts
+                .iter()
+                .map(|t| t.as_str().ok_or_else(|| format!("`{path}.type`: a string or a list of strings")))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(format!("`{path}.type`: a string or a non-empty list of strings")),
+        };
+        // The bounds belong to one type each.
+        for (k, t) in [("minItems", "array"), ("maxItems", "array"), ("minLength", "string"), ("maxLength", "string")] {
+            if o.contains_key(k) && !types.contains(&t) {
+                return Err(format!("`{path}.{k}`: only for `\"type\": \"{t}\"`"));
+            }
+        }
+        let mut alts = Vec::with_capacity(types.len());
+        for t in &types {
+            let n = match *t {
+                "object" => self.object(o, path, depth)?,
+                "array" => {
+                    let item = match o.get("items") {
+                        Some(i) => self.node(i, &format!("{path}.items"), depth + 1)?,
+                        None => self.add(Node::Any { object: false }, path)?,
+                    };
+                    let (min, max) = (bound(o, "minItems", path)?.unwrap_or(0), bound(o, "maxItems", path)?);
+                    if max.is_some_and(|m| m < min) {
+                        return Err(format!("`{path}.maxItems`: below minItems"));
+                    }
+                    Node::Array { item, min, max: max.unwrap_or(u16::MAX) }
+                }
+                "string" => {
+                    let (min, max) = (bound(o, "minLength", path)?.unwrap_or(0), bound(o, "maxLength", path)?);
+                    if max.is_some_and(|m| m < min) {
+                        return Err(format!("`{path}.maxLength`: below minLength"));
+                    }
+                    Node::String { min, max: max.unwrap_or(u16::MAX) }
+                }
+                "integer" => Node::Number { integer: true },
+                "number" => Node::Number { integer: false },
+                "boolean" => Node::Literals(vec![b"false".to_vec(), b"true".to_vec()]),
+                "null" => Node::Literals(vec![b"null".to_vec()]),
+                other => return Err(format!("`{path}.type`: unknown type `{other}`")),
+            };
+            alts.push(self.add(n, path)?);
+        }
+        if alts.len() == 1 {
+            return Ok(alts[0]);
+        }
+        // With `integer` in the same list, a number covers both.
+        if types.contains(&"integer") && types.contains(&"number") {
+            alts.retain(|&a| !matches!(self.nodes[a as usize], Node::Number { integer: true }));
+        }
+        self.union(alts, &format!("{path}.type"))
     }
-    let mut out = Vec::with_capacity(props.len());
-    for (name, p) in props {
-        let node = compile_node(p, &format!("{path}.properties.{name}"), depth + 1, nodes)?;
-        let key = serde_json::to_vec(name).map_err(|e| format!("`{path}.properties`: {e}"))?;
-        out.push(Prop { key, node, required: required.contains(&name.as_str()) });
+
+    /// The union of `alts`, which must differ in their first byte (one alternative: itself).
+    fn union(&mut self, alts: Vec<u16>, path: &str) -> Result<u16, String> {
+        if let [one] = alts[..] {
+            return Ok(one);
+        }
+        let mut seen = [false; 256];
+        for &a in &alts {
+            for (b, f) in first_bytes(&self.nodes, a).into_iter().enumerate() {
+                if f && std::mem::replace(&mut seen[b], true) {
+                    return Err(format!(
+                        "`{path}`: the alternatives of a union must start differently (here two can start with `{}`)",
+                        char::from(b as u8).escape_default()
+                    ));
+                }
+            }
+        }
+        self.add(Node::Union(alts), path)
     }
-    Ok(Node::Object(out))
+
+    /// The object node of `o` (its `properties`, `required`, `additionalProperties`).
+    fn object(&mut self, o: &serde_json::Map<String, Value>, path: &str, depth: usize) -> Result<Node, String> {
+        match o.get("additionalProperties") {
+            None | Some(Value::Bool(_)) => {}
+            Some(_) => return Err(format!("`{path}.additionalProperties`: only true or false")),
+        }
+        let Some(props) = o.get("properties") else {
+            // No properties: any object, or (`additionalProperties: false`) only `{}`.
+            return Ok(if o.get("additionalProperties") == Some(&Value::Bool(false)) {
+                Node::Object(Vec::new())
+            } else {
+                Node::Any { object: true }
+            });
+        };
+        let props = props.as_object().ok_or_else(|| format!("`{path}.properties`: an object"))?;
+        if props.len() > MAX_ALTS {
+            return Err(format!("`{path}.properties`: at most {MAX_ALTS} properties"));
+        }
+        let required: Vec<&str> = match o.get("required") {
+            None => Vec::new(),
+            Some(Value::Array(r)) => r
+                .iter()
+                .map(|x| x.as_str().ok_or_else(|| format!("`{path}.required`: a list of property names")))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(format!("`{path}.required`: a list of property names")),
+        };
+        if let Some(r) = required.iter().find(|r| !props.contains_key(**r)) {
+            return Err(format!("`{path}.required`: `{r}` is not a property"));
+        }
+        let mut out = Vec::with_capacity(props.len());
+        for (name, p) in props {
+            let node = self.node(p, &format!("{path}.properties.{name}"), depth + 1)?;
+            let key = serde_json::to_vec(name).map_err(|e| format!("`{path}.properties`: {e}"))?;
+            out.push(Prop { key, node, required: required.contains(&name.as_str()) });
+        }
+        Ok(Node::Object(out))
+    }
 }
 
 /// One value being read: its node and where in it the input is (the meaning of `phase`, `a`,
@@ -335,7 +443,10 @@ impl SchemaState {
             let f = &mut self.frames[p as usize];
             match schema.nodes[f.node as usize] {
                 Node::Object(_) => f.phase = 5,
-                Node::Array(_) => f.phase = 3,
+                Node::Array { .. } => {
+                    f.phase = 3;
+                    f.c = f.c.saturating_add(1);
+                }
                 _ => {}
             }
         }
@@ -438,23 +549,26 @@ impl SchemaState {
                 }
             }
             // Phases: 0 before `[`; 1 after `[` (an item or `]`); 2 in an item; 3 after it
-            // (`,` or `]`); 4 after `,` (an item).
-            &Node::Array(item) => match (f.phase, x) {
+            // (`,` or `]`); 4 after `,` (an item). `c`: the items read.
+            &Node::Array { item, min, max } => match (f.phase, x) {
                 (0 | 1 | 3 | 4, _) if ws => Some(Out::Stay(f)),
                 (0, b'[') => Some(Out::Stay(Frame { phase: 1, ..f })),
-                (1 | 3, b']') => Some(Out::Pop),
-                (1 | 4, _) => Some(Out::Push { frame: Frame { phase: 2, ..f }, node: item, again: true }),
-                (3, b',') => Some(Out::Stay(Frame { phase: 4, ..f })),
+                (1 | 3, b']') if f.c >= min => Some(Out::Pop),
+                (1 | 4, _) if f.c < max => Some(Out::Push { frame: Frame { phase: 2, ..f }, node: item, again: true }),
+                (3, b',') if f.c < max => Some(Out::Stay(Frame { phase: 4, ..f })),
                 _ => None,
             },
-            // Phases: 0 before `"`; 1 in the string; 2 after `\`; 3 in `\uXXXX` (`c` digits left).
-            Node::String => match (f.phase, x) {
+            // Phases: 0 before `"`; 1 in the string; 2 after `\`; 3 in `\uXXXX` (`c` digits
+            // left). `a`: the characters read (an escape is one; UTF-8 continuation bytes add none).
+            &Node::String { min, max } => match (f.phase, x) {
                 (0, _) if ws => Some(Out::Stay(f)),
                 (0, b'"') => Some(Out::Stay(Frame { phase: 1, ..f })),
-                (1, b'"') => Some(Out::Pop),
-                (1, b'\\') => Some(Out::Stay(Frame { phase: 2, ..f })),
+                (1, b'"') => (f.a >= min).then_some(Out::Pop),
                 (1, 0..=0x1f) => None,
-                (1, _) => Some(Out::Stay(f)),
+                (1, 0x80..=0xbf) => Some(Out::Stay(f)),
+                (1, _) if f.a >= max => None,
+                (1, b'\\') => Some(Out::Stay(Frame { phase: 2, a: f.a + 1, ..f })),
+                (1, _) => Some(Out::Stay(Frame { a: f.a + 1, ..f })),
                 (2, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Some(Out::Stay(Frame { phase: 1, ..f })),
                 (2, b'u') => Some(Out::Stay(Frame { phase: 3, c: 4, ..f })),
                 (3, h) if h.is_ascii_hexdigit() => {
@@ -607,10 +721,31 @@ mod tests {
                 "$.properties.a.pattern",
             ),
             (json!({"type": "string"}), "root"),
-            (json!({"anyOf": [{"type": "object"}]}), "anyOf"),
+            (
+                json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x"]}]}}}),
+                "start differently",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}], "type": "string"}}}),
+                "beside",
+            ),
             (json!({"type": "object", "properties": {"a": {"$ref": "#/x"}}}), "$ref"),
+            (json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}}), "Missing"),
+            (
+                json!({"type": "object", "$defs": {"N": {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}}}},
+                    "properties": {"a": {"$ref": "#/$defs/N"}}}),
+                "refers to itself",
+            ),
+            (json!({"type": "object", "properties": {"a": {"type": "string", "minItems": 1}}}), "only for"),
+            (
+                json!({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}}),
+                "below",
+            ),
             (json!({"type": "object", "properties": {"a": {"type": ["string", "string"]}}}), "union"),
-            (json!({"type": "object", "properties": {"a": {"type": "array", "items": {}, "minItems": 1}}}), "minItems"),
+            (
+                json!({"type": "object", "properties": {"a": {"type": "array", "items": {}, "uniqueItems": true}}}),
+                "uniqueItems",
+            ),
             (json!({"type": "object", "required": ["b"], "properties": {"a": {}}}), "`b` is not a property"),
             (
                 json!({"type": "object", "properties": {"a": {"type": "object", "additionalProperties": {"type": "string"}}}}),
@@ -627,6 +762,37 @@ mod tests {
             deep = json!({"type": "object", "properties": {"a": deep}});
         }
         assert!(Schema::compile(&deep).err().is_some_and(|e| e.contains("deeper")));
+    }
+
+    /// What pydantic writes (`model_json_schema()` of a model with a nested model, an
+    /// `Optional[str]`, a `conlist` and a `constr`): `$defs` / `$ref`, `anyOf` with null,
+    /// `minItems` / `maxItems`, `minLength` / `maxLength`, titles.
+    #[test]
+    fn pydantic_style_schemas() {
+        let s = Schema::compile(&json!({
+            "$defs": {"Pet": {"properties": {"kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"}},
+                              "required": ["kind"], "title": "Pet", "type": "object"}},
+            "properties": {
+                "name": {"maxLength": 3, "minLength": 2, "title": "Name", "type": "string"},
+                "nick": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": null, "title": "Nick"},
+                "pets": {"items": {"$ref": "#/$defs/Pet"}, "maxItems": 2, "minItems": 1, "title": "Pets", "type": "array"}
+            },
+            "required": ["name", "pets"], "title": "Person", "type": "object", "additionalProperties": false
+        }))
+        .unwrap();
+        for (text, want) in [
+            (r#"{"name": "Al", "pets": [{"kind": "cat"}]}"#, Some(true)),
+            (r#"{"name": "Alé", "nick": null, "pets": [{"kind": "dog"}, {"kind": "cat"}]}"#, Some(true)),
+            (r#"{"name": "A\n", "nick": "x", "pets": [{"kind": "cat"}]}"#, Some(true)),
+            (r#"{"name": "A", "pets": [{"kind": "cat"}]}"#, None), // minLength
+            (r#"{"name": "Alic"#, None),                           // maxLength
+            (r#"{"name": "Al", "pets": []}"#, None),               // minItems
+            (r#"{"name": "Al", "pets": [{"kind": "cat"}, {"kind": "cat"}, "#, None), // maxItems
+            (r#"{"name": "Al", "pets": [{"kind": "cow"}]}"#, None),
+            (r#"{"name": "Al", "nick": 3, "pets": [{"kind": "cat"}]}"#, None),
+        ] {
+            assert_eq!(accepts(&s, text), want, "{text}");
+        }
     }
 
     #[test]

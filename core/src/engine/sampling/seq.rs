@@ -179,7 +179,7 @@ impl SeqSampler {
 
     /// `ov` (sorted by id) under structured output over a row of `n` logits: every token
     /// outside `bits` (the state's allowed set) at −∞; the stop ids pass only once the text is
-    /// `complete` (and not while `min_tokens` masks them).
+    /// `complete` (and not while `min_tokens` masks them), and then only they do.
     fn json_mask(
         bits: &[u64],
         complete: bool,
@@ -192,11 +192,14 @@ impl SeqSampler {
         let mut stop: Vec<u32> = stops.filter(|&id| (id as usize) < n).collect();
         stop.sort_unstable();
         let stop_ok = complete && !min_tokens;
+        // Once the text is complete only a stop id may follow (the model may prefer more
+        // whitespace, forever); whitespace only where no stop id can end the request.
+        let stop_only = stop_ok && !stop.is_empty();
         let mut out = Vec::new();
         let mut old = ov.into_iter().peekable();
         for id in 0..n {
             let kept = old.next_if(|e| e.0 as usize == id);
-            let a = if stop.binary_search(&(id as u32)).is_ok() { stop_ok } else { bit(id) };
+            let a = if stop.binary_search(&(id as u32)).is_ok() { stop_ok } else { !stop_only && bit(id) };
             match (a, kept) {
                 (true, Some(e)) => out.push(e),
                 (true, None) => {}
