@@ -237,7 +237,7 @@ impl Compiler<'_> {
             }
             let mut nodes = Vec::with_capacity(list.len());
             for (i, x) in list.iter().enumerate() {
-                nodes.push(self.node(x, &format!("{path}.{k}[{i}]"), depth)?);
+                nodes.push(self.node(x, &format!("{path}.{k}[{i}]"), depth + 1)?);
             }
             return self.union(nodes, &format!("{path}.{k}"));
         }
@@ -762,6 +762,13 @@ mod tests {
             deep = json!({"type": "object", "properties": {"a": deep}});
         }
         assert!(Schema::compile(&deep).err().is_some_and(|e| e.contains("deeper")));
+        // Unions nested in unions count toward the depth too (no unbounded recursion).
+        let mut unions = json!({"type": "string"});
+        for _ in 0..100 {
+            unions = json!({"anyOf": [unions]});
+        }
+        let unions = json!({"type": "object", "properties": {"a": unions}});
+        assert!(Schema::compile(&unions).err().is_some_and(|e| e.contains("deeper")));
     }
 
     /// What pydantic writes (`model_json_schema()` of a model with a nested model, an
@@ -793,6 +800,66 @@ mod tests {
         ] {
             assert_eq!(accepts(&s, text), want, "{text}");
         }
+    }
+
+    /// Random walks through each schema's allowed bytes: no panic, and every text the state
+    /// calls complete parses as JSON (with the object's keys among the schema's).
+    #[test]
+    fn random_walks_end_in_valid_json() {
+        let schemas = [
+            json!({"type": "object"}),
+            json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            json!({"type": "object", "properties": {"a": true, "b": {"type": ["integer", "null", "string"]},
+                   "c": {"type": "array", "items": {"enum": [1, 12, "x", null, false]}, "maxItems": 3},
+                   "d": {"anyOf": [{"type": "object", "properties": {"e": {"const": "é\"q"}}}, {"type": "number"}]},
+                   "f": {"type": "string", "maxLength": 2}}, "required": ["a"]}),
+            json!({"$defs": {"P": {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]}},
+                   "type": "object", "properties": {"p": {"type": "array", "items": {"$ref": "#/$defs/P"}, "minItems": 1}},
+                   "required": ["p"]}),
+        ];
+        let alphabet: Vec<u8> = b"{}[]\":, \n-0123456789.eE+tfrulsanxbcdpqP\\/\xc3\xa9".to_vec();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let mut completed = 0;
+        for v in &schemas {
+            let s = Schema::compile(v).unwrap();
+            for _ in 0..300 {
+                let (mut st, mut text) = (s.start(), Vec::new());
+                for _ in 0..200 {
+                    let ok: Vec<u8> = alphabet.iter().copied().filter(|&b| st.step(&s, b).is_some()).collect();
+                    if ok.is_empty() || st.complete() {
+                        break;
+                    }
+                    let b = ok[rnd(ok.len())];
+                    st = st.step(&s, b).unwrap();
+                    text.push(b);
+                }
+                if st.complete() {
+                    completed += 1;
+                    // Bytes >= 0x80 are not re-validated as UTF-8: the server's text is the
+                    // lossy decode (a stray byte becomes U+FFFD), which must be JSON.
+                    let lossy = String::from_utf8_lossy(&text);
+                    let parsed: Value = match serde_json::from_str(&lossy) {
+                        Ok(p) => p,
+                        // JSON numbers have no range; serde_json's f64 does (`1e999`).
+                        Err(e) if e.to_string().contains("number out of range") => continue,
+                        Err(e) => panic!("{v}: {lossy:?} is not JSON: {e}"),
+                    };
+                    assert!(parsed.is_object(), "{parsed}");
+                    if let Some(props) = v.get("properties").and_then(Value::as_object) {
+                        if v.get("additionalProperties") == Some(&Value::Bool(false)) || !props.is_empty() {
+                            assert!(parsed.as_object().unwrap().keys().all(|k| props.contains_key(k)), "{parsed}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(completed > 100, "only {completed} walks completed");
     }
 
     #[test]
