@@ -4,7 +4,7 @@
 # of every form, flash-linear-attention's chunk_gated_delta_rule in the same run, and the
 # 24-layer prefill with tc4 and tc5; the tc4 wu launch at 3 blocks an SM (PORTER_GDN_WU_OCC=3).
 # (Session 18 got no GPU: `run` lent none; this is the plan for the next call.)
-# Carry .dev/porter, .dev/ptx.tgz, .dev/k/cuda_gdn_chunk, .whl.
+# Carry .dev/porter, .dev/ptx.tgz, .dev/k/cuda_gdn_chunk, .dev/bin/gpu, .whl.
 set -uo pipefail
 P=.dev/porter/porter
 source <(sed -n '/^# --- NVRTC/,/^say "== gpu-check/p' scripts/gpu-check.sh | grep -v '^say')
@@ -21,6 +21,7 @@ t gdn_tc_o3 60 timeout 60 env PORTER_GDN_WU_OCC=3 .dev/k/cuda_gdn_chunk $T cuda_
 t gdn_80b_o3 90 timeout 90 env PORTER_GDN_WU_OCC=3 .dev/k/cuda_gdn_chunk $T cuda_gdn_chunked_seq_80b_prefill
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > $L/pip.log 2>&1
 t fla 60 timeout 60 env PYTHONPATH=/tmp/site python3 scripts/fla_gdn_bench.py --tokens 4096,16384
+t gpu_tc5 100 timeout 100 env PORTER_GDN_CHUNK=tc5 .dev/bin/gpu $T --skip bench_
 t pf_tc4 60 timeout 60 env PORTER_GDN_CHUNK=tc4 $P bench $G --prefill 4096,32768 --batch 1 --context 128 --steps 8
 t pf_tc5 60 timeout 60 env PORTER_GDN_CHUNK=tc5 $P bench $G --prefill 4096,32768 --batch 1 --context 128 --steps 8
 t pf_tc5_o3 60 timeout 60 env PORTER_GDN_CHUNK=tc5 PORTER_GDN_WU_OCC=3 $P bench $G --prefill 4096,32768 --batch 1 --context 128 --steps 8
