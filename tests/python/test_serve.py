@@ -245,6 +245,16 @@ class TinyModel(unittest.TestCase):
                              {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}, 40, check)
         print(f"json schema: {n} of 8 draws closed their object")
 
+    def test_guided_choice(self):
+        choices = ["alpha", "alpha beta", "gamma"]
+        for seed in range(6):
+            r = self.complete(max_tokens=16, temperature=1.0, seed=seed, extra_body={"guided_choice": choices}).choices[0]
+            self.assertIn(r.text, choices, seed)
+            self.assertEqual(r.finish_reason, "stop")
+        code, text = self.s.post("/v1/completions", {"model": self.model, "prompt": "x", "guided_choice": [""]})
+        self.assertEqual(code, 400, text)
+        self.assertIn("guided_choice", text)
+
     def test_logit_bias(self):
         body = {"model": self.model, "prompt": "hi", "max_tokens": 6, "temperature": 0, "ignore_eos": True,
                 "return_token_ids": True}
@@ -690,6 +700,10 @@ class SmolLM2(unittest.TestCase):
         self.assertEqual(p.finish_reason, "stop")
         got = p.message.parsed
         self.assertEqual((got.name, got.age, got.pets[0].name, got.pets[0].kind), ("Alice", 30, "Tom", "cat"), got)
+        c = self.c.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Is Paris in France? Answer yes or no."}],
+            max_tokens=8, temperature=0, extra_body={"guided_choice": ["yes", "no"]}).choices[0]
+        self.assertEqual((c.message.content, c.finish_reason), ("yes", "stop"))
         # vLLM's guided_json, the same schema as text: the same answer.
         g = self.c.chat.completions.create(model="smollm2", messages=q, max_tokens=80, temperature=0,
                                            extra_body={"guided_json": json.dumps(schema)})

@@ -440,7 +440,6 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
     // and options for other modalities.
     for k in [
         "guided_regex",
-        "guided_choice",
         "guided_grammar",
         "guided_decoding_backend",
         "guided_whitespace_pattern",
@@ -481,15 +480,23 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
 }
 
 /// The structured-output constraint of a request: OpenAI `response_format` (`text`,
-/// `json_object`, `json_schema` with its `schema`) or vLLM's `guided_json` (a schema, or its
-/// JSON text). A schema porter cannot follow is a 400 naming what it does not support.
+/// `json_object`, `json_schema` with its `schema`), vLLM's `guided_json` (a schema, or its
+/// JSON text) or `guided_choice` (a list of texts). A schema porter cannot follow is a 400 naming what it does not support.
 fn structured(s: &Server, v: &Value) -> Result<Option<JsonMode>, ApiError> {
     let rf = v.get("response_format").filter(|x| !x.is_null());
     let guided = v.get("guided_json").filter(|x| !x.is_null());
-    if rf.is_some() && guided.is_some() {
-        return Err(ApiError::invalid("guided_json", "send either `response_format` or `guided_json`, not both"));
+    let choice = v.get("guided_choice").filter(|x| !x.is_null());
+    if [rf.is_some(), guided.is_some(), choice.is_some()].iter().filter(|&&x| x).count() > 1 {
+        let k = if choice.is_some() { "guided_choice" } else { "guided_json" };
+        return Err(ApiError::invalid(k, "send one of `response_format`, `guided_json`, `guided_choice`"));
     }
     let bad = |k: &str, m: String| ApiError::invalid(k, m);
+    if let Some(c) = choice {
+        let list: Option<Vec<String>> =
+            c.as_array().and_then(|a| a.iter().map(|x| x.as_str().map(str::to_owned)).collect());
+        let list = list.ok_or_else(|| bad("guided_choice", "`guided_choice` must be a list of strings".into()))?;
+        return s.json_choice(&list).map(Some).map_err(|e| bad("guided_choice", format!("`guided_choice`: {e}")));
+    }
     let schema = |k: &str, x: &Value| -> Result<Option<JsonMode>, ApiError> {
         s.json_schema(x).map(Some).map_err(|e| bad(k, format!("`{k}`: the schema is not supported: {e}")))
     };

@@ -35,17 +35,31 @@ impl Server {
     /// The constraint of a JSON schema (compiled once per distinct schema text); `Err`: why the
     /// schema is not supported.
     pub fn json_schema(&self, schema: &serde_json::Value) -> std::result::Result<JsonMode, String> {
-        let text = schema.to_string();
-        let kept = self.structured.schemas.lock().unwrap_or_else(|e| e.into_inner()).get(&text).cloned();
+        self.kept(format!("schema:{schema}"), || Schema::compile(schema))
+    }
+
+    /// The constraint of vLLM's `guided_choice` (the output is one of `choices`).
+    pub fn json_choice(&self, choices: &[String]) -> std::result::Result<JsonMode, String> {
+        let key = format!("choice:{}", serde_json::Value::from(choices.to_vec()));
+        self.kept(key, || Schema::choice(choices))
+    }
+
+    /// The compiled schema kept under `key`, else `make`'s (then kept).
+    fn kept(
+        &self,
+        key: String,
+        make: impl FnOnce() -> std::result::Result<Schema, String>,
+    ) -> std::result::Result<JsonMode, String> {
+        let kept = self.structured.schemas.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
         let schema = match kept {
             Some(s) => s,
             None => {
-                let s = Arc::new(Schema::compile(schema)?);
+                let s = Arc::new(make()?);
                 let mut all = self.structured.schemas.lock().unwrap_or_else(|e| e.into_inner());
                 if all.len() >= KEPT_SCHEMAS {
                     all.clear();
                 }
-                all.insert(text, s.clone());
+                all.insert(key, s.clone());
                 s
             }
         };

@@ -63,6 +63,9 @@ enum Node {
     },
     /// One of these JSON texts (`enum`, `const`, `boolean`, `null`).
     Literals(Vec<Vec<u8>>),
+    /// The whole output is one of these texts, as they are (vLLM's `guided_choice`; only at
+    /// the root, no whitespace around).
+    Choice(Vec<Vec<u8>>),
     /// One of these nodes, told apart by the value's first byte.
     Union(Vec<u16>),
 }
@@ -96,7 +99,7 @@ fn first_bytes(nodes: &[Node], node: u16) -> [bool; 256] {
                 set[*b as usize] = true;
             }
         }
-        Node::Literals(l) => l.iter().filter_map(|x| x.first()).for_each(|&b| set[b as usize] = true),
+        Node::Literals(l) | Node::Choice(l) => l.iter().filter_map(|x| x.first()).for_each(|&b| set[b as usize] = true),
         Node::Union(alts) => {
             for &a in alts {
                 for (s, f) in set.iter_mut().zip(first_bytes(nodes, a)) {
@@ -112,6 +115,18 @@ impl Schema {
     /// Any JSON object (`response_format: {"type": "json_object"}`).
     pub fn any_object() -> Self {
         Self { nodes: vec![Node::Any { object: true }], root: 0, cache: MaskCache::default() }
+    }
+
+    /// The output is exactly one of `choices` (vLLM's `guided_choice`): 1 to 64 distinct,
+    /// non-empty texts.
+    pub fn choice(choices: &[String]) -> Result<Self, String> {
+        let mut lits: Vec<Vec<u8>> = choices.iter().map(|c| c.as_bytes().to_vec()).collect();
+        lits.sort();
+        lits.dedup();
+        if lits.is_empty() || lits.len() > MAX_ALTS || lits.iter().any(Vec::is_empty) {
+            return Err(format!("a list of 1 to {MAX_ALTS} non-empty strings"));
+        }
+        Ok(Self { nodes: vec![Node::Choice(lits)], root: 0, cache: MaskCache::default() })
     }
 
     /// Compiles a JSON schema whose root is an object (see the module docs for what is
@@ -417,6 +432,17 @@ impl SchemaState {
         self.depth == 0
     }
 
+    /// Whether the output may end here: complete, or (`guided_choice`) one choice read whole
+    /// while a longer one could still follow.
+    pub fn may_end(&self, schema: &Schema) -> bool {
+        let f = self.frames[0];
+        self.depth == 0
+            || (self.depth == 1
+                && f.phase == 1
+                && matches!(&schema.nodes[f.node as usize], Node::Choice(l)
+                    if l.iter().enumerate().any(|(j, x)| f.b >> j & 1 == 1 && x.len() == f.c as usize)))
+    }
+
     /// The state after `bytes`, or `None`.
     pub fn feed(self, schema: &Schema, bytes: &[u8]) -> Option<Self> {
         bytes.iter().try_fold(self, |s, &b| s.step(schema, b))
@@ -456,7 +482,9 @@ impl SchemaState {
     pub fn step(mut self, schema: &Schema, b: u8) -> Option<Self> {
         loop {
             if self.depth == 0 {
-                return is_ws(b).then_some(self);
+                // After the root only whitespace, and nothing at all after a choice.
+                let choice = matches!(schema.nodes[schema.root as usize], Node::Choice(_));
+                return (is_ws(b) && !choice).then_some(self);
             }
             let i = self.depth as usize - 1;
             match self.frame_step(schema, self.frames[i], b)? {
@@ -607,8 +635,9 @@ impl SchemaState {
                 }
             }
             // Phase 0 before the value; 1 in it (`c` bytes matched, `b` the candidates).
-            Node::Literals(lits) => {
-                if f.phase == 0 && ws {
+            Node::Literals(lits) | Node::Choice(lits) => {
+                let raw = matches!(schema.nodes[f.node as usize], Node::Choice(_));
+                if f.phase == 0 && ws && !raw {
                     return Some(Out::Stay(f));
                 }
                 let (c, cands) = if f.phase == 0 { (0, u64::MAX) } else { (f.c as usize, f.b) };
@@ -860,6 +889,21 @@ mod tests {
             }
         }
         assert!(completed > 100, "only {completed} walks completed");
+    }
+
+    #[test]
+    fn choices_are_exact_texts() {
+        let s = Schema::choice(&["yes".into(), "yes sir".into(), "no".into(), "no".into()]).unwrap();
+        let at = |t: &str| s.start().feed(&s, t.as_bytes());
+        let yes = at("yes").unwrap();
+        assert!(yes.may_end(&s) && !yes.complete(), "`yes` may end, `yes sir` may follow");
+        assert!(at("yes sir").is_some_and(|x| x.complete() && x.may_end(&s)));
+        assert!(at("no").is_some_and(|x| x.complete()));
+        assert!(at("ye").is_some_and(|x| !x.may_end(&s)));
+        for bad in ["yes\n", " yes", "nope", "yes si!", "n o"] {
+            assert!(at(bad).is_none(), "{bad:?}");
+        }
+        assert!(Schema::choice(&[]).is_err() && Schema::choice(&["".into()]).is_err());
     }
 
     #[test]

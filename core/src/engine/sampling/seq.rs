@@ -153,7 +153,8 @@ impl SeqSampler {
         }
         if let (Some(m), Some(&st)) = (&p.json, self.json.last()) {
             let bits = m.schema.allowed_set(&m.vocab, st);
-            return Self::json_mask(&bits, st.complete(), ov, raw.len(), p.stop.masks(out_len), self.stop_ids(eos));
+            let end = (st.may_end(&m.schema), st.complete());
+            return Self::json_mask(&bits, end, ov, raw.len(), p.stop.masks(out_len), self.stop_ids(eos));
         }
         if p.stop.masks(out_len) {
             let eos = if p.stop.ignore_eos { &[][..] } else { eos };
@@ -178,11 +179,12 @@ impl SeqSampler {
     }
 
     /// `ov` (sorted by id) under structured output over a row of `n` logits: every token
-    /// outside `bits` (the state's allowed set) at −∞; the stop ids pass only once the text is
-    /// `complete` (and not while `min_tokens` masks them), and then only they do.
+    /// outside `bits` (the state's allowed set) at −∞; the stop ids pass only where the text
+    /// may end (`end.0`; not while `min_tokens` masks them), and once it is complete (`end.1`)
+    /// only they do.
     fn json_mask(
         bits: &[u64],
-        complete: bool,
+        end: (bool, bool),
         ov: Vec<(u32, f32)>,
         n: usize,
         min_tokens: bool,
@@ -191,10 +193,10 @@ impl SeqSampler {
         let bit = |id: usize| bits.get(id / 64).is_some_and(|w| (w >> (id % 64)) & 1 == 1);
         let mut stop: Vec<u32> = stops.filter(|&id| (id as usize) < n).collect();
         stop.sort_unstable();
-        let stop_ok = complete && !min_tokens;
+        let stop_ok = end.0 && !min_tokens;
         // Once the text is complete only a stop id may follow (the model may prefer more
         // whitespace, forever); whitespace only where no stop id can end the request.
-        let stop_only = stop_ok && !stop.is_empty();
+        let stop_only = end.1 && stop_ok && !stop.is_empty();
         let mut out = Vec::new();
         let mut old = ov.into_iter().peekable();
         for id in 0..n {
