@@ -18,7 +18,7 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 /// States whose allowed-token sets a [`MaskCache`] keeps (then it starts over).
-const CACHE_STATES: usize = 512;
+const CACHE_STATES: usize = 256;
 
 /// Most nested containers (objects and arrays) of a constrained output.
 pub const MAX_DEPTH: u8 = 128;
