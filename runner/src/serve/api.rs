@@ -432,16 +432,15 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
 /// (never answered as if they were absent). A field may carry the value that means "off".
 fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
     let set = |k: &str| v.get(k).filter(|x| !x.is_null());
-
     if !is_chat && set("suffix").is_some_and(|x| x.as_str() != Some("")) {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported (no fill-in-the-middle)"));
     }
     // vLLM's structured-output and beam-search extensions, OpenAI's retired function calling
-    // and options for other modalities.
+    // and options for other modalities. (`guided_decoding_backend` only names vLLM's engine
+    // for `guided_json` / `guided_choice`: accepted, porter has one.)
     for k in [
         "guided_regex",
         "guided_grammar",
-        "guided_decoding_backend",
         "guided_whitespace_pattern",
         "structured_outputs",
         "prompt_logprobs",
