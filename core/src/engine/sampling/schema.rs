@@ -10,11 +10,12 @@
 //! `type`s) whose alternatives differ in their first byte (pydantic's `Optional[T]` is
 //! `anyOf` T and null). `$ref`s to the root's `$defs` / `definitions` compile in place (a
 //! schema that refers to itself is refused at the depth limit). A value the schema leaves open
-//! (no `type`, or an object without `properties`) is any JSON value ([`JsonState`]). Every
-//! other keyword (`pattern`, `format`, `minimum`, `uniqueItems`, `allOf`, ...) is refused at
-//! compile time with its path, never ignored. The state is `Copy` (at most [`MAX_FRAMES`]
-//! nested values of the schema), so that [`JsonVocab::walk`] can find the allowed tokens;
-//! the sets are cached per state.
+//! (no `type`, or an object without `properties`) is any JSON value ([`JsonState`]).
+//! `format` is what JSON Schema's default vocabulary makes it, an annotation (pydantic writes
+//! it for dates, e-mails, URLs): not enforced. Every other keyword (`pattern`, `minimum`,
+//! `uniqueItems`, `allOf`, ...) is refused at compile time with its path, never ignored. The
+//! state is `Copy` (at most [`MAX_FRAMES`] nested values of the schema), so that
+//! [`JsonVocab::walk`] can find the allowed tokens; the sets are cached per state.
 //!
 //! Keys are matched as `serde_json` writes them (the name as a JSON string, no escapes beyond
 //! JSON's own), literals as `serde_json` writes the `enum` / `const` value. String lengths
@@ -190,7 +191,10 @@ impl Compiler<'_> {
             Value::Object(o) => o,
             _ => return Err(format!("`{path}`: a schema must be an object")),
         };
-        const KNOWN: [&str; 23] = [
+        // `format` is an annotation in JSON Schema's default vocabulary (validators need not
+        // assert it): accepted, not enforced.
+        const KNOWN: [&str; 24] = [
+            "format",
             "type",
             "properties",
             "required",

@@ -133,7 +133,7 @@ fn pydantic_style_schemas() {
         "$defs": {"Pet": {"properties": {"kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"}},
                           "required": ["kind"], "title": "Pet", "type": "object"}},
         "properties": {
-            "name": {"maxLength": 3, "minLength": 2, "title": "Name", "type": "string"},
+            "name": {"maxLength": 3, "minLength": 2, "title": "Name", "type": "string", "format": "hostname"},
             "nick": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": null, "title": "Nick"},
             "pets": {"items": {"$ref": "#/$defs/Pet"}, "maxItems": 2, "minItems": 1, "title": "Pets", "type": "array"}
         },
