@@ -564,32 +564,24 @@ fn prefill_80b<T: CudaFloat>(
         seen.push((form, us, laps));
     }
     let find = |name: &str| seen.iter().find(|x| x.0 == name);
-    if let (Some(new), Some(old)) = (find("tc5"), find("tc4")) {
-        println!(
-            "    tc5 vs tc4 ({} t {t}): call {:.1} vs {:.1} µs ({:.2}x), state {:.1} vs {:.1} µs ({:.2}x)",
-            T::NAME,
-            new.1,
-            old.1,
-            old.1 / new.1,
-            new.2[2],
-            old.2[2],
-            old.2[2] / new.2[2]
-        );
-    }
-    if let (Some(new), Some(old)) = (find("tc4"), find("tc3")) {
-        println!(
-            "    tc4 vs tc3 ({} t {t}): call {:.1} vs {:.1} µs ({:.2}x), wu {:.1} vs {:.1} µs ({:.2}x), \
-             state {:.1} vs {:.1} µs",
-            T::NAME,
-            new.1,
-            old.1,
-            old.1 / new.1,
-            new.2[1],
-            old.2[1],
-            old.2[1] / new.2[1],
-            new.2[2],
-            old.2[2]
-        );
+    // Each form against the one it grew from: the call, then its wu and state launches.
+    for (new, old) in [("tc5", "tc4"), ("tc4", "tc3")] {
+        if let (Some(n), Some(o)) = (find(new), find(old)) {
+            println!(
+                "    {new} vs {old} ({} t {t}): call {:.1} vs {:.1} µs ({:.2}x), wu {:.1} vs {:.1} µs ({:.2}x), \
+                 state {:.1} vs {:.1} µs ({:.2}x)",
+                T::NAME,
+                n.1,
+                o.1,
+                o.1 / n.1,
+                n.2[1],
+                o.2[1],
+                o.2[1] / n.2[1],
+                n.2[2],
+                o.2[2],
+                o.2[2] / n.2[2]
+            );
+        }
     }
 }
 

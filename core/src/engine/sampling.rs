@@ -18,9 +18,10 @@
 //!    - presence / frequency (OpenAI / vLLM): over **output** tokens only,
 //!      `l -= presence · [count > 0] + frequency · count`.
 //! 2. **min_tokens**: while `out_len < min_tokens`, the stop ids (`stop_token_ids`, plus the
-//!    `eos` ids unless `ignore_eos`) are set to −∞. **JSON mode** (`json`): every token whose
-//!    bytes do not continue one JSON object is set to −∞, the stop ids too until the object
-//!    is complete (`sampling/json.rs`).
+//!    `eos` ids unless `ignore_eos`) are set to −∞. **Structured output** (`json`): every
+//!    token whose bytes do not continue a text of the request's schema is set to −∞; the stop
+//!    ids pass only where the text may end, and once it is complete only they do
+//!    (`sampling/schema.rs`, `sampling/json.rs`).
 //! 3. **Logprobs** (when requested) are taken here: `log_softmax` of the logits after steps 1–2
 //!    (vLLM's `processed_logprobs` choice: penalties included, temperature and truncation not),
 //!    in float64. A token masked by step 2 has logprob −∞.
@@ -51,8 +52,8 @@ mod row;
 mod schema;
 mod seq;
 
-pub use json::{JsonState, JsonVocab, MAX_DEPTH as JSON_MAX_DEPTH};
-pub use schema::{Schema, SchemaState, MAX_FRAMES as SCHEMA_MAX_FRAMES};
+pub use json::JsonVocab;
+pub use schema::Schema;
 pub use seq::{Sampled, SeqSampler};
 
 use crate::bail;

@@ -114,6 +114,11 @@ pub fn parse_json(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     Ok(v)
 }
 
+/// Field `key` of `v` when given (absent and `null` alike mean not given).
+fn given<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.get(key).filter(|x| !x.is_null())
+}
+
 fn num(v: &Value, key: &str) -> Result<Option<f64>, ApiError> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -207,7 +212,7 @@ pub fn render_chat(s: &Server, body: &Value, messages: &Value) -> Result<String,
         msgs.push(out);
     }
     let mut extra = Map::new();
-    if let Some(t) = body.get("tools").filter(|t| !t.is_null()) {
+    if let Some(t) = given(body, "tools") {
         match t.as_array() {
             Some(a) if !a.is_empty() => {
                 extra.insert("tools".into(), t.clone());
@@ -231,7 +236,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
     unsupported(&v, is_chat)?;
     let json = structured(s, &v)?;
     let tool_auto = is_chat && tool_choice_parses(&v)?;
-    if tool_auto && !s.tool_calls && v.get("tools").is_some_and(|t| !t.is_null()) {
+    if tool_auto && !s.tool_calls && given(&v, "tools").is_some() {
         // As vLLM: tools the answer could call need a parser to turn the calls into `tool_calls`.
         return Err(ApiError::invalid(
             "tools",
@@ -240,7 +245,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         ));
     }
     let parse_tools = tool_auto && s.tool_calls;
-    if let Some(m) = v.get("model").filter(|m| !m.is_null()) {
+    if let Some(m) = given(&v, "model") {
         let m = m.as_str().ok_or_else(|| ApiError::invalid("model", "`model` must be a string"))?;
         if m != s.name {
             return Err(ApiError::new(
@@ -431,8 +436,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
 /// Request fields whose meaning porter does not implement, refused with a 400 naming the field
 /// (never answered as if they were absent). A field may carry the value that means "off".
 fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
-    let set = |k: &str| v.get(k).filter(|x| !x.is_null());
-    if !is_chat && set("suffix").is_some_and(|x| x.as_str() != Some("")) {
+    if !is_chat && given(v, "suffix").is_some_and(|x| x.as_str() != Some("")) {
         return Err(ApiError::invalid("suffix", "`suffix` is not supported (no fill-in-the-middle)"));
     }
     // vLLM's structured-output and beam-search extensions, OpenAI's retired function calling
@@ -450,7 +454,7 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
         "prediction",
         "audio",
     ] {
-        if set(k).is_some() {
+        if given(v, k).is_some() {
             return Err(ApiError::invalid(k, format!("`{k}` is not supported")));
         }
     }
@@ -460,7 +464,7 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
         ("skip_special_tokens", json!(true), "special tokens are always left out of the text"),
     ];
     for (k, default, why) in off {
-        if let Some(x) = set(k) {
+        if let Some(x) = given(v, k) {
             let same = match (x.as_f64(), default.as_f64()) {
                 (Some(a), Some(b)) => a == b,
                 _ => *x == default,
@@ -470,7 +474,7 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
             }
         }
     }
-    if let Some(m) = set("modalities") {
+    if let Some(m) = given(v, "modalities") {
         if *m != json!(["text"]) {
             return Err(ApiError::invalid("modalities", "only the `text` modality is supported"));
         }
@@ -482,9 +486,7 @@ fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
 /// `json_object`, `json_schema` with its `schema`), vLLM's `guided_json` (a schema, or its
 /// JSON text) or `guided_choice` (a list of texts). A schema porter cannot follow is a 400 naming what it does not support.
 fn structured(s: &Server, v: &Value) -> Result<Option<JsonMode>, ApiError> {
-    let rf = v.get("response_format").filter(|x| !x.is_null());
-    let guided = v.get("guided_json").filter(|x| !x.is_null());
-    let choice = v.get("guided_choice").filter(|x| !x.is_null());
+    let (rf, guided, choice) = (given(v, "response_format"), given(v, "guided_json"), given(v, "guided_choice"));
     if [rf.is_some(), guided.is_some(), choice.is_some()].iter().filter(|&&x| x).count() > 1 {
         let k = if choice.is_some() { "guided_choice" } else { "guided_json" };
         return Err(ApiError::invalid(k, "send one of `response_format`, `guided_json`, `guided_choice`"));

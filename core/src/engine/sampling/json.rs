@@ -54,9 +54,10 @@ enum Mode {
     Done,
 }
 
-/// Where a number is: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+/// Where a number is: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?` (the one
+/// number grammar of [`JsonState`] and of a schema's numbers, `sampling/schema.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Num {
+pub(super) enum Num {
     /// After `-`: a digit.
     Minus,
     /// After a leading `0`.
@@ -76,8 +77,34 @@ enum Num {
 }
 
 impl Num {
+    /// The place after a number's first byte `b` (`None`: no number starts so).
+    pub(super) fn start(b: u8) -> Option<Self> {
+        match b {
+            b'-' => Some(Num::Minus),
+            b'0' => Some(Num::Zero),
+            b'1'..=b'9' => Some(Num::Int),
+            _ => None,
+        }
+    }
+
+    /// The place after byte `b` (`integer`: no fraction or exponent), or `None` where `b`
+    /// does not continue the number.
+    pub(super) fn next(self, b: u8, integer: bool) -> Option<Self> {
+        match (self, b) {
+            (Num::Minus, b'0') => Some(Num::Zero),
+            (Num::Minus, b'1'..=b'9') => Some(Num::Int),
+            (Num::Int, b'0'..=b'9') => Some(Num::Int),
+            (Num::Zero | Num::Int, b'.') if !integer => Some(Num::Dot),
+            (Num::Dot | Num::Frac, b'0'..=b'9') => Some(Num::Frac),
+            (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') if !integer => Some(Num::E),
+            (Num::E, b'+' | b'-') => Some(Num::ESign),
+            (Num::E | Num::ESign | Num::Exp, b'0'..=b'9') => Some(Num::Exp),
+            _ => None,
+        }
+    }
+
     /// Whether the number may end here.
-    fn complete(self) -> bool {
+    pub(super) fn complete(self) -> bool {
         matches!(self, Num::Zero | Num::Int | Num::Frac | Num::Exp)
     }
 }
@@ -127,6 +154,7 @@ impl JsonState {
     }
 
     /// The state after `bytes`, or `None` when they do not continue a JSON object.
+    #[cfg(test)]
     pub fn feed(self, bytes: &[u8]) -> Option<Self> {
         bytes.iter().try_fold(self, |s, &b| s.step(b))
     }
@@ -169,13 +197,10 @@ impl JsonState {
             b'{' => return self.open(true),
             b'[' => return self.open(false),
             b'"' => Mode::Str { key: false },
-            b'-' => Mode::Num(Num::Minus),
-            b'0' => Mode::Num(Num::Zero),
-            b'1'..=b'9' => Mode::Num(Num::Int),
             b't' => Mode::Lit { lit: 0, at: 1 },
             b'f' => Mode::Lit { lit: 1, at: 1 },
             b'n' => Mode::Lit { lit: 2, at: 1 },
-            _ => return None,
+            _ => Mode::Num(Num::start(b)?),
         };
         Some(self)
     }
@@ -228,18 +253,7 @@ impl JsonState {
                 self
             }),
             Mode::Num(n) => {
-                let next = match (n, b) {
-                    (Num::Minus, b'0') => Some(Num::Zero),
-                    (Num::Minus, b'1'..=b'9') => Some(Num::Int),
-                    (Num::Int, b'0'..=b'9') => Some(Num::Int),
-                    (Num::Zero | Num::Int, b'.') => Some(Num::Dot),
-                    (Num::Dot | Num::Frac, b'0'..=b'9') => Some(Num::Frac),
-                    (Num::Zero | Num::Int | Num::Frac, b'e' | b'E') => Some(Num::E),
-                    (Num::E, b'+' | b'-') => Some(Num::ESign),
-                    (Num::E | Num::ESign | Num::Exp, b'0'..=b'9') => Some(Num::Exp),
-                    _ => None,
-                };
-                match next {
+                match n.next(b, false) {
                     Some(n) => Some(Self { mode: Mode::Num(n), ..self }),
                     // The number ends; the byte belongs to what follows it (numbers only
                     // appear inside containers here, so something follows).
@@ -261,9 +275,9 @@ impl JsonState {
     }
 }
 
-/// The bytes each token id adds to the text, for [`JsonState`] masks. Built once per
-/// tokenizer (the server does it from `tokenizer.json`); ids without bytes (special tokens)
-/// are never allowed by the mask.
+/// The bytes each token id adds to the text, for the masks of structured output
+/// ([`JsonVocab::walk`]). Built once per tokenizer (the server does it from `tokenizer.json`);
+/// ids without bytes (special tokens) are never allowed by a mask.
 #[derive(Debug)]
 pub struct JsonVocab {
     /// Every id's bytes, concatenated.
@@ -307,11 +321,6 @@ impl JsonVocab {
             Some(&(s, l)) => &self.bytes[s as usize..(s + l) as usize],
             None => &[],
         }
-    }
-
-    /// Calls `allow(id)` for every token whose bytes continue `state` (a [`JsonState`]).
-    pub fn allowed(&self, state: JsonState, allow: impl FnMut(u32)) {
-        self.walk(state, |s, b| s.step(b), allow)
     }
 
     /// Calls `allow(id)` for every token whose bytes `step` takes from `state`, in one walk
@@ -368,7 +377,7 @@ impl<S> Default for MaskCache<S> {
 }
 
 impl<S: Copy + Eq + Hash> MaskCache<S> {
-    /// The set of `state`, from the cache or computed by `fill(state, set)`.
+    /// The set of `state` (`words` 64-bit words), from the cache or filled in by `fill`.
     pub fn get(&self, state: S, words: usize, fill: impl FnOnce(&mut Vec<u64>)) -> Arc<Vec<u64>> {
         if let Some(b) = self.0.lock().unwrap_or_else(|e| e.into_inner()).get(&state) {
             return b.clone();
@@ -466,7 +475,7 @@ mod tests {
         for prefix in ["", "{", "{\"a", "{\"a\\", "{\"a\":", "{\"a\":1", "{\"a\":[", "{\"a\":t", "{\"a\":{}", "{}"] {
             let st = run(prefix).expect(prefix);
             let mut got = Vec::new();
-            v.allowed(st, |id| got.push(id));
+            v.walk(st, |s, b| s.step(b), |id| got.push(id));
             got.sort_unstable();
             let want: Vec<u32> =
                 (0..toks.len() as u32).filter(|&i| !v.of(i).is_empty() && st.feed(v.of(i)).is_some()).collect();

@@ -21,7 +21,7 @@
 //! JSON's own), literals as `serde_json` writes the `enum` / `const` value. String lengths
 //! count characters, an escape as one (a `\uXXXX` surrogate pair as two).
 
-use super::json::{JsonState, JsonVocab, MaskCache};
+use super::json::{JsonState, JsonVocab, MaskCache, Num};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -110,6 +110,17 @@ fn first_bytes(nodes: &[Node], node: u16) -> [bool; 256] {
         }
     }
     set
+}
+
+/// The candidates of `cands` (bit `j`: text `j`) whose byte `c` is `x`: the texts still
+/// matching after one more byte (object keys, literals, choices).
+fn narrow<'a>(texts: impl Iterator<Item = &'a [u8]>, cands: u64, c: usize, x: u8) -> u64 {
+    texts.enumerate().filter(|(j, t)| cands >> j & 1 == 1 && t.get(c) == Some(&x)).fold(0, |m, (j, _)| m | 1 << j)
+}
+
+/// Whether a candidate of `cands` (bit `j`: `texts[j]`) has been read whole (`c` bytes).
+fn whole(texts: &[Vec<u8>], cands: u64, c: usize) -> bool {
+    texts.iter().enumerate().any(|(j, t)| cands >> j & 1 == 1 && t.len() == c)
 }
 
 impl Schema {
@@ -404,6 +415,7 @@ struct Frame {
     c: u16,
     b: u64,
     e: u64,
+    num: Option<Num>,
 }
 
 /// What a frame does with a byte.
@@ -443,8 +455,7 @@ impl SchemaState {
         self.depth == 0
             || (self.depth == 1
                 && f.phase == 1
-                && matches!(&schema.nodes[f.node as usize], Node::Choice(l)
-                    if l.iter().enumerate().any(|(j, x)| f.b >> j & 1 == 1 && x.len() == f.c as usize)))
+                && matches!(&schema.nodes[f.node as usize], Node::Choice(l) if whole(l, f.b, f.c as usize)))
     }
 
     /// The state after `bytes`, or `None`.
@@ -555,12 +566,7 @@ impl SchemaState {
                     (1 | 6, b'"') if cands != 0 => Some(Out::Stay(Frame { phase: 2, c: 1, b: cands, ..f })),
                     (2, _) => {
                         let c = f.c as usize;
-                        let mut next = 0u64;
-                        for (j, p) in props.iter().enumerate() {
-                            if f.b >> j & 1 == 1 && p.key.get(c) == Some(&x) {
-                                next |= 1 << j;
-                            }
-                        }
+                        let next = narrow(props.iter().map(|p| &p.key[..]), f.b, c, x);
                         if next == 0 {
                             return None;
                         }
@@ -608,36 +614,16 @@ impl SchemaState {
                 }
                 _ => None,
             },
-            // Phase 0 before the number; 1 in it, `c` where (as json.rs's `Num`): 1 after `-`,
-            // 2 after a leading 0, 3 integer digits, 4 after `.`, 5 fraction digits, 6 after
-            // `e`, 7 after the exponent's sign, 8 exponent digits.
-            &Node::Number { integer } => {
-                if f.phase == 0 {
-                    let c = match x {
-                        _ if ws => return Some(Out::Stay(f)),
-                        b'-' => 1,
-                        b'0' => 2,
-                        b'1'..=b'9' => 3,
-                        _ => return None,
-                    };
-                    return Some(Out::Stay(Frame { phase: 1, c, ..f }));
-                }
-                let next = match (f.c, x) {
-                    (1, b'0') => Some(2),
-                    (1, b'1'..=b'9') | (3, b'0'..=b'9') => Some(3),
-                    (2 | 3, b'.') if !integer => Some(4),
-                    (4 | 5, b'0'..=b'9') => Some(5),
-                    (2 | 3 | 5, b'e' | b'E') if !integer => Some(6),
-                    (6, b'+' | b'-') => Some(7),
-                    (6..=8, b'0'..=b'9') => Some(8),
-                    _ => None,
-                };
-                match next {
-                    Some(c) => Some(Out::Stay(Frame { c, ..f })),
-                    None if matches!(f.c, 2 | 3 | 5 | 8) => Some(Out::PopBefore),
+            // `num`: where in the number (`None` before it); json.rs's grammar.
+            &Node::Number { integer } => match f.num {
+                None if ws => Some(Out::Stay(f)),
+                None => Num::start(x).map(|n| Out::Stay(Frame { num: Some(n), ..f })),
+                Some(n) => match n.next(x, integer) {
+                    Some(n) => Some(Out::Stay(Frame { num: Some(n), ..f })),
+                    None if n.complete() => Some(Out::PopBefore),
                     None => None,
-                }
-            }
+                },
+            },
             // Phase 0 before the value; 1 in it (`c` bytes matched, `b` the candidates).
             Node::Literals(lits) | Node::Choice(lits) => {
                 let raw = matches!(schema.nodes[f.node as usize], Node::Choice(_));
@@ -645,17 +631,10 @@ impl SchemaState {
                     return Some(Out::Stay(f));
                 }
                 let (c, cands) = if f.phase == 0 { (0, u64::MAX) } else { (f.c as usize, f.b) };
-                let mut next = 0u64;
-                for (j, l) in lits.iter().enumerate() {
-                    if cands >> j & 1 == 1 && l.get(c) == Some(&x) {
-                        next |= 1 << j;
-                    }
-                }
+                let next = narrow(lits.iter().map(Vec::as_slice), cands, c, x);
                 if next == 0 {
                     // A whole literal ends before this byte (numbers have no end of their own).
-                    let whole =
-                        lits.iter().enumerate().any(|(j, l)| f.phase == 1 && cands >> j & 1 == 1 && l.len() == c);
-                    return whole.then_some(Out::PopBefore);
+                    return (f.phase == 1 && whole(lits, cands, c)).then_some(Out::PopBefore);
                 }
                 if next.count_ones() == 1 && lits[next.trailing_zeros() as usize].len() == c + 1 {
                     return Some(Out::Pop);

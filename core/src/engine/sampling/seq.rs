@@ -51,8 +51,8 @@ pub struct SeqSampler {
     state: u64,
     seen: BTreeMap<u32, Seen>,
     output: Vec<u32>,
-    /// JSON mode: the recogniser's state after each accepted output prefix (`json[i]` after
-    /// `i` tokens); empty without it.
+    /// Structured output: the recogniser's state after each accepted output prefix (`json[i]`
+    /// after `i` tokens); empty without it.
     json: Vec<SchemaState>,
 }
 
@@ -157,8 +157,7 @@ impl SeqSampler {
             return Self::json_mask(&bits, end, ov, raw.len(), p.stop.masks(out_len), self.stop_ids(eos));
         }
         if p.stop.masks(out_len) {
-            let eos = if p.stop.ignore_eos { &[][..] } else { eos };
-            for &id in eos.iter().chain(&p.stop.stop_token_ids) {
+            for id in self.stop_ids(eos) {
                 if (id as usize) >= raw.len() {
                     continue;
                 }

@@ -438,7 +438,7 @@ fn json_mode_keeps_the_output_one_json_object() {
         for step in 0..200 {
             let l = row(words.len(), seed * 1000 + step);
             let probs = s.probs(&l, step as usize, &eos).unwrap();
-            let st = JsonState::new().feed(&text).expect("a prefix");
+            let st = json::JsonState::new().feed(&text).expect("a prefix");
             for (id, &pr) in probs.iter().enumerate() {
                 let ok = if id == 6 { st.complete() } else { st.feed(vocab.of(id as u32)).is_some() };
                 assert!(ok || pr == 0.0, "seed {seed} step {step}: token {id} refused but p = {pr}");
