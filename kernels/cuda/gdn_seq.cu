@@ -185,6 +185,52 @@ GDN_CONV_GATES_SEQ(bf16, bf16)
 GDN_CONV_GATES_SEQ(f16, f16)
 
 // ---------------------------------------------------------------------------
+// The conv window a slot would hold after consuming the first `cut` rows of a
+// span (a prefix-cache checkpoint of the recurrent state, saved inside a prefill
+// span), launched before that step's gdn_conv_gates_seq rewrites the window.
+// x [t, x_stride] (T; conv channels are columns 0..c); window [num_slots, c, win]
+// (f32, oldest first), read; saves [n, 5] = (row0, cut, slot, lag, dst);
+// dst [num_dst, c, win] (f32), written.
+// With u = window[slot, ch, 0..win − lag] ++ x[row0 .. row0 + cut, ch],
+// dst[d, ch, w] = u[len(u) − win + w] (0 where that index is negative): what
+// conv_window_update leaves after a span of `cut` rows. A save whose slot, dst,
+// lag or rows are out of range gets NaN windows (never a silent stale state).
+// grid (ceil(c / CONV_THREADS), n), block CONV_THREADS.
+// ---------------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ void gdn_window_at_impl(const T* __restrict__ x, u32 x_stride,
+                                                   const float* __restrict__ window, const u32* __restrict__ saves,
+                                                   float* __restrict__ dst, u32 t, u32 c, u32 win, u32 num_slots,
+                                                   u32 num_dst) {
+    const u32* sv = saves + 5 * blockIdx.y;
+    const u32 row0 = sv[0], cut = sv[1], slot = sv[2], lag = sv[3], d = sv[4];
+    const u32 ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= c || d >= num_dst) return;
+    float* out = dst + ((u64)d * c + ch) * win;
+    if (slot >= num_slots || lag > win || (u64)row0 + cut > t) {
+        for (u32 wi = 0; wi < win; ++wi) out[wi] = PORTER_NAN;
+        return;
+    }
+    const float* old = window + ((u64)slot * c + ch) * win;
+    const long long h = (long long)win - lag;  // history entries
+    for (u32 wi = 0; wi < win; ++wi) {
+        const long long j = h + (long long)cut - win + wi;  // index into u
+        out[wi] = j < 0 ? 0.0f : j < h ? old[j] : to_f(x[(u64)(row0 + (j - h)) * x_stride + ch]);
+    }
+}
+
+#define GDN_WINDOW_AT(T, NAME)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(CONV_THREADS)                                                       \
+        gdn_window_at_##NAME(const T* x, u32 x_stride, const float* window, const u32* saves, float* dst, u32 t,    \
+                             u32 c, u32 win, u32 num_slots, u32 num_dst) {                                           \
+        porter_pdl_enter();                                                                                          \
+        gdn_window_at_impl<T>(x, x_stride, window, saves, dst, t, c, win, num_slots, num_dst);                       \
+    }
+GDN_WINDOW_AT(float, f32)
+GDN_WINDOW_AT(bf16, bf16)
+GDN_WINDOW_AT(f16, f16)
+
+// ---------------------------------------------------------------------------
 // Gated delta rule over spans of tokens (recurrent form).
 // qkv [t, 2·hk·dk + hv·dv] (f32 conv output: q at 0, k at hk·dk, v at 2·hk·dk);
 // g, beta [t, hv] (f32); state pool [num_slots, nbuf, hv, dk, dv] (f32,

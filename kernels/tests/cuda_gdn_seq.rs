@@ -367,6 +367,81 @@ fn cuda_gdn_conv_gates_seq() {
     conv_case::<f32>(&k, &Unfused::new::<f32>(&k), &mut rng, 40, 0, 1, 2, 2);
 }
 
+/// `gdn_window_at` (prefix-cache checkpoints inside a prefill span) writes, bit for bit, the
+/// window `gdn_conv_gates_seq` leaves in a slot after a span of `cut` rows: cuts shorter than
+/// the window (history read, with lags) and past it; the window it reads is left alone, and
+/// a save with an out-of-range slot gets NaN windows.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_gdn_window_at_equals_the_window_after_cut_rows() {
+    let k = gpu("cuda_gdn_window_at_equals_the_window_after_cut_rows");
+    let mut rng = Rng::new(303);
+    window_at_case::<f32>(&k, &mut rng, 300, CONV_K, 3);
+    window_at_case::<bf16>(&k, &mut rng, 2 * LIN_HK * LIN_D + LIN_HV * LIN_D, CONV_K, 0);
+    window_at_case::<f16>(&k, &mut rng, 129, 2, 4);
+}
+
+fn window_at_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: usize, kk: usize, spec: usize) {
+    let win = kk - 1 + spec;
+    let (hv, num_slots, t) = (2, 4, 300);
+    let ba_col = c + 5;
+    let x_stride = ba_col + 2 * hv;
+    let x = rnd_vec::<T>(&rng.vec(t * x_stride, 2.0));
+    let window = rng.vec(num_slots * c * win, 1.0);
+    // (row0, cut, slot, lag)
+    let saves = [(0, 1, 0, 0), (5, 2, 1, spec.min(2)), (10, 64, 2, spec), (100, 200, 3, 0), (0, win + 1, 1, 0)];
+    let mut table = Vec::new();
+    for (d, &(row0, cut, slot, lag)) in saves.iter().enumerate() {
+        table.extend([row0, cut, slot, lag, d].map(|v: usize| v as u32));
+    }
+    table.extend([0, 3, num_slots as u32, 0, saves.len() as u32]); // an out-of-range slot
+    let nd = saves.len() + 1;
+    let (dx, dwin) = (up::<T>(k, &x), up::<f32>(k, &window));
+    let mut dst = poisoned::<f32>(k, nd * c * win);
+    k.gdn_window_at::<T>(&dx, x_stride, &dwin, &up_u32(k, &table), &mut dst, t, nd, c, win, num_slots, nd)
+        .expect("gdn_window_at");
+    let got = down(k, &dst);
+    check_bits(&format!("window_at {}: the windows read", T::NAME), &down(k, &dwin), &window);
+    let w = up::<f32>(k, &rng.vec(c * kk, 0.5));
+    let (a_log, dt_bias) = (up::<f32>(k, &rng.vec(hv, 1.0)), up::<f32>(k, &rng.vec(hv, 1.0)));
+    for (d, &(row0, cut, slot, lag)) in saves.iter().enumerate() {
+        let mut wnd = up::<f32>(k, &window);
+        let (mut out, mut g, mut beta) =
+            (poisoned::<f32>(k, t * c), poisoned::<f32>(k, t * hv), poisoned::<f32>(k, t * hv));
+        let span = up_u32(k, &[row0 as u32, cut as u32, slot as u32, lag as u32]);
+        k.gdn_conv_gates_seq(
+            &dx,
+            x_stride,
+            None::<&CudaSlice<T>>,
+            x_stride,
+            ba_col,
+            &w,
+            &a_log,
+            &dt_bias,
+            &mut wnd,
+            &span,
+            &mut out,
+            &mut g,
+            &mut beta,
+            t,
+            1,
+            c,
+            kk,
+            win,
+            num_slots,
+            hv,
+        )
+        .expect("gdn_conv_gates_seq");
+        let after = down(k, &wnd);
+        check_bits(
+            &format!("window_at {} save {d} (row0 {row0}, cut {cut}, slot {slot}, lag {lag})", T::NAME),
+            &got[d * c * win..(d + 1) * c * win],
+            &after[slot * c * win..(slot + 1) * c * win],
+        );
+    }
+    assert!(got[saves.len() * c * win..].iter().all(|v| v.is_nan()), "an out-of-range slot gives NaN windows");
+}
+
 // ---------------------------------------------------------------------------
 // Delta rule over spans
 // ---------------------------------------------------------------------------

@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// context (host blocks are allocated when first written).
     #[arg(long, requires = "serve", value_parser = parse_fraction)]
     pub gpu_memory_utilization: Option<f64>,
+    /// Engine: recurrent-state checkpoints of a hybrid model's prefix cache (see `porter serve
+    /// --help`); 0 turns its prefix caching off.
+    #[arg(long, requires = "serve")]
+    pub state_checkpoints: Option<usize>,
     /// Untimed requests run before the timed ones (all at once, excluded from every figure).
     #[arg(long, requires = "serve", default_value_t = 2)]
     pub warmup: usize,
@@ -477,6 +481,7 @@ fn engine_config(model: &Model, a: &ServeArgs) -> Result<(EngineConfig, Option<u
         max_num_batched_tokens: a.max_num_batched_tokens,
         kv_cache_memory: a.kv_cache_memory,
         gpu_memory_utilization: a.gpu_memory_utilization,
+        state_checkpoints: a.state_checkpoints,
     };
     sized_engine_config(model, &sizes)
 }
@@ -487,11 +492,14 @@ pub struct EngineSizes {
     pub max_num_batched_tokens: Option<usize>,
     pub kv_cache_memory: Option<usize>,
     pub gpu_memory_utilization: Option<f64>,
+    pub state_checkpoints: Option<usize>,
 }
 
 /// The engine configuration for `model` and the size flags, with the KV pool's bytes: on
 /// CUDA without `--kv-cache-memory`, `--gpu-memory-utilization` (default 0.9) of the device
-/// memory free now (after the weights) less the recurrent state slots.
+/// memory free now (after the weights) less the recurrent state slots and the prefix cache's
+/// state checkpoints (hybrid models: `--state-checkpoints`, by default 2 per sequence but at
+/// most a tenth of that share).
 ///
 /// # Errors
 /// When that share leaves nothing for the KV cache, or the device cannot be queried.
@@ -503,6 +511,13 @@ pub fn sized_engine_config(model: &Model, a: &EngineSizes) -> Result<(EngineConf
     if let Some(n) = a.max_num_batched_tokens {
         cfg.max_num_batched_tokens = n;
     }
+    let ck_bytes = model.checkpoint_bytes(0);
+    cfg.state_checkpoints = match (a.state_checkpoints, ck_bytes) {
+        (Some(_), 0) => bail!("--state-checkpoints applies to hybrid models (recurrent layers); this model has none"),
+        (None, 0) => 0,
+        (Some(n), _) => n,
+        (None, _) => EngineConfig::default_checkpoints(model, cfg.max_num_seqs).0,
+    };
     let kv_bytes = match (a.kv_cache_memory, model.info.device) {
         (Some(b), _) => Some(b),
         (None, Device::Cuda(i)) => {
@@ -510,17 +525,24 @@ pub fn sized_engine_config(model: &Model, a: &EngineSizes) -> Result<(EngineConf
             let free = porter_core::tensor::cuda::mem_info(i)?.0;
             let state = model.state_bytes_per_slot(0).saturating_mul(cfg.max_num_seqs);
             let budget = (free as f64 * f) as usize;
-            if budget <= state {
+            if a.state_checkpoints.is_none() && ck_bytes > 0 {
+                cfg.state_checkpoints = cfg.state_checkpoints.min(budget.saturating_sub(state) / 10 / ck_bytes);
+            }
+            let cks = ck_bytes.saturating_mul(cfg.state_checkpoints);
+            if budget <= state.saturating_add(cks) {
                 bail!(
                     "--gpu-memory-utilization {f}: {:.2} GB of the {:.2} GB free leave nothing for the KV cache after \
-                     {} state slots of {:.2} GB; raise it or lower --max-num-seqs",
+                     {} state slots of {:.2} GB and {} state checkpoints of {:.2} GB; raise it, or lower \
+                     --max-num-seqs or --state-checkpoints",
                     budget as f64 / 1e9,
                     free as f64 / 1e9,
                     cfg.max_num_seqs,
-                    state as f64 / 1e9
+                    state as f64 / 1e9,
+                    cfg.state_checkpoints,
+                    cks as f64 / 1e9
                 );
             }
-            Some(budget - state)
+            Some(budget - state - cks)
         }
         (None, Device::Cpu) => None,
     };

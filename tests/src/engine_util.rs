@@ -29,6 +29,8 @@ pub fn cfg(seqs: usize, budget: usize, blocks: usize) -> EngineConfig {
         block_size: 16,
         num_blocks: blocks,
         kv_dtype: Default::default(),
+        state_checkpoints: 8 * seqs,
+        checkpoint_stride: porter_core::state::CHECKPOINT_INTERVAL,
     }
 }
 
@@ -109,10 +111,8 @@ pub fn invariance_in(name: &str, recurrent: bool, device: Device, dtype: DType) 
     let got = run_all(&mut e, &[(0, probe.clone(), greedy(12))]);
     if let Event::Done(f) = &got[&0].1 {
         // Attention models: the 8 full 16-token blocks of the 130 shared tokens. Recurrent
-        // models resume from the state checkpoint at 128 (chunk-aligned; on the CPU).
-        let _ = recurrent;
-        let want = if device == Device::Cpu || !recurrent { 128 } else { 0 };
-        assert_eq!(f.cached_tokens, want, "{name}: hit within one block of the 130 shared tokens");
+        // models resume from the state checkpoint at 128 (chunk-aligned).
+        assert_eq!(f.cached_tokens, 128, "{name}: hit within one block of the 130 shared tokens");
     }
     same("prefix-cache hit", &got[&0]);
     // After a preemption: a pool too small for both, the probe admitted second; it is
@@ -126,6 +126,43 @@ pub fn invariance_in(name: &str, recurrent: bool, device: Device, dtype: DType) 
         assert!(f.preemptions > 0, "{name}: the probe itself was not preempted");
     }
     same("after a preemption", &got[&0]);
+}
+
+/// A hybrid model's prefix cache saving checkpoints only every 1024 positions (the GPU
+/// default) on `device`: a first prompt `a` (system prompt + 90) saves one at its last
+/// aligned position (256); `b` (system + 150) hits 3 KV blocks (192) but no checkpoint, so it
+/// saves one at that branch point besides its own end (320); `c` (system + 30) then resumes
+/// at 192; a follow-up turn of `a` (its prompt, its answer and more) resumes at 256. Every
+/// output equals its cold run bit for bit (f32), and no checkpoint leaks.
+pub fn hybrid_branch_point_checkpoints(device: Device) {
+    let m = crate::load_on("qwen3_next_a", DType::F32, device).unwrap();
+    let vocab = m.info.vocab_size;
+    let mut rng = Rng(99);
+    let system = rng.prompt(200, vocab);
+    let c_cfg = EngineConfig { block_size: 64, checkpoint_stride: 1024, ..cfg(4, 512, 64) };
+    let mut warm = EngineCore::new(&m, c_cfg).unwrap();
+    let mut run = |id: u64, prompt: Vec<u32>, want_cached: usize| {
+        let r = (id, prompt, greedy(8));
+        let cold = {
+            let mut e = EngineCore::new(&m, c_cfg).unwrap();
+            run_all(&mut e, std::slice::from_ref(&r)).remove(&id).unwrap()
+        };
+        let got = run_all(&mut warm, std::slice::from_ref(&r)).remove(&id).unwrap();
+        assert_eq!(got.0, cold.0, "request {id} on {device}: a prefix-cache hit changed the output");
+        let Event::Done(f) = got.1 else { panic!("request {id} did not finish") };
+        assert_eq!(f.cached_tokens, want_cached, "request {id} on {device}: cached tokens");
+        got.0.iter().map(|t| t.id).collect::<Vec<u32>>()
+    };
+    let a = [system.clone(), rng.prompt(90, vocab)].concat();
+    let answer = run(0, a.clone(), 0);
+    run(1, [system.clone(), rng.prompt(150, vocab)].concat(), 0);
+    run(2, [system.clone(), rng.prompt(30, vocab)].concat(), 192);
+    run(3, [a, answer, rng.prompt(20, vocab)].concat(), 256);
+    let s = warm.stats();
+    assert_eq!(s.prefix_hit_tokens, 192 + 256);
+    assert_eq!(s.kv_blocks_free, s.kv_blocks_total);
+    let (total, reusable) = warm.cache().checkpoints();
+    assert_eq!(reusable, total, "recurrent checkpoints leaked");
 }
 
 /// The engine's device sampling path (CUDA, requests without logprobs or penalties: only

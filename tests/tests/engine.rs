@@ -391,3 +391,11 @@ fn hybrid_prefix_cache_hits_within_one_block_and_is_exact() {
     assert_eq!(s.kv_blocks_free, s.kv_blocks_total);
     assert_eq!(s.prefix_hit_tokens, 3 * 192);
 }
+
+/// Checkpoints saved only every 1024 positions (the GPU default): a branch point and a
+/// span's end are saved besides, so later prompts still resume within a block of what they
+/// share (see `hybrid_branch_point_checkpoints`).
+#[test]
+fn hybrid_prefix_cache_saves_branch_points() {
+    tests::engine_util::hybrid_branch_point_checkpoints(Device::Cpu);
+}

@@ -402,6 +402,18 @@ fn cuda_engine_batch_invariance_hybrid() {
     }
 }
 
+/// The hybrid prefix cache on the device: checkpoints saved in rounds of the chunked delta
+/// rule and by `gdn_window_at`, restored by copies; hits at branch points and span ends,
+/// every output equal to its cold run bit for bit (f32).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_engine_hybrid_prefix_checkpoints() {
+    if let Some(d) = cuda_or_skip("cuda_engine_hybrid_prefix_checkpoints") {
+        let _mode = engine_mode(false);
+        tests::engine_util::hybrid_branch_point_checkpoints(d);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Quantized KV cache (fp8 / int8, one f32 scale per token and KV head; kvquant branch)
 // ---------------------------------------------------------------------------------------

@@ -562,7 +562,8 @@ pub struct CkptSave {
 }
 
 impl RecCache {
-    /// State for `max_slots` slots on `device` (allocated up front on a GPU).
+    /// State for `max_slots` slots and `checkpoints` prefix-cache checkpoints on `device`
+    /// (allocated up front on a GPU).
     pub fn new(
         device: Device,
         conv_dim: usize,
@@ -570,6 +571,7 @@ impl RecCache {
         state_len: usize,
         spec: usize,
         max_slots: usize,
+        checkpoints: usize,
     ) -> Result<Self> {
         let buf = match device {
             Device::Cpu => RecBuf::Cpu(cpu::CpuRec::default()),
@@ -577,8 +579,9 @@ impl RecCache {
                 crate::tensor::cuda::gpu(i)?,
                 conv_dim,
                 kernel.saturating_sub(1) + spec,
-                (spec + 1) * state_len,
+                (spec + 1, state_len),
                 max_slots,
+                checkpoints,
             )?),
         };
         Ok(Self {
@@ -592,11 +595,6 @@ impl RecCache {
         })
     }
 
-    /// Whether this backend saves prefix-cache checkpoints (the CPU; not yet the GPU).
-    pub fn supports_checkpoints(&self) -> bool {
-        matches!(self.buf, RecBuf::Cpu(_))
-    }
-
     /// Makes slot `seq` hold checkpoint `c` as its current state (a prefix-cache hit).
     pub fn restore(&mut self, seq: SeqId, c: usize) -> Result<()> {
         let nbuf = self.spec + 1;
@@ -604,7 +602,7 @@ impl RecCache {
         *self.meta_mut(seq)? = RollbackMeta::default();
         match &mut self.buf {
             RecBuf::Cpu(b) => b.restore(seq, c, nbuf, state_len),
-            RecBuf::Cuda(_) => bail!(Internal, "recurrent-state checkpoints are not kept on a GPU yet"),
+            RecBuf::Cuda(b) => b.restore(seq, c),
         }
     }
 

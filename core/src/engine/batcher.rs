@@ -42,6 +42,12 @@ pub struct EngineConfig {
     pub num_blocks: usize,
     /// What the KV pools store K and V as (`auto`: the model dtype).
     pub kv_dtype: crate::state::KvDtype,
+    /// Recurrent-state checkpoints of a hybrid model's prefix cache (0: no prefix caching for
+    /// models with recurrent layers; see [`CacheConfig::checkpoints`]).
+    pub state_checkpoints: usize,
+    /// Positions between the checkpoints saved inside one prefill span
+    /// ([`CacheConfig::checkpoint_stride`]).
+    pub checkpoint_stride: usize,
 }
 
 impl EngineConfig {
@@ -49,7 +55,11 @@ impl EngineConfig {
     /// every sequence's whole context (host blocks are allocated when first written); on a
     /// GPU, 64 sequences, 8192 rows (vLLM's API-server default on large GPUs; on the H200 it
     /// brings the TTFT p99 of a burst of 32 1k-token prompts under 1 s, docs/benchmarks.md) and
-    /// as many blocks as `kv_cache_bytes` hold.
+    /// as many blocks as `kv_cache_bytes` hold. A hybrid model keeps recurrent-state
+    /// checkpoints for its prefix cache: on the CPU 8 per sequence, saved every 64 positions
+    /// (host memory, allocated when written); on a GPU 2 per sequence, saved every
+    /// [`GPU_CHECKPOINT_STRIDE`](crate::state::GPU_CHECKPOINT_STRIDE) positions (allocated
+    /// up front: `porter serve` sizes them from memory).
     pub fn for_model(model: &Model, kv_cache_bytes: Option<usize>) -> Self {
         // Hybrid models: blocks as long as the recurrent checkpoint interval, so a prefix-cache
         // hit is within one block of the shared prefix.
@@ -65,7 +75,28 @@ impl EngineConfig {
             Some(b) => b / per_block,
             None => CacheConfig::for_tokens(max_num_seqs, 0, model.default_cache_tokens()).num_blocks,
         };
-        Self { max_num_batched_tokens, max_num_seqs, block_size, num_blocks, kv_dtype }
+        let (state_checkpoints, checkpoint_stride) = Self::default_checkpoints(model, max_num_seqs);
+        Self {
+            max_num_batched_tokens,
+            max_num_seqs,
+            block_size,
+            num_blocks,
+            kv_dtype,
+            state_checkpoints,
+            checkpoint_stride,
+        }
+    }
+
+    /// The default recurrent-state checkpoints of `model`'s prefix cache for `max_num_seqs`
+    /// sequences and the stride they are saved at (see [`EngineConfig::for_model`]): none
+    /// without recurrent layers.
+    pub fn default_checkpoints(model: &Model, max_num_seqs: usize) -> (usize, usize) {
+        let recurrent = model.checkpoint_bytes(0) > 0;
+        match (recurrent, model.info.device) {
+            (false, _) => (0, crate::state::CHECKPOINT_INTERVAL),
+            (true, crate::tensor::Device::Cpu) => (8 * max_num_seqs, crate::state::CHECKPOINT_INTERVAL),
+            (true, crate::tensor::Device::Cuda(_)) => (2 * max_num_seqs, crate::state::GPU_CHECKPOINT_STRIDE),
+        }
     }
 }
 
@@ -154,6 +185,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             block_size: cfg.block_size,
             num_blocks: cfg.num_blocks,
             kv_dtype: cfg.kv_dtype,
+            checkpoints: cfg.state_checkpoints,
+            checkpoint_stride: cfg.checkpoint_stride,
         };
         let mut cache = model.new_cache_with(&cache_cfg)?;
         // Warm-up: the decode (and verify) graphs of every batch-size bucket, for contexts of

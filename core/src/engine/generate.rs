@@ -84,6 +84,9 @@ pub fn generate(
         block_size,
         num_blocks: (prompt.len() + max_tokens).div_ceil(block_size),
         kv_dtype: model.info.kv_cache_dtype,
+        // One sequence: nothing to share a prefix with.
+        state_checkpoints: 0,
+        checkpoint_stride: crate::state::CHECKPOINT_INTERVAL,
     };
     let mut engine = EngineCore::new(model, cfg)?;
     // `stop_ids` are this call's eos ids (instead of the model's).

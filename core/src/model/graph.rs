@@ -354,7 +354,7 @@ mod tests {
         use crate::tensor::Device;
         let al = |words: usize| (4 * words).next_multiple_of(256);
         for spec in [0, 3] {
-            let mut rc = RecCache::new(Device::Cpu, 8, 4, 16, spec, 4).expect("recurrent cache");
+            let mut rc = RecCache::new(Device::Cpu, 8, 4, 16, spec, 4, 0).expect("recurrent cache");
             for (spans, rows) in [(1, 1), (8, 1), (33, 1), (64, 1), (256, 1), (16, 4), (64, 4)] {
                 for width in [0, 1, 16, 64] {
                     let key = GraphKey { spans, rows, width };

@@ -144,6 +144,20 @@ impl Model {
             .sum()
     }
 
+    /// Bytes one recurrent-state checkpoint of the prefix cache takes over all linear-attention
+    /// layers with `spec` draft tokens of rollback: a conv window and one SSM state (f32).
+    pub fn checkpoint_bytes(&self, spec: usize) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l.kind() {
+                crate::state::LayerKind::Recurrent { conv_dim, kernel, state_len } => {
+                    4 * state_len + 4 * conv_dim * (kernel.saturating_sub(1) + spec).max(1)
+                }
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Bytes one decode step moves: every layer's [`LayerCost::decode_bytes`](crate::layer::LayerCost::decode_bytes), the final
     /// norm and lm_head, and the embedding rows.
     pub fn decode_bytes(&self, batch: usize, context: usize) -> f64 {

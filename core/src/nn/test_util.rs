@@ -132,7 +132,7 @@ pub(crate) fn page(cache: &mut LayerCache, batch: &Batch) {
 
 /// An empty CPU recurrent cache for `slots` sequences with `spec` rejectable tokens.
 pub(crate) fn rec_cache(c: &GdnConfig, spec: usize, slots: usize) -> LayerCache {
-    let rc = RecCache::new(Device::Cpu, c.conv_dim(), c.conv_kernel, c.state_len(), spec, slots).unwrap();
+    let rc = RecCache::new(Device::Cpu, c.conv_dim(), c.conv_kernel, c.state_len(), spec, slots, 0).unwrap();
     LayerCache::Recurrent(rc)
 }
 

@@ -35,6 +35,14 @@ pub struct CacheConfig {
     pub num_blocks: usize,
     /// What the KV pools store K and V as (`auto`: the model dtype).
     pub kv_dtype: KvDtype,
+    /// Recurrent-state checkpoints a hybrid model's prefix cache keeps (0: prefix caching is
+    /// off for models with recurrent layers). On a GPU each layer's pool is allocated up
+    /// front ([`crate::model::Model::checkpoint_bytes`] each), on the CPU when first written.
+    pub checkpoints: usize,
+    /// Positions between the checkpoints saved inside one prefill span (a multiple of
+    /// [`CHECKPOINT_INTERVAL`]); the span's last aligned position and a sequence's branch
+    /// point (where its prefix-cache hit ran out of checkpoints) are saved besides.
+    pub checkpoint_stride: usize,
 }
 
 impl CacheConfig {
@@ -43,7 +51,15 @@ impl CacheConfig {
         let block_size = DEFAULT_BLOCK_SIZE;
         let per_seq = tokens_per_seq.max(1).div_ceil(block_size);
         let num_blocks = max_seqs.saturating_mul(per_seq).min(u32::MAX as usize / block_size);
-        Self { max_seqs, spec, block_size, num_blocks, kv_dtype: KvDtype::Auto }
+        Self {
+            max_seqs,
+            spec,
+            block_size,
+            num_blocks,
+            kv_dtype: KvDtype::Auto,
+            checkpoints: 0,
+            checkpoint_stride: CHECKPOINT_INTERVAL,
+        }
     }
 
     /// The same sizes with K and V stored as `kv_dtype`.
@@ -90,9 +106,15 @@ impl LayerCache {
                 cfg.block_size,
                 cfg.num_blocks,
             )?),
-            LayerKind::Recurrent { conv_dim, kernel, state_len } => {
-                LayerCache::Recurrent(RecCache::new(device, conv_dim, kernel, state_len, cfg.spec, cfg.max_seqs)?)
-            }
+            LayerKind::Recurrent { conv_dim, kernel, state_len } => LayerCache::Recurrent(RecCache::new(
+                device,
+                conv_dim,
+                kernel,
+                state_len,
+                cfg.spec,
+                cfg.max_seqs,
+                cfg.checkpoints,
+            )?),
             LayerKind::Stateless => LayerCache::Stateless,
         })
     }
@@ -220,13 +242,21 @@ pub struct ModelCache {
 /// saved there and resumed gives the same bits as a run that never stopped there).
 pub const CHECKPOINT_INTERVAL: usize = 64;
 
+/// The engine's default [`CacheConfig::checkpoint_stride`] on a GPU: every checkpoint inside
+/// a prefill span splits its chunked delta-rule launch and copies 4·Hv·dk·dv bytes a layer
+/// (2 MiB at Qwen3-Next-80B's sizes), so a GPU saves every 1024 positions — plus each span's
+/// last aligned position and each sequence's branch point — where the CPU saves every 64.
+pub const GPU_CHECKPOINT_STRIDE: usize = 1024;
+
 /// The recurrent-state checkpoint pool of a hybrid model's prefix cache: slot `c` holds, in
 /// every linear-attention layer, the state after a chunk-aligned position of some prompt,
 /// registered under the hash of the KV block that ends there (LRU-evicted).
 #[derive(Debug, Clone, Default)]
 struct Checkpoints {
-    /// 0: no checkpoints (no recurrent layers, or a backend that does not keep them).
+    /// 0: no checkpoints (no recurrent layers, or none asked for).
     interval: usize,
+    /// Positions between the checkpoints saved inside a span (a multiple of `interval`).
+    stride: usize,
     free: Vec<usize>,
     by_hash: HashMap<u64, usize>,
     hash: Vec<Option<u64>>,
@@ -236,12 +266,17 @@ struct Checkpoints {
     tick: u64,
     /// Per slot: checkpoints saved by a forward, waiting for their block's hash.
     pending: Vec<Vec<(usize, usize)>>,
+    /// Per slot: the aligned end of its prefix-cache hit in KV blocks when that ran deeper
+    /// than its deepest checkpoint — where this prompt branches from one seen before, so a
+    /// checkpoint there lets the next prompt with that prefix resume all of it.
+    branch: Vec<Option<usize>>,
 }
 
 impl Checkpoints {
-    fn new(interval: usize, total: usize) -> Self {
+    fn new(interval: usize, stride: usize, total: usize) -> Self {
         Self {
             interval,
+            stride: stride.max(interval).next_multiple_of(interval.max(1)),
             free: (0..total).rev().collect(),
             hash: vec![None; total],
             used_at: vec![0; total],
@@ -286,15 +321,12 @@ impl ModelCache {
         let leaves: Vec<&LayerCache> = layers.iter().flat_map(LayerCache::leaves).collect();
         let has_kv = leaves.iter().any(|l| matches!(l, LayerCache::Kv(_)));
         let has_recurrent = leaves.iter().any(|l| matches!(l, LayerCache::Recurrent(_)));
-        let keeps = leaves.iter().all(|l| match l {
-            LayerCache::Recurrent(r) => r.supports_checkpoints(),
-            _ => true,
-        });
-        let interval = if has_recurrent && has_kv && keeps && CHECKPOINT_INTERVAL.is_multiple_of(cfg.block_size) {
-            CHECKPOINT_INTERVAL
-        } else {
-            0
-        };
+        let interval =
+            if has_recurrent && has_kv && cfg.checkpoints > 0 && CHECKPOINT_INTERVAL.is_multiple_of(cfg.block_size) {
+                CHECKPOINT_INTERVAL
+            } else {
+                0
+            };
         Self {
             layers,
             lens: Vec::new(),
@@ -305,7 +337,7 @@ impl ModelCache {
             hashes: Vec::new(),
             has_kv,
             has_recurrent,
-            ck: Checkpoints::new(interval, if interval > 0 { cfg.max_seqs * 8 } else { 0 }),
+            ck: Checkpoints::new(interval, cfg.checkpoint_stride, if interval > 0 { cfg.checkpoints } else { 0 }),
             spec: cfg.spec,
             page_width: 0,
             graphs: Default::default(),
@@ -505,6 +537,10 @@ impl ModelCache {
         }
         if self.has_recurrent {
             let (keep, c) = resume;
+            // The KV hit ran past the deepest checkpoint: save one where it ends (aligned).
+            let ci = self.ck.interval;
+            let branch = n * bs / ci * ci;
+            self.ck.branch[seq.0] = (branch > keep * bs).then_some(branch);
             self.release_from(seq, keep);
             n = keep;
             if let Some(c) = c {
@@ -534,6 +570,7 @@ impl StateCache for ModelCache {
         self.tables.push(Vec::new());
         self.hashes.push(Vec::new());
         self.ck.pending.push(Vec::new());
+        self.ck.branch.push(None);
         Ok(SeqId(self.lens.len() - 1))
     }
 
@@ -542,6 +579,9 @@ impl StateCache for ModelCache {
             *l = None;
             self.release_from(seq, 0);
             self.ck.drop_pending(seq.0, 0);
+            if let Some(b) = self.ck.branch.get_mut(seq.0) {
+                *b = None;
+            }
             for layer in &mut self.layers {
                 // Zeroing a device slot can only fail on a broken device; the slot is then
                 // not handed out again, and the error goes to the caller.
@@ -615,21 +655,29 @@ impl StateCache for ModelCache {
         let lists: Vec<&[u32]> =
             batch.spans.iter().map(|s| if s.seq.is_pad() { &[][..] } else { &self.tables[s.seq.0][..] }).collect();
         let step = Arc::new(PageStep::with_width(batch, self.pool.block_size(), &lists, self.page_width)?);
-        // Recurrent checkpoints at every chunk-aligned position inside a chunked (prefill)
-        // span that starts aligned.
+        // Recurrent checkpoints inside a chunked (prefill) span that starts aligned: at the
+        // multiples of the stride, at the span's last aligned position and at the sequence's
+        // branch point.
         let mut saves = Vec::new();
-        let c = self.ck.interval;
+        let (c, stride) = (self.ck.interval, self.ck.stride);
         if c > 0 {
             for (i, s) in batch.spans.iter().enumerate() {
                 if s.seq.is_pad() || s.len <= (self.spec + 1).max(1) || !s.pos0.is_multiple_of(c) {
                     continue;
                 }
+                let end = s.pos0 + s.len / c * c;
+                let branch = self.ck.branch[s.seq.0];
                 let mut b = s.pos0 + c;
-                while b <= s.pos0 + s.len {
-                    let Some(slot) = self.ck.take() else { break };
-                    saves.push(crate::backend::CkptSave { span: i, pos: b, slot });
-                    self.ck.pending[s.seq.0].push((b, slot));
+                while b <= end {
+                    if b.is_multiple_of(stride) || b == end || Some(b) == branch {
+                        let Some(slot) = self.ck.take() else { break };
+                        saves.push(crate::backend::CkptSave { span: i, pos: b, slot });
+                        self.ck.pending[s.seq.0].push((b, slot));
+                    }
                     b += c;
+                }
+                if branch.is_some_and(|p| p <= end) {
+                    self.ck.branch[s.seq.0] = None;
                 }
             }
         }
@@ -683,7 +731,7 @@ mod tests {
     use super::*;
 
     fn cache(blocks: usize, max_seqs: usize) -> ModelCache {
-        let cfg = CacheConfig { max_seqs, spec: 0, block_size: 2, num_blocks: blocks, kv_dtype: KvDtype::Auto };
+        let cfg = CacheConfig { block_size: 2, num_blocks: blocks, ..CacheConfig::for_tokens(max_seqs, 0, 1) };
         let kv = KvCache::new(Device::Cpu, 1, 2, DType::F32, Default::default(), 2, blocks).unwrap();
         ModelCache::new(vec![LayerCache::Kv(kv), LayerCache::Stateless], &cfg)
     }

@@ -191,6 +191,82 @@ impl CudaKernels {
         }
     }
 
+    /// The conv windows slots would hold after consuming the first `cut` rows of a span
+    /// (prefix-cache checkpoints saved inside a prefill span): launched before the step's
+    /// [`CudaKernels::gdn_conv_gates_seq`], which rewrites the windows it reads.
+    ///
+    /// Save `i` = `saves[i] = (row0, cut, slot, lag, dst)`: with `u` = the slot's history
+    /// `window[slot, ch, 0..win − lag]` ++ `x[row0 .. row0 + cut, ch]` (read as f32),
+    /// `dst[dst_i, ch, w] = u[len(u) − win + w]` (0 where the index is negative) — what the
+    /// conv kernel leaves in the window after a span of `cut` rows. A save whose slot, lag
+    /// or rows are out of range gets NaN windows; one whose `dst ≥ num_dst` writes nothing.
+    ///
+    /// # Shapes
+    /// - `x`: `[t, x_stride]` (`T`; the conv channels are columns `0..c`)
+    /// - `window`: `[num_slots, c, win]` (`f32`, oldest first), read
+    /// - `saves`: `[n, 5]` (`u32`)
+    /// - `dst`: `[num_dst, c, win]` (`f32`), written where a save names it
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] if `c` or `win` is 0, `x_stride < c`, or on a length mismatch;
+    /// driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gdn_window_at<T: CudaFloat>(
+        &self,
+        x: &impl DevicePtr<T>,
+        x_stride: usize,
+        window: &impl DevicePtr<f32>,
+        saves: &impl DevicePtr<u32>,
+        dst: &mut impl DevicePtrMut<f32>,
+        t: usize,
+        n: usize,
+        c: usize,
+        win: usize,
+        num_slots: usize,
+        num_dst: usize,
+    ) -> Result<()> {
+        const NAME: &str = "gdn_window_at";
+        if c == 0 || win == 0 || x_stride < c {
+            return Err(CudaError::Invalid(format!(
+                "{NAME}: c {c} and win {win} must be > 0, x_stride {x_stride} >= c"
+            )));
+        }
+        self.check("x", x, prod(&[t, x_stride])?)?;
+        self.check("window", window, prod(&[num_slots, c, win])?)?;
+        self.check("saves", saves, prod(&[n, 5])?)?;
+        self.check("dst", dst, prod(&[num_dst, c, win])?)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("channel blocks", c.div_ceil(THREADS as usize))?, u32_of("saves", n)?, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xs32, t32, c32, win32, slots32, dst32) = (
+            u32_of("x_stride", x_stride)?,
+            u32_of("t", t)?,
+            u32_of("c", c)?,
+            u32_of("win", win)?,
+            u32_of("num_slots", num_slots)?,
+            u32_of("num_dst", num_dst)?,
+        );
+        // SAFETY: arguments match `gdn_window_at_<T>` in gdn_seq.cu; lengths checked; the
+        // kernel skips a save whose dst is out of range and writes NaN windows for one whose
+        // slot, lag or rows are, so every access stays inside the checked buffers.
+        // Kernel: `gdn_window_at_<T>(const T* x, u32 x_stride, const float* window, const u32* saves,
+        // float* dst, u32 t, u32 c, u32 win, u32 num_slots, u32 num_dst)`.
+        unsafe {
+            launch!(
+                self,
+                GDN_SEQ,
+                format!("gdn_window_at_{}", T::NAME),
+                cfg,
+                [ptr(x), xs32, ptr(window), ptr(saves), ptr_mut(dst), t32, c32, win32, slots32, dst32]
+            )
+        }
+    }
+
     /// Gated delta rule over the spans of a batch (recurrent form; per span,
     /// `cpu::gdn::l2norm_rows` on q and k followed by
     /// `cpu::gdn::recurrent_gated_delta_rule`), with optional per-token

@@ -177,6 +177,12 @@ pub struct ServeArgs {
     /// after the weights (default 0.9). On the CPU the pool holds every sequence's whole context.
     #[arg(long, value_parser = crate::serve_bench::parse_fraction)]
     pub gpu_memory_utilization: Option<f64>,
+    /// Hybrid models (Gated DeltaNet): recurrent-state checkpoints the prefix cache keeps, so
+    /// that a prompt sharing a prefix with an earlier one resumes there (default: 8 per
+    /// sequence on the CPU; on a GPU 2 per sequence, at most a tenth of the memory share).
+    /// 0 turns prefix caching off for hybrid models.
+    #[arg(long)]
+    pub state_checkpoints: Option<usize>,
     /// Split reasoning from the answer in chat responses: `qwen3` (`<think>…</think>`).
     #[arg(long)]
     pub reasoning_parser: Option<String>,
@@ -243,9 +249,11 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
         max_num_batched_tokens: a.max_num_batched_tokens,
         kv_cache_memory: a.kv_cache_memory,
         gpu_memory_utilization: a.gpu_memory_utilization,
+        state_checkpoints: a.state_checkpoints,
     };
     let (cfg, _) = crate::serve_bench::sized_engine_config(&model, &sizes)?;
     tracing::info!(
+        state_checkpoints = cfg.state_checkpoints,
         max_num_seqs = cfg.max_num_seqs,
         max_num_batched_tokens = cfg.max_num_batched_tokens,
         kv_blocks = cfg.num_blocks,

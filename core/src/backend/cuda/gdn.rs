@@ -20,6 +20,8 @@ use std::sync::Arc;
 /// # Shapes
 /// - conv windows `[max_slots, conv_dim, win]` f32 (oldest first), `win = kernel − 1 + spec`
 /// - SSM states `[max_slots, spec + 1, Hv·dk·dv]` f32
+/// - prefix-cache checkpoints: conv windows `[checkpoints, conv_dim, win]` and SSM states
+///   `[checkpoints, Hv·dk·dv]` f32
 #[derive(Debug)]
 pub struct CudaRec {
     max_slots: usize,
@@ -27,12 +29,17 @@ pub struct CudaRec {
     win_len: usize,
     /// SSM floats per slot (all `spec + 1` buffers).
     ssm_len: usize,
+    /// SSM floats of one state (one buffer).
+    state_len: usize,
     gpu: Arc<Gpu>,
     window: CudaSlice<f32>,
     ssm: CudaSlice<f32>,
     /// The fused step's window counters, `[max_slots, GDN_FUSED_MAX_KEY_HEADS]` (zero between
     /// launches).
     counters: CudaSlice<u32>,
+    /// Checkpoint slots, and their conv windows and SSM states (`None` when there are none).
+    checkpoints: usize,
+    ck: Option<Box<(CudaSlice<f32>, CudaSlice<f32>)>>,
 }
 
 impl Clone for CudaRec {
@@ -42,20 +49,70 @@ impl Clone for CudaRec {
             ssm: self.ssm.clone(),
             counters: self.counters.clone(),
             gpu: self.gpu.clone(),
+            ck: self.ck.clone(),
             ..*self
         }
     }
 }
 
 impl CudaRec {
-    /// Zeroed buffers for `max_slots` slots: conv windows of `conv_dim × win` and `ssm_len`
-    /// SSM floats per slot.
-    pub fn new(gpu: Arc<Gpu>, conv_dim: usize, win: usize, ssm_len: usize, max_slots: usize) -> Result<Self> {
+    /// Zeroed buffers for `max_slots` slots: conv windows of `conv_dim × win` and `nbuf` SSM
+    /// buffers of `state_len` floats per slot; and `checkpoints` prefix-cache checkpoints
+    /// (a conv window and one SSM state each).
+    pub fn new(
+        gpu: Arc<Gpu>,
+        conv_dim: usize,
+        win: usize,
+        (nbuf, state_len): (usize, usize),
+        max_slots: usize,
+        checkpoints: usize,
+    ) -> Result<Self> {
         let win_len = conv_dim * win.max(1);
+        let ssm_len = nbuf * state_len;
         let window = crate::tensor::cuda::zeros::<f32>(&gpu, max_slots * win_len)?;
         let ssm = crate::tensor::cuda::zeros::<f32>(&gpu, max_slots * ssm_len)?;
         let counters = crate::tensor::cuda::zeros::<u32>(&gpu, max_slots * GDN_FUSED_MAX_KEY_HEADS)?;
-        Ok(Self { max_slots, win_len, ssm_len, gpu, window, ssm, counters })
+        let ck = match checkpoints {
+            0 => None,
+            n => Some(Box::new((alloc::<f32>(&gpu, n * win_len)?, alloc::<f32>(&gpu, n * state_len)?))),
+        };
+        Ok(Self { max_slots, win_len, ssm_len, state_len, gpu, window, ssm, counters, checkpoints, ck })
+    }
+
+    fn ck_slot(&self, c: usize) -> Result<()> {
+        if c >= self.checkpoints {
+            bail!(Internal, "recurrent checkpoint {c} of {} kept on the device", self.checkpoints);
+        }
+        Ok(())
+    }
+
+    /// Makes slot `seq` hold checkpoint `c`: its conv window, and its SSM state as buffer 0.
+    pub fn restore(&mut self, seq: SeqId, c: usize) -> Result<()> {
+        let s = self.slot(seq)?;
+        self.ck_slot(c)?;
+        let (wl, sl, ssm_len) = (self.win_len, self.state_len, self.ssm_len);
+        let Some((ck_w, ck_s)) = self.ck.as_deref() else { bail!(Internal, "no recurrent checkpoints on the device") };
+        let st = self.gpu.stream().clone();
+        st.memcpy_dtod(&ck_w.slice(c * wl..(c + 1) * wl), &mut self.window.slice_mut(s * wl..(s + 1) * wl))
+            .map_err(cuda_err)?;
+        st.memcpy_dtod(&ck_s.slice(c * sl..(c + 1) * sl), &mut self.ssm.slice_mut(s * ssm_len..s * ssm_len + sl))
+            .map_err(cuda_err)?;
+        Ok(())
+    }
+
+    /// Copies the SSM state in buffer `buf` of slot `slot` to checkpoint `c`.
+    fn save_state(&mut self, slot: usize, buf: usize, c: usize) -> Result<()> {
+        self.ck_slot(c)?;
+        let (sl, ssm_len) = (self.state_len, self.ssm_len);
+        if slot >= self.max_slots || (buf + 1) * sl > ssm_len {
+            bail!(Internal, "recurrent checkpoint from slot {slot} buffer {buf}: out of range");
+        }
+        let Some((_, ck_s)) = self.ck.as_deref_mut() else { bail!(Internal, "no recurrent checkpoints on the device") };
+        let from = slot * ssm_len + buf * sl;
+        self.gpu
+            .stream()
+            .memcpy_dtod(&self.ssm.slice(from..from + sl), &mut ck_s.slice_mut(c * sl..(c + 1) * sl))
+            .map_err(cuda_err)
     }
 
     fn slot(&self, seq: SeqId) -> Result<usize> {
@@ -149,6 +206,72 @@ pub(crate) fn gdn_tables(batch: &Batch, cache: &mut RecCache) -> Result<GdnTable
     Ok(GdnTables { data: conv, conv: nc, rec: nr, chunk: nk, conv_chunk: ncc, fused: nf, rec_max, chunk_max })
 }
 
+/// The prefix-cache checkpoints a step saves inside its chunked (prefill) spans
+/// ([`RecCache::ckpt_step`]): their conv windows in one [`CudaKernels::gdn_window_at`] launch
+/// before the conv (which rewrites the windows it reads), and the chunked delta rule in
+/// rounds — round j holds every chunked span's j-th piece, the pieces of a span ending at its
+/// checkpoints — each followed by copies of the states that end there. A span that saves
+/// starts on a chunk boundary and its checkpoints lie on chunk boundaries, so the rounds
+/// compute the chunks of one launch: the same bits.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct CkptPlan {
+    /// `[n, 5]`: (row0, cut, slot, lag, checkpoint), [`CudaKernels::gdn_window_at`]'s saves.
+    pub windows: Vec<u32>,
+    pub rounds: Vec<CkptRound>,
+}
+
+/// One round of [`CkptPlan`]: the chunked spans' table (5 `u32` a piece: row0, len, slot,
+/// src_buf, 0), its longest piece, and the states to copy after it: (slot, buffer,
+/// checkpoint).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct CkptRound {
+    pub table: Vec<u32>,
+    pub max: usize,
+    pub copies: Vec<(usize, usize, usize)>,
+}
+
+/// The checkpoint plan of a step over `batch` (`None` when no chunked span saves one).
+/// Reads the slots' rollback bookkeeping as it is before [`gdn_tables`] starts the step.
+pub(crate) fn ckpt_plan(batch: &Batch, cache: &RecCache) -> Result<Option<CkptPlan>> {
+    let Some(saves) = cache.ckpt_step.as_ref().filter(|s| !s.is_empty()) else { return Ok(None) };
+    let mut plan = CkptPlan::default();
+    for (i, s) in batch.spans.iter().enumerate() {
+        if s.seq.is_pad() || cache.snapshots_for(s.len) || s.len < GDN_CHUNKED_MIN_LEN {
+            continue;
+        }
+        let m = cache.meta.get(s.seq.0).copied().unwrap_or_default();
+        let mut cuts: Vec<(usize, usize)> = saves
+            .iter()
+            .filter(|c| c.span == i && c.pos > s.pos0 && c.pos <= s.pos0 + s.len)
+            .map(|c| (c.pos - s.pos0, c.slot))
+            .collect();
+        cuts.sort_unstable();
+        if cuts.windows(2).any(|w| w[0].0 == w[1].0) {
+            bail!(Internal, "two recurrent checkpoints at one position of span {i}");
+        }
+        let u = |v: usize| u32::try_from(v).map_err(|_| crate::err!(Internal, "checkpoint table value {v} > u32"));
+        let (row0, slot) = (s.start, s.seq.0);
+        for &(cut, ck) in &cuts {
+            plan.windows.extend_from_slice(&[u(row0)?, u(cut)?, u(slot)?, u(m.lag)?, u(ck)?]);
+        }
+        let tail = (cuts.last().is_none_or(|&(c, _)| c < s.len)).then_some((s.len, usize::MAX));
+        let mut from = 0;
+        for (j, (to, ck)) in cuts.iter().copied().chain(tail).enumerate() {
+            if plan.rounds.len() <= j {
+                plan.rounds.push(Default::default());
+            }
+            let r = &mut plan.rounds[j];
+            r.table.extend_from_slice(&[u(row0 + from)?, u(to - from)?, u(slot)?, u(m.cur)?, 0]);
+            r.max = r.max.max(to - from);
+            if ck != usize::MAX {
+                r.copies.push((slot, m.cur, ck));
+            }
+            from = to;
+        }
+    }
+    Ok((!plan.windows.is_empty()).then_some(plan))
+}
+
 /// The Gated DeltaNet core on the device (see `Ops::gdn`): three launches (conv + gates, the
 /// recurrent delta rule, the chunked delta rule), the last two only where they have spans.
 pub fn gdn(
@@ -213,6 +336,7 @@ fn gdn_run(
     let conv = c.conv_dim();
     let t = p.rows();
     let (gates, ba_col) = c.gate_cols(p, ba)?;
+    let plan = ckpt_plan(batch, cache)?;
     let gt = gdn_tables(batch, cache)?;
     let max_slots = cache.meta.len();
     let RecBuf::Cuda(rc) = &mut cache.buf else { bail!(Internal, "device Gated DeltaNet with a host cache") };
@@ -247,6 +371,7 @@ fn gdn_run(
                 (gates, ba_col),
                 rc,
                 (&conv_spans, n_conv, &rec, &chunk),
+                plan.as_ref(),
                 &mut qkv,
                 (&mut gate, &mut beta),
                 &mut o,
@@ -332,6 +457,7 @@ fn three_launches<T: DevType>(
     (gates, ba_col): (&Tensor, usize),
     rc: &mut CudaRec,
     spans: (&CudaView<'_, u32>, usize, &DeltaSpans, &DeltaSpans),
+    plan: Option<&CkptPlan>,
     qkv: &mut CudaSlice<f32>,
     gb: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     o: &mut Tensor,
@@ -340,6 +466,27 @@ fn three_launches<T: DevType>(
     let (conv_spans, n, rec, chunk) = spans;
     let (t, win, nbuf) = dims;
     let (gate, beta) = gb;
+    // Checkpoints' conv windows, from the windows before the conv rewrites them.
+    if let Some(pl) = plan {
+        let saves = g.upload_as(crate::tensor::cuda::UploadTag::Other, &pl.windows)?;
+        let Some((ck_w, _)) = rc.ck.as_deref_mut() else {
+            bail!(Internal, "recurrent checkpoints without a device pool")
+        };
+        g.k.gdn_window_at::<T>(
+            p.dev::<T>()?,
+            p.last_dim(),
+            &rc.window,
+            &saves,
+            ck_w,
+            t,
+            pl.windows.len() / 5,
+            c.conv_dim(),
+            win,
+            ns,
+            rc.checkpoints,
+        )
+        .map_err(cuda_err)?;
+    }
     // Conv, conv window update and gates: one launch.
     // The gate inputs: p's own columns, or in_proj_ba's output read in place.
     let ba = if std::ptr::eq(gates, p) { None } else { Some(gates.dev::<T>()?) };
@@ -371,6 +518,19 @@ fn three_launches<T: DevType>(
     // chunked algorithm; both launches share one argument list.
     for (chunked, (cnt, max, sp)) in [(false, rec), (true, chunk)] {
         if *cnt == 0 {
+            continue;
+        }
+        if let Some(pl) = plan.filter(|_| chunked) {
+            // In rounds of pieces that end at the checkpoints, each state copied after its round.
+            for r in &pl.rounds {
+                let sp = g.upload_as(crate::tensor::cuda::UploadTag::Other, &r.table)?;
+                let (o, n) = (o.dev_mut::<T>()?, r.table.len() / 5);
+                g.k.gdn_chunked_seq::<T>(qkv, gate, beta, &mut rc.ssm, &sp, o, t, n, r.max, hk, hv, dk, dv, ns, nbuf)
+                    .map_err(cuda_err)?;
+                for &(slot, buf, ck) in &r.copies {
+                    rc.save_state(slot, buf, ck)?;
+                }
+            }
             continue;
         }
         let launch = if chunked { CudaKernels::gdn_chunked_seq::<T> } else { CudaKernels::gdn_delta_seq::<T> };
@@ -422,12 +582,51 @@ mod tests {
     use super::*;
     use crate::tensor::Device;
 
+    /// The checkpoint plan: one window save per checkpoint (with the slot's lag before the
+    /// step), and rounds whose pieces tile each chunked span in order, end at its checkpoints
+    /// and copy the state after them; decode spans and padding take no part, and spans
+    /// without checkpoints run whole in the first round.
+    #[test]
+    fn checkpoint_plan_splits_spans_at_their_checkpoints() {
+        use crate::backend::CkptSave;
+        let mut cache = RecCache::new(Device::Cpu, 8, 4, 16, 0, 8, 4).expect("recurrent cache");
+        cache.meta_mut(SeqId(1)).expect("slot").lag = 2;
+        let mut b = Batch::default();
+        b.push(SeqId(0), 5, &[1]); // decode
+        b.push(SeqId(1), 64, &[7; 200]); // prefill from 64: checkpoints at 128 and 256
+        b.push(SeqId(2), 0, &[3; 100]); // prefill without checkpoints
+        b.push(SeqId(3), 0, &[4; 128]); // prefill ending on its checkpoint
+        let saves = vec![
+            CkptSave { span: 1, pos: 128, slot: 2 },
+            CkptSave { span: 1, pos: 256, slot: 0 },
+            CkptSave { span: 3, pos: 128, slot: 3 },
+        ];
+        assert_eq!(ckpt_plan(&b, &cache).expect("plan"), None, "no checkpoints asked for");
+        cache.ckpt_step = Some(std::sync::Arc::new(saves));
+        let plan = ckpt_plan(&b, &cache).expect("plan").expect("checkpoints");
+        let (r1, r2, r3) = (1u32, 1 + 200, 1 + 200 + 100);
+        assert_eq!(plan.windows, vec![r1, 64, 1, 2, 2, r1, 192, 1, 2, 0, r3, 128, 3, 0, 3]);
+        assert_eq!(plan.rounds.len(), 3);
+        assert_eq!(plan.rounds[0].table, vec![r1, 64, 1, 0, 0, r2, 100, 2, 0, 0, r3, 128, 3, 0, 0]);
+        assert_eq!((plan.rounds[0].max, &plan.rounds[0].copies), (128, &vec![(1, 0, 2), (3, 0, 3)]));
+        assert_eq!(plan.rounds[1].table, vec![r1 + 64, 128, 1, 0, 0]);
+        assert_eq!((plan.rounds[1].max, &plan.rounds[1].copies), (128, &vec![(1, 0, 0)]));
+        assert_eq!(plan.rounds[2].table, vec![r1 + 192, 8, 1, 0, 0]);
+        assert!(plan.rounds[2].copies.is_empty());
+        // Two checkpoints at one position are refused.
+        cache.ckpt_step = Some(std::sync::Arc::new(vec![
+            CkptSave { span: 3, pos: 64, slot: 0 },
+            CkptSave { span: 3, pos: 64, slot: 1 },
+        ]));
+        assert!(ckpt_plan(&b, &cache).is_err());
+    }
+
     /// Every mix of span kinds stays within the per-span bound the graph recording is sized
     /// with: decode spans, K + 1-row verify spans with snapshots, chunked prefill spans, padding.
     #[test]
     fn tables_fit_the_graph_recordings_bound() {
         for spec in [0, 3] {
-            let mut cache = RecCache::new(Device::Cpu, 8, 4, 16, spec, 64).expect("recurrent cache");
+            let mut cache = RecCache::new(Device::Cpu, 8, 4, 16, spec, 64, 0).expect("recurrent cache");
             for (n, rows) in [(1, 1), (33, 1), (64, 1), (16, 4), (5, 9)] {
                 let mut b = Batch::default();
                 for i in 0..n {
@@ -447,7 +646,7 @@ mod tests {
             }
         }
         // The bound is reached: a decode span writes conv, recurrent and fused rows.
-        let mut cache = RecCache::new(Device::Cpu, 8, 4, 16, 0, 4).expect("recurrent cache");
+        let mut cache = RecCache::new(Device::Cpu, 8, 4, 16, 0, 4, 0).expect("recurrent cache");
         let mut b = Batch::default();
         b.push(SeqId(0), 3, &[1]);
         assert_eq!(gdn_tables(&b, &mut cache).expect("tables").data.len(), GDN_TABLE_MAX_WORDS_PER_SPAN);
