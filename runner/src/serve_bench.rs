@@ -67,6 +67,12 @@ pub struct ServeArgs {
     /// --help`); 0 turns its prefix caching off.
     #[arg(long, requires = "serve")]
     pub state_checkpoints: Option<usize>,
+    /// Engine: reuse the KV blocks of earlier prompts (on by default; vLLM's flag).
+    #[arg(long, requires = "serve", overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Engine: turn prefix caching off.
+    #[arg(long, requires = "serve", overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
     /// Untimed requests run before the timed ones (all at once, excluded from every figure).
     #[arg(long, requires = "serve", default_value_t = 2)]
     pub warmup: usize,
@@ -482,6 +488,7 @@ fn engine_config(model: &Model, a: &ServeArgs) -> Result<(EngineConfig, Option<u
         kv_cache_memory: a.kv_cache_memory,
         gpu_memory_utilization: a.gpu_memory_utilization,
         state_checkpoints: a.state_checkpoints,
+        prefix_caching: !a.no_enable_prefix_caching,
     };
     sized_engine_config(model, &sizes)
 }
@@ -493,6 +500,7 @@ pub struct EngineSizes {
     pub kv_cache_memory: Option<usize>,
     pub gpu_memory_utilization: Option<f64>,
     pub state_checkpoints: Option<usize>,
+    pub prefix_caching: bool,
 }
 
 /// The engine configuration for `model` and the size flags, with the KV pool's bytes: on
@@ -512,9 +520,14 @@ pub fn sized_engine_config(model: &Model, a: &EngineSizes) -> Result<(EngineConf
         cfg.max_num_batched_tokens = n;
     }
     let ck_bytes = model.checkpoint_bytes(0);
+    cfg.prefix_caching = a.prefix_caching;
     cfg.state_checkpoints = match (a.state_checkpoints, ck_bytes) {
         (Some(_), 0) => bail!("--state-checkpoints applies to hybrid models (recurrent layers); this model has none"),
+        (Some(n), _) if n > 0 && !a.prefix_caching => {
+            bail!("--state-checkpoints {n} keeps checkpoints for the prefix cache, which --no-enable-prefix-caching turns off")
+        }
         (None, 0) => 0,
+        (None, _) if !a.prefix_caching => 0,
         (Some(n), _) => n,
         (None, _) => EngineConfig::default_checkpoints(model, cfg.max_num_seqs).0,
     };

@@ -139,6 +139,7 @@ fn serve_bench_bad_flags_fail_clearly() {
         (&["--gpu-memory-utilization", "1.5"][..], "must be a fraction in (0, 1]"),
         (&["--gpu-memory-utilization", "0.5"][..], "applies to a CUDA device"),
         (&["--prefill", "128"][..], "cannot be used with"),
+        (&["--no-enable-prefix-caching", "--state-checkpoints", "4"][..], "turns off"),
     ] {
         let mut args = base.to_vec();
         args.extend_from_slice(extra);
@@ -148,6 +149,11 @@ fn serve_bench_bad_flags_fail_clearly() {
         assert!(!e.contains("panicked"), "{extra:?} panicked: {e}");
         assert!(e.contains(needle), "{extra:?}: expected `{needle}` in: {e}");
     }
+    // Recurrent-state checkpoints on a model without recurrent layers.
+    let qwen3 = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/qwen3");
+    let o = porter(&[&base[..], &["--model", &qwen3.to_string_lossy(), "--state-checkpoints", "4"][..]].concat());
+    let e = stderr(&o);
+    assert!(!o.status.success() && e.contains("applies to hybrid models"), "{e}");
     // A serve flag without --serve.
     let o = porter(&["bench", "--device", "cpu", "--num-requests", "3"]);
     assert!(!o.status.success() && stderr(&o).contains("--serve"), "{}", stderr(&o));

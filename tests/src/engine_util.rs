@@ -31,6 +31,7 @@ pub fn cfg(seqs: usize, budget: usize, blocks: usize) -> EngineConfig {
         kv_dtype: Default::default(),
         state_checkpoints: 8 * seqs,
         checkpoint_stride: porter_core::state::CHECKPOINT_INTERVAL,
+        prefix_caching: true,
     }
 }
 
@@ -160,6 +161,9 @@ pub fn hybrid_branch_point_checkpoints(device: Device) {
     run(3, [a, answer, rng.prompt(20, vocab)].concat(), 256);
     let s = warm.stats();
     assert_eq!(s.prefix_hit_tokens, 192 + 256);
+    // Request 1's 192 matched tokens had no checkpoint: recomputed, and counted so.
+    assert_eq!(s.prefix_unresumed_tokens, 192);
+    assert!(s.state_checkpoints_cached > 0 && s.state_checkpoints_cached <= s.state_checkpoints_total);
     assert_eq!(s.kv_blocks_free, s.kv_blocks_total);
     let (total, reusable) = warm.cache().checkpoints();
     assert_eq!(reusable, total, "recurrent checkpoints leaked");

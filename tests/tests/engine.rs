@@ -399,3 +399,23 @@ fn hybrid_prefix_cache_hits_within_one_block_and_is_exact() {
 fn hybrid_prefix_cache_saves_branch_points() {
     tests::engine_util::hybrid_branch_point_checkpoints(Device::Cpu);
 }
+
+/// `prefix_caching: false` (`--no-enable-prefix-caching`): a repeated prompt is computed
+/// whole, on an attention model and a hybrid one, with the same output.
+#[test]
+fn prefix_caching_can_be_turned_off() {
+    for name in ["qwen3", "qwen3_next_a"] {
+        let m = load(name, DType::F32).unwrap();
+        let prompt: Vec<u32> = (0..150).map(|i| (i * 13 + 5) % 200).collect();
+        let on = EngineConfig { block_size: 64, ..cfg(2, 512, 16) };
+        let off = EngineConfig { prefix_caching: false, ..on };
+        for (c, want_hit) in [(on, 128), (off, 0)] {
+            let mut e = EngineCore::new(&m, c).unwrap();
+            let first = run_all(&mut e, &[(0, prompt.clone(), greedy(4))]).remove(&0).unwrap();
+            let again = run_all(&mut e, &[(1, prompt.clone(), greedy(4))]).remove(&1).unwrap();
+            assert_eq!(again.0, first.0, "{name}: the repeated prompt's output");
+            assert!(matches!(again.1, Event::Done(ref f) if f.cached_tokens == want_hit), "{name}: {:?}", again.1);
+            assert_eq!(e.stats().prefix_hit_tokens, want_hit as u64);
+        }
+    }
+}

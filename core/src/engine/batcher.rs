@@ -48,6 +48,8 @@ pub struct EngineConfig {
     /// Positions between the checkpoints saved inside one prefill span
     /// ([`CacheConfig::checkpoint_stride`]).
     pub checkpoint_stride: usize,
+    /// Whether prompts reuse the KV blocks (and a hybrid's state checkpoints) of earlier ones.
+    pub prefix_caching: bool,
 }
 
 impl EngineConfig {
@@ -84,6 +86,7 @@ impl EngineConfig {
             kv_dtype,
             state_checkpoints,
             checkpoint_stride,
+            prefix_caching: true,
         }
     }
 
@@ -189,6 +192,9 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             checkpoint_stride: cfg.checkpoint_stride,
         };
         let mut cache = model.new_cache_with(&cache_cfg)?;
+        if !cfg.prefix_caching {
+            cache.disable_prefix_caching();
+        }
         // Warm-up: the decode (and verify) graphs of every batch-size bucket, for contexts of
         // up to 16 blocks (longer ones are captured when first reached).
         let rows: &[usize] = if k > 0 { &[1, k + 1] } else { &[1] };
@@ -240,6 +246,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             spec_accepted_at: vec![0; k],
             block_size: cfg.block_size,
             state_slots_total: cfg.max_num_seqs,
+            state_checkpoints_total: cache.checkpoints().0,
             ..Default::default()
         };
         let mut e = Self {
@@ -286,6 +293,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         self.stats.kv_blocks_free = b.free;
         self.stats.kv_blocks_cached = b.cached;
         self.stats.state_slots_free = self.cache.free_slots();
+        self.stats.state_checkpoints_cached = self.cache.checkpoints_cached();
     }
 
     /// Admits a request (queued; it runs from the next step).
@@ -402,7 +410,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         self.stats.preemptions += plan.preempted.len() as u64;
         for &(id, asked, hit) in &plan.admitted {
             self.stats.prefix_query_tokens += asked as u64;
-            self.stats.prefix_hit_tokens += hit as u64;
+            self.stats.prefix_hit_tokens += hit.cached as u64;
+            self.stats.prefix_unresumed_tokens += (hit.matched - hit.cached) as u64;
             if let Some(l) = self.live.get_mut(&id) {
                 l.queued.get_or_insert_with(|| l.arrived.elapsed());
             }

@@ -87,6 +87,7 @@ pub fn generate(
         // One sequence: nothing to share a prefix with.
         state_checkpoints: 0,
         checkpoint_stride: crate::state::CHECKPOINT_INTERVAL,
+        prefix_caching: false,
     };
     let mut engine = EngineCore::new(model, cfg)?;
     // `stop_ids` are this call's eos ids (instead of the model's).

@@ -102,6 +102,14 @@ pub struct EngineStats {
     /// Prefix cache: prompt tokens looked up and found (in tokens, at admission).
     pub prefix_query_tokens: u64,
     pub prefix_hit_tokens: u64,
+    /// Prompt tokens found in cached KV blocks but computed again: a recurrent model had no
+    /// state checkpoint at the end of the match (0 for attention-only models). Tells "no
+    /// shared prefix" (queries without hits) from "shared but not resumable".
+    pub prefix_unresumed_tokens: u64,
+    /// Recurrent-state checkpoints of the prefix cache: the pool, and those registered
+    /// (findable by later prompts).
+    pub state_checkpoints_total: usize,
+    pub state_checkpoints_cached: usize,
     /// Speculative decoding: verify steps (one per request and step), draft tokens
     /// verified and accepted, and acceptances by draft position (index j: the (j+1)-th draft).
     pub spec_steps: u64,

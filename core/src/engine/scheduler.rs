@@ -69,8 +69,8 @@ pub struct Plan {
     pub items: Vec<Scheduled>,
     /// Requests preempted while planning (already back in the waiting queue).
     pub preempted: Vec<RequestId>,
-    /// Requests admitted this step: `(id, tokens looked up, tokens found in the prefix cache)`.
-    pub admitted: Vec<(RequestId, usize, usize)>,
+    /// Requests admitted this step: `(id, tokens looked up, their prefix-cache hit)`.
+    pub admitted: Vec<(RequestId, usize, crate::state::PrefixHit)>,
 }
 
 /// The waiting queue and the running set.
@@ -182,7 +182,8 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            let (seq, hit) = cache.alloc_seq_prefix(&r.tokens)?;
+            let found = cache.alloc_seq_prefix(&r.tokens)?;
+            let (seq, hit) = (found.seq, found.cached);
             r.seq = Some(seq);
             r.computed = hit;
             r.cached = hit;
@@ -196,7 +197,7 @@ impl Scheduler {
             }
             self.waiting.pop_front();
             self.running.push(id);
-            plan.admitted.push((id, r.tokens.len(), hit));
+            plan.admitted.push((id, r.tokens.len(), found));
             promised += need;
             budget -= n;
             plan.items.push(Scheduled { id, n });

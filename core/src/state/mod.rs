@@ -230,12 +230,25 @@ pub struct ModelCache {
     hashes: Vec<Vec<u64>>,
     has_kv: bool,
     has_recurrent: bool,
+    /// The prefix cache turned off ([`ModelCache::disable_prefix_caching`]).
+    prefix_off: bool,
     ck: Checkpoints,
     spec: usize,
     /// The least width of the block tables ([`StateCache::set_page_width`]).
     page_width: usize,
     /// CUDA graphs of decode / verify forwards over this cache's buffers (empty on a copy).
     graphs: crate::backend::cuda::graph::GraphSlot,
+}
+
+/// A new sequence's prefix-cache hit ([`ModelCache::alloc_seq_prefix`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixHit {
+    pub seq: SeqId,
+    /// Leading tokens whose state is reused (not computed again).
+    pub cached: usize,
+    /// Leading tokens found in cached KV blocks: `cached`, or more when a recurrent model has
+    /// no state checkpoint at the end of the match (the rest is recomputed).
+    pub matched: usize,
 }
 
 /// Positions between recurrent-state checkpoints (the chunked delta rule's chunk: a state
@@ -337,6 +350,7 @@ impl ModelCache {
             hashes: Vec::new(),
             has_kv,
             has_recurrent,
+            prefix_off: false,
             ck: Checkpoints::new(interval, cfg.checkpoint_stride, if interval > 0 { cfg.checkpoints } else { 0 }),
             spec: cfg.spec,
             page_width: 0,
@@ -377,9 +391,16 @@ impl ModelCache {
         (self.ck.hash.len(), self.ck.free.len() + self.ck.lru.len())
     }
 
-    /// Whether prefix-cache hits can resume this model's recurrent state (checkpoints kept).
+    /// Whether prompts reuse cached KV blocks: a model with attention layers, not turned off,
+    /// and with recurrent layers only where their state is checkpointed.
     pub fn prefix_caching(&self) -> bool {
-        self.has_kv && (!self.has_recurrent || self.ck.interval > 0)
+        self.has_kv && !self.prefix_off && (!self.has_recurrent || self.ck.interval > 0)
+    }
+
+    /// Turns the prefix cache off: no block is registered or reused, no state checkpoint saved.
+    pub fn disable_prefix_caching(&mut self) {
+        self.prefix_off = true;
+        self.ck.interval = 0;
     }
 
     /// Slots ever created (live + free); bounded by the peak number of live sequences.
@@ -513,11 +534,12 @@ impl ModelCache {
 
     /// Takes a free slot for a new sequence whose tokens will be `ids`, reusing the longest
     /// chain of cached full blocks of `ids` (never the whole of `ids`: at least the last
-    /// token is computed, to get its logits). Returns the slot and the cached length.
-    pub fn alloc_seq_prefix(&mut self, ids: &[u32]) -> Result<(SeqId, usize)> {
+    /// token is computed, to get its logits); with recurrent layers, up to the deepest block
+    /// end of that chain with a state checkpoint.
+    pub fn alloc_seq_prefix(&mut self, ids: &[u32]) -> Result<PrefixHit> {
         let seq = self.alloc_seq()?;
         if !self.prefix_caching() {
-            return Ok((seq, 0));
+            return Ok(PrefixHit { seq, cached: 0, matched: 0 });
         }
         let bs = self.pool.block_size();
         let mut parent = None;
@@ -535,6 +557,7 @@ impl ModelCache {
                 resume = (n, Some(c));
             }
         }
+        let matched = n * bs;
         if self.has_recurrent {
             let (keep, c) = resume;
             // The KV hit ran past the deepest checkpoint: save one where it ends (aligned).
@@ -553,7 +576,12 @@ impl ModelCache {
             }
         }
         self.lens[seq.0] = Some(n * bs);
-        Ok((seq, n * bs))
+        Ok(PrefixHit { seq, cached: n * bs, matched })
+    }
+
+    /// Recurrent-state checkpoints registered under a block's hash (findable by later prompts).
+    pub fn checkpoints_cached(&self) -> usize {
+        self.ck.lru.len()
     }
 }
 
@@ -793,7 +821,7 @@ mod tests {
         c.prepare(&Batch::single(a, 0, &ids)).unwrap();
         c.advance(a, 5).unwrap();
         c.register_prefix(a, &ids).unwrap();
-        let (b, hit) = c.alloc_seq_prefix(&[5, 6, 7, 8, 1, 2]).unwrap();
+        let PrefixHit { seq: b, cached: hit, .. } = c.alloc_seq_prefix(&[5, 6, 7, 8, 1, 2]).unwrap();
         assert_eq!(hit, 4);
         assert_eq!(c.seq_blocks(b), &c.seq_blocks(a)[..2]);
         c.free_seq(a).unwrap();
@@ -802,7 +830,7 @@ mod tests {
         c.free_seq(b).unwrap();
         assert_eq!(c.blocks(), BlockUsage { block_size: 2, total: 6, free: 6, cached: 2 });
         // A prompt equal to a cached prefix still computes its last token.
-        let (d, hit) = c.alloc_seq_prefix(&[5, 6, 7, 8]).unwrap();
+        let PrefixHit { seq: d, cached: hit, .. } = c.alloc_seq_prefix(&[5, 6, 7, 8]).unwrap();
         assert_eq!(hit, 2);
         assert_eq!(c.seq_len(d), 2);
     }

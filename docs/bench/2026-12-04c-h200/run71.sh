@@ -4,7 +4,8 @@
 # of every form, flash-linear-attention's chunk_gated_delta_rule in the same run, and the
 # 24-layer prefill with tc4 and tc5; the tc4 wu launch at 3 blocks an SM (PORTER_GDN_WU_OCC=3).
 # (Session 18 got no GPU: `run` lent none; this is the plan for the next call.)
-# Carry .dev/porter, .dev/ptx.tgz, .dev/k/cuda_gdn_chunk, .dev/bin/gpu, .whl.
+# Session 19 (no GPU either) added the hybrid prefix cache on CUDA: its tests run first.
+# Carry .dev/porter, .dev/ptx.tgz, .dev/k (cuda_gdn_chunk, cuda_gdn_seq), .dev/bin/gpu, .whl.
 set -uo pipefail
 P=.dev/porter/porter
 source <(sed -n '/^# --- NVRTC/,/^say "== gpu-check/p' scripts/gpu-check.sh | grep -v '^say')
@@ -15,6 +16,8 @@ T0=$(date +%s)
 t() { local name=$1; shift; local s=$(date +%s); [ $(( s - T0 + $2 )) -gt 400 ] && { echo "$name skipped (time)" >> $S; return; }; "$@" > "$L/$name.log" 2>&1; echo "$name rc=$? $(( $(date +%s) - s ))s $(grep -E '^test result' "$L/$name.log" | tail -1)" >> $S; }
 T="--nocapture --include-ignored --test-threads=1"
 G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24"
+t prefix 60 timeout 60 .dev/bin/gpu $T cuda_engine_hybrid_prefix_checkpoints cuda_engine_batch_invariance_hybrid
+t window_at 30 timeout 30 .dev/k/cuda_gdn_seq $T cuda_gdn_window_at
 t gdn_tc 90 timeout 90 .dev/k/cuda_gdn_chunk $T cuda_gdn_chunked_seq_tc cuda_gdn_chunked_seq_spans
 t gdn_80b 90 timeout 90 .dev/k/cuda_gdn_chunk $T cuda_gdn_chunked_seq_80b_prefill
 t gdn_tc_o3 60 timeout 60 env PORTER_GDN_WU_OCC=3 .dev/k/cuda_gdn_chunk $T cuda_gdn_chunked_seq_tc

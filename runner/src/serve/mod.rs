@@ -177,6 +177,13 @@ pub struct ServeArgs {
     /// after the weights (default 0.9). On the CPU the pool holds every sequence's whole context.
     #[arg(long, value_parser = crate::serve_bench::parse_fraction)]
     pub gpu_memory_utilization: Option<f64>,
+    /// Reuse the KV blocks (and a hybrid model's state checkpoints) of earlier prompts that
+    /// share a prefix (on by default; vLLM's flag).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off: every prompt is computed whole.
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
     /// Hybrid models (Gated DeltaNet): recurrent-state checkpoints the prefix cache keeps, so
     /// that a prompt sharing a prefix with an earlier one resumes there (default: 8 per
     /// sequence on the CPU; on a GPU 2 per sequence, at most a tenth of the memory share).
@@ -250,9 +257,11 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
         kv_cache_memory: a.kv_cache_memory,
         gpu_memory_utilization: a.gpu_memory_utilization,
         state_checkpoints: a.state_checkpoints,
+        prefix_caching: !a.no_enable_prefix_caching,
     };
     let (cfg, _) = crate::serve_bench::sized_engine_config(&model, &sizes)?;
     tracing::info!(
+        prefix_caching = cfg.prefix_caching,
         state_checkpoints = cfg.state_checkpoints,
         max_num_seqs = cfg.max_num_seqs,
         max_num_batched_tokens = cfg.max_num_batched_tokens,
@@ -497,6 +506,8 @@ async fn metrics(AxState(s): AxState<Arc<Server>>) -> Response {
     gauge("vllm:num_requests_waiting", st.waiting as f64);
     let used = st.kv_blocks_total.saturating_sub(st.kv_blocks_free) as f64;
     gauge("vllm:kv_cache_usage_perc", if st.kv_blocks_total > 0 { used / st.kv_blocks_total as f64 } else { 0.0 });
+    gauge("porter:state_checkpoints_total", st.state_checkpoints_total as f64);
+    gauge("porter:state_checkpoints_cached", st.state_checkpoints_cached as f64);
     let mut counter = |name: &str, v: u64| {
         let _ = writeln!(out, "# TYPE {name} counter\n{name}{{{label}}} {v}");
     };
@@ -506,6 +517,7 @@ async fn metrics(AxState(s): AxState<Arc<Server>>) -> Response {
     counter("vllm:num_preemptions_total", st.preemptions);
     counter("vllm:prefix_cache_queries_total", st.prefix_query_tokens);
     counter("vllm:prefix_cache_hits_total", st.prefix_hit_tokens);
+    counter("porter:prefix_cache_unresumed_tokens_total", st.prefix_unresumed_tokens);
     counter("vllm:spec_decode_num_drafts", st.spec_steps);
     counter("vllm:spec_decode_num_draft_tokens", st.spec_drafted);
     counter("vllm:spec_decode_num_accepted_tokens", st.spec_accepted);
