@@ -292,6 +292,21 @@ class TinyModel(unittest.TestCase):
         self.assertEqual(after - before, r.usage.completion_tokens)
         self.assertEqual(self.s.metric("vllm:request_queue_time_seconds_count") - queued, 1)
 
+    def test_prefix_cache_on_the_hybrid_and_its_metrics(self):
+        # 200 token ids twice: the second resumes from the state checkpoint at 192 (64-token
+        # blocks on a hybrid model), with the same greedy text; the metrics say so.
+        prompt = [(i * 37 + 11) % 250 for i in range(200)]
+        hits = self.s.metric("vllm:prefix_cache_hits_total")
+        unresumed = self.s.metric("porter:prefix_cache_unresumed_tokens_total")
+        a = self.complete(prompt=prompt, max_tokens=4)
+        self.assertGreater(self.s.metric("porter:state_checkpoints_cached"), 0)
+        self.assertGreaterEqual(self.s.metric("porter:state_checkpoints_total"),
+                                self.s.metric("porter:state_checkpoints_cached"))
+        b = self.complete(prompt=prompt, max_tokens=4)
+        self.assertEqual(a.choices[0].text, b.choices[0].text)
+        self.assertEqual(self.s.metric("vllm:prefix_cache_hits_total") - hits, 192)
+        self.assertEqual(self.s.metric("porter:prefix_cache_unresumed_tokens_total") - unresumed, 0)
+
     def test_n_choices_stream_interleaved_and_equal_non_stream(self):
         kw = dict(n=3, temperature=0.9, seed=11, max_tokens=16, extra_body={"ignore_eos": True})
         full = self.complete(**kw)
