@@ -203,7 +203,7 @@ class TinyModel(unittest.TestCase):
                "use_beam_search": False, "skip_special_tokens": True}
         want = self.complete().choices[0].text
         self.assertEqual(self.complete(extra_body=off).choices[0].text, want)
-        # Chat: a forced tool call, and tools without a parser to return the calls (as vLLM).
+        # Chat: `required` without tools, and tools without a parser to return the calls (as vLLM).
         chat = {"model": self.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
         for extra, field in [({"tool_choice": "required"}, "tool_choice"), ({"tools": tools}, "tools"),
@@ -585,6 +585,71 @@ class Operations(unittest.TestCase):
         self.assertEqual(s.stop(), 0)
         self.assertIn("r", got, "the in-flight request failed")
         self.assertEqual(got["r"].usage.completion_tokens, 400, "the in-flight request was finished, not cut")
+
+
+class ForcedToolCalls(unittest.TestCase):
+    """`tool_choice` forcing a call, on the bundled checkpoint with the real Qwen3 template (which
+    renders `tools`) and both parsers on: the forced path bypasses them."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.s = Server("--chat-template", os.path.join(ROOT, "tests/fixtures/chat_golden/qwen3.jinja"),
+                       "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+        cls.c = cls.s.client()
+        cls.model = cls.c.models.list().data[0].id
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+
+    def test_forced_tool_calls(self):
+        # A named function (and `required` with one tool): the answer is constrained to the
+        # function's parameters and returned as the call's arguments, streamed or not, with
+        # no tool-call parser on this server. Random weights: count the draws that close it.
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
+            "required": ["city"]}}}
+        msgs = [{"role": "user", "content": "Weather in Paris?"}]
+        closed = 0
+        for seed, choice in [(s, {"type": "function", "function": {"name": "get_weather"}}) for s in range(6)] + \
+                [(6, "required"), (7, "required")]:
+            kw = dict(model=self.model, messages=msgs, tools=[tool], max_tokens=60, temperature=1.0, seed=seed,
+                      tool_choice=choice)
+            r = self.c.chat.completions.create(**kw).choices[0]
+            self.assertEqual(len(r.message.tool_calls), 1, r)
+            call = r.message.tool_calls[0]
+            self.assertEqual((call.type, call.function.name), ("function", "get_weather"))
+            self.assertTrue(call.id.startswith("call_"), call.id)
+            if r.finish_reason != "length":
+                self.assertEqual(r.finish_reason, "tool_calls" if choice == "required" else "stop")
+                args = json.loads(call.function.arguments)
+                self.assertIsInstance(args["city"], str)
+                self.assertLessEqual(len(args["city"]), 12)
+                self.assertLessEqual(set(args), {"city", "days"})
+                closed += 1
+            args, names, ids, finish = "", [], [], None
+            for ch in self.c.chat.completions.create(stream=True, **kw):
+                for c in ch.choices:
+                    self.assertFalse(c.delta.content, "a forced call streams no content")
+                    for tc in c.delta.tool_calls or []:
+                        args += tc.function.arguments or ""
+                        names += [tc.function.name] if tc.function.name else []
+                        ids += [tc.id] if tc.id else []
+                    finish = c.finish_reason or finish
+            self.assertEqual((args, names, ids, finish),
+                             (call.function.arguments, ["get_weather"], [call.id], r.finish_reason))
+        self.assertGreater(closed, 0, "no draw closed the arguments")
+        other = {"type": "function", "function": {"name": "other"}}
+        for body, needle in [
+            ({"tools": [tool, other], "tool_choice": "required"}, "with 2 tools is not supported"),
+            ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not in `tools`"),
+            ({"tool_choice": "required"}, "needs `tools`"),
+            ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+              "response_format": {"type": "json_object"}}, "cannot be combined"),
+        ]:
+            code, text = self.s.post("/v1/chat/completions", {"model": self.model, "messages": msgs, **body})
+            self.assertEqual(code, 400, text)
+            self.assertIn(needle, text)
 
 
 class Qwen3Template(unittest.TestCase):

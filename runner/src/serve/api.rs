@@ -36,7 +36,7 @@ impl ApiError {
         Self { kind, message: message.into(), param: param.map(str::to_owned) }
     }
 
-    fn invalid(param: &str, message: impl Into<String>) -> Self {
+    pub(super) fn invalid(param: &str, message: impl Into<String>) -> Self {
         Self::new(Kind::Invalid, message, Some(param))
     }
 }
@@ -81,6 +81,9 @@ pub struct Plan {
     /// `<tool_call>` blocks become `tool_calls` (`--tool-call-parser` given, a chat request,
     /// `tool_choice` not `none`).
     pub parse_tools: bool,
+    /// A forced call (`tool_choice` naming a function, or `required` with one tool): the
+    /// answer, constrained to its parameters, is that call's `arguments`.
+    pub forced_tool: Option<super::tools::Forced>,
 }
 
 impl Plan {
@@ -234,8 +237,31 @@ pub fn render_chat(s: &Server, body: &Value, messages: &Value) -> Result<String,
 pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Result<Plan, ApiError> {
     let v = parse_json(headers, body)?;
     unsupported(&v, is_chat)?;
-    let json = structured(s, &v)?;
-    let tool_auto = is_chat && tool_choice_parses(&v)?;
+    let tool_choice = if is_chat { super::tools::tool_choice(&v)? } else { super::tools::ToolChoice::Auto };
+    let mut json = structured(s, &v)?;
+    let tool_auto = is_chat && tool_choice == super::tools::ToolChoice::Auto;
+    let forced_tool = match tool_choice {
+        super::tools::ToolChoice::Forced(f) => {
+            if json.is_some() {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "a `tool_choice` that forces a call constrains the answer to the function's parameters: \
+                     it cannot be combined with `response_format`, `guided_json` or `guided_choice`",
+                ));
+            }
+            json = Some(match &f.parameters {
+                Some(p) => s.json_schema(p).map_err(|e| {
+                    ApiError::invalid(
+                        "tools",
+                        format!("the parameters of `{}`: the schema is not supported: {e}", f.name),
+                    )
+                })?,
+                None => s.json_object(),
+            });
+            Some(f)
+        }
+        _ => None,
+    };
     if tool_auto && !s.tool_calls && given(&v, "tools").is_some() {
         // As vLLM: tools the answer could call need a parser to turn the calls into `tool_calls`.
         return Err(ApiError::invalid(
@@ -430,6 +456,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         think_open,
         include_stop,
         parse_tools,
+        forced_tool,
     })
 }
 
@@ -553,23 +580,6 @@ fn logit_bias(v: &Value, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
     Ok(out)
 }
 
-/// Whether `tool_choice` lets the tool-call parser run: absent, `null` or `auto` (parse),
-/// `none` (the text stays content); `required` or a named function would need guided decoding.
-fn tool_choice_parses(v: &Value) -> Result<bool, ApiError> {
-    match v.get("tool_choice") {
-        None | Some(Value::Null) => Ok(true),
-        Some(Value::String(c)) if c == "auto" => Ok(true),
-        Some(Value::String(c)) if c == "none" => Ok(false),
-        Some(c) => Err(ApiError::invalid(
-            "tool_choice",
-            format!(
-                "`tool_choice` {} is not supported (porter cannot force a tool call: use `auto` or `none`)",
-                c.as_str().map_or_else(|| c.to_string(), |c| format!("`{c}`"))
-            ),
-        )),
-    }
-}
-
 /// OpenAI `usage`.
 pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
@@ -621,6 +631,12 @@ pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool
         }
     });
     if is_chat {
+        if let Some(f) = &plan.forced_tool {
+            let mut c = json!({"index": index, "message": f.message(index, &out.text), "logprobs": lp,
+                "finish_reason": f.finish(out.reason)});
+            with_token_ids(plan, index, out, &mut c);
+            return c;
+        }
         let mut reason = out.reason;
         let (reasoning, content) = if s.reasoning {
             crate::serve_parsers::ReasoningParser::new(plan.think_mode()).parse(&out.text)

@@ -11,6 +11,7 @@ pub mod api;
 pub mod page;
 mod stream;
 mod structured;
+mod tools;
 pub use structured::Structured;
 pub mod text;
 

@@ -23,6 +23,8 @@ struct Choice<'t> {
     stops: text::StopMatcher,
     think: ReasoningParser,
     tools: ToolParser,
+    /// A forced call's first fragment (its id and name) has been sent.
+    forced_sent: bool,
     times: Vec<Instant>,
     ntok: usize,
     /// A stop string matched after this many tokens: the engine request was aborted and its
@@ -67,6 +69,7 @@ pub(super) fn stream_response(
                 stops: text::StopMatcher::new(plan.stop_strings.clone(), plan.include_stop),
                 think: ReasoningParser::new(plan.think_mode()),
                 tools: ToolParser::new(i as u64),
+                forced_sent: false,
                 times: Vec::new(),
                 ntok: 0,
                 stopped_at: None,
@@ -94,7 +97,7 @@ pub(super) fn stream_response(
                 };
                 c.finished = true;
                 usage = add(usage, &f);
-                if tx.send(frame(finish_chunk(&s, c, i, "stop", &f, is_chat, &id))).await.is_err() {
+                if tx.send(frame(finish_chunk(&s, &plan, c, i, "stop", &f, is_chat, &id))).await.is_err() {
                     return;
                 }
                 continue;
@@ -130,7 +133,7 @@ pub(super) fn stream_response(
                     let f = Finished { reason: Finish::Stop, completion_tokens: c.ntok, ..f };
                     c.finished = true;
                     usage = add(usage, &f);
-                    if tx.send(frame(finish_chunk(&s, c, i, "stop", &f, is_chat, &id))).await.is_err() {
+                    if tx.send(frame(finish_chunk(&s, &plan, c, i, "stop", &f, is_chat, &id))).await.is_err() {
                         return;
                     }
                 }
@@ -138,7 +141,7 @@ pub(super) fn stream_response(
                 c.finished = true;
                 usage = add(usage, &f);
                 let reason = finish_str(f.reason);
-                if tx.send(frame(finish_chunk(&s, c, i, reason, &f, is_chat, &id))).await.is_err() {
+                if tx.send(frame(finish_chunk(&s, &plan, c, i, reason, &f, is_chat, &id))).await.is_err() {
                     return;
                 }
             }
@@ -173,6 +176,15 @@ fn delta_for(
     last: bool,
     is_chat: bool,
 ) -> Option<Value> {
+    if let Some(f) = plan.forced_tool.as_ref().filter(|_| is_chat) {
+        // The whole answer is the forced call's arguments.
+        if safe.is_empty() {
+            return None;
+        }
+        let d = f.delta(i, safe, !c.forced_sent);
+        c.forced_sent = true;
+        return Some(api::parsed_delta(i, "", "", &[d]));
+    }
     if is_chat && (s.reasoning || plan.parse_tools) {
         // Reasoning first, then tool calls in what remains as content.
         let mut r = if s.reasoning {
@@ -204,8 +216,10 @@ fn delta_for(
 }
 
 /// The chunk that ends choice `i` (and its metrics and log line).
+#[allow(clippy::too_many_arguments)]
 fn finish_chunk(
     s: &Server,
+    plan: &Plan,
     c: &Choice<'_>,
     i: usize,
     reason: &'static str,
@@ -213,7 +227,11 @@ fn finish_chunk(
     is_chat: bool,
     id: &str,
 ) -> Value {
-    let reason = if is_chat && s.tool_calls && c.tools.has_calls() { "tool_calls" } else { reason };
+    let reason = match &plan.forced_tool {
+        Some(f) if is_chat => f.finish(reason),
+        _ if is_chat && s.tool_calls && c.tools.has_calls() => "tool_calls",
+        _ => reason,
+    };
     record(s, &format!("{id}-{i}"), f, reason, c.t0, &c.times);
     if is_chat {
         json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": reason})
