@@ -8,7 +8,9 @@
 //! (`minItems` / `maxItems`), strings (`minLength` / `maxLength`), integers, numbers,
 //! booleans, null, `enum` / `const` values, and unions (`anyOf` / `oneOf`, or a list of
 //! `type`s) whose alternatives differ in their first byte (pydantic's `Optional[T]` is
-//! `anyOf` T and null). `$ref`s to the root's `$defs` / `definitions` compile in place (a
+//! `anyOf` T and null) — several objects among them being told apart by a property each
+//! requires with distinct `const` / `enum` values (a discriminated union, OpenAPI's
+//! `discriminator` an annotation), which is then read first. `$ref`s to the root's `$defs` / `definitions` compile in place (a
 //! schema that refers to itself is refused at the depth limit). A value the schema leaves open
 //! (no `type`, or an object without `properties`) is any JSON value ([`JsonState`]).
 //! `format` is what JSON Schema's default vocabulary makes it, an annotation (pydantic writes
@@ -69,6 +71,16 @@ enum Node {
     Choice(Vec<Vec<u8>>),
     /// One of these nodes, told apart by the value's first byte.
     Union(Vec<u16>),
+    /// Objects told apart by a property each of them requires with `const` / `enum` values (a
+    /// discriminated union: pydantic's tagged models, tool calls by `name`), read with that
+    /// property first — `{`, `key`, `:`, one of `tags` — and then as the tag's branch, an
+    /// object node, with that property written (`branches[j]`: its node and the property's
+    /// index). No tag is a prefix of another.
+    Tagged {
+        key: Vec<u8>,
+        tags: Vec<Vec<u8>>,
+        branches: Vec<(u16, u16)>,
+    },
 }
 
 /// A compiled schema (see the module docs) with the allowed-token sets of its states.
@@ -92,7 +104,7 @@ fn first_bytes(nodes: &[Node], node: u16) -> [bool; 256] {
                 set[*b as usize] = true;
             }
         }
-        Node::Any { object: true } | Node::Object(_) => set[b'{' as usize] = true,
+        Node::Any { object: true } | Node::Object(_) | Node::Tagged { .. } => set[b'{' as usize] = true,
         Node::Array { .. } => set[b'[' as usize] = true,
         Node::String { .. } => set[b'"' as usize] = true,
         Node::Number { .. } => {
@@ -144,11 +156,18 @@ impl Schema {
     /// Compiles a JSON schema whose root is an object (see the module docs for what is
     /// supported). `Err`: what is not, with the keyword's path (`$.properties.a.pattern`).
     pub fn compile(schema: &Value) -> Result<Self, String> {
-        let mut c = Compiler { root: schema, nodes: Vec::new() };
-        let root = c.node(schema, "$", 0)?;
-        if !matches!(c.nodes[root as usize], Node::Object(_) | Node::Any { object: true }) {
+        let s = Self::compile_value(schema)?;
+        if !matches!(s.nodes[s.root as usize], Node::Object(_) | Node::Any { object: true } | Node::Tagged { .. }) {
             return Err("`$`: the root of the schema must be `\"type\": \"object\"`".into());
         }
+        Ok(s)
+    }
+
+    /// [`Schema::compile`] for a root of any type (the server's own schemas: an array of
+    /// tool calls for `tool_choice: "required"`).
+    pub fn compile_value(schema: &Value) -> Result<Self, String> {
+        let mut c = Compiler { root: schema, nodes: Vec::new() };
+        let root = c.node(schema, "$", 0)?;
         Ok(Self { nodes: c.nodes, root, cache: MaskCache::default() })
     }
 
@@ -204,8 +223,9 @@ impl Compiler<'_> {
         };
         // `format` is an annotation in JSON Schema's default vocabulary (validators need not
         // assert it): accepted, not enforced.
-        const KNOWN: [&str; 24] = [
+        const KNOWN: [&str; 25] = [
             "format",
+            "discriminator",
             "type",
             "properties",
             "required",
@@ -261,6 +281,9 @@ impl Compiler<'_> {
                         | "$defs"
                         | "definitions"
                         | "$schema"
+                        // OpenAPI's (pydantic writes it for tagged unions): an annotation here,
+                        // the property is found from the alternatives themselves.
+                        | "discriminator"
                 )
             }) {
                 return Err(format!("`{path}`: `{k}` beside other keywords is not supported"));
@@ -270,6 +293,9 @@ impl Compiler<'_> {
                 nodes.push(self.node(x, &format!("{path}.{k}[{i}]"), depth + 1)?);
             }
             return self.union(nodes, &format!("{path}.{k}"));
+        }
+        if o.contains_key("discriminator") {
+            return Err(format!("`{path}.discriminator`: only beside `oneOf` / `anyOf`"));
         }
         let literal = |x: &Value, at: &str| -> Result<Vec<u8>, String> {
             match x {
@@ -347,11 +373,25 @@ impl Compiler<'_> {
         self.union(alts, &format!("{path}.type"))
     }
 
-    /// The union of `alts`, which must differ in their first byte (one alternative: itself).
+    /// The union of `alts`, which must differ in their first byte (one alternative: itself);
+    /// several objects among them become one [`Node::Tagged`].
     fn union(&mut self, alts: Vec<u16>, path: &str) -> Result<u16, String> {
         if let [one] = alts[..] {
             return Ok(one);
         }
+        let objects: Vec<u16> =
+            alts.iter().copied().filter(|&a| matches!(self.nodes[a as usize], Node::Object(_))).collect();
+        let alts = if objects.len() > 1 {
+            let tagged = self.tagged(&objects, path)?;
+            let mut rest: Vec<u16> = alts.into_iter().filter(|a| !objects.contains(a)).collect();
+            if rest.is_empty() {
+                return Ok(tagged);
+            }
+            rest.push(tagged);
+            rest
+        } else {
+            alts
+        };
         let mut seen = [false; 256];
         for &a in &alts {
             for (b, f) in first_bytes(&self.nodes, a).into_iter().enumerate() {
@@ -364,6 +404,37 @@ impl Compiler<'_> {
             }
         }
         self.add(Node::Union(alts), path)
+    }
+
+    /// The discriminated union of the object nodes `objects`: the first property (in the
+    /// first object's order) that every one of them requires with `const` / `enum` values,
+    /// no value twice and none a prefix of another.
+    fn tagged(&mut self, objects: &[u16], path: &str) -> Result<u16, String> {
+        let props = |n: u16| match &self.nodes[n as usize] {
+            Node::Object(p) => &p[..],
+            _ => &[],
+        };
+        let keys: Vec<Vec<u8>> = props(objects[0]).iter().filter(|p| p.required).map(|p| p.key.clone()).collect();
+        for key in keys {
+            let (mut tags, mut branches) = (Vec::new(), Vec::new());
+            let all = objects.iter().all(|&o| {
+                let Some(j) = props(o).iter().position(|p| p.key == key && p.required) else { return false };
+                let Node::Literals(lits) = &self.nodes[props(o)[j].node as usize] else { return false };
+                for l in lits {
+                    tags.push(l.clone());
+                    branches.push((o, j as u16));
+                }
+                true
+            });
+            let clash = |i: usize, a: &Vec<u8>| tags.iter().enumerate().any(|(k, b)| k != i && b.starts_with(a));
+            if all && tags.len() <= MAX_ALTS && !tags.iter().enumerate().any(|(i, a)| clash(i, a)) {
+                return self.add(Node::Tagged { key, tags, branches }, path);
+            }
+        }
+        Err(format!(
+            "`{path}`: alternatives that are objects must be told apart by a property each of them requires with \
+             distinct `const` / `enum` values (a discriminator)"
+        ))
     }
 
     /// The object node of `o` (its `properties`, `required`, `additionalProperties`).
@@ -586,6 +657,33 @@ impl SchemaState {
                     _ => None,
                 }
             }
+            // Phases: 0 before `{`; 1 after it; 2 in the key (`c` bytes matched); 3 before `:`;
+            // 4 before the tag; 5 in it (`c` bytes matched, `b` the candidates). The last byte
+            // of a tag turns the frame into its branch's object, after the key's value.
+            Node::Tagged { key, tags, branches } => match (f.phase, x) {
+                (0 | 1 | 3 | 4, _) if ws => Some(Out::Stay(f)),
+                (0, b'{') => Some(Out::Stay(Frame { phase: 1, ..f })),
+                (1, b'"') => Some(Out::Stay(Frame { phase: 2, c: 1, ..f })),
+                (2, _) if key.get(f.c as usize) == Some(&x) => {
+                    let done = f.c as usize + 1 == key.len();
+                    Some(Out::Stay(if done { Frame { phase: 3, c: 0, ..f } } else { Frame { c: f.c + 1, ..f } }))
+                }
+                (3, b':') => Some(Out::Stay(Frame { phase: 4, ..f })),
+                (4 | 5, _) => {
+                    let (c, cands) = if f.phase == 4 { (0, u64::MAX) } else { (f.c as usize, f.b) };
+                    let next = narrow(tags.iter().map(Vec::as_slice), cands, c, x);
+                    if next == 0 {
+                        return None;
+                    }
+                    let j = next.trailing_zeros() as usize;
+                    if next.count_ones() == 1 && tags[j].len() == c + 1 {
+                        let (node, p) = branches[j];
+                        return Some(Out::Stay(Frame { node, phase: 5, e: 1 << p, ..Frame::default() }));
+                    }
+                    Some(Out::Stay(Frame { phase: 5, c: c as u16 + 1, b: next, ..f }))
+                }
+                _ => None,
+            },
             // Phases: 0 before `[`; 1 after `[` (an item or `]`); 2 in an item; 3 after it
             // (`,` or `]`); 4 after `,` (an item). `c`: the items read.
             &Node::Array { item, min, max } => match (f.phase, x) {

@@ -155,6 +155,69 @@ fn pydantic_style_schemas() {
     }
 }
 
+/// A union of objects told apart by a property (pydantic's `oneOf` + `discriminator` of tagged
+/// models, and a plain `anyOf` of models with `Literal` fields): read with the tag first, then
+/// as the tagged model; beside other types by their first byte.
+#[test]
+fn discriminated_unions_read_their_tag_first() {
+    let s = Schema::compile(&json!({
+        "$defs": {
+            "Cat": {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+                    "required": ["kind", "lives"]},
+            "Dog": {"type": "object", "properties": {"good": {"type": "boolean"}, "kind": {"enum": ["dog", "puppy"]}},
+                    "required": ["kind"], "additionalProperties": false}
+        },
+        "type": "object",
+        "properties": {
+            "pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                    "discriminator": {"propertyName": "kind", "mapping": {"cat": "#/$defs/Cat"}}},
+            "maybe": {"anyOf": [{"$ref": "#/$defs/Cat"}, {"type": "null"}, {"$ref": "#/$defs/Dog"}]}
+        },
+        "required": ["pet"]
+    }))
+    .unwrap();
+    for (text, want) in [
+        (r#"{"pet": {"kind": "cat", "lives": 9}}"#, Some(true)),
+        (r#"{"pet":{ "kind" : "puppy" }, "maybe": null}"#, Some(true)),
+        (r#"{"pet": {"kind": "dog", "good": true}, "maybe": {"kind": "cat", "lives": 1}}"#, Some(true)),
+        (r#"{"pet": {"lives": 9, "kind": "cat"}}"#, None), // the tag comes first
+        (r#"{"pet": {"kind": "cat"}}"#, None),             // lives is required
+        (r#"{"pet": {"kind": "cat", "lives": 9, "kind": "cat"}}"#, None),
+        (r#"{"pet": {"kind": "cat", "good": true}}"#, None), // not a Cat property
+        (r#"{"pet": {"kind": "cow"}}"#, None),
+        (r#"{"pet": {}}"#, None),
+    ] {
+        assert_eq!(accepts(&s, text), want, "{text}");
+        if want == Some(true) {
+            let b = text.as_bytes();
+            for i in 0..text.rfind('}').unwrap_or(0) {
+                assert!(s.start().feed(&s, &b[..i]).is_some_and(|st| !st.complete()), "prefix of {text} at {i}");
+            }
+        }
+    }
+    // Tool calls by name (`tool_choice: "required"`): an array root.
+    let calls = Schema::compile_value(&json!({"type": "array", "minItems": 1, "items": {"anyOf": [
+        {"type": "object", "properties": {"name": {"const": "f"}, "parameters": {"type": "object",
+            "properties": {"a": {"type": "integer"}}, "required": ["a"]}}, "required": ["name", "parameters"]},
+        {"type": "object", "properties": {"name": {"const": "g"}, "parameters": {"type": "object"}},
+            "required": ["name", "parameters"]}]}}))
+    .unwrap();
+    assert_eq!(accepts(&calls, r#"[{"name": "f", "parameters": {"a": 1}}, {"name":"g","parameters":{}}]"#), Some(true));
+    assert_eq!(accepts(&calls, r#"[{"name": "f", "parameters": {}}]"#), None);
+    assert_eq!(accepts(&calls, "[]"), None);
+    // No property tells the objects apart, or one tag is a prefix of another: refused.
+    let obj = |p: Value| json!({"type": "object", "properties": p, "required": ["t"]});
+    for (alts, want) in [
+        (vec![obj(json!({"t": {"type": "string"}})), obj(json!({"t": {"const": "b"}}))], "discriminator"),
+        (vec![obj(json!({"t": {"const": 1}})), obj(json!({"t": {"const": 10}}))], "discriminator"),
+        (vec![obj(json!({"t": {"const": "a"}})), obj(json!({"t": {"enum": ["b", "a"]}}))], "discriminator"),
+    ] {
+        let e =
+            Schema::compile(&json!({"type": "object", "properties": {"u": {"anyOf": alts}}})).err().unwrap_or_default();
+        assert!(e.contains(want), "{e}");
+    }
+}
+
 /// Random walks through each schema's allowed bytes: no panic, and every text the state
 /// calls complete parses as JSON (with the object's keys among the schema's).
 #[test]
@@ -166,6 +229,10 @@ fn random_walks_end_in_valid_json() {
                "c": {"type": "array", "items": {"enum": [1, 12, "x", null, false]}, "maxItems": 3},
                "d": {"anyOf": [{"type": "object", "properties": {"e": {"const": "é\"q"}}}, {"type": "number"}]},
                "f": {"type": "string", "maxLength": 2}}, "required": ["a"]}),
+        json!({"type": "object", "properties": {"u": {"type": "array", "items": {"anyOf": [
+               {"type": "object", "properties": {"t": {"const": "a"}, "x": {"type": "integer"}}, "required": ["t"]},
+               {"type": "object", "properties": {"t": {"enum": ["b", null]}, "p": {}}, "required": ["t", "p"]},
+               {"type": "string", "maxLength": 1}]}}}, "required": ["u"]}),
         json!({"$defs": {"P": {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]}},
                "type": "object", "properties": {"p": {"type": "array", "items": {"$ref": "#/$defs/P"}, "minItems": 1}},
                "required": ["p"]}),
