@@ -602,52 +602,91 @@ class ForcedToolCalls(unittest.TestCase):
     def tearDownClass(cls):
         assert cls.s.stop() == 0
 
-    def test_forced_tool_calls(self):
-        # A named function (and `required` with one tool): the answer is constrained to the
-        # function's parameters and returned as the call's arguments, streamed or not, with
-        # no tool-call parser on this server. Random weights: count the draws that close it.
-        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
-            "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
-            "required": ["city"]}}}
-        msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
+        "required": ["city"]}}}
+    OTHER = {"type": "function", "function": {"name": "count", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+    MSGS = [{"role": "user", "content": "Weather in Paris?"}]
+
+    def streamed_calls(self, kw):
+        """The streamed tool-call fragments merged per index, and the finish reason."""
+        calls, finish = {}, None
+        for ch in self.c.chat.completions.create(stream=True, **kw):
+            for c in ch.choices:
+                self.assertFalse(c.delta.content, "a forced call streams no content")
+                for tc in c.delta.tool_calls or []:
+                    d = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                    for k, v in [("id", tc.id), ("name", tc.function.name)]:
+                        if v:
+                            self.assertIsNone(d[k], "id and name come once")
+                            d[k] = v
+                    d["arguments"] += tc.function.arguments or ""
+                finish = c.finish_reason or finish
+        return [calls[i] for i in sorted(calls)], finish
+
+    def check_args(self, name, args):
+        if name == "get_weather":
+            self.assertIsInstance(args["city"], str)
+            self.assertLessEqual(len(args["city"]), 12)
+            self.assertLessEqual(set(args), {"city", "days"})
+        else:
+            self.assertEqual(name, "count")
+            self.assertIsInstance(args["n"], int)
+            self.assertEqual(set(args), {"n"})
+
+    def test_named_function(self):
+        # The answer is constrained to the function's parameters and returned as the call's
+        # arguments, streamed or not. Random weights: count the draws that close it.
         closed = 0
-        for seed, choice in [(s, {"type": "function", "function": {"name": "get_weather"}}) for s in range(6)] + \
-                [(6, "required"), (7, "required")]:
-            kw = dict(model=self.model, messages=msgs, tools=[tool], max_tokens=60, temperature=1.0, seed=seed,
-                      tool_choice=choice)
+        for seed in range(6):
+            kw = dict(model=self.model, messages=self.MSGS, tools=[self.TOOL, self.OTHER], max_tokens=60,
+                      temperature=1.0, seed=seed, tool_choice={"type": "function", "function": {"name": "get_weather"}})
             r = self.c.chat.completions.create(**kw).choices[0]
             self.assertEqual(len(r.message.tool_calls), 1, r)
             call = r.message.tool_calls[0]
             self.assertEqual((call.type, call.function.name), ("function", "get_weather"))
             self.assertTrue(call.id.startswith("call_"), call.id)
             if r.finish_reason != "length":
-                self.assertEqual(r.finish_reason, "tool_calls" if choice == "required" else "stop")
-                args = json.loads(call.function.arguments)
-                self.assertIsInstance(args["city"], str)
-                self.assertLessEqual(len(args["city"]), 12)
-                self.assertLessEqual(set(args), {"city", "days"})
+                self.assertEqual(r.finish_reason, "stop")
+                self.check_args("get_weather", json.loads(call.function.arguments))
                 closed += 1
-            args, names, ids, finish = "", [], [], None
-            for ch in self.c.chat.completions.create(stream=True, **kw):
-                for c in ch.choices:
-                    self.assertFalse(c.delta.content, "a forced call streams no content")
-                    for tc in c.delta.tool_calls or []:
-                        args += tc.function.arguments or ""
-                        names += [tc.function.name] if tc.function.name else []
-                        ids += [tc.id] if tc.id else []
-                    finish = c.finish_reason or finish
-            self.assertEqual((args, names, ids, finish),
-                             (call.function.arguments, ["get_weather"], [call.id], r.finish_reason))
+            got = self.streamed_calls(kw)
+            self.assertEqual(got, ([{"id": call.id, "name": "get_weather", "arguments": call.function.arguments}],
+                                   r.finish_reason))
         self.assertGreater(closed, 0, "no draw closed the arguments")
-        other = {"type": "function", "function": {"name": "other"}}
+
+    def test_required(self):
+        # An array of calls, one schema per tool told apart by `name`; finish_reason tool_calls.
+        closed = 0
+        for seed in range(6):
+            kw = dict(model=self.model, messages=self.MSGS, tools=[self.TOOL, self.OTHER], max_tokens=120,
+                      temperature=1.0, seed=seed, tool_choice="required")
+            r = self.c.chat.completions.create(**kw).choices[0]
+            calls = r.message.tool_calls or []
+            for call in calls:
+                self.check_args(call.function.name, json.loads(call.function.arguments))
+            if r.finish_reason != "length":
+                self.assertEqual(r.finish_reason, "tool_calls")
+                self.assertGreaterEqual(len(calls), 1)
+                closed += 1
+            got = self.streamed_calls(kw)
+            self.assertEqual(got, ([{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                                    for c in calls], r.finish_reason))
+        self.assertGreater(closed, 0, "no draw closed the array of calls")
+
+    def test_refusals(self):
         for body, needle in [
-            ({"tools": [tool, other], "tool_choice": "required"}, "with 2 tools is not supported"),
-            ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not in `tools`"),
+            ({"tools": [self.TOOL, self.TOOL], "tool_choice": "required"}, "`get_weather` twice"),
+            ({"tools": [self.TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+             "not in `tools`"),
             ({"tool_choice": "required"}, "needs `tools`"),
-            ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            ({"tools": [self.TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
               "response_format": {"type": "json_object"}}, "cannot be combined"),
+            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+              "properties": {"a": {"type": "string", "pattern": "x"}}}}}], "tool_choice": "required"}, "pattern"),
         ]:
-            code, text = self.s.post("/v1/chat/completions", {"model": self.model, "messages": msgs, **body})
+            code, text = self.s.post("/v1/chat/completions", {"model": self.model, "messages": self.MSGS, **body})
             self.assertEqual(code, 400, text)
             self.assertIn(needle, text)
 

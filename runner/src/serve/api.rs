@@ -245,19 +245,11 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
             if json.is_some() {
                 return Err(ApiError::invalid(
                     "tool_choice",
-                    "a `tool_choice` that forces a call constrains the answer to the function's parameters: \
-                     it cannot be combined with `response_format`, `guided_json` or `guided_choice`",
+                    "a `tool_choice` that forces a call constrains the answer to the tools' parameters: it \
+                     cannot be combined with `response_format`, `guided_json` or `guided_choice`",
                 ));
             }
-            json = Some(match &f.parameters {
-                Some(p) => s.json_schema(p).map_err(|e| {
-                    ApiError::invalid(
-                        "tools",
-                        format!("the parameters of `{}`: the schema is not supported: {e}", f.name),
-                    )
-                })?,
-                None => s.json_object(),
-            });
+            json = Some(f.constraint(s)?);
             Some(f)
         }
         _ => None,

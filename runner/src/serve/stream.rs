@@ -23,8 +23,9 @@ struct Choice<'t> {
     stops: text::StopMatcher,
     think: ReasoningParser,
     tools: ToolParser,
-    /// A forced call's first fragment (its id and name) has been sent.
+    /// A forced call's first fragment (its id and name) has been sent, and `required`'s scan.
     forced_sent: bool,
+    calls: super::tools::Calls,
     times: Vec<Instant>,
     ntok: usize,
     /// A stop string matched after this many tokens: the engine request was aborted and its
@@ -70,6 +71,7 @@ pub(super) fn stream_response(
                 think: ReasoningParser::new(plan.think_mode()),
                 tools: ToolParser::new(i as u64),
                 forced_sent: false,
+                calls: Default::default(),
                 times: Vec::new(),
                 ntok: 0,
                 stopped_at: None,
@@ -178,12 +180,12 @@ fn delta_for(
 ) -> Option<Value> {
     if let Some(f) = plan.forced_tool.as_ref().filter(|_| is_chat) {
         // The whole answer is the forced call's arguments.
-        if safe.is_empty() {
+        let d = f.deltas(i, safe, !c.forced_sent, &mut c.calls);
+        if d.is_empty() {
             return None;
         }
-        let d = f.delta(i, safe, !c.forced_sent);
         c.forced_sent = true;
-        return Some(api::parsed_delta(i, "", "", &[d]));
+        return Some(api::parsed_delta(i, "", "", &d));
     }
     if is_chat && (s.reasoning || plan.parse_tools) {
         // Reasoning first, then tool calls in what remains as content.

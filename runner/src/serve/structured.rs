@@ -39,6 +39,12 @@ impl Server {
         self.kept(format!("schema:{schema}"), || Schema::compile(schema))
     }
 
+    /// The constraint of a schema of the server's own, whose root may be any type (the array
+    /// of tool calls of `tool_choice: "required"`).
+    pub fn json_schema_value(&self, schema: &serde_json::Value) -> std::result::Result<JsonMode, String> {
+        self.kept(format!("value:{schema}"), || Schema::compile_value(schema))
+    }
+
     /// The constraint of vLLM's `guided_choice` (the output is one of `choices`).
     pub fn json_choice(&self, choices: &[String]) -> std::result::Result<JsonMode, String> {
         let key = format!("choice:{}", serde_json::Value::from(choices.to_vec()));
