@@ -292,6 +292,27 @@ class TinyModel(unittest.TestCase):
         self.assertEqual(after - before, r.usage.completion_tokens)
         self.assertEqual(self.s.metric("vllm:request_queue_time_seconds_count") - queued, 1)
 
+    def test_unknown_and_unimplemented_fields_are_named(self):
+        for path, body, needle in [
+            ("/v1/completions", {"prompt": "x", "max_token": 3}, "unknown field `max_token`"),
+            ("/v1/completions", {"prompt": "x", "messages": []}, "a field of /v1/chat/completions"),
+            ("/v1/completions", {"prompt": "x", "priority": 2}, "first come, first served"),
+            ("/v1/completions", {"prompt": "x", "cache_salt": "t1"}, "cache_salt"),
+            ("/v1/completions", {"prompt": "x", "request_id": "has space"}, "request_id"),
+        ]:
+            code, text = self.s.post(path, {"model": self.model, **body})
+            self.assertEqual(code, 400, text)
+            self.assertIn(needle, json.loads(text)["error"]["message"])
+        # Fields sent as null, and "off" values of vLLM's, are accepted.
+        r = self.complete(extra_body={"priority": 0, "foo": None, "spaces_between_special_tokens": True})
+        self.assertEqual(r.usage.completion_tokens, 12)
+
+    def test_request_id_names_the_response(self):
+        r = self.complete(extra_body={"request_id": "abc-123"})
+        self.assertEqual(r.id, "cmpl-abc-123")
+        ids = {ch.id for ch in self.complete(stream=True, extra_body={"request_id": "s1"})}
+        self.assertEqual(ids, {"cmpl-s1"})
+
     def test_prefix_cache_on_the_hybrid_and_its_metrics(self):
         # 200 token ids twice: the second resumes from the state checkpoint at 192 (64-token
         # blocks on a hybrid model), with the same greedy text; the metrics say so.
@@ -674,6 +695,12 @@ class ForcedToolCalls(unittest.TestCase):
             self.assertEqual(got, ([{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
                                     for c in calls], r.finish_reason))
         self.assertGreater(closed, 0, "no draw closed the array of calls")
+        # parallel_tool_calls: false — at most one call.
+        for seed in range(4):
+            r = self.c.chat.completions.create(model=self.model, messages=self.MSGS, tools=[self.TOOL, self.OTHER],
+                                               max_tokens=120, temperature=1.0, seed=seed, tool_choice="required",
+                                               parallel_tool_calls=False).choices[0]
+            self.assertLessEqual(len(r.message.tool_calls or []), 1)
 
     def test_refusals(self):
         for body, needle in [
@@ -689,6 +716,48 @@ class ForcedToolCalls(unittest.TestCase):
             code, text = self.s.post("/v1/chat/completions", {"model": self.model, "messages": self.MSGS, **body})
             self.assertEqual(code, 400, text)
             self.assertIn(needle, text)
+
+
+class SpecialTokens(unittest.TestCase):
+    """A tokenizer whose post-processor adds a BOS (as Llama's and Mistral's do): a completions
+    prompt gets it (vLLM's `add_special_tokens`, on by default there), unless turned off."""
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(ROOT, "tests/fixtures/qwen3_next_mtp/tokenizer.json"), encoding="utf-8") as f:
+            tok = json.load(f)
+        bos = tok["added_tokens"][0]
+        cls.bos = bos["id"]
+        tok["post_processor"] = {"type": "TemplateProcessing",
+                                 "single": [{"SpecialToken": {"id": bos["content"], "type_id": 0}},
+                                            {"Sequence": {"id": "A", "type_id": 0}}],
+                                 "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                                          {"Sequence": {"id": "B", "type_id": 1}}],
+                                 "special_tokens": {bos["content"]: {"id": bos["content"], "ids": [bos["id"]],
+                                                                     "tokens": [bos["content"]]}}}
+        cls.tmp = tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8", delete=False)
+        json.dump(tok, cls.tmp)
+        cls.tmp.close()
+        cls.s = Server("--tokenizer", cls.tmp.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+        os.unlink(cls.tmp.name)
+
+    def prompt_ids(self, **extra):
+        body = {"prompt": "Beautiful is better", "max_tokens": 1, "return_token_ids": True, **extra}
+        code, text = self.s.post("/v1/completions", body)
+        self.assertEqual(code, 200, text)
+        return json.loads(text)["choices"][0]["prompt_token_ids"]
+
+    def test_completions_add_the_bos_unless_told_not_to(self):
+        with_bos, without = self.prompt_ids(), self.prompt_ids(add_special_tokens=False)
+        self.assertEqual(with_bos, [self.bos] + without)
+        code, text = self.s.post("/tokenize", {"prompt": "Beautiful is better"})
+        self.assertEqual(json.loads(text)["tokens"], with_bos)
+        code, text = self.s.post("/tokenize", {"prompt": "Beautiful is better", "add_special_tokens": False})
+        self.assertEqual(json.loads(text)["tokens"], without)
 
 
 class Qwen3Template(unittest.TestCase):

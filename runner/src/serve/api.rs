@@ -81,6 +81,10 @@ pub struct Plan {
     /// `<tool_call>` blocks become `tool_calls` (`--tool-call-parser` given, a chat request,
     /// `tool_choice` not `none`).
     pub parse_tools: bool,
+    /// OpenAI `parallel_tool_calls: false`: at most one call (the first).
+    pub one_call: bool,
+    /// vLLM's `request_id`: the response id is `cmpl-` / `chatcmpl-` and it.
+    pub request_id: Option<String>,
     /// A forced call (`tool_choice` naming a function, or `required` with one tool): the
     /// answer, constrained to its parameters, is that call's `arguments`.
     pub forced_tool: Option<super::tools::Forced>,
@@ -165,9 +169,11 @@ pub fn token_ids(v: Option<&Value>, key: &str, vocab: usize) -> Result<Option<Ve
         .map(Some)
 }
 
-/// Token ids of a text (no special tokens added: templates carry their own).
-pub fn encode(s: &Server, text: &str) -> Result<Vec<u32>, ApiError> {
-    let enc = s.tok.encode(text, false).map_err(|e| ApiError::new(Kind::Server, format!("tokenizing: {e}"), None))?;
+/// Token ids of a text; `special`: with the tokenizer's special tokens (its post-processor's
+/// BOS, for instance), as vLLM's `add_special_tokens` (on for a completions prompt, off for a
+/// rendered chat, whose template carries its own).
+pub fn encode(s: &Server, text: &str, special: bool) -> Result<Vec<u32>, ApiError> {
+    let enc = s.tok.encode(text, special).map_err(|e| ApiError::new(Kind::Server, format!("tokenizing: {e}"), None))?;
     Ok(enc.get_ids().to_vec())
 }
 
@@ -236,10 +242,23 @@ pub fn render_chat(s: &Server, body: &Value, messages: &Value) -> Result<String,
 /// Validates a completions / chat request into a [`Plan`].
 pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Result<Plan, ApiError> {
     let v = parse_json(headers, body)?;
-    unsupported(&v, is_chat)?;
+    super::fields::check(&v, is_chat)?;
     let tool_choice = if is_chat { super::tools::tool_choice(&v)? } else { super::tools::ToolChoice::Auto };
+    let one_call = is_chat && !boolean(&v, "parallel_tool_calls")?.unwrap_or(true);
     let mut json = structured(s, &v)?;
     let tool_auto = is_chat && tool_choice == super::tools::ToolChoice::Auto;
+    let request_id = match given(&v, "request_id") {
+        None => None,
+        Some(Value::String(r)) if !r.is_empty() && r.len() <= 128 && r.bytes().all(|b| b.is_ascii_graphic()) => {
+            Some(r.clone())
+        }
+        Some(r) => {
+            return Err(ApiError::invalid(
+                "request_id",
+                format!("`request_id` must be 1 to 128 printable ASCII characters without spaces, got {r}"),
+            ))
+        }
+    };
     let forced_tool = match tool_choice {
         super::tools::ToolChoice::Forced(f) => {
             if json.is_some() {
@@ -249,7 +268,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
                      cannot be combined with `response_format`, `guided_json` or `guided_choice`",
                 ));
             }
-            json = Some(f.constraint(s)?);
+            json = Some(f.constraint(s, one_call)?);
             Some(f)
         }
         _ => None,
@@ -274,16 +293,17 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         }
     }
     let mut think_open = false;
+    let special = boolean(&v, "add_special_tokens")?.unwrap_or(!is_chat);
     let prompts: Vec<Vec<u32>> = if is_chat {
         let m = v.get("messages").ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?;
         let text = render_chat(s, &v, m)?;
         think_open = text.trim_end().ends_with("<think>");
-        vec![encode(s, &text)?]
+        vec![encode(s, &text, special)?]
     } else {
         match v.get("prompt") {
-            Some(Value::String(p)) => vec![encode(s, p)?],
+            Some(Value::String(p)) => vec![encode(s, p, special)?],
             Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
-                a.iter().map(|p| encode(s, p.as_str().unwrap_or_default())).collect::<Result<_, _>>()?
+                a.iter().map(|p| encode(s, p.as_str().unwrap_or_default(), special)).collect::<Result<_, _>>()?
             }
             Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_array) => a
                 .iter()
@@ -449,56 +469,9 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         include_stop,
         parse_tools,
         forced_tool,
+        one_call,
+        request_id,
     })
-}
-
-/// Request fields whose meaning porter does not implement, refused with a 400 naming the field
-/// (never answered as if they were absent). A field may carry the value that means "off".
-fn unsupported(v: &Value, is_chat: bool) -> Result<(), ApiError> {
-    if !is_chat && given(v, "suffix").is_some_and(|x| x.as_str() != Some("")) {
-        return Err(ApiError::invalid("suffix", "`suffix` is not supported (no fill-in-the-middle)"));
-    }
-    // vLLM's structured-output and beam-search extensions, OpenAI's retired function calling
-    // and options for other modalities. (`guided_decoding_backend` only names vLLM's engine
-    // for `guided_json` / `guided_choice`: accepted, porter has one.)
-    for k in [
-        "guided_regex",
-        "guided_grammar",
-        "guided_whitespace_pattern",
-        "structured_outputs",
-        "prompt_logprobs",
-        "truncate_prompt_tokens",
-        "functions",
-        "function_call",
-        "prediction",
-        "audio",
-    ] {
-        if given(v, k).is_some() {
-            return Err(ApiError::invalid(k, format!("`{k}` is not supported")));
-        }
-    }
-    let off = [
-        ("use_beam_search", json!(false), "beam search"),
-        ("length_penalty", json!(1.0), "beam search"),
-        ("skip_special_tokens", json!(true), "special tokens are always left out of the text"),
-    ];
-    for (k, default, why) in off {
-        if let Some(x) = given(v, k) {
-            let same = match (x.as_f64(), default.as_f64()) {
-                (Some(a), Some(b)) => a == b,
-                _ => *x == default,
-            };
-            if !same {
-                return Err(ApiError::invalid(k, format!("`{k}` = {x} is not supported ({why})")));
-            }
-        }
-    }
-    if let Some(m) = given(v, "modalities") {
-        if *m != json!(["text"]) {
-            return Err(ApiError::invalid("modalities", "only the `text` modality is supported"));
-        }
-    }
-    Ok(())
 }
 
 /// The structured-output constraint of a request: OpenAI `response_format` (`text`,
@@ -641,7 +614,10 @@ pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool
             message["reasoning"] = json!(r);
         }
         if plan.parse_tools {
-            let parsed = crate::serve_parsers::ToolParser::new(index as u64).parse(&content);
+            let mut parsed = crate::serve_parsers::ToolParser::new(index as u64).parse(&content);
+            if plan.one_call {
+                parsed.calls.truncate(1);
+            }
             if !parsed.calls.is_empty() {
                 message["content"] = json!(parsed.content);
                 message["tool_calls"] = Value::Array(

@@ -8,6 +8,7 @@
 //! away drops the receiver, and the forwarder aborts the engine request at its next event.
 
 pub mod api;
+mod fields;
 pub mod page;
 mod stream;
 mod structured;
@@ -463,12 +464,12 @@ async fn tokenize(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: By
         let v = api::parse_json(&headers, &body)?;
         let ids = if let Some(m) = v.get("messages") {
             let text = api::render_chat(&s, &v, m)?;
-            api::encode(&s, &text)?
+            api::encode(&s, &text, v.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(false))?
         } else {
             let p = v.get("prompt").and_then(Value::as_str).ok_or_else(|| {
                 ApiError::new(Kind::Invalid, "`prompt` (a string) or `messages` is required", Some("prompt"))
             })?;
-            api::encode(&s, p)?
+            api::encode(&s, p, v.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true))?
         };
         Ok::<_, ApiError>(json!({"tokens": ids, "count": ids.len(), "max_model_len": s.ctx}))
     })();
@@ -649,7 +650,11 @@ async fn serve_request(s: Arc<Server>, headers: HeaderMap, body: Bytes, is_chat:
         .into_response();
     }
     let guards: Vec<InFlight> = (0..n_req).map(|_| InFlight(s.clone())).collect();
-    let id = format!("{}-{}", if is_chat { "chatcmpl" } else { "cmpl" }, s.next_id.fetch_add(1, Ordering::Relaxed));
+    let kind = if is_chat { "chatcmpl" } else { "cmpl" };
+    let id = match &plan.request_id {
+        Some(r) => format!("{kind}-{r}"),
+        None => format!("{kind}-{}", s.next_id.fetch_add(1, Ordering::Relaxed)),
+    };
     let mut runs = Vec::with_capacity(n_req);
     for p in &plan.prompts {
         for j in 0..plan.n {

@@ -206,6 +206,9 @@ fn delta_for(
             t.content.push_str(&f.content);
             t.calls.extend(f.calls);
         }
+        if plan.one_call {
+            t.calls.retain(|d| d.index == 0);
+        }
         if r.reasoning.is_empty() && t.content.is_empty() && t.calls.is_empty() {
             return None;
         }

@@ -37,11 +37,12 @@ pub enum Forced {
 }
 
 impl Forced {
-    /// The structured-output constraint of the answer.
+    /// The structured-output constraint of the answer; `one_call` (`parallel_tool_calls:
+    /// false`): `required`'s array holds one call.
     ///
     /// # Errors
     /// A parameters schema porter cannot follow (a 400 naming the function).
-    pub fn constraint(&self, s: &Server) -> Result<JsonMode, ApiError> {
+    pub fn constraint(&self, s: &Server, one_call: bool) -> Result<JsonMode, ApiError> {
         let any = || json!({"type": "object"});
         let bad = |name: &str, e: String| {
             ApiError::invalid("tools", format!("the parameters of `{name}`: the schema is not supported: {e}"))
@@ -57,7 +58,10 @@ impl Forced {
                             "parameters": p.clone().unwrap_or_else(any)}, "required": ["name", "parameters"]})
                     })
                     .collect();
-                let schema = json!({"type": "array", "minItems": 1, "items": {"anyOf": calls}});
+                let mut schema = json!({"type": "array", "minItems": 1, "items": {"anyOf": calls}});
+                if one_call {
+                    schema["maxItems"] = json!(1);
+                }
                 s.json_schema_value(&schema).map_err(|e| bad(&tools[0].0, e))
             }
         }
