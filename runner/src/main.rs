@@ -391,7 +391,10 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
             let tok =
                 tokenizer.as_ref().ok_or_else(|| anyhow!("no tokenizer"))?.as_ref().map_err(|e| anyhow!("{e:#}"))?;
             let text = if a.chat { chat::render(&dir, text)? } else { text.clone() };
-            tok.encode(text.as_str(), false).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec()
+            // A raw prompt gets the tokenizer's special tokens (a Llama / Mistral BOS), as
+            // transformers' tokenizer and `porter serve`'s completions do; a rendered chat
+            // carries its own.
+            tok.encode(text.as_str(), !a.chat).map_err(|e| anyhow!("tokenizing the prompt: {e}"))?.get_ids().to_vec()
         }
         (None, Some(ids)) => ids.0.clone(),
         (None, None) => bail!("pass --prompt or --ids"),
