@@ -92,6 +92,14 @@ class Server:
             self.proc.stdout.close()
 
 
+def server_with_file(flag, text, suffix):
+    """A server given `flag` and a temporary file holding `text`; returns it and the file's path."""
+    tmp = tempfile.NamedTemporaryFile("w", suffix=suffix, encoding="utf-8", delete=False)
+    tmp.write(text)
+    tmp.close()
+    return Server(flag, tmp.name), tmp.name
+
+
 def structured_draws(test, client, model, response_format, max_tokens, check):
     """Random weights: whatever the draw, the text is one JSON value the `check` accepts or
     (cut by max_tokens) a prefix of one. Returns how many of 8 seeded draws closed it."""
@@ -735,15 +743,12 @@ class SpecialTokens(unittest.TestCase):
                                           {"Sequence": {"id": "B", "type_id": 1}}],
                                  "special_tokens": {bos["content"]: {"id": bos["content"], "ids": [bos["id"]],
                                                                      "tokens": [bos["content"]]}}}
-        cls.tmp = tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8", delete=False)
-        json.dump(tok, cls.tmp)
-        cls.tmp.close()
-        cls.s = Server("--tokenizer", cls.tmp.name)
+        cls.s, cls.path = server_with_file("--tokenizer", json.dumps(tok), ".json")
 
     @classmethod
     def tearDownClass(cls):
         assert cls.s.stop() == 0
-        os.unlink(cls.tmp.name)
+        os.unlink(cls.path)
 
     def prompt_ids(self, **extra):
         body = {"prompt": "Beautiful is better", "max_tokens": 1, "return_token_ids": True, **extra}
@@ -774,15 +779,12 @@ class Qwen3Template(unittest.TestCase):
             cls.golden = json.load(f)
         # A guard in front that renders nothing unless the first message is "boom".
         guard = "{%- if messages[0].content == 'boom' %}{{ raise_exception('no boom, please') }}{%- endif %}"
-        cls.tmp = tempfile.NamedTemporaryFile("w", suffix=".jinja", encoding="utf-8", delete=False)
-        cls.tmp.write(guard + template)
-        cls.tmp.close()
-        cls.s = Server("--chat-template", cls.tmp.name)
+        cls.s, cls.path = server_with_file("--chat-template", guard + template, ".jinja")
 
     @classmethod
     def tearDownClass(cls):
         assert cls.s.stop() == 0
-        os.unlink(cls.tmp.name)
+        os.unlink(cls.path)
 
     def tokens(self, body):
         code, text = self.s.post("/tokenize", body)
