@@ -305,7 +305,7 @@ class TinyModel(unittest.TestCase):
             ("/v1/completions", {"prompt": "x", "max_token": 3}, "unknown field `max_token`"),
             ("/v1/completions", {"prompt": "x", "messages": []}, "a field of /v1/chat/completions"),
             ("/v1/completions", {"prompt": "x", "priority": 2}, "first come, first served"),
-            ("/v1/completions", {"prompt": "x", "cache_salt": "t1"}, "cache_salt"),
+            ("/v1/completions", {"prompt": "x", "cache_salt": ""}, "cache_salt"),
             ("/v1/completions", {"prompt": "x", "request_id": "has space"}, "request_id"),
         ]:
             code, text = self.s.post(path, {"model": self.model, **body})
@@ -335,6 +335,12 @@ class TinyModel(unittest.TestCase):
         self.assertEqual(a.choices[0].text, b.choices[0].text)
         self.assertEqual(self.s.metric("vllm:prefix_cache_hits_total") - hits, 192)
         self.assertEqual(self.s.metric("porter:prefix_cache_unresumed_tokens_total") - unresumed, 0)
+        # vLLM's cache_salt: only requests with the same salt share the cached prefix.
+        cached = lambda r: r.usage.prompt_tokens_details.cached_tokens
+        self.assertEqual(cached(self.complete(prompt=prompt, max_tokens=2, extra_body={"cache_salt": "t1"})), 0)
+        self.assertEqual(cached(self.complete(prompt=prompt, max_tokens=2, extra_body={"cache_salt": "t2"})), 0)
+        self.assertEqual(cached(self.complete(prompt=prompt, max_tokens=2, extra_body={"cache_salt": "t1"})), 192)
+        self.assertEqual(cached(self.complete(prompt=prompt, max_tokens=2)), 192)
 
     def test_n_choices_stream_interleaved_and_equal_non_stream(self):
         kw = dict(n=3, temperature=0.9, seed=11, max_tokens=16, extra_body={"ignore_eos": True})

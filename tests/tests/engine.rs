@@ -419,3 +419,22 @@ fn prefix_caching_can_be_turned_off() {
         }
     }
 }
+
+/// vLLM's `cache_salt`: requests share cached blocks (and, on a hybrid, state checkpoints)
+/// only with requests of the same salt; the outputs are the same either way.
+#[test]
+fn cache_salt_isolates_prefixes() {
+    for name in ["qwen3", "qwen3_next_a"] {
+        let m = load(name, DType::F32).unwrap();
+        let prompt: Vec<u32> = (0..150).map(|i| (i * 13 + 5) % 200).collect();
+        let mut e = EngineCore::new(&m, EngineConfig { block_size: 64, ..cfg(2, 512, 16) }).unwrap();
+        let mut first = None;
+        for (id, salt, want_hit) in [(0, None, 0), (1, Some(7), 0), (2, Some(8), 0), (3, Some(7), 128), (4, None, 128)]
+        {
+            let params = SamplingParams { cache_salt: salt, ..greedy(4) };
+            let got = run_all(&mut e, &[(id, prompt.clone(), params)]).remove(&id).unwrap();
+            assert!(matches!(got.1, Event::Done(ref f) if f.cached_tokens == want_hit), "{name} {id}: {:?}", got.1);
+            assert_eq!(&got.0, first.get_or_insert_with(|| got.0.clone()), "{name} {id}: the output");
+        }
+    }
+}

@@ -331,13 +331,21 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 self.capacity_tokens
             );
         }
+        let salt = params.cache_salt;
         let mut sampler = SeqSampler::new(params)?;
         sampler.observe_prompt(&prompt);
         let prompt_len = prompt.len();
-        self.seqs.insert(
-            id,
-            SchedSeq { tokens: prompt, computed: 0, seq: None, cached: 0, prompt_len, preemptions: 0, lookahead: 0 },
-        );
+        let r = SchedSeq {
+            tokens: prompt,
+            computed: 0,
+            seq: None,
+            cached: 0,
+            prompt_len,
+            preemptions: 0,
+            lookahead: 0,
+            salt,
+        };
+        self.seqs.insert(id, r);
         let live = Live {
             sampler,
             prompt_len,

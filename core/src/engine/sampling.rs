@@ -148,6 +148,10 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     /// Stopping rules (`max_tokens`, `min_tokens`, `ignore_eos`, `stop_token_ids`).
     pub stop: StopParams,
+    /// Prefix-cache isolation (vLLM's `cache_salt`): the hash chain of this request's KV
+    /// blocks starts from this value, so it shares cached blocks (and recurrent-state
+    /// checkpoints) only with requests of the same salt; `None`: the common chain.
+    pub cache_salt: Option<u64>,
 }
 
 impl Default for SamplingParams {
@@ -165,6 +169,7 @@ impl Default for SamplingParams {
             seed: None,
             logprobs: None,
             stop: StopParams::default(),
+            cache_salt: None,
         }
     }
 }

@@ -33,6 +33,8 @@ pub struct SchedSeq {
     pub preemptions: usize,
     /// Draft tokens to verify after the known ones (speculative decoding; 0 otherwise).
     pub lookahead: usize,
+    /// The request's prefix-cache salt ([`crate::engine::SamplingParams::cache_salt`]).
+    pub salt: Option<u64>,
 }
 
 /// Scheduling limits.
@@ -182,7 +184,7 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            let found = cache.alloc_seq_prefix(&r.tokens)?;
+            let found = cache.alloc_seq_prefix(&r.tokens, r.salt)?;
             let (seq, hit) = (found.seq, found.cached);
             r.seq = Some(seq);
             r.computed = hit;

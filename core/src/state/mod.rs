@@ -228,6 +228,8 @@ pub struct ModelCache {
     tables: Vec<Vec<u32>>,
     /// Hashes of each slot's leading full blocks that are registered in the prefix cache.
     hashes: Vec<Vec<u64>>,
+    /// Each slot's prefix-cache salt (the start of its hash chain; `None`: the common one).
+    salts: Vec<Option<u64>>,
     has_kv: bool,
     has_recurrent: bool,
     /// The prefix cache turned off ([`ModelCache::disable_prefix_caching`]).
@@ -348,6 +350,7 @@ impl ModelCache {
             pool: BlockPool::new(cfg.block_size, if has_kv { cfg.num_blocks } else { 0 }),
             tables: Vec::new(),
             hashes: Vec::new(),
+            salts: Vec::new(),
             has_kv,
             has_recurrent,
             prefix_off: false,
@@ -506,10 +509,10 @@ impl ModelCache {
         }
         let bs = self.pool.block_size();
         let full = len.min(ids.len()) / bs;
-        let (table, hashes) = (&self.tables[seq.0], &mut self.hashes[seq.0]);
+        let (table, hashes, salt) = (&self.tables[seq.0], &mut self.hashes[seq.0], self.salts[seq.0]);
         while hashes.len() < full.min(table.len()) {
             let i = hashes.len();
-            let h = block_hash(hashes.last().copied(), &ids[i * bs..(i + 1) * bs]);
+            let h = block_hash(hashes.last().copied().or(salt), &ids[i * bs..(i + 1) * bs]);
             self.pool.register(table[i], h);
             hashes.push(h);
             // A checkpoint saved at this block's end now has its key.
@@ -535,14 +538,16 @@ impl ModelCache {
     /// Takes a free slot for a new sequence whose tokens will be `ids`, reusing the longest
     /// chain of cached full blocks of `ids` (never the whole of `ids`: at least the last
     /// token is computed, to get its logits); with recurrent layers, up to the deepest block
-    /// end of that chain with a state checkpoint.
-    pub fn alloc_seq_prefix(&mut self, ids: &[u32]) -> Result<PrefixHit> {
+    /// end of that chain with a state checkpoint. `salt`: the chain starts from it (only
+    /// sequences of the same salt share blocks; [`ModelCache::register_prefix`] uses it too).
+    pub fn alloc_seq_prefix(&mut self, ids: &[u32], salt: Option<u64>) -> Result<PrefixHit> {
         let seq = self.alloc_seq()?;
+        self.salts[seq.0] = salt;
         if !self.prefix_caching() {
             return Ok(PrefixHit { seq, cached: 0, matched: 0 });
         }
         let bs = self.pool.block_size();
-        let mut parent = None;
+        let mut parent = salt;
         let mut n = 0;
         // With recurrent layers: the deepest block end with a saved state (and its slot).
         let mut resume = (0, None);
@@ -597,6 +602,7 @@ impl StateCache for ModelCache {
         self.lens.push(Some(0));
         self.tables.push(Vec::new());
         self.hashes.push(Vec::new());
+        self.salts.push(None);
         self.ck.pending.push(Vec::new());
         self.ck.branch.push(None);
         Ok(SeqId(self.lens.len() - 1))
@@ -609,6 +615,9 @@ impl StateCache for ModelCache {
             self.ck.drop_pending(seq.0, 0);
             if let Some(b) = self.ck.branch.get_mut(seq.0) {
                 *b = None;
+            }
+            if let Some(s) = self.salts.get_mut(seq.0) {
+                *s = None;
             }
             for layer in &mut self.layers {
                 // Zeroing a device slot can only fail on a broken device; the slot is then
@@ -821,7 +830,7 @@ mod tests {
         c.prepare(&Batch::single(a, 0, &ids)).unwrap();
         c.advance(a, 5).unwrap();
         c.register_prefix(a, &ids).unwrap();
-        let PrefixHit { seq: b, cached: hit, .. } = c.alloc_seq_prefix(&[5, 6, 7, 8, 1, 2]).unwrap();
+        let PrefixHit { seq: b, cached: hit, .. } = c.alloc_seq_prefix(&[5, 6, 7, 8, 1, 2], None).unwrap();
         assert_eq!(hit, 4);
         assert_eq!(c.seq_blocks(b), &c.seq_blocks(a)[..2]);
         c.free_seq(a).unwrap();
@@ -830,7 +839,7 @@ mod tests {
         c.free_seq(b).unwrap();
         assert_eq!(c.blocks(), BlockUsage { block_size: 2, total: 6, free: 6, cached: 2 });
         // A prompt equal to a cached prefix still computes its last token.
-        let PrefixHit { seq: d, cached: hit, .. } = c.alloc_seq_prefix(&[5, 6, 7, 8]).unwrap();
+        let PrefixHit { seq: d, cached: hit, .. } = c.alloc_seq_prefix(&[5, 6, 7, 8], None).unwrap();
         assert_eq!(hit, 2);
         assert_eq!(c.seq_len(d), 2);
     }

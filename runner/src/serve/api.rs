@@ -440,6 +440,16 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
     let ignore_eos = boolean(&v, "ignore_eos")?.unwrap_or(false);
     let include_stop = boolean(&v, "include_stop_str_in_output")?.unwrap_or(false);
     let return_token_ids = boolean(&v, "return_token_ids")?.unwrap_or(false);
+    // vLLM's `cache_salt`: the prefix cache's hash chain starts from the salt's hash (FNV-1a).
+    let cache_salt = match given(&v, "cache_salt") {
+        None => None,
+        Some(Value::String(t)) if !t.is_empty() => {
+            Some(t.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)))
+        }
+        Some(x) => {
+            return Err(ApiError::invalid("cache_salt", format!("`cache_salt` must be a non-empty string, got {x}")))
+        }
+    };
     let params = SamplingParams {
         temperature: temperature as f32,
         top_k,
@@ -453,6 +463,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         seed,
         logprobs: logprobs.map(|t| t.max(1)),
         stop: StopParams { max_tokens: Some(max_tokens), min_tokens: min_tokens as usize, ignore_eos, stop_token_ids },
+        cache_salt,
     };
     params.validate().map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), None))?;
     Ok(Plan {

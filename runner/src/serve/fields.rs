@@ -40,6 +40,7 @@ const COMMON: &[&str] = &[
     "guided_decoding_backend",
     "add_special_tokens",
     "request_id",
+    "cache_salt",
     "user",
 ];
 /// Honoured by `/v1/completions` only.
@@ -66,7 +67,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("truncate_prompt_tokens", "prompts are never truncated"),
     ("allowed_token_ids", "use `logit_bias`"),
     ("logits_processors", "no custom logits processors"),
-    ("cache_salt", "the prefix cache is shared by every request"),
     ("kv_transfer_params", "no disaggregated prefill"),
     ("vllm_xargs", "vLLM's extension arguments"),
     ("mm_processor_kwargs", "text only"),
@@ -165,7 +165,6 @@ mod tests {
             (json!({"top_logprobs": 2}), false, "unknown field"),
             (json!({"priority": 1}), true, "first come, first served"),
             (json!({"echo": true}), true, "not repeated"),
-            (json!({"cache_salt": "s"}), true, "shared by every request"),
             (json!({"guided_regex": "a+"}), false, "`guided_regex` is not supported"),
             (json!({"use_beam_search": true}), false, "no beam search"),
             (json!({"suffix": "x"}), false, "fill-in-the-middle"),
