@@ -732,6 +732,83 @@ class ForcedToolCalls(unittest.TestCase):
             self.assertIn(needle, text)
 
 
+class ResponsesApi(unittest.TestCase):
+    """`POST /v1/responses` through the openai client's `responses.create`, on the bundled checkpoint with
+    the real Qwen3 template and both parsers: text, streamed events, forced function calls, and a
+    conversation carrying a call and its output."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.s = Server("--chat-template", os.path.join(ROOT, "tests/fixtures/chat_golden/qwen3.jinja"),
+                       "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+        cls.c = cls.s.client()
+        cls.model = cls.c.models.list().data[0].id
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+
+    def test_text_streamed_or_not(self):
+        kw = dict(model=self.model, input="Say hello.", instructions="Be brief.", max_output_tokens=12,
+                  temperature=0)
+        r = self.c.responses.create(**kw)
+        self.assertTrue(r.id.startswith("resp"), r.id)
+        self.assertEqual(r.object, "response")
+        self.assertIn(r.status, ("completed", "incomplete"))
+        self.assertEqual(r.usage.output_tokens, 12 if r.status == "incomplete" else r.usage.output_tokens)
+        self.assertEqual(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens)
+        kinds, text, seqs, final = [], "", [], None
+        for ev in self.c.responses.create(stream=True, **kw):
+            kinds.append(ev.type)
+            seqs.append(ev.sequence_number)
+            if ev.type == "response.output_text.delta":
+                text += ev.delta
+            if ev.type in ("response.completed", "response.incomplete"):
+                final = ev.response
+        self.assertEqual(kinds[:2], ["response.created", "response.in_progress"])
+        self.assertEqual(seqs, list(range(len(seqs))))
+        self.assertEqual(final.status, r.status)
+        self.assertEqual(text, r.output_text)
+        self.assertEqual(final.output_text, r.output_text)
+        self.assertEqual(final.usage.output_tokens, r.usage.output_tokens)
+
+    def test_forced_function_call_and_its_output(self):
+        tool = {"type": "function", "name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}
+        closed = 0
+        for seed in range(6):
+            # `seed` is porter's extension of the Responses API (as of the chat API).
+            r = self.c.responses.create(model=self.model, input="Weather in Paris?", tools=[tool],
+                                        tool_choice={"type": "function", "name": "get_weather"},
+                                        max_output_tokens=60, temperature=1.0, extra_body={"seed": seed})
+            calls = [o for o in r.output if o.type == "function_call"]
+            self.assertEqual(len(calls), 1, r.output)
+            self.assertEqual(calls[0].name, "get_weather")
+            if r.status == "completed":
+                self.assertIsInstance(json.loads(calls[0].arguments)["city"], str)
+                closed += 1
+        self.assertGreater(closed, 0)
+        # The call and its output sent back: a new turn.
+        call = calls[0]
+        r = self.c.responses.create(model=self.model, tools=[tool], max_output_tokens=8, temperature=0, input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+        self.assertIn(r.status, ("completed", "incomplete"))
+        self.assertGreater(r.usage.input_tokens, 10)
+
+    def test_refusals(self):
+        for body, needle in [
+            ({"input": "x", "previous_response_id": "resp_1"}, "stores nothing"),
+            ({"input": "x", "store": True}, "`store` must be false"),
+            ({"input": "x", "max_tokens": 3}, "unknown field `max_tokens`"),
+            ({"input": "x", "tools": [{"type": "web_search"}]}, "only `function` tools"),
+        ]:
+            code, text = self.s.post("/v1/responses", {"model": self.model, **body})
+            self.assertEqual(code, 400, text)
+            self.assertIn(needle, json.loads(text)["error"]["message"])
+
+
 class SpecialTokens(unittest.TestCase):
     """A tokenizer whose post-processor adds a BOS (as Llama's and Mistral's do): a completions
     prompt gets it (vLLM's `add_special_tokens`, on by default there), unless turned off."""

@@ -3,7 +3,8 @@
 //! stream `n > 1` and prompt lists); each choice has its own detokeniser, stop-string
 //! matcher and parsers, and exactly one chunk per choice carries its `finish_reason`.
 
-use super::{api, finish_str, now, record, stopped, text, InFlight, Running, Server};
+use super::request::Api;
+use super::{api, finish_str, now, record, responses, stopped, text, InFlight, Running, Server};
 use crate::serve_parsers::{ReasoningDelta, ReasoningParser, ToolDelta, ToolParser};
 use api::Plan;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -41,22 +42,21 @@ pub(super) fn stream_response(
     id: String,
     runs: Vec<Running>,
     guards: Vec<InFlight>,
-    is_chat: bool,
+    which: Api,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, std::convert::Infallible>>(64);
+    let is_chat = which.is_chat();
+    let events = match which {
+        Api::Responses(meta) => Some(responses::Events::new(id.clone(), s.name.clone(), *meta)),
+        _ => None,
+    };
+    let obj = if is_chat { "chat.completion.chunk" } else { "text_completion" };
+    let mut sink = Sink { tx, id: id.clone(), obj, created: now(), model: s.name.clone(), events };
     tokio::spawn(async move {
         let _guards = guards;
-        let created = now();
-        let obj = if is_chat { "chat.completion.chunk" } else { "text_completion" };
-        let frame = |c: Value| {
-            let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [c]});
-            Ok(SseEvent::default().data(v.to_string()))
-        };
-        let error = |msg: &str| {
-            let v = json!({"error": {"message": msg, "type": "server_error", "param": null, "code": 500}});
-            Ok(SseEvent::default().data(v.to_string()))
-        };
-        let done = || Ok(SseEvent::default().data("[DONE]"));
+        if !sink.start().await {
+            return;
+        }
         let mut usage = (0usize, 0usize, 0usize);
         let mut choices = Vec::with_capacity(runs.len());
         let mut events = tokio_stream::StreamMap::new();
@@ -80,7 +80,7 @@ pub(super) fn stream_response(
             events.insert(i, tokio_stream::wrappers::UnboundedReceiverStream::new(run.rx));
             if is_chat {
                 let c = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
-                if tx.send(frame(c)).await.is_err() {
+                if !sink.chunk(c).await {
                     return;
                 }
             }
@@ -99,7 +99,7 @@ pub(super) fn stream_response(
                 };
                 c.finished = true;
                 usage = add(usage, &f);
-                if tx.send(frame(finish_chunk(&s, &plan, c, i, "stop", &f, is_chat, &id))).await.is_err() {
+                if !sink.chunk(finish_chunk(&s, &plan, c, i, "stop", &f, is_chat, &id)).await {
                     return;
                 }
                 continue;
@@ -112,8 +112,7 @@ pub(super) fn stream_response(
                 }
                 Event::Done(f) => (c.detok.finish(), vec![], Some(f)),
                 Event::Error(e) => {
-                    let _ = tx.send(error(&e)).await;
-                    let _ = tx.send(done()).await;
+                    sink.error(&e).await;
                     return;
                 }
             };
@@ -123,7 +122,7 @@ pub(super) fn stream_response(
             }
             let last = fin.is_some() || hit;
             if let Some(delta) = delta_for(&s, &plan, c, i, &safe, &toks, last, is_chat) {
-                if tx.send(frame(delta)).await.is_err() {
+                if !sink.chunk(delta).await {
                     return;
                 }
             }
@@ -135,7 +134,7 @@ pub(super) fn stream_response(
                     let f = Finished { reason: Finish::Stop, completion_tokens: c.ntok, ..f };
                     c.finished = true;
                     usage = add(usage, &f);
-                    if tx.send(frame(finish_chunk(&s, &plan, c, i, "stop", &f, is_chat, &id))).await.is_err() {
+                    if !sink.chunk(finish_chunk(&s, &plan, c, i, "stop", &f, is_chat, &id)).await {
                         return;
                     }
                 }
@@ -143,26 +142,102 @@ pub(super) fn stream_response(
                 c.finished = true;
                 usage = add(usage, &f);
                 let reason = finish_str(f.reason);
-                if tx.send(frame(finish_chunk(&s, &plan, c, i, reason, &f, is_chat, &id))).await.is_err() {
+                if !sink.chunk(finish_chunk(&s, &plan, c, i, reason, &f, is_chat, &id)).await {
                     return;
                 }
             }
         }
         if choices.iter().any(|c| !c.finished) {
-            let _ = tx.send(error("the engine stopped")).await;
-            let _ = tx.send(done()).await;
+            sink.error("the engine stopped").await;
             return;
         }
-        if plan.include_usage {
-            let v = json!({"id": id, "object": obj, "created": created, "model": s.name, "choices": [],
-                "usage": api::usage(usage.0, usage.1, usage.2)});
-            let _ = tx.send(Ok(SseEvent::default().data(v.to_string()))).await;
-        }
-        let _ = tx.send(done()).await;
+        sink.end(usage, plan.include_usage).await;
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
+}
+
+/// Where a stream's chunks go: as chat / completions chunks, or translated into the
+/// Responses API's events.
+struct Sink {
+    tx: tokio::sync::mpsc::Sender<Result<SseEvent, std::convert::Infallible>>,
+    id: String,
+    obj: &'static str,
+    created: u64,
+    model: String,
+    events: Option<responses::Events>,
+}
+
+impl Sink {
+    /// Sends `events` (named when given); false once the client is gone.
+    async fn send(&self, events: Vec<(Option<String>, String)>) -> bool {
+        for (name, data) in events {
+            let ev = SseEvent::default().data(data);
+            let ev = match name {
+                Some(n) => ev.event(n),
+                None => ev,
+            };
+            if self.tx.send(Ok(ev)).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn named(evs: Vec<(String, Value)>) -> Vec<(Option<String>, String)> {
+        evs.into_iter().map(|(k, v)| (Some(k), v.to_string())).collect()
+    }
+
+    /// The Responses API's `response.created` and `response.in_progress`.
+    async fn start(&mut self) -> bool {
+        let evs = self.events.as_mut().map(responses::Events::start).unwrap_or_default();
+        self.send(Self::named(evs)).await
+    }
+
+    /// One chunk choice `c`.
+    async fn chunk(&mut self, c: Value) -> bool {
+        let evs = match &mut self.events {
+            Some(e) => Self::named(e.chunk(&c)),
+            None => {
+                let v = json!({"id": self.id, "object": self.obj, "created": self.created, "model": self.model,
+                    "choices": [c]});
+                vec![(None, v.to_string())]
+            }
+        };
+        self.send(evs).await
+    }
+
+    /// An error after the header, and the end of the stream.
+    async fn error(&mut self, msg: &str) {
+        let evs = match &mut self.events {
+            Some(e) => Self::named(e.error(msg)),
+            None => {
+                let v = json!({"error": {"message": msg, "type": "server_error", "param": null, "code": 500}});
+                vec![(None, v.to_string()), (None, "[DONE]".into())]
+            }
+        };
+        self.send(evs).await;
+    }
+
+    /// The usage chunk (with `include_usage`) and `[DONE]`, or the Responses API's final
+    /// `response.completed` / `response.incomplete`.
+    async fn end(&mut self, u: (usize, usize, usize), include_usage: bool) {
+        let evs = match &mut self.events {
+            Some(e) => Self::named(e.end(u)),
+            None => {
+                let mut evs = Vec::new();
+                if include_usage {
+                    let v = json!({"id": self.id, "object": self.obj, "created": self.created, "model": self.model,
+                        "choices": [], "usage": api::usage(u.0, u.1, u.2)});
+                    evs.push((None, v.to_string()));
+                }
+                evs.push((None, "[DONE]".into()));
+                evs
+            }
+        };
+        self.send(evs).await;
+    }
 }
 
 /// The delta chunk for the text `safe` that is now final (after stop-string hold-back), or

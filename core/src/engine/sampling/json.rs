@@ -9,9 +9,10 @@
 //! that prefix). The sampler masks every other token to −∞; the end-of-sequence and stop ids
 //! are allowed only once the text is complete, and then only they are.
 //!
-//! Strings are checked for their escapes and control characters; bytes ≥ 0x80 pass as they
-//! are (tokens carry whole or partial UTF-8 sequences; the model's own bytes are not
-//! re-validated as UTF-8).
+//! Strings are checked for their escapes and control characters, and their bytes ≥ 0x80 for
+//! UTF-8 ([`Utf8`], RFC 3629: no stray continuation bytes, overlong forms, surrogates or code
+//! points past U+10FFFF). Tokens carry whole or partial sequences; a sequence a token leaves
+//! open must be finished by the next bytes, so the text is always valid UTF-8 and JSON.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -42,6 +43,8 @@ enum Mode {
     After,
     /// Inside a string (`key`: an object key, then `:` follows).
     Str { key: bool },
+    /// Inside a multi-byte UTF-8 character of a string.
+    Utf { key: bool, utf: Utf8 },
     /// After `\` in a string.
     Esc { key: bool },
     /// In `\uXXXX`, `left` hex digits to go.
@@ -110,6 +113,43 @@ impl Num {
 }
 
 const LITERALS: [&[u8]; 3] = [b"true", b"false", b"null"];
+
+/// Where a string is in a UTF-8 character: between characters (the default), or the bytes
+/// still to come and the range of the next one (RFC 3629's table of well-formed sequences).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub(super) struct Utf8 {
+    left: u8,
+    lo: u8,
+    hi: u8,
+}
+
+impl Utf8 {
+    /// The place after byte `b` (≥ 0x80 between characters; any byte inside one) and whether
+    /// `b` starts a character; `None` where `b` is not well-formed UTF-8 here.
+    pub(super) fn next(self, b: u8) -> Option<(Self, bool)> {
+        if self.left > 0 {
+            return (self.lo..=self.hi)
+                .contains(&b)
+                .then_some((Utf8 { left: self.left - 1, lo: 0x80, hi: 0xbf }, false));
+        }
+        let (left, lo, hi) = match b {
+            0xc2..=0xdf => (1, 0x80, 0xbf),
+            0xe0 => (2, 0xa0, 0xbf),
+            0xe1..=0xec | 0xee..=0xef => (2, 0x80, 0xbf),
+            0xed => (2, 0x80, 0x9f),
+            0xf0 => (3, 0x90, 0xbf),
+            0xf1..=0xf3 => (3, 0x80, 0xbf),
+            0xf4 => (3, 0x80, 0x8f),
+            _ => return None,
+        };
+        Some((Utf8 { left, lo, hi }, true))
+    }
+
+    /// Between characters.
+    pub(super) fn between(self) -> bool {
+        self.left == 0
+    }
+}
 
 /// A JSON-object prefix recogniser (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -239,8 +279,13 @@ impl JsonState {
                 b'"' => Some(self.value_done()),
                 b'\\' => Some(Self { mode: Mode::Esc { key }, ..self }),
                 0..=0x1f => None,
+                0x80.. => Utf8::default().next(b).map(|(utf, _)| Self { mode: Mode::Utf { key, utf }, ..self }),
                 _ => Some(self),
             },
+            Mode::Utf { key, utf } => utf.next(b).map(|(utf, _)| {
+                let mode = if utf.between() { Mode::Str { key } } else { Mode::Utf { key, utf } };
+                Self { mode, ..self }
+            }),
             Mode::Esc { key } => match b {
                 b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
                     Some(Self { mode: Mode::Str { key }, ..self })
@@ -460,6 +505,34 @@ mod tests {
         let deep = "{\"a\":".to_string() + &"[".repeat(MAX_DEPTH as usize - 1);
         assert!(run(&deep).is_some());
         assert!(run(&(deep + "[")).is_none());
+    }
+
+    /// Strings are well-formed UTF-8 (RFC 3629): whole characters of 2, 3 and 4 bytes pass,
+    /// split anywhere; a stray continuation byte, a cut character, an overlong form, a
+    /// surrogate or a code point past U+10FFFF do not.
+    #[test]
+    fn strings_are_well_formed_utf8() {
+        let obj = |s: &[u8]| [&b"{\"a\":\""[..], s, b"\"}"].concat();
+        for good in ["é", "€", "😀", "aé€😀z", "\u{7ff}\u{800}\u{ffff}\u{10000}\u{10ffff}"] {
+            let bytes = obj(good.as_bytes());
+            assert!(JsonState::new().feed(&bytes).is_some_and(|s| s.complete()), "{good}");
+        }
+        for bad in [
+            &b"\x80"[..],
+            b"\xbf",
+            b"\xc3(",
+            b"\xc3",
+            b"\xc0\x80",
+            b"\xe0\x80\x80",
+            b"\xed\xa0\x80",
+            b"\xf0\x80\x80\x80",
+            b"\xf4\x90\x80\x80",
+            b"\xf5\x80\x80\x80",
+            b"\xe2\x82",
+        ] {
+            let bytes = obj(bad);
+            assert!(JsonState::new().feed(&bytes).is_none_or(|s| !s.complete()), "{bad:x?} accepted");
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! JSON's own), literals as `serde_json` writes the `enum` / `const` value. String lengths
 //! count characters, an escape as one (a `\uXXXX` surrogate pair as two).
 
-use super::json::{JsonState, JsonVocab, MaskCache, Num};
+use super::json::{JsonState, JsonVocab, MaskCache, Num, Utf8};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -487,6 +487,8 @@ struct Frame {
     b: u64,
     e: u64,
     num: Option<Num>,
+    /// A string's place in a UTF-8 character.
+    utf: Utf8,
 }
 
 /// What a frame does with a byte.
@@ -695,14 +697,19 @@ impl SchemaState {
                 _ => None,
             },
             // Phases: 0 before `"`; 1 in the string; 2 after `\`; 3 in `\uXXXX` (`c` digits
-            // left). `a`: the characters read (an escape is one; UTF-8 continuation bytes add none).
+            // left); 4 inside a multi-byte UTF-8 character (`utf`). `a`: the characters read
+            // (an escape is one, a UTF-8 character one, at its first byte).
             &Node::String { min, max } => match (f.phase, x) {
                 (0, _) if ws => Some(Out::Stay(f)),
                 (0, b'"') => Some(Out::Stay(Frame { phase: 1, ..f })),
                 (1, b'"') => (f.a >= min).then_some(Out::Pop),
                 (1, 0..=0x1f) => None,
-                (1, 0x80..=0xbf) => Some(Out::Stay(f)),
                 (1, _) if f.a >= max => None,
+                (1 | 4, 0x80..) => {
+                    let (utf, starts) = f.utf.next(x)?;
+                    let phase = if utf.between() { 1 } else { 4 };
+                    Some(Out::Stay(Frame { phase, utf, a: f.a + u16::from(starts), ..f }))
+                }
                 (1, b'\\') => Some(Out::Stay(Frame { phase: 2, a: f.a + 1, ..f })),
                 (1, _) => Some(Out::Stay(Frame { a: f.a + 1, ..f })),
                 (2, b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Some(Out::Stay(Frame { phase: 1, ..f })),

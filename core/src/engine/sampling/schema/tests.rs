@@ -319,3 +319,18 @@ fn allowed_tokens_follow_the_schema() {
     let got: Vec<&str> = (0..words.len()).filter(|&i| bits[i / 64] >> (i % 64) & 1 == 1).map(|i| words[i]).collect();
     assert_eq!(got, vec!["\"name\"", "\"age\"", " ", "\"", "\"tags\"", "\"n"]);
 }
+
+/// A string's characters are well-formed UTF-8 and count once each (at their first byte):
+/// `maxLength` bounds them, and no byte may follow a full string but its closing quote.
+#[test]
+fn string_lengths_count_utf8_characters() {
+    let s = Schema::compile(&json!({"type": "object", "properties": {"s": {"type": "string", "maxLength": 2}},
+        "required": ["s"]}))
+    .unwrap();
+    let at = |b: &[u8]| s.start().feed(&s, &[&b"{\"s\":\""[..], b].concat());
+    assert!(at("é😀\"}".as_bytes()).is_some_and(|st| st.complete()));
+    assert!(at("é😀".as_bytes()).is_some_and(|st| st.step(&s, 0x80).is_none()), "a stray continuation byte");
+    assert!(at("é😀".as_bytes()).is_some_and(|st| st.step(&s, 0xc3).is_none()), "a third character");
+    assert!(at(b"\xf0\x9f").is_some_and(|st| st.step(&s, b'"').is_none()), "a cut character");
+    assert!(at(b"\xed\xa0").is_none(), "a surrogate");
+}
