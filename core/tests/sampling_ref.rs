@@ -39,6 +39,7 @@ fn params(c: &Value) -> SamplingParams {
             ignore_eos: p["ignore_eos"].as_bool().expect("ignore_eos"),
             stop_token_ids: ids(&p["stop_token_ids"]),
         },
+        prompt_logprobs: None,
         cache_salt: None,
     }
 }

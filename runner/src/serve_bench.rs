@@ -377,6 +377,8 @@ fn client(engine: &Engine, p: &Plan, t0: Instant, permit: Option<PermitGuard<'_>
     loop {
         match stream.recv() {
             Some(Event::Token(_)) => tokens.push(t0.elapsed().as_secs_f64()),
+            // The benchmark's requests ask for no prompt log-probabilities.
+            Some(Event::Prompt(_)) => {}
             Some(Event::Done(f)) => {
                 let done = t0.elapsed().as_secs_f64();
                 drop(permit);

@@ -315,6 +315,23 @@ class TinyModel(unittest.TestCase):
         r = self.complete(extra_body={"priority": 0, "foo": None, "spaces_between_special_tokens": True})
         self.assertEqual(r.usage.completion_tokens, 12)
 
+    def test_echo_with_logprobs_scores_the_prompt(self):
+        # lm-evaluation-harness's loglikelihood request: the prompt echoed with its tokens'
+        # log-probabilities (the first has none), then the generated one's.
+        text = "Beautiful is better than ugly"
+        r = self.complete(prompt=text, max_tokens=1, echo=True, logprobs=2)
+        lp, n = r.choices[0].logprobs, r.usage.prompt_tokens
+        self.assertTrue(r.choices[0].text.startswith(text))
+        self.assertEqual(len(lp.tokens), n + 1)
+        self.assertEqual("".join(lp.tokens[:n]), text)
+        self.assertIsNone(lp.token_logprobs[0])
+        self.assertIsNone(lp.top_logprobs[0])
+        self.assertTrue(all(x <= 0 for x in lp.token_logprobs[1:]))
+        self.assertTrue(all(len(t) <= 2 for t in lp.top_logprobs[1:]))
+        # The same prompt scores the same whatever else the request asks for.
+        again = self.complete(prompt=text, max_tokens=3, echo=True, logprobs=1, temperature=0.7, seed=3)
+        self.assertEqual(again.choices[0].logprobs.token_logprobs[:n], lp.token_logprobs[:n])
+
     def test_request_id_names_the_response(self):
         r = self.complete(extra_body={"request_id": "abc-123"})
         self.assertEqual(r.id, "cmpl-abc-123")

@@ -438,3 +438,56 @@ fn cache_salt_isolates_prefixes() {
         }
     }
 }
+
+/// Prompt log-probabilities (OpenAI's `echo` with `logprobs`): each prompt token's
+/// log-softmax from transformers' f32 logits of the row before it (`reference.safetensors`),
+/// within 1e-4, its top-3 alternatives the reference's; the same bits when the prompt is
+/// prefilled in pieces beside other requests; sent once, before the first token.
+#[test]
+fn prompt_logprobs_match_transformers() {
+    for name in ["qwen3", "qwen3_next_a"] {
+        let m = load(name, DType::F32).unwrap();
+        let r = tests::Reference::open(name).unwrap();
+        let ids = r.ids("ids_long").unwrap();
+        let want = r.f32("logits_long").unwrap();
+        let vocab = want.len() / ids.len();
+        let params = SamplingParams { prompt_logprobs: Some(3), ..greedy(2) };
+        let run = |budget: usize, others: usize| {
+            let mut e = EngineCore::new(&m, cfg(4, budget, 64)).unwrap();
+            let mut reqs = vec![(0, ids.clone(), params.clone())];
+            reqs.extend((1..=others as u64).map(|i| (i, vec![i as u32 + 3; 40], greedy(3))));
+            for (id, p, sp) in &reqs {
+                e.add_request(*id, p.clone(), sp.clone()).unwrap();
+            }
+            let mut events = Vec::new();
+            while e.has_work() {
+                events.extend(e.step().unwrap().into_iter().filter(|(id, _)| *id == 0).map(|(_, ev)| ev));
+            }
+            events
+        };
+        let events = run(512, 0);
+        let Some(Event::Prompt(lp)) = events.first() else { panic!("{name}: the prompt event comes first") };
+        assert_eq!(events.iter().filter(|e| matches!(e, Event::Prompt(_))).count(), 1);
+        assert!(matches!(events[1], Event::Token(_)));
+        assert_eq!(lp.len(), ids.len());
+        assert!(lp[0].is_none());
+        for p in 1..ids.len() {
+            let row = &want[(p - 1) * vocab..p * vocab];
+            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let lse = max as f64 + row.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>().ln();
+            let t = lp[p].as_ref().unwrap_or_else(|| panic!("{name}: position {p} has no log-probability"));
+            assert_eq!(t.id, ids[p]);
+            let d = (t.logprob.unwrap() as f64 - (row[ids[p] as usize] as f64 - lse)).abs();
+            assert!(d < 1e-4, "{name}: position {p}: |Δ logprob| = {d}");
+            let mut order: Vec<usize> = (0..vocab).collect();
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+            if row[order[2]] - row[order[3]] > 1e-3 {
+                let top: Vec<u32> = t.top.iter().map(|e| e.0).collect();
+                assert_eq!(top, order[..3].iter().map(|&i| i as u32).collect::<Vec<_>>(), "{name}: position {p}");
+            }
+        }
+        // Prefilled in pieces of 65 rows beside two other requests: the same bits.
+        let pieces = run(65 + 8, 2);
+        assert_eq!(pieces.first(), events.first(), "{name}: chunked prefill changed the prompt log-probabilities");
+    }
+}

@@ -29,6 +29,10 @@ const DELTA_CHUNK: usize = 64;
 /// the scheduler never moves a row from one to the other (see `SchedConfig::decode_rows`).
 const DECODE_ROWS: usize = 8;
 
+/// The most rows of one prefill piece of a request with prompt log-probabilities: every row's
+/// logits come to the host (`rows × vocab` f32: 600 MB at 151k ids).
+pub const PROMPT_LOGPROBS_ROWS: usize = 1024;
+
 /// Engine limits and pool sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -120,6 +124,9 @@ struct Live {
     /// When the request arrived, and how long it waited for its first scheduling.
     arrived: std::time::Instant,
     queued: Option<std::time::Duration>,
+    /// Prompt log-probabilities: the top-N asked for, each prompt position's report, and
+    /// whether they were sent (a preempted request's recomputed prompt sends none again).
+    prompt_lp: Option<(usize, Vec<Option<TokenOut>>, bool)>,
 }
 
 /// Speculative decoding inside the batch: MTP draft heads and how they are chained.
@@ -332,6 +339,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             );
         }
         let salt = params.cache_salt;
+        let prompt_lp = params.prompt_logprobs.map(|n| (n, vec![None; prompt.len()], false));
+        let max_rows = if prompt_lp.is_some() { PROMPT_LOGPROBS_ROWS } else { usize::MAX };
         let mut sampler = SeqSampler::new(params)?;
         sampler.observe_prompt(&prompt);
         let prompt_len = prompt.len();
@@ -344,6 +353,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             preemptions: 0,
             lookahead: 0,
             salt,
+            max_rows,
         };
         self.seqs.insert(id, r);
         let live = Live {
@@ -358,6 +368,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             accepted: 0,
             arrived: std::time::Instant::now(),
             queued: None,
+            prompt_lp,
         };
         self.live.insert(id, live);
         self.sched.waiting.push_back(id);
@@ -438,6 +449,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         // reaches the request's last known token; none for a prefill chunk.
         let mut rows = Vec::new();
         let mut first_row = Vec::with_capacity(plan.items.len());
+        // Prompt log-probabilities: the span's first row in `rows` (every row of it is there).
+        let mut lp_row = Vec::with_capacity(plan.items.len());
         for it in &plan.items {
             let r = &self.seqs[&it.id];
             let seq = r.seq.ok_or_else(|| crate::err!(Internal, "scheduled request {} has no slot", it.id))?;
@@ -447,11 +460,20 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 ids.extend_from_slice(&self.live[&it.id].proposal);
             }
             let start = batch.len();
-            first_row.push(rows.len());
-            if r.lookahead > 0 {
+            let lp = self.live[&it.id].prompt_lp.as_ref().is_some_and(|p| !p.2) && r.computed < r.prompt_len;
+            if lp {
+                // Every row; the last one is also the sampled row when the span ends the prompt.
+                lp_row.push(Some(rows.len()));
                 rows.extend(start..start + it.n);
-            } else if r.computed + it.n == r.tokens.len() {
-                rows.push(start + it.n - 1);
+                first_row.push(rows.len() - 1);
+            } else {
+                lp_row.push(None);
+                first_row.push(rows.len());
+                if r.lookahead > 0 {
+                    rows.extend(start..start + it.n);
+                } else if r.computed + it.n == r.tokens.len() {
+                    rows.push(start + it.n - 1);
+                }
             }
             batch.push(seq, r.computed, &ids);
         }
@@ -463,7 +485,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         // sampled on the device (only its id comes back); the [R, vocab] logits come to the
         // host only when some row needs them (penalties, logprobs, min_tokens, verification).
         let mut dev_tok: Vec<Option<u32>> = vec![None; plan.items.len()];
-        let mut need_host = !fwd.logits.is_cuda();
+        let mut need_host = !fwd.logits.is_cuda() || lp_row.iter().any(Option::is_some);
         if !need_host {
             let vocab = fwd.logits.last_dim();
             let mut params = vec![[0.0f32; 4]; rows.len()];
@@ -504,6 +526,22 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             let l = self.live.get_mut(&it.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", it.id))?;
             let seq = span.seq;
             let pos0 = r.computed;
+            if let (Some(base), Some((n_top, lps, sent))) = (lp_row[i], l.prompt_lp.as_mut()) {
+                // Row j predicts token pos0 + j + 1: its raw log-probability, while in the prompt.
+                let host = logits.as_ref().ok_or_else(|| crate::err!(Internal, "prompt logits not on the host"))?;
+                for j in 0..it.n {
+                    let p = pos0 + j + 1;
+                    if p < r.prompt_len {
+                        let sd =
+                            crate::engine::sampling::SeqSampler::raw_report(host.row(base + j), r.tokens[p], *n_top)?;
+                        lps[p] = Some(TokenOut { id: sd.token, logprob: sd.logprob, top: sd.top });
+                    }
+                }
+                if pos0 + it.n >= r.prompt_len {
+                    *sent = true;
+                    out.push((it.id, Event::Prompt(lps.clone())));
+                }
+            }
             if r.lookahead == 0 && pos0 + it.n < r.tokens.len() {
                 // A prefill chunk: the drafts catch up over it, nothing is sampled.
                 r.computed += it.n;

@@ -99,6 +99,7 @@ pub fn generate(
     loop {
         for (_, ev) in engine.step()? {
             match ev {
+                Event::Prompt(_) => {}
                 Event::Token(t) => ids.push(t.id),
                 Event::Done(f) => {
                     let finish = if f.reason == Finish::Stop { FinishReason::Eos } else { FinishReason::Length };

@@ -178,7 +178,7 @@ fn run(mut core: EngineCore<Box<Model>>, rx: Receiver<Command>, stats: Arc<Mutex
         };
         publish(&core);
         for (id, ev) in events {
-            let end = !matches!(ev, Event::Token(_));
+            let end = ev.is_end();
             let gone = match streams.get(&id) {
                 Some(tx) => tx.send(ev).is_err(),
                 None => false,

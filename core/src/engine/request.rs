@@ -73,10 +73,20 @@ pub struct Finished {
 /// What the engine sends a request's receiver.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
+    /// The prompt's log-probabilities (a request with `prompt_logprobs`), once its prefill is
+    /// done and before its first token: entry p is prompt token p's (`None` for the first).
+    Prompt(Vec<Option<TokenOut>>),
     Token(TokenOut),
     Done(Finished),
     /// The engine failed while running the request (it is finished).
     Error(String),
+}
+
+impl Event {
+    /// Whether the request ends with this event (`Done` or `Error`; nothing follows).
+    pub fn is_end(&self) -> bool {
+        matches!(self, Event::Done(_) | Event::Error(_))
+    }
 }
 
 /// Counters of an engine (a snapshot).

@@ -148,6 +148,12 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     /// Stopping rules (`max_tokens`, `min_tokens`, `ignore_eos`, `stop_token_ids`).
     pub stop: StopParams,
+    /// Log-probabilities of the prompt's tokens (vLLM's `prompt_logprobs`; OpenAI's `echo`
+    /// with `logprobs`): each prompt token after the first, from the raw logits of the row
+    /// before it, with the top-N alternatives (N ≤ [`MAX_LOGPROBS`]); `None`: off. Such a
+    /// request computes its whole prompt (no prefix-cache hit) in pieces of at most
+    /// [`crate::engine::batcher::PROMPT_LOGPROBS_ROWS`] rows.
+    pub prompt_logprobs: Option<usize>,
     /// Prefix-cache isolation (vLLM's `cache_salt`): the hash chain of this request's KV
     /// blocks starts from this value, so it shares cached blocks (and recurrent-state
     /// checkpoints) only with requests of the same salt; `None`: the common chain.
@@ -169,6 +175,7 @@ impl Default for SamplingParams {
             seed: None,
             logprobs: None,
             stop: StopParams::default(),
+            prompt_logprobs: None,
             cache_salt: None,
         }
     }
@@ -211,6 +218,11 @@ impl SamplingParams {
         if let Some(n) = self.logprobs {
             if n > MAX_LOGPROBS {
                 bail!(Input, "`logprobs` must be at most {MAX_LOGPROBS}, got {n}");
+            }
+        }
+        if let Some(n) = self.prompt_logprobs {
+            if n > MAX_LOGPROBS {
+                bail!(Input, "`prompt_logprobs` must be at most {MAX_LOGPROBS}, got {n}");
             }
         }
         if let Some(m) = self.stop.max_tokens {

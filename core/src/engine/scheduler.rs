@@ -35,6 +35,9 @@ pub struct SchedSeq {
     pub lookahead: usize,
     /// The request's prefix-cache salt ([`crate::engine::SamplingParams::cache_salt`]).
     pub salt: Option<u64>,
+    /// Computes its whole prompt, in pieces of at most `max_rows` rows (prompt
+    /// log-probabilities need every row's logits); `usize::MAX`: any piece, prefix hits too.
+    pub max_rows: usize,
 }
 
 /// Scheduling limits.
@@ -90,6 +93,7 @@ impl Scheduler {
 
     /// Rows request `r` may take this step out of `budget` (0: none now).
     fn chunk(&self, r: &SchedSeq, budget: usize) -> usize {
+        let budget = budget.min(r.max_rows);
         let need = r.tokens.len() - r.computed + r.lookahead;
         if r.lookahead > 0 {
             // A verify span is never split.
@@ -184,7 +188,11 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            let found = cache.alloc_seq_prefix(&r.tokens, r.salt)?;
+            let found = if r.max_rows == usize::MAX {
+                cache.alloc_seq_prefix(&r.tokens, r.salt)?
+            } else {
+                crate::state::PrefixHit { seq: cache.alloc_seq()?, cached: 0, matched: 0 }
+            };
             let (seq, hit) = (found.seq, found.cached);
             r.seq = Some(seq);
             r.computed = hit;

@@ -464,6 +464,8 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         logprobs: logprobs.map(|t| t.max(1)),
         stop: StopParams { max_tokens: Some(max_tokens), min_tokens: min_tokens as usize, ignore_eos, stop_token_ids },
         cache_salt,
+        // OpenAI's `echo` with `logprobs`: the prompt's tokens are scored too.
+        prompt_logprobs: if echo { logprobs } else { None },
     };
     params.validate().map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), None))?;
     Ok(Plan {
@@ -584,26 +586,43 @@ fn chat_logprobs(s: &Server, toks: &[TokenOut], top: usize) -> Value {
 }
 
 /// Completions-style `logprobs`.
-fn completion_logprobs(s: &Server, toks: &[TokenOut], top: usize) -> Value {
-    let tokens: Vec<String> = toks.iter().map(|t| token_text(s, t.id)).collect();
-    let lps: Vec<Value> = toks.iter().map(|t| json!(t.logprob)).collect();
-    let tops: Vec<Value> = toks
-        .iter()
-        .map(|t| {
-            let m: Map<String, Value> = t.top.iter().take(top).map(|&(i, lp)| (token_text(s, i), json!(lp))).collect();
-            Value::Object(m)
-        })
-        .collect();
+/// Completions-style `logprobs`; with `prompt` (`echo`), the prompt's tokens come first, the
+/// first one with `null`s (OpenAI's legacy shape, what lm-evaluation-harness reads).
+fn completion_logprobs(
+    s: &Server,
+    prompt: Option<(&[u32], &[Option<TokenOut>])>,
+    toks: &[TokenOut],
+    top: usize,
+) -> Value {
+    let (mut tokens, mut lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
+    let top_of = |t: &TokenOut| {
+        let m: Map<String, Value> = t.top.iter().take(top).map(|&(i, lp)| (token_text(s, i), json!(lp))).collect();
+        Value::Object(m)
+    };
+    if let Some((ids, lp)) = prompt {
+        for (p, &id) in ids.iter().enumerate() {
+            tokens.push(token_text(s, id));
+            let e = lp.get(p).and_then(Option::as_ref);
+            lps.push(e.map_or(Value::Null, |t| json!(t.logprob)));
+            tops.push(e.map_or(Value::Null, top_of));
+        }
+    }
+    for t in toks {
+        tokens.push(token_text(s, t.id));
+        lps.push(json!(t.logprob));
+        tops.push(top_of(t));
+    }
     json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops})
 }
 
 /// One non-streamed choice.
 pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool) -> Value {
+    let prompt = out.prompt.as_deref().map(|lp| (&plan.prompts[index / plan.n][..], lp));
     let lp = plan.logprobs.map(|top| {
         if is_chat {
             chat_logprobs(s, &out.tokens, top)
         } else {
-            completion_logprobs(s, &out.tokens, top)
+            completion_logprobs(s, prompt, &out.tokens, top)
         }
     });
     if is_chat {
@@ -668,7 +687,8 @@ fn with_token_ids(plan: &Plan, index: usize, out: &Output, c: &mut Value) {
 /// One streamed delta of choice `index`.
 pub fn delta(s: &Server, plan: &Plan, index: usize, text: &str, toks: &[TokenOut], is_chat: bool) -> Value {
     let lp =
-        plan.logprobs.map(|top| if is_chat { chat_logprobs(s, toks, top) } else { completion_logprobs(s, toks, top) });
+        plan.logprobs
+            .map(|top| if is_chat { chat_logprobs(s, toks, top) } else { completion_logprobs(s, None, toks, top) });
     let mut c = if is_chat {
         json!({"index": index, "delta": {"content": text}, "logprobs": lp, "finish_reason": null})
     } else {

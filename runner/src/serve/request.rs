@@ -102,7 +102,7 @@ pub(super) async fn submit(s: &Arc<Server>, ids: Vec<u32>, plan: &Plan, choice: 
     let id = stream.id;
     tokio::task::spawn_blocking(move || {
         while let Some(ev) = stream.recv() {
-            let end = !matches!(ev, Event::Token(_));
+            let end = ev.is_end();
             if tx.send(ev).is_err() {
                 // The client went away: free the request's blocks and slot now.
                 let _ = engine.abort(stream.id);
@@ -208,6 +208,8 @@ pub(super) fn now() -> u64 {
 pub struct Output {
     pub text: String,
     pub tokens: Vec<TokenOut>,
+    /// The prompt's log-probabilities, when asked for (`echo` with `logprobs`).
+    pub prompt: Option<Vec<Option<TokenOut>>>,
     pub fin: Finished,
     /// `stop` when a stop string matched (the engine request was aborted then).
     pub reason: &'static str,
@@ -282,8 +284,13 @@ pub(super) async fn collect(
     let mut detok = text::Detok::new(&s.tok, prompt);
     let mut stops = text::StopMatcher::new(plan.stop_strings.clone(), plan.include_stop);
     let (mut textout, mut tokens, mut times) = (String::new(), Vec::new(), Vec::new());
+    let mut prompt_lp = None;
     while let Some(ev) = run.rx.recv().await {
         let (fin, hit) = match ev {
+            Event::Prompt(p) => {
+                prompt_lp = Some(p);
+                continue;
+            }
             Event::Token(t) => {
                 times.push(Instant::now());
                 let piece = detok.push(t.id);
@@ -312,7 +319,7 @@ pub(super) async fn collect(
                 None => (run.stop_by_string(s, prompt.len(), tokens.len()).await, "stop"),
             };
             record(s, rid, &fin, reason, t0, &times);
-            return Ok(Output { text: textout, tokens, fin, reason });
+            return Ok(Output { text: textout, tokens, prompt: prompt_lp, fin, reason });
         }
     }
     Err(ApiError::new(Kind::Server, "the engine stopped before the request finished", None))

@@ -51,9 +51,9 @@ pub(super) fn stream_response(
         _ => None,
     };
     let obj = if is_chat { "chat.completion.chunk" } else { "text_completion" };
-    let mut sink = Sink { tx, id: id.clone(), obj, created: now(), model: s.name.clone(), events };
+    let sink = Sink { tx, id: id.clone(), obj, created: now(), model: s.name.clone(), events };
     tokio::spawn(async move {
-        let _guards = guards;
+        let (_guards, mut sink) = (guards, sink);
         if !sink.start().await {
             return;
         }
@@ -95,7 +95,7 @@ pub(super) fn stream_response(
                 let f = match ev {
                     Event::Done(f) => Finished { reason: Finish::Stop, completion_tokens: ntok, ..f },
                     Event::Error(_) => stopped(c.prompt_len, ntok),
-                    Event::Token(_) => continue,
+                    Event::Token(_) | Event::Prompt(_) => continue,
                 };
                 c.finished = true;
                 usage = add(usage, &f);
@@ -105,6 +105,8 @@ pub(super) fn stream_response(
                 continue;
             }
             let (piece, toks, fin) = match ev {
+                // Prompt log-probabilities come with `echo`, which is not streamed.
+                Event::Prompt(_) => continue,
                 Event::Token(t) => {
                     c.times.push(Instant::now());
                     c.ntok += 1;
