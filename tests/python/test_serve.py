@@ -909,6 +909,26 @@ class Qwen3Template(unittest.TestCase):
             self.assertIn("no boom, please", json.loads(text)["error"]["message"])
         self.assertTrue(self.tokens({"messages": [{"role": "user", "content": "fine"}]}))
 
+    def test_continue_final_message(self):
+        # vLLM's continue_final_message: the prompt ends right after the assistant's partial
+        # answer (transformers' apply_chat_template(continue_final_message=True)).
+        msgs = [{"role": "user", "content": "fine"}, {"role": "assistant", "content": "The answer is"}]
+        whole = self.tokens({"messages": msgs, "add_generation_prompt": False})
+        cut = self.tokens({"messages": msgs, "add_generation_prompt": False, "continue_final_message": True})
+        text = lambda ids: json.loads(self.s.post("/detokenize", {"tokens": ids})[1])["prompt"]
+        self.assertTrue(text(cut).endswith("The answer is"), text(cut))
+        self.assertTrue(text(whole).startswith(text(cut)))
+        self.assertGreater(len(text(whole)), len(text(cut)))
+        r = self.s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "add_generation_prompt": False,
+                                                 "continue_final_message": True})
+        self.assertEqual(r[0], 200, r[1])
+        for body, needle in [({"continue_final_message": True}, "add_generation_prompt: false"),
+                             ({"continue_final_message": True, "add_generation_prompt": False,
+                               "messages": msgs[:1]}, "the assistant's")]:
+            code, t = self.s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 2, **body})
+            self.assertEqual(code, 400, t)
+            self.assertIn(needle, t)
+
 
 class SmolLM2(unittest.TestCase):
     """The real SmolLM2-135M-Instruct: a chat answer through its template."""

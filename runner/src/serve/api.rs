@@ -235,8 +235,34 @@ pub fn render_chat(s: &Server, body: &Value, messages: &Value) -> Result<String,
         Some(_) => return Err(ApiError::invalid("chat_template_kwargs", "`chat_template_kwargs` must be an object")),
     }
     let add_gen = boolean(body, "add_generation_prompt")?.unwrap_or(true);
-    crate::chat::render_messages(&s.dir, s.chat_template.as_deref(), &Value::Array(msgs), add_gen, &extra)
-        .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))
+    // vLLM's `continue_final_message`: the output continues the last (assistant) message —
+    // the rendering cut right after its content, as transformers' apply_chat_template does.
+    let cont = boolean(body, "continue_final_message")?.unwrap_or(false);
+    let last = msgs.last().cloned().unwrap_or_default();
+    if cont {
+        if add_gen {
+            return Err(ApiError::invalid(
+                "continue_final_message",
+                "`continue_final_message` needs `add_generation_prompt: false` (as in vLLM)",
+            ));
+        }
+        if last["role"] != "assistant" {
+            return Err(ApiError::invalid("continue_final_message", "the last message must be the assistant's"));
+        }
+    }
+    let text = crate::chat::render_messages(&s.dir, s.chat_template.as_deref(), &Value::Array(msgs), add_gen, &extra)
+        .map_err(|e| ApiError::invalid("messages", format!("{e:#}")))?;
+    if !cont {
+        return Ok(text);
+    }
+    let content = last["content"].as_str().unwrap_or_default().trim();
+    match text.rfind(content).filter(|_| !content.is_empty()) {
+        Some(at) => Ok(text[..at + content.len()].to_owned()),
+        None => Err(ApiError::invalid(
+            "continue_final_message",
+            "the chat template does not render the final message's content as it is",
+        )),
+    }
 }
 
 /// Validates a completions / chat request into a [`Plan`].

@@ -54,6 +54,7 @@ const CHAT: &[&str] = &[
     "parallel_tool_calls",
     "chat_template_kwargs",
     "add_generation_prompt",
+    "continue_final_message",
 ];
 /// Known (OpenAI's or vLLM's) and not implemented: any value but `null` is a 400 with the
 /// reason.
@@ -84,13 +85,12 @@ const UNSUPPORTED: &[(&str, &str)] = &[
 ];
 
 /// Accepted only with the value that means "off".
-fn off_values(is_chat: bool) -> [(&'static str, Value, &'static str); 9] {
+fn off_values(is_chat: bool) -> [(&'static str, Value, &'static str); 8] {
     [
         ("use_beam_search", json!(false), "no beam search"),
         ("length_penalty", json!(1.0), "no beam search"),
         ("skip_special_tokens", json!(true), "special tokens are always left out of the text"),
         ("spaces_between_special_tokens", json!(true), "special tokens are always left out of the text"),
-        ("continue_final_message", json!(false), "a final assistant message is not continued"),
         ("return_tokens_as_token_ids", json!(false), "use `return_token_ids`"),
         ("bad_words", json!([]), "use `logit_bias`"),
         ("priority", json!(0), "porter schedules first come, first served"),
@@ -157,7 +157,13 @@ mod tests {
         let ok = json!({"model": "m", "prompt": "x", "max_tokens": 3, "user": "u", "priority": 0, "echo": true,
             "skip_special_tokens": true, "bad_words": [], "foo": null, "modalities": ["text"], "suffix": ""});
         assert_eq!(err(ok, false), "");
-        assert_eq!(err(json!({"messages": [], "echo": false, "parallel_tool_calls": false}), true), "");
+        assert_eq!(
+            err(
+                json!({"messages": [], "echo": false, "parallel_tool_calls": false, "continue_final_message": true}),
+                true
+            ),
+            ""
+        );
         for (v, is_chat, needle) in [
             (json!({"max_token": 3}), false, "unknown field `max_token`"),
             (json!({"messages": []}), false, "a field of /v1/chat/completions"),
