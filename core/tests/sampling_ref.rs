@@ -40,6 +40,7 @@ fn params(c: &Value) -> SamplingParams {
             stop_token_ids: ids(&p["stop_token_ids"]),
         },
         prompt_logprobs: None,
+        priority: 0,
         cache_salt: None,
     }
 }

@@ -32,6 +32,7 @@ pub fn cfg(seqs: usize, budget: usize, blocks: usize) -> EngineConfig {
         state_checkpoints: 8 * seqs,
         checkpoint_stride: porter_core::state::CHECKPOINT_INTERVAL,
         prefix_caching: true,
+        priority_scheduling: false,
     }
 }
 

@@ -491,3 +491,47 @@ fn prompt_logprobs_match_transformers() {
         assert_eq!(pieces.first(), events.first(), "{name}: chunked prefill changed the prompt log-probabilities");
     }
 }
+
+/// Priority scheduling (vLLM's `--scheduling-policy priority`): one request at a time runs in
+/// (priority, arrival) order, and a full pool preempts the lowest priority, not the youngest;
+/// the first-come-first-served engine refuses a priority.
+#[test]
+fn priority_scheduling_orders_admission_and_preemption() {
+    let m = load("qwen3", DType::F32).unwrap();
+    let with = |prio: i64, n: usize| SamplingParams { priority: prio, ..greedy(n) };
+    let mut fcfs = EngineCore::new(&m, cfg(1, 512, 64)).unwrap();
+    let e = fcfs.add_request(0, vec![1, 2, 3], with(2, 2)).unwrap_err().to_string();
+    assert!(e.contains("priority scheduling"), "{e}");
+    // One slot: admitted in priority order, ties by arrival.
+    let mut e = EngineCore::new(&m, EngineConfig { priority_scheduling: true, ..cfg(1, 512, 64) }).unwrap();
+    for (id, prio) in [(0, 5), (1, 0), (2, 5), (3, -1)] {
+        e.add_request(id, vec![id as u32 + 1; 8], with(prio, 2)).unwrap();
+    }
+    let mut done = Vec::new();
+    while e.has_work() {
+        done.extend(e.step().unwrap().into_iter().filter(|(_, ev)| matches!(ev, Event::Done(_))).map(|(id, _)| id));
+    }
+    assert_eq!(done, [3, 1, 0, 2]);
+    // A pool too small for both: the later but higher-priority request keeps its blocks.
+    let prompt: Vec<u32> = (0..80).map(|i| (i * 7 + 1) % 500).collect();
+    let preemptions = |priority: bool| {
+        let mut e = EngineCore::new(&m, EngineConfig { priority_scheduling: priority, ..cfg(2, 512, 14) }).unwrap();
+        e.add_request(0, prompt.clone(), with(priority as i64, 40)).unwrap();
+        e.step().unwrap();
+        e.add_request(1, prompt.iter().map(|t| t + 1).collect(), with(0, 40)).unwrap();
+        let mut preempted = HashMap::new();
+        while e.has_work() {
+            for (id, ev) in e.step().unwrap() {
+                if let Event::Done(f) = ev {
+                    preempted.insert(id, f.preemptions);
+                }
+            }
+        }
+        (preempted[&0], preempted[&1])
+    };
+    let (p0, p1) = preemptions(true);
+    assert!(p0 > 0 && p1 == 0, "priority: {p0} / {p1}");
+    // First come, first served: the younger one is preempted.
+    let (p0, p1) = preemptions(false);
+    assert!(p0 == 0 && p1 > 0, "fcfs: {p0} / {p1}");
+}

@@ -54,6 +54,10 @@ pub struct EngineConfig {
     pub checkpoint_stride: usize,
     /// Whether prompts reuse the KV blocks (and a hybrid's state checkpoints) of earlier ones.
     pub prefix_caching: bool,
+    /// vLLM's `--scheduling-policy priority`: requests run in order of their
+    /// [`SamplingParams::priority`](crate::engine::SamplingParams::priority) (lower first), then of arrival, and
+    /// preemption takes the lowest priority first; off: first come, first served.
+    pub priority_scheduling: bool,
 }
 
 impl EngineConfig {
@@ -91,6 +95,7 @@ impl EngineConfig {
             state_checkpoints,
             checkpoint_stride,
             prefix_caching: true,
+            priority_scheduling: false,
         }
     }
 
@@ -166,6 +171,8 @@ pub struct EngineCore<M: Deref<Target = Model>> {
     ctx: usize,
     capacity_tokens: usize,
     drafting: Option<Drafting>,
+    /// Requests added so far (each one's arrival order).
+    arrivals: u64,
 }
 
 impl<M: Deref<Target = Model>> EngineCore<M> {
@@ -243,6 +250,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             // recurrent layers (the per-token delta rule they were first computed with),
             // decode-sized pieces otherwise.
             replay_piece: if align > 1 { 1 } else { DECODE_ROWS },
+            priority: cfg.priority_scheduling,
         });
         let g = &model.info.generation;
         let eos = g.eos_token_ids.clone();
@@ -267,6 +275,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             ctx,
             capacity_tokens,
             drafting,
+            arrivals: 0,
         };
         e.refresh_stats();
         Ok(e)
@@ -338,7 +347,15 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 self.capacity_tokens
             );
         }
-        let salt = params.cache_salt;
+        if params.priority != 0 && !self.sched.cfg.priority {
+            bail!(
+                Input,
+                "`priority` = {} needs priority scheduling (porter serve --scheduling-policy priority); requests are \
+                 served first come, first served",
+                params.priority
+            );
+        }
+        let (salt, priority) = (params.cache_salt, params.priority);
         let prompt_lp = params.prompt_logprobs.map(|n| (n, vec![None; prompt.len()], false));
         let max_rows = if prompt_lp.is_some() { PROMPT_LOGPROBS_ROWS } else { usize::MAX };
         let mut sampler = SeqSampler::new(params)?;
@@ -354,7 +371,10 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             lookahead: 0,
             salt,
             max_rows,
+            priority,
+            arrival: self.arrivals,
         };
+        self.arrivals += 1;
         self.seqs.insert(id, r);
         let live = Live {
             sampler,
@@ -371,7 +391,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             prompt_lp,
         };
         self.live.insert(id, live);
-        self.sched.waiting.push_back(id);
+        self.sched.enqueue(id, &self.seqs);
         self.refresh_stats();
         Ok(())
     }

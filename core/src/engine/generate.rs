@@ -88,6 +88,7 @@ pub fn generate(
         state_checkpoints: 0,
         checkpoint_stride: crate::state::CHECKPOINT_INTERVAL,
         prefix_caching: false,
+        priority_scheduling: false,
     };
     let mut engine = EngineCore::new(model, cfg)?;
     // `stop_ids` are this call's eos ids (instead of the model's).

@@ -154,6 +154,9 @@ pub struct SamplingParams {
     /// request computes its whole prompt (no prefix-cache hit) in pieces of at most
     /// [`crate::engine::batcher::PROMPT_LOGPROBS_ROWS`] rows.
     pub prompt_logprobs: Option<usize>,
+    /// Scheduling priority (vLLM's `priority`): lower runs first under
+    /// [`crate::engine::EngineConfig::priority_scheduling`]; must be 0 otherwise.
+    pub priority: i64,
     /// Prefix-cache isolation (vLLM's `cache_salt`): the hash chain of this request's KV
     /// blocks starts from this value, so it shares cached blocks (and recurrent-state
     /// checkpoints) only with requests of the same salt; `None`: the common chain.
@@ -176,6 +179,7 @@ impl Default for SamplingParams {
             logprobs: None,
             stop: StopParams::default(),
             prompt_logprobs: None,
+            priority: 0,
             cache_salt: None,
         }
     }

@@ -38,6 +38,9 @@ pub struct SchedSeq {
     /// Computes its whole prompt, in pieces of at most `max_rows` rows (prompt
     /// log-probabilities need every row's logits); `usize::MAX`: any piece, prefix hits too.
     pub max_rows: usize,
+    /// Its priority (lower runs first; 0 without priority scheduling) and arrival order.
+    pub priority: i64,
+    pub arrival: u64,
 }
 
 /// Scheduling limits.
@@ -59,6 +62,11 @@ pub struct SchedConfig {
     /// `replay_piece`, so every row takes the path it took the first time.
     pub decode_rows: usize,
     pub replay_piece: usize,
+    /// vLLM's `--scheduling-policy priority`: the waiting queue and the running set are kept
+    /// in (priority, arrival) order, so a lower priority value is admitted and given blocks
+    /// first, and preemption takes the lowest priority (then the latest) first. Off: first
+    /// come, first served.
+    pub priority: bool,
 }
 
 /// One scheduled request: `n` rows starting at its `computed` position.
@@ -125,6 +133,30 @@ impl Scheduler {
         n
     }
 
+    /// Queues a new request: at the back, or (priority scheduling) after every request that
+    /// comes before it in (priority, arrival) order.
+    pub fn enqueue(&mut self, id: RequestId, reqs: &HashMap<RequestId, SchedSeq>) {
+        if !self.cfg.priority {
+            self.waiting.push_back(id);
+            return;
+        }
+        let key = |x: &RequestId| reqs.get(x).map_or((i64::MAX, u64::MAX), |r| (r.priority, r.arrival));
+        let at = self.waiting.partition_point(|x| key(x) <= key(&id));
+        self.waiting.insert(at, id);
+    }
+
+    /// Adds an admitted request to the running set: at the back, or in (priority, arrival)
+    /// order (the back is what preemption takes first).
+    fn run(&mut self, id: RequestId, reqs: &HashMap<RequestId, SchedSeq>) {
+        if !self.cfg.priority {
+            self.running.push(id);
+            return;
+        }
+        let key = |x: &RequestId| reqs.get(x).map_or((i64::MAX, u64::MAX), |r| (r.priority, r.arrival));
+        let at = self.running.partition_point(|x| key(x) <= key(&id));
+        self.running.insert(at, id);
+    }
+
     /// Frees `id`'s slot and blocks and puts it at the head of the waiting queue.
     fn preempt(
         &mut self,
@@ -141,7 +173,11 @@ impl Scheduler {
             r.lookahead = 0;
             r.preemptions += 1;
         }
-        self.waiting.push_front(id);
+        if self.cfg.priority {
+            self.enqueue(id, reqs);
+        } else {
+            self.waiting.push_front(id);
+        }
         Ok(())
     }
 
@@ -205,9 +241,10 @@ impl Scheduler {
                 r.computed = 0;
                 break;
             }
+            let len = r.tokens.len();
             self.waiting.pop_front();
-            self.running.push(id);
-            plan.admitted.push((id, r.tokens.len(), found));
+            self.run(id, reqs);
+            plan.admitted.push((id, len, found));
             promised += need;
             budget -= n;
             plan.items.push(Scheduled { id, n });

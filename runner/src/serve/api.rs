@@ -476,6 +476,13 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
             return Err(ApiError::invalid("cache_salt", format!("`cache_salt` must be a non-empty string, got {x}")))
         }
     };
+    let priority = int(&v, "priority")?.unwrap_or(0);
+    if priority != 0 && !s.priority {
+        return Err(ApiError::invalid(
+            "priority",
+            format!("`priority` = {priority} needs the server started with --scheduling-policy priority (it serves first come, first served)"),
+        ));
+    }
     let params = SamplingParams {
         temperature: temperature as f32,
         top_k,
@@ -492,6 +499,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         cache_salt,
         // OpenAI's `echo` with `logprobs`: the prompt's tokens are scored too.
         prompt_logprobs: if echo { logprobs } else { None },
+        priority,
     };
     params.validate().map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), None))?;
     Ok(Plan {

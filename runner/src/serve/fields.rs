@@ -41,6 +41,7 @@ const COMMON: &[&str] = &[
     "add_special_tokens",
     "request_id",
     "cache_salt",
+    "priority",
     "user",
 ];
 /// Honoured by `/v1/completions` only.
@@ -85,7 +86,7 @@ const UNSUPPORTED: &[(&str, &str)] = &[
 ];
 
 /// Accepted only with the value that means "off".
-fn off_values(is_chat: bool) -> [(&'static str, Value, &'static str); 8] {
+fn off_values(is_chat: bool) -> [(&'static str, Value, &'static str); 7] {
     [
         ("use_beam_search", json!(false), "no beam search"),
         ("length_penalty", json!(1.0), "no beam search"),
@@ -93,7 +94,6 @@ fn off_values(is_chat: bool) -> [(&'static str, Value, &'static str); 8] {
         ("spaces_between_special_tokens", json!(true), "special tokens are always left out of the text"),
         ("return_tokens_as_token_ids", json!(false), "use `return_token_ids`"),
         ("bad_words", json!([]), "use `logit_bias`"),
-        ("priority", json!(0), "porter schedules first come, first served"),
         // vLLM's chat `echo` (repeat the last message); the completions one is honoured.
         ("echo", json!(false), if is_chat { "the last message is not repeated" } else { "" }),
     ]
@@ -169,7 +169,6 @@ mod tests {
             (json!({"messages": []}), false, "a field of /v1/chat/completions"),
             (json!({"prompt": "x"}), true, "a field of /v1/completions"),
             (json!({"top_logprobs": 2}), false, "unknown field"),
-            (json!({"priority": 1}), true, "first come, first served"),
             (json!({"echo": true}), true, "not repeated"),
             (json!({"guided_regex": "a+"}), false, "`guided_regex` is not supported"),
             (json!({"use_beam_search": true}), false, "no beam search"),

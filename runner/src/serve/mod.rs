@@ -58,6 +58,8 @@ pub struct Server {
     pub tool_calls: bool,
     /// `--mtp-step K`: draft tokens per step.
     pub spec_k: Option<usize>,
+    /// `--scheduling-policy priority`: requests' `priority` orders them.
+    pub priority: bool,
     /// Structured output: the token bytes (built from the tokenizer on the first request
     /// that asks for them) and the compiled schemas (`json_object`'s and recent requests').
     pub structured: Structured,
@@ -182,6 +184,10 @@ pub struct ServeArgs {
     /// after the weights (default 0.9). On the CPU the pool holds every sequence's whole context.
     #[arg(long, value_parser = crate::serve_bench::parse_fraction)]
     pub gpu_memory_utilization: Option<f64>,
+    /// How waiting requests are ordered: `fcfs` (first come, first served) or `priority` (each
+    /// request's `priority`, lower first, then arrival; preemption takes the lowest first).
+    #[arg(long, default_value = "fcfs")]
+    pub scheduling_policy: String,
     /// Reuse the KV blocks (and a hybrid model's state checkpoints) of earlier prompts that
     /// share a prefix (on by default; vLLM's flag).
     #[arg(long, overrides_with = "no_enable_prefix_caching")]
@@ -264,7 +270,12 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
         state_checkpoints: a.state_checkpoints,
         prefix_caching: !a.no_enable_prefix_caching,
     };
-    let (cfg, _) = crate::serve_bench::sized_engine_config(&model, &sizes)?;
+    let (mut cfg, _) = crate::serve_bench::sized_engine_config(&model, &sizes)?;
+    cfg.priority_scheduling = match a.scheduling_policy.as_str() {
+        "fcfs" => false,
+        "priority" => true,
+        o => anyhow::bail!("--scheduling-policy `{o}` is not supported (supported: fcfs, priority)"),
+    };
     tracing::info!(
         prefix_caching = cfg.prefix_caching,
         state_checkpoints = cfg.state_checkpoints,
@@ -314,6 +325,7 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
         reasoning,
         tool_calls,
         spec_k,
+        priority: cfg.priority_scheduling,
         structured: Structured::default(),
     });
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting tokio")?;
