@@ -332,6 +332,21 @@ class TinyModel(unittest.TestCase):
         again = self.complete(prompt=text, max_tokens=3, echo=True, logprobs=1, temperature=0.7, seed=3)
         self.assertEqual(again.choices[0].logprobs.token_logprobs[:n], lp.token_logprobs[:n])
 
+    def test_continuous_usage_stats(self):
+        # vLLM's stream_options.continuous_usage_stats: every chunk carries its usage so far.
+        chunks = list(self.complete(stream=True, max_tokens=5, extra_body={"ignore_eos": True},
+                                    stream_options={"include_usage": True, "continuous_usage_stats": True}))
+        counts = [ch.usage.completion_tokens for ch in chunks if ch.choices]
+        self.assertEqual(counts, sorted(counts))
+        self.assertEqual(counts[-1], 5)
+        self.assertTrue(all(ch.usage.total_tokens == ch.usage.prompt_tokens + ch.usage.completion_tokens
+                            for ch in chunks))
+        self.assertEqual(chunks[-1].choices, [])
+        code, text = self.s.post("/v1/completions", {"prompt": "x", "stream": True,
+                                                     "stream_options": {"include_usage": True, "x": 1}})
+        self.assertEqual(code, 400, text)
+        self.assertIn("stream_options.x", text)
+
     def test_request_id_names_the_response(self):
         r = self.complete(extra_body={"request_id": "abc-123"})
         self.assertEqual(r.id, "cmpl-abc-123")

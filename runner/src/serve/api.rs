@@ -66,6 +66,8 @@ pub struct Plan {
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
+    /// vLLM's `stream_options.continuous_usage_stats`.
+    pub continuous_usage: bool,
     pub params: SamplingParams,
     pub stop_strings: Vec<String>,
     /// Top alternatives per token when log-probabilities were asked for.
@@ -442,18 +444,25 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         }
     };
     let stream = boolean(&v, "stream")?.unwrap_or(false);
-    let include_usage = match v.get("stream_options") {
-        None | Some(Value::Null) => false,
+    // `include_usage` (OpenAI: a last chunk with the usage) and vLLM's
+    // `continuous_usage_stats` (every chunk with its choice's usage so far).
+    let (include_usage, continuous_usage) = match v.get("stream_options") {
+        None | Some(Value::Null) => (false, false),
         Some(_) if !stream => {
             return Err(ApiError::invalid("stream_options", "`stream_options` is only allowed with `stream: true`"))
         }
-        Some(o) => match o.get("include_usage") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                return Err(ApiError::invalid("stream_options", "`stream_options.include_usage` must be a boolean"))
+        Some(Value::Object(o)) => {
+            if let Some(k) = o.keys().find(|k| !matches!(k.as_str(), "include_usage" | "continuous_usage_stats")) {
+                return Err(ApiError::invalid("stream_options", format!("unknown field `stream_options.{k}`")));
             }
-        },
+            let flag = |k: &str| match o.get(k) {
+                None | Some(Value::Null) => Ok(false),
+                Some(Value::Bool(b)) => Ok(*b),
+                Some(_) => Err(ApiError::invalid("stream_options", format!("`stream_options.{k}` must be a boolean"))),
+            };
+            (flag("include_usage")?, flag("continuous_usage_stats")?)
+        }
+        Some(_) => return Err(ApiError::invalid("stream_options", "`stream_options` must be an object")),
     };
     let echo = !is_chat && boolean(&v, "echo")?.unwrap_or(false);
     if echo && stream {
@@ -507,6 +516,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         n,
         stream,
         include_usage,
+        continuous_usage,
         params,
         stop_strings,
         logprobs,

@@ -51,7 +51,8 @@ pub(super) fn stream_response(
         _ => None,
     };
     let obj = if is_chat { "chat.completion.chunk" } else { "text_completion" };
-    let sink = Sink { tx, id: id.clone(), obj, created: now(), model: s.name.clone(), events };
+    let continuous = plan.continuous_usage;
+    let sink = Sink { tx, id: id.clone(), obj, created: now(), model: s.name.clone(), events, continuous };
     tokio::spawn(async move {
         let (_guards, mut sink) = (guards, sink);
         if !sink.start().await {
@@ -80,7 +81,7 @@ pub(super) fn stream_response(
             events.insert(i, tokio_stream::wrappers::UnboundedReceiverStream::new(run.rx));
             if is_chat {
                 let c = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
-                if !sink.chunk(c).await {
+                if !sink.chunk(c, (prompt.len(), 0)).await {
                     return;
                 }
             }
@@ -99,7 +100,7 @@ pub(super) fn stream_response(
                 };
                 c.finished = true;
                 usage = add(usage, &f);
-                if !sink.chunk(finish_chunk(&s, &plan, c, i, "stop", &f, is_chat, &id)).await {
+                if !sink.chunk(finish_chunk(&s, &plan, c, i, "stop", &f, is_chat, &id), (f.prompt_tokens, ntok)).await {
                     return;
                 }
                 continue;
@@ -124,7 +125,7 @@ pub(super) fn stream_response(
             }
             let last = fin.is_some() || hit;
             if let Some(delta) = delta_for(&s, &plan, c, i, &safe, &toks, last, is_chat) {
-                if !sink.chunk(delta).await {
+                if !sink.chunk(delta, (c.prompt_len, c.ntok)).await {
                     return;
                 }
             }
@@ -136,7 +137,10 @@ pub(super) fn stream_response(
                     let f = Finished { reason: Finish::Stop, completion_tokens: c.ntok, ..f };
                     c.finished = true;
                     usage = add(usage, &f);
-                    if !sink.chunk(finish_chunk(&s, &plan, c, i, "stop", &f, is_chat, &id)).await {
+                    if !sink
+                        .chunk(finish_chunk(&s, &plan, c, i, "stop", &f, is_chat, &id), (f.prompt_tokens, c.ntok))
+                        .await
+                    {
                         return;
                     }
                 }
@@ -144,7 +148,8 @@ pub(super) fn stream_response(
                 c.finished = true;
                 usage = add(usage, &f);
                 let reason = finish_str(f.reason);
-                if !sink.chunk(finish_chunk(&s, &plan, c, i, reason, &f, is_chat, &id)).await {
+                let u = (f.prompt_tokens, f.completion_tokens);
+                if !sink.chunk(finish_chunk(&s, &plan, c, i, reason, &f, is_chat, &id), u).await {
                     return;
                 }
             }
@@ -169,6 +174,8 @@ struct Sink {
     created: u64,
     model: String,
     events: Option<responses::Events>,
+    /// vLLM's `stream_options.continuous_usage_stats`: every chunk carries its choice's usage.
+    continuous: bool,
 }
 
 impl Sink {
@@ -197,13 +204,16 @@ impl Sink {
         self.send(Self::named(evs)).await
     }
 
-    /// One chunk choice `c`.
-    async fn chunk(&mut self, c: Value) -> bool {
+    /// One chunk choice `c`; `u`: its choice's prompt and completion tokens so far.
+    async fn chunk(&mut self, c: Value, u: (usize, usize)) -> bool {
         let evs = match &mut self.events {
             Some(e) => Self::named(e.chunk(&c)),
             None => {
-                let v = json!({"id": self.id, "object": self.obj, "created": self.created, "model": self.model,
+                let mut v = json!({"id": self.id, "object": self.obj, "created": self.created, "model": self.model,
                     "choices": [c]});
+                if self.continuous {
+                    v["usage"] = json!({"prompt_tokens": u.0, "completion_tokens": u.1, "total_tokens": u.0 + u.1});
+                }
                 vec![(None, v.to_string())]
             }
         };
