@@ -803,6 +803,16 @@ class ResponsesApi(unittest.TestCase):
         self.assertEqual(text, r.output_text)
         self.assertEqual(final.output_text, r.output_text)
         self.assertEqual(final.usage.output_tokens, r.usage.output_tokens)
+        # The output text's tokens with their log-probabilities, streamed or not.
+        kw.update(top_logprobs=2, include=["message.output_text.logprobs"])
+        r = self.c.responses.create(**kw)
+        parts = [p for o in r.output if o.type == "message" for p in o.content]
+        lps = [e for p in parts for e in p.logprobs]
+        self.assertTrue(lps)
+        self.assertTrue(all(e.logprob <= 0 and len(e.top_logprobs) <= 2 for e in lps))
+        streamed = [e for ev in self.c.responses.create(stream=True, **kw)
+                    if ev.type == "response.output_text.delta" for e in ev.logprobs]
+        self.assertEqual([(e.token, e.logprob) for e in streamed], [(e.token, e.logprob) for e in lps])
 
     def test_forced_function_call_and_its_output(self):
         tool = {"type": "function", "name": "get_weather", "parameters": {

@@ -613,7 +613,7 @@ fn token_text(s: &Server, id: u32) -> String {
 }
 
 /// Chat-style `logprobs.content` entries of some tokens.
-fn chat_logprobs(s: &Server, toks: &[TokenOut], top: usize) -> Value {
+pub(super) fn chat_logprobs(s: &Server, toks: &[TokenOut], top: usize) -> Value {
     let entry = |id: u32, lp: f32| {
         let t = token_text(s, id);
         json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
@@ -744,12 +744,14 @@ pub fn delta(s: &Server, plan: &Plan, index: usize, text: &str, toks: &[TokenOut
     c
 }
 
-/// A streamed chat delta after the reasoning / tool-call parsers.
+/// A streamed chat delta after the reasoning / tool-call parsers, with the log-probabilities
+/// of the tokens it came from (`Value::Null`: none asked for).
 pub fn parsed_delta(
     index: usize,
     reasoning: &str,
     content: &str,
     calls: &[crate::serve_parsers::ToolCallDelta],
+    logprobs: Value,
 ) -> Value {
     let mut delta = Map::new();
     if !reasoning.is_empty() {
@@ -777,5 +779,5 @@ pub fn parsed_delta(
             .collect();
         delta.insert("tool_calls".into(), Value::Array(calls));
     }
-    json!({"index": index, "delta": Value::Object(delta), "logprobs": null, "finish_reason": null})
+    json!({"index": index, "delta": Value::Object(delta), "logprobs": logprobs, "finish_reason": null})
 }

@@ -153,9 +153,11 @@ async fn serve_request(s: Arc<Server>, headers: HeaderMap, body: Bytes, which: A
         Api::Chat => "chatcmpl",
         Api::Responses(_) => "resp",
     };
+    // OpenAI's shapes: `cmpl-…`, `chatcmpl-…`, `resp_…`.
+    let sep = if kind == "resp" { "_" } else { "-" };
     let id = match &plan.request_id {
-        Some(r) => format!("{kind}-{r}"),
-        None => format!("{kind}-{}", s.next_id.fetch_add(1, Ordering::Relaxed)),
+        Some(r) => format!("{kind}{sep}{r}"),
+        None => format!("{kind}{sep}{}", s.next_id.fetch_add(1, Ordering::Relaxed)),
     };
     let mut runs = Vec::with_capacity(n_req);
     for p in &plan.prompts {
@@ -186,7 +188,7 @@ async fn serve_request(s: Arc<Server>, headers: HeaderMap, body: Bytes, which: A
         if let Api::Responses(meta) = &which {
             // One choice (`n` is not a Responses field).
             let c = choices.first().cloned().unwrap_or_default();
-            let output = responses::output_of(&id, &c["message"]);
+            let output = responses::output_of(&id, &c["message"], &c["logprobs"]);
             let usage = responses::usage((prompt_tokens, completion_tokens, cached));
             let r = responses::response(&id, &s.name, meta, output, c["finish_reason"].as_str(), usage);
             return axum::Json(r).into_response();

@@ -150,7 +150,10 @@ pub fn to_chat(v: &Value) -> Result<(Value, Meta), ApiError> {
                 "porter stores nothing: send the whole conversation in `input`"
             }
             "reasoning" => "use a model's chat template switches through /v1/chat/completions",
-            "include" if *x == json!([]) => continue,
+            // The tokens' log-probabilities in the output text: the one inclusion porter has.
+            "include" if x.as_array().is_some_and(|a| a.iter().all(|i| i == "message.output_text.logprobs")) => {
+                continue
+            }
             _ => return Err(bad(k, format!("unknown field `{k}`: porter does not know it"))),
         };
         return Err(bad(k, format!("`{k}` is not supported ({why})")));
@@ -177,9 +180,16 @@ pub fn to_chat(v: &Value) -> Result<(Value, Meta), ApiError> {
             chat.insert(to.into(), x.clone());
         }
     }
-    if let Some(n) = o.get("top_logprobs").and_then(Value::as_u64) {
-        chat.insert("logprobs".into(), json!(true));
-        chat.insert("top_logprobs".into(), json!(n));
+    let include_lp = o.get("include").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+    match o.get("top_logprobs") {
+        None | Some(Value::Null) if include_lp => {
+            chat.insert("logprobs".into(), json!(true));
+        }
+        None | Some(Value::Null) => {}
+        Some(n) => {
+            chat.insert("logprobs".into(), json!(true));
+            chat.insert("top_logprobs".into(), n.clone());
+        }
     }
     if o.get("stream") == Some(&json!(true)) {
         chat.insert("stream_options".into(), json!({"include_usage": true}));
@@ -272,13 +282,20 @@ fn reasoning_item(id: &str, text: &str) -> Value {
         "status": "completed"})
 }
 
-fn message_item(id: &str, text: &str, status: &str) -> Value {
-    let content = if status == "in_progress" { json!([]) } else { json!([text_part(text)]) };
+fn message_item(id: &str, text: &str, status: &str, logprobs: &[Value]) -> Value {
+    let content = if status == "in_progress" { json!([]) } else { json!([text_part(text, logprobs)]) };
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
 }
 
-fn text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": []})
+/// An `output_text` part; `logprobs`: its tokens' (`{token, logprob, bytes, top_logprobs}`,
+/// the chat API's entries; empty unless `top_logprobs` was asked for).
+fn text_part(text: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
+}
+
+/// The token entries of a chat `logprobs` value (`{"content": [...]}`), or none.
+fn entries(logprobs: &Value) -> &[Value] {
+    logprobs.get("content").and_then(Value::as_array).map_or(&[], Vec::as_slice)
 }
 
 fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
@@ -286,15 +303,15 @@ fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str)
         "status": status})
 }
 
-/// The output items of a non-streamed chat choice (`message` as `api::choice` builds it):
-/// reasoning, the text, then the calls.
-pub fn output_of(id: &str, message: &Value) -> Vec<Value> {
+/// The output items of a non-streamed chat choice (`message` and `logprobs` as `api::choice`
+/// builds them): reasoning, the text (with its tokens' log-probabilities), then the calls.
+pub fn output_of(id: &str, message: &Value, logprobs: &Value) -> Vec<Value> {
     let mut out = Vec::new();
     if let Some(r) = message.get("reasoning_content").and_then(Value::as_str) {
         out.push(reasoning_item(&format!("rs_{id}"), r));
     }
     if let Some(t) = message.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
-        out.push(message_item(&format!("msg_{id}"), t, "completed"));
+        out.push(message_item(&format!("msg_{id}"), t, "completed", entries(logprobs)));
     }
     for (i, c) in message.get("tool_calls").and_then(Value::as_array).into_iter().flatten().enumerate() {
         let f = &c["function"];
@@ -308,7 +325,8 @@ pub fn output_of(id: &str, message: &Value) -> Vec<Value> {
 #[derive(Debug)]
 enum Open {
     Reasoning(String),
-    Message(String),
+    /// A message: its text and its tokens' log-probabilities so far.
+    Message(String, Vec<Value>),
     /// A call: its index among the chat deltas, call id, name and arguments so far.
     Call(usize, String, String, String),
 }
@@ -323,11 +341,14 @@ pub struct Events {
     open: Option<Open>,
     done: Vec<Value>,
     finish: Option<String>,
+    /// Token log-probabilities that came before the text they belong with (the parsers hold
+    /// text back): given to the next text delta, as the non-streamed message has them all.
+    pending: Vec<Value>,
 }
 
 impl Events {
     pub fn new(id: String, model: String, meta: Meta) -> Self {
-        Self { id, model, meta, seq: 0, open: None, done: Vec::new(), finish: None }
+        Self { id, model, meta, seq: 0, open: None, done: Vec::new(), finish: None, pending: Vec::new() }
     }
 
     fn ev(&mut self, kind: &str, mut body: Value) -> (String, Value) {
@@ -368,17 +389,26 @@ impl Events {
                 ));
                 self.done.push(reasoning_item(&id, &t));
             }
-            Some(Open::Message(t)) => {
+            Some(Open::Message(t, mut lp)) => {
                 let id = format!("msg_{id}");
+                if !self.pending.is_empty() {
+                    // Tokens after the last text: their log-probabilities still belong here.
+                    let rest = std::mem::take(&mut self.pending);
+                    lp.extend(rest.iter().cloned());
+                    out.push(self.ev(
+                        "response.output_text.delta",
+                        json!({"item_id": id, "output_index": n, "content_index": 0, "delta": "", "logprobs": rest}),
+                    ));
+                }
                 out.push(self.ev(
                     "response.output_text.done",
-                    json!({"item_id": id, "output_index": n, "content_index": 0, "text": t}),
+                    json!({"item_id": id, "output_index": n, "content_index": 0, "text": t, "logprobs": lp}),
                 ));
                 out.push(self.ev(
                     "response.content_part.done",
-                    json!({"item_id": id, "output_index": n, "content_index": 0, "part": text_part(&t)}),
+                    json!({"item_id": id, "output_index": n, "content_index": 0, "part": text_part(&t, &lp)}),
                 ));
-                self.done.push(message_item(&id, &t, "completed"));
+                self.done.push(message_item(&id, &t, "completed", &lp));
             }
             Some(Open::Call(_, call_id, name, args)) => {
                 let id = format!("fc_{id}");
@@ -399,6 +429,7 @@ impl Events {
         let mut out = Vec::new();
         let d = &c["delta"];
         let n = self.done.len();
+        self.pending.extend(entries(&c["logprobs"]).iter().cloned());
         if let Some(r) = d.get("reasoning_content").and_then(Value::as_str).filter(|r| !r.is_empty()) {
             if !matches!(self.open, Some(Open::Reasoning(_))) {
                 out.extend(self.close());
@@ -417,27 +448,29 @@ impl Events {
             ));
         }
         if let Some(t) = d.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
-            if !matches!(self.open, Some(Open::Message(_))) {
+            if !matches!(self.open, Some(Open::Message(..))) {
                 out.extend(self.close());
                 let id = format!("msg_{}", self.item_id());
                 let n = self.done.len();
                 out.push(self.ev(
                     "response.output_item.added",
-                    json!({"output_index": n, "item": message_item(&id, "", "in_progress")}),
+                    json!({"output_index": n, "item": message_item(&id, "", "in_progress", &[])}),
                 ));
                 out.push(self.ev(
                     "response.content_part.added",
-                    json!({"item_id": id, "output_index": n, "content_index": 0, "part": text_part("")}),
+                    json!({"item_id": id, "output_index": n, "content_index": 0, "part": text_part("", &[])}),
                 ));
-                self.open = Some(Open::Message(String::new()));
+                self.open = Some(Open::Message(String::new(), Vec::new()));
             }
-            if let Some(Open::Message(m)) = &mut self.open {
+            let lp = std::mem::take(&mut self.pending);
+            if let Some(Open::Message(m, all)) = &mut self.open {
                 m.push_str(t);
+                all.extend(lp.iter().cloned());
             }
             let id = format!("msg_{}", self.item_id());
             out.push(self.ev(
                 "response.output_text.delta",
-                json!({"item_id": id, "output_index": self.done.len(), "content_index": 0, "delta": t, "logprobs": []}),
+                json!({"item_id": id, "output_index": self.done.len(), "content_index": 0, "delta": t, "logprobs": lp}),
             ));
         }
         for call in d.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {

@@ -272,7 +272,7 @@ fn delta_for(
             return None;
         }
         c.forced_sent = true;
-        return Some(api::parsed_delta(i, "", "", &d));
+        return Some(api::parsed_delta(i, "", "", &d, Value::Null));
     }
     if is_chat && (s.reasoning || plan.parse_tools) {
         // Reasoning first, then tool calls in what remains as content.
@@ -296,10 +296,18 @@ fn delta_for(
         if plan.one_call {
             t.calls.retain(|d| d.index == 0);
         }
-        if r.reasoning.is_empty() && t.content.is_empty() && t.calls.is_empty() {
+        // The tokens' log-probabilities go with the delta they made (also one whose text the
+        // parsers still hold back, so that none is lost).
+        let lp = plan.logprobs.filter(|_| !toks.is_empty()).map(|top| api::chat_logprobs(s, toks, top));
+        let ids = plan.return_token_ids && !toks.is_empty();
+        if r.reasoning.is_empty() && t.content.is_empty() && t.calls.is_empty() && lp.is_none() && !ids {
             return None;
         }
-        return Some(api::parsed_delta(i, &r.reasoning, &t.content, &t.calls));
+        let mut d = api::parsed_delta(i, &r.reasoning, &t.content, &t.calls, lp.unwrap_or(Value::Null));
+        if plan.return_token_ids {
+            d["token_ids"] = json!(toks.iter().map(|t| t.id).collect::<Vec<_>>());
+        }
+        return Some(d);
     }
     if !safe.is_empty() || (!toks.is_empty() && (plan.logprobs.is_some() || plan.return_token_ids)) {
         return Some(api::delta(s, plan, i, safe, toks, is_chat));

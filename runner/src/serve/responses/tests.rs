@@ -120,7 +120,7 @@ fn chat_chunks_become_response_events() {
         v.as_object_mut().map(|o| o.remove("id"));
         v
     };
-    let whole: Vec<Value> = output_of("resp_1", &message).iter().map(strip).collect();
+    let whole: Vec<Value> = output_of("resp_1", &message, &Value::Null).iter().map(strip).collect();
     assert_eq!(whole, out.iter().map(strip).collect::<Vec<_>>());
     // Cut by max_output_tokens: incomplete.
     let mut e = Events::new("resp_2".into(), "m".into(), Meta::default());
