@@ -654,9 +654,9 @@ class Operations(unittest.TestCase):
         self.assertEqual(got["r"].usage.completion_tokens, 400, "the in-flight request was finished, not cut")
 
 
-class ForcedToolCalls(unittest.TestCase):
-    """`tool_choice` forcing a call, on the bundled checkpoint with the real Qwen3 template (which
-    renders `tools`) and both parsers on: the forced path bypasses them."""
+class Qwen3Parsers(unittest.TestCase):
+    """A server of the bundled checkpoint with the real Qwen3 template (which renders `tools`) and
+    both parsers on."""
 
     @classmethod
     def setUpClass(cls):
@@ -668,6 +668,10 @@ class ForcedToolCalls(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         assert cls.s.stop() == 0
+
+
+class ForcedToolCalls(Qwen3Parsers):
+    """`tool_choice` forcing a call: the forced path bypasses the parsers."""
 
     TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
@@ -764,21 +768,9 @@ class ForcedToolCalls(unittest.TestCase):
             self.assertIn(needle, text)
 
 
-class ResponsesApi(unittest.TestCase):
-    """`POST /v1/responses` through the openai client's `responses.create`, on the bundled checkpoint with
-    the real Qwen3 template and both parsers: text, streamed events, forced function calls, and a
-    conversation carrying a call and its output."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.s = Server("--chat-template", os.path.join(ROOT, "tests/fixtures/chat_golden/qwen3.jinja"),
-                       "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
-        cls.c = cls.s.client()
-        cls.model = cls.c.models.list().data[0].id
-
-    @classmethod
-    def tearDownClass(cls):
-        assert cls.s.stop() == 0
+class ResponsesApi(Qwen3Parsers):
+    """`POST /v1/responses` through the openai client's `responses.create`: text, streamed events,
+    forced function calls, and a conversation carrying a call and its output."""
 
     def test_text_streamed_or_not(self):
         kw = dict(model=self.model, input="Say hello.", instructions="Be brief.", max_output_tokens=12,

@@ -69,6 +69,11 @@ pub struct SchedConfig {
     pub priority: bool,
 }
 
+/// A request's place under priority scheduling: (priority, arrival), smallest first.
+fn order(reqs: &HashMap<RequestId, SchedSeq>, id: RequestId) -> (i64, u64) {
+    reqs.get(&id).map_or((i64::MAX, u64::MAX), |r| (r.priority, r.arrival))
+}
+
 /// One scheduled request: `n` rows starting at its `computed` position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scheduled {
@@ -136,24 +141,22 @@ impl Scheduler {
     /// Queues a new request: at the back, or (priority scheduling) after every request that
     /// comes before it in (priority, arrival) order.
     pub fn enqueue(&mut self, id: RequestId, reqs: &HashMap<RequestId, SchedSeq>) {
-        if !self.cfg.priority {
-            self.waiting.push_back(id);
-            return;
-        }
-        let key = |x: &RequestId| reqs.get(x).map_or((i64::MAX, u64::MAX), |r| (r.priority, r.arrival));
-        let at = self.waiting.partition_point(|x| key(x) <= key(&id));
+        let at = if self.cfg.priority {
+            self.waiting.partition_point(|&x| order(reqs, x) <= order(reqs, id))
+        } else {
+            self.waiting.len()
+        };
         self.waiting.insert(at, id);
     }
 
     /// Adds an admitted request to the running set: at the back, or in (priority, arrival)
     /// order (the back is what preemption takes first).
     fn run(&mut self, id: RequestId, reqs: &HashMap<RequestId, SchedSeq>) {
-        if !self.cfg.priority {
-            self.running.push(id);
-            return;
-        }
-        let key = |x: &RequestId| reqs.get(x).map_or((i64::MAX, u64::MAX), |r| (r.priority, r.arrival));
-        let at = self.running.partition_point(|x| key(x) <= key(&id));
+        let at = if self.cfg.priority {
+            self.running.partition_point(|&x| order(reqs, x) <= order(reqs, id))
+        } else {
+            self.running.len()
+        };
         self.running.insert(at, id);
     }
 
