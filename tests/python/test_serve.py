@@ -278,6 +278,17 @@ class TinyModel(unittest.TestCase):
         toks = json.loads(text)["tokens"]
         code, text = self.s.post("/detokenize", {"tokens": toks})
         self.assertEqual(json.loads(text)["prompt"], "Beautiful is better than")
+        # vLLM's return_token_strs: the vocabulary's spelling of each id.
+        strs = json.loads(self.s.post("/tokenize", {"prompt": "Beautiful is", "return_token_strs": True})[1])
+        self.assertEqual(len(strs["token_strs"]), len(strs["tokens"]))
+        self.assertTrue(all(isinstance(t, str) for t in strs["token_strs"]))
+        for path, body in [("/tokenize", {"prompt": "x", "add_generation_prompt": True}),
+                           ("/detokenize", {"tokens": [1], "skip": 1})]:
+            code, text = self.s.post(path, body)
+            self.assertEqual(code, 400, (path, text))
+            self.assertIn("unknown field", text)
+        code, text = self.s.get("/version")
+        self.assertEqual((code, "version" in json.loads(text)), (200, True))
 
     def test_disconnect_frees_the_request(self):
         stream = self.c.completions.create(model=self.model, prompt="x", max_tokens=3000, temperature=0,

@@ -144,6 +144,37 @@ pub fn check(v: &Value, is_chat: bool) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Checks that every field of `v` is one of `known` (a `null` counts as absent).
+///
+/// # Errors
+/// The first other field, named.
+pub fn check_fields(v: &Value, known: &[&str]) -> Result<(), ApiError> {
+    let Some(o) = v.as_object() else { return Ok(()) };
+    match o.iter().find(|(k, x)| !x.is_null() && !known.contains(&k.as_str())) {
+        Some((k, _)) => Err(ApiError::invalid(k, format!("unknown field `{k}`: porter does not know it"))),
+        None => Ok(()),
+    }
+}
+
+/// The fields of `POST /tokenize` (vLLM's): a prompt, or messages rendered as a chat.
+///
+/// # Errors
+/// A field of neither form.
+pub fn check_tokenize(v: &Value) -> Result<(), ApiError> {
+    const PROMPT: &[&str] = &["model", "prompt", "add_special_tokens", "return_token_strs"];
+    const CHAT: &[&str] = &[
+        "model",
+        "messages",
+        "add_special_tokens",
+        "return_token_strs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template_kwargs",
+        "tools",
+    ];
+    check_fields(v, if v.get("messages").is_some() { CHAT } else { PROMPT })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

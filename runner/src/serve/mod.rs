@@ -431,6 +431,7 @@ pub fn router(state: Arc<Server>) -> Router {
     Router::new()
         .route("/", get(page::page))
         .route("/health", get(health))
+        .route("/version", get(version))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -463,6 +464,11 @@ fn check_auth(s: &Server, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// `GET /version` (as vLLM's): porter's version.
+async fn version() -> Response {
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
 async fn models(AxState(s): AxState<Arc<Server>>, headers: HeaderMap) -> Response {
     if let Err(e) = check_auth(&s, &headers) {
         return e.into_response();
@@ -478,6 +484,7 @@ async fn tokenize(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: By
     let r = (|| {
         check_auth(&s, &headers)?;
         let v = api::parse_json(&headers, &body)?;
+        fields::check_tokenize(&v)?;
         let ids = if let Some(m) = v.get("messages") {
             let text = api::render_chat(&s, &v, m)?;
             api::encode(&s, &text, v.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(false))?
@@ -487,7 +494,13 @@ async fn tokenize(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: By
             })?;
             api::encode(&s, p, v.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true))?
         };
-        Ok::<_, ApiError>(json!({"tokens": ids, "count": ids.len(), "max_model_len": s.ctx}))
+        let mut out = json!({"tokens": ids, "count": ids.len(), "max_model_len": s.ctx});
+        if v.get("return_token_strs").and_then(Value::as_bool) == Some(true) {
+            // vLLM's: each id's token as the vocabulary spells it.
+            let strs: Vec<Value> = ids.iter().map(|&i| s.tok.id_to_token(i).map_or(Value::Null, Value::from)).collect();
+            out["token_strs"] = Value::Array(strs);
+        }
+        Ok::<_, ApiError>(out)
     })();
     match r {
         Ok(v) => axum::Json(v).into_response(),
@@ -499,6 +512,7 @@ async fn detokenize(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: 
     let r = (|| {
         check_auth(&s, &headers)?;
         let v = api::parse_json(&headers, &body)?;
+        fields::check_fields(&v, &["model", "tokens"])?;
         let ids = api::token_ids(v.get("tokens"), "tokens", s.vocab)?.ok_or_else(|| {
             ApiError::new(Kind::Invalid, "`tokens` (a list of token ids) is required", Some("tokens"))
         })?;
