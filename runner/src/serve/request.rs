@@ -135,6 +135,7 @@ async fn serve_request(s: Arc<Server>, headers: HeaderMap, body: Bytes, which: A
     }
     let plan = match api::plan(&s, &headers, &body, is_chat) {
         Ok(p) => p,
+        Err(e) if matches!(which, Api::Responses(_)) => return responses::rename(e).into_response(),
         Err(e) => return e.into_response(),
     };
     let n_req = plan.prompts.len() * plan.n;

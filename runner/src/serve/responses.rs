@@ -257,6 +257,21 @@ pub fn to_chat(v: &Value) -> Result<(Value, Meta), ApiError> {
     Ok((Value::Object(chat), meta))
 }
 
+/// A chat request's error in the Responses request's terms: the fields it was translated
+/// from (`max_tokens` → `max_output_tokens`, `response_format` → `text.format`, `messages` →
+/// `input`), in the parameter and the message.
+pub fn rename(mut e: ApiError) -> ApiError {
+    const NAMES: [(&str, &str); 3] =
+        [("max_tokens", "max_output_tokens"), ("response_format", "text.format"), ("messages", "input")];
+    for (chat, ours) in NAMES {
+        if e.param.as_deref() == Some(chat) {
+            e.param = Some(ours.to_owned());
+        }
+        e.message = e.message.replace(&format!("`{chat}`"), &format!("`{ours}`"));
+    }
+    e
+}
+
 /// Responses `usage` from the chat counts `(prompt, completion, cached)`.
 pub fn usage(u: (usize, usize, usize)) -> Value {
     json!({"input_tokens": u.0, "input_tokens_details": {"cached_tokens": u.2}, "output_tokens": u.1,

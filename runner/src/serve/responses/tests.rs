@@ -130,3 +130,15 @@ fn chat_chunks_become_response_events() {
     assert_eq!(last.0, "response.incomplete");
     assert_eq!(last.1["response"]["incomplete_details"], json!({"reason": "max_output_tokens"}));
 }
+
+#[test]
+fn chat_errors_name_the_responses_fields() {
+    let e = rename(ApiError::invalid("max_tokens", "`max_tokens` must be >= 1, got 0"));
+    assert_eq!(
+        (e.param.as_deref(), e.message.as_str()),
+        (Some("max_output_tokens"), "`max_output_tokens` must be >= 1, got 0")
+    );
+    let e = rename(ApiError::invalid("response_format", "`response_format`: the schema is not supported: x"));
+    assert_eq!(e.param.as_deref(), Some("text.format"));
+    assert!(e.message.starts_with("`text.format`"), "{}", e.message);
+}
