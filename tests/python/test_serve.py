@@ -339,6 +339,21 @@ class TinyModel(unittest.TestCase):
         self.assertIsNone(lp.top_logprobs[0])
         self.assertTrue(all(x <= 0 for x in lp.token_logprobs[1:]))
         self.assertTrue(all(len(t) <= 2 for t in lp.top_logprobs[1:]))
+        # vLLM's prompt_logprobs: {id: {logprob, rank, decoded_token}} per prompt token.
+        code, body = self.s.post("/v1/completions", {"prompt": text, "max_tokens": 1, "prompt_logprobs": 2})
+        self.assertEqual(code, 200, body)
+        plp = json.loads(body)["choices"][0]["prompt_logprobs"]
+        ids = json.loads(self.s.post("/tokenize", {"prompt": text})[1])["tokens"]
+        self.assertEqual(len(plp), len(ids))
+        self.assertIsNone(plp[0])
+        for p in range(1, len(ids)):
+            own = plp[p][str(ids[p])]
+            self.assertAlmostEqual(own["logprob"], lp.token_logprobs[p], places=5)
+            self.assertGreaterEqual(own["rank"], 1)
+            self.assertLessEqual(len(plp[p]), 3)
+            self.assertTrue(all(1 <= e["rank"] <= 2 for k, e in plp[p].items() if k != str(ids[p])))
+        code, body = self.s.post("/v1/completions", {"prompt": text, "stream": True, "prompt_logprobs": 1})
+        self.assertEqual(code, 400, body)
         # The same prompt scores the same whatever else the request asks for.
         again = self.complete(prompt=text, max_tokens=3, echo=True, logprobs=1, temperature=0.7, seed=3)
         self.assertEqual(again.choices[0].logprobs.token_logprobs[:n], lp.token_logprobs[:n])
@@ -936,6 +951,15 @@ class Qwen3Template(unittest.TestCase):
             self.assertEqual(code, 400, text)
             self.assertIn("no boom, please", json.loads(text)["error"]["message"])
         self.assertTrue(self.tokens({"messages": [{"role": "user", "content": "fine"}]}))
+
+    def test_chat_prompt_logprobs(self):
+        msgs = [{"role": "user", "content": "fine"}]
+        code, body = self.s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "prompt_logprobs": 0})
+        self.assertEqual(code, 200, body)
+        r = json.loads(body)
+        self.assertEqual(len(r["prompt_logprobs"]), r["usage"]["prompt_tokens"])
+        self.assertIsNone(r["prompt_logprobs"][0])
+        self.assertTrue(all(len(x) == 1 for x in r["prompt_logprobs"][1:]))
 
     def test_continue_final_message(self):
         # vLLM's continue_final_message: the prompt ends right after the assistant's partial

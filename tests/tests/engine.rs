@@ -477,7 +477,9 @@ fn prompt_logprobs_match_transformers() {
             let lse = max as f64 + row.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>().ln();
             let t = lp[p].as_ref().unwrap_or_else(|| panic!("{name}: position {p} has no log-probability"));
             assert_eq!(t.id, ids[p]);
-            let d = (t.logprob.unwrap() as f64 - (row[ids[p] as usize] as f64 - lse)).abs();
+            let d = (t.logprob as f64 - (row[ids[p] as usize] as f64 - lse)).abs();
+            let rank = 1 + row.iter().filter(|&&x| x > row[ids[p] as usize]).count() as u32;
+            assert!(t.rank.abs_diff(rank) <= 1, "{name}: position {p}: rank {} against {rank}", t.rank);
             assert!(d < 1e-4, "{name}: position {p}: |Δ logprob| = {d}");
             let mut order: Vec<usize> = (0..vocab).collect();
             order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));

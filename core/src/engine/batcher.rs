@@ -131,7 +131,7 @@ struct Live {
     queued: Option<std::time::Duration>,
     /// Prompt log-probabilities: the top-N asked for, each prompt position's report, and
     /// whether they were sent (a preempted request's recomputed prompt sends none again).
-    prompt_lp: Option<(usize, Vec<Option<TokenOut>>, bool)>,
+    prompt_lp: Option<(usize, Vec<Option<crate::engine::PromptToken>>, bool)>,
 }
 
 /// Speculative decoding inside the batch: MTP draft heads and how they are chained.
@@ -552,9 +552,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 for j in 0..it.n {
                     let p = pos0 + j + 1;
                     if p < r.prompt_len {
-                        let sd =
-                            crate::engine::sampling::SeqSampler::raw_report(host.row(base + j), r.tokens[p], *n_top)?;
-                        lps[p] = Some(TokenOut { id: sd.token, logprob: sd.logprob, top: sd.top });
+                        let row = host.row(base + j);
+                        lps[p] = Some(crate::engine::sampling::SeqSampler::raw_report(row, r.tokens[p], *n_top)?);
                     }
                 }
                 if pos0 + it.n >= r.prompt_len {

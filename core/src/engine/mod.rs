@@ -12,5 +12,5 @@ pub mod speculative;
 
 pub use batcher::{EngineConfig, EngineCore, SpecConfig};
 pub use handle::{Engine, RequestStream};
-pub use request::{EngineStats, Event, Finish, Finished, RequestId, TokenOut};
+pub use request::{EngineStats, Event, Finish, Finished, PromptToken, RequestId, TokenOut};
 pub use sampling::{SamplingParams, StopParams};

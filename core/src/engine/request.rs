@@ -52,6 +52,18 @@ pub struct TokenOut {
     pub top: Vec<(u32, f32)>,
 }
 
+/// One prompt token's log-probability (`SamplingParams::prompt_logprobs`): under the raw logits
+/// of the row before it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptToken {
+    pub id: u32,
+    pub logprob: f32,
+    /// 1 + the number of ids with a larger logit (vLLM's `rank`).
+    pub rank: u32,
+    /// The top alternatives `(id, logprob)`, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
 /// The end of a request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Finished {
@@ -75,7 +87,7 @@ pub struct Finished {
 pub enum Event {
     /// The prompt's log-probabilities (a request with `prompt_logprobs`), once its prefill is
     /// done and before its first token: entry p is prompt token p's (`None` for the first).
-    Prompt(Vec<Option<TokenOut>>),
+    Prompt(Vec<Option<PromptToken>>),
     Token(TokenOut),
     Done(Finished),
     /// The engine failed while running the request (it is finished).

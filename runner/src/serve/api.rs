@@ -4,7 +4,7 @@ use super::{Output, Server};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use porter_core::engine::sampling::JsonMode;
-use porter_core::engine::{SamplingParams, StopParams, TokenOut};
+use porter_core::engine::{PromptToken, SamplingParams, StopParams, TokenOut};
 use serde_json::{json, Map, Value};
 
 /// Largest request body accepted.
@@ -87,6 +87,8 @@ pub struct Plan {
     pub one_call: bool,
     /// vLLM's `request_id`: the response id is `cmpl-` / `chatcmpl-` and it.
     pub request_id: Option<String>,
+    /// vLLM's `prompt_logprobs` (top-N): the prompt tokens' log-probabilities in its format.
+    pub prompt_logprobs: Option<usize>,
     /// A forced call (`tool_choice` naming a function, or `required` with one tool): the
     /// answer, constrained to its parameters, is that call's `arguments`.
     pub forced_tool: Option<super::tools::Forced>,
@@ -485,6 +487,16 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
             return Err(ApiError::invalid("cache_salt", format!("`cache_salt` must be a non-empty string, got {x}")))
         }
     };
+    let vllm_prompt_lp = match int(&v, "prompt_logprobs")? {
+        None => None,
+        Some(_) if stream => {
+            return Err(ApiError::invalid("prompt_logprobs", "`prompt_logprobs` is not supported with `stream`"))
+        }
+        Some(n) if (0..=20).contains(&n) => Some(n as usize),
+        Some(n) => {
+            return Err(ApiError::invalid("prompt_logprobs", format!("`prompt_logprobs` must be in 0..=20, got {n}")))
+        }
+    };
     let priority = int(&v, "priority")?.unwrap_or(0);
     if priority != 0 && !s.priority {
         return Err(ApiError::invalid(
@@ -506,8 +518,9 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         logprobs: logprobs.map(|t| t.max(1)),
         stop: StopParams { max_tokens: Some(max_tokens), min_tokens: min_tokens as usize, ignore_eos, stop_token_ids },
         cache_salt,
-        // OpenAI's `echo` with `logprobs`: the prompt's tokens are scored too.
-        prompt_logprobs: if echo { logprobs } else { None },
+        // OpenAI's `echo` with `logprobs`, and vLLM's `prompt_logprobs`: the prompt's tokens
+        // are scored too.
+        prompt_logprobs: if echo { logprobs.max(vllm_prompt_lp) } else { vllm_prompt_lp },
         priority,
     };
     params.validate().map_err(|e| ApiError::new(Kind::Invalid, e.to_string(), None))?;
@@ -528,6 +541,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
         forced_tool,
         one_call,
         request_id,
+        prompt_logprobs: vllm_prompt_lp,
     })
 }
 
@@ -629,18 +643,37 @@ pub(super) fn chat_logprobs(s: &Server, toks: &[TokenOut], top: usize) -> Value 
     json!({"content": content})
 }
 
-/// Completions-style `logprobs`.
+/// vLLM's `prompt_logprobs`: per prompt token (`null` for the first) an object from token ids
+/// to `{logprob, rank, decoded_token}`: the prompt token's own, then the top `n`'s.
+pub fn vllm_prompt_logprobs(s: &Server, ids: &[u32], lp: &[Option<PromptToken>], n: usize) -> Value {
+    let entry = |id: u32, logprob: f32, rank: u32| json!({"logprob": logprob, "rank": rank, "decoded_token": token_text(s, id)});
+    let list: Vec<Value> = (0..ids.len())
+        .map(|p| match lp.get(p).and_then(Option::as_ref) {
+            None => Value::Null,
+            Some(t) => {
+                let mut m = Map::new();
+                m.insert(t.id.to_string(), entry(t.id, t.logprob, t.rank));
+                for (r, &(i, l)) in t.top.iter().take(n).enumerate() {
+                    m.entry(i.to_string()).or_insert_with(|| entry(i, l, r as u32 + 1));
+                }
+                Value::Object(m)
+            }
+        })
+        .collect();
+    Value::Array(list)
+}
+
 /// Completions-style `logprobs`; with `prompt` (`echo`), the prompt's tokens come first, the
 /// first one with `null`s (OpenAI's legacy shape, what lm-evaluation-harness reads).
 fn completion_logprobs(
     s: &Server,
-    prompt: Option<(&[u32], &[Option<TokenOut>])>,
+    prompt: Option<(&[u32], &[Option<PromptToken>])>,
     toks: &[TokenOut],
     top: usize,
 ) -> Value {
     let (mut tokens, mut lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
-    let top_of = |t: &TokenOut| {
-        let m: Map<String, Value> = t.top.iter().take(top).map(|&(i, lp)| (token_text(s, i), json!(lp))).collect();
+    let top_of = |t: &[(u32, f32)]| {
+        let m: Map<String, Value> = t.iter().take(top).map(|&(i, lp)| (token_text(s, i), json!(lp))).collect();
         Value::Object(m)
     };
     if let Some((ids, lp)) = prompt {
@@ -648,13 +681,13 @@ fn completion_logprobs(
             tokens.push(token_text(s, id));
             let e = lp.get(p).and_then(Option::as_ref);
             lps.push(e.map_or(Value::Null, |t| json!(t.logprob)));
-            tops.push(e.map_or(Value::Null, top_of));
+            tops.push(e.map_or(Value::Null, |t| top_of(&t.top)));
         }
     }
     for t in toks {
         tokens.push(token_text(s, t.id));
         lps.push(json!(t.logprob));
-        tops.push(top_of(t));
+        tops.push(top_of(&t.top));
     }
     json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops})
 }
@@ -715,6 +748,9 @@ pub fn choice(s: &Server, plan: &Plan, index: usize, out: &Output, is_chat: bool
             out.text.clone()
         };
         let mut c = json!({"index": index, "text": text, "logprobs": lp, "finish_reason": out.reason});
+        if let (Some(n), Some(p)) = (plan.prompt_logprobs, out.prompt.as_deref()) {
+            c["prompt_logprobs"] = vllm_prompt_logprobs(s, &plan.prompts[index / plan.n], p, n);
+        }
         with_token_ids(plan, index, out, &mut c);
         c
     }

@@ -42,6 +42,7 @@ const COMMON: &[&str] = &[
     "request_id",
     "cache_salt",
     "priority",
+    "prompt_logprobs",
     "user",
 ];
 /// Honoured by `/v1/completions` only.
@@ -65,7 +66,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("guided_whitespace_pattern", "whitespace in structured output follows JSON"),
     ("structured_outputs", "use `response_format`, `guided_json` or `guided_choice`"),
     ("structural_tag", "use `response_format`, `guided_json` or `guided_choice`"),
-    ("prompt_logprobs", "no log-probabilities of the prompt"),
     ("truncate_prompt_tokens", "prompts are never truncated"),
     ("allowed_token_ids", "use `logit_bias`"),
     ("logits_processors", "no custom logits processors"),

@@ -173,6 +173,7 @@ async fn serve_request(s: Arc<Server>, headers: HeaderMap, body: Bytes, which: A
         stream::stream_response(s, plan, id, runs, guards, which)
     } else {
         let mut choices = Vec::new();
+        let mut outputs_prompt = None;
         let (mut prompt_tokens, mut completion_tokens, mut cached) = (0, 0, 0);
         for (i, run) in runs.into_iter().enumerate() {
             let p = &plan.prompts[i / plan.n];
@@ -184,6 +185,9 @@ async fn serve_request(s: Arc<Server>, headers: HeaderMap, body: Bytes, which: A
             completion_tokens += out.fin.completion_tokens;
             cached += out.fin.cached_tokens;
             choices.push(api::choice(&s, &plan, i, &out, is_chat));
+            if i == 0 {
+                outputs_prompt = out.prompt.map(|p| (plan.prompts[0].clone(), p));
+            }
         }
         drop(guards);
         if let Api::Responses(meta) = &which {
@@ -195,11 +199,18 @@ async fn serve_request(s: Arc<Server>, headers: HeaderMap, body: Bytes, which: A
             return axum::Json(r).into_response();
         }
         let usage = api::usage(prompt_tokens, completion_tokens, cached);
+        // vLLM's chat `prompt_logprobs` is the response's (its choices share the prompt).
+        let prompt_lp = match (&which, plan.prompt_logprobs) {
+            (Api::Chat, Some(n)) => outputs_prompt.map(|(ids, p)| api::vllm_prompt_logprobs(&s, &ids, &p, n)),
+            _ => None,
+        };
         let obj = if is_chat { "chat.completion" } else { "text_completion" };
-        axum::Json(
-            json!({"id": id, "object": obj, "created": now(), "model": s.name, "choices": choices, "usage": usage}),
-        )
-        .into_response()
+        let mut r =
+            json!({"id": id, "object": obj, "created": now(), "model": s.name, "choices": choices, "usage": usage});
+        if let Some(p) = prompt_lp {
+            r["prompt_logprobs"] = p;
+        }
+        axum::Json(r).into_response()
     }
 }
 
@@ -211,8 +222,9 @@ pub(super) fn now() -> u64 {
 pub struct Output {
     pub text: String,
     pub tokens: Vec<TokenOut>,
-    /// The prompt's log-probabilities, when asked for (`echo` with `logprobs`).
-    pub prompt: Option<Vec<Option<TokenOut>>>,
+    /// The prompt's log-probabilities, when asked for (`echo` with `logprobs`, or vLLM's
+    /// `prompt_logprobs`).
+    pub prompt: Option<Vec<Option<porter_core::engine::PromptToken>>>,
     pub fin: Finished,
     /// `stop` when a stop string matched (the engine request was aborted then).
     pub reason: &'static str,

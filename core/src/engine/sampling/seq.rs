@@ -366,15 +366,17 @@ impl SeqSampler {
         Ok(Sampled { token, logprob, top })
     }
 
-    /// The log-probability of `token` under the raw `logits` (log-softmax, no penalty, bias,
-    /// mask or temperature) and the top `n_top` alternatives: a prompt token's report.
-    pub fn raw_report(logits: &[f32], token: u32, n_top: usize) -> Result<Sampled> {
+    /// A prompt token's report: the log-probability of `token` under the raw `logits`
+    /// (log-softmax, no penalty, bias, mask or temperature), its rank and the top `n_top`.
+    pub fn raw_report(logits: &[f32], token: u32, n_top: usize) -> Result<crate::engine::PromptToken> {
         let row = Row { raw: logits, ov: &[] };
         let scan = Self::checked_scan(&row, n_top)?;
         let lse = scan.max as f64 + row::sum_exp(&row, 1.0, scan.max).ln();
         let lp = |v: f32| (v as f64 - lse) as f32;
         let top = scan.top.iter().map(|&(i, v)| (i, lp(v))).collect();
-        Ok(Sampled { token, logprob: Some(lp(row.get(token as usize))), top })
+        let v = row.get(token as usize);
+        let rank = 1 + logits.iter().filter(|&&x| x > v).count() as u32;
+        Ok(crate::engine::PromptToken { id: token, logprob: lp(v), rank, top })
     }
 
     /// Draws from an explicit distribution (the argmax when at most one entry is positive,
