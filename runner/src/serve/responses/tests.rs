@@ -142,3 +142,100 @@ fn chat_errors_name_the_responses_fields() {
     assert_eq!(e.param.as_deref(), Some("text.format"));
     assert!(e.message.starts_with("`text.format`"), "{}", e.message);
 }
+
+/// A small deterministic generator of JSON values drawn from a palette of the request's own
+/// field names and edge values.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn value(&mut self, depth: usize) -> Value {
+        const KEYS: [&str; 16] = [
+            "type",
+            "role",
+            "content",
+            "name",
+            "call_id",
+            "arguments",
+            "output",
+            "text",
+            "format",
+            "schema",
+            "function",
+            "parameters",
+            "input",
+            "tools",
+            "x",
+            "",
+        ];
+        match self.below(if depth == 0 { 7 } else { 9 }) {
+            0 => Value::Null,
+            1 => json!(self.below(2) == 0),
+            2 => json!([-1i64, 0, 1, 3, i64::MAX][self.below(5)]),
+            3 => json!([0.5f64, -2.5, 1e300][self.below(3)]),
+            4 => json!(
+                ["", "x", "message", "function_call", "function_call_output", "json_schema", "auto"][self.below(7)]
+            ),
+            5 => json!("function"),
+            6 => json!({}),
+            7 => Value::Array((0..self.below(4)).map(|_| self.value(depth - 1)).collect()),
+            _ => {
+                let mut m = Map::new();
+                for _ in 0..self.below(5) {
+                    let k = KEYS[self.below(KEYS.len())];
+                    m.insert(k.to_owned(), self.value(depth - 1));
+                }
+                Value::Object(m)
+            }
+        }
+    }
+}
+
+/// Thousands of malformed Responses requests (and `tool_choice` / field checks on chat
+/// ones): never a panic; every refusal names a parameter.
+#[test]
+fn malformed_requests_are_named_refusals() {
+    const FIELDS_TRIED: [&str; 12] = [
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "text",
+        "max_output_tokens",
+        "store",
+        "include",
+        "truncation",
+        "top_logprobs",
+        "model",
+        "stream",
+    ];
+    let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+    for _ in 0..3000 {
+        let mut v = json!({"input": "hi"});
+        for _ in 0..1 + g.below(3) {
+            let k = FIELDS_TRIED[g.below(FIELDS_TRIED.len())];
+            v[k] = g.value(3);
+        }
+        if let Err(e) = to_chat(&v) {
+            assert!(e.param.is_some(), "{v}: {}", e.message);
+        }
+        let chat = json!({"messages": [], "tools": v.get("tools").cloned().unwrap_or(Value::Null),
+            "tool_choice": v.get("tool_choice").cloned().unwrap_or(Value::Null)});
+        if let Err(e) = super::super::tools::tool_choice(&chat) {
+            assert!(e.param.is_some(), "{chat}: {}", e.message);
+        }
+        if let Err(e) = super::super::fields::check(&v, g.below(2) == 0) {
+            assert!(e.param.is_some(), "{v}: {}", e.message);
+        }
+    }
+}

@@ -334,3 +334,78 @@ fn string_lengths_count_utf8_characters() {
     assert!(at(b"\xf0\x9f").is_some_and(|st| st.step(&s, b'"').is_none()), "a cut character");
     assert!(at(b"\xed\xa0").is_none(), "a surrogate");
 }
+
+/// Random schemas built from the supported keywords (and a few others): compiling never
+/// panics, and a compiled one's random walks never do either.
+#[test]
+fn random_schemas_compile_or_are_refused() {
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let mut rnd = move |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    fn schema(rnd: &mut dyn FnMut(usize) -> usize, depth: usize) -> Value {
+        let types = ["object", "array", "string", "integer", "number", "boolean", "null"];
+        match rnd(if depth == 0 { 4 } else { 9 }) {
+            0 => {
+                let t = types[rnd(types.len())];
+                json!({"type": t})
+            }
+            1 => {
+                let lists = [json!(["a", "b"]), json!([1, 10]), json!([true, null])];
+                json!({"enum": lists[rnd(3)].clone()})
+            }
+            2 => {
+                let k = ["k", "v"][rnd(2)];
+                json!({"const": k})
+            }
+            3 => {
+                let (max, min) = (rnd(4), rnd(3));
+                json!({"type": "string", "maxLength": max, "minLength": min})
+            }
+            4 | 5 => {
+                let mut props = serde_json::Map::new();
+                let mut req = Vec::new();
+                for i in 0..rnd(4) {
+                    let k = ["t", "a", "b", "c"][i];
+                    props.insert(k.into(), schema(rnd, depth - 1));
+                    if rnd(2) == 0 {
+                        req.push(k);
+                    }
+                }
+                json!({"type": "object", "properties": props, "required": req})
+            }
+            6 => {
+                let (items, max) = (schema(rnd, depth - 1), rnd(3));
+                json!({"type": "array", "items": items, "maxItems": max})
+            }
+            7 => {
+                let alts: Vec<Value> = (0..1 + rnd(3)).map(|_| schema(rnd, depth - 1)).collect();
+                let mut m = serde_json::Map::new();
+                m.insert(["anyOf", "oneOf"][rnd(2)].into(), Value::Array(alts));
+                Value::Object(m)
+            }
+            _ => {
+                let lists = [json!(["string", "null"]), json!(["integer", "number"]), json!(["object", "array"])];
+                json!({"type": lists[rnd(3)].clone()})
+            }
+        }
+    }
+    let (mut compiled, alphabet) = (0, b"{}[]\":, tabkv0123456789-.en\"ul".to_vec());
+    for _ in 0..2000 {
+        let root = json!({"type": "object", "properties": {"u": schema(&mut rnd, 4)}});
+        let Ok(s) = Schema::compile(&root) else { continue };
+        compiled += 1;
+        let mut st = s.start();
+        for _ in 0..60 {
+            let ok: Vec<u8> = alphabet.iter().copied().filter(|&b| st.step(&s, b).is_some()).collect();
+            if ok.is_empty() || st.complete() {
+                break;
+            }
+            st = st.step(&s, ok[rnd(ok.len())]).unwrap_or(st);
+        }
+    }
+    assert!(compiled > 500, "only {compiled} schemas compiled");
+}
