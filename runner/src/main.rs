@@ -19,6 +19,7 @@ use std::process::ExitCode;
 
 mod bench_cmd;
 mod chat;
+mod engine_sizes;
 mod kernels_cmd;
 mod load_cmd;
 mod serve_bench;

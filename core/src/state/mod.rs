@@ -8,6 +8,7 @@
 //! layers, nothing for stateless layers. Freed slots and blocks are reused.
 
 pub mod blocks;
+mod checkpoints;
 
 pub use crate::backend::{KvCache, KvDtype, RecCache, RollbackMeta};
 pub use crate::batch::{Batch, PageStep, SeqId, SeqSpan};
@@ -16,7 +17,7 @@ pub use blocks::{block_hash, BlockPool, BlockUsage};
 use crate::bail;
 use crate::error::Result;
 use crate::tensor::{DType, Device};
-use std::collections::{BTreeMap, HashMap};
+use checkpoints::Checkpoints;
 use std::sync::Arc;
 
 /// Default KV block size (token positions per block).
@@ -262,72 +263,6 @@ pub const CHECKPOINT_INTERVAL: usize = 64;
 /// (2 MiB at Qwen3-Next-80B's sizes), so a GPU saves every 1024 positions — plus each span's
 /// last aligned position and each sequence's branch point — where the CPU saves every 64.
 pub const GPU_CHECKPOINT_STRIDE: usize = 1024;
-
-/// The recurrent-state checkpoint pool of a hybrid model's prefix cache: slot `c` holds, in
-/// every linear-attention layer, the state after a chunk-aligned position of some prompt,
-/// registered under the hash of the KV block that ends there (LRU-evicted).
-#[derive(Debug, Clone, Default)]
-struct Checkpoints {
-    /// 0: no checkpoints (no recurrent layers, or none asked for).
-    interval: usize,
-    /// Positions between the checkpoints saved inside a span (a multiple of `interval`).
-    stride: usize,
-    free: Vec<usize>,
-    by_hash: HashMap<u64, usize>,
-    hash: Vec<Option<u64>>,
-    /// Registered checkpoints by last use (oldest evicted first), and each one's key.
-    lru: BTreeMap<u64, usize>,
-    used_at: Vec<u64>,
-    tick: u64,
-    /// Per slot: checkpoints saved by a forward, waiting for their block's hash.
-    pending: Vec<Vec<(usize, usize)>>,
-    /// Per slot: the aligned end of its prefix-cache hit in KV blocks when that ran deeper
-    /// than its deepest checkpoint — where this prompt branches from one seen before, so a
-    /// checkpoint there lets the next prompt with that prefix resume all of it.
-    branch: Vec<Option<usize>>,
-}
-
-impl Checkpoints {
-    fn new(interval: usize, stride: usize, total: usize) -> Self {
-        Self {
-            interval,
-            stride: stride.max(interval).next_multiple_of(interval.max(1)),
-            free: (0..total).rev().collect(),
-            hash: vec![None; total],
-            used_at: vec![0; total],
-            ..Default::default()
-        }
-    }
-
-    fn touch(&mut self, c: usize) {
-        self.lru.remove(&self.used_at[c]);
-        self.tick += 1;
-        self.used_at[c] = self.tick;
-        self.lru.insert(self.tick, c);
-    }
-
-    /// A slot for a new checkpoint (evicting the least recently used registered one).
-    fn take(&mut self) -> Option<usize> {
-        if let Some(c) = self.free.pop() {
-            return Some(c);
-        }
-        let (&t, &c) = self.lru.iter().next()?;
-        self.lru.remove(&t);
-        if let Some(h) = self.hash[c].take() {
-            self.by_hash.remove(&h);
-        }
-        Some(c)
-    }
-
-    /// Drops a slot's pending checkpoints at positions `>= from`.
-    fn drop_pending(&mut self, seq: usize, from: usize) {
-        if let Some(p) = self.pending.get_mut(seq) {
-            let (gone, keep): (Vec<_>, Vec<_>) = p.drain(..).partition(|&(pos, _)| pos >= from);
-            *p = keep;
-            self.free.extend(gone.into_iter().map(|(_, c)| c));
-        }
-    }
-}
 
 impl ModelCache {
     /// A cache with the given per-layer state, for at most `cfg.max_seqs` live sequences and

@@ -9,6 +9,7 @@
 
 pub mod api;
 mod fields;
+mod logprobs;
 pub mod page;
 mod request;
 mod responses;
