@@ -141,6 +141,10 @@ class TinyModel(unittest.TestCase):
     def test_models_and_health(self):
         self.assertEqual(self.s.get("/health")[0], 200)
         self.assertEqual(self.model, "qwen3_next_mtp")
+        card = self.c.models.retrieve(self.model)
+        self.assertEqual((card.id, card.owned_by), (self.model, "porter"))
+        with self.assertRaises(openai.NotFoundError):
+            self.c.models.retrieve("gpt-4")
 
     def test_stream_equals_non_stream_and_usage(self):
         full = self.complete()

@@ -434,6 +434,7 @@ pub fn router(state: Arc<Server>) -> Router {
         .route("/health", get(health))
         .route("/version", get(version))
         .route("/v1/models", get(models))
+        .route("/v1/models/{model}", get(model_card))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(responses_api))
@@ -470,15 +471,32 @@ async fn version() -> Response {
     axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
 
+/// The served model's card.
+fn card(s: &Server) -> Value {
+    json!({"id": s.name, "object": "model", "created": s.created, "owned_by": "porter", "max_model_len": s.ctx})
+}
+
 async fn models(AxState(s): AxState<Arc<Server>>, headers: HeaderMap) -> Response {
     if let Err(e) = check_auth(&s, &headers) {
         return e.into_response();
     }
-    axum::Json(json!({
-        "object": "list",
-        "data": [{"id": s.name, "object": "model", "created": s.created, "owned_by": "porter", "max_model_len": s.ctx}],
-    }))
-    .into_response()
+    axum::Json(json!({"object": "list", "data": [card(&s)]})).into_response()
+}
+
+/// `GET /v1/models/{model}` (OpenAI's retrieve): the card, or 404 naming the served model.
+async fn model_card(
+    AxState(s): AxState<Arc<Server>>,
+    axum::extract::Path(model): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = check_auth(&s, &headers) {
+        return e.into_response();
+    }
+    if model != s.name {
+        let msg = format!("the model `{model}` does not exist (serving `{}`)", s.name);
+        return ApiError::new(Kind::NotFound, msg, Some("model")).into_response();
+    }
+    axum::Json(card(&s)).into_response()
 }
 
 async fn tokenize(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
