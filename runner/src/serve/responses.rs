@@ -154,6 +154,7 @@ pub fn to_chat(v: &Value) -> Result<(Value, Meta), ApiError> {
             "include" if x.as_array().is_some_and(|a| a.iter().all(|i| i == "message.output_text.logprobs")) => {
                 continue
             }
+            "include" => "porter can include `message.output_text.logprobs` only",
             _ => return Err(bad(k, format!("unknown field `{k}`: porter does not know it"))),
         };
         return Err(bad(k, format!("`{k}` is not supported ({why})")));

@@ -46,6 +46,7 @@ fn requests_become_chat_requests() {
         (json!({"input": "x", "tools": [{"type": "web_search"}]}), "only `function` tools"),
         (json!({"input": "x", "reasoning": {"effort": "low"}}), "`reasoning` is not supported"),
         (json!({"input": "x", "truncation": "auto"}), "never truncated"),
+        (json!({"input": "x", "include": ["reasoning.encrypted_content"]}), "output_text.logprobs` only"),
     ] {
         let e = to_chat(&v).err().map(|e| e.message).unwrap_or_default();
         assert!(e.contains(needle), "{v}: {e}");
