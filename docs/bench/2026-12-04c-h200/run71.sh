@@ -8,7 +8,7 @@
 # Carry .dev/porter, .dev/ptx.tgz, .dev/k (cuda_gdn_chunk, cuda_gdn_seq), .dev/bin/gpu, .whl.
 # Staging here: scripts/gpu-check.sh stage; mkdir -p .dev/k; mv .dev/bin/cuda_gdn_chunk
 # .dev/bin/cuda_gdn_seq .dev/k/; keep only .dev/bin/gpu in .dev/bin (64 MiB a call);
-# pip download --no-deps -d .whl fla-core==0.6.0 flash-linear-attention==0.6.0.
+# pip download --no-deps -d .whl fla-core flash-linear-attention (0.6.0 in sessions 12 and 18).
 set -uo pipefail
 P=.dev/porter/porter
 source <(sed -n '/^# --- NVRTC/,/^say "== gpu-check/p' scripts/gpu-check.sh | grep -v '^say')
