@@ -130,7 +130,7 @@ fn parse_kv_dtype(s: &str) -> Result<KvDtype, String> {
     s.parse()
 }
 
-#[derive(Args)]
+#[derive(Args, Clone, Default)]
 struct DraftArgs {
     /// MTP draft folder (repeat for vanilla mode: one per step). Qwen3-Next checkpoints
     /// carry their own draft (`mtp.*`), used when this is absent.
@@ -205,6 +205,52 @@ struct SpecArgs {
     /// eagle: one draft module run K times; vanilla: module i drafts step i.
     #[arg(long, default_value = "eagle", value_parser = parse_mtp_mode)]
     mtp_mode: MtpMode,
+    /// vLLM's form of the same: a JSON object `{"method": "mtp" | "qwen3_next_mtp" | …,
+    /// "num_speculative_tokens": K, "model": DRAFT_DIR (optional)}`, instead of --mtp-step and
+    /// --draft.
+    #[arg(long, value_name = "JSON")]
+    speculative_config: Option<String>,
+}
+
+impl SpecArgs {
+    /// The draft tokens per step and the draft folders: from --mtp-step / --draft, or from
+    /// --speculative-config (vLLM's JSON).
+    fn resolve(&self) -> Result<(Option<usize>, DraftArgs)> {
+        let Some(text) = &self.speculative_config else { return Ok((self.mtp_step, self.draft.clone())) };
+        if self.mtp_step.is_some() || !self.draft.drafts.is_empty() {
+            bail!("--speculative-config replaces --mtp-step and --draft: give one or the other");
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| anyhow!("--speculative-config is not JSON: {e}"))?;
+        let o = v.as_object().ok_or_else(|| anyhow!("--speculative-config must be a JSON object"))?;
+        const METHODS: [&str; 6] =
+            ["mtp", "qwen3_next_mtp", "qwen3_moe_mtp", "mistral_mtp", "deepseek_mtp", "ernie_mtp"];
+        for (k, x) in o {
+            match k.as_str() {
+                "method" => match x.as_str() {
+                    Some(m) if METHODS.contains(&m) => {}
+                    _ => bail!(
+                        "--speculative-config: method {x} is not supported (porter drafts with MTP heads: {})",
+                        METHODS.join(", ")
+                    ),
+                },
+                "num_speculative_tokens" | "model" => {}
+                other => bail!(
+                    "--speculative-config: the key `{other}` is not supported (method, num_speculative_tokens, model)"
+                ),
+            }
+        }
+        let k = o
+            .get("num_speculative_tokens")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| anyhow!("--speculative-config needs `num_speculative_tokens` (an integer)"))?;
+        let drafts = match o.get("model") {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(serde_json::Value::String(m)) => vec![PathBuf::from(m)],
+            Some(m) => bail!("--speculative-config: `model` must be a draft folder path, got {m}"),
+        };
+        Ok((Some(k as usize), DraftArgs { drafts }))
+    }
 }
 
 /// A random-weight model built from a config (`bench`, `serve`), instead of `--model`.
@@ -379,10 +425,11 @@ fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
 fn cmd_generate(a: &GenerateArgs) -> Result<()> {
     let params = checks::sampling(a.temperature, a.top_k, a.top_p, a.seed)?;
     checks::max_tokens(a.max_tokens)?;
-    checks::mtp_step(a.spec.mtp_step)?;
+    let (mtp_step, draft) = a.spec.resolve()?;
+    checks::mtp_step(mtp_step)?;
     let (dir, model) = load(&a.run)?;
-    let drafts = match a.spec.mtp_step {
-        Some(_) => load_drafts(&dir, &model, &a.spec.draft, true, a.run.quantize)?,
+    let drafts = match mtp_step {
+        Some(_) => load_drafts(&dir, &model, &draft, true, a.run.quantize)?,
         None => vec![],
     };
     let tokenizer =
@@ -405,15 +452,15 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
     }
     checks::ids_in_vocab(if a.prompt.is_some() { "--prompt" } else { "--ids" }, &prompt, &model)?;
     // Before anything runs: the prompt and every token asked for fit the context.
-    let lookahead = a.spec.mtp_step.unwrap_or(0);
-    porter_core::generate::check_context(&model, prompt.len(), a.max_tokens, lookahead).with_context(|| {
-        match a.spec.mtp_step {
+    let lookahead = mtp_step.unwrap_or(0);
+    porter_core::generate::check_context(&model, prompt.len(), a.max_tokens, lookahead).with_context(
+        || match mtp_step {
             Some(k) => format!("--max-tokens {} with --mtp-step {k} does not fit", a.max_tokens),
             None => format!("--max-tokens {} does not fit", a.max_tokens),
-        }
-    })?;
+        },
+    )?;
     let stop = if a.ignore_eos { vec![] } else { model.info.generation.eos_token_ids.clone() };
-    let (gen, per_step) = match a.spec.mtp_step {
+    let (gen, per_step) = match mtp_step {
         Some(k) => {
             let g = speculative::generate_speculative(
                 &model,
@@ -462,7 +509,8 @@ fn cmd_generate(a: &GenerateArgs) -> Result<()> {
 
 fn cmd_serve(a: &ServeCmd) -> Result<()> {
     serve::init_logging();
-    checks::mtp_step(a.spec.mtp_step)?;
+    let (mtp_step, draft) = a.spec.resolve()?;
+    checks::mtp_step(mtp_step)?;
     let device = a.run.device.unwrap_or_else(porter_core::device::default_device);
     let (dir, model, random) = match &a.random.config {
         Some(c) => {
@@ -470,7 +518,7 @@ fn cmd_serve(a: &ServeCmd) -> Result<()> {
             let tok = a.serve.tokenizer.as_ref().ok_or_else(|| {
                 anyhow!("--config serves random weights and needs --tokenizer FILE (a tokenizer.json for the text)")
             })?;
-            if a.spec.mtp_step.is_some() {
+            if mtp_step.is_some() {
                 bail!("--mtp-step needs a model folder with a draft head (--model), not --config");
             }
             let m = bench_cmd::random_model(c, a.random.layers, &a.run, device)?;
@@ -486,14 +534,14 @@ fn cmd_serve(a: &ServeCmd) -> Result<()> {
             (dir, m, None)
         }
     };
-    let spec = match a.spec.mtp_step {
+    let spec = match mtp_step {
         Some(k) => Some(porter_core::engine::SpecConfig {
-            drafts: load_drafts(&dir, &model, &a.spec.draft, true, a.run.quantize)?,
+            drafts: load_drafts(&dir, &model, &draft, true, a.run.quantize)?,
             k,
             mode: a.spec.mtp_mode,
         }),
         None => {
-            if !a.spec.draft.drafts.is_empty() {
+            if !draft.drafts.is_empty() {
                 bail!("--draft needs --mtp-step K (the draft tokens per step)");
             }
             None

@@ -179,3 +179,39 @@ fn nvrtc_kernels_precompile_fills_the_cache() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// vLLM's `--speculative-config` JSON is the same as `--mtp-step` (with the checkpoint's own
+/// MTP head): the same greedy ids; its malformed forms are clean errors naming the problem.
+#[test]
+fn speculative_config_equals_mtp_step() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--device", "cpu", "--ids", "5,77,300,9", "--max-tokens", "6", "--json"];
+        args.extend_from_slice(extra);
+        let o = porter(&args);
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        v["ids"].clone()
+    };
+    let plain = run(&["--mtp-step", "2"]);
+    assert_eq!(run(&["--speculative-config", r#"{"method": "qwen3_next_mtp", "num_speculative_tokens": 2}"#]), plain);
+    for (cfg, needle) in [
+        (r#"{"method": "ngram", "num_speculative_tokens": 2}"#, "method \"ngram\" is not supported"),
+        (r#"{"method": "mtp"}"#, "needs `num_speculative_tokens`"),
+        (r#"{"num_speculative_tokens": 2, "prompt_lookup_max": 3}"#, "`prompt_lookup_max` is not supported"),
+        ("mtp", "is not JSON"),
+    ] {
+        let o =
+            porter(&["generate", "--device", "cpu", "--ids", "5,77", "--max-tokens", "2", "--speculative-config", cfg]);
+        assert_clean_failure(&o, needle);
+    }
+    let both = porter(&[
+        "generate",
+        "--ids",
+        "5",
+        "--mtp-step",
+        "2",
+        "--speculative-config",
+        r#"{"num_speculative_tokens": 2}"#,
+    ]);
+    assert_clean_failure(&both, "give one or the other");
+}
