@@ -240,5 +240,34 @@ class SpecialTokens(unittest.TestCase):
         self.assertEqual(json.loads(text)["tokens"], without)
 
 
+
+class NamesAndKeys(unittest.TestCase):
+    """Several `--served-model-name`s (a request may name any; responses carry the first) and
+    several `--api-key`s (any is accepted, the scheme in any case), as vLLM."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.s = Server("--served-model-name", "tiny", "alias", "--api-key", "k1", "k2")
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.s.stop() == 0
+
+    def test_names_and_keys(self):
+        for key in ["k1", "k2"]:
+            c = self.s.client(key)
+            self.assertEqual([m.id for m in c.models.list().data], ["tiny", "alias"])
+            r = c.completions.create(model="alias", prompt="x", max_tokens=2)
+            self.assertEqual(r.model, "tiny")
+            self.assertEqual(c.models.retrieve("alias").id, "alias")
+        code, _ = self.s.post("/v1/completions", {"prompt": "x", "max_tokens": 1}, {"authorization": "bearer k2"})
+        self.assertEqual(code, 200)
+        for auth in ["Bearer k3", "k1", "Basic k1"]:
+            code, _ = self.s.post("/v1/completions", {"prompt": "x", "max_tokens": 1}, {"authorization": auth})
+            self.assertEqual(code, 401, auth)
+        code, text = self.s.post("/v1/completions", {"model": "other", "prompt": "x"}, {"authorization": "Bearer k1"})
+        self.assertEqual(code, 404, text)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

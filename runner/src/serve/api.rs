@@ -316,7 +316,7 @@ pub fn plan(s: &Server, headers: &HeaderMap, body: &[u8], is_chat: bool) -> Resu
     let parse_tools = tool_auto && s.tool_calls;
     if let Some(m) = given(&v, "model") {
         let m = m.as_str().ok_or_else(|| ApiError::invalid("model", "`model` must be a string"))?;
-        if m != s.name {
+        if m != s.name && !s.aliases.iter().any(|a| a == m) {
             return Err(ApiError::new(
                 Kind::NotFound,
                 format!("the model `{m}` does not exist (serving `{}`)", s.name),

@@ -42,7 +42,10 @@ pub struct Server {
     pub tok: Tokenizer,
     pub name: String,
     pub dir: PathBuf,
-    pub api_key: Option<String>,
+    /// Accepted API keys (none: no authentication).
+    pub api_keys: Vec<String>,
+    /// Other names of the served model (`--served-model-name` after the first).
+    pub aliases: Vec<String>,
     pub chat_template: Option<String>,
     pub ctx: usize,
     pub vocab: usize,
@@ -152,12 +155,14 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// The model name clients use (default: the model folder's name).
-    #[arg(long)]
-    pub served_model_name: Option<String>,
-    /// Require `Authorization: Bearer KEY` on /v1/* (also from $PORTER_API_KEY).
-    #[arg(long)]
-    pub api_key: Option<String>,
+    /// The model name(s) clients use (default: the model folder's name). With several, a
+    /// request may name any; responses carry the first (as vLLM).
+    #[arg(long, num_args = 1..)]
+    pub served_model_name: Vec<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/* (also from $PORTER_API_KEY); several keys
+    /// may be given, any of them is accepted.
+    #[arg(long, num_args = 1..)]
+    pub api_key: Vec<String>,
     /// Context limit for requests (at most the model's max_position_embeddings).
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -286,10 +291,14 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
         block_size = cfg.block_size,
         "engine configured"
     );
-    let name = a.served_model_name.clone().unwrap_or_else(|| match &random {
+    if let Some(n) = a.served_model_name.iter().find(|n| n.is_empty()) {
+        anyhow::bail!("--served-model-name `{n}`: a name must not be empty");
+    }
+    let name = a.served_model_name.first().cloned().unwrap_or_else(|| match &random {
         Some(c) => format!("random-{c}"),
         None => dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "porter".into()),
     });
+    let aliases = a.served_model_name.iter().skip(1).cloned().collect();
     let vocab = model.info.vocab_size;
     let defaults = model.info.generation.clone();
     let spec_k = spec.as_ref().map(|sp| sp.k);
@@ -305,14 +314,18 @@ pub fn run(model: porter_core::Model, src: Source, a: &ServeArgs) -> Result<()> 
     let engine = Arc::new(Engine::start_with_spec(model, cfg, spec).context("starting the engine")?);
     porter_core::backend::cuda::graph::set_progress(None);
     warm_up(&engine, vocab, ctx).context("warming up the engine")?;
-    let api_key = a.api_key.clone().or_else(|| std::env::var("PORTER_API_KEY").ok()).filter(|k| !k.is_empty());
+    let mut api_keys: Vec<String> = a.api_key.iter().filter(|k| !k.is_empty()).cloned().collect();
+    if api_keys.is_empty() {
+        api_keys.extend(std::env::var("PORTER_API_KEY").ok().filter(|k| !k.is_empty()));
+    }
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(Server {
         engine,
         tok,
         name,
         dir,
-        api_key,
+        api_keys,
+        aliases,
         chat_template,
         ctx,
         vocab,
@@ -453,11 +466,20 @@ async fn health(AxState(s): AxState<Arc<Server>>) -> Response {
 }
 
 fn check_auth(s: &Server, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &s.api_key else { return Ok(()) };
-    let got = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    // Constant-time comparison (length first, then every byte).
+    if s.api_keys.is_empty() {
+        return Ok(());
+    }
+    // `Bearer` in any case (as vLLM), then the key.
+    let got = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")))
+        .map(|(_, k)| k.trim());
+    // Constant-time comparison with each key (length first, then every byte).
     let ok = got.is_some_and(|g| {
-        g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        s.api_keys.iter().fold(false, |hit, key| {
+            hit | (g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0)
+        })
     });
     if ok {
         Ok(())
@@ -473,14 +495,20 @@ async fn version() -> Response {
 
 /// The served model's card.
 fn card(s: &Server) -> Value {
-    json!({"id": s.name, "object": "model", "created": s.created, "owned_by": "porter", "max_model_len": s.ctx})
+    card_named(s, &s.name)
+}
+
+fn card_named(s: &Server, name: &str) -> Value {
+    json!({"id": name, "object": "model", "created": s.created, "owned_by": "porter", "max_model_len": s.ctx})
 }
 
 async fn models(AxState(s): AxState<Arc<Server>>, headers: HeaderMap) -> Response {
     if let Err(e) = check_auth(&s, &headers) {
         return e.into_response();
     }
-    axum::Json(json!({"object": "list", "data": [card(&s)]})).into_response()
+    let mut data = vec![card(&s)];
+    data.extend(s.aliases.iter().map(|a| card_named(&s, a)));
+    axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// `GET /v1/models/{model}` (OpenAI's retrieve): the card, or 404 naming the served model.
@@ -492,11 +520,11 @@ async fn model_card(
     if let Err(e) = check_auth(&s, &headers) {
         return e.into_response();
     }
-    if model != s.name {
+    if model != s.name && !s.aliases.contains(&model) {
         let msg = format!("the model `{model}` does not exist (serving `{}`)", s.name);
         return ApiError::new(Kind::NotFound, msg, Some("model")).into_response();
     }
-    axum::Json(card(&s)).into_response()
+    axum::Json(card_named(&s, &model)).into_response()
 }
 
 async fn tokenize(AxState(s): AxState<Arc<Server>>, headers: HeaderMap, body: Bytes) -> Response {
