@@ -24,13 +24,14 @@ use tc3::{tc3_smem, tc4_wu, tc5_state, Tc3Call};
 /// where the device and the head dims allow them; `tc2` the tensor-core kernels with the
 /// mma.sync state sweep (gdn_chunk_tc2.cu) where its shared memory fits (else as `tc`); `tc3`
 /// that sweep writing the outputs as well (no out launch; where its 207 KiB of shared memory or
-/// a 16-byte aligned qkv are missing, as `tc`); `tc4` (or unset: the default) as `tc3` with its
-/// wu launch on mma.sync (gdn_chunk_tc4.cu; where that launch's shared memory does not fit,
-/// exactly `tc3`); `tc5` as `tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu: 4 warps
-/// a block instead of 2, the same bits; where its 219 KiB do not fit, exactly `tc4`). Measured on the H200 in session 12, 4k / 16k tokens of the 80B layout:
-/// tc4 344.0 / 1,287.5 µs, tc3 435.5 / 1,630.7, tc2 730.5 / 2,721, tc 1,036.6 / 3,900;
-/// flash-linear-attention 690 / 1,628. Any other value warns once on stderr and counts as
-/// unset. Read on every call.
+/// a 16-byte aligned qkv are missing, as `tc`); `tc4` as `tc3` with its wu launch on mma.sync
+/// (gdn_chunk_tc4.cu; where that launch's shared memory does not fit, exactly `tc3`); `tc5` (or
+/// unset: the default) as `tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu: 4 warps a
+/// block instead of 2, the same bits; where its 219 KiB do not fit, exactly `tc4`). Measured on
+/// the H200 in session 12, 4k / 16k tokens of the 80B layout: tc4 344.0 / 1,287.5 µs, tc3 435.5 /
+/// 1,630.7, tc2 730.5 / 2,721, tc 1,036.6 / 3,900; flash-linear-attention 690 / 1,628; on the
+/// H100 in session 20: tc5 318.0 / 1,180.0 µs, tc4 349.0 / 1,312.2, flash-linear-attention
+/// 576.4 / 1,358.0. Any other value warns once on stderr and counts as unset. Read on every call.
 pub const GDN_CHUNK_ENV: &str = "PORTER_GDN_CHUNK";
 
 /// Environment variable: state columns per block of the `tc2` / `tc3` state sweep, `16`, `32` (unset:
@@ -56,24 +57,24 @@ pub enum GdnChunkForm {
     F32,
 }
 
-/// The form [`GDN_CHUNK_ENV`]'s value `v` names (unset or a bad value, which warns once: `Tc4`).
+/// The form [`GDN_CHUNK_ENV`]'s value `v` names (unset or a bad value, which warns once: `Tc5`).
 fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
-    let Some(v) = v else { return GdnChunkForm::Tc4 };
+    let Some(v) = v else { return GdnChunkForm::Tc5 };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
         "f32" => GdnChunkForm::F32,
         "tc2" => GdnChunkForm::Tc2,
         "tc3" => GdnChunkForm::Tc3,
-        "" | "tc4" => GdnChunkForm::Tc4,
-        "tc5" => GdnChunkForm::Tc5,
+        "tc4" => GdnChunkForm::Tc4,
+        "" | "tc5" => GdnChunkForm::Tc5,
         "tc" => GdnChunkForm::Tc,
         other => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 eprintln!(
-                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `f32`; using the default (tc4)"
+                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `f32`; using the default (tc5)"
                 )
             });
-            GdnChunkForm::Tc4
+            GdnChunkForm::Tc5
         }
     }
 }
@@ -618,7 +619,7 @@ mod tests {
 
     #[test]
     fn env_knob_parses() {
-        assert_eq!(form_from(None), GdnChunkForm::Tc4);
+        assert_eq!(form_from(None), GdnChunkForm::Tc5);
         assert_eq!(form_from(Some("f32".into())), GdnChunkForm::F32);
         assert_eq!(form_from(Some(" F32 ".into())), GdnChunkForm::F32);
         assert_eq!(form_from(Some("tc".into())), GdnChunkForm::Tc);
@@ -626,7 +627,7 @@ mod tests {
         assert_eq!(form_from(Some("tc3".into())), GdnChunkForm::Tc3);
         assert_eq!(form_from(Some(" Tc4".into())), GdnChunkForm::Tc4);
         assert_eq!(form_from(Some("tc5".into())), GdnChunkForm::Tc5);
-        assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc4); // warns once, default
+        assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc5); // warns once, default
         assert_eq!(tc2_warps_from(None), 2);
         assert_eq!(tc2_warps_from(Some("16".into())), 1);
         assert_eq!(tc2_warps_from(Some("64".into())), 4);
