@@ -88,6 +88,35 @@ pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device
     Ok(model)
 }
 
+/// KV positions a sequence for the decode rows of batch `b`: the default pool
+/// ([`Model::default_cache_tokens`]) where it fits the device's free memory, else the `tight`
+/// positions the row needs (a note says so), else `None` with a line saying what the row
+/// needs against what is free (the row is skipped, the others still run). CPU: the default.
+fn decode_positions(model: &Model, device: Device, b: usize, tight: usize) -> Result<Option<usize>> {
+    let full = tight.max(model.default_cache_tokens());
+    let Device::Cuda(i) = device else { return Ok(Some(full)) };
+    // Activations, graphs and the pool's own rounding take the rest: keep 512 MB aside.
+    const MARGIN: u128 = 512 << 20;
+    let (free, _) = porter_core::tensor::cuda::mem_info(i)?;
+    let need = |positions: usize| {
+        b as u128 * (positions as u128 * model.kv_bytes_per_token() as u128 + model.state_bytes_per_slot(0) as u128)
+    };
+    let free = free as u128;
+    if need(full) + MARGIN <= free {
+        return Ok(Some(full));
+    }
+    if need(tight) + MARGIN <= free {
+        println!("  batch {b}: a KV pool of {tight} positions a sequence (the default {full} do not fit)");
+        return Ok(Some(tight));
+    }
+    println!(
+        "decode batch {b:>4}: skipped: its KV cache ({tight} positions a sequence) and state need {:.2} GB, {:.2} GB of device memory are free",
+        need(tight) as f64 / 1e9,
+        free as f64 / 1e9
+    );
+    Ok(None)
+}
+
 pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
     use std::time::Instant;
     checks::mtp_step(a.mtp_step)?;
@@ -194,10 +223,16 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
     for &b in &a.batch {
         // The default GPU pool holds 4096 positions a sequence: a longer --context gets a pool
         // for its own length.
-        let positions = a.context.saturating_add(a.steps).saturating_add(1).max(model.default_cache_tokens());
+        let tight = a.context.saturating_add(a.steps).saturating_add(1);
+        let Some(positions) = decode_positions(&model, device, b, tight)? else {
+            results.push(serde_json::json!({"kind": "decode", "batch": b, "skipped": "device memory"}));
+            continue;
+        };
         let decode_cache =
             porter_core::state::CacheConfig::for_tokens(b, 0, positions).with_kv_dtype(model.info.kv_cache_dtype);
-        let mut cache = model.new_cache_with(&decode_cache)?;
+        let mut cache = model
+            .new_cache_with(&decode_cache)
+            .with_context(|| format!("decode batch {b}: allocating the KV cache ({positions} positions a sequence) and the state"))?;
         let mut batch = Batch::default();
         let mut seqs = Vec::with_capacity(b);
         for j in 0..b {
