@@ -88,6 +88,38 @@ pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device
     Ok(model)
 }
 
+/// The MTP rows' long runs are this many times `--steps` tokens.
+const MTP_RUNS_LONG: usize = 3;
+
+/// Tokens a second of a generation: over its first `n` tokens (prefill, graph capture and
+/// other first-use costs included) and steady (the extra tokens of a `long` run over the
+/// extra time: the one-time costs, the same in both runs, cancel).
+struct Rate {
+    first: f64,
+    steady: f64,
+}
+
+/// Runs `run(n)` and `run(long)` (each returns its ids) and their [`Rate`]; returns the long
+/// run's ids (the short one's should be their prefix: a note says where not).
+fn timed_pair(n: usize, long: usize, mut run: impl FnMut(usize) -> Result<Vec<u32>>) -> Result<(Vec<u32>, Rate)> {
+    let t0 = std::time::Instant::now();
+    let short = run(n)?;
+    let ts = t0.elapsed().as_secs_f64();
+    let t0 = std::time::Instant::now();
+    let ids = run(long)?;
+    let tl = t0.elapsed().as_secs_f64();
+    if ids.len() != long || short.len() != n {
+        bail!("the greedy runs of {n} and {long} tokens gave {} and {} tokens", short.len(), ids.len());
+    }
+    if let Some(at) = short.iter().zip(&ids).position(|(a, b)| a != b) {
+        // Greedy decoding on fixed kernels repeats itself; say so if this run did not.
+        println!("  note: the {long}-token run differs from the {n}-token one at token {at}");
+    }
+    // A long run no slower than the short one (timer noise on a tiny model): no steady rate.
+    let steady = if tl > ts { (long - n) as f64 / (tl - ts) } else { f64::NAN };
+    Ok((ids, Rate { first: n as f64 / ts, steady }))
+}
+
 /// KV positions a sequence for the decode rows of batch `b`: the default pool
 /// ([`Model::default_cache_tokens`]) where it fits the device's free memory, else the `tight`
 /// positions the row needs (a note says so), else `None` with a line saying what the row
@@ -145,11 +177,13 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
     }
     checks::bench_sizes(&model, &a.prefill, &a.batch, a.context, a.steps)?;
     if let Some(k) = a.mtp_step {
-        let n = a.steps.max(2);
+        // The MTP rows run MTP_RUNS_LONG · --steps tokens (steady-state rates, below).
+        let n = a.steps.max(2).saturating_mul(MTP_RUNS_LONG);
         if a.context.saturating_add(n).saturating_add(k) > checks::context(&model) {
             bail!(
-                "--context {} plus --steps {n} plus --mtp-step {k} exceed the model's context of max_position_embeddings = {}",
+                "--context {} plus {MTP_RUNS_LONG} × --steps {} plus --mtp-step {k} exceed the model's context of max_position_embeddings = {} (the MTP rows generate {MTP_RUNS_LONG} × --steps tokens)",
                 a.context,
+                a.steps,
                 checks::context(&model)
             );
         }
@@ -303,14 +337,16 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
     if let Some(kmax) = a.mtp_step {
         let prompt: Vec<u32> = (0..a.context).map(tok).collect();
         let n = a.steps.max(2);
+        let long = n * MTP_RUNS_LONG;
         let p = SamplingParams::default();
-        let t0 = Instant::now();
-        let plain = generate(&model, &prompt, p.clone(), n, &[])?;
-        let base = n as f64 / t0.elapsed().as_secs_f64();
-        println!("mtp baseline (batch 1, plain decode incl. prefill): {base:>10.1} tok/s");
-        results.push(serde_json::json!({"kind": "mtp_baseline", "tokens": n, "tokens_per_s": base}));
+        let (plain, base) = timed_pair(n, long, |m| Ok(generate(&model, &prompt, p.clone(), m, &[])?.ids))?;
+        println!(
+            "mtp baseline (batch 1, plain greedy decode): {:>10.1} tok/s steady ({n} → {long} tokens), {:>10.1} tok/s over {n} tokens incl. prefill and graph capture",
+            base.steady, base.first
+        );
+        results.push(serde_json::json!({"kind": "mtp_baseline", "tokens": n, "tokens_per_s": base.first, "tokens_long": long, "tokens_per_s_steady": base.steady}));
         let mut seq = prompt.clone();
-        seq.extend_from_slice(&plain.ids);
+        seq.extend_from_slice(&plain);
         // The real draft head: the --draft folders or the checkpoint's own; for a --config
         // geometry whose architecture has an MTP layer (Qwen3-Next), that layer with random
         // weights (seed 1; the main model's is 0), quantized as the main model is.
@@ -351,12 +387,25 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
                 runs.push((real_label, &real));
             }
             for (what, drafts) in runs {
-                let t0 = Instant::now();
-                let g =
-                    speculative::generate_speculative(&model, drafts, &prompt, p.clone(), n, &[], k, MtpMode::Eagle)?;
-                let tps = n as f64 / t0.elapsed().as_secs_f64();
-                if g.ids != plain.ids {
-                    let at = g.ids.iter().zip(&plain.ids).position(|(a, b)| a != b).unwrap_or(0);
+                let mut last = None;
+                let (ids, rate) = timed_pair(n, long, |m| {
+                    let g = speculative::generate_speculative(
+                        &model,
+                        drafts,
+                        &prompt,
+                        p.clone(),
+                        m,
+                        &[],
+                        k,
+                        MtpMode::Eagle,
+                    )?;
+                    let ids = g.ids.clone();
+                    last = Some(g);
+                    Ok(ids)
+                })?;
+                let g = last.ok_or_else(|| anyhow!("no speculative run"))?;
+                if ids != plain {
+                    let at = ids.iter().zip(&plain).position(|(a, b)| a != b).unwrap_or(0);
                     if model.info.dtype == DType::F32 {
                         bail!("speculative output differs from plain greedy output at token {at} (k = {k}, {what})");
                     }
@@ -371,12 +420,15 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
                 }
                 let acc = g.accepted as f64 / g.proposed.max(1) as f64;
                 println!(
-                    "mtp k={k} {what:<24}: {tps:>10.1} tok/s, speed-up {:.2}x, acceptance {:.1}%, {:.2} tokens/step",
-                    tps / base,
+                    "mtp k={k} {what:<24}: {:>10.1} tok/s steady, speed-up {:.2}x; over {n} tokens incl. prefill {:>10.1} tok/s, {:.2}x; acceptance {:.1}%, {:.2} tokens/step",
+                    rate.steady,
+                    rate.steady / base.steady,
+                    rate.first,
+                    rate.first / base.first,
                     acc * 100.0,
                     g.tokens_per_step()
                 );
-                results.push(serde_json::json!({"kind": "mtp", "k": k, "draft": what, "tokens_per_s": tps, "speedup": tps / base, "acceptance": acc, "tokens_per_step": g.tokens_per_step()}));
+                results.push(serde_json::json!({"kind": "mtp", "k": k, "draft": what, "tokens_per_s": rate.first, "speedup": rate.first / base.first, "tokens_per_s_steady": rate.steady, "speedup_steady": rate.steady / base.steady, "acceptance": acc, "tokens_per_step": g.tokens_per_step()}));
             }
         }
     }

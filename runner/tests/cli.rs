@@ -215,3 +215,46 @@ fn speculative_config_equals_mtp_step() {
     ]);
     assert_clean_failure(&both, "give one or the other");
 }
+
+/// `porter bench --mtp-step K` on the bundled default (random weights): the baseline and
+/// every K row report both rates (over the first --steps tokens incl. prefill, and steady
+/// between --steps and 3 × --steps tokens), the oracle draft is accepted every time
+/// (K + 1 tokens a step), and the speculative output equals plain greedy (f32).
+#[test]
+fn bench_mtp_rows_report_steady_rates() {
+    let out = std::env::temp_dir().join(format!("porter-bench-mtp-{}.json", std::process::id()));
+    let o = porter(&[
+        "bench",
+        "--device",
+        "cpu",
+        "--prefill",
+        "4",
+        "--batch",
+        "1",
+        "--steps",
+        "4",
+        "--mtp-step",
+        "2",
+        "--json",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("tok/s steady (4 → 12 tokens)"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    std::fs::remove_file(&out).ok();
+    let rows = v["results"].as_array().unwrap();
+    let base = rows.iter().find(|r| r["kind"] == "mtp_baseline").expect("baseline row");
+    assert_eq!(base["tokens"], 4);
+    assert_eq!(base["tokens_long"], 12);
+    assert!(base["tokens_per_s"].as_f64().unwrap() > 0.0);
+    let oracle: Vec<_> = rows.iter().filter(|r| r["kind"] == "mtp" && r["draft"] == "forced 100% acceptance").collect();
+    assert_eq!(oracle.len(), 2, "{rows:?}");
+    for (k, r) in (1..=2).zip(&oracle) {
+        assert_eq!(r["k"], k);
+        assert_eq!(r["acceptance"], 1.0, "{r}");
+        assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0);
+        assert!(r.get("tokens_per_s_steady").is_some() && r.get("speedup_steady").is_some(), "{r}");
+    }
+    assert!(!stdout.contains("differs"), "{stdout}");
+}
