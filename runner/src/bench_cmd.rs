@@ -264,9 +264,9 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         };
         let decode_cache =
             porter_core::state::CacheConfig::for_tokens(b, 0, positions).with_kv_dtype(model.info.kv_cache_dtype);
-        let mut cache = model
-            .new_cache_with(&decode_cache)
-            .with_context(|| format!("decode batch {b}: allocating the KV cache ({positions} positions a sequence) and the state"))?;
+        let mut cache = model.new_cache_with(&decode_cache).with_context(|| {
+            format!("decode batch {b}: allocating the KV cache ({positions} positions a sequence) and the state")
+        })?;
         let mut batch = Batch::default();
         let mut seqs = Vec::with_capacity(b);
         for j in 0..b {
