@@ -178,15 +178,15 @@ __device__ __forceinline__ void gc_nan_rows(T* __restrict__ out, u32 r0, u32 l, 
 }
 
 // ---------------------------------------------------------------------------
-// Chunk offsets. One block of 1024 threads. A span is valid when slot <
+// Chunk offsets. One block of 1024 threads (a multiple of 32). A span is valid when slot <
 // num_slots, src_buf < nbuf, row0 + len <= t and len <= max_len; it then gets
 // chunks off[s] .. off[s] + ceil(len / 64), if those fit in `cap`.
 // ---------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(1024)
     gdn_chunk_prep(const u32* __restrict__ spans, u32* __restrict__ off, u32 n_spans, u32 t, u32 num_slots,
                    u32 nbuf, u32 max_len, u32 cap) { porter_pdl_enter();
-    __shared__ u32 part[1024];
-    const u32 tid = threadIdx.x, nt = blockDim.x;
+    __shared__ u64 wsum[32];
+    const u32 tid = threadIdx.x, nt = blockDim.x, lane = tid & 31u, w = tid >> 5;
     const u32 per = (n_spans + nt - 1) / nt;
     const u32 s0 = tid * per;
     const u32 s1 = s0 + per < n_spans ? s0 + per : n_spans;
@@ -196,18 +196,29 @@ extern "C" __global__ void __launch_bounds__(1024)
         const bool ok = sp[2] < num_slots && sp[3] < nbuf && (u64)sp[0] + sp[1] <= t && sp[1] <= max_len;
         if (ok) sum += (sp[1] + GC_C - 1) / GC_C;  // <= cap + 1 each: no overflow below 2^32 / 1024 spans
     }
-    part[tid] = sum;
+    // Exclusive prefix of the threads' sums, exact in u64 (a warp scan, then the warps' totals
+    // scanned by warp 0), clamped to 2^32 − 1: what a saturating running sum gives. (A serial
+    // sum by one thread over the 1,024 partials took 14 µs, session 20, H100.)
+    u64 v = sum;
+#pragma unroll
+    for (u32 d = 1; d < 32; d <<= 1) {
+        const u64 y = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) v += y;
+    }
+    if (lane == 31) wsum[w] = v;
     __syncthreads();
-    if (tid == 0) {
-        u32 acc = 0;
-        for (u32 i = 0; i < nt; ++i) {
-            const u32 v = part[i];
-            part[i] = acc;
-            acc = acc + v < acc ? 0xffffffffu : acc + v;  // saturate
+    if (w == 0) {
+        u64 x = lane < nt / 32 ? wsum[lane] : 0;
+#pragma unroll
+        for (u32 d = 1; d < 32; d <<= 1) {
+            const u64 y = __shfl_up_sync(0xffffffffu, x, d);
+            if (lane >= d) x += y;
         }
+        wsum[lane] = x;  // inclusive totals of warps 0 .. lane
     }
     __syncthreads();
-    u32 acc = part[tid];
+    const u64 excl = v - sum + (w > 0 ? wsum[w - 1] : 0);
+    u32 acc = excl > 0xffffffffull ? 0xffffffffu : (u32)excl;
     for (u32 s = s0; s < s1; ++s) {
         const u32* sp = spans + 5 * s;
         const bool ok = sp[2] < num_slots && sp[3] < nbuf && (u64)sp[0] + sp[1] <= t && sp[1] <= max_len;
