@@ -88,6 +88,41 @@ pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device
     Ok(model)
 }
 
+/// Whether `e` is the driver's out-of-memory error (an allocation that did not fit).
+fn out_of_device_memory(e: &anyhow::Error) -> bool {
+    format!("{e:#}").contains("CUDA_ERROR_OUT_OF_MEMORY")
+}
+
+/// One timed prefill of `n` tokens (after an untimed one at the same length on a GPU); its
+/// seconds.
+fn prefill_row(model: &Model, device: Device, n: usize, tok: &impl Fn(usize) -> u32) -> Result<f64> {
+    use std::time::Instant;
+    let ids: Vec<u32> = (0..n).map(tok).collect();
+    // A KV pool for the whole prompt (the default GPU pool holds 4096 positions).
+    let prefill_cache =
+        porter_core::state::CacheConfig::for_tokens(1, 0, n.max(1)).with_kv_dtype(model.info.kv_cache_dtype);
+    if device != Device::Cpu {
+        // One untimed run at this length (first use of the prefill kernels at this size:
+        // the memory pool grows, cuBLAS picks its algorithms), as hf_bench.py does.
+        let mut c = model.new_cache_with(&prefill_cache)?;
+        let s = c.alloc_seq()?;
+        model.forward(&Batch::single(s, 0, &ids), &mut c, LogitsFor::Last)?;
+    }
+    let mut cache = model.new_cache_with(&prefill_cache)?;
+    let seq = cache.alloc_seq()?;
+    model.sync()?;
+    let _ = porter_core::backend::cuda::profile::take();
+    let t0 = Instant::now();
+    model.forward(&Batch::single(seq, 0, &ids), &mut cache, LogitsFor::Last)?;
+    model.sync()?;
+    let s = t0.elapsed().as_secs_f64();
+    println!("prefill {n:>6} tokens: {:>10.1} tok/s ({:.3} s)", n as f64 / s, s);
+    for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
+        println!("  profile {name:<36} {:>9.3} ms {:>6} calls", secs * 1e3, calls);
+    }
+    Ok(s)
+}
+
 /// The MTP rows' long runs are this many times `--steps` tokens.
 const MTP_RUNS_LONG: usize = 3;
 
@@ -229,30 +264,17 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         model.sync()?;
     }
     for &n in &a.prefill {
-        let ids: Vec<u32> = (0..n).map(tok).collect();
-        // A KV pool for the whole prompt (the default GPU pool holds 4096 positions).
-        let prefill_cache =
-            porter_core::state::CacheConfig::for_tokens(1, 0, n.max(1)).with_kv_dtype(model.info.kv_cache_dtype);
-        if device != Device::Cpu {
-            // One untimed run at this length (first use of the prefill kernels at this size:
-            // the memory pool grows, cuBLAS picks its algorithms), as hf_bench.py does.
-            let mut c = model.new_cache_with(&prefill_cache)?;
-            let s = c.alloc_seq()?;
-            model.forward(&Batch::single(s, 0, &ids), &mut c, LogitsFor::Last)?;
+        // A prompt whose activations do not fit beside the weights is skipped with a line
+        // (the other rows still run); any other failure ends the bench.
+        match prefill_row(&model, device, n, &tok) {
+            Ok(s) => results
+                .push(serde_json::json!({"kind": "prefill", "tokens": n, "seconds": s, "tokens_per_s": n as f64 / s})),
+            Err(e) if out_of_device_memory(&e) => {
+                println!("prefill {n:>6} tokens: skipped: out of device memory ({e:#})");
+                results.push(serde_json::json!({"kind": "prefill", "tokens": n, "skipped": "device memory"}));
+            }
+            Err(e) => return Err(e.context(format!("prefill of {n} tokens"))),
         }
-        let mut cache = model.new_cache_with(&prefill_cache)?;
-        let seq = cache.alloc_seq()?;
-        model.sync()?;
-        let _ = porter_core::backend::cuda::profile::take();
-        let t0 = Instant::now();
-        model.forward(&Batch::single(seq, 0, &ids), &mut cache, LogitsFor::Last)?;
-        model.sync()?;
-        let s = t0.elapsed().as_secs_f64();
-        println!("prefill {n:>6} tokens: {:>10.1} tok/s ({:.3} s)", n as f64 / s, s);
-        for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
-            println!("  profile {name:<36} {:>9.3} ms {:>6} calls", secs * 1e3, calls);
-        }
-        results.push(serde_json::json!({"kind": "prefill", "tokens": n, "seconds": s, "tokens_per_s": n as f64 / s}));
     }
     for &b in &a.batch {
         // The default GPU pool holds 4096 positions a sequence: a longer --context gets a pool
