@@ -88,6 +88,93 @@ pub(crate) fn random_model(c: &str, layers: Option<usize>, run: &RunArgs, device
     Ok(model)
 }
 
+/// One decode row: `b` sequences of `--context` tokens prefilled, the decode graph of the
+/// batch captured, then `--steps` timed steps; the row's JSON.
+fn decode_row(
+    model: &Model,
+    device: Device,
+    a: &BenchArgs,
+    b: usize,
+    positions: usize,
+    roofline: Option<f64>,
+    tok: &impl Fn(usize) -> u32,
+) -> Result<serde_json::Value> {
+    use std::time::Instant;
+    let decode_cache =
+        porter_core::state::CacheConfig::for_tokens(b, 0, positions).with_kv_dtype(model.info.kv_cache_dtype);
+    let mut cache = model.new_cache_with(&decode_cache).with_context(|| {
+        format!("decode batch {b}: allocating the KV cache ({positions} positions a sequence) and the state")
+    })?;
+    let mut batch = Batch::default();
+    let mut seqs = Vec::with_capacity(b);
+    for j in 0..b {
+        let seq = cache.alloc_seq()?;
+        let ids: Vec<u32> = (0..a.context).map(|i| tok(i + j)).collect();
+        batch.push(seq, 0, &ids);
+        seqs.push(seq);
+    }
+    model.forward(&batch, &mut cache, LogitsFor::Last)?;
+    // The decode graph of this batch size (CUDA; not with --enforce-eager).
+    let tg = Instant::now();
+    let failed = model.capture_graphs(&mut cache, &[(b, 1)], a.context + a.steps, &mut |_, _| {})?;
+    if let Some((k, why)) = failed.first() {
+        println!("  CUDA graph {k:?} not captured ({why}): decode runs eagerly");
+    } else if let (Device::Cuda(i), true) = (device, porter_core::backend::cuda::graph::enabled()) {
+        let held = porter_core::backend::cuda::graph::reserved_bytes(&*porter_core::tensor::cuda::gpu(i)?);
+        println!(
+            "  CUDA graph of batch {b} captured in {:.1} ms (graph memory held: {})",
+            tg.elapsed().as_secs_f64() * 1e3,
+            held.map_or("unknown".into(), |v| format!("{:.1} MB", v as f64 / 1e6))
+        );
+    }
+    model.sync()?;
+    let _ = porter_core::backend::cuda::profile::take();
+    let t0 = Instant::now();
+    let (mut issue, mut issue_first) = (0.0, 0.0);
+    for step in 0..a.steps {
+        let mut batch = Batch::default();
+        for (j, &seq) in seqs.iter().enumerate() {
+            batch.push(seq, a.context + step, &[tok(step * 31 + j)]);
+        }
+        let ti = Instant::now();
+        model.forward(&batch, &mut cache, LogitsFor::Last)?;
+        let dt = ti.elapsed().as_secs_f64();
+        issue += dt;
+        if step == 0 {
+            // The device queue is empty here, so this is the host's own cost of a step.
+            issue_first = dt;
+        }
+    }
+    model.sync()?;
+    let s = t0.elapsed().as_secs_f64();
+    // Host time spent issuing the work (forward returns before the device finishes):
+    // when it is close to the step time, the step is bound by the host, not the GPU.
+    println!(
+        "  host issue time {:.3} ms/step (first step, empty device queue: {:.3} ms)",
+        issue * 1e3 / a.steps as f64,
+        issue_first * 1e3
+    );
+    for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
+        println!("  profile {name:<36} {:>9.3} ms/step {:>6} calls", secs * 1e3 / a.steps as f64, calls / a.steps);
+    }
+    let tps = (b * a.steps) as f64 / s;
+    let step_s = s / a.steps as f64;
+    // Bytes per step at the mean context of the timed steps.
+    let bytes = model.decode_bytes(b, a.context + a.steps / 2);
+    let bw = bytes / step_s;
+    let frac = roofline.map(|r| bw / r);
+    println!(
+        "decode batch {b:>4}: {tps:>10.1} tok/s ({:.3} ms/step, {:.1} MB/step, {:.0} GB/s{})",
+        step_s * 1e3,
+        bytes / 1e6,
+        bw / 1e9,
+        frac.map_or(String::new(), |f| format!(", {:.1}% of the HBM roofline", f * 100.0))
+    );
+    Ok(
+        serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": step_s * 1e3, "host_issue_ms_per_step": issue * 1e3 / a.steps as f64, "host_ms_first_step": issue_first * 1e3, "bytes_per_step": bytes, "bandwidth_bytes_per_s": bw, "roofline_bytes_per_s": roofline, "roofline_fraction": frac}),
+    )
+}
+
 /// Whether `e` is the driver's out-of-memory error (an allocation that did not fit).
 fn out_of_device_memory(e: &anyhow::Error) -> bool {
     format!("{e:#}").contains("CUDA_ERROR_OUT_OF_MEMORY")
@@ -185,7 +272,6 @@ fn decode_positions(model: &Model, device: Device, b: usize, tight: usize) -> Re
 }
 
 pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
-    use std::time::Instant;
     checks::mtp_step(a.mtp_step)?;
     let device = a.run.device.unwrap_or_else(porter_core::device::default_device);
     if a.serve.serve {
@@ -284,77 +370,14 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
             results.push(serde_json::json!({"kind": "decode", "batch": b, "skipped": "device memory"}));
             continue;
         };
-        let decode_cache =
-            porter_core::state::CacheConfig::for_tokens(b, 0, positions).with_kv_dtype(model.info.kv_cache_dtype);
-        let mut cache = model.new_cache_with(&decode_cache).with_context(|| {
-            format!("decode batch {b}: allocating the KV cache ({positions} positions a sequence) and the state")
-        })?;
-        let mut batch = Batch::default();
-        let mut seqs = Vec::with_capacity(b);
-        for j in 0..b {
-            let seq = cache.alloc_seq()?;
-            let ids: Vec<u32> = (0..a.context).map(|i| tok(i + j)).collect();
-            batch.push(seq, 0, &ids);
-            seqs.push(seq);
-        }
-        model.forward(&batch, &mut cache, LogitsFor::Last)?;
-        // The decode graph of this batch size (CUDA; not with --enforce-eager).
-        let tg = Instant::now();
-        let failed = model.capture_graphs(&mut cache, &[(b, 1)], a.context + a.steps, &mut |_, _| {})?;
-        if let Some((k, why)) = failed.first() {
-            println!("  CUDA graph {k:?} not captured ({why}): decode runs eagerly");
-        } else if let (Device::Cuda(i), true) = (device, porter_core::backend::cuda::graph::enabled()) {
-            let held = porter_core::backend::cuda::graph::reserved_bytes(&*porter_core::tensor::cuda::gpu(i)?);
-            println!(
-                "  CUDA graph of batch {b} captured in {:.1} ms (graph memory held: {})",
-                tg.elapsed().as_secs_f64() * 1e3,
-                held.map_or("unknown".into(), |v| format!("{:.1} MB", v as f64 / 1e6))
-            );
-        }
-        model.sync()?;
-        let _ = porter_core::backend::cuda::profile::take();
-        let t0 = Instant::now();
-        let (mut issue, mut issue_first) = (0.0, 0.0);
-        for step in 0..a.steps {
-            let mut batch = Batch::default();
-            for (j, &seq) in seqs.iter().enumerate() {
-                batch.push(seq, a.context + step, &[tok(step * 31 + j)]);
+        match decode_row(&model, device, a, b, positions, roofline, &tok) {
+            Ok(row) => results.push(row),
+            Err(e) if out_of_device_memory(&e) => {
+                println!("decode batch {b:>4}: skipped: out of device memory ({e:#})");
+                results.push(serde_json::json!({"kind": "decode", "batch": b, "skipped": "device memory"}));
             }
-            let ti = Instant::now();
-            model.forward(&batch, &mut cache, LogitsFor::Last)?;
-            let dt = ti.elapsed().as_secs_f64();
-            issue += dt;
-            if step == 0 {
-                // The device queue is empty here, so this is the host's own cost of a step.
-                issue_first = dt;
-            }
+            Err(e) => return Err(e.context(format!("decode batch {b}"))),
         }
-        model.sync()?;
-        let s = t0.elapsed().as_secs_f64();
-        // Host time spent issuing the work (forward returns before the device finishes):
-        // when it is close to the step time, the step is bound by the host, not the GPU.
-        println!(
-            "  host issue time {:.3} ms/step (first step, empty device queue: {:.3} ms)",
-            issue * 1e3 / a.steps as f64,
-            issue_first * 1e3
-        );
-        for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
-            println!("  profile {name:<36} {:>9.3} ms/step {:>6} calls", secs * 1e3 / a.steps as f64, calls / a.steps);
-        }
-        let tps = (b * a.steps) as f64 / s;
-        let step_s = s / a.steps as f64;
-        // Bytes per step at the mean context of the timed steps.
-        let bytes = model.decode_bytes(b, a.context + a.steps / 2);
-        let bw = bytes / step_s;
-        let frac = roofline.map(|r| bw / r);
-        println!(
-            "decode batch {b:>4}: {tps:>10.1} tok/s ({:.3} ms/step, {:.1} MB/step, {:.0} GB/s{})",
-            step_s * 1e3,
-            bytes / 1e6,
-            bw / 1e9,
-            frac.map_or(String::new(), |f| format!(", {:.1}% of the HBM roofline", f * 100.0))
-        );
-        results.push(serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": step_s * 1e3, "host_issue_ms_per_step": issue * 1e3 / a.steps as f64, "host_ms_first_step": issue_first * 1e3, "bytes_per_step": bytes, "bandwidth_bytes_per_s": bw, "roofline_bytes_per_s": roofline, "roofline_fraction": frac}));
     }
     if let Some(kmax) = a.mtp_step {
         let prompt: Vec<u32> = (0..a.context).map(tok).collect();
