@@ -8,6 +8,7 @@ use crate::{
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 #[derive(Args)]
 pub(crate) struct BenchArgs {
@@ -99,7 +100,6 @@ fn decode_row(
     roofline: Option<f64>,
     tok: &impl Fn(usize) -> u32,
 ) -> Result<serde_json::Value> {
-    use std::time::Instant;
     let decode_cache =
         porter_core::state::CacheConfig::for_tokens(b, 0, positions).with_kv_dtype(model.info.kv_cache_dtype);
     let mut cache = model.new_cache_with(&decode_cache).with_context(|| {
@@ -183,7 +183,6 @@ fn out_of_device_memory(e: &anyhow::Error) -> bool {
 /// One timed prefill of `n` tokens (after an untimed one at the same length on a GPU); its
 /// seconds.
 fn prefill_row(model: &Model, device: Device, n: usize, tok: &impl Fn(usize) -> u32) -> Result<f64> {
-    use std::time::Instant;
     let ids: Vec<u32> = (0..n).map(tok).collect();
     // A KV pool for the whole prompt (the default GPU pool holds 4096 positions).
     let prefill_cache =
@@ -224,10 +223,10 @@ struct Rate {
 /// Runs `run(n)` and `run(long)` (each returns its ids) and their [`Rate`]; returns the long
 /// run's ids (the short one's should be their prefix: a note says where not).
 fn timed_pair(n: usize, long: usize, mut run: impl FnMut(usize) -> Result<Vec<u32>>) -> Result<(Vec<u32>, Rate)> {
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     let short = run(n)?;
     let ts = t0.elapsed().as_secs_f64();
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     let ids = run(long)?;
     let tl = t0.elapsed().as_secs_f64();
     if ids.len() != long || short.len() != n {
