@@ -32,9 +32,13 @@ pub enum Error {
     /// An unknown or ambiguous architecture / draft layout.
     #[error("{0}")]
     Registry(String),
-    /// A device that is absent, out of memory, or reported an error.
+    /// A device that is absent or reported an error (other than out of memory).
     #[error("{0}")]
     Device(String),
+    /// The device had not enough free memory for an allocation; the message says what was
+    /// being allocated where known.
+    #[error("{0}")]
+    OutOfMemory(String),
     /// A state-cache operation that is not possible (full cache, bad slot, refused rollback).
     #[error("{0}")]
     Cache(String),
@@ -73,21 +77,56 @@ impl Error {
         }
     }
 
+    /// Whether the error, under its [`Error::Context`] wrappers, is [`Error::OutOfMemory`].
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self.root(), Error::OutOfMemory(_))
+    }
+
+    /// `message` as [`Error::OutOfMemory`] when `e` is the driver's out-of-memory result,
+    /// else as [`Error::Device`].
+    pub(crate) fn cuda(e: &impl CudaFailure, message: String) -> Self {
+        if e.out_of_memory() {
+            Error::OutOfMemory(message)
+        } else {
+            Error::Device(message)
+        }
+    }
+
     /// A config-key error: `key` had `value`, which violates `reason`.
     pub fn key(key: impl Into<String>, value: impl fmt::Display, reason: impl Into<String>) -> Self {
         Error::ConfigKey { key: key.into(), value: value.to_string(), reason: reason.into() }
     }
 }
 
-impl From<porter_kernels::cuda::CudaError> for Error {
-    fn from(e: porter_kernels::cuda::CudaError) -> Self {
-        Error::Device(format!("CUDA: {e}"))
+/// A failed CUDA call, which may be the driver's out-of-memory result.
+pub(crate) trait CudaFailure {
+    /// Whether the driver reported `CUDA_ERROR_OUT_OF_MEMORY`.
+    fn out_of_memory(&self) -> bool;
+}
+
+impl CudaFailure for cudarc::driver::DriverError {
+    fn out_of_memory(&self) -> bool {
+        self.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
     }
 }
 
+impl CudaFailure for porter_kernels::cuda::CudaError {
+    fn out_of_memory(&self) -> bool {
+        matches!(self, porter_kernels::cuda::CudaError::Driver(e) if e.out_of_memory())
+    }
+}
+
+/// [`Error::OutOfMemory`] for the driver's out-of-memory result, else [`Error::Device`].
+impl From<porter_kernels::cuda::CudaError> for Error {
+    fn from(e: porter_kernels::cuda::CudaError) -> Self {
+        Error::cuda(&e, format!("CUDA: {e}"))
+    }
+}
+
+/// [`Error::OutOfMemory`] for the driver's out-of-memory result, else [`Error::Device`].
 impl From<cudarc::driver::DriverError> for Error {
     fn from(e: cudarc::driver::DriverError) -> Self {
-        Error::Device(format!("CUDA: {e}"))
+        Error::cuda(&e, format!("CUDA: {e}"))
     }
 }
 
@@ -154,5 +193,55 @@ mod tests {
             Error::key("rms_norm_eps", -1, "must be > 0").to_string(),
             "config key `rms_norm_eps` = -1: must be > 0"
         );
+    }
+
+    #[test]
+    fn out_of_memory_is_typed_and_seen_through_context() {
+        use cudarc::driver::{sys::CUresult, DriverError};
+        use porter_kernels::cuda::CudaError;
+        let oom = DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        let other = DriverError(CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert!(oom.out_of_memory());
+        assert!(!other.out_of_memory());
+        assert!(CudaError::Driver(oom).out_of_memory());
+        assert!(!CudaError::Driver(other).out_of_memory());
+        assert!(!CudaError::Invalid("CUDA_ERROR_OUT_OF_MEMORY".into()).out_of_memory());
+
+        let r: Result<()> = Err(Error::cuda(&CudaError::Driver(oom), "CUDA: a KV pool".into()));
+        let e = r.context("x").context("y").unwrap_err();
+        assert!(matches!(e.root(), Error::OutOfMemory(m) if m == "CUDA: a KV pool"));
+        assert!(e.is_out_of_memory());
+        assert_eq!(e.to_string(), "y: x: CUDA: a KV pool");
+        let r: Result<()> = Err(Error::cuda(&other, "CUDA: bad value".into()));
+        let e = r.context("x").unwrap_err();
+        assert!(matches!(e.root(), Error::Device(m) if m == "CUDA: bad value"));
+        assert!(!e.is_out_of_memory());
+        assert!(!err!(Cache, "the KV pool is full").is_out_of_memory());
+    }
+
+    /// The `From` conversions format the driver error, which asks the driver library for its
+    /// text (`cuGetErrorString`); cudarc panics where that library is absent, so this test
+    /// runs only where it is present (the rest is covered above without formatting).
+    #[test]
+    fn driver_errors_convert_to_out_of_memory_or_device() {
+        use cudarc::driver::{sys::CUresult, DriverError};
+        use porter_kernels::cuda::CudaError;
+        // SAFETY: only tries to open the library.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            eprintln!("skipped: no CUDA driver library to format driver errors with");
+            return;
+        }
+        let oom = DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        let other = DriverError(CUresult::CUDA_ERROR_INVALID_VALUE);
+        for e in [Error::from(oom), Error::from(CudaError::Driver(oom))] {
+            assert!(matches!(&e, Error::OutOfMemory(m) if m.starts_with("CUDA: ")), "{e:?}");
+            assert!(e.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"), "{e}");
+            let r: Result<()> = Err(e);
+            assert!(r.context("x").unwrap_err().is_out_of_memory());
+        }
+        for e in [Error::from(other), Error::from(CudaError::Driver(other))] {
+            assert!(matches!(&e, Error::Device(m) if m.starts_with("CUDA: ")), "{e:?}");
+            assert!(!e.is_out_of_memory());
+        }
     }
 }

@@ -175,9 +175,10 @@ fn decode_row(
     )
 }
 
-/// Whether `e` is the driver's out-of-memory error (an allocation that did not fit).
+/// Whether `e` is, under its context, porter's typed out-of-memory error (an allocation
+/// that did not fit the device).
 fn out_of_device_memory(e: &anyhow::Error) -> bool {
-    format!("{e:#}").contains("CUDA_ERROR_OUT_OF_MEMORY")
+    e.chain().any(|c| c.downcast_ref::<porter_core::Error>().is_some_and(porter_core::Error::is_out_of_memory))
 }
 
 /// One timed prefill of `n` tokens (after an untimed one at the same length on a GPU); its
@@ -481,4 +482,22 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         std::fs::write(p, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_device_memory_is_the_typed_error_under_any_context() {
+        let typed: porter_core::Result<()> = Err(porter_core::Error::OutOfMemory("CUDA: a KV pool".into()));
+        // porter's typed context, then anyhow's, as a bench row's error has them.
+        let e = porter_core::error::Context::context(typed, "layer 3").unwrap_err();
+        let e = anyhow::Error::from(e).context("prefill of 512 tokens").context("bench");
+        assert!(out_of_device_memory(&e));
+        let device = anyhow::Error::from(porter_core::Error::Device("CUDA: launch failed".into())).context("bench");
+        assert!(!out_of_device_memory(&device));
+        // Text alone is not the typed error.
+        assert!(!out_of_device_memory(&anyhow!("CUDA_ERROR_OUT_OF_MEMORY: out of memory").context("bench")));
+    }
 }

@@ -22,7 +22,7 @@ use super::{ForwardOutput, Model};
 use crate::backend::cuda::blocks::{batch_table, page_table};
 use crate::backend::cuda::gdn::{gdn_tables, GDN_TABLE_MAX_WORDS_PER_SPAN};
 use crate::backend::cuda::graph::{self, width_bucket, Captured, GraphKey, Graphs, Outputs, SendGraph, UploadTag};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::state::{Batch, LayerCache, LayerKind, StateCache};
 use crate::tensor::cuda::cuda_err;
 use crate::tensor::device::Device;
@@ -209,7 +209,7 @@ impl Model {
         let rec = gpu.end_recording();
         cache.set_page_width(0);
         run?;
-        let graph = graph.map_err(|e| err!(Device, "CUDA graph capture failed: {e}"))?;
+        let graph = graph.map_err(|e| Error::cuda(&e, format!("CUDA graph capture failed: {e}")))?;
         let graph = graph.ok_or_else(|| err!(Device, "CUDA graph capture recorded no graph"))?;
         let rec = rec.ok_or_else(|| err!(Internal, "the graph recording vanished"))?;
         if let Some(why) = &rec.unreplayable {

@@ -9,7 +9,7 @@
 //! downloads (and the final token ids of a step).
 
 use super::{CpuStorage, Storage, Tensor};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::dtype::DType;
 use crate::{bail, err};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
@@ -119,7 +119,7 @@ impl Gpu {
 
     /// Waits for all queued work (surfacing asynchronous errors).
     pub fn sync(&self) -> Result<()> {
-        self.stream().synchronize().map_err(|e| err!(Device, "CUDA error (at synchronize): {e}"))
+        self.stream().synchronize().map_err(|e| Error::cuda(&e, format!("CUDA error (at synchronize): {e}")))
     }
 }
 
@@ -130,13 +130,13 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     if let Some(Some(g)) = devs.get(ordinal) {
         return Ok(g.clone());
     }
-    let k = CudaKernels::new(ordinal).map_err(|e| err!(Device, "cuda:{ordinal}: {e}"))?;
+    let k = CudaKernels::new(ordinal).map_err(|e| Error::cuda(&e, format!("cuda:{ordinal}: {e}")))?;
     // SAFETY: porter issues all work of a device to one stream, so cudarc's per-buffer
     // events (cross-stream ordering) are unnecessary; turning them off before any buffer
     // exists removes an event record per kernel argument.
     unsafe { k.context().disable_event_tracking() };
     keep_pool_memory(&k);
-    let gemm = Gemm::new(&k).map_err(|e| err!(Device, "cuda:{ordinal}: {e}"))?;
+    let gemm = Gemm::new(&k).map_err(|e| Error::cuda(&e, format!("cuda:{ordinal}: {e}")))?;
     // SAFETY: the arena is only written through `Gpu::upload` before the copy reads it.
     let mut buf = unsafe { k.context().alloc_pinned::<u8>(STAGING_BYTES) }.map_err(cuda_err)?;
     let base = buf.as_mut_ptr().map_err(cuda_err)? as usize;
@@ -348,8 +348,10 @@ impl Clone for CudaStorage {
     }
 }
 
-pub(crate) fn cuda_err(e: impl std::fmt::Display) -> crate::error::Error {
-    err!(Device, "CUDA: {e}")
+/// A failed CUDA call as porter's error: [`Error::OutOfMemory`] for the driver's
+/// out-of-memory result, else [`Error::Device`] ("CUDA: …" either way).
+pub(crate) fn cuda_err(e: impl Into<Error>) -> Error {
+    e.into()
 }
 
 /// Uploads host f32 values as `T`.

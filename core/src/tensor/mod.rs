@@ -16,8 +16,8 @@ pub use device::Device;
 pub use dtype::DType;
 pub use fp8::Fp8Weight;
 
-use crate::error::Result;
-use crate::{bail, err};
+use crate::bail;
+use crate::error::{Context, Result};
 use half::{bf16, f16};
 use std::borrow::Cow;
 
@@ -392,7 +392,8 @@ impl Tensor {
         if self.device() == device {
             return Ok(self);
         }
-        self.to_device(device).map_err(|e| err!(Device, "moving a {:?} tensor to {device}: {e}", self.shape))
+        // Context, not a new Device error: an out-of-memory error stays one.
+        self.to_device(device).with_context(|| format!("moving a {:?} tensor to {device}", self.shape))
     }
 }
 
