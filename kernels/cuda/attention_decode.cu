@@ -38,6 +38,10 @@
 // before waiting on the current one (ST − 1 tiles in flight during every wait), and on
 // sm_90+ the split kernel triggers the combine's programmatic launch after its key loop;
 // `adec_combine2` (4x the blocks, every partial load in flight at once) merges the splits.
+// V2's 8-item form (flags bit 0, where a block has at most 8 items: batch-1 decode at GQA
+// group 8): the products transposed, S^T = K·Q^T and O^T += V^T·P^T, so the 8 items are the
+// MMAs' n8 and no row of an m16 tile is padding: half the MMAs and half the O registers,
+// Q's fragments held in registers across the key loop, P^T by movmatrix (comment below).
 // V1 and V2 round differently (the combine's sum order): a process runs one form.
 
 #define ADEC_BN 16            // keys per warp tile
@@ -83,7 +87,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
                                           const T* __restrict__ vpool, const u32* __restrict__ tables,
                                           const u32* __restrict__ spans, T* __restrict__ out, float* __restrict__ part,
                                           u32 t, u32 heads, u32 kvh, float scale, u32 window, PagedKv kv, u32 qcap,
-                                          u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
+                                          u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) {
 #if defined(PORTER_SM80)
     static_assert(DP == 64 || DP == 128 || DP == 256, "head dim");
     static_assert(ST >= 2 && ST <= 4, "stages");
@@ -227,112 +231,233 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     if (V2) cp_async_wait<ST - 1>();  // the Q group (this thread's copies)
     __syncthreads();                   // the Q tile
 
-    for (u32 i = 0; i < n_my; ++i) {
-        // The stage of tile i + ST - 1 was last read by tile i - 1 (every lane is past it
-        // after the __syncwarp). V1 issues it once tile i has landed (ST - 2 tiles in flight
-        // during the wait); V2 before waiting (ST - 1 in flight: 3 tiles, 48 KiB a warp at
-        // DP = 256, 192 KiB an SM, where V1 has 128).
-        if (V2) {
+    float* Ob = reinterpret_cast<float*>(Ws);  // [NW][16][OS] (the merge, through the K/V rings)
+    float* Ml = Ob + NW * 16 * OS;              // [NW][16][m, l]
+    if (V2 && (flags & 1u) && m_last - m0 < 8u) {
+        // At most 8 items (batch-1 decode at GQA group 8: one query row, the 8 heads of a KV
+        // head), transposed: S^T = K·Q^T (m16 = 16 keys, n8 = 8 items) and O^T += V^T·P^T
+        // (m16 = 16 dims, n8 = the items), so no MMA row is padding: half the MMAs and the O
+        // accumulators of the form below, and Q's B fragments stay in registers for the whole
+        // key loop. P^T's B fragments are S^T's C fragments transposed in registers
+        // (movmatrix). The choice depends on the block's own items (its sequence's rows), so
+        // the batch does not change a row's arithmetic.
+        constexpr int NM = DP / 16;  // O^T m-tiles (16 dims each)
+        u32 qb[KK][2];
+#pragma unroll
+        for (int k2 = 0; k2 < KK / 2; ++k2) {
+            u32 r[4];
+            pm_ldsm(r, qaddr + 2u * pm_sw<DP>(lane & 7u, 4u * k2 + (lane >> 3)));
+            qb[2 * k2][0] = r[0];
+            qb[2 * k2][1] = r[1];
+            qb[2 * k2 + 1][0] = r[2];
+            qb[2 * k2 + 1][1] = r[3];
+        }
+        // This lane's two items (S^T / O^T columns): 2·t4 and 2·t4 + 1.
+        u32 cp[2], clo[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 m = m0 + 2u * t4 + h;
+            cp[h] = m <= m_last ? pos0 + m / group : 0u;
+            clo[h] = m <= m_last ? adec_lo(cp[h], window) : 1u;
+        }
+        float ot[NM][4];
+#pragma unroll
+        for (int f = 0; f < NM; ++f) ot[f][0] = ot[f][1] = ot[f][2] = ot[f][3] = 0.0f;
+        float mr[2] = {PORTER_NEG_INF, PORTER_NEG_INF}, lr[2] = {0.0f, 0.0f};
+        for (u32 i = 0; i < n_my; ++i) {
             __syncwarp();
             step(i + ST - 1);
             cp_async_wait<ST - 1>();
             __syncwarp();
-        } else {
-            cp_async_wait<ST - 2>();
-            __syncwarp();
-            step(i + ST - 1);
-        }
-        const u32 kaddr = ring + (i % ST) * 2 * TILE * 2, vaddr = kaddr + TILE * 2;
-        const u32 kbase = (t0 + NW * i) * ADEC_BN;
-
-        // S = Q·Kᵀ: rows g, g + 8; keys 8·nt + 2·t4 + {0, 1}.
-        float sc[2][4];
+            const u32 kaddr = ring + (i % ST) * 2 * TILE * 2, vaddr = kaddr + TILE * 2;
+            const u32 kbase = (t0 + NW * i) * ADEC_BN;
+            // S^T: keys g, g + 8 (rows) × items 2·t4, 2·t4 + 1 (columns).
+            float st[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KK; ++kk) {
-            u32 a[4], b[4];
-            pm_ldsm(a, qaddr + 2u * pm_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * kk + (lane >> 4)));
-            pm_ldsm(b, kaddr + 2u * pm_sw<DP>((lane & 7u) + (lane >> 4) * 8u, 2u * kk + ((lane >> 3) & 1u)));
-            PMma<T>::mma(sc[0], a, b[0], b[1]);
-            PMma<T>::mma(sc[1], a, b[2], b[3]);
-        }
-
-        // Mask, online softmax (exp2 units), P rounded to T.
-        float mx[2] = {PORTER_NEG_INF, PORTER_NEG_INF};
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+            for (int kk = 0; kk < KK; ++kk) {
+                u32 a[4];
+                pm_ldsm(a, kaddr + 2u * pm_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * kk + (lane >> 4)));
+                PMma<T>::mma(st, a, qb[kk][0], qb[kk][1]);
+            }
+            float mx[2] = {PORTER_NEG_INF, PORTER_NEG_INF};
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int h = e >> 1;
-                const u32 kpos = kbase + 8u * nt + 2u * t4 + (e & 1);
-                const float x = (kpos >= rlo[h] && kpos <= rp[h]) ? sc[nt][e] * sl2 : PORTER_NEG_INF;
-                sc[nt][e] = x;
+                const int h = e & 1;
+                const u32 kpos = kbase + g + 8u * (e >> 1);
+                const float x = (kpos >= clo[h] && kpos <= cp[h]) ? st[e] * sl2 : PORTER_NEG_INF;
+                st[e] = x;
                 mx[h] = fmaxf(mx[h], x);
             }
-        float corr[2];
+            float corr[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 4));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 8));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 16));
+                const float mn = fmaxf(mr[h], mx[h]);
+                const bool none = mn == PORTER_NEG_INF;
+                corr[h] = none ? 1.0f : exp2f(mr[h] - mn);
+                float ps = 0.0f;
+#pragma unroll
+                for (int e = h; e < 4; e += 2) {
+                    const float p = none ? 0.0f : exp2f(st[e] - mn);
+                    st[e] = p;
+                    ps += p;
+                }
+                lr[h] = fmaf(lr[h], corr[h], ps);
+                mr[h] = mn;
+            }
+            // P^T's B fragments (keys 2·t4.. × item g): the two 8 × 8 blocks of S^T
+            // (keys 0..7, keys 8..15), rounded to T and transposed.
+            const u32 pb0 = pm_movt(PMma<T>::pack(st[0], st[1]));
+            const u32 pb1 = pm_movt(PMma<T>::pack(st[2], st[3]));
+#pragma unroll
+            for (int f = 0; f < NM; ++f) {
+                ot[f][0] *= corr[0];
+                ot[f][1] *= corr[1];
+                ot[f][2] *= corr[0];
+                ot[f][3] *= corr[1];
+            }
+#pragma unroll
+            for (int f = 0; f < NM; ++f) {
+                // ldmatrix.trans of the V tile: (keys 0..7, dims 16f..), (keys 8..15, 16f..),
+                // (keys 0..7, 16f + 8..), (keys 8..15, 16f + 8..); V^T's A fragment takes them
+                // as (dims 16f.., keys 0..7), (16f + 8.., 0..7), (16f.., 8..15), (16f + 8.., 8..15).
+                u32 v[4];
+                pm_ldsm_t(v, vaddr + 2u * pm_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * f + (lane >> 4)));
+                const u32 a[4] = {v[0], v[2], v[1], v[3]};
+                PMma<T>::mma(ot[f], a, pb0, pb1);
+            }
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            const float mn = fmaxf(mrun[h], mx[h]);
-            const bool none = mn == PORTER_NEG_INF;
-            corr[h] = none ? 1.0f : exp2f(mrun[h] - mn);
-            float ps = 0.0f;
+            lr[h] += __shfl_xor_sync(0xffffffffu, lr[h], 4);
+            lr[h] += __shfl_xor_sync(0xffffffffu, lr[h], 8);
+            lr[h] += __shfl_xor_sync(0xffffffffu, lr[h], 16);
+        }
+        adec_pdl_trigger();
+        cp_async_wait<0>();
+        __syncthreads();
+        // Rows 2·t4 + h of this warp's merge buffers (rows 8..15 stay unread: m > m_last).
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float* orow = Ob + (warp * 16u + 2u * t4 + h) * OS + g;
+#pragma unroll
+            for (int f = 0; f < NM; ++f) {
+                orow[16 * f] = ot[f][h];
+                orow[16 * f + 8] = ot[f][2 + h];
+            }
+            if (g == 0) {
+                Ml[(warp * 16u + 2u * t4 + h) * 2] = mr[h];
+                Ml[(warp * 16u + 2u * t4 + h) * 2 + 1] = lr[h];
+            }
+        }
+    } else {
+        for (u32 i = 0; i < n_my; ++i) {
+            // The stage of tile i + ST - 1 was last read by tile i - 1 (every lane is past it
+            // after the __syncwarp). V1 issues it once tile i has landed (ST - 2 tiles in flight
+            // during the wait); V2 before waiting (ST - 1 in flight: 3 tiles, 48 KiB a warp at
+            // DP = 256, 192 KiB an SM, where V1 has 128).
+            if (V2) {
+                __syncwarp();
+                step(i + ST - 1);
+                cp_async_wait<ST - 1>();
+                __syncwarp();
+            } else {
+                cp_async_wait<ST - 2>();
+                __syncwarp();
+                step(i + ST - 1);
+            }
+            const u32 kaddr = ring + (i % ST) * 2 * TILE * 2, vaddr = kaddr + TILE * 2;
+            const u32 kbase = (t0 + NW * i) * ADEC_BN;
+
+            // S = Q·Kᵀ: rows g, g + 8; keys 8·nt + 2·t4 + {0, 1}.
+            float sc[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KK; ++kk) {
+                u32 a[4], b[4];
+                pm_ldsm(a, qaddr + 2u * pm_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * kk + (lane >> 4)));
+                pm_ldsm(b, kaddr + 2u * pm_sw<DP>((lane & 7u) + (lane >> 4) * 8u, 2u * kk + ((lane >> 3) & 1u)));
+                PMma<T>::mma(sc[0], a, b[0], b[1]);
+                PMma<T>::mma(sc[1], a, b[2], b[3]);
+            }
+
+            // Mask, online softmax (exp2 units), P rounded to T.
+            float mx[2] = {PORTER_NEG_INF, PORTER_NEG_INF};
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-                for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                    const float p = none ? 0.0f : exp2f(sc[nt][e] - mn);
-                    sc[nt][e] = p;
-                    ps += p;
+                for (int e = 0; e < 4; ++e) {
+                    const int h = e >> 1;
+                    const u32 kpos = kbase + 8u * nt + 2u * t4 + (e & 1);
+                    const float x = (kpos >= rlo[h] && kpos <= rp[h]) ? sc[nt][e] * sl2 : PORTER_NEG_INF;
+                    sc[nt][e] = x;
+                    mx[h] = fmaxf(mx[h], x);
                 }
-            lrun[h] = fmaf(lrun[h], corr[h], ps);
-            mrun[h] = mn;
-        }
-        u32 pa[4];
-        pa[0] = PMma<T>::pack(sc[0][0], sc[0][1]);
-        pa[1] = PMma<T>::pack(sc[0][2], sc[0][3]);
-        pa[2] = PMma<T>::pack(sc[1][0], sc[1][1]);
-        pa[3] = PMma<T>::pack(sc[1][2], sc[1][3]);
+            float corr[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                const float mn = fmaxf(mrun[h], mx[h]);
+                const bool none = mn == PORTER_NEG_INF;
+                corr[h] = none ? 1.0f : exp2f(mrun[h] - mn);
+                float ps = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                        const float p = none ? 0.0f : exp2f(sc[nt][e] - mn);
+                        sc[nt][e] = p;
+                        ps += p;
+                    }
+                lrun[h] = fmaf(lrun[h], corr[h], ps);
+                mrun[h] = mn;
+            }
+            u32 pa[4];
+            pa[0] = PMma<T>::pack(sc[0][0], sc[0][1]);
+            pa[1] = PMma<T>::pack(sc[0][2], sc[0][3]);
+            pa[2] = PMma<T>::pack(sc[1][0], sc[1][1]);
+            pa[3] = PMma<T>::pack(sc[1][2], sc[1][3]);
 
-        // O = O·corr + P·V.
+            // O = O·corr + P·V.
 #pragma unroll
-        for (int f = 0; f < NO; ++f) {
-            o[f][0] *= corr[0];
-            o[f][1] *= corr[0];
-            o[f][2] *= corr[1];
-            o[f][3] *= corr[1];
+            for (int f = 0; f < NO; ++f) {
+                o[f][0] *= corr[0];
+                o[f][1] *= corr[0];
+                o[f][2] *= corr[1];
+                o[f][3] *= corr[1];
+            }
+#pragma unroll
+            for (int f2 = 0; f2 < NO / 2; ++f2) {
+                u32 b[4];
+                pm_ldsm_t(b, vaddr + 2u * pm_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * f2 + (lane >> 4)));
+                PMma<T>::mma(o[2 * f2], pa, b[0], b[1]);
+                PMma<T>::mma(o[2 * f2 + 1], pa, b[2], b[3]);
+            }
         }
 #pragma unroll
-        for (int f2 = 0; f2 < NO / 2; ++f2) {
-            u32 b[4];
-            pm_ldsm_t(b, vaddr + 2u * pm_sw<DP>((lane & 7u) + ((lane >> 3) & 1u) * 8u, 2u * f2 + (lane >> 4)));
-            PMma<T>::mma(o[2 * f2], pa, b[0], b[1]);
-            PMma<T>::mma(o[2 * f2 + 1], pa, b[2], b[3]);
+        for (int h = 0; h < 2; ++h) {
+            lrun[h] += __shfl_xor_sync(0xffffffffu, lrun[h], 1);
+            lrun[h] += __shfl_xor_sync(0xffffffffu, lrun[h], 2);
         }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        lrun[h] += __shfl_xor_sync(0xffffffffu, lrun[h], 1);
-        lrun[h] += __shfl_xor_sync(0xffffffffu, lrun[h], 2);
-    }
 
-    if (V2) adec_pdl_trigger();
-    // Merge the warps (in warp order) through the K/V rings.
-    cp_async_wait<0>();
-    __syncthreads();
-    float* Ob = reinterpret_cast<float*>(Ws);          // [NW][16][OS]
-    float* Ml = Ob + NW * 16 * OS;                      // [NW][16][m, l]
+        if (V2) adec_pdl_trigger();
+        // Merge the warps (in warp order) through the K/V rings.
+        cp_async_wait<0>();
+        __syncthreads();
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float* orow = Ob + (warp * 16u + g + 8u * h) * OS + 2u * t4;
+        for (int h = 0; h < 2; ++h) {
+            float* orow = Ob + (warp * 16u + g + 8u * h) * OS + 2u * t4;
 #pragma unroll
-        for (int f = 0; f < NO; ++f)
-            *reinterpret_cast<float2*>(orow + 8 * f) = make_float2(o[f][2 * h], o[f][2 * h + 1]);
-        if (t4 == 0) {
-            Ml[(warp * 16u + g + 8u * h) * 2] = mrun[h];
-            Ml[(warp * 16u + g + 8u * h) * 2 + 1] = lrun[h];
+            for (int f = 0; f < NO; ++f)
+                *reinterpret_cast<float2*>(orow + 8 * f) = make_float2(o[f][2 * h], o[f][2 * h + 1]);
+            if (t4 == 0) {
+                Ml[(warp * 16u + g + 8u * h) * 2] = mrun[h];
+                Ml[(warp * 16u + g + 8u * h) * 2 + 1] = lrun[h];
+            }
         }
     }
     __syncthreads();
@@ -544,9 +669,10 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
     extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W##VS( \
         const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part,     \
         u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,             \
-        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2) { porter_pdl_enter();                                                    \
+        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) { porter_pdl_enter();                     \
         adec_impl<T, DP, ST, NW, V2>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,     \
-                                     PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2); \
+                                     PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2,  \
+                                     flags);                                                                      \
     }
 #define ADEC_COMBINE(T, NAME, DP, C, IMPL)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) attention_decode_##C##_##NAME##_d##DP(                  \

@@ -178,6 +178,14 @@ __device__ __forceinline__ void pm_ldsm_t(u32 (&r)[4], u32 addr) {
                  : "r"(addr));
 }
 
+// The 8 × 8 16-bit matrix whose fragment (lane l: row l / 4, columns 2·(l % 4) + {0, 1}) is
+// `x`, transposed in registers (movmatrix, sm_75+): the lane gets row l / 4 of the transpose.
+__device__ __forceinline__ u32 pm_movt(u32 x) {
+    u32 y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
 // d += a · b (m16n8k16, f32 accumulators) and the 16-bit pair packing of T.
 template <typename T>
 struct PMma;

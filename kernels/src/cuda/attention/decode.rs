@@ -21,9 +21,10 @@ use std::ffi::c_void;
 /// all in flight at once, launched on sm_90+ as a programmatic dependent of the split kernel
 /// so that its launch overlaps the split kernel's tail; 4 or 2 warps; `mma4` or unset is the
 /// default: H200, session 12, 80B shape at 32k keys, batch 1: 28.5 µs a call against 33.5
-/// for `mma` and 128.7 for `legacy`), `mma4s` (`mma4` with the combine launched plainly; A/B
-/// forms). Another value warns once and
-/// means the default. The mma kernel applies to bf16 / f16 pools of the model dtype, head_dim
+/// for `mma` and 128.7 for `legacy`; a block with at most 8 items, such as batch-1 decode
+/// at GQA group 8, takes the V2 kernel's transposed 8-item form), `mma4s` (`mma4` with the
+/// combine launched plainly), `mma4-m16` (`mma4` without the 8-item form; A/B forms).
+/// Another value warns once and means the default. The mma kernel applies to bf16 / f16 pools of the model dtype, head_dim
 /// 64 / 128 / 256, 16-byte aligned pools, sm_80+, outside [`AttnMode::Invariant`]; elsewhere
 /// the CUDA-core kernels run.
 pub const ATTN_DECODE_ENV: &str = "PORTER_ATTN_DECODE";
@@ -75,6 +76,10 @@ pub enum AttnDecode {
     /// [`AttnDecode::Mma4`] with the combine launched after the split kernel completes (no
     /// programmatic dependent launch): the A/B of PDL.
     Mma4S,
+    /// [`AttnDecode::Mma4`] without its 8-item form: every block takes the 16-item MMA
+    /// tiles, also where its sequence has at most 8 items (batch-1 decode at GQA group 8).
+    /// The A/B of the 8-item form.
+    Mma4M16,
 }
 
 thread_local! {
@@ -138,6 +143,7 @@ fn decode_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<AttnDecode, S
         "" | "mma4" => Ok(AttnDecode::Mma4),
         "mma4w2" => Ok(AttnDecode::Mma4W2),
         "mma4s" => Ok(AttnDecode::Mma4S),
+        "mma4-m16" => Ok(AttnDecode::Mma4M16),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -151,7 +157,7 @@ fn decode_choice() -> AttnDecode {
     decode_from(std::env::var_os(ATTN_DECODE_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
-            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2, mma4s; using mma4")
+            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2, mma4s, mma4-m16; using mma4")
         });
         AttnDecode::Mma4
     })
@@ -210,6 +216,8 @@ pub(super) struct DecodePlan {
     v2: bool,
     /// The V2 combine launched as a programmatic dependent of the split kernel (sm_90+).
     pdl: bool,
+    /// The V2 kernel's 8-item form where a block has at most 8 items (kernel flag bit 0).
+    n8: bool,
     ks_min_log2: u32,
     nsplit_log2: u32,
 }
@@ -243,11 +251,11 @@ impl CudaKernels {
             AttnDecode::MmaW2 => &[(3, 2, false), (3, 4, false), (2, 4, false)],
             AttnDecode::Mma4 => &[(3, 4, true), (2, 4, false)],
             AttnDecode::Mma4W2 => &[(3, 2, true), (3, 4, true), (2, 4, false)],
-            AttnDecode::Mma4S => &[(3, 4, true), (2, 4, false)],
+            AttnDecode::Mma4S | AttnDecode::Mma4M16 => &[(3, 4, true), (2, 4, false)],
             _ => &[(3, 4, false), (2, 4, false)],
         };
         let (st, nw, v2k) = order.iter().copied().find(|&(st, nw, _)| smem(head_dim, st, nw) <= caps.smem_limit())?;
-        let v2 = matches!(choice, AttnDecode::Mma4 | AttnDecode::Mma4W2 | AttnDecode::Mma4S);
+        let v2 = matches!(choice, AttnDecode::Mma4 | AttnDecode::Mma4W2 | AttnDecode::Mma4S | AttnDecode::Mma4M16);
         // PDL needs the V2 split kernel's trigger (else it only helps at block exit) and sm_90.
         let pdl = v2 && v2k && choice != AttnDecode::Mma4S && caps.major >= 9;
         let (nsplit_log2, ks_min_log2) = FORCED_SPLITS.with(Cell::get).unwrap_or_else(|| {
@@ -268,6 +276,7 @@ impl CudaKernels {
             smem: smem(head_dim, st, nw),
             v2,
             pdl,
+            n8: choice != AttnDecode::Mma4M16,
             ks_min_log2,
             nsplit_log2,
         })
@@ -346,7 +355,8 @@ impl CudaKernels {
         // Kernel: `attention_decode_<T>_d<DP>_s<ST>(const T* q, const T* kpool, const T* vpool,
         // const u32* tables, const u32* spans, T* out, float* part, u32 t, u32 heads, u32 kvh,
         // float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots, u32 qcap, u32 nzg,
-        // u32 ks_min_log2, u32 nsplit_log2)`.
+        // u32 ks_min_log2, u32 nsplit_log2, u32 flags)`.
+        let flags = u32::from(p.n8);
         unsafe {
             launch_fn!(
                 self,
@@ -371,7 +381,8 @@ impl CudaKernels {
                     qc32,
                     nz32,
                     ksl,
-                    nsl
+                    nsl,
+                    flags
                 ]
             )
         }?;
