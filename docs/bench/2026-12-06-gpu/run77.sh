@@ -29,6 +29,8 @@ for f in mma4 mma4-m16; do
   timeout 100 env PORTER_ATTN_DECODE=$f $P bench $G --prefill 16 --batch 1,4 --context 32768 --steps 16 > $L/ctx32k_$f.log 2>&1; echo "[$SECONDS s] 32k context, PORTER_ATTN_DECODE=$f rc=$?"
   grep -E "^decode" $L/ctx32k_$f.log
 done
+timeout 200 .dev/k/gpu $T > $L/gpu.log 2>&1; echo "[$SECONDS s] gpu rc=$? $(grep -E '^test result' $L/gpu.log)"
+grep -E "FAILED|panicked" $L/gpu.log | head
 timeout 60 .dev/k/cuda_moe_decode --nocapture --include-ignored --exact moe_decode_small_t_timing > $L/moe_t.log 2>&1; echo "[$SECONDS s] moe_decode_small_t_timing rc=$?"
 grep -vE "^\s*$" $L/moe_t.log | tail -24
 for form in direct auto; do
@@ -37,7 +39,5 @@ for form in direct auto; do
   timeout 120 env PORTER_MOE_GEMV=$form $P bench $G --prefill 16 --batch 1 --context 128 --steps 64 --mtp-step 3 > $L/mtp_$form.log 2>&1; echo "[$SECONDS s] mtp PORTER_MOE_GEMV=$form rc=$?"
   grep -E "^mtp (baseline|k=. forced)" $L/mtp_$form.log
 done
-timeout 240 .dev/k/gpu $T > $L/gpu.log 2>&1; echo "[$SECONDS s] gpu rc=$? $(grep -E '^test result' $L/gpu.log)"
-grep -E "FAILED|panicked" $L/gpu.log | head
 echo "[$SECONDS s] done"
 tar czf $OUT/logs.tgz -C $OUT logs
