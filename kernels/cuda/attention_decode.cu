@@ -38,8 +38,8 @@
 // before waiting on the current one (ST − 1 tiles in flight during every wait), and on
 // sm_90+ the split kernel triggers the combine's programmatic launch after its key loop;
 // `adec_combine2` (4x the blocks, every partial load in flight at once) merges the splits.
-// V2's 8-item form (flags bit 0, where a block has at most 8 items: batch-1 decode at GQA
-// group 8): the products transposed, S^T = K·Q^T and O^T += V^T·P^T, so the 8 items are the
+// V2's 8-item form (flags bit 0, PORTER_ATTN_DECODE=mma4-n8; where a block has at most 8
+// items: batch-1 decode at GQA group 8): the products transposed, S^T = K·Q^T and O^T += V^T·P^T, so the 8 items are the
 // MMAs' n8 and no row of an m16 tile is padding: half the MMAs and half the O registers,
 // Q's fragments held in registers across the key loop, P^T by movmatrix (comment below).
 // V1 and V2 round differently (the combine's sum order): a process runs one form.

@@ -342,7 +342,7 @@ pub fn decode_ab(
         (AttnDecode::Mma4, None, true),
         (AttnDecode::Mma4W2, None, true),
         (AttnDecode::Mma4S, None, true),
-        (AttnDecode::Mma4M16, None, true),
+        (AttnDecode::Mma4N8, None, true),
         (AttnDecode::Mma, Some((128, 128)), false),
         (AttnDecode::Mma, Some((32, 512)), false),
         (AttnDecode::MmaW2, Some((128, 128)), false),

@@ -21,9 +21,9 @@ use std::ffi::c_void;
 /// all in flight at once, launched on sm_90+ as a programmatic dependent of the split kernel
 /// so that its launch overlaps the split kernel's tail; 4 or 2 warps; `mma4` or unset is the
 /// default: H200, session 12, 80B shape at 32k keys, batch 1: 28.5 µs a call against 33.5
-/// for `mma` and 128.7 for `legacy`; a block with at most 8 items, such as batch-1 decode
-/// at GQA group 8, takes the V2 kernel's transposed 8-item form), `mma4s` (`mma4` with the
-/// combine launched plainly), `mma4-m16` (`mma4` without the 8-item form; A/B forms).
+/// for `mma` and 128.7 for `legacy`), `mma4s` (`mma4` with the combine launched plainly),
+/// `mma4-n8` (`mma4` whose blocks with at most 8 items, such as batch-1 decode at GQA group
+/// 8, take the transposed 8-item form; opt-in until measured on a GPU; A/B forms).
 /// Another value warns once and means the default. The mma kernel applies to bf16 / f16 pools of the model dtype, head_dim
 /// 64 / 128 / 256, 16-byte aligned pools, sm_80+, outside [`AttnMode::Invariant`]; elsewhere
 /// the CUDA-core kernels run.
@@ -76,10 +76,10 @@ pub enum AttnDecode {
     /// [`AttnDecode::Mma4`] with the combine launched after the split kernel completes (no
     /// programmatic dependent launch): the A/B of PDL.
     Mma4S,
-    /// [`AttnDecode::Mma4`] without its 8-item form: every block takes the 16-item MMA
-    /// tiles, also where its sequence has at most 8 items (batch-1 decode at GQA group 8).
-    /// The A/B of the 8-item form.
-    Mma4M16,
+    /// [`AttnDecode::Mma4`] with its 8-item form where a block has at most 8 items
+    /// (batch-1 decode at GQA group 8): S^T = K·Q^T and O^T += V^T·P^T, no padded MMA rows.
+    /// Opt-in until measured on a GPU (written in session 21, which got no GPU for it).
+    Mma4N8,
 }
 
 thread_local! {
@@ -143,7 +143,7 @@ fn decode_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<AttnDecode, S
         "" | "mma4" => Ok(AttnDecode::Mma4),
         "mma4w2" => Ok(AttnDecode::Mma4W2),
         "mma4s" => Ok(AttnDecode::Mma4S),
-        "mma4-m16" => Ok(AttnDecode::Mma4M16),
+        "mma4-n8" => Ok(AttnDecode::Mma4N8),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -157,7 +157,7 @@ fn decode_choice() -> AttnDecode {
     decode_from(std::env::var_os(ATTN_DECODE_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
-            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2, mma4s, mma4-m16; using mma4")
+            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2, mma4s, mma4-n8; using mma4")
         });
         AttnDecode::Mma4
     })
@@ -251,11 +251,11 @@ impl CudaKernels {
             AttnDecode::MmaW2 => &[(3, 2, false), (3, 4, false), (2, 4, false)],
             AttnDecode::Mma4 => &[(3, 4, true), (2, 4, false)],
             AttnDecode::Mma4W2 => &[(3, 2, true), (3, 4, true), (2, 4, false)],
-            AttnDecode::Mma4S | AttnDecode::Mma4M16 => &[(3, 4, true), (2, 4, false)],
+            AttnDecode::Mma4S | AttnDecode::Mma4N8 => &[(3, 4, true), (2, 4, false)],
             _ => &[(3, 4, false), (2, 4, false)],
         };
         let (st, nw, v2k) = order.iter().copied().find(|&(st, nw, _)| smem(head_dim, st, nw) <= caps.smem_limit())?;
-        let v2 = matches!(choice, AttnDecode::Mma4 | AttnDecode::Mma4W2 | AttnDecode::Mma4S | AttnDecode::Mma4M16);
+        let v2 = matches!(choice, AttnDecode::Mma4 | AttnDecode::Mma4W2 | AttnDecode::Mma4S | AttnDecode::Mma4N8);
         // PDL needs the V2 split kernel's trigger (else it only helps at block exit) and sm_90.
         let pdl = v2 && v2k && choice != AttnDecode::Mma4S && caps.major >= 9;
         let (nsplit_log2, ks_min_log2) = FORCED_SPLITS.with(Cell::get).unwrap_or_else(|| {
@@ -276,7 +276,7 @@ impl CudaKernels {
             smem: smem(head_dim, st, nw),
             v2,
             pdl,
-            n8: choice != AttnDecode::Mma4M16,
+            n8: choice == AttnDecode::Mma4N8,
             ks_min_log2,
             nsplit_log2,
         })
