@@ -155,20 +155,26 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
 /// activations of the next step. Best effort: a failure only costs speed.
 fn keep_pool_memory(k: &CudaKernels) {
     use cudarc::driver::sys;
-    let dev = k.context().cu_device();
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: plain driver queries on a live context's device; `pool` and `threshold` outlive
-    // the calls.
+    let Some(pool) = default_pool(k) else { return };
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: a driver call on the live default pool of the context's device; `threshold`
+    // outlives it.
     unsafe {
-        if sys::cuDeviceGetDefaultMemPool(&mut pool, dev) == sys::CUresult::CUDA_SUCCESS && !pool.is_null() {
-            let mut threshold: u64 = u64::MAX;
-            let _ = sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut threshold) as *mut u64 as *mut std::ffi::c_void,
-            );
-        }
+        let _ = sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold) as *mut u64 as *mut std::ffi::c_void,
+        );
     }
+}
+
+/// The default memory pool of `k`'s device (`None` where the driver has none to give).
+fn default_pool(k: &CudaKernels) -> Option<cudarc::driver::sys::CUmemoryPool> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a plain driver query on a live context's device; `pool` outlives it.
+    let ok = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, k.context().cu_device()) };
+    (ok == sys::CUresult::CUDA_SUCCESS && !pool.is_null()).then_some(pool)
 }
 
 /// Typed device memory of a tensor (the variant matches the tensor's dtype; an FP8 weight's
@@ -674,14 +680,10 @@ pub fn mem_info(ordinal: usize) -> Result<(usize, usize)> {
 /// stream-ordered free is pending). Best effort, like [`keep_pool_memory`]: a failure only
 /// makes the free figure of [`mem_info`] smaller than it could be.
 fn trim_pool(k: &CudaKernels) {
-    use cudarc::driver::sys;
-    let dev = k.context().cu_device();
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: driver calls on a live context's device; `pool` outlives them. Trimming only
+    let Some(pool) = default_pool(k) else { return };
+    // SAFETY: a driver call on the live default pool of the context's device; trimming only
     // releases memory no allocation holds.
     unsafe {
-        if sys::cuDeviceGetDefaultMemPool(&mut pool, dev) == sys::CUresult::CUDA_SUCCESS && !pool.is_null() {
-            let _ = sys::cuMemPoolTrimTo(pool, 0);
-        }
+        let _ = cudarc::driver::sys::cuMemPoolTrimTo(pool, 0);
     }
 }
