@@ -39,9 +39,10 @@
 // sm_90+ the split kernel triggers the combine's programmatic launch after its key loop;
 // `adec_combine2` (4x the blocks, every partial load in flight at once) merges the splits.
 // V2's 8-item form (flags bit 0, PORTER_ATTN_DECODE=mma4-n8; where a block has at most 8
-// items: batch-1 decode at GQA group 8): the products transposed, S^T = K·Q^T and O^T += V^T·P^T, so the 8 items are the
-// MMAs' n8 and no row of an m16 tile is padding: half the MMAs and half the O registers,
-// Q's fragments held in registers across the key loop, P^T by movmatrix (comment below).
+// items: batch-1 decode at GQA group 8): the products transposed, S^T = K·Q^T and
+// O^T += V^T·P^T, so the 8 items are the MMAs' n8 and no row of an m16 tile is padding: half
+// the MMAs and half the O registers, Q's fragments held in registers across the key loop,
+// P^T by movmatrix (comment below).
 // V1 and V2 round differently (the combine's sum order): a process runs one form.
 
 #define ADEC_BN 16            // keys per warp tile
@@ -152,13 +153,14 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
 
     // This lane's two rows of the S / O fragments: g and g + 8 (empty range when invalid).
     const u32 g = lane >> 2, t4 = lane & 3u;
+    // Item m's position and first key (an empty key range past m_last), for either form.
+    auto item_keys = [&](u32 m, u32& p, u32& lo) {
+        p = m <= m_last ? pos0 + m / group : 0u;
+        lo = m <= m_last ? adec_lo(p, window) : 1u;
+    };
     u32 rp[2], rlo[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const u32 m = m0 + g + 8u * h;
-        rp[h] = m <= m_last ? pos0 + m / group : 0u;
-        rlo[h] = m <= m_last ? adec_lo(rp[h], window) : 1u;
-    }
+    for (int h = 0; h < 2; ++h) item_keys(m0 + g + 8u * h, rp[h], rlo[h]);
 
     // This warp's tiles: t0, t0 + 4, ... < tb (tile index = key / 16).
     const u32 ta = klo / ADEC_BN, tb = khi / ADEC_BN + 1;
@@ -255,11 +257,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
         // This lane's two items (S^T / O^T columns): 2·t4 and 2·t4 + 1.
         u32 cp[2], clo[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const u32 m = m0 + 2u * t4 + h;
-            cp[h] = m <= m_last ? pos0 + m / group : 0u;
-            clo[h] = m <= m_last ? adec_lo(cp[h], window) : 1u;
-        }
+        for (int h = 0; h < 2; ++h) item_keys(m0 + 2u * t4 + h, cp[h], clo[h]);
         float ot[NM][4];
 #pragma unroll
         for (int f = 0; f < NM; ++f) ot[f][0] = ot[f][1] = ot[f][2] = ot[f][3] = 0.0f;
