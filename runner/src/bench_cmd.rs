@@ -421,22 +421,30 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
                 (load_drafts(&dir, &model, &a.draft, false, a.run.quantize)?, "draft head")
             }
         };
+        // One loaded head serves its own row and the forced row (its compute, the oracle's
+        // proposals: what a trained head that is always right would cost).
+        let real: Vec<std::sync::Arc<dyn DraftHead>> = real.into_iter().map(std::sync::Arc::from).collect();
+        let oracle_of = || porter_core::draft::OracleDraft {
+            sequence: seq.clone(),
+            wrong_every: None,
+            vocab_size: model.info.vocab_size,
+        };
         for k in 1..=kmax {
-            let oracle: Vec<Box<dyn DraftHead>> = vec![Box::new(porter_core::draft::OracleDraft {
-                sequence: seq.clone(),
-                wrong_every: None,
-                vocab_size: model.info.vocab_size,
-            })];
-            let mut runs = vec![("forced 100% acceptance", &oracle)];
+            let oracle: Vec<Box<dyn DraftHead>> = vec![Box::new(oracle_of())];
+            let mut runs = vec![("forced 100% acceptance", oracle)];
+            if let [head] = real.as_slice() {
+                let forced = porter_core::draft::ForcedDraft { head: Box::new(head.clone()), oracle: oracle_of() };
+                runs.push(("forced, head's compute", vec![Box::new(forced)]));
+            }
             if !real.is_empty() {
-                runs.push((real_label, &real));
+                runs.push((real_label, real.iter().map(|d| Box::new(d.clone()) as Box<dyn DraftHead>).collect()));
             }
             for (what, drafts) in runs {
                 let mut last = None;
                 let (ids, rate) = timed_pair(n, long, |m| {
                     let g = speculative::generate_speculative(
                         &model,
-                        drafts,
+                        &drafts,
                         &prompt,
                         p.clone(),
                         m,

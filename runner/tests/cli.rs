@@ -256,5 +256,11 @@ fn bench_mtp_rows_report_steady_rates() {
         assert!(r["tokens_per_s"].as_f64().unwrap() > 0.0);
         assert!(r.get("tokens_per_s_steady").is_some() && r.get("speedup_steady").is_some(), "{r}");
     }
+    // The bundled checkpoint's own head, run for its cost with the oracle's proposals.
+    let forced: Vec<_> = rows.iter().filter(|r| r["kind"] == "mtp" && r["draft"] == "forced, head's compute").collect();
+    assert_eq!(forced.len(), 2, "{rows:?}");
+    for (k, r) in (1..=2).zip(&forced) {
+        assert_eq!((r["k"].as_u64(), r["acceptance"].as_f64()), (Some(k), Some(1.0)), "{r}");
+    }
     assert!(!stdout.contains("differs"), "{stdout}");
 }

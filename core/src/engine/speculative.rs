@@ -147,12 +147,29 @@ const GREEDY_ROW: [f32; 4] = [0.0, 0.0, 1.0, 0.0];
 /// empty, meaning one-hot at the token (what `probs` would give), without the row coming to
 /// the host.
 fn draw_draft(sampler: &mut SeqSampler, logits: &Tensor, out_len: usize, eos: &[u32]) -> Result<(u32, Vec<f32>)> {
-    let last = logits.narrow_rows(logits.rows() - 1, 1)?;
-    if sampler.greedy_on_device(&last, out_len) {
-        let ids = crate::backend::cuda::blocks::sample_rows(&last, &[GREEDY_ROW])?;
-        let tok = ids.first().copied().ok_or_else(|| crate::err!(Internal, "the device argmax returned no id"))?;
+    let (rows, vocab) = (logits.rows(), logits.last_dim());
+    if rows == 0 || vocab == 0 {
+        bail!(Shape, "a draft's logits have no row to sample ({:?})", logits.shape());
+    }
+    if sampler.greedy_plain(out_len) {
+        // A greedy draft token is the argmax of the raw row (what `probs` makes one-hot):
+        // on a CUDA device only its id comes back; on the host it is one scan of the row,
+        // without the vocabulary-sized distribution (a host draft such as the oracle's
+        // spent over 1 ms a token there, which the step timings counted as draft cost).
+        let tok = match logits.storage() {
+            crate::tensor::Storage::Cuda(_) => {
+                let last = logits.narrow_rows(rows - 1, 1)?;
+                let ids = crate::backend::cuda::blocks::sample_rows(&last, &[GREEDY_ROW])?;
+                ids.first().copied().ok_or_else(|| crate::err!(Internal, "the device argmax returned no id"))?
+            }
+            crate::tensor::Storage::Cpu(_) => {
+                let all = logits.host_f32()?;
+                crate::engine::sampling::argmax(&all[(rows - 1) * vocab..]) as u32
+            }
+        };
         return Ok((tok, Vec::new()));
     }
+    let last = logits.narrow_rows(rows - 1, 1)?;
     let q = sampler.probs(last.to_host()?.row(0), out_len, eos)?;
     Ok((sampler.sample_from(&q), q))
 }
@@ -293,4 +310,46 @@ fn push(gen: &mut SpecGeneration, t: u32, max_tokens: usize, stop_ids: &[u32], s
         return true;
     }
     gen.ids.len() >= max_tokens
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::SeqId;
+    use crate::model::draft::OracleDraft;
+
+    /// A greedy draft token from host logits is the argmax the distribution path picks
+    /// (one-hot `probs`, then `sample_from`), first index on ties, with `q` left empty.
+    #[test]
+    fn greedy_host_draft_token_is_the_distribution_paths_argmax() {
+        let v = 1000;
+        let mut row: Vec<f32> = (0..v).map(|i| ((i * 7919) % 613) as f32 * 0.01 - 3.0).collect();
+        row[417] = 9.0;
+        row[823] = 9.0; // a tie: the first index wins
+        let mut two = vec![0.0f32; v];
+        two.extend_from_slice(&row);
+        let logits = Tensor::from_vec(two, [2, v], crate::tensor::DType::F32).unwrap();
+        let mut s = SeqSampler::new(SamplingParams::default()).unwrap();
+        let (tok, q) = draw_draft(&mut s, &logits, 3, &[]).unwrap();
+        assert_eq!((tok, q.is_empty()), (417, true));
+        let p = s.probs(&row, 3, &[]).unwrap();
+        assert_eq!(s.sample_from(&p), tok);
+        let empty = Tensor::from_vec(Vec::new(), [0, v], crate::tensor::DType::F32).unwrap();
+        assert!(draw_draft(&mut s, &empty, 3, &[]).is_err());
+    }
+
+    /// The oracle builds only the rows asked for: each span's last for `LogitsFor::Last`.
+    #[test]
+    fn oracle_builds_the_rows_asked_for() {
+        let o = OracleDraft { sequence: (100..120).collect(), wrong_every: None, vocab_size: 128 };
+        let b = Batch::single(SeqId(0), 5, &[1, 2, 3]);
+        let last = o.logits(&b, LogitsFor::Last).unwrap();
+        assert_eq!(last.shape(), &[1, 128]);
+        // Position 7 predicts sequence[9].
+        assert_eq!(crate::engine::sampling::argmax(last.row(0)), 109);
+        let all = o.logits(&b, LogitsFor::All).unwrap();
+        assert_eq!(all.shape(), &[3, 128]);
+        let ids: Vec<usize> = (0..3).map(|r| crate::engine::sampling::argmax(all.row(r))).collect();
+        assert_eq!(ids, [107, 108, 109]);
+    }
 }

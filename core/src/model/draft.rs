@@ -235,6 +235,31 @@ pub struct OracleDraft {
     pub vocab_size: usize,
 }
 
+impl OracleDraft {
+    /// The oracle's one-hot logits for the rows asked for (`LogitsFor::Last`: each span's
+    /// last), so its host work per draft token is one vocabulary row, not one per catch-up
+    /// row.
+    ///
+    /// # Shapes
+    /// → `[R, vocab]` on the host
+    pub fn logits(&self, batch: &Batch, rows: LogitsFor) -> Result<Tensor> {
+        let v = self.vocab_size;
+        let positions: Vec<usize> = match rows {
+            LogitsFor::All => batch.positions(),
+            LogitsFor::Last => batch.spans.iter().map(|s| s.pos0 + s.len - 1).collect(),
+        };
+        let mut logits = vec![0.0f32; positions.len() * v];
+        for (r, &p) in positions.iter().enumerate() {
+            let mut t = self.sequence.get(p + 2).copied().unwrap_or(0) as usize % v;
+            if self.wrong_every.is_some_and(|n| n > 0 && p % n == n - 1) {
+                t = (t + 1) % v;
+            }
+            logits[r * v + t] = 1.0;
+        }
+        Tensor::from_vec(logits, [positions.len(), v], DType::F32)
+    }
+}
+
 impl DraftHead for OracleDraft {
     fn name(&self) -> &str {
         "oracle"
@@ -248,17 +273,81 @@ impl DraftHead for OracleDraft {
         _cache: &mut dyn StateCache,
         rows: LogitsFor,
     ) -> Result<DraftOutput> {
-        let v = self.vocab_size;
-        let positions = batch.positions();
-        let mut logits = vec![0.0f32; batch.len() * v];
-        for (r, &p) in positions.iter().enumerate() {
-            let mut t = self.sequence.get(p + 2).copied().unwrap_or(0) as usize % v;
-            if self.wrong_every.is_some_and(|n| n > 0 && p % n == n - 1) {
-                t = (t + 1) % v;
-            }
-            logits[r * v + t] = 1.0;
+        Ok(DraftOutput { logits: self.logits(batch, rows)?, hidden: hidden.try_clone()? })
+    }
+}
+
+/// A real draft head's compute with an oracle's proposals: every step runs `head` (its
+/// layers, its cache, its logits) and then proposes what `oracle` says. It times what a
+/// trained head that is always right costs, where the bare [`OracleDraft`] proposes for free.
+pub struct ForcedDraft {
+    pub head: Box<dyn DraftHead>,
+    pub oracle: OracleDraft,
+}
+
+impl DraftHead for ForcedDraft {
+    fn name(&self) -> &str {
+        self.head.name()
+    }
+
+    fn new_cache(&self, cfg: &CacheConfig) -> Result<ModelCache> {
+        self.head.new_cache(cfg)
+    }
+
+    fn is_stateful(&self) -> bool {
+        self.head.is_stateful()
+    }
+
+    fn main_hidden(&self, main: &Model, h: &Tensor) -> Result<Tensor> {
+        self.head.main_hidden(main, h)
+    }
+
+    fn forward(
+        &self,
+        main: &Model,
+        batch: &Batch,
+        hidden: &Tensor,
+        cache: &mut dyn StateCache,
+        rows: LogitsFor,
+    ) -> Result<DraftOutput> {
+        let out = self.head.forward(main, batch, hidden, cache, rows)?;
+        // The head's own greedy token, taken as a real greedy head's is (on a CUDA device
+        // its id comes back: one wait a draft token) and then replaced by the oracle's.
+        if let (crate::tensor::Storage::Cuda(_), Some(last)) = (out.logits.storage(), out.logits.rows().checked_sub(1))
+        {
+            crate::backend::cuda::blocks::sample_rows(&out.logits.narrow_rows(last, 1)?, &[[0.0, 0.0, 1.0, 0.0]])?;
         }
-        let logits = Tensor::from_vec(logits, [batch.len(), v], DType::F32)?;
-        Ok(DraftOutput { logits: select_rows(&logits, batch, rows)?, hidden: hidden.try_clone()? })
+        Ok(DraftOutput { logits: self.oracle.logits(batch, rows)?, hidden: out.hidden })
+    }
+}
+
+/// A shared draft head is a draft head (one loaded head serves several runs, e.g. the
+/// bench's rows with and without [`ForcedDraft`]).
+impl<T: DraftHead + ?Sized> DraftHead for std::sync::Arc<T> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    fn new_cache(&self, cfg: &CacheConfig) -> Result<ModelCache> {
+        (**self).new_cache(cfg)
+    }
+
+    fn is_stateful(&self) -> bool {
+        (**self).is_stateful()
+    }
+
+    fn main_hidden(&self, main: &Model, h: &Tensor) -> Result<Tensor> {
+        (**self).main_hidden(main, h)
+    }
+
+    fn forward(
+        &self,
+        main: &Model,
+        batch: &Batch,
+        hidden: &Tensor,
+        cache: &mut dyn StateCache,
+        rows: LogitsFor,
+    ) -> Result<DraftOutput> {
+        (**self).forward(main, batch, hidden, cache, rows)
     }
 }

@@ -412,9 +412,14 @@ impl SeqSampler {
     /// its argmaxes on the device and compares ids, which decides exactly what the
     /// distributions would (a greedy target distribution is one-hot at its argmax).
     pub fn greedy_on_device(&self, logits: &crate::tensor::Tensor, out_len: usize) -> bool {
-        matches!(logits.storage(), crate::tensor::Storage::Cuda(_))
-            && self.params.temperature == 0.0
-            && self.params.device_compatible(out_len)
+        matches!(logits.storage(), crate::tensor::Storage::Cuda(_)) && self.greedy_plain(out_len)
+    }
+
+    /// Whether the token at output position `out_len` is the plain argmax of the raw logits
+    /// (wherever they are): greedy with nothing that changes a row (no logit bias,
+    /// penalties, min-p, masks or logprobs). Its distribution is one-hot at that argmax.
+    pub fn greedy_plain(&self, out_len: usize) -> bool {
+        self.params.temperature == 0.0 && self.params.device_compatible(out_len)
     }
 
     /// Samples row `row` of a logits tensor at output position `out_len`: on a CUDA device
