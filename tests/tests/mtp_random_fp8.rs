@@ -6,17 +6,15 @@
 //! MTP head, FP8 under `--quantize fp8`, and speculates exactly.
 
 use porter_core::checkpoint::Checkpoint;
-use porter_core::draft::{DraftHead, DraftOutput, OracleDraft};
+use porter_core::draft::{DraftHead, ForcedDraft, OracleDraft};
 use porter_core::generate::generate;
 use porter_core::quant::{QuantConfig, Quantize};
 use porter_core::registry::{self, DraftLoadContext, LoadOptions};
 use porter_core::sampling::SamplingParams;
 use porter_core::speculative::{draft_logits, generate_speculative, MtpMode};
-use porter_core::state::CacheConfig;
 use porter_core::tensor::CpuStorage;
 use porter_core::weight_map::WeightMap;
 use porter_core::{config, DType, Device, Model, Weights};
-use porter_core::{Batch, LogitsFor, ModelCache, StateCache, Tensor};
 use std::path::{Path, PathBuf};
 use tests::*;
 
@@ -205,45 +203,6 @@ fn check_exact(what: &str, m: &Model, drafts: &[Box<dyn DraftHead>], mode: MtpMo
     per_step
 }
 
-/// A draft head run for real (its cache advances and is rolled back like any draft's) whose
-/// proposals are replaced by an oracle's: the fixture heads' random weights never get a token
-/// accepted, this reaches the accept and partial-accept paths with the FP8 head's own state.
-struct Guided {
-    inner: Box<dyn DraftHead>,
-    oracle: OracleDraft,
-}
-
-impl DraftHead for Guided {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn new_cache(&self, cfg: &CacheConfig) -> porter_core::Result<ModelCache> {
-        self.inner.new_cache(cfg)
-    }
-
-    fn is_stateful(&self) -> bool {
-        self.inner.is_stateful()
-    }
-
-    fn main_hidden(&self, main: &Model, h: &Tensor) -> porter_core::Result<Tensor> {
-        self.inner.main_hidden(main, h)
-    }
-
-    fn forward(
-        &self,
-        main: &Model,
-        batch: &Batch,
-        hidden: &Tensor,
-        cache: &mut dyn StateCache,
-        rows: LogitsFor,
-    ) -> porter_core::Result<DraftOutput> {
-        let real = self.inner.forward(main, batch, hidden, cache, rows)?;
-        let forced = self.oracle.forward(main, batch, hidden, cache, rows)?;
-        Ok(DraftOutput { logits: forced.logits, hidden: real.hidden })
-    }
-}
-
 /// Speculative decoding with an FP8 draft head is exact (verification is exact): for every
 /// draft, beside a dense main model and beside the main model quantized the same way; the FP8
 /// head alone (nothing accepted: random fixture weights) and guided to 2 of 3 proposals right.
@@ -258,7 +217,7 @@ fn speculative_decoding_with_an_fp8_draft_is_exact() {
             let mut seq = PROMPT.to_vec();
             seq.extend(generate(&m, PROMPT, SamplingParams::default(), N + 8, &[]).unwrap().ids);
             let oracle = OracleDraft { sequence: seq, wrong_every: Some(3), vocab_size: m.info.vocab_size };
-            let guided: Vec<Box<dyn DraftHead>> = vec![Box::new(Guided { inner, oracle })];
+            let guided: Vec<Box<dyn DraftHead>> = vec![Box::new(ForcedDraft { head: inner, oracle })];
             let per_step =
                 check_exact(&format!("{main_name} ({tag}) + guided fp8 {draft}"), &m, &guided, MtpMode::Eagle);
             assert!(

@@ -279,7 +279,9 @@ impl DraftHead for OracleDraft {
 
 /// A real draft head's compute with an oracle's proposals: every step runs `head` (its
 /// layers, its cache, its logits) and then proposes what `oracle` says. It times what a
-/// trained head that is always right costs, where the bare [`OracleDraft`] proposes for free.
+/// trained head that is always right costs, where the bare [`OracleDraft`] proposes for free,
+/// and (with `wrong_every`) takes a random-weight head's own state through the accept and
+/// partial-accept paths that its proposals never reach.
 pub struct ForcedDraft {
     pub head: Box<dyn DraftHead>,
     pub oracle: OracleDraft,
