@@ -7,8 +7,10 @@
 //!
 //! `#[ignore = "needs a CUDA GPU"]`, run by `scripts/gpu-check.sh`.
 
+use porter_core::draft::DraftHead;
 use porter_core::engine::{EngineCore, SamplingParams};
-use porter_core::{Batch, DType, LogitsFor, Model, StateCache};
+use porter_core::state::CacheConfig;
+use porter_core::{config, registry, Batch, DType, LogitsFor, Model, StateCache};
 use tests::engine_util::{cfg, greedy, run_all};
 use tests::*;
 
@@ -150,6 +152,92 @@ fn cuda_engine_with_graphs_equals_eager() {
         let eager = run(false);
         let graphed = run(true);
         assert_eq!(graphed, eager, "engine outputs differ with CUDA graphs");
+    }
+}
+
+/// Runs a fixed script of draft steps of `d` (after `m`'s prefill of a prompt): a catch-up of
+/// 7 rows, 3 chained steps, a rollback to 2 positions past the catch-up and a catch-up of 3
+/// rows, 2 chained steps; returns every step's logits and hidden, and the draft cache's graph
+/// use.
+fn draft_script(
+    m: &Model,
+    d: &dyn DraftHead,
+    graphs: bool,
+) -> (Vec<Vec<f32>>, Option<porter_core::backend::cuda::graph::GraphStats>) {
+    porter_core::backend::cuda::graph::set_enabled(graphs);
+    let dc = d.new_cache(&CacheConfig::for_tokens(1, 0, 64));
+    porter_core::backend::cuda::graph::set_enabled(true);
+    let mut dc = dc.unwrap();
+    let ds = dc.alloc_seq().unwrap();
+    let mut mc = m.new_cache_spec(1, 0).unwrap();
+    let ms = mc.alloc_seq().unwrap();
+    let prompt: Vec<u32> = vec![5, 77, 300, 12, 9, 41, 256, 3];
+    let main = m.forward(&Batch::single(ms, 0, &prompt), &mut mc, LogitsFor::All).unwrap();
+    let hid = d.main_hidden(m, &main.hidden).unwrap();
+    let mut out = Vec::new();
+    let mut keep = |o: &porter_core::draft::DraftOutput| {
+        out.push(o.logits.host_vec().unwrap());
+        out.push(o.hidden.host_vec().unwrap());
+    };
+    // Catch-up: rows 0..7 take tokens 1..8 and the main hidden of positions 0..7.
+    let o = d
+        .forward(m, &Batch::single(ds, 0, &prompt[1..]), &hid.narrow_rows(0, 7).unwrap(), &mut dc, LogitsFor::Last)
+        .unwrap();
+    keep(&o);
+    let mut h = o.hidden.narrow_rows(6, 1).unwrap();
+    for (i, t) in [17u32, 4, 99].into_iter().enumerate() {
+        let o = d.forward(m, &Batch::single(ds, 7 + i, &[t]), &h, &mut dc, LogitsFor::Last).unwrap();
+        keep(&o);
+        h = o.hidden;
+    }
+    dc.truncate(ds, 5).unwrap();
+    let o = d
+        .forward(
+            m,
+            &Batch::single(ds, 5, &prompt[6..8].iter().chain(&[42]).copied().collect::<Vec<_>>()),
+            &hid.narrow_rows(5, 3).unwrap(),
+            &mut dc,
+            LogitsFor::Last,
+        )
+        .unwrap();
+    keep(&o);
+    let mut h = o.hidden.narrow_rows(2, 1).unwrap();
+    for (i, t) in [8u32, 250].into_iter().enumerate() {
+        let o = d.forward(m, &Batch::single(ds, 8 + i, &[t]), &h, &mut dc, LogitsFor::Last).unwrap();
+        keep(&o);
+        h = o.hidden;
+    }
+    if graphs {
+        let (keys, failed) = dc.graph_shapes();
+        assert!(failed.is_empty(), "draft graph captures failed: {failed:?}");
+        println!("  draft graphs captured: {keys:?}");
+    }
+    (out, dc.graph_stats())
+}
+
+/// The Qwen3-Next MTP head's steps replayed from CUDA graphs (catch-up rows and chained
+/// steps, across a rollback) equal its eager steps bit for bit in f32, logits and hidden.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_draft_graphs_equal_eager_f32() {
+    let _g = serial();
+    let Some(dev) = cuda_or_skip("cuda_draft_graphs_equal_eager_f32") else {
+        panic!("cuda_draft_graphs_equal_eager_f32: needs a CUDA GPU")
+    };
+    let m = load_on("qwen3_next_mtp", DType::F32, dev).unwrap();
+    let cfg = config::read_config(&fixture("qwen3_next_mtp")).unwrap();
+    let d = registry::load_draft(&fixture("qwen3_next_mtp"), &cfg, &m).unwrap();
+    let (eager, none) = draft_script(&m, d.as_ref(), false);
+    assert!(none.is_none());
+    let (graphed, stats) = draft_script(&m, d.as_ref(), true);
+    let stats = stats.expect("draft graph stats");
+    println!("cuda qwen3_next_mtp draft: {stats:?}");
+    // 7 steps: shapes (1, 7), (1, 1) and (1, 3) captured, every step replayed.
+    assert!(stats.replays == 7 && stats.captures == 3 && stats.failed == 0, "{stats:?}");
+    assert_eq!(eager.len(), graphed.len());
+    for (i, (a, b)) in eager.iter().zip(&graphed).enumerate() {
+        let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "draft output {i} ({}): graph replay differs from the eager step", ["logits", "hidden"][i % 2]);
     }
 }
 

@@ -136,14 +136,110 @@ pub struct AttentionMtpHead {
     pub norm: RmsNorm,
 }
 
+impl AttentionMtpHead {
+    /// The head's forward without the checks of the batch against the cache (a CUDA graph's
+    /// padded batch has [`crate::state::SeqId::PAD`] spans, which own no state): logits for
+    /// the batch rows `rows`, the post-`norm` hidden of every row.
+    ///
+    /// # Shapes
+    /// `hidden: [T, H]` → logits `[rows.len(), vocab]`, hidden `[T, H]`
+    fn step(
+        &self,
+        main: &Model,
+        batch: &Batch,
+        hidden: &Tensor,
+        cache: &mut dyn StateCache,
+        rows: &[usize],
+    ) -> Result<crate::model::ForwardOutput> {
+        let u = fuse(main, batch, hidden, &self.norm_embedding, &self.norm_hidden, &self.fc)?;
+        cache.prepare(batch)?;
+        let u = self.layer.forward(u, batch, cache.layer_mut(0)?)?;
+        for s in batch.spans.iter().filter(|s| !s.seq.is_pad()) {
+            cache.advance(s.seq, s.len)?;
+        }
+        let d = self.norm.forward(&u)?;
+        let logits = if rows.len() == batch.len() && rows.iter().enumerate().all(|(i, &r)| i == r) {
+            main.post.logits(&d)?
+        } else {
+            main.post.logits(&d.gather_rows(rows)?)?
+        };
+        Ok(crate::model::ForwardOutput { logits, hidden: d })
+    }
+
+    /// The step from a CUDA graph of its shape (captured at first use, as the main model's
+    /// decode and verify steps are: `crate::model::graph`) when every span has the same
+    /// number of rows and this cache keeps graphs; `None` otherwise (the caller runs it
+    /// eagerly). The hidden rows are copied first into a buffer outside the graphs (f32, as
+    /// many rows as the largest graph), which the graphs read. Logits for every row.
+    fn step_graphed(
+        &self,
+        main: &Model,
+        batch: &Batch,
+        hidden: &Tensor,
+        cache: &mut dyn StateCache,
+    ) -> Result<Option<crate::model::ForwardOutput>> {
+        let crate::tensor::Storage::Cuda(c) = hidden.storage() else { return Ok(None) };
+        let all: Vec<usize> = (0..batch.len()).collect();
+        if !crate::backend::cuda::graph::enabled() || crate::model::graph::uniform_rows(batch, &all).is_none() {
+            return Ok(None);
+        }
+        let gpu = c.gpu.clone();
+        let Some(mut gs) = cache.take_graphs() else { return Ok(None) };
+        let res = (|| {
+            // One input buffer for every graph of this cache (its address is in them all);
+            // another owner's graphs are dropped with it when the target binds.
+            let cap = gs.max_spans * crate::backend::cuda::graph::MAX_ROWS;
+            let id = self as *const AttentionMtpHead as usize;
+            let fits = |t: &Tensor| t.dtype() == DType::F32 && t.last_dim() == hidden.last_dim() && t.rows() >= cap;
+            let mut input = match gs.input.take() {
+                Some((owner, t)) if owner == id && fits(&t) => t,
+                _ => {
+                    gs.bind(0, false, Vec::new);
+                    Tensor::empty_on(&gpu, [cap, hidden.last_dim()], DType::F32)?
+                }
+            };
+            if batch.len() > cap {
+                gs.input = Some((id, input));
+                return Ok(None);
+            }
+            let h32 =
+                if hidden.dtype() == DType::F32 { None } else { Some(hidden.try_clone()?.try_to_dtype(DType::F32)?) };
+            crate::backend::cuda::copy_rows_into(h32.as_ref().unwrap_or(hidden), &mut input, batch.len())?;
+            let run = |b: &Batch, c: &mut dyn StateCache, r: &[usize]| {
+                self.step(main, b, &crate::backend::cuda::head_rows(&input, b.len())?, c, r)
+            };
+            let none = Vec::new;
+            let t = crate::model::graph::Target {
+                id,
+                gpu: gpu.clone(),
+                layers: 1,
+                has_kv: true,
+                recurrent: &none,
+                run: &run,
+            };
+            let out = crate::model::graph::forward_graphed(&t, &mut gs, batch, cache, &all);
+            gs.input = Some((id, input));
+            out
+        })();
+        cache.put_graphs(gs);
+        res
+    }
+}
+
 impl DraftHead for AttentionMtpHead {
     fn name(&self) -> &str {
         &self.name
     }
 
     fn new_cache(&self, cfg: &CacheConfig) -> Result<ModelCache> {
-        let layer = LayerCache::new(self.layer.kind(), self.fc.w.device(), self.fc.w.dtype(), cfg)?;
-        Ok(ModelCache::new(vec![layer], cfg))
+        let device = self.fc.w.device();
+        let layer = LayerCache::new(self.layer.kind(), device, self.fc.w.dtype(), cfg)?;
+        let mut cache = ModelCache::new(vec![layer], cfg);
+        // The draft's steps are graphed as the main model's are (`AttentionMtpHead::step_graphed`).
+        if matches!(device, crate::tensor::device::Device::Cuda(_)) && crate::backend::cuda::graph::enabled() {
+            cache.enable_graphs(cfg.max_seqs);
+        }
+        Ok(cache)
     }
 
     fn is_stateful(&self) -> bool {
@@ -173,15 +269,17 @@ impl DraftHead for AttentionMtpHead {
                 );
             }
         }
-        let u = fuse(main, batch, hidden, &self.norm_embedding, &self.norm_hidden, &self.fc)?;
-        cache.prepare(batch)?;
-        let u = self.layer.forward(u, batch, cache.layer_mut(0)?)?;
-        for s in &batch.spans {
-            cache.advance(s.seq, s.len)?;
+        check_batch(main, batch, hidden)?;
+        if let Some(out) = self.step_graphed(main, batch, hidden, cache)? {
+            // The graph gave every row's logits; the rows asked for are taken outside it.
+            return Ok(DraftOutput { logits: select_rows(&out.logits, batch, rows)?, hidden: out.hidden });
         }
-        let d = self.norm.forward(&u)?;
-        let logits = main.post.logits(&select_rows(&d, batch, rows)?)?;
-        Ok(DraftOutput { logits, hidden: d })
+        let idx: Vec<usize> = match rows {
+            LogitsFor::All => (0..batch.len()).collect(),
+            LogitsFor::Last => batch.spans.iter().map(|s| s.start + s.len - 1).collect(),
+        };
+        let out = self.step(main, batch, hidden, cache, &idx)?;
+        Ok(DraftOutput { logits: out.logits, hidden: out.hidden })
     }
 }
 

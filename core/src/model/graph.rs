@@ -38,29 +38,50 @@ fn gpu_of_model(m: &Model) -> Result<std::sync::Arc<crate::tensor::cuda::Gpu>> {
 
 /// The rows per sequence of a graph-eligible forward: every span has the same length and
 /// logits are asked for every row in order.
-fn uniform_rows(batch: &Batch, rows: &[usize]) -> Option<usize> {
+pub(crate) fn uniform_rows(batch: &Batch, rows: &[usize]) -> Option<usize> {
     let r = batch.spans.first()?.len;
     let all = rows.len() == batch.len() && rows.iter().enumerate().all(|(i, &x)| i == x);
     (all && r > 0 && batch.spans.iter().all(|s| s.len == r)).then_some(r)
 }
 
+/// A forward without the batch checks, over a batch that may hold padding spans; logits for
+/// the rows given.
+pub(crate) type RunFn<'a> = dyn Fn(&Batch, &mut dyn StateCache, &[usize]) -> Result<ForwardOutput> + 'a;
+
+/// The forward a graph captures: the main model's, or a draft head's step (which also reads
+/// a hidden input the caller has copied into a buffer outside the graph).
+pub(crate) struct Target<'a> {
+    /// Whose forward it is (an address): another owner's forward through the same cache
+    /// drops the graphs.
+    pub id: usize,
+    pub gpu: std::sync::Arc<crate::tensor::cuda::Gpu>,
+    /// Layers of the forward (the upload recording's size).
+    pub layers: usize,
+    /// Whether it has attention layers (block tables in its graphs).
+    pub has_kv: bool,
+    /// Its layers that upload Gated DeltaNet tables, in forward order (asked when the graphs
+    /// are bound to it).
+    pub recurrent: &'a dyn Fn() -> Vec<usize>,
+    /// The forward ([`RunFn`]).
+    pub run: &'a RunFn<'a>,
+}
+
 impl Model {
-    /// Makes `gs` this model's graphs (its identity is its address), with the layer facts a
-    /// capture and a replay need, computed once.
-    fn bind_graphs(&self, gs: &mut Graphs) {
-        let has_kv = self.layers.iter().any(|l| matches!(l.kind(), LayerKind::Attention { .. }));
-        gs.bind(self as *const Model as usize, has_kv, || {
-            (0..self.layers.len()).filter(|&i| matches!(self.layers[i].kind(), LayerKind::Recurrent { .. })).collect()
-        });
+    /// The graph target of this model's forward.
+    fn graph_target<'a>(&'a self, recurrent: &'a dyn Fn() -> Vec<usize>, run: &'a RunFn<'a>) -> Result<Target<'a>> {
+        Ok(Target {
+            id: self as *const Model as usize,
+            gpu: gpu_of_model(self)?,
+            layers: self.layers.len(),
+            has_kv: self.layers.iter().any(|l| matches!(l.kind(), LayerKind::Attention { .. })),
+            recurrent,
+            run,
+        })
     }
 
-    /// [`Model::capture`], recording a failure (that shape then runs eagerly); returns why it
-    /// failed.
-    fn try_capture(&self, gs: &mut Graphs, key: GraphKey, cache: &mut dyn StateCache) -> Option<String> {
-        let e = self.capture(gs, key, cache).err()?.to_string();
-        gs.failed.insert(key, e.clone());
-        gs.stats.failed += 1;
-        Some(e)
+    /// The layers that upload Gated DeltaNet tables.
+    fn recurrent_layers(&self) -> Vec<usize> {
+        (0..self.layers.len()).filter(|&i| matches!(self.layers[i].kind(), LayerKind::Recurrent { .. })).collect()
     }
 
     /// Runs a graph-eligible forward from its graph (capturing it first when its shape is
@@ -76,32 +97,11 @@ impl Model {
         if !graph::enabled() || !matches!(self.info.device, Device::Cuda(_)) {
             return Ok(None);
         }
-        let Some(r) = uniform_rows(batch, rows).filter(|&r| r <= graph::MAX_ROWS) else { return Ok(None) };
-        let Some(spans) = gs.bucket(batch.spans.len()) else { return Ok(None) };
-        self.bind_graphs(gs);
-        // A shape whose capture failed runs eagerly without preparing twice (the positions'
-        // blocks give the width; the step's tables below are at least as wide).
-        let bs = cache.block_size().max(1);
-        let need = batch.spans.iter().map(|s| (s.pos0 + s.len).div_ceil(bs)).max().unwrap_or(0);
-        if gs.has_kv && gs.failed.contains_key(&GraphKey { spans, rows: r, width: width_bucket(need) }) {
-            return Ok(None);
-        }
-        let padded = batch.padded(spans, r);
-        cache.set_page_width(0);
-        cache.prepare(&padded)?;
-        let width = cache.page_step().map_or(0, |s| width_bucket(s.max_blocks));
-        let key = GraphKey { spans, rows: r, width };
-        if gs.failed.contains_key(&key) {
-            return Ok(None);
-        }
-        if !gs.graphs.contains_key(&key) {
-            if self.try_capture(gs, key, cache).is_some() {
-                return Ok(None);
-            }
-            // The capture prepared its own (all-padding) batch.
-            cache.prepare(&padded)?;
-        }
-        self.replay(gs, key, batch, &padded, cache).map(Some)
+        let (rec, run) = (
+            || self.recurrent_layers(),
+            |b: &Batch, c: &mut dyn StateCache, r: &[usize]| self.forward_unchecked(b, c, r),
+        );
+        forward_graphed(&self.graph_target(&rec, &run)?, gs, batch, cache, rows)
     }
 
     /// Captures the graphs of `shapes` (`(sequences, rows per sequence)`) for contexts of up
@@ -123,167 +123,221 @@ impl Model {
             return Ok(Vec::new());
         }
         let Some(mut gs) = cache.take_graphs() else { bail!(Input, "this cache keeps no CUDA graphs") };
-        let res = self.capture_all(&mut gs, cache, shapes, context, progress);
+        let (rec, run) = (
+            || self.recurrent_layers(),
+            |b: &Batch, c: &mut dyn StateCache, r: &[usize]| self.forward_unchecked(b, c, r),
+        );
+        let res = self.graph_target(&rec, &run).map(|t| capture_all(&t, &mut gs, cache, shapes, context, progress));
         cache.put_graphs(gs);
-        res
+        res?
     }
+}
 
-    /// [`Model::capture_graphs`] with the graphs taken out of the cache.
-    fn capture_all(
-        &self,
-        gs: &mut Graphs,
-        cache: &mut dyn StateCache,
-        shapes: &[(usize, usize)],
-        context: usize,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<Vec<(GraphKey, String)>> {
-        self.bind_graphs(gs);
-        let blocks = context.div_ceil(cache.block_size().max(1));
-        let mut failed = Vec::new();
-        for (i, &(spans, rows)) in shapes.iter().enumerate() {
-            let key = GraphKey { spans, rows, width: if gs.has_kv { width_bucket(blocks) } else { 0 } };
-            if !gs.graphs.contains_key(&key) {
-                if let Some(e) = self.try_capture(gs, key, cache) {
-                    failed.push((key, e));
-                }
-            }
-            progress(i + 1, shapes.len());
-        }
-        Ok(failed)
+/// Makes `gs` the graphs of `t` (another owner's are dropped first).
+fn bind(t: &Target, gs: &mut Graphs) {
+    gs.bind(t.id, t.has_kv, t.recurrent);
+}
+
+/// Runs a graph-eligible forward of `t` from its graph (capturing it first when its shape
+/// is new); `None` when the forward is not eligible or its shape cannot be captured (the
+/// caller then runs it eagerly). The batch has been validated; graphs are on and `t` is on
+/// a CUDA device.
+pub(crate) fn forward_graphed(
+    t: &Target,
+    gs: &mut Graphs,
+    batch: &Batch,
+    cache: &mut dyn StateCache,
+    rows: &[usize],
+) -> Result<Option<ForwardOutput>> {
+    let Some(r) = uniform_rows(batch, rows).filter(|&r| r <= graph::MAX_ROWS) else { return Ok(None) };
+    let Some(spans) = gs.bucket(batch.spans.len()) else { return Ok(None) };
+    bind(t, gs);
+    // A shape whose capture failed runs eagerly without preparing twice (the positions'
+    // blocks give the width; the step's tables below are at least as wide).
+    let bs = cache.block_size().max(1);
+    let need = batch.spans.iter().map(|s| (s.pos0 + s.len).div_ceil(bs)).max().unwrap_or(0);
+    if gs.has_kv && gs.failed.contains_key(&GraphKey { spans, rows: r, width: width_bucket(need) }) {
+        return Ok(None);
     }
-
-    /// Captures the graph of `key` (see the module docs).
-    fn capture(&self, gs: &mut Graphs, key: GraphKey, cache: &mut dyn StateCache) -> Result<()> {
-        let gpu = gpu_of_model(self)?;
-        let t = key.spans * key.rows;
-        let all: Vec<usize> = (0..t).collect();
-        let pad = || Batch::default().padded(key.spans, key.rows);
-        cache.set_page_width(key.width);
-        // Eager run first: compiles kernels, grows the memory pool and the scratch buffers,
-        // and gives the output shapes.
-        let out = self.forward_unchecked(&pad(), cache, &all);
-        cache.end_step();
-        let out = out?;
-        let oi = match gs.outputs.iter().position(|o| {
-            o.rows() >= t
-                && o.logits.dtype() == out.logits.dtype()
-                && o.logits.last_dim() == out.logits.last_dim()
-                && o.hidden.dtype() == out.hidden.dtype()
-        }) {
-            Some(i) => i,
-            None => {
-                // Earlier graphs keep the buffers they were captured with.
-                let cap = t.max(gs.outputs.last().map_or(0, |o| o.rows()));
-                gs.outputs.push(Outputs {
-                    logits: crate::tensor::Tensor::empty_on(&gpu, [cap, out.logits.last_dim()], out.logits.dtype())?,
-                    hidden: crate::tensor::Tensor::empty_on(&gpu, [cap, out.hidden.last_dim()], out.hidden.dtype())?,
-                });
-                gs.outputs.len() - 1
-            }
-        };
-        drop(out);
-        gpu.sync()?;
-        gpu.begin_recording(recording_bytes(key, self.layers.len()))?;
-        let stream = gpu.stream().clone();
-        if let Err(e) =
-            stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-        {
-            let _ = gpu.end_recording();
-            cache.set_page_width(0);
-            bail!(Device, "CUDA graph capture could not start: {e}");
+    let padded = batch.padded(spans, r);
+    cache.set_page_width(0);
+    cache.prepare(&padded)?;
+    let width = cache.page_step().map_or(0, |s| width_bucket(s.max_blocks));
+    let key = GraphKey { spans, rows: r, width };
+    if gs.failed.contains_key(&key) {
+        return Ok(None);
+    }
+    if !gs.graphs.contains_key(&key) {
+        if try_capture(t, gs, key, cache).is_some() {
+            return Ok(None);
         }
-        let o = &mut gs.outputs[oi];
-        let run = (|| -> Result<()> {
-            let b = pad();
-            let out = self.forward_unchecked(&b, cache, &all)?;
-            crate::backend::cuda::copy_rows_into(&out.logits, &mut o.logits, t)?;
-            crate::backend::cuda::copy_rows_into(&out.hidden, &mut o.hidden, t)?;
-            // Everything the forward allocated is freed inside the graph.
-            drop(out);
-            drop(b);
-            cache.end_step();
-            Ok(())
-        })();
-        cache.end_step();
-        let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-        let rec = gpu.end_recording();
+        // The capture prepared its own (all-padding) batch.
+        cache.prepare(&padded)?;
+    }
+    replay(t, gs, key, batch, &padded, cache).map(Some)
+}
+
+/// [`capture`], recording a failure (that shape then runs eagerly); returns why it failed.
+fn try_capture(t: &Target, gs: &mut Graphs, key: GraphKey, cache: &mut dyn StateCache) -> Option<String> {
+    let e = capture(t, gs, key, cache).err()?.to_string();
+    gs.failed.insert(key, e.clone());
+    gs.stats.failed += 1;
+    Some(e)
+}
+
+/// [`Model::capture_graphs`] for any target, the graphs taken out of the cache.
+fn capture_all(
+    t: &Target,
+    gs: &mut Graphs,
+    cache: &mut dyn StateCache,
+    shapes: &[(usize, usize)],
+    context: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<(GraphKey, String)>> {
+    bind(t, gs);
+    let blocks = context.div_ceil(cache.block_size().max(1));
+    let mut failed = Vec::new();
+    for (i, &(spans, rows)) in shapes.iter().enumerate() {
+        let key = GraphKey { spans, rows, width: if gs.has_kv { width_bucket(blocks) } else { 0 } };
+        if !gs.graphs.contains_key(&key) {
+            if let Some(e) = try_capture(t, gs, key, cache) {
+                failed.push((key, e));
+            }
+        }
+        progress(i + 1, shapes.len());
+    }
+    Ok(failed)
+}
+
+/// Captures the graph of `key` (see the module docs).
+fn capture(tg: &Target, gs: &mut Graphs, key: GraphKey, cache: &mut dyn StateCache) -> Result<()> {
+    let gpu = tg.gpu.clone();
+    let t = key.spans * key.rows;
+    let all: Vec<usize> = (0..t).collect();
+    let pad = || Batch::default().padded(key.spans, key.rows);
+    cache.set_page_width(key.width);
+    // Eager run first: compiles kernels, grows the memory pool and the scratch buffers,
+    // and gives the output shapes.
+    let out = (tg.run)(&pad(), cache, &all);
+    cache.end_step();
+    let out = out?;
+    let oi = match gs.outputs.iter().position(|o| {
+        o.rows() >= t
+            && o.logits.dtype() == out.logits.dtype()
+            && o.logits.last_dim() == out.logits.last_dim()
+            && o.hidden.dtype() == out.hidden.dtype()
+    }) {
+        Some(i) => i,
+        None => {
+            // Earlier graphs keep the buffers they were captured with.
+            let cap = t.max(gs.outputs.last().map_or(0, |o| o.rows()));
+            gs.outputs.push(Outputs {
+                logits: crate::tensor::Tensor::empty_on(&gpu, [cap, out.logits.last_dim()], out.logits.dtype())?,
+                hidden: crate::tensor::Tensor::empty_on(&gpu, [cap, out.hidden.last_dim()], out.hidden.dtype())?,
+            });
+            gs.outputs.len() - 1
+        }
+    };
+    drop(out);
+    gpu.sync()?;
+    gpu.begin_recording(recording_bytes(key, tg.layers))?;
+    let stream = gpu.stream().clone();
+    if let Err(e) = stream.begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    {
+        let _ = gpu.end_recording();
         cache.set_page_width(0);
-        run?;
-        let graph = graph.map_err(|e| Error::cuda(&e, format!("CUDA graph capture failed: {e}")))?;
-        let graph = graph.ok_or_else(|| err!(Device, "CUDA graph capture recorded no graph"))?;
-        let rec = rec.ok_or_else(|| err!(Internal, "the graph recording vanished"))?;
-        if let Some(why) = &rec.unreplayable {
-            bail!(Device, "the forward cannot be replayed from a graph: {why}");
-        }
-        let count = |tag| rec.entries.iter().filter(|e| e.0 == tag).count();
-        let gdn = gs.recurrent.len();
-        if count(UploadTag::Gdn) != gdn
-            || count(UploadTag::Ids) != 1
-            || count(UploadTag::Batch) > 1
-            || count(UploadTag::Page) > 1
-        {
-            bail!(
-                Internal,
-                "graph capture recorded {} id, {} batch, {} page and {} Gated DeltaNet uploads ({gdn} recurrent layers)",
-                count(UploadTag::Ids),
-                count(UploadTag::Batch),
-                count(UploadTag::Page),
-                count(UploadTag::Gdn)
-            );
-        }
-        graph.upload().map_err(cuda_err)?;
-        drop(stream);
-        gs.graphs.insert(key, Captured { graph: SendGraph(graph), rec, out: oi });
-        gs.stats.captures += 1;
+        bail!(Device, "CUDA graph capture could not start: {e}");
+    }
+    let o = &mut gs.outputs[oi];
+    let run = (|| -> Result<()> {
+        let b = pad();
+        let out = (tg.run)(&b, cache, &all)?;
+        crate::backend::cuda::copy_rows_into(&out.logits, &mut o.logits, t)?;
+        crate::backend::cuda::copy_rows_into(&out.hidden, &mut o.hidden, t)?;
+        // Everything the forward allocated is freed inside the graph.
+        drop(out);
+        drop(b);
+        cache.end_step();
         Ok(())
+    })();
+    cache.end_step();
+    let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    let rec = gpu.end_recording();
+    cache.set_page_width(0);
+    run?;
+    let graph = graph.map_err(|e| Error::cuda(&e, format!("CUDA graph capture failed: {e}")))?;
+    let graph = graph.ok_or_else(|| err!(Device, "CUDA graph capture recorded no graph"))?;
+    let rec = rec.ok_or_else(|| err!(Internal, "the graph recording vanished"))?;
+    if let Some(why) = &rec.unreplayable {
+        bail!(Device, "the forward cannot be replayed from a graph: {why}");
     }
+    let count = |tag| rec.entries.iter().filter(|e| e.0 == tag).count();
+    let gdn = gs.recurrent.len();
+    if count(UploadTag::Gdn) != gdn
+        || count(UploadTag::Ids) != 1
+        || count(UploadTag::Batch) > 1
+        || count(UploadTag::Page) > 1
+    {
+        bail!(
+            Internal,
+            "graph capture recorded {} id, {} batch, {} page and {} Gated DeltaNet uploads ({gdn} recurrent layers)",
+            count(UploadTag::Ids),
+            count(UploadTag::Batch),
+            count(UploadTag::Page),
+            count(UploadTag::Gdn)
+        );
+    }
+    graph.upload().map_err(cuda_err)?;
+    drop(stream);
+    gs.graphs.insert(key, Captured { graph: SendGraph(graph), rec, out: oi });
+    gs.stats.captures += 1;
+    Ok(())
+}
 
-    /// Replays the graph of `key` for `batch` (`padded` is it padded to the key's shape; the
-    /// cache has prepared `padded`).
-    fn replay(
-        &self,
-        gs: &mut Graphs,
-        key: GraphKey,
-        batch: &Batch,
-        padded: &Batch,
-        cache: &mut dyn StateCache,
-    ) -> Result<ForwardOutput> {
-        let _s = crate::backend::cuda::profile::host_span("model: graph replay");
-        let step = cache.page_step();
-        let Some(c) = gs.graphs.get_mut(&key) else { bail!(Internal, "graph {key:?} vanished") };
-        let mut next_gdn = gs.recurrent.iter().copied();
-        for i in 0..c.rec.entries.len() {
-            let tag = c.rec.entries[i].0;
-            match tag {
-                UploadTag::Ids => c.rec.write(i, &padded.ids)?,
-                UploadTag::Batch => c.rec.write(i, &batch_table(padded))?,
-                UploadTag::Page => {
-                    let st = step.as_ref().ok_or_else(|| err!(Internal, "graph replay without paging metadata"))?;
-                    c.rec.write(i, &page_table(st, key.width)?)?
-                }
-                UploadTag::Gdn => {
-                    let li =
-                        next_gdn.next().ok_or_else(|| err!(Internal, "more recorded tables than recurrent layers"))?;
-                    let LayerCache::Recurrent(rc) = cache.layer_mut(li)? else {
-                        bail!(Internal, "layer {li} keeps no recurrent state")
-                    };
-                    c.rec.write(i, &gdn_tables(padded, rc)?.data)?
-                }
-                UploadTag::Other => bail!(Internal, "graph replay of an untagged upload"),
+/// Replays the graph of `key` for `batch` (`padded` is it padded to the key's shape; the
+/// cache has prepared `padded`).
+fn replay(
+    tg: &Target,
+    gs: &mut Graphs,
+    key: GraphKey,
+    batch: &Batch,
+    padded: &Batch,
+    cache: &mut dyn StateCache,
+) -> Result<ForwardOutput> {
+    let _s = crate::backend::cuda::profile::host_span("model: graph replay");
+    let step = cache.page_step();
+    let Some(c) = gs.graphs.get_mut(&key) else { bail!(Internal, "graph {key:?} vanished") };
+    let mut next_gdn = gs.recurrent.iter().copied();
+    for i in 0..c.rec.entries.len() {
+        let tag = c.rec.entries[i].0;
+        match tag {
+            UploadTag::Ids => c.rec.write(i, &padded.ids)?,
+            UploadTag::Batch => c.rec.write(i, &batch_table(padded))?,
+            UploadTag::Page => {
+                let st = step.as_ref().ok_or_else(|| err!(Internal, "graph replay without paging metadata"))?;
+                c.rec.write(i, &page_table(st, key.width)?)?
             }
+            UploadTag::Gdn => {
+                let li = next_gdn.next().ok_or_else(|| err!(Internal, "more recorded tables than recurrent layers"))?;
+                let LayerCache::Recurrent(rc) = cache.layer_mut(li)? else {
+                    bail!(Internal, "layer {li} keeps no recurrent state")
+                };
+                c.rec.write(i, &gdn_tables(padded, rc)?.data)?
+            }
+            UploadTag::Other => bail!(Internal, "graph replay of an untagged upload"),
         }
-        c.launch(&*gpu_of_model(self)?)?;
-        gs.stats.replays += 1;
-        for s in batch.spans.iter().filter(|s| !s.seq.is_pad()) {
-            cache.advance(s.seq, s.len)?;
-        }
-        let o = &gs.outputs[c.out];
-        let t = batch.len();
-        Ok(ForwardOutput {
-            logits: crate::backend::cuda::head_rows(&o.logits, t)?,
-            hidden: crate::backend::cuda::head_rows(&o.hidden, t)?,
-        })
     }
+    c.launch(&tg.gpu)?;
+    gs.stats.replays += 1;
+    for s in batch.spans.iter().filter(|s| !s.seq.is_pad()) {
+        cache.advance(s.seq, s.len)?;
+    }
+    let o = &gs.outputs[c.out];
+    let t = batch.len();
+    Ok(ForwardOutput {
+        logits: crate::backend::cuda::head_rows(&o.logits, t)?,
+        hidden: crate::backend::cuda::head_rows(&o.hidden, t)?,
+    })
 }
 
 /// Bytes of the upload recording of a forward of `key` over `layers` layers: every upload

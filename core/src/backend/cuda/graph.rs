@@ -203,6 +203,9 @@ pub struct Graphs {
     /// Shapes whose capture failed, and why.
     pub failed: HashMap<GraphKey, String>,
     pub(crate) outputs: Vec<Outputs>,
+    /// A draft head's hidden input rows, which its graphs read (the head's address, the
+    /// buffer); the main model's graphs have none.
+    pub(crate) input: Option<(usize, Tensor)>,
     pub stats: GraphStats,
 }
 
@@ -225,6 +228,7 @@ impl Graphs {
             graphs: HashMap::new(),
             failed: HashMap::new(),
             outputs: Vec::new(),
+            input: None,
             stats: GraphStats::default(),
         }
     }
@@ -248,6 +252,7 @@ impl Graphs {
             self.graphs.clear();
             self.failed.clear();
             self.outputs.clear();
+            self.input = None;
             self.model = id;
             self.has_kv = has_kv;
             self.recurrent = recurrent();
