@@ -113,4 +113,38 @@ fn cuda_argmax() {
     k.argmax(&dl, &mut out, rows, VOCAB).expect("argmax launch");
     assert_eq!(down_u32(&k, &out), want);
     println!("  argmax [{rows}, {VOCAB}]: exact {want:?}");
+    // Vocabularies that are no multiple of 4 (rows after the first are not 16-byte aligned:
+    // the scalar path) or leave a float4 tail past the unrolled loop, with NaNs that never
+    // win and maxima in the tail.
+    for v in [VOCAB + 3, VOCAB + 4, 4 * 1024 * 4 + 12, 1001, 5] {
+        let rows = 3;
+        let mut x = rng.vec(rows * v, 10.0);
+        x[1] = f32::NAN;
+        x[v + v / 2] = f32::NAN;
+        x[v + v - 1] = 70.0;
+        x[2 * v + v / 3] = f32::INFINITY;
+        let want: Vec<u32> = x
+            .chunks(v)
+            .map(|r| {
+                let mut best = 0;
+                for (i, &y) in r.iter().enumerate() {
+                    if y > r[best] || r[best].is_nan() {
+                        best = i;
+                    }
+                }
+                best as u32
+            })
+            .collect();
+        let dx = k.stream().clone_htod(&x).expect("htod");
+        let mut out = poisoned_u32(&k, rows);
+        k.argmax(&dx, &mut out, rows, v).expect("argmax launch");
+        assert_eq!(down_u32(&k, &out), want, "vocabulary {v}");
+    }
+    // One row of the 80B vocabulary, as a greedy decode step takes it (CUDA events).
+    let one = k.stream().clone_htod(&logits[..VOCAB]).expect("htod");
+    let mut o1 = poisoned_u32(&k, 1);
+    let mut hold = timing::Hold::new(&k);
+    let us = 1e6
+        * timing::time_calls(&k, &mut hold, 200, &mut |_| k.argmax(&one, &mut o1, 1, VOCAB).expect("argmax launch"));
+    println!("  argmax [1, {VOCAB}]: {us:.1} us a call ({:.0} GB/s)", VOCAB as f64 * 4.0 / us / 1e3);
 }
