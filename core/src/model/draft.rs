@@ -67,10 +67,7 @@ pub trait DraftHead: Send + Sync {
 fn select_rows(x: &Tensor, batch: &Batch, rows: LogitsFor) -> Result<Tensor> {
     match rows {
         LogitsFor::All => x.try_clone(),
-        LogitsFor::Last => {
-            let idx: Vec<usize> = batch.spans.iter().map(|s| s.start + s.len - 1).collect();
-            x.gather_rows(&idx)
-        }
+        LogitsFor::Last => x.gather_rows(&rows.rows(batch)),
     }
 }
 
@@ -274,11 +271,7 @@ impl DraftHead for AttentionMtpHead {
             // The graph gave every row's logits; the rows asked for are taken outside it.
             return Ok(DraftOutput { logits: select_rows(&out.logits, batch, rows)?, hidden: out.hidden });
         }
-        let idx: Vec<usize> = match rows {
-            LogitsFor::All => (0..batch.len()).collect(),
-            LogitsFor::Last => batch.spans.iter().map(|s| s.start + s.len - 1).collect(),
-        };
-        let out = self.step(main, batch, hidden, cache, &idx)?;
+        let out = self.step(main, batch, hidden, cache, &rows.rows(batch))?;
         Ok(DraftOutput { logits: out.logits, hidden: out.hidden })
     }
 }

@@ -51,6 +51,16 @@ pub enum LogitsFor {
     Last,
 }
 
+impl LogitsFor {
+    /// The batch rows that get logits, in order.
+    pub fn rows(self, batch: &Batch) -> Vec<usize> {
+        match self {
+            LogitsFor::All => (0..batch.len()).collect(),
+            LogitsFor::Last => batch.spans.iter().map(|s| s.start + s.len - 1).collect(),
+        }
+    }
+}
+
 /// Result of a forward pass.
 #[derive(Debug)]
 pub struct ForwardOutput {
@@ -270,11 +280,7 @@ impl Model {
 
     /// Runs the batch through every layer, updates the cache and returns logits.
     pub fn forward(&self, batch: &Batch, cache: &mut dyn StateCache, rows: LogitsFor) -> Result<ForwardOutput> {
-        let idx: Vec<usize> = match rows {
-            LogitsFor::All => (0..batch.len()).collect(),
-            LogitsFor::Last => batch.spans.iter().map(|s| s.start + s.len - 1).collect(),
-        };
-        self.forward_rows(batch, cache, &idx)
+        self.forward_rows(batch, cache, &rows.rows(batch))
     }
 
     /// [`Model::forward`] with logits for the batch rows `rows` only (in that order; none
