@@ -268,8 +268,11 @@ impl DraftHead for AttentionMtpHead {
         }
         check_batch(main, batch, hidden)?;
         if let Some(out) = self.step_graphed(main, batch, hidden, cache)? {
-            // The graph gave every row's logits; the rows asked for are taken outside it.
-            return Ok(DraftOutput { logits: select_rows(&out.logits, batch, rows)?, hidden: out.hidden });
+            // The graph gave every row's logits; the rows asked for are taken outside it (no
+            // copy when they are every row: chained steps and 1-row catch-ups).
+            let idx = rows.rows(batch);
+            let logits = if idx.len() == batch.len() { out.logits } else { out.logits.gather_rows(&idx)? };
+            return Ok(DraftOutput { logits, hidden: out.hidden });
         }
         let out = self.step(main, batch, hidden, cache, &rows.rows(batch))?;
         Ok(DraftOutput { logits: out.logits, hidden: out.hidden })
