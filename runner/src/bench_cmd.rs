@@ -471,6 +471,18 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
                         model.info.dtype
                     );
                 }
+                if let Some((st, failed)) = &g.draft_graphs {
+                    // Once a head (the oracle has no device steps to graph).
+                    if k == 1 && st.captures + st.failed > 0 {
+                        println!(
+                            "  {what}: draft steps from CUDA graphs: {} replays, {} shapes captured, {} failed{}",
+                            st.replays,
+                            st.captures,
+                            st.failed,
+                            if failed.is_empty() { String::new() } else { format!(" ({})", failed.join("; ")) }
+                        );
+                    }
+                }
                 let acc = g.accepted as f64 / g.proposed.max(1) as f64;
                 println!(
                     "mtp k={k} {what:<24}: {:>10.1} tok/s steady, speed-up {:.2}x; over {n} tokens incl. prefill {:>10.1} tok/s, {:.2}x; acceptance {:.1}%, {:.2} tokens/step",

@@ -47,6 +47,9 @@ pub struct SpecGeneration {
     /// Draft tokens proposed and accepted.
     pub proposed: usize,
     pub accepted: usize,
+    /// How the first draft module's steps used CUDA graphs (`None`: its cache keeps none),
+    /// and the shapes whose capture failed, with why.
+    pub draft_graphs: Option<(crate::backend::cuda::graph::GraphStats, Vec<String>)>,
 }
 
 impl SpecGeneration {
@@ -211,7 +214,14 @@ pub fn generate_speculative(
         caches.push((c, s));
     }
     let mut drafter = Drafter { main, drafts, caches, mode, k };
-    let mut gen = SpecGeneration { ids: Vec::new(), finish: FinishReason::Length, steps: 0, proposed: 0, accepted: 0 };
+    let mut gen = SpecGeneration {
+        ids: Vec::new(),
+        finish: FinishReason::Length,
+        steps: 0,
+        proposed: 0,
+        accepted: 0,
+        draft_graphs: None,
+    };
     if max_tokens == 0 {
         return Ok(gen);
     }
@@ -289,6 +299,10 @@ pub fn generate_speculative(
             }
         }
         if done {
+            gen.draft_graphs = drafter.caches.first().and_then(|(c, _)| {
+                let failed = c.graph_shapes().1.into_iter().map(|(k, e)| format!("{k:?}: {e}")).collect();
+                c.graph_stats().map(|st| (st, failed))
+            });
             return Ok(gen);
         }
         // Roll back the rejected rows: main consumed last + the accepted drafts.
