@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 22, GPU call 4, on an H200 (needs_h200: the FP8 48-layer model does not fit 78 GiB):
-# the issues' H200 rows at main d49857e (not measured on an H200 since session 17): the model
+# the issues' H200 rows at main 45a68f6 (not measured on an H200 since session 17): the model
 # suites; decode attention at 32k keys (timing test); the GPU-speed issue's bench command and
 # its MTP row (the oracle's host cost removed, the head's steps graphed, the argmax); the FP8
 # issue's whole model (48 layers + the MTP layer) at batch 1, 8, 64 and its MTP row; decode
@@ -19,11 +19,11 @@ F="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --quantize fp8"
 timeout 90 $P bench $G --prefill 4096,32768 --batch 1,8,64 --context 128 --steps 32 --json $L/bench.json > $L/bench.log 2>&1; echo "[$SECONDS s] bench G rc=$?"
 grep -E "^(device|HBM|prefill|decode)|host issue" $L/bench.log
 timeout 60 $P bench $G --prefill 16 --batch 1 --context 128 --steps 64 --mtp-step 3 > $L/mtp.log 2>&1; echo "[$SECONDS s] mtp G rc=$?"
-grep -E "^mtp (baseline|k=)" $L/mtp.log
+grep -E "^mtp (baseline|k=)|CUDA graphs" $L/mtp.log
 timeout 120 $P bench $F --prefill 4096 --batch 1,8,64 --context 128 --steps 32 --json $L/fp8.json > $L/fp8.log 2>&1; echo "[$SECONDS s] bench F rc=$?"
 grep -E "^(device|HBM|prefill|decode)" $L/fp8.log
 timeout 100 $P bench $F --prefill 16 --batch 1 --context 128 --steps 64 --mtp-step 3 > $L/fp8_mtp.log 2>&1; echo "[$SECONDS s] mtp F rc=$?"
-grep -E "^mtp (baseline|k=)" $L/fp8_mtp.log
+grep -E "^mtp (baseline|k=)|CUDA graphs" $L/fp8_mtp.log
 timeout 60 $P bench $G --prefill 16 --batch 1,8 --context 32768 --steps 16 > $L/ctx32k.log 2>&1; echo "[$SECONDS s] 32k context rc=$?"
 grep -E "^decode" $L/ctx32k.log
 timeout 90 .dev/k/cuda_attention $T --exact attention_decode_mma_timing > $L/att.log 2>&1; echo "[$SECONDS s] attention_decode_mma_timing rc=$?"
