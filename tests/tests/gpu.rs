@@ -155,6 +155,54 @@ fn cuda_mtp_speculative_equals_greedy() {
     }
 }
 
+/// The engine with MTP drafts on the device, plain greedy requests (no log-probabilities):
+/// drafts drawn as device argmaxes and verify decisions from the device's argmaxes of every
+/// verify row (only ids come back) give the engine's output without drafts, token for token.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_engine_mtp_plain_greedy_equals_plain() {
+    use porter_core::engine::batcher::SpecConfig;
+    use porter_core::engine::{EngineCore, StopParams};
+    use tests::engine_util::{cfg, run_all};
+    let Some(dev) = cuda_or_skip("cuda_engine_mtp_plain_greedy_equals_plain") else {
+        panic!("cuda_engine_mtp_plain_greedy_equals_plain: needs a CUDA GPU")
+    };
+    let m = load_on("qwen3_next_mtp", DType::F32, dev).unwrap();
+    let mcfg = config::read_config(&fixture("qwen3_next_mtp")).unwrap();
+    let params = |n: usize| SamplingParams {
+        stop: StopParams { max_tokens: Some(n), ignore_eos: true, ..Default::default() },
+        ..Default::default()
+    };
+    let reqs: Vec<(u64, Vec<u32>, SamplingParams)> = (0..5u64)
+        .map(|i| {
+            (i, (0..(4 + 11 * i as u32)).map(|t| (t * 37 + i as u32) % 300).collect(), params(10 + 3 * i as usize))
+        })
+        .collect();
+    let plain = run_all(&mut EngineCore::new(&m, cfg(5, 512, 256)).unwrap(), &reqs);
+    let ids = |x: &(Vec<porter_core::engine::TokenOut>, porter_core::engine::Event)| {
+        x.0.iter().map(|t| t.id).collect::<Vec<_>>()
+    };
+    for k in [1, 3] {
+        let d = registry::load_draft(&fixture("qwen3_next_mtp"), &mcfg, &m).unwrap();
+        let spec = SpecConfig { drafts: vec![d], k, mode: MtpMode::Eagle };
+        let mut e = EngineCore::with_spec(&m, cfg(5, 512, 256), Some(spec)).unwrap();
+        let got = run_all(&mut e, &reqs);
+        for (id, _, _) in &reqs {
+            assert_eq!(
+                ids(&got[id]),
+                ids(&plain[id]),
+                "cuda k={k} request {id}: differs from the engine without drafts"
+            );
+        }
+        let s = e.stats();
+        println!(
+            "cuda engine mtp k={k}: {} verify steps, {} of {} drafts accepted",
+            s.spec_steps, s.spec_accepted, s.spec_drafted
+        );
+        assert!(s.spec_steps > 0);
+    }
+}
+
 /// Verify K + 1 rows, keep some, continue: equals a fresh run (device rollback).
 #[test]
 #[ignore = "needs a CUDA GPU"]

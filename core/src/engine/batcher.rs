@@ -16,10 +16,12 @@ use crate::engine::scheduler::{SchedConfig, SchedSeq, Scheduler};
 use crate::engine::speculative::MtpMode;
 use crate::error::Result;
 use crate::model::draft::DraftHead;
-use crate::model::{LogitsFor, Model};
+use crate::model::Model;
 use crate::state::{CacheConfig, ModelCache, SeqId, StateCache};
 use std::collections::HashMap;
 use std::ops::Deref;
+
+mod drafting;
 
 /// Chunk of the chunked delta rule (prefill chunks of recurrent models align to it).
 const DELTA_CHUNK: usize = 64;
@@ -505,16 +507,25 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         // sampled on the device (only its id comes back); the [R, vocab] logits come to the
         // host only when some row needs them (penalties, logprobs, min_tokens, verification).
         let mut dev_tok: Vec<Option<u32>> = vec![None; plan.items.len()];
+        // A plain greedy request's verify: the argmaxes of its K + 1 rows, from the device.
+        let mut dev_verify: Vec<Option<Vec<u32>>> = vec![None; plan.items.len()];
         let mut need_host = !fwd.logits.is_cuda() || lp_row.iter().any(Option::is_some);
         if !need_host {
             let vocab = fwd.logits.last_dim();
             let mut params = vec![[0.0f32; 4]; rows.len()];
-            // Items sampled on the device.
+            // Items sampled on the device, and verified there.
             let mut on_dev = Vec::new();
+            let mut verify_dev = Vec::new();
             for (i, it) in plan.items.iter().enumerate() {
                 let r = &self.seqs[&it.id];
                 if r.lookahead > 0 {
-                    need_host = true;
+                    let l = &self.live[&it.id];
+                    if (0..=r.lookahead).all(|j| l.sampler.greedy_plain(l.generated + j)) {
+                        // Greedy rows already: the parameters' default is temperature 0.
+                        verify_dev.push(i);
+                    } else {
+                        need_host = true;
+                    }
                 } else if r.computed + it.n == r.tokens.len() {
                     let l =
                         self.live.get_mut(&it.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", it.id))?;
@@ -527,12 +538,18 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                     }
                 }
             }
-            if !on_dev.is_empty() {
+            if !on_dev.is_empty() || !verify_dev.is_empty() {
                 // Rows sampled on the host get greedy parameters here; their ids are unused.
                 let ids = crate::backend::cuda::blocks::sample_rows(&fwd.logits, &params)?;
                 for i in on_dev {
                     let id = ids.get(first_row[i]).copied();
                     dev_tok[i] = Some(id.ok_or_else(|| crate::err!(Internal, "the device sampler returned no id"))?);
+                }
+                for i in verify_dev {
+                    let k = self.seqs[&plan.items[i].id].lookahead;
+                    let got = ids.get(first_row[i]..first_row[i] + k + 1);
+                    dev_verify[i] =
+                        Some(got.ok_or_else(|| crate::err!(Internal, "the device sampler returned no ids"))?.to_vec());
                 }
             }
         }
@@ -584,6 +601,25 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 let sd = l.sampler.sample(lrow(0)?, l.generated, &eos)?;
                 l.sampler.accept(sd.token);
                 emitted.push(sd);
+            } else if let Some(ids) = &dev_verify[i] {
+                // Plain greedy: accepted exactly while the draft is its row's argmax.
+                let k = r.lookahead;
+                let toks = drafting::greedy_verdict(&l.proposal, ids);
+                let accepted = toks.len() - 1;
+                for (j, &token) in toks.iter().enumerate() {
+                    if j < accepted {
+                        if let Some(a) = self.stats.spec_accepted_at.get_mut(j) {
+                            *a += 1;
+                        }
+                    }
+                    l.sampler.accept(token);
+                    emitted.push(crate::engine::sampling::Sampled { token, logprob: None, top: Vec::new() });
+                }
+                l.drafted += k;
+                l.accepted += accepted;
+                self.stats.spec_drafted += k as u64;
+                self.stats.spec_accepted += accepted as u64;
+                self.stats.spec_steps += 1;
             } else {
                 let k = r.lookahead;
                 let mut rejected = false;
@@ -591,7 +627,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                     let out_len = l.generated + j;
                     let p = l.sampler.probs(lrow(j)?, out_len, &eos)?;
                     let d = l.proposal[j];
-                    let (pd, qd) = (p[d as usize] as f64, l.dists[j][d as usize] as f64);
+                    let (pd, qd) = (p[d as usize] as f64, drafting::q_of(&l.dists[j], d as usize, d) as f64);
                     let tok = if qd > 0.0 && l.sampler.uniform() < (pd / qd).min(1.0) {
                         if let Some(a) = self.stats.spec_accepted_at.get_mut(j) {
                             *a += 1;
@@ -600,7 +636,9 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                     } else {
                         // Residual distribution max(0, p − q), renormalised.
                         rejected = true;
-                        let mut res: Vec<f32> = p.iter().zip(&l.dists[j]).map(|(a, b)| (a - b).max(0.0)).collect();
+                        let q = &l.dists[j];
+                        let mut res: Vec<f32> =
+                            p.iter().enumerate().map(|(x, a)| (a - drafting::q_of(q, x, d)).max(0.0)).collect();
                         let sum: f32 = res.iter().sum();
                         if sum > 0.0 {
                             res.iter_mut().for_each(|v| *v /= sum);
@@ -684,91 +722,6 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         }
         self.refresh_stats();
         Ok(out)
-    }
-
-    /// Batched drafting: one catch-up forward of the first draft over every request's new
-    /// main rows, then K − 1 chained one-row-per-request steps for the requests that propose.
-    fn draft(&mut self, hidden: &crate::tensor::Tensor, work: Vec<CatchUp>) -> Result<()> {
-        let Some(d) = self.drafting.as_mut() else { return Ok(()) };
-        let main: &Model = &self.model;
-        let eos = self.eos.clone();
-        let k = d.spec.k;
-        // Slots for requests new to the drafts (first step after admission).
-        for w in &work {
-            let l = self.live.get_mut(&w.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", w.id))?;
-            if l.dseqs.is_empty() {
-                l.dseqs = d.caches.iter_mut().map(|c| c.alloc_seq()).collect::<Result<Vec<_>>>()?;
-            }
-        }
-        // Catch-up of draft 0 over [Σ ids] rows.
-        let (d0, c0) = (&d.spec.drafts[0], &mut d.caches[0]);
-        let mut batch = Batch::default();
-        let mut hid_parts = Vec::with_capacity(work.len());
-        for w in &work {
-            let s = self.live[&w.id].dseqs[0];
-            if d0.is_stateful() {
-                c0.truncate(s, w.pos0)?;
-            }
-            batch.push(s, w.pos0, &w.ids);
-            hid_parts.push(hidden.narrow_rows(w.hid_start, w.ids.len())?);
-        }
-        let hid = crate::tensor::Tensor::concat_rows(&hid_parts.iter().collect::<Vec<_>>())?;
-        let hid0 = d0.main_hidden(main, &hid)?;
-        let out = d0.forward(main, &batch, &hid0, c0, LogitsFor::Last)?;
-        let logits = out.logits.to_host()?;
-        // Requests that propose: (id, row in the draft output, position of the next token).
-        let mut props: Vec<(RequestId, usize, usize)> = Vec::new();
-        let mut hs = Vec::new();
-        for (i, w) in work.iter().enumerate() {
-            if !w.propose {
-                continue;
-            }
-            let l = self.live.get_mut(&w.id).ok_or_else(|| crate::err!(Internal, "request {} vanished", w.id))?;
-            // Drafts are drawn from the request's own distribution; they are counted
-            // (penalties) while the later ones are drawn, then forgotten.
-            let q = l.sampler.probs(logits.row(i), l.generated, &eos)?;
-            let tok = l.sampler.sample_from(&q);
-            l.sampler.accept(tok);
-            l.proposal = vec![tok];
-            l.dists = vec![q];
-            let s = batch.spans[i];
-            hs.push(out.hidden.narrow_rows(s.start + s.len - 1, 1)?);
-            props.push((w.id, i, w.pos0 + w.ids.len()));
-        }
-        for step in 1..k {
-            if props.is_empty() {
-                break;
-            }
-            let m = if d.spec.mode == MtpMode::Eagle { 0 } else { step };
-            let (dm, cm) = (&d.spec.drafts[m], &mut d.caches[m]);
-            let mut b = Batch::default();
-            for (id, _, pos) in &props {
-                let l = &self.live[id];
-                b.push(l.dseqs[m], pos + step - 1, &[l.proposal[step - 1]]);
-            }
-            let h = crate::tensor::Tensor::concat_rows(&hs.iter().collect::<Vec<_>>())?;
-            let o = dm.forward(main, &b, &h, cm, LogitsFor::Last)?;
-            let lg = o.logits.to_host()?;
-            hs.clear();
-            for (j, (id, _, _)) in props.iter().enumerate() {
-                let l = self.live.get_mut(id).ok_or_else(|| crate::err!(Internal, "request {id} vanished"))?;
-                let q = l.sampler.probs(lg.row(j), l.generated + step, &eos)?;
-                let tok = l.sampler.sample_from(&q);
-                l.sampler.accept(tok);
-                l.proposal.push(tok);
-                l.dists.push(q);
-                hs.push(o.hidden.narrow_rows(j, 1)?);
-            }
-        }
-        for (id, _, _) in &props {
-            if let Some(r) = self.seqs.get_mut(id) {
-                r.lookahead = k;
-            }
-            if let Some(l) = self.live.get_mut(id) {
-                l.sampler.truncate_output(l.generated);
-            }
-        }
-        Ok(())
     }
 
     /// Finishes every live request with an error event (after a failed step) and returns
