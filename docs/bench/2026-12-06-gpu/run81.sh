@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 22, GPU call 4, on an H200 (needs_h200: the FP8 48-layer model does not fit 78 GiB):
-# the issues' H200 rows at main 45a68f6 (not measured on an H200 since session 17): the model
+# the issues' H200 rows at main 8f28905 (not measured on an H200 since session 17): the model
 # suites; decode attention at 32k keys (timing test); the GPU-speed issue's bench command and
 # its MTP row (the oracle's host cost removed, the head's steps graphed, the argmax); the FP8
 # issue's whole model (48 layers + the MTP layer) at batch 1, 8, 64 and its MTP row; decode
