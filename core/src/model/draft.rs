@@ -191,6 +191,8 @@ impl AttentionMtpHead {
             let mut input = match gs.input.take() {
                 Some((owner, t)) if owner == id && fits(&t) => t,
                 _ => {
+                    // A new buffer: graphs captured with another one are dropped (bound to no
+                    // owner) before any is captured with this one.
                     gs.bind(0, false, Vec::new);
                     Tensor::empty_on(&gpu, [cap, hidden.last_dim()], DType::F32)?
                 }
@@ -199,6 +201,9 @@ impl AttentionMtpHead {
                 gs.input = Some((id, input));
                 return Ok(None);
             }
+            // f32 holds every input dtype exactly; the hidden norm then reads f32 where the
+            // eager step reads the input's dtype (the same values; in bf16 its rounding may
+            // differ in the last place, which can move a draft's acceptance, never the output).
             let h32 =
                 if hidden.dtype() == DType::F32 { None } else { Some(hidden.try_clone()?.try_to_dtype(DType::F32)?) };
             crate::backend::cuda::copy_rows_into(h32.as_ref().unwrap_or(hidden), &mut input, batch.len())?;
