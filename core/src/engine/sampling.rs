@@ -257,15 +257,16 @@ impl SamplingParams {
     }
 }
 
-/// Index of the largest value; the first one on ties (as `torch.argmax`).
+/// Index of the largest value; the first one on ties (as `torch.argmax`). NaN never wins and
+/// an all-NaN (or empty) row gives 0, as the device argmax (`argmax_f32`) decides.
 pub fn argmax(xs: &[f32]) -> usize {
-    let mut best = 0;
+    let mut best: Option<(usize, f32)> = None;
     for (i, &v) in xs.iter().enumerate() {
-        if v > xs[best] {
-            best = i;
+        if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
         }
     }
-    best
+    best.map_or(0, |(i, _)| i)
 }
 
 #[cfg(test)]

@@ -28,6 +28,19 @@ fn greedy_is_argmax_first_on_ties_and_draws_nothing() {
     assert_eq!(s.probs(&[0.1, 2.0, 2.0, -1.0], 0, &[]).unwrap(), vec![0.0, 1.0, 0.0, 0.0]);
 }
 
+/// The host argmax decides as the device's `argmax_f32`: the first index on ties, NaN never
+/// wins (also at index 0), an all-NaN or empty row gives 0; infinities are values.
+#[test]
+fn host_argmax_skips_nan_like_the_device() {
+    assert_eq!(argmax(&[0.1, 2.0, 2.0, -1.0]), 1);
+    assert_eq!(argmax(&[f32::NAN, -3.0, -2.0]), 2);
+    assert_eq!(argmax(&[-1.0, f32::NAN, 5.0, f32::NAN]), 2);
+    assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+    assert_eq!(argmax(&[]), 0);
+    assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY, -1e30]), 2);
+    assert_eq!(argmax(&[1.0, f32::INFINITY, f32::INFINITY]), 1);
+}
+
 #[test]
 fn top_k_one_is_greedy_and_top_p_truncates() {
     let mut s = SeqSampler::new(params(0.8, Some(1), None, 7)).unwrap();
