@@ -143,7 +143,7 @@ impl Drafter<'_> {
 }
 
 /// Device sampler parameters of a greedy row (`sample_rows`: temperature 0 is the argmax).
-const GREEDY_ROW: [f32; 4] = [0.0, 0.0, 1.0, 0.0];
+pub(crate) const GREEDY_ROW: [f32; 4] = [0.0, 0.0, 1.0, 0.0];
 
 /// One draft token from the draft's last logits row and its distribution `q`; greedy on a
 /// CUDA device ([`SeqSampler::greedy_on_device`]) the argmax is taken there and `q` is left
@@ -178,7 +178,7 @@ fn draw_draft(sampler: &mut SeqSampler, logits: &Tensor, out_len: usize, eos: &[
 }
 
 /// The draft's probability of token `d` (`q` empty: one-hot at the proposed token `proposed`).
-fn q_of(q: &[f32], d: usize, proposed: u32) -> f32 {
+pub(crate) fn q_of(q: &[f32], d: usize, proposed: u32) -> f32 {
     if q.is_empty() {
         f32::from(d == proposed as usize)
     } else {

@@ -12,16 +12,14 @@
 
 use super::{CatchUp, EngineCore, Live};
 use crate::engine::request::RequestId;
-use crate::engine::speculative::MtpMode;
+pub(super) use crate::engine::speculative::q_of;
+use crate::engine::speculative::{MtpMode, GREEDY_ROW};
 use crate::error::Result;
 use crate::model::{LogitsFor, Model};
 use crate::state::StateCache;
 use crate::tensor::Tensor;
 use std::collections::HashMap;
 use std::ops::Deref;
-
-/// Device sampler parameters of a greedy row (`sample_rows`: temperature 0 is the argmax).
-pub(super) const GREEDY_ROW: [f32; 4] = [0.0, 0.0, 1.0, 0.0];
 
 /// Draws each proposing request's next draft token from its row of a draft forward's logits
 /// (`rows`: request, logits row, output position) and records it: the proposal, the
@@ -63,15 +61,6 @@ fn draw_drafts(
         l.dists.push(q);
     }
     Ok(())
-}
-
-/// The draft's probability of token `d` (`q` empty: one-hot at the proposed token).
-pub(super) fn q_of(q: &[f32], d: usize, proposed: u32) -> f32 {
-    if q.is_empty() {
-        f32::from(d == proposed as usize)
-    } else {
-        q[d]
-    }
 }
 
 /// The tokens a plain greedy request's verify emits from the device argmaxes `ids` of its
