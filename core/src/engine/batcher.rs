@@ -505,7 +505,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         let eos = self.eos.clone();
         // On a GPU, a decode row whose request needs only temperature / top-k / top-p is
         // sampled on the device (only its id comes back); the [R, vocab] logits come to the
-        // host only when some row needs them (penalties, logprobs, min_tokens, verification).
+        // host only when some row needs them (penalties, logprobs, min_tokens, the verification
+        // of a request that is not plain greedy).
         let mut dev_tok: Vec<Option<u32>> = vec![None; plan.items.len()];
         // A plain greedy request's verify: the argmaxes of its K + 1 rows, from the device.
         let mut dev_verify: Vec<Option<Vec<u32>>> = vec![None; plan.items.len()];
