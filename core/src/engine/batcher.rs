@@ -602,63 +602,56 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                 let sd = l.sampler.sample(lrow(0)?, l.generated, &eos)?;
                 l.sampler.accept(sd.token);
                 emitted.push(sd);
-            } else if let Some(ids) = &dev_verify[i] {
-                // Plain greedy: accepted exactly while the draft is its row's argmax.
-                let k = r.lookahead;
-                let toks = drafting::greedy_verdict(&l.proposal, ids);
-                let accepted = toks.len() - 1;
-                for (j, &token) in toks.iter().enumerate() {
-                    if j < accepted {
-                        if let Some(a) = self.stats.spec_accepted_at.get_mut(j) {
-                            *a += 1;
-                        }
-                    }
-                    l.sampler.accept(token);
-                    emitted.push(crate::engine::sampling::Sampled { token, logprob: None, top: Vec::new() });
-                }
-                l.drafted += k;
-                l.accepted += accepted;
-                self.stats.spec_drafted += k as u64;
-                self.stats.spec_accepted += accepted as u64;
-                self.stats.spec_steps += 1;
             } else {
                 let k = r.lookahead;
-                let mut rejected = false;
-                for j in 0..k {
-                    let out_len = l.generated + j;
-                    let p = l.sampler.probs(lrow(j)?, out_len, &eos)?;
-                    let d = l.proposal[j];
-                    let (pd, qd) = (p[d as usize] as f64, drafting::q_of(&l.dists[j], d as usize, d) as f64);
-                    let tok = if qd > 0.0 && l.sampler.uniform() < (pd / qd).min(1.0) {
-                        if let Some(a) = self.stats.spec_accepted_at.get_mut(j) {
-                            *a += 1;
-                        }
-                        d
-                    } else {
-                        // Residual distribution max(0, p − q), renormalised.
-                        rejected = true;
-                        let q = &l.dists[j];
-                        let mut res: Vec<f32> =
-                            p.iter().enumerate().map(|(x, a)| (a - drafting::q_of(q, x, d)).max(0.0)).collect();
-                        let sum: f32 = res.iter().sum();
-                        if sum > 0.0 {
-                            res.iter_mut().for_each(|v| *v /= sum);
-                            l.sampler.sample_from(&res)
-                        } else {
-                            l.sampler.sample_from(&p)
-                        }
-                    };
-                    emitted.push(l.sampler.report_for(lrow(j)?, out_len, &eos, tok)?);
-                    l.sampler.accept(tok);
-                    if rejected {
-                        break;
+                let accepted = if let Some(ids) = &dev_verify[i] {
+                    // Plain greedy: accepted exactly while the draft is its row's argmax.
+                    let toks = drafting::greedy_verdict(&l.proposal, ids);
+                    for &token in &toks {
+                        l.sampler.accept(token);
+                        emitted.push(crate::engine::sampling::Sampled { token, logprob: None, top: Vec::new() });
                     }
-                }
-                let accepted = emitted.len() - usize::from(rejected);
-                if !rejected {
-                    let sd = l.sampler.sample(lrow(k)?, l.generated + k, &eos)?;
-                    l.sampler.accept(sd.token);
-                    emitted.push(sd);
+                    toks.len() - 1
+                } else {
+                    let mut rejected = false;
+                    for j in 0..k {
+                        let out_len = l.generated + j;
+                        let p = l.sampler.probs(lrow(j)?, out_len, &eos)?;
+                        let d = l.proposal[j];
+                        let q = &l.dists[j];
+                        let (pd, qd) = (p[d as usize] as f64, drafting::q_of(q, d as usize, d) as f64);
+                        let tok = if qd > 0.0 && l.sampler.uniform() < (pd / qd).min(1.0) {
+                            d
+                        } else {
+                            // Residual distribution max(0, p − q), renormalised.
+                            rejected = true;
+                            let mut res: Vec<f32> =
+                                p.iter().enumerate().map(|(x, a)| (a - drafting::q_of(q, x, d)).max(0.0)).collect();
+                            let sum: f32 = res.iter().sum();
+                            if sum > 0.0 {
+                                res.iter_mut().for_each(|v| *v /= sum);
+                                l.sampler.sample_from(&res)
+                            } else {
+                                l.sampler.sample_from(&p)
+                            }
+                        };
+                        emitted.push(l.sampler.report_for(lrow(j)?, out_len, &eos, tok)?);
+                        l.sampler.accept(tok);
+                        if rejected {
+                            break;
+                        }
+                    }
+                    let accepted = emitted.len() - usize::from(rejected);
+                    if !rejected {
+                        let sd = l.sampler.sample(lrow(k)?, l.generated + k, &eos)?;
+                        l.sampler.accept(sd.token);
+                        emitted.push(sd);
+                    }
+                    accepted
+                };
+                // Drafts are accepted as a prefix: positions 0 .. accepted.
+                for a in self.stats.spec_accepted_at.iter_mut().take(accepted) {
+                    *a += 1;
                 }
                 l.drafted += k;
                 l.accepted += accepted;
