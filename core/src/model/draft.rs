@@ -155,7 +155,7 @@ impl AttentionMtpHead {
             cache.advance(s.seq, s.len)?;
         }
         let d = self.norm.forward(&u)?;
-        let logits = if rows.len() == batch.len() && rows.iter().enumerate().all(|(i, &r)| i == r) {
+        let logits = if crate::model::every_row(rows, batch.len()) {
             main.post.logits(&d)?
         } else {
             main.post.logits(&d.gather_rows(rows)?)?
@@ -416,7 +416,10 @@ impl DraftHead for ForcedDraft {
         // its id comes back: one wait a draft token) and then replaced by the oracle's.
         if let (crate::tensor::Storage::Cuda(_), Some(last)) = (out.logits.storage(), out.logits.rows().checked_sub(1))
         {
-            crate::backend::cuda::blocks::sample_rows(&out.logits.narrow_rows(last, 1)?, &[[0.0, 0.0, 1.0, 0.0]])?;
+            crate::backend::cuda::blocks::sample_rows(
+                &out.logits.narrow_rows(last, 1)?,
+                &[crate::engine::speculative::GREEDY_ROW],
+            )?;
         }
         Ok(DraftOutput { logits: self.oracle.logits(batch, rows)?, hidden: out.hidden })
     }

@@ -40,8 +40,7 @@ fn gpu_of_model(m: &Model) -> Result<std::sync::Arc<crate::tensor::cuda::Gpu>> {
 /// logits are asked for every row in order.
 pub(crate) fn uniform_rows(batch: &Batch, rows: &[usize]) -> Option<usize> {
     let r = batch.spans.first()?.len;
-    let all = rows.len() == batch.len() && rows.iter().enumerate().all(|(i, &x)| i == x);
-    (all && r > 0 && batch.spans.iter().all(|s| s.len == r)).then_some(r)
+    (super::every_row(rows, batch.len()) && r > 0 && batch.spans.iter().all(|s| s.len == r)).then_some(r)
 }
 
 /// A forward without the batch checks, over a batch that may hold padding spans; logits for
@@ -67,21 +66,20 @@ pub(crate) struct Target<'a> {
 }
 
 impl Model {
-    /// The graph target of this model's forward.
-    fn graph_target<'a>(&'a self, recurrent: &'a dyn Fn() -> Vec<usize>, run: &'a RunFn<'a>) -> Result<Target<'a>> {
-        Ok(Target {
+    /// Calls `f` with the graph target of this model's forward (`forward_unchecked`).
+    fn with_graph_target<R>(&self, f: impl FnOnce(&Target) -> Result<R>) -> Result<R> {
+        let recurrent = || {
+            (0..self.layers.len()).filter(|&i| matches!(self.layers[i].kind(), LayerKind::Recurrent { .. })).collect()
+        };
+        let run = |b: &Batch, c: &mut dyn StateCache, r: &[usize]| self.forward_unchecked(b, c, r);
+        f(&Target {
             id: self as *const Model as usize,
             gpu: gpu_of_model(self)?,
             layers: self.layers.len(),
             has_kv: self.layers.iter().any(|l| matches!(l.kind(), LayerKind::Attention { .. })),
-            recurrent,
-            run,
+            recurrent: &recurrent,
+            run: &run,
         })
-    }
-
-    /// The layers that upload Gated DeltaNet tables.
-    fn recurrent_layers(&self) -> Vec<usize> {
-        (0..self.layers.len()).filter(|&i| matches!(self.layers[i].kind(), LayerKind::Recurrent { .. })).collect()
     }
 
     /// Runs a graph-eligible forward from its graph (capturing it first when its shape is
@@ -97,11 +95,7 @@ impl Model {
         if !graph::enabled() || !matches!(self.info.device, Device::Cuda(_)) {
             return Ok(None);
         }
-        let (rec, run) = (
-            || self.recurrent_layers(),
-            |b: &Batch, c: &mut dyn StateCache, r: &[usize]| self.forward_unchecked(b, c, r),
-        );
-        forward_graphed(&self.graph_target(&rec, &run)?, gs, batch, cache, rows)
+        self.with_graph_target(|t| forward_graphed(t, gs, batch, cache, rows))
     }
 
     /// Captures the graphs of `shapes` (`(sequences, rows per sequence)`) for contexts of up
@@ -123,13 +117,9 @@ impl Model {
             return Ok(Vec::new());
         }
         let Some(mut gs) = cache.take_graphs() else { bail!(Input, "this cache keeps no CUDA graphs") };
-        let (rec, run) = (
-            || self.recurrent_layers(),
-            |b: &Batch, c: &mut dyn StateCache, r: &[usize]| self.forward_unchecked(b, c, r),
-        );
-        let res = self.graph_target(&rec, &run).map(|t| capture_all(&t, &mut gs, cache, shapes, context, progress));
+        let res = self.with_graph_target(|t| capture_all(t, &mut gs, cache, shapes, context, progress));
         cache.put_graphs(gs);
-        res?
+        res
     }
 }
 

@@ -51,6 +51,11 @@ pub enum LogitsFor {
     Last,
 }
 
+/// Whether `rows` are every row of a batch of `n` rows, in order (logits for all of them).
+pub(crate) fn every_row(rows: &[usize], n: usize) -> bool {
+    rows.len() == n && rows.iter().enumerate().all(|(i, &r)| i == r)
+}
+
 impl LogitsFor {
     /// The batch rows that get logits, in order.
     pub fn rows(self, batch: &Batch) -> Vec<usize> {
@@ -340,7 +345,7 @@ impl Model {
             cache.advance(s.seq, s.len)?;
         }
         // [R, H] -> [R, vocab]
-        let sel = if rows.len() == batch.len() && rows.iter().enumerate().all(|(i, &r)| i == r) {
+        let sel = if every_row(rows, batch.len()) {
             x.try_clone()?
         } else if rows.is_empty() {
             // No row asked for: an empty host tensor (nothing to compute or copy).
