@@ -413,13 +413,12 @@ impl DraftHead for ForcedDraft {
     ) -> Result<DraftOutput> {
         let out = self.head.forward(main, batch, hidden, cache, rows)?;
         // The head's own greedy token, taken as a real greedy head's is (on a CUDA device
-        // its id comes back: one wait a draft token) and then replaced by the oracle's.
+        // its id comes back: one wait a draft token) and then replaced by the oracle's. The
+        // greedy row's parameters are spelled out: `model` sits below `engine`, whose
+        // `GREEDY_ROW` it may not use (core/tests/layering.rs).
         if let (crate::tensor::Storage::Cuda(_), Some(last)) = (out.logits.storage(), out.logits.rows().checked_sub(1))
         {
-            crate::backend::cuda::blocks::sample_rows(
-                &out.logits.narrow_rows(last, 1)?,
-                &[crate::engine::speculative::GREEDY_ROW],
-            )?;
+            crate::backend::cuda::blocks::sample_rows(&out.logits.narrow_rows(last, 1)?, &[[0.0, 0.0, 1.0, 0.0]])?;
         }
         Ok(DraftOutput { logits: self.oracle.logits(batch, rows)?, hidden: out.hidden })
     }
