@@ -2,12 +2,13 @@
 # Session 23, GPU call 4 (H100), main 9afac0e: the router in the MoE input GEMV's last block
 # (PORTER_MOE_ROUTER=gemv: kernel test, the model suites with it, A/B at batch 1 / 8 / 64, FP8,
 # MTP) and the chunked GDN's opt-in tc6 wu launch (tc6 ≡ tc5 bit for bit, 80B timing).
-# Carry .dev/porter, .dev/ptx.tgz, .dev/k (gpu, gpu_graphs, cuda_router, cuda_gdn_chunk).
+# Carry .dev/porter, .dev/ptx.tgz, .dev/k.tgz (gpu, gpu_graphs, cuda_router, cuda_gdn_chunk).
 set -uo pipefail
 P=.dev/porter/porter
 source <(sed -n '/^# --- NVRTC/,/^say "== gpu-check/p' scripts/gpu-check.sh | grep -v '^say')
 L=$OUT/logs; mkdir -p $L; exec > >(tee $OUT/summary.txt) 2>&1
 date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.mem,memory.total --format=csv,noheader
+tar xzf .dev/k.tgz -C .dev
 T="--nocapture --include-ignored --test-threads=1"
 res() { grep -E '^test result' $1 | tail -1; grep -E "FAILED|panicked" $1 | head -5; }
 timeout 60 .dev/k/cuda_router $T > $L/router.log 2>&1; echo "[$SECONDS s] cuda_router rc=$? $(res $L/router.log)"
