@@ -40,8 +40,7 @@ fn nvrtc_gdn_chunk_ptxas_info() {
             || func.starts_with("gdn_chunk_tc2_")
             || func.starts_with("gdn_chunk_tc3_")
             || func.starts_with("gdn_chunk_tc4_")
-            || func.starts_with("gdn_chunk_tc5_")
-            || func.starts_with("gdn_chunk_tc6_");
+            || func.starts_with("gdn_chunk_tc5_");
         // `_o3`: the 3-blocks-an-SM A/B build of the tc4 wu launch, compiled to spill.
         let hot = hot && !func.ends_with("_o3");
         if hot && line.contains("spill") && !line.contains(" 0 bytes spill stores") {
@@ -199,30 +198,19 @@ fn tc_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims) -> bool {
 
 /// The form `want` (tc2: the mma.sync state sweep, 3 stages of 129 KiB at dk = 128, 32
 /// columns a block; tc3: the same writing the outputs, 207 KiB; tc4: tc3 with the mma.sync wu
-/// launch, 68 KiB at dk = dv = 128; tc6: tc5 with the value-head-pair wu launch, 102 KiB, where
-/// hv / hk is even, else exactly tc5) should run as where the tensor-core form does and its
+/// launch, 68 KiB at dk = dv = 128) should run as where the tensor-core form does and its
 /// shared memory fits.
 fn tc2_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> bool {
     let kb = 2 * 64 * (d.dk + 8);
-    let fused = matches!(want, GdnChunkForm::Tc3 | GdnChunkForm::Tc4 | GdnChunkForm::Tc5 | GdnChunkForm::Tc6);
+    let fused = matches!(want, GdnChunkForm::Tc3 | GdnChunkForm::Tc4 | GdnChunkForm::Tc5);
     let stage = 2 * kb + 4 * 64 * 36 + if fused { kb + 2 * 64 * 72 } else { 0 };
     let wu4 = 2 * kb + 2 * 64 * (d.dv + 8) + 4 * 64 * 68;
     // tc5: the warp pairs' exchange, (2 + dk / 32) 512-byte fragments a warp, 4 warps.
-    let tc56 = matches!(want, GdnChunkForm::Tc5 | GdnChunkForm::Tc6);
-    let pairs = if tc56 { 4 * (2 + d.dk / 32) * 512 } else { 0 };
-    // tc6: Kb, Qb, two heads' Vb and As; 3 KiB counted for its static part.
-    let wu6 = 2 * kb + 4 * 64 * (d.dv + 8) + 8 * 64 * 68;
+    let pairs = if want == GdnChunkForm::Tc5 { 4 * (2 + d.dk / 32) * 512 } else { 0 };
     let limit = k.caps().smem_limit();
     tc_expected::<T>(k, d)
         && limit >= 3 * stage + pairs + 2048
-        && (!matches!(want, GdnChunkForm::Tc4 | GdnChunkForm::Tc5 | GdnChunkForm::Tc6) || limit >= wu4 + 2048)
-        && (want != GdnChunkForm::Tc6 || limit >= wu6 + 3072)
-}
-
-/// Whether the tc6 form takes these dims: hv / hk even (each of its blocks serves two value
-/// heads that share a key head); elsewhere `GdnChunkForm::Tc6` runs exactly tc5.
-fn tc6_pairs(d: GdnDims) -> bool {
-    (d.hv / d.hk).is_multiple_of(2)
+        && (!matches!(want, GdnChunkForm::Tc4 | GdnChunkForm::Tc5) || limit >= wu4 + 2048)
 }
 
 /// The name [`CudaKernels::gdn_chunked_seq_with`] returns for a form that ran as asked.
@@ -233,14 +221,13 @@ fn form_name(f: GdnChunkForm) -> &'static str {
         GdnChunkForm::Tc3 => "tc3",
         GdnChunkForm::Tc4 => "tc4",
         GdnChunkForm::Tc5 => "tc5",
-        GdnChunkForm::Tc6 => "tc6",
         GdnChunkForm::F32 => "f32",
     }
 }
 
 /// Tolerances (outputs, states) of a form that ran.
 fn form_tols<T: CudaFloat>(form: &str) -> (f32, f32) {
-    if matches!(form, "tc" | "tc2" | "tc3" | "tc4" | "tc5" | "tc6") {
+    if matches!(form, "tc" | "tc2" | "tc3" | "tc4" | "tc5") {
         (TOL_TC_OUT, TOL_TC_STATE)
     } else {
         (out_tol::<T>(), TOL_CHUNK_F32)
@@ -248,7 +235,7 @@ fn form_tols<T: CudaFloat>(form: &str) -> (f32, f32) {
 }
 
 /// Runs `calls` consecutive calls (the state carries over) of the default form (for bf16 /
-/// f16 the tensor-core form where it applies), of the tc2 .. tc6 forms (bf16 / f16 only), of the f32
+/// f16 the tensor-core form where it applies), of the tc2, tc3 and tc4 forms (bf16 / f16 only), of the f32
 /// form and of `gdn_delta_seq` on separate state pools, and compares outputs and the whole
 /// pools with the CPU chunked reference after each call (the f32 form also with
 /// `gdn_delta_seq`). `inputs` makes each call's inputs. Failures are collected in `fails`.
@@ -270,7 +257,6 @@ fn chunk_case<T: CudaFloat>(
         (GdnChunkForm::Tc3, up::<f32>(k, &state)),
         (GdnChunkForm::Tc4, up::<f32>(k, &state)),
         (GdnChunkForm::Tc5, up::<f32>(k, &state)),
-        (GdnChunkForm::Tc6, up::<f32>(k, &state)),
     ];
     let mut dstate_f32 = up::<f32>(k, &state);
     let mut dstate_seq = up::<f32>(k, &state);
@@ -324,13 +310,12 @@ fn chunk_case<T: CudaFloat>(
         // (form that ran, outputs, pool) of each extra form, for the bit-for-bit check below.
         let mut ran: Vec<(&str, Vec<f32>, Vec<f32>)> = Vec::new();
         for (want2, dstate2) in extra.iter_mut().filter(|_| T::NAME != "f32") {
-            // The tc2 .. tc6 forms (own pools), same tolerances as the tensor-core form.
+            // The tc2 / tc3 / tc4 / tc5 forms (own pools), same tolerances as the tensor-core form.
             let mut out2 = poisoned::<T>(k, t * d.hv * d.dv);
             let form2 = k
                 .gdn_chunked_seq_with(&dq, &dg, &db, dstate2, &dsp, &mut out2, dims, *want2, None)
-                .expect("gdn_chunked_seq tc2 .. tc6 form");
-            // tc6 where hv / hk is odd: exactly tc5.
-            let name2 = if *want2 == GdnChunkForm::Tc6 && !tc6_pairs(d) { "tc5" } else { form_name(*want2) };
+                .expect("gdn_chunked_seq tc2 / tc3 / tc4 / tc5 form");
+            let name2 = form_name(*want2);
             if tc2_expected::<T>(k, d, *want2) && form2 != name2 {
                 fails.push(format!("{what}: expected the {name2} form, ran {form2}"));
             }
@@ -342,22 +327,20 @@ fn chunk_case<T: CudaFloat>(
             judge(fails, &format!("{what}: {form2} state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
             ran.push((form2, got2, got_state2));
         }
-        // tc5 splits each of tc4's state-sweep warps into a pair that sums in tc4's order, and
-        // tc6 runs tc4's wu arithmetic for two value heads in one block: the same bits, outputs
-        // (NaN poison included) and states (own pools, same inputs throughout).
+        // tc5 splits each of tc4's state-sweep warps into a pair that sums in tc4's order: the
+        // same bits, outputs (NaN poison included) and states (own pools, same inputs throughout).
         let find = |name: &str| ran.iter().find(|r| r.0 == name);
-        for (new, old) in [("tc5", "tc4"), ("tc6", "tc5")] {
-            let (Some(a), Some(b)) = (find(new), find(old)) else { continue };
+        if let (Some(a), Some(b)) = (find("tc5"), find("tc4")) {
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             let mut same = true;
             for (part, x, y) in [("out", &a.1, &b.1), ("state", &a.2, &b.2)] {
                 let (bx, by) = (bits(x), bits(y));
                 if let Some(i) = bx.iter().zip(&by).position(|(p, q)| p != q) {
                     same = false;
-                    fails.push(format!("{what}: {new} {part} differs from {old} at {i}: {} vs {}", x[i], y[i]));
+                    fails.push(format!("{what}: tc5 {part} differs from tc4 at {i}: {} vs {}", x[i], y[i]));
                 }
             }
-            println!("    {new} ≡ {old} bit for bit: {same}");
+            println!("    tc5 ≡ tc4 bit for bit: {same}");
         }
         if form != form_f32 {
             let e = err_stat(&got_f, &want);
@@ -389,14 +372,7 @@ fn invalid_slot_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: GdnDims, f
     let (w, hv) = (d.width(), d.hv);
     let want = rnd_vec::<T>(&chunk_ref(d, &qkv[..t1 * w], &g[..t1 * hv], &beta[..t1 * hv], &mut state, valid, nbuf));
     let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
-    for want_form in [
-        GdnChunkForm::Tc,
-        GdnChunkForm::Tc2,
-        GdnChunkForm::Tc3,
-        GdnChunkForm::Tc4,
-        GdnChunkForm::Tc6,
-        GdnChunkForm::F32,
-    ] {
+    for want_form in [GdnChunkForm::Tc, GdnChunkForm::Tc2, GdnChunkForm::Tc3, GdnChunkForm::Tc4, GdnChunkForm::F32] {
         let dims = [t, 3, bad_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf];
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
         let mut pool = up::<f32>(k, &state0);
@@ -455,7 +431,7 @@ fn cuda_gdn_chunked_seq_spans() {
 }
 
 /// The tensor-core form (bf16 / f16) at its head dims: dk 128 with dv 128 / 256 / 32 and
-/// dk 64 with dv 64, hv / hk = 2 (and 3 once, bf16, where tc6 falls back to tc5), spans of 1..63 rows, chunk-unaligned lengths, two state
+/// dk 64 with dv 64, hv / hk = 2, spans of 1..63 rows, chunk-unaligned lengths, two state
 /// buffers, two calls from nonzero states, long-range inverses ([`long_range_inputs`], f32
 /// outputs too), and a span with an invalid slot; the f32 form's error on the same inputs
 /// beside it.
@@ -478,8 +454,6 @@ fn cuda_gdn_chunked_seq_tc() {
         chunk_case::<bf16>(&k, &mut rng, gdn_inputs, d, 6, 2, &calls, &mut fails);
         chunk_case::<f16>(&k, &mut rng, gdn_inputs, d, 6, 2, &calls, &mut fails);
     }
-    // hv / hk = 3 (odd): tc6 must run exactly as tc5 (its blocks take value-head pairs).
-    chunk_case::<bf16>(&k, &mut rng, gdn_inputs, GdnDims { hk: 1, hv: 3, dk: 64, dv: 64 }, 6, 2, &calls, &mut fails);
     // Long-range inverses (weak decays, correlated keys, small β): the f32 form's states must
     // still meet 1e-4 (f32 outputs too), the tensor-core form its usual tolerances.
     let long: [&[Span]; 2] = [&[(64, 0, 0), (130, 1, 1), (17, 2, 0), (200, 3, 1)], &[(130, 0, 0), (64, 3, 1)]];
@@ -501,8 +475,8 @@ fn gpu_us(k: &CudaKernels, hold: &mut Hold, mut f: impl FnMut()) -> f64 {
     time_calls(k, hold, 10, &mut |_| f()) * 1e6
 }
 
-/// Times the chunked delta rule (for bf16 / f16: the tc6, tc5, tc4, tc3, tc2, tc and f32 forms;
-/// tc6 beside tc5, tc5 beside tc4 and tc4 beside tc3 at the end) and the
+/// Times the chunked delta rule (for bf16 / f16: the tc4, tc3, tc2, tc and f32 forms; tc4 beside
+/// tc3 at the end) and the
 /// sequential one at the 80B head layout, each call by CUDA events over 10 calls and each
 /// launch by events around it (best of 3), µs and TFLOP/s; `check` first compares the chunked
 /// forms against the CPU reference (left out at 16k tokens, where the CPU reference alone
@@ -543,7 +517,6 @@ fn prefill_80b<T: CudaFloat>(
         &[GdnChunkForm::F32]
     } else {
         &[
-            GdnChunkForm::Tc6,
             GdnChunkForm::Tc5,
             GdnChunkForm::Tc4,
             GdnChunkForm::Tc3,
@@ -592,7 +565,7 @@ fn prefill_80b<T: CudaFloat>(
     }
     let find = |name: &str| seen.iter().find(|x| x.0 == name);
     // Each form against the one it grew from: the call, then its wu and state launches.
-    for (new, old) in [("tc6", "tc5"), ("tc5", "tc4"), ("tc4", "tc3")] {
+    for (new, old) in [("tc5", "tc4"), ("tc4", "tc3")] {
         if let (Some(n), Some(o)) = (find(new), find(old)) {
             println!(
                 "    {new} vs {old} ({} t {t}): call {:.1} vs {:.1} µs ({:.2}x), wu {:.1} vs {:.1} µs ({:.2}x), \

@@ -225,8 +225,7 @@ pub(crate) static GDN_SEQ: KernelSource = KernelSource {
 /// Gated DeltaNet chunked (64-token) prefill over spans: the f32 CUDA-core form (gdn_chunk.cu)
 /// and the tensor-core forms for bf16 / f16 (gdn_chunk_tc.cu, which uses gdn_chunk.cu's helpers;
 /// gdn_chunk_tc2.cu, the mma.sync state sweep of `PORTER_GDN_CHUNK=tc2`; gdn_chunk_tc4.cu, the
-/// mma.sync wu launch of `tc4`; gdn_chunk_tc5.cu, the warp-pair state sweep of `tc5`;
-/// gdn_chunk_tc6.cu, the wu launch of `tc6` on value-head pairs).
+/// mma.sync wu launch of `tc4`; gdn_chunk_tc5.cu, the warp-pair state sweep of `tc5`).
 pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
     name: "gdn_chunk.cu",
     code: concat!(
@@ -238,9 +237,7 @@ pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
         "\n#line 1 \"gdn_chunk_tc4.cu\"\n",
         include_str!("../../cuda/gdn_chunk_tc4.cu"),
         "\n#line 1 \"gdn_chunk_tc5.cu\"\n",
-        include_str!("../../cuda/gdn_chunk_tc5.cu"),
-        "\n#line 1 \"gdn_chunk_tc6.cu\"\n",
-        include_str!("../../cuda/gdn_chunk_tc6.cu")
+        include_str!("../../cuda/gdn_chunk_tc5.cu")
     ),
 };
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling, the skinny

@@ -16,10 +16,8 @@ use super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK}
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 mod tc3;
-mod tc6;
 pub use tc3::GDN_WU_OCC_ENV;
 use tc3::{tc3_smem, tc4_wu, tc5_state, Tc3Call};
-use tc6::tc6_wu;
 
 /// Environment variable choosing the form of [`CudaKernels::gdn_chunked_seq`] for bf16 / f16
 /// outputs: `f32` runs the CUDA-core f32 kernels; `tc` the tensor-core kernels
@@ -29,10 +27,7 @@ use tc6::tc6_wu;
 /// a 16-byte aligned qkv are missing, as `tc`); `tc4` as `tc3` with its wu launch on mma.sync
 /// (gdn_chunk_tc4.cu; where that launch's shared memory does not fit, exactly `tc3`); `tc5` (or
 /// unset: the default) as `tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu: 4 warps a
-/// block instead of 2, the same bits; where its 219 KiB do not fit, exactly `tc4`); `tc6`
-/// (opt-in) as `tc5` with the wu launch on pairs of value heads that share a key head
-/// (gdn_chunk_tc6.cu: K and Q loaded and multiplied once for both, the same bits; where hv / hk
-/// is odd or its 102 KiB do not fit, exactly `tc5`). Measured on
+/// block instead of 2, the same bits; where its 219 KiB do not fit, exactly `tc4`). Measured on
 /// the H200 in session 12, 4k / 16k tokens of the 80B layout: tc4 344.0 / 1,287.5 µs, tc3 435.5 /
 /// 1,630.7, tc2 730.5 / 2,721, tc 1,036.6 / 3,900; flash-linear-attention 690 / 1,628; on the
 /// H100 in session 20: tc5 318.0 / 1,180.0 µs, tc4 349.0 / 1,312.2, flash-linear-attention
@@ -58,8 +53,6 @@ pub enum GdnChunkForm {
     Tc4,
     /// As `Tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu).
     Tc5,
-    /// As `Tc5` with the wu launch on value-head pairs (gdn_chunk_tc6.cu; opt-in).
-    Tc6,
     /// The CUDA-core f32 kernels for every output type.
     F32,
 }
@@ -73,13 +66,12 @@ fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
         "tc3" => GdnChunkForm::Tc3,
         "tc4" => GdnChunkForm::Tc4,
         "" | "tc5" => GdnChunkForm::Tc5,
-        "tc6" => GdnChunkForm::Tc6,
         "tc" => GdnChunkForm::Tc,
         other => {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
                 eprintln!(
-                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `tc6`, `f32`; using the default (tc5)"
+                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `f32`; using the default (tc5)"
                 )
             });
             GdnChunkForm::Tc5
@@ -105,7 +97,7 @@ fn tc2_warps_from(v: Option<std::ffi::OsString>) -> usize {
 
 /// Which kernels a call of [`CudaKernels::gdn_chunked_seq_with`] ran.
 #[doc(hidden)]
-pub const GDN_FORMS: [&str; 8] = ["tc", "f32", "seq", "tc2", "tc3", "tc4", "tc5", "tc6"];
+pub const GDN_FORMS: [&str; 7] = ["tc", "f32", "seq", "tc2", "tc3", "tc4", "tc5"];
 
 /// Tokens per chunk (`GC_C` in gdn_chunk.cu).
 const GC_C: usize = 64;
@@ -183,7 +175,7 @@ impl CudaKernels {
     /// with `timing`, CUDA events recorded around each of the four launches and their GPU
     /// times in µs written there once the stream has caught up (prep, wu, state, out; all 0
     /// when the sequential fallback runs). Returns the form that ran: `"tc"`, `"tc2"`, `"tc3"`, `"tc4"`, `"tc5"`,
-    /// `"tc6"`, `"f32"`, or `"seq"` (`gdn_delta_seq`, where the chunk kernels do not fit the device's
+    /// `"f32"`, or `"seq"` (`gdn_delta_seq`, where the chunk kernels do not fit the device's
     /// shared memory). For tests and profiling.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
@@ -249,15 +241,9 @@ impl CudaKernels {
             (Some(_), GdnChunkForm::Tc5) => {
                 tc3_smem(dk, dv, 2, self.caps()).map(|m| tc5_state(tc4_wu(m, dk, dv, self.caps()), dk, dv, self.caps()))
             }
-            // tc5's choice, with the pair wu launch where hv / hk is even and it fits.
-            (Some(_), GdnChunkForm::Tc6) => tc3_smem(dk, dv, 2, self.caps()).map(|m| {
-                let m5 = tc5_state(tc4_wu(m, dk, dv, self.caps()), dk, dv, self.caps());
-                tc6_wu(m5, dk, dv, hk, hv, self.caps())
-            }),
             _ => None,
         };
         let form_name = match (tc.is_some(), tc2.is_some(), tc3) {
-            (true, _, Some(m)) if m.tc6 => GDN_FORMS[7],
             (true, _, Some(m)) if m.pair => GDN_FORMS[6],
             (true, _, Some(m)) if m.tc4 => GDN_FORMS[5],
             (true, _, Some(_)) => GDN_FORMS[4],
@@ -641,8 +627,6 @@ mod tests {
         assert_eq!(form_from(Some("tc3".into())), GdnChunkForm::Tc3);
         assert_eq!(form_from(Some(" Tc4".into())), GdnChunkForm::Tc4);
         assert_eq!(form_from(Some("tc5".into())), GdnChunkForm::Tc5);
-        assert_eq!(form_from(Some("TC6 ".into())), GdnChunkForm::Tc6); // opt-in
-        assert_eq!(form_from(Some("".into())), GdnChunkForm::Tc5);
         assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc5); // warns once, default
         assert_eq!(tc2_warps_from(None), 2);
         assert_eq!(tc2_warps_from(Some("16".into())), 1);

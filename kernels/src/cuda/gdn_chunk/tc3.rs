@@ -11,9 +11,6 @@
 //!   `gdn_chunk_tc_out` does not run;
 //! - (`tc5`: `gdn_chunk_tc5_state_d<dk>_<T>`, the same sweep on 4 warps a block, each of tc3's
 //!   16-column warps split into a pair by tokens and state rows, gdn_chunk_tc5.cu; same bits).
-//!
-//! (`tc6`: tc5 with the wu launch `gdn_chunk_tc6_wu_d<dk>_<T>`, one block per pair of value
-//! heads sharing a key head, gdn_chunk_tc6.cu and gdn_chunk/tc6.rs; same scratch, same bits.)
 
 use super::super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK};
 use super::{Laps, GC_C, GC_THREADS, TC_STATIC_SMEM};
@@ -27,8 +24,7 @@ pub const GDN_WU_OCC_ENV: &str = "PORTER_GDN_WU_OCC";
 /// Shared memory and warps per block of the tc3 kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Tc3Smem {
-    /// Dynamic shared memory of the wu launch, bytes (`GT3_WU_SMEM`, `GT4_WU_SMEM` with `tc4`,
-    /// `GT6_WU_SMEM` with `tc6`).
+    /// Dynamic shared memory of the wu launch, bytes (`GT3_WU_SMEM`, or `GT4_WU_SMEM` with `tc4`).
     pub wu: usize,
     /// Whether the wu launch is `gdn_chunk_tc4_wu` (gdn_chunk_tc4.cu, `PORTER_GDN_CHUNK=tc4`)
     /// instead of `gdn_chunk_tc3_wu`; both write the same scratch.
@@ -41,9 +37,6 @@ pub(super) struct Tc3Smem {
     /// Whether the state launch is `gdn_chunk_tc5_state` (gdn_chunk_tc5.cu, `PORTER_GDN_CHUNK=tc5`:
     /// 4 warps a block of 32 columns, each 16-column warp of tc3 split into a pair; same bits).
     pub pair: bool,
-    /// Whether the wu launch is `gdn_chunk_tc6_wu` (gdn_chunk_tc6.cu, `PORTER_GDN_CHUNK=tc6`:
-    /// tc4's, one block per value-head pair, grid `hv / 2`; `tc4` stays true, `wu` is its size).
-    pub tc6: bool,
 }
 
 /// Bytes of one pipeline stage of the tc2 (`fuse` false) / tc3 (`fuse` true) state sweep
@@ -65,14 +58,7 @@ pub(super) fn tc3_smem(dk: usize, dv: usize, nw: usize, caps: DeviceCaps) -> Opt
     }
     [nw, 2, 1].into_iter().find_map(|nw| {
         let state = 3 * tc2_stage_bytes(dk, nw, true);
-        (dv.is_multiple_of(16 * nw) && state <= limit).then_some(Tc3Smem {
-            wu,
-            tc4: false,
-            nw,
-            state,
-            pair: false,
-            tc6: false,
-        })
+        (dv.is_multiple_of(16 * nw) && state <= limit).then_some(Tc3Smem { wu, tc4: false, nw, state, pair: false })
     })
 }
 
@@ -150,16 +136,10 @@ impl CudaKernels {
         let mut pb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, GC_C])?) }?;
         let mut uf = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, GC_C, dv])?) }?;
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
-        let wu_name = match (m.tc6, m.tc4) {
-            (true, _) => "gdn_chunk_tc6_wu",
-            (false, true) => "gdn_chunk_tc4_wu",
-            (false, false) => "gdn_chunk_tc3_wu",
-        };
+        let wu_name = if m.tc4 { "gdn_chunk_tc4_wu" } else { "gdn_chunk_tc3_wu" };
         // The 3-blocks-an-SM build of the tc4 wu launch (dk = 128 only), by environment.
-        let o3 = m.tc4
-            && !m.tc6
-            && dk == 128
-            && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") == Some(3);
+        let o3 =
+            m.tc4 && dk == 128 && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") == Some(3);
         let f_wu = self.function_smem(
             &GDN_CHUNK,
             &format!("{wu_name}_d{dk}_{}{}", T::NAME, if o3 { "_o3" } else { "" }),
@@ -178,18 +158,15 @@ impl CudaKernels {
         let (ppb, _gpb) = pb.device_ptr_mut(s);
         let (puf, _guf) = uf.device_ptr_mut(s);
         let (pgl, _ggl) = gl.device_ptr_mut(s);
-        // tc6: a block per value-head pair (hv / hk is even there: tc6::tc6_wu).
-        let heads = if m.tc6 { a.hv / 2 } else { a.hv };
         let cfg = LaunchConfig {
-            grid_dim: (a.max_chunks, heads, a.n_spans),
+            grid_dim: (a.max_chunks, a.hv, a.n_spans),
             block_dim: (GC_THREADS, 1, 1),
             shared_mem_bytes: u32_of("smem", m.wu)?,
         };
-        // SAFETY: arguments match `gdn_chunk_tc3_wu_d<dk>_<T>`, `gdn_chunk_tc4_wu_d<dk>_<T>` and
-        // `gdn_chunk_tc6_wu_d<dk>_<T>` alike; dk is 64 or 128 and dv a multiple of 32 up to 256
-        // (tc_smem); tc6: hv / hk even, so both heads of a block share a key head; the shared
-        // memory size is the kernel's layout; a valid span (per `off`) has rows inside 0..t and
-        // scratch indices below cap.
+        // SAFETY: arguments match `gdn_chunk_tc3_wu_d<dk>_<T>` and `gdn_chunk_tc4_wu_d<dk>_<T>`
+        // alike; dk is 64 or 128 and dv a multiple of 32 up to 256 (tc_smem); the shared memory
+        // size is the kernel's layout; a valid span (per `off`) has rows inside 0..t and scratch
+        // indices below cap.
         // Kernel: `gdn_chunk_tc3_wu_d<DK>_<T>(const float* qkv, const float* g, const float* beta,
         // const u32* spans, const u32* off, T* wn, T* kb, float* uf, float* gl, T* qg, T* pb, u32 hk,
         // u32 hv, u32 dv, float q_scale)`.
