@@ -223,6 +223,19 @@ struct Rate {
 
 /// Runs `run(n)` and `run(long)` (each returns its ids) and their [`Rate`]; returns the long
 /// run's ids (the short one's should be their prefix: a note says where not).
+/// With `PORTER_PROFILE` set, the profiled blocks since the last reset per generated token
+/// (`tokens` over the runs timed): with `host`, where a generation's host time goes (the waits
+/// for the device's token included).
+fn print_token_profile(tokens: usize) {
+    for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
+        println!(
+            "  profile {name:<36} {:>9.3} ms/token {:>7.2} calls/token",
+            secs * 1e3 / tokens.max(1) as f64,
+            calls as f64 / tokens.max(1) as f64
+        );
+    }
+}
+
 fn timed_pair(n: usize, long: usize, mut run: impl FnMut(usize) -> Result<Vec<u32>>) -> Result<(Vec<u32>, Rate)> {
     let t0 = Instant::now();
     let short = run(n)?;
@@ -384,7 +397,9 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         let n = a.steps.max(2);
         let long = n * MTP_RUNS_LONG;
         let p = SamplingParams::default();
+        let _ = porter_core::backend::cuda::profile::take();
         let (plain, base) = timed_pair(n, long, |m| Ok(generate(&model, &prompt, p.clone(), m, &[])?.ids))?;
+        print_token_profile(n + long);
         println!(
             "mtp baseline (batch 1, plain greedy decode): {:>10.1} tok/s steady ({n} → {long} tokens), {:>10.1} tok/s over {n} tokens incl. prefill and graph capture",
             base.steady, base.first
@@ -440,6 +455,7 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
                 runs.push((real_label, real.iter().map(|d| Box::new(d.clone()) as Box<dyn DraftHead>).collect()));
             }
             for (what, drafts) in runs {
+                let _ = porter_core::backend::cuda::profile::take();
                 let mut last = None;
                 let (ids, rate) = timed_pair(n, long, |m| {
                     let g = speculative::generate_speculative(
@@ -456,6 +472,7 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
                     last = Some(g);
                     Ok(ids)
                 })?;
+                print_token_profile(n + long);
                 let g = last.ok_or_else(|| anyhow!("no speculative run"))?;
                 if ids != plain {
                     let at = ids.iter().zip(&plain).position(|(a, b)| a != b).unwrap_or(0);

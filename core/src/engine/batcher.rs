@@ -7,6 +7,7 @@
 //! stopping rules and registers full blocks in the prefix cache. Synchronous and
 //! single-threaded; [`crate::engine::handle::Engine`] runs it on its own thread.
 
+use crate::backend::cuda::profile::host_span;
 use crate::bail;
 use crate::batch::Batch;
 use crate::engine::generate::FinishReason;
@@ -447,6 +448,7 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
     /// A model or device error. The requests of the failed step are then finished with an
     /// [`Event::Error`] each (returned by [`EngineCore::fail_running`]), never left hanging.
     pub fn step(&mut self) -> Result<Vec<(RequestId, Event)>> {
+        let span = host_span("engine: schedule + batch");
         let plan = self.sched.schedule(&mut self.seqs, &mut self.cache)?;
         self.stats.preemptions += plan.preempted.len() as u64;
         for &(id, asked, hit) in &plan.admitted {
@@ -499,7 +501,11 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
             }
             batch.push(seq, r.computed, &ids);
         }
+        drop(span);
+        let span = host_span("engine: forward (issue)");
         let fwd = self.model.forward_rows(&batch, &mut self.cache, &rows)?;
+        drop(span);
+        let span = host_span("engine: sample (wait)");
         self.stats.steps += 1;
         self.stats.batched_tokens += batch.len() as u64;
         let eos = self.eos.clone();
@@ -556,6 +562,8 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
         }
         // [R, vocab] logits of the selected rows, on the host when a row needs them.
         let logits = if need_host { Some(fwd.logits.to_host()?) } else { None };
+        drop(span);
+        let _span = host_span("engine: tokens + events");
         let spec_k = self.drafting.as_ref().map_or(0, |d| d.spec.k);
         let mut catchups = Vec::new();
         for (i, it) in plan.items.iter().enumerate() {

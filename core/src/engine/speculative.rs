@@ -4,6 +4,7 @@
 //! position without recomputation. At temperature > 0 acceptance is rejection sampling,
 //! so the output distribution equals the main model's.
 
+use crate::backend::cuda::profile::host_span;
 use crate::bail;
 use crate::batch::Batch;
 use crate::engine::generate::FinishReason;
@@ -124,16 +125,24 @@ impl Drafter<'_> {
             c0.0.truncate(c0.1, pos0)?;
         }
         let hid0 = d0.main_hidden(self.main, hid)?;
+        let span = host_span("spec: draft step (issue)");
         let out = d0.forward(self.main, &Batch::single(c0.1, pos0, toks), &hid0, &mut c0.0, LogitsFor::Last)?;
+        drop(span);
+        let span = host_span("spec: draft token (wait)");
         let (mut tok, mut q) = draw_draft(sampler, &out.logits, out_len, eos)?;
+        drop(span);
         let mut h = out.hidden.narrow_rows(out.hidden.rows() - 1, 1)?;
         let (mut drafts, mut dists) = (vec![tok], vec![q]);
         for i in 1..self.k {
             let m = if self.mode == MtpMode::Eagle { 0 } else { i };
             let (d, c) = (&self.drafts[m], &mut self.caches[m]);
             let pos = pos0 + toks.len() - 1 + i;
+            let span = host_span("spec: draft step (issue)");
             let out = d.forward(self.main, &Batch::single(c.1, pos, &[tok]), &h, &mut c.0, LogitsFor::Last)?;
+            drop(span);
+            let span = host_span("spec: draft token (wait)");
             (tok, q) = draw_draft(sampler, &out.logits, out_len + i, eos)?;
+            drop(span);
             h = out.hidden;
             drafts.push(tok);
             dists.push(q);
@@ -240,7 +249,10 @@ pub fn generate_speculative(
         // Verify [last, d1..dK] at positions len..len+K.
         let mut rows = vec![last];
         rows.extend_from_slice(&proposal);
+        let span = host_span("spec: verify (issue)");
         let out = main.forward(&Batch::single(seq, len, &rows), &mut cache, LogitsFor::All)?;
+        drop(span);
+        let span = host_span("spec: verify ids (wait)");
         gen.steps += 1;
         gen.proposed += k;
         let base = gen.ids.len();
@@ -289,6 +301,7 @@ pub fn generate_speculative(
             };
             (accepted, bonus)
         };
+        drop(span);
         sampler.accept(bonus);
         gen.accepted += accepted;
         let mut done = false;
