@@ -259,14 +259,31 @@ impl SamplingParams {
 
 /// Index of the largest value; the first one on ties (as `torch.argmax`). NaN never wins and
 /// an all-NaN (or empty) row gives 0, as the device argmax (`argmax_f32`) decides.
+///
+/// Two passes the compiler vectorizes: the largest non-NaN value (`f32::max` skips NaN; max is
+/// exact in any order), then the first chunk holding it. A greedy draft or decode token on the
+/// host scans a whole vocabulary row (151,936 entries for Qwen3): one compare-and-branch an
+/// element took ≈ 0.2 ms a row on the GPU machine's CPU (session 23's host profile), this ≈ 20×
+/// less.
 pub fn argmax(xs: &[f32]) -> usize {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &v) in xs.iter().enumerate() {
-        if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
-            best = Some((i, v));
+    const L: usize = 16;
+    let chunks = xs.chunks_exact(L);
+    let mut m = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    let mut acc = [f32::NEG_INFINITY; L];
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = a.max(x);
         }
     }
-    best.map_or(0, |(i, _)| i)
+    m = acc.iter().fold(m, |a, &x| a.max(x));
+    // The first element equal to m (−inf when every value is NaN or −inf: then the first −inf,
+    // or none at all, 0). Signed zeros compare equal: the first of them, as a scan would give.
+    for (ci, c) in xs.chunks(L).enumerate() {
+        if c.iter().fold(false, |f, &x| f | (x == m)) {
+            return ci * L + c.iter().position(|&x| x == m).unwrap_or(0);
+        }
+    }
+    0
 }
 
 #[cfg(test)]

@@ -39,6 +39,50 @@ fn host_argmax_skips_nan_like_the_device() {
     assert_eq!(argmax(&[]), 0);
     assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY, -1e30]), 2);
     assert_eq!(argmax(&[1.0, f32::INFINITY, f32::INFINITY]), 1);
+    assert_eq!(argmax(&[-0.0, 0.0, -0.0]), 0, "signed zeros tie: the first");
+}
+
+/// The vectorized argmax against a plain scan (the first largest non-NaN, 0 when none), on
+/// rows of every length around the chunk size with NaN, ±inf, ties and signed zeros.
+#[test]
+fn host_argmax_equals_a_scan() {
+    fn scan(xs: &[f32]) -> usize {
+        let mut best: Option<(usize, f32)> = None;
+        for (i, &v) in xs.iter().enumerate() {
+            if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+                best = Some((i, v));
+            }
+        }
+        best.map_or(0, |(i, _)| i)
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1.0, -1.0];
+    for len in (0..70).chain([151_936, 1001]) {
+        for _ in 0..20 {
+            let xs: Vec<f32> = (0..len)
+                .map(|_| {
+                    let r = next();
+                    match r % 10 {
+                        0 => specials[(r >> 8) as usize % specials.len()],
+                        1 => 3.0, // a frequent tie
+                        _ => ((r >> 16) % 2000) as f32 / 100.0 - 10.0,
+                    }
+                })
+                .collect();
+            assert_eq!(argmax(&xs), scan(&xs), "len {len}: {xs:?}");
+        }
+    }
+    // Only NaN and −inf; only NaN.
+    assert_eq!(argmax(&[f32::NAN; 40]), 0);
+    let mut v = vec![f32::NAN; 40];
+    v[33] = f32::NEG_INFINITY;
+    assert_eq!(argmax(&v), 33);
 }
 
 #[test]
