@@ -139,6 +139,7 @@ pub(crate) fn forward_graphed(
     cache: &mut dyn StateCache,
     rows: &[usize],
 ) -> Result<Option<ForwardOutput>> {
+    let prep = crate::backend::cuda::profile::host_span("model: graph prepare");
     let Some(r) = uniform_rows(batch, rows).filter(|&r| r <= graph::MAX_ROWS) else { return Ok(None) };
     let Some(spans) = gs.bucket(batch.spans.len()) else { return Ok(None) };
     bind(t, gs);
@@ -164,6 +165,7 @@ pub(crate) fn forward_graphed(
         // The capture prepared its own (all-padding) batch.
         cache.prepare(&padded)?;
     }
+    drop(prep);
     replay(t, gs, key, batch, &padded, cache).map(Some)
 }
 

@@ -303,6 +303,7 @@ impl Model {
         }
         drop(prep);
         if let Some(mut graphs) = cache.take_graphs() {
+            let _s = host_span("model: graphed forward");
             let out = self.forward_graphed(&mut graphs, batch, cache, rows);
             cache.put_graphs(graphs);
             if let Some(out) = out? {
