@@ -625,23 +625,12 @@ impl<M: Deref<Target = Model>> EngineCore<M> {
                     for j in 0..k {
                         let out_len = l.generated + j;
                         let p = l.sampler.probs(lrow(j)?, out_len, &eos)?;
-                        let d = l.proposal[j];
-                        let q = &l.dists[j];
-                        let (pd, qd) = (p[d as usize] as f64, drafting::q_of(q, d as usize, d) as f64);
-                        let tok = if qd > 0.0 && l.sampler.uniform() < (pd / qd).min(1.0) {
+                        let (d, q) = (l.proposal[j], &l.dists[j]);
+                        let tok = if drafting::draft_accepted(&mut l.sampler, &p, q, d) {
                             d
                         } else {
-                            // Residual distribution max(0, p − q), renormalised.
                             rejected = true;
-                            let mut res: Vec<f32> =
-                                p.iter().enumerate().map(|(x, a)| (a - drafting::q_of(q, x, d)).max(0.0)).collect();
-                            let sum: f32 = res.iter().sum();
-                            if sum > 0.0 {
-                                res.iter_mut().for_each(|v| *v /= sum);
-                                l.sampler.sample_from(&res)
-                            } else {
-                                l.sampler.sample_from(&p)
-                            }
+                            drafting::resample_rejected(&mut l.sampler, &p, q, d)
                         };
                         emitted.push(l.sampler.report_for(lrow(j)?, out_len, &eos, tok)?);
                         l.sampler.accept(tok);

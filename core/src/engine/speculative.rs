@@ -195,6 +195,39 @@ pub(crate) fn q_of(q: &[f32], d: usize, proposed: u32) -> f32 {
     }
 }
 
+/// Rejection sampling's test of draft `d`, drawn from `q` (empty: one-hot at `d`), against the
+/// target distribution `p` of its row: accepted with probability min(1, p(d) / q(d)).
+pub(crate) fn draft_accepted(sampler: &mut SeqSampler, p: &[f32], q: &[f32], d: u32) -> bool {
+    let (pd, qd) = (p[d as usize] as f64, q_of(q, d as usize, d) as f64);
+    qd > 0.0 && sampler.uniform() < (pd / qd).min(1.0)
+}
+
+/// The token drawn where draft `d` (from `q`, empty: one-hot at `d`) was rejected at a row of
+/// target distribution `p`: from the residual max(0, p − q) renormalised, or from `p` when that
+/// is all zero.
+pub(crate) fn resample_rejected(sampler: &mut SeqSampler, p: &[f32], q: &[f32], d: u32) -> u32 {
+    let mut r: Vec<f32> = p.iter().enumerate().map(|(i, a)| (a - q_of(q, i, d)).max(0.0)).collect();
+    let s: f32 = r.iter().sum();
+    if s > 0.0 {
+        r.iter_mut().for_each(|v| *v /= s);
+        sampler.sample_from(&r)
+    } else {
+        sampler.sample_from(p)
+    }
+}
+
+/// The tokens a plain greedy verify emits from the argmaxes `ids` of its K + 1 rows: the
+/// drafts up to the first that is not its row's argmax, then the argmax of that row (or of the
+/// last row): what rejection sampling decides for one-hot distributions.
+pub(crate) fn greedy_verdict(proposal: &[u32], ids: &[u32]) -> Vec<u32> {
+    let accepted = proposal.iter().zip(ids).take_while(|(d, t)| d == t).count();
+    let mut out = proposal[..accepted].to_vec();
+    if let Some(&bonus) = ids.get(accepted) {
+        out.push(bonus);
+    }
+    out
+}
+
 /// Generates up to `max_tokens` ids after `prompt` with K-token speculative decoding.
 #[allow(clippy::too_many_arguments)]
 pub fn generate_speculative(
@@ -265,9 +298,10 @@ pub fn generate_speculative(
             if ids.len() != k + 1 {
                 bail!(Internal, "the device argmax returned {} ids for {} rows", ids.len(), k + 1);
             }
-            let accepted = (0..k).take_while(|&j| proposal[j] == ids[j]).count();
-            proposal[..accepted].iter().for_each(|&t| sampler.accept(t));
-            (accepted, ids[accepted])
+            let mut toks = greedy_verdict(&proposal, &ids);
+            let bonus = toks.pop().ok_or_else(|| crate::err!(Internal, "a greedy verify without a bonus token"))?;
+            toks.iter().for_each(|&t| sampler.accept(t));
+            (toks.len(), bonus)
         } else {
             // The K + 1 verify rows come to the host for the accept / reject decisions.
             let logits = out.logits.to_host()?;
@@ -276,22 +310,11 @@ pub fn generate_speculative(
             // Row j is scored with the drafts before it accepted (their penalties apply).
             for j in 0..k {
                 let p = sampler.probs(logits.row(j), base + j, stop_ids)?;
-                let d = proposal[j] as usize;
-                let (pd, qd) = (p[d] as f64, q_of(&dists[j], d, proposal[j]) as f64);
-                if qd > 0.0 && sampler.uniform() < (pd / qd).min(1.0) {
+                if draft_accepted(&mut sampler, &p, &dists[j], proposal[j]) {
                     accepted += 1;
                     sampler.accept(proposal[j]);
                 } else {
-                    // Residual distribution max(0, p − q), renormalised.
-                    let mut r: Vec<f32> =
-                        p.iter().enumerate().map(|(i, a)| (a - q_of(&dists[j], i, proposal[j])).max(0.0)).collect();
-                    let s: f32 = r.iter().sum();
-                    if s > 0.0 {
-                        r.iter_mut().for_each(|v| *v /= s);
-                        bonus = Some(sampler.sample_from(&r));
-                    } else {
-                        bonus = Some(sampler.sample_from(&p));
-                    }
+                    bonus = Some(resample_rejected(&mut sampler, &p, &dists[j], proposal[j]));
                     break;
                 }
             }

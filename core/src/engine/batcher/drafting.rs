@@ -12,7 +12,7 @@
 
 use super::{CatchUp, EngineCore, Live};
 use crate::engine::request::RequestId;
-pub(super) use crate::engine::speculative::q_of;
+pub(super) use crate::engine::speculative::{draft_accepted, greedy_verdict, resample_rejected};
 use crate::engine::speculative::{MtpMode, GREEDY_ROW};
 use crate::error::Result;
 use crate::model::{LogitsFor, Model};
@@ -61,18 +61,6 @@ fn draw_drafts(
         l.dists.push(q);
     }
     Ok(())
-}
-
-/// The tokens a plain greedy request's verify emits from the device argmaxes `ids` of its
-/// K + 1 rows: the drafts up to the first that is not its row's argmax, then the argmax of
-/// that row (or of the last row): what rejection sampling decides for one-hot distributions.
-pub(super) fn greedy_verdict(proposal: &[u32], ids: &[u32]) -> Vec<u32> {
-    let accepted = proposal.iter().zip(ids).take_while(|(d, t)| d == t).count();
-    let mut out = proposal[..accepted].to_vec();
-    if let Some(&bonus) = ids.get(accepted) {
-        out.push(bonus);
-    }
-    out
 }
 
 impl<M: Deref<Target = Model>> EngineCore<M> {
@@ -165,6 +153,7 @@ mod tests {
         assert_eq!(greedy_verdict(&[5, 6, 7], &[5, 9, 7, 8]), vec![5, 9]);
         // None accepted.
         assert_eq!(greedy_verdict(&[5], &[4, 3]), vec![4]);
+        use crate::engine::speculative::q_of;
         assert_eq!(q_of(&[], 3, 3), 1.0);
         assert_eq!(q_of(&[], 2, 3), 0.0);
         assert_eq!(q_of(&[0.25, 0.75], 1, 0), 0.75);
