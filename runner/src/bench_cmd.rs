@@ -154,9 +154,7 @@ fn decode_row(
         issue * 1e3 / a.steps as f64,
         issue_first * 1e3
     );
-    for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
-        println!("  profile {name:<36} {:>9.3} ms/step {:>6} calls", secs * 1e3 / a.steps as f64, calls / a.steps);
-    }
+    print_profile(a.steps, "/step");
     let tps = (b * a.steps) as f64 / s;
     let step_s = s / a.steps as f64;
     // Bytes per step at the mean context of the timed steps.
@@ -204,9 +202,7 @@ fn prefill_row(model: &Model, device: Device, n: usize, tok: &impl Fn(usize) -> 
     model.sync()?;
     let s = t0.elapsed().as_secs_f64();
     println!("prefill {n:>6} tokens: {:>10.1} tok/s ({:.3} s)", n as f64 / s, s);
-    for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
-        println!("  profile {name:<36} {:>9.3} ms {:>6} calls", secs * 1e3, calls);
-    }
+    print_profile(1, "");
     Ok(s)
 }
 
@@ -221,21 +217,18 @@ struct Rate {
     steady: f64,
 }
 
-/// Runs `run(n)` and `run(long)` (each returns its ids) and their [`Rate`]; returns the long
-/// run's ids (the short one's should be their prefix: a note says where not).
-/// With `PORTER_PROFILE` set, the profiled blocks since the last reset per generated token
-/// (`tokens` over the runs timed): with `host`, where a generation's host time goes (the waits
-/// for the device's token included).
-fn print_token_profile(tokens: usize) {
+/// With `PORTER_PROFILE` set, the profiled blocks since the last reset, each divided by `per`
+/// (`unit`: what it counts, e.g. `/step`; with `host` the MTP rows' tokens, whose waits for the
+/// device's token are spans too). Nothing without profiling (the table is empty).
+fn print_profile(per: usize, unit: &str) {
+    let per = per.max(1) as f64;
     for (name, secs, calls) in porter_core::backend::cuda::profile::take() {
-        println!(
-            "  profile {name:<36} {:>9.3} ms/token {:>7.2} calls/token",
-            secs * 1e3 / tokens.max(1) as f64,
-            calls as f64 / tokens.max(1) as f64
-        );
+        println!("  profile {name:<36} {:>9.3} ms{unit} {:>7.2} calls{unit}", secs * 1e3 / per, calls as f64 / per);
     }
 }
 
+/// Runs `run(n)` and `run(long)` (each returns its ids) and their [`Rate`]; returns the long
+/// run's ids (the short one's should be their prefix: a note says where not).
 fn timed_pair(n: usize, long: usize, mut run: impl FnMut(usize) -> Result<Vec<u32>>) -> Result<(Vec<u32>, Rate)> {
     let t0 = Instant::now();
     let short = run(n)?;
@@ -399,7 +392,7 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         let p = SamplingParams::default();
         let _ = porter_core::backend::cuda::profile::take();
         let (plain, base) = timed_pair(n, long, |m| Ok(generate(&model, &prompt, p.clone(), m, &[])?.ids))?;
-        print_token_profile(n + long);
+        print_profile(n + long, "/token");
         println!(
             "mtp baseline (batch 1, plain greedy decode): {:>10.1} tok/s steady ({n} → {long} tokens), {:>10.1} tok/s over {n} tokens incl. prefill and graph capture",
             base.steady, base.first
@@ -472,7 +465,7 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
                     last = Some(g);
                     Ok(ids)
                 })?;
-                print_token_profile(n + long);
+                print_profile(n + long, "/token");
                 let g = last.ok_or_else(|| anyhow!("no speculative run"))?;
                 if ids != plain {
                     let at = ids.iter().zip(&plain).position(|(a, b)| a != b).unwrap_or(0);
