@@ -53,9 +53,11 @@ extern "C" __global__ void moe_router_f32(const float* __restrict__ logits, u32*
         }
         block_argmax(bv, bi, shv, shi, tid, nt);
         if (tid == 0) {
-            // bi < e: there are e - j >= 1 unselected entries, all >= 0 or NaN;
-            // an all-NaN remainder falls back to the lowest unselected index.
-            if (bi >= e) {
+            // There are e - j >= 1 unselected entries, all >= 0 or NaN. An all-NaN remainder
+            // (no number won: bv is the -inf of a selected entry or of the start) falls back to
+            // the lowest unselected index; testing bi >= e instead picked the lowest selected
+            // entry again once one was taken.
+            if (bv == PORTER_NEG_INF) {
                 for (u32 i = 0; i < e; ++i) {
                     if (p[i] != PORTER_NEG_INF) {
                         bi = i;

@@ -80,6 +80,32 @@ fn cuda_moe_router() {
     // Many rows.
     let logits = rng.vec(67 * EXPERTS, 4.0);
     router_case(&k, &logits, EXPERTS, TOP_K, true, "67 rows");
+    // A NaN or +inf logit makes the whole softmax row NaN: no number is left to win, so both
+    // forms take the lowest indices in order, each once, with NaN weights (the reference's
+    // total order would rank NaN by its sign bit instead, so this is asserted apart). Both
+    // forms once picked the lowest selected expert again after the first pick.
+    for e in [EXPERTS, 500, 1024] {
+        let mut logits = rng.vec(3 * e, 3.0);
+        logits[e / 3] = f32::NAN;
+        logits[e + 5] = f32::INFINITY;
+        logits[2 * e..].fill(f32::NAN);
+        let dl = k.stream().clone_htod(&logits).expect("htod");
+        let mut di = poisoned_u32(&k, 3 * TOP_K);
+        let mut dw = poisoned::<f32>(&k, 3 * TOP_K);
+        k.moe_router(&dl, &mut di, &mut dw, 3, e, TOP_K, true).expect("moe_router launch");
+        let want: Vec<u32> = (0..3).flat_map(|_| 0..TOP_K as u32).collect();
+        assert_eq!(down_u32(&k, &di), want, "router E={e}: NaN rows take the lowest indices, each once");
+        assert!(down(&k, &dw).iter().all(|w| w.is_nan()), "router E={e}: NaN rows give NaN weights");
+    }
+    // One decode row of the 80B router (e = 512, k = 10), as a graphed step issues it.
+    let one = k.stream().clone_htod(&rng.vec(EXPERTS, 4.0)).expect("htod");
+    let (mut i1, mut w1) = (poisoned_u32(&k, TOP_K), poisoned::<f32>(&k, TOP_K));
+    let mut hold = timing::Hold::new(&k);
+    let us = 1e6
+        * timing::time_calls(&k, &mut hold, 200, &mut |_| {
+            k.moe_router(&one, &mut i1, &mut w1, 1, EXPERTS, TOP_K, true).expect("moe_router launch")
+        });
+    println!("  router [1, {EXPERTS}] k={TOP_K}: {us:.2} us a call");
 }
 
 #[test]
