@@ -44,6 +44,75 @@ pub struct RopeArgs<'a> {
     pub scaling: f32,
 }
 
+/// One per-head RMSNorm of [`QkPrep`] (an attention block's `q_norm` / `k_norm`).
+#[derive(Debug, Clone, Copy)]
+pub struct HeadNorm<'a> {
+    /// `[head_dim]`.
+    pub w: &'a Tensor,
+    pub eps: f32,
+    pub kind: NormKind,
+}
+
+/// What [`Ops::qk_prep`] does to an attention block's query and key projections.
+#[derive(Debug, Clone, Copy)]
+pub struct QkPrep<'a> {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Qwen3-Next's gated query projection: per head `[q | gate]`.
+    pub gated: bool,
+    pub q_norm: Option<HeadNorm<'a>>,
+    pub k_norm: Option<HeadNorm<'a>>,
+    pub rope: RopeArgs<'a>,
+}
+
+/// The outputs of [`Ops::qk_prep`].
+///
+/// # Shapes
+/// `q`: `[T, heads, hd]`, `k`: `[T, kv_heads, hd]`, `gate`: `[T·heads, hd]`
+#[derive(Debug)]
+pub struct QkPrepared {
+    pub q: Tensor,
+    pub k: Tensor,
+    /// The gate of a gated query projection.
+    pub gate: Option<Tensor>,
+}
+
+/// [`Ops::qk_prep`] as the separate ops: the gate split by column copies, the norms, then
+/// RoPE on each (the CPU backend's body, and the CUDA backend's where its kernel does not
+/// apply).
+///
+/// # Shapes
+/// `qg`: `[T, heads·hd·(1 + gated)]`, `k`: `[T, kv_heads·hd]` → [`QkPrepared`]
+pub fn qk_prep_composed<O: Ops + ?Sized>(
+    o: &O,
+    qg: Tensor,
+    k: Tensor,
+    p: &QkPrep<'_>,
+    batch: &Batch,
+) -> Result<QkPrepared> {
+    let (t, hd) = (qg.rows(), p.head_dim);
+    // Gated: [T, heads·hd·2] viewed as [T·heads, 2·hd]: q = columns 0..hd, gate = hd..2hd.
+    let (q, gate) = if p.gated {
+        let qg = qg.reshape([t * p.heads, 2 * hd])?;
+        (o.cols(&qg, 0, hd)?, Some(o.cols(&qg, hd, hd)?))
+    } else {
+        (qg, None)
+    };
+    // [T, heads·hd] -> [T, heads, hd]; [T, kv·hd] -> [T, kv, hd]
+    let q = q.reshape([t, p.heads, hd])?;
+    let k = k.reshape([t, p.kv_heads, hd])?;
+    let norm = |x: Tensor, n: &Option<HeadNorm<'_>>| match n {
+        Some(n) => o.rms_norm(&x, n.w, n.eps, n.kind),
+        None => Ok(x),
+    };
+    let mut q = norm(q, &p.q_norm)?;
+    let mut k = norm(k, &p.k_norm)?;
+    o.rope(&mut q, &p.rope, batch)?;
+    o.rope(&mut k, &p.rope, batch)?;
+    Ok(QkPrepared { q, k, gate })
+}
+
 /// Attention geometry of one block.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnArgs {
@@ -205,6 +274,15 @@ pub trait Ops: Sync {
     }
     /// Rotates `x: [T, heads, head_dim]` in place at the batch's positions (NeoX pairing).
     fn rope(&self, x: &mut Tensor, rope: &RopeArgs<'_>, batch: &Batch) -> Result<()>;
+    /// An attention block's query / key preparation: the gate split of a gated query
+    /// projection, the per-head q / k norms and RoPE at the batch's positions, with the values
+    /// of [`qk_prep_composed`] (one launch on CUDA where it applies).
+    ///
+    /// # Shapes
+    /// `qg`: `[T, heads·hd·(1 + gated)]`, `k`: `[T, kv_heads·hd]` → [`QkPrepared`]
+    fn qk_prep(&self, qg: Tensor, k: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<QkPrepared> {
+        qk_prep_composed(self, qg, k, p, batch)
+    }
     /// `act(g) · u` of a stacked `[T, 2I] = [gate | up]` → `[T, I]`, one rounding (SwiGLU for
     /// `act` = SiLU). Backends that fuse SiLU refuse another `act` (the load refuses it first:
     /// `config::check_act_device`).

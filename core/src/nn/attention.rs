@@ -1,6 +1,7 @@
 //! Causal GQA self-attention with optional q/k norms, sliding window and output gate.
 
 use super::*;
+use crate::backend::{HeadNorm, QkPrep, QkPrepared};
 
 /// Static description of an attention block.
 #[derive(Debug, Clone)]
@@ -93,28 +94,33 @@ impl Attention {
         let c = &self.cfg;
         let (t, hd) = (x.rows(), c.head_dim);
         let LayerCache::Kv(kv) = cache else { bail!(Internal, "attention layer was given a non-KV cache") };
-        // Gated attention: [T, heads·hd·2] viewed as [T·heads, 2·hd]: q = columns 0..hd,
-        // gate = hd..2hd.
-        let (q, gate) = if c.output_gate {
-            let qg = qg.reshape([t * c.heads, 2 * hd])?;
-            (qg.cols(0, hd)?, Some(qg.cols(hd, hd)?))
-        } else {
-            (qg, None)
-        };
-        // [T, heads·hd] -> [T, heads, hd]; [T, kv·hd] -> [T, kv, hd]
-        let q = q.reshape([t, c.heads, hd])?;
-        let k = self.k_proj.forward(x)?.reshape([t, c.kv_heads, hd])?;
+        let k = self.k_proj.forward(x)?;
         let v = self.v_proj.forward(x)?;
-        let mut q = match &self.q_norm {
-            Some(n) => n.forward(&q)?,
-            None => q,
+        fn head_norm(n: Option<&RmsNorm>, hd: usize) -> Result<Option<HeadNorm<'_>>> {
+            n.map(|n| {
+                if n.dim() != hd {
+                    bail!(Shape, "q / k norm of width {} for head_dim {hd}", n.dim());
+                }
+                Ok(n.as_head())
+            })
+            .transpose()
+        }
+        let rope = &self.rope;
+        if rope.head_dim() != hd {
+            bail!(Shape, "rope of head_dim {} for attention head_dim {hd}", rope.head_dim());
+        }
+        let prep = QkPrep {
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: hd,
+            gated: c.output_gate,
+            q_norm: head_norm(self.q_norm.as_ref(), hd)?,
+            k_norm: head_norm(self.k_norm.as_ref(), hd)?,
+            rope: rope.args(),
         };
-        let mut k = match &self.k_norm {
-            Some(n) => n.forward(&k)?,
-            None => k,
-        };
-        self.rope.forward(&mut q, batch)?;
-        self.rope.forward(&mut k, batch)?;
+        // The gate split, the q / k norms and RoPE (one launch on CUDA): q [T, heads, hd],
+        // k [T, kv, hd], gate [T·heads, hd].
+        let QkPrepared { q, k, gate } = ops(&qg).qk_prep(qg, k, &prep, batch)?;
         let args = AttnArgs { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.scale, window: c.window };
         // [T, heads, hd]
         let mut out = ops(&q).attention(&q, &k, &v, &args, batch, kv)?;

@@ -19,6 +19,11 @@ impl RmsNorm {
         Self { w, eps, kind }
     }
 
+    /// This norm as the backend's per-head norm argument ([`crate::backend::QkPrep`]).
+    pub fn as_head(&self) -> crate::backend::HeadNorm<'_> {
+        crate::backend::HeadNorm { w: &self.w, eps: self.eps, kind: self.kind }
+    }
+
     pub fn dim(&self) -> usize {
         self.w.elem_count()
     }

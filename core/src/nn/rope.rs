@@ -176,18 +176,27 @@ impl Rope {
         Ok(crate::backend::cpu::rope_tables(&self.inv_freq()?, positions, self.attention_scaling, dtype))
     }
 
+    /// The head width this rotation is for.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// The backend's arguments of this rotation.
+    pub fn args(&self) -> RopeArgs<'_> {
+        RopeArgs {
+            inv_freq: &self.inv_freq,
+            rot_dim: self.rot_dim,
+            head_dim: self.head_dim,
+            scaling: self.attention_scaling,
+        }
+    }
+
     /// Rotates `x: [T, heads, head_dim]` in place at the batch's positions.
     pub fn forward(&self, x: &mut Tensor, batch: &Batch) -> Result<()> {
         if x.shape().len() != 3 || x.dim(2) != self.head_dim {
             bail!(Shape, "rope: expected [T, heads, {}], got {:?}", self.head_dim, x.shape());
         }
-        let args = RopeArgs {
-            inv_freq: &self.inv_freq,
-            rot_dim: self.rot_dim,
-            head_dim: self.head_dim,
-            scaling: self.attention_scaling,
-        };
-        ops(x).rope(x, &args, batch)
+        ops(x).rope(x, &self.args(), batch)
     }
 }
 

@@ -108,8 +108,17 @@ const PRELUDE: &str = include_str!("../../cuda/common.cuh");
 /// Embedding gather, SwiGLU, sigmoid gate, RoPE.
 pub(crate) static ELEMENTWISE: KernelSource =
     KernelSource { name: "elementwise.cu", code: include_str!("../../cuda/elementwise.cu") };
-/// RMSNorm: standard, zero-centred, gated.
-pub(crate) static NORM: KernelSource = KernelSource { name: "norm.cu", code: include_str!("../../cuda/norm.cu") };
+/// RMSNorm: standard, zero-centred, gated; an attention block's q / k norms, RoPE and gate
+/// split in one launch (qk_prep.cu).
+pub(crate) static NORM: KernelSource = KernelSource {
+    name: "norm.cu",
+    code: concat!(
+        "#line 1 \"norm.cu\"\n",
+        include_str!("../../cuda/norm.cu"),
+        "\n#line 1 \"qk_prep.cu\"\n",
+        include_str!("../../cuda/qk_prep.cu")
+    ),
+};
 /// MoE router, argmax (router.cu, after router_sel.cu: the one-warp router's selection as a
 /// device function, which the MOE and FP8 modules' direct gate+up kernels also run).
 pub(crate) static ROUTER: KernelSource = KernelSource {

@@ -90,6 +90,7 @@ mod moe_prefill;
 mod moe_route;
 mod norm_gemv;
 mod ops;
+mod qk_prep;
 
 pub use attention::{
     force_attn_decode, force_attn_decode_splits, force_attn_decode_timing, AttnDecode, AttnMode, AttnTc, DecodeTiming,
@@ -120,6 +121,7 @@ pub use moe_mma::{moe_dec_of_process, MoeDec, MOE_DEC_ENV};
 pub use moe_route::{MoeRouteDev, MoeRouter, MOE_ROUTER_ENV};
 pub use norm_gemv::{norm_gemv_enabled, NormGemvAdd, NORM_GEMV_ENV, NORM_GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
+pub use qk_prep::{qk_prep_enabled, QkNorm, QK_PREP_ENV, QK_PREP_MAX_HD};
 
 use cudarc::driver::sys::{self, CUfunction_attribute};
 use cudarc::driver::{

@@ -6,7 +6,7 @@
 //! addresses); nothing here waits for the device.
 
 use super::profile;
-use crate::backend::{AttnArgs, KvBuf, KvCache, NormKind, RopeArgs};
+use crate::backend::{qk_prep_composed, AttnArgs, HeadNorm, KvBuf, KvCache, NormKind, QkPrep, QkPrepared, RopeArgs};
 use crate::batch::{Batch, PageStep};
 use crate::error::Context;
 use crate::error::Result;
@@ -16,7 +16,7 @@ use crate::tensor::Tensor;
 use crate::{bail, err};
 use cudarc::driver::CudaSlice;
 use porter_kernels::cpu::kv_quant::KvQuant;
-use porter_kernels::cuda::{QuantPools, RmsNormKind};
+use porter_kernels::cuda::{qk_prep_enabled, QkNorm, QuantPools, RmsNormKind, QK_PREP_MAX_HD};
 use std::sync::Arc;
 
 // ---------------------------------------------------------------------------
@@ -138,6 +138,72 @@ pub fn rope(x: &mut Tensor, r: &RopeArgs<'_>, batch: &Batch) -> Result<()> {
         g.k.rope_neox::<T>(x.dev_mut::<T>()?, p, inv, t, heads, hd, rot, scale).map_err(cuda_err)
     }
     crate::by_dtype!(x.dtype(), go(&g, x, &positions, inv, (t, heads, hd, r.rot_dim), r.scaling))
+}
+
+/// [`crate::backend::Ops::qk_prep`]: one launch (`CudaKernels::qk_prep`) where the
+/// projections and the norm weights share one dtype and head_dim <= 512, the same values as
+/// the composition (which runs elsewhere, and with `PORTER_QK_PREP=apart`).
+///
+/// # Shapes
+/// `qg`: `[T, heads·hd·(1 + gated)]`, `k`: `[T, kv_heads·hd]` → [`QkPrepared`]
+pub fn qk_prep(qg: Tensor, k: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<QkPrepared> {
+    let dt = qg.dtype();
+    let one_dtype = k.dtype() == dt && [&p.q_norm, &p.k_norm].into_iter().flatten().all(|n| n.w.dtype() == dt);
+    if !one_dtype || p.head_dim > QK_PREP_MAX_HD || !qk_prep_enabled() {
+        return qk_prep_composed(&super::CudaOps, qg, k, p, batch);
+    }
+    let g = gpu_of(&qg, "qk_prep")?;
+    let _p = profile::span("qk_prep", &g);
+    let (t, hd) = (qg.rows(), p.head_dim);
+    let qw = hd * p.heads * if p.gated { 2 } else { 1 };
+    if qg.elem_count() != t * qw || k.elem_count() != t * p.kv_heads * hd {
+        bail!(
+            Shape,
+            "qk_prep: projections {:?} and {:?} for {} heads, {} kv heads of {hd}",
+            qg.shape(),
+            k.shape(),
+            p.heads,
+            p.kv_heads
+        );
+    }
+    let bd = batch_dev(&g, batch)?;
+    let positions = bd.positions();
+    let mut q = Tensor::empty_on(&g, [t, p.heads, hd], dt)?;
+    let mut ko = Tensor::empty_on(&g, [t, p.kv_heads, hd], dt)?;
+    let mut gate = if p.gated { Some(Tensor::empty_on(&g, [t * p.heads, hd], dt)?) } else { None };
+    #[allow(clippy::too_many_arguments)]
+    fn go<T: DevType>(
+        g: &Gpu,
+        (qg, k): (&Tensor, &Tensor),
+        (q, ko, gate): (&mut Tensor, &mut Tensor, Option<&mut Tensor>),
+        p: &QkPrep<'_>,
+        positions: &cudarc::driver::CudaView<'_, u32>,
+        t: usize,
+    ) -> Result<()> {
+        fn norm<'a, T: DevType>(n: Option<HeadNorm<'a>>) -> Result<Option<QkNorm<'a, T>>> {
+            n.map(|n| Ok(QkNorm { w: n.w.dev::<T>()?, eps: n.eps, kind: norm_kind(n.kind) })).transpose()
+        }
+        let (qn, kn) = (norm::<T>(p.q_norm)?, norm::<T>(p.k_norm)?);
+        let gate = gate.map(|g| g.dev_mut::<T>()).transpose()?;
+        let inv = p.rope.inv_freq.dev::<f32>()?;
+        let dims = [t, p.heads, p.kv_heads, p.head_dim, p.rope.rot_dim];
+        g.k.qk_prep::<T>(
+            qg.dev::<T>()?,
+            k.dev::<T>()?,
+            qn,
+            kn,
+            q.dev_mut::<T>()?,
+            ko.dev_mut::<T>()?,
+            gate,
+            positions,
+            inv,
+            dims,
+            p.rope.scaling,
+        )
+        .map_err(cuda_err)
+    }
+    crate::by_dtype!(dt, go(&g, (&qg, &k), (&mut q, &mut ko, gate.as_mut()), p, &positions, t))?;
+    Ok(QkPrepared { q, k: ko, gate })
 }
 
 /// `silu(g) · u` of a stacked `[T, 2I] = [gate | up]` → `[T, I]`.

@@ -13,7 +13,10 @@ pub mod profile;
 pub use blocks::CudaKv;
 pub use gdn::CudaRec;
 
-use super::{Act, AttnArgs, GdnArgs, GdnWeights, KvCache, MoeArgs, MoeShared, NormKind, Ops, RecCache, RopeArgs};
+use super::{
+    Act, AttnArgs, GdnArgs, GdnWeights, KvCache, MoeArgs, MoeShared, NormKind, Ops, QkPrep, QkPrepared, RecCache,
+    RopeArgs,
+};
 use crate::bail;
 use crate::batch::Batch;
 use crate::error::Result;
@@ -76,6 +79,9 @@ impl Ops for CudaOps {
     }
     fn rope(&self, x: &mut Tensor, rope: &RopeArgs<'_>, batch: &Batch) -> Result<()> {
         blocks::rope(x, rope, batch)
+    }
+    fn qk_prep(&self, qg: Tensor, k: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<QkPrepared> {
+        blocks::qk_prep(qg, k, p, batch)
     }
     fn swiglu(&self, gate_up: &Tensor, act: Act) -> Result<Tensor> {
         fused_silu(act, "swiglu")?;

@@ -1,0 +1,174 @@
+//! Launch wrapper of an attention block's query / key preparation in one kernel
+//! (kernels/cuda/qk_prep.cu): the per-head q / k RMSNorms, the partial NeoX RoPE and the split
+//! of a gated query projection into q and gate.
+
+use super::{opt_ptr, prod, row_threads, u32_of, CudaError, CudaFloat, CudaKernels, Result, RmsNormKind, NORM};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+
+/// Environment variable: `apart` runs an attention block's query / key preparation as the
+/// separate launches (column copies, norms, RoPEs) instead of [`CudaKernels::qk_prep`], for
+/// A/B; `fused` or unset is the default (read once; another value warns once and means the
+/// default).
+pub const QK_PREP_ENV: &str = "PORTER_QK_PREP";
+
+/// Whether [`QK_PREP_ENV`]'s value `v` asks for the one launch (`Err`: the value, unknown).
+fn fused_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
+    let Some(v) = v else { return Ok(true) };
+    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
+        "" | "fused" => Ok(true),
+        "apart" => Ok(false),
+        _ => Err(v.to_string_lossy().into_owned()),
+    }
+}
+
+/// Whether the backend prepares q / k in one launch ([`QK_PREP_ENV`], read once).
+pub fn qk_prep_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        fused_from(std::env::var_os(QK_PREP_ENV).as_deref()).unwrap_or_else(|bad| {
+            eprintln!("warning: {QK_PREP_ENV}={bad:?} is not one of fused, apart; using fused");
+            true
+        })
+    })
+}
+
+/// Largest head dim of [`CudaKernels::qk_prep`] (one element a thread of a 512-thread block).
+pub const QK_PREP_MAX_HD: usize = 512;
+
+/// One head norm of [`CudaKernels::qk_prep`]: its `[hd]` weight, epsilon and formula.
+#[derive(Clone, Copy)]
+pub struct QkNorm<'a, T> {
+    /// `[hd]`.
+    pub w: &'a CudaSlice<T>,
+    pub eps: f32,
+    pub kind: RmsNormKind,
+}
+
+impl CudaKernels {
+    /// The query / key preparation of an attention block in one launch, with the values of
+    /// [`CudaKernels::rms_norm`] (per head, when a norm is given) followed by
+    /// [`CudaKernels::rope_neox`], bit for bit; with `gate_out`, `qg` holds per head
+    /// `[q | gate]` (Qwen3-Next's gated query projection) and the gate is copied out unchanged.
+    ///
+    /// # Shapes
+    /// - `qg`: `[t, heads, hd · (1 + gated)]`, `k`: `[t, kvh, hd]` (`T`)
+    /// - `positions`: `[t]`, `inv_freq`: `[rot_dim / 2]` (`f32`)
+    /// - `q_out`: `[t, heads, hd]`, `k_out`: `[t, kvh, hd]`, `gate_out`: `[t, heads, hd]` (`T`)
+    ///
+    /// # Errors
+    /// [`CudaError::Invalid`] on a length mismatch, `hd` of 0 or above [`QK_PREP_MAX_HD`], or a
+    /// `rot_dim` that is odd or above `hd`; driver errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_prep<T: CudaFloat>(
+        &self,
+        qg: &impl DevicePtr<T>,
+        k: &impl DevicePtr<T>,
+        q_norm: Option<QkNorm<'_, T>>,
+        k_norm: Option<QkNorm<'_, T>>,
+        q_out: &mut impl DevicePtrMut<T>,
+        k_out: &mut impl DevicePtrMut<T>,
+        gate_out: Option<&mut CudaSlice<T>>,
+        positions: &impl DevicePtr<u32>,
+        inv_freq: &impl DevicePtr<f32>,
+        dims: [usize; 5],
+        attn_scale: f32,
+    ) -> Result<()> {
+        let [t, heads, kvh, hd, rot_dim] = dims;
+        if hd == 0 || hd > QK_PREP_MAX_HD || rot_dim == 0 || !rot_dim.is_multiple_of(2) || rot_dim > hd {
+            return Err(CudaError::Invalid(format!(
+                "qk_prep: head_dim {hd} (at most {QK_PREP_MAX_HD}), rot_dim {rot_dim}"
+            )));
+        }
+        let gated = gate_out.is_some();
+        self.check("qg", qg, prod(&[t, heads, hd, if gated { 2 } else { 1 }])?)?;
+        self.check("k", k, prod(&[t, kvh, hd])?)?;
+        self.check("q_out", q_out, prod(&[t, heads, hd])?)?;
+        self.check("k_out", k_out, prod(&[t, kvh, hd])?)?;
+        if let Some(g) = gate_out.as_deref() {
+            self.check("gate_out", g, prod(&[t, heads, hd])?)?;
+        }
+        for n in [&q_norm, &k_norm].into_iter().flatten() {
+            self.check("norm weight", n.w, hd)?;
+        }
+        self.check("positions", positions, t)?;
+        self.check("inv_freq", inv_freq, rot_dim / 2)?;
+        if t == 0 || heads + kvh == 0 {
+            return Ok(());
+        }
+        let bits = |n: &Option<QkNorm<'_, T>>| match n {
+            None => 0u32,
+            Some(n) => 1 | (u32::from(n.kind == RmsNormKind::ZeroCentred) << 1),
+        };
+        let flags = bits(&q_norm) | (bits(&k_norm) << 2) | (u32::from(gated) << 4);
+        let eps = |n: &Option<QkNorm<'_, T>>| n.as_ref().map_or(0.0, |n| n.eps);
+        let (q_eps, k_eps) = (eps(&q_norm), eps(&k_norm));
+        let s = &*self.stream;
+        let (qw, _gq) = opt_ptr(q_norm.as_ref().map(|n| n.w), s);
+        let (kw, _gk) = opt_ptr(k_norm.as_ref().map(|n| n.w), s);
+        let (go, _gg) = match gate_out {
+            Some(g) => {
+                let (p, guard) = g.device_ptr_mut(s);
+                (p, Some(guard))
+            }
+            None => (0, None),
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of("heads + kv_heads", heads + kvh)?, u32_of("t", t)?, 1),
+            // rms_norm's block for a row of hd: its block_sum runs over the same threads.
+            block_dim: (row_threads(hd, 512), 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (h32, kv32, hd32, half32) = (
+            u32_of("heads", heads)?,
+            u32_of("kv_heads", kvh)?,
+            u32_of("head_dim", hd)?,
+            u32_of("rot_dim", rot_dim / 2)?,
+        );
+        // SAFETY: arguments match `qk_prep_<T>` in qk_prep.cu; lengths checked above (the norm
+        // weights and the gate output are null exactly when their flag bit is clear, and never
+        // read or written then); hd <= 512 = the kernel's row buffer and block bound.
+        // Kernel: `qk_prep_<T>(const T* qg, const T* k, const T* qw, const T* kw, T* q_out,
+        // T* k_out, T* gate_out, const u32* positions, const float* inv_freq, u32 heads, u32 kvh,
+        // u32 hd, u32 half, float attn_scale, float q_eps, float k_eps, u32 flags)`.
+        unsafe {
+            launch!(
+                self,
+                NORM,
+                format!("qk_prep_{}", T::NAME),
+                cfg,
+                [
+                    ptr(qg),
+                    ptr(k),
+                    qw,
+                    kw,
+                    ptr_mut(q_out),
+                    ptr_mut(k_out),
+                    go,
+                    ptr(positions),
+                    ptr(inv_freq),
+                    h32,
+                    kv32,
+                    hd32,
+                    half32,
+                    attn_scale,
+                    q_eps,
+                    k_eps,
+                    flags
+                ]
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qk_prep_env_values() {
+        assert_eq!(fused_from(None), Ok(true));
+        assert_eq!(fused_from(Some(" Fused ".as_ref())), Ok(true));
+        assert_eq!(fused_from(Some("apart".as_ref())), Ok(false));
+        assert!(fused_from(Some("off".as_ref())).is_err());
+    }
+}
