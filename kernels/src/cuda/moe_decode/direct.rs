@@ -150,11 +150,14 @@ impl CudaKernels {
         // The in-flight kernel (in the down-L2 form it sets the routed rows' L2 priority back
         // after reading them, as the direct kernel does): ids from the separate router (read
         // before its PDL wait), h and h_s staged, the shared row (if any) one more row of the
-        // routed length, and the rows within its registers.
+        // routed length, and the rows within its registers. Never with the fused router, in
+        // any down form: its ids and weights are the gate+up launch's own output (`late` is set
+        // only where the form prefetches, so testing it let the legacy form through: the ids
+        // and weights read before the wait were stale, cuda_moe_route's Special rows at t = 1).
         let fp8 = c.kind == "fp8_";
         let wbytes = if fp8 { 1 } else { c.esize };
         let inflight = downa_env()
-            && late == 0
+            && c.route.is_none()
             && stage_h
             && (mode == 0 || (mode == 1 && stage_s))
             && downa_fits(fp8, wbytes, inter, k + usize::from(mode == 1));
