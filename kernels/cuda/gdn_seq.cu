@@ -363,12 +363,25 @@ __device__ __forceinline__ bool delta_span_ok(const u32* sp, u32 t, u32 num_slot
     return sp[2] < num_slots && sp[3] < nbuf && (u64)sp[0] + sp[1] <= t && (sp[4] == 0 || sp[1] <= nbuf);
 }
 
+// The gated RMSNorm with SiLU(z) taken into gdn_delta_seq (out == nullptr: none): z at
+// columns zoff + j·dv of row r of z [t, z_stride] (T), weight w [dv] (T), the normalised rows
+// to out [t, hv, dv] (T); counters [n_spans, hv] (u32, zero between launches).
+template <typename T>
+struct DeltaNorm {
+    const T* z;
+    u32 z_stride, zoff;
+    const T* w;
+    float eps;
+    T* out;
+    u32* counters;
+};
+
 template <typename T, int R>
 __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__ qkv, const float* __restrict__ g,
                                                    const float* __restrict__ beta, float* __restrict__ state,
                                                    const u32* __restrict__ spans, T* __restrict__ out, u32 t,
                                                    u32 hk, u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P,
-                                                   float q_scale) {
+                                                   float q_scale, const DeltaNorm<T> nz) {
     extern __shared__ float4 ds_smem4[];
     float* smem = reinterpret_cast<float*>(ds_smem4);
     const u32 nt = blockDim.x, tid = threadIdx.x, lane = tid & 31u, wid = tid >> 5, nw = nt >> 5;
@@ -401,7 +414,10 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
     if (!span_ok) {
         if (part == 0 && active) {
             const u64 e = (u64)row0 + len < t ? (u64)row0 + len : t;
-            for (u64 r = row0; r < e; ++r) out[(r * hv + j) * dv + c] = from_f<T>(PORTER_NAN);
+            for (u64 r = row0; r < e; ++r) {
+                out[(r * hv + j) * dv + c] = from_f<T>(PORTER_NAN);
+                if (nz.out) nz.out[(r * hv + j) * dv + c] = from_f<T>(PORTER_NAN);
+            }
         }
         return;
     }
@@ -443,13 +459,40 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
         }
     }
     if (!snap && active) store_rows<R>(S, slot_base + (u64)src * bufs, part, dk, dv, c);
+    if (nz.out) {
+        // The gated norm of the span's rows of head j, by the last of the head's gridDim.x
+        // column blocks to finish (an atomic count per (span, head), set back to zero by it):
+        // every block's rows of `out` are visible to it (each thread fences its own writes
+        // before the count, the last block fences after it), and one warp a row runs
+        // gated_norm_row as gated_norm_z does, so the bits are gated_norm_z's.
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            u32* cn = nz.counters + (u64)blockIdx.z * hv + j;
+            const int l = atomicAdd(cn, 1u) == gridDim.x - 1;
+            if (l) atomicExch(cn, 0u);
+            last = l;
+        }
+        __syncthreads();
+        if (last) {
+            __threadfence();
+            for (u32 tt = wid; tt < len; tt += nw) {
+                const u64 r = (u64)row0 + tt;
+                gated_norm_row<T>(out + (r * hv + j) * dv, nz.z + r * nz.z_stride + nz.zoff + (u64)j * dv, nz.w,
+                                  nz.out + (r * hv + j) * dv, dv, nz.eps, lane);
+            }
+        }
+    }
 }
 
 #define GDN_DELTA_SEQ(T, NAME, R)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256) gdn_delta_seq_r##R##_##NAME(                                 \
         const float* qkv, const float* g, const float* beta, float* state, const u32* spans, T* out, u32 t, u32 hk, \
-        u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P, float q_scale) {                                   \
-        gdn_delta_seq_impl_pdl<T, R>(qkv, g, beta, state, spans, out, t, hk, hv, dk, dv, num_slots, nbuf, P, q_scale);  \
+        u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P, float q_scale, const T* nz_z, u32 nz_z_stride,     \
+        u32 nz_zoff, const T* nz_w, float nz_eps, T* nz_out, u32* nz_counters) {                                   \
+        gdn_delta_seq_impl_pdl<T, R>(qkv, g, beta, state, spans, out, t, hk, hv, dk, dv, num_slots, nbuf, P, q_scale, \
+                                     DeltaNorm<T>{nz_z, nz_z_stride, nz_zoff, nz_w, nz_eps, nz_out, nz_counters});  \
     }
 #define GDN_DELTA_SEQ_ALL(R) GDN_DELTA_SEQ(float, f32, R) GDN_DELTA_SEQ(bf16, bf16, R) GDN_DELTA_SEQ(f16, f16, R)
 GDN_DELTA_SEQ_ALL(16)

@@ -293,6 +293,7 @@ fn chunk_case<T: CudaFloat>(
             d.dv,
             num_slots,
             nbuf,
+            None,
         )
         .expect("gdn_delta_seq");
         let what = format!("chunked {} {d:?} call {ci} spans {spans:?}", T::NAME);
@@ -510,7 +511,7 @@ fn prefill_80b<T: CudaFloat>(
     let flop = rows * (10.0 * c * dkf + 6.0 * dkf * dvf);
     let stage_flop = [0.0, rows * 6.0 * c * dkf, rows * 4.0 * dkf * dvf, rows * (4.0 * c * dkf + 2.0 * dkf * dvf)];
     let seq_us = gpu_us(k, &mut hold, || {
-        k.gdn_delta_seq(&dq, &dg, &db, &mut dstate, &dsp, &mut out, t, n, max_len, hk, hv, dk, dv, num_slots, 1)
+        k.gdn_delta_seq(&dq, &dg, &db, &mut dstate, &dsp, &mut out, t, n, max_len, hk, hv, dk, dv, num_slots, 1, None)
             .expect("gdn_delta_seq");
     });
     let forms: &[GdnChunkForm] = if T::NAME == "f32" {

@@ -189,6 +189,7 @@ fn call<T: CudaFloat>(
         g.dv,
         g.slots,
         g.nbuf(),
+        None,
     )
     .expect("gdn_delta_seq");
     k.gated_norm_z::<T>(&o, x, norm_w, &mut out_c, t, hv, g.dv, xs, conv, EPS).expect("gated_norm_z");
@@ -431,7 +432,7 @@ fn cuda_gdn_fused_80b_timing() {
             )
             .expect("conv");
             k.gdn_delta_seq::<bf16>(
-                &qkv, &gate, &beta, sc, &dt, &mut o, t, batch, 1, g.hk, g.hv, g.dk, g.dv, g.slots, 1,
+                &qkv, &gate, &beta, sc, &dt, &mut o, t, batch, 1, g.hk, g.hv, g.dk, g.dv, g.slots, 1, None,
             )
             .expect("delta");
             k.gated_norm_z::<bf16>(&o, &x, &norm_w, &mut out, t, g.hv, g.dv, g.x_stride(), conv, EPS).expect("norm");

@@ -19,7 +19,7 @@ use common::*;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::{bf16, f16};
 use porter_kernels::cpu::gdn;
-use porter_kernels::cuda::{self, CudaFloat, CudaKernels, KernelSource};
+use porter_kernels::cuda::{self, CudaFloat, CudaKernels, DeltaNorm, KernelSource};
 use std::time::Instant;
 
 // ---------------------------------------------------------------------------
@@ -507,6 +507,7 @@ fn delta_case<T: CudaFloat>(
         let want: Vec<f32> = rnd_vec::<T>(&delta_ref(d, &qkv, &g, &beta, &mut state, spans, nbuf));
         let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
+        let mut dstate_n = k.stream().clone_dtod(&dstate).expect("dtod");
         k.gdn_delta_seq(
             &dq,
             &dg,
@@ -523,11 +524,50 @@ fn delta_case<T: CudaFloat>(
             d.dv,
             num_slots,
             nbuf,
+            None,
         )
         .expect("gdn_delta_seq");
         let what = format!("delta_seq {} {d:?} call {ci} spans {spans:?}", T::NAME);
         check(&format!("{what}: out"), &down(k, &out), &want, tol::<T>());
         check(&format!("{what}: state"), &down(k, &dstate), &state, TOL_F32);
+        // The gated norm taken into the launch: its rows are gated_norm_z's of the output, bit
+        // for bit; the output and the state are the plain launch's; the counters end at zero.
+        let (zoff, pw) = (3, 3 + d.hv * d.dv + 5);
+        let (dz, dw) = (up::<T>(k, &rng.vec(t * pw, 2.0)), up::<T>(k, &rng.vec(d.dv, 1.0)));
+        let mut want_n = poisoned::<T>(k, t * d.hv * d.dv);
+        k.gated_norm_z::<T>(&out, &dz, &dw, &mut want_n, t, d.hv, d.dv, pw, zoff, 1e-6).expect("gated_norm_z");
+        let (mut out_n, mut normed) = (poisoned::<T>(k, t * d.hv * d.dv), poisoned::<T>(k, t * d.hv * d.dv));
+        let mut counters = up_u32(k, &vec![0; spans.len() * d.hv + 3]);
+        let norm =
+            DeltaNorm { z: &dz, z_stride: pw, zoff, w: &dw, eps: 1e-6, out: &mut normed, counters: &mut counters };
+        let dims = (t, spans.len(), max_len, d.hk, d.hv, d.dk, d.dv);
+        k.gdn_delta_seq(
+            &dq,
+            &dg,
+            &db,
+            &mut dstate_n,
+            &dsp,
+            &mut out_n,
+            dims.0,
+            dims.1,
+            dims.2,
+            dims.3,
+            dims.4,
+            dims.5,
+            dims.6,
+            num_slots,
+            nbuf,
+            Some(norm),
+        )
+        .expect("gdn_delta_seq with the norm");
+        // Bits, every NaN as one (rows outside every span keep their poison, a refused span's
+        // rows are NaN in both, with different payloads).
+        let bits =
+            |v: Vec<f32>| v.into_iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>();
+        assert_eq!(bits(down(k, &out_n)), bits(down(k, &out)), "{what}: output with the norm taken in");
+        assert_eq!(bits(down(k, &dstate_n)), bits(down(k, &dstate)), "{what}: state with the norm taken in");
+        assert_eq!(bits(down(k, &normed)), bits(down(k, &want_n)), "{what}: normed rows against gated_norm_z");
+        assert!(down_u32(k, &counters).iter().all(|&c| c == 0), "{what}: counters left non-zero");
     }
 }
 
@@ -689,7 +729,7 @@ fn real_case<T: CudaFloat>(
     let mut out = poisoned::<T>(k, t * hv * d.dv);
     let delta = |out: &mut CudaSlice<T>, dstate: &mut CudaSlice<f32>| {
         k.gdn_delta_seq(
-            &cd.out, &cd.g, &cd.beta, dstate, &dsp, out, t, n, max_len, d.hk, hv, d.dk, d.dv, num_slots, nbuf,
+            &cd.out, &cd.g, &cd.beta, dstate, &dsp, out, t, n, max_len, d.hk, hv, d.dk, d.dv, num_slots, nbuf, None,
         )
         .expect("delta")
     };

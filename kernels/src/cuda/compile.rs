@@ -224,9 +224,10 @@ pub(crate) static MOE_WGMMA: KernelSource =
 pub(crate) static GDN_SEQ: KernelSource = KernelSource {
     name: "gdn_seq.cu",
     code: concat!(
-        include_str!("../../cuda/gdn_seq.cu"),
-        "\n#line 1 \"gdn_norm.cu\"\n",
+        "#line 1 \"gdn_norm.cu\"\n",
         include_str!("../../cuda/gdn_norm.cu"),
+        "\n#line 1 \"gdn_seq.cu\"\n",
+        include_str!("../../cuda/gdn_seq.cu"),
         "\n#line 1 \"gdn_fused.cu\"\n",
         include_str!("../../cuda/gdn_fused.cu")
     ),

@@ -262,7 +262,9 @@ impl CudaKernels {
         let (rk, ct, smem_state, smem_out) = gc_smem(dk, dv);
         if tc.is_none() && smem_state.max(smem_out) > self.caps().smem_limit() {
             return self
-                .gdn_delta_seq(qkv, g, beta, state, spans, out, t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf)
+                .gdn_delta_seq(
+                    qkv, g, beta, state, spans, out, t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf, None,
+                )
                 .map(|_| GDN_FORMS[2]);
         }
         // Valid spans are disjoint rows of 0..t, so they have at most

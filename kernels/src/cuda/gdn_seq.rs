@@ -3,8 +3,8 @@
 //! consecutive rows in the batch; per-sequence state lives in pools indexed by
 //! slot. Semantics of [`crate::cpu::gdn`].
 
-use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
+use super::{opt_ptr, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Most rows per block of the conv kernel (`CONV_ROWS` in gdn_seq.cu).
 const CONV_ROWS: usize = 16;
@@ -317,8 +317,28 @@ impl CudaKernels {
         dv: usize,
         num_slots: usize,
         nbuf: usize,
+        norm: Option<DeltaNorm<'_, T>>,
     ) -> Result<()> {
         let dims = DeltaDims { t, n_spans, max_len, hk, hv, dk, dv, num_slots, nbuf };
+        if let Some(nz) = &norm {
+            let width = prod(&[hv, dv])?;
+            if nz.zoff.checked_add(width).is_none_or(|e| e > nz.z_stride) {
+                return Err(CudaError::Invalid(format!(
+                    "gdn_delta_seq: z columns {}..{}+{width} exceed the row width {}",
+                    nz.zoff, nz.zoff, nz.z_stride
+                )));
+            }
+            self.check("z", nz.z, prod(&[t, nz.z_stride])?)?;
+            self.check("norm weight", nz.w, dv)?;
+            self.check("normed out", &*nz.out, prod(&[t, hv, dv])?)?;
+            let need = prod(&[n_spans, hv])?;
+            if nz.counters.len() < need {
+                return Err(CudaError::Invalid(format!(
+                    "gdn_delta_seq: {} norm counters, {need} needed",
+                    nz.counters.len()
+                )));
+            }
+        }
         if !self.check_delta_args("gdn_delta_seq", (GDN_SEQ_MAX_DK, None), qkv, g, beta, &*state, spans, &*out, dims)? {
             return Ok(());
         }
@@ -350,13 +370,31 @@ impl CudaKernels {
             p as u32,
         );
         let q_scale = 1.0 / (dk as f32).sqrt();
+        let s = &*self.stream;
+        let (z, w, zs, zoff, eps) = match &norm {
+            Some(nz) => (Some(nz.z), Some(nz.w), u32_of("z stride", nz.z_stride)?, u32_of("zoff", nz.zoff)?, nz.eps),
+            None => (None, None, 0, 0, 0.0),
+        };
+        let (pz, _gz) = opt_ptr(z, s);
+        let (pw, _gw) = opt_ptr(w, s);
+        let (po, pc, _go, _gc) = match norm {
+            Some(nz) => {
+                let (po, go) = nz.out.device_ptr_mut(s);
+                let (pc, gc) = nz.counters.device_ptr_mut(s);
+                (po, pc, Some(go), Some(gc))
+            }
+            None => (0, 0, None, None),
+        };
         // SAFETY: arguments match `gdn_delta_seq_r<R>_<T>` in gdn_seq.cu; lengths
         // checked; R·P >= dk; the shared memory size is the kernel's layout for
         // (P, R, blockDim / P columns) and stays below 48 KiB (dk <= 256); the
-        // kernel bounds-checks every span before using it.
+        // kernel bounds-checks every span before using it. The norm's pointers are all null
+        // (no norm) or all set, with the lengths checked above (counters zero between launches:
+        // the last block of each (span, head) sets its count back).
         // Kernel: `gdn_delta_seq_r<R>_<T>(const float* qkv, const float* g, const float* beta, float* state,
         // const u32* spans, T* out, u32 t, u32 hk, u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P,
-        // float q_scale)`.
+        // float q_scale, const T* nz_z, u32 nz_z_stride, u32 nz_zoff, const T* nz_w, float nz_eps, T* nz_out,
+        // u32* nz_counters)`.
         unsafe {
             launch!(
                 self,
@@ -378,11 +416,36 @@ impl CudaKernels {
                     slots32,
                     nbuf32,
                     p32,
-                    q_scale
+                    q_scale,
+                    pz,
+                    zs,
+                    zoff,
+                    pw,
+                    eps,
+                    po,
+                    pc
                 ]
             )
         }
     }
+}
+
+/// The gated RMSNorm with SiLU(z) that [`CudaKernels::gdn_delta_seq`] may apply to its output
+/// rows (`gated_norm_z`'s values, bit for bit), by the last column block of each (span, value
+/// head).
+///
+/// # Shapes
+/// - `z`: `[t, z_stride]` (`T`; z of head `j` at columns `zoff + j·dv ..`), `w`: `[dv]` (`T`)
+/// - `out`: `[t, hv, dv]` (`T`), `counters`: at least `[n_spans, hv]` (`u32`, zero between
+///   launches and left so)
+pub struct DeltaNorm<'a, T> {
+    pub z: &'a CudaSlice<T>,
+    pub z_stride: usize,
+    pub zoff: usize,
+    pub w: &'a CudaSlice<T>,
+    pub eps: f32,
+    pub out: &'a mut CudaSlice<T>,
+    pub counters: &'a mut CudaSlice<u32>,
 }
 
 /// The sizes of one delta-rule call ([`CudaKernels::gdn_delta_seq`],

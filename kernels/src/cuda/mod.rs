@@ -112,6 +112,7 @@ pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV, GDN_WU_OCC_ENV}
 pub use gdn_fused::{
     gdn_fused_enabled, GdnFusedDims, GdnFusedShape, GDN_FUSED_ENV, GDN_FUSED_LANES_ENV, GDN_FUSED_MAX_KEY_HEADS,
 };
+pub use gdn_seq::DeltaNorm;
 pub use knockout::{parse_rules as knockout_rules, KNOCKIN_ENV, KNOCKOUT_ENV, LAUNCH_TRACE_ENV};
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GemvKind, GEMV_MAX_ROWS};

@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::tensor::cuda::{alloc, cuda_err, gpu_of, DevType, Gpu};
 use crate::tensor::Tensor;
 use cudarc::driver::{CudaSlice, CudaView};
-use porter_kernels::cuda::{CudaKernels, GdnFusedDims, GDN_FUSED_MAX_KEY_HEADS};
+use porter_kernels::cuda::{CudaKernels, DeltaNorm, GdnFusedDims, GDN_FUSED_MAX_KEY_HEADS};
 use std::sync::Arc;
 
 /// Device conv windows and SSM states of one Gated DeltaNet layer for every slot (the
@@ -312,8 +312,32 @@ pub fn gdn_gated(
     if takes && norm_w.dtype() == p.dtype() && porter_kernels::cuda::gdn_fused_enabled() {
         return gdn_run(p, ba, w, c, batch, cache, Some((norm_w, eps, lanes)));
     }
+    // The gated norm inside the recurrent delta-rule launch (its last column block of each
+    // head; `gdn_run` falls back to the separate launch when a span takes the chunked path).
+    if norm_w.dtype() == p.dtype() && hv <= GDN_FUSED_MAX_KEY_HEADS && delta_norm_enabled() {
+        return gdn_run_with(p, ba, w, c, batch, cache, None, Some((norm_w, eps)));
+    }
     let core = gdn(p, ba, w, c, batch, cache)?;
     gated_norm(&core, p, norm_w, c.conv_dim(), eps)
+}
+
+/// Environment variable: `apart` runs the Gated DeltaNet decode's gated RMSNorm as a launch of
+/// its own (`gated_norm_z`) instead of inside the recurrent delta rule's launch
+/// (`gdn_delta_seq` with a [`porter_kernels::cuda::DeltaNorm`]); `delta` or unset is the
+/// default. Read once; another value warns once and means the default.
+pub const GDN_NORM_ENV: &str = "PORTER_GDN_NORM";
+
+/// Whether [`GDN_NORM_ENV`] leaves the gated norm inside the delta rule's launch.
+fn delta_norm_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var(GDN_NORM_ENV).ok().as_deref().map(str::trim) {
+        None | Some("") | Some("delta") => true,
+        Some("apart") => false,
+        Some(v) => {
+            eprintln!("warning: {GDN_NORM_ENV}={v:?} is not one of delta, apart; using delta");
+            true
+        }
+    })
 }
 
 /// [`gdn`] (`fuse` = `None`: returns the core `[T·Hv, dv]`), or [`gdn_gated`]'s fused form
@@ -328,6 +352,23 @@ fn gdn_run(
     batch: &Batch,
     cache: &mut RecCache,
     fuse: Option<(&Tensor, f32, usize)>,
+) -> Result<Tensor> {
+    gdn_run_with(p, ba, w, c, batch, cache, fuse, None)
+}
+
+/// [`gdn_run`], or with `delta_norm` (the gated norm's weight and epsilon; `fuse` is `None`)
+/// the normalised `[T·Hv, dv]`: from inside the recurrent delta rule's launch when every span
+/// is recurrent, else by the separate gated norm.
+#[allow(clippy::too_many_arguments)]
+fn gdn_run_with(
+    p: &Tensor,
+    ba: Option<&Tensor>,
+    w: &GdnWeights<'_>,
+    c: &GdnArgs,
+    batch: &Batch,
+    cache: &mut RecCache,
+    fuse: Option<(&Tensor, f32, usize)>,
+    delta_norm: Option<(&Tensor, f32)>,
 ) -> Result<Tensor> {
     let g = gpu_of(p, "gated_delta_net")?;
     let _p = profile::span("gated_delta_net core", &g);
@@ -357,6 +398,11 @@ fn gdn_run(
     let chunk = (gt.chunk / 5, gt.chunk_max, chunk);
     let (win, nbuf) = (window, spec + 1);
     let three = fuse.is_none() || chunk.0 > 0;
+    // The gated norm inside the delta rule's launch: only when no span is chunked.
+    let mut in_delta = match delta_norm {
+        Some((nw, eps)) if chunk.0 == 0 => Some((nw, eps, Tensor::empty_on(&g, [t * hv, dv], p.dtype())?)),
+        _ => None,
+    };
     let o = if three {
         let mut o = Tensor::empty_on(&g, [t * hv, dv], p.dtype())?;
         let mut qkv = alloc::<f32>(&g, t * conv)?;
@@ -375,6 +421,7 @@ fn gdn_run(
                 &mut qkv,
                 (&mut gate, &mut beta),
                 &mut o,
+                in_delta.as_mut().map(|(nw, eps, normed)| (&**nw, *eps, normed)),
                 (t, win, nbuf)
             )
         )?;
@@ -382,6 +429,12 @@ fn gdn_run(
     } else {
         None
     };
+    if let Some((_, _, normed)) = in_delta {
+        return Ok(normed);
+    }
+    if let (Some((nw, eps)), Some(o)) = (delta_norm, &o) {
+        return gated_norm(o, p, nw, conv, eps);
+    }
     let Some((norm_w, eps, lanes)) = fuse else {
         return o.ok_or_else(|| crate::err!(Internal, "Gated DeltaNet: no launch ran"));
     };
@@ -461,6 +514,7 @@ fn three_launches<T: DevType>(
     qkv: &mut CudaSlice<f32>,
     gb: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     o: &mut Tensor,
+    mut norm: Option<(&Tensor, f32, &mut Tensor)>,
     dims: (usize, usize, usize),
 ) -> Result<()> {
     let (conv_spans, n, rec, chunk) = spans;
@@ -533,8 +587,44 @@ fn three_launches<T: DevType>(
             }
             continue;
         }
-        let launch = if chunked { CudaKernels::gdn_chunked_seq::<T> } else { CudaKernels::gdn_delta_seq::<T> };
-        launch(&g.k, qkv, gate, beta, &mut rc.ssm, sp, o.dev_mut::<T>()?, t, *cnt, *max, hk, hv, dk, dv, ns, nbuf)
+        if chunked {
+            g.k.gdn_chunked_seq::<T>(
+                qkv,
+                gate,
+                beta,
+                &mut rc.ssm,
+                sp,
+                o.dev_mut::<T>()?,
+                t,
+                *cnt,
+                *max,
+                hk,
+                hv,
+                dk,
+                dv,
+                ns,
+                nbuf,
+            )
+            .map_err(cuda_err)?;
+            continue;
+        }
+        // The gated norm by the delta rule's launch (`gdn_run_with`: no span is chunked).
+        let (norm, out) = match norm.as_mut() {
+            Some((nw, eps, normed)) => {
+                let dn = DeltaNorm {
+                    z: p.dev::<T>()?,
+                    z_stride: p.last_dim(),
+                    zoff: c.conv_dim(),
+                    w: nw.dev::<T>()?,
+                    eps: *eps,
+                    out: normed.dev_mut::<T>()?,
+                    counters: &mut rc.counters,
+                };
+                (Some(dn), o.dev_mut::<T>()?)
+            }
+            None => (None, o.dev_mut::<T>()?),
+        };
+        g.k.gdn_delta_seq::<T>(qkv, gate, beta, &mut rc.ssm, sp, out, t, *cnt, *max, hk, hv, dk, dv, ns, nbuf, norm)
             .map_err(cuda_err)?;
     }
     Ok(())
