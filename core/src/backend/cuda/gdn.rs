@@ -314,12 +314,22 @@ pub fn gdn_gated(
     }
     // The gated norm inside the recurrent delta-rule launch (its last column block of each
     // head; `gdn_run` falls back to the separate launch when a span takes the chunked path).
-    if norm_w.dtype() == p.dtype() && hv <= GDN_FUSED_MAX_KEY_HEADS && delta_norm_enabled() {
+    if norm_w.dtype() == p.dtype()
+        && hv <= GDN_FUSED_MAX_KEY_HEADS
+        && n_rec <= DELTA_NORM_MAX_SPANS
+        && delta_norm_enabled()
+    {
         return gdn_run_with(p, ba, w, c, batch, cache, None, Some((norm_w, eps)));
     }
     let core = gdn(p, ba, w, c, batch, cache)?;
     gated_norm(&core, p, norm_w, c.conv_dim(), eps)
 }
+
+/// Most recurrent spans (sequences) of a step whose gated norm runs inside the delta rule's
+/// launch: on the H100 (session 24) it gained ≈ 1 % at batch 1, nothing at 8, and lost ≈ 1 %
+/// at 64 (a last block's row of norm per (sequence, head) after an atomic count, against one
+/// launch spreading 2,048 rows), so larger batches keep the separate launch.
+const DELTA_NORM_MAX_SPANS: usize = 8;
 
 /// Environment variable: `apart` runs the Gated DeltaNet decode's gated RMSNorm as a launch of
 /// its own (`gated_norm_z`) instead of inside the recurrent delta rule's launch
