@@ -61,14 +61,6 @@ __device__ __forceinline__ u32 adec_ks_log2(u64 ctx, u32 ks_min_log2, u32 nsplit
 // The window's first key of position p (0 without a window).
 __device__ __forceinline__ u32 adec_lo(u32 p, u32 window) { return (window != 0 && p + 1 > window) ? p + 1 - window : 0; }
 
-// The output gate of Qwen3-Next's gated attention taken into the output write (gate null:
-// none): e · round(σ(gate)), rounded, the values of sigmoid_gate_mul (elementwise.cu) on the
-// rounded output; gate [t, heads, DP] (T) indexed as out.
-template <typename T>
-__device__ __forceinline__ T adec_gated(T e, const T* __restrict__ gate, u64 i) {
-    return gate ? from_f<T>(to_f(e) * round_to<T>(sigmoid_f(to_f(gate[i])))) : e;
-}
-
 // Programmatic dependent launch (sm_90+; no-ops below, and when the grid was not launched
 // with the attribute): the V2 split kernel lets the V2 combine launch once every block is
 // past its key loop; the combine reads its own inputs (spans), then waits for the split
@@ -96,8 +88,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
                                           const T* __restrict__ vpool, const u32* __restrict__ tables,
                                           const u32* __restrict__ spans, T* __restrict__ out, float* __restrict__ part,
                                           u32 t, u32 heads, u32 kvh, float scale, u32 window, PagedKv kv, u32 qcap,
-                                          u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags,
-                                          const T* __restrict__ gate) {
+                                          u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) {
 #if defined(PORTER_SM80)
     static_assert(DP == 64 || DP == 128 || DP == 256, "head dim");
     static_assert(ST >= 2 && ST <= 4, "stages");
@@ -495,12 +486,9 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
         }
         if (zlo == zhi) {
             const float inv = 1.0f / L;
-            const u64 o0 = ((u64)(row0 + i) * heads + hd) * DP + d0;
-            T* dst = out + o0;
-            const T e0 = adec_gated(from_f<T>(acc.x * inv), gate, o0),
-                    e1 = adec_gated(from_f<T>(acc.y * inv), gate, o0 + 1),
-                    e2 = adec_gated(from_f<T>(acc.z * inv), gate, o0 + 2),
-                    e3 = adec_gated(from_f<T>(acc.w * inv), gate, o0 + 3);
+            T* dst = out + ((u64)(row0 + i) * heads + hd) * DP + d0;
+            const T e0 = from_f<T>(acc.x * inv), e1 = from_f<T>(acc.y * inv), e2 = from_f<T>(acc.z * inv),
+                    e3 = from_f<T>(acc.w * inv);
             if (ovec) {
                 const u32 lo = (u32)bits16(e0) | ((u32)bits16(e1) << 16);
                 const u32 hi = (u32)bits16(e2) | ((u32)bits16(e3) << 16);
@@ -531,8 +519,7 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
 template <typename T, int DP>
 __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part, const u32* __restrict__ spans,
                                                   T* __restrict__ out, u32 t, u32 heads, u32 window, u32 qcap,
-                                                  u32 nzg, u32 ks_min_log2, u32 nsplit_log2,
-                                                  const T* __restrict__ gate) {
+                                                  u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
     constexpr u32 CG = DP / 4;                // threads of a z group (4 dims each)
     constexpr u32 NG = ADEC_CTHREADS / CG;    // z groups
     constexpr u32 PS = DP + 4;
@@ -574,12 +561,12 @@ __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part
     }
     *reinterpret_cast<float4*>(&red[grp][4 * c]) = acc;
     __syncthreads();
-    const u64 ob = ((u64)(row0 + i) * heads + h) * DP;
+    T* o = out + ((u64)(row0 + i) * heads + h) * DP;
     for (u32 d = tid; d < DP; d += ADEC_CTHREADS) {
         float x = 0.0f;
 #pragma unroll
         for (u32 gq = 0; gq < NG; ++gq) x += red[gq][d];
-        out[ob + d] = adec_gated(from_f<T>(x), gate, ob + d);
+        o[d] = from_f<T>(x);
     }
 }
 
@@ -595,8 +582,7 @@ __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part
 template <typename T, int DP>
 __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ part, const u32* __restrict__ spans,
                                                    T* __restrict__ out, u32 t, u32 heads, u32 window, u32 qcap,
-                                                   u32 nzg, u32 ks_min_log2, u32 nsplit_log2,
-                                                   const T* __restrict__ gate) {
+                                                   u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
     constexpr u32 PS = DP + 4;
     constexpr u32 ZL = 16;                    // split lanes (zq)
     constexpr u32 NJ = ADEC_MAXZ / ZL;        // splits a thread may load
@@ -669,8 +655,7 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
         float x = 0.0f;
 #pragma unroll
         for (u32 gq = 0; gq < ZL; ++gq) x += red[gq][tid];
-        const u64 oi = ((u64)(row0 + i) * heads + h) * DP + d0 + tid;
-        out[oi] = adec_gated(from_f<T>(x), gate, oi);
+        out[((u64)(row0 + i) * heads + h) * DP + d0 + tid] = from_f<T>(x);
     }
 }
 
@@ -682,16 +667,16 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
     extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W##VS( \
         const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part,     \
         u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,             \
-        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags, const T* gate) { porter_pdl_enter();      \
+        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) { porter_pdl_enter();                     \
         adec_impl<T, DP, ST, NW, V2>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,     \
                                      PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2,  \
-                                     flags, gate);                                                                \
+                                     flags);                                                                      \
     }
 #define ADEC_COMBINE(T, NAME, DP, C, IMPL)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) attention_decode_##C##_##NAME##_d##DP(                  \
         const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg,         \
-        u32 ks_min_log2, u32 nsplit_log2, const T* gate) { porter_pdl_enter();                                \
-        IMPL<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2, gate);           \
+        u32 ks_min_log2, u32 nsplit_log2) { porter_pdl_enter();                                                                   \
+        IMPL<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);                 \
     }
 #define ADEC_DP(T, NAME, DP)                                  \
     ADEC_KERNEL(T, NAME, DP, 2, 4, , false, )                 \

@@ -300,31 +300,6 @@ pub trait Ops: Sync {
         batch: &Batch,
         kv: &mut KvCache,
     ) -> Result<Tensor>;
-    /// [`Ops::attention`] with Qwen3-Next's output gate: the output times `sigmoid(gate)`, as
-    /// [`Ops::sigmoid_gate_mul`] rounds it (in the decode kernel's output write on CUDA where
-    /// that kernel runs).
-    ///
-    /// # Shapes
-    /// As [`Ops::attention`]; `gate`: `[T·heads, hd]` → `[T, heads, hd]`
-    #[allow(clippy::too_many_arguments)]
-    fn attention_gated(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        gate: &Tensor,
-        a: &AttnArgs,
-        batch: &Batch,
-        kv: &mut KvCache,
-    ) -> Result<Tensor> {
-        let mut out = self.attention(q, k, v, a, batch, kv)?;
-        // [T, heads, hd] viewed as [T·heads, hd], like the gate.
-        let shape = out.shape().to_vec();
-        let mut flat = out.reshape([shape[0] * a.heads, a.head_dim])?;
-        self.sigmoid_gate_mul(&mut flat, gate)?;
-        out = flat.reshape(shape)?;
-        Ok(out)
-    }
     /// Routed experts: softmax router over the first `m.experts` f32 columns of `logits`
     /// (`[T, ≥ E]`), top-k, optional renormalisation, the grouped expert SwiGLUs
     /// (`act(gate·x) · (up·x)` with `m.act`; `gate`, `up`: `[E, I, H]`, `down`: `[E, H, I]`) and

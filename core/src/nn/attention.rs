@@ -122,11 +122,13 @@ impl Attention {
         // k [T, kv, hd], gate [T·heads, hd].
         let QkPrepared { q, k, gate } = ops(&qg).qk_prep(qg, k, &prep, batch)?;
         let args = AttnArgs { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.scale, window: c.window };
-        // [T, heads, hd], gated: times sigmoid(gate) (in the decode kernel on CUDA)
-        let out = match &gate {
-            Some(g) => ops(&q).attention_gated(&q, &k, &v, g, &args, batch, kv)?,
-            None => ops(&q).attention(&q, &k, &v, &args, batch, kv)?,
-        };
+        // [T, heads, hd]
+        let mut out = ops(&q).attention(&q, &k, &v, &args, batch, kv)?;
+        if let Some(g) = gate {
+            // [T, heads, hd] viewed as [T·heads, hd], like the gate.
+            out = out.reshape([t * c.heads, hd])?;
+            ops(&out).sigmoid_gate_mul(&mut out, &g)?;
+        }
         // [T, heads, hd] -> [T, heads·hd]
         self.o_proj.forward(&out.reshape([t, c.heads * hd])?)
     }

@@ -192,46 +192,15 @@ impl CudaKernels {
         window: Option<usize>,
         mode: AttnMode,
     ) -> Result<()> {
-        let geo = Geometry { max_blocks, block_size, t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window };
-        self.attention_gated::<T>(q, k_pool, v_pool, block_tables, spans, out, None, &geo, mode).map(|_| ())
-    }
-
-    /// [`CudaKernels::attention`] with Qwen3-Next's output gate: `out = round(o ·
-    /// round(σ(gate)))` of the rounded attention output `o`, the values of
-    /// [`CudaKernels::sigmoid_gate_mul`], applied by the tensor-core decode kernel as it writes
-    /// its output. Returns whether it was applied: `false` where another path ran (the caller
-    /// then runs `sigmoid_gate_mul` on `out`), always `false` without a gate.
-    ///
-    /// # Shapes
-    /// As [`CudaKernels::attention`]; `gate`: `[t, heads, head_dim]` (`T`).
-    ///
-    /// # Errors
-    /// As [`CudaKernels::attention`], and a gate of another length.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attention_gated<T: CudaFloat>(
-        &self,
-        q: &impl DevicePtr<T>,
-        k_pool: &impl DevicePtr<T>,
-        v_pool: &impl DevicePtr<T>,
-        block_tables: &impl DevicePtr<u32>,
-        spans: &impl DevicePtr<u32>,
-        out: &mut impl DevicePtrMut<T>,
-        gate: Option<&CudaSlice<T>>,
-        geo: &Geometry,
-        mode: AttnMode,
-    ) -> Result<bool> {
-        let n_slots = pool_slots("attention", k_pool.len(), v_pool.len(), prod(&[geo.kv_heads, geo.head_dim])?)?;
+        let n_slots = pool_slots("attention", k_pool.len(), v_pool.len(), prod(&[kv_heads, head_dim])?)?;
         self.check("k_pool", k_pool, k_pool.len())?;
         self.check("v_pool", v_pool, v_pool.len())?;
-        if let Some(g) = gate {
-            self.check("gate", g, prod(&[geo.t, geo.heads, geo.head_dim])?)?;
-        }
         let st = &*self.stream;
         let (kp, _gk) = k_pool.device_ptr(st);
         let (vp, _gv) = v_pool.device_ptr(st);
         let pools = Pools { k: kp, v: vp, ks: 0, vs: 0, tag: "" };
-        let (gp, _gg) = opt_ptr(gate, st);
-        self.attention_pools_gated::<T>(q, &pools, n_slots, block_tables, spans, out, geo, mode, gp)
+        let geo = Geometry { max_blocks, block_size, t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window };
+        self.attention_pools::<T>(q, &pools, n_slots, block_tables, spans, out, &geo, mode)
     }
 
     /// The checks and dispatch of [`CudaKernels::attention`] once the pools are device
@@ -248,24 +217,6 @@ impl CudaKernels {
         geo: &Geometry,
         mode: AttnMode,
     ) -> Result<()> {
-        self.attention_pools_gated::<T>(q, pools, n_slots, block_tables, spans, out, geo, mode, 0).map(|_| ())
-    }
-
-    /// [`CudaKernels::attention_pools`] with the output gate at device address `gate` (0:
-    /// none), applied where the tensor-core decode kernel runs; returns whether it was.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_pools_gated<T: CudaFloat>(
-        &self,
-        q: &impl DevicePtr<T>,
-        pools: &Pools,
-        n_slots: u32,
-        block_tables: &impl DevicePtr<u32>,
-        spans: &impl DevicePtr<u32>,
-        out: &mut impl DevicePtrMut<T>,
-        geo: &Geometry,
-        mode: AttnMode,
-        gate: u64,
-    ) -> Result<bool> {
         let Geometry { max_blocks, block_size, t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window } = *geo;
         if head_dim == 0 || head_dim > ATTN_MAX_HEAD_DIM {
             return Err(CudaError::Invalid(format!("attention: head_dim {head_dim} not in 1..={ATTN_MAX_HEAD_DIM}")));
@@ -288,7 +239,7 @@ impl CudaKernels {
         self.check("block_tables", block_tables, prod(&[n_seqs, max_blocks])?)?;
         self.check("spans", spans, prod(&[n_seqs, 3])?)?;
         if n == 0 || n_seqs == 0 || max_q_len == 0 {
-            return Ok(gate != 0);
+            return Ok(());
         }
         // One grid row per (sequence, KV head) on both paths.
         let seq_heads = prod(&[n_seqs, kv_heads])?;
@@ -296,15 +247,15 @@ impl CudaKernels {
             return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
         }
         let pg = Paged { max_blocks: u32_of("max_blocks", max_blocks)?, bs_log2: block_size.trailing_zeros(), n_slots };
-        let a = Args { t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, pg, gate };
+        let a = Args { t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, pg };
         let aligned = pools.k.is_multiple_of(16) && pools.v.is_multiple_of(16);
         if let Some(plan) = self.decode_plan::<T>(head_dim, max_q_len, mode, pools.tag, aligned) {
-            return self.attention_decode::<T>(q, pools, block_tables, spans, out, &a, &plan).map(|_| gate != 0);
+            return self.attention_decode::<T>(q, pools, block_tables, spans, out, &a, &plan);
         }
         if let Some(plan) = self.tc_plan::<T>(head_dim, max_q_len, mode, pools.tag) {
-            return self.attention_tc::<T>(q, pools, block_tables, spans, out, &a, &plan).map(|_| false);
+            return self.attention_tc::<T>(q, pools, block_tables, spans, out, &a, &plan);
         }
-        self.attention_cc::<T>(q, pools, block_tables, spans, out, &a).map(|_| false)
+        self.attention_cc::<T>(q, pools, block_tables, spans, out, &a)
     }
 
     /// [`CudaKernels::attention`] on the CUDA-core kernels (`attention_<T>_r<RA>_c<NC>`,
@@ -518,25 +469,18 @@ pub(crate) struct Pools {
     pub tag: &'static str,
 }
 
-/// The launch geometry of [`CudaKernels::attention`] (its arguments after the pools; the
-/// same meanings).
-#[derive(Clone, Copy, Debug)]
-pub struct Geometry {
-    /// Width of a block-table row.
+/// The launch geometry of [`CudaKernels::attention`] (its arguments after the pools).
+#[derive(Clone, Copy)]
+pub(crate) struct Geometry {
     pub max_blocks: usize,
-    /// Slots a cache block (a power of two).
     pub block_size: usize,
-    /// Query rows.
     pub t: usize,
-    /// Sequences (rows of `block_tables` and `spans`).
     pub n_seqs: usize,
-    /// The longest span's rows.
     pub max_q_len: usize,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
-    /// Sliding-window length.
     pub window: Option<usize>,
 }
 
@@ -551,8 +495,6 @@ struct Args {
     scale: f32,
     window: Option<usize>,
     pg: Paged,
-    /// The output gate's device address (0: none; only the tensor-core decode kernel reads it).
-    gate: u64,
 }
 
 /// Slots of a K/V pool pair of `k_len` / `v_len` elements with rows of `row_len`:

@@ -16,7 +16,7 @@ use crate::tensor::Tensor;
 use crate::{bail, err};
 use cudarc::driver::CudaSlice;
 use porter_kernels::cpu::kv_quant::KvQuant;
-use porter_kernels::cuda::{qk_prep_enabled, AttnGeometry, QkNorm, QuantPools, RmsNormKind, QK_PREP_MAX_HD};
+use porter_kernels::cuda::{qk_prep_enabled, QkNorm, QuantPools, RmsNormKind, QK_PREP_MAX_HD};
 use std::sync::Arc;
 
 // ---------------------------------------------------------------------------
@@ -353,7 +353,6 @@ pub fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    gate: Option<&Tensor>,
     c: &AttnArgs,
     batch: &Batch,
     cache: &mut KvCache,
@@ -375,7 +374,6 @@ pub fn attention(
         k: &Tensor,
         v: &Tensor,
         q: &Tensor,
-        gate: Option<&Tensor>,
         kv: &mut CudaKv,
         out: &mut Tensor,
         bd: &BatchDev,
@@ -384,7 +382,7 @@ pub fn attention(
         block_size: usize,
         t: usize,
         max_q: usize,
-    ) -> Result<bool> {
+    ) -> Result<()> {
         let spans = bd.spans();
         let (kp, vp) = match &mut kv.pool {
             CudaPool::Plain { k, v } => (k, v),
@@ -412,7 +410,6 @@ pub fn attention(
                         c.window,
                         attn_mode(),
                     )
-                    .map(|()| false)
                     .map_err(cuda_err);
             }
         };
@@ -427,44 +424,29 @@ pub fn attention(
             c.head_dim,
         )
         .map_err(cuda_err)?;
-        let geo = AttnGeometry {
-            max_blocks: step.max_blocks,
-            block_size,
-            t,
-            n_seqs: spans.len() / 3,
-            max_q_len: max_q,
-            heads: c.heads,
-            kv_heads: c.kv_heads,
-            head_dim: c.head_dim,
-            scale: c.scale,
-            window: c.window,
-        };
-        let gate = gate.map(|g| g.dev::<T>()).transpose()?;
-        g.k.attention_gated::<T>(
+        g.k.attention::<T>(
             q.dev::<T>()?,
             kp.dev::<T>()?,
             vp.dev::<T>()?,
             &pd.tables(),
+            step.max_blocks,
+            block_size,
             &spans,
             out.dev_mut::<T>()?,
-            gate,
-            &geo,
+            t,
+            spans.len() / 3,
+            max_q,
+            c.heads,
+            c.kv_heads,
+            c.head_dim,
+            c.scale,
+            c.window,
             attn_mode(),
         )
         .map_err(cuda_err)
     }
-    let gated =
-        crate::by_dtype!(q.dtype(), go(&g, c, k, v, q, gate, kv, &mut out, &bd, &pd, &step, block_size, t, max_q))?;
-    match gate {
-        // The gate where the decode kernel did not take it: [T, heads, hd] viewed as
-        // [T·heads, hd], like the gate.
-        Some(gt) if !gated => {
-            let mut flat = out.reshape([t * c.heads, hd])?;
-            sigmoid_gate_mul(&mut flat, gt)?;
-            flat.reshape([t, c.heads, hd])
-        }
-        _ => Ok(out),
-    }
+    crate::by_dtype!(q.dtype(), go(&g, c, k, v, q, kv, &mut out, &bd, &pd, &step, block_size, t, max_q))?;
+    Ok(out)
 }
 
 /// The attention kernels' mode: batch-invariant when deterministic mode is on

@@ -99,19 +99,7 @@ impl Ops for CudaOps {
         batch: &Batch,
         kv: &mut KvCache,
     ) -> Result<Tensor> {
-        blocks::attention(q, k, v, None, a, batch, kv)
-    }
-    fn attention_gated(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        gate: &Tensor,
-        a: &AttnArgs,
-        batch: &Batch,
-        kv: &mut KvCache,
-    ) -> Result<Tensor> {
-        blocks::attention(q, k, v, Some(gate), a, batch, kv)
+        blocks::attention(q, k, v, a, batch, kv)
     }
     fn moe_experts(
         &self,

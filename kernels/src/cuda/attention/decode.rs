@@ -383,8 +383,7 @@ impl CudaKernels {
                     nz32,
                     ksl,
                     nsl,
-                    flags,
-                    a.gate
+                    flags
                 ]
             )
         }?;
@@ -405,10 +404,10 @@ impl CudaKernels {
                 let f = self.function(&ATTENTION_DECODE, &p.combine)?;
                 let (pspans, _gs) = spans.device_ptr(s);
                 let (ppt, _gpt) = pt.device_ptr(s);
-                let mut args = (ppt, pspans, po, [t32, h32, win32, qc32, nz32, ksl, nsl], a.gate);
-                let (a0, a1, a2, r, a3) = (&mut args.0, &mut args.1, &mut args.2, &mut args.3, &mut args.4);
+                let mut args = (ppt, pspans, po, [t32, h32, win32, qc32, nz32, ksl, nsl]);
+                let (a0, a1, a2, r) = (&mut args.0, &mut args.1, &mut args.2, &mut args.3);
                 let [r0, r1, r2, r3, r4, r5, r6] = r;
-                let mut params: [*mut c_void; 11] = [
+                let mut params: [*mut c_void; 10] = [
                     (a0 as *mut u64).cast(),
                     (a1 as *mut u64).cast(),
                     (a2 as *mut u64).cast(),
@@ -419,10 +418,9 @@ impl CudaKernels {
                     (r4 as *mut u32).cast(),
                     (r5 as *mut u32).cast(),
                     (r6 as *mut u32).cast(),
-                    (a3 as *mut u64).cast(),
                 ];
                 for _ in 0..self.launches(&f, &cfg) {
-                    // SAFETY: as above; `params` points at the 11 parameters of the combine,
+                    // SAFETY: as above; `params` points at the 10 parameters of the combine,
                     // in order, alive across the call (the driver copies them at launch). The
                     // combine waits (griddepcontrol.wait) for the split grid before its first
                     // partial read and before it can complete.
@@ -436,7 +434,7 @@ impl CudaKernels {
                         ATTENTION_DECODE,
                         p.combine.clone(),
                         cfg,
-                        [ptr(pt), ptr(spans), po, t32, h32, win32, qc32, nz32, ksl, nsl, a.gate]
+                        [ptr(pt), ptr(spans), po, t32, h32, win32, qc32, nz32, ksl, nsl]
                     )
                 }?;
             }
