@@ -458,14 +458,15 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
             if (snap && active) store_rows<R>(S, slot_base + (u64)(t0 + tt) * bufs, part, dk, dv, c);
         }
     }
-    if (!snap && active) store_rows<R>(S, slot_base + (u64)src * bufs, part, dk, dv, c);
+    // The gated norm of the span's rows of head j, by the last of the head's gridDim.x column
+    // blocks to finish (an atomic count per (span, head), set back to zero by it): every
+    // block's rows of `out` are visible to it (each thread fences its own writes before the
+    // count, the last block fences after it), and one warp a row runs gated_norm_row as
+    // gated_norm_z does, so the bits are gated_norm_z's. The count comes before the final
+    // state store, so that the fence waits for the output rows only and the state drains
+    // while the last block normalises.
+    __shared__ int last;
     if (nz.out) {
-        // The gated norm of the span's rows of head j, by the last of the head's gridDim.x
-        // column blocks to finish (an atomic count per (span, head), set back to zero by it):
-        // every block's rows of `out` are visible to it (each thread fences its own writes
-        // before the count, the last block fences after it), and one warp a row runs
-        // gated_norm_row as gated_norm_z does, so the bits are gated_norm_z's.
-        __shared__ int last;
         __threadfence();
         __syncthreads();
         if (tid == 0) {
@@ -475,6 +476,9 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
             last = l;
         }
         __syncthreads();
+    }
+    if (!snap && active) store_rows<R>(S, slot_base + (u64)src * bufs, part, dk, dv, c);
+    if (nz.out) {
         if (last) {
             __threadfence();
             for (u32 tt = wid; tt < len; tt += nw) {
