@@ -409,6 +409,14 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
     // are read after the wait, and nothing is written before it.
     float S[R];
     if (span_ok && len != 0) load_rows<R>(S, slot_base + (u64)src * bufs, active, part, dk, dv, c);
+    // The norm's z rows (the in_proj output, two launches back: see above) into L2.
+    if (nz.out && span_ok) {
+        const u32 lines = (dv * (u32)sizeof(T) + 127u) / 128u;
+        if (tid < len * lines)
+            porter_prefetch_l2(reinterpret_cast<const char*>(nz.z + ((u64)row0 + tid / lines) * nz.z_stride + nz.zoff +
+                                                             (u64)j * dv) +
+                               128u * (tid % lines));
+    }
     porter_pdl_enter();
 
     if (!span_ok) {
@@ -465,28 +473,36 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
     // gated_norm_z does, so the bits are gated_norm_z's. The count comes before the final
     // state store, so that the fence waits for the output rows only and the state drains
     // while the last block normalises.
+    // A block holding all dv columns of the head (gridDim.x == 1, the host's whole-head form)
+    // needs no count: its barrier makes its own rows of `out` visible to its warps. The last
+    // block stores its state after the norm, so that its fence has no state stores to wait for.
     __shared__ int last;
     if (nz.out) {
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            u32* cn = nz.counters + (u64)blockIdx.z * hv + j;
-            const int l = atomicAdd(cn, 1u) == gridDim.x - 1;
-            if (l) atomicExch(cn, 0u);
-            last = l;
-        }
-        __syncthreads();
-    }
-    if (!snap && active) store_rows<R>(S, slot_base + (u64)src * bufs, part, dk, dv, c);
-    if (nz.out) {
-        if (last) {
+        if (gridDim.x == 1) {
+            __syncthreads();
+            last = 1;
+        } else {
             __threadfence();
-            for (u32 tt = wid; tt < len; tt += nw) {
-                const u64 r = (u64)row0 + tt;
-                gated_norm_row<T>(out + (r * hv + j) * dv, nz.z + r * nz.z_stride + nz.zoff + (u64)j * dv, nz.w,
-                                  nz.out + (r * hv + j) * dv, dv, nz.eps, lane);
+            __syncthreads();
+            if (tid == 0) {
+                u32* cn = nz.counters + (u64)blockIdx.z * hv + j;
+                const int l = atomicAdd(cn, 1u) == gridDim.x - 1;
+                if (l) atomicExch(cn, 0u);
+                last = l;
             }
+            __syncthreads();
         }
+    }
+    const bool norm_here = nz.out && last;
+    if (!snap && active && !norm_here) store_rows<R>(S, slot_base + (u64)src * bufs, part, dk, dv, c);
+    if (norm_here) {
+        if (gridDim.x != 1) __threadfence();
+        for (u32 tt = wid; tt < len; tt += nw) {
+            const u64 r = (u64)row0 + tt;
+            gated_norm_row<T>(out + (r * hv + j) * dv, nz.z + r * nz.z_stride + nz.zoff + (u64)j * dv, nz.w,
+                              nz.out + (r * hv + j) * dv, dv, nz.eps, lane);
+        }
+        if (!snap && active) store_rows<R>(S, slot_base + (u64)src * bufs, part, dk, dv, c);
     }
 }
 

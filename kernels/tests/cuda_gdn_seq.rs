@@ -507,7 +507,7 @@ fn delta_case<T: CudaFloat>(
         let want: Vec<f32> = rnd_vec::<T>(&delta_ref(d, &qkv, &g, &beta, &mut state, spans, nbuf));
         let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
-        let mut dstate_n = k.stream().clone_dtod(&dstate).expect("dtod");
+        let dstate_0 = k.stream().clone_dtod(&dstate).expect("dtod");
         k.gdn_delta_seq(
             &dq,
             &dg,
@@ -534,40 +534,65 @@ fn delta_case<T: CudaFloat>(
         // for bit; the output and the state are the plain launch's; the counters end at zero.
         let (zoff, pw) = (3, 3 + d.hv * d.dv + 5);
         let (dz, dw) = (up::<T>(k, &rng.vec(t * pw, 2.0)), up::<T>(k, &rng.vec(d.dv, 1.0)));
-        let mut want_n = poisoned::<T>(k, t * d.hv * d.dv);
-        k.gated_norm_z::<T>(&out, &dz, &dw, &mut want_n, t, d.hv, d.dv, pw, zoff, 1e-6).expect("gated_norm_z");
-        let (mut out_n, mut normed) = (poisoned::<T>(k, t * d.hv * d.dv), poisoned::<T>(k, t * d.hv * d.dv));
-        let mut counters = up_u32(k, &vec![0; spans.len() * d.hv + 3]);
-        let norm =
-            DeltaNorm { z: &dz, z_stride: pw, zoff, w: &dw, eps: 1e-6, out: &mut normed, counters: &mut counters };
-        let dims = (t, spans.len(), max_len, d.hk, d.hv, d.dk, d.dv);
-        k.gdn_delta_seq(
-            &dq,
-            &dg,
-            &db,
-            &mut dstate_n,
-            &dsp,
-            &mut out_n,
-            dims.0,
-            dims.1,
-            dims.2,
-            dims.3,
-            dims.4,
-            dims.5,
-            dims.6,
-            num_slots,
-            nbuf,
-            Some(norm),
-        )
-        .expect("gdn_delta_seq with the norm");
-        // Bits, every NaN as one (rows outside every span keep their poison, a refused span's
-        // rows are NaN in both, with different payloads).
-        let bits =
-            |v: Vec<f32>| v.into_iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>();
-        assert_eq!(bits(down(k, &out_n)), bits(down(k, &out)), "{what}: output with the norm taken in");
-        assert_eq!(bits(down(k, &dstate_n)), bits(down(k, &dstate)), "{what}: state with the norm taken in");
-        assert_eq!(bits(down(k, &normed)), bits(down(k, &want_n)), "{what}: normed rows against gated_norm_z");
-        assert!(down_u32(k, &counters).iter().all(|&c| c == 0), "{what}: counters left non-zero");
+        for whole_head in [false, true] {
+            let mut dstate_n = k.stream().clone_dtod(&dstate_0).expect("dtod");
+            let (mut out_n, mut normed) = (poisoned::<T>(k, t * d.hv * d.dv), poisoned::<T>(k, t * d.hv * d.dv));
+            let mut counters = up_u32(k, &vec![0; spans.len() * d.hv + 3]);
+            let norm = DeltaNorm {
+                whole_head,
+                z: &dz,
+                z_stride: pw,
+                zoff,
+                w: &dw,
+                eps: 1e-6,
+                out: &mut normed,
+                counters: &mut counters,
+            };
+            let dims = (t, spans.len(), max_len, d.hk, d.hv, d.dk, d.dv);
+            k.gdn_delta_seq(
+                &dq,
+                &dg,
+                &db,
+                &mut dstate_n,
+                &dsp,
+                &mut out_n,
+                dims.0,
+                dims.1,
+                dims.2,
+                dims.3,
+                dims.4,
+                dims.5,
+                dims.6,
+                num_slots,
+                nbuf,
+                Some(norm),
+            )
+            .expect("gdn_delta_seq with the norm");
+            // Bits, every NaN as one (rows outside every span keep their poison, a refused span's
+            // rows are NaN in both, with different payloads).
+            let bits = |v: Vec<f32>| {
+                v.into_iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>()
+            };
+            // The column-block form takes the plain launch's lanes: its output and state are
+            // the plain launch's bits. The whole-head form takes its own lanes (another sum
+            // order): within tolerance of the CPU.
+            let w = format!("{what} (whole head {whole_head})");
+            if whole_head {
+                check(&format!("{w}: out"), &down(k, &out_n), &want, tol::<T>());
+                check(&format!("{w}: state"), &down(k, &dstate_n), &state, TOL_F32);
+            } else {
+                assert_eq!(bits(down(k, &out_n)), bits(down(k, &out)), "{w}: output with the norm taken in");
+                assert_eq!(bits(down(k, &dstate_n)), bits(down(k, &dstate)), "{w}: state with the norm taken in");
+            }
+            // The normed rows are gated_norm_z's of the launch's own output, bit for bit.
+            let mut want_n = poisoned::<T>(k, t * d.hv * d.dv);
+            k.gated_norm_z::<T>(&out_n, &dz, &dw, &mut want_n, t, d.hv, d.dv, pw, zoff, 1e-6).expect("gated_norm_z");
+            assert_eq!(bits(down(k, &normed)), bits(down(k, &want_n)), "{w}: normed rows against gated_norm_z");
+            assert!(
+                down_u32(k, &counters).iter().all(|&c| c == 0),
+                "{what} (whole head {whole_head}): counters left non-zero"
+            );
+        }
     }
 }
 

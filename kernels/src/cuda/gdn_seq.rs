@@ -22,6 +22,8 @@ const DS_PAD: usize = 4;
 pub const GDN_SEQ_MAX_DK: usize = 256;
 /// Register rows per lane of the delta-rule kernel that are instantiated.
 const DS_RS: [usize; 4] = [16, 32, 64, 128];
+/// Threads of a whole-head block of [`CudaKernels::gdn_delta_seq`] at most (its launch bound).
+const DS_HEAD_THREADS: usize = 256;
 /// Below this many lanes (columns × parts) the delta-rule kernel splits
 /// columns over more lanes.
 const DS_MIN_LANES: usize = 32 * 1024;
@@ -342,7 +344,13 @@ impl CudaKernels {
         if !self.check_delta_args("gdn_delta_seq", (GDN_SEQ_MAX_DK, None), qkv, g, beta, &*state, spans, &*out, dims)? {
             return Ok(());
         }
-        let p = delta_lanes(n_spans, hv, dk, dv);
+        // The whole-head form (a norm that asks for it, and a head that fits a block of
+        // DS_HEAD_THREADS at the most lanes a column that does): one block per (head, span).
+        let head_lanes = norm
+            .as_ref()
+            .filter(|nz| nz.whole_head)
+            .and_then(|_| [8usize, 4, 2, 1].into_iter().find(|&p| p * dv <= DS_HEAD_THREADS && dk.div_ceil(p) <= 128));
+        let p = head_lanes.unwrap_or_else(|| delta_lanes(n_spans, hv, dk, dv));
         let r = DS_RS
             .into_iter()
             .find(|&r| r >= dk.div_ceil(p))
@@ -351,6 +359,9 @@ impl CudaKernels {
         let mut nt = if p == 1 { 64 } else { 128 };
         while nt > 32 && nt / p >= 2 * dv.div_ceil(cpw) * cpw {
             nt /= 2;
+        }
+        if head_lanes.is_some() {
+            nt = (p * dv).div_ceil(32) * 32;
         }
         let cb = nt / p;
         let shared = 4 * DS_TT * (2 * p * (r + DS_PAD) + cb + 2);
@@ -439,6 +450,9 @@ impl CudaKernels {
 /// - `out`: `[t, hv, dv]` (`T`), `counters`: at least `[n_spans, hv]` (`u32`, zero between
 ///   launches and left so)
 pub struct DeltaNorm<'a, T> {
+    /// One block per (head, span) holding all dv columns (the norm after a block barrier)
+    /// where a head fits a block, instead of the column blocks and the count.
+    pub whole_head: bool,
     pub z: &'a CudaSlice<T>,
     pub z_stride: usize,
     pub zoff: usize,

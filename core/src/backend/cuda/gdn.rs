@@ -317,7 +317,7 @@ pub fn gdn_gated(
     if norm_w.dtype() == p.dtype()
         && hv <= GDN_FUSED_MAX_KEY_HEADS
         && n_rec <= DELTA_NORM_MAX_SPANS
-        && delta_norm_enabled()
+        && delta_norm() != DeltaNormMode::Apart
     {
         return gdn_run_with(p, ba, w, c, batch, cache, None, Some((norm_w, eps)));
     }
@@ -331,21 +331,32 @@ pub fn gdn_gated(
 /// launch spreading 2,048 rows), so larger batches keep the separate launch.
 const DELTA_NORM_MAX_SPANS: usize = 8;
 
-/// Environment variable: `apart` runs the Gated DeltaNet decode's gated RMSNorm as a launch of
-/// its own (`gated_norm_z`) instead of inside the recurrent delta rule's launch
-/// (`gdn_delta_seq` with a [`porter_kernels::cuda::DeltaNorm`]); `delta` or unset is the
-/// default. Read once; another value warns once and means the default.
+/// Environment variable: where the Gated DeltaNet decode's gated RMSNorm runs. `delta` (the
+/// default, also unset): inside the recurrent delta rule's launch (`gdn_delta_seq` with a
+/// [`porter_kernels::cuda::DeltaNorm`]), its column blocks counted per head; `head`: the same
+/// with one block per (head, sequence) holding all the head's columns (the norm after a block
+/// barrier, no count); `apart`: a launch of its own (`gated_norm_z`). Read once; another value
+/// warns once and means the default.
 pub const GDN_NORM_ENV: &str = "PORTER_GDN_NORM";
 
-/// Whether [`GDN_NORM_ENV`] leaves the gated norm inside the delta rule's launch.
-fn delta_norm_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var(GDN_NORM_ENV).ok().as_deref().map(str::trim) {
-        None | Some("") | Some("delta") => true,
-        Some("apart") => false,
+/// Where the decode's gated norm runs ([`GDN_NORM_ENV`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DeltaNormMode {
+    Delta,
+    Head,
+    Apart,
+}
+
+/// [`GDN_NORM_ENV`]'s mode (read once).
+fn delta_norm() -> DeltaNormMode {
+    static MODE: std::sync::OnceLock<DeltaNormMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var(GDN_NORM_ENV).ok().as_deref().map(str::trim) {
+        None | Some("") | Some("delta") => DeltaNormMode::Delta,
+        Some("head") => DeltaNormMode::Head,
+        Some("apart") => DeltaNormMode::Apart,
         Some(v) => {
-            eprintln!("warning: {GDN_NORM_ENV}={v:?} is not one of delta, apart; using delta");
-            true
+            eprintln!("warning: {GDN_NORM_ENV}={v:?} is not one of delta, head, apart; using delta");
+            DeltaNormMode::Delta
         }
     })
 }
@@ -622,6 +633,7 @@ fn three_launches<T: DevType>(
         let (norm, out) = match norm.as_mut() {
             Some((nw, eps, normed)) => {
                 let dn = DeltaNorm {
+                    whole_head: delta_norm() == DeltaNormMode::Head,
                     z: p.dev::<T>()?,
                     z_stride: p.last_dim(),
                     zoff: c.conv_dim(),
