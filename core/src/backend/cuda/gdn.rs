@@ -282,7 +282,7 @@ pub fn gdn(
     batch: &Batch,
     cache: &mut RecCache,
 ) -> Result<Tensor> {
-    gdn_run(p, ba, w, c, batch, cache, None)
+    gdn_run(p, ba, w, c, batch, cache, None, None)
 }
 
 /// The Gated DeltaNet core and its gated RMSNorm with SiLU(z) on the device (see
@@ -310,7 +310,7 @@ pub fn gdn_gated(
     let lanes = CudaKernels::gdn_fused_lanes(n_rec, hv, dk, dv, invariant);
     let takes = CudaKernels::gdn_fused_shape((hk, hv, dk, dv), c.conv_kernel, cache.window(), lanes).is_some();
     if takes && norm_w.dtype() == p.dtype() && porter_kernels::cuda::gdn_fused_enabled() {
-        return gdn_run(p, ba, w, c, batch, cache, Some((norm_w, eps, lanes)));
+        return gdn_run(p, ba, w, c, batch, cache, Some((norm_w, eps, lanes)), None);
     }
     // The gated norm inside the recurrent delta-rule launch (its last column block of each
     // head; `gdn_run` falls back to the separate launch when a span takes the chunked path).
@@ -319,7 +319,7 @@ pub fn gdn_gated(
         && n_rec <= DELTA_NORM_MAX_SPANS
         && delta_norm() != DeltaNormMode::Apart
     {
-        return gdn_run_with(p, ba, w, c, batch, cache, None, Some((norm_w, eps)));
+        return gdn_run(p, ba, w, c, batch, cache, None, Some((norm_w, eps)));
     }
     let core = gdn(p, ba, w, c, batch, cache)?;
     gated_norm(&core, p, norm_w, c.conv_dim(), eps)
@@ -361,27 +361,13 @@ fn delta_norm() -> DeltaNormMode {
     })
 }
 
-/// [`gdn`] (`fuse` = `None`: returns the core `[T·Hv, dv]`), or [`gdn_gated`]'s fused form
-/// (`fuse` = the gated norm's weight and epsilon and the lanes per state column: returns the
-/// normalised `[T·Hv, dv]`).
+/// [`gdn`] (`fuse` and `delta_norm` `None`: returns the core `[T·Hv, dv]`), or [`gdn_gated`]'s
+/// fused form (`fuse` = the gated norm's weight and epsilon and the lanes per state column:
+/// returns the normalised `[T·Hv, dv]`), or with `delta_norm` (the gated norm's weight and
+/// epsilon; `fuse` is `None`) the normalised `[T·Hv, dv]`: from inside the recurrent delta
+/// rule's launch when every span is recurrent, else by the separate gated norm.
 #[allow(clippy::too_many_arguments)]
 fn gdn_run(
-    p: &Tensor,
-    ba: Option<&Tensor>,
-    w: &GdnWeights<'_>,
-    c: &GdnArgs,
-    batch: &Batch,
-    cache: &mut RecCache,
-    fuse: Option<(&Tensor, f32, usize)>,
-) -> Result<Tensor> {
-    gdn_run_with(p, ba, w, c, batch, cache, fuse, None)
-}
-
-/// [`gdn_run`], or with `delta_norm` (the gated norm's weight and epsilon; `fuse` is `None`)
-/// the normalised `[T·Hv, dv]`: from inside the recurrent delta rule's launch when every span
-/// is recurrent, else by the separate gated norm.
-#[allow(clippy::too_many_arguments)]
-fn gdn_run_with(
     p: &Tensor,
     ba: Option<&Tensor>,
     w: &GdnWeights<'_>,
@@ -629,7 +615,7 @@ fn three_launches<T: DevType>(
             .map_err(cuda_err)?;
             continue;
         }
-        // The gated norm by the delta rule's launch (`gdn_run_with`: no span is chunked).
+        // The gated norm by the delta rule's launch (`gdn_run`: no span is chunked).
         let (norm, out) = match norm.as_mut() {
             Some((nw, eps, normed)) => {
                 let dn = DeltaNorm {
