@@ -312,38 +312,42 @@ pub fn gdn_gated(
     if takes && norm_w.dtype() == p.dtype() && porter_kernels::cuda::gdn_fused_enabled() {
         return gdn_run(p, ba, w, c, batch, cache, Some((norm_w, eps, lanes)), None);
     }
-    // The gated norm inside the recurrent delta-rule launch (its last column block of each
-    // head; `gdn_run` falls back to the separate launch when a span takes the chunked path).
-    if norm_w.dtype() == p.dtype()
-        && hv <= GDN_FUSED_MAX_KEY_HEADS
-        && n_rec <= DELTA_NORM_MAX_SPANS
-        && delta_norm() != DeltaNormMode::Apart
+    // The gated norm inside the recurrent delta-rule launch (`gdn_run` falls back to the
+    // separate launch when a span takes the chunked path).
+    if let Some(whole_head) =
+        delta_norm_plan(n_rec).filter(|_| norm_w.dtype() == p.dtype() && hv <= GDN_FUSED_MAX_KEY_HEADS)
     {
-        return gdn_run(p, ba, w, c, batch, cache, None, Some((norm_w, eps)));
+        return gdn_run(p, ba, w, c, batch, cache, None, Some((norm_w, eps, whole_head)));
     }
     let core = gdn(p, ba, w, c, batch, cache)?;
     gated_norm(&core, p, norm_w, c.conv_dim(), eps)
 }
 
-/// Most recurrent spans (sequences) of a step whose gated norm runs inside the delta rule's
-/// launch: on the H100 (session 24) it gained ≈ 1 % at batch 1, nothing at 8, and lost ≈ 1 %
-/// at 64 (a last block's row of norm per (sequence, head) after an atomic count, against one
-/// launch spreading 2,048 rows), so larger batches keep the separate launch.
-const DELTA_NORM_MAX_SPANS: usize = 8;
-
-/// Environment variable: where the Gated DeltaNet decode's gated RMSNorm runs. `delta` (the
-/// default, also unset): inside the recurrent delta rule's launch (`gdn_delta_seq` with a
-/// [`porter_kernels::cuda::DeltaNorm`]), its column blocks counted per head; `head`: the same
-/// with one block per (head, sequence) holding all the head's columns (the norm after a block
-/// barrier, no count); `apart`: a launch of its own (`gated_norm_z`). Read once; another value
-/// warns once and means the default.
+/// Environment variable: where the Gated DeltaNet decode's gated RMSNorm runs. Unset (or
+/// `head`): inside the recurrent delta rule's launch in its whole-head form (one block per
+/// (value head, sequence) holding all the head's columns, the norm after a block barrier)
+/// for steps of up to [`HEAD_NORM_MAX_SPANS`] sequences, a launch of its own beyond; `columns`:
+/// inside the launch in its column-block form (the norm by the last block of each head after
+/// an atomic count) up to [`COLUMNS_NORM_MAX_SPANS`] sequences; `apart`: always a launch of its
+/// own (`gated_norm_z`). Read once; another value warns once and means the default.
+///
+/// Measured on the H100 (session 24, 24 layers of the 80B geometry, tok/s at batch 1 / 2 / 4 /
+/// 8): whole-head 447.4 / 635.0 / 869.7 / 1,267.0, column blocks 437.3 / 628.9 / 863.9 /
+/// 1,274.0, apart 434.3 / 628.6 / 861.7 / 1,270.7; FP8 batch 1 526.2 / 508.9 / 512.0.
 pub const GDN_NORM_ENV: &str = "PORTER_GDN_NORM";
+
+/// Most sequences a step whose norm runs in the whole-head form by default.
+const HEAD_NORM_MAX_SPANS: usize = 4;
+/// Most sequences a step whose norm runs in the column-block form (`columns`): at 64 it lost
+/// ≈ 1 % (a last block's row of norm per (sequence, head) after an atomic count, against one
+/// launch spreading 2,048 rows).
+const COLUMNS_NORM_MAX_SPANS: usize = 8;
 
 /// Where the decode's gated norm runs ([`GDN_NORM_ENV`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DeltaNormMode {
-    Delta,
     Head,
+    Columns,
     Apart,
 }
 
@@ -351,14 +355,25 @@ enum DeltaNormMode {
 fn delta_norm() -> DeltaNormMode {
     static MODE: std::sync::OnceLock<DeltaNormMode> = std::sync::OnceLock::new();
     *MODE.get_or_init(|| match std::env::var(GDN_NORM_ENV).ok().as_deref().map(str::trim) {
-        None | Some("") | Some("delta") => DeltaNormMode::Delta,
-        Some("head") => DeltaNormMode::Head,
+        None | Some("") | Some("head") => DeltaNormMode::Head,
+        Some("columns") => DeltaNormMode::Columns,
         Some("apart") => DeltaNormMode::Apart,
         Some(v) => {
-            eprintln!("warning: {GDN_NORM_ENV}={v:?} is not one of delta, head, apart; using delta");
-            DeltaNormMode::Delta
+            eprintln!("warning: {GDN_NORM_ENV}={v:?} is not one of head, columns, apart; using head");
+            DeltaNormMode::Head
         }
     })
+}
+
+/// Whether a step of `n_rec` recurrent sequences runs its gated norm inside the delta rule's
+/// launch, and in which form (`Some(true)`: whole-head, where a head fits a block; the kernel
+/// takes the column blocks where it does not).
+fn delta_norm_plan(n_rec: usize) -> Option<bool> {
+    match delta_norm() {
+        DeltaNormMode::Head => (n_rec <= HEAD_NORM_MAX_SPANS).then_some(true),
+        DeltaNormMode::Columns => (n_rec <= COLUMNS_NORM_MAX_SPANS).then_some(false),
+        DeltaNormMode::Apart => None,
+    }
 }
 
 /// [`gdn`] (`fuse` and `delta_norm` `None`: returns the core `[T·Hv, dv]`), or [`gdn_gated`]'s
@@ -375,7 +390,7 @@ fn gdn_run(
     batch: &Batch,
     cache: &mut RecCache,
     fuse: Option<(&Tensor, f32, usize)>,
-    delta_norm: Option<(&Tensor, f32)>,
+    delta_norm: Option<(&Tensor, f32, bool)>,
 ) -> Result<Tensor> {
     let g = gpu_of(p, "gated_delta_net")?;
     let _p = profile::span("gated_delta_net core", &g);
@@ -407,7 +422,9 @@ fn gdn_run(
     let three = fuse.is_none() || chunk.0 > 0;
     // The gated norm inside the delta rule's launch: only when no span is chunked.
     let mut in_delta = match delta_norm {
-        Some((nw, eps)) if chunk.0 == 0 => Some((nw, eps, Tensor::empty_on(&g, [t * hv, dv], p.dtype())?)),
+        Some((nw, eps, whole)) if chunk.0 == 0 => {
+            Some((nw, eps, whole, Tensor::empty_on(&g, [t * hv, dv], p.dtype())?))
+        }
         _ => None,
     };
     let o = if three {
@@ -428,7 +445,7 @@ fn gdn_run(
                 &mut qkv,
                 (&mut gate, &mut beta),
                 &mut o,
-                in_delta.as_mut().map(|(nw, eps, normed)| (&**nw, *eps, normed)),
+                in_delta.as_mut().map(|(nw, eps, whole, normed)| (&**nw, *eps, *whole, normed)),
                 (t, win, nbuf)
             )
         )?;
@@ -436,10 +453,10 @@ fn gdn_run(
     } else {
         None
     };
-    if let Some((_, _, normed)) = in_delta {
+    if let Some((_, _, _, normed)) = in_delta {
         return Ok(normed);
     }
-    if let (Some((nw, eps)), Some(o)) = (delta_norm, &o) {
+    if let (Some((nw, eps, _)), Some(o)) = (delta_norm, &o) {
         return gated_norm(o, p, nw, conv, eps);
     }
     let Some((norm_w, eps, lanes)) = fuse else {
@@ -521,7 +538,7 @@ fn three_launches<T: DevType>(
     qkv: &mut CudaSlice<f32>,
     gb: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     o: &mut Tensor,
-    mut norm: Option<(&Tensor, f32, &mut Tensor)>,
+    mut norm: Option<(&Tensor, f32, bool, &mut Tensor)>,
     dims: (usize, usize, usize),
 ) -> Result<()> {
     let (conv_spans, n, rec, chunk) = spans;
@@ -617,9 +634,9 @@ fn three_launches<T: DevType>(
         }
         // The gated norm by the delta rule's launch (`gdn_run`: no span is chunked).
         let (norm, out) = match norm.as_mut() {
-            Some((nw, eps, normed)) => {
+            Some((nw, eps, whole, normed)) => {
                 let dn = DeltaNorm {
-                    whole_head: delta_norm() == DeltaNormMode::Head,
+                    whole_head: *whole,
                     z: p.dev::<T>()?,
                     z_stride: p.last_dim(),
                     zoff: c.conv_dim(),
