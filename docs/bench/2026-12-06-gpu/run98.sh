@@ -15,7 +15,7 @@ one() { # label, model flags, rule
     local s; s=$(env PORTER_KNOCKIN=$3 timeout 60 $P bench $2 $B 2>&1 | grep -E '^decode batch' | sed -E 's/.*\(([0-9.]+) ms\/step.*/\1/')
     echo "$1 $3 $s"
 }
-PORTER_LAUNCH_TRACE=400 timeout 60 $P bench $G $B 2>&1 | grep -E "^launch|grid" | head -120 > $OUT/trace_bf16.txt
+PORTER_LAUNCH_TRACE=400 timeout 60 $P bench $G $B > $OUT/trace_bf16.txt 2>&1
 for k in NONE add_rms_norm_f32y add_rms_norm_bf16_bf16 rms_norm gemv_bf16_bf16_m1@1544 gdn_conv_gates gdn_delta_seq \
     gemv_bf16_bf16_m1@1024 gemv_bf16_f32_m1@772 moe_router_warp moe_dir_gu_sh moe_dir_downa_sh gemv_bf16_bf16_m1@2048 \
     gemv_bf16_bf16_m1@256 qk_prep kv_append attention_decode sigmoid_gate_mul gemv_bf16_f32_m1@18992 NONE; do
