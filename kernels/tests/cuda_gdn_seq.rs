@@ -508,25 +508,11 @@ fn delta_case<T: CudaFloat>(
         let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
         let dstate_0 = k.stream().clone_dtod(&dstate).expect("dtod");
-        k.gdn_delta_seq(
-            &dq,
-            &dg,
-            &db,
-            &mut dstate,
-            &dsp,
-            &mut out,
-            t,
-            spans.len(),
-            max_len,
-            d.hk,
-            d.hv,
-            d.dk,
-            d.dv,
-            num_slots,
-            nbuf,
-            None,
-        )
-        .expect("gdn_delta_seq");
+        let n = spans.len();
+        let run = |st: &mut CudaSlice<f32>, o: &mut CudaSlice<T>, nz: Option<DeltaNorm<'_, T>>| {
+            k.gdn_delta_seq(&dq, &dg, &db, st, &dsp, o, t, n, max_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf, nz)
+        };
+        run(&mut dstate, &mut out, None).expect("gdn_delta_seq");
         let what = format!("delta_seq {} {d:?} call {ci} spans {spans:?}", T::NAME);
         check(&format!("{what}: out"), &down(k, &out), &want, tol::<T>());
         check(&format!("{what}: state"), &down(k, &dstate), &state, TOL_F32);
@@ -548,26 +534,7 @@ fn delta_case<T: CudaFloat>(
                 out: &mut normed,
                 counters: &mut counters,
             };
-            let dims = (t, spans.len(), max_len, d.hk, d.hv, d.dk, d.dv);
-            k.gdn_delta_seq(
-                &dq,
-                &dg,
-                &db,
-                &mut dstate_n,
-                &dsp,
-                &mut out_n,
-                dims.0,
-                dims.1,
-                dims.2,
-                dims.3,
-                dims.4,
-                dims.5,
-                dims.6,
-                num_slots,
-                nbuf,
-                Some(norm),
-            )
-            .expect("gdn_delta_seq with the norm");
+            run(&mut dstate_n, &mut out_n, Some(norm)).expect("gdn_delta_seq with the norm");
             // Bits, every NaN as one (rows outside every span keep their poison, a refused span's
             // rows are NaN in both, with different payloads).
             let bits = |v: Vec<f32>| {
