@@ -174,3 +174,71 @@ fn cuda_argmax() {
         * timing::time_calls(&k, &mut hold, 200, &mut |_| k.argmax(&one, &mut o1, 1, VOCAB).expect("argmax launch"));
     println!("  argmax [1, {VOCAB}]: {us:.1} us a call ({:.0} GB/s)", VOCAB as f64 * 4.0 / us / 1e3);
 }
+
+/// The MoE input GEMV with the router in its last block (`gemv_route`, kernels/cuda/gemv_route.cu)
+/// against its two launches (`gemv` to f32, then `moe_router_strided` over the first e columns):
+/// logits, expert ids and weights bit for bit, for 1..4 rows, bf16 / f16 / f32, the 80B MoE
+/// input's shape (512 experts top-10 in 1,544 columns: router, shared gate / up, shared gate),
+/// the one-warp router's edges, and calls back to back (the block counter is reset by each).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_gemv_route() {
+    use cudarc::driver::CudaSlice;
+    use porter_kernels::cuda::CudaFloat;
+    let k = gpu("cuda_gemv_route");
+    let mut rng = Rng::new(21);
+    fn case<A: CudaFloat>(k: &CudaKernels, rng: &mut Rng, m: usize, kk: usize, n: usize, e: usize, topk: usize) {
+        let renorm = topk.is_multiple_of(2);
+        let what = format!("{} m {m} k {kk} n {n} e {e} top-{topk}", A::NAME);
+        assert!(CudaKernels::gemv_route_fits::<A>(m, kk, e, topk), "{what}: should fit");
+        let (x, w, _) = gemv_inputs::<A, f32>(k, rng, m, kk, n);
+        let mut want = poisoned::<f32>(k, m * n);
+        k.gemv::<A, f32>(&x, &w, &mut want, m, kk, n).expect("gemv");
+        let (mut wi, mut ww) = (poisoned_u32(k, m * topk), poisoned::<f32>(k, m * topk));
+        k.moe_router_strided(&want, n, &mut wi, &mut ww, m, e, topk, renorm).expect("router");
+        // Three calls back to back into the same buffers: each must route (a counter left
+        // non-zero by one launch would make the next one's last block miss).
+        let mut got: CudaSlice<f32> = poisoned::<f32>(k, m * n);
+        for round in 0..3 {
+            let (mut gi, mut gw) = (poisoned_u32(k, m * topk), poisoned::<f32>(k, m * topk));
+            k.gemv_route::<A>(&x, &w, &mut got, (m, kk, n), (e, topk, renorm), &mut gi, &mut gw).expect("gemv_route");
+            check_bits(&format!("{what} logits, call {round}"), &down(k, &got), &down(k, &want));
+            assert_eq!(down_u32(k, &gi), down_u32(k, &wi), "{what}: expert ids, call {round}");
+            check_bits(&format!("{what} weights, call {round}"), &down(k, &gw), &down(k, &ww));
+        }
+        println!("  {what}: logits, ids and weights bit for bit (3 calls)");
+    }
+    for m in 1..=4 {
+        case::<half::bf16>(&k, &mut rng, m, 2048, 1544, 512, 10);
+    }
+    case::<half::f16>(&k, &mut rng, 2, 2048, 513, 512, 10);
+    case::<f32>(&k, &mut rng, 3, 256, 512, 512, 16);
+    case::<half::bf16>(&k, &mut rng, 4, 64, 33, 33, 16);
+    case::<half::bf16>(&k, &mut rng, 1, 128, 60, 60, 4);
+    case::<half::bf16>(&k, &mut rng, 2, 512, 9, 8, 8);
+    // Shapes it does not take: more than 4 rows, more than 512 experts, k = 0 or > 16.
+    assert!(!CudaKernels::gemv_route_fits::<half::bf16>(5, 2048, 512, 10));
+    assert!(!CudaKernels::gemv_route_fits::<half::bf16>(1, 2048, 513, 10));
+    assert!(!CudaKernels::gemv_route_fits::<half::bf16>(1, 2048, 512, 17));
+    assert!(!CudaKernels::gemv_route_fits::<half::bf16>(1, 2048, 8, 0));
+    // A bad call is an error, not a launch.
+    let (x, w, _) = gemv_inputs::<half::bf16, f32>(&k, &mut rng, 1, 64, 8);
+    let (mut o, mut i, mut wt) = (poisoned::<f32>(&k, 8), poisoned_u32(&k, 4), poisoned::<f32>(&k, 4));
+    assert!(k.gemv_route::<half::bf16>(&x, &w, &mut o, (1, 64, 8), (16, 4, true), &mut i, &mut wt).is_err(), "n < e");
+    // One 80B row in place of its two launches (CUDA events, 200 calls): the GEMV and router
+    // apart against the routing GEMV.
+    let (x, w, _) = gemv_inputs::<half::bf16, f32>(&k, &mut rng, 1, 2048, 1544);
+    let (mut o, mut i, mut wt) = (poisoned::<f32>(&k, 1544), poisoned_u32(&k, 10), poisoned::<f32>(&k, 10));
+    let mut hold = timing::Hold::new(&k);
+    let apart = 1e6
+        * timing::time_calls(&k, &mut hold, 200, &mut |_| {
+            k.gemv::<half::bf16, f32>(&x, &w, &mut o, 1, 2048, 1544).expect("gemv");
+            k.moe_router_strided(&o, 1544, &mut i, &mut wt, 1, 512, 10, true).expect("router");
+        });
+    let fused = 1e6
+        * timing::time_calls(&k, &mut hold, 200, &mut |_| {
+            k.gemv_route::<half::bf16>(&x, &w, &mut o, (1, 2048, 1544), (512, 10, true), &mut i, &mut wt)
+                .expect("gemv_route");
+        });
+    println!("  80B MoE input [1544, 2048] + router, one row: apart {apart:.1} us, routing GEMV {fused:.1} us a call");
+}
