@@ -326,9 +326,9 @@ pub fn gdn_gated(
 /// Environment variable: where the Gated DeltaNet decode's gated RMSNorm runs. Unset (or
 /// `head`): inside the recurrent delta rule's launch in its whole-head form (one block per
 /// (value head, sequence) holding all the head's columns, the norm after a block barrier)
-/// for steps of up to [`HEAD_NORM_MAX_SPANS`] sequences, a launch of its own beyond; `columns`:
+/// for steps of up to 4 sequences (`HEAD_NORM_MAX_SPANS`), a launch of its own beyond; `columns`:
 /// inside the launch in its column-block form (the norm by the last block of each head after
-/// an atomic count) up to [`COLUMNS_NORM_MAX_SPANS`] sequences; `apart`: always a launch of its
+/// an atomic count) up to 8 sequences (`COLUMNS_NORM_MAX_SPANS`); `apart`: always a launch of its
 /// own (`gated_norm_z`). Read once; another value warns once and means the default.
 ///
 /// Measured on the H100 (session 24, 24 layers of the 80B geometry, tok/s at batch 1 / 2 / 4 /
