@@ -158,15 +158,6 @@ pub struct MoeShared<'a> {
     pub inter: usize,
 }
 
-/// Expert choices a backend made in the launch of the MoE input product ([`Ops::moe_input`]),
-/// in its own buffers; [`Ops::moe_experts`] then takes them instead of routing again. One
-/// variant per backend that routes there (the CPU backend never does).
-#[derive(Debug)]
-pub enum Routed {
-    /// The CUDA backend's ids and weights (the input GEMV's last block routed).
-    Cuda(cuda::moe::DevRoute),
-}
-
 /// Gated DeltaNet geometry (see `nn::GdnConfig`).
 #[derive(Debug, Clone, Copy)]
 pub struct GdnArgs {
@@ -281,18 +272,6 @@ pub trait Ops: Sync {
     ) -> Result<Option<NormMatmul>> {
         Ok(None)
     }
-    /// Whether [`Ops::moe_input`] routes `rows` rows of `x` through `input` in the product's
-    /// launch (so a caller that could fuse a norm into that product takes this instead).
-    fn moe_input_routes(&self, _x: &Tensor, _input: &Tensor, _m: &MoeArgs) -> bool {
-        false
-    }
-    /// The MoE input product `x · inputᵀ` in f32 (`[T, n]`, the router logits its first
-    /// `m.experts` columns), and where the backend routes in the same launch
-    /// ([`Ops::moe_input_routes`]), the router's choice for [`Ops::moe_experts`] (the same
-    /// experts and weights its own router picks). Default: the product alone.
-    fn moe_input(&self, x: &Tensor, input: &Tensor, _m: &MoeArgs) -> Result<(Tensor, Option<Routed>)> {
-        Ok((x.matmul_t_to(input, DType::F32)?, None))
-    }
     /// Rotates `x: [T, heads, head_dim]` in place at the batch's positions (NeoX pairing).
     fn rope(&self, x: &mut Tensor, rope: &RopeArgs<'_>, batch: &Batch) -> Result<()>;
     /// An attention block's query / key preparation: the gate split of a gated query
@@ -335,9 +314,6 @@ pub trait Ops: Sync {
     /// flag returned says whether it did (else the caller runs `swiglu_cols`, the down
     /// projection and `shared_expert_add`). Fused or not, the result differs only in the
     /// summation order of the shared down projection's dot products.
-    ///
-    /// `routed`: the router's choice already made with `logits` ([`Ops::moe_input`]), taken
-    /// instead of routing again (an error on a backend that made none).
     #[allow(clippy::too_many_arguments)]
     fn moe_experts(
         &self,
@@ -348,7 +324,6 @@ pub trait Ops: Sync {
         up: &Tensor,
         down: &Tensor,
         shared: Option<&MoeShared<'_>>,
-        routed: Option<Routed>,
     ) -> Result<(Tensor, bool)>;
     /// `act(g) · u` from f32 columns `[col0, col0 + I)` (gate) and `[col0 + I, col0 + 2I)`
     /// (up) of `all`, each rounded to `dtype` first as a GEMM output would be → `[T, I]`.

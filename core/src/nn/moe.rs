@@ -1,7 +1,7 @@
 //! Sparse mixture of experts with an optional shared expert.
 
 use super::*;
-use crate::backend::{MoeShared, Routed};
+use crate::backend::MoeShared;
 
 /// The shared expert of Qwen3-Next MoE blocks: `sigmoid(x·g) · down(act(gate·x) · up·x)`
 /// (the MoE's `act`). Its gate / up projections and its gate row live in the MoE's packed
@@ -120,27 +120,19 @@ impl Moe {
         // [T, H] -> [T, E + 2·I_s + 1] f32: router logits, shared gate/up, shared gate logit
         // (with `shared_in`: [T, E + 1], router logits and the gate logit, and the shared
         // gate / up apart, [T, 2·I_s]).
-        let (all, routed) = ops(x).moe_input(x, &self.input, &self.args())?;
-        self.experts_of(x, all, routed)
+        let all = x.matmul_t_to(&self.input, DType::F32)?;
+        self.experts_of(x, all)
     }
 
     /// `res += y`, then [`Moe::forward`] of `norm(res)`, the add and norm fused into the input
     /// product where the backend can ([`RmsNorm::add_forward_matmul`]).
     pub fn forward_add(&self, res: &mut Tensor, y: &Tensor, norm: &RmsNorm) -> Result<Tensor> {
-        // Where the backend routes in the input product's launch, that fusion is taken over the
-        // norm's (the add and norm run first, as one op).
-        if ops(res).moe_input_routes(res, &self.input, &self.args()) {
-            let x = norm.add_forward(res, y)?;
-            let (all, routed) = ops(&x).moe_input(&x, &self.input, &self.args())?;
-            return self.experts_of(&x, all, routed);
-        }
         let (x, all) = norm.add_forward_matmul(res, y, &self.input, DType::F32)?;
-        self.experts_of(&x, all, None)
+        self.experts_of(&x, all)
     }
 
-    /// The block after its input product `all` of the (normalised) input `x`, with the
-    /// router's choice when the product's launch made it (`routed`).
-    fn experts_of(&self, x: &Tensor, all: Tensor, routed: Option<Routed>) -> Result<Tensor> {
+    /// The block after its input product `all` of the (normalised) input `x`.
+    fn experts_of(&self, x: &Tensor, all: Tensor) -> Result<Tensor> {
         let gu = match (&self.shared, &self.shared_in) {
             (Some(_), Some(si)) => Some(x.matmul_t_to(si, DType::F32)?),
             _ => None,
@@ -149,8 +141,7 @@ impl Moe {
         // [T, H] f32; the router reads the first E columns of `all`, whatever its width. The
         // backend may add the shared expert in the same kernels (`fused`).
         let shared = self.shared_arg(&all, gu.as_ref());
-        let (mut y, fused) =
-            o.moe_experts(x, &all, &self.args(), &self.gate, &self.up, &self.down, shared.as_ref(), routed)?;
+        let (mut y, fused) = o.moe_experts(x, &all, &self.args(), &self.gate, &self.up, &self.down, shared.as_ref())?;
         if let Some(s) = self.shared.as_ref().filter(|_| !fused) {
             let (gu, col0, gate_col) = self.shared_cols(s, &all, gu.as_ref());
             // [T, I_s] in the model dtype, then [T, H]
@@ -262,7 +253,7 @@ mod tests {
         let gu = rng.tensor(&[2, 6], 1.0);
         let s = m.shared_arg(&all, Some(&gu)).expect("apart");
         assert_eq!((s.col0, s.gate_col, s.gu.shape(), s.gate.shape()), (0, 4, gu.shape(), all.shape()));
-        let (_, fused) = ops(&x).moe_experts(&x, &all, &m.args(), &m.gate, &m.up, &m.down, Some(&s), None).unwrap();
+        let (_, fused) = ops(&x).moe_experts(&x, &all, &m.args(), &m.gate, &m.up, &m.down, Some(&s)).unwrap();
         assert!(!fused, "the CPU backend leaves the shared expert to the caller");
         let sh = m.shared.as_mut().unwrap();
         sh.down.b = Some(rng.tensor(&[H], 1.0));

@@ -251,15 +251,12 @@ pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
     ),
 };
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling, the skinny
-/// decode GEMV, the GEMV with the RMSNorm before it fused in (norm_gemv.cu), and the MoE input
-/// GEMV with the router in its last block (gemv_route.cu, after router_sel.cu's router).
+/// decode GEMV, and the GEMV with the RMSNorm before it fused in (norm_gemv.cu).
 pub(crate) static MISC: KernelSource = KernelSource {
     name: "misc.cu",
     code: concat!(
         "#line 1 \"gdn_norm.cu\"\n",
         include_str!("../../cuda/gdn_norm.cu"),
-        "\n#line 1 \"router_sel.cu\"\n",
-        include_str!("../../cuda/router_sel.cu"),
         "\n#line 1 \"misc.cu\"\n",
         include_str!("../../cuda/misc.cu"),
         "\n#line 1 \"gemv_pdl.cu\"\n",
@@ -267,9 +264,7 @@ pub(crate) static MISC: KernelSource = KernelSource {
         "\n#line 1 \"norm_rows.cu\"\n",
         include_str!("../../cuda/norm_rows.cu"),
         "\n#line 1 \"norm_gemv.cu\"\n",
-        include_str!("../../cuda/norm_gemv.cu"),
-        "\n#line 1 \"gemv_route.cu\"\n",
-        include_str!("../../cuda/gemv_route.cu")
+        include_str!("../../cuda/norm_gemv.cu")
     ),
 };
 /// FP8 weights: dequantizing GEMV, dequantize / quantize, the FP8 row reader of the MoE decode

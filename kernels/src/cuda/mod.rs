@@ -80,7 +80,6 @@ mod gdn;
 mod gdn_chunk;
 mod gdn_fused;
 mod gdn_seq;
-mod gemv_route;
 mod knockout;
 mod kv_quant;
 mod misc;
@@ -114,7 +113,6 @@ pub use gdn_fused::{
     gdn_fused_enabled, GdnFusedDims, GdnFusedShape, GDN_FUSED_ENV, GDN_FUSED_LANES_ENV, GDN_FUSED_MAX_KEY_HEADS,
 };
 pub use gdn_seq::DeltaNorm;
-pub use gemv_route::GEMV_ROUTE_MAX_ROWS;
 pub use knockout::{parse_rules as knockout_rules, KNOCKIN_ENV, KNOCKOUT_ENV, LAUNCH_TRACE_ENV};
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GemvKind, GEMV_MAX_ROWS};
@@ -287,9 +285,6 @@ pub struct CudaKernels {
     /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
     /// the kernel zeroes what it used before it ends).
     moe_sync: Mutex<CudaSlice<u32>>,
-    /// The routing GEMV's block counter ([`CudaKernels::gemv_route`]: one u32, zero between
-    /// calls: the kernel's last block zeroes it).
-    route_sync: Mutex<CudaSlice<u32>>,
 }
 
 impl CudaKernels {
@@ -336,7 +331,6 @@ impl CudaKernels {
         // NVRTC for every module starts now, in parallel, while the caller loads its weights.
         precompile_in_background(arch, caps.fallback_build());
         let moe_sync = Mutex::new(stream.alloc_zeros::<u32>(moe_decode::SYNC_WORDS)?);
-        let route_sync = Mutex::new(stream.alloc_zeros::<u32>(1)?);
         Ok(Self {
             ctx,
             stream,
@@ -347,7 +341,6 @@ impl CudaKernels {
             functions: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             moe_sync,
-            route_sync,
         })
     }
 

@@ -26,10 +26,10 @@ use super::ops::{router_warp_form, ROUTER_MAX_K};
 use super::{prod, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev, MoeSharedDev, Result, MOE_PHASES_ALL};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-/// Environment variable choosing where the routed experts' top-k selection runs at decode:
-/// `fused` (inside the direct form's gate+up kernel), `gemv` (in the last block of the MoE
-/// input GEMV, [`CudaKernels::gemv_route`]) or `apart` (the default: the separate router launch
-/// first). Read once a process; another value warns once on stderr and means `apart`.
+/// Environment variable choosing where the routed experts' top-k selection runs when the
+/// direct decode form runs: `fused` (inside its gate+up kernel) or `apart` (the default: the
+/// separate router launch first). Read once a process; another value warns once on stderr and
+/// means `apart`.
 pub const MOE_ROUTER_ENV: &str = "PORTER_MOE_ROUTER";
 
 /// Where a routed-experts call's router runs ([`MOE_ROUTER_ENV`]).
@@ -40,10 +40,6 @@ pub enum MoeRouter {
     Fused,
     /// The separate router launch ([`CudaKernels::moe_router_strided`]) always.
     Apart,
-    /// In the last block of the MoE input GEMV ([`CudaKernels::gemv_route`]) where that GEMV
-    /// takes the rows (decode: up to [`super::GEMV_ROUTE_MAX_ROWS`]); the separate router
-    /// launch elsewhere.
-    Gemv,
 }
 
 impl MoeRouter {
@@ -52,7 +48,7 @@ impl MoeRouter {
         static ONCE: std::sync::OnceLock<MoeRouter> = std::sync::OnceLock::new();
         *ONCE.get_or_init(|| {
             Self::from_value(std::env::var_os(MOE_ROUTER_ENV).as_deref()).unwrap_or_else(|bad| {
-                eprintln!("warning: {MOE_ROUTER_ENV}={bad:?} is not one of fused, apart, gemv; using apart");
+                eprintln!("warning: {MOE_ROUTER_ENV}={bad:?} is not one of fused, apart; using apart");
                 MoeRouter::Apart
             })
         })
@@ -64,7 +60,6 @@ impl MoeRouter {
         match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
             "fused" => Ok(MoeRouter::Fused),
             "" | "apart" => Ok(MoeRouter::Apart),
-            "gemv" => Ok(MoeRouter::Gemv),
             _ => Err(v.to_string_lossy().into_owned()),
         }
     }
@@ -275,7 +270,6 @@ mod tests {
         assert_eq!(MoeRouter::from_value(None), Ok(MoeRouter::Apart));
         assert_eq!((v("fused"), v(" Fused ")), (Ok(MoeRouter::Fused), Ok(MoeRouter::Fused)));
         assert_eq!((v("apart"), v("APART"), v("")), (Ok(MoeRouter::Apart), Ok(MoeRouter::Apart), Ok(MoeRouter::Apart)));
-        assert_eq!((v("gemv"), v(" GEMV")), (Ok(MoeRouter::Gemv), Ok(MoeRouter::Gemv)));
         assert_eq!(v("separate"), Err("separate".to_string()), "an unknown value is reported, not taken silently");
     }
 
@@ -291,7 +285,6 @@ mod tests {
         assert!(!f.takes(512, ROUTER_MAX_K + 1));
         assert!(!f.takes(8, 9) && !f.takes(8, 0));
         assert!(!MoeRouter::Apart.takes(512, 10));
-        assert!(!MoeRouter::Gemv.takes(512, 10), "the GEMV's router is not the gate+up kernel's");
     }
 
     /// The direct form runs where `moe_decode_run` takes it: the fused shared expert's, or a

@@ -110,17 +110,9 @@ impl Ops for CudaOps {
         up: &Tensor,
         down: &Tensor,
         shared: Option<&MoeShared<'_>>,
-        routed: Option<super::Routed>,
     ) -> Result<(Tensor, bool)> {
         fused_silu(m.act, "moe_experts")?;
-        let routed = routed.map(|super::Routed::Cuda(r)| r);
-        moe::moe_experts(x, logits, m, (gate, up, down), shared, routed)
-    }
-    fn moe_input_routes(&self, x: &Tensor, input: &Tensor, m: &MoeArgs) -> bool {
-        moe::input_routes(x, input, m)
-    }
-    fn moe_input(&self, x: &Tensor, input: &Tensor, m: &MoeArgs) -> Result<(Tensor, Option<super::Routed>)> {
-        moe::moe_input(x, input, m).map(|(all, r)| (all, r.map(super::Routed::Cuda)))
+        moe::moe_experts(x, logits, m, gate, up, down, shared)
     }
     fn swiglu_cols(&self, all: &Tensor, col0: usize, inter: usize, dtype: DType, act: Act) -> Result<Tensor> {
         fused_silu(act, "swiglu_cols")?;

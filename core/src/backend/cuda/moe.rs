@@ -61,22 +61,18 @@ pub fn moe_experts(
     x: &Tensor,
     logits: &Tensor,
     m: &MoeArgs,
-    (gate, up, down): (&Tensor, &Tensor, &Tensor),
+    gate: &Tensor,
+    up: &Tensor,
+    down: &Tensor,
     shared: Option<&MoeShared<'_>>,
-    routed: Option<DevRoute>,
 ) -> Result<(Tensor, bool)> {
     let g = gpu_of(x, "moe")?;
     let _p = profile::span("moe experts (incl. router)", &g);
     let (t, h) = (x.rows(), x.last_dim());
     let (e, k) = (m.experts, m.top_k);
     let stride = logits.last_dim();
-    // The router's choice from the input GEMV's launch (`moe_input`), or buffers to route into.
-    let have_route = routed.is_some();
-    let (mut idx, mut wts) = match routed {
-        Some(r) if r.rows == t && r.k == k => (r.idx, r.wts),
-        Some(r) => bail!(Internal, "a routing of {} rows, top-{}, for {t} rows, top-{k}", r.rows, r.k),
-        None => (alloc::<u32>(&g, t * k)?, alloc::<f32>(&g, t * k)?),
-    };
+    let mut idx = alloc::<u32>(&g, t * k)?;
+    let mut wts = alloc::<f32>(&g, t * k)?;
     let inter = gate.dim(1);
     let mut y = Tensor::empty_on(&g, [t, h], DType::F32)?;
     let routed = kind_of(&[gate, up, down]);
@@ -99,9 +95,8 @@ pub fn moe_experts(
     let route =
         MoeRouteDev { logits: logits.dev::<f32>()?, stride, renorm: m.norm_topk_prob, router: MoeRouter::of_process() };
     let fp8 = routed == WeightKind::Fp8;
-    let route =
-        (!have_route && CudaKernels::moe_router_fuses(t, k, e, fp8, shared.is_some(), invariant)).then_some(&route);
-    if route.is_none() && !have_route {
+    let route = CudaKernels::moe_router_fuses(t, k, e, fp8, shared.is_some(), invariant).then_some(&route);
+    if route.is_none() {
         g.k.moe_router_strided(logits.dev::<f32>()?, stride, &mut idx, &mut wts, t, e, k, m.norm_topk_prob)
             .map_err(cuda_err)?;
     }
@@ -165,70 +160,6 @@ pub fn moe_experts(
 
 /// The kernels' view of a shared expert with down weight `down` (its gate / up columns and
 /// gate logit are f32 device tensors; checked by the caller).
-/// The router's choice made in the MoE input GEMV's launch ([`moe_input`]): `[rows, k]` expert
-/// ids and weights on the device, for [`moe_experts`].
-#[derive(Debug)]
-pub struct DevRoute {
-    idx: CudaSlice<u32>,
-    wts: CudaSlice<f32>,
-    rows: usize,
-    k: usize,
-}
-
-/// Whether [`moe_input`] routes in its GEMV's launch: `PORTER_MOE_ROUTER=gemv`
-/// ([`MoeRouter::Gemv`]), a dense input weight of the activations' dtype, and a shape the
-/// routing GEMV takes ([`CudaKernels::gemv_route_fits`]: decode rows, the one-warp router's
-/// expert counts).
-pub fn input_routes(x: &Tensor, input: &Tensor, m: &MoeArgs) -> bool {
-    if MoeRouter::of_process() != MoeRouter::Gemv
-        || !x.is_cuda()
-        || super::fp8::fp8_of(input).is_some()
-        || input.dtype() != x.dtype()
-        || input.shape().len() != 2
-        || input.dim(1) != x.last_dim()
-        || input.dim(0) < m.experts
-    {
-        return false;
-    }
-    let (t, kk, e, topk) = (x.rows(), x.last_dim(), m.experts, m.top_k);
-    match x.dtype() {
-        DType::F32 => CudaKernels::gemv_route_fits::<f32>(t, kk, e, topk),
-        DType::BF16 => CudaKernels::gemv_route_fits::<half::bf16>(t, kk, e, topk),
-        DType::F16 => CudaKernels::gemv_route_fits::<half::f16>(t, kk, e, topk),
-    }
-}
-
-/// The MoE input product `x · inputᵀ` in f32 (`[T, n]`), and where [`input_routes`] says so
-/// the router's choice over its first `m.experts` columns from the same launch (the logits'
-/// bits are the plain GEMV's, the ids and weights the separate router's).
-pub fn moe_input(x: &Tensor, input: &Tensor, m: &MoeArgs) -> Result<(Tensor, Option<DevRoute>)> {
-    if !input_routes(x, input, m) {
-        return Ok((x.matmul_t_to(input, DType::F32)?, None));
-    }
-    let g = gpu_of(x, "moe input")?;
-    let _p = profile::span("gemm", &g);
-    let (t, kk, n) = (x.rows(), x.last_dim(), input.dim(0));
-    let (e, k) = (m.experts, m.top_k);
-    let mut all = Tensor::empty_on(&g, [t, n], DType::F32)?;
-    let mut idx = alloc::<u32>(&g, t * k)?;
-    let mut wts = alloc::<f32>(&g, t * k)?;
-    fn go<A: DevType>(
-        g: &Gpu,
-        x: &Tensor,
-        input: &Tensor,
-        all: &mut Tensor,
-        dims: ((usize, usize, usize), (usize, usize, bool)),
-        idx: &mut CudaSlice<u32>,
-        wts: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        let (xs, ws) = (x.dev::<A>()?, input.dev::<A>()?);
-        g.k.gemv_route::<A>(xs, ws, all.dev_mut::<f32>()?, dims.0, dims.1, idx, wts).map_err(cuda_err)
-    }
-    let dims = ((t, kk, n), (e, k, m.norm_topk_prob));
-    crate::by_dtype!(x.dtype(), go(&g, x, input, &mut all, dims, &mut idx, &mut wts))?;
-    Ok((all, Some(DevRoute { idx, wts, rows: t, k })))
-}
-
 pub(super) fn shared_dev<'a, W>(s: &MoeShared<'a>, down: W) -> Result<MoeSharedDev<'a, W>> {
     Ok(MoeSharedDev {
         gu: s.gu.dev::<f32>()?,
