@@ -40,7 +40,9 @@ pub const QK_PREP_MAX_HD: usize = 512;
 pub struct QkNorm<'a, T> {
     /// `[hd]`.
     pub w: &'a CudaSlice<T>,
+    /// The norm's epsilon.
     pub eps: f32,
+    /// Standard or zero-centred.
     pub kind: RmsNormKind,
 }
 
@@ -49,6 +51,8 @@ impl CudaKernels {
     /// [`CudaKernels::rms_norm`] (per head, when a norm is given) followed by
     /// [`CudaKernels::rope_neox`], bit for bit; with `gate_out`, `qg` holds per head
     /// `[q | gate]` (Qwen3-Next's gated query projection) and the gate is copied out unchanged.
+    /// `dims` = `[t, heads, kvh, hd, rot_dim]`; `attn_scale` multiplies cos / sin (YaRN's
+    /// attention factor, 1 otherwise).
     ///
     /// # Shapes
     /// - `qg`: `[t, heads, hd · (1 + gated)]`, `k`: `[t, kvh, hd]` (`T`)
