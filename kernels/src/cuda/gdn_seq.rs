@@ -3,7 +3,7 @@
 //! consecutive rows in the batch; per-sequence state lives in pools indexed by
 //! slot. Semantics of [`crate::cpu::gdn`].
 
-use super::{opt_ptr, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
+use super::{opt_ptr, opt_ptr_mut, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Most rows per block of the conv kernel (`CONV_ROWS` in gdn_seq.cu).
@@ -326,8 +326,8 @@ impl CudaKernels {
             let width = prod(&[hv, dv])?;
             if nz.zoff.checked_add(width).is_none_or(|e| e > nz.z_stride) {
                 return Err(CudaError::Invalid(format!(
-                    "gdn_delta_seq: z columns {}..{}+{width} exceed the row width {}",
-                    nz.zoff, nz.zoff, nz.z_stride
+                    "gdn_delta_seq: z columns {}+{width} exceed the row width {}",
+                    nz.zoff, nz.z_stride
                 )));
             }
             self.check("z", nz.z, prod(&[t, nz.z_stride])?)?;
@@ -388,14 +388,12 @@ impl CudaKernels {
         };
         let (pz, _gz) = opt_ptr(z, s);
         let (pw, _gw) = opt_ptr(w, s);
-        let (po, pc, _go, _gc) = match norm {
-            Some(nz) => {
-                let (po, go) = nz.out.device_ptr_mut(s);
-                let (pc, gc) = nz.counters.device_ptr_mut(s);
-                (po, pc, Some(go), Some(gc))
-            }
-            None => (0, 0, None, None),
+        let (out_n, counters) = match norm {
+            Some(nz) => (Some(nz.out), Some(nz.counters)),
+            None => (None, None),
         };
+        let (po, _go) = opt_ptr_mut(out_n, s);
+        let (pc, _gc) = opt_ptr_mut(counters, s);
         // SAFETY: arguments match `gdn_delta_seq_r<R>_<T>` in gdn_seq.cu; lengths
         // checked; R·P >= dk; the shared memory size is the kernel's layout for
         // (P, R, blockDim / P columns) and stays below 48 KiB (dk <= 256); the
@@ -442,8 +440,9 @@ impl CudaKernels {
 }
 
 /// The gated RMSNorm with SiLU(z) that [`CudaKernels::gdn_delta_seq`] may apply to its output
-/// rows (`gated_norm_z`'s values, bit for bit), by the last column block of each (span, value
-/// head).
+/// rows (`gated_norm_z`'s values on that output, bit for bit): in the whole-head form by the
+/// head's one block after a barrier, else by the last column block of each (span, value head)
+/// after an atomic count.
 ///
 /// # Shapes
 /// - `z`: `[t, z_stride]` (`T`; z of head `j` at columns `zoff + j·dv ..`), `w`: `[dv]` (`T`)

@@ -625,6 +625,20 @@ pub(crate) fn opt_ptr<'a, T>(v: Option<&'a impl DevicePtr<T>>, s: &'a CudaStream
     }
 }
 
+/// [`opt_ptr`] of a buffer the kernel writes (its guard records the write).
+pub(crate) fn opt_ptr_mut<'a, T>(
+    v: Option<&'a mut impl cudarc::driver::DevicePtrMut<T>>,
+    s: &'a CudaStream,
+) -> (u64, Option<SyncOnDrop<'a>>) {
+    match v {
+        Some(v) => {
+            let (p, g) = v.device_ptr_mut(s);
+            (p, Some(g))
+        }
+        None => (0, None),
+    }
+}
+
 /// `a · b · ...` with overflow checked.
 pub(crate) fn prod(dims: &[usize]) -> Result<usize> {
     dims.iter()

@@ -2,7 +2,9 @@
 //! (kernels/cuda/qk_prep.cu): the per-head q / k RMSNorms, the partial NeoX RoPE and the split
 //! of a gated query projection into q and gate.
 
-use super::{opt_ptr, prod, row_threads, u32_of, CudaError, CudaFloat, CudaKernels, Result, RmsNormKind, NORM};
+use super::{
+    opt_ptr, opt_ptr_mut, prod, row_threads, u32_of, CudaError, CudaFloat, CudaKernels, Result, RmsNormKind, NORM,
+};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Environment variable: `apart` runs an attention block's query / key preparation as the
@@ -109,13 +111,7 @@ impl CudaKernels {
         let s = &*self.stream;
         let (qw, _gq) = opt_ptr(q_norm.as_ref().map(|n| n.w), s);
         let (kw, _gk) = opt_ptr(k_norm.as_ref().map(|n| n.w), s);
-        let (go, _gg) = match gate_out {
-            Some(g) => {
-                let (p, guard) = g.device_ptr_mut(s);
-                (p, Some(guard))
-            }
-            None => (0, None),
-        };
+        let (go, _gg) = opt_ptr_mut(gate_out, s);
         let cfg = LaunchConfig {
             grid_dim: (u32_of("heads + kv_heads", heads + kvh)?, u32_of("t", t)?, 1),
             // rms_norm's block for a row of hd: its block_sum runs over the same threads.
