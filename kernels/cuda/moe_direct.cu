@@ -87,6 +87,12 @@ template <typename T, typename M> struct DirShared {
     // Down: 0 none; 1 the shared row is slot k of the routed zip groups (Is = I, same
     // vec); 2 a dot product of its own after them. vec: 16-byte loads of its rows.
     int mode, vec;
+    // Gate+up with gu_w: g and u are the gate+up kernel's own dot products of x's rows with
+    // the weight rows gum[c] and gum[Is + c] ([2·Is, H], the shared expert's [gate; up]; the
+    // FP8 checkpoints hold it apart from the bf16 router rows, so no input GEMM computes it),
+    // instead of the f32 columns gu. gu_vec: 16-byte loads of its rows (and of x).
+    M gum;
+    int gu_w, gu_vec;
 };
 
 // The direct down kernel's L2 prefetch (staged bit 2): the 128-byte lines of warp
@@ -170,8 +176,21 @@ __device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gat
                                             const unsigned char* dpf, u64 dbytes, u32 npf, const DirRoute& rt,
                                             const DirShared<T, M>& sh) {
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
-    // Blocks past the routed items' compute h_s, a thread an element.
+    // Blocks past the routed items' compute h_s: with gu_w a warp an element (its gate and up
+    // dot products, warp_dots' as the routed items'), else a thread an element (an elementwise
+    // SwiGLU of the columns gu).
     const u64 nq = (u64)n * I, nb = (nq + wpb - 1) / wpb;
+    if (blockIdx.x >= nb && sh.gu_w) {
+        const u64 q = (u64)(blockIdx.x - nb) * wpb + warp;
+        if (q >= (u64)sh.t * sh.Is) return;
+        const u32 r = (u32)(q / sh.Is), c = (u32)(q % sh.Is);
+        const typename M::Row w[2] = {sh.gum.row(c, H), sh.gum.row((u64)sh.Is + c, H)};
+        const T* a[1] = {x + (u64)r * H};
+        float acc[1][2];
+        warp_dots<T, typename M::Row, 2, 1, U, false>(w, a, 1, H, sh.gu_vec, lane, acc);
+        if (lane == 0) sh.hs[q] = from_f<T>(silu_f(round_to<T>(acc[0][0])) * round_to<T>(acc[0][1]));
+        return;
+    }
     if (blockIdx.x >= nb) {
         const u64 q = (blockIdx.x - nb) * blockDim.x + threadIdx.x;
         if (q < (u64)sh.t * sh.Is) {

@@ -14,13 +14,18 @@
 // the input GEMM already computed), and the down launch's warp for (row r, column c) adds
 // the shared row's dot product after the routed pairs: with I_s = I (mode 1) as one more
 // pair of the last zip group (k = 10, groups of 8: 2 of its 8 slots were live), so its
-// loads are in flight with the routed ones.
+// loads are in flight with the routed ones. FP8 checkpoints keep the router rows in bf16 and
+// the shared gate / up in FP8, so no input GEMM computes the products; with gu_w the extra
+// blocks compute them (a warp per element of h_s, warp_dots as the routed items) instead of
+// an FP8 GEMV launch of their own (2.3 µs in place a layer, H100).
 //
 // Entry points: moe_dec_downs_<T> / moe_dec_downs_fp8_<T> (streamed v1 down);
 // moe_dir_gu_sh_<T>, moe_dir_down_sh_<T> (dense), moe_dir_gu_sh_fp8_<T>,
 // moe_dir_down_sh_fp8_<T> (FP8). Arguments: those of moe_dir_gu_* (with the fused router's,
 // MOE_RT_ARGS) / moe_dir_down_*, then
-// gate+up: gu (f32), gu_stride, gu_col0, hs [t, Is], Is, t;
+// gate+up: gu (f32), gu_stride, gu_col0, hs [t, Is], Is, t, then the shared [gate; up] weight
+//   [2·Is, H] (dense: its pointer; FP8: q, scales, row scale), gu_w, gu_vec (gu_w: h_s from that
+//   weight and x, a warp an element; gu is then unused);
 // down: the shared down weight [H, Is], hs, glog (f32), g_stride, g_col, Is, mode, svec.
 
 // v1, streamed down + combine (moe_dec_downs_*; the default, PORTER_MOE_DOWN=legacy takes
@@ -71,10 +76,16 @@ __device__ __forceinline__ void dec_downs_impl(const T* __restrict__ h, const M 
     }
 }
 
+// Gate+up: the f32 columns (unused with gu_w), h_s, then (after the weight's own arguments,
+// MOE_SH_GUW_*) gu_w and gu_vec (DirShared).
 #define MOE_SH_GU_ARGS(T) const float *sgu, u32 gu_stride, u32 gu_col0, T *hs, u32 Is, u32 t
+#define MOE_SH_GUW_DENSE(T) const T *sgw, int gu_w, int gu_vec
+#define MOE_SH_GUW_FP8 const unsigned char *sgw, const float *sgs, const u32 *sgrs, int gu_w, int gu_vec
 #define MOE_SH_DOWN_ARGS(T) const T *hs, const float *glog, u32 g_stride, u32 g_col, u32 Is, int mode, int svec
-#define MOE_SH_GU(T, M) (DirShared<T, M>{sgu, gu_stride, gu_col0, nullptr, 0u, 0u, M{}, hs, Is, t, 0, 0})
-#define MOE_SH_DOWN(T, M, D) (DirShared<T, M>{nullptr, 0u, 0u, glog, g_stride, g_col, D, const_cast<T*>(hs), Is, 0u, mode, svec})
+#define MOE_SH_GU(T, M, GUM) \
+    (DirShared<T, M>{sgu, gu_stride, gu_col0, nullptr, 0u, 0u, M{}, hs, Is, t, 0, 0, GUM, gu_w, gu_vec})
+#define MOE_SH_DOWN(T, M, D) \
+    (DirShared<T, M>{nullptr, 0u, 0u, glog, g_stride, g_col, D, const_cast<T*>(hs), Is, 0u, mode, svec, M{}, 0, 0})
 
 #ifndef PORTER_FP8_MODULE
 
@@ -93,9 +104,10 @@ MOE_DS_ENTRY(f16, f16)
 #define MOE_SH_ENTRY(T, NAME, DIR_U)                                                                                        \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_sh_##NAME(                        \
         const T* x, const T* gate, const T* up, u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,        \
-        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_RT_ARGS, MOE_SH_GU_ARGS(T)) { porter_pdl_enter();          \
+        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_RT_ARGS, MOE_SH_GU_ARGS(T), MOE_SH_GUW_DENSE(T)) {        \
+        porter_pdl_enter();                                                                                          \
         dir_gu_impl<T, DenseMat<T>, 4>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec, dpf,      \
-                                       dbytes, npf, MOE_RT, MOE_SH_GU(T, DenseMat<T>));                           \
+                                       dbytes, npf, MOE_RT, MOE_SH_GU(T, DenseMat<T>, DenseMat<T>{sgw}));         \
     }                                                                                                                \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_sh_##NAME(                      \
         const T* h, const T* down, const u32* idx, const float* wt, u32 e, float* out, u32 H, u32 I, u32 k, int vec, \
@@ -121,9 +133,11 @@ MOE_SH_ENTRY(f16, f16, 2)
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_gu_sh_fp8_##NAME(                    \
         const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,             \
         const float* us, const u32* urs, u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,                 \
-        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_RT_ARGS, MOE_SH_GU_ARGS(T)) { porter_pdl_enter();          \
+        const unsigned char* dpf, u64 dbytes, u32 npf, MOE_RT_ARGS, MOE_SH_GU_ARGS(T), MOE_SH_GUW_FP8) {             \
+        porter_pdl_enter();                                                                                          \
         dir_gu_impl<T, Fp8Mat<T>, 2>(x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, h, H,    \
-                                     I, k, vec, dpf, dbytes, npf, MOE_RT, MOE_SH_GU(T, Fp8Mat<T>));               \
+                                     I, k, vec, dpf, dbytes, npf, MOE_RT,                                            \
+                                     MOE_SH_GU(T, Fp8Mat<T>, FP8_MAT(T, sgw, sgs, sgrs, H)));                      \
     }                                                                                                                \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_down_sh_fp8_##NAME(                  \
         const T* h, const unsigned char* down, const float* ds, const u32* drs, const u32* idx, const float* wt,     \

@@ -9,23 +9,18 @@
 // Registers of p a lane: rows of e <= 32 * ROUTER_WARP_J experts (ROUTER_WARP_E on the host).
 #define ROUTER_WARP_J 16
 
-// The warp's largest / smallest u32 (every lane gets it): one redux.sync on sm_80+, five
-// shuffle steps on the fallback paths (same result).
-__device__ __forceinline__ u32 warp_max_u32(u32 v) {
+// The warp's largest (MAX) or smallest u32 (every lane gets it): one redux.sync on sm_80+,
+// five shuffle steps on the fallback paths (same result).
+template <bool MAX>
+__device__ __forceinline__ u32 warp_ext_u32(u32 v) {
 #if defined(PORTER_SM80)
-    return __reduce_max_sync(0xffffffffu, v);
+    return MAX ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
 #else
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-#endif
-}
-__device__ __forceinline__ u32 warp_min_u32(u32 v) {
-#if defined(PORTER_SM80)
-    return __reduce_min_sync(0xffffffffu, v);
-#else
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) {
+        const u32 w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? max(v, w) : min(v, w);
+    }
     return v;
 #endif
 }
@@ -89,12 +84,12 @@ __device__ __forceinline__ void router_warp_row(const float* l, u32 e, u32 k, in
         for (int w = ROUTER_WARP_J / 4; w > 0; w >>= 1)
 #pragma unroll
             for (int jj = 0; jj < w; ++jj) t[jj] = max(t[jj], t[jj + w]);
-        const u32 best = warp_max_u32(t[0]);
+        const u32 best = warp_ext_u32<true>(t[0]);
         u32 mine = 0xffffffffu;
 #pragma unroll
         for (int jj = ROUTER_WARP_J - 1; jj >= 0; --jj)
             if (key[jj] == best) mine = lane + 32u * jj;
-        const u32 bi = warp_min_u32(mine);
+        const u32 bi = warp_ext_u32<false>(mine);
         // The owner lane takes it out.
 #pragma unroll
         for (int jj = 0; jj < ROUTER_WARP_J; ++jj)

@@ -23,7 +23,9 @@ use common::moe::*;
 use common::*;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
-use porter_kernels::cuda::{CudaError, CudaFloat, CudaKernels, MoeGemv, MoeRouteDev, MoeRouter, MoeSharedDev};
+use porter_kernels::cuda::{
+    CudaError, CudaFloat, CudaKernels, MoeGemv, MoeRouteDev, MoeRouter, MoeSharedDev, SharedGu,
+};
 
 /// What the router logits hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,9 +132,7 @@ trait Experts<T: CudaFloat> {
 fn shared_of<'a, W>(all: &'a CudaSlice<f32>, e: usize, is: usize, down: W) -> MoeSharedDev<'a, W> {
     let stride = e + 2 * is + 1;
     MoeSharedDev {
-        gu: all,
-        gu_stride: stride,
-        gu_col0: e,
+        gu: SharedGu::Cols { gu: all, stride, col0: e },
         gate: all,
         gate_stride: stride,
         gate_col: e + 2 * is,

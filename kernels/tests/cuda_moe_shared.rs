@@ -33,7 +33,7 @@ use common::*;
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cpu::ops;
-use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8Dev, Gemm, MoeGemv, MoeSharedDev, MOE_PHASES_ALL};
+use porter_kernels::cuda::{CudaFloat, CudaKernels, Fp8Dev, Gemm, MoeGemv, MoeSharedDev, SharedGu, MOE_PHASES_ALL};
 
 /// Held by every test of this binary (the legacy runs set the process environment).
 static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -131,9 +131,7 @@ fn upload_shared(kern: &CudaKernels, s: &Shared) -> (CudaSlice<f32>, CudaSlice<f
 
 fn dev_of<'a, W>(s: &Shared, gu: &'a CudaSlice<f32>, glog: &'a CudaSlice<f32>, down: W) -> MoeSharedDev<'a, W> {
     MoeSharedDev {
-        gu,
-        gu_stride: s.gu_stride,
-        gu_col0: s.gu_col0,
+        gu: SharedGu::Cols { gu, stride: s.gu_stride, col0: s.gu_col0 },
         gate: glog,
         gate_stride: s.g_stride,
         gate_col: s.g_col,

@@ -142,20 +142,35 @@ pub struct MoeArgs {
 /// the routed experts (the CUDA backend's direct decode form) or leave it to the caller.
 ///
 /// # Shapes
-/// - `gu`: f32 `[T, ≥ col0 + 2·inter]`: the shared gate at columns `col0 .. col0 + inter`,
-///   up at `col0 + inter .. col0 + 2·inter` (as `Ops::swiglu_cols` reads them)
+/// - `gu`: see [`SharedIn`]
 /// - `gate`: f32 `[T, > gate_col]`: the shared expert gate logit at column `gate_col` (as
 ///   `Ops::shared_expert_add` reads it)
 /// - `down`: `[H, inter]`, a plain projection (no bias, no tensor-parallel reduction)
 #[derive(Debug, Clone, Copy)]
 pub struct MoeShared<'a> {
-    pub gu: &'a Tensor,
-    pub col0: usize,
+    pub gu: SharedIn<'a>,
     pub gate: &'a Tensor,
     pub gate_col: usize,
     pub down: &'a Tensor,
     /// Intermediate size `I_s`.
     pub inter: usize,
+}
+
+/// The gate / up products of a [`MoeShared`] expert.
+///
+/// # Shapes
+/// - `Cols`: `gu` f32 `[T, ≥ col0 + 2·inter]`: the shared gate at columns `col0 .. col0 +
+///   inter`, up at `col0 + inter .. col0 + 2·inter` (as `Ops::swiglu_cols` reads them)
+/// - `Weights`: the `[gate; up]` weight `[2·inter, H]`, a plain projection of the block's
+///   input `x`: a backend that fuses the shared expert computes the products itself (the
+///   FP8 checkpoints hold these rows apart from the bf16 router's, so no input GEMM did);
+///   one that does not leaves them to the caller
+#[derive(Debug, Clone, Copy)]
+pub enum SharedIn<'a> {
+    /// f32 columns of a GEMM output.
+    Cols { gu: &'a Tensor, col0: usize },
+    /// The weight of the products.
+    Weights(&'a Tensor),
 }
 
 /// Gated DeltaNet geometry (see `nn::GdnConfig`).

@@ -1,7 +1,7 @@
 //! Sparse mixture of experts with an optional shared expert.
 
 use super::*;
-use crate::backend::MoeShared;
+use crate::backend::{MoeShared, SharedIn};
 
 /// The shared expert of Qwen3-Next MoE blocks: `sigmoid(x·g) · down(act(gate·x) · up·x)`
 /// (the MoE's `act`). Its gate / up projections and its gate row live in the MoE's packed
@@ -95,14 +95,18 @@ impl Moe {
         crate::backend::cpu::route(&logits, &self.args())
     }
 
-    /// The shared expert as `Ops::moe_experts` may fuse it: `gu` holds its gate / up
-    /// columns (`all`, or the product with `shared_in`), `all` its gate logit. `None`
-    /// without a shared expert, or when its down projection is not a plain one (a bias, or a
-    /// reduction of its own).
-    fn shared_arg<'a>(&'a self, all: &'a Tensor, gu: Option<&'a Tensor>) -> Option<MoeShared<'a>> {
+    /// The shared expert as `Ops::moe_experts` may fuse it: its gate / up columns in `all`,
+    /// or (held apart) the weight `shared_in` for the backend to multiply; `all` its gate
+    /// logit. `None` without a shared expert, or when its down projection is not a plain one
+    /// (a bias, or a reduction of its own).
+    fn shared_arg<'a>(&'a self, all: &'a Tensor) -> Option<MoeShared<'a>> {
         let s = self.shared.as_ref().filter(|s| s.down.b.is_none() && s.down.reduce.is_none())?;
-        let (gu, col0, gate_col) = self.shared_cols(s, all, gu);
-        Some(MoeShared { gu, col0, gate: all, gate_col, down: &s.down.w, inter: s.inter })
+        let gate_col = self.experts + if self.shared_in.is_some() { 0 } else { 2 * s.inter };
+        let gu = match &self.shared_in {
+            Some(si) => SharedIn::Weights(si),
+            None => SharedIn::Cols { gu: all, col0: self.experts },
+        };
+        Some(MoeShared { gu, gate: all, gate_col, down: &s.down.w, inter: s.inter })
     }
 
     /// The shared expert's gate / up columns: in `all` after the router, or (held apart) the
@@ -133,16 +137,15 @@ impl Moe {
 
     /// The block after its input product `all` of the (normalised) input `x`.
     fn experts_of(&self, x: &Tensor, all: Tensor) -> Result<Tensor> {
-        let gu = match (&self.shared, &self.shared_in) {
-            (Some(_), Some(si)) => Some(x.matmul_t_to(si, DType::F32)?),
-            _ => None,
-        };
         let o = ops(x);
         // [T, H] f32; the router reads the first E columns of `all`, whatever its width. The
-        // backend may add the shared expert in the same kernels (`fused`).
-        let shared = self.shared_arg(&all, gu.as_ref());
+        // backend may add the shared expert in the same kernels (`fused`; with `shared_in`,
+        // its gate / up products too).
+        let shared = self.shared_arg(&all);
         let (mut y, fused) = o.moe_experts(x, &all, &self.args(), &self.gate, &self.up, &self.down, shared.as_ref())?;
         if let Some(s) = self.shared.as_ref().filter(|_| !fused) {
+            // [T, 2·I_s] f32 when the gate / up rows are held apart
+            let gu = self.shared_in.as_ref().map(|si| x.matmul_t_to(si, DType::F32)).transpose()?;
             let (gu, col0, gate_col) = self.shared_cols(s, &all, gu.as_ref());
             // [T, I_s] in the model dtype, then [T, H]
             let h = o.swiglu_cols(gu, col0, s.inter, x.dtype(), self.act)?;
@@ -248,16 +251,26 @@ mod tests {
         let mut m = block(&mut rng, 4, 2, true, Some(3));
         let x = rng.tensor(&[2, H], 1.0);
         let all = x.matmul_t_to(&m.input, DType::F32).unwrap();
-        let s = m.shared_arg(&all, None).expect("a plain shared expert is offered");
-        assert_eq!((s.col0, s.gate_col, s.inter), (4, 4 + 2 * 3, 3));
-        let gu = rng.tensor(&[2, 6], 1.0);
-        let s = m.shared_arg(&all, Some(&gu)).expect("apart");
-        assert_eq!((s.col0, s.gate_col, s.gu.shape(), s.gate.shape()), (0, 4, gu.shape(), all.shape()));
+        let s = m.shared_arg(&all).expect("a plain shared expert is offered");
+        assert!(matches!(s.gu, SharedIn::Cols { gu, col0: 4 } if gu.shape() == all.shape()));
+        assert_eq!((s.gate_col, s.inter), (4 + 2 * 3, 3));
         let (_, fused) = ops(&x).moe_experts(&x, &all, &m.args(), &m.gate, &m.up, &m.down, Some(&s)).unwrap();
         assert!(!fused, "the CPU backend leaves the shared expert to the caller");
+        // Held apart: the weight is offered, the gate logit right after the router's.
+        let mut apart = block(&mut Rng::new(55), 4, 2, true, Some(3));
+        let rows = apart.input.dim(0);
+        apart.shared_in = Some(apart.input.narrow_rows(4, 6).unwrap());
+        let gate_row = apart.input.narrow_rows(rows - 1, 1).unwrap();
+        apart.input = Tensor::concat_rows(&[&apart.input.narrow_rows(0, 4).unwrap(), &gate_row]).unwrap();
+        apart.check().unwrap();
+        let all_a = x.matmul_t_to(&apart.input, DType::F32).unwrap();
+        let s = apart.shared_arg(&all_a).expect("apart");
+        assert!(matches!(s.gu, SharedIn::Weights(w) if w.shape() == [6, H]));
+        assert_eq!((s.gate_col, s.gate.shape()), (4, all_a.shape()));
+        assert_tensor("shared apart", &apart.forward(&x).unwrap(), &moe(&vals(&x), &m));
         let sh = m.shared.as_mut().unwrap();
         sh.down.b = Some(rng.tensor(&[H], 1.0));
-        assert!(m.shared_arg(&all, None).is_none(), "a biased down projection runs unfused");
+        assert!(m.shared_arg(&all).is_none(), "a biased down projection runs unfused");
         assert_tensor("shared with a bias", &m.forward(&x).unwrap(), &moe(&vals(&x), &m));
     }
 

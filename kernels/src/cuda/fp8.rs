@@ -15,7 +15,7 @@ pub use moe_mma::{Fp8MoeDec, FP8_MOE_DEC_ENV};
 use super::moe::{io_ptrs, vec_ok};
 use super::moe_decode::{check_dims, DecodeCall, MoeGemv, MOE_PHASES_ALL};
 use super::moe_route::RouteCall;
-use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, MoeSharedDev, Result, FP8};
+use super::{grid_for, prod, u32_of, CudaError, CudaFloat, CudaKernels, MoeSharedDev, Result, SharedGu, FP8};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, SyncOnDrop};
 
 /// Side of a scale block (rows and columns).
@@ -667,6 +667,9 @@ impl CudaKernels {
         if let Some(m) = shared {
             m.check_inputs(self, t)?;
             m.down.check(self, "shared down", hidden, m.inter)?;
+            if let SharedGu::Weights(w) = m.gu {
+                w.check(self, "shared gate / up", 2 * m.inter, hidden)?;
+            }
         }
         Ok(())
     }
@@ -693,15 +696,29 @@ impl CudaKernels {
         let (pg, pu, pd) = (gate[0], up[0], down[0]);
         // The shared expert's addresses (0 without one; the guards live to the launch).
         let none = || (0, SyncOnDrop::Sync(None));
-        let ((pgu, _ggu), (pgl, _ggl)) = match shared {
-            Some(m) => (m.gu.device_ptr(s), m.gate.device_ptr(s)),
-            None => (none(), none()),
+        let (pgl, _ggl) = match shared {
+            Some(m) => m.gate.device_ptr(s),
+            None => none(),
         };
+        let (pgu, _ggu) = match shared.map(|m| m.gu) {
+            Some(SharedGu::Cols { gu, .. }) => gu.device_ptr(s),
+            _ => none(),
+        };
+        let none3 = || ([0; 3], [none().1, none().1, none().1]);
         let (sdown, _gsd) = match shared {
             Some(m) => m.down.moe_args(s),
-            None => ([0; 3], [none().1, none().1, none().1]),
+            None => none3(),
+        };
+        let (sgu, _gsw) = match shared.map(|m| m.gu) {
+            Some(SharedGu::Weights(w)) => w.moe_args(s),
+            _ => none3(),
         };
         let psq = sdown[0];
+        // The shared [gate; up] weight's rows (hidden e4m3 bytes) in 16-byte chunks.
+        let gu_w = shared.and_then(|m| match m.gu {
+            SharedGu::Weights(_) => Some((&sgu[..], hidden.is_multiple_of(16) && vec_ok::<u8>(sgu[0], hidden))),
+            SharedGu::Cols { .. } => None,
+        });
         let call = DecodeCall {
             src: &FP8,
             kind: "fp8_",
@@ -718,7 +735,8 @@ impl CudaKernels {
             w_vec_gu: hidden.is_multiple_of(16) && vec_ok::<u8>(pg, hidden) && vec_ok::<u8>(pu, hidden),
             w_vec_d: inter.is_multiple_of(16) && vec_ok::<u8>(pd, inter),
             dims,
-            shared: shared.map(|m| m.call(pgu, pgl, &sdown, m.inter.is_multiple_of(16) && vec_ok::<u8>(psq, m.inter))),
+            shared: shared
+                .map(|m| m.call(pgu, gu_w, pgl, &sdown, m.inter.is_multiple_of(16) && vec_ok::<u8>(psq, m.inter))),
             route,
         };
         self.moe_decode_run(&call, which, phases)

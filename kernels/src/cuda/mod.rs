@@ -116,7 +116,7 @@ pub use gdn_seq::DeltaNorm;
 pub use knockout::{parse_rules as knockout_rules, KNOCKIN_ENV, KNOCKOUT_ENV, LAUNCH_TRACE_ENV};
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GemvKind, GEMV_MAX_ROWS};
-pub use moe::{MoeSharedDev, MOE_DECODE_PER_EXPERT_ENV};
+pub use moe::{MoeSharedDev, SharedGu, MOE_DECODE_PER_EXPERT_ENV};
 pub use moe_decode::{MoeGemv, MOE_DOWNA_ENV, MOE_DOWN_ENV, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
 pub use moe_mma::{moe_dec_of_process, MoeDec, MOE_DEC_ENV};
 pub use moe_route::{MoeRouteDev, MoeRouter, MOE_ROUTER_ENV};

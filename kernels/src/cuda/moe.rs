@@ -117,11 +117,21 @@ pub(super) fn decode_dense<T: CudaFloat>(
     let ((pg, _gg), (pu, _gu), (pd, _gd)) = (gate.device_ptr(s), up.device_ptr(s), down.device_ptr(s));
     let [px, pi, pw, po] = io;
     // The shared expert's addresses (0 without one; the guards live to the launch).
-    let ((pgu, _ggu), (pgl, _ggl), (psd, _gsd)) = match shared {
-        Some(m) => (m.gu.device_ptr(s), m.gate.device_ptr(s), m.down.device_ptr(s)),
-        None => ((0, SyncOnDrop::Sync(None)), (0, SyncOnDrop::Sync(None)), (0, SyncOnDrop::Sync(None))),
+    let none = || (0, SyncOnDrop::Sync(None));
+    let ((pgl, _ggl), (psd, _gsd)) = match shared {
+        Some(m) => (m.gate.device_ptr(s), m.down.device_ptr(s)),
+        None => (none(), none()),
     };
-    let sdown = [psd];
+    let ((pgu, _ggu), (psw, _gsw)) = match shared.map(|m| m.gu) {
+        Some(SharedGu::Cols { gu, .. }) => (gu.device_ptr(s), none()),
+        Some(SharedGu::Weights(w)) => (none(), w.device_ptr(s)),
+        None => (none(), none()),
+    };
+    let (sdown, sgu) = ([psd], [psw]);
+    let gu_w = shared.and_then(|m| match m.gu {
+        SharedGu::Weights(_) => Some((&sgu[..], vec_ok::<T>(psw, hidden))),
+        SharedGu::Cols { .. } => None,
+    });
     let call = DecodeCall {
         src: &MOE,
         kind: "",
@@ -137,7 +147,7 @@ pub(super) fn decode_dense<T: CudaFloat>(
         w_vec_gu: vec_ok::<T>(pg, hidden) && vec_ok::<T>(pu, hidden),
         w_vec_d: vec_ok::<T>(pd, inter),
         dims,
-        shared: shared.map(|m| m.call(pgu, pgl, &sdown, vec_ok::<T>(psd, m.inter))),
+        shared: shared.map(|m| m.call(pgu, gu_w, pgl, &sdown, vec_ok::<T>(psd, m.inter))),
         route,
     };
     k.moe_decode_run(&call, which, phases)
@@ -146,22 +156,18 @@ pub(super) fn decode_dense<T: CudaFloat>(
 /// The shared expert of a MoE block, fused into the direct decode form by
 /// [`CudaKernels::moe_experts_shared`] (dense, `W` = `&CudaSlice<T>`) and
 /// [`CudaKernels::moe_experts_fp8_shared`] (FP8, `W` = [`super::Fp8Dev`]): its gate / up
-/// products and its gate logit are f32 columns of GEMM outputs (`porter_core::nn::Moe`'s
-/// packed input projection, or a product of their own).
+/// products ([`SharedGu`]: f32 columns of a GEMM output, or its `[gate; up]` weight for the
+/// gate+up launch to multiply itself) and its gate logit (an f32 column of a GEMM output,
+/// `porter_core::nn::Moe`'s input projection).
 ///
 /// # Shapes
-/// - `gu`: f32 `[t, gu_stride]`: the shared gate at columns `gu_col0 .. gu_col0 + inter`,
-///   up at `gu_col0 + inter .. gu_col0 + 2·inter`
+/// - `gu`: see [`SharedGu`]
 /// - `gate`: f32 `[t, gate_stride]`: the shared expert gate logit at column `gate_col`
 /// - `down`: `[hidden, inter]`
 #[derive(Clone, Copy, Debug)]
 pub struct MoeSharedDev<'a, W> {
-    /// The shared gate / up products (f32).
-    pub gu: &'a CudaSlice<f32>,
-    /// Row stride of `gu`.
-    pub gu_stride: usize,
-    /// First column of the shared gate in `gu`.
-    pub gu_col0: usize,
+    /// The shared gate / up products, or their weight.
+    pub gu: SharedGu<'a, W>,
     /// The shared expert gate logits (f32).
     pub gate: &'a CudaSlice<f32>,
     /// Row stride of `gate`.
@@ -174,14 +180,53 @@ pub struct MoeSharedDev<'a, W> {
     pub inter: usize,
 }
 
+/// Where the fused shared expert's gate / up products come from.
+///
+/// # Shapes
+/// - `Cols`: `gu` f32 `[t, stride]`: the shared gate at columns `col0 .. col0 + inter`, up at
+///   `col0 + inter .. col0 + 2·inter` (the model's packed input projection, or a product of
+///   their own)
+/// - `Weights`: the `[gate; up]` weight `[2·inter, hidden]`, of the routed weights' kind: the
+///   gate+up launch computes `g`, `u` from `x` itself (its dot products' summation order, so
+///   `h_s` may differ from the `Cols` form of a GEMM's products by a rounding of T)
+#[derive(Clone, Copy, Debug)]
+pub enum SharedGu<'a, W> {
+    /// f32 columns of a GEMM output.
+    Cols {
+        /// The products `[t, stride]`.
+        gu: &'a CudaSlice<f32>,
+        /// Row stride of `gu`.
+        stride: usize,
+        /// First column of the shared gate in `gu`.
+        col0: usize,
+    },
+    /// The `[gate; up]` weight `[2·inter, hidden]`.
+    Weights(W),
+}
+
 impl<W> MoeSharedDev<'_, W> {
-    /// The call's [`SharedCall`]: `gu`, `gate` the device addresses of those buffers, `down`
-    /// the weight's kernel arguments, `w_vec` whether its rows allow 16-byte loads.
-    pub(super) fn call<'a>(&self, gu: u64, gate: u64, down: &'a [u64], w_vec: bool) -> SharedCall<'a> {
+    /// The call's [`SharedCall`]: `gu` the device address of the f32 columns (0 with
+    /// [`SharedGu::Weights`]), `gu_w` the `[gate; up]` weight's kernel arguments with
+    /// `gu_vec` whether its rows allow 16-byte loads (with [`SharedGu::Weights`]), `gate` the
+    /// logits' address, `down` the down weight's kernel arguments, `w_vec` whether its rows
+    /// allow 16-byte loads.
+    pub(super) fn call<'a>(
+        &self,
+        gu: u64,
+        gu_w: Option<(&'a [u64], bool)>,
+        gate: u64,
+        down: &'a [u64],
+        w_vec: bool,
+    ) -> SharedCall<'a> {
+        let (gu_stride, gu_col0) = match self.gu {
+            SharedGu::Cols { stride, col0, .. } => (stride, col0),
+            SharedGu::Weights(_) => (0, 0),
+        };
         SharedCall {
             gu,
-            gu_stride: self.gu_stride,
-            gu_col0: self.gu_col0,
+            gu_stride,
+            gu_col0,
+            gu_w,
             glog: gate,
             g_stride: self.gate_stride,
             g_col: self.gate_col,
@@ -191,20 +236,38 @@ impl<W> MoeSharedDev<'_, W> {
         }
     }
 
-    /// Checks the f32 inputs for `t` rows (the weight is checked by the caller).
+    /// Checks the f32 inputs for `t` rows (the weights are checked by the caller).
     pub(super) fn check_inputs(&self, k: &CudaKernels, t: usize) -> Result<()> {
-        if self.inter == 0
-            || self.gu_col0.saturating_add(self.inter.saturating_mul(2)) > self.gu_stride
-            || self.gate_col >= self.gate_stride
-        {
+        let cols_ok = match self.gu {
+            SharedGu::Cols { stride, col0, .. } => col0.saturating_add(self.inter.saturating_mul(2)) <= stride,
+            SharedGu::Weights(_) => true,
+        };
+        if self.inter == 0 || !cols_ok || self.gate_col >= self.gate_stride {
+            let cols = match self.gu {
+                SharedGu::Cols { stride, col0, .. } => format!("gu_col0 = {col0}, gu_stride = {stride}"),
+                SharedGu::Weights(_) => "gate / up from weights".to_string(),
+            };
             return Err(CudaError::Invalid(format!(
                 "moe shared expert: need inter > 0, gu_col0 + 2·inter <= gu_stride, gate_col < gate_stride; got \
-                 inter = {}, gu_col0 = {}, gu_stride = {}, gate_col = {}, gate_stride = {}",
-                self.inter, self.gu_col0, self.gu_stride, self.gate_col, self.gate_stride
+                 inter = {}, {cols}, gate_col = {}, gate_stride = {}",
+                self.inter, self.gate_col, self.gate_stride
             )));
         }
-        k.check("shared gu", self.gu, prod(&[t, self.gu_stride])?)?;
+        if let SharedGu::Cols { gu, stride, .. } = self.gu {
+            k.check("shared gu", gu, prod(&[t, stride])?)?;
+        }
         k.check("shared gate", self.gate, prod(&[t, self.gate_stride])?)
+    }
+}
+
+impl<'a, T> MoeSharedDev<'a, &'a CudaSlice<T>> {
+    /// Checks the dense weights for `hidden` columns of the routed experts.
+    pub(super) fn check_dense(&self, k: &CudaKernels, hidden: usize) -> Result<()> {
+        k.check("shared down", self.down, prod(&[hidden, self.inter])?)?;
+        if let SharedGu::Weights(w) = self.gu {
+            k.check("shared gate / up", w, prod(&[2, self.inter, hidden])?)?;
+        }
+        Ok(())
     }
 }
 
@@ -401,7 +464,7 @@ impl CudaKernels {
         let [t, _, _, hidden, _] = dims;
         self.check_experts(x, idx, w, gate, up, down, out, dims)?;
         shared.check_inputs(self, t)?;
-        self.check("shared down", shared.down, prod(&[hidden, shared.inter])?)?;
+        shared.check_dense(self, hidden)?;
         if t == 0 {
             return Ok(());
         }

@@ -328,10 +328,14 @@ pub(super) struct DecodeCall<'a> {
 /// Device addresses and shape of the shared expert of a direct-form call (moe_shared.cu;
 /// arguments checked by the caller).
 pub(super) struct SharedCall<'a> {
-    /// f32 `[t, gu_stride]`: the shared gate at columns `gu_col0..`, up at `gu_col0 + inter..`.
+    /// f32 `[t, gu_stride]`: the shared gate at columns `gu_col0..`, up at `gu_col0 + inter..`
+    /// (0 with `gu_w`).
     pub gu: u64,
     pub gu_stride: usize,
     pub gu_col0: usize,
+    /// Instead of `gu`: the kernel arguments of the `[gate; up]` weight `[2·inter, hidden]`
+    /// (as the routed weights') and whether its rows allow 16-byte loads.
+    pub gu_w: Option<(&'a [u64], bool)>,
     /// f32 `[t, g_stride]`: the shared expert gate logit at column `g_col`.
     pub glog: u64,
     pub g_stride: usize,

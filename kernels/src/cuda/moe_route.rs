@@ -176,7 +176,7 @@ impl CudaKernels {
         self.check_experts(x, &*idx, &*w, gate, up, down, out, dims)?;
         if let Some(sh) = shared {
             sh.check_inputs(self, t)?;
-            self.check("shared down", sh.down, prod(&[hidden, sh.inter])?)?;
+            sh.check_dense(self, hidden)?;
         }
         let fused = self.route_first(route, idx, w, dims, which, false, shared.is_some())?;
         if t == 0 {

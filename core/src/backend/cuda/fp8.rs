@@ -30,7 +30,7 @@ use crate::tensor::{Storage, Tensor};
 use cudarc::driver::CudaSlice;
 use half::{bf16, f16};
 use porter_kernels::cuda::{
-    CudaKernels, Fp8GemvConv, Fp8GemvForm, MoeGemv, MoeRouteDev, GEMV_MAX_ROWS, MOE_PHASES_ALL,
+    CudaKernels, Fp8Dev, Fp8GemvConv, Fp8GemvForm, MoeGemv, MoeRouteDev, MoeSharedDev, GEMV_MAX_ROWS, MOE_PHASES_ALL,
 };
 
 /// Environment variable choosing the FP8 prefill GEMM ([`Fp8Gemm`]): `dequant`, `tc` or
@@ -298,14 +298,7 @@ pub fn moe_experts(
         let (route, idx, wts) = routing;
         if let Some(r) = route {
             // The decode GEMVs (with the shared expert: its fused direct form) and their router.
-            let sq = match shared {
-                Some(s) => match fp8_of(s.down) {
-                    Some(sq) => Some((s, sq)),
-                    None => bail!(Internal, "fused FP8 shared expert with a dense down weight"),
-                },
-                None => None,
-            };
-            let sd = sq.map(|(s, sq)| super::moe::shared_dev(s, sq.view())).transpose()?;
+            let sd = shared.map(fp8_shared).transpose()?;
             let (gv, uv, dv, dims) = (gate.view(), up.view(), down.view(), [t, k, e, h, inter]);
             return g
                 .k
@@ -314,8 +307,7 @@ pub fn moe_experts(
         }
         let (idx, wts) = (&*idx, &*wts);
         if let Some(s) = shared {
-            let Some(sq) = fp8_of(s.down) else { bail!(Internal, "fused FP8 shared expert with a dense down weight") };
-            let sd = super::moe::shared_dev(s, sq.view())?;
+            let sd = fp8_shared(s)?;
             let (gv, uv, dv) = (gate.view(), up.view(), down.view());
             return g
                 .k
@@ -355,6 +347,16 @@ pub fn moe_experts(
         })
     }
     crate::by_dtype!(x.dtype(), go(g, x, routing, experts, shared, y, dims))
+}
+
+/// The kernels' view of a fused shared expert with FP8 weights (`moe::moe_experts` fuses it
+/// only so).
+fn fp8_shared<'a>(s: &MoeShared<'a>) -> Result<MoeSharedDev<'a, Fp8Dev<'a>>> {
+    let view = |w: &'a Tensor, what: &str| match fp8_of(w) {
+        Some(q) => Ok(q.view()),
+        None => bail!(Internal, "fused FP8 shared expert with a dense {what} weight"),
+    };
+    super::moe::shared_dev(s, view(s.down, "down")?, |w| view(w, "gate / up"))
 }
 
 /// A random FP8 weight `[rows, cols]` made on the device: `dense` (the compute dtype's values)

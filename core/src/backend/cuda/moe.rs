@@ -4,14 +4,14 @@
 //! `shared_expert_add`, run by `nn::Moe::forward`).
 
 use super::profile;
-use crate::backend::{MoeArgs, MoeShared};
+use crate::backend::{MoeArgs, MoeShared, SharedIn};
 use crate::bail;
 use crate::error::Result;
 use crate::tensor::cuda::{alloc, cuda_err, gpu_of, DevType, Gpu};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
 use cudarc::driver::CudaSlice;
-use porter_kernels::cuda::{CudaKernels, MoeGemv, MoeRouteDev, MoeRouter, MoeSharedDev};
+use porter_kernels::cuda::{CudaKernels, MoeGemv, MoeRouteDev, MoeRouter, MoeSharedDev, SharedGu};
 
 /// The kind of a set of weights, as the MoE kernels take them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,8 +81,14 @@ pub fn moe_experts(
     // at every row count, so that a row's bits do not depend on the batch.
     let invariant = crate::tensor::cuda::batch_invariant(x.dtype());
     let shared = shared.filter(|s| {
+        // The gate / up products as f32 columns, or their weight `[2·I_s, H]` of the routed
+        // weights' kind (the gate+up launch multiplies it).
+        let gu_ok = match s.gu {
+            SharedIn::Cols { gu, .. } => gu.dtype() == DType::F32,
+            SharedIn::Weights(w) => kind_of(&[w]) == routed && w.shape() == [2 * s.inter, h],
+        };
         !invariant
-            && s.gu.dtype() == DType::F32
+            && gu_ok
             && s.gate.dtype() == DType::F32
             && fuse_shared(
                 CudaKernels::moe_shared_fuses(t, k, e, routed == WeightKind::Fp8),
@@ -127,7 +133,7 @@ pub fn moe_experts(
         let out = y.dev_mut::<f32>()?;
         if let Some(r) = route {
             // The decode GEMVs (with the shared expert: its fused direct form) and their router.
-            let sd = shared.map(|s| s.down.dev::<T>().and_then(|d| shared_dev(s, d))).transpose()?;
+            let sd = shared.map(|s| shared_dev(s, s.down.dev::<T>()?, |w| w.dev::<T>())).transpose()?;
             let dims = [t, k, e, h, inter];
             return g
                 .k
@@ -136,7 +142,7 @@ pub fn moe_experts(
         }
         let (idx, w) = (&*idx, &*w);
         if let Some(s) = shared {
-            let sd = shared_dev(s, s.down.dev::<T>()?)?;
+            let sd = shared_dev(s, s.down.dev::<T>()?, |w| w.dev::<T>())?;
             return g
                 .k
                 .moe_experts_shared::<T>(xd, idx, w, gd, ud, dd, &sd, out, [t, k, e, h, inter])
@@ -158,13 +164,20 @@ pub fn moe_experts(
     Ok((y, shared.is_some()))
 }
 
-/// The kernels' view of a shared expert with down weight `down` (its gate / up columns and
-/// gate logit are f32 device tensors; checked by the caller).
-pub(super) fn shared_dev<'a, W>(s: &MoeShared<'a>, down: W) -> Result<MoeSharedDev<'a, W>> {
+/// The kernels' view of a shared expert with down weight `down` and `weight` the kernels' view
+/// of a weight of its kind (its gate / up `[gate; up]` weight, or its f32 columns and gate
+/// logit as f32 device tensors; checked by the caller).
+pub(super) fn shared_dev<'a, W>(
+    s: &MoeShared<'a>,
+    down: W,
+    weight: impl FnOnce(&'a Tensor) -> Result<W>,
+) -> Result<MoeSharedDev<'a, W>> {
+    let gu = match s.gu {
+        SharedIn::Cols { gu, col0 } => SharedGu::Cols { gu: gu.dev::<f32>()?, stride: gu.last_dim(), col0 },
+        SharedIn::Weights(w) => SharedGu::Weights(weight(w)?),
+    };
     Ok(MoeSharedDev {
-        gu: s.gu.dev::<f32>()?,
-        gu_stride: s.gu.last_dim(),
-        gu_col0: s.col0,
+        gu,
         gate: s.gate.dev::<f32>()?,
         gate_stride: s.gate.last_dim(),
         gate_col: s.gate_col,

@@ -49,9 +49,12 @@ impl CudaKernels {
         let vec_gu = i32::from(c.w_vec_gu && vec16(c.x, hidden * c.esize));
         let vec_d = i32::from(c.w_vec_d && vec16(p_h, inter * c.esize));
         // One warp per (pair, inter column), every item at once; then, with a shared expert,
-        // a thread per element of h_s.
+        // a thread per element of h_s (from the f32 columns gu), or a warp per element (its
+        // gate / up products from the weight, `gu_w`).
+        let gu_w = sh.and_then(|sc| sc.gu_w);
         let routed_blocks = prod(&[n, inter])?.div_ceil(GEMV_WARPS);
-        let shared_blocks = prod(&[t, is])?.div_ceil(GEMV_WARPS * 32);
+        let per_block = if gu_w.is_some() { GEMV_WARPS } else { GEMV_WARPS * 32 };
+        let shared_blocks = prod(&[t, is])?.div_ceil(per_block);
         let cfg = LaunchConfig {
             grid_dim: (u32_of("gemv blocks", routed_blocks + shared_blocks)?, 1, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
@@ -84,9 +87,17 @@ impl CudaKernels {
             None => (0, 0, 0),
         };
         let gu_ptr = sh.map_or(0u64, |sc| sc.gu);
+        // The [gate; up] weight's arguments (zeros without one: 1 dense, 3 FP8), gu_w, gu_vec.
+        let zeros = [0u64; 3];
+        let gu_args = gu_w.map_or(&zeros[..c.gate.len()], |(a, _)| a);
+        let gu_flag = i32::from(gu_w.is_some());
+        let gu_vec = i32::from(gu_w.is_some_and(|(_, v)| v) && vec16(c.x, hidden * c.esize));
         if sh.is_some() {
             let extra: [&dyn KernelArg; 6] = [&gu_ptr, &gu_stride, &gu_col0, &p_hs, &is32, &t32];
             args.extend(extra);
+            args.extend(weights(gu_args));
+            let flags: [&dyn KernelArg; 2] = [&gu_flag, &gu_vec];
+            args.extend(flags);
         }
         let gu_name = if sh.is_some() { "moe_dir_gu_sh_" } else { "moe_dir_gu_" };
         // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, u32* idx,
@@ -99,10 +110,11 @@ impl CudaKernels {
         // lines of dpf's expert block [id·dbytes, (id + 1)·dbytes): within the down weight of
         // e·hidden·inter weights), or
         // `moe_dir_gu_sh_<kind><T>` with `const float* gu, u32 gu_stride, u32 gu_col0, T* hs,
-        // u32 Is, u32 t` after them; items past n · I exit; a pair with an id >= e writes no h
-        // and is never read (the down kernel skips it); h has n rows of I; the blocks past
-        // ceil(n·I / 8) write h_s [t, Is] (its elements < t·Is), reading gu's columns
-        // gu_col0 .. gu_col0 + 2·Is < gu_stride of t rows (checked by the caller).
+        // u32 Is, u32 t, <gu weight>, int gu_w, int gu_vec` after them; items past n · I exit;
+        // a pair with an id >= e writes no h and is never read (the down kernel skips it); h
+        // has n rows of I; the blocks past ceil(n·I / 8) write h_s [t, Is] (its elements <
+        // t·Is), reading gu's columns gu_col0 .. gu_col0 + 2·Is < gu_stride of t rows, or with
+        // gu_w the weight's 2·Is rows of hidden (checked by the caller) against x's t rows.
         unsafe { self.launch(c.src, &format!("{gu_name}{}{}", c.kind, c.tname), cfg, &args) }?;
         if phases == 1 {
             return Ok(());
