@@ -40,10 +40,161 @@ __device__ __forceinline__ float gs_decay(float x) { return x < -60.0f ? 0.0f : 
 // window just rolls back) is owned by the blocks of row tile 0.
 // grid (ceil(t / rows), cblocks + 1), block 256, rows <= CONV_ROWS: blocks
 // y < cblocks, thread = channel; block y = cblocks: the gates of the tile.
+//
+// The proj form (gdn_conv_gates_proj_seq, PROJ): the gate inputs are not read from a
+// tensor but computed by the launch, in_proj_ba's product (the FP8 checkpoints keep that
+// bf16 projection apart from the FP8 in_proj_qkvz, so no GEMM before produced them): see
+// GateProj below. grid (ceil(t / rows), cblocks + gb): the last gb blocks of each tile.
 // ---------------------------------------------------------------------------
 #define CONV_ROWS 16
 #define CONV_MAXK 8
 #define CONV_THREADS 256
+
+// The gates of one (row, head) from its gate inputs b, a (f32 values of T).
+__device__ __forceinline__ void gs_gate_write(float* __restrict__ g, float* __restrict__ beta, u64 i, float b,
+                                              float a, float a_log, float dt_bias) {
+    g[i] = -expf(a_log) * gs_softplus(a + dt_bias);
+    beta[i] = sigmoid_f(b);
+}
+
+// ---------------------------------------------------------------------------
+// The gate inputs computed in the conv + gates launch (its proj form): for row r and value
+// head hh, b = round_T(Σ_i w[hh, i]·x[r, i]) and a = round_T(Σ_i w[hv + hh, i]·x[r, i]),
+// what in_proj_ba's GEMM followed by a read of its output gives: f32 accumulation, one
+// rounding to T (the GEMM output's dtype), then the usual gate formulas.
+// x [t, k] (T; the normed rows in_proj read), w [2·hv, k] (T; rows 0..hv give b, hv..2·hv a).
+//
+// The decode GEMV's layout (gemv_block, misc.cu) for one (row, head) item: S = split warps
+// of a block, warp `part` summing the 16-byte chunks q ≡ part (mod S) of both weight rows
+// (chunk q at lane q mod 32, in increasing q, one f32 FMA chain a lane), butterfly-summed
+// (warp_sum), and the S sums added in order 0 .. S−1 through shared memory. With 16-byte
+// rows (k·sizeof(T) a multiple of 16, x and w 16-byte aligned) and the host's split of
+// in_proj_ba's shape (gemv_split), b and a are therefore the GEMV's outputs bit for bit, for
+// every t (the GEMV is batch-invariant too). Otherwise (odd sizes, unaligned rows) the same
+// layout over single elements. A gate block of 8 warps holds 8 / S items at a time; the
+// tile's nr·hv items are spread over its gb gate blocks (item = gate block · 8 / S + slot,
+// striding by gb · 8 / S), so that the heads of a row do not run one after another.
+// ---------------------------------------------------------------------------
+template <typename T>
+struct GateProj {
+    const T* x;
+    const T* w;
+    u32 k;
+    u32 gb;     // gate blocks a row tile
+    u32 split;  // warps S (1, 2, 4) an item
+};
+
+// 16-byte chunks a lane loads per row (b, a and x) before using them: 2 of 16-bit types (a
+// lane's whole part of a 2048-wide row at 4 parts; at 4 the unpacked halves took 80 registers,
+// and the conv blocks of the launch share the count), 4 of f32.
+template <typename T>
+struct BaBatch {
+    static constexpr int G = sizeof(T) == 4 ? 4 : 2;
+};
+
+// Part `part` of S of one item's two dot products (16-byte rows of kv chunks), warp-summed.
+template <typename T>
+__device__ __forceinline__ float2 ba_part_vec(const uint4* __restrict__ wb, const uint4* __restrict__ wa,
+                                              const uint4* __restrict__ xr, u32 kv, u32 part, u32 S, u32 lane) {
+    constexpr int E = 16 / sizeof(T), G = BaBatch<T>::G;
+    const u32 step = 32u * S;
+    float b = 0.0f, a = 0.0f;
+#pragma unroll 1
+    for (u32 c0 = 32u * part + lane; c0 < kv; c0 += step * G) {
+        uint4 bv[G], av[G], xv[G];
+#pragma unroll
+        for (int u = 0; u < G; ++u) {
+            const u32 c = c0 + step * u;
+            const bool in = c < kv;
+            bv[u] = in ? __ldg(wb + c) : make_uint4(0, 0, 0, 0);
+            av[u] = in ? __ldg(wa + c) : make_uint4(0, 0, 0, 0);
+            xv[u] = in ? xr[c] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < G; ++u) {
+            if (c0 + step * u < kv) {
+                const T* be = reinterpret_cast<const T*>(&bv[u]);
+                const T* ae = reinterpret_cast<const T*>(&av[u]);
+                const T* xe = reinterpret_cast<const T*>(&xv[u]);
+#pragma unroll
+                for (int i = 0; i < E; ++i) {
+                    b = fmaf(to_f(be[i]), to_f(xe[i]), b);
+                    a = fmaf(to_f(ae[i]), to_f(xe[i]), a);
+                }
+            }
+        }
+    }
+    return make_float2(warp_sum(b), warp_sum(a));
+}
+
+// The same over single elements (rows that are not 16-byte vectors).
+template <typename T>
+__device__ __forceinline__ float2 ba_part_scalar(const T* __restrict__ wb, const T* __restrict__ wa,
+                                                 const T* __restrict__ xr, u32 k, u32 part, u32 S, u32 lane) {
+    float b = 0.0f, a = 0.0f;
+    for (u32 i = 32u * part + lane; i < k; i += 32u * S) {
+        const float xf = to_f(xr[i]);
+        b = fmaf(to_f(wb[i]), xf, b);
+        a = fmaf(to_f(wa[i]), xf, a);
+    }
+    return make_float2(warp_sum(b), warp_sum(a));
+}
+
+// Gate block gi (of gp.gb) of the row tile r0 .. r0 + nr: its items' weight rows are asked
+// into L2 before the PDL wait (weights: no earlier launch writes them), x (the input of the
+// block's projections, which the launch before may still be writing) is read only after it.
+template <typename T>
+__device__ __forceinline__ void gates_proj_pdl(const GateProj<T> gp, const float* __restrict__ a_log,
+                                               const float* __restrict__ dt_bias, float* __restrict__ g,
+                                               float* __restrict__ beta, u32 r0, u32 nr, u32 hv, u32 gi) {
+    __shared__ float2 red[CONV_THREADS / 32];
+    const u32 lane = threadIdx.x & 31u, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const u32 S = gp.split, slots = nw / S, part = wid % S, slot = wid / S;
+    const u32 items = nr * hv, first = gi * slots, step = gp.gb * slots;
+    const u64 row_bytes = (u64)gp.k * sizeof(T);
+    // The lines of both weight rows of each of this warp's items, spread over the item's S warps.
+    for (u32 it = first + slot; it < items; it += step) {
+        const u32 hh = it % hv;
+#pragma unroll
+        for (u32 h = 0; h < 2; ++h) {
+            const u64 b0 = reinterpret_cast<u64>(gp.w + (u64)(h * hv + hh) * gp.k);
+            for (u64 l = (b0 & ~127ull) + 128ull * (32u * part + lane); l < b0 + row_bytes; l += 128ull * 32u * S)
+                porter_prefetch_l2(reinterpret_cast<const void*>(l));
+        }
+    }
+    porter_pdl_enter();
+    constexpr u32 E = 16 / sizeof(T);
+    const bool vec = row_bytes % 16 == 0 && ((reinterpret_cast<u64>(gp.x) | reinterpret_cast<u64>(gp.w)) & 15) == 0;
+    // `base` is the same for every warp of the block, so every warp meets the barriers.
+    for (u32 base = first; base < items; base += step) {
+        const u32 it = base + slot;
+        const bool live = it < items;
+        const u32 r = r0 + (live ? it / hv : 0u), hh = live ? it % hv : 0u;
+        float2 d = make_float2(0.0f, 0.0f);
+        if (live) {
+            const T* xr = gp.x + (u64)r * gp.k;
+            const T* wb = gp.w + (u64)hh * gp.k;
+            const T* wa = gp.w + (u64)(hv + hh) * gp.k;
+            d = vec ? ba_part_vec<T>(reinterpret_cast<const uint4*>(wb), reinterpret_cast<const uint4*>(wa),
+                                     reinterpret_cast<const uint4*>(xr), gp.k / E, part, S, lane)
+                    : ba_part_scalar<T>(wb, wa, xr, gp.k, part, S, lane);
+        }
+        if (S > 1) {  // the parts added in order, as gemv_block's red[] sum
+            if (lane == 0) red[wid] = d;
+            __syncthreads();
+            if (live && part == 0 && lane == 0) {
+                for (u32 p = 1; p < S; ++p) {
+                    d.x += red[wid + p].x;
+                    d.y += red[wid + p].y;
+                }
+            }
+            __syncthreads();
+        }
+        // Rounded to T as the GEMM's output would be, then read as f32.
+        if (live && part == 0 && lane == 0)
+            gs_gate_write(g, beta, (u64)r * hv + hh, round_to<T>(d.x), round_to<T>(d.y), a_log[hh], dt_bias[hh]);
+    }
+}
 
 __device__ __forceinline__ bool conv_span_ok(const u32* sp, u32 t, u32 k, u32 win, u32 num_slots) {
     return sp[2] < num_slots && (u64)sp[0] + sp[1] <= t && sp[3] + (k - 1) <= win;
@@ -87,7 +238,7 @@ __device__ __forceinline__ void conv_window_update(const T* __restrict__ x, u32 
     }
 }
 
-template <typename T>
+template <typename T, bool PROJ>
 __device__ __forceinline__ void gdn_conv_gates_seq_impl_pdl(const T* __restrict__ x, u32 x_stride,
                                                         const float* __restrict__ w, float* __restrict__ window,
                                                         const u32* __restrict__ spans, float* __restrict__ out,
@@ -95,18 +246,23 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl_pdl(const T* __restrict_
                                                         const float* __restrict__ dt_bias, float* __restrict__ g,
                                                         float* __restrict__ beta, u32 t, u32 n_spans, u32 c, u32 k,
                                                         u32 win, u32 num_slots, const T* __restrict__ ba,
-                                                        u32 ba_stride, u32 ba_col, u32 hv, u32 rows) {
+                                                        u32 ba_stride, u32 ba_col, u32 hv, u32 rows,
+                                                        const GateProj<T> gp) {
     const u32 tid = threadIdx.x;
     const u32 r0 = blockIdx.x * rows;
     const u32 nr = t - r0 < rows ? t - r0 : rows;  // rows of this tile (r0 < t)
-    if (blockIdx.y == gridDim.y - 1) {  // the gates of the tile's rows
+    if constexpr (PROJ) {
+        if (blockIdx.y >= gridDim.y - gp.gb) {  // the gate inputs and gates of the tile's rows
+            gates_proj_pdl<T>(gp, a_log, dt_bias, g, beta, r0, nr, hv, blockIdx.y - (gridDim.y - gp.gb));
+            return;
+        }
+    } else if (blockIdx.y == gridDim.y - 1) {  // the gates of the tile's rows
         porter_pdl_enter();  // ba: in_proj's output, the launch before
         for (u32 i = tid; i < nr * hv; i += blockDim.x) {
             const u32 r = r0 + i / hv, hh = i % hv;
             const T* row = ba + (u64)r * ba_stride + ba_col;
             const float b = to_f(row[hh]), a = to_f(row[hv + hh]);
-            g[(u64)r * hv + hh] = -expf(a_log[hh]) * gs_softplus(a + dt_bias[hh]);
-            beta[(u64)r * hv + hh] = sigmoid_f(b);
+            gs_gate_write(g, beta, (u64)r * hv + hh, b, a, a_log[hh], dt_bias[hh]);
         }
         return;
     }
@@ -177,12 +333,28 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl_pdl(const T* __restrict_
         const T* x, u32 x_stride, const float* w, float* window, const u32* spans, float* out, const float* a_log,  \
         const float* dt_bias, float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots,      \
         const T* ba, u32 ba_stride, u32 ba_col, u32 hv, u32 rows) {                                                 \
-        gdn_conv_gates_seq_impl_pdl<T>(x, x_stride, w, window, spans, out, a_log, dt_bias, g, beta, t, n_spans, c, k,   \
-                                   win, num_slots, ba, ba_stride, ba_col, hv, rows);                                               \
+        gdn_conv_gates_seq_impl_pdl<T, false>(x, x_stride, w, window, spans, out, a_log, dt_bias, g, beta, t,         \
+                                              n_spans, c, k, win, num_slots, ba, ba_stride, ba_col, hv, rows,         \
+                                              GateProj<T>{nullptr, nullptr, 0u, 1u, 1u});                             \
     }
 GDN_CONV_GATES_SEQ(float, f32)
 GDN_CONV_GATES_SEQ(bf16, bf16)
 GDN_CONV_GATES_SEQ(f16, f16)
+
+// The proj form: the gate inputs from xp [t, hidden] and wba [2·hv, hidden] (GateProj), gb gate
+// blocks a row tile (the last gb values of blockIdx.y), split the GEMV's parts.
+#define GDN_CONV_GATES_PROJ_SEQ(T, NAME)                                                                           \
+    extern "C" __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_gates_proj_seq_##NAME(                      \
+        const T* x, u32 x_stride, const float* w, float* window, const u32* spans, float* out, const float* a_log,  \
+        const float* dt_bias, float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots,      \
+        const T* xp, const T* wba, u32 hidden, u32 gb, u32 split, u32 hv, u32 rows) {                               \
+        gdn_conv_gates_seq_impl_pdl<T, true>(x, x_stride, w, window, spans, out, a_log, dt_bias, g, beta, t,          \
+                                             n_spans, c, k, win, num_slots, nullptr, 0u, 0u, hv, rows,                \
+                                             GateProj<T>{xp, wba, hidden, gb, split});                                \
+    }
+GDN_CONV_GATES_PROJ_SEQ(float, f32)
+GDN_CONV_GATES_PROJ_SEQ(bf16, bf16)
+GDN_CONV_GATES_PROJ_SEQ(f16, f16)
 
 // ---------------------------------------------------------------------------
 // The conv window a slot would hold after consuming the first `cut` rows of a

@@ -5,7 +5,8 @@
 //! inflated to a full f32 copy). The kernels themselves are `porter_kernels::cpu`.
 
 use super::{
-    Act, AttnArgs, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, MoeShared, NormKind, Ops, RecBuf, RecCache, RopeArgs,
+    Act, AttnArgs, GateIn, GdnArgs, GdnWeights, KvBuf, KvCache, MoeArgs, MoeShared, NormKind, Ops, RecBuf, RecCache,
+    RopeArgs,
 };
 use crate::batch::Batch;
 use crate::error::Result;
@@ -353,7 +354,7 @@ impl Ops for CpuOps {
     fn gdn(
         &self,
         p: &Tensor,
-        ba: Option<&Tensor>,
+        gate_in: GateIn<'_>,
         w: &GdnWeights<'_>,
         c: &GdnArgs,
         batch: &Batch,
@@ -362,7 +363,9 @@ impl Ops for CpuOps {
         let dt = p.dtype();
         let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
         let (kd, vd, conv) = (hk * dk, hv * dv, c.conv_dim());
-        let (gates, ba_col) = c.gate_cols(p, ba)?;
+        // No fused form here: in_proj_ba's product (GateIn::Proj) first, as its Linear would.
+        let projected = gate_in.project()?;
+        let (gates, ba_col) = c.gate_cols(p, gate_in.cols(&projected))?;
         let (pw, gw) = (p.last_dim(), gates.last_dim());
         let (pd, gd) = (p.data(), gates.data());
         let (conv_w, a_log, dt_bias) = (w.conv_w.host_f32()?, w.a_log.host_f32()?, w.dt_bias.host_f32()?);

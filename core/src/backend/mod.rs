@@ -11,8 +11,10 @@
 pub mod cpu;
 mod cpu_state;
 pub mod cuda;
+mod gate_in;
 mod kv_dtype;
 
+pub use gate_in::GateIn;
 pub use kv_dtype::{KvDtype, KvQuant};
 /// The elementwise activations of `hidden_act` (the gate activation of the gated MLPs and
 /// MoE experts, and the Gated DeltaNet conv activation).
@@ -346,15 +348,16 @@ pub trait Ops: Sync {
     /// `y += sigmoid(round(all[:, gate_col])) · so` per row (`y` f32 `[T, H]`).
     fn shared_expert_add(&self, y: &mut Tensor, so: &Tensor, all: &Tensor, gate_col: usize) -> Result<()>;
     /// The Gated DeltaNet core on the stacked projections `p: [T, conv_dim + Hv·dv + 2·Hv]`
-    /// (`[q | k | v | z | b | a]`), or `p: [T, conv_dim + Hv·dv]` and the gate inputs
-    /// `ba: [T, 2·Hv]` (`[b | a]`, same dtype) read in place where `in_proj_ba` is held apart:
-    /// causal conv + `g.act` continuing each slot's window, gates, L2-normalised q / k, the delta
-    /// rule on the slot's state (per-token snapshots in a speculative step) → `[T·Hv, dv]` in
-    /// `p`'s dtype.
+    /// (`[q | k | v | z | b | a]`, `gates` = [`GateIn::Packed`]), or `p: [T, conv_dim + Hv·dv]`
+    /// and the gate inputs `[b | a]` apart where `in_proj_ba` is held apart: a tensor read in
+    /// place ([`GateIn::Cols`]) or `in_proj_ba`'s product for the backend to compute
+    /// ([`GateIn::Proj`]): causal conv + `g.act` continuing each slot's window, gates,
+    /// L2-normalised q / k, the delta rule on the slot's state (per-token snapshots in a
+    /// speculative step) → `[T·Hv, dv]` in `p`'s dtype.
     fn gdn(
         &self,
         p: &Tensor,
-        ba: Option<&Tensor>,
+        gates: GateIn<'_>,
         w: &GdnWeights<'_>,
         g: &GdnArgs,
         batch: &Batch,
@@ -371,7 +374,7 @@ pub trait Ops: Sync {
     fn gdn_gated(
         &self,
         p: &Tensor,
-        ba: Option<&Tensor>,
+        gates: GateIn<'_>,
         w: &GdnWeights<'_>,
         g: &GdnArgs,
         batch: &Batch,
@@ -379,7 +382,7 @@ pub trait Ops: Sync {
         norm_w: &Tensor,
         eps: f32,
     ) -> Result<Tensor> {
-        let core = self.gdn(p, ba, w, g, batch, rec)?;
+        let core = self.gdn(p, gates, w, g, batch, rec)?;
         self.gated_norm(&core, p, norm_w, g.conv_dim(), eps)
     }
 }

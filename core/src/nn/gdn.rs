@@ -9,6 +9,7 @@
 //! every token so that rejected draft tokens roll back without recomputation.
 
 use super::*;
+use crate::backend::GateIn;
 
 /// Sizes of a Gated DeltaNet block.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -110,16 +111,14 @@ impl GatedDeltaNet {
         // [b | a] apart when in_proj_ba is (not concatenated: the conv, z and gates read their
         // columns in place).
         let p = self.in_proj.forward(x)?;
-        let ba = self.in_proj_ba.as_ref().map(|l| l.forward(x)).transpose()?;
-        self.mix(p, ba, batch, cache)
+        self.mix(p, x, batch, cache)
     }
 
     /// [`GatedDeltaNet::forward`] of `norm(x)`, the norm fused into `in_proj` where the backend
     /// can ([`Linear::forward_normed`]).
     pub fn forward_normed(&self, x: &Tensor, norm: &RmsNorm, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
         let (h, p) = self.in_proj.forward_normed(x, norm)?;
-        let ba = self.in_proj_ba.as_ref().map(|l| l.forward(&h)).transpose()?;
-        self.mix(p, ba, batch, cache)
+        self.mix(p, &h, batch, cache)
     }
 
     /// `x += y`, then [`GatedDeltaNet::forward_normed`] (the add fused in too where the
@@ -133,13 +132,12 @@ impl GatedDeltaNet {
         cache: &mut LayerCache,
     ) -> Result<Tensor> {
         let (h, p) = self.in_proj.forward_add_normed(x, y, norm)?;
-        let ba = self.in_proj_ba.as_ref().map(|l| l.forward(&h)).transpose()?;
-        self.mix(p, ba, batch, cache)
+        self.mix(p, &h, batch, cache)
     }
 
-    /// The block after its input projections: `p` `[T, 2kd + 2vd (+ 2Hv)]`, `ba` `[T, 2Hv]`
-    /// when apart.
-    fn mix(&self, p: Tensor, ba: Option<Tensor>, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
+    /// The block after its input projections: `p` `[T, 2kd + 2vd (+ 2Hv)]`, `h` `[T, H]` the
+    /// rows `in_proj` read (`in_proj_ba`'s input when it is apart).
+    fn mix(&self, p: Tensor, h: &Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
         let LayerCache::Recurrent(rc) = cache else {
             bail!(Internal, "linear-attention layer was given a non-recurrent cache")
         };
@@ -149,9 +147,22 @@ impl GatedDeltaNet {
             bail!(Shape, "Gated DeltaNet: {t} input rows for a batch of {} tokens", batch.len());
         }
         let w = GdnWeights { conv_w: &self.conv_w, a_log: &self.a_log, dt_bias: &self.dt_bias };
+        // The gate inputs: packed into p, or in_proj_ba's product. A plain projection (no bias,
+        // no tensor-parallel reduction) is left to the backend, which computes it inside the
+        // launch that reads the gates where it can (a decode step's conv + gates on CUDA) and
+        // else exactly as `Linear::forward` would; any other is computed here.
+        let ba;
+        let gates = match &self.in_proj_ba {
+            None => GateIn::Packed,
+            Some(l) if l.b.is_none() && l.reduce.is_none() => GateIn::Proj { x: h, w: &l.w },
+            Some(l) => {
+                ba = l.forward(h)?;
+                GateIn::Cols(&ba)
+            }
+        };
         let o = ops(&p);
         // [T·Hv, dv], the core then its gated RMSNorm (one launch where the backend fuses them)
-        let normed = o.gdn_gated(&p, ba.as_ref(), &w, &c.args(), batch, rc, &self.norm_w, c.eps)?;
+        let normed = o.gdn_gated(&p, gates, &w, &c.args(), batch, rc, &self.norm_w, c.eps)?;
         // [T·Hv, dv] -> [T, Hv·dv] -> [T, H]
         self.out_proj.forward(&normed.reshape([t, vd])?)
     }
@@ -238,6 +249,69 @@ mod tests {
                 pp.shape(),
                 b.map(|t| t.shape())
             );
+        }
+    }
+
+    /// The seam of `in_proj_ba` held apart: on the CPU backend `GateIn::Proj { x, w }` (the
+    /// product left to the backend) gives the layer outputs of `GateIn::Cols` of the product
+    /// `x·wᵀ` computed first, bit for bit (f32 and bf16, a prefill then decode steps); through
+    /// the block, a plain `in_proj_ba` (handed over as `Proj`) equals one with a zero bias
+    /// (computed by the block, `Cols`); a projection that does not fit is a shape error.
+    #[test]
+    fn gate_proj_equals_cols_of_the_product() {
+        let mut rng = Rng::new(66);
+        let g = block(&mut rng);
+        let (rows, nba) = (g.in_proj.out_features(), 2 * CFG.value_heads);
+        let x = rng.tensor(&[9, HIDDEN], 1.0);
+        let bits = |t: Tensor| t.into_vec().unwrap().into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        for dt in [DType::F32, DType::BF16] {
+            let cast = |t: &Tensor| t.clone().try_to_dtype(dt).unwrap();
+            let wq = cast(&g.in_proj.w.narrow_rows(0, rows - nba).unwrap());
+            let wba = cast(&g.in_proj.w.narrow_rows(rows - nba, nba).unwrap());
+            let (x, norm_w) = (cast(&x), cast(&g.norm_w));
+            let w = GdnWeights { conv_w: &g.conv_w, a_log: &g.a_log, dt_bias: &g.dt_bias };
+            let run = |proj: bool| {
+                let (mut cache, mut out, mut pos) = (rec_cache(&CFG, 0, 1), Vec::new(), 0);
+                for n in [5, 1, 1, 2] {
+                    let xs = x.narrow_rows(pos, n).unwrap();
+                    let p = xs.matmul_t(&wq).unwrap();
+                    let product;
+                    let gates = if proj {
+                        GateIn::Proj { x: &xs, w: &wba }
+                    } else {
+                        product = xs.matmul_t(&wba).unwrap();
+                        GateIn::Cols(&product)
+                    };
+                    let LayerCache::Recurrent(rc) = &mut cache else { panic!("recurrent cache expected") };
+                    let b = Batch::single(SeqId(0), pos, &ids(n));
+                    let y = ops(&p).gdn_gated(&p, gates, &w, &CFG.args(), &b, rc, &norm_w, CFG.eps).unwrap();
+                    out.extend(bits(y));
+                    pos += n;
+                }
+                out
+            };
+            assert_eq!(run(true), run(false), "{dt}: GateIn::Proj vs GateIn::Cols of the product");
+        }
+        let mut split = g.clone();
+        split.in_proj = Linear::new(g.in_proj.w.narrow_rows(0, rows - nba).unwrap(), None);
+        split.in_proj_ba = Some(Linear::new(g.in_proj.w.narrow_rows(rows - nba, nba).unwrap(), None));
+        let mut biased = split.clone();
+        let wba = g.in_proj.w.narrow_rows(rows - nba, nba).unwrap();
+        biased.in_proj_ba = Some(Linear::new(wba.clone(), Some(Tensor::zeros([nba], DType::F32))));
+        for steps in [&[9][..], &[5, 1, 1, 1, 1]] {
+            assert_eq!(run_in_steps(&split, &x, steps), run_in_steps(&biased, &x, steps), "steps {steps:?}");
+        }
+        // Shape errors: a weight of the wrong width (the product) or of too few rows (the gates).
+        let p = split.in_proj.forward(&x).unwrap();
+        let w = GdnWeights { conv_w: &g.conv_w, a_log: &g.a_log, dt_bias: &g.dt_bias };
+        let narrow = wba.narrow_rows(0, nba - 2).unwrap();
+        let wide = rng.tensor(&[nba, HIDDEN + 1], 1.0);
+        for bad in [&narrow, &wide] {
+            let mut cache = rec_cache(&CFG, 0, 1);
+            let LayerCache::Recurrent(rc) = &mut cache else { panic!("recurrent cache expected") };
+            let b = Batch::single(SeqId(0), 0, &ids(9));
+            let r = ops(&p).gdn(&p, GateIn::Proj { x: &x, w: bad }, &w, &CFG.args(), &b, rc);
+            assert!(is_shape(&r), "{:?}", bad.shape());
         }
     }
 

@@ -93,26 +93,58 @@ impl CudaKernels {
         hv: usize,
     ) -> Result<()> {
         const NAME: &str = "gdn_conv_gates_seq";
-        if c == 0 || hv == 0 || k == 0 || k > GDN_CONV_MAXK {
+        if ba_col.checked_add(2 * hv).is_none_or(|e| e > ba_stride) || (ba.is_none() && ba_stride != x_stride) {
             return Err(CudaError::Invalid(format!(
-                "{NAME}: c {c} and hv {hv} must be > 0 and k {k} in 1..={GDN_CONV_MAXK}"
+                "{NAME}: gate columns {ba_col}+2·{hv} past the stride {ba_stride} (which must be x_stride {x_stride} \
+                 without ba)"
             )));
         }
-        if win + 1 < k {
-            return Err(CudaError::Invalid(format!("{NAME}: window {win} < k − 1 = {}", k - 1)));
-        }
-        if x_stride < c
-            || ba_col.checked_add(2 * hv).is_none_or(|e| e > ba_stride)
-            || (ba.is_none() && ba_stride != x_stride)
-        {
-            return Err(CudaError::Invalid(format!(
-                "{NAME}: x_stride {x_stride} < c {c} or gate columns {ba_col}+2·{hv} past the stride {ba_stride}"
-            )));
-        }
-        self.check("x", x, prod(&[t, x_stride])?)?;
         if let Some(b) = ba {
             self.check("ba", b, prod(&[t, ba_stride])?)?;
         }
+        let (ba32, bas32) = (u32_of("ba_col", ba_col)?, u32_of("ba_stride", ba_stride)?);
+        let (pba, _gba) = match ba {
+            Some(b) => b.device_ptr(&self.stream),
+            None => x.device_ptr(&self.stream),
+        };
+        let d = ConvGatesDims { t, n_spans, c, k, win, num_slots, hv };
+        let gates = GateArgs::Cols { ba: pba, stride: bas32, col: ba32 };
+        self.conv_gates_launch(NAME, x, x_stride, w, a_log, dt_bias, window, spans, out, g, beta, d, gates)
+    }
+
+    /// The checks and the launch both conv + gates forms share ([`CudaKernels::gdn_conv_gates_seq`],
+    /// [`CudaKernels::gdn_conv_gates_proj_seq`]): sizes, buffer lengths, the grid (a row tile's
+    /// channel blocks and its gate blocks: 1, or `gb` of the proj form).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn conv_gates_launch<T: CudaFloat>(
+        &self,
+        name: &str,
+        x: &impl DevicePtr<T>,
+        x_stride: usize,
+        w: &impl DevicePtr<f32>,
+        a_log: &impl DevicePtr<f32>,
+        dt_bias: &impl DevicePtr<f32>,
+        window: &mut impl DevicePtrMut<f32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<f32>,
+        g: &mut impl DevicePtrMut<f32>,
+        beta: &mut impl DevicePtrMut<f32>,
+        d: ConvGatesDims,
+        gates: GateArgs,
+    ) -> Result<()> {
+        let ConvGatesDims { t, n_spans, c, k, win, num_slots, hv } = d;
+        if c == 0 || hv == 0 || k == 0 || k > GDN_CONV_MAXK {
+            return Err(CudaError::Invalid(format!(
+                "{name}: c {c} and hv {hv} must be > 0 and k {k} in 1..={GDN_CONV_MAXK}"
+            )));
+        }
+        if win + 1 < k {
+            return Err(CudaError::Invalid(format!("{name}: window {win} < k − 1 = {}", k - 1)));
+        }
+        if x_stride < c {
+            return Err(CudaError::Invalid(format!("{name}: x_stride {x_stride} < c {c}")));
+        }
+        self.check("x", x, prod(&[t, x_stride])?)?;
         self.check("w", w, prod(&[c, k])?)?;
         self.check("a_log", a_log, hv)?;
         self.check("dt_bias", dt_bias, hv)?;
@@ -124,21 +156,22 @@ impl CudaKernels {
         if t == 0 {
             return Ok(());
         }
-        // Rows per block: 1 for decode-sized batches (every block a short chain of dependent
-        // loads), up to CONV_ROWS for prefill (the conv weights and the span scan amortised).
-        let rows = (t / CONV_TILE_ROWS_FROM).next_power_of_two().min(CONV_ROWS);
+        let rows = conv_tile_rows(t);
         let cblocks = c.div_ceil(THREADS as usize);
-        if cblocks >= 65_535 {
-            return Err(CudaError::Invalid(format!("{NAME}: c {c} too large")));
+        let gblocks = match gates {
+            GateArgs::Cols { .. } => 1,
+            GateArgs::Proj { gb, .. } => gb as usize,
+        };
+        if cblocks + gblocks > 65_535 {
+            return Err(CudaError::Invalid(format!("{name}: c {c} too large")));
         }
         let cfg = LaunchConfig {
-            grid_dim: (u32_of("row blocks", t.div_ceil(rows))?, cblocks as u32 + 1, 1),
+            grid_dim: (u32_of("row blocks", t.div_ceil(rows))?, (cblocks + gblocks) as u32, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (xs32, ba32, t32, ns32, c32, k32, win32, slots32, hv32) = (
+        let (xs32, t32, ns32, c32, k32, win32, slots32, hv32) = (
             u32_of("x_stride", x_stride)?,
-            u32_of("ba_col", ba_col)?,
             u32_of("t", t)?,
             u32_of("n_spans", n_spans)?,
             u32_of("c", c)?,
@@ -147,49 +180,86 @@ impl CudaKernels {
             u32_of("num_slots", num_slots)?,
             u32_of("hv", hv)?,
         );
-        let bas32 = u32_of("ba_stride", ba_stride)?;
-        let st = &*self.stream;
-        let (pba, _gba) = match ba {
-            Some(b) => b.device_ptr(st),
-            None => x.device_ptr(st),
-        };
-        // SAFETY: arguments match `gdn_conv_gates_seq_<T>` in gdn_seq.cu; lengths (ba's or x's
-        // t · ba_stride), the gate columns and k <= CONV_MAXK checked; rows <= CONV_ROWS; the kernel bounds-checks
-        // every span (slot, rows, lag) before reading through it.
-        // Kernel: `gdn_conv_gates_seq_<T>(const T* x, u32 x_stride, const float* w, float* window,
-        // const u32* spans, float* out, const float* a_log, const float* dt_bias, float* g, float* beta,
-        // u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots, const T* ba, u32 ba_stride, u32 ba_col,
-        // u32 hv, u32 rows)`.
-        unsafe {
-            launch!(
-                self,
-                GDN_SEQ,
-                format!("gdn_conv_gates_seq_{}", T::NAME),
-                cfg,
-                [
-                    ptr(x),
-                    xs32,
-                    ptr(w),
-                    ptr_mut(window),
-                    ptr(spans),
-                    ptr_mut(out),
-                    ptr(a_log),
-                    ptr(dt_bias),
-                    ptr_mut(g),
-                    ptr_mut(beta),
-                    t32,
-                    ns32,
-                    c32,
-                    k32,
-                    win32,
-                    slots32,
-                    pba,
-                    bas32,
-                    ba32,
-                    hv32,
-                    rows as u32
-                ]
-            )
+        match gates {
+            // SAFETY: arguments match `gdn_conv_gates_seq_<T>` in gdn_seq.cu; lengths (ba's or
+            // x's t · ba_stride, checked by the caller with the gate columns), k <= CONV_MAXK
+            // checked; rows <= CONV_ROWS; the kernel bounds-checks every span (slot, rows, lag)
+            // before reading through it.
+            // Kernel: `gdn_conv_gates_seq_<T>(const T* x, u32 x_stride, const float* w, float* window,
+            // const u32* spans, float* out, const float* a_log, const float* dt_bias, float* g, float* beta,
+            // u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots, const T* ba, u32 ba_stride, u32 ba_col,
+            // u32 hv, u32 rows)`.
+            GateArgs::Cols { ba, stride, col } => unsafe {
+                launch!(
+                    self,
+                    GDN_SEQ,
+                    format!("gdn_conv_gates_seq_{}", T::NAME),
+                    cfg,
+                    [
+                        ptr(x),
+                        xs32,
+                        ptr(w),
+                        ptr_mut(window),
+                        ptr(spans),
+                        ptr_mut(out),
+                        ptr(a_log),
+                        ptr(dt_bias),
+                        ptr_mut(g),
+                        ptr_mut(beta),
+                        t32,
+                        ns32,
+                        c32,
+                        k32,
+                        win32,
+                        slots32,
+                        ba,
+                        stride,
+                        col,
+                        hv32,
+                        rows as u32
+                    ]
+                )
+            },
+            // SAFETY: arguments match `gdn_conv_gates_proj_seq_<T>` in gdn_seq.cu; as above, and
+            // the caller checked xp's `t · hidden` and wba's `2·hv · hidden` elements, gb >= 1
+            // and split in {1, 2, 4}; the kernel takes its vector path only on 16-byte rows.
+            // Kernel: `gdn_conv_gates_proj_seq_<T>(const T* x, u32 x_stride, const float* w,
+            // float* window, const u32* spans, float* out, const float* a_log, const float* dt_bias,
+            // float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots,
+            // const T* xp, const T* wba, u32 hidden, u32 gb, u32 split, u32 hv, u32 rows)`.
+            GateArgs::Proj { x: xp, w: wba, hidden, gb, split } => unsafe {
+                launch!(
+                    self,
+                    GDN_SEQ,
+                    format!("gdn_conv_gates_proj_seq_{}", T::NAME),
+                    cfg,
+                    [
+                        ptr(x),
+                        xs32,
+                        ptr(w),
+                        ptr_mut(window),
+                        ptr(spans),
+                        ptr_mut(out),
+                        ptr(a_log),
+                        ptr(dt_bias),
+                        ptr_mut(g),
+                        ptr_mut(beta),
+                        t32,
+                        ns32,
+                        c32,
+                        k32,
+                        win32,
+                        slots32,
+                        xp,
+                        wba,
+                        hidden,
+                        gb,
+                        split,
+                        hv32,
+                        rows as u32
+                    ]
+                )
+            },
         }
     }
 
@@ -474,6 +544,36 @@ pub(crate) struct DeltaDims {
     pub dv: usize,
     pub num_slots: usize,
     pub nbuf: usize,
+}
+
+/// Rows a block of the conv + gates launch takes for `t` rows: 1 for decode-sized batches
+/// (every block a short chain of dependent loads), up to `CONV_ROWS` for prefill (the conv
+/// weights and the span scan amortised).
+pub(crate) fn conv_tile_rows(t: usize) -> usize {
+    (t / CONV_TILE_ROWS_FROM).next_power_of_two().min(CONV_ROWS)
+}
+
+/// The sizes of one conv + gates launch ([`CudaKernels::gdn_conv_gates_seq`] and its proj form).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConvGatesDims {
+    pub t: usize,
+    pub n_spans: usize,
+    pub c: usize,
+    pub k: usize,
+    pub win: usize,
+    pub num_slots: usize,
+    pub hv: usize,
+}
+
+/// Where the conv + gates launch gets its gate inputs, as kernel arguments (device addresses
+/// whose guards the caller holds over the launch).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum GateArgs {
+    /// `[b | a]` at column `col` of `ba`'s rows of `stride` elements.
+    Cols { ba: u64, stride: u32, col: u32 },
+    /// Computed by the launch from `x` `[t, hidden]` and `w` `[2·hv, hidden]` (`gb` gate blocks a
+    /// row tile, `split` the decode GEMV's parts).
+    Proj { x: u64, w: u64, hidden: u32, gb: u32, split: u32 },
 }
 
 /// Lanes per state column of [`CudaKernels::gdn_delta_seq`] for `n_spans` spans: enough lanes

@@ -77,6 +77,7 @@ mod env;
 mod fp8;
 mod fp8_gemm;
 mod gdn;
+mod gdn_ba;
 mod gdn_chunk;
 mod gdn_fused;
 mod gdn_seq;
@@ -108,6 +109,7 @@ pub use fp8::{
     FP8_GEMV_FMA_M1_MIN, FP8_MOE_DEC_ENV,
 };
 pub use gdn::GDN_MAX_DK;
+pub use gdn_ba::{gdn_ba_fused_enabled, GateProj, GDN_BA_ENV, GDN_BA_FUSED_MAX_ROWS};
 pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV, GDN_WU_OCC_ENV};
 pub use gdn_fused::{
     gdn_fused_enabled, GdnFusedDims, GdnFusedShape, GDN_FUSED_ENV, GDN_FUSED_LANES_ENV, GDN_FUSED_MAX_KEY_HEADS,

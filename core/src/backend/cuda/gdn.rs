@@ -3,8 +3,9 @@
 //! decode / verify step's recurrent spans in one fused launch where the kernel takes the head
 //! sizes and `PORTER_GDN_FUSED=on` asks for it ([`gdn_gated`]).
 
+use super::gdn_ba::{self, DevGates};
 use super::profile;
-use crate::backend::{GdnArgs, GdnWeights, RecBuf, RecCache};
+use crate::backend::{GateIn, GdnArgs, GdnWeights, RecBuf, RecCache};
 use crate::bail;
 use crate::batch::{Batch, SeqId};
 use crate::error::Result;
@@ -276,13 +277,13 @@ pub(crate) fn ckpt_plan(batch: &Batch, cache: &RecCache) -> Result<Option<CkptPl
 /// recurrent delta rule, the chunked delta rule), the last two only where they have spans.
 pub fn gdn(
     p: &Tensor,
-    ba: Option<&Tensor>,
+    gates: GateIn<'_>,
     w: &GdnWeights<'_>,
     c: &GdnArgs,
     batch: &Batch,
     cache: &mut RecCache,
 ) -> Result<Tensor> {
-    gdn_run(p, ba, w, c, batch, cache, None, None)
+    gdn_run(p, gates, w, c, batch, cache, None, None)
 }
 
 /// The Gated DeltaNet core and its gated RMSNorm with SiLU(z) on the device (see
@@ -295,7 +296,7 @@ pub fn gdn(
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_gated(
     p: &Tensor,
-    ba: Option<&Tensor>,
+    gates: GateIn<'_>,
     w: &GdnWeights<'_>,
     c: &GdnArgs,
     batch: &Batch,
@@ -310,16 +311,16 @@ pub fn gdn_gated(
     let lanes = CudaKernels::gdn_fused_lanes(n_rec, hv, dk, dv, invariant);
     let takes = CudaKernels::gdn_fused_shape((hk, hv, dk, dv), c.conv_kernel, cache.window(), lanes).is_some();
     if takes && norm_w.dtype() == p.dtype() && porter_kernels::cuda::gdn_fused_enabled() {
-        return gdn_run(p, ba, w, c, batch, cache, Some((norm_w, eps, lanes)), None);
+        return gdn_run(p, gates, w, c, batch, cache, Some((norm_w, eps, lanes)), None);
     }
     // The gated norm inside the recurrent delta-rule launch (`gdn_run` falls back to the
     // separate launch when a span takes the chunked path).
     if let Some(whole_head) =
         delta_norm_plan(n_rec).filter(|_| norm_w.dtype() == p.dtype() && hv <= GDN_FUSED_MAX_KEY_HEADS)
     {
-        return gdn_run(p, ba, w, c, batch, cache, None, Some((norm_w, eps, whole_head)));
+        return gdn_run(p, gates, w, c, batch, cache, None, Some((norm_w, eps, whole_head)));
     }
-    let core = gdn(p, ba, w, c, batch, cache)?;
+    let core = gdn(p, gates, w, c, batch, cache)?;
     gated_norm(&core, p, norm_w, c.conv_dim(), eps)
 }
 
@@ -384,7 +385,7 @@ fn delta_norm_plan(n_rec: usize) -> Option<bool> {
 #[allow(clippy::too_many_arguments)]
 fn gdn_run(
     p: &Tensor,
-    ba: Option<&Tensor>,
+    gate_in: GateIn<'_>,
     w: &GdnWeights<'_>,
     c: &GdnArgs,
     batch: &Batch,
@@ -393,12 +394,15 @@ fn gdn_run(
     delta_norm: Option<(&Tensor, f32, bool)>,
 ) -> Result<Tensor> {
     let g = gpu_of(p, "gated_delta_net")?;
+    // The gate inputs, in_proj_ba's product left to the conv + gates launch where that runs
+    // over every row (not in the one-launch step), else computed here first.
+    let mut held = None;
+    let gates = gdn_ba::dev_gates(p, gate_in, c, fuse.is_none(), &mut held)?;
     let _p = profile::span("gated_delta_net core", &g);
     let (spec, window) = (cache.spec, cache.window());
     let (hv, dv) = (c.value_heads, c.value_dim);
     let conv = c.conv_dim();
     let t = p.rows();
-    let (gates, ba_col) = c.gate_cols(p, ba)?;
     let plan = ckpt_plan(batch, cache)?;
     let gt = gdn_tables(batch, cache)?;
     let max_slots = cache.meta.len();
@@ -438,7 +442,7 @@ fn gdn_run(
                 &g,
                 (c, w, max_slots),
                 p,
-                (gates, ba_col),
+                gates,
                 rc,
                 (&conv_spans, n_conv, &rec, &chunk),
                 plan.as_ref(),
@@ -485,7 +489,8 @@ fn gdn_run(
             eps,
             lanes,
         };
-        crate::by_dtype!(p.dtype(), fused_launch(&g, w, p, (gates, ba_col), rc, &fused, norm_w, &mut normed, d))?;
+        let cols = gates.cols()?;
+        crate::by_dtype!(p.dtype(), fused_launch(&g, w, p, cols, rc, &fused, norm_w, &mut normed, d))?;
     }
     Ok(normed)
 }
@@ -531,7 +536,7 @@ fn three_launches<T: DevType>(
     g: &Gpu,
     (c, w, ns): (&GdnArgs, &GdnWeights<'_>, usize),
     p: &Tensor,
-    (gates, ba_col): (&Tensor, usize),
+    gates: DevGates<'_>,
     rc: &mut CudaRec,
     spans: (&CudaView<'_, u32>, usize, &DeltaSpans, &DeltaSpans),
     plan: Option<&CkptPlan>,
@@ -565,32 +570,9 @@ fn three_launches<T: DevType>(
         )
         .map_err(cuda_err)?;
     }
-    // Conv, conv window update and gates: one launch.
-    // The gate inputs: p's own columns, or in_proj_ba's output read in place.
-    let ba = if std::ptr::eq(gates, p) { None } else { Some(gates.dev::<T>()?) };
-    g.k.gdn_conv_gates_seq::<T>(
-        p.dev::<T>()?,
-        p.last_dim(),
-        ba,
-        gates.last_dim(),
-        ba_col,
-        w.conv_w.dev::<f32>()?,
-        w.a_log.dev::<f32>()?,
-        w.dt_bias.dev::<f32>()?,
-        &mut rc.window,
-        conv_spans,
-        qkv,
-        gate,
-        beta,
-        t,
-        n,
-        c.conv_dim(),
-        c.conv_kernel,
-        win,
-        ns,
-        c.value_heads,
-    )
-    .map_err(cuda_err)?;
+    // Conv, conv window update and gates (their inputs too where in_proj_ba's product is left
+    // to it): one launch.
+    gdn_ba::conv_gates::<T>(g, c, w, p, gates, &mut rc.window, (conv_spans, n), qkv, (gate, beta), (t, win, ns))?;
     let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
     // Short spans (decode, verify with snapshots) take the recurrence, long ones the
     // chunked algorithm; both launches share one argument list.

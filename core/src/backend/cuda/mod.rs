@@ -5,6 +5,7 @@
 pub mod blocks;
 pub mod fp8;
 pub mod gdn;
+mod gdn_ba;
 pub mod graph;
 pub mod moe;
 pub mod norm_matmul;
@@ -14,8 +15,8 @@ pub use blocks::CudaKv;
 pub use gdn::CudaRec;
 
 use super::{
-    Act, AttnArgs, GdnArgs, GdnWeights, KvCache, MoeArgs, MoeShared, NormKind, Ops, QkPrep, QkPrepared, RecCache,
-    RopeArgs,
+    Act, AttnArgs, GateIn, GdnArgs, GdnWeights, KvCache, MoeArgs, MoeShared, NormKind, Ops, QkPrep, QkPrepared,
+    RecCache, RopeArgs,
 };
 use crate::bail;
 use crate::batch::Batch;
@@ -124,14 +125,14 @@ impl Ops for CudaOps {
     fn gdn(
         &self,
         p: &Tensor,
-        ba: Option<&Tensor>,
+        gates: GateIn<'_>,
         w: &GdnWeights<'_>,
         g: &GdnArgs,
         batch: &Batch,
         rec: &mut RecCache,
     ) -> Result<Tensor> {
         fused_silu(g.act, "gdn")?;
-        gdn::gdn(p, ba, w, g, batch, rec)
+        gdn::gdn(p, gates, w, g, batch, rec)
     }
     fn gated_norm(&self, o: &Tensor, p: &Tensor, w: &Tensor, zoff: usize, eps: f32) -> Result<Tensor> {
         gdn::gated_norm(o, p, w, zoff, eps)
@@ -140,7 +141,7 @@ impl Ops for CudaOps {
     fn gdn_gated(
         &self,
         p: &Tensor,
-        ba: Option<&Tensor>,
+        gates: GateIn<'_>,
         w: &GdnWeights<'_>,
         g: &GdnArgs,
         batch: &Batch,
@@ -149,7 +150,7 @@ impl Ops for CudaOps {
         eps: f32,
     ) -> Result<Tensor> {
         fused_silu(g.act, "gdn")?;
-        gdn::gdn_gated(p, ba, w, g, batch, rec, norm_w, eps)
+        gdn::gdn_gated(p, gates, w, g, batch, rec, norm_w, eps)
     }
 }
 
