@@ -651,8 +651,7 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
     __shared__ int last;
     if (nz.out) {
         if (gridDim.x == 1) {
-            __syncthreads();
-            last = 1;
+            __syncthreads();  // the block's own rows of `out`; the block is the last one
         } else {
             __threadfence();
             __syncthreads();
@@ -665,7 +664,7 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
             __syncthreads();
         }
     }
-    const bool norm_here = nz.out && last;
+    const bool norm_here = nz.out && (gridDim.x == 1 || last);
     if (!snap && active && !norm_here) store_rows<R>(S, slot_base + (u64)src * bufs, part, dk, dv, c);
     if (norm_here) {
         if (gridDim.x != 1) __threadfence();
