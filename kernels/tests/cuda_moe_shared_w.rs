@@ -126,12 +126,13 @@ fn fp8_case<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng, dims: [usize; 5], b
     let routed = moe_ref::<T>(&x, &idx, &wt, &g.dense::<T>(), &u.dense::<T>(), &dw.dense::<T>(), dims, bank);
     let gu = products(&x, &s, t, h);
     let want: Vec<f32> = routed.iter().zip(shared_ref::<T>(&s, &gu, t, e, h)).map(|(a, b)| a + b).collect();
-    let (xd, id, wd, gld, gud) =
-        (up::<T>(kern, &x), up_u32(kern, &idx), up::<f32>(kern, &wt), up::<f32>(kern, &s.glog), up::<f32>(kern, &gu));
+    let (xd, id, wd, gud) = (up::<T>(kern, &x), up_u32(kern, &idx), up::<f32>(kern, &wt), up::<f32>(kern, &gu));
     let what = format!("fp8 {} {dims:?} I_s={is}", T::NAME);
     check_case::<T>(&what, &want, &gud, t, &mut |_, cols, rows| {
         let mut out = poisoned::<f32>(kern, rows * h);
-        let sd = dev_of(cols, sgu.dev(), sdn.dev(), &gld, e, is);
+        // The gate logits of the call's rows (the kernels check the exact length).
+        let gl = up::<f32>(kern, &s.glog[..rows * (e + 1)]);
+        let sd = dev_of(cols, sgu.dev(), sdn.dev(), &gl, e, is);
         let (x0, i0, w0) = (xd.slice(0..rows * h), id.slice(0..rows * kk), wd.slice(0..rows * kk));
         kern.moe_experts_fp8_shared::<T>(
             &x0,
@@ -165,12 +166,12 @@ fn dense_case<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng, d: Dims, is: usiz
     let routed = reference::<T>(d, &inp);
     let want: Vec<f32> = routed.iter().zip(shared_ref::<T>(&s, &gu, t, d.e, h)).map(|(a, b)| a + b).collect();
     let dev = upload::<T>(kern, d, &inp);
-    let (sgd, sdd, gld, gud) =
-        (up::<T>(kern, &s.gu_w), up::<T>(kern, &s.down), up::<f32>(kern, &s.glog), up::<f32>(kern, &gu));
+    let (sgd, sdd, gud) = (up::<T>(kern, &s.gu_w), up::<T>(kern, &s.down), up::<f32>(kern, &gu));
     let what = format!("dense {} {d:?} I_s={is}", T::NAME);
     check_case::<T>(&what, &want, &gud, t, &mut |_, cols, rows| {
         let mut out = poisoned::<f32>(kern, rows * h);
-        let sd = dev_of(cols, &sgd, &sdd, &gld, d.e, is);
+        let gl = up::<f32>(kern, &s.glog[..rows * (d.e + 1)]);
+        let sd = dev_of(cols, &sgd, &sdd, &gl, d.e, is);
         let (x0, i0, w0) = (dev.x.slice(0..rows * h), dev.idx.slice(0..rows * d.k), dev.w.slice(0..rows * d.k));
         let dims = [rows, d.k, d.e, h, d.inter];
         kern.moe_experts_shared::<T>(&x0, &i0, &w0, &dev.gate, &dev.up, &dev.down, &sd, &mut out, dims)
