@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 25, GPU call 2 (H100): cuda_moe_shared_w after its test fix (row 0 alone got the
-# batch's gate logits); the final tree's figures: the GPU-speed issue's bench command, FP8
+# batch's gate logits); cuda_gdn_ba, cuda_gdn_seq, gpu, gpu_graphs after the conv + gates
+# launch's two argument lists became one; the final tree's figures: the GPU-speed issue's bench command, FP8
 # (24 layers) at batch 1 / 8 / 64 with prefill 4k, MTP K = 3 (bf16 and FP8); and the FP8
 # batch-1 step by knock-in (the fused launches' cost in place).
 # Carry .dev/porter, .dev/k.tgz, .dev/ptx.tgz.
@@ -12,7 +13,9 @@ source <(sed -n '/^# --- NVRTC/,/^say "== gpu-check/p' scripts/gpu-check.sh | gr
 L=$OUT/logs; mkdir -p $L; exec > >(tee $OUT/summary.txt) 2>&1
 date -u; nvidia-smi --query-gpu=name --format=csv,noheader
 T="--include-ignored --nocapture --test-threads=1"
-timeout 60 .dev/k/cuda_moe_shared_w $T > $L/cuda_moe_shared_w.log 2>&1; echo "[$SECONDS s] cuda_moe_shared_w rc=$? $(grep -E '^test result' $L/cuda_moe_shared_w.log)"
+for t in cuda_moe_shared_w cuda_gdn_ba cuda_gdn_seq gpu gpu_graphs; do
+    timeout 120 .dev/k/$t $T > $L/$t.log 2>&1; echo "[$SECONDS s] $t rc=$? $(grep -E '^test result' $L/$t.log)"
+done
 grep -hE "panicked" $L/*.log | head -4
 G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24"
 timeout 120 $P bench $G --prefill 4096,32768 --batch 1,8,64 --context 128 --steps 32 > $L/bench.log 2>&1; echo "[$SECONDS s] bench G rc=$?"

@@ -3,7 +3,7 @@
 //! consecutive rows in the batch; per-sequence state lives in pools indexed by
 //! slot. Semantics of [`crate::cpu::gdn`].
 
-use super::{opt_ptr, opt_ptr_mut, prod, u32_of, CudaError, CudaFloat, CudaKernels, Result, GDN_SEQ};
+use super::{opt_ptr, opt_ptr_mut, prod, u32_of, CudaError, CudaFloat, CudaKernels, KernelArg, Result, GDN_SEQ};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Most rows per block of the conv kernel (`CONV_ROWS` in gdn_seq.cu).
@@ -180,87 +180,37 @@ impl CudaKernels {
             u32_of("num_slots", num_slots)?,
             u32_of("hv", hv)?,
         );
-        match gates {
-            // SAFETY: arguments match `gdn_conv_gates_seq_<T>` in gdn_seq.cu; lengths (ba's or
-            // x's t · ba_stride, checked by the caller with the gate columns), k <= CONV_MAXK
-            // checked; rows <= CONV_ROWS; the kernel bounds-checks every span (slot, rows, lag)
-            // before reading through it.
-            // Kernel: `gdn_conv_gates_seq_<T>(const T* x, u32 x_stride, const float* w, float* window,
-            // const u32* spans, float* out, const float* a_log, const float* dt_bias, float* g, float* beta,
-            // u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots, const T* ba, u32 ba_stride, u32 ba_col,
-            // u32 hv, u32 rows)`.
-            GateArgs::Cols { ba, stride, col } => unsafe {
-                launch!(
-                    self,
-                    GDN_SEQ,
-                    format!("gdn_conv_gates_seq_{}", T::NAME),
-                    cfg,
-                    [
-                        ptr(x),
-                        xs32,
-                        ptr(w),
-                        ptr_mut(window),
-                        ptr(spans),
-                        ptr_mut(out),
-                        ptr(a_log),
-                        ptr(dt_bias),
-                        ptr_mut(g),
-                        ptr_mut(beta),
-                        t32,
-                        ns32,
-                        c32,
-                        k32,
-                        win32,
-                        slots32,
-                        ba,
-                        stride,
-                        col,
-                        hv32,
-                        rows as u32
-                    ]
-                )
-            },
-            // SAFETY: arguments match `gdn_conv_gates_proj_seq_<T>` in gdn_seq.cu; as above, and
-            // the caller checked xp's `t · hidden` and wba's `2·hv · hidden` elements, gb >= 1
-            // and split in {1, 2, 4}; the kernel takes its vector path only on 16-byte rows.
-            // Kernel: `gdn_conv_gates_proj_seq_<T>(const T* x, u32 x_stride, const float* w,
-            // float* window, const u32* spans, float* out, const float* a_log, const float* dt_bias,
-            // float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots,
-            // const T* xp, const T* wba, u32 hidden, u32 gb, u32 split, u32 hv, u32 rows)`.
-            GateArgs::Proj { x: xp, w: wba, hidden, gb, split } => unsafe {
-                launch!(
-                    self,
-                    GDN_SEQ,
-                    format!("gdn_conv_gates_proj_seq_{}", T::NAME),
-                    cfg,
-                    [
-                        ptr(x),
-                        xs32,
-                        ptr(w),
-                        ptr_mut(window),
-                        ptr(spans),
-                        ptr_mut(out),
-                        ptr(a_log),
-                        ptr(dt_bias),
-                        ptr_mut(g),
-                        ptr_mut(beta),
-                        t32,
-                        ns32,
-                        c32,
-                        k32,
-                        win32,
-                        slots32,
-                        xp,
-                        wba,
-                        hidden,
-                        gb,
-                        split,
-                        hv32,
-                        rows as u32
-                    ]
-                )
-            },
-        }
+        let st = &*self.stream;
+        let ((px, _gx), (pw, _gw), (pal, _gal), (pdt, _gdt), (psp, _gsp)) =
+            (x.device_ptr(st), w.device_ptr(st), a_log.device_ptr(st), dt_bias.device_ptr(st), spans.device_ptr(st));
+        let ((pwin, _gwin), (pout, _gout), (pg, _gg), (pbeta, _gbeta)) =
+            (window.device_ptr_mut(st), out.device_ptr_mut(st), g.device_ptr_mut(st), beta.device_ptr_mut(st));
+        let mut args: Vec<&dyn KernelArg> = vec![
+            &px, &xs32, &pw, &pwin, &psp, &pout, &pal, &pdt, &pg, &pbeta, &t32, &ns32, &c32, &k32, &win32, &slots32,
+        ];
+        let rows32 = rows as u32;
+        let kernel = match &gates {
+            GateArgs::Cols { ba, stride, col } => {
+                args.extend([ba as &dyn KernelArg, stride, col]);
+                "gdn_conv_gates_seq"
+            }
+            GateArgs::Proj { x: xp, w: wba, hidden, gb, split } => {
+                args.extend([xp as &dyn KernelArg, wba, hidden, gb, split]);
+                "gdn_conv_gates_proj_seq"
+            }
+        };
+        args.extend([&hv32 as &dyn KernelArg, &rows32]);
+        // SAFETY: arguments match `gdn_conv_gates_seq_<T>(const T* x, u32 x_stride, const float* w,
+        // float* window, const u32* spans, float* out, const float* a_log, const float* dt_bias,
+        // float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots, const T*
+        // ba, u32 ba_stride, u32 ba_col, u32 hv, u32 rows)` in gdn_seq.cu (lengths: ba's or x's t ·
+        // ba_stride, checked by the caller with the gate columns), or `gdn_conv_gates_proj_seq_<T>`
+        // with `const T* xp, const T* wba, u32 hidden, u32 gb, u32 split` in place of ba's three
+        // (the caller checked xp's t · hidden and wba's 2·hv · hidden elements, gb >= 1 and split
+        // in {1, 2, 4}; the kernel takes its vector path only on 16-byte rows); k <= CONV_MAXK
+        // checked; rows <= CONV_ROWS; the kernel bounds-checks every span (slot, rows, lag) before
+        // reading through it.
+        unsafe { self.launch(&GDN_SEQ, &format!("{kernel}_{}", T::NAME), cfg, &args) }
     }
 
     /// The conv windows slots would hold after consuming the first `cut` rows of a span
