@@ -209,6 +209,44 @@ fn prefill_row(model: &Model, device: Device, n: usize, tok: &impl Fn(usize) -> 
 /// The MTP rows' long runs are this many times `--steps` tokens.
 const MTP_RUNS_LONG: usize = 3;
 
+/// Most runs [`oracle_sequence`] makes to find a sequence the speculative path accepts whole.
+const MTP_ORACLE_ROUNDS: usize = 16;
+
+/// The oracle draft's sequence for `k` drafts a step, `prompt` and `long` generated tokens:
+/// plain greedy's (`seq`, the prompt and its tokens) where the speculative path accepts it
+/// whole. In bf16 / f16 / FP8 the K + 1-row verify forward runs other kernels than the 1-row
+/// decode (FP8: the tensor-core GEMV from two rows on, the FMA one for one row of a large
+/// weight), so a random model's near-ties can take the speculative output off plain greedy's
+/// sequence, and an oracle proposing that sequence is wrong from there on. Then the output of
+/// an oracle run becomes the next run's sequence, until a run accepts every draft: a draft
+/// always right for this engine's own verify forward, which is what the oracle rows measure.
+/// Returns the sequence and the runs it took beyond the first (`Err` past
+/// [`MTP_ORACLE_ROUNDS`]).
+fn oracle_sequence(
+    model: &Model,
+    prompt: &[u32],
+    seq: &[u32],
+    p: &SamplingParams,
+    long: usize,
+    k: usize,
+) -> Result<(Vec<u32>, usize)> {
+    let mut cur = seq.to_vec();
+    for round in 0..MTP_ORACLE_ROUNDS {
+        let oracle = porter_core::draft::OracleDraft {
+            sequence: cur.clone(),
+            wrong_every: None,
+            vocab_size: model.info.vocab_size,
+        };
+        let drafts: Vec<Box<dyn DraftHead>> = vec![Box::new(oracle)];
+        let g = speculative::generate_speculative(model, &drafts, prompt, p.clone(), long, &[], k, MtpMode::Eagle)?;
+        if g.accepted == g.proposed {
+            return Ok((cur, round));
+        }
+        cur = prompt.iter().chain(&g.ids).copied().collect();
+    }
+    bail!("k = {k}: no oracle sequence accepted whole after {MTP_ORACLE_ROUNDS} runs (the verify forward's numerics)")
+}
+
 /// Tokens a second of a generation: over its first `n` tokens (prefill, graph capture and
 /// other first-use costs included) and steady (the extra tokens of a `long` run over the
 /// extra time: the one-time costs, the same in both runs, cancel).
@@ -432,12 +470,19 @@ pub(crate) fn cmd_bench(a: &BenchArgs) -> Result<()> {
         // One loaded head serves its own row and the forced row (its compute, the oracle's
         // proposals: what a trained head that is always right would cost).
         let real: Vec<std::sync::Arc<dyn DraftHead>> = real.into_iter().map(std::sync::Arc::from).collect();
-        let oracle_of = || porter_core::draft::OracleDraft {
-            sequence: seq.clone(),
-            wrong_every: None,
-            vocab_size: model.info.vocab_size,
-        };
         for k in 1..=kmax {
+            let (oseq, rounds) = oracle_sequence(&model, &prompt, &seq, &p, long, k)?;
+            if rounds > 0 {
+                println!(
+                    "  note: k={k}: the oracle proposes the speculative path's own greedy output (plain greedy's left it; {} numerics of the verify rows), found in {rounds} more run(s)",
+                    model.info.dtype
+                );
+            }
+            let oracle_of = || porter_core::draft::OracleDraft {
+                sequence: oseq.clone(),
+                wrong_every: None,
+                vocab_size: model.info.vocab_size,
+            };
             let oracle: Vec<Box<dyn DraftHead>> = vec![Box::new(oracle_of())];
             let mut runs = vec![("forced 100% acceptance", oracle)];
             if let [head] = real.as_slice() {
