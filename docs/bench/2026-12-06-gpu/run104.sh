@@ -18,8 +18,6 @@ one() { # label, binary, env
 }
 one old /tmp/porter_old X=1
 one new /tmp/porter_new X=1
-one new_ba_apart /tmp/porter_new PORTER_GDN_BA=apart
-one new_shared_apart /tmp/porter_new PORTER_MOE_SHARED=apart
 one new_both_apart /tmp/porter_new "PORTER_MOE_SHARED=apart PORTER_GDN_BA=apart"
 G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24 --prefill 16 --batch 1 --context 128 --steps 64 --mtp-step 3"
 timeout 120 /tmp/porter_new bench $G --quantize fp8 > $L/mtp_fp8.log 2>&1; echo "[$SECONDS s] mtp fp8 rc=$?"
