@@ -25,26 +25,11 @@ const GATE_WARPS: usize = 8;
 /// Most gate blocks a row tile of the proj form (a block's warps loop over more items).
 const MAX_GATE_BLOCKS: usize = 16;
 
-/// Whether [`GDN_BA_ENV`]'s value `v` asks for the fused form (`Err`: the value, unknown).
-fn fused_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
-    let Some(v) = v else { return Ok(true) };
-    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "fused" => Ok(true),
-        "apart" => Ok(false),
-        _ => Err(v.to_string_lossy().into_owned()),
-    }
-}
-
 /// Whether the backend computes the Gated DeltaNet gate inputs inside the conv + gates launch
 /// where it can ([`GDN_BA_ENV`], read once).
 pub fn gdn_ba_fused_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        fused_from(std::env::var_os(GDN_BA_ENV).as_deref()).unwrap_or_else(|bad| {
-            eprintln!("warning: {GDN_BA_ENV}={bad:?} is not one of fused, apart; using fused");
-            true
-        })
-    })
+    *ON.get_or_init(|| super::env::env_fused(GDN_BA_ENV))
 }
 
 /// Gate blocks a row tile of the proj form for `rows` rows a tile, `hv` value heads and
@@ -135,16 +120,6 @@ impl CudaKernels {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gdn_ba_env_values() {
-        assert_eq!(fused_from(None), Ok(true));
-        assert_eq!(fused_from(Some("".as_ref())), Ok(true));
-        assert_eq!(fused_from(Some(" Fused ".as_ref())), Ok(true));
-        assert_eq!(fused_from(Some("apart".as_ref())), Ok(false));
-        assert_eq!(fused_from(Some("APART\n".as_ref())), Ok(false));
-        assert_eq!(fused_from(Some("off".as_ref())), Err("off".to_string()));
-    }
 
     /// A warp an (item, part) up to 16 blocks: 32 heads of one row at 4 parts → 16 blocks, at
     /// 1 part → 4, 8 heads at 2 parts → 2; 16 rows of 32 heads → the cap.

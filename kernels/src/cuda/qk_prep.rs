@@ -13,25 +13,10 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 /// default).
 pub const QK_PREP_ENV: &str = "PORTER_QK_PREP";
 
-/// Whether [`QK_PREP_ENV`]'s value `v` asks for the one launch (`Err`: the value, unknown).
-fn fused_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
-    let Some(v) = v else { return Ok(true) };
-    match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "fused" => Ok(true),
-        "apart" => Ok(false),
-        _ => Err(v.to_string_lossy().into_owned()),
-    }
-}
-
 /// Whether the backend prepares q / k in one launch ([`QK_PREP_ENV`], read once).
 pub fn qk_prep_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        fused_from(std::env::var_os(QK_PREP_ENV).as_deref()).unwrap_or_else(|bad| {
-            eprintln!("warning: {QK_PREP_ENV}={bad:?} is not one of fused, apart; using fused");
-            true
-        })
-    })
+    *ON.get_or_init(|| super::env::env_fused(QK_PREP_ENV))
 }
 
 /// Largest head dim of [`CudaKernels::qk_prep`] (one element a thread of a 512-thread block).
@@ -157,18 +142,5 @@ impl CudaKernels {
                 ]
             )
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn qk_prep_env_values() {
-        assert_eq!(fused_from(None), Ok(true));
-        assert_eq!(fused_from(Some(" Fused ".as_ref())), Ok(true));
-        assert_eq!(fused_from(Some("apart".as_ref())), Ok(false));
-        assert!(fused_from(Some("off".as_ref())).is_err());
     }
 }
