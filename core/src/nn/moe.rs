@@ -101,12 +101,17 @@ impl Moe {
     /// (a bias, or a reduction of its own).
     fn shared_arg<'a>(&'a self, all: &'a Tensor) -> Option<MoeShared<'a>> {
         let s = self.shared.as_ref().filter(|s| s.down.b.is_none() && s.down.reduce.is_none())?;
-        let gate_col = self.experts + if self.shared_in.is_some() { 0 } else { 2 * s.inter };
         let gu = match &self.shared_in {
             Some(si) => SharedIn::Weights(si),
             None => SharedIn::Cols { gu: all, col0: self.experts },
         };
-        Some(MoeShared { gu, gate: all, gate_col, down: &s.down.w, inter: s.inter })
+        Some(MoeShared { gu, gate: all, gate_col: self.shared_gate_col(s), down: &s.down.w, inter: s.inter })
+    }
+
+    /// The column of the shared expert gate logit in the input product: right after the
+    /// router's when the gate / up rows are held apart (`shared_in`), else after those too.
+    fn shared_gate_col(&self, s: &SharedExpert) -> usize {
+        self.experts + if self.shared_in.is_some() { 0 } else { 2 * s.inter }
     }
 
     /// The shared expert's gate / up columns: in `all` after the router, or (held apart) the
@@ -114,10 +119,11 @@ impl Moe {
     /// column of its gate logit in `all`. Returns `(matrix, first gate column, gate logit
     /// column)`.
     fn shared_cols<'a>(&self, s: &SharedExpert, all: &'a Tensor, gu: Option<&'a Tensor>) -> (&'a Tensor, usize, usize) {
-        match gu {
-            Some(gu) => (gu, 0, self.experts),
-            None => (all, self.experts, self.experts + 2 * s.inter),
-        }
+        let (m, col0) = match gu {
+            Some(gu) => (gu, 0),
+            None => (all, self.experts),
+        };
+        (m, col0, self.shared_gate_col(s))
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
