@@ -88,25 +88,27 @@ fn dev_of<'a, W>(
     }
 }
 
-/// One fused call's output `[t, hidden]` (f32 host values); `legacy`: the legacy down kernel.
-type Call<'c> = dyn FnMut(bool, Option<&CudaSlice<f32>>, usize) -> Vec<f32> + 'c;
+/// One fused call's output `[rows, hidden]` (f32 host values) for the first `rows` rows, the
+/// shared products from `gu` columns when given (else from the weight); the down kernel is the
+/// one `PORTER_MOE_DOWN` names.
+type Call<'c> = dyn FnMut(Option<&CudaSlice<f32>>, usize) -> Vec<f32> + 'c;
 
-/// The checks of the module doc for one case; `call(legacy, gu columns, rows)`.
+/// The checks of the module doc for one case; `call(gu columns, rows)`.
 fn check_case<T: CudaFloat>(what: &str, want: &[f32], gu_ref: &CudaSlice<f32>, t: usize, call: &mut Call<'_>) {
-    let fused = call(false, None, t);
+    let fused = call(None, t);
     check(&format!("{what}: fused (weights) vs CPU"), &fused, want, tol::<T>());
     std::env::set_var(MOE_DOWN_ENV, "legacy");
-    let legacy = call(true, None, t);
+    let legacy = call(None, t);
     std::env::set_var(MOE_DOWN_ENV, "stream");
     check_bits(&format!("{what}: legacy down vs streamed"), &legacy, &fused);
-    let cols = call(false, Some(gu_ref), t);
+    let cols = call(Some(gu_ref), t);
     check(&format!("{what}: fused (columns) vs CPU"), &cols, want, tol::<T>());
     let same = fused.iter().zip(&cols).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
     let worst = fused.iter().zip(&cols).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
     println!("  {what}: weights vs columns: {same} of {} bit-identical, max |diff| {worst:.3e}", fused.len());
     if t > 1 {
         let h = fused.len() / t;
-        let alone = call(false, None, 1);
+        let alone = call(None, 1);
         check_bits(&format!("{what}: row 0 alone vs in the batch"), &alone, &fused[..h]);
     }
 }
@@ -128,7 +130,7 @@ fn fp8_case<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng, dims: [usize; 5], b
     let want: Vec<f32> = routed.iter().zip(shared_ref::<T>(&s, &gu, t, e, h)).map(|(a, b)| a + b).collect();
     let (xd, id, wd, gud) = (up::<T>(kern, &x), up_u32(kern, &idx), up::<f32>(kern, &wt), up::<f32>(kern, &gu));
     let what = format!("fp8 {} {dims:?} I_s={is}", T::NAME);
-    check_case::<T>(&what, &want, &gud, t, &mut |_, cols, rows| {
+    check_case::<T>(&what, &want, &gud, t, &mut |cols, rows| {
         let mut out = poisoned::<f32>(kern, rows * h);
         // The gate logits of the call's rows (the kernels check the exact length).
         let gl = up::<f32>(kern, &s.glog[..rows * (e + 1)]);
@@ -168,7 +170,7 @@ fn dense_case<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng, d: Dims, is: usiz
     let dev = upload::<T>(kern, d, &inp);
     let (sgd, sdd, gud) = (up::<T>(kern, &s.gu_w), up::<T>(kern, &s.down), up::<f32>(kern, &gu));
     let what = format!("dense {} {d:?} I_s={is}", T::NAME);
-    check_case::<T>(&what, &want, &gud, t, &mut |_, cols, rows| {
+    check_case::<T>(&what, &want, &gud, t, &mut |cols, rows| {
         let mut out = poisoned::<f32>(kern, rows * h);
         let gl = up::<f32>(kern, &s.glog[..rows * (d.e + 1)]);
         let sd = dev_of(cols, &sgd, &sdd, &gl, d.e, is);
