@@ -36,9 +36,33 @@ typedef unsigned long long u64;
 // sm_90 unless PORTER_PDL=off). Correct only if *every* kernel waits before its first global
 // access: a grid that has not waited may run beside its predecessor (and so may everything
 // after it), so a new __global__ function starts with this call (a test checks each one).
+//
+// The device timeline (PORTER_TIMELINE, kernels/src/cuda/timeline.rs; a diagnostic for `porter
+// bench`): when the host has pointed porter_tl_buf at its buffer (null otherwise: one
+// predicated load in thread 0 of block 0), thread 0 of block 0 appends the %globaltimer time
+// at which its wait returned, i.e. when the launch before it had completed. Launches pass
+// their waits one after another in stream order, so consecutive records are the critical
+// path's cost of each launch in place. buf[0]: records taken (an atomic count), buf[1]: the
+// buffer's length in u64 words, records from buf[2].
+__device__ unsigned long long* porter_tl_buf;
+__device__ __forceinline__ void porter_tl_mark() {
+    if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0u) {
+        unsigned long long* b = *(unsigned long long* volatile*)&porter_tl_buf;
+        if (b != nullptr) {
+            unsigned long long t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            const unsigned long long s = atomicAdd(b, 1ull);
+            if (s + 2ull < b[1]) b[2 + s] = t;
+        }
+    }
+}
+
 __device__ __forceinline__ void porter_pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+    porter_tl_mark();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }

@@ -114,6 +114,14 @@ fn decode_row(
         seqs.push(seq);
     }
     model.forward(&batch, &mut cache, LogitsFor::Last)?;
+    // The device timeline (PORTER_TIMELINE): the names of the launches the capture records.
+    let gpu = match device {
+        Device::Cuda(i) => Some(porter_core::tensor::cuda::gpu(i)?),
+        _ => None,
+    };
+    if let Some(g) = &gpu {
+        g.k.timeline_reset(true).context("resetting the device timeline")?;
+    }
     // The decode graph of this batch size (CUDA; not with --enforce-eager).
     let tg = Instant::now();
     let failed = model.capture_graphs(&mut cache, &[(b, 1)], a.context + a.steps, &mut |_, _| {})?;
@@ -129,6 +137,9 @@ fn decode_row(
     }
     model.sync()?;
     let _ = porter_core::backend::cuda::profile::take();
+    if let Some(g) = &gpu {
+        g.k.timeline_reset(false).context("resetting the device timeline")?;
+    }
     let t0 = Instant::now();
     let (mut issue, mut issue_first) = (0.0, 0.0);
     for step in 0..a.steps {
@@ -155,6 +166,9 @@ fn decode_row(
         issue_first * 1e3
     );
     print_profile(a.steps, "/step");
+    if let Some(g) = &gpu {
+        print_timeline(&g.k).context("reading the device timeline")?;
+    }
     let tps = (b * a.steps) as f64 / s;
     let step_s = s / a.steps as f64;
     // Bytes per step at the mean context of the timed steps.
@@ -171,6 +185,36 @@ fn decode_row(
     Ok(
         serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": step_s * 1e3, "host_issue_ms_per_step": issue * 1e3 / a.steps as f64, "host_ms_first_step": issue_first * 1e3, "bytes_per_step": bytes, "bandwidth_bytes_per_s": bw, "roofline_bytes_per_s": roofline, "roofline_fraction": frac}),
     )
+}
+
+/// Prints the device timeline of the decode steps just timed (PORTER_TIMELINE; nothing
+/// without it): each launch of the graphed step with its mean µs on the critical path, then
+/// the totals by kernel.
+fn print_timeline(k: &porter_kernels::cuda::CudaKernels) -> Result<()> {
+    let r = match k.timeline_report()? {
+        None => return Ok(()),
+        Some(Err(why)) => {
+            println!("  timeline: {why}");
+            return Ok(());
+        }
+        Some(Ok(r)) => r,
+    };
+    let total: f64 = r.rows.iter().filter(|x| x.mean_ns.is_finite()).map(|x| x.mean_ns).sum::<f64>() + r.between_ns;
+    println!(
+        "  timeline: {} launches a step over {} steps, {:.1} µs a step (the last launch and the gap to the next replay: {:.1} µs){}",
+        r.per_step,
+        r.steps,
+        total / 1e3,
+        r.between_ns / 1e3,
+        if r.leftover > 0 { format!("; {} records outside whole steps: other launches ran", r.leftover) } else { String::new() }
+    );
+    for (i, x) in r.rows.iter().enumerate() {
+        println!("  timeline {i:>4} {:>8.2} µs  {}", x.mean_ns / 1e3, x.name);
+    }
+    for (n, c, us) in r.by_name() {
+        println!("  timeline by kernel {us:>9.1} µs a step {c:>4} launches ({:.2} µs each)  {n}", us / c as f64);
+    }
+    Ok(())
 }
 
 /// Whether `e` is, under its context, porter's typed out-of-memory error (an allocation

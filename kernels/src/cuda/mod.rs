@@ -92,6 +92,7 @@ mod moe_route;
 mod norm_gemv;
 mod ops;
 mod qk_prep;
+mod timeline;
 
 pub use attention::{
     force_attn_decode, force_attn_decode_splits, force_attn_decode_timing, AttnDecode, AttnMode, AttnTc, DecodeTiming,
@@ -125,6 +126,7 @@ pub use moe_route::{MoeRouteDev, MoeRouter, MOE_ROUTER_ENV};
 pub use norm_gemv::{norm_gemv_enabled, NormGemvAdd, NORM_GEMV_ENV, NORM_GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 pub use qk_prep::{qk_prep_enabled, QkNorm, QK_PREP_ENV, QK_PREP_MAX_HD};
+pub use timeline::{analyse as timeline_analyse, TimelineReport, TimelineRow, TIMELINE_ENV};
 
 use cudarc::driver::sys::{self, CUfunction_attribute};
 use cudarc::driver::{
@@ -287,6 +289,8 @@ pub struct CudaKernels {
     /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
     /// the kernel zeroes what it used before it ends).
     moe_sync: Mutex<CudaSlice<u32>>,
+    /// The device timeline's buffer and captured launch names, while [`TIMELINE_ENV`] is set.
+    timeline: Option<Mutex<timeline::Timeline>>,
 }
 
 impl CudaKernels {
@@ -333,6 +337,10 @@ impl CudaKernels {
         // NVRTC for every module starts now, in parallel, while the caller loads its weights.
         precompile_in_background(arch, caps.fallback_build());
         let moe_sync = Mutex::new(stream.alloc_zeros::<u32>(moe_decode::SYNC_WORDS)?);
+        let timeline = match timeline::records_from_env() {
+            Some(n) => Some(Mutex::new(timeline::Timeline::new(&stream, n)?)),
+            None => None,
+        };
         Ok(Self {
             ctx,
             stream,
@@ -343,6 +351,7 @@ impl CudaKernels {
             functions: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             moe_sync,
+            timeline,
         })
     }
 
@@ -391,6 +400,9 @@ impl CudaKernels {
             Ok(m) => m,
             Err(_) => self.ctx.load_module(compile_with(src, arch, fallback)?)?,
         };
+        if let Some(t) = &self.timeline {
+            t.lock().unwrap_or_else(|e| e.into_inner()).attach(&m, &self.stream)?;
+        }
         self.modules.lock().unwrap_or_else(|e| e.into_inner()).insert(src.name, m.clone());
         Ok(m)
     }
@@ -401,7 +413,7 @@ impl CudaKernels {
             return Ok(f.clone());
         }
         let f = self.module(src)?.load_function(name)?;
-        if knockout::diag().active() {
+        if knockout::diag().active() || self.timeline.is_some() {
             self.names.lock().unwrap_or_else(|e| e.into_inner()).insert(f.cu_function() as usize, name.to_owned());
         }
         self.functions.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_owned(), f.clone());
@@ -487,7 +499,7 @@ impl CudaKernels {
     /// Free when none is set.
     pub(crate) fn launches(&self, f: &CudaFunction, cfg: &LaunchConfig) -> usize {
         let d = knockout::diag();
-        if !d.active() {
+        if !d.active() && self.timeline.is_none() {
             return 1;
         }
         let names = self.names.lock().unwrap_or_else(|e| e.into_inner());
@@ -499,6 +511,14 @@ impl CudaKernels {
         } else {
             1
         };
+        if let Some(t) = &self.timeline {
+            let capturing =
+                matches!(self.stream.capture_status(), Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE));
+            let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+            for _ in 0..n {
+                t.note(name, capturing);
+            }
+        }
         if d.trace > 0 {
             static SEEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
             if SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < d.trace {
@@ -510,6 +530,36 @@ impl CudaKernels {
             }
         }
         n
+    }
+
+    /// Whether the device timeline is on ([`TIMELINE_ENV`]).
+    pub fn timeline_on(&self) -> bool {
+        self.timeline.is_some()
+    }
+
+    /// Empties the device timeline's records (and with `names` the captured launch names, before
+    /// a capture); nothing without [`TIMELINE_ENV`].
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`] if the upload fails.
+    pub fn timeline_reset(&self, names: bool) -> Result<()> {
+        match &self.timeline {
+            Some(t) => t.lock().unwrap_or_else(|e| e.into_inner()).reset(&self.stream, names),
+            None => Ok(()),
+        }
+    }
+
+    /// The records since [`CudaKernels::timeline_reset`] analysed against the launches captured
+    /// since the last reset with names ([`timeline_analyse`]); `None` without [`TIMELINE_ENV`].
+    /// Synchronises the stream.
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`] if the download fails; the analysis's own complaint (too few
+    /// records, nothing captured) is the inner `Err`.
+    pub fn timeline_report(&self) -> Result<Option<std::result::Result<TimelineReport, String>>> {
+        let Some(t) = &self.timeline else { return Ok(None) };
+        let (rec, names) = t.lock().unwrap_or_else(|e| e.into_inner()).read(&self.stream)?;
+        Ok(Some(timeline::analyse(&rec, &names)))
     }
 
     /// Whether kernels are launched as programmatic dependents of their predecessor
