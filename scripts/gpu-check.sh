@@ -62,6 +62,12 @@ for line in sys.stdin:
         LD_LIBRARY_PATH="$PWD/$nv/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PORTER_CUDA_INCLUDE="$PWD/$nv/include" \
             .dev/porter/porter kernels --arch "${GPU_ARCH:-sm_90}" ${GPU_PTX_FALLBACK:+--with-fallback} \
             --cache-dir .dev/ptx-cache --prune | tail -n 1
+        # GPU_PTX_TIMELINE=1: also the device timeline's build (PORTER_TIMELINE, its own text).
+        if [ "${GPU_PTX_TIMELINE:-0}" = 1 ]; then
+            PORTER_TIMELINE=1 LD_LIBRARY_PATH="$PWD/$nv/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+                PORTER_CUDA_INCLUDE="$PWD/$nv/include" .dev/porter/porter kernels --arch "${GPU_ARCH:-sm_90}" \
+                --cache-dir .dev/ptx-cache | tail -n 1
+        fi
         # Only the cubins travel: the GPU loads them as they are (no driver JIT of ~80 MB of
         # PTX, which took over 60 s on a fresh H200 in session 12); where the driver refused
         # one, NVRTC there rebuilds the PTX. The cubins seed the next staging.

@@ -38,33 +38,46 @@ typedef unsigned long long u64;
 // after it), so a new __global__ function starts with this call (a test checks each one).
 //
 // The device timeline (PORTER_TIMELINE, kernels/src/cuda/timeline.rs; a diagnostic for `porter
-// bench`): when the host has pointed porter_tl_buf at its buffer (null otherwise: one
-// predicated load in thread 0 of block 0), thread 0 of block 0 appends the %globaltimer time
-// at which its wait returned, i.e. when the launch before it had completed. Launches pass
-// their waits one after another in stream order, so consecutive records are the critical
-// path's cost of each launch in place. buf[0]: records taken (an atomic count), buf[1]: the
-// buffer's length in u64 words, records from buf[2].
+// bench`): only in the modules built with it (the host then prepends `#define PORTER_TIMELINE`
+// to every source, so the normal build has none of this). Thread 0 of block 0 appends the
+// %globaltimer time at which its wait returned, i.e. when the launch before it had completed,
+// to the buffer porter_tl_buf points at (set by the host for each module). Launches pass their
+// waits one after another in stream order, so consecutive records are the critical path's cost
+// of each launch in place. buf[0]: records taken (an atomic count), buf[1]: the buffer's length
+// in u64 words, records from buf[2].
+#ifdef PORTER_TIMELINE
 __device__ unsigned long long* porter_tl_buf;
-__device__ __forceinline__ void porter_tl_mark() {
+#endif
+__device__ __forceinline__ void porter_tl_mark(unsigned long long t) {
+#ifdef PORTER_TIMELINE
     if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0u) {
         unsigned long long* b = *(unsigned long long* volatile*)&porter_tl_buf;
         if (b != nullptr) {
-            unsigned long long t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
             const unsigned long long s = atomicAdd(b, 1ull);
             if (s + 2ull < b[1]) b[2 + s] = t;
         }
     }
+#endif
+}
+__device__ __forceinline__ unsigned long long porter_tl_now() {
+    unsigned long long t = 0;
+#ifdef PORTER_TIMELINE
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+#endif
+    return t;
 }
 
 __device__ __forceinline__ void porter_pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-    porter_tl_mark();
+    // The time is read at once, written after the dependents' launch is allowed (the record's
+    // load and atomic do not delay it).
+    const unsigned long long t = porter_tl_now();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+    porter_tl_mark(t);
 }
 
 // A hint to bring the 128-byte line of `p` into L2 (no data returned; harmless to issue before

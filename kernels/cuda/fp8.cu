@@ -9,7 +9,7 @@
 // part's own scales). W[r, c] = round_T(e4m3(q[r, c]) · scales[rs[r], c / 128]) with round_T the
 // compute dtype's rounding, exactly as the CPU backend dequantizes (kernels/src/cpu/fp8.rs); the
 // decode GEMV (fp8_gemvx_*) and the MoE decode GEMVs (Fp8Row below) compute with the unrounded
-// e4m3 · scale instead (see fp8_gemvx_impl).
+// e4m3 · scale instead (see fp8_gemvx_pdl).
 
 #include <cuda_fp8.h>
 
@@ -181,16 +181,25 @@ template <bool HW> __device__ __forceinline__ void fp8_chunk_f(const uint4& v, f
 
 #define FP8_GEMVX_U(NR) ((NR) >= 4 ? 2 : 4)
 // Column block `blk` (8 warps of NR weight rows). XS: x is in shared memory (the fused norm +
-// GEMV of fp8_norm.cu), else global (read through the non-coherent cache).
-template <typename A, typename O, int M, int NR, bool HW, bool XS = false>
-__device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__ w, const float* __restrict__ sc,
+// GEMV of fp8_norm.cu), else global (read through the non-coherent cache). PDL: the kernel's
+// porter_pdl_enter() is here, after the first batch of weight chunks and their scales (and
+// the row → scale-row map) are asked for: they never depend on an earlier kernel, so under
+// programmatic dependent launch the resident blocks stream them while the launch before this
+// one finishes (as gemv_pdl and fp8_gemvt do; session 26's device timeline had the in_proj
+// launch at 13 µs in place for 8.4 µs of bytes on the H100 without it); x is read after the
+// wait. The arithmetic and its order are unchanged.
+template <typename A, typename O, int M, int NR, bool HW, bool XS = false, bool PDL = false>
+__device__ __forceinline__ void fp8_gemvx_pdl(const unsigned char* __restrict__ w, const float* __restrict__ sc,
                                                const u32* __restrict__ rs, const A* __restrict__ x,
                                                O* __restrict__ out, u32 m, u32 k, u32 n, u32 blk) {
     constexpr int U = FP8_GEMVX_U(NR);
     const float mul = HW ? 1.0f : 256.0f;  // back from the ALU conversion's 2⁻⁸ (exact)
     const u32 lane = threadIdx.x & 31u;
     const u32 j0 = (blk * (blockDim.x >> 5) + (threadIdx.x >> 5)) * NR;
-    if (j0 >= n) return;
+    if (j0 >= n) {
+        if (PDL) porter_pdl_enter();
+        return;
+    }
     const u32 nsc = (k + FP8_BLOCK - 1) / FP8_BLOCK;
     const uint4* wr[NR];
     const float* srow[NR];
@@ -206,9 +215,9 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
     for (int r = 0; r < M; ++r)
 #pragma unroll
         for (int q = 0; q < NR; ++q) acc[r][q] = 0.0f;
-    for (u32 c0 = lane; c0 < kv; c0 += 32u * U) {
-        uint4 wv[U][NR];
-        float s[U][NR];
+    uint4 wv[U][NR];
+    float s[U][NR];
+    const auto load = [&](u32 c0) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const u32 c = c0 + 32u * u;
@@ -218,6 +227,11 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
                 s[u][q] = c < kv ? __ldg(srow[q] + (c >> 3)) * mul : 0.0f;
             }
         }
+    };
+    load(lane);
+    if (PDL) porter_pdl_enter();
+    for (u32 c0 = lane; c0 < kv; c0 += 32u * U) {
+        if (c0 != lane) load(c0);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const u32 c = c0 + 32u * u;
@@ -265,19 +279,22 @@ __device__ __forceinline__ void fp8_gemvx_impl(const unsigned char* __restrict__
 #endif
 // Default kernels (kernels/src/cuda/fp8.rs Fp8GemvForm::rows picks): at one row of x for 1, 2
 // and 4 weight rows a warp (by the number of weight rows), from two rows of x on at 2 or 1.
+// The one-row kernels are held to 3 blocks an SM (85 registers): with the first weight batch
+// loaded before the PDL wait, the 4-row form took 92 and 2 blocks, so the 80B in_proj's 384
+// blocks no longer fitted one wave.
 #define PORTER_FP8_GEMVX1(NA, A, NO, O, NR)                                                                 \
-    extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m1_r##NR(                    \
-        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { porter_pdl_enter(); \
-        fp8_gemvx_impl<A, O, 1, NR, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                             \
+    extern "C" __global__ void __launch_bounds__(256, 3) fp8_gemvx_##NA##_##NO##_m1_r##NR(                    \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) {      \
+        fp8_gemvx_pdl<A, O, 1, NR, FP8_GEMVX_HW, false, true>(w, sc, rs, x, out, m, k, n, blockIdx.x);               \
     }
 #define PORTER_FP8_GEMVX(NA, A, NO, O, M)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M(                        \
-        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { porter_pdl_enter(); \
-        fp8_gemvx_impl<A, O, M, 2, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                              \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) {      \
+        fp8_gemvx_pdl<A, O, M, 2, FP8_GEMVX_HW, false, true>(w, sc, rs, x, out, m, k, n, blockIdx.x);                \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_##NA##_##NO##_m##M##_r1(                   \
-        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) { porter_pdl_enter(); \
-        fp8_gemvx_impl<A, O, M, 1, FP8_GEMVX_HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                              \
+        const unsigned char* w, const float* sc, const u32* rs, const A* x, O* out, u32 m, u32 k, u32 n) {      \
+        fp8_gemvx_pdl<A, O, M, 1, FP8_GEMVX_HW, false, true>(w, sc, rs, x, out, m, k, n, blockIdx.x);                \
     }
 #define PORTER_FP8_GEMVX_M(NA, A, NO, O)                                                                        \
     PORTER_FP8_GEMVX1(NA, A, NO, O, 1) PORTER_FP8_GEMVX1(NA, A, NO, O, 2) PORTER_FP8_GEMVX1(NA, A, NO, O, 4)   \
@@ -294,8 +311,8 @@ PORTER_FP8_GEMVX_M(f16, f16, f32, float)
 // against the others on any GPU).
 #define PORTER_FP8_GEMVX_AB(M, NR, CV, HW)                                                                   \
     extern "C" __global__ void __launch_bounds__(256) fp8_gemvx_bf16_bf16_m##M##_r##NR##_##CV(               \
-        const unsigned char* w, const float* sc, const u32* rs, const bf16* x, bf16* out, u32 m, u32 k, u32 n) { porter_pdl_enter(); \
-        fp8_gemvx_impl<bf16, bf16, M, NR, HW>(w, sc, rs, x, out, m, k, n, blockIdx.x);                                    \
+        const unsigned char* w, const float* sc, const u32* rs, const bf16* x, bf16* out, u32 m, u32 k, u32 n) {   \
+        fp8_gemvx_pdl<bf16, bf16, M, NR, HW, false, true>(w, sc, rs, x, out, m, k, n, blockIdx.x);                      \
     }
 #define PORTER_FP8_GEMVX_AB_M(M)                                                                       \
     PORTER_FP8_GEMVX_AB(M, 1, hw, true) PORTER_FP8_GEMVX_AB(M, 2, hw, true) PORTER_FP8_GEMVX_AB(M, 4, hw, true)
@@ -395,7 +412,7 @@ template <typename T> struct Fp8Row {
     __device__ __forceinline__ uint4 load(u32 c) const { return __ldg(reinterpret_cast<const uint4*>(p) + c); }
     // The chunk's e4m3 values (exact; times 2⁻⁸ by the ALU conversion, undone in dot_acc).
     __device__ __forceinline__ void expand(const uint4& v, u32, float* f) const { fp8_chunk_f<FP8_GEMVX_HW>(v, f); }
-    // acc + scale · Σ_i e4m3_i · a_i: the GEMV's per-chunk formula (fp8_gemvx_impl), so the
+    // acc + scale · Σ_i e4m3_i · a_i: the GEMV's per-chunk formula (fp8_gemvx_pdl), so the
     // experts see W = e4m3 · scale in f32, not rounded to T; dot_acc = dot_side with side(c),
     // the chunk's block scale (the in-flight down kernel, dir_downa_impl_pdl, loads it with
     // the chunk, before its PDL wait).

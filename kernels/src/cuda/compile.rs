@@ -341,7 +341,9 @@ impl KernelSource {
     /// The text NVRTC compiles: the prelude, then the file (line numbers of
     /// errors refer to the file).
     pub fn full_text(&self) -> String {
-        format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.name, self.code)
+        // The device timeline's build (PORTER_TIMELINE): its own text, so its own cache entries.
+        let tl = if super::timeline::records_from_env().is_some() { "#define PORTER_TIMELINE 1\n" } else { "" };
+        format!("{tl}{PRELUDE}\n#line 1 \"{}\"\n{}", self.name, self.code)
     }
 }
 

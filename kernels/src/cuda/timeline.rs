@@ -5,11 +5,14 @@
 //! a kernel timed alone says little about what it costs a step (its start overlaps the launch
 //! before it). Knock-out and knock-in ([`super::KNOCKOUT_ENV`], [`super::KNOCKIN_ENV`]) change
 //! the step they measure (a knocked-out router leaves stale expert ids; a knocked-in weight
-//! stream finds its bytes in L2). The timeline changes nothing but one predicated load per
-//! launch: thread 0 of block 0 of every kernel appends the `%globaltimer` time at which its
-//! PDL wait returned (`porter_tl_mark`, kernels/cuda/common.cuh), which is when the launch
-//! before it completed. Launches pass their waits one after another in stream order, so the
-//! difference between consecutive records is each launch's cost on the critical path.
+//! stream finds its bytes in L2). The timeline adds one timer read, a load and an atomic per
+//! launch, and that only in the timeline's own build of the kernels (the sources get `#define
+//! PORTER_TIMELINE`; the normal build has no trace of it): thread 0 of block 0 of every kernel
+//! appends the `%globaltimer` time at which its PDL wait returned (`porter_tl_mark`,
+//! kernels/cuda/common.cuh), which is when the launch before it completed. Launches pass their
+//! waits one after another in stream order, so the difference between consecutive records is
+//! each launch's cost on the critical path. (A first form read the buffer pointer in every
+//! build, before the dependents' launch: that alone cost 3 % of the batch-1 step, session 26.)
 //!
 //! Use: `PORTER_TIMELINE=1 porter bench … --batch 1` prints, after a decode row, the captured
 //! graph's launches in order with their mean in-place µs, and the totals by kernel name. The
@@ -31,8 +34,14 @@ const SYMBOL: &str = "porter_tl_buf";
 /// Records kept when [`TIMELINE_ENV`] is `1`.
 const DEFAULT_RECORDS: usize = 1 << 20;
 
-/// The record count [`TIMELINE_ENV`] asks for, if any (a warning and none for a bad value).
+/// The record count [`TIMELINE_ENV`] asks for, if any (a warning and none for a bad value);
+/// read once a process (the kernels' text depends on it: `KernelSource::full_text`).
 pub(crate) fn records_from_env() -> Option<usize> {
+    static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *R.get_or_init(read_env)
+}
+
+fn read_env() -> Option<usize> {
     match std::env::var(TIMELINE_ENV).ok().as_deref().map(str::trim) {
         None | Some("") | Some("0") => None,
         Some("1") => Some(DEFAULT_RECORDS),
