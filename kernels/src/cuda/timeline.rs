@@ -59,11 +59,37 @@ fn read_env() -> Option<usize> {
 #[derive(Debug)]
 pub(crate) struct Timeline {
     buf: CudaSlice<u64>,
-    /// Entry-point names of the launches issued while the stream was capturing, in order, one
-    /// list a capture (a launch outside a capture ends the list).
-    captured: Vec<Vec<String>>,
+    /// The names of the launches issued while the stream was capturing.
+    log: CaptureLog,
+}
+
+/// Entry-point names of the launches issued while the stream was capturing, in order, one list
+/// a capture (a launch outside a capture ends the list: a graph's capture follows an eager run
+/// of the same forward).
+#[derive(Debug, Default)]
+struct CaptureLog {
+    captures: Vec<Vec<String>>,
     /// Whether the last launch noted was captured.
     in_capture: bool,
+}
+
+impl CaptureLog {
+    fn note(&mut self, name: &str, captured: bool) {
+        if captured {
+            if !self.in_capture {
+                self.captures.push(Vec::new());
+            }
+            if let Some(g) = self.captures.last_mut() {
+                g.push(name.to_owned());
+            }
+        }
+        self.in_capture = captured;
+    }
+
+    /// The last capture's names (none before any capture).
+    fn last(&self) -> Vec<String> {
+        self.captures.last().cloned().unwrap_or_default()
+    }
 }
 
 impl Timeline {
@@ -71,7 +97,7 @@ impl Timeline {
     pub(crate) fn new(stream: &Arc<CudaStream>, records: usize) -> Result<Self> {
         let mut buf = stream.alloc_zeros::<u64>(records + 2)?;
         stream.memcpy_htod(&[0u64, (records + 2) as u64], &mut buf.slice_mut(0..2))?;
-        Ok(Self { buf, captured: Vec::new(), in_capture: false })
+        Ok(Self { buf, log: CaptureLog::default() })
     }
 
     /// Points module `m`'s `porter_tl_buf` at the buffer.
@@ -87,22 +113,14 @@ impl Timeline {
 
     /// Notes a launch: `captured`, issued while the stream was capturing.
     pub(crate) fn note(&mut self, name: &str, captured: bool) {
-        if captured {
-            if !self.in_capture {
-                self.captured.push(Vec::new());
-            }
-            if let Some(g) = self.captured.last_mut() {
-                g.push(name.to_owned());
-            }
-        }
-        self.in_capture = captured;
+        self.log.note(name, captured);
     }
 
     /// Forgets the records and the captured names.
     pub(crate) fn reset(&mut self, stream: &Arc<CudaStream>, names: bool) -> Result<()> {
         stream.memcpy_htod(&[0u64], &mut self.buf.slice_mut(0..1))?;
         if names {
-            self.captured.clear();
+            self.log = CaptureLog::default();
         }
         Ok(())
     }
@@ -112,7 +130,7 @@ impl Timeline {
     pub(crate) fn read(&self, stream: &Arc<CudaStream>) -> Result<(Vec<u64>, Vec<String>)> {
         let all = stream.clone_dtoh(&self.buf)?;
         let n = usize::try_from(all[0]).unwrap_or(usize::MAX).min(all.len() - 2);
-        Ok((all[2..2 + n].to_vec(), self.captured.last().cloned().unwrap_or_default()))
+        Ok((all[2..2 + n].to_vec(), self.log.last()))
     }
 }
 
@@ -211,6 +229,17 @@ impl TimelineReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capture_log_keeps_each_capture_apart() {
+        let mut l = CaptureLog::default();
+        assert!(l.last().is_empty());
+        for (n, c) in [("eager", false), ("a", true), ("b", true), ("eager", false), ("c", true)] {
+            l.note(n, c);
+        }
+        assert_eq!(l.captures, vec![vec!["a".to_string(), "b".to_string()], vec!["c".to_string()]]);
+        assert_eq!(l.last(), vec!["c".to_string()]);
+    }
 
     #[test]
     fn analyse_takes_differences_of_whole_steps() {
