@@ -166,9 +166,10 @@ fn decode_row(
         issue_first * 1e3
     );
     print_profile(a.steps, "/step");
-    if let Some(g) = &gpu {
-        print_timeline(&g.k).context("reading the device timeline")?;
-    }
+    let timeline = match &gpu {
+        Some(g) => print_timeline(&g.k).context("reading the device timeline")?,
+        None => None,
+    };
     let tps = (b * a.steps) as f64 / s;
     let step_s = s / a.steps as f64;
     // Bytes per step at the mean context of the timed steps.
@@ -182,20 +183,23 @@ fn decode_row(
         bw / 1e9,
         frac.map_or(String::new(), |f| format!(", {:.1}% of the HBM roofline", f * 100.0))
     );
-    Ok(
-        serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": step_s * 1e3, "host_issue_ms_per_step": issue * 1e3 / a.steps as f64, "host_ms_first_step": issue_first * 1e3, "bytes_per_step": bytes, "bandwidth_bytes_per_s": bw, "roofline_bytes_per_s": roofline, "roofline_fraction": frac}),
-    )
+    let mut row = serde_json::json!({"kind": "decode", "batch": b, "steps": a.steps, "context": a.context, "seconds": s, "tokens_per_s": tps, "ms_per_step": step_s * 1e3, "host_issue_ms_per_step": issue * 1e3 / a.steps as f64, "host_ms_first_step": issue_first * 1e3, "bytes_per_step": bytes, "bandwidth_bytes_per_s": bw, "roofline_bytes_per_s": roofline, "roofline_fraction": frac});
+    if let (Some(t), Some(o)) = (timeline, row.as_object_mut()) {
+        o.insert("timeline".into(), t);
+    }
+    Ok(row)
 }
 
 /// Prints the device timeline of the decode steps just timed (PORTER_TIMELINE; nothing
 /// without it): each launch of the graphed step with its mean µs on the critical path, then
-/// the totals by kernel.
-fn print_timeline(k: &porter_kernels::cuda::CudaKernels) -> Result<()> {
+/// the totals by kernel. Returns them for the row's JSON (`timeline`: `launches` in order as
+/// `[name, µs]`, `between_us`, `steps`).
+fn print_timeline(k: &porter_kernels::cuda::CudaKernels) -> Result<Option<serde_json::Value>> {
     let r = match k.timeline_report()? {
-        None => return Ok(()),
+        None => return Ok(None),
         Some(Err(why)) => {
             println!("  timeline: {why}");
-            return Ok(());
+            return Ok(None);
         }
         Some(Ok(r)) => r,
     };
@@ -214,7 +218,13 @@ fn print_timeline(k: &porter_kernels::cuda::CudaKernels) -> Result<()> {
     for (n, c, us) in r.by_name() {
         println!("  timeline by kernel {us:>9.1} µs a step {c:>4} launches ({:.2} µs each)  {n}", us / c as f64);
     }
-    Ok(())
+    // NaN (the last launch, which runs into the next replay) is null in JSON.
+    let launches: Vec<serde_json::Value> = r
+        .rows
+        .iter()
+        .map(|x| serde_json::json!([x.name, if x.mean_ns.is_finite() { Some(x.mean_ns / 1e3) } else { None }]))
+        .collect();
+    Ok(Some(serde_json::json!({"steps": r.steps, "launches": launches, "between_us": r.between_ns / 1e3})))
 }
 
 /// Whether `e` is, under its context, porter's typed out-of-memory error (an allocation
