@@ -6,7 +6,7 @@
 // of Fp8GemvForm::AUTO. Part of the fp8 module after fp8.cu and norm_rows.cu
 // (kernels/src/cuda/compile.rs). Dynamic shared memory: m · k · sizeof(A) bytes.
 template <typename A, int M, int NR>
-__device__ __forceinline__ void norm_fp8_gemvx_pdl(const float* __restrict__ x, const A* __restrict__ nw, float eps,
+__device__ __forceinline__ void norm_fp8_gemvx_impl(const float* __restrict__ x, const A* __restrict__ nw, float eps,
                                                     int zc, u32 nt, const unsigned char* __restrict__ w,
                                                     const float* __restrict__ sc, const u32* __restrict__ rs,
                                                     A* __restrict__ out, A* __restrict__ normed, u32 m, u32 k, u32 n,
@@ -23,7 +23,7 @@ __device__ __forceinline__ void norm_fp8_gemvx_pdl(const float* __restrict__ x, 
     extern "C" __global__ void __launch_bounds__(256) norm_fp8_gemvx_##NA##_##NA##_m##M##_r##NR(                  \
         const float* x, const A* nw, float eps, int zc, u32 nt, const unsigned char* w, const float* sc,         \
         const u32* rs, A* out, A* normed, u32 m, u32 k, u32 n, u32 nblk) { porter_pdl_enter();                                       \
-        norm_fp8_gemvx_pdl<A, M, NR>(x, nw, eps, zc, nt, w, sc, rs, out, normed, m, k, n, nblk);                \
+        norm_fp8_gemvx_impl<A, M, NR>(x, nw, eps, zc, nt, w, sc, rs, out, normed, m, k, n, nblk);                \
     }
 #define PORTER_NORM_FP8_A(NA, A)                                                                                  \
     PORTER_NORM_FP8(NA, A, 1, 1) PORTER_NORM_FP8(NA, A, 1, 2) PORTER_NORM_FP8(NA, A, 1, 4)                        \
