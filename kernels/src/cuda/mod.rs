@@ -284,7 +284,7 @@ pub struct CudaKernels {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Entry-point names by function handle, kept only while a launch diagnostic is on
-    /// ([`KNOCKOUT_ENV`], [`KNOCKIN_ENV`], [`LAUNCH_TRACE_ENV`]).
+    /// ([`KNOCKOUT_ENV`], [`KNOCKIN_ENV`], [`LAUNCH_TRACE_ENV`], [`TIMELINE_ENV`]).
     names: Mutex<HashMap<usize, String>>,
     /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
     /// the kernel zeroes what it used before it ends).
@@ -530,11 +530,6 @@ impl CudaKernels {
             }
         }
         n
-    }
-
-    /// Whether the device timeline is on ([`TIMELINE_ENV`]).
-    pub fn timeline_on(&self) -> bool {
-        self.timeline.is_some()
     }
 
     /// Empties the device timeline's records (and with `names` the captured launch names, before

@@ -42,16 +42,10 @@ pub(crate) fn records_from_env() -> Option<usize> {
 }
 
 fn read_env() -> Option<usize> {
-    match std::env::var(TIMELINE_ENV).ok().as_deref().map(str::trim) {
-        None | Some("") | Some("0") => None,
-        Some("1") => Some(DEFAULT_RECORDS),
-        Some(v) => match v.parse::<usize>() {
-            Ok(n) if n >= 1000 => Some(n),
-            _ => {
-                eprintln!("warning: {TIMELINE_ENV}={v:?} is not 1 or a record count >= 1000; the timeline is off");
-                None
-            }
-        },
+    match super::env_count(TIMELINE_ENV, |n| n <= 1 || n >= 1000, "0, 1 or a record count >= 1000") {
+        None | Some(0) => None,
+        Some(1) => Some(DEFAULT_RECORDS),
+        n => n,
     }
 }
 
@@ -128,9 +122,11 @@ impl Timeline {
     /// The records taken since the last reset (synchronises the stream), and the last capture's
     /// launch names.
     pub(crate) fn read(&self, stream: &Arc<CudaStream>) -> Result<(Vec<u64>, Vec<String>)> {
-        let all = stream.clone_dtoh(&self.buf)?;
-        let n = usize::try_from(all[0]).unwrap_or(usize::MAX).min(all.len() - 2);
-        Ok((all[2..2 + n].to_vec(), self.log.last()))
+        // The count first, then only the records taken (not the whole buffer).
+        let count = stream.clone_dtoh(&self.buf.slice(0..1))?;
+        let n = usize::try_from(count[0]).unwrap_or(usize::MAX).min(self.buf.len() - 2);
+        let rec = stream.clone_dtoh(&self.buf.slice(2..2 + n))?;
+        Ok((rec, self.log.last()))
     }
 }
 
