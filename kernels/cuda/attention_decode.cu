@@ -83,8 +83,20 @@ __device__ __forceinline__ void adec_pdl_wait() {
 // h) * nzg + z][DP + 4] (O unnormalised, then the running max in exp2 units and the sum).
 // Dynamic shared memory: 16·DP·2 (Q) + max(NW·ST·2·16·DP·2 (K/V rings), NW·16·(DP+8)·4 +
 // NW·16·2·4 (the merge)) bytes (decode.rs `smem`).
+// V2's launches from the decode step's append (flags & ADEC_PRE, kernels/src/cuda/attention.rs
+// `append_attention`): the block reads the spans, the block table, its Q tile and the first
+// ST − 1 K/V tiles BEFORE porter_pdl_enter(), so that its start-up (three dependent round trips:
+// spans, table, first tiles) overlaps the append's run. Safe only because the launch before
+// this one is that append, which writes the pools at the spans' new positions (pos0 and on)
+// and nothing else a block reads early: the spans and tables come from the host, Q from a launch
+// before the append (complete once the append has passed its own wait, which is when this grid
+// may start), and the early tiles are issued only when the block's whole key range lies before
+// pos0 (otherwise after the wait). Without the flag (and in V1) the block waits first. Every
+// block passes the wait once, also when it has nothing to do (the chain's order rests on it).
+#define ADEC_PRE 2u
+
 template <typename T, int DP, int ST, int NW, bool V2>
-__device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __restrict__ kpool,
+__device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __restrict__ kpool,
                                           const T* __restrict__ vpool, const u32* __restrict__ tables,
                                           const u32* __restrict__ spans, T* __restrict__ out, float* __restrict__ part,
                                           u32 t, u32 heads, u32 kvh, float scale, u32 window, PagedKv kv, u32 qcap,
@@ -109,22 +121,40 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     const u32 group = heads / kvh;
     const u32 mtiles = (qcap * group + 15u) / 16u;
     const u32 mt = blockIdx.x % mtiles, z = blockIdx.x / mtiles;
-    if (z >= nzg) return;
+    // The PDL wait: here, or (V2 with ADEC_PRE) after the early loads.
+    bool waited = false;
+    const auto enter = [&]() {
+        if (!waited) {
+            porter_pdl_enter();
+            waited = true;
+        }
+    };
+    if (!(flags & ADEC_PRE)) enter();
+    if (z >= nzg) {
+        enter();
+        return;
+    }
     const u32 s = blockIdx.y / kvh, kh = blockIdx.y % kvh;
     const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
-    if (qlen > ATT_SPLIT_Q) return;  // never sent (max_q_len <= ATT_SPLIT_Q)
     const u32 rows = min(qlen, qcap);
     const u32 rows_in = row0 < t ? min(rows, t - row0) : 0;
     const u32 n_items = rows_in * group;
     const u32 m0 = mt * 16u;
-    if (m0 >= n_items) return;
+    // qlen > ATT_SPLIT_Q: never sent (max_q_len <= ATT_SPLIT_Q).
+    if (qlen > ATT_SPLIT_Q || m0 >= n_items) {
+        enter();
+        return;
+    }
     const u32 m_last = min(m0 + 16u, n_items) - 1;
     const u32 ksl = adec_ks_log2((u64)pos0 + qlen, ks_min_log2, nsplit_log2);
     const u32 p_first = pos0 + m0 / group, p_last = pos0 + m_last / group;
     const u64 zk0 = (u64)z << ksl;
     const u64 klo64 = max(zk0, (u64)adec_lo(p_first, window));
     const u64 khi64 = min(zk0 + (1ull << ksl) - 1, (u64)p_last);
-    if (klo64 > khi64) return;
+    if (klo64 > khi64) {
+        enter();
+        return;
+    }
     const u32 klo = (u32)klo64, khi = (u32)khi64;
     const u32* bt = tables + (u64)s * kv.max_blocks;
 
@@ -186,6 +216,11 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     };
     // Tile i of this warp into stage i % ST; `sl`: the slot of key lane % 16 (V2: the pair
     // register of tile i).
+    // `ipart`: 0 every row of the tile; 1 (before the wait) all but the keys in range at pos0
+    // and after, which the append writes; 2 (after it) only those. A row left out is not copied
+    // at all (no zero fill racing the other part's copy into the same shared row); every row is
+    // in one part (the masked ones are zero-filled: P = 0 must not meet stale V).
+    u32 ipart = 0;
     auto issue = [&](u32 i, u32 sl) {
         T* kd = Wb + (i % ST) * 2 * TILE;
         T* vd = kd + TILE;
@@ -195,7 +230,9 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
             const u32 idx = lane + 32u * c, j = idx / CH, ch = idx % CH;
             const u32 sj = __shfl_sync(0xffffffffu, sl, V2 ? j + 16u * (i & 1u) : j);
             const u32 kpos = kbase + j;
-            const bool ok = sj != ATT_NOSLOT && kpos >= klo && kpos <= khi;
+            const bool inr = kpos >= klo && kpos <= khi;
+            if (ipart != 0 && (inr && kpos >= pos0) != (ipart == 2)) continue;
+            const bool ok = sj != ATT_NOSLOT && inr;
             const u64 off = ok ? (u64)sj * rs + hoff + ch * 8 : 0;
             cp_async16(kd + pm_sw<DP>(j, ch), kpool + off, ok);
             cp_async16(vd + pm_sw<DP>(j, ch), vpool + off, ok);
@@ -209,6 +246,9 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     const float sl2 = scale * LOG2E;
 
     if (V2) cp_async_commit();  // the Q group
+    // ADEC_PRE: the first ST − 1 tiles before the wait, without the keys the append writes.
+    const bool early = !waited;
+    if (early) ipart = 1;
     // V1: slot_next = the slot of the next tile to issue. V2: slot_next = the pair of the
     // next tile to issue, pair_nx = the pair after it.
     u32 slot_next = V2 ? pair_of(0) : slot_of(0);
@@ -230,6 +270,25 @@ __device__ __forceinline__ void adec_impl(const T* __restrict__ q, const T* __re
     };
 #pragma unroll
     for (u32 i = 0; i < ST - 1; ++i) step(i);
+    enter();
+    if (early) {
+        // The early tiles' keys at pos0 and after (the block holding the spans' new rows: at
+        // short context the only one), copied now, then awaited with the rest of the prologue
+        // (their group is not in the loop's count).
+        const u32 n_pro = min(n_my, (u32)(ST - 1)), nlo = max(pos0, klo);
+        bool late = false;
+        for (u32 i = 0; i < n_pro; ++i) {
+            const u32 kb = (t0 + NW * i) * ADEC_BN;
+            late |= kb <= khi && kb + ADEC_BN - 1 >= nlo;
+        }
+        ipart = 2;
+        if (late) {
+            for (u32 i = 0; i < n_pro; ++i) issue(i, V2 ? pair_of(i / 2u) : slot_of(i));
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
+        ipart = 0;
+    }
     if (V2) cp_async_wait<ST - 1>();  // the Q group (this thread's copies)
     __syncthreads();                   // the Q tile
 
@@ -667,10 +726,10 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
     extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W##VS( \
         const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part,     \
         u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,             \
-        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) { porter_pdl_enter();                     \
-        adec_impl<T, DP, ST, NW, V2>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,     \
-                                     PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2,  \
-                                     flags);                                                                      \
+        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) {                                          \
+        adec_pdl<T, DP, ST, NW, V2>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,      \
+                                    PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2,   \
+                                    V2 ? flags : flags & ~ADEC_PRE);                                              \
     }
 #define ADEC_COMBINE(T, NAME, DP, C, IMPL)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) attention_decode_##C##_##NAME##_d##DP(                  \

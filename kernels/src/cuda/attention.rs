@@ -10,7 +10,9 @@ mod decode;
 mod tc;
 pub(crate) use decode::decode_env_selected;
 #[doc(hidden)]
-pub use decode::{force_attn_decode, force_attn_decode_splits, force_attn_decode_timing, DecodeTiming};
+pub use decode::{
+    force_attn_decode, force_attn_decode_early, force_attn_decode_splits, force_attn_decode_timing, DecodeTiming,
+};
 pub use decode::{AttnDecode, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_SPLITS_ENV};
 pub use tc::{AttnTc, ATTN_TC_DEFAULT, ATTN_TC_ENV};
 
@@ -199,7 +201,74 @@ impl CudaKernels {
         let (kp, _gk) = k_pool.device_ptr(st);
         let (vp, _gv) = v_pool.device_ptr(st);
         let pools = Pools { k: kp, v: vp, ks: 0, vs: 0, tag: "" };
-        let geo = Geometry { max_blocks, block_size, t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window };
+        let geo = Geometry {
+            max_blocks,
+            block_size,
+            t,
+            n_seqs,
+            max_q_len,
+            heads,
+            kv_heads,
+            head_dim,
+            scale,
+            window,
+            after_append: false,
+        };
+        self.attention_pools::<T>(q, &pools, n_slots, block_tables, spans, out, &geo, mode)
+    }
+
+    /// The decode step's pair: [`CudaKernels::kv_append`] of the new rows `k`, `v` at
+    /// `slots`, then [`CudaKernels::attention`] over the pools, the same results bit for bit.
+    /// Because the launch before the attention is this append, the tensor-core decode kernel
+    /// (V2) reads its spans, block tables, Q and the keys before each span's first new
+    /// position before its PDL wait: its start-up overlaps the append (attention_decode.cu,
+    /// `ADEC_PRE`). `slots` must hold the new positions' slots (`pos0..pos0 + q_len` of each
+    /// span), as the engine's step does; `q` must not be written by the append.
+    ///
+    /// # Shapes
+    /// - `k`, `v`: `[t, kv_heads, head_dim]`, `slots`: `[t]`
+    /// - the rest as [`CudaKernels::attention`]
+    ///
+    /// # Errors
+    /// Those of [`CudaKernels::kv_append`] and [`CudaKernels::attention`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn append_attention<T: CudaFloat>(
+        &self,
+        k: &impl DevicePtr<T>,
+        v: &impl DevicePtr<T>,
+        slots: &impl DevicePtr<u32>,
+        k_pool: &mut impl DevicePtrMut<T>,
+        v_pool: &mut impl DevicePtrMut<T>,
+        q: &impl DevicePtr<T>,
+        block_tables: &impl DevicePtr<u32>,
+        (max_blocks, block_size): (usize, usize),
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        (t, n_seqs, max_q_len): (usize, usize, usize),
+        (heads, kv_heads, head_dim): (usize, usize, usize),
+        scale: f32,
+        window: Option<usize>,
+        mode: AttnMode,
+    ) -> Result<()> {
+        self.kv_append::<T>(k, v, slots, k_pool, v_pool, t, kv_heads, head_dim)?;
+        let n_slots = pool_slots("attention", k_pool.len(), v_pool.len(), prod(&[kv_heads, head_dim])?)?;
+        let st = &*self.stream;
+        let (kp, _gk) = k_pool.device_ptr_mut(st);
+        let (vp, _gv) = v_pool.device_ptr_mut(st);
+        let pools = Pools { k: kp, v: vp, ks: 0, vs: 0, tag: "" };
+        let geo = Geometry {
+            max_blocks,
+            block_size,
+            t,
+            n_seqs,
+            max_q_len,
+            heads,
+            kv_heads,
+            head_dim,
+            scale,
+            window,
+            after_append: true,
+        };
         self.attention_pools::<T>(q, &pools, n_slots, block_tables, spans, out, &geo, mode)
     }
 
@@ -217,7 +286,19 @@ impl CudaKernels {
         geo: &Geometry,
         mode: AttnMode,
     ) -> Result<()> {
-        let Geometry { max_blocks, block_size, t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window } = *geo;
+        let Geometry {
+            max_blocks,
+            block_size,
+            t,
+            n_seqs,
+            max_q_len,
+            heads,
+            kv_heads,
+            head_dim,
+            scale,
+            window,
+            after_append,
+        } = *geo;
         if head_dim == 0 || head_dim > ATTN_MAX_HEAD_DIM {
             return Err(CudaError::Invalid(format!("attention: head_dim {head_dim} not in 1..={ATTN_MAX_HEAD_DIM}")));
         }
@@ -247,7 +328,7 @@ impl CudaKernels {
             return Err(CudaError::Invalid(format!("attention: n_seqs * kv_heads = {seq_heads} > 65535")));
         }
         let pg = Paged { max_blocks: u32_of("max_blocks", max_blocks)?, bs_log2: block_size.trailing_zeros(), n_slots };
-        let a = Args { t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, pg };
+        let a = Args { t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, pg, after_append };
         let aligned = pools.k.is_multiple_of(16) && pools.v.is_multiple_of(16);
         if let Some(plan) = self.decode_plan::<T>(head_dim, max_q_len, mode, pools.tag, aligned) {
             return self.attention_decode::<T>(q, pools, block_tables, spans, out, &a, &plan);
@@ -482,6 +563,9 @@ pub(crate) struct Geometry {
     pub head_dim: usize,
     pub scale: f32,
     pub window: Option<usize>,
+    /// The launch before the attention is the append of the spans' new rows
+    /// ([`CudaKernels::append_attention`]): the decode kernel may read early.
+    pub after_append: bool,
 }
 
 /// The checked launch arguments of [`CudaKernels::attention`] its two paths share.
@@ -495,6 +579,8 @@ struct Args {
     scale: f32,
     window: Option<usize>,
     pg: Paged,
+    /// [`Geometry::after_append`].
+    after_append: bool,
 }
 
 /// Slots of a K/V pool pair of `k_len` / `v_len` elements with rows of `row_len`:

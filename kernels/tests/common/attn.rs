@@ -151,6 +151,48 @@ pub fn attn_case_at<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &AttnCase, 
     let what =
         format!("attention {}{} bs {bs} {:?} {}", c.name, if misalign { " (misaligned)" } else { "" }, mode, T::NAME);
     check(&what, &got, &want, tol::<T>());
+    // The decode step's pair (`append_attention`): the new rows' pool entries poisoned, then
+    // written by the append right before the attention, whose decode kernel reads early: the
+    // same bits as above (an early read of a new key would bring its NaN).
+    let new_rows: Vec<(usize, usize)> = (0..n)
+        .filter(|&s| s != mid)
+        .flat_map(|s| {
+            let [_, ql, pos0] = spans[s];
+            (pos0..pos0 + ql).map(move |p| (s, p as usize))
+        })
+        .collect();
+    let slot = |(s, p): (usize, usize)| pool.rows[s][p / bs] as usize * bs + p % bs;
+    let (mut kh, mut vh) = (down(k, &pool.k), down(k, &pool.v));
+    let (mut knew, mut vnew) = (Vec::new(), Vec::new());
+    for &(s, p) in &new_rows {
+        let at = off + slot((s, p)) * kv_row;
+        knew.extend_from_slice(&kv[s].0[p * kv_row..(p + 1) * kv_row]);
+        vnew.extend_from_slice(&kv[s].1[p * kv_row..(p + 1) * kv_row]);
+        kh[at..at + kv_row].fill(f32::NAN);
+        vh[at..at + kv_row].fill(f32::NAN);
+    }
+    let slots: Vec<u32> = new_rows.iter().map(|&r| slot(r) as u32).collect();
+    let (mut kp2, mut vp2) = (up::<T>(k, &kh), up::<T>(k, &vh));
+    let mut out2 = poisoned::<T>(k, off + t * h * hd);
+    k.append_attention::<T>(
+        &up::<T>(k, &knew),
+        &up::<T>(k, &vnew),
+        &up_u32(k, &slots),
+        &mut kp2.slice_mut(off..),
+        &mut vp2.slice_mut(off..),
+        &qd,
+        &tables,
+        (w, bs),
+        &sd,
+        &mut out2.slice_mut(off..),
+        (t, n, max_q),
+        (h, kvh, hd),
+        scale,
+        c.window,
+        mode,
+    )
+    .expect("append_attention");
+    check_bits(&format!("{what}: append_attention"), &down(k, &out2)[off..], &got);
     if c.time_iters > 0 {
         k.stream().synchronize().unwrap();
         let t0 = Instant::now();
@@ -315,7 +357,8 @@ pub fn decode_ab(
 ) -> (f64, f64) {
     use half::bf16;
     use porter_kernels::cuda::{
-        force_attn_decode, force_attn_decode_splits, force_attn_decode_timing, AttnDecode, DecodeTiming,
+        force_attn_decode, force_attn_decode_early, force_attn_decode_splits, force_attn_decode_timing, AttnDecode,
+        DecodeTiming,
     };
     let row = kvh * hd;
     let nb = ctx.div_ceil(16);
@@ -333,28 +376,33 @@ pub fn decode_ab(
     };
     println!("  DECODE-AB h{h} kvh{kvh} d{hd} batch {b} ctx {ctx} ({:.1} MB of K/V):", bytes / 1e6);
     let (mut legacy, mut best) = ((0.0, Vec::new()), f64::INFINITY);
-    // (kernel, (splits, min keys) or the environment's, also prealloc / split timings).
+    // (kernel, (splits, min keys) or the environment's, also prealloc / split timings, the
+    // early loads of `append_attention` before the PDL wait: the launch before each call is the
+    // last call's combine, which writes neither Q nor the pools).
     let forms = [
-        (AttnDecode::Legacy, None, false),
-        (AttnDecode::Mma, None, true),
-        (AttnDecode::Mma2, None, false),
-        (AttnDecode::MmaW2, None, true),
-        (AttnDecode::Mma4, None, true),
-        (AttnDecode::Mma4W2, None, true),
-        (AttnDecode::Mma4S, None, true),
-        (AttnDecode::Mma4N8, None, true),
-        (AttnDecode::Mma, Some((128, 128)), false),
-        (AttnDecode::Mma, Some((32, 512)), false),
-        (AttnDecode::MmaW2, Some((128, 128)), false),
-        (AttnDecode::Mma4, Some((128, 256)), true),
-        (AttnDecode::Mma4, Some((32, 512)), false),
-        (AttnDecode::Mma4W2, Some((128, 256)), true),
-        (AttnDecode::Mma4W2, Some((128, 128)), false),
-        (AttnDecode::Mma4, Some((64, 128)), true),
-        (AttnDecode::Mma4W2, Some((64, 128)), false),
+        (AttnDecode::Legacy, None, false, false),
+        (AttnDecode::Mma, None, true, false),
+        (AttnDecode::Mma2, None, false, false),
+        (AttnDecode::MmaW2, None, true, false),
+        (AttnDecode::Mma4, None, true, false),
+        (AttnDecode::Mma4, None, true, true),
+        (AttnDecode::Mma4W2, None, true, false),
+        (AttnDecode::Mma4S, None, true, false),
+        (AttnDecode::Mma4N8, None, true, false),
+        (AttnDecode::Mma4N8, None, true, true),
+        (AttnDecode::Mma, Some((128, 128)), false, false),
+        (AttnDecode::Mma, Some((32, 512)), false, false),
+        (AttnDecode::MmaW2, Some((128, 128)), false, false),
+        (AttnDecode::Mma4, Some((128, 256)), true, false),
+        (AttnDecode::Mma4, Some((32, 512)), false, false),
+        (AttnDecode::Mma4W2, Some((128, 256)), true, false),
+        (AttnDecode::Mma4W2, Some((128, 128)), false, false),
+        (AttnDecode::Mma4, Some((64, 128)), true, false),
+        (AttnDecode::Mma4W2, Some((64, 128)), false, false),
     ];
-    for (kind, splits, parts) in forms {
+    for (kind, splits, parts, early) in forms {
         force_attn_decode(Some(kind));
+        force_attn_decode_early(early);
         force_attn_decode_splits(splits);
         let modes: &[DecodeTiming] = if parts {
             &[DecodeTiming::PerCall, DecodeTiming::Prealloc, DecodeTiming::SplitOnly]
@@ -399,7 +447,7 @@ pub fn decode_ab(
                 legacy = (us, down(k, &out));
                 continue;
             }
-            let sp = splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}"));
+            let sp = splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}")) + if early { " early" } else { "" };
             let label = match mode {
                 DecodeTiming::PerCall => "per call",
                 DecodeTiming::Prealloc => "prealloc",
@@ -421,7 +469,7 @@ pub fn decode_ab(
         if let [per_call, prealloc, split] = times[..] {
             println!(
                 "    {kind:?} splits/min {:>7}: alloc {:.1} us, combine (launch included) {:.1} us, split kernel {:.1} us",
-                splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}")),
+                splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}")) + if early { " early" } else { "" },
                 per_call - prealloc,
                 prealloc - split,
                 split
@@ -431,5 +479,6 @@ pub fn decode_ab(
     force_attn_decode_timing(DecodeTiming::PerCall);
     force_attn_decode(None);
     force_attn_decode_splits(None);
+    force_attn_decode_early(false);
     (legacy.0, best)
 }

@@ -413,32 +413,21 @@ pub fn attention(
                     .map_err(cuda_err);
             }
         };
-        g.k.kv_append::<T>(
+        // The append, then the attention, in one call: the decode kernel may then read
+        // ahead of its PDL wait (kernels/src/cuda/attention.rs `append_attention`).
+        g.k.append_attention::<T>(
             k.dev::<T>()?,
             v.dev::<T>()?,
             &pd.slots(),
             kp.dev_mut::<T>()?,
             vp.dev_mut::<T>()?,
-            t,
-            c.kv_heads,
-            c.head_dim,
-        )
-        .map_err(cuda_err)?;
-        g.k.attention::<T>(
             q.dev::<T>()?,
-            kp.dev::<T>()?,
-            vp.dev::<T>()?,
             &pd.tables(),
-            step.max_blocks,
-            block_size,
+            (step.max_blocks, block_size),
             &spans,
             out.dev_mut::<T>()?,
-            t,
-            spans.len() / 3,
-            max_q,
-            c.heads,
-            c.kv_heads,
-            c.head_dim,
+            (t, spans.len() / 3, max_q),
+            (c.heads, c.kv_heads, c.head_dim),
             c.scale,
             c.window,
             attn_mode(),

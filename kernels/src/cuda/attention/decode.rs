@@ -88,6 +88,15 @@ thread_local! {
     static FORCED_SPLITS: Cell<Option<(u32, u32)>> = const { Cell::new(None) };
     static TIMING: Cell<DecodeTiming> = const { Cell::new(DecodeTiming::PerCall) };
     static SCRATCH: std::cell::RefCell<Option<CudaSlice<f32>>> = const { std::cell::RefCell::new(None) };
+    static PRE_FORCED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Lets the calling thread's decode calls through [`CudaKernels::attention`] read early (as
+/// after [`CudaKernels::append_attention`]'s append), for timing loops whose launch before
+/// each call writes neither Q nor the pools. For timing tests only.
+#[doc(hidden)]
+pub fn force_attn_decode_early(on: bool) {
+    PRE_FORCED.with(|c| c.set(on));
 }
 
 /// What a decode call of the calling thread runs, for timing the parts apart
@@ -357,7 +366,10 @@ impl CudaKernels {
         // const u32* tables, const u32* spans, T* out, float* part, u32 t, u32 heads, u32 kvh,
         // float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots, u32 qcap, u32 nzg,
         // u32 ks_min_log2, u32 nsplit_log2, u32 flags)`.
-        let flags = u32::from(p.n8);
+        // Bit 0: the 8-item form; bit 1 (ADEC_PRE): early loads, V2 after the append only
+        // (or when a timing test forces them: its launch before is the last call's combine).
+        let pre = p.v2 && (a.after_append || PRE_FORCED.with(Cell::get));
+        let flags = u32::from(p.n8) | (u32::from(pre) << 1);
         unsafe {
             launch_fn!(
                 self,
