@@ -194,27 +194,14 @@ impl CudaKernels {
         window: Option<usize>,
         mode: AttnMode,
     ) -> Result<()> {
-        let n_slots = pool_slots("attention", k_pool.len(), v_pool.len(), prod(&[kv_heads, head_dim])?)?;
         self.check("k_pool", k_pool, k_pool.len())?;
         self.check("v_pool", v_pool, v_pool.len())?;
         let st = &*self.stream;
         let (kp, _gk) = k_pool.device_ptr(st);
         let (vp, _gv) = v_pool.device_ptr(st);
-        let pools = Pools { k: kp, v: vp, ks: 0, vs: 0, tag: "" };
-        let geo = Geometry {
-            max_blocks,
-            block_size,
-            t,
-            n_seqs,
-            max_q_len,
-            heads,
-            kv_heads,
-            head_dim,
-            scale,
-            window,
-            after_append: false,
-        };
-        self.attention_pools::<T>(q, &pools, n_slots, block_tables, spans, out, &geo, mode)
+        let geo =
+            Geometry::new((max_blocks, block_size), (t, n_seqs, max_q_len), (heads, kv_heads, head_dim), scale, window);
+        self.attention_plain::<T>(q, (kp, vp, k_pool.len(), v_pool.len()), block_tables, spans, out, &geo, mode)
     }
 
     /// The decode step's pair: [`CudaKernels::kv_append`] of the new rows `k`, `v` at
@@ -251,25 +238,39 @@ impl CudaKernels {
         mode: AttnMode,
     ) -> Result<()> {
         self.kv_append::<T>(k, v, slots, k_pool, v_pool, t, kv_heads, head_dim)?;
-        let n_slots = pool_slots("attention", k_pool.len(), v_pool.len(), prod(&[kv_heads, head_dim])?)?;
+        let (kn, vn) = (k_pool.len(), v_pool.len());
         let st = &*self.stream;
         let (kp, _gk) = k_pool.device_ptr_mut(st);
         let (vp, _gv) = v_pool.device_ptr_mut(st);
-        let pools = Pools { k: kp, v: vp, ks: 0, vs: 0, tag: "" };
         let geo = Geometry {
-            max_blocks,
-            block_size,
-            t,
-            n_seqs,
-            max_q_len,
-            heads,
-            kv_heads,
-            head_dim,
-            scale,
-            window,
             after_append: true,
+            ..Geometry::new(
+                (max_blocks, block_size),
+                (t, n_seqs, max_q_len),
+                (heads, kv_heads, head_dim),
+                scale,
+                window,
+            )
         };
-        self.attention_pools::<T>(q, &pools, n_slots, block_tables, spans, out, &geo, mode)
+        self.attention_plain::<T>(q, (kp, vp, kn, vn), block_tables, spans, out, &geo, mode)
+    }
+
+    /// [`CudaKernels::attention_pools`] over pools of `T` given as device addresses and
+    /// element counts `(k, v, k_len, v_len)`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_plain<T: CudaFloat>(
+        &self,
+        q: &impl DevicePtr<T>,
+        (kp, vp, k_len, v_len): (u64, u64, usize, usize),
+        block_tables: &impl DevicePtr<u32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        geo: &Geometry,
+        mode: AttnMode,
+    ) -> Result<()> {
+        let n_slots = pool_slots("attention", k_len, v_len, prod(&[geo.kv_heads, geo.head_dim])?)?;
+        let pools = Pools { k: kp, v: vp, ks: 0, vs: 0, tag: "" };
+        self.attention_pools::<T>(q, &pools, n_slots, block_tables, spans, out, geo, mode)
     }
 
     /// The checks and dispatch of [`CudaKernels::attention`] once the pools are device
@@ -566,6 +567,33 @@ pub(crate) struct Geometry {
     /// The launch before the attention is the append of the spans' new rows
     /// ([`CudaKernels::append_attention`]): the decode kernel may read early.
     pub after_append: bool,
+}
+
+impl Geometry {
+    /// `((max_blocks, block_size), (t, n_seqs, max_q_len), (heads, kv_heads, head_dim), scale,
+    /// window)`, not after an append.
+    pub fn new(
+        (max_blocks, block_size): (usize, usize),
+        (t, n_seqs, max_q_len): (usize, usize, usize),
+        (heads, kv_heads, head_dim): (usize, usize, usize),
+        scale: f32,
+        window: Option<usize>,
+    ) -> Self {
+        let after_append = false;
+        Geometry {
+            max_blocks,
+            block_size,
+            t,
+            n_seqs,
+            max_q_len,
+            heads,
+            kv_heads,
+            head_dim,
+            scale,
+            window,
+            after_append,
+        }
+    }
 }
 
 /// The checked launch arguments of [`CudaKernels::attention`] its two paths share.

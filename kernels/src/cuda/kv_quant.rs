@@ -158,20 +158,9 @@ impl CudaKernels {
             KvQuant::Int8 => "_i8",
         };
         let p = Pools { k, v, ks, vs, tag };
-        // Not after_append: the quantized pools take no early loads (no V2 decode kernel).
-        let geo = Geometry {
-            max_blocks,
-            block_size,
-            t,
-            n_seqs,
-            max_q_len,
-            heads,
-            kv_heads,
-            head_dim,
-            scale,
-            window,
-            after_append: false,
-        };
+        // Not after an append: the quantized pools take no early loads (no V2 decode kernel).
+        let geo =
+            Geometry::new((max_blocks, block_size), (t, n_seqs, max_q_len), (heads, kv_heads, head_dim), scale, window);
         self.attention_pools::<T>(q, &p, n_slots, block_tables, spans, out, &geo, mode)
     }
 }
