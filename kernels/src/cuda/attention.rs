@@ -13,7 +13,9 @@ pub(crate) use decode::decode_env_selected;
 pub use decode::{
     force_attn_decode, force_attn_decode_early, force_attn_decode_splits, force_attn_decode_timing, DecodeTiming,
 };
-pub use decode::{AttnDecode, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_SPLITS_ENV};
+pub use decode::{
+    AttnDecode, ATTN_DECODE_EARLY_ENV, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_SPLITS_ENV,
+};
 pub use tc::{AttnTc, ATTN_TC_DEFAULT, ATTN_TC_ENV};
 
 /// Largest `head_dim` of [`CudaKernels::attention`].

@@ -96,8 +96,8 @@ mod timeline;
 
 pub use attention::{
     force_attn_decode, force_attn_decode_early, force_attn_decode_splits, force_attn_decode_timing, AttnDecode,
-    AttnMode, AttnTc, DecodeTiming, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV, ATTN_DECODE_SPLITS_ENV,
-    ATTN_MAX_HEAD_DIM, ATTN_TC_DEFAULT, ATTN_TC_ENV, PAD_SLOT,
+    AttnMode, AttnTc, DecodeTiming, ATTN_DECODE_EARLY_ENV, ATTN_DECODE_ENV, ATTN_DECODE_MIN_KEYS_ENV,
+    ATTN_DECODE_SPLITS_ENV, ATTN_MAX_HEAD_DIM, ATTN_TC_DEFAULT, ATTN_TC_ENV, PAD_SLOT,
 };
 pub use compile::*;
 use env::pdl_from;

@@ -34,6 +34,10 @@ pub const ATTN_DECODE_ENV: &str = "PORTER_ATTN_DECODE";
 /// minimum of [`ATTN_DECODE_MIN_KEYS_ENV`]: a function of the sequence alone (batch
 /// invariance), fixed for the process.
 pub const ATTN_DECODE_SPLITS_ENV: &str = "PORTER_ATTN_DECODE_SPLITS";
+/// Environment variable: `off` keeps the V2 decode kernel's PDL wait first also after
+/// [`CudaKernels::append_attention`]'s append (`on`, the default: the early loads of
+/// attention_decode.cu's `ADEC_PRE`); read once a process. For A/B runs.
+pub const ATTN_DECODE_EARLY_ENV: &str = "PORTER_ATTN_DECODE_EARLY";
 /// Environment variable: the fewest keys of a split of the mma decode kernel, a power of two
 /// in 64..=65536 (default `DEC_MIN_KEYS`).
 pub const ATTN_DECODE_MIN_KEYS_ENV: &str = "PORTER_ATTN_DECODE_MIN_KEYS";
@@ -89,6 +93,12 @@ thread_local! {
     static TIMING: Cell<DecodeTiming> = const { Cell::new(DecodeTiming::PerCall) };
     static SCRATCH: std::cell::RefCell<Option<CudaSlice<f32>>> = const { std::cell::RefCell::new(None) };
     static PRE_FORCED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// [`ATTN_DECODE_EARLY_ENV`] of this process.
+fn early_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| crate::cuda::env::env_on_off(ATTN_DECODE_EARLY_ENV, true))
 }
 
 /// Lets the calling thread's decode calls through [`CudaKernels::attention`] read early (as
@@ -368,7 +378,7 @@ impl CudaKernels {
         // u32 ks_min_log2, u32 nsplit_log2, u32 flags)`.
         // Bit 0: the 8-item form; bit 1 (ADEC_PRE): early loads, V2 after the append only
         // (or when a timing test forces them: its launch before is the last call's combine).
-        let pre = p.v2 && (a.after_append || PRE_FORCED.with(Cell::get));
+        let pre = p.v2 && ((a.after_append && early_on()) || PRE_FORCED.with(Cell::get));
         let flags = u32::from(p.n8) | (u32::from(pre) << 1);
         unsafe {
             launch_fn!(
