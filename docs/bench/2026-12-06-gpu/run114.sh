@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 27, H200 try: parity of the V2 combine's early spans (cuda_attention without the
-# NVRTC-only tests, gpu, gpu_graphs); the FP8 issue's whole model (48 layers, FP8 built in
+# Session 27, H200 try (never ran): parity (cuda_attention without the NVRTC-only tests, gpu,
+# gpu_graphs; written for the V2 combine's early spans, since reverted); the FP8 issue's whole model (48 layers, FP8 built in
 # memory): memory after load, decode at batch 1 / 8 / 64, prefill 4k, MTP K = 1..3 (oracle);
 # decode attention's timing at 32k on the H200; one A/B round of the early loads at batch 1.
 # Carry .dev/porter (porter.gz), .dev/k.tgz, .dev/ptx.tgz.
