@@ -90,9 +90,10 @@ __device__ __forceinline__ void adec_pdl_wait() {
 // this one is that append, which writes the pools at the spans' new positions (pos0 and on)
 // and nothing else a block reads early: the spans and tables come from the host, Q from a launch
 // before the append (complete once the append has passed its own wait, which is when this grid
-// may start), and the early tiles are issued only when the block's whole key range lies before
-// pos0 (otherwise after the wait). Without the flag (and in V1) the block waits first. Every
-// block passes the wait once, also when it has nothing to do (the chain's order rests on it).
+// may start), and of the early tiles only the rows before pos0 (the rows in range at pos0 and
+// after are copied after the wait: `ipart` below). Without the flag (and in V1) the block waits
+// first. Every block passes the wait once, also when it has nothing to do (the chain's order
+// rests on it).
 #define ADEC_PRE 2u
 
 template <typename T, int DP, int ST, int NW, bool V2>

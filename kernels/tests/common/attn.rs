@@ -404,6 +404,7 @@ pub fn decode_ab(
         force_attn_decode(Some(kind));
         force_attn_decode_early(early);
         force_attn_decode_splits(splits);
+        let sp = splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}")) + if early { " early" } else { "" };
         let modes: &[DecodeTiming] = if parts {
             &[DecodeTiming::PerCall, DecodeTiming::Prealloc, DecodeTiming::SplitOnly]
         } else {
@@ -447,7 +448,6 @@ pub fn decode_ab(
                 legacy = (us, down(k, &out));
                 continue;
             }
-            let sp = splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}")) + if early { " early" } else { "" };
             let label = match mode {
                 DecodeTiming::PerCall => "per call",
                 DecodeTiming::Prealloc => "prealloc",
@@ -469,7 +469,7 @@ pub fn decode_ab(
         if let [per_call, prealloc, split] = times[..] {
             println!(
                 "    {kind:?} splits/min {:>7}: alloc {:.1} us, combine (launch included) {:.1} us, split kernel {:.1} us",
-                splits.map_or("env".to_string(), |(s, m)| format!("{s}/{m}")) + if early { " early" } else { "" },
+                sp,
                 per_call - prealloc,
                 prealloc - split,
                 split
