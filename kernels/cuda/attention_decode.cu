@@ -61,18 +61,14 @@ __device__ __forceinline__ u32 adec_ks_log2(u64 ctx, u32 ks_min_log2, u32 nsplit
 // The window's first key of position p (0 without a window).
 __device__ __forceinline__ u32 adec_lo(u32 p, u32 window) { return (window != 0 && p + 1 > window) ? p + 1 - window : 0; }
 
-// Programmatic dependent launch (sm_90+; no-ops below, and when the grid was not launched
+// Programmatic dependent launch (sm_90+; a no-op below, and when the grid was not launched
 // with the attribute): the V2 split kernel lets the V2 combine launch once every block is
-// past its key loop; the combine reads its own inputs (spans), then waits for the split
-// grid to complete (its partials visible) before it reads a partial.
+// past its key loop (if porter_pdl_enter() has not already let it); the combine reads its own
+// inputs (spans), then waits in porter_pdl_enter() for the split grid to complete (its
+// partials visible) before it reads a partial.
 __device__ __forceinline__ void adec_pdl_trigger() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void adec_pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 
@@ -639,10 +635,15 @@ __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part
 // the 8 warps in order), O = Σ part_k · 2^(m_k − M) / L: each (zq) sums its splits in
 // increasing k, the 16 sums added in zq order. k = z − zlo and n depend on the row's own
 // sequence only: batch invariant, bit-identical rows.
+//
+// The spans (host metadata, never written by the split kernel, the launch before) and the
+// row's split range are read before porter_pdl_enter(), so that after the wait a block goes
+// straight to the partials' loads; every block passes the wait (also those with nothing to
+// merge), so that the combine grid never completes before the split grid.
 template <typename T, int DP>
-__device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ part, const u32* __restrict__ spans,
-                                                   T* __restrict__ out, u32 t, u32 heads, u32 window, u32 qcap,
-                                                   u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
+__device__ __forceinline__ void adec_combine2_pdl(const float* __restrict__ part, const u32* __restrict__ spans,
+                                                  T* __restrict__ out, u32 t, u32 heads, u32 window, u32 qcap,
+                                                  u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
     constexpr u32 PS = DP + 4;
     constexpr u32 ZL = 16;                    // split lanes (zq)
     constexpr u32 NJ = ADEC_MAXZ / ZL;        // splits a thread may load
@@ -654,14 +655,12 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
     const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const u32 s = blockIdx.z, i = blockIdx.x / heads, h = blockIdx.x % heads, d0 = blockIdx.y * 64u;
     const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
-    // Every block waits for the split grid (those with nothing to merge too), so that the
-    // combine grid never completes before it.
-    adec_pdl_wait();
-    if (qlen > ATT_SPLIT_Q || i >= min(qlen, qcap) || row0 >= t || i >= t - row0) return;
+    const bool none = qlen > ATT_SPLIT_Q || i >= min(qlen, qcap) || row0 >= t || i >= t - row0;
     const u32 ksl = adec_ks_log2((u64)pos0 + qlen, ks_min_log2, nsplit_log2);
     const u32 p = pos0 + i;
     const u32 zlo = adec_lo(p, window) >> ksl, zhi = min(p >> ksl, nzg - 1);
-    if (zlo >= zhi) return;
+    porter_pdl_enter();
+    if (none || zlo >= zhi) return;
     const u32 n = zhi - zlo + 1;  // <= nzg <= ADEC_MAXZ
     const float* base = part + (((u64)s * qcap + i) * heads + h) * nzg * PS + (u64)zlo * PS;
     const u32 zq = tid / 16u, c = tid % 16u;
@@ -732,11 +731,17 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
                                     PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2,   \
                                     V2 ? flags : flags & ~ADEC_PRE);                                              \
     }
-#define ADEC_COMBINE(T, NAME, DP, C, IMPL)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256) attention_decode_##C##_##NAME##_d##DP(                  \
+#define ADEC_COMBINE(T, NAME, DP)                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) attention_decode_combine_##NAME##_d##DP(                \
         const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg,         \
-        u32 ks_min_log2, u32 nsplit_log2) { porter_pdl_enter();                                                                   \
-        IMPL<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);                 \
+        u32 ks_min_log2, u32 nsplit_log2) {                                                                   \
+        porter_pdl_enter();                                                                                   \
+        adec_combine_impl<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);    \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) attention_decode_combine2_##NAME##_d##DP(               \
+        const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg,         \
+        u32 ks_min_log2, u32 nsplit_log2) {                                                                   \
+        adec_combine2_pdl<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);    \
     }
 #define ADEC_DP(T, NAME, DP)                                  \
     ADEC_KERNEL(T, NAME, DP, 2, 4, , false, )                 \
@@ -744,8 +749,7 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
     ADEC_KERNEL(T, NAME, DP, 3, 2, _w2, false, )              \
     ADEC_KERNEL(T, NAME, DP, 3, 4, , true, _v2)               \
     ADEC_KERNEL(T, NAME, DP, 3, 2, _w2, true, _v2)            \
-    ADEC_COMBINE(T, NAME, DP, combine, adec_combine_impl)     \
-    ADEC_COMBINE(T, NAME, DP, combine2, adec_combine2_impl)
+    ADEC_COMBINE(T, NAME, DP)
 #define ADEC_ALL(T, NAME)   \
     ADEC_DP(T, NAME, 64)    \
     ADEC_DP(T, NAME, 128)   \
