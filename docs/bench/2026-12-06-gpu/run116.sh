@@ -2,7 +2,7 @@
 # Session 28, GPU call 1: decode attention's last-block merge (PORTER_ATTN_DECODE=mma4-last:
 # no combine launch) and the re-applied V2 combine reading its spans before its PDL wait.
 # Parity (cuda_attention's decode forms, its other GPU tests, gpu and gpu_graphs at the
-# default and gpu under mma4-last), the kernel timing (every form, 32k at batch 1 first), then
+# default and gpu under mma4-last; the other cuda_attention tests left out for time), the kernel timing (every form, 32k at batch 1 first), then
 # the model A/B mma4 | mma4-last at batch 1, context 4,096 and 32,768 (24 layers, bf16).
 # Carry .dev/porter (porter.gz), .dev/k.tgz, .dev/ptx.tgz.
 set -uo pipefail
@@ -24,14 +24,12 @@ PORTER_ATTN_DECODE=mma4-last timeout 100 .dev/k/gpu $T > $L/gpu_last.log 2>&1; e
 grep -hE "panicked|FAILED" $L/*.log | head -6
 G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24"
 for r in 1 2; do
-  for c in 4096 32768; do
+  for c in 32768 4096; do
     for a in mma4 mma4-last; do
       s=$(PORTER_ATTN_DECODE=$a timeout 60 $P bench $G --prefill 16 --batch 1 --context $c --steps 64 2>&1 | grep -E '^decode batch' | sed -E 's/.*batch +([0-9]+): +([0-9.]+) tok.*\(([0-9.]+) ms.*/b\1 \2 tok\/s \3 ms/' | tr '\n' ' ')
       echo "[$SECONDS s] round $r context $c $a: $s"
     done
   done
 done
-timeout 150 .dev/k/cuda_attention $T --skip attention_decode_mma --skip nvrtc --skip timing > $L/attn_rest.log 2>&1; echo "[$SECONDS s] cuda_attention rest rc=$? $(grep -E '^test result' $L/attn_rest.log)"
-grep -hE "panicked|FAILED" $L/attn_rest.log | head -4
 tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
 echo "[$SECONDS s] done"
