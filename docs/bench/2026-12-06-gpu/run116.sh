@@ -14,13 +14,13 @@ exec > >(tee $OUT/summary.txt) 2>&1
 date -u; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 T="--include-ignored --nocapture --test-threads=1"
 L=$OUT/logs; mkdir -p $L
-timeout 200 .dev/k/cuda_attention $T attention_decode_mma_parity attention_decode_mma_batch_invariant > $L/attn_decode.log 2>&1; echo "[$SECONDS s] decode parity rc=$? $(grep -E '^test result' $L/attn_decode.log)"
-timeout 60 .dev/k/cuda_attention $T --exact attention_decode_mma_timing > $OUT/timing.log 2>&1; echo "[$SECONDS s] timing rc=$?"
+timeout 45 .dev/k/cuda_attention $T --exact attention_decode_mma_timing > $OUT/timing.log 2>&1; echo "[$SECONDS s] timing rc=$?"
 grep -E "DECODE-AB|Mma4(Last)? .*(env|early) per call|Mma4 .*: alloc" $OUT/timing.log | head -40
+timeout 160 .dev/k/cuda_attention $T attention_decode_mma_parity attention_decode_mma_batch_invariant > $L/attn_decode.log 2>&1; echo "[$SECONDS s] decode parity rc=$? $(grep -E '^test result' $L/attn_decode.log)"
 for t in gpu_graphs gpu; do
-    timeout 100 .dev/k/$t $T > $L/$t.log 2>&1; echo "[$SECONDS s] $t rc=$? $(grep -E '^test result' $L/$t.log)"
+    timeout 60 .dev/k/$t $T > $L/$t.log 2>&1; echo "[$SECONDS s] $t rc=$? $(grep -E '^test result' $L/$t.log)"
 done
-PORTER_ATTN_DECODE=mma4-last timeout 100 .dev/k/gpu $T > $L/gpu_last.log 2>&1; echo "[$SECONDS s] gpu mma4-last rc=$? $(grep -E '^test result' $L/gpu_last.log)"
+PORTER_ATTN_DECODE=mma4-last timeout 60 .dev/k/gpu $T > $L/gpu_last.log 2>&1; echo "[$SECONDS s] gpu mma4-last rc=$? $(grep -E '^test result' $L/gpu_last.log)"
 grep -hE "panicked|FAILED" $L/*.log | head -6
 G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24"
 for r in 1 2; do
