@@ -93,7 +93,7 @@ pub enum AttnDecode {
     Mma4N8,
     /// [`AttnDecode::Mma4`] with no combine launch: each group of 8 splits' last block merges
     /// them, the last of those the groups (attention_decode_merge.cu, kernel flag bit 2); the
-    /// combine where the counters do not fit ([`DECODE_SYNC_WORDS`]). Opt-in (A/B).
+    /// combine where the counters do not fit (`DECODE_SYNC_WORDS`, 65,536 words). Opt-in (A/B).
     Mma4Last,
 }
 
