@@ -61,45 +61,22 @@ __device__ __forceinline__ u32 adec_ks_log2(u64 ctx, u32 ks_min_log2, u32 nsplit
 // The window's first key of position p (0 without a window).
 __device__ __forceinline__ u32 adec_lo(u32 p, u32 window) { return (window != 0 && p + 1 > window) ? p + 1 - window : 0; }
 
-// Programmatic dependent launch (sm_90+; a no-op below, and when the grid was not launched
+// Programmatic dependent launch (sm_90+; no-ops below, and when the grid was not launched
 // with the attribute): the V2 split kernel lets the V2 combine launch once every block is
-// past its key loop (if porter_pdl_enter() has not already let it); the combine reads its own
-// inputs (spans), then waits in porter_pdl_enter() for the split grid to complete (its
-// partials visible) before it reads a partial.
+// past its key loop; the combine reads its own inputs (spans), then waits for the split
+// grid to complete (its partials visible) before it reads a partial.
 __device__ __forceinline__ void adec_pdl_trigger() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-
-// pm_sw, pm_ldsm[_t] and PMma<T> (the mma.sync helpers) are common.cuh's.
-
-// Four finished dims of an output row: (v · inv) rounded to T, one 8-byte store where `dst`
-// is 8-byte aligned (`vec`).
-template <typename T>
-__device__ __forceinline__ void adec_store4(T* dst, float4 v, float inv, bool vec) {
-    const T e0 = from_f<T>(v.x * inv), e1 = from_f<T>(v.y * inv), e2 = from_f<T>(v.z * inv), e3 = from_f<T>(v.w * inv);
-    if (vec) {
-        const u32 lo = (u32)bits16(e0) | ((u32)bits16(e1) << 16);
-        const u32 hi = (u32)bits16(e2) | ((u32)bits16(e3) << 16);
-        *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
-    } else {
-        dst[0] = e0;
-        dst[1] = e1;
-        dst[2] = e2;
-        dst[3] = e3;
-    }
+__device__ __forceinline__ void adec_pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
-// The merge in the split kernel's last blocks (flags & ADEC_LAST; V2 only; the definition and
-// its comment are attention_decode_merge.cu's). Called by every thread of a block that worked
-// on keys [za, zb] splits of its tile, after the block's partials are stored.
-#define ADEC_LAST 4u
-template <typename T, int DP, u32 THREADS>
-__device__ __forceinline__ void adec_merge_last(float* __restrict__ part, T* __restrict__ out, u32* __restrict__ sync,
-                                                float* __restrict__ sm, u32 tile, u32 z, u32 za, u32 zb, u32 nzg,
-                                                u32 m0, u32 m_last, u32 group, u32 kh, u32 heads, u32 qcap, u32 s,
-                                                u32 row0, u32 pos0, u32 window, u32 ksl, bool ovec);
+// pm_sw, pm_ldsm[_t] and PMma<T> (the mma.sync helpers) are common.cuh's.
 
 // Grid (nzg * mtiles, n_seqs * kvh), 32·NW threads, mtiles = ceil(qcap * group / 16).
 // D == DP; pools 16-byte aligned (the host checks). Partials: part[((s * qcap + i) * heads +
@@ -123,7 +100,7 @@ template <typename T, int DP, int ST, int NW, bool V2>
 __device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __restrict__ kpool,
                                           const T* __restrict__ vpool, const u32* __restrict__ tables,
                                           const u32* __restrict__ spans, T* __restrict__ out, float* __restrict__ part,
-                                          u32* __restrict__ sync, u32 t, u32 heads, u32 kvh, float scale, u32 window, PagedKv kv, u32 qcap,
+                                          u32 t, u32 heads, u32 kvh, float scale, u32 window, PagedKv kv, u32 qcap,
                                           u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) {
 #if defined(PORTER_SM80)
     static_assert(DP == 64 || DP == 128 || DP == 256, "head dim");
@@ -568,20 +545,25 @@ __device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __res
             acc.w = fmaf(v.w, c, acc.w);
         }
         if (zlo == zhi) {
-            adec_store4<T>(out + ((u64)(row0 + i) * heads + hd) * DP + d0, acc, 1.0f / L, ovec);
+            const float inv = 1.0f / L;
+            T* dst = out + ((u64)(row0 + i) * heads + hd) * DP + d0;
+            const T e0 = from_f<T>(acc.x * inv), e1 = from_f<T>(acc.y * inv), e2 = from_f<T>(acc.z * inv),
+                    e3 = from_f<T>(acc.w * inv);
+            if (ovec) {
+                const u32 lo = (u32)bits16(e0) | ((u32)bits16(e1) << 16);
+                const u32 hi = (u32)bits16(e2) | ((u32)bits16(e3) << 16);
+                *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+            } else {
+                dst[0] = e0;
+                dst[1] = e1;
+                dst[2] = e2;
+                dst[3] = e3;
+            }
         } else {
             float* pp = part + ((((u64)s * qcap + i) * heads + hd) * nzg + z) * PS;
             *reinterpret_cast<float4*>(pp + d0) = acc;
             if (d0 == 0) *reinterpret_cast<float2*>(pp + DP) = make_float2(M, L);
         }
-    }
-    if (V2 && (flags & ADEC_LAST)) {
-        // The tile's working splits [za, zb] (those whose key range [klo, khi] is not empty).
-        const u32 za = adec_lo(p_first, window) >> ksl, zb = min(p_last >> ksl, nzg - 1);
-        __syncthreads();  // the merge buffers (Ob, Ml) are read: the shared memory is the merge's
-        adec_merge_last<T, DP, THREADS>(part, out, sync, reinterpret_cast<float*>(adec_smem), blockIdx.y * mtiles + mt,
-                                        z, za, zb, nzg, m0, m_last, group, kh, heads, qcap, s, row0, pos0, window, ksl,
-                                        ovec);
     }
 #else
     // Fallback build (below sm_80 or PORTER_FALLBACK): the host never launches this kernel.
@@ -589,3 +571,185 @@ __device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __res
 #endif
 }
 
+// Merges the partials of the split rows: one block of ADEC_CTHREADS per (row i < qcap of
+// sequence s, head h), grid (qcap * heads, n_seqs); rows finished by one split exit. M =
+// max m_z, L = Σ l_z·2^(m_z − M), O = Σ part_z · 2^(m_z − M) / L, the weights in increasing z
+// by every thread alike; thread (grp, c) sums dims 4c..4c+3 over z ≡ grp (mod NG), then the NG
+// group sums are added in group order: the order depends on the row's own splits only.
+template <typename T, int DP>
+__device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part, const u32* __restrict__ spans,
+                                                  T* __restrict__ out, u32 t, u32 heads, u32 window, u32 qcap,
+                                                  u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
+    constexpr u32 CG = DP / 4;                // threads of a z group (4 dims each)
+    constexpr u32 NG = ADEC_CTHREADS / CG;    // z groups
+    constexpr u32 PS = DP + 4;
+    __shared__ float sm[ADEC_MAXZ], sw[ADEC_MAXZ];
+    __shared__ __align__(16) float red[NG][DP];
+    const u32 tid = threadIdx.x;
+    const u32 s = blockIdx.y, i = blockIdx.x / heads, h = blockIdx.x % heads;
+    const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
+    if (qlen > ATT_SPLIT_Q || i >= min(qlen, qcap) || row0 >= t || i >= t - row0) return;
+    const u32 ksl = adec_ks_log2((u64)pos0 + qlen, ks_min_log2, nsplit_log2);
+    const u32 p = pos0 + i;
+    const u32 zlo = adec_lo(p, window) >> ksl, zhi = min(p >> ksl, nzg - 1);
+    if (zlo >= zhi) return;
+    const u32 n = zhi - zlo + 1;  // <= nzg <= ADEC_MAXZ
+    const float* base = part + (((u64)s * qcap + i) * heads + h) * nzg * PS + (u64)zlo * PS;
+    for (u32 k = tid; k < n; k += ADEC_CTHREADS) {
+        const float2 ml = *reinterpret_cast<const float2*>(base + (u64)k * PS + DP);
+        sm[k] = ml.x;
+        sw[k] = ml.y;
+    }
+    __syncthreads();
+    float M = PORTER_NEG_INF;
+    for (u32 k = 0; k < n; ++k) M = fmaxf(M, sm[k]);
+    float L = 0.0f;
+    for (u32 k = 0; k < n; ++k) L = fmaf(sw[k], exp2f(sm[k] - M), L);
+    __syncthreads();
+    for (u32 k = tid; k < n; k += ADEC_CTHREADS) sw[k] = exp2f(sm[k] - M) / L;
+    __syncthreads();
+    const u32 grp = tid / CG, c = tid % CG;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (u32 k = grp; k < n; k += NG) {
+        const float4 v = *reinterpret_cast<const float4*>(base + (u64)k * PS + 4 * c);
+        const float w = sw[k];
+        acc.x = fmaf(v.x, w, acc.x);
+        acc.y = fmaf(v.y, w, acc.y);
+        acc.z = fmaf(v.z, w, acc.z);
+        acc.w = fmaf(v.w, w, acc.w);
+    }
+    *reinterpret_cast<float4*>(&red[grp][4 * c]) = acc;
+    __syncthreads();
+    T* o = out + ((u64)(row0 + i) * heads + h) * DP;
+    for (u32 d = tid; d < DP; d += ADEC_CTHREADS) {
+        float x = 0.0f;
+#pragma unroll
+        for (u32 gq = 0; gq < NG; ++gq) x += red[gq][d];
+        o[d] = from_f<T>(x);
+    }
+}
+
+// The V2 combine (PORTER_ATTN_DECODE=mma4): one block of ADEC_CTHREADS per (row i of
+// sequence s, head h, 64 dims d0..d0+63), grid (qcap * heads, DP / 64, n_seqs): 4x the
+// blocks of adec_combine, and every partial load of a thread issued before its first use
+// (thread (zq, c) loads dims d0+4c..+3 of splits k = zq + 16j, j < 16; thread k the (m, l)
+// of split k), so one block costs about two L2 round trips instead of one per 4 splits.
+// M = max m_k (exact), L = Σ l_k·2^(m_k − M) by a fixed tree over k (warp xor tree, then
+// the 8 warps in order), O = Σ part_k · 2^(m_k − M) / L: each (zq) sums its splits in
+// increasing k, the 16 sums added in zq order. k = z − zlo and n depend on the row's own
+// sequence only: batch invariant, bit-identical rows.
+template <typename T, int DP>
+__device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ part, const u32* __restrict__ spans,
+                                                   T* __restrict__ out, u32 t, u32 heads, u32 window, u32 qcap,
+                                                   u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
+    constexpr u32 PS = DP + 4;
+    constexpr u32 ZL = 16;                    // split lanes (zq)
+    constexpr u32 NJ = ADEC_MAXZ / ZL;        // splits a thread may load
+    constexpr u32 NWARP = ADEC_CTHREADS / 32;
+    static_assert(ADEC_CTHREADS == ZL * 16 && ADEC_MAXZ <= ADEC_CTHREADS, "combine2 layout");
+    __shared__ float sw[ADEC_MAXZ];
+    __shared__ float rm[NWARP], rl[NWARP];
+    __shared__ __align__(16) float red[ZL][64];
+    const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
+    const u32 s = blockIdx.z, i = blockIdx.x / heads, h = blockIdx.x % heads, d0 = blockIdx.y * 64u;
+    const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
+    // Every block waits for the split grid (those with nothing to merge too), so that the
+    // combine grid never completes before it.
+    adec_pdl_wait();
+    if (qlen > ATT_SPLIT_Q || i >= min(qlen, qcap) || row0 >= t || i >= t - row0) return;
+    const u32 ksl = adec_ks_log2((u64)pos0 + qlen, ks_min_log2, nsplit_log2);
+    const u32 p = pos0 + i;
+    const u32 zlo = adec_lo(p, window) >> ksl, zhi = min(p >> ksl, nzg - 1);
+    if (zlo >= zhi) return;
+    const u32 n = zhi - zlo + 1;  // <= nzg <= ADEC_MAXZ
+    const float* base = part + (((u64)s * qcap + i) * heads + h) * nzg * PS + (u64)zlo * PS;
+    const u32 zq = tid / 16u, c = tid % 16u;
+    float4 v[NJ];
+#pragma unroll
+    for (u32 j = 0; j < NJ; ++j) {
+        const u32 k = zq + ZL * j;
+        v[j] = k < n ? *reinterpret_cast<const float4*>(base + (u64)k * PS + d0 + 4u * c)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float mk = PORTER_NEG_INF, lk = 0.0f;
+    if (tid < n) {
+        const float2 ml = *reinterpret_cast<const float2*>(base + (u64)tid * PS + DP);
+        mk = ml.x;
+        lk = ml.y;
+    }
+    float M = mk;
+#pragma unroll
+    for (u32 o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (lane == 0) rm[warp] = M;
+    __syncthreads();
+    M = rm[0];
+#pragma unroll
+    for (u32 w = 1; w < NWARP; ++w) M = fmaxf(M, rm[w]);
+    const float wk = tid < n ? exp2f(mk - M) : 0.0f;
+    float L = lk * wk;
+#pragma unroll
+    for (u32 o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    if (lane == 0) rl[warp] = L;
+    __syncthreads();
+    L = rl[0];
+#pragma unroll
+    for (u32 w = 1; w < NWARP; ++w) L += rl[w];
+    if (tid < ADEC_MAXZ) sw[tid] = wk / L;
+    __syncthreads();
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (u32 j = 0; j < NJ; ++j) {
+        const u32 k = zq + ZL * j;
+        if (k < n) {
+            const float w = sw[k];
+            acc.x = fmaf(v[j].x, w, acc.x);
+            acc.y = fmaf(v[j].y, w, acc.y);
+            acc.z = fmaf(v[j].z, w, acc.z);
+            acc.w = fmaf(v[j].w, w, acc.w);
+        }
+    }
+    *reinterpret_cast<float4*>(&red[zq][4 * c]) = acc;
+    __syncthreads();
+    if (tid < 64u) {
+        float x = 0.0f;
+#pragma unroll
+        for (u32 gq = 0; gq < ZL; ++gq) x += red[gq][tid];
+        out[((u64)(row0 + i) * heads + h) * DP + d0 + tid] = from_f<T>(x);
+    }
+}
+
+// Names: attention_decode_<T>_d<DP>_s<ST>[_w2][_v2] (4 warps, one block an SM at DP = 256;
+// _w2: 2 warps, two blocks an SM, so that one block's merge overlaps the other's loads;
+// _v2: Q by cp.async and two tiles of table lookahead), attention_decode_combine_<T>_d<DP>
+// and attention_decode_combine2_<T>_d<DP> (the V2 combine, grid y = DP / 64).
+#define ADEC_KERNEL(T, NAME, DP, ST, NW, W, V2, VS)                                                               \
+    extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W##VS( \
+        const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part,     \
+        u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,             \
+        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) {                                          \
+        adec_pdl<T, DP, ST, NW, V2>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,      \
+                                    PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2,   \
+                                    V2 ? flags : flags & ~ADEC_PRE);                                              \
+    }
+#define ADEC_COMBINE(T, NAME, DP, C, IMPL)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) attention_decode_##C##_##NAME##_d##DP(                  \
+        const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg,         \
+        u32 ks_min_log2, u32 nsplit_log2) { porter_pdl_enter();                                                                   \
+        IMPL<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);                 \
+    }
+#define ADEC_DP(T, NAME, DP)                                  \
+    ADEC_KERNEL(T, NAME, DP, 2, 4, , false, )                 \
+    ADEC_KERNEL(T, NAME, DP, 3, 4, , false, )                 \
+    ADEC_KERNEL(T, NAME, DP, 3, 2, _w2, false, )              \
+    ADEC_KERNEL(T, NAME, DP, 3, 4, , true, _v2)               \
+    ADEC_KERNEL(T, NAME, DP, 3, 2, _w2, true, _v2)            \
+    ADEC_COMBINE(T, NAME, DP, combine, adec_combine_impl)     \
+    ADEC_COMBINE(T, NAME, DP, combine2, adec_combine2_impl)
+#define ADEC_ALL(T, NAME)   \
+    ADEC_DP(T, NAME, 64)    \
+    ADEC_DP(T, NAME, 128)   \
+    ADEC_DP(T, NAME, 256)
+
+ADEC_ALL(bf16, bf16)
+ADEC_ALL(f16, f16)

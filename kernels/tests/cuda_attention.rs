@@ -253,10 +253,9 @@ fn attention_batch_invariant() {
 // ---------------------------------------------------------------------------
 
 /// The tensor-core decode forms the parity and invariance tests check: V1 (`Mma`), the V2
-/// kernel with its combine (4 and 2 warps), V2 with its 8-item form where a block has at
-/// most 8 items (`Mma4N8`), and V2 merging in its last blocks (`Mma4Last`).
-const MMA_FORMS: [AttnDecode; 5] =
-    [AttnDecode::Mma, AttnDecode::Mma4, AttnDecode::Mma4W2, AttnDecode::Mma4N8, AttnDecode::Mma4Last];
+/// kernel with its combine (4 and 2 warps), and V2 with its 8-item form where a block has
+/// at most 8 items (`Mma4N8`).
+const MMA_FORMS: [AttnDecode; 4] = [AttnDecode::Mma, AttnDecode::Mma4, AttnDecode::Mma4W2, AttnDecode::Mma4N8];
 
 /// Forces the mma decode kernel `form` on this thread and checks that the device takes it
 /// for `T` at `hd` (sm_80+); the caller's launches then run it wherever it applies.

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 mod decode;
 mod tc;
-pub(crate) use decode::{decode_env_selected, DECODE_SYNC_WORDS};
+pub(crate) use decode::decode_env_selected;
 #[doc(hidden)]
 pub use decode::{
     force_attn_decode, force_attn_decode_early, force_attn_decode_splits, force_attn_decode_timing, DecodeTiming,

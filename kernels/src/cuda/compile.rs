@@ -184,14 +184,8 @@ pub(crate) static ATTENTION_WGMMA: KernelSource =
     KernelSource { name: "attention_wgmma.cu", code: attention_helpers_then!("attention_wgmma.cu") };
 /// The tensor-core decode attention (attention_decode.cu, on the same helpers as
 /// [`ATTENTION_MMA`]): split-K over the paged cache with per-warp cp.async rings, mma.sync.
-pub(crate) static ATTENTION_DECODE: KernelSource = KernelSource {
-    name: "attention_decode.cu",
-    code: concat!(
-        attention_helpers_then!("attention_decode.cu"),
-        "\n#line 1 \"attention_decode_merge.cu\"\n",
-        include_str!("../../cuda/attention_decode_merge.cu")
-    ),
-};
+pub(crate) static ATTENTION_DECODE: KernelSource =
+    KernelSource { name: "attention_decode.cu", code: attention_helpers_then!("attention_decode.cu") };
 /// MoE dispatch: alignment by expert, grouped expert GEMMs, combine (moe.cu), the decode
 /// GEMVs (moe_decode.cu, which uses moe.cu's grouping and combine; moe_direct.cu, the direct
 /// form without grouping, with router_sel.cu's router before it for its fused router), the

@@ -289,9 +289,6 @@ pub struct CudaKernels {
     /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
     /// the kernel zeroes what it used before it ends).
     moe_sync: Mutex<CudaSlice<u32>>,
-    /// Decode attention's last-block merge counters (`attention::decode::SYNC_WORDS` u32,
-    /// zero between calls: each last block zeroes the word it completed).
-    attn_sync: Mutex<CudaSlice<u32>>,
     /// The device timeline's buffer and captured launch names, while [`TIMELINE_ENV`] is set.
     timeline: Option<Mutex<timeline::Timeline>>,
 }
@@ -340,7 +337,6 @@ impl CudaKernels {
         // NVRTC for every module starts now, in parallel, while the caller loads its weights.
         precompile_in_background(arch, caps.fallback_build());
         let moe_sync = Mutex::new(stream.alloc_zeros::<u32>(moe_decode::SYNC_WORDS)?);
-        let attn_sync = Mutex::new(stream.alloc_zeros::<u32>(attention::DECODE_SYNC_WORDS)?);
         let timeline = match timeline::records_from_env() {
             Some(n) => Some(Mutex::new(timeline::Timeline::new(&stream, n)?)),
             None => None,
@@ -355,7 +351,6 @@ impl CudaKernels {
             functions: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             moe_sync,
-            attn_sync,
             timeline,
         })
     }

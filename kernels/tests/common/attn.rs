@@ -336,7 +336,7 @@ pub fn ptxas_log_arch(test: &str, source: &str, arch: &str) -> (String, String) 
 pub const HBM_BYTES_PER_S: f64 = 4.19e12;
 
 /// The legacy (CUDA-core, attention.cu) and the mma (attention_decode.cu: `mma`, `mma2`,
-/// `mmaw2`, `mma4`, `mma4w2`, `mma4s`, `mma4-n8`, `mma4-last`, the default split sizes and others) decode kernels side by
+/// `mmaw2`, `mma4`, `mma4w2`, `mma4s`, the default split sizes and others) decode kernels side by
 /// side: `b` sequences of `ctx` keys, q_len 1, bf16, block size 16 on a shuffled pool, each
 /// kernel timed by CUDA events over `iters` back-to-back calls queued behind a hold (per-call
 /// partial-scratch allocation included, as the model runs it; no host gaps). For the main
@@ -390,8 +390,6 @@ pub fn decode_ab(
         (AttnDecode::Mma4S, None, true, false),
         (AttnDecode::Mma4N8, None, true, false),
         (AttnDecode::Mma4N8, None, true, true),
-        (AttnDecode::Mma4Last, None, false, false),
-        (AttnDecode::Mma4Last, None, false, true),
         (AttnDecode::Mma, Some((128, 128)), false, false),
         (AttnDecode::Mma, Some((32, 512)), false, false),
         (AttnDecode::MmaW2, Some((128, 128)), false, false),

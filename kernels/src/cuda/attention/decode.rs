@@ -24,8 +24,7 @@ use std::ffi::c_void;
 /// for `mma` and 128.7 for `legacy`), `mma4s` (`mma4` with the combine launched plainly),
 /// `mma4-n8` (`mma4` whose blocks with at most 8 items, such as batch-1 decode at GQA group
 /// 8, take the transposed 8-item form; opt-in: within 1 % of `mma4` on an H100, session 22;
-/// A/B forms), `mma4-last` (`mma4` without the combine launch: the split kernel's last blocks
-/// merge the partials, attention_decode_merge.cu; opt-in until measured). Another value warns once and means the default. The mma kernel applies to
+/// A/B forms). Another value warns once and means the default. The mma kernel applies to
 /// bf16 / f16 pools of the model dtype, head_dim 64 / 128 / 256, 16-byte aligned pools,
 /// sm_80+, outside [`AttnMode::Invariant`]; elsewhere the CUDA-core kernels run.
 pub const ATTN_DECODE_ENV: &str = "PORTER_ATTN_DECODE";
@@ -48,11 +47,6 @@ pub const DEC_SPLITS: usize = 64;
 /// Default of [`ATTN_DECODE_MIN_KEYS_ENV`]: a split of 256 keys reads 256 KiB of K/V per KV
 /// head at head_dim 256 against 8 KiB of partials (group 8), so the combine stays cheap.
 pub const DEC_MIN_KEYS: usize = 256;
-/// Counter words of the last-block merge ([`AttnDecode::Mma4Last`]): `ceil(splits / 8) + 1`
-/// a (sequence, KV head, m-tile); a launch that needs more runs the combine.
-pub(crate) const DECODE_SYNC_WORDS: usize = 1 << 16;
-/// Splits of a first-level group of the last-block merge (`ADEC_G`).
-const DEC_G: usize = 8;
 /// Most splits of a sequence (`ADEC_MAXZ`).
 const DEC_MAXZ: usize = 256;
 /// Threads of a combine block (`ADEC_CTHREADS`).
@@ -91,10 +85,6 @@ pub enum AttnDecode {
     /// Opt-in: passes on an H100 and is within 1 % of `Mma4` there (session 22: 30.3 against
     /// 30.5 µs for the split kernel at 32k keys, batch 1).
     Mma4N8,
-    /// [`AttnDecode::Mma4`] with no combine launch: each group of 8 splits' last block merges
-    /// them, the last of those the groups (attention_decode_merge.cu, kernel flag bit 2); the
-    /// combine where the counters do not fit (`DECODE_SYNC_WORDS`, 65,536 words). Opt-in (A/B).
-    Mma4Last,
 }
 
 thread_local! {
@@ -174,7 +164,6 @@ fn decode_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<AttnDecode, S
         "mma4w2" => Ok(AttnDecode::Mma4W2),
         "mma4s" => Ok(AttnDecode::Mma4S),
         "mma4-n8" => Ok(AttnDecode::Mma4N8),
-        "mma4-last" => Ok(AttnDecode::Mma4Last),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -188,7 +177,7 @@ fn decode_choice() -> AttnDecode {
     decode_from(std::env::var_os(ATTN_DECODE_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
-            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2, mma4s, mma4-n8, mma4-last; using mma4")
+            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2, mma4s, mma4-n8; using mma4")
         });
         AttnDecode::Mma4
     })
@@ -249,8 +238,6 @@ pub(super) struct DecodePlan {
     pdl: bool,
     /// The V2 kernel's 8-item form where a block has at most 8 items (kernel flag bit 0).
     n8: bool,
-    /// The V2 split kernel's last-block merge instead of the combine (kernel flag bit 2).
-    last: bool,
     ks_min_log2: u32,
     nsplit_log2: u32,
 }
@@ -284,14 +271,11 @@ impl CudaKernels {
             AttnDecode::MmaW2 => &[(3, 2, false), (3, 4, false), (2, 4, false)],
             AttnDecode::Mma4 => &[(3, 4, true), (2, 4, false)],
             AttnDecode::Mma4W2 => &[(3, 2, true), (3, 4, true), (2, 4, false)],
-            AttnDecode::Mma4S | AttnDecode::Mma4N8 | AttnDecode::Mma4Last => &[(3, 4, true), (2, 4, false)],
+            AttnDecode::Mma4S | AttnDecode::Mma4N8 => &[(3, 4, true), (2, 4, false)],
             _ => &[(3, 4, false), (2, 4, false)],
         };
         let (st, nw, v2k) = order.iter().copied().find(|&(st, nw, _)| smem(head_dim, st, nw) <= caps.smem_limit())?;
-        let v2 = matches!(
-            choice,
-            AttnDecode::Mma4 | AttnDecode::Mma4W2 | AttnDecode::Mma4S | AttnDecode::Mma4N8 | AttnDecode::Mma4Last
-        );
+        let v2 = matches!(choice, AttnDecode::Mma4 | AttnDecode::Mma4W2 | AttnDecode::Mma4S | AttnDecode::Mma4N8);
         // PDL needs the V2 split kernel's trigger (else it only helps at block exit) and sm_90.
         let pdl = v2 && v2k && choice != AttnDecode::Mma4S && caps.major >= 9;
         let (nsplit_log2, ks_min_log2) = FORCED_SPLITS.with(Cell::get).unwrap_or_else(|| {
@@ -313,7 +297,6 @@ impl CudaKernels {
             v2,
             pdl,
             n8: choice == AttnDecode::Mma4N8,
-            last: v2k && choice == AttnDecode::Mma4Last,
             ks_min_log2,
             nsplit_log2,
         })
@@ -378,34 +361,25 @@ impl CudaKernels {
         } else {
             None
         };
-        // The last-block merge: where there are partials, the split kernel alone is not being
-        // timed, and the tiles' counters fit.
-        let words = prod(&[seq_heads, mtiles, nzg.div_ceil(DEC_G) + 1])?;
-        let last = p.last && part.is_some() && timing != DecodeTiming::SplitOnly && words <= DECODE_SYNC_WORDS;
         let s = &*self.stream;
         let (po, _go) = out.device_ptr_mut(s);
         let (ppart, gpart) = crate::cuda::opt_ptr(part.as_ref(), s);
-        let mut sync = self.attn_sync.lock().unwrap_or_else(|e| e.into_inner());
-        let (psync, _gsync) = sync.device_ptr_mut(s);
         let (ksl, nsl) = (p.ks_min_log2, p.nsplit_log2);
         // SAFETY: arguments match `attention_decode_<T>_d<DP>_s<ST>[_w2]` (attention_decode.cu,
         // 32 · NW threads, D == DP, 16-byte aligned pools of T: `decode_plan`); `q`, `out`, `spans`,
         // `block_tables` have the lengths checked by `attention` and the pools `n_slots` rows
         // (no slot >= n_slots, table entry beyond `max_blocks` or row >= t is touched); the
         // partial buffer holds `n_seqs * qcap * heads * nzg * (head_dim + 4)` f32 when nzg > 1
-        // (null otherwise and never written: every row lies in split 0); the counters
-        // (`DECODE_SYNC_WORDS`, zero) hold the `words` the merge uses when bit 2 is set (and
-        // are untouched otherwise); the dynamic shared memory is the size the kernel carves,
-        // within the device's opt-in limit.
+        // (null otherwise and never written: every row lies in split 0); the dynamic shared
+        // memory is the size the kernel carves, within the device's opt-in limit.
         // Kernel: `attention_decode_<T>_d<DP>_s<ST>(const T* q, const T* kpool, const T* vpool,
-        // const u32* tables, const u32* spans, T* out, float* part, u32* sync, u32 t, u32 heads, u32 kvh,
+        // const u32* tables, const u32* spans, T* out, float* part, u32 t, u32 heads, u32 kvh,
         // float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots, u32 qcap, u32 nzg,
         // u32 ks_min_log2, u32 nsplit_log2, u32 flags)`.
         // Bit 0: the 8-item form; bit 1 (ADEC_PRE): early loads, V2 after the append only
         // (or when a timing test forces them: its launch before is the last call's combine).
         let pre = p.v2 && ((a.after_append && early_on()) || PRE_FORCED.with(Cell::get));
-        // Bit 2 (ADEC_LAST): the last-block merge (no combine launch below).
-        let flags = u32::from(p.n8) | (u32::from(pre) << 1) | (u32::from(last) << 2);
+        let flags = u32::from(p.n8) | (u32::from(pre) << 1);
         unsafe {
             launch_fn!(
                 self,
@@ -419,7 +393,6 @@ impl CudaKernels {
                     ptr(spans),
                     po,
                     ppart,
-                    psync,
                     t32,
                     h32,
                     kvh32,
@@ -436,9 +409,7 @@ impl CudaKernels {
                 ]
             )
         }?;
-        drop(_gsync);
-        drop(sync);
-        if let Some(pt) = part.as_ref().filter(|_| timing != DecodeTiming::SplitOnly && !last) {
+        if let Some(pt) = part.as_ref().filter(|_| timing != DecodeTiming::SplitOnly) {
             let grid_dim = if p.v2 {
                 (u32_of("qcap * heads", qcap * heads)?, (head_dim / 64) as u32, u32_of("n_seqs", a.n_seqs)?)
             } else {
@@ -508,7 +479,6 @@ mod tests {
         assert_eq!(decode_from(Some(" MMA ".as_ref())), Ok(AttnDecode::Mma));
         assert_eq!(decode_from(Some("mma2".as_ref())), Ok(AttnDecode::Mma2));
         assert_eq!(decode_from(Some("mma4".as_ref())), Ok(AttnDecode::Mma4));
-        assert_eq!(decode_from(Some("MMA4-last".as_ref())), Ok(AttnDecode::Mma4Last));
         assert_eq!(decode_from(Some("Mma4W2".as_ref())), Ok(AttnDecode::Mma4W2));
         assert_eq!(decode_from(Some("legacy".as_ref())), Ok(AttnDecode::Legacy));
         assert!(decode_from(Some("fast".as_ref())).is_err());
