@@ -44,6 +44,11 @@
 // the MMAs and half the O registers, Q's fragments held in registers across the key loop,
 // P^T by movmatrix (comment below).
 // V1 and V2 round differently (the combine's sum order): a process runs one form.
+// Measured and reverted (session 28, docs/benchmarks.md): merging the splits in the split
+// kernel's last blocks instead (device counters, every thread fencing its partials, one block
+// merging each group of 8 splits, then one the groups) was correct and batch invariant but
+// 11–16 µs slower a call than this combine at batch 1; and the combine reading its spans
+// before its PDL wait measured no faster.
 
 #define ADEC_BN 16            // keys per warp tile
 #define ADEC_MAXZ 256         // most splits of one sequence (2^nsplit_log2 <= this)
