@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 28, GPU call 2: the issues' rows at this tree. On an H200 (> 100 GB): the FP8 issue's
+# Session 28, never ran (no machine): the issues' rows at this tree. On an H200 (> 100 GB): the FP8 issue's
 # whole model (48 layers + MTP, FP8 built in memory): memory after load, decode at batch 1 / 8 /
 # 64, prefill 4k, MTP K = 1..3 (oracle); decode attention's timing at 32k. On any card the
 # GPU-speed issue's bench command (24 layers, bf16). ATTN=<form> sets PORTER_ATTN_DECODE.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 28, GPU call 2: after the reverts (the tree is session 27's kernels again), decode
+# Session 28, never ran (too little device time left): after the reverts (the tree is session 27's kernels again), decode
 # attention's timing in this session's machine, to set against call 1's (the combine with its
 # early spans) and session 27's; then the model at 4k context, batch 1, once.
 # Carry .dev/porter (porter.gz), .dev/k.tgz, .dev/ptx.tgz.
