@@ -66,18 +66,14 @@ __device__ __forceinline__ u32 adec_ks_log2(u64 ctx, u32 ks_min_log2, u32 nsplit
 // The window's first key of position p (0 without a window).
 __device__ __forceinline__ u32 adec_lo(u32 p, u32 window) { return (window != 0 && p + 1 > window) ? p + 1 - window : 0; }
 
-// Programmatic dependent launch (sm_90+; no-ops below, and when the grid was not launched
+// Programmatic dependent launch (sm_90+; a no-op below, and when the grid was not launched
 // with the attribute): the V2 split kernel lets the V2 combine launch once every block is
-// past its key loop; the combine reads its own inputs (spans), then waits for the split
-// grid to complete (its partials visible) before it reads a partial.
+// past its key loop (if porter_pdl_enter() has not already let it); every combine block
+// (also one with nothing to merge) first waits in porter_pdl_enter() for the split grid to
+// complete, so that its partials are visible and the combine grid never completes before it.
 __device__ __forceinline__ void adec_pdl_trigger() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void adec_pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 
@@ -659,9 +655,6 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
     const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const u32 s = blockIdx.z, i = blockIdx.x / heads, h = blockIdx.x % heads, d0 = blockIdx.y * 64u;
     const u32 row0 = spans[3 * s], qlen = spans[3 * s + 1], pos0 = spans[3 * s + 2];
-    // Every block waits for the split grid (those with nothing to merge too), so that the
-    // combine grid never completes before it.
-    adec_pdl_wait();
     if (qlen > ATT_SPLIT_Q || i >= min(qlen, qcap) || row0 >= t || i >= t - row0) return;
     const u32 ksl = adec_ks_log2((u64)pos0 + qlen, ks_min_log2, nsplit_log2);
     const u32 p = pos0 + i;
@@ -740,7 +733,8 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
 #define ADEC_COMBINE(T, NAME, DP, C, IMPL)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) attention_decode_##C##_##NAME##_d##DP(                  \
         const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg,         \
-        u32 ks_min_log2, u32 nsplit_log2) { porter_pdl_enter();                                                                   \
+        u32 ks_min_log2, u32 nsplit_log2) {                                                                   \
+        porter_pdl_enter();                                                                                   \
         IMPL<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);                 \
     }
 #define ADEC_DP(T, NAME, DP)                                  \
