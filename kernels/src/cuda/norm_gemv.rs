@@ -6,35 +6,72 @@ use super::{prod, row_threads, u32_of, CudaError, CudaFloat, CudaKernels, Fp8Dev
 use super::{FP8, MISC};
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
-/// Environment variable: `fused` runs the RMSNorm (or residual add + RMSNorm) inside the
-/// decode GEMV after it ([`CudaKernels::norm_gemv`]); `apart` or unset: two launches (same bits
-/// either way). Off by default because it measured slower: H200, 24-layer 80B bf16, graphs on,
-/// 2026-12-02 (docs/benchmarks.md "Session 9"), batch 1 430.2 tok/s fused against 445.8 apart
-/// — the fused grid of 4 blocks an SM, each normalising the rows before its first weight load,
-/// streams the weights slower than the plain GEMV's full grid saves in launches. Again with
-/// PDL (session 14, 2026-12-03): 452.7 against 481.1 tok/s at batch 1, 824.6 against 991.9 at
-/// batch 4, also with each warp's first weight row asked into L2 before the PDL wait (that
-/// prologue was removed again). Read on every call; an unknown value warns once and means
-/// apart.
+/// Environment variable: which RMSNorm (or residual add + RMSNorm) → decode GEMV pairs run as
+/// one launch ([`CudaKernels::norm_gemv`], the same bits either way).
+/// - `apart`: never (two launches).
+/// - `small` (the default): one row into a small projection only
+///   ([`norm_gemv_small`]: the MoE input / router GEMV of the 80B, `[1544, 2048]`), the shape
+///   where the fused kernel measured faster (session 14: 8.0 against 10.7 µs with the add).
+/// - `fused`: every pair that fits.
+///
+/// Why not all: H200, 24-layer 80B bf16, graphs on, 2026-12-02 (docs/benchmarks.md "Session
+/// 9"), batch 1 430.2 tok/s fused against 445.8 apart — the fused grid of 4 blocks an SM, each
+/// normalising the rows before its first weight load, streams a large weight (the in_proj)
+/// slower than the plain GEMV's full grid saves in launches. Again with PDL (session 14,
+/// 2026-12-03): 452.7 against 481.1 tok/s at batch 1, 824.6 against 991.9 at batch 4. Read on
+/// every call; an unknown value warns once and means the default.
 pub const NORM_GEMV_ENV: &str = "PORTER_NORM_GEMV";
 
-/// Whether [`NORM_GEMV_ENV`]'s value `v` asks for the fused kernels (`Err`: the value, unknown).
-fn norm_fused(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
-    let Some(v) = v else { return Ok(false) };
+/// Which norm → GEMV pairs run fused ([`NORM_GEMV_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormGemvPolicy {
+    /// Never fused.
+    Apart,
+    /// One row into a small projection ([`norm_gemv_small`]).
+    Small,
+    /// Every pair the fused kernels take.
+    Fused,
+}
+
+/// [`NORM_GEMV_ENV`]'s value `v` (`Err`: the value, unknown).
+fn norm_policy(v: Option<&std::ffi::OsStr>) -> std::result::Result<NormGemvPolicy, String> {
+    let Some(v) = v else { return Ok(NormGemvPolicy::Small) };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "apart" => Ok(false),
-        "fused" => Ok(true),
+        "" | "small" | "auto" => Ok(NormGemvPolicy::Small),
+        "apart" => Ok(NormGemvPolicy::Apart),
+        "fused" => Ok(NormGemvPolicy::Fused),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
 
-/// Whether the backend should fuse the norm into the GEMV ([`NORM_GEMV_ENV`]).
-pub fn norm_gemv_enabled() -> bool {
-    norm_fused(std::env::var_os(NORM_GEMV_ENV).as_deref()).unwrap_or_else(|bad| {
+/// The policy [`NORM_GEMV_ENV`] asks for.
+pub fn norm_gemv_policy() -> NormGemvPolicy {
+    norm_policy(std::env::var_os(NORM_GEMV_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| eprintln!("warning: {NORM_GEMV_ENV}={bad:?} is not one of fused, apart; using apart"));
-        false
+        WARNED
+            .call_once(|| eprintln!("warning: {NORM_GEMV_ENV}={bad:?} is not one of small, fused, apart; using small"));
+        NormGemvPolicy::Small
     })
+}
+
+/// Largest weight (`n · k` elements) the `small` policy fuses: the 80B's MoE input GEMV
+/// (`[1544, 2048]`, 3.2 M) fits, its q (`[8192, 2048]`) and in_proj (`[12352, 2048]`) do not.
+pub const NORM_GEMV_SMALL_ELEMS: usize = 4 << 20;
+
+/// Whether the `small` policy fuses `m` rows into an `[n, k]` weight: one row, at most
+/// [`NORM_GEMV_SMALL_ELEMS`] weight elements.
+pub fn norm_gemv_small(m: usize, n: usize, k: usize) -> bool {
+    m == 1 && n.saturating_mul(k) <= NORM_GEMV_SMALL_ELEMS
+}
+
+/// Whether the backend should fuse the norm into a GEMV of `m` rows into an `[n, k]` weight
+/// ([`NORM_GEMV_ENV`]; the caller checks that the kernels take the shape).
+pub fn norm_gemv_wanted(m: usize, n: usize, k: usize) -> bool {
+    match norm_gemv_policy() {
+        NormGemvPolicy::Apart => false,
+        NormGemvPolicy::Small => norm_gemv_small(m, n, k),
+        NormGemvPolicy::Fused => true,
+    }
 }
 
 /// Most rows [`CudaKernels::norm_gemv`] takes (its kernels exist for 1, 2 and 4).
@@ -306,15 +343,26 @@ impl CudaKernels {
 
 #[cfg(test)]
 mod tests {
-    use super::norm_fused;
+    use super::{norm_gemv_small, norm_policy, NormGemvPolicy};
     use std::ffi::OsStr;
 
     #[test]
     fn env_values() {
-        assert_eq!(norm_fused(None), Ok(false));
-        assert_eq!(norm_fused(Some(OsStr::new(" Fused "))), Ok(true));
-        assert_eq!(norm_fused(Some(OsStr::new("apart"))), Ok(false));
-        assert_eq!(norm_fused(Some(OsStr::new("off"))), Err("off".to_string()));
+        assert_eq!(norm_policy(None), Ok(NormGemvPolicy::Small));
+        assert_eq!(norm_policy(Some(OsStr::new(" Fused "))), Ok(NormGemvPolicy::Fused));
+        assert_eq!(norm_policy(Some(OsStr::new("apart"))), Ok(NormGemvPolicy::Apart));
+        assert_eq!(norm_policy(Some(OsStr::new("small"))), Ok(NormGemvPolicy::Small));
+        assert_eq!(norm_policy(Some(OsStr::new("off"))), Err("off".to_string()));
+    }
+
+    #[test]
+    fn small_takes_the_moe_input_gemv_only() {
+        // The 80B's decode shapes: the MoE input GEMV fuses at one row only; q and in_proj
+        // never under the default.
+        assert!(norm_gemv_small(1, 1544, 2048));
+        assert!(!norm_gemv_small(2, 1544, 2048));
+        assert!(!norm_gemv_small(1, 8192, 2048));
+        assert!(!norm_gemv_small(1, 12352, 2048));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::tensor::cuda::{cuda_err, gpu_of, DevFp8, DevType, Gpu};
 use crate::tensor::dtype::DType;
 use crate::tensor::Tensor;
-use porter_kernels::cuda::{norm_gemv_enabled, CudaKernels, NormGemvAdd};
+use porter_kernels::cuda::{norm_gemv_wanted, CudaKernels, NormGemvAdd};
 
 /// The fused op where it applies (`Ok(None)` otherwise: see `fuses`).
 pub fn norm_matmul(
@@ -114,7 +114,7 @@ fn norm_matmul_fp8(
     fn fits<T: DevType>(m: usize, k: usize) -> bool {
         CudaKernels::norm_fp8_gemv_fits::<T>(m, k)
     }
-    if !plain || !crate::by_dtype!(t, fits(m, k)) || !norm_gemv_enabled() {
+    if !plain || !crate::by_dtype!(t, fits(m, k)) || !norm_gemv_wanted(m, n, k) {
         return Ok(None);
     }
     let g = gpu_of(x, "norm_matmul")?;
@@ -141,7 +141,7 @@ fn norm_matmul_fp8(
 /// `NORM_GEMV_MAX_ROWS` rows, a plain (not FP8) 2-D weight of the norm's dtype, `y` (if any)
 /// of `x`'s shape in that dtype or f32, output in that dtype or f32, all within the kernel's limits
 /// — exactly where `matmul_t` takes the skinny GEMV, so that both ways give the same bits —
-/// and the fusion asked for (`PORTER_NORM_GEMV=fused`; off by default).
+/// and the fusion asked for (`PORTER_NORM_GEMV`: by default one row into a small weight).
 fn fuses(x: &Tensor, y: Option<&Tensor>, norm_w: &Tensor, w: &Tensor, out: DType) -> bool {
     let t = norm_w.dtype();
     let (m, k) = (x.rows(), x.last_dim());
@@ -155,7 +155,7 @@ fn fuses(x: &Tensor, y: Option<&Tensor>, norm_w: &Tensor, w: &Tensor, out: DType
         && (out == t || out == DType::F32)
         && y.is_none_or(|y| y.shape() == x.shape() && (y.dtype() == t || y.dtype() == DType::F32))
         && m <= porter_kernels::cuda::GEMV_MAX_ROWS;
-    if !shapes || x.device() != w.device() || !norm_gemv_enabled() {
+    if !shapes || x.device() != w.device() || !norm_gemv_wanted(m, w.dim(0), k) {
         return false;
     }
     fn fits<T: DevType>(m: usize, k: usize, out: DType) -> bool {
