@@ -12,29 +12,42 @@
 // element a thread, block_sum), its output rounded to T; the RoPE is rope_neox_impl's
 // expressions on those rounded values; the gate is copied unchanged.
 //
-// qg [t, heads, hd·(1 + gated)] (T: per head [q | gate] when gated, else q); k [t, kvh, hd] (T);
+// qg: token r's row at qg + r·qs, [heads, hd·(1 + gated)] (T: per head [q | gate] when gated,
+// else q); k: token r's row at k + r·ks, [kvh, hd] (T); v (packed projections only, else
+// null): token r's row at v + r·vs, [kvh, hd], copied to v_out [t, kvh, hd] unchanged. Apart
+// projections have qs = heads·hd·(1 + gated), ks = kvh·hd; a packed [T, q | k | v] projection
+// (one GEMV for the three) has qs = ks = vs = its row width and k, v point into it.
 // qw, kw [hd] (T, the norms' weights; unused without the norm); positions [t]; inv_freq [half]
 // (f32); q_out [t, heads, hd], k_out [t, kvh, hd], gate_out [t, heads, hd] (T, gated only).
 // flags: bit 0 q norm, bit 1 q norm zero-centred, bit 2 k norm, bit 3 k norm zero-centred,
 // bit 4 gated. half = rot_dim / 2 (dims 2·half..hd pass through).
-// grid (heads + kvh, t), block blockDim.x >= hd (a multiple of 32, at most 512): block
-// (u, r) prepares head u of q (u < heads) or head u − heads of k of token r.
+// grid (heads + kvh (+ kvh with v), t), block blockDim.x >= hd (a multiple of 32, at most 512):
+// block (u, r) prepares head u of q (u < heads) or head u − heads of k of token r, or copies
+// head u − heads − kvh of v.
 template <typename T>
 __device__ __forceinline__ void qk_prep_impl_pdl(const T* __restrict__ qg, const T* __restrict__ k,
-                                             const T* __restrict__ qw, const T* __restrict__ kw,
-                                             T* __restrict__ q_out, T* __restrict__ k_out, T* __restrict__ gate_out,
+                                             const T* __restrict__ v, const T* __restrict__ qw,
+                                             const T* __restrict__ kw, T* __restrict__ q_out, T* __restrict__ k_out,
+                                             T* __restrict__ v_out, T* __restrict__ gate_out,
                                              const u32* __restrict__ positions, const float* __restrict__ inv_freq,
-                                             u32 heads, u32 kvh, u32 hd, u32 half, float attn_scale, float q_eps,
-                                             float k_eps, u32 flags) {
+                                             u64 qs, u64 ks, u64 vs, u32 heads, u32 kvh, u32 hd, u32 half,
+                                             float attn_scale, float q_eps, float k_eps, u32 flags) {
     __shared__ float sh[32];
     __shared__ float row[512];
     const u32 u = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
     const u64 r = blockIdx.y;
+    if (u >= heads + kvh) {
+        // A packed projection's v head: copied out unchanged (the whole block returns here).
+        porter_pdl_enter();
+        const u64 j = u - heads - kvh;
+        if (tid < hd) v_out[(r * kvh + j) * hd + tid] = v[r * vs + j * hd + tid];
+        return;
+    }
     const bool isq = u < heads, gated = (flags >> 4) & 1;
     const u32 sh_bits = isq ? flags : flags >> 2;
     const bool norm = sh_bits & 1, zc = (sh_bits >> 1) & 1;
     const float eps = isq ? q_eps : k_eps;
-    const T* src = isq ? qg + (r * heads + u) * (u64)hd * (gated ? 2u : 1u) : k + (r * kvh + (u - heads)) * (u64)hd;
+    const T* src = isq ? qg + r * qs + (u64)u * hd * (gated ? 2u : 1u) : k + r * ks + (u64)(u - heads) * hd;
     T* dst = isq ? q_out + (r * heads + u) * (u64)hd : k_out + (r * kvh + (u - heads)) * (u64)hd;
     // The norm weight before the wait (weights never change), as rms_norm_pdl does.
     const float wv = norm && tid < hd ? to_f((isq ? qw : kw)[tid]) : 0.0f;
@@ -68,11 +81,11 @@ __device__ __forceinline__ void qk_prep_impl_pdl(const T* __restrict__ qg, const
 
 #define QK_PREP(T, NAME)                                                                                        \
     extern "C" __global__ void __launch_bounds__(512) qk_prep_##NAME(                                          \
-        const T* qg, const T* k, const T* qw, const T* kw, T* q_out, T* k_out, T* gate_out, const u32* positions, \
-        const float* inv_freq, u32 heads, u32 kvh, u32 hd, u32 half, float attn_scale, float q_eps, float k_eps,  \
-        u32 flags) {                                                                                            \
-        qk_prep_impl_pdl<T>(qg, k, qw, kw, q_out, k_out, gate_out, positions, inv_freq, heads, kvh, hd, half,       \
-                        attn_scale, q_eps, k_eps, flags);                                                       \
+        const T* qg, const T* k, const T* v, const T* qw, const T* kw, T* q_out, T* k_out, T* v_out, T* gate_out,  \
+        const u32* positions, const float* inv_freq, u64 qs, u64 ks, u64 vs, u32 heads, u32 kvh, u32 hd, u32 half,  \
+        float attn_scale, float q_eps, float k_eps, u32 flags) {                                                \
+        qk_prep_impl_pdl<T>(qg, k, v, qw, kw, q_out, k_out, v_out, gate_out, positions, inv_freq, qs, ks, vs, heads, \
+                            kvh, hd, half, attn_scale, q_eps, k_eps, flags);                                    \
     }
 QK_PREP(float, f32)
 QK_PREP(bf16, bf16)

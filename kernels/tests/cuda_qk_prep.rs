@@ -1,5 +1,6 @@
-//! An attention block's query / key preparation in one launch (`CudaKernels::qk_prep`,
-//! kernels/cuda/qk_prep.cu) against the launches it replaces (column copies of the gated query
+//! An attention block's query / key preparation in one launch (`CudaKernels::qk_prep`, and
+//! `CudaKernels::qkv_prep` of a packed `[q | k | v]` projection; kernels/cuda/qk_prep.cu)
+//! against the launches it replaces (column copies of the gated query
 //! projection, `rms_norm` per head, `rope_neox`): bit for bit. GPU tests are
 //! `#[ignore = "needs a CUDA GPU"]` (run with `--include-ignored`; see
 //! kernels/tests/cuda_kernels.rs for the conventions).
@@ -85,7 +86,44 @@ fn case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: &Case) {
     if let (Some(g), Some(w)) = (&gate, &want_gate) {
         assert_eq!(bits(down(k, g)), bits(down(k, w)), "{what}: gate differs");
     }
-    println!("  {what}: bit for bit");
+
+    // The packed projection: each row [qg | k | v], one launch, the same q / k / gate bits,
+    // and v copied out unchanged.
+    let v = rng.vec(t * kvh * hd, 2.0);
+    let (qgh, kh) = (down(k, &qg), down(k, &kp));
+    let (qrow, krow) = (heads * qcols, kvh * hd);
+    let mut packed = Vec::with_capacity(t * (qrow + 2 * krow));
+    for r in 0..t {
+        packed.extend_from_slice(&qgh[r * qrow..(r + 1) * qrow]);
+        packed.extend_from_slice(&kh[r * krow..(r + 1) * krow]);
+        packed.extend_from_slice(&v[r * krow..(r + 1) * krow]);
+    }
+    let qkv = up::<T>(k, &packed);
+    let (mut pq, mut pk, mut pv) =
+        (poisoned::<T>(k, t * heads * hd), poisoned::<T>(k, t * kvh * hd), poisoned::<T>(k, t * kvh * hd));
+    let mut pgate = gated.then(|| poisoned::<T>(k, t * heads * hd));
+    let qn = c.q_norm.map(|kind| QkNorm { w: &qw, eps: 1e-6, kind });
+    let kn = c.k_norm.map(|kind| QkNorm { w: &kw, eps: 1e-6, kind });
+    k.qkv_prep::<T>(
+        &qkv,
+        (qn, kn),
+        &mut pq,
+        &mut pk,
+        &mut pv,
+        pgate.as_mut(),
+        &pos,
+        &inv,
+        [t, heads, kvh, hd, rot],
+        scale,
+    )
+    .expect("qkv_prep");
+    assert_eq!(bits(down(k, &pq)), bits(down(k, &want_q)), "{what}: packed q differs");
+    assert_eq!(bits(down(k, &pk)), bits(down(k, &want_k)), "{what}: packed k differs");
+    assert_eq!(bits(down(k, &pv)), bits(down(k, &up::<T>(k, &v))), "{what}: packed v differs");
+    if let (Some(g), Some(w)) = (&pgate, &want_gate) {
+        assert_eq!(bits(down(k, g)), bits(down(k, w)), "{what}: packed gate differs");
+    }
+    println!("  {what}: bit for bit (apart and packed)");
 }
 
 #[test]

@@ -68,6 +68,14 @@ pub struct QkPrep<'a> {
     pub rope: RopeArgs<'a>,
 }
 
+impl QkPrep<'_> {
+    /// Columns of the query projection (`heads·hd·(1 + gated)`) and of the key (= value)
+    /// projection (`kv_heads·hd`).
+    pub fn widths(&self) -> (usize, usize) {
+        (self.heads * self.head_dim * if self.gated { 2 } else { 1 }, self.kv_heads * self.head_dim)
+    }
+}
+
 /// The outputs of [`Ops::qk_prep`].
 ///
 /// # Shapes
@@ -113,6 +121,25 @@ pub fn qk_prep_composed<O: Ops + ?Sized>(
     o.rope(&mut q, &p.rope, batch)?;
     o.rope(&mut k, &p.rope, batch)?;
     Ok(QkPrepared { q, k, gate })
+}
+
+/// [`Ops::qkv_prep`] as the column copies of q, k and v, then [`Ops::qk_prep`] (the CPU
+/// backend's body, and the CUDA backend's where its kernel does not apply).
+///
+/// # Shapes
+/// `qkv`: `[T, heads·hd·(1 + gated) + 2·kv_heads·hd]` → ([`QkPrepared`], v `[T, kv_heads·hd]`)
+pub fn qkv_prep_composed<O: Ops + ?Sized>(
+    o: &O,
+    qkv: Tensor,
+    p: &QkPrep<'_>,
+    batch: &Batch,
+) -> Result<(QkPrepared, Tensor)> {
+    let (qw, kw) = p.widths();
+    if qkv.last_dim() != qw + 2 * kw {
+        bail!(Shape, "packed q / k / v projection of {} columns, expected {qw} + 2·{kw}", qkv.last_dim());
+    }
+    let (qg, k, v) = (o.cols(&qkv, 0, qw)?, o.cols(&qkv, qw, kw)?, o.cols(&qkv, qw + kw, kw)?);
+    Ok((o.qk_prep(qg, k, p, batch)?, v))
 }
 
 /// Attention geometry of one block.
@@ -299,6 +326,15 @@ pub trait Ops: Sync {
     /// `qg`: `[T, heads·hd·(1 + gated)]`, `k`: `[T, kv_heads·hd]` → [`QkPrepared`]
     fn qk_prep(&self, qg: Tensor, k: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<QkPrepared> {
         qk_prep_composed(self, qg, k, p, batch)
+    }
+    /// [`Ops::qk_prep`] of a packed projection (one GEMM for q, k and v: each row
+    /// `[qg | k | v]`), which also returns v; the values of [`qkv_prep_composed`] (one launch on
+    /// CUDA where it applies).
+    ///
+    /// # Shapes
+    /// `qkv`: `[T, heads·hd·(1 + gated) + 2·kv_heads·hd]` → ([`QkPrepared`], v `[T, kv_heads·hd]`)
+    fn qkv_prep(&self, qkv: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<(QkPrepared, Tensor)> {
+        qkv_prep_composed(self, qkv, p, batch)
     }
     /// `act(g) · u` of a stacked `[T, 2I] = [gate | up]` → `[T, I]`, one rounding (SwiGLU for
     /// `act` = SiLU). Backends that fuse SiLU refuse another `act` (the load refuses it first:

@@ -246,7 +246,42 @@ pub fn assemble(
     })
 }
 
-/// `P.{q,k,v,o}_proj` and, when `qk_norm` is given, `P.q_norm` / `P.k_norm`.
+/// Environment variable: `apart` loads an attention block's q / k / v projections as three
+/// weights (three GEMMs; for A/B) instead of packed into one; `packed` or unset is the default
+/// (read at each load; another value warns once and means the default).
+pub const QKV_ENV: &str = "PORTER_QKV";
+
+/// Whether [`QKV_ENV`] asks for the projections apart.
+fn qkv_apart() -> bool {
+    match std::env::var(QKV_ENV).as_deref().map(str::trim) {
+        Err(_) | Ok("" | "packed") => false,
+        Ok("apart") => true,
+        Ok(other) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| eprintln!("warning: {QKV_ENV}={other:?} is not one of packed, apart; using packed"));
+            false
+        }
+    }
+}
+
+/// `P.q_proj`, `P.k_proj`, `P.v_proj` packed into one `[q; k; v]` projection (one GEMM),
+/// or apart where they cannot share one weight (an FP8 part beside dense ones, or a bias on
+/// some parts only) or [`QKV_ENV`] asks for it.
+fn qkv_proj(w: &mut Weights, prefix: &str) -> Result<crate::nn::QkvProj> {
+    let slots = ["q_proj", "k_proj", "v_proj"].map(|p| format!("{prefix}.{p}"));
+    let mut fp8 = Vec::with_capacity(3);
+    for s in &slots {
+        fp8.push(w.is_fp8(s)?);
+    }
+    let biased = slots.iter().filter(|s| w.contains(&format!("{s}.bias"))).count();
+    if fp8.iter().all(|&f| f == fp8[0]) && (biased == 0 || biased == 3) && !qkv_apart() {
+        return Ok(crate::nn::QkvProj::Packed(packed_linear(w, &slots)?));
+    }
+    let [q, k, v] = slots;
+    Ok(crate::nn::QkvProj::Apart { q: linear(w, &q)?, k: Box::new(linear(w, &k)?), v: Box::new(linear(w, &v)?) })
+}
+
+/// `P.{q,k,v,o}_proj` (q / k / v as [`qkv_proj`]) and, when `qk_norm` is given, `P.q_norm` / `P.k_norm`.
 pub fn attention(
     w: &mut Weights,
     prefix: &str,
@@ -270,9 +305,7 @@ pub fn attention(
     };
     let a = Attention {
         cfg,
-        q_proj: linear(w, &format!("{prefix}.q_proj"))?,
-        k_proj: linear(w, &format!("{prefix}.k_proj"))?,
-        v_proj: linear(w, &format!("{prefix}.v_proj"))?,
+        qkv: qkv_proj(w, prefix)?,
         o_proj: linear(w, &format!("{prefix}.o_proj"))?,
         q_norm,
         k_norm,

@@ -24,19 +24,55 @@ impl AttentionConfig {
     }
 }
 
+/// An attention block's query, key and value projections: packed into one (one GEMM, one GEMV
+/// launch at decode; the default) or apart.
+///
+/// # Shapes
+/// - `q`: `[heads·head_dim·(1 + output_gate), hidden]`, `k` / `v`: `[kv_heads·head_dim, hidden]`
+/// - `Packed`: `[q; k; v]` stacked along the output rows
+#[derive(Debug, Clone)]
+pub enum QkvProj {
+    /// `[q; k; v]` in one weight.
+    Packed(Linear),
+    /// Three weights (an FP8 part beside dense ones, or a bias on some parts only).
+    Apart { q: Linear, k: Box<Linear>, v: Box<Linear> },
+}
+
+impl QkvProj {
+    /// The projection the input norm fuses into (the packed one, or q).
+    fn first(&self) -> &Linear {
+        match self {
+            Self::Packed(l) | Self::Apart { q: l, .. } => l,
+        }
+    }
+
+    /// Output rows of the weight(s): `(first, k, v)`, k and v 0 when packed.
+    fn rows(&self) -> (usize, usize, usize) {
+        match self {
+            Self::Packed(l) => (l.out_features(), 0, 0),
+            Self::Apart { q, k, v } => (q.out_features(), k.out_features(), v.out_features()),
+        }
+    }
+
+    /// Weight (and bias) bytes.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::Packed(l) => l.bytes(),
+            Self::Apart { q, k, v } => q.bytes() + k.bytes() + v.bytes(),
+        }
+    }
+}
+
 /// Causal GQA self-attention with optional q/k norms, (partial) RoPE, sliding window and
 /// output gate.
 ///
 /// # Shapes
-/// - `q_proj`: `[heads·head_dim·(1 + output_gate), hidden]`, `k_proj`/`v_proj`: `[kv_heads·head_dim, hidden]`
-/// - `o_proj`: `[hidden, heads·head_dim]`
+/// - `qkv`: [`QkvProj`]; `o_proj`: `[hidden, heads·head_dim]`
 /// - input `[T, hidden]` → output `[T, hidden]`
 #[derive(Debug, Clone)]
 pub struct Attention {
     pub cfg: AttentionConfig,
-    pub q_proj: Linear,
-    pub k_proj: Linear,
-    pub v_proj: Linear,
+    pub qkv: QkvProj,
     pub o_proj: Linear,
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
@@ -55,22 +91,26 @@ impl Attention {
                 c.kv_heads
             );
         }
-        let qrows = c.heads * c.head_dim * if c.output_gate { 2 } else { 1 };
-        if self.q_proj.out_features() != qrows || self.k_proj.out_features() != c.kv_heads * c.head_dim {
+        let (qrows, kvrows) = (c.heads * c.head_dim * if c.output_gate { 2 } else { 1 }, c.kv_heads * c.head_dim);
+        let ok = match self.qkv.rows() {
+            (n, 0, 0) => n == qrows + 2 * kvrows && matches!(self.qkv, QkvProj::Packed(_)),
+            (q, k, v) => q == qrows && k == kvrows && v == kvrows,
+        };
+        if !ok {
             bail!(Shape, "attention projections do not match heads/head_dim");
         }
         Ok(())
     }
 
     pub fn forward(&self, x: &Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
-        let qg = self.q_proj.forward(x)?;
+        let qg = self.qkv.first().forward(x)?;
         self.attend(x, qg, batch, cache)
     }
 
-    /// [`Attention::forward`] of `norm(x)`, the norm fused into `q_proj` where the backend can
-    /// ([`Linear::forward_normed`]).
+    /// [`Attention::forward`] of `norm(x)`, the norm fused into the (packed or q) projection
+    /// where the backend can ([`Linear::forward_normed`]).
     pub fn forward_normed(&self, x: &Tensor, norm: &RmsNorm, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
-        let (h, qg) = self.q_proj.forward_normed(x, norm)?;
+        let (h, qg) = self.qkv.first().forward_normed(x, norm)?;
         self.attend(&h, qg, batch, cache)
     }
 
@@ -84,18 +124,17 @@ impl Attention {
         batch: &Batch,
         cache: &mut LayerCache,
     ) -> Result<Tensor> {
-        let (h, qg) = self.q_proj.forward_add_normed(x, y, norm)?;
+        let (h, qg) = self.qkv.first().forward_add_normed(x, y, norm)?;
         self.attend(&h, qg, batch, cache)
     }
 
-    /// The block after `q_proj`: `x` the (normalised) input `[T, H]`, `qg` its query
-    /// projection `[T, heads·hd (·2 with the output gate)]`.
+    /// The block after the first projection: `x` the (normalised) input `[T, H]`, `qg` its
+    /// packed projection `[T, heads·hd·(1 + gate) + 2·kv·hd]`, or (apart) its query projection
+    /// `[T, heads·hd (·2 with the output gate)]`.
     fn attend(&self, x: &Tensor, qg: Tensor, batch: &Batch, cache: &mut LayerCache) -> Result<Tensor> {
         let c = &self.cfg;
         let (t, hd) = (x.rows(), c.head_dim);
         let LayerCache::Kv(kv) = cache else { bail!(Internal, "attention layer was given a non-KV cache") };
-        let k = self.k_proj.forward(x)?;
-        let v = self.v_proj.forward(x)?;
         fn head_norm(n: Option<&RmsNorm>, hd: usize) -> Result<Option<HeadNorm<'_>>> {
             n.map(|n| {
                 if n.dim() != hd {
@@ -118,9 +157,15 @@ impl Attention {
             k_norm: head_norm(self.k_norm.as_ref(), hd)?,
             rope: rope.args(),
         };
-        // The gate split, the q / k norms and RoPE (one launch on CUDA): q [T, heads, hd],
-        // k [T, kv, hd], gate [T·heads, hd].
-        let QkPrepared { q, k, gate } = ops(&qg).qk_prep(qg, k, &prep, batch)?;
+        // The gate split, the q / k norms and RoPE (and packed, v's columns; one launch on
+        // CUDA): q [T, heads, hd], k [T, kv, hd], gate [T·heads, hd], v [T, kv·hd].
+        let (QkPrepared { q, k, gate }, v) = match &self.qkv {
+            QkvProj::Packed(_) => ops(&qg).qkv_prep(qg, &prep, batch)?,
+            QkvProj::Apart { k, v, .. } => {
+                let (k, v) = (k.forward(x)?, v.forward(x)?);
+                (ops(&qg).qk_prep(qg, k, &prep, batch)?, v)
+            }
+        };
         let args = AttnArgs { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.scale, window: c.window };
         // [T, heads, hd]
         let mut out = ops(&q).attention(&q, &k, &v, &args, batch, kv)?;
@@ -193,6 +238,40 @@ mod tests {
             let want = attention(&vals(&x), &a, f64::from(THETA));
             assert_close(&format!("gate {gate} norm {norm}"), &run_in_steps(&a, &x, &[6]), &want, TOL);
         }
+    }
+
+    /// The packed `[q; k; v]` projection (the loader's default) gives the apart projections'
+    /// values exactly, for prefill and decode steps, with and without the gate, norms and
+    /// biases, and against the reference.
+    #[test]
+    fn packed_qkv_equals_apart() {
+        let mut rng = Rng::new(36);
+        for (gate, norm, bias) in [(false, false, false), (true, true, false), (true, false, true), (false, true, true)]
+        {
+            let mut a = block(&mut rng, Some(4), gate, norm);
+            if bias {
+                let QkvProj::Apart { q, k, v } = &mut a.qkv else { unreachable!() };
+                for l in [q, &mut **k, &mut **v] {
+                    l.b = Some(rng.tensor(&[l.out_features()], 0.5));
+                }
+            }
+            let p = packed(&a);
+            assert!(matches!(p.qkv, QkvProj::Packed(_)));
+            assert_eq!(p.qkv.bytes(), a.qkv.bytes());
+            let x = rng.tensor(&[6, 12], 1.0);
+            let case = format!("gate {gate} norm {norm} bias {bias}");
+            for steps in [&[6][..], &[3, 1, 1, 1]] {
+                let (apart, pk) = (run_in_steps(&a, &x, steps), run_in_steps(&p, &x, steps));
+                assert_eq!(apart, pk, "{case} steps {steps:?}: packed vs apart");
+            }
+            let want = attention(&vals(&x), &p, f64::from(THETA));
+            assert_close(&format!("{case} packed"), &run_in_steps(&p, &x, &[6]), &want, TOL);
+        }
+        // A packed weight of the wrong width is refused at load.
+        let a = packed(&block(&mut rng, None, true, false));
+        let mut bad = a.clone();
+        bad.cfg.kv_heads = 1;
+        assert!(is_shape(&bad.check()));
     }
 
     /// Prefill of 7 tokens == 3-token prefill then 4 single-token decode steps == 2 + 5,

@@ -101,7 +101,7 @@ impl crate::layer::TransformerLayer for DecoderLayer {
         c.dense_bytes = self.input_norm.w.bytes() + self.post_norm.w.bytes();
         match &self.attn {
             Mixer::Attention(a) => {
-                c.dense_bytes += a.q_proj.bytes() + a.k_proj.bytes() + a.v_proj.bytes() + a.o_proj.bytes();
+                c.dense_bytes += a.qkv.bytes() + a.o_proj.bytes();
                 c.kv_bytes_per_token = 2 * a.cfg.kv_heads * a.cfg.head_dim * dsize;
             }
             Mixer::GatedDeltaNet(g) => {

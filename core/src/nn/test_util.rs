@@ -256,8 +256,22 @@ pub(crate) fn sdpa(q: &[f64], k: &[f64], v: &[f64], c: &AttentionConfig) -> Vec<
 pub(crate) fn attention(x: &[f64], a: &Attention, theta: f64) -> Vec<f64> {
     let c = &a.cfg;
     let hd = c.head_dim;
-    let qg = linear(x, &a.q_proj);
-    let t = qg.len() / (c.heads * hd * if c.output_gate { 2 } else { 1 });
+    let qrows = c.heads * hd * if c.output_gate { 2 } else { 1 };
+    let (qg, mut k, v) = match &a.qkv {
+        QkvProj::Apart { q, k, v } => (linear(x, q), linear(x, k), linear(x, v)),
+        QkvProj::Packed(l) => {
+            // Each output row is [q | k | v].
+            let (all, kv) = (linear(x, l), c.kv_heads * hd);
+            let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+            for row in all.chunks(qrows + 2 * kv) {
+                q.extend_from_slice(&row[..qrows]);
+                k.extend_from_slice(&row[qrows..qrows + kv]);
+                v.extend_from_slice(&row[qrows + kv..]);
+            }
+            (q, k, v)
+        }
+    };
+    let t = qg.len() / qrows;
     let (mut q, mut gate) = (Vec::new(), Vec::new());
     if c.output_gate {
         // Per head: rows [h·2hd, h·2hd + hd) are q, the next hd the gate.
@@ -268,8 +282,6 @@ pub(crate) fn attention(x: &[f64], a: &Attention, theta: f64) -> Vec<f64> {
     } else {
         q = qg;
     }
-    let mut k = linear(x, &a.k_proj);
-    let v = linear(x, &a.v_proj);
     if let Some(n) = &a.q_norm {
         q = rms_norm(&q, n);
     }
@@ -440,9 +452,11 @@ pub(crate) fn attention_block(
     cfg.output_gate = gate;
     let params = RopeParams { theta: THETA, partial_rotary_factor: 0.5, scaling: RopeScaling::Default };
     let a = Attention {
-        q_proj: rng.linear(h * hd * if gate { 2 } else { 1 }, hidden, false),
-        k_proj: rng.linear(kv * hd, hidden, false),
-        v_proj: rng.linear(kv * hd, hidden, false),
+        qkv: QkvProj::Apart {
+            q: rng.linear(h * hd * if gate { 2 } else { 1 }, hidden, false),
+            k: Box::new(rng.linear(kv * hd, hidden, false)),
+            v: Box::new(rng.linear(kv * hd, hidden, false)),
+        },
         o_proj: rng.linear(hidden, h * hd, false),
         q_norm: qk_norm.then(|| rng.norm(hd, NormKind::ZeroCentred)),
         k_norm: qk_norm.then(|| rng.norm(hd, NormKind::ZeroCentred)),
@@ -451,6 +465,19 @@ pub(crate) fn attention_block(
     };
     a.check().unwrap();
     a
+}
+
+/// `a` with its q / k / v projections packed into one weight (the same values).
+pub(crate) fn packed(a: &Attention) -> Attention {
+    let QkvProj::Apart { q, k, v } = &a.qkv else { return a.clone() };
+    let w = Tensor::concat_rows(&[&q.w, &k.w, &v.w]).unwrap();
+    let b = match (&q.b, &k.b, &v.b) {
+        (Some(q), Some(k), Some(v)) => Some(Tensor::concat_rows(&[q, k, v]).unwrap()),
+        _ => None,
+    };
+    let p = Attention { qkv: QkvProj::Packed(Linear::new(w, b)), ..a.clone() };
+    p.check().unwrap();
+    p
 }
 
 /// The geometry of [`gdn_block`]: Hk 2, Hv 4 (two v-heads per k-head), dk 4, dv 6, kernel 3.

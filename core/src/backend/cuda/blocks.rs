@@ -6,7 +6,9 @@
 //! addresses); nothing here waits for the device.
 
 use super::profile;
-use crate::backend::{qk_prep_composed, AttnArgs, HeadNorm, KvBuf, KvCache, NormKind, QkPrep, QkPrepared, RopeArgs};
+use crate::backend::{
+    qk_prep_composed, qkv_prep_composed, AttnArgs, HeadNorm, KvBuf, KvCache, NormKind, QkPrep, QkPrepared, RopeArgs,
+};
 use crate::batch::{Batch, PageStep};
 use crate::error::Context;
 use crate::error::Result;
@@ -147,35 +149,79 @@ pub fn rope(x: &mut Tensor, r: &RopeArgs<'_>, batch: &Batch) -> Result<()> {
 /// # Shapes
 /// `qg`: `[T, heads·hd·(1 + gated)]`, `k`: `[T, kv_heads·hd]` → [`QkPrepared`]
 pub fn qk_prep(qg: Tensor, k: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<QkPrepared> {
-    let dt = qg.dtype();
-    let one_dtype = k.dtype() == dt && [&p.q_norm, &p.k_norm].into_iter().flatten().all(|n| n.w.dtype() == dt);
-    if !one_dtype || p.head_dim > QK_PREP_MAX_HD || !qk_prep_enabled() {
+    if !qk_prep_fits(&qg, Some(&k), p) {
         return qk_prep_composed(&super::CudaOps, qg, k, p, batch);
     }
-    let g = gpu_of(&qg, "qk_prep")?;
-    let _p = profile::span("qk_prep", &g);
-    let (t, hd) = (qg.rows(), p.head_dim);
-    let qw = hd * p.heads * if p.gated { 2 } else { 1 };
-    if qg.elem_count() != t * qw || k.elem_count() != t * p.kv_heads * hd {
+    let (t, (qw, kw)) = (qg.rows(), p.widths());
+    if qg.elem_count() != t * qw || k.elem_count() != t * kw {
         bail!(
             Shape,
-            "qk_prep: projections {:?} and {:?} for {} heads, {} kv heads of {hd}",
+            "qk_prep: projections {:?} and {:?} for {} heads, {} kv heads of {}",
             qg.shape(),
             k.shape(),
             p.heads,
-            p.kv_heads
+            p.kv_heads,
+            p.head_dim
         );
     }
+    let (prepared, _) = qk_prep_run(QkIn::Apart(&qg, &k), p, batch, t)?;
+    Ok(prepared)
+}
+
+/// [`crate::backend::Ops::qkv_prep`]: one launch (`CudaKernels::qkv_prep`) where
+/// [`qk_prep`]'s holds, else the composition.
+///
+/// # Shapes
+/// `qkv`: `[T, heads·hd·(1 + gated) + 2·kv_heads·hd]` → ([`QkPrepared`], v `[T, kv_heads·hd]`)
+pub fn qkv_prep(qkv: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<(QkPrepared, Tensor)> {
+    let (t, (qw, kw)) = (qkv.rows(), p.widths());
+    if !qk_prep_fits(&qkv, None, p) || qkv.last_dim() != qw + 2 * kw {
+        return qkv_prep_composed(&super::CudaOps, qkv, p, batch);
+    }
+    let (prepared, v) = qk_prep_run(QkIn::Packed(&qkv), p, batch, t)?;
+    let v = v.ok_or_else(|| err!(Internal, "qkv_prep: no v"))?.reshape([t, kw])?;
+    Ok((prepared, v))
+}
+
+/// Whether the one-launch preparation takes these operands: one dtype for the projections
+/// and the norm weights, head_dim within the kernel, and the kernel not turned off.
+fn qk_prep_fits(qg: &Tensor, k: Option<&Tensor>, p: &QkPrep<'_>) -> bool {
+    let dt = qg.dtype();
+    let one_dtype =
+        k.is_none_or(|k| k.dtype() == dt) && [&p.q_norm, &p.k_norm].into_iter().flatten().all(|n| n.w.dtype() == dt);
+    one_dtype && p.head_dim <= QK_PREP_MAX_HD && qk_prep_enabled()
+}
+
+/// The sources of [`qk_prep_run`]: the projections apart, or packed `[qg | k | v]`.
+#[derive(Clone, Copy)]
+enum QkIn<'a> {
+    Apart(&'a Tensor, &'a Tensor),
+    Packed(&'a Tensor),
+}
+
+/// The launch of [`qk_prep`] / [`qkv_prep`] (`t` tokens; shapes checked by the callers): q, k,
+/// the gate and, packed, v `[T, kv_heads, hd]`.
+fn qk_prep_run(src: QkIn<'_>, p: &QkPrep<'_>, batch: &Batch, t: usize) -> Result<(QkPrepared, Option<Tensor>)> {
+    let first = match src {
+        QkIn::Apart(qg, _) | QkIn::Packed(qg) => qg,
+    };
+    let (dt, hd) = (first.dtype(), p.head_dim);
+    let g = gpu_of(first, "qk_prep")?;
+    let _p = profile::span("qk_prep", &g);
     let bd = batch_dev(&g, batch)?;
     let positions = bd.positions();
     let mut q = Tensor::empty_on(&g, [t, p.heads, hd], dt)?;
     let mut ko = Tensor::empty_on(&g, [t, p.kv_heads, hd], dt)?;
+    let mut vo = match src {
+        QkIn::Packed(_) => Some(Tensor::empty_on(&g, [t, p.kv_heads, hd], dt)?),
+        QkIn::Apart(..) => None,
+    };
     let mut gate = if p.gated { Some(Tensor::empty_on(&g, [t * p.heads, hd], dt)?) } else { None };
     #[allow(clippy::too_many_arguments)]
     fn go<T: DevType>(
         g: &Gpu,
-        (qg, k): (&Tensor, &Tensor),
-        (q, ko, gate): (&mut Tensor, &mut Tensor, Option<&mut Tensor>),
+        src: QkIn<'_>,
+        (q, ko, vo, gate): (&mut Tensor, &mut Tensor, Option<&mut Tensor>, Option<&mut Tensor>),
         p: &QkPrep<'_>,
         positions: &cudarc::driver::CudaView<'_, u32>,
         t: usize,
@@ -187,23 +233,39 @@ pub fn qk_prep(qg: Tensor, k: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<Q
         let gate = gate.map(|g| g.dev_mut::<T>()).transpose()?;
         let inv = p.rope.inv_freq.dev::<f32>()?;
         let dims = [t, p.heads, p.kv_heads, p.head_dim, p.rope.rot_dim];
-        g.k.qk_prep::<T>(
-            qg.dev::<T>()?,
-            k.dev::<T>()?,
-            qn,
-            kn,
-            q.dev_mut::<T>()?,
-            ko.dev_mut::<T>()?,
-            gate,
-            positions,
-            inv,
-            dims,
-            p.rope.scaling,
-        )
+        let (qd, kd) = (q.dev_mut::<T>()?, ko.dev_mut::<T>()?);
+        match (src, vo) {
+            (QkIn::Apart(qg, k), _) => g.k.qk_prep::<T>(
+                qg.dev::<T>()?,
+                k.dev::<T>()?,
+                qn,
+                kn,
+                qd,
+                kd,
+                gate,
+                positions,
+                inv,
+                dims,
+                p.rope.scaling,
+            ),
+            (QkIn::Packed(qkv), Some(vo)) => g.k.qkv_prep::<T>(
+                qkv.dev::<T>()?,
+                (qn, kn),
+                qd,
+                kd,
+                vo.dev_mut::<T>()?,
+                gate,
+                positions,
+                inv,
+                dims,
+                p.rope.scaling,
+            ),
+            (QkIn::Packed(_), None) => return Err(err!(Internal, "qkv_prep without a v output")),
+        }
         .map_err(cuda_err)
     }
-    crate::by_dtype!(dt, go(&g, (&qg, &k), (&mut q, &mut ko, gate.as_mut()), p, &positions, t))?;
-    Ok(QkPrepared { q, k: ko, gate })
+    crate::by_dtype!(dt, go(&g, src, (&mut q, &mut ko, vo.as_mut(), gate.as_mut()), p, &positions, t))?;
+    Ok((QkPrepared { q, k: ko, gate }, vo))
 }
 
 /// `silu(g) · u` of a stacked `[T, 2I] = [gate | up]` → `[T, I]`.

@@ -84,6 +84,9 @@ impl Ops for CudaOps {
     fn qk_prep(&self, qg: Tensor, k: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<QkPrepared> {
         blocks::qk_prep(qg, k, p, batch)
     }
+    fn qkv_prep(&self, qkv: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<(QkPrepared, Tensor)> {
+        blocks::qkv_prep(qkv, p, batch)
+    }
     fn swiglu(&self, gate_up: &Tensor, act: Act) -> Result<Tensor> {
         fused_silu(act, "swiglu")?;
         blocks::swiglu(gate_up)
