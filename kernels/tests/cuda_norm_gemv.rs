@@ -207,7 +207,7 @@ fn norm_gemv_80b_timing() {
     type T = half::bf16;
     let k = gpu("norm_gemv_80b_timing");
     let mut rng = Rng::new(93);
-    for &(n, add, o32) in &[(12352usize, false, false), (1544, true, true), (8192, false, false)] {
+    for &(n, add, o32) in &[(12352usize, false, false), (1544, true, true), (520, true, true), (8192, false, false)] {
         let kk = 2048;
         let copies = (160 << 20) / (n * kk * 2) + 1;
         let ws: Vec<CudaSlice<T>> = (0..copies).map(|_| up::<T>(&k, &rng.vec(n * kk, 0.1))).collect();

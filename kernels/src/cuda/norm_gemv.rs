@@ -88,6 +88,20 @@ const NORM_GEMV_SMEM: usize = 47 * 1024;
 /// a few blocks an SM and each block loops over column blocks).
 const NORM_GEMV_BLOCKS_PER_SM: usize = 4;
 
+/// Environment variable: blocks an SM of the fused launches (1–64; default
+/// `NORM_GEMV_BLOCKS_PER_SM`, 4), for measuring a fuller grid against the norm each block
+/// recomputes (read once; another value warns once and is ignored).
+pub const NORM_GEMV_BPS_ENV: &str = "PORTER_NORM_GEMV_BPS";
+
+/// Blocks an SM of the fused launches ([`NORM_GEMV_BPS_ENV`]).
+fn norm_gemv_bps() -> usize {
+    static BPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BPS.get_or_init(|| {
+        super::env_count(NORM_GEMV_BPS_ENV, |v| (1..=64).contains(&v), "a count of 1 to 64")
+            .unwrap_or(NORM_GEMV_BLOCKS_PER_SM)
+    })
+}
+
 /// The optional residual add of [`CudaKernels::norm_gemv`]: `y` (the model dtype or f32) is
 /// added to the f32 residual `x` before the norm, and the sum is written to `sum` (a buffer of
 /// its own).
@@ -161,7 +175,7 @@ impl CudaKernels {
         }
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
         let nblk = n.div_ceil(8 * nr);
-        let grid = nblk.min(NORM_GEMV_BLOCKS_PER_SM * self.caps().sms.max(1));
+        let grid = nblk.min(norm_gemv_bps() * self.caps().sms.max(1));
         let cfg = LaunchConfig {
             grid_dim: (u32_of("blocks", grid)?, 1, 1),
             block_dim: (256, 1, 1),
@@ -260,7 +274,7 @@ impl CudaKernels {
         let (m32, k32, n32) = (u32_of("m", m)?, u32_of("k", k)?, u32_of("n", n)?);
         let split = gemv_split(n, k / (16 / std::mem::size_of::<T>()), self.caps().sms);
         let nblk = n.div_ceil(8 / split);
-        let grid = nblk.min(NORM_GEMV_BLOCKS_PER_SM * self.caps().sms.max(1));
+        let grid = nblk.min(norm_gemv_bps() * self.caps().sms.max(1));
         let cfg = LaunchConfig {
             grid_dim: (u32_of("blocks", grid)?, 1, 1),
             block_dim: (256, 1, 1),
