@@ -26,7 +26,7 @@
 // head u − heads − kvh of v.
 template <typename T>
 __device__ __forceinline__ void qk_prep_impl_pdl(const T* __restrict__ qg, const T* __restrict__ k,
-                                             const T* __restrict__ v, const T* __restrict__ qw,
+                                             const T* __restrict__ vsrc, const T* __restrict__ qw,
                                              const T* __restrict__ kw, T* __restrict__ q_out, T* __restrict__ k_out,
                                              T* __restrict__ v_out, T* __restrict__ gate_out,
                                              const u32* __restrict__ positions, const float* __restrict__ inv_freq,
@@ -40,7 +40,7 @@ __device__ __forceinline__ void qk_prep_impl_pdl(const T* __restrict__ qg, const
         // A packed projection's v head: copied out unchanged (the whole block returns here).
         porter_pdl_enter();
         const u64 j = u - heads - kvh;
-        if (tid < hd) v_out[(r * kvh + j) * hd + tid] = v[r * vs + j * hd + tid];
+        if (tid < hd) v_out[(r * kvh + j) * hd + tid] = vsrc[r * vs + j * hd + tid];
         return;
     }
     const bool isq = u < heads, gated = (flags >> 4) & 1;
