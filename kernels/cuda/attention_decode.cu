@@ -77,13 +77,20 @@ __device__ __forceinline__ void adec_pdl_trigger() {
 #endif
 }
 
+// The attention output gate (Qwen3-Next), fused into the final write of `out` (gate null:
+// none): out = round(o · round(σ(g))), o the output rounded to T, the two roundings of
+// sigmoid_gate_mul (elementwise.cu), bit for bit. The gate [t, heads, DP] (T) is written by
+// an earlier kernel: read only after porter_pdl_enter(). adec_gate_f: round(σ(g)).
+template <typename T> __device__ __forceinline__ float adec_gate_f(T g) { return round_to<T>(sigmoid_f(to_f(g))); }
+template <typename T> __device__ __forceinline__ T adec_gated(T o, float gf) { return from_f<T>(to_f(o) * gf); }
+
 // pm_sw, pm_ldsm[_t] and PMma<T> (the mma.sync helpers) are common.cuh's.
 
 // Grid (nzg * mtiles, n_seqs * kvh), 32·NW threads, mtiles = ceil(qcap * group / 16).
 // D == DP; pools 16-byte aligned (the host checks). Partials: part[((s * qcap + i) * heads +
 // h) * nzg + z][DP + 4] (O unnormalised, then the running max in exp2 units and the sum).
 // Dynamic shared memory: 16·DP·2 (Q) + max(NW·ST·2·16·DP·2 (K/V rings), NW·16·(DP+8)·4 +
-// NW·16·2·4 (the merge)) bytes (decode.rs `smem`).
+// NW·16·2·4 (the merge)) bytes (decode.rs `smem`). gate: the output gate or null (adec_gated).
 // V2's launches from the decode step's append (flags & ADEC_PRE, kernels/src/cuda/attention.rs
 // `append_attention`): the block reads the spans, the block table, its Q tile and the first
 // ST − 1 K/V tiles BEFORE porter_pdl_enter(), so that its start-up (three dependent round trips:
@@ -101,8 +108,9 @@ template <typename T, int DP, int ST, int NW, bool V2>
 __device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __restrict__ kpool,
                                           const T* __restrict__ vpool, const u32* __restrict__ tables,
                                           const u32* __restrict__ spans, T* __restrict__ out, float* __restrict__ part,
-                                          u32 t, u32 heads, u32 kvh, float scale, u32 window, PagedKv kv, u32 qcap,
-                                          u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) {
+                                          const T* __restrict__ gate, u32 t, u32 heads, u32 kvh, float scale,
+                                          u32 window, PagedKv kv, u32 qcap, u32 nzg, u32 ks_min_log2,
+                                          u32 nsplit_log2, u32 flags) {
 #if defined(PORTER_SM80)
     static_assert(DP == 64 || DP == 128 || DP == 256, "head dim");
     static_assert(ST >= 2 && ST <= 4, "stages");
@@ -273,6 +281,20 @@ __device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __res
 #pragma unroll
     for (u32 i = 0; i < ST - 1; ++i) step(i);
     enter();
+    // own(m): item m's keys lie in split z alone, so this block writes its row (zlo, zhi: its
+    // splits). The gate of those rows into L1 now (after the wait), read back as the rows are written.
+    const auto own = [&](u32 m, u32& zlo, u32& zhi) {
+        const u32 p = pos0 + m / group;
+        zlo = adec_lo(p, window) >> ksl;
+        zhi = min(p >> ksl, nzg - 1);
+        return zlo == zhi && z == zlo;
+    };
+    for (u32 c = tid; gate != nullptr && c < 16u * (DP / 64); c += THREADS) {  // 128-byte lines
+        const u32 m = m0 + c / (DP / 64);
+        u32 zl, zh;
+        const u64 at = ((u64)(row0 + m / group) * heads + kh * group + m % group) * DP + (c % (DP / 64)) * 64;
+        if (m <= m_last && own(m, zl, zh)) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(gate + at));
+    }
     if (early) {
         // The early tiles' keys at pos0 and after (the block holding the spans' new rows: at
         // short context the only one), copied now, then awaited with the rest of the prologue
@@ -526,8 +548,8 @@ __device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __res
         const u32 m = m0 + r;
         if (m > m_last) continue;
         const u32 i = m / group, hd = kh * group + m % group;
-        const u32 p = pos0 + i;
-        const u32 zlo = adec_lo(p, window) >> ksl, zhi = min(p >> ksl, nzg - 1);
+        u32 zlo, zhi;
+        own(m, zlo, zhi);
         if (z < zlo || z > zhi) continue;
         float M = PORTER_NEG_INF;
 #pragma unroll
@@ -548,8 +570,15 @@ __device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __res
         if (zlo == zhi) {
             const float inv = 1.0f / L;
             T* dst = out + ((u64)(row0 + i) * heads + hd) * DP + d0;
-            const T e0 = from_f<T>(acc.x * inv), e1 = from_f<T>(acc.y * inv), e2 = from_f<T>(acc.z * inv),
-                    e3 = from_f<T>(acc.w * inv);
+            T e0 = from_f<T>(acc.x * inv), e1 = from_f<T>(acc.y * inv), e2 = from_f<T>(acc.z * inv),
+              e3 = from_f<T>(acc.w * inv);
+            if (gate != nullptr) {  // prefetched into L1 above
+                const T* gs = gate + ((u64)(row0 + i) * heads + hd) * DP + d0;
+                e0 = adec_gated(e0, adec_gate_f(gs[0]));
+                e1 = adec_gated(e1, adec_gate_f(gs[1]));
+                e2 = adec_gated(e2, adec_gate_f(gs[2]));
+                e3 = adec_gated(e3, adec_gate_f(gs[3]));
+            }
             if (ovec) {
                 const u32 lo = (u32)bits16(e0) | ((u32)bits16(e1) << 16);
                 const u32 hi = (u32)bits16(e2) | ((u32)bits16(e3) << 16);
@@ -579,8 +608,8 @@ __device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __res
 // group sums are added in group order: the order depends on the row's own splits only.
 template <typename T, int DP>
 __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part, const u32* __restrict__ spans,
-                                                  T* __restrict__ out, u32 t, u32 heads, u32 window, u32 qcap,
-                                                  u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
+                                                  T* __restrict__ out, const T* __restrict__ gate, u32 t, u32 heads,
+                                                  u32 window, u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
     constexpr u32 CG = DP / 4;                // threads of a z group (4 dims each)
     constexpr u32 NG = ADEC_CTHREADS / CG;    // z groups
     constexpr u32 PS = DP + 4;
@@ -596,6 +625,9 @@ __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part
     if (zlo >= zhi) return;
     const u32 n = zhi - zlo + 1;  // <= nzg <= ADEC_MAXZ
     const float* base = part + (((u64)s * qcap + i) * heads + h) * nzg * PS + (u64)zlo * PS;
+    const u64 orow = ((u64)(row0 + i) * heads + h) * DP;
+    // The gate of dim tid (DP <= ADEC_CTHREADS), loaded now, used at the end.
+    const T gv = gate != nullptr && tid < DP ? gate[orow + tid] : from_f<T>(0.0f);
     for (u32 k = tid; k < n; k += ADEC_CTHREADS) {
         const float2 ml = *reinterpret_cast<const float2*>(base + (u64)k * PS + DP);
         sm[k] = ml.x;
@@ -622,12 +654,12 @@ __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part
     }
     *reinterpret_cast<float4*>(&red[grp][4 * c]) = acc;
     __syncthreads();
-    T* o = out + ((u64)(row0 + i) * heads + h) * DP;
-    for (u32 d = tid; d < DP; d += ADEC_CTHREADS) {
+    if (tid < DP) {
         float x = 0.0f;
 #pragma unroll
-        for (u32 gq = 0; gq < NG; ++gq) x += red[gq][d];
-        o[d] = from_f<T>(x);
+        for (u32 gq = 0; gq < NG; ++gq) x += red[gq][tid];
+        const T v = from_f<T>(x);
+        out[orow + tid] = gate != nullptr ? adec_gated(v, adec_gate_f(gv)) : v;
     }
 }
 
@@ -642,8 +674,8 @@ __device__ __forceinline__ void adec_combine_impl(const float* __restrict__ part
 // sequence only: batch invariant, bit-identical rows.
 template <typename T, int DP>
 __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ part, const u32* __restrict__ spans,
-                                                   T* __restrict__ out, u32 t, u32 heads, u32 window, u32 qcap,
-                                                   u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
+                                                   T* __restrict__ out, const T* __restrict__ gate, u32 t, u32 heads,
+                                                   u32 window, u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {
     constexpr u32 PS = DP + 4;
     constexpr u32 ZL = 16;                    // split lanes (zq)
     constexpr u32 NJ = ADEC_MAXZ / ZL;        // splits a thread may load
@@ -662,6 +694,8 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
     if (zlo >= zhi) return;
     const u32 n = zhi - zlo + 1;  // <= nzg <= ADEC_MAXZ
     const float* base = part + (((u64)s * qcap + i) * heads + h) * nzg * PS + (u64)zlo * PS;
+    const u64 oat = ((u64)(row0 + i) * heads + h) * DP + d0 + tid;  // thread tid < 64's element
+    const T gv = gate != nullptr && tid < 64u ? gate[oat] : from_f<T>(0.0f);  // the gate, early
     const u32 zq = tid / 16u, c = tid % 16u;
     float4 v[NJ];
 #pragma unroll
@@ -676,6 +710,7 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
         mk = ml.x;
         lk = ml.y;
     }
+    const float gf = gate != nullptr && tid < 64u ? adec_gate_f(gv) : 1.0f;  // off the tail
     float M = mk;
 #pragma unroll
     for (u32 o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
@@ -713,7 +748,8 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
         float x = 0.0f;
 #pragma unroll
         for (u32 gq = 0; gq < ZL; ++gq) x += red[gq][tid];
-        out[((u64)(row0 + i) * heads + h) * DP + d0 + tid] = from_f<T>(x);
+        const T v = from_f<T>(x);
+        out[oat] = gate != nullptr ? adec_gated(v, gf) : v;
     }
 }
 
@@ -724,18 +760,18 @@ __device__ __forceinline__ void adec_combine2_impl(const float* __restrict__ par
 #define ADEC_KERNEL(T, NAME, DP, ST, NW, W, V2, VS)                                                               \
     extern "C" __global__ void __launch_bounds__(32 * NW, 4 / NW) attention_decode_##NAME##_d##DP##_s##ST##W##VS( \
         const T* q, const T* kpool, const T* vpool, const u32* tables, const u32* spans, T* out, float* part,     \
-        u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,             \
-        u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) {                                          \
-        adec_pdl<T, DP, ST, NW, V2>(q, kpool, vpool, tables, spans, out, part, t, heads, kvh, scale, window,      \
+        const T* gate, u32 t, u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2,           \
+        u32 n_slots, u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags) {                             \
+        adec_pdl<T, DP, ST, NW, V2>(q, kpool, vpool, tables, spans, out, part, gate, t, heads, kvh, scale, window,\
                                     PagedKv{max_blocks, bs_log2, n_slots}, qcap, nzg, ks_min_log2, nsplit_log2,   \
                                     V2 ? flags : flags & ~ADEC_PRE);                                              \
     }
 #define ADEC_COMBINE(T, NAME, DP, C, IMPL)                                                                    \
     extern "C" __global__ void __launch_bounds__(256) attention_decode_##C##_##NAME##_d##DP(                  \
-        const float* part, const u32* spans, T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg,         \
-        u32 ks_min_log2, u32 nsplit_log2) {                                                                   \
+        const float* part, const u32* spans, T* out, const T* gate, u32 t, u32 heads, u32 window, u32 qcap,   \
+        u32 nzg, u32 ks_min_log2, u32 nsplit_log2) {                                                          \
         porter_pdl_enter();                                                                                   \
-        IMPL<T, DP>(part, spans, out, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);                 \
+        IMPL<T, DP>(part, spans, out, gate, t, heads, window, qcap, nzg, ks_min_log2, nsplit_log2);           \
     }
 #define ADEC_DP(T, NAME, DP)                                  \
     ADEC_KERNEL(T, NAME, DP, 2, 4, , false, )                 \

@@ -351,6 +351,122 @@ fn attention_decode_mma_batch_invariant() {
     force_attn_decode(None);
 }
 
+/// `append_attention_gated` against `append_attention` then `sigmoid_gate_mul` on the same
+/// inputs, bit for bit: sequences `seqs` ((q_len, pos0), every row in a span), gate values in
+/// [-4, 4), the gate `goff` elements past a 16-byte boundary (the split kernel's element-wise
+/// gate loads). Both calls append the new rows to the pool that holds them already.
+#[allow(clippy::too_many_arguments)]
+fn gated_case<T: CudaFloat>(
+    k: &CudaKernels,
+    rng: &mut Rng,
+    seqs: &[(usize, usize)],
+    (h, kvh, hd): (usize, usize, usize),
+    bs: usize,
+    window: Option<usize>,
+    goff: usize,
+) {
+    let (kv_row, n) = (kvh * hd, seqs.len());
+    let t: usize = seqs.iter().map(|s| s.0).sum();
+    let max_q = seqs.iter().map(|s| s.0).max().unwrap_or(0);
+    let kv: Vec<(Vec<f32>, Vec<f32>)> = seqs
+        .iter()
+        .map(|&(ql, p0)| {
+            let len = (ql + p0) * kv_row;
+            (rnd_vec::<T>(&rng.vec(len, 2.0)), rnd_vec::<T>(&rng.vec(len, 1.0)))
+        })
+        .collect();
+    let mut pool = Pool::<T>::new(k, rng, &kv, kv_row, bs, 0);
+    let tables = pool.tables(k, &(0..n).collect::<Vec<_>>(), pool.width);
+    let (mut spans, mut slots, mut knew, mut vnew, mut row0) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
+    for (s, &(ql, p0)) in seqs.iter().enumerate() {
+        spans.extend([row0 as u32, ql as u32, p0 as u32]);
+        for p in p0..p0 + ql {
+            slots.push(pool.rows[s][p / bs] * bs as u32 + (p % bs) as u32);
+            knew.extend_from_slice(&kv[s].0[p * kv_row..(p + 1) * kv_row]);
+            vnew.extend_from_slice(&kv[s].1[p * kv_row..(p + 1) * kv_row]);
+        }
+        row0 += ql;
+    }
+    let q = up::<T>(k, &rng.vec(t * h * hd, 2.0));
+    let gfull = up::<T>(k, &rng.vec(goff + t * h * hd, 4.0));
+    let gate = gfull.slice(goff..);
+    let (kn, vn, sl, sd) = (up::<T>(k, &knew), up::<T>(k, &vnew), up_u32(k, &slots), up_u32(k, &spans));
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut outs = Vec::new();
+    for gated in [false, true] {
+        let mut out = poisoned::<T>(k, t * h * hd);
+        let g = gated.then_some(&gate);
+        let (p, r, d) = ((pool.width, bs), (t, n, max_q), (h, kvh, hd));
+        k.append_attention_gated::<T>(
+            &kn,
+            &vn,
+            &sl,
+            &mut pool.k,
+            &mut pool.v,
+            &q,
+            &tables,
+            p,
+            &sd,
+            &mut out,
+            r,
+            d,
+            scale,
+            window,
+            AttnMode::Fast,
+            g,
+        )
+        .expect("append_attention_gated");
+        if !gated {
+            k.sigmoid_gate_mul::<T>(&mut out, &gate, t * h, hd, hd).expect("sigmoid_gate_mul");
+        }
+        outs.push(down(k, &out));
+    }
+    let kernel = k.attention_decode_kernel::<T>(hd, max_q, AttnMode::Fast).unwrap_or_else(|| "unfused".into());
+    let what = format!("gated {} {seqs:?} h{h} kvh{kvh} d{hd} bs {bs} {window:?} gate +{goff}: {kernel}", T::NAME);
+    assert!(outs[1].iter().all(|x| !x.is_nan()), "{what}: NaN (an unwritten row?)");
+    check_bits(&what, &outs[1], &outs[0]);
+    println!("  {what}: bit-identical");
+}
+
+/// The attention output gate of [`CudaKernels::append_attention_gated`], bit for bit
+/// `append_attention` then `sigmoid_gate_mul`: fused in the tensor-core decode kernels (every
+/// form, also the plain combine launch of `Mma4S`; batch 1 over one split and up to 64, batch 8
+/// and 64 mixing split and unsplit rows, q_len up to 4, windows, head dims 256 / 128 / 64, bf16
+/// and f16, an unaligned gate), then the unfused paths (`Legacy`, a prefill-sized call on the
+/// tensor-core prefill kernel, f32).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_decode_gated_bit_exact() {
+    let k = gpu("attention_decode_gated_bit_exact");
+    let mut rng = Rng::new(14);
+    let qwen = (ATT_HEADS, ATT_KV_HEADS, ATT_HEAD_DIM);
+    let b8 = [(1, 0), (2, 13), (1, 14), (3, 13), (4, 996), (1, 4094), (2, 32765), (1, 16)];
+    let b64: Vec<(usize, usize)> =
+        (0..64).map(|i| (1 + i % 4, if i == 37 { 32766 } else { [0, 14, 300, 999, 4094][i % 5] })).collect();
+    let forms = [MMA_FORMS.as_slice(), &[AttnDecode::Mma4S, AttnDecode::Legacy]].concat();
+    for form in forms {
+        force_attn_decode(Some(form));
+        println!("decode form {form:?}");
+        for ctx in [1usize, 17, 1000, 4095, 32767] {
+            gated_case::<bf16>(&k, &mut rng, &[(1, ctx - 1)], qwen, 16, None, 0);
+            gated_case::<f16>(&k, &mut rng, &[(1, ctx - 1)], qwen, 128, None, 0);
+        }
+        gated_case::<bf16>(&k, &mut rng, &[(1, 32767)], qwen, 16, None, 1);
+        gated_case::<bf16>(&k, &mut rng, &[(1, 40)], qwen, 16, None, 3);
+        for (dims, bs) in [(qwen, 16), ((8, 2, 128), 1), ((16, 4, 64), 128), ((8, 8, 128), 16)] {
+            gated_case::<bf16>(&k, &mut rng, &b8, dims, bs, None, 0);
+        }
+        gated_case::<f16>(&k, &mut rng, &b8, qwen, 16, Some(300), 0);
+        gated_case::<bf16>(&k, &mut rng, &b64, qwen, 16, None, 0);
+        gated_case::<f16>(&k, &mut rng, &b64, (8, 2, 128), 16, Some(1000), 0);
+    }
+    force_attn_decode(None);
+    // Unfused: prefill-sized (max_q_len > 8: the tensor-core prefill kernel), f32 decode.
+    gated_case::<bf16>(&k, &mut rng, &[(37, 0), (100, 250), (1, 70), (9, 4000)], qwen, 16, None, 0);
+    gated_case::<f16>(&k, &mut rng, &[(64, 64), (3, 9)], (8, 2, 128), 16, Some(100), 1);
+    gated_case::<f32>(&k, &mut rng, &b8, (8, 2, 128), 16, None, 0);
+}
+
 /// Legacy vs mma decode, side by side (CUDA-event timing, back-to-back calls): the
 /// Qwen3-Next shape at batch 1 × 32k / 8k / 128k, batch 8 × 8k, batch 64 × 4k, and a
 /// head_dim-128 shape; µs per call, GB/s of K/V and % of 4.19 TB/s. `PORTER_ATTN_DECODE_SPLITS`

@@ -8,12 +8,14 @@
 //! (`matmul_t`, `add_`, `gather_rows`, …) are methods on [`Tensor`] defined here on top of
 //! the same dispatch.
 
+mod attn_args;
 pub mod cpu;
 mod cpu_state;
 pub mod cuda;
 mod gate_in;
 mod kv_dtype;
 
+pub use attn_args::*;
 pub use gate_in::GateIn;
 pub use kv_dtype::{KvDtype, KvQuant};
 /// The elementwise activations of `hidden_act` (the gate activation of the gated MLPs and
@@ -33,124 +35,6 @@ pub enum NormKind {
     Standard,
     /// Zero-centred: `x·rsqrt(mean(x²)+eps)·(1+w)`, all f32, one rounding (Qwen3-Next).
     ZeroCentred,
-}
-
-/// RoPE arguments of one attention block.
-#[derive(Debug, Clone, Copy)]
-pub struct RopeArgs<'a> {
-    /// `[rot_dim / 2]` f32 inverse frequencies, on the activations' device.
-    pub inv_freq: &'a Tensor,
-    pub rot_dim: usize,
-    pub head_dim: usize,
-    /// Scale applied to cos / sin (YaRN's attention factor; 1 otherwise).
-    pub scaling: f32,
-}
-
-/// One per-head RMSNorm of [`QkPrep`] (an attention block's `q_norm` / `k_norm`).
-#[derive(Debug, Clone, Copy)]
-pub struct HeadNorm<'a> {
-    /// `[head_dim]`.
-    pub w: &'a Tensor,
-    pub eps: f32,
-    pub kind: NormKind,
-}
-
-/// What [`Ops::qk_prep`] does to an attention block's query and key projections.
-#[derive(Debug, Clone, Copy)]
-pub struct QkPrep<'a> {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    /// Qwen3-Next's gated query projection: per head `[q | gate]`.
-    pub gated: bool,
-    pub q_norm: Option<HeadNorm<'a>>,
-    pub k_norm: Option<HeadNorm<'a>>,
-    pub rope: RopeArgs<'a>,
-}
-
-impl QkPrep<'_> {
-    /// Columns of the query projection (`heads·hd·(1 + gated)`) and of the key (= value)
-    /// projection (`kv_heads·hd`).
-    pub fn widths(&self) -> (usize, usize) {
-        (self.heads * self.head_dim * if self.gated { 2 } else { 1 }, self.kv_heads * self.head_dim)
-    }
-}
-
-/// The outputs of [`Ops::qk_prep`].
-///
-/// # Shapes
-/// `q`: `[T, heads, hd]`, `k`: `[T, kv_heads, hd]`, `gate`: `[T·heads, hd]`
-#[derive(Debug)]
-pub struct QkPrepared {
-    pub q: Tensor,
-    pub k: Tensor,
-    /// The gate of a gated query projection.
-    pub gate: Option<Tensor>,
-}
-
-/// [`Ops::qk_prep`] as the separate ops: the gate split by column copies, the norms, then
-/// RoPE on each (the CPU backend's body, and the CUDA backend's where its kernel does not
-/// apply).
-///
-/// # Shapes
-/// `qg`: `[T, heads·hd·(1 + gated)]`, `k`: `[T, kv_heads·hd]` → [`QkPrepared`]
-pub fn qk_prep_composed<O: Ops + ?Sized>(
-    o: &O,
-    qg: Tensor,
-    k: Tensor,
-    p: &QkPrep<'_>,
-    batch: &Batch,
-) -> Result<QkPrepared> {
-    let (t, hd) = (qg.rows(), p.head_dim);
-    // Gated: [T, heads·hd·2] viewed as [T·heads, 2·hd]: q = columns 0..hd, gate = hd..2hd.
-    let (q, gate) = if p.gated {
-        let qg = qg.reshape([t * p.heads, 2 * hd])?;
-        (o.cols(&qg, 0, hd)?, Some(o.cols(&qg, hd, hd)?))
-    } else {
-        (qg, None)
-    };
-    // [T, heads·hd] -> [T, heads, hd]; [T, kv·hd] -> [T, kv, hd]
-    let q = q.reshape([t, p.heads, hd])?;
-    let k = k.reshape([t, p.kv_heads, hd])?;
-    let norm = |x: Tensor, n: &Option<HeadNorm<'_>>| match n {
-        Some(n) => o.rms_norm(&x, n.w, n.eps, n.kind),
-        None => Ok(x),
-    };
-    let mut q = norm(q, &p.q_norm)?;
-    let mut k = norm(k, &p.k_norm)?;
-    o.rope(&mut q, &p.rope, batch)?;
-    o.rope(&mut k, &p.rope, batch)?;
-    Ok(QkPrepared { q, k, gate })
-}
-
-/// [`Ops::qkv_prep`] as the column copies of q, k and v, then [`Ops::qk_prep`] (the CPU
-/// backend's body, and the CUDA backend's where its kernel does not apply).
-///
-/// # Shapes
-/// `qkv`: `[T, heads·hd·(1 + gated) + 2·kv_heads·hd]` → ([`QkPrepared`], v `[T, kv_heads·hd]`)
-pub fn qkv_prep_composed<O: Ops + ?Sized>(
-    o: &O,
-    qkv: Tensor,
-    p: &QkPrep<'_>,
-    batch: &Batch,
-) -> Result<(QkPrepared, Tensor)> {
-    let (qw, kw) = p.widths();
-    if qkv.last_dim() != qw + 2 * kw {
-        bail!(Shape, "packed q / k / v projection of {} columns, expected {qw} + 2·{kw}", qkv.last_dim());
-    }
-    let (qg, k, v) = (o.cols(&qkv, 0, qw)?, o.cols(&qkv, qw, kw)?, o.cols(&qkv, qw + kw, kw)?);
-    Ok((o.qk_prep(qg, k, p, batch)?, v))
-}
-
-/// Attention geometry of one block.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnArgs {
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub scale: f32,
-    /// Sliding-window length (a key is visible while `pos_q − pos_k < window`).
-    pub window: Option<usize>,
 }
 
 /// MoE routing of one block.
@@ -353,6 +237,23 @@ pub trait Ops: Sync {
         batch: &Batch,
         kv: &mut KvCache,
     ) -> Result<Tensor>;
+    /// [`Ops::attention`], then with `gate` (`[T·heads, hd]`, a gated attention's output
+    /// gate) [`Ops::sigmoid_gate_mul`] of its output: the two ops by default; the CUDA decode
+    /// kernels apply the gate as they write each row (same values).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_gated(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        gate: Option<&Tensor>,
+        a: &AttnArgs,
+        batch: &Batch,
+        kv: &mut KvCache,
+    ) -> Result<Tensor> {
+        let out = self.attention(q, k, v, a, batch, kv)?;
+        gate_after(self, out, gate, a)
+    }
     /// Routed experts: softmax router over the first `m.experts` f32 columns of `logits`
     /// (`[T, ≥ E]`), top-k, optional renormalisation, the grouped expert SwiGLUs
     /// (`act(gate·x) · (up·x)` with `m.act`; `gate`, `up`: `[E, I, H]`, `down`: `[E, H, I]`) and

@@ -167,13 +167,8 @@ impl Attention {
             }
         };
         let args = AttnArgs { heads: c.heads, kv_heads: c.kv_heads, head_dim: hd, scale: c.scale, window: c.window };
-        // [T, heads, hd]
-        let mut out = ops(&q).attention(&q, &k, &v, &args, batch, kv)?;
-        if let Some(g) = gate {
-            // [T, heads, hd] viewed as [T·heads, hd], like the gate.
-            out = out.reshape([t * c.heads, hd])?;
-            ops(&out).sigmoid_gate_mul(&mut out, &g)?;
-        }
+        // [T, heads, hd], times sigmoid(gate) when gated (on CUDA inside the decode kernels).
+        let out = ops(&q).attention_gated(&q, &k, &v, gate.as_ref(), &args, batch, kv)?;
         // [T, heads, hd] -> [T, heads·hd]
         self.o_proj.forward(&out.reshape([t, c.heads * hd])?)
     }

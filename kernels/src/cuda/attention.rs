@@ -203,7 +203,8 @@ impl CudaKernels {
         let (vp, _gv) = v_pool.device_ptr(st);
         let geo =
             Geometry::new((max_blocks, block_size), (t, n_seqs, max_q_len), (heads, kv_heads, head_dim), scale, window);
-        self.attention_plain::<T>(q, (kp, vp, k_pool.len(), v_pool.len()), block_tables, spans, out, &geo, mode)
+        let pools = (kp, vp, k_pool.len(), v_pool.len());
+        self.attention_plain::<T>(q, pools, block_tables, spans, out, None::<&CudaSlice<T>>, &geo, mode)
     }
 
     /// The decode step's pair: [`CudaKernels::kv_append`] of the new rows `k`, `v` at
@@ -212,7 +213,8 @@ impl CudaKernels {
     /// (V2) reads its spans, block tables, Q and the keys before each span's first new
     /// position before its PDL wait: its start-up overlaps the append (attention_decode.cu,
     /// `ADEC_PRE`). `slots` must hold the new positions' slots (`pos0..pos0 + q_len` of each
-    /// span), as the engine's step does; `q` must not be written by the append.
+    /// span), as the engine's step does; `q` must not be written by the append. With the
+    /// attention output gate: [`CudaKernels::append_attention_gated`].
     ///
     /// # Shapes
     /// - `k`, `v`: `[t, kv_heads, head_dim]`, `slots`: `[t]`
@@ -239,6 +241,66 @@ impl CudaKernels {
         window: Option<usize>,
         mode: AttnMode,
     ) -> Result<()> {
+        self.append_attention_gated::<T>(
+            k,
+            v,
+            slots,
+            k_pool,
+            v_pool,
+            q,
+            block_tables,
+            (max_blocks, block_size),
+            spans,
+            out,
+            (t, n_seqs, max_q_len),
+            (heads, kv_heads, head_dim),
+            scale,
+            window,
+            mode,
+            None::<&CudaSlice<T>>,
+        )
+    }
+
+    /// [`CudaKernels::append_attention`] followed by the attention output gate of Qwen3-Next:
+    /// with `gate`, `out = round(o · round(σ(gate)))` element-wise, `o` the attention output
+    /// rounded to `T` — bit for bit `append_attention` then [`CudaKernels::sigmoid_gate_mul`]
+    /// (`rows = t · heads`, `d = gate_dim = head_dim`); `None` is `append_attention`. The
+    /// tensor-core decode kernels ([`ATTN_DECODE_ENV`]'s `mma*` forms: the split kernel for a
+    /// row within one key split, the combine otherwise) apply the gate as they write a row,
+    /// with no launch of its own; the other paths (CUDA-core, tensor-core prefill, f32)
+    /// launch `sigmoid_gate_mul` over `out` after the attention. The gate is read only after
+    /// the PDL wait (an earlier kernel may write it). Rows of `out` that belong to no span are
+    /// unspecified (left unwritten on the fused path, gated on the others).
+    ///
+    /// # Shapes
+    /// - `gate`: `[t, heads, head_dim]` (`T`, contiguous), the shape of `out`
+    /// - the rest as [`CudaKernels::append_attention`]
+    ///
+    /// # Errors
+    /// Those of [`CudaKernels::append_attention`], and a `gate` of another length.
+    #[allow(clippy::too_many_arguments)]
+    pub fn append_attention_gated<T: CudaFloat>(
+        &self,
+        k: &impl DevicePtr<T>,
+        v: &impl DevicePtr<T>,
+        slots: &impl DevicePtr<u32>,
+        k_pool: &mut impl DevicePtrMut<T>,
+        v_pool: &mut impl DevicePtrMut<T>,
+        q: &impl DevicePtr<T>,
+        block_tables: &impl DevicePtr<u32>,
+        (max_blocks, block_size): (usize, usize),
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        (t, n_seqs, max_q_len): (usize, usize, usize),
+        (heads, kv_heads, head_dim): (usize, usize, usize),
+        scale: f32,
+        window: Option<usize>,
+        mode: AttnMode,
+        gate: Option<&impl DevicePtr<T>>,
+    ) -> Result<()> {
+        if let Some(g) = gate {
+            self.check("gate", g, prod(&[t, heads, head_dim])?)?;
+        }
         self.kv_append::<T>(k, v, slots, k_pool, v_pool, t, kv_heads, head_dim)?;
         let (kn, vn) = (k_pool.len(), v_pool.len());
         let st = &*self.stream;
@@ -254,10 +316,10 @@ impl CudaKernels {
                 window,
             )
         };
-        self.attention_plain::<T>(q, (kp, vp, kn, vn), block_tables, spans, out, &geo, mode)
+        self.attention_plain::<T>(q, (kp, vp, kn, vn), block_tables, spans, out, gate, &geo, mode)
     }
 
-    /// [`CudaKernels::attention_pools`] over pools of `T` given as device addresses and
+    /// [`CudaKernels::attention_pools_gated`] over pools of `T` given as device addresses and
     /// element counts `(k, v, k_len, v_len)`.
     #[allow(clippy::too_many_arguments)]
     fn attention_plain<T: CudaFloat>(
@@ -267,12 +329,13 @@ impl CudaKernels {
         block_tables: &impl DevicePtr<u32>,
         spans: &impl DevicePtr<u32>,
         out: &mut impl DevicePtrMut<T>,
+        gate: Option<&impl DevicePtr<T>>,
         geo: &Geometry,
         mode: AttnMode,
     ) -> Result<()> {
         let n_slots = pool_slots("attention", k_len, v_len, prod(&[geo.kv_heads, geo.head_dim])?)?;
         let pools = Pools { k: kp, v: vp, ks: 0, vs: 0, tag: "" };
-        self.attention_pools::<T>(q, &pools, n_slots, block_tables, spans, out, geo, mode)
+        self.attention_pools_gated::<T>(q, &pools, n_slots, block_tables, spans, out, gate, geo, mode)
     }
 
     /// The checks and dispatch of [`CudaKernels::attention`] once the pools are device
@@ -286,6 +349,27 @@ impl CudaKernels {
         block_tables: &impl DevicePtr<u32>,
         spans: &impl DevicePtr<u32>,
         out: &mut impl DevicePtrMut<T>,
+        geo: &Geometry,
+        mode: AttnMode,
+    ) -> Result<()> {
+        let none = None::<&CudaSlice<T>>;
+        self.attention_pools_gated::<T>(q, pools, n_slots, block_tables, spans, out, none, geo, mode)
+    }
+
+    /// [`CudaKernels::attention_pools`] with the output gate of
+    /// [`CudaKernels::append_attention_gated`] (`gate`: `[t, heads, head_dim]`, checked): fused
+    /// into the tensor-core decode kernels, else [`CudaKernels::sigmoid_gate_mul`] after the
+    /// attention.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_pools_gated<T: CudaFloat>(
+        &self,
+        q: &impl DevicePtr<T>,
+        pools: &Pools,
+        n_slots: u32,
+        block_tables: &impl DevicePtr<u32>,
+        spans: &impl DevicePtr<u32>,
+        out: &mut impl DevicePtrMut<T>,
+        gate: Option<&impl DevicePtr<T>>,
         geo: &Geometry,
         mode: AttnMode,
     ) -> Result<()> {
@@ -322,6 +406,9 @@ impl CudaKernels {
         self.check("out", out, n)?;
         self.check("block_tables", block_tables, prod(&[n_seqs, max_blocks])?)?;
         self.check("spans", spans, prod(&[n_seqs, 3])?)?;
+        if let Some(g) = gate {
+            self.check("gate", g, n)?;
+        }
         if n == 0 || n_seqs == 0 || max_q_len == 0 {
             return Ok(());
         }
@@ -334,12 +421,18 @@ impl CudaKernels {
         let a = Args { t, n_seqs, max_q_len, heads, kv_heads, head_dim, scale, window, pg, after_append };
         let aligned = pools.k.is_multiple_of(16) && pools.v.is_multiple_of(16);
         if let Some(plan) = self.decode_plan::<T>(head_dim, max_q_len, mode, pools.tag, aligned) {
-            return self.attention_decode::<T>(q, pools, block_tables, spans, out, &a, &plan);
+            // The gate fused into the kernel that writes each row.
+            return self.attention_decode::<T>(q, pools, block_tables, spans, out, gate, &a, &plan);
         }
         if let Some(plan) = self.tc_plan::<T>(head_dim, max_q_len, mode, pools.tag) {
-            return self.attention_tc::<T>(q, pools, block_tables, spans, out, &a, &plan);
+            self.attention_tc::<T>(q, pools, block_tables, spans, out, &a, &plan)?;
+        } else {
+            self.attention_cc::<T>(q, pools, block_tables, spans, out, &a)?;
         }
-        self.attention_cc::<T>(q, pools, block_tables, spans, out, &a)
+        match gate {
+            Some(g) => self.sigmoid_gate_mul::<T>(out, g, prod(&[t, heads])?, head_dim, head_dim),
+            None => Ok(()),
+        }
     }
 
     /// [`CudaKernels::attention`] on the CUDA-core kernels (`attention_<T>_r<RA>_c<NC>`,

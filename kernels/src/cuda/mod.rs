@@ -102,8 +102,8 @@ pub use attention::{
 pub use compile::*;
 use env::pdl_from;
 pub use env::{
-    env_count, env_on_off, fallback_forced, smem_limit_from, DEFAULT_INCLUDE, FALLBACK_ENV, FALLBACK_SMEM, INCLUDE_ENV,
-    PDL_ENV, SMEM_LIMIT_ENV,
+    env_count, env_fused, env_on_off, fallback_forced, smem_limit_from, DEFAULT_INCLUDE, FALLBACK_ENV, FALLBACK_SMEM,
+    INCLUDE_ENV, PDL_ENV, SMEM_LIMIT_ENV,
 };
 pub use fp8::{
     fp8_row_map_affine, Fp8Dev, Fp8GemvConv, Fp8GemvForm, Fp8MoeDec, FP8_BLOCK, FP8_GEMVT_MAX_ROWS, FP8_GEMV_ENV,

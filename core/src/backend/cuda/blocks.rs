@@ -410,11 +410,25 @@ fn page_dev(g: &Gpu, step: &PageStep) -> Result<Arc<PageDev>> {
     Ok(d)
 }
 
-/// Writes K / V into the paged pool and attends (see `Ops::attention`).
+/// Environment variable: `apart` runs a gated attention's output gate as a launch of its own
+/// (`sigmoid_gate_mul`) after the attention, for A/B; `fused` or unset (the default) passes
+/// it to the attention call, whose decode kernels apply it as they write each row (same bits;
+/// read once, another value warns once and means the default).
+pub const ATTN_GATE_ENV: &str = "PORTER_ATTN_GATE";
+
+/// Whether the attention call applies the output gate ([`ATTN_GATE_ENV`], read once).
+pub fn attn_gate_fused() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| porter_kernels::cuda::env_fused(ATTN_GATE_ENV))
+}
+
+/// Writes K / V into the paged pool and attends (see `Ops::attention`); with `gate`
+/// (`[T·heads, hd]`), times its sigmoid (`Ops::attention_gated`).
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    gate: Option<&Tensor>,
     c: &AttnArgs,
     batch: &Batch,
     cache: &mut KvCache,
@@ -433,9 +447,7 @@ pub fn attention(
     fn go<T: DevType>(
         g: &Gpu,
         c: &AttnArgs,
-        k: &Tensor,
-        v: &Tensor,
-        q: &Tensor,
+        (k, v, q, gate): (&Tensor, &Tensor, &Tensor, Option<&Tensor>),
         kv: &mut CudaKv,
         out: &mut Tensor,
         bd: &BatchDev,
@@ -452,32 +464,44 @@ pub fn attention(
                 let mut qp = qp.lock().unwrap_or_else(|e| e.into_inner());
                 g.k.kv_append_quant::<T>(k.dev::<T>()?, v.dev::<T>()?, &pd.slots(), &mut qp, t, c.kv_heads, c.head_dim)
                     .map_err(cuda_err)?;
-                return g
-                    .k
-                    .attention_quant::<T>(
-                        q.dev::<T>()?,
-                        &qp,
-                        &pd.tables(),
-                        step.max_blocks,
-                        block_size,
-                        &spans,
-                        out.dev_mut::<T>()?,
-                        t,
-                        spans.len() / 3,
-                        max_q,
-                        c.heads,
-                        c.kv_heads,
-                        c.head_dim,
-                        c.scale,
-                        c.window,
-                        attn_mode(),
-                    )
-                    .map_err(cuda_err);
+                g.k.attention_quant::<T>(
+                    q.dev::<T>()?,
+                    &qp,
+                    &pd.tables(),
+                    step.max_blocks,
+                    block_size,
+                    &spans,
+                    out.dev_mut::<T>()?,
+                    t,
+                    spans.len() / 3,
+                    max_q,
+                    c.heads,
+                    c.kv_heads,
+                    c.head_dim,
+                    c.scale,
+                    c.window,
+                    attn_mode(),
+                )
+                .map_err(cuda_err)?;
+                // The quantized pools' kernels take no gate: a launch of its own.
+                return match gate {
+                    Some(gate) => {
+                        g.k.sigmoid_gate_mul::<T>(
+                            out.dev_mut::<T>()?,
+                            gate.dev::<T>()?,
+                            out_rows(c, t),
+                            c.head_dim,
+                            c.head_dim,
+                        )
+                        .map_err(cuda_err)
+                    }
+                    None => Ok(()),
+                };
             }
         };
         // The append, then the attention, in one call: the decode kernel may then read
         // ahead of its PDL wait (kernels/src/cuda/attention.rs `append_attention`).
-        g.k.append_attention::<T>(
+        g.k.append_attention_gated::<T>(
             k.dev::<T>()?,
             v.dev::<T>()?,
             &pd.slots(),
@@ -493,11 +517,29 @@ pub fn attention(
             c.scale,
             c.window,
             attn_mode(),
+            gate.map(|g| g.dev::<T>()).transpose()?,
         )
         .map_err(cuda_err)
     }
-    crate::by_dtype!(q.dtype(), go(&g, c, k, v, q, kv, &mut out, &bd, &pd, &step, block_size, t, max_q))?;
+    if let Some(gt) = gate {
+        if gt.elem_count() != t * c.heads * hd || gt.dtype() != q.dtype() {
+            bail!(
+                Shape,
+                "attention gate {:?} ({}) for {t} rows of {} heads of {hd} ({})",
+                gt.shape(),
+                gt.dtype(),
+                c.heads,
+                q.dtype()
+            );
+        }
+    }
+    crate::by_dtype!(q.dtype(), go(&g, c, (k, v, q, gate), kv, &mut out, &bd, &pd, &step, block_size, t, max_q))?;
     Ok(out)
+}
+
+/// Rows of the attention output as `sigmoid_gate_mul` sees them: `t · heads` of `head_dim`.
+fn out_rows(c: &AttnArgs, t: usize) -> usize {
+    t * c.heads
 }
 
 /// The attention kernels' mode: batch-invariant when deterministic mode is on

@@ -103,7 +103,23 @@ impl Ops for CudaOps {
         batch: &Batch,
         kv: &mut KvCache,
     ) -> Result<Tensor> {
-        blocks::attention(q, k, v, a, batch, kv)
+        blocks::attention(q, k, v, None, a, batch, kv)
+    }
+    fn attention_gated(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        gate: Option<&Tensor>,
+        a: &AttnArgs,
+        batch: &Batch,
+        kv: &mut KvCache,
+    ) -> Result<Tensor> {
+        if gate.is_some() && !blocks::attn_gate_fused() {
+            let out = blocks::attention(q, k, v, None, a, batch, kv)?;
+            return crate::backend::gate_after(self, out, gate, a);
+        }
+        blocks::attention(q, k, v, gate, a, batch, kv)
     }
     fn moe_experts(
         &self,

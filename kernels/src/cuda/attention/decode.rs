@@ -317,7 +317,9 @@ impl CudaKernels {
 
     /// [`CudaKernels::attention`] on the tensor-core decode kernel (then its combine when a
     /// sequence may span several splits); the arguments are checked by the caller and
-    /// `decode_plan` chose `p` (so `max_q_len <= 8`, `head_dim` is the kernel's).
+    /// `decode_plan` chose `p` (so `max_q_len <= 8`, `head_dim` is the kernel's). `gate`
+    /// (`[t, heads, head_dim]`, checked): the output gate, applied by whichever kernel writes
+    /// a row (`out = round(o · round(σ(gate)))`, as [`CudaKernels::sigmoid_gate_mul`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_decode<T: CudaFloat>(
         &self,
@@ -326,6 +328,7 @@ impl CudaKernels {
         block_tables: &impl DevicePtr<u32>,
         spans: &impl DevicePtr<u32>,
         out: &mut impl DevicePtrMut<T>,
+        gate: Option<&impl DevicePtr<T>>,
         a: &Args,
         p: &DecodePlan,
     ) -> Result<()> {
@@ -364,18 +367,20 @@ impl CudaKernels {
         let s = &*self.stream;
         let (po, _go) = out.device_ptr_mut(s);
         let (ppart, gpart) = crate::cuda::opt_ptr(part.as_ref(), s);
+        let (pgate, _gg) = crate::cuda::opt_ptr(gate, s);
         let (ksl, nsl) = (p.ks_min_log2, p.nsplit_log2);
         // SAFETY: arguments match `attention_decode_<T>_d<DP>_s<ST>[_w2]` (attention_decode.cu,
         // 32 · NW threads, D == DP, 16-byte aligned pools of T: `decode_plan`); `q`, `out`, `spans`,
         // `block_tables` have the lengths checked by `attention` and the pools `n_slots` rows
         // (no slot >= n_slots, table entry beyond `max_blocks` or row >= t is touched); the
         // partial buffer holds `n_seqs * qcap * heads * nzg * (head_dim + 4)` f32 when nzg > 1
-        // (null otherwise and never written: every row lies in split 0); the dynamic shared
-        // memory is the size the kernel carves, within the device's opt-in limit.
+        // (null otherwise and never written: every row lies in split 0); the gate, null or as
+        // long as `out` (checked by the caller); the dynamic shared memory is the size the
+        // kernel carves, within the device's opt-in limit.
         // Kernel: `attention_decode_<T>_d<DP>_s<ST>(const T* q, const T* kpool, const T* vpool,
-        // const u32* tables, const u32* spans, T* out, float* part, u32 t, u32 heads, u32 kvh,
-        // float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots, u32 qcap, u32 nzg,
-        // u32 ks_min_log2, u32 nsplit_log2, u32 flags)`.
+        // const u32* tables, const u32* spans, T* out, float* part, const T* gate, u32 t,
+        // u32 heads, u32 kvh, float scale, u32 window, u32 max_blocks, u32 bs_log2, u32 n_slots,
+        // u32 qcap, u32 nzg, u32 ks_min_log2, u32 nsplit_log2, u32 flags)`.
         // Bit 0: the 8-item form; bit 1 (ADEC_PRE): early loads, V2 after the append only
         // (or when a timing test forces them: its launch before is the last call's combine).
         let pre = p.v2 && ((a.after_append && early_on()) || PRE_FORCED.with(Cell::get));
@@ -393,6 +398,7 @@ impl CudaKernels {
                     ptr(spans),
                     po,
                     ppart,
+                    pgate,
                     t32,
                     h32,
                     kvh32,
@@ -416,23 +422,25 @@ impl CudaKernels {
                 (u32_of("qcap * heads", qcap * heads)?, u32_of("n_seqs", a.n_seqs)?, 1)
             };
             let cfg = LaunchConfig { grid_dim, block_dim: (DEC_CTHREADS, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: arguments match `attention_decode_combine_<T>_d<DP>`; the partial buffer
-            // and `out` have the sizes above (splits < nzg, rows < t only; combine2: dims of
-            // its 64-dim chunk blockIdx.y < head_dim / 64, head_dim a multiple of 64).
+            // SAFETY: arguments match `attention_decode_combine_<T>_d<DP>`; the partial buffer,
+            // `out` and the gate (null or as long as `out`) have the sizes above (splits < nzg,
+            // rows < t only; combine2: dims of its 64-dim chunk blockIdx.y < head_dim / 64,
+            // head_dim a multiple of 64).
             // Kernel: `attention_decode_combine_<T>_d<DP>(const float* part, const u32* spans,
-            // T* out, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg, u32 ks_min_log2,
-            // u32 nsplit_log2)`.
+            // T* out, const T* gate, u32 t, u32 heads, u32 window, u32 qcap, u32 nzg,
+            // u32 ks_min_log2, u32 nsplit_log2)`.
             if p.pdl {
                 let f = self.function(&ATTENTION_DECODE, &p.combine)?;
                 let (pspans, _gs) = spans.device_ptr(s);
                 let (ppt, _gpt) = pt.device_ptr(s);
-                let mut args = (ppt, pspans, po, [t32, h32, win32, qc32, nz32, ksl, nsl]);
-                let (a0, a1, a2, r) = (&mut args.0, &mut args.1, &mut args.2, &mut args.3);
+                let mut args = ([ppt, pspans, po, pgate], [t32, h32, win32, qc32, nz32, ksl, nsl]);
+                let ([a0, a1, a2, a3], r) = (&mut args.0, &mut args.1);
                 let [r0, r1, r2, r3, r4, r5, r6] = r;
-                let mut params: [*mut c_void; 10] = [
+                let mut params: [*mut c_void; 11] = [
                     (a0 as *mut u64).cast(),
                     (a1 as *mut u64).cast(),
                     (a2 as *mut u64).cast(),
+                    (a3 as *mut u64).cast(),
                     (r0 as *mut u32).cast(),
                     (r1 as *mut u32).cast(),
                     (r2 as *mut u32).cast(),
@@ -442,7 +450,7 @@ impl CudaKernels {
                     (r6 as *mut u32).cast(),
                 ];
                 for _ in 0..self.launches(&f, &cfg) {
-                    // SAFETY: as above; `params` points at the 10 parameters of the combine,
+                    // SAFETY: as above; `params` points at the 11 parameters of the combine,
                     // in order, alive across the call (the driver copies them at launch). The
                     // combine waits (griddepcontrol.wait) for the split grid before its first
                     // partial read and before it can complete.
@@ -456,7 +464,7 @@ impl CudaKernels {
                         ATTENTION_DECODE,
                         p.combine.clone(),
                         cfg,
-                        [ptr(pt), ptr(spans), po, t32, h32, win32, qc32, nz32, ksl, nsl]
+                        [ptr(pt), ptr(spans), po, pgate, t32, h32, win32, qc32, nz32, ksl, nsl]
                     )
                 }?;
             }
