@@ -281,7 +281,7 @@ fn qkv_proj(w: &mut Weights, prefix: &str) -> Result<crate::nn::QkvProj> {
     Ok(crate::nn::QkvProj::Apart { q: linear(w, &q)?, k: Box::new(linear(w, &k)?), v: Box::new(linear(w, &v)?) })
 }
 
-/// `P.{q,k,v,o}_proj` (q / k / v as [`qkv_proj`]) and, when `qk_norm` is given, `P.q_norm` / `P.k_norm`.
+/// `P.{q,k,v,o}_proj` (q / k / v as `qkv_proj` packs them) and, when `qk_norm` is given, `P.q_norm` / `P.k_norm`.
 pub fn attention(
     w: &mut Weights,
     prefix: &str,
