@@ -6,7 +6,7 @@
 # output gate in the decode attention's epilogue (PORTER_ATTN_GATE=apart: its own launch).
 # Parity first (bit-for-bit kernel tests, gpu / gpu_graphs at the default and all apart), then
 # the model A/B at batch 1 (24 layers, bf16 and FP8), the issue commands, a timeline. Every
-# step is skipped once the script has run 240 s.
+# step is skipped once the script has run 150 s.
 # Carry .dev/porter (porter.gz), .dev/k.tgz, .dev/ptx.tgz.
 set -uo pipefail
 gunzip -c .dev/porter/porter.gz > /tmp/porter_new && chmod +x /tmp/porter_new
@@ -17,7 +17,7 @@ exec > >(tee $OUT/summary.txt) 2>&1
 date -u; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 T="--include-ignored --nocapture --test-threads=1"
 L=$OUT/logs; mkdir -p $L
-ok() { [ $SECONDS -lt 240 ] || { echo "[$SECONDS s] out of time: skipped $*"; return 1; }; }
+ok() { [ $SECONDS -lt 150 ] || { echo "[$SECONDS s] out of time: skipped $*"; return 1; }; }
 APART="PORTER_NORM_GEMV=apart PORTER_QKV=apart PORTER_ATTN_GATE=apart"
 t() { local name=$1 to=$2; shift 2; ok $name || return; timeout $to "$@" > $L/$name.log 2>&1; echo "[$SECONDS s] $name rc=$? $(grep -E '^test result' $L/$name.log | tr '\n' ' ')"; }
 t gpu 60 .dev/k/gpu $T
