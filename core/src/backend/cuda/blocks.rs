@@ -489,7 +489,7 @@ pub fn attention(
                         g.k.sigmoid_gate_mul::<T>(
                             out.dev_mut::<T>()?,
                             gate.dev::<T>()?,
-                            out_rows(c, t),
+                            t * c.heads,
                             c.head_dim,
                             c.head_dim,
                         )
@@ -535,11 +535,6 @@ pub fn attention(
     }
     crate::by_dtype!(q.dtype(), go(&g, c, (k, v, q, gate), kv, &mut out, &bd, &pd, &step, block_size, t, max_q))?;
     Ok(out)
-}
-
-/// Rows of the attention output as `sigmoid_gate_mul` sees them: `t · heads` of `head_dim`.
-fn out_rows(c: &AttnArgs, t: usize) -> usize {
-    t * c.heads
 }
 
 /// The attention kernels' mode: batch-invariant when deterministic mode is on
