@@ -46,14 +46,6 @@ impl QkvProj {
         }
     }
 
-    /// Output rows of the weight(s): `(first, k, v)`, k and v 0 when packed.
-    fn rows(&self) -> (usize, usize, usize) {
-        match self {
-            Self::Packed(l) => (l.out_features(), 0, 0),
-            Self::Apart { q, k, v } => (q.out_features(), k.out_features(), v.out_features()),
-        }
-    }
-
     /// Weight (and bias) bytes.
     pub fn bytes(&self) -> usize {
         match self {
@@ -92,9 +84,11 @@ impl Attention {
             );
         }
         let (qrows, kvrows) = (c.heads * c.head_dim * if c.output_gate { 2 } else { 1 }, c.kv_heads * c.head_dim);
-        let ok = match self.qkv.rows() {
-            (n, 0, 0) => n == qrows + 2 * kvrows && matches!(self.qkv, QkvProj::Packed(_)),
-            (q, k, v) => q == qrows && k == kvrows && v == kvrows,
+        let ok = match &self.qkv {
+            QkvProj::Packed(l) => l.out_features() == qrows + 2 * kvrows,
+            QkvProj::Apart { q, k, v } => {
+                q.out_features() == qrows && k.out_features() == kvrows && v.out_features() == kvrows
+            }
         };
         if !ok {
             bail!(Shape, "attention projections do not match heads/head_dim");

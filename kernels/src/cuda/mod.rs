@@ -123,10 +123,7 @@ pub use moe::{MoeSharedDev, SharedGu, MOE_DECODE_PER_EXPERT_ENV};
 pub use moe_decode::{MoeGemv, MOE_DOWNA_ENV, MOE_DOWN_ENV, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
 pub use moe_mma::{moe_dec_of_process, MoeDec, MOE_DEC_ENV};
 pub use moe_route::{MoeRouteDev, MoeRouter, MOE_ROUTER_ENV};
-pub use norm_gemv::{
-    norm_gemv_policy, norm_gemv_small, norm_gemv_wanted, NormGemvAdd, NormGemvPolicy, NORM_GEMV_ENV,
-    NORM_GEMV_MAX_ROWS, NORM_GEMV_SMALL_ELEMS,
-};
+pub use norm_gemv::{norm_gemv_wanted, NormGemvAdd, NORM_GEMV_ENV, NORM_GEMV_MAX_ROWS};
 pub use ops::{RmsNormKind, ROUTER_MAX_E, ROUTER_MAX_K};
 pub use qk_prep::{qk_prep_enabled, QkNorm, QK_PREP_ENV, QK_PREP_MAX_HD};
 pub use timeline::{analyse as timeline_analyse, TimelineReport, TimelineRow, TIMELINE_ENV};

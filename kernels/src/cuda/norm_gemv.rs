@@ -10,8 +10,9 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 /// one launch ([`CudaKernels::norm_gemv`], the same bits either way).
 /// - `apart`: never (two launches).
 /// - `small` (the default): one row into a small projection only
-///   ([`norm_gemv_small`]: the MoE input / router GEMV of the 80B, `[1544, 2048]`), the shape
-///   where the fused kernel measured faster (session 14: 8.0 against 10.7 µs with the add).
+///   (at most 4 M weight elements, [`norm_gemv_wanted`]: the MoE input / router GEMV of the
+///   80B, `[1544, 2048]`), the shape where the fused kernel measured faster (session 14: 8.0
+///   against 10.7 µs with the add).
 /// - `fused`: every pair that fits.
 ///
 /// Why not all: H200, 24-layer 80B bf16, graphs on, 2026-12-02 (docs/benchmarks.md "Session

@@ -73,9 +73,7 @@ impl CudaKernels {
         dims: [usize; 5],
         attn_scale: f32,
     ) -> Result<()> {
-        let [t, heads, kvh, hd, _] = check_dims(dims)?;
-        let gated = gate_out.is_some();
-        let (qw, kw) = (heads * hd * if gated { 2 } else { 1 }, kvh * hd);
+        let (t, qw, kw) = row_widths(dims, gate_out.is_some())?;
         self.check("qg", qg, prod(&[t, qw])?)?;
         self.check("k", k, prod(&[t, kw])?)?;
         let s = &*self.stream;
@@ -109,9 +107,7 @@ impl CudaKernels {
         dims: [usize; 5],
         attn_scale: f32,
     ) -> Result<()> {
-        let [t, heads, kvh, hd, _] = check_dims(dims)?;
-        let gated = gate_out.is_some();
-        let (qw, kw) = (heads * hd * if gated { 2 } else { 1 }, kvh * hd);
+        let (t, qw, kw) = row_widths(dims, gate_out.is_some())?;
         let row = qw + 2 * kw;
         self.check("qkv", qkv, prod(&[t, row])?)?;
         self.check("v_out", v_out, prod(&[t, kw])?)?;
@@ -223,13 +219,14 @@ impl CudaKernels {
     }
 }
 
-/// `dims` = `[t, heads, kvh, hd, rot_dim]` of [`CudaKernels::qk_prep`], checked.
-fn check_dims(dims: [usize; 5]) -> Result<[usize; 5]> {
-    let [_, _, _, hd, rot_dim] = dims;
+/// `dims` = `[t, heads, kvh, hd, rot_dim]` of [`CudaKernels::qk_prep`], checked: `(t, the
+/// query projection's columns (·2 `gated`), the key projection's columns)`.
+fn row_widths(dims: [usize; 5], gated: bool) -> Result<(usize, usize, usize)> {
+    let [t, heads, kvh, hd, rot_dim] = dims;
     if hd == 0 || hd > QK_PREP_MAX_HD || rot_dim == 0 || !rot_dim.is_multiple_of(2) || rot_dim > hd {
         return Err(CudaError::Invalid(format!(
             "qk_prep: head_dim {hd} (at most {QK_PREP_MAX_HD}), rot_dim {rot_dim}"
         )));
     }
-    Ok(dims)
+    Ok((t, prod(&[heads, hd, if gated { 2 } else { 1 }])?, prod(&[kvh, hd])?))
 }

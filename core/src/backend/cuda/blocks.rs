@@ -164,8 +164,7 @@ pub fn qk_prep(qg: Tensor, k: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<Q
             p.head_dim
         );
     }
-    let (prepared, _) = qk_prep_run(QkIn::Apart(&qg, &k), p, batch, t)?;
-    Ok(prepared)
+    qk_prep_run(QkIn::Apart(&qg, &k), p, batch, t)
 }
 
 /// [`crate::backend::Ops::qkv_prep`]: one launch (`CudaKernels::qkv_prep`) where
@@ -178,8 +177,8 @@ pub fn qkv_prep(qkv: Tensor, p: &QkPrep<'_>, batch: &Batch) -> Result<(QkPrepare
     if !qk_prep_fits(&qkv, None, p) || qkv.last_dim() != qw + 2 * kw {
         return qkv_prep_composed(&super::CudaOps, qkv, p, batch);
     }
-    let (prepared, v) = qk_prep_run(QkIn::Packed(&qkv), p, batch, t)?;
-    let v = v.ok_or_else(|| err!(Internal, "qkv_prep: no v"))?.reshape([t, kw])?;
+    let mut v = Tensor::empty_on(&gpu_of(&qkv, "qkv_prep")?, [t, kw], qkv.dtype())?;
+    let prepared = qk_prep_run(QkIn::Packed(&qkv, &mut v), p, batch, t)?;
     Ok((prepared, v))
 }
 
@@ -192,18 +191,18 @@ fn qk_prep_fits(qg: &Tensor, k: Option<&Tensor>, p: &QkPrep<'_>) -> bool {
     one_dtype && p.head_dim <= QK_PREP_MAX_HD && qk_prep_enabled()
 }
 
-/// The sources of [`qk_prep_run`]: the projections apart, or packed `[qg | k | v]`.
-#[derive(Clone, Copy)]
+/// The sources of [`qk_prep_run`]: the projections apart, or packed `[qg | k | v]` with the
+/// output v is copied to (`[T, kv_heads·hd]`).
 enum QkIn<'a> {
     Apart(&'a Tensor, &'a Tensor),
-    Packed(&'a Tensor),
+    Packed(&'a Tensor, &'a mut Tensor),
 }
 
-/// The launch of [`qk_prep`] / [`qkv_prep`] (`t` tokens; shapes checked by the callers): q, k,
-/// the gate and, packed, v `[T, kv_heads, hd]`.
-fn qk_prep_run(src: QkIn<'_>, p: &QkPrep<'_>, batch: &Batch, t: usize) -> Result<(QkPrepared, Option<Tensor>)> {
-    let first = match src {
-        QkIn::Apart(qg, _) | QkIn::Packed(qg) => qg,
+/// The launch of [`qk_prep`] / [`qkv_prep`] (`t` tokens; shapes checked by the callers): q, k
+/// and the gate (and, packed, v into its output).
+fn qk_prep_run(src: QkIn<'_>, p: &QkPrep<'_>, batch: &Batch, t: usize) -> Result<QkPrepared> {
+    let first = match &src {
+        QkIn::Apart(qg, _) | QkIn::Packed(qg, _) => *qg,
     };
     let (dt, hd) = (first.dtype(), p.head_dim);
     let g = gpu_of(first, "qk_prep")?;
@@ -212,16 +211,12 @@ fn qk_prep_run(src: QkIn<'_>, p: &QkPrep<'_>, batch: &Batch, t: usize) -> Result
     let positions = bd.positions();
     let mut q = Tensor::empty_on(&g, [t, p.heads, hd], dt)?;
     let mut ko = Tensor::empty_on(&g, [t, p.kv_heads, hd], dt)?;
-    let mut vo = match src {
-        QkIn::Packed(_) => Some(Tensor::empty_on(&g, [t, p.kv_heads, hd], dt)?),
-        QkIn::Apart(..) => None,
-    };
     let mut gate = if p.gated { Some(Tensor::empty_on(&g, [t * p.heads, hd], dt)?) } else { None };
     #[allow(clippy::too_many_arguments)]
     fn go<T: DevType>(
         g: &Gpu,
         src: QkIn<'_>,
-        (q, ko, vo, gate): (&mut Tensor, &mut Tensor, Option<&mut Tensor>, Option<&mut Tensor>),
+        (q, ko, gate): (&mut Tensor, &mut Tensor, Option<&mut Tensor>),
         p: &QkPrep<'_>,
         positions: &cudarc::driver::CudaView<'_, u32>,
         t: usize,
@@ -234,8 +229,8 @@ fn qk_prep_run(src: QkIn<'_>, p: &QkPrep<'_>, batch: &Batch, t: usize) -> Result
         let inv = p.rope.inv_freq.dev::<f32>()?;
         let dims = [t, p.heads, p.kv_heads, p.head_dim, p.rope.rot_dim];
         let (qd, kd) = (q.dev_mut::<T>()?, ko.dev_mut::<T>()?);
-        match (src, vo) {
-            (QkIn::Apart(qg, k), _) => g.k.qk_prep::<T>(
+        match src {
+            QkIn::Apart(qg, k) => g.k.qk_prep::<T>(
                 qg.dev::<T>()?,
                 k.dev::<T>()?,
                 qn,
@@ -248,7 +243,7 @@ fn qk_prep_run(src: QkIn<'_>, p: &QkPrep<'_>, batch: &Batch, t: usize) -> Result
                 dims,
                 p.rope.scaling,
             ),
-            (QkIn::Packed(qkv), Some(vo)) => g.k.qkv_prep::<T>(
+            QkIn::Packed(qkv, vo) => g.k.qkv_prep::<T>(
                 qkv.dev::<T>()?,
                 (qn, kn),
                 qd,
@@ -260,12 +255,11 @@ fn qk_prep_run(src: QkIn<'_>, p: &QkPrep<'_>, batch: &Batch, t: usize) -> Result
                 dims,
                 p.rope.scaling,
             ),
-            (QkIn::Packed(_), None) => return Err(err!(Internal, "qkv_prep without a v output")),
         }
         .map_err(cuda_err)
     }
-    crate::by_dtype!(dt, go(&g, src, (&mut q, &mut ko, vo.as_mut(), gate.as_mut()), p, &positions, t))?;
-    Ok((QkPrepared { q, k: ko, gate }, vo))
+    crate::by_dtype!(dt, go(&g, src, (&mut q, &mut ko, gate.as_mut()), p, &positions, t))?;
+    Ok(QkPrepared { q, k: ko, gate })
 }
 
 /// `silu(g) · u` of a stacked `[T, 2I] = [gate | up]` → `[T, I]`.
