@@ -68,22 +68,27 @@ pub fn env_on_off(var: &str, default: bool) -> bool {
 }
 
 /// A `fused` / `apart` switch from environment variable `var` for A/B runs (any case, trimmed):
-/// `true` (fused, the default) when it is unset, empty or `fused`, `false` for `apart`, and
-/// `true` with one warning a process that names the variable for anything else. Read on every
-/// call: callers that read it once keep the value.
-pub fn env_fused(var: &str) -> bool {
-    fused_from(std::env::var_os(var).as_deref()).unwrap_or_else(|t| {
-        warn_once(var, &format!("warning: {var}={t:?} is not one of fused, apart; using fused"));
-        true
-    })
+/// `true` for `fused`, `false` for `apart`, and `default` when it is unset or empty — or, with
+/// one warning a process that names the variable, anything else. Read on every call: callers
+/// that read it once keep the value.
+pub fn env_fused(var: &str, default: bool) -> bool {
+    fused_from(std::env::var_os(var).as_deref())
+        .unwrap_or_else(|t| {
+            let word = if default { "fused" } else { "apart" };
+            warn_once(var, &format!("warning: {var}={t:?} is not one of fused, apart; using {word}"));
+            None
+        })
+        .unwrap_or(default)
 }
 
-/// [`env_fused`] of a variable's value `v`: `Err` with the text when it is neither.
-fn fused_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String> {
-    let Some(v) = v else { return Ok(true) };
+/// [`env_fused`] of a variable's value `v`: `Ok(None)` unset or empty, `Err` with the text
+/// when it is neither `fused` nor `apart`.
+fn fused_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<Option<bool>, String> {
+    let Some(v) = v else { return Ok(None) };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "fused" => Ok(true),
-        "apart" => Ok(false),
+        "" => Ok(None),
+        "fused" => Ok(Some(true)),
+        "apart" => Ok(Some(false)),
         _ => Err(v.to_string_lossy().into_owned()),
     }
 }
@@ -175,11 +180,11 @@ mod tests {
     /// The `fused` / `apart` switches (`PORTER_QK_PREP`, `PORTER_GDN_BA`).
     #[test]
     fn fused_apart_switches_parse_or_are_refused() {
-        assert_eq!(fused_from(None), Ok(true));
-        assert_eq!(fused_from(Some("".as_ref())), Ok(true));
-        assert_eq!(fused_from(Some(" Fused ".as_ref())), Ok(true));
-        assert_eq!(fused_from(Some("apart".as_ref())), Ok(false));
-        assert_eq!(fused_from(Some("APART\n".as_ref())), Ok(false));
+        assert_eq!(fused_from(None), Ok(None));
+        assert_eq!(fused_from(Some("".as_ref())), Ok(None));
+        assert_eq!(fused_from(Some(" Fused ".as_ref())), Ok(Some(true)));
+        assert_eq!(fused_from(Some("apart".as_ref())), Ok(Some(false)));
+        assert_eq!(fused_from(Some("APART\n".as_ref())), Ok(Some(false)));
         assert_eq!(fused_from(Some("off".as_ref())), Err("off".to_string()));
     }
 

@@ -29,7 +29,7 @@ const MAX_GATE_BLOCKS: usize = 16;
 /// where it can ([`GDN_BA_ENV`], read once).
 pub fn gdn_ba_fused_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| super::env::env_fused(GDN_BA_ENV))
+    *ON.get_or_init(|| super::env::env_fused(GDN_BA_ENV, true))
 }
 
 /// Gate blocks a row tile of the proj form for `rows` rows a tile, `hv` value heads and

@@ -8,25 +8,28 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 /// Environment variable: which RMSNorm (or residual add + RMSNorm) → decode GEMV pairs run as
 /// one launch ([`CudaKernels::norm_gemv`], the same bits either way).
-/// - `apart`: never (two launches).
-/// - `small` (the default): one row into a small projection only
-///   (at most 4 M weight elements, [`norm_gemv_wanted`]: the MoE input / router GEMV of the
-///   80B, `[1544, 2048]`), the shape where the fused kernel measured faster (session 14: 8.0
-///   against 10.7 µs with the add).
+/// - `apart` (the default): never (two launches).
+/// - `small`: one row into a small projection only (at most 4 M weight elements,
+///   [`norm_gemv_wanted`]: the MoE input / router GEMV of the 80B, `[1544, 2048]`), the shape
+///   where the fused kernel measured faster alone (session 14: 8.0 against 10.7 µs with the
+///   add; session 30: 9.0 against 10.5).
 /// - `fused`: every pair that fits.
 ///
-/// Why not all: H200, 24-layer 80B bf16, graphs on, 2026-12-02 (docs/benchmarks.md "Session
-/// 9"), batch 1 430.2 tok/s fused against 445.8 apart — the fused grid of 4 blocks an SM, each
-/// normalising the rows before its first weight load, streams a large weight (the in_proj)
-/// slower than the plain GEMV's full grid saves in launches. Again with PDL (session 14,
-/// 2026-12-03): 452.7 against 481.1 tok/s at batch 1, 824.6 against 991.9 at batch 4. Read on
-/// every call; an unknown value warns once and means the default.
+/// Why apart: in the model the fused kernel has lost every time. H200, 24-layer 80B bf16,
+/// graphs on, 2026-12-02 (docs/benchmarks.md "Session 9"), `fused` at batch 1 430.2 tok/s
+/// against 445.8 apart — the fused grid of 4 blocks an SM, each normalising the rows before its
+/// first weight load, streams a large weight (the in_proj) slower than the plain GEMV's full
+/// grid saves in launches. Again with PDL (session 14, 2026-12-03): 452.7 against 481.1 tok/s
+/// at batch 1, 824.6 against 991.9 at batch 4. And `small` alone (session 30, H100,
+/// 2026-12-07): 433.7 against 445.3 tok/s (bf16), 550.4 against 554.0 (FP8) — likely because
+/// the plain GEMV issues its first weight loads before its PDL wait, under the norm's launch,
+/// while the fused kernel waits before it normalises. Read on every call; an unknown value warns once and means the default.
 pub const NORM_GEMV_ENV: &str = "PORTER_NORM_GEMV";
 
 /// Which norm → GEMV pairs run fused ([`NORM_GEMV_ENV`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NormGemvPolicy {
-    /// Never fused.
+    /// Never fused (the default).
     Apart,
     /// One row into a small projection ([`norm_gemv_small`]).
     Small,
@@ -36,10 +39,10 @@ pub enum NormGemvPolicy {
 
 /// [`NORM_GEMV_ENV`]'s value `v` (`Err`: the value, unknown).
 fn norm_policy(v: Option<&std::ffi::OsStr>) -> std::result::Result<NormGemvPolicy, String> {
-    let Some(v) = v else { return Ok(NormGemvPolicy::Small) };
+    let Some(v) = v else { return Ok(NormGemvPolicy::Apart) };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
-        "" | "small" | "auto" => Ok(NormGemvPolicy::Small),
-        "apart" => Ok(NormGemvPolicy::Apart),
+        "" | "apart" | "auto" => Ok(NormGemvPolicy::Apart),
+        "small" => Ok(NormGemvPolicy::Small),
         "fused" => Ok(NormGemvPolicy::Fused),
         _ => Err(v.to_string_lossy().into_owned()),
     }
@@ -50,8 +53,8 @@ pub fn norm_gemv_policy() -> NormGemvPolicy {
     norm_policy(std::env::var_os(NORM_GEMV_ENV).as_deref()).unwrap_or_else(|bad| {
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED
-            .call_once(|| eprintln!("warning: {NORM_GEMV_ENV}={bad:?} is not one of small, fused, apart; using small"));
-        NormGemvPolicy::Small
+            .call_once(|| eprintln!("warning: {NORM_GEMV_ENV}={bad:?} is not one of apart, small, fused; using apart"));
+        NormGemvPolicy::Apart
     })
 }
 
@@ -363,7 +366,8 @@ mod tests {
 
     #[test]
     fn env_values() {
-        assert_eq!(norm_policy(None), Ok(NormGemvPolicy::Small));
+        assert_eq!(norm_policy(None), Ok(NormGemvPolicy::Apart));
+        assert_eq!(norm_policy(Some(OsStr::new(""))), Ok(NormGemvPolicy::Apart));
         assert_eq!(norm_policy(Some(OsStr::new(" Fused "))), Ok(NormGemvPolicy::Fused));
         assert_eq!(norm_policy(Some(OsStr::new("apart"))), Ok(NormGemvPolicy::Apart));
         assert_eq!(norm_policy(Some(OsStr::new("small"))), Ok(NormGemvPolicy::Small));

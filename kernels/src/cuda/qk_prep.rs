@@ -16,7 +16,7 @@ pub const QK_PREP_ENV: &str = "PORTER_QK_PREP";
 /// Whether the backend prepares q / k in one launch ([`QK_PREP_ENV`], read once).
 pub fn qk_prep_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| super::env::env_fused(QK_PREP_ENV))
+    *ON.get_or_init(|| super::env::env_fused(QK_PREP_ENV, true))
 }
 
 /// Largest head dim of [`CudaKernels::qk_prep`] (one element a thread of a 512-thread block).
