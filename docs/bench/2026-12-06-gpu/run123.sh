@@ -4,7 +4,7 @@
 # (`small`) with its first weight rows prefetched into L2 before its PDL wait, the issue commands, the device
 # timeline in bf16 and FP8 (its PTX staged beside the normal build's), the forced-fallback
 # suite with room to finish, and on an H200 the FP8 48-layer rows of issue 12. Every step is
-# skipped once the script has run 420 s.
+# skipped once the script has run 360 s.
 # Carry .dev/porter (porter.gz), .dev/k.tgz, .dev/ptx.tgz.
 set -uo pipefail
 gunzip -c .dev/porter/porter.gz > /tmp/porter_new && chmod +x /tmp/porter_new
@@ -16,7 +16,7 @@ date -u; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 T="--include-ignored --nocapture --test-threads=1"
 L=$OUT/logs; mkdir -p $L
-ok() { [ $SECONDS -lt 420 ] || { echo "[$SECONDS s] out of time: skipped $*"; return 1; }; }
+ok() { [ $SECONDS -lt 360 ] || { echo "[$SECONDS s] out of time: skipped $*"; return 1; }; }
 APART="PORTER_NORM_GEMV=apart PORTER_QKV=apart PORTER_ATTN_GATE=apart"
 t() { local name=$1 to=$2; shift 2; ok $name || return; timeout $to "$@" > $L/$name.log 2>&1; echo "[$SECONDS s] $name rc=$? $(grep -E '^test result' $L/$name.log | tr '\n' ' ')"; }
 G="--device cuda --dtype bf16 --config qwen3-next-80b-a3b --layers 24"
