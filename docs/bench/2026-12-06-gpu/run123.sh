@@ -36,6 +36,7 @@ for r in 1 2; do
     echo "[$SECONDS s] r$r ${q:-bf16} default (qkv packed): $(b "$q" X=1)"
     echo "[$SECONDS s] r$r ${q:-bf16} default + norm small (its weights prefetched before the wait): $(b "$q" PORTER_NORM_GEMV=small)"
   done
+  echo "[$SECONDS s] r$r bf16 default + norm fused everywhere (prefetched): $(b "" PORTER_NORM_GEMV=fused)"
 done
 ok issue && { timeout 60 $P bench $G --prefill 4096,32768 --batch 1,8,64 --context 128 --steps 32 > $L/bf16.log 2>&1; echo "[$SECONDS s] issue bench bf16 rc=$?"; grep -E "^(HBM|prefill|decode)|host issue" $L/bf16.log | head -12; }
 ok issue_fp8 && { timeout 60 $P bench $G --quantize fp8 --prefill 4096 --batch 1,8,64 --context 128 --steps 32 > $L/fp8.log 2>&1; echo "[$SECONDS s] issue bench fp8 rc=$?"; grep -E "^(prefill|decode)" $L/fp8.log | head -6; }
