@@ -10,23 +10,11 @@
 // over column blocks jb = blockIdx.x, + gridDim.x, ...: a grid of a few blocks an SM, since
 // each block recomputes the norm (m·d values read from L2, the second pass from L1).
 // Dynamic shared memory: m · d · sizeof(T) bytes (the host checks the limit).
-//
-// Before its PDL wait a block asks L2 for the weight rows of its first column block (weights
-// only: no earlier kernel writes them), so that they stream in under the previous launch, as
-// the plain GEMV's (gemv_pdl.cu) first weight loads do; the block then waits, normalises and
-// multiplies. A hint only: the bits are those without it.
 template <typename T, typename O, int M, bool ADD, typename TY = T>
-__device__ __forceinline__ void norm_gemv_pdl(const float* __restrict__ x, const TY* __restrict__ y,
-                                              const T* __restrict__ nw, float eps, int zc, u32 nt,
-                                              const T* __restrict__ w, O* __restrict__ out, T* __restrict__ normed,
-                                              float* __restrict__ sum, u32 m, u32 k, u32 n, u32 split, u32 nblk) {
-    if (blockIdx.x < nblk) {
-        const u32 per = 8u / split, j0 = blockIdx.x * per, rows = min(per, n - j0);
-        const char* span = reinterpret_cast<const char*>(w + (u64)j0 * k);
-        const u64 bytes = (u64)rows * k * sizeof(T);
-        for (u64 off = 128ull * threadIdx.x; off < bytes; off += 128ull * blockDim.x) porter_prefetch_l2(span + off);
-    }
-    porter_pdl_enter();
+__device__ __forceinline__ void norm_gemv_impl(const float* __restrict__ x, const TY* __restrict__ y,
+                                               const T* __restrict__ nw, float eps, int zc, u32 nt,
+                                               const T* __restrict__ w, O* __restrict__ out, T* __restrict__ normed,
+                                               float* __restrict__ sum, u32 m, u32 k, u32 n, u32 split, u32 nblk) {
     extern __shared__ __align__(16) unsigned char ng_smem[];
     T* xs = reinterpret_cast<T*>(ng_smem);
     __shared__ float red[8][M];
@@ -43,23 +31,23 @@ __device__ __forceinline__ void norm_gemv_pdl(const float* __restrict__ x, const
 #define PORTER_NORM_GEMV(NT_, T, NO, O, M)                                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                                            \
         norm_gemv_##NT_##_##NO##_m##M(const float* x, const T* nw, float eps, int zc, u32 nt, const T* w, O* out, \
-                                      T* normed, u32 m, u32 k, u32 n, u32 split, u32 nblk) {                     \
-        norm_gemv_pdl<T, O, M, false, T>(x, nullptr, nw, eps, zc, nt, w, out, normed, nullptr, m, k, n, split,   \
+                                      T* normed, u32 m, u32 k, u32 n, u32 split, u32 nblk) { porter_pdl_enter();                     \
+        norm_gemv_impl<T, O, M, false, T>(x, nullptr, nw, eps, zc, nt, w, out, normed, nullptr, m, k, n, split,     \
                                        nblk);                                                                    \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                            \
         add_norm_gemv_##NT_##_##NO##_m##M(const float* x, const T* y, const T* nw, float eps, int zc, u32 nt,    \
                                           const T* w, O* out, T* normed, float* sum, u32 m, u32 k, u32 n,        \
-                                          u32 split, u32 nblk) {                                                 \
-        norm_gemv_pdl<T, O, M, true>(x, y, nw, eps, zc, nt, w, out, normed, sum, m, k, n, split, nblk);          \
+                                          u32 split, u32 nblk) { porter_pdl_enter();                                                 \
+        norm_gemv_impl<T, O, M, true>(x, y, nw, eps, zc, nt, w, out, normed, sum, m, k, n, split, nblk);         \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                            \
         add_norm_gemv_f32y_##NT_##_##NO##_m##M(const float* x, const float* y, const T* nw, float eps, int zc,   \
                                                u32 nt, const T* w, O* out, T* normed, float* sum, u32 m, u32 k,  \
-                                               u32 n, u32 split, u32 nblk) {                                     \
-        norm_gemv_pdl<T, O, M, true, float>(x, y, nw, eps, zc, nt, w, out, normed, sum, m, k, n, split, nblk);   \
+                                               u32 n, u32 split, u32 nblk) { porter_pdl_enter();                                     \
+        norm_gemv_impl<T, O, M, true, float>(x, y, nw, eps, zc, nt, w, out, normed, sum, m, k, n, split, nblk);  \
     }
-#define PORTER_NORM_GEMV_M(NT_, T, NO, O)                                                                        \
+#define PORTER_NORM_GEMV_M(NT_, T, NO, O) \
     PORTER_NORM_GEMV(NT_, T, NO, O, 1) PORTER_NORM_GEMV(NT_, T, NO, O, 2) PORTER_NORM_GEMV(NT_, T, NO, O, 4)
 PORTER_NORM_GEMV_M(f32, float, f32, float)
 PORTER_NORM_GEMV_M(bf16, bf16, bf16, bf16)
