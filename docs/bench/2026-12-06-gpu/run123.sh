@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 30, GPU call 2: the defaults after call 1 (q / k / v packed; the norm and the
-# attention gate apart again) against all three apart, the issue commands, the device
+# attention gate apart again) against all three apart, the fused norm + MoE input GEMV
+# (`small`) with its first weight rows prefetched into L2 before its PDL wait, the issue commands, the device
 # timeline in bf16 and FP8 (its PTX staged beside the normal build's), the forced-fallback
 # suite with room to finish, and on an H200 the FP8 48-layer rows of issue 12. Every step is
 # skipped once the script has run 360 s.
@@ -27,11 +28,13 @@ if [ "$mem" -gt 100000 ] && ok fp8_48; then
   grep -E "^mtp (baseline|k=)" $L/fp8_48_mtp.log
 fi
 t gpu 60 .dev/k/gpu $T
+t norm_gemv 40 .dev/k/cuda_norm_gemv $T --skip timing --skip nvrtc
 b() { local q=$1; shift; ok bench || return; timeout 40 env "$@" $P bench $G $q --prefill 16 --batch 1 --context 128 --steps 64 2>&1 | grep -E '^decode batch' | sed -E 's/.*batch +([0-9]+): +([0-9.]+) tok.*\(([0-9.]+) ms.*/b\1 \2 tok\/s \3 ms/' | tr '\n' ' '; }
 for r in 1 2; do
   for q in "" "--quantize fp8"; do
     echo "[$SECONDS s] r$r ${q:-bf16} all apart: $(b "$q" $APART)"
     echo "[$SECONDS s] r$r ${q:-bf16} default (qkv packed): $(b "$q" X=1)"
+    echo "[$SECONDS s] r$r ${q:-bf16} default + norm small (its weights prefetched before the wait): $(b "$q" PORTER_NORM_GEMV=small)"
   done
   echo "[$SECONDS s] r$r bf16 default + norm fused everywhere (prefetched): $(b "" PORTER_NORM_GEMV=fused)"
 done
