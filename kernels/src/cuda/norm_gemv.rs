@@ -21,9 +21,10 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 /// first weight load, streams a large weight (the in_proj) slower than the plain GEMV's full
 /// grid saves in launches. Again with PDL (session 14, 2026-12-03): 452.7 against 481.1 tok/s
 /// at batch 1, 824.6 against 991.9 at batch 4. And `small` alone (session 30, H100,
-/// 2026-12-07): 433.7 against 445.3 tok/s (bf16), 550.4 against 554.0 (FP8) — likely because
-/// the plain GEMV issues its first weight loads before its PDL wait, under the norm's launch,
-/// while the fused kernel waits before it normalises. Read on every call; an unknown value warns once and means the default.
+/// 2026-12-07): 433.7 against 445.3 tok/s (bf16), 550.4 against 554.0 (FP8); and again with
+/// each block's first weight rows prefetched into L2 before its PDL wait (436.5 against 448.6,
+/// reverted). The cause is not measured: the plain path's norm reads its weight before its
+/// PDL wait and the GEMV runs a full grid, while every fused block normalises the row again. Read on every call; an unknown value warns once and means the default.
 pub const NORM_GEMV_ENV: &str = "PORTER_NORM_GEMV";
 
 /// Which norm → GEMV pairs run fused ([`NORM_GEMV_ENV`]).
