@@ -80,7 +80,8 @@ __device__ __forceinline__ void adec_pdl_trigger() {
 // The attention output gate (Qwen3-Next), fused into the final write of `out` (gate null:
 // none): out = round(o · round(σ(g))), o the output rounded to T, the two roundings of
 // sigmoid_gate_mul (elementwise.cu), bit for bit. The gate [t, heads, DP] (T) is written by
-// an earlier kernel: read only after porter_pdl_enter(). adec_gate_f: round(σ(g)).
+// an earlier kernel: read after porter_pdl_enter(), or before it where Q is (ADEC_PRE: it comes
+// from before the append, like Q). adec_gate_f: round(σ(g)).
 template <typename T> __device__ __forceinline__ float adec_gate_f(T g) { return round_to<T>(sigmoid_f(to_f(g))); }
 template <typename T> __device__ __forceinline__ T adec_gated(T o, float gf) { return from_f<T>(to_f(o) * gf); }
 
@@ -278,11 +279,10 @@ __device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __res
         }
         cp_async_commit();
     };
-#pragma unroll
-    for (u32 i = 0; i < ST - 1; ++i) step(i);
-    enter();
     // own(m): item m's keys lie in split z alone, so this block writes its row (zlo, zhi: its
-    // splits). The gate of those rows into L1 now (after the wait), read back as the rows are written.
+    // splits). The gate of those rows into L1 now, read back as the rows are written: with
+    // ADEC_PRE before the PDL wait (the gate, like Q, comes from the launch before the append,
+    // complete when this grid may start), so that it has the whole main loop to land.
     const auto own = [&](u32 m, u32& zlo, u32& zhi) {
         const u32 p = pos0 + m / group;
         zlo = adec_lo(p, window) >> ksl;
@@ -295,6 +295,9 @@ __device__ __forceinline__ void adec_pdl(const T* __restrict__ q, const T* __res
         const u64 at = ((u64)(row0 + m / group) * heads + kh * group + m % group) * DP + (c % (DP / 64)) * 64;
         if (m <= m_last && own(m, zl, zh)) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(gate + at));
     }
+#pragma unroll
+    for (u32 i = 0; i < ST - 1; ++i) step(i);
+    enter();
     if (early) {
         // The early tiles' keys at pos0 and after (the block holding the spans' new rows: at
         // short context the only one), copied now, then awaited with the rest of the prologue
