@@ -3,7 +3,7 @@
 # with the gate's L1 prefetch moved before the PDL wait (where Q is read, ADEC_PRE): parity
 # (the gated kernels bit for bit, the model suite with the gate fused), then the model A/B at
 # batch 1 against the default (the gate's own launch), bf16 and FP8, 128 and 4,096 keys. Every
-# step is skipped once the script has run 200 s.
+# step is skipped once the script has run 150 s.
 # Carry .dev/porter (porter.gz), .dev/k.tgz, .dev/ptx.tgz.
 set -uo pipefail
 gunzip -c .dev/porter/porter.gz > /tmp/porter_new && chmod +x /tmp/porter_new
@@ -14,7 +14,7 @@ exec > >(tee $OUT/summary.txt) 2>&1
 date -u; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 T="--include-ignored --nocapture --test-threads=1"
 L=$OUT/logs; mkdir -p $L
-ok() { [ $SECONDS -lt 200 ] || { echo "[$SECONDS s] out of time: skipped $*"; return 1; }; }
+ok() { [ $SECONDS -lt 150 ] || { echo "[$SECONDS s] out of time: skipped $*"; return 1; }; }
 t() { local name=$1 to=$2; shift 2; ok $name || return; timeout $to "$@" > $L/$name.log 2>&1; echo "[$SECONDS s] $name rc=$? $(grep -E '^test result' $L/$name.log | tr '\n' ' ')"; }
 t gated 60 .dev/k/cuda_attention $T attention_decode_gated_bit_exact
 t gpu_gate 60 env PORTER_ATTN_GATE=fused .dev/k/gpu $T
