@@ -404,22 +404,24 @@ fn page_dev(g: &Gpu, step: &PageStep) -> Result<Arc<PageDev>> {
     Ok(d)
 }
 
-/// Environment variable: `fused` passes a gated attention's output gate to the attention call,
-/// whose decode kernels apply it as they write each row; `apart` or unset (the default) runs
-/// it as a launch of its own (`sigmoid_gate_mul`) after the attention. Same bits either way;
+/// Environment variable: `apart` runs a gated attention's output gate as a launch of its own
+/// (`sigmoid_gate_mul`) after the attention; `fused` or unset (the default) passes it to the
+/// attention call, whose decode kernels apply it as they write each row. Same bits either way;
 /// read once, another value warns once and means the default.
 ///
-/// Why apart by default: H100, 24-layer 80B, batch 1, graphs on, 2026-12-07 (docs/benchmarks.md
-/// "Session 30"): the gate alone fused 442.9 against 445.3 tok/s apart (bf16, 128 keys),
-/// 550.3 against 554.0 (FP8), and 430.7 against 434.0 at 4,096 keys — the launch it saves
-/// costs less than it adds to the decode attention's stores.
+/// Measured in the model (H100, 24-layer 80B, batch 1, graphs on; docs/benchmarks.md "Session
+/// 30"): with the gate read after the decode attention's PDL wait the fusion lost 0.5–0.8 %;
+/// with it prefetched before the wait, where Q is read (2026-12-07, call 3), it is even at 128
+/// keys (bf16 447.6 / 447.3 against 448.3 / 449.4 tok/s apart, FP8 563.7 / 565.6 against
+/// 566.7 / 564.7) and ahead at 4,096 (bf16 445.4 / 446.7 against 439.0 / 442.3, FP8 560.6 /
+/// 559.9 against 557.2 / 557.2).
 pub const ATTN_GATE_ENV: &str = "PORTER_ATTN_GATE";
 
-/// Whether the attention call applies the output gate ([`ATTN_GATE_ENV`], read once; off by
+/// Whether the attention call applies the output gate ([`ATTN_GATE_ENV`], read once; on by
 /// default).
 pub fn attn_gate_fused() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| porter_kernels::cuda::env_fused(ATTN_GATE_ENV, false))
+    *ON.get_or_init(|| porter_kernels::cuda::env_fused(ATTN_GATE_ENV, true))
 }
 
 /// Writes K / V into the paged pool and attends (see `Ops::attention`); with `gate`
