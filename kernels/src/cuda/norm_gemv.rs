@@ -24,7 +24,8 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 /// 2026-12-07): 433.7 against 445.3 tok/s (bf16), 550.4 against 554.0 (FP8); and again with
 /// each block's first weight rows prefetched into L2 before its PDL wait (436.5 against 448.6,
 /// reverted). The cause is not measured: the plain path's norm reads its weight before its
-/// PDL wait and the GEMV runs a full grid, while every fused block normalises the row again. Read on every call; an unknown value warns once and means the default.
+/// PDL wait and the GEMV runs a full grid, while every fused block normalises the row again.
+/// Read on every call; an unknown value warns once and means the default (`auto` means it too).
 pub const NORM_GEMV_ENV: &str = "PORTER_NORM_GEMV";
 
 /// Which norm → GEMV pairs run fused ([`NORM_GEMV_ENV`]).
