@@ -1,6 +1,6 @@
 //! Environment knobs of the CUDA kernels: the include directory, the forced fallback, the
 //! shared-memory cap, PDL, and the parsers every A/B variable uses (`env_count`,
-//! `env_on_off`, one warning a variable).
+//! `env_on_off`, `one_of_or`, one warning a variable).
 
 use super::{CudaError, Result};
 use std::sync::Mutex;
@@ -72,13 +72,30 @@ pub fn env_on_off(var: &str, default: bool) -> bool {
 /// one warning a process that names the variable, anything else. Read on every call: callers
 /// that read it once keep the value.
 pub fn env_fused(var: &str, default: bool) -> bool {
-    fused_from(std::env::var_os(var).as_deref())
-        .unwrap_or_else(|t| {
-            let word = if default { "fused" } else { "apart" };
-            warn_once(var, &format!("warning: {var}={t:?} is not one of fused, apart; using {word}"));
-            None
-        })
-        .unwrap_or(default)
+    let word = if default { "fused" } else { "apart" };
+    one_of_or(var, fused_from(std::env::var_os(var).as_deref()), &["fused", "apart"], word, None).unwrap_or(default)
+}
+
+/// A parser's reading `parsed` of environment variable `var`, or — when it refused the value
+/// (`Err` with the value's text) — `default`, with one warning a process that names the
+/// variable, the `words` it accepts and what is used instead (`using`): `warning: VAR="value"
+/// is not one of a, b, c; using a`.
+pub(super) fn one_of_or<T>(
+    var: &str,
+    parsed: std::result::Result<T, String>,
+    words: &[&str],
+    using: impl std::fmt::Display,
+    default: T,
+) -> T {
+    parsed.unwrap_or_else(|bad| {
+        warn_once(var, &one_of_warning(var, &bad, words, using));
+        default
+    })
+}
+
+/// The warning of [`one_of_or`] about value `bad` of variable `var`.
+fn one_of_warning(var: &str, bad: &str, words: &[&str], using: impl std::fmt::Display) -> String {
+    format!("warning: {var}={bad:?} is not one of {}; using {using}", words.join(", "))
 }
 
 /// [`env_fused`] of a variable's value `v`: `Ok(None)` unset or empty, `Err` with the text
@@ -106,8 +123,9 @@ fn on_off_from(v: Option<std::ffi::OsString>) -> std::result::Result<Option<bool
     }
 }
 
-/// Prints `msg` to stderr the first time a process warns about variable `var`.
-fn warn_once(var: &str, msg: &str) {
+/// Prints `msg` to stderr the first time a process warns about variable `var`; later
+/// warnings about the same variable print nothing.
+pub(super) fn warn_once(var: &str, msg: &str) {
     static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let mut w = WARNED.lock().unwrap_or_else(|e| e.into_inner());
     if !w.iter().any(|x| x == var) {
@@ -186,6 +204,19 @@ mod tests {
         assert_eq!(fused_from(Some("apart".as_ref())), Ok(Some(false)));
         assert_eq!(fused_from(Some("APART\n".as_ref())), Ok(Some(false)));
         assert_eq!(fused_from(Some("off".as_ref())), Err("off".to_string()));
+    }
+
+    /// [`one_of_or`] passes a parsed value through, falls back on a refused one, and its
+    /// warning names the variable, the value, the accepted words and the fallback.
+    #[test]
+    fn one_of_falls_back_on_a_refused_value() {
+        const VAR: &str = "PORTER_TEST_ONE_OF";
+        assert_eq!(one_of_or(VAR, Ok(3), &["a", "b"], "a", 1), 3);
+        assert_eq!(one_of_or(VAR, Err("c".to_string()), &["a", "b"], "a", 1), 1);
+        assert_eq!(
+            one_of_warning("PORTER_MOE_SHARED", "both", &["fused", "apart"], "fused"),
+            "warning: PORTER_MOE_SHARED=\"both\" is not one of fused, apart; using fused"
+        );
     }
 
     #[test]

@@ -81,13 +81,13 @@ impl Fp8GemvForm {
     pub fn from_env() -> Self {
         let v = std::env::var(FP8_GEMV_ENV).ok();
         Self::parse(v.as_deref()).unwrap_or_else(|bad| {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                eprintln!(
+            super::env::warn_once(
+                FP8_GEMV_ENV,
+                &format!(
                     "warning: {FP8_GEMV_ENV}={bad:?} is not auto, tc, fma, hw, alu or legacy (optionally :1, :2, :4); \
                      using auto"
-                )
-            });
+                ),
+            );
             Self::AUTO
         })
     }

@@ -68,12 +68,12 @@ fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
         "" | "tc5" => GdnChunkForm::Tc5,
         "tc" => GdnChunkForm::Tc,
         other => {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                eprintln!(
+            super::env::warn_once(
+                GDN_CHUNK_ENV,
+                &format!(
                     "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `f32`; using the default (tc5)"
-                )
-            });
+                ),
+            );
             GdnChunkForm::Tc5
         }
     }
@@ -88,8 +88,10 @@ fn tc2_warps_from(v: Option<std::ffi::OsString>) -> usize {
         "" | "32" => 2,
         "64" => 4,
         other => {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| eprintln!("warning: {GDN_TC2_BV_ENV}={other:?} is none of 16, 32, 64; using 32"));
+            super::env::warn_once(
+                GDN_TC2_BV_ENV,
+                &format!("warning: {GDN_TC2_BV_ENV}={other:?} is none of 16, 32, 64; using 32"),
+            );
             2
         }
     }

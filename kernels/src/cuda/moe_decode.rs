@@ -77,16 +77,9 @@ fn down_legacy(v: Option<&std::ffi::OsStr>) -> std::result::Result<Option<(bool,
 
 /// [`down_legacy`] for the process environment, warning once about a value it does not know.
 fn down_legacy_env() -> Option<(bool, bool)> {
-    down_legacy(std::env::var_os(MOE_DOWN_ENV).as_deref()).unwrap_or_else(|bad| {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            eprintln!(
-                "warning: {MOE_DOWN_ENV}={bad:?} is not one of stream, legacy, direct-legacy, v1-legacy; \
-                 using the default"
-            )
-        });
-        None
-    })
+    let parsed = down_legacy(std::env::var_os(MOE_DOWN_ENV).as_deref());
+    let words = ["stream", "legacy", "direct-legacy", "v1-legacy"];
+    super::env::one_of_or(MOE_DOWN_ENV, parsed, &words, "the default", None)
 }
 
 /// Whether [`MOE_SHARED_ENV`]'s value `v` keeps the shared expert apart (`Err`: the value,
@@ -102,11 +95,8 @@ fn shared_apart(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, String
 
 /// [`shared_apart`] for the process environment, warning once about a value it does not know.
 fn shared_apart_env() -> bool {
-    shared_apart(std::env::var_os(MOE_SHARED_ENV).as_deref()).unwrap_or_else(|bad| {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| eprintln!("warning: {MOE_SHARED_ENV}={bad:?} is not one of fused, apart; using fused"));
-        false
-    })
+    let parsed = shared_apart(std::env::var_os(MOE_SHARED_ENV).as_deref());
+    super::env::one_of_or(MOE_SHARED_ENV, parsed, &["fused", "apart"], "fused", false)
 }
 
 /// `phases` of [`CudaKernels::moe_decode_with`] that runs the whole call (grouping, gate+up,
@@ -214,17 +204,8 @@ impl MoeGemv {
     /// The form [`MOE_GEMV_ENV`] asks for ([`MoeGemv::Auto`] when unset or unknown).
     pub fn from_env() -> Self {
         let v = std::env::var_os(MOE_GEMV_ENV);
-        Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                eprintln!(
-                    "warning: {MOE_GEMV_ENV}={bad:?} is not one of auto, direct, direct-l2, v1, v2, direct-legacy, \
-                     v1-legacy; \
-                     using auto"
-                )
-            });
-            MoeGemv::Auto
-        })
+        let words = ["auto", "direct", "direct-l2", "v1", "v2", "direct-legacy", "v1-legacy"];
+        super::env::one_of_or(MOE_GEMV_ENV, Self::from_value(v.as_deref()), &words, "auto", MoeGemv::Auto)
     }
 
     /// [`MoeGemv::from_env`] for a given value of the variable (`Err`: the value, unknown).

@@ -52,12 +52,8 @@ fn norm_policy(v: Option<&std::ffi::OsStr>) -> std::result::Result<NormGemvPolic
 
 /// The policy [`NORM_GEMV_ENV`] asks for.
 pub fn norm_gemv_policy() -> NormGemvPolicy {
-    norm_policy(std::env::var_os(NORM_GEMV_ENV).as_deref()).unwrap_or_else(|bad| {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED
-            .call_once(|| eprintln!("warning: {NORM_GEMV_ENV}={bad:?} is not one of apart, small, fused; using apart"));
-        NormGemvPolicy::Apart
-    })
+    let parsed = norm_policy(std::env::var_os(NORM_GEMV_ENV).as_deref());
+    super::env::one_of_or(NORM_GEMV_ENV, parsed, &["apart", "small", "fused"], "apart", NormGemvPolicy::Apart)
 }
 
 /// Largest weight (`n · k` elements) the `small` policy fuses: the 80B's MoE input GEMV

@@ -174,13 +174,9 @@ fn decode_choice() -> AttnDecode {
     if let Some(k) = FORCED.with(Cell::get) {
         return k;
     }
-    decode_from(std::env::var_os(ATTN_DECODE_ENV).as_deref()).unwrap_or_else(|bad| {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            eprintln!("warning: {ATTN_DECODE_ENV}={bad:?} is not one of legacy, mma, mma2, mma3, mmaw2, mma4, mma4w2, mma4s, mma4-n8; using mma4")
-        });
-        AttnDecode::Mma4
-    })
+    let parsed = decode_from(std::env::var_os(ATTN_DECODE_ENV).as_deref());
+    let words = ["legacy", "mma", "mma2", "mma3", "mmaw2", "mma4", "mma4w2", "mma4s", "mma4-n8"];
+    crate::cuda::env::one_of_or(ATTN_DECODE_ENV, parsed, &words, "mma4", AttnDecode::Mma4)
 }
 
 /// Whether [`ATTN_DECODE_ENV`] selects a tensor-core decode kernel (its module is then

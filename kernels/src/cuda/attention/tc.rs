@@ -95,15 +95,9 @@ fn tc_from(v: Option<&std::ffi::OsStr>) -> std::result::Result<AttnTc, String> {
 
 /// [`tc_from`] for the process environment, warning once about a value it does not know.
 fn tc_env() -> AttnTc {
-    tc_from(std::env::var_os(ATTN_TC_ENV).as_deref()).unwrap_or_else(|bad| {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            eprintln!(
-                "warning: {ATTN_TC_ENV}={bad:?} is not one of wmma, mma, mma8, mma4, mma1, mma2, wgmma; using {ATTN_TC_DEFAULT:?}"
-            )
-        });
-        ATTN_TC_DEFAULT
-    })
+    let parsed = tc_from(std::env::var_os(ATTN_TC_ENV).as_deref());
+    let words = ["wmma", "mma", "mma8", "mma4", "mma1", "mma2", "wgmma"];
+    crate::cuda::env::one_of_or(ATTN_TC_ENV, parsed, &words, format_args!("{ATTN_TC_DEFAULT:?}"), ATTN_TC_DEFAULT)
 }
 
 /// A tensor-core kernel's shape: the wmma kernel, or the mma kernel with `warps` warps

@@ -37,11 +37,8 @@ fn one_block_align(v: Option<&std::ffi::OsStr>) -> std::result::Result<bool, Str
 
 /// [`one_block_align`] for the process environment, warning once about a value it does not know.
 pub(super) fn one_block_align_env() -> bool {
-    one_block_align(std::env::var_os(MOE_ALIGN_ENV).as_deref()).unwrap_or_else(|bad| {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| eprintln!("warning: {MOE_ALIGN_ENV}={bad:?} is not one of parallel, one; using parallel"));
-        false
-    })
+    let parsed = one_block_align(std::env::var_os(MOE_ALIGN_ENV).as_deref());
+    crate::cuda::env::one_of_or(MOE_ALIGN_ENV, parsed, &["parallel", "one"], "parallel", false)
 }
 
 /// The prefill path's choices: GEMM form, tile fragments (`None`: the host's choice) and
@@ -79,13 +76,8 @@ impl MoeGemm {
     /// The form [`MOE_GEMM_ENV`] asks for ([`MoeGemm::Auto`] when unset or unknown).
     pub(super) fn from_env() -> Self {
         let v = std::env::var_os(MOE_GEMM_ENV);
-        Self::from_value(v.as_deref()).unwrap_or_else(|bad| {
-            static WARNED: std::sync::Once = std::sync::Once::new();
-            WARNED.call_once(|| {
-                eprintln!("warning: {MOE_GEMM_ENV}={bad:?} is not one of auto, mma, pipe, wgmma, wmma; using auto")
-            });
-            MoeGemm::Auto
-        })
+        let words = ["auto", "mma", "pipe", "wgmma", "wmma"];
+        crate::cuda::env::one_of_or(MOE_GEMM_ENV, Self::from_value(v.as_deref()), &words, "auto", MoeGemm::Auto)
     }
 
     /// The value of [`MOE_GEMM_ENV`] that names this form.
