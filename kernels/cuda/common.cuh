@@ -88,33 +88,6 @@ __device__ __forceinline__ void porter_prefetch_l2(const void* p) {
 #endif
 }
 
-// A barrier over every block of the grid, for kernels whose grid the host sized so that all of
-// its blocks are resident at once (occupancy × SMs at most; a block that is not resident would
-// never arrive). bar[0] counts the arrivals, bar[1] is the generation: both live in memory
-// that is zero before the first launch; the last block to arrive sets bar[0] back to zero and
-// moves the generation on, so the pair is ready for the next launch. Writes before the barrier
-// are visible after it to every block through L2 (__threadfence on both sides, as cooperative
-// groups' grid sync does); reads after it of data written in the same launch must not use the
-// read-only (non-coherent) path.
-__device__ __forceinline__ void porter_grid_barrier(unsigned int* bar, unsigned int nblocks) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile unsigned int* gen = bar + 1;
-        const unsigned int g = *gen;  // before arriving: the last block moves it on only after
-        __threadfence();
-        if (atomicAdd(bar, 1u) == nblocks - 1u) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
-        } else {
-            while (*gen == g) {
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
 #define PORTER_NAN __int_as_float(0x7fc00000)
 #define PORTER_NEG_INF __int_as_float(0xff800000)
 

@@ -490,16 +490,6 @@ template <typename T> struct Fp8Mat {
         u32 e, float* out, u32 H, u32 I, u32 k, int vec, int staged) {                                           \
         dir_downa_impl_pdl<T, Fp8Mat<T>, MOE_DOWNA_FP8_CH, MOE_DOWNA_FP8_KMAX>(h, FP8_MAT(T, down, ds, drs, I), idx, wt, \
                                                                              e, out, H, I, k, staged);          \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_one_fp8_##NAME(                  \
-        const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,          \
-        const float* us, const u32* urs, u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,             \
-        const unsigned char* down, const float* ds, const u32* drs, const float* wt, float* out, int staged,     \
-        u32* bar, u32 ngu, u32 t) {                                                                               \
-        dir_one_impl_pdl<T, Fp8Mat<T>, 2, MOE_DOWNA_FP8_CH, MOE_DOWNA_FP8_KMAX>(                                       \
-            x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, h, H, I, k, vec,              \
-            DirShared<T, Fp8Mat<T>>{},                                                                             \
-            FP8_MAT(T, down, ds, drs, I), wt, out, staged, DirShared<T, Fp8Mat<T>>{}, bar, ngu, t);                                    \
     }
 
 // The in-flight down kernel's reach with FP8 experts (MOE_DOWNA_FP8_* in

@@ -170,20 +170,18 @@ struct DirRoute {
 // `dpf`, `dbytes`: the down prefetch of the down-L2 form (dir_down_prefetch), for the pairs
 // p < npf (0: none; the host bounds npf · dbytes by part of the L2). `rt`: the fused router
 // (flags 0: idx holds the ids, from the separate router).
-// `bx`: the block's index in the gate+up grid (the block index of moe_dir_gu_*; in the
-// one-launch form, each of the block's turns over that grid).
 template <typename T, typename M, int U>
-__device__ __forceinline__ void dir_gu_block(const T* __restrict__ x, const M gate, const M up, u32* __restrict__ idx,
-                                             u32 n, u32 e, T* __restrict__ h, u32 H, u32 I, u32 k, int vec,
-                                             const unsigned char* dpf, u64 dbytes, u32 npf, const DirRoute& rt,
-                                             const DirShared<T, M>& sh, u32 bx) {
+__device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up, u32* __restrict__ idx,
+                                            u32 n, u32 e, T* __restrict__ h, u32 H, u32 I, u32 k, int vec,
+                                            const unsigned char* dpf, u64 dbytes, u32 npf, const DirRoute& rt,
+                                            const DirShared<T, M>& sh) {
     const u32 lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, wpb = blockDim.x >> 5;
     // Blocks past the routed items' compute h_s: with gu_w a warp an element (its gate and up
     // dot products, warp_dots' as the routed items'), else a thread an element (an elementwise
     // SwiGLU of the columns gu).
     const u64 nq = (u64)n * I, nb = (nq + wpb - 1) / wpb;
-    if (bx >= nb && sh.gu_w) {
-        const u64 q = (u64)(bx - nb) * wpb + warp;
+    if (blockIdx.x >= nb && sh.gu_w) {
+        const u64 q = (u64)(blockIdx.x - nb) * wpb + warp;
         if (q >= (u64)sh.t * sh.Is) return;
         const u32 r = (u32)(q / sh.Is), c = (u32)(q % sh.Is);
         const typename M::Row w[2] = {sh.gum.row(c, H), sh.gum.row((u64)sh.Is + c, H)};
@@ -193,8 +191,8 @@ __device__ __forceinline__ void dir_gu_block(const T* __restrict__ x, const M ga
         if (lane == 0) sh.hs[q] = from_f<T>(silu_f(round_to<T>(acc[0][0])) * round_to<T>(acc[0][1]));
         return;
     }
-    if (bx >= nb) {
-        const u64 q = (u64)(bx - nb) * blockDim.x + threadIdx.x;
+    if (blockIdx.x >= nb) {
+        const u64 q = (blockIdx.x - nb) * blockDim.x + threadIdx.x;
         if (q < (u64)sh.t * sh.Is) {
             const u64 r = q / sh.Is, c = q % sh.Is;
             const float* row = sh.gu + r * sh.gu_stride + sh.gu_col0;
@@ -202,7 +200,7 @@ __device__ __forceinline__ void dir_gu_block(const T* __restrict__ x, const M ga
         }
         return;
     }
-    const u64 q0 = (u64)bx * wpb, q = q0 + warp;
+    const u64 q0 = (u64)blockIdx.x * wpb, q = q0 + warp;
     u32 ex;
     if (rt.flags & 1) {
         // The block's items q0 .. qe - 1 span rows r0 .. r0 + nr - 1: nr <= the items <= wpb
@@ -239,15 +237,6 @@ __device__ __forceinline__ void dir_gu_block(const T* __restrict__ x, const M ga
     float acc[1][2];
     warp_dots<T, typename M::Row, 2, 1, U, false>(w, a, 1, H, vec, lane, acc);
     if (lane == 0) h[(u64)p * I + c] = from_f<T>(silu_f(round_to<T>(acc[0][0])) * round_to<T>(acc[0][1]));
-}
-
-// One block of the gate+up launch (moe_dir_gu_*).
-template <typename T, typename M, int U>
-__device__ __forceinline__ void dir_gu_impl(const T* __restrict__ x, const M gate, const M up, u32* __restrict__ idx,
-                                            u32 n, u32 e, T* __restrict__ h, u32 H, u32 I, u32 k, int vec,
-                                            const unsigned char* dpf, u64 dbytes, u32 npf, const DirRoute& rt,
-                                            const DirShared<T, M>& sh) {
-    dir_gu_block<T, M, U>(x, gate, up, idx, n, e, h, H, I, k, vec, dpf, dbytes, npf, rt, sh, blockIdx.x);
 }
 
 // Without a shared expert (moe_dir_gu_*).
@@ -378,66 +367,46 @@ __device__ __forceinline__ void dir_down_impl_pdl(const T* __restrict__ h, const
 // lane-strided chunks in the same order, the same per-chunk formula (R::dot_side is
 // dot_acc with the side value given), the same butterfly, the same Σ_j in j order and shared
 // term, so the same bits.
-// A warp's registers between the two halves (dir_downa_load, dir_downa_finish): its rows'
-// weight chunks, their side values (FP8 block scales) and which rows are live.
-template <int CH, int KMAX> struct DownaRegs {
-    uint4 wv[KMAX][CH];
-    float sd[KMAX][CH];
-    u32 live;
-};
-
-// The loads that need no gate+up output, for warp (row r, hidden column c): the row's ids
-// and every weight chunk (and side value) of its pairs into registers.
 template <typename T, typename M, int CH, int KMAX>
-__device__ __forceinline__ void dir_downa_load(DownaRegs<CH, KMAX>& g, const M down, const u32* __restrict__ idx,
-                                               u32 e, u32 H, u32 I, u32 k, u32 r, u32 c, const DirShared<T, M>& sh) {
-    typedef typename M::Row R;
-    constexpr u32 E = R::E;
-    const u32 lane = threadIdx.x & 31u;
-    const u32 kv = I / E;                              // chunks of a row (host: I % E == 0, kv <= 32·CH)
-    const u32 kk = k + (sh.mode == 1 ? 1u : 0u);       // rows of the warp (host: kk <= KMAX)
-    g.live = 0u;
-    if (c >= H) return;
-#pragma unroll
-    for (int j = 0; j < KMAX; ++j) {
-        if ((u32)j >= kk) break;
-        bool ok = true;
-        R row;
-        if (sh.mode == 1 && (u32)j == k) {
-            row = sh.down.row(c, I);
-        } else {
-            const u32 ex = __ldg(idx + (u64)r * k + j);
-            ok = ex < e;
-            row = down.row((u64)(ok ? ex : 0u) * H + c, I);
-        }
-        if (!ok) continue;
-        g.live |= 1u << j;
-#pragma unroll
-        for (int q = 0; q < CH; ++q) {
-            const u32 cc = lane + 32u * q;
-            if (cc < kv) {
-                g.wv[j][q] = row.load(cc);
-                g.sd[j][q] = row.side(cc);
-            }
-        }
-    }
-}
-
-// The rest, after the gate+up output is complete: the block stages row r of h (and h_s) in
-// shared memory (every thread of the block takes part: one block, one row), then warp (r, c)
-// runs the dots from registers and writes out[r][c]. COH: h was written by this very launch
-// (the one-launch form), so it is read through L2 (ld.global.cg), not the read-only path.
-template <typename T, typename M, int CH, int KMAX, bool COH>
-__device__ __forceinline__ void dir_downa_finish(const DownaRegs<CH, KMAX>& g, const T* __restrict__ h, const M down,
-                                                 const u32* __restrict__ idx, const float* __restrict__ wt, u32 e,
-                                                 float* __restrict__ out, u32 H, u32 I, u32 k, int staged, u32 r,
-                                                 u32 c, const DirShared<T, M>& sh) {
+__device__ __forceinline__ void dir_downa_impl_pdl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
+                                                   const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
+                                                   u32 I, u32 k, int staged, const DirShared<T, M>& sh) {
     typedef typename M::Row R;
     constexpr u32 E = R::E;
     extern __shared__ uint4 dsm_h[];
     const u32 lane = threadIdx.x & 31u;
-    const u32 kv = I / E;
-    const u32 kk = k + (sh.mode == 1 ? 1u : 0u);
+    const u32 r = blockIdx.y, c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const u32 kv = I / E;                              // chunks of a row (host: I % E == 0, kv <= 32·CH)
+    const u32 kk = k + (sh.mode == 1 ? 1u : 0u);       // rows of the warp (host: kk <= KMAX)
+    uint4 wv[KMAX][CH];
+    float sd[KMAX][CH];
+    u32 live = 0u;
+    if (c < H) {
+#pragma unroll
+        for (int j = 0; j < KMAX; ++j) {
+            if ((u32)j >= kk) break;
+            bool ok = true;
+            R row;
+            if (sh.mode == 1 && (u32)j == k) {
+                row = sh.down.row(c, I);
+            } else {
+                const u32 ex = __ldg(idx + (u64)r * k + j);
+                ok = ex < e;
+                row = down.row((u64)(ok ? ex : 0u) * H + c, I);
+            }
+            if (!ok) continue;
+            live |= 1u << j;
+#pragma unroll
+            for (int q = 0; q < CH; ++q) {
+                const u32 cc = lane + 32u * q;
+                if (cc < kv) {
+                    wv[j][q] = row.load(cc);
+                    sd[j][q] = row.side(cc);
+                }
+            }
+        }
+    }
+    porter_pdl_enter();
     // h (and h_s) into shared memory, each row's 16-byte pieces permuted: a weight chunk of E
     // elements takes P pieces of h (P = 2 for FP8 chunks of 16 and 16-bit h), and piece v of
     // chunk cc goes to v·kv + cc of its row, so that the lanes (consecutive chunks) read
@@ -453,8 +422,7 @@ __device__ __forceinline__ void dir_downa_finish(const DownaRegs<CH, KMAX>& g, c
         const uint4* ssrc = reinterpret_cast<const uint4*>(sh.mode == 1 ? sh.hs + (u64)r * sh.Is : nullptr);
         for (u32 i = threadIdx.x; i < n16 + s16; i += blockDim.x) {
             const u32 j = i / ppr, pc = i - j * ppr;
-            const uint4* p = i < n16 ? src + i : ssrc + (i - n16);
-            dsm_h[j * ppr + (pc % P) * kv + pc / P] = COH ? __ldcg(p) : __ldg(p);
+            dsm_h[j * ppr + (pc % P) * kv + pc / P] = i < n16 ? __ldg(src + i) : __ldg(ssrc + (i - n16));
         }
         __syncthreads();
     }
@@ -463,7 +431,7 @@ __device__ __forceinline__ void dir_downa_finish(const DownaRegs<CH, KMAX>& g, c
 #pragma unroll
     for (int j = 0; j < KMAX; ++j) {
         if ((u32)j >= kk) break;
-        if (!(g.live >> j & 1u)) continue;
+        if (!(live >> j & 1u)) continue;
         float acc = 0.0f;
         // Row j's pieces (the shared row, j = k, follows the k routed rows).
         const uint4* a = dsm_h + (u64)j * ppr;
@@ -472,10 +440,10 @@ __device__ __forceinline__ void dir_downa_finish(const DownaRegs<CH, KMAX>& g, c
             const u32 cc = lane + 32u * q;
             if (cc < kv) {
                 float wf[E], af[E];
-                R{}.expand(g.wv[j][q], cc, wf);
+                R{}.expand(wv[j][q], cc, wf);
 #pragma unroll
                 for (u32 v = 0; v < P; ++v) unpack<T>(a[v * kv + cc], af + v * VecOf<T>::N);
-                acc = R::dot_side(wf, af, g.sd[j][q], acc);
+                acc = R::dot_side(wf, af, sd[j][q], acc);
             }
         }
         acc = warp_sum(acc);
@@ -489,17 +457,6 @@ __device__ __forceinline__ void dir_downa_finish(const DownaRegs<CH, KMAX>& g, c
     if (staged & 8) dir_prefetch_rows<T, M, true>(down, idx + (u64)r * k, e, H, I, k, c, sh, lane);
 }
 
-template <typename T, typename M, int CH, int KMAX>
-__device__ __forceinline__ void dir_downa_impl_pdl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
-                                                   const float* __restrict__ wt, u32 e, float* __restrict__ out, u32 H,
-                                                   u32 I, u32 k, int staged, const DirShared<T, M>& sh) {
-    const u32 r = blockIdx.y, c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    DownaRegs<CH, KMAX> g;
-    dir_downa_load<T, M, CH, KMAX>(g, down, idx, e, H, I, k, r, c, sh);
-    porter_pdl_enter();
-    dir_downa_finish<T, M, CH, KMAX, false>(g, h, down, idx, wt, e, out, H, I, k, staged, r, c, sh);
-}
-
 // Without a shared expert (moe_dir_downa_*).
 template <typename T, typename M, int CH, int KMAX>
 __device__ __forceinline__ void dir_downa_impl_pdl(const T* __restrict__ h, const M down, const u32* __restrict__ idx,
@@ -507,45 +464,6 @@ __device__ __forceinline__ void dir_downa_impl_pdl(const T* __restrict__ h, cons
                                                    u32 I, u32 k, int staged) {
     DirShared<T, M> none{};
     dir_downa_impl_pdl<T, M, CH, KMAX>(h, down, idx, wt, e, out, H, I, k, staged, none);
-}
-
-// The direct form in one launch (moe_dir_one_*; kernels/src/cuda/moe_decode/direct.rs takes it
-// where the in-flight down kernel would run and the grid fits the GPU at once). Why: at batch 1
-// the two launches are a chain — the gate+up grid (several waves) drains, the down grid's
-// blocks start only as the last gate+up blocks retire, so most of its in-flight weight loads
-// are issued after gate+up's stream has ended, and the boundary between the grids costs its
-// own µs. Here a resident grid takes the gate+up blocks in turns (dir_gu_block with the block
-// index of the two-launch form), then each block issues the weight loads of its first down
-// block (dir_downa_load: they need only the router's ids) while other blocks still stream
-// gate+up, waits at a grid barrier for h, and finishes as the down kernel does (h staged
-// through L2). Same items, same arithmetic, so the same bits as the two launches.
-// `bar`: the barrier's two words (porter_grid_barrier); `ngu`: the gate+up grid's blocks;
-// `t`: rows (down blocks: ceil(H / warps) column blocks per row).
-template <typename T, typename M, int U, int CH, int KMAX>
-__device__ __forceinline__ void dir_one_impl_pdl(const T* __restrict__ x, const M gate, const M up, u32* __restrict__ idx,
-                                             u32 n, u32 e, T* __restrict__ h, u32 H, u32 I, u32 k, int vec,
-                                             const DirShared<T, M>& shg, const M down, const float* __restrict__ wt,
-                                             float* __restrict__ out, int staged, const DirShared<T, M>& shd,
-                                             u32* __restrict__ bar, u32 ngu, u32 t) {
-    porter_pdl_enter();
-    const DirRoute no_route{nullptr, 0u, 0, nullptr};
-    for (u32 b = blockIdx.x; b < ngu; b += gridDim.x)
-        dir_gu_block<T, M, U>(x, gate, up, idx, n, e, h, H, I, k, vec, nullptr, 0ull, 0u, no_route, shg, b);
-    const u32 wpb = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    const u32 ncb = (H + wpb - 1u) / wpb, nd = ncb * t;  // down blocks (column block, row)
-    DownaRegs<CH, KMAX> g;
-    u32 d = blockIdx.x;
-    g.live = 0u;
-    if (d < nd) dir_downa_load<T, M, CH, KMAX>(g, down, idx, e, H, I, k, d / ncb, (d % ncb) * wpb + warp, shd);
-    porter_grid_barrier(bar, gridDim.x);
-    for (; d < nd; d += gridDim.x) {
-        if (d != blockIdx.x) {
-            __syncthreads();  // the previous turn's warps are done with the staged h
-            dir_downa_load<T, M, CH, KMAX>(g, down, idx, e, H, I, k, d / ncb, (d % ncb) * wpb + warp, shd);
-        }
-        const u32 r = d / ncb, c = (d % ncb) * wpb + warp;
-        dir_downa_finish<T, M, CH, KMAX, true>(g, h, down, idx, wt, e, out, H, I, k, staged, r, c, shd);
-    }
 }
 
 // The fused router's arguments of every direct gate+up entry point (after npf; the shared
@@ -560,7 +478,7 @@ __device__ __forceinline__ void dir_one_impl_pdl(const T* __restrict__ x, const 
 #define MOE_DOWNA_CH 2
 #define MOE_DOWNA_KMAX 11
 
-// Entry points: moe_dir_gu_<T> / moe_dir_down_<T> / moe_dir_downa_<T> / moe_dir_one_<T>; DIR_U: chunks in flight per lane and row of
+// Entry points: moe_dir_gu_<T> / moe_dir_down_<T> / moe_dir_downa_<T>; DIR_U: chunks in flight per lane and row of
 // the down kernel.
 #define MOE_DIR_ENTRY(T, NAME, DIR_U)                                                                              \
     extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 3) moe_dir_gu_##NAME(                         \
@@ -580,13 +498,6 @@ __device__ __forceinline__ void dir_one_impl_pdl(const T* __restrict__ x, const 
         int vec, int staged) {                                                                                    \
         dir_downa_impl_pdl<T, DenseMat<T>, MOE_DOWNA_CH, MOE_DOWNA_KMAX>(h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, \
                                                                          staged);                                 \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_one_##NAME(                        \
-        const T* x, const T* gate, const T* up, u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,       \
-        const T* down, const float* wt, float* out, int staged, u32* bar, u32 ngu, u32 t) {                       \
-        dir_one_impl_pdl<T, DenseMat<T>, 4, MOE_DOWNA_CH, MOE_DOWNA_KMAX>(x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, \
-                                                                      H, I, k, vec, DirShared<T, DenseMat<T>>{}, DenseMat<T>{down}, wt, out,  \
-                                                                      staged, DirShared<T, DenseMat<T>>{}, bar, ngu, t);                \
     }
 
 // f32: one chunk (two spilled: 4 weights a chunk, twice the chunks a row).

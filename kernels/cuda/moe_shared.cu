@@ -27,11 +27,6 @@
 //   [2·Is, H] (dense: its pointer; FP8: q, scales, row scale), gu_w, gu_vec (gu_w: h_s from that
 //   weight and x, a warp an element; gu is then unused);
 // down: the shared down weight [H, Is], hs, glog (f32), g_stride, g_col, Is, mode, svec.
-// The one-launch form (moe_direct.cu's dir_one_impl_pdl), moe_dir_one_sh_<T> /
-// moe_dir_one_sh_fp8_<T>: the gate+up arguments without the fused router's and the down-L2
-// prefetch's (up to vec, then MOE_SH_GU_ARGS and the [gate; up] weight, gu_w, gu_vec), then the
-// routed down weight, wt, out, staged, the shared down weight, MOE_SH_ONE_DOWN_ARGS (hs and Is
-// are the gate+up's), bar and ngu.
 
 // v1, streamed down + combine (moe_dec_downs_*; the default, PORTER_MOE_DOWN=legacy takes
 // moe_dec_down_*). Why (80B shapes, t = 8..64, H200): moe_dec_down_* streamed ~1.7 TB/s. Its
@@ -87,8 +82,6 @@ __device__ __forceinline__ void dec_downs_impl(const T* __restrict__ h, const M 
 #define MOE_SH_GUW_DENSE(T) const T *sgw, int gu_w, int gu_vec
 #define MOE_SH_GUW_FP8 const unsigned char *sgw, const float *sgs, const u32 *sgrs, int gu_w, int gu_vec
 #define MOE_SH_DOWN_ARGS(T) const T *hs, const float *glog, u32 g_stride, u32 g_col, u32 Is, int mode, int svec
-// The one-launch form's shared down arguments (hs and Is are the gate+up's, MOE_SH_GU_ARGS).
-#define MOE_SH_ONE_DOWN_ARGS const float *glog, u32 g_stride, u32 g_col, int mode, int svec
 #define MOE_SH_GU(T, M, GUM) \
     (DirShared<T, M>{sgu, gu_stride, gu_col0, nullptr, 0u, 0u, M{}, hs, Is, t, 0, 0, GUM, gu_w, gu_vec})
 #define MOE_SH_DOWN(T, M, D) \
@@ -127,14 +120,6 @@ MOE_DS_ENTRY(f16, f16)
         int staged, const T* sdown, MOE_SH_DOWN_ARGS(T)) {                                                              \
         dir_downa_impl_pdl<T, DenseMat<T>, MOE_DOWNA_CH, MOE_DOWNA_KMAX>(                                              \
             h, DenseMat<T>{down}, idx, wt, e, out, H, I, k, staged, MOE_SH_DOWN(T, DenseMat<T>, DenseMat<T>{sdown}));  \
-    }                                                                                                                \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_one_sh_##NAME(                        \
-        const T* x, const T* gate, const T* up, u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,          \
-        MOE_SH_GU_ARGS(T), MOE_SH_GUW_DENSE(T), const T* down, const float* wt, float* out, int staged,             \
-        const T* sdown, MOE_SH_ONE_DOWN_ARGS, u32* bar, u32 ngu) {                                                   \
-        dir_one_impl_pdl<T, DenseMat<T>, 4, MOE_DOWNA_CH, MOE_DOWNA_KMAX>(                                                 \
-            x, DenseMat<T>{gate}, DenseMat<T>{up}, idx, n, e, h, H, I, k, vec, MOE_SH_GU(T, DenseMat<T>, DenseMat<T>{sgw}), \
-            DenseMat<T>{down}, wt, out, staged, MOE_SH_DOWN(T, DenseMat<T>, DenseMat<T>{sdown}), bar, ngu, t);        \
     }
 
 // Down chunks in flight per lane and row (as moe_dir_down_*).
@@ -168,17 +153,6 @@ MOE_SH_ENTRY(f16, f16, 2)
         dir_downa_impl_pdl<T, Fp8Mat<T>, MOE_DOWNA_FP8_CH, MOE_DOWNA_FP8_KMAX>(                                        \
             h, FP8_MAT(T, down, ds, drs, I), idx, wt, e, out, H, I, k, staged,                                         \
             MOE_SH_DOWN(T, Fp8Mat<T>, FP8_MAT(T, sdown, sds, sdrs, Is)));                                              \
-    }                                                                                                                \
-    extern "C" __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32, 2) moe_dir_one_sh_fp8_##NAME(                    \
-        const T* x, const unsigned char* gate, const float* gs, const u32* grs, const unsigned char* up,             \
-        const float* us, const u32* urs, u32* idx, u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec,                 \
-        MOE_SH_GU_ARGS(T), MOE_SH_GUW_FP8, const unsigned char* down, const float* ds, const u32* drs,              \
-        const float* wt, float* out, int staged, const unsigned char* sdown, const float* sds, const u32* sdrs,     \
-        MOE_SH_ONE_DOWN_ARGS, u32* bar, u32 ngu) {                                                                   \
-        dir_one_impl_pdl<T, Fp8Mat<T>, 2, MOE_DOWNA_FP8_CH, MOE_DOWNA_FP8_KMAX>(                                           \
-            x, FP8_MAT(T, gate, gs, grs, H), FP8_MAT(T, up, us, urs, H), idx, n, e, h, H, I, k, vec,                   \
-            MOE_SH_GU(T, Fp8Mat<T>, FP8_MAT(T, sgw, sgs, sgrs, H)), FP8_MAT(T, down, ds, drs, I), wt, out, staged,       \
-            MOE_SH_DOWN(T, Fp8Mat<T>, FP8_MAT(T, sdown, sds, sdrs, Is)), bar, ngu, t);                                 \
     }
 
 // The streamed v1 down kernel (moe_decode.cu's dec_downs_impl) with FP8 experts: fp8.cu's

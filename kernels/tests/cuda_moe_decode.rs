@@ -63,15 +63,8 @@ fn same_bits(what: &str, a: &[f32], b: &[f32], hidden: usize) {
 }
 
 /// The forms compared bit for bit (the first, legacy v1, is the baseline).
-const FORMS: [MoeGemv; 7] = [
-    MoeGemv::V1Legacy,
-    MoeGemv::V1,
-    MoeGemv::V2,
-    MoeGemv::DirectLegacy,
-    MoeGemv::Direct,
-    MoeGemv::DirectL2,
-    MoeGemv::DirectOne,
-];
+const FORMS: [MoeGemv; 6] =
+    [MoeGemv::V1Legacy, MoeGemv::V1, MoeGemv::V2, MoeGemv::DirectLegacy, MoeGemv::Direct, MoeGemv::DirectL2];
 
 /// Every form on one case: each against the reference, every other form against legacy v1 bit
 /// for bit, v2 twice (the counters it zeroes must leave the next call right), and row 0 alone
@@ -95,7 +88,7 @@ fn parity_case<T: CudaFloat>(kern: &CudaKernels, what: &str, d: Dims, idx: Vec<u
     same_bits(&format!("{what}: v2, second call"), &got[FORMS.len()], &got[2], d.hidden);
     if d.t > 1 {
         let one = Dims { t: 1, ..d };
-        for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct, MoeGemv::DirectL2, MoeGemv::DirectOne] {
+        for which in [MoeGemv::V1, MoeGemv::V2, MoeGemv::Direct, MoeGemv::DirectL2] {
             let mut out = poisoned::<f32>(kern, d.hidden);
             let (x0, i0, w0) = (dev.x.slice(0..d.hidden), dev.idx.slice(0..d.k), dev.w.slice(0..d.k));
             run::<T>(kern, one, &x0, &i0, &w0, &dev, &mut out, which, MOE_PHASES_ALL);
@@ -207,7 +200,7 @@ fn time_phase(
 fn timed_forms(t: usize) -> Vec<MoeGemv> {
     let mut f = vec![MoeGemv::V1Legacy, MoeGemv::V1];
     if t <= 16 {
-        f.extend([MoeGemv::V2, MoeGemv::DirectLegacy, MoeGemv::Direct, MoeGemv::DirectL2, MoeGemv::DirectOne]);
+        f.extend([MoeGemv::V2, MoeGemv::DirectLegacy, MoeGemv::Direct, MoeGemv::DirectL2]);
     }
     f
 }
@@ -299,8 +292,7 @@ fn moe_decode_80b_bf16() {
 }
 
 /// ptxas (sm_90) of the decode kernels in both modules: the down kernels (streamed and
-/// legacy, direct, with and without the shared expert, dense and FP8) and the one-launch
-/// form must not spill.
+/// legacy, direct, with and without the shared expert, dense and FP8) must not spill.
 #[test]
 #[ignore = "needs NVRTC (bash .ci/run installs it)"]
 fn nvrtc_moe_decode_ptxas_info() {
@@ -316,10 +308,8 @@ fn nvrtc_moe_decode_ptxas_info() {
             }
         }
     }
-    let bad: Vec<&String> = spills
-        .iter()
-        .filter(|f| f.starts_with("moe_dec_downs_") || f.starts_with("moe_dir_down") || f.starts_with("moe_dir_one"))
-        .collect();
+    let bad: Vec<&String> =
+        spills.iter().filter(|f| f.starts_with("moe_dec_downs_") || f.starts_with("moe_dir_down")).collect();
     assert!(bad.is_empty(), "MoE decode down kernels spill: {bad:?} (all with spills: {spills:?})");
 }
 
@@ -420,7 +410,7 @@ fn moe_decode_small_t_timing() {
     let bw = copy_bandwidth(&kern);
     println!("copy bandwidth (read + write): {:.0} GB/s", bw / 1e9);
     let mut hold = Hold::new(&kern);
-    let forms = [MoeGemv::V1, MoeGemv::DirectLegacy, MoeGemv::Direct, MoeGemv::DirectL2, MoeGemv::DirectOne];
+    let forms = [MoeGemv::V1, MoeGemv::DirectLegacy, MoeGemv::Direct, MoeGemv::DirectL2];
     let (e, k, h, i) = (EXPERTS, TOP_K, HIDDEN, MOE_INTER);
     let bank = 16;
     let (g8, u8_, d8) = (

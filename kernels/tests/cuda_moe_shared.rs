@@ -55,15 +55,6 @@ fn with_legacy_down<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// `f` with the direct form in one launch (`PORTER_MOE_GEMV=direct-one`); the caller holds
-/// [`ENV`].
-fn with_one_launch<R>(f: impl FnOnce() -> R) -> R {
-    std::env::set_var(porter_kernels::cuda::MOE_GEMV_ENV, "direct-one");
-    let r = f();
-    std::env::remove_var(porter_kernels::cuda::MOE_GEMV_ENV);
-    r
-}
-
 /// Where the shared expert's f32 inputs lie.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Layout {
@@ -294,27 +285,6 @@ fn dense_case<T: CudaFloat>(
         legacy.iter().zip(&fused).all(|(a, b)| a.to_bits() == b.to_bits()),
         "{what}: the legacy down kernel differs from the streamed one"
     );
-    // The one-launch form: the same bits.
-    let mut oo = poisoned::<f32>(kern, d.t * d.hidden);
-    with_one_launch(|| {
-        kern.moe_experts_shared::<T>(
-            &dev.x,
-            &dev.idx,
-            &dev.w,
-            &dev.gate,
-            &dev.up,
-            &dev.down,
-            &dev_of(&s, &gud, &gld, &sdd),
-            &mut oo,
-            dims,
-        )
-    })
-    .unwrap_or_else(|e| panic!("{what}: moe_experts_shared (one launch): {e}"));
-    let one = down::<f32>(kern, &oo);
-    assert!(
-        one.iter().zip(&fused).all(|(a, b)| a.to_bits() == b.to_bits()),
-        "{what}: the one-launch form differs from the two launches"
-    );
     // The unfused GPU sequence.
     let mut uo = poisoned::<f32>(kern, d.t * d.hidden);
     kern.moe_decode_with::<T>(
@@ -459,26 +429,6 @@ fn fp8_case<T: CudaFloat>(kern: &CudaKernels, rng: &mut Rng, dims: [usize; 5], b
     assert!(
         legacy.iter().zip(&fused).all(|(a, b)| a.to_bits() == b.to_bits()),
         "{what}: the legacy down kernel differs from the streamed one"
-    );
-    let mut oo = poisoned::<f32>(kern, t * h);
-    with_one_launch(|| {
-        kern.moe_experts_fp8_shared::<T>(
-            &xd,
-            &id,
-            &wd,
-            gs.dev(),
-            us.dev(),
-            ds.dev(),
-            &dev_of(&s, &gud, &gld, sw.dev()),
-            &mut oo,
-            dims,
-        )
-    })
-    .unwrap_or_else(|err| panic!("{what}: one launch: {err}"));
-    let one = down::<f32>(kern, &oo);
-    assert!(
-        one.iter().zip(&fused).all(|(a, b)| a.to_bits() == b.to_bits()),
-        "{what}: the one-launch form differs from the two launches"
     );
     if CudaKernels::fp8_gemv_fits::<T, T>(t, is) {
         let mut uo = poisoned::<f32>(kern, t * h);

@@ -120,7 +120,7 @@ pub use knockout::{parse_rules as knockout_rules, KNOCKIN_ENV, KNOCKOUT_ENV, LAU
 pub use kv_quant::QuantPools;
 pub use misc::{Gemm, GemvKind, GEMV_MAX_ROWS};
 pub use moe::{MoeSharedDev, SharedGu, MOE_DECODE_PER_EXPERT_ENV};
-pub use moe_decode::{MoeGemv, MOE_DOWNA_ENV, MOE_DOWN_ENV, MOE_GEMV_ENV, MOE_ONE_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
+pub use moe_decode::{MoeGemv, MOE_DOWNA_ENV, MOE_DOWN_ENV, MOE_GEMV_ENV, MOE_PHASES_ALL, MOE_SHARED_ENV};
 pub use moe_mma::{moe_dec_of_process, MoeDec, MOE_DEC_ENV};
 pub use moe_route::{MoeRouteDev, MoeRouter, MOE_ROUTER_ENV};
 pub use norm_gemv::{norm_gemv_wanted, NormGemvAdd, NORM_GEMV_ENV, NORM_GEMV_MAX_ROWS};
@@ -286,9 +286,8 @@ pub struct CudaKernels {
     /// Entry-point names by function handle, kept only while a launch diagnostic is on
     /// ([`KNOCKOUT_ENV`], [`KNOCKIN_ENV`], [`LAUNCH_TRACE_ENV`], [`TIMELINE_ENV`]).
     names: Mutex<HashMap<usize, String>>,
-    /// The MoE decode kernels' counters (`moe_decode::SYNC_ALLOC` u32): v2's, zero between
-    /// calls (the kernel zeroes what it used before it ends), then the one-launch form's grid
-    /// barrier, a ready barrier between calls.
+    /// The MoE decode kernel's counters (`moe_decode::SYNC_WORDS` u32, zero between calls:
+    /// the kernel zeroes what it used before it ends).
     moe_sync: Mutex<CudaSlice<u32>>,
     /// The device timeline's buffer and captured launch names, while [`TIMELINE_ENV`] is set.
     timeline: Option<Mutex<timeline::Timeline>>,
@@ -337,7 +336,7 @@ impl CudaKernels {
         let pdl = pdl_from(std::env::var_os(PDL_ENV))? && major >= 9 && !caps.forced;
         // NVRTC for every module starts now, in parallel, while the caller loads its weights.
         precompile_in_background(arch, caps.fallback_build());
-        let moe_sync = Mutex::new(stream.alloc_zeros::<u32>(moe_decode::SYNC_ALLOC)?);
+        let moe_sync = Mutex::new(stream.alloc_zeros::<u32>(moe_decode::SYNC_WORDS)?);
         let timeline = match timeline::records_from_env() {
             Some(n) => Some(Mutex::new(timeline::Timeline::new(&stream, n)?)),
             None => None,

@@ -153,18 +153,6 @@ const DOWNA_KMAX: usize = 11;
 const DOWNA_FP8_CH: usize = 1;
 const DOWNA_FP8_KMAX: usize = 12;
 
-/// Environment variable: `on` runs the direct form's gate+up and down in one launch
-/// ([`MoeGemv::DirectOne`]) where [`MoeGemv::Auto`] takes the direct form; unset or `off`: two
-/// launches. Same bits either way. Another value warns once on stderr and means `off`
-/// ([`super::env_on_off`]); read once.
-pub const MOE_ONE_ENV: &str = "PORTER_MOE_ONE";
-
-/// Whether [`MOE_ONE_ENV`] asks for the one-launch form (read once).
-fn one_env() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| super::env_on_off(MOE_ONE_ENV, false))
-}
-
 /// Whether [`MOE_DOWNA_ENV`] leaves the in-flight down kernel on (read once).
 fn downa_env() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -203,9 +191,6 @@ pub enum MoeGemv {
     DirectLegacy,
     /// [`MoeGemv::V1`] with its legacy down kernel (`moe_dec_down_*`), whatever the environment.
     V1Legacy,
-    /// [`MoeGemv::DirectLegacy`] in one launch where it fits (the gate+up items, then the
-    /// down kernel's halves around a grid barrier: [`MOE_ONE_ENV`]), else as that form.
-    DirectOne,
     /// [`MoeGemv::Direct`] whose gate+up launch also asks the routed experts' down weights into
     /// L2 (evict_last, up to [`DIRECT_L2_BYTES`]; each gate+up warp a slice of its pair's
     /// expert), so that the down launch reads them from L2 instead of streaming them from HBM
@@ -219,7 +204,7 @@ impl MoeGemv {
     /// The form [`MOE_GEMV_ENV`] asks for ([`MoeGemv::Auto`] when unset or unknown).
     pub fn from_env() -> Self {
         let v = std::env::var_os(MOE_GEMV_ENV);
-        let words = ["auto", "direct", "direct-l2", "direct-one", "v1", "v2", "direct-legacy", "v1-legacy"];
+        let words = ["auto", "direct", "direct-l2", "v1", "v2", "direct-legacy", "v1-legacy"];
         super::env::one_of_or(MOE_GEMV_ENV, Self::from_value(v.as_deref()), &words, "auto", MoeGemv::Auto)
     }
 
@@ -235,7 +220,6 @@ impl MoeGemv {
             "direct-legacy" => Ok(MoeGemv::DirectLegacy),
             "v1-legacy" => Ok(MoeGemv::V1Legacy),
             "direct-l2" => Ok(MoeGemv::DirectL2),
-            "direct-one" => Ok(MoeGemv::DirectOne),
             _ => Err(v.to_string_lossy().into_owned()),
         }
     }
@@ -266,7 +250,7 @@ impl MoeGemv {
 
     /// Whether this (resolved) form is the direct one.
     pub(super) fn is_direct(self) -> bool {
-        matches!(self, MoeGemv::Direct | MoeGemv::DirectLegacy | MoeGemv::DirectL2 | MoeGemv::DirectOne)
+        matches!(self, MoeGemv::Direct | MoeGemv::DirectLegacy | MoeGemv::DirectL2)
     }
 }
 
@@ -289,11 +273,6 @@ const V2_BLOCKS_PER_SM: usize = 2;
 /// (at most [`MOE_MAX_E`]) and a combine counter per [`V2_DR`] hidden columns (hidden up to
 /// 65536). A call that needs more runs v1.
 pub(super) const SYNC_WORDS: usize = 2 + MOE_MAX_E + 65536 / V2_DR;
-/// Where the one-launch form's grid barrier (two words: arrivals, generation) lives in the
-/// counter buffer: after v2's words.
-pub(super) const GRID_BAR_AT: usize = SYNC_WORDS;
-/// Words of the counter buffer: v2's, then the grid barrier's.
-pub(super) const SYNC_ALLOC: usize = SYNC_WORDS + 2;
 
 /// Device addresses and shape of one decode call (arguments checked by the caller).
 pub(super) struct DecodeCall<'a> {
@@ -379,20 +358,6 @@ impl CudaKernels {
         u32_of("gemv blocks", (sms * per_sm).min(items.div_ceil(GEMV_WARPS)).max(1))
     }
 
-    /// The grid of a one-launch direct call of entry point `name` (`dsm` bytes of dynamic shared
-    /// memory a block) that has `blocks` blocks of work: as many as are resident on this device
-    /// at once (the kernel's grid barrier needs every block resident), at most `blocks`; `None`
-    /// where not one block of it fits an SM.
-    fn moe_one_grid(&self, src: &'static KernelSource, name: &str, dsm: usize, blocks: usize) -> Result<Option<u32>> {
-        let f = self.function(src, name)?;
-        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(GEMV_WARPS as u32 * 32, dsm, None)?;
-        if per_sm == 0 {
-            return Ok(None);
-        }
-        let grid = (self.caps().sms * per_sm as usize).min(blocks).max(1);
-        Ok(Some(u32_of("one-launch blocks", grid)?))
-    }
-
     /// The decode path (dense or FP8 experts): scratch, grouping (in every block when it fits
     /// in shared memory, else `moe_align` first), then `which` GEMVs. `phases` < 3 stops after
     /// the grouping (0), gate+up (1) or down (2; v1: down + combine), leaving `out` unwritten
@@ -400,11 +365,6 @@ impl CudaKernels {
     pub(super) fn moe_decode_run(&self, c: &DecodeCall<'_>, which: MoeGemv, phases: u32) -> Result<()> {
         let [t, k, e, hidden, inter] = c.dims;
         let n = prod(&[t, k])?;
-        let one = match which {
-            MoeGemv::DirectOne => true,
-            MoeGemv::Auto => one_env(),
-            _ => false,
-        };
         let which = which.resolve_down(n, c.kind == "fp8_", down_legacy_env());
         if !(which.is_direct() || c.shared.is_some()) && c.route.is_some() {
             return Err(CudaError::Invalid("moe decode: the fused router outside the direct form".into()));
@@ -416,12 +376,12 @@ impl CudaKernels {
             let down = match which {
                 MoeGemv::DirectL2 => DirectDown::L2,
                 MoeGemv::Direct => DirectDown::Prefetch,
-                MoeGemv::DirectLegacy | MoeGemv::DirectOne => DirectDown::Legacy,
+                MoeGemv::DirectLegacy => DirectDown::Legacy,
                 // The direct form's down kernel as [`MOE_DOWN_ENV`] says, else its default.
                 _ if down_legacy_env().unwrap_or(DOWN_DEFAULT).0 => DirectDown::Legacy,
                 _ => DirectDown::Prefetch,
             };
-            return self.moe_decode_direct(c, phases, down, one);
+            return self.moe_decode_direct(c, phases, down);
         }
         let slots = e.min(n);
         let dsm = prod(&[e + n + 3 * slots, 4])?;

@@ -8,7 +8,7 @@ use super::super::moe_route::RouteCall;
 use super::super::{prod, u32_of, CudaKernels, KernelArg, Result};
 use super::{
     downa_env, downa_fits, vec16, weights, DecodeCall, DIRECT_DEMOTE, DIRECT_L2_BYTES, DIRECT_LATE_IDS,
-    DIRECT_PREFETCH, DIRECT_STAGE_BYTES, GEMV_WARPS, GRID_BAR_AT,
+    DIRECT_PREFETCH, DIRECT_STAGE_BYTES, GEMV_WARPS,
 };
 use cudarc::driver::{DevicePtrMut, LaunchConfig};
 
@@ -27,9 +27,7 @@ impl CudaKernels {
     /// The direct form ([`super::MoeGemv::Direct`]) of [`CudaKernels::moe_decode_run`]: no grouping,
     /// scratch only for h `[t·k, inter]` (and h_s `[t, I_s]` with a shared expert); `phases` as
     /// there (0: nothing runs, 1: gate+up).
-    /// `one`: run gate+up and down in one launch ([`super::MoeGemv::DirectOne`]) where
-    /// [`CudaKernels::moe_one_grid`] allows it.
-    pub(super) fn moe_decode_direct(&self, c: &DecodeCall<'_>, phases: u32, down: DirectDown, one: bool) -> Result<()> {
+    pub(super) fn moe_decode_direct(&self, c: &DecodeCall<'_>, phases: u32, down: DirectDown) -> Result<()> {
         if phases == 0 {
             return Ok(());
         }
@@ -57,7 +55,7 @@ impl CudaKernels {
         let routed_blocks = prod(&[n, inter])?.div_ceil(GEMV_WARPS);
         let per_block = if gu_w.is_some() { GEMV_WARPS } else { GEMV_WARPS * 32 };
         let shared_blocks = prod(&[t, is])?.div_ceil(per_block);
-        let gu_cfg = LaunchConfig {
+        let cfg = LaunchConfig {
             grid_dim: (u32_of("gemv blocks", routed_blocks + shared_blocks)?, 1, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
             shared_mem_bytes: 0,
@@ -101,6 +99,26 @@ impl CudaKernels {
             let flags: [&dyn KernelArg; 2] = [&gu_flag, &gu_vec];
             args.extend(flags);
         }
+        let gu_name = if sh.is_some() { "moe_dir_gu_sh_" } else { "moe_dir_gu_" };
+        // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, u32* idx,
+        // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec, const u8* dpf, u64 dbytes, u32 npf,
+        // const float* rlog, u32 rstride, int rflags, float* rwt)` (flags bit 0, the fused router:
+        // rlog has t rows of rstride ≥ e f32 logits, e ≤ 32·ROUTER_WARP_J, k ≤ ROUTER_MAX_K
+        // (checked by RouteCall's maker), idx and rwt [t, k] are written, each row by one block;
+        // flags 0: idx is read, rlog and rwt unused)
+        // (weights as for v2; the pairs p < npf ≤ n with a valid id prefetch, non-binding,
+        // lines of dpf's expert block [id·dbytes, (id + 1)·dbytes): within the down weight of
+        // e·hidden·inter weights), or
+        // `moe_dir_gu_sh_<kind><T>` with `const float* gu, u32 gu_stride, u32 gu_col0, T* hs,
+        // u32 Is, u32 t, <gu weight>, int gu_w, int gu_vec` after them; items past n · I exit;
+        // a pair with an id >= e writes no h and is never read (the down kernel skips it); h
+        // has n rows of I; the blocks past ceil(n·I / 8) write h_s [t, Is] (its elements <
+        // t·Is), reading gu's columns gu_col0 .. gu_col0 + 2·Is < gu_stride of t rows, or with
+        // gu_w the weight's 2·Is rows of hidden (checked by the caller) against x's t rows.
+        unsafe { self.launch(c.src, &format!("{gu_name}{}{}", c.kind, c.tname), cfg, &args) }?;
+        if phases == 1 {
+            return Ok(());
+        }
         // A row's k rows of h (and h_s's row) in shared memory when they fit (16-byte rows).
         let h_row = prod(&[k, inter, c.esize])?;
         let hs_row = prod(&[is, c.esize])?;
@@ -127,19 +145,19 @@ impl CudaKernels {
             Some(_) => 2,
         };
         let svec = i32::from(vec_s);
-        let mut dargs: Vec<&dyn KernelArg> = vec![&p_h];
-        dargs.extend(weights(c.down));
+        let mut args: Vec<&dyn KernelArg> = vec![&p_h];
+        args.extend(weights(c.down));
         let rest: [&dyn KernelArg; 9] = [&c.idx, &c.w, &e32, &c.out, &h32, &i32_, &k32, &vec_d, &staged];
-        dargs.extend(rest);
+        args.extend(rest);
         let (g_stride, g_col) = match sh {
             Some(sc) => (u32_of("shared gate stride", sc.g_stride)?, u32_of("shared gate column", sc.g_col)?),
             None => (0, 0),
         };
         let glog = sh.map_or(0u64, |sc| sc.glog);
         if let Some(sc) = sh {
-            dargs.extend(weights(sc.down));
+            args.extend(weights(sc.down));
             let extra: [&dyn KernelArg; 7] = [&p_hs, &glog, &g_stride, &g_col, &is32, &mode, &svec];
-            dargs.extend(extra);
+            args.extend(extra);
         }
         // The in-flight kernel (in the down-L2 form it sets the routed rows' L2 priority back
         // after reading them, as the direct kernel does): ids from the separate router (read
@@ -155,86 +173,6 @@ impl CudaKernels {
             && stage_h
             && (mode == 0 || (mode == 1 && stage_s))
             && downa_fits(fp8, wbytes, inter, k + usize::from(mode == 1));
-        // The one-launch form: where the in-flight down kernel runs (the same halves), outside
-        // the down-L2 form, and with a grid that is resident at once.
-        let one_grid = if one && phases >= 2 && inflight && down != DirectDown::L2 {
-            let name =
-                format!("{}{}{}", if sh.is_some() { "moe_dir_one_sh_" } else { "moe_dir_one_" }, c.kind, c.tname);
-            let ngu = routed_blocks + shared_blocks;
-            let nd = prod(&[hidden.div_ceil(GEMV_WARPS), t])?;
-            self.moe_one_grid(c.src, &name, dsm, ngu.max(nd))?.map(|g| (name, g, ngu))
-        } else {
-            None
-        };
-        if let Some((name, grid, ngu)) = one_grid {
-            let ngu32 = u32_of("gate+up blocks", ngu)?;
-            let mut one_args: Vec<&dyn KernelArg> = vec![&c.x];
-            one_args.extend(weights(c.gate));
-            one_args.extend(weights(c.up));
-            let gu_rest: [&dyn KernelArg; 8] = [&c.idx, &n32, &e32, &p_h, &h32, &i32_, &k32, &vec_gu];
-            one_args.extend(gu_rest);
-            if sh.is_some() {
-                let extra: [&dyn KernelArg; 6] = [&gu_ptr, &gu_stride, &gu_col0, &p_hs, &is32, &t32];
-                one_args.extend(extra);
-                one_args.extend(weights(gu_args));
-                let flags: [&dyn KernelArg; 2] = [&gu_flag, &gu_vec];
-                one_args.extend(flags);
-            }
-            one_args.extend(weights(c.down));
-            let down_rest: [&dyn KernelArg; 3] = [&c.w, &c.out, &staged];
-            one_args.extend(down_rest);
-            if let Some(sc) = sh {
-                one_args.extend(weights(sc.down));
-                let extra: [&dyn KernelArg; 5] = [&glog, &g_stride, &g_col, &mode, &svec];
-                one_args.extend(extra);
-            }
-            let mut sync = self.moe_sync.lock().unwrap_or_else(|e| e.into_inner());
-            let (p_sync, _gy) = sync.device_ptr_mut(s);
-            let p_bar = p_sync + 4 * GRID_BAR_AT as u64;
-            one_args.push(&p_bar);
-            one_args.push(&ngu32);
-            if sh.is_none() {
-                one_args.push(&t32);
-            }
-            let cfg = LaunchConfig {
-                grid_dim: (grid, 1, 1),
-                block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
-                shared_mem_bytes: u32_of("shared memory", dsm)?,
-            };
-            // SAFETY: arguments match `moe_dir_one_<kind><T>(const T* x, <gate>, <up>, u32* idx,
-            // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec, <down>, const float* wt, float*
-            // out, int staged, u32* bar, u32 ngu, u32 t)` or `moe_dir_one_sh_<kind><T>(... int vec,
-            // const float* gu, u32 gu_stride, u32 gu_col0, T* hs, u32 Is, u32 t, <gu weight>, int
-            // gu_w, int gu_vec, <down>, const float* wt, float* out, int staged, <shared down>,
-            // const float* glog, u32 g_stride, u32 g_col, int mode, int svec, u32* bar, u32 ngu)`:
-            // the gate+up kernel's and the in-flight down kernel's arguments as for the two
-            // launches below (their contracts hold: `inflight`), the gate+up grid of ngu blocks
-            // taken in turns; `grid` blocks are resident at once on this device
-            // (`moe_one_grid`), so the grid barrier on bar (GRID_BAR_AT.. of the zeroed buffer,
-            // two words that every launch leaves as a ready barrier; locked for the launch,
-            // and stream order keeps calls apart) is reached by every block.
-            return unsafe { self.launch(c.src, &name, cfg, &one_args) };
-        }
-        let gu_name = if sh.is_some() { "moe_dir_gu_sh_" } else { "moe_dir_gu_" };
-        // SAFETY: arguments match `moe_dir_gu_<kind><T>(const T* x, <gate>, <up>, u32* idx,
-        // u32 n, u32 e, T* h, u32 H, u32 I, u32 k, int vec, const u8* dpf, u64 dbytes, u32 npf,
-        // const float* rlog, u32 rstride, int rflags, float* rwt)` (flags bit 0, the fused router:
-        // rlog has t rows of rstride ≥ e f32 logits, e ≤ 32·ROUTER_WARP_J, k ≤ ROUTER_MAX_K
-        // (checked by RouteCall's maker), idx and rwt [t, k] are written, each row by one block;
-        // flags 0: idx is read, rlog and rwt unused)
-        // (weights as for v2; the pairs p < npf ≤ n with a valid id prefetch, non-binding,
-        // lines of dpf's expert block [id·dbytes, (id + 1)·dbytes): within the down weight of
-        // e·hidden·inter weights), or
-        // `moe_dir_gu_sh_<kind><T>` with `const float* gu, u32 gu_stride, u32 gu_col0, T* hs,
-        // u32 Is, u32 t, <gu weight>, int gu_w, int gu_vec` after them; items past n · I exit;
-        // a pair with an id >= e writes no h and is never read (the down kernel skips it); h
-        // has n rows of I; the blocks past ceil(n·I / 8) write h_s [t, Is] (its elements <
-        // t·Is), reading gu's columns gu_col0 .. gu_col0 + 2·Is < gu_stride of t rows, or with
-        // gu_w the weight's 2·Is rows of hidden (checked by the caller) against x's t rows.
-        unsafe { self.launch(c.src, &format!("{gu_name}{}{}", c.kind, c.tname), gu_cfg, &args) }?;
-        if phases == 1 {
-            return Ok(());
-        }
         let cfg = LaunchConfig {
             grid_dim: (u32_of("column blocks", hidden.div_ceil(GEMV_WARPS))?, t32, 1),
             block_dim: (GEMV_WARPS as u32 * 32, 1, 1),
@@ -261,6 +199,6 @@ impl CudaKernels {
         // are used only for valid ids; the shared down weight has H rows of Is, mode 1 only
         // when Is = I with the routed rows' load width; glog's column g_col < g_stride of t
         // rows (checked by the caller).
-        unsafe { self.launch(c.src, &format!("{down_name}{}{}", c.kind, c.tname), cfg, &dargs) }
+        unsafe { self.launch(c.src, &format!("{down_name}{}{}", c.kind, c.tname), cfg, &args) }
     }
 }
