@@ -93,11 +93,13 @@ fn nvrtc_moe_wgmma_ptxas_info() {
     let (log, ptx) = common::attn::ptxas_log_arch(test, "moe_wgmma.cu", "sm_90a");
     println!("{log}");
     for which in ["gu", "down"] {
-        for t in ["bf16", "f16"] {
+        for t in ["bf16", "f16", "fp8_bf16", "fp8_f16"] {
             let name = format!("moe_wg_{which}_{t}");
             assert!(ptx.contains(&format!(".entry {name}(")), "no entry {name}");
         }
     }
+    // The FP8 form's dequantization (e4m3 pairs to f16x2).
+    assert!(ptx.contains("cvt.rn.f16x2.e4m3x2"), "no e4m3 conversion in the FP8 entries");
     for n in (16..=128).step_by(16) {
         assert!(ptx.contains(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16")), "no m64n{n}k16");
     }

@@ -270,7 +270,10 @@ impl CudaKernels {
                 pipe::FRAGS
             )));
         }
-        let use_wg = tc && !fp8 && gemm_form == MoeGemm::Wgmma && wg::fits(&self.caps());
+        // The wgmma GEMMs take FP8 experts too (moe_wg_*_fp8_*: each thread dequantizes the
+        // e4m3 weight chunks it staged into the T tile the MMAs read). H100, 80B, 4k tokens:
+        // session 31 (docs/benchmarks.md).
+        let use_wg = tc && !mma8 && gemm_form == MoeGemm::Wgmma && wg::fits(&self.caps());
         let pipe_stages = if tc && !fp8 && streamed && !use_wg { pipe::stages(pipe_mi, limit) } else { None };
         let use_pipe = pipe_stages.is_some();
         let mma_form = gemm_form == MoeGemm::Mma || (streamed && !use_pipe && !use_wg);
@@ -420,7 +423,8 @@ impl CudaKernels {
                 let nblk = n_cols.div_ceil(if gu { wg::WR / 2 } else { wg::WR });
                 let cpb = pipe::cols_per_cta(nblk, slots, self.caps().sms);
                 let ngrp = nblk.div_ceil(cpb);
-                let f = self.function_smem(&MOE_WGMMA, &format!("moe_wg_{which}_{}", T::NAME), wg::SMEM)?;
+                let kind = if fp8 { "fp8_" } else { "" };
+                let f = self.function_smem(&MOE_WGMMA, &format!("moe_wg_{which}_{kind}{}", T::NAME), wg::SMEM)?;
                 let cfg = LaunchConfig {
                     grid_dim: (u32_of("gemm blocks", prod(&[tiles_cap, ngrp])?)?, 1, 1),
                     block_dim: (wg::THREADS, 1, 1),
@@ -526,6 +530,35 @@ impl CudaKernels {
             ExpertWeights::Dense { gate: pg, up: pu, .. } => unsafe {
                 launch_fn!(self, f, cfg, [px, pg, pu, p_sorted, p_tile, p_h, h32, i32_, k32, nblk32])
             },
+            // wgmma with FP8 experts: `moe_wg_gu_fp8_<T>(const T* a, const u8* q0, const float* s0,
+            // const u32* rs0, const u8* q1, const float* s1, const u32* rs1, ..., u32 tm)` (the scale
+            // rows named by the maps exist, or the maps are null: Fp8Dev's contract).
+            ExpertWeights::Fp8 { gate, up, mma8: false, .. } if use_wg => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [
+                        px,
+                        ptr(gate.q),
+                        ptr(gate.scales),
+                        ptr(gate.row_scale),
+                        ptr(up.q),
+                        ptr(up.scales),
+                        ptr(up.row_scale),
+                        p_sorted,
+                        p_tile,
+                        p_h,
+                        h32,
+                        i32_,
+                        k32,
+                        ngrp32,
+                        cpb32,
+                        nblk32,
+                        tm32
+                    ]
+                )
+            },
             // e4m3 MMA: `moe_gemm_gu_fp8_mma8_<T>_s<S>(const u8* aq, const float* as, const u8* q0,
             // const float* s0, const u32* rs0, const u8* q1, const float* s1, const u32* rs1,
             // const u32* sorted, const u32* tile_expert, T* dst, u32 K, u32 N, u32 k, u32 nblk)`
@@ -608,6 +641,29 @@ impl CudaKernels {
             ExpertWeights::Dense { down: pd, .. } => unsafe {
                 launch_fn!(self, f, cfg, [p_h, pd, pd, p_sorted, p_tile, p_o, i32_, h32, k32, nblk32])
             },
+            ExpertWeights::Fp8 { down, mma8: false, .. } if use_wg => unsafe {
+                launch_fn!(
+                    self,
+                    f,
+                    cfg,
+                    [
+                        p_h,
+                        ptr(down.q),
+                        ptr(down.scales),
+                        ptr(down.row_scale),
+                        p_sorted,
+                        p_tile,
+                        p_o,
+                        i32_,
+                        h32,
+                        k32,
+                        ngrp32,
+                        cpb32,
+                        nblk32,
+                        tm32
+                    ]
+                )
+            },
             // e4m3 MMA: `moe_gemm_down_fp8_mma8_<T>_s<S>(const u8* aq, const float* as, const u8* q,
             // const float* s, const u32* rs, const u32* sorted, const u32* tile_expert, T* dst,
             // u32 K, u32 N, u32 k, u32 nblk)` (aq / as: h quantized above, cap rows).
@@ -684,6 +740,8 @@ impl CudaKernels {
         done(3)?;
         let form = if mma8 {
             "fp8_mma8"
+        } else if fp8 && use_wg {
+            "fp8_wgmma"
         } else if fp8 {
             "fp8_tc"
         } else if use_wg {
