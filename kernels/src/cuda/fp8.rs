@@ -477,8 +477,13 @@ impl CudaKernels {
         let vec = w.cols.is_multiple_of(16) && out_at.is_multiple_of(16);
         let vec32 = i32::from(vec);
         let (r32, c32) = (u32_of("rows", w.rows)?, u32_of("cols", w.cols)?);
-        let items = if vec { n / 16 } else { n };
-        let cfg = LaunchConfig { grid_dim: (grid_for(items, 256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // vec: a block per (row, run of 8·256 columns), capped (the kernel strides over the rest).
+        let grid = if vec {
+            u32::try_from(prod(&[w.rows, (w.cols / 8).div_ceil(256)])?.clamp(1, 1 << 24)).unwrap_or(1 << 24)
+        } else {
+            grid_for(n, 256)
+        };
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: matches fp8_dequant_<T>; q and out hold rows·cols elements; 16-byte loads and
         // stores only with vec (cols % 16 == 0, q's allocation 256-byte aligned, out checked).
         // Kernel: `fp8_dequant_<T>(const u8* q, const float* sc, const u32* rs, T* out, u32 rows, u32 cols,

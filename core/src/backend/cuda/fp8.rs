@@ -16,10 +16,12 @@
 //!   A path the device or shape does not take falls back: `mma8` → `tc` → `dequant`.
 //! - **Routed experts**: the FP8 MoE decode GEMVs on the decode path and whenever the dtype is
 //!   batch-invariant; otherwise the grouped tensor-core GEMMs dequantizing the experts' tiles
-//!   in shared memory (`tc`, the default), the grouped e4m3 MMA GEMMs on quantized x and h
-//!   (`mma8`, H100 / H200 class), or with `dequant` (or where the tensor-core GEMMs do not
-//!   run: f32, below sm_80, forced fallback) all experts of the layer dequantized into the
-//!   scratch and the dense grouped GEMMs; the same fallback order as above.
+//!   in shared memory (`tc`, the default: on sm_90 the wgmma GEMMs, `moe_wg_*_fp8_*`, else the
+//!   wmma ones; `PORTER_MOE_GEMM` chooses as for dense experts), the grouped e4m3 MMA GEMMs on
+//!   quantized x and h (`mma8`, H100 / H200 class), or with `dequant` (or where the
+//!   tensor-core GEMMs do not run: f32, below sm_80, forced fallback) all experts of the layer
+//!   dequantized into the scratch and the dense grouped GEMMs; the same fallback order as
+//!   above.
 
 use crate::backend::MoeShared;
 use crate::bail;
@@ -82,12 +84,15 @@ fn rows_gemv_max() -> usize {
 /// measured fastest on the H200 (docs/architecture.md §6.1).
 pub const DENSE_DEFAULT: Fp8Gemm = Fp8Gemm::Dequant;
 /// Dense GEMMs of more than [`FP8_GEMV_MAX_ROWS`] and at most this many rows take
-/// [`Fp8Gemm::Tc`] when [`FP8_GEMM_ENV`] is unset (decode batches, where dequantizing the
-/// whole weight costs most); `None`: [`DENSE_DEFAULT`] for every row count. Measured on the
-/// H200 (2026-12-02, `fp8_gemm_bench`, `[m, 2048] × [12288, 2048]ᵀ`): the tile-dequant GEMM
-/// takes 27 / 47 / 97 / 282 µs at 8 / 64 / 256 / 1,024 rows against 253 / 254 / 259 / 311 µs
-/// for dequantize + cuBLAS, which wins from ~2k rows on (504 against 1,086 µs at 4,096).
-pub const DENSE_TC_MAX_ROWS: Option<usize> = Some(1024);
+/// [`Fp8Gemm::Tc`] when [`FP8_GEMM_ENV`] is unset (where dequantizing the whole weight costs
+/// more than the GEMM); `None`: [`DENSE_DEFAULT`] for every row count. Measured on the H100
+/// (2026-12-07, `fp8_gemm_bench`, after `fp8_dequant` went from 272 to 31 µs for
+/// `[12288, 2048]`): `[m, 2048] × [12288, 2048]ᵀ` tile-dequant 45.9 / 94.5 / 274.2 / 1,102.4
+/// µs at 64 / 256 / 1,024 / 4,096 rows against 50.0 / 54.7 / 103.4 / 295.1 for dequantize +
+/// cuBLAS; `[64, 4096] × [2048, 4096]ᵀ` 17.3 against 20.4. (Session 13's dequantization took
+/// 253 µs, so the tile-dequant GEMM won up to ~2k rows then.) Up to 64 rows the row-group GEMV
+/// ([`FP8_ROWS_GEMV_MAX`]) runs where it applies.
+pub const DENSE_TC_MAX_ROWS: Option<usize> = Some(64);
 /// The routed experts' prefill when [`FP8_GEMM_ENV`] is unset.
 pub const MOE_DEFAULT: Fp8Gemm = Fp8Gemm::Tc;
 
