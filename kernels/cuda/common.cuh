@@ -88,6 +88,18 @@ __device__ __forceinline__ void porter_prefetch_l2(const void* p) {
 #endif
 }
 
+// (x, y) rounded to T (nearest even) and packed, x in the low half (every architecture: the
+// bf16 conversion is emulated below sm_80).
+template <typename T> __device__ __forceinline__ unsigned int pack2_rn(float x, float y);
+template <> __device__ __forceinline__ unsigned int pack2_rn<__nv_bfloat16>(float x, float y) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const unsigned int*>(&h);
+}
+template <> __device__ __forceinline__ unsigned int pack2_rn<__half>(float x, float y) {
+    const __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const unsigned int*>(&h);
+}
+
 #define PORTER_NAN __int_as_float(0x7fc00000)
 #define PORTER_NEG_INF __int_as_float(0xff800000)
 
@@ -235,10 +247,7 @@ struct PMma<bf16> {
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
     // (x, y) rounded to bf16, x in the low half (the lower column).
-    static __device__ __forceinline__ u32 pack(float x, float y) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-        return *reinterpret_cast<const u32*>(&h);
-    }
+    static __device__ __forceinline__ u32 pack(float x, float y) { return pack2_rn<bf16>(x, y); }
     static __device__ __forceinline__ float2 unpack(u32 u) {
         return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
     }
@@ -251,10 +260,7 @@ struct PMma<f16> {
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
-    static __device__ __forceinline__ u32 pack(float x, float y) {
-        const __half2 h = __floats2half2_rn(x, y);
-        return *reinterpret_cast<const u32*>(&h);
-    }
+    static __device__ __forceinline__ u32 pack(float x, float y) { return pack2_rn<f16>(x, y); }
     static __device__ __forceinline__ float2 unpack(u32 u) {
         return __half22float2(*reinterpret_cast<const __half2*>(&u));
     }

@@ -335,29 +335,17 @@ PORTER_FP8_GEMVX_AB(8, 4, alu, false)
 // ---------------------------------------------------------------------------
 
 // 8 values f (already values of T) to o (16-byte aligned for 2-byte T, 32 for f32).
-template <typename T> __device__ __forceinline__ void fp8_store8(T* o, const float* f);
+// bf16 / f16: packed pairs (exact: f holds values of T).
+template <typename T> __device__ __forceinline__ void fp8_store8(T* o, const float* f) {
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = pack2_rn<T>(f[2 * i], f[2 * i + 1]);
+    *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+}
 template <> __device__ __forceinline__ void fp8_store8<float>(float* o, const float* f) {
     float4* v = reinterpret_cast<float4*>(o);
     v[0] = make_float4(f[0], f[1], f[2], f[3]);
     v[1] = make_float4(f[4], f[5], f[6], f[7]);
-}
-template <> __device__ __forceinline__ void fp8_store8<bf16>(bf16* o, const float* f) {
-    u32 w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);  // exact: f is bf16
-        w[i] = *reinterpret_cast<const u32*>(&h);
-    }
-    *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
-}
-template <> __device__ __forceinline__ void fp8_store8<f16>(f16* o, const float* f) {
-    u32 w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const __half2 h = __floats2half2_rn(f[2 * i], f[2 * i + 1]);  // exact: f is f16
-        w[i] = *reinterpret_cast<const u32*>(&h);
-    }
-    *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 template <typename T>

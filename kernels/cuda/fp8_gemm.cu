@@ -28,16 +28,6 @@
 // block; fp8_dequant16_packed) into the T tile [MOE_TC_BN][MOE_TC_LDS] the MMAs read. Shared memory at MI = 3, bf16:
 // A 4 × 3.75 KiB + bytes 4 × 8 KiB + conversion 2 × 20 KiB = 87 KiB (the bf16 weights: 97 KiB).
 // ---------------------------------------------------------------------------
-// Two f32 rounded to T (nearest even) and packed, the first in the low half.
-template <typename T> __device__ __forceinline__ u32 fp8_pack2(float a, float b);
-template <> __device__ __forceinline__ u32 fp8_pack2<bf16>(float a, float b) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const u32*>(&h);
-}
-template <> __device__ __forceinline__ u32 fp8_pack2<f16>(float a, float b) {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const u32*>(&h);
-}
 
 // 16 e4m3 bytes times s, rounded to T, packed (o[0]: elements 0-7, o[1]: 8-15): fp8_unpack16's
 // values (the same e4m3 · s product, one rounding), without the f32 round trip and repacking
@@ -48,7 +38,7 @@ template <typename T> __device__ __forceinline__ void fp8_dequant16_packed(const
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const float2 t = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)p[i], __NV_E4M3)));
-        w[i] = fp8_pack2<T>(t.x * s, t.y * s);
+        w[i] = pack2_rn<T>(t.x * s, t.y * s);
     }
 }
 

@@ -239,6 +239,25 @@ __device__ __forceinline__ void mwg_load_tok(u32 st, const T* const (&ap)[TP], u
     }
 }
 
+// The token rows a thread stages (rows lrow + 32s of the tile): gate+up gathers x's rows of
+// the tile's pairs, down reads the tile's own rows of h; rows past nv point at a (not read).
+template <typename T, bool GU, int TP>
+__device__ __forceinline__ void mwg_token_rows(const T* (&ap)[TP], const T* a, const u32* s_pair, u32 K, u32 k,
+                                               u32 tile, u32 tm, u32 nv, u32 lrow) {
+#pragma unroll
+    for (int s = 0; s < TP; ++s) {
+        const u32 r = lrow + 32u * s;
+        ap[s] = r < nv ? (GU ? a + (u64)(s_pair[r] / k) * K : a + (u64)(tile * tm + r) * K) : a;
+    }
+}
+
+// The L2 policy of the weight loads: streamed once a tile, evict first.
+__device__ __forceinline__ u64 mwg_evict_first() {
+    u64 pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+
 // One k-step's MMAs (issued and committed, not waited for): the warpgroup's two m64 weight-row
 // blocks (rows arow0.., arow1.. of the [256][128-byte] tile at `sa`) against the token tile at
 // `st`; `first`: the column block's first step (D = A·B).
@@ -304,13 +323,8 @@ __device__ __forceinline__ void mwg_body(const T* __restrict__ a, const T* __res
     const u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31u, wg = warp >> 2, wq = warp & 3u;
     const u32 lrow = tid >> 3, ch = tid & 7u;
     const T* ap[TP];
-#pragma unroll
-    for (int s = 0; s < TP; ++s) {
-        const u32 r = lrow + 32u * s;
-        ap[s] = r < nv ? (GU ? a + (u64)(s_pair[r] / k) * K : a + (u64)(tile * tm + r) * K) : a;
-    }
-    u64 pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    mwg_token_rows<T, GU, TP>(ap, a, s_pair, K, k, tile, tm, nv, lrow);
+    const u64 pol = mwg_evict_first();
     const u32 nk = (K + MWG_BK - 1) / MWG_BK;
     const u32 steps = (cb1 - cb0) * nk;
     // Step q: column block cb0 + q / nk, k-step q % nk. Stage: [256 weight rows][128 B], then
@@ -371,16 +385,6 @@ __device__ __forceinline__ float2 mwg_e4m3x2(unsigned short b) {
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"(b));
     return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
-// (x, y) rounded to T and packed, x in the low half.
-template <typename T> __device__ __forceinline__ u32 mwg_pack2(float x, float y);
-template <> __device__ __forceinline__ u32 mwg_pack2<bf16>(float x, float y) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<const u32*>(&h);
-}
-template <> __device__ __forceinline__ u32 mwg_pack2<f16>(float x, float y) {
-    const __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<const u32*>(&h);
-}
 
 // Shared memory of the FP8 form (the same total as the dense one's): MWG_STAGES stages of
 // [128 token rows][128 B] then [256 weight rows][64 e4m3 bytes], then two [256][128-byte] T
@@ -409,13 +413,8 @@ __device__ __forceinline__ void mwg_body_f8(const T* __restrict__ a, const MwgF8
     const u32 lrow = tid >> 3, ch = tid & 7u;
     const u32 wrow = tid >> 2, wc = tid & 3u;  // this thread's weight chunks: rows wrow + 64j
     const T* ap[TP];
-#pragma unroll
-    for (int s = 0; s < TP; ++s) {
-        const u32 r = lrow + 32u * s;
-        ap[s] = r < nv ? (GU ? a + (u64)(s_pair[r] / k) * K : a + (u64)(tile * tm + r) * K) : a;
-    }
-    u64 pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    mwg_token_rows<T, GU, TP>(ap, a, s_pair, K, k, tile, tm, nv, lrow);
+    const u64 pol = mwg_evict_first();
     const u32 nk = (K + MWG_BK - 1) / MWG_BK, nsc = (K + 127u) / 128u;
     const u32 steps = (cb1 - cb0) * nk;
     const u32 abase = sbase + S * MWG_F8_STAGE;
@@ -465,7 +464,7 @@ __device__ __forceinline__ void mwg_body_f8(const T* __restrict__ a, const MwgF8
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const float2 f = mwg_e4m3x2(b[i]);
-                o[i] = mwg_pack2<T>(f.x * sc, f.y * sc);
+                o[i] = pack2_rn<T>(f.x * sc, f.y * sc);
             }
             *reinterpret_cast<uint4*>(at + mwg_sw(r, 2u * wc)) = make_uint4(o[0], o[1], o[2], o[3]);
             *reinterpret_cast<uint4*>(at + mwg_sw(r, 2u * wc + 1u)) = make_uint4(o[4], o[5], o[6], o[7]);
