@@ -39,6 +39,8 @@
 // Dynamic shared memory: MWG_STAGES · MWG_STAGE + 8 · MWG_EPI_WARP + 1024 (alignment slack) =
 // 230 400 bytes (+ 512 static): one CTA an SM.
 // Needs K % 8 == 0, N % 8 == 0, 16-byte aligned rows, tm <= 128 (checked by the host).
+// FP8 experts (moe_wg_{gu,down}_fp8_*, mwg_body_f8 below): the same tiles, MMAs and epilogue,
+// the weights staged as e4m3 and dequantized in shared memory (K % 16 == 0).
 
 #define MWG_INVALID 0xffffffffu
 #define MWG_THREADS 256
