@@ -21,16 +21,22 @@ __device__ __forceinline__ float fp8_f(unsigned char b) {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3)));
 }
 
-// 16 e4m3 bytes (byte i = element i) times `s`, each rounded to T: the dequantized weights.
-template <typename T> __device__ __forceinline__ void fp8_unpack16(const uint4& v, float s, float* f) {
-    const unsigned short* p = reinterpret_cast<const unsigned short*>(&v);
+// 2·PAIRS e4m3 bytes at p (byte i = element i) times `s`, each rounded to T: the dequantized
+// weights.
+template <typename T, int PAIRS>
+__device__ __forceinline__ void fp8_unpack_pairs(const unsigned short* p, float s, float* f) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < PAIRS; ++i) {
         const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)p[i], __NV_E4M3));
         const float2 t = __half22float2(h);
         f[2 * i] = round_to<T>(t.x * s);
         f[2 * i + 1] = round_to<T>(t.y * s);
     }
+}
+
+// 16 e4m3 bytes (byte i = element i) times `s`, each rounded to T.
+template <typename T> __device__ __forceinline__ void fp8_unpack16(const uint4& v, float s, float* f) {
+    fp8_unpack_pairs<T, 8>(reinterpret_cast<const unsigned short*>(&v), s, f);
 }
 
 // ---------------------------------------------------------------------------
@@ -362,16 +368,8 @@ __device__ __forceinline__ void fp8_dequant_impl(const unsigned char* __restrict
             const u32 c = 8u * g;
             const uint2 v = __ldg(reinterpret_cast<const uint2*>(q + (u64)r * cols + c));
             const float s = __ldg(sc + (u64)__ldg(rs + r) * nsc + c / FP8_BLOCK);
-            // fp8_unpack16's pairs: the same e4m3 · s product, rounded to T.
-            const unsigned short* p = reinterpret_cast<const unsigned short*>(&v);
             float f[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)p[i], __NV_E4M3));
-                const float2 t = __half22float2(h);
-                f[2 * i] = round_to<T>(t.x * s);
-                f[2 * i + 1] = round_to<T>(t.y * s);
-            }
+            fp8_unpack_pairs<T, 4>(reinterpret_cast<const unsigned short*>(&v), s, f);
             fp8_store8<T>(out + (u64)r * cols + c, f);
         }
     } else {

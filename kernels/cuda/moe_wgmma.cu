@@ -253,6 +253,13 @@ __device__ __forceinline__ void mwg_token_rows(const T* (&ap)[TP], const T* a, c
     }
 }
 
+// Weight row (of the expert's NO) of stage row r in column block cb: gate+up, row r < 128 the
+// gate row cb·128 + r, else the up row cb·128 + r − 128; down, row cb·256 + r.
+template <bool GU> __device__ __forceinline__ u32 mwg_weight_row(u32 cb, u32 r) {
+    constexpr u32 NC = GU ? MWG_WR / 2 : MWG_WR;
+    return GU ? cb * NC + (r & (NC - 1u)) : cb * NC + r;
+}
+
 // The L2 policy of the weight loads: streamed once a tile, evict first.
 __device__ __forceinline__ u64 mwg_evict_first() {
     u64 pol;
@@ -337,12 +344,11 @@ __device__ __forceinline__ void mwg_body(const T* __restrict__ a, const T* __res
         mwg_load_tok<T, N, TP>(st, ap, k0, K, nv, lrow, ch);
         const u32 kc = k0 + 8u * ch;
         const bool in = kc < K;
-        // Weight rows: gate+up: row r < 128 gate row cb·128 + r, else up row cb·128 + r − 128;
-        // down: row cb·256 + r (of expert ex).
+        // Weight rows (of expert ex): mwg_weight_row; rows r >= NC of gate+up are up's.
 #pragma unroll
         for (int s = 0; s < MWG_WR / 32; ++s) {
             const u32 r = lrow + 32u * s;
-            const u32 wr = GU ? cb * NC + (r & (NC - 1u)) : cb * NC + r;
+            const u32 wr = mwg_weight_row<GU>(cb, r);
             const T* base = (GU && r >= NC) ? w1 : w0;
             const u32 d = sw + mwg_sw(r, ch);
             if (wr < NO && in)
@@ -420,8 +426,6 @@ __device__ __forceinline__ void mwg_body_f8(const T* __restrict__ a, const MwgF8
     const u32 nk = (K + MWG_BK - 1) / MWG_BK, nsc = (K + 127u) / 128u;
     const u32 steps = (cb1 - cb0) * nk;
     const u32 abase = sbase + S * MWG_F8_STAGE;
-    // Weight row of stage row r in column block cb (gate+up: gate rows, then up rows).
-    auto wrow_of = [&](u32 cb, u32 r) -> u32 { return GU ? cb * NC + (r & (NC - 1u)) : cb * NC + r; };
     auto load = [&](u32 q) {
         const u32 cb = cb0 + q / nk, k0 = (q % nk) * MWG_BK;
         const u32 st = sbase + (q % S) * MWG_F8_STAGE, s8 = st + MWG_TM * 128u;
@@ -429,7 +433,7 @@ __device__ __forceinline__ void mwg_body_f8(const T* __restrict__ a, const MwgF8
         const u32 kq = k0 + 16u * wc;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const u32 r = wrow + 64u * j, wr = wrow_of(cb, r);
+            const u32 r = wrow + 64u * j, wr = mwg_weight_row<GU>(cb, r);
             const unsigned char* q8 = (GU && r >= NC) ? w1.q : w0.q;
             const u32 d = s8 + r * 64u + 16u * wc;
             if (wr < NO && kq < K)
@@ -447,7 +451,7 @@ __device__ __forceinline__ void mwg_body_f8(const T* __restrict__ a, const MwgF8
             srow_cb = cb;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const u32 r = wrow + 64u * j, wr = wrow_of(cb, r);
+                const u32 r = wrow + 64u * j, wr = mwg_weight_row<GU>(cb, r);
                 const MwgF8& m = (GU && r >= NC) ? w1 : w0;
                 const u64 row = (u64)ex * NO + wr;
                 srow[j] = wr < NO ? m.s + (u64)(m.rs ? __ldg(m.rs + row) : (u32)(row / 128u)) * nsc : nullptr;

@@ -477,12 +477,9 @@ impl CudaKernels {
         let vec = w.cols.is_multiple_of(16) && out_at.is_multiple_of(16);
         let vec32 = i32::from(vec);
         let (r32, c32) = (u32_of("rows", w.rows)?, u32_of("cols", w.cols)?);
-        // vec: a block per (row, run of 8·256 columns), capped (the kernel strides over the rest).
-        let grid = if vec {
-            u32::try_from(prod(&[w.rows, (w.cols / 8).div_ceil(256)])?.clamp(1, 1 << 24)).unwrap_or(1 << 24)
-        } else {
-            grid_for(n, 256)
-        };
+        // vec: a block per (row, run of 8·256 columns), capped by grid_for (the kernel strides
+        // over the rest).
+        let grid = if vec { grid_for(prod(&[w.rows, (w.cols / 8).div_ceil(256)])?, 1) } else { grid_for(n, 256) };
         let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: matches fp8_dequant_<T>; q and out hold rows·cols elements; 16-byte loads and
         // stores only with vec (cols % 16 == 0, q's allocation 256-byte aligned, out checked).
