@@ -53,13 +53,43 @@ __device__ __forceinline__ constexpr u32 gt5_tn(u32 i) {
     return 2 * (i < 2 ? (P ? 1u : 0u) : (P ? 2u : 3u)) + (i & 1u);
 }
 
+// tc5's stages: cp.async, 3 stages, chunk c + 2's copies issued once chunk c's have landed
+// (gt2_next_stage). The sweep asks `acquire(smem, c, ch)` for chunk c's stage and calls
+// `release(smem, c, ch)` when it is done with it (gdn_chunk_tc6.cu's cluster pipe has the same
+// three calls).
+template <typename T, int DK>
+struct Gt5CpPipe {
+    const T* __restrict__ wn;
+    const T* __restrict__ kb;
+    const float* __restrict__ uf;
+    const T* __restrict__ qg;
+    const T* __restrict__ pb;
+    u32 nch, hv, dv, col0, tid;
+    __device__ __forceinline__ Gt5CpPipe(const T* wn_, const T* kb_, const float* uf_, const T* qg_, const T* pb_,
+                                         u32 nch_, u32 hv_, u32 dv_, u32 col0_, u32 tid_)
+        : wn(wn_), kb(kb_), uf(uf_), qg(qg_), pb(pb_), nch(nch_), hv(hv_), dv(dv_), col0(col0_), tid(tid_) {}
+    // Chunks 0 and 1 in flight.
+    __device__ __forceinline__ void start(unsigned char* smem, u64 ch0) {
+        gt2_load<T, DK, 2, true, 128>(smem, wn, kb, uf, qg, pb, ch0, dv, col0, tid);
+        if (nch > 1) {
+            gt2_load<T, DK, 2, true, 128>(smem + Gt2Stage<DK, 2, true>::BYTES, wn, kb, uf, qg, pb, ch0 + hv, dv,
+                                          col0, tid);
+        }
+    }
+    __device__ __forceinline__ const unsigned char* acquire(unsigned char* smem, u32 c, u64 ch) {
+        gt2_next_stage<T, DK, 2, true, 128>(smem, c, nch, wn, kb, uf, qg, pb, ch, hv, dv, col0, tid);
+        return smem + (c % GT2_STAGES) * Gt2Stage<DK, 2, true>::BYTES;
+    }
+    __device__ __forceinline__ void release(unsigned char*, u32, u64) {}
+    __device__ __forceinline__ void finish() {}
+};
+
 // The sweep of warp p of its pair (P = p, so that every register index is static).
-template <typename T, int DK, int P>
-__device__ __forceinline__ void gt5_sweep(unsigned char* smem, float* __restrict__ st, const u32* __restrict__ sp,
-                                          const T* __restrict__ wn, const T* __restrict__ kb,
-                                          const float* __restrict__ uf, const float* __restrict__ gl,
-                                          const T* __restrict__ qg, const T* __restrict__ pb, T* __restrict__ out,
-                                          u64 ch0, u32 nch, u32 len, u32 hv, u32 j, u32 dv, u32 col0, u32 tid) {
+template <typename T, int DK, int P, class Pipe>
+__device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float* __restrict__ st,
+                                          const u32* __restrict__ sp, const float* __restrict__ gl,
+                                          T* __restrict__ out, u64 ch0, u32 nch, u32 len, u32 hv, u32 j, u32 dv,
+                                          u32 col0, u32 tid) {
     typedef Gt2Stage<DK, 2, true> L;
     constexpr u32 LDK = DK + 8, LDU = 32 + 4, STG = L::BYTES;
     constexpr u32 NK = DK / 8;     // n8 tiles of Sᵀ along k
@@ -107,8 +137,7 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, float* __restrict
     for (u32 c = 0; c < nch; ++c) {
         const u64 ch = ch0 + (u64)c * hv;
         const float e_next = c + 1 < nch ? gl[ch + hv] : 0.0f;
-        gt2_next_stage<T, DK, 2, true, 128>(smem, c, nch, wn, kb, uf, qg, pb, ch, hv, dv, col0, tid);
-        const unsigned char* stage = smem + (c % GT2_STAGES) * STG;
+        const unsigned char* stage = pipe.acquire(smem, c, ch);
         const T* Wb = reinterpret_cast<const T*>(stage);
         const T* Kb = Wb + GC_C * LDK;
         const float* Ub = reinterpret_cast<const float*>(Kb + GC_C * LDK);
@@ -219,6 +248,7 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, float* __restrict
             Af[s][3] = x.w;
         }
         e = e_next;
+        pipe.release(smem, c, ch);
     }
 #pragma unroll
     for (u32 m = 0; m < NH; ++m) {
@@ -231,7 +261,10 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, float* __restrict
 }
 #endif
 
-template <typename T, int DK>
+// The state launch of tc5 (Pipe = Gt5CpPipe) and of tc6 (Gt6Pipe, gdn_chunk_tc6.cu): a
+// Pipe is built from (wn, kb, uf, qg, pb, nch, hv, dv, col0, tid), `start`s the first
+// chunks' copies and `finish`es after the sweep.
+template <typename T, int DK, class Pipe>
 __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ state, const u32* __restrict__ spans,
                                                          const u32* __restrict__ off, const T* __restrict__ wn,
                                                          const T* __restrict__ kb, const float* __restrict__ uf,
@@ -258,14 +291,14 @@ __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ sta
     if (len == 0) return;
     float* st = state + (((u64)slot * nbuf + src) * hv + j) * ((u64)DK * dv);
     const u64 ch0 = (u64)o * hv + j;
-    constexpr u32 STG = Gt2Stage<DK, 2, true>::BYTES;
-    gt2_load<T, DK, 2, true, NT>(gt_smem, wn, kb, uf, qg, pb, ch0, dv, col0, tid);
-    if (nch > 1) gt2_load<T, DK, 2, true, NT>(gt_smem + STG, wn, kb, uf, qg, pb, ch0 + hv, dv, col0, tid);
+    Pipe pipe(wn, kb, uf, qg, pb, nch, hv, dv, col0, tid);
+    pipe.start(gt_smem, ch0);
     if (((tid >> 5) & 1u) == 0) {
-        gt5_sweep<T, DK, 0>(gt_smem, st, sp, wn, kb, uf, gl, qg, pb, out, ch0, nch, len, hv, j, dv, col0, tid);
+        gt5_sweep<T, DK, 0>(gt_smem, pipe, st, sp, gl, out, ch0, nch, len, hv, j, dv, col0, tid);
     } else {
-        gt5_sweep<T, DK, 1>(gt_smem, st, sp, wn, kb, uf, gl, qg, pb, out, ch0, nch, len, hv, j, dv, col0, tid);
+        gt5_sweep<T, DK, 1>(gt_smem, pipe, st, sp, gl, out, ch0, nch, len, hv, j, dv, col0, tid);
     }
+    pipe.finish();
 #endif
 }
 
@@ -275,7 +308,7 @@ __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ sta
                                            const T* kb, const float* uf, const float* gl, const T* qg,          \
                                            const T* pb, T* out, u32 t, u32 mc, u32 hv, u32 dv, u32 nbuf) {     \
         porter_pdl_enter();                                                                                   \
-        gdn_chunk_tc5_state_impl<T, DK>(state, spans, off, wn, kb, uf, gl, qg, pb, out, t, mc, hv, dv, nbuf);  \
+        gdn_chunk_tc5_state_impl<T, DK, Gt5CpPipe<T, DK>>(state, spans, off, wn, kb, uf, gl, qg, pb, out, t, mc, hv, dv, nbuf);  \
     }
 GDN_CHUNK_TC5(bf16, bf16, 64)
 GDN_CHUNK_TC5(bf16, bf16, 128)

@@ -40,7 +40,8 @@ fn nvrtc_gdn_chunk_ptxas_info() {
             || func.starts_with("gdn_chunk_tc2_")
             || func.starts_with("gdn_chunk_tc3_")
             || func.starts_with("gdn_chunk_tc4_")
-            || func.starts_with("gdn_chunk_tc5_");
+            || func.starts_with("gdn_chunk_tc5_")
+            || func.starts_with("gdn_chunk_tc6_");
         // `_o3`: the 3-blocks-an-SM A/B build of the tc4 wu launch, compiled to spill.
         let hot = hot && !func.ends_with("_o3");
         if hot && line.contains("spill") && !line.contains(" 0 bytes spill stores") {
@@ -202,15 +203,31 @@ fn tc_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims) -> bool {
 /// shared memory fits.
 fn tc2_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> bool {
     let kb = 2 * 64 * (d.dk + 8);
-    let fused = matches!(want, GdnChunkForm::Tc3 | GdnChunkForm::Tc4 | GdnChunkForm::Tc5);
+    let fused = matches!(want, GdnChunkForm::Tc3 | GdnChunkForm::Tc4 | GdnChunkForm::Tc5 | GdnChunkForm::Tc6);
     let stage = 2 * kb + 4 * 64 * 36 + if fused { kb + 2 * 64 * 72 } else { 0 };
     let wu4 = 2 * kb + 2 * 64 * (d.dv + 8) + 4 * 64 * 68;
     // tc5: the warp pairs' exchange, (2 + dk / 32) 512-byte fragments a warp, 4 warps.
-    let pairs = if want == GdnChunkForm::Tc5 { 4 * (2 + d.dk / 32) * 512 } else { 0 };
+    let pairs = if matches!(want, GdnChunkForm::Tc5 | GdnChunkForm::Tc6) { 4 * (2 + d.dk / 32) * 512 } else { 0 };
     let limit = k.caps().smem_limit();
     tc_expected::<T>(k, d)
         && limit >= 3 * stage + pairs + 2048
-        && (!matches!(want, GdnChunkForm::Tc4 | GdnChunkForm::Tc5) || limit >= wu4 + 2048)
+        && (!matches!(want, GdnChunkForm::Tc4 | GdnChunkForm::Tc5 | GdnChunkForm::Tc6) || limit >= wu4 + 2048)
+}
+
+/// The name of the form `want` runs as where [`tc2_expected`] holds: tc6 (clusters of 4
+/// column blocks unless `PORTER_GDN_TC6_CLUSTER` says 2) only on an sm_90 device whose
+/// dv / 32 blocks divide into clusters, else tc5.
+fn expected_name(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> &'static str {
+    let caps = k.caps();
+    let cl = match std::env::var(porter_kernels::cuda::GDN_TC6_CLUSTER_ENV).as_deref().map(str::trim) {
+        Ok("2") => 2,
+        _ => 4,
+    };
+    let hopper = caps.major == 9 && caps.minor == 0 && caps.tensor_cores();
+    match want {
+        GdnChunkForm::Tc6 if !(hopper && (d.dv / 32).is_multiple_of(cl)) => "tc5",
+        w => form_name(w),
+    }
 }
 
 /// The name [`CudaKernels::gdn_chunked_seq_with`] returns for a form that ran as asked.
@@ -221,13 +238,14 @@ fn form_name(f: GdnChunkForm) -> &'static str {
         GdnChunkForm::Tc3 => "tc3",
         GdnChunkForm::Tc4 => "tc4",
         GdnChunkForm::Tc5 => "tc5",
+        GdnChunkForm::Tc6 => "tc6",
         GdnChunkForm::F32 => "f32",
     }
 }
 
 /// Tolerances (outputs, states) of a form that ran.
 fn form_tols<T: CudaFloat>(form: &str) -> (f32, f32) {
-    if matches!(form, "tc" | "tc2" | "tc3" | "tc4" | "tc5") {
+    if matches!(form, "tc" | "tc2" | "tc3" | "tc4" | "tc5" | "tc6") {
         (TOL_TC_OUT, TOL_TC_STATE)
     } else {
         (out_tol::<T>(), TOL_CHUNK_F32)
@@ -257,6 +275,7 @@ fn chunk_case<T: CudaFloat>(
         (GdnChunkForm::Tc3, up::<f32>(k, &state)),
         (GdnChunkForm::Tc4, up::<f32>(k, &state)),
         (GdnChunkForm::Tc5, up::<f32>(k, &state)),
+        (GdnChunkForm::Tc6, up::<f32>(k, &state)),
     ];
     let mut dstate_f32 = up::<f32>(k, &state);
     let mut dstate_seq = up::<f32>(k, &state);
@@ -315,8 +334,8 @@ fn chunk_case<T: CudaFloat>(
             let mut out2 = poisoned::<T>(k, t * d.hv * d.dv);
             let form2 = k
                 .gdn_chunked_seq_with(&dq, &dg, &db, dstate2, &dsp, &mut out2, dims, *want2, None)
-                .expect("gdn_chunked_seq tc2 / tc3 / tc4 / tc5 form");
-            let name2 = form_name(*want2);
+                .expect("gdn_chunked_seq tc2 / tc3 / tc4 / tc5 / tc6 form");
+            let name2 = expected_name(k, d, *want2);
             if tc2_expected::<T>(k, d, *want2) && form2 != name2 {
                 fails.push(format!("{what}: expected the {name2} form, ran {form2}"));
             }
@@ -328,20 +347,22 @@ fn chunk_case<T: CudaFloat>(
             judge(fails, &format!("{what}: {form2} state vs CPU"), &e, state_at(d, nbuf, e.at), tol_state);
             ran.push((form2, got2, got_state2));
         }
-        // tc5 splits each of tc4's state-sweep warps into a pair that sums in tc4's order: the
-        // same bits, outputs (NaN poison included) and states (own pools, same inputs throughout).
+        // tc5 splits each of tc4's state-sweep warps into a pair that sums in tc4's order, and
+        // tc6 is tc5 with its stages filled across a cluster: the same bits, outputs (NaN poison
+        // included) and states (own pools, same inputs throughout).
         let find = |name: &str| ran.iter().find(|r| r.0 == name);
-        if let (Some(a), Some(b)) = (find("tc5"), find("tc4")) {
+        for (new, old) in [("tc5", "tc4"), ("tc6", "tc5")] {
+            let (Some(a), Some(b)) = (find(new), find(old)) else { continue };
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             let mut same = true;
             for (part, x, y) in [("out", &a.1, &b.1), ("state", &a.2, &b.2)] {
                 let (bx, by) = (bits(x), bits(y));
                 if let Some(i) = bx.iter().zip(&by).position(|(p, q)| p != q) {
                     same = false;
-                    fails.push(format!("{what}: tc5 {part} differs from tc4 at {i}: {} vs {}", x[i], y[i]));
+                    fails.push(format!("{what}: {new} {part} differs from {old} at {i}: {} vs {}", x[i], y[i]));
                 }
             }
-            println!("    tc5 ≡ tc4 bit for bit: {same}");
+            println!("    {new} ≡ {old} bit for bit: {same}");
         }
         if form != form_f32 {
             let e = err_stat(&got_f, &want);
@@ -518,6 +539,7 @@ fn prefill_80b<T: CudaFloat>(
         &[GdnChunkForm::F32]
     } else {
         &[
+            GdnChunkForm::Tc6,
             GdnChunkForm::Tc5,
             GdnChunkForm::Tc4,
             GdnChunkForm::Tc3,
@@ -566,7 +588,7 @@ fn prefill_80b<T: CudaFloat>(
     }
     let find = |name: &str| seen.iter().find(|x| x.0 == name);
     // Each form against the one it grew from: the call, then its wu and state launches.
-    for (new, old) in [("tc5", "tc4"), ("tc4", "tc3")] {
+    for (new, old) in [("tc6", "tc5"), ("tc5", "tc4"), ("tc4", "tc3")] {
         if let (Some(n), Some(o)) = (find(new), find(old)) {
             println!(
                 "    {new} vs {old} ({} t {t}): call {:.1} vs {:.1} µs ({:.2}x), wu {:.1} vs {:.1} µs ({:.2}x), \

@@ -235,7 +235,9 @@ pub(crate) static GDN_SEQ: KernelSource = KernelSource {
 /// Gated DeltaNet chunked (64-token) prefill over spans: the f32 CUDA-core form (gdn_chunk.cu)
 /// and the tensor-core forms for bf16 / f16 (gdn_chunk_tc.cu, which uses gdn_chunk.cu's helpers;
 /// gdn_chunk_tc2.cu, the mma.sync state sweep of `PORTER_GDN_CHUNK=tc2`; gdn_chunk_tc4.cu, the
-/// mma.sync wu launch of `tc4`; gdn_chunk_tc5.cu, the warp-pair state sweep of `tc5`).
+/// mma.sync wu launch of `tc4`; gdn_chunk_tc5.cu, the warp-pair state sweep of `tc5`;
+/// gdn_chunk_tc6.cu, that sweep with its stages multicast across a thread-block cluster, `tc6`,
+/// for which the module is compiled for `sm_90a` on an sm_90 device, [`module_arch`]).
 pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
     name: "gdn_chunk.cu",
     code: concat!(
@@ -247,7 +249,9 @@ pub(crate) static GDN_CHUNK: KernelSource = KernelSource {
         "\n#line 1 \"gdn_chunk_tc4.cu\"\n",
         include_str!("../../cuda/gdn_chunk_tc4.cu"),
         "\n#line 1 \"gdn_chunk_tc5.cu\"\n",
-        include_str!("../../cuda/gdn_chunk_tc5.cu")
+        include_str!("../../cuda/gdn_chunk_tc5.cu"),
+        "\n#line 1 \"gdn_chunk_tc6.cu\"\n",
+        include_str!("../../cuda/gdn_chunk_tc6.cu")
     ),
 };
 /// Glue for the model path: residual adds, casts, strided copies, bias, sampling, the skinny
@@ -326,11 +330,12 @@ pub fn sources() -> [&'static KernelSource; 14] {
 }
 
 /// The NVRTC architecture `src` is compiled for on a device of architecture `arch`: `sm_90a`
-/// (the Hopper-only wgmma instructions) for `ATTENTION_WGMMA` and `MOE_WGMMA` on sm_90
+/// (the Hopper-only wgmma instructions; the multicast bulk copies of gdn_chunk_tc6.cu, which
+/// are slow outside sm_90a) for `ATTENTION_WGMMA`, `MOE_WGMMA` and `GDN_CHUNK` on sm_90
 /// outside the fallback build, else `arch`.
 pub fn module_arch(src: &KernelSource, arch: &'static str, fallback: bool) -> &'static str {
-    let wgmma = std::ptr::eq(src, &ATTENTION_WGMMA) || std::ptr::eq(src, &MOE_WGMMA);
-    if wgmma && arch == "sm_90" && !fallback {
+    let hopper = [&ATTENTION_WGMMA, &MOE_WGMMA, &GDN_CHUNK].into_iter().any(|m| std::ptr::eq(src, m));
+    if hopper && arch == "sm_90" && !fallback {
         "sm_90a"
     } else {
         arch

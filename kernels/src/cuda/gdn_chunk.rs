@@ -16,8 +16,8 @@ use super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK}
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 mod tc3;
-pub use tc3::GDN_WU_OCC_ENV;
-use tc3::{tc3_smem, tc4_wu, tc5_state, Tc3Call};
+use tc3::{tc3_smem, tc4_wu, tc5_state, tc6_state, Tc3Call};
+pub use tc3::{GDN_TC6_CLUSTER_ENV, GDN_WU_OCC_ENV};
 
 /// Environment variable choosing the form of [`CudaKernels::gdn_chunked_seq`] for bf16 / f16
 /// outputs: `f32` runs the CUDA-core f32 kernels; `tc` the tensor-core kernels
@@ -53,6 +53,9 @@ pub enum GdnChunkForm {
     Tc4,
     /// As `Tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu).
     Tc5,
+    /// As `Tc5` with the sweep's stages multicast across a thread-block cluster
+    /// (gdn_chunk_tc6.cu; sm_90 only, else exactly `Tc5`).
+    Tc6,
     /// The CUDA-core f32 kernels for every output type.
     F32,
 }
@@ -66,12 +69,13 @@ fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
         "tc3" => GdnChunkForm::Tc3,
         "tc4" => GdnChunkForm::Tc4,
         "" | "tc5" => GdnChunkForm::Tc5,
+        "tc6" => GdnChunkForm::Tc6,
         "tc" => GdnChunkForm::Tc,
         other => {
             super::env::warn_once(
                 GDN_CHUNK_ENV,
                 &format!(
-                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `f32`; using the default (tc5)"
+                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `tc6`, `f32`; using the default (tc5)"
                 ),
             );
             GdnChunkForm::Tc5
@@ -99,7 +103,7 @@ fn tc2_warps_from(v: Option<std::ffi::OsString>) -> usize {
 
 /// Which kernels a call of [`CudaKernels::gdn_chunked_seq_with`] ran.
 #[doc(hidden)]
-pub const GDN_FORMS: [&str; 7] = ["tc", "f32", "seq", "tc2", "tc3", "tc4", "tc5"];
+pub const GDN_FORMS: [&str; 8] = ["tc", "f32", "seq", "tc2", "tc3", "tc4", "tc5", "tc6"];
 
 /// Tokens per chunk (`GC_C` in gdn_chunk.cu).
 const GC_C: usize = 64;
@@ -243,9 +247,14 @@ impl CudaKernels {
             (Some(_), GdnChunkForm::Tc5) => {
                 tc3_smem(dk, dv, 2, self.caps()).map(|m| tc5_state(tc4_wu(m, dk, dv, self.caps()), dk, dv, self.caps()))
             }
+            (Some(_), GdnChunkForm::Tc6) => tc3_smem(dk, dv, 2, self.caps()).map(|m| {
+                let caps = self.caps();
+                tc6_state(tc5_state(tc4_wu(m, dk, dv, caps), dk, dv, caps), dv, caps)
+            }),
             _ => None,
         };
         let form_name = match (tc.is_some(), tc2.is_some(), tc3) {
+            (true, _, Some(m)) if m.cluster > 0 => GDN_FORMS[7],
             (true, _, Some(m)) if m.pair => GDN_FORMS[6],
             (true, _, Some(m)) if m.tc4 => GDN_FORMS[5],
             (true, _, Some(_)) => GDN_FORMS[4],

@@ -111,7 +111,7 @@ pub use fp8::{
 };
 pub use gdn::GDN_MAX_DK;
 pub use gdn_ba::{gdn_ba_fused_enabled, GateProj, GDN_BA_ENV, GDN_BA_FUSED_MAX_ROWS};
-pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV, GDN_WU_OCC_ENV};
+pub use gdn_chunk::{GdnChunkForm, GDN_CHUNK_ENV, GDN_TC2_BV_ENV, GDN_TC6_CLUSTER_ENV, GDN_WU_OCC_ENV};
 pub use gdn_fused::{
     gdn_fused_enabled, GdnFusedDims, GdnFusedShape, GDN_FUSED_ENV, GDN_FUSED_LANES_ENV, GDN_FUSED_MAX_KEY_HEADS,
 };

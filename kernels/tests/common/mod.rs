@@ -180,7 +180,8 @@ pub fn tol<T: CudaFloat>() -> f32 {
     }
 }
 
-/// `ptxas -v` of one kernel source for sm_90 (NVRTC, no GPU needed): the register and
+/// `ptxas -v` of one kernel source for sm_90 (sm_90a for the modules `module_arch` compiles
+/// so there; NVRTC, no GPU needed): the register and
 /// spill lines of every entry function, as `(function, line)`. Panics without NVRTC or the
 /// CUDA headers ([`need_nvrtc`]) and when the source does not compile. With
 /// `PORTER_PTX_DIR` set, also writes the PTX there as `<source>.ptx`; with `PORTER_CUBIN_DIR`
@@ -194,8 +195,9 @@ pub fn ptxas_info(test: &str, source: &str) -> Vec<(String, String)> {
     let text = CString::new(src.full_text()).expect("source");
     let name = CString::new(source).expect("name");
     let prog = nv::create_program(&text, Some(&name)).expect("create program");
+    // The build an sm_90 device loads (sm_90a for the modules `module_arch` names).
     let opts = [
-        "--gpu-architecture=sm_90".to_string(),
+        format!("--gpu-architecture={}", cuda::module_arch(src, "sm_90", false)),
         "--std=c++17".to_string(),
         format!("-I{}", include.display()),
         "--ptxas-options=-v".to_string(),

@@ -21,6 +21,11 @@ use cudarc::driver::{DevicePtrMut, LaunchConfig};
 /// spills; dk = 128 only): an A/B form. Other values warn once and count as unset.
 pub const GDN_WU_OCC_ENV: &str = "PORTER_GDN_WU_OCC";
 
+/// Environment variable: blocks a cluster of the `tc6` state sweep, `2` or `4` (unset: the
+/// default, 4; where dv / 32 is not a multiple, tc5's sweep runs). Other values warn once and
+/// count as unset.
+pub const GDN_TC6_CLUSTER_ENV: &str = "PORTER_GDN_TC6_CLUSTER";
+
 /// Shared memory and warps per block of the tc3 kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Tc3Smem {
@@ -37,6 +42,10 @@ pub(super) struct Tc3Smem {
     /// Whether the state launch is `gdn_chunk_tc5_state` (gdn_chunk_tc5.cu, `PORTER_GDN_CHUNK=tc5`:
     /// 4 warps a block of 32 columns, each 16-column warp of tc3 split into a pair; same bits).
     pub pair: bool,
+    /// Blocks a cluster of the state launch when it is `gdn_chunk_tc6_state` (gdn_chunk_tc6.cu,
+    /// `PORTER_GDN_CHUNK=tc6`: tc5's sweep with the stages multicast across the cluster; same
+    /// bits), else 0.
+    pub cluster: usize,
 }
 
 /// Bytes of one pipeline stage of the tc2 (`fuse` false) / tc3 (`fuse` true) state sweep
@@ -58,7 +67,14 @@ pub(super) fn tc3_smem(dk: usize, dv: usize, nw: usize, caps: DeviceCaps) -> Opt
     }
     [nw, 2, 1].into_iter().find_map(|nw| {
         let state = 3 * tc2_stage_bytes(dk, nw, true);
-        (dv.is_multiple_of(16 * nw) && state <= limit).then_some(Tc3Smem { wu, tc4: false, nw, state, pair: false })
+        (dv.is_multiple_of(16 * nw) && state <= limit).then_some(Tc3Smem {
+            wu,
+            tc4: false,
+            nw,
+            state,
+            pair: false,
+            cluster: 0,
+        })
     })
 }
 
@@ -75,6 +91,20 @@ pub(super) fn tc5_state(m: Tc3Smem, dk: usize, dv: usize, caps: DeviceCaps) -> T
     let state = tc5_state_smem(dk);
     if dv.is_multiple_of(32) && state + TC_STATIC_SMEM <= caps.smem_limit() {
         Tc3Smem { nw: 2, state, pair: true, ..m }
+    } else {
+        m
+    }
+}
+
+/// `m` (with tc5's state launch) with the tc6 state launch (`gdn_chunk_tc6_state`: tc5's
+/// kernel in clusters of [`GDN_TC6_CLUSTER_ENV`] blocks, 4 unless set) where it runs: an sm_90
+/// device outside the fallback build (the module is compiled for sm_90a there) and dv / 32 a
+/// multiple of the cluster; else `m`.
+pub(super) fn tc6_state(m: Tc3Smem, dv: usize, caps: DeviceCaps) -> Tc3Smem {
+    let cl = crate::cuda::env_count(GDN_TC6_CLUSTER_ENV, |n| n == 2 || n == 4, "2 or 4").unwrap_or(4);
+    let hopper = caps.major == 9 && caps.minor == 0 && caps.tensor_cores();
+    if m.pair && hopper && (dv / 32).is_multiple_of(cl) {
+        Tc3Smem { cluster: cl, ..m }
     } else {
         m
     }
@@ -145,7 +175,9 @@ impl CudaKernels {
             &format!("{wu_name}_d{dk}_{}{}", T::NAME, if o3 { "_o3" } else { "" }),
             m.wu,
         )?;
-        let state_name = if m.pair {
+        let state_name = if m.cluster > 0 {
+            format!("gdn_chunk_tc6_state_d{dk}_{}_c{}", T::NAME, m.cluster)
+        } else if m.pair {
             format!("gdn_chunk_tc5_state_d{dk}_{}", T::NAME)
         } else {
             format!("gdn_chunk_tc3_state_d{dk}_{}_w{}", T::NAME, m.nw)
@@ -186,9 +218,11 @@ impl CudaKernels {
             block_dim: (u32_of("threads", threads)?, 1, 1),
             shared_mem_bytes: u32_of("smem", m.state)?,
         };
-        // SAFETY: arguments match `gdn_chunk_tc3_state_d<dk>_<T>_w<nw>` and
-        // `gdn_chunk_tc5_state_d<dk>_<T>` alike; dv % (16·nw) == 0 (tc3_smem; tc5: nw = 2 and
-        // dv % 32 == 0); the shared memory size is the kernel's layout; slot / src_buf of a valid
+        // SAFETY: arguments match `gdn_chunk_tc3_state_d<dk>_<T>_w<nw>`,
+        // `gdn_chunk_tc5_state_d<dk>_<T>` and `gdn_chunk_tc6_state_d<dk>_<T>_c<cl>` alike;
+        // dv % (16·nw) == 0 (tc3_smem; tc5: nw = 2 and dv % 32 == 0; tc6: the grid's dv / 32
+        // blocks a multiple of its compile-time cluster, tc6_state); the shared memory size is
+        // the kernel's layout (tc6: tc5's); slot / src_buf of a valid
         // span are in range; rows of valid spans lie inside 0..t, NaN rows are clipped to t.
         // Kernel: `gdn_chunk_tc3_state_d<DK>_<T>_w<NW>(float* state, const u32* spans, const u32* off,
         // const T* wn, const T* kb, const float* uf, const float* gl, const T* qg, const T* pb, T* out,

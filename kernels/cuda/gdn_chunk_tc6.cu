@@ -1,0 +1,194 @@
+// Gated DeltaNet, chunked form on tensor cores: the state sweep of `PORTER_GDN_CHUNK=tc6`,
+// tc5's sweep (gdn_chunk_tc5.cu, same warps, same products, **same bits**) with its stages
+// filled once per thread-block cluster instead of once per block. Appended to gdn_chunk.cu +
+// gdn_chunk_tc.cu + gdn_chunk_tc2.cu + gdn_chunk_tc4.cu + gdn_chunk_tc5.cu (same module,
+// compiled for sm_90a on an sm_90 device); reads the scratch of gdn_chunk_tc4_wu unchanged.
+//
+// Why: a head's dv / 32 column blocks (4 at the 80B layout) each stage the same −W, K̃, Qg and
+// Pb tiles of every chunk (56 KiB of a 64 KiB stage at DK = 128): 128 blocks pull ≈ 8.4 MB
+// out of L2 per chunk step, ≈ 4.5 TB/s at 16k tokens (1.86 µs a step), and that is the
+// sweep's pace (tc3's estimate of the L2 time, 100-150 µs at 4k, is what tc5 measures).
+// Here the CL blocks of a head form a cluster (__cluster_dims__(CL, 1, 1)); rank r copies rows
+// [r·64/CL, (r + 1)·64/CL) of the four shared tiles with one-dimensional bulk copies
+// multicast to every block of the cluster (cp.async.bulk ... .multicast::cluster, one L2 read
+// for CL blocks), and its own 32 U columns to itself. Per block and chunk L2 gives 64/CL rows
+// of the shared tiles plus U (22 KiB at CL = 4 instead of 64).
+//
+// Stages: tc5's layout (3 × Gt2Stage<DK, 2, true>, the exchange after them). Each stage has
+// a `full` mbarrier (one arrival, this block's expect_tx of the stage's bytes, completed by
+// the copies of every rank) and an `empty` mbarrier (CL arrivals, one from each block of the
+// cluster once it has read the stage). Chunk c sits in stage c % 3; before a rank multicasts
+// chunk c + 3 into stage c % 3 of every block it waits on its own `empty`, which completes
+// once every block has finished chunk c. Parity of chunk c's phase: (c / 3) & 1.
+//
+// Shapes: DK ∈ {64, 128}; dv == 32·CL (grid x = dv / 32 = the cluster); T = bf16 / f16.
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GT6_CLUSTER(CL) __cluster_dims__(CL, 1, 1)
+#else
+#define GT6_CLUSTER(CL)
+#endif
+
+#if defined(PORTER_SM80) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ u32 gt6_sa(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void gt6_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void gt6_wait(const u64* bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(gt6_sa(bar)), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// Arrival on the mbarrier at `bar`'s offset in the shared memory of cluster rank `rank`.
+__device__ __forceinline__ void gt6_arrive_at(const u64* bar, u32 rank) {
+    asm volatile(
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(gt6_sa(bar)),
+        "r"(rank)
+        : "memory");
+}
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory to `dst` of
+// every block of the cluster in `mask` (dst's offset in each), completing on `bar` there.
+__device__ __forceinline__ void gt6_copy_mc(void* dst, const void* src, u32 bytes, const u64* bar, unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
+        "%4;\n" ::"r"(gt6_sa(dst)),
+        "l"(src), "r"(bytes), "r"(gt6_sa(bar)), "h"(mask)
+        : "memory");
+}
+
+// The same into this block only.
+__device__ __forceinline__ void gt6_copy(void* dst, const void* src, u32 bytes, const u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     gt6_sa(dst)),
+                 "l"(src), "r"(bytes), "r"(gt6_sa(bar))
+                 : "memory");
+}
+
+// The stage pipe of the tc6 sweep (the interface of tc5's Gt5CpPipe).
+template <typename T, int DK, u32 CL>
+struct Gt6Pipe {
+    typedef Gt2Stage<DK, 2, true> L;
+    static constexpr u32 LDK = DK + 8, LDU = 32 + 4;
+    static constexpr u32 R = GC_C / CL;  // rows of each shared tile a rank copies
+    static constexpr unsigned short MASK = (1u << CL) - 1;  // every block of the cluster
+    // Bytes a block receives per stage: the four shared tiles whole, its U columns.
+    static constexpr u32 TX = GC_C * (3 * DK + GC_C) * (u32)sizeof(T) + GC_C * 32 * 4;
+    const T* __restrict__ wn;
+    const T* __restrict__ kb;
+    const float* __restrict__ uf;
+    const T* __restrict__ qg;
+    const T* __restrict__ pb;
+    u32 nch, hv, dv, col0, tid, rank;
+    u64* full;  // [3]
+    u64* empty; // [3]
+
+    __device__ __forceinline__ Gt6Pipe(const T* wn_, const T* kb_, const float* uf_, const T* qg_, const T* pb_,
+                                       u32 nch_, u32 hv_, u32 dv_, u32 col0_, u32 tid_)
+        : wn(wn_), kb(kb_), uf(uf_), qg(qg_), pb(pb_), nch(nch_), hv(hv_), dv(dv_), col0(col0_), tid(tid_) {
+        __shared__ __align__(8) u64 bars[6];
+        full = bars;
+        empty = bars + 3;
+        asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    }
+
+    // Chunk `ch` into `stage`: this rank's rows of the shared tiles to every block, its U
+    // columns to itself; this block expects the stage's bytes on `bar`.
+    __device__ __forceinline__ void issue(unsigned char* stage, u64 ch, const u64* bar) {
+        if (tid == 0) {
+            asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(gt6_sa(bar)),
+                         "r"(TX)
+                         : "memory");
+        }
+        T* Wb = reinterpret_cast<T*>(stage);
+        T* Kb = Wb + GC_C * LDK;
+        float* Ub = reinterpret_cast<float*>(Kb + GC_C * LDK);
+        T* Qb = reinterpret_cast<T*>(stage + 2 * L::KB + L::UB);
+        T* Pb = Qb + GC_C * LDK;
+        for (u32 x = tid; x < 4 * R + GC_C; x += 128) {
+            if (x < 4 * R) {
+                const u32 tile = x / R, i = R * rank + x % R;
+                const u64 row = ch * GC_C + i;
+                if (tile == 0) {
+                    gt6_copy_mc(Wb + i * LDK, wn + row * DK, DK * sizeof(T), bar, MASK);
+                } else if (tile == 1) {
+                    gt6_copy_mc(Kb + i * LDK, kb + row * DK, DK * sizeof(T), bar, MASK);
+                } else if (tile == 2) {
+                    gt6_copy_mc(Qb + i * LDK, qg + row * DK, DK * sizeof(T), bar, MASK);
+                } else {
+                    gt6_copy_mc(Pb + i * GT2_LDP, pb + row * GC_C, GC_C * sizeof(T), bar, MASK);
+                }
+            } else {
+                const u32 i = x - 4 * R;
+                gt6_copy(Ub + i * LDU, uf + (ch * GC_C + i) * dv + col0, 32 * 4, bar);
+            }
+        }
+    }
+
+    // Barriers set up and visible to the cluster, then chunks 0..2 in flight.
+    __device__ __forceinline__ void start(unsigned char* smem, u64 ch0) {
+        if (tid == 0) {
+            for (u32 s = 0; s < 3; ++s) {
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(gt6_sa(full + s)) : "memory");
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gt6_sa(empty + s)), "r"(CL) : "memory");
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        gt6_cluster_sync();
+        for (u32 c = 0; c < 3 && c < nch; ++c) issue(smem + c * L::BYTES, ch0 + (u64)c * hv, full + c);
+    }
+
+    __device__ __forceinline__ const unsigned char* acquire(unsigned char* smem, u32 c, u64) {
+        gt6_wait(full + c % 3, (c / 3) & 1u);
+        return smem + (c % 3) * L::BYTES;
+    }
+
+    // Chunk c's stage read by this block: every block of the cluster told; once they all
+    // have, this rank's share of chunk c + 3 goes out.
+    __device__ __forceinline__ void release(unsigned char* smem, u32 c, u64 ch) {
+        if (c + 3 >= nch) return;
+        __syncthreads();
+        if (tid < CL) gt6_arrive_at(empty + c % 3, tid);
+        gt6_wait(empty + c % 3, (c / 3) & 1u);
+        issue(smem + (c % 3) * L::BYTES, ch + 3ull * hv, full + c % 3);
+    }
+
+    // No block leaves while a peer may still signal its barriers.
+    __device__ __forceinline__ void finish() { gt6_cluster_sync(); }
+};
+#endif
+
+#define GDN_CHUNK_TC6(T, NAME, DK, CL)                                                                         \
+    extern "C" __global__ void __launch_bounds__(128, 1) GT6_CLUSTER(CL)                                       \
+        gdn_chunk_tc6_state_d##DK##_##NAME##_c##CL(float* state, const u32* spans, const u32* off, const T* wn, \
+                                                   const T* kb, const float* uf, const float* gl, const T* qg,  \
+                                                   const T* pb, T* out, u32 t, u32 mc, u32 hv, u32 dv,          \
+                                                   u32 nbuf) {                                                 \
+        porter_pdl_enter();                                                                                   \
+        GT6_BODY(T, DK, CL)                                                                                   \
+    }
+#if defined(PORTER_SM80) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GT6_BODY(T, DK, CL)                                                                                 \
+    gdn_chunk_tc5_state_impl<T, DK, Gt6Pipe<T, DK, CL>>(state, spans, off, wn, kb, uf, gl, qg, pb, out, t, mc, hv, \
+                                                        dv, nbuf);
+#else
+#define GT6_BODY(T, DK, CL) __trap();
+#endif
+GDN_CHUNK_TC6(bf16, bf16, 64, 2)
+GDN_CHUNK_TC6(bf16, bf16, 64, 4)
+GDN_CHUNK_TC6(bf16, bf16, 128, 2)
+GDN_CHUNK_TC6(bf16, bf16, 128, 4)
+GDN_CHUNK_TC6(f16, f16, 64, 2)
+GDN_CHUNK_TC6(f16, f16, 64, 4)
+GDN_CHUNK_TC6(f16, f16, 128, 2)
+GDN_CHUNK_TC6(f16, f16, 128, 4)
