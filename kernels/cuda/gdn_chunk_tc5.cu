@@ -81,6 +81,7 @@ struct Gt5CpPipe {
         return smem + (c % GT2_STAGES) * Gt2Stage<DK, 2, true>::BYTES;
     }
     __device__ __forceinline__ void release(unsigned char*, u32, u64) {}
+    __device__ __forceinline__ void produce(unsigned char*, u64) {}  // no producer warp
     __device__ __forceinline__ void finish() {}
 };
 
@@ -259,11 +260,16 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float
         st[(u64)(k + 1) * dv + vw + g + 8] = Sh[m][3];
     }
 }
+#else
+// Below sm_80 the launch is never chosen (its body is empty); the entry points still name a pipe.
+template <typename T, int DK>
+struct Gt5CpPipe {};
 #endif
 
-// The state launch of tc5 (Pipe = Gt5CpPipe) and of tc6 (Gt6Pipe, gdn_chunk_tc6.cu): a
-// Pipe is built from (wn, kb, uf, qg, pb, nch, hv, dv, col0, tid), `start`s the first
-// chunks' copies and `finish`es after the sweep.
+// The state launch of tc5 (Pipe = Gt5CpPipe, 128 threads) and of tc6 (Gt6Pipe,
+// gdn_chunk_tc6.cu, 160: warp 4 fills the stages): a Pipe is built from (wn, kb, uf, qg, pb,
+// nch, hv, dv, col0, tid), `start`s the first chunks' copies, lets threads 128.. `produce`
+// and `finish`es after the sweep.
 template <typename T, int DK, class Pipe>
 __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ state, const u32* __restrict__ spans,
                                                          const u32* __restrict__ off, const T* __restrict__ wn,
@@ -272,7 +278,8 @@ __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ sta
                                                          const T* __restrict__ pb, T* __restrict__ out, u32 t,
                                                          u32 mc, u32 hv, u32 dv, u32 nbuf) {
 #if defined(PORTER_SM80)
-    constexpr u32 BV = 32, NT = 128;
+    constexpr u32 BV = 32;
+    const u32 NT = blockDim.x;  // 128 (tc5), 160 (tc6: a producer warp besides)
     extern __shared__ __align__(128) unsigned char gt_smem[];
     const u32 tid = threadIdx.x;
     const u32 s = blockIdx.z, j = blockIdx.y, col0 = blockIdx.x * BV;
@@ -293,7 +300,9 @@ __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ sta
     const u64 ch0 = (u64)o * hv + j;
     Pipe pipe(wn, kb, uf, qg, pb, nch, hv, dv, col0, tid);
     pipe.start(gt_smem, ch0);
-    if (((tid >> 5) & 1u) == 0) {
+    if (tid >= 128) {
+        pipe.produce(gt_smem, ch0);
+    } else if (((tid >> 5) & 1u) == 0) {
         gt5_sweep<T, DK, 0>(gt_smem, pipe, st, sp, gl, out, ch0, nch, len, hv, j, dv, col0, tid);
     } else {
         gt5_sweep<T, DK, 1>(gt_smem, pipe, st, sp, gl, out, ch0, nch, len, hv, j, dv, col0, tid);

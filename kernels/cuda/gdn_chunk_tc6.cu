@@ -16,10 +16,11 @@
 //
 // Stages: tc5's layout (3 × Gt2Stage<DK, 2, true>, the exchange after them). Each stage has
 // a `full` mbarrier (one arrival, this block's expect_tx of the stage's bytes, completed by
-// the copies of every rank) and an `empty` mbarrier (CL arrivals, one from each block of the
-// cluster once it has read the stage). Chunk c sits in stage c % 3; before a rank multicasts
-// chunk c + 3 into stage c % 3 of every block it waits on its own `empty`, which completes
-// once every block has finished chunk c. Parity of chunk c's phase: (c / 3) & 1.
+// the copies of every rank) and an `empty` mbarrier (4·CL arrivals: each sweeping warp of
+// each block of the cluster once it has read the stage). Chunk c sits in stage c % 3; before
+// a rank multicasts chunk c + 3 into stage c % 3 of every block, its producer warp (warp 4,
+// 160 threads a block) waits on its own `empty`, which completes once every block has
+// finished chunk c. Parity of chunk c's phase: (c / 3) & 1.
 //
 // Shapes: DK ∈ {64, 128}; dv == 32·CL (grid x = dv / 32 = the cluster); T = bf16 / f16.
 
@@ -75,12 +76,16 @@ __device__ __forceinline__ void gt6_copy(void* dst, const void* src, u32 bytes, 
                  : "memory");
 }
 
-// The stage pipe of the tc6 sweep (the interface of tc5's Gt5CpPipe).
+// The stage pipe of the tc6 sweep (the interface of tc5's Gt5CpPipe). Warps 0-3 sweep: they
+// wait on `full` and, done with a stage, each arrives on `empty` in every block of the
+// cluster (4·CL arrivals a phase). Warp 4 produces: it waits on its block's `empty` and
+// sends its rank's share of the chunk three ahead, so no sweeping warp ever waits on the
+// cluster.
 template <typename T, int DK, u32 CL>
 struct Gt6Pipe {
     typedef Gt2Stage<DK, 2, true> L;
     static constexpr u32 LDK = DK + 8, LDU = 32 + 4;
-    static constexpr u32 R = GC_C / CL;  // rows of each shared tile a rank copies
+    static constexpr u32 R = GC_C / CL;                     // rows of each shared tile a rank copies
     static constexpr unsigned short MASK = (1u << CL) - 1;  // every block of the cluster
     // Bytes a block receives per stage: the four shared tiles whole, its U columns.
     static constexpr u32 TX = GC_C * (3 * DK + GC_C) * (u32)sizeof(T) + GC_C * 32 * 4;
@@ -90,8 +95,8 @@ struct Gt6Pipe {
     const T* __restrict__ qg;
     const T* __restrict__ pb;
     u32 nch, hv, dv, col0, tid, rank;
-    u64* full;  // [3]
-    u64* empty; // [3]
+    u64* full;   // [3]
+    u64* empty;  // [3]
 
     __device__ __forceinline__ Gt6Pipe(const T* wn_, const T* kb_, const float* uf_, const T* qg_, const T* pb_,
                                        u32 nch_, u32 hv_, u32 dv_, u32 col0_, u32 tid_)
@@ -102,10 +107,12 @@ struct Gt6Pipe {
         asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
     }
 
-    // Chunk `ch` into `stage`: this rank's rows of the shared tiles to every block, its U
-    // columns to itself; this block expects the stage's bytes on `bar`.
-    __device__ __forceinline__ void issue(unsigned char* stage, u64 ch, const u64* bar) {
-        if (tid == 0) {
+    // Chunk `ch` into `stage`, copies x = first, first + stride, ... of this rank's share
+    // (its rows of the shared tiles to every block, its U columns to itself); `lead` also
+    // tells `bar` the stage's bytes.
+    __device__ __forceinline__ void issue(unsigned char* stage, u64 ch, const u64* bar, u32 first, u32 stride,
+                                          bool lead) {
+        if (lead) {
             asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(gt6_sa(bar)),
                          "r"(TX)
                          : "memory");
@@ -115,7 +122,7 @@ struct Gt6Pipe {
         float* Ub = reinterpret_cast<float*>(Kb + GC_C * LDK);
         T* Qb = reinterpret_cast<T*>(stage + 2 * L::KB + L::UB);
         T* Pb = Qb + GC_C * LDK;
-        for (u32 x = tid; x < 4 * R + GC_C; x += 128) {
+        for (u32 x = first; x < 4 * R + GC_C; x += stride) {
             if (x < 4 * R) {
                 const u32 tile = x / R, i = R * rank + x % R;
                 const u64 row = ch * GC_C + i;
@@ -135,17 +142,29 @@ struct Gt6Pipe {
         }
     }
 
-    // Barriers set up and visible to the cluster, then chunks 0..2 in flight.
+    // Barriers set up and visible to the cluster, then chunks 0..2 in flight (every thread).
     __device__ __forceinline__ void start(unsigned char* smem, u64 ch0) {
         if (tid == 0) {
             for (u32 s = 0; s < 3; ++s) {
                 asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(gt6_sa(full + s)) : "memory");
-                asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gt6_sa(empty + s)), "r"(CL) : "memory");
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gt6_sa(empty + s)), "r"(4 * CL)
+                             : "memory");
             }
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
         gt6_cluster_sync();
-        for (u32 c = 0; c < 3 && c < nch; ++c) issue(smem + c * L::BYTES, ch0 + (u64)c * hv, full + c);
+        for (u32 c = 0; c < 3 && c < nch; ++c) {
+            issue(smem + c * L::BYTES, ch0 + (u64)c * hv, full + c, tid, blockDim.x, tid == 0);
+        }
+    }
+
+    // Warp 4: chunk c goes out once every block has finished chunk c − 3.
+    __device__ __forceinline__ void produce(unsigned char* smem, u64 ch0) {
+        const u32 lane = tid & 31u;
+        for (u32 c = 3; c < nch; ++c) {
+            gt6_wait(empty + c % 3, ((c - 3) / 3) & 1u);
+            issue(smem + (c % 3) * L::BYTES, ch0 + (u64)c * hv, full + c % 3, lane, 32, lane == 0);
+        }
     }
 
     __device__ __forceinline__ const unsigned char* acquire(unsigned char* smem, u32 c, u64) {
@@ -153,23 +172,22 @@ struct Gt6Pipe {
         return smem + (c % 3) * L::BYTES;
     }
 
-    // Chunk c's stage read by this block: every block of the cluster told; once they all
-    // have, this rank's share of chunk c + 3 goes out.
-    __device__ __forceinline__ void release(unsigned char* smem, u32 c, u64 ch) {
+    // This warp is done with chunk c's stage: one arrival in each block of the cluster (none
+    // past the last refill, which nobody waits for).
+    __device__ __forceinline__ void release(unsigned char*, u32 c, u64) {
         if (c + 3 >= nch) return;
-        __syncthreads();
-        if (tid < CL) gt6_arrive_at(empty + c % 3, tid);
-        gt6_wait(empty + c % 3, (c / 3) & 1u);
-        issue(smem + (c % 3) * L::BYTES, ch + 3ull * hv, full + c % 3);
+        __syncwarp();
+        const u32 lane = tid & 31u;
+        if (lane < CL) gt6_arrive_at(empty + c % 3, lane);
     }
 
-    // No block leaves while a peer may still signal its barriers.
+    // No block leaves while a peer may still signal its barriers or copy into it.
     __device__ __forceinline__ void finish() { gt6_cluster_sync(); }
 };
 #endif
 
 #define GDN_CHUNK_TC6(T, NAME, DK, CL)                                                                         \
-    extern "C" __global__ void __launch_bounds__(128, 1) GT6_CLUSTER(CL)                                       \
+    extern "C" __global__ void __launch_bounds__(160, 1) GT6_CLUSTER(CL)                                       \
         gdn_chunk_tc6_state_d##DK##_##NAME##_c##CL(float* state, const u32* spans, const u32* off, const T* wn, \
                                                    const T* kb, const float* uf, const float* gl, const T* qg,  \
                                                    const T* pb, T* out, u32 t, u32 mc, u32 hv, u32 dv,          \

@@ -46,7 +46,9 @@ fn nvrtc_compiles_all_kernels() {
                     .map_or(rest, |i| rest[i + 1..].trim_start());
                 rest.split('(').next().map(|n| n.trim().to_string())
             })
-            .filter(|n| !n.contains('#') && !n.is_empty())
+            // Macro bodies (names pasted with ##, or an attribute macro such as
+            // GT6_CLUSTER(CL) where the name would be) are covered by their expansions.
+            .filter(|n| !n.contains('#') && n.chars().any(|c| c.is_ascii_lowercase()))
             .collect();
         for name in &names {
             assert!(text.contains(&format!(".entry {name}(")), "{}: no entry point {name} in the PTX", src.name);

@@ -211,8 +211,12 @@ impl CudaKernels {
             )
         }?;
         laps.lap(s)?;
-        // tc5: 32 columns (two warp pairs) a block; tc3: 16 columns a warp.
-        let threads = if m.pair { 128 } else { 32 * m.nw };
+        // tc5: 32 columns (two warp pairs) a block (tc6: and a producer warp); tc3: 16 columns a warp.
+        let threads = match (m.cluster, m.pair) {
+            (1.., _) => 160,
+            (0, true) => 128,
+            (0, false) => 32 * m.nw,
+        };
         let cfg = LaunchConfig {
             grid_dim: (u32_of("column blocks", dv / (16 * m.nw))?, a.hv, a.n_spans),
             block_dim: (u32_of("threads", threads)?, 1, 1),
