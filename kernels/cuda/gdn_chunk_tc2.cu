@@ -347,10 +347,11 @@ struct Gt3Rows {
     }
     // With `norm`, x · (1/sqrt(Σ_row x² + 1e-6) · scale) (the factor of gc_chunk_gates; the
     // row sum over the LPR lanes of the row), else x; rounded to T at dst[i · LDK + d] (shared)
-    // and, with dst2, x · s2[i] rounded to T at dst2[i · DK + d] (global).
+    // and, with dst2, x · s2[i] rounded to T at dst2[i · ld2 + d] (global; ld2 = DK, or DK + 8
+    // with the 8 pad elements of each row zeroed).
     template <typename T>
     __device__ __forceinline__ void store(bool norm, float scale, T* dst, u32 ldk, T* __restrict__ dst2,
-                                          const float* s2, u32 tid) {
+                                          const float* s2, u32 tid, u32 ld2 = DK) {
         const u32 i0 = tid / LPR, d = 4 * (tid % LPR);
 #pragma unroll
         for (u32 u = 0; u < PASSES; ++u) {
@@ -371,7 +372,8 @@ struct Gt3Rows {
                 const float f = s2[i];
                 p.x = PMma<T>::pack(x.x * f, x.y * f);
                 p.y = PMma<T>::pack(x.z * f, x.w * f);
-                *reinterpret_cast<uint2*>(dst2 + (u64)i * DK + d) = p;
+                *reinterpret_cast<uint2*>(dst2 + (u64)i * ld2 + d) = p;
+                if (ld2 != DK && d + 4 == DK) *reinterpret_cast<uint4*>(dst2 + (u64)i * ld2 + DK) = make_uint4(0, 0, 0, 0);
             }
         }
     }

@@ -38,7 +38,10 @@ __device__ __forceinline__ void gt4_ldsm_t2(u32 (&r)[2], const void* p) {
 // Dynamic shared memory of gdn_chunk_tc4_wu, bytes (the host mirrors it).
 #define GT4_WU_SMEM(DK, DV) (4u * GC_C * ((DK) + 8u) + 2u * GC_C * ((DV) + 8u) + 4u * GC_C * GT_LDF)
 
-template <typename T, int DK>
+// PAD (the `_pad` entries, for gdn_chunk_tc6.cu's sweep): the scratch in the state sweep's
+// stage layout, so that each tile of a chunk is one contiguous copy: wn, kb, qg [64][DK + 8],
+// pb [64][GT2_LDP], uf [dv / 32][64][36] per (chunk, value head); pads written as zeros.
+template <typename T, int DK, bool PAD = false>
 __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ qkv, const float* __restrict__ g,
                                                       const float* __restrict__ beta, const u32* __restrict__ spans,
                                                       const u32* __restrict__ off, T* __restrict__ wn,
@@ -47,6 +50,7 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
                                                       T* __restrict__ pb, u32 hk, u32 hv, u32 dv, float q_scale) {
 #if defined(PORTER_SM80)
     constexpr u32 LDK = DK + 8;
+    constexpr u32 GK = PAD ? LDK : DK, GP = PAD ? GT2_LDP : GC_C;  // global row strides
     extern __shared__ __align__(128) unsigned char gt_smem[];
     __shared__ double Gd[GC_C];
     __shared__ float bt[GC_C], eg[GC_C], ek[GC_C];
@@ -111,8 +115,8 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
             if (lane == 0) gl[ch] = gc_decay((float)glast);
         }
         __syncthreads();
-        rk.template store<T>(true, 1.0f, Kb, LDK, kb + ch * GC_C * DK, ek, tid);
-        rq.template store<T>(true, q_scale, Qb, LDK, qg + ch * GC_C * DK, eg, tid);
+        rk.template store<T>(true, 1.0f, Kb, LDK, kb + ch * GC_C * GK, ek, tid, GK);
+        rq.template store<T>(true, q_scale, Qb, LDK, qg + ch * GC_C * GK, eg, tid, GK);
     }
     Gt3Rows<DK> rv;
     const bool vrows = dv == DK;
@@ -146,7 +150,7 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
         const u32 i0 = 16 * ti + g8;
         const double G0 = Gd[i0], G1 = Gd[i0 + 8];
         const float nb0 = -bt[i0], nb1 = -bt[i0 + 8];
-        T* pd = pb + ch * GC_C * GC_C;
+        T* pd = pb + ch * GC_C * GP;
 #pragma unroll
         for (u32 n = 0; n < 8; ++n) {
             const u32 m = 8 * n + 2 * tq;
@@ -169,9 +173,13 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
                     *reinterpret_cast<float2*>(As + (i0 + 8) * GT_LDF + m) = make_float2(v[2], v[3]);
                 }
             } else {
-                *reinterpret_cast<u32*>(pd + i0 * GC_C + m) = PMma<T>::pack(v[0], v[1]);
-                *reinterpret_cast<u32*>(pd + (i0 + 8) * GC_C + m) = PMma<T>::pack(v[2], v[3]);
+                *reinterpret_cast<u32*>(pd + i0 * GP + m) = PMma<T>::pack(v[0], v[1]);
+                *reinterpret_cast<u32*>(pd + (i0 + 8) * GP + m) = PMma<T>::pack(v[2], v[3]);
             }
+        }
+        if (PAD && !isk && tq == 0) {  // the pads of this warp's two rows
+            *reinterpret_cast<uint4*>(pd + i0 * GP + GC_C) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(pd + (i0 + 8) * GP + GC_C) = make_uint4(0, 0, 0, 0);
         }
     }
     if (vrows) {
@@ -227,18 +235,40 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
                 }
             }
             const u32 i0 = 16 * ti + g8;
-            T* wd = wn + ch * GC_C * DK + (u64)i0 * DK + cw + 2 * tq;
+            T* wd = wn + ch * GC_C * GK + (u64)i0 * GK + cw + 2 * tq;
 #pragma unroll
             for (u32 n = 0; n < NW8; ++n) {
                 *reinterpret_cast<u32*>(wd + 8 * n) = PMma<T>::pack(-aw[n][0], -aw[n][1]);
-                *reinterpret_cast<u32*>(wd + 8 * DK + 8 * n) = PMma<T>::pack(-aw[n][2], -aw[n][3]);
+                *reinterpret_cast<u32*>(wd + 8 * GK + 8 * n) = PMma<T>::pack(-aw[n][2], -aw[n][3]);
             }
-            float* ud = uf + ch * GC_C * dv + (u64)i0 * dv + cu + 2 * tq;
+            if (PAD && q == 3 && tq == 0) {  // the pads of rows i0, i0 + 8
+                *reinterpret_cast<uint4*>(wn + ch * GC_C * GK + (u64)i0 * GK + DK) = make_uint4(0, 0, 0, 0);
+                *reinterpret_cast<uint4*>(wn + ch * GC_C * GK + (u64)(i0 + 8) * GK + DK) = make_uint4(0, 0, 0, 0);
+            }
+            if constexpr (PAD) {
+                // uf [dv / 32][64][36]: column c at block c / 32, offset c % 32; the pad (offsets
+                // 32..35) by the lane that holds offsets 30, 31.
+                float* ub = uf + ch * GC_C * (dv / 32) * 36;
 #pragma unroll
-            for (u32 n = 0; n < 8; ++n) {
-                if (n >= nu) break;
-                *reinterpret_cast<float2*>(ud + 8 * n) = make_float2(au[n][0], au[n][1]);
-                *reinterpret_cast<float2*>(ud + 8 * (u64)dv + 8 * n) = make_float2(au[n][2], au[n][3]);
+                for (u32 n = 0; n < 8; ++n) {
+                    if (n >= nu) break;
+                    const u32 col = cu + 8 * n + 2 * tq;
+                    float* u0 = ub + ((u64)(col / 32) * GC_C + i0) * 36 + col % 32;
+                    *reinterpret_cast<float2*>(u0) = make_float2(au[n][0], au[n][1]);
+                    *reinterpret_cast<float2*>(u0 + 8 * 36) = make_float2(au[n][2], au[n][3]);
+                    if (col % 32 == 30) {
+                        *reinterpret_cast<float4*>(u0 + 2) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        *reinterpret_cast<float4*>(u0 + 8 * 36 + 2) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    }
+                }
+            } else {
+                float* ud = uf + ch * GC_C * dv + (u64)i0 * dv + cu + 2 * tq;
+#pragma unroll
+                for (u32 n = 0; n < 8; ++n) {
+                    if (n >= nu) break;
+                    *reinterpret_cast<float2*>(ud + 8 * n) = make_float2(au[n][0], au[n][1]);
+                    *reinterpret_cast<float2*>(ud + 8 * (u64)dv + 8 * n) = make_float2(au[n][2], au[n][3]);
+                }
             }
         }
     }
@@ -263,6 +293,19 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
         porter_pdl_enter();                                                                                 \
         gdn_chunk_tc4_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale);  \
     }
+// `_pad`: the scratch in the stage layout of gdn_chunk_tc6.cu's sweep (PAD above).
+#define GDN_CHUNK_TC4_WU_PAD(T, NAME, DK)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                                    \
+        gdn_chunk_tc4_wu_d##DK##_##NAME##_pad(const float* qkv, const float* g, const float* beta,            \
+                                              const u32* spans, const u32* off, T* wn, T* kb, float* uf,      \
+                                              float* gl, T* qg, T* pb, u32 hk, u32 hv, u32 dv, float q_scale) { \
+        porter_pdl_enter();                                                                                 \
+        gdn_chunk_tc4_wu_impl<T, DK, true>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale); \
+    }
+GDN_CHUNK_TC4_WU_PAD(bf16, bf16, 64)
+GDN_CHUNK_TC4_WU_PAD(bf16, bf16, 128)
+GDN_CHUNK_TC4_WU_PAD(f16, f16, 64)
+GDN_CHUNK_TC4_WU_PAD(f16, f16, 128)
 GDN_CHUNK_TC4_WU(bf16, bf16, 64)
 GDN_CHUNK_TC4_WU(bf16, bf16, 128)
 GDN_CHUNK_TC4_WU(f16, f16, 64)

@@ -41,7 +41,7 @@ __device__ __forceinline__ void gt6_wait(const u64* bar, u32 parity) {
     u32 done;
     do {
         asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
             "selp.u32 %0, 1, 0, p;\n}\n"
             : "=r"(done)
             : "r"(gt6_sa(bar)), "r"(parity)
@@ -53,7 +53,7 @@ __device__ __forceinline__ void gt6_wait(const u64* bar, u32 parity) {
 __device__ __forceinline__ void gt6_arrive_at(const u64* bar, u32 rank) {
     asm volatile(
         "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(gt6_sa(bar)),
+        "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(gt6_sa(bar)),
         "r"(rank)
         : "memory");
 }
@@ -87,8 +87,8 @@ struct Gt6Pipe {
     static constexpr u32 LDK = DK + 8, LDU = 32 + 4;
     static constexpr u32 R = GC_C / CL;                     // rows of each shared tile a rank copies
     static constexpr unsigned short MASK = (1u << CL) - 1;  // every block of the cluster
-    // Bytes a block receives per stage: the four shared tiles whole, its U columns.
-    static constexpr u32 TX = GC_C * (3 * DK + GC_C) * (u32)sizeof(T) + GC_C * 32 * 4;
+    // Bytes a block receives per stage: the four shared tiles whole, its U block (pads included).
+    static constexpr u32 TX = GC_C * (3 * LDK + GT2_LDP) * (u32)sizeof(T) + GC_C * LDU * 4;
     const T* __restrict__ wn;
     const T* __restrict__ kb;
     const float* __restrict__ uf;
@@ -107,39 +107,25 @@ struct Gt6Pipe {
         asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
     }
 
-    // Chunk `ch` into `stage`, copies x = first, first + stride, ... of this rank's share
-    // (its rows of the shared tiles to every block, its U columns to itself); `lead` also
-    // tells `bar` the stage's bytes.
-    __device__ __forceinline__ void issue(unsigned char* stage, u64 ch, const u64* bar, u32 first, u32 stride,
-                                          bool lead) {
-        if (lead) {
-            asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(gt6_sa(bar)),
-                         "r"(TX)
-                         : "memory");
-        }
+    // Chunk `ch` into `stage` (by one thread): this rank's rows of the shared tiles to every
+    // block, its U columns to itself, one copy each (the scratch is in the stage layout:
+    // gdn_chunk_tc4_wu's `_pad` entries); the stage's bytes expected on `bar` first.
+    __device__ __forceinline__ void issue(unsigned char* stage, u64 ch, const u64* bar) {
+        asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(gt6_sa(bar)),
+                     "r"(TX)
+                     : "memory");
         T* Wb = reinterpret_cast<T*>(stage);
         T* Kb = Wb + GC_C * LDK;
         float* Ub = reinterpret_cast<float*>(Kb + GC_C * LDK);
         T* Qb = reinterpret_cast<T*>(stage + 2 * L::KB + L::UB);
         T* Pb = Qb + GC_C * LDK;
-        for (u32 x = first; x < 4 * R + GC_C; x += stride) {
-            if (x < 4 * R) {
-                const u32 tile = x / R, i = R * rank + x % R;
-                const u64 row = ch * GC_C + i;
-                if (tile == 0) {
-                    gt6_copy_mc(Wb + i * LDK, wn + row * DK, DK * sizeof(T), bar, MASK);
-                } else if (tile == 1) {
-                    gt6_copy_mc(Kb + i * LDK, kb + row * DK, DK * sizeof(T), bar, MASK);
-                } else if (tile == 2) {
-                    gt6_copy_mc(Qb + i * LDK, qg + row * DK, DK * sizeof(T), bar, MASK);
-                } else {
-                    gt6_copy_mc(Pb + i * GT2_LDP, pb + row * GC_C, GC_C * sizeof(T), bar, MASK);
-                }
-            } else {
-                const u32 i = x - 4 * R;
-                gt6_copy(Ub + i * LDU, uf + (ch * GC_C + i) * dv + col0, 32 * 4, bar);
-            }
-        }
+        const u32 r0 = R * rank;
+        const u64 row = ch * GC_C + r0;
+        gt6_copy_mc(Wb + r0 * LDK, wn + row * LDK, R * LDK * sizeof(T), bar, MASK);
+        gt6_copy_mc(Kb + r0 * LDK, kb + row * LDK, R * LDK * sizeof(T), bar, MASK);
+        gt6_copy_mc(Qb + r0 * LDK, qg + row * LDK, R * LDK * sizeof(T), bar, MASK);
+        gt6_copy_mc(Pb + r0 * GT2_LDP, pb + row * GT2_LDP, R * GT2_LDP * sizeof(T), bar, MASK);
+        gt6_copy(Ub, uf + (ch * (dv / 32) + col0 / 32) * GC_C * LDU, GC_C * LDU * 4, bar);
     }
 
     // Barriers set up and visible to the cluster, then chunks 0..2 in flight (every thread).
@@ -153,17 +139,17 @@ struct Gt6Pipe {
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
         gt6_cluster_sync();
-        for (u32 c = 0; c < 3 && c < nch; ++c) {
-            issue(smem + c * L::BYTES, ch0 + (u64)c * hv, full + c, tid, blockDim.x, tid == 0);
+        if (tid == 0) {
+            for (u32 c = 0; c < 3 && c < nch; ++c) issue(smem + c * L::BYTES, ch0 + (u64)c * hv, full + c);
         }
     }
 
-    // Warp 4: chunk c goes out once every block has finished chunk c − 3.
+    // Warp 4 (its first lane): chunk c goes out once every block has finished chunk c − 3.
     __device__ __forceinline__ void produce(unsigned char* smem, u64 ch0) {
-        const u32 lane = tid & 31u;
+        if ((tid & 31u) != 0) return;
         for (u32 c = 3; c < nch; ++c) {
             gt6_wait(empty + c % 3, ((c - 3) / 3) & 1u);
-            issue(smem + (c % 3) * L::BYTES, ch0 + (u64)c * hv, full + c % 3, lane, 32, lane == 0);
+            issue(smem + (c % 3) * L::BYTES, ch0 + (u64)c * hv, full + c % 3);
         }
     }
 
@@ -202,6 +188,11 @@ struct Gt6Pipe {
 #else
 #define GT6_BODY(T, DK, CL) __trap();
 #endif
+// Clusters of 1 (PORTER_GDN_TC6_CLUSTER=1, an A/B): the bulk-copy pipe without sharing.
+GDN_CHUNK_TC6(bf16, bf16, 64, 1)
+GDN_CHUNK_TC6(bf16, bf16, 128, 1)
+GDN_CHUNK_TC6(f16, f16, 64, 1)
+GDN_CHUNK_TC6(f16, f16, 128, 1)
 GDN_CHUNK_TC6(bf16, bf16, 64, 2)
 GDN_CHUNK_TC6(bf16, bf16, 64, 4)
 GDN_CHUNK_TC6(bf16, bf16, 128, 2)
@@ -210,3 +201,4 @@ GDN_CHUNK_TC6(f16, f16, 64, 2)
 GDN_CHUNK_TC6(f16, f16, 64, 4)
 GDN_CHUNK_TC6(f16, f16, 128, 2)
 GDN_CHUNK_TC6(f16, f16, 128, 4)
+

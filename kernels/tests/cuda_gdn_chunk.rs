@@ -220,6 +220,7 @@ fn tc2_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -
 fn expected_name(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> &'static str {
     let caps = k.caps();
     let cl = match std::env::var(porter_kernels::cuda::GDN_TC6_CLUSTER_ENV).as_deref().map(str::trim) {
+        Ok("1") => 1,
         Ok("2") => 2,
         _ => 4,
     };

@@ -21,9 +21,9 @@ use cudarc::driver::{DevicePtrMut, LaunchConfig};
 /// spills; dk = 128 only): an A/B form. Other values warn once and count as unset.
 pub const GDN_WU_OCC_ENV: &str = "PORTER_GDN_WU_OCC";
 
-/// Environment variable: blocks a cluster of the `tc6` state sweep, `2` or `4` (unset: the
-/// default, 4; where dv / 32 is not a multiple, tc5's sweep runs). Other values warn once and
-/// count as unset.
+/// Environment variable: blocks a cluster of the `tc6` state sweep, `1`, `2` or `4` (unset:
+/// the default, 4; where dv / 32 is not a multiple, tc5's sweep runs; 1 is an A/B of the bulk
+/// copies without sharing). Other values warn once and count as unset.
 pub const GDN_TC6_CLUSTER_ENV: &str = "PORTER_GDN_TC6_CLUSTER";
 
 /// Shared memory and warps per block of the tc3 kernels.
@@ -101,7 +101,8 @@ pub(super) fn tc5_state(m: Tc3Smem, dk: usize, dv: usize, caps: DeviceCaps) -> T
 /// device outside the fallback build (the module is compiled for sm_90a there) and dv / 32 a
 /// multiple of the cluster; else `m`.
 pub(super) fn tc6_state(m: Tc3Smem, dv: usize, caps: DeviceCaps) -> Tc3Smem {
-    let cl = crate::cuda::env_count(GDN_TC6_CLUSTER_ENV, |n| n == 2 || n == 4, "2 or 4").unwrap_or(4);
+    // 1: the bulk-copy pipe with no sharing, an A/B of what the sharing gains.
+    let cl = crate::cuda::env_count(GDN_TC6_CLUSTER_ENV, |n| n == 1 || n == 2 || n == 4, "1, 2 or 4").unwrap_or(4);
     let hopper = caps.major == 9 && caps.minor == 0 && caps.tensor_cores();
     if m.pair && hopper && (dv / 32).is_multiple_of(cl) {
         Tc3Smem { cluster: cl, ..m }
@@ -160,21 +161,28 @@ impl CudaKernels {
         // SAFETY (all six): every element the kernels read is written first, on this stream,
         // by gdn_chunk_tc3_wu for every chunk of a valid span (rows past a chunk's length as
         // zeros); the state launch reads only chunks of valid spans.
-        let mut wn = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, dk])?) }?;
-        let mut kb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, dk])?) }?;
-        let mut qg = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, dk])?) }?;
-        let mut pb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, GC_C])?) }?;
-        let mut uf = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, GC_C, dv])?) }?;
+        // tc6 reads the scratch in its stage layout (the wu launch's `_pad` entries): rows of
+        // dk + 8 and 72, U in blocks of [64][36] per 32 columns.
+        let pad = m.cluster > 0;
+        let (rk, rp, ru) = if pad { (dk + 8, GC_C + 8, dv / 32 * 36) } else { (dk, GC_C, dv) };
+        let mut wn = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, rk])?) }?;
+        let mut kb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, rk])?) }?;
+        let mut qg = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, rk])?) }?;
+        let mut pb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, rp])?) }?;
+        let mut uf = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, GC_C, ru])?) }?;
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
         let wu_name = if m.tc4 { "gdn_chunk_tc4_wu" } else { "gdn_chunk_tc3_wu" };
         // The 3-blocks-an-SM build of the tc4 wu launch (dk = 128 only), by environment.
-        let o3 =
-            m.tc4 && dk == 128 && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") == Some(3);
-        let f_wu = self.function_smem(
-            &GDN_CHUNK,
-            &format!("{wu_name}_d{dk}_{}{}", T::NAME, if o3 { "_o3" } else { "" }),
-            m.wu,
-        )?;
+        let o3 = !pad
+            && m.tc4
+            && dk == 128
+            && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") == Some(3);
+        let suffix = match (o3, pad) {
+            (true, _) => "_o3",
+            (false, true) => "_pad",
+            (false, false) => "",
+        };
+        let f_wu = self.function_smem(&GDN_CHUNK, &format!("{wu_name}_d{dk}_{}{suffix}", T::NAME), m.wu)?;
         let state_name = if m.cluster > 0 {
             format!("gdn_chunk_tc6_state_d{dk}_{}_c{}", T::NAME, m.cluster)
         } else if m.pair {
