@@ -275,40 +275,28 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
 #endif
 }
 
-#define GDN_CHUNK_TC4_WU(T, NAME, DK)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                                    \
-        gdn_chunk_tc4_wu_d##DK##_##NAME(const float* qkv, const float* g, const float* beta, const u32* spans, \
-                                        const u32* off, T* wn, T* kb, float* uf, float* gl, T* qg, T* pb,     \
-                                        u32 hk, u32 hv, u32 dv, float q_scale) { porter_pdl_enter();                             \
-        gdn_chunk_tc4_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale);  \
-    }
-// `_o3` (PORTER_GDN_WU_OCC=3, an A/B form): 3 blocks an SM (68 KiB each fits 3 times in
-// 228 KiB) at 80 registers a thread, which spills; whether the third block's overlap pays for
-// the spills is for the GPU to say.
-#define GDN_CHUNK_TC4_WU_O3(T, NAME, DK)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 3)                                                    \
-        gdn_chunk_tc4_wu_d##DK##_##NAME##_o3(const float* qkv, const float* g, const float* beta,             \
-                                             const u32* spans, const u32* off, T* wn, T* kb, float* uf,       \
-                                             float* gl, T* qg, T* pb, u32 hk, u32 hv, u32 dv, float q_scale) { \
+// One entry: SUFFIX names it, OCC is its blocks an SM, PAD its scratch layout.
+//   ``: the tc4 wu launch (2 blocks an SM);
+//   `_o3` (PORTER_GDN_WU_OCC=3, an A/B form): 3 blocks an SM (68 KiB each fits 3 times in
+//   228 KiB) at 80 registers a thread, which spills; whether the third block's overlap pays
+//   for the spills is for the GPU to say;
+//   `_pad`: the scratch in the stage layout of gdn_chunk_tc6.cu's sweep (PAD above).
+#define GDN_CHUNK_TC4_WU(T, NAME, DK, SUFFIX, OCC, PAD)                                                      \
+    extern "C" __global__ void __launch_bounds__(256, OCC)                                                  \
+        gdn_chunk_tc4_wu_d##DK##_##NAME##SUFFIX(const float* qkv, const float* g, const float* beta,          \
+                                                const u32* spans, const u32* off, T* wn, T* kb, float* uf,    \
+                                                float* gl, T* qg, T* pb, u32 hk, u32 hv, u32 dv,              \
+                                                float q_scale) {                                            \
         porter_pdl_enter();                                                                                 \
-        gdn_chunk_tc4_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale);  \
+        gdn_chunk_tc4_wu_impl<T, DK, PAD>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale); \
     }
-// `_pad`: the scratch in the stage layout of gdn_chunk_tc6.cu's sweep (PAD above).
-#define GDN_CHUNK_TC4_WU_PAD(T, NAME, DK)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                                    \
-        gdn_chunk_tc4_wu_d##DK##_##NAME##_pad(const float* qkv, const float* g, const float* beta,            \
-                                              const u32* spans, const u32* off, T* wn, T* kb, float* uf,      \
-                                              float* gl, T* qg, T* pb, u32 hk, u32 hv, u32 dv, float q_scale) { \
-        porter_pdl_enter();                                                                                 \
-        gdn_chunk_tc4_wu_impl<T, DK, true>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale); \
-    }
-GDN_CHUNK_TC4_WU_PAD(bf16, bf16, 64)
-GDN_CHUNK_TC4_WU_PAD(bf16, bf16, 128)
-GDN_CHUNK_TC4_WU_PAD(f16, f16, 64)
-GDN_CHUNK_TC4_WU_PAD(f16, f16, 128)
-GDN_CHUNK_TC4_WU(bf16, bf16, 64)
-GDN_CHUNK_TC4_WU(bf16, bf16, 128)
-GDN_CHUNK_TC4_WU(f16, f16, 64)
-GDN_CHUNK_TC4_WU(f16, f16, 128)
-GDN_CHUNK_TC4_WU_O3(bf16, bf16, 128)
-GDN_CHUNK_TC4_WU_O3(f16, f16, 128)
+GDN_CHUNK_TC4_WU(bf16, bf16, 64, , 2, false)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, , 2, false)
+GDN_CHUNK_TC4_WU(f16, f16, 64, , 2, false)
+GDN_CHUNK_TC4_WU(f16, f16, 128, , 2, false)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _o3, 3, false)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _o3, 3, false)
+GDN_CHUNK_TC4_WU(bf16, bf16, 64, _pad, 2, true)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad, 2, true)
+GDN_CHUNK_TC4_WU(f16, f16, 64, _pad, 2, true)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _pad, 2, true)
