@@ -27,7 +27,10 @@ pub use tc3::{GDN_TC6_CLUSTER_ENV, GDN_WU_OCC_ENV};
 /// a 16-byte aligned qkv are missing, as `tc`); `tc4` as `tc3` with its wu launch on mma.sync
 /// (gdn_chunk_tc4.cu; where that launch's shared memory does not fit, exactly `tc3`); `tc5` (or
 /// unset: the default) as `tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu: 4 warps a
-/// block instead of 2, the same bits; where its 219 KiB do not fit, exactly `tc4`). Measured on
+/// block instead of 2, the same bits; where its 219 KiB do not fit, exactly `tc4`); `tc6` as
+/// `tc5` with the sweep's stages multicast across a thread-block cluster of a head's column
+/// blocks and the wu launch writing its scratch in the stage layout (gdn_chunk_tc6.cu; sm_90
+/// only, else exactly `tc5`; the same bits; [`GDN_TC6_CLUSTER_ENV`]). Measured on
 /// the H200 in session 12, 4k / 16k tokens of the 80B layout: tc4 344.0 / 1,287.5 µs, tc3 435.5 /
 /// 1,630.7, tc2 730.5 / 2,721, tc 1,036.6 / 3,900; flash-linear-attention 690 / 1,628; on the
 /// H100 in session 20: tc5 318.0 / 1,180.0 µs, tc4 349.0 / 1,312.2, flash-linear-attention
