@@ -8,11 +8,18 @@
 // Pb tiles of every chunk (56 KiB of a 64 KiB stage at DK = 128): 128 blocks pull ≈ 8.4 MB
 // out of L2 per chunk step, ≈ 4.5 TB/s at 16k tokens (1.86 µs a step), and that is the
 // sweep's pace (tc3's estimate of the L2 time, 100-150 µs at 4k, is what tc5 measures).
-// Here the CL blocks of a head form a cluster (__cluster_dims__(CL, 1, 1)); rank r copies rows
+// Nsight Compute on tc5 at 4k tokens (H100, session 32): L2 throughput 80.9 % of peak (7.27
+// TB/s), DRAM 50.7 %, the tensor pipe 18.7 % busy.
+// Here CL blocks of a head form a cluster (__cluster_dims__(CL, 1, 1)); rank r copies rows
 // [r·64/CL, (r + 1)·64/CL) of the four shared tiles with one-dimensional bulk copies
 // multicast to every block of the cluster (cp.async.bulk ... .multicast::cluster, one L2 read
-// for CL blocks), and its own 32 U columns to itself. Per block and chunk L2 gives 64/CL rows
-// of the shared tiles plus U (22 KiB at CL = 4 instead of 64).
+// for CL blocks), and its own U block to itself: one copy a tile, since gdn_chunk_tc4_wu's
+// `_pad` entries write the scratch in the stage layout (row-sized copies, 320 a chunk, made the
+// sweep 4× slower than tc5: each bulk copy costs the issuing SM ~30 ns). Per block and chunk L2
+// gives 64/CL rows of the shared tiles plus U (36 KiB at CL = 2 instead of 64).
+// H100, 80B layout, sweep at 4k / 16k tokens: CL = 2 89.9 / 320.1 µs, CL = 4 154.0 / 567.5 (a
+// cluster of 4 blocks of 224 KiB finds fewer places: slower), CL = 1 (no sharing: the producer
+// warp alone) 100.9 / 367.3; tc5 126.9 / 476.9. CL = 2 is the default.
 //
 // Stages: tc5's layout (3 × Gt2Stage<DK, 2, true>, the exchange after them). Each stage has
 // a `full` mbarrier (one arrival, this block's expect_tx of the stage's bytes, completed by

@@ -214,15 +214,15 @@ fn tc2_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -
         && (!matches!(want, GdnChunkForm::Tc4 | GdnChunkForm::Tc5 | GdnChunkForm::Tc6) || limit >= wu4 + 2048)
 }
 
-/// The name of the form `want` runs as where [`tc2_expected`] holds: tc6 (clusters of 4
-/// column blocks unless `PORTER_GDN_TC6_CLUSTER` says 2) only on an sm_90 device whose
+/// The name of the form `want` runs as where [`tc2_expected`] holds: tc6 (clusters of 2
+/// column blocks unless `PORTER_GDN_TC6_CLUSTER` says 1 or 4) only on an sm_90 device whose
 /// dv / 32 blocks divide into clusters, else tc5.
 fn expected_name(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> &'static str {
     let caps = k.caps();
     let cl = match std::env::var(porter_kernels::cuda::GDN_TC6_CLUSTER_ENV).as_deref().map(str::trim) {
         Ok("1") => 1,
-        Ok("2") => 2,
-        _ => 4,
+        Ok("4") => 4,
+        _ => 2,
     };
     let hopper = caps.major == 9 && caps.minor == 0 && caps.tensor_cores();
     match want {

@@ -25,12 +25,13 @@ pub use tc3::{GDN_TC6_CLUSTER_ENV, GDN_WU_OCC_ENV};
 /// mma.sync state sweep (gdn_chunk_tc2.cu) where its shared memory fits (else as `tc`); `tc3`
 /// that sweep writing the outputs as well (no out launch; where its 207 KiB of shared memory or
 /// a 16-byte aligned qkv are missing, as `tc`); `tc4` as `tc3` with its wu launch on mma.sync
-/// (gdn_chunk_tc4.cu; where that launch's shared memory does not fit, exactly `tc3`); `tc5` (or
-/// unset: the default) as `tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu: 4 warps a
-/// block instead of 2, the same bits; where its 219 KiB do not fit, exactly `tc4`); `tc6` as
+/// (gdn_chunk_tc4.cu; where that launch's shared memory does not fit, exactly `tc3`); `tc5` as
+/// `tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu: 4 warps a block instead of 2, the
+/// same bits; where its 219 KiB do not fit, exactly `tc4`); `tc6` (or unset: the default) as
 /// `tc5` with the sweep's stages multicast across a thread-block cluster of a head's column
 /// blocks and the wu launch writing its scratch in the stage layout (gdn_chunk_tc6.cu; sm_90
-/// only, else exactly `tc5`; the same bits; [`GDN_TC6_CLUSTER_ENV`]). Measured on
+/// only, else exactly `tc5`; the same bits; [`GDN_TC6_CLUSTER_ENV`]; H100, session 32, 80B
+/// layout: 280.7 / 1,062.8 µs at 4k / 16k tokens against tc5's 308.1 / 1,170.9). Measured on
 /// the H200 in session 12, 4k / 16k tokens of the 80B layout: tc4 344.0 / 1,287.5 µs, tc3 435.5 /
 /// 1,630.7, tc2 730.5 / 2,721, tc 1,036.6 / 3,900; flash-linear-attention 690 / 1,628; on the
 /// H100 in session 20: tc5 318.0 / 1,180.0 µs, tc4 349.0 / 1,312.2, flash-linear-attention
@@ -63,25 +64,26 @@ pub enum GdnChunkForm {
     F32,
 }
 
-/// The form [`GDN_CHUNK_ENV`]'s value `v` names (unset or a bad value, which warns once: `Tc5`).
+/// The form [`GDN_CHUNK_ENV`]'s value `v` names (unset or a bad value, which warns once: `Tc6`,
+/// which is exactly `Tc5` off sm_90).
 fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
-    let Some(v) = v else { return GdnChunkForm::Tc5 };
+    let Some(v) = v else { return GdnChunkForm::Tc6 };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
         "f32" => GdnChunkForm::F32,
         "tc2" => GdnChunkForm::Tc2,
         "tc3" => GdnChunkForm::Tc3,
         "tc4" => GdnChunkForm::Tc4,
-        "" | "tc5" => GdnChunkForm::Tc5,
-        "tc6" => GdnChunkForm::Tc6,
+        "tc5" => GdnChunkForm::Tc5,
+        "" | "tc6" => GdnChunkForm::Tc6,
         "tc" => GdnChunkForm::Tc,
         other => {
             super::env::warn_once(
                 GDN_CHUNK_ENV,
                 &format!(
-                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `tc6`, `f32`; using the default (tc5)"
+                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `tc6`, `f32`; using the default (tc6)"
                 ),
             );
-            GdnChunkForm::Tc5
+            GdnChunkForm::Tc6
         }
     }
 }
@@ -635,7 +637,8 @@ mod tests {
 
     #[test]
     fn env_knob_parses() {
-        assert_eq!(form_from(None), GdnChunkForm::Tc5);
+        assert_eq!(form_from(None), GdnChunkForm::Tc6);
+        assert_eq!(form_from(Some("tc6".into())), GdnChunkForm::Tc6);
         assert_eq!(form_from(Some("f32".into())), GdnChunkForm::F32);
         assert_eq!(form_from(Some(" F32 ".into())), GdnChunkForm::F32);
         assert_eq!(form_from(Some("tc".into())), GdnChunkForm::Tc);
@@ -643,7 +646,7 @@ mod tests {
         assert_eq!(form_from(Some("tc3".into())), GdnChunkForm::Tc3);
         assert_eq!(form_from(Some(" Tc4".into())), GdnChunkForm::Tc4);
         assert_eq!(form_from(Some("tc5".into())), GdnChunkForm::Tc5);
-        assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc5); // warns once, default
+        assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc6); // warns once, default
         assert_eq!(tc2_warps_from(None), 2);
         assert_eq!(tc2_warps_from(Some("16".into())), 1);
         assert_eq!(tc2_warps_from(Some("64".into())), 4);
@@ -703,6 +706,23 @@ mod tests {
         assert!(tc5_state(m64, 64, 64, a100).pair);
         let small = caps(8, 140 * 1024, false);
         assert_eq!(tc5_state(m64, 64, 64, small), m64);
+    }
+
+    #[test]
+    fn tc6_only_on_sm90_with_whole_clusters() {
+        let h200 = caps(9, 227 * 1024, false);
+        let m5 = tc5_state(tc4_wu(tc3_smem(128, 128, 2, h200).expect("fits"), 128, 128, h200), 128, 128, h200);
+        // Clusters of 2 (the default; the environment variable is unset in unit tests): tc5's
+        // shared memory, 160 threads.
+        let m6 = tc6_state(m5, 128, h200);
+        assert_eq!((m6.cluster, m6.state, m6.pair), (2, m5.state, true));
+        // dv = 32: one column block, no whole cluster of 2; elsewhere than sm_90, or forced: tc5.
+        assert_eq!(tc6_state(m5, 32, h200), m5);
+        assert_eq!(tc6_state(m5, 128, caps(8, 227 * 1024, false)), m5);
+        assert_eq!(tc6_state(m5, 128, caps(9, 227 * 1024, true)), m5);
+        // Not after tc4's sweep (no warp pairs).
+        let m4 = tc4_wu(tc3_smem(128, 128, 2, h200).expect("fits"), 128, 128, h200);
+        assert_eq!(tc6_state(m4, 128, h200), m4);
     }
 
     #[test]

@@ -22,8 +22,10 @@ use cudarc::driver::{DevicePtrMut, LaunchConfig};
 pub const GDN_WU_OCC_ENV: &str = "PORTER_GDN_WU_OCC";
 
 /// Environment variable: blocks a cluster of the `tc6` state sweep, `1`, `2` or `4` (unset:
-/// the default, 4; where dv / 32 is not a multiple, tc5's sweep runs; 1 is an A/B of the bulk
-/// copies without sharing). Other values warn once and count as unset.
+/// the default, 2; where dv / 32 is not a multiple, tc5's sweep runs; 1 is an A/B of the bulk
+/// copies without sharing). H100, session 32, the sweep at 4k / 16k tokens of the 80B layout:
+/// 89.9 / 320.1 µs at 2, 154.0 / 567.5 at 4, 100.9 / 367.3 at 1 (tc5: 126.9 / 476.9). Other
+/// values warn once and count as unset.
 pub const GDN_TC6_CLUSTER_ENV: &str = "PORTER_GDN_TC6_CLUSTER";
 
 /// Shared memory and warps per block of the tc3 kernels.
@@ -97,12 +99,12 @@ pub(super) fn tc5_state(m: Tc3Smem, dk: usize, dv: usize, caps: DeviceCaps) -> T
 }
 
 /// `m` (with tc5's state launch) with the tc6 state launch (`gdn_chunk_tc6_state`: tc5's
-/// kernel in clusters of [`GDN_TC6_CLUSTER_ENV`] blocks, 4 unless set) where it runs: an sm_90
+/// kernel in clusters of [`GDN_TC6_CLUSTER_ENV`] blocks, 2 unless set) where it runs: an sm_90
 /// device outside the fallback build (the module is compiled for sm_90a there) and dv / 32 a
 /// multiple of the cluster; else `m`.
 pub(super) fn tc6_state(m: Tc3Smem, dv: usize, caps: DeviceCaps) -> Tc3Smem {
     // 1: the bulk-copy pipe with no sharing, an A/B of what the sharing gains.
-    let cl = crate::cuda::env_count(GDN_TC6_CLUSTER_ENV, |n| n == 1 || n == 2 || n == 4, "1, 2 or 4").unwrap_or(4);
+    let cl = crate::cuda::env_count(GDN_TC6_CLUSTER_ENV, |n| n == 1 || n == 2 || n == 4, "1, 2 or 4").unwrap_or(2);
     let hopper = caps.major == 9 && caps.minor == 0 && caps.tensor_cores();
     if m.pair && hopper && (dv / 32).is_multiple_of(cl) {
         Tc3Smem { cluster: cl, ..m }
