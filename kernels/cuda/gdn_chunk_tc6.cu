@@ -16,7 +16,8 @@
 // for CL blocks), and its own U block to itself: one copy a tile, since gdn_chunk_tc4_wu's
 // `_pad` entries write the scratch in the stage layout (row-sized copies, 320 a chunk, made the
 // sweep 4× slower than tc5: each bulk copy costs the issuing SM ~30 ns). Per block and chunk L2
-// gives 64/CL rows of the shared tiles plus U (36 KiB at CL = 2 instead of 64).
+// gives 64/CL rows of the shared tiles plus U (39 KiB at CL = 2, pads included, against tc5's
+// 64).
 // H100, 80B layout, sweep at 4k / 16k tokens: CL = 2 89.9 / 320.1 µs, CL = 4 154.0 / 567.5 (a
 // cluster of 4 blocks of 224 KiB finds fewer places: slower), CL = 1 (no sharing: the producer
 // warp alone) 100.9 / 367.3; tc5 126.9 / 476.9. CL = 2 is the default.
@@ -195,17 +196,13 @@ struct Gt6Pipe {
 #else
 #define GT6_BODY(T, DK, CL) __trap();
 #endif
-// Clusters of 1 (PORTER_GDN_TC6_CLUSTER=1, an A/B): the bulk-copy pipe without sharing.
-GDN_CHUNK_TC6(bf16, bf16, 64, 1)
-GDN_CHUNK_TC6(bf16, bf16, 128, 1)
-GDN_CHUNK_TC6(f16, f16, 64, 1)
-GDN_CHUNK_TC6(f16, f16, 128, 1)
-GDN_CHUNK_TC6(bf16, bf16, 64, 2)
-GDN_CHUNK_TC6(bf16, bf16, 64, 4)
-GDN_CHUNK_TC6(bf16, bf16, 128, 2)
-GDN_CHUNK_TC6(bf16, bf16, 128, 4)
-GDN_CHUNK_TC6(f16, f16, 64, 2)
-GDN_CHUNK_TC6(f16, f16, 64, 4)
-GDN_CHUNK_TC6(f16, f16, 128, 2)
-GDN_CHUNK_TC6(f16, f16, 128, 4)
-
+// Every cluster size per type and key head dim: 2 (the default), 4, and 1
+// (PORTER_GDN_TC6_CLUSTER=1, an A/B: the bulk-copy pipe without sharing).
+#define GDN_CHUNK_TC6_CLUSTERS(T, NAME, DK) \
+    GDN_CHUNK_TC6(T, NAME, DK, 1)           \
+    GDN_CHUNK_TC6(T, NAME, DK, 2)           \
+    GDN_CHUNK_TC6(T, NAME, DK, 4)
+GDN_CHUNK_TC6_CLUSTERS(bf16, bf16, 64)
+GDN_CHUNK_TC6_CLUSTERS(bf16, bf16, 128)
+GDN_CHUNK_TC6_CLUSTERS(f16, f16, 64)
+GDN_CHUNK_TC6_CLUSTERS(f16, f16, 128)
