@@ -15,7 +15,7 @@
 // multicast to every block of the cluster (cp.async.bulk ... .multicast::cluster, one L2 read
 // for CL blocks), and its own U block to itself: one copy a tile, since gdn_chunk_tc4_wu's
 // `_pad` entries write the scratch in the stage layout (row-sized copies, 320 a chunk, made the
-// sweep 4× slower than tc5: each bulk copy costs the issuing SM ~30 ns). Per block and chunk L2
+// sweep 4× slower than tc5: ≈ 30 ns of the issuing SM a copy, by those timings). Per block and chunk L2
 // gives 64/CL rows of the shared tiles plus U (39 KiB at CL = 2, pads included, against tc5's
 // 64).
 // H100, 80B layout, sweep at 4k / 16k tokens: CL = 2 89.9 / 320.1 µs, CL = 4 154.0 / 567.5 (a
