@@ -2,7 +2,8 @@
 // tc5's sweep (gdn_chunk_tc5.cu, same warps, same products, **same bits**) with its stages
 // filled once per thread-block cluster instead of once per block. Appended to gdn_chunk.cu +
 // gdn_chunk_tc.cu + gdn_chunk_tc2.cu + gdn_chunk_tc4.cu + gdn_chunk_tc5.cu (same module,
-// compiled for sm_90a on an sm_90 device); reads the scratch of gdn_chunk_tc4_wu unchanged.
+// compiled for sm_90a on an sm_90 device); reads the scratch of gdn_chunk_tc4_wu's `_pad`
+// entries (tc4's values in the stage layout).
 //
 // Why: a head's dv / 32 column blocks (4 at the 80B layout) each stage the same −W, K̃, Qg and
 // Pb tiles of every chunk (56 KiB of a 64 KiB stage at DK = 128): 128 blocks pull ≈ 8.4 MB
@@ -15,9 +16,9 @@
 // multicast to every block of the cluster (cp.async.bulk ... .multicast::cluster, one L2 read
 // for CL blocks), and its own U block to itself: one copy a tile, since gdn_chunk_tc4_wu's
 // `_pad` entries write the scratch in the stage layout (row-sized copies, 320 a chunk, made the
-// sweep 4× slower than tc5: ≈ 30 ns of the issuing SM a copy, by those timings). Per block and chunk L2
-// gives 64/CL rows of the shared tiles plus U (39 KiB at CL = 2, pads included, against tc5's
-// 64).
+// sweep 4× slower than tc5: ≈ 30 ns of the issuing SM a copy, by those timings). Per block
+// and chunk L2 gives 64/CL rows of the shared tiles plus U (39 KiB at CL = 2, pads included,
+// against tc5's 64).
 // H100, 80B layout, sweep at 4k / 16k tokens: CL = 2 89.9 / 320.1 µs, CL = 4 154.0 / 567.5 (a
 // cluster of 4 blocks of 224 KiB finds fewer places: slower), CL = 1 (no sharing: the producer
 // warp alone) 100.9 / 367.3; tc5 126.9 / 476.9. CL = 2 is the default.
@@ -30,7 +31,7 @@
 // 160 threads a block) waits on its own `empty`, which completes once every block has
 // finished chunk c. Parity of chunk c's phase: (c / 3) & 1.
 //
-// Shapes: DK ∈ {64, 128}; dv == 32·CL (grid x = dv / 32 = the cluster); T = bf16 / f16.
+// Shapes: DK ∈ {64, 128}; dv / 32 (grid x) a multiple of CL; T = bf16 / f16.
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GT6_CLUSTER(CL) __cluster_dims__(CL, 1, 1)
@@ -57,7 +58,9 @@ __device__ __forceinline__ void gt6_wait(const u64* bar, u32 parity) {
     } while (!done);
 }
 
-// Arrival on the mbarrier at `bar`'s offset in the shared memory of cluster rank `rank`.
+// Arrival on the mbarrier at `bar`'s offset in the shared memory of cluster rank `rank`
+// (release at CTA scope, CUTLASS's consumer release: it orders this warp's reads of the stage;
+// release at cluster scope would also wait for its output stores, measured slow).
 __device__ __forceinline__ void gt6_arrive_at(const u64* bar, u32 rank) {
     asm volatile(
         "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
