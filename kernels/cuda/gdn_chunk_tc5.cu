@@ -57,27 +57,33 @@ __device__ __forceinline__ constexpr u32 gt5_tn(u32 i) {
 // (gt2_next_stage). The sweep asks `acquire(smem, c, ch)` for chunk c's stage and calls
 // `release(smem, c, ch)` when it is done with it (gdn_chunk_tc6.cu's cluster pipe has the same
 // three calls).
-template <typename T, int DK>
-struct Gt5CpPipe {
+// What a state launch's stage pipe works from: the wu launch's scratch, and this block's chunks
+// (nch), heads (hv), value dim (dv), first column (col0) and thread (tid).
+template <typename T>
+struct Gt5Scratch {
     const T* __restrict__ wn;
     const T* __restrict__ kb;
     const float* __restrict__ uf;
     const T* __restrict__ qg;
     const T* __restrict__ pb;
     u32 nch, hv, dv, col0, tid;
-    __device__ __forceinline__ Gt5CpPipe(const T* wn_, const T* kb_, const float* uf_, const T* qg_, const T* pb_,
-                                         u32 nch_, u32 hv_, u32 dv_, u32 col0_, u32 tid_)
-        : wn(wn_), kb(kb_), uf(uf_), qg(qg_), pb(pb_), nch(nch_), hv(hv_), dv(dv_), col0(col0_), tid(tid_) {}
+};
+
+template <typename T, int DK>
+struct Gt5CpPipe {
+    Gt5Scratch<T> a;
+    __device__ __forceinline__ explicit Gt5CpPipe(const Gt5Scratch<T>& a_) : a(a_) {}
     // Chunks 0 and 1 in flight.
     __device__ __forceinline__ void start(unsigned char* smem, u64 ch0) {
-        gt2_load<T, DK, 2, true, 128>(smem, wn, kb, uf, qg, pb, ch0, dv, col0, tid);
-        if (nch > 1) {
-            gt2_load<T, DK, 2, true, 128>(smem + Gt2Stage<DK, 2, true>::BYTES, wn, kb, uf, qg, pb, ch0 + hv, dv,
-                                          col0, tid);
+        gt2_load<T, DK, 2, true, 128>(smem, a.wn, a.kb, a.uf, a.qg, a.pb, ch0, a.dv, a.col0, a.tid);
+        if (a.nch > 1) {
+            gt2_load<T, DK, 2, true, 128>(smem + Gt2Stage<DK, 2, true>::BYTES, a.wn, a.kb, a.uf, a.qg, a.pb,
+                                          ch0 + a.hv, a.dv, a.col0, a.tid);
         }
     }
     __device__ __forceinline__ const unsigned char* acquire(unsigned char* smem, u32 c, u64 ch) {
-        gt2_next_stage<T, DK, 2, true, 128>(smem, c, nch, wn, kb, uf, qg, pb, ch, hv, dv, col0, tid);
+        gt2_next_stage<T, DK, 2, true, 128>(smem, c, a.nch, a.wn, a.kb, a.uf, a.qg, a.pb, ch, a.hv, a.dv, a.col0,
+                                            a.tid);
         return smem + (c % GT2_STAGES) * Gt2Stage<DK, 2, true>::BYTES;
     }
     __device__ __forceinline__ void release(unsigned char*, u32, u64) {}
@@ -267,9 +273,9 @@ struct Gt5CpPipe {};
 #endif
 
 // The state launch of tc5 (Pipe = Gt5CpPipe, 128 threads) and of tc6 (Gt6Pipe,
-// gdn_chunk_tc6.cu, 160: warp 4 fills the stages): a Pipe is built from (wn, kb, uf, qg, pb,
-// nch, hv, dv, col0, tid), `start`s the first chunks' copies, lets threads 128.. `produce`
-// and `finish`es after the sweep.
+// gdn_chunk_tc6.cu, 160: warp 4 fills the stages): a Pipe is built from a Gt5Scratch,
+// `start`s the first chunks' copies, lets threads 128.. `produce` and `finish`es after the
+// sweep.
 template <typename T, int DK, class Pipe>
 __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ state, const u32* __restrict__ spans,
                                                          const u32* __restrict__ off, const T* __restrict__ wn,
@@ -298,7 +304,7 @@ __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ sta
     if (len == 0) return;
     float* st = state + (((u64)slot * nbuf + src) * hv + j) * ((u64)DK * dv);
     const u64 ch0 = (u64)o * hv + j;
-    Pipe pipe(wn, kb, uf, qg, pb, nch, hv, dv, col0, tid);
+    Pipe pipe(Gt5Scratch<T>{wn, kb, uf, qg, pb, nch, hv, dv, col0, tid});
     pipe.start(gt_smem, ch0);
     if (tid >= 128) {
         pipe.produce(gt_smem, ch0);

@@ -100,18 +100,12 @@ struct Gt6Pipe {
     static constexpr unsigned short MASK = (1u << CL) - 1;  // every block of the cluster
     // Bytes a block receives per stage: the four shared tiles whole, its U block (pads included).
     static constexpr u32 TX = GC_C * (3 * LDK + GT2_LDP) * (u32)sizeof(T) + GC_C * LDU * 4;
-    const T* __restrict__ wn;
-    const T* __restrict__ kb;
-    const float* __restrict__ uf;
-    const T* __restrict__ qg;
-    const T* __restrict__ pb;
-    u32 nch, hv, dv, col0, tid, rank;
+    Gt5Scratch<T> a;
+    u32 rank;
     u64* full;   // [3]
     u64* empty;  // [3]
 
-    __device__ __forceinline__ Gt6Pipe(const T* wn_, const T* kb_, const float* uf_, const T* qg_, const T* pb_,
-                                       u32 nch_, u32 hv_, u32 dv_, u32 col0_, u32 tid_)
-        : wn(wn_), kb(kb_), uf(uf_), qg(qg_), pb(pb_), nch(nch_), hv(hv_), dv(dv_), col0(col0_), tid(tid_) {
+    __device__ __forceinline__ explicit Gt6Pipe(const Gt5Scratch<T>& a_) : a(a_) {
         __shared__ __align__(8) u64 bars[6];
         full = bars;
         empty = bars + 3;
@@ -132,16 +126,16 @@ struct Gt6Pipe {
         T* Pb = Qb + GC_C * LDK;
         const u32 r0 = R * rank;
         const u64 row = ch * GC_C + r0;
-        gt6_copy_mc(Wb + r0 * LDK, wn + row * LDK, R * LDK * sizeof(T), bar, MASK);
-        gt6_copy_mc(Kb + r0 * LDK, kb + row * LDK, R * LDK * sizeof(T), bar, MASK);
-        gt6_copy_mc(Qb + r0 * LDK, qg + row * LDK, R * LDK * sizeof(T), bar, MASK);
-        gt6_copy_mc(Pb + r0 * GT2_LDP, pb + row * GT2_LDP, R * GT2_LDP * sizeof(T), bar, MASK);
-        gt6_copy(Ub, uf + (ch * (dv / 32) + col0 / 32) * GC_C * LDU, GC_C * LDU * 4, bar);
+        gt6_copy_mc(Wb + r0 * LDK, a.wn + row * LDK, R * LDK * sizeof(T), bar, MASK);
+        gt6_copy_mc(Kb + r0 * LDK, a.kb + row * LDK, R * LDK * sizeof(T), bar, MASK);
+        gt6_copy_mc(Qb + r0 * LDK, a.qg + row * LDK, R * LDK * sizeof(T), bar, MASK);
+        gt6_copy_mc(Pb + r0 * GT2_LDP, a.pb + row * GT2_LDP, R * GT2_LDP * sizeof(T), bar, MASK);
+        gt6_copy(Ub, a.uf + (ch * (a.dv / 32) + a.col0 / 32) * GC_C * LDU, GC_C * LDU * 4, bar);
     }
 
     // Barriers set up and visible to the cluster, then chunks 0..2 in flight (every thread).
     __device__ __forceinline__ void start(unsigned char* smem, u64 ch0) {
-        if (tid == 0) {
+        if (a.tid == 0) {
             for (u32 s = 0; s < 3; ++s) {
                 asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(gt6_sa(full + s)) : "memory");
                 asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gt6_sa(empty + s)), "r"(4 * CL)
@@ -150,17 +144,17 @@ struct Gt6Pipe {
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
         gt6_cluster_sync();
-        if (tid == 0) {
-            for (u32 c = 0; c < 3 && c < nch; ++c) issue(smem + c * L::BYTES, ch0 + (u64)c * hv, full + c);
+        if (a.tid == 0) {
+            for (u32 c = 0; c < 3 && c < a.nch; ++c) issue(smem + c * L::BYTES, ch0 + (u64)c * a.hv, full + c);
         }
     }
 
     // Warp 4 (its first lane): chunk c goes out once every block has finished chunk c − 3.
     __device__ __forceinline__ void produce(unsigned char* smem, u64 ch0) {
-        if ((tid & 31u) != 0) return;
-        for (u32 c = 3; c < nch; ++c) {
+        if ((a.tid & 31u) != 0) return;
+        for (u32 c = 3; c < a.nch; ++c) {
             gt6_wait(empty + c % 3, ((c - 3) / 3) & 1u);
-            issue(smem + (c % 3) * L::BYTES, ch0 + (u64)c * hv, full + c % 3);
+            issue(smem + (c % 3) * L::BYTES, ch0 + (u64)c * a.hv, full + c % 3);
         }
     }
 
@@ -172,9 +166,9 @@ struct Gt6Pipe {
     // This warp is done with chunk c's stage: one arrival in each block of the cluster (none
     // past the last refill, which nobody waits for).
     __device__ __forceinline__ void release(unsigned char*, u32 c, u64) {
-        if (c + 3 >= nch) return;
+        if (c + 3 >= a.nch) return;
         __syncwarp();
-        const u32 lane = tid & 31u;
+        const u32 lane = a.tid & 31u;
         if (lane < CL) gt6_arrive_at(empty + c % 3, lane);
     }
 

@@ -224,9 +224,8 @@ fn expected_name(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> &'static st
         Ok("4") => 4,
         _ => 2,
     };
-    let hopper = caps.major == 9 && caps.minor == 0 && caps.tensor_cores();
     match want {
-        GdnChunkForm::Tc6 if !(hopper && (d.dv / 32).is_multiple_of(cl)) => "tc5",
+        GdnChunkForm::Tc6 if !(caps.sm90a() && (d.dv / 32).is_multiple_of(cl)) => "tc5",
         w => form_name(w),
     }
 }

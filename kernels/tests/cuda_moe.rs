@@ -151,12 +151,7 @@ fn expected_form<T: CudaFloat>(kern: &CudaKernels, d: Dims, form: &str) -> Optio
         Some("simt")
     } else if form == "wmma" {
         Some("wmma")
-    } else if form == "wgmma"
-        && caps.major == 9
-        && caps.minor == 0
-        && caps.tensor_cores()
-        && caps.smem_limit() >= WG_SMEM
-    {
+    } else if form == "wgmma" && caps.sm90a() && caps.smem_limit() >= WG_SMEM {
         Some("wgmma")
     } else if (form == "pipe" || form == "wgmma") && caps.smem_limit() >= 3 * (128 + 256) * 128 {
         Some("pipe")

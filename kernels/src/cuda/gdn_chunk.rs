@@ -249,12 +249,14 @@ impl CudaKernels {
                 tc3_smem(dk, dv, tc2_warps_from(std::env::var_os(GDN_TC2_BV_ENV)), self.caps())
                     .map(|m| tc4_wu(m, dk, dv, self.caps()))
             }
-            (Some(_), GdnChunkForm::Tc5) => {
-                tc3_smem(dk, dv, 2, self.caps()).map(|m| tc5_state(tc4_wu(m, dk, dv, self.caps()), dk, dv, self.caps()))
-            }
-            (Some(_), GdnChunkForm::Tc6) => tc3_smem(dk, dv, 2, self.caps()).map(|m| {
+            (Some(_), GdnChunkForm::Tc5 | GdnChunkForm::Tc6) => tc3_smem(dk, dv, 2, self.caps()).map(|m| {
                 let caps = self.caps();
-                tc6_state(tc5_state(tc4_wu(m, dk, dv, caps), dk, dv, caps), dv, caps)
+                let m5 = tc5_state(tc4_wu(m, dk, dv, caps), dk, dv, caps);
+                if form == GdnChunkForm::Tc6 {
+                    tc6_state(m5, dv, caps)
+                } else {
+                    m5
+                }
             }),
             _ => None,
         };

@@ -167,6 +167,12 @@ impl DeviceCaps {
         self.major >= 8 && !self.forced
     }
 
+    /// Whether the `sm_90a` builds of [`module_arch`] load and run here (wgmma, multicast bulk
+    /// copies): an sm_90 device outside the fallback build.
+    pub fn sm90a(&self) -> bool {
+        self.major == 9 && self.minor == 0 && self.tensor_cores()
+    }
+
     /// Dynamic shared memory a block may use, bytes: the opt-in limit, at most
     /// [`FALLBACK_SMEM`] when forced.
     pub fn smem_limit(&self) -> usize {

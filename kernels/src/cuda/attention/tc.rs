@@ -254,7 +254,7 @@ impl CudaKernels {
         };
         let caps = self.caps();
         let (esz, tc, limit) = (std::mem::size_of::<T>(), caps.tensor_cores(), caps.smem_limit());
-        let hopper = tc && caps.major == 9 && caps.minor == 0;
+        let hopper = caps.sm90a();
         let (shape, dp, smem) = plan(esz, head_dim, max_q_len, tc, hopper, limit, kernel, !tag.is_empty())?;
         Some(TcPlan { name: shape.kernel(T::NAME, tag, dp), threads: shape.threads(), bm: shape.bm(), smem })
     }

@@ -105,8 +105,7 @@ pub(super) fn tc5_state(m: Tc3Smem, dk: usize, dv: usize, caps: DeviceCaps) -> T
 pub(super) fn tc6_state(m: Tc3Smem, dv: usize, caps: DeviceCaps) -> Tc3Smem {
     // 1: the bulk-copy pipe with no sharing, an A/B of what the sharing gains.
     let cl = crate::cuda::env_count(GDN_TC6_CLUSTER_ENV, |n| n == 1 || n == 2 || n == 4, "1, 2 or 4").unwrap_or(2);
-    let hopper = caps.major == 9 && caps.minor == 0 && caps.tensor_cores();
-    if m.pair && hopper && (dv / 32).is_multiple_of(cl) {
+    if m.pair && caps.sm90a() && (dv / 32).is_multiple_of(cl) {
         Tc3Smem { cluster: cl, ..m }
     } else {
         m

@@ -22,7 +22,7 @@ const STATIC_SMEM: usize = TM * 4;
 /// sm_90a; nowhere else has the instructions), not forced to the fallback, their shared
 /// memory within the limit.
 pub(super) fn fits(caps: &DeviceCaps) -> bool {
-    caps.major == 9 && caps.minor == 0 && caps.tensor_cores() && SMEM + STATIC_SMEM <= caps.smem_limit()
+    caps.sm90a() && SMEM + STATIC_SMEM <= caps.smem_limit()
 }
 
 #[cfg(test)]
