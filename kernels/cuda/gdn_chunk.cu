@@ -27,7 +27,7 @@
 // math in f32 on CUDA cores (cumulative log-decays in f64, as the CPU code).
 // Preceded by common.cuh. Launch wrapper: kernels/src/cuda/gdn_chunk.rs.
 //
-// Inputs: qkv [t, 2·hk·dk + hv·dv] (f32: q at 0, k at hk·dk, v at 2·hk·dk);
+// Inputs: qkv [t, 2·hk·dk + hv·dv] (the activation type T: q at 0, k at hk·dk, v at 2·hk·dk);
 // g, beta [t, hv] (f32); state pool [num_slots, nbuf, hv, dk, dv] (f32);
 // spans [n_spans, 5] = (row0, len, slot, src_buf, snapshot) (snapshot is
 // ignored: treated as 0); out [t, hv, dv] (T).
@@ -85,7 +85,8 @@ __device__ __forceinline__ void gc_fma4x4(float (&acc)[4][4], const float (&x)[4
 // `eg` / `ek` are not null, exp(G) and exp(G_last − G). GC_THREADS threads;
 // ends with a barrier. Rows past l get zeros (G: the last value). Every g is
 // loaded (into Gd) before one thread sums them: the sum waits on no load.
-__device__ __forceinline__ void gc_chunk_gates(const float* __restrict__ qbase, const float* __restrict__ kbase,
+template <typename Q>
+__device__ __forceinline__ void gc_chunk_gates(const Q* __restrict__ qbase, const Q* __restrict__ kbase,
                                                const float* __restrict__ g, const float* __restrict__ beta, u64 rw,
                                                u32 r0, u32 l, u32 hv, u32 j, u32 dk, float q_scale, float* rq,
                                                float* rk, float* bt, double* Gd, float* eg, float* ek, u32 tid) {
@@ -97,11 +98,12 @@ __device__ __forceinline__ void gc_chunk_gates(const float* __restrict__ qbase, 
         if (i < l) {
             if (bt) bv = beta[(u64)(r0 + i) * hv + j];
             gv = g[(u64)(r0 + i) * hv + j];
-            const float* qr = qbase + (u64)(r0 + i) * rw;
-            const float* kr = kbase + (u64)(r0 + i) * rw;
+            const Q* qr = qbase + (u64)(r0 + i) * rw;
+            const Q* kr = kbase + (u64)(r0 + i) * rw;
             for (u32 d = lane; d < dk; d += 32) {
-                if (rq) sq += qr[d] * qr[d];
-                sk += kr[d] * kr[d];
+                const float qv = rq ? to_f(qr[d]) : 0.0f, kv = to_f(kr[d]);
+                sq += qv * qv;
+                sk += kv * kv;
             }
         }
         sq = warp_sum(sq);
@@ -141,8 +143,8 @@ __device__ __forceinline__ void gc_chunk_gates(const float* __restrict__ qbase, 
 // stored each value before loading the next waited a global round trip per
 // element: 32 per thread for a 64 × 128 tile).
 #define GC_STAGE 8
-template <typename D, typename D2>
-__device__ __forceinline__ void gc_stage_rows(const float* __restrict__ base, u64 rw, u32 r0, u32 l, u32 n,
+template <typename D, typename D2, typename Q>
+__device__ __forceinline__ void gc_stage_rows(const Q* __restrict__ base, u64 rw, u32 r0, u32 l, u32 n,
                                               u32 np, const float* __restrict__ rs, D* __restrict__ dst, u32 ld,
                                               D2* __restrict__ dst2, const float* __restrict__ s2, u32 ld2,
                                               u32 tid) {
@@ -152,7 +154,7 @@ __device__ __forceinline__ void gc_stage_rows(const float* __restrict__ base, u6
 #pragma unroll
         for (int u = 0; u < GC_STAGE; ++u) {
             const u32 x = x0 + u * GC_THREADS, i = x / np, d = x % np;
-            v[u] = (x < total && i < l && d < n) ? base[(u64)(r0 + i) * rw + d] : 0.0f;
+            v[u] = (x < total && i < l && d < n) ? to_f(base[(u64)(r0 + i) * rw + d]) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < GC_STAGE; ++u) {
@@ -329,11 +331,12 @@ __device__ __forceinline__ float gc_tril_at(const float* a, u32 r, u32 m) {
 // Per (chunk, value head): W, U, K̃, exp(G_last). grid (max_chunks, hv,
 // n_spans), block GC_THREADS. Static shared memory (~34 KiB).
 // ---------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(256)
-    gdn_chunk_wu(const float* __restrict__ qkv, const float* __restrict__ g, const float* __restrict__ beta,
-                 const u32* __restrict__ spans, const u32* __restrict__ off, float* __restrict__ wt,
-                 float* __restrict__ ut, float* __restrict__ kt, float* __restrict__ gl, u32 hk, u32 hv, u32 dk,
-                 u32 dv) { porter_pdl_enter();
+template <typename Q>
+__device__ __forceinline__ void gdn_chunk_wu_impl(const Q* __restrict__ qkv, const float* __restrict__ g,
+                                                  const float* __restrict__ beta, const u32* __restrict__ spans,
+                                                  const u32* __restrict__ off, float* __restrict__ wt,
+                                                  float* __restrict__ ut, float* __restrict__ kt,
+                                                  float* __restrict__ gl, u32 hk, u32 hv, u32 dk, u32 dv) {
     __shared__ float Ts[GC_C][GC_C + 1];  // A, then staged 64-column blocks of β exp(G) K / β V
     __shared__ float Xs[GC_C][GC_C + 1];  // staged 64-column blocks of K, then T
     __shared__ double Gd[GC_C];
@@ -346,8 +349,8 @@ extern "C" __global__ void __launch_bounds__(256)
     if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u64 gci = (u64)o + c;
     const u64 rw = 2ull * hk * dk + (u64)hv * dv;
-    const float* kbase = qkv + (u64)hk * dk + (u64)kh * dk;  // + row · rw
-    const float* vbase = qkv + 2ull * hk * dk + (u64)j * dv;
+    const Q* kbase = qkv + (u64)hk * dk + (u64)kh * dk;  // + row · rw
+    const Q* vbase = qkv + 2ull * hk * dk + (u64)j * dv;
     const u64 ch = gci * hv + j;  // (chunk, head)
 
     gc_chunk_gates(kbase, kbase, g, beta, rw, r0, l, hv, j, dk, 1.0f, nullptr, rk, bt, Gd, eg, ek, tid);
@@ -405,8 +408,8 @@ extern "C" __global__ void __launch_bounds__(256)
                 const u32 i = x / GC_C, dd = x % GC_C, d = d0 + dd;
                 float xv = 0.0f;
                 if (i < l && d < dim) {
-                    xv = pass == 0 ? (bt[i] * eg[i]) * (kbase[(u64)(r0 + i) * rw + d] * rk[i])
-                                   : bt[i] * vbase[(u64)(r0 + i) * rw + d];
+                    xv = pass == 0 ? (bt[i] * eg[i]) * (to_f(kbase[(u64)(r0 + i) * rw + d]) * rk[i])
+                                   : bt[i] * to_f(vbase[(u64)(r0 + i) * rw + d]);
                 }
                 Ts[i][dd] = xv;
             }
@@ -437,6 +440,17 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
 }
+// Q: the conv output's type, the model's activation type (f32 scratch in every case).
+#define GDN_CHUNK_WU(Q, NAME)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        gdn_chunk_wu_##NAME(const Q* qkv, const float* g, const float* beta, const u32* spans, const u32* off,     \
+                            float* wt, float* ut, float* kt, float* gl, u32 hk, u32 hv, u32 dk, u32 dv) {          \
+        porter_pdl_enter();                                                                                       \
+        gdn_chunk_wu_impl<Q>(qkv, g, beta, spans, off, wt, ut, kt, gl, hk, hv, dk, dv);                            \
+    }
+GDN_CHUNK_WU(float, f32)
+GDN_CHUNK_WU(bf16, bf16)
+GDN_CHUNK_WU(f16, f16)
 
 // ---------------------------------------------------------------------------
 // Sequential over the chunks of a span: grid (ceil(dv / 32), hv, n_spans),
@@ -675,7 +689,7 @@ __device__ __forceinline__ void gc_outer4(float (&acc)[4][CT], const float (&x)[
 // P = tril(Q Kᵀ) ⊙ Γ; O = (Q ⊙ exp(G)) S + P Vn. An invalid span gets NaN rows.
 // ---------------------------------------------------------------------------
 template <typename T, int CT>
-__device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv, const float* __restrict__ g,
+__device__ __forceinline__ void gdn_chunk_out_impl(const T* __restrict__ qkv, const float* __restrict__ g,
                                                    const u32* __restrict__ spans, const u32* __restrict__ off,
                                                    const float* __restrict__ ut, const float* __restrict__ hs,
                                                    T* __restrict__ out, u32 t, u32 hk, u32 hv, u32 dk, u32 dv,
@@ -700,8 +714,8 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
     }
     const u64 ch = ((u64)o + c) * hv + j;
     const u64 rw = 2ull * hk * dk + (u64)hv * dv;
-    const float* qbase = qkv + (u64)kh * dk;
-    const float* kbase = qkv + (u64)hk * dk + (u64)kh * dk;
+    const T* qbase = qkv + (u64)kh * dk;
+    const T* kbase = qkv + (u64)hk * dk + (u64)kh * dk;
 
     gc_chunk_gates(qbase, kbase, g, nullptr, rw, r0, l, hv, j, dk, q_scale, rq, rk, nullptr, Gd, nullptr, nullptr, tid);
     // Normalised q, k, transposed (token index fastest).
@@ -709,8 +723,8 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
         const u32 i = x / dkp, d = x % dkp;
         float qv = 0.0f, kv = 0.0f;
         if (i < l && d < dk) {
-            qv = qbase[(u64)(r0 + i) * rw + d] * rq[i];
-            kv = kbase[(u64)(r0 + i) * rw + d] * rk[i];
+            qv = to_f(qbase[(u64)(r0 + i) * rw + d]) * rq[i];
+            kv = to_f(kbase[(u64)(r0 + i) * rw + d]) * rk[i];
         }
         Qt[d * GC_C + (i ^ gc_sw(d))] = qv;
         Kt[d * GC_C + (i ^ gc_sw(d))] = kv;
@@ -799,7 +813,7 @@ __device__ __forceinline__ void gdn_chunk_out_impl(const float* __restrict__ qkv
 
 #define GDN_CHUNK_OUT(T, NAME, CT)                                                                                \
     extern "C" __global__ void __launch_bounds__(256)                                                      \
-        gdn_chunk_out_c##CT##_##NAME(const float* qkv, const float* g, const u32* spans, const u32* off,          \
+        gdn_chunk_out_c##CT##_##NAME(const T* qkv, const float* g, const u32* spans, const u32* off,          \
                                      const float* ut, const float* hs, T* out, u32 t, u32 hk, u32 hv, u32 dk,     \
                                      u32 dv, float q_scale) { porter_pdl_enter();                                                     \
         gdn_chunk_out_impl<T, CT>(qkv, g, spans, off, ut, hs, out, t, hk, hv, dk, dv, q_scale);                   \

@@ -122,7 +122,7 @@ __device__ __forceinline__ void gt_gram_lower(const T* X, const T* Y, float* dst
 //   Tu = T diag(β) rounded to T -> −W = −Tw K, U = Tu V on tensor cores.
 // ---------------------------------------------------------------------------
 template <typename T, int DK>
-__device__ __forceinline__ void gdn_chunk_tc_wu_impl(const float* __restrict__ qkv, const float* __restrict__ g,
+__device__ __forceinline__ void gdn_chunk_tc_wu_impl(const T* __restrict__ qkv, const float* __restrict__ g,
                                                      const float* __restrict__ beta, const u32* __restrict__ spans,
                                                      const u32* __restrict__ off, T* __restrict__ wn,
                                                      T* __restrict__ kb, float* __restrict__ uf,
@@ -147,8 +147,8 @@ __device__ __forceinline__ void gdn_chunk_tc_wu_impl(const float* __restrict__ q
     u32 r0, l;
     if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u64 rw = 2ull * hk * DK + (u64)hv * dv;
-    const float* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
-    const float* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
+    const T* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
+    const T* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
     const u64 ch = ((u64)o + c) * hv + j;
 
     gc_chunk_gates(kbase, kbase, g, beta, rw, r0, l, hv, j, DK, 1.0f, nullptr, rk, bt, Gd, eg, ek, tid);
@@ -384,7 +384,7 @@ __device__ __forceinline__ void gdn_chunk_tc_state_impl(float* __restrict__ stat
 // gets NaN rows.
 // ---------------------------------------------------------------------------
 template <typename T, int DK>
-__device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ qkv, const float* __restrict__ g,
+__device__ __forceinline__ void gdn_chunk_tc_out_impl(const T* __restrict__ qkv, const float* __restrict__ g,
                                                       const u32* __restrict__ spans, const u32* __restrict__ off,
                                                       const T* __restrict__ vb, const T* __restrict__ hb,
                                                       T* __restrict__ out, u32 t, u32 hk, u32 hv, u32 dv,
@@ -415,8 +415,8 @@ __device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ 
     }
     const u64 ch = ((u64)o + c) * hv + j;
     const u64 rw = 2ull * hk * DK + (u64)hv * dv;
-    const float* qbase = qkv + (u64)kh * DK;
-    const float* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
+    const T* qbase = qkv + (u64)kh * DK;
+    const T* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
     gt_cp_rows(Vb, ldv, vb + ch * GC_C * dv, dv, GC_C, dv, tid);
     gc_cp_commit();
     gc_chunk_gates(qbase, kbase, g, nullptr, rw, r0, l, hv, j, DK, q_scale, rq, rk, nullptr, Gd, eg, nullptr, tid);
@@ -484,7 +484,7 @@ __device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ 
 
 #define GDN_CHUNK_TC(T, NAME, DK)                                                                                \
     extern "C" __global__ void __launch_bounds__(256, 3)                                                        \
-        gdn_chunk_tc_wu_d##DK##_##NAME(const float* qkv, const float* g, const float* beta, const u32* spans,     \
+        gdn_chunk_tc_wu_d##DK##_##NAME(const T* qkv, const float* g, const float* beta, const u32* spans,     \
                                        const u32* off, T* wn, T* kb, float* uf, float* gl, u32 hk, u32 hv,        \
                                        u32 dv) { porter_pdl_enter();                                                                 \
         gdn_chunk_tc_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, hk, hv, dv);                        \
@@ -496,7 +496,7 @@ __device__ __forceinline__ void gdn_chunk_tc_out_impl(const float* __restrict__ 
         gdn_chunk_tc_state_impl<T, DK>(state, spans, off, wn, kb, uf, gl, vb, hb, hv, dv, nbuf);                  \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(256)                                                           \
-        gdn_chunk_tc_out_d##DK##_##NAME(const float* qkv, const float* g, const u32* spans, const u32* off,       \
+        gdn_chunk_tc_out_d##DK##_##NAME(const T* qkv, const float* g, const u32* spans, const u32* off,       \
                                         const T* vb, const T* hb, T* out, u32 t, u32 hk, u32 hv, u32 dv,          \
                                         float q_scale) { porter_pdl_enter();                                                         \
         gdn_chunk_tc_out_impl<T, DK>(qkv, g, spans, off, vb, hb, out, t, hk, hv, dv, q_scale);                    \

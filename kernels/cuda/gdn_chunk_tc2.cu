@@ -328,21 +328,44 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
 #endif
 }
 
-// Loads rows i < 64 of a chunk, DK f32 columns (row r0 + i at base + (r0 + i) · rw; rows >= l
-// zero), as float4: pass u holds row u · RPP + tid / LPR, columns 4 (tid % LPR) .. + 3 (LPR =
-// DK / 4 lanes a row, RPP = 1024 / DK rows a pass). Every load is in flight before any is used
-// (gc_stage_rows issues 8 scalar loads at a time: 4 round trips for a 64 × 128 tile; here 1).
-template <int DK>
+// Four consecutive elements of a conv-output row of type Q, loaded at once (float4 for f32,
+// 8 bytes for bf16 / f16) and widened to f32 when used.
+template <typename Q> struct Gt3Vec;
+template <> struct Gt3Vec<float> {
+    typedef float4 V;
+    static __device__ __forceinline__ V zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+    static __device__ __forceinline__ float4 f(V v) { return v; }
+};
+template <> struct Gt3Vec<bf16> {
+    typedef uint2 V;
+    static __device__ __forceinline__ V zero() { return make_uint2(0, 0); }
+    static __device__ __forceinline__ float4 f(V v) {
+        return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                           __uint_as_float(v.y & 0xffff0000u));
+    }
+};
+template <> struct Gt3Vec<f16> {
+    typedef uint2 V;
+    static __device__ __forceinline__ V zero() { return make_uint2(0, 0); }
+    static __device__ __forceinline__ float h(u32 x) { return __half2float(__ushort_as_half((unsigned short)x)); }
+    static __device__ __forceinline__ float4 f(V v) { return make_float4(h(v.x), h(v.x >> 16), h(v.y), h(v.y >> 16)); }
+};
+
+// Loads rows i < 64 of a chunk, DK columns of Q (row r0 + i at base + (r0 + i) · rw; rows >= l
+// zero), 4 elements at once: pass u holds row u · RPP + tid / LPR, columns 4 (tid % LPR) .. + 3
+// (LPR = DK / 4 lanes a row, RPP = 1024 / DK rows a pass). Every load is in flight before any is
+// used (gc_stage_rows issues 8 scalar loads at a time: 4 round trips for a 64 × 128 tile; here 1).
+template <int DK, typename Q>
 struct Gt3Rows {
     static constexpr u32 LPR = DK / 4, RPP = GC_THREADS / LPR, PASSES = GC_C / RPP;
-    float4 v[PASSES];
-    __device__ __forceinline__ void load(const float* __restrict__ base, u64 rw, u32 r0, u32 l, u32 tid) {
+    typename Gt3Vec<Q>::V v[PASSES];
+    __device__ __forceinline__ void load(const Q* __restrict__ base, u64 rw, u32 r0, u32 l, u32 tid) {
         const u32 i0 = tid / LPR, d = 4 * (tid % LPR);
 #pragma unroll
         for (u32 u = 0; u < PASSES; ++u) {
             const u32 i = u * RPP + i0;
-            v[u] = i < l ? *reinterpret_cast<const float4*>(base + (u64)(r0 + i) * rw + d)
-                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[u] = i < l ? *reinterpret_cast<const typename Gt3Vec<Q>::V*>(base + (u64)(r0 + i) * rw + d)
+                         : Gt3Vec<Q>::zero();
         }
     }
     // With `norm`, x · (1/sqrt(Σ_row x² + 1e-6) · scale) (the factor of gc_chunk_gates; the
@@ -356,7 +379,7 @@ struct Gt3Rows {
 #pragma unroll
         for (u32 u = 0; u < PASSES; ++u) {
             const u32 i = u * RPP + i0;
-            float4 x = v[u];
+            float4 x = Gt3Vec<Q>::f(v[u]);
             if (norm) {
                 float ss = x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
 #pragma unroll
@@ -422,7 +445,7 @@ __device__ __forceinline__ void gt3_gates(const float* __restrict__ g, const flo
 // n_spans), GC_THREADS threads.
 // ---------------------------------------------------------------------------
 template <typename T, int DK>
-__device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ qkv, const float* __restrict__ g,
+__device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const T* __restrict__ qkv, const float* __restrict__ g,
                                                       const float* __restrict__ beta, const u32* __restrict__ spans,
                                                       const u32* __restrict__ off, T* __restrict__ wn,
                                                       T* __restrict__ kb, float* __restrict__ uf,
@@ -449,13 +472,13 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ 
     u32 r0, l;
     if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u64 rw = 2ull * hk * DK + (u64)hv * dv;
-    const float* qbase = qkv + (u64)kh * DK;
-    const float* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
-    const float* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
+    const T* qbase = qkv + (u64)kh * DK;
+    const T* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
+    const T* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
     const u64 ch = ((u64)o + c) * hv + j;
 
     {
-        Gt3Rows<DK> rows;
+        Gt3Rows<DK, T> rows;
         rows.load(kbase, rw, r0, l, tid);  // in flight across the gates
         gt3_gates(g, beta, r0, l, hv, j, bt, Gd, eg, ek, tid);
         if (tid == 0) gl[ch] = gc_decay((float)Gd[l - 1]);
@@ -478,7 +501,7 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ 
     }
     __syncthreads();  // Q and As are free
     if (dv == DK) {  // V as float4 rows (one round trip), in flight during K Kᵀ
-        Gt3Rows<DK> rows;
+        Gt3Rows<DK, T> rows;
         rows.load(vbase, rw, r0, l, tid);
         gt_gram_lower<T, DK>(Kb, Kb, As, w);  // K Kᵀ
         rows.template store<T>(false, 1.0f, Vb, ldv, static_cast<T*>(nullptr), nullptr, tid);
@@ -564,7 +587,7 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const float* __restrict__ 
     GDN_CHUNK_TC2(T, NAME, DK, 4)
 #define GDN_CHUNK_TC3_WU(T, NAME, DK)                                                                        \
     extern "C" __global__ void __launch_bounds__(256, 3)                                                    \
-        gdn_chunk_tc3_wu_d##DK##_##NAME(const float* qkv, const float* g, const float* beta, const u32* spans, \
+        gdn_chunk_tc3_wu_d##DK##_##NAME(const T* qkv, const float* g, const float* beta, const u32* spans, \
                                         const u32* off, T* wn, T* kb, float* uf, float* gl, T* qg, T* pb,     \
                                         u32 hk, u32 hv, u32 dv, float q_scale) { porter_pdl_enter();                             \
         gdn_chunk_tc3_wu_impl<T, DK>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale);  \

@@ -42,7 +42,7 @@ __device__ __forceinline__ void gt4_ldsm_t2(u32 (&r)[2], const void* p) {
 // stage layout, so that each tile of a chunk is one contiguous copy: wn, kb, qg [64][DK + 8],
 // pb [64][GT2_LDP], uf [dv / 32][64][36] per (chunk, value head); pads written as zeros.
 template <typename T, int DK, bool PAD = false>
-__device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ qkv, const float* __restrict__ g,
+__device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv, const float* __restrict__ g,
                                                       const float* __restrict__ beta, const u32* __restrict__ spans,
                                                       const u32* __restrict__ off, T* __restrict__ wn,
                                                       T* __restrict__ kb, float* __restrict__ uf,
@@ -68,9 +68,9 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
     u32 r0, l;
     if (!gc_chunk_rows(spans, s, c, r0, l)) return;
     const u64 rw = 2ull * hk * DK + (u64)hv * dv;
-    const float* qbase = qkv + (u64)kh * DK;
-    const float* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
-    const float* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
+    const T* qbase = qkv + (u64)kh * DK;
+    const T* kbase = qkv + (u64)hk * DK + (u64)kh * DK;
+    const T* vbase = qkv + 2ull * hk * DK + (u64)j * dv;
     const u64 ch = ((u64)o + c) * hv + j;
 
     // 1-2. Gates (warp 0) while K and Q are in flight; K, Q to shared memory, K̃, Qg out.
@@ -86,7 +86,7 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
                 bb = beta[(u64)(r0 + lane + 32) * hv + j];
             }
         }
-        Gt3Rows<DK> rk, rq;
+        Gt3Rows<DK, T> rk, rq;
         rk.load(kbase, rw, r0, l, tid);
         rq.load(qbase, rw, r0, l, tid);
         if (w == 0) {
@@ -118,7 +118,7 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
         rk.template store<T>(true, 1.0f, Kb, LDK, kb + ch * GC_C * GK, ek, tid, GK);
         rq.template store<T>(true, q_scale, Qb, LDK, qg + ch * GC_C * GK, eg, tid, GK);
     }
-    Gt3Rows<DK> rv;
+    Gt3Rows<DK, T> rv;
     const bool vrows = dv == DK;
     if (vrows) rv.load(vbase, rw, r0, l, tid);  // in flight across the grams
     __syncthreads();                            // Kb, Qb
@@ -278,12 +278,14 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const float* __restrict__ 
 // One entry: SUFFIX names it, OCC is its blocks an SM, PAD its scratch layout.
 //   ``: the tc4 wu launch (2 blocks an SM);
 //   `_o3` (PORTER_GDN_WU_OCC=3, an A/B form): 3 blocks an SM (68 KiB each fits 3 times in
-//   228 KiB) at 80 registers a thread, which spills; whether the third block's overlap pays
-//   for the spills is for the GPU to say;
-//   `_pad`: the scratch in the stage layout of gdn_chunk_tc6.cu's sweep (PAD above).
+//   228 KiB) at 80 registers a thread. With f32 q / k / v rows it spilled 108 bytes and was
+//   slower (session 20: 198 against 175 µs at 4k); with rows in the activation type (half
+//   the registers in flight) it does not spill;
+//   `_pad`: the scratch in the stage layout of gdn_chunk_tc6.cu's sweep (PAD above);
+//   `_pad_o3`: both.
 #define GDN_CHUNK_TC4_WU(T, NAME, DK, SUFFIX, OCC, PAD)                                                      \
     extern "C" __global__ void __launch_bounds__(256, OCC)                                                  \
-        gdn_chunk_tc4_wu_d##DK##_##NAME##SUFFIX(const float* qkv, const float* g, const float* beta,          \
+        gdn_chunk_tc4_wu_d##DK##_##NAME##SUFFIX(const T* qkv, const float* g, const float* beta,          \
                                                 const u32* spans, const u32* off, T* wn, T* kb, float* uf,    \
                                                 float* gl, T* qg, T* pb, u32 hk, u32 hv, u32 dv,              \
                                                 float q_scale) {                                            \
@@ -300,3 +302,5 @@ GDN_CHUNK_TC4_WU(bf16, bf16, 64, _pad, 2, true)
 GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad, 2, true)
 GDN_CHUNK_TC4_WU(f16, f16, 64, _pad, 2, true)
 GDN_CHUNK_TC4_WU(f16, f16, 128, _pad, 2, true)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad_o3, 3, true)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _pad_o3, 3, true)

@@ -121,7 +121,9 @@ __device__ __forceinline__ void gdn_fused_seq_impl_pdl(
             float wr[CONV_MAXK];
 #pragma unroll
             for (u32 m = 0; m < CONV_MAXK; ++m) wr[m] = w_s[i * CONV_MAXK + m];
-            conv_s[i] = conv_out<T>(x, x_stride, wr, wnd_s + i * win, row0, (int)tt, (int)(win - lag), k, chan(i));
+            // Rounded to T as gdn_conv_gates_seq writes its output.
+            conv_s[i] =
+                round_to<T>(conv_out<T>(x, x_stride, wr, wnd_s + i * win, row0, (int)tt, (int)(win - lag), k, chan(i)));
         }
         if (tid == nt - 1) {  // the gates (gdn_conv_gates_seq's, then the delta rule's decay)
             const T* brow = ba + r * ba_stride + ba_col;

@@ -4,7 +4,9 @@
 // the gated delta rule over many tokens (recurrent form, optional per-token
 // snapshots of the state). The conv, its window update and the gates are one
 // launch (gdn_conv_gates_seq). Semantics of porter_kernels::cpu::gdn; all math in
-// f32. Preceded by common.cuh. Launch wrappers: kernels/src/cuda/gdn_seq.rs.
+// f32; the conv output (q | k | v) is rounded to the activation type T, as transformers'
+// bf16 forward rounds causal_conv1d's output (half the bytes of an f32 copy for every kernel
+// that reads it). Preceded by common.cuh. Launch wrappers: kernels/src/cuda/gdn_seq.rs.
 
 __device__ __forceinline__ float gs_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float gs_decay(float x) { return x < -60.0f ? 0.0f : expf(x); }
@@ -17,7 +19,7 @@ __device__ __forceinline__ float gs_decay(float x) { return x < -60.0f ? 0.0f : 
 // are stacked onto the projections, a tensor of their own when in_proj_ba's
 // output is not concatenated, the FP8 model's case); w [c, k] (f32); window [num_slots, c, win] (f32,
 // oldest first), updated; spans [n_spans, 4] = (row0, len, slot, lag);
-// out [t, c] (f32); a_log, dt_bias [hv] (f32); g, beta [t, hv] (f32).
+// out [t, c] (T: the conv output rounded once); a_log, dt_bias [hv] (f32); g, beta [t, hv] (f32).
 //
 // Conv: span rows see u = window[slot, ch, 0..win−lag] ++ x[row0.., ch]; the
 // output of span position p is silu(Σ_{i<k} w[ch, i] · u[H + p − (k−1) + i])
@@ -241,7 +243,7 @@ __device__ __forceinline__ void conv_window_update(const T* __restrict__ x, u32 
 template <typename T, bool PROJ>
 __device__ __forceinline__ void gdn_conv_gates_seq_impl_pdl(const T* __restrict__ x, u32 x_stride,
                                                         const float* __restrict__ w, float* __restrict__ window,
-                                                        const u32* __restrict__ spans, float* __restrict__ out,
+                                                        const u32* __restrict__ spans, T* __restrict__ out,
                                                         const float* __restrict__ a_log,
                                                         const float* __restrict__ dt_bias, float* __restrict__ g,
                                                         float* __restrict__ beta, u32 t, u32 n_spans, u32 c, u32 k,
@@ -297,12 +299,12 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl_pdl(const T* __restrict_
         const u32 r = r0 + rr;
         const u32* sp = spans + 4 * (u32)s;
         if (!conv_span_ok(sp, t, k, win, num_slots)) {
-            out[(u64)r * c + ch] = PORTER_NAN;
+            out[(u64)r * c + ch] = from_f<T>(PORTER_NAN);
             continue;
         }
         const u32 p = r - sp[0];
         if (p + 1 < k) continue;  // the owner's
-        out[(u64)r * c + ch] = conv_out<T>(x, x_stride, wr, nullptr, sp[0], (int)p, 0, k, ch);
+        out[(u64)r * c + ch] = from_f<T>(conv_out<T>(x, x_stride, wr, nullptr, sp[0], (int)p, 0, k, ch));
     }
     // Spans that start in this tile: their window rows, then their window update.
     for (u32 rr = 0; rr < nr; ++rr) {
@@ -314,7 +316,8 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl_pdl(const T* __restrict_
         float* wnd = window + ((u64)slot * c + ch) * win;
         const u32 head = len < k - 1 ? len : k - 1;
         for (u32 p = 0; p < head; ++p) {
-            out[(u64)(row0 + p) * c + ch] = conv_out<T>(x, x_stride, wr, wnd, row0, (int)p, (int)(win - lag), k, ch);
+            out[(u64)(row0 + p) * c + ch] =
+                from_f<T>(conv_out<T>(x, x_stride, wr, wnd, row0, (int)p, (int)(win - lag), k, ch));
         }
         conv_window_update<T>(x, x_stride, wnd, row0, len, lag, win, ch);
     }
@@ -330,7 +333,7 @@ __device__ __forceinline__ void gdn_conv_gates_seq_impl_pdl(const T* __restrict_
 
 #define GDN_CONV_GATES_SEQ(T, NAME)                                                                                 \
     extern "C" __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_gates_seq_##NAME(                           \
-        const T* x, u32 x_stride, const float* w, float* window, const u32* spans, float* out, const float* a_log,  \
+        const T* x, u32 x_stride, const float* w, float* window, const u32* spans, T* out, const float* a_log,      \
         const float* dt_bias, float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots,      \
         const T* ba, u32 ba_stride, u32 ba_col, u32 hv, u32 rows) {                                                 \
         gdn_conv_gates_seq_impl_pdl<T, false>(x, x_stride, w, window, spans, out, a_log, dt_bias, g, beta, t,         \
@@ -345,7 +348,7 @@ GDN_CONV_GATES_SEQ(f16, f16)
 // blocks a row tile (the last gb values of blockIdx.y), split the GEMV's parts.
 #define GDN_CONV_GATES_PROJ_SEQ(T, NAME)                                                                           \
     extern "C" __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_gates_proj_seq_##NAME(                      \
-        const T* x, u32 x_stride, const float* w, float* window, const u32* spans, float* out, const float* a_log,  \
+        const T* x, u32 x_stride, const float* w, float* window, const u32* spans, T* out, const float* a_log,      \
         const float* dt_bias, float* g, float* beta, u32 t, u32 n_spans, u32 c, u32 k, u32 win, u32 num_slots,      \
         const T* xp, const T* wba, u32 hidden, u32 gb, u32 split, u32 hv, u32 rows) {                               \
         gdn_conv_gates_seq_impl_pdl<T, true>(x, x_stride, w, window, spans, out, a_log, dt_bias, g, beta, t,          \
@@ -404,7 +407,7 @@ GDN_WINDOW_AT(f16, f16)
 
 // ---------------------------------------------------------------------------
 // Gated delta rule over spans of tokens (recurrent form).
-// qkv [t, 2·hk·dk + hv·dv] (f32 conv output: q at 0, k at hk·dk, v at 2·hk·dk);
+// qkv [t, 2·hk·dk + hv·dv] (T, the conv output: q at 0, k at hk·dk, v at 2·hk·dk);
 // g, beta [t, hv] (f32); state pool [num_slots, nbuf, hv, dk, dv] (f32,
 // k-major); spans [n_spans, 5] = (row0, len, slot, src_buf, snapshot);
 // out [t, hv, dv] (T, rounded once).
@@ -511,11 +514,12 @@ __device__ __forceinline__ float delta_token(float (&S)[R], const float4* k4, u3
 
 // One token's q and k rows (dk each), L2-normalised (q also times q_scale), staged by one
 // warp in the delta rule's layout [P][R + DS_PAD] at qs / ks (rows >= dk zero).
-__device__ __forceinline__ void stage_qk(const float* qr, const float* kr, float* qs, float* ks, u32 dk, u32 P, u32 R,
+template <typename Q>
+__device__ __forceinline__ void stage_qk(const Q* qr, const Q* kr, float* qs, float* ks, u32 dk, u32 P, u32 R,
                                          float q_scale, u32 lane) {
     float sq = 0.0f, sk = 0.0f;
     for (u32 i = lane; i < dk; i += 32) {
-        const float qv = qr[i], kv = kr[i];
+        const float qv = to_f(qr[i]), kv = to_f(kr[i]);
         sq += qv * qv;
         sk += kv * kv;
     }
@@ -526,8 +530,8 @@ __device__ __forceinline__ void stage_qk(const float* qr, const float* kr, float
     const u32 rs = R + DS_PAD;
     for (u32 i = lane; i < P * R; i += 32) {
         const u32 o = (i / R) * rs + i % R;
-        qs[o] = i < dk ? qr[i] * fq : 0.0f;
-        ks[o] = i < dk ? kr[i] * fk : 0.0f;
+        qs[o] = i < dk ? to_f(qr[i]) * fq : 0.0f;
+        ks[o] = i < dk ? to_f(kr[i]) * fk : 0.0f;
     }
 }
 
@@ -549,7 +553,7 @@ struct DeltaNorm {
 };
 
 template <typename T, int R>
-__device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__ qkv, const float* __restrict__ g,
+__device__ __forceinline__ void gdn_delta_seq_impl_pdl(const T* __restrict__ qkv, const float* __restrict__ g,
                                                    const float* __restrict__ beta, float* __restrict__ state,
                                                    const u32* __restrict__ spans, T* __restrict__ out, u32 t,
                                                    u32 hk, u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P,
@@ -616,12 +620,12 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
         __syncthreads();  // the previous tile is consumed
         // q, k of the tile: one warp per token, normalised, padded per part.
         for (u32 tt = wid; tt < tl; tt += nw) {
-            const float* qr = qkv + (u64)(row0 + t0 + tt) * rw + (u64)kh * dk;
+            const T* qr = qkv + (u64)(row0 + t0 + tt) * rw + (u64)kh * dk;
             stage_qk(qr, qr + (u64)hk * dk, qs + tt * ts, ks + tt * ts, dk, P, R, q_scale, lane);
         }
         for (u32 x = tid; x < tl * cb; x += nt) {
             const u32 tt = x / cb, cc = x % cb, cg = blockIdx.x * cb + cc;
-            vs[x] = cg < dv ? qkv[(u64)(row0 + t0 + tt) * rw + 2ull * hk * dk + (u64)j * dv + cg] : 0.0f;
+            vs[x] = cg < dv ? to_f(qkv[(u64)(row0 + t0 + tt) * rw + 2ull * hk * dk + (u64)j * dv + cg]) : 0.0f;
         }
         if (tid < tl) {
             const u64 gi = (u64)(row0 + t0 + tid) * hv + j;
@@ -679,7 +683,7 @@ __device__ __forceinline__ void gdn_delta_seq_impl_pdl(const float* __restrict__
 
 #define GDN_DELTA_SEQ(T, NAME, R)                                                                                  \
     extern "C" __global__ void __launch_bounds__(256) gdn_delta_seq_r##R##_##NAME(                                 \
-        const float* qkv, const float* g, const float* beta, float* state, const u32* spans, T* out, u32 t, u32 hk, \
+        const T* qkv, const float* g, const float* beta, float* state, const u32* spans, T* out, u32 t, u32 hk,     \
         u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P, float q_scale, const T* nz_z, u32 nz_z_stride,     \
         u32 nz_zoff, const T* nz_w, float nz_eps, T* nz_out, u32* nz_counters) {                                   \
         gdn_delta_seq_impl_pdl<T, R>(qkv, g, beta, state, spans, out, t, hk, hv, dk, dv, num_slots, nbuf, P, q_scale, \

@@ -1,7 +1,8 @@
 //! The chunked Gated DeltaNet prefill (`kernels/cuda/gdn_chunk.cu`,
 //! `CudaKernels::gdn_chunked_seq`) against the recurrent GPU kernel
 //! (`gdn_delta_seq`, same inputs) and the CPU chunked reference
-//! (`cpu::gdn::chunked_gated_delta_rule` per span): f32 / bf16 / f16 outputs,
+//! (`cpu::gdn::chunked_gated_delta_rule` per span): f32 / bf16 / f16 qkv (the conv output,
+//! rounded to the type; the reference takes the rounded values) and outputs,
 //! spans of 1, 63, 64, 65, 200 and 1000 tokens in one call continuing from
 //! nonzero states (twice), dk ≠ dv, hv / hk = 2, inputs whose triangular inverse reaches
 //! across the whole chunk (`long_range_inputs`), and the Qwen3-Next-80B dims at a
@@ -42,8 +43,8 @@ fn nvrtc_gdn_chunk_ptxas_info() {
             || func.starts_with("gdn_chunk_tc4_")
             || func.starts_with("gdn_chunk_tc5_")
             || func.starts_with("gdn_chunk_tc6_");
-        // `_o3`: the 3-blocks-an-SM A/B build of the tc4 wu launch, compiled to spill.
-        let hot = hot && !func.ends_with("_o3");
+        // Including `_o3` / `_pad_o3`, the 3-blocks-an-SM builds of the tc4 wu launch (80
+        // registers): with q / k / v in the activation type they no longer spill.
         if hot && line.contains("spill") && !line.contains(" 0 bytes spill stores") {
             spills.push(func);
         }
@@ -283,8 +284,9 @@ fn chunk_case<T: CudaFloat>(
     for (ci, spans) in calls.iter().enumerate() {
         let (flat, t, max_len) = span_table(delta_spans(spans));
         let (qkv, g, beta) = inputs(rng, d, t);
+        let qkv = rnd_vec::<T>(&qkv); // the conv output, stored in T: the reference sees the same
         let want = rnd_vec::<T>(&chunk_ref(d, &qkv, &g, &beta, &mut state, spans, nbuf));
-        let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
+        let (dq, dg, db, dsp) = (up::<T>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
         let n = spans.len();
         let dims = [t, n, max_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf];
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
@@ -391,9 +393,10 @@ fn invalid_slot_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: GdnDims, f
     let state0 = rng.vec(num_slots * nbuf * d.state(), 0.5);
     let mut state = state0.clone();
     let (qkv, g, beta) = gdn_inputs(rng, d, t);
+    let qkv = rnd_vec::<T>(&qkv); // stored in T, as the kernels read it
     let (w, hv) = (d.width(), d.hv);
     let want = rnd_vec::<T>(&chunk_ref(d, &qkv[..t1 * w], &g[..t1 * hv], &beta[..t1 * hv], &mut state, valid, nbuf));
-    let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
+    let (dq, dg, db, dsp) = (up::<T>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
     for want_form in [GdnChunkForm::Tc, GdnChunkForm::Tc2, GdnChunkForm::Tc3, GdnChunkForm::Tc4, GdnChunkForm::F32] {
         let dims = [t, 3, bad_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf];
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
@@ -518,7 +521,7 @@ fn prefill_80b<T: CudaFloat>(
     let (flat, t, max_len) = span_table(delta_spans(spans));
     let n = spans.len();
     let (qkv, g, beta) = gdn_inputs(rng, d, t);
-    let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
+    let (dq, dg, db, dsp) = (up::<T>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
     let mut dstate = up::<f32>(k, &rng.vec(num_slots * d.state(), 0.5));
     let mut out = poisoned::<T>(k, t * d.hv * d.dv);
     let (hk, hv, dk, dv) = (d.hk, d.hv, d.dk, d.dv);

@@ -147,7 +147,7 @@ fn call<T: CudaFloat>(
     .expect("gdn_fused_seq");
     // The chain: conv + gates, delta rule, gated norm.
     let (mut qkv, mut gate, mut beta) =
-        (poisoned::<f32>(k, t * conv), poisoned::<f32>(k, t * hv), poisoned::<f32>(k, t * hv));
+        (poisoned::<T>(k, t * conv), poisoned::<f32>(k, t * hv), poisoned::<f32>(k, t * hv));
     let (mut o, mut out_c) = (poisoned::<T>(k, t * hv * g.dv), poisoned::<T>(k, t * hv * g.dv));
     let ba_stride = if g.ba_apart { 2 * hv } else { xs };
     k.gdn_conv_gates_seq::<T>(
@@ -403,7 +403,7 @@ fn cuda_gdn_fused_80b_timing() {
             ));
         }
         let (mut qkv, mut gate, mut beta) =
-            (poisoned::<f32>(&k, t * conv), poisoned::<f32>(&k, t * g.hv), poisoned::<f32>(&k, t * g.hv));
+            (poisoned::<bf16>(&k, t * conv), poisoned::<f32>(&k, t * g.hv), poisoned::<f32>(&k, t * g.hv));
         let mut o = poisoned::<bf16>(&k, t * g.hv * g.dv);
         let chain = time_calls(&k, &mut hold, 200, &mut |_| {
             let [_, wc] = &mut pools.win;

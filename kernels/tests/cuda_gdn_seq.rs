@@ -162,7 +162,8 @@ struct ConvDev<T: CudaFloat> {
     a_log: CudaSlice<f32>,
     dt_bias: CudaSlice<f32>,
     spans: CudaSlice<u32>,
-    out: CudaSlice<f32>,
+    /// The conv output, rounded to `T` (the old chain writes f32 to a buffer of its own).
+    out: CudaSlice<T>,
     g: CudaSlice<f32>,
     beta: CudaSlice<f32>,
     t: usize,
@@ -218,8 +219,16 @@ impl Unfused {
         Self { conv: f("gdn_conv_seq"), window: f("gdn_conv_seq_window"), gates: f("gdn_gates_ba") }
     }
 
-    /// The three launches of the old chain, with the old launch shapes.
-    fn run<T: CudaFloat>(&self, k: &CudaKernels, d: &mut ConvDev<T>, geo: ConvGeom, window: &mut CudaSlice<f32>) {
+    /// The three launches of the old chain, with the old launch shapes; its conv output (f32,
+    /// unrounded) to `out`.
+    fn run<T: CudaFloat>(
+        &self,
+        k: &CudaKernels,
+        d: &mut ConvDev<T>,
+        geo: ConvGeom,
+        window: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) {
         let s = k.stream();
         let u = |v: usize| u32::try_from(v).expect("u32");
         let (t, ns, c) = (u(d.t), u(d.n_spans), u(geo.c));
@@ -234,7 +243,7 @@ impl Unfused {
         let (pw, _gw) = d.w.device_ptr(s);
         let (pwin, _gwin) = window.device_ptr_mut(s);
         let (psp, _gsp) = d.spans.device_ptr(s);
-        let (pout, _gout) = d.out.device_ptr_mut(s);
+        let (pout, _gout) = out.device_ptr_mut(s);
         let (pl, _gl) = d.a_log.device_ptr(s);
         let (pd, _gd) = d.dt_bias.device_ptr(s);
         let (pg, _gg) = d.g.device_ptr_mut(s);
@@ -264,7 +273,8 @@ impl Unfused {
 }
 
 /// One call: the fused kernel against the CPU (conv output, window, gates) and, bit for
-/// bit, against the old chain run on the same window. Returns the fused output and gates.
+/// bit, against the old chain run on the same window (its f32 conv output rounded to `T`,
+/// and that f32 output against the CPU at the f32 tolerance).
 #[allow(clippy::too_many_arguments)]
 fn conv_call<T: CudaFloat>(
     k: &CudaKernels,
@@ -288,7 +298,7 @@ fn conv_call<T: CudaFloat>(
         a_log: up::<f32>(k, gates_w.0),
         dt_bias: up::<f32>(k, gates_w.1),
         spans: up_u32(k, &conv_table(&spans)),
-        out: poisoned::<f32>(k, t * geo.c),
+        out: poisoned::<T>(k, t * geo.c),
         g: poisoned::<f32>(k, t * geo.hv),
         beta: poisoned::<f32>(k, t * geo.hv),
         t,
@@ -298,15 +308,17 @@ fn conv_call<T: CudaFloat>(
     let what = format!("conv_gates_seq {} {geo:?} spans {list:?}", T::NAME);
     let (out, g, beta, win) = (down(k, &d.out), down(k, &d.g), down(k, &d.beta), down(k, dwin));
     check_nan_rows(&format!("{what}: out"), &out, &want);
-    check(&format!("{what}: out"), &out, &want, TOL_F32);
+    check(&format!("{what}: out"), &out, &want, tol::<T>());
     check(&format!("{what}: window"), &win, window, 0.0);
     check(&format!("{what}: g"), &g, &want_g, TOL_F32);
     check(&format!("{what}: beta"), &beta, &want_beta, TOL_F32);
     // The old chain on the window as it was, into fresh poisoned outputs.
-    (d.out, d.g, d.beta) =
-        (poisoned::<f32>(k, t * geo.c), poisoned::<f32>(k, t * geo.hv), poisoned::<f32>(k, t * geo.hv));
-    base.run(k, &mut d, geo, &mut dwin_old);
-    check_bits(&format!("{what}: out vs the old chain"), &out, &down(k, &d.out));
+    let mut old_out = poisoned::<f32>(k, t * geo.c);
+    (d.g, d.beta) = (poisoned::<f32>(k, t * geo.hv), poisoned::<f32>(k, t * geo.hv));
+    base.run(k, &mut d, geo, &mut dwin_old, &mut old_out);
+    let old_out = down(k, &old_out);
+    check(&format!("{what}: old chain out (f32)"), &old_out, &want, TOL_F32);
+    check_bits(&format!("{what}: out vs the old chain rounded"), &out, &rnd_vec::<T>(&old_out));
     check_bits(&format!("{what}: window vs the old chain"), &win, &down(k, &dwin_old));
     check_bits(&format!("{what}: g vs the old chain"), &g, &down(k, &d.g));
     check_bits(&format!("{what}: beta vs the old chain"), &beta, &down(k, &d.beta));
@@ -407,7 +419,7 @@ fn window_at_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, c: usize, kk: us
     for (d, &(row0, cut, slot, lag)) in saves.iter().enumerate() {
         let mut wnd = up::<f32>(k, &window);
         let (mut out, mut g, mut beta) =
-            (poisoned::<f32>(k, t * c), poisoned::<f32>(k, t * hv), poisoned::<f32>(k, t * hv));
+            (poisoned::<T>(k, t * c), poisoned::<f32>(k, t * hv), poisoned::<f32>(k, t * hv));
         let span = up_u32(k, &[row0 as u32, cut as u32, slot as u32, lag as u32]);
         k.gdn_conv_gates_seq(
             &dx,
@@ -504,8 +516,10 @@ fn delta_case<T: CudaFloat>(
     for (ci, spans) in calls.iter().enumerate() {
         let (flat, t, max_len) = span_table(spans.iter().copied());
         let (qkv, g, beta) = gdn_inputs(rng, d, t);
+        // The conv output comes in the activation type: the reference sees the rounded values.
+        let qkv = rnd_vec::<T>(&qkv);
         let want: Vec<f32> = rnd_vec::<T>(&delta_ref(d, &qkv, &g, &beta, &mut state, spans, nbuf));
-        let (dq, dg, db, dsp) = (up::<f32>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
+        let (dq, dg, db, dsp) = (up::<T>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
         let dstate_0 = k.stream().clone_dtod(&dstate).expect("dtod");
         let n = spans.len();
@@ -684,7 +698,7 @@ fn real_case<T: CudaFloat>(
         a_log: up::<f32>(k, &a_log),
         dt_bias: up::<f32>(k, &dt_bias),
         spans: up_u32(k, &conv_table(&cspans)),
-        out: poisoned::<f32>(k, t * c),
+        out: poisoned::<T>(k, t * c),
         g: poisoned::<f32>(k, t * hv),
         beta: poisoned::<f32>(k, t * hv),
         t,
@@ -692,7 +706,7 @@ fn real_case<T: CudaFloat>(
     };
     cd.fused(k, geo, &mut dwin);
     let (y, g, beta) = (down(k, &cd.out), down(k, &cd.g), down(k, &cd.beta));
-    check(&format!("{label}: conv"), &y, &want_y, TOL_F32);
+    check(&format!("{label}: conv"), &y, &want_y, tol::<T>());
     check(&format!("{label}: conv window"), &down(k, &dwin), &window, 0.0);
     check(&format!("{label}: g"), &g, &want_g, TOL_F32);
     check(&format!("{label}: beta"), &beta, &want_beta, TOL_F32);
@@ -702,14 +716,17 @@ fn real_case<T: CudaFloat>(
         a_log: cd.a_log.clone(),
         dt_bias: cd.dt_bias.clone(),
         spans: cd.spans.clone(),
-        out: poisoned::<f32>(k, t * c),
+        out: poisoned::<T>(k, t * c),
         g: poisoned::<f32>(k, t * hv),
         beta: poisoned::<f32>(k, t * hv),
         t,
         n_spans: n,
     };
-    base.run(k, &mut old, geo, &mut dwin_old);
-    check_bits(&format!("{label}: conv vs the old chain"), &y, &down(k, &old.out));
+    let mut old_out = poisoned::<f32>(k, t * c);
+    base.run(k, &mut old, geo, &mut dwin_old, &mut old_out);
+    let old_y = down(k, &old_out);
+    check(&format!("{label}: old chain conv (f32)"), &old_y, &want_y, TOL_F32);
+    check_bits(&format!("{label}: conv vs the old chain rounded"), &y, &rnd_vec::<T>(&old_y));
     check_bits(&format!("{label}: window vs the old chain"), &down(k, &dwin), &down(k, &dwin_old));
     check_bits(&format!("{label}: g vs the old chain"), &g, &down(k, &old.g));
     check_bits(&format!("{label}: beta vs the old chain"), &beta, &down(k, &old.beta));
@@ -737,7 +754,7 @@ fn real_case<T: CudaFloat>(
     let iters = if t >= 1024 { 5 } else { 200 };
     let delta_us = time_us(k, iters, || delta(&mut out, &mut dstate));
     let fused_us = time_us(k, iters, || cd.fused(k, geo, &mut dwin));
-    let old_us = time_us(k, iters, || base.run(k, &mut old, geo, &mut dwin_old));
+    let old_us = time_us(k, iters, || base.run(k, &mut old, geo, &mut dwin_old, &mut old_out));
     let state_mb = (n * d.state() * 4 * 2) as f64 / 1e6;
     println!(
         "  {label}: conv+window+gates fused {fused_us:.1} µs (1 launch) vs old chain {old_us:.1} µs (3 launches): \

@@ -84,7 +84,7 @@ impl CudaKernels {
         dt_bias: &impl DevicePtr<f32>,
         window: &mut impl DevicePtrMut<f32>,
         spans: &impl DevicePtr<u32>,
-        out: &mut impl DevicePtrMut<f32>,
+        out: &mut impl DevicePtrMut<T>,
         g: &mut impl DevicePtrMut<f32>,
         beta: &mut impl DevicePtrMut<f32>,
         t: usize,

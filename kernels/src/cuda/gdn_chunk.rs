@@ -145,7 +145,7 @@ impl CudaKernels {
     /// 80B dims at 4096 tokens) plus `4·n_spans`.
     ///
     /// # Shapes
-    /// - `qkv`: `[t, 2·hk·dk + hv·dv]` (`f32`: q `[hk, dk]` at column 0, k at
+    /// - `qkv`: `[t, 2·hk·dk + hv·dv]` (`T`, the conv output: q `[hk, dk]` at column 0, k at
     ///   `hk·dk`, v `[hv, dv]` at `2·hk·dk`)
     /// - `g`, `beta`: `[t, hv]` (`f32`)
     /// - `state`: `[num_slots, nbuf, hv, dk, dv]` (`f32`, k-major), updated
@@ -158,7 +158,7 @@ impl CudaKernels {
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_chunked_seq<T: CudaFloat>(
         &self,
-        qkv: &impl DevicePtr<f32>,
+        qkv: &impl DevicePtr<T>,
         g: &impl DevicePtr<f32>,
         beta: &impl DevicePtr<f32>,
         state: &mut impl DevicePtrMut<f32>,
@@ -192,7 +192,7 @@ impl CudaKernels {
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_chunked_seq_with<T: CudaFloat>(
         &self,
-        qkv: &impl DevicePtr<f32>,
+        qkv: &impl DevicePtr<T>,
         g: &impl DevicePtr<f32>,
         beta: &impl DevicePtr<f32>,
         state: &mut impl DevicePtrMut<f32>,
@@ -211,7 +211,7 @@ impl CudaKernels {
     #[allow(clippy::too_many_arguments)]
     fn gdn_chunked_impl<T: CudaFloat>(
         &self,
-        qkv: &impl DevicePtr<f32>,
+        qkv: &impl DevicePtr<T>,
         g: &impl DevicePtr<f32>,
         beta: &impl DevicePtr<f32>,
         state: &mut impl DevicePtrMut<f32>,
@@ -386,7 +386,7 @@ impl CudaKernels {
             // SAFETY: arguments match `gdn_chunk_tc_wu_d<dk>_<T>`; dk is 64 or 128 and dv a
             // multiple of 32 (tc_smem); the shared memory size is the kernel's layout; a valid
             // span (per `off`) has rows inside 0..t and scratch indices below cap.
-            // Kernel: `gdn_chunk_tc_wu_d<DK>_<T>(const float* qkv, const float* g, const float* beta,
+            // Kernel: `gdn_chunk_tc_wu_d<DK>_<T>(const T* qkv, const float* g, const float* beta,
             // const u32* spans, const u32* off, T* wn, T* kb, float* uf, float* gl, u32 hk, u32 hv, u32 dv)`.
             unsafe {
                 launch_fn!(self, f_wu, cfg, [pq, pg, ptr(beta), psp, poff, pwn, pkb, puf, pgl, hk32, hv32, dv32])
@@ -426,7 +426,7 @@ impl CudaKernels {
                 LaunchConfig { grid_dim: chunk_grid, block_dim: block, shared_mem_bytes: u32_of("smem", smem_tout)? };
             // SAFETY: arguments match `gdn_chunk_tc_out_d<dk>_<T>`; dv <= 256 (at most 8 output
             // tiles a warp); NaN rows of invalid spans are clipped to t.
-            // Kernel: `gdn_chunk_tc_out_d<DK>_<T>(const float* qkv, const float* g, const u32* spans,
+            // Kernel: `gdn_chunk_tc_out_d<DK>_<T>(const T* qkv, const float* g, const u32* spans,
             // const u32* off, const T* vb, const T* hb, T* out, u32 t, u32 hk, u32 hv, u32 dv, float q_scale)`.
             unsafe {
                 launch_fn!(
@@ -461,16 +461,16 @@ impl CudaKernels {
 
         // 2. W, U, K̃, exp(G_last) per (chunk, value head).
         let cfg = LaunchConfig { grid_dim: chunk_grid, block_dim: (GC_THREADS, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: arguments match `gdn_chunk_wu`; lengths checked; a valid span
+        // SAFETY: arguments match `gdn_chunk_wu_<T>`; lengths checked; a valid span
         // (per `off`) has rows inside 0..t and at most max_chunks chunks, whose
         // scratch indices off + c are below cap (checked by gdn_chunk_prep).
-        // Kernel: `gdn_chunk_wu(const float* qkv, const float* g, const float* beta, const u32* spans, const u32* off,
+        // Kernel: `gdn_chunk_wu_<T>(const T* qkv, const float* g, const float* beta, const u32* spans, const u32* off,
         // float* wt, float* ut, float* kt, float* gl, u32 hk, u32 hv, u32 dk, u32 dv)`.
         unsafe {
             launch!(
                 self,
                 GDN_CHUNK,
-                "gdn_chunk_wu",
+                &format!("gdn_chunk_wu_{}", T::NAME),
                 cfg,
                 [pq, pg, ptr(beta), psp, poff, pwt, put, pkt, pgl, hk32, hv32, dk32, dv32]
             )
@@ -507,7 +507,7 @@ impl CudaKernels {
         // SAFETY: arguments match `gdn_chunk_out_c<CT>_<T>`; 16·CT >= dv; the
         // shared memory size is the kernel's layout for (dk, CT) (at most
         // ~165 KiB, opted in above); NaN rows of invalid spans are clipped to t.
-        // Kernel: `gdn_chunk_out_c<CT>_<T>(const float* qkv, const float* g, const u32* spans, const u32* off,
+        // Kernel: `gdn_chunk_out_c<CT>_<T>(const T* qkv, const float* g, const u32* spans, const u32* off,
         // const float* ut, const float* hs, T* out, u32 t, u32 hk, u32 hv, u32 dk, u32 dv, float q_scale)`.
         unsafe {
             launch_fn!(

@@ -39,7 +39,8 @@ impl CudaKernels {
     /// entries of that window were rolled back, so the history is
     /// `window[slot, .., 0..win − lag]`. With `u` = history ++ the span's inputs
     /// (`x[r, ch]` read as f32),
-    /// `out[r, ch] = silu(Σ_{i<k} w[ch, i] · u[r − (k−1) + i])` (f32). Afterwards
+    /// `out[r, ch] = silu(Σ_{i<k} w[ch, i] · u[r − (k−1) + i])` (summed in f32, rounded to `T`
+    /// once, as transformers' bf16 forward rounds its conv output). Afterwards
     /// the window holds the last `win` entries of `u`, oldest first (zeros where
     /// `u` is shorter), i.e. its lag is 0.
     ///
@@ -61,7 +62,7 @@ impl CudaKernels {
     /// - `a_log`, `dt_bias`: `[hv]` (`f32`)
     /// - `window`: `[num_slots, c, win]` (`f32`, oldest first), updated
     /// - `spans`: `[n_spans, 4]` (`u32`)
-    /// - `out`: `[t, c]` (`f32`)
+    /// - `out`: `[t, c]` (`T`)
     /// - `g`, `beta`: `[t, hv]` (`f32`)
     ///
     /// # Errors
@@ -81,7 +82,7 @@ impl CudaKernels {
         dt_bias: &impl DevicePtr<f32>,
         window: &mut impl DevicePtrMut<f32>,
         spans: &impl DevicePtr<u32>,
-        out: &mut impl DevicePtrMut<f32>,
+        out: &mut impl DevicePtrMut<T>,
         g: &mut impl DevicePtrMut<f32>,
         beta: &mut impl DevicePtrMut<f32>,
         t: usize,
@@ -126,7 +127,7 @@ impl CudaKernels {
         dt_bias: &impl DevicePtr<f32>,
         window: &mut impl DevicePtrMut<f32>,
         spans: &impl DevicePtr<u32>,
-        out: &mut impl DevicePtrMut<f32>,
+        out: &mut impl DevicePtrMut<T>,
         g: &mut impl DevicePtrMut<f32>,
         beta: &mut impl DevicePtrMut<f32>,
         d: ConvGatesDims,
@@ -311,7 +312,7 @@ impl CudaKernels {
     /// every span are not written.
     ///
     /// # Shapes
-    /// - `qkv`: `[t, 2·hk·dk + hv·dv]` (`f32`, the conv output: q `[hk, dk]`
+    /// - `qkv`: `[t, 2·hk·dk + hv·dv]` (`T`, the conv output: q `[hk, dk]`
     ///   at column 0, k at `hk·dk`, v `[hv, dv]` at `2·hk·dk`)
     /// - `g`, `beta`: `[t, hv]` (`f32`)
     /// - `state`: `[num_slots, nbuf, hv, dk, dv]` (`f32`, k-major), updated
@@ -324,7 +325,7 @@ impl CudaKernels {
     #[allow(clippy::too_many_arguments)]
     pub fn gdn_delta_seq<T: CudaFloat>(
         &self,
-        qkv: &impl DevicePtr<f32>,
+        qkv: &impl DevicePtr<T>,
         g: &impl DevicePtr<f32>,
         beta: &impl DevicePtr<f32>,
         state: &mut impl DevicePtrMut<f32>,
@@ -420,7 +421,7 @@ impl CudaKernels {
         // kernel bounds-checks every span before using it. The norm's pointers are all null
         // (no norm) or all set, with the lengths checked above (counters zero between launches:
         // the last block of each (span, head) sets its count back).
-        // Kernel: `gdn_delta_seq_r<R>_<T>(const float* qkv, const float* g, const float* beta, float* state,
+        // Kernel: `gdn_delta_seq_r<R>_<T>(const T* qkv, const float* g, const float* beta, float* state,
         // const u32* spans, T* out, u32 t, u32 hk, u32 hv, u32 dk, u32 dv, u32 num_slots, u32 nbuf, u32 P,
         // float q_scale, const T* nz_z, u32 nz_z_stride, u32 nz_zoff, const T* nz_w, float nz_eps, T* nz_out,
         // u32* nz_counters)`.
@@ -546,7 +547,7 @@ impl CudaKernels {
         &self,
         name: &str,
         limits: (usize, Option<usize>),
-        qkv: &impl DevicePtr<f32>,
+        qkv: &impl DevicePtr<T>,
         g: &impl DevicePtr<f32>,
         beta: &impl DevicePtr<f32>,
         state: &impl DevicePtrMut<f32>,

@@ -433,7 +433,6 @@ fn gdn_run(
     };
     let o = if three {
         let mut o = Tensor::empty_on(&g, [t * hv, dv], p.dtype())?;
-        let mut qkv = alloc::<f32>(&g, t * conv)?;
         let mut gate = alloc::<f32>(&g, t * hv)?;
         let mut beta = alloc::<f32>(&g, t * hv)?;
         crate::by_dtype!(
@@ -446,7 +445,6 @@ fn gdn_run(
                 rc,
                 (&conv_spans, n_conv, &rec, &chunk),
                 plan.as_ref(),
-                &mut qkv,
                 (&mut gate, &mut beta),
                 &mut o,
                 in_delta.as_mut().map(|(nw, eps, whole, normed)| (&**nw, *eps, *whole, normed)),
@@ -540,7 +538,6 @@ fn three_launches<T: DevType>(
     rc: &mut CudaRec,
     spans: (&CudaView<'_, u32>, usize, &DeltaSpans, &DeltaSpans),
     plan: Option<&CkptPlan>,
-    qkv: &mut CudaSlice<f32>,
     gb: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     o: &mut Tensor,
     mut norm: Option<(&Tensor, f32, bool, &mut Tensor)>,
@@ -571,7 +568,9 @@ fn three_launches<T: DevType>(
         .map_err(cuda_err)?;
     }
     // Conv, conv window update and gates (their inputs too where in_proj_ba's product is left
-    // to it): one launch.
+    // to it): one launch. The conv output q | k | v is in the activation dtype, as transformers'
+    // forward rounds it (half the bytes of f32 for it and for the delta rule that reads it).
+    let qkv = &mut alloc::<T>(g, t * c.conv_dim())?;
     gdn_ba::conv_gates::<T>(g, c, w, p, gates, &mut rc.window, (conv_spans, n), qkv, (gate, beta), (t, win, ns))?;
     let (hk, hv, dk, dv) = (c.key_heads, c.value_heads, c.key_dim, c.value_dim);
     // Short spans (decode, verify with snapshots) take the recurrence, long ones the

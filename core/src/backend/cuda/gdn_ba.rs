@@ -91,7 +91,7 @@ pub(super) fn conv_gates<T: DevType>(
     gates: DevGates<'_>,
     window: &mut CudaSlice<f32>,
     (spans, n): (&CudaView<'_, u32>, usize),
-    qkv: &mut CudaSlice<f32>,
+    qkv: &mut CudaSlice<T>,
     (gate, beta): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     (t, win, ns): (usize, usize, usize),
 ) -> Result<()> {

@@ -17,8 +17,9 @@ use super::{Laps, GC_C, GC_THREADS, TC_STATIC_SMEM};
 use cudarc::driver::{DevicePtrMut, LaunchConfig};
 
 /// Environment variable: blocks an SM the tc4 wu launch is compiled for, `2` (unset: the
-/// default, 112 registers a thread) or `3` (`gdn_chunk_tc4_wu_d128_<T>_o3`, 80 registers, with
-/// spills; dk = 128 only): an A/B form. Other values warn once and count as unset.
+/// default, 106–112 registers a thread) or `3` (`gdn_chunk_tc4_wu_d128_<T>_o3`, and `_pad_o3`
+/// under tc6: 80 registers, no spills since q / k / v come in the activation type; dk = 128
+/// only): an A/B form. Other values warn once and count as unset.
 pub const GDN_WU_OCC_ENV: &str = "PORTER_GDN_WU_OCC";
 
 /// Environment variable: blocks a cluster of the `tc6` state sweep, `1`, `2` or `4` (unset:
@@ -174,12 +175,11 @@ impl CudaKernels {
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
         let wu_name = if m.tc4 { "gdn_chunk_tc4_wu" } else { "gdn_chunk_tc3_wu" };
         // The 3-blocks-an-SM build of the tc4 wu launch (dk = 128 only), by environment.
-        let o3 = !pad
-            && m.tc4
-            && dk == 128
-            && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") == Some(3);
+        let o3 =
+            m.tc4 && dk == 128 && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") == Some(3);
         let suffix = match (o3, pad) {
-            (true, _) => "_o3",
+            (true, true) => "_pad_o3",
+            (true, false) => "_o3",
             (false, true) => "_pad",
             (false, false) => "",
         };
@@ -208,7 +208,7 @@ impl CudaKernels {
         // alike; dk is 64 or 128 and dv a multiple of 32 up to 256 (tc_smem); the shared memory
         // size is the kernel's layout; a valid span (per `off`) has rows inside 0..t and scratch
         // indices below cap.
-        // Kernel: `gdn_chunk_tc3_wu_d<DK>_<T>(const float* qkv, const float* g, const float* beta,
+        // Kernel: `gdn_chunk_tc3_wu_d<DK>_<T>(const T* qkv, const float* g, const float* beta,
         // const u32* spans, const u32* off, T* wn, T* kb, float* uf, float* gl, T* qg, T* pb, u32 hk,
         // u32 hv, u32 dv, float q_scale)`.
         unsafe {
