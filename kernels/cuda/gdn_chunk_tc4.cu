@@ -9,8 +9,8 @@
 // (two global round trips), wmma products whose accumulators go through shared memory
 // (store_matrix_sync into scratch tiles, then scalar 2-byte global stores), element passes
 // over shared memory for P, A, Tw and Tu with a barrier each. Here (7 barriers):
-//   1. g / β (warp 0), K and Q rows (every thread, float4, all in flight at once: one round
-//      trip); the cumulative log-decay G as a warp scan in f64 (warp 0);
+//   1. g / β (warp 0), K and Q rows (every thread, 4 elements of T in one 8-byte load, all in
+//      flight at once: one round trip); the cumulative log-decay G as a warp scan in f64 (warp 0);
 //   2. K, Q normalised -> T in shared memory, K̃ -> kb, Qg -> qg (Gt3Rows); V rows go out;
 //   3. Q Kᵀ and K Kᵀ (lower 16-row tiles) on mma.sync, one gram per warp pair and row tile;
 //      the masks and decays applied in registers: P straight to pb (4-byte pair stores, zero
@@ -22,8 +22,9 @@
 //      takes row tiles {w % 2, 3 − w % 2} (5 k16 steps for every warp) and a quarter of the
 //      columns; −W (T pairs) and U (f32 pairs) from the accumulators to global memory.
 // Shared memory: Kb, Qb (T [64][DK + 8]), Vb (T [64][dv + 8]), As (f32 [64][68]): 68 KiB at
-// DK = dv = 128 (2 blocks an SM at __launch_bounds__(256, 2): K and Q in flight take 64
-// registers a thread; at (256, 3), 80 registers, ptxas spills 108 bytes).
+// DK = dv = 128 (2 blocks an SM at __launch_bounds__(256, 2): K and Q in flight take 32
+// registers a thread, 64 when the conv output was f32; at (256, 3), 80 registers, no spills
+// since it is in the activation type, 108 bytes of spills before).
 //
 // Shapes: DK ∈ {64, 128}; dv % 32 == 0, dv <= 256; T = bf16 / f16.
 
