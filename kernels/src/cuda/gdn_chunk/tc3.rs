@@ -16,10 +16,13 @@ use super::super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN
 use super::{Laps, GC_C, GC_THREADS, TC_STATIC_SMEM};
 use cudarc::driver::{DevicePtrMut, LaunchConfig};
 
-/// Environment variable: blocks an SM the tc4 wu launch is compiled for, `2` (unset: the
-/// default, 106–112 registers a thread) or `3` (`gdn_chunk_tc4_wu_d128_<T>_o3`, and `_pad_o3`
-/// under tc6: 80 registers, no spills since q / k / v come in the activation type; dk = 128
-/// only): an A/B form. Other values warn once and count as unset.
+/// Environment variable: blocks an SM the tc4 wu launch is compiled for at dk = 128, `3`
+/// (unset: the default; `gdn_chunk_tc4_wu_d128_<T>_o3`, `_pad_o3` under tc6: 80 registers,
+/// no spills since q / k / v come in the activation type) or `2` (the plain / `_pad` build,
+/// 102–106 registers; the only one at dk = 64), for A/B. H100, session 33, 80B layout, the
+/// whole tc6 call at 4k / 16k tokens: 268.1 / 997.7 µs with 3, 277.3–278.7 / 998.7–1,006.1
+/// with 2 (with f32 q / k / v, session 20, 3 spilled and was slower). Other values warn once
+/// and count as unset.
 pub const GDN_WU_OCC_ENV: &str = "PORTER_GDN_WU_OCC";
 
 /// Environment variable: blocks a cluster of the `tc6` state sweep, `1`, `2` or `4` (unset:
@@ -175,8 +178,9 @@ impl CudaKernels {
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
         let wu_name = if m.tc4 { "gdn_chunk_tc4_wu" } else { "gdn_chunk_tc3_wu" };
         // The 3-blocks-an-SM build of the tc4 wu launch (dk = 128 only), by environment.
+        // 3 blocks an SM unless asked for 2 (dk = 128; dk = 64 has only the 2-block build).
         let o3 =
-            m.tc4 && dk == 128 && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") == Some(3);
+            m.tc4 && dk == 128 && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") != Some(2);
         let suffix = match (o3, pad) {
             (true, true) => "_pad_o3",
             (true, false) => "_o3",
