@@ -35,8 +35,9 @@
 // mma.sync and 106 ldmatrix.x4 (~1.2 µs, ~80 µs at 64 chunks); the stages grow to 69 KiB
 // (3 stages: 207 KiB, NW = 2, or NW = 1). At 128 blocks the sweep reads ~70 KiB of L2 per
 // block and chunk (~0.6 GB at 4096 tokens: ~100-150 µs at L2 rates), against today's state
-// (472 µs) + out (312 µs) launches. gdn_chunk_tc3_wu loads q / k / v rows as float4 with every
-// load of a tile in flight at once and the L2 norms in the same pass (no separate norm pass).
+// (472 µs) + out (312 µs) launches. gdn_chunk_tc3_wu loads q / k / v rows 4 elements at a
+// time with every load of a tile in flight at once and the L2 norms in the same pass (no
+// separate norm pass).
 //
 // Shapes: DK ∈ {64, 128}; dv % (16·NW) == 0; T = bf16 / f16.
 
@@ -328,14 +329,9 @@ __device__ __forceinline__ void gdn_chunk_tc2_state_impl(float* __restrict__ sta
 #endif
 }
 
-// Four consecutive elements of a conv-output row of type Q, loaded at once (float4 for f32,
-// 8 bytes for bf16 / f16) and widened to f32 when used.
+// Four consecutive elements of a conv-output row of type Q (bf16 / f16: the tensor-core forms'
+// activation types), loaded as 8 bytes and widened to f32 when used.
 template <typename Q> struct Gt3Vec;
-template <> struct Gt3Vec<float> {
-    typedef float4 V;
-    static __device__ __forceinline__ V zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
-    static __device__ __forceinline__ float4 f(V v) { return v; }
-};
 template <> struct Gt3Vec<bf16> {
     typedef uint2 V;
     static __device__ __forceinline__ V zero() { return make_uint2(0, 0); }
@@ -500,7 +496,7 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const T* __restrict__ qkv,
         }
     }
     __syncthreads();  // Q and As are free
-    if (dv == DK) {  // V as float4 rows (one round trip), in flight during K Kᵀ
+    if (dv == DK) {  // V rows, 4 elements a load (one round trip), in flight during K Kᵀ
         Gt3Rows<DK, T> rows;
         rows.load(vbase, rw, r0, l, tid);
         gt_gram_lower<T, DK>(Kb, Kb, As, w);  // K Kᵀ
