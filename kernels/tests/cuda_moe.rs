@@ -90,7 +90,7 @@ fn nvrtc_moe_ptxas_info() {
 #[ignore = "needs NVRTC (bash .ci/run installs it)"]
 fn nvrtc_moe_wgmma_ptxas_info() {
     let test = "nvrtc_moe_wgmma_ptxas_info";
-    let (log, ptx) = common::attn::ptxas_log_arch(test, "moe_wgmma.cu", "sm_90a");
+    let (log, ptx) = common::ptxas_log_arch(test, "moe_wgmma.cu", "sm_90a");
     println!("{log}");
     for which in ["gu", "down"] {
         for t in ["bf16", "f16", "fp8_bf16", "fp8_f16"] {
@@ -110,7 +110,7 @@ fn nvrtc_moe_wgmma_ptxas_info() {
     );
     // ptxas serializes wgmma it cannot pipeline (and says so): that would cost the overlap.
     assert!(!log.contains("serialized"), "moe_wgmma.cu: wgmma serialized:\n{log}");
-    let (log90, _) = common::attn::ptxas_log_arch(test, "moe_wgmma.cu", "sm_90");
+    let (log90, _) = common::ptxas_log_arch(test, "moe_wgmma.cu", "sm_90");
     assert!(!log90.contains("error"), "{log90}");
 }
 

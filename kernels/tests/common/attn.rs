@@ -294,44 +294,6 @@ pub fn tc_prefill_cases(k: &CudaKernels, rng: &mut Rng, mode: AttnMode, keep: &d
     }
 }
 
-/// The whole `ptxas -v` log of `source` compiled by NVRTC for `arch` (e.g. `sm_90a`, which
-/// `common::ptxas_info` does not take), and its PTX. No GPU needed; panics without NVRTC or
-/// the CUDA headers ([`need_nvrtc`]) and when the source does not compile.
-pub fn ptxas_log_arch(test: &str, source: &str, arch: &str) -> (String, String) {
-    use cudarc::nvrtc::result as nv;
-    use porter_kernels::cuda;
-    use std::ffi::CString;
-    need_nvrtc(test);
-    let include = cuda::cuda_include_dir().unwrap_or_else(|e| panic!("{test}: {e}"));
-    let src = cuda::sources().into_iter().find(|s| s.name == source).expect("a registered source");
-    let text = CString::new(src.full_text()).expect("source");
-    let name = CString::new(source).expect("name");
-    let prog = nv::create_program(&text, Some(&name)).expect("create program");
-    let opts = [
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".to_string(),
-        format!("-I{}", include.display()),
-        "--ptxas-options=-v".to_string(),
-    ];
-    // SAFETY: `prog` was just created and is destroyed once, below.
-    let res = unsafe { nv::compile_program(prog, &opts) };
-    // SAFETY: as above.
-    let log = unsafe { nv::get_program_log(prog) }.expect("log");
-    let log: Vec<u8> = log.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
-    let log = String::from_utf8_lossy(&log).into_owned();
-    if let Err(e) = res {
-        // SAFETY: as above; not used afterwards.
-        unsafe { nv::destroy_program(prog) }.expect("destroy");
-        panic!("{test}: {source} for {arch}: compile failed: {e}\n{log}");
-    }
-    // SAFETY: as above; compiled successfully.
-    let ptx = unsafe { nv::get_ptx(prog) }.expect("ptx");
-    let ptx: Vec<u8> = ptx.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
-    // SAFETY: as above; not used afterwards.
-    unsafe { nv::destroy_program(prog) }.expect("destroy");
-    (log, String::from_utf8_lossy(&ptx).into_owned())
-}
-
 /// HBM bandwidth the decode timings are a share of (H200: ~4.19 TB/s measured peak).
 pub const HBM_BYTES_PER_S: f64 = 4.19e12;
 

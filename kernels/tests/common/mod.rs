@@ -181,12 +181,31 @@ pub fn tol<T: CudaFloat>() -> f32 {
 }
 
 /// `ptxas -v` of one kernel source for sm_90 (sm_90a for the modules `module_arch` compiles
-/// so there; NVRTC, no GPU needed): the register and
-/// spill lines of every entry function, as `(function, line)`. Panics without NVRTC or the
-/// CUDA headers ([`need_nvrtc`]) and when the source does not compile. With
-/// `PORTER_PTX_DIR` set, also writes the PTX there as `<source>.ptx`; with `PORTER_CUBIN_DIR`
-/// the sm_90 CUBIN as `<source>.cubin` (read it with nvdisasm).
+/// so there; [`ptxas_log_arch`], with its PTX / CUBIN dumps): the register and spill lines of
+/// every entry function, as `(function, line)`.
 pub fn ptxas_info(test: &str, source: &str) -> Vec<(String, String)> {
+    let src = cuda::sources().into_iter().find(|s| s.name == source).expect("a registered source");
+    // The build an sm_90 device loads (sm_90a for the modules `module_arch` names).
+    let (log, _ptx) = ptxas_log_arch(test, source, cuda::module_arch(src, "sm_90", false));
+    let mut func = String::new();
+    let mut lines = Vec::new();
+    for line in log.lines() {
+        if let Some(i) = line.find("Compiling entry function '") {
+            func = line[i + 26..].trim_end_matches(['\'', ' ']).split('\'').next().unwrap_or("").to_string();
+        }
+        if line.contains("registers") || line.contains("spill") {
+            lines.push((func.clone(), line.trim().to_string()));
+        }
+    }
+    lines
+}
+
+/// The whole `ptxas -v` log of `source` compiled by NVRTC for `arch` (e.g. `sm_90a`), and its
+/// PTX; with `PORTER_PTX_DIR` / `PORTER_CUBIN_DIR` set, the PTX / machine code also written
+/// there as `<source>.ptx` / `.cubin` (for nvdisasm: the instruction mix per kernel). No GPU
+/// needed; panics without NVRTC or the CUDA headers ([`need_nvrtc`]) and when the source does
+/// not compile.
+pub fn ptxas_log_arch(test: &str, source: &str, arch: &str) -> (String, String) {
     use cudarc::nvrtc::result as nv;
     use std::ffi::CString;
     need_nvrtc(test);
@@ -195,9 +214,8 @@ pub fn ptxas_info(test: &str, source: &str) -> Vec<(String, String)> {
     let text = CString::new(src.full_text()).expect("source");
     let name = CString::new(source).expect("name");
     let prog = nv::create_program(&text, Some(&name)).expect("create program");
-    // The build an sm_90 device loads (sm_90a for the modules `module_arch` names).
     let opts = [
-        format!("--gpu-architecture={}", cuda::module_arch(src, "sm_90", false)),
+        format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         format!("-I{}", include.display()),
         "--ptxas-options=-v".to_string(),
@@ -206,14 +224,20 @@ pub fn ptxas_info(test: &str, source: &str) -> Vec<(String, String)> {
     let res = unsafe { nv::compile_program(prog, &opts) };
     // SAFETY: as above.
     let log = unsafe { nv::get_program_log(prog) }.expect("log");
-    if let (Some(dir), true) = (std::env::var_os("PORTER_PTX_DIR"), res.is_ok()) {
-        // SAFETY: as above; compiled successfully.
-        let ptx = unsafe { nv::get_ptx(prog) }.expect("ptx");
-        let ptx: Vec<u8> = ptx.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
-        std::fs::write(std::path::Path::new(&dir).join(format!("{source}.ptx")), ptx).expect("write ptx");
+    let log: Vec<u8> = log.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
+    let log = String::from_utf8_lossy(&log).into_owned();
+    if let Err(e) = res {
+        // SAFETY: as above; not used afterwards.
+        unsafe { nv::destroy_program(prog) }.expect("destroy");
+        panic!("{test}: {source} for {arch}: compile failed: {e}\n{log}");
     }
-    if let (Some(dir), true) = (std::env::var_os("PORTER_CUBIN_DIR"), res.is_ok()) {
-        // The sm_90 machine code, for reading with nvdisasm (instruction mix per kernel).
+    // SAFETY: as above; compiled successfully.
+    let ptx = unsafe { nv::get_ptx(prog) }.expect("ptx");
+    let ptx: Vec<u8> = ptx.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
+    if let Some(dir) = std::env::var_os("PORTER_PTX_DIR") {
+        std::fs::write(std::path::Path::new(&dir).join(format!("{source}.ptx")), &ptx).expect("write ptx");
+    }
+    if let Some(dir) = std::env::var_os("PORTER_CUBIN_DIR") {
         let mut size = 0usize;
         // SAFETY: as above; compiled successfully for a real architecture, so NVRTC holds a
         // CUBIN of `size` bytes, copied into a buffer of that size.
@@ -227,18 +251,5 @@ pub fn ptxas_info(test: &str, source: &str) -> Vec<(String, String)> {
     }
     // SAFETY: as above; not used afterwards.
     unsafe { nv::destroy_program(prog) }.expect("destroy");
-    let log: Vec<u8> = log.into_iter().map(|c| c as u8).take_while(|&c| c != 0).collect();
-    let log = String::from_utf8_lossy(&log);
-    res.unwrap_or_else(|e| panic!("compile failed: {e}\n{log}"));
-    let mut func = String::new();
-    let mut lines = Vec::new();
-    for line in log.lines() {
-        if let Some(i) = line.find("Compiling entry function '") {
-            func = line[i + 26..].trim_end_matches(['\'', ' ']).split('\'').next().unwrap_or("").to_string();
-        }
-        if line.contains("registers") || line.contains("spill") {
-            lines.push((func.clone(), line.trim().to_string()));
-        }
-    }
-    lines
+    (log, String::from_utf8_lossy(&ptx).into_owned())
 }
