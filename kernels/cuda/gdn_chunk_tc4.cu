@@ -277,8 +277,9 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
 }
 
 // One entry: SUFFIX names it, OCC is its blocks an SM, PAD its scratch layout.
-//   ``: the tc4 wu launch (2 blocks an SM);
-//   `_o3` (PORTER_GDN_WU_OCC=3, an A/B form): 3 blocks an SM (68 KiB each fits 3 times in
+//   ``: the tc4 wu launch at 2 blocks an SM (PORTER_GDN_WU_OCC=2, an A/B form; the only build
+//   at DK = 64);
+//   `_o3` (the default at DK = 128): 3 blocks an SM (68 KiB each fits 3 times in
 //   228 KiB) at 80 registers a thread. With f32 q / k / v rows it spilled 108 bytes and was
 //   slower (session 20: 198 against 175 µs at 4k); with rows in the activation type (half
 //   the registers in flight) it does not spill;
