@@ -364,23 +364,50 @@ struct Gt3Rows {
                          : Gt3Vec<Q>::zero();
         }
     }
-    // With `norm`, x · (1/sqrt(Σ_row x² + 1e-6) · scale) (the factor of gc_chunk_gates; the
-    // row sum over the LPR lanes of the row), else x; rounded to T at dst[i · LDK + d] (shared)
-    // and, with dst2, x · s2[i] rounded to T at dst2[i · ld2 + d] (global; ld2 = DK, or DK + 8
-    // with the 8 pad elements of each row zeroed).
+    // 1/sqrt(Σ_row x² + 1e-6) · scale of the rows of the passes. The sums by a
+    // reduce-scatter over the row's LPR lanes: at each of the first log2(PASSES) steps a lane
+    // keeps half of its partial sums and adds its partner's other half (masks LPR / 2 ..
+    // LPR / PASSES), then the last two steps add whole; lane L then holds the sum of pass
+    // (L / 4) % PASSES, and returns its scale; lane (L & ~(LPR − 1)) + 4 u has pass u's (store
+    // fetches each where it uses it). 9 + 8 shuffles at DK = 128 instead of 8 · 5.
+    __device__ __forceinline__ float row_scale(float scale, u32 tid) const {
+        static_assert(LPR == 4 * PASSES, "the last two steps add whole sums");
+        const u32 lane = tid & 31u;
+        float s[PASSES];
+#pragma unroll
+        for (u32 u = 0; u < PASSES; ++u) {
+            const float4 x = Gt3Vec<Q>::f(v[u]);
+            s[u] = x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+        }
+#pragma unroll
+        for (u32 h = PASSES / 2, m = LPR / 2; h >= 1; h >>= 1, m >>= 1) {
+#pragma unroll
+            for (u32 k = 0; k < h; ++k) {
+                const bool up = lane & m;
+                const float give = __shfl_xor_sync(0xffffffffu, up ? s[k] : s[k + h], m);
+                s[k] = (up ? s[k + h] : s[k]) + give;
+            }
+        }
+        s[0] += __shfl_xor_sync(0xffffffffu, s[0], 2);
+        s[0] += __shfl_xor_sync(0xffffffffu, s[0], 1);
+        return (1.0f / sqrtf(s[0] + 1e-6f)) * scale;
+    }
+    // With `norm`, x · (1/sqrt(Σ_row x² + 1e-6) · scale) (the factor of gc_chunk_gates;
+    // row_scale), else x; rounded to T at dst[i · LDK + d] (shared) and, with dst2, x · s2[i]
+    // rounded to T at dst2[i · ld2 + d] (global; ld2 = DK, or DK + 8 with the 8 pad elements
+    // of each row zeroed).
     template <typename T>
     __device__ __forceinline__ void store(bool norm, float scale, T* dst, u32 ldk, T* __restrict__ dst2,
                                           const float* s2, u32 tid, u32 ld2 = DK) {
         const u32 i0 = tid / LPR, d = 4 * (tid % LPR);
+        const float mine = norm ? row_scale(scale, tid) : 1.0f;
+        const u32 base = (tid & 31u) & ~(LPR - 1u);
 #pragma unroll
         for (u32 u = 0; u < PASSES; ++u) {
             const u32 i = u * RPP + i0;
             float4 x = Gt3Vec<Q>::f(v[u]);
             if (norm) {
-                float ss = x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
-#pragma unroll
-                for (u32 m = LPR / 2; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-                const float r = (1.0f / sqrtf(ss + 1e-6f)) * scale;
+                const float r = __shfl_sync(0xffffffffu, mine, base + 4 * u);
                 x = make_float4(x.x * r, x.y * r, x.z * r, x.w * r);
             }
             uint2 p;

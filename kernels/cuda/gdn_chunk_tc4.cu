@@ -10,12 +10,15 @@
 // (store_matrix_sync into scratch tiles, then scalar 2-byte global stores), element passes
 // over shared memory for P, A, Tw and Tu with a barrier each. Here (7 barriers):
 //   1. g / β (warp 0), K and Q rows (every thread, 4 elements of T in one 8-byte load, all in
-//      flight at once: one round trip); the cumulative log-decay G as a warp scan in f64 (warp 0);
-//   2. K, Q normalised -> T in shared memory, K̃ -> kb, Qg -> qg (Gt3Rows); V rows go out;
-//   3. Q Kᵀ and K Kᵀ (lower 16-row tiles) on mma.sync, one gram per warp pair and row tile;
-//      the masks and decays applied in registers: P straight to pb (4-byte pair stores, zero
-//      tiles above the diagonal), A = −β_i (K Kᵀ)_im Γ_im (f32) to shared memory for the
-//      inverse; V -> T in shared memory;
+//      flight at once: one round trip); the cumulative log-decay G as a warp scan in f64 (warp 0;
+//      kept in f32 for the masks);
+//   2. K, Q normalised -> T in shared memory (the row norms by a reduce-scatter, Gt3Rows), K̃ -> kb,
+//      Qg -> qg; V rows go out;
+//   3. Q Kᵀ and K Kᵀ (lower 16-row tiles) on mma.sync: a warp takes row tiles {t, 3 − t} of one
+//      gram and every other n8 tile, 5 of the 20 either way; the masks and decays (f32 G, fast
+//      exp) applied in registers: P straight to pb (4-byte pair stores, zero tiles above the
+//      diagonal), A = −β_i (K Kᵀ)_im Γ_im (f32) to shared memory for the inverse; V -> T in
+//      shared memory;
 //   4. T = (I − A)⁻¹ blockwise (gc_tril_inverse, f32 on CUDA cores, 4 barriers);
 //   5. −W = −T diag(β e^G) K and U = T diag(β) V on mma.sync: the A fragments straight from
 //      T (f32, scaled, rounded: no Tw / Tu pass), B by ldmatrix.trans of K and V; warp w
@@ -36,6 +39,11 @@ __device__ __forceinline__ void gt4_ldsm_t2(u32 (&r)[2], const void* p) {
 }
 #endif
 
+// e^x, flushed to 0 below x = −60 as gc_decay, on the fast exp (ex2.approx of x · log2 e: a
+// relative error of about |x| · 2⁻²² against expf's 2⁻²³, far below the bf16 / f16 rounding
+// of everything it scales). For the masks' decays, one per element.
+__device__ __forceinline__ float gc_decay_fast(float x) { return x < -60.0f ? 0.0f : __expf(x); }
+
 // Dynamic shared memory of gdn_chunk_tc4_wu, bytes (the host mirrors it).
 #define GT4_WU_SMEM(DK, DV) (4u * GC_C * ((DK) + 8u) + 2u * GC_C * ((DV) + 8u) + 4u * GC_C * GT_LDF)
 
@@ -53,8 +61,9 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
     constexpr u32 LDK = DK + 8;
     constexpr u32 GK = PAD ? LDK : DK, GP = PAD ? GT2_LDP : GC_C;  // global row strides
     extern __shared__ __align__(128) unsigned char gt_smem[];
-    __shared__ double Gd[GC_C];
-    __shared__ float bt[GC_C], eg[GC_C], ek[GC_C];
+    __shared__ __align__(8) float Gf[GC_C];  // G in f32, for the masks
+    __shared__ float bt[GC_C];
+    __shared__ float eg[GC_C], ek[GC_C];
     const u32 ldv = dv + 8;
     T* Kb = reinterpret_cast<T*>(gt_smem);                  // [64][LDK]
     T* Qb = Kb + GC_C * LDK;                                // [64][LDK]
@@ -105,8 +114,8 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
             }
             b += __shfl_sync(0xffffffffu, a, 31);
             const double glast = __shfl_sync(0xffffffffu, l <= 32 ? a : b, (l - 1) & 31u);
-            Gd[lane] = a;
-            Gd[lane + 32] = b;
+            Gf[lane] = (float)a;
+            Gf[lane + 32] = (float)b;
             bt[lane] = ba;
             bt[lane + 32] = bb;
             eg[lane] = lane < l ? gc_decay((float)a) : 0.0f;
@@ -124,63 +133,72 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
     if (vrows) rv.load(vbase, rw, r0, l, tid);  // in flight across the grams
     __syncthreads();                            // Kb, Qb
 
-    // 3. Warp w: row tile ti = w / 2 of P = Q Kᵀ (w even) or K Kᵀ (w odd), n8 tiles 0 .. 2 ti + 1.
+    // 3. Warp w: P = Q Kᵀ (w even) or K Kᵀ (w odd) on row tiles {tp, 3 − tp} (tp = w / 2 % 2),
+    // n8 tiles of parity par = w / 4: 5 of a gram's 20 n8 tiles on or below the diagonal for
+    // every warp (one row tile a warp had 2 to 8, and most warps waited at the barrier).
     {
-        const u32 ti = w >> 1;
         const bool isk = w & 1u;
+        const u32 tp = (w >> 1) & 1u, par = w >> 2;
         const T* X = isk ? Kb : Qb;
-        float acc[8][4];
-#pragma unroll
-        for (u32 n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-#pragma unroll
-        for (u32 kp = 0; kp < DK / 32; ++kp) {
-            u32 a0[4], a1[4];
-            const T* xa = X + (16 * ti + lr + 8 * (lm & 1u)) * LDK + 32 * kp + 8 * (lm >> 1);
-            gt2_ldsm(a0, xa);
-            gt2_ldsm(a1, xa + 16);
-#pragma unroll
-            for (u32 n = 0; n < 8; ++n) {
-                if (n > 2 * ti + 1) continue;
-                u32 b[4];
-                gt2_ldsm(b, Kb + (8 * n + lr) * LDK + 32 * kp + 8 * lm);
-                PMma<T>::mma(acc[n], a0, b[0], b[1]);
-                PMma<T>::mma(acc[n], a1, b[2], b[3]);
-            }
-        }
-        // acc[n]: (i = 16 ti + g8 (+8 for [2], [3]), m = 8 n + 2 tq (+1)).
-        const u32 i0 = 16 * ti + g8;
-        const double G0 = Gd[i0], G1 = Gd[i0 + 8];
-        const float nb0 = -bt[i0], nb1 = -bt[i0 + 8];
         T* pd = pb + ch * GC_C * GP;
 #pragma unroll
-        for (u32 n = 0; n < 8; ++n) {
-            const u32 m = 8 * n + 2 * tq;
-            const bool live = n <= 2 * ti + 1;
-            float v[4];
+        for (u32 r = 0; r < 2; ++r) {
+            const u32 ti = r ? 3 - tp : tp;
+            float acc[4][4];  // n8 tile n = par + 2 x
 #pragma unroll
-            for (u32 e = 0; e < 4; ++e) {
-                const u32 i = i0 + 8 * (e >> 1), mm = m + (e & 1u);
-                const double gi = e >> 1 ? G1 : G0;
-                const float x = live ? acc[n][e] : 0.0f;
+            for (u32 x = 0; x < 4; ++x) acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.0f;
+#pragma unroll
+            for (u32 kp = 0; kp < DK / 32; ++kp) {
+                u32 a0[4], a1[4];
+                const T* xa = X + (16 * ti + lr + 8 * (lm & 1u)) * LDK + 32 * kp + 8 * (lm >> 1);
+                gt2_ldsm(a0, xa);
+                gt2_ldsm(a1, xa + 16);
+#pragma unroll
+                for (u32 x = 0; x < 4; ++x) {
+                    const u32 n = par + 2 * x;
+                    if (n > 2 * ti + 1) continue;
+                    u32 b[4];
+                    gt2_ldsm(b, Kb + (8 * n + lr) * LDK + 32 * kp + 8 * lm);
+                    PMma<T>::mma(acc[x], a0, b[0], b[1]);
+                    PMma<T>::mma(acc[x], a1, b[2], b[3]);
+                }
+            }
+            // acc[x]: (i = 16 ti + g8 (+8 for [2], [3]), m = 8 n + 2 tq (+1)). The decays
+            // e^(G_i − G_m) from the f32 G (Gf) on the fast exp: these forms round to T.
+            const u32 i0 = 16 * ti + g8;
+            const float G0 = Gf[i0], G1 = Gf[i0 + 8];
+            const float nb0 = -bt[i0], nb1 = -bt[i0 + 8];
+#pragma unroll
+            for (u32 x = 0; x < 4; ++x) {
+                const u32 n = par + 2 * x, m = 8 * n + 2 * tq;
+                const bool live = n <= 2 * ti + 1;
+                const float2 gm = *reinterpret_cast<const float2*>(Gf + m);
+                float v[4];
+#pragma unroll
+                for (u32 e = 0; e < 4; ++e) {
+                    const u32 i = i0 + 8 * (e >> 1), mm = m + (e & 1u);
+                    const float dec = gc_decay_fast((e >> 1 ? G1 : G0) - (e & 1u ? gm.y : gm.x));
+                    const float xv = live ? acc[x][e] : 0.0f;
+                    if (isk) {
+                        v[e] = (mm < i && i < l) ? xv * ((e >> 1 ? nb1 : nb0) * dec) : 0.0f;
+                    } else {
+                        v[e] = (mm <= i && i < l) ? (mm < i ? xv * dec : xv) : 0.0f;
+                    }
+                }
                 if (isk) {
-                    v[e] = (mm < i && i < l) ? x * ((e >> 1 ? nb1 : nb0) * gc_decay((float)(gi - Gd[mm]))) : 0.0f;
+                    if (live) {
+                        *reinterpret_cast<float2*>(As + i0 * GT_LDF + m) = make_float2(v[0], v[1]);
+                        *reinterpret_cast<float2*>(As + (i0 + 8) * GT_LDF + m) = make_float2(v[2], v[3]);
+                    }
                 } else {
-                    v[e] = (mm <= i && i < l) ? (mm < i ? x * gc_decay((float)(gi - Gd[mm])) : x) : 0.0f;
+                    *reinterpret_cast<u32*>(pd + i0 * GP + m) = PMma<T>::pack(v[0], v[1]);
+                    *reinterpret_cast<u32*>(pd + (i0 + 8) * GP + m) = PMma<T>::pack(v[2], v[3]);
                 }
             }
-            if (isk) {
-                if (live) {
-                    *reinterpret_cast<float2*>(As + i0 * GT_LDF + m) = make_float2(v[0], v[1]);
-                    *reinterpret_cast<float2*>(As + (i0 + 8) * GT_LDF + m) = make_float2(v[2], v[3]);
-                }
-            } else {
-                *reinterpret_cast<u32*>(pd + i0 * GP + m) = PMma<T>::pack(v[0], v[1]);
-                *reinterpret_cast<u32*>(pd + (i0 + 8) * GP + m) = PMma<T>::pack(v[2], v[3]);
+            if (PAD && !isk && par == 0 && tq == 0) {  // the pads of rows i0, i0 + 8
+                *reinterpret_cast<uint4*>(pd + i0 * GP + GC_C) = make_uint4(0, 0, 0, 0);
+                *reinterpret_cast<uint4*>(pd + (i0 + 8) * GP + GC_C) = make_uint4(0, 0, 0, 0);
             }
-        }
-        if (PAD && !isk && tq == 0) {  // the pads of this warp's two rows
-            *reinterpret_cast<uint4*>(pd + i0 * GP + GC_C) = make_uint4(0, 0, 0, 0);
-            *reinterpret_cast<uint4*>(pd + (i0 + 8) * GP + GC_C) = make_uint4(0, 0, 0, 0);
         }
     }
     if (vrows) {

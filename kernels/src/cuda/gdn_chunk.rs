@@ -32,7 +32,8 @@ pub use tc3::{GDN_TC6_CLUSTER_ENV, GDN_WU_OCC_ENV};
 /// blocks and the wu launch writing its scratch in the stage layout (gdn_chunk_tc6.cu; sm_90
 /// only, else exactly `tc5`; the same bits; [`GDN_TC6_CLUSTER_ENV`]; H100, session 32, 80B
 /// layout: 280.7 / 1,062.8 µs at 4k / 16k tokens against tc5's 308.1 / 1,170.9; session 33,
-/// with q / k / v in the activation dtype and the wu launch at 3 blocks an SM: 268.3 / 988.2).
+/// with q / k / v in the activation dtype and the wu launch at 3 blocks an SM: 268.3 / 988.2;
+/// session 34, the wu launch's grams balanced over its warps: 244.8 / 928.2 on an H100).
 /// Measured on the H200 in session 12, 4k / 16k tokens of the 80B layout: tc4 344.0 / 1,287.5 µs, tc3 435.5 /
 /// 1,630.7, tc2 730.5 / 2,721, tc 1,036.6 / 3,900; flash-linear-attention 690 / 1,628; on the
 /// H100 in session 20: tc5 318.0 / 1,180.0 µs, tc4 349.0 / 1,312.2, flash-linear-attention
