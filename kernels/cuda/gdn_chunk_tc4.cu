@@ -61,7 +61,9 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
     constexpr u32 LDK = DK + 8;
     constexpr u32 GK = PAD ? LDK : DK, GP = PAD ? GT2_LDP : GC_C;  // global row strides
     extern __shared__ __align__(128) unsigned char gt_smem[];
-    __shared__ __align__(8) float Gf[GC_C];  // G in f32, for the masks
+    // G in f32 for the masks: G_i − G_m from f32 values errs by ≤ |G| · 2⁻²³ in the exponent
+    // (|G| ≤ 64 · max |g|), far below the rounding of P and A to T / of T's fragments.
+    __shared__ __align__(8) float Gf[GC_C];
     __shared__ float bt[GC_C];
     __shared__ float eg[GC_C], ek[GC_C];
     const u32 ldv = dv + 8;
