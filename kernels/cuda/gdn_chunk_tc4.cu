@@ -64,8 +64,7 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
     // G in f32 for the masks: G_i − G_m from f32 values errs by ≤ |G| · 2⁻²³ in the exponent
     // (|G| ≤ 64 · max |g|), far below the rounding of P and A to T / of T's fragments.
     __shared__ __align__(8) float Gf[GC_C];
-    __shared__ float bt[GC_C];
-    __shared__ float eg[GC_C], ek[GC_C];
+    __shared__ float bt[GC_C], eg[GC_C], ek[GC_C];
     const u32 ldv = dv + 8;
     T* Kb = reinterpret_cast<T*>(gt_smem);                  // [64][LDK]
     T* Qb = Kb + GC_C * LDK;                                // [64][LDK]
@@ -165,8 +164,8 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
                     PMma<T>::mma(acc[x], a1, b[2], b[3]);
                 }
             }
-            // acc[x]: (i = 16 ti + g8 (+8 for [2], [3]), m = 8 n + 2 tq (+1)). The decays
-            // e^(G_i − G_m) from the f32 G (Gf) on the fast exp: these forms round to T.
+            // acc[x]: (i = 16 ti + g8 (+8 for [2], [3]), m = 8 n + 2 tq (+1)); the decays
+            // e^(G_i − G_m) from Gf on the fast exp.
             const u32 i0 = 16 * ti + g8;
             const float G0 = Gf[i0], G1 = Gf[i0 + 8];
             const float nb0 = -bt[i0], nb1 = -bt[i0 + 8];
