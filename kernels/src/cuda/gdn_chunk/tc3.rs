@@ -177,10 +177,12 @@ impl CudaKernels {
         let mut uf = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, GC_C, ru])?) }?;
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
         let wu_name = if m.tc4 { "gdn_chunk_tc4_wu" } else { "gdn_chunk_tc3_wu" };
-        // The tc4 wu launch at 3 blocks an SM unless asked for 2 (dk = 128; dk = 64 has only
-        // the 2-block build).
-        let o3 =
-            m.tc4 && dk == 128 && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") != Some(2);
+        // The tc4 wu launch at 3 blocks an SM unless asked for 2 (dk = 128 and dv <= 128: the
+        // 3-block builds hold at most 4 n8 tiles of U a warp; dk = 64 has only the 2-block build).
+        let o3 = m.tc4
+            && dk == 128
+            && dv <= 128
+            && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") != Some(2);
         let suffix = match (o3, pad) {
             (true, true) => "_pad_o3",
             (true, false) => "_o3",
