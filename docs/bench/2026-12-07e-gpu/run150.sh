@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 35, call 1: the tc4 wu launch with −W and U from one rounded T by ldmatrix (K and V
+# rows scaled by β e^G / β in shared memory during the diagonal inverse; the kk loop unrolled)
+# (new: .dev/n, main `491ef6b`), the same with the inverse's levels by block column, one
+# barrier (c: .dev/c, branch s35-inv-cols), against `88db060` (old: .dev/o/cuda_gdn_chunk),
+# alternating on one machine; FLA beside them; correctness (cuda_gdn_chunk of n and c, gpu and
+# gpu_graphs of n); then the new wu launch's stalls by SASS instruction (phases:
+# sass_phases.py of 2026-12-07d-gpu).
+# Carry .dev/n, .dev/c, .dev/o, .dev/ptx.tgz (the three trees' cubins), .dev/whl.
+set -uo pipefail
+mkdir -p /tmp/porter-ptx && tar xzf .dev/ptx.tgz -C /tmp/porter-ptx --strip-components=1 && export PORTER_KERNEL_CACHE=/tmp/porter-ptx
+source <(sed -n '/^# --- NVRTC/,/^say "== gpu-check/p' scripts/gpu-check.sh | grep -v '^say')
+exec > >(tee $OUT/summary.txt) 2>&1
+date -u; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+T="--include-ignored --nocapture --test-threads=1"
+L=$OUT/logs; mkdir -p $L
+B="--include-ignored --exact --nocapture cuda_gdn_chunked_seq_80b_prefill"
+for i in 1 2 3; do
+  for v in n c o; do
+    timeout 60 .dev/$v/cuda_gdn_chunk $B > $L/ab_${v}_$i.log 2>&1; echo "[$SECONDS s] $v run $i rc=$?"
+    grep -E "\[tc6\]|≡" $L/ab_${v}_$i.log | head -8
+  done
+done
+for v in n c; do
+  timeout 150 .dev/$v/cuda_gdn_chunk $T --skip nvrtc > $L/chunk_$v.log 2>&1; echo "[$SECONDS s] cuda_gdn_chunk $v rc=$?"
+  grep -E "test result|FAIL|fails|≡|panicked|max" $L/chunk_$v.log | head -20
+done
+python3 -m pip install --no-index --no-deps .dev/whl/*.whl > $L/pip.log 2>&1
+timeout 120 python3 scripts/fla_gdn_bench.py --tokens 4096,16384 2>&1 | tail -2
+timeout 180 .dev/n/gpu $T > $L/gpu.log 2>&1; echo "[$SECONDS s] gpu rc=$?"; grep -E "test result|FAILED|panicked" $L/gpu.log | head
+timeout 90 .dev/n/gpu_graphs $T > $L/gpu_graphs.log 2>&1; echo "[$SECONDS s] gpu_graphs rc=$?"; grep -E "test result" $L/gpu_graphs.log
+if [ $SECONDS -lt 380 ]; then
+  NCU=$(which ncu 2>/dev/null || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+  timeout 120 $NCU --clock-control none --kernel-name regex:'gdn_chunk_tc4_wu' --launch-count 1 \
+    --section SourceCounters --section WarpStateStats -o $OUT/wu .dev/n/cuda_gdn_chunk $B > $L/ncu_run.txt 2>&1; echo "[$SECONDS s] ncu rc=$?"
+  timeout 40 $NCU -i $OUT/wu.ncu-rep --page source --csv --print-source sass > $OUT/wu_sass.csv 2> $L/page.err; echo "page rc=$?"
+  rm -f $OUT/wu.ncu-rep; gzip $OUT/wu_sass.csv
+fi
+tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
+echo "[$SECONDS s] done"
