@@ -3,8 +3,8 @@
 # rows scaled by β e^G / β in shared memory during the diagonal inverse; the kk loop unrolled)
 # (new: .dev/n, main `491ef6b`), the same with the inverse's levels by block column, one
 # barrier (c: .dev/c, branch s35-inv-cols), against `88db060` (old: .dev/o/cuda_gdn_chunk),
-# alternating on one machine; FLA beside them; correctness (cuda_gdn_chunk of n and c, gpu and
-# gpu_graphs of n); then the new wu launch's stalls by SASS instruction (phases:
+# alternating on one machine; FLA beside them; correctness (cuda_gdn_chunk of n and c, gpu of n;
+# gpu_graphs stays home: the 64 MiB carry); then the new wu launch's stalls by SASS instruction (phases:
 # sass_phases.py of 2026-12-07d-gpu).
 # Carry .dev/n, .dev/c, .dev/o, .dev/ptx.tgz (the three trees' cubins), .dev/whl.
 set -uo pipefail
@@ -28,7 +28,6 @@ done
 python3 -m pip install --no-index --no-deps .dev/whl/*.whl > $L/pip.log 2>&1
 timeout 120 python3 scripts/fla_gdn_bench.py --tokens 4096,16384 2>&1 | tail -2
 timeout 180 .dev/n/gpu $T > $L/gpu.log 2>&1; echo "[$SECONDS s] gpu rc=$?"; grep -E "test result|FAILED|panicked" $L/gpu.log | head
-timeout 90 .dev/n/gpu_graphs $T > $L/gpu_graphs.log 2>&1; echo "[$SECONDS s] gpu_graphs rc=$?"; grep -E "test result" $L/gpu_graphs.log
 if [ $SECONDS -lt 380 ]; then
   NCU=$(which ncu 2>/dev/null || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
   timeout 120 $NCU --clock-control none --kernel-name regex:'gdn_chunk_tc4_wu' --launch-count 1 \
