@@ -308,22 +308,16 @@ __device__ __forceinline__ void gc_inv_block(float* a, u32 i, u32 j, u32 c0, u32
     for (int n = 0; n < NC; ++n) tij[r * LD + n] = x[n];
 }
 
-// The levels after the diagonal blocks (gc_inv_diag on warps 0-1 and a barrier before).
 template <u32 LD>
-__device__ __forceinline__ void gc_tril_inverse_levels(float* a, u32 w, u32 lane) {
+__device__ __forceinline__ void gc_tril_inverse(float* a, u32 w, u32 lane) {
+    if (w < 2) gc_inv_diag<LD>(a, 2 * w + (lane >> 4), lane & 15u);
+    __syncthreads();
     if (w < 6) gc_inv_block<LD, 4>(a, (w >> 1) + 1, w >> 1, 8 * (w & 1u), lane);  // (1,0) (2,1) (3,2), 8 columns a warp
     __syncthreads();
     gc_inv_block<LD, 2>(a, (w >> 2) + 2, w >> 2, 4 * (w & 3u), lane);  // (2,0) (3,1), 4 columns a warp
     __syncthreads();
     gc_inv_block<LD, 1>(a, 3, 0, 2 * w, lane);  // (3,0), 2 columns a warp
     __syncthreads();
-}
-
-template <u32 LD>
-__device__ __forceinline__ void gc_tril_inverse(float* a, u32 w, u32 lane) {
-    if (w < 2) gc_inv_diag<LD>(a, 2 * w + (lane >> 4), lane & 15u);
-    __syncthreads();
-    gc_tril_inverse_levels<LD>(a, w, lane);
 }
 
 // Element (r, m) of T (r, m < 64) after gc_tril_inverse: 0 above the diagonal.

@@ -19,16 +19,15 @@
 //      exp) applied in registers: P straight to pb (4-byte pair stores, zero tiles above the
 //      diagonal), A = −β_i (K Kᵀ)_im Γ_im (f32) to shared memory for the inverse; V -> T in
 //      shared memory;
-//   4. T = (I − A)⁻¹ blockwise (gc_inv_diag on warps 0-1 while warps 2-7 scale Kb's rows by
-//      β e^G and Vb's by β in place; then gc_tril_inverse_levels, f32 on CUDA cores, 3 barriers),
-//      rounded to T into Qb's place (one more barrier);
-//   5. −W = −T (diag(β e^G) K) and U = T (diag(β) V) on mma.sync: A fragments by ldmatrix from
-//      the rounded T (one fragment for both), B by ldmatrix.trans of the scaled K and V (the
-//      operands rounded as FLA's recompute_w_u: k β e^G, v β and T in T); warp w takes row
-//      tiles {w % 2, 3 − w % 2} (5 k16 steps for every warp, the loop unrolled) and a quarter
-//      of the columns; −W (T pairs) and U (f32 pairs) from the accumulators to global memory.
-// Shared memory: Kb, Qb (T [64][DK + 8]), Vb (T [64][dv + 8]), As (f32 [64][68]): 68 KiB at
-// DK = dv = 128 (2 blocks an SM at __launch_bounds__(256, 2): K and Q in flight take 32
+//   4. T = (I − A)⁻¹ blockwise (gc_tril_inverse, f32 on CUDA cores, 4 barriers); then
+//      Tu = T diag(β) and Tw = T diag(β e^G) rounded to T into Qb's place (swizzled [64][64]
+//      each; one pass, one barrier);
+//   5. −W = −Tw K and U = Tu V on mma.sync: A fragments by ldmatrix from Tw / Tu, B by
+//      ldmatrix.trans of K and V; warp w takes row tiles {w % 2, 3 − w % 2} (5 k16 steps for
+//      every warp, the loop unrolled) and a quarter of the columns; −W (T pairs) and U (f32
+//      pairs) from the accumulators to global memory.
+// Shared memory: Kb, Qb (T [64][DK + 8]; Qb at least 2 · [64][64]), Vb (T [64][dv + 8]), As
+// (f32 [64][68]): 68 KiB at DK = dv = 128 (2 blocks an SM at __launch_bounds__(256, 2): K and Q in flight take 32
 // registers a thread, 64 when the conv output was f32; at (256, 3), 80 registers, no spills
 // since it is in the activation type, 108 bytes of spills before).
 //
@@ -48,7 +47,8 @@ __device__ __forceinline__ void gt4_ldsm_t2(u32 (&r)[2], const void* p) {
 __device__ __forceinline__ float gc_decay_fast(float x) { return x < -60.0f ? 0.0f : __expf(x); }
 
 // Dynamic shared memory of gdn_chunk_tc4_wu, bytes (the host mirrors it).
-#define GT4_WU_SMEM(DK, DV) (4u * GC_C * ((DK) + 8u) + 2u * GC_C * ((DV) + 8u) + 4u * GC_C * GT_LDF)
+#define GT4_QB_ELEMS(DK) (GC_C * ((DK) + 8u) > 2u * GC_C * GC_C ? GC_C * ((DK) + 8u) : 2u * GC_C * GC_C)
+#define GT4_WU_SMEM(DK, DV) (2u * GC_C * ((DK) + 8u) + 2u * GT4_QB_ELEMS(DK) + 2u * GC_C * ((DV) + 8u) + 4u * GC_C * GT_LDF)
 
 // PAD (the `_pad` entries, for gdn_chunk_tc6.cu's sweep): the scratch in the state sweep's
 // stage layout, so that each tile of a chunk is one contiguous copy: wn, kb, qg [64][DK + 8],
@@ -67,11 +67,11 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
     // G in f32 for the masks: G_i − G_m from f32 values errs by ≤ |G| · 2⁻²³ in the exponent
     // (|G| ≤ 64 · max |g|), far below the rounding of P and A to T / of T's fragments.
     __shared__ __align__(8) float Gf[GC_C];
-    __shared__ float bt[GC_C], eg[GC_C], ek[GC_C];
+    __shared__ __align__(16) float bt[GC_C], eg[GC_C], ek[GC_C];
     const u32 ldv = dv + 8;
     T* Kb = reinterpret_cast<T*>(gt_smem);                  // [64][LDK]
-    T* Qb = Kb + GC_C * LDK;                                // [64][LDK]
-    T* Vb = Qb + GC_C * LDK;                                // [64][ldv]
+    T* Qb = Kb + GC_C * LDK;                                // [64][LDK], at least 2 · [64][64] (Tu, Tw)
+    T* Vb = Qb + GT4_QB_ELEMS(DK);                          // [64][ldv]
     float* As = reinterpret_cast<float*>(Vb + GC_C * ldv);  // [64][GT_LDF]: A, then T
     const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
     const u32 g8 = lane >> 2, tq = lane & 3u;  // fragment row / column pair
@@ -212,52 +212,45 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
     }
     __syncthreads();  // A, Vb
 
-    // 4. T = (I − A)⁻¹ in place: the diagonal blocks on warps 0-1 while warps 2-7 scale the
-    // rows of Kb by β e^G and of Vb by β in place (so that step 5 takes T's fragments as they
-    // are, for −W and U alike; the operands rounded as FLA's: k β e^G and v β in T), then the
-    // levels (ends with a barrier); T rounded to T, row-major, into Qb's place (free since
-    // step 3): Tb [64][GT_LDT], zeros above the diagonal blocks.
-    if (w < 2) {
-        gc_inv_diag<GT_LDF>(As, 2 * w + (lane >> 4), lane & 15u);
-    } else {
-        const u32 kc = DK / 8, vc = dv / 8;  // 8-element pieces a row
-        for (u32 x = tid - 64; x < GC_C * (kc + vc); x += GC_THREADS - 64) {
-            const bool isk = x < GC_C * kc;
-            const u32 y = isk ? x : x - GC_C * kc, pr = isk ? kc : vc, i = y / pr;
-            T* e = isk ? Kb + i * LDK + 8 * (y % pr) : Vb + i * ldv + 8 * (y % pr);
-            const float f = isk ? bt[i] * eg[i] : bt[i];
-            uint4 u = *reinterpret_cast<const uint4*>(e);
-            u32* h = reinterpret_cast<u32*>(&u);
-#pragma unroll
-            for (u32 k = 0; k < 4; ++k) {
-                const float2 z = PMma<T>::unpack(h[k]);
-                h[k] = PMma<T>::pack(z.x * f, z.y * f);
-            }
-            *reinterpret_cast<uint4*>(e) = u;
-        }
-    }
-    __syncthreads();
-    gc_tril_inverse_levels<GT_LDF>(As, w, lane);
-    T* Tb = Qb;
-    for (u32 x = tid; x < GC_C * GC_C / 8; x += GC_THREADS) {
+    // 4. T = (I − A)⁻¹ in place (ends with a barrier); then Tu = T diag(β) and
+    // Tw = T diag(β e^G), rounded to T, into Qb's place (free since step 3), [64][64] each
+    // with the 16-byte pieces of row i at piece index c ^ (i % 8) (conflict-free ldmatrix
+    // without a pad); zeros above the diagonal blocks (β = 0 past l: zero columns).
+    gc_tril_inverse<GT_LDF>(As, w, lane);
+    T* Tu = Qb;
+    T* Tw = Qb + GC_C * GC_C;
+    for (u32 x = tid; x < GC_C * 8; x += GC_THREADS) {
         // T_im (block bm = m / 16 <= bi = i / 16) at As[(16 bm + i % 16) · LD + 16 bi + m % 16]
         // (gc_tril_at): 8 consecutive m of one block are 8 consecutive floats.
-        const u32 i = x >> 3, m0 = 8 * (x & 7u);
-        uint4 o = make_uint4(0, 0, 0, 0);
+        const u32 i = x >> 3, c = x & 7u, m0 = 8 * c;
+        uint4 ou = make_uint4(0, 0, 0, 0), ow = ou;
         if ((m0 >> 4) <= (i >> 4)) {
             const float* t = As + (16 * (m0 >> 4) + (i & 15u)) * GT_LDF + 16 * (i >> 4) + (m0 & 15u);
-            const float4 a = *reinterpret_cast<const float4*>(t), b = *reinterpret_cast<const float4*>(t + 4);
-            o = make_uint4(PMma<T>::pack(a.x, a.y), PMma<T>::pack(a.z, a.w), PMma<T>::pack(b.x, b.y),
-                           PMma<T>::pack(b.z, b.w));
+            float v[8], b[8], e[8];
+            *reinterpret_cast<float4*>(v) = *reinterpret_cast<const float4*>(t);
+            *reinterpret_cast<float4*>(v + 4) = *reinterpret_cast<const float4*>(t + 4);
+            *reinterpret_cast<float4*>(b) = *reinterpret_cast<const float4*>(bt + m0);
+            *reinterpret_cast<float4*>(b + 4) = *reinterpret_cast<const float4*>(bt + m0 + 4);
+            *reinterpret_cast<float4*>(e) = *reinterpret_cast<const float4*>(eg + m0);
+            *reinterpret_cast<float4*>(e + 4) = *reinterpret_cast<const float4*>(eg + m0 + 4);
+            u32* pu = reinterpret_cast<u32*>(&ou);
+            u32* pw = reinterpret_cast<u32*>(&ow);
+#pragma unroll
+            for (u32 k = 0; k < 4; ++k) {
+                pu[k] = PMma<T>::pack(v[2 * k] * b[2 * k], v[2 * k + 1] * b[2 * k + 1]);
+                pw[k] = PMma<T>::pack(v[2 * k] * (b[2 * k] * e[2 * k]), v[2 * k + 1] * (b[2 * k + 1] * e[2 * k + 1]));
+            }
         }
-        *reinterpret_cast<uint4*>(Tb + i * GT_LDT + m0) = o;
+        const u32 at = i * GC_C + 8 * (c ^ (i & 7u));
+        *reinterpret_cast<uint4*>(Tu + at) = ou;
+        *reinterpret_cast<uint4*>(Tw + at) = ow;
     }
-    __syncthreads();  // Tb
+    __syncthreads();  // Tu, Tw
 
-    // 5. −W = −T (Kβe^G), U = T (Vβ) on mma.sync: warp w, row tiles {p, 3 − p} (p = w % 2),
-    // column quarter q = w / 2 (W: DK / 32 n8 tiles, U: dv / 32 ≤ NU); A fragments by
-    // ldmatrix from Tb, B by ldmatrix.trans of Kb, Vb; the kk loop unrolled (T is lower
-    // triangular: kk <= ti) so that step kk + 1's loads issue under step kk's products.
+    // 5. −W = −Tw K, U = Tu V on mma.sync: warp w, row tiles {p, 3 − p} (p = w % 2), column
+    // quarter q = w / 2 (W: DK / 32 n8 tiles, U: dv / 32 ≤ NU); A fragments by ldmatrix from
+    // Tw, Tu, B by ldmatrix.trans of Kb, Vb; the kk loop unrolled (T is lower triangular:
+    // kk <= ti) so that step kk + 1's loads issue under step kk's products.
     {
         constexpr u32 NW8 = DK / 32;
         const u32 p = w & 1u, q = w >> 1, nu = dv / 32;
@@ -273,15 +266,19 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
 #pragma unroll
             for (u32 kk = 0; kk < 4; ++kk) {
                 if (kk > ti) break;
-                u32 fa[4];  // T (i = 16 ti + .., m = 16 kk + ..)
-                gt2_ldsm(fa, Tb + (16 * ti + lr + 8 * (lm & 1u)) * GT_LDT + 16 * kk + 8 * (lm >> 1));
+                // A fragments (i = 16 ti + .., m = 16 kk + ..): row 16 ti + lr + 8 (lm & 1),
+                // piece 2 kk + lm / 2, swizzled by the row's lr.
+                const u32 at = (16 * ti + lr + 8 * (lm & 1u)) * GC_C + 8 * ((2 * kk + (lm >> 1)) ^ lr);
+                u32 fw[4], fu[4];
+                gt2_ldsm(fw, Tw + at);
+                gt2_ldsm(fu, Tu + at);
                 const u32 tr = 16 * kk + 8 * (lm & 1u) + lr;  // ldmatrix.trans source row (token)
 #pragma unroll
                 for (u32 np = 0; np < NW8 / 2; ++np) {
                     u32 b[4];
                     gt2_ldsm_t(b, Kb + tr * LDK + cw + 16 * np + 8 * (lm >> 1));
-                    PMma<T>::mma(aw[2 * np], fa, b[0], b[1]);
-                    PMma<T>::mma(aw[2 * np + 1], fa, b[2], b[3]);
+                    PMma<T>::mma(aw[2 * np], fw, b[0], b[1]);
+                    PMma<T>::mma(aw[2 * np + 1], fw, b[2], b[3]);
                 }
 #pragma unroll
                 for (u32 np = 0; np < NU / 2; ++np) {
@@ -289,12 +286,12 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
                     if (2 * np + 1 < nu) {
                         u32 b[4];
                         gt2_ldsm_t(b, Vb + tr * ldv + cu + 16 * np + 8 * (lm >> 1));
-                        PMma<T>::mma(au[2 * np], fa, b[0], b[1]);
-                        PMma<T>::mma(au[2 * np + 1], fa, b[2], b[3]);
+                        PMma<T>::mma(au[2 * np], fu, b[0], b[1]);
+                        PMma<T>::mma(au[2 * np + 1], fu, b[2], b[3]);
                     } else {
                         u32 b[2];
                         gt4_ldsm_t2(b, Vb + tr * ldv + cu + 16 * np);
-                        PMma<T>::mma(au[2 * np], fa, b[0], b[1]);
+                        PMma<T>::mma(au[2 * np], fu, b[0], b[1]);
                     }
                 }
             }

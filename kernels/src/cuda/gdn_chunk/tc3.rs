@@ -116,10 +116,12 @@ pub(super) fn tc6_state(m: Tc3Smem, dv: usize, caps: DeviceCaps) -> Tc3Smem {
     }
 }
 
-/// `m` with the tc4 wu launch (`gdn_chunk_tc4_wu`, `GT4_WU_SMEM`: Kb, Qb (`T [64][dk + 8]`), Vb
+/// `m` with the tc4 wu launch (`gdn_chunk_tc4_wu`, `GT4_WU_SMEM`: Kb (`T [64][dk + 8]`), Qb
+/// (`T [64][dk + 8]`, at least `2 · [64][64]`: Tu and Tw once the grams are done), Vb
 /// (`T [64][dv + 8]`), As (`f32 [64][68]`)) where its shared memory fits the device, else `m`.
 pub(super) fn tc4_wu(m: Tc3Smem, dk: usize, dv: usize, caps: DeviceCaps) -> Tc3Smem {
-    let wu = 4 * GC_C * (dk + 8) + 2 * GC_C * (dv + 8) + 4 * GC_C * 68;
+    let qb = (GC_C * (dk + 8)).max(2 * GC_C * GC_C);
+    let wu = 2 * GC_C * (dk + 8) + 2 * qb + 2 * GC_C * (dv + 8) + 4 * GC_C * 68;
     if wu + TC_STATIC_SMEM <= caps.smem_limit() {
         Tc3Smem { wu, tc4: true, ..m }
     } else {
