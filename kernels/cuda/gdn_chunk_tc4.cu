@@ -8,7 +8,7 @@
 // barriers per block in a long serial chain: the cumulative decays on one thread, K then Q
 // (two global round trips), wmma products whose accumulators go through shared memory
 // (store_matrix_sync into scratch tiles, then scalar 2-byte global stores), element passes
-// over shared memory for P, A, Tw and Tu with a barrier each. Here (8 barriers):
+// over shared memory for P, A, Tw and Tu with a barrier each. Here (7 barriers):
 //   1. g / β (warp 0), K and Q rows (every thread, 4 elements of T in one 8-byte load, all in
 //      flight at once: one round trip); the cumulative log-decay G as a warp scan in f64 (warp 0;
 //      kept in f32 for the masks);
@@ -19,15 +19,13 @@
 //      exp) applied in registers: P straight to pb (4-byte pair stores, zero tiles above the
 //      diagonal), A = −β_i (K Kᵀ)_im Γ_im (f32) to shared memory for the inverse; V -> T in
 //      shared memory;
-//   4. T = (I − A)⁻¹ blockwise (gc_tril_inverse, f32 on CUDA cores, 4 barriers); then
-//      Tu = T diag(β) and Tw = T diag(β e^G) rounded to T into Qb's place (swizzled [64][64]
-//      each; one pass, one barrier);
-//   5. −W = −Tw K and U = Tu V on mma.sync: A fragments by ldmatrix from Tw / Tu, B by
-//      ldmatrix.trans of K and V; warp w takes row tiles {w % 2, 3 − w % 2} (5 k16 steps for
-//      every warp, the loop unrolled) and a quarter of the columns; −W (T pairs) and U (f32
-//      pairs) from the accumulators to global memory.
-// Shared memory: Kb, Qb (T [64][DK + 8]; Qb at least 2 · [64][64]), Vb (T [64][dv + 8]), As
-// (f32 [64][68]): 68 KiB at DK = dv = 128 (2 blocks an SM at __launch_bounds__(256, 2): K and Q in flight take 32
+//   4. T = (I − A)⁻¹ blockwise (gc_tril_inverse, f32 on CUDA cores, 4 barriers);
+//   5. −W = −T diag(β e^G) K and U = T diag(β) V on mma.sync: the A fragments straight from
+//      T (f32, scaled, rounded: no Tw / Tu pass), B by ldmatrix.trans of K and V; warp w
+//      takes row tiles {w % 2, 3 − w % 2} (5 k16 steps for every warp) and a quarter of the
+//      columns; −W (T pairs) and U (f32 pairs) from the accumulators to global memory.
+// Shared memory: Kb, Qb (T [64][DK + 8]), Vb (T [64][dv + 8]), As (f32 [64][68]): 68 KiB at
+// DK = dv = 128 (2 blocks an SM at __launch_bounds__(256, 2): K and Q in flight take 32
 // registers a thread, 64 when the conv output was f32; at (256, 3), 80 registers, no spills
 // since it is in the activation type, 108 bytes of spills before).
 //
@@ -47,13 +45,12 @@ __device__ __forceinline__ void gt4_ldsm_t2(u32 (&r)[2], const void* p) {
 __device__ __forceinline__ float gc_decay_fast(float x) { return x < -60.0f ? 0.0f : __expf(x); }
 
 // Dynamic shared memory of gdn_chunk_tc4_wu, bytes (the host mirrors it).
-#define GT4_QB_ELEMS(DK) (GC_C * ((DK) + 8u) > 2u * GC_C * GC_C ? GC_C * ((DK) + 8u) : 2u * GC_C * GC_C)
-#define GT4_WU_SMEM(DK, DV) (2u * GC_C * ((DK) + 8u) + 2u * GT4_QB_ELEMS(DK) + 2u * GC_C * ((DV) + 8u) + 4u * GC_C * GT_LDF)
+#define GT4_WU_SMEM(DK, DV) (4u * GC_C * ((DK) + 8u) + 2u * GC_C * ((DV) + 8u) + 4u * GC_C * GT_LDF)
 
 // PAD (the `_pad` entries, for gdn_chunk_tc6.cu's sweep): the scratch in the state sweep's
 // stage layout, so that each tile of a chunk is one contiguous copy: wn, kb, qg [64][DK + 8],
 // pb [64][GT2_LDP], uf [dv / 32][64][36] per (chunk, value head); pads written as zeros.
-template <typename T, int DK, bool PAD, u32 NU>
+template <typename T, int DK, bool PAD = false>
 __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv, const float* __restrict__ g,
                                                       const float* __restrict__ beta, const u32* __restrict__ spans,
                                                       const u32* __restrict__ off, T* __restrict__ wn,
@@ -67,11 +64,11 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
     // G in f32 for the masks: G_i − G_m from f32 values errs by ≤ |G| · 2⁻²³ in the exponent
     // (|G| ≤ 64 · max |g|), far below the rounding of P and A to T / of T's fragments.
     __shared__ __align__(8) float Gf[GC_C];
-    __shared__ __align__(16) float bt[GC_C], eg[GC_C], ek[GC_C];
+    __shared__ float bt[GC_C], eg[GC_C], ek[GC_C];
     const u32 ldv = dv + 8;
     T* Kb = reinterpret_cast<T*>(gt_smem);                  // [64][LDK]
-    T* Qb = Kb + GC_C * LDK;                                // [64][LDK], at least 2 · [64][64] (Tu, Tw)
-    T* Vb = Qb + GT4_QB_ELEMS(DK);                          // [64][ldv]
+    T* Qb = Kb + GC_C * LDK;                                // [64][LDK]
+    T* Vb = Qb + GC_C * LDK;                                // [64][ldv]
     float* As = reinterpret_cast<float*>(Vb + GC_C * ldv);  // [64][GT_LDF]: A, then T
     const u32 tid = threadIdx.x, lane = tid & 31u, w = tid >> 5;
     const u32 g8 = lane >> 2, tq = lane & 3u;  // fragment row / column pair
@@ -212,45 +209,11 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
     }
     __syncthreads();  // A, Vb
 
-    // 4. T = (I − A)⁻¹ in place (ends with a barrier); then Tu = T diag(β) and
-    // Tw = T diag(β e^G), rounded to T, into Qb's place (free since step 3), [64][64] each
-    // with the 16-byte pieces of row i at piece index c ^ (i % 8) (conflict-free ldmatrix
-    // without a pad); zeros above the diagonal blocks (β = 0 past l: zero columns).
+    // 4. T = (I − A)⁻¹ in place (ends with a barrier).
     gc_tril_inverse<GT_LDF>(As, w, lane);
-    T* Tu = Qb;
-    T* Tw = Qb + GC_C * GC_C;
-    for (u32 x = tid; x < GC_C * 8; x += GC_THREADS) {
-        // T_im (block bm = m / 16 <= bi = i / 16) at As[(16 bm + i % 16) · LD + 16 bi + m % 16]
-        // (gc_tril_at): 8 consecutive m of one block are 8 consecutive floats.
-        const u32 i = x >> 3, c = x & 7u, m0 = 8 * c;
-        uint4 ou = make_uint4(0, 0, 0, 0), ow = ou;
-        if ((m0 >> 4) <= (i >> 4)) {
-            const float* t = As + (16 * (m0 >> 4) + (i & 15u)) * GT_LDF + 16 * (i >> 4) + (m0 & 15u);
-            float v[8], b[8], e[8];
-            *reinterpret_cast<float4*>(v) = *reinterpret_cast<const float4*>(t);
-            *reinterpret_cast<float4*>(v + 4) = *reinterpret_cast<const float4*>(t + 4);
-            *reinterpret_cast<float4*>(b) = *reinterpret_cast<const float4*>(bt + m0);
-            *reinterpret_cast<float4*>(b + 4) = *reinterpret_cast<const float4*>(bt + m0 + 4);
-            *reinterpret_cast<float4*>(e) = *reinterpret_cast<const float4*>(eg + m0);
-            *reinterpret_cast<float4*>(e + 4) = *reinterpret_cast<const float4*>(eg + m0 + 4);
-            u32* pu = reinterpret_cast<u32*>(&ou);
-            u32* pw = reinterpret_cast<u32*>(&ow);
-#pragma unroll
-            for (u32 k = 0; k < 4; ++k) {
-                pu[k] = PMma<T>::pack(v[2 * k] * b[2 * k], v[2 * k + 1] * b[2 * k + 1]);
-                pw[k] = PMma<T>::pack(v[2 * k] * (b[2 * k] * e[2 * k]), v[2 * k + 1] * (b[2 * k + 1] * e[2 * k + 1]));
-            }
-        }
-        const u32 at = i * GC_C + 8 * (c ^ (i & 7u));
-        *reinterpret_cast<uint4*>(Tu + at) = ou;
-        *reinterpret_cast<uint4*>(Tw + at) = ow;
-    }
-    __syncthreads();  // Tu, Tw
 
-    // 5. −W = −Tw K, U = Tu V on mma.sync: warp w, row tiles {p, 3 − p} (p = w % 2), column
-    // quarter q = w / 2 (W: DK / 32 n8 tiles, U: dv / 32 ≤ NU); A fragments by ldmatrix from
-    // Tw, Tu, B by ldmatrix.trans of Kb, Vb; the kk loop unrolled (T is lower triangular:
-    // kk <= ti) so that step kk + 1's loads issue under step kk's products.
+    // 5. −W = −T diag(β e^G) K, U = T diag(β) V: warp w, row tiles {p, 3 − p} (p = w % 2),
+    // column quarter q = w / 2 (W: DK / 32 n8 tiles, U: dv / 32).
     {
         constexpr u32 NW8 = DK / 32;
         const u32 p = w & 1u, q = w >> 1, nu = dv / 32;
@@ -258,20 +221,23 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
 #pragma unroll
         for (u32 r = 0; r < 2; ++r) {
             const u32 ti = r ? 3 - p : p;
-            float aw[NW8][4], au[NU][4];
+            float aw[NW8][4], au[8][4];
 #pragma unroll
             for (u32 n = 0; n < NW8; ++n) aw[n][0] = aw[n][1] = aw[n][2] = aw[n][3] = 0.0f;
 #pragma unroll
-            for (u32 n = 0; n < NU; ++n) au[n][0] = au[n][1] = au[n][2] = au[n][3] = 0.0f;
-#pragma unroll
-            for (u32 kk = 0; kk < 4; ++kk) {
-                if (kk > ti) break;
-                // A fragments (i = 16 ti + .., m = 16 kk + ..): row 16 ti + lr + 8 (lm & 1),
-                // piece 2 kk + lm / 2, swizzled by the row's lr.
-                const u32 at = (16 * ti + lr + 8 * (lm & 1u)) * GC_C + 8 * ((2 * kk + (lm >> 1)) ^ lr);
+            for (u32 n = 0; n < 8; ++n) au[n][0] = au[n][1] = au[n][2] = au[n][3] = 0.0f;
+            for (u32 kk = 0; kk <= ti; ++kk) {  // T is lower triangular
+                // A fragments: T (i = 16 ti + g8 (+8), m = 16 kk + 2 tq (+1) (+8)), at
+                // As[(16 kk + i % 16) · LD + 16 ti + m % 16] (gc_tril_at, block kk <= ti).
                 u32 fw[4], fu[4];
-                gt2_ldsm(fw, Tw + at);
-                gt2_ldsm(fu, Tu + at);
+#pragma unroll
+                for (u32 x = 0; x < 4; ++x) {
+                    const u32 ir = g8 + 8 * (x & 1u), mr = 2 * tq + 8 * (x >> 1), m = 16 * kk + mr;
+                    const float2 t2 = *reinterpret_cast<const float2*>(As + (16 * kk + ir) * GT_LDF + 16 * ti + mr);
+                    const float b0 = bt[m], b1 = bt[m + 1];
+                    fw[x] = PMma<T>::pack(t2.x * (b0 * eg[m]), t2.y * (b1 * eg[m + 1]));
+                    fu[x] = PMma<T>::pack(t2.x * b0, t2.y * b1);
+                }
                 const u32 tr = 16 * kk + 8 * (lm & 1u) + lr;  // ldmatrix.trans source row (token)
 #pragma unroll
                 for (u32 np = 0; np < NW8 / 2; ++np) {
@@ -281,18 +247,11 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
                     PMma<T>::mma(aw[2 * np + 1], fw, b[2], b[3]);
                 }
 #pragma unroll
-                for (u32 np = 0; np < NU / 2; ++np) {
-                    if (2 * np >= nu) break;
-                    if (2 * np + 1 < nu) {
-                        u32 b[4];
-                        gt2_ldsm_t(b, Vb + tr * ldv + cu + 16 * np + 8 * (lm >> 1));
-                        PMma<T>::mma(au[2 * np], fu, b[0], b[1]);
-                        PMma<T>::mma(au[2 * np + 1], fu, b[2], b[3]);
-                    } else {
-                        u32 b[2];
-                        gt4_ldsm_t2(b, Vb + tr * ldv + cu + 16 * np);
-                        PMma<T>::mma(au[2 * np], fu, b[0], b[1]);
-                    }
+                for (u32 n = 0; n < 8; ++n) {
+                    if (n >= nu) break;
+                    u32 b[2];
+                    gt4_ldsm_t2(b, Vb + tr * ldv + cu + 8 * n);
+                    PMma<T>::mma(au[n], fu, b[0], b[1]);
                 }
             }
             const u32 i0 = 16 * ti + g8;
@@ -311,7 +270,7 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
                 // 32..35) by the lane that holds offsets 30, 31.
                 float* ub = uf + ch * GC_C * (dv / 32) * 36;
 #pragma unroll
-                for (u32 n = 0; n < NU; ++n) {
+                for (u32 n = 0; n < 8; ++n) {
                     if (n >= nu) break;
                     const u32 col = cu + 8 * n + 2 * tq;
                     float* u0 = ub + ((u64)(col / 32) * GC_C + i0) * 36 + col % 32;
@@ -325,7 +284,7 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
             } else {
                 float* ud = uf + ch * GC_C * dv + (u64)i0 * dv + cu + 2 * tq;
 #pragma unroll
-                for (u32 n = 0; n < NU; ++n) {
+                for (u32 n = 0; n < 8; ++n) {
                     if (n >= nu) break;
                     *reinterpret_cast<float2*>(ud + 8 * n) = make_float2(au[n][0], au[n][1]);
                     *reinterpret_cast<float2*>(ud + 8 * (u64)dv + 8 * n) = make_float2(au[n][2], au[n][3]);
@@ -336,36 +295,33 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
 #endif
 }
 
-// One entry: SUFFIX names it, OCC is its blocks an SM, PAD its scratch layout, NU the most n8
-// tiles of U a warp holds (dv / 32: 8 for dv up to 256; 4 in the 3-block builds, which the
-// host takes only for dv <= 128, so that the unrolled step 5 fits 80 registers).
+// One entry: SUFFIX names it, OCC is its blocks an SM, PAD its scratch layout.
 //   ``: the tc4 wu launch at 2 blocks an SM (PORTER_GDN_WU_OCC=2, an A/B form; the only build
 //   at DK = 64);
-//   `_o3` (the default at DK = 128, dv <= 128): 3 blocks an SM (68 KiB each fits 3 times in
+//   `_o3` (the default at DK = 128): 3 blocks an SM (68 KiB each fits 3 times in
 //   228 KiB) at 80 registers a thread. With f32 q / k / v rows it spilled 108 bytes and was
 //   slower (session 20: 198 against 175 µs at 4k); with rows in the activation type (half
 //   the registers in flight) it does not spill;
 //   `_pad`: the scratch in the stage layout of gdn_chunk_tc6.cu's sweep (PAD above);
 //   `_pad_o3`: both.
-#define GDN_CHUNK_TC4_WU(T, NAME, DK, SUFFIX, OCC, PAD, NU)                                                  \
+#define GDN_CHUNK_TC4_WU(T, NAME, DK, SUFFIX, OCC, PAD)                                                      \
     extern "C" __global__ void __launch_bounds__(256, OCC)                                                  \
         gdn_chunk_tc4_wu_d##DK##_##NAME##SUFFIX(const T* qkv, const float* g, const float* beta,          \
                                                 const u32* spans, const u32* off, T* wn, T* kb, float* uf,    \
                                                 float* gl, T* qg, T* pb, u32 hk, u32 hv, u32 dv,              \
                                                 float q_scale) {                                            \
         porter_pdl_enter();                                                                                 \
-        gdn_chunk_tc4_wu_impl<T, DK, PAD, NU>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv,  \
-                                              q_scale);                                                     \
+        gdn_chunk_tc4_wu_impl<T, DK, PAD>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale); \
     }
-GDN_CHUNK_TC4_WU(bf16, bf16, 64, , 2, false, 8)
-GDN_CHUNK_TC4_WU(bf16, bf16, 128, , 2, false, 8)
-GDN_CHUNK_TC4_WU(f16, f16, 64, , 2, false, 8)
-GDN_CHUNK_TC4_WU(f16, f16, 128, , 2, false, 8)
-GDN_CHUNK_TC4_WU(bf16, bf16, 128, _o3, 3, false, 4)
-GDN_CHUNK_TC4_WU(f16, f16, 128, _o3, 3, false, 4)
-GDN_CHUNK_TC4_WU(bf16, bf16, 64, _pad, 2, true, 8)
-GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad, 2, true, 8)
-GDN_CHUNK_TC4_WU(f16, f16, 64, _pad, 2, true, 8)
-GDN_CHUNK_TC4_WU(f16, f16, 128, _pad, 2, true, 8)
-GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad_o3, 3, true, 4)
-GDN_CHUNK_TC4_WU(f16, f16, 128, _pad_o3, 3, true, 4)
+GDN_CHUNK_TC4_WU(bf16, bf16, 64, , 2, false)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, , 2, false)
+GDN_CHUNK_TC4_WU(f16, f16, 64, , 2, false)
+GDN_CHUNK_TC4_WU(f16, f16, 128, , 2, false)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _o3, 3, false)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _o3, 3, false)
+GDN_CHUNK_TC4_WU(bf16, bf16, 64, _pad, 2, true)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad, 2, true)
+GDN_CHUNK_TC4_WU(f16, f16, 64, _pad, 2, true)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _pad, 2, true)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad_o3, 3, true)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _pad_o3, 3, true)

@@ -116,12 +116,10 @@ pub(super) fn tc6_state(m: Tc3Smem, dv: usize, caps: DeviceCaps) -> Tc3Smem {
     }
 }
 
-/// `m` with the tc4 wu launch (`gdn_chunk_tc4_wu`, `GT4_WU_SMEM`: Kb (`T [64][dk + 8]`), Qb
-/// (`T [64][dk + 8]`, at least `2 · [64][64]`: Tu and Tw once the grams are done), Vb
+/// `m` with the tc4 wu launch (`gdn_chunk_tc4_wu`, `GT4_WU_SMEM`: Kb, Qb (`T [64][dk + 8]`), Vb
 /// (`T [64][dv + 8]`), As (`f32 [64][68]`)) where its shared memory fits the device, else `m`.
 pub(super) fn tc4_wu(m: Tc3Smem, dk: usize, dv: usize, caps: DeviceCaps) -> Tc3Smem {
-    let qb = (GC_C * (dk + 8)).max(2 * GC_C * GC_C);
-    let wu = 2 * GC_C * (dk + 8) + 2 * qb + 2 * GC_C * (dv + 8) + 4 * GC_C * 68;
+    let wu = 4 * GC_C * (dk + 8) + 2 * GC_C * (dv + 8) + 4 * GC_C * 68;
     if wu + TC_STATIC_SMEM <= caps.smem_limit() {
         Tc3Smem { wu, tc4: true, ..m }
     } else {
@@ -179,12 +177,10 @@ impl CudaKernels {
         let mut uf = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, GC_C, ru])?) }?;
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
         let wu_name = if m.tc4 { "gdn_chunk_tc4_wu" } else { "gdn_chunk_tc3_wu" };
-        // The tc4 wu launch at 3 blocks an SM unless asked for 2 (dk = 128 and dv <= 128: the
-        // 3-block builds hold at most 4 n8 tiles of U a warp; dk = 64 has only the 2-block build).
-        let o3 = m.tc4
-            && dk == 128
-            && dv <= 128
-            && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") != Some(2);
+        // The tc4 wu launch at 3 blocks an SM unless asked for 2 (dk = 128; dk = 64 has only
+        // the 2-block build).
+        let o3 =
+            m.tc4 && dk == 128 && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") != Some(2);
         let suffix = match (o3, pad) {
             (true, true) => "_pad_o3",
             (true, false) => "_o3",
