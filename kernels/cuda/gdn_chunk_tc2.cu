@@ -394,8 +394,8 @@ struct Gt3Rows {
     }
     // With `norm`, x · (1/sqrt(Σ_row x² + 1e-6) · scale) (the factor of gc_chunk_gates;
     // row_scale), else x; rounded to T at dst[i · LDK + d] (shared) and, with dst2, x · s2[i]
-    // rounded to T at dst2[i · ld2 + d] (global; ld2 = DK, or DK + 8 with the 8 pad elements
-    // of each row zeroed).
+    // (x without s2) rounded to T at dst2[i · ld2 + d] (global; ld2 = DK, or DK + 8 with the 8
+    // pad elements of each row zeroed).
     template <typename T>
     __device__ __forceinline__ void store(bool norm, float scale, T* dst, u32 ldk, T* __restrict__ dst2,
                                           const float* s2, u32 tid, u32 ld2 = DK) {
@@ -415,7 +415,7 @@ struct Gt3Rows {
             p.y = PMma<T>::pack(x.z, x.w);
             *reinterpret_cast<uint2*>(dst + i * ldk + d) = p;
             if (dst2) {
-                const float f = s2[i];
+                const float f = s2 ? s2[i] : 1.0f;
                 p.x = PMma<T>::pack(x.x * f, x.y * f);
                 p.y = PMma<T>::pack(x.z * f, x.w * f);
                 *reinterpret_cast<uint2*>(dst2 + (u64)i * ld2 + d) = p;
@@ -600,7 +600,8 @@ __device__ __forceinline__ void gdn_chunk_tc3_wu_impl(const T* __restrict__ qkv,
         gdn_chunk_tc3_state_d##DK##_##NAME##_w##NW(float* state, const u32* spans, const u32* off,             \
                                                    const T* wn, const T* kb, const float* uf, const float* gl,  \
                                                    const T* qg, const T* pb, T* out, u32 t, u32 mc, u32 hv,     \
-                                                   u32 dv, u32 nbuf) { porter_pdl_enter();                                        \
+                                                   u32 dv, u32 nbuf, u32 /* hk: tc7's */) {                     \
+        porter_pdl_enter();                                                                                   \
         gdn_chunk_tc2_state_impl<T, DK, NW, true>(state, spans, off, wn, kb, uf, gl, nullptr, nullptr, qg, pb,  \
                                                   out, t, mc, hv, dv, nbuf);                                  \
     }

@@ -44,13 +44,25 @@ __device__ __forceinline__ void gt4_ldsm_t2(u32 (&r)[2], const void* p) {
 // of everything it scales). For the masks' decays, one per element.
 __device__ __forceinline__ float gc_decay_fast(float x) { return x < -60.0f ? 0.0f : __expf(x); }
 
+// The tc7 scratch (FORM 2 below; the host mirrors both): the row stride of U's [64][..] blocks
+// in T (32 columns and a pad of 8: 80-byte rows, conflict-free for the sweep's ldmatrix), and
+// the bytes a (chunk, value head) of `uf` takes: the decays (f32 [2][64]) then dv / 32 U blocks.
+#define GT7_LDU 40u
+#define GT7_UFB(DV) (8u * GC_C + ((DV) / 32u) * GC_C * GT7_LDU * 2u)
+
 // Dynamic shared memory of gdn_chunk_tc4_wu, bytes (the host mirrors it).
 #define GT4_WU_SMEM(DK, DV) (4u * GC_C * ((DK) + 8u) + 2u * GC_C * ((DV) + 8u) + 4u * GC_C * GT_LDF)
 
-// PAD (the `_pad` entries, for gdn_chunk_tc6.cu's sweep): the scratch in the state sweep's
+// FORM 1 (the `_pad` entries, for gdn_chunk_tc6.cu's sweep): the scratch in the state sweep's
 // stage layout, so that each tile of a chunk is one contiguous copy: wn, kb, qg [64][DK + 8],
 // pb [64][GT2_LDP], uf [dv / 32][64][36] per (chunk, value head); pads written as zeros.
-template <typename T, int DK, bool PAD = false>
+// FORM 2 (the `_lean` entries, for the tc7 sweep of gdn_chunk_tc6.cu, Gt7Stage): wn and pb as
+// FORM 1; kb and qg hold K̂ and Q̂ (normalised, Q̂ times q_scale, **no decays**) per (chunk, key
+// head) at ((o + c)·hk + kh), written by the first value head of each key head's group; uf
+// per (chunk, value head) holds GT7_UFB(dv) bytes: e^G and e^(G_last − G) (f32 [2][64]), then
+// U rounded to T in blocks [dv / 32][64][GT7_LDU] (pads zeroed). 65,024 bytes a (chunk, value
+// head) at the 80B layout against FORM 1's 98,304 (K̂ / Q̂ shared by two value heads, U in T).
+template <typename T, int DK, int FORM = 0>
 __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv, const float* __restrict__ g,
                                                       const float* __restrict__ beta, const u32* __restrict__ spans,
                                                       const u32* __restrict__ off, T* __restrict__ wn,
@@ -58,6 +70,7 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
                                                       float* __restrict__ gl, T* __restrict__ qg,
                                                       T* __restrict__ pb, u32 hk, u32 hv, u32 dv, float q_scale) {
 #if defined(PORTER_SM80)
+    constexpr bool PAD = FORM >= 1, LEAN = FORM == 2;
     constexpr u32 LDK = DK + 8;
     constexpr u32 GK = PAD ? LDK : DK, GP = PAD ? GT2_LDP : GC_C;  // global row strides
     extern __shared__ __align__(128) unsigned char gt_smem[];
@@ -126,8 +139,19 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
             if (lane == 0) gl[ch] = gc_decay((float)glast);
         }
         __syncthreads();
-        rk.template store<T>(true, 1.0f, Kb, LDK, kb + ch * GC_C * GK, ek, tid, GK);
-        rq.template store<T>(true, q_scale, Qb, LDK, qg + ch * GC_C * GK, eg, tid, GK);
+        if constexpr (LEAN) {
+            // K̂, Q̂ of the key head, once (by its group's first value head); the decays go out
+            // per value head for the sweep to apply.
+            const u64 chk = ((u64)o + c) * hk + kh;
+            const bool first = j % (hv / hk) == 0;
+            rk.template store<T>(true, 1.0f, Kb, LDK, first ? kb + chk * GC_C * GK : nullptr, nullptr, tid, GK);
+            rq.template store<T>(true, q_scale, Qb, LDK, first ? qg + chk * GC_C * GK : nullptr, nullptr, tid, GK);
+            float* ge = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(uf) + ch * GT7_UFB(dv));
+            if (tid < 2 * GC_C) ge[tid] = tid < GC_C ? eg[tid] : ek[tid - GC_C];
+        } else {
+            rk.template store<T>(true, 1.0f, Kb, LDK, kb + ch * GC_C * GK, ek, tid, GK);
+            rq.template store<T>(true, q_scale, Qb, LDK, qg + ch * GC_C * GK, eg, tid, GK);
+        }
     }
     Gt3Rows<DK, T> rv;
     const bool vrows = dv == DK;
@@ -265,7 +289,23 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
                 *reinterpret_cast<uint4*>(wn + ch * GC_C * GK + (u64)i0 * GK + DK) = make_uint4(0, 0, 0, 0);
                 *reinterpret_cast<uint4*>(wn + ch * GC_C * GK + (u64)(i0 + 8) * GK + DK) = make_uint4(0, 0, 0, 0);
             }
-            if constexpr (PAD) {
+            if constexpr (LEAN) {
+                // U in T, blocks [dv / 32][64][GT7_LDU] after the decays; the pad (offsets
+                // 32..39) by the lane that holds offsets 30, 31.
+                T* ub = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(uf) + ch * GT7_UFB(dv) + 8 * GC_C);
+#pragma unroll
+                for (u32 n = 0; n < 8; ++n) {
+                    if (n >= nu) break;
+                    const u32 col = cu + 8 * n + 2 * tq;
+                    T* u0 = ub + ((u64)(col / 32) * GC_C + i0) * GT7_LDU + col % 32;
+                    *reinterpret_cast<u32*>(u0) = PMma<T>::pack(au[n][0], au[n][1]);
+                    *reinterpret_cast<u32*>(u0 + 8 * GT7_LDU) = PMma<T>::pack(au[n][2], au[n][3]);
+                    if (col % 32 == 30) {
+                        *reinterpret_cast<uint4*>(u0 + 2) = make_uint4(0, 0, 0, 0);
+                        *reinterpret_cast<uint4*>(u0 + 8 * GT7_LDU + 2) = make_uint4(0, 0, 0, 0);
+                    }
+                }
+            } else if constexpr (PAD) {
                 // uf [dv / 32][64][36]: column c at block c / 32, offset c % 32; the pad (offsets
                 // 32..35) by the lane that holds offsets 30, 31.
                 float* ub = uf + ch * GC_C * (dv / 32) * 36;
@@ -302,26 +342,32 @@ __device__ __forceinline__ void gdn_chunk_tc4_wu_impl(const T* __restrict__ qkv,
 //   228 KiB) at 80 registers a thread. With f32 q / k / v rows it spilled 108 bytes and was
 //   slower (session 20: 198 against 175 µs at 4k); with rows in the activation type (half
 //   the registers in flight) it does not spill;
-//   `_pad`: the scratch in the stage layout of gdn_chunk_tc6.cu's sweep (PAD above);
-//   `_pad_o3`: both.
-#define GDN_CHUNK_TC4_WU(T, NAME, DK, SUFFIX, OCC, PAD)                                                      \
+//   `_pad`: the scratch in the stage layout of gdn_chunk_tc6.cu's sweep (FORM 1 above);
+//   `_pad_o3`: both; `_lean`, `_lean_o3`: the tc7 sweep's scratch (FORM 2).
+#define GDN_CHUNK_TC4_WU(T, NAME, DK, SUFFIX, OCC, FORM)                                                      \
     extern "C" __global__ void __launch_bounds__(256, OCC)                                                  \
         gdn_chunk_tc4_wu_d##DK##_##NAME##SUFFIX(const T* qkv, const float* g, const float* beta,          \
                                                 const u32* spans, const u32* off, T* wn, T* kb, float* uf,    \
                                                 float* gl, T* qg, T* pb, u32 hk, u32 hv, u32 dv,              \
                                                 float q_scale) {                                            \
         porter_pdl_enter();                                                                                 \
-        gdn_chunk_tc4_wu_impl<T, DK, PAD>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale); \
+        gdn_chunk_tc4_wu_impl<T, DK, FORM>(qkv, g, beta, spans, off, wn, kb, uf, gl, qg, pb, hk, hv, dv, q_scale); \
     }
-GDN_CHUNK_TC4_WU(bf16, bf16, 64, , 2, false)
-GDN_CHUNK_TC4_WU(bf16, bf16, 128, , 2, false)
-GDN_CHUNK_TC4_WU(f16, f16, 64, , 2, false)
-GDN_CHUNK_TC4_WU(f16, f16, 128, , 2, false)
-GDN_CHUNK_TC4_WU(bf16, bf16, 128, _o3, 3, false)
-GDN_CHUNK_TC4_WU(f16, f16, 128, _o3, 3, false)
-GDN_CHUNK_TC4_WU(bf16, bf16, 64, _pad, 2, true)
-GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad, 2, true)
-GDN_CHUNK_TC4_WU(f16, f16, 64, _pad, 2, true)
-GDN_CHUNK_TC4_WU(f16, f16, 128, _pad, 2, true)
-GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad_o3, 3, true)
-GDN_CHUNK_TC4_WU(f16, f16, 128, _pad_o3, 3, true)
+GDN_CHUNK_TC4_WU(bf16, bf16, 64, , 2, 0)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, , 2, 0)
+GDN_CHUNK_TC4_WU(f16, f16, 64, , 2, 0)
+GDN_CHUNK_TC4_WU(f16, f16, 128, , 2, 0)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _o3, 3, 0)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _o3, 3, 0)
+GDN_CHUNK_TC4_WU(bf16, bf16, 64, _pad, 2, 1)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad, 2, 1)
+GDN_CHUNK_TC4_WU(f16, f16, 64, _pad, 2, 1)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _pad, 2, 1)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _pad_o3, 3, 1)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _pad_o3, 3, 1)
+GDN_CHUNK_TC4_WU(bf16, bf16, 64, _lean, 2, 2)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _lean, 2, 2)
+GDN_CHUNK_TC4_WU(f16, f16, 64, _lean, 2, 2)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _lean, 2, 2)
+GDN_CHUNK_TC4_WU(bf16, bf16, 128, _lean_o3, 3, 2)
+GDN_CHUNK_TC4_WU(f16, f16, 128, _lean_o3, 3, 2)

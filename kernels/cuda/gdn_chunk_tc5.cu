@@ -59,6 +59,8 @@ __device__ __forceinline__ constexpr u32 gt5_tn(u32 i) {
 // three calls).
 // What a state launch's stage pipe works from: the wu launch's scratch, and this block's chunks
 // (nch), heads (hv), value dim (dv), first column (col0) and thread (tid).
+// tc7 (Gt6Pipe with LEAN) reads kb / qg per (chunk, key head): chunk c's at chk0 + c·hk
+// (tc5 / tc6: chk0 = ch0, hk = hv, unused).
 template <typename T>
 struct Gt5Scratch {
     const T* __restrict__ wn;
@@ -67,10 +69,14 @@ struct Gt5Scratch {
     const T* __restrict__ qg;
     const T* __restrict__ pb;
     u32 nch, hv, dv, col0, tid;
+    u64 chk0;
+    u32 hk;
 };
 
 template <typename T, int DK>
 struct Gt5CpPipe {
+    typedef Gt2Stage<DK, 2, true> L;  // the stage layout
+    static constexpr bool LEAN = false;
     Gt5Scratch<T> a;
     __device__ __forceinline__ explicit Gt5CpPipe(const Gt5Scratch<T>& a_) : a(a_) {}
     // Chunks 0 and 1 in flight.
@@ -92,12 +98,20 @@ struct Gt5CpPipe {
 };
 
 // The sweep of warp p of its pair (P = p, so that every register index is static).
+// With Pipe::LEAN (tc7: the stage is a Gt7Stage, gdn_chunk_tc6.cu) the scratch carries no
+// decays: K̂ and Q̂ plain, U in T, e^G and e^(G_last − G) per token beside U. Then U is read
+// by ldmatrix.trans, Oᵀ = Sᵀ Q̂ᵀ is scaled per token by e^G before the Pb products, and the
+// state update takes Vnᵀ scaled per token by e^(G_last − G) (rounded once more, its own
+// fragments, exchanged beside the plain ones) against K̂: the same sums with the decays moved
+// from the stored operands to the sweep's registers (not tc6's bits).
 template <typename T, int DK, int P, class Pipe>
 __device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float* __restrict__ st,
                                           const u32* __restrict__ sp, const float* __restrict__ gl,
                                           T* __restrict__ out, u64 ch0, u32 nch, u32 len, u32 hv, u32 j, u32 dv,
                                           u32 col0, u32 tid) {
-    typedef Gt2Stage<DK, 2, true> L;
+    typedef typename Pipe::L L;
+    constexpr bool LEAN = Pipe::LEAN;
+    constexpr u32 NV = LEAN ? 4 : 2;  // uint4 a lane of the Vn exchange (LEAN: plain and scaled)
     constexpr u32 LDK = DK + 8, LDU = 32 + 4, STG = L::BYTES;
     constexpr u32 NK = DK / 8;     // n8 tiles of Sᵀ along k
     constexpr u32 NH = NK / 2;     // ... in this warp's half
@@ -110,9 +124,9 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float
     const u32 lr = lane & 7u, lm = lane >> 3;
     const u32 vw = col0 + 16 * cw;  // this pair's first state column
     uint4* Vx = reinterpret_cast<uint4*>(smem + GT2_STAGES * STG);
-    uint4* Sx = Vx + 4 * 2 * 32;
-    uint4* myV = Vx + w * 2 * 32 + lane;
-    const uint4* ptV = Vx + (w ^ 1u) * 2 * 32 + lane;
+    uint4* Sx = Vx + 4 * NV * 32;
+    uint4* myV = Vx + w * NV * 32 + lane;
+    const uint4* ptV = Vx + (w ^ 1u) * NV * 32 + lane;
     uint4* myS = Sx + w * NSH * 32 + lane;
     const uint4* ptS = Sx + (w ^ 1u) * NSH * 32 + lane;
 
@@ -151,14 +165,35 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float
         const T* Qs = reinterpret_cast<const T*>(stage + 2 * L::KB + L::UB);
         const T* Ps = Qs + GC_C * LDK;
         float V[4][4], O[4][4];
+        if constexpr (LEAN) {
+            // U (T [64][GT7_LDU]) transposed by ldmatrix: matrix m = (own tile 2 hp + m / 2,
+            // column half m % 2); lane (g, tq) gets tokens 2 tq, 2 tq + 1 of column g.
+            const T* Ut = reinterpret_cast<const T*>(stage + 2 * L::KB);
 #pragma unroll
-        for (u32 i = 0; i < 4; ++i) {
-            const float* u0 = Ub + (8 * gt5_tn<P>(i) + 2 * tq) * LDU + 16 * cw + g;
-            V[i][0] = u0[0];
-            V[i][1] = u0[LDU];
-            V[i][2] = u0[8];
-            V[i][3] = u0[LDU + 8];
-            O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
+            for (u32 hp = 0; hp < 2; ++hp) {
+                u32 r[4];
+                gt2_ldsm_t(r, Ut + (8 * gt5_tn<P>(2 * hp + (lm >> 1)) + lr) * GT7_LDU + 16 * cw + 8 * (lm & 1u));
+#pragma unroll
+                for (u32 x = 0; x < 2; ++x) {
+                    const float2 lo = PMma<T>::unpack(r[2 * x]), hi = PMma<T>::unpack(r[2 * x + 1]);
+                    V[2 * hp + x][0] = lo.x;
+                    V[2 * hp + x][1] = lo.y;
+                    V[2 * hp + x][2] = hi.x;
+                    V[2 * hp + x][3] = hi.y;
+                }
+            }
+#pragma unroll
+            for (u32 i = 0; i < 4; ++i) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
+        } else {
+#pragma unroll
+            for (u32 i = 0; i < 4; ++i) {
+                const float* u0 = Ub + (8 * gt5_tn<P>(i) + 2 * tq) * LDU + 16 * cw + g;
+                V[i][0] = u0[0];
+                V[i][1] = u0[LDU];
+                V[i][2] = u0[8];
+                V[i][3] = u0[LDU + 8];
+                O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.0f;
+            }
         }
         // Vnᵀ = Uᵀ + Sᵀ (−W)ᵀ and Oᵀ = Sᵀ Qgᵀ, own tokens, k in tc3's order.
 #pragma unroll
@@ -174,8 +209,22 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float
                 PMma<T>::mma(O[i], Af[2 * kp + 1], b[2], b[3]);
             }
         }
-        // Vn rounded: own fragments out, the partner's in (Vf[kk], tokens 16 kk ..).
-        u32 Vf[4][4];
+        // LEAN: the decays of the chunk's tokens (after U in the stage): Oᵀ ⊙ e^G per token.
+        const float* Eg = reinterpret_cast<const float*>(stage + 2 * L::KB + (LEAN ? GC_C * GT7_LDU * 2 : 0));
+        const float* Ek = Eg + GC_C;
+        if constexpr (LEAN) {
+#pragma unroll
+            for (u32 i = 0; i < 4; ++i) {
+                const float2 e2 = *reinterpret_cast<const float2*>(Eg + 8 * gt5_tn<P>(i) + 2 * tq);
+                O[i][0] *= e2.x;
+                O[i][1] *= e2.y;
+                O[i][2] *= e2.x;
+                O[i][3] *= e2.y;
+            }
+        }
+        // Vn rounded: own fragments out, the partner's in (Vf[kk], tokens 16 kk ..); LEAN: also
+        // Vn ⊙ e^(G_last − G) per token (Vk[kk]) for the state update.
+        u32 Vf[4][4], Vk[4][4];
 #pragma unroll
         for (u32 q = 0; q < 2; ++q) {
             const u32 kk = q ? NP1 : NP0;
@@ -184,6 +233,15 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float
             Vf[kk][2] = PMma<T>::pack(V[2 * q + 1][0], V[2 * q + 1][1]);
             Vf[kk][3] = PMma<T>::pack(V[2 * q + 1][2], V[2 * q + 1][3]);
             myV[32 * q] = make_uint4(Vf[kk][0], Vf[kk][1], Vf[kk][2], Vf[kk][3]);
+            if constexpr (LEAN) {
+                const float2 e0 = *reinterpret_cast<const float2*>(Ek + 16 * kk + 2 * tq);
+                const float2 e1 = *reinterpret_cast<const float2*>(Ek + 16 * kk + 8 + 2 * tq);
+                Vk[kk][0] = PMma<T>::pack(V[2 * q][0] * e0.x, V[2 * q][1] * e0.y);
+                Vk[kk][1] = PMma<T>::pack(V[2 * q][2] * e0.x, V[2 * q][3] * e0.y);
+                Vk[kk][2] = PMma<T>::pack(V[2 * q + 1][0] * e1.x, V[2 * q + 1][1] * e1.y);
+                Vk[kk][3] = PMma<T>::pack(V[2 * q + 1][2] * e1.x, V[2 * q + 1][3] * e1.y);
+                myV[32 * (2 + q)] = make_uint4(Vk[kk][0], Vk[kk][1], Vk[kk][2], Vk[kk][3]);
+            }
         }
         gt5_pair_bar(cw);
 #pragma unroll
@@ -194,6 +252,13 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float
             Vf[kk][1] = x.y;
             Vf[kk][2] = x.z;
             Vf[kk][3] = x.w;
+            if constexpr (LEAN) {
+                const uint4 y = ptV[32 * (2 + q)];
+                Vk[kk][0] = y.x;
+                Vk[kk][1] = y.y;
+                Vk[kk][2] = y.z;
+                Vk[kk][3] = y.w;
+            }
         }
         // Own half: Sᵀ ← e Sᵀ + Vnᵀ K̃; own tokens: Oᵀ += Vnᵀ Pbᵀ (Pb zero above the diagonal).
 #pragma unroll
@@ -217,8 +282,13 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float
             for (u32 np = P * NH / 2; np < (P + 1) * NH / 2; ++np) {  // k tiles 2 np, 2 np + 1
                 u32 b[4];
                 gt2_ldsm_t(b, Kb + (16 * kk + 8 * (lm & 1u) + lr) * LDK + 8 * (2 * np + (lm >> 1)));
-                PMma<T>::mma(Sh[2 * np - P * NH], Vf[kk], b[0], b[1]);
-                PMma<T>::mma(Sh[2 * np + 1 - P * NH], Vf[kk], b[2], b[3]);
+                if constexpr (LEAN) {
+                    PMma<T>::mma(Sh[2 * np - P * NH], Vk[kk], b[0], b[1]);
+                    PMma<T>::mma(Sh[2 * np + 1 - P * NH], Vk[kk], b[2], b[3]);
+                } else {
+                    PMma<T>::mma(Sh[2 * np - P * NH], Vf[kk], b[0], b[1]);
+                    PMma<T>::mma(Sh[2 * np + 1 - P * NH], Vf[kk], b[2], b[3]);
+                }
             }
         }
         // The new state rounded: own half out, the partner's in.
@@ -282,7 +352,7 @@ __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ sta
                                                          const T* __restrict__ kb, const float* __restrict__ uf,
                                                          const float* __restrict__ gl, const T* __restrict__ qg,
                                                          const T* __restrict__ pb, T* __restrict__ out, u32 t,
-                                                         u32 mc, u32 hv, u32 dv, u32 nbuf) {
+                                                         u32 mc, u32 hv, u32 dv, u32 nbuf, u32 hk) {
 #if defined(PORTER_SM80)
     constexpr u32 BV = 32;
     const u32 NT = blockDim.x;  // 128 (tc5), 160 (tc6: a producer warp besides)
@@ -304,7 +374,8 @@ __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ sta
     if (len == 0) return;
     float* st = state + (((u64)slot * nbuf + src) * hv + j) * ((u64)DK * dv);
     const u64 ch0 = (u64)o * hv + j;
-    Pipe pipe(Gt5Scratch<T>{wn, kb, uf, qg, pb, nch, hv, dv, col0, tid});
+    const u64 chk0 = (u64)o * hk + j / (hv / hk);  // tc7's K̂ / Q̂ (tc5 / tc6: hk = hv)
+    Pipe pipe(Gt5Scratch<T>{wn, kb, uf, qg, pb, nch, hv, dv, col0, tid, chk0, hk});
     pipe.start(gt_smem, ch0);
     if (tid >= 128) {
         pipe.produce(gt_smem, ch0);
@@ -321,9 +392,10 @@ __device__ __forceinline__ void gdn_chunk_tc5_state_impl(float* __restrict__ sta
     extern "C" __global__ void __launch_bounds__(128, 1)                                                       \
         gdn_chunk_tc5_state_d##DK##_##NAME(float* state, const u32* spans, const u32* off, const T* wn,        \
                                            const T* kb, const float* uf, const float* gl, const T* qg,          \
-                                           const T* pb, T* out, u32 t, u32 mc, u32 hv, u32 dv, u32 nbuf) {     \
+                                           const T* pb, T* out, u32 t, u32 mc, u32 hv, u32 dv, u32 nbuf,       \
+                                           u32 /* hk: tc7's */) {                                               \
         porter_pdl_enter();                                                                                   \
-        gdn_chunk_tc5_state_impl<T, DK, Gt5CpPipe<T, DK>>(state, spans, off, wn, kb, uf, gl, qg, pb, out, t, mc, hv, dv, nbuf);  \
+        gdn_chunk_tc5_state_impl<T, DK, Gt5CpPipe<T, DK>>(state, spans, off, wn, kb, uf, gl, qg, pb, out, t, mc, hv, dv, nbuf, hv); \
     }
 GDN_CHUNK_TC5(bf16, bf16, 64)
 GDN_CHUNK_TC5(bf16, bf16, 128)

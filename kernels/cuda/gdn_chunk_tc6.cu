@@ -33,6 +33,34 @@
 //
 // Shapes: DK ∈ {64, 128}; dv / 32 (grid x) a multiple of CL; T = bf16 / f16.
 
+// tc7 (`PORTER_GDN_CHUNK=tc7`): the same sweep and pipe on the wu launch's `_lean` scratch
+// (gdn_chunk_tc4.cu, FORM 2): K̂ and Q̂ without decays, one per key head (the two value heads of
+// the 80B layout share them), U in T, and the decays beside U; the sweep applies them in its
+// registers (gt5_sweep with Pipe::LEAN). Why: the tc6 call's scratch round trip, 98,304 bytes
+// a (chunk, value head) written by the wu launch and read back by this one, is most of the
+// call at 16k tokens (session 35: the sweep at 85 % of the H100's copy bandwidth); tc7 moves
+// 65,024. Stage (Gt7Stage): W, K̂ (T [64][DK + 8]), U (T [64][GT7_LDU]), e^G and
+// e^(G_last − G) (f32 [2][64]), Q̂ (T [64][DK + 8]), Pb (T [64][GT2_LDP]); then the exchange,
+// with the scaled Vn fragments beside the plain ones (GT7_SMEM).
+template <int DK>
+struct Gt7Stage {
+    static constexpr u32 LDK = DK + 8;
+    static constexpr u32 KB = 2 * GC_C * LDK;            // one T [64][LDK] tile
+    static constexpr u32 UT = 2 * GC_C * GT7_LDU;        // U, T [64][GT7_LDU]
+    static constexpr u32 UB = UT + 8 * GC_C;             // U, then the decays f32 [2][64]
+    static constexpr u32 BYTES = 3 * KB + UB + 2 * GC_C * GT2_LDP;
+};
+#define GT7_SMEM(DK) (GT2_STAGES * Gt7Stage<DK>::BYTES + 4u * (4u + (DK) / 32u) * 32u * 16u)
+
+template <bool B, class X, class Y>
+struct GtSel {
+    typedef X type;
+};
+template <class X, class Y>
+struct GtSel<false, X, Y> {
+    typedef Y type;
+};
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GT6_CLUSTER(CL) __cluster_dims__(CL, 1, 1)
 #else
@@ -92,14 +120,17 @@ __device__ __forceinline__ void gt6_copy(void* dst, const void* src, u32 bytes, 
 // cluster (4·CL arrivals a phase). Warp 4 produces: it waits on its block's `empty` and
 // sends its rank's share of the chunk three ahead, so no sweeping warp ever waits on the
 // cluster.
-template <typename T, int DK, u32 CL>
+// LEAN_: tc7's stage (Gt7Stage) and scratch.
+template <typename T, int DK, u32 CL, bool LEAN_ = false>
 struct Gt6Pipe {
-    typedef Gt2Stage<DK, 2, true> L;
+    static constexpr bool LEAN = LEAN_;
+    typedef typename GtSel<LEAN, Gt7Stage<DK>, Gt2Stage<DK, 2, true>>::type L;
     static constexpr u32 LDK = DK + 8, LDU = 32 + 4;
     static constexpr u32 R = GC_C / CL;                     // rows of each shared tile a rank copies
     static constexpr unsigned short MASK = (1u << CL) - 1;  // every block of the cluster
-    // Bytes a block receives per stage: the four shared tiles whole, its U block (pads included).
-    static constexpr u32 TX = GC_C * (3 * LDK + GT2_LDP) * (u32)sizeof(T) + GC_C * LDU * 4;
+    // Bytes a block receives per stage: the four shared tiles whole, its U block (pads
+    // included; LEAN: and the decays).
+    static constexpr u32 TX = GC_C * (3 * LDK + GT2_LDP) * (u32)sizeof(T) + L::UB;
     Gt5Scratch<T> a;
     u32 rank;
     u64* full;   // [3]
@@ -115,7 +146,7 @@ struct Gt6Pipe {
     // Chunk `ch` into `stage` (by one thread): this rank's rows of the shared tiles to every
     // block, its U columns to itself, one copy each (the scratch is in the stage layout:
     // gdn_chunk_tc4_wu's `_pad` entries); the stage's bytes expected on `bar` first.
-    __device__ __forceinline__ void issue(unsigned char* stage, u64 ch, const u64* bar) {
+    __device__ __forceinline__ void issue(unsigned char* stage, u64 ch, u64 chk, const u64* bar) {
         asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(gt6_sa(bar)),
                      "r"(TX)
                      : "memory");
@@ -125,12 +156,20 @@ struct Gt6Pipe {
         T* Qb = reinterpret_cast<T*>(stage + 2 * L::KB + L::UB);
         T* Pb = Qb + GC_C * LDK;
         const u32 r0 = R * rank;
-        const u64 row = ch * GC_C + r0;
+        const u64 row = ch * GC_C + r0, rowk = (LEAN ? chk : ch) * GC_C + r0;
         gt6_copy_mc(Wb + r0 * LDK, a.wn + row * LDK, R * LDK * sizeof(T), bar, MASK);
-        gt6_copy_mc(Kb + r0 * LDK, a.kb + row * LDK, R * LDK * sizeof(T), bar, MASK);
-        gt6_copy_mc(Qb + r0 * LDK, a.qg + row * LDK, R * LDK * sizeof(T), bar, MASK);
+        gt6_copy_mc(Kb + r0 * LDK, a.kb + rowk * LDK, R * LDK * sizeof(T), bar, MASK);
+        gt6_copy_mc(Qb + r0 * LDK, a.qg + rowk * LDK, R * LDK * sizeof(T), bar, MASK);
         gt6_copy_mc(Pb + r0 * GT2_LDP, a.pb + row * GT2_LDP, R * GT2_LDP * sizeof(T), bar, MASK);
-        gt6_copy(Ub, a.uf + (ch * (a.dv / 32) + a.col0 / 32) * GC_C * LDU, GC_C * LDU * 4, bar);
+        if constexpr (LEAN) {
+            // uf per (chunk, value head): the decays, then dv / 32 U blocks (GT7_UFB).
+            const unsigned char* src = reinterpret_cast<const unsigned char*>(a.uf) + ch * GT7_UFB(a.dv);
+            unsigned char* dst = reinterpret_cast<unsigned char*>(Ub);
+            gt6_copy(dst, src + 8 * GC_C + (a.col0 / 32) * L::UT, L::UT, bar);
+            gt6_copy(dst + L::UT, src, 8 * GC_C, bar);
+        } else {
+            gt6_copy(Ub, a.uf + (ch * (a.dv / 32) + a.col0 / 32) * GC_C * LDU, GC_C * LDU * 4, bar);
+        }
     }
 
     // Barriers set up and visible to the cluster, then chunks 0..2 in flight (every thread).
@@ -145,7 +184,9 @@ struct Gt6Pipe {
         }
         gt6_cluster_sync();
         if (a.tid == 0) {
-            for (u32 c = 0; c < 3 && c < a.nch; ++c) issue(smem + c * L::BYTES, ch0 + (u64)c * a.hv, full + c);
+            for (u32 c = 0; c < 3 && c < a.nch; ++c) {
+                issue(smem + c * L::BYTES, ch0 + (u64)c * a.hv, a.chk0 + (u64)c * a.hk, full + c);
+            }
         }
     }
 
@@ -154,7 +195,7 @@ struct Gt6Pipe {
         if ((a.tid & 31u) != 0) return;
         for (u32 c = 3; c < a.nch; ++c) {
             gt6_wait(empty + c % 3, ((c - 3) / 3) & 1u);
-            issue(smem + (c % 3) * L::BYTES, ch0 + (u64)c * a.hv, full + c % 3);
+            issue(smem + (c % 3) * L::BYTES, ch0 + (u64)c * a.hv, a.chk0 + (u64)c * a.hk, full + c % 3);
         }
     }
 
@@ -182,16 +223,20 @@ struct Gt6Pipe {
         gdn_chunk_tc6_state_d##DK##_##NAME##_c##CL(float* state, const u32* spans, const u32* off, const T* wn, \
                                                    const T* kb, const float* uf, const float* gl, const T* qg,  \
                                                    const T* pb, T* out, u32 t, u32 mc, u32 hv, u32 dv,          \
-                                                   u32 nbuf) {                                                 \
+                                                   u32 nbuf, u32 /* hk: tc7's */) {                            \
         porter_pdl_enter();                                                                                   \
         GT6_BODY(T, DK, CL)                                                                                   \
     }
 #if defined(PORTER_SM80) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GT6_BODY(T, DK, CL)                                                                                 \
     gdn_chunk_tc5_state_impl<T, DK, Gt6Pipe<T, DK, CL>>(state, spans, off, wn, kb, uf, gl, qg, pb, out, t, mc, hv, \
-                                                        dv, nbuf);
+                                                        dv, nbuf, hv);
+#define GT7_BODY(T, DK, CL)                                                                                  \
+    gdn_chunk_tc5_state_impl<T, DK, Gt6Pipe<T, DK, CL, true>>(state, spans, off, wn, kb, uf, gl, qg, pb, out, t, mc, \
+                                                              hv, dv, nbuf, hk);
 #else
 #define GT6_BODY(T, DK, CL) __trap();
+#define GT7_BODY(T, DK, CL) __trap();
 #endif
 // Every cluster size per type and key head dim: 2 (the default), 4, and 1
 // (PORTER_GDN_TC6_CLUSTER=1, an A/B: the bulk-copy pipe without sharing).
@@ -203,3 +248,19 @@ GDN_CHUNK_TC6_CLUSTERS(bf16, bf16, 64)
 GDN_CHUNK_TC6_CLUSTERS(bf16, bf16, 128)
 GDN_CHUNK_TC6_CLUSTERS(f16, f16, 64)
 GDN_CHUNK_TC6_CLUSTERS(f16, f16, 128)
+
+// tc7: clusters of 2 only (tc6's default; where PORTER_GDN_TC6_CLUSTER asks for another size,
+// tc7 runs as tc6). Dynamic shared memory GT7_SMEM(DK); `hk` last.
+#define GDN_CHUNK_TC7(T, NAME, DK)                                                                             \
+    extern "C" __global__ void __launch_bounds__(160, 1) GT6_CLUSTER(2)                                        \
+        gdn_chunk_tc7_state_d##DK##_##NAME##_c2(float* state, const u32* spans, const u32* off, const T* wn,    \
+                                                const T* kb, const float* uf, const float* gl, const T* qg,     \
+                                                const T* pb, T* out, u32 t, u32 mc, u32 hv, u32 dv, u32 nbuf,   \
+                                                u32 hk) {                                                      \
+        porter_pdl_enter();                                                                                   \
+        GT7_BODY(T, DK, 2)                                                                                    \
+    }
+GDN_CHUNK_TC7(bf16, bf16, 64)
+GDN_CHUNK_TC7(bf16, bf16, 128)
+GDN_CHUNK_TC7(f16, f16, 64)
+GDN_CHUNK_TC7(f16, f16, 128)

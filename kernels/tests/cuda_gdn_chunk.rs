@@ -42,7 +42,8 @@ fn nvrtc_gdn_chunk_ptxas_info() {
             || func.starts_with("gdn_chunk_tc3_")
             || func.starts_with("gdn_chunk_tc4_")
             || func.starts_with("gdn_chunk_tc5_")
-            || func.starts_with("gdn_chunk_tc6_");
+            || func.starts_with("gdn_chunk_tc6_")
+            || func.starts_with("gdn_chunk_tc7_");
         // Including `_o3` / `_pad_o3`, the 3-blocks-an-SM builds of the tc4 wu launch (80
         // registers): with q / k / v in the activation type they no longer spill.
         if hot && line.contains("spill") && !line.contains(" 0 bytes spill stores") {
@@ -204,20 +205,30 @@ fn tc_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims) -> bool {
 /// shared memory fits.
 fn tc2_expected<T: CudaFloat>(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> bool {
     let kb = 2 * 64 * (d.dk + 8);
-    let fused = matches!(want, GdnChunkForm::Tc3 | GdnChunkForm::Tc4 | GdnChunkForm::Tc5 | GdnChunkForm::Tc6);
+    let fused = matches!(
+        want,
+        GdnChunkForm::Tc3 | GdnChunkForm::Tc4 | GdnChunkForm::Tc5 | GdnChunkForm::Tc6 | GdnChunkForm::Tc7
+    );
     let stage = 2 * kb + 4 * 64 * 36 + if fused { kb + 2 * 64 * 72 } else { 0 };
     let wu4 = 2 * kb + 2 * 64 * (d.dv + 8) + 4 * 64 * 68;
     // tc5: the warp pairs' exchange, (2 + dk / 32) 512-byte fragments a warp, 4 warps.
-    let pairs = if matches!(want, GdnChunkForm::Tc5 | GdnChunkForm::Tc6) { 4 * (2 + d.dk / 32) * 512 } else { 0 };
+    // (tc7 runs where tc5 fits: its stages are smaller by more than its larger exchange.)
+    let pairs = if matches!(want, GdnChunkForm::Tc5 | GdnChunkForm::Tc6 | GdnChunkForm::Tc7) {
+        4 * (2 + d.dk / 32) * 512
+    } else {
+        0
+    };
     let limit = k.caps().smem_limit();
     tc_expected::<T>(k, d)
         && limit >= 3 * stage + pairs + 2048
-        && (!matches!(want, GdnChunkForm::Tc4 | GdnChunkForm::Tc5 | GdnChunkForm::Tc6) || limit >= wu4 + 2048)
+        && (!matches!(want, GdnChunkForm::Tc4 | GdnChunkForm::Tc5 | GdnChunkForm::Tc6 | GdnChunkForm::Tc7)
+            || limit >= wu4 + 2048)
 }
 
 /// The name of the form `want` runs as where [`tc2_expected`] holds: tc6 (clusters of 2
 /// column blocks unless `PORTER_GDN_TC6_CLUSTER` says 1 or 4) only on an sm_90 device whose
-/// dv / 32 blocks divide into clusters, else tc5.
+/// dv / 32 blocks divide into clusters, else tc5; tc7 where tc6 runs in clusters of 2, else as
+/// tc6.
 fn expected_name(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> &'static str {
     let caps = k.caps();
     let cl = match std::env::var(porter_kernels::cuda::GDN_TC6_CLUSTER_ENV).as_deref().map(str::trim) {
@@ -227,6 +238,8 @@ fn expected_name(k: &CudaKernels, d: GdnDims, want: GdnChunkForm) -> &'static st
     };
     match want {
         GdnChunkForm::Tc6 if !(caps.sm90a() && (d.dv / 32).is_multiple_of(cl)) => "tc5",
+        GdnChunkForm::Tc7 if !(caps.sm90a() && (d.dv / 32).is_multiple_of(cl)) => "tc5",
+        GdnChunkForm::Tc7 if cl != 2 => "tc6",
         w => form_name(w),
     }
 }
@@ -240,13 +253,14 @@ fn form_name(f: GdnChunkForm) -> &'static str {
         GdnChunkForm::Tc4 => "tc4",
         GdnChunkForm::Tc5 => "tc5",
         GdnChunkForm::Tc6 => "tc6",
+        GdnChunkForm::Tc7 => "tc7",
         GdnChunkForm::F32 => "f32",
     }
 }
 
 /// Tolerances (outputs, states) of a form that ran.
 fn form_tols<T: CudaFloat>(form: &str) -> (f32, f32) {
-    if matches!(form, "tc" | "tc2" | "tc3" | "tc4" | "tc5" | "tc6") {
+    if matches!(form, "tc" | "tc2" | "tc3" | "tc4" | "tc5" | "tc6" | "tc7") {
         (TOL_TC_OUT, TOL_TC_STATE)
     } else {
         (out_tol::<T>(), TOL_CHUNK_F32)
@@ -277,6 +291,7 @@ fn chunk_case<T: CudaFloat>(
         (GdnChunkForm::Tc4, up::<f32>(k, &state)),
         (GdnChunkForm::Tc5, up::<f32>(k, &state)),
         (GdnChunkForm::Tc6, up::<f32>(k, &state)),
+        (GdnChunkForm::Tc7, up::<f32>(k, &state)),
     ];
     let mut dstate_f32 = up::<f32>(k, &state);
     let mut dstate_seq = up::<f32>(k, &state);
@@ -336,7 +351,7 @@ fn chunk_case<T: CudaFloat>(
             let mut out2 = poisoned::<T>(k, t * d.hv * d.dv);
             let form2 = k
                 .gdn_chunked_seq_with(&dq, &dg, &db, dstate2, &dsp, &mut out2, dims, *want2, None)
-                .expect("gdn_chunked_seq tc2 / tc3 / tc4 / tc5 / tc6 form");
+                .expect("gdn_chunked_seq tc2 .. tc7 form");
             let name2 = expected_name(k, d, *want2);
             if tc2_expected::<T>(k, d, *want2) && form2 != name2 {
                 fails.push(format!("{what}: expected the {name2} form, ran {form2}"));
@@ -542,6 +557,7 @@ fn prefill_80b<T: CudaFloat>(
         &[GdnChunkForm::F32]
     } else {
         &[
+            GdnChunkForm::Tc7,
             GdnChunkForm::Tc6,
             GdnChunkForm::Tc5,
             GdnChunkForm::Tc4,
@@ -591,7 +607,7 @@ fn prefill_80b<T: CudaFloat>(
     }
     let find = |name: &str| seen.iter().find(|x| x.0 == name);
     // Each form against the one it grew from: the call, then its wu and state launches.
-    for (new, old) in [("tc6", "tc5"), ("tc5", "tc4"), ("tc4", "tc3")] {
+    for (new, old) in [("tc7", "tc6"), ("tc6", "tc5"), ("tc5", "tc4"), ("tc4", "tc3")] {
         if let (Some(n), Some(o)) = (find(new), find(old)) {
             println!(
                 "    {new} vs {old} ({} t {t}): call {:.1} vs {:.1} µs ({:.2}x), wu {:.1} vs {:.1} µs ({:.2}x), \

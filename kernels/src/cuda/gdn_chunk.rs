@@ -16,7 +16,7 @@ use super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK}
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig};
 
 mod tc3;
-use tc3::{tc3_smem, tc4_wu, tc5_state, tc6_state, Tc3Call};
+use tc3::{tc3_smem, tc4_wu, tc5_state, tc6_state, tc7_state, Tc3Call};
 pub use tc3::{GDN_TC6_CLUSTER_ENV, GDN_WU_OCC_ENV};
 
 /// Environment variable choosing the form of [`CudaKernels::gdn_chunked_seq`] for bf16 / f16
@@ -62,6 +62,9 @@ pub enum GdnChunkForm {
     /// As `Tc5` with the sweep's stages multicast across a thread-block cluster
     /// (gdn_chunk_tc6.cu; sm_90 only, else exactly `Tc5`).
     Tc6,
+    /// As `Tc6` on the wu launch's lean scratch (K̂ / Q̂ per key head, U in the activation type,
+    /// the decays applied in the sweep; clusters of 2 only, else exactly `Tc6`).
+    Tc7,
     /// The CUDA-core f32 kernels for every output type.
     F32,
 }
@@ -77,12 +80,13 @@ fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
         "tc4" => GdnChunkForm::Tc4,
         "tc5" => GdnChunkForm::Tc5,
         "" | "tc6" => GdnChunkForm::Tc6,
+        "tc7" => GdnChunkForm::Tc7,
         "tc" => GdnChunkForm::Tc,
         other => {
             super::env::warn_once(
                 GDN_CHUNK_ENV,
                 &format!(
-                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `tc6`, `f32`; using the default (tc6)"
+                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `tc6`, `tc7`, `f32`; using the default (tc6)"
                 ),
             );
             GdnChunkForm::Tc6
@@ -110,7 +114,7 @@ fn tc2_warps_from(v: Option<std::ffi::OsString>) -> usize {
 
 /// Which kernels a call of [`CudaKernels::gdn_chunked_seq_with`] ran.
 #[doc(hidden)]
-pub const GDN_FORMS: [&str; 8] = ["tc", "f32", "seq", "tc2", "tc3", "tc4", "tc5", "tc6"];
+pub const GDN_FORMS: [&str; 9] = ["tc", "f32", "seq", "tc2", "tc3", "tc4", "tc5", "tc6", "tc7"];
 
 /// Tokens per chunk (`GC_C` in gdn_chunk.cu).
 const GC_C: usize = 64;
@@ -251,18 +255,20 @@ impl CudaKernels {
                 tc3_smem(dk, dv, tc2_warps_from(std::env::var_os(GDN_TC2_BV_ENV)), self.caps())
                     .map(|m| tc4_wu(m, dk, dv, self.caps()))
             }
-            (Some(_), GdnChunkForm::Tc5 | GdnChunkForm::Tc6) => tc3_smem(dk, dv, 2, self.caps()).map(|m| {
-                let caps = self.caps();
-                let m5 = tc5_state(tc4_wu(m, dk, dv, caps), dk, dv, caps);
-                if form == GdnChunkForm::Tc6 {
-                    tc6_state(m5, dv, caps)
-                } else {
-                    m5
-                }
-            }),
+            (Some(_), GdnChunkForm::Tc5 | GdnChunkForm::Tc6 | GdnChunkForm::Tc7) => tc3_smem(dk, dv, 2, self.caps())
+                .map(|m| {
+                    let caps = self.caps();
+                    let m5 = tc5_state(tc4_wu(m, dk, dv, caps), dk, dv, caps);
+                    match form {
+                        GdnChunkForm::Tc6 => tc6_state(m5, dv, caps),
+                        GdnChunkForm::Tc7 => tc7_state(tc6_state(m5, dv, caps), dk, caps),
+                        _ => m5,
+                    }
+                }),
             _ => None,
         };
         let form_name = match (tc.is_some(), tc2.is_some(), tc3) {
+            (true, _, Some(m)) if m.lean => GDN_FORMS[8],
             (true, _, Some(m)) if m.cluster > 0 => GDN_FORMS[7],
             (true, _, Some(m)) if m.pair => GDN_FORMS[6],
             (true, _, Some(m)) if m.tc4 => GDN_FORMS[5],
@@ -651,6 +657,7 @@ mod tests {
         assert_eq!(form_from(Some("tc3".into())), GdnChunkForm::Tc3);
         assert_eq!(form_from(Some(" Tc4".into())), GdnChunkForm::Tc4);
         assert_eq!(form_from(Some("tc5".into())), GdnChunkForm::Tc5);
+        assert_eq!(form_from(Some("tc7".into())), GdnChunkForm::Tc7);
         assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc6); // warns once, default
         assert_eq!(tc2_warps_from(None), 2);
         assert_eq!(tc2_warps_from(Some("16".into())), 1);
@@ -728,6 +735,23 @@ mod tests {
         // Not after tc4's sweep (no warp pairs).
         let m4 = tc4_wu(tc3_smem(128, 128, 2, h200).expect("fits"), 128, 128, h200);
         assert_eq!(tc6_state(m4, 128, h200), m4);
+    }
+
+    #[test]
+    fn tc7_on_tc6_clusters_of_two() {
+        let h200 = caps(9, 227 * 1024, false);
+        let m5 = tc5_state(tc4_wu(tc3_smem(128, 128, 2, h200).expect("fits"), 128, 128, h200), 128, 128, h200);
+        let m6 = tc6_state(m5, 128, h200);
+        // GT7_SMEM(128): 3 stages of 3 · 17,408 + 5,120 + 512 + 9,216 bytes, then the exchange
+        // (4 warps · 8 fragments · 512 bytes); GT7_UFB(128) = 512 + 4 · 5,120.
+        assert_eq!(tc3::tc7_state_smem(128), 3 * 67_072 + 16_384);
+        assert_eq!(tc3::tc7_state_smem(64), 3 * 42_496 + 12_288);
+        assert_eq!(tc3::tc7_ufb(128), 20_992);
+        let m7 = tc7_state(m6, 128, h200);
+        assert_eq!((m7.lean, m7.cluster, m7.state), (true, 2, 217_600));
+        // Only on tc6's clusters of 2 (tc5's sweep, or no room: unchanged).
+        assert_eq!(tc7_state(m5, 128, h200), m5);
+        assert_eq!(tc7_state(m6, 128, caps(9, 200 * 1024, false)), m6);
     }
 
     #[test]

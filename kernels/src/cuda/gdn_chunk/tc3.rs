@@ -10,7 +10,9 @@
 //!   chunk-start states (hb, 67 MB at 4096 tokens) and Vn never go through memory and
 //!   `gdn_chunk_tc_out` does not run;
 //! - (`tc5`: `gdn_chunk_tc5_state_d<dk>_<T>`, the same sweep on 4 warps a block, each of tc3's
-//!   16-column warps split into a pair by tokens and state rows, gdn_chunk_tc5.cu; same bits).
+//!   16-column warps split into a pair by tokens and state rows, gdn_chunk_tc5.cu; same bits;
+//!   `tc6`: its stages shared across a cluster, gdn_chunk_tc6.cu; `tc7`: tc6 on a lean scratch,
+//!   the decays applied in the sweep, gdn_chunk_tc6.cu and the wu launch's `_lean` entries).
 
 use super::super::{prod, u32_of, CudaFloat, CudaKernels, DeviceCaps, Result, GDN_CHUNK};
 use super::{Laps, GC_C, GC_THREADS, TC_STATIC_SMEM};
@@ -52,6 +54,10 @@ pub(super) struct Tc3Smem {
     /// `PORTER_GDN_CHUNK=tc6`: tc5's sweep with the stages multicast across the cluster; same
     /// bits), else 0.
     pub cluster: usize,
+    /// Whether the state launch is `gdn_chunk_tc7_state` (gdn_chunk_tc6.cu, `PORTER_GDN_CHUNK=tc7`:
+    /// tc6's sweep, clusters of 2, on the wu launch's `_lean` scratch: K̂ / Q̂ per key head, U in
+    /// the activation type, the decays applied in the sweep; not tc6's bits).
+    pub lean: bool,
 }
 
 /// Bytes of one pipeline stage of the tc2 (`fuse` false) / tc3 (`fuse` true) state sweep
@@ -80,6 +86,7 @@ pub(super) fn tc3_smem(dk: usize, dv: usize, nw: usize, caps: DeviceCaps) -> Opt
             state,
             pair: false,
             cluster: 0,
+            lean: false,
         })
     })
 }
@@ -111,6 +118,31 @@ pub(super) fn tc6_state(m: Tc3Smem, dv: usize, caps: DeviceCaps) -> Tc3Smem {
     let cl = crate::cuda::env_count(GDN_TC6_CLUSTER_ENV, |n| n == 1 || n == 2 || n == 4, "1, 2 or 4").unwrap_or(2);
     if m.pair && caps.sm90a() && (dv / 32).is_multiple_of(cl) {
         Tc3Smem { cluster: cl, ..m }
+    } else {
+        m
+    }
+}
+
+/// Bytes of `uf` per (chunk, value head) in tc7's scratch (`GT7_UFB` in gdn_chunk_tc4.cu): the
+/// decays (f32 `[2][64]`), then dv / 32 blocks of U (T `[64][GT7_LDU = 40]`).
+pub(super) fn tc7_ufb(dv: usize) -> usize {
+    8 * GC_C + dv / 32 * GC_C * 40 * 2
+}
+
+/// Dynamic shared memory of `gdn_chunk_tc7_state_d<dk>` (`GT7_SMEM`): 3 stages (`Gt7Stage`:
+/// W, K̂, Q̂ `T [64][dk + 8]`, U `T [64][40]`, the decays `f32 [2][64]`, Pb `T [64][72]`), then
+/// the exchange (per warp 4 + dk / 32 fragments of 16 bytes a lane).
+pub(super) fn tc7_state_smem(dk: usize) -> usize {
+    let stage = 3 * 2 * GC_C * (dk + 8) + tc7_ufb(32) + 2 * GC_C * 72;
+    3 * stage + 4 * (4 + dk / 32) * 32 * 16
+}
+
+/// `m` (with tc6's state launch) with the tc7 state launch where tc6 runs in clusters of 2 and
+/// its shared memory fits the device, else `m`.
+pub(super) fn tc7_state(m: Tc3Smem, dk: usize, caps: DeviceCaps) -> Tc3Smem {
+    let state = tc7_state_smem(dk);
+    if m.cluster == 2 && state + TC_STATIC_SMEM <= caps.smem_limit() {
+        Tc3Smem { state, lean: true, ..m }
     } else {
         m
     }
@@ -168,27 +200,37 @@ impl CudaKernels {
         // zeros); the state launch reads only chunks of valid spans.
         // tc6 reads the scratch in its stage layout (the wu launch's `_pad` entries): rows of
         // dk + 8 and 72, U in blocks of [64][36] per 32 columns.
+        // tc7 (lean): kb / qg per (chunk, key head), uf tc7_ufb(dv) bytes a (chunk, value head).
         let pad = m.cluster > 0;
         let (rk, rp, ru) = if pad { (dk + 8, GC_C + 8, dv / 32 * 36) } else { (dk, GC_C, dv) };
+        let (hq, uf_len) = if m.lean {
+            (a.hk as usize, prod(&[cap, hv, tc7_ufb(dv) / 4])?)
+        } else {
+            (hv, prod(&[cap, hv, GC_C, ru])?)
+        };
         let mut wn = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, rk])?) }?;
-        let mut kb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, rk])?) }?;
-        let mut qg = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, rk])?) }?;
+        let mut kb = unsafe { self.stream.alloc::<T>(prod(&[cap, hq, GC_C, rk])?) }?;
+        let mut qg = unsafe { self.stream.alloc::<T>(prod(&[cap, hq, GC_C, rk])?) }?;
         let mut pb = unsafe { self.stream.alloc::<T>(prod(&[cap, hv, GC_C, rp])?) }?;
-        let mut uf = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv, GC_C, ru])?) }?;
+        let mut uf = unsafe { self.stream.alloc::<f32>(uf_len) }?;
         let mut gl = unsafe { self.stream.alloc::<f32>(prod(&[cap, hv])?) }?;
         let wu_name = if m.tc4 { "gdn_chunk_tc4_wu" } else { "gdn_chunk_tc3_wu" };
         // The tc4 wu launch at 3 blocks an SM unless asked for 2 (dk = 128; dk = 64 has only
         // the 2-block build).
         let o3 =
             m.tc4 && dk == 128 && crate::cuda::env_count(GDN_WU_OCC_ENV, |n| n == 2 || n == 3, "2 or 3") != Some(2);
-        let suffix = match (o3, pad) {
-            (true, true) => "_pad_o3",
-            (true, false) => "_o3",
-            (false, true) => "_pad",
-            (false, false) => "",
+        let suffix = match (o3, pad, m.lean) {
+            (true, _, true) => "_lean_o3",
+            (false, _, true) => "_lean",
+            (true, true, false) => "_pad_o3",
+            (true, false, false) => "_o3",
+            (false, true, false) => "_pad",
+            (false, false, false) => "",
         };
         let f_wu = self.function_smem(&GDN_CHUNK, &format!("{wu_name}_d{dk}_{}{suffix}", T::NAME), m.wu)?;
-        let state_name = if m.cluster > 0 {
+        let state_name = if m.lean {
+            format!("gdn_chunk_tc7_state_d{dk}_{}_c2", T::NAME)
+        } else if m.cluster > 0 {
             format!("gdn_chunk_tc6_state_d{dk}_{}_c{}", T::NAME, m.cluster)
         } else if m.pair {
             format!("gdn_chunk_tc5_state_d{dk}_{}", T::NAME)
@@ -236,20 +278,39 @@ impl CudaKernels {
             shared_mem_bytes: u32_of("smem", m.state)?,
         };
         // SAFETY: arguments match `gdn_chunk_tc3_state_d<dk>_<T>_w<nw>`,
-        // `gdn_chunk_tc5_state_d<dk>_<T>` and `gdn_chunk_tc6_state_d<dk>_<T>_c<cl>` alike;
-        // dv % (16·nw) == 0 (tc3_smem; tc5: nw = 2 and dv % 32 == 0; tc6: the grid's dv / 32
-        // blocks a multiple of its compile-time cluster, tc6_state); the shared memory size is
-        // the kernel's layout (tc6: tc5's); slot / src_buf of a valid
+        // `gdn_chunk_tc5_state_d<dk>_<T>`, `gdn_chunk_tc6_state_d<dk>_<T>_c<cl>` and
+        // `gdn_chunk_tc7_state_d<dk>_<T>_c2` alike;
+        // dv % (16·nw) == 0 (tc3_smem; tc5: nw = 2 and dv % 32 == 0; tc6 / tc7: the grid's dv / 32
+        // blocks a multiple of its compile-time cluster, tc6_state / tc7_state); the shared memory
+        // size is the kernel's layout (tc6: tc5's; tc7: GT7_SMEM); tc7's scratch is the `_lean` wu
+        // entries' (kb / qg per key head, uf tc7_ufb bytes a chunk-head); slot / src_buf of a valid
         // span are in range; rows of valid spans lie inside 0..t, NaN rows are clipped to t.
         // Kernel: `gdn_chunk_tc3_state_d<DK>_<T>_w<NW>(float* state, const u32* spans, const u32* off,
         // const T* wn, const T* kb, const float* uf, const float* gl, const T* qg, const T* pb, T* out,
-        // u32 t, u32 mc, u32 hv, u32 dv, u32 nbuf)`.
+        // u32 t, u32 mc, u32 hv, u32 dv, u32 nbuf, u32 hk)` (hk read by tc7's only).
         unsafe {
             launch_fn!(
                 self,
                 f_state,
                 cfg,
-                [a.state, a.spans, a.off, pwn, pkb, puf, pgl, pqg, ppb, a.out, a.t, a.max_chunks, a.hv, a.dv, a.nbuf]
+                [
+                    a.state,
+                    a.spans,
+                    a.off,
+                    pwn,
+                    pkb,
+                    puf,
+                    pgl,
+                    pqg,
+                    ppb,
+                    a.out,
+                    a.t,
+                    a.max_chunks,
+                    a.hv,
+                    a.dv,
+                    a.nbuf,
+                    a.hk
+                ]
             )
         }?;
         laps.lap(s)?;
