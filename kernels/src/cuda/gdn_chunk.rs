@@ -27,13 +27,18 @@ pub use tc3::{GDN_TC6_CLUSTER_ENV, GDN_WU_OCC_ENV};
 /// a 16-byte aligned qkv are missing, as `tc`); `tc4` as `tc3` with its wu launch on mma.sync
 /// (gdn_chunk_tc4.cu; where that launch's shared memory does not fit, exactly `tc3`); `tc5` as
 /// `tc4` with the state sweep on warp pairs (gdn_chunk_tc5.cu: 4 warps a block instead of 2, the
-/// same bits; where its 219 KiB do not fit, exactly `tc4`); `tc6` (or unset: the default) as
+/// same bits; where its 219 KiB do not fit, exactly `tc4`); `tc6` as
 /// `tc5` with the sweep's stages multicast across a thread-block cluster of a head's column
 /// blocks and the wu launch writing its scratch in the stage layout (gdn_chunk_tc6.cu; sm_90
 /// only, else exactly `tc5`; the same bits; [`GDN_TC6_CLUSTER_ENV`]; H100, session 32, 80B
 /// layout: 280.7 / 1,062.8 µs at 4k / 16k tokens against tc5's 308.1 / 1,170.9; session 33,
 /// with q / k / v in the activation dtype and the wu launch at 3 blocks an SM: 268.3 / 988.2;
-/// session 34, the wu launch's grams balanced over its warps: 244.8 / 928.2 on an H100).
+/// session 34, the wu launch's grams balanced over its warps: 244.8 / 928.2 on an H100);
+/// `tc7` (or unset: the default) as `tc6` on a lean scratch: K̂ and Q̂ once per key head, U in
+/// the activation dtype, the decays applied in the sweep's registers (65,024 bytes a chunk and
+/// value head against 98,304; not tc6's bits, the same tolerances; where tc6 would not run in
+/// clusters of 2, exactly `tc6`; H100, session 36: 207.8–210.3 / 792.0–795.4 µs against tc6's
+/// 244.6–246.0 / 931.5–935.3 in the same runs).
 /// Measured on the H200 in session 12, 4k / 16k tokens of the 80B layout: tc4 344.0 / 1,287.5 µs, tc3 435.5 /
 /// 1,630.7, tc2 730.5 / 2,721, tc 1,036.6 / 3,900; flash-linear-attention 690 / 1,628; on the
 /// H100 in session 20: tc5 318.0 / 1,180.0 µs, tc4 349.0 / 1,312.2, flash-linear-attention
@@ -69,27 +74,27 @@ pub enum GdnChunkForm {
     F32,
 }
 
-/// The form [`GDN_CHUNK_ENV`]'s value `v` names (unset or a bad value, which warns once: `Tc6`,
+/// The form [`GDN_CHUNK_ENV`]'s value `v` names (unset or a bad value, which warns once: `Tc7`,
 /// which is exactly `Tc5` off sm_90).
 fn form_from(v: Option<std::ffi::OsString>) -> GdnChunkForm {
-    let Some(v) = v else { return GdnChunkForm::Tc6 };
+    let Some(v) = v else { return GdnChunkForm::Tc7 };
     match v.to_string_lossy().trim().to_ascii_lowercase().as_str() {
         "f32" => GdnChunkForm::F32,
         "tc2" => GdnChunkForm::Tc2,
         "tc3" => GdnChunkForm::Tc3,
         "tc4" => GdnChunkForm::Tc4,
         "tc5" => GdnChunkForm::Tc5,
-        "" | "tc6" => GdnChunkForm::Tc6,
-        "tc7" => GdnChunkForm::Tc7,
+        "tc6" => GdnChunkForm::Tc6,
+        "" | "tc7" => GdnChunkForm::Tc7,
         "tc" => GdnChunkForm::Tc,
         other => {
             super::env::warn_once(
                 GDN_CHUNK_ENV,
                 &format!(
-                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `tc6`, `tc7`, `f32`; using the default (tc6)"
+                    "warning: {GDN_CHUNK_ENV}={other:?} is none of `tc`, `tc2`, `tc3`, `tc4`, `tc5`, `tc6`, `tc7`, `f32`; using the default (tc7)"
                 ),
             );
-            GdnChunkForm::Tc6
+            GdnChunkForm::Tc7
         }
     }
 }
@@ -648,7 +653,7 @@ mod tests {
 
     #[test]
     fn env_knob_parses() {
-        assert_eq!(form_from(None), GdnChunkForm::Tc6);
+        assert_eq!(form_from(None), GdnChunkForm::Tc7);
         assert_eq!(form_from(Some("tc6".into())), GdnChunkForm::Tc6);
         assert_eq!(form_from(Some("f32".into())), GdnChunkForm::F32);
         assert_eq!(form_from(Some(" F32 ".into())), GdnChunkForm::F32);
@@ -658,7 +663,7 @@ mod tests {
         assert_eq!(form_from(Some(" Tc4".into())), GdnChunkForm::Tc4);
         assert_eq!(form_from(Some("tc5".into())), GdnChunkForm::Tc5);
         assert_eq!(form_from(Some("tc7".into())), GdnChunkForm::Tc7);
-        assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc6); // warns once, default
+        assert_eq!(form_from(Some("bogus".into())), GdnChunkForm::Tc7); // warns once, default
         assert_eq!(tc2_warps_from(None), 2);
         assert_eq!(tc2_warps_from(Some("16".into())), 1);
         assert_eq!(tc2_warps_from(Some("64".into())), 4);
