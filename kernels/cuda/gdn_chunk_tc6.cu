@@ -42,6 +42,7 @@
 // 65,024. Stage (Gt7Stage): W, K̂ (T [64][DK + 8]), U (T [64][GT7_LDU]), e^G and
 // e^(G_last − G) (f32 [2][64]), Q̂ (T [64][DK + 8]), Pb (T [64][GT2_LDP]); then the exchange,
 // with the scaled Vn fragments beside the plain ones (GT7_SMEM).
+#if defined(PORTER_SM80)
 template <int DK>
 struct Gt7Stage {
     static constexpr u32 LDK = DK + 8;
@@ -60,6 +61,7 @@ template <class X, class Y>
 struct GtSel<false, X, Y> {
     typedef Y type;
 };
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GT6_CLUSTER(CL) __cluster_dims__(CL, 1, 1)
