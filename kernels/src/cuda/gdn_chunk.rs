@@ -152,8 +152,9 @@ impl CudaKernels {
     ///
     /// Scratch from the stream's pool (freed asynchronously on return): for
     /// `cap = min(n_spans·⌈max_len/64⌉, (t + 63·n_spans) / 64)` chunks,
-    /// `cap · hv · (64·(2·dk + dv) + dk·dv + 1) · 4` bytes (335 MB for the
-    /// 80B dims at 4096 tokens) plus `4·n_spans`.
+    /// at most `cap · hv · (64·(2·dk + dv) + dk·dv + 1) · 4` bytes (335 MB for the
+    /// 80B dims at 4096 tokens: the `tc` form's) plus `4·n_spans`; the default `tc7` takes
+    /// about `cap · hv · 65 KB` there (133 MB).
     ///
     /// # Shapes
     /// - `qkv`: `[t, 2·hk·dk + hv·dv]` (`T`, the conv output: q `[hk, dk]` at column 0, k at
@@ -197,7 +198,7 @@ impl CudaKernels {
     /// with `timing`, CUDA events recorded around each of the four launches and their GPU
     /// times in µs written there once the stream has caught up (prep, wu, state, out; all 0
     /// when the sequential fallback runs). Returns the form that ran: `"tc"`, `"tc2"`, `"tc3"`, `"tc4"`, `"tc5"`,
-    /// `"f32"`, or `"seq"` (`gdn_delta_seq`, where the chunk kernels do not fit the device's
+    /// `"tc6"`, `"tc7"`, `"f32"`, or `"seq"` (`gdn_delta_seq`, where the chunk kernels do not fit the device's
     /// shared memory). For tests and profiling.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
