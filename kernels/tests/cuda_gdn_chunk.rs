@@ -412,7 +412,16 @@ fn invalid_slot_case<T: CudaFloat>(k: &CudaKernels, rng: &mut Rng, d: GdnDims, f
     let (w, hv) = (d.width(), d.hv);
     let want = rnd_vec::<T>(&chunk_ref(d, &qkv[..t1 * w], &g[..t1 * hv], &beta[..t1 * hv], &mut state, valid, nbuf));
     let (dq, dg, db, dsp) = (up::<T>(k, &qkv), up::<f32>(k, &g), up::<f32>(k, &beta), up_u32(k, &flat));
-    for want_form in [GdnChunkForm::Tc, GdnChunkForm::Tc2, GdnChunkForm::Tc3, GdnChunkForm::Tc4, GdnChunkForm::F32] {
+    for want_form in [
+        GdnChunkForm::Tc,
+        GdnChunkForm::Tc2,
+        GdnChunkForm::Tc3,
+        GdnChunkForm::Tc4,
+        GdnChunkForm::Tc5,
+        GdnChunkForm::Tc6,
+        GdnChunkForm::Tc7,
+        GdnChunkForm::F32,
+    ] {
         let dims = [t, 3, bad_len, d.hk, d.hv, d.dk, d.dv, num_slots, nbuf];
         let mut out = poisoned::<T>(k, t * d.hv * d.dv);
         let mut pool = up::<f32>(k, &state0);
