@@ -147,7 +147,8 @@ struct Gt6Pipe {
 
     // Chunk `ch` into `stage` (by one thread): this rank's rows of the shared tiles to every
     // block, its U columns to itself, one copy each (the scratch is in the stage layout:
-    // gdn_chunk_tc4_wu's `_pad` entries); the stage's bytes expected on `bar` first.
+    // gdn_chunk_tc4_wu's `_pad` entries; LEAN: its `_lean` entries, K̂ / Q̂ of the key head's
+    // chunk `chk`, the decays a sixth copy); the stage's bytes expected on `bar` first.
     __device__ __forceinline__ void issue(unsigned char* stage, u64 ch, u64 chk, const u64* bar) {
         asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(gt6_sa(bar)),
                      "r"(TX)
