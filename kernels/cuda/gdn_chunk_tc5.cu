@@ -209,10 +209,10 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float
                 PMma<T>::mma(O[i], Af[2 * kp + 1], b[2], b[3]);
             }
         }
-        // LEAN: the decays of the chunk's tokens (after U in the stage): Oᵀ ⊙ e^G per token.
-        const float* Eg = reinterpret_cast<const float*>(stage + 2 * L::KB + (LEAN ? GC_C * GT7_LDU * 2 : 0));
-        const float* Ek = Eg + GC_C;
+        // LEAN: the decays of the chunk's tokens (e^G, then e^(G_last − G), after U in the
+        // stage): Oᵀ ⊙ e^G per token.
         if constexpr (LEAN) {
+            const float* Eg = reinterpret_cast<const float*>(stage + 2 * L::KB + L::UT);
 #pragma unroll
             for (u32 i = 0; i < 4; ++i) {
                 const float2 e2 = *reinterpret_cast<const float2*>(Eg + 8 * gt5_tn<P>(i) + 2 * tq);
@@ -234,6 +234,7 @@ __device__ __forceinline__ void gt5_sweep(unsigned char* smem, Pipe& pipe, float
             Vf[kk][3] = PMma<T>::pack(V[2 * q + 1][2], V[2 * q + 1][3]);
             myV[32 * q] = make_uint4(Vf[kk][0], Vf[kk][1], Vf[kk][2], Vf[kk][3]);
             if constexpr (LEAN) {
+                const float* Ek = reinterpret_cast<const float*>(stage + 2 * L::KB + L::UT) + GC_C;
                 const float2 e0 = *reinterpret_cast<const float2*>(Ek + 16 * kk + 2 * tq);
                 const float2 e1 = *reinterpret_cast<const float2*>(Ek + 16 * kk + 8 + 2 * tq);
                 Vk[kk][0] = PMma<T>::pack(V[2 * q][0] * e0.x, V[2 * q][1] * e0.y);

@@ -123,17 +123,24 @@ pub(super) fn tc6_state(m: Tc3Smem, dv: usize, caps: DeviceCaps) -> Tc3Smem {
     }
 }
 
+/// Row stride of tc7's U blocks, elements (`GT7_LDU` in gdn_chunk_tc4.cu: 32 columns, 8 of pad).
+const GT7_LDU: usize = 40;
+/// Bytes of one U block of tc7 (T `[64][GT7_LDU]`, `Gt7Stage::UT`) and of a chunk's decays (f32
+/// `[2][64]`).
+const GT7_UT: usize = GC_C * GT7_LDU * 2;
+const GT7_DECAYS: usize = 2 * GC_C * 4;
+
 /// Bytes of `uf` per (chunk, value head) in tc7's scratch (`GT7_UFB` in gdn_chunk_tc4.cu): the
-/// decays (f32 `[2][64]`), then dv / 32 blocks of U (T `[64][GT7_LDU = 40]`).
+/// decays, then dv / 32 U blocks.
 pub(super) fn tc7_ufb(dv: usize) -> usize {
-    8 * GC_C + dv / 32 * GC_C * 40 * 2
+    GT7_DECAYS + dv / 32 * GT7_UT
 }
 
 /// Dynamic shared memory of `gdn_chunk_tc7_state_d<dk>` (`GT7_SMEM`): 3 stages (`Gt7Stage`:
 /// W, K̂, Q̂ `T [64][dk + 8]`, U `T [64][40]`, the decays `f32 [2][64]`, Pb `T [64][72]`), then
 /// the exchange (per warp 4 + dk / 32 fragments of 16 bytes a lane).
 pub(super) fn tc7_state_smem(dk: usize) -> usize {
-    let stage = 3 * 2 * GC_C * (dk + 8) + tc7_ufb(32) + 2 * GC_C * 72;
+    let stage = 3 * 2 * GC_C * (dk + 8) + GT7_UT + GT7_DECAYS + 2 * GC_C * 72;
     3 * stage + 4 * (4 + dk / 32) * 32 * 16
 }
 
